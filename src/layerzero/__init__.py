@@ -1,0 +1,80 @@
+"""LayerZero: the fastest correct kernel for *these* inputs on *this* machine, with every reason visible.
+
+>>> import torch, layerzero as lz
+>>> q = k = v = torch.randn(1, 8, 16, 64)
+>>> out = lz.attention(q, k, v, is_causal=True)
+>>> print(lz.explain("attention", q, k, v, is_causal=True))  # doctest: +SKIP
+
+Importing ``layerzero`` needs only torch, pyyaml and numpy, reads no environment and loads no backend:
+that happens on the first op call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .api import (
+    configure,
+    disabled,
+    explain,
+    get_config,
+    get_locks,
+    list_kernels,
+    load_config,
+    lock,
+    prefer,
+    reload,
+    select,
+    trace,
+    unlock,
+    validate,
+    which,
+)
+from .core.errors import (
+    BackendNotAvailableError,
+    CacheCorruptionError,
+    ConfigurationError,
+    CudaGraphUnsafeError,
+    InvalidInputError,
+    KernelExecutionError,
+    LayerZeroError,
+    NoKernelFoundError,
+    PolicyValidationError,
+    SelectionTimeoutError,
+    UnknownKernelError,
+    UnknownOperationError,
+)
+from .core.reasons import Reason, ReasonCode
+from .core.report import SelectionReport
+from .core.specs import ExecutionPlan, KernelSpec
+from .ops import attention, layer_norm, rms_norm, rope, sample_topk, sample_topp
+
+__version__ = "0.1.0"
+
+
+def doctor(*, print_report: bool = True) -> Any:
+    """Inspect this machine and LayerZero's state: device, versions, backends (available or why not),
+    kernels per op, config, policy, locks, health and PerfDB. Returns a :class:`~layerzero.doctor.DoctorReport`
+    (``.to_dict()`` for JSON) and prints it as tables unless ``print_report=False``."""
+    from .doctor import run_doctor
+
+    return run_doctor(print_report=print_report)
+
+
+def patch_model(model: Any, **kwargs: Any) -> Any:
+    """Route a Hugging Face Transformers model's attention, RMSNorm and RoPE through LayerZero; returns an
+    undo handle. See :func:`layerzero.integrations.transformers.patch_model` (imports transformers lazily)."""
+    from .integrations.transformers import patch_model as _patch
+
+    return _patch(model, **kwargs)
+
+
+__all__ = [
+    "BackendNotAvailableError", "CacheCorruptionError", "ConfigurationError", "CudaGraphUnsafeError",
+    "ExecutionPlan", "InvalidInputError", "KernelExecutionError", "KernelSpec", "LayerZeroError",
+    "NoKernelFoundError", "PolicyValidationError", "Reason", "ReasonCode", "SelectionReport",
+    "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "attention",
+    "configure", "disabled", "doctor", "explain", "get_config", "get_locks", "layer_norm", "list_kernels",
+    "load_config", "lock", "patch_model", "prefer", "reload", "rms_norm", "rope", "sample_topk", "sample_topp",
+    "select", "trace", "unlock", "validate", "which",
+]

@@ -1,0 +1,156 @@
+"""Public configuration and inspection API: locks, preferences, select / explain / which / validate.
+
+These are re-exported as ``lz.*``. Inspection functions take the op id and exactly the arguments of the op
+(``lz.explain("attention", q, k, v, is_causal=True)``) and never run a kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+from collections.abc import Iterator
+from typing import Any
+
+from layerzero.core import config as _config
+from layerzero.core.dispatch import trace
+from layerzero.core.errors import ConfigurationError, NoKernelFoundError, UnknownKernelError, UnknownOperationError
+from layerzero.core.policy import Policy
+from layerzero.core.reasons import Reason
+from layerzero.core.report import SelectionReport
+from layerzero.core.selection import validate_kernel
+from layerzero.core.specs import ExecutionPlan
+from layerzero.ops import OPS
+from layerzero.ops._common import RUNTIME
+
+configure = _config.configure
+get_config = _config.get_config
+load_config = _config.load_config
+get_locks = _config.get_locks
+
+
+def _op(op: str) -> tuple[Any, Any]:
+    try:
+        return OPS[op]
+    except (KeyError, TypeError):
+        raise UnknownOperationError(f"unknown op {op!r}. Known ops: {sorted(OPS)}.") from None
+
+
+def lock(op: str, kernel_id: str) -> None:
+    """Force ``op`` to run ``kernel_id`` (force, not prefer: calls whose inputs it cannot run raise
+    ``NoKernelFoundError`` with its reasons; a runtime failure raises ``KernelExecutionError``).
+
+    Raises:
+        UnknownOperationError: unknown op. UnknownKernelError: unknown kernel id or one of another op.
+    """
+    _op(op)
+    RUNTIME.ensure_ready()
+    RUNTIME.registry.kernel(kernel_id, op)
+    _config.set_lock(op, kernel_id)
+
+
+def unlock(op: str) -> None:
+    """Remove the ``lz.lock`` of ``op`` (no-op when none). Raises ``UnknownOperationError`` for unknown ops."""
+    _op(op)
+    _config.set_lock(op, None)
+
+
+def _check_patterns(ids: tuple[str, ...]) -> None:
+    RUNTIME.ensure_ready()
+    known = set(RUNTIME.registry.kernels) | set(RUNTIME.registry.backends)
+    for pattern in ids:
+        if not isinstance(pattern, str) or not any(fnmatch.fnmatchcase(k, pattern) for k in known):
+            raise UnknownKernelError(
+                f"{pattern!r} matches no kernel or backend id. Known: {sorted(known)}.")
+
+
+@contextlib.contextmanager
+def prefer(*kernel_ids_or_backends: str, by: float = 1000.0) -> Iterator[Policy]:
+    """Inside the block, boost these kernels/backends (ids or glob patterns) by ``by`` score points.
+
+    Prefer is not force: a preferred kernel that cannot run the inputs is skipped; the report notes the
+    fallback and a WARNING is logged (strict mode raises). Scoped to this thread/asyncio task.
+
+    Raises:
+        UnknownKernelError: a name that matches no registered kernel or backend.
+    """
+    if not kernel_ids_or_backends:
+        raise ConfigurationError("lz.prefer() needs at least one kernel id, backend id or glob pattern.")
+    _check_patterns(kernel_ids_or_backends)
+    with _config.scoped_policy(Policy.prefer(kernel_ids_or_backends, by=by)) as layer:
+        yield layer
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[Policy]:
+    """Inside the block every op runs its reference kernel (plain PyTorch, float32 math). Scoped to this
+    thread/asyncio task; useful to bisect a numerical difference."""
+    with _config.scoped_policy(Policy.reference_only()) as layer:
+        yield layer
+
+
+def select(op: str, *args: Any, **kwargs: Any) -> ExecutionPlan:
+    """The :class:`ExecutionPlan` the call ``lz.<op>(*args, **kwargs)`` would run (through the cache).
+
+    Raises the op's ``InvalidInputError`` for bad arguments, ``UnknownOperationError`` for an unknown op,
+    ``NoKernelFoundError`` when a lock cannot run the inputs.
+    """
+    prepare, context = _op(op)
+    key, _ = prepare(*args, **kwargs)
+    return RUNTIME.resolve(key, context)
+
+
+def explain(op: str, *args: Any, **kwargs: Any) -> SelectionReport:
+    """A fresh :class:`SelectionReport` for ``lz.<op>(*args, **kwargs)``: every candidate with its status,
+    all its reasons and its score breakdown. ``print()`` it for a table; ``.to_dict()`` for JSON.
+
+    Never raises for a lock that cannot run: the report then has ``chosen=None`` and says why.
+    """
+    prepare, context = _op(op)
+    key, _ = prepare(*args, **kwargs)
+    try:
+        return RUNTIME.select_context(context(key))[1]
+    except NoKernelFoundError as exc:
+        if exc.report is None:
+            raise
+        return exc.report
+
+
+def which(op: str, *args: Any, **kwargs: Any) -> str:
+    """The kernel id ``lz.<op>(*args, **kwargs)`` would run."""
+    return select(op, *args, **kwargs).kernel_id
+
+
+def validate(kernel_id: str, op: str, *args: Any, **kwargs: Any) -> list[Reason]:
+    """Every reason ``kernel_id`` cannot run ``lz.<op>(*args, **kwargs)``, policy included; empty = it can.
+
+    Raises ``UnknownKernelError`` for an unknown kernel or one of another op.
+    """
+    prepare, context = _op(op)
+    key, _ = prepare(*args, **kwargs)
+    RUNTIME.ensure_ready()
+    ctx = context(key)
+    return validate_kernel(RUNTIME.registry, kernel_id, ctx, RUNTIME._usable, _config.effective_policy())
+
+
+def list_kernels(op: str | None = None) -> list[dict[str, Any]]:
+    """Registered kernels (of ``op``, or all): id, op, backend, availability, priority and constraints."""
+    RUNTIME.ensure_ready()
+    reg = RUNTIME.registry
+    specs = reg.for_op(op) if op is not None else reg.kernels.values()
+    out = []
+    for spec in specs:
+        backend = reg.backend(spec.backend)
+        out.append({"kernel_id": spec.kernel_id, "op": spec.op, "backend": spec.backend,
+                    "available": backend.available, "version": backend.version,
+                    "reasons": [str(r) for r in backend.reasons], "description": spec.description,
+                    **spec.constraints()})
+    return out
+
+
+def reload() -> None:
+    """Re-read the ``LAYERZERO_*`` environment (and the policy file it names); invalidates cached choices."""
+    _config.load_env()
+
+
+__all__ = ["configure", "disabled", "explain", "get_config", "get_locks", "list_kernels", "load_config", "lock",
+           "prefer", "reload", "select", "trace", "unlock", "validate", "which"]

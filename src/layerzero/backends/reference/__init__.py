@@ -1,0 +1,58 @@
+"""The reference backend: plain PyTorch in float32 (float64 for float64 inputs), written for clarity.
+
+It is the oracle of every correctness test and the last fallback of every op: its kernels have no
+constraints beyond the device types PyTorch itself runs on, and policy deny/allow rules never remove them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from layerzero.core.registry import KernelRegistry
+from layerzero.core.specs import BackendSpec, KernelSpec, Layout
+
+from . import kernels as K
+
+ALL_DEVICES = frozenset({"cpu", "cuda", "mps", "xpu"})
+FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
+
+
+def _attention(q, k, v, attn_mask, is_causal, scale, dropout_p):  # BHSD in, BHSD out
+    return K.attention(q, k, v, attn_mask, is_causal, scale, dropout_p)
+
+
+def _rms_norm(x, weight, eps, residual):
+    return K.rms_norm(x, weight, eps, residual, cast_before_weight=True)
+
+
+def _layer_norm(x, weight, bias, eps):
+    return K.layer_norm(x, weight, bias, eps)
+
+
+def _rope(q, k, cos, sin, position_ids, interleaved, layout):
+    return K.rope(q, k, cos, sin, position_ids, interleaved, layout)
+
+
+def _sample_topk(logits, k, temperature, generator):
+    return K.sample_topk(logits, k, temperature, generator)
+
+
+def _sample_topp(logits, p, temperature, generator):
+    return K.sample_topp(logits, p, temperature, generator)
+
+
+def register(registry: KernelRegistry) -> None:
+    """Add the reference backend and one kernel per op."""
+    registry.add_backend(BackendSpec("reference", None, torch.__version__, True,
+                                     description="plain PyTorch float32/float64 oracle"))
+    common = dict(priority=0, device_types=ALL_DEVICES, dtypes=FLOATS, is_reference=True, deterministic=True)
+    for op, fn, extra in (
+        ("attention", _attention, {"layouts": frozenset({Layout.BHSD})}),
+        ("rms_norm", _rms_norm, {}),
+        ("layer_norm", _layer_norm, {}),
+        ("rope", _rope, {"layouts": frozenset({Layout.BHSD, Layout.BSHD})}),
+        ("sample_topk", _sample_topk, {"graph_safe": False}),
+        ("sample_topp", _sample_topp, {"graph_safe": False}),
+    ):
+        registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (float32 math)",
+                                       **common, **extra))

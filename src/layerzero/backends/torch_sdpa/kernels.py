@@ -1,0 +1,142 @@
+"""The four SDPA sub-backend kernels and their constraints (PyTorch 2.5 - 2.13 semantics).
+
+Forcing a sub-backend uses the same process-wide switches as ``torch.nn.attention.sdpa_kernel``
+(``torch._C._set_sdp_use_*``), set and restored around the call; that context manager itself costs
+~10 us of Python per call, the raw switches well under 1 us. Like ``sdpa_kernel`` this is not isolated
+between threads that force different sub-backends at the same instant; a call that then finds its
+sub-backend disabled raises, and dispatch records it and retries on the next kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from layerzero.core.context import SelectionContext
+from layerzero.core.reasons import Reason, ReasonCode
+from layerzero.core.specs import KernelSpec, Layout, MaskKind
+
+_C = torch._C
+_SDPA = F.scaled_dot_product_attention
+_SETTERS = (_C._set_sdp_use_flash, _C._set_sdp_use_mem_efficient, _C._set_sdp_use_math, _C._set_sdp_use_cudnn)
+_GETTERS = (_C._get_flash_sdp_enabled, _C._get_mem_efficient_sdp_enabled, _C._get_math_sdp_enabled,
+            _C._get_cudnn_sdp_enabled)
+
+HALF = frozenset({torch.float16, torch.bfloat16})
+FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
+CPU_FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
+
+
+def _forced(which: int) -> Callable[..., Any]:
+    """An attention kernel (BHSD, canonical args) that runs SDPA with only sub-backend ``which`` enabled."""
+    wanted = tuple(i == which for i in range(4))
+
+    def run(q, k, v, attn_mask, is_causal, scale, dropout_p):
+        prev = (_GETTERS[0](), _GETTERS[1](), _GETTERS[2](), _GETTERS[3]())
+        if prev != wanted:
+            for setter, on in zip(_SETTERS, wanted):
+                setter(on)
+        try:
+            return _SDPA(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                         enable_gqa=q.shape[1] != k.shape[1])
+        finally:
+            if prev != wanted:
+                for setter, on in zip(_SETTERS, prev):
+                    setter(on)
+
+    run.__name__ = f"sdpa_{('flash', 'efficient', 'math', 'cudnn')[which]}"
+    return run
+
+
+def _flash_check(ctx: SelectionContext) -> list[Reason]:
+    out = []
+    dev = ctx.device
+    if dev.device_type == "cuda":
+        if ctx.is_causal and not ctx.seq_equal:
+            out.append(Reason(ReasonCode.CAUSAL_SEQ_MISMATCH,
+                              "CUDA flash refuses is_causal with Sq != Sk (torch check_flash_causal_non_square_seqlens)"))
+        if ctx.requires_grad and (ctx.head_dim or 0) > 192 and dev.sm in ((8, 6), (8, 9), (12, 0)):
+            out.append(Reason(ReasonCode.HEAD_DIM_TOO_LARGE,
+                              "backward with head_dim > 192 is not supported on SM 8.6/8.9/12.0"))
+    return out
+
+
+def _efficient_check(ctx: SelectionContext) -> list[Reason]:
+    """Head-dim alignment of mem-efficient attention: 8 elements for fp16/bf16 on SM 8.0+, else 4."""
+    if ctx.head_dim is None:
+        return []
+    align = 8 if ctx.dtype in HALF and ctx.device.sm is not None and ctx.device.sm >= (8, 0) else 4
+    dims = {ctx.head_dim, ctx.head_dim_v or ctx.head_dim}
+    bad = sorted(d for d in dims if d % align)
+    if bad:
+        return [Reason(ReasonCode.HEAD_DIM_NOT_ALIGNED, f"head dims {bad} must be multiples of {align}")]
+    return []
+
+
+def _cudnn_check(ctx: SelectionContext) -> list[Reason]:
+    """cuDNN SDPA wants q/k/v as BHSD views of BSHD-contiguous memory (torch check_cudnn_layout)."""
+    out = []
+    if ctx.layout is not Layout.BSHD or not ctx.contiguous:
+        out.append(Reason(ReasonCode.LAYOUT_UNSUPPORTED,
+                          "cuDNN SDPA needs BSHD-contiguous q/k/v (pass layout='BSHD' with contiguous tensors)"))
+    if ctx.dropout:
+        out.append(Reason(ReasonCode.DROPOUT_UNSUPPORTED, "dropout is not supported by all cuDNN 9.x versions"))
+    return out
+
+
+def kernel_specs() -> list[KernelSpec]:
+    """The KernelSpecs of the four sub-backends, constraints as data plus small checks."""
+    gqa_mask_kinds = frozenset(MaskKind)
+    return [
+        # CUDA flash (FA2 inside torch) and the CPU flash kernel share one id: both are "flash" to SDPA.
+        KernelSpec(
+            "torch_sdpa.flash", "attention", _forced(0), priority=80,
+            description="SDPA FlashAttention-2 (CUDA SM 8.0+, fp16/bf16, no mask) / CPU flash kernel",
+            device_types=frozenset({"cuda", "cpu"}), dtypes=CPU_FLOATS, sm_min=(8, 0), sm_max=(12, 1),
+            layouts=frozenset({Layout.BHSD}), head_dims_equal=True, supports_gqa=True,
+            mask_kinds=gqa_mask_kinds, mask_with_causal=False, supports_dropout=True,
+            requires_stride_last_1=True, deterministic=True, graph_safe=True,
+            check=_flash_device_check,
+        ),
+        KernelSpec(
+            "torch_sdpa.cudnn", "attention", _forced(3), priority=85,
+            description="SDPA cuDNN attention (CUDA SM 8.0-12.1, fp16/bf16)",
+            device_types=frozenset({"cuda"}), dtypes=HALF, sm_min=(8, 0), sm_max=(12, 1),
+            layouts=frozenset({Layout.BHSD}), head_dim_max=128, head_dim_multiple=8, head_dims_equal=True,
+            supports_gqa=False, mask_kinds=gqa_mask_kinds, mask_with_causal=False, supports_dropout=False,
+            requires_stride_last_1=True, deterministic=False, graph_safe=True, check=_cudnn_check,
+        ),
+        KernelSpec(
+            "torch_sdpa.efficient", "attention", _forced(1), priority=70,
+            description="SDPA memory-efficient attention (xFormers/CUTLASS kernel, CUDA SM 5.0+)",
+            device_types=frozenset({"cuda"}), dtypes=FLOATS, sm_min=(5, 0), sm_max=(12, 1),
+            layouts=frozenset({Layout.BHSD}), supports_gqa=False, mask_kinds=gqa_mask_kinds, mask_with_causal=False,
+            supports_dropout=True, requires_stride_last_1=True, deterministic=True, graph_safe=True,
+            check=_efficient_check,
+        ),
+        KernelSpec(
+            "torch_sdpa.math", "attention", _forced(2), priority=20,
+            description="SDPA math (composite PyTorch ops; runs everywhere)",
+            device_types=frozenset({"cuda", "cpu", "mps", "xpu"}), dtypes=CPU_FLOATS,
+            layouts=frozenset({Layout.BHSD}), supports_gqa=True, mask_kinds=gqa_mask_kinds, mask_with_causal=False,
+            supports_dropout=True, deterministic=True, graph_safe=True,
+        ),
+    ]
+
+
+def _flash_device_check(ctx: SelectionContext) -> list[Reason]:
+    """Device-specific rules of the flash kernel: CUDA is fp16/bf16 without masks; CPU has no dropout."""
+    out = _flash_check(ctx)
+    if ctx.device.device_type == "cuda":
+        if ctx.dtype not in HALF:
+            out.append(Reason(ReasonCode.DTYPE_UNSUPPORTED, "CUDA flash needs float16 or bfloat16"))
+        if ctx.mask is not MaskKind.NONE:
+            out.append(Reason(ReasonCode.MASK_UNSUPPORTED, "CUDA flash does not take attn_mask"))
+        if max(ctx.head_dim or 0, ctx.head_dim_v or 0) > 256:
+            out.append(Reason(ReasonCode.HEAD_DIM_TOO_LARGE, "CUDA flash supports head_dim <= 256"))
+    elif ctx.dropout:
+        out.append(Reason(ReasonCode.DROPOUT_UNSUPPORTED, "the CPU flash kernel does not support dropout"))
+    return out

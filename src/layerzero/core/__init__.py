@@ -1,0 +1,1 @@
+"""LayerZero core: backend-agnostic specs, context, registry, policy, selection, cache, PerfDB, health."""

@@ -1,0 +1,283 @@
+"""Configuration and the policy layers: the only process-wide mutable state of LayerZero.
+
+``Config`` is a frozen, validated dataclass; ``configure(**options)`` swaps in a new one. The effective
+policy is built from layers, later ones winning: the YAML file (``LAYERZERO_POLICY`` or ``load_config``),
+the ``LAYERZERO_*`` environment, ``lz.lock`` calls, then scoped overrides (``lz.prefer``, ``lz.disabled``)
+held in a ``contextvars.ContextVar`` so threads and asyncio tasks see their own. Every change bumps
+:data:`epoch` and notifies listeners (dispatch invalidates its selection cache in O(1)).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import policy as _policy
+from .env import read_env
+from .errors import ConfigurationError, PolicyValidationError, expected_got
+from .policy import LockRule, Policy
+
+
+def default_perfdb_path() -> str:
+    """``$XDG_CACHE_HOME/layerzero/perfdb.sqlite`` (``~/.cache/...`` when unset)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "layerzero", "perfdb.sqlite")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """LayerZero options. Change them with ``lz.configure(**options)``; read with ``lz.get_config()``.
+
+    - ``strict``: raise instead of falling back (a preferred kernel that cannot run, a runtime failure, or the
+      reference kernel standing in for rejected faster kernels).
+    - ``cache_size``: selection-cache capacity in entries; ``cache_ttl_s``: entry lifetime in seconds (None =
+      no expiry).
+    - ``use_perfdb``: let measured timings score kernels; ``perfdb_path``: SQLite file (None = the default in
+      the user cache directory, opened on the first selection that needs it).
+    - ``perf_weight``: score points the fastest measured kernel gets (others get weight x fastest/theirs).
+    - ``log_fallbacks``: log a WARNING with reasons for every fallback (strict mode raises instead).
+    - ``selection_timeout_s``: how long a thread waits for another thread's selection of the same key.
+    - ``health_failure_threshold`` / ``health_cooldown_s``: a backend is skipped after this many consecutive
+      runtime failures, and retried after the cooldown (seconds).
+    """
+
+    strict: bool = False
+    cache_size: int = 4096
+    cache_ttl_s: float | None = None
+    use_perfdb: bool = True
+    perfdb_path: str | None = None
+    perf_weight: float = 1000.0
+    log_fallbacks: bool = True
+    selection_timeout_s: float = 30.0
+    health_failure_threshold: int = 3
+    health_cooldown_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("strict", "use_perfdb", "log_fallbacks"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(expected_got(f"config {name}", "a bool", repr(getattr(self, name))))
+        _positive_int("cache_size", self.cache_size)
+        _positive_int("health_failure_threshold", self.health_failure_threshold)
+        for name in ("selection_timeout_s", "health_cooldown_s", "perf_weight"):
+            _positive_float(name, getattr(self, name))
+        if self.cache_ttl_s is not None:
+            _positive_float("cache_ttl_s", self.cache_ttl_s)
+        if self.perfdb_path is not None and not isinstance(self.perfdb_path, str):
+            raise ConfigurationError(expected_got("config perfdb_path", "a str path or None", repr(self.perfdb_path)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as a plain dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigurationError(expected_got(f"config {name}", "an int > 0", repr(value)))
+
+
+def _positive_float(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(expected_got(f"config {name}", "a finite number > 0", repr(value)))
+
+
+CONFIG_OPTIONS = frozenset(f.name for f in fields(Config))
+
+
+class _State:
+    """Process-wide state: config, policy layers, locks, epoch, listeners. Guarded by one lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.config = Config()
+        self.file_policy = Policy.empty()
+        self.env_policy = Policy.empty()
+        self.locks: dict[str, str] = {}
+        self.base_policy = Policy.empty()
+        self.epoch = 0
+        self.listeners: list[Callable[[], None]] = []
+        self.env_loaded = False
+
+    def rebuild(self) -> None:
+        lock_layer = Policy.from_dict(
+            {"version": 1, "locks": [{"op": op, "kernel": k} for op, k in sorted(self.locks.items())]},
+            source="lz.lock",
+        )
+        self.base_policy = self.file_policy.merged(self.env_policy).merged(lock_layer)
+        self.bump()
+
+    def bump(self) -> None:
+        self.epoch += 1
+        for listener in list(self.listeners):
+            listener()
+
+
+_STATE = _State()
+
+
+def add_listener(fn: Callable[[], None]) -> None:
+    """Call ``fn()`` after every configuration or policy change (used to invalidate caches)."""
+    with _STATE.lock:
+        _STATE.listeners.append(fn)
+
+
+def notify_change() -> None:
+    """Bump the epoch and notify listeners (registry or health changes call this)."""
+    with _STATE.lock:
+        _STATE.bump()
+
+
+def load_env(environ: Mapping[str, str] | None = None) -> None:
+    """Read ``LAYERZERO_*`` variables into the config and the env policy layer.
+
+    Called once, lazily, on the first selection (never at import) and by ``lz.configure(reload_env=True)``.
+    Raises ``ConfigurationError`` / ``PolicyValidationError`` naming the bad variable.
+    """
+    env = read_env(os.environ if environ is None else environ)
+    with _STATE.lock:
+        overrides: dict[str, Any] = {}
+        for name in ("strict", "use_perfdb", "perfdb_path", "cache_size", "cache_ttl_s"):
+            value = getattr(env, name, None)
+            if value is not None:
+                overrides[name] = value
+        if getattr(env, "perfdb", None):
+            overrides["perfdb_path"] = env.perfdb
+        if overrides:
+            _STATE.config = replace(_STATE.config, **overrides)
+        _STATE.env_policy = Policy.from_env(os.environ if environ is None else environ)
+        if getattr(env, "disabled", False):
+            _STATE.env_policy = _STATE.env_policy.merged(Policy.reference_only())
+        _STATE.env_loaded = True
+        _STATE.rebuild()
+
+
+def ensure_env_loaded() -> None:
+    """Load the environment layer once (cheap no-op afterwards)."""
+    if not _STATE.env_loaded:
+        load_env()
+
+
+def get_config() -> Config:
+    """The current :class:`Config`."""
+    ensure_env_loaded()
+    return _STATE.config
+
+
+def configure(**options: Any) -> Config:
+    """Change configuration options (see :class:`Config`) and invalidate cached selections.
+
+    Raises ``ConfigurationError`` for an unknown option (listing the known ones) or a bad value.
+    Returns the new :class:`Config`.
+    """
+    unknown = set(options) - CONFIG_OPTIONS
+    if unknown:
+        raise ConfigurationError(
+            f"unknown config option(s) {sorted(unknown)}: expected some of {sorted(CONFIG_OPTIONS)}.")
+    ensure_env_loaded()
+    with _STATE.lock:
+        _STATE.config = replace(_STATE.config, **options)
+        _STATE.bump()
+        return _STATE.config
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Load a YAML file holding a policy document (``version``, ``locks``, ``allow``, ``deny``,
+    ``boosts``; see docs/policies.md) and optionally a ``config:`` mapping of :class:`Config` options.
+
+    The file's policy replaces the previous file layer. Raises ``ConfigurationError`` if the file is
+    missing, ``PolicyValidationError`` if it is malformed. Returns the new :class:`Config`.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigurationError(expected_got("load_config path", "an existing YAML file", str(p)))
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as exc:
+        raise PolicyValidationError(f"{p}: not valid YAML ({exc}). Fix the syntax; see docs/policies.md.") from None
+    if not isinstance(data, dict):
+        raise PolicyValidationError(expected_got(f"{p}: top level", "a mapping", type(data).__name__))
+    options = data.pop("config", None) or {}
+    if not isinstance(options, dict):
+        raise ConfigurationError(expected_got(f"{p}: config", "a mapping of options", type(options).__name__))
+    policy = Policy.from_dict(data, source=str(p)) if data else Policy.empty()
+    ensure_env_loaded()
+    with _STATE.lock:
+        if options:
+            unknown = set(options) - CONFIG_OPTIONS
+            if unknown:
+                raise ConfigurationError(f"{p}: unknown config option(s) {sorted(unknown)}; "
+                                         f"known: {sorted(CONFIG_OPTIONS)}.")
+            _STATE.config = replace(_STATE.config, **options)
+        _STATE.file_policy = policy
+        _STATE.rebuild()
+        return _STATE.config
+
+
+def set_lock(op: str, kernel_id: str | None) -> None:
+    """Record (or with ``None`` remove) a lock; the caller validated the ids."""
+    ensure_env_loaded()
+    with _STATE.lock:
+        if kernel_id is None:
+            _STATE.locks.pop(op, None)
+        else:
+            _STATE.locks[op] = kernel_id
+        _STATE.rebuild()
+
+
+def get_locks() -> dict[str, str]:
+    """The locks set with ``lz.lock``, op -> kernel id (file and env locks are in the policy)."""
+    return dict(_STATE.locks)
+
+
+def effective_policy() -> Policy:
+    """The base policy with the current context's scoped layers on top (innermost last)."""
+    ensure_env_loaded()
+    policy = _STATE.base_policy
+    for layer in _policy.current_scope_layers():
+        policy = policy.merged(layer)
+    return policy
+
+
+def scope_token() -> tuple[Any, ...]:
+    """A cheap hashable token of the scoped policy layers, part of every selection-cache key: the layers'
+    content hashes (cached on each Policy), so equal scopes share cache entries and no stale id can alias."""
+    layers = _policy.current_scope_layers()
+    return tuple(layer.hash for layer in layers) if layers else ()
+
+
+@contextlib.contextmanager
+def scoped_policy(layer: Policy) -> Iterator[Policy]:
+    """Apply ``layer`` on top of the policy inside the ``with`` block (this thread/task only)."""
+    with _policy.scoped(layer):
+        yield layer
+
+
+def reset_for_tests() -> None:
+    """Restore defaults (config, layers, locks) and re-read the environment. For tests only."""
+    with _STATE.lock:
+        _STATE.config = Config()
+        _STATE.file_policy = Policy.empty()
+        _STATE.env_policy = Policy.empty()
+        _STATE.locks.clear()
+        _STATE.env_loaded = False
+    load_env()
+
+
+def epoch() -> int:
+    """Counter bumped by every configuration, policy, registry or health change."""
+    return _STATE.epoch
+
+
+__all__ = [
+    "CONFIG_OPTIONS", "Config", "LockRule", "add_listener", "configure", "default_perfdb_path", "effective_policy",
+    "ensure_env_loaded", "epoch", "get_config", "get_locks", "load_config", "load_env", "notify_change",
+    "reset_for_tests", "scope_token", "scoped_policy", "set_lock",
+]

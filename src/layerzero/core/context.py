@@ -1,0 +1,125 @@
+"""SelectionContext: the frozen, hashable description of one call that selection decides on.
+
+Invariant that makes caching sound: a context is built *only from the cache key* of the call (see
+``layerzero.ops``), so every call that maps to the same key has the same context and therefore the same
+answer. Sequence lengths and batch size enter the key bucketed to the next power of two; constraints and
+policy comparisons on those fields therefore see the bucket's upper bound (``seq_len_q=1024`` means
+"513..1024"). Exact facts that matter (decode = one query token, Sq == Sk) are kept as exact flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields as dc_fields
+from typing import Any
+
+import torch
+
+from .device import DeviceSpec
+from .specs import Layout, MaskKind, Phase
+
+
+def bucket(n: int) -> int:
+    """Round ``n`` (a length or batch size) up to a power of two; 0 and 1 stay themselves.
+
+    >>> [bucket(n) for n in (0, 1, 2, 3, 5, 1024, 1025)]
+    [0, 1, 2, 4, 8, 1024, 2048]
+    """
+    return n if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def dtype_name(dtype: torch.dtype | None) -> str | None:
+    """``torch.float16`` -> ``"float16"`` (the spelling used in policies and reports)."""
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True, slots=True)
+class SelectionContext:
+    """Everything selection may look at for one call. Fields an op does not have stay ``None``.
+
+    Attention fields: ``batch`` (bucketed), ``num_heads_q``/``num_heads_kv``, ``head_dim`` (q/k) and
+    ``head_dim_v``, ``seq_len_q``/``seq_len_kv`` (bucket upper bounds, tokens), ``layout`` of the inputs,
+    ``mask`` kind, ``is_causal``, ``seq_equal`` (Sq == Sk exactly), ``dropout`` (p > 0), ``scale_default``.
+    Norm fields: ``hidden_size`` (exact), ``fused_residual``, ``has_bias``. RoPE: ``interleaved``,
+    ``rotary_dim``. Sampling: ``vocab_size`` (exact), ``has_generator``.
+    Common: ``dtype`` of the main input, ``device`` (a :class:`DeviceSpec`), ``stride_last_1`` and
+    ``contiguous`` (all tensor inputs), ``requires_grad`` (autograd will record this call),
+    ``graph_capture`` (a CUDA graph is being captured), ``deterministic`` (torch deterministic mode),
+    ``tp_size``.
+    """
+
+    op: str
+    device: DeviceSpec
+    dtype: torch.dtype
+    batch: int | None = None
+    num_heads_q: int | None = None
+    num_heads_kv: int | None = None
+    head_dim: int | None = None
+    head_dim_v: int | None = None
+    seq_len_q: int | None = None
+    seq_len_kv: int | None = None
+    seq_equal: bool = True
+    layout: Layout | None = None
+    mask: MaskKind = MaskKind.NONE
+    is_causal: bool = False
+    dropout: bool = False
+    scale_default: bool = True
+    hidden_size: int | None = None
+    fused_residual: bool = False
+    has_bias: bool = False
+    interleaved: bool = False
+    rotary_dim: int | None = None
+    vocab_size: int | None = None
+    has_generator: bool = False
+    stride_last_1: bool = True
+    contiguous: bool = True
+    requires_grad: bool = False
+    graph_capture: bool = False
+    deterministic: bool = False
+    tp_size: int = 1
+
+    @property
+    def phase(self) -> Phase | None:
+        """DECODE when exactly one query token per sequence, PREFILL otherwise (None for non-attention ops)."""
+        if self.seq_len_q is None:
+            return None
+        return Phase.DECODE if self.seq_len_q == 1 else Phase.PREFILL
+
+    @property
+    def gqa_ratio(self) -> int | None:
+        """Query heads per KV head (1 = MHA, Hq = MQA); None when not an attention op or not divisible."""
+        if not self.num_heads_q or not self.num_heads_kv or self.num_heads_q % self.num_heads_kv:
+            return None
+        return self.num_heads_q // self.num_heads_kv
+
+    def bucket_key(self) -> str:
+        """A stable string naming this context's bucket, used as the PerfDB row key (device excluded: the
+        PerfDB fingerprint covers it)."""
+        parts = [f"{k}={v}" for k, v in sorted(self.fields().items()) if k not in _DEVICE_FIELDS and v is not None]
+        return ";".join(parts)
+
+    def fields(self) -> dict[str, Any]:
+        """Primitive values by name, as policies' ``when:`` clauses and reports see them."""
+        dev = self.device
+        out: dict[str, Any] = {}
+        for f in dc_fields(self):
+            name, value = f.name, getattr(self, f.name)
+            if name == "device":
+                continue
+            if isinstance(value, torch.dtype):
+                value = dtype_name(value)
+            elif isinstance(value, (Layout, MaskKind)):
+                value = value.value
+            out[name] = value
+        phase = self.phase
+        out.update(
+            device=dev.device_type,
+            device_name=dev.name,
+            sm=dev.sm_int,
+            gpu_generation=dev.generation.name,
+            phase=None if phase is None else phase.value,
+            gqa_ratio=self.gqa_ratio,
+        )
+        return out
+
+
+_DEVICE_FIELDS = frozenset({"device", "device_name", "sm", "gpu_generation"})

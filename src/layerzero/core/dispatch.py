@@ -1,0 +1,231 @@
+"""Dispatch: the hot path from a cache key to a kernel call, and what happens when a kernel fails.
+
+A call's key (built by ``layerzero.ops``) is looked up in the sharded :class:`SelectionCache`. A hit
+returns an :class:`ExecutionPlan` and calls it: a dict lookup, one generation compare and the kernel call.
+A miss builds the :class:`SelectionContext` *from the key*, runs :func:`selection.select` (single-flight
+per key) and caches the plan. If the kernel raises, its backend's health counter records it and the call is
+retried on the next eligible kernel (never for a lock; strict mode raises instead).
+
+The backends are not imported here (``core`` imports no backend): whoever builds the :class:`Runtime` passes
+a ``loader`` that registers them on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import replace
+from typing import Any
+
+from . import config as _config
+from .cache import SelectionCache
+from .context import SelectionContext
+from .device import DeviceSpec
+from .errors import KernelExecutionError, LayerZeroError
+from .health import BreakerState, HealthTracker
+from .perfdb import PerfDB, fingerprint, perf_score
+from .reasons import Reason
+from .registry import KernelRegistry
+from .report import SelectionReport
+from .selection import SelectionInputs, select
+from .specs import ExecutionPlan
+
+log = logging.getLogger("layerzero.dispatch")
+
+ContextBuilder = Callable[[tuple[Any, ...]], SelectionContext]
+
+
+class DispatchTrace:
+    """Counts of ``(op, kernel_id)`` dispatched inside an ``lz.trace()`` block (``.counts``), plus the
+    fallbacks that happened (``.fallbacks``: ``(op, failed kernel, error text)``)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.fallbacks: list[tuple[str, str, str]] = []
+
+    def kernels_for(self, op: str) -> list[str]:
+        """Kernel ids that served ``op`` in this block, most used first."""
+        return [k for (o, k), _ in self.counts.most_common() if o == op]
+
+
+_TRACE: contextvars.ContextVar[DispatchTrace | None] = contextvars.ContextVar("layerzero_trace", default=None)
+
+
+@contextlib.contextmanager
+def trace() -> Iterator[DispatchTrace]:
+    """Record which kernel served each op call inside the block (this thread/task only)."""
+    t = DispatchTrace()
+    token = _TRACE.set(t)
+    try:
+        yield t
+    finally:
+        _TRACE.reset(token)
+
+
+class Runtime:
+    """Holds the registry, selection cache, health tracker and PerfDB; runs selections and calls.
+
+    Cheap to construct (no I/O): the environment, backends and PerfDB are loaded on the first miss.
+    """
+
+    def __init__(self, loader: Callable[[KernelRegistry], None]) -> None:
+        self._loader = loader
+        self._init_lock = threading.Lock()
+        self._ready = False
+        self.registry = KernelRegistry(on_change=_config.notify_change)
+        self.cache: SelectionCache[ExecutionPlan] = SelectionCache()
+        self._cache_shape: tuple[int, float | None] = (self.cache.max_entries, None)
+        self.health = HealthTracker(on_change=self._on_health_change)
+        self._perfdb: PerfDB | None = None
+        self._perfdb_path: str | None = None
+        self._perfdb_failed = False
+
+    # ------------------------------------------------------------------ set-up
+    def ensure_ready(self) -> None:
+        """Load env config and register the built-in backends, once."""
+        if self._ready:
+            return
+        with self._init_lock:
+            if self._ready:
+                return
+            _config.ensure_env_loaded()
+            self._loader(self.registry)
+            _config.add_listener(self._on_config_change)
+            self._apply_config(_config.get_config())
+            self._ready = True
+        _config.notify_change()
+
+    def _apply_config(self, cfg: _config.Config) -> None:
+        if self._cache_shape != (cfg.cache_size, cfg.cache_ttl_s):
+            self.cache = SelectionCache(max_entries=cfg.cache_size, ttl_s=cfg.cache_ttl_s)
+            self._cache_shape = (cfg.cache_size, cfg.cache_ttl_s)
+        if (self.health.failure_threshold, self.health.cooldown_s) != (cfg.health_failure_threshold,
+                                                                       cfg.health_cooldown_s):
+            self.health = HealthTracker(cfg.health_failure_threshold, cfg.health_cooldown_s,
+                                        on_change=self._on_health_change)
+
+    def _on_config_change(self) -> None:
+        self._apply_config(_config.get_config())
+        self.cache.invalidate()
+
+    def _on_health_change(self, backend_id: str, state: BreakerState) -> None:
+        log.warning("LayerZero backend %s circuit breaker is now %s", backend_id, state.value)
+        _config.notify_change()
+
+    # ------------------------------------------------------------------ PerfDB
+    def perfdb(self) -> PerfDB | None:
+        """The PerfDB at the configured path (opened lazily), or None when disabled or unusable."""
+        cfg = _config.get_config()
+        if not cfg.use_perfdb:
+            return None
+        path = cfg.perfdb_path or _config.default_perfdb_path()
+        if self._perfdb is not None and self._perfdb_path == path:
+            return self._perfdb
+        try:
+            self._perfdb, self._perfdb_path, self._perfdb_failed = PerfDB(path), path, False
+        except (LayerZeroError, OSError) as exc:
+            if not self._perfdb_failed:
+                log.warning("LayerZero PerfDB at %s is unusable (%s); selecting without measurements", path, exc)
+            self._perfdb_failed = True
+            return None
+        return self._perfdb
+
+    def _perf_lookup(self, ctx: SelectionContext) -> Callable[[str], tuple[float, float | None]]:
+        db = None if ctx.graph_capture else self.perfdb()
+        if db is None:
+            return lambda _kid: (0.0, None)
+        records = db.for_bucket(ctx.op, ctx.bucket_key(), fingerprint(device_fingerprint_parts(ctx.device)))
+        if not records:
+            return lambda _kid: (0.0, None)
+        weight = _config.get_config().perf_weight
+
+        def lookup(kernel_id: str) -> tuple[float, float | None]:
+            rec = records.get(kernel_id)
+            return (perf_score(records, kernel_id, weight), None if rec is None else rec.median_us)
+
+        return lookup
+
+    # ------------------------------------------------------------------ selection
+    def _usable(self, backend_id: str) -> Reason | None:
+        return None if self.health.usable(backend_id) else self.health.reason(backend_id)
+
+    def select_context(self, ctx: SelectionContext) -> tuple[ExecutionPlan, SelectionReport]:
+        """Run the full pipeline for ``ctx`` (no cache): the plan and its report."""
+        self.ensure_ready()
+        cfg = _config.get_config()
+        inputs = SelectionInputs(_config.effective_policy(), self._usable, self._perf_lookup(ctx),
+                                 cfg.strict, cfg.log_fallbacks)
+        plan, report = select(self.registry, ctx, inputs)
+        retry_at = self.health.next_retry_at()
+        trial = self.health.state(plan.backend) is BreakerState.HALF_OPEN
+        if retry_at is not None or trial:
+            plan = replace(plan, recheck_at=retry_at, trial=trial)
+        return plan, report
+
+    def resolve(self, key: Hashable, build_ctx: ContextBuilder, *, refresh: bool = False) -> ExecutionPlan:
+        """The plan for ``key``: from the cache, or selected now (single-flight) and cached."""
+        self.ensure_ready()
+        if refresh:
+            self.health.poll()
+            self.cache.invalidate()
+
+        def compute() -> ExecutionPlan:
+            return self.select_context(build_ctx(key))[0]
+
+        return self.cache.get_or_compute(key, compute, timeout_s=_config.get_config().selection_timeout_s)
+
+    # ------------------------------------------------------------------ the hot path
+    def run(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...]) -> Any:
+        """Look ``key`` up, select on a miss, and call the plan with ``args`` (the op's canonical arguments)."""
+        plan = self.cache.get(key)
+        if plan is None or plan.recheck_at is not None and plan.recheck_at <= time.monotonic():
+            plan = self.resolve(key, build_ctx, refresh=plan is not None)
+        t = _TRACE.get()
+        if t is not None:
+            t.counts[(plan.op, plan.kernel_id)] += 1
+        try:
+            out = plan.call(*args)
+        except Exception as exc:  # noqa: BLE001 - every kernel failure is recorded, then re-raised or retried
+            return self._on_failure(plan, exc, args, t)
+        if plan.trial:
+            self.health.record_success(plan.backend)
+        return out
+
+    def _on_failure(self, plan: ExecutionPlan, exc: Exception, args: tuple[Any, ...],
+                    t: DispatchTrace | None) -> Any:
+        if isinstance(exc, LayerZeroError):
+            raise exc
+        self.health.record_failure(plan.backend, exc)
+        errors = [f"{plan.kernel_id}: {type(exc).__name__}: {exc}"]
+        if plan.locked or _config.get_config().strict or not plan.fallbacks:
+            why = "it is locked" if plan.locked else "strict mode is on" if plan.fallbacks else "no other kernel is eligible"
+            raise KernelExecutionError(
+                f"kernel {plan.kernel_id} failed for op {plan.op!r} and no fallback is tried because {why}: "
+                f"{errors[0]}") from exc
+        for nxt in plan.fallbacks:
+            log.warning("LayerZero %s: kernel %s failed at run time (%s: %s); retrying with %s",
+                        plan.op, plan.kernel_id if nxt is plan.fallbacks[0] else "previous", type(exc).__name__,
+                        exc, nxt.kernel_id)
+            if t is not None:
+                t.fallbacks.append((plan.op, plan.kernel_id, f"{type(exc).__name__}: {exc}"))
+            try:
+                out = nxt.call(*args)
+            except Exception as again:  # noqa: BLE001
+                self.health.record_failure(nxt.backend, again)
+                errors.append(f"{nxt.kernel_id}: {type(again).__name__}: {again}")
+                exc = again
+                continue
+            if t is not None:
+                t.counts[(nxt.op, nxt.kernel_id)] += 1
+            return out
+        raise KernelExecutionError(f"every eligible kernel failed for op {plan.op!r}: " + " | ".join(errors)) from exc
+
+
+def device_fingerprint_parts(device: DeviceSpec) -> dict[str, str]:
+    """PerfDB fingerprint parts of ``device`` (name, SM, driver, CUDA, torch versions)."""
+    return {k: str(v) for k, v in device.fingerprint_parts().items()}

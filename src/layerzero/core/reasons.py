@@ -1,0 +1,198 @@
+"""Reason codes: why a kernel cannot run, or why it was ranked as it was.
+
+A :class:`Reason` is a stable machine-readable :class:`ReasonCode` (its string value never changes once
+released) plus a human message. Checks return *all* reasons that apply, never a bare bool, so a report
+can show every obstacle at once (the xFormers ``not_supported_reasons`` pattern).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+class ReasonCategory(str, enum.Enum):
+    """The family a reason code belongs to (used to group reports)."""
+
+    HARDWARE = "hardware"
+    DTYPE = "dtype"
+    SHAPE = "shape"
+    LAYOUT = "layout"
+    MASK = "mask"
+    GQA = "gqa"
+    HEAD_DIM = "head_dim"
+    STRIDE = "stride"
+    CAUSAL = "causal"
+    DROPOUT = "dropout"
+    DETERMINISM = "determinism"
+    CUDA_GRAPH = "cuda_graph"
+    MEMORY = "memory"
+    POLICY = "policy"
+    BACKEND = "backend"
+    TOKENIZER = "tokenizer"
+    AUTOGRAD = "autograd"
+    SAMPLING = "sampling"
+
+
+class ReasonCode(str, enum.Enum):
+    """Stable reason codes. The value is the wire format (JSON, logs); never rename a released value."""
+
+    # hardware / platform
+    DEVICE_TYPE_UNSUPPORTED = "DEVICE_TYPE_UNSUPPORTED"
+    SM_TOO_OLD = "SM_TOO_OLD"
+    SM_TOO_NEW = "SM_TOO_NEW"
+    GPU_GENERATION_UNSUPPORTED = "GPU_GENERATION_UNSUPPORTED"
+    CPU_ISA_MISSING = "CPU_ISA_MISSING"
+    PLATFORM_UNSUPPORTED = "PLATFORM_UNSUPPORTED"
+    DEVICE_MISMATCH = "DEVICE_MISMATCH"
+    # dtype
+    DTYPE_UNSUPPORTED = "DTYPE_UNSUPPORTED"
+    DTYPE_MISMATCH = "DTYPE_MISMATCH"
+    BF16_UNSUPPORTED = "BF16_UNSUPPORTED"
+    FP8_UNSUPPORTED = "FP8_UNSUPPORTED"
+    INDEX_DTYPE_INVALID = "INDEX_DTYPE_INVALID"
+    # shape
+    RANK_INVALID = "RANK_INVALID"
+    SHAPE_MISMATCH = "SHAPE_MISMATCH"
+    BATCH_MISMATCH = "BATCH_MISMATCH"
+    SEQ_LEN_TOO_LONG = "SEQ_LEN_TOO_LONG"
+    SEQ_LEN_TOO_SHORT = "SEQ_LEN_TOO_SHORT"
+    EMPTY_INPUT = "EMPTY_INPUT"
+    HIDDEN_SIZE_UNSUPPORTED = "HIDDEN_SIZE_UNSUPPORTED"
+    # layout
+    LAYOUT_UNSUPPORTED = "LAYOUT_UNSUPPORTED"
+    KV_LAYOUT_UNSUPPORTED = "KV_LAYOUT_UNSUPPORTED"
+    NOT_CONTIGUOUS = "NOT_CONTIGUOUS"
+    # mask
+    MASK_UNSUPPORTED = "MASK_UNSUPPORTED"
+    MASK_DTYPE_UNSUPPORTED = "MASK_DTYPE_UNSUPPORTED"
+    MASK_SHAPE_INVALID = "MASK_SHAPE_INVALID"
+    MASK_WITH_CAUSAL = "MASK_WITH_CAUSAL"
+    SLIDING_WINDOW_UNSUPPORTED = "SLIDING_WINDOW_UNSUPPORTED"
+    # GQA
+    GQA_UNSUPPORTED = "GQA_UNSUPPORTED"
+    GQA_RATIO_INVALID = "GQA_RATIO_INVALID"
+    MQA_UNSUPPORTED = "MQA_UNSUPPORTED"
+    # head_dim
+    HEAD_DIM_INVALID = "HEAD_DIM_INVALID"
+    HEAD_DIM_TOO_LARGE = "HEAD_DIM_TOO_LARGE"
+    HEAD_DIM_NOT_ALIGNED = "HEAD_DIM_NOT_ALIGNED"
+    HEAD_DIM_MISMATCH = "HEAD_DIM_MISMATCH"
+    # stride / alignment
+    STRIDE_LAST_DIM_NOT_1 = "STRIDE_LAST_DIM_NOT_1"
+    ALIGNMENT_INVALID = "ALIGNMENT_INVALID"
+    # causal
+    CAUSAL_UNSUPPORTED = "CAUSAL_UNSUPPORTED"
+    CAUSAL_SEQ_MISMATCH = "CAUSAL_SEQ_MISMATCH"
+    # dropout
+    DROPOUT_UNSUPPORTED = "DROPOUT_UNSUPPORTED"
+    # determinism
+    NON_DETERMINISTIC = "NON_DETERMINISTIC"
+    # autograd
+    BACKWARD_UNSUPPORTED = "BACKWARD_UNSUPPORTED"
+    # CUDA graph
+    CUDA_GRAPH_UNSAFE = "CUDA_GRAPH_UNSAFE"
+    CAPTURE_SELECTION_FORBIDDEN = "CAPTURE_SELECTION_FORBIDDEN"
+    # memory
+    WORKSPACE_TOO_LARGE = "WORKSPACE_TOO_LARGE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    # policy
+    POLICY_DENIED = "POLICY_DENIED"
+    POLICY_NOT_ALLOWED = "POLICY_NOT_ALLOWED"
+    POLICY_LOCKED_OTHER = "POLICY_LOCKED_OTHER"
+    POLICY_DISABLED = "POLICY_DISABLED"
+    # backend availability / health
+    BACKEND_NOT_INSTALLED = "BACKEND_NOT_INSTALLED"
+    BACKEND_VERSION_UNSUPPORTED = "BACKEND_VERSION_UNSUPPORTED"
+    BACKEND_IMPORT_FAILED = "BACKEND_IMPORT_FAILED"
+    BACKEND_UNHEALTHY = "BACKEND_UNHEALTHY"
+    KERNEL_FAILED_AT_RUNTIME = "KERNEL_FAILED_AT_RUNTIME"
+    TORCH_TOO_OLD = "TORCH_TOO_OLD"
+    # sampling
+    SAMPLING_PARAM_UNSUPPORTED = "SAMPLING_PARAM_UNSUPPORTED"
+    GENERATOR_UNSUPPORTED = "GENERATOR_UNSUPPORTED"
+    # tokenizer
+    TOKENIZER_UNSUPPORTED = "TOKENIZER_UNSUPPORTED"
+    TOKENIZER_NOT_LOADED = "TOKENIZER_NOT_LOADED"
+
+    @property
+    def category(self) -> ReasonCategory:
+        """The :class:`ReasonCategory` this code belongs to."""
+        return _CATEGORY[self]
+
+
+_C = ReasonCategory
+_R = ReasonCode
+_CATEGORY: dict[ReasonCode, ReasonCategory] = {
+    **dict.fromkeys(
+        [_R.DEVICE_TYPE_UNSUPPORTED, _R.SM_TOO_OLD, _R.SM_TOO_NEW, _R.GPU_GENERATION_UNSUPPORTED,
+         _R.CPU_ISA_MISSING, _R.PLATFORM_UNSUPPORTED, _R.DEVICE_MISMATCH], _C.HARDWARE),
+    **dict.fromkeys(
+        [_R.DTYPE_UNSUPPORTED, _R.DTYPE_MISMATCH, _R.BF16_UNSUPPORTED, _R.FP8_UNSUPPORTED,
+         _R.INDEX_DTYPE_INVALID], _C.DTYPE),
+    **dict.fromkeys(
+        [_R.RANK_INVALID, _R.SHAPE_MISMATCH, _R.BATCH_MISMATCH, _R.SEQ_LEN_TOO_LONG, _R.SEQ_LEN_TOO_SHORT,
+         _R.EMPTY_INPUT, _R.HIDDEN_SIZE_UNSUPPORTED], _C.SHAPE),
+    **dict.fromkeys([_R.LAYOUT_UNSUPPORTED, _R.KV_LAYOUT_UNSUPPORTED, _R.NOT_CONTIGUOUS], _C.LAYOUT),
+    **dict.fromkeys(
+        [_R.MASK_UNSUPPORTED, _R.MASK_DTYPE_UNSUPPORTED, _R.MASK_SHAPE_INVALID, _R.MASK_WITH_CAUSAL,
+         _R.SLIDING_WINDOW_UNSUPPORTED], _C.MASK),
+    **dict.fromkeys([_R.GQA_UNSUPPORTED, _R.GQA_RATIO_INVALID, _R.MQA_UNSUPPORTED], _C.GQA),
+    **dict.fromkeys(
+        [_R.HEAD_DIM_INVALID, _R.HEAD_DIM_TOO_LARGE, _R.HEAD_DIM_NOT_ALIGNED, _R.HEAD_DIM_MISMATCH], _C.HEAD_DIM),
+    **dict.fromkeys([_R.STRIDE_LAST_DIM_NOT_1, _R.ALIGNMENT_INVALID], _C.STRIDE),
+    **dict.fromkeys([_R.CAUSAL_UNSUPPORTED, _R.CAUSAL_SEQ_MISMATCH], _C.CAUSAL),
+    _R.DROPOUT_UNSUPPORTED: _C.DROPOUT,
+    _R.NON_DETERMINISTIC: _C.DETERMINISM,
+    _R.BACKWARD_UNSUPPORTED: _C.AUTOGRAD,
+    **dict.fromkeys([_R.CUDA_GRAPH_UNSAFE, _R.CAPTURE_SELECTION_FORBIDDEN], _C.CUDA_GRAPH),
+    **dict.fromkeys([_R.WORKSPACE_TOO_LARGE, _R.OUT_OF_MEMORY], _C.MEMORY),
+    **dict.fromkeys(
+        [_R.POLICY_DENIED, _R.POLICY_NOT_ALLOWED, _R.POLICY_LOCKED_OTHER, _R.POLICY_DISABLED], _C.POLICY),
+    **dict.fromkeys(
+        [_R.BACKEND_NOT_INSTALLED, _R.BACKEND_VERSION_UNSUPPORTED, _R.BACKEND_IMPORT_FAILED,
+         _R.BACKEND_UNHEALTHY, _R.KERNEL_FAILED_AT_RUNTIME, _R.TORCH_TOO_OLD], _C.BACKEND),
+    **dict.fromkeys([_R.SAMPLING_PARAM_UNSUPPORTED, _R.GENERATOR_UNSUPPORTED], _C.SAMPLING),
+    **dict.fromkeys([_R.TOKENIZER_UNSUPPORTED, _R.TOKENIZER_NOT_LOADED], _C.TOKENIZER),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """One reason a kernel was rejected (or demoted): a stable ``code`` and a human ``message``."""
+
+    code: ReasonCode
+    message: str
+
+    @property
+    def category(self) -> ReasonCategory:
+        """The category of :attr:`code`."""
+        return self.code.category
+
+    def to_dict(self) -> dict[str, str]:
+        """JSON-ready form: ``{"code": ..., "category": ..., "message": ...}``."""
+        return {"code": self.code.value, "category": self.category.value, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Reason:
+        """Inverse of :meth:`to_dict` (the category is derived from the code)."""
+        return cls(ReasonCode(data["code"]), str(data["message"]))
+
+    def to_json(self) -> str:
+        """Serialize to a JSON string."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Reason:
+        """Parse the output of :meth:`to_json`."""
+        return cls.from_dict(json.loads(text))
+
+    def __str__(self) -> str:
+        return f"{self.code.value}: {self.message}"
+
+
+def reason(code: ReasonCode, message: str) -> Reason:
+    """Shorthand constructor used by checks."""
+    return Reason(code, message)

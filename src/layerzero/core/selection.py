@@ -1,0 +1,168 @@
+"""The selection pipeline: filter -> score -> select (the cache is the caller's, see ``dispatch``).
+
+- **filter**: every candidate gets *all* its reasons: backend availability, data constraints, the kernel's
+  own ``check``, backend health, and policy (lock / deny / allow).
+- **score**: priority + policy boost + PerfDB measurement - transform cost.
+- **select**: highest score wins. The reference kernel survives policy so there is always a fallback;
+  a lock forces its kernel and raises if it cannot run; a preference that cannot run, or the reference
+  standing in for rejected faster kernels, is a *fallback*: logged with its reasons, or raised in strict mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .constraints import check_constraints
+from .context import SelectionContext
+from .errors import NoKernelFoundError
+from .policy import Policy
+from .reasons import Reason, ReasonCode
+from .registry import KernelRegistry
+from .report import CandidateReport, CandidateStatus, Score, SelectionReport
+from .specs import ExecutionPlan, KernelSpec
+
+log = logging.getLogger("layerzero.selection")
+R = ReasonCode
+
+_POLICY_CODES = frozenset({R.POLICY_DENIED, R.POLICY_NOT_ALLOWED, R.POLICY_LOCKED_OTHER, R.POLICY_DISABLED})
+
+
+@dataclass(frozen=True, slots=True)
+class SelectionInputs:
+    """What a selection reads besides the context: policy, backend health and measured timings.
+
+    ``usable(backend_id) -> Reason | None`` answers health; ``perf(kernel_id) -> (score, median_us)``
+    gives the PerfDB contribution (``(0.0, None)`` when unmeasured).
+    """
+
+    policy: Policy
+    usable: Callable[[str], Reason | None]
+    perf: Callable[[str], tuple[float, float | None]]
+    strict: bool = False
+    log_fallbacks: bool = True
+
+
+def kernel_reasons(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext,
+                   usable: Callable[[str], Reason | None] | None = None) -> list[Reason]:
+    """Every non-policy reason ``spec`` cannot run ``ctx``: availability, constraints, own check, health."""
+    reasons: list[Reason] = []
+    backend = registry.backend(spec.backend)
+    if not backend.available:
+        reasons.extend(backend.reasons or (Reason(R.BACKEND_NOT_INSTALLED, f"backend {backend.backend_id} is not "
+                                                  "available"),))
+    reasons.extend(check_constraints(spec, ctx))
+    if spec.check is not None and backend.available:
+        reasons.extend(spec.check(ctx))
+    if usable is not None:
+        unhealthy = usable(spec.backend)
+        if unhealthy is not None:
+            reasons.append(unhealthy)
+    return reasons
+
+
+def _adapt(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext) -> tuple[Any, tuple[str, ...], float]:
+    adapter = registry.ops.get(ctx.op).adapter
+    if adapter is None:
+        return spec.fn, (), 0.0
+    return adapter(spec, ctx)
+
+
+def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInputs) -> tuple[ExecutionPlan,
+                                                                                               SelectionReport]:
+    """Run filter -> score -> select for ``ctx``.
+
+    Returns the chosen :class:`ExecutionPlan` (with the other eligible kernels as runtime fallbacks) and its
+    :class:`SelectionReport`. Raises ``NoKernelFoundError`` (with ``.report``) when a locked kernel cannot run,
+    or in strict mode when selection had to fall back; ``UnknownOperationError`` for an unknown op.
+    """
+    op = ctx.op
+    fields = ctx.fields()
+    policy = inputs.policy
+    lock = policy.lock_for(op, fields)
+    locked_id = None if lock is None else lock.kernel
+    specs = registry.for_op(op)
+    if locked_id is not None:
+        registry.kernel(locked_id, op)  # typed error when a lock names an unknown kernel / other op
+
+    candidates: list[CandidateReport] = []
+    eligible: list[tuple[float, int, KernelSpec, Any, tuple[str, ...], Score]] = []
+    boosted_rejects: list[tuple[str, tuple[Reason, ...]]] = []
+    for order, spec in enumerate(specs):
+        reasons = kernel_reasons(registry, spec, ctx, inputs.usable)
+        boost = policy.boost(op, spec.kernel_id, spec.backend, fields)
+        if locked_id is not None and spec.kernel_id != locked_id:
+            reasons.append(Reason(R.POLICY_LOCKED_OTHER, f"op {op!r} is locked to {locked_id}"))
+        elif locked_id is None and not spec.is_reference:
+            reasons.extend(policy.reasons_against(op, spec.kernel_id, spec.backend, fields))
+        if reasons:
+            candidates.append(CandidateReport(spec.kernel_id, CandidateStatus.REJECTED, tuple(reasons)))
+            if boost > 0 and not any(r.code in _POLICY_CODES for r in reasons):
+                boosted_rejects.append((spec.kernel_id, tuple(reasons)))
+            continue
+        call, transforms, cost = _adapt(registry, spec, ctx)
+        perf, measured = inputs.perf(spec.kernel_id)
+        score = Score(priority=float(spec.priority), boost=boost, perf=perf, transform_cost=cost)
+        eligible.append((score.total, -order, spec, call, transforms, score))
+        candidates.append(CandidateReport(spec.kernel_id, CandidateStatus.ELIGIBLE, (), score, transforms, measured))
+
+    policy_hash = policy.hash
+    if locked_id is not None and not eligible:
+        report = SelectionReport(op, ctx, None, tuple(candidates), locked_id, policy_hash,
+                                 (f"lock: {locked_id} cannot run these inputs",))
+        why = "; ".join(str(r) for r in report.candidate(locked_id).reasons)
+        raise NoKernelFoundError(
+            f"op {op!r} is locked to {locked_id}, which cannot run these inputs: {why}. "
+            f"Remove the lock (lz.unlock({op!r}) or the policy's locks entry) or change the inputs.", report)
+    if not eligible:
+        report = SelectionReport(op, ctx, None, tuple(candidates), None, policy_hash)
+        raise NoKernelFoundError(f"no kernel can run op {op!r} for these inputs.\n{report}", report)
+
+    eligible.sort(key=lambda e: (e[0], e[1]), reverse=True)
+    _, _, best, call, transforms, _ = eligible[0]
+    notes = _fallback_notes(registry, best, candidates, boosted_rejects)
+    chosen_reports = tuple(
+        CandidateReport(c.kernel_id, CandidateStatus.SELECTED, c.reasons, c.score, c.transforms, c.measured_us)
+        if c.kernel_id == best.kernel_id else c for c in candidates)
+    report = SelectionReport(op, ctx, best.kernel_id, chosen_reports, locked_id, policy_hash, notes)
+    if notes:
+        if inputs.strict:
+            raise NoKernelFoundError(
+                f"strict mode: selection for op {op!r} would fall back ({' | '.join(notes)}). "
+                "Fix the inputs or policy, or lz.configure(strict=False) to allow fallbacks.", report)
+        if inputs.log_fallbacks:
+            log.warning("LayerZero %s: %s", op, " | ".join(notes))
+    fallbacks = tuple(
+        ExecutionPlan(op, spec.kernel_id, c, tr) for _, _, spec, c, tr, _ in eligible[1:]
+    ) if locked_id is None else ()
+    plan = ExecutionPlan(op, best.kernel_id, call, transforms, locked_id is not None, fallbacks, report)
+    return plan, report
+
+
+def _fallback_notes(registry: KernelRegistry, best: KernelSpec, candidates: list[CandidateReport],
+                    boosted_rejects: list[tuple[str, tuple[Reason, ...]]]) -> tuple[str, ...]:
+    notes = []
+    for kernel_id, reasons in boosted_rejects:
+        notes.append(f"fallback: preferred {kernel_id} cannot run ({'; '.join(str(r) for r in reasons)}); "
+                     f"using {best.kernel_id}")
+    if best.is_reference:
+        blocked = [c for c in candidates if c.status is CandidateStatus.REJECTED
+                   and not any(r.code in _POLICY_CODES or r.code is R.DEVICE_TYPE_UNSUPPORTED for r in c.reasons)
+                   and registry.backend(registry.kernel(c.kernel_id).backend).available]
+        if blocked:
+            why = "; ".join(f"{c.kernel_id}: {', '.join(r.code.value for r in c.reasons)}" for c in blocked)
+            notes.append(f"fallback: reference kernel {best.kernel_id} serves this call because {why}")
+    return tuple(notes)
+
+
+def validate_kernel(registry: KernelRegistry, kernel_id: str, ctx: SelectionContext,
+                    usable: Callable[[str], Reason | None] | None = None,
+                    policy: Policy | None = None, fields: Mapping[str, Any] | None = None) -> list[Reason]:
+    """All reasons ``kernel_id`` cannot run ``ctx`` (empty = can run); policy reasons when ``policy`` given."""
+    spec = registry.kernel(kernel_id, ctx.op)
+    reasons = kernel_reasons(registry, spec, ctx, usable)
+    if policy is not None and not spec.is_reference:
+        reasons.extend(policy.reasons_against(ctx.op, spec.kernel_id, spec.backend, fields or ctx.fields()))
+    return reasons

@@ -1,0 +1,192 @@
+"""Specs: what an operation is, what a kernel can do (as data), what a backend is, what dispatch runs.
+
+A :class:`KernelSpec` holds its constraints as plain data (device types, dtypes, SM range, head dims,
+layouts, mask kinds, GQA, causal, dropout, determinism, graph safety). One shared filter
+(:mod:`layerzero.core.constraints`) checks them all and returns every reason that applies; a kernel adds a
+``check`` function only for what data cannot say. This follows xFormers' ``AttentionOpBase`` and
+Hugging Face kernels' device descriptors.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .reasons import Reason
+
+if TYPE_CHECKING:
+    from .context import SelectionContext
+    from .device import GPUGeneration
+
+
+class Layout(str, enum.Enum):
+    """Attention tensor layouts. BHSD = [batch, heads, seq, head_dim] (SDPA); BSHD = [batch, seq, heads, head_dim]
+    (flash-attn)."""
+
+    BHSD = "BHSD"
+    BSHD = "BSHD"
+
+
+class MaskKind(str, enum.Enum):
+    """What ``attn_mask`` is: absent, boolean (True = attend) or additive float."""
+
+    NONE = "none"
+    BOOL = "bool"
+    FLOAT = "float"
+
+
+class Phase(str, enum.Enum):
+    """Serving phase derived from the query length: decode = one query token per sequence."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+Adapter = Callable[["KernelSpec", "SelectionContext"], tuple[Callable[..., Any], tuple[str, ...], float]]
+
+
+@dataclass(frozen=True, slots=True)
+class OperationSpec:
+    """An operation LayerZero dispatches: its id, a one-line description, the names of its inputs, the
+    kernel id of its reference implementation (the oracle and last fallback) and an optional ``adapter``.
+
+    ``adapter(kernel, ctx) -> (call, transform_names, transform_cost)`` wraps a kernel whose native layout
+    differs from the inputs' (e.g. BSHD inputs to a BHSD-only kernel); without it kernels are called as is.
+    """
+
+    op_id: str
+    description: str
+    inputs: tuple[str, ...]
+    reference_kernel: str
+    adapter: Adapter | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """One kernel: identity, the callable, and its constraints as data.
+
+    ``fn`` is called with the op's canonical positional arguments (see ``layerzero.ops``), with tensors in
+    one of ``layouts`` (dispatch inserts a transpose for other layouts and charges ``transform cost`` in the
+    score). ``None`` in a constraint field means "no constraint". ``sm_min``/``sm_max`` are inclusive
+    ``(major, minor)`` pairs and apply to CUDA devices only. ``max_seq_len`` is checked against the upper
+    bound of the sequence-length bucket so a cached choice is valid for every length in its bucket.
+    """
+
+    kernel_id: str
+    op: str
+    fn: Callable[..., Any]
+    priority: int = 0
+    description: str = ""
+    device_types: frozenset[str] = frozenset({"cpu", "cuda"})
+    dtypes: frozenset[torch.dtype] = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+    sm_min: tuple[int, int] | None = None
+    sm_max: tuple[int, int] | None = None
+    generations: frozenset[GPUGeneration] | None = None
+    layouts: frozenset[Layout] | None = None
+    head_dim_min: int | None = None
+    head_dim_max: int | None = None
+    head_dim_multiple: int | None = None
+    head_dims_equal: bool = False
+    supports_gqa: bool = True
+    mask_kinds: frozenset[MaskKind] = frozenset(MaskKind)
+    mask_with_causal: bool = True
+    supports_causal: bool = True
+    supports_dropout: bool = True
+    supports_backward: bool = True
+    requires_stride_last_1: bool = False
+    max_seq_len: int | None = None
+    deterministic: bool = True
+    graph_safe: bool = True
+    is_reference: bool = False
+    check: Callable[[SelectionContext], list[Reason]] | None = None
+    workspace: Callable[[SelectionContext], int] | None = None
+
+    @property
+    def backend(self) -> str:
+        """Backend id: the part of ``kernel_id`` before the first dot."""
+        return self.kernel_id.split(".", 1)[0]
+
+    def workspace_bytes(self, ctx: SelectionContext) -> int:
+        """Scratch memory this kernel needs for ``ctx``, in bytes (0 when it declares none)."""
+        return 0 if self.workspace is None else int(self.workspace(ctx))
+
+    def constraints(self) -> dict[str, Any]:
+        """The data constraints as JSON-ready values (for ``lz.list_kernels`` and the docs)."""
+        out: dict[str, Any] = {}
+        for name in (
+            "priority", "device_types", "dtypes", "sm_min", "sm_max", "generations", "layouts", "head_dim_min",
+            "head_dim_max", "head_dim_multiple", "head_dims_equal", "supports_gqa", "mask_kinds",
+            "mask_with_causal", "supports_causal", "supports_dropout", "supports_backward",
+            "requires_stride_last_1", "max_seq_len", "deterministic", "graph_safe",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, frozenset):
+                value = sorted(_plain(v) for v in value)
+            out[name] = value
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, enum.Enum):
+        return value.name if isinstance(value, enum.IntEnum) else value.value
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """A backend: id, the Python module it needs, installed version, and whether it is usable here.
+
+    A missing library leaves the backend registered but unavailable, with the reasons
+    (``BACKEND_NOT_INSTALLED``), never an import error of ``layerzero``.
+    """
+
+    backend_id: str
+    import_name: str | None
+    version: str | None
+    available: bool
+    reasons: tuple[Reason, ...] = ()
+    description: str = ""
+
+
+Transform = Callable[[tuple[Any, ...]], tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionPlan:
+    """What dispatch runs for one cache key: the chosen kernel and how to call it.
+
+    ``call`` takes the op's canonical positional arguments; when the kernel needs another layout it is a
+    wrapper that transposes inputs and the output (``transforms`` names them). ``fallbacks`` are the other
+    eligible kernels' plans in score order, tried if this one raises at run time (never for a lock).
+    ``recheck_at`` (``time.monotonic()`` seconds) asks dispatch to select again once a tripped backend's
+    cooldown ends; ``trial`` marks a plan whose backend is on probation (half-open circuit breaker).
+    """
+
+    op: str
+    kernel_id: str
+    call: Callable[..., Any]
+    transforms: tuple[str, ...] = ()
+    locked: bool = False
+    fallbacks: tuple[ExecutionPlan, ...] = ()
+    report: Any = field(default=None, compare=False, repr=False)
+    recheck_at: float | None = None
+    trial: bool = False
+
+    @property
+    def backend(self) -> str:
+        """Backend id of the chosen kernel."""
+        return self.kernel_id.split(".", 1)[0]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.call(*args)
+
+
+def kernel_ids(specs: Sequence[KernelSpec]) -> list[str]:
+    """The ids of ``specs`` in order (for messages)."""
+    return [s.kernel_id for s in specs]

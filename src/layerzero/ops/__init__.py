@@ -1,0 +1,29 @@
+"""Public ops. Each module validates its inputs (typed errors), builds the cache key, and hands the call to
+the dispatch runtime; ``OPS`` maps an op id to its (prepare, context-from-key) pair for ``lz.select`` /
+``lz.explain`` / ``lz.which``.
+"""
+
+from __future__ import annotations
+
+from . import attention as _attention
+from . import norms as _norms
+from . import rope as _rope
+from . import sampling as _sampling
+from .attention import attention
+from .norms import layer_norm, rms_norm
+from .rope import rope
+from .sampling import sample_topk, sample_topp
+
+OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _sampling.TOPK_SPEC,
+                   _sampling.TOPP_SPEC)
+
+OPS = {
+    "attention": (_attention.prepare, _attention.context),
+    "rms_norm": (_norms.prepare_rms, _norms.context_rms),
+    "layer_norm": (_norms.prepare_layer, _norms.context_layer),
+    "rope": (_rope.prepare, _rope.context),
+    "sample_topk": (_sampling.prepare_topk, _sampling.context),
+    "sample_topp": (_sampling.prepare_topp, _sampling.context),
+}
+
+__all__ = ["OPERATION_SPECS", "OPS", "attention", "layer_norm", "rms_norm", "rope", "sample_topk", "sample_topp"]

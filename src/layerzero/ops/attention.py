@@ -1,0 +1,158 @@
+"""``lz.attention``: scaled dot-product attention dispatched to the best kernel for these inputs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from layerzero.core.constraints import native_layout
+from layerzero.core.context import SelectionContext, bucket
+from layerzero.core.specs import KernelSpec, Layout, MaskKind, OperationSpec
+
+from ._common import RUNTIME, check_same, check_tensor, device_spec, fail, flags, scope_token
+
+OP = "attention"
+_LAYOUTS = {"BHSD": Layout.BHSD, "BSHD": Layout.BSHD, Layout.BHSD: Layout.BHSD, Layout.BSHD: Layout.BSHD}
+
+
+def _mask_kind(op: str, mask: Any, q: torch.Tensor, b: int, hq: int, sq: int, sk: int) -> MaskKind:
+    if mask is None:
+        return MaskKind.NONE
+    if not isinstance(mask, torch.Tensor):
+        raise fail(op, "attn_mask", "a torch.Tensor or None", type(mask).__name__)
+    if mask.device != q.device:
+        raise fail(op, "attn_mask.device", q.device, mask.device, "Move the mask to the query's device.")
+    if mask.dtype == torch.bool:
+        kind = MaskKind.BOOL
+    elif mask.dtype == q.dtype:
+        kind = MaskKind.FLOAT
+    else:
+        raise fail(op, "attn_mask.dtype", f"torch.bool or the query dtype {q.dtype}", mask.dtype,
+                   "Pass a boolean mask (True = attend) or an additive mask in the query dtype.")
+    full = (b, hq, sq, sk)
+    shape = tuple(mask.shape)
+    if mask.dim() > 4 or mask.dim() == 0 or any(
+            m not in (1, f) for m, f in zip(shape[::-1], full[::-1])):
+        raise fail(op, "attn_mask shape", f"broadcastable to [B, Hq, Sq, Sk] = {list(full)}", list(shape),
+                   "Give the mask shape [B or 1, Hq or 1, Sq, Sk].")
+    return kind
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
+            is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
+            layout: str | Layout = "BHSD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.attention`` inputs; return (cache key, canonical kernel args)."""
+    check_tensor(OP, "q", q, 4)
+    check_tensor(OP, "k", k, 4)
+    check_tensor(OP, "v", v, 4)
+    check_same(OP, "q", q, "k", k)
+    check_same(OP, "q", q, "v", v)
+    lay = _LAYOUTS.get(layout)
+    if lay is None:
+        raise fail(OP, "layout", "'BHSD' ([B, H, S, D], like SDPA) or 'BSHD' ([B, S, H, D], like flash-attn)",
+                   repr(layout), "LayerZero never guesses the layout: pass it explicitly.")
+    if lay is Layout.BHSD:
+        b, hq, sq, d = q.shape
+        bk, hkv, sk, dk = k.shape
+        bv, hv, sv, dv = v.shape
+    else:
+        b, sq, hq, d = q.shape
+        bk, sk, hkv, dk = k.shape
+        bv, sv, hv, dv = v.shape
+    if not b == bk == bv:
+        raise fail(OP, "batch size", f"equal in q, k, v ({b})", f"k: {bk}, v: {bv}")
+    if hkv != hv or sk != sv:
+        raise fail(OP, "k/v shapes", "k and v with the same heads and sequence length",
+                   f"k {tuple(k.shape)}, v {tuple(v.shape)} ({lay.value})")
+    if dk != d:
+        raise fail(OP, "head_dim of k", f"equal to q's head_dim {d}", dk)
+    if hkv == 0 or hq % hkv:
+        raise fail(OP, "heads", "Hq divisible by Hkv (GQA/MQA)", f"Hq={hq}, Hkv={hkv}",
+                   "Check the head dimension position for this layout.")
+    if sq == 0 or sk == 0 or b == 0 or d == 0 or dv == 0:
+        raise fail(OP, "sizes", "non-empty batch, sequences and head dims",
+                   f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if is_causal is not True and is_causal is not False:
+        raise fail(OP, "is_causal", "a bool", repr(is_causal))
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise fail(OP, "dropout_p", "a float in [0, 1)", repr(dropout_p))
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        raise fail(OP, "scale", "None or a finite float > 0", repr(scale))
+    mask = _mask_kind(OP, attn_mask, q, b, hq, sq, sk)
+    grad, det, capture, stride = flags(q, k, v)
+    contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    key = (OP, q.device, q.dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, mask,
+           is_causal, dropout_p > 0.0, scale is None, stride, contiguous, grad, det, capture, scope_token())
+    return key, (q, k, v, attn_mask, is_causal, scale, dropout_p)
+
+
+def context(key: tuple[Any, ...]) -> SelectionContext:
+    """The :class:`SelectionContext` of an attention cache key."""
+    (_, device, dtype, b, hq, hkv, d, dv, sq, sk, seq_equal, lay, mask, causal, dropout, scale_default, stride,
+     contiguous, grad, det, capture, _) = key
+    return SelectionContext(
+        op=OP, device=device_spec(device), dtype=dtype, batch=b, num_heads_q=hq, num_heads_kv=hkv, head_dim=d,
+        head_dim_v=dv, seq_len_q=sq, seq_len_kv=sk, seq_equal=seq_equal, layout=lay, mask=mask, is_causal=causal,
+        dropout=dropout, scale_default=scale_default, stride_last_1=stride, contiguous=contiguous,
+        requires_grad=grad, deterministic=det, graph_capture=capture)
+
+
+def _transposed(fn):
+    """BSHD <-> BHSD is one swap of dims 1 and 2 either way: views in, view of the output back."""
+
+    def call(q, k, v, attn_mask, is_causal, scale, dropout_p):
+        out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask, is_causal, scale, dropout_p)
+        return out.transpose(1, 2)
+
+    return call
+
+
+def adapter(spec: KernelSpec, ctx: SelectionContext):
+    """Call ``spec`` in its native layout: transpose q/k/v (views) and the output back when needed."""
+    native = native_layout(spec, ctx.layout)
+    if native is ctx.layout or native is None:
+        return spec.fn, (), 0.0
+    return _transposed(spec.fn), (f"{ctx.layout.value}->{native.value} (transpose views)",), 1.0
+
+
+SPEC = OperationSpec(OP, "scaled dot-product attention (SDPA semantics, GQA, masks)", ("q", "k", "v"),
+                     "reference.attention", adapter)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
+              is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
+              layout: str = "BHSD") -> torch.Tensor:
+    """Scaled dot-product attention ``softmax(q k^T * scale + mask) v`` (Vaswani et al. 2017), dispatched to
+    the fastest eligible kernel (SDPA flash / cuDNN / efficient / math, reference; more in later backends).
+
+    Shapes (B batch, Hq query heads, Hkv key/value heads, Sq/Sk query/key length in tokens, D head dim,
+    Dv value head dim), never guessed — ``layout`` says which:
+
+    - ``"BHSD"`` (like ``F.scaled_dot_product_attention``): q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Sk, D]``,
+      v ``[B, Hkv, Sk, Dv]`` -> ``[B, Hq, Sq, Dv]``.
+    - ``"BSHD"`` (like flash-attn): q ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` -> ``[B, Sq, Hq, Dv]``.
+
+    dtype: float32, float64, float16 or bfloat16, the same for q, k, v; output has it too.
+    GQA/MQA: ``Hq % Hkv == 0``; KV head j serves query heads ``j*Hq/Hkv ... (j+1)*Hq/Hkv - 1`` (no repeat
+    needed). ``attn_mask``: bool (True = attend) or additive float in q's dtype, broadcastable to
+    ``[B, Hq, Sq, Sk]``. ``is_causal``: query i attends keys ``j <= i`` (top-left aligned, as SDPA, when
+    Sq != Sk). A row whose keys are all masked returns 0. ``scale``: default ``1/sqrt(D)``.
+    ``dropout_p``: probability in [0, 1) applied to the attention weights.
+
+    Raises:
+        InvalidInputError: wrong rank, dtype or device mix, batch/head/head_dim mismatch, ``Hq % Hkv != 0``,
+            mask dtype or shape, ``dropout_p`` outside [0, 1), non-positive ``scale``, unknown ``layout``.
+        NoKernelFoundError: the op is locked to a kernel that cannot run these inputs (message lists why).
+        KernelExecutionError: the kernel failed and no fallback was allowed (lock or strict mode).
+
+    >>> import torch, layerzero as lz
+    >>> q = k = v = torch.randn(1, 8, 16, 64)
+    >>> lz.attention(q, k, v, is_causal=True).shape
+    torch.Size([1, 8, 16, 64])
+    """
+    key, args = prepare(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
+                        layout=layout)
+    return RUNTIME.run(key, context, args)

@@ -1,0 +1,125 @@
+"""``lz.rms_norm`` and ``lz.layer_norm``."""
+
+from __future__ import annotations
+
+from typing import Any, overload
+
+import torch
+
+from layerzero.core.context import SelectionContext
+from layerzero.core.specs import OperationSpec
+
+from ._common import RUNTIME, check_eps, check_same, check_tensor, device_spec, fail, flags, scope_token
+
+
+def _check_param(op: str, name: str, x: torch.Tensor, p: Any) -> None:
+    check_tensor(op, name, p, 1)
+    check_same(op, "x", x, name, p, dtype=False)
+    if p.shape[0] != x.shape[-1]:
+        raise fail(op, f"{name} shape", f"[H] with H = x.shape[-1] = {x.shape[-1]}", list(p.shape))
+
+
+def prepare_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                residual: torch.Tensor | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.rms_norm`` inputs; return (cache key, canonical kernel args)."""
+    op = "rms_norm"
+    check_tensor(op, "x", x)
+    if x.dim() == 0:
+        raise fail(op, "x rank", ">= 1 dims ([..., H])", "a 0-dim tensor")
+    _check_param(op, "weight", x, weight)
+    eps = check_eps(op, eps)
+    if residual is not None:
+        check_tensor(op, "residual", residual)
+        check_same(op, "x", x, "residual", residual)
+        if residual.shape != x.shape:
+            raise fail(op, "residual shape", f"x's shape {list(x.shape)}", list(residual.shape))
+    grad, det, capture, stride = flags(x, weight, residual)
+    key = (op, x.device, x.dtype, weight.dtype, x.shape[-1], residual is not None, stride, x.is_contiguous(),
+           grad, det, capture, scope_token())
+    return key, (x, weight, eps, residual)
+
+
+def context_rms(key: tuple[Any, ...]) -> SelectionContext:
+    """The :class:`SelectionContext` of an rms_norm cache key."""
+    op, device, dtype, _wdtype, h, fused, stride, contiguous, grad, det, capture, _ = key
+    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, hidden_size=h, fused_residual=fused,
+                            stride_last_1=stride, contiguous=contiguous, requires_grad=grad, deterministic=det,
+                            graph_capture=capture)
+
+
+def prepare_layer(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  eps: float = 1e-5) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.layer_norm`` inputs; return (cache key, canonical kernel args)."""
+    op = "layer_norm"
+    check_tensor(op, "x", x)
+    if x.dim() == 0:
+        raise fail(op, "x rank", ">= 1 dims ([..., H])", "a 0-dim tensor")
+    _check_param(op, "weight", x, weight)
+    if bias is not None:
+        _check_param(op, "bias", x, bias)
+    eps = check_eps(op, eps)
+    grad, det, capture, stride = flags(x, weight, bias)
+    key = (op, x.device, x.dtype, weight.dtype, x.shape[-1], bias is not None, stride, x.is_contiguous(),
+           grad, det, capture, scope_token())
+    return key, (x, weight, bias, eps)
+
+
+def context_layer(key: tuple[Any, ...]) -> SelectionContext:
+    """The :class:`SelectionContext` of a layer_norm cache key."""
+    op, device, dtype, _wdtype, h, has_bias, stride, contiguous, grad, det, capture, _ = key
+    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, hidden_size=h, has_bias=has_bias,
+                            stride_last_1=stride, contiguous=contiguous, requires_grad=grad, deterministic=det,
+                            graph_capture=capture)
+
+
+RMS_SPEC = OperationSpec("rms_norm", "RMSNorm with optional fused residual add", ("x", "weight"),
+                         "reference.rms_norm")
+LAYER_SPEC = OperationSpec("layer_norm", "LayerNorm over the last dim", ("x", "weight", "bias"),
+                           "reference.layer_norm")
+
+
+@overload
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = ..., *, residual: None = ...) -> torch.Tensor: ...
+@overload
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = ..., *,
+             residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def rms_norm(x, weight, eps=1e-6, *, residual=None):
+    """RMSNorm (Zhang & Sennrich 2019): ``y = x / sqrt(mean(x^2, -1) + eps) * weight``.
+
+    Shapes: x ``[..., H]`` (H = hidden size), weight ``[H]``; y like x. dtype: float32/float64/float16/bfloat16;
+    y has x's dtype; math in float32 (float64 for float64). Numerics follow Hugging Face ``LlamaRMSNorm``
+    (normalize in float32, cast to x's dtype, multiply by the weight) in the reference kernel; fused kernels
+    may multiply before the cast (within one rounding step in half precision).
+    With ``residual`` (like x): computes ``h = x + residual`` first and returns ``(rms_norm(h), h)`` — the fused
+    add + norm of vLLM/TensorRT-LLM decoder layers.
+
+    Raises:
+        InvalidInputError: non-float or 0-dim x, weight not ``[H]``, residual shape/dtype/device differs,
+            eps not a finite float > 0, tensors on different devices.
+
+    >>> import torch, layerzero as lz
+    >>> lz.rms_norm(torch.ones(2, 8), torch.ones(8)).shape
+    torch.Size([2, 8])
+    """
+    key, args = prepare_rms(x, weight, eps, residual=residual)
+    return RUNTIME.run(key, context_rms, args)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm (Ba et al. 2016) over the last dim: ``(x - mean) / sqrt(var + eps) * weight + bias``
+    (biased variance, like ``torch.nn.LayerNorm``).
+
+    Shapes: x ``[..., H]``, weight ``[H]``, bias ``[H]`` or None; output like x, in x's dtype.
+
+    Raises:
+        InvalidInputError: non-float or 0-dim x, weight/bias not ``[H]``, different devices, bad eps.
+
+    >>> import torch, layerzero as lz
+    >>> lz.layer_norm(torch.randn(2, 8), torch.ones(8)).shape
+    torch.Size([2, 8])
+    """
+    key, args = prepare_layer(x, weight, bias, eps)
+    return RUNTIME.run(key, context_layer, args)

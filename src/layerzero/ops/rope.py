@@ -1,0 +1,112 @@
+"""``lz.rope``: rotary position embeddings applied to q and k."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from layerzero.core.context import SelectionContext
+from layerzero.core.specs import Layout, OperationSpec
+
+from ._common import RUNTIME, check_same, check_tensor, device_spec, fail, flags, scope_token
+
+OP = "rope"
+_LAYOUTS = {"BHSD": Layout.BHSD, "BSHD": Layout.BSHD, Layout.BHSD: Layout.BHSD, Layout.BSHD: Layout.BSHD}
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+            position_ids: torch.Tensor | None = None, interleaved: bool = False,
+            layout: str | Layout = "BHSD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.rope`` inputs; return (cache key, canonical kernel args)."""
+    check_tensor(OP, "q", q, 4)
+    check_tensor(OP, "k", k, 4)
+    check_same(OP, "q", q, "k", k)
+    check_tensor(OP, "cos", cos, (2, 3))
+    check_tensor(OP, "sin", sin, (2, 3))
+    check_same(OP, "q", q, "cos", cos, dtype=False)
+    check_same(OP, "cos", cos, "sin", sin)
+    lay = _LAYOUTS.get(layout)
+    if lay is None:
+        raise fail(OP, "layout", "'BHSD' or 'BSHD'", repr(layout))
+    if lay is Layout.BHSD:
+        b, hq, s, d = q.shape
+        bk, hkv, sk, dk = k.shape
+    else:
+        b, s, hq, d = q.shape
+        bk, sk, hkv, dk = k.shape
+    if (b, s, d) != (bk, sk, dk):
+        raise fail(OP, "k shape", f"the batch, sequence and head_dim of q ({b}, {s}, {d})", (bk, sk, dk))
+    if cos.shape != sin.shape:
+        raise fail(OP, "sin shape", f"cos's shape {list(cos.shape)}", list(sin.shape))
+    r = cos.shape[-1]
+    if r == 0 or r % 2 or r > d:
+        raise fail(OP, "rotary dim (cos.shape[-1])", f"an even number in 2..{d} (head_dim)", r)
+    if interleaved is not True and interleaved is not False:
+        raise fail(OP, "interleaved", "a bool", repr(interleaved))
+    if cos.dim() == 3:
+        if position_ids is not None:
+            raise fail(OP, "position_ids", "None when cos/sin are already gathered [B, S, R]", "a tensor",
+                       "Pass the [max_pos, R] table with position_ids, or the gathered [B, S, R] without.")
+        if cos.shape[0] not in (1, b) or cos.shape[1] != s:
+            raise fail(OP, "cos shape", f"[B or 1, S, R] = [{b}, {s}, {r}]", list(cos.shape))
+        form = "gathered"
+    elif position_ids is None:
+        if cos.shape[0] < s:
+            raise fail(OP, "cos table rows", f">= S = {s} (positions 0..S-1)", cos.shape[0])
+        form = "table"
+    else:
+        if not isinstance(position_ids, torch.Tensor) or position_ids.dtype not in (torch.int64, torch.int32):
+            raise fail(OP, "position_ids", "an int64/int32 tensor [B, S]", getattr(position_ids, "dtype", position_ids))
+        if position_ids.device != q.device:
+            raise fail(OP, "position_ids.device", q.device, position_ids.device)
+        if position_ids.dim() != 2 or position_ids.shape[1] != s or position_ids.shape[0] not in (1, b):
+            raise fail(OP, "position_ids shape", f"[B or 1, S] = [{b}, {s}]", list(position_ids.shape))
+        if not q.is_cuda and position_ids.numel() and (
+                int(position_ids.min()) < 0 or int(position_ids.max()) >= cos.shape[0]):
+            raise fail(OP, "position_ids values", f"in [0, {cos.shape[0]}) (rows of the cos table)",
+                       f"[{int(position_ids.min())}, {int(position_ids.max())}]")
+        form = "indexed"
+    grad, det, capture, stride = flags(q, k, cos, sin)
+    key = (OP, q.device, q.dtype, cos.dtype, hq, hkv, d, r, form, interleaved, lay, stride, grad, det, capture,
+           scope_token())
+    return key, (q, k, cos, sin, position_ids, interleaved, lay)
+
+
+def context(key: tuple[Any, ...]) -> SelectionContext:
+    """The :class:`SelectionContext` of a rope cache key."""
+    _, device, dtype, _cdt, hq, hkv, d, r, _form, interleaved, lay, stride, grad, det, capture, _ = key
+    return SelectionContext(op=OP, device=device_spec(device), dtype=dtype, num_heads_q=hq, num_heads_kv=hkv,
+                            head_dim=d, rotary_dim=r, interleaved=interleaved, layout=lay, stride_last_1=stride,
+                            requires_grad=grad, deterministic=det, graph_capture=capture)
+
+
+SPEC = OperationSpec(OP, "rotary position embedding (NeoX half rotation or GPT-J interleaved)",
+                     ("q", "k", "cos", "sin"), "reference.rope")
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+         position_ids: torch.Tensor | None = None, interleaved: bool = False,
+         layout: str = "BHSD") -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embeddings (RoFormer, Su et al. 2021) applied to q and k; returns new ``(q, k)``.
+
+    Shapes (B batch, Hq/Hkv heads, S tokens, D head dim, R rotary dim, even, R <= D):
+    q ``[B, Hq, S, D]``, k ``[B, Hkv, S, D]`` for ``layout="BHSD"`` (``[B, S, H, D]`` for ``"BSHD"``).
+    cos/sin, one of: already gathered ``[B or 1, S, R]`` (Hugging Face's ``LlamaRotaryEmbedding`` output;
+    ``position_ids`` must be None); a table ``[max_pos, R]`` with ``position_ids [B or 1, S]`` (int64/int32);
+    or a table with ``position_ids=None`` (positions 0..S-1). Dims >= R pass through (partial rotary).
+    ``interleaved=False``: GPT-NeoX/Llama half rotation, cos = ``cat(f, f)``, equal to transformers'
+    ``apply_rotary_pos_emb``. ``interleaved=True``: GPT-J pairs (x0, x1), (x2, x3)..., cos =
+    ``repeat_interleave(f, 2)``. Outputs keep q's and k's dtypes.
+
+    Raises:
+        InvalidInputError: ranks, dtypes, devices, R odd / > D, cos/sin shape mismatch, position_ids shape,
+            dtype or (on CPU) values outside the table, position_ids with gathered cos/sin.
+
+    >>> import torch, layerzero as lz
+    >>> q = torch.tensor([[[[1.0, 0.0]]]]); cos = torch.zeros(1, 1, 2); sin = torch.ones(1, 1, 2)
+    >>> lz.rope(q, q, cos, sin)[0]  # rotate by 90 degrees
+    tensor([[[[0., 1.]]]])
+    """
+    key, args = prepare(q, k, cos, sin, position_ids=position_ids, interleaved=interleaved, layout=layout)
+    return RUNTIME.run(key, context, args)

@@ -1,0 +1,107 @@
+"""``lz.sample_topk`` and ``lz.sample_topp``: next-token sampling from logits."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from layerzero.core.context import SelectionContext
+from layerzero.core.specs import OperationSpec
+
+from ._common import RUNTIME, check_temperature, check_tensor, device_spec, fail, scope_token
+
+
+def _check_logits(op: str, logits: Any, generator: Any) -> None:
+    check_tensor(op, "logits", logits, 2)
+    if logits.shape[0] == 0 or logits.shape[1] == 0:
+        raise fail(op, "logits shape", "[B, V] with B >= 1 and V >= 1", list(logits.shape))
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise fail(op, "generator", "a torch.Generator or None", type(generator).__name__)
+        if generator.device.type != logits.device.type:
+            raise fail(op, "generator.device", f"a {logits.device.type} generator (like logits)", generator.device,
+                       f"Create it with torch.Generator(device={str(logits.device)!r}).")
+
+
+def _key(op: str, logits: torch.Tensor, temperature: float, generator: Any) -> tuple[Any, ...]:
+    capture = logits.is_cuda and torch.cuda.is_current_stream_capturing()
+    return (op, logits.device, logits.dtype, logits.shape[1], temperature == 0.0, generator is not None,
+            torch.are_deterministic_algorithms_enabled(), capture, scope_token())
+
+
+def context(key: tuple[Any, ...]) -> SelectionContext:
+    """The :class:`SelectionContext` of a sampling cache key."""
+    op, device, dtype, vocab, _greedy, has_gen, det, capture, _ = key
+    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, vocab_size=vocab, has_generator=has_gen,
+                            deterministic=det, graph_capture=capture)
+
+
+def prepare_topk(logits: torch.Tensor, k: int, *, temperature: float = 1.0,
+                 generator: torch.Generator | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.sample_topk`` inputs; return (cache key, canonical kernel args)."""
+    op = "sample_topk"
+    _check_logits(op, logits, generator)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise fail(op, "k", "an int >= 1", repr(k), "k = 1 is greedy; k >= V disables the top-k cut.")
+    temperature = check_temperature(op, temperature)
+    return _key(op, logits, temperature, generator), (logits, k, temperature, generator)
+
+
+def prepare_topp(logits: torch.Tensor, p: float, *, temperature: float = 1.0,
+                 generator: torch.Generator | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.sample_topp`` inputs; return (cache key, canonical kernel args)."""
+    op = "sample_topp"
+    _check_logits(op, logits, generator)
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0.0 < p <= 1.0:
+        raise fail(op, "p", "a float in (0, 1]", repr(p), "p = 1.0 disables the nucleus cut.")
+    temperature = check_temperature(op, temperature)
+    return _key(op, logits, temperature, generator), (logits, float(p), temperature, generator)
+
+
+TOPK_SPEC = OperationSpec("sample_topk", "top-k sampling (temperature, torch.Generator)", ("logits",),
+                          "reference.sample_topk")
+TOPP_SPEC = OperationSpec("sample_topp", "nucleus (top-p) sampling (temperature, torch.Generator)", ("logits",),
+                          "reference.sample_topp")
+
+
+def sample_topk(logits: torch.Tensor, k: int, *, temperature: float = 1.0,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sample one token per row from the ``k`` most likely tokens (Fan et al. 2018).
+
+    Shapes: logits ``[B, V]`` (B rows, V vocabulary), any float dtype -> token ids ``[B]`` int64.
+    ``softmax(logits / temperature)`` restricted to the top k, renormalized, sampled with ``generator``
+    (``torch.Generator`` on logits' device; same seed -> same tokens). ``temperature == 0`` is greedy
+    (argmax); ``k >= V`` means no cut.
+
+    Raises:
+        InvalidInputError: logits not a 2-D float tensor or empty; k not an int >= 1; temperature negative or
+            not finite; generator of another device type.
+
+    >>> import torch, layerzero as lz
+    >>> lz.sample_topk(torch.tensor([[0.0, 5.0, 1.0]]), k=1)
+    tensor([1])
+    """
+    key, args = prepare_topk(logits, k, temperature=temperature, generator=generator)
+    return RUNTIME.run(key, context, args)
+
+
+def sample_topp(logits: torch.Tensor, p: float, *, temperature: float = 1.0,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Nucleus sampling (Holtzman et al. 2019): sample from the smallest set of most likely tokens whose
+    probability sums to at least ``p`` (always at least one token).
+
+    Shapes: logits ``[B, V]``, any float dtype -> token ids ``[B]`` int64. ``p`` in (0, 1] (1.0 = no cut);
+    ``temperature == 0`` is greedy; ``generator`` as in :func:`sample_topk`.
+
+    Raises:
+        InvalidInputError: logits not a 2-D float tensor or empty; p outside (0, 1]; bad temperature or
+            generator.
+
+    >>> import torch, layerzero as lz
+    >>> lz.sample_topp(torch.tensor([[0.0, 9.0, 1.0]]), p=0.5)
+    tensor([1])
+    """
+    key, args = prepare_topp(logits, p, temperature=temperature, generator=generator)
+    return RUNTIME.run(key, context, args)
