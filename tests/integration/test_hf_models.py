@@ -38,14 +38,9 @@ def batch():
 
 @pytest.fixture(scope="module")
 def lz_models(checkpoints):
-    """family -> (patched LayerZero model, handle); undone at module teardown."""
-    out = {}
-    for family, path in checkpoints.items():
-        model = hf_models.load(family, path, attn_implementation="layerzero")
-        out[family] = (model, patch_model(model))
-    yield out
-    for _, handle in out.values():
-        handle.undo()
+    """family -> model loaded with attn_implementation="layerzero" (each test patches it itself, after the
+    stock reference ran: the RoPE swap is module-wide and would otherwise also serve the stock model)."""
+    return {f: hf_models.load(f, p, attn_implementation="layerzero") for f, p in checkpoints.items()}
 
 
 def op_calls(counts):
@@ -65,13 +60,13 @@ def expected_calls(model, handle, forwards):
 @pytest.mark.parametrize("reference", REFERENCES)
 @pytest.mark.parametrize("family", hf_models.MODEL_FAMILIES)
 def test_logits_parity(family, reference, checkpoints, lz_models, batch):
-    stock = hf_models.load(family, checkpoints[family], attn_implementation=reference)
-    model, handle = lz_models[family]
+    stock, model = hf_models.load(family, checkpoints[family], attn_implementation=reference), lz_models[family]
     position_ids = hf_models.left_padded_position_ids(batch["attention_mask"])
-    with torch.no_grad():
+    with torch.no_grad(), lz.trace() as stock_tr:
         want = stock(**batch, position_ids=position_ids).logits
-        with lz.trace() as tr:
-            got = model(**batch, position_ids=position_ids).logits
+    assert dict(stock_tr.counts) == {}  # the reference never touched LayerZero
+    with torch.no_grad(), patch_model(model) as handle, lz.trace() as tr:
+        got = model(**batch, position_ids=position_ids).logits
     assert op_calls(tr.counts) == expected_calls(model, handle, forwards=1)
     assert torch.isfinite(got[batch["attention_mask"].bool()]).all()
     err = hf_models.masked_rel_error(want, got, batch["attention_mask"])
@@ -81,14 +76,15 @@ def test_logits_parity(family, reference, checkpoints, lz_models, batch):
 @pytest.mark.parametrize("reference", REFERENCES)
 @pytest.mark.parametrize("family", hf_models.MODEL_FAMILIES)
 def test_greedy_generation_parity(family, reference, checkpoints, lz_models, batch):
-    stock = hf_models.load(family, checkpoints[family], attn_implementation=reference)
-    model, handle = lz_models[family]
+    stock, model = hf_models.load(family, checkpoints[family], attn_implementation=reference), lz_models[family]
     gen = {"do_sample": False, "max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS}
+    with lz.trace() as stock_tr:
+        want = stock.generate(**batch, **gen)
+    assert dict(stock_tr.counts) == {}
     forwards = []
     hook = model.model.register_forward_pre_hook(lambda *_: forwards.append(1))
     try:
-        want = stock.generate(**batch, **gen)
-        with lz.trace() as tr:
+        with patch_model(model) as handle, lz.trace() as tr:
             got = model.generate(**batch, **gen)
     finally:
         hook.remove()

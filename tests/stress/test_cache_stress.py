@@ -57,7 +57,7 @@ def _run(n_threads: int, target) -> list[BaseException]:
 
 
 def test_no_stale_plan_after_invalidation_under_concurrency():
-    calls = max(int(10_000 * SCALE), 100)
+    calls = max(int(10_000 * SCALE), 1_000)
     keys = [("attention", i) for i in range(300)]
     cache: SelectionCache[Plan] = SelectionCache(max_entries=1024, num_shards=256)
     violations: list[str] = []

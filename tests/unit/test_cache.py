@@ -58,7 +58,11 @@ def _wait_until(pred, timeout_s: float = 5.0) -> bool:
         ({"max_entries": True}, "max_entries: expected a positive int, got True"),
         ({"num_shards": 0}, "num_shards: expected a positive int"),
         ({"num_shards": 6}, r"num_shards: expected a power of two, got 6\. Pass 4 or 8"),
-        ({"max_entries": 16}, r"num_shards: expected <= max_entries=16, got 256\. Pass num_shards=16"),
+        (
+            {"max_entries": 16, "num_shards": 32},
+            r"num_shards: expected <= max_entries=16, got 32\. Pass num_shards=16",
+        ),
+        ({"max_entries": 0, "num_shards": None}, "max_entries: expected a positive int, got 0"),
         ({"ttl_s": 0}, "ttl_s: expected None or a finite number > 0"),
         ({"ttl_s": -1.0}, "ttl_s: expected None or a finite number > 0"),
         ({"ttl_s": float("nan")}, "got nan"),
@@ -70,6 +74,13 @@ def _wait_until(pred, timeout_s: float = 5.0) -> bool:
 def test_bad_configuration_raises(kwargs, match):
     with pytest.raises(ConfigurationError, match=match):
         SelectionCache(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("max_entries", "shards"), [(1, 1), (3, 2), (100, 64), (256, 256), (300, 256), (4096, 256)]
+)
+def test_default_shard_count_is_256_or_the_largest_power_of_two_that_fits(max_entries, shards):
+    assert SelectionCache(max_entries=max_entries).num_shards == shards
 
 
 def test_defaults_and_shard_capacities_sum_to_max_entries():

@@ -1,6 +1,6 @@
 """The selection cache: key -> ExecutionPlan, on the dispatch hot path (a hit takes no lock).
 
-* **Shards**: ``num_shards`` (power of two, default 256), ``shard = hash(key) & (num_shards - 1)``; each
+* **Shards**: ``num_shards`` (power of two, default 256 or fewer), ``shard = hash(key) & (num_shards - 1)``; each
   is a ``dict``, a ``threading.Lock`` taken only by writers, and a ``version`` bumped on every write.
   Readers never lock: they see the old or the new entry object (MVCC in the small).
 * **Generations**: each entry carries the generation it was computed under; :meth:`SelectionCache.invalidate`
@@ -37,13 +37,14 @@ from layerzero.core.errors import (
     expected_got,
 )
 
-__all__ = ["CacheStats", "SelectionCache"]
+__all__ = ["DEFAULT_SHARDS", "CacheStats", "SelectionCache"]
 
 _log = logging.getLogger("layerzero.core.cache")
 
 V = TypeVar("V")
 
 _NUMBER = (int, float)
+DEFAULT_SHARDS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +107,7 @@ def _fail(cls: type[Exception], what: str, expected: object, got: object, fix: s
     raise cls(expected_got(what, expected, got, fix))
 
 
-def _validate_config(max_entries: int, ttl_s: float | None, num_shards: int, clock: object) -> None:
+def _validate_config(max_entries: int, ttl_s: float | None, num_shards: int | None, clock: object) -> None:
     """Raise :class:`ConfigurationError` unless the constructor arguments are usable."""
     err = ConfigurationError
     for name, val in (("max_entries", max_entries), ("num_shards", num_shards)):
@@ -142,7 +143,8 @@ class SelectionCache(Generic[V]):
         max_entries: hard bound on stored entries (count, not bytes); >= ``num_shards``.
         ttl_s: time to live of an entry in seconds of ``clock``, counted from its write (a hit does not
             refresh it); ``None`` (default) disables expiry and every clock call on the hit path.
-        num_shards: number of shards, a power of two (default 256).
+        num_shards: number of shards, a power of two <= ``max_entries``. Default ``None``: 256
+            (:data:`DEFAULT_SHARDS`), or the largest power of two <= ``max_entries`` for a smaller cache.
         clock: monotonic clock returning seconds; injectable for tests. Read only when ``ttl_s`` is set.
 
     Raises:
@@ -169,9 +171,11 @@ class SelectionCache(Generic[V]):
         self,
         max_entries: int = 4096,
         ttl_s: float | None = None,
-        num_shards: int = 256,
+        num_shards: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if num_shards is None and type(max_entries) is int and max_entries > 0:
+            num_shards = min(DEFAULT_SHARDS, 1 << (max_entries.bit_length() - 1))
         _validate_config(max_entries, ttl_s, num_shards, clock)
         base, extra = divmod(max_entries, num_shards)
         self._shards = tuple(_Shard(base + (i < extra)) for i in range(num_shards))

@@ -10,6 +10,7 @@ held in a ``contextvars.ContextVar`` so threads and asyncio tasks see their own.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import threading
@@ -144,15 +145,15 @@ def load_env(environ: Mapping[str, str] | None = None) -> None:
     with _STATE.lock:
         overrides: dict[str, Any] = {}
         for name in ("strict", "use_perfdb", "perfdb_path", "cache_size", "cache_ttl_s"):
-            value = getattr(env, name, None)
+            value = getattr(env, name)
             if value is not None:
                 overrides[name] = value
-        if getattr(env, "perfdb", None):
-            overrides["perfdb_path"] = env.perfdb
+        if env.log_level is not None:
+            logging.getLogger("layerzero").setLevel(env.log_level.level)
         if overrides:
             _STATE.config = replace(_STATE.config, **overrides)
-        _STATE.env_policy = Policy.from_env(os.environ if environ is None else environ)
-        if getattr(env, "disabled", False):
+        _STATE.env_policy = Policy.from_settings(env)
+        if env.disabled:
             _STATE.env_policy = _STATE.env_policy.merged(Policy.reference_only())
         _STATE.env_loaded = True
         _STATE.rebuild()

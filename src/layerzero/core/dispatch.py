@@ -139,7 +139,11 @@ class Runtime:
         db = None if ctx.graph_capture else self.perfdb()
         if db is None:
             return lambda _kid: (0.0, None)
-        records = db.for_bucket(ctx.op, ctx.bucket_key(), fingerprint(device_fingerprint_parts(ctx.device)))
+        try:
+            records = db.for_bucket(ctx.op, ctx.bucket_key(), fingerprint(device_fingerprint_parts(ctx.device)))
+        except LayerZeroError as exc:
+            log.warning("LayerZero PerfDB read failed (%s); selecting without measurements", exc)
+            return lambda _kid: (0.0, None)
         if not records:
             return lambda _kid: (0.0, None)
         weight = _config.get_config().perf_weight

@@ -392,15 +392,12 @@ class _PatternRule:
 
 
 @dataclass(frozen=True, slots=True)
-class AllowRule(_PatternRule):
-    """When it applies to an op and context, kernels matching none of ``kernels`` are excluded
-    (``POLICY_NOT_ALLOWED``). Several applying allow rules intersect. Raises ``PolicyValidationError``."""
-
+class _GlobRule(_PatternRule):
     op: str
     kernels: tuple[str, ...]
     when: When = EMPTY_WHEN
     origin: str = field(default="", compare=False)
-    path: InitVar[str] = "allow"
+    path: InitVar[str] = "rule"
     known_fields: InitVar[frozenset[str]] = KNOWN_FIELDS
 
     def __post_init__(self, path: str, known_fields: frozenset[str]) -> None:
@@ -408,19 +405,22 @@ class AllowRule(_PatternRule):
 
 
 @dataclass(frozen=True, slots=True)
-class DenyRule(_PatternRule):
-    """Kernels matching ``kernels`` are excluded (``POLICY_DENIED``) where the rule applies.
+class AllowRule(_GlobRule):
+    """``AllowRule(op, kernels, when={}, origin="")``: where it applies to an op and context, kernels matching
+    none of ``kernels`` are excluded (``POLICY_NOT_ALLOWED``); several applying allow rules intersect.
     Raises ``PolicyValidationError``."""
 
-    op: str
-    kernels: tuple[str, ...]
-    when: When = EMPTY_WHEN
-    origin: str = field(default="", compare=False)
-    path: InitVar[str] = "deny"
+    path: InitVar[str] = "allow"
     known_fields: InitVar[frozenset[str]] = KNOWN_FIELDS
 
-    def __post_init__(self, path: str, known_fields: frozenset[str]) -> None:
-        _init_rule(self, path, known_fields)
+
+@dataclass(frozen=True, slots=True)
+class DenyRule(_GlobRule):
+    """``DenyRule(op, kernels, when={}, origin="")``: kernels matching ``kernels`` are excluded
+    (``POLICY_DENIED``) where the rule applies. Raises ``PolicyValidationError``."""
+
+    path: InitVar[str] = "deny"
+    known_fields: InitVar[frozenset[str]] = KNOWN_FIELDS
 
 
 @dataclass(frozen=True, slots=True)

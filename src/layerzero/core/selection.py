@@ -64,10 +64,11 @@ def kernel_reasons(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionCon
 
 
 def _adapt(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext) -> tuple[Any, tuple[str, ...], float]:
+    fn = (spec.specialize(ctx) if spec.specialize is not None else None) or spec.fn
     adapter = registry.ops.get(ctx.op).adapter
     if adapter is None:
-        return spec.fn, (), 0.0
-    return adapter(spec, ctx)
+        return fn, (), 0.0
+    return adapter(spec, ctx, fn)
 
 
 def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInputs) -> tuple[ExecutionPlan,

@@ -46,7 +46,8 @@ class Phase(str, enum.Enum):
     DECODE = "decode"
 
 
-Adapter = Callable[["KernelSpec", "SelectionContext"], tuple[Callable[..., Any], tuple[str, ...], float]]
+Adapter = Callable[["KernelSpec", "SelectionContext", Callable[..., Any]],
+                   tuple[Callable[..., Any], tuple[str, ...], float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,7 @@ class OperationSpec:
     """An operation LayerZero dispatches: its id, a one-line description, the names of its inputs, the
     kernel id of its reference implementation (the oracle and last fallback) and an optional ``adapter``.
 
-    ``adapter(kernel, ctx) -> (call, transform_names, transform_cost)`` wraps a kernel whose native layout
+    ``adapter(kernel, ctx, fn) -> (call, transform_names, transform_cost)`` wraps a kernel whose native layout
     differs from the inputs' (e.g. BSHD inputs to a BHSD-only kernel); without it kernels are called as is.
     """
 
@@ -104,6 +105,7 @@ class KernelSpec:
     is_reference: bool = False
     check: Callable[[SelectionContext], list[Reason]] | None = None
     workspace: Callable[[SelectionContext], int] | None = None
+    specialize: Callable[[SelectionContext], Callable[..., Any] | None] | None = None
 
     @property
     def backend(self) -> str:

@@ -36,7 +36,7 @@ RUNTIME = Runtime(_load)
 
 scope_token = _config.scope_token
 is_grad_enabled = torch.is_grad_enabled
-deterministic_enabled = torch.are_deterministic_algorithms_enabled
+deterministic_enabled = torch._C._get_deterministic_algorithms
 
 
 def capturing(t: _Tensor) -> bool:

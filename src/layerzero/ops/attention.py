@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -11,7 +12,18 @@ from layerzero.core.constraints import native_layout
 from layerzero.core.context import SelectionContext, bucket
 from layerzero.core.specs import KernelSpec, Layout, MaskKind, OperationSpec
 
-from ._common import RUNTIME, check_same, check_tensor, device_spec, fail, flags, scope_token
+from ._common import (
+    FLOAT_DTYPES,
+    RUNTIME,
+    check_same,
+    check_tensor,
+    deterministic_enabled,
+    device_spec,
+    fail,
+    flags,
+    is_grad_enabled,
+    scope_token,
+)
 
 OP = "attention"
 _LAYOUTS = {"BHSD": Layout.BHSD, "BSHD": Layout.BSHD, Layout.BHSD: Layout.BHSD, Layout.BSHD: Layout.BSHD}
@@ -43,13 +55,52 @@ def _mask_kind(op: str, mask: Any, q: torch.Tensor, b: int, hq: int, sq: int, sk
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
             is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
             layout: str | Layout = "BHSD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """Validate ``lz.attention`` inputs; return (cache key, canonical kernel args)."""
+    """Validate ``lz.attention`` inputs; return (cache key, canonical kernel args).
+
+    The happy path is a handful of attribute reads; anything unusual goes to :func:`_validate`, which
+    raises the precise :class:`InvalidInputError`.
+    """
+    lay = _LAYOUTS.get(layout) if layout.__class__ is str or isinstance(layout, Layout) else None
+    try:
+        dtype, device = q.dtype, q.device
+        qs, ks, vs = q.shape, k.shape, v.shape
+        fast = (lay is not None and len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and dtype in FLOAT_DTYPES
+                and k.dtype is dtype and v.dtype is dtype and k.device == device and v.device == device
+                and (is_causal is True or is_causal is False) and attn_mask is None and scale is None
+                and dropout_p == 0.0 and dropout_p.__class__ is not bool)
+    except AttributeError:
+        fast = False
+    if not fast:
+        return _validate(q, k, v, attn_mask, is_causal, scale, dropout_p, layout)
+    if lay is Layout.BHSD:
+        b, hq, sq, d = qs
+        bk, hkv, sk, dk = ks
+        bv, hv, sv, dv = vs
+    else:
+        b, sq, hq, d = qs
+        bk, sk, hkv, dk = ks
+        bv, sv, hv, dv = vs
+    if not (b == bk == bv and hkv == hv and sk == sv and dk == d and hkv and not hq % hkv and sq and sk and b
+            and d and dv):
+        return _validate(q, k, v, attn_mask, is_causal, scale, dropout_p, layout)
+    contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    stride = contiguous or (q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
+    grad = is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    capture = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    key = (OP, device, dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, MaskKind.NONE,
+           is_causal, False, True, stride, contiguous, grad, deterministic_enabled(), capture, scope_token())
+    return key, (q, k, v, None, is_causal, None, dropout_p)
+
+
+def _validate(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any, dropout_p: Any,
+              layout: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The full checks (masks, scale, dropout, every error message); returns what :func:`prepare` returns."""
     check_tensor(OP, "q", q, 4)
     check_tensor(OP, "k", k, 4)
     check_tensor(OP, "v", v, 4)
     check_same(OP, "q", q, "k", k)
     check_same(OP, "q", q, "v", v)
-    lay = _LAYOUTS.get(layout)
+    lay = _LAYOUTS.get(layout) if isinstance(layout, (str, Layout)) else None
     if lay is None:
         raise fail(OP, "layout", "'BHSD' ([B, H, S, D], like SDPA) or 'BSHD' ([B, S, H, D], like flash-attn)",
                    repr(layout), "LayerZero never guesses the layout: pass it explicitly.")
@@ -110,12 +161,13 @@ def _transposed(fn):
     return call
 
 
-def adapter(spec: KernelSpec, ctx: SelectionContext):
-    """Call ``spec`` in its native layout: transpose q/k/v (views) and the output back when needed."""
+def adapter(spec: KernelSpec, ctx: SelectionContext, fn: Callable[..., Any]):
+    """Call ``fn`` (``spec``'s callable) in its native layout: transpose q/k/v (views) and the output back
+    when the input layout differs."""
     native = native_layout(spec, ctx.layout)
     if native is ctx.layout or native is None:
-        return spec.fn, (), 0.0
-    return _transposed(spec.fn), (f"{ctx.layout.value}->{native.value} (transpose views)",), 1.0
+        return fn, (), 0.0
+    return _transposed(fn), (f"{ctx.layout.value}->{native.value} (transpose views)",), 1.0
 
 
 SPEC = OperationSpec(OP, "scaled dot-product attention (SDPA semantics, GQA, masks)", ("q", "k", "v"),

@@ -9,7 +9,21 @@ import torch
 from layerzero.core.context import SelectionContext
 from layerzero.core.specs import OperationSpec
 
-from ._common import RUNTIME, check_eps, check_same, check_tensor, device_spec, fail, flags, scope_token
+from ._common import (
+    FLOAT_DTYPES,
+    RUNTIME,
+    check_eps,
+    check_same,
+    check_tensor,
+    deterministic_enabled,
+    device_spec,
+    fail,
+    flags,
+    is_grad_enabled,
+    scope_token,
+)
+
+_INF = float("inf")
 
 
 def _check_param(op: str, name: str, x: torch.Tensor, p: Any) -> None:
@@ -19,10 +33,28 @@ def _check_param(op: str, name: str, x: torch.Tensor, p: Any) -> None:
         raise fail(op, f"{name} shape", f"[H] with H = x.shape[-1] = {x.shape[-1]}", list(p.shape))
 
 
+def _fast_ok(x: Any, weight: Any, eps: Any) -> bool:
+    """The common case in a few attribute reads: float x [..., H], weight [H] on x's device, float eps > 0."""
+    try:
+        shape = x.shape
+        return (x.dtype in FLOAT_DTYPES and len(shape) >= 1 and weight.dtype in FLOAT_DTYPES
+                and weight.shape == (shape[-1],) and weight.device == x.device and eps.__class__ is float
+                and 0.0 < eps < _INF)
+    except AttributeError:
+        return False
+
+
 def prepare_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
                 residual: torch.Tensor | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Validate ``lz.rms_norm`` inputs; return (cache key, canonical kernel args)."""
     op = "rms_norm"
+    if residual is None and _fast_ok(x, weight, eps):
+        contiguous = x.is_contiguous()
+        grad = is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        key = (op, x.device, x.dtype, weight.dtype, x.shape[-1], False,
+               contiguous or (x.stride(-1) == 1 and weight.stride(-1) == 1), contiguous, grad,
+               deterministic_enabled(), x.is_cuda and torch.cuda.is_current_stream_capturing(), scope_token())
+        return key, (x, weight, eps, None)
     check_tensor(op, "x", x)
     if x.dim() == 0:
         raise fail(op, "x rank", ">= 1 dims ([..., H])", "a 0-dim tensor")

@@ -51,6 +51,19 @@ def _forced(which: int) -> Callable[..., Any]:
     return run
 
 
+def _natural(q, k, v, attn_mask, is_causal, scale, dropout_p):
+    """Plain SDPA with its own sub-backend choice (used only where that choice is provably ours)."""
+    return _SDPA(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                 enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _cpu_flash_natural(ctx: SelectionContext):
+    """On CPU, SDPA's own order is flash then math, and our flash constraints mirror torch's CPU flash
+    checks (tests/unit/test_sdpa_constraints.py), so when flash can run, plain SDPA runs flash too: skip the
+    ~2 us of switch toggling. Not used on CUDA, where torch's order depends on the cuDNN version."""
+    return _natural if ctx.device.device_type == "cpu" else None
+
+
 def _flash_check(ctx: SelectionContext) -> list[Reason]:
     out = []
     dev = ctx.device
@@ -99,7 +112,7 @@ def kernel_specs() -> list[KernelSpec]:
             layouts=frozenset({Layout.BHSD}), head_dims_equal=True, supports_gqa=True,
             mask_kinds=gqa_mask_kinds, mask_with_causal=False, supports_dropout=True,
             requires_stride_last_1=True, deterministic=True, graph_safe=True,
-            check=_flash_device_check,
+            check=_flash_device_check, specialize=_cpu_flash_natural,
         ),
         KernelSpec(
             "torch_sdpa.cudnn", "attention", _forced(3), priority=85,

@@ -1,0 +1,56 @@
+"""Test isolation for LayerZero's process-wide state, and the ``gpu`` marker's skip rule.
+
+Every test gets:
+
+- ``LAYERZERO_PERFDB`` pointing at a fresh SQLite file in its ``tmp_path`` (measurements never leak
+  between tests or into the user's cache), and no other ``LAYERZERO_*`` variable from the calling shell
+  (a developer's ``LAYERZERO_STRICT=1`` must not change test outcomes);
+- :func:`layerzero.core.config.reset_for_tests` before and after it: config back to defaults, locks and
+  file/env policy layers cleared, the environment re-read and the epoch bumped (so every cached
+  selection is invalidated).
+
+Tests marked ``gpu`` are skipped with reason "needs a CUDA GPU" when ``torch.cuda.is_available()`` is
+False.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+_PERFDB_VAR = "LAYERZERO_PERFDB"
+
+
+def _scrub_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset every ``LAYERZERO_*`` variable except the PerfDB path (monkeypatch restores them later)."""
+    for name in list(os.environ):
+        if name.startswith("LAYERZERO_") and name != _PERFDB_VAR:
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _isolate_layerzero(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Per-test isolation of LayerZero's global state (see the module docstring)."""
+    from layerzero.core import config
+
+    _scrub_env(monkeypatch)
+    monkeypatch.setenv(_PERFDB_VAR, str(tmp_path / "perfdb.sqlite"))
+    config.reset_for_tests()
+    yield
+    # A test may have set (possibly malformed) LAYERZERO_* variables: drop them before re-reading the env.
+    _scrub_env(monkeypatch)
+    config.reset_for_tests()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` when no CUDA device is visible."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
