@@ -138,9 +138,9 @@ def render(results: Sequence[FamilyResult], *, use_rich: bool = True) -> str:
                 console.print(table)
             return capture.get()
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(_HEADERS)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines) + "\n"
 
 

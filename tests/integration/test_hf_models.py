@@ -162,3 +162,26 @@ def test_position_ids_and_rel_error_hand_worked():
     assert hf_models.masked_rel_error(ref, cand, mask) == pytest.approx(0.5 / 4.0)
     with pytest.raises(InvalidInputError, match="all padding"):
         hf_models.masked_rel_error(ref, cand, torch.zeros_like(mask))
+
+
+def test_demo_main_reports_parity(capsys):
+    from layerzero import demo
+
+    assert demo.main(["--family", "llama", "--new-tokens", "4", "--plain"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:4] == ["family", "attention", "rms_norm", "rope"]
+    row = next(line for line in out.splitlines() if line.startswith("llama"))
+    assert " - " not in row and "yes" in row  # every op served by a kernel, tokens equal
+    assert "parity: OK" in out
+
+
+def test_demo_flags_a_failed_family():
+    from layerzero import demo
+
+    bad = demo.FamilyResult("llama", {"attention": "k x1", "rms_norm": "-", "rope": "k x1"}, 0.0, True, 1.0, 1.0,
+                            1e-5)
+    assert not bad.ok  # rms_norm never went through LayerZero
+    assert not demo.FamilyResult("llama", dict.fromkeys(demo.OPS, "k x1"), 2e-5, True, 1.0, 1.0, 1e-5).ok
+    assert demo.FamilyResult("llama", dict.fromkeys(demo.OPS, "k x1"), 1e-6, True, 1.0, 1.0, 1e-5).ok
+    assert "NO" in demo.render([demo.FamilyResult("qwen2", dict.fromkeys(demo.OPS, "k x1"), 0.0, False, 1, 1, 1e-5)],
+                               use_rich=False)

@@ -237,7 +237,7 @@ def test_rope_replacement_matches_transformers(modeling_llama, unsqueeze_dim, co
         q, k = q.transpose(1, 2), k.transpose(1, 2)
     want = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
     got = lz_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
     with pytest.raises(InvalidInputError, match="unsqueeze_dim"):

@@ -88,7 +88,6 @@ def test_non_unit_last_stride_rejects_flash():
     assert q.stride(-1) != 1 and torch.equal(q, q0)
     rep = lz.explain("attention", q, k, v)
     assert codes(rep, "torch_sdpa.flash") == [R.STRIDE_LAST_DIM_NOT_1]
-    assert R.STRIDE_LAST_DIM_NOT_1 not in codes(rep, "torch_sdpa.cudnn")[:1]  # device reason comes first
     assert R.STRIDE_LAST_DIM_NOT_1 in codes(rep, "torch_sdpa.cudnn")
     assert rep.chosen == "torch_sdpa.math"
     torch.testing.assert_close(lz.attention(q, k, v).double(), oracle(q0, k, v), atol=1e-5, rtol=1e-5)

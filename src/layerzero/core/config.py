@@ -19,8 +19,6 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from . import policy as _policy
 from .env import read_env
 from .errors import ConfigurationError, PolicyValidationError, expected_got
@@ -105,6 +103,7 @@ class _State:
         self.epoch = 0
         self.listeners: list[Callable[[], None]] = []
         self.env_loaded = False
+        self.merged_memo: tuple[tuple[int, tuple[Policy, ...]], Policy] | None = None
 
     def rebuild(self) -> None:
         lock_layer = Policy.from_dict(
@@ -153,8 +152,6 @@ def load_env(environ: Mapping[str, str] | None = None) -> None:
         if overrides:
             _STATE.config = replace(_STATE.config, **overrides)
         _STATE.env_policy = Policy.from_settings(env)
-        if env.disabled:
-            _STATE.env_policy = _STATE.env_policy.merged(Policy.reference_only())
         _STATE.env_loaded = True
         _STATE.rebuild()
 
@@ -198,13 +195,11 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     p = Path(path)
     if not p.is_file():
         raise ConfigurationError(expected_got("load_config path", "an existing YAML file", str(p)))
-    text = p.read_text(encoding="utf-8")
-    try:
-        data = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as exc:
-        raise PolicyValidationError(f"{p}: not valid YAML ({exc}). Fix the syntax; see docs/policies.md.") from None
+    data, _ = _policy.safe_load_yaml(p)
+    data = {} if data is None else data
     if not isinstance(data, dict):
         raise PolicyValidationError(expected_got(f"{p}: top level", "a mapping", type(data).__name__))
+    data = dict(data)
     options = data.pop("config", None) or {}
     if not isinstance(options, dict):
         raise ConfigurationError(expected_got(f"{p}: config", "a mapping of options", type(options).__name__))
@@ -241,9 +236,15 @@ def get_locks() -> dict[str, str]:
 def effective_policy() -> Policy:
     """The base policy with the current context's scoped layers on top (innermost last)."""
     ensure_env_loaded()
-    policy = _STATE.base_policy
-    for layer in _policy.current_scope_layers():
-        policy = policy.merged(layer)
+    layers = _policy.current_scope_layers()
+    if not layers:
+        return _STATE.base_policy
+    memo_key = (_STATE.epoch, layers)
+    cached = _STATE.merged_memo
+    if cached is not None and cached[0] == memo_key:
+        return cached[1]
+    policy = _policy.layered(_STATE.base_policy, layers)
+    _STATE.merged_memo = (memo_key, policy)
     return policy
 
 

@@ -1,0 +1,149 @@
+"""Every attention kernel available on this CPU (``lz.list_kernels("attention")``), locked with ``lz.lock``,
+against the float64 einsum oracle of ``_shapes`` on >= 200 seeded cases per dtype (odd head dims, GQA,
+bool/float masks with fully masked rows, causal with Sq != Sk, BHSD/BSHD, non-contiguous inputs); plus
+fully-masked-row and NaN propagation behaviour per kernel."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import layerzero as lz
+from layerzero.core import config as lz_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _shapes import (  # noqa: E402
+    DTYPES,
+    MIN_CASES,
+    attention_oracle,
+    dname,
+    kernel_dtype_params,
+    mismatch,
+    randn,
+    run_kernel,
+)
+
+pytestmark = pytest.mark.correctness
+
+# Kernels that run on (nearly) every generated CPU case: each must get MIN_CASES cases per dtype.
+BROAD = {"reference.attention", "torch_sdpa.math", "torch_sdpa.flash"}
+PARAMS = kernel_dtype_params(["attention"], "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """Fresh LayerZero config/locks and a throw-away PerfDB per test (until tests/conftest.py provides it)."""
+    monkeypatch.setenv("LAYERZERO_PERFDB", str(tmp_path / "perfdb.sqlite"))
+    lz_config.reset_for_tests()
+    yield
+    lz_config.reset_for_tests()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: intra-op threads only add contention on a 2-core machine (10-100x slower calls)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_every_cpu_attention_kernel_is_covered():
+    ids = {kid for _, kid, _ in PARAMS}
+    assert BROAD <= ids, f"expected {sorted(BROAD)} among the CPU attention kernels, got {sorted(ids)}"
+    assert {dt for _, kid, dt in PARAMS if kid == "torch_sdpa.flash"} == set(DTYPES)
+
+
+@pytest.mark.parametrize(("op", "kernel_id", "dtype"), PARAMS, ids=lambda x: dname(x) if isinstance(x, torch.dtype) else x)
+def test_attention_kernel_matches_float64_oracle(op, kernel_id, dtype, record_property):
+    run = run_kernel(op, kernel_id, dtype)
+    record_property("cases_run", run.ran)
+    print(run.report())
+    assert not run.failures, run.report()
+    assert run.traced == run.ran, f"lz.trace saw {run.traced} calls served by {kernel_id}, expected {run.ran}"
+    need = MIN_CASES if kernel_id in BROAD else 1
+    assert run.ran >= need, f"only {run.ran} eligible cases (need {need}); extend _shapes.attention_case\n{run.report()}"
+
+
+# ---------------------------------------------------------------------------------------- fully masked rows
+def _masked_inputs(dtype, kind):
+    """q/k/v [2, 3, 5, 16] and a [5, 7] mask whose query row 2 sees no key (all False / all -inf)."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = randn((2, 3, 5, 16), gen, "cpu", dtype), randn((2, 3, 7, 16), gen, "cpu", dtype), randn(
+        (2, 3, 7, 16), gen, "cpu", dtype)
+    keep = torch.rand(5, 7, generator=gen) < 0.7
+    keep[:, 0] = True
+    keep[2] = False
+    mask = keep if kind == "bool" else torch.zeros(5, 7, dtype=dtype).masked_fill(~keep, float("-inf"))
+    return q, k, v, mask
+
+
+MASK_PARAMS = [(kid, dt, kind) for _, kid, dt in PARAMS for kind in ("bool", "float")]
+
+
+@pytest.mark.parametrize(("kernel_id", "dtype", "kind"), MASK_PARAMS,
+                         ids=lambda x: dname(x) if isinstance(x, torch.dtype) else x)
+def test_fully_masked_row_gives_zero(kernel_id, dtype, kind):
+    """lz.attention documents: a row whose keys are all masked returns 0 (never NaN), whatever the kernel."""
+    q, k, v, mask = _masked_inputs(dtype, kind)
+    if lz.validate(kernel_id, "attention", q, k, v, attn_mask=mask):
+        pytest.skip(f"{kernel_id} takes no {kind} mask")
+    lz.lock("attention", kernel_id)
+    out = lz.attention(q, k, v, attn_mask=mask)
+    assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2])), (
+        f"{kernel_id} {dname(dtype)} {kind} mask: fully masked row gave {out[0, 0, 2, :4].tolist()}, expected 0")
+    ref = attention_oracle(q, k, v, mask)
+    assert mismatch(out, ref, dtype) is None, mismatch(out, ref, dtype)
+
+
+def test_reference_fully_masked_by_mask_and_causal_gives_zero():
+    """Mask AND causal (only the reference kernel combines them): query 0 sees key 0 only, which the mask
+    removes, so row 0 is fully masked -> 0; the other rows match the oracle."""
+    q, k, v, _ = _masked_inputs(torch.float32, "bool")
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask[0, 0] = False
+    lz.lock("attention", "reference.attention")
+    out = lz.attention(q, k, v, attn_mask=mask, is_causal=True)
+    assert torch.equal(out[:, :, 0], torch.zeros_like(out[:, :, 0]))
+    assert mismatch(out, attention_oracle(q, k, v, mask, True), torch.float32) is None
+    assert not torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
+
+
+@pytest.mark.parametrize(("kernel_id", "dtype"), [(kid, dt) for _, kid, dt in PARAMS],
+                         ids=lambda x: dname(x) if isinstance(x, torch.dtype) else x)
+def test_nan_in_one_query_row_stays_in_that_row(kernel_id, dtype):
+    """A NaN in query row 3 of one head must show up as NaN in exactly that output row (no kernel may hide it,
+    nor spread it to other rows or heads)."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (randn((1, 2, s, 32), gen, "cpu", dtype) for s in (6, 9, 9))
+    q[0, 1, 3, 5] = float("nan")
+    if lz.validate(kernel_id, "attention", q, k, v, is_causal=True):
+        pytest.skip(f"{kernel_id} cannot run causal {dname(dtype)}")
+    lz.lock("attention", kernel_id)
+    out = lz.attention(q, k, v, is_causal=True)
+    nan = torch.isnan(out)
+    assert nan[0, 1, 3].all(), f"{kernel_id}: the NaN of q row 3 vanished: {out[0, 1, 3, :4].tolist()}"
+    nan[0, 1, 3] = False
+    assert not nan.any(), f"{kernel_id}: NaN leaked to rows {nan.nonzero().tolist()[:5]}"
+    ref = attention_oracle(q, k, v, None, True)
+    keep = torch.ones_like(out, dtype=torch.bool)
+    keep[0, 1, 3] = False
+    assert mismatch(out[keep], ref[keep], dtype) is None, mismatch(out[keep], ref[keep], dtype)
+
+
+def test_causal_is_top_left_when_sq_differs_from_sk():
+    """Hand-worked: Sq=2, Sk=3, causal top-left -> query 0 sees key 0 only, query 1 sees keys 0 and 1; with
+    q = 0 the weights are uniform over the visible keys, so out = [v0, (v0 + v1) / 2] for every kernel."""
+    q = torch.zeros(1, 1, 2, 8)
+    k = torch.randn(1, 1, 3, 8)
+    v = torch.tensor([1.0, 3.0, 100.0]).view(1, 1, 3, 1).expand(1, 1, 3, 8).contiguous()
+    for _, kid, dt in PARAMS:
+        if dt != torch.float32 or lz.validate(kid, "attention", q, k, v, is_causal=True):
+            continue
+        lz.lock("attention", kid)
+        out = lz.attention(q, k, v, is_causal=True)
+        torch.testing.assert_close(out[0, 0, :, 0], torch.tensor([1.0, 2.0]), msg=kid)
+    lz.unlock("attention")
