@@ -20,6 +20,7 @@ from .api import (
     get_config,
     get_locks,
     list_kernels,
+    load_capabilities,
     load_config,
     lock,
     prefer,
@@ -75,6 +76,6 @@ __all__ = [
     "NoKernelFoundError", "PolicyValidationError", "Reason", "ReasonCode", "SelectionReport",
     "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "attention",
     "configure", "disabled", "doctor", "explain", "get_config", "get_locks", "layer_norm", "list_kernels",
-    "load_config", "lock", "patch_model", "prefer", "reload", "rms_norm", "rope", "sample_topk", "sample_topp",
+    "load_capabilities", "load_config", "lock", "patch_model", "prefer", "reload", "rms_norm", "rope", "sample_topk", "sample_topp",
     "select", "trace", "unlock", "validate", "which",
 ]

@@ -147,10 +147,24 @@ def list_kernels(op: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
+def load_capabilities(path: str) -> list[str]:
+    """Apply a capability-override YAML (see ``capabilities/`` and docs/backends.md): replace constraint fields
+    of registered kernels, e.g. ``{version: 1, kernels: {torch_sdpa.cudnn: {head_dim_max: 256}}}``.
+    Returns the kernel ids changed; cached selections are invalidated.
+
+    Raises ``ConfigurationError`` (schema), ``PolicyValidationError`` (unsafe YAML), ``UnknownKernelError``.
+    """
+    from layerzero.core.capabilities import apply_overrides, load_overrides
+
+    RUNTIME.ensure_ready()
+    return apply_overrides(RUNTIME.registry, load_overrides(path))
+
+
 def reload() -> None:
     """Re-read the ``LAYERZERO_*`` environment (and the policy file it names); invalidates cached choices."""
     _config.load_env()
 
 
-__all__ = ["configure", "disabled", "explain", "get_config", "get_locks", "list_kernels", "load_config", "lock",
+__all__ = ["configure", "disabled", "explain", "get_config", "get_locks", "list_kernels", "load_capabilities",
+           "load_config", "lock",
            "prefer", "reload", "select", "trace", "unlock", "validate", "which"]

@@ -112,8 +112,16 @@ def test_reference_fully_masked_by_mask_and_causal_gives_zero():
     assert not torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
 
 
-@pytest.mark.parametrize(("kernel_id", "dtype"), [(kid, dt) for _, kid, dt in PARAMS],
-                         ids=lambda x: dname(x) if isinstance(x, torch.dtype) else x)
+# Seen with torch 2.13 CPU: the CPU flash kernel writes 0 where its input row holds a NaN (its running max skips
+# NaN, so the row looks fully masked), for every dtype but float64. The reference and math kernels propagate it.
+NAN_HIDDEN = pytest.mark.xfail(strict=True, reason=(
+    "BUG: torch_sdpa.flash on CPU turns a NaN query row into zeros (float32/float16/bfloat16, torch 2.13), while "
+    "reference/math return NaN: which kernel LayerZero picks silently decides whether a NaN is hidden"))
+NAN_PARAMS = [pytest.param(kid, dt, marks=NAN_HIDDEN) if kid == "torch_sdpa.flash" and dt != torch.float64
+              else (kid, dt) for _, kid, dt in PARAMS]
+
+
+@pytest.mark.parametrize(("kernel_id", "dtype"), NAN_PARAMS, ids=lambda x: dname(x) if isinstance(x, torch.dtype) else x)
 def test_nan_in_one_query_row_stays_in_that_row(kernel_id, dtype):
     """A NaN in query row 3 of one head must show up as NaN in exactly that output row (no kernel may hide it,
     nor spread it to other rows or heads)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import policy as _policy
-from .env import read_env
+from .env import EnvSettings, read_env
 from .errors import ConfigurationError, PolicyValidationError, expected_got
 from .policy import LockRule, Policy
 
@@ -103,6 +103,7 @@ class _State:
         self.epoch = 0
         self.listeners: list[Callable[[], None]] = []
         self.env_loaded = False
+        self.env = EnvSettings()
         self.merged_memo: tuple[tuple[int, tuple[Policy, ...]], Policy] | None = None
 
     def rebuild(self) -> None:
@@ -142,6 +143,7 @@ def load_env(environ: Mapping[str, str] | None = None) -> None:
     """
     env = read_env(os.environ if environ is None else environ)
     with _STATE.lock:
+        _STATE.env = env
         overrides: dict[str, Any] = {}
         for name in ("strict", "use_perfdb", "perfdb_path", "cache_size", "cache_ttl_s"):
             value = getattr(env, name)
@@ -154,6 +156,12 @@ def load_env(environ: Mapping[str, str] | None = None) -> None:
         _STATE.env_policy = Policy.from_settings(env)
         _STATE.env_loaded = True
         _STATE.rebuild()
+
+
+def env_settings() -> EnvSettings:
+    """The :class:`EnvSettings` read at the last (re)load of the environment."""
+    ensure_env_loaded()
+    return _STATE.env
 
 
 def ensure_env_loaded() -> None:

@@ -95,6 +95,12 @@ class Runtime:
                 return
             _config.ensure_env_loaded()
             self._loader(self.registry)
+            path = _config.env_settings().capabilities_path
+            if path:
+                from .capabilities import apply_overrides, load_overrides
+
+                changed = apply_overrides(self.registry, load_overrides(path))
+                log.info("LayerZero capability overrides from %s applied to %s", path, changed)
             _config.add_listener(self._on_config_change)
             self._apply_config(_config.get_config())
             self._ready = True

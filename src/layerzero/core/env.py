@@ -66,6 +66,7 @@ class EnvSettings:
     LAYERZERO_CACHE_SIZE    cache_size             selection-cache capacity in entries (int > 0)
     LAYERZERO_CACHE_TTL_S   cache_ttl_s            cache entry lifetime in seconds (float > 0; ``none`` = no expiry,
                                                    read as None like unset)
+    LAYERZERO_CAPABILITIES  capabilities_path      capability-override YAML applied when backends load (str)
     ======================  =====================  ==================================================================
 
     Bools accept ``1/0/true/false/yes/no/on/off`` (case-insensitive). ``unknown`` lists ``LAYERZERO_*``
@@ -84,6 +85,7 @@ class EnvSettings:
     use_perfdb: bool | None = None
     cache_size: int | None = None
     cache_ttl_s: float | None = None
+    capabilities_path: str | None = None
     unknown: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,6 +196,8 @@ _VARS: Mapping[str, tuple[str, Callable[[str, str], Any], str]] = MappingProxyTy
     "LAYERZERO_USE_PERFDB": ("use_perfdb", _parse_bool, "use measured timings when scoring (bool)"),
     "LAYERZERO_CACHE_SIZE": ("cache_size", _parse_positive_int, "selection-cache capacity in entries (int > 0)"),
     "LAYERZERO_CACHE_TTL_S": ("cache_ttl_s", _parse_ttl, "cache entry lifetime in seconds (> 0) or 'none'"),
+    "LAYERZERO_CAPABILITIES": ("capabilities_path", _parse_policy_path,
+                               "path of a capability-override YAML (kernel constraints as data)"),
 })
 #: Every variable LayerZero reads, with a one-line description (for docs and ``layerzero env``).
 ENV_VARS: Mapping[str, str] = MappingProxyType({name: spec[2] for name, spec in _VARS.items()})
