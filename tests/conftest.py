@@ -7,7 +7,8 @@ Every test gets:
   (a developer's ``LAYERZERO_STRICT=1`` must not change test outcomes);
 - :func:`layerzero.core.config.reset_for_tests` before and after it: config back to defaults, locks and
   file/env policy layers cleared, the environment re-read and the epoch bumped (so every cached
-  selection is invalidated).
+  selection is invalidated); the level of the ``layerzero`` logger (which ``LAYERZERO_LOG_LEVEL`` sets)
+  is restored afterwards.
 
 Tests marked ``gpu`` are skipped with reason "needs a CUDA GPU" when ``torch.cuda.is_available()`` is
 False.
@@ -15,6 +16,7 @@ False.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
@@ -35,6 +37,8 @@ def _isolate_layerzero(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     """Per-test isolation of LayerZero's global state (see the module docstring)."""
     from layerzero.core import config
 
+    lz_logger = logging.getLogger("layerzero")
+    level = lz_logger.level  # LAYERZERO_LOG_LEVEL sets it on (re)load; put it back afterwards
     _scrub_env(monkeypatch)
     monkeypatch.setenv(_PERFDB_VAR, str(tmp_path / "perfdb.sqlite"))
     config.reset_for_tests()
@@ -42,6 +46,7 @@ def _isolate_layerzero(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     # A test may have set (possibly malformed) LAYERZERO_* variables: drop them before re-reading the env.
     _scrub_env(monkeypatch)
     config.reset_for_tests()
+    lz_logger.setLevel(level)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -38,9 +38,9 @@ def dname(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def mismatch(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "") -> str | None:
+def mismatch(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "", floor: float = 0.0) -> str | None:
     """None when ``out`` matches the float64 ``ref`` within ``TOL[dtype]`` (NaN only where ref is NaN), else a
-    one-line description of the worst element."""
+    one-line description of the worst element. The output scale is ``max(max|ref|, floor)``."""
     if tuple(out.shape) != tuple(ref.shape):
         return f"{what} shape {tuple(out.shape)} != oracle {tuple(ref.shape)}"
     if out.dtype != dtype:
@@ -48,7 +48,7 @@ def mismatch(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str
     o, r = out.to(F64), ref.to(F64)
     tol = TOL[dtype]
     finite = torch.isfinite(r)
-    scale = float(r[finite].abs().max()) if finite.any() else 0.0
+    scale = max(float(r[finite].abs().max()) if finite.any() else 0.0, floor)
     err = (o - r).abs()
     ok = (err <= tol * scale + tol * r.abs()) | (o == r) | (torch.isnan(o) & torch.isnan(r))
     if bool(ok.all()):
@@ -190,7 +190,7 @@ def attention_oracle(q, k, v, attn_mask=None, is_causal=False, scale=None, layou
 @dataclass(frozen=True, slots=True)
 class NormCase:
     """One norm call: x ``[*lead, hidden]`` with ``std``; ``extra`` = residual (rms_norm) or bias (layer_norm);
-    ``weight_f32``: weight in float32 whatever x's dtype; ``layout``: contiguous / sliced / transposed x."""
+    ``weight_f32``: float32 weight (and bias) for float16/bfloat16 x (mixed-precision models); ``layout``: contiguous / sliced / transposed x."""
 
     seed: int
     lead: tuple[int, ...]
@@ -224,11 +224,9 @@ def norm_inputs(case: NormCase, dtype: torch.dtype, device="cpu"):
         x = randn((*case.lead[:-1], case.hidden, case.lead[-1]), gen, device, dtype, case.std).transpose(-1, -2)
     else:
         x = randn(shape, gen, device, dtype, case.std)
-    wdt = torch.float32 if case.weight_f32 else dtype
+    wdt = torch.float32 if case.weight_f32 and dtype in (torch.float16, torch.bfloat16) else dtype
     weight = (1.0 + randn((case.hidden,), gen, device, F64, 0.5)).to(wdt)
-    extra = None
-    if case.extra:
-        extra = randn(shape, gen, device, dtype, case.std)
+    extra = randn(shape, gen, device, dtype, case.std) if case.extra else None
     return x, weight, extra
 
 
@@ -429,6 +427,7 @@ class Call:
     args: tuple
     kwargs: dict
     oracle: object  # () -> tensor or tuple of tensors
+    floor: float = 0.0  # least output scale for the tolerance (see mismatch)
 
 
 def attention_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
@@ -457,9 +456,11 @@ def layer_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
     """The layer_norm :class:`Call` of case ``seed`` (with bias when ``case.extra``)."""
     c = norm_case(seed)
     x, w, bias = norm_inputs(c, dtype, device)
-    if bias is not None:
-        bias = bias[(0,) * (bias.dim() - 1)].contiguous()
-    return Call(str(c), (x, w, bias, c.eps), {}, lambda: layer_norm_oracle(x, w, bias, c.eps))
+    if bias is not None:  # [H], in the weight's dtype like nn.LayerNorm's parameters
+        bias = bias[(0,) * (bias.dim() - 1)].to(w.dtype).contiguous()
+    # hidden = 1 normalizes 0 / sqrt(eps): the output scale is the weight's, not max|ref| = |bias| or 0
+    return Call(str(c), (x, w, bias, c.eps), {}, lambda: layer_norm_oracle(x, w, bias, c.eps),
+                float(w.abs().max()))
 
 
 def rope_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
@@ -527,7 +528,7 @@ def run_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", target
                 ref = call.oracle()
                 outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
                 for i, (o, r) in enumerate(zip(outs, refs)):
-                    msg = mismatch(o, r, dtype, f"output {i}")
+                    msg = mismatch(o, r, dtype, f"output {i}", call.floor)
                     if msg:
                         failures.append(f"[{call.label}] {msg}")
     finally:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.core import config as lz_config
+from layerzero.ops._common import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shapes import (  # noqa: E402
@@ -34,12 +34,12 @@ PARAMS = kernel_dtype_params(["attention"], "cpu")
 
 
 @pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    """Fresh LayerZero config/locks and a throw-away PerfDB per test (until tests/conftest.py provides it)."""
-    monkeypatch.setenv("LAYERZERO_PERFDB", str(tmp_path / "perfdb.sqlite"))
-    lz_config.reset_for_tests()
+def _healthy_backends():
+    """tests/conftest.py resets config, locks and the PerfDB; a kernel failing here must also not leave its
+    backend's circuit breaker open for the next tests."""
+    RUNTIME.health.reset()
     yield
-    lz_config.reset_for_tests()
+    RUNTIME.health.reset()
 
 
 @pytest.fixture(autouse=True, scope="module")

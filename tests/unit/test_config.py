@@ -150,9 +150,6 @@ def test_load_config_missing_file(tmp_path):
         lz.load_config(tmp_path / "nope.yaml")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: lz.load_config parses with plain yaml.safe_load and skips the "
-                                       "guarded loader of core/policy.py (safe_load_yaml): duplicate keys are "
-                                       "silently merged (last wins) instead of PolicyValidationError")
 def test_load_config_rejects_duplicate_keys(tmp_path):
     path = tmp_path / "dup.yaml"
     path.write_text("version: 1\ndeny:\n  - op: attention\n    kernels: [torch_sdpa.flash]\n"

@@ -1,4 +1,4 @@
-"""Native PyTorch fused norms: ``torch.nn.functional.rms_norm`` (torch >= 2.4) and ``layer_norm``.
+"""Native PyTorch kernels: fused ``F.rms_norm`` (torch >= 2.4), ``F.layer_norm``, and RoPE in the input dtype.
 
 ``F.rms_norm`` normalizes in float32 internally and multiplies by the weight before casting back; Hugging
 Face's Llama-family RMSNorm casts before the weight multiply. The two agree exactly in float32 and to
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.registry import KernelRegistry
-from layerzero.core.specs import BackendSpec, KernelSpec
+from layerzero.core.specs import BackendSpec, KernelSpec, Layout
 
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
@@ -28,6 +28,39 @@ def _layer_norm(x, weight, bias, eps):
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_every_two(x):
+    pairs = x.unflatten(-1, (-1, 2))
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+
+def _rope(q, k, cos, sin, position_ids, interleaved, layout):
+    """RoPE in the inputs' own dtype, operation for operation as transformers' ``apply_rotary_pos_emb``
+    (bit-identical to it for the half-rotation style in every dtype); partial rotary passes dims >= R."""
+    if position_ids is not None:
+        cos, sin = cos[position_ids], sin[position_ids]
+    elif cos.dim() == 2:
+        seq = q.shape[2] if layout == "BHSD" else q.shape[1]
+        cos, sin = cos[:seq].unsqueeze(0), sin[:seq].unsqueeze(0)
+    axis = 1 if layout == "BHSD" else 2
+    cos, sin = cos.unsqueeze(axis), sin.unsqueeze(axis)
+    rotate = _rotate_every_two if interleaved else _rotate_half
+    r = cos.shape[-1]
+
+    def apply(x):
+        c, s = cos.to(x.dtype), sin.to(x.dtype)
+        if r == x.shape[-1]:
+            return (x * c) + (rotate(x) * s)
+        x_rot, x_pass = x[..., :r], x[..., r:]
+        return torch.cat(((x_rot * c) + (rotate(x_rot) * s), x_pass), dim=-1)
+
+    return apply(q), apply(k)
+
+
 def register(registry: KernelRegistry) -> None:
     """Add the torch_native backend: fused rms_norm and layer_norm from torch.nn.functional."""
     has_rms = hasattr(F, "rms_norm")
@@ -39,5 +72,9 @@ def register(registry: KernelRegistry) -> None:
         registry.add_kernel(KernelSpec("torch_native.rms_norm", "rms_norm", _rms_norm, priority=50,
                                        description="torch.nn.functional.rms_norm", device_types=devices,
                                        dtypes=FLOATS))
+    registry.add_kernel(KernelSpec("torch_native.rope", "rope", _rope, priority=50,
+                                   description="RoPE in the input dtype with torch ops (HF apply_rotary_pos_emb order)",
+                                   device_types=devices, dtypes=FLOATS,
+                                   layouts=frozenset({Layout.BHSD, Layout.BSHD})))
     registry.add_kernel(KernelSpec("torch_native.layer_norm", "layer_norm", _layer_norm, priority=50,
                                    description="torch.nn.functional.layer_norm", device_types=devices, dtypes=FLOATS))

@@ -1,0 +1,66 @@
+"""32 threads x N selections through the public API while another thread flips a lock: no error, and no call
+that ran entirely inside one lock state ever sees the other state's kernel (never a plan from before an
+invalidation)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+import layerzero as lz
+
+pytestmark = pytest.mark.stress
+
+SCALE = float(os.environ.get("LAYERZERO_STRESS_SCALE", "1"))
+THREADS = 32
+CALLS = max(200, int(2000 * SCALE))  # per thread; LAYERZERO_STRESS_SCALE=5 gives the issue's 32 x 10k
+
+
+def test_concurrent_selections_never_see_a_stale_plan():
+    shapes = [torch.randn(1, 2, s, 8) for s in (3, 9, 17, 33)]
+    # seqlock-style version: odd while the flipper is changing the lock, 0 mod 4 = unlocked, 2 mod 4 = locked
+    state = {"version": 0}
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    stale: list[tuple[int, str]] = []
+
+    def flipper() -> None:
+        try:
+            while not stop.is_set():
+                state["version"] += 1
+                lz.lock("attention", "torch_sdpa.math")
+                state["version"] += 1
+                state["version"] += 1
+                lz.unlock("attention")
+                state["version"] += 1
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def worker(seed: int) -> None:
+        try:
+            for i in range(CALLS):
+                x = shapes[(seed + i) % len(shapes)]
+                before = state["version"]
+                kernel = lz.which("attention", x, x, x)
+                if state["version"] == before and before % 2 == 0:
+                    expected = "torch_sdpa.math" if before % 4 == 2 else "torch_sdpa.flash"
+                    if kernel != expected:
+                        stale.append((before, kernel))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    flip = threading.Thread(target=flipper)
+    workers = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
+    flip.start()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    stop.set()
+    flip.join()
+    assert not errors, errors[:3]
+    assert not stale, f"{len(stale)} stale plans, e.g. {stale[:3]}"
+    assert state["version"] > 4, "the lock never flipped: the test did not exercise invalidation"
