@@ -126,6 +126,7 @@ def dims(b: Bytes, n: int, lo: int = 1) -> list[int]:
 
 
 def attention_call(b: Bytes) -> Callable[[], Any]:
+    """A call of lz.attention: q [B, Hq, S, D] / k, v [B, Hkv, Sk, D] (or BSHD), mask, flags, scale, dropout."""
     bsz, hkv, s, d = dims(b, 4)
     hq = hkv * (1 + b.int(3)) if not b.flag(8) else 1 + b.int(5)
     sk = s if b.flag(2) else 1 + b.int(5)
@@ -149,6 +150,7 @@ def attention_call(b: Bytes) -> Callable[[], Any]:
 
 
 def norm_call(b: Bytes, op: str) -> Callable[[], Any]:
+    """A call of lz.rms_norm / lz.layer_norm: x [..., H], weight [H], bias/residual, eps."""
     h = b.int(6) + (0 if b.flag(10) else 1)
     lead = dims(b, b.int(3), lo=0 if b.flag(10) else 1)
     dt = b.pick(FLOATS)
@@ -163,6 +165,7 @@ def norm_call(b: Bytes, op: str) -> Callable[[], Any]:
 
 
 def rope_call(b: Bytes) -> Callable[[], Any]:
+    """A call of lz.rope: q/k [B, H, S, D], cos/sin gathered [B|1, S, R] or a table [P, R] (+ position_ids)."""
     bsz, hq, s, hd = dims(b, 4)
     d = 2 * hd
     r = 2 * (1 + b.int(hd)) if not b.flag(8) else b.int(2 * d + 2)
@@ -192,6 +195,7 @@ def rope_call(b: Bytes) -> Callable[[], Any]:
 
 
 def sampling_call(b: Bytes, op: str) -> Callable[[], Any]:
+    """A call of lz.sample_topk / lz.sample_topp: logits [B, V], k or p, temperature, generator."""
     rows, vocab = dims(b, 2)
     logits = tensor(b, (rows, vocab), b.pick(FLOATS))
     kw: dict[str, Any] = {}
@@ -294,9 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None, help="random-loop iterations (no atheris)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random loop")
     args, rest = parser.parse_known_args(argv)
+    lz.configure(use_perfdb=False)  # selection needs no measurements here; never touch the user's PerfDB
     if args.runs is None:
         try:
-            import atheris  # noqa: PLC0415 - optional, lazily imported
+            import atheris  # optional, imported lazily
         except ImportError:
             print("atheris is not installed; running the random loop (--runs 2000)", file=sys.stderr)
             return loop(2000, args.seed)

@@ -16,6 +16,8 @@ What is here, all independent of ``layerzero``'s own kernels:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import math
 import random
@@ -385,8 +387,10 @@ def sdpa_grid(dtypes=DTYPES) -> list[SdpaCtx]:
                                                      (True, False))]
 
 
+@functools.lru_cache(maxsize=32)
 def sdpa_inputs(c: SdpaCtx, device="cpu"):
-    """``(q, k, v, mask)`` in ``c.layout`` (what ``lz.attention`` gets) for grid point ``c``."""
+    """``(q, k, v, mask)`` in ``c.layout`` (what ``lz.attention`` gets) for grid point ``c`` (memoized: call it
+    with ``causal`` and ``dropout`` False, which do not change the tensors)."""
     gen = torch.Generator().manual_seed(c.d * 31 + 7)
     b, hq, hkv, sq = 2, 4, 2 if c.gqa else 4, 6
     sk = sq if c.square else 9
@@ -527,7 +531,7 @@ def run_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", target
                     continue
                 ref = call.oracle()
                 outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
-                for i, (o, r) in enumerate(zip(outs, refs)):
+                for i, (o, r) in enumerate(zip(outs, refs, strict=True)):
                     msg = mismatch(o, r, dtype, f"output {i}", call.floor)
                     if msg:
                         failures.append(f"[{call.label}] {msg}")
@@ -547,3 +551,122 @@ def kernel_dtype_params(ops, device_type: str, dtypes=DTYPES) -> list[tuple[str,
     """``(op, kernel_id, dtype)`` for every available kernel of ``ops`` on ``device_type`` and dtype it declares."""
     return [(op, k["kernel_id"], dt) for op in ops for k in kernels_on(op, device_type) for dt in dtypes
             if dname(dt) in k["dtypes"]]
+
+
+# ============================================================================================ sampling runs
+def sampling_logits(seed: int, dtype: torch.dtype, device="cpu") -> tuple[torch.Tensor, int, float, float]:
+    """``(logits [B, V], k, p, temperature)`` of seeded sampling case ``seed``: B 1..8, V 1..32000, logit std
+    0.5..8 (so both flat and peaked rows), temperature 0 (greedy) ~15% of the time."""
+    rng = random.Random(seed * 2654435761 % 2**32)
+    b, v = rng.randint(1, 8), 32000 if seed % 25 == 3 else rng.choice((1, 2, 5, 32, 100, 1000, 4096))
+    gen = torch.Generator().manual_seed(seed)
+    logits = randn((b, v), gen, device, dtype, rng.choice((0.5, 2.0, 8.0)))
+    k = rng.choice((1, 2, 5, 40, v, v + 3))
+    return logits, k, rng.choice((1e-6, 0.1, 0.5, 0.9, 0.99, 1.0)), rng.choice((0.0, 0.3, 1.0, 1.0, 1.7))
+
+
+def run_sampling_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", n: int = MIN_CASES,
+                        draws: int = 4) -> tuple[int, list[str]]:
+    """Lock ``op`` to ``kernel_id``; on ``n`` seeded cases draw ``draws`` times and check every token is in the
+    oracle's allowed set (argmax set when temperature is 0 or k is 1), and that the same generator seed gives
+    the same tokens. Returns (cases run, failure messages)."""
+    import layerzero as lz
+
+    fn = getattr(lz, op)
+    failures: list[str] = []
+    ran = 0
+    lz.lock(op, kernel_id)
+    try:
+        for seed in range(n):
+            logits, k, p, temp = sampling_logits(seed, dtype, device)
+            arg = k if op == "sample_topk" else p
+            if lz.validate(kernel_id, op, logits, arg, temperature=temp):
+                continue
+            ran += 1
+            if temp == 0 or (op == "sample_topk" and k == 1):
+                allowed = argmax_set(logits)
+            else:
+                allowed = topk_allowed(logits, k, temp) if op == "sample_topk" else topp_allowed(logits, p, temp)
+            gen = torch.Generator(device=device).manual_seed(seed)
+            tokens = torch.stack([fn(logits, arg, temperature=temp, generator=gen) for _ in range(draws)], 1)
+            again = fn(logits, arg, temperature=temp, generator=torch.Generator(device=device).manual_seed(seed))
+            label = f"seed={seed} B,V={tuple(logits.shape)} k={k} p={p} T={temp}"
+            if tokens.dtype != torch.int64 or tokens.shape != (logits.shape[0], draws):
+                failures.append(f"[{label}] tokens {tokens.dtype} {tuple(tokens.shape)}, expected int64 [B]")
+                continue
+            bad = ~allowed.gather(1, tokens)
+            if bad.any():
+                row, col = bad.nonzero()[0].tolist()
+                failures.append(f"[{label}] drew token {int(tokens[row, col])} outside the allowed set of row {row}")
+            if not torch.equal(again, tokens[:, 0]):
+                failures.append(f"[{label}] same generator seed gave {tokens[:, 0].tolist()} then {again.tolist()}")
+    finally:
+        lz.unlock(op)
+    return ran, failures
+
+
+def frequency_error(tokens: torch.Tensor, expected: torch.Tensor, sigmas: float = 5.0) -> str | None:
+    """None if the token frequencies of ``tokens [N]`` match ``expected [V]`` probabilities within ``sigmas``
+    binomial standard deviations per token (and no zero-probability token drawn), else a description."""
+    n = tokens.numel()
+    freq = torch.bincount(tokens.cpu(), minlength=expected.numel()).to(F64) / n
+    exp = expected.cpu().to(F64)
+    sd = torch.sqrt(exp * (1 - exp) / n).clamp_min(1e-12)
+    off = ((freq - exp).abs() > sigmas * sd) & ~((exp == 0) & (freq == 0))
+    if off.any():
+        i = int(off.nonzero()[0])
+        return f"token {i}: frequency {float(freq[i]):.4f} vs probability {float(exp[i]):.4f} over {n} draws"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Allow:
+    """A documented case where LayerZero is stricter than torch: ``kernel_id`` on ``device_type`` may be
+    rejected with reason codes within ``codes`` for grid points where ``when(ctx)`` holds, because ``why``."""
+
+    kernel_id: str
+    device_type: str
+    codes: frozenset
+    when: object  # (SdpaCtx) -> bool
+    why: str
+
+
+def judge(kernel_id: str, device_type: str, ctx: SdpaCtx, reasons: list, torch_error: str | None,
+          allow: tuple[Allow, ...]) -> tuple[str | None, Allow | None]:
+    """Compare LayerZero's verdict (``reasons``, empty = can run) with torch's (``torch_error``, None = ran).
+    Returns (mismatch message or None, the allowlist entry that excused a stricter verdict or None)."""
+    codes = sorted({r.code.value for r in reasons})
+    if not reasons and torch_error is not None:
+        return f"UNSAFE {kernel_id} [{ctx}]: LayerZero says it can run; torch raised: {torch_error}", None
+    if reasons and torch_error is None:
+        for a in allow:
+            if a.kernel_id == kernel_id and a.device_type == device_type and set(codes) <= a.codes and a.when(ctx):
+                return None, a
+        why = "; ".join(str(r) for r in reasons)
+        return f"STRICTER {kernel_id} [{ctx}]: torch runs it, LayerZero rejects it ({why}) - not allowlisted", None
+    return None, None
+
+
+SDPA_BACKENDS = {"torch_sdpa.flash": "FLASH_ATTENTION", "torch_sdpa.efficient": "EFFICIENT_ATTENTION",
+                 "torch_sdpa.math": "MATH", "torch_sdpa.cudnn": "CUDNN_ATTENTION"}
+
+
+def mirror(kernel_id: str, grid: list[SdpaCtx], device: str, allow: tuple[Allow, ...]) -> tuple[list[str], set]:
+    """Run the whole ``grid`` for ``kernel_id`` on ``device``: (mismatch messages, allowlist entries used)."""
+    from torch.nn.attention import SDPBackend
+
+    import layerzero as lz
+
+    backend = getattr(SDPBackend, SDPA_BACKENDS[kernel_id])
+    out, used = [], set()
+    for c in grid:
+        q, k, v, m = sdpa_inputs(dataclasses.replace(c, causal=False, dropout=False), device)
+        kw = {"attn_mask": m, "is_causal": c.causal, "dropout_p": 0.1 if c.dropout else 0.0, "layout": c.layout}
+        reasons = lz.validate(kernel_id, "attention", q, k, v, **kw)
+        msg, excused = judge(kernel_id, torch.device(device).type, c, reasons,
+                             torch_sdpa_error(backend, q, k, v, m, c.causal, c.dropout, c.layout), allow)
+        if msg:
+            out.append(msg)
+        if excused is not None:
+            used.add(excused)
+    return out, used

@@ -223,9 +223,6 @@ def test_bad_input_leaves_no_trace_in_the_cache():
 
 
 # ---------------------------------------------------------------------------------------- known bugs
-@pytest.mark.xfail(strict=True, reason="BUG: ops/rope.py looks the layout up with _LAYOUTS.get(layout); an "
-                                       "unhashable layout (list/dict) escapes as a bare TypeError instead of "
-                                       "InvalidInputError (ops/attention.py already guards with isinstance)")
 def test_rope_unhashable_layout_is_a_typed_error():
     with pytest.raises(E, match="layout"):
         lz.rope(Q, Q, COS, COS, layout={"BHSD": 1})
@@ -239,11 +236,6 @@ def reset_health():
     RUNTIME.health.reset()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: NaN logits (bad data, accepted by validation) make the reference "
-                                       "sampler raise inside torch.multinomial; dispatch counts that as a "
-                                       "*backend* failure, so 3 such calls open the circuit breaker of the "
-                                       "whole 'reference' backend and every op loses its last fallback (rope "
-                                       "and sampling then raise NoKernelFoundError on valid inputs for 30 s)")
 def test_nan_logits_do_not_disable_the_reference_backend(reset_health):
     bad = torch.tensor([[math.nan, 1.0, 2.0]])
     for _ in range(lz.get_config().health_failure_threshold):
@@ -253,11 +245,6 @@ def test_nan_logits_do_not_disable_the_reference_backend(reset_health):
     assert token.tolist() == [1]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: lz.layer_norm accepts a weight/bias dtype different from x "
-                                       "(check_same(dtype=False)), but torch_native.layer_norm cannot run it "
-                                       "on CPU ('mixed dtype'); each call fails at run time, falls back, and 3 "
-                                       "calls open the torch_native breaker, demoting every rms_norm/layer_norm "
-                                       "call to the reference kernel. Validation or the KernelSpec must agree.")
 def test_mixed_dtype_layer_norm_weight_does_not_trip_torch_native(reset_health):
     x, w16 = t(2, 8), t(8, dtype=torch.float16)
     for _ in range(lz.get_config().health_failure_threshold):
@@ -270,10 +257,6 @@ def test_mixed_dtype_layer_norm_weight_does_not_trip_torch_native(reset_health):
     assert lz.which("rms_norm", x, t(8)) == "torch_native.rms_norm"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (found by fuzz/fuzz_validators.py): ops/rope.py range-checks "
-                                       "position_ids with int(position_ids.min()) on every non-CUDA device; on "
-                                       "the 'meta' device that raises a bare RuntimeError ('Tensor.item() cannot "
-                                       "be called on meta tensors') instead of a typed error")
 def test_rope_position_ids_on_meta_is_a_typed_error():
     q, table = t(1, 2, 4, 8, device="meta"), t(16, 8, device="meta")
     pid = torch.zeros(1, 4, dtype=torch.int64, device="meta")
@@ -281,10 +264,6 @@ def test_rope_position_ids_on_meta_is_a_typed_error():
         lz.rope(q, q, table, table, position_ids=pid)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the fast path of ops/attention.py prepare() evaluates "
-                                       "`dropout_p == 0.0 and ...`; a multi-element tensor dropout_p escapes as "
-                                       "a bare RuntimeError ('Boolean value of Tensor ... is ambiguous') instead "
-                                       "of the slow path's InvalidInputError")
 def test_attention_tensor_dropout_is_a_typed_error():
     with pytest.raises(E, match="dropout_p"):
         lz.attention(Q, Q, Q, dropout_p=torch.zeros(2))

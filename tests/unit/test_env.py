@@ -47,7 +47,7 @@ def test_every_variable_parsed(tmp_path: Path) -> None:
     d = s.to_dict()
     assert d["log_level"] == "DEBUG" and d["locks"][0] == ["attention", "torch_sdpa.math"]
     assert set(d) == {"policy_path", "locks", "allow", "deny", "prefer", "strict", "disabled", "log_level",
-                      "perfdb_path", "use_perfdb", "cache_size", "cache_ttl_s", "unknown"}
+                      "perfdb_path", "use_perfdb", "cache_size", "cache_ttl_s", "capabilities_path", "unknown"}
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -124,7 +124,7 @@ def test_env_vars_table_is_complete() -> None:
     assert set(ENV_VARS) == {
         "LAYERZERO_POLICY", "LAYERZERO_LOCK", "LAYERZERO_ALLOW", "LAYERZERO_DENY", "LAYERZERO_PREFER",
         "LAYERZERO_STRICT", "LAYERZERO_DISABLED", "LAYERZERO_LOG_LEVEL", "LAYERZERO_PERFDB",
-        "LAYERZERO_USE_PERFDB", "LAYERZERO_CACHE_SIZE", "LAYERZERO_CACHE_TTL_S"}
+        "LAYERZERO_USE_PERFDB", "LAYERZERO_CACHE_SIZE", "LAYERZERO_CACHE_TTL_S", "LAYERZERO_CAPABILITIES"}
     doc = EnvSettings.__doc__ or ""
     assert all(name in doc for name in ENV_VARS)
     docs = Path(__file__).resolve().parents[2] / "docs" / "policies.md"

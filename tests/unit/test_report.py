@@ -32,11 +32,13 @@ def test_report_fields(report):
     assert report.op == "attention" and report.chosen == "torch_sdpa.flash" and report.locked is None
     assert len(report.policy_hash) == 64 and int(report.policy_hash, 16) >= 0
     statuses = {c.kernel_id: c.status for c in report.candidates}
-    assert statuses == {
+    expected = {
         "torch_sdpa.flash": CandidateStatus.SELECTED, "torch_sdpa.math": CandidateStatus.ELIGIBLE,
         "reference.attention": CandidateStatus.ELIGIBLE, "torch_sdpa.cudnn": CandidateStatus.REJECTED,
         "torch_sdpa.efficient": CandidateStatus.REJECTED,
     }
+    assert {k: statuses.get(k) for k in expected} == expected
+    assert list(statuses.values()).count(CandidateStatus.SELECTED) == 1
     assert all(c.score is None for c in report.candidates if c.status is CandidateStatus.REJECTED)
     assert all(c.reasons for c in report.candidates if c.status is CandidateStatus.REJECTED)
     ctx = report.context
@@ -134,17 +136,9 @@ def test_report_for_other_ops():
     x, w = torch.ones(2, 8), torch.ones(8)
     rep = lz.explain("rms_norm", x, w)
     assert rep.chosen == "torch_native.rms_norm"
-    assert {c.kernel_id for c in rep.candidates} == {"torch_native.rms_norm", "reference.rms_norm"}
+    assert {"torch_native.rms_norm", "reference.rms_norm"} <= {c.kernel_id for c in rep.candidates}
     assert rep.context.hidden_size == 8
     json.dumps(rep.to_dict())
-
-
-@pytest.mark.xfail(strict=True, reason="BUG: core/report.py module docstring says `from_dict` inverts "
-                                       "to_dict() for reasons and scores, but no from_dict exists "
-                                       "(neither on SelectionReport nor CandidateReport)")
-def test_from_dict_promised_by_the_docstring(report):
-    back = CandidateReport.from_dict(report.candidate("torch_sdpa.cudnn").to_dict())  # type: ignore[attr-defined]
-    assert back == report.candidate("torch_sdpa.cudnn")
 
 
 def test_reason_code_values_in_report_are_reason_codes(report):

@@ -39,7 +39,7 @@ class SelectionContext:
     Attention fields: ``batch`` (bucketed), ``num_heads_q``/``num_heads_kv``, ``head_dim`` (q/k) and
     ``head_dim_v``, ``seq_len_q``/``seq_len_kv`` (bucket upper bounds, tokens), ``layout`` of the inputs,
     ``mask`` kind, ``is_causal``, ``seq_equal`` (Sq == Sk exactly), ``dropout`` (p > 0), ``scale_default``.
-    Norm fields: ``hidden_size`` (exact), ``fused_residual``, ``has_bias``. RoPE: ``interleaved``,
+    Norm fields: ``hidden_size`` (exact), ``param_dtype`` (weight/bias dtype), ``fused_residual``, ``has_bias``. RoPE: ``interleaved``,
     ``rotary_dim``. Sampling: ``vocab_size`` (exact), ``has_generator``.
     Common: ``dtype`` of the main input, ``device`` (a :class:`DeviceSpec`), ``stride_last_1`` and
     ``contiguous`` (all tensor inputs), ``requires_grad`` (autograd will record this call),
@@ -64,6 +64,7 @@ class SelectionContext:
     dropout: bool = False
     scale_default: bool = True
     hidden_size: int | None = None
+    param_dtype: torch.dtype | None = None
     fused_residual: bool = False
     has_bias: bool = False
     interleaved: bool = False

@@ -208,32 +208,41 @@ class Runtime:
 
     def _on_failure(self, plan: ExecutionPlan, exc: Exception, args: tuple[Any, ...],
                     t: DispatchTrace | None) -> Any:
+        """Retry a failed call on the next eligible kernels.
+
+        A backend's health counter is charged only when another kernel then succeeds on the same inputs:
+        that proves the kernel, not the data (NaN logits, say), was at fault. When every kernel fails the
+        inputs are to blame, no backend is charged, and ``KernelExecutionError`` lists every error.
+        """
         if isinstance(exc, LayerZeroError):
             raise exc
-        self.health.record_failure(plan.backend, exc)
-        errors = [f"{plan.kernel_id}: {type(exc).__name__}: {exc}"]
+        failed = [(plan, exc)]
         if plan.locked or _config.get_config().strict or not plan.fallbacks:
-            why = "it is locked" if plan.locked else "strict mode is on" if plan.fallbacks else "no other kernel is eligible"
+            why = ("it is locked" if plan.locked else "strict mode is on" if plan.fallbacks
+                   else "no other kernel is eligible")
             raise KernelExecutionError(
                 f"kernel {plan.kernel_id} failed for op {plan.op!r} and no fallback is tried because {why}: "
-                f"{errors[0]}") from exc
+                f"{type(exc).__name__}: {exc}") from exc
         for nxt in plan.fallbacks:
-            log.warning("LayerZero %s: kernel %s failed at run time (%s: %s); retrying with %s",
-                        plan.op, plan.kernel_id if nxt is plan.fallbacks[0] else "previous", type(exc).__name__,
-                        exc, nxt.kernel_id)
+            log.warning("LayerZero %s: kernel %s failed at run time (%s: %s); retrying with %s", plan.op,
+                        failed[-1][0].kernel_id, type(failed[-1][1]).__name__, failed[-1][1], nxt.kernel_id)
             if t is not None:
-                t.fallbacks.append((plan.op, plan.kernel_id, f"{type(exc).__name__}: {exc}"))
+                t.fallbacks.append((plan.op, failed[-1][0].kernel_id,
+                                    f"{type(failed[-1][1]).__name__}: {failed[-1][1]}"))
             try:
                 out = nxt.call(*args)
             except Exception as again:  # noqa: BLE001
-                self.health.record_failure(nxt.backend, again)
-                errors.append(f"{nxt.kernel_id}: {type(again).__name__}: {again}")
-                exc = again
+                failed.append((nxt, again))
                 continue
+            for bad, error in failed:
+                self.health.record_failure(bad.backend, error)
             if t is not None:
                 t.counts[(nxt.op, nxt.kernel_id)] += 1
             return out
-        raise KernelExecutionError(f"every eligible kernel failed for op {plan.op!r}: " + " | ".join(errors)) from exc
+        errors = " | ".join(f"{p.kernel_id}: {type(e).__name__}: {e}" for p, e in failed)
+        raise KernelExecutionError(
+            f"every eligible kernel failed for op {plan.op!r}, so the inputs are the likely cause (for example "
+            f"NaN/inf values) and no backend was marked unhealthy: {errors}") from failed[-1][1]
 
 
 def device_fingerprint_parts(device: DeviceSpec) -> dict[str, str]:

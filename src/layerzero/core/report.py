@@ -1,7 +1,7 @@
 """SelectionReport: every candidate of one selection with its status, reasons and score breakdown.
 
-``print(report)`` gives a readable table; ``report.to_dict()`` a JSON-ready dict (``from_dict`` inverts
-it for the reasons and scores).
+``print(report)`` gives a readable table; ``report.to_dict()`` a JSON-ready dict (reasons inside it
+round-trip through :meth:`Reason.from_dict`).
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ from ._common import (
 )
 
 OP = "attention"
+_TENSOR = torch.Tensor
+_ZERO_OK = (float, int)  # plain Python numbers only on the fast path (bool, numpy, tensors take the full checks)
 _LAYOUTS = {"BHSD": Layout.BHSD, "BSHD": Layout.BSHD, Layout.BHSD: Layout.BHSD, Layout.BSHD: Layout.BSHD}
 
 
@@ -64,10 +66,11 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: tor
     try:
         dtype, device = q.dtype, q.device
         qs, ks, vs = q.shape, k.shape, v.shape
-        fast = (lay is not None and len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and dtype in FLOAT_DTYPES
+        fast = (q.__class__ is _TENSOR and k.__class__ is _TENSOR and v.__class__ is _TENSOR
+                and lay is not None and len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and dtype in FLOAT_DTYPES
                 and k.dtype is dtype and v.dtype is dtype and k.device == device and v.device == device
                 and (is_causal is True or is_causal is False) and attn_mask is None and scale is None
-                and dropout_p == 0.0 and dropout_p.__class__ is not bool)
+                and dropout_p.__class__ in _ZERO_OK and dropout_p == 0)
     except AttributeError:
         fast = False
     if not fast:

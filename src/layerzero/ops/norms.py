@@ -73,8 +73,9 @@ def prepare_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
 
 def context_rms(key: tuple[Any, ...]) -> SelectionContext:
     """The :class:`SelectionContext` of an rms_norm cache key."""
-    op, device, dtype, _wdtype, h, fused, stride, contiguous, grad, det, capture, _ = key
-    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, hidden_size=h, fused_residual=fused,
+    op, device, dtype, wdtype, h, fused, stride, contiguous, grad, det, capture, _ = key
+    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, hidden_size=h, param_dtype=wdtype,
+                            fused_residual=fused,
                             stride_last_1=stride, contiguous=contiguous, requires_grad=grad, deterministic=det,
                             graph_capture=capture)
 
@@ -89,6 +90,9 @@ def prepare_layer(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     _check_param(op, "weight", x, weight)
     if bias is not None:
         _check_param(op, "bias", x, bias)
+        if bias.dtype != weight.dtype:
+            raise fail(op, "bias.dtype", f"weight's dtype {weight.dtype}", bias.dtype,
+                       "Cast both parameters to one dtype.")
     eps = check_eps(op, eps)
     grad, det, capture, stride = flags(x, weight, bias)
     key = (op, x.device, x.dtype, weight.dtype, x.shape[-1], bias is not None, stride, x.is_contiguous(),
@@ -98,8 +102,9 @@ def prepare_layer(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def context_layer(key: tuple[Any, ...]) -> SelectionContext:
     """The :class:`SelectionContext` of a layer_norm cache key."""
-    op, device, dtype, _wdtype, h, has_bias, stride, contiguous, grad, det, capture, _ = key
-    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, hidden_size=h, has_bias=has_bias,
+    op, device, dtype, wdtype, h, has_bias, stride, contiguous, grad, det, capture, _ = key
+    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, hidden_size=h, param_dtype=wdtype,
+                            has_bias=has_bias,
                             stride_last_1=stride, contiguous=contiguous, requires_grad=grad, deterministic=det,
                             graph_capture=capture)
 

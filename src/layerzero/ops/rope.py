@@ -26,7 +26,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     check_tensor(OP, "sin", sin, (2, 3))
     check_same(OP, "q", q, "cos", cos, dtype=False)
     check_same(OP, "cos", cos, "sin", sin)
-    lay = _LAYOUTS.get(layout)
+    lay = _LAYOUTS.get(layout) if isinstance(layout, (str, Layout)) else None
     if lay is None:
         raise fail(OP, "layout", "'BHSD' or 'BSHD'", repr(layout))
     if lay is Layout.BHSD:
@@ -62,7 +62,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
             raise fail(OP, "position_ids.device", q.device, position_ids.device)
         if position_ids.dim() != 2 or position_ids.shape[1] != s or position_ids.shape[0] not in (1, b):
             raise fail(OP, "position_ids shape", f"[B or 1, S] = [{b}, {s}]", list(position_ids.shape))
-        if not q.is_cuda and position_ids.numel() and (
+        if position_ids.device.type == "cpu" and position_ids.numel() and (
                 int(position_ids.min()) < 0 or int(position_ids.max()) >= cos.shape[0]):
             raise fail(OP, "position_ids values", f"in [0, {cos.shape[0]}) (rows of the cos table)",
                        f"[{int(position_ids.min())}, {int(position_ids.max())}]")
@@ -101,7 +101,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
     Raises:
         InvalidInputError: ranks, dtypes, devices, R odd / > D, cos/sin shape mismatch, position_ids shape,
-            dtype or (on CPU) values outside the table, position_ids with gathered cos/sin.
+            dtype or (for CPU tensors; checking would sync a GPU) values outside the table, position_ids with gathered cos/sin.
 
     >>> import torch, layerzero as lz
     >>> q = torch.tensor([[[[1.0, 0.0]]]]); cos = torch.zeros(1, 1, 2); sin = torch.ones(1, 1, 2)

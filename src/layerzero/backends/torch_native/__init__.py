@@ -28,6 +28,19 @@ def _layer_norm(x, weight, bias, eps):
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+_HALF = frozenset({torch.float16, torch.bfloat16})
+
+
+def _layer_norm_check(ctx) -> list[Reason]:
+    """F.layer_norm on CPU takes parameters in x's dtype, or float32 parameters for half/bfloat16 x."""
+    p = ctx.param_dtype
+    if p is None or p == ctx.dtype or (ctx.dtype in _HALF and p == torch.float32):
+        return []
+    return [Reason(ReasonCode.DTYPE_MISMATCH,
+                   f"parameters in {str(p).removeprefix('torch.')} with x in {str(ctx.dtype).removeprefix('torch.')}"
+                   " (needs equal dtypes, or float32 parameters for half-precision x)")]
+
+
 def _rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -77,4 +90,5 @@ def register(registry: KernelRegistry) -> None:
                                    device_types=devices, dtypes=FLOATS,
                                    layouts=frozenset({Layout.BHSD, Layout.BSHD})))
     registry.add_kernel(KernelSpec("torch_native.layer_norm", "layer_norm", _layer_norm, priority=50,
-                                   description="torch.nn.functional.layer_norm", device_types=devices, dtypes=FLOATS))
+                                   description="torch.nn.functional.layer_norm", device_types=devices, dtypes=FLOATS,
+                                   check=_layer_norm_check))

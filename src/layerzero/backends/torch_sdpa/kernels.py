@@ -95,8 +95,6 @@ def _cudnn_check(ctx: SelectionContext) -> list[Reason]:
     if ctx.layout is not Layout.BSHD or not ctx.contiguous:
         out.append(Reason(ReasonCode.LAYOUT_UNSUPPORTED,
                           "cuDNN SDPA needs BSHD-contiguous q/k/v (pass layout='BSHD' with contiguous tensors)"))
-    if ctx.dropout:
-        out.append(Reason(ReasonCode.DROPOUT_UNSUPPORTED, "dropout is not supported by all cuDNN 9.x versions"))
     return out
 
 
