@@ -29,6 +29,8 @@ def per_call_us(fn: Callable[[], object], iters: int) -> float:
     t0 = time.perf_counter_ns()
     for _ in range(iters):
         fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return (time.perf_counter_ns() - t0) / iters / 1e3
 
 
@@ -50,12 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (CUDA calls are timed as launches, then synced)")
     ns = ap.parse_args(argv)
     torch.set_num_threads(1)
     lz.configure(use_perfdb=False)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 8, 16, 64, generator=g) for _ in range(3))
-    x, w = torch.randn(4, 64, generator=g), torch.ones(64)
+    dev = torch.device(ns.device)
+    dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    q, k, v = (torch.randn(1, 8, 16, 64, generator=g).to(dev, dtype) for _ in range(3))
+    x, w = torch.randn(4, 64, generator=g).to(dev, dtype), torch.ones(64, device=dev, dtype=dtype)
     key, _ = prepare(q, k, v)
     lz.attention(q, k, v)  # warm the cache
     kernel = lz.which("attention", q, k, v)
@@ -64,19 +69,19 @@ def main(argv: list[str] | None = None) -> int:
         "lz.attention (cache hit)": lambda: lz.attention(q, k, v),
         "  input checks + key": lambda: prepare(q, k, v),
         "  cache lookup": lambda: RUNTIME.cache.get(key),
-        "F.rms_norm": lambda: F.rms_norm(x, (64,), w, 1e-6),
+        "F.rms_norm": lambda: F.rms_norm(x, (64,), w, 1e-6),  # noqa: E731
         "lz.rms_norm (cache hit)": lambda: lz.rms_norm(x, w),
     }, ns.rounds, ns.iters)
     overhead = res["lz.attention (cache hit)"] - res["F.scaled_dot_product_attention"]
     ratio = res["lz.attention (cache hit)"] / res["F.scaled_dot_product_attention"]
     rms_over = res["lz.rms_norm (cache hit)"] - res["F.rms_norm"]
     lines = [
-        "# Dispatch overhead (CPU, cache hit)",
+        f"# Dispatch overhead ({ns.device}, cache hit)",
         "",
         f"- date: {datetime.date.today().isoformat()}",
         f"- machine: {platform.machine()} {platform.processor() or ''} ({torch.get_num_threads()} torch thread), "
         f"python {platform.python_version()}, torch {torch.__version__}, layerzero {lz.__version__}",
-        f"- shape: q/k/v [1, 8, 16, 64] float32 (BHSD); chosen kernel: {kernel}",
+        f"- shape: q/k/v [1, 8, 16, 64] {str(dtype).removeprefix('torch.')} (BHSD) on {dev}; chosen kernel: {kernel}",
         f"- method: median over {ns.rounds} interleaved rounds of {ns.iters} calls each",
         "",
         "| call | µs per call |",
