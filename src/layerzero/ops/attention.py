@@ -57,11 +57,14 @@ def _mask_kind(op: str, mask: Any, q: torch.Tensor, b: int, hq: int, sq: int, sk
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
             is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
             layout: str | Layout = "BHSD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """Validate ``lz.attention`` inputs; return (cache key, canonical kernel args).
+    """Validate ``lz.attention`` inputs; return (cache key, canonical kernel args)."""
+    return _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout)
 
-    The happy path is a handful of attribute reads; anything unusual goes to :func:`_validate`, which
-    raises the precise :class:`InvalidInputError`.
-    """
+
+def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any, dropout_p: Any,
+             layout: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """:func:`prepare` with positional arguments (the hot path). The happy path is a handful of attribute
+    reads; anything unusual goes to :func:`_validate`, which raises the precise :class:`InvalidInputError`."""
     lay = _LAYOUTS.get(layout) if layout.__class__ is str or isinstance(layout, Layout) else None
     try:
         dtype, device = q.dtype, q.device
@@ -208,6 +211,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     >>> lz.attention(q, k, v, is_causal=True).shape
     torch.Size([1, 8, 16, 64])
     """
-    key, args = prepare(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
-                        layout=layout)
+    key, args = _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout)
     return RUNTIME.run(key, context, args)
