@@ -65,19 +65,27 @@ def prepare_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         check_same(op, "x", x, "residual", residual)
         if residual.shape != x.shape:
             raise fail(op, "residual shape", f"x's shape {list(x.shape)}", list(residual.shape))
-    grad, det, capture, stride = flags(x, weight, residual)
-    key = (op, x.device, x.dtype, weight.dtype, x.shape[-1], residual is not None, stride, x.is_contiguous(),
-           grad, det, capture, scope_token())
-    return key, (x, weight, eps, residual)
+    return _key(op, x, weight, residual is not None, residual), (x, weight, eps, residual)
+
+
+def _key(op: str, x: torch.Tensor, weight: torch.Tensor, flag: bool, other: torch.Tensor | None) -> tuple[Any, ...]:
+    """The norm cache key: op, device, dtypes, hidden size, the op's flag (fused residual / has bias), layout
+    and per-call flags. ``other`` is the residual or the bias (None when absent)."""
+    grad, det, capture, stride = flags(x, weight, other)
+    return (op, x.device, x.dtype, weight.dtype, x.shape[-1], flag, stride, x.is_contiguous(), grad, det, capture,
+            scope_token())
+
+
+def _context(key: tuple[Any, ...], **op_fields: Any) -> SelectionContext:
+    op, device, dtype, wdtype, h, _flag, stride, contiguous, grad, det, capture, _ = key
+    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, hidden_size=h, param_dtype=wdtype,
+                            stride_last_1=stride, contiguous=contiguous, requires_grad=grad, deterministic=det,
+                            graph_capture=capture, **op_fields)
 
 
 def context_rms(key: tuple[Any, ...]) -> SelectionContext:
     """The :class:`SelectionContext` of an rms_norm cache key."""
-    op, device, dtype, wdtype, h, fused, stride, contiguous, grad, det, capture, _ = key
-    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, hidden_size=h, param_dtype=wdtype,
-                            fused_residual=fused,
-                            stride_last_1=stride, contiguous=contiguous, requires_grad=grad, deterministic=det,
-                            graph_capture=capture)
+    return _context(key, fused_residual=key[5])
 
 
 def prepare_layer(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -94,19 +102,12 @@ def prepare_layer(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             raise fail(op, "bias.dtype", f"weight's dtype {weight.dtype}", bias.dtype,
                        "Cast both parameters to one dtype.")
     eps = check_eps(op, eps)
-    grad, det, capture, stride = flags(x, weight, bias)
-    key = (op, x.device, x.dtype, weight.dtype, x.shape[-1], bias is not None, stride, x.is_contiguous(),
-           grad, det, capture, scope_token())
-    return key, (x, weight, bias, eps)
+    return _key(op, x, weight, bias is not None, bias), (x, weight, bias, eps)
 
 
 def context_layer(key: tuple[Any, ...]) -> SelectionContext:
     """The :class:`SelectionContext` of a layer_norm cache key."""
-    op, device, dtype, wdtype, h, has_bias, stride, contiguous, grad, det, capture, _ = key
-    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, hidden_size=h, param_dtype=wdtype,
-                            has_bias=has_bias,
-                            stride_last_1=stride, contiguous=contiguous, requires_grad=grad, deterministic=det,
-                            graph_capture=capture)
+    return _context(key, has_bias=key[5])
 
 
 RMS_SPEC = OperationSpec("rms_norm", "RMSNorm with optional fused residual add", ("x", "weight"),
