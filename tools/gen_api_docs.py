@@ -1,0 +1,43 @@
+"""Write docs/api.md from the docstrings of the public API (``python tools/gen_api_docs.py``)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import layerzero as lz
+
+SECTIONS = {
+    "Ops": ["attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp"],
+    "Configuration and policy": ["configure", "get_config", "load_config", "reload", "lock", "unlock", "get_locks",
+                                 "prefer", "disabled", "load_capabilities"],
+    "Inspection": ["select", "explain", "which", "validate", "list_kernels", "trace", "doctor"],
+    "Integrations": ["patch_model"],
+}
+
+
+def render() -> str:
+    """The markdown text of docs/api.md."""
+    out = ["# API reference", "", "Generated from the docstrings by `tools/gen_api_docs.py`; "
+           "`import layerzero as lz`.", ""]
+    for title, names in SECTIONS.items():
+        out += [f"## {title}", ""]
+        for name in names:
+            obj = getattr(lz, name)
+            try:
+                sig = str(inspect.signature(obj))
+            except (TypeError, ValueError):
+                sig = "(...)"
+            out += [f"### `lz.{name}{sig}`", "", inspect.cleandoc(obj.__doc__ or ""), ""]
+    out += ["## Errors", ""]
+    for name in ("LayerZeroError", "InvalidInputError", "NoKernelFoundError", "KernelExecutionError",
+                 "PolicyValidationError", "BackendNotAvailableError", "ConfigurationError", "UnknownOperationError",
+                 "UnknownKernelError", "CudaGraphUnsafeError", "SelectionTimeoutError", "CacheCorruptionError"):
+        cls = getattr(lz, name)
+        bases = ", ".join(b.__name__ for b in cls.__bases__)
+        out += [f"- `{name}({bases})`: {inspect.cleandoc(cls.__doc__ or '').splitlines()[0]}"]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    Path(__file__).resolve().parents[1].joinpath("docs", "api.md").write_text(render(), encoding="utf-8")
