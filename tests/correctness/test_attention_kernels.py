@@ -31,6 +31,7 @@ pytestmark = pytest.mark.correctness
 # Kernels that run on (nearly) every generated CPU case: each must get MIN_CASES cases per dtype.
 BROAD = {"reference.attention", "torch_sdpa.math", "torch_sdpa.flash"}
 PARAMS = kernel_dtype_params(["attention"], "cpu")
+_ids = lambda x: dname(x) if isinstance(x, torch.dtype) else x  # noqa: E731
 
 
 @pytest.fixture(autouse=True)
@@ -52,20 +53,22 @@ def _one_thread():
 
 
 def test_every_cpu_attention_kernel_is_covered():
+    """The parametrization found the SDPA CPU kernels and the reference, flash with all 4 dtypes."""
     ids = {kid for _, kid, _ in PARAMS}
     assert BROAD <= ids, f"expected {sorted(BROAD)} among the CPU attention kernels, got {sorted(ids)}"
     assert {dt for _, kid, dt in PARAMS if kid == "torch_sdpa.flash"} == set(DTYPES)
 
 
-@pytest.mark.parametrize(("op", "kernel_id", "dtype"), PARAMS, ids=lambda x: dname(x) if isinstance(x, torch.dtype) else x)
+@pytest.mark.parametrize(("op", "kernel_id", "dtype"), PARAMS, ids=_ids)
 def test_attention_kernel_matches_float64_oracle(op, kernel_id, dtype, record_property):
+    """Locked kernel vs the float64 einsum oracle on >= 200 seeded cases (BROAD kernels); every call traced."""
     run = run_kernel(op, kernel_id, dtype)
     record_property("cases_run", run.ran)
     print(run.report())
     assert not run.failures, run.report()
     assert run.traced == run.ran, f"lz.trace saw {run.traced} calls served by {kernel_id}, expected {run.ran}"
     need = MIN_CASES if kernel_id in BROAD else 1
-    assert run.ran >= need, f"only {run.ran} eligible cases (need {need}); extend _shapes.attention_case\n{run.report()}"
+    assert run.ran >= need, f"only {run.ran} eligible cases (need {need}); extend attention_case\n{run.report()}"
 
 
 # ---------------------------------------------------------------------------------------- fully masked rows
@@ -85,7 +88,7 @@ MASK_PARAMS = [(kid, dt, kind) for _, kid, dt in PARAMS for kind in ("bool", "fl
 
 
 @pytest.mark.parametrize(("kernel_id", "dtype", "kind"), MASK_PARAMS,
-                         ids=lambda x: dname(x) if isinstance(x, torch.dtype) else x)
+                         ids=_ids)
 def test_fully_masked_row_gives_zero(kernel_id, dtype, kind):
     """lz.attention documents: a row whose keys are all masked returns 0 (never NaN), whatever the kernel."""
     q, k, v, mask = _masked_inputs(dtype, kind)
@@ -121,7 +124,7 @@ NAN_PARAMS = [pytest.param(kid, dt, marks=NAN_HIDDEN) if kid == "torch_sdpa.flas
               else (kid, dt) for _, kid, dt in PARAMS]
 
 
-@pytest.mark.parametrize(("kernel_id", "dtype"), NAN_PARAMS, ids=lambda x: dname(x) if isinstance(x, torch.dtype) else x)
+@pytest.mark.parametrize(("kernel_id", "dtype"), NAN_PARAMS, ids=_ids)
 def test_nan_in_one_query_row_stays_in_that_row(kernel_id, dtype):
     """A NaN in query row 3 of one head must show up as NaN in exactly that output row (no kernel may hide it,
     nor spread it to other rows or heads)."""

@@ -7,6 +7,7 @@ one by one (locked), since sampling has no float64 output to compare."""
 from __future__ import annotations
 
 import math
+import random
 import sys
 from collections import Counter
 from pathlib import Path
@@ -21,16 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shapes import (  # noqa: E402
     CALLS,
     DTYPES,
+    F64,
     MIN_CASES,
     dname,
-    frequency_error,
     kernel_dtype_params,
     mismatch,
+    randn,
     rope_case,
     rope_oracle,
-    run_sampling_kernel,
-    topk_allowed,
-    topp_allowed,
 )
 
 pytestmark = pytest.mark.correctness
@@ -54,6 +53,88 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
+# ============================================================ sampling oracles (shared with tests/gpu)
+def probs64(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float64 ``softmax(logits / temperature)`` written out."""
+    z = logits.to(F64) / temperature
+    e = torch.exp(z - z.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def argmax_set(logits: torch.Tensor) -> torch.Tensor:
+    """``[B, V]`` bool: tokens whose logit equals the row maximum (greedy may pick any on ties)."""
+    return logits == logits.amax(-1, keepdim=True)
+
+
+def topk_allowed(logits: torch.Tensor, k: int, temperature: float) -> torch.Tensor:
+    """``[B, V]`` bool superset of what top-k may draw: probability >= the k-th largest (ties included)."""
+    p = probs64(logits, temperature)
+    return (p >= p.topk(min(k, p.shape[-1]), -1).values[..., -1:] * (1 - 1e-6)) & (p > 0)
+
+
+def topp_allowed(logits: torch.Tensor, top_p: float, temperature: float, slack: float = 1e-4) -> torch.Tensor:
+    """``[B, V]`` bool superset of what nucleus sampling may draw: tokens whose strictly-more-probable mass is
+    < p (+ slack for float32 rounding); the most probable token is always allowed."""
+    p = probs64(logits, temperature)
+    asc = p.sort(-1).values
+    suffix = torch.cat((asc.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(asc[:, :1])), -1)  # sum of asc[j:]
+    above = suffix.gather(-1, torch.searchsorted(asc, p * (1 + 1e-9), right=True))  # mass strictly above token
+    return (above < top_p + slack) | (p >= p.amax(-1, keepdim=True))
+
+
+def run_sampling_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", n: int = MIN_CASES,
+                        draws: int = 4) -> tuple[int, list[str]]:
+    """Lock ``op`` to ``kernel_id``; on ``n`` seeded cases (B 1..8, V 1..32000, temperature 0 ~15%) draw
+    ``draws`` times; every token must be in the oracle's allowed set (argmax set for temperature 0 or k = 1)
+    and a fresh generator with the same seed must repeat the first draw. Returns (cases run, failures)."""
+    fn, failures, ran = getattr(lz, op), [], 0
+    lz.lock(op, kernel_id)
+    try:
+        for seed in range(n):
+            rng = random.Random(seed * 2654435761 % 2**32)
+            b, v = rng.randint(1, 8), 32000 if seed % 25 == 3 else rng.choice((1, 2, 5, 32, 100, 1000, 4096))
+            logits = randn((b, v), torch.Generator().manual_seed(seed), device, dtype, rng.choice((0.5, 2.0, 8.0)))
+            k, p = rng.choice((1, 2, 5, 40, v, v + 3)), rng.choice((1e-6, 0.1, 0.5, 0.9, 0.99, 1.0))
+            temp, arg = rng.choice((0.0, 0.3, 1.0, 1.0, 1.7)), k if op == "sample_topk" else p
+            if lz.validate(kernel_id, op, logits, arg, temperature=temp):
+                continue
+            ran += 1
+            if temp == 0 or (op == "sample_topk" and k == 1):
+                allowed = argmax_set(logits)
+            else:
+                allowed = topk_allowed(logits, k, temp) if op == "sample_topk" else topp_allowed(logits, p, temp)
+            gen = torch.Generator(device=device).manual_seed(seed)
+            tokens = torch.stack([fn(logits, arg, temperature=temp, generator=gen) for _ in range(draws)], 1)
+            again = fn(logits, arg, temperature=temp, generator=torch.Generator(device=device).manual_seed(seed))
+            label = f"seed={seed} B,V={b},{v} k={k} p={p} T={temp}"
+            if tokens.dtype != torch.int64 or tokens.shape != (b, draws):
+                failures.append(f"[{label}] tokens {tokens.dtype} {tuple(tokens.shape)}, expected int64 [B]")
+                continue
+            bad = ~allowed.gather(1, tokens)
+            if bad.any():
+                row, col = bad.nonzero()[0].tolist()
+                failures.append(f"[{label}] drew token {int(tokens[row, col])} outside the allowed set of row {row}")
+            if not torch.equal(again, tokens[:, 0]):
+                failures.append(f"[{label}] same generator seed gave {tokens[:, 0].tolist()} then {again.tolist()}")
+    finally:
+        lz.unlock(op)
+    return ran, failures
+
+
+def frequency_error(tokens: torch.Tensor, expected: torch.Tensor, sigmas: float = 5.0) -> str | None:
+    """None if the token frequencies of ``tokens [N]`` match probabilities ``expected [V]`` within ``sigmas``
+    binomial standard deviations per token (and no zero-probability token was drawn), else a description."""
+    n, exp = tokens.numel(), expected.cpu().to(F64)
+    freq = torch.bincount(tokens.cpu(), minlength=exp.numel()).to(F64) / n
+    off = ((freq - exp).abs() > sigmas * torch.sqrt(exp * (1 - exp) / n).clamp_min(1e-12)) & ((exp > 0) | (freq > 0))
+    if off.any():
+        i = int(off.nonzero()[0])
+        return f"token {i}: frequency {float(freq[i]):.4f} vs probability {float(exp[i]):.4f} over {n} draws"
+    return None
+
+
+
+
 # ============================================================================ default selection vs oracle
 def _default_selection(op: str, dtype: torch.dtype, seeds: range) -> tuple[Counter, list[str]]:
     """Run ``seeds`` cases of ``op`` through default selection; check the chosen kernel validates, is the one
@@ -68,19 +149,20 @@ def _default_selection(op: str, dtype: torch.dtype, seeds: range) -> tuple[Count
             out = getattr(lz, op)(*call.args, **call.kwargs)
         served[kid] += 1
         if reasons or t.kernels_for(op) != [kid] or t.fallbacks:
-            failures.append(f"[{call.label}] chose {kid} (reasons {reasons}), ran {t.kernels_for(op)}, "
+            failures.append(f"[{call.case}] chose {kid} (reasons {reasons}), ran {t.kernels_for(op)}, "
                             f"fallbacks {t.fallbacks}")
         ref = call.oracle()
         for i, (o, r) in enumerate(zip(*((out, ref) if isinstance(ref, tuple) else ((out,), (ref,))), strict=True)):
             msg = mismatch(o, r, dtype, f"{kid} output {i}", call.floor)
             if msg:
-                failures.append(f"[{call.label}] {msg}")
+                failures.append(f"[{call.case}] {msg}")
     return served, failures
 
 
 @pytest.mark.parametrize("op", ["attention", "rms_norm", "layer_norm", "rope"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 def test_default_selection_matches_oracle(op, dtype):
+    """80 seeded cases, default selection: the chosen kernel validates, runs without fallback, matches the oracle."""
     served, failures = _default_selection(op, dtype, range(20_000, 20_080))
     assert not failures, f"kernels used {dict(served)}\n" + "\n".join(failures[:12])
     if op == "attention":  # mask + causal only the reference runs; the rest goes to a faster SDPA kernel
@@ -88,6 +170,7 @@ def test_default_selection_matches_oracle(op, dtype):
 
 
 def test_rope_cases_cover_both_styles_partial_rotary_position_ids_and_bshd():
+    """The seeds used by the default-selection rope test cover every feature the brief names."""
     cases = [rope_case(s) for s in range(20_000, 20_080)]
     assert {c.interleaved for c in cases} == {False, True}
     assert {c.layout for c in cases} == {"BHSD", "BSHD"}
@@ -113,6 +196,7 @@ def test_attention_hand_worked(dtype):
 
 
 def test_norms_hand_worked():
+    """rms([3, 4]) = sqrt(12.5) after the residual add; layer_norm([1, 3]) = [-1, 1] * w + b."""
     y, h = lz.rms_norm(torch.tensor([[1.0, 2.0]]), torch.ones(2), 1e-12, residual=torch.tensor([[2.0, 2.0]]))
     torch.testing.assert_close(h, torch.tensor([[3.0, 4.0]]))  # rms([3, 4]) = sqrt(12.5)
     torch.testing.assert_close(y, torch.tensor([[3.0, 4.0]]) / math.sqrt(12.5))
@@ -134,6 +218,7 @@ def test_rope_hand_worked_90_degrees(layout):
 
 
 def test_rope_position_ids_equal_gathered_table():
+    """Table + position_ids gives the same bits as the pre-gathered table, and matches the oracle."""
     gen = torch.Generator().manual_seed(1)
     q, k = torch.randn(2, 4, 7, 64, generator=gen), torch.randn(2, 2, 7, 64, generator=gen)
     ang = torch.arange(50.0)[:, None] * 10000.0 ** (-torch.arange(0, 32, 2) / 32)
@@ -149,6 +234,7 @@ def test_rope_position_ids_equal_gathered_table():
 # ============================================================================ sampling, default selection
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 def test_greedy_equals_argmax(dtype):
+    """k = 1, temperature 0 and a vanishing nucleus all return the first argmax of each row."""
     gen = torch.Generator().manual_seed(2)
     logits = (torch.randn(16, 1000, generator=gen, dtype=torch.float64) * 3).to(dtype)
     first = logits.double().argmax(-1)  # numpy/torch argmax: first index of the maximum
@@ -165,6 +251,8 @@ def _draws(fn, logits, arg, n_rows, seed, temperature=1.0):
 
 
 def test_topk_never_draws_outside_the_top_k_and_matches_frequencies():
+    """40k draws of a known distribution: only the top 3 appear, at their renormalized rates (5 sigma), also
+    at temperature 2."""
     p = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04], dtype=torch.float64)
     logits = (p.log() + 2.0).float()[None]
     tokens = _draws(lz.sample_topk, logits, 3, 40_000, 0)
@@ -192,6 +280,7 @@ def test_topp_never_draws_outside_the_nucleus_and_matches_frequencies():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 def test_random_logits_stay_inside_allowed_sets_and_seed_repeats(dtype):
+    """Random logits: tokens inside the oracle's top-k / nucleus sets; same seed repeats, another seed differs."""
     gen = torch.Generator().manual_seed(3)
     logits = (torch.randn(64, 500, generator=gen, dtype=torch.float64) * 4).to(dtype)
     for k in (1, 7, 100):
@@ -213,6 +302,7 @@ SAMPLING = kernel_dtype_params(["sample_topk", "sample_topp"], "cpu")
 
 @pytest.mark.parametrize(("op", "kernel_id", "dtype"), SAMPLING, ids=_ids)
 def test_sampling_kernel_draws_inside_oracle_sets(op, kernel_id, dtype):
+    """Locked sampling kernel on 200 seeded cases: tokens inside the oracle's sets; same seed repeats."""
     ran, failures = run_sampling_kernel(op, kernel_id, dtype)
     assert not failures, f"{kernel_id} {dname(dtype)}: {ran} cases\n" + "\n".join(failures[:12])
     assert ran >= MIN_CASES, f"{kernel_id} {dname(dtype)}: only {ran} cases ran"
@@ -220,6 +310,7 @@ def test_sampling_kernel_draws_inside_oracle_sets(op, kernel_id, dtype):
 
 @pytest.mark.parametrize(("op", "kernel_id"), sorted({(op, kid) for op, kid, _ in SAMPLING}))
 def test_sampling_kernel_frequencies(op, kernel_id):
+    """Locked sampling kernel: 40k draws match the renormalized top-3 probabilities (5 sigma)."""
     p = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04], dtype=torch.float64)
     lz.lock(op, kernel_id)
     arg, kept = (3, p[:3] / p[:3].sum()) if op == "sample_topk" else (0.7, p[:3] / 0.8)

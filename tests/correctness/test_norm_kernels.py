@@ -53,6 +53,7 @@ def _one_thread():
 
 
 def test_every_cpu_kernel_is_covered():
+    """The parametrization found the reference and torch_native norm/rope kernels."""
     ids = {kid for _, kid, _ in PARAMS}
     expected = {"reference.rms_norm", "torch_native.rms_norm", "reference.layer_norm", "torch_native.layer_norm",
                 "reference.rope"}
@@ -61,6 +62,7 @@ def test_every_cpu_kernel_is_covered():
 
 @pytest.mark.parametrize(("op", "kernel_id", "dtype"), PARAMS, ids=_ids)
 def test_kernel_matches_float64_oracle(op, kernel_id, dtype, record_property):
+    """Locked kernel vs the float64 formula/complex oracle on 200 seeded cases; every call traced to it."""
     run = run_kernel(op, kernel_id, dtype)
     record_property("cases_run", run.ran)
     print(run.report())
@@ -89,6 +91,7 @@ def test_float16_values_whose_square_overflows_float16(op, kernel_id, dtype):
 
 @pytest.mark.parametrize(("op", "kernel_id", "dtype"), NORM_PARAMS, ids=_ids)
 def test_nan_in_one_row_stays_in_that_row(op, kernel_id, dtype):
+    """A NaN in row 2 of x makes exactly output row 2 NaN (neither hidden nor spread)."""
     gen = torch.Generator().manual_seed(4)
     x = randn((5, 33), gen, "cpu", dtype)
     x[2, 7] = float("nan")
@@ -113,14 +116,9 @@ def test_rms_norm_residual_is_the_sum_in_the_input_dtype(op, kernel_id, dtype):
     assert mismatch(y, expected, dtype) is None, mismatch(y, expected, dtype)
 
 
-# F.layer_norm (torch 2.13 CPU) accepts a weight/bias dtype other than x's only for float16/bfloat16 x with
-# float32 parameters; lz.layer_norm accepts any float weight dtype and its SelectionContext has no weight dtype,
-# so validate() says torch_native.layer_norm can run and the locked call raises "mixed dtype (CPU)".
-MIXED_BUG = pytest.mark.xfail(strict=True, reason=(
-    "BUG: torch_native.layer_norm claims every weight dtype, but F.layer_norm raises 'mixed dtype (CPU)' for "
-    "weight dtype != x dtype except half x + float32 weight; the layer_norm context carries no weight dtype"))
-MIXED_PARAMS = [pytest.param(op, kid, marks=MIXED_BUG) if kid == "torch_native.layer_norm" else (op, kid)
-                for op, kid in sorted({(op, kid) for op, kid, _ in NORM_PARAMS})]
+# F.layer_norm (torch 2.13 CPU) takes a weight/bias dtype other than x's only for half x with float32 parameters;
+# the torch_native.layer_norm check must reject the rest (a BUG this test found, fixed in ff2c6b0).
+MIXED_PARAMS = sorted({(op, kid) for op, kid, _ in NORM_PARAMS})
 
 
 @pytest.mark.parametrize(("op", "kernel_id"), MIXED_PARAMS)
