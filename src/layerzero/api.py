@@ -13,7 +13,12 @@ from typing import Any
 
 from layerzero.core import config as _config
 from layerzero.core.dispatch import trace
-from layerzero.core.errors import ConfigurationError, NoKernelFoundError, UnknownKernelError, UnknownOperationError
+from layerzero.core.errors import (
+    ConfigurationError,
+    NoKernelFoundError,
+    UnknownKernelError,
+    UnknownOperationError,
+)
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import Reason
 from layerzero.core.report import SelectionReport

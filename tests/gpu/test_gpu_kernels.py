@@ -55,26 +55,9 @@ ATTN = [(kid, dt) for op, kid, dt in PARAMS if op == "attention"]
 _ids = lambda x: dname(x) if isinstance(x, torch.dtype) else x  # noqa: E731
 
 
-def _fully_masked_bool_row(call) -> bool:
-    mask = call.kwargs.get("attn_mask")
-    return mask is not None and mask.dtype == torch.bool and bool((~mask).all(-1).any())
-
-
-# kernel id -> [(predicate on a _shapes.Call, why)]: seen on an H200, torch 2.11.0+cu130, cuDNN 9.19.0. Each has a
-# strict-xfail test below; the main loop skips (and counts) the cases.
-UNALIGNED = ("BUG: rows of q/k/v not 16-byte aligned (slices of wider tensors) crash with 'CUDA error: misaligned "
-             "address'")
-CUDNN_ONE_KEY = "BUG: cuDNN refuses Sk == 1 ('Invalid backend' / 'No available kernel') but validate() accepts it"
-CUDNN_DEAD_BOOL = ("BUG: cuDNN returns garbage, not 0, for a query row a bool mask fully masks (float -inf masks "
-                   "are fine)")
-LN_PARAMS = ("BUG: CUDA F.layer_norm needs weight/bias in x's dtype; the check allows float32 params for half x "
-             "(CPU only)")
-KNOWN_BUGS = {
-    "torch_sdpa.flash": [(lambda call: call.case.pad == 3, UNALIGNED)],
-    "torch_sdpa.efficient": [(lambda call: call.case.pad == 3, UNALIGNED)],
-    "torch_sdpa.cudnn": [(lambda call: call.case.sk == 1, CUDNN_ONE_KEY), (_fully_masked_bool_row, CUDNN_DEAD_BOOL)],
-    "torch_native.layer_norm": [(lambda call: call.args[1].dtype != call.args[0].dtype, LN_PARAMS)],
-}
+# Emptied once the bugs below were fixed in src (alignment constraint, cuDNN Sk == 1 and bool-mask rules, CUDA
+# layer_norm parameter dtypes); their tests now assert the fix.
+KNOWN_BUGS: dict = {}
 
 
 def known_bug(kernel_id: str, call) -> str | None:
@@ -129,9 +112,7 @@ def _masked_inputs(dtype, kind, layout, sq=5):
     return q, k, v, torch.zeros(keep.shape, dtype=dtype, device=DEV).masked_fill(~keep, float("-inf"))
 
 
-CUDNN_DEAD = pytest.mark.xfail(strict=True, reason=CUDNN_DEAD_BOOL)
-MASK_PARAMS = [pytest.param(kid, dt, kind, sq, marks=CUDNN_DEAD) if kid == "torch_sdpa.cudnn" and kind == "bool"
-               else (kid, dt, kind, sq) for kid, dt in ATTN for kind in ("bool", "float") for sq in (5, 1)]
+MASK_PARAMS = [(kid, dt, kind, sq) for kid, dt in ATTN for kind in ("bool", "float") for sq in (5, 1)]
 
 
 @pytest.mark.parametrize(("kernel_id", "dtype", "kind", "sq"), MASK_PARAMS, ids=_ids)
@@ -170,7 +151,6 @@ def test_cuda_nan_in_one_query_row_stays_in_that_row(kernel_id, dtype):
 
 
 # ------------------------------------------------------------------------------------------ known bugs
-@pytest.mark.xfail(strict=True, reason=CUDNN_ONE_KEY)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=_ids)
 def test_cuda_cudnn_single_key(dtype):
     """validate() == [] must mean the kernel runs: q [2, 5, 2, 64] BSHD, k/v with one key."""
@@ -197,7 +177,6 @@ sys.exit(0 if torch.allclose(out.double(), ref, atol=2e-2) else 3)
 """
 
 
-@pytest.mark.xfail(strict=True, reason=UNALIGNED)
 @pytest.mark.parametrize(("kernel_id", "dtype"), [("torch_sdpa.flash", torch.float16),
                                                   ("torch_sdpa.efficient", torch.float16),
                                                   ("torch_sdpa.efficient", torch.float32)], ids=_ids)
@@ -210,8 +189,7 @@ def test_cuda_unaligned_rows_are_rejected_or_run(kernel_id, dtype):
 
 
 @pytest.mark.parametrize(("op", "kernel_id"), [
-    pytest.param(op, kid, marks=pytest.mark.xfail(strict=True, reason=LN_PARAMS)) if kid == "torch_native.layer_norm"
-    else (op, kid) for op, kid in sorted({(op, kid) for op, kid, _ in PARAMS if op.endswith("_norm")})])
+    (op, kid) for op, kid in sorted({(op, kid) for op, kid, _ in PARAMS if op.endswith("_norm")})])
 def test_cuda_norm_weight_dtype_other_than_input(op, kernel_id):
     """Whenever validate() says the kernel can run x of one dtype with weight (and bias) of another, it must
     run and match the oracle."""

@@ -43,16 +43,9 @@ CUDA_ALLOW = tuple(
 
 # (kernel id, predicate on the mismatch message, why): disagreements that are known bugs, seen on an H200 with torch
 # 2.11.0+cu130 and cuDNN 9.19.0; each is checked by test_known_cuda_constraint_bugs (xfail while it reproduces).
-KNOWN_BUGS = (
-    ("torch_sdpa.cudnn", lambda m: m.startswith("UNSAFE") and "SqxSk=6x1" in m,
-     "cuDNN refuses Sk == 1 ('No available kernel') but validate() accepts it"),
-    ("torch_sdpa.cudnn", lambda m: m.startswith("STRICTER") and "GQA_UNSUPPORTED" in m,
-     "stricter than torch: cuDNN runs GQA (enable_gqa) correctly, the spec says supports_gqa=False"),
-    ("torch_sdpa.cudnn", lambda m: m.startswith("STRICTER") and "HEAD_DIM_TOO_LARGE" in m and " d=256 " in m,
-     "stricter than torch: cuDNN runs head_dim 256 on SM 9.0, the spec says head_dim_max=128"),
-    ("torch_sdpa.cudnn", lambda m: m.startswith("STRICTER") and "LAYOUT_UNSUPPORTED" in m,
-     "stricter than torch: cuDNN runs BHSD-contiguous q/k/v, the spec demands BSHD memory (check_cudnn_layout)"),
-)
+# Emptied once the cuDNN rules were fixed in src (Sk == 1 refused; GQA, head_dim 256 on SM 9.0/10.0 and BHSD memory
+# allowed), as measured on the H200.
+KNOWN_BUGS: tuple = ()
 # cuDNN builds a new plan for every successful call (~0.1 s): of the points LayerZero rejects, torch checks 1 in 4.
 STRICTER_EVERY = {"torch_sdpa.cudnn": 4}
 

@@ -242,7 +242,7 @@ def test_validate_lists_reasons_and_empty_when_it_can_run():
     q, k, v = _qkv()
     assert lz.validate("torch_sdpa.flash", "attention", q, k, v) == []
     reasons = lz.validate("torch_sdpa.cudnn", "attention", q, k, v)
-    assert {r.code for r in reasons} == {R.DEVICE_TYPE_UNSUPPORTED, R.DTYPE_UNSUPPORTED, R.LAYOUT_UNSUPPORTED}
+    assert {r.code for r in reasons} == {R.DEVICE_TYPE_UNSUPPORTED, R.DTYPE_UNSUPPORTED}
     assert [r.code for r in lz.validate("torch_sdpa.flash", "attention", q, k, v, dropout_p=0.5)] == [
         R.DROPOUT_UNSUPPORTED]
 

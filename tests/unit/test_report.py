@@ -63,7 +63,7 @@ def test_to_dict_round_trips_through_json(report):
                                                   "transform_cost": 0.0, "total": 80.0}
     reasons = [Reason.from_dict(r) for r in by_id["torch_sdpa.cudnn"]["reasons"]]
     assert reasons == list(report.candidate("torch_sdpa.cudnn").reasons)
-    assert {r["category"] for r in by_id["torch_sdpa.cudnn"]["reasons"]} == {"hardware", "dtype", "layout"}
+    assert {r["category"] for r in by_id["torch_sdpa.cudnn"]["reasons"]} == {"hardware", "dtype"}
     assert json.loads(report.to_json()) == json.loads(json.dumps(d, sort_keys=True, default=str))
 
 
@@ -75,7 +75,7 @@ def test_str_is_a_table_with_every_kernel_in_rank_order(report):
     body = [line.split()[0] for line in lines[header + 2:]]
     assert body == ["torch_sdpa.flash", "torch_sdpa.math", "reference.attention", "torch_sdpa.cudnn",
                     "torch_sdpa.efficient"]
-    assert "DEVICE_TYPE_UNSUPPORTED" in text and "LAYOUT_UNSUPPORTED" in text
+    assert "DEVICE_TYPE_UNSUPPORTED" in text and "DTYPE_UNSUPPORTED" in text
 
 
 def test_rows_order_and_scores(report):

@@ -153,7 +153,7 @@ def test_explain_lists_every_kernel_with_all_reasons():
     assert ATTENTION_KERNELS <= registered
     cudnn = codes(rep, "torch_sdpa.cudnn")
     assert len(cudnn) >= 2
-    assert set(cudnn) == {R.DEVICE_TYPE_UNSUPPORTED, R.DTYPE_UNSUPPORTED, R.LAYOUT_UNSUPPORTED}
+    assert set(cudnn) == {R.DEVICE_TYPE_UNSUPPORTED, R.DTYPE_UNSUPPORTED}
     assert codes(rep, "torch_sdpa.efficient") == [R.DEVICE_TYPE_UNSUPPORTED]
     assert rep.candidate("torch_sdpa.math").reasons == ()
 

@@ -88,7 +88,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "max_seq_len": _opt_int,
     "mask_kinds": _str_set({m.value: m for m in MaskKind}),
     **{name: _bool for name in ("head_dims_equal", "supports_gqa", "mask_with_causal", "supports_causal",
-                                "supports_dropout", "supports_backward", "requires_stride_last_1",
+                                "supports_dropout", "supports_backward", "requires_stride_last_1", "requires_aligned_16",
                                 "deterministic", "graph_safe")},
 }
 OVERRIDABLE_FIELDS = frozenset(_PARSERS)

@@ -55,6 +55,9 @@ def check_constraints(spec: KernelSpec, ctx: SelectionContext) -> list[Reason]:
         out.append(Reason(R.DROPOUT_UNSUPPORTED, "dropout_p > 0 is not supported"))
     if spec.requires_stride_last_1 and not ctx.stride_last_1:
         out.append(Reason(R.STRIDE_LAST_DIM_NOT_1, "needs stride(-1) == 1 on every input"))
+    if spec.requires_aligned_16 and not ctx.aligned_16:
+        out.append(Reason(R.ALIGNMENT_INVALID, "needs 16-byte aligned data pointers and row strides "
+                                               "(pass .contiguous() tensors, not slices of wider ones)"))
     if spec.max_seq_len is not None:
         longest = max(ctx.seq_len_q or 0, ctx.seq_len_kv or 0)
         if longest > spec.max_seq_len:

@@ -9,7 +9,8 @@ policy comparisons on those fields therefore see the bucket's upper bound (``seq
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields as dc_fields
+from dataclasses import dataclass
+from dataclasses import fields as dc_fields
 from typing import Any
 
 import torch
@@ -42,7 +43,8 @@ class SelectionContext:
     Norm fields: ``hidden_size`` (exact), ``param_dtype`` (weight/bias dtype), ``fused_residual``, ``has_bias``. RoPE: ``interleaved``,
     ``rotary_dim``. Sampling: ``vocab_size`` (exact), ``has_generator``.
     Common: ``dtype`` of the main input, ``device`` (a :class:`DeviceSpec`), ``stride_last_1`` and
-    ``contiguous`` (all tensor inputs), ``requires_grad`` (autograd will record this call),
+    ``contiguous`` (all tensor inputs), ``aligned_16`` (CUDA inputs: data pointers and every stride but the
+    last are 16-byte multiples, as fused CUDA kernels need), ``requires_grad`` (autograd will record this call),
     ``graph_capture`` (a CUDA graph is being captured), ``deterministic`` (torch deterministic mode),
     ``tp_size``.
     """
@@ -72,6 +74,7 @@ class SelectionContext:
     vocab_size: int | None = None
     has_generator: bool = False
     stride_last_1: bool = True
+    aligned_16: bool = True
     contiguous: bool = True
     requires_grad: bool = False
     graph_capture: bool = False

@@ -99,6 +99,7 @@ class KernelSpec:
     supports_dropout: bool = True
     supports_backward: bool = True
     requires_stride_last_1: bool = False
+    requires_aligned_16: bool = False
     max_seq_len: int | None = None
     deterministic: bool = True
     graph_safe: bool = True
@@ -123,7 +124,7 @@ class KernelSpec:
             "priority", "device_types", "dtypes", "sm_min", "sm_max", "generations", "layouts", "head_dim_min",
             "head_dim_max", "head_dim_multiple", "head_dims_equal", "supports_gqa", "mask_kinds",
             "mask_with_causal", "supports_causal", "supports_dropout", "supports_backward",
-            "requires_stride_last_1", "max_seq_len", "deterministic", "graph_safe",
+            "requires_stride_last_1", "requires_aligned_16", "max_seq_len", "deterministic", "graph_safe",
         ):
             value = getattr(self, name)
             if isinstance(value, frozenset):

@@ -31,6 +31,20 @@ _ZERO_OK = (float, int)  # plain Python numbers only on the fast path (bool, num
 _LAYOUTS = {"BHSD": Layout.BHSD, "BSHD": Layout.BSHD, Layout.BHSD: Layout.BHSD, Layout.BSHD: Layout.BSHD}
 
 
+def aligned_16(*tensors: torch.Tensor) -> bool:
+    """Every tensor's data pointer and the strides of its non-last dims (of size > 1) are multiples of 16
+    bytes, as the fused CUDA attention kernels load rows with 16-byte vector instructions (slices of wider
+    tensors break it). A head dim that is not a multiple of 16 bytes counts as aligned: SDPA pads it,
+    copying into fresh aligned memory."""
+    for t in tensors:
+        size = t.element_size()
+        if (t.shape[-1] * size) % 16:
+            continue
+        if t.data_ptr() % 16 or any((st * size) % 16 for st, n in zip(t.stride()[:-1], t.shape[:-1], strict=True) if n > 1):
+            return False
+    return True
+
+
 def _mask_kind(op: str, mask: Any, q: torch.Tensor, b: int, hq: int, sq: int, sk: int) -> MaskKind:
     if mask is None:
         return MaskKind.NONE
@@ -48,7 +62,7 @@ def _mask_kind(op: str, mask: Any, q: torch.Tensor, b: int, hq: int, sq: int, sk
     full = (b, hq, sq, sk)
     shape = tuple(mask.shape)
     if mask.dim() > 4 or mask.dim() == 0 or any(
-            m not in (1, f) for m, f in zip(shape[::-1], full[::-1])):
+            m not in (1, f) for m, f in zip(shape[::-1], full[::-1], strict=False)):
         raise fail(op, "attn_mask shape", f"broadcastable to [B, Hq, Sq, Sk] = {list(full)}", list(shape),
                    "Give the mask shape [B or 1, Hq or 1, Sq, Sk].")
     return kind
@@ -92,9 +106,12 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
     contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     stride = contiguous or (q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
     grad = is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    capture = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    cuda = q.is_cuda
+    capture = cuda and torch.cuda.is_current_stream_capturing()
+    aligned = not cuda or aligned_16(q, k, v)
     key = (OP, device, dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, MaskKind.NONE,
-           is_causal, False, True, stride, contiguous, grad, deterministic_enabled(), capture, scope_token())
+           is_causal, False, True, stride, aligned, contiguous, grad, deterministic_enabled(), capture,
+           scope_token())
     return key, (q, k, v, None, is_causal, None, dropout_p)
 
 
@@ -141,19 +158,21 @@ def _validate(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any
     mask = _mask_kind(OP, attn_mask, q, b, hq, sq, sk)
     grad, det, capture, stride = flags(q, k, v)
     contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    aligned = not q.is_cuda or aligned_16(q, k, v)
     key = (OP, q.device, q.dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, mask,
-           is_causal, dropout_p > 0.0, scale is None, stride, contiguous, grad, det, capture, scope_token())
+           is_causal, dropout_p > 0.0, scale is None, stride, aligned, contiguous, grad, det, capture,
+           scope_token())
     return key, (q, k, v, attn_mask, is_causal, scale, dropout_p)
 
 
 def context(key: tuple[Any, ...]) -> SelectionContext:
     """The :class:`SelectionContext` of an attention cache key."""
     (_, device, dtype, b, hq, hkv, d, dv, sq, sk, seq_equal, lay, mask, causal, dropout, scale_default, stride,
-     contiguous, grad, det, capture, _) = key
+     aligned, contiguous, grad, det, capture, _) = key
     return SelectionContext(
         op=OP, device=device_spec(device), dtype=dtype, batch=b, num_heads_q=hq, num_heads_kv=hkv, head_dim=d,
         head_dim_v=dv, seq_len_q=sq, seq_len_kv=sk, seq_equal=seq_equal, layout=lay, mask=mask, is_causal=causal,
-        dropout=dropout, scale_default=scale_default, stride_last_1=stride, contiguous=contiguous,
+        dropout=dropout, scale_default=scale_default, stride_last_1=stride, aligned_16=aligned, contiguous=contiguous,
         requires_grad=grad, deterministic=det, graph_capture=capture)
 
 

@@ -32,13 +32,14 @@ _HALF = frozenset({torch.float16, torch.bfloat16})
 
 
 def _layer_norm_check(ctx) -> list[Reason]:
-    """F.layer_norm on CPU takes parameters in x's dtype, or float32 parameters for half/bfloat16 x."""
+    """F.layer_norm takes parameters in x's dtype; on CPU also float32 parameters for half/bfloat16 x."""
     p = ctx.param_dtype
-    if p is None or p == ctx.dtype or (ctx.dtype in _HALF and p == torch.float32):
+    if p is None or p == ctx.dtype or (ctx.device.device_type == "cpu" and ctx.dtype in _HALF
+                                       and p == torch.float32):
         return []
     return [Reason(ReasonCode.DTYPE_MISMATCH,
                    f"parameters in {str(p).removeprefix('torch.')} with x in {str(ctx.dtype).removeprefix('torch.')}"
-                   " (needs equal dtypes, or float32 parameters for half-precision x)")]
+                   " (needs equal dtypes; on CPU float32 parameters with half-precision x also work)")]
 
 
 def _rotate_half(x):

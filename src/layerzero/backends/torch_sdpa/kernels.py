@@ -37,14 +37,14 @@ def _forced(which: int) -> Callable[..., Any]:
     def run(q, k, v, attn_mask, is_causal, scale, dropout_p):
         prev = (_GETTERS[0](), _GETTERS[1](), _GETTERS[2](), _GETTERS[3]())
         if prev != wanted:
-            for setter, on in zip(_SETTERS, wanted):
+            for setter, on in zip(_SETTERS, wanted, strict=True):
                 setter(on)
         try:
             return _SDPA(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                          enable_gqa=q.shape[1] != k.shape[1])
         finally:
             if prev != wanted:
-                for setter, on in zip(_SETTERS, prev):
+                for setter, on in zip(_SETTERS, prev, strict=True):
                     setter(on)
 
     run.__name__ = f"sdpa_{('flash', 'efficient', 'math', 'cudnn')[which]}"
@@ -90,11 +90,14 @@ def _efficient_check(ctx: SelectionContext) -> list[Reason]:
 
 
 def _cudnn_check(ctx: SelectionContext) -> list[Reason]:
-    """cuDNN SDPA wants q/k/v as BHSD views of BSHD-contiguous memory (torch check_cudnn_layout)."""
+    """cuDNN rules data cannot say: at least 2 keys; head_dim > 128 only on SM 9.0 / 10.0 (cuDNN frontend
+    >= 1.24, torch's kCuDNNFrontendSupportsD256), as measured with torch 2.11 + cuDNN 9.19 on an H200."""
     out = []
-    if ctx.layout is not Layout.BSHD or not ctx.contiguous:
-        out.append(Reason(ReasonCode.LAYOUT_UNSUPPORTED,
-                          "cuDNN SDPA needs BSHD-contiguous q/k/v (pass layout='BSHD' with contiguous tensors)"))
+    if ctx.seq_len_kv == 1:
+        out.append(Reason(ReasonCode.SEQ_LEN_TOO_SHORT, "cuDNN SDPA refuses a single key (Sk == 1)"))
+    big = max(ctx.head_dim or 0, ctx.head_dim_v or 0)
+    if big > 128 and ctx.device.sm not in ((9, 0), (10, 0)):
+        out.append(Reason(ReasonCode.HEAD_DIM_TOO_LARGE, f"head_dim {big} > 128 needs SM 9.0 or 10.0"))
     return out
 
 
@@ -109,24 +112,26 @@ def kernel_specs() -> list[KernelSpec]:
             device_types=frozenset({"cuda", "cpu"}), dtypes=CPU_FLOATS, sm_min=(8, 0), sm_max=(12, 1),
             layouts=frozenset({Layout.BHSD}), head_dims_equal=True, supports_gqa=True,
             mask_kinds=gqa_mask_kinds, mask_with_causal=False, supports_dropout=True,
-            requires_stride_last_1=True, deterministic=True, graph_safe=True,
+            requires_stride_last_1=True, requires_aligned_16=True, deterministic=True, graph_safe=True,
             check=_flash_device_check, specialize=_cpu_flash_natural,
         ),
         KernelSpec(
             "torch_sdpa.cudnn", "attention", _forced(3), priority=85,
-            description="SDPA cuDNN attention (CUDA SM 8.0-12.1, fp16/bf16)",
+            description="SDPA cuDNN attention (CUDA SM 8.0-12.1, fp16/bf16; bool masks refused: fully masked rows "
+                        "come back as garbage, not 0)",
             device_types=frozenset({"cuda"}), dtypes=HALF, sm_min=(8, 0), sm_max=(12, 1),
-            layouts=frozenset({Layout.BHSD}), head_dim_max=128, head_dim_multiple=8, head_dims_equal=True,
-            supports_gqa=False, mask_kinds=gqa_mask_kinds, mask_with_causal=False, supports_dropout=False,
-            requires_stride_last_1=True, deterministic=False, graph_safe=True, check=_cudnn_check,
+            layouts=frozenset({Layout.BHSD}), head_dim_max=256, head_dim_multiple=8, head_dims_equal=True,
+            supports_gqa=True, mask_kinds=frozenset({MaskKind.NONE, MaskKind.FLOAT}), mask_with_causal=False,
+            supports_dropout=False, requires_stride_last_1=True, requires_aligned_16=True, deterministic=False,
+            graph_safe=True, check=_cudnn_check,
         ),
         KernelSpec(
             "torch_sdpa.efficient", "attention", _forced(1), priority=70,
             description="SDPA memory-efficient attention (xFormers/CUTLASS kernel, CUDA SM 5.0+)",
             device_types=frozenset({"cuda"}), dtypes=FLOATS, sm_min=(5, 0), sm_max=(12, 1),
             layouts=frozenset({Layout.BHSD}), supports_gqa=False, mask_kinds=gqa_mask_kinds, mask_with_causal=False,
-            supports_dropout=True, requires_stride_last_1=True, deterministic=True, graph_safe=True,
-            check=_efficient_check,
+            supports_dropout=True, requires_stride_last_1=True, requires_aligned_16=True, deterministic=True,
+            graph_safe=True, check=_efficient_check,
         ),
         KernelSpec(
             "torch_sdpa.math", "attention", _forced(2), priority=20,
