@@ -117,9 +117,11 @@ def test_reference_fully_masked_by_mask_and_causal_gives_zero():
 
 # Seen with torch 2.13 CPU: the CPU flash kernel writes 0 where its input row holds a NaN (its running max skips
 # NaN, so the row looks fully masked), for every dtype but float64. The reference and math kernels propagate it.
+# Left alone on purpose (documented in docs/backends.md): NaN inputs are outside every kernel's contract, and
+# checking for NaN on every call would cost a reduction (a sync on GPUs). Strict, so a torch fix is noticed.
 NAN_HIDDEN = pytest.mark.xfail(strict=True, reason=(
-    "BUG: torch_sdpa.flash on CPU turns a NaN query row into zeros (float32/float16/bfloat16, torch 2.13), while "
-    "reference/math return NaN: which kernel LayerZero picks silently decides whether a NaN is hidden"))
+    "KNOWN torch behaviour: torch_sdpa.flash on CPU turns a NaN query row into zeros (float32/float16/bfloat16, "
+    "torch 2.13) while reference/math return NaN; debug NaNs with lz.disabled() or a lock on torch_sdpa.math"))
 NAN_PARAMS = [pytest.param(kid, dt, marks=NAN_HIDDEN) if kid == "torch_sdpa.flash" and dt != torch.float64
               else (kid, dt) for _, kid, dt in PARAMS]
 

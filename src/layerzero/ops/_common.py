@@ -39,9 +39,13 @@ is_grad_enabled = torch.is_grad_enabled
 deterministic_enabled = torch._C._get_deterministic_algorithms
 
 
-def capturing(t: _Tensor) -> bool:
-    """True while a CUDA graph is being captured on the current stream of ``t``'s device."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+def stream_capturing() -> bool:
+    """True while a CUDA graph is being captured on the current CUDA stream (the C call behind
+    ``torch.cuda.is_current_stream_capturing``, without its Python wrapper; only called for CUDA tensors)."""
+    return _capturing()
+
+
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 
 
 def device_spec(device: torch.device) -> DeviceSpec:
@@ -98,4 +102,4 @@ def flags(t: _Tensor, *tensors: _Tensor | None) -> tuple[bool, bool, bool, bool]
     if is_grad_enabled():
         grad = t.requires_grad or any(x is not None and x.requires_grad for x in tensors)
     stride = t.stride(-1) == 1 and all(x is None or x.dim() == 0 or x.stride(-1) == 1 for x in tensors)
-    return grad, deterministic_enabled(), t.is_cuda and torch.cuda.is_current_stream_capturing(), stride
+    return grad, deterministic_enabled(), t.is_cuda and stream_capturing(), stride

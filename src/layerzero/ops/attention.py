@@ -23,6 +23,7 @@ from ._common import (
     flags,
     is_grad_enabled,
     scope_token,
+    stream_capturing,
 )
 
 OP = "attention"
@@ -107,8 +108,9 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
     stride = contiguous or (q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
     grad = is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     cuda = q.is_cuda
-    capture = cuda and torch.cuda.is_current_stream_capturing()
-    aligned = not cuda or aligned_16(q, k, v)
+    capture = cuda and stream_capturing()
+    aligned = not cuda or (contiguous and not (q.storage_offset() or k.storage_offset() or v.storage_offset())
+                           ) or aligned_16(q, k, v)
     key = (OP, device, dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, MaskKind.NONE,
            is_causal, False, True, stride, aligned, contiguous, grad, deterministic_enabled(), capture,
            scope_token())
@@ -158,7 +160,8 @@ def _validate(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any
     mask = _mask_kind(OP, attn_mask, q, b, hq, sq, sk)
     grad, det, capture, stride = flags(q, k, v)
     contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-    aligned = not q.is_cuda or aligned_16(q, k, v)
+    aligned = not q.is_cuda or (contiguous and not (q.storage_offset() or k.storage_offset() or v.storage_offset())
+                                ) or aligned_16(q, k, v)
     key = (OP, q.device, q.dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, mask,
            is_causal, dropout_p > 0.0, scale is None, stride, aligned, contiguous, grad, det, capture,
            scope_token())

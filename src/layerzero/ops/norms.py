@@ -21,6 +21,7 @@ from ._common import (
     flags,
     is_grad_enabled,
     scope_token,
+    stream_capturing,
 )
 
 _INF = float("inf")
@@ -53,7 +54,7 @@ def prepare_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         grad = is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         key = (op, x.device, x.dtype, weight.dtype, x.shape[-1], False,
                contiguous or (x.stride(-1) == 1 and weight.stride(-1) == 1), contiguous, grad,
-               deterministic_enabled(), x.is_cuda and torch.cuda.is_current_stream_capturing(), scope_token())
+               deterministic_enabled(), x.is_cuda and stream_capturing(), scope_token())
         return key, (x, weight, eps, None)
     check_tensor(op, "x", x)
     if x.dim() == 0:

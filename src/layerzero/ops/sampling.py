@@ -10,7 +10,15 @@ import torch
 from layerzero.core.context import SelectionContext
 from layerzero.core.specs import OperationSpec
 
-from ._common import RUNTIME, check_temperature, check_tensor, device_spec, fail, scope_token
+from ._common import (
+    RUNTIME,
+    check_temperature,
+    check_tensor,
+    device_spec,
+    fail,
+    scope_token,
+    stream_capturing,
+)
 
 
 def _check_logits(op: str, logits: Any, generator: Any) -> None:
@@ -26,7 +34,7 @@ def _check_logits(op: str, logits: Any, generator: Any) -> None:
 
 
 def _key(op: str, logits: torch.Tensor, temperature: float, generator: Any) -> tuple[Any, ...]:
-    capture = logits.is_cuda and torch.cuda.is_current_stream_capturing()
+    capture = logits.is_cuda and stream_capturing()
     return (op, logits.device, logits.dtype, logits.shape[1], temperature == 0.0, generator is not None,
             torch.are_deterministic_algorithms_enabled(), capture, scope_token())
 
