@@ -9,9 +9,11 @@ import layerzero as lz
 
 SECTIONS = {
     "Ops": ["attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp"],
+    "Paged KV cache (serving)": ["paged_attention", "reshape_and_cache", "allocate_kv_cache"],
     "Configuration and policy": ["configure", "get_config", "load_config", "reload", "lock", "unlock", "get_locks",
                                  "prefer", "disabled", "load_capabilities"],
     "Inspection": ["select", "explain", "which", "validate", "list_kernels", "trace", "doctor"],
+    "Kernels and tuning": ["register_kernel", "kernel", "unregister_kernel", "tune"],
     "Integrations": ["patch_model"],
 }
 

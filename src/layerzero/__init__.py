@@ -14,20 +14,25 @@ from __future__ import annotations
 from typing import Any
 
 from .api import (
+    TuneReport,
     configure,
     disabled,
     explain,
     get_config,
     get_locks,
+    kernel,
     list_kernels,
     load_capabilities,
     load_config,
     lock,
     prefer,
+    register_kernel,
     reload,
     select,
     trace,
+    tune,
     unlock,
+    unregister_kernel,
     validate,
     which,
 )
@@ -48,7 +53,17 @@ from .core.errors import (
 from .core.reasons import Reason, ReasonCode
 from .core.report import SelectionReport
 from .core.specs import ExecutionPlan, KernelSpec
-from .ops import attention, layer_norm, rms_norm, rope, sample_topk, sample_topp
+from .ops import (
+    allocate_kv_cache,
+    attention,
+    layer_norm,
+    paged_attention,
+    reshape_and_cache,
+    rms_norm,
+    rope,
+    sample_topk,
+    sample_topp,
+)
 
 __version__ = "0.1.0"
 
@@ -74,8 +89,9 @@ __all__ = [
     "BackendNotAvailableError", "CacheCorruptionError", "ConfigurationError", "CudaGraphUnsafeError",
     "ExecutionPlan", "InvalidInputError", "KernelExecutionError", "KernelSpec", "LayerZeroError",
     "NoKernelFoundError", "PolicyValidationError", "Reason", "ReasonCode", "SelectionReport",
-    "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "attention",
+    "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "allocate_kv_cache", "attention",
     "configure", "disabled", "doctor", "explain", "get_config", "get_locks", "layer_norm", "list_kernels",
-    "load_capabilities", "load_config", "lock", "patch_model", "prefer", "reload", "rms_norm", "rope", "sample_topk", "sample_topp",
-    "select", "trace", "unlock", "validate", "which",
+    "load_capabilities", "load_config", "lock", "paged_attention", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rope", "sample_topk", "sample_topp",
+    "select", "trace", "TuneReport", "tune", "unlock", "validate", "which",
+    "kernel", "register_kernel", "unregister_kernel",
 ]

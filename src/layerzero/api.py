@@ -26,6 +26,7 @@ from layerzero.core.selection import validate_kernel
 from layerzero.core.specs import ExecutionPlan
 from layerzero.ops import OPS
 from layerzero.ops._common import RUNTIME
+from layerzero.tuning import TuneReport, tune
 
 configure = _config.configure
 get_config = _config.get_config
@@ -165,11 +166,67 @@ def load_capabilities(path: str) -> list[str]:
     return apply_overrides(RUNTIME.registry, load_overrides(path))
 
 
+def register_kernel(op: str, kernel_id: str, fn: Any, *, priority: int = 50, replace: bool = False,
+                    launch_config: Any = None, **constraints: Any) -> Any:
+    """Register a custom kernel ``fn`` for ``op`` under ``kernel_id`` (``"backend.name"``) and return its
+    :class:`KernelSpec`. An unknown backend id is registered as an available custom backend; cached
+    selections are invalidated, so the next call can pick it.
+
+    ``fn`` is called with the op's canonical positional arguments (attention: ``q, k, v, attn_mask,
+    is_causal, scale, dropout_p``; see ``layerzero.core.custom.CANONICAL_ARGS``); with ``layouts`` unset an
+    attention kernel gets the caller's layout, with ``layouts={"BHSD"}`` always ``[B, H, S, D]`` (dispatch
+    transposes and charges the transform). ``constraints`` are :class:`KernelSpec` fields (``device_types``,
+    ``dtypes``, ``sm_min``, ``head_dim_max``, ``mask_kinds``, ``supports_causal``, ``check``, ...).
+    ``launch_config`` (Triton: ``num_warps``, ``num_stages``, ``num_ctas``, ``BLOCK*``) is validated and passed
+    to ``fn`` as ``launch_config=LaunchConfig(...)``; Triton itself caches the compiled binaries.
+
+    Raises:
+        UnknownOperationError: unknown op. ConfigurationError: malformed id, built-in backend id, duplicate id
+        (without ``replace=True``), ``fn`` not callable or not accepting the canonical arguments, unknown
+        constraint name (the message lists the valid ones) or bad value, invalid ``launch_config``.
+
+    >>> import torch.nn.functional as F, layerzero as lz
+    >>> spec = lz.register_kernel("attention", "mylib.sdpa", lambda q, k, v, m, c, s, p: F.scaled_dot_product_attention(
+    ...     q, k, v, m, p, c, scale=s), priority=99, device_types={"cpu"}, supports_gqa=False)  # doctest: +SKIP
+    """
+    from layerzero.core.custom import register_custom_kernel
+
+    RUNTIME.ensure_ready()
+    return register_custom_kernel(RUNTIME.registry, op, kernel_id, fn, priority=priority, replace=replace,
+                                  launch_config=launch_config, **constraints)
+
+
+def kernel(op: str, kernel_id: str, *, priority: int = 50, replace: bool = False, launch_config: Any = None,
+           **constraints: Any) -> Any:
+    """Decorator form of :func:`register_kernel`: ``@lz.kernel("rms_norm", "mylib.rms", device_types={"cpu"})``
+    registers the function and returns it unchanged. Raises what :func:`register_kernel` raises."""
+
+    def decorate(fn: Any) -> Any:
+        register_kernel(op, kernel_id, fn, priority=priority, replace=replace, launch_config=launch_config,
+                        **constraints)
+        return fn
+
+    return decorate
+
+
+def unregister_kernel(kernel_id: str) -> Any:
+    """Remove a kernel added with :func:`register_kernel` (and its custom backend once it has no kernels);
+    returns the removed :class:`KernelSpec`; cached selections are invalidated.
+
+    Raises:
+        UnknownKernelError: unknown id. ConfigurationError: a built-in kernel (deny it with a policy instead).
+    """
+    from layerzero.core.custom import unregister_custom_kernel
+
+    RUNTIME.ensure_ready()
+    return unregister_custom_kernel(RUNTIME.registry, kernel_id)
+
+
 def reload() -> None:
     """Re-read the ``LAYERZERO_*`` environment (and the policy file it names); invalidates cached choices."""
     _config.load_env()
 
 
 __all__ = ["configure", "disabled", "explain", "get_config", "get_locks", "list_kernels", "load_capabilities",
-           "load_config", "lock",
-           "prefer", "reload", "select", "trace", "unlock", "validate", "which"]
+           "load_config", "lock", "kernel", "register_kernel", "unregister_kernel",
+           "prefer", "reload", "select", "trace", "TuneReport", "tune", "unlock", "validate", "which"]

@@ -1,4 +1,5 @@
-"""The ``layerzero`` command line: ``doctor``, ``explain``, ``list-kernels``, ``capabilities``, ``demo``.
+"""The ``layerzero`` command line: ``doctor``, ``explain``, ``list-kernels``, ``capabilities``, ``tune``,
+``demo``.
 
 ``layerzero explain attention --batch 2 --heads 32 --kv-heads 8 --seq 1024 --head-dim 128 --dtype bfloat16
 --causal`` builds tensors of that shape (on ``--device``, default cpu) and prints the selection table.
@@ -118,6 +119,45 @@ def _cmd_capabilities(ns: argparse.Namespace) -> int:
     return 0
 
 
+_TUNE_PARAMS = {
+    "attention": ("heads", "kv_heads", "kv_seq", "head_dim", "causal", "layout"),
+    "rms_norm": ("hidden",), "layer_norm": ("hidden",), "rope": ("heads", "kv_heads", "head_dim"),
+    "sample_topk": ("vocab", "top_k"), "sample_topp": ("vocab", "top_p"),
+}
+
+
+def _tune_cases(ns: argparse.Namespace) -> list[dict[str, Any]]:
+    """One shape dict (for ``layerzero.tuning.make_inputs``) per (--batch, --seq) combination."""
+    fixed = {name: getattr(ns, name) for name in _TUNE_PARAMS[ns.op]}
+    common = {"dtype": ns.dtype, "device": ns.device}
+    out = []
+    for b in ns.batch:
+        for s in ns.seq:
+            shape = {"batch": b, **fixed, **common} if ns.op.startswith("sample_") else {
+                "batch": b, "seq": s, **fixed, **common}
+            if shape in out:
+                continue
+            out.append(shape)
+    return out
+
+
+def _cmd_tune(ns: argparse.Namespace) -> int:
+    from layerzero.tuning import tune
+
+    report = tune(ns.op, _tune_cases(ns), kernels=ns.kernels, warmup=ns.warmup, iters=ns.iters,
+                  repeats=ns.repeats, max_time_s=ns.max_time, progress=not ns.no_progress and not ns.json)
+    if ns.json:
+        print(report.to_json())
+        return 0
+    try:
+        from rich.console import Console
+    except ImportError:
+        print(report)
+        return 0
+    Console(width=max(140, Console().width)).print(report)  # uses TuneReport.__rich__
+    return 0
+
+
 def _cmd_demo(ns: argparse.Namespace) -> int:
     from layerzero.demo import main as demo_main
 
@@ -159,6 +199,30 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--backend", default=None)
     cp.add_argument("--write", default=None, metavar="DIR", help="write <DIR>/<backend>.yaml instead of printing")
     cp.set_defaults(fn=_cmd_capabilities)
+    tu = sub.add_parser("tune", help="check and time every eligible kernel for shapes; write the PerfDB")
+    tu.add_argument("op", choices=tuple(_TUNE_PARAMS))
+    tu.add_argument("--batch", type=int, nargs="+", default=[1], help="one or more batch sizes")
+    tu.add_argument("--seq", type=int, nargs="+", default=[128], help="one or more query lengths (tokens)")
+    tu.add_argument("--kv-seq", type=int, default=None, help="key/value length in tokens (default: --seq)")
+    tu.add_argument("--heads", type=int, default=8)
+    tu.add_argument("--kv-heads", type=int, default=None)
+    tu.add_argument("--head-dim", type=int, default=64)
+    tu.add_argument("--hidden", type=int, default=4096)
+    tu.add_argument("--vocab", type=int, default=32000)
+    tu.add_argument("--top-k", type=int, default=50)
+    tu.add_argument("--top-p", type=float, default=0.9)
+    tu.add_argument("--dtype", choices=DTYPES, default="float32")
+    tu.add_argument("--device", default="cpu")
+    tu.add_argument("--layout", choices=("BHSD", "BSHD"), default="BHSD")
+    tu.add_argument("--causal", action="store_true")
+    tu.add_argument("--kernels", nargs="+", default=None, help="kernel ids, backend ids or glob patterns")
+    tu.add_argument("--warmup", type=int, default=3, help="untimed calls per kernel and case")
+    tu.add_argument("--iters", type=int, default=5, help="calls per sample")
+    tu.add_argument("--repeats", type=int, default=20, help="samples per kernel and case")
+    tu.add_argument("--max-time", type=float, default=2.0, help="seconds of sampling per kernel and case")
+    tu.add_argument("--no-progress", action="store_true")
+    tu.add_argument("--json", action="store_true")
+    tu.set_defaults(fn=_cmd_tune)
     dm = sub.add_parser("demo", help="run tiny Transformers models stock vs LayerZero and compare")
     dm.add_argument("rest", nargs=argparse.REMAINDER)
     dm.set_defaults(fn=_cmd_demo)

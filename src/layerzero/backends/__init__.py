@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from layerzero.core.registry import KernelRegistry
 
-BUILTIN_BACKENDS: tuple[str, ...] = ("reference", "torch_sdpa", "torch_native")
+BUILTIN_BACKENDS: tuple[str, ...] = ("reference", "torch_sdpa", "torch_native", "flash_attn")
 
 
 def register_builtin(registry: KernelRegistry) -> None:

@@ -41,7 +41,8 @@ class SelectionContext:
     ``head_dim_v``, ``seq_len_q``/``seq_len_kv`` (bucket upper bounds, tokens), ``layout`` of the inputs,
     ``mask`` kind, ``is_causal``, ``seq_equal`` (Sq == Sk exactly), ``dropout`` (p > 0), ``scale_default``.
     Norm fields: ``hidden_size`` (exact), ``param_dtype`` (weight/bias dtype), ``fused_residual``, ``has_bias``. RoPE: ``interleaved``,
-    ``rotary_dim``. Sampling: ``vocab_size`` (exact), ``has_generator``.
+    ``rotary_dim``. Sampling: ``vocab_size`` (exact), ``has_generator``. Paged KV cache (paged_attention,
+    reshape_and_cache): ``kv_layout`` (``"NHD"``/``"HND"``) and ``page_size`` (tokens per block), both exact.
     Common: ``dtype`` of the main input, ``device`` (a :class:`DeviceSpec`), ``stride_last_1`` and
     ``contiguous`` (all tensor inputs), ``aligned_16`` (CUDA inputs: data pointers and every stride but the
     last are 16-byte multiples, as fused CUDA kernels need), ``requires_grad`` (autograd will record this call),
@@ -80,6 +81,8 @@ class SelectionContext:
     graph_capture: bool = False
     deterministic: bool = False
     tp_size: int = 1
+    kv_layout: str | None = None
+    page_size: int | None = None
 
     @property
     def phase(self) -> Phase | None:

@@ -42,6 +42,7 @@ FIELD_KINDS: Mapping[str, FieldKind] = MappingProxyType({
     "deterministic": _B, "requires_grad": _B, "tp_size": _I, "fused_residual": _B, "has_bias": _B,
     "interleaved": _B, "rotary_dim": _I, "vocab_size": _I, "has_generator": _B, "stride_last_1": _B,
     "contiguous": _B,
+    "kv_layout": _S, "page_size": _I,
 })
 #: Field names a rule's ``when:`` may use. Extend it by passing ``known_fields=KNOWN_FIELDS | {...}`` to the
 #: loaders; names without an entry in :data:`FIELD_KINDS` accept any condition kind.

@@ -63,7 +63,9 @@ def kernel_reasons(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionCon
     return reasons
 
 
-def _adapt(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext) -> tuple[Any, tuple[str, ...], float]:
+def bind(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext) -> tuple[Any, tuple[str, ...], float]:
+    """The callable dispatch would run for ``spec`` on ``ctx`` (specialized, wrapped in the op's layout adapter),
+    its transform names and transform cost. Used by selection and by ``lz.tune``."""
     fn = (spec.specialize(ctx) if spec.specialize is not None else None) or spec.fn
     adapter = registry.ops.get(ctx.op).adapter
     if adapter is None:
@@ -103,7 +105,7 @@ def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInp
             if boost > 0 and not any(r.code in _POLICY_CODES for r in reasons):
                 boosted_rejects.append((spec.kernel_id, tuple(reasons)))
             continue
-        call, transforms, cost = _adapt(registry, spec, ctx)
+        call, transforms, cost = bind(registry, spec, ctx)
         perf, measured = inputs.perf(spec.kernel_id)
         score = Score(priority=float(spec.priority), boost=boost, perf=perf, transform_cost=cost)
         eligible.append((score.total, -order, spec, call, transforms, score))

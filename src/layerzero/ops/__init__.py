@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from . import attention as _attention
 from . import norms as _norms
+from . import paged as _paged
 from . import rope as _rope
 from . import sampling as _sampling
 from .attention import attention
+from .kv_cache import KVLayout, allocate_kv_cache
 from .norms import layer_norm, rms_norm
+from .paged import paged_attention, reshape_and_cache
 from .rope import rope
 from .sampling import sample_topk, sample_topp
 
 OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _sampling.TOPK_SPEC,
-                   _sampling.TOPP_SPEC)
+                   _sampling.TOPP_SPEC, _paged.SPEC, _paged.CACHE_SPEC)
 
 OPS = {
     "attention": (_attention.prepare, _attention.context),
@@ -24,6 +27,9 @@ OPS = {
     "rope": (_rope.prepare, _rope.context),
     "sample_topk": (_sampling.prepare_topk, _sampling.context),
     "sample_topp": (_sampling.prepare_topp, _sampling.context),
+    "paged_attention": (_paged.prepare, _paged.context),
+    "reshape_and_cache": (_paged.prepare_cache, _paged.context_cache),
 }
 
-__all__ = ["OPERATION_SPECS", "OPS", "attention", "layer_norm", "rms_norm", "rope", "sample_topk", "sample_topp"]
+__all__ = ["OPERATION_SPECS", "OPS", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
+           "attention", "layer_norm", "rms_norm", "rope", "sample_topk", "sample_topp"]

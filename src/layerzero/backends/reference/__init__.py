@@ -12,6 +12,7 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec, KernelSpec, Layout
 
 from . import kernels as K
+from .paged import kernel_specs as paged_kernel_specs
 
 ALL_DEVICES = frozenset({"cpu", "cuda", "mps", "xpu"})
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
@@ -56,3 +57,5 @@ def register(registry: KernelRegistry) -> None:
     ):
         registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (float32 math)",
                                        **common, **extra))
+    for spec in paged_kernel_specs(common):
+        registry.add_kernel(spec)

@@ -14,6 +14,8 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec, KernelSpec, Layout
 
+from .cache import kernel_spec as cache_kernel_spec
+
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
 
@@ -90,6 +92,7 @@ def register(registry: KernelRegistry) -> None:
                                    description="RoPE in the input dtype with torch ops (HF apply_rotary_pos_emb order)",
                                    device_types=devices, dtypes=FLOATS,
                                    layouts=frozenset({Layout.BHSD, Layout.BSHD})))
+    registry.add_kernel(cache_kernel_spec())
     registry.add_kernel(KernelSpec("torch_native.layer_norm", "layer_norm", _layer_norm, priority=50,
                                    description="torch.nn.functional.layer_norm", device_types=devices, dtypes=FLOATS,
                                    check=_layer_norm_check))

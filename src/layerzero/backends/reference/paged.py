@@ -1,0 +1,93 @@
+"""Reference paged-KV kernels: paged attention as an explicit loop over sequences in float32 (float64 for
+float64 inputs), and reshape_and_cache as a loop over tokens. Written for clarity: they are the oracle of
+the other paged kernels and the last fallback (vLLM PagedAttention semantics, Kwon et al. 2023).
+
+Both read index values on the host (``.tolist()``), so they sync a GPU and are not CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from layerzero.core.specs import KernelSpec
+
+
+def gather_kv(kv_cache: torch.Tensor, block_row: torch.Tensor, kv_len: int, hnd: bool) -> tuple[torch.Tensor,
+                                                                                              torch.Tensor]:
+    """Keys and values of one sequence, each ``[kv_len, Hkv, D]`` in the cache's dtype.
+
+    ``kv_cache`` is ``[N, 2, P, Hkv, D]`` (NHD) or ``[N, 2, Hkv, P, D]`` (HND; ``hnd=True``); ``block_row`` the
+    sequence's row of ``block_tables`` (int32 ``[M]``); only its first ``ceil(kv_len / P)`` ids are read, and
+    cache slots past ``kv_len`` are cut off before any arithmetic (so NaN there never leaks).
+    """
+    p = kv_cache.shape[3 if hnd else 2]
+    nblk = (kv_len + p - 1) // p
+    blocks = kv_cache[block_row[:nblk].long()]  # [nblk, 2, P, Hkv, D] or [nblk, 2, Hkv, P, D]
+    if hnd:
+        blocks = blocks.transpose(2, 3)
+    hkv, d = blocks.shape[3], blocks.shape[4]
+    k = blocks[:, 0].reshape(nblk * p, hkv, d)[:kv_len]
+    v = blocks[:, 1].reshape(nblk * p, hkv, d)[:kv_len]
+    return k, v
+
+
+def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
+    """Reference ``lz.paged_attention`` (canonical args, see :func:`layerzero.ops.paged.prepare`): for each
+    sequence gather its K/V from its blocks, then softmax attention in float32 with GQA by repeating KV heads
+    and bottom-right causal alignment. q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's dtype."""
+    num_tokens, hq, d = q.shape
+    hnd = kv_layout == "HND"
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lens = seq_lens.tolist()
+    starts = cu_seqlens_q.tolist() if cu_seqlens_q is not None else list(range(len(lens) + 1))
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros(num_tokens, hq, d, dtype=work, device=q.device)
+    for s, kv_len in enumerate(lens):
+        q0, q1 = starts[s], starts[s + 1]
+        q_len = q1 - q0
+        if q_len == 0:
+            continue
+        k, v = gather_kv(kv_cache, block_tables[s], kv_len, hnd)
+        group = hq // k.shape[1]
+        k = k.to(work).repeat_interleave(group, dim=1)  # [kv_len, Hq, D]
+        v = v.to(work).repeat_interleave(group, dim=1)
+        qs = q[q0:q1].to(work)  # [q_len, Hq, D]
+        scores = torch.einsum("qhd,khd->hqk", qs, k) * scale  # [Hq, q_len, kv_len]
+        if is_causal:
+            i = torch.arange(q_len, device=q.device)[:, None]
+            j = torch.arange(kv_len, device=q.device)[None, :]
+            scores = scores.masked_fill(j > kv_len - q_len + i, float("-inf"))
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
+    return out.to(q.dtype)
+
+
+def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout):
+    """Reference ``lz.reshape_and_cache``: token by token, write k[t]/v[t] ``[Hkv, D]`` at block
+    ``slot // P``, offset ``slot % P`` of ``kv_cache`` in place; slot -1 skips the token. Returns None."""
+    hnd = kv_layout == "HND"
+    p = kv_cache.shape[3 if hnd else 2]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        block, offset = divmod(slot, p)
+        if hnd:
+            kv_cache[block, 0, :, offset] = k[t]
+            kv_cache[block, 1, :, offset] = v[t]
+        else:
+            kv_cache[block, 0, offset] = k[t]
+            kv_cache[block, 1, offset] = v[t]
+
+
+def kernel_specs(common: dict) -> list[KernelSpec]:
+    """The reference paged kernels with the reference backend's ``common`` constraints; not graph-safe
+    (host reads of index values)."""
+    return [
+        KernelSpec("reference.paged_attention", "paged_attention", paged_attention,
+                   description="reference paged attention (loop over sequences, float32 math)",
+                   **{**common, "graph_safe": False}),
+        KernelSpec("reference.reshape_and_cache", "reshape_and_cache", reshape_and_cache,
+                   description="reference paged KV cache write (loop over tokens)",
+                   **{**common, "graph_safe": False}),
+    ]

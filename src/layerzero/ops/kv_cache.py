@@ -1,0 +1,149 @@
+"""The paged KV cache: its layouts, ``lz.allocate_kv_cache`` and the checks shared by the paged ops.
+
+A paged KV cache (vLLM's PagedAttention, Kwon et al. 2023) stores keys and values in fixed-size blocks
+("pages") of ``block_size`` tokens; a sequence owns a list of block ids (a row of ``block_tables``) and its
+token ``t`` lives at slot ``block_tables[seq, t // block_size] * block_size + t % block_size``. One tensor
+holds both K and V, shaped per :class:`KVLayout`:
+
+- ``NHD`` (vLLM FlashAttention backend / FlashInfer default): ``[num_blocks, 2, block_size, Hkv, D]``;
+- ``HND`` (FlashInfer ``kv_layout="HND"``): ``[num_blocks, 2, Hkv, block_size, D]``.
+
+Index 0 of dim 1 is K, index 1 is V.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any
+
+import torch
+
+from layerzero.core import config as _config
+from layerzero.core.errors import InvalidInputError, expected_got
+
+from ._common import FLOAT_DTYPES
+
+log = logging.getLogger("layerzero.ops.kv_cache")
+
+INDEX_DTYPES = frozenset({torch.int32, torch.int64})
+
+
+class KVLayout(str, enum.Enum):
+    """Layout of a paged KV cache tensor: ``NHD`` = ``[num_blocks, 2, block_size, Hkv, D]``, ``HND`` =
+    ``[num_blocks, 2, Hkv, block_size, D]``. A ``str`` enum: kernels compare it with ``"HND"`` directly."""
+
+    NHD = "NHD"
+    HND = "HND"
+
+
+_LAYOUTS = {"NHD": KVLayout.NHD, "HND": KVLayout.HND, KVLayout.NHD: KVLayout.NHD, KVLayout.HND: KVLayout.HND}
+
+
+def _fail(op: str, what: str, expected: Any, got: Any, fix: str | None = None) -> InvalidInputError:
+    return InvalidInputError(expected_got(f"lz.{op}: {what}", expected, got, fix))
+
+
+def parse_layout(op: str, layout: Any, name: str = "kv_layout") -> KVLayout:
+    """``"NHD"`` / ``"HND"`` (or a :class:`KVLayout`) -> :class:`KVLayout`.
+
+    Raises:
+        InvalidInputError: anything else (names the two layouts and their shapes).
+    """
+    lay = _LAYOUTS.get(layout) if isinstance(layout, (str, KVLayout)) else None
+    if lay is None:
+        raise _fail(op, name, "'NHD' ([num_blocks, 2, block_size, Hkv, D]) or 'HND' ([num_blocks, 2, Hkv, "
+                    "block_size, D])", repr(layout), "Pass the layout the cache was allocated with.")
+    return lay
+
+
+def cache_dims(kv_cache: torch.Tensor, layout: KVLayout) -> tuple[int, int, int, int]:
+    """``(num_blocks, block_size, Hkv, D)`` of a rank-5 cache in ``layout`` (no checks)."""
+    nb, _, a, b, d = kv_cache.shape
+    return (nb, a, b, d) if layout is KVLayout.NHD else (nb, b, a, d)
+
+
+def check_cache(op: str, kv_cache: Any, layout: KVLayout) -> tuple[int, int, int, int]:
+    """``kv_cache`` is a floating rank-5 tensor with 2 at dim 1 and non-empty block/head/head-dim dims;
+    returns ``(num_blocks, block_size, Hkv, D)``.
+
+    Raises:
+        InvalidInputError: not a tensor, not floating, wrong rank, dim 1 != 2, a zero block_size/Hkv/D.
+    """
+    want = ("[num_blocks, 2, block_size, Hkv, D]" if layout is KVLayout.NHD
+            else "[num_blocks, 2, Hkv, block_size, D]")
+    if not isinstance(kv_cache, torch.Tensor):
+        raise _fail(op, "kv_cache", f"a torch.Tensor {want}", type(kv_cache).__name__)
+    if kv_cache.dtype not in FLOAT_DTYPES:
+        raise _fail(op, "kv_cache.dtype", "one of float32/float64/float16/bfloat16", kv_cache.dtype,
+                    "Allocate it with lz.allocate_kv_cache(..., dtype=q.dtype).")
+    if kv_cache.dim() != 5 or kv_cache.shape[1] != 2:
+        raise _fail(op, f"kv_cache shape ({layout.value})", want, list(kv_cache.shape),
+                    "Dim 1 holds K (0) and V (1); see lz.allocate_kv_cache.")
+    nb, bs, hkv, d = cache_dims(kv_cache, layout)
+    if bs == 0 or hkv == 0 or d == 0:
+        raise _fail(op, f"kv_cache shape ({layout.value})", "block_size, Hkv and D >= 1",
+                    f"block_size={bs}, Hkv={hkv}, D={d} (shape {list(kv_cache.shape)})",
+                    "Check kv_layout: NHD puts block_size before Hkv, HND after.")
+    return nb, bs, hkv, d
+
+
+def check_index(op: str, name: str, t: Any, ndim: int, device: torch.device,
+                dtypes: frozenset[torch.dtype] = frozenset({torch.int32})) -> None:
+    """``t`` is an integer tensor of rank ``ndim`` with a dtype in ``dtypes`` on ``device``.
+
+    Raises:
+        InvalidInputError: not a tensor, wrong dtype, rank or device.
+    """
+    names = "/".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+    if not isinstance(t, torch.Tensor):
+        raise _fail(op, name, f"a {names} torch.Tensor", type(t).__name__)
+    if t.dtype not in dtypes:
+        raise _fail(op, f"{name}.dtype", names, t.dtype, f"Cast it with {name}.to(torch.int32).")
+    if t.dim() != ndim:
+        raise _fail(op, f"{name} rank", f"{ndim} dims", f"{t.dim()} dims (shape {list(t.shape)})")
+    if t.device != device:
+        raise _fail(op, f"{name}.device", device, t.device, f"Move it with {name}.to(q.device).")
+
+
+def check_values(t: torch.Tensor) -> bool:
+    """Whether the ops read index *values* of ``t`` to validate them: always for CPU tensors; for other
+    devices only when ``lz.get_config().strict`` is True, because reading values costs a device sync."""
+    return t.device.type == "cpu" or _config.get_config().strict
+
+
+def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                      dtype: torch.dtype = torch.float16, layout: str | KVLayout = "NHD",
+                      device: str | torch.device = "cpu") -> torch.Tensor:
+    """Allocate a zeroed paged KV cache for :func:`lz.paged_attention` and :func:`lz.reshape_and_cache`.
+
+    Shape per ``layout`` (vLLM / FlashInfer conventions): ``"NHD"`` -> ``[num_blocks, 2, block_size,
+    num_kv_heads, head_dim]``, ``"HND"`` -> ``[num_blocks, 2, num_kv_heads, block_size, head_dim]``; index 0
+    of dim 1 holds keys, index 1 values. Size in bytes = ``2 * num_blocks * block_size * num_kv_heads *
+    head_dim * dtype.itemsize`` (e.g. 1024 blocks x 16 tokens x 8 heads x 128 x bf16 = 64 MiB). One cache
+    serves one layer; a model allocates one per layer.
+
+    Args:
+        num_blocks: blocks (pages), >= 0. block_size: tokens per block, >= 1. num_kv_heads: Hkv, >= 1.
+        head_dim: D, >= 1. dtype: float32/float64/float16/bfloat16 (the dtype of q). layout: ``"NHD"`` or
+        ``"HND"``. device: where to allocate.
+
+    Raises:
+        InvalidInputError: a size that is not an int in range, a non-float dtype, an unknown layout.
+
+    >>> import torch, layerzero as lz
+    >>> lz.allocate_kv_cache(4, 16, 2, 64, torch.float32).shape
+    torch.Size([4, 2, 16, 2, 64])
+    """
+    op = "allocate_kv_cache"
+    for name, value, low in (("num_blocks", num_blocks, 0), ("block_size", block_size, 1),
+                             ("num_kv_heads", num_kv_heads, 1), ("head_dim", head_dim, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise _fail(op, name, f"an int >= {low}", repr(value))
+    if dtype not in FLOAT_DTYPES:
+        raise _fail(op, "dtype", "one of torch.float32/float64/float16/bfloat16", repr(dtype),
+                    "Use the dtype of the model's q/k/v.")
+    lay = parse_layout(op, layout, "layout")
+    shape = ((num_blocks, 2, block_size, num_kv_heads, head_dim) if lay is KVLayout.NHD
+             else (num_blocks, 2, num_kv_heads, block_size, head_dim))
+    return torch.zeros(shape, dtype=dtype, device=device)

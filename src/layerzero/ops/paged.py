@@ -1,0 +1,253 @@
+"""``lz.paged_attention`` and ``lz.reshape_and_cache``: attention over a paged KV cache (the serving op).
+
+Follows vLLM's PagedAttention (Kwon et al. 2023, "Efficient Memory Management for Large Language Model
+Serving with PagedAttention") and its ``reshape_and_cache`` / FlashInfer's paged KV conventions; the cache
+layouts and :func:`allocate_kv_cache` live in :mod:`layerzero.ops.kv_cache`. See docs/paged_attention.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from layerzero.core.context import SelectionContext, bucket
+from layerzero.core.specs import OperationSpec
+
+from ._common import RUNTIME, check_same, check_tensor, device_spec, fail, flags, scope_token
+from .kv_cache import INDEX_DTYPES, KVLayout, check_cache, check_index, check_values, parse_layout
+
+OP = "paged_attention"
+CACHE_OP = "reshape_and_cache"
+
+
+# ------------------------------------------------------------------------------------------ paged_attention
+def _check_paged_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, cu: torch.Tensor | None,
+                        num_tokens: int, num_blocks: int, block_size: int) -> None:
+    """Index values: seq_lens in [0, max_blocks * block_size], cu_seqlens monotonic from 0 to num_tokens with
+    q_len <= seq_len, decode seq_lens >= 1, used block ids in [0, num_blocks). Syncs on a GPU."""
+    batch, max_blocks = block_tables.shape
+    if batch == 0:
+        return
+    lens = seq_lens.long()
+    cap = max_blocks * block_size
+    if int(lens.min()) < 0 or int(lens.max()) > cap:
+        i = int(((lens < 0) | (lens > cap)).nonzero()[0, 0])
+        raise fail(OP, f"seq_lens[{i}]", f"in [0, max_blocks * block_size] = [0, {cap}] (max_blocks={max_blocks}, "
+                   f"block_size={block_size})", int(lens[i]),
+                   "seq_lens counts every KV token of the sequence, new ones included; widen block_tables.")
+    if cu is None:
+        if int(lens.min()) < 1:
+            i = int((lens < 1).nonzero()[0, 0])
+            raise fail(OP, f"seq_lens[{i}] (decode)", ">= 1: the new token is counted in seq_lens", int(lens[i]),
+                       "Write the token with lz.reshape_and_cache first and count it, or pass cu_seqlens_q to "
+                       "give a sequence no query tokens.")
+    else:
+        c = cu.long()
+        first, last = int(c[0]), int(c[-1])
+        if first != 0 or last != num_tokens:
+            raise fail(OP, "cu_seqlens_q ends", f"cu_seqlens_q[0] == 0 and cu_seqlens_q[-1] == num_tokens "
+                       f"({num_tokens})", f"[{first}, ..., {last}]", "cu_seqlens_q is the prefix sum of q_lens.")
+        qlen = c[1:] - c[:-1]
+        if bool((qlen < 0).any()):
+            i = int((qlen < 0).nonzero()[0, 0])
+            raise fail(OP, "cu_seqlens_q", "non-decreasing (monotonic) offsets",
+                       f"cu_seqlens_q[{i}]={int(c[i])} > cu_seqlens_q[{i + 1}]={int(c[i + 1])}")
+        if bool((qlen > lens).any()):
+            i = int((qlen > lens).nonzero()[0, 0])
+            raise fail(OP, f"q_len of sequence {i}", f"<= its seq_len {int(lens[i])} (seq_lens counts the new "
+                       "tokens too)", int(qlen[i]))
+    used = torch.arange(max_blocks, device=lens.device) * block_size < lens[:, None]
+    ids = block_tables[used]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+        bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
+        s, j = (int(x) for x in bad.nonzero()[0])
+        raise fail(OP, f"block_tables[{s}, {j}]", f"a block id in [0, num_blocks) = [0, {num_blocks}) for a block "
+                   f"sequence {s} uses (seq_len {int(lens[s])})", int(block_tables[s, j]),
+                   "Only the first ceil(seq_len / block_size) entries of a row are read; fix the block allocator.")
+
+
+def prepare(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, *,
+            cu_seqlens_q: torch.Tensor | None = None, scale: float | None = None, is_causal: bool = True,
+            kv_layout: str | KVLayout = "NHD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.paged_attention`` inputs; return (cache key, canonical kernel args
+    ``(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout)``)."""
+    check_tensor(OP, "q", q, 3)
+    lay = parse_layout(OP, kv_layout)
+    nb, bs, hkv, dk = check_cache(OP, kv_cache, lay)
+    check_same(OP, "q", q, "kv_cache", kv_cache)
+    num_tokens, hq, d = q.shape
+    if hq == 0 or d == 0:
+        raise fail(OP, "q shape", "[num_tokens, Hq, D] with Hq, D >= 1", list(q.shape))
+    if dk != d:
+        raise fail(OP, "kv_cache head_dim", f"q's head_dim D={d}", f"{dk} (kv_cache shape {list(kv_cache.shape)}, "
+                   f"{lay.value})", "Check kv_layout and the cache's head_dim.")
+    if hq % hkv:
+        raise fail(OP, "heads", "Hq divisible by Hkv (GQA/MQA)", f"Hq={hq}, Hkv={hkv}",
+                   "Check kv_layout: NHD is [num_blocks, 2, block_size, Hkv, D], HND [num_blocks, 2, Hkv, "
+                   "block_size, D].")
+    check_index(OP, "block_tables", block_tables, 2, q.device)
+    check_index(OP, "seq_lens", seq_lens, 1, q.device)
+    batch, max_blocks = block_tables.shape
+    if seq_lens.shape[0] != batch:
+        raise fail(OP, "seq_lens shape", f"[batch] = [{batch}] (rows of block_tables)", list(seq_lens.shape))
+    decode = cu_seqlens_q is None
+    if decode:
+        if num_tokens != batch:
+            raise fail(OP, "num_tokens (decode)", f"one query token per sequence: q.shape[0] == batch = {batch}",
+                       num_tokens, "For prefill/append pass cu_seqlens_q [batch + 1] (int32 prefix sums of q_lens).")
+    else:
+        check_index(OP, "cu_seqlens_q", cu_seqlens_q, 1, q.device)
+        if cu_seqlens_q.shape[0] != batch + 1:
+            raise fail(OP, "cu_seqlens_q shape", f"[batch + 1] = [{batch + 1}]", list(cu_seqlens_q.shape))
+    if is_causal is not True and is_causal is not False:
+        raise fail(OP, "is_causal", "a bool", repr(is_causal))
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        raise fail(OP, "scale", "None (1/sqrt(D)) or a finite float > 0", repr(scale))
+    if check_values(seq_lens):
+        _check_paged_values(block_tables, seq_lens, cu_seqlens_q, num_tokens, nb, bs)
+    grad, det, capture, _ = flags(q, kv_cache)
+    key = (OP, q.device, q.dtype, bucket(batch), bucket(num_tokens), bucket(max_blocks), hq, hkv, d, bs, lay,
+           decode, is_causal, scale is None, grad, det, capture, scope_token())
+    return key, (q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, lay)
+
+
+def context(key: tuple[Any, ...]) -> SelectionContext:
+    """The :class:`SelectionContext` of a paged_attention key: ``seq_len_q`` is 1 for decode (phase DECODE),
+    else the num_tokens bucket (an upper bound of every q_len); ``seq_len_kv`` is ``bucket(max_blocks) *
+    block_size`` (an upper bound of every seq_len); ``kv_layout`` and ``page_size`` (= block_size) exact."""
+    (_, device, dtype, b, t, mb, hq, hkv, d, bs, lay, decode, causal, scale_default, grad, det, capture, _) = key
+    return SelectionContext(
+        op=OP, device=device_spec(device), dtype=dtype, batch=b, num_heads_q=hq, num_heads_kv=hkv, head_dim=d,
+        head_dim_v=d, seq_len_q=1 if decode else t, seq_len_kv=mb * bs, seq_equal=False, is_causal=causal,
+        scale_default=scale_default, requires_grad=grad, deterministic=det, graph_capture=capture,
+        kv_layout=lay.value, page_size=bs)
+
+
+SPEC = OperationSpec(OP, "attention over a paged KV cache (decode and prefill/append, GQA, bottom-right causal)",
+                     ("q", "kv_cache", "block_tables", "seq_lens"), "reference.paged_attention")
+
+
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    *, cu_seqlens_q: torch.Tensor | None = None, scale: float | None = None, is_causal: bool = True,
+                    kv_layout: str = "NHD") -> torch.Tensor:
+    """Attention of new query tokens over a paged KV cache (vLLM PagedAttention, Kwon et al. 2023; FlashInfer's
+    batch decode/prefill with paged KV), dispatched to the fastest eligible kernel.
+
+    Shapes (T = num_tokens, B = batch, Hq/Hkv heads, D head dim, N = num_blocks, P = block_size in tokens,
+    M = max_blocks per sequence):
+
+    - q ``[T, Hq, D]``: the new tokens of every sequence, concatenated in sequence order.
+    - kv_cache ``[N, 2, P, Hkv, D]`` (``kv_layout="NHD"``) or ``[N, 2, Hkv, P, D]`` (``"HND"``), K at index 0 and V
+      at 1 of dim 1, q's dtype and device (see :func:`lz.allocate_kv_cache`). The new tokens' K/V must already be
+      written (:func:`lz.reshape_and_cache`).
+    - block_tables ``[B, M]`` int32: sequence s's token t is at block ``block_tables[s, t // P]``, offset
+      ``t % P``. Only the first ``ceil(seq_lens[s] / P)`` entries of a row are read (the rest may be padding).
+    - seq_lens ``[B]`` int32: KV length of each sequence in tokens, INCLUDING the new tokens; ``<= M * P``.
+    - cu_seqlens_q: None for decode (one query token per sequence, ``T == B``), else ``[B + 1]`` int32 prefix
+      sums of the q_lens (``cu[0] == 0``, non-decreasing, ``cu[-1] == T``, ``q_len <= seq_len`` per sequence).
+      A sequence may be empty (q_len 0, seq_len 0).
+
+    ``is_causal``: aligned BOTTOM-RIGHT to each sequence's KV: query i of a sequence with q_len new tokens and
+    kv_len keys attends keys ``j <= kv_len - q_len + i`` (decode sees every key). ``scale``: default ``1/sqrt(D)``.
+    GQA/MQA: ``Hq % Hkv == 0``; KV head h serves query heads ``h*Hq/Hkv ... (h+1)*Hq/Hkv - 1``.
+    Returns ``[T, Hq, D]`` in q's dtype (fresh tensor). Values in cache slots that no sequence uses (other
+    blocks, the tail of a last block) never reach the output, even NaN.
+
+    Index values (seq_lens, cu_seqlens_q, used block ids) are checked on CPU tensors always; on CUDA only when
+    ``lz.get_config().strict`` is True, because reading them costs a device sync (out-of-range ids on CUDA
+    without strict mode are undefined behaviour, as in vLLM).
+
+    Raises:
+        InvalidInputError: ranks/shapes per layout, dtypes (q and cache float and equal; index tensors int32 on
+            q's device), ``Hq % Hkv != 0``, head_dim mismatch, unknown ``kv_layout``, bad ``scale``/``is_causal``,
+            and (see above) seq_lens outside ``[0, M * P]``, non-monotonic or inconsistent cu_seqlens_q,
+            ``q_len > seq_len``, used block ids outside ``[0, N)``.
+        NoKernelFoundError: a lock names a kernel that cannot run these inputs (e.g. during CUDA graph capture).
+
+    >>> import torch, layerzero as lz
+    >>> cache = lz.allocate_kv_cache(4, 16, 2, 64, torch.float32)
+    >>> q = torch.randn(3, 8, 64)                                    # decode: 3 sequences, 1 token each
+    >>> bt = torch.tensor([[0, 1], [2, 0], [3, 0]], dtype=torch.int32)
+    >>> lens = torch.tensor([20, 5, 1], dtype=torch.int32)
+    >>> lz.paged_attention(q, cache, bt, lens).shape
+    torch.Size([3, 8, 64])
+    """
+    key, args = prepare(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
+                        is_causal=is_causal, kv_layout=kv_layout)
+    return RUNTIME.run(key, context, args)
+
+
+# ---------------------------------------------------------------------------------------- reshape_and_cache
+def prepare_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                  kv_layout: str | KVLayout = "NHD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.reshape_and_cache`` inputs; return (cache key, canonical kernel args
+    ``(k, v, kv_cache, slot_mapping, kv_layout)``)."""
+    check_tensor(CACHE_OP, "k", k, 3)
+    check_tensor(CACHE_OP, "v", v, 3)
+    lay = parse_layout(CACHE_OP, kv_layout)
+    nb, bs, hkv, d = check_cache(CACHE_OP, kv_cache, lay)
+    check_same(CACHE_OP, "kv_cache", kv_cache, "k", k)
+    check_same(CACHE_OP, "kv_cache", kv_cache, "v", v)
+    n = k.shape[0]
+    if tuple(k.shape) != (n, hkv, d) or tuple(v.shape) != (n, hkv, d):
+        raise fail(CACHE_OP, "k/v shape", f"[num_tokens, Hkv, D] = [{n}, {hkv}, {d}] (Hkv, D from the {lay.value} "
+                   "cache) for both", f"k {list(k.shape)}, v {list(v.shape)}")
+    check_index(CACHE_OP, "slot_mapping", slot_mapping, 1, k.device, INDEX_DTYPES)
+    if slot_mapping.shape[0] != n:
+        raise fail(CACHE_OP, "slot_mapping shape", f"[num_tokens] = [{n}]", list(slot_mapping.shape))
+    if kv_cache.requires_grad:
+        raise fail(CACHE_OP, "kv_cache.requires_grad", False, True, "The cache is written in place: detach it.")
+    if n and check_values(slot_mapping):
+        s = slot_mapping.long()
+        total = nb * bs
+        bad = (s < -1) | (s >= total)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise fail(CACHE_OP, f"slot_mapping[{i}]", f"-1 (skip) or a slot in [0, num_blocks * block_size) = "
+                       f"[0, {total})", int(s[i]), "slot = block_id * block_size + offset.")
+    grad, det, capture, _ = flags(k, v)
+    key = (CACHE_OP, k.device, k.dtype, bucket(n), hkv, d, bs, lay, slot_mapping.dtype, grad, det, capture,
+           scope_token())
+    return key, (k, v, kv_cache, slot_mapping, lay)
+
+
+def context_cache(key: tuple[Any, ...]) -> SelectionContext:
+    """The :class:`SelectionContext` of a reshape_and_cache key (``batch`` = num_tokens bucket)."""
+    _, device, dtype, n, hkv, d, bs, lay, _sdt, grad, det, capture, _ = key
+    return SelectionContext(op=CACHE_OP, device=device_spec(device), dtype=dtype, batch=n, num_heads_q=hkv,
+                            num_heads_kv=hkv, head_dim=d, head_dim_v=d, requires_grad=grad, deterministic=det,
+                            graph_capture=capture, kv_layout=lay.value, page_size=bs)
+
+
+CACHE_SPEC = OperationSpec(CACHE_OP, "write new tokens' K/V into a paged KV cache in place (slot -1 = skip)",
+                           ("k", "v", "kv_cache", "slot_mapping"), "reference.reshape_and_cache")
+
+
+def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_layout: str = "NHD") -> None:
+    """Write the new tokens' keys and values into a paged KV cache, IN PLACE (vLLM ``reshape_and_cache``).
+
+    Shapes (T = num_tokens, Hkv heads, D head dim, N blocks, P = block_size in tokens): k, v ``[T, Hkv, D]`` in
+    the cache's dtype and device; kv_cache ``[N, 2, P, Hkv, D]`` (``"NHD"``) or ``[N, 2, Hkv, P, D]``
+    (``"HND"``); slot_mapping ``[T]`` int64 or int32: token t goes to block ``slot // P``, offset ``slot % P``
+    (``slot = block_id * P + offset``); a slot of -1 skips the token (padding, as in vLLM). Slots of different
+    tokens must differ. Returns None.
+
+    Slot values are checked on CPU always and on CUDA only when ``lz.get_config().strict`` is True (a sync).
+
+    Raises:
+        InvalidInputError: ranks/shapes per layout, dtype or device differing from the cache's, slot_mapping
+            dtype/length, a slot outside ``[-1, N * P)``, a cache that requires grad, unknown ``kv_layout``.
+
+    >>> import torch, layerzero as lz
+    >>> cache = lz.allocate_kv_cache(2, 4, 1, 8, torch.float32)
+    >>> k = v = torch.ones(3, 1, 8)
+    >>> lz.reshape_and_cache(k, v, cache, torch.tensor([5, -1, 0]))
+    >>> cache[1, 0, 1].sum().item(), cache[0, 1, 0].sum().item(), cache[0, 0, 1].sum().item()
+    (8.0, 8.0, 0.0)
+    """
+    key, args = prepare_cache(k, v, kv_cache, slot_mapping, kv_layout)
+    RUNTIME.run(key, context_cache, args)

@@ -1,0 +1,237 @@
+"""Input validation, cache keys, contexts and routing of ``lz.paged_attention`` / ``lz.reshape_and_cache`` /
+``lz.allocate_kv_cache``: every bad input raises ``InvalidInputError`` naming what failed and expected vs got."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import layerzero as lz
+from layerzero.ops import paged
+from layerzero.ops._common import RUNTIME
+from layerzero.ops.kv_cache import KVLayout, check_values
+
+pytestmark = pytest.mark.unit
+
+I32 = torch.int32
+
+
+def _decode_args(**over):
+    """Valid decode inputs: 2 sequences (kv lens 5 and 1), Hq=4, Hkv=2, D=8, page 4, 3 blocks, NHD."""
+    args = dict(q=torch.randn(2, 4, 8), kv_cache=torch.zeros(3, 2, 4, 2, 8),
+                block_tables=torch.tensor([[2, 0], [1, -1]], dtype=I32), seq_lens=torch.tensor([5, 1], dtype=I32))
+    args.update(over)
+    return args
+
+
+def _append_args(**over):
+    """Valid append inputs: q_lens 2 and 0 (kv lens 5 and 0), cu_seqlens_q [0, 2, 2]."""
+    args = dict(q=torch.randn(2, 4, 8), kv_cache=torch.zeros(3, 2, 4, 2, 8),
+                block_tables=torch.tensor([[2, 0], [-1, -1]], dtype=I32), seq_lens=torch.tensor([5, 0], dtype=I32),
+                cu_seqlens_q=torch.tensor([0, 2, 2], dtype=I32))
+    args.update(over)
+    return args
+
+
+def _call(args):
+    a = dict(args)
+    return lz.paged_attention(a.pop("q"), a.pop("kv_cache"), a.pop("block_tables"), a.pop("seq_lens"), **a)
+
+
+def test_valid_inputs_run():
+    assert _call(_decode_args()).shape == (2, 4, 8)
+    assert _call(_append_args()).shape == (2, 4, 8)
+    hnd = _decode_args(kv_cache=torch.zeros(3, 2, 2, 4, 8), kv_layout="HND")
+    assert _call(hnd).shape == (2, 4, 8)
+    assert _call(_decode_args(kv_layout=KVLayout.NHD)).shape == (2, 4, 8)
+
+
+BAD_PAGED = [
+    ("q not a tensor", _decode_args(q=[1.0]), r"lz.paged_attention: q: expected a torch.Tensor, got list"),
+    ("q rank", _decode_args(q=torch.randn(2, 4, 8, 1)), r"q rank: expected 3 dims, got 4 dims"),
+    ("q int", _decode_args(q=torch.ones(2, 4, 8, dtype=I32)), r"q.dtype: expected one of float32"),
+    ("layout", _decode_args(kv_layout="BHSD"), r"kv_layout: expected 'NHD' .* or 'HND' .*got 'BHSD'"),
+    ("layout lower", _decode_args(kv_layout="nhd"), r"kv_layout: .*got 'nhd'"),
+    ("cache rank", _decode_args(kv_cache=torch.zeros(3, 4, 2, 8)), r"kv_cache shape \(NHD\): expected \[num_blocks, 2"),
+    ("cache dim1", _decode_args(kv_cache=torch.zeros(3, 3, 4, 2, 8)), r"kv_cache shape .*got \[3, 3, 4, 2, 8\]"),
+    ("cache dtype", _decode_args(kv_cache=torch.zeros(3, 2, 4, 2, 8, dtype=torch.float16)),
+     r"kv_cache.dtype: expected torch.float32 \(like q\), got torch.float16"),
+    ("head dim", _decode_args(kv_cache=torch.zeros(3, 2, 4, 2, 16)), r"kv_cache head_dim: expected q's head_dim D=8"),
+    ("gqa", _decode_args(kv_cache=torch.zeros(3, 2, 4, 3, 8)), r"heads: expected Hq divisible by Hkv.*Hq=4, Hkv=3"),
+    ("wrong layout shape", _decode_args(kv_cache=torch.zeros(3, 2, 2, 8, 8), kv_layout="NHD"),
+     r"heads: expected Hq divisible by Hkv.*Hq=4, Hkv=8.*Check kv_layout"),
+    ("block_tables int64", _decode_args(block_tables=torch.tensor([[2, 0], [1, 0]])),
+     r"block_tables.dtype: expected int32, got torch.int64"),
+    ("block_tables rank", _decode_args(block_tables=torch.tensor([2, 1], dtype=I32)), r"block_tables rank: expected 2"),
+    ("seq_lens float", _decode_args(seq_lens=torch.tensor([5.0, 1.0])), r"seq_lens.dtype: expected int32"),
+    ("seq_lens length", _decode_args(seq_lens=torch.tensor([5], dtype=I32)), r"seq_lens shape: expected \[batch\] = \[2\]"),
+    ("decode tokens", _decode_args(q=torch.randn(3, 4, 8)), r"num_tokens \(decode\): expected one query token"),
+    ("seq_len too long", _decode_args(seq_lens=torch.tensor([9, 1], dtype=I32)),
+     r"seq_lens\[0\]: expected in \[0, max_blocks \* block_size\] = \[0, 8\].*got 9"),
+    ("negative seq_len", _append_args(seq_lens=torch.tensor([5, -1], dtype=I32)), r"seq_lens\[1\]: expected in \[0, max_blocks \* block_size\] = \[0, 8\].*got -1"),
+    ("decode empty seq", _decode_args(seq_lens=torch.tensor([5, 0], dtype=I32)),
+     r"seq_lens\[1\] \(decode\): expected >= 1"),
+    ("block id range", _decode_args(block_tables=torch.tensor([[2, 3], [1, 0]], dtype=I32)),
+     r"block_tables\[0, 1\]: expected a block id in \[0, num_blocks\) = \[0, 3\).*got 3"),
+    ("negative block id", _decode_args(block_tables=torch.tensor([[2, 0], [-1, 0]], dtype=I32)),
+     r"block_tables\[1, 0\]: .*got -1"),
+    ("cu length", _append_args(cu_seqlens_q=torch.tensor([0, 2], dtype=I32)), r"cu_seqlens_q shape: expected \[batch \+ 1\] = \[3\]"),
+    ("cu int64", _append_args(cu_seqlens_q=torch.tensor([0, 2, 2])), r"cu_seqlens_q.dtype: expected int32"),
+    ("cu start", _append_args(cu_seqlens_q=torch.tensor([1, 2, 2], dtype=I32)), r"cu_seqlens_q ends: expected .*== 0"),
+    ("cu end", _append_args(cu_seqlens_q=torch.tensor([0, 1, 1], dtype=I32)), r"cu_seqlens_q\[-1\] == num_tokens \(2\)"),
+    ("cu monotonic", _append_args(cu_seqlens_q=torch.tensor([0, 3, 2], dtype=I32), q=torch.randn(2, 4, 8)),
+     r"non-decreasing .*cu_seqlens_q\[1\]=3 > cu_seqlens_q\[2\]=2"),
+    ("q_len > seq_len", _append_args(seq_lens=torch.tensor([1, 0], dtype=I32)), r"q_len of sequence 0: expected <= its seq_len 1"),
+    ("scale", _decode_args(scale=0.0), r"scale: expected None \(1/sqrt\(D\)\) or a finite float > 0, got 0.0"),
+    ("scale nan", _decode_args(scale=float("nan")), r"scale: .*got nan"),
+    ("is_causal", _decode_args(is_causal=1), r"is_causal: expected a bool, got 1"),
+]
+
+
+@pytest.mark.parametrize(("args", "match"), [c[1:] for c in BAD_PAGED], ids=[c[0] for c in BAD_PAGED])
+def test_bad_paged_attention_inputs(args, match):
+    with pytest.raises(lz.InvalidInputError, match=match):
+        _call(args)
+
+
+def test_bad_input_count():
+    assert len(BAD_PAGED) + len(BAD_CACHE) >= 15
+
+
+def _cache_args(**over):
+    args = dict(k=torch.randn(3, 2, 8), v=torch.randn(3, 2, 8), kv_cache=torch.zeros(2, 2, 4, 2, 8),
+                slot_mapping=torch.tensor([0, -1, 7]))
+    args.update(over)
+    return args
+
+
+BAD_CACHE = [
+    ("k rank", _cache_args(k=torch.randn(3, 16)), r"lz.reshape_and_cache: k rank: expected 3 dims"),
+    ("v shape", _cache_args(v=torch.randn(3, 1, 8)), r"k/v shape: expected \[num_tokens, Hkv, D\] = \[3, 2, 8\]"),
+    ("dtype", _cache_args(k=torch.randn(3, 2, 8, dtype=torch.float64)), r"k.dtype: expected torch.float32 \(like kv_cache\)"),
+    ("slot dtype", _cache_args(slot_mapping=torch.tensor([0.0, 1.0, 2.0])), r"slot_mapping.dtype: expected int32/int64"),
+    ("slot length", _cache_args(slot_mapping=torch.tensor([0, 1])), r"slot_mapping shape: expected \[num_tokens\] = \[3\]"),
+    ("slot range", _cache_args(slot_mapping=torch.tensor([0, 8, 1])),
+     r"slot_mapping\[1\]: expected -1 \(skip\) or a slot in \[0, num_blocks \* block_size\) = \[0, 8\), got 8"),
+    ("slot -2", _cache_args(slot_mapping=torch.tensor([-2, 0, 1])), r"slot_mapping\[0\]: .*got -2"),
+    ("layout", _cache_args(kv_layout="XYZ"), r"kv_layout: expected 'NHD'"),
+    ("cache rank", _cache_args(kv_cache=torch.zeros(8, 2, 8)), r"kv_cache shape \(NHD\)"),
+    ("grad cache", _cache_args(kv_cache=torch.zeros(2, 2, 4, 2, 8, requires_grad=True)),
+     r"kv_cache.requires_grad: expected False, got True"),
+]
+
+
+@pytest.mark.parametrize(("args", "match"), [c[1:] for c in BAD_CACHE], ids=[c[0] for c in BAD_CACHE])
+def test_bad_reshape_and_cache_inputs(args, match):
+    a = dict(args)
+    cache = a["kv_cache"]
+    before = cache.detach().clone()
+    with pytest.raises(lz.InvalidInputError, match=match):
+        lz.reshape_and_cache(a.pop("k"), a.pop("v"), a.pop("kv_cache"), a.pop("slot_mapping"), **a)
+    assert torch.equal(cache.detach(), before), "a rejected call must not write"
+
+
+# ------------------------------------------------------------------------------------------ allocate_kv_cache
+@pytest.mark.parametrize(("layout", "shape"), [("NHD", (5, 2, 16, 4, 32)), ("HND", (5, 2, 4, 16, 32))])
+def test_allocate_kv_cache_shape_and_bytes(layout, shape):
+    cache = lz.allocate_kv_cache(5, 16, 4, 32, torch.bfloat16, layout)
+    assert tuple(cache.shape) == shape and cache.dtype == torch.bfloat16 and not cache.any()
+    assert cache.numel() * cache.element_size() == 2 * 5 * 16 * 4 * 32 * 2
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(num_blocks=-1), r"allocate_kv_cache: num_blocks: expected an int >= 0, got -1"),
+    (dict(block_size=0), r"block_size: expected an int >= 1, got 0"),
+    (dict(num_kv_heads=2.0), r"num_kv_heads: expected an int >= 1, got 2.0"),
+    (dict(head_dim=True), r"head_dim: expected an int >= 1, got True"),
+    (dict(dtype=torch.int8), r"dtype: expected one of torch.float32"),
+    (dict(layout="BSHD"), r"layout: expected 'NHD'.*got 'BSHD'"),
+])
+def test_allocate_kv_cache_rejects(kwargs, match):
+    args = dict(num_blocks=2, block_size=4, num_kv_heads=1, head_dim=8, dtype=torch.float32, layout="NHD")
+    args.update(kwargs)
+    with pytest.raises(lz.InvalidInputError, match=match):
+        lz.allocate_kv_cache(**args)
+
+
+# ------------------------------------------------------------------------------------------ keys, contexts, routing
+def test_key_buckets_and_context_fields():
+    a = _decode_args(block_tables=torch.tensor([[2, 0, 1], [1, 0, 0]], dtype=I32))
+    key, _ = paged.prepare(a["q"], a["kv_cache"], a["block_tables"], a["seq_lens"])
+    ctx = paged.context(key)
+    assert (ctx.batch, ctx.seq_len_q, ctx.seq_len_kv, ctx.page_size, ctx.kv_layout) == (2, 1, 16, 4, "NHD")
+    assert ctx.phase.value == "decode" and ctx.gqa_ratio == 2 and ctx.is_causal
+    f = ctx.fields()
+    assert f["kv_layout"] == "NHD" and f["page_size"] == 4 and f["op"] == "paged_attention"
+    b = _append_args(q=torch.randn(3, 4, 8), seq_lens=torch.tensor([5, 1], dtype=I32),
+                     block_tables=torch.tensor([[2, 0], [1, -1]], dtype=I32),
+                     cu_seqlens_q=torch.tensor([0, 2, 3], dtype=I32))
+    key2, _ = paged.prepare(b["q"], b["kv_cache"], b["block_tables"], b["seq_lens"], cu_seqlens_q=b["cu_seqlens_q"])
+    ctx2 = paged.context(key2)
+    assert ctx2.seq_len_q == 4 and ctx2.phase.value == "prefill"
+    assert key2 != key
+
+
+def test_same_bucket_same_key_other_page_size_other_key():
+    def key(n, page):
+        q = torch.randn(n, 4, 8)
+        bt = torch.zeros(n, 2, dtype=I32)
+        return paged.prepare(q, torch.zeros(1, 2, page, 2, 8), bt, torch.ones(n, dtype=I32))[0]
+
+    assert key(5, 4) == key(7, 4) != key(9, 4)
+    assert key(5, 4) != key(5, 8)
+
+
+def test_cache_key_and_context():
+    a = _cache_args()
+    key, args = paged.prepare_cache(a["k"], a["v"], a["kv_cache"], a["slot_mapping"], "NHD")
+    ctx = paged.context_cache(key)
+    assert (ctx.op, ctx.batch, ctx.num_heads_kv, ctx.head_dim, ctx.page_size, ctx.kv_layout) == (
+        "reshape_and_cache", 4, 2, 8, 4, "NHD")
+    assert args[-1] is KVLayout.NHD
+
+
+def test_selection_prefers_sdpa_and_policy_can_match_kv_layout(tmp_path):
+    a = _decode_args()
+    args = (a["q"], a["kv_cache"], a["block_tables"], a["seq_lens"])
+    assert lz.which("paged_attention", *args) == "torch_sdpa.paged_attention"
+    path = tmp_path / "policy.yaml"
+    path.write_text("version: 1\ndeny:\n  - kernels: [torch_sdpa.paged_attention]\n"
+                    "    when: {kv_layout: NHD, page_size: \"<=4\"}\n")
+    lz.load_config(path)
+    assert lz.which("paged_attention", *args) == "reference.paged_attention"
+    hnd = (a["q"], torch.zeros(3, 2, 2, 4, 8), a["block_tables"], a["seq_lens"])
+    assert lz.which("paged_attention", *hnd, kv_layout="HND") == "torch_sdpa.paged_attention"
+    c = _cache_args()
+    assert lz.which("reshape_and_cache", c["k"], c["v"], c["kv_cache"], c["slot_mapping"]) == (
+        "torch_native.reshape_and_cache")
+
+
+def test_graph_capture_routing():
+    """During CUDA graph capture no paged_attention kernel is eligible (both read index values on the host),
+    while the vectorized reshape_and_cache (no host sync) still is."""
+    a = _decode_args()
+    ctx = paged.context(paged.prepare(a["q"], a["kv_cache"], a["block_tables"], a["seq_lens"])[0])
+    with pytest.raises(lz.NoKernelFoundError, match="CUDA_GRAPH_UNSAFE|graph"):
+        RUNTIME.select_context(replace(ctx, graph_capture=True))
+    c = _cache_args()
+    cctx = paged.context_cache(paged.prepare_cache(c["k"], c["v"], c["kv_cache"], c["slot_mapping"])[0])
+    plan, report = RUNTIME.select_context(replace(cctx, graph_capture=True))
+    assert plan.kernel_id == "torch_native.reshape_and_cache"
+    assert [r.code.value for r in report.candidate("reference.reshape_and_cache").reasons] == ["CUDA_GRAPH_UNSAFE"]
+
+
+def test_value_checks_run_on_cpu_always_and_elsewhere_only_in_strict_mode():
+    meta = torch.empty(3, dtype=I32, device="meta")
+    assert check_values(torch.zeros(3, dtype=I32)) is True
+    assert check_values(meta) is False
+    lz.configure(strict=True)
+    assert check_values(meta) is True
+
+
+def test_unused_block_table_entries_are_not_checked():
+    """Entries past ceil(seq_len / block_size) may hold anything (padding), as in vLLM."""
+    a = _decode_args(block_tables=torch.tensor([[2, 0], [1, 99]], dtype=I32))
+    assert _call(a).shape == (2, 4, 8)
