@@ -14,6 +14,7 @@ SECTIONS = {
                                  "prefer", "disabled", "load_capabilities"],
     "Inspection": ["select", "explain", "which", "validate", "list_kernels", "trace", "doctor"],
     "Kernels and tuning": ["register_kernel", "kernel", "unregister_kernel", "tune"],
+    "CUDA graphs": ["is_graph_safe", "warmup", "validate_graph_capture"],
     "Integrations": ["patch_model"],
 }
 

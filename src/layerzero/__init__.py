@@ -53,6 +53,7 @@ from .core.errors import (
 from .core.reasons import Reason, ReasonCode
 from .core.report import SelectionReport
 from .core.specs import ExecutionPlan, KernelSpec
+from .graphs import GraphCheck, is_graph_safe, validate_graph_capture, warmup
 from .ops import (
     allocate_kv_cache,
     attention,
@@ -94,4 +95,5 @@ __all__ = [
     "load_capabilities", "load_config", "lock", "paged_attention", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rope", "sample_topk", "sample_topp",
     "select", "trace", "TuneReport", "tune", "unlock", "validate", "which",
     "kernel", "register_kernel", "unregister_kernel",
+    "GraphCheck", "is_graph_safe", "validate_graph_capture", "warmup",
 ]

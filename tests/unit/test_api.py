@@ -278,7 +278,8 @@ def test_select_returns_a_callable_plan():
     plan = lz.select("attention", q, k, v)
     assert isinstance(plan, lz.ExecutionPlan) and plan.kernel_id == "torch_sdpa.flash"
     assert plan.backend == "torch_sdpa"
-    assert [p.kernel_id for p in plan.fallbacks] == ["torch_sdpa.math", "reference.attention"]
+    assert [p.kernel_id for p in plan.fallbacks] == ["torch_sdpa.math", "reference.attention",
+                                                      "flex_attention.attention"]
     out = plan(q, k, v, None, False, None, 0.0)
     torch.testing.assert_close(out, lz.attention(q, k, v))
 

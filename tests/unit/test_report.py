@@ -84,7 +84,8 @@ def test_rows_order_and_scores(report):
     assert [(r[0], r[1], r[2]) for r in rows[:3]] == [
         ("torch_sdpa.flash", "selected", "80.0"), ("torch_sdpa.math", "eligible", "20.0"),
         ("reference.attention", "eligible", "0.0")]
-    assert {r[1] for r in rows[3:]} == {"rejected"} and all(r[2] == "" for r in rows[3:])
+    assert (rows[3][0], rows[3][1], rows[3][2]) == ("flex_attention.attention", "eligible", "-1.0")
+    assert {r[1] for r in rows[4:]} == {"rejected"} and all(r[2] == "" for r in rows[4:])
 
 
 def test_transforms_and_notes_show_in_the_table():

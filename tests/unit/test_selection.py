@@ -65,7 +65,8 @@ def test_plain_attention_picks_flash_with_hand_worked_scores():
     rep = lz.explain("attention", q, k, v)
     assert rep.chosen == "torch_sdpa.flash"
     totals = {c.kernel_id: c.score.total for c in rep.candidates if c.score is not None}
-    assert totals == {"torch_sdpa.flash": 80.0, "torch_sdpa.math": 20.0, "reference.attention": 0.0}
+    assert totals == {"torch_sdpa.flash": 80.0, "torch_sdpa.math": 20.0, "reference.attention": 0.0,
+                      "flex_attention.attention": -1.0}
     assert not rep.fell_back and rep.notes == ()
     torch.testing.assert_close(lz.attention(q, k, v).double(), oracle(q, k, v), atol=1e-5, rtol=1e-5)
 

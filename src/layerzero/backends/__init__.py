@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from layerzero.core.registry import KernelRegistry
 
-BUILTIN_BACKENDS: tuple[str, ...] = ("reference", "torch_sdpa", "torch_native", "flash_attn")
+BUILTIN_BACKENDS: tuple[str, ...] = ("reference", "torch_sdpa", "torch_native", "flash_attn", "flex_attention", "liger",
+                                      "xformers")
 
 
 def register_builtin(registry: KernelRegistry) -> None:

@@ -46,6 +46,8 @@ class Config:
     - ``selection_timeout_s``: how long a thread waits for another thread's selection of the same key.
     - ``health_failure_threshold`` / ``health_cooldown_s``: a backend is skipped after this many consecutive
       runtime failures, and retried after the cooldown (seconds).
+    - ``allow_selection_in_capture``: let a selection-cache miss run selection while a CUDA graph is being
+      captured (default False: it raises ``CudaGraphUnsafeError``; warm up with ``lz.warmup`` first).
     """
 
     strict: bool = False
@@ -58,9 +60,10 @@ class Config:
     selection_timeout_s: float = 30.0
     health_failure_threshold: int = 3
     health_cooldown_s: float = 30.0
+    allow_selection_in_capture: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("strict", "use_perfdb", "log_fallbacks"):
+        for name in ("strict", "use_perfdb", "log_fallbacks", "allow_selection_in_capture"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(expected_got(f"config {name}", "a bool", repr(getattr(self, name))))
         _positive_int("cache_size", self.cache_size)

@@ -26,7 +26,7 @@ from . import config as _config
 from .cache import SelectionCache
 from .context import SelectionContext
 from .device import DeviceSpec
-from .errors import KernelExecutionError, LayerZeroError
+from .errors import CudaGraphUnsafeError, KernelExecutionError, LayerZeroError
 from .health import BreakerState, HealthTracker
 from .perfdb import PerfDB, fingerprint, perf_score
 from .reasons import Reason
@@ -185,7 +185,14 @@ class Runtime:
             self.cache.invalidate()
 
         def compute() -> ExecutionPlan:
-            return self.select_context(build_ctx(key))[0]
+            ctx = build_ctx(key)
+            if ctx.graph_capture and not _config.get_config().allow_selection_in_capture:
+                raise CudaGraphUnsafeError(
+                    f"lz.{ctx.op}: no cached kernel choice for these inputs while a CUDA graph is being captured, "
+                    "and selection must not run inside a capture. Call lz.warmup(op, cases) (or run the op once "
+                    "eagerly with the same shapes) before capturing, or lz.configure("
+                    "allow_selection_in_capture=True) to allow it.")
+            return self.select_context(ctx)[0]
 
         return self.cache.get_or_compute(key, compute, timeout_s=_config.get_config().selection_timeout_s)
 

@@ -1,0 +1,97 @@
+"""The ``liger`` backend: Liger-Kernel's Triton RMSNorm (plain and fused residual add) and RoPE, CUDA only.
+
+Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call) calls
+:func:`probe`, which imports ``liger_kernel.ops.rms_norm``, ``.fused_add_rms_norm`` and ``.rope`` (the default
+Triton implementations, not the per-device replacements of ``liger_kernel.ops``). A missing library leaves the
+backend registered and unavailable with ``BACKEND_NOT_INSTALLED``; an import that raises anything else (no
+triton, a torch ABI mismatch) gives ``BACKEND_IMPORT_FAILED`` with the error text. Constraints and sources:
+``kernels.py`` and ``docs/backends.md`` ("liger").
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from layerzero.core.reasons import Reason, ReasonCode
+from layerzero.core.registry import KernelRegistry
+from layerzero.core.specs import BackendSpec
+
+from .kernels import INSTALL_HINT, KERNEL_IDS, kernel_specs
+
+log = logging.getLogger("layerzero.backends.liger")
+BACKEND_ID = "liger"
+MODULE = "liger_kernel"
+_DESCRIPTION = "Liger-Kernel Triton kernels (RMSNorm, fused add + RMSNorm, RoPE)"
+
+
+@dataclass(frozen=True, slots=True)
+class LigerProbe:
+    """Result of :func:`probe`: the :class:`BackendSpec` (available or not, with reasons) and, when usable,
+    ``functions`` = ``{"rms_norm", "fused_add_rms_norm" (None if absent), "rope"}`` autograd Functions."""
+
+    backend: BackendSpec
+    functions: dict[str, Any] | None
+
+
+def _version() -> str | None:
+    try:
+        return importlib.metadata.version("liger-kernel")
+    except importlib.metadata.PackageNotFoundError:
+        mod = importlib.import_module(MODULE)
+        return getattr(mod, "__version__", None)
+
+
+def _unavailable(code: ReasonCode, message: str, version: str | None = None) -> LigerProbe:
+    log.info("liger backend unavailable: %s", message)
+    return LigerProbe(BackendSpec(BACKEND_ID, MODULE, version, False, (Reason(code, message),), _DESCRIPTION), None)
+
+
+def probe() -> LigerProbe:
+    """Import Liger-Kernel now and describe the backend; never raises for a missing or broken library."""
+    try:
+        rms = importlib.import_module("liger_kernel.ops.rms_norm")
+        rope = importlib.import_module("liger_kernel.ops.rope")
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (exc.name == MODULE or exc.name.startswith(MODULE + ".")):
+            return _unavailable(ReasonCode.BACKEND_NOT_INSTALLED,
+                                f"module {MODULE!r} not found ({exc}); {INSTALL_HINT}")
+        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing {MODULE} failed: {exc!r}; {INSTALL_HINT}")
+    except Exception as exc:  # noqa: BLE001 - any import failure makes the backend unavailable, with its text
+        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing {MODULE} failed: {exc!r}")
+    version = _version()
+    plain = getattr(rms, "LigerRMSNormFunction", None)
+    function = getattr(rope, "LigerRopeFunction", None)
+    if plain is None or function is None:
+        return _unavailable(ReasonCode.BACKEND_VERSION_UNSUPPORTED,
+                            f"liger_kernel {version} lacks LigerRMSNormFunction/LigerRopeFunction; upgrade it",
+                            version)
+    try:
+        fused = getattr(importlib.import_module("liger_kernel.ops.fused_add_rms_norm"),
+                        "LigerFusedAddRMSNormFunction", None)
+    except ImportError:
+        fused = None
+    if fused is None:
+        log.info("liger_kernel %s has no fused add + RMSNorm; rms_norm(residual=...) will use other kernels", version)
+    backend = BackendSpec(BACKEND_ID, MODULE, version, True, (), _DESCRIPTION)
+    return LigerProbe(backend, {"rms_norm": plain, "fused_add_rms_norm": fused, "rope": function})
+
+
+def register(registry: KernelRegistry) -> None:
+    """Add the ``liger`` backend (available or not, with reasons) and its ``liger.rms_norm`` / ``liger.rope``
+    kernels to ``registry`` (the ``rms_norm`` and ``rope`` ops must already be registered).
+
+    Raises:
+        ConfigurationError: the backend or one of its kernel ids is already registered.
+    """
+    p = probe()
+    registry.add_backend(p.backend)
+    why = "; ".join(r.message for r in p.backend.reasons) or "liger_kernel is not available"
+    for spec in kernel_specs(p.functions, why):
+        registry.add_kernel(spec)
+
+
+__all__ = ["BACKEND_ID", "KERNEL_IDS", "LigerProbe", "kernel_specs", "probe", "register"]

@@ -1,0 +1,190 @@
+"""CUDA-graph helpers on CPU: lz.is_graph_safe, lz.warmup, lz.validate_graph_capture's typed refusal, the
+capture-time cache-miss guard in Runtime.resolve, and the capture-key derivation.
+
+Oracles: the kernels' own ``graph_safe`` flags (SDPA and torch_native kernels are graph-safe, the reference
+sampling kernels and both flex kernels are not), the selection cache read back directly, and hand-built keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import layerzero as lz
+from layerzero import graphs
+from layerzero.core.errors import CudaGraphUnsafeError, InvalidInputError, UnknownOperationError
+from layerzero.ops import OPS
+from layerzero.ops._common import RUNTIME
+
+pytestmark = pytest.mark.unit
+
+
+def qkv(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, 2, 8, 16, generator=g) for _ in range(3))
+
+
+# ------------------------------------------------------------------------------------------ is_graph_safe
+def test_attention_is_graph_safe_sampling_is_not():
+    q, k, v = qkv()
+    assert lz.is_graph_safe("attention", q, k, v, is_causal=True) is True
+    x, w = torch.randn(3, 32), torch.ones(32)
+    assert lz.is_graph_safe("rms_norm", x, w) is True
+    logits = torch.randn(2, 50)
+    assert lz.is_graph_safe("sample_topk", logits, 5) is False
+    assert lz.is_graph_safe("sample_topp", logits, 0.9) is False
+
+
+def test_is_graph_safe_follows_locks():
+    """Locked to flex (not graph-safe) the answer becomes False; reference.attention is graph-safe."""
+    q, k, v = qkv()
+    RUNTIME.ensure_ready()
+    assert RUNTIME.registry.kernel("reference.attention", "attention").graph_safe
+    lz.lock("attention", "flex_attention.attention")
+    assert lz.is_graph_safe("attention", q, k, v) is False
+    lz.lock("attention", "reference.attention")
+    assert lz.is_graph_safe("attention", q, k, v) is True
+
+
+def test_is_graph_safe_when_preferred_kernel_is_unsafe():
+    """Preferring flex (not graph-safe): it serves eager calls, the reference serves the capture."""
+    q, k, v = qkv()
+    mask = torch.rand(8, 8) < 0.7
+    with lz.prefer("flex_attention"):
+        assert lz.which("attention", q, k, v, attn_mask=mask, is_causal=True) == "flex_attention.attention"
+        assert lz.is_graph_safe("attention", q, k, v, attn_mask=mask, is_causal=True) is True
+
+
+def test_is_graph_safe_in_strict_mode_when_only_reference_remains():
+    """Strict mode refuses a reference fallback with NoKernelFoundError; a graph-safe kernel is still eligible."""
+    q, k, v = qkv()
+    mask = torch.rand(8, 8) < 0.7
+    lz.configure(strict=True)
+    assert lz.is_graph_safe("attention", q, k, v, attn_mask=mask, is_causal=True) is True
+
+
+def test_is_graph_safe_bad_inputs():
+    with pytest.raises(UnknownOperationError, match="unknown op"):
+        lz.is_graph_safe("attn", *qkv())
+    with pytest.raises(InvalidInputError, match="head_dim"):
+        q, k, v = qkv()
+        lz.is_graph_safe("attention", q, k[..., :8], v)
+
+
+# ------------------------------------------------------------------------------------------ warmup
+def test_warmup_returns_kernels_and_fills_cache():
+    q, k, v = qkv()
+    x, w = torch.randn(4, 64), torch.ones(64)
+    cases = [((q, k, v), {"is_causal": True}), ((q, k, v), {"attn_mask": torch.rand(8, 8) < 0.5,
+                                                             "is_causal": True})]
+    assert lz.warmup("attention", cases) == ["torch_sdpa.flash", "reference.attention"]
+    for (args, kw), expect in zip(cases, ["torch_sdpa.flash", "reference.attention"], strict=True):
+        key, _ = OPS["attention"][0](*args, **kw)
+        plan = RUNTIME.cache.get(key)
+        assert plan is not None and plan.kernel_id == expect
+    assert lz.warmup("rms_norm", [((x, w), {})]) == ["torch_native.rms_norm"]
+    key, _ = OPS["rms_norm"][0](x, w)
+    assert RUNTIME.cache.get(key).kernel_id == "torch_native.rms_norm"
+
+
+def test_warmup_then_call_is_a_cache_hit(monkeypatch):
+    q, k, v = qkv()
+    lz.warmup("attention", [((q, k, v), {})])
+    calls = []
+    real = RUNTIME.select_context
+    monkeypatch.setattr(RUNTIME, "select_context", lambda ctx: calls.append(ctx) or real(ctx))
+    lz.attention(q, k, v)
+    assert calls == []
+
+
+def test_warmup_bad_cases():
+    q, k, v = qkv()
+    with pytest.raises(InvalidInputError, match=r"case 0.*\(args, kwargs\)"):
+        lz.warmup("attention", [(q, k, v)])
+    with pytest.raises(InvalidInputError, match="a list of"):
+        lz.warmup("attention", {"args": (q, k, v)})
+    with pytest.raises(UnknownOperationError):
+        lz.warmup("nope", [])
+    assert lz.warmup("attention", []) == []
+
+
+# ------------------------------------------------------------------------------------------ validate_graph_capture
+def test_validate_graph_capture_needs_cuda():
+    q, k, v = qkv()
+    with pytest.raises(CudaGraphUnsafeError, match="CUDA graphs need a CUDA device"):
+        lz.validate_graph_capture(lambda a, b, c: lz.attention(a, b, c), q, k, v)
+
+
+def test_validate_graph_capture_bad_options():
+    with pytest.raises(InvalidInputError, match="warmup"):
+        lz.validate_graph_capture(lambda a: a, torch.ones(2), warmup=-1)
+    with pytest.raises(InvalidInputError, match="atol"):
+        lz.validate_graph_capture(lambda a: a, torch.ones(2), atol=float("nan"))
+
+
+def test_compare_tolerances():
+    a = torch.tensor([1.0, 2.0, float("nan")])
+    assert graphs._compare(a, a.clone(), None, None) == (0.0, None)
+    err, msg = graphs._compare(a + torch.tensor([0.0, 1e-3, 0.0]), a, None, None)
+    assert msg is not None and "exceeds" in msg and err == pytest.approx(1e-3, rel=1e-3)
+    assert graphs._compare((a.half(),), (a.half() + 5e-4,), None, None)[1] is None
+    assert graphs._compare(torch.tensor([1, 2]), torch.tensor([1, 3]), None, None)[1] is not None
+    assert graphs._compare((a, a), (a,), None, None)[1] is not None
+
+
+# ------------------------------------------------------------------------------------------ the Runtime guard
+def _capture_builder(build_ctx):
+    return lambda key: replace(build_ctx(key[1:]), graph_capture=True)  # key[0]: a test-only prefix
+
+
+def test_resolve_miss_under_capture_raises():
+    q, k, v = qkv()
+    prepare, build_ctx = OPS["attention"]
+    key, _ = prepare(q, k, v)
+    with pytest.raises(CudaGraphUnsafeError, match=r"lz\.warmup"):
+        RUNTIME.resolve(("capture-test", *key), _capture_builder(build_ctx))
+
+
+def test_resolve_miss_under_capture_allowed_by_config():
+    q, k, v = qkv()
+    prepare, build_ctx = OPS["attention"]
+    key, _ = prepare(q, k, v)
+    lz.configure(allow_selection_in_capture=True)
+    plan = RUNTIME.resolve(("capture-test-2", *key), _capture_builder(build_ctx))
+    assert RUNTIME.registry.kernel(plan.kernel_id, "attention").graph_safe
+
+
+def test_resolve_hit_under_capture_does_not_select():
+    """A key already cached (as lz.warmup leaves it) is served without building a context."""
+    q, k, v = qkv()
+    prepare, build_ctx = OPS["attention"]
+    key, _ = prepare(q, k, v)
+    first = RUNTIME.resolve(key, build_ctx)
+
+    def no_build(_key):
+        raise AssertionError("a hit must not build a context")
+
+    assert RUNTIME.resolve(key, no_build) is first
+
+
+def test_config_option_is_typed():
+    with pytest.raises(lz.ConfigurationError, match="allow_selection_in_capture"):
+        lz.configure(allow_selection_in_capture="yes")
+    assert lz.get_config().allow_selection_in_capture is False
+
+
+def test_capture_key_for_every_op():
+    """Every op keeps the capture flag second to last; capture_key flips it and the context agrees."""
+    q, k, v = qkv()
+    x, w = torch.randn(2, 16), torch.ones(16)
+    calls = {"attention": ((q, k, v), {}), "rms_norm": ((x, w), {}), "layer_norm": ((x, w), {}),
+             "sample_topk": ((torch.randn(2, 10), 3), {})}
+    for op, (args, kw) in calls.items():
+        prepare, build_ctx = OPS[op]
+        key, _ = prepare(*args, **kw)
+        cap = graphs.capture_key(key, build_ctx)
+        assert cap is not None and cap != key and cap[-2] is True, op
+        assert build_ctx(cap).graph_capture and not build_ctx(key).graph_capture
+    assert graphs.capture_key(("attention", 1), OPS["attention"][1]) is None
