@@ -7,7 +7,7 @@
    rejected
    with the exact reasons for dropout and requires_grad. Mirror test: our CPU ``requires_grad`` refusal matches
    torch's own (flex raises NotImplementedError on CPU for inputs requiring grad).
-4. Routing on CUDA (hand-built CUDA DeviceSpecs): priority 60 loses to cuDNN/flash/efficient and beats math;
+4. Routing on CUDA (hand-built CUDA DeviceSpecs): priority -1 (opt-in) loses to every SDPA kernel and the reference;
    head dims < 16 and float64 are refused; graph capture refuses both flex kernels.
 5. The block-mask LRU: built once per (Sq, Sk, causal, dense), evicts the least recently used.
 """
@@ -77,7 +77,7 @@ def test_backend_registered_available_with_two_kernels():
     ids = {k["kernel_id"]: k for k in lz.list_kernels("attention")}
     assert ids["flex_attention.attention"]["device_types"] == ["cpu"]
     assert ids["flex_attention.compiled"]["device_types"] == ["cuda"]
-    for kid, prio in (("flex_attention.attention", -1), ("flex_attention.compiled", 60)):
+    for kid, prio in (("flex_attention.attention", -1), ("flex_attention.compiled", -1)):
         assert ids[kid]["priority"] == prio
         assert ids[kid]["graph_safe"] is False
         assert ids[kid]["supports_dropout"] is False
@@ -204,12 +204,14 @@ def test_bshd_inputs_are_transposed_views_with_cost():
 
 
 # ------------------------------------------------------------------------------------------ CUDA routing
-def test_cuda_priority_below_fused_sdpa_above_math():
+def test_cuda_flex_is_opt_in_only():
     assert winner(cuda_ctx()) == "torch_sdpa.cudnn"
-    # fp32 + GQA: cuDNN/flash need half, efficient refuses GQA -> flex (60) beats math (20)
-    assert winner(cuda_ctx(dtype=torch.float32)) == "flex_attention.compiled"
-    # mask + causal on CUDA: only flex and the reference can
-    assert winner(cuda_ctx(mask=MaskKind.BOOL, is_causal=True)) == "flex_attention.compiled"
+    # fp32 + GQA: cuDNN/flash need half, efficient refuses GQA -> math (20) beats opt-in flex (-1)
+    assert winner(cuda_ctx(dtype=torch.float32)) == "torch_sdpa.math"
+    # mask + causal on CUDA: only flex and the reference can; the reference (0) wins over opt-in flex (-1)
+    assert winner(cuda_ctx(mask=MaskKind.BOOL, is_causal=True)) == "reference.attention"
+    # a fp32 head dim above 128 exceeds the compiled template's shared memory on an H200
+    assert R.HEAD_DIM_TOO_LARGE in reasons("flex_attention.compiled", cuda_ctx(dtype=torch.float32, d=192, dv=192))
 
 
 def test_cuda_constraints():

@@ -2,7 +2,8 @@
 
 Two attention kernels (see ``kernels.py`` for semantics, constraints and sources): ``flex_attention.attention``
 runs flex eagerly on CPU (priority -1, below SDPA and the reference: lock/prefer only), ``flex_attention.compiled`` runs
-``torch.compile(flex_attention)`` on CUDA (priority 60, below cuDNN/flash/efficient). Neither is graph-safe.
+``torch.compile(flex_attention)`` on CUDA (priority -1, opt-in: Inductor failed to lower it for some shapes on
+torch 2.11 / H200). Neither is graph-safe.
 
 Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call) imports
 ``torch.nn.attention.flex_attention``; when it is missing (torch < 2.5) or broken, the backend is registered

@@ -55,11 +55,13 @@ R = ReasonCode
 CPU_KERNEL = "flex_attention.attention"
 CUDA_KERNEL = "flex_attention.compiled"
 KERNEL_IDS: tuple[str, ...] = (CPU_KERNEL, CUDA_KERNEL)
-PRIORITY = {CPU_KERNEL: -1, CUDA_KERNEL: 60}
+PRIORITY = {CPU_KERNEL: -1, CUDA_KERNEL: -1}
 """CPU: -1, below every torch_sdpa kernel *and* the reference (0): eager flex on CPU is an unfused dense
 implementation, measured 3.4x slower than the reference on a mask + causal call (B=1, H=8, S=256, D=64, torch
-2.13, 1 thread), so it is never chosen by default, only by ``lz.lock`` / ``lz.prefer``. CUDA: below cuDNN (85),
-flash (80) and efficient (70), above math (20)."""
+2.13, 1 thread), so it is never chosen by default, only by ``lz.lock`` / ``lz.prefer``. CUDA: also -1 (opt-in
+only): on the H200 image (torch 2.11.0+cu130, Triton 3.6) Inductor fails to lower compiled flex_attention for some
+shapes (``NoValidChoicesError``), so it must not be picked by default until that is understood; measured choices
+(``lz.tune``) can still promote it where it compiles."""
 
 CPU_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 CUDA_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
@@ -234,7 +236,7 @@ class FlexAttention:
                 if self._compiled_fn is None:
                     log.info("LayerZero flex_attention: wrapping flex_attention in torch.compile (first use; the "
                              "first call of each shape compiles: call lz.warmup before serving)")
-                    self._compiled_fn = torch.compile(self._flex)
+                    self._compiled_fn = torch.compile(self._flex, dynamic=False)
                 fn = self._compiled_fn
         return fn
 
@@ -284,10 +286,15 @@ def missing(reason: str) -> Callable[..., Any]:
 
 
 def _cuda_check(ctx: SelectionContext) -> list[Reason]:
-    """What data cannot say for the compiled CUDA kernel: its backward is not claimed deterministic."""
+    """What data cannot say for the compiled CUDA kernel: its backward is not claimed deterministic, and in
+    float32 a head dim above 128 needs more shared memory than an H200 SM has (Inductor's flex template asked
+    for 344,320 bytes at D=203 against a 232,448-byte limit, torch 2.11)."""
+    out = []
     if ctx.deterministic and ctx.requires_grad:
-        return [Reason(R.NON_DETERMINISTIC, "FlexAttention's compiled backward is not claimed deterministic")]
-    return []
+        out.append(Reason(R.NON_DETERMINISTIC, "FlexAttention's compiled backward is not claimed deterministic"))
+    if ctx.dtype == torch.float32 and max(ctx.head_dim or 0, ctx.head_dim_v or 0) > 128:
+        out.append(Reason(R.HEAD_DIM_TOO_LARGE, "compiled flex in float32 supports head_dim <= 128 (shared memory)"))
+    return out
 
 
 def kernel_specs(cpu_fn: Callable[..., Any], cuda_fn: Callable[..., Any]) -> list[KernelSpec]:
