@@ -8,7 +8,8 @@ Every test gets:
 - :func:`layerzero.core.config.reset_for_tests` before and after it: config back to defaults, locks and
   file/env policy layers cleared, the environment re-read and the epoch bumped (so every cached
   selection is invalidated); the level of the ``layerzero`` logger (which ``LAYERZERO_LOG_LEVEL`` sets)
-  is restored afterwards.
+  is restored afterwards; every backend's circuit breaker is closed before and after it;
+- torch limited to one intra-op thread for the whole session (tiny tensors, 2 cores).
 
 Tests marked ``gpu`` are skipped with reason "needs a CUDA GPU" when ``torch.cuda.is_available()`` is
 False.
@@ -39,14 +40,30 @@ def _isolate_layerzero(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
 
     lz_logger = logging.getLogger("layerzero")
     level = lz_logger.level  # LAYERZERO_LOG_LEVEL sets it on (re)load; put it back afterwards
+    from layerzero.ops._common import RUNTIME
+
     _scrub_env(monkeypatch)
     monkeypatch.setenv(_PERFDB_VAR, str(tmp_path / "perfdb.sqlite"))
     config.reset_for_tests()
+    RUNTIME.health.reset()  # a kernel failing in one test must not leave its circuit breaker open for the next
     yield
     # A test may have set (possibly malformed) LAYERZERO_* variables: drop them before re-reading the env.
     _scrub_env(monkeypatch)
     config.reset_for_tests()
+    RUNTIME.health.reset()
     lz_logger.setLevel(level)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread() -> Iterator[None]:
+    """Tests use tiny tensors: intra-op threads only add contention on the 2-core CI machine (10-100x slower
+    calls), so the whole session runs torch with one thread."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

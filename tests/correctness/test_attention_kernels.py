@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.ops._common import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shapes import (  # noqa: E402
@@ -32,24 +31,6 @@ pytestmark = pytest.mark.correctness
 BROAD = {"reference.attention", "torch_sdpa.math", "torch_sdpa.flash"}
 PARAMS = kernel_dtype_params(["attention"], "cpu")
 _ids = lambda x: dname(x) if isinstance(x, torch.dtype) else x  # noqa: E731
-
-
-@pytest.fixture(autouse=True)
-def _healthy_backends():
-    """tests/conftest.py resets config, locks and the PerfDB; a kernel failing here must also not leave its
-    backend's circuit breaker open for the next tests."""
-    RUNTIME.health.reset()
-    yield
-    RUNTIME.health.reset()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on a 2-core machine (10-100x slower calls)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_every_cpu_attention_kernel_is_covered():

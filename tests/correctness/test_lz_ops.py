@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.ops._common import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shapes import (  # noqa: E402
@@ -34,23 +33,6 @@ from _shapes import (  # noqa: E402
 
 pytestmark = pytest.mark.correctness
 _ids = lambda x: dname(x) if isinstance(x, torch.dtype) else x  # noqa: E731
-
-
-@pytest.fixture(autouse=True)
-def _healthy_backends():
-    """tests/conftest.py resets config, locks and the PerfDB; also close every backend's circuit breaker."""
-    RUNTIME.health.reset()
-    yield
-    RUNTIME.health.reset()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on a 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # ============================================================ sampling oracles (shared with tests/gpu)
@@ -131,8 +113,6 @@ def frequency_error(tokens: torch.Tensor, expected: torch.Tensor, sigmas: float 
         i = int(off.nonzero()[0])
         return f"token {i}: frequency {float(freq[i]):.4f} vs probability {float(exp[i]):.4f} over {n} draws"
     return None
-
-
 
 
 # ============================================================================ default selection vs oracle

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.ops._common import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shapes import (  # noqa: E402
@@ -32,24 +31,6 @@ pytestmark = pytest.mark.correctness
 OPS = ("rms_norm", "layer_norm", "rope")
 PARAMS = kernel_dtype_params(OPS, "cpu")
 _ids = lambda x: dname(x) if isinstance(x, torch.dtype) else x  # noqa: E731
-
-
-@pytest.fixture(autouse=True)
-def _healthy_backends():
-    """tests/conftest.py resets config, locks and the PerfDB; a kernel failing here must also not leave its
-    backend's circuit breaker open for the next tests."""
-    RUNTIME.health.reset()
-    yield
-    RUNTIME.health.reset()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on a 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_every_cpu_kernel_is_covered():

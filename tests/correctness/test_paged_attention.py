@@ -24,7 +24,6 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.ops._common import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shapes import dname, mismatch  # noqa: E402
@@ -38,22 +37,6 @@ RATIOS = (1, 2, 4, 8)
 MIN_CASES = 200
 BROAD = {"reference.paged_attention", "torch_sdpa.paged_attention"}
 CACHE_KERNELS = ("reference.reshape_and_cache", "torch_native.reshape_and_cache")
-
-
-@pytest.fixture(autouse=True)
-def _healthy_backends():
-    RUNTIME.health.reset()
-    yield
-    RUNTIME.health.reset()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on a 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # ------------------------------------------------------------------------------------------ cases

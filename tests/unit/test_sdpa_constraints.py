@@ -24,7 +24,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import layerzero as lz
 from layerzero.core.reasons import Reason, ReasonCode
-from layerzero.ops._common import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
 from _shapes import DTYPES, _qkv_tensor, attention_oracle, dname, make_mask, mismatch, randn  # noqa: E402
@@ -156,23 +155,6 @@ CPU_ALLOW = (
           MASK_AND_CAUSAL_WHY + "; CPU flash does combine them correctly (test_cpu_flash_combines_mask_and_causal_"
           "correctly), so relaxing mask_with_causal for CPU flash would only win speed"),
 )
-
-
-@pytest.fixture(autouse=True)
-def _healthy_backends():
-    """An open circuit breaker would add BACKEND_UNHEALTHY reasons to every validate() of the grid."""
-    RUNTIME.health.reset()
-    yield
-    RUNTIME.health.reset()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on a 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 GRID = sdpa_grid()
