@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.ops._common import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shapes import attention_oracle, make_mask, mismatch, randn  # noqa: E402
@@ -26,13 +25,6 @@ pytestmark = pytest.mark.correctness
 
 KERNEL = "flex_attention.attention"
 CASES = 220
-
-
-@pytest.fixture(autouse=True)
-def _healthy():
-    RUNTIME.health.reset()
-    yield
-    RUNTIME.health.reset()
 
 
 def flex_case(seed: int, dtype: torch.dtype):
