@@ -135,7 +135,7 @@ def validate(kernel_id: str, op: str, *args: Any, **kwargs: Any) -> list[Reason]
     key, _ = prepare(*args, **kwargs)
     RUNTIME.ensure_ready()
     ctx = context(key)
-    return validate_kernel(RUNTIME.registry, kernel_id, ctx, RUNTIME._usable, _config.effective_policy())
+    return validate_kernel(RUNTIME.registry, kernel_id, ctx, RUNTIME.usable_reason, _config.effective_policy())
 
 
 def list_kernels(op: str | None = None) -> list[dict[str, Any]]:

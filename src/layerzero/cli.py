@@ -52,20 +52,28 @@ def _explain_args(ns: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str, An
     return (t(ns.batch, ns.vocab), ns.top_p), {}
 
 
+def _console(report: Any, as_json: bool) -> Any:
+    """Print ``report`` as JSON or plain text and return None, or return a wide rich Console to print it with
+    (when rich is installed and JSON was not asked for)."""
+    if as_json:
+        print(report.to_json())
+        return None
+    try:
+        from rich.console import Console
+    except ImportError:
+        print(report)
+        return None
+    return Console(width=max(140, Console().width))
+
+
 def _cmd_explain(ns: argparse.Namespace) -> int:
     import layerzero as lz
 
     args, kwargs = _explain_args(ns)
     report = lz.explain(ns.op, *args, **kwargs)
-    if ns.json:
-        print(report.to_json())
+    console = _console(report, ns.json)
+    if console is None:
         return 0
-    try:
-        from rich.console import Console
-    except ImportError:
-        print(report)
-        return 0
-    console = Console(width=max(140, Console().width))
     ctx = {k: v for k, v in report.context.fields().items() if v not in (None, False)}
     console.print(f"[bold]{ns.op}[/bold] on {report.context.device}")
     console.print("context: " + ", ".join(f"{k}={v}" for k, v in ctx.items()))
@@ -146,15 +154,9 @@ def _cmd_tune(ns: argparse.Namespace) -> int:
 
     report = tune(ns.op, _tune_cases(ns), kernels=ns.kernels, warmup=ns.warmup, iters=ns.iters,
                   repeats=ns.repeats, max_time_s=ns.max_time, progress=not ns.no_progress and not ns.json)
-    if ns.json:
-        print(report.to_json())
-        return 0
-    try:
-        from rich.console import Console
-    except ImportError:
-        print(report)
-        return 0
-    Console(width=max(140, Console().width)).print(report)  # uses TuneReport.__rich__
+    console = _console(report, ns.json)
+    if console is not None:
+        console.print(report)  # uses TuneReport.__rich__
     return 0
 
 

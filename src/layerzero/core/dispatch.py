@@ -161,14 +161,15 @@ class Runtime:
         return lookup
 
     # ------------------------------------------------------------------ selection
-    def _usable(self, backend_id: str) -> Reason | None:
+    def usable_reason(self, backend_id: str) -> Reason | None:
+        """None when ``backend_id``'s circuit breaker lets it run, else the ``BACKEND_UNHEALTHY`` reason."""
         return None if self.health.usable(backend_id) else self.health.reason(backend_id)
 
     def select_context(self, ctx: SelectionContext) -> tuple[ExecutionPlan, SelectionReport]:
         """Run the full pipeline for ``ctx`` (no cache): the plan and its report."""
         self.ensure_ready()
         cfg = _config.get_config()
-        inputs = SelectionInputs(_config.effective_policy(), self._usable, self._perf_lookup(ctx),
+        inputs = SelectionInputs(_config.effective_policy(), self.usable_reason, self._perf_lookup(ctx),
                                  cfg.strict, cfg.log_fallbacks)
         plan, report = select(self.registry, ctx, inputs)
         retry_at = self.health.next_retry_at()

@@ -300,7 +300,7 @@ def tune(op: str, cases: Iterable[Any], *, kernels: str | Iterable[str] | None =
         for spec in specs:
             if spec.kernel_id not in chosen:
                 continue
-            reasons = kernel_reasons(registry, spec, ctx, RUNTIME._usable)
+            reasons = kernel_reasons(registry, spec, ctx, RUNTIME.usable_reason)
             if not spec.is_reference:
                 reasons += policy.reasons_against(op, spec.kernel_id, spec.backend, fields)
             if reasons:

@@ -28,6 +28,7 @@ from typing import Any
 
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import BackendSpec
+from layerzero.core.versions import release
 
 log = logging.getLogger("layerzero.backends.flash_attn")
 
@@ -83,21 +84,7 @@ class Probe:
 
 def _version_tuple(text: str | None) -> tuple[int, ...] | None:
     """``"2.7.4.post1"`` -> ``(2, 7, 4)``; None when unparsable."""
-    if not text:
-        return None
-    parts: list[int] = []
-    for piece in str(text).split("."):
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        parts.append(int(digits))
-        if len(digits) != len(piece):
-            break
-    return tuple(parts) or None
+    return release(text) or None
 
 
 def _unavailable(info: LibraryInfo, code: ReasonCode, message: str, version: str | None = None) -> Probe:

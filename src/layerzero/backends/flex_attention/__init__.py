@@ -23,6 +23,7 @@ import torch
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec
+from layerzero.core.versions import release
 
 from .kernels import (
     CPU_KERNEL,
@@ -57,11 +58,8 @@ class Probe:
 
 def _torch_version(text: str) -> tuple[int, int]:
     """``"2.13.0+cpu"`` -> ``(2, 13)``; ``(0, 0)`` when unparsable."""
-    try:
-        major, minor = text.split("+")[0].split(".")[:2]
-        return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-    except ValueError:
-        return (0, 0)
+    parts = release(text)
+    return (parts + (0, 0))[:2] if parts else (0, 0)
 
 
 def probe(importer: Callable[[str], Any] = importlib.import_module, torch_version: str | None = None) -> Probe:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from layerzero.core.errors import ConfigurationError, InvalidInputError, expected_got
+from layerzero.core.versions import release
 
 logger = logging.getLogger("layerzero.integrations.transformers")
 
@@ -33,19 +34,7 @@ MIN_TRANSFORMERS_VERSION: tuple[int, int] = (4, 56)
 
 def _parse_version(version: str) -> tuple[int, ...]:
     """Leading numeric release of a version string: ``"5.23.0.dev0"`` -> ``(5, 23, 0)``."""
-    parts: list[int] = []
-    for piece in version.split("."):
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        parts.append(int(digits))
-        if len(digits) != len(piece):
-            break
-    return tuple(parts)
+    return release(version)
 
 
 def check_transformers_version(version: str) -> tuple[int, ...]:
