@@ -72,7 +72,8 @@ __version__ = "0.1.0"
 def doctor(*, print_report: bool = True) -> Any:
     """Inspect this machine and LayerZero's state: device, versions, backends (available or why not),
     kernels per op, config, policy, locks, health and PerfDB. Returns a :class:`~layerzero.doctor.DoctorReport`
-    (``.to_dict()`` for JSON) and prints it as tables unless ``print_report=False``."""
+    (``.to_dict()`` for JSON) and prints it as tables unless ``print_report=False``. Raises
+    ``ConfigurationError`` for malformed ``LAYERZERO_*`` variables; an unusable PerfDB is reported, not raised."""
     from .doctor import run_doctor
 
     return run_doctor(print_report=print_report)
@@ -80,7 +81,9 @@ def doctor(*, print_report: bool = True) -> Any:
 
 def patch_model(model: Any, **kwargs: Any) -> Any:
     """Route a Hugging Face Transformers model's attention, RMSNorm and RoPE through LayerZero; returns an
-    undo handle. See :func:`layerzero.integrations.transformers.patch_model` (imports transformers lazily)."""
+    undo handle. See :func:`layerzero.integrations.transformers.patch_model` (imports transformers lazily).
+    Raises ``ConfigurationError`` for an unsupported ``model_type``, a model patched twice or a transformers
+    release older than 4.56."""
     from .integrations.transformers import patch_model as _patch
 
     return _patch(model, **kwargs)

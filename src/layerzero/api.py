@@ -89,7 +89,8 @@ def prefer(*kernel_ids_or_backends: str, by: float = 1000.0) -> Iterator[Policy]
 @contextlib.contextmanager
 def disabled() -> Iterator[Policy]:
     """Inside the block every op runs its reference kernel (plain PyTorch, float32 math). Scoped to this
-    thread/asyncio task; useful to bisect a numerical difference."""
+    thread/asyncio task; useful to bisect a numerical difference. Raises nothing itself; the ops inside raise
+    as usual (reference kernels accept every valid input)."""
     with _config.scoped_policy(Policy.reference_only()) as layer:
         yield layer
 
@@ -122,7 +123,11 @@ def explain(op: str, *args: Any, **kwargs: Any) -> SelectionReport:
 
 
 def which(op: str, *args: Any, **kwargs: Any) -> str:
-    """The kernel id ``lz.<op>(*args, **kwargs)`` would run."""
+    """The kernel id ``lz.<op>(*args, **kwargs)`` would run (e.g. ``"torch_sdpa.flash"``).
+
+    Raises the same errors as :func:`select`: ``InvalidInputError``, ``UnknownOperationError``,
+    ``NoKernelFoundError``.
+    """
     return select(op, *args, **kwargs).kernel_id
 
 
@@ -139,7 +144,8 @@ def validate(kernel_id: str, op: str, *args: Any, **kwargs: Any) -> list[Reason]
 
 
 def list_kernels(op: str | None = None) -> list[dict[str, Any]]:
-    """Registered kernels (of ``op``, or all): id, op, backend, availability, priority and constraints."""
+    """Registered kernels (of ``op``, or all): id, op, backend, availability, priority and constraints, one
+    dict per kernel. Raises ``UnknownOperationError`` for an unknown ``op``."""
     RUNTIME.ensure_ready()
     reg = RUNTIME.registry
     specs = reg.for_op(op) if op is not None else reg.kernels.values()
@@ -223,7 +229,10 @@ def unregister_kernel(kernel_id: str) -> Any:
 
 
 def reload() -> None:
-    """Re-read the ``LAYERZERO_*`` environment (and the policy file it names); invalidates cached choices."""
+    """Re-read the ``LAYERZERO_*`` environment (and the policy file it names); invalidates cached choices.
+
+    Raises ``ConfigurationError`` / ``PolicyValidationError`` naming a malformed variable or policy file.
+    """
     _config.load_env()
 
 

@@ -174,7 +174,8 @@ def ensure_env_loaded() -> None:
 
 
 def get_config() -> Config:
-    """The current :class:`Config`."""
+    """The current :class:`Config`. Raises ``ConfigurationError`` if a ``LAYERZERO_*`` variable read on first
+    use is malformed."""
     ensure_env_loaded()
     return _STATE.config
 
@@ -240,7 +241,7 @@ def set_lock(op: str, kernel_id: str | None) -> None:
 
 
 def get_locks() -> dict[str, str]:
-    """The locks set with ``lz.lock``, op -> kernel id (file and env locks are in the policy)."""
+    """The locks set with ``lz.lock``, op -> kernel id (file and env locks are in the policy). Raises nothing."""
     return dict(_STATE.locks)
 
 

@@ -58,7 +58,8 @@ _TRACE: contextvars.ContextVar[DispatchTrace | None] = contextvars.ContextVar("l
 
 @contextlib.contextmanager
 def trace() -> Iterator[DispatchTrace]:
-    """Record which kernel served each op call inside the block (this thread/task only)."""
+    """Record which kernel served each op call inside the block (this thread/task only); yields a
+    :class:`DispatchTrace`. Raises nothing; errors of the ops inside propagate unchanged."""
     t = DispatchTrace()
     token = _TRACE.set(t)
     try:
