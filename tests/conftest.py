@@ -12,7 +12,8 @@ Every test gets:
 - torch limited to one intra-op thread for the whole session (tiny tensors, 2 cores).
 
 Tests marked ``gpu`` are skipped with reason "needs a CUDA GPU" when ``torch.cuda.is_available()`` is
-False.
+False. On such machines, when triton is installed, ``TRITON_INTERPRET=1`` is set at import so Triton kernels
+run on CPU tensors through Triton's interpreter (tests/correctness/test_triton_interpret.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,23 @@ from collections.abc import Iterator
 import pytest
 
 _PERFDB_VAR = "LAYERZERO_PERFDB"
+
+
+def _triton_interpreter_for_cpu_runs() -> None:
+    """Without a CUDA device, run Triton kernels on CPU tensors through Triton's interpreter: set
+    ``TRITON_INTERPRET=1`` (unless the shell set it) before any ``@triton.jit`` decorator runs (LayerZero's
+    kernel modules are imported lazily, on a kernel's first call, so conftest import time is early enough)."""
+    import importlib.util
+
+    if "TRITON_INTERPRET" in os.environ or importlib.util.find_spec("triton") is None:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+_triton_interpreter_for_cpu_runs()
 
 
 def _scrub_env(monkeypatch: pytest.MonkeyPatch) -> None:

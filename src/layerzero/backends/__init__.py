@@ -10,7 +10,7 @@ from __future__ import annotations
 from layerzero.core.registry import KernelRegistry
 
 BUILTIN_BACKENDS: tuple[str, ...] = ("reference", "torch_sdpa", "torch_native", "flash_attn", "flex_attention", "liger",
-                                      "xformers")
+                                      "xformers", "flashinfer", "ipex", "triton")
 
 
 def register_builtin(registry: KernelRegistry) -> None:

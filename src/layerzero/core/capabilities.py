@@ -27,7 +27,7 @@ import torch
 from .errors import ConfigurationError, expected_got
 from .policy import safe_load_yaml
 from .registry import KernelRegistry
-from .specs import KernelSpec, MaskKind
+from .specs import CPU_ISA_NAMES, KernelSpec, MaskKind
 
 CAPABILITY_SCHEMA_VERSION = 1
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16,
@@ -76,6 +76,11 @@ def _str_set(choices: Mapping[str, Any] | None) -> Callable[[str, Any], frozense
     return parse
 
 
+def _opt_isa(where: str, v: Any) -> frozenset[str] | None:
+    """``cpu_isa``: null or a list of names from ``CPU_ISA_NAMES``."""
+    return None if v is None else _str_set({n: n for n in CPU_ISA_NAMES})(where, v)
+
+
 _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "priority": _int,
     "device_types": _str_set(None),
@@ -87,6 +92,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "head_dim_multiple": _opt_int,
     "max_seq_len": _opt_int,
     "mask_kinds": _str_set({m.value: m for m in MaskKind}),
+    "cpu_isa": _opt_isa,
     **{name: _bool for name in ("head_dims_equal", "supports_gqa", "mask_with_causal", "supports_causal",
                                 "supports_dropout", "supports_backward", "requires_stride_last_1", "requires_aligned_16",
                                 "deterministic", "graph_safe")},

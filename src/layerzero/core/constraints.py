@@ -38,6 +38,12 @@ def check_constraints(spec: KernelSpec, ctx: SelectionContext) -> list[Reason]:
         if spec.generations is not None and dev.generation not in spec.generations:
             names = sorted(g.name for g in spec.generations)
             out.append(Reason(R.GPU_GENERATION_UNSUPPORTED, f"runs on {names}, device is {dev.generation.name}"))
+    if spec.cpu_isa and dev.device_type == "cpu":
+        missing = spec.cpu_isa - dev.cpu_isa
+        if missing:
+            out.append(Reason(R.CPU_ISA_MISSING,
+                              f"needs CPU ISA {sorted(spec.cpu_isa)}; missing {sorted(missing)} "
+                              f"(this CPU has {sorted(dev.cpu_isa) or 'none detected'})"))
     if ctx.head_dim is not None:
         _check_head_dim(spec, ctx, out)
     if ctx.num_heads_q is not None and ctx.num_heads_kv is not None and ctx.num_heads_q != ctx.num_heads_kv:

@@ -36,7 +36,7 @@ import torch
 from .device import GPUGeneration
 from .errors import ConfigurationError, expected_got
 from .registry import KernelRegistry
-from .specs import BackendSpec, KernelSpec, Layout, MaskKind
+from .specs import CPU_ISA_NAMES, BackendSpec, KernelSpec, Layout, MaskKind
 
 log = logging.getLogger("layerzero.custom")
 
@@ -152,6 +152,13 @@ def _generation(x: Any) -> GPUGeneration:
     return x if isinstance(x, GPUGeneration) else GPUGeneration[str(x).upper()]
 
 
+def _isa(x: Any) -> str:
+    name = str(x).lower() if isinstance(x, str) else None
+    if name not in CPU_ISA_NAMES:
+        raise ValueError(x)
+    return name
+
+
 def _sm(what: str, value: Any) -> tuple[int, int] | None:
     if value is None:
         return None
@@ -169,6 +176,7 @@ _SETS: dict[str, tuple[Callable[[Any], Any], Iterable[Any]]] = {
     "device_types": (lambda x: _device_type(x), ("cpu", "cuda", "mps", "xpu")),
     "dtypes": (_dtype, ("float32", "float64", "float16", "bfloat16")),
     "generations": (_generation, [g.name for g in GPUGeneration]),
+    "cpu_isa": (_isa, sorted(CPU_ISA_NAMES)),
     "layouts": (lambda x: Layout(x.value if isinstance(x, Layout) else str(x).upper()), [m.value for m in Layout]),
     "mask_kinds": (lambda x: MaskKind(x.value if isinstance(x, MaskKind) else str(x).lower()),
                    [m.value for m in MaskKind]),
@@ -190,7 +198,7 @@ def coerce_constraints(constraints: Mapping[str, Any]) -> dict[str, Any]:
             raise _bad("register_kernel: constraint name", f"one of {sorted(CONSTRAINT_FIELDS)}", repr(name))
         if name in _SETS:
             parse, choices = _SETS[name]
-            out[name] = None if value is None and name in ("generations", "layouts") else _enum_set(
+            out[name] = None if value is None and name in ("generations", "layouts", "cpu_isa") else _enum_set(
                 name, value, parse, choices)
         elif name in ("sm_min", "sm_max"):
             out[name] = _sm(name, value)

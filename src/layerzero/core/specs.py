@@ -46,6 +46,14 @@ class Phase(str, enum.Enum):
     DECODE = "decode"
 
 
+CPU_ISA_NAMES: frozenset[str] = frozenset({
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx",
+    "amx_bf16", "amx_int8", "neon", "sve", "sve2", "bf16", "sve256", "vsx", "z_vector",
+})
+"""ISA feature names a ``KernelSpec.cpu_isa`` may require: the ``/proc/cpuinfo`` flags ``DeviceSpec.cpu_isa``
+folds (``layerzero.core.device._FLAG_MAP``) plus torch's ``get_cpu_capability()`` names in that spelling."""
+
+
 Adapter = Callable[["KernelSpec", "SelectionContext", Callable[..., Any]],
                    tuple[Callable[..., Any], tuple[str, ...], float]]
 
@@ -73,7 +81,9 @@ class KernelSpec:
     ``fn`` is called with the op's canonical positional arguments (see ``layerzero.ops``), with tensors in
     one of ``layouts`` (dispatch inserts a transpose for other layouts and charges ``transform cost`` in the
     score). ``None`` in a constraint field means "no constraint". ``sm_min``/``sm_max`` are inclusive
-    ``(major, minor)`` pairs and apply to CUDA devices only. ``max_seq_len`` is checked against the upper
+    ``(major, minor)`` pairs and apply to CUDA devices only. ``cpu_isa`` names ISA features a CPU context must
+    *all* have (spelled as ``DeviceSpec.cpu_isa`` spells them: ``"avx2"``, ``"avx512"``, ``"avx512_bf16"``,
+    ``"amx_bf16"``, ...); it applies to CPU devices only. ``max_seq_len`` is checked against the upper
     bound of the sequence-length bucket so a cached choice is valid for every length in its bucket.
     """
 
@@ -87,6 +97,7 @@ class KernelSpec:
     sm_min: tuple[int, int] | None = None
     sm_max: tuple[int, int] | None = None
     generations: frozenset[GPUGeneration] | None = None
+    cpu_isa: frozenset[str] | None = None
     layouts: frozenset[Layout] | None = None
     head_dim_min: int | None = None
     head_dim_max: int | None = None
@@ -124,7 +135,7 @@ class KernelSpec:
             "priority", "device_types", "dtypes", "sm_min", "sm_max", "generations", "layouts", "head_dim_min",
             "head_dim_max", "head_dim_multiple", "head_dims_equal", "supports_gqa", "mask_kinds",
             "mask_with_causal", "supports_causal", "supports_dropout", "supports_backward",
-            "requires_stride_last_1", "requires_aligned_16", "max_seq_len", "deterministic", "graph_safe",
+            "requires_stride_last_1", "requires_aligned_16", "max_seq_len", "deterministic", "graph_safe", "cpu_isa",
         ):
             value = getattr(self, name)
             if isinstance(value, frozenset):

@@ -166,7 +166,46 @@ def kernel_specs() -> list[KernelSpec]:
             layouts=frozenset({Layout.BHSD}), supports_gqa=True, mask_kinds=gqa_mask_kinds, mask_with_causal=False,
             supports_dropout=True, deterministic=True, graph_safe=True,
         ),
+        KernelSpec(
+            "torch_sdpa.cpu_fp32_upcast", "attention", _fp32_upcast, priority=85,
+            description="CPU float16 attention computed by the CPU flash kernel in float32 (inputs upcast, output "
+                        "rounded once to float16); prefill 1.5-2.5x faster than float16 flash on CPUs without "
+                        "native fp16 arithmetic (benchmarks/results/cpu_isa.md)",
+            device_types=frozenset({"cpu"}), dtypes=frozenset({torch.float16}), layouts=frozenset({Layout.BHSD}),
+            head_dims_equal=True, supports_gqa=True, mask_kinds=gqa_mask_kinds, mask_with_causal=False,
+            supports_dropout=False, requires_stride_last_1=True, deterministic=True, graph_safe=True,
+            check=_upcast_check,
+        ),
     ]
+
+
+def _fp32_upcast(q, k, v, attn_mask, is_causal, scale, dropout_p):
+    """float16 q/k/v (and float mask) -> float32, SDPA (CPU flash: torch's first choice for float32 on CPU, see
+    :func:`_cpu_flash_natural`), result rounded once to q's dtype. Numeric contract: the float32 attention of
+    the float16 inputs, so at least as accurate as float16 flash (which also accumulates in float32 but
+    rounds its softmax probabilities to float16 before the P @ V product); costs 2 bytes extra per input
+    element for the float32 copies."""
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask.float()
+    out = _SDPA(q.float(), k.float(), v.float(), attn_mask, 0.0, is_causal, scale=scale,
+                enable_gqa=q.shape[1] != k.shape[1])
+    return out.to(q.dtype)
+
+
+def _upcast_check(ctx: SelectionContext) -> list[Reason]:
+    """Off on CPUs with native float16 arithmetic (avx512_fp16: Sapphire Rapids and newer), where torch's own
+    float16 kernels can use it (not measured: the benchmark CPU has none, so native wins by default), and for
+    decode (one query token), where the measured gain was not consistent."""
+    out = []
+    if "avx512_fp16" in ctx.device.cpu_isa:
+        out.append(Reason(ReasonCode.PLATFORM_UNSUPPORTED,
+                          "this CPU has native fp16 arithmetic (avx512_fp16): torch's float16 flash kernel is "
+                          "preferred there (the float32-upcast win was measured only on CPUs without it)"))
+    if ctx.seq_len_q == 1:
+        out.append(Reason(ReasonCode.SEQ_LEN_TOO_SHORT,
+                          "decode (Sq == 1) is left to torch's float16 kernels: the float32 upcast was not "
+                          "consistently faster there (benchmarks/results/cpu_isa.md)"))
+    return out
 
 
 def _flash_device_check(ctx: SelectionContext) -> list[Reason]:

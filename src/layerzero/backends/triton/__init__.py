@@ -1,0 +1,90 @@
+"""The ``triton`` backend: LayerZero's own Triton kernels, CUDA only (SM >= 8.0).
+
+Kernels: ``triton.rms_norm`` (fused residual add, ``norms.py``), ``triton.rope`` (``rope.py``),
+``triton.sample_topk`` / ``triton.sample_topp`` (``sampling.py``) and the paged decode attention kernels of
+``paged.py``. Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call)
+calls :func:`probe`, which imports ``triton``; the ``@triton.jit`` modules (``_*_kernels.py``) are imported on
+a kernel's first call. A missing triton leaves the backend registered and unavailable with
+``BACKEND_NOT_INSTALLED``; an import that raises anything else gives ``BACKEND_IMPORT_FAILED`` with the error
+text. Constraints, graph safety and what runs in Triton vs torch: ``docs/backends.md`` ("triton").
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+
+from layerzero.core.reasons import Reason, ReasonCode
+from layerzero.core.registry import KernelRegistry
+from layerzero.core.specs import BackendSpec, KernelSpec
+
+from . import norms, rope, sampling
+from ._common import INSTALL_HINT
+
+log = logging.getLogger("layerzero.backends.triton")
+BACKEND_ID = "triton"
+MODULE = "triton"
+_DESCRIPTION = "LayerZero's own Triton kernels (RMSNorm + fused add, RoPE, top-k/top-p sampling, paged decode)"
+KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, *sampling.KERNEL_IDS)
+"""Ids of this package's own op kernels (the paged kernels are listed by ``paged.kernel_specs``)."""
+
+
+def _version(mod: object) -> str | None:
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return getattr(mod, "__version__", None)
+
+
+def _unavailable(code: ReasonCode, message: str) -> BackendSpec:
+    log.info("triton backend unavailable: %s", message)
+    return BackendSpec(BACKEND_ID, MODULE, None, False, (Reason(code, message),), _DESCRIPTION)
+
+
+def probe() -> BackendSpec:
+    """Import triton now and describe the backend (available, or not with one reason); never raises.
+
+    ``BACKEND_NOT_INSTALLED`` when the ``triton`` module is not found; ``BACKEND_IMPORT_FAILED`` (with the
+    exception text) when importing it raises anything else (a missing dependency of triton, a broken install).
+    """
+    try:
+        mod = importlib.import_module(MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name == MODULE:
+            return _unavailable(ReasonCode.BACKEND_NOT_INSTALLED, f"module 'triton' not found ({exc}); {INSTALL_HINT}")
+        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing triton failed: {exc!r}; {INSTALL_HINT}")
+    except Exception as exc:  # noqa: BLE001 - any import failure makes the backend unavailable, with its text
+        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing triton failed: {exc!r}")
+    return BackendSpec(BACKEND_ID, MODULE, _version(mod), True, (), _DESCRIPTION)
+
+
+def kernel_specs(available: bool, why: str = "triton is not available") -> list[KernelSpec]:
+    """Every KernelSpec of the backend: rms_norm, rope, sample_topk, sample_topp, then ``paged.kernel_specs``.
+
+    Args:
+        available: whether triton imported; when False the specs are still returned and their callables
+            raise ``BackendNotAvailableError`` with ``why``.
+        why: the unavailability reason, quoted by those callables.
+    """
+    from . import paged
+
+    return [norms.kernel_spec(available, why), rope.kernel_spec(available, why),
+            *sampling.kernel_specs(available, why), *paged.kernel_specs(available, why)]
+
+
+def register(registry: KernelRegistry) -> None:
+    """Add the ``triton`` backend (available or not, with reasons) and all its kernels to ``registry`` (the
+    ``rms_norm``, ``rope``, ``sample_topk``, ``sample_topp`` and ``paged_attention`` ops must be registered).
+
+    Raises:
+        ConfigurationError: the backend or one of its kernel ids is already registered.
+    """
+    backend = probe()
+    registry.add_backend(backend)
+    why = "; ".join(r.message for r in backend.reasons) or "triton is not available"
+    for spec in kernel_specs(backend.available, why):
+        registry.add_kernel(spec)
+
+
+__all__ = ["BACKEND_ID", "KERNEL_IDS", "kernel_specs", "probe", "register"]

@@ -1,0 +1,75 @@
+"""Shared pieces of the ``triton`` backend: constraint constants, the lazy kernel-module loader, launch
+heuristics and the ``_missing`` callable of an unusable backend.
+
+Nothing here imports triton: the ``@triton.jit`` code lives in ``_norm_kernels.py``, ``_rope_kernels.py``
+and ``_sampling_kernels.py``, imported by :func:`kernels` on a kernel's first call (after the backend's
+probe imported triton successfully).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from layerzero.core.errors import BackendNotAvailableError
+
+CUDA = frozenset({"cuda"})
+FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
+SM_MIN = (8, 0)
+"""Triton's supported NVIDIA range starts at compute capability 8.0 (and bfloat16 needs it)."""
+INSTALL_HINT = "pip install triton (Linux x86_64/aarch64; torch's CUDA wheels ship a matching one)"
+
+
+class LazyModule:
+    """A kernel module imported on first use: ``LazyModule("_norm_kernels").get()`` returns
+    ``layerzero.backends.triton._norm_kernels`` (importing it, hence running its ``@triton.jit``
+    decorators, once). Holds one module reference; no other state.
+
+    Raises (from :meth:`get`):
+        ImportError: triton is not importable (only reached if a caller bypasses the probe).
+    """
+
+    __slots__ = ("_module", "_name")
+
+    def __init__(self, name: str) -> None:
+        self._name = f"layerzero.backends.triton.{name}"
+        self._module: ModuleType | None = None
+
+    def get(self) -> ModuleType:
+        """The imported kernel module."""
+        mod = self._module
+        if mod is None:
+            mod = self._module = importlib.import_module(self._name)
+        return mod
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= ``n`` (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def num_warps_for(block: int) -> int:
+    """Warps per program for a row tile of ``block`` elements (the Triton tutorials' layer-norm rule)."""
+    if block >= 32768:
+        return 16
+    if block >= 8192:
+        return 8
+    if block >= 2048:
+        return 4
+    return 2 if block >= 512 else 1
+
+
+def missing(kernel_id: str, why: str) -> Callable[..., Any]:
+    """The callable of a kernel whose backend is unusable: raises ``BackendNotAvailableError`` with ``why``
+    (selection never picks it: the backend is unavailable; a lock or a direct call gets this error)."""
+
+    def run(*args: Any) -> Any:
+        raise BackendNotAvailableError(
+            f"{kernel_id} cannot run: {why}. Install it ({INSTALL_HINT}) or let LayerZero pick another kernel.")
+
+    run.__name__ = kernel_id.replace(".", "_") + "_missing"
+    return run

@@ -1,0 +1,131 @@
+"""The ``@triton.jit`` code of ``triton.paged_decode`` (private; imported by :mod:`.paged` only after ``import
+triton`` succeeded). Split-K paged decode attention after FlashDecoding (Dao, Haziza, Massa, Sizov 2023,
+"Flash-Decoding for long-context inference") and vLLM's ``triton_decode_attention`` (two stages).
+
+Stage 1, grid ``(B, Hkv, S)``: program (b, h, s) takes the ``group = Hq / Hkv`` query heads of KV head h as
+one ``[GROUP_PAD, D_PAD]`` tile and runs an online softmax (float32, base 2) over the KV positions
+``[s * split_len, min((s + 1) * split_len, seq_len))`` of sequence b, ``BLOCK_N`` positions per step. Each
+position t is gathered through ``block_tables[b, t // P]`` at offset ``t % P`` (any page size P); loads of
+positions ``>= seq_len`` (block ids included) are masked, so unused pages, unused slots and padding ids in
+``block_tables`` are never read. It writes the normalized partial output ``[group, D]`` and its log2-sum-exp
+to the float32 workspace; an empty split writes 0 and ``-inf``.
+
+Stage 2, grid ``(B, Hq)``: merges the S partials of one (sequence, query head) with weights
+``2^(lse_s - max lse)`` (empty splits weigh 0) and stores the result in the output's dtype.
+
+Nothing here reads a device value on the host: the grid and every launch argument come from shapes, so a
+launch can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale,
+                 stride_blk, stride_kv, stride_pos, page,
+                 HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """One online-softmax step over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop``: gathers K/V through
+    the block table (masked: positions ``>= stop`` load nothing), returns the updated ``(m, l, acc)``.
+    ``UPCAST``: both dots in float32 (the interpreter's ``tl.dot`` misreads bfloat16 operands)."""
+    d = tl.arange(0, D_PAD)
+    pos = t0 + tl.arange(0, BLOCK_N)
+    p_ok = pos < stop
+    blk = tl.load(bt_row + pos // page, mask=p_ok, other=0).to(tl.int64)
+    base = kv_head + blk * stride_blk + (pos % page).to(tl.int64) * stride_pos
+    mask = p_ok[:, None] & (d < HEAD_DIM)[None, :]
+    k = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0)
+    v = tl.load(base[:, None] + stride_kv + d[None, :], mask=mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [GROUP_PAD, BLOCK_N], base-2 logits
+    scores = tl.where(p_ok[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "stride_lb"])
+def paged_decode_split(
+    q_ptr, kv_ptr, bt_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr,
+    qk_scale,  # softmax scale * log2(e)
+    stride_qb, stride_qh,
+    stride_blk, stride_kv, stride_pos, stride_head,
+    stride_bt, split_len, page, group, num_splits,
+    stride_wb, stride_wh, stride_ws,  # workspace out [B, Hq, S, D] (contiguous)
+    stride_lb,  # workspace lse [B, Hq, S] (contiguous): Hq * S
+    GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Stage 1 (see the module docstring). Strides are in elements."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, D_PAD)
+    g_ok = g < group
+    d_ok = d < HEAD_DIM
+    heads = h * group + g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    seq_len = tl.load(lens_ptr + b)
+    start = s * split_len
+    stop = tl.minimum(start + split_len, seq_len)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+    kv_head = kv_ptr + h * stride_head
+    bt_row = bt_ptr + b * stride_bt
+    if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
+        for i in range(0, TILES_PER_SPLIT):
+            t0 = start + i * BLOCK_N
+            if t0 < stop:
+                m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, stride_blk,
+                                             stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST)
+    else:
+        for t0 in range(start, stop, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, stride_blk,
+                                         stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST)
+    nonempty = l_i > 0.0
+    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+    w_off = b * stride_wb + heads * stride_wh + s * stride_ws
+    tl.store(ws_out_ptr + w_off[:, None] + d[None, :], out, mask=g_ok[:, None] & d_ok[None, :])
+    tl.store(ws_lse_ptr + b * stride_lb + heads * num_splits + s, lse, mask=g_ok)
+
+
+@triton.jit(do_not_specialize=["num_heads", "num_splits"])
+def paged_decode_merge(
+    ws_out_ptr, ws_lse_ptr, o_ptr,
+    stride_ob, stride_oh,
+    stride_wb, stride_wh, stride_ws,
+    num_heads, num_splits,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
+):
+    """Stage 2 (see the module docstring): one program per (sequence, query head)."""
+    b = tl.program_id(0)
+    hq = tl.program_id(1)
+    s = tl.arange(0, S_PAD)
+    d = tl.arange(0, D_PAD)
+    s_ok = s < num_splits
+    d_ok = d < HEAD_DIM
+    lse = tl.load(ws_lse_ptr + (b * num_heads + hq) * num_splits + s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)  # empty splits: 2^-inf = 0
+    parts = tl.load(ws_out_ptr + b * stride_wb + hq * stride_wh + s[:, None] * stride_ws + d[None, :],
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(o_ptr + b * stride_ob + hq * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d_ok)

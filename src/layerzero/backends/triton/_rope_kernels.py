@@ -1,0 +1,80 @@
+"""Triton RoPE forward (half rotation and interleaved pairs, partial rotary). Imported only after
+``import triton`` succeeded.
+
+Grid: ``(B * S, cdiv(Hq, BLOCK_H) + cdiv(Hkv, BLOCK_H))``: a program owns one token (b, s) and a block of
+``BLOCK_H`` heads of q (first grid columns) or of k (the rest), loads that token's cos/sin row once and
+rotates a ``[BLOCK_H, R/2]`` tile of pairs; dims >= R are copied. Every tensor is addressed through its
+strides in logical (b, h, s, d) order, so BHSD, BSHD and strided views are read in place (no copies).
+Math in float32: ``out_a = x_a * cos_a - x_b * sin_a``, ``out_b = x_b * cos_b + x_a * sin_b`` where (a, b) is
+``(i, i + R/2)`` for the half rotation (GPT-NeoX/Llama) and ``(2i, 2i + 1)`` for interleaved pairs (GPT-J),
+exactly the reference's ``x * cos + rotate(x) * sin`` term by term; one rounding to the output dtype.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotate_heads(X, OUT, sx_b, sx_h, sx_s, sx_d, so_b, so_h, so_s, so_d, b, s, h0, n_heads, c_a, c_b, s_a, s_b,
+                  off_a, off_b, half, n_rot, n_dim,
+                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    heads = h0 + tl.arange(0, BLOCK_H)
+    hmask = heads < n_heads
+    pmask = hmask[:, None] & (tl.arange(0, BLOCK_HALF) < half)[None, :]
+    x_base = X + b * sx_b + s * sx_s + heads[:, None].to(tl.int64) * sx_h
+    o_base = OUT + b * so_b + s * so_s + heads[:, None].to(tl.int64) * so_h
+    xa = tl.load(x_base + off_a[None, :] * sx_d, mask=pmask, other=0.0).to(tl.float32)
+    xb = tl.load(x_base + off_b[None, :] * sx_d, mask=pmask, other=0.0).to(tl.float32)
+    oa = xa * c_a[None, :] - xb * s_a[None, :]
+    ob = xb * c_b[None, :] + xa * s_b[None, :]
+    tl.store(o_base + off_a[None, :] * so_d, oa.to(OUT.dtype.element_ty), mask=pmask)
+    tl.store(o_base + off_b[None, :] * so_d, ob.to(OUT.dtype.element_ty), mask=pmask)
+    if BLOCK_PASS > 0:  # partial rotary: dims R..D-1 pass through unchanged
+        dp = n_rot + tl.arange(0, BLOCK_PASS)
+        mp = hmask[:, None] & (dp < n_dim)[None, :]
+        xp = tl.load(x_base + dp[None, :] * sx_d, mask=mp, other=0.0)
+        tl.store(o_base + dp[None, :] * so_d, xp.to(OUT.dtype.element_ty), mask=mp)
+
+
+@triton.jit
+def _rope_fwd(Q, K, QO, KO, COS, SIN, POS,
+              sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d,
+              sqo_b, sqo_h, sqo_s, sqo_d, sko_b, sko_h, sko_s, sko_d,
+              sc_b, sc_s, sc_r, ss_b, ss_s, ss_r, sp_b, sp_s,
+              seq_len, n_heads_q, n_heads_k, n_rot, n_dim,
+              HAS_POS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
+              BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    hblk = tl.program_id(1)
+    b = tok // seq_len
+    s = tok % seq_len
+    if HAS_POS:  # table [max_pos, R] indexed by position_ids [B or 1, S] (sp_b = 0 broadcasts one row)
+        pos = tl.load(POS + b * sp_b + s * sp_s).to(tl.int64)
+        c_row = COS + pos * sc_s
+        s_row = SIN + pos * ss_s
+    else:  # gathered [B or 1, S, R] (sc_b = 0 broadcasts), or a table read at positions 0..S-1 (sc_b = 0)
+        c_row = COS + b * sc_b + s * sc_s
+        s_row = SIN + b * ss_b + s * ss_s
+    half = n_rot // 2
+    i = tl.arange(0, BLOCK_HALF)
+    imask = i < half
+    if INTERLEAVED:
+        off_a = 2 * i
+        off_b = 2 * i + 1
+    else:
+        off_a = i
+        off_b = i + half
+    c_a = tl.load(c_row + off_a * sc_r, mask=imask, other=0.0).to(tl.float32)
+    c_b = tl.load(c_row + off_b * sc_r, mask=imask, other=0.0).to(tl.float32)
+    s_a = tl.load(s_row + off_a * ss_r, mask=imask, other=0.0).to(tl.float32)
+    s_b = tl.load(s_row + off_b * ss_r, mask=imask, other=0.0).to(tl.float32)
+    q_blocks = tl.cdiv(n_heads_q, BLOCK_H)
+    if hblk < q_blocks:
+        _rotate_heads(Q, QO, sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d, b, s, hblk * BLOCK_H, n_heads_q,
+                      c_a, c_b, s_a, s_b, off_a, off_b, half, n_rot, n_dim, BLOCK_H, BLOCK_HALF, BLOCK_PASS)
+    else:
+        _rotate_heads(K, KO, sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d, b, s, (hblk - q_blocks) * BLOCK_H,
+                      n_heads_k, c_a, c_b, s_a, s_b, off_a, off_b, half, n_rot, n_dim, BLOCK_H, BLOCK_HALF,
+                      BLOCK_PASS)

@@ -1,0 +1,84 @@
+"""Triton inverse-CDF token draw for top-k / top-p / plain sampling. Imported only after ``import triton``
+succeeded.
+
+One program per row. The row holds ``n_cols`` logits, either the whole vocabulary in token order or a
+prefix of the logits sorted descending (``torch.topk`` / ``torch.sort`` output, with ``IDX`` mapping a
+position to its token id). All loops stream the row in ``BLOCK`` tiles:
+
+1. online softmax statistics of ``x = logit * inv_temp``: running max ``m`` and ``total = sum(exp(x - m))``
+   (float32, rescaled when the max grows: Milakov & Gimelshein 2018);
+2. ``TOP_P`` only: the kept prefix is every position whose mass before it is ``< p * total`` (at least one);
+   its mass ``kept`` is summed;
+3. the draw: ``target = u * kept`` (``u`` in [0, 1) from the caller's generator) and the token is the first
+   kept position whose running sum ``cum_i > target``; positions with zero probability can never be picked
+   (``cum`` does not grow there). If rounding leaves no such position (``u`` near 1), the last kept position
+   with non-zero probability is taken.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _sample_row(L, IDX, U, OUT, stride_l, stride_idx, n_cols, inv_temp, top_p,
+                HAS_IDX: tl.constexpr, TOP_P: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    l_row = L + row * stride_l
+    cols = tl.arange(0, BLOCK)
+    # 1. online max / sum of exp (while loops: the interpreter cannot take a runtime range() bound)
+    m = tl.full([], float("-inf"), tl.float32)
+    total = tl.zeros([], tl.float32)
+    start = n_cols * 0
+    while start < n_cols:
+        offs = start + cols
+        x = tl.load(l_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32) * inv_temp
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        scale = tl.where(m_new == float("-inf"), 0.0, tl.exp(m - m_new))
+        e = tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))
+        total = total * scale + tl.sum(e, axis=0)
+        m = m_new
+        start += BLOCK
+    # 2. top-p: length and mass of the kept prefix (the input is sorted descending)
+    n_keep = n_cols
+    kept = total
+    if TOP_P:
+        threshold = top_p * total
+        n_keep = n_cols * 0
+        kept = tl.zeros([], tl.float32)
+        running = tl.zeros([], tl.float32)
+        start = n_cols * 0
+        while start < n_cols:
+            offs = start + cols
+            x = tl.load(l_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32) * inv_temp
+            e = tl.where(x == float("-inf"), 0.0, tl.exp(x - m))
+            before = running + tl.cumsum(e, axis=0) - e
+            keep = ((before < threshold) | (offs == 0)) & (offs < n_cols)
+            n_keep += tl.sum(keep.to(tl.int32), axis=0)
+            kept += tl.sum(tl.where(keep, e, 0.0), axis=0)
+            running += tl.sum(e, axis=0)
+            start += BLOCK
+    # 3. inverse CDF over the kept prefix
+    target = tl.load(U + row).to(tl.float32) * kept
+    first = n_cols * 0 + 2147483647
+    last_nonzero = n_cols * 0
+    running = tl.zeros([], tl.float32)
+    start = n_cols * 0
+    while start < n_keep:
+        offs = start + cols
+        valid = offs < n_keep
+        x = tl.load(l_row + offs, mask=valid, other=float("-inf")).to(tl.float32) * inv_temp
+        e = tl.where(valid & (x != float("-inf")), tl.exp(x - m), 0.0)
+        cum = running + tl.cumsum(e, axis=0)
+        hit = valid & (cum > target) & (e > 0.0)
+        first = tl.minimum(first, tl.min(tl.where(hit, offs, 2147483647), axis=0))
+        last_nonzero = tl.maximum(last_nonzero, tl.max(tl.where(valid & (e > 0.0), offs, 0), axis=0))
+        running += tl.sum(e, axis=0)
+        start += BLOCK
+    pos = tl.where(first == 2147483647, last_nonzero, first)
+    if HAS_IDX:
+        token = tl.load(IDX + row * stride_idx + pos).to(tl.int64)
+    else:
+        token = pos.to(tl.int64)
+    tl.store(OUT + row, token)

@@ -1,0 +1,113 @@
+"""``triton.rms_norm``: our Triton RMSNorm with the fused residual add, CUDA only (SM >= 8.0).
+
+Contract: identical to ``lz.rms_norm`` and the reference kernel with Hugging Face ``LlamaRMSNorm`` rounding
+(normalize in float32, cast to x's dtype, multiply by the weight): see ``_norm_kernels.py``. One kernel pass
+per call: with ``residual`` it returns ``(y, h)`` where ``h = x + residual`` in x's dtype, written by the same
+kernel that writes y. Rows may be strided (``stride(-1) == 1`` is required, any row stride): the leading
+dims are viewed as one row dim without a copy when their strides allow it; otherwise (e.g. a transposed
+``[S, B, H]`` view) the input is copied to contiguous memory first and a DEBUG log says so.
+
+Graph safety: the launch does no host synchronization and allocates with ``torch.empty`` on the current
+stream, so it can be captured once the specialization (dtypes, hidden size, 16-divisibility of the row
+strides) was compiled by ``lz.warmup`` or a first eager call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from layerzero.core.context import SelectionContext
+from layerzero.core.reasons import Reason, ReasonCode
+from layerzero.core.specs import KernelSpec
+
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2, num_warps_for
+
+log = logging.getLogger("layerzero.backends.triton")
+KERNEL_ID = "triton.rms_norm"
+PRIORITY = 60
+"""Between torch_native (50) and liger (70) until measurements (lz.tune) say otherwise."""
+MAX_HIDDEN = 65536
+_KERNELS = LazyModule("_norm_kernels")
+
+
+def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` ``[..., H]`` as a 2-D ``[rows, H]`` view (no copy), or a contiguous copy when the leading dims
+    cannot be merged into one row stride (logged at DEBUG level)."""
+    h = t.shape[-1]
+    if t.dim() == 2:
+        return t
+    try:
+        return t.view(-1, h)
+    except RuntimeError:
+        log.debug("triton.rms_norm: %s with strides %s cannot be viewed as [rows, H]; copying it to contiguous "
+                  "memory", name, tuple(t.stride()))
+        return t.reshape(-1, h)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm (Zhang & Sennrich 2019) in one Triton pass, with an optional fused residual add.
+
+    Args:
+        x: ``[..., H]`` float16/bfloat16/float32 with ``stride(-1) == 1`` (H hidden size, 1..65536).
+        weight: ``[H]`` float16/bfloat16/float32 (any 1-D stride).
+        eps: added to the mean square (unitless, > 0).
+        residual: None or ``[..., H]`` like x (same dtype and device).
+
+    Returns:
+        y ``[..., H]`` in x's dtype (a new contiguous tensor); with ``residual`` the pair ``(y, h)`` where
+        ``h = x + residual`` rounded to x's dtype and ``y = rms_norm(h)`` (vLLM's fused_add_rms_norm
+        contract, without the in-place update).
+
+    Raises:
+        Nothing of its own (inputs are validated by ``lz.rms_norm``); triton's compile/launch errors propagate
+        (dispatch then falls back to the next kernel and charges the backend's health).
+    """
+    h_dim = x.shape[-1]
+    if x.numel() == 0:
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        return y if residual is None else (y, torch.empty_like(y))
+    mod = _KERNELS.get()
+    x2 = _rows(x, "x")
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y2 = y.view(-1, h_dim)
+    if residual is not None:
+        r2 = _rows(residual, "residual")
+        h = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        h2 = h.view(-1, h_dim)
+    else:
+        r2, h, h2 = x2, None, y2  # unused pointers (HAS_RES=False)
+    one_pass = next_pow2(h_dim) <= mod.ONE_PASS_MAX
+    block = next_pow2(h_dim) if one_pass else mod.TILE
+    mod._rms_norm_fwd[(x2.shape[0],)](
+        x2, r2, weight, y2, h2, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), weight.stride(0),
+        h_dim, float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK=block,
+        num_warps=num_warps_for(block))
+    return y if residual is None else (y, h)
+
+
+def _check(ctx: SelectionContext) -> list[Reason]:
+    out = []
+    if ctx.hidden_size is not None and ctx.hidden_size > MAX_HIDDEN:
+        out.append(Reason(ReasonCode.HIDDEN_SIZE_UNSUPPORTED,
+                          f"hidden size {ctx.hidden_size} > {MAX_HIDDEN} (triton.rms_norm tiles rows up to 64K)"))
+    if ctx.param_dtype is not None and ctx.param_dtype not in FLOATS:
+        out.append(Reason(ReasonCode.DTYPE_UNSUPPORTED,
+                          f"weight dtype {str(ctx.param_dtype).removeprefix('torch.')} not in "
+                          "[bfloat16, float16, float32]"))
+    return out
+
+
+def kernel_spec(available: bool, why: str) -> KernelSpec:
+    """The ``triton.rms_norm`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``)
+    when ``available`` is False."""
+    fn: Callable[..., Any] = rms_norm if available else missing(KERNEL_ID, why)
+    return KernelSpec(KERNEL_ID, "rms_norm", fn, priority=PRIORITY,
+                      description="LayerZero Triton RMSNorm, one program per row, float32 accumulation, HF Llama "
+                                  "rounding, fused residual add in the same pass",
+                      device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, requires_stride_last_1=True,
+                      deterministic=True, graph_safe=True, supports_backward=False, check=_check)

@@ -1,0 +1,211 @@
+"""``triton.paged_decode``: our Triton split-K paged decode attention for ``lz.paged_attention``.
+
+FlashDecoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"; vLLM's
+``triton_decode_attention`` is the same two-stage shape): stage 1 splits every sequence's KV into S ranges and
+runs one program per (sequence, KV head, split) holding all the query heads of the KV head's GQA group as one
+tile, online softmax in float32, writing a partial output and its log-sum-exp to a float32 workspace; stage 2
+merges the S partials. The Triton code is in ``_paged_kernels.py``, imported on the first call (only after
+``import triton`` succeeded in the backend's probe).
+
+Graph-safe: no host read of ``seq_lens``/``block_tables``; the grid ``(B, Hkv, S)`` and ``S`` come from shapes
+only (``max_blocks * P`` is the upper bound of every seq_len), the workspace is a ``torch.empty`` per call (the
+caching allocator serves it from the graph's pool under capture). Splits past a sequence's length are empty
+(lse ``-inf``, weight 0). Decode only: prefill/append (``cu_seqlens_q``) is refused by :func:`check`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+
+from layerzero.core.context import SelectionContext
+from layerzero.core.errors import InvalidInputError, expected_got
+from layerzero.core.reasons import Reason, ReasonCode
+from layerzero.core.specs import KernelSpec, Phase
+
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
+
+KERNEL_ID = "triton.paged_decode"
+PRIORITY = 40
+"""Above ``torch_sdpa.paged_attention`` (10): one fused pass over the used pages, no padded gather."""
+MAX_GROUP = 16
+"""Query heads per KV head held in one tile (GQA ratio 1..16)."""
+HEAD_DIM_MAX = 256
+MAX_SPLITS = 32
+"""Most KV splits per sequence (stage 2 merges them in one tile)."""
+MIN_TILES_PER_SPLIT = 2
+"""A split covers at least this many ``BLOCK_N`` tiles (short splits cost more in the merge than they save)."""
+WAVES = 2
+"""Stage 1 aims at ``WAVES * SM count`` programs so small batches with long contexts fill the GPU."""
+
+
+_KERNELS = LazyModule("_paged_kernels")
+
+
+def block_n_for(head_dim: int) -> int:
+    """KV positions per stage-1 step: 64, or 32 for head dims above 128 (register budget of the K/V tiles)."""
+    return 32 if next_pow2(head_dim) > 128 else 64
+
+
+@functools.lru_cache(maxsize=16)
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA ``device`` (``multi_processor_count``, cached per device); 1 elsewhere
+    (the Triton interpreter on CPU)."""
+    if device.type != "cuda":
+        return 1
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def choose_split_len(batch: int, num_kv_heads: int, max_kv_len: int, sms: int, block_n: int,
+                     num_splits: int | None = None) -> tuple[int, int]:
+    """Split-K sizing from shapes only: ``(split_len, num_splits)``, both ints, ``split_len`` in tokens (a multiple
+    of ``block_n``) and ``num_splits * split_len >= max_kv_len``.
+
+    Without ``num_splits``: aim at ``WAVES * sms`` stage-1 programs over ``batch * num_kv_heads`` (sequence, head)
+    pairs, at most ``MAX_SPLITS`` splits and at least ``MIN_TILES_PER_SPLIT`` tiles per split. ``num_splits``
+    forces a count (tests; clipped to ``[1, MAX_SPLITS]`` and to one tile per split).
+
+    >>> choose_split_len(1, 8, 32768, 132, 64)   # one long sequence on an H100/H200: 32 splits of 1024 tokens
+    (1024, 32)
+    >>> choose_split_len(64, 8, 4096, 132, 64)   # big batch: one split
+    (4096, 1)
+    """
+    tiles = max(1, math.ceil(max_kv_len / block_n))
+    if num_splits is None:
+        want = math.ceil(WAVES * sms / max(1, batch * num_kv_heads))
+        num_splits = min(want, max(1, tiles // MIN_TILES_PER_SPLIT))
+    splits = max(1, min(int(num_splits), MAX_SPLITS, tiles))
+    split_len = math.ceil(tiles / splits) * block_n
+    return split_len, math.ceil(tiles * block_n / split_len)
+
+
+def workspace_bytes(ctx: SelectionContext) -> int:
+    """Upper bound of the float32 workspace (partial outputs ``[B, Hq, S, D]`` + lse ``[B, Hq, S]``) in bytes for
+    every call of ``ctx``'s bucket (``ctx.batch`` and ``ctx.seq_len_kv`` are bucket upper bounds)."""
+    b, hq, hkv, d = ctx.batch or 1, ctx.num_heads_q or 1, ctx.num_heads_kv or 1, ctx.head_dim or 1
+    bn = block_n_for(d)
+    tiles = max(1, math.ceil((ctx.seq_len_kv or 1) / bn))
+    cap = max(1, min(MAX_SPLITS, tiles, max(1, tiles // MIN_TILES_PER_SPLIT)))
+    sms = ctx.device.multiprocessor_count or 1
+    # b' * ceil(X / b') <= X + b' - 1 for every batch b' <= b of the bucket
+    rows = min(b * cap, b + math.ceil(WAVES * sms / hkv))
+    return rows * hq * (d + 1) * 4
+
+
+def _bad(what: str, expected: Any, got: Any, fix: str = "") -> InvalidInputError:
+    return InvalidInputError(expected_got(f"{KERNEL_ID}: {what}", expected, got, fix))
+
+
+def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                 scale: float | None = None, kv_layout: str = "NHD", *, num_splits: int | None = None,
+                 block_n: int | None = None) -> torch.Tensor:
+    """Split-K paged decode attention (one query token per sequence) with our Triton kernels.
+
+    Args:
+        q: ``[B, Hq, D]`` float16/bfloat16/float32, last stride 1.
+        kv_cache: ``[N, 2, P, Hkv, D]`` (``kv_layout="NHD"``) or ``[N, 2, Hkv, P, D]`` (``"HND"``), q's dtype and
+            device, last stride 1; K at index 0 of dim 1, V at 1. Any page size P >= 1.
+        block_tables: ``[B, M]`` int32; only the first ``ceil(seq_lens[b] / P)`` ids of row b are read.
+        seq_lens: ``[B]`` int32 in ``[1, M * P]`` (KV tokens, the new one included); never read on the host.
+        scale: softmax scale, default ``1 / sqrt(D)``.
+        kv_layout: ``"NHD"`` or ``"HND"``.
+        num_splits: force the number of KV splits (default: :func:`choose_split_len` from the shapes and SM count).
+        block_n: KV positions per stage-1 step (power of two >= 16; default :func:`block_n_for`).
+
+    Returns:
+        ``[B, Hq, D]`` in q's dtype. Cache slots past ``seq_lens[b]`` and unused blocks never reach it (masked loads:
+        NaN there cannot leak).
+
+    Raises:
+        InvalidInputError: ``Hq / Hkv`` above 16, a last stride other than 1, ``block_n`` not a power of two >= 16
+            (shapes, dtypes and index values are validated by ``lz.paged_attention`` before dispatch).
+    """
+    kern = _KERNELS.get()  # the @triton.jit code; triton imported fine in the backend's probe
+
+    batch, hq, d = q.shape
+    hnd = str(getattr(kv_layout, "value", kv_layout)) == "HND"
+    hkv = kv_cache.shape[2 if hnd else 3]
+    page = kv_cache.shape[3 if hnd else 2]
+    group = hq // hkv
+    if group > MAX_GROUP:
+        raise _bad("GQA group Hq / Hkv", f"<= {MAX_GROUP}", f"{hq} / {hkv} = {group}", "Let LayerZero pick "
+                   "another paged kernel (torch_sdpa.paged_attention).")
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
+        raise _bad("last strides of q and kv_cache", "1 (contiguous head_dim)",
+                   f"q {q.stride(-1)}, kv_cache {kv_cache.stride(-1)}", "Call .contiguous() first.")
+    bn = block_n_for(d) if block_n is None else int(block_n)
+    if bn < 16 or bn & (bn - 1):
+        raise _bad("block_n", "a power of two >= 16", bn)
+    out = torch.empty(batch, hq, d, dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    split_len, splits = choose_split_len(batch, hkv, block_tables.shape[1] * page, sm_count(q.device), bn,
+                                         num_splits)
+    ws_out = torch.empty(batch, hq, splits, d, dtype=torch.float32, device=q.device)
+    ws_lse = torch.empty(batch, hq, splits, dtype=torch.float32, device=q.device)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    st = kv_cache.stride()
+    stride_pos, stride_head = (st[3], st[2]) if hnd else (st[2], st[3])
+    d_pad = max(16, next_pow2(d))
+    interpret = type(kern.paged_decode_split).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1 (CPU tests)
+    kern.paged_decode_split[(batch, hkv, splits)](
+        q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, scale * kern.LOG2E,
+        q.stride(0), q.stride(1), st[0], st[1], stride_pos, stride_head,
+        block_tables.stride(0), split_len, page, group, splits,
+        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0),
+        GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
+        INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
+        UPCAST=interpret and q.dtype == torch.bfloat16, num_warps=4 if d_pad <= 128 else 8)
+    kern.paged_decode_merge[(batch, hq)](
+        ws_out, ws_lse, out, out.stride(0), out.stride(1), ws_out.stride(0), ws_out.stride(1), ws_out.stride(2),
+        hq, splits, HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), num_warps=4)
+    return out
+
+
+def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
+    """``lz.paged_attention`` canonical-args entry (see :func:`layerzero.ops.paged.prepare`), decode only: q
+    ``[B, Hq, D]`` -> ``[B, Hq, D]`` in q's dtype; ``is_causal`` changes nothing for one query token (it sees every
+    key). Raises ``InvalidInputError`` for ``cu_seqlens_q`` (prefill/append; :func:`check` keeps selection from
+    ever routing it here) and what :func:`paged_decode` raises."""
+    if cu_seqlens_q is not None:
+        raise _bad("cu_seqlens_q", "None (decode: one query token per sequence)", "a tensor (prefill/append)",
+                   "Prefill/append runs on another paged kernel; do not lock triton.paged_decode for it.")
+    return paged_decode(q, kv_cache, block_tables, seq_lens, scale, kv_layout)
+
+
+def check(ctx: SelectionContext) -> list[Reason]:
+    """What the data constraints cannot say: decode only (``ctx.phase`` DECODE), GQA ratio <= 16, a paged layout."""
+    out = []
+    if ctx.phase is not Phase.DECODE:
+        out.append(Reason(ReasonCode.SEQ_LEN_TOO_LONG,
+                          f"decode only (one query token per sequence); got phase {getattr(ctx.phase, 'value', None)} "
+                          f"(cu_seqlens_q given, q_len up to {ctx.seq_len_q}): prefill/append run on other kernels"))
+    ratio = ctx.gqa_ratio
+    if ratio is not None and ratio > MAX_GROUP:
+        out.append(Reason(ReasonCode.GQA_RATIO_INVALID,
+                          f"Hq / Hkv = {ratio} > {MAX_GROUP} (one GQA group per tile)"))
+    if ctx.kv_layout not in ("NHD", "HND"):
+        out.append(Reason(ReasonCode.KV_LAYOUT_UNSUPPORTED, f"kv_layout {ctx.kv_layout!r} is not NHD or HND"))
+    if ctx.page_size is not None and ctx.page_size < 1:
+        out.append(Reason(ReasonCode.SHAPE_MISMATCH, f"page size {ctx.page_size} < 1"))
+    return out
+
+
+def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
+    """The Triton paged KernelSpecs: ``[triton.paged_decode]`` (op ``paged_attention``, CUDA SM >= 8.0, fp16/bf16/
+    fp32, head dims 1..256, NHD and HND, any page size, GQA 1..16, decode only, graph-safe, deterministic,
+    priority 40). When ``available`` is False the spec is still registered and its callable raises
+    ``BackendNotAvailableError`` with ``why``."""
+    fn = paged_attention if available else missing(KERNEL_ID, why)
+    return [
+        KernelSpec(KERNEL_ID, "paged_attention", fn, priority=PRIORITY,
+                   description="Triton split-K paged decode (FlashDecoding): per (sequence, KV head, split) online "
+                               "softmax over the used pages, GQA group as one tile, then a log-sum-exp merge",
+                   device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, head_dim_min=1,
+                   head_dim_max=HEAD_DIM_MAX, supports_backward=False, supports_dropout=False,
+                   requires_stride_last_1=True, deterministic=True, graph_safe=True, check=check,
+                   workspace=workspace_bytes),
+    ]

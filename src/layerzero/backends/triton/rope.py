@@ -1,0 +1,110 @@
+"""``triton.rope``: our Triton rotary position embedding for ``lz.rope``, CUDA only (SM >= 8.0).
+
+Both pair layouts (GPT-NeoX/Llama half rotation and GPT-J interleaved pairs), partial rotary (dims >= R
+copied), every cos/sin form ``lz.rope`` accepts (a ``[max_pos, R]`` table with ``position_ids [B or 1, S]``,
+the table read at positions 0..S-1, or gathered ``[B or 1, S, R]``), BHSD and BSHD inputs read through their
+strides (no copies, any strides). Returns new tensors; the inputs are never written. Math in float32 with one
+rounding to the input dtype, like the reference (``backends/reference/rope.py``); kernel in ``_rope_kernels.py``.
+
+Graph safety: no host synchronization (the position gather happens inside the kernel), outputs from
+``torch.empty_like``; capturable once the specialization was compiled by ``lz.warmup`` or an eager call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from layerzero.core.specs import KernelSpec, Layout
+
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
+
+KERNEL_ID = "triton.rope"
+PRIORITY = 60
+"""Above torch_native (50, several elementwise launches in the input dtype) and below liger (70)."""
+MAX_HEAD_DIM = 1024
+_KERNELS = LazyModule("_rope_kernels")
+
+
+def _bhsd_strides(t: torch.Tensor, bshd: bool) -> tuple[int, int, int, int]:
+    """Strides of a 4-D q/k tensor in logical (b, h, s, d) order."""
+    sb, s1, s2, sd = t.stride()
+    return (sb, s2, s1, sd) if bshd else (sb, s1, s2, sd)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         position_ids: torch.Tensor | None = None, interleaved: bool = False,
+         layout: str | Layout = "BHSD") -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embeddings (RoFormer, Su et al. 2021) on q and k in one Triton launch.
+
+    Args:
+        q: ``[B, Hq, S, D]`` (``layout="BHSD"``) or ``[B, S, Hq, D]`` (``"BSHD"``), float16/bfloat16/float32,
+            any strides.
+        k: like q with Hkv heads (same B, S, D and dtype).
+        cos, sin: ``[max_pos, R]`` table (with ``position_ids``, or positions 0..S-1 without) or gathered
+            ``[B or 1, S, R]``; R even, R <= D; any float dtype (read as float32).
+        position_ids: None or ``[B or 1, S]`` int64/int32 rows of the table (values are not range-checked on
+            the GPU: ``lz.rope`` checks them for CPU tensors; out-of-range ids read out of bounds).
+        interleaved: False = half rotation (pairs (i, i + R/2)), True = GPT-J pairs (2i, 2i + 1).
+        layout: ``"BHSD"`` or ``"BSHD"`` (or the :class:`Layout` member).
+
+    Returns:
+        ``(q_out, k_out)``: new tensors with q's and k's shapes, dtypes and (when dense) strides.
+
+    Raises:
+        Nothing of its own (inputs are validated by ``lz.rope``); triton's compile/launch errors propagate.
+    """
+    bshd = layout is Layout.BSHD or layout == "BSHD"
+    qo = torch.empty_like(q)
+    ko = torch.empty_like(k)
+    if bshd:
+        b, s, hq, d = q.shape
+        hk = k.shape[2]
+    else:
+        b, hq, s, d = q.shape
+        hk = k.shape[1]
+    if qo.numel() == 0 and ko.numel() == 0:
+        return qo, ko
+    mod = _KERNELS.get()
+    r = cos.shape[-1]
+    if cos.dim() == 3:
+        sc = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), cos.stride(2))
+        ss = (sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1), sin.stride(2))
+    else:
+        sc = (0, cos.stride(0), cos.stride(1))
+        ss = (0, sin.stride(0), sin.stride(1))
+    if position_ids is not None:
+        pos = position_ids
+        sp = (pos.stride(0) if pos.shape[0] > 1 else 0, pos.stride(1))
+    else:
+        pos, sp = cos, (0, 0)  # unused pointer (HAS_POS=False)
+    block_half = max(next_pow2(r // 2), 1)
+    block_pass = next_pow2(d - r) if d > r else 0
+    per_head = block_half * 2 + block_pass  # elements of one head in the tile
+    block_h = min(next_pow2(max(hq, hk)), 16, max(1, next_pow2(2048 // per_head + 1) // 2))  # power of 2
+    grid = (b * s, triton_cdiv(hq, block_h) + triton_cdiv(hk, block_h))
+    mod._rope_fwd[grid](
+        q, k, qo, ko, cos, sin, pos,
+        *_bhsd_strides(q, bshd), *_bhsd_strides(k, bshd), *_bhsd_strides(qo, bshd), *_bhsd_strides(ko, bshd),
+        *sc, *ss, *sp, s, hq, hk, r, d,
+        HAS_POS=position_ids is not None, INTERLEAVED=bool(interleaved), BLOCK_H=block_h,
+        BLOCK_HALF=block_half, BLOCK_PASS=block_pass, num_warps=4 if block_h * per_head >= 2048 else 2)
+    return qo, ko
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints."""
+    return -(-a // b)
+
+
+def kernel_spec(available: bool, why: str) -> KernelSpec:
+    """The ``triton.rope`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``) when
+    ``available`` is False."""
+    fn: Callable[..., Any] = rope if available else missing(KERNEL_ID, why)
+    return KernelSpec(KERNEL_ID, "rope", fn, priority=PRIORITY,
+                      description="LayerZero Triton RoPE: half rotation and GPT-J pairs, partial rotary, table/"
+                                  "position_ids/gathered cos-sin, BHSD/BSHD strided, float32 math, new outputs",
+                      device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, layouts=frozenset({Layout.BHSD, Layout.BSHD}),
+                      head_dim_max=MAX_HEAD_DIM, deterministic=True, graph_safe=True, supports_backward=False)

@@ -1,0 +1,341 @@
+"""``triton.paged_decode`` on CPU: the Triton kernels run under the Triton interpreter (``TRITON_INTERPRET=1``,
+set below before any ``@triton.jit`` decorator runs when no CUDA device is visible), plus the kernel's
+constraints and routing on hand-built contexts.
+
+- seeded decode cases against a float64 oracle that gathers K/V token by token (page sizes 1, 5, 8, 16, 32; NHD
+  and HND; GQA ratios 1..16; head dims 8..128 incl. odd ones; length-1 sequences; forced split counts, splits past
+  a sequence's end); every unused page and slot is NaN and unread block-table entries hold garbage ids;
+- a hand-worked case (q = 0: uniform attention, the output is the mean of the used V rows);
+- split sizing (``choose_split_len``) and the workspace bound (brute force over the bucket);
+- the KernelSpec: refuses prefill/append, CPU, SM < 8.0, GQA ratio > 16; accepts NHD and HND; wins over
+  ``torch_sdpa.paged_attention`` on a hand-built CUDA context and is the graph-safe choice under capture.
+
+The interpreter tests skip with a reason when triton is not importable.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # must precede the first @triton.jit of the session (kernels load lazily)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from layerzero.backends.reference.paged import paged_attention as reference_paged  # noqa: E402
+from layerzero.backends.torch_sdpa.paged import kernel_specs as sdpa_paged_specs  # noqa: E402
+from layerzero.backends.triton import paged as tp  # noqa: E402
+from layerzero.core.context import SelectionContext  # noqa: E402
+from layerzero.core.device import DeviceSpec, gpu_generation_from_sm, tensor_core_generation  # noqa: E402
+from layerzero.core.errors import BackendNotAvailableError, InvalidInputError  # noqa: E402
+from layerzero.core.policy import Policy  # noqa: E402
+from layerzero.core.reasons import ReasonCode as R  # noqa: E402
+from layerzero.core.registry import KernelRegistry  # noqa: E402
+from layerzero.core.selection import SelectionInputs, select  # noqa: E402
+from layerzero.core.specs import BackendSpec, Phase  # noqa: E402
+from layerzero.ops._common import RUNTIME  # noqa: E402
+
+pytestmark = pytest.mark.correctness
+
+try:
+    import triton  # noqa: F401
+
+    HAVE_TRITON = True
+except Exception:  # noqa: BLE001 - any import failure means: no interpreter tests
+    HAVE_TRITON = False
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+needs_triton = pytest.mark.skipif(
+    not (HAVE_TRITON and INTERPRETING),
+    reason="needs triton and TRITON_INTERPRET=1 (the Triton interpreter runs these on CPU tensors; with a CUDA "
+           "GPU the compiled kernels are covered by tests/gpu/test_gpu_triton_paged.py)")
+F64 = torch.float64
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def make_case(seed: int, *, layout: str, page: int, ratio: int, hkv: int, d: int, lens: list[int],
+              dtype: torch.dtype = torch.float32, spare_cols: int = 2):
+    """(q [B, Hq, D], cache, block_tables [B, M] int32, seq_lens [B] int32): used blocks shuffled, every unused
+    slot and page NaN, block-table entries past the used ones garbage (-1, N, N + 7, 12345)."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-n // page) for n in lens]
+    nb = sum(need) + 2
+    ids = list(range(nb))
+    rng.shuffle(ids)
+    m = max(need) + spare_cols
+    shape = (nb, 2, page, hkv, d) if layout == "NHD" else (nb, 2, hkv, page, d)
+    cache = torch.full(shape, float("nan"), dtype=dtype)
+    table = torch.tensor([[rng.choice((-1, nb, nb + 7, 12345)) for _ in range(m)] for _ in lens], dtype=torch.int32)
+    for s, (n, k) in enumerate(zip(lens, need, strict=True)):
+        for j in range(k):
+            table[s, j] = ids.pop()
+        for t in range(n):
+            blk, off = int(table[s, t // page]), t % page
+            for which in (0, 1):
+                val = torch.randn(hkv, d, generator=gen, dtype=F64).to(dtype)
+                if layout == "NHD":
+                    cache[blk, which, off] = val
+                else:
+                    cache[blk, which, :, off] = val
+    q = torch.randn(len(lens), hkv * ratio, d, generator=gen, dtype=F64).to(dtype)
+    return q, cache, table, torch.tensor(lens, dtype=torch.int32)
+
+
+def oracle(q, cache, table, lens, layout, scale=None) -> torch.Tensor:
+    """float64 decode attention: K/V gathered token by token by slot arithmetic; query head h reads KV head
+    h // (Hq / Hkv); the one query token sees every key."""
+    b, hq, d = q.shape
+    page = cache.shape[3 if layout == "HND" else 2]
+    hkv = cache.shape[2 if layout == "HND" else 3]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.empty(b, hq, d, dtype=F64)
+    for s in range(b):
+        n = int(lens[s])
+        slots = [(int(table[s, t // page]), t % page) for t in range(n)]
+        if layout == "NHD":
+            k = torch.stack([cache[i, 0, o] for i, o in slots]).to(F64)  # [n, Hkv, D]
+            v = torch.stack([cache[i, 1, o] for i, o in slots]).to(F64)
+        else:
+            k = torch.stack([cache[i, 0, :, o] for i, o in slots]).to(F64)
+            v = torch.stack([cache[i, 1, :, o] for i, o in slots]).to(F64)
+        for h in range(hq):
+            kv = h // (hq // hkv)
+            w = torch.softmax((k[:, kv] @ q[s, h].to(F64)) * scale, dim=0)
+            out[s, h] = w @ v[:, kv]
+    return out
+
+
+def close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert bool(torch.isfinite(out).all()), "NaN/inf leaked into the output"
+    tol = TOL[dtype]
+    scale = float(ref.abs().max())
+    torch.testing.assert_close(out.to(F64), ref, rtol=tol, atol=tol * scale)
+
+
+# Each case: (seed, layout, page, ratio, hkv, d, lens, num_splits, block_n, dtype)
+CASES = [
+    (0, "NHD", 1, 1, 2, 16, [1, 5, 9], None, 16, torch.float32),
+    (1, "HND", 1, 4, 1, 24, [3, 1], 2, 16, torch.float32),
+    (2, "NHD", 8, 2, 2, 64, [1, 40, 17], 3, 16, torch.float32),
+    (3, "HND", 8, 1, 3, 13, [33, 8], None, 16, torch.float32),
+    (4, "NHD", 16, 8, 1, 32, [70, 1], 5, 16, torch.float32),
+    (5, "HND", 16, 16, 1, 8, [16, 31, 2], 4, 16, torch.float32),
+    (6, "NHD", 32, 7, 1, 40, [65, 3], 3, 32, torch.float32),
+    (7, "HND", 32, 2, 2, 128, [1], None, 32, torch.float32),
+    (8, "NHD", 5, 3, 2, 16, [23, 11], 4, 16, torch.float32),  # page size not a power of two
+    (9, "HND", 16, 4, 2, 64, [48, 1, 30], 6, 16, torch.float16),
+    (10, "NHD", 8, 1, 4, 64, [20, 9], 2, 16, torch.float16),
+    (11, "HND", 1, 2, 2, 32, [7, 1], 3, 16, torch.bfloat16),
+    (12, "NHD", 16, 16, 1, 16, [50], 32, 16, torch.bfloat16),  # more splits than tiles: clipped, empty ones merge
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", CASES, ids=[f"seed{c[0]}-{c[1]}-P{c[2]}-g{c[3]}-D{c[5]}" for c in CASES])
+def test_decode_matches_float64_oracle(case):
+    seed, layout, page, ratio, hkv, d, lens, splits, bn, dtype = case
+    q, cache, table, lens_t = make_case(seed, layout=layout, page=page, ratio=ratio, hkv=hkv, d=d, lens=lens,
+                                        dtype=dtype)
+    out = tp.paged_decode(q, cache, table, lens_t, None, layout, num_splits=splits, block_n=bn)
+    close(out, oracle(q, cache, table, lens_t, layout), dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_canonical_entry_matches_the_reference_kernel(layout):
+    """The registered callable (canonical args, explicit scale) vs reference.paged_attention in float64."""
+    q, cache, table, lens = make_case(20, layout=layout, page=16, ratio=4, hkv=2, d=32, lens=[37, 1, 16])
+    out = tp.paged_attention(q, cache, table, lens, None, 0.3, True, layout)
+    ref = reference_paged(q.to(F64), cache.to(F64).nan_to_num(0.0), table, lens, None, 0.3, True, layout)
+    close(out, ref, torch.float32)
+
+
+@needs_triton
+def test_uniform_attention_by_hand():
+    """q = 0: every used key gets weight 1 / seq_len, so the output is the mean of the used V rows (worked out
+    by hand, no softmax); NaN in the rest of the page and in the unused page must not leak."""
+    d, page = 16, 8
+    cache = torch.full((3, 2, page, 1, d), float("nan"))
+    vals = torch.arange(10 * d, dtype=torch.float32).reshape(10, d)
+    cache[2, 1, :, 0] = vals[:8]  # tokens 0..7 in block 2
+    cache[0, 1, :2, 0] = vals[8:10]  # tokens 8, 9 in block 0 (slots 2..7 stay NaN)
+    cache[2, 0] = 1.0
+    cache[0, 0, :2] = -3.0
+    table = torch.tensor([[2, 0, 1]], dtype=torch.int32)  # block 1: NaN everywhere, listed but unused
+    out = tp.paged_decode(torch.zeros(1, 2, d), cache, table, torch.tensor([10], dtype=torch.int32),
+                          num_splits=2, block_n=16)
+    expected = vals.mean(0)  # row means: (0 + 16 + ... + 144) / 10 + column index
+    assert torch.equal(expected, torch.arange(d, dtype=torch.float32) + 72.0)
+    torch.testing.assert_close(out[0, 0], expected, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(out[0, 1], expected, rtol=1e-6, atol=1e-5)
+
+
+@needs_triton
+def test_splits_past_every_sequence_are_empty_without_nan():
+    """M * P far above every seq_len: most splits see no key (lse -inf) and must weigh 0 in the merge."""
+    q, cache, table, lens = make_case(30, layout="NHD", page=4, ratio=2, hkv=1, d=16, lens=[1, 3], spare_cols=30)
+    split_len, splits = tp.choose_split_len(2, 1, table.shape[1] * 4, 1, 16, num_splits=8)
+    assert splits == 8 and split_len == 16  # 128 positions, 8 tiles of 16: 7 of the 8 splits are empty
+    out = tp.paged_decode(q, cache, table, lens, num_splits=8, block_n=16)
+    close(out, oracle(q, cache, table, lens, "NHD"), torch.float32)
+
+
+@needs_triton
+def test_split_count_does_not_change_the_result():
+    q, cache, table, lens = make_case(31, layout="HND", page=8, ratio=2, hkv=2, d=32, lens=[60, 33])
+    ref = oracle(q, cache, table, lens, "HND")
+    for splits in (1, 2, 4):
+        close(tp.paged_decode(q, cache, table, lens, None, "HND", num_splits=splits, block_n=16), ref, torch.float32)
+
+
+@needs_triton
+def test_bad_launch_parameters_raise_typed_errors():
+    q, cache, table, lens = make_case(32, layout="NHD", page=8, ratio=1, hkv=1, d=16, lens=[3])
+    with pytest.raises(InvalidInputError, match="block_n"):
+        tp.paged_decode(q, cache, table, lens, block_n=24)
+    wide = torch.zeros(1, 32, 16)  # 32 query heads on 1 KV head
+    with pytest.raises(InvalidInputError, match="GQA group"):
+        tp.paged_decode(wide, cache, table, lens)
+    with pytest.raises(InvalidInputError, match="cu_seqlens_q"):
+        tp.paged_attention(q, cache, table, lens, torch.tensor([0, 1], dtype=torch.int32), None, True, "NHD")
+
+
+# ------------------------------------------------------------------------------------------------ sizing
+@pytest.mark.unit
+@pytest.mark.parametrize("batch,hkv,kv,sms,bn", [(1, 8, 32768, 132, 64), (64, 8, 4096, 132, 64), (3, 1, 17, 1, 16),
+                                                 (2, 4, 1000, 108, 32), (1, 1, 1, 132, 64), (5, 2, 9000, 78, 64)])
+def test_split_sizing_covers_every_position(batch, hkv, kv, sms, bn):
+    split_len, splits = tp.choose_split_len(batch, hkv, kv, sms, bn)
+    assert split_len % bn == 0 and 1 <= splits <= tp.MAX_SPLITS
+    assert splits * split_len >= kv > (splits - 1) * split_len  # every split but the last is full
+    if kv >= 2 * bn * tp.MAX_SPLITS and batch * hkv * tp.MAX_SPLITS <= 2 * sms:
+        assert splits == tp.MAX_SPLITS  # long context, small batch: as many splits as allowed
+
+
+@pytest.mark.unit
+def test_split_sizing_hand_worked():
+    assert tp.choose_split_len(1, 8, 32768, 132, 64) == (1024, 32)  # ceil(264 / 8) = 33 -> capped at 32
+    assert tp.choose_split_len(4, 8, 32768, 132, 64) == (3648, 9)  # ceil(264 / 32) = 9; ceil(512 tiles / 9) = 57
+    assert tp.choose_split_len(64, 8, 4096, 132, 64) == (4096, 1)
+    assert tp.choose_split_len(1, 1, 100, 132, 64, num_splits=8) == (64, 2)  # forced, clipped to 2 tiles
+
+
+def _ctx(*, device=None, seq_len_q=1, batch=8, hq=8, hkv=2, d=128, kv=4096, layout="NHD", page=16,
+         dtype=torch.float16, capture=False, sms=132):
+    return SelectionContext(op="paged_attention", device=device or cuda_device((9, 0), sms), dtype=dtype,
+                            batch=batch, num_heads_q=hq, num_heads_kv=hkv, head_dim=d, head_dim_v=d,
+                            seq_len_q=seq_len_q, seq_len_kv=kv, seq_equal=False, is_causal=True,
+                            graph_capture=capture, kv_layout=layout, page_size=page)
+
+
+def cuda_device(sm: tuple[int, int], sms: int | None = 132) -> DeviceSpec:
+    gen = gpu_generation_from_sm(*sm)
+    return DeviceSpec(device_type="cuda", index=0, name=f"Fake SM {sm[0]}.{sm[1]}", sm=sm, generation=gen,
+                      tensor_core_gen=tensor_core_generation(gen), supports_bf16=sm >= (8, 0),
+                      supports_fp8=sm >= (8, 9), total_memory_bytes=None, multiprocessor_count=sms,
+                      torch_version=torch.__version__, cuda_version="13.0", driver_version=None,
+                      cudnn_version=None, cpu_vendor=None, cpu_isa=frozenset())
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("batch,hq,hkv,d,kv,sms", [(8, 8, 2, 128, 4096, 132), (1, 32, 8, 64, 32768, 132),
+                                                   (64, 16, 16, 256, 512, 78), (2, 4, 4, 40, 64, None)])
+def test_workspace_bound_covers_every_batch_of_the_bucket(batch, hq, hkv, d, kv, sms):
+    """Brute force: the declared bytes >= what paged_decode allocates for every batch 1..bucket and every
+    max_blocks * P up to the bucket's seq_len_kv (sampled)."""
+    ctx = _ctx(batch=batch, hq=hq, hkv=hkv, d=d, kv=kv, sms=sms)
+    bound = tp.workspace_bytes(ctx)
+    bn = tp.block_n_for(d)
+    for b in range(1, batch + 1):
+        for length in (1, kv // 3, kv // 2 + 1, kv):
+            _, splits = tp.choose_split_len(b, hkv, max(1, length), sms or 1, bn)
+            assert b * hq * splits * (d + 1) * 4 <= bound, (b, length)
+
+
+# ------------------------------------------------------------------------------------------------ routing
+@pytest.fixture
+def registry():
+    """A fresh registry: the paged_attention op, the reference and torch_sdpa paged kernels, and the Triton
+    paged kernel of an available (fake-installed) triton backend."""
+    RUNTIME.ensure_ready()
+    reg = KernelRegistry()
+    reg.add_op(RUNTIME.registry.ops.get("paged_attention"))
+    ref = next(s for s in RUNTIME.registry.for_op("paged_attention") if s.kernel_id == "reference.paged_attention")
+    reg.add_backend(RUNTIME.registry.backend("reference"))
+    reg.add_kernel(ref)
+    reg.add_backend(RUNTIME.registry.backend("torch_sdpa"))
+    for spec in sdpa_paged_specs():
+        reg.add_kernel(spec)
+    reg.add_backend(BackendSpec("triton", "triton", "3.6.0", True, (), "fake-installed triton"))
+    for spec in tp.kernel_specs(True, ""):
+        reg.add_kernel(spec)
+    return reg
+
+
+def run_select(reg, ctx):
+    return select(reg, ctx, SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None),
+                                            log_fallbacks=False))
+
+
+def codes(report, kernel_id=tp.KERNEL_ID):
+    return {r.code for r in report.candidate(kernel_id).reasons}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_chosen_over_sdpa_for_cuda_decode(registry, layout, dtype):
+    plan, report = run_select(registry, _ctx(layout=layout, dtype=dtype))
+    assert plan.kernel_id == tp.KERNEL_ID and plan.transforms == ()
+    assert report.candidate("torch_sdpa.paged_attention").status.value == "eligible"
+    assert report.candidate(tp.KERNEL_ID).score.total > report.candidate("torch_sdpa.paged_attention").score.total
+
+
+@pytest.mark.unit
+def test_refuses_prefill_with_a_reason(registry):
+    ctx = _ctx(seq_len_q=64)
+    assert ctx.phase is Phase.PREFILL
+    plan, report = run_select(registry, ctx)
+    assert codes(report) == {R.SEQ_LEN_TOO_LONG}
+    assert "decode only" in str(report.candidate(tp.KERNEL_ID).reasons[0])
+    assert plan.kernel_id == "torch_sdpa.paged_attention"
+
+
+@pytest.mark.unit
+def test_refuses_cpu_old_gpus_big_groups_and_fp64(registry):
+    cpu = DeviceSpec.detect("cpu")
+    _, report = run_select(registry, _ctx(device=cpu))
+    assert R.DEVICE_TYPE_UNSUPPORTED in codes(report)
+    _, report = run_select(registry, _ctx(device=cuda_device((7, 5))))
+    assert codes(report) == {R.SM_TOO_OLD}
+    _, report = run_select(registry, _ctx(hq=64, hkv=2))
+    assert codes(report) == {R.GQA_RATIO_INVALID}
+    _, report = run_select(registry, _ctx(dtype=torch.float64))
+    assert codes(report) == {R.DTYPE_UNSUPPORTED}
+    _, report = run_select(registry, _ctx(d=512))
+    assert codes(report) == {R.HEAD_DIM_TOO_LARGE}
+
+
+@pytest.mark.unit
+def test_graph_safe_choice_under_capture(registry):
+    plan, report = run_select(registry, _ctx(capture=True))
+    assert plan.kernel_id == tp.KERNEL_ID
+    assert R.CUDA_GRAPH_UNSAFE in codes(report, "torch_sdpa.paged_attention")
+
+
+@pytest.mark.unit
+def test_spec_data_and_unavailable_callable():
+    (spec,) = tp.kernel_specs(True, "")
+    assert (spec.kernel_id, spec.op, spec.priority, spec.sm_min) == ("triton.paged_decode", "paged_attention", 40,
+                                                                     (8, 0))
+    assert spec.graph_safe and spec.deterministic and spec.device_types == frozenset({"cuda"})
+    assert spec.workspace_bytes(_ctx()) > 0
+    (missing,) = tp.kernel_specs(False, "triton is not installed")
+    with pytest.raises(BackendNotAvailableError, match="triton is not installed"):
+        missing.fn(None, None, None, None, None, None, True, "NHD")
