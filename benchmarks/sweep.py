@@ -174,6 +174,9 @@ def _parser() -> argparse.ArgumentParser:
                    "'flex_attention.compiled' when torch.compile per shape costs too much of the budget)")
     p.add_argument("--cpu-threads", type=int, default=1, help="torch threads with --device cpu (default 1)")
     p.add_argument("--no-tune", action="store_true", help="skip lz.tune and the tuned pass")
+    p.add_argument("--prewarm", type=int, default=0, metavar="N",
+                   help="before timing, compile every JIT kernel (FlashInfer, Triton) in N parallel worker "
+                        "processes (CUDA only; outside the --max-minutes budget)")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
     return p
 
@@ -196,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
                     exclude=tuple(args.exclude))
     if args.quick:
         timing = replace(timing, warmup=1, iters=3, repeats=3, rounds=2, max_time_s=0.05)
+    if args.prewarm and device.type == "cuda":
+        from _sweep_prewarm import prewarm
+
+        took, failures = prewarm(shapes, procs=args.prewarm)
+        _say(f"prewarm: JIT kernels of {len(shapes)} shapes compiled in {took:.0f} s with {args.prewarm} workers"
+             + (f"; {len(failures)} workers reported failures:\n  " + "\n  ".join(failures) if failures else ""))
     command = "python benchmarks/sweep.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     res = run_sweep(shapes, device, args.out, timing=timing, budget_s=args.max_minutes * 60, command=command,
                     tune=not args.no_tune)
