@@ -4,6 +4,7 @@
 #   gpu-new   pytest of the GPU files named in $GPU_FILES (default: the Triton and FlashInfer files)
 #   gpu-all   pytest -m gpu tests (all GPU tests)
 #   dispatch  benchmarks/bench_dispatch.py --device cuda
+#   norms     benchmarks/bench_norm_rope.py --device cuda (rms_norm / rope / sampling kernels through lz.tune)
 #   sweep     benchmarks/sweep.py (args in $SWEEP_ARGS)
 #   fi-export pack the FlashInfer modules (carried + built in this call) into $OUT/fi_aot.txz (carry it back as
 #             .fi_aot/fi_aot.txz: xz shrinks them ~12x; at most 8 files come back from a call)
@@ -24,8 +25,9 @@ rc=0
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
-    gpu-new) python3 -m pytest -q -p no:cacheprovider -rs --durations=15 ${GPU_FILES:-tests/gpu/test_gpu_triton.py tests/gpu/test_gpu_triton_paged.py} 2>&1 | tee "$OUT/gpu-new.txt" | tail -60 ;;
+    gpu-new) timeout ${GPU_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rs --durations=15 ${GPU_FILES:-tests/gpu/test_gpu_triton.py tests/gpu/test_gpu_triton_paged.py} 2>&1 | tee "$OUT/gpu-new.txt" | tail -60 ;;
     gpu-all) timeout ${GPU_TIMEOUT:-470} python3 -m pytest -q -p no:cacheprovider -m gpu -rs --durations=25 $XDIST ${GPU_ARGS:-} tests 2>&1 | tee "$OUT/gpu-all.txt" | tail -80 ;;
+    norms) timeout 150 python3 benchmarks/bench_norm_rope.py --device cuda --out "$OUT/norm_rope.md" 2>&1 | tail -5 ;;
     dispatch) python3 benchmarks/bench_dispatch.py --device cuda 2>&1 | tee "$OUT/dispatch.txt" | tail -30 ;;
     sweep) python3 benchmarks/sweep.py --device cuda --out "$OUT/sweep" ${SWEEP_ARGS:-} 2>&1 | tail -120 ;;
     fi-export) mkdir -p /tmp/fi_export && cp -r $AOT/. /tmp/fi_export/ 2>/dev/null

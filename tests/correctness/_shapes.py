@@ -28,7 +28,7 @@ F64 = torch.float64
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 MIN_CASES = 200  # cases run per (broadly eligible kernel, dtype)
-MAX_CANDIDATES = 3000  # cases drawn at most while looking for MIN_CASES eligible ones
+MAX_CANDIDATES = 5000  # cases drawn at most while looking for MIN_CASES eligible ones
 HALF = (torch.float16, torch.bfloat16)
 
 

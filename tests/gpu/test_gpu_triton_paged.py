@@ -144,8 +144,16 @@ def _decode_inputs(dtype=torch.bfloat16, seed=0, layout="NHD"):
     return gpu_inputs(c, dtype)
 
 
+@pytest.fixture
+def prefer_triton():
+    """flashinfer.paged_attention (priority 60) outranks triton.paged_decode (40) when FlashInfer is installed:
+    prefer ours inside these tests so they exercise it either way."""
+    with lz.prefer(tp.KERNEL_ID):
+        yield
+
+
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_chosen_and_served_by_lz_paged_attention(layout):
+def test_chosen_and_served_by_lz_paged_attention(layout, prefer_triton):
     q, cache, table, lens = _decode_inputs(layout=layout)
     assert lz.which("paged_attention", q, cache, table, lens, kv_layout=layout) == tp.KERNEL_ID
     with lz.trace() as t:
@@ -160,7 +168,7 @@ def test_chosen_and_served_by_lz_paged_attention(layout):
     assert "decode only" in str(report.candidate(tp.KERNEL_ID).reasons)
 
 
-def test_cuda_graph_capture_replays_decode():
+def test_cuda_graph_capture_replays_decode(prefer_triton):
     q, cache, table, lens = _decode_inputs(seed=1)
     assert lz.warmup("paged_attention", [((q, cache, table, lens), {})]) == [tp.KERNEL_ID]
     assert lz.is_graph_safe("paged_attention", q, cache, table, lens)
