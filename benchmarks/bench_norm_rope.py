@@ -32,7 +32,10 @@ def _cases(device: str) -> dict[str, list]:
     norm += [((rn(rows, 4096), rn(4096)), {"residual": rn(rows, 4096)}) for rows in (1, 8192)]
     rope = []
     for b, s in ((1, 1), (8, 1), (1, 4096)):
-        cos, sin = rn(1, s, 128), rn(1, s, 128)
+        inv = 1.0 / (10000.0 ** (torch.arange(0, 128, 2, device=device, dtype=torch.float32) / 128))
+        ang = torch.arange(s, device=device, dtype=torch.float32)[:, None] * inv  # [S, 64]
+        emb = torch.cat((ang, ang), dim=-1)[None]  # [1, S, 128], the HF cat(f, f) layout lz.rope expects
+        cos, sin = emb.cos().to(bf), emb.sin().to(bf)
         rope.append(((rn(b, 32, s, 128), rn(b, 8, s, 128), cos, sin), {}))
     samp_k, samp_p = [], []
     for rows in (1, 64):

@@ -117,3 +117,47 @@ def compare(out: Any, ref: Any, tol: float | None = None) -> tuple[bool, float, 
             return False, worst, (f"output {i}: max |out - ref| / (1 + |ref|) = {e:.3g} > {limit:g} "
                                   f"({r.dtype} tolerance)")
     return True, worst, ""
+
+
+SAMPLING_OPS = frozenset({"sample_topk", "sample_topp"})
+_SUPPORT_SLACK = 1e-6
+"""Relative slack at the top-k / nucleus boundary (float32 kernels vs this float64 check)."""
+
+
+def check_sampled(op: str, tokens: Any, args: tuple[Any, ...]) -> tuple[bool, float, str]:
+    """Check a sampling kernel's draw by *support*, not by equality with the reference's draw: every token of
+    ``tokens`` ``[B]`` int64 must lie in the set the op allows for its row of ``logits`` ``[B, V]``: the
+    argmax (temperature 0), the k most probable tokens (``sample_topk``; ties at the k-th probability
+    allowed), or the nucleus (``sample_topp``: tokens whose cumulative probability before them, in
+    descending order, is below p). Kernels may consume the ``torch.Generator`` differently (inverse CDF vs
+    ``torch.multinomial``), so equal seeds need not give equal tokens across kernels.
+
+    ``args`` are the canonical sampling args ``(logits, k or p, temperature, generator)``. Returns
+    ``(ok, 0.0 or inf, message)`` like :func:`compare`.
+    """
+    logits, param, temperature = args[0], args[1], float(args[2])
+    b, v = logits.shape
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64 or tuple(tokens.shape) != (b,):
+        got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        return False, math.inf, expected_got("sampled tokens", f"({b},) torch.int64", got)
+    if bool(((tokens < 0) | (tokens >= v)).any()):
+        return False, math.inf, f"sampled token ids outside [0, {v})"
+    x = logits.detach().to(torch.float64)
+    if temperature == 0.0:
+        allowed = x == x.max(dim=-1, keepdim=True).values
+    else:
+        probs = torch.softmax(x / temperature, dim=-1)
+        if op == "sample_topk":
+            floor = probs.topk(min(int(param), v), dim=-1).values[:, -1:]
+        else:
+            desc = probs.sort(dim=-1, descending=True).values
+            before = desc.cumsum(dim=-1) - desc
+            kept = (before < float(param) + _SUPPORT_SLACK) | (torch.arange(v, device=x.device) == 0)
+            floor = desc.masked_fill(~kept, math.inf).min(dim=-1, keepdim=True).values
+        allowed = probs >= floor * (1.0 - _SUPPORT_SLACK)
+    inside = allowed.gather(1, tokens.to(allowed.device)[:, None]).squeeze(1)
+    if not bool(inside.all()):
+        row = int((~inside).nonzero()[0, 0])
+        return False, math.inf, (f"{int((~inside).sum())} of {b} sampled tokens outside the {op} support, "
+                                 f"e.g. row {row}: token {int(tokens[row])}")
+    return True, 0.0, ""

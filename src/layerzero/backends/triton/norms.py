@@ -28,8 +28,10 @@ from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2, num_w
 
 log = logging.getLogger("layerzero.backends.triton")
 KERNEL_ID = "triton.rms_norm"
-PRIORITY = 60
-"""Between torch_native (50) and liger (70) until measurements (lz.tune) say otherwise."""
+PRIORITY = 45
+"""Below torch_native (50): on the H200 (bf16, H=4096) the Triton launch makes it slower for decode-sized
+inputs (30 vs 12-19 µs for 1-64 rows) while it wins for 8192 rows (42 vs 46 µs; fused residual 75 vs 94 µs);
+lz.tune promotes it there (benchmarks/results/norm_rope_h200.md)."""
 MAX_HIDDEN = 65536
 _KERNELS = LazyModule("_norm_kernels")
 
