@@ -73,9 +73,9 @@ def prewarm(shapes: list[Shape], procs: int = 12, timeout_s: float = 300.0) -> t
 def _worker(spec: str) -> int:
     """Call every eligible kernel of one tiny shape once (compiles it); print what failed."""
     import torch
+    from _sweep_shapes import build_inputs
 
     import layerzero as lz
-    from _sweep_shapes import build_inputs
     from layerzero.core.report import CandidateStatus
     from layerzero.ops import OPS
     from layerzero.ops._common import RUNTIME

@@ -25,7 +25,7 @@ rc=0
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
-    gpu-new) timeout ${GPU_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rs --durations=15 $XDIST ${GPU_FILES:-tests/gpu/test_gpu_triton.py tests/gpu/test_gpu_triton_paged.py} 2>&1 | tee "$OUT/gpu-new.txt" | tail -60 ;;
+    gpu-new) timeout ${GPU_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rs --durations=15 $XDIST ${GPU_K:+-k "$GPU_K"} ${GPU_FILES:-tests/gpu/test_gpu_triton.py tests/gpu/test_gpu_triton_paged.py} 2>&1 | tee "$OUT/gpu-new.txt" | tail -60 ;;
     gpu-all) timeout ${GPU_TIMEOUT:-470} python3 -m pytest -q -p no:cacheprovider -m gpu -rs --durations=25 $XDIST ${GPU_ARGS:-} tests 2>&1 | tee "$OUT/gpu-all.txt" | tail -80 ;;
     norms) timeout 150 python3 benchmarks/bench_norm_rope.py --device cuda --out "$OUT/norm_rope.md" 2>&1 | tail -5 ;;
     dispatch) python3 benchmarks/bench_dispatch.py --device cuda 2>&1 | tee "$OUT/dispatch.txt" | tail -30 ;;
