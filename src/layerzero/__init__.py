@@ -64,6 +64,7 @@ from .ops import (
     rope,
     sample_topk,
     sample_topp,
+    swiglu,
 )
 
 __version__ = "0.1.0"
@@ -95,7 +96,7 @@ __all__ = [
     "NoKernelFoundError", "PolicyValidationError", "Reason", "ReasonCode", "SelectionReport",
     "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "allocate_kv_cache", "attention",
     "configure", "disabled", "doctor", "explain", "get_config", "get_locks", "layer_norm", "list_kernels",
-    "load_capabilities", "load_config", "lock", "paged_attention", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rope", "sample_topk", "sample_topp",
+    "load_capabilities", "load_config", "lock", "paged_attention", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rope", "sample_topk", "sample_topp", "swiglu",
     "select", "trace", "TuneReport", "tune", "unlock", "validate", "which",
     "kernel", "register_kernel", "unregister_kernel",
     "GraphCheck", "is_graph_safe", "validate_graph_capture", "warmup",

@@ -43,6 +43,8 @@ def _explain_args(ns: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str, An
             "attn_mask": mask, "is_causal": ns.causal, "dropout_p": ns.dropout, "layout": ns.layout}
     if ns.op in ("rms_norm", "layer_norm"):
         return (t(ns.batch, ns.seq, ns.hidden), t(ns.hidden)), {}
+    if ns.op == "swiglu":  # --hidden is the intermediate size here
+        return (t(ns.batch, ns.seq, ns.hidden), t(ns.batch, ns.seq, ns.hidden)), {}
     if ns.op == "rope":
         hkv = ns.kv_heads or ns.heads
         return (t(ns.batch, ns.heads, ns.seq, ns.head_dim), t(ns.batch, hkv, ns.seq, ns.head_dim),
@@ -129,7 +131,8 @@ def _cmd_capabilities(ns: argparse.Namespace) -> int:
 
 _TUNE_PARAMS = {
     "attention": ("heads", "kv_heads", "kv_seq", "head_dim", "causal", "layout"),
-    "rms_norm": ("hidden",), "layer_norm": ("hidden",), "rope": ("heads", "kv_heads", "head_dim"),
+    "rms_norm": ("hidden",), "layer_norm": ("hidden",), "swiglu": ("hidden",),
+    "rope": ("heads", "kv_heads", "head_dim"),
     "sample_topk": ("vocab", "top_k"), "sample_topp": ("vocab", "top_p"),
 }
 
@@ -174,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=_cmd_doctor)
     e = sub.add_parser("explain", help="why a kernel is chosen for a shape")
-    e.add_argument("op", choices=("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp"))
+    e.add_argument("op", choices=("attention", "rms_norm", "layer_norm", "rope", "swiglu", "sample_topk",
+                                  "sample_topp"))
     e.add_argument("--batch", type=int, default=1)
     e.add_argument("--heads", type=int, default=8)
     e.add_argument("--kv-heads", type=int, default=None)

@@ -5,7 +5,8 @@
 - Seeded cases (frozen dataclasses) and their tensors: attention (head dims 8..256 incl. 21/72/203, sequences
   1..587 mostly short, GQA, bool/float masks with fully masked rows, causal with Sq != Sk, BHSD/BSHD, sliced
   and stride(-1) == 2 inputs), norms (hidden 1..5120, residual, mixed-precision weights), RoPE (both styles,
-  partial rotary, tables / position ids, BHSD/BSHD, GQA).
+  partial rotary, tables / position ids, BHSD/BSHD, GQA), SwiGLU (intermediate 1..4096, fused gate_up halves,
+  transposed and stride(-1) == 2 views).
 - float64 oracles from the formulas, independent of ``layerzero``: attention as an explicit einsum softmax (GQA
   by ``repeat_interleave``, top-left causal, fully masked row -> 0), RMSNorm / LayerNorm, RoPE as complex
   multiplication.
@@ -300,6 +301,52 @@ def rope_oracle(x, cos, sin, position_ids, interleaved: bool, layout: str) -> to
     return torch.cat((out, tail), -1)
 
 
+# ============================================================================================ swiglu
+@dataclass(frozen=True, slots=True)
+class SwigluCase:
+    """One swiglu call: gate/up ``[*lead, inter]`` with values of std ``std``. ``layout``: contiguous; ``fused``
+    (gate, up = the two halves of one ``[*lead, 2 * inter]`` gate_up tensor, row stride 2I); ``transposed``
+    (the first two leading dims swapped, a non-mergeable view); ``strided`` (stride(-1) == 2)."""
+
+    seed: int
+    lead: tuple[int, ...]
+    inter: int
+    layout: str
+    std: float
+
+
+INTER = (1, 2, 3, 7, 8, 16, 21, 63, 64, 100, 127, 128, 255, 256, 511, 1000, 1024, 1025, 1376, 2048, 2753, 4096)
+
+
+def swiglu_case(seed: int) -> SwigluCase:
+    """The seeded swiglu case ``seed`` (odd and even intermediate sizes 1..4096, 0-3 leading dims)."""
+    rng = random.Random(seed * 15485863 + 11)
+    lead = tuple(rng.randint(1, 5) for _ in range(rng.randint(0, 3)))
+    layout = rng.choice(("contiguous",) * 5 + ("fused", "fused", "transposed", "strided"))
+    return SwigluCase(seed, lead, rng.choice(INTER), layout, rng.choice((0.1, 1.0, 3.0, 30.0)))
+
+
+def swiglu_inputs(case: SwigluCase, dtype: torch.dtype, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate, up) of ``case`` in ``dtype`` on ``device``, laid out as ``case.layout`` says."""
+    gen = torch.Generator().manual_seed(case.seed)
+    lead, i = case.lead, case.inter
+    if case.layout == "fused":
+        gate_up = randn((*lead, 2 * i), gen, device, dtype, case.std)
+        return gate_up[..., :i], gate_up[..., i:]
+    if case.layout == "strided":
+        return tuple(randn((*lead, 2 * i), gen, device, dtype, case.std)[..., ::2] for _ in range(2))
+    if case.layout == "transposed" and len(lead) >= 2:
+        swapped = (lead[1], lead[0], *lead[2:], i)
+        return tuple(randn(swapped, gen, device, dtype, case.std).transpose(0, 1) for _ in range(2))
+    return randn((*lead, i), gen, device, dtype, case.std), randn((*lead, i), gen, device, dtype, case.std)
+
+
+def swiglu_oracle(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """float64 ``silu(gate) * up = gate * sigmoid(gate) * up`` (sigmoid as ``1 / (1 + exp(-g))``)."""
+    g = gate.to(F64)
+    return g / (1.0 + torch.exp(-g)) * up.to(F64)
+
+
 # ============================================================================================ runners
 @dataclass(frozen=True, slots=True)
 class Call:
@@ -353,7 +400,15 @@ def rope_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
                 lambda: tuple(rope_oracle(t, cos, sin, ids, c.interleaved, c.layout) for t in (q, k)))
 
 
-CALLS = {"attention": attention_call, "rms_norm": rms_call, "layer_norm": layer_call, "rope": rope_call}
+def swiglu_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
+    """The swiglu :class:`Call` of case ``seed``: oracle ``silu(gate) * up`` in float64."""
+    c = swiglu_case(seed)
+    gate, up = swiglu_inputs(c, dtype, device)
+    return Call(c, (gate, up), {}, lambda: swiglu_oracle(gate, up))
+
+
+CALLS = {"attention": attention_call, "rms_norm": rms_call, "layer_norm": layer_call, "rope": rope_call,
+         "swiglu": swiglu_call}
 KnownBug = Callable[[str, Call], "str | None"]  # (kernel_id, call) -> why the call is excluded, or None
 
 

@@ -164,11 +164,11 @@ def test_position_bias_is_folded_into_the_mask():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"softcap": 30.0}, "softcap"),
+    ({"softcap": -30.0}, "softcap"),
     ({"output_attentions": True}, "output_attentions"),
     ({"head_mask": torch.ones(HQ)}, "head_mask"),
     ({"cache": object()}, "paged cache"),
-    ({"sliding_window": 4}, "sliding window without a mask"),
+    ({"sliding_window": 4, "is_causal": False}, "sliding window without a mask"),
 ])
 def test_unsupported_features_raise_typed_errors(kwargs, match):
     q, k, v = qkv(7, 7)

@@ -47,14 +47,21 @@ ROOT = Path(__file__).resolve().parents[2]
 # ----------------------------------------------------------------------------- helpers
 
 
-def oracle_bshd(q, k, v, causal=False, scale=None):
-    """float64 attention on BSHD tensors, GQA by repeat_interleave, top-left causal (Sq == Sk here)."""
+def oracle_bshd(q, k, v, causal=False, scale=None, window=None, softcap=None):
+    """float64 attention on BSHD tensors, GQA by repeat_interleave, top-left causal (Sq == Sk here); ``window``
+    is FlashAttention's ``window_size`` (-1 or None = unbounded side), ``softcap`` Gemma 2's tanh cap."""
     q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     s = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     if causal:
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    if window is not None:
+        rel = torch.arange(s.shape[-1])[None, :] - torch.arange(s.shape[-2])[:, None]  # j - i
+        left, right = (-1 if w is None else w for w in window)
+        s = s.masked_fill(((rel < -left) & (left >= 0)) | ((rel > right) & (right >= 0)), float("-inf"))
     return (torch.softmax(s, -1) @ v).transpose(1, 2)
 
 
@@ -69,7 +76,7 @@ class FakeFlash:
     def __call__(self, q, k, v, *args, softmax_scale=None, causal=False, **kwargs):
         self.calls.append({"shapes": (tuple(q.shape), tuple(k.shape)), "args": args, "scale": softmax_scale,
                            "causal": causal, **kwargs})
-        out = oracle_bshd(q, k, v, causal, softmax_scale).to(q.dtype)
+        out = oracle_bshd(q, k, v, causal, softmax_scale, kwargs.get("window_size"), kwargs.get("softcap")).to(q.dtype)
         lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1])
         return (out, lse) if self.returns_tuple else out
 
@@ -370,3 +377,52 @@ def test_workspace_is_the_lse_buffer(registry):
     ctx = ctx_for((9, 0))
     assert registry.kernel(FA3).workspace_bytes(ctx) == 4 * 2 * 8 * 1024  # fp32 x B x Hq x Sq
     assert registry.kernel(FA3).workspace_bytes(replace(ctx, batch=4)) == 4 * 4 * 8 * 1024
+
+
+# ----------------------------------------------------------------------------- 5. sliding window and softcap
+
+
+@pytest.mark.parametrize(("sm", "winner"), [((8, 0), FA2), ((9, 0), FA3), ((10, 0), FA4)])
+def test_window_and_softcap_route_to_flash_attn_and_sdpa_refuses(registry, sm, winner):
+    plan, report = run_select(registry, ctx_for(sm, is_causal=True, window_left=127, window_right=0,
+                                                has_softcap=True))
+    assert plan.kernel_id == winner
+    for kid in ("torch_sdpa.flash", "torch_sdpa.cudnn", "torch_sdpa.efficient", "torch_sdpa.math"):
+        if report.candidate(kid) is not None:
+            assert {R.WINDOW_UNSUPPORTED, R.SOFTCAP_UNSUPPORTED} <= codes(report, kid)
+
+
+def test_window_with_unequal_lengths_is_refused_by_every_flash_attn(registry):
+    plan, report = run_select(registry, ctx_for((9, 0), sq=1, sk=1024, window_left=127, window_right=3))
+    assert plan.kernel_id == "reference.attention"
+    for kid in (FA2, FA3, FA4):
+        assert R.WINDOW_UNSUPPORTED in codes(report, kid)
+    # softcap alone is fine with Sq != Sk (no alignment question): FA3 serves it on Hopper
+    plan, _ = run_select(registry, ctx_for((9, 0), sq=1, sk=1024, has_softcap=True))
+    assert plan.kernel_id == FA3
+
+
+@pytest.mark.parametrize(("sm", "lib", "kid", "unbounded"),
+                         [((8, 0), "fa2", FA2, -1), ((9, 0), "fa3", FA3, -1), ((10, 0), "fa4", FA4, None)])
+def test_plan_passes_window_size_and_softcap(registry, fakes, sm, lib, kid, unbounded):
+    q, k, v = _bhsd(s=9, d=64)
+    plan, _ = run_select(registry, ctx_for(sm, layout=Layout.BHSD, d=64, hq=4, hkv=2, sq=16, window_left=2,
+                                           window_right=-1, has_softcap=True))
+    assert plan.kernel_id == kid
+    out = plan(q, k, v, None, False, None, 0.0, (2, -1), 1.5)
+    (call,) = fakes[lib].calls
+    assert call["window_size"] == (2, unbounded) and call["softcap"] == 1.5
+    # independent oracle: hand-built band mask j >= i - 2 on top of a softcapped float64 softmax
+    qd, kd, vd = q.double(), k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
+    sc = qd @ kd.transpose(-1, -2) / 8.0
+    sc = 1.5 * torch.tanh(sc / 1.5)
+    i, j = torch.arange(9)[:, None], torch.arange(9)[None, :]
+    sc = sc.masked_fill(j < i - 2, float("-inf"))
+    torch.testing.assert_close(out, torch.softmax(sc, -1) @ vd, atol=1e-12, rtol=1e-12)
+
+
+def test_plain_calls_pass_no_window_or_softcap_kwargs(registry, fakes):
+    q, k, v = _bhsd()
+    plan, _ = run_select(registry, ctx_for((9, 0), layout=Layout.BHSD, d=64, hq=4, hkv=2, sq=8))
+    plan(q, k, v, None, False, None, 0.0)
+    assert "window_size" not in fakes["fa3"].calls[-1] and "softcap" not in fakes["fa3"].calls[-1]

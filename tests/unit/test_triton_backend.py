@@ -166,7 +166,8 @@ def test_every_kernel_is_cuda_only_sm80_and_half_precision():
     by_id = {s.kernel_id: s for s in tb.kernel_specs(True, "")}
     assert by_id["triton.rms_norm"].fn is norms.rms_norm and by_id["triton.rope"].fn is rope.rope
     assert by_id["triton.sample_topk"].fn is sampling.sample_topk
-    assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [True, True, False, False]
+    assert by_id["triton.swiglu"].fn is tb.swiglu.swiglu
+    assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [True, True, False, False, True]
 
 
 def test_register_includes_paged_specs():

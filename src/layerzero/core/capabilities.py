@@ -95,7 +95,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "cpu_isa": _opt_isa,
     **{name: _bool for name in ("head_dims_equal", "supports_gqa", "mask_with_causal", "supports_causal",
                                 "supports_dropout", "supports_backward", "requires_stride_last_1", "requires_aligned_16",
-                                "deterministic", "graph_safe")},
+                                "deterministic", "graph_safe", "supports_window", "supports_softcap")},
 }
 OVERRIDABLE_FIELDS = frozenset(_PARSERS)
 

@@ -59,6 +59,11 @@ def check_constraints(spec: KernelSpec, ctx: SelectionContext) -> list[Reason]:
         out.append(Reason(R.MASK_WITH_CAUSAL, "cannot combine attn_mask with is_causal=True"))
     if ctx.dropout and not spec.supports_dropout:
         out.append(Reason(R.DROPOUT_UNSUPPORTED, "dropout_p > 0 is not supported"))
+    if (ctx.window_left is not None or ctx.window_right is not None) and not spec.supports_window:
+        out.append(Reason(R.WINDOW_UNSUPPORTED, f"sliding window (left={ctx.window_left}, right={ctx.window_right}) "
+                                                "is not supported"))
+    if ctx.has_softcap and not spec.supports_softcap:
+        out.append(Reason(R.SOFTCAP_UNSUPPORTED, "logit soft-capping (softcap=...) is not supported"))
     if spec.requires_stride_last_1 and not ctx.stride_last_1:
         out.append(Reason(R.STRIDE_LAST_DIM_NOT_1, "needs stride(-1) == 1 on every input"))
     if spec.requires_aligned_16 and not ctx.aligned_16:

@@ -40,6 +40,10 @@ class SelectionContext:
     Attention fields: ``batch`` (bucketed), ``num_heads_q``/``num_heads_kv``, ``head_dim`` (q/k) and
     ``head_dim_v``, ``seq_len_q``/``seq_len_kv`` (bucket upper bounds, tokens), ``layout`` of the inputs,
     ``mask`` kind, ``is_causal``, ``seq_equal`` (Sq == Sk exactly), ``dropout`` (p > 0), ``scale_default``.
+    Local attention: ``window_left``/``window_right`` (tokens, exact; -1 = unbounded on that side; both None when
+    no window is asked) and ``has_softcap`` (True when a logit soft-cap is applied, None otherwise: the cap value
+    itself is not a constraint, so it stays out of the key). None defaults keep other ops' PerfDB bucket keys
+    unchanged.
     Norm fields: ``hidden_size`` (exact), ``param_dtype`` (weight/bias dtype), ``fused_residual``, ``has_bias``. RoPE: ``interleaved``,
     ``rotary_dim``. Sampling: ``vocab_size`` (exact), ``has_generator``. Paged KV cache (paged_attention,
     reshape_and_cache): ``kv_layout`` (``"NHD"``/``"HND"``) and ``page_size`` (tokens per block), both exact.
@@ -83,6 +87,9 @@ class SelectionContext:
     tp_size: int = 1
     kv_layout: str | None = None
     page_size: int | None = None
+    window_left: int | None = None
+    window_right: int | None = None
+    has_softcap: bool | None = None
 
     @property
     def phase(self) -> Phase | None:

@@ -44,6 +44,7 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "attention": ("q", "k", "v", "attn_mask", "is_causal", "scale", "dropout_p"),
     "rms_norm": ("x", "weight", "eps", "residual"),
     "layer_norm": ("x", "weight", "bias", "eps"),
+    "swiglu": ("gate", "up"),
     "rope": ("q", "k", "cos", "sin", "position_ids", "interleaved", "layout"),
     "sample_topk": ("logits", "k", "temperature", "generator"),
     "sample_topp": ("logits", "p", "temperature", "generator"),

@@ -83,7 +83,10 @@ class KernelSpec:
     score). ``None`` in a constraint field means "no constraint". ``sm_min``/``sm_max`` are inclusive
     ``(major, minor)`` pairs and apply to CUDA devices only. ``cpu_isa`` names ISA features a CPU context must
     *all* have (spelled as ``DeviceSpec.cpu_isa`` spells them: ``"avx2"``, ``"avx512"``, ``"avx512_bf16"``,
-    ``"amx_bf16"``, ...); it applies to CPU devices only. ``max_seq_len`` is checked against the upper
+    ``"amx_bf16"``, ...); it applies to CPU devices only. ``supports_window`` / ``supports_softcap``: the kernel
+    implements ``lz.attention``'s sliding window / logit soft-cap; such a kernel is called with two more canonical
+    arguments, ``window`` (``(left, right)`` or None) and ``softcap`` (float or None), whenever either is set
+    (default False: every other kernel is refused with ``WINDOW_UNSUPPORTED`` / ``SOFTCAP_UNSUPPORTED``). ``max_seq_len`` is checked against the upper
     bound of the sequence-length bucket so a cached choice is valid for every length in its bucket.
     """
 
@@ -108,6 +111,8 @@ class KernelSpec:
     mask_with_causal: bool = True
     supports_causal: bool = True
     supports_dropout: bool = True
+    supports_window: bool = False
+    supports_softcap: bool = False
     supports_backward: bool = True
     requires_stride_last_1: bool = False
     requires_aligned_16: bool = False
@@ -134,7 +139,8 @@ class KernelSpec:
         for name in (
             "priority", "device_types", "dtypes", "sm_min", "sm_max", "generations", "layouts", "head_dim_min",
             "head_dim_max", "head_dim_multiple", "head_dims_equal", "supports_gqa", "mask_kinds",
-            "mask_with_causal", "supports_causal", "supports_dropout", "supports_backward",
+            "mask_with_causal", "supports_causal", "supports_dropout", "supports_window", "supports_softcap",
+            "supports_backward",
             "requires_stride_last_1", "requires_aligned_16", "max_seq_len", "deterministic", "graph_safe", "cpu_isa",
         ):
             value = getattr(self, name)

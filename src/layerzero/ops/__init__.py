@@ -10,15 +10,17 @@ from . import norms as _norms
 from . import paged as _paged
 from . import rope as _rope
 from . import sampling as _sampling
+from . import swiglu as _swiglu
 from .attention import attention
 from .kv_cache import KVLayout, allocate_kv_cache
 from .norms import layer_norm, rms_norm
 from .paged import paged_attention, reshape_and_cache
 from .rope import rope
 from .sampling import sample_topk, sample_topp
+from .swiglu import swiglu
 
 OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _sampling.TOPK_SPEC,
-                   _sampling.TOPP_SPEC, _paged.SPEC, _paged.CACHE_SPEC)
+                   _sampling.TOPP_SPEC, _paged.SPEC, _paged.CACHE_SPEC, _swiglu.SPEC)
 
 OPS = {
     "attention": (_attention.prepare, _attention.context),
@@ -29,7 +31,8 @@ OPS = {
     "sample_topp": (_sampling.prepare_topp, _sampling.context),
     "paged_attention": (_paged.prepare, _paged.context),
     "reshape_and_cache": (_paged.prepare_cache, _paged.context_cache),
+    "swiglu": (_swiglu.prepare, _swiglu.context),
 }
 
 __all__ = ["OPERATION_SPECS", "OPS", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
-           "attention", "layer_norm", "rms_norm", "rope", "sample_topk", "sample_topp"]
+           "attention", "layer_norm", "rms_norm", "rope", "sample_topk", "sample_topp", "swiglu"]

@@ -71,13 +71,18 @@ def _mask_kind(op: str, mask: Any, q: torch.Tensor, b: int, hq: int, sq: int, sk
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
             is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
-            layout: str | Layout = "BHSD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """Validate ``lz.attention`` inputs; return (cache key, canonical kernel args)."""
-    return _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout)
+            layout: str | Layout = "BHSD", window: tuple[int, int] | None = None,
+            softcap: float | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.attention`` inputs; return (cache key, canonical kernel args).
+
+    The canonical args are ``(q, k, v, attn_mask, is_causal, scale, dropout_p)``, plus ``(window, softcap)``
+    when a (normalized, non-trivial) window or a soft-cap is set: only kernels declaring ``supports_window`` /
+    ``supports_softcap`` are then eligible, and they accept the two extra arguments."""
+    return _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
 
 
 def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any, dropout_p: Any,
-             layout: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+             layout: Any, window: Any = None, softcap: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """:func:`prepare` with positional arguments (the hot path). The happy path is a handful of attribute
     reads; anything unusual goes to :func:`_validate`, which raises the precise :class:`InvalidInputError`."""
     lay = _LAYOUTS.get(layout) if layout.__class__ is str or isinstance(layout, Layout) else None
@@ -88,11 +93,11 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
                 and lay is not None and len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and dtype in FLOAT_DTYPES
                 and k.dtype is dtype and v.dtype is dtype and k.device == device and v.device == device
                 and (is_causal is True or is_causal is False) and attn_mask is None and scale is None
-                and dropout_p.__class__ in _ZERO_OK and dropout_p == 0)
+                and dropout_p.__class__ in _ZERO_OK and dropout_p == 0 and window is None and softcap is None)
     except AttributeError:
         fast = False
     if not fast:
-        return _validate(q, k, v, attn_mask, is_causal, scale, dropout_p, layout)
+        return _validate(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
     if lay is Layout.BHSD:
         b, hq, sq, d = qs
         bk, hkv, sk, dk = ks
@@ -103,7 +108,7 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
         bv, sv, hv, dv = vs
     if not (b == bk == bv and hkv == hv and sk == sv and dk == d and hkv and not hq % hkv and sq and sk and b
             and d and dv):
-        return _validate(q, k, v, attn_mask, is_causal, scale, dropout_p, layout)
+        return _validate(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
     contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     stride = contiguous or (q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
     grad = is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -112,13 +117,13 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
     aligned = not cuda or (contiguous and not (q.storage_offset() or k.storage_offset() or v.storage_offset())
                            ) or aligned_16(q, k, v)
     key = (OP, device, dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, MaskKind.NONE,
-           is_causal, False, True, stride, aligned, contiguous, grad, deterministic_enabled(), capture,
-           scope_token())
+           is_causal, False, True, stride, aligned, contiguous, grad, deterministic_enabled(), None, None, None,
+           capture, scope_token())
     return key, (q, k, v, None, is_causal, None, dropout_p)
 
 
 def _validate(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any, dropout_p: Any,
-              layout: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+              layout: Any, window: Any = None, softcap: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The full checks (masks, scale, dropout, every error message); returns what :func:`prepare` returns."""
     check_tensor(OP, "q", q, 4)
     check_tensor(OP, "k", k, 4)
@@ -158,32 +163,66 @@ def _validate(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any
                               or not math.isfinite(scale) or scale <= 0):
         raise fail(OP, "scale", "None or a finite float > 0", repr(scale))
     mask = _mask_kind(OP, attn_mask, q, b, hq, sq, sk)
+    win = _window(window, is_causal, sq, sk)
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not math.isfinite(softcap) or softcap <= 0):
+        raise fail(OP, "softcap", "None (off) or a finite float > 0 (Gemma 2 uses 50.0)", repr(softcap))
     grad, det, capture, stride = flags(q, k, v)
     contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     aligned = not q.is_cuda or (contiguous and not (q.storage_offset() or k.storage_offset() or v.storage_offset())
                                 ) or aligned_16(q, k, v)
     key = (OP, q.device, q.dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, mask,
-           is_causal, dropout_p > 0.0, scale is None, stride, aligned, contiguous, grad, det, capture,
-           scope_token())
-    return key, (q, k, v, attn_mask, is_causal, scale, dropout_p)
+           is_causal, dropout_p > 0.0, scale is None, stride, aligned, contiguous, grad, det,
+           None if win is None else win[0], None if win is None else win[1], True if softcap is not None else None,
+           capture, scope_token())  # the capture flag stays second to last (graphs.capture_key flips it)
+    if win is None and softcap is None:
+        return key, (q, k, v, attn_mask, is_causal, scale, dropout_p)
+    return key, (q, k, v, attn_mask, is_causal, scale, dropout_p, win,
+                 None if softcap is None else float(softcap))
+
+
+def _window(window: Any, is_causal: bool, sq: int, sk: int) -> tuple[int, int] | None:
+    """Validate ``window`` and normalize it: ``(left, right)`` with -1 where a side does not restrict these
+    lengths (``left >= Sq - 1``, ``right >= Sk - 1``); under ``is_causal`` ``right`` is 0 (causality bounds
+    it). None when the window restricts nothing beyond ``is_causal`` (then every kernel can serve the call).
+
+    Raises:
+        InvalidInputError: ``window`` is not None or a pair of ints >= -1.
+    """
+    if window is None:
+        return None
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or any(isinstance(w, bool) or not isinstance(w, int) or w < -1 for w in window)):
+        raise fail(OP, "window", "None or (left, right): two ints >= -1 (-1 = unbounded on that side; "
+                   "FlashAttention's window_size)", repr(window),
+                   "Mistral-style causal sliding window W: window=(W - 1, 0) with is_causal=True.")
+    left, right = int(window[0]), int(window[1])
+    if left >= sq - 1:
+        left = -1
+    if is_causal:
+        return None if left == -1 else (left, 0)
+    if right >= sk - 1:
+        right = -1
+    return None if left == -1 and right == -1 else (left, right)
 
 
 def context(key: tuple[Any, ...]) -> SelectionContext:
     """The :class:`SelectionContext` of an attention cache key."""
     (_, device, dtype, b, hq, hkv, d, dv, sq, sk, seq_equal, lay, mask, causal, dropout, scale_default, stride,
-     aligned, contiguous, grad, det, capture, _) = key
+     aligned, contiguous, grad, det, win_left, win_right, has_softcap, capture, _) = key
     return SelectionContext(
         op=OP, device=device_spec(device), dtype=dtype, batch=b, num_heads_q=hq, num_heads_kv=hkv, head_dim=d,
         head_dim_v=dv, seq_len_q=sq, seq_len_kv=sk, seq_equal=seq_equal, layout=lay, mask=mask, is_causal=causal,
         dropout=dropout, scale_default=scale_default, stride_last_1=stride, aligned_16=aligned, contiguous=contiguous,
-        requires_grad=grad, deterministic=det, graph_capture=capture)
+        requires_grad=grad, deterministic=det, graph_capture=capture, window_left=win_left, window_right=win_right,
+        has_softcap=has_softcap)
 
 
 def _transposed(fn):
     """BSHD <-> BHSD is one swap of dims 1 and 2 either way: views in, view of the output back."""
 
-    def call(q, k, v, attn_mask, is_causal, scale, dropout_p):
-        out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask, is_causal, scale, dropout_p)
+    def call(q, k, v, *rest):  # rest: attn_mask, is_causal, scale, dropout_p[, window, softcap]
+        out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), *rest)
         return out.transpose(1, 2)
 
     return call
@@ -204,7 +243,8 @@ SPEC = OperationSpec(OP, "scaled dot-product attention (SDPA semantics, GQA, mas
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
               is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
-              layout: str = "BHSD") -> torch.Tensor:
+              layout: str = "BHSD", window: tuple[int, int] | None = None,
+              softcap: float | None = None) -> torch.Tensor:
     """Scaled dot-product attention ``softmax(q k^T * scale + mask) v`` (Vaswani et al. 2017), dispatched to
     the fastest eligible kernel (SDPA flash / cuDNN / efficient / math, reference; more in later backends).
 
@@ -222,9 +262,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     Sq != Sk). A row whose keys are all masked returns 0. ``scale``: default ``1/sqrt(D)``.
     ``dropout_p``: probability in [0, 1) applied to the attention weights.
 
+    ``window=(left, right)``: local (sliding-window) attention, FlashAttention's ``window_size`` convention
+    (Beltagy et al. 2020; Mistral): query i attends keys j with ``i - left <= j <= i + right``, -1 = unbounded
+    on that side, positions top-left aligned exactly like ``is_causal`` (query i at position i, key j at j).
+    With ``is_causal=True`` right is effectively 0 (Mistral's window W is ``window=(W - 1, 0)``). Combines with
+    ``attn_mask`` (a key must pass every one). A window that restricts nothing for these lengths is dropped, so
+    any kernel can serve the call. ``softcap``: logit soft-capping (Gemma 2): ``scores = softcap *
+    tanh(scores / softcap)`` on the scaled scores, before mask, causality and window; None = off. Served only
+    by kernels that declare them (reference, flex_attention, flash_attn2/3/4 — a window there needs Sq == Sk);
+    the others are refused with ``WINDOW_UNSUPPORTED`` / ``SOFTCAP_UNSUPPORTED``.
+
     Raises:
         InvalidInputError: wrong rank, dtype or device mix, batch/head/head_dim mismatch, ``Hq % Hkv != 0``,
-            mask dtype or shape, ``dropout_p`` outside [0, 1), non-positive ``scale``, unknown ``layout``.
+            mask dtype or shape, ``dropout_p`` outside [0, 1), non-positive ``scale``, unknown ``layout``,
+            ``window`` not a pair of ints >= -1, ``softcap`` not a finite float > 0.
         NoKernelFoundError: the op is locked to a kernel that cannot run these inputs (message lists why).
         KernelExecutionError: the kernel failed and no fallback was allowed (lock or strict mode).
 
@@ -233,5 +284,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     >>> lz.attention(q, k, v, is_causal=True).shape
     torch.Size([1, 8, 16, 64])
     """
-    key, args = _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout)
+    key, args = _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
     return RUNTIME.run(key, context, args)

@@ -22,6 +22,7 @@ SHAPE_DEFAULTS: dict[str, dict[str, Any]] = {
                   "causal": False, "layout": "BHSD", "mask": "none", **_COMMON},
     "rms_norm": {"batch": 1, "seq": 128, "hidden": 4096, "residual": False, "eps": 1e-6, **_COMMON},
     "layer_norm": {"batch": 1, "seq": 128, "hidden": 4096, "bias": True, "eps": 1e-5, **_COMMON},
+    "swiglu": {"batch": 1, "seq": 128, "hidden": 11008, **_COMMON},
     "rope": {"batch": 1, "heads": 8, "kv_heads": None, "seq": 128, "head_dim": 64, "interleaved": False, **_COMMON},
     "sample_topk": {"batch": 1, "vocab": 32000, "top_k": 50, "temperature": 1.0, **_COMMON},
     "sample_topp": {"batch": 1, "vocab": 32000, "top_p": 0.9, "temperature": 1.0, **_COMMON},
@@ -83,6 +84,7 @@ def make_inputs(op: str, **shape: Any) -> tuple[tuple[Any, ...], dict[str, Any]]
       or ``"float"`` all-zero, shape ``[B, 1, Sq, Sk]``).
     - rms_norm / layer_norm: x ``[batch, seq, hidden]``, weight ``[hidden]``; ``residual`` (rms_norm: also a
       residual like x), ``bias`` (layer_norm: a ``[hidden]`` bias), ``eps``.
+    - swiglu: gate and up ``[batch, seq, hidden]`` (hidden = the MLP's intermediate size).
     - rope: q ``[B, Hq, S, D]``, k ``[B, Hkv, S, D]``, cos/sin ``[B, S, D]``; ``interleaved``.
     - sample_topk / sample_topp: logits ``[batch, vocab]``, ``top_k`` / ``top_p``, ``temperature``, and a
       ``torch.Generator`` seeded with ``seed`` (so kernels can be compared on the same random stream).
@@ -124,6 +126,8 @@ def make_inputs(op: str, **shape: Any) -> tuple[tuple[Any, ...], dict[str, Any]]
     if op == "layer_norm":
         x, w = t(s["batch"], s["seq"], s["hidden"]), t(s["hidden"])
         return (x, w, t(s["hidden"]) if s["bias"] else None, s["eps"]), {}
+    if op == "swiglu":  # hidden = the MLP's intermediate size
+        return (t(s["batch"], s["seq"], s["hidden"]), t(s["batch"], s["seq"], s["hidden"])), {}
     if op == "rope":
         hkv = s["kv_heads"] or s["heads"]
         q, k = t(s["batch"], s["heads"], s["seq"], s["head_dim"]), t(s["batch"], hkv, s["seq"], s["head_dim"])

@@ -23,6 +23,11 @@ Constraints and their sources (checked against the libraries' own Python checks)
 All three: FlashAttention's causal mask is aligned to the bottom-right corner when Sq != Sk, while
 ``lz.attention`` (like SDPA) aligns it top-left, so causal calls with Sq != Sk are refused with
 ``CAUSAL_SEQ_MISMATCH``; stride(-1) == 1 and 16-byte aligned rows are required.
+
+Sliding window and soft-cap (``lz.attention(window=, softcap=)``): passed as ``window_size=(left, right)``
+(FA2/FA3: -1 = unbounded; FA4: None = unbounded) and ``softcap=`` (FA2 >= 2.6, FA3, FA4; the kwargs are only
+passed when set, so older FA2 builds keep working for plain calls). FA aligns the window bottom-right like its
+causal mask, so a window with Sq != Sk is refused with ``WINDOW_UNSUPPORTED``.
 """
 
 from __future__ import annotations
@@ -55,13 +60,28 @@ PRIORITY = {FlashVersion.FA2: 90, FlashVersion.FA3: 95, FlashVersion.FA4: 96}
 KERNEL_IDS = {v: f"{v.value}.attention" for v in FlashVersion}
 
 
-def _causal_check(ctx: SelectionContext) -> list[Reason]:
+def _causal_check_only(ctx: SelectionContext) -> list[Reason]:
     if ctx.is_causal and not ctx.seq_equal:
         return [Reason(R.CAUSAL_SEQ_MISMATCH,
                        "FlashAttention aligns the causal mask bottom-right when Sq != Sk (query i sees keys "
                        "j <= i + Sk - Sq), lz.attention aligns it top-left like SDPA (j <= i); "
                        "the results would differ")]
     return []
+
+
+def _window_check(ctx: SelectionContext) -> list[Reason]:
+    if ctx.window_left is not None and not ctx.seq_equal:
+        return [Reason(R.WINDOW_UNSUPPORTED,
+                       "FlashAttention aligns the sliding window bottom-right when Sq != Sk (query i is at position "
+                       "i + Sk - Sq), lz.attention aligns it top-left like is_causal; the results would differ")]
+    return []
+
+
+def _causal_check(ctx: SelectionContext) -> list[Reason]:
+    """Bottom-right vs top-left alignment: causal and sliding-window calls need Sq == Sk."""
+    out = _causal_check_only(ctx)
+    out.extend(_window_check(ctx))
+    return out
 
 
 def _fa2_check(ctx: SelectionContext) -> list[Reason]:
@@ -100,39 +120,56 @@ def _first(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
+def _local_kwargs(window: tuple[int, int] | None, softcap: float | None, unbounded: Any = -1) -> dict[str, Any]:
+    """``window_size=`` / ``softcap=`` kwargs for a FlashAttention call, only those that are set (``unbounded``
+    replaces -1: FA2/FA3 take -1, FA4 takes None)."""
+    out: dict[str, Any] = {}
+    if window is not None:
+        out["window_size"] = tuple(unbounded if w < 0 else w for w in window)
+    if softcap is not None:
+        out["softcap"] = softcap
+    return out
+
+
 def fa2_call(func: Callable[..., Any], deterministic: bool = False) -> Callable[..., torch.Tensor]:
-    """Wrap FA2's ``flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, ...,
-    deterministic=False)`` as a canonical attention kernel (BSHD tensors, returns ``[B, Sq, Hq, D]``).
+    """Wrap FA2's ``flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+    window_size=(-1, -1), softcap=0.0, ..., deterministic=False)`` as a canonical attention kernel (BSHD tensors,
+    returns ``[B, Sq, Hq, D]``; window ``(left, right)`` tokens and softcap passed only when set).
     ``deterministic=True`` asks for FA2's deterministic backward (used in torch deterministic mode)."""
     if deterministic:
-        def run(q, k, v, attn_mask, is_causal, scale, dropout_p):
-            return func(q, k, v, dropout_p, softmax_scale=scale, causal=is_causal, deterministic=True)
+        def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
+            return func(q, k, v, dropout_p, softmax_scale=scale, causal=is_causal, deterministic=True,
+                        **_local_kwargs(window, softcap))
     else:
-        def run(q, k, v, attn_mask, is_causal, scale, dropout_p):
-            return func(q, k, v, dropout_p, softmax_scale=scale, causal=is_causal)
+        def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
+            return func(q, k, v, dropout_p, softmax_scale=scale, causal=is_causal, **_local_kwargs(window, softcap))
     run.__name__ = "flash_attn2_func"
     return run
 
 
 def fa3_call(func: Callable[..., Any], deterministic: bool = False) -> Callable[..., torch.Tensor]:
-    """Wrap FA3's ``flash_attn_func(q, k, v, softmax_scale=None, causal=False, ..., deterministic=False)``
-    (returns ``out`` or ``(out, lse)``) as a canonical attention kernel (BSHD; no dropout, no mask)."""
+    """Wrap FA3's ``flash_attn_func(q, k, v, softmax_scale=None, causal=False, ..., window_size=(-1, -1), ...,
+    softcap=0.0, ..., deterministic=False)`` (returns ``out`` or ``(out, lse)``) as a canonical attention kernel
+    (BSHD; no dropout, no mask; window and softcap passed only when set)."""
     if deterministic:
-        def run(q, k, v, attn_mask, is_causal, scale, dropout_p):
-            return _first(func(q, k, v, softmax_scale=scale, causal=is_causal, deterministic=True))
+        def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
+            return _first(func(q, k, v, softmax_scale=scale, causal=is_causal, deterministic=True,
+                               **_local_kwargs(window, softcap)))
     else:
-        def run(q, k, v, attn_mask, is_causal, scale, dropout_p):
-            return _first(func(q, k, v, softmax_scale=scale, causal=is_causal))
+        def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
+            return _first(func(q, k, v, softmax_scale=scale, causal=is_causal, **_local_kwargs(window, softcap)))
     run.__name__ = "flash_attn3_func"
     return run
 
 
 def fa4_call(func: Callable[..., Any]) -> Callable[..., torch.Tensor]:
-    """Wrap FA4's ``flash_attn.cute.flash_attn_func(q, k, v, softmax_scale=None, causal=False, ...)``
-    (returns ``(out, lse)``) as a canonical attention kernel (BSHD; no dropout, no mask)."""
+    """Wrap FA4's ``flash_attn.cute.flash_attn_func(q, k, v, softmax_scale=None, causal=False,
+    window_size=(None, None), ..., softcap=0.0, ...)`` (returns ``(out, lse)``) as a canonical attention kernel
+    (BSHD; no dropout, no mask; window sides of -1 become None, passed only when set)."""
 
-    def run(q, k, v, attn_mask, is_causal, scale, dropout_p):
-        return _first(func(q, k, v, softmax_scale=scale, causal=is_causal))
+    def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
+        return _first(func(q, k, v, softmax_scale=scale, causal=is_causal,
+                           **_local_kwargs(window, softcap, unbounded=None)))
 
     run.__name__ = "flash_attn4_func"
     return run
@@ -178,8 +215,8 @@ def kernel_specs(functions: dict[FlashVersion, Callable[..., Any] | None]) -> li
     fa2, fa3, fa4 = (functions.get(v) for v in FlashVersion)
     common: dict[str, Any] = dict(
         device_types=CUDA, dtypes=HALF, layouts=BSHD, supports_gqa=True, mask_kinds=NO_MASK,
-        mask_with_causal=False, supports_causal=True, requires_stride_last_1=True, requires_aligned_16=True,
-        supports_backward=True, workspace=_lse_bytes)
+        mask_with_causal=False, supports_causal=True, supports_window=True, supports_softcap=True,
+        requires_stride_last_1=True, requires_aligned_16=True, supports_backward=True, workspace=_lse_bytes)
     return [
         KernelSpec(
             KERNEL_IDS[FlashVersion.FA2], "attention", fa2_call(fa2) if fa2 else _missing(FlashVersion.FA2),

@@ -36,6 +36,7 @@ from .kernels import (
     kernel_specs,
     missing,
 )
+from .paged import PAGED_KERNEL, FlexPagedAttention, paged_spec
 
 log = logging.getLogger("layerzero.backends.flex_attention")
 
@@ -103,7 +104,8 @@ def probe(importer: Callable[[str], Any] = importlib.import_module, torch_versio
 
 
 def register(registry: KernelRegistry, probed: Probe | None = None) -> None:
-    """Add the ``flex_attention`` backend (available or not, with reasons) and its two attention kernels to
+    """Add the ``flex_attention`` backend (available or not, with reasons), its two attention kernels and
+    ``flex_attention.paged_attention`` (see ``paged.py``; only when ``registry`` has the ``paged_attention`` op) to
     ``registry`` (the ``attention`` op must already be registered).
 
     Raises:
@@ -120,7 +122,10 @@ def register(registry: KernelRegistry, probed: Probe | None = None) -> None:
         cuda_fn = FlexAttention(flex, create, block_mask_cls, compiled=True)
     for spec in kernel_specs(cpu_fn, cuda_fn):
         registry.add_kernel(spec)
+    if "paged_attention" in registry.ops:  # a registry built for attention alone gets the attention kernels only
+        registry.add_kernel(paged_spec(p.api, p.eager, "; ".join(r.message for r in p.backend.reasons)))
 
 
-__all__ = ["BACKEND_ID", "CPU_KERNEL", "CUDA_KERNEL", "KERNEL_IDS", "MIN_TORCH", "PRIORITY", "BlockMaskCache",
-           "FlexAttention", "Probe", "direct_eager", "kernel_specs", "probe", "register"]
+__all__ = ["BACKEND_ID", "CPU_KERNEL", "CUDA_KERNEL", "KERNEL_IDS", "MIN_TORCH", "PAGED_KERNEL", "PRIORITY",
+           "BlockMaskCache", "FlexAttention", "FlexPagedAttention", "Probe", "direct_eager", "kernel_specs", "probe",
+           "register"]

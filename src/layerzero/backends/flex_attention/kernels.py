@@ -13,6 +13,12 @@ into a *block mask* (which tiles to skip) and a bias as a ``score_mod(score, b, 
   ``expand`` view, no copy), on a cached *dense* block structure (every non-empty tile partial, so the
   mask_mod is applied everywhere); combined with causal when both are given (SDPA refuses that, flex does not).
 - float ``attn_mask``: a ``score_mod`` adding the (broadcast) bias; ``-inf`` masks out.
+- ``window=(left, right)`` (sliding window, FlashAttention's ``window_size`` convention, top-left aligned): a
+  ``mask_mod`` ``q_idx - left <= kv_idx <= q_idx + right`` (-1 = unbounded side) ANDed with causal and the bool
+  mask; its block mask is cached like the causal one (the key includes the window), so tiles outside the band
+  are skipped.
+- ``softcap`` (Gemma 2): a ``score_mod`` ``softcap * tanh(score / softcap)`` on the scaled score, applied before
+  a float mask's bias.
 - GQA/MQA: ``enable_gqa=True``; custom ``scale`` passed through; dropout is not supported (rejected).
 - A query row whose keys are all masked returns 0 (flex's convention, the same as ``lz.attention``'s).
 
@@ -72,9 +78,11 @@ BLOCK_MASK_CACHE_SIZE = 64
 
 class BlockMaskCache:
     """A small thread-safe LRU of FlexAttention ``BlockMask`` structures, keyed by
-    ``(Sq, Sk, causal, dense, device)`` (Sq/Sk in tokens, exact: a block mask is only valid for its lengths).
+    ``(Sq, Sk, causal, dense, device, window)`` (Sq/Sk in tokens, exact: a block mask is only valid for its
+    lengths).
 
-    ``causal`` selects the top-left causal ``mask_mod`` (``q_idx >= kv_idx``) or an all-true one; ``dense``
+    ``causal`` selects the top-left causal ``mask_mod`` (``q_idx >= kv_idx``) or an all-true one, ANDed with the
+    sliding ``window`` ``(left, right)`` when given (:func:`structure_mod`); ``dense``
     builds it with ``separate_full_blocks=False`` (every non-empty tile partial), the structure a bool-mask
     ``mask_mod`` is attached to. Batch and head dims are broadcast (``B=None, H=None``).
 
@@ -96,16 +104,17 @@ class BlockMaskCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, sq: int, sk: int, causal: bool, dense: bool, device: torch.device) -> Any:
+    def get(self, sq: int, sk: int, causal: bool, dense: bool, device: torch.device,
+            window: tuple[int, int] | None = None) -> Any:
         """The cached ``BlockMask`` for these lengths (built on a miss; ``self.builds`` counts builds)."""
-        key = (sq, sk, causal, dense, device)
+        key = (sq, sk, causal, dense, device, window)
         with self._lock:
             hit = self._entries.get(key)
             if hit is not None:
                 self._entries.move_to_end(key)
                 return hit
         kwargs = {"separate_full_blocks": False} if dense and self.dense_ok else {}
-        mask = self._create(_causal_mod if causal else _all_mod, None, None, sq, sk, device=device, **kwargs)
+        mask = self._create(structure_mod(causal, window), None, None, sq, sk, device=device, **kwargs)
         with self._lock:
             self.builds += 1
             self._entries[key] = mask
@@ -125,9 +134,44 @@ def _all_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
     return q_idx >= 0
 
 
-def _bool_mod(mask: torch.Tensor, causal: bool) -> Callable[..., Any]:
-    """A mask_mod reading a bool ``mask`` of shape ``[B, Hq, Sq, Sk]`` (an expand view), AND causal when asked."""
-    if causal:
+def structure_mod(causal: bool, window: tuple[int, int] | None) -> Callable[..., Any]:
+    """The ``mask_mod`` of top-left causality and/or a sliding ``window=(left, right)`` (tokens, -1 = unbounded
+    side): query i sees key j iff ``(not causal or j <= i) and i - left <= j <= i + right``."""
+    if window is None:
+        return _causal_mod if causal else _all_mod
+    left, right = window
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        ok = q_idx >= kv_idx if causal else q_idx >= 0
+        if left >= 0:
+            ok = ok & (q_idx - kv_idx <= left)
+        if right >= 0:
+            ok = ok & (kv_idx - q_idx <= right)
+        return ok
+
+    return mask_mod
+
+
+def _softcap_mod(softcap: float, inner: Callable[..., Any] | None) -> Callable[..., Any]:
+    """A score_mod capping the scaled score to ``softcap * tanh(score / softcap)`` (Gemma 2), then applying
+    ``inner`` (a float mask's bias or the bool-mask fallback) when given."""
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        capped = torch.tanh(score / softcap) * softcap
+        return capped if inner is None else inner(capped, b, h, q_idx, kv_idx)
+
+    return score_mod
+
+
+def _bool_mod(mask: torch.Tensor, causal: bool, window: tuple[int, int] | None = None) -> Callable[..., Any]:
+    """A mask_mod reading a bool ``mask`` of shape ``[B, Hq, Sq, Sk]`` (an expand view), AND causal and the
+    sliding window when asked."""
+    if window is not None:
+        local = structure_mod(causal, window)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return mask[b, h, q_idx, kv_idx] & local(b, h, q_idx, kv_idx)
+    elif causal:
         def mask_mod(b, h, q_idx, kv_idx):
             return mask[b, h, q_idx, kv_idx] & (q_idx >= kv_idx)
     else:
@@ -201,7 +245,8 @@ def direct_eager(module: Any) -> Callable[..., Any] | None:
 
 
 class FlexAttention:
-    """A canonical attention kernel on FlexAttention: ``(q, k, v, attn_mask, is_causal, scale, dropout_p)`` with
+    """A canonical attention kernel on FlexAttention: ``(q, k, v, attn_mask, is_causal, scale, dropout_p[, window,
+    softcap])`` (window ``(left, right)`` tokens or None, softcap float > 0 or None) with
     q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Sk, D]``, v ``[B, Hkv, Sk, Dv]`` (BHSD) -> ``[B, Hq, Sq, Dv]`` in q's dtype.
 
     ``compiled=True`` wraps ``flex_attention`` in ``torch.compile`` on the first call (lazily, once per
@@ -241,7 +286,8 @@ class FlexAttention:
         return fn
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
-                 is_causal: bool, scale: float | None, dropout_p: float) -> torch.Tensor:
+                 is_causal: bool, scale: float | None, dropout_p: float, window: tuple[int, int] | None = None,
+                 softcap: float | None = None) -> torch.Tensor:
         if dropout_p:
             raise InvalidInputError(expected_got("flex_attention dropout_p", "0.0 (FlexAttention has no dropout)",
                                                  dropout_p, "Use a torch_sdpa kernel for attention dropout."))
@@ -251,21 +297,24 @@ class FlexAttention:
         b, hq, sq, _ = q.shape
         sk = k.shape[2]
         block_mask = score_mod = None
+        local = is_causal or window is not None
         if attn_mask is None:
-            if is_causal:
-                block_mask = self.block_masks.get(sq, sk, True, False, q.device)
+            if local:
+                block_mask = self.block_masks.get(sq, sk, is_causal, False, q.device, window)
         elif attn_mask.dtype == torch.bool and not self.block_masks.dense_ok:
             score_mod = _bool_score_mod(attn_mask.expand(b, hq, sq, sk))
-            if is_causal:
-                block_mask = self.block_masks.get(sq, sk, True, False, q.device)
+            if local:
+                block_mask = self.block_masks.get(sq, sk, is_causal, False, q.device, window)
         elif attn_mask.dtype == torch.bool:
-            structure = self.block_masks.get(sq, sk, is_causal, True, q.device)
+            structure = self.block_masks.get(sq, sk, is_causal, True, q.device, window)
             block_mask = _with_mask_mod(self._block_mask_cls, structure,
-                                        _bool_mod(attn_mask.expand(b, hq, sq, sk), is_causal))
+                                        _bool_mod(attn_mask.expand(b, hq, sq, sk), is_causal, window))
         else:
             score_mod = _bias_mod(attn_mask.expand(b, hq, sq, sk))
-            if is_causal:
-                block_mask = self.block_masks.get(sq, sk, True, False, q.device)
+            if local:
+                block_mask = self.block_masks.get(sq, sk, is_causal, False, q.device, window)
+        if softcap is not None:
+            score_mod = _softcap_mod(softcap, score_mod)
         return self.function()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                                enable_gqa=hq != k.shape[1])
 
@@ -303,12 +352,12 @@ def kernel_specs(cpu_fn: Callable[..., Any], cuda_fn: Callable[..., Any]) -> lis
     instances (or :func:`missing` stubs when FlexAttention is unavailable)."""
     common: dict[str, Any] = dict(
         layouts=frozenset({Layout.BHSD}), supports_gqa=True, mask_kinds=frozenset(MaskKind), mask_with_causal=True,
-        supports_causal=True, supports_dropout=False, graph_safe=False)
+        supports_causal=True, supports_dropout=False, supports_window=True, supports_softcap=True, graph_safe=False)
     return [
         KernelSpec(
             CPU_KERNEL, "attention", cpu_fn, priority=PRIORITY[CPU_KERNEL],
-            description="FlexAttention, eager on CPU (block-mask causal, bool mask_mod, float score_mod, GQA; "
-                        "mask + causal together; no dropout, no backward)",
+            description="FlexAttention, eager on CPU (block-mask causal and sliding window, bool mask_mod, float "
+                        "score_mod, softcap, GQA; mask + causal together; no dropout, no backward)",
             device_types=frozenset({"cpu"}), dtypes=CPU_DTYPES, supports_backward=False, deterministic=True,
             **common),
         KernelSpec(

@@ -1,7 +1,7 @@
-"""The ``liger`` backend: Liger-Kernel's Triton RMSNorm (plain and fused residual add) and RoPE, CUDA only.
+"""The ``liger`` backend: Liger-Kernel's Triton RMSNorm (plain and fused residual add), RoPE and SwiGLU, CUDA only.
 
 Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call) calls
-:func:`probe`, which imports ``liger_kernel.ops.rms_norm``, ``.fused_add_rms_norm`` and ``.rope`` (the default
+:func:`probe`, which imports ``liger_kernel.ops.rms_norm``, ``.fused_add_rms_norm``, ``.rope`` and ``.swiglu`` (the default
 Triton implementations, not the per-device replacements of ``liger_kernel.ops``). A missing library leaves the
 backend registered and unavailable with ``BACKEND_NOT_INSTALLED``; an import that raises anything else (no
 triton, a torch ABI mismatch) gives ``BACKEND_IMPORT_FAILED`` with the error text. Constraints and sources:
@@ -25,13 +25,14 @@ from .kernels import INSTALL_HINT, KERNEL_IDS, kernel_specs
 log = logging.getLogger("layerzero.backends.liger")
 BACKEND_ID = "liger"
 MODULE = "liger_kernel"
-_DESCRIPTION = "Liger-Kernel Triton kernels (RMSNorm, fused add + RMSNorm, RoPE)"
+_DESCRIPTION = "Liger-Kernel Triton kernels (RMSNorm, fused add + RMSNorm, RoPE, SwiGLU)"
 
 
 @dataclass(frozen=True, slots=True)
 class LigerProbe:
     """Result of :func:`probe`: the :class:`BackendSpec` (available or not, with reasons) and, when usable,
-    ``functions`` = ``{"rms_norm", "fused_add_rms_norm" (None if absent), "rope"}`` autograd Functions."""
+    ``functions`` = ``{"rms_norm", "fused_add_rms_norm" (None if absent), "rope", "swiglu" (None if absent)}``
+    autograd Functions."""
 
     backend: BackendSpec
     functions: dict[str, Any] | None
@@ -76,13 +77,26 @@ def probe() -> LigerProbe:
         fused = None
     if fused is None:
         log.info("liger_kernel %s has no fused add + RMSNorm; rms_norm(residual=...) will use other kernels", version)
+    swiglu = _optional("liger_kernel.ops.swiglu", "LigerSiLUMulFunction", version)
     backend = BackendSpec(BACKEND_ID, MODULE, version, True, (), _DESCRIPTION)
-    return LigerProbe(backend, {"rms_norm": plain, "fused_add_rms_norm": fused, "rope": function})
+    return LigerProbe(backend, {"rms_norm": plain, "fused_add_rms_norm": fused, "rope": function, "swiglu": swiglu})
+
+
+def _optional(module: str, name: str, version: str | None) -> Any:
+    """``module.name`` or None (logged) when this Liger lacks it: its kernel is then rejected, not the backend."""
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        found = None
+    if found is None:
+        log.info("liger_kernel %s has no %s.%s; its op will use other kernels", version, module, name)
+    return found
 
 
 def register(registry: KernelRegistry) -> None:
-    """Add the ``liger`` backend (available or not, with reasons) and its ``liger.rms_norm`` / ``liger.rope``
-    kernels to ``registry`` (the ``rms_norm`` and ``rope`` ops must already be registered).
+    """Add the ``liger`` backend (available or not, with reasons) and its ``liger.rms_norm`` / ``liger.rope`` /
+    ``liger.swiglu`` kernels to ``registry`` (the ``rms_norm``, ``rope`` and ``swiglu`` ops must already be
+    registered).
 
     Raises:
         ConfigurationError: the backend or one of its kernel ids is already registered.

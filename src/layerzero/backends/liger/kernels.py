@@ -1,4 +1,4 @@
-"""Liger-Kernel (Triton) kernels for ``rms_norm`` (plain and fused residual add) and ``rope``.
+"""Liger-Kernel (Triton) kernels for ``rms_norm`` (plain and fused residual add), ``rope`` and ``swiglu``.
 
 Sources read (liger-kernel 0.8.5, ``liger_kernel/ops``):
 
@@ -16,6 +16,12 @@ Sources read (liger-kernel 0.8.5, ``liger_kernel/ops``):
   (``q.transpose(1, 2).contiguous()`` is a no-op for BSHD storage), so the wrappers below always hand it a
   fresh copy. Partial rotary (R < D) needs the ``rotary_dim`` parameter (0.8.x); interleaved (GPT-J) pairs are
   not implemented.
+- ``swiglu.py``: ``LigerSiLUMulFunction.apply(a, b, gate_multiplier=1.0, down_multiplier=1.0)`` computes
+  ``silu(a_f32).to(b.dtype) * b`` (silu in float32, rounded to the input dtype, product in the input dtype:
+  Hugging Face ``LlamaMLP``'s rounding) one program per row of ``[rows, I]`` (``ensure_contiguous`` copies
+  non-contiguous inputs); ``calculate_settings`` refuses I whose next power of two exceeds 65536. Its backward
+  writes the gradients *into the saved a and b* (the caller's gate/up when they were contiguous), so the kernel
+  is declared forward-only (``supports_backward=False``): with autograd recording, other kernels serve.
 
 All kernels are Triton, JIT-compiled per specialization (block size, head counts, head dim): not graph-safe
 (a first call inside a CUDA-graph capture would compile there).
@@ -46,7 +52,7 @@ MAX_HIDDEN = 65536
 """Liger's ``calculate_settings`` refuses rows whose next power of two exceeds 65536 elements."""
 SM_MIN = (8, 0)
 """Triton's supported NVIDIA range starts at compute capability 8.0 (and bfloat16 needs it)."""
-KERNEL_IDS = ("liger.rms_norm", "liger.rope")
+KERNEL_IDS = ("liger.rms_norm", "liger.rope", "liger.swiglu")
 INSTALL_HINT = "pip install liger-kernel (needs triton and a CUDA build of torch)"
 
 
@@ -96,6 +102,31 @@ def rope_call(function: Any) -> Callable[..., Any]:
 
     run.__name__ = "liger_rope"
     return run
+
+
+def swiglu_call(function: Any) -> Callable[..., Any]:
+    """Wrap ``LigerSiLUMulFunction`` as a canonical swiglu kernel ``(gate [..., I], up [..., I]) -> out``
+    (gate and down multipliers 1.0, i.e. plain SwiGLU)."""
+
+    def run(gate, up):
+        return function.apply(gate, up, 1.0, 1.0)
+
+    run.__name__ = "liger_swiglu"
+    return run
+
+
+def _swiglu_check(present: bool) -> Callable[[SelectionContext], list[Reason]]:
+    def check(ctx: SelectionContext) -> list[Reason]:
+        out = []
+        if ctx.hidden_size is not None and ctx.hidden_size > MAX_HIDDEN:
+            out.append(Reason(R.HIDDEN_SIZE_UNSUPPORTED,
+                              f"intermediate size {ctx.hidden_size} > {MAX_HIDDEN} (one Triton block per row)"))
+        if not present:
+            out.append(Reason(R.BACKEND_VERSION_UNSUPPORTED,
+                              "this liger_kernel has no liger_kernel.ops.swiglu.LigerSiLUMulFunction; upgrade it"))
+        return out
+
+    return check
 
 
 def supports_partial_rotary(function: Any) -> bool:
@@ -149,19 +180,22 @@ def _missing(kernel_id: str, why: str) -> Callable[..., Any]:
 
 
 def kernel_specs(functions: dict[str, Any] | None, why: str = "liger_kernel is not available") -> list[KernelSpec]:
-    """The Liger KernelSpecs ``[liger.rms_norm, liger.rope]``.
+    """The Liger KernelSpecs ``[liger.rms_norm, liger.rope, liger.swiglu]``.
 
     Args:
         functions: ``{"rms_norm": LigerRMSNormFunction, "fused_add_rms_norm": LigerFusedAddRMSNormFunction or
-            None, "rope": LigerRopeFunction}`` from the probe, or None when the library is unusable (the specs
+            None, "rope": LigerRopeFunction, "swiglu": LigerSiLUMulFunction or None}`` from the probe, or None when the library is unusable (the specs
             are still registered; their callables raise ``BackendNotAvailableError`` with ``why``).
     """
     functions = functions or {}
     plain, fused, rope = functions.get("rms_norm"), functions.get("fused_add_rms_norm"), functions.get("rope")
+    silu_mul = functions.get("swiglu")
     common: dict[str, Any] = dict(device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, priority=PRIORITY,
                                   deterministic=True, graph_safe=False, supports_backward=True)
     rms_fn = rms_norm_call(plain, fused) if plain is not None else _missing(KERNEL_IDS[0], why)
     rope_fn = rope_call(rope) if rope is not None else _missing(KERNEL_IDS[1], why)
+    swiglu_why = why if plain is None else "this liger_kernel has no LigerSiLUMulFunction (liger_kernel.ops.swiglu)"
+    swiglu_fn = swiglu_call(silu_mul) if silu_mul is not None else _missing(KERNEL_IDS[2], swiglu_why)
     return [
         KernelSpec(KERNEL_IDS[0], "rms_norm", rms_fn,
                    description="Liger LigerRMSNormFunction (Triton, llama casting, offset 0) and "
@@ -171,4 +205,9 @@ def kernel_specs(functions: dict[str, Any] | None, why: str = "liger_kernel is n
                    description="Liger LigerRopeFunction (Triton, half rotation, partial rotary, in place on a copy)",
                    layouts=frozenset({Layout.BHSD, Layout.BSHD}),
                    check=_rope_check(rope is None or supports_partial_rotary(rope)), **common),
+        KernelSpec(KERNEL_IDS[2], "swiglu", swiglu_fn,
+                   description="Liger LigerSiLUMulFunction (Triton, silu in fp32 cast to the input dtype, x up; "
+                               "forward only: its backward overwrites the saved inputs)",
+                   check=_swiglu_check(silu_mul is not None or plain is None),
+                   **{**common, "supports_backward": False}),
     ]

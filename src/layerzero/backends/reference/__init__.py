@@ -18,8 +18,8 @@ ALL_DEVICES = frozenset({"cpu", "cuda", "mps", "xpu"})
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
 
-def _attention(q, k, v, attn_mask, is_causal, scale, dropout_p):  # BHSD in, BHSD out
-    return K.attention(q, k, v, attn_mask, is_causal, scale, dropout_p)
+def _attention(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):  # BHSD in, BHSD out
+    return K.attention(q, k, v, attn_mask, is_causal, scale, dropout_p, window=window, softcap=softcap)
 
 
 def _rms_norm(x, weight, eps, residual):
@@ -42,18 +42,24 @@ def _sample_topp(logits, p, temperature, generator):
     return K.sample_topp(logits, p, temperature, generator)
 
 
+def _swiglu(gate, up):
+    return K.swiglu(gate, up)
+
+
 def register(registry: KernelRegistry) -> None:
     """Add the reference backend and one kernel per op."""
     registry.add_backend(BackendSpec("reference", None, torch.__version__, True,
                                      description="plain PyTorch float32/float64 oracle"))
     common = dict(priority=0, device_types=ALL_DEVICES, dtypes=FLOATS, is_reference=True, deterministic=True)
     for op, fn, extra in (
-        ("attention", _attention, {"layouts": frozenset({Layout.BHSD})}),
+        ("attention", _attention, {"layouts": frozenset({Layout.BHSD}), "supports_window": True,
+                                   "supports_softcap": True}),
         ("rms_norm", _rms_norm, {}),
         ("layer_norm", _layer_norm, {}),
         ("rope", _rope, {"layouts": frozenset({Layout.BHSD, Layout.BSHD})}),
         ("sample_topk", _sample_topk, {"graph_safe": False}),
         ("sample_topp", _sample_topp, {"graph_safe": False}),
+        ("swiglu", _swiglu, {}),
     ):
         registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (float32 math)",
                                        **common, **extra))

@@ -46,6 +46,8 @@ def attention(
     dropout_p: float = 0.0,
     layout: str = "BHSD",
     generator: torch.Generator | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v`` (Vaswani et al. 2017).
 
@@ -65,6 +67,11 @@ def attention(
     - ``is_causal``: top-left aligned like torch SDPA, also when ``Sq != Sk``: query ``i`` attends keys
       ``j <= i`` (for decode-style bottom-right alignment pass an explicit mask instead).
     - Mask and ``is_causal`` together are combined (a key must pass both); SDPA refuses this, we allow it.
+    - ``window=(left, right)`` (FlashAttention's ``window_size``): query ``i`` attends keys ``j`` with
+      ``i - left <= j <= i + right``, -1 = unbounded on that side, top-left aligned like ``is_causal``;
+      combined with the mask and causality (a key must pass all).
+    - ``softcap`` (Gemma 2 logit soft-capping): ``scores = softcap * tanh(scores / softcap)`` on the scaled
+      scores, before the additive mask, causality and window.
     - A query row whose every key is masked outputs 0 (not NaN), whatever the mask kind.
     - ``dropout_p > 0`` zeroes each probability with chance ``dropout_p`` (drawn with ``torch.rand`` on
       ``generator`` when given) and scales survivors by ``1 / (1 - dropout_p)``; ``dropout_p >= 1`` gives 0.
@@ -77,6 +84,8 @@ def attention(
         dropout_p: dropout probability on the attention weights, in [0, 1].
         layout: ``"BHSD"`` or ``"BSHD"`` (a str-valued Enum member is accepted too).
         generator: ``torch.Generator`` for the dropout draws; None uses the global RNG.
+        window: ``(left, right)`` in tokens (ints >= -1), or None for no window.
+        softcap: soft-cap value (> 0), or None for none.
 
     Returns:
         The attention output in ``q``'s dtype and in the input ``layout`` (contiguous).
@@ -103,9 +112,18 @@ def attention(
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
 
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # [B, Hq, Sq, Sk]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
     if is_causal:
         allowed = torch.tril(allowed)  # top-left: key j visible to query i iff j <= i
+    if window is not None:
+        offset = torch.arange(sk, device=q.device)[None, :] - torch.arange(sq, device=q.device)[:, None]  # j - i
+        left, right = window
+        if left >= 0:
+            allowed = allowed & (offset >= -left)
+        if right >= 0:
+            allowed = allowed & (offset <= right)
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             allowed = allowed & attn_mask.to(q.device)

@@ -77,8 +77,14 @@ def _rope(q, k, cos, sin, position_ids, interleaved, layout):
     return apply(q), apply(k)
 
 
+def _swiglu(gate, up):
+    """SwiGLU exactly as Hugging Face ``LlamaMLP`` writes it: ``F.silu(gate) * up`` in the input dtype."""
+    return F.silu(gate) * up
+
+
 def register(registry: KernelRegistry) -> None:
-    """Add the torch_native backend: fused rms_norm and layer_norm from torch.nn.functional."""
+    """Add the torch_native backend: fused rms_norm and layer_norm from torch.nn.functional, RoPE and SwiGLU
+    in the input dtype, and the KV-cache write."""
     has_rms = hasattr(F, "rms_norm")
     reasons = () if has_rms else (Reason(ReasonCode.TORCH_TOO_OLD, "torch.nn.functional.rms_norm needs torch >= 2.4"),)
     registry.add_backend(BackendSpec("torch_native", "torch", torch.__version__, True, reasons,
@@ -96,3 +102,6 @@ def register(registry: KernelRegistry) -> None:
     registry.add_kernel(KernelSpec("torch_native.layer_norm", "layer_norm", _layer_norm, priority=50,
                                    description="torch.nn.functional.layer_norm", device_types=devices, dtypes=FLOATS,
                                    check=_layer_norm_check))
+    registry.add_kernel(KernelSpec("torch_native.swiglu", "swiglu", _swiglu, priority=50,
+                                   description="F.silu(gate) * up in the input dtype (HF LlamaMLP, bit-identical)",
+                                   device_types=devices, dtypes=FLOATS))

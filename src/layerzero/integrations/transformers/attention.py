@@ -165,9 +165,14 @@ def layerzero_attention_forward(
             ``sdpa_mask`` builds, including padding and sliding window), or a float additive mask (0 / -inf).
         dropout: attention dropout probability (0.0 in eval).
         scaling: softmax scale; None = 1/sqrt(D).
-        sliding_window: the layer's window in tokens. Already encoded in ``attention_mask`` by transformers'
-            mask functions; only checked here (see Raises).
-        softcap: logit soft-capping (Gemma 2). Not supported.
+        sliding_window: the layer's window W in tokens (transformers' ``sliding_window_overlay``: query i sees
+            keys ``j > i - W``). When ``attention_mask`` is given it already encodes the window (the registered
+            ``sdpa_mask`` builds it, bottom-right aligned for cached decode), so it is *not* applied again. When
+            no mask is given, Sq == Sk and the call is causal, it is passed as ``window=(W - 1, 0)`` (top-left
+            and bottom-right alignment coincide then); with no mask and Sq != Sk it is refused (see Raises).
+        softcap: logit soft-capping (Gemma 2's ``attn_logit_softcapping``), passed to ``lz.attention(softcap=)``
+            (``scores = softcap * tanh(scores / softcap)`` before the mask, as transformers' eager path does);
+            None or 0 = off.
         is_causal: None = ``module.is_causal``. Used, top-left aligned like SDPA, only when ``attention_mask``
             is None and Sq > 1 (a single decode query attends to the whole cache).
         **kwargs: transformers' extra kwargs. ``position_bias`` (T5-style additive bias [B|1, Hq, Sq, Sk]) is
@@ -178,17 +183,13 @@ def layerzero_attention_forward(
         ``query``; attention weights are never materialized, so the second item is None.
 
     Raises:
-        InvalidInputError: softcap is set, ``output_attentions=True``, ``head_mask`` is given, a paged cache
-            (continuous batching) is passed, or ``sliding_window`` is set while no mask was given and the key
-            length exceeds the window (the window would otherwise be silently ignored); and anything
-            :func:`layerzero.attention` raises for bad tensors.
+        InvalidInputError: ``output_attentions=True``, ``head_mask`` is given, a paged cache (continuous
+            batching) is passed, or ``sliding_window`` is set while no mask was given, the key length exceeds the
+            window and the window cannot be expressed top-left aligned (Sq != Sk, or not causal); and anything
+            :func:`layerzero.attention` raises for bad tensors (e.g. a negative ``softcap``).
     """
     import layerzero as lz
 
-    if softcap is not None:
-        raise _refuse("softcap", f"softcap={softcap}",
-                      "Logit soft-capping (e.g. Gemma 2) is not implemented by LayerZero kernels; load this model "
-                      "with attn_implementation='eager'.")
     if kwargs.get("output_attentions", False):
         raise _refuse("output_attentions", "output_attentions=True",
                       "LayerZero kernels never materialize attention weights; use attn_implementation='eager' "
@@ -201,12 +202,15 @@ def layerzero_attention_forward(
                       "Continuous batching (paged KV cache) is not wired to LayerZero yet; use 'sdpa' for it.")
 
     q_len, k_len = query.shape[2], key.shape[2]
-    if attention_mask is None and sliding_window is not None and k_len > sliding_window:
-        raise _refuse("sliding window without a mask", f"sliding_window={sliding_window}, no mask, Sk={k_len}",
-                      "Build the mask with transformers' create_sliding_window_causal_mask (call "
-                      "layerzero.integrations.transformers.register() before the model runs).")
-
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    window = None
+    if attention_mask is None and sliding_window is not None and k_len > sliding_window:
+        if q_len != k_len or not causal:
+            raise _refuse("sliding window without a mask",
+                          f"sliding_window={sliding_window}, no mask, Sq={q_len}, Sk={k_len}, causal={causal}",
+                          "Build the mask with transformers' create_sliding_window_causal_mask (call "
+                          "layerzero.integrations.transformers.register() before the model runs).")
+        window = (int(sliding_window) - 1, 0)
     causal = bool(q_len > 1 and attention_mask is None and causal)
 
     # Prefill into an empty static cache: keys past Sq are all masked by top-left causality; drop them
@@ -223,6 +227,7 @@ def layerzero_attention_forward(
     out = lz.attention(
         query, key, value,
         attn_mask=attention_mask, is_causal=causal, scale=scaling, dropout_p=dropout, layout="BHSD",
+        window=window, softcap=softcap or None,
     )
     return out.transpose(1, 2).contiguous(), None
 

@@ -1,0 +1,93 @@
+"""``triton.swiglu``: our Triton SwiGLU (``silu(gate) * up``), CUDA only (SM >= 8.0).
+
+Contract: identical to ``lz.swiglu`` and the reference kernel (Hugging Face ``LlamaMLP`` rounding: silu in
+float32 rounded to the input dtype, product in float32 rounded once): see ``_swiglu_kernels.py``. One
+elementwise pass, new output tensor, inputs never written. Rows may be strided (``stride(-1) == 1`` is
+required, any row stride): the leading dims are viewed as one row dim without a copy when their strides allow
+it; otherwise the input is copied to contiguous memory first and a DEBUG log says so.
+
+Graph safety: the launch does no host synchronization and allocates with ``torch.empty`` on the current
+stream, so it can be captured once the specialization (dtype, 16-divisibility of sizes and strides) was
+compiled by ``lz.warmup`` or a first eager call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from layerzero.core.context import SelectionContext
+from layerzero.core.reasons import Reason, ReasonCode
+from layerzero.core.specs import KernelSpec
+
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing
+
+log = logging.getLogger("layerzero.backends.triton")
+KERNEL_ID = "triton.swiglu"
+PRIORITY = 45
+"""Below torch_native (50, ``F.silu(gate) * up``: two elementwise launches): not yet measured on the H200;
+lz.tune promotes it where its single pass is faster."""
+MAX_INTER = 65535 * 1024
+"""Largest intermediate size: rows go on grid axis 0 (CUDA x, up to 2^31 - 1), column blocks of 1024 on axis 1
+(CUDA y, at most 65535)."""
+_KERNELS = LazyModule("_swiglu_kernels")
+
+
+def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` ``[..., I]`` as a 2-D ``[rows, I]`` view (no copy), or a contiguous copy when the leading dims
+    cannot be merged into one row stride (logged at DEBUG level)."""
+    inter = t.shape[-1]
+    if t.dim() == 2:
+        return t
+    try:
+        return t.view(-1, inter)
+    except RuntimeError:
+        log.debug("triton.swiglu: %s with strides %s cannot be viewed as [rows, I]; copying it to contiguous "
+                  "memory", name, tuple(t.stride()))
+        return t.reshape(-1, inter)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU (Shazeer 2020) in one Triton pass: ``out = silu(gate) * up``.
+
+    Args:
+        gate: ``[..., I]`` float16/bfloat16/float32 with ``stride(-1) == 1`` (I intermediate size >= 1).
+        up: ``[..., I]`` like gate (same shape, dtype, device; ``stride(-1) == 1``).
+
+    Returns:
+        out ``[..., I]`` in gate's dtype, a new contiguous tensor.
+
+    Raises:
+        Nothing of its own (inputs are validated by ``lz.swiglu``); triton's compile/launch errors propagate
+        (dispatch then falls back to the next kernel and charges the backend's health).
+    """
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if gate.numel() == 0:
+        return out
+    mod = _KERNELS.get()
+    inter = gate.shape[-1]
+    g2, u2, o2 = _rows(gate, "gate"), _rows(up, "up"), out.view(-1, inter)
+    col_blocks = (inter + mod.BLOCK - 1) // mod.BLOCK
+    mod._swiglu_fwd[(g2.shape[0], col_blocks)](g2, u2, o2, g2.stride(0), u2.stride(0), o2.stride(0), inter,
+                                               BLOCK=mod.BLOCK, num_warps=4)
+    return out
+
+
+def _check(ctx: SelectionContext) -> list[Reason]:
+    if ctx.hidden_size is not None and ctx.hidden_size > MAX_INTER:
+        return [Reason(ReasonCode.HIDDEN_SIZE_UNSUPPORTED,
+                       f"intermediate size {ctx.hidden_size} > {MAX_INTER} (65535 column blocks of 1024)")]
+    return []
+
+
+def kernel_spec(available: bool, why: str) -> KernelSpec:
+    """The ``triton.swiglu`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``)
+    when ``available`` is False."""
+    fn: Callable[..., Any] = swiglu if available else missing(KERNEL_ID, why)
+    return KernelSpec(KERNEL_ID, "swiglu", fn, priority=PRIORITY,
+                      description="LayerZero Triton SwiGLU, one elementwise pass, float32 math, HF LlamaMLP rounding",
+                      device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, requires_stride_last_1=True,
+                      deterministic=True, graph_safe=True, supports_backward=False, check=_check)

@@ -1,0 +1,98 @@
+"""``lz.swiglu``: the SwiGLU gate of a gated MLP, ``silu(gate) * up``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from layerzero.core.context import SelectionContext
+from layerzero.core.specs import OperationSpec
+
+from ._common import (
+    FLOAT_DTYPES,
+    RUNTIME,
+    check_same,
+    check_tensor,
+    deterministic_enabled,
+    device_spec,
+    fail,
+    is_grad_enabled,
+    scope_token,
+    stream_capturing,
+)
+
+OP = "swiglu"
+
+
+def _fast_ok(gate: Any, up: Any) -> bool:
+    """The common case in a few attribute reads: two float tensors of one shape, dtype and device, I >= 1."""
+    try:
+        shape = gate.shape
+        return (gate.dtype in FLOAT_DTYPES and len(shape) >= 1 and shape[-1] > 0 and up.shape == shape
+                and up.dtype == gate.dtype and up.device == gate.device)
+    except AttributeError:
+        return False
+
+
+def prepare(gate: torch.Tensor, up: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.swiglu`` inputs; return (cache key, canonical kernel args ``(gate, up)``).
+
+    Raises:
+        InvalidInputError: see :func:`swiglu`.
+    """
+    if not _fast_ok(gate, up):
+        _validate(gate, up)
+    grad = is_grad_enabled() and (gate.requires_grad or up.requires_grad)
+    contiguous = gate.is_contiguous() and up.is_contiguous()
+    stride = contiguous or (gate.stride(-1) == 1 and up.stride(-1) == 1)
+    key = (OP, gate.device, gate.dtype, gate.shape[-1], stride, contiguous, grad, deterministic_enabled(),
+           gate.is_cuda and stream_capturing(), scope_token())
+    return key, (gate, up)
+
+
+def _validate(gate: Any, up: Any) -> None:
+    """The slow path: raise the typed error that says what is wrong (only reached when the fast check failed)."""
+    check_tensor(OP, "gate", gate)
+    check_tensor(OP, "up", up)
+    if gate.dim() == 0:
+        raise fail(OP, "gate rank", ">= 1 dims ([..., I])", "a 0-dim tensor")
+    check_same(OP, "gate", gate, "up", up)
+    if up.shape != gate.shape:
+        raise fail(OP, "up shape", f"gate's shape {list(gate.shape)}", list(up.shape),
+                   "Pass the two halves of one gate_up projection, e.g. gate, up = gate_up.chunk(2, -1).")
+    if gate.shape[-1] == 0:
+        raise fail(OP, "intermediate size (gate.shape[-1])", ">= 1", 0)
+
+
+def context(key: tuple[Any, ...]) -> SelectionContext:
+    """The :class:`SelectionContext` of a swiglu cache key (``hidden_size`` holds the intermediate size I)."""
+    _, device, dtype, inter, stride, contiguous, grad, det, capture, _ = key
+    return SelectionContext(op=OP, device=device_spec(device), dtype=dtype, hidden_size=inter,
+                            stride_last_1=stride, contiguous=contiguous, requires_grad=grad, deterministic=det,
+                            graph_capture=capture)
+
+
+SPEC = OperationSpec(OP, "SwiGLU gate of a gated MLP: silu(gate) * up", ("gate", "up"), "reference.swiglu")
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation (Shazeer 2020, "GLU Variants Improve Transformer"): ``out = silu(gate) * up`` with
+    ``silu(g) = g * sigmoid(g)``; the middle of Llama's MLP ``down_proj(silu(gate_proj(x)) * up_proj(x))``.
+
+    Shapes: gate ``[..., I]`` (I = intermediate size, >= 1), up like gate; out like gate, a new tensor.
+    dtype: float32/float64/float16/bfloat16 (gate and up equal); out in that dtype. Numerics follow Hugging Face
+    ``LlamaMLP`` (``ACT2FN["silu"](gate) * up``): silu computed in float32 (float64 for float64) and rounded to
+    the input dtype, then multiplied by up with one more rounding; every kernel keeps that order (results may
+    differ from HF only by float32 ``exp``/``sigmoid`` implementation differences, within one rounding step).
+
+    Raises:
+        InvalidInputError: a non-tensor or non-float input, a 0-dim gate, up's shape/dtype/device differing from
+            gate's, or an empty last dim (I = 0).
+
+    >>> import torch, layerzero as lz
+    >>> lz.swiglu(torch.zeros(2, 8), torch.ones(2, 8)).abs().max().item()
+    0.0
+    """
+    key, args = prepare(gate, up)
+    return RUNTIME.run(key, context, args)
