@@ -29,7 +29,7 @@ from layerzero.backends.reference.paged import paged_attention as reference_page
 from layerzero.backends.torch_sdpa.paged import kernel_specs as sdpa_paged_specs  # noqa: E402
 from layerzero.backends.triton import paged as tp  # noqa: E402
 from layerzero.core.context import SelectionContext  # noqa: E402
-from layerzero.core.device import DeviceSpec, gpu_generation_from_sm, tensor_core_generation  # noqa: E402
+from layerzero.core.device import DeviceSpec  # noqa: E402
 from layerzero.core.errors import BackendNotAvailableError, InvalidInputError  # noqa: E402
 from layerzero.core.policy import Policy  # noqa: E402
 from layerzero.core.reasons import ReasonCode as R  # noqa: E402
@@ -37,6 +37,7 @@ from layerzero.core.registry import KernelRegistry  # noqa: E402
 from layerzero.core.selection import SelectionInputs, select  # noqa: E402
 from layerzero.core.specs import BackendSpec, Phase  # noqa: E402
 from layerzero.ops._common import RUNTIME  # noqa: E402
+from layerzero.testing.devices import fake_cuda_device
 
 pytestmark = pytest.mark.correctness
 
@@ -235,12 +236,7 @@ def _ctx(*, device=None, seq_len_q=1, batch=8, hq=8, hkv=2, d=128, kv=4096, layo
 
 
 def cuda_device(sm: tuple[int, int], sms: int | None = 132) -> DeviceSpec:
-    gen = gpu_generation_from_sm(*sm)
-    return DeviceSpec(device_type="cuda", index=0, name=f"Fake SM {sm[0]}.{sm[1]}", sm=sm, generation=gen,
-                      tensor_core_gen=tensor_core_generation(gen), supports_bf16=sm >= (8, 0),
-                      supports_fp8=sm >= (8, 9), total_memory_bytes=None, multiprocessor_count=sms,
-                      torch_version=torch.__version__, cuda_version="13.0", driver_version=None,
-                      cudnn_version=None, cpu_vendor=None, cpu_isa=frozenset())
+    return fake_cuda_device(sm, sms=sms)
 
 
 @pytest.mark.unit

@@ -29,7 +29,6 @@ from layerzero.backends import flash_attn as fa
 from layerzero.backends.flash_attn import detect
 from layerzero.core.capabilities import describe_backend
 from layerzero.core.context import SelectionContext
-from layerzero.core.device import DeviceSpec, gpu_generation_from_sm, tensor_core_generation
 from layerzero.core.errors import BackendNotAvailableError
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import ReasonCode as R
@@ -37,6 +36,7 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.selection import SelectionInputs, select
 from layerzero.core.specs import BackendSpec, Layout, MaskKind
 from layerzero.ops._common import RUNTIME
+from layerzero.testing.devices import fake_cuda_device
 
 pytestmark = pytest.mark.unit
 
@@ -113,13 +113,7 @@ def registry(fakes):
     return reg
 
 
-def cuda_device(sm: tuple[int, int]) -> DeviceSpec:
-    gen = gpu_generation_from_sm(*sm)
-    return DeviceSpec(device_type="cuda", index=0, name=f"Fake SM {sm[0]}.{sm[1]}", sm=sm, generation=gen,
-                      tensor_core_gen=tensor_core_generation(gen), supports_bf16=sm >= (8, 0),
-                      supports_fp8=sm >= (8, 9), total_memory_bytes=None, multiprocessor_count=None,
-                      torch_version=torch.__version__, cuda_version="12.8", driver_version=None,
-                      cudnn_version=None, cpu_vendor=None, cpu_isa=frozenset())
+cuda_device = fake_cuda_device
 
 
 def ctx_for(sm=(9, 0), *, layout=Layout.BSHD, dtype=torch.float16, d=128, dv=None, hq=8, hkv=2, sq=1024,

@@ -25,24 +25,19 @@ import layerzero as lz
 from layerzero.backends import flex_attention as fx
 from layerzero.backends.flex_attention import kernels as fk
 from layerzero.core.context import SelectionContext
-from layerzero.core.device import DeviceSpec, GPUGeneration, tensor_core_generation
+from layerzero.core.device import DeviceSpec
 from layerzero.core.errors import BackendNotAvailableError, InvalidInputError
 from layerzero.core.reasons import ReasonCode as R
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.selection import kernel_reasons
 from layerzero.core.specs import Layout, MaskKind
 from layerzero.ops._common import RUNTIME
+from layerzero.testing.devices import fake_cuda_device
 
 pytestmark = pytest.mark.unit
 
 
-def cuda_device(sm=(9, 0)) -> DeviceSpec:
-    gen = GPUGeneration.HOPPER if sm >= (9, 0) else GPUGeneration.AMPERE
-    return DeviceSpec(device_type="cuda", index=0, name="Fake GPU", sm=sm, generation=gen,
-                      tensor_core_gen=tensor_core_generation(gen), supports_bf16=True, supports_fp8=sm >= (8, 9),
-                      total_memory_bytes=None, multiprocessor_count=None, torch_version=torch.__version__,
-                      cuda_version="12.8", driver_version=None, cudnn_version=None, cpu_vendor=None,
-                      cpu_isa=frozenset())
+cuda_device = fake_cuda_device
 
 
 def cuda_ctx(*, dtype=torch.bfloat16, d=128, dv=None, hq=8, hkv=2, sq=1024, sk=None, **kw) -> SelectionContext:

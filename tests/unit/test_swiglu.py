@@ -21,7 +21,7 @@ import layerzero as lz
 from layerzero.backends import liger
 from layerzero.backends import triton as triton_backend
 from layerzero.core.context import SelectionContext
-from layerzero.core.device import DeviceSpec, gpu_generation_from_sm, tensor_core_generation
+from layerzero.core.device import DeviceSpec
 from layerzero.core.errors import BackendNotAvailableError, InvalidInputError
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import ReasonCode as R
@@ -30,6 +30,7 @@ from layerzero.core.selection import SelectionInputs, select
 from layerzero.core.specs import BackendSpec
 from layerzero.ops import OPS
 from layerzero.ops._common import RUNTIME
+from layerzero.testing.devices import fake_cuda_device
 
 pytestmark = pytest.mark.unit
 
@@ -161,13 +162,7 @@ def reg(monkeypatch):
     return make_registry()
 
 
-def cuda_device(sm=(9, 0)) -> DeviceSpec:
-    gen = gpu_generation_from_sm(*sm)
-    return DeviceSpec(device_type="cuda", index=0, name="Fake", sm=sm, generation=gen,
-                      tensor_core_gen=tensor_core_generation(gen), supports_bf16=sm >= (8, 0),
-                      supports_fp8=sm >= (8, 9), total_memory_bytes=None, multiprocessor_count=None,
-                      torch_version=torch.__version__, cuda_version="12.8", driver_version=None,
-                      cudnn_version=None, cpu_vendor=None, cpu_isa=frozenset())
+cuda_device = fake_cuda_device
 
 
 def ctx(sm=(9, 0), dtype=torch.bfloat16, inter=14336, **kw):

@@ -25,7 +25,7 @@ from layerzero.backends import triton as tb
 from layerzero.backends.triton import norms, rope, sampling
 from layerzero.core.capabilities import describe_backend
 from layerzero.core.context import SelectionContext
-from layerzero.core.device import DeviceSpec, gpu_generation_from_sm, tensor_core_generation
+from layerzero.core.device import DeviceSpec
 from layerzero.core.errors import BackendNotAvailableError, NoKernelFoundError
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import ReasonCode as R
@@ -33,6 +33,7 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.selection import SelectionInputs, select
 from layerzero.core.specs import Layout
 from layerzero.ops._common import RUNTIME
+from layerzero.testing.devices import fake_cuda_device
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,13 +62,7 @@ def make_registry(monkeypatch=None, *, absent=False):
     return reg
 
 
-def cuda_device(sm=(9, 0)) -> DeviceSpec:
-    gen = gpu_generation_from_sm(*sm)
-    return DeviceSpec(device_type="cuda", index=0, name="Fake H200", sm=sm, generation=gen,
-                      tensor_core_gen=tensor_core_generation(gen), supports_bf16=sm >= (8, 0),
-                      supports_fp8=sm >= (8, 9), total_memory_bytes=None, multiprocessor_count=None,
-                      torch_version=torch.__version__, cuda_version="13.0", driver_version=None,
-                      cudnn_version=None, cpu_vendor=None, cpu_isa=frozenset())
+cuda_device = fake_cuda_device
 
 
 def rms_ctx(sm=(9, 0), dtype=torch.bfloat16, h=4096, param_dtype=None, **kw):

@@ -9,6 +9,7 @@ probe imported triton successfully).
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 
 from layerzero.core.errors import BackendNotAvailableError
 
+log = logging.getLogger("layerzero.backends.triton")
 CUDA = frozenset({"cuda"})
 FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 SM_MIN = (8, 0)
@@ -45,6 +47,20 @@ class LazyModule:
         if mod is None:
             mod = self._module = importlib.import_module(self._name)
         return mod
+
+
+def rows_2d(t: torch.Tensor, name: str, kernel_id: str) -> torch.Tensor:
+    """``t`` ``[..., N]`` as a 2-D ``[rows, N]`` view (no copy), or a contiguous copy when the leading dims
+    cannot be merged into one row stride (e.g. a transposed ``[S, B, N]`` view; logged at DEBUG level)."""
+    n = t.shape[-1]
+    if t.dim() == 2:
+        return t
+    try:
+        return t.view(-1, n)
+    except RuntimeError:
+        log.debug("%s: %s with strides %s cannot be viewed as [rows, %d]; copying it to contiguous memory",
+                  kernel_id, name, tuple(t.stride()), n)
+        return t.reshape(-1, n)
 
 
 def next_pow2(n: int) -> int:

@@ -24,7 +24,7 @@ from layerzero.core.context import SelectionContext
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
-from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2, num_warps_for
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2, num_warps_for, rows_2d
 
 log = logging.getLogger("layerzero.backends.triton")
 KERNEL_ID = "triton.rms_norm"
@@ -37,17 +37,7 @@ _KERNELS = LazyModule("_norm_kernels")
 
 
 def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
-    """``t`` ``[..., H]`` as a 2-D ``[rows, H]`` view (no copy), or a contiguous copy when the leading dims
-    cannot be merged into one row stride (logged at DEBUG level)."""
-    h = t.shape[-1]
-    if t.dim() == 2:
-        return t
-    try:
-        return t.view(-1, h)
-    except RuntimeError:
-        log.debug("triton.rms_norm: %s with strides %s cannot be viewed as [rows, H]; copying it to contiguous "
-                  "memory", name, tuple(t.stride()))
-        return t.reshape(-1, h)
+    return rows_2d(t, name, KERNEL_ID)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,

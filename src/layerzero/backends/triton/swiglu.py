@@ -23,7 +23,7 @@ from layerzero.core.context import SelectionContext
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
-from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, rows_2d
 
 log = logging.getLogger("layerzero.backends.triton")
 KERNEL_ID = "triton.swiglu"
@@ -37,17 +37,7 @@ _KERNELS = LazyModule("_swiglu_kernels")
 
 
 def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
-    """``t`` ``[..., I]`` as a 2-D ``[rows, I]`` view (no copy), or a contiguous copy when the leading dims
-    cannot be merged into one row stride (logged at DEBUG level)."""
-    inter = t.shape[-1]
-    if t.dim() == 2:
-        return t
-    try:
-        return t.view(-1, inter)
-    except RuntimeError:
-        log.debug("triton.swiglu: %s with strides %s cannot be viewed as [rows, I]; copying it to contiguous "
-                  "memory", name, tuple(t.stride()))
-        return t.reshape(-1, inter)
+    return rows_2d(t, name, KERNEL_ID)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
