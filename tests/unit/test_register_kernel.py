@@ -242,3 +242,36 @@ def test_launch_config_not_a_dict_and_good_edges():
     cfg = LaunchConfig.from_dict({"num_warps": 32, "num_stages": 8, "num_ctas": 16, "BLOCK": 1 << 20, "BLOCK_N": 1})
     assert cfg.as_kwargs() == {"num_warps": 32, "num_stages": 8, "num_ctas": 16, "BLOCK": 1 << 20, "BLOCK_N": 1}
     assert LaunchConfig().as_kwargs() == {"num_warps": 4, "num_stages": 3, "num_ctas": 1}
+
+
+def test_window_or_softcap_kernels_must_take_the_two_extra_args():
+    """A custom attention kernel declaring supports_window/supports_softcap is called with (..., window, softcap):
+    registration refuses one that cannot take them, and the declared kernel receives them."""
+    import torch.nn.functional as F
+
+    def seven(q, k, v, attn_mask, is_causal, scale, dropout_p):
+        return F.scaled_dot_product_attention(q, k, v)
+
+    with pytest.raises(ConfigurationError, match="9 positional args"):
+        lz.register_kernel("attention", "mywin.seven", seven, supports_window=True, device_types={"cpu"})
+    seen = []
+
+    def nine(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
+        seen.append((window, softcap))
+        return lz_reference_attention(q, k, v, is_causal, scale, window, softcap)
+
+    lz.register_kernel("attention", "mywin.nine", nine, supports_window=True, supports_softcap=True,
+                       device_types={"cpu"}, priority=1000)
+    try:
+        q = torch.randn(1, 2, 8, 16)
+        out = lz.attention(q, q, q, window=(2, 0), softcap=5.0)
+        assert seen and seen[-1] == ((2, 0), 5.0)
+        torch.testing.assert_close(out, lz_reference_attention(q, q, q, False, None, (2, 0), 5.0))
+    finally:
+        lz.unregister_kernel("mywin.nine")
+
+
+def lz_reference_attention(q, k, v, is_causal, scale, window, softcap):
+    """The reference kernel with window/softcap, through a lock (the oracle for the test above)."""
+    with lz.disabled():
+        return lz.attention(q, k, v, is_causal=is_causal, scale=scale, window=window, softcap=softcap)

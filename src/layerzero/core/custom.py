@@ -222,8 +222,15 @@ def coerce_constraints(constraints: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_signature(op: str, fn: Callable[..., Any], launch_config: LaunchConfig | None = None) -> None:
-    """``fn`` accepts ``op``'s canonical positional arguments (and ``launch_config=`` when given).
+ATTENTION_EXTRA_ARGS = ("window", "softcap")
+"""Attention kernels that declare ``supports_window`` or ``supports_softcap`` are called with these two extra
+positional arguments whenever a call sets either (``ops/attention.py``); others keep the 7-argument call."""
+
+
+def check_signature(op: str, fn: Callable[..., Any], launch_config: LaunchConfig | None = None,
+                    extra_args: tuple[str, ...] = ()) -> None:
+    """``fn`` accepts ``op``'s canonical positional arguments plus ``extra_args`` (and ``launch_config=`` when
+    given).
 
     An op missing from :data:`CANONICAL_ARGS` or a callable without an inspectable signature (some C
     extensions) is not checked; a WARNING says so.
@@ -234,6 +241,8 @@ def check_signature(op: str, fn: Callable[..., Any], launch_config: LaunchConfig
     if not callable(fn):
         raise _bad("register_kernel: fn", "a callable", type(fn).__name__)
     names = CANONICAL_ARGS.get(op)
+    if names is not None:
+        names = names + extra_args
     if names is None:
         log.warning("LayerZero register_kernel: no canonical argument table for op %r; the signature of %r "
                     "is not checked (add the op to layerzero.core.custom.CANONICAL_ARGS)", op, fn)
@@ -281,7 +290,8 @@ def build_kernel_spec(registry: KernelRegistry, op: str, kernel_id: str, fn: Cal
     cfg = launch_config if isinstance(launch_config, LaunchConfig) or launch_config is None else (
         LaunchConfig.from_dict(launch_config))
     fields = coerce_constraints(constraints)
-    check_signature(op, fn, cfg)
+    windowed = op == "attention" and (fields.get("supports_window") or fields.get("supports_softcap"))
+    check_signature(op, fn, cfg, ATTENTION_EXTRA_ARGS if windowed else ())
     call = fn if cfg is None else functools.partial(fn, launch_config=cfg)
     fields.setdefault("description", (inspect.getdoc(fn) or "custom kernel").splitlines()[0])
     return KernelSpec(kernel_id, op, call, priority=priority, **fields)
