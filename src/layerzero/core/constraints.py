@@ -60,7 +60,7 @@ def check_constraints(spec: KernelSpec, ctx: SelectionContext) -> list[Reason]:
     if ctx.dropout and not spec.supports_dropout:
         out.append(Reason(R.DROPOUT_UNSUPPORTED, "dropout_p > 0 is not supported"))
     if (ctx.window_left is not None or ctx.window_right is not None) and not spec.supports_window:
-        out.append(Reason(R.WINDOW_UNSUPPORTED, f"sliding window (left={ctx.window_left}, right={ctx.window_right}) "
+        out.append(Reason(R.SLIDING_WINDOW_UNSUPPORTED, f"sliding window (left={ctx.window_left}, right={ctx.window_right}) "
                                                 "is not supported"))
     if ctx.has_softcap and not spec.supports_softcap:
         out.append(Reason(R.SOFTCAP_UNSUPPORTED, "logit soft-capping (softcap=...) is not supported"))

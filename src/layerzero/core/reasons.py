@@ -71,7 +71,7 @@ class ReasonCode(str, enum.Enum):
     MASK_SHAPE_INVALID = "MASK_SHAPE_INVALID"
     MASK_WITH_CAUSAL = "MASK_WITH_CAUSAL"
     SLIDING_WINDOW_UNSUPPORTED = "SLIDING_WINDOW_UNSUPPORTED"
-    WINDOW_UNSUPPORTED = "WINDOW_UNSUPPORTED"  # lz.attention(window=...) on a kernel without local attention
+    WINDOW_UNSUPPORTED = "SLIDING_WINDOW_UNSUPPORTED"  # alias: lz.attention(window=...) on a kernel without it
     SOFTCAP_UNSUPPORTED = "SOFTCAP_UNSUPPORTED"  # lz.attention(softcap=...) on a kernel without logit soft-capping
     # GQA
     GQA_UNSUPPORTED = "GQA_UNSUPPORTED"
@@ -140,7 +140,7 @@ _CATEGORY: dict[ReasonCode, ReasonCategory] = {
     **dict.fromkeys([_R.LAYOUT_UNSUPPORTED, _R.KV_LAYOUT_UNSUPPORTED, _R.NOT_CONTIGUOUS], _C.LAYOUT),
     **dict.fromkeys(
         [_R.MASK_UNSUPPORTED, _R.MASK_DTYPE_UNSUPPORTED, _R.MASK_SHAPE_INVALID, _R.MASK_WITH_CAUSAL,
-         _R.SLIDING_WINDOW_UNSUPPORTED, _R.WINDOW_UNSUPPORTED, _R.SOFTCAP_UNSUPPORTED], _C.MASK),
+         _R.SLIDING_WINDOW_UNSUPPORTED, _R.SOFTCAP_UNSUPPORTED], _C.MASK),
     **dict.fromkeys([_R.GQA_UNSUPPORTED, _R.GQA_RATIO_INVALID, _R.MQA_UNSUPPORTED], _C.GQA),
     **dict.fromkeys(
         [_R.HEAD_DIM_INVALID, _R.HEAD_DIM_TOO_LARGE, _R.HEAD_DIM_NOT_ALIGNED, _R.HEAD_DIM_MISMATCH], _C.HEAD_DIM),

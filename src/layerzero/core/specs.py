@@ -86,7 +86,7 @@ class KernelSpec:
     ``"amx_bf16"``, ...); it applies to CPU devices only. ``supports_window`` / ``supports_softcap``: the kernel
     implements ``lz.attention``'s sliding window / logit soft-cap; such a kernel is called with two more canonical
     arguments, ``window`` (``(left, right)`` or None) and ``softcap`` (float or None), whenever either is set
-    (default False: every other kernel is refused with ``WINDOW_UNSUPPORTED`` / ``SOFTCAP_UNSUPPORTED``). ``max_seq_len`` is checked against the upper
+    (default False: every other kernel is refused with ``SLIDING_WINDOW_UNSUPPORTED`` / ``SOFTCAP_UNSUPPORTED``). ``max_seq_len`` is checked against the upper
     bound of the sequence-length bucket so a cached choice is valid for every length in its bucket.
     """
 

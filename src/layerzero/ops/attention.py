@@ -46,6 +46,12 @@ def aligned_16(*tensors: torch.Tensor) -> bool:
     return True
 
 
+def _aligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, contiguous: bool) -> bool:
+    """:func:`aligned_16` of q, k, v, answered without the stride walk for contiguous tensors at offset 0
+    (the caching allocator's blocks are 512-byte aligned)."""
+    return (contiguous and not (q.storage_offset() or k.storage_offset() or v.storage_offset())) or aligned_16(q, k, v)
+
+
 def _mask_kind(op: str, mask: Any, q: torch.Tensor, b: int, hq: int, sq: int, sk: int) -> MaskKind:
     if mask is None:
         return MaskKind.NONE
@@ -114,8 +120,7 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
     grad = is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     cuda = q.is_cuda
     capture = cuda and stream_capturing()
-    aligned = not cuda or (contiguous and not (q.storage_offset() or k.storage_offset() or v.storage_offset())
-                           ) or aligned_16(q, k, v)
+    aligned = not cuda or _aligned(q, k, v, contiguous)
     key = (OP, device, dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, MaskKind.NONE,
            is_causal, False, True, stride, aligned, contiguous, grad, deterministic_enabled(), None, None, None,
            capture, scope_token())
@@ -169,8 +174,7 @@ def _validate(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any
         raise fail(OP, "softcap", "None (off) or a finite float > 0 (Gemma 2 uses 50.0)", repr(softcap))
     grad, det, capture, stride = flags(q, k, v)
     contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-    aligned = not q.is_cuda or (contiguous and not (q.storage_offset() or k.storage_offset() or v.storage_offset())
-                                ) or aligned_16(q, k, v)
+    aligned = not q.is_cuda or _aligned(q, k, v, contiguous)
     key = (OP, q.device, q.dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, mask,
            is_causal, dropout_p > 0.0, scale is None, stride, aligned, contiguous, grad, det,
            None if win is None else win[0], None if win is None else win[1], True if softcap is not None else None,
@@ -270,7 +274,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     any kernel can serve the call. ``softcap``: logit soft-capping (Gemma 2): ``scores = softcap *
     tanh(scores / softcap)`` on the scaled scores, before mask, causality and window; None = off. Served only
     by kernels that declare them (reference, flex_attention, flash_attn2/3/4 — a window there needs Sq == Sk);
-    the others are refused with ``WINDOW_UNSUPPORTED`` / ``SOFTCAP_UNSUPPORTED``.
+    the others are refused with ``SLIDING_WINDOW_UNSUPPORTED`` / ``SOFTCAP_UNSUPPORTED``.
 
     Raises:
         InvalidInputError: wrong rank, dtype or device mix, batch/head/head_dim mismatch, ``Hq % Hkv != 0``,

@@ -27,7 +27,7 @@ All three: FlashAttention's causal mask is aligned to the bottom-right corner wh
 Sliding window and soft-cap (``lz.attention(window=, softcap=)``): passed as ``window_size=(left, right)``
 (FA2/FA3: -1 = unbounded; FA4: None = unbounded) and ``softcap=`` (FA2 >= 2.6, FA3, FA4; the kwargs are only
 passed when set, so older FA2 builds keep working for plain calls). FA aligns the window bottom-right like its
-causal mask, so a window with Sq != Sk is refused with ``WINDOW_UNSUPPORTED``.
+causal mask, so a window with Sq != Sk is refused with ``SLIDING_WINDOW_UNSUPPORTED``.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _causal_check_only(ctx: SelectionContext) -> list[Reason]:
 
 def _window_check(ctx: SelectionContext) -> list[Reason]:
     if ctx.window_left is not None and not ctx.seq_equal:
-        return [Reason(R.WINDOW_UNSUPPORTED,
+        return [Reason(R.SLIDING_WINDOW_UNSUPPORTED,
                        "FlashAttention aligns the sliding window bottom-right when Sq != Sk (query i is at position "
                        "i + Sk - Sq), lz.attention aligns it top-left like is_causal; the results would differ")]
     return []

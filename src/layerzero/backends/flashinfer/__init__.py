@@ -18,8 +18,6 @@ with ``BACKEND_NOT_INSTALLED``; an import that raises anything else (a torch/CUD
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +27,7 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec
 from layerzero.core.versions import release
 
+from .._optional import dist_version, import_modules, unavailable_backend
 from .kernels import INSTALL_HINT, KERNEL_IDS, FlashInferKernels, kernel_specs
 from .plan import PlanCache, PlanStats, paged_csr, tensor_identity
 
@@ -51,20 +50,8 @@ class FlashInferProbe:
     module: Any | None
 
 
-def _version(module: Any) -> str | None:
-    raw = getattr(module, "__version__", None)
-    if raw is not None:
-        return str(raw)
-    try:
-        return importlib.metadata.version("flashinfer-python")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _unavailable(code: ReasonCode, message: str, version: str | None = None) -> FlashInferProbe:
-    log.info("flashinfer backend unavailable: %s", message)
-    return FlashInferProbe(BackendSpec(BACKEND_ID, MODULE, version, False, (Reason(code, message),), _DESCRIPTION),
-                           None)
+def _unavailable(reason: Reason, version: str | None = None) -> FlashInferProbe:
+    return FlashInferProbe(unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, reason, version), None)
 
 
 def probe() -> FlashInferProbe:
@@ -75,21 +62,17 @@ def probe() -> FlashInferProbe:
         (module absent), ``BACKEND_IMPORT_FAILED`` (import raised) or ``BACKEND_VERSION_UNSUPPORTED``
         (older than 0.2, or a wrapper class missing).
     """
-    try:
-        module = importlib.import_module(MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (exc.name == MODULE or exc.name.startswith(MODULE + ".")):
-            return _unavailable(ReasonCode.BACKEND_NOT_INSTALLED, f"module {MODULE!r} not found ({exc}); {INSTALL_HINT}")
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing {MODULE} failed: {exc!r}")
-    except Exception as exc:  # noqa: BLE001 - any import failure makes the backend unavailable, with its text
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing {MODULE} failed: {type(exc).__name__}: {exc}")
-    version = _version(module)
+    modules, why = import_modules(MODULE, (MODULE,), INSTALL_HINT)
+    if why is not None:
+        return _unavailable(why)
+    module = modules[0]
+    version = dist_version("flashinfer-python", module)
     parsed = release(version)
     missing = [name for name in WRAPPERS if not callable(getattr(module, name, None))]
     if (parsed and parsed[:2] < MIN_VERSION) or missing:
-        return _unavailable(ReasonCode.BACKEND_VERSION_UNSUPPORTED,
-                            f"flashinfer {version} is older than 0.2 or lacks {missing or WRAPPERS}; "
-                            "upgrade: pip install -U flashinfer-python", version)
+        return _unavailable(Reason(ReasonCode.BACKEND_VERSION_UNSUPPORTED,
+                                   f"flashinfer {version} is older than 0.2 or lacks {missing or WRAPPERS}; "
+                                   "upgrade: pip install -U flashinfer-python"), version)
     return FlashInferProbe(BackendSpec(BACKEND_ID, MODULE, version, True, (), _DESCRIPTION), module)
 
 

@@ -12,10 +12,6 @@ IPEX's ``sys.exit`` on a CPU without AVX2) gives ``BACKEND_IMPORT_FAILED`` with 
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.metadata
-import io
 import logging
 import re
 from dataclasses import dataclass
@@ -27,6 +23,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec
 
+from .._optional import dist_version, import_modules, unavailable_backend
 from .kernels import INSTALL_HINT, KERNEL_IDS, kernel_specs
 
 log = logging.getLogger("layerzero.backends.ipex")
@@ -62,15 +59,13 @@ def _mismatch(version: str | None) -> str | None:
 
 
 def _unavailable(code: ReasonCode, message: str, version: str | None = None) -> IpexProbe:
-    log.info("ipex backend unavailable: %s", message)
-    return IpexProbe(BackendSpec(BACKEND_ID, MODULE, version, False, (Reason(code, message),), _DESCRIPTION), None)
+    return IpexProbe(unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, Reason(code, message), version), None)
 
 
 def _dist_version() -> str | None:
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """The installed intel-extension-for-pytorch version, read without importing it (the import itself fails or
+    exits on a torch mismatch)."""
+    return dist_version(DISTRIBUTION)
 
 
 def probe() -> IpexProbe:
@@ -79,22 +74,11 @@ def probe() -> IpexProbe:
     why = _mismatch(version)
     if why is not None:
         return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, why, version)
-    printed = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(printed):
-            mod = importlib.import_module(MODULE)
-            functional = importlib.import_module(f"{MODULE}.llm.functional")
-            modules = importlib.import_module(f"{MODULE}.llm.modules")
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (exc.name == MODULE or exc.name.startswith(MODULE + ".")):
-            return _unavailable(ReasonCode.BACKEND_NOT_INSTALLED,
-                                f"module {MODULE!r} not found ({exc}); {INSTALL_HINT}")
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing {MODULE} failed: {exc!r}", version)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - IPEX exits on old CPUs; any failure = unavailable
-        said = printed.getvalue().strip()
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED,
-                            f"importing {MODULE} failed: {exc!r}" + (f"; it printed: {said}" if said else ""),
-                            version)
+    modules, failed = import_modules(MODULE, (MODULE, f"{MODULE}.llm.functional", f"{MODULE}.llm.modules"),
+                                     INSTALL_HINT)
+    if failed is not None:
+        return IpexProbe(unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, failed, version), None)
+    mod, functional, modules = modules
     version = version or getattr(mod, "__version__", None)
     why = _mismatch(version)
     if why is not None:

@@ -11,7 +11,6 @@ triton, a torch ABI mismatch) gives ``BACKEND_IMPORT_FAILED`` with the error tex
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec
 
+from .._optional import dist_version, import_modules, unavailable_backend
 from .kernels import INSTALL_HINT, KERNEL_IDS, kernel_specs
 
 log = logging.getLogger("layerzero.backends.liger")
@@ -38,45 +38,24 @@ class LigerProbe:
     functions: dict[str, Any] | None
 
 
-def _version() -> str | None:
-    try:
-        return importlib.metadata.version("liger-kernel")
-    except importlib.metadata.PackageNotFoundError:
-        mod = importlib.import_module(MODULE)
-        return getattr(mod, "__version__", None)
-
-
-def _unavailable(code: ReasonCode, message: str, version: str | None = None) -> LigerProbe:
-    log.info("liger backend unavailable: %s", message)
-    return LigerProbe(BackendSpec(BACKEND_ID, MODULE, version, False, (Reason(code, message),), _DESCRIPTION), None)
+def _unavailable(reason: Reason, version: str | None = None) -> LigerProbe:
+    return LigerProbe(unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, reason, version), None)
 
 
 def probe() -> LigerProbe:
     """Import Liger-Kernel now and describe the backend; never raises for a missing or broken library."""
-    try:
-        rms = importlib.import_module("liger_kernel.ops.rms_norm")
-        rope = importlib.import_module("liger_kernel.ops.rope")
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (exc.name == MODULE or exc.name.startswith(MODULE + ".")):
-            return _unavailable(ReasonCode.BACKEND_NOT_INSTALLED,
-                                f"module {MODULE!r} not found ({exc}); {INSTALL_HINT}")
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing {MODULE} failed: {exc!r}; {INSTALL_HINT}")
-    except Exception as exc:  # noqa: BLE001 - any import failure makes the backend unavailable, with its text
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing {MODULE} failed: {exc!r}")
-    version = _version()
+    modules, why = import_modules(MODULE, ("liger_kernel.ops.rms_norm", "liger_kernel.ops.rope"), INSTALL_HINT)
+    if why is not None:
+        return _unavailable(why)
+    rms, rope = modules
+    version = dist_version("liger-kernel", importlib.import_module(MODULE))
     plain = getattr(rms, "LigerRMSNormFunction", None)
     function = getattr(rope, "LigerRopeFunction", None)
     if plain is None or function is None:
-        return _unavailable(ReasonCode.BACKEND_VERSION_UNSUPPORTED,
-                            f"liger_kernel {version} lacks LigerRMSNormFunction/LigerRopeFunction; upgrade it",
+        return _unavailable(Reason(ReasonCode.BACKEND_VERSION_UNSUPPORTED,
+                                   f"liger_kernel {version} lacks LigerRMSNormFunction/LigerRopeFunction; upgrade it"),
                             version)
-    try:
-        fused = getattr(importlib.import_module("liger_kernel.ops.fused_add_rms_norm"),
-                        "LigerFusedAddRMSNormFunction", None)
-    except ImportError:
-        fused = None
-    if fused is None:
-        log.info("liger_kernel %s has no fused add + RMSNorm; rms_norm(residual=...) will use other kernels", version)
+    fused = _optional("liger_kernel.ops.fused_add_rms_norm", "LigerFusedAddRMSNormFunction", version)
     swiglu = _optional("liger_kernel.ops.swiglu", "LigerSiLUMulFunction", version)
     backend = BackendSpec(BACKEND_ID, MODULE, version, True, (), _DESCRIPTION)
     return LigerProbe(backend, {"rms_norm": plain, "fused_add_rms_norm": fused, "rope": function, "swiglu": swiglu})

@@ -12,14 +12,12 @@ text. Constraints, graph safety and what runs in Triton vs torch: ``docs/backend
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
 import logging
 
-from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec, KernelSpec
 
+from .._optional import dist_version, import_modules, unavailable_backend
 from . import norms, rope, sampling, swiglu
 from ._common import INSTALL_HINT
 
@@ -32,33 +30,16 @@ KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERN
 """Ids of this package's own op kernels (the paged kernels are listed by ``paged.kernel_specs``)."""
 
 
-def _version(mod: object) -> str | None:
-    try:
-        return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        return getattr(mod, "__version__", None)
-
-
-def _unavailable(code: ReasonCode, message: str) -> BackendSpec:
-    log.info("triton backend unavailable: %s", message)
-    return BackendSpec(BACKEND_ID, MODULE, None, False, (Reason(code, message),), _DESCRIPTION)
-
-
 def probe() -> BackendSpec:
     """Import triton now and describe the backend (available, or not with one reason); never raises.
 
     ``BACKEND_NOT_INSTALLED`` when the ``triton`` module is not found; ``BACKEND_IMPORT_FAILED`` (with the
     exception text) when importing it raises anything else (a missing dependency of triton, a broken install).
     """
-    try:
-        mod = importlib.import_module(MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name == MODULE:
-            return _unavailable(ReasonCode.BACKEND_NOT_INSTALLED, f"module 'triton' not found ({exc}); {INSTALL_HINT}")
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing triton failed: {exc!r}; {INSTALL_HINT}")
-    except Exception as exc:  # noqa: BLE001 - any import failure makes the backend unavailable, with its text
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing triton failed: {exc!r}")
-    return BackendSpec(BACKEND_ID, MODULE, _version(mod), True, (), _DESCRIPTION)
+    modules, why = import_modules(MODULE, (MODULE,), INSTALL_HINT)
+    if why is not None:
+        return unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, why)
+    return BackendSpec(BACKEND_ID, MODULE, dist_version("triton", modules[0]), True, (), _DESCRIPTION)
 
 
 def kernel_specs(available: bool, why: str = "triton is not available") -> list[KernelSpec]:

@@ -15,7 +15,6 @@ Nothing is imported at ``import layerzero`` time; :func:`register` runs on the f
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec
 
+from .._optional import dist_version, import_modules, unavailable_backend
 from .kernels import INSTALL_HINT, KERNEL_ID, XformersOps, kernel_spec
 
 log = logging.getLogger("layerzero.backends.xformers")
@@ -44,16 +44,8 @@ class XformersProbe:
     ops: XformersOps | None = None
 
 
-def _version(mod: Any) -> str | None:
-    try:
-        return importlib.metadata.version("xformers")
-    except importlib.metadata.PackageNotFoundError:
-        return getattr(mod, "__version__", None)
-
-
 def _unavailable(code: ReasonCode, message: str, version: str | None = None) -> XformersProbe:
-    log.info("xformers backend unavailable: %s", message)
-    return XformersProbe(BackendSpec(BACKEND_ID, MODULE, version, False, (Reason(code, message),), _DESCRIPTION))
+    return XformersProbe(unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, Reason(code, message), version))
 
 
 def _op_available(fmha: Any, name: str) -> tuple[bool, str]:
@@ -67,15 +59,11 @@ def _op_available(fmha: Any, name: str) -> tuple[bool, str]:
 
 def probe() -> XformersProbe:
     """Import xFormers now and describe the backend; never raises for a missing or broken library."""
-    try:
-        xf = importlib.import_module(MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name == MODULE:
-            return _unavailable(ReasonCode.BACKEND_NOT_INSTALLED, f"module {MODULE!r} not found ({exc}); {INSTALL_HINT}")
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing {MODULE} failed: {exc!r}")
-    except Exception as exc:  # noqa: BLE001
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing {MODULE} failed: {exc!r}")
-    version = _version(xf)
+    modules, why = import_modules(MODULE, (MODULE,), INSTALL_HINT)
+    if why is not None:
+        return XformersProbe(unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, why))
+    xf = modules[0]
+    version = dist_version("xformers", xf)
     try:
         fmha = importlib.import_module("xformers.ops.fmha")
     except Exception as exc:  # noqa: BLE001
