@@ -143,6 +143,7 @@ class _Progress:
             self._bar = tqdm(total=total, desc=desc, unit="kernel", leave=False)
 
     def step(self, what: str) -> None:
+        """Advance by one (kernel, case) measurement and show ``what`` (the kernel id). Raises nothing."""
         self._n += 1
         if self._bar is not None:
             self._bar.set_postfix_str(what)
@@ -151,6 +152,7 @@ class _Progress:
             print(f"\r{self._desc}: {self._n}/{self._total} {what:<40}", end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        """End the progress display (close the tqdm bar or finish the stderr line). Raises nothing."""
         if self._bar is not None:
             self._bar.close()
         elif self._enabled:

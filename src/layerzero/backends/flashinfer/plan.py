@@ -65,6 +65,8 @@ class _Entry:
         self.refs = refs
 
     def same_tensors(self, tensors: Sequence[torch.Tensor | None]) -> bool:
+        """Whether ``tensors`` are the very objects this plan was made for (weak references, so a new tensor that
+        reuses a freed one's address and version counter is not mistaken for it). Raises nothing."""
         if len(tensors) != len(self.refs):
             return False
         return all((t is None and r is None) or (r is not None and r() is t) for t, r in zip(tensors, self.refs, strict=True))
