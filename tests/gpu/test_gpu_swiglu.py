@@ -4,7 +4,8 @@
   liger_kernel imports), locked, on >= 200 seeded ``_shapes.swiglu_call`` cases per dtype vs the float64 oracle
   (cases a kernel rejects, e.g. stride(-1) == 2 for triton, are skipped and counted).
 - Hugging Face equality: ``ACT2FN["silu"](gate) * up`` is bit-identical to torch_native and within a few ulps
-  (mostly bit-identical) for the Triton kernels, which round where HF rounds.
+  (mostly bit-identical) for the Triton kernels in fp16/bf16, which round where HF rounds; within 32 ulps in fp32
+  (Triton's approximate exp).
 - Wide rows (I up to 100003, several column blocks), > 65535 rows, fused gate_up halves; the Triton kernel
   replays inside a CUDA graph; inputs are never written.
 """
@@ -80,10 +81,15 @@ def test_cuda_matches_hf_llama_mlp(kernel_id, dtype):
     if kernel_id == "torch_native.swiglu":
         assert torch.equal(out, hf)
         return
+    # Half outputs round an fp32 result where HF rounds: a few ulps at most, mostly bit-identical. In fp32 Triton's
+    # exp is ex2.approx(x * log2 e): the rounding of x * log2 e costs ~|x| * 1.44 ulps for |x| up to ~15 here
+    # (measured on the H200: 6.9 ulps max), so fp32 gets 32 ulps and no bit-equality share.
+    ulps, equal_share = (32, None) if dtype == torch.float32 else (4, 0.95)
     ulp = torch.finfo(dtype).eps * hf.double().abs().clamp_min(torch.finfo(dtype).tiny)
     err = (out.double() - hf.double()).abs()
-    assert bool((err <= 4 * ulp).all()), f"max {float((err / ulp).max()):.2f} eps-units from HF"
-    assert float((out == hf).double().mean()) > 0.95
+    assert bool((err <= ulps * ulp).all()), f"max {float((err / ulp).max()):.2f} eps-units from HF"
+    if equal_share is not None:
+        assert float((out == hf).double().mean()) > equal_share
 
 
 @pytest.mark.parametrize("kernel_id", ["triton.swiglu", "liger.swiglu"])
