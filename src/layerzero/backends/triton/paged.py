@@ -101,7 +101,8 @@ def _bad(what: str, expected: Any, got: Any, fix: str = "") -> InvalidInputError
 
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  scale: float | None = None, kv_layout: str = "NHD", *, num_splits: int | None = None,
-                 block_n: int | None = None) -> torch.Tensor:
+                 block_n: int | None = None, num_warps: int | None = None,
+                 num_stages: int | None = None) -> torch.Tensor:
     """Split-K paged decode attention (one query token per sequence) with our Triton kernels.
 
     Args:
@@ -114,6 +115,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         kv_layout: ``"NHD"`` or ``"HND"``.
         num_splits: force the number of KV splits (default: :func:`choose_split_len` from the shapes and SM count).
         block_n: KV positions per stage-1 step (power of two >= 16; default :func:`block_n_for`).
+        num_warps, num_stages: stage-1 launch config (default: 4 warps for head dims <= 128, else 8; Triton's
+            default stages). Knobs for ``benchmarks/tune_paged_decode.py``.
 
     Returns:
         ``[B, Hq, D]`` in q's dtype. Cache slots past ``seq_lens[b]`` and unused blocks never reach it (masked loads:
@@ -158,7 +161,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0),
         GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
         INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
-        UPCAST=interpret and q.dtype == torch.bfloat16, num_warps=4 if d_pad <= 128 else 8)
+        UPCAST=interpret and q.dtype == torch.bfloat16, num_warps=num_warps or (4 if d_pad <= 128 else 8),
+        **({} if num_stages is None else {"num_stages": int(num_stages)}))
     kern.paged_decode_merge[(batch, hq)](
         ws_out, ws_lse, out, out.stride(0), out.stride(1), ws_out.stride(0), ws_out.stride(1), ws_out.stride(2),
         hq, splits, HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), num_warps=4)
