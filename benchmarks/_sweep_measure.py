@@ -30,20 +30,27 @@ from layerzero.ops import OPS
 from layerzero.ops._common import RUNTIME
 from layerzero.tuning import TOLERANCES, TuneStatus, bind, sample_stats, time_kernel
 
+BANDWIDTH_KINDS = ("kernel", "copy", "lz_graph", "copy_graph")
 __all__ = ["COLUMNS", "SDPA_DEFAULT", "LZ_CALL", "COPY", "Timing", "measure_shape", "retime_shape", "tune_shape"]
 
 log = logging.getLogger("layerzero.benchmarks.sweep")
 
 SDPA_DEFAULT, LZ_CALL, COPY = "sdpa.default", "lz.call", "copy.d2d"
+LZ_GRAPH, COPY_GRAPH = "lz.graph", "copy.graph"
+GRAPH_CALLS = 10
+"""Calls captured in one CUDA graph for the ``lz_graph`` / ``copy_graph`` rows (µs per call = replay / this)."""
 """Kernel ids of the non-kernel rows: ``F.scaled_dot_product_attention`` with no backend forced, the public
 ``lz.<op>`` call end to end (dispatch included), and a device-to-device copy of the KV bytes read."""
 
 COLUMNS = ("shape_id", "op", "phase", "B", "Sq", "Skv", "Hq", "Hkv", "D", "dtype", "page", "kernel_id", "row_kind",
            "status", "correct", "max_rel_err", "first_ms", "check_ms", "median_us", "p95_us", "samples", "tuned_median_us",
            "tuned_p95_us", "is_pick_default", "is_pick_tuned", "is_sdpa_default", "kv_bytes", "gbps", "tuned_by",
-           "detail")
+           "sdpa_kernel", "detail")
 """sweep.csv columns. row_kind: ``kernel`` (a registered kernel, bound bare), ``sdpa_default``, ``lz_call``,
-``copy``. status: ``ok`` (checked and timed), ``incorrect``, ``error``, ``skipped``. µs per call; gbps in
+``copy``, and for paged decode at B >= 64 ``lz_graph`` / ``copy_graph`` (the lz call / the copy replayed from a
+CUDA graph of :data:`GRAPH_CALLS` calls: kernel time without host overhead; the lz call there runs the
+graph-safe kernel selection picks under capture). sdpa_kernel (SDPA default row): the sub-backend SDPA itself
+runs for these inputs (``torch._fused_sdp_choice``). status: ``ok`` (checked and timed), ``incorrect``, ``error``, ``skipped``. µs per call; gbps in
 GB/s (1e9 bytes/s): KV bytes read / time for kernels, (read + write) / time for the copy."""
 
 
@@ -88,6 +95,7 @@ class _Callee:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     slow: bool = False
+    calls: int = 1  # op calls per fn call (a CUDA graph replay runs GRAPH_CALLS)
 
 
 def _sync(device: torch.device) -> None:
@@ -119,6 +127,70 @@ def _sdpa(shape: Shape, inputs: Inputs) -> Callable[[], Any]:
     q, k, v = inputs.args
     causal, gqa = inputs.kwargs["is_causal"], shape.hq != shape.hkv
     return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+
+SDPA_KERNELS = {"FLASH_ATTENTION": "torch_sdpa.flash", "EFFICIENT_ATTENTION": "torch_sdpa.efficient",
+                "CUDNN_ATTENTION": "torch_sdpa.cudnn", "MATH": "torch_sdpa.math"}
+
+
+def sdpa_choice(shape: Shape, inputs: Inputs) -> str:
+    """The kernel id of the sub-backend SDPA's default runs for these inputs (``torch._fused_sdp_choice``, the
+    private function SDPA itself dispatches on; ``""`` when it is missing or fails)."""
+    q, k, v = inputs.args
+    try:
+        choice = torch._fused_sdp_choice(q, k, v, None, 0.0, inputs.kwargs["is_causal"], None,
+                                         enable_gqa=shape.hq != shape.hkv)
+        from torch.nn.attention import SDPBackend
+        return SDPA_KERNELS.get(SDPBackend(choice).name, SDPBackend(choice).name)
+    except Exception:  # noqa: BLE001 - private API: the column stays empty
+        return ""
+
+
+def graph_callee(row: dict[str, Any], fn: Callable[[], Any], device: torch.device) -> _Callee:
+    """A callee replaying ``fn`` captured :data:`GRAPH_CALLS` times in one CUDA graph (``fn`` warmed up on a side
+    stream first, as the PyTorch CUDA-graphs notes do). For ``lz.*`` calls ``lz.warmup`` must have filled the
+    capture-time selection first. Capture errors propagate."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with lz.trace() as tr, torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    served = [k for (_, k), _ in tr.counts.most_common()]
+    row.update(status="ok", detail=f"CUDA graph of {GRAPH_CALLS} calls" + (f"; ran {', '.join(served)}"
+                                                                           if served else ""))
+    row["_graph"] = graph  # keeps the graph (and its pool) alive while it is timed
+    return _Callee(row, graph.replay, (), calls=GRAPH_CALLS)
+
+
+def _graph_callees(shape: Shape, shape_id: int, inputs: Inputs, device: torch.device,
+                   rows: dict[str, dict[str, Any]] | None = None) -> list[_Callee]:
+    """The lz call and the copy replayed from CUDA graphs (paged decode at B >= 64; see :data:`COLUMNS`). A
+    capture that fails leaves its row with status ``error`` and no callee. ``rows``: reuse these rows (pass 2)."""
+    out = []
+    copy = _copy_callee(shape, shape_id, inputs)
+    args, kwargs = inputs.args, inputs.kwargs
+    for kid, kind, fn in ((LZ_GRAPH, "lz_graph", lambda: lz.paged_attention(*args, **kwargs)),
+                          (COPY_GRAPH, "copy_graph", lambda: copy.fn(*copy.args))):
+        row = (rows or {}).get(kid) or _base(shape, shape_id, kid, kind, inputs.kv_bytes)
+        before = row["detail"] if rows is not None else ""
+        try:
+            if kind == "lz_graph":
+                lz.warmup("paged_attention", [(args, kwargs)])
+            out.append(graph_callee(row, fn, device))
+            if before:
+                row["detail"] = f"{before} | tuned pass: {row['detail']}"
+        except Exception as exc:  # noqa: BLE001 - recorded in the row
+            _free(device)
+            row.update(status="error", detail=f"capture raised {type(exc).__name__}: {str(exc)[:300]}")
+            if rows is None:
+                out.append(_Callee(row, fn, ()))  # listed (status error: never timed) so the row is kept
+    return out
 
 
 def _check(callee: _Callee, shape: Shape, inputs: Inputs, device: torch.device, timing: Timing,
@@ -174,14 +246,14 @@ def _time_all(callees: list[_Callee], device: torch.device, timing: Timing, tune
     for i, c in enumerate(callees):
         if c.row["status"] == "error" or not samples[i]:
             continue
-        st = sample_stats(samples[i])
+        st = sample_stats([x / c.calls for x in samples[i]])
         c.row[prefix + "median_us"], c.row[prefix + "p95_us"] = round(st.median_us, 3), round(st.p95_us, 3)
         if not tuned:
             c.row.update(samples=len(st.kept), status="ok")
             c.row["_kept"] = st.kept
         kv = c.row["kv_bytes"]
-        if not tuned and c.row["phase"] == "paged_decode" and c.row["row_kind"] in ("kernel", "copy"):
-            factor = 2 if c.row["row_kind"] == "copy" else 1
+        if not tuned and c.row["phase"] == "paged_decode" and c.row["row_kind"] in BANDWIDTH_KINDS:
+            factor = 2 if c.row["row_kind"].startswith("copy") else 1
             c.row["gbps"] = round(factor * kv / (st.median_us * 1e-6) / 1e9, 2)
 
 
@@ -213,7 +285,7 @@ def _callees(shape: Shape, shape_id: int, inputs: Inputs, timing: Timing, pick: 
         out.append(_Callee(row, bind(RUNTIME.registry, spec, report.context), canonical))
     if not shape.paged:
         row = _base(shape, shape_id, SDPA_DEFAULT, "sdpa_default", inputs.kv_bytes)
-        row["is_sdpa_default"] = True
+        row.update(is_sdpa_default=True, sdpa_kernel=sdpa_choice(shape, inputs))
         out.append(_Callee(row, _sdpa(shape, inputs), ()))
     out.append(_Callee(_base(shape, shape_id, LZ_CALL, "lz_call", inputs.kv_bytes), _call_op(shape, inputs), ()))
     return out, skipped
@@ -241,11 +313,14 @@ def measure_shape(shape: Shape, shape_id: int, device: torch.device, timing: Tim
     del memo
     if shape.phase == "paged_decode" and shape.batch >= 64:
         timed.append(_copy_callee(shape, shape_id, inputs))
+        timed += _graph_callees(shape, shape_id, inputs, device)
     _time_all(timed, device, timing, tuned=False)
     lz_row = next(c.row for c in callees if c.row["row_kind"] == "lz_call")
     lz_row["detail"] = f"picked {pick}"
     rows += [c.row for c in callees]
-    rows += [c.row for c in timed if c.row["row_kind"] == "copy"]
+    rows += [c.row for c in timed if c.row["row_kind"] in ("copy", "lz_graph", "copy_graph")]
+    for r in rows:
+        r.pop("_graph", None)
     del inputs, callees, timed
     _free(device)
     return rows
@@ -313,11 +388,15 @@ def retime_shape(shape: Shape, rows: list[dict[str, Any]], device: torch.device,
     if COPY in by_id:
         copy = _copy_callee(shape, -1, inputs)
         todo.append(_Callee(by_id[COPY], copy.fn, copy.args))
+    if LZ_GRAPH in by_id:
+        todo += _graph_callees(shape, -1, inputs, device, by_id)
     if LZ_CALL in by_id:
         by_id[LZ_CALL]["detail"] = f"picked {by_id[LZ_CALL]['detail'].removeprefix('picked ')} (default), {pick} (tuned)"
     if not any(r["is_pick_tuned"] for r in rows):
         log.warning("sweep %s: the tuned pick %s is not among the kernels of pass 1", shape.label(), pick)
     _time_all(todo, device, timing, tuned=True)
+    for r in rows:
+        r.pop("_graph", None)
     del inputs, callees, todo
     _free(device)
 

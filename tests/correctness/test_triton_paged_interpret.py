@@ -215,16 +215,26 @@ def test_split_sizing_covers_every_position(batch, hkv, kv, sms, bn):
     split_len, splits = tp.choose_split_len(batch, hkv, kv, sms, bn)
     assert split_len % bn == 0 and 1 <= splits <= tp.MAX_SPLITS
     assert splits * split_len >= kv > (splits - 1) * split_len  # every split but the last is full
-    if kv >= 2 * bn * tp.MAX_SPLITS and batch * hkv * tp.MAX_SPLITS <= 2 * sms:
+    if kv >= 2 * bn * tp.MAX_SPLITS and batch * hkv * tp.MAX_SPLITS <= tp.WAVES * sms:
         assert splits == tp.MAX_SPLITS  # long context, small batch: as many splits as allowed
 
 
 @pytest.mark.unit
 def test_split_sizing_hand_worked():
-    assert tp.choose_split_len(1, 8, 32768, 132, 64) == (1024, 32)  # ceil(264 / 8) = 33 -> capped at 32
-    assert tp.choose_split_len(4, 8, 32768, 132, 64) == (3648, 9)  # ceil(264 / 32) = 9; ceil(512 tiles / 9) = 57
-    assert tp.choose_split_len(64, 8, 4096, 132, 64) == (4096, 1)
+    assert tp.WAVES == 4
+    assert tp.choose_split_len(1, 8, 32768, 132, 64) == (1024, 32)  # ceil(528 / 8) = 66 -> capped at 32
+    # ceil(528 / 32) = 17 splits wanted; ceil(512 tiles / 17) = 31 tiles = 1984 tokens; ceil(512 / 31) = 17
+    assert tp.choose_split_len(4, 8, 32768, 132, 64) == (1984, 17)
+    assert tp.choose_split_len(64, 8, 4096, 132, 64) == (2048, 2)  # ceil(528 / 512) = 2
+    assert tp.choose_split_len(128, 8, 4096, 132, 128) == (4096, 1)  # 1024 pairs fill 4 waves alone
     assert tp.choose_split_len(1, 1, 100, 132, 64, num_splits=8) == (64, 2)  # forced, clipped to 2 tiles
+
+
+@pytest.mark.unit
+def test_sizing_docstring_examples():
+    import doctest
+    result = doctest.testmod(tp)
+    assert result.attempted >= 3 and result.failed == 0
 
 
 def _ctx(*, device=None, seq_len_q=1, batch=8, hq=8, hkv=2, d=128, kv=4096, layout="NHD", page=16,

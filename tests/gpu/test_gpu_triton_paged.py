@@ -135,7 +135,7 @@ def test_small_batch_long_context_uses_splits():
     """B=1, Hkv=8, 32768 keys: at least 16 splits so the stage-1 grid covers the SMs."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     _, splits = tp.choose_split_len(1, 8, 32768, sms, 64)
-    assert splits >= min(tp.MAX_SPLITS, math.ceil(2 * sms / 8)) and splits >= 16
+    assert splits >= min(tp.MAX_SPLITS, math.ceil(tp.WAVES * sms / 8)) and splits >= 16
 
 
 def _decode_inputs(dtype=torch.bfloat16, seed=0, layout="NHD"):

@@ -10,6 +10,9 @@ positions ``>= seq_len`` (block ids included) are masked, so unused pages, unuse
 ``block_tables`` are never read. It writes the normalized partial output ``[group, D]`` and its log2-sum-exp
 to the float32 workspace; an empty split writes 0 and ``-inf``.
 
+With one split (large batches: the grid is full without splitting) stage 1 stores the normalized output directly
+in the output's dtype and stage 2 is not launched.
+
 Stage 2, grid ``(B, Hq)``: merges the S partials of one (sequence, query head) with weights
 ``2^(lse_s - max lse)`` (empty splits weigh 0) and stores the result in the output's dtype.
 
@@ -61,12 +64,14 @@ def paged_decode_split(
     stride_qb, stride_qh,
     stride_blk, stride_kv, stride_pos, stride_head,
     stride_bt, split_len, page, group, num_splits,
-    stride_wb, stride_wh, stride_ws,  # workspace out [B, Hq, S, D] (contiguous)
+    stride_wb, stride_wh, stride_ws,  # workspace out [B, Hq, S, D] (contiguous); DIRECT: the output's strides
     stride_lb,  # workspace lse [B, Hq, S] (contiguous): Hq * S
     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+    INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr,
 ):
-    """Stage 1 (see the module docstring). Strides are in elements."""
+    """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is the
+    output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype and there is
+    no lse and no stage 2."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -100,9 +105,14 @@ def paged_decode_split(
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-    w_off = b * stride_wb + heads * stride_wh + s * stride_ws
-    tl.store(ws_out_ptr + w_off[:, None] + d[None, :], out, mask=g_ok[:, None] & d_ok[None, :])
-    tl.store(ws_lse_ptr + b * stride_lb + heads * num_splits + s, lse, mask=g_ok)
+    if DIRECT:
+        o_off = b * stride_wb + heads * stride_wh
+        tl.store(ws_out_ptr + o_off[:, None] + d[None, :], out.to(ws_out_ptr.dtype.element_ty),
+                 mask=g_ok[:, None] & d_ok[None, :])
+    else:
+        w_off = b * stride_wb + heads * stride_wh + s * stride_ws
+        tl.store(ws_out_ptr + w_off[:, None] + d[None, :], out, mask=g_ok[:, None] & d_ok[None, :])
+        tl.store(ws_lse_ptr + b * stride_lb + heads * num_splits + s, lse, mask=g_ok)
 
 
 @triton.jit(do_not_specialize=["num_heads", "num_splits"])

@@ -4,7 +4,8 @@ FlashDecoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context 
 ``triton_decode_attention`` is the same two-stage shape): stage 1 splits every sequence's KV into S ranges and
 runs one program per (sequence, KV head, split) holding all the query heads of the KV head's GQA group as one
 tile, online softmax in float32, writing a partial output and its log-sum-exp to a float32 workspace; stage 2
-merges the S partials. The Triton code is in ``_paged_kernels.py``, imported on the first call (only after
+merges the S partials (with one split, stage 1 writes the output and stage 2 is skipped). Tile size, split
+count and launch config follow an H200 search (``benchmarks/tune_paged_decode.py``). The Triton code is in ``_paged_kernels.py``, imported on the first call (only after
 ``import triton`` succeeded in the backend's probe).
 
 Graph-safe: no host read of ``seq_lens``/``block_tables``; the grid ``(B, Hkv, S)`` and ``S`` come from shapes
@@ -38,16 +39,33 @@ MAX_SPLITS = 32
 """Most KV splits per sequence (stage 2 merges them in one tile)."""
 MIN_TILES_PER_SPLIT = 2
 """A split covers at least this many ``BLOCK_N`` tiles (short splits cost more in the merge than they save)."""
-WAVES = 2
-"""Stage 1 aims at ``WAVES * SM count`` programs so small batches with long contexts fill the GPU."""
+WAVES = 4
+"""Stage 1 aims at ``WAVES * SM count`` programs so small batches with long contexts fill the GPU (H200 search,
+``benchmarks/results/paged_decode_tuning.md``: 4 waves beat 2 on every shape with fewer than 4 * 132
+(sequence, KV head) pairs; more splits than that cost more in the merge than they gain)."""
+TILE_BYTES = 32768
+"""Bytes of one ``[BLOCK_N, D]`` K tile: the H200 search found the largest tile that keeps K and V of two to three
+pipeline stages in shared memory the fastest (bf16/fp16: 128 positions for D <= 128, 64 for D = 256)."""
+BLOCK_N_MAX = 128
 
 
 _KERNELS = LazyModule("_paged_kernels")
 
 
-def block_n_for(head_dim: int) -> int:
-    """KV positions per stage-1 step: 64, or 32 for head dims above 128 (register budget of the K/V tiles)."""
-    return 32 if next_pow2(head_dim) > 128 else 64
+def block_n_for(head_dim: int, itemsize: int = 2) -> int:
+    """KV positions per stage-1 step: the most positions (a power of two in ``[16, 128]``) whose K tile
+    ``[BLOCK_N, next_pow2(D)]`` fits :data:`TILE_BYTES` at ``itemsize`` bytes per element.
+
+    >>> block_n_for(128), block_n_for(256), block_n_for(128, 4), block_n_for(64)
+    (128, 64, 64, 128)
+    """
+    return max(16, min(BLOCK_N_MAX, TILE_BYTES // (max(16, next_pow2(head_dim)) * itemsize)))
+
+
+def launch_config(head_dim: int) -> dict[str, int]:
+    """Stage-1 ``num_warps`` / ``num_stages`` (measured on the H200): 4 warps; 2 pipeline stages for head dims
+    above 128 (three 64 KB K+V stages would not fit shared memory), Triton's default below."""
+    return {"num_warps": 4, "num_stages": 2} if next_pow2(head_dim) > 128 else {"num_warps": 4}
 
 
 @functools.lru_cache(maxsize=16)
@@ -70,7 +88,7 @@ def choose_split_len(batch: int, num_kv_heads: int, max_kv_len: int, sms: int, b
 
     >>> choose_split_len(1, 8, 32768, 132, 64)   # one long sequence on an H100/H200: 32 splits of 1024 tokens
     (1024, 32)
-    >>> choose_split_len(64, 8, 4096, 132, 64)   # big batch: one split
+    >>> choose_split_len(128, 8, 4096, 132, 128)  # big batch: 1024 (sequence, head) pairs fill the GPU alone
     (4096, 1)
     """
     tiles = max(1, math.ceil(max_kv_len / block_n))
@@ -86,7 +104,7 @@ def workspace_bytes(ctx: SelectionContext) -> int:
     """Upper bound of the float32 workspace (partial outputs ``[B, Hq, S, D]`` + lse ``[B, Hq, S]``) in bytes for
     every call of ``ctx``'s bucket (``ctx.batch`` and ``ctx.seq_len_kv`` are bucket upper bounds)."""
     b, hq, hkv, d = ctx.batch or 1, ctx.num_heads_q or 1, ctx.num_heads_kv or 1, ctx.head_dim or 1
-    bn = block_n_for(d)
+    bn = block_n_for(d, ctx.dtype.itemsize if isinstance(ctx.dtype, torch.dtype) else 2)
     tiles = max(1, math.ceil((ctx.seq_len_kv or 1) / bn))
     cap = max(1, min(MAX_SPLITS, tiles, max(1, tiles // MIN_TILES_PER_SPLIT)))
     sms = ctx.device.multiprocessor_count or 1
@@ -115,8 +133,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         kv_layout: ``"NHD"`` or ``"HND"``.
         num_splits: force the number of KV splits (default: :func:`choose_split_len` from the shapes and SM count).
         block_n: KV positions per stage-1 step (power of two >= 16; default :func:`block_n_for`).
-        num_warps, num_stages: stage-1 launch config (default: 4 warps for head dims <= 128, else 8; Triton's
-            default stages). Knobs for ``benchmarks/tune_paged_decode.py``.
+        num_warps, num_stages: stage-1 launch config (default :func:`launch_config`). Knobs for
+            ``benchmarks/tune_paged_decode.py``.
 
     Returns:
         ``[B, Hq, D]`` in q's dtype. Cache slots past ``seq_lens[b]`` and unused blocks never reach it (masked loads:
@@ -139,7 +157,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise _bad("last strides of q and kv_cache", "1 (contiguous head_dim)",
                    f"q {q.stride(-1)}, kv_cache {kv_cache.stride(-1)}", "Call .contiguous() first.")
-    bn = block_n_for(d) if block_n is None else int(block_n)
+    bn = block_n_for(d, q.element_size()) if block_n is None else int(block_n)
     if bn < 16 or bn & (bn - 1):
         raise _bad("block_n", "a power of two >= 16", bn)
     out = torch.empty(batch, hq, d, dtype=q.dtype, device=q.device)
@@ -147,25 +165,34 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         return out
     split_len, splits = choose_split_len(batch, hkv, block_tables.shape[1] * page, sm_count(q.device), bn,
                                          num_splits)
-    ws_out = torch.empty(batch, hq, splits, d, dtype=torch.float32, device=q.device)
-    ws_lse = torch.empty(batch, hq, splits, dtype=torch.float32, device=q.device)
+    direct = splits == 1  # stage 1 stores the output itself: no workspace, no stage 2
+    if direct:
+        ws_out, ws_lse, ws_strides = out, out, (out.stride(0), out.stride(1), 0)
+    else:
+        ws_out = torch.empty(batch, hq, splits, d, dtype=torch.float32, device=q.device)
+        ws_lse = torch.empty(batch, hq, splits, dtype=torch.float32, device=q.device)
+        ws_strides = ws_out.stride()[:3]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     st = kv_cache.stride()
     stride_pos, stride_head = (st[3], st[2]) if hnd else (st[2], st[3])
     d_pad = max(16, next_pow2(d))
     interpret = type(kern.paged_decode_split).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1 (CPU tests)
+    config = launch_config(d)
+    if num_warps is not None:
+        config["num_warps"] = int(num_warps)
+    if num_stages is not None:
+        config["num_stages"] = int(num_stages)
     kern.paged_decode_split[(batch, hkv, splits)](
         q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, scale * kern.LOG2E,
         q.stride(0), q.stride(1), st[0], st[1], stride_pos, stride_head,
-        block_tables.stride(0), split_len, page, group, splits,
-        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0),
+        block_tables.stride(0), split_len, page, group, splits, *ws_strides, hq * splits,
         GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
         INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
-        UPCAST=interpret and q.dtype == torch.bfloat16, num_warps=num_warps or (4 if d_pad <= 128 else 8),
-        **({} if num_stages is None else {"num_stages": int(num_stages)}))
-    kern.paged_decode_merge[(batch, hq)](
-        ws_out, ws_lse, out, out.stride(0), out.stride(1), ws_out.stride(0), ws_out.stride(1), ws_out.stride(2),
-        hq, splits, HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), num_warps=4)
+        UPCAST=interpret and q.dtype == torch.bfloat16, DIRECT=direct, **config)
+    if not direct:
+        kern.paged_decode_merge[(batch, hq)](
+            ws_out, ws_lse, out, out.stride(0), out.stride(1), *ws_strides, hq, splits, HEAD_DIM=d, D_PAD=d_pad,
+            S_PAD=next_pow2(splits), num_warps=4)
     return out
 
 
