@@ -9,7 +9,9 @@ sweep builds: seq_lens in ``[0.75, 1] * Skv``, scattered pages of 16), side by s
    num_stages) at the best of those. Every config's output is compared with the default config's (which the GPU
    tests check against float64) before it is timed.
 
-Timing is the sweep's (``lz.tune``'s harness: CUDA events, median after outlier removal). Usage::
+Timing is the sweep's (``lz.tune``'s harness: CUDA events, median after outlier removal); the Triton configs
+are replayed from a CUDA graph of 10 calls (kernel time: eager calls of small shapes measure host launch time),
+the copy and FlashInfer (not graph-safe) run eagerly. Usage::
 
     PYTHONPATH=src:benchmarks python benchmarks/tune_paged_decode.py --out results/paged_decode_tuning
 
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _sweep_measure import graph_callee
 from _sweep_shapes import build_inputs, full_shapes
 
 import layerzero as lz
@@ -41,10 +44,14 @@ from layerzero.tuning import bind, sample_stats, time_kernel
 FLASHINFER = "flashinfer.paged_attention"
 
 
-def _time(fn, device: torch.device) -> float:
-    """Median µs per call of ``fn()`` (sweep settings: 3 warm-up calls, samples of 10 calls)."""
-    samples = time_kernel(fn, (), device, warmup=3, iters=10, repeats=10, max_time_s=0.25)
-    return sample_stats(samples).median_us
+def _time(fn, device: torch.device, graph: bool = False) -> float:
+    """Median µs per call of ``fn()`` (sweep settings: 3 warm-up calls, samples of 10 calls). ``graph``: replay
+    ``fn`` captured 10 times in one CUDA graph (kernel time without host launch overhead, as decode is served)."""
+    if not graph:
+        return sample_stats(time_kernel(fn, (), device, warmup=3, iters=10, repeats=10, max_time_s=0.25)).median_us
+    callee = graph_callee({}, fn, device)
+    samples = time_kernel(callee.fn, (), device, warmup=3, iters=5, repeats=10, max_time_s=0.25)
+    return sample_stats([x / callee.calls for x in samples]).median_us
 
 
 def _flashinfer(inputs) -> Any:
@@ -86,7 +93,7 @@ def search(shape, device: torch.device, rows: list[dict[str, Any]]) -> dict[str,
                              us="", gbps="", error=f"{type(exc).__name__}: {str(exc)[:120]}"))
             return None
         err = float(((out.float() - ref.float()).abs() / (1 + ref.float().abs())).max())
-        us = _time(fn, device)
+        us = _time(fn, device, graph=True)
         rows.append(dict(shape=shape.label(), splits=splits, block_n=bn, warps=warps, stages=stages,
                          us=round(us, 2), gbps=round(kv / us / 1e3, 1), error=f"max rel diff {err:.2e}"
                          if err > 2e-2 else ""))
