@@ -101,7 +101,7 @@ def search(shape, device: torch.device, rows: list[dict[str, Any]]) -> dict[str,
 
     default_us = run(default_split, default_bn, None, None)
     tiles = -(-max_kv // 16)
-    split_opts = [s for s in (1, 2, 4, 8, 16, 32) if s <= tiles]
+    split_opts = [s for s in (1, 2, 3, 4, 6, 8, 16, 32) if s <= tiles]
     bn_opts = [bn for bn in (16, 32, 64, 128) if not (bn == 128 and d > 128)]
     best = (default_us or float("inf"), default_split, default_bn, None, None)
     for splits, bn in itertools.product(split_opts, bn_opts):
