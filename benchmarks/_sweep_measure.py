@@ -46,13 +46,15 @@ GRAPH_CALLS = 10
 COLUMNS = ("shape_id", "op", "phase", "B", "Sq", "Skv", "Hq", "Hkv", "D", "dtype", "page", "kernel_id", "row_kind",
            "status", "correct", "max_rel_err", "first_ms", "check_ms", "median_us", "p95_us", "samples", "tuned_median_us",
            "tuned_p95_us", "is_pick_default", "is_pick_tuned", "is_sdpa_default", "kv_bytes", "gbps", "tuned_by",
-           "sdpa_kernel", "detail")
+           "sdpa_kernel", "graph_us", "tuned_graph_us", "detail")
 """sweep.csv columns. row_kind: ``kernel`` (a registered kernel, bound bare), ``sdpa_default``, ``lz_call``,
 ``copy``, and for paged decode at B >= 64 ``lz_graph`` (the lz call replayed from a CUDA graph of
 :data:`GRAPH_CALLS` calls: kernel time without host overhead; it runs the graph-safe kernel selection picks
 under capture). The copy stays eager: captured in a graph, a device-to-device copy runs as a memcpy node at
 ~2.7 TB/s on the H200 instead of ~4.2 TB/s, which would flatter the kernels. sdpa_kernel (SDPA default row):
-the sub-backend SDPA itself runs for these inputs (``torch._fused_sdp_choice``). status: ``ok`` (checked and
+the sub-backend SDPA itself runs for these inputs (``torch._fused_sdp_choice``). graph_us / tuned_graph_us
+(attention shapes on CUDA, the pick's row and the SDPA default row of that pass): µs per call replayed from a
+CUDA graph (kernel time without host launch time; empty when the callable cannot be captured). status: ``ok`` (checked and
 timed), ``incorrect``, ``error``, ``skipped``. µs per call; gbps in GB/s (1e9 bytes/s): KV bytes read / time
 for kernels, (read + write) / time for the copy."""
 
@@ -141,12 +143,30 @@ def sdpa_choice(shape: Shape, inputs: Inputs) -> str:
     private function SDPA itself dispatches on; ``""`` when it is missing or fails)."""
     q, k, v = inputs.args
     try:
-        choice = torch._fused_sdp_choice(q, k, v, None, 0.0, inputs.kwargs["is_causal"], None,
+        choice = torch._fused_sdp_choice(q, k, v, None, 0.0, inputs.kwargs["is_causal"], scale=None,
                                          enable_gqa=shape.hq != shape.hkv)
         from torch.nn.attention import SDPBackend
         return SDPA_KERNELS.get(SDPBackend(choice).name, SDPBackend(choice).name)
     except Exception:  # noqa: BLE001 - private API: the column stays empty
         return ""
+
+
+def fill_sdpa_choice(rows: list[dict[str, Any]], device: torch.device) -> int:
+    """Fill an empty ``sdpa_kernel`` of every SDPA-default row (a CSV written before the column was filled) from
+    the shape's inputs rebuilt on ``device``; returns how many rows were filled. The choice depends on shapes,
+    dtypes and the device only, so the rows' measurements stay valid."""
+    done = 0
+    for r in rows:
+        if r["row_kind"] != "sdpa_default" or r.get("sdpa_kernel"):
+            continue
+        shape = Shape(r["phase"], int(r["B"]), int(r["Sq"]), int(r["Skv"]), int(r["Hq"]), int(r["Hkv"]), int(r["D"]),
+                      r["dtype"])
+        inputs = build_inputs(shape, device)
+        r["sdpa_kernel"] = sdpa_choice(shape, inputs)
+        done += bool(r["sdpa_kernel"])
+        del inputs
+        _free(device)
+    return done
 
 
 def graph_callee(row: dict[str, Any], fn: Callable[[], Any], device: torch.device) -> _Callee:
@@ -169,6 +189,29 @@ def graph_callee(row: dict[str, Any], fn: Callable[[], Any], device: torch.devic
                                                                            if served else ""))
     row["_graph"] = graph  # keeps the graph (and its pool) alive while it is timed
     return _Callee(row, graph.replay, (), calls=GRAPH_CALLS)
+
+
+def graph_kernel_times(pairs: list[tuple[dict[str, Any], Callable[[], Any]]], device: torch.device,
+                       timing: Timing, column: str) -> None:
+    """Kernel time of each ``(row, fn)``: ``fn`` captured :data:`GRAPH_CALLS` times in a CUDA graph, the replays
+    timed interleaved in ``timing.rounds`` rounds; µs per call into ``row[column]``. A callable that cannot be
+    captured (e.g. it plans on the host) keeps an empty column."""
+    callees = []
+    for row, fn in pairs:
+        try:
+            callees.append(graph_callee({}, fn, device))
+            callees[-1].row.update(_target=row)
+        except Exception:  # noqa: BLE001 - not capturable: no kernel time, the eager time stands
+            _free(device)
+    samples: dict[int, list[float]] = {i: [] for i in range(len(callees))}
+    for r in range(timing.rounds):
+        for i, c in enumerate(callees):
+            samples[i] += time_kernel(c.fn, (), device, warmup=2 if r == 0 else 1, iters=max(1, timing.iters // 2),
+                                      repeats=timing.repeats, max_time_s=timing.max_time_s)
+    for i, c in enumerate(callees):
+        c.row["_target"][column] = round(sample_stats([x / c.calls for x in samples[i]]).median_us, 3)
+    del callees
+    _free(device)
 
 
 def _graph_callees(shape: Shape, shape_id: int, inputs: Inputs, device: torch.device,
@@ -300,6 +343,26 @@ def _copy_callee(shape: Shape, shape_id: int, inputs: Inputs) -> _Callee:
     return _Callee(row, dst.copy_, (src,))
 
 
+def _pick_and_sdpa_graph_times(shape: Shape, timed: list[_Callee], device: torch.device, timing: Timing,
+                               pick_flag: str, column: str) -> None:
+    """Attention shapes on CUDA: the pick's and SDPA's default kernel time from CUDA-graph replays (the target
+    compares kernel times; eager times of launch-bound shapes measure the host)."""
+    if shape.paged or device.type != "cuda":
+        return
+
+    def graph_safe(row: dict[str, Any]) -> bool:  # only kernels declared graph-safe are captured
+        return row["row_kind"] == "sdpa_default" or RUNTIME.registry.kernel(row["kernel_id"], shape.op).graph_safe
+
+    pairs = [(c.row, (lambda c=c: c.fn(*c.args))) for c in timed if c.row["status"] == "ok"
+             and (c.row["row_kind"] == "sdpa_default" or (c.row["row_kind"] == "kernel" and c.row[pick_flag]))]
+    if len(pairs) == 2 and all(graph_safe(r) for r, _ in pairs):
+        try:
+            graph_kernel_times(pairs, device, timing, column)
+        except Exception as exc:  # noqa: BLE001 - the eager comparison stands
+            _free(device)
+            log.warning("sweep %s: CUDA-graph kernel timing failed (%s: %s)", shape.label(), type(exc).__name__, exc)
+
+
 def measure_shape(shape: Shape, shape_id: int, device: torch.device, timing: Timing) -> list[dict[str, Any]]:
     """Pass 1 (default mode, fresh PerfDB set by the caller): check and time every eligible kernel, SDPA's
     default, the lz call and (paged decode, B >= 64) the copy; one row per callable (see :data:`COLUMNS`).
@@ -314,6 +377,7 @@ def measure_shape(shape: Shape, shape_id: int, device: torch.device, timing: Tim
         timed.append(_copy_callee(shape, shape_id, inputs))
         timed += _graph_callees(shape, shape_id, inputs, device)
     _time_all(timed, device, timing, tuned=False)
+    _pick_and_sdpa_graph_times(shape, timed, device, timing, "is_pick_default", "graph_us")
     lz_row = next(c.row for c in callees if c.row["row_kind"] == "lz_call")
     lz_row["detail"] = f"picked {pick}"
     rows += [c.row for c in callees]
@@ -394,6 +458,7 @@ def retime_shape(shape: Shape, rows: list[dict[str, Any]], device: torch.device,
     if not any(r["is_pick_tuned"] for r in rows):
         log.warning("sweep %s: the tuned pick %s is not among the kernels of pass 1", shape.label(), pick)
     _time_all(todo, device, timing, tuned=True)
+    _pick_and_sdpa_graph_times(shape, todo, device, timing, "is_pick_tuned", "tuned_graph_us")
     for r in rows:
         r.pop("_graph", None)
     del inputs, callees, todo

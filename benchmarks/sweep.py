@@ -40,10 +40,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _sweep_measure import COLUMNS, Timing, measure_shape, retime_shape, tune_shape  # noqa: E402
+from _sweep_measure import COLUMNS, Timing, fill_sdpa_choice, measure_shape, retime_shape, tune_shape  # noqa: E402
 from _sweep_report import (  # noqa: E402
     collect_env,
     compute_targets,
+    read_csv,
     summarize,
     write_csv,
     write_env,
@@ -163,6 +164,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     p.add_argument("--max-minutes", type=float, default=7.0, help="time budget in minutes (default 7)")
     p.add_argument("--limit", type=int, default=None, help="only the first N shapes")
+    p.add_argument("--skip", type=int, default=0, help="leave out the first N shapes (after --phases)")
     p.add_argument("--phases", nargs="+", default=None, help="only these phases (prefill decode paged_decode "
                    "paged_append)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (default 3)")
@@ -178,6 +180,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="before timing, compile every JIT kernel (FlashInfer, Triton) in N parallel worker "
                         "processes (CUDA only; outside the --max-minutes budget)")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
+    p.add_argument("--fill-sdpa-choice", type=Path, default=None, metavar="CSV",
+                   help="only fill the empty sdpa_kernel column of an existing sweep.csv (SDPA's own sub-backend "
+                        "per shape, from torch._fused_sdp_choice on this device) and rewrite it into --out")
     return p
 
 
@@ -191,9 +196,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if device.type == "cpu":
         torch.set_num_threads(args.cpu_threads)  # one thread: far less noise on a shared machine
+    if args.fill_sdpa_choice is not None:
+        rows = read_csv(args.fill_sdpa_choice)
+        n = fill_sdpa_choice(rows, device)
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_csv(args.out / "sweep.csv", rows, COLUMNS)
+        _say(f"filled sdpa_kernel of {n} rows -> {args.out / 'sweep.csv'}")
+        return 0
     shapes = quick_shapes() if args.quick else full_shapes()
     if args.phases:
         shapes = [s for s in shapes if s.phase in args.phases]
+    shapes = shapes[args.skip:]
     shapes = shapes[: args.limit] if args.limit else shapes
     timing = Timing(iters=args.iters, repeats=args.repeats, rounds=args.rounds, scores_gib_max=args.scores_gib_max,
                     exclude=tuple(args.exclude))

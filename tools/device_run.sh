@@ -6,6 +6,7 @@
 #   dispatch  benchmarks/bench_dispatch.py --device cuda
 #   norms     benchmarks/bench_norm_rope.py --device cuda (rms_norm / rope / sampling kernels through lz.tune)
 #   sweep     benchmarks/sweep.py (args in $SWEEP_ARGS)
+#   sdpa-fill fill the sdpa_kernel column of the sweep CSV at $FILL_CSV (a run made before it was filled)
 #   paged-tune benchmarks/tune_paged_decode.py (triton.paged_decode launch-config search; args in $TUNE_ARGS)
 #   fi-export pack the FlashInfer modules (carried + built in this call) into $OUT/fi_aot.txz (carry it back as
 #             .fi_aot/fi_aot.txz: xz shrinks them ~12x; at most 8 files come back from a call)
@@ -30,6 +31,7 @@ for stage in "$@"; do
     gpu-all) timeout ${GPU_TIMEOUT:-470} python3 -m pytest -q -p no:cacheprovider -m gpu -rs --durations=25 $XDIST ${GPU_ARGS:-} tests 2>&1 | tee "$OUT/gpu-all.txt" | tail -80 ;;
     norms) timeout 150 python3 benchmarks/bench_norm_rope.py --device cuda --out "$OUT/norm_rope.md" 2>&1 | tail -5 ;;
     dispatch) python3 benchmarks/bench_dispatch.py --device cuda 2>&1 | tee "$OUT/dispatch.txt" | tail -30 ;;
+    sdpa-fill) python3 benchmarks/sweep.py --device cuda --fill-sdpa-choice "$FILL_CSV" --out "$OUT/filled" 2>&1 | tail -3 ;;
     paged-tune) python3 benchmarks/tune_paged_decode.py --out "$OUT/paged_tune" ${TUNE_ARGS:-} 2>&1 | tail -40 ;;
     sweep) python3 benchmarks/sweep.py --device cuda --out "$OUT/sweep" ${SWEEP_ARGS:-} 2>&1 | tail -120 ;;
     fi-export) mkdir -p /tmp/fi_export && cp -r $AOT/. /tmp/fi_export/ 2>/dev/null

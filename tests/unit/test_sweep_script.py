@@ -149,6 +149,13 @@ def test_summary_and_targets_on_a_hand_worked_table():
     main = next(x for x in targets if x.mode == "default" and x.name == sdpa)
     same = next(x for x in targets if x.mode == "default" and x.name.endswith("SDPA's kernel"))
     assert main.value == pytest.approx(100 / 90) and main.verdict() == "FAIL"   # shape 0 only
+    # CUDA-graph kernel times, when both the pick and SDPA have them, replace the eager medians
+    graphed = [dict(r) for r in HAND]
+    graphed[0]["graph_us"], graphed[3]["graph_us"] = "50", "51"
+    g0 = report.summarize(graphed, "default")[0]
+    assert g0["sdpa_ratio"] == pytest.approx(50 / 51) and g0["sdpa_by_graph"] and not s0["sdpa_by_graph"]
+    gmain = next(x for x in report.compute_targets(graphed) if x.mode == "default" and x.name == sdpa)
+    assert gmain.verdict() == "PASS" and "1 compared by CUDA-graph" in gmain.detail
     assert same.value == pytest.approx(21 / 20) and same.verdict() == "info" and "1 shapes" in same.detail
     graph, eager = t("default", "paged decode B>=64 (CUDA graph)"), t("default", "paged decode B>=64 (eager")
     assert graph.value == pytest.approx((4e6 / 12e-6) / (8e6 / 25e-6)) and graph.verdict() == "PASS"   # 1.04
@@ -237,3 +244,21 @@ def test_plot_writes_a_png(tmp_path):
     report.write_csv(tmp_path / "sweep.csv", HAND, COLUMNS)
     out = plot_sweep.plot(tmp_path / "sweep.csv", tmp_path / "sweep.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sdpa_choice_names_the_sub_backend_sdpa_runs(tmp_path):
+    """torch._fused_sdp_choice on CPU inputs names a torch_sdpa kernel; --fill-sdpa-choice fills old CSV rows."""
+    from _sweep_measure import SDPA_KERNELS, fill_sdpa_choice, sdpa_choice
+
+    shape = shapes.Shape("decode", 2, 1, 64, 4, 2, 16, "float32")
+    inputs = shapes.build_inputs(shape, torch.device("cpu"))
+    kid = sdpa_choice(shape, inputs)
+    assert kid in SDPA_KERNELS.values(), kid
+    rows = [_row(0, "decode", SDPA_DEFAULT, "sdpa_default", sdpa=True), _row(0, "decode", "k.A", "kernel")]
+    rows[0].update(Skv="64", Hq="4", Hkv="2", D="16", dtype="float32", B="2")
+    assert fill_sdpa_choice(rows, torch.device("cpu")) == 1
+    assert rows[0]["sdpa_kernel"] == kid and rows[1]["sdpa_kernel"] == ""
+    report.write_csv(tmp_path / "old.csv", [dict(r, sdpa_kernel="") for r in rows], COLUMNS)
+    assert sweep.main(["--device", "cpu", "--fill-sdpa-choice", str(tmp_path / "old.csv"),
+                       "--out", str(tmp_path / "new")]) == 0
+    assert report.read_csv(tmp_path / "new" / "sweep.csv")[0]["sdpa_kernel"] == kid
