@@ -143,20 +143,19 @@ def test_summary_and_targets_on_a_hand_worked_table():
     assert t("default", "pick / fastest, geomean").verdict() == "FAIL"
     assert t("default", "pick / fastest, worst").value == pytest.approx(0.8)
     assert t("default", "pick / fastest, worst").verdict() == "FAIL"
-    sdpa = "pick / SDPA default (kernel time), max"
-    assert [x.name for x in targets if x.mode == "default" and x.name.startswith(sdpa)] == [
-        sdpa, sdpa + " where the pick IS SDPA's kernel"]
+    sdpa = "pick / SDPA default (bare kernel, eager), max"
     main = next(x for x in targets if x.mode == "default" and x.name == sdpa)
-    same = next(x for x in targets if x.mode == "default" and x.name.endswith("SDPA's kernel"))
+    same = next(x for x in targets if x.mode == "default" and x.name.endswith("IS SDPA's kernel"))
     assert main.value == pytest.approx(100 / 90) and main.verdict() == "FAIL"   # shape 0 only
-    # CUDA-graph kernel times, when both the pick and SDPA have them, replace the eager medians
+    assert same.value == pytest.approx(21 / 20) and same.verdict() == "info" and "1 shapes" in same.detail
+    assert not any("CUDA-graph kernel time" in x.name for x in targets)      # no graph times in HAND
+    # CUDA-graph kernel times of the pick and SDPA: an info ratio next to the eager one
     graphed = [dict(r) for r in HAND]
     graphed[0]["graph_us"], graphed[3]["graph_us"] = "50", "51"
     g0 = report.summarize(graphed, "default")[0]
-    assert g0["sdpa_ratio"] == pytest.approx(50 / 51) and g0["sdpa_by_graph"] and not s0["sdpa_by_graph"]
-    gmain = next(x for x in report.compute_targets(graphed) if x.mode == "default" and x.name == sdpa)
-    assert gmain.verdict() == "PASS" and "1 compared by CUDA-graph" in gmain.detail
-    assert same.value == pytest.approx(21 / 20) and same.verdict() == "info" and "1 shapes" in same.detail
+    assert g0["graph_sdpa_ratio"] == pytest.approx(50 / 51) and s0["graph_sdpa_ratio"] is None
+    info = next(x for x in report.compute_targets(graphed) if x.mode == "default" and "CUDA-graph kernel" in x.name)
+    assert info.value == pytest.approx(50 / 51) and info.verdict() == "info"
     graph, eager = t("default", "paged decode B>=64 (CUDA graph)"), t("default", "paged decode B>=64 (eager")
     assert graph.value == pytest.approx((4e6 / 12e-6) / (8e6 / 25e-6)) and graph.verdict() == "PASS"   # 1.04
     assert "(k.K)" in graph.detail
