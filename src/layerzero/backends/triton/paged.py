@@ -169,8 +169,9 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     if direct:
         ws_out, ws_lse, ws_strides = out, out, (out.stride(0), out.stride(1), 0)
     else:
-        ws_out = torch.empty(batch, hq, splits, d, dtype=torch.float32, device=q.device)
-        ws_lse = torch.empty(batch, hq, splits, dtype=torch.float32, device=q.device)
+        rows = batch * hq * splits  # one allocation: partial outputs [B, Hq, S, D], then lse [B, Hq, S]
+        ws = torch.empty(rows * (d + 1), dtype=torch.float32, device=q.device)
+        ws_out, ws_lse = ws[: rows * d].view(batch, hq, splits, d), ws[rows * d:].view(batch, hq, splits)
         ws_strides = ws_out.stride()[:3]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     st = kv_cache.stride()
