@@ -5,8 +5,8 @@ FlashDecoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context 
 runs one program per (sequence, KV head, split) holding all the query heads of the KV head's GQA group as one
 tile, online softmax in float32, writing a partial output and its log-sum-exp to a float32 workspace; stage 2
 merges the S partials (with one split, stage 1 writes the output and stage 2 is skipped). Tile size, split
-count and launch config follow an H200 search (``benchmarks/tune_paged_decode.py``). The Triton code is in ``_paged_kernels.py``, imported on the first call (only after
-``import triton`` succeeded in the backend's probe).
+count and launch config follow an H200 search (``benchmarks/tune_paged_decode.py``). The Triton code is in
+``_paged_kernels.py``, imported on the first call (only after ``import triton`` succeeded in the backend's probe).
 
 Graph-safe: no host read of ``seq_lens``/``block_tables``; the grid ``(B, Hkv, S)`` and ``S`` come from shapes
 only (``max_blocks * P`` is the upper bound of every seq_len), the workspace is a ``torch.empty`` per call (the
