@@ -14,14 +14,15 @@ import importlib
 import importlib.metadata
 import io
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from layerzero.core.errors import BackendNotAvailableError
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import BackendSpec
 
-__all__ = ["dist_version", "import_modules", "unavailable_backend"]
+__all__ = ["dist_version", "import_modules", "missing_kernel", "unavailable_backend", "unavailable_why"]
 
 
 def import_modules(package: str, names: Sequence[str], install_hint: str) -> tuple[list[ModuleType], Reason | None]:
@@ -63,3 +64,25 @@ def unavailable_backend(backend_id: str, import_name: str, description: str, rea
     logging.getLogger(f"layerzero.backends.{backend_id}").info("%s backend unavailable: %s", backend_id,
                                                                 reason.message)
     return BackendSpec(backend_id, import_name, version, False, (reason,), description)
+
+
+def unavailable_why(backend: BackendSpec, default: str) -> str:
+    """The reasons of an unavailable ``backend`` as one line (``default`` when it carries none), for
+    :func:`missing_kernel` and log messages."""
+    return "; ".join(r.message for r in backend.reasons) or default
+
+
+def missing_kernel(kernel_id: str, why: str, install_hint: str) -> Callable[..., Any]:
+    """The callable of a kernel whose backend is unusable. Selection never picks it (its backend is unavailable);
+    a lock or a direct call of the spec's ``fn`` reaches it.
+
+    Raises:
+        BackendNotAvailableError: on every call, with ``why`` and ``install_hint``.
+    """
+
+    def run(*args: Any) -> Any:
+        raise BackendNotAvailableError(
+            f"{kernel_id} cannot run: {why}. Install it ({install_hint}) or let LayerZero pick another kernel.")
+
+    run.__name__ = kernel_id.replace(".", "_") + "_missing"
+    return run

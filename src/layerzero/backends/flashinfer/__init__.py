@@ -27,7 +27,7 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec
 from layerzero.core.versions import release
 
-from .._optional import dist_version, import_modules, unavailable_backend
+from .._optional import dist_version, import_modules, unavailable_backend, unavailable_why
 from .kernels import INSTALL_HINT, KERNEL_IDS, FlashInferKernels, kernel_specs
 from .plan import PlanCache, PlanStats, paged_csr, tensor_identity
 
@@ -87,7 +87,7 @@ def register(registry: KernelRegistry) -> None:
     p = probe()
     registry.add_backend(p.backend)
     kernels = FlashInferKernels(p.module) if p.module is not None else None
-    why = "; ".join(r.message for r in p.backend.reasons) or "flashinfer is not available"
+    why = unavailable_why(p.backend, "flashinfer is not available")
     for spec in kernel_specs(kernels, why):
         registry.add_kernel(spec)
 

@@ -41,13 +41,12 @@ only for Sq == Sk (FlashInfer aligns it bottom-right, lz.attention top-left like
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from layerzero.backends._optional import missing_kernel
 from layerzero.core.context import SelectionContext
-from layerzero.core.errors import BackendNotAvailableError
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec, Layout, MaskKind
 
@@ -228,15 +227,6 @@ class FlashInferKernels:
         return self.plans.run(key, kind, tensors, make, plan, lambda w: w.run(q, kv_cache))
 
 
-def _missing(kernel_id: str, why: str) -> Callable[..., Any]:
-    """The callable of a kernel whose library is absent; selection never picks it (its backend is
-    unavailable), so reaching it means someone called the spec's ``fn`` directly."""
-
-    def run(*args: Any) -> Any:
-        raise BackendNotAvailableError(f"{kernel_id} cannot run: {why}. Install it ({INSTALL_HINT}) or let "
-                                       "LayerZero pick another kernel.")
-
-    return run
 
 
 def kernel_specs(kernels: FlashInferKernels | None, why: str = "flashinfer is not available") -> list[KernelSpec]:
@@ -254,8 +244,8 @@ def kernel_specs(kernels: FlashInferKernels | None, why: str = "flashinfer is no
         device_types=CUDA, dtypes=HALF, sm_min=SM_MIN, supports_gqa=True, head_dim_min=HEAD_DIMS[0],
         head_dim_max=HEAD_DIMS[-1], head_dims_equal=True, supports_dropout=False, supports_backward=False,
         deterministic=False, graph_safe=False, workspace=_workspace)
-    att_fn = kernels.attention if kernels is not None else _missing(KERNEL_IDS[0], why)
-    paged_fn = kernels.paged_attention if kernels is not None else _missing(KERNEL_IDS[1], why)
+    att_fn = kernels.attention if kernels is not None else missing_kernel(KERNEL_IDS[0], why, INSTALL_HINT)
+    paged_fn = kernels.paged_attention if kernels is not None else missing_kernel(KERNEL_IDS[1], why, INSTALL_HINT)
     return [
         KernelSpec(
             KERNEL_IDS[0], "attention", att_fn, priority=PRIORITY_ATTENTION,

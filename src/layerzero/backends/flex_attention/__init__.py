@@ -25,6 +25,7 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec
 from layerzero.core.versions import release
 
+from .._optional import unavailable_why
 from .kernels import (
     CPU_KERNEL,
     CUDA_KERNEL,
@@ -113,8 +114,8 @@ def register(registry: KernelRegistry, probed: Probe | None = None) -> None:
     """
     p = probe() if probed is None else probed
     registry.add_backend(p.backend)
+    why = unavailable_why(p.backend, "")
     if p.api is None:
-        why = "; ".join(r.message for r in p.backend.reasons)
         cpu_fn = cuda_fn = missing(why)
     else:
         flex, create, block_mask_cls = p.api
@@ -123,7 +124,7 @@ def register(registry: KernelRegistry, probed: Probe | None = None) -> None:
     for spec in kernel_specs(cpu_fn, cuda_fn):
         registry.add_kernel(spec)
     if "paged_attention" in registry.ops:  # a registry built for attention alone gets the attention kernels only
-        registry.add_kernel(paged_spec(p.api, p.eager, "; ".join(r.message for r in p.backend.reasons)))
+        registry.add_kernel(paged_spec(p.api, p.eager, why))
 
 
 __all__ = ["BACKEND_ID", "CPU_KERNEL", "CUDA_KERNEL", "KERNEL_IDS", "MIN_TORCH", "PAGED_KERNEL", "PRIORITY",

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
+from layerzero.backends._optional import missing_kernel
 from layerzero.core.context import SelectionContext
-from layerzero.core.errors import BackendNotAvailableError
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
@@ -161,12 +161,6 @@ def _paged_check(ctx: SelectionContext) -> list[Reason]:
     return out
 
 
-def _missing(kernel_id: str, why: str) -> Callable[..., Any]:
-    def run(*args: Any) -> Any:
-        raise BackendNotAvailableError(
-            f"{kernel_id} cannot run: {why}. Install it ({INSTALL_HINT}) or let LayerZero pick another kernel.")
-
-    return run
 
 
 def kernel_specs(api: dict[str, Any] | None, why: str = "intel_extension_for_pytorch is not available"
@@ -184,12 +178,12 @@ def kernel_specs(api: dict[str, Any] | None, why: str = "intel_extension_for_pyt
     common: dict[str, Any] = dict(device_types=CPU, cpu_isa=ISA, deterministic=True)
     return [
         KernelSpec(KERNEL_IDS[0], "rms_norm",
-                   rms_norm_call(functional) if functional is not None else _missing(KERNEL_IDS[0], why),
+                   rms_norm_call(functional) if functional is not None else missing_kernel(KERNEL_IDS[0], why, INSTALL_HINT),
                    priority=PRIORITY_RMS, dtypes=FLOATS, supports_backward=False, graph_safe=True,
                    description="IPEX torch_ipex::rmsnorm / add_rmsnorm (AVX-512, fp32 math, weight multiply "
                                "before the cast)", check=_rms_check, **common),
         KernelSpec(KERNEL_IDS[1], "paged_attention",
-                   paged_attention_call(paged) if paged is not None else _missing(KERNEL_IDS[1], why),
+                   paged_attention_call(paged) if paged is not None else missing_kernel(KERNEL_IDS[1], why, INSTALL_HINT),
                    priority=PRIORITY_PAGED, dtypes=FLOATS, supports_backward=False, graph_safe=False,
                    description="IPEX PagedAttention: single_query_cached_kv_attention (decode, NHD/HND views) "
                                "and flash_attn_varlen_func (causal prefill/append, HND)",

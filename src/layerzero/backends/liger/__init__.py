@@ -19,7 +19,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec
 
-from .._optional import dist_version, import_modules, unavailable_backend
+from .._optional import dist_version, import_modules, unavailable_backend, unavailable_why
 from .kernels import INSTALL_HINT, KERNEL_IDS, kernel_specs
 
 log = logging.getLogger("layerzero.backends.liger")
@@ -82,7 +82,7 @@ def register(registry: KernelRegistry) -> None:
     """
     p = probe()
     registry.add_backend(p.backend)
-    why = "; ".join(r.message for r in p.backend.reasons) or "liger_kernel is not available"
+    why = unavailable_why(p.backend, "liger_kernel is not available")
     for spec in kernel_specs(p.functions, why):
         registry.add_kernel(spec)
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from layerzero.backends._optional import missing_kernel
 from layerzero.core.context import SelectionContext
 from layerzero.core.errors import BackendNotAvailableError
 from layerzero.core.reasons import Reason, ReasonCode
@@ -171,12 +172,6 @@ def _rope_check(partial: bool) -> Callable[[SelectionContext], list[Reason]]:
     return check
 
 
-def _missing(kernel_id: str, why: str) -> Callable[..., Any]:
-    def run(*args: Any) -> Any:
-        raise BackendNotAvailableError(
-            f"{kernel_id} cannot run: {why}. Install it ({INSTALL_HINT}) or let LayerZero pick another kernel.")
-
-    return run
 
 
 def kernel_specs(functions: dict[str, Any] | None, why: str = "liger_kernel is not available") -> list[KernelSpec]:
@@ -192,10 +187,10 @@ def kernel_specs(functions: dict[str, Any] | None, why: str = "liger_kernel is n
     silu_mul = functions.get("swiglu")
     common: dict[str, Any] = dict(device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, priority=PRIORITY,
                                   deterministic=True, graph_safe=False, supports_backward=True)
-    rms_fn = rms_norm_call(plain, fused) if plain is not None else _missing(KERNEL_IDS[0], why)
-    rope_fn = rope_call(rope) if rope is not None else _missing(KERNEL_IDS[1], why)
+    rms_fn = rms_norm_call(plain, fused) if plain is not None else missing_kernel(KERNEL_IDS[0], why, INSTALL_HINT)
+    rope_fn = rope_call(rope) if rope is not None else missing_kernel(KERNEL_IDS[1], why, INSTALL_HINT)
     swiglu_why = why if plain is None else "this liger_kernel has no LigerSiLUMulFunction (liger_kernel.ops.swiglu)"
-    swiglu_fn = swiglu_call(silu_mul) if silu_mul is not None else _missing(KERNEL_IDS[2], swiglu_why)
+    swiglu_fn = swiglu_call(silu_mul) if silu_mul is not None else missing_kernel(KERNEL_IDS[2], swiglu_why, INSTALL_HINT)
     return [
         KernelSpec(KERNEL_IDS[0], "rms_norm", rms_fn,
                    description="Liger LigerRMSNormFunction (Triton, llama casting, offset 0) and "

@@ -17,7 +17,7 @@ import logging
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec, KernelSpec
 
-from .._optional import dist_version, import_modules, unavailable_backend
+from .._optional import dist_version, import_modules, unavailable_backend, unavailable_why
 from . import norms, rope, sampling, swiglu
 from ._common import INSTALL_HINT
 
@@ -68,7 +68,7 @@ def register(registry: KernelRegistry) -> None:
     """
     backend = probe()
     registry.add_backend(backend)
-    why = "; ".join(r.message for r in backend.reasons) or "triton is not available"
+    why = unavailable_why(backend, "triton is not available")
     for spec in kernel_specs(backend.available, why):
         registry.add_kernel(spec)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from layerzero.core.errors import BackendNotAvailableError
+from layerzero.backends._optional import missing_kernel
 
 log = logging.getLogger("layerzero.backends.triton")
 CUDA = frozenset({"cuda"})
@@ -80,12 +80,5 @@ def num_warps_for(block: int) -> int:
 
 
 def missing(kernel_id: str, why: str) -> Callable[..., Any]:
-    """The callable of a kernel whose backend is unusable: raises ``BackendNotAvailableError`` with ``why``
-    (selection never picks it: the backend is unavailable; a lock or a direct call gets this error)."""
-
-    def run(*args: Any) -> Any:
-        raise BackendNotAvailableError(
-            f"{kernel_id} cannot run: {why}. Install it ({INSTALL_HINT}) or let LayerZero pick another kernel.")
-
-    run.__name__ = kernel_id.replace(".", "_") + "_missing"
-    return run
+    """:func:`layerzero.backends._optional.missing_kernel` with the Triton install hint."""
+    return missing_kernel(kernel_id, why, INSTALL_HINT)

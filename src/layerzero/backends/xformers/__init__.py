@@ -24,7 +24,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec
 
-from .._optional import dist_version, import_modules, unavailable_backend
+from .._optional import dist_version, import_modules, unavailable_backend, unavailable_why
 from .kernels import INSTALL_HINT, KERNEL_ID, XformersOps, kernel_spec
 
 log = logging.getLogger("layerzero.backends.xformers")
@@ -102,7 +102,7 @@ def register(registry: KernelRegistry) -> None:
     """
     p = probe()
     registry.add_backend(p.backend)
-    why = "; ".join(r.message for r in p.backend.reasons) or "xformers is not available"
+    why = unavailable_why(p.backend, "xformers is not available")
     registry.add_kernel(kernel_spec(p.function, p.causal_mask, p.ops, why))
 
 
