@@ -271,6 +271,18 @@ def test_window_or_softcap_kernels_must_take_the_two_extra_args():
         lz.unregister_kernel("mywin.nine")
 
 
+def test_window_kernels_need_defaults_for_the_extra_args():
+    """Calls without window/softcap pass the 7 canonical args only: a 9-arg kernel without defaults would raise
+    TypeError on every such call (and fall back), so registration refuses it."""
+
+    def nine_required(q, k, v, attn_mask, is_causal, scale, dropout_p, window, softcap):
+        return q
+
+    with pytest.raises(ConfigurationError, match="need defaults"):
+        lz.register_kernel("attention", "mywin.required", nine_required, supports_softcap=True, device_types={"cpu"})
+    assert "mywin.required" not in {k["kernel_id"] for k in lz.list_kernels("attention")}
+
+
 def lz_reference_attention(q, k, v, is_causal, scale, window, softcap):
     """The reference kernel with window/softcap, through a lock (the oracle for the test above)."""
     with lz.disabled():

@@ -229,8 +229,9 @@ positional arguments whenever a call sets either (``ops/attention.py``); others 
 
 def check_signature(op: str, fn: Callable[..., Any], launch_config: LaunchConfig | None = None,
                     extra_args: tuple[str, ...] = ()) -> None:
-    """``fn`` accepts ``op``'s canonical positional arguments plus ``extra_args`` (and ``launch_config=`` when
-    given).
+    """``fn`` accepts ``op``'s canonical positional arguments, with and without ``extra_args`` after them
+    (dispatch passes the extra ones only when a call sets them, so they need defaults), and ``launch_config=``
+    when given.
 
     An op missing from :data:`CANONICAL_ARGS` or a callable without an inspectable signature (some C
     extensions) is not checked; a WARNING says so.
@@ -241,8 +242,6 @@ def check_signature(op: str, fn: Callable[..., Any], launch_config: LaunchConfig
     if not callable(fn):
         raise _bad("register_kernel: fn", "a callable", type(fn).__name__)
     names = CANONICAL_ARGS.get(op)
-    if names is not None:
-        names = names + extra_args
     if names is None:
         log.warning("LayerZero register_kernel: no canonical argument table for op %r; the signature of %r "
                     "is not checked (add the op to layerzero.core.custom.CANONICAL_ARGS)", op, fn)
@@ -253,13 +252,17 @@ def check_signature(op: str, fn: Callable[..., Any], launch_config: LaunchConfig
         log.warning("LayerZero register_kernel: cannot inspect the signature of %r (%s); not checked", fn, exc)
         return
     extra = {} if launch_config is None else {"launch_config": launch_config}
-    try:
-        sig.bind(*names, **extra)
-    except TypeError as exc:
-        want = f"{len(names)} positional args ({', '.join(names)})" + (", launch_config=" if extra else "")
-        raise _bad(f"register_kernel: signature of {getattr(fn, '__name__', fn)!r} for op {op!r}", want,
-                   f"{sig} ({exc})", "Dispatch calls kernels with the op's canonical positional arguments "
-                   "(docs/architecture.md, 'Adding a kernel').") from None
+    for args in (names, names + extra_args) if extra_args else (names,):
+        try:
+            sig.bind(*args, **extra)
+        except TypeError as exc:
+            want = f"{len(args)} positional args ({', '.join(args)})" + (", launch_config=" if extra else "")
+            if extra_args:
+                want += (f", and {len(names)} as well: {', '.join(f'{a}=None' for a in extra_args)} need defaults "
+                         "(they are passed only when a call sets them)")
+            raise _bad(f"register_kernel: signature of {getattr(fn, '__name__', fn)!r} for op {op!r}", want,
+                       f"{sig} ({exc})", "Dispatch calls kernels with the op's canonical positional arguments "
+                       "(docs/architecture.md, 'Adding a kernel').") from None
 
 
 def is_custom_backend(registry: KernelRegistry, backend_id: str) -> bool:
