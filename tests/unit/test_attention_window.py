@@ -61,7 +61,7 @@ def hand_oracle(q, k, v, *, causal=False, window=None, softcap=None, mask=None):
 
 
 def test_new_reason_codes_are_mask_category_and_default_specs_refuse():
-    assert R.WINDOW_UNSUPPORTED.category is ReasonCategory.MASK
+    assert R.SLIDING_WINDOW_UNSUPPORTED.category is ReasonCategory.MASK
     assert R.SOFTCAP_UNSUPPORTED.category is ReasonCategory.MASK
     spec = KernelSpec("x.attention", "attention", lambda *a: None)
     assert spec.supports_window is False and spec.supports_softcap is False
@@ -75,10 +75,10 @@ def _ctx(**kw):
 
 def test_constraints_report_window_and_softcap_independently():
     spec = KernelSpec("x.attention", "attention", lambda *a: None)
-    assert {r.code for r in check_constraints(spec, _ctx(window=(1, 1)))} == {R.WINDOW_UNSUPPORTED}
+    assert {r.code for r in check_constraints(spec, _ctx(window=(1, 1)))} == {R.SLIDING_WINDOW_UNSUPPORTED}
     assert {r.code for r in check_constraints(spec, _ctx(softcap=3.0))} == {R.SOFTCAP_UNSUPPORTED}
     both = {r.code for r in check_constraints(spec, _ctx(window=(1, 1), softcap=3.0))}
-    assert both == {R.WINDOW_UNSUPPORTED, R.SOFTCAP_UNSUPPORTED}
+    assert both == {R.SLIDING_WINDOW_UNSUPPORTED, R.SOFTCAP_UNSUPPORTED}
     ok = replace(spec, supports_window=True, supports_softcap=True)
     assert check_constraints(ok, _ctx(window=(1, 1), softcap=3.0)) == []
     assert check_constraints(spec, _ctx()) == []
@@ -160,10 +160,10 @@ def test_sdpa_refuses_with_the_new_reasons_and_reference_serves():
     assert sdpa
     for cand in sdpa:
         got = {r.code for r in cand.reasons}
-        assert {R.WINDOW_UNSUPPORTED, R.SOFTCAP_UNSUPPORTED} <= got, cand.kernel_id
+        assert {R.SLIDING_WINDOW_UNSUPPORTED, R.SOFTCAP_UNSUPPORTED} <= got, cand.kernel_id
     flex = report.candidate("flex_attention.attention")
     if flex is not None:
-        assert not {r.code for r in flex.reasons} & {R.WINDOW_UNSUPPORTED, R.SOFTCAP_UNSUPPORTED}
+        assert not {r.code for r in flex.reasons} & {R.SLIDING_WINDOW_UNSUPPORTED, R.SOFTCAP_UNSUPPORTED}
 
 
 @pytest.mark.parametrize("kernel_id", ["reference.attention", "flex_attention.attention"])

@@ -383,14 +383,14 @@ def test_window_and_softcap_route_to_flash_attn_and_sdpa_refuses(registry, sm, w
     assert plan.kernel_id == winner
     for kid in ("torch_sdpa.flash", "torch_sdpa.cudnn", "torch_sdpa.efficient", "torch_sdpa.math"):
         if report.candidate(kid) is not None:
-            assert {R.WINDOW_UNSUPPORTED, R.SOFTCAP_UNSUPPORTED} <= codes(report, kid)
+            assert {R.SLIDING_WINDOW_UNSUPPORTED, R.SOFTCAP_UNSUPPORTED} <= codes(report, kid)
 
 
 def test_window_with_unequal_lengths_is_refused_by_every_flash_attn(registry):
     plan, report = run_select(registry, ctx_for((9, 0), sq=1, sk=1024, window_left=127, window_right=3))
     assert plan.kernel_id == "reference.attention"
     for kid in (FA2, FA3, FA4):
-        assert R.WINDOW_UNSUPPORTED in codes(report, kid)
+        assert R.SLIDING_WINDOW_UNSUPPORTED in codes(report, kid)
     # softcap alone is fine with Sq != Sk (no alignment question): FA3 serves it on Hopper
     plan, _ = run_select(registry, ctx_for((9, 0), sq=1, sk=1024, has_softcap=True))
     assert plan.kernel_id == FA3

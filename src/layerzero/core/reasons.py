@@ -70,8 +70,7 @@ class ReasonCode(str, enum.Enum):
     MASK_DTYPE_UNSUPPORTED = "MASK_DTYPE_UNSUPPORTED"
     MASK_SHAPE_INVALID = "MASK_SHAPE_INVALID"
     MASK_WITH_CAUSAL = "MASK_WITH_CAUSAL"
-    SLIDING_WINDOW_UNSUPPORTED = "SLIDING_WINDOW_UNSUPPORTED"
-    WINDOW_UNSUPPORTED = "SLIDING_WINDOW_UNSUPPORTED"  # alias: lz.attention(window=...) on a kernel without it
+    SLIDING_WINDOW_UNSUPPORTED = "SLIDING_WINDOW_UNSUPPORTED"  # lz.attention(window=...) on a kernel without it
     SOFTCAP_UNSUPPORTED = "SOFTCAP_UNSUPPORTED"  # lz.attention(softcap=...) on a kernel without logit soft-capping
     # GQA
     GQA_UNSUPPORTED = "GQA_UNSUPPORTED"

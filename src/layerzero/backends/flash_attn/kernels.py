@@ -136,13 +136,12 @@ def fa2_call(func: Callable[..., Any], deterministic: bool = False) -> Callable[
     window_size=(-1, -1), softcap=0.0, ..., deterministic=False)`` as a canonical attention kernel (BSHD tensors,
     returns ``[B, Sq, Hq, D]``; window ``(left, right)`` tokens and softcap passed only when set).
     ``deterministic=True`` asks for FA2's deterministic backward (used in torch deterministic mode)."""
-    if deterministic:
-        def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
-            return func(q, k, v, dropout_p, softmax_scale=scale, causal=is_causal, deterministic=True,
-                        **_local_kwargs(window, softcap))
-    else:
-        def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
-            return func(q, k, v, dropout_p, softmax_scale=scale, causal=is_causal, **_local_kwargs(window, softcap))
+    extra = {"deterministic": True} if deterministic else {}
+
+    def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
+        return func(q, k, v, dropout_p, softmax_scale=scale, causal=is_causal, **extra,
+                    **_local_kwargs(window, softcap))
+
     run.__name__ = "flash_attn2_func"
     return run
 
@@ -151,13 +150,11 @@ def fa3_call(func: Callable[..., Any], deterministic: bool = False) -> Callable[
     """Wrap FA3's ``flash_attn_func(q, k, v, softmax_scale=None, causal=False, ..., window_size=(-1, -1), ...,
     softcap=0.0, ..., deterministic=False)`` (returns ``out`` or ``(out, lse)``) as a canonical attention kernel
     (BSHD; no dropout, no mask; window and softcap passed only when set)."""
-    if deterministic:
-        def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
-            return _first(func(q, k, v, softmax_scale=scale, causal=is_causal, deterministic=True,
-                               **_local_kwargs(window, softcap)))
-    else:
-        def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
-            return _first(func(q, k, v, softmax_scale=scale, causal=is_causal, **_local_kwargs(window, softcap)))
+    extra = {"deterministic": True} if deterministic else {}
+
+    def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
+        return _first(func(q, k, v, softmax_scale=scale, causal=is_causal, **extra, **_local_kwargs(window, softcap)))
+
     run.__name__ = "flash_attn3_func"
     return run
 

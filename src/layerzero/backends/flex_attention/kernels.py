@@ -244,7 +244,35 @@ def direct_eager(module: Any) -> Callable[..., Any] | None:
     return run
 
 
-class FlexAttention:
+class LazyFlex:
+    """The flex function a kernel calls: the eager one, or ``torch.compile(flex_attention)`` built once on first
+    use (thread-safe; checked without the lock once built). ``what`` names the kernel in the one INFO log line."""
+
+    def __init__(self, flex_attention: Callable[..., Any], eager: Callable[..., Any] | None, compiled: bool,
+                 what: str) -> None:
+        self._flex = flex_attention
+        self._eager = eager or flex_attention
+        self.compiled = compiled
+        self._what = what
+        self._compiled_fn: Callable[..., Any] | None = None
+        self._compile_lock = threading.Lock()
+
+    def function(self) -> Callable[..., Any]:
+        """The flex function to call: ``torch.compile(flex_attention)`` (built on first use) or the eager one."""
+        if not self.compiled:
+            return self._eager
+        fn = self._compiled_fn
+        if fn is None:
+            with self._compile_lock:
+                if self._compiled_fn is None:
+                    log.info("LayerZero %s: wrapping flex_attention in torch.compile (first use; the first call of "
+                             "each shape compiles: call lz.warmup before serving)", self._what)
+                    self._compiled_fn = torch.compile(self._flex, dynamic=False)
+                fn = self._compiled_fn
+        return fn
+
+
+class FlexAttention(LazyFlex):
     """A canonical attention kernel on FlexAttention: ``(q, k, v, attn_mask, is_causal, scale, dropout_p[, window,
     softcap])`` (window ``(left, right)`` tokens or None, softcap float > 0 or None) with
     q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Sk, D]``, v ``[B, Hkv, Sk, Dv]`` (BHSD) -> ``[B, Hq, Sq, Dv]`` in q's dtype.
@@ -262,28 +290,10 @@ class FlexAttention:
     def __init__(self, flex_attention: Callable[..., Any], create_block_mask: Callable[..., Any],
                  block_mask_cls: Any, *, compiled: bool, eager: Callable[..., Any] | None = None,
                  cache_size: int = BLOCK_MASK_CACHE_SIZE) -> None:
-        self._flex = flex_attention
-        self._eager = eager or flex_attention
+        super().__init__(flex_attention, eager, compiled, "flex_attention")
         self._block_mask_cls = block_mask_cls
-        self.compiled = compiled
         self.block_masks = BlockMaskCache(create_block_mask, cache_size)
-        self._compiled_fn: Callable[..., Any] | None = None
-        self._compile_lock = threading.Lock()
         self.__name__ = "flex_attention_compiled" if compiled else "flex_attention_eager"
-
-    def function(self) -> Callable[..., Any]:
-        """The flex function to call: ``torch.compile(flex_attention)`` (built on first use) or the eager one."""
-        if not self.compiled:
-            return self._eager
-        fn = self._compiled_fn
-        if fn is None:
-            with self._compile_lock:
-                if self._compiled_fn is None:
-                    log.info("LayerZero flex_attention: wrapping flex_attention in torch.compile (first use; the "
-                             "first call of each shape compiles: call lz.warmup before serving)")
-                    self._compiled_fn = torch.compile(self._flex, dynamic=False)
-                fn = self._compiled_fn
-        return fn
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
                  is_causal: bool, scale: float | None, dropout_p: float, window: tuple[int, int] | None = None,
@@ -297,21 +307,16 @@ class FlexAttention:
         b, hq, sq, _ = q.shape
         sk = k.shape[2]
         block_mask = score_mod = None
-        local = is_causal or window is not None
-        if attn_mask is None:
-            if local:
-                block_mask = self.block_masks.get(sq, sk, is_causal, False, q.device, window)
-        elif attn_mask.dtype == torch.bool and not self.block_masks.dense_ok:
-            score_mod = _bool_score_mod(attn_mask.expand(b, hq, sq, sk))
-            if local:
-                block_mask = self.block_masks.get(sq, sk, is_causal, False, q.device, window)
-        elif attn_mask.dtype == torch.bool:
+        if attn_mask is not None and attn_mask.dtype == torch.bool and self.block_masks.dense_ok:
+            # a dense bool mask becomes the block mask's mask_mod on the causal/window structure
             structure = self.block_masks.get(sq, sk, is_causal, True, q.device, window)
             block_mask = _with_mask_mod(self._block_mask_cls, structure,
                                         _bool_mod(attn_mask.expand(b, hq, sq, sk), is_causal, window))
         else:
-            score_mod = _bias_mod(attn_mask.expand(b, hq, sq, sk))
-            if local:
+            if attn_mask is not None:  # a bool mask the block mask cannot hold, or an additive bias
+                expanded = attn_mask.expand(b, hq, sq, sk)
+                score_mod = _bool_score_mod(expanded) if attn_mask.dtype == torch.bool else _bias_mod(expanded)
+            if is_causal or window is not None:
                 block_mask = self.block_masks.get(sq, sk, is_causal, False, q.device, window)
         if softcap is not None:
             score_mod = _softcap_mod(softcap, score_mod)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +52,7 @@ from layerzero.core.errors import InvalidInputError, expected_got
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
-from .kernels import CPU_DTYPES, CUDA_DTYPES, CUDA_HEAD_DIM_MAX, CUDA_HEAD_DIM_MIN, missing
+from .kernels import CPU_DTYPES, CUDA_DTYPES, CUDA_HEAD_DIM_MAX, CUDA_HEAD_DIM_MIN, LazyFlex, missing
 
 log = logging.getLogger("layerzero.backends.flex_attention")
 R = ReasonCode
@@ -148,7 +147,7 @@ def paged_mask_mod(inverse: torch.Tensor, seq_of_q: torch.Tensor, q_pos: torch.T
     return mask_mod
 
 
-class FlexPagedAttention:
+class FlexPagedAttention(LazyFlex):
     """The canonical ``lz.paged_attention`` kernel on FlexAttention: ``(q, kv_cache, block_tables, seq_lens,
     cu_seqlens_q, scale, is_causal, kv_layout)`` with q ``[T, Hq, D]``, kv_cache ``[N, 2, P, Hkv, D]`` (NHD) or
     ``[N, 2, Hkv, P, D]`` (HND), block_tables ``[B, M]`` int32, seq_lens ``[B]`` int32, cu_seqlens_q ``[B + 1]``
@@ -164,25 +163,10 @@ class FlexPagedAttention:
 
     def __init__(self, flex_attention: Callable[..., Any], create_block_mask: Callable[..., Any],
                  block_mask_cls: Any, *, compiled: bool, eager: Callable[..., Any] | None = None) -> None:
-        self._flex = flex_attention
-        self._eager = eager or flex_attention
+        super().__init__(flex_attention, eager, compiled, PAGED_KERNEL)
         self._create = create_block_mask
         self._block_mask_cls = block_mask_cls
-        self.compiled = compiled
-        self._compiled_fn: Callable[..., Any] | None = None
-        self._lock = threading.Lock()
         self.__name__ = "flex_paged_attention_compiled" if compiled else "flex_paged_attention_eager"
-
-    def function(self) -> Callable[..., Any]:
-        """The flex function to call: ``torch.compile(flex_attention)`` (built on first use) or the eager one."""
-        if not self.compiled:
-            return self._eager
-        with self._lock:
-            if self._compiled_fn is None:
-                log.info("LayerZero flex_attention.paged_attention: wrapping flex_attention in torch.compile "
-                         "(each new (tokens, cache slots) shape compiles: call lz.warmup before serving)")
-                self._compiled_fn = torch.compile(self._flex, dynamic=False)
-            return self._compiled_fn
 
     def block_mask(self, mask_mod: Callable[..., Any], num_tokens: int, num_slots: int,
                    device: torch.device) -> Any:

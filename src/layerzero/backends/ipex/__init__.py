@@ -13,7 +13,6 @@ IPEX's ``sys.exit`` on a CPU without AVX2) gives ``BACKEND_IMPORT_FAILED`` with 
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ import torch
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec
+from layerzero.core.versions import release
 
 from .._optional import dist_version, import_modules, unavailable_backend, unavailable_why
 from .kernels import INSTALL_HINT, KERNEL_IDS, kernel_specs
@@ -44,8 +44,8 @@ class IpexProbe:
 
 def _minor(version: str | None) -> str | None:
     """``"2.8.0+cpu"`` -> ``"2.8"`` (None when unparsable)."""
-    m = re.match(r"(\d+)\.(\d+)", version or "")
-    return f"{m.group(1)}.{m.group(2)}" if m else None
+    parts = release(version)
+    return f"{parts[0]}.{parts[1]}" if len(parts) >= 2 else None
 
 
 def _mismatch(version: str | None) -> str | None:
@@ -79,10 +79,11 @@ def probe() -> IpexProbe:
     if failed is not None:
         return IpexProbe(unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, failed, version), None)
     mod, functional, modules = modules
-    version = version or getattr(mod, "__version__", None)
-    why = _mismatch(version)
-    if why is not None:
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, why, version)
+    if version is None:  # no distribution metadata: check the imported module's own version
+        version = getattr(mod, "__version__", None)
+        why = _mismatch(version)
+        if why is not None:
+            return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, why, version)
     paged = getattr(modules, "PagedAttention", None)
     missing = [name for name, obj in (("llm.functional.rms_norm", getattr(functional, "rms_norm", None)),
                                       ("llm.functional.add_rms_norm", getattr(functional, "add_rms_norm", None)),

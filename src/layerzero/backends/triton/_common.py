@@ -68,6 +68,11 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints (grid sizes)."""
+    return -(-a // b)
+
+
 def num_warps_for(block: int) -> int:
     """Warps per program for a row tile of ``block`` elements (the Triton tutorials' layer-norm rule)."""
     if block >= 32768:

@@ -36,9 +36,6 @@ MAX_HIDDEN = 65536
 _KERNELS = LazyModule("_norm_kernels")
 
 
-def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
-    return rows_2d(t, name, KERNEL_ID)
-
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
              residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -64,17 +61,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         return y if residual is None else (y, torch.empty_like(y))
     mod = _KERNELS.get()
-    x2 = _rows(x, "x")
+    x2 = rows_2d(x, "x", KERNEL_ID)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     y2 = y.view(-1, h_dim)
     if residual is not None:
-        r2 = _rows(residual, "residual")
+        r2 = rows_2d(residual, "residual", KERNEL_ID)
         h = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         h2 = h.view(-1, h_dim)
     else:
         r2, h, h2 = x2, None, y2  # unused pointers (HAS_RES=False)
-    one_pass = next_pow2(h_dim) <= mod.ONE_PASS_MAX
-    block = next_pow2(h_dim) if one_pass else mod.TILE
+    width = next_pow2(h_dim)
+    one_pass = width <= mod.ONE_PASS_MAX
+    block = width if one_pass else mod.TILE
     mod._rms_norm_fwd[(x2.shape[0],)](
         x2, r2, weight, y2, h2, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), weight.stride(0),
         h_dim, float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK=block,

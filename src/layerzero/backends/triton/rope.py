@@ -19,7 +19,7 @@ import torch
 
 from layerzero.core.specs import KernelSpec, Layout
 
-from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, next_pow2
 
 KERNEL_ID = "triton.rope"
 PRIORITY = 60
@@ -81,11 +81,11 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         sp = (pos.stride(0) if pos.shape[0] > 1 else 0, pos.stride(1))
     else:
         pos, sp = cos, (0, 0)  # unused pointer (HAS_POS=False)
-    block_half = max(next_pow2(r // 2), 1)
+    block_half = next_pow2(r // 2)
     block_pass = next_pow2(d - r) if d > r else 0
     per_head = block_half * 2 + block_pass  # elements of one head in the tile
     block_h = min(next_pow2(max(hq, hk)), 16, max(1, next_pow2(2048 // per_head + 1) // 2))  # power of 2
-    grid = (b * s, triton_cdiv(hq, block_h) + triton_cdiv(hk, block_h))
+    grid = (b * s, cdiv(hq, block_h) + cdiv(hk, block_h))
     mod._rope_fwd[grid](
         q, k, qo, ko, cos, sin, pos,
         *_bhsd_strides(q, bshd), *_bhsd_strides(k, bshd), *_bhsd_strides(qo, bshd), *_bhsd_strides(ko, bshd),
@@ -94,10 +94,6 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         BLOCK_HALF=block_half, BLOCK_PASS=block_pass, num_warps=4 if block_h * per_head >= 2048 else 2)
     return qo, ko
 
-
-def triton_cdiv(a: int, b: int) -> int:
-    """Ceiling division of non-negative ints."""
-    return -(-a // b)
 
 
 def kernel_spec(available: bool, why: str) -> KernelSpec:

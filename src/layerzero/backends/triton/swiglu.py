@@ -23,7 +23,7 @@ from layerzero.core.context import SelectionContext
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
-from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, rows_2d
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, rows_2d
 
 log = logging.getLogger("layerzero.backends.triton")
 KERNEL_ID = "triton.swiglu"
@@ -35,9 +35,6 @@ MAX_INTER = 65535 * 1024
 (CUDA y, at most 65535)."""
 _KERNELS = LazyModule("_swiglu_kernels")
 
-
-def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
-    return rows_2d(t, name, KERNEL_ID)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -59,9 +56,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return out
     mod = _KERNELS.get()
     inter = gate.shape[-1]
-    g2, u2, o2 = _rows(gate, "gate"), _rows(up, "up"), out.view(-1, inter)
-    col_blocks = (inter + mod.BLOCK - 1) // mod.BLOCK
-    mod._swiglu_fwd[(g2.shape[0], col_blocks)](g2, u2, o2, g2.stride(0), u2.stride(0), o2.stride(0), inter,
+    g2, u2, o2 = rows_2d(gate, "gate", KERNEL_ID), rows_2d(up, "up", KERNEL_ID), out.view(-1, inter)
+    mod._swiglu_fwd[(g2.shape[0], cdiv(inter, mod.BLOCK))](g2, u2, o2, g2.stride(0), u2.stride(0), o2.stride(0), inter,
                                                BLOCK=mod.BLOCK, num_warps=4)
     return out
 
