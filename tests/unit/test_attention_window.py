@@ -2,7 +2,7 @@
 and the transformers integration's mapping of ``sliding_window`` / ``softcap``.
 
 Numerical agreement of every implementation with a brute-force float64 oracle is in
-``tests/correctness/test_attention_window.py``; FlashAttention routing with fake libraries is in
+``tests/correctness/test_attention_window_oracle.py``; FlashAttention routing with fake libraries is in
 ``tests/unit/test_flash_attn_backend.py`` (section 5).
 """
 
