@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,8 @@ from layerzero.ops._common import RUNTIME
 from layerzero.tuning import TOLERANCES, TuneStatus, bind, sample_stats, time_kernel
 
 BANDWIDTH_KINDS = ("kernel", "copy", "lz_graph")
-__all__ = ["COLUMNS", "SDPA_DEFAULT", "LZ_CALL", "COPY", "Timing", "measure_shape", "retime_shape", "tune_shape"]
+__all__ = ["COLUMNS", "COPY", "LZ_CALL", "LZ_GRAPH", "SDPA_DEFAULT", "SDPA_KERNELS", "Timing", "fill_sdpa_choice",
+           "copy_callee", "graph_callee", "measure_shape", "retime_shape", "sdpa_choice", "tune_shape"]
 
 log = logging.getLogger("layerzero.benchmarks.sweep")
 
@@ -159,8 +159,7 @@ def fill_sdpa_choice(rows: list[dict[str, Any]], device: torch.device) -> int:
     for r in rows:
         if r["row_kind"] != "sdpa_default" or r.get("sdpa_kernel"):
             continue
-        shape = Shape(r["phase"], int(r["B"]), int(r["Sq"]), int(r["Skv"]), int(r["Hq"]), int(r["Hkv"]), int(r["D"]),
-                      r["dtype"])
+        shape = Shape.from_row(r)
         inputs = build_inputs(shape, device)
         r["sdpa_kernel"] = sdpa_choice(shape, inputs)
         done += bool(r["sdpa_kernel"])
@@ -333,7 +332,7 @@ def _callees(shape: Shape, shape_id: int, inputs: Inputs, timing: Timing, pick: 
     return out, skipped
 
 
-def _copy_callee(shape: Shape, shape_id: int, inputs: Inputs) -> _Callee:
+def copy_callee(shape: Shape, shape_id: int, inputs: Inputs) -> _Callee:
     """``dst.copy_(src)`` of ``inputs.kv_bytes`` bytes taken from the cache itself (no second big buffer)."""
     cache = inputs.args[1]
     src = cache.view(-1)[: inputs.kv_bytes // cache.element_size()]
@@ -374,7 +373,7 @@ def measure_shape(shape: Shape, shape_id: int, device: torch.device, timing: Tim
     timed = [c for c in callees if c.row["row_kind"] == "lz_call" or _check(c, shape, inputs, device, timing, memo)]
     del memo
     if shape.phase == "paged_decode" and shape.batch >= 64:
-        timed.append(_copy_callee(shape, shape_id, inputs))
+        timed.append(copy_callee(shape, shape_id, inputs))
         timed += _graph_callees(shape, shape_id, inputs, device)
     _time_all(timed, device, timing, tuned=False)
     _pick_and_sdpa_graph_times(shape, timed, device, timing, "is_pick_default", "graph_us")
@@ -449,7 +448,7 @@ def retime_shape(shape: Shape, rows: list[dict[str, Any]], device: torch.device,
             todo.append(_Callee(row, c.fn, c.args, slow=isinstance(row["check_ms"], float)
                                 and row["check_ms"] > timing.slow_ms))
     if COPY in by_id:
-        copy = _copy_callee(shape, -1, inputs)
+        copy = copy_callee(shape, -1, inputs)
         todo.append(_Callee(by_id[COPY], copy.fn, copy.args))
     if LZ_GRAPH in by_id:
         todo += _graph_callees(shape, -1, inputs, device, by_id)
@@ -463,8 +462,3 @@ def retime_shape(shape: Shape, rows: list[dict[str, Any]], device: torch.device,
         r.pop("_graph", None)
     del inputs, callees, todo
     _free(device)
-
-
-def elapsed_fraction(start: float, budget_s: float) -> float:
-    """Share of the time budget spent since ``start`` (``time.monotonic()``)."""
-    return (time.monotonic() - start) / budget_s if budget_s > 0 else math.inf

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _sweep_shapes import Shape
 
 from layerzero.core.device import DeviceSpec
 
@@ -101,12 +102,8 @@ def summarize(rows: Iterable[dict[str, Any]], mode: str) -> list[dict[str, Any]]
         graph_sdpa_ratio = pick_g / sdpa_g if pick_g and sdpa_g else None
         gbps = kv / (pick_us * 1e-6) / 1e9 if pick_us and first["phase"] == "paged_decode" else None
         copy_gbps = 2 * kv / (copy_us * 1e-6) / 1e9 if copy_us else None
-        dt = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(first["dtype"], first["dtype"])
-        page = f" P{first['page']}" if str(first["page"]) not in ("", "0") else ""
         out.append({
-            "shape_id": sid, "phase": first["phase"], "B": int(first["B"]),
-            "label": (f"{first['phase']} B{first['B']} S{first['Sq']}/{first['Skv']} H{first['Hq']}/{first['Hkv']} "
-                      f"D{first['D']} {dt}{page}"),
+            "shape_id": sid, "phase": first["phase"], "B": int(first["B"]), "label": Shape.from_row(first).label(),
             "fastest": fastest["kernel_id"] if fastest else None, "fastest_us": fastest_us,
             "pick": pick["kernel_id"] if pick else None, "pick_us": pick_us, "ratio": ratio,
             "sdpa_us": sdpa_us, "sdpa_ratio": pick_us / sdpa_us if pick_us and sdpa_us else None,

@@ -76,6 +76,16 @@ class Shape:
         if self.paged != (self.page > 0):
             raise bad("page", "> 0 exactly for paged phases", self.page)
 
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Shape:
+        """The shape of a sweep.csv row (its phase, B, Sq, Skv, Hq, Hkv, D, dtype and page columns; seed 0).
+
+        Raises:
+            InvalidInputError: the row does not describe a valid shape (see the class docstring).
+        """
+        return cls(row["phase"], int(row["B"]), int(row["Sq"]), int(row["Skv"]), int(row["Hq"]), int(row["Hkv"]),
+                   int(row["D"]), row["dtype"], int(row["page"] or 0))
+
     @property
     def op(self) -> str:
         """``attention`` or ``paged_attention``."""

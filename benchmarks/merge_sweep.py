@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _sweep_measure import COLUMNS  # noqa: E402
 from _sweep_report import compute_targets, read_csv, write_csv, write_env, write_markdown  # noqa: E402
+from _sweep_shapes import full_shapes  # noqa: E402
 
 
 def merge(runs: list[tuple[Path, set[str] | None]], out: Path) -> dict:
@@ -37,7 +38,7 @@ def merge(runs: list[tuple[Path, set[str] | None]], out: Path) -> dict:
         done += len({r["shape_id"] for r in taken})
         tuned += len({r["shape_id"] for r in taken if r.get("tuned_by")})
         elapsed += run["elapsed_s"]
-    meta = {"command": " ; ".join(commands), "shapes_planned": 60, "shapes_done": done, "shapes_tuned": tuned,
+    meta = {"command": " ; ".join(commands), "shapes_planned": len(full_shapes()), "shapes_done": done, "shapes_tuned": tuned,
             "elapsed_s": elapsed, "budget_s": elapsed, "runs": len(runs)}
     targets = compute_targets(rows)
     out.mkdir(parents=True, exist_ok=True)
