@@ -234,3 +234,24 @@ def test_capture_key_keeps_the_window_and_flips_only_the_capture_flag():
     assert cap is not None and cap[-2] is True and cap[:-2] == key[:-2]
     ctx = A.context(cap)
     assert ctx.graph_capture and (ctx.window_left, ctx.window_right, ctx.has_softcap) == (2, 0, True)
+
+
+def test_window_and_softcap_fast_path_builds_the_validating_path_key():
+    """A tuple window and a float softcap stay on prepare's fast path; its key and args must equal what the full
+    validation builds for the same call (a list window / int softcap take that path), and bad values still get
+    the typed error."""
+    att = importlib.import_module("layerzero.ops.attention")
+
+    q = torch.randn(1, 4, 9, 16)
+    k = v = torch.randn(1, 2, 9, 16)
+    for causal, window, softcap in [(True, (3, 0), None), (False, (2, 5), 30.0), (True, None, 50.0),
+                                    (False, (20, 20), None), (True, (8, 0), 7.0)]:
+        fast = att.prepare(q, k, v, is_causal=causal, window=window, softcap=softcap)
+        slow = att.prepare(q, k, v, is_causal=causal, window=None if window is None else list(window),
+                           softcap=None if softcap is None else int(softcap))
+        assert fast[0] == slow[0], (causal, window, softcap)
+        assert len(fast[1]) == len(slow[1]) and fast[1][7:] == slow[1][7:]
+    with pytest.raises(InvalidInputError, match="window"):
+        att.prepare(q, k, v, window=(-2, 0))
+    with pytest.raises(InvalidInputError, match="softcap"):
+        att.prepare(q, k, v, softcap=float("nan"))

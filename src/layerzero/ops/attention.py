@@ -99,7 +99,9 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
                 and lay is not None and len(qs) == 4 and len(ks) == 4 and len(vs) == 4 and dtype in FLOAT_DTYPES
                 and k.dtype is dtype and v.dtype is dtype and k.device == device and v.device == device
                 and (is_causal is True or is_causal is False) and attn_mask is None and scale is None
-                and dropout_p.__class__ in _ZERO_OK and dropout_p == 0 and window is None and softcap is None)
+                and dropout_p.__class__ in _ZERO_OK and dropout_p == 0
+                and (window is None or window.__class__ is tuple)
+                and (softcap is None or (softcap.__class__ is float and 0.0 < softcap < math.inf)))
     except AttributeError:
         fast = False
     if not fast:
@@ -121,10 +123,15 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
     cuda = q.is_cuda
     capture = cuda and stream_capturing()
     aligned = not cuda or _aligned(q, k, v, contiguous)
+    # window/softcap (the Mistral / Gemma 2 calls of the HF integration) stay on this path: _window validates
+    win = None if window is None else _window(window, is_causal, sq, sk)
     key = (OP, device, dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, MaskKind.NONE,
-           is_causal, False, True, stride, aligned, contiguous, grad, deterministic_enabled(), None, None, None,
+           is_causal, False, True, stride, aligned, contiguous, grad, deterministic_enabled(),
+           None if win is None else win[0], None if win is None else win[1], None if softcap is None else True,
            capture, scope_token())
-    return key, (q, k, v, None, is_causal, None, dropout_p)
+    if win is None and softcap is None:
+        return key, (q, k, v, None, is_causal, None, dropout_p)
+    return key, (q, k, v, None, is_causal, None, dropout_p, win, softcap)
 
 
 def _validate(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any, dropout_p: Any,
