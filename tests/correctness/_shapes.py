@@ -487,3 +487,21 @@ def kernel_dtype_params(ops, device_type: str, dtypes=DTYPES) -> list[tuple[str,
 
     return [(op, k["kernel_id"], dt) for op in ops for k in lz.list_kernels(op) for dt in dtypes
             if k["available"] and device_type in k["device_types"] and dname(dt) in k["dtypes"]]
+
+
+def kept_oracle(logits, temperature, k=None, p=None):
+    """float64 probabilities and the reference's kept set, in the kernel's candidate order: ``(order, probs)``
+    with ``order`` the kept token ids (descending probability, lower id first on ties; token order when
+    nothing is cut) and ``probs`` their renormalized float64 probabilities (on CPU; ``logits`` may be anywhere)."""
+    prob = torch.softmax(logits.cpu().to(torch.float64) / temperature, -1)
+    vocab = prob.shape[-1]
+    if k is not None and k < vocab:
+        order = torch.topk(prob, k).indices
+    elif p is not None and p < 1.0:
+        sp, order = torch.sort(prob, descending=True, stable=True)
+        before = torch.cumsum(sp, 0) - sp
+        order = order[(before < p) | (torch.arange(vocab) == 0)]
+    else:
+        order = torch.arange(vocab)
+    kept = prob[order]
+    return order, kept / kept.sum()

@@ -33,7 +33,7 @@ if not torch.cuda.is_available():  # must precede the first @triton.jit of the s
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shapes import F64, mismatch, rms_call, rope_call  # noqa: E402
+from _shapes import F64, kept_oracle, mismatch, rms_call, rope_call  # noqa: E402
 
 pytestmark = [pytest.mark.correctness,
               pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")]
@@ -169,24 +169,6 @@ def test_rope_strided_views_are_read_in_place():
 
 
 # ----------------------------------------------------------------------------- sampling
-
-
-def kept_oracle(logits, temperature, k=None, p=None):
-    """float64 probabilities and the reference's kept set, in the kernel's candidate order: ``(order, probs)``
-    with ``order`` the kept token ids (descending probability, lower id first on ties; token order when
-    nothing is cut) and ``probs`` their renormalized float64 probabilities."""
-    prob = torch.softmax(logits.to(F64) / temperature, -1)
-    vocab = prob.shape[-1]
-    if k is not None and k < vocab:
-        order = torch.topk(prob, k).indices
-    elif p is not None and p < 1.0:
-        sp, order = torch.sort(prob, descending=True, stable=True)
-        before = torch.cumsum(sp, 0) - sp
-        order = order[(before < p) | (torch.arange(vocab) == 0)]
-    else:
-        order = torch.arange(vocab)
-    kept = prob[order]
-    return order, kept / kept.sum()
 
 
 def inverse_cdf(order, kept, u):

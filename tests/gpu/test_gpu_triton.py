@@ -24,7 +24,7 @@ import layerzero as lz
 from layerzero.ops._common import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
-from _shapes import MIN_CASES, mismatch, run_kernel  # noqa: E402
+from _shapes import MIN_CASES, kept_oracle, mismatch, run_kernel  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -118,23 +118,6 @@ def test_rope_hf_strided_views():
 
 
 # ----------------------------------------------------------------------------- sampling
-
-
-def kept_oracle(logits, temperature, k=None, p=None):
-    """float64 ``(order, probs)``: the reference's kept token ids in the kernel's candidate order (descending
-    probability; token order when nothing is cut) and their renormalized probabilities (CPU)."""
-    prob = torch.softmax(logits.cpu().to(F64) / temperature, -1)
-    vocab = prob.shape[-1]
-    if k is not None and k < vocab:
-        order = torch.topk(prob, k).indices
-    elif p is not None and p < 1.0:
-        sp, order = torch.sort(prob, descending=True, stable=True)
-        before = torch.cumsum(sp, 0) - sp
-        order = order[(before < p) | (torch.arange(vocab) == 0)]
-    else:
-        order = torch.arange(vocab)
-    kept = prob[order]
-    return order, kept / kept.sum()
 
 
 @pytest.mark.parametrize(("vocab", "k", "p", "temperature"), [
