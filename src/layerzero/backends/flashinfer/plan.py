@@ -6,7 +6,7 @@ kv)`` (launches the kernels). A serving step plans once and runs once per layer,
 the last few planned wrappers, keyed by everything the plan depends on; the first layer of a step misses and
 plans, the other layers hit. See docs/paged_attention.md ("FlashInfer plan cache").
 
-Keys hold the identity of the metadata tensors as :func:`tensor_identity` ``(data_ptr, shape, _version)``:
+Keys hold the identity of the metadata tensors as :func:`tensor_identity` ``(data_ptr, shape, stride, _version)``:
 an in-place update (``seq_lens += 1``, ``block_tables[i, j] = b``, ``copy_``) bumps ``_version`` and a new
 tensor has another identity, both re-plan. The cache also keeps weak references to those tensors and treats a
 hit whose tensors are not the very objects of the call as a miss: the caching allocator may hand a new
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from layerzero.core.errors import ConfigurationError, expected_got
 
 DEFAULT_CAPACITY = 8
 """Plans kept per backend instance: one per concurrently alive batch layout (decode + prefill, a few
@@ -69,7 +71,8 @@ class _Entry:
         reuses a freed one's address and version counter is not mistaken for it). Raises nothing."""
         if len(tensors) != len(self.refs):
             return False
-        return all((t is None and r is None) or (r is not None and r() is t) for t, r in zip(tensors, self.refs, strict=True))
+        return all((t is None and r is None) or (r is not None and r() is t)
+                   for t, r in zip(tensors, self.refs, strict=True))
 
 
 class PlanCache:
@@ -84,12 +87,12 @@ class PlanCache:
         capacity: plans kept (>= 1).
 
     Raises:
-        ValueError: ``capacity`` < 1 (a programming error: the backend always passes a constant).
+        ConfigurationError: ``capacity`` < 1 (a ``ValueError``; the backend always passes a constant).
     """
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
-            raise ValueError(f"PlanCache capacity must be >= 1, got {capacity}")
+            raise ConfigurationError(expected_got("PlanCache capacity", "an int >= 1", capacity))
         self.capacity = capacity
         self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._lock = threading.Lock()
