@@ -78,7 +78,7 @@ def _worker(spec: str) -> int:
     import layerzero as lz
     from layerzero.core.report import CandidateStatus
     from layerzero.ops import OPS
-    from layerzero.ops._common import RUNTIME
+    from layerzero.core.runtime import RUNTIME
     from layerzero.tuning import bind
 
     shape = Shape(**json.loads(spec))

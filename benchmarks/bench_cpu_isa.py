@@ -88,7 +88,7 @@ def child(reps: int) -> dict:
     import torch
 
     import layerzero as lz
-    from layerzero.ops._common import RUNTIME
+    from layerzero.core.runtime import RUNTIME
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import layerzero as lz
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 from layerzero.ops.attention import prepare
 
 

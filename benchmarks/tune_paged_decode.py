@@ -38,7 +38,7 @@ import layerzero as lz
 from layerzero.backends.triton import paged
 from layerzero.core.report import CandidateStatus
 from layerzero.ops import OPS
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 from layerzero.tuning import bind, sample_stats, time_kernel
 
 FLASHINFER = "flashinfer.paged_attention"

@@ -41,7 +41,7 @@ import torch  # noqa: E402
 
 import layerzero as lz  # noqa: E402
 from layerzero.core.errors import KernelExecutionError, LayerZeroError  # noqa: E402
-from layerzero.ops._common import RUNTIME  # noqa: E402
+from layerzero.core.runtime import RUNTIME  # noqa: E402
 
 logging.getLogger("layerzero").setLevel(logging.CRITICAL)  # fallbacks are expected here
 warnings.filterwarnings("ignore")

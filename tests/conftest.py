@@ -58,7 +58,7 @@ def _isolate_layerzero(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
 
     lz_logger = logging.getLogger("layerzero")
     level = lz_logger.level  # LAYERZERO_LOG_LEVEL sets it on (re)load; put it back afterwards
-    from layerzero.ops._common import RUNTIME
+    from layerzero.core.runtime import RUNTIME
 
     _scrub_env(monkeypatch)
     monkeypatch.setenv(_PERFDB_VAR, str(tmp_path / "perfdb.sqlite"))

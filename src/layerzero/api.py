@@ -22,10 +22,10 @@ from layerzero.core.errors import (
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import Reason
 from layerzero.core.report import SelectionReport
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.selection import validate_kernel
 from layerzero.core.specs import ExecutionPlan
 from layerzero.ops import OPS
-from layerzero.ops._common import RUNTIME
 from layerzero.tuning import TuneReport, tune
 
 configure = _config.configure

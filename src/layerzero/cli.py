@@ -113,7 +113,7 @@ def _cmd_capabilities(ns: argparse.Namespace) -> int:
     import yaml
 
     from layerzero.core.capabilities import describe_backend
-    from layerzero.ops._common import RUNTIME
+    from layerzero.core.runtime import RUNTIME
 
     RUNTIME.ensure_ready()
     backends = [ns.backend] if ns.backend else list(RUNTIME.registry.backends)

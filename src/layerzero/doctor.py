@@ -11,7 +11,7 @@ import torch
 
 from layerzero.core import config as _config
 from layerzero.core.device import DeviceSpec
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from layerzero.core.errors import (
     UnknownOperationError,
     expected_got,
 )
+from layerzero.core.runtime import RUNTIME
 from layerzero.ops import OPS
-from layerzero.ops._common import RUNTIME
 
 log = logging.getLogger("layerzero.graphs")
 

@@ -18,7 +18,7 @@ import torch
 
 import layerzero as lz
 from layerzero.backends.reference.attention import attention as reference_attention
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 
 pytestmark = pytest.mark.correctness
 

@@ -29,8 +29,8 @@ from layerzero.core.context import SelectionContext
 from layerzero.core.device import DeviceSpec, GPUGeneration, tensor_core_generation
 from layerzero.core.errors import BackendNotAvailableError, InvalidInputError
 from layerzero.core.reasons import ReasonCode as R
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.selection import kernel_reasons
-from layerzero.ops._common import RUNTIME
 
 pytestmark = pytest.mark.correctness
 

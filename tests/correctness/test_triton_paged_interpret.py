@@ -34,9 +34,9 @@ from layerzero.core.errors import BackendNotAvailableError, InvalidInputError  #
 from layerzero.core.policy import Policy  # noqa: E402
 from layerzero.core.reasons import ReasonCode as R  # noqa: E402
 from layerzero.core.registry import KernelRegistry  # noqa: E402
+from layerzero.core.runtime import RUNTIME  # noqa: E402
 from layerzero.core.selection import SelectionInputs, select  # noqa: E402
 from layerzero.core.specs import BackendSpec, Phase  # noqa: E402
-from layerzero.ops._common import RUNTIME  # noqa: E402
 from layerzero.testing.devices import fake_cuda_device
 
 pytestmark = pytest.mark.correctness

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "correctness"))

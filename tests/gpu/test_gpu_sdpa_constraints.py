@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 
 _spec = importlib.util.spec_from_file_location(
     "_sdpa_grid_helpers", Path(__file__).resolve().parents[1] / "unit" / "test_sdpa_constraints.py")

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
 from _shapes import MIN_CASES, dname, kernel_dtype_params, mismatch, run_kernel, swiglu_oracle  # noqa: E402

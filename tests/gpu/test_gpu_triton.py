@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
 from _shapes import MIN_CASES, kept_oracle, mismatch, run_kernel  # noqa: E402

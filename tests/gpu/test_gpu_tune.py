@@ -13,7 +13,7 @@ import torch
 import layerzero as lz
 from layerzero.core.dispatch import device_fingerprint_parts
 from layerzero.core.perfdb import fingerprint
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 from layerzero.tuning import TuneStatus, harness, make_inputs
 
 pytestmark = pytest.mark.gpu

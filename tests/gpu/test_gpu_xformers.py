@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 
 pytestmark = pytest.mark.gpu
 

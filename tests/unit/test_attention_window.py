@@ -20,9 +20,9 @@ import layerzero as lz
 from layerzero.core.constraints import check_constraints
 from layerzero.core.errors import InvalidInputError
 from layerzero.core.reasons import ReasonCategory, ReasonCode
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import KernelSpec
 from layerzero.integrations.transformers.attention import layerzero_attention_forward
-from layerzero.ops._common import RUNTIME
 
 pytestmark = pytest.mark.unit
 

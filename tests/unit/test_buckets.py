@@ -7,8 +7,8 @@ import torch
 
 import layerzero as lz
 from layerzero.backends.torch_sdpa.kernels import kernel_specs
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import BackendSpec, KernelSpec
-from layerzero.ops._common import RUNTIME
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ import yaml
 
 import layerzero as lz
 from layerzero.core.capabilities import describe_backend, load_overrides
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2] / "capabilities"

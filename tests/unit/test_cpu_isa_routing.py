@@ -17,8 +17,8 @@ from layerzero.core.context import SelectionContext
 from layerzero.core.device import DeviceSpec
 from layerzero.core.errors import ConfigurationError
 from layerzero.core.reasons import ReasonCode as R
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import CPU_ISA_NAMES, KernelSpec
-from layerzero.ops._common import RUNTIME
 
 pytestmark = pytest.mark.unit
 HOST = DeviceSpec.detect("cpu")

@@ -15,8 +15,8 @@ import torch
 import layerzero as lz
 from layerzero import graphs
 from layerzero.core.errors import CudaGraphUnsafeError, InvalidInputError, UnknownOperationError
+from layerzero.core.runtime import RUNTIME
 from layerzero.ops import OPS
-from layerzero.ops._common import RUNTIME
 
 pytestmark = pytest.mark.unit
 

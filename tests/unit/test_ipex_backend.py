@@ -30,8 +30,8 @@ from layerzero.core.errors import BackendNotAvailableError
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import ReasonCode as R
 from layerzero.core.registry import KernelRegistry
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.selection import SelectionInputs, select
-from layerzero.ops._common import RUNTIME
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,9 +29,9 @@ from layerzero.core.errors import BackendNotAvailableError
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import ReasonCode as R
 from layerzero.core.registry import KernelRegistry
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.selection import SelectionInputs, select
 from layerzero.core.specs import Layout
-from layerzero.ops._common import RUNTIME
 from layerzero.testing.devices import fake_cuda_device
 
 pytestmark = pytest.mark.unit

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import layerzero as lz
+from layerzero.core.runtime import RUNTIME
 from layerzero.ops import paged
-from layerzero.ops._common import RUNTIME
 from layerzero.ops.kv_cache import KVLayout, check_values
 
 pytestmark = pytest.mark.unit

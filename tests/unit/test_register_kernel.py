@@ -16,8 +16,8 @@ import torch
 import layerzero as lz
 from layerzero.core.custom import CANONICAL_ARGS, CONSTRAINT_FIELDS, LaunchConfig, is_custom_backend
 from layerzero.core.errors import ConfigurationError, UnknownKernelError, UnknownOperationError
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import Layout, MaskKind
-from layerzero.ops._common import RUNTIME
 
 pytestmark = pytest.mark.unit
 

@@ -18,8 +18,8 @@ import torch
 import layerzero as lz
 from layerzero.core.health import BreakerState
 from layerzero.core.reasons import ReasonCode as R
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import BackendSpec, KernelSpec
-from layerzero.ops._common import RUNTIME
 
 pytestmark = pytest.mark.unit
 

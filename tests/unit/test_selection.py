@@ -19,7 +19,7 @@ from layerzero.core import config as lz_config
 from layerzero.core.dispatch import device_fingerprint_parts
 from layerzero.core.perfdb import PerfDB, fingerprint
 from layerzero.core.reasons import ReasonCode as R
-from layerzero.ops._common import RUNTIME
+from layerzero.core.runtime import RUNTIME
 
 pytestmark = pytest.mark.unit
 

@@ -21,8 +21,8 @@ import layerzero as lz
 from layerzero.cli import main as cli_main
 from layerzero.core.dispatch import device_fingerprint_parts
 from layerzero.core.perfdb import fingerprint
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import BackendSpec, KernelSpec
-from layerzero.ops._common import RUNTIME
 from layerzero.tuning import TuneStatus, compare, harness, make_inputs, sample_stats
 
 pytestmark = pytest.mark.unit

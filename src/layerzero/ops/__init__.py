@@ -34,5 +34,17 @@ OPS = {
     "swiglu": (_swiglu.prepare, _swiglu.context),
 }
 
-__all__ = ["OPERATION_SPECS", "OPS", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
+
+
+def register_builtin(registry) -> None:
+    """Add every op's :class:`~layerzero.core.specs.OperationSpec` and the built-in backends to ``registry``
+    (the loader of :data:`layerzero.core.runtime.RUNTIME`)."""
+    from layerzero.backends import register_builtin as _backends
+
+    for spec in OPERATION_SPECS:
+        registry.add_op(spec)
+    _backends(registry)
+
+
+__all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
            "attention", "layer_norm", "rms_norm", "rope", "sample_topk", "sample_topp", "swiglu"]

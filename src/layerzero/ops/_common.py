@@ -1,4 +1,4 @@
-"""Shared pieces of the op front-ends: the runtime instance, input checks and per-call flags.
+"""Shared pieces of the op front-ends: input checks and per-call flags.
 
 Every check raises :class:`InvalidInputError` (a ``ValueError``) with what failed, expected vs got, and how
 to fix it. Checks are written to be cheap: they run on every call, cache hit or not.
@@ -13,26 +13,11 @@ import torch
 
 from layerzero.core import config as _config
 from layerzero.core.device import DeviceSpec
-from layerzero.core.dispatch import Runtime
 from layerzero.core.errors import InvalidInputError, expected_got
-from layerzero.core.registry import KernelRegistry
 
 _Tensor = torch.Tensor
 FLOAT_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
-
-def _load(registry: KernelRegistry) -> None:
-    from layerzero.backends import register_builtin
-
-    from . import OPERATION_SPECS
-
-    for spec in OPERATION_SPECS:
-        registry.add_op(spec)
-    register_builtin(registry)
-
-
-RUNTIME = Runtime(_load)
-"""The process's dispatch runtime (registry, selection cache, health, PerfDB); loads lazily."""
 
 scope_token = _config.scope_token
 is_grad_enabled = torch.is_grad_enabled

@@ -10,11 +10,11 @@ import torch
 
 from layerzero.core.constraints import native_layout
 from layerzero.core.context import SelectionContext, bucket
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import KernelSpec, Layout, MaskKind, OperationSpec
 
 from ._common import (
     FLOAT_DTYPES,
-    RUNTIME,
     check_same,
     check_tensor,
     deterministic_enabled,

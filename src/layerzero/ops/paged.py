@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from layerzero.core.context import SelectionContext, bucket
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
-from ._common import RUNTIME, check_same, check_tensor, device_spec, fail, flags, scope_token
+from ._common import check_same, check_tensor, device_spec, fail, flags, scope_token
 from .kv_cache import INDEX_DTYPES, KVLayout, check_cache, check_index, check_values, parse_layout
 
 OP = "paged_attention"

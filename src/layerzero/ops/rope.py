@@ -7,9 +7,10 @@ from typing import Any
 import torch
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import Layout, OperationSpec
 
-from ._common import RUNTIME, check_same, check_tensor, device_spec, fail, flags, scope_token
+from ._common import check_same, check_tensor, device_spec, fail, flags, scope_token
 
 OP = "rope"
 _LAYOUTS = {"BHSD": Layout.BHSD, "BSHD": Layout.BSHD, Layout.BHSD: Layout.BHSD, Layout.BSHD: Layout.BSHD}

@@ -8,10 +8,10 @@ from typing import Any
 import torch
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
 from ._common import (
-    RUNTIME,
     check_temperature,
     check_tensor,
     device_spec,

@@ -7,11 +7,11 @@ from typing import Any
 import torch
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
 from ._common import (
     FLOAT_DTYPES,
-    RUNTIME,
     check_same,
     check_tensor,
     deterministic_enabled,

@@ -46,11 +46,11 @@ from layerzero.core.errors import (
 )
 from layerzero.core.perfdb import fingerprint
 from layerzero.core.registry import KernelRegistry
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.selection import bind as _bind_plan
 from layerzero.core.selection import kernel_reasons
 from layerzero.core.specs import KernelSpec
 from layerzero.ops import OPS
-from layerzero.ops._common import RUNTIME
 
 from .report import TuneReport, TuneRow, TuneStatus
 from .shapes import make_inputs

@@ -105,7 +105,7 @@ def backend_kernels(registry: KernelRegistry) -> FlashInferKernels | None:
 
 def plan_stats(registry: KernelRegistry) -> PlanStats | None:
     """Plan-cache counters (hits, misses, evictions, size, capacity) of the FlashInfer backend registered in
-    ``registry`` (e.g. ``layerzero.ops._common.RUNTIME.registry``); None when FlashInfer is unavailable.
+    ``registry`` (e.g. ``layerzero.core.runtime.RUNTIME.registry``); None when FlashInfer is unavailable.
 
     A serving step with L layers should show 1 miss and L - 1 hits per batch layout."""
     kernels = backend_kernels(registry)
