@@ -544,3 +544,51 @@ def test_from_env_errors_are_typed(tmp_path: Path) -> None:
         Policy.from_env({"LAYERZERO_POLICY": str(bad)})
     with pytest.raises(LayerZeroError):
         Policy.from_env({"LAYERZERO_DENY": "a,,b"})
+
+
+# ---------------------------------------------------------------------------------------- when: fields
+def _sample_contexts():
+    """Real contexts of several ops (CPU), built by the ops themselves: their fields() are what rules see."""
+    import torch
+
+    import layerzero as lz
+
+    q = torch.ones(1, 2, 4, 8)
+    x, w = torch.ones(2, 8), torch.ones(8)
+    return [lz.explain("attention", q, q, q, window=(1, 0), is_causal=True, softcap=5.0).context,
+            lz.explain("rms_norm", x, w).context, lz.explain("sample_topk", torch.ones(2, 5), 2).context]
+
+
+def test_every_selection_context_field_is_accepted_in_when_with_its_kind():
+    """FIELD_KINDS is derived from SelectionContext: every key of ctx.fields() is a known field, the kind fits
+    the values real contexts hold, and a condition of that kind loads and matches the context's own value."""
+    import dataclasses
+
+    from layerzero.core.context import SelectionContext
+    from layerzero.core.policy_schema import FIELD_KINDS, FieldKind
+
+    ctxs = _sample_contexts()
+    names = set(ctxs[0].fields())
+    assert names == set(FIELD_KINDS) == set(KNOWN_FIELDS)
+    assert {f.name for f in dataclasses.fields(SelectionContext)} <= names
+    # the fields the hand list used to miss
+    assert {"param_dtype": "str", "aligned_16": "bool", "has_softcap": "bool", "window_left": "int",
+            "window_right": "int"}.items() <= {k: v.value for k, v in FIELD_KINDS.items()}.items()
+    python_type = {FieldKind.STR: str, FieldKind.INT: int, FieldKind.BOOL: bool}
+    seen = set()
+    for ctx in ctxs:
+        fields = ctx.fields()
+        for name, value in fields.items():
+            if value is None:
+                continue
+            seen.add(name)
+            kind = FIELD_KINDS[name]
+            assert type(value) is python_type[kind], (name, value, kind)
+            cond = value if kind is not FieldKind.STR else str(value)
+            pol = Policy.from_dict({"version": 1, "deny": [{"kernels": ["x.y"], "when": {name: cond}}]})
+            assert pol.deny[0].when.matches(fields), name
+    # a wrong kind is rejected at load time for each kind
+    for name, bad in (("param_dtype", 16), ("aligned_16", "yes"), ("window_left", "4")):
+        with pytest.raises(PolicyValidationError, match=name):
+            Policy.from_dict({"version": 1, "deny": [{"kernels": ["x.y"], "when": {name: bad}}]})
+    assert {"param_dtype", "aligned_16", "has_softcap", "window_left", "window_right"} <= seen

@@ -1,11 +1,12 @@
-"""Policy schema: context fields, ``when:`` conditions and the four rule kinds (lock, allow, deny, boost).
+"""Policy schema: ``when:`` conditions and the four rule kinds (lock, allow, deny, boost).
 
 Turns plain data (what ``yaml.safe_load`` returns) into frozen, validated rules and matches them against a
 selection context given as a ``Mapping[str, Any]`` of primitive values ("fields"). Globs are case-sensitive
 :func:`fnmatch.fnmatchcase` patterns; ``kernels`` globs match the kernel id *or* the backend id. A ``when:``
 condition is a scalar (bool matches bool only; numbers match equal numbers), a string glob (string values
 only), a comparison (``"<=128"``, ``"!=64"``) or inclusive range (``"64..256"``) on numbers, or a list of
-those (any-of); ``None`` / absent values never match. The full reference is ``docs/policies.md``.
+those (any-of); ``None`` / absent values never match. The full reference is ``docs/policies.md``. The context
+fields and their kinds (:data:`FIELD_KINDS`) are derived from ``SelectionContext`` in :mod:`.policy_fields`.
 """
 
 from __future__ import annotations
@@ -22,31 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .errors import PolicyValidationError, did_you_mean, expected_got
-
-
-class FieldKind(str, enum.Enum):
-    """The value type of a context field; decides which conditions are legal on it at load time."""
-
-    STR = "str"
-    INT = "int"
-    BOOL = "bool"
-
-
-_S, _I, _B = FieldKind.STR, FieldKind.INT, FieldKind.BOOL
-#: Value kind of every known context field (see ``SelectionContext.fields()``). Read-only.
-FIELD_KINDS: Mapping[str, FieldKind] = MappingProxyType({
-    "op": _S, "device": _S, "device_name": _S, "sm": _I, "gpu_generation": _S, "dtype": _S, "batch": _I,
-    "num_heads_q": _I, "num_heads_kv": _I, "head_dim": _I, "head_dim_v": _I, "gqa_ratio": _I,
-    "seq_len_q": _I, "seq_len_kv": _I, "seq_equal": _B, "hidden_size": _I, "layout": _S, "mask": _S,
-    "is_causal": _B, "dropout": _B, "scale_default": _B, "phase": _S, "graph_capture": _B,
-    "deterministic": _B, "requires_grad": _B, "tp_size": _I, "fused_residual": _B, "has_bias": _B,
-    "interleaved": _B, "rotary_dim": _I, "vocab_size": _I, "has_generator": _B, "stride_last_1": _B,
-    "contiguous": _B,
-    "kv_layout": _S, "page_size": _I,
-})
-#: Field names a rule's ``when:`` may use. Extend it by passing ``known_fields=KNOWN_FIELDS | {...}`` to the
-#: loaders; names without an entry in :data:`FIELD_KINDS` accept any condition kind.
-KNOWN_FIELDS: frozenset[str] = frozenset(FIELD_KINDS)
+from .policy_fields import FIELD_KINDS, KNOWN_FIELDS, FieldKind
 
 _NUM = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _CMP_RE = re.compile(rf"\s*(<=|>=|==|!=|<|>)\s*({_NUM})\s*")
