@@ -87,6 +87,27 @@ BAD_PAGED = [
     ("scale", _decode_args(scale=0.0), r"scale: expected None \(1/sqrt\(D\)\) or a finite float > 0, got 0.0"),
     ("scale nan", _decode_args(scale=float("nan")), r"scale: .*got nan"),
     ("is_causal", _decode_args(is_causal=1), r"is_causal: expected a bool, got 1"),
+    # batch / token-count consistency (shapes only: these hold on CUDA without reading a value)
+    ("batch 0 with tokens", _append_args(q=torch.randn(3, 4, 8), block_tables=torch.zeros(0, 2, dtype=I32),
+                                         seq_lens=torch.zeros(0, dtype=I32), cu_seqlens_q=torch.zeros(1, dtype=I32)),
+     r"num_tokens \(batch 0\): expected 0 query tokens .*got q.shape\[0\] = 3"),
+    ("decode batch 0 with tokens", _decode_args(q=torch.randn(3, 4, 8), block_tables=torch.zeros(0, 2, dtype=I32),
+                                                seq_lens=torch.zeros(0, dtype=I32)),
+     r"num_tokens \(decode\): expected one query token per sequence: q.shape\[0\] == batch = 0, got 3"),
+    ("cu batch mismatch", _append_args(cu_seqlens_q=torch.tensor([0, 1, 2, 2], dtype=I32)),
+     r"cu_seqlens_q shape: expected \[batch \+ 1\] = \[3\] \(rows of block_tables \+ 1\), got \[4\]"),
+    ("seq_lens vs block_tables rows", _append_args(seq_lens=torch.tensor([5, 0, 0], dtype=I32)),
+     r"seq_lens shape: expected \[batch\] = \[2\] \(rows of block_tables\), got \[3\]"),
+    ("tokens beyond capacity", _append_args(q=torch.randn(17, 4, 8), cu_seqlens_q=torch.tensor([0, 9, 17], dtype=I32)),
+     r"num_tokens: expected <= batch \* max_blocks \* block_size = 2 \* 2 \* 4 = 16 .*got q.shape\[0\] = 17"),
+    ("decode without block columns", _decode_args(block_tables=torch.zeros(2, 0, dtype=I32),
+                                                  seq_lens=torch.ones(2, dtype=I32)),
+     r"num_tokens: expected <= batch \* max_blocks \* block_size = 2 \* 0 \* 4 = 0"),
+    ("empty cache with tokens", _decode_args(kv_cache=torch.zeros(0, 2, 4, 2, 8)),
+     r"kv_cache num_blocks: expected >= 1 when there are query tokens.*got 0"),
+    ("batch 0 cu value", _append_args(q=torch.randn(0, 4, 8), block_tables=torch.zeros(0, 2, dtype=I32),
+                                      seq_lens=torch.zeros(0, dtype=I32), cu_seqlens_q=torch.ones(1, dtype=I32)),
+     r"cu_seqlens_q \(batch 0\): expected \[0\], got \[1\]"),
 ]
 
 
@@ -94,6 +115,40 @@ BAD_PAGED = [
 def test_bad_paged_attention_inputs(args, match):
     with pytest.raises(lz.InvalidInputError, match=match):
         _call(args)
+
+
+SHAPE_ONLY = ("batch 0 with tokens", "decode batch 0 with tokens", "cu batch mismatch", "tokens beyond capacity",
+              "decode without block columns", "empty cache with tokens")
+
+
+@pytest.mark.parametrize("name", SHAPE_ONLY)
+def test_batch_and_token_checks_need_no_value_read(name):
+    """The same inputs on the meta device (whose values cannot be read, like CUDA tensors outside strict mode)
+    still raise: these checks use shapes only."""
+    args, match = next(c[1:] for c in BAD_PAGED if c[0] == name)
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    assert not check_values(meta["seq_lens"])
+    with pytest.raises(lz.InvalidInputError, match=match):
+        paged.prepare(meta.pop("q"), meta.pop("kv_cache"), meta.pop("block_tables"), meta.pop("seq_lens"), **meta)
+
+
+def test_repeated_bad_calls_charge_no_backend_health():
+    """Inconsistent shapes are rejected before dispatch, so no kernel crashes on them and no backend's circuit
+    breaker moves (before the fix, three batch-0 calls with 3 query tokens returned zeros while each one crashed
+    torch_sdpa.paged_attention inside, opening its breaker for 30 s)."""
+    RUNTIME.ensure_ready()
+    RUNTIME.health.reset()
+    bad = [c[1] for c in BAD_PAGED if c[0] in SHAPE_ONLY]
+    with lz.trace() as tr:
+        for _ in range(lz.get_config().health_failure_threshold + 1):
+            for args in bad:
+                with pytest.raises(lz.InvalidInputError):
+                    _call(args)
+    assert tr.fallbacks == [] and tr.counts == {}
+    charged = {b: e for b, e in RUNTIME.health.snapshot().items() if e["failures"] or e["state"] != "CLOSED"}
+    assert charged == {}
+    assert lz.which("paged_attention", *(_decode_args()[k] for k in ("q", "kv_cache", "block_tables", "seq_lens"))
+                    ) == "torch_sdpa.paged_attention"
 
 
 def test_bad_input_count():
@@ -154,6 +209,60 @@ def test_allocate_kv_cache_rejects(kwargs, match):
     args.update(kwargs)
     with pytest.raises(lz.InvalidInputError, match=match):
         lz.allocate_kv_cache(**args)
+
+
+def _alloc(**kw):
+    args = dict(num_blocks=2, block_size=4, num_kv_heads=1, head_dim=8, dtype=torch.float32)
+    args.update(kw)
+    return lz.allocate_kv_cache(**args)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(device="nope"), r"allocate_kv_cache: device: expected a torch device string .*got 'nope'"),
+    (dict(device=None), r"device: expected a torch.device, .*got NoneType None"),
+    (dict(device=-1), r"device \(CUDA ordinal\): expected an int >= 0, got -1"),
+    # 2 * 2**40 * 4 * 1 * 2**30 * 4 bytes = 2**75: the element count alone overflows int64
+    (dict(num_blocks=2**40, head_dim=2**30), r"cache size: expected at most 9223372036854775807 bytes \(int64\), "
+                                               r"got 37778931862957161709568 bytes = 2 \* 1099511627776 blocks"),
+    # 2**53 bytes (8 PiB): fits int64, exceeds any machine's RAM; rejected without allocating
+    (dict(num_blocks=2**30, block_size=2**10, head_dim=2**10), r"cache size: expected at most .*got 9007199254740992 "
+                                                                 r"bytes"),
+])
+def test_allocate_kv_cache_rejects_device_and_size(kwargs, match):
+    with pytest.raises(lz.InvalidInputError, match=match):
+        _alloc(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", 0, torch.device("cuda")])
+def test_allocate_kv_cache_without_cuda_is_backend_not_available(device):
+    with pytest.raises(lz.BackendNotAvailableError, match=r"allocate_kv_cache: device 'cuda.*': expected a usable "
+                                                         r"CUDA device .*pass device='cpu'"):
+        _alloc(device=device)
+
+
+def test_allocate_kv_cache_out_of_memory_is_typed(monkeypatch):
+    """An allocation that passes the size checks but that the allocator refuses (torch's CPU message) is an
+    InvalidInputError naming the size; other RuntimeErrors pass through unchanged."""
+    def oom(*_a, **_k):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 256 bytes.")
+
+    monkeypatch.setattr(torch, "zeros", oom)
+    with pytest.raises(lz.InvalidInputError, match=r"cache size: expected what the cpu device can allocate now, got "
+                                                   r"512 bytes = 2 \* 2 blocks \* 4 tokens \* 1 heads \* 8 \* 4 bytes"):
+        _alloc()
+
+    def other(*_a, **_k):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(torch, "zeros", other)
+    with pytest.raises(RuntimeError, match="something else"):
+        _alloc()
+
+
+def test_allocate_kv_cache_on_meta_and_int_sizes():
+    cache = _alloc(device="meta", layout="HND")
+    assert cache.device.type == "meta" and tuple(cache.shape) == (2, 2, 1, 4, 8)
 
 
 # ------------------------------------------------------------------------------------------ keys, contexts, routing

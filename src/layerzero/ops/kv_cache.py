@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 from typing import Any
 
 import torch
 
 from layerzero.core import config as _config
-from layerzero.core.errors import InvalidInputError, expected_got
+from layerzero.core.errors import BackendNotAvailableError, InvalidInputError, expected_got
 
 from ._common import FLOAT_DTYPES
 
 log = logging.getLogger("layerzero.ops.kv_cache")
 
 INDEX_DTYPES = frozenset({torch.int32, torch.int64})
+_INT64_MAX = 2**63 - 1
 
 
 class KVLayout(str, enum.Enum):
@@ -112,6 +114,62 @@ def check_values(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" or _config.get_config().strict
 
 
+def _check_device(op: str, device: Any) -> torch.device:
+    """``device`` as a :class:`torch.device` this process can allocate on; no memory is allocated for CPU, CUDA and
+    meta (other types are probed with a 0-element tensor).
+
+    Raises:
+        InvalidInputError: not a device (string), an unknown device type, a CUDA ordinal past the visible devices.
+        BackendNotAvailableError: a device type this torch build or machine lacks (CUDA on a CPU-only build or
+            without a GPU, MPS off Apple silicon, ...).
+    """
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+        raise _fail(op, "device", "a torch.device, a device string like 'cpu' or 'cuda:0', or an int CUDA ordinal",
+                    f"{type(device).__name__} {device!r}")
+    if isinstance(device, int):
+        if device < 0:
+            raise _fail(op, "device (CUDA ordinal)", "an int >= 0", device, "Pass 0 for the first GPU.")
+        device = f"cuda:{device}"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise _fail(op, "device", "a torch device string such as 'cpu', 'cuda', 'cuda:1' or 'meta'", repr(device),
+                    f"torch said: {str(exc)[:160]}") from exc
+    if dev.type in ("cpu", "meta"):
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BackendNotAvailableError(expected_got(
+                f"lz.{op}: device {str(dev)!r}", "a usable CUDA device (torch.cuda.is_available() == True)",
+                f"none (torch {torch.__version__}, built with CUDA {torch.version.cuda})",
+                "Install a CUDA build of torch and a driver, check CUDA_VISIBLE_DEVICES, or pass device='cpu'."))
+        count = torch.cuda.device_count()
+        if dev.index is not None and not 0 <= dev.index < count:
+            raise _fail(op, "device (CUDA ordinal)", f"0 <= index < {count} (visible CUDA devices)", dev.index,
+                        "Use an ordinal below torch.cuda.device_count() or check CUDA_VISIBLE_DEVICES.")
+        return dev
+    try:
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError) as exc:  # torch raises either for a device type it cannot use
+        said = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise BackendNotAvailableError(expected_got(
+            f"lz.{op}: device {str(dev)!r}", f"a usable {dev.type} device in this torch build", "none",
+            f"torch said: {said}. Pass device='cpu' or a device this machine has.")) from exc
+    return dev
+
+
+def _device_memory(dev: torch.device) -> int | None:
+    """Total bytes of ``dev``'s memory (physical RAM for CPU), or None when unknown (meta, other types)."""
+    try:
+        if dev.type == "cpu":
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if dev.type == "cuda":
+            return int(torch.cuda.get_device_properties(dev).total_memory)
+    except (AttributeError, OSError, ValueError, RuntimeError):
+        return None
+    return None
+
+
 def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                       dtype: torch.dtype = torch.float16, layout: str | KVLayout = "NHD",
                       device: str | torch.device = "cpu") -> torch.Tensor:
@@ -126,10 +184,16 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
     Args:
         num_blocks: blocks (pages), >= 0. block_size: tokens per block, >= 1. num_kv_heads: Hkv, >= 1.
         head_dim: D, >= 1. dtype: float32/float64/float16/bfloat16 (the dtype of q). layout: ``"NHD"`` or
-        ``"HND"``. device: where to allocate.
+        ``"HND"``. device: where to allocate (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a :class:`torch.device`, an
+        int CUDA ordinal; ``"meta"`` allocates nothing).
 
     Raises:
-        InvalidInputError: a size that is not an int in range, a non-float dtype, an unknown layout.
+        InvalidInputError: a size that is not an int in range, a non-float dtype, an unknown layout, a device
+            that is not one, a CUDA ordinal past the visible devices, a size whose element count or bytes
+            overflow int64 or exceed the device's total memory (physical RAM for CPU), or an allocation the
+            device cannot serve now (out of memory; nothing is allocated). All checked before allocating.
+        BackendNotAvailableError: a device type this machine or torch build lacks (e.g. ``device="cuda"`` on a
+            CPU-only torch).
 
     >>> import torch, layerzero as lz
     >>> lz.allocate_kv_cache(4, 16, 2, 64, torch.float32).shape
@@ -144,6 +208,24 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
         raise _fail(op, "dtype", "one of torch.float32/float64/float16/bfloat16", repr(dtype),
                     "Use the dtype of the model's q/k/v.")
     lay = parse_layout(op, layout, "layout")
+    dev = _check_device(op, device)
     shape = ((num_blocks, 2, block_size, num_kv_heads, head_dim) if lay is KVLayout.NHD
              else (num_blocks, 2, num_kv_heads, block_size, head_dim))
-    return torch.zeros(shape, dtype=dtype, device=device)
+    numel = 2 * num_blocks * block_size * num_kv_heads * head_dim
+    nbytes = numel * dtype.itemsize
+    size = (f"{nbytes} bytes = 2 * {num_blocks} blocks * {block_size} tokens * {num_kv_heads} heads * {head_dim} "
+            f"* {dtype.itemsize} bytes")
+    if nbytes > _INT64_MAX:
+        raise _fail(op, "cache size", f"at most {_INT64_MAX} bytes (int64)", size,
+                    "Check the arguments: num_blocks * block_size * num_kv_heads * head_dim overflows.")
+    total = _device_memory(dev)
+    if total is not None and nbytes > total:
+        raise _fail(op, "cache size", f"at most the {dev.type} device's total memory ({total} bytes)", size,
+                    "Allocate fewer blocks (num_blocks), or shard the KV heads across devices.")
+    try:
+        return torch.zeros(shape, dtype=dtype, device=dev)
+    except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA), "can't allocate memory" (CPU)
+        if not isinstance(exc, torch.OutOfMemoryError) and "allocate memory" not in str(exc):
+            raise
+        raise _fail(op, "cache size", f"what the {dev} device can allocate now", size,
+                    f"Allocate fewer blocks or free memory first (torch said: {str(exc).strip()[:160]}).") from exc

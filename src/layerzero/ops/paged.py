@@ -30,6 +30,8 @@ def _check_paged_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, cu: 
     q_len <= seq_len, decode seq_lens >= 1, used block ids in [0, num_blocks). Syncs on a GPU."""
     batch, max_blocks = block_tables.shape
     if batch == 0:
+        if cu is not None and int(cu[0]) != 0:
+            raise fail(OP, "cu_seqlens_q (batch 0)", "[0]", cu.tolist(), "cu_seqlens_q is the prefix sum of q_lens.")
         return
     lens = seq_lens.long()
     cap = max_blocks * block_size
@@ -69,6 +71,29 @@ def _check_paged_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, cu: 
                    "Only the first ceil(seq_len / block_size) entries of a row are read; fix the block allocator.")
 
 
+def _check_token_bounds(num_tokens: int, batch: int, max_blocks: int, num_blocks: int, block_size: int) -> None:
+    """Shape-only consequences of the contract (no index value is read, so they hold on CUDA too): every query
+    token belongs to a sequence (``q_len <= seq_len <= max_blocks * block_size``), so ``num_tokens <= batch *
+    max_blocks * block_size``, and a query token needs at least one KV token, so a cache of 0 blocks admits no
+    query token. ``num_tokens > 0`` with ``batch == 0`` is the first case."""
+    if not num_tokens:
+        return
+    if batch == 0:
+        raise fail(OP, "num_tokens (batch 0)", "0 query tokens when block_tables, seq_lens have 0 rows and "
+                   "cu_seqlens_q is [0]", f"q.shape[0] = {num_tokens}",
+                   "Every query token belongs to a sequence: pass one block_tables row and seq_lens entry per "
+                   "sequence, and cu_seqlens_q [batch + 1].")
+    cap = max_blocks * block_size
+    if num_tokens > batch * cap:
+        raise fail(OP, "num_tokens", f"<= batch * max_blocks * block_size = {batch} * {max_blocks} * {block_size} "
+                   f"= {batch * cap} (q_len <= seq_len <= max_blocks * block_size per sequence)",
+                   f"q.shape[0] = {num_tokens}", "Widen block_tables (max_blocks) or check cu_seqlens_q / q.")
+    if num_blocks == 0:
+        raise fail(OP, "kv_cache num_blocks", ">= 1 when there are query tokens (each needs its own KV, written "
+                   "by lz.reshape_and_cache first)", f"0 (kv_cache shape [0, ...], {num_tokens} query tokens)",
+                   "Allocate the cache with lz.allocate_kv_cache(num_blocks >= 1, ...).")
+
+
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, *,
             cu_seqlens_q: torch.Tensor | None = None, scale: float | None = None, is_causal: bool = True,
             kv_layout: str | KVLayout = "NHD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -101,7 +126,9 @@ def prepare(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
     else:
         check_index(OP, "cu_seqlens_q", cu_seqlens_q, 1, q.device)
         if cu_seqlens_q.shape[0] != batch + 1:
-            raise fail(OP, "cu_seqlens_q shape", f"[batch + 1] = [{batch + 1}]", list(cu_seqlens_q.shape))
+            raise fail(OP, "cu_seqlens_q shape", f"[batch + 1] = [{batch + 1}] (rows of block_tables + 1)",
+                       list(cu_seqlens_q.shape))
+    _check_token_bounds(num_tokens, batch, max_blocks, nb, bs)
     if is_causal is not True and is_causal is not False:
         raise fail(OP, "is_causal", "a bool", repr(is_causal))
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
@@ -164,8 +191,10 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     Raises:
         InvalidInputError: ranks/shapes per layout, dtypes (q and cache float and equal; index tensors int32 on
             q's device), ``Hq % Hkv != 0``, head_dim mismatch, unknown ``kv_layout``, bad ``scale``/``is_causal``,
-            and (see above) seq_lens outside ``[0, M * P]``, non-monotonic or inconsistent cu_seqlens_q,
-            ``q_len > seq_len``, used block ids outside ``[0, N)``.
+            B disagreeing between block_tables, seq_lens and cu_seqlens_q, ``T != B`` for decode, ``T > B * M * P``
+            (so any query token with ``B == 0`` or ``M == 0``), query tokens with an empty (``N == 0``) cache (these
+            from shapes only, on every device), and (see above) seq_lens outside ``[0, M * P]``, non-monotonic or
+            inconsistent cu_seqlens_q, ``q_len > seq_len``, used block ids outside ``[0, N)``.
         NoKernelFoundError: a lock names a kernel that cannot run these inputs (e.g. during CUDA graph capture).
 
     >>> import torch, layerzero as lz
