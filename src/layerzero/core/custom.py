@@ -10,7 +10,11 @@ runtime's registry. Rules:
 - the callable must accept the op's canonical positional arguments (:data:`CANONICAL_ARGS`, the table of
   ``docs/architecture.md``), checked with :func:`inspect.signature`;
 - constraint keywords are :class:`KernelSpec` fields (:data:`CONSTRAINT_FIELDS`), coerced from friendly
-  spellings (``layouts={"BSHD"}``, ``dtypes={"bfloat16"}``, ``sm_min="8.0"``) and type-checked;
+  spellings (``layouts={"BSHD"}``, ``dtypes={"bfloat16"}``, ``sm_min="8.0"``) and type-checked; ``None`` means
+  "no constraint" as in :class:`KernelSpec` (``mask_kinds=None``: every mask kind; ``generations`` / ``layouts`` /
+  ``cpu_isa`` / ``sm_*`` / ``head_dim_*`` / ``max_seq_len`` / callables: none); ``device_types`` and ``dtypes``
+  have no "any" value, so ``None`` or an empty set there is rejected, as is an empty set anywhere but ``cpu_isa``;
+  ``device_types`` are torch device types (:data:`KNOWN_DEVICE_TYPES` or another ``torch.device`` type);
 - Triton kernels may pass ``launch_config`` (``num_warps`` a power of 2 in 1..32, ``num_stages`` 1..8,
   ``num_ctas`` a power of 2 in 1..16, ``BLOCK*`` sizes powers of 2 up to 2**20); the kernel is then called
   with ``launch_config=LaunchConfig(...)`` as a keyword. Compile caching is Triton's own: it caches each
@@ -34,7 +38,7 @@ from typing import Any
 import torch
 
 from .device import GPUGeneration
-from .errors import ConfigurationError, expected_got
+from .errors import ConfigurationError, did_you_mean, expected_got
 from .registry import KernelRegistry
 from .specs import CPU_ISA_NAMES, BackendSpec, KernelSpec, Layout, MaskKind
 
@@ -125,10 +129,17 @@ class LaunchConfig:
 
 def _enum_set(what: str, value: Any, parse: Callable[[Any], Any], choices: Iterable[Any]) -> frozenset[Any]:
     items = [value] if isinstance(value, (str, torch.dtype)) or not isinstance(value, Iterable) else list(value)
+    if not items and what != "cpu_isa":
+        raise _bad(f"register_kernel: {what}", f"at least one value from {sorted(map(str, choices))}", "an empty set",
+                   "An empty set would make the kernel never eligible; leave the constraint out for the default.")
     out = set()
     for item in items:
         try:
+            if item is None:
+                raise TypeError(item)
             out.add(parse(item))
+        except ConfigurationError:
+            raise
         except (KeyError, ValueError, TypeError, AttributeError):
             raise _bad(f"register_kernel: {what}", f"values from {sorted(map(str, choices))}", repr(item)) from None
     return frozenset(out)
@@ -143,10 +154,23 @@ def _dtype(x: Any) -> torch.dtype:
     return value
 
 
+KNOWN_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+"""Device types LayerZero's own kernels run on. ``device_types`` also accepts any other torch device type
+(``torch.device(name).type == name``: ``hpu``, ``mtia``, ``privateuseone``, ...), case-insensitively."""
+
+
 def _device_type(x: Any) -> str:
-    if not isinstance(x, str) or not x.isidentifier():
-        raise TypeError(x)
-    return x
+    name = x.lower() if isinstance(x, str) else None
+    try:
+        ok = name is not None and name != "hip" and torch.device(name).type == name
+    except (RuntimeError, ValueError):
+        ok = False
+    if not ok:
+        hint = " AMD (ROCm) and NVIDIA GPUs are both 'cuda' in torch." if name in ("gpu", "hip", "rocm", "nvidia") else (
+            did_you_mean(str(x), KNOWN_DEVICE_TYPES) if isinstance(x, str) else "")
+        raise _bad("register_kernel: device_types", f"torch device types such as {list(KNOWN_DEVICE_TYPES)} "
+                   "(or another torch.device type: hpu, mtia, privateuseone, ...)", repr(x), hint.strip() or None)
+    return name
 
 
 def _generation(x: Any) -> GPUGeneration:
@@ -174,7 +198,7 @@ def _sm(what: str, value: Any) -> tuple[int, int] | None:
 
 
 _SETS: dict[str, tuple[Callable[[Any], Any], Iterable[Any]]] = {
-    "device_types": (lambda x: _device_type(x), ("cpu", "cuda", "mps", "xpu")),
+    "device_types": (_device_type, KNOWN_DEVICE_TYPES),
     "dtypes": (_dtype, ("float32", "float64", "float16", "bfloat16")),
     "generations": (_generation, [g.name for g in GPUGeneration]),
     "cpu_isa": (_isa, sorted(CPU_ISA_NAMES)),
@@ -182,6 +206,11 @@ _SETS: dict[str, tuple[Callable[[Any], Any], Iterable[Any]]] = {
     "mask_kinds": (lambda x: MaskKind(x.value if isinstance(x, MaskKind) else str(x).lower()),
                    [m.value for m in MaskKind]),
 }
+_NO_CONSTRAINT: dict[str, frozenset[Any] | None] = {
+    "generations": None, "layouts": None, "cpu_isa": None, "mask_kinds": frozenset(MaskKind)}
+"""What ``None`` means for set-valued constraints that have a "no constraint" value: every kind of mask for
+``mask_kinds``, ``None`` (any) for the others. ``device_types`` and ``dtypes`` have none: ``None`` is rejected."""
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(KernelSpec)}
 _INTS = ("head_dim_min", "head_dim_max", "head_dim_multiple", "max_seq_len")
 _CALLABLES = ("check", "workspace", "specialize")
 
@@ -199,8 +228,14 @@ def coerce_constraints(constraints: Mapping[str, Any]) -> dict[str, Any]:
             raise _bad("register_kernel: constraint name", f"one of {sorted(CONSTRAINT_FIELDS)}", repr(name))
         if name in _SETS:
             parse, choices = _SETS[name]
-            out[name] = None if value is None and name in ("generations", "layouts", "cpu_isa") else _enum_set(
-                name, value, parse, choices)
+            if value is None and name in _NO_CONSTRAINT:
+                out[name] = _NO_CONSTRAINT[name]
+            elif value is None:
+                raise _bad(f"register_kernel: {name}", f"a set of values from {sorted(map(str, choices))}", "None",
+                           f"{name} has no 'any' value: list what the kernel supports, or leave it out for the "
+                           f"default {sorted(str(d).removeprefix('torch.') for d in _DEFAULTS[name])}.")
+            else:
+                out[name] = _enum_set(name, value, parse, choices)
         elif name in ("sm_min", "sm_max"):
             out[name] = _sm(name, value)
         elif name in _INTS:
