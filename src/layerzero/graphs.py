@@ -4,9 +4,11 @@ The rules (docs/cuda_graphs.md): while a CUDA graph is being captured only graph
 (``KernelSpec.graph_safe``; the shared filter rejects the others with ``CUDA_GRAPH_UNSAFE``) and no selection
 work may happen (no PerfDB read, no JIT compile, no Python decision whose result the graph would freeze without
 LayerZero knowing). Every op's cache key holds the capture flag, so a call under capture looks up its own
-entry; a miss there raises ``CudaGraphUnsafeError`` (``core/dispatch.py``) unless
-``lz.configure(allow_selection_in_capture=True)``. :func:`warmup` fills both entries (eager and capture)
-before capture, and runs each chosen kernel once so its compile/JIT happens outside the graph.
+entry (``core.dispatch.capture_key``: the key with ``capture=True``); a miss there raises
+``CudaGraphUnsafeError`` (``core/dispatch.py``) unless ``lz.configure(allow_selection_in_capture=True)``.
+The first eager call of a CUDA key fills the capture entry too and runs its kernel once when it differs from
+the eager one (``Runtime.prepare_capture``), so the ordinary PyTorch recipe (eager calls, side-stream warm-up,
+capture) works; :func:`warmup` does the same for exact cases ahead of time.
 
 The capture procedure follows the PyTorch CUDA-graphs notes ("CUDA Graphs", torch.cuda docs): warm up on a
 side stream, capture with ``torch.cuda.graph``, replay, read the static outputs.
@@ -70,20 +72,6 @@ def _op(op: Any) -> tuple[Any, Any]:
         return OPS[op]
     except (KeyError, TypeError):
         raise UnknownOperationError(f"unknown op {op!r}. Known ops: {sorted(OPS)}.") from None
-
-
-def capture_key(key: tuple[Any, ...], build_ctx: Callable[[tuple[Any, ...]], Any]) -> tuple[Any, ...] | None:
-    """The cache key a call with this ``key`` gets while a CUDA graph is being captured: every op keeps the
-    capture flag second to last (before the scoped-policy token). Verified with ``build_ctx``; None when the
-    key does not have that shape (an op added without following the convention)."""
-    if len(key) < 2 or not isinstance(key[-2], bool):
-        return None
-    cap = (*key[:-2], True, key[-1])
-    try:
-        ok = build_ctx(cap).graph_capture is True and build_ctx(key[:-2] + (False, key[-1])).graph_capture is False
-    except (TypeError, ValueError):
-        ok = False
-    return cap if ok else None
 
 
 def is_graph_safe(op: str, *args: Any, **kwargs: Any) -> bool:
@@ -152,27 +140,11 @@ def warmup(op: str, cases: Iterable[Any]) -> list[str]:
         plan = RUNTIME.resolve(key, build_ctx)
         RUNTIME.run(key, build_ctx, call_args)
         chosen.append(plan.kernel_id)
-        if build_ctx(key).device.device_type == "cuda":
-            _warm_capture(op, key, build_ctx, call_args)
+        if build_ctx(key).device.device_type == "cuda" and RUNTIME.prepare_capture(key, build_ctx, call_args,
+                                                                                    plan) is None:
+            log.warning("LayerZero warmup %s case %d: no graph-safe kernel for these inputs, so this call cannot be "
+                        "captured in a CUDA graph (lz.explain(..., with the call inside a capture) says why)", op, i)
     return chosen
-
-
-def _warm_capture(op: str, key: tuple[Any, ...], build_ctx: Any, call_args: tuple[Any, ...]) -> None:
-    """Fill the capture-time cache entry of ``key`` and run its kernel once (outside any capture)."""
-    cap = capture_key(key, build_ctx)
-    if cap is None:
-        log.warning("LayerZero warmup %s: cannot derive the capture-time cache key; calls under capture will miss",
-                    op)
-        return
-    ctx = build_ctx(cap)
-    try:
-        plan = RUNTIME.cache.get_or_compute(cap, lambda: RUNTIME.select_context(ctx)[0],
-                                            timeout_s=_config.get_config().selection_timeout_s)
-    except NoKernelFoundError as exc:
-        log.warning("LayerZero warmup %s: no graph-safe kernel for these inputs, so this call cannot be captured "
-                    "in a CUDA graph (%s)", op, str(exc).splitlines()[0])
-        return
-    plan.call(*call_args)
 
 
 def _flatten(out: Any) -> list[Any]:
@@ -291,4 +263,4 @@ def validate_graph_capture(fn: Callable[..., Any], *args: Any, warmup: int = 2, 
     return GraphCheck(problem is None, worst, done, kernels, problem)
 
 
-__all__ = ["GRAPH_TOLERANCES", "GraphCheck", "capture_key", "is_graph_safe", "validate_graph_capture", "warmup"]
+__all__ = ["GRAPH_TOLERANCES", "GraphCheck", "is_graph_safe", "validate_graph_capture", "warmup"]

@@ -14,6 +14,7 @@ import torch
 
 import layerzero as lz
 from layerzero import graphs
+from layerzero.core.dispatch import capture_key
 from layerzero.core.errors import CudaGraphUnsafeError, InvalidInputError, UnknownOperationError
 from layerzero.core.runtime import RUNTIME
 from layerzero.ops import OPS
@@ -136,7 +137,7 @@ def test_compare_tolerances():
 
 # ------------------------------------------------------------------------------------------ the Runtime guard
 def _capture_builder(build_ctx):
-    return lambda key: replace(build_ctx(key[1:]), graph_capture=True)  # key[0]: a test-only prefix
+    return lambda key: replace(build_ctx(key[1]), graph_capture=True)  # key[0]: a test-only prefix
 
 
 def test_resolve_miss_under_capture_raises():
@@ -144,7 +145,7 @@ def test_resolve_miss_under_capture_raises():
     prepare, build_ctx = OPS["attention"]
     key, _ = prepare(q, k, v)
     with pytest.raises(CudaGraphUnsafeError, match=r"lz\.warmup"):
-        RUNTIME.resolve(("capture-test", *key), _capture_builder(build_ctx))
+        RUNTIME.resolve(("capture-test", key), _capture_builder(build_ctx))
 
 
 def test_resolve_miss_under_capture_allowed_by_config():
@@ -152,7 +153,7 @@ def test_resolve_miss_under_capture_allowed_by_config():
     prepare, build_ctx = OPS["attention"]
     key, _ = prepare(q, k, v)
     lz.configure(allow_selection_in_capture=True)
-    plan = RUNTIME.resolve(("capture-test-2", *key), _capture_builder(build_ctx))
+    plan = RUNTIME.resolve(("capture-test-2", key), _capture_builder(build_ctx))
     assert RUNTIME.registry.kernel(plan.kernel_id, "attention").graph_safe
 
 
@@ -176,7 +177,8 @@ def test_config_option_is_typed():
 
 
 def test_capture_key_for_every_op():
-    """Every op keeps the capture flag second to last; capture_key flips it and the context agrees."""
+    """Every op's key is a NamedTuple with a ``capture`` field; capture_key flips only it and the context
+    agrees."""
     q, k, v = qkv()
     x, w = torch.randn(2, 16), torch.ones(16)
     calls = {"attention": ((q, k, v), {}), "rms_norm": ((x, w), {}), "layer_norm": ((x, w), {}),
@@ -184,7 +186,90 @@ def test_capture_key_for_every_op():
     for op, (args, kw) in calls.items():
         prepare, build_ctx = OPS[op]
         key, _ = prepare(*args, **kw)
-        cap = graphs.capture_key(key, build_ctx)
-        assert cap is not None and cap != key and cap[-2] is True, op
+        cap = capture_key(key)
+        assert cap is not None and cap != key and cap.capture is True and cap._replace(capture=False) == key, op
         assert build_ctx(cap).graph_capture and not build_ctx(key).graph_capture
-    assert graphs.capture_key(("attention", 1), OPS["attention"][1]) is None
+    assert capture_key(("attention", 1)) is None
+
+
+# ----------------------------------------------------------------------------- capture prepared by an eager call
+
+
+@pytest.fixture
+def capture_kernels():
+    """Two custom CUDA rms_norm kernels: a faster non-graph-safe one (the eager pick) and a graph-safe one that
+    draws from a generator passed in the args (to see that the warm-up run leaves random state alone)."""
+    calls: list[str] = []
+
+    def eager(x, weight, eps, residual):
+        calls.append("eager")
+        return x * 2
+
+    def safe(x, weight, eps, residual):
+        calls.append("safe")
+        if isinstance(eps, torch.Generator):
+            torch.rand(3, generator=eps)
+        return x * 2
+
+    lz.register_kernel("rms_norm", "captest.eager", eager, priority=10_000, device_types={"cuda"}, graph_safe=False)
+    lz.register_kernel("rms_norm", "captest.safe", safe, priority=9_000, device_types={"cuda"}, graph_safe=True)
+    yield calls
+    for kid in ("captest.eager", "captest.safe"):
+        lz.unregister_kernel(kid)
+
+
+def _fake_cuda_call(tag: str):
+    """A CPU rms_norm key made unique by its scope token, and a context builder that places it on a fake H100."""
+    from layerzero.testing.devices import fake_cuda_device
+
+    prepare, build_ctx = OPS["rms_norm"]
+    x, w = torch.randn(2, 16), torch.ones(16)
+    key, _ = prepare(x, w)
+    key = key._replace(scope=(tag,))
+    return key, (lambda k: replace(build_ctx(k), device=fake_cuda_device((9, 0)))), x, w
+
+
+def test_first_eager_cuda_call_prepares_the_capture_choice(capture_kernels):
+    """The standard PyTorch recipe needs no lz.warmup: the first eager call of a CUDA key also selects (and runs
+    once) the graph-safe kernel a capture of the same inputs gets; later eager calls do neither."""
+    key, build, x, w = _fake_cuda_call("prep-1")
+    gen = torch.Generator().manual_seed(5)
+    before = gen.get_state()
+    out = RUNTIME.run(key, build, (x, w, gen, None))
+    assert torch.equal(out, x * 2)
+    assert capture_kernels == ["eager", "safe"]
+    cap = RUNTIME.cache.get(capture_key(key))
+    assert cap is not None and cap.kernel_id == "captest.safe"
+    assert torch.equal(gen.get_state(), before), "the warm-up run of the capture kernel consumed random numbers"
+    RUNTIME.run(key, build, (x, w, 1e-6, None))
+    assert capture_kernels == ["eager", "safe", "eager"]
+    # under capture the prepared plan is a cache hit: no selection (a builder that raises proves it)
+    def no_build(_key):
+        raise AssertionError("selection ran under capture")
+    assert RUNTIME.run(capture_key(key), no_build, (x, w, 1e-6, None)) is not None
+    assert capture_kernels[-1] == "safe"
+
+
+def test_capture_choice_is_not_rerun_when_the_eager_kernel_is_graph_safe(capture_kernels):
+    key, build, x, w = _fake_cuda_call("prep-2")
+    lz.lock("rms_norm", "captest.safe")
+    try:
+        RUNTIME.run(key, build, (x, w, 1e-6, None))
+    finally:
+        lz.unlock("rms_norm")
+    assert capture_kernels == ["safe"]
+
+
+def test_capture_miss_error_says_an_eager_call_prepares_it():
+    key, build, x, w = _fake_cuda_call("prep-3")
+    with pytest.raises(CudaGraphUnsafeError, match="first eager call prepares"):
+        RUNTIME.resolve(capture_key(key), build)
+
+
+def test_cpu_calls_prepare_no_capture_entry():
+    prepare, build_ctx = OPS["rms_norm"]
+    x, w = torch.randn(2, 16), torch.ones(16)
+    key, args = prepare(x, w)
+    key = key._replace(scope=("prep-cpu",))
+    RUNTIME.run(key, build_ctx, args)
+    assert RUNTIME.cache.get(capture_key(key)) is None

@@ -22,11 +22,13 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from . import config as _config
 from .cache import SelectionCache
 from .context import SelectionContext
 from .device import DeviceSpec
-from .errors import CudaGraphUnsafeError, KernelExecutionError, LayerZeroError
+from .errors import CudaGraphUnsafeError, KernelExecutionError, LayerZeroError, NoKernelFoundError
 from .health import BreakerState, HealthTracker
 from .perfdb import PerfDB, fingerprint, perf_score
 from .reasons import Reason
@@ -191,18 +193,24 @@ class Runtime:
             if ctx.graph_capture and not _config.get_config().allow_selection_in_capture:
                 raise CudaGraphUnsafeError(
                     f"lz.{ctx.op}: no cached kernel choice for these inputs while a CUDA graph is being captured, "
-                    "and selection must not run inside a capture. Call lz.warmup(op, cases) (or run the op once "
-                    "eagerly with the same shapes) before capturing, or lz.configure("
-                    "allow_selection_in_capture=True) to allow it.")
+                    "and selection must not run inside a capture. Run the op once eagerly with the same shapes, "
+                    "dtypes and flags before capturing (the first eager call prepares the capture-time choice), or "
+                    "call lz.warmup(op, cases), or lz.configure(allow_selection_in_capture=True) to allow it."
+                    + _graph_safe_hint(self, ctx))
             return self.select_context(ctx)[0]
 
         return self.cache.get_or_compute(key, compute, timeout_s=_config.get_config().selection_timeout_s)
 
     # ------------------------------------------------------------------ the hot path
     def run(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...]) -> Any:
-        """Look ``key`` up, select on a miss, and call the plan with ``args`` (the op's canonical arguments)."""
+        """Look ``key`` up, select on a miss, and call the plan with ``args`` (the op's canonical arguments).
+
+        After the first eager call of a CUDA key the capture-time choice is prepared too
+        (:meth:`prepare_capture`), so the usual PyTorch recipe (eager calls, side-stream warm-up, capture)
+        finds it cached."""
         plan = self.cache.get(key)
-        if plan is None or plan.recheck_at is not None and plan.recheck_at <= time.monotonic():
+        miss = plan is None or plan.recheck_at is not None and plan.recheck_at <= time.monotonic()
+        if miss:
             plan = self.resolve(key, build_ctx, refresh=plan is not None)
         t = _TRACE.get()
         if t is not None:
@@ -213,7 +221,45 @@ class Runtime:
             return self._on_failure(plan, exc, args, t)
         if plan.trial:
             self.health.record_success(plan.backend)
+        if miss:
+            self.prepare_capture(key, build_ctx, args, plan)
         return out
+
+    def prepare_capture(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...],
+                        eager: ExecutionPlan | None = None) -> ExecutionPlan | None:
+        """Select and cache the plan a call with ``key`` gets while a CUDA graph is being captured (graph-safe
+        kernels only), and run it once now, outside any capture, when it differs from ``eager`` (the kernel
+        that just ran), so any JIT/compile or plan allocation of that kernel happens here. Random-number state
+        (torch.Generator arguments, the device's default CUDA generator) is restored afterwards, so the
+        extra run draws nothing the caller would see. No-op for non-CUDA keys, keys already captured, or
+        keys that are not op keys with a ``capture`` field.
+
+        Returns the capture-time plan, or None (not CUDA, or no graph-safe kernel: logged at INFO; a capture
+        of such a call raises ``CudaGraphUnsafeError`` with the reasons)."""
+        cap = capture_key(key)
+        if cap is None or cap == key:
+            return None
+        ctx = build_ctx(cap)
+        if ctx.device.device_type != "cuda":
+            return None
+        plan = self.cache.get(cap)
+        if plan is not None:
+            return plan
+        try:
+            plan = self.cache.get_or_compute(cap, lambda: self.select_context(ctx)[0],
+                                             timeout_s=_config.get_config().selection_timeout_s)
+        except NoKernelFoundError as exc:
+            log.info("LayerZero %s: no graph-safe kernel for these inputs, so this call cannot be captured in a "
+                     "CUDA graph (%s)", ctx.op, str(exc).splitlines()[0])
+            return None
+        if eager is None or plan.kernel_id != eager.kernel_id:
+            with _rng_kept(args, ctx):
+                try:
+                    plan.call(*args)
+                except Exception as exc:  # noqa: BLE001 - logged; a capture then retries graph-safe fallbacks
+                    log.warning("LayerZero %s: warm-up run of the capture-time kernel %s failed (%s: %s)", ctx.op,
+                                plan.kernel_id, type(exc).__name__, exc)
+        return plan
 
     def _on_failure(self, plan: ExecutionPlan, exc: Exception, args: tuple[Any, ...],
                     t: DispatchTrace | None) -> Any:
@@ -252,6 +298,43 @@ class Runtime:
         raise KernelExecutionError(
             f"every eligible kernel failed for op {plan.op!r}, so the inputs are the likely cause (for example "
             f"NaN/inf values) and no backend was marked unhealthy: {errors}") from failed[-1][1]
+
+
+def _graph_safe_hint(runtime: Runtime, ctx: SelectionContext) -> str:
+    """Why no graph-safe kernel can run ``ctx``, when that is the case (for the capture-miss error)."""
+    try:
+        runtime.select_context(ctx)
+    except NoKernelFoundError as exc:
+        return f" Note: no graph-safe kernel can run these inputs at all: {str(exc).splitlines()[0]}"
+    except LayerZeroError:
+        return ""
+    return ""
+
+
+def capture_key(key: Hashable) -> Hashable | None:
+    """The cache key a call with ``key`` gets while a CUDA graph is being captured: the same key with its
+    ``capture`` field True. Every op's key is a ``NamedTuple`` with that field (``layerzero.ops``); None for
+    any other key."""
+    fields = getattr(key, "_fields", None)
+    if fields is None or "capture" not in fields:
+        return None
+    return key._replace(capture=True)  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def _rng_kept(args: tuple[Any, ...], ctx: SelectionContext) -> Iterator[None]:
+    """Restore the state of every ``torch.Generator`` in ``args`` and of the CUDA device's default generator."""
+    gens = [a for a in args if isinstance(a, torch.Generator)]
+    states = [g.get_state() for g in gens]
+    index = ctx.device.index
+    default = torch.cuda.get_rng_state(index) if index is not None and torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        for g, st in zip(gens, states, strict=True):
+            g.set_state(st)
+        if default is not None:
+            torch.cuda.set_rng_state(default, index)
 
 
 def device_fingerprint_parts(device: DeviceSpec) -> dict[str, str]:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .errors import ConfigurationError, UnknownKernelError, UnknownOperationError, did_you_mean
 from .specs import BackendSpec, KernelSpec, OperationSpec
 
 T = TypeVar("T")
+_B = TypeVar("_B")
+
+MAX_BOUND = 4096
+"""Entries :meth:`KernelRegistry.bound` keeps before it starts over (one per kernel x context in use)."""
 
 
 class Registry(Generic[T]):
@@ -78,11 +82,30 @@ class KernelRegistry:
         self._lock = threading.RLock()
         self._on_change = on_change
         self.version = 0
+        self._bound: dict[tuple[str, Any], Any] = {}
 
     def _changed(self) -> None:
         self.version += 1
+        self._bound = {}
         if self._on_change is not None:
             self._on_change()
+
+    def bound(self, spec: KernelSpec, ctx: Any, make: Callable[[], _B]) -> _B:
+        """``make()``'s result for ``(spec, ctx)``, made once and then shared: the callable dispatch runs for a
+        kernel on a context (specialized and layout-wrapped) is one object however the kernel was chosen
+        (default, ``lz.lock``, ``lz.prefer``, ``lz.tune``), so state it keeps (a plan cache, a compiled
+        variant) is built once and every route costs the same from its first call. Cleared on every registry
+        change; bounded (cleared when it holds :data:`MAX_BOUND` entries)."""
+        key = (spec.kernel_id, ctx)
+        memo = self._bound
+        hit = memo.get(key)
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        value = make()
+        if len(memo) >= MAX_BOUND:
+            memo.clear()
+        memo[key] = (spec, value)
+        return value
 
     def add_op(self, spec: OperationSpec) -> None:
         """Register an operation."""

@@ -65,12 +65,18 @@ def kernel_reasons(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionCon
 
 def bind(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext) -> tuple[Any, tuple[str, ...], float]:
     """The callable dispatch would run for ``spec`` on ``ctx`` (specialized, wrapped in the op's layout adapter),
-    its transform names and transform cost. Used by selection and by ``lz.tune``."""
-    fn = (spec.specialize(ctx) if spec.specialize is not None else None) or spec.fn
-    adapter = registry.ops.get(ctx.op).adapter
-    if adapter is None:
-        return fn, (), 0.0
-    return adapter(spec, ctx, fn)
+    its transform names and transform cost. Used by selection and by ``lz.tune``. Made once per (kernel,
+    context) and shared (:meth:`KernelRegistry.bound`): a lock, a preference and the default choice of the same
+    kernel run the same object."""
+
+    def make() -> tuple[Any, tuple[str, ...], float]:
+        fn = (spec.specialize(ctx) if spec.specialize is not None else None) or spec.fn
+        adapter = registry.ops.get(ctx.op).adapter
+        if adapter is None:
+            return fn, (), 0.0
+        return adapter(spec, ctx, fn)
+
+    return registry.bound(spec, ctx, make)
 
 
 def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInputs) -> tuple[ExecutionPlan,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import torch
 
@@ -25,6 +25,27 @@ from ._common import (
 )
 
 _INF = float("inf")
+
+
+class NormKey(NamedTuple):
+    """The selection-cache key of one ``lz.rms_norm`` / ``lz.layer_norm`` call. ``flag`` is the op's own flag:
+    ``fused_residual`` for rms_norm, ``has_bias`` for layer_norm; ``capture``/``scope`` close every op's key."""
+
+    op: str
+    device: torch.device
+    dtype: torch.dtype
+    param_dtype: torch.dtype
+    hidden_size: int
+    flag: bool
+    stride_last_1: bool
+    contiguous: bool
+    requires_grad: bool
+    deterministic: bool
+    capture: bool
+    scope: tuple[Any, ...]
+
+
+_new = tuple.__new__
 
 
 def _check_param(op: str, name: str, x: torch.Tensor, p: Any) -> None:
@@ -52,9 +73,9 @@ def prepare_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     if residual is None and _fast_ok(x, weight, eps):
         contiguous = x.is_contiguous()
         grad = is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-        key = (op, x.device, x.dtype, weight.dtype, x.shape[-1], False,
-               contiguous or (x.stride(-1) == 1 and weight.stride(-1) == 1), contiguous, grad,
-               deterministic_enabled(), x.is_cuda and stream_capturing(), scope_token())
+        key = _new(NormKey, (op, x.device, x.dtype, weight.dtype, x.shape[-1], False,
+                             contiguous or (x.stride(-1) == 1 and weight.stride(-1) == 1), contiguous, grad,
+                             deterministic_enabled(), x.is_cuda and stream_capturing(), scope_token()))
         return key, (x, weight, eps, None)
     check_tensor(op, "x", x)
     if x.dim() == 0:
@@ -69,24 +90,24 @@ def prepare_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     return _key(op, x, weight, residual is not None, residual), (x, weight, eps, residual)
 
 
-def _key(op: str, x: torch.Tensor, weight: torch.Tensor, flag: bool, other: torch.Tensor | None) -> tuple[Any, ...]:
+def _key(op: str, x: torch.Tensor, weight: torch.Tensor, flag: bool, other: torch.Tensor | None) -> NormKey:
     """The norm cache key: op, device, dtypes, hidden size, the op's flag (fused residual / has bias), layout
     and per-call flags. ``other`` is the residual or the bias (None when absent)."""
     grad, det, capture, stride = flags(x, weight, other)
-    return (op, x.device, x.dtype, weight.dtype, x.shape[-1], flag, stride, x.is_contiguous(), grad, det, capture,
-            scope_token())
+    return NormKey(op, x.device, x.dtype, weight.dtype, x.shape[-1], flag, stride, x.is_contiguous(), grad, det,
+                   capture, scope_token())
 
 
-def _context(key: tuple[Any, ...], **op_fields: Any) -> SelectionContext:
-    op, device, dtype, wdtype, h, _flag, stride, contiguous, grad, det, capture, _ = key
-    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, hidden_size=h, param_dtype=wdtype,
-                            stride_last_1=stride, contiguous=contiguous, requires_grad=grad, deterministic=det,
-                            graph_capture=capture, **op_fields)
+def _context(key: NormKey, **op_fields: Any) -> SelectionContext:
+    return SelectionContext(op=key.op, device=device_spec(key.device), dtype=key.dtype, hidden_size=key.hidden_size,
+                            param_dtype=key.param_dtype, stride_last_1=key.stride_last_1, contiguous=key.contiguous,
+                            requires_grad=key.requires_grad, deterministic=key.deterministic,
+                            graph_capture=key.capture, **op_fields)
 
 
-def context_rms(key: tuple[Any, ...]) -> SelectionContext:
+def context_rms(key: NormKey) -> SelectionContext:
     """The :class:`SelectionContext` of an rms_norm cache key."""
-    return _context(key, fused_residual=key[5])
+    return _context(key, fused_residual=key.flag)
 
 
 def prepare_layer(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -106,9 +127,9 @@ def prepare_layer(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _key(op, x, weight, bias is not None, bias), (x, weight, bias, eps)
 
 
-def context_layer(key: tuple[Any, ...]) -> SelectionContext:
+def context_layer(key: NormKey) -> SelectionContext:
     """The :class:`SelectionContext` of a layer_norm cache key."""
-    return _context(key, has_bias=key[5])
+    return _context(key, has_bias=key.flag)
 
 
 RMS_SPEC = OperationSpec("rms_norm", "RMSNorm with optional fused residual add", ("x", "weight"),

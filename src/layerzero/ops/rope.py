@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -13,6 +13,31 @@ from layerzero.core.specs import Layout, OperationSpec
 from ._common import check_same, check_tensor, device_spec, fail, flags, scope_token
 
 OP = "rope"
+
+
+class RopeKey(NamedTuple):
+    """The selection-cache key of one ``lz.rope`` call (``cos_dtype`` and ``form``, how cos/sin are given:
+    ``"gathered"``/``"table"``/``"indexed"``, keep calls apart that kernels serve differently);
+    ``capture``/``scope`` close every op's key."""
+
+    op: str
+    device: torch.device
+    dtype: torch.dtype
+    cos_dtype: torch.dtype
+    num_heads_q: int
+    num_heads_kv: int
+    head_dim: int
+    rotary_dim: int
+    form: str
+    interleaved: bool
+    layout: Layout
+    stride_last_1: bool
+    requires_grad: bool
+    deterministic: bool
+    capture: bool
+    scope: tuple[Any, ...]
+
+
 _LAYOUTS = {"BHSD": Layout.BHSD, "BSHD": Layout.BSHD, Layout.BHSD: Layout.BHSD, Layout.BSHD: Layout.BSHD}
 
 
@@ -69,17 +94,18 @@ def prepare(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
                        f"[{int(position_ids.min())}, {int(position_ids.max())}]")
         form = "indexed"
     grad, det, capture, stride = flags(q, k, cos, sin)
-    key = (OP, q.device, q.dtype, cos.dtype, hq, hkv, d, r, form, interleaved, lay, stride, grad, det, capture,
-           scope_token())
+    key = RopeKey(OP, q.device, q.dtype, cos.dtype, hq, hkv, d, r, form, interleaved, lay, stride, grad, det, capture,
+                  scope_token())
     return key, (q, k, cos, sin, position_ids, interleaved, lay)
 
 
-def context(key: tuple[Any, ...]) -> SelectionContext:
+def context(key: RopeKey) -> SelectionContext:
     """The :class:`SelectionContext` of a rope cache key."""
-    _, device, dtype, _cdt, hq, hkv, d, r, _form, interleaved, lay, stride, grad, det, capture, _ = key
-    return SelectionContext(op=OP, device=device_spec(device), dtype=dtype, num_heads_q=hq, num_heads_kv=hkv,
-                            head_dim=d, rotary_dim=r, interleaved=interleaved, layout=lay, stride_last_1=stride,
-                            requires_grad=grad, deterministic=det, graph_capture=capture)
+    return SelectionContext(op=OP, device=device_spec(key.device), dtype=key.dtype, num_heads_q=key.num_heads_q,
+                            num_heads_kv=key.num_heads_kv, head_dim=key.head_dim, rotary_dim=key.rotary_dim,
+                            interleaved=key.interleaved, layout=key.layout, stride_last_1=key.stride_last_1,
+                            requires_grad=key.requires_grad, deterministic=key.deterministic,
+                            graph_capture=key.capture)
 
 
 SPEC = OperationSpec(OP, "rotary position embedding (NeoX half rotation or GPT-J interleaved)",

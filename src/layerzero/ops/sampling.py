@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -33,17 +33,32 @@ def _check_logits(op: str, logits: Any, generator: Any) -> None:
                        f"Create it with torch.Generator(device={str(logits.device)!r}).")
 
 
-def _key(op: str, logits: torch.Tensor, temperature: float, generator: Any) -> tuple[Any, ...]:
+class SamplingKey(NamedTuple):
+    """The selection-cache key of one ``lz.sample_topk`` / ``lz.sample_topp`` call (``greedy``: temperature 0,
+    kept apart from sampled calls); ``capture``/``scope`` close every op's key."""
+
+    op: str
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int
+    greedy: bool
+    has_generator: bool
+    deterministic: bool
+    capture: bool
+    scope: tuple[Any, ...]
+
+
+def _key(op: str, logits: torch.Tensor, temperature: float, generator: Any) -> SamplingKey:
     capture = logits.is_cuda and stream_capturing()
-    return (op, logits.device, logits.dtype, logits.shape[1], temperature == 0.0, generator is not None,
-            torch.are_deterministic_algorithms_enabled(), capture, scope_token())
+    return SamplingKey(op, logits.device, logits.dtype, logits.shape[1], temperature == 0.0, generator is not None,
+                       torch.are_deterministic_algorithms_enabled(), capture, scope_token())
 
 
-def context(key: tuple[Any, ...]) -> SelectionContext:
+def context(key: SamplingKey) -> SelectionContext:
     """The :class:`SelectionContext` of a sampling cache key."""
-    op, device, dtype, vocab, _greedy, has_gen, det, capture, _ = key
-    return SelectionContext(op=op, device=device_spec(device), dtype=dtype, vocab_size=vocab, has_generator=has_gen,
-                            deterministic=det, graph_capture=capture)
+    return SelectionContext(op=key.op, device=device_spec(key.device), dtype=key.dtype, vocab_size=key.vocab_size,
+                            has_generator=key.has_generator, deterministic=key.deterministic,
+                            graph_capture=key.capture)
 
 
 def prepare_topk(logits: torch.Tensor, k: int, *, temperature: float = 1.0,

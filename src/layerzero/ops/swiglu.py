@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -23,6 +23,25 @@ from ._common import (
 )
 
 OP = "swiglu"
+
+
+class SwigluKey(NamedTuple):
+    """The selection-cache key of one ``lz.swiglu`` call (``hidden_size`` holds the intermediate size I);
+    ``capture``/``scope`` close every op's key (see ``ops.attention.AttentionKey``)."""
+
+    op: str
+    device: torch.device
+    dtype: torch.dtype
+    hidden_size: int
+    stride_last_1: bool
+    contiguous: bool
+    requires_grad: bool
+    deterministic: bool
+    capture: bool
+    scope: tuple[Any, ...]
+
+
+_new = tuple.__new__
 
 
 def _fast_ok(gate: Any, up: Any) -> bool:
@@ -47,8 +66,8 @@ def prepare(gate: torch.Tensor, up: torch.Tensor) -> tuple[tuple[Any, ...], tupl
     grad = is_grad_enabled() and (gate.requires_grad or up.requires_grad)
     contiguous = gate.is_contiguous() and up.is_contiguous()
     stride = contiguous or (gate.stride(-1) == 1 and up.stride(-1) == 1)
-    key = (OP, gate.device, gate.dtype, gate.shape[-1], stride, contiguous, grad, deterministic_enabled(),
-           gate.is_cuda and stream_capturing(), scope_token())
+    key = _new(SwigluKey, (OP, gate.device, gate.dtype, gate.shape[-1], stride, contiguous, grad,
+                           deterministic_enabled(), gate.is_cuda and stream_capturing(), scope_token()))
     return key, (gate, up)
 
 
@@ -66,12 +85,12 @@ def _validate(gate: Any, up: Any) -> None:
         raise fail(OP, "intermediate size (gate.shape[-1])", ">= 1", 0)
 
 
-def context(key: tuple[Any, ...]) -> SelectionContext:
+def context(key: SwigluKey) -> SelectionContext:
     """The :class:`SelectionContext` of a swiglu cache key (``hidden_size`` holds the intermediate size I)."""
-    _, device, dtype, inter, stride, contiguous, grad, det, capture, _ = key
-    return SelectionContext(op=OP, device=device_spec(device), dtype=dtype, hidden_size=inter,
-                            stride_last_1=stride, contiguous=contiguous, requires_grad=grad, deterministic=det,
-                            graph_capture=capture)
+    return SelectionContext(op=OP, device=device_spec(key.device), dtype=key.dtype, hidden_size=key.hidden_size,
+                            stride_last_1=key.stride_last_1, contiguous=key.contiguous,
+                            requires_grad=key.requires_grad, deterministic=key.deterministic,
+                            graph_capture=key.capture)
 
 
 SPEC = OperationSpec(OP, "SwiGLU gate of a gated MLP: silu(gate) * up", ("gate", "up"), "reference.swiglu")
