@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -20,7 +20,6 @@ from ._common import (
     deterministic_enabled,
     device_spec,
     fail,
-    flags,
     is_grad_enabled,
     scope_token,
     stream_capturing,
@@ -30,6 +29,43 @@ OP = "attention"
 _TENSOR = torch.Tensor
 _ZERO_OK = (float, int)  # plain Python numbers only on the fast path (bool, numpy, tensors take the full checks)
 _LAYOUTS = {"BHSD": Layout.BHSD, "BSHD": Layout.BSHD, Layout.BHSD: Layout.BHSD, Layout.BSHD: Layout.BSHD}
+
+
+class AttentionKey(NamedTuple):
+    """The selection-cache key of one ``lz.attention`` call: everything selection may depend on, named as the
+    :class:`SelectionContext` fields that :func:`context` fills from it (lengths and batch bucketed to powers
+    of two, :func:`~layerzero.core.context.bucket`). ``capture`` (a CUDA graph is being captured) and ``scope``
+    (the scoped-policy token) close every op's key; ``core.dispatch.capture_key`` flips ``capture``."""
+
+    op: str
+    device: torch.device
+    dtype: torch.dtype
+    batch: int
+    num_heads_q: int
+    num_heads_kv: int
+    head_dim: int
+    head_dim_v: int
+    seq_len_q: int
+    seq_len_kv: int
+    seq_equal: bool
+    layout: Layout
+    mask: MaskKind
+    is_causal: bool
+    dropout: bool
+    scale_default: bool
+    stride_last_1: bool
+    aligned_16: bool
+    contiguous: bool
+    requires_grad: bool
+    deterministic: bool
+    window_left: int | None
+    window_right: int | None
+    has_softcap: bool | None
+    capture: bool
+    scope: tuple[Any, ...]
+
+
+_new = tuple.__new__
 
 
 def aligned_16(*tensors: torch.Tensor) -> bool:
@@ -110,39 +146,44 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
                 and (softcap is None or (softcap.__class__ is float and 0.0 < softcap < math.inf)))
     except AttributeError:
         fast = False
+    if fast:
+        if lay is Layout.BHSD:
+            b, hq, sq, d = qs
+            bk, hkv, sk, dk = ks
+            bv, hv, sv, dv = vs
+        else:
+            b, sq, hq, d = qs
+            bk, sk, hkv, dk = ks
+            bv, sv, hv, dv = vs
+        fast = bool(b == bk == bv and hkv == hv and sk == sv and dk == d and hkv and not hq % hkv and sq and sk
+                    and b and d and dv)
+        mask = MaskKind.NONE
     if not fast:
-        return _validate(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
-    if lay is Layout.BHSD:
-        b, hq, sq, d = qs
-        bk, hkv, sk, dk = ks
-        bv, hv, sv, dv = vs
-    else:
-        b, sq, hq, d = qs
-        bk, sk, hkv, dk = ks
-        bv, sv, hv, dv = vs
-    if not (b == bk == bv and hkv == hv and sk == sv and dk == d and hkv and not hq % hkv and sq and sk and b
-            and d and dv):
-        return _validate(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
+        lay, b, hq, hkv, d, dv, sq, sk, mask, attn_mask, softcap = _validate(
+            q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
     contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     stride = contiguous or (q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
     grad = is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     cuda = q.is_cuda
     capture = cuda and stream_capturing()
     aligned = not cuda or _aligned(q, k, v, contiguous)
-    # window/softcap (the Mistral / Gemma 2 calls of the HF integration) stay on this path: _window validates
+    # window/softcap (the Mistral / Gemma 2 calls of the HF integration) stay on the fast path: _window validates
     win = None if window is None else _window(window, is_causal, sq, sk)
-    key = (OP, device, dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, MaskKind.NONE,
-           is_causal, False, True, stride, aligned, contiguous, grad, deterministic_enabled(),
-           None if win is None else win[0], None if win is None else win[1], None if softcap is None else True,
-           capture, scope_token())
+    key = _new(AttentionKey, (
+        OP, q.device, q.dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, mask, is_causal,
+        dropout_p > 0.0, scale is None, stride, aligned, contiguous, grad, deterministic_enabled(),
+        None if win is None else win[0], None if win is None else win[1], None if softcap is None else True,
+        capture, scope_token()))
     if win is None and softcap is None:
-        return key, (q, k, v, None, is_causal, None, dropout_p)
-    return key, (q, k, v, None, is_causal, None, dropout_p, win, softcap)
+        return key, (q, k, v, attn_mask, is_causal, scale, dropout_p)
+    return key, (q, k, v, attn_mask, is_causal, scale, dropout_p, win, softcap)
 
 
 def _validate(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any, dropout_p: Any,
-              layout: Any, window: Any = None, softcap: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """The full checks (masks, scale, dropout, every error message); returns what :func:`prepare` returns."""
+              layout: Any, window: Any = None, softcap: Any = None) -> tuple[Any, ...]:
+    """The full checks (masks, scale, dropout, window, softcap, every error message). Returns the facts the key
+    is built from: ``(layout, B, Hq, Hkv, D, Dv, Sq, Sk, mask kind, attn_mask, softcap)`` (the mask as the
+    kernels get it, the softcap as a float or None); raises :class:`InvalidInputError`."""
     check_tensor(OP, "q", q, 4)
     check_tensor(OP, "k", k, 4)
     check_tensor(OP, "v", v, 4)
@@ -181,21 +222,11 @@ def _validate(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any
                               or not math.isfinite(scale) or scale <= 0):
         raise fail(OP, "scale", "None or a finite float > 0", repr(scale))
     mask, attn_mask = _mask_kind(OP, attn_mask, q, b, hq, sq, sk)
-    win = _window(window, is_causal, sq, sk)
+    _window(window, is_causal, sq, sk)  # raises for a bad window (the caller normalizes it again)
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
                                 or not math.isfinite(softcap) or softcap <= 0):
         raise fail(OP, "softcap", "None (off) or a finite float > 0 (Gemma 2 uses 50.0)", repr(softcap))
-    grad, det, capture, stride = flags(q, k, v)
-    contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-    aligned = not q.is_cuda or _aligned(q, k, v, contiguous)
-    key = (OP, q.device, q.dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, mask,
-           is_causal, dropout_p > 0.0, scale is None, stride, aligned, contiguous, grad, det,
-           None if win is None else win[0], None if win is None else win[1], True if softcap is not None else None,
-           capture, scope_token())  # the capture flag stays second to last (graphs.capture_key flips it)
-    if win is None and softcap is None:
-        return key, (q, k, v, attn_mask, is_causal, scale, dropout_p)
-    return key, (q, k, v, attn_mask, is_causal, scale, dropout_p, win,
-                 None if softcap is None else float(softcap))
+    return lay, b, hq, hkv, d, dv, sq, sk, mask, attn_mask, None if softcap is None else float(softcap)
 
 
 def _window(window: Any, is_causal: bool, sq: int, sk: int) -> tuple[int, int] | None:
@@ -223,16 +254,16 @@ def _window(window: Any, is_causal: bool, sq: int, sk: int) -> tuple[int, int] |
     return None if left == -1 and right == -1 else (left, right)
 
 
-def context(key: tuple[Any, ...]) -> SelectionContext:
+def context(key: AttentionKey) -> SelectionContext:
     """The :class:`SelectionContext` of an attention cache key."""
-    (_, device, dtype, b, hq, hkv, d, dv, sq, sk, seq_equal, lay, mask, causal, dropout, scale_default, stride,
-     aligned, contiguous, grad, det, win_left, win_right, has_softcap, capture, _) = key
     return SelectionContext(
-        op=OP, device=device_spec(device), dtype=dtype, batch=b, num_heads_q=hq, num_heads_kv=hkv, head_dim=d,
-        head_dim_v=dv, seq_len_q=sq, seq_len_kv=sk, seq_equal=seq_equal, layout=lay, mask=mask, is_causal=causal,
-        dropout=dropout, scale_default=scale_default, stride_last_1=stride, aligned_16=aligned, contiguous=contiguous,
-        requires_grad=grad, deterministic=det, graph_capture=capture, window_left=win_left, window_right=win_right,
-        has_softcap=has_softcap)
+        op=OP, device=device_spec(key.device), dtype=key.dtype, batch=key.batch, num_heads_q=key.num_heads_q,
+        num_heads_kv=key.num_heads_kv, head_dim=key.head_dim, head_dim_v=key.head_dim_v, seq_len_q=key.seq_len_q,
+        seq_len_kv=key.seq_len_kv, seq_equal=key.seq_equal, layout=key.layout, mask=key.mask,
+        is_causal=key.is_causal, dropout=key.dropout, scale_default=key.scale_default,
+        stride_last_1=key.stride_last_1, aligned_16=key.aligned_16, contiguous=key.contiguous,
+        requires_grad=key.requires_grad, deterministic=key.deterministic, graph_capture=key.capture,
+        window_left=key.window_left, window_right=key.window_right, has_softcap=key.has_softcap)
 
 
 def _transposed(fn):
