@@ -344,3 +344,39 @@ def test_unused_block_table_entries_are_not_checked():
     """Entries past ceil(seq_len / block_size) may hold anything (padding), as in vLLM."""
     a = _decode_args(block_tables=torch.tensor([[2, 0], [1, 99]], dtype=I32))
     assert _call(a).shape == (2, 4, 8)
+
+
+# ------------------------------------------------------------------------------------------ core.kv_layout
+def test_kv_layout_lives_in_core_and_is_re_exported():
+    from layerzero.core import kv_layout
+
+    assert KVLayout is kv_layout.KVLayout is lz.ops.KVLayout
+    assert kv_layout.KV_LAYOUTS == {"NHD", "HND"} and KVLayout.HND == "HND"
+    assert KVLayout.NHD.shape == "[num_blocks, 2, block_size, Hkv, D]"
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND", KVLayout.NHD, KVLayout.HND])
+def test_cache_dims_and_nhd_view_by_hand(layout):
+    """N=3 blocks, P=4 tokens, Hkv=2, D=5: the dims come back in (N, P, Hkv, D) order for either layout, and
+    nhd_view indexes [block, kv, pos, head, :] as the layout's definition says, as a view."""
+    from layerzero.core.kv_layout import cache_dims, cache_shape, nhd_view
+
+    hnd = layout == "HND"
+    cache = torch.zeros(cache_shape(3, 4, 2, 5, layout))
+    assert tuple(cache.shape) == ((3, 2, 2, 4, 5) if hnd else (3, 2, 4, 2, 5))
+    assert cache_dims(cache, layout) == (3, 4, 2, 5)
+    view = nhd_view(cache, layout)
+    assert tuple(view.shape) == (3, 2, 4, 2, 5) and view.data_ptr() == cache.data_ptr()
+    view[2, 1, 3, 0] = 7.0  # block 2, V, position 3, head 0
+    written = cache[2, 1, 0, 3] if hnd else cache[2, 1, 3, 0]  # HND: [.., Hkv, P, D]; NHD: [.., P, Hkv, D]
+    assert written.tolist() == [7.0] * 5 and cache.sum().item() == 35.0
+
+
+def test_kv_layout_helpers_reject_unknown_layouts():
+    from layerzero.core.kv_layout import cache_dims, nhd_view, parse_kv_layout
+
+    for fn in (lambda: parse_kv_layout("nhd"), lambda: cache_dims(torch.zeros(1, 2, 1, 1, 1), "BHSD"),
+               lambda: nhd_view(torch.zeros(1, 2, 1, 1, 1), None)):
+        with pytest.raises(lz.InvalidInputError, match=r"kv_layout: expected 'NHD' \(\[num_blocks, 2, block_size, "
+                                                        r"Hkv, D\]\) or 'HND'"):
+            fn()

@@ -1,9 +1,11 @@
-"""The paged KV cache: its layouts, ``lz.allocate_kv_cache`` and the checks shared by the paged ops.
+"""The paged KV cache: ``lz.allocate_kv_cache`` and the checks shared by the paged ops.
 
 A paged KV cache (vLLM's PagedAttention, Kwon et al. 2023) stores keys and values in fixed-size blocks
 ("pages") of ``block_size`` tokens; a sequence owns a list of block ids (a row of ``block_tables``) and its
 token ``t`` lives at slot ``block_tables[seq, t // block_size] * block_size + t % block_size``. One tensor
-holds both K and V, shaped per :class:`KVLayout`:
+holds both K and V, shaped per :class:`~layerzero.core.kv_layout.KVLayout` (defined in core, with
+:func:`~layerzero.core.kv_layout.cache_dims`, so the paged kernels share them; re-exported here as
+``layerzero.ops.kv_cache.KVLayout``):
 
 - ``NHD`` (vLLM FlashAttention backend / FlashInfer default): ``[num_blocks, 2, block_size, Hkv, D]``;
 - ``HND`` (FlashInfer ``kv_layout="HND"``): ``[num_blocks, 2, Hkv, block_size, D]``.
@@ -13,7 +15,6 @@ Index 0 of dim 1 is K, index 1 is V.
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 from typing import Any
@@ -22,24 +23,17 @@ import torch
 
 from layerzero.core import config as _config
 from layerzero.core.errors import BackendNotAvailableError, InvalidInputError, expected_got
+from layerzero.core.kv_layout import KVLayout, cache_dims, cache_shape, parse_kv_layout
 
 from ._common import FLOAT_DTYPES
+
+__all__ = ["INDEX_DTYPES", "KVLayout", "allocate_kv_cache", "cache_dims", "check_cache", "check_index",
+           "check_values", "parse_layout"]
 
 log = logging.getLogger("layerzero.ops.kv_cache")
 
 INDEX_DTYPES = frozenset({torch.int32, torch.int64})
 _INT64_MAX = 2**63 - 1
-
-
-class KVLayout(str, enum.Enum):
-    """Layout of a paged KV cache tensor: ``NHD`` = ``[num_blocks, 2, block_size, Hkv, D]``, ``HND`` =
-    ``[num_blocks, 2, Hkv, block_size, D]``. A ``str`` enum: kernels compare it with ``"HND"`` directly."""
-
-    NHD = "NHD"
-    HND = "HND"
-
-
-_LAYOUTS = {"NHD": KVLayout.NHD, "HND": KVLayout.HND, KVLayout.NHD: KVLayout.NHD, KVLayout.HND: KVLayout.HND}
 
 
 def _fail(op: str, what: str, expected: Any, got: Any, fix: str | None = None) -> InvalidInputError:
@@ -52,17 +46,7 @@ def parse_layout(op: str, layout: Any, name: str = "kv_layout") -> KVLayout:
     Raises:
         InvalidInputError: anything else (names the two layouts and their shapes).
     """
-    lay = _LAYOUTS.get(layout) if isinstance(layout, (str, KVLayout)) else None
-    if lay is None:
-        raise _fail(op, name, "'NHD' ([num_blocks, 2, block_size, Hkv, D]) or 'HND' ([num_blocks, 2, Hkv, "
-                    "block_size, D])", repr(layout), "Pass the layout the cache was allocated with.")
-    return lay
-
-
-def cache_dims(kv_cache: torch.Tensor, layout: KVLayout) -> tuple[int, int, int, int]:
-    """``(num_blocks, block_size, Hkv, D)`` of a rank-5 cache in ``layout`` (no checks)."""
-    nb, _, a, b, d = kv_cache.shape
-    return (nb, a, b, d) if layout is KVLayout.NHD else (nb, b, a, d)
+    return parse_kv_layout(layout, f"lz.{op}: {name}")
 
 
 def check_cache(op: str, kv_cache: Any, layout: KVLayout) -> tuple[int, int, int, int]:
@@ -72,8 +56,7 @@ def check_cache(op: str, kv_cache: Any, layout: KVLayout) -> tuple[int, int, int
     Raises:
         InvalidInputError: not a tensor, not floating, wrong rank, dim 1 != 2, a zero block_size/Hkv/D.
     """
-    want = ("[num_blocks, 2, block_size, Hkv, D]" if layout is KVLayout.NHD
-            else "[num_blocks, 2, Hkv, block_size, D]")
+    want = layout.shape
     if not isinstance(kv_cache, torch.Tensor):
         raise _fail(op, "kv_cache", f"a torch.Tensor {want}", type(kv_cache).__name__)
     if kv_cache.dtype not in FLOAT_DTYPES:
@@ -209,8 +192,7 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
                     "Use the dtype of the model's q/k/v.")
     lay = parse_layout(op, layout, "layout")
     dev = _check_device(op, device)
-    shape = ((num_blocks, 2, block_size, num_kv_heads, head_dim) if lay is KVLayout.NHD
-             else (num_blocks, 2, num_kv_heads, block_size, head_dim))
+    shape = cache_shape(num_blocks, block_size, num_kv_heads, head_dim, lay)
     numel = 2 * num_blocks * block_size * num_kv_heads * head_dim
     nbytes = numel * dtype.itemsize
     size = (f"{nbytes} bytes = 2 * {num_blocks} blocks * {block_size} tokens * {num_kv_heads} heads * {head_dim} "

@@ -2,7 +2,8 @@
 
 Follows vLLM's PagedAttention (Kwon et al. 2023, "Efficient Memory Management for Large Language Model
 Serving with PagedAttention") and its ``reshape_and_cache`` / FlashInfer's paged KV conventions; the cache
-layouts and :func:`allocate_kv_cache` live in :mod:`layerzero.ops.kv_cache`. See docs/paged_attention.md.
+layouts (``KVLayout``, ``cache_dims``) live in :mod:`layerzero.core.kv_layout`, :func:`allocate_kv_cache` and the
+shared cache checks in :mod:`layerzero.ops.kv_cache`. See docs/paged_attention.md.
 """
 
 from __future__ import annotations

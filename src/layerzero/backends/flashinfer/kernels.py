@@ -47,6 +47,7 @@ import torch
 
 from layerzero.backends._optional import missing_kernel
 from layerzero.core.context import SelectionContext
+from layerzero.core.kv_layout import cache_dims, parse_kv_layout
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec, Layout, MaskKind
 
@@ -101,10 +102,6 @@ def paged_check(ctx: SelectionContext) -> list[Reason]:
 
 def _workspace(ctx: SelectionContext) -> int:
     return WORKSPACE_BYTES + INT_WORKSPACE_BYTES
-
-
-def _layout_name(kv_layout: Any) -> str:
-    return "HND" if kv_layout == "HND" else "NHD"
 
 
 class FlashInferKernels:
@@ -191,10 +188,8 @@ class FlashInferKernels:
         t, hq, d = q.shape
         if t == 0:
             return q.new_empty(0, hq, d)
-        lay = _layout_name(kv_layout)
-        hnd = lay == "HND"
-        p = kv_cache.shape[3 if hnd else 2]
-        hkv = kv_cache.shape[2 if hnd else 3]
+        lay = parse_kv_layout(kv_layout).value  # FlashInfer's kv_layout string
+        _, p, hkv, _ = cache_dims(kv_cache, lay)
         dev, dtype = q.device, q.dtype
         fi = self.module
         decode = cu_seqlens_q is None

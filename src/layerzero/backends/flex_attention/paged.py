@@ -49,6 +49,7 @@ import torch
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.errors import InvalidInputError, expected_got
+from layerzero.core.kv_layout import KV_LAYOUTS, cache_dims, nhd_view
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
@@ -190,9 +191,7 @@ class FlexPagedAttention(LazyFlex):
                  seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor | None, scale: float | None, is_causal: bool,
                  kv_layout: Any) -> torch.Tensor:
         num_tokens, hq, d = q.shape
-        hnd = kv_layout == "HND"
-        nb = kv_cache.shape[0]
-        p, hkv = (kv_cache.shape[3], kv_cache.shape[2]) if hnd else (kv_cache.shape[2], kv_cache.shape[3])
+        nb, p, hkv, _ = cache_dims(kv_cache, kv_layout)
         if num_tokens == 0:
             return q.new_empty(0, hq, d)
         if q.device.type == "cpu" and not torch.is_grad_enabled():
@@ -200,7 +199,7 @@ class FlexPagedAttention(LazyFlex):
         inverse, seq_of_q, q_pos, slot_used = paged_index(
             block_tables, seq_lens, cu_seqlens_q, num_tokens, nb, p, check_duplicates=q.device.type == "cpu")
         # The one copy: [2, Hkv, N, P, D] with unused slots zeroed (see the module docstring for why).
-        src = kv_cache.permute(1, 2, 0, 3, 4) if hnd else kv_cache.permute(1, 3, 0, 2, 4)
+        src = nhd_view(kv_cache, kv_layout).permute(1, 3, 0, 2, 4)               # [2, Hkv, N, P, D] view
         kv = torch.empty((2, hkv, nb, p, d), dtype=kv_cache.dtype, device=kv_cache.device)
         torch.where(slot_used.view(1, 1, nb, p, 1), src, torch.zeros((), dtype=kv.dtype, device=kv.device),
                     out=kv)
@@ -234,7 +233,7 @@ def _check(ctx: SelectionContext) -> list[Reason]:
         elif ctx.dtype == torch.float32 and d > 128:
             out.append(Reason(R.HEAD_DIM_TOO_LARGE, "compiled flex in float32 supports head_dim <= 128 (shared "
                                                     "memory)"))
-    if ctx.kv_layout not in ("NHD", "HND"):
+    if ctx.kv_layout not in KV_LAYOUTS:
         out.append(Reason(R.KV_LAYOUT_UNSUPPORTED, f"kv_layout {ctx.kv_layout!r} is not NHD or HND"))
     if ctx.page_size is not None and ctx.page_size < 1:
         out.append(Reason(R.SHAPE_MISMATCH, f"page size {ctx.page_size} < 1"))

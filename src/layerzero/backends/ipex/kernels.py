@@ -41,6 +41,7 @@ import torch
 
 from layerzero.backends._optional import missing_kernel
 from layerzero.core.context import SelectionContext
+from layerzero.core.kv_layout import KVLayout, cache_dims, nhd_view
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
@@ -81,11 +82,11 @@ def rms_norm_call(functional: Any) -> Callable[..., Any]:
     return run
 
 
-def _cache_views(kv_cache: torch.Tensor, hnd: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V caches as ``[num_blocks, Hkv, block_size, D]`` views of our ``[num_blocks, 2, ...]`` cache."""
-    if hnd:
-        return kv_cache[:, 0], kv_cache[:, 1]
-    return kv_cache[:, 0].transpose(1, 2), kv_cache[:, 1].transpose(1, 2)
+def _cache_views(kv_cache: torch.Tensor, layout: KVLayout | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V caches as ``[num_blocks, Hkv, block_size, D]`` views of our ``[num_blocks, 2, ...]`` cache (the
+    HND cache's own ``[:, 0]`` / ``[:, 1]`` strides; NHD through strides, no copy)."""
+    cache = nhd_view(kv_cache, layout)  # [N, 2, P, Hkv, D]
+    return cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2)
 
 
 def paged_attention_call(paged: Any) -> Callable[..., Any]:
@@ -101,14 +102,12 @@ def paged_attention_call(paged: Any) -> Callable[..., Any]:
     """
 
     def run(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
-        hnd = kv_layout == "HND"
         num_tokens, hq, d = q.shape
         sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
         if num_tokens == 0:
             return q.new_empty(0, hq, d)
-        k_cache, v_cache = _cache_views(kv_cache, hnd)
-        hkv = k_cache.shape[1]
-        block_size = k_cache.shape[2]
+        k_cache, v_cache = _cache_views(kv_cache, kv_layout)
+        _, block_size, hkv, _ = cache_dims(kv_cache, kv_layout)
         q = q.contiguous()
         out = torch.empty_like(q)
         if cu_seqlens_q is not None and num_tokens == 1:
@@ -148,7 +147,7 @@ def _paged_check(ctx: SelectionContext) -> list[Reason]:
         out.append(Reason(R.GQA_RATIO_INVALID, f"at most {MAX_GQA} query heads per KV head, got {ratio} "
                                              "(single_query_cached_kv_attention's stack buffer)"))
     if ctx.seq_len_q is not None and ctx.seq_len_q > 1:
-        if ctx.kv_layout != "HND":
+        if ctx.kv_layout != KVLayout.HND:
             out.append(Reason(R.KV_LAYOUT_UNSUPPORTED,
                               f"prefill/append reads each page as [block_size, D] rows (flash_attn_varlen_func): "
                               f"needs kv_layout='HND', got {ctx.kv_layout!r}"))

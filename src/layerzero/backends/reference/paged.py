@@ -11,23 +11,21 @@ import math
 
 import torch
 
+from layerzero.core.kv_layout import KVLayout, cache_dims, nhd_view
 from layerzero.core.specs import KernelSpec
 
 
-def gather_kv(kv_cache: torch.Tensor, block_row: torch.Tensor, kv_len: int, hnd: bool) -> tuple[torch.Tensor,
-                                                                                              torch.Tensor]:
+def gather_kv(kv_cache: torch.Tensor, block_row: torch.Tensor, kv_len: int,
+              layout: KVLayout | str) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values of one sequence, each ``[kv_len, Hkv, D]`` in the cache's dtype.
 
-    ``kv_cache`` is ``[N, 2, P, Hkv, D]`` (NHD) or ``[N, 2, Hkv, P, D]`` (HND; ``hnd=True``); ``block_row`` the
+    ``kv_cache`` is ``[N, 2, P, Hkv, D]`` (``layout`` NHD) or ``[N, 2, Hkv, P, D]`` (HND); ``block_row`` the
     sequence's row of ``block_tables`` (int32 ``[M]``); only its first ``ceil(kv_len / P)`` ids are read, and
     cache slots past ``kv_len`` are cut off before any arithmetic (so NaN there never leaks).
     """
-    p = kv_cache.shape[3 if hnd else 2]
+    _, p, hkv, d = cache_dims(kv_cache, layout)
     nblk = (kv_len + p - 1) // p
-    blocks = kv_cache[block_row[:nblk].long()]  # [nblk, 2, P, Hkv, D] or [nblk, 2, Hkv, P, D]
-    if hnd:
-        blocks = blocks.transpose(2, 3)
-    hkv, d = blocks.shape[3], blocks.shape[4]
+    blocks = nhd_view(kv_cache, layout)[block_row[:nblk].long()]  # [nblk, 2, P, Hkv, D]
     k = blocks[:, 0].reshape(nblk * p, hkv, d)[:kv_len]
     v = blocks[:, 1].reshape(nblk * p, hkv, d)[:kv_len]
     return k, v
@@ -38,7 +36,6 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
     sequence gather its K/V from its blocks, then softmax attention in float32 with GQA by repeating KV heads
     and bottom-right causal alignment. q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's dtype."""
     num_tokens, hq, d = q.shape
-    hnd = kv_layout == "HND"
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     lens = seq_lens.tolist()
     starts = cu_seqlens_q.tolist() if cu_seqlens_q is not None else list(range(len(lens) + 1))
@@ -49,7 +46,7 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
         q_len = q1 - q0
         if q_len == 0:
             continue
-        k, v = gather_kv(kv_cache, block_tables[s], kv_len, hnd)
+        k, v = gather_kv(kv_cache, block_tables[s], kv_len, kv_layout)
         group = hq // k.shape[1]
         k = k.to(work).repeat_interleave(group, dim=1)  # [kv_len, Hq, D]
         v = v.to(work).repeat_interleave(group, dim=1)
@@ -66,18 +63,14 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
 def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout):
     """Reference ``lz.reshape_and_cache``: token by token, write k[t]/v[t] ``[Hkv, D]`` at block
     ``slot // P``, offset ``slot % P`` of ``kv_cache`` in place; slot -1 skips the token. Returns None."""
-    hnd = kv_layout == "HND"
-    p = kv_cache.shape[3 if hnd else 2]
+    _, p, _, _ = cache_dims(kv_cache, kv_layout)
+    cache = nhd_view(kv_cache, kv_layout)  # a view: the writes land in kv_cache
     for t, slot in enumerate(slot_mapping.tolist()):
         if slot < 0:
             continue
         block, offset = divmod(slot, p)
-        if hnd:
-            kv_cache[block, 0, :, offset] = k[t]
-            kv_cache[block, 1, :, offset] = v[t]
-        else:
-            kv_cache[block, 0, offset] = k[t]
-            kv_cache[block, 1, offset] = v[t]
+        cache[block, 0, offset] = k[t]
+        cache[block, 1, offset] = v[t]
 
 
 def kernel_specs(common: dict) -> list[KernelSpec]:

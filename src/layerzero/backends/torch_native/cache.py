@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from layerzero.core.kv_layout import cache_dims, nhd_view
 from layerzero.core.specs import KernelSpec
 
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
@@ -20,8 +21,8 @@ def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout):
     n = k.shape[0]
     if n == 0 or kv_cache.shape[0] == 0:
         return
-    hnd = kv_layout == "HND"
-    p = kv_cache.shape[3 if hnd else 2]
+    _, p, _, _ = cache_dims(kv_cache, kv_layout)
+    cache = nhd_view(kv_cache, kv_layout)  # [N, 2, P, Hkv, D], a view of either layout
     slots = slot_mapping.long()
     valid = slots >= 0
     any_valid = valid.any()
@@ -30,9 +31,7 @@ def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout):
     slots = torch.where(any_valid, slots[tok], 0)
     block, offset = slots // p, slots % p
     for which, src in ((0, k), (1, v)):
-        view = kv_cache[:, which]  # [N, P, Hkv, D] (NHD) / [N, Hkv, P, D] (HND)
-        if hnd:
-            view = view.transpose(1, 2)
+        view = cache[:, which]  # [N, P, Hkv, D]
         values = torch.where(any_valid, src[tok], view[0, 0])
         view.index_put_((block, offset), values)
 

@@ -14,24 +14,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from layerzero.core.kv_layout import cache_dims, nhd_view
 from layerzero.core.specs import KernelSpec
 
 _SDPA = F.scaled_dot_product_attention
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
 
-def _decode(q, kv_cache, block_tables, seq_lens, scale, hnd):
+def _decode(q, kv_cache, block_tables, seq_lens, scale, layout):
     """One query token per sequence: padded gather + one masked SDPA call. q ``[B, Hq, D]``."""
     b, hq, d = q.shape
-    p = kv_cache.shape[3 if hnd else 2]
+    _, p, hkv, _ = cache_dims(kv_cache, layout)
     lens = seq_lens.long()
     nblk = (int(lens.max()) + p - 1) // p
     used = torch.arange(nblk, device=q.device) * p < lens[:, None]  # [B, nblk]
     ids = torch.where(used, block_tables[:, :nblk].long(), 0)  # unread entries may hold padding ids
-    blocks = kv_cache[ids]  # [B, nblk, 2, P, Hkv, D] or [B, nblk, 2, Hkv, P, D]
-    if hnd:
-        blocks = blocks.transpose(3, 4)
-    hkv = blocks.shape[4]
+    blocks = nhd_view(kv_cache, layout)[ids]  # [B, nblk, 2, P, Hkv, D]
     valid = torch.arange(nblk * p, device=q.device) < lens[:, None]  # [B, L]
     keep = valid[:, :, None, None]
     k = torch.where(keep, blocks[:, :, 0].reshape(b, nblk * p, hkv, d), 0).transpose(1, 2)  # [B, Hkv, L, D]
@@ -40,13 +38,11 @@ def _decode(q, kv_cache, block_tables, seq_lens, scale, hnd):
     return out[:, :, 0, :]
 
 
-def _gather(kv_cache, block_row, kv_len, p, hnd):
-    """One sequence's K and V as ``[1, Hkv, kv_len, D]`` (only the used blocks and slots)."""
+def _gather(cache, block_row, kv_len, p, hkv, d):
+    """One sequence's K and V as ``[1, Hkv, kv_len, D]`` (only the used blocks and slots) from ``cache``, the
+    :func:`nhd_view` of the cache."""
     nblk = (kv_len + p - 1) // p
-    blocks = kv_cache[block_row[:nblk].long()]
-    if hnd:
-        blocks = blocks.transpose(2, 3)  # [nblk, 2, P, Hkv, D]
-    hkv, d = blocks.shape[3], blocks.shape[4]
+    blocks = cache[block_row[:nblk].long()]  # [nblk, 2, P, Hkv, D]
     k = blocks[:, 0].reshape(nblk * p, hkv, d)[:kv_len]
     v = blocks[:, 1].reshape(nblk * p, hkv, d)[:kv_len]
     return k.transpose(0, 1)[None], v.transpose(0, 1)[None]
@@ -55,13 +51,13 @@ def _gather(kv_cache, block_row, kv_len, p, hnd):
 def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
     """``lz.paged_attention`` through SDPA (canonical args, see :func:`layerzero.ops.paged.prepare`).
     q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's dtype."""
-    hnd = kv_layout == "HND"
     num_tokens, hq, d = q.shape
     if num_tokens == 0:
         return q.new_empty(0, hq, d)
     if cu_seqlens_q is None:
-        return _decode(q, kv_cache, block_tables, seq_lens, scale, hnd)
-    p = kv_cache.shape[3 if hnd else 2]
+        return _decode(q, kv_cache, block_tables, seq_lens, scale, kv_layout)
+    _, p, hkv, dk = cache_dims(kv_cache, kv_layout)
+    cache = nhd_view(kv_cache, kv_layout)
     starts = cu_seqlens_q.tolist()
     pieces = []
     for s, kv_len in enumerate(seq_lens.tolist()):
@@ -69,7 +65,7 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
         q_len = q1 - q0
         if q_len == 0:
             continue
-        k, v = _gather(kv_cache, block_tables[s], kv_len, p, hnd)
+        k, v = _gather(cache, block_tables[s], kv_len, p, hkv, dk)
         qs = q[q0:q1].transpose(0, 1)[None]  # [1, Hq, q_len, D]
         mask, causal = None, False
         if is_causal and q_len > 1:

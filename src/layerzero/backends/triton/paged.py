@@ -24,6 +24,7 @@ import torch
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.errors import InvalidInputError, expected_got
+from layerzero.core.kv_layout import KV_LAYOUTS, KVLayout, cache_dims, nhd_view
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec, Phase
 
@@ -118,7 +119,7 @@ def _bad(what: str, expected: Any, got: Any, fix: str = "") -> InvalidInputError
 
 
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                 scale: float | None = None, kv_layout: str = "NHD", *, num_splits: int | None = None,
+                 scale: float | None = None, kv_layout: str | KVLayout = "NHD", *, num_splits: int | None = None,
                  block_n: int | None = None, num_warps: int | None = None,
                  num_stages: int | None = None) -> torch.Tensor:
     """Split-K paged decode attention (one query token per sequence) with our Triton kernels.
@@ -147,9 +148,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     kern = _KERNELS.get()  # the @triton.jit code; triton imported fine in the backend's probe
 
     batch, hq, d = q.shape
-    hnd = str(getattr(kv_layout, "value", kv_layout)) == "HND"
-    hkv = kv_cache.shape[2 if hnd else 3]
-    page = kv_cache.shape[3 if hnd else 2]
+    _, page, hkv, _ = cache_dims(kv_cache, kv_layout)
     group = hq // hkv
     if group > MAX_GROUP:
         raise _bad("GQA group Hq / Hkv", f"<= {MAX_GROUP}", f"{hq} / {hkv} = {group}", "Let LayerZero pick "
@@ -174,8 +173,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         ws_out, ws_lse = ws[: rows * d].view(batch, hq, splits, d), ws[rows * d:].view(batch, hq, splits)
         ws_strides = ws_out.stride()[:3]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    st = kv_cache.stride()
-    stride_pos, stride_head = (st[3], st[2]) if hnd else (st[2], st[3])
+    st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
+    stride_pos, stride_head = st[2], st[3]
     d_pad = max(16, next_pow2(d))
     interpret = type(kern.paged_decode_split).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1 (CPU tests)
     config = launch_config(d)
@@ -219,7 +218,7 @@ def check(ctx: SelectionContext) -> list[Reason]:
     if ratio is not None and ratio > MAX_GROUP:
         out.append(Reason(ReasonCode.GQA_RATIO_INVALID,
                           f"Hq / Hkv = {ratio} > {MAX_GROUP} (one GQA group per tile)"))
-    if ctx.kv_layout not in ("NHD", "HND"):
+    if ctx.kv_layout not in KV_LAYOUTS:
         out.append(Reason(ReasonCode.KV_LAYOUT_UNSUPPORTED, f"kv_layout {ctx.kv_layout!r} is not NHD or HND"))
     if ctx.page_size is not None and ctx.page_size < 1:
         out.append(Reason(ReasonCode.SHAPE_MISMATCH, f"page size {ctx.page_size} < 1"))
