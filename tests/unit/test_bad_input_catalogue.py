@@ -137,3 +137,79 @@ def test_low_rank_mask_reaches_kernels_as_a_4d_view():
     finally:
         lz.unregister_kernel("mylib.spy")
     assert seen == [((1, 1, 1, 3), mask.data_ptr()), ((1, 1, 3, 3), mask.data_ptr())]  # views, no copy
+
+
+# ------------------------------------------------------------------------------ 2. tiny temperatures
+# Worked by hand: the maximum is token 2 (1e10); token 0 is 1e4 below it, so at T <= 1e-20 its weight is
+# exp(-1e4 / T) = 0 and softmax((x - max) / T) is one-hot at token 2; x / T itself overflows float32 (1e10 / 1e-30).
+BIG = torch.tensor([[1e10 - 1e4, -3.0, 1e10, 5e9, 0.0], [-1.0, 7.0, 2.0, 6.5, -50.0]])
+BIG_ARGMAX = [2, 1]
+TIES = torch.tensor([[0.0, 5.0, 5.0, 1.0], [2.0, 2.0, -1.0, 2.0]])  # maxima tied: first index is 1, then 0
+TINY = [1e-40, 1e-45, 5e-39, 1e-300]  # below float32's smallest normal (~1.18e-38): greedy, first index on ties
+SMALL = [2e-38, 1e-30, 1e-20]  # normal float32 but logits / T overflows: the kernels must not produce NaN
+
+
+@pytest.mark.parametrize("temperature", TINY + SMALL)
+@pytest.mark.parametrize("op", ["sample_topk", "sample_topp"])
+def test_tiny_temperature_gives_the_argmax_token(op, temperature):
+    fn, arg = (lz.sample_topk, 3) if op == "sample_topk" else (lz.sample_topp, 0.9)
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        assert fn(BIG, arg, temperature=temperature, generator=gen).tolist() == BIG_ARGMAX
+        assert fn(BIG.double(), arg, temperature=temperature, generator=gen).tolist() == BIG_ARGMAX
+    for cut in ((lz.sample_topk, 10**6), (lz.sample_topp, 1.0)):  # no cut: the whole vocabulary
+        assert cut[0](BIG, cut[1], temperature=temperature).tolist() == BIG_ARGMAX
+
+
+@pytest.mark.parametrize("temperature", TINY)
+def test_temperature_below_float32_tiny_is_greedy_first_index_on_ties_and_draws_nothing(temperature):
+    gen = torch.Generator().manual_seed(0)
+    state = gen.get_state()
+    assert lz.sample_topk(TIES, 3, temperature=temperature, generator=gen).tolist() == [1, 0]
+    assert lz.sample_topp(TIES, 0.9, temperature=temperature, generator=gen).tolist() == [1, 0]
+    assert torch.equal(gen.get_state(), state), "greedy calls must not draw"
+    key, _ = lz.ops.sampling.prepare_topk(TIES, 3, temperature=temperature)
+    assert key.greedy is True
+
+
+def test_small_positive_temperature_keeps_tied_maxima_and_nothing_else():
+    """Above the greedy threshold the softmax is exact: tied maxima share the mass, every other token gets 0."""
+    drawn = {tuple(lz.sample_topk(TIES, 4, temperature=1e-30, generator=torch.Generator().manual_seed(s)).tolist())
+             for s in range(40)}
+    assert all(a in (1, 2) and b in (0, 1, 3) for a, b in drawn)
+    assert len({a for a, _ in drawn}) == 2 and len({b for _, b in drawn}) == 3  # uniform among ties, not greedy
+
+
+@pytest.mark.parametrize("temperature", TINY + SMALL)
+def test_reference_kernels_tiny_temperature(temperature):
+    from layerzero.backends.reference import sampling as ref
+
+    gen = torch.Generator().manual_seed(0)
+    assert ref.sample_topk(BIG, 3, temperature, gen).tolist() == BIG_ARGMAX
+    assert ref.sample_topp(BIG, 0.9, temperature, gen).tolist() == BIG_ARGMAX
+    assert ref.sample_topp(BIG, 1.0, temperature, gen).tolist() == BIG_ARGMAX
+    probs = ref._probs(BIG, temperature) if temperature >= ref.GREEDY_BELOW else None
+    if probs is not None:
+        assert torch.equal(probs, torch.nn.functional.one_hot(torch.tensor(BIG_ARGMAX), 5).float())
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy: (x - max) / T -> -inf, intended
+@pytest.mark.parametrize("temperature", TINY + SMALL)
+def test_triton_draw_tiny_temperature_under_the_interpreter(temperature):
+    """The Triton kernel on CPU tensors through the interpreter (TRITON_INTERPRET=1, set by tests/conftest.py
+    without a CUDA device): every cut path (top-k, top-p, none) and every uniform gives the argmax."""
+    import os
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from layerzero.backends.triton import sampling
+
+    for u in (torch.zeros(2), torch.full((2,), 0.5), torch.ones(2) - 2**-24):
+        for cut in ({"k": 3}, {"p": 0.9}, {"k": None}):
+            assert sampling.draw(BIG, u, temperature=temperature, **cut).tolist() == BIG_ARGMAX, (u, cut)
+    a, b = sampling.sample_topk(TIES, 3, temperature, torch.Generator().manual_seed(0)).tolist()
+    if temperature in TINY:
+        assert (a, b) == (1, 0)  # greedy: first index on ties
+    else:
+        assert a in (1, 2) and b in (0, 1, 3)  # the tied maxima only

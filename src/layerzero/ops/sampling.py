@@ -20,6 +20,18 @@ from ._common import (
     stream_capturing,
 )
 
+GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
+"""Temperatures in ``(0, GREEDY_BELOW)`` (float32's smallest normal number, about 1.18e-38) are sampled as
+``temperature == 0``: greedy argmax, first index on ties, no random draw. At such a temperature ``1 / T`` does not
+fit in float32 and ``softmax(logits / T)`` is one-hot at the maximum anyway (the limit T -> 0+); the kernels
+compute ``(logits - max) / T`` for every larger T, so ``logits / T`` overflowing float32 cannot produce NaN."""
+
+
+def _temperature(op: str, temperature: Any) -> float:
+    """:func:`check_temperature`, then temperatures below :data:`GREEDY_BELOW` become 0.0 (greedy)."""
+    t = check_temperature(op, temperature)
+    return 0.0 if t < GREEDY_BELOW else t
+
 
 def _check_logits(op: str, logits: Any, generator: Any) -> None:
     check_tensor(op, "logits", logits, 2)
@@ -68,7 +80,7 @@ def prepare_topk(logits: torch.Tensor, k: int, *, temperature: float = 1.0,
     _check_logits(op, logits, generator)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise fail(op, "k", "an int >= 1", repr(k), "k = 1 is greedy; k >= V disables the top-k cut.")
-    temperature = check_temperature(op, temperature)
+    temperature = _temperature(op, temperature)
     return _key(op, logits, temperature, generator), (logits, k, temperature, generator)
 
 
@@ -79,7 +91,7 @@ def prepare_topp(logits: torch.Tensor, p: float, *, temperature: float = 1.0,
     _check_logits(op, logits, generator)
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0.0 < p <= 1.0:
         raise fail(op, "p", "a float in (0, 1]", repr(p), "p = 1.0 disables the nucleus cut.")
-    temperature = check_temperature(op, temperature)
+    temperature = _temperature(op, temperature)
     return _key(op, logits, temperature, generator), (logits, float(p), temperature, generator)
 
 
@@ -95,8 +107,11 @@ def sample_topk(logits: torch.Tensor, k: int, *, temperature: float = 1.0,
 
     Shapes: logits ``[B, V]`` (B rows, V vocabulary), any float dtype -> token ids ``[B]`` int64.
     ``softmax(logits / temperature)`` restricted to the top k, renormalized, sampled with ``generator``
-    (``torch.Generator`` on logits' device; same seed -> same tokens). ``temperature == 0`` is greedy
-    (argmax); ``k >= V`` means no cut.
+    (``torch.Generator`` on logits' device; same seed -> same tokens). ``temperature``: a finite float >= 0;
+    ``temperature == 0``, and any positive temperature below :data:`GREEDY_BELOW` (~1.18e-38, where ``1 / T``
+    overflows float32), is greedy: argmax, first index on ties, no draw (the T -> 0+ limit). Larger temperatures
+    are computed as ``softmax((logits - max) / T)``, so a tiny T gives the argmax token (ties at the maximum are
+    drawn uniformly, as the softmax says) rather than an overflow. ``k >= V`` means no cut.
 
     Raises:
         InvalidInputError: logits not a 2-D float tensor or empty; k not an int >= 1; temperature negative or
@@ -116,7 +131,8 @@ def sample_topp(logits: torch.Tensor, p: float, *, temperature: float = 1.0,
     probability sums to at least ``p`` (always at least one token).
 
     Shapes: logits ``[B, V]``, any float dtype -> token ids ``[B]`` int64. ``p`` in (0, 1] (1.0 = no cut);
-    ``temperature == 0`` is greedy; ``generator`` as in :func:`sample_topk`.
+    ``temperature`` as in :func:`sample_topk` (0, or below :data:`GREEDY_BELOW`, is greedy argmax);
+    ``generator`` as in :func:`sample_topk`.
 
     Raises:
         InvalidInputError: logits not a 2-D float tensor or empty; p outside (0, 1]; bad temperature or

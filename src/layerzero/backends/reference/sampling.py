@@ -11,10 +11,18 @@ import torch
 __all__ = ["sample_topk", "sample_topp"]
 
 
+GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
+"""Temperatures below this (float32's smallest normal, ~1.18e-38; ``lz.sample_*`` already maps them to 0) are
+greedy: ``1 / T`` would not fit in float32, and the T -> 0+ limit of the softmax is one-hot at the maximum."""
+
+
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``softmax(logits / temperature)`` over the vocabulary, float32 (float64 for float64 logits)."""
+    """``softmax(logits / temperature)`` over the vocabulary, float32 (float64 for float64 logits), computed as
+    ``softmax((logits - rowmax) / temperature)``: equal in exact arithmetic, but a tiny temperature sends the
+    non-maximal entries to ``-inf`` (probability 0) instead of overflowing ``logits / T`` to ``inf`` (NaN)."""
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    return torch.softmax(logits.to(cdt) / float(temperature), dim=-1)
+    x = logits.to(cdt)
+    return torch.softmax((x - x.amax(dim=-1, keepdim=True)) / float(temperature), dim=-1)
 
 
 def _greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -36,8 +44,8 @@ def sample_topk(
     Args:
         logits: ``[B, V]`` (B batch rows, V vocabulary size), any float dtype.
         k: number of tokens kept (int >= 1); ``k >= V`` means no truncation.
-        temperature: softmax temperature (> 0); ``temperature == 0`` means greedy: ``argmax`` of the
-            logits (first index on ties), no random draw and ``generator`` untouched.
+        temperature: softmax temperature (> 0); ``temperature == 0`` (or below :data:`GREEDY_BELOW`) means
+            greedy: ``argmax`` of the logits (first index on ties), no random draw and ``generator`` untouched.
         generator: ``torch.Generator`` on logits' device, or None for the global RNG.
 
     Returns:
@@ -49,7 +57,7 @@ def sample_topk(
     >>> sample_topk(torch.tensor([[0.0, 5.0, 1.0]]), k=1)
     tensor([1])
     """
-    if temperature == 0:
+    if temperature < GREEDY_BELOW:
         return _greedy(logits)
     probs = _probs(logits, temperature)  # [B, V]
     k = min(int(k), probs.shape[-1])
@@ -76,7 +84,8 @@ def sample_topp(
         logits: ``[B, V]`` (B batch rows, V vocabulary size), any float dtype.
         p: cumulative probability mass kept, in (0, 1]; ``p >= 1.0`` means no truncation (so float
             rounding in the cumulative sum never drops tail tokens).
-        temperature: softmax temperature (> 0); ``temperature == 0`` means greedy ``argmax``.
+        temperature: softmax temperature (> 0); ``temperature == 0`` (or below :data:`GREEDY_BELOW`) means
+            greedy ``argmax`` (first index on ties).
         generator: ``torch.Generator`` on logits' device, or None for the global RNG.
 
     Returns:
@@ -88,7 +97,7 @@ def sample_topp(
     >>> sample_topp(torch.tensor([[0.0, 9.0, 1.0]]), p=0.5)
     tensor([1])
     """
-    if temperature == 0:
+    if temperature < GREEDY_BELOW:
         return _greedy(logits)
     probs = _probs(logits, temperature)  # [B, V]
     if p >= 1.0:

@@ -5,8 +5,11 @@ One program per row. The row holds ``n_cols`` logits, either the whole vocabular
 prefix of the logits sorted descending (``torch.topk`` / ``torch.sort`` output, with ``IDX`` mapping a
 position to its token id). All loops stream the row in ``BLOCK`` tiles:
 
-1. online softmax statistics of ``x = logit * inv_temp``: running max ``m`` and ``total = sum(exp(x - m))``
-   (float32, rescaled when the max grows: Milakov & Gimelshein 2018);
+1. online softmax statistics at temperature ``1 / inv_temp``: running max ``m`` of the raw logits and
+   ``total = sum(exp((logit - m) * inv_temp))`` (float32, rescaled when the max grows: Milakov & Gimelshein
+   2018). Scaling the difference, never the logit itself, keeps every exponent <= 0: a tiny temperature sends
+   the non-maximal terms to ``exp(-inf) = 0`` instead of overflowing ``logit * inv_temp`` to ``inf`` (NaN).
+   ``inv_temp`` must be finite (``lz.sample_*`` treats temperatures below float32's smallest normal as greedy);
 2. ``TOP_P`` only: the kept prefix is every position whose mass before it is ``< p * total`` (at least one);
    its mass ``kept`` is summed;
 3. the draw: ``target = u * kept`` (``u`` in [0, 1) from the caller's generator) and the token is the first
@@ -33,10 +36,10 @@ def _sample_row(L, IDX, U, OUT, stride_l, stride_idx, n_cols, inv_temp, top_p,
     start = n_cols * 0
     while start < n_cols:
         offs = start + cols
-        x = tl.load(l_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32) * inv_temp
+        x = tl.load(l_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=0))
-        scale = tl.where(m_new == float("-inf"), 0.0, tl.exp(m - m_new))
-        e = tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))
+        scale = tl.where(m_new == float("-inf"), 0.0, tl.exp((m - m_new) * inv_temp))
+        e = tl.where(x == float("-inf"), 0.0, tl.exp((x - m_new) * inv_temp))
         total = total * scale + tl.sum(e, axis=0)
         m = m_new
         start += BLOCK
@@ -51,8 +54,8 @@ def _sample_row(L, IDX, U, OUT, stride_l, stride_idx, n_cols, inv_temp, top_p,
         start = n_cols * 0
         while start < n_cols:
             offs = start + cols
-            x = tl.load(l_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32) * inv_temp
-            e = tl.where(x == float("-inf"), 0.0, tl.exp(x - m))
+            x = tl.load(l_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
+            e = tl.where(x == float("-inf"), 0.0, tl.exp((x - m) * inv_temp))
             before = running + tl.cumsum(e, axis=0) - e
             keep = ((before < threshold) | (offs == 0)) & (offs < n_cols)
             n_keep += tl.sum(keep.to(tl.int32), axis=0)
@@ -68,8 +71,8 @@ def _sample_row(L, IDX, U, OUT, stride_l, stride_idx, n_cols, inv_temp, top_p,
     while start < n_keep:
         offs = start + cols
         valid = offs < n_keep
-        x = tl.load(l_row + offs, mask=valid, other=float("-inf")).to(tl.float32) * inv_temp
-        e = tl.where(valid & (x != float("-inf")), tl.exp(x - m), 0.0)
+        x = tl.load(l_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        e = tl.where(valid & (x != float("-inf")), tl.exp((x - m) * inv_temp), 0.0)
         cum = running + tl.cumsum(e, axis=0)
         hit = valid & (cum > target) & (e > 0.0)
         first = tl.minimum(first, tl.min(tl.where(hit, offs, 2147483647), axis=0))

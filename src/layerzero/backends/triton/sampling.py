@@ -37,6 +37,8 @@ from layerzero.core.specs import KernelSpec
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
 
 KERNEL_IDS = ("triton.sample_topk", "triton.sample_topp")
+GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
+"""Temperatures below float32's smallest normal are greedy (as in ``lz.sample_*``): ``1 / T`` would overflow."""
 PRIORITY = 60
 """Above the reference sampler (the only other sampling kernel on CUDA)."""
 BLOCK = 1024
@@ -58,7 +60,8 @@ def draw(logits: torch.Tensor, u: torch.Tensor, *, k: int | None = None, p: floa
         u: ``[B]`` uniforms in [0, 1) (float32 or float64; read as float32), on logits' device.
         k: top-k cut (int >= 1) or None; ``k >= V`` means no cut.
         p: top-p cut in (0, 1] or None; ``p >= 1`` means no cut. At most one of k and p.
-        temperature: > 0 (``0`` returns ``argmax`` and ignores u).
+        temperature: > 0 (``0``, or below float32's smallest normal where ``1 / T`` overflows, returns ``argmax``
+            and ignores u); the kernel scales ``logit - max``, so a tiny T gives the argmax, never NaN.
 
     Returns:
         Token ids ``[B]``, int64: for each row the first kept token (in candidate order: descending logit,
@@ -67,7 +70,7 @@ def draw(logits: torch.Tensor, u: torch.Tensor, *, k: int | None = None, p: floa
     Raises:
         Nothing of its own (inputs are validated by ``lz.sample_topk`` / ``lz.sample_topp``).
     """
-    if temperature == 0 or k == 1:
+    if temperature < GREEDY_BELOW or k == 1:
         return torch.argmax(logits, dim=-1)
     mod = _KERNELS.get()
     n_rows, vocab = logits.shape
@@ -95,7 +98,7 @@ def sample_topk(logits: torch.Tensor, k: int, temperature: float = 1.0,
     """Top-k sampling (Fan et al. 2018): logits ``[B, V]`` (float16/bfloat16/float32) -> token ids ``[B]``
     int64. Draws ``u`` with :func:`uniforms` (nothing drawn when ``temperature == 0`` or ``k == 1``), then
     :func:`draw`. Raises nothing of its own (``lz.sample_topk`` validates)."""
-    if temperature == 0 or k == 1:
+    if temperature < GREEDY_BELOW or k == 1:
         return torch.argmax(logits, dim=-1)
     return draw(logits, uniforms(logits, generator), k=k, temperature=temperature)
 
@@ -105,7 +108,7 @@ def sample_topp(logits: torch.Tensor, p: float, temperature: float = 1.0,
     """Nucleus sampling (Holtzman et al. 2019): logits ``[B, V]`` (float16/bfloat16/float32) -> token ids
     ``[B]`` int64. Draws ``u`` with :func:`uniforms` (not when ``temperature == 0``), then :func:`draw`.
     Raises nothing of its own (``lz.sample_topp`` validates)."""
-    if temperature == 0:
+    if temperature < GREEDY_BELOW:
         return torch.argmax(logits, dim=-1)
     return draw(logits, uniforms(logits, generator), p=p, temperature=temperature)
 
