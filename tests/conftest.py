@@ -3,8 +3,10 @@
 Every test gets:
 
 - ``LAYERZERO_PERFDB`` pointing at a fresh SQLite file in its ``tmp_path`` (measurements never leak
-  between tests or into the user's cache), and no other ``LAYERZERO_*`` variable from the calling shell
-  (a developer's ``LAYERZERO_STRICT=1`` must not change test outcomes);
+  between tests or into the user's cache), ``LAYERZERO_SHIPPED_TIMINGS=0`` (the timing data shipped for this
+  machine would change priority-based picks; tests of shipped timings turn it on), and no other
+  ``LAYERZERO_*`` variable from the calling shell (a developer's ``LAYERZERO_STRICT=1`` must not change test
+  outcomes);
 - :func:`layerzero.core.config.reset_for_tests` before and after it: config back to defaults, locks and
   file/env policy layers cleared, the environment re-read and the epoch bumped (so every cached
   selection is invalidated); the level of the ``layerzero`` logger (which ``LAYERZERO_LOG_LEVEL`` sets)
@@ -25,6 +27,7 @@ from collections.abc import Iterator
 import pytest
 
 _PERFDB_VAR = "LAYERZERO_PERFDB"
+_SHIPPED_VAR = "LAYERZERO_SHIPPED_TIMINGS"
 
 
 def _triton_interpreter_for_cpu_runs() -> None:
@@ -62,6 +65,7 @@ def _isolate_layerzero(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
 
     _scrub_env(monkeypatch)
     monkeypatch.setenv(_PERFDB_VAR, str(tmp_path / "perfdb.sqlite"))
+    monkeypatch.setenv(_SHIPPED_VAR, "0")
     config.reset_for_tests()
     RUNTIME.health.reset()  # a kernel failing in one test must not leave its circuit breaker open for the next
     yield

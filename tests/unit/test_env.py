@@ -36,6 +36,8 @@ def test_every_variable_parsed(tmp_path: Path) -> None:
         "LAYERZERO_USE_PERFDB": "0",
         "LAYERZERO_CACHE_SIZE": "512",
         "LAYERZERO_CACHE_TTL_S": "2.5",
+        "LAYERZERO_SHIPPED_TIMINGS": "off",
+        "LAYERZERO_AUTOTUNE": "1",
     })
     assert s.policy_path == str(policy)
     assert s.locks == (("attention", "torch_sdpa.math"), ("rms_norm", "torch_native.rms_norm"))
@@ -44,10 +46,12 @@ def test_every_variable_parsed(tmp_path: Path) -> None:
     assert s.log_level is LogLevel.DEBUG and s.log_level.level == logging.DEBUG
     assert s.perfdb_path is not None and s.perfdb_path.endswith("lz.sqlite") and "~" not in s.perfdb_path
     assert s.cache_size == 512 and s.cache_ttl_s == 2.5
+    assert s.use_shipped_timings is False and s.autotune is True
     d = s.to_dict()
     assert d["log_level"] == "DEBUG" and d["locks"][0] == ["attention", "torch_sdpa.math"]
     assert set(d) == {"policy_path", "locks", "allow", "deny", "prefer", "strict", "disabled", "log_level",
-                      "perfdb_path", "use_perfdb", "cache_size", "cache_ttl_s", "capabilities_path", "unknown"}
+                      "perfdb_path", "use_perfdb", "cache_size", "cache_ttl_s", "capabilities_path",
+                      "use_shipped_timings", "autotune", "unknown"}
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -124,7 +128,8 @@ def test_env_vars_table_is_complete() -> None:
     assert set(ENV_VARS) == {
         "LAYERZERO_POLICY", "LAYERZERO_LOCK", "LAYERZERO_ALLOW", "LAYERZERO_DENY", "LAYERZERO_PREFER",
         "LAYERZERO_STRICT", "LAYERZERO_DISABLED", "LAYERZERO_LOG_LEVEL", "LAYERZERO_PERFDB",
-        "LAYERZERO_USE_PERFDB", "LAYERZERO_CACHE_SIZE", "LAYERZERO_CACHE_TTL_S", "LAYERZERO_CAPABILITIES"}
+        "LAYERZERO_USE_PERFDB", "LAYERZERO_CACHE_SIZE", "LAYERZERO_CACHE_TTL_S", "LAYERZERO_CAPABILITIES",
+        "LAYERZERO_SHIPPED_TIMINGS", "LAYERZERO_AUTOTUNE"}
     doc = EnvSettings.__doc__ or ""
     assert all(name in doc for name in ENV_VARS)
     docs = Path(__file__).resolve().parents[2] / "docs" / "policies.md"

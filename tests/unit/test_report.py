@@ -59,7 +59,7 @@ def test_to_dict_round_trips_through_json(report):
     assert d["context"]["dtype"] == "float32" and d["context"]["device"] == "cpu"
     by_id = {c["kernel_id"]: c for c in d["candidates"]}
     assert by_id["torch_sdpa.flash"]["status"] == "selected"
-    assert by_id["torch_sdpa.flash"]["score"] == {"priority": 80.0, "boost": 0.0, "perf": 0.0,
+    assert by_id["torch_sdpa.flash"]["score"] == {"priority": 80.0, "boost": 0.0, "perf": 0.0, "shipped": 0.0,
                                                   "transform_cost": 0.0, "total": 80.0}
     reasons = [Reason.from_dict(r) for r in by_id["torch_sdpa.cudnn"]["reasons"]]
     assert reasons == list(report.candidate("torch_sdpa.cudnn").reasons)

@@ -41,7 +41,14 @@ class Config:
       no expiry).
     - ``use_perfdb``: let measured timings score kernels; ``perfdb_path``: SQLite file (None = the default in
       the user cache directory, opened on the first selection that needs it).
-    - ``perf_weight``: score points the fastest measured kernel gets (others get weight x fastest/theirs).
+    - ``perf_weight``: score points the fastest measured kernel gets (others get weight x fastest/theirs); shipped
+      timings score with the same weight.
+    - ``use_shipped_timings``: when the PerfDB has nothing for a context's bucket, score with the timings shipped
+      for this device model and library versions (``layerzero/data/timings``; docs/tuning.md);
+      ``shipped_timings_dir``: a directory of such files to use instead of the package's (None = the package's).
+    - ``autotune``: the first eager call of a new key measures its eligible kernels (checked against the
+      reference) and records them in the PerfDB, like ``torch.backends.cudnn.benchmark`` (never during CUDA-graph
+      capture; ``layerzero.tuning.autotune``).
     - ``log_fallbacks``: log a WARNING with reasons for every fallback (strict mode raises instead).
     - ``selection_timeout_s``: how long a thread waits for another thread's selection of the same key.
     - ``health_failure_threshold`` / ``health_cooldown_s``: a backend is skipped after this many consecutive
@@ -61,9 +68,13 @@ class Config:
     health_failure_threshold: int = 3
     health_cooldown_s: float = 30.0
     allow_selection_in_capture: bool = False
+    use_shipped_timings: bool = True
+    shipped_timings_dir: str | None = None
+    autotune: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("strict", "use_perfdb", "log_fallbacks", "allow_selection_in_capture"):
+        for name in ("strict", "use_perfdb", "log_fallbacks", "allow_selection_in_capture", "use_shipped_timings",
+                     "autotune"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(expected_got(f"config {name}", "a bool", repr(getattr(self, name))))
         _positive_int("cache_size", self.cache_size)
@@ -74,6 +85,9 @@ class Config:
             _positive_float("cache_ttl_s", self.cache_ttl_s)
         if self.perfdb_path is not None and not isinstance(self.perfdb_path, str):
             raise ConfigurationError(expected_got("config perfdb_path", "a str path or None", repr(self.perfdb_path)))
+        if self.shipped_timings_dir is not None and not isinstance(self.shipped_timings_dir, str):
+            raise ConfigurationError(expected_got("config shipped_timings_dir", "a str directory or None",
+                                                  repr(self.shipped_timings_dir)))
 
     def to_dict(self) -> dict[str, Any]:
         """The options as a plain dict."""
@@ -148,7 +162,8 @@ def load_env(environ: Mapping[str, str] | None = None) -> None:
     with _STATE.lock:
         _STATE.env = env
         overrides: dict[str, Any] = {}
-        for name in ("strict", "use_perfdb", "perfdb_path", "cache_size", "cache_ttl_s"):
+        for name in ("strict", "use_perfdb", "perfdb_path", "cache_size", "cache_ttl_s", "use_shipped_timings",
+                     "autotune"):
             value = getattr(env, name)
             if value is not None:
                 overrides[name] = value

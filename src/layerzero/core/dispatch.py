@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from . import config as _config
+from . import shipped as _shipped
 from .cache import SelectionCache
 from .context import SelectionContext
 from .device import DeviceSpec
@@ -34,7 +35,7 @@ from .perfdb import PerfDB, fingerprint, perf_score
 from .reasons import Reason
 from .registry import KernelRegistry
 from .report import SelectionReport
-from .selection import SelectionInputs, select
+from .selection import Measurement, SelectionInputs, select
 from .specs import ExecutionPlan
 
 log = logging.getLogger("layerzero.dispatch")
@@ -144,24 +145,44 @@ class Runtime:
             return None
         return self._perfdb
 
-    def _perf_lookup(self, ctx: SelectionContext) -> Callable[[str], tuple[float, float | None]]:
-        db = None if ctx.graph_capture else self.perfdb()
-        if db is None:
-            return lambda _kid: (0.0, None)
-        try:
-            records = db.for_bucket(ctx.op, ctx.bucket_key(), fingerprint(device_fingerprint_parts(ctx.device)))
-        except LayerZeroError as exc:
-            log.warning("LayerZero PerfDB read failed (%s); selecting without measurements", exc)
-            return lambda _kid: (0.0, None)
-        if not records:
-            return lambda _kid: (0.0, None)
-        weight = _config.get_config().perf_weight
+    def _perf_lookup(self, ctx: SelectionContext) -> Callable[[str], Measurement]:
+        """The measurement terms of ``ctx``'s kernels: from the PerfDB rows of the bucket when there are any,
+        else from the timing data shipped for this device model and library versions (``core/shipped.py``;
+        unless ``use_shipped_timings`` is off), else none. For a CUDA-graph capture context neither is read
+        (no I/O inside a capture; and shipped data alone there would outrank the user's own measurements)."""
+        nothing = Measurement()
+        if ctx.graph_capture:
+            return lambda _kid: nothing
+        cfg = _config.get_config()
+        db = self.perfdb()
+        records = {}
+        if db is not None:
+            try:
+                records = db.for_bucket(ctx.op, ctx.bucket_key(), fingerprint(device_fingerprint_parts(ctx.device)))
+            except LayerZeroError as exc:
+                log.warning("LayerZero PerfDB read failed (%s); selecting without its measurements", exc)
+        weight = cfg.perf_weight
+        if records:
+            def lookup(kernel_id: str) -> Measurement:
+                rec = records.get(kernel_id)
+                return Measurement(perf_score(records, kernel_id, weight), None if rec is None else rec.median_us)
 
-        def lookup(kernel_id: str) -> tuple[float, float | None]:
-            rec = records.get(kernel_id)
-            return (perf_score(records, kernel_id, weight), None if rec is None else rec.median_us)
+            return lookup
+        if not cfg.use_shipped_timings:
+            return lambda _kid: nothing
+        reg = self.registry
 
-        return lookup
+        def version(kernel_id: str) -> tuple[str, str | None] | None:
+            if kernel_id not in reg.kernels:
+                return None
+            backend = reg.kernels.get(kernel_id).backend
+            return backend, reg.backends.get(backend).version if backend in reg.backends else None
+
+        match = _shipped.lookup(ctx, version, cfg.shipped_timings_dir)
+        if match is None:
+            return lambda _kid: nothing
+        source = match.source
+        return lambda kid: Measurement(shipped=match.score(kid, weight), shipped_us=match.median(kid), source=source)
 
     # ------------------------------------------------------------------ selection
     def usable_reason(self, backend_id: str) -> Reason | None:

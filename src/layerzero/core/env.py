@@ -67,6 +67,9 @@ class EnvSettings:
     LAYERZERO_CACHE_TTL_S   cache_ttl_s            cache entry lifetime in seconds (float > 0; ``none`` = no expiry,
                                                    read as None like unset)
     LAYERZERO_CAPABILITIES  capabilities_path      capability-override YAML applied when backends load (str)
+    LAYERZERO_SHIPPED_TIMINGS  use_shipped_timings  score with the timings shipped for this device model when the
+                                                   PerfDB has nothing for a bucket (bool; default on)
+    LAYERZERO_AUTOTUNE      autotune               measure a new key's kernels on its first eager call (bool)
     ======================  =====================  ==================================================================
 
     Bools accept ``1/0/true/false/yes/no/on/off`` (case-insensitive). ``unknown`` lists ``LAYERZERO_*``
@@ -86,6 +89,8 @@ class EnvSettings:
     cache_size: int | None = None
     cache_ttl_s: float | None = None
     capabilities_path: str | None = None
+    use_shipped_timings: bool | None = None
+    autotune: bool | None = None
     unknown: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,6 +203,9 @@ _VARS: Mapping[str, tuple[str, Callable[[str, str], Any], str]] = MappingProxyTy
     "LAYERZERO_CACHE_TTL_S": ("cache_ttl_s", _parse_ttl, "cache entry lifetime in seconds (> 0) or 'none'"),
     "LAYERZERO_CAPABILITIES": ("capabilities_path", _parse_policy_path,
                                "path of a capability-override YAML (kernel constraints as data)"),
+    "LAYERZERO_SHIPPED_TIMINGS": ("use_shipped_timings", _parse_bool,
+                                  "use the timings shipped for this device model when the PerfDB has none (bool)"),
+    "LAYERZERO_AUTOTUNE": ("autotune", _parse_bool, "measure a new key's kernels on its first eager call (bool)"),
 })
 #: Every variable LayerZero reads, with a one-line description (for docs and ``layerzero env``).
 ENV_VARS: Mapping[str, str] = MappingProxyType({name: spec[2] for name, spec in _VARS.items()})

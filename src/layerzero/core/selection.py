@@ -2,7 +2,8 @@
 
 - **filter**: every candidate gets *all* its reasons: backend availability, data constraints, the kernel's
   own ``check``, backend health, and policy (lock / deny / allow).
-- **score**: priority + policy boost + PerfDB measurement - transform cost.
+- **score**: priority + policy boost + measurement - transform cost; the measurement is the user's PerfDB
+  (``perf``) or, when the PerfDB has nothing for the bucket, the shipped timing data (``shipped``).
 - **select**: highest score wins. The reference kernel survives policy so there is always a fallback;
   a lock forces its kernel and raises if it cannot run; a preference that cannot run, or the reference
   standing in for rejected faster kernels, is a *fallback*: logged with its reasons, or raised in strict mode.
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 from .constraints import check_constraints
 from .context import SelectionContext
@@ -30,17 +31,33 @@ R = ReasonCode
 _POLICY_CODES = frozenset({R.POLICY_DENIED, R.POLICY_NOT_ALLOWED, R.POLICY_LOCKED_OTHER, R.POLICY_DISABLED})
 
 
+class Measurement(NamedTuple):
+    """What measurements add to one kernel's score.
+
+    ``perf`` / ``measured_us``: the PerfDB term and median (µs); ``shipped`` / ``shipped_us``: the shipped timing
+    data's term and median (µs), used only when the PerfDB has nothing for the bucket; ``source``: where the
+    shipped median comes from (file, exact or nearest bucket), None without one.
+    """
+
+    perf: float = 0.0
+    measured_us: float | None = None
+    shipped: float = 0.0
+    shipped_us: float | None = None
+    source: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class SelectionInputs:
     """What a selection reads besides the context: policy, backend health and measured timings.
 
-    ``usable(backend_id) -> Reason | None`` answers health; ``perf(kernel_id) -> (score, median_us)``
-    gives the PerfDB contribution (``(0.0, None)`` when unmeasured).
+    ``usable(backend_id) -> Reason | None`` answers health; ``perf(kernel_id)`` gives the measurement terms: a
+    :class:`Measurement`, or a ``(perf score, median_us)`` pair for the PerfDB term alone (``(0.0, None)`` when
+    unmeasured).
     """
 
     policy: Policy
     usable: Callable[[str], Reason | None]
-    perf: Callable[[str], tuple[float, float | None]]
+    perf: Callable[[str], Measurement | tuple[float, float | None]]
     strict: bool = False
     log_fallbacks: bool = True
 
@@ -99,6 +116,7 @@ def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInp
     candidates: list[CandidateReport] = []
     eligible: list[tuple[float, int, KernelSpec, Any, tuple[str, ...], Score]] = []
     boosted_rejects: list[tuple[str, tuple[Reason, ...]]] = []
+    shipped_source: str | None = None
     for order, spec in enumerate(specs):
         reasons = kernel_reasons(registry, spec, ctx, inputs.usable)
         boost = policy.boost(op, spec.kernel_id, spec.backend, fields)
@@ -112,10 +130,13 @@ def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInp
                 boosted_rejects.append((spec.kernel_id, tuple(reasons)))
             continue
         call, transforms, cost = bind(registry, spec, ctx)
-        perf, measured = inputs.perf(spec.kernel_id)
-        score = Score(priority=float(spec.priority), boost=boost, perf=perf, transform_cost=cost)
+        m = inputs.perf(spec.kernel_id)
+        m = m if isinstance(m, Measurement) else Measurement(*m)
+        shipped_source = shipped_source or m.source
+        score = Score(priority=float(spec.priority), boost=boost, perf=m.perf, transform_cost=cost, shipped=m.shipped)
         eligible.append((score.total, -order, spec, call, transforms, score))
-        candidates.append(CandidateReport(spec.kernel_id, CandidateStatus.ELIGIBLE, (), score, transforms, measured))
+        candidates.append(CandidateReport(spec.kernel_id, CandidateStatus.ELIGIBLE, (), score, transforms,
+                                          m.measured_us, m.shipped_us))
 
     policy_hash = policy.hash
     if locked_id is not None and not eligible:
@@ -133,9 +154,10 @@ def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInp
     _, _, best, call, transforms, _ = eligible[0]
     notes = _fallback_notes(registry, best, candidates, boosted_rejects)
     chosen_reports = tuple(
-        CandidateReport(c.kernel_id, CandidateStatus.SELECTED, c.reasons, c.score, c.transforms, c.measured_us)
+        replace(c, status=CandidateStatus.SELECTED)
         if c.kernel_id == best.kernel_id else c for c in candidates)
-    report = SelectionReport(op, ctx, best.kernel_id, chosen_reports, locked_id, policy_hash, notes)
+    report = SelectionReport(op, ctx, best.kernel_id, chosen_reports, locked_id, policy_hash, notes,
+                             shipped_source)
     if notes:
         if inputs.strict:
             raise NoKernelFoundError(
