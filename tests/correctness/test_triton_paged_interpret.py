@@ -205,6 +205,14 @@ def test_bad_launch_parameters_raise_typed_errors():
         tp.paged_decode(wide, cache, table, lens)
     with pytest.raises(InvalidInputError, match="cu_seqlens_q"):
         tp.paged_attention(q, cache, table, lens, torch.tensor([0, 1], dtype=torch.int32), None, True, "NHD")
+    # the kernels read every last dim with a unit stride: a strided block table or seq_lens would read wrong ids
+    wide_table = torch.zeros(table.shape[0], 2 * table.shape[1], dtype=table.dtype)
+    wide_table[:, ::2] = table
+    with pytest.raises(InvalidInputError, match=r"last strides of q, kv_cache, block_tables, seq_lens: expected 1 "
+                                                r"each .*got \(1, 1, 2, 1\)"):
+        tp.paged_decode(q, cache, wide_table[:, ::2], lens)
+    with pytest.raises(InvalidInputError, match=r"got \(1, 1, 1, 2\)"):
+        tp.paged_decode(q, cache, table, torch.stack([lens, lens], 1)[:, 0])
 
 
 # ------------------------------------------------------------------------------------------------ sizing

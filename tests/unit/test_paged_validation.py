@@ -380,3 +380,70 @@ def test_kv_layout_helpers_reject_unknown_layouts():
         with pytest.raises(lz.InvalidInputError, match=r"kv_layout: expected 'NHD' \(\[num_blocks, 2, block_size, "
                                                         r"Hkv, D\]\) or 'HND'"):
             fn()
+
+
+# ------------------------------------------------------------------------------------------ key: stride, capture
+def test_keys_are_named_and_end_with_capture_then_scope():
+    """Both paged keys are NamedTuples whose capture flag is second to last and scope token last, so
+    core.dispatch.capture_key flips only the flag (the graph recipe prepares the capture-time choice)."""
+    from layerzero.core.dispatch import capture_key
+
+    a, c = _decode_args(), _cache_args()
+    keys = [(paged.prepare(a["q"], a["kv_cache"], a["block_tables"], a["seq_lens"])[0], paged.context),
+            (paged.prepare_cache(c["k"], c["v"], c["kv_cache"], c["slot_mapping"])[0], paged.context_cache)]
+    for key, build in keys:
+        assert key._fields[-2:] == ("capture", "scope") and key.stride_last_1 is True
+        cap = capture_key(key)
+        assert cap is not None and cap.capture is True and cap._replace(capture=False) == key
+        assert build(cap).graph_capture and not build(key).graph_capture
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values as ``t`` in a view whose last dim has stride 2."""
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
+def _oracle(q, cache, table, lens):
+    """float64 decode attention, NHD cache read token by token: query head h uses KV head h // (Hq / Hkv)."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    group = q.shape[1] // cache.shape[3]
+    for s, n in enumerate(lens.tolist()):
+        k = torch.stack([cache[int(table[s, t // 4]), 0, t % 4] for t in range(n)]).double()  # [n, Hkv, D]
+        v = torch.stack([cache[int(table[s, t // 4]), 1, t % 4] for t in range(n)]).double()
+        for h in range(q.shape[1]):
+            w = torch.softmax(k[:, h // group] @ q[s, h].double() / 8**0.5, 0)
+            out[s, h] = w @ v[:, h // group]
+    return out
+
+
+@pytest.mark.parametrize("which", ["q", "kv_cache", "block_tables", "seq_lens"])
+def test_stride_fact_reaches_the_key_and_filters_triton_paged_decode(monkeypatch, which):
+    """An input whose last dim is not stride-1 gives a key with stride_last_1=False: on a (fake) CUDA device
+    triton.paged_decode (requires_stride_last_1; it indexes every last dim with a unit stride) is filtered out
+    with STRIDE_LAST_DIM_NOT_1 and nothing else, while contiguous inputs leave it eligible; on CPU the call
+    still matches a float64 oracle."""
+    from layerzero.core.reasons import ReasonCode
+    from layerzero.testing.devices import fake_cuda_device
+
+    gen = torch.Generator().manual_seed(7)
+    a = _decode_args(q=torch.randn(2, 4, 8, generator=gen), kv_cache=torch.randn(3, 2, 4, 2, 8, generator=gen))
+    names = ("q", "kv_cache", "block_tables", "seq_lens")
+    strided = dict(a, **{which: _strided(a[which])})
+    assert strided[which].stride(-1) == 2 and torch.equal(strided[which], a[which])
+    key = paged.prepare(*(strided[n] for n in names))[0]
+    assert key.stride_last_1 is False and paged.context(key).stride_last_1 is False
+    assert paged.prepare(*(a[n] for n in names))[0].stride_last_1 is True
+
+    out = lz.paged_attention(*(strided[n] for n in names))
+    torch.testing.assert_close(out.double(), _oracle(*(a[n] for n in names)), rtol=1e-5, atol=1e-6)
+
+    monkeypatch.setattr(paged, "device_spec", lambda _device: fake_cuda_device((9, 0), sms=132))
+    report = lz.explain("paged_attention", *(strided[n] for n in names))
+    codes = [r.code for r in report.candidate("triton.paged_decode").reasons]
+    assert codes == [ReasonCode.STRIDE_LAST_DIM_NOT_1]
+    assert report.chosen != "triton.paged_decode"
+    contiguous = lz.explain("paged_attention", *(a[n] for n in names))
+    assert not contiguous.candidate("triton.paged_decode").reasons
+    assert contiguous.chosen == "triton.paged_decode"  # highest priority among the eligible CUDA kernels here

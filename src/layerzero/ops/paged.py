@@ -9,7 +9,7 @@ shared cache checks in :mod:`layerzero.ops.kv_cache`. See docs/paged_attention.m
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -22,6 +22,54 @@ from .kv_cache import INDEX_DTYPES, KVLayout, check_cache, check_index, check_va
 
 OP = "paged_attention"
 CACHE_OP = "reshape_and_cache"
+
+
+class PagedKey(NamedTuple):
+    """The selection-cache key of one ``lz.paged_attention`` call (fields named as the :class:`SelectionContext`
+    fields :func:`context` fills from them; ``batch``, ``num_tokens`` and ``max_blocks`` bucketed to powers of
+    two). ``stride_last_1``: q, kv_cache, block_tables and seq_lens all have stride(-1) == 1 (kernels that index
+    them with a unit stride, e.g. ``triton.paged_decode``, declare ``requires_stride_last_1``). ``capture`` and
+    ``scope`` close every op's key (second to last and last; ``core.dispatch.capture_key`` flips ``capture``)."""
+
+    op: str
+    device: torch.device
+    dtype: torch.dtype
+    batch: int
+    num_tokens: int
+    max_blocks: int
+    num_heads_q: int
+    num_heads_kv: int
+    head_dim: int
+    page_size: int
+    kv_layout: KVLayout
+    decode: bool
+    is_causal: bool
+    scale_default: bool
+    stride_last_1: bool
+    requires_grad: bool
+    deterministic: bool
+    capture: bool
+    scope: tuple[Any, ...]
+
+
+class CacheKey(NamedTuple):
+    """The selection-cache key of one ``lz.reshape_and_cache`` call (``num_tokens`` bucketed); ``stride_last_1``:
+    k, v, kv_cache and slot_mapping all have stride(-1) == 1; ``capture``/``scope`` close it as every op's key."""
+
+    op: str
+    device: torch.device
+    dtype: torch.dtype
+    num_tokens: int
+    num_heads_kv: int
+    head_dim: int
+    page_size: int
+    kv_layout: KVLayout
+    slot_dtype: torch.dtype
+    stride_last_1: bool
+    requires_grad: bool
+    deterministic: bool
+    capture: bool
+    scope: tuple[Any, ...]
 
 
 # ------------------------------------------------------------------------------------------ paged_attention
@@ -97,7 +145,7 @@ def _check_token_bounds(num_tokens: int, batch: int, max_blocks: int, num_blocks
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, *,
             cu_seqlens_q: torch.Tensor | None = None, scale: float | None = None, is_causal: bool = True,
-            kv_layout: str | KVLayout = "NHD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+            kv_layout: str | KVLayout = "NHD") -> tuple[PagedKey, tuple[Any, ...]]:
     """Validate ``lz.paged_attention`` inputs; return (cache key, canonical kernel args
     ``(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout)``)."""
     check_tensor(OP, "q", q, 3)
@@ -137,22 +185,24 @@ def prepare(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
         raise fail(OP, "scale", "None (1/sqrt(D)) or a finite float > 0", repr(scale))
     if check_values(seq_lens):
         _check_paged_values(block_tables, seq_lens, cu_seqlens_q, num_tokens, nb, bs)
-    grad, det, capture, _ = flags(q, kv_cache)
-    key = (OP, q.device, q.dtype, bucket(batch), bucket(num_tokens), bucket(max_blocks), hq, hkv, d, bs, lay,
-           decode, is_causal, scale is None, grad, det, capture, scope_token())
+    grad, det, capture, stride = flags(q, kv_cache, block_tables, seq_lens, cu_seqlens_q)
+    key = PagedKey(OP, q.device, q.dtype, bucket(batch), bucket(num_tokens), bucket(max_blocks), hq, hkv, d, bs, lay,
+                   decode, is_causal, scale is None, stride, grad, det, capture, scope_token())
     return key, (q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, lay)
 
 
-def context(key: tuple[Any, ...]) -> SelectionContext:
+def context(key: PagedKey) -> SelectionContext:
     """The :class:`SelectionContext` of a paged_attention key: ``seq_len_q`` is 1 for decode (phase DECODE),
     else the num_tokens bucket (an upper bound of every q_len); ``seq_len_kv`` is ``bucket(max_blocks) *
-    block_size`` (an upper bound of every seq_len); ``kv_layout`` and ``page_size`` (= block_size) exact."""
-    (_, device, dtype, b, t, mb, hq, hkv, d, bs, lay, decode, causal, scale_default, grad, det, capture, _) = key
+    block_size`` (an upper bound of every seq_len); ``kv_layout``, ``page_size`` (= block_size) and
+    ``stride_last_1`` exact."""
     return SelectionContext(
-        op=OP, device=device_spec(device), dtype=dtype, batch=b, num_heads_q=hq, num_heads_kv=hkv, head_dim=d,
-        head_dim_v=d, seq_len_q=1 if decode else t, seq_len_kv=mb * bs, seq_equal=False, is_causal=causal,
-        scale_default=scale_default, requires_grad=grad, deterministic=det, graph_capture=capture,
-        kv_layout=lay.value, page_size=bs)
+        op=OP, device=device_spec(key.device), dtype=key.dtype, batch=key.batch, num_heads_q=key.num_heads_q,
+        num_heads_kv=key.num_heads_kv, head_dim=key.head_dim, head_dim_v=key.head_dim,
+        seq_len_q=1 if key.decode else key.num_tokens, seq_len_kv=key.max_blocks * key.page_size, seq_equal=False,
+        is_causal=key.is_causal, scale_default=key.scale_default, stride_last_1=key.stride_last_1,
+        requires_grad=key.requires_grad, deterministic=key.deterministic, graph_capture=key.capture,
+        kv_layout=key.kv_layout.value, page_size=key.page_size)
 
 
 SPEC = OperationSpec(OP, "attention over a paged KV cache (decode and prefill/append, GQA, bottom-right causal)",
@@ -213,7 +263,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
 
 # ---------------------------------------------------------------------------------------- reshape_and_cache
 def prepare_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                  kv_layout: str | KVLayout = "NHD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+                  kv_layout: str | KVLayout = "NHD") -> tuple[CacheKey, tuple[Any, ...]]:
     """Validate ``lz.reshape_and_cache`` inputs; return (cache key, canonical kernel args
     ``(k, v, kv_cache, slot_mapping, kv_layout)``)."""
     check_tensor(CACHE_OP, "k", k, 3)
@@ -239,18 +289,19 @@ def prepare_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot
             i = int(bad.nonzero()[0, 0])
             raise fail(CACHE_OP, f"slot_mapping[{i}]", f"-1 (skip) or a slot in [0, num_blocks * block_size) = "
                        f"[0, {total})", int(s[i]), "slot = block_id * block_size + offset.")
-    grad, det, capture, _ = flags(k, v)
-    key = (CACHE_OP, k.device, k.dtype, bucket(n), hkv, d, bs, lay, slot_mapping.dtype, grad, det, capture,
-           scope_token())
+    grad, det, capture, stride = flags(k, v, kv_cache, slot_mapping)
+    key = CacheKey(CACHE_OP, k.device, k.dtype, bucket(n), hkv, d, bs, lay, slot_mapping.dtype, stride, grad, det,
+                   capture, scope_token())
     return key, (k, v, kv_cache, slot_mapping, lay)
 
 
-def context_cache(key: tuple[Any, ...]) -> SelectionContext:
+def context_cache(key: CacheKey) -> SelectionContext:
     """The :class:`SelectionContext` of a reshape_and_cache key (``batch`` = num_tokens bucket)."""
-    _, device, dtype, n, hkv, d, bs, lay, _sdt, grad, det, capture, _ = key
-    return SelectionContext(op=CACHE_OP, device=device_spec(device), dtype=dtype, batch=n, num_heads_q=hkv,
-                            num_heads_kv=hkv, head_dim=d, head_dim_v=d, requires_grad=grad, deterministic=det,
-                            graph_capture=capture, kv_layout=lay.value, page_size=bs)
+    return SelectionContext(op=CACHE_OP, device=device_spec(key.device), dtype=key.dtype, batch=key.num_tokens,
+                            num_heads_q=key.num_heads_kv, num_heads_kv=key.num_heads_kv, head_dim=key.head_dim,
+                            head_dim_v=key.head_dim, stride_last_1=key.stride_last_1,
+                            requires_grad=key.requires_grad, deterministic=key.deterministic,
+                            graph_capture=key.capture, kv_layout=key.kv_layout.value, page_size=key.page_size)
 
 
 CACHE_SPEC = OperationSpec(CACHE_OP, "write new tokens' K/V into a paged KV cache in place (slot -1 = skip)",

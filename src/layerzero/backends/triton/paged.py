@@ -125,7 +125,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     """Split-K paged decode attention (one query token per sequence) with our Triton kernels.
 
     Args:
-        q: ``[B, Hq, D]`` float16/bfloat16/float32, last stride 1.
+        q: ``[B, Hq, D]`` float16/bfloat16/float32, last stride 1 (as for kv_cache, block_tables, seq_lens).
         kv_cache: ``[N, 2, P, Hkv, D]`` (``kv_layout="NHD"``) or ``[N, 2, Hkv, P, D]`` (``"HND"``), q's dtype and
             device, last stride 1; K at index 0 of dim 1, V at 1. Any page size P >= 1.
         block_tables: ``[B, M]`` int32; only the first ``ceil(seq_lens[b] / P)`` ids of row b are read.
@@ -142,7 +142,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         NaN there cannot leak).
 
     Raises:
-        InvalidInputError: ``Hq / Hkv`` above 16, a last stride other than 1, ``block_n`` not a power of two >= 16
+        InvalidInputError: ``Hq / Hkv`` above 16, a last stride other than 1 (q, kv_cache, block_tables or
+            seq_lens), ``block_n`` not a power of two >= 16
             (shapes, dtypes and index values are validated by ``lz.paged_attention`` before dispatch).
     """
     kern = _KERNELS.get()  # the @triton.jit code; triton imported fine in the backend's probe
@@ -153,9 +154,11 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     if group > MAX_GROUP:
         raise _bad("GQA group Hq / Hkv", f"<= {MAX_GROUP}", f"{hq} / {hkv} = {group}", "Let LayerZero pick "
                    "another paged kernel (torch_sdpa.paged_attention).")
-    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
-        raise _bad("last strides of q and kv_cache", "1 (contiguous head_dim)",
-                   f"q {q.stride(-1)}, kv_cache {kv_cache.stride(-1)}", "Call .contiguous() first.")
+    strides = (q.stride(-1), kv_cache.stride(-1), block_tables.stride(-1), seq_lens.stride(-1))
+    if strides != (1, 1, 1, 1):  # the kernels index each last dim with a unit stride
+        raise _bad("last strides of q, kv_cache, block_tables, seq_lens", "1 each (contiguous last dims)",
+                   strides, "Call .contiguous() first (lz.paged_attention filters this kernel out instead: "
+                   "STRIDE_LAST_DIM_NOT_1).")
     bn = block_n_for(d, q.element_size()) if block_n is None else int(block_n)
     if bn < 16 or bn & (bn - 1):
         raise _bad("block_n", "a power of two >= 16", bn)
