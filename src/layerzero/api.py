@@ -7,17 +7,20 @@ These are re-exported as ``lz.*``. Inspection functions take the op id and exact
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fnmatch
 from collections.abc import Iterator
 from typing import Any
 
 from layerzero.core import config as _config
+from layerzero.core.arguments import check_call, check_path, check_str
 from layerzero.core.dispatch import trace
 from layerzero.core.errors import (
     ConfigurationError,
     NoKernelFoundError,
     UnknownKernelError,
     UnknownOperationError,
+    expected_got,
 )
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import Reason
@@ -34,11 +37,29 @@ load_config = _config.load_config
 get_locks = _config.get_locks
 
 
-def _op(op: str) -> tuple[Any, Any]:
+def _op(op: Any, where: str = "op") -> tuple[Any, Any]:
+    if not isinstance(op, str):
+        raise UnknownOperationError(f"unknown op {op!r:.60}: " + expected_got(
+            where, f"an op id (a str) from {sorted(OPS)}", type(op).__name__))
     try:
         return OPS[op]
-    except (KeyError, TypeError):
-        raise UnknownOperationError(f"unknown op {op!r}. Known ops: {sorted(OPS)}.") from None
+    except KeyError:
+        close = difflib.get_close_matches(op, OPS, n=1)
+        raise UnknownOperationError(f"unknown op {op!r:.60}. Known ops: {sorted(OPS)}."
+                                    + (f" Did you mean {close[0]!r}?" if close else "")) from None
+
+
+def _kernel_id(where: str, kernel_id: Any) -> str:
+    return check_str(where, kernel_id, "a kernel id 'backend.name' like 'torch_sdpa.math'", UnknownKernelError)
+
+
+def _prepared(where: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``(cache key, context builder)`` of ``lz.<op>(*args, **kwargs)``; typed errors for a bad op id or
+    arguments that do not bind to the op's signature."""
+    prepare, context = _op(op, f"{where}(op)")
+    check_call(where, op, prepare, args, kwargs)
+    key, _ = prepare(*args, **kwargs)
+    return key, context
 
 
 def lock(op: str, kernel_id: str) -> None:
@@ -46,9 +67,11 @@ def lock(op: str, kernel_id: str) -> None:
     ``NoKernelFoundError`` with its reasons; a runtime failure raises ``KernelExecutionError``).
 
     Raises:
-        UnknownOperationError: unknown op. UnknownKernelError: unknown kernel id or one of another op.
+        UnknownOperationError: unknown op or not a str. UnknownKernelError: unknown kernel id, not a str, or one
+        of another op.
     """
-    _op(op)
+    _op(op, "lz.lock(op)")
+    _kernel_id("lz.lock(kernel_id)", kernel_id)
     RUNTIME.ensure_ready()
     RUNTIME.registry.kernel(kernel_id, op)
     _config.set_lock(op, kernel_id)
@@ -56,7 +79,7 @@ def lock(op: str, kernel_id: str) -> None:
 
 def unlock(op: str) -> None:
     """Remove the ``lz.lock`` of ``op`` (no-op when none). Raises ``UnknownOperationError`` for unknown ops."""
-    _op(op)
+    _op(op, "lz.unlock(op)")
     _config.set_lock(op, None)
 
 
@@ -101,8 +124,7 @@ def select(op: str, *args: Any, **kwargs: Any) -> ExecutionPlan:
     Raises the op's ``InvalidInputError`` for bad arguments, ``UnknownOperationError`` for an unknown op,
     ``NoKernelFoundError`` when a lock cannot run the inputs.
     """
-    prepare, context = _op(op)
-    key, _ = prepare(*args, **kwargs)
+    key, context = _prepared("lz.select", op, args, kwargs)
     return RUNTIME.resolve(key, context)
 
 
@@ -112,8 +134,7 @@ def explain(op: str, *args: Any, **kwargs: Any) -> SelectionReport:
 
     Never raises for a lock that cannot run: the report then has ``chosen=None`` and says why.
     """
-    prepare, context = _op(op)
-    key, _ = prepare(*args, **kwargs)
+    key, context = _prepared("lz.explain", op, args, kwargs)
     try:
         return RUNTIME.select_context(context(key))[1]
     except NoKernelFoundError as exc:
@@ -128,16 +149,18 @@ def which(op: str, *args: Any, **kwargs: Any) -> str:
     Raises the same errors as :func:`select`: ``InvalidInputError``, ``UnknownOperationError``,
     ``NoKernelFoundError``.
     """
-    return select(op, *args, **kwargs).kernel_id
+    key, context = _prepared("lz.which", op, args, kwargs)
+    return RUNTIME.resolve(key, context).kernel_id
 
 
 def validate(kernel_id: str, op: str, *args: Any, **kwargs: Any) -> list[Reason]:
     """Every reason ``kernel_id`` cannot run ``lz.<op>(*args, **kwargs)``, policy included; empty = it can.
 
-    Raises ``UnknownKernelError`` for an unknown kernel or one of another op.
+    Raises ``UnknownKernelError`` for an unknown kernel (or not a str) or one of another op, and what
+    :func:`select` raises for the op and its arguments.
     """
-    prepare, context = _op(op)
-    key, _ = prepare(*args, **kwargs)
+    _kernel_id("lz.validate(kernel_id)", kernel_id)
+    key, context = _prepared("lz.validate", op, args, kwargs)
     RUNTIME.ensure_ready()
     ctx = context(key)
     return validate_kernel(RUNTIME.registry, kernel_id, ctx, RUNTIME.usable_reason, _config.effective_policy())
@@ -145,7 +168,9 @@ def validate(kernel_id: str, op: str, *args: Any, **kwargs: Any) -> list[Reason]
 
 def list_kernels(op: str | None = None) -> list[dict[str, Any]]:
     """Registered kernels (of ``op``, or all): id, op, backend, availability, priority and constraints, one
-    dict per kernel. Raises ``UnknownOperationError`` for an unknown ``op``."""
+    dict per kernel. Raises ``UnknownOperationError`` for an unknown ``op`` or one that is not a str."""
+    if op is not None:
+        _op(op, "lz.list_kernels(op)")
     RUNTIME.ensure_ready()
     reg = RUNTIME.registry
     specs = reg.for_op(op) if op is not None else reg.kernels.values()
@@ -164,10 +189,12 @@ def load_capabilities(path: str) -> list[str]:
     of registered kernels, e.g. ``{version: 1, kernels: {torch_sdpa.cudnn: {head_dim_max: 256}}}``.
     Returns the kernel ids changed; cached selections are invalidated.
 
-    Raises ``ConfigurationError`` (schema), ``PolicyValidationError`` (unsafe YAML), ``UnknownKernelError``.
+    Raises ``ConfigurationError`` (schema, or ``path`` not a str / os.PathLike), ``PolicyValidationError``
+    (unsafe YAML), ``UnknownKernelError``.
     """
     from layerzero.core.capabilities import apply_overrides, load_overrides
 
+    check_path("lz.load_capabilities(path)", path)
     RUNTIME.ensure_ready()
     return apply_overrides(RUNTIME.registry, load_overrides(path))
 
@@ -186,10 +213,15 @@ def register_kernel(op: str, kernel_id: str, fn: Any, *, priority: int = 50, rep
     ``launch_config`` (Triton: ``num_warps``, ``num_stages``, ``num_ctas``, ``BLOCK*``) is validated and passed
     to ``fn`` as ``launch_config=LaunchConfig(...)``; Triton itself caches the compiled binaries.
 
+    ``None`` for a constraint means "no constraint" as in :class:`KernelSpec` (``mask_kinds=None``: every mask
+    kind); ``device_types`` (torch device types: ``cpu``, ``cuda``, ``mps``, ``xpu``, ...) and ``dtypes`` have
+    no such value, so ``None`` or an empty set is rejected there.
+
     Raises:
-        UnknownOperationError: unknown op. ConfigurationError: malformed id, built-in backend id, duplicate id
-        (without ``replace=True``), ``fn`` not callable or not accepting the canonical arguments, unknown
-        constraint name (the message lists the valid ones) or bad value, invalid ``launch_config``.
+        UnknownOperationError: unknown op or not a str. ConfigurationError: malformed id (or not a str),
+        built-in backend id, duplicate id (without ``replace=True``), ``fn`` not callable or not accepting the
+        canonical arguments, unknown constraint name (the message lists the valid ones) or bad value (e.g. an
+        unknown device type), invalid ``launch_config``.
 
     >>> import torch.nn.functional as F, layerzero as lz
     >>> spec = lz.register_kernel("attention", "mylib.sdpa", lambda q, k, v, m, c, s, p: F.scaled_dot_product_attention(
@@ -197,6 +229,8 @@ def register_kernel(op: str, kernel_id: str, fn: Any, *, priority: int = 50, rep
     """
     from layerzero.core.custom import register_custom_kernel
 
+    _op(op, "lz.register_kernel(op)")
+    check_str("lz.register_kernel(kernel_id)", kernel_id, "a kernel id 'backend.name' like 'mylib.attention'")
     RUNTIME.ensure_ready()
     return register_custom_kernel(RUNTIME.registry, op, kernel_id, fn, priority=priority, replace=replace,
                                   launch_config=launch_config, **constraints)
@@ -206,6 +240,9 @@ def kernel(op: str, kernel_id: str, *, priority: int = 50, replace: bool = False
            **constraints: Any) -> Any:
     """Decorator form of :func:`register_kernel`: ``@lz.kernel("rms_norm", "mylib.rms", device_types={"cpu"})``
     registers the function and returns it unchanged. Raises what :func:`register_kernel` raises."""
+
+    _op(op, "lz.kernel(op)")
+    check_str("lz.kernel(kernel_id)", kernel_id, "a kernel id 'backend.name' like 'mylib.rms'")
 
     def decorate(fn: Any) -> Any:
         register_kernel(op, kernel_id, fn, priority=priority, replace=replace, launch_config=launch_config,
@@ -220,10 +257,12 @@ def unregister_kernel(kernel_id: str) -> Any:
     returns the removed :class:`KernelSpec`; cached selections are invalidated.
 
     Raises:
-        UnknownKernelError: unknown id. ConfigurationError: a built-in kernel (deny it with a policy instead).
+        UnknownKernelError: unknown id or not a str. ConfigurationError: a built-in kernel (deny it with a policy
+        instead).
     """
     from layerzero.core.custom import unregister_custom_kernel
 
+    _kernel_id("lz.unregister_kernel(kernel_id)", kernel_id)
     RUNTIME.ensure_ready()
     return unregister_custom_kernel(RUNTIME.registry, kernel_id)
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from layerzero.core import config as _config
+from layerzero.core.arguments import check_call
 from layerzero.core.dispatch import trace
 from layerzero.core.errors import (
     CudaGraphUnsafeError,
@@ -122,7 +123,9 @@ def warmup(op: str, cases: Iterable[Any]) -> list[str]:
         The kernel id chosen for each case (outside capture), in order.
 
     Raises:
-        UnknownOperationError: unknown ``op``. InvalidInputError: a malformed case or bad inputs.
+        UnknownOperationError: unknown ``op``. InvalidInputError: a malformed case (including arguments that do
+            not bind to ``lz.<op>``'s signature, e.g. a misspelt keyword; the message names the case index and the
+            signature) or bad inputs.
         CudaGraphUnsafeError: called while a CUDA graph is being captured.
     """
     prepare, build_ctx = _op(op)
@@ -136,6 +139,7 @@ def warmup(op: str, cases: Iterable[Any]) -> list[str]:
     chosen: list[str] = []
     for i, case in enumerate(list(cases)):
         args, kwargs = _case(op, i, case)
+        check_call(f"lz.warmup({op!r}) case {i}", op, prepare, args, kwargs)
         key, call_args = prepare(*args, **kwargs)
         plan = RUNTIME.resolve(key, build_ctx)
         RUNTIME.run(key, build_ctx, call_args)

@@ -213,3 +213,84 @@ def test_triton_draw_tiny_temperature_under_the_interpreter(temperature):
         assert (a, b) == (1, 0)  # greedy: first index on ties
     else:
         assert a in (1, 2) and b in (0, 1, 3)  # the tied maxima only
+
+
+# ------------------------------------------------------------------------------ 1. non-string ids, paths, cases
+Q = torch.ones(1, 2, 4, 8)
+
+
+def _noop_attention(q, k, v, attn_mask, is_causal, scale, dropout_p):
+    return q
+
+
+NON_STR_IDS = [
+    ("lock-kernel-None", lambda: lz.lock("attention", None), lz.UnknownKernelError,
+     r"lz\.lock\(kernel_id\): expected a kernel id .*\(a str\), got NoneType"),
+    ("lock-op-int", lambda: lz.lock(1, "torch_sdpa.math"), lz.UnknownOperationError,
+     r"lz\.lock\(op\): expected an op id \(a str\) from \['attention'.*got int"),
+    ("unlock-op-list", lambda: lz.unlock(["attention"]), lz.UnknownOperationError, r"lz\.unlock\(op\).*got list"),
+    ("register-op-list", lambda: lz.register_kernel(["attention"], "mylib.k", _noop_attention),
+     lz.UnknownOperationError, r"lz\.register_kernel\(op\): expected an op id \(a str\).*got list"),
+    ("register-kernel-id-int", lambda: lz.register_kernel("attention", 7, _noop_attention), lz.ConfigurationError,
+     r"lz\.register_kernel\(kernel_id\): expected a kernel id .*got int 7"),
+    ("kernel-decorator-op-None", lambda: lz.kernel(None, "mylib.k"), lz.UnknownOperationError,
+     r"lz\.kernel\(op\).*got NoneType"),
+    ("unregister-int", lambda: lz.unregister_kernel(123), lz.UnknownKernelError,
+     r"lz\.unregister_kernel\(kernel_id\): expected a kernel id .*got int 123"),
+    ("validate-kernel-None", lambda: lz.validate(None, "attention", Q, Q, Q), lz.UnknownKernelError,
+     r"lz\.validate\(kernel_id\).*got NoneType"),
+    ("validate-op-int", lambda: lz.validate("torch_sdpa.math", 5, Q, Q, Q), lz.UnknownOperationError,
+     r"lz\.validate\(op\).*got int"),
+    ("list-kernels-int", lambda: lz.list_kernels(123), lz.UnknownOperationError, r"lz\.list_kernels\(op\).*got int"),
+    ("tune-op-list", lambda: lz.tune(["attention"], [{}], progress=False), lz.UnknownOperationError,
+     r"lz\.tune\(op\): expected an op id \(a str\).*got list"),
+    ("explain-op-int", lambda: lz.explain(123, Q, Q, Q), lz.UnknownOperationError, r"lz\.explain\(op\).*got int"),
+    ("which-op-int", lambda: lz.which(123, Q, Q, Q), lz.UnknownOperationError, r"lz\.which\(op\).*got int"),
+    ("select-op-tuple", lambda: lz.select(("attention",), Q, Q, Q), lz.UnknownOperationError,
+     r"lz\.select\(op\).*got tuple"),
+    ("load-config-int", lambda: lz.load_config(123), lz.ConfigurationError,
+     r"load_config\(path\): expected a file path \(str or os\.PathLike\), got int"),
+    ("load-capabilities-int", lambda: lz.load_capabilities(123), lz.ConfigurationError,
+     r"load_capabilities\(path\): expected a file path \(str or os\.PathLike\), got int"),
+    ("load-capabilities-missing", lambda: lz.load_capabilities("no/such/caps.yaml"), lz.ConfigurationError,
+     r"capability overrides path: expected an existing YAML file, got 'no/such/caps\.yaml'"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [c[1:] for c in NON_STR_IDS], ids=[c[0] for c in NON_STR_IDS])
+def test_non_string_ids_and_paths_raise_typed_errors_naming_the_argument(call, error, match):
+    with pytest.raises(error, match=match) as info:
+        call()
+    assert isinstance(info.value, lz.LayerZeroError) and isinstance(info.value, ValueError)
+    assert lz.get_locks() == {}
+
+
+SIG = r"expected lz\.attention\(q, k, v, \*, attn_mask=None, is_causal=False, .*softcap=None\)"
+BAD_CASES = [
+    ("misspelt-keyword", ((Q, Q, Q), {"is_casual": True}), r"case 1: arguments of lz\.attention: " + SIG +
+     r".*unexpected keyword argument 'is_casual'"),
+    ("too-few-positional", ((Q, Q), {}), r"case 1: .*" + SIG + r", got 2 positional argument\(s\).*'v'"),
+    ("too-many-positional", ((Q, Q, Q, None), {}), r"case 1: .*too many positional arguments"),
+    ("keyword-given-twice", ((Q, Q, Q), {"q": Q}), r"case 1: .*multiple values for argument 'q'"),
+]
+
+
+@pytest.mark.parametrize(("case", "match"), [c[1:] for c in BAD_CASES], ids=[c[0] for c in BAD_CASES])
+def test_tune_and_warmup_cases_that_do_not_bind_raise_invalid_input(case, match):
+    good = ((Q, Q, Q), {"is_causal": True})
+    with pytest.raises(lz.InvalidInputError, match=r"lz\.tune\('attention'\) " + match):
+        lz.tune("attention", [good, case], progress=False, warmup=0, iters=1, repeats=1)
+    with pytest.raises(lz.InvalidInputError, match=r"lz\.warmup\('attention'\) " + match):
+        lz.warmup("attention", [good, case])
+
+
+def test_tune_shape_dict_with_non_string_keys_and_inspection_with_bad_arguments():
+    with pytest.raises(lz.InvalidInputError, match=r"lz\.tune case 0: shape parameter names: expected str names"):
+        lz.tune("attention", [{1: 2}], progress=False)
+    with pytest.raises(lz.InvalidInputError, match=r"lz\.explain: arguments of lz\.attention.*'is_casual'"):
+        lz.explain("attention", Q, Q, Q, is_casual=True)
+    with pytest.raises(lz.InvalidInputError, match=r"lz\.which: arguments of lz\.rms_norm: expected "
+                                                   r"lz\.rms_norm\(x, weight, eps=1e-06, \*, residual=None\)"):
+        lz.which("rms_norm", torch.ones(2, 8))
+    # a valid call is still served and selected the same way
+    assert lz.which("attention", Q, Q, Q, is_causal=True) == lz.select("attention", Q, Q, Q, is_causal=True).kernel_id

@@ -18,12 +18,14 @@ file, the kernel and the field with expected vs got.
 from __future__ import annotations
 
 import os
+import pathlib
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from .arguments import check_path
 from .errors import ConfigurationError, expected_got
 from .policy import safe_load_yaml
 from .registry import KernelRegistry
@@ -120,10 +122,15 @@ def describe_backend(registry: KernelRegistry, backend_id: str) -> dict[str, Any
 def load_overrides(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """Parse a descriptor file into ``{kernel_id: {field: typed value}}`` (schema-checked).
 
-    Raises ``ConfigurationError`` for an unknown version, an unknown field, or a value of the wrong type;
-    ``PolicyValidationError`` for unsafe or malformed YAML.
+    Raises ``ConfigurationError`` for a ``path`` that is not a str / os.PathLike naming an existing file, an
+    unknown version, an unknown field, or a value of the wrong type; ``PolicyValidationError`` for unsafe or
+    malformed YAML.
     """
-    data, source = safe_load_yaml(os.fspath(path) if not isinstance(path, os.PathLike) else path)
+    check_path("capability overrides path", path)
+    if not os.path.isfile(path):
+        raise ConfigurationError(expected_got("capability overrides path", "an existing YAML file", repr(os.fspath(path)),
+                                              "Check the path (LAYERZERO_CAPABILITIES or lz.load_capabilities)."))
+    data, source = safe_load_yaml(pathlib.Path(path))
     if not isinstance(data, dict):
         raise ConfigurationError(expected_got(f"{source}: top level", "a mapping", type(data).__name__))
     if data.get("version") != CAPABILITY_SCHEMA_VERSION:

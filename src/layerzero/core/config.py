@@ -217,8 +217,12 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     ``boosts``; see docs/policies.md) and optionally a ``config:`` mapping of :class:`Config` options.
 
     The file's policy replaces the previous file layer. Raises ``ConfigurationError`` if the file is
-    missing, ``PolicyValidationError`` if it is malformed. Returns the new :class:`Config`.
+    missing or ``path`` is not a str / os.PathLike, ``PolicyValidationError`` if it is malformed. Returns the new
+    :class:`Config`.
     """
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigurationError(expected_got("load_config(path)", "a file path (str or os.PathLike)",
+                                              type(path).__name__, "Pass the path of the YAML policy file."))
     p = Path(path)
     if not p.is_file():
         raise ConfigurationError(expected_got("load_config path", "an existing YAML file", str(p)))

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from layerzero.core import config as _config
+from layerzero.core.arguments import check_call
 from layerzero.core.context import SelectionContext
 from layerzero.core.dispatch import device_fingerprint_parts
 from layerzero.core.errors import (
@@ -167,6 +168,10 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 def _as_case(op: str, i: int, case: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(case, dict):
+        bad = [k for k in case if not isinstance(k, str)]
+        if bad:
+            raise InvalidInputError(expected_got(f"lz.tune case {i}: shape parameter names", "str names like 'batch'",
+                                                 f"{type(bad[0]).__name__} {bad[0]!r:.40}"))
         return make_inputs(op, **case)
     if (isinstance(case, (tuple, list)) and len(case) == 2 and isinstance(case[0], (tuple, list))
             and isinstance(case[1], dict)):
@@ -260,7 +265,8 @@ def tune(op: str, cases: Iterable[Any], *, kernels: str | Iterable[str] | None =
     Raises:
         UnknownOperationError: unknown ``op``.
         UnknownKernelError: an entry of ``kernels`` matches no kernel of ``op``.
-        InvalidInputError: a malformed case, bad inputs for the op (the op's own message), or bad
+        InvalidInputError: a malformed case (not an ``(args, kwargs)`` pair or a dict; arguments that do not
+            bind to ``lz.<op>``'s signature, e.g. a misspelt keyword), bad inputs for the op (the op's own message), or bad
             ``warmup``/``iters``/``repeats``/``max_time_s``.
         CudaGraphUnsafeError: called while a CUDA graph is being captured (timing would be captured too).
 
@@ -268,6 +274,9 @@ def tune(op: str, cases: Iterable[Any], *, kernels: str | Iterable[str] | None =
     reported (status ``error`` / ``failed-check``, WARNING logged) and never recorded. When the PerfDB is disabled
     (``lz.configure(use_perfdb=False)``) or unusable, timings are reported but not stored (WARNING).
     """
+    if not isinstance(op, str):
+        raise UnknownOperationError(f"lz.tune: unknown op {op!r:.60}: " + expected_got(
+            "lz.tune(op)", f"an op id (a str) from {sorted(OPS)}", type(op).__name__))
     if op not in OPS:
         raise UnknownOperationError(f"lz.tune: unknown op {op!r}. Known ops: {sorted(OPS)}.")
     timing = {"warmup": _check_int("warmup", warmup, 0), "iters": _check_int("iters", iters, 1),
@@ -293,6 +302,7 @@ def tune(op: str, cases: Iterable[Any], *, kernels: str | Iterable[str] | None =
     plans = []
     for i, raw in enumerate(list(cases)):
         args_kw = _as_case(op, i, raw)
+        check_call(f"lz.tune({op!r}) case {i}", op, prepare, *args_kw)
         key, args = prepare(*args_kw[0], **args_kw[1])
         ctx = build_ctx(key)
         if ctx.graph_capture:
