@@ -84,12 +84,15 @@ def unlock(op: str) -> None:
 
 
 def _check_patterns(ids: tuple[str, ...]) -> None:
+    from layerzero.core.policy_names import unknown_pattern_message
+
     RUNTIME.ensure_ready()
     known = set(RUNTIME.registry.kernels) | set(RUNTIME.registry.backends)
     for pattern in ids:
-        if not isinstance(pattern, str) or not any(fnmatch.fnmatchcase(k, pattern) for k in known):
-            raise UnknownKernelError(
-                f"{pattern!r} matches no kernel or backend id. Known: {sorted(known)}.")
+        check_str("lz.prefer(*kernel_ids_or_backends)", pattern, "a kernel id, backend id or glob",
+                  UnknownKernelError)
+        if not any(fnmatch.fnmatchcase(k, pattern) for k in known):
+            raise UnknownKernelError(unknown_pattern_message("lz.prefer", pattern, known))
 
 
 @contextlib.contextmanager
@@ -270,9 +273,20 @@ def unregister_kernel(kernel_id: str) -> Any:
 def reload() -> None:
     """Re-read the ``LAYERZERO_*`` environment (and the policy file it names); invalidates cached choices.
 
-    Raises ``ConfigurationError`` / ``PolicyValidationError`` naming a malformed variable or policy file.
+    A ``LAYERZERO_CAPABILITIES`` file is read and applied now (as on first use); unsetting the variable does not
+    undo overrides already applied. Policy names (ops, kernels, backends) are checked on the next selection.
+
+    Raises ``ConfigurationError`` / ``PolicyValidationError`` naming a malformed variable, policy file or
+    capability file, ``UnknownKernelError`` for a capability override of an unregistered kernel.
     """
+    from layerzero.core.capabilities import apply_overrides, load_overrides
+
     _config.load_env()
+    path = _config.env_settings().capabilities_path
+    if path:
+        overrides = load_overrides(path)  # typed errors for a bad file, before anything is applied
+        RUNTIME.ensure_ready()  # applies the file itself when this is the first use
+        apply_overrides(RUNTIME.registry, overrides)
 
 
 __all__ = ["configure", "disabled", "explain", "get_config", "get_locks", "list_kernels", "load_capabilities",

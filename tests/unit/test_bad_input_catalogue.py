@@ -294,3 +294,140 @@ def test_tune_shape_dict_with_non_string_keys_and_inspection_with_bad_arguments(
         lz.which("rms_norm", torch.ones(2, 8))
     # a valid call is still served and selected the same way
     assert lz.which("attention", Q, Q, Q, is_causal=True) == lz.select("attention", Q, Q, Q, is_causal=True).kernel_id
+
+
+# ------------------------------------------------------------------------------ 4. policies naming unknown things
+def _policy_file(tmp_path, text):
+    path = tmp_path / "policy.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+UNKNOWN_NAMES = [
+    ("lock-unknown-op", "locks: [{op: atention, kernel: torch_sdpa.math}]",
+     r"locks\[0\]: op 'atention' matches no registered op\. Did you mean 'attention'\? Known: \['attention'"),
+    ("allow-unknown-kernel", "allow: [{kernels: [torch_sdpa.mth]}]",
+     r"allow\[0\]: 'torch_sdpa\.mth' matches no kernel or backend id\. Did you mean 'torch_sdpa\.math'\?"),
+    ("deny-unknown-glob", "deny: [{op: attention, kernels: ['nope.*']}]", r"deny\[0\]: 'nope\.\*' matches no kernel"),
+    ("boost-unknown-backend", "boosts: [{kernels: [torch_spda], by: 5}]",
+     r"boosts\[0\]: 'torch_spda' matches no kernel or backend id\. Did you mean 'torch_sdpa'\?"),
+    ("lock-unknown-kernel", "locks: [{op: attention, kernel: torch_sdpa.mth}]",
+     r"locks\[0\]: lock kernel 'torch_sdpa\.mth' is not a registered kernel\. Did you mean 'torch_sdpa\.math'\?"),
+    ("lock-kernel-of-another-op", "locks: [{op: attention, kernel: reference.rms_norm}]",
+     r"locks\[0\]: lock kernel 'reference\.rms_norm' serves op 'rms_norm', which the lock's op 'attention' does not "
+     r"match\. Kernels of the lock's op\(s\): \['flash_attn2\.attention'"),
+    ("op-glob-matching-nothing", "deny: [{op: 'attn*', kernels: [reference]}]", r"deny\[0\]: op 'attn\*' matches no registered op"),
+]
+
+
+@pytest.mark.parametrize(("rules", "match"), [c[1:] for c in UNKNOWN_NAMES], ids=[c[0] for c in UNKNOWN_NAMES])
+def test_policy_file_naming_unknown_things_raises_before_any_selection(tmp_path, rules, match):
+    path = _policy_file(tmp_path, f"version: 1\n{rules}\n")
+    lz.load_config(path)
+    for call in (lambda: lz.attention(Q, Q, Q), lambda: lz.explain("attention", Q, Q, Q),
+                 lambda: lz.validate("torch_sdpa.math", "attention", Q, Q, Q)):
+        with pytest.raises(lz.PolicyValidationError, match=str(path).replace(".", r"\.") + ": " + match):
+            call()
+    lz.load_config(_policy_file(tmp_path, "version: 1\n"))  # fixed: served again
+    assert lz.attention(Q, Q, Q).shape == Q.shape
+
+
+def test_policy_globs_and_known_but_unavailable_backends_are_accepted(tmp_path):
+    infos = {i["kernel_id"]: i for i in lz.list_kernels()}
+    lz.load_config(_policy_file(tmp_path, """version: 1
+allow: [{op: attention, kernels: ['torch_sdpa.*', reference, 'flash_attn?.attention']}]
+deny: [{kernels: [flashinfer, flashinfer.attention, xformers]}]
+boosts: [{op: 'sample_*', kernels: [reference], by: 1}]
+locks: [{op: '*_norm', kernel: reference.rms_norm, when: {op: rms_norm}}]
+"""))
+    assert lz.which("attention", Q, Q, Q).startswith(("torch_sdpa.", "reference."))
+    assert lz.which("rms_norm", torch.ones(2, 8), torch.ones(8)) == "reference.rms_norm"
+    if not torch.cuda.is_available():
+        assert infos["flashinfer.attention"]["available"] is False  # registered but unavailable here: still a name
+
+
+@pytest.mark.parametrize(("var", "value", "error", "match"), [
+    ("LAYERZERO_LOCK", "atention=torch_sdpa.math", lz.UnknownOperationError,
+     r"LAYERZERO_LOCK: op 'atention' matches no registered op\. Did you mean 'attention'\?.*Fix or unset LAYERZERO_LOCK"),
+    ("LAYERZERO_LOCK", "attention=torch_sdpa.mth", lz.UnknownKernelError,
+     r"LAYERZERO_LOCK: lock kernel 'torch_sdpa\.mth' is not a registered kernel"),
+    ("LAYERZERO_ALLOW", "torch_sdpa.mth", lz.UnknownKernelError,
+     r"LAYERZERO_ALLOW: 'torch_sdpa\.mth' matches no kernel or backend id\. Did you mean 'torch_sdpa\.math'\?"),
+    ("LAYERZERO_DENY", "torch_sdpa.flash,nope", lz.UnknownKernelError, r"LAYERZERO_DENY: 'nope' matches no kernel"),
+    ("LAYERZERO_PREFER", "nope.kernel", lz.UnknownKernelError,
+     r"LAYERZERO_PREFER: 'nope\.kernel' matches no kernel or backend id\. Known: \["),
+])
+def test_environment_naming_unknown_things_raises_like_lz_prefer(monkeypatch, var, value, error, match):
+    monkeypatch.setenv(var, value)
+    lz.reload()
+    with pytest.raises(error, match=match) as info:
+        lz.attention(Q, Q, Q)
+    assert isinstance(info.value, lz.ConfigurationError)
+    if var == "LAYERZERO_PREFER":  # the same mistake through the API: same type, same wording
+        with pytest.raises(error, match=r"lz\.prefer: 'nope\.kernel' matches no kernel or backend id\. Known: \["):
+            lz.prefer("nope.kernel").__enter__()
+    monkeypatch.delenv(var)
+    lz.reload()
+    assert lz.attention(Q, Q, Q).shape == Q.shape
+
+
+def test_environment_may_name_a_custom_kernel_registered_after_the_policy_loaded(monkeypatch):
+    monkeypatch.setenv("LAYERZERO_ALLOW", "mylib.*,reference")
+    lz.reload()
+    with pytest.raises(lz.UnknownKernelError, match=r"LAYERZERO_ALLOW: 'mylib\.\*' matches no kernel"):
+        lz.which("attention", Q, Q, Q)
+    lz.register_kernel("attention", "mylib.late", _attn_kernel, priority=999, device_types={"cpu"})
+    try:
+        assert lz.which("attention", Q, Q, Q) == "mylib.late"
+    finally:
+        lz.unregister_kernel("mylib.late")
+    with pytest.raises(lz.UnknownKernelError, match=r"'mylib\.\*' matches no kernel"):  # gone again: checked again
+        lz.which("attention", Q, Q, Q)
+
+
+@pytest.mark.parametrize("value", ["false", "[]", "0", "'strict'", "[strict]"])
+def test_policy_file_config_must_be_a_mapping(tmp_path, value):
+    before = lz.get_config()
+    with pytest.raises(lz.ConfigurationError, match=r"config: expected a mapping of options.*got "):
+        lz.load_config(_policy_file(tmp_path, f"version: 1\nconfig: {value}\n"))
+    assert lz.get_config() == before
+    assert lz.load_config(_policy_file(tmp_path, "version: 1\nconfig:\n")) == before  # empty value: no options
+    assert lz.load_config(_policy_file(tmp_path, "version: 1\nconfig: {strict: true}\n")).strict is True
+
+
+def test_duplicate_yaml_merge_keys_are_rejected(tmp_path):
+    from layerzero.core.policy import safe_load_yaml
+
+    anchors = "a: &a {op: attention}\nb: &b {kernels: [reference]}\n"
+    with pytest.raises(lz.PolicyValidationError, match=r"line 5: expected unique mapping keys, got duplicate key "
+                                                        r"'<<'\. List the merged mappings in one key"):
+        safe_load_yaml(anchors + "c:\n  <<: *a\n  <<: *b\n")
+    data, _ = safe_load_yaml(anchors + "c:\n  <<: [*a, *b]\n")
+    assert data["c"] == {"op": "attention", "kernels": ["reference"]}
+    path = _policy_file(tmp_path, "version: 1\ndeny:\n  - &r {op: attention, kernels: [xformers]}\n  - <<: *r\n"
+                                  "    <<: *r\n")
+    with pytest.raises(lz.PolicyValidationError, match="duplicate key '<<'"):
+        lz.load_config(path)
+
+
+def test_bad_capabilities_file_raises_on_reload(tmp_path, monkeypatch):
+    from layerzero.core.runtime import RUNTIME
+
+    RUNTIME.ensure_ready()
+    spec = RUNTIME.registry.kernel("torch_sdpa.math")
+    bad = tmp_path / "caps.yaml"
+    bad.write_text("version: 1\nkernels: {torch_sdpa.math: {head_dim_maxx: 64}}\n", encoding="utf-8")
+    monkeypatch.setenv("LAYERZERO_CAPABILITIES", str(bad))
+    with pytest.raises(lz.ConfigurationError, match=r"caps\.yaml: kernels\.torch_sdpa\.math\.head_dim_maxx: expected "
+                                                    r"one of \[.*'head_dim_max'"):
+        lz.reload()
+    bad.write_text("version: 1\nkernels: {torch_sdpa.mth: {head_dim_max: 64}}\n", encoding="utf-8")
+    with pytest.raises(lz.UnknownKernelError, match="torch_sdpa.mth"):
+        lz.reload()
+    good = tmp_path / "good.yaml"
+    good.write_text(f"version: 1\nkernels: {{torch_sdpa.math: {{head_dim_max: {spec.head_dim_max or 512}}}}}\n",
+                    encoding="utf-8")
+    monkeypatch.setenv("LAYERZERO_CAPABILITIES", str(good))
+    lz.reload()
+    assert RUNTIME.registry.kernel("torch_sdpa.math").head_dim_max == (spec.head_dim_max or 512)
+    RUNTIME.registry.add_kernel(spec, replace=True)  # restore the built-in constraints for later tests

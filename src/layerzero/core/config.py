@@ -122,6 +122,7 @@ class _State:
         self.env_loaded = False
         self.env = EnvSettings()
         self.merged_memo: tuple[tuple[int, tuple[Policy, ...]], Policy] | None = None
+        self.names_checked: tuple[Policy, int] | None = None  # (base policy, registry version) last checked
 
     def rebuild(self) -> None:
         lock_layer = Policy.from_dict(
@@ -216,7 +217,9 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     """Load a YAML file holding a policy document (``version``, ``locks``, ``allow``, ``deny``,
     ``boosts``; see docs/policies.md) and optionally a ``config:`` mapping of :class:`Config` options.
 
-    The file's policy replaces the previous file layer. Raises ``ConfigurationError`` if the file is
+    The file's policy replaces the previous file layer. Its op, kernel and backend names are checked against the
+    registry when the policy is first used (see :func:`effective_policy`). Raises ``ConfigurationError`` if the
+    ``config:`` value is not a mapping (``config: false`` and ``config: []`` too) or the file is
     missing or ``path`` is not a str / os.PathLike, ``PolicyValidationError`` if it is malformed. Returns the new
     :class:`Config`.
     """
@@ -231,9 +234,12 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     if not isinstance(data, dict):
         raise PolicyValidationError(expected_got(f"{p}: top level", "a mapping", type(data).__name__))
     data = dict(data)
-    options = data.pop("config", None) or {}
+    options = data.pop("config", None)
+    options = {} if options is None else options  # "config:" with nothing after it: no options
     if not isinstance(options, dict):
-        raise ConfigurationError(expected_got(f"{p}: config", "a mapping of options", type(options).__name__))
+        raise ConfigurationError(expected_got(f"{p}: config", "a mapping of options (Config fields, e.g. 'config: {strict: "
+                                              "true}')", f"{type(options).__name__} {options!r:.60}",
+                                              "Remove the key or give it option: value pairs."))
     policy = Policy.from_dict(data, source=str(p)) if data else Policy.empty()
     ensure_env_loaded()
     with _STATE.lock:
@@ -264,9 +270,30 @@ def get_locks() -> dict[str, str]:
     return dict(_STATE.locks)
 
 
+def _check_names(base: Policy) -> None:
+    """Check the names ``base`` uses against the runtime's registry (once per policy and registry version; not
+    before the backends are loaded). Raises what :func:`~layerzero.core.policy_names.check_policy_names` raises."""
+    from .runtime import RUNTIME  # lazily: core.runtime -> core.dispatch -> this module
+
+    registry = RUNTIME.registry
+    checked = _STATE.names_checked
+    if base.is_empty or not len(registry.ops) or (
+            checked is not None and checked[0] is base and checked[1] == registry.version):
+        return
+    from .policy_names import check_policy_names
+
+    check_policy_names(base, registry)
+    _STATE.names_checked = (base, registry.version)
+
+
 def effective_policy() -> Policy:
-    """The base policy with the current context's scoped layers on top (innermost last)."""
+    """The base policy with the current context's scoped layers on top (innermost last).
+
+    Raises ``PolicyValidationError`` (policy files) or ``UnknownOperationError`` / ``UnknownKernelError``
+    (``LAYERZERO_*`` variables) when the base policy names an op, kernel or backend that is not registered
+    (checked once the backends are loaded, so kernels registered after the policy was loaded count)."""
     ensure_env_loaded()
+    _check_names(_STATE.base_policy)
     layers = _policy.current_scope_layers()
     if not layers:
         return _STATE.base_policy

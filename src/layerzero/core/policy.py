@@ -8,7 +8,8 @@ thread / asyncio task with :mod:`contextvars` (the Hugging Face kernels ``use_ke
 
 YAML is read with ``yaml.safe_load`` semantics only, after a guarded pre-scan: documents over
 :data:`MAX_POLICY_BYTES`, nesting deeper than :data:`MAX_DEPTH`, explicit tags (``!!python/object``...),
-duplicate keys and alias bombs (more than :data:`MAX_NODES` nodes once aliases are expanded) are rejected
+duplicate keys (``<<`` merge keys included: list several merged mappings in one ``<<: [*a, *b]``) and alias
+bombs (more than :data:`MAX_NODES` nodes once aliases are expanded) are rejected
 with :class:`~layerzero.core.errors.PolicyValidationError`.
 """
 
@@ -122,10 +123,12 @@ def _prescan(text: str, source: str) -> None:
             if stack and stack[-1][0]:
                 frame = stack[-1]
                 if frame[1] and isinstance(event, yaml.ScalarEvent):
-                    if event.value in frame[2] and event.value != "<<":
+                    if event.value in frame[2]:
+                        fix = ("List the merged mappings in one key: '<<: [*a, *b]'." if event.value == "<<"
+                               else "Merge the two entries into one.")
                         raise PolicyValidationError(expected_got(
                             f"{source}: line {event.start_mark.line + 1}", "unique mapping keys",
-                            f"duplicate key {short(event.value)}", "Merge the two entries into one."))
+                            f"duplicate key {short(event.value)}", fix))
                     frame[2].add(event.value)
                 frame[1] = not frame[1]
             if isinstance(event, yaml.CollectionStartEvent):
