@@ -48,3 +48,19 @@ def test_bucket_boundaries_share_and_split_cache_entries():
     x = torch.randn(1, 1, 1025, 8)
     lz.attention(x, x, x)
     assert RUNTIME.cache.stats().size - before == 2
+
+
+def test_attention_key_buckets_equal_core_bucket():
+    """lz.attention inlines the power-of-two bucketing on its hot path; it must equal core.context.bucket for the
+    batch and both lengths, odd sizes included, on the fast path and the validating path (a float mask)."""
+    import importlib
+
+    from layerzero.core.context import bucket
+
+    att = importlib.import_module("layerzero.ops.attention")
+    for b, sq, sk in [(1, 1, 1), (2, 3, 5), (3, 17, 33), (5, 64, 65), (7, 1, 1000)]:
+        q = torch.randn(b, 2, sq, 8)
+        k = v = torch.randn(b, 2, sk, 8)
+        for mask in (None, torch.zeros(sq, sk)):
+            key, _ = att.prepare(q, k, v, attn_mask=mask)
+            assert (key.batch, key.seq_len_q, key.seq_len_kv) == (bucket(b), bucket(sq), bucket(sk)), (b, sq, sk)

@@ -164,7 +164,7 @@ class SelectionCache(Generic[V]):
 
     __slots__ = (
         "_shards", "_maps", "_mask", "_generation", "_gen_lock", "_tick", "_ttl", "_clock",
-        "_stores", "_misses", "_evictions", "_invalidations", "_max_entries",
+        "_stores", "_misses", "_evictions", "_invalidations", "_max_entries", "hot",
     )  # fmt: skip
 
     def __init__(
@@ -191,6 +191,11 @@ class SelectionCache(Generic[V]):
         self._misses = 0
         self._evictions = 0
         self._invalidations = 0
+        self.hot: dict[Hashable, V] = {}
+        """A plain dict in front of the shards, for the dispatch hot path (``Runtime.run``): key -> value of the
+        current generation, filled by the caller after a :meth:`get` hit, replaced by a new empty dict on every
+        :meth:`invalidate` / :meth:`clear` (so a reader that holds the old dict writes into a discarded one). Not
+        LRU-tracked: at most ``max_entries`` keys, then it starts over. Unused with a TTL."""
 
     # ------------------------------------------------------------------ hot path
 
@@ -320,15 +325,27 @@ class SelectionCache(Generic[V]):
         with self._gen_lock:
             self._generation += 1
             self._invalidations += 1
+            self.hot = {}
             return self._generation
 
     def clear(self) -> None:
         """Remove every entry now (the generation and the counters are kept; in-flight computes finish)."""
+        self.hot = {}
         for shard in self._shards:
             with shard.lock:
                 if shard.entries:
                     shard.entries.clear()
                     shard.version += 1
+
+    def promote(self, hot: dict[Hashable, V], key: Hashable, value: V) -> None:
+        """Put ``key -> value`` (just read by :meth:`get`) in ``hot``, the :attr:`hot` dict read *before* that
+        :meth:`get`: if an invalidation happened in between, ``hot`` is already discarded and nothing stale is
+        served. No-op with a TTL (expiry is checked on the sharded path only)."""
+        if self._ttl is not None:
+            return
+        if len(hot) >= self._max_entries:
+            hot.clear()
+        hot[key] = value
 
     # ------------------------------------------------------------------ introspection
 

@@ -226,13 +226,30 @@ class Runtime:
     def run(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...]) -> Any:
         """Look ``key`` up, select on a miss, and call the plan with ``args`` (the op's canonical arguments).
 
-        After the first eager call of a CUDA key the capture-time choice is prepared too
-        (:meth:`prepare_capture`), so the usual PyTorch recipe (eager calls, side-stream warm-up, capture)
-        finds it cached."""
+        The hot path is one dict lookup (``SelectionCache.hot``) and the kernel call; anything else (a miss, a
+        plan under health re-check or on probation) takes :meth:`_run_slow`."""
+        plan = self.cache.hot.get(key)
+        if plan is None or plan.recheck_at is not None or plan.trial:
+            return self._run_slow(key, build_ctx, args)
+        t = _TRACE.get()
+        if t is not None:
+            t.counts[(plan.op, plan.kernel_id)] += 1
+        try:
+            return plan.call(*args)
+        except Exception as exc:  # noqa: BLE001 - every kernel failure is recorded, then re-raised or retried
+            return self._on_failure(plan, exc, args, t)
+
+    def _run_slow(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...]) -> Any:
+        """:meth:`run` through the sharded cache: select on a miss (then prepare the capture-time choice of a
+        CUDA key, :meth:`prepare_capture`), re-select a plan whose health re-check is due, count a probation
+        success; promote a plain hit to the hot dict."""
+        hot = self.cache.hot
         plan = self.cache.get(key)
         miss = plan is None or plan.recheck_at is not None and plan.recheck_at <= time.monotonic()
         if miss:
             plan = self.resolve(key, build_ctx, refresh=plan is not None)
+        elif plan.recheck_at is None and not plan.trial:
+            self.cache.promote(hot, key, plan)
         t = _TRACE.get()
         if t is not None:
             t.counts[(plan.op, plan.kernel_id)] += 1

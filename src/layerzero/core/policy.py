@@ -21,7 +21,7 @@ import json
 import math
 import os
 import pathlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -431,10 +431,9 @@ def scoped(policy_layer: Policy) -> Iterator[Policy]:
         _SCOPE_LAYERS.reset(token)
 
 
-def current_scope_layers() -> tuple[Policy, ...]:
-    """The scoped layers of the current context, outermost first (one ``ContextVar.get()``). The tuple is the
-    same object for as long as the scope is unchanged, so callers may memoize on its identity."""
-    return _SCOPE_LAYERS.get()
+current_scope_layers: Callable[[], tuple[Policy, ...]] = _SCOPE_LAYERS.get
+"""The scoped layers of the current context, outermost first (the ``ContextVar.get`` itself, no Python frame).
+The tuple is the same object for as long as the scope is unchanged, so callers may memoize on its identity."""
 
 
 def layered(base: Policy, layers: Sequence[Policy] | None = None) -> Policy:

@@ -20,6 +20,8 @@ FLOAT_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfl
 
 
 scope_token = _config.scope_token
+scope_layers = _config.scope_layers
+scope_token_of = _config.scope_token_of
 is_grad_enabled = torch.is_grad_enabled
 deterministic_enabled = torch._C._get_deterministic_algorithms
 

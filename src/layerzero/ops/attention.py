@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import torch
 
 from layerzero.core.constraints import native_layout
-from layerzero.core.context import SelectionContext, bucket
+from layerzero.core.context import SelectionContext
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import KernelSpec, Layout, MaskKind, OperationSpec
 
@@ -21,7 +21,8 @@ from ._common import (
     device_spec,
     fail,
     is_grad_enabled,
-    scope_token,
+    scope_layers,
+    scope_token_of,
     stream_capturing,
 )
 
@@ -161,6 +162,7 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
     if not fast:
         lay, b, hq, hkv, d, dv, sq, sk, mask, attn_mask, softcap = _validate(
             q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
+        dtype, device = q.dtype, q.device
     contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     stride = contiguous or (q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
     grad = is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -169,11 +171,14 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
     aligned = not cuda or _aligned(q, k, v, contiguous)
     # window/softcap (the Mistral / Gemma 2 calls of the HF integration) stay on the fast path: _window validates
     win = None if window is None else _window(window, is_causal, sq, sk)
+    layers = scope_layers()
+    # lengths and batch bucketed to powers of two (core.context.bucket, inlined: three calls fewer per call)
     key = _new(AttentionKey, (
-        OP, q.device, q.dtype, bucket(b), hq, hkv, d, dv, bucket(sq), bucket(sk), sq == sk, lay, mask, is_causal,
-        dropout_p > 0.0, scale is None, stride, aligned, contiguous, grad, deterministic_enabled(),
+        OP, device, dtype, b if b <= 1 else 1 << (b - 1).bit_length(), hq, hkv, d, dv,
+        sq if sq <= 1 else 1 << (sq - 1).bit_length(), sk if sk <= 1 else 1 << (sk - 1).bit_length(), sq == sk, lay,
+        mask, is_causal, dropout_p > 0.0, scale is None, stride, aligned, contiguous, grad, deterministic_enabled(),
         None if win is None else win[0], None if win is None else win[1], None if softcap is None else True,
-        capture, scope_token()))
+        capture, scope_token_of(layers) if layers else ()))
     if win is None and softcap is None:
         return key, (q, k, v, attn_mask, is_causal, scale, dropout_p)
     return key, (q, k, v, attn_mask, is_causal, scale, dropout_p, win, softcap)

@@ -20,7 +20,9 @@ from ._common import (
     fail,
     flags,
     is_grad_enabled,
+    scope_layers,
     scope_token,
+    scope_token_of,
     stream_capturing,
 )
 
@@ -73,9 +75,11 @@ def prepare_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     if residual is None and _fast_ok(x, weight, eps):
         contiguous = x.is_contiguous()
         grad = is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        layers = scope_layers()
         key = _new(NormKey, (op, x.device, x.dtype, weight.dtype, x.shape[-1], False,
                              contiguous or (x.stride(-1) == 1 and weight.stride(-1) == 1), contiguous, grad,
-                             deterministic_enabled(), x.is_cuda and stream_capturing(), scope_token()))
+                             deterministic_enabled(), x.is_cuda and stream_capturing(),
+                             scope_token_of(layers) if layers else ()))
         return key, (x, weight, eps, None)
     check_tensor(op, "x", x)
     if x.dim() == 0:

@@ -18,7 +18,8 @@ from ._common import (
     device_spec,
     fail,
     is_grad_enabled,
-    scope_token,
+    scope_layers,
+    scope_token_of,
     stream_capturing,
 )
 
@@ -66,8 +67,10 @@ def prepare(gate: torch.Tensor, up: torch.Tensor) -> tuple[tuple[Any, ...], tupl
     grad = is_grad_enabled() and (gate.requires_grad or up.requires_grad)
     contiguous = gate.is_contiguous() and up.is_contiguous()
     stride = contiguous or (gate.stride(-1) == 1 and up.stride(-1) == 1)
+    layers = scope_layers()
     key = _new(SwigluKey, (OP, gate.device, gate.dtype, gate.shape[-1], stride, contiguous, grad,
-                           deterministic_enabled(), gate.is_cuda and stream_capturing(), scope_token()))
+                           deterministic_enabled(), gate.is_cuda and stream_capturing(),
+                           scope_token_of(layers) if layers else ()))
     return key, (gate, up)
 
 
