@@ -77,8 +77,12 @@ class Runtime:
     Cheap to construct (no I/O): the environment, backends and PerfDB are loaded on the first miss.
     """
 
-    def __init__(self, loader: Callable[[KernelRegistry], None]) -> None:
+    def __init__(self, loader: Callable[[KernelRegistry], None],
+                 autotuner: Callable[[Runtime, SelectionContext, tuple[Any, ...]], None] | None = None) -> None:
         self._loader = loader
+        self.autotuner = autotuner
+        """Called as ``autotuner(runtime, ctx, args)`` on the first eager call of a new key when
+        ``lz.configure(autotune=True)``, before selection (``layerzero.tuning.autotune.autotune_context``)."""
         self._init_lock = threading.Lock()
         self._ready = False
         self.registry = KernelRegistry(on_change=_config.notify_change)
@@ -247,6 +251,8 @@ class Runtime:
         plan = self.cache.get(key)
         miss = plan is None or plan.recheck_at is not None and plan.recheck_at <= time.monotonic()
         if miss:
+            if plan is None and self.autotuner is not None and _config.get_config().autotune:
+                self._autotune(key, build_ctx, args)
             plan = self.resolve(key, build_ctx, refresh=plan is not None)
         elif plan.recheck_at is None and not plan.trial:
             self.cache.promote(hot, key, plan)
@@ -262,6 +268,18 @@ class Runtime:
         if miss:
             self.prepare_capture(key, build_ctx, args, plan)
         return out
+
+    def _autotune(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...]) -> None:
+        """Measure ``key``'s eligible kernels into the PerfDB before its first selection (never under capture);
+        a failure of the autotuner itself is logged and selection goes on without it."""
+        ctx = build_ctx(key)
+        if ctx.graph_capture or self.autotuner is None:
+            return
+        try:
+            self.autotuner(self, ctx, args)
+        except Exception as exc:  # noqa: BLE001 - autotune is an optimization: never fail the call for it
+            log.warning("LayerZero %s: autotune failed (%s: %s); selecting without it", ctx.op, type(exc).__name__,
+                        exc)
 
     def prepare_capture(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...],
                         eager: ExecutionPlan | None = None) -> ExecutionPlan | None:

@@ -10,7 +10,9 @@ op specs and the backends) by name, at that first use.
 from __future__ import annotations
 
 from importlib import import_module
+from typing import Any
 
+from .context import SelectionContext
 from .dispatch import Runtime
 from .registry import KernelRegistry
 
@@ -20,7 +22,13 @@ def load_builtin(registry: KernelRegistry) -> None:
     import_module("layerzero.ops").register_builtin(registry)
 
 
-RUNTIME = Runtime(load_builtin)
+def autotune(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ...]) -> None:
+    """The online autotuner (``lz.configure(autotune=True)``): ``layerzero.tuning.autotune.autotune_context``,
+    imported by name on first use (``core`` never imports ``tuning`` statically)."""
+    import_module("layerzero.tuning.autotune").autotune_context(runtime, ctx, args)
+
+
+RUNTIME = Runtime(load_builtin, autotuner=autotune)
 """The process's dispatch runtime (registry, selection cache, health, PerfDB); loads lazily."""
 
 
@@ -29,4 +37,4 @@ def get_runtime() -> Runtime:
     return RUNTIME
 
 
-__all__ = ["RUNTIME", "get_runtime", "load_builtin"]
+__all__ = ["RUNTIME", "autotune", "get_runtime", "load_builtin"]
