@@ -124,6 +124,10 @@ def disabled() -> Iterator[Policy]:
 def select(op: str, *args: Any, **kwargs: Any) -> ExecutionPlan:
     """The :class:`ExecutionPlan` the call ``lz.<op>(*args, **kwargs)`` would run (through the cache).
 
+    The plan is callable: ``plan(*canonical_args)`` runs the chosen kernel directly (no checks, no lookup, no
+    fallback; ~0.2 µs over the kernel), e.g. for attention ``plan(q, k, v, None, True, None, 0.0)`` (attn_mask,
+    is_causal, scale, dropout_p). Use it only for inputs of the shapes, dtypes and flags it was selected for.
+
     Raises the op's ``InvalidInputError`` for bad arguments, ``UnknownOperationError`` for an unknown op,
     ``NoKernelFoundError`` when a lock cannot run the inputs.
     """
