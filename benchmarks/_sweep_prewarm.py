@@ -9,7 +9,8 @@ directory under ``$FLASHINFER_WORKSPACE_BASE``, Triton's ``~/.triton/cache``), s
 instead of compiling. ``torch.compile`` (flex_attention.compiled) compiles per shape and is not helped.
 
 Usage (module API): ``prewarm(shapes, procs=12) -> (seconds, failures)``; a worker is
-``python benchmarks/_sweep_prewarm.py '<json shape>'``.
+``python benchmarks/_sweep_prewarm.py '<json shape>'``. ``run_workers(commands, procs)`` is the process pool
+itself (``ship_timings.py`` runs its own workers with it).
 """
 
 from __future__ import annotations
@@ -48,15 +49,25 @@ def signatures(shapes: list[Shape]) -> list[Shape]:
 def prewarm(shapes: list[Shape], procs: int = 12, timeout_s: float = 300.0) -> tuple[float, list[str]]:
     """Run a worker per signature of ``shapes`` (at most ``procs`` at once); returns (wall seconds, failure
     messages). Never raises for a failing worker: the sweep then compiles that kernel itself."""
+    return run_workers([[sys.executable, __file__, json.dumps(asdict(s))] for s in signatures(shapes)], procs,
+                       timeout_s)
+
+
+def run_workers(commands: list[list[str]], procs: int = 12, timeout_s: float = 300.0) -> tuple[float, list[str]]:
+    """Run each command (an argv list) as a worker process, at most ``procs`` at once; workers still running
+    ``timeout_s`` seconds after the pool started are killed. Returns (wall seconds, failure messages with each
+    failed worker's last output). Never raises for a failing worker. Used by this module and by
+    ``ship_timings.py`` / ``hidden_shapes.py``."""
     t0 = time.monotonic()
-    todo = [json.dumps(asdict(s)) for s in signatures(shapes)]
+    todo = list(commands)
     running: list[tuple[subprocess.Popen, str]] = []
     failures: list[str] = []
     while todo or running:
         while todo and len(running) < procs:
-            spec = todo.pop(0)
-            running.append((subprocess.Popen([sys.executable, __file__, spec], stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, text=True), spec))
+            argv = todo.pop(0)
+            spec = argv[-1]
+            running.append((subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+                            spec))
         for p, spec in list(running):
             if p.poll() is None and time.monotonic() - t0 < timeout_s:
                 continue
@@ -77,8 +88,8 @@ def _worker(spec: str) -> int:
 
     import layerzero as lz
     from layerzero.core.report import CandidateStatus
-    from layerzero.ops import OPS
     from layerzero.core.runtime import RUNTIME
+    from layerzero.ops import OPS
     from layerzero.tuning import bind
 
     shape = Shape(**json.loads(spec))

@@ -64,6 +64,7 @@ def eligible_kernels(runtime: Runtime, ctx: SelectionContext, kernels: Iterable[
     """The kernels selection would consider for ``ctx`` (no constraint, availability, health or policy reason;
     locks are not consulted), optionally narrowed to ``kernels`` ids and without ids matching ``exclude``
     globs, in registration order."""
+    runtime.ensure_ready()
     registry = runtime.registry
     policy = _config.effective_policy()
     fields = ctx.fields()
@@ -105,6 +106,7 @@ def reference_output(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, .
     """The op's reference kernel on ``args`` (the canonical positional args), bound as dispatch binds it. An
     attention call without a mask whose float32 score matrix exceeds ``max_bytes`` runs in chunks of batch and
     KV heads (same result). Exceptions of the reference kernel propagate."""
+    runtime.ensure_ready()
     registry = runtime.registry
     ref = bind(registry, registry.kernel(registry.ops.get(ctx.op).reference_kernel, ctx.op), ctx)[0]
     if ctx.op != "attention" or args[3] is not None:
@@ -141,6 +143,7 @@ def measure_context(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ..
     used as they are (kernels are functional); generator states are reset before each kernel's check.
     Exceptions of the reference kernel propagate; a kernel's never do.
     """
+    runtime.ensure_ready()
     device = _device(args)
     gens = [a for a in args if isinstance(a, torch.Generator)]
     states = [g.get_state() for g in gens]
