@@ -96,23 +96,21 @@ def test_reference_fully_masked_by_mask_and_causal_gives_zero():
     assert not torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
 
 
-# Seen with torch 2.13 CPU: the CPU flash kernel writes 0 where its input row holds a NaN (its running max skips
-# NaN, so the row looks fully masked), for every dtype but float64. The reference and math kernels propagate it.
-# Left alone on purpose (documented in docs/backends.md): NaN inputs are outside every kernel's contract, and
-# checking for NaN on every call would cost a reduction (a sync on GPUs). Strict, so a torch fix is noticed.
-NAN_HIDDEN = pytest.mark.xfail(strict=True, reason=(
-    "KNOWN torch behaviour: torch_sdpa.flash on CPU turns a NaN query row into zeros (float32/float16/bfloat16, "
-    "torch 2.13) while reference/math return NaN; debug NaNs with lz.disabled() or a lock on torch_sdpa.math"))
-# torch_sdpa.cpu_fp32_upcast runs the same CPU flash kernel (in float32), so it inherits this behaviour.
-NAN_PARAMS = [pytest.param(kid, dt, marks=NAN_HIDDEN)
-              if kid in ("torch_sdpa.flash", "torch_sdpa.cpu_fp32_upcast") and dt != torch.float64
-              else (kid, dt) for _, kid, dt in PARAMS]
+# torch's CPU flash kernel (torch_sdpa.flash; torch_sdpa.cpu_fp32_upcast runs the same kernel in float32) handles a
+# NaN in q differently per CPU ISA (torch 2.13): the AVX-512 build's running max skips the NaN, the row looks fully
+# masked and comes back 0; the AVX2 and default (scalar) builds keep the NaN. NaN inputs are outside every kernel's
+# contract and checking for them costs a reduction per call, so what we guarantee for these two kernels
+# (docs/backends.md, docs/troubleshooting.md) is: the NaN query row comes back all-NaN OR all-zero, never leaks to
+# other rows or heads, and every other row matches the oracle. Every other kernel must propagate the NaN. The CI
+# runs this file under ATEN_CPU_CAPABILITY=default and =avx2 too (Makefile), so both branches are exercised.
+NAN_OR_ZERO_ROW = frozenset({"torch_sdpa.flash", "torch_sdpa.cpu_fp32_upcast"})
 
 
-@pytest.mark.parametrize(("kernel_id", "dtype"), NAN_PARAMS, ids=_ids)
+@pytest.mark.parametrize(("kernel_id", "dtype"), [(kid, dt) for _, kid, dt in PARAMS], ids=_ids)
 def test_nan_in_one_query_row_stays_in_that_row(kernel_id, dtype):
-    """A NaN in query row 3 of one head must show up as NaN in exactly that output row (no kernel may hide it,
-    nor spread it to other rows or heads)."""
+    """A NaN in query row 3 of one head stays in exactly that output row: NaN there (every kernel but the CPU
+    flash ones, which may instead return the whole row as 0, see NAN_OR_ZERO_ROW), nowhere else, and every other
+    row equals the float64 oracle."""
     gen = torch.Generator().manual_seed(11)
     q, k, v = (randn((1, 2, s, 32), gen, "cpu", dtype) for s in (6, 9, 9))
     q[0, 1, 3, 5] = float("nan")
@@ -120,8 +118,15 @@ def test_nan_in_one_query_row_stays_in_that_row(kernel_id, dtype):
         pytest.skip(f"{kernel_id} cannot run causal {dname(dtype)}")
     lz.lock("attention", kernel_id)
     out = lz.attention(q, k, v, is_causal=True)
+    row = out[0, 1, 3]
+    all_nan = bool(torch.isnan(row).all())
+    if kernel_id in NAN_OR_ZERO_ROW:
+        assert all_nan or torch.equal(row, torch.zeros_like(row)), (
+            f"{kernel_id} {dname(dtype)}: the NaN query row must come back all-NaN or all-zero, got "
+            f"{row[:6].tolist()}")
+    else:
+        assert all_nan, f"{kernel_id} {dname(dtype)}: the NaN of q row 3 vanished: {row[:6].tolist()}"
     nan = torch.isnan(out)
-    assert nan[0, 1, 3].all(), f"{kernel_id}: the NaN of q row 3 vanished: {out[0, 1, 3, :4].tolist()}"
     nan[0, 1, 3] = False
     assert not nan.any(), f"{kernel_id}: NaN leaked to rows {nan.nonzero().tolist()[:5]}"
     ref = attention_oracle(q, k, v, None, True)
