@@ -2,8 +2,8 @@
 harness ``lz.tune`` uses (``layerzero.tuning.autotune.measure_context``: same eligibility, check and
 ``time_kernel``); plus the JIT pre-warm workers of ``ship_timings.py`` / ``hidden_shapes.py``.
 
-Worker: ``python benchmarks/_ship_measure.py '<json case>' [device]`` calls every eligible kernel of the tiny
-case once (FlashInfer / Triton compile on first use; the compiled modules land in their on-disk caches).
+Worker: ``python benchmarks/_ship_measure.py <device> '<json list of cases>'`` calls every eligible kernel of each
+(tiny) case once (FlashInfer / Triton compile on first use; the compiled modules land in their on-disk caches).
 """
 
 from __future__ import annotations
@@ -78,31 +78,35 @@ def measure_case(case: Case, device: torch.device, timing: dict[str, Any], exclu
 
 def prewarm_cases(cases: list[Case], device: torch.device, procs: int, timeout_s: float = 180.0
                   ) -> tuple[float, list[str]]:
-    """Run one worker per distinct JIT signature of ``cases`` (its tiny case), ``procs`` at a time
-    (``_sweep_prewarm.run_workers``); returns (seconds, failure messages)."""
+    """Compile the JIT kernels of ``cases`` before timing: one tiny case per distinct JIT signature, dealt over
+    ``procs`` worker processes (each imports torch once and runs its share; ``_sweep_prewarm.run_workers``).
+    The compiled modules land in FlashInfer's / Triton's on-disk caches. Returns (seconds, failure messages)."""
     from _sweep_prewarm import run_workers
 
     seen: dict[tuple[Any, ...], Case] = {}
     for c in cases:
         seen.setdefault(c.signature, c.tiny())
-    commands = [[sys.executable, __file__, str(device), json.dumps(c.to_dict())] for c in seen.values()]
-    return run_workers(commands, procs, timeout_s)
+    tiny = list(seen.values())
+    n = max(1, min(procs, len(tiny)))
+    commands = [[sys.executable, __file__, str(device), json.dumps([c.to_dict() for c in tiny[i::n]])]
+                for i in range(n)]
+    return run_workers(commands, n, timeout_s)
 
 
 def _worker(device_name: str, spec: str) -> int:
-    """Call every eligible kernel (except reference and compiled flex) of one tiny case once."""
-    case = Case(**json.loads(spec))
+    """Call every eligible kernel (except reference and compiled flex) of each tiny case once; print failures."""
     device = torch.device(device_name)
-    ctx, canonical = prepare_case(case, device)
     bad = 0
-    for spec_ in eligible_kernels(RUNTIME, ctx, exclude=("reference.*", "flex_attention.compiled")):
-        try:
-            bind(RUNTIME.registry, spec_, ctx)[0](*canonical)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-        except Exception as exc:  # noqa: BLE001 - reported; the measurement records the kernel's failure itself
-            bad += 1
-            print(f"{spec_.kernel_id}: {type(exc).__name__}: {str(exc)[:200]}")
+    for case in (Case(**d) for d in json.loads(spec)):
+        ctx, canonical = prepare_case(case, device)
+        for kernel in eligible_kernels(RUNTIME, ctx, exclude=("reference.*", "flex_attention.compiled")):
+            try:
+                bind(RUNTIME.registry, kernel, ctx)[0](*canonical)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - reported; the measurement records the kernel's failure itself
+                bad += 1
+                print(f"{case.label()} {kernel.kernel_id}: {type(exc).__name__}: {str(exc)[:200]}")
     return 0 if bad == 0 else 1
 
 

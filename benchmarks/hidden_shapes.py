@@ -9,6 +9,9 @@ the grid's points: odd lengths, other batch sizes and head counts, other ragged 
    (``measure_context``; eager, CUDA events);
 3. **default pick**: selection with an empty PerfDB and shipped timings on (a fresh process's choice).
 
+Kernels left out of the timing (``--exclude``, default ``flex_attention.compiled``: ``torch.compile`` per shape)
+are denied by a scoped policy for both picks, so neither can pick a kernel that was not timed.
+
 Each pick is scored as ``fastest correct median / pick's median`` (1.0 = the fastest; a pick that failed the
 check scores 0). Targets: default geomean >= 0.97 and none < 0.90; autotune geomean >= 0.99 and none < 0.95.
 Writes ``hidden_shapes.md``, ``hidden_shapes.csv``, ``hidden_shapes.png`` (with matplotlib) and ``env.json`` into
@@ -45,7 +48,9 @@ from _sweep_report import collect_env  # noqa: E402
 
 import layerzero as lz  # noqa: E402
 from layerzero.core import shipped  # noqa: E402
+from layerzero.core.config import scoped_policy  # noqa: E402
 from layerzero.core.device import DeviceSpec  # noqa: E402
+from layerzero.core.policy import DenyRule, Policy  # noqa: E402
 from layerzero.core.runtime import RUNTIME  # noqa: E402
 from layerzero.tuning.autotune import autotune_context  # noqa: E402
 
@@ -106,6 +111,16 @@ def evaluate(case: Case, device: torch.device, timing: dict[str, Any], tmp: Path
     ``{"case", "measured", "default", "autotune", "default_ratio", "autotune_ratio", "autotune_ms",
     "shipped_source"}``; the PerfDB path set before the call is restored."""
     before = lz.get_config()
+    # kernels left out of the timing may not be picked either (the reference kernel is never denied)
+    deny = tuple(p for p in exclude if not p.startswith("reference"))
+    layer = Policy(deny=(DenyRule("*", deny, origin="hidden_shapes --exclude"),), source="hidden_shapes") \
+        if deny else Policy.empty()
+    with scoped_policy(layer):
+        return _evaluate(case, device, timing, tmp, index, before, exclude, materializing_gib_max)
+
+
+def _evaluate(case: Case, device: torch.device, timing: dict[str, Any], tmp: Path, index: int, before: Any,
+              exclude: tuple[str, ...], materializing_gib_max: float) -> dict[str, Any]:
     try:
         lz.configure(perfdb_path=str(tmp / f"autotune-{index}.sqlite"), use_shipped_timings=True, autotune=False)
         ctx, canonical = prepare_case(case, device)

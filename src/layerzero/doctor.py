@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from layerzero.core import config as _config
+from layerzero.core import shipped as _shipped
 from layerzero.core.device import DeviceSpec
 from layerzero.core.runtime import RUNTIME
 
@@ -87,6 +88,14 @@ class DoctorReport:
         return "\n\n".join(t.plain() for t in self.tables())
 
 
+def _shipped_state(device: DeviceSpec, cfg: _config.Config) -> str:
+    """Which shipped timing files this device uses, and why the others are ignored (reads them once)."""
+    if not cfg.use_shipped_timings:
+        return "off (use_shipped_timings=False / LAYERZERO_SHIPPED_TIMINGS=0)"
+    states = _shipped.describe(device, cfg.shipped_timings_dir)
+    return "; ".join(f"{name}: {why}" for name, why in states) or "no data files"
+
+
 def collect() -> DoctorReport:
     """Gather the doctor report (loads backends; runs no kernel)."""
     RUNTIME.ensure_ready()
@@ -117,6 +126,7 @@ def collect() -> DoctorReport:
         "policy locks": [f"{r.op}={r.kernel}" for r in policy.locks] or "none",
         "health": RUNTIME.health.snapshot() or "all backends healthy",
         "perfdb": f"{db.path} ({len(db)} rows)" if db is not None else "disabled",
+        "shipped timings": _shipped_state(device, cfg),
         "selection cache": f"{stats.size} entries, {stats.hits} hits, {stats.misses} misses, "
                            f"generation {stats.generation}",
     }

@@ -101,6 +101,16 @@ def test_paged_case_inputs_are_consistent():
     assert ctx.op == "paged_attention" and ctx.seq_len_kv >= int(lens.max()) and ctx.page_size == 16
 
 
+def test_prewarm_worker_calls_every_eligible_kernel_of_its_cases(capsys):
+    import _ship_measure
+
+    cases = [grid.Case("decode", 5, 1, 70, 4, 2, 16, "float32"), grid.Case("rms_norm", 3, 9, 64, dtype="float32")]
+    tiny = [c.tiny() for c in cases]
+    assert tiny[0].signature == cases[0].signature and tiny[0].batch == 2 and tiny[0].kv_len == 64
+    assert _ship_measure._worker("cpu", json.dumps([c.to_dict() for c in tiny])) == 0
+    assert capsys.readouterr().out == ""
+
+
 def test_combine_compact_expand_and_parts():
     assert ship_timings.combine([{"a": 1.0, "b": 4.0}, {"a": 4.0}]) == {"a": 2.0}       # geomean; b not in both
     recs = [("rms_norm", {"op": "rms_norm", "hidden_size": 64, "tp_size": 1}, {"k": 1.0}),

@@ -84,7 +84,7 @@ _ARM_LEVELS = ("sve2", "sve", "neon")
 
 def data_dir() -> Any:
     """The package's timing-data directory (``layerzero/data/timings``), as an importlib Traversable."""
-    return resources.files("layerzero").joinpath("data", "timings")
+    return resources.files("layerzero").joinpath("data").joinpath("timings")
 
 
 def cpu_isa_level(isa: Iterable[str]) -> str:

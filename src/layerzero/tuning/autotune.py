@@ -90,6 +90,14 @@ def _dims(ctx: SelectionContext, args: tuple[Any, ...]) -> tuple[int, int, int, 
     return q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]
 
 
+def _needs_chunks(ctx: SelectionContext, args: tuple[Any, ...], max_bytes: int) -> bool:
+    """An attention call without a mask whose float32 score matrix is over ``max_bytes``."""
+    if ctx.op != "attention" or args[3] is not None:
+        return False
+    b, hq, _, sq, sk = _dims(ctx, args)
+    return b * hq * sq * sk * 4 > max_bytes
+
+
 def _chunks(ctx: SelectionContext, args: tuple[Any, ...], max_bytes: int) -> list[tuple[slice, slice, slice]]:
     """(batch, query-head, kv-head) slices of an attention call so each chunk's score matrix fits max_bytes."""
     b, hq, hkv, sq, sk = _dims(ctx, args)
@@ -109,10 +117,7 @@ def reference_output(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, .
     runtime.ensure_ready()
     registry = runtime.registry
     ref = bind(registry, registry.kernel(registry.ops.get(ctx.op).reference_kernel, ctx.op), ctx)[0]
-    if ctx.op != "attention" or args[3] is not None:
-        return ref(*args)
-    b, hq, _, sq, sk = _dims(ctx, args)
-    if b * hq * sq * sk * 4 <= max_bytes:
+    if not _needs_chunks(ctx, args, max_bytes):
         return ref(*args)
     q, k, v = args[:3]
     bshd = ctx.layout is not None and ctx.layout.value == "BSHD"
@@ -137,8 +142,8 @@ def measure_context(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ..
     """Check and time every eligible kernel of ``ctx`` on ``args`` (the op's canonical positional args, as
     dispatch passes them to kernels): ``[(row, kept samples µs), ...]`` in registration order.
 
-    The check compares each kernel's output with ``reference`` (default: :func:`reference_output`) as
-    ``lz.tune`` does; kernels that raise or differ get an ``error`` / ``failed-check`` row and no samples (logged
+    The check compares each kernel's output with ``reference`` (default: :func:`reference_output`; the reference
+    kernel itself is then not timed when its score matrix needed chunks) as ``lz.tune`` does; kernels that raise or differ get an ``error`` / ``failed-check`` row and no samples (logged
     at WARNING). Timing: ``time_kernel`` with the given arguments; statistics: ``sample_stats``. ``args`` are
     used as they are (kernels are functional); generator states are reset before each kernel's check.
     Exceptions of the reference kernel propagate; a kernel's never do.
@@ -152,9 +157,11 @@ def measure_context(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ..
         for g, st in zip(gens, states, strict=True):
             g.set_state(st)
 
-    specs = eligible_kernels(runtime, ctx, kernels, exclude)
     if reference is None:
         reference = reference_output(runtime, ctx, args)
+        if _needs_chunks(ctx, args, REFERENCE_CHUNK_BYTES):  # the whole reference would not fit: not timed
+            exclude = (*exclude, runtime.registry.ops.get(ctx.op).reference_kernel)
+    specs = eligible_kernels(runtime, ctx, kernels, exclude)
     timing = {"warmup": warmup, "iters": iters, "repeats": repeats, "max_time_s": max_time_s}
     out: list[tuple[TuneRow, tuple[float, ...]]] = []
     for spec in specs:
