@@ -10,7 +10,7 @@ Hugging Face kernels' device descriptors.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -174,7 +174,6 @@ class BackendSpec:
     description: str = ""
 
 
-Transform = Callable[[tuple[Any, ...]], tuple[Any, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +210,3 @@ class ExecutionPlan:
     def __call__(self, *args: Any) -> Any:
         return self.call(*args)
 
-
-def kernel_ids(specs: Sequence[KernelSpec]) -> list[str]:
-    """The ids of ``specs`` in order (for messages)."""
-    return [s.kernel_id for s in specs]
