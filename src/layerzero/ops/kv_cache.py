@@ -34,6 +34,7 @@ log = logging.getLogger("layerzero.ops.kv_cache")
 
 INDEX_DTYPES = frozenset({torch.int32, torch.int64})
 _INT64_MAX = 2**63 - 1
+_OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError  # torch < 2.5: cuda only
 
 
 def _fail(op: str, what: str, expected: Any, got: Any, fix: str | None = None) -> InvalidInputError:
@@ -207,7 +208,7 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
     try:
         return torch.zeros(shape, dtype=dtype, device=dev)
     except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA), "can't allocate memory" (CPU)
-        if not isinstance(exc, torch.OutOfMemoryError) and "allocate memory" not in str(exc):
+        if not isinstance(exc, _OOM) and "allocate memory" not in str(exc):
             raise
         raise _fail(op, "cache size", f"what the {dev} device can allocate now", size,
                     f"Allocate fewer blocks or free memory first (torch said: {str(exc).strip()[:160]}).") from exc
