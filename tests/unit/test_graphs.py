@@ -181,8 +181,17 @@ def test_capture_key_for_every_op():
     agrees."""
     q, k, v = qkv()
     x, w = torch.randn(2, 16), torch.ones(16)
+    cache = lz.allocate_kv_cache(4, 4, 2, 8, dtype=torch.float32)
+    tables, lens = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([5, 7], dtype=torch.int32)
+    kv, slots = torch.randn(2, 2, 8), torch.tensor([5, 6])
+    gate = torch.randn(3, 10)
+    cos = sin = torch.randn(32, 8)
     calls = {"attention": ((q, k, v), {}), "rms_norm": ((x, w), {}), "layer_norm": ((x, w), {}),
-             "sample_topk": ((torch.randn(2, 10), 3), {})}
+             "sample_topk": ((torch.randn(2, 10), 3), {}), "sample_topp": ((torch.randn(2, 10), 0.9), {}),
+             "rope": ((q, k, cos, sin), {}), "swiglu": ((gate, gate), {}),
+             "paged_attention": ((torch.randn(2, 4, 8), cache, tables, lens), {}),
+             "reshape_and_cache": ((kv, kv, cache, slots), {})}
+    assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():
         prepare, build_ctx = OPS[op]
         key, _ = prepare(*args, **kw)
