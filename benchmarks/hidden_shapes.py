@@ -20,7 +20,8 @@ Writes ``hidden_shapes.md``, ``hidden_shapes.csv``, ``hidden_shapes.png`` (with 
 Usage (after ``ship_timings.py`` installed this GPU's data file; about 4-6 minutes on an H100)::
 
     PYTHONPATH=src python benchmarks/hidden_shapes.py --out benchmarks/results/h100_hidden
-    PYTHONPATH=src python benchmarks/hidden_shapes.py --device cpu --quick --out /tmp/hidden_cpu   # smoke test
+    PYTHONPATH=src python benchmarks/hidden_shapes.py --device cpu --cpu-threads 1 --out /tmp/hidden_cpu  # 12 CPU shapes
+    PYTHONPATH=src python benchmarks/hidden_shapes.py --device cpu --quick --out /tmp/hidden_quick   # smoke test
 """
 
 from __future__ import annotations
@@ -54,13 +55,14 @@ from layerzero.core.policy import DenyRule, Policy  # noqa: E402
 from layerzero.core.runtime import RUNTIME  # noqa: E402
 from layerzero.tuning.autotune import autotune_context  # noqa: E402
 
-__all__ = ["TARGETS", "evaluate", "hidden_cases", "main", "quick_cases", "summarize"]
+__all__ = ["TARGETS", "cpu_hidden_cases", "evaluate", "hidden_cases", "main", "quick_cases", "summarize"]
 
 log = logging.getLogger("layerzero.benchmarks.hidden")
-TARGETS = {"default": (0.97, 0.90), "autotune": (0.99, 0.95)}
-"""(geomean at least, every shape at least) of fastest / pick, per pick."""
+TARGETS = {"default": (0.97, 0.90), "autotune": (0.99, 0.95), "priority": (None, None)}
+"""(geomean at least, every shape at least) of fastest / pick, per pick; ``priority`` (hand priorities alone, the
+pick before shipped timings) is reported for comparison, without a target."""
 COLUMNS = ("shape", "kind", "label", "kernel_id", "status", "median_us", "p95_us", "samples", "max_error",
-           "is_fastest", "is_default", "is_autotune", "shipped_source", "autotune_ms", "detail")
+           "is_fastest", "is_default", "is_autotune", "is_priority", "shipped_source", "autotune_ms", "detail")
 
 
 def _say(msg: str) -> None:
@@ -91,6 +93,19 @@ def hidden_cases(dtype: str = "bfloat16") -> list[Case]:
     return out
 
 
+def cpu_hidden_cases() -> list[Case]:
+    """8 dense + 4 paged-decode CPU shapes, none a point of ``_ship_grid.cpu_grid`` (``--device cpu``)."""
+    dense = [("prefill", 2, 300, 300, 8, 2, 64, "float32"), ("prefill", 1, 700, 700, 8, 8, 128, "bfloat16"),
+             ("prefill", 3, 100, 100, 8, 2, 128, "float32"), ("decode", 3, 1, 700, 8, 2, 64, "bfloat16"),
+             ("decode", 2, 1, 3000, 8, 8, 128, "bfloat16"), ("decode", 1, 1, 1500, 8, 2, 128, "float32"),
+             ("decode", 6, 1, 200, 8, 8, 64, "float32"), ("decode", 2, 1, 100, 8, 2, 64, "bfloat16")]
+    paged = [(12, 400, "skewed", 8, 2, 128), (16, 300, "bimodal", 16, 2, 64), (6, 150, "skewed", 8, 2, 64),
+             (3, 250, "bimodal", 16, 2, 128)]
+    return ([Case(k, b, sq, sk, hq, hkv, d, dt, seed=3000 + i) for i, (k, b, sq, sk, hq, hkv, d, dt) in enumerate(dense)]
+            + [Case("paged_decode", b, 1, m, hq, hkv, d, "float32", 16, dist, seed=4000 + i)
+               for i, (b, m, dist, hq, hkv, d) in enumerate(paged)])
+
+
 def quick_cases() -> list[Case]:
     """Tiny CPU shapes of every kind (the test of this script)."""
     return [Case("prefill", 3, 40, 40, 4, 2, 16, "float32", seed=1), Case("decode", 3, 1, 50, 4, 4, 16, "float32"),
@@ -107,9 +122,9 @@ def _ratio(m: Measured, pick: str) -> float:
 
 def evaluate(case: Case, device: torch.device, timing: dict[str, Any], tmp: Path, index: int, *,
              exclude: tuple[str, ...] = (), materializing_gib_max: float = 2.0) -> dict[str, Any]:
-    """Autotune pick, every kernel timed, default pick of one shape (see the module docstring). Returns
-    ``{"case", "measured", "default", "autotune", "default_ratio", "autotune_ratio", "autotune_ms",
-    "shipped_source"}``; the PerfDB path set before the call is restored."""
+    """Autotune pick, every kernel timed, default pick of one shape (see the module docstring), and for comparison
+    the pick of priorities alone (empty PerfDB, shipped timings off). Returns ``{"case", "measured", "default",
+    "autotune", "priority", "<pick>_ratio", "autotune_ms", "shipped_source"}``; the config is restored."""
     before = lz.get_config()
     # kernels left out of the timing may not be picked either (the reference kernel is never denied)
     deny = tuple(p for p in exclude if not p.startswith("reference"))
@@ -134,10 +149,13 @@ def _evaluate(case: Case, device: torch.device, timing: dict[str, Any], tmp: Pat
         m = measure_case(case, device, timing, exclude, materializing_gib_max)
         lz.configure(perfdb_path=str(tmp / "empty.sqlite"))
         plan, report = RUNTIME.select_context(m.ctx)
+        lz.configure(use_shipped_timings=False)
+        prio_pick = RUNTIME.select_context(m.ctx)[0].kernel_id
     finally:
         lz.configure(perfdb_path=before.perfdb_path, use_shipped_timings=before.use_shipped_timings)
-    return {"case": case, "measured": m, "default": plan.kernel_id, "autotune": auto_pick,
+    return {"case": case, "measured": m, "default": plan.kernel_id, "autotune": auto_pick, "priority": prio_pick,
             "default_ratio": _ratio(m, plan.kernel_id), "autotune_ratio": _ratio(m, auto_pick),
+            "priority_ratio": _ratio(m, prio_pick),
             "autotune_ms": autotune_ms, "shipped_source": report.shipped_source}
 
 
@@ -153,6 +171,10 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         rs = [(r[f"{pick}_ratio"], r["case"].label()) for r in results if not math.isnan(r[f"{pick}_ratio"])]
         gm = _geomean([x for x, _ in rs])
         worst = min(rs) if rs else (math.nan, "")
+        if gm_min is None:
+            out[pick] = {"geomean": gm, "min": worst[0], "worst": worst[1], "shapes": len(rs), "target": "-",
+                         "verdict": "info"}
+            continue
         ok = bool(rs) and gm >= gm_min and worst[0] >= each_min
         out[pick] = {"geomean": gm, "min": worst[0], "worst": worst[1], "shapes": len(rs),
                      "target": f"geomean >= {gm_min}, none < {each_min}", "verdict": "PASS" if ok else "FAIL"}
@@ -170,6 +192,7 @@ def _write(out: Path, results: list[dict[str, Any]], summary: dict[str, Any], en
                          "samples": row.samples, "max_error": row.max_error,
                          "is_fastest": best is not None and row.kernel_id == best[0],
                          "is_default": row.kernel_id == r["default"], "is_autotune": row.kernel_id == r["autotune"],
+                         "is_priority": row.kernel_id == r["priority"],
                          "shipped_source": r["shipped_source"] or "", "autotune_ms": round(r["autotune_ms"], 1),
                          "detail": row.detail[:200]})
     with (out / "hidden_shapes.csv").open("w", newline="") as fh:
@@ -185,8 +208,8 @@ def _write(out: Path, results: list[dict[str, Any]], summary: dict[str, Any], en
     for pick, s in summary.items():
         lines.append(f"| {pick} | {s['geomean']:.3f} | {s['min']:.3f} ({s['worst']}) | {s['target']} | "
                      f"**{s['verdict']}** |")
-    lines += ["", "| shape | shipped data | fastest (µs) | default (µs) | ratio | autotune (µs) | ratio | autotune ms |",
-              "| --- | --- | --- | --- | ---: | --- | ---: | ---: |"]
+    lines += ["", "| shape | shipped data | fastest (µs) | default (µs) | ratio | autotune (µs) | ratio | autotune ms "
+              "| priorities alone | ratio |", "| --- | --- | --- | --- | ---: | --- | ---: | ---: | --- | ---: |"]
     for r in results:
         m, best = r["measured"], r["measured"].fastest()
         ok = m.ok()
@@ -197,7 +220,7 @@ def _write(out: Path, results: list[dict[str, Any]], summary: dict[str, Any], en
         src = (r["shipped_source"] or "none").split(", ", 1)[-1]
         lines.append(f"| {r['case'].label()} | {src} | {'-' if best is None else us(best[0])} | {us(r['default'])} | "
                      f"{r['default_ratio']:.3f} | {us(r['autotune'])} | {r['autotune_ratio']:.3f} | "
-                     f"{r['autotune_ms']:.0f} |")
+                     f"{r['autotune_ms']:.0f} | {r['priority']} | {r['priority_ratio']:.3f} |")
     (out / "hidden_shapes.md").write_text("\n".join(lines) + "\n")
     (out / "env.json").write_text(json.dumps({**env, "summary": summary}, indent=2, default=str) + "\n")
     try:
@@ -239,6 +262,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="output directory, e.g. benchmarks/results/h100_hidden")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--quick", action="store_true", help="tiny CPU shapes (smoke test)")
+    p.add_argument("--cpu-threads", type=int, default=None, help="torch threads on CPU (default torch's)")
     p.add_argument("--kinds", nargs="+", default=None, help="only these kinds (prefill decode cross paged_decode)")
     p.add_argument("--max-minutes", type=float, default=6.0, help="budget in minutes, JIT pre-warm included "
                    "(default 6)")
@@ -262,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         _say("hidden_shapes: --device cuda but CUDA is not available; use --device cpu --quick")
         return 2
-    cases = quick_cases() if args.quick else hidden_cases(args.dtype)
+    if device.type == "cpu" and args.cpu_threads:
+        torch.set_num_threads(args.cpu_threads)
+    cases = quick_cases() if args.quick else hidden_cases(args.dtype) if device.type == "cuda" else cpu_hidden_cases()
     if args.kinds:
         cases = [c for c in cases if c.kind in args.kinds]
     exclude = tuple(args.exclude) if args.exclude is not None else (
@@ -298,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                timing=timing, exclude=list(exclude))
     _write(args.out, results, summary, env)
     for pick, s in summary.items():
-        print(f"{s['verdict']}  {pick}: geomean {s['geomean']:.3f}, min {s['min']:.3f} ({s['worst']}); "
+        print(f"{s['verdict']:<4}  {pick}: geomean {s['geomean']:.3f}, min {s['min']:.3f} ({s['worst']}); "
               f"target {s['target']}")
     print(f"wrote {args.out / 'hidden_shapes.md'}, hidden_shapes.csv, env.json")
     return 1 if args.strict and any(s["verdict"] == "FAIL" for s in summary.values()) else 0
