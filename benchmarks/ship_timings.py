@@ -240,12 +240,17 @@ def _part(text: str) -> tuple[int, int]:
 
 
 def select_part(cases: list[Case], part: tuple[int, int] | None) -> list[Case]:
-    """The cases of part ``i/n``: whole JIT signatures dealt round-robin (so each part compiles only its own),
-    then shuffled with a fixed seed (a budget cut then thins every family alike)."""
+    """The cases of part ``i/n``: whole JIT signatures (so each part compiles only its own), the largest first to
+    the part with the fewest cases so far (parts of about equal size); then shuffled with a fixed seed (a budget
+    cut then thins every family alike)."""
     if part is not None:
-        sigs = list(dict.fromkeys(c.signature for c in cases))
-        mine = {s for j, s in enumerate(sigs) if j % part[1] == part[0] - 1}
-        cases = [c for c in cases if c.signature in mine]
+        sizes = Counter(c.signature for c in cases)
+        load = [0] * part[1]
+        owner = {}
+        for sig, n in sorted(sizes.items(), key=lambda kv: (-kv[1], str(kv[0]))):
+            j = load.index(min(load))
+            owner[sig], load[j] = j, load[j] + n
+        cases = [c for c in cases if owner[c.signature] == part[0] - 1]
     out = list(cases)
     random.Random(0).shuffle(out)
     return out
