@@ -17,7 +17,8 @@ check scores 0). Targets: default geomean >= 0.97 and none < 0.90; autotune geom
 Writes ``hidden_shapes.md``, ``hidden_shapes.csv``, ``hidden_shapes.png`` (with matplotlib) and ``env.json`` into
 ``--out``.
 
-Usage (after ``ship_timings.py`` installed this GPU's data file; about 4-6 minutes on an H100)::
+Usage (after ``ship_timings.py`` installed this GPU's data file, or with ``--shipped-dir`` pointing at the
+``timings/`` directory of its ``--out``; about 4-6 minutes on an H100)::
 
     PYTHONPATH=src python benchmarks/hidden_shapes.py --out benchmarks/results/h100_hidden
     PYTHONPATH=src python benchmarks/hidden_shapes.py --device cpu --cpu-threads 1 --out /tmp/hidden_cpu  # 12 CPU shapes
@@ -274,6 +275,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--max-time-ms", type=float, default=100.0)
     p.add_argument("--materializing-gib-max", type=float, default=2.0)
+    p.add_argument("--shipped-dir", type=Path, default=None, help="shipped timing files to use instead of the "
+                   "package's (e.g. the timings/ directory of a ship_timings.py --out)")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
     return p
 
@@ -294,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     exclude = tuple(args.exclude) if args.exclude is not None else (
         ("flex_attention.compiled", "reference.*") if device.type == "cuda" else ("flex_attention.compiled",))
     procs = args.prewarm if args.prewarm is not None else (12 if device.type == "cuda" else 0)
+    if args.shipped_dir is not None:
+        lz.configure(shipped_timings_dir=str(args.shipped_dir))
     t0, results = time.monotonic(), []
     if procs > 0:
         took, failures = prewarm_cases(cases, device, procs, timeout_s=min(180.0, 0.4 * args.max_minutes * 60))

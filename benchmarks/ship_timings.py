@@ -13,14 +13,16 @@ Usage::
     # GPU (H100/H200: about 6-7 minutes with the JIT pre-warm; --part splits it over several calls)
     PYTHONPATH=src python benchmarks/ship_timings.py --out benchmarks/results/ship_timings/h100
     PYTHONPATH=src python benchmarks/ship_timings.py --part 1/2 --out /tmp/a   # then --part 2/2 --out /tmp/b
-    PYTHONPATH=src python benchmarks/ship_timings.py --merge /tmp/a/*.part1of2.json /tmp/b/*.part2of2.json \\
-        --out benchmarks/results/ship_timings/h100
+    PYTHONPATH=src python benchmarks/ship_timings.py --merge /tmp/a/timings/*.part1of2.json \\
+        /tmp/b/timings/*.part2of2.json --out benchmarks/results/ship_timings/h100
     # CPU (the committed CPU file; ~6 minutes on 2 cores)
     PYTHONPATH=src python benchmarks/ship_timings.py --device cpu --out benchmarks/results/ship_timings/cpu
 
 ``--max-minutes`` (default 7) is a budget for the whole run, JIT pre-warm included: cases not started by then are
 left out (the file says how many were measured). Without ``--part`` (or after ``--merge``) the file is installed into ``src/layerzero/data/timings``
-unless ``--no-install``; a copy, ``ship_timings.csv`` (every kernel of every case) and ``env.json`` go to ``--out``.
+unless ``--no-install``; a copy goes to ``--out``/timings/ (a directory of data files only, usable as
+``lz.configure(shipped_timings_dir=...)`` or ``hidden_shapes.py --shipped-dir``), ``ship_timings.csv`` (every kernel
+of every case) and ``env.json`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -267,7 +269,8 @@ def _parser() -> argparse.ArgumentParser:
                    "bfloat16 on CPU)")
     p.add_argument("--kinds", nargs="+", default=None, choices=KINDS, help="only these case kinds")
     p.add_argument("--max-minutes", type=float, default=7.0, help="budget in minutes (default 7)")
-    p.add_argument("--part", type=_part, default=None, help="measure part i of n (i/n) into <out>/<name>.partIofN.json")
+    p.add_argument("--part", type=_part, default=None, help="measure part i of n (i/n) into "
+                   "<out>/timings/<name>.partIofN.json")
     p.add_argument("--merge", nargs="+", type=Path, default=None, help="merge partial files (no measuring)")
     p.add_argument("--quick", action="store_true", help="a few tiny cases (CPU tests)")
     p.add_argument("--limit", type=int, default=None, help="only the first N cases (after --part)")
@@ -341,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
 def _finish(doc: dict[str, Any], out: Path, name: str, args: argparse.Namespace, part: tuple[int, int] | None
             ) -> int:
     fname = f"{name}.part{part[0]}of{part[1]}.json" if part else f"{name}.json"
-    size = dump_document(doc, out / fname)
-    _say(f"wrote {out / fname}: {len(doc['records'])} buckets, {size / 1024:.0f} KiB")
+    size = dump_document(doc, out / "timings" / fname)
+    _say(f"wrote {out / 'timings' / fname}: {len(doc['records'])} buckets, {size / 1024:.0f} KiB")
     if part is None and not args.no_install:
         dump_document(doc, args.data_dir / fname)
         shipped.clear_cache()

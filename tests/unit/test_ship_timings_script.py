@@ -157,7 +157,7 @@ def test_ship_timings_quick_run_writes_a_file_selection_reads(tmp_path):
     assert ship_timings.main(["--device", "cpu", "--quick", "--out", str(out), "--data-dir", str(data), *FAST]) == 0
     host = DeviceSpec.detect("cpu")
     name = ship_timings.slug(host) + ".json"
-    assert (data / name).read_text() == (out / name).read_text()
+    assert (data / name).read_text() == (out / "timings" / name).read_text()
     f = shipped.parse((data / name).read_text(), name)
     assert dict(f.fingerprint) == shipped.device_fingerprint(host)
     assert f.backends["torch_sdpa"] == torch.__version__ and "flex_attention.compiled" not in str(f.records)
@@ -192,7 +192,7 @@ def test_parts_are_not_installed_and_merge_installs(tmp_path):
         assert ship_timings.main(["--device", "cpu", "--quick", "--kinds", "rms_norm", "swiglu", "--part", f"{i}/2",
                                   "--out", str(tmp_path / f"p{i}"), "--data-dir", str(data), *FAST]) == 0
     assert not data.exists()
-    parts = sorted(tmp_path.glob("p*/*.part*of2.json"))
+    parts = sorted(tmp_path.glob("p*/timings/*.part*of2.json"))
     assert len(parts) == 2
     assert ship_timings.main(["--device", "cpu", "--merge", *map(str, parts), "--out", str(tmp_path / "m"),
                               "--data-dir", str(data)]) == 0
