@@ -68,12 +68,13 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def slug(device: DeviceSpec) -> str:
-    """The data file's stem: the GPU name (``nvidia-h100-80gb-hbm3``) or ``cpu-<arch>-<isa level>``."""
-    if device.device_type == "cpu":
-        fp = shipped.device_fingerprint(device)
+def slug(device: DeviceSpec | dict[str, str]) -> str:
+    """The data file's stem, from a device or a file's fingerprint: the GPU name (``nvidia-h100-80gb-hbm3``)
+    or ``cpu-<arch>-<isa level>``."""
+    fp = shipped.device_fingerprint(device) if isinstance(device, DeviceSpec) else device
+    if fp["device_type"] == "cpu":
         return f"cpu-{fp['arch']}-{fp['isa']}"
-    return re.sub(r"[^a-z0-9]+", "-", device.name.lower()).strip("-") or device.device_type
+    return re.sub(r"[^a-z0-9]+", "-", fp.get("name", "").lower()).strip("-") or fp["device_type"]
 
 
 def combine(cases: list[dict[str, float]]) -> dict[str, float]:
@@ -300,11 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         _say("ship_timings: --device cuda but CUDA is not available; use --device cpu")
         return 2
     spec = DeviceSpec.detect(device)
-    name = slug(spec)
+    doc = merge_documents([json.loads(p.read_text()) for p in args.merge]) if args.merge else None
+    name = slug(spec if doc is None else doc["fingerprint"])   # --merge: the measured machine's name, not this one's
     out = args.out or Path(__file__).resolve().parent / "results" / "ship_timings" / name
     out.mkdir(parents=True, exist_ok=True)
-    if args.merge:
-        doc = merge_documents([json.loads(p.read_text()) for p in args.merge])
+    if doc is not None:
         return _finish(doc, out, name, args, part=None)
     if device.type == "cpu" and args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)

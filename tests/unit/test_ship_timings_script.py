@@ -198,7 +198,15 @@ def test_parts_are_not_installed_and_merge_installs(tmp_path):
                               "--data-dir", str(data)]) == 0
     (installed,) = data.glob("*.json")
     ops = sorted(r.op for r in shipped.parse(installed.read_text()).records)
-    assert ops == ["rms_norm", "swiglu"]
+    assert ops == ["rms_norm", "swiglu"] and installed.name == ship_timings.slug(DeviceSpec.detect("cpu")) + ".json"
+    # merged elsewhere: the file is named after the measured machine, not the merging one
+    gpu = json.loads(parts[0].read_text())
+    gpu["fingerprint"] = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "sm": "9.0", "torch": "t",
+                          "cudnn": "1"}
+    (tmp_path / "gpu.json").write_text(json.dumps(gpu))
+    assert ship_timings.main(["--device", "cpu", "--merge", str(tmp_path / "gpu.json"), "--out",
+                              str(tmp_path / "g"), "--data-dir", str(data)]) == 0
+    assert (data / "nvidia-h100-80gb-hbm3.json").exists()
 
 
 def test_hidden_shapes_quick_run(tmp_path):
