@@ -82,7 +82,9 @@ def test_register_is_idempotent_and_wires_attention_and_mask():
     assert is_registered()
     assert AttentionInterface._global_mapping[ATTN_IMPLEMENTATION] is layerzero_attention_forward
     # without a mask function transformers would build no mask at all for "layerzero"
-    assert AttentionMaskInterface._global_mapping[ATTN_IMPLEMENTATION] is AttentionMaskInterface._global_mapping["sdpa"]
+    # (transformers' "sdpa" one, wrapped to skip a plain causal mask under CUDA-graph capture: test_hf_capture_mask)
+    mask_fn = AttentionMaskInterface._global_mapping[ATTN_IMPLEMENTATION]
+    assert mask_fn.__wrapped__ is AttentionMaskInterface._global_mapping["sdpa"]
 
 
 def test_import_layerzero_does_not_import_transformers():

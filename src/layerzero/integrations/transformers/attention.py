@@ -71,7 +71,9 @@ def register() -> None:
     After this, ``Model.from_pretrained(path, attn_implementation="layerzero")`` and
     ``model.set_attn_implementation("layerzero")`` route every attention call through
     :func:`layerzero_attention_forward`. The mask function is transformers' own ``"sdpa"`` one (boolean,
-    True = attend), so padding, causality and sliding windows are built exactly as for ``"sdpa"``.
+    True = attend), so padding, causality and sliding windows are built exactly as for ``"sdpa"``; under CUDA-graph
+    capture it skips a plain causal mask as eager transformers does (:mod:`.masks`), so a captured forward makes
+    the same ``lz.attention`` calls as the eager warm-up before it.
     Registration is global to the transformers process state (that is how transformers' registries work);
     calling it again changes nothing.
 
@@ -101,7 +103,11 @@ def register() -> None:
             expected_got("transformers AttentionMaskInterface", "an 'sdpa' mask function", "none registered",
                          "This transformers build is unusual; reinstall transformers>=4.56.")
         )
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask_fn)
+    from transformers.masking_utils import causal_mask_function
+
+    from .masks import capture_consistent
+
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, capture_consistent(sdpa_mask_fn, causal_mask_function))
 
 
 def is_registered() -> bool:
