@@ -119,12 +119,29 @@ def test_patched_hf_model_forward(tmp_path):
     path = hf_models.build_and_save("llama", tmp_path / "llama")
     model = hf_models.load("llama", path).to(DEV, torch.bfloat16)
     handle = lz.patch_model(model)
+    seen: list = []  # the attention keys dispatched, to say which field differs under capture if it fails
+    run = RUNTIME.run
+
+    def recording(key, build_ctx, args):
+        if getattr(key, "op", None) == "attention":
+            seen.append(key)
+        return run(key, build_ctx, args)
+
+    RUNTIME.run = recording
     try:
         ids = torch.randint(0, hf_models.VOCAB_SIZE, (2, 24), device=DEV)
         fresh = [torch.randint(0, hf_models.VOCAB_SIZE, (2, 24), device=DEV)]
         with torch.no_grad():
-            counts, problem = _recipe(lambda i: model(input_ids=i, use_cache=False).logits, [ids], fresh)
+            try:
+                counts, problem = _recipe(lambda i: model(input_ids=i, use_cache=False).logits, [ids], fresh)
+            except lz.CudaGraphUnsafeError:
+                cap = next(k for k in reversed(seen) if k.capture)
+                eager = [k for k in seen if not k.capture]
+                diff = {f: (getattr(eager[0], f), getattr(cap, f)) for f in cap._fields
+                        if eager and getattr(eager[0], f) != getattr(cap, f)}
+                pytest.fail(f"capture-time attention key differs from the eager one in {diff}")
     finally:
+        RUNTIME.run = run
         handle.undo()
     assert problem is None, problem
     _graph_safe(counts)

@@ -66,9 +66,6 @@ class AttentionKey(NamedTuple):
     scope: tuple[Any, ...]
 
 
-_new = tuple.__new__
-
-
 def aligned_16(*tensors: torch.Tensor) -> bool:
     """Every tensor's data pointer and the strides of its non-last dims (of size > 1) are multiples of 16
     bytes, as the fused CUDA attention kernels load rows with 16-byte vector instructions (slices of wider
@@ -173,12 +170,12 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
     win = None if window is None else _window(window, is_causal, sq, sk)
     layers = scope_layers()
     # lengths and batch bucketed to powers of two (core.context.bucket, inlined: three calls fewer per call)
-    key = _new(AttentionKey, (
+    key = AttentionKey(
         OP, device, dtype, b if b <= 1 else 1 << (b - 1).bit_length(), hq, hkv, d, dv,
         sq if sq <= 1 else 1 << (sq - 1).bit_length(), sk if sk <= 1 else 1 << (sk - 1).bit_length(), sq == sk, lay,
         mask, is_causal, dropout_p > 0.0, scale is None, stride, aligned, contiguous, grad, deterministic_enabled(),
         None if win is None else win[0], None if win is None else win[1], None if softcap is None else True,
-        capture, scope_token_of(layers) if layers else ()))
+        capture, scope_token_of(layers) if layers else ())
     if win is None and softcap is None:
         return key, (q, k, v, attn_mask, is_causal, scale, dropout_p)
     return key, (q, k, v, attn_mask, is_causal, scale, dropout_p, win, softcap)

@@ -47,7 +47,6 @@ class NormKey(NamedTuple):
     scope: tuple[Any, ...]
 
 
-_new = tuple.__new__
 
 
 def _check_param(op: str, name: str, x: torch.Tensor, p: Any) -> None:
@@ -76,10 +75,9 @@ def prepare_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         contiguous = x.is_contiguous()
         grad = is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         layers = scope_layers()
-        key = _new(NormKey, (op, x.device, x.dtype, weight.dtype, x.shape[-1], False,
-                             contiguous or (x.stride(-1) == 1 and weight.stride(-1) == 1), contiguous, grad,
-                             deterministic_enabled(), x.is_cuda and stream_capturing(),
-                             scope_token_of(layers) if layers else ()))
+        key = NormKey(op, x.device, x.dtype, weight.dtype, x.shape[-1], False,
+                      contiguous or (x.stride(-1) == 1 and weight.stride(-1) == 1), contiguous, grad,
+                      deterministic_enabled(), x.is_cuda and stream_capturing(), scope_token_of(layers) if layers else ())
         return key, (x, weight, eps, None)
     check_tensor(op, "x", x)
     if x.dim() == 0:

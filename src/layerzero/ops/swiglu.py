@@ -42,7 +42,6 @@ class SwigluKey(NamedTuple):
     scope: tuple[Any, ...]
 
 
-_new = tuple.__new__
 
 
 def _fast_ok(gate: Any, up: Any) -> bool:
@@ -68,9 +67,9 @@ def prepare(gate: torch.Tensor, up: torch.Tensor) -> tuple[tuple[Any, ...], tupl
     contiguous = gate.is_contiguous() and up.is_contiguous()
     stride = contiguous or (gate.stride(-1) == 1 and up.stride(-1) == 1)
     layers = scope_layers()
-    key = _new(SwigluKey, (OP, gate.device, gate.dtype, gate.shape[-1], stride, contiguous, grad,
-                           deterministic_enabled(), gate.is_cuda and stream_capturing(),
-                           scope_token_of(layers) if layers else ()))
+    # the NamedTuple's own constructor: TorchDynamo mis-traces tuple.__new__(SwigluKey, ...) under torch.compile
+    key = SwigluKey(OP, gate.device, gate.dtype, gate.shape[-1], stride, contiguous, grad, deterministic_enabled(),
+                    gate.is_cuda and stream_capturing(), scope_token_of(layers) if layers else ())
     return key, (gate, up)
 
 
