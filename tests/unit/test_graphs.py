@@ -282,3 +282,14 @@ def test_cpu_calls_prepare_no_capture_entry():
     key = key._replace(scope=("prep-cpu",))
     RUNTIME.run(key, build_ctx, args)
     assert RUNTIME.cache.get(capture_key(key)) is None
+
+
+def test_preparing_the_capture_choice_logs_no_fallback(capture_kernels, caplog):
+    """Under lz.prefer of a kernel that is not graph-safe, the eager call serves it; the capture-time choice
+    prepared next to it falls back to a graph-safe kernel, which is only a WARNING when a capture really asks."""
+    key, build, x, w = _fake_cuda_call("prep-quiet")
+    with lz.prefer("captest.eager"):
+        key = key._replace(scope=("prep-quiet", *key.scope))
+        RUNTIME.run(key, build, (x, w, 1e-6, None))
+    assert RUNTIME.cache.get(capture_key(key)).kernel_id == "captest.safe"
+    assert "fallback" not in caplog.text

@@ -193,12 +193,13 @@ class Runtime:
         """None when ``backend_id``'s circuit breaker lets it run, else the ``BACKEND_UNHEALTHY`` reason."""
         return None if self.health.usable(backend_id) else self.health.reason(backend_id)
 
-    def select_context(self, ctx: SelectionContext) -> tuple[ExecutionPlan, SelectionReport]:
-        """Run the full pipeline for ``ctx`` (no cache): the plan and its report."""
+    def select_context(self, ctx: SelectionContext, *, quiet: bool = False) -> tuple[ExecutionPlan, SelectionReport]:
+        """Run the full pipeline for ``ctx`` (no cache): the plan and its report. ``quiet``: fallback notes stay in
+        the report but are not logged (a choice prepared ahead of a capture that may never happen)."""
         self.ensure_ready()
         cfg = _config.get_config()
         inputs = SelectionInputs(_config.effective_policy(), self.usable_reason, self._perf_lookup(ctx),
-                                 cfg.strict, cfg.log_fallbacks)
+                                 cfg.strict, cfg.log_fallbacks and not quiet)
         plan, report = select(self.registry, ctx, inputs)
         retry_at = self.health.next_retry_at()
         trial = self.health.state(plan.backend) is BreakerState.HALF_OPEN
@@ -302,7 +303,7 @@ class Runtime:
         if plan is not None:
             return plan
         try:
-            plan = self.cache.get_or_compute(cap, lambda: self.select_context(ctx)[0],
+            plan = self.cache.get_or_compute(cap, lambda: self.select_context(ctx, quiet=True)[0],
                                              timeout_s=_config.get_config().selection_timeout_s)
         except NoKernelFoundError as exc:
             log.info("LayerZero %s: no graph-safe kernel for these inputs, so this call cannot be captured in a "
@@ -374,7 +375,9 @@ def capture_key(key: Hashable) -> Hashable | None:
     fields = getattr(key, "_fields", None)
     if fields is None or "capture" not in fields:
         return None
-    return key._replace(capture=True)  # type: ignore[attr-defined]
+    i = fields.index("capture")
+    # the constructor, not _replace: TorchDynamo mis-traces NamedTuple._make/tuple.__new__ (a short tuple)
+    return type(key)(*key[:i], True, *key[i + 1:])  # type: ignore[index]
 
 
 @contextlib.contextmanager
