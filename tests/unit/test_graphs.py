@@ -293,3 +293,28 @@ def test_preparing_the_capture_choice_logs_no_fallback(capture_kernels, caplog):
         RUNTIME.run(key, build, (x, w, 1e-6, None))
     assert RUNTIME.cache.get(capture_key(key)).kernel_id == "captest.safe"
     assert "fallback" not in caplog.text
+
+
+def test_causal_attention_prepares_the_masked_capture_variant():
+    """A tracer such as transformers materializes the causal mask while capturing; preparing the capture choice of
+    an unmasked causal call also prepares that bool-mask variant (selection only), on a fake H100."""
+    import importlib
+
+    from layerzero.testing.devices import fake_cuda_device
+
+    att = importlib.import_module("layerzero.ops.attention")
+    q = torch.randn(2, 4, 16, 32, dtype=torch.bfloat16)
+    key, _ = att.prepare(q, q[:, :2], q[:, :2], is_causal=True)
+    key = key._replace(scope=("variant-test",))
+    (variant,) = att.capture_variants(capture_key(key))
+    assert variant.capture and variant.mask.value == "bool" and not variant.is_causal
+    assert variant._replace(mask=key.mask, is_causal=True, capture=False) == key
+    assert att.capture_variants(key._replace(is_causal=False)) == ()
+
+    def build(k):
+        return replace(att.context(k), device=fake_cuda_device((9, 0)))
+
+    RUNTIME._prepare_variants(capture_key(key), build)
+    plan = RUNTIME.cache.get(variant)
+    assert plan is not None and RUNTIME.registry.kernel(plan.kernel_id, "attention").graph_safe
+    assert "bool" in {m.value for m in RUNTIME.registry.kernel(plan.kernel_id, "attention").mask_kinds}

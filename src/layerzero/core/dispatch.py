@@ -282,6 +282,22 @@ class Runtime:
             log.warning("LayerZero %s: autotune failed (%s: %s); selecting without it", ctx.op, type(exc).__name__,
                         exc)
 
+    def _prepare_variants(self, cap: Hashable, build_ctx: ContextBuilder) -> None:
+        """Cache the choices of the op's ``capture_variants`` of ``cap`` (selection only: no run, so no JIT warm-up;
+        kernels that serve such variants under capture are torch's own); a variant no kernel can serve is left
+        out (its capture then raises with the reasons)."""
+        spec = self.registry.ops.get(build_ctx(cap).op)
+        if spec.capture_variants is None:
+            return
+        for variant in spec.capture_variants(cap):
+            if self.cache.get(variant) is None:
+                vctx = build_ctx(variant)
+                try:
+                    self.cache.get_or_compute(variant, lambda c=vctx: self.select_context(c, quiet=True)[0],
+                                              timeout_s=_config.get_config().selection_timeout_s)
+                except NoKernelFoundError:
+                    continue
+
     def prepare_capture(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...],
                         eager: ExecutionPlan | None = None) -> ExecutionPlan | None:
         """Select and cache the plan a call with ``key`` gets while a CUDA graph is being captured (graph-safe
@@ -302,6 +318,7 @@ class Runtime:
         plan = self.cache.get(cap)
         if plan is not None:
             return plan
+        self._prepare_variants(cap, build_ctx)
         try:
             plan = self.cache.get_or_compute(cap, lambda: self.select_context(ctx, quiet=True)[0],
                                              timeout_s=_config.get_config().selection_timeout_s)

@@ -65,6 +65,9 @@ class OperationSpec:
 
     ``adapter(kernel, ctx, fn) -> (call, transform_names, transform_cost)`` wraps a kernel whose native layout
     differs from the inputs' (e.g. BSHD inputs to a BHSD-only kernel); without it kernels are called as is.
+    ``capture_variants(capture_key) -> keys``: other capture-time keys that the *same* model step commonly makes
+    under a CUDA-graph capture although its eager calls did not (attention: tracers such as transformers
+    materialize a causal mask while capturing); dispatch prepares their choices too (``Runtime.prepare_capture``).
     """
 
     op_id: str
@@ -72,6 +75,7 @@ class OperationSpec:
     inputs: tuple[str, ...]
     reference_kernel: str
     adapter: Adapter | None = None
+    capture_variants: Callable[[Any], tuple[Any, ...]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -287,8 +287,20 @@ def adapter(spec: KernelSpec, ctx: SelectionContext, fn: Callable[..., Any]):
     return _transposed(fn), (f"{ctx.layout.value}->{native.value} (transpose views)",), 1.0
 
 
+def capture_variants(key: AttentionKey) -> tuple[AttentionKey, ...]:
+    """The capture-time keys of a causal, unmasked call with Sq == Sk that tracers make instead while a CUDA graph
+    is being captured: the same call with the causal mask materialized as a bool mask (``is_causal=False``).
+    transformers does that under capture (it cannot check position ids / padding without reading them), so a
+    patched model's captured forward finds its choice prepared by its eager calls."""
+    if key.mask is not MaskKind.NONE or not key.is_causal or not key.seq_equal:
+        return ()
+    fields = key._asdict()
+    fields.update(mask=MaskKind.BOOL, is_causal=False)
+    return (AttentionKey(**fields),)
+
+
 SPEC = OperationSpec(OP, "scaled dot-product attention (SDPA semantics, GQA, masks)", ("q", "k", "v"),
-                     "reference.attention", adapter)
+                     "reference.attention", adapter, capture_variants)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
