@@ -25,8 +25,8 @@ import layerzero as lz
 from layerzero.core.dispatch import device_fingerprint_parts
 from layerzero.core.perfdb import fingerprint
 from layerzero.core.report import CandidateStatus
-from layerzero.ops import OPS
 from layerzero.core.runtime import RUNTIME
+from layerzero.ops import OPS
 from layerzero.tuning import TOLERANCES, TuneStatus, bind, sample_stats, time_kernel
 
 BANDWIDTH_KINDS = ("kernel", "copy", "lz_graph")

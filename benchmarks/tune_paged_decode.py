@@ -37,8 +37,8 @@ from _sweep_shapes import build_inputs, full_shapes
 import layerzero as lz
 from layerzero.backends.triton import paged
 from layerzero.core.report import CandidateStatus
-from layerzero.ops import OPS
 from layerzero.core.runtime import RUNTIME
+from layerzero.ops import OPS
 from layerzero.tuning import bind, sample_stats, time_kernel
 
 FLASHINFER = "flashinfer.paged_attention"
