@@ -22,7 +22,8 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 
 
-def _recipe(fn, static: list[torch.Tensor], fresh: list[torch.Tensor], *, eager_calls: int = 1):
+def _recipe(fn, static: list[torch.Tensor], fresh: list[torch.Tensor], *, eager_calls: int = 1,
+            rtol: float | None = None, atol: float | None = None):
     """Run the recipe on ``fn(*static)``; returns (kernels served under capture, error message or None)."""
     for _ in range(eager_calls):
         fn(*static)
@@ -40,7 +41,7 @@ def _recipe(fn, static: list[torch.Tensor], fresh: list[torch.Tensor], *, eager_
     graph.replay()
     torch.cuda.synchronize()
     want = fn(*static)
-    _, problem = _compare(out, want, None, None)
+    _, problem = _compare(out, want, rtol, atol)
     return tr.counts, problem
 
 
@@ -117,7 +118,10 @@ def test_patched_hf_model_forward(tmp_path):
     from layerzero.testing import hf_models
 
     path = hf_models.build_and_save("llama", tmp_path / "llama")
-    model = hf_models.load("llama", path).to(DEV, torch.bfloat16)
+    # float32: under capture transformers (< ~5.20) materializes the causal mask, so attention runs a masked kernel
+    # (SDPA efficient) where the eager calls ran is_causal; in bf16 the two differ by up to ~0.05 in the logits
+    # after a few layers (measured on the H200), in float32 by rounding only
+    model = hf_models.load("llama", path).to(DEV, torch.float32)
     handle = lz.patch_model(model)
     seen: list = []  # the attention keys dispatched, to say which field differs under capture if it fails
     run = RUNTIME.run
@@ -133,7 +137,8 @@ def test_patched_hf_model_forward(tmp_path):
         fresh = [torch.randint(0, hf_models.VOCAB_SIZE, (2, 24), device=DEV)]
         with torch.no_grad():
             try:
-                counts, problem = _recipe(lambda i: model(input_ids=i, use_cache=False).logits, [ids], fresh)
+                counts, problem = _recipe(lambda i: model(input_ids=i, use_cache=False).logits, [ids], fresh,
+                                          rtol=1e-4, atol=1e-4)
             except lz.CudaGraphUnsafeError:
                 cap = next(k for k in reversed(seen) if k.capture)
                 eager = [k for k in seen if not k.capture]
