@@ -8,18 +8,26 @@
 #   sweep     benchmarks/sweep.py (args in $SWEEP_ARGS)
 #   sdpa-fill fill the sdpa_kernel column of the sweep CSV at $FILL_CSV (a run made before it was filled)
 #   paged-tune benchmarks/tune_paged_decode.py (triton.paged_decode launch-config search; args in $TUNE_ARGS)
-#   fi-export pack the FlashInfer modules (carried + built in this call) into $OUT/fi_aot.txz (carry it back as
-#             .fi_aot/fi_aot.txz: xz shrinks them ~12x; at most 8 files come back from a call)
+#   fi-build  tools/fi_prebuild.py: FlashInfer's decode / FA2 / FA3 prefill modules of $FI_DTYPES x $FI_DIMS in one ninja
+#             run (every core busy; built one by one on first use they took 45-110 s each)
+#   fi-export pack the FlashInfer modules (carried + built in this call) into $OUT/fi_aot.txz.NN, 15 MiB parts (carry
+#             them back in .fi_aot/: xz shrinks them ~12x; at most 8 files of 16 MiB come back from a call)
+#   ship      benchmarks/ship_timings.py $SHIP_ARGS --out $OUT/ship, its budget what is left of $CALL_BUDGET_S
+#   hidden    benchmarks/hidden_shapes.py $HIDDEN_ARGS --out $OUT/hidden, likewise
+# JIT caches (FlashInfer workspace, Triton) live in the ignored .fi_ws/ of the checkout there: a device machine that is
+# still warm keeps them between calls.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/benchmarks
-export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi_ws}
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.fi_ws} TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.fi_ws/triton}
+T0=$(date +%s)
+left_min() { python3 -c "print(max(0.5, (${CALL_BUDGET_S:-560} - ($(date +%s) - $T0)) / 60 - 0.3))"; }
 # FlashInfer JIT modules built by an earlier call (stage fi-export, kept locally in the ignored .fi_aot/ and carried):
 # FlashInfer loads <package>/data/aot/<name>/<name>.so instead of compiling (~6 s to minutes per kernel).
 AOT=/tmp/site/flashinfer/data/aot
-if [ -f .fi_aot/fi_aot.txz ] && [ -d /tmp/site/flashinfer ]; then mkdir -p $AOT && tar xJf .fi_aot/fi_aot.txz -C $AOT && echo "flashinfer AOT modules: $(ls $AOT | wc -l)"; fi
+if ls .fi_aot/fi_aot.txz* >/dev/null 2>&1 && [ -d /tmp/site/flashinfer ]; then mkdir -p $AOT && cat .fi_aot/fi_aot.txz* | tar xJf - -C $AOT && echo "flashinfer AOT modules: $(ls $AOT | wc -l)"; fi
 XDIST=""; python3 -c "import xdist" 2>/dev/null && XDIST="-n ${WORKERS:-6}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
@@ -37,7 +45,11 @@ for stage in "$@"; do
     fi-export) mkdir -p /tmp/fi_export && cp -r $AOT/. /tmp/fi_export/ 2>/dev/null
       find "$FLASHINFER_WORKSPACE_BASE" -name '*.so' -path '*cached_ops*' | while read -r so; do
         n=$(basename "$so" .so); mkdir -p "/tmp/fi_export/$n"; cp "$so" "/tmp/fi_export/$n/"; done
-      echo "modules: $(ls /tmp/fi_export | wc -l)"; XZ_OPT=-T0 tar cJf "$OUT/fi_aot.txz" -C /tmp/fi_export . && ls -la "$OUT/fi_aot.txz" ;;
+      echo "modules: $(ls /tmp/fi_export | wc -l)"; du -sh /tmp/fi_export
+      XZ_OPT=-T0 tar cJf - -C /tmp/fi_export . | split -b 15M -d - "$OUT/fi_aot.txz." && ls -la "$OUT"/fi_aot.txz.* ;;
+    fi-build) timeout ${FI_BUILD_TIMEOUT:-480} python3 tools/fi_prebuild.py --dtypes ${FI_DTYPES:-bfloat16} --head-dims ${FI_DIMS:-64 128 256} 2>&1 | tail -5 ;;
+    ship) python3 benchmarks/ship_timings.py --out "$OUT/ship" --max-minutes "$(left_min)" ${SHIP_ARGS:-} 2>&1 | tee "$OUT/ship.log" | tail -25 ;;
+    hidden) python3 benchmarks/hidden_shapes.py --out "$OUT/hidden" --max-minutes "$(left_min)" ${HIDDEN_ARGS:-} 2>&1 | tee "$OUT/hidden.log" | tail -40 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
 done
