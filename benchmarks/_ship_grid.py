@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from _sweep_shapes import DTYPES, check_common
 
 import layerzero as lz
 from layerzero.core.errors import InvalidInputError, expected_got
@@ -20,7 +21,6 @@ from layerzero.core.errors import InvalidInputError, expected_got
 __all__ = ["DISTRIBUTIONS", "DTYPES", "KINDS", "Case", "build", "cpu_grid", "gpu_grid", "quick_grid",
            "ragged_lengths", "scores_bytes"]
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 KINDS = ("prefill", "decode", "cross", "paged_decode", "paged_append", "rms_norm", "rope", "swiglu")
 DISTRIBUTIONS = ("uniform", "narrow", "skewed", "bimodal", "equal")
 """Ragged KV lengths around a mean m: ``uniform`` U[1, 2m-1], ``narrow`` U[0.75m, 1.25m], ``skewed`` lognormal
@@ -60,12 +60,8 @@ class Case:
 
         if self.kind not in KINDS:
             raise bad("kind", f"one of {KINDS}", repr(self.kind))
-        if self.dtype not in DTYPES:
-            raise bad("dtype", f"one of {sorted(DTYPES)}", repr(self.dtype))
-        if min(self.batch, self.q_len, self.kv_len) < 1:
-            raise bad("sizes", ">= 1", (self.batch, self.q_len, self.kv_len))
-        if self.hkv and self.hq % self.hkv:
-            raise bad("heads", "hq divisible by hkv", f"{self.hq}/{self.hkv}")
+        check_common("ship Case", self.dtype, {"batch": self.batch, "q_len": self.q_len, "kv_len": self.kv_len},
+                     self.hq, self.hkv)
         if self.kind.startswith("paged") and (self.dist not in DISTRIBUTIONS or self.page < 1):
             raise bad("paged dist/page", f"one of {DISTRIBUTIONS} and page >= 1", (self.dist, self.page))
 

@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import math
 import platform
+import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -243,6 +244,20 @@ def _version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def open_device(name: str, tool: str, cpu_threads: int | None) -> torch.device | None:
+    """The benchmark's device, or None (after saying why on stderr) when it names CUDA and CUDA is not available.
+    On the CPU ``cpu_threads`` (when given) sets torch's thread count: one thread is far less noisy on a shared
+    machine."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"{tool}: --device cuda but CUDA is not available; use --device cpu --quick for the CPU smoke test",
+              file=sys.stderr, flush=True)
+        return None
+    if device.type == "cpu" and cpu_threads:
+        torch.set_num_threads(cpu_threads)
+    return device
 
 
 def collect_env(device: torch.device) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import torch
 import layerzero as lz
 from layerzero.core.errors import InvalidInputError, expected_got
 
-__all__ = ["DTYPES", "Inputs", "Shape", "build_inputs", "full_shapes", "quick_shapes", "reference_error",
+__all__ = ["DTYPES", "Inputs", "check_common", "Shape", "build_inputs", "full_shapes", "quick_shapes", "reference_error",
            "scores_bytes"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -26,6 +26,22 @@ HEADS = ((32, 8), (32, 32), (64, 8), (16, 2))
 HEAD_DIMS = (128, 64, 256)
 KV_BYTES_MAX = 8 << 30
 """Largest KV cache (K + V bytes) of one generated shape: 8 GiB (the copy-bandwidth buffer doubles it)."""
+
+
+def check_common(what: str, dtype: str, sizes: dict[str, int], hq: int, hkv: int) -> None:
+    """Checks every benchmark shape shares: ``dtype`` one of :data:`DTYPES`, each of ``sizes`` >= 1, ``hq``
+    divisible by ``hkv`` (when ``hkv``). ``what`` names the shape in the message (``sweep Shape``).
+
+    Raises:
+        InvalidInputError: the first check that fails, expected vs got.
+    """
+    if dtype not in DTYPES:
+        raise InvalidInputError(expected_got(f"{what} dtype", f"one of {sorted(DTYPES)}", repr(dtype)))
+    for name, n in sizes.items():
+        if n < 1:
+            raise InvalidInputError(expected_got(f"{what} {name}", ">= 1", n))
+    if hkv and hq % hkv:
+        raise InvalidInputError(expected_got(f"{what} heads", "hq divisible by hkv", f"{hq}/{hkv}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +78,8 @@ class Shape:
 
         if self.phase not in PHASES:
             raise bad("phase", f"one of {PHASES}", repr(self.phase))
-        if self.dtype not in DTYPES:
-            raise bad("dtype", f"one of {sorted(DTYPES)}", repr(self.dtype))
-        for name in ("batch", "q_len", "kv_len", "hq", "hkv", "head_dim"):
-            if getattr(self, name) < 1:
-                raise bad(name, ">= 1", getattr(self, name))
-        if self.hq % self.hkv:
-            raise bad("heads", "hq divisible by hkv", f"{self.hq}/{self.hkv}")
+        check_common("sweep Shape", self.dtype, {n: getattr(self, n) for n in ("batch", "q_len", "kv_len", "hq", "hkv",
+                                                                          "head_dim")}, self.hq, self.hkv)
         if self.q_len > self.kv_len:
             raise bad("q_len", f"<= kv_len {self.kv_len}", self.q_len)
         if self.phase.endswith("decode") and self.q_len != 1:

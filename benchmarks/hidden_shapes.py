@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _ship_grid import Case  # noqa: E402
 from _ship_measure import Measured, measure_case, prepare_case, prewarm_cases  # noqa: E402
-from _sweep_report import collect_env  # noqa: E402
+from _sweep_report import collect_env, open_device  # noqa: E402
 
 import layerzero as lz  # noqa: E402
 from layerzero.core import shipped  # noqa: E402
@@ -288,12 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     """Command line entry point; returns the exit status (1 with --strict when a target fails)."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        _say("hidden_shapes: --device cuda but CUDA is not available; use --device cpu --quick")
+    device = open_device(args.device, "hidden_shapes", args.cpu_threads)
+    if device is None:
         return 2
-    if device.type == "cpu" and args.cpu_threads:
-        torch.set_num_threads(args.cpu_threads)
     cases = quick_cases() if args.quick else hidden_cases(args.dtype) if device.type == "cuda" else cpu_hidden_cases()
     if args.kinds:
         cases = [c for c in cases if c.kind in args.kinds]

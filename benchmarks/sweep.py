@@ -44,6 +44,7 @@ from _sweep_measure import COLUMNS, Timing, fill_sdpa_choice, measure_shape, ret
 from _sweep_report import (  # noqa: E402
     collect_env,
     compute_targets,
+    open_device,
     read_csv,
     summarize,
     write_csv,
@@ -190,12 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     """Command line entry point; returns the exit status (see the module docstring)."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        _say("sweep: --device cuda but CUDA is not available; use --device cpu --quick for the CPU smoke test")
+    device = open_device(args.device, "sweep", args.cpu_threads)
+    if device is None:
         return 2
-    if device.type == "cpu":
-        torch.set_num_threads(args.cpu_threads)  # one thread: far less noise on a shared machine
     if args.fill_sdpa_choice is not None:
         rows = read_csv(args.fill_sdpa_choice)
         n = fill_sdpa_choice(rows, device)
