@@ -1,0 +1,230 @@
+"""``LLMEngine``: requests in, one step at a time: schedule -> forward -> sample -> stops and text."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .config import EngineConfig, ModelConfig
+from .detokenizer import Detokenizer
+from .errors import bad_config, bad_input
+from .kv.block_manager import KVCacheManager
+from .metrics import EngineStats, StepStats
+from .outputs import CompletionOutput, RequestOutput
+from .runner.model_runner import ModelRunner
+from .sampler import Sampler, sequence_seed
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .scheduling_policy import make_policy
+from .sequence import FinishReason, Sequence
+
+__all__ = ["LLMEngine", "Request"]
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+@dataclass(eq=False)
+class Request:
+    """A request: its prompt and its ``n`` sequences; ``sent`` counts what a stream has already yielded."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence]
+    sent_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every sequence ended."""
+        return all(s.finished for s in self.seqs)
+
+
+def _resolve(ec: EngineConfig, cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
+    device = torch.device(ec.device) if ec.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if ec.dtype is not None:
+        return device, ec.dtype
+    if device.type == "cpu":
+        return device, torch.float32
+    return device, cfg.torch_dtype if cfg.torch_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+class LLMEngine:
+    """The engine behind :class:`~layerzero.engine.LLM`: owns the tokenizer, model runner, KV cache manager,
+    scheduler and sampler."""
+
+    def __init__(self, ec: EngineConfig, tokenizer: Any = None) -> None:
+        self.config = ec
+        self.model_config = cfg = ModelConfig.from_pretrained(ec.model)
+        self.device, self.dtype = _resolve(ec, cfg)
+        self.tokenizer = tokenizer
+        self.max_model_len = ec.max_model_len or cfg.max_position_embeddings
+        if self.max_model_len > cfg.max_position_embeddings:
+            raise bad_config("max_model_len", f"<= the model's max_position_embeddings ({cfg.max_position_embeddings})",
+                             self.max_model_len)
+        budget = ec.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        self.runner = ModelRunner(cfg, ec, self.device, self.dtype, self.max_model_len, budget)
+        self.kv = KVCacheManager(self.runner.num_blocks, ec.block_size, enable_prefix_caching=ec.enable_prefix_caching,
+                                 prefix_cache=ec.prefix_cache)
+        self.scheduler = Scheduler(self.kv, make_policy(ec.scheduling_policy), max_num_seqs=ec.max_num_seqs,
+                                   max_num_batched_tokens=budget)
+        self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, ec.seed)
+        self.eos = set(cfg.eos_token_ids)
+        gen_eos = getattr(tokenizer, "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            self.eos.add(gen_eos)
+        self.requests: dict[str, Request] = {}
+        self.stats = EngineStats(num_kv_blocks=self.runner.num_blocks)
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------------------------------ requests
+    def encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """(prompt text or None, token ids) of a prompt given as text or ids, validated.
+
+        Raises:
+            InvalidInputError: empty prompt, ids outside the vocabulary or not ints, text without a tokenizer,
+                a prompt longer than ``max_model_len``.
+        """
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise bad_input("prompt", "token ids (this checkpoint has no tokenizer)", "a string")
+            text, ids = prompt, list(self.tokenizer(prompt)["input_ids"])
+        elif isinstance(prompt, (list, tuple)):
+            text, ids = None, list(prompt)
+            v = self.model_config.vocab_size
+            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < v), None)
+            if bad is not None:
+                raise bad_input("prompt token id", f"an int in [0, {v})", repr(bad))
+        else:
+            raise bad_input("prompt", "a string or a list of token ids", type(prompt).__name__)
+        if not ids:
+            raise bad_input("prompt", "at least one token", "an empty prompt")
+        if len(ids) > self.max_model_len:
+            raise bad_input("prompt length", f"<= max_model_len ({self.max_model_len}) tokens", len(ids),
+                            "Shorten the prompt or raise max_model_len.")
+        return text, ids
+
+    def check(self, params: SamplingParams) -> None:
+        """Request-level checks of ``params`` that need the model (vocabulary, a tokenizer for stop strings).
+
+        Raises:
+            InvalidInputError: see :meth:`SamplingParams.check_vocab`; stop strings without a tokenizer.
+        """
+        if not isinstance(params, SamplingParams):
+            raise bad_input("sampling_params", "a SamplingParams", type(params).__name__)
+        params.check_vocab(self.model_config.vocab_size)
+        if params.stop_strings and self.tokenizer is None:
+            raise bad_input("SamplingParams.stop", "no stop strings (this checkpoint has no tokenizer)",
+                            params.stop_strings, "Use stop_token_ids.")
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams, *, priority: int = 0,
+                    request_id: str | None = None) -> Request:
+        """Validate and queue one request (``n`` sequences). Nothing is queued when it raises.
+
+        Raises:
+            InvalidInputError: see :meth:`encode` and :meth:`check`; a non-int priority; a duplicate request id.
+        """
+        text, ids = self.encode(prompt)
+        self.check(params)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise bad_input("priority", "an int (lower runs first with scheduling_policy='priority')", repr(priority))
+        rid = request_id if request_id is not None else str(next(self._ids))
+        if rid in self.requests:
+            raise bad_input("request_id", "a new id", repr(rid))
+        seqs = []
+        for i in range(params.n):
+            seed = None if params.seed is None else sequence_seed(params.seed, i)
+            seq = Sequence(rid, i, list(ids), len(ids), params, priority=priority, seed=seed,
+                           logprobs=[] if params.logprobs is not None else None)
+            if self.tokenizer is not None:
+                seq.detok = Detokenizer(self.tokenizer, ids, params.stop_strings, params.skip_special_tokens)
+            seqs.append(seq)
+        req = Request(rid, text, ids, seqs)
+        self.requests[rid] = req
+        for seq in seqs:
+            self.scheduler.add(seq)
+        return req
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is queued or running."""
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------------------------------ the step
+    def step(self) -> list[Request]:
+        """Run one step; returns the requests that got new tokens or finished."""
+        st = StepStats()
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        st.num_preempted = len(out.preempted)
+        t1 = time.perf_counter()
+        touched: dict[str, Request] = {}
+        if out.chunks:
+            tables = [self.kv.block_table(s.seq_id) for s, _ in out.chunks]
+            logits = self.runner.execute(out.chunks, tables)
+            t2 = time.perf_counter()
+            self.scheduler.after_forward(out)
+            sampled = [s for s, _ in out.chunks if s.num_computed_tokens == s.num_tokens]
+            res = self.sampler(logits, sampled)
+            t3 = time.perf_counter()
+            for seq, tok, lp, top in zip(sampled, res.token_ids, res.logprobs, res.top_logprobs, strict=True):
+                self._append(seq, tok, lp, top)
+                touched[seq.request_id] = self.requests[seq.request_id]
+            t4 = time.perf_counter()
+            st.num_seqs, st.num_sampled = len(out.chunks), len(sampled)
+            st.num_prefill_tokens = sum(n for _, n in out.chunks if n > 1)
+            st.num_decode_tokens = sum(n for _, n in out.chunks if n == 1)
+            st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = t1 - t0, t2 - t1, t3 - t2, t4 - t3
+        self.stats.record(st, self.kv.usage(), self.kv.stats().hit_rate)
+        self.stats.preemptions = self.scheduler.num_preemptions
+        for req in touched.values():
+            if req.finished:
+                self.stats.finished_requests += 1
+        return list(touched.values())
+
+    def _append(self, seq: Sequence, tok: int, lp: float | None, top: dict[int, float] | None) -> None:
+        p = seq.params
+        seq.token_ids.append(tok)
+        if seq.logprobs is not None and top is not None:
+            seq.logprobs.append(top)
+            seq.cumulative_logprob += lp
+        n = seq.num_output_tokens
+        may_stop = n >= p.min_tokens
+        if may_stop and p.stop_token_ids and tok in p.stop_token_ids:
+            return self.scheduler.finish(seq, FinishReason.STOP, tok)
+        if may_stop and not p.ignore_eos and tok in self.eos:
+            return self.scheduler.finish(seq, FinishReason.STOP)
+        if seq.detok is not None:
+            hit = seq.detok.add(tok, may_stop)
+            if hit is not None:
+                return self.scheduler.finish(seq, FinishReason.STOP, hit)
+        if n >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return self.scheduler.finish(seq, FinishReason.LENGTH)
+        return None
+
+    # ------------------------------------------------------------------------------------------ outputs
+    def output(self, req: Request, *, delta: bool = False) -> RequestOutput:
+        """The request's :class:`RequestOutput`: whole outputs, or (``delta``) only what is new since the last
+        delta of that request."""
+        if len(req.sent_tokens) != len(req.seqs):
+            req.sent_tokens = [0] * len(req.seqs)
+        outs = []
+        for i, s in enumerate(req.seqs):
+            ids = s.output_token_ids
+            reason = s.finish_reason.value if s.finish_reason else None
+            if s.detok is not None:
+                text = s.detok.delta(s.finished) if delta else s.detok.text
+            else:
+                text = ""
+            start = req.sent_tokens[i] if delta else 0
+            lps = None if s.logprobs is None else s.logprobs[start:]
+            outs.append(CompletionOutput(s.index, text, ids[start:], s.cumulative_logprob, lps, reason, s.stop_reason))
+            if delta:
+                req.sent_tokens[i] = len(ids)
+        ro = RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished,
+                           max(s.num_cached_tokens for s in req.seqs))
+        if req.finished:
+            self.requests.pop(req.request_id, None)
+        return ro

@@ -1,0 +1,1 @@
+"""Model building blocks; every norm, RoPE, attention and activation call goes through an ``lz.*`` op."""

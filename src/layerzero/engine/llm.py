@@ -1,0 +1,163 @@
+"""``LLM``: the offline entry point (vLLM's API): ``generate``, ``stream``, ``chat``, ``stats``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import EngineConfig
+from .engine import LLMEngine
+from .errors import bad_input
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+__all__ = ["LLM"]
+
+
+def _load_tokenizer(path: str) -> Any:
+    """transformers' AutoTokenizer of the checkpoint, or None when it has no tokenizer files."""
+    p = Path(path)
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
+
+
+class LLM:
+    """A language model served by LayerZero's engine (paged KV cache, prefix caching, continuous batching with
+    chunked prefill; every attention / norm / RoPE / activation / sampling call is an ``lz.*`` op).
+
+    Args:
+        model: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files).
+        dtype: torch.float32 / float16 / bfloat16; None: bfloat16 (or the checkpoint's half dtype) on CUDA,
+            float32 on CPU. device: ``"cuda"``, ``"cpu"``, ...; None: CUDA when available.
+        max_model_len: tokens per sequence (prompt + output); None: the model's max_position_embeddings.
+        max_num_seqs: sequences running at once. max_num_batched_tokens: tokens per step (the chunked-prefill
+            budget); None: 8192.
+        block_size: tokens per KV block. num_kv_blocks: KV pool size in blocks; None: from free device memory x
+            ``kv_cache_memory_fraction`` on CUDA, ``cpu_kv_cache_bytes`` (1 GiB) on CPU, capped at what
+            ``max_num_seqs`` full-length sequences need.
+        enable_prefix_caching: reuse the KV of full blocks shared by prompts; ``prefix_cache``: ``"radix"`` (a
+            radix tree, SGLang) or ``"hash"`` (chained block hashes, vLLM).
+        scheduling_policy: ``"fcfs"``, ``"lpm"`` (longest prefix match with aging) or ``"priority"``.
+        enforce_eager: no CUDA graphs. seed: the engine's random stream (requests without their own seed).
+
+    Raises:
+        ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its
+            config, a KV pool too small for one ``max_model_len`` sequence.
+    """
+
+    def __init__(self, model: str | Path, *, dtype: torch.dtype | None = None, device: str | None = None,
+                 max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
+                 block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_memory_fraction: float = 0.9,
+                 enable_prefix_caching: bool = True, prefix_cache: str = "radix", scheduling_policy: str = "fcfs",
+                 enforce_eager: bool = False, seed: int = 0, **kwargs: Any) -> None:
+        ec = EngineConfig(str(model), dtype, device, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
+                          num_kv_blocks, kv_cache_memory_fraction, enable_prefix_caching, prefix_cache,
+                          scheduling_policy, enforce_eager, seed, **kwargs)
+        self.engine = LLMEngine(ec, _load_tokenizer(ec.model))
+
+    @property
+    def tokenizer(self) -> Any:
+        """The checkpoint's transformers tokenizer (None when it has none)."""
+        return self.engine.tokenizer
+
+    def _add_all(self, prompts: Any, sampling_params: Any, priority: Any) -> list[str]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise bad_input("prompts", "a prompt or a non-empty list of prompts (strings or token-id lists)",
+                            repr(prompts)[:80])
+        n = len(prompts)
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * n
+        prios = list(priority) if isinstance(priority, (list, tuple)) else [priority or 0] * n
+        if len(params) != n or len(prios) != n:
+            raise bad_input("sampling_params / priority", f"one, or one per prompt ({n})",
+                            f"{len(params)} / {len(prios)}")
+        eng = self.engine
+        for p, sp in zip(prompts, params, strict=True):  # validate everything before anything is queued
+            eng.encode(p)
+            eng.check(sp)
+        return [eng.add_request(p, sp, priority=pr).request_id for p, sp, pr in zip(prompts, params, prios,
+                                                                                        strict=True)]
+
+    def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 priority: int | Sequence[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate completions for ``prompts`` (strings or token-id lists); returns one :class:`RequestOutput`
+        per prompt, in input order. ``sampling_params``: one for all or one per prompt (default
+        ``SamplingParams()``); ``priority``: per prompt with ``scheduling_policy="priority"`` (lower first).
+
+        Raises:
+            InvalidInputError: any bad prompt or parameter (see :class:`SamplingParams`); raised before any
+                request is queued.
+        """
+        ids = self._add_all(prompts, sampling_params, priority)
+        eng = self.engine
+        done: dict[str, RequestOutput] = {}
+        bar = _progress(len(ids)) if use_tqdm else None
+        while len(done) < len(ids):
+            for req in eng.step():
+                if req.finished and req.request_id in ids and req.request_id not in done:
+                    done[req.request_id] = eng.output(req)
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [done[i] for i in ids]
+
+    def stream(self, prompt: str | list[int], sampling_params: SamplingParams | None = None, *,
+               priority: int = 0) -> Iterator[RequestOutput]:
+        """Generate for one prompt, yielding :class:`RequestOutput` deltas: each holds the text and token ids new
+        since the previous yield; the last one has ``finished`` True and the finish reasons. Text that might
+        become a stop string is held back until it is known not to be one.
+
+        Raises:
+            InvalidInputError: as :meth:`generate`, before anything is queued.
+        """
+        (rid,) = self._add_all([prompt], sampling_params, [priority])
+        eng = self.engine
+        while True:
+            for req in eng.step():
+                if req.request_id == rid:
+                    out = eng.output(req, delta=True)
+                    if out.finished or any(o.text or o.token_ids for o in out.outputs):
+                        yield out
+                    if out.finished:
+                        return
+
+    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate replies to conversations (``[{"role": ..., "content": ...}, ...]``, or a list of them) with the
+        tokenizer's chat template (transformers' ``apply_chat_template``, generation prompt added).
+
+        Raises:
+            InvalidInputError: no tokenizer or no chat template; bad messages or parameters.
+        """
+        tok = self.tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise bad_input("chat", "a checkpoint whose tokenizer has a chat template", "none",
+                            "Use generate() with a formatted prompt.")
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [list(tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=True)
+                        ["input_ids"]) for c in convs]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def stats(self) -> dict[str, Any]:
+        """Engine statistics: steps, prompt / generated tokens, preemptions, prefix-cache hit rate, KV usage, time
+        per phase (schedule / forward / sample / detokenize, seconds) and the last step (see docs/engine.md)."""
+        return self.engine.stats.as_dict()
+
+
+def _progress(total: int) -> Any:
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is optional: no bar
+        return None
+    return tqdm(total=total, desc="Generating", unit="req", dynamic_ncols=True)

@@ -1,0 +1,68 @@
+"""Per-step engine statistics (``LLM.stats()`` and a periodic log line)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["EngineStats", "StepStats"]
+
+log = logging.getLogger("layerzero.engine")
+
+
+@dataclass
+class StepStats:
+    """One step: sequences and tokens in the batch (prefill tokens: chunks of more than one token; decode: one),
+    tokens sampled, time split in seconds."""
+
+    num_seqs: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_preempted: int = 0
+    num_sampled: int = 0
+    schedule_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+    detokenize_s: float = 0.0
+
+
+@dataclass
+class EngineStats:
+    """Totals since the engine started plus the last step; ``prefix_hit_rate`` is cached / looked-up prompt
+    tokens, ``kv_usage`` the fraction of KV blocks held by running sequences."""
+
+    steps: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    finished_requests: int = 0
+    prefix_hit_rate: float = 0.0
+    kv_usage: float = 0.0
+    num_kv_blocks: int = 0
+    time_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("schedule", "forward", "sample",
+                                                                             "detokenize"), 0.0))
+    last_step: StepStats = field(default_factory=StepStats)
+    _last_log: float = field(default_factory=time.monotonic, repr=False)
+
+    def record(self, step: StepStats, kv_usage: float, hit_rate: float, log_every_s: float = 5.0) -> None:
+        """Add a step; log a summary line at most every ``log_every_s`` seconds (logger ``layerzero.engine``)."""
+        self.steps += 1
+        self.prompt_tokens += step.num_prefill_tokens
+        self.generation_tokens += step.num_sampled
+        self.preemptions += step.num_preempted
+        for k in self.time_s:
+            self.time_s[k] += getattr(step, f"{k}_s")
+        self.kv_usage, self.prefix_hit_rate, self.last_step = kv_usage, hit_rate, step
+        now = time.monotonic()
+        if now - self._last_log >= log_every_s:
+            self._last_log = now
+            log.info("step %d: %d seqs, %d prefill + %d decode tokens, KV %.1f%%, prefix hit %.1f%%, "
+                     "preemptions %d", self.steps, step.num_seqs, step.num_prefill_tokens, step.num_decode_tokens,
+                     100 * kv_usage, 100 * hit_rate, self.preemptions)
+
+    def as_dict(self) -> dict:
+        """A plain-dict copy."""
+        d = asdict(self)
+        d.pop("_last_log", None)
+        return d

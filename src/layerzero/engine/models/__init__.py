@@ -1,0 +1,1 @@
+"""Model implementations and the ``model_type`` registry."""

@@ -1,0 +1,167 @@
+"""The decoder-only transformer of Llama 2/3 and Qwen3 (dense and MoE): one implementation, the differences
+as config (Qwen3's QK-norm, Qwen3-MoE's sparse MLP layers). Hugging Face parameter names, packed QKV and
+gate/up weights, fused residual + RMSNorm, paged attention."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..errors import bad_config
+from ..layers.activation import silu_and_mul
+from ..layers.attention import paged_attention
+from ..layers.linear import Embedding, Linear
+from ..layers.moe import SparseMoE
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
+from ..runner.forward_batch import ForwardBatch
+
+__all__ = ["LlamaForCausalLM"]
+
+_PACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+           "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
+"""Checkpoint projection -> (packed layer, shard)."""
+_EXPERT = re.compile(r"(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_FUSED_EXPERTS = re.compile(r"(.*\.mlp)\.experts\.(gate_up_proj|down_proj)$")
+_SKIP = re.compile(r"rotary_emb\.inv_freq$")
+
+
+class Attention(nn.Module):
+    """Self-attention with packed QKV, optional per-head QK RMSNorm (Qwen3), RoPE and paged KV."""
+
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, *, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = self.d ** -0.5
+        self.rotary = rotary
+        self.qkv_proj = Linear(cfg.hidden_size, (("q", self.hq * self.d), ("k", self.hkv * self.d),
+                                                 ("v", self.hkv * self.d)), bias=cfg.attention_bias,
+                               device=device, dtype=dtype)
+        self.o_proj = Linear(self.hq * self.d, cfg.hidden_size, bias=cfg.attention_bias, device=device, dtype=dtype)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps, device=device, dtype=dtype)
+            self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        """x ``[T, H]`` -> ``[T, H]``."""
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        q, k, v = q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), v.view(t, self.hkv, self.d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(q, k, batch.positions)
+        o = paged_attention(q, k, v, kv_cache, batch, self.scale)
+        return self.o_proj(o.reshape(t, self.hq * self.d))
+
+
+class MLP(nn.Module):
+    """Gated MLP: ``down(silu(gate(x)) * up(x))`` with gate/up packed into one matmul."""
+
+    def __init__(self, hidden: int, intermediate: int, *, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(hidden, (("gate", intermediate), ("up", intermediate)), device=device, dtype=dtype)
+        self.down_proj = Linear(intermediate, hidden, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[T, H]`` -> ``[T, H]``."""
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm decoder layer; the residual stream is carried through fused add + RMSNorm (vLLM's pattern)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, *, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, rotary, device=device, dtype=dtype)
+        if cfg.moe is not None and cfg.moe.is_sparse(layer):
+            self.mlp: nn.Module = SparseMoE(cfg.hidden_size, cfg.moe, device=device, dtype=dtype)
+        else:
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, device=device, dtype=dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch,
+                kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) ``[T, H]`` -> (this layer's output, the residual stream before it is added)."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, batch, kv_cache)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama / Qwen3 / Qwen3-MoE causal LM. :meth:`forward` returns float32 logits of the sampled rows only."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int, *, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.rotary = RotaryEmbedding(cfg, max_positions, device=device, dtype=dtype)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.rotary, device=device, dtype=dtype)
+                                    for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
+        self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
+                        else Linear(cfg.hidden_size, cfg.vocab_size, device=device, dtype=dtype))
+
+    def hidden_states(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """Final normalised hidden states ``[T, H]`` of every new token of the batch."""
+        x, residual = self.embed_tokens(batch.input_ids), None
+        for layer, cache in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer(x, residual, batch, cache)
+        return self.norm(x, residual)[0]
+
+    def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """Logits ``[S, V]`` float32 of the rows in ``batch.logits_indices``."""
+        h = self.hidden_states(batch, kv_caches)[batch.logits_indices]
+        return torch.nn.functional.linear(h, self.lm_head.weight).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors (Hugging Face names) into the model, packing q/k/v and gate/up; returns the
+        names of the parameters written.
+
+        Raises:
+            ConfigurationError: a tensor the model has no place for, or of the wrong shape.
+        """
+        params = dict(self.named_parameters())
+        done: set[str] = set()
+        for name, tensor in weights:
+            if _SKIP.search(name) or (name == "lm_head.weight" and self.cfg.tie_word_embeddings):
+                continue
+            name = name.removeprefix("model.")
+            if m := _EXPERT.match(name):
+                self.get_submodule(m.group(1)).load(tensor, m.group(3), int(m.group(2)))
+                done.add(f"{m.group(1)}.experts")
+                continue
+            if m := _FUSED_EXPERTS.match(name):
+                self.get_submodule(m.group(1)).load(tensor, m.group(2))
+                done.add(f"{m.group(1)}.experts")
+                continue
+            if name.endswith(".mlp.gate.weight") and isinstance(self.get_submodule(name[:-12]), SparseMoE):
+                self.get_submodule(name[:-12]).load(tensor, "gate")
+                done.add(name)
+                continue
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2] in _PACKED:
+                packed, shard = _PACKED[parts[-2]]
+                layer = self.get_submodule(".".join([*parts[:-2], packed]))
+                layer.load(tensor, shard, bias=parts[-1] == "bias")
+                done.add(name)
+                continue
+            if name not in params:
+                raise bad_config("checkpoint tensor", f"a parameter of {type(self).__name__} ({self.cfg.model_type})",
+                                 repr(name), "Is the checkpoint of another architecture than its config.json says?")
+            if tuple(params[name].shape) != tuple(tensor.shape):
+                raise bad_config(f"checkpoint tensor {name} shape", list(params[name].shape), list(tensor.shape))
+            params[name].copy_(tensor)
+            done.add(name)
+        return done

@@ -1,0 +1,43 @@
+"""What ``LLM.generate`` / ``LLM.stream`` return (vLLM's ``RequestOutput`` and ``CompletionOutput``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["CompletionOutput", "RequestOutput"]
+
+
+@dataclass
+class CompletionOutput:
+    """One completion: ``text`` and ``token_ids`` (the whole output, or in a streamed delta only what is new
+    since the last one), ``cumulative_logprob`` (sum of the chosen tokens' raw logprobs; 0.0 unless logprobs were
+    requested), ``logprobs`` (per token: {token id: raw logprob} of the top-N and the chosen token; None unless
+    requested), ``finish_reason`` (``"stop"``, ``"length"``, or None while running) and ``stop_reason`` (the stop
+    string or stop token id that ended it; None for EOS or length)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float = 0.0
+    logprobs: list[dict[int, float]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether this completion ended."""
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """One request: its prompt (text, or None when given as token ids), prompt token ids, one
+    :class:`CompletionOutput` per sample (``SamplingParams.n``), ``finished`` once all ended, and
+    ``num_cached_tokens`` (prompt tokens served from the prefix cache)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+    num_cached_tokens: int = 0

@@ -1,0 +1,72 @@
+"""``ModelRunner``: the model, its per-layer KV block pools, and one forward per step."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+import layerzero as lz
+
+from ..config import EngineConfig, ModelConfig
+from ..errors import bad_config
+from ..loader import load_model_weights
+from ..models.registry import build_model
+from ..sequence import Sequence
+from .forward_batch import ForwardBatch, ScheduledChunk, build_forward_batch
+
+__all__ = ["ModelRunner", "kv_bytes_per_block"]
+
+log = logging.getLogger("layerzero.engine")
+ACTIVATION_RESERVE_BYTES_PER_TOKEN = 64 * 1024
+"""CUDA pool sizing leaves this much per batched token for activations and logits (a bound for the supported
+model sizes; the pool is ``free memory x kv_cache_memory_fraction`` minus this reserve)."""
+
+
+def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes over all layers: layers x 2 (K, V) x block_size x Hkv x D x itemsize."""
+    return cfg.num_layers * 2 * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+
+
+class ModelRunner:
+    """Loads the model on ``device`` in ``dtype``, sizes and allocates the KV pools, runs steps."""
+
+    def __init__(self, cfg: ModelConfig, ec: EngineConfig, device: torch.device, dtype: torch.dtype,
+                 max_model_len: int, max_num_batched_tokens: int) -> None:
+        self.cfg, self.device, self.dtype, self.block_size = cfg, device, dtype, ec.block_size
+        self.model = build_model(cfg, max_model_len, device, dtype)
+        load_model_weights(self.model, ec.model)
+        self.num_blocks = self._num_blocks(ec, max_model_len, max_num_batched_tokens)
+        if self.num_blocks * ec.block_size < max_model_len:
+            raise bad_config("KV cache size", f">= max_model_len ({max_model_len}) tokens for one sequence",
+                             f"{self.num_blocks} blocks x {ec.block_size} tokens",
+                             "Raise num_kv_blocks (or the memory fraction) or lower max_model_len.")
+        self.kv_caches = [lz.allocate_kv_cache(self.num_blocks, ec.block_size, cfg.num_kv_heads, cfg.head_dim, dtype,
+                                               "NHD", device) for _ in range(cfg.num_layers)]
+        log.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_blocks, ec.block_size,
+                 self.num_blocks * kv_bytes_per_block(cfg, ec.block_size, dtype) / 2**20)
+
+    def _num_blocks(self, ec: EngineConfig, max_model_len: int, max_num_batched_tokens: int) -> int:
+        if ec.num_kv_blocks is not None:
+            return ec.num_kv_blocks
+        per_block = kv_bytes_per_block(self.cfg, ec.block_size, self.dtype)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = free * ec.kv_cache_memory_fraction - ACTIVATION_RESERVE_BYTES_PER_TOKEN * max_num_batched_tokens
+        else:
+            budget = ec.cpu_kv_cache_bytes
+        need = ec.max_num_seqs * -(-max_model_len // ec.block_size) + 1
+        return max(0, min(int(budget // per_block), need))
+
+    @torch.inference_mode()
+    def execute(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]]) -> torch.Tensor:
+        """Forward the step's ``chunks`` (sequence, new tokens); returns float32 logits ``[S, V]`` of the sequences
+        whose chunk reaches their last token (in chunk order)."""
+        batch = self.prepare(chunks, block_tables)
+        return self.model(batch, self.kv_caches)
+
+    def prepare(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]]) -> ForwardBatch:
+        """The step's :class:`ForwardBatch`."""
+        sched = [ScheduledChunk(s.token_ids, s.num_computed_tokens, n, table, s.num_computed_tokens + n == s.num_tokens)
+                 for (s, n), table in zip(chunks, block_tables, strict=True)]
+        return build_forward_batch(sched, self.block_size, self.device)

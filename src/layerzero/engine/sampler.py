@@ -1,0 +1,114 @@
+"""Batched sampling of one step on the device: raw logprobs, penalties, logit bias, min_tokens, then temperature /
+top-k / top-p / min-p and the draw, through LayerZero's sampling ops (vLLM's v1 sampler, in that order)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import layerzero as lz
+
+from .sequence import Sequence
+
+__all__ = ["Sampler", "SamplerOutput", "sequence_seed"]
+
+
+def sequence_seed(seed: int, index: int) -> int:
+    """The random stream of completion ``index`` of a request with ``seed`` (index 0 uses the seed itself)."""
+    return seed if index == 0 else (seed * 0x9E3779B1 + index) % (1 << 62)
+
+
+@dataclass
+class SamplerOutput:
+    """Per sampled sequence: the token, its raw logprob, and the top-N raw logprobs ({token: logprob}, the
+    chosen token included) when the request asked for them."""
+
+    token_ids: list[int]
+    logprobs: list[float | None]
+    top_logprobs: list[dict[int, float] | None]
+
+
+class Sampler:
+    """Samples the next token of every row of a step's logits ``[S, V]`` float32, row i for ``seqs[i]``."""
+
+    def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device, seed: int) -> None:
+        self.vocab_size, self.eos, self.device = vocab_size, eos_token_ids, device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        """Sample ``seqs``' next tokens from ``logits`` (modified in place)."""
+        want_lp = [s.params.logprobs is not None for s in seqs]
+        raw = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
+        self._penalize(logits, seqs)
+        self._bias(logits, seqs)
+        if all(s.params.greedy for s in seqs):
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample(logits, seqs)
+        ids = tokens.tolist()
+        chosen: list[float | None] = [None] * len(seqs)
+        tops: list[dict[int, float] | None] = [None] * len(seqs)
+        if raw is not None:
+            rows = [i for i, w in enumerate(want_lp) if w]
+            n = max(seqs[i].params.logprobs for i in rows)
+            sel = raw[rows]
+            top_v, top_i = sel.topk(n, dim=-1) if n else (sel[:, :0], sel[:, :0].long())
+            picked = sel.gather(1, tokens[rows].unsqueeze(1)).squeeze(1).tolist()
+            top_v, top_i = top_v.tolist(), top_i.tolist()
+            for j, i in enumerate(rows):
+                k = seqs[i].params.logprobs
+                d = dict(zip(top_i[j][:k], top_v[j][:k], strict=True))
+                d[ids[i]] = picked[j]
+                chosen[i], tops[i] = picked[j], d
+        return SamplerOutput(ids, chosen, tops)
+
+    def _penalize(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        ps = [s.params for s in seqs]
+        if all(p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 for p in ps):
+            return
+        pad = self.vocab_size
+        lp = max(s.num_prompt_tokens for s in seqs)
+        lo = max(s.num_output_tokens for s in seqs)
+        prompt = torch.full((len(seqs), lp), pad, dtype=torch.int64)
+        output = torch.full((len(seqs), lo), pad, dtype=torch.int64)
+        for i, s in enumerate(seqs):
+            prompt[i, :s.num_prompt_tokens] = torch.tensor(s.token_ids[:s.num_prompt_tokens])
+            if s.num_output_tokens:
+                output[i, :s.num_output_tokens] = torch.tensor(s.token_ids[s.num_prompt_tokens:])
+
+        def f32(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=self.device)
+
+        logits.copy_(lz.apply_penalties(
+            logits, prompt.to(self.device), output.to(self.device),
+            repetition_penalty=f32([p.repetition_penalty for p in ps]),
+            presence_penalty=f32([p.presence_penalty for p in ps]),
+            frequency_penalty=f32([p.frequency_penalty for p in ps])))
+
+    def _bias(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        rows, cols, vals = [], [], []
+        for i, s in enumerate(seqs):
+            for t, b in (s.params.logit_bias or {}).items():
+                rows.append(i), cols.append(t), vals.append(b)
+            if s.num_output_tokens < s.params.min_tokens:  # no stop before min_tokens: EOS and stop ids banned
+                banned = set(s.params.stop_token_ids or ()) | (set() if s.params.ignore_eos else set(self.eos))
+                for t in banned:
+                    rows.append(i), cols.append(t), vals.append(float("-inf"))
+        if rows:
+            idx = (torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device))
+            logits.index_put_(idx, torch.tensor(vals, dtype=logits.dtype, device=self.device), accumulate=True)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        dev = self.device
+        ps = [s.params for s in seqs]
+        seeds = [-1 if s.seed is None or s.params.greedy else s.seed for s in seqs]
+        return lz.sample(
+            logits,
+            temperature=torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev),
+            top_k=torch.tensor([p.top_k_or_off for p in ps], dtype=torch.int32, device=dev),
+            top_p=torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev),
+            min_p=torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev),
+            seeds=torch.tensor(seeds, dtype=torch.int64, device=dev) if any(x >= 0 for x in seeds) else None,
+            offsets=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64, device=dev),
+            generator=self.generator)

@@ -1,0 +1,120 @@
+"""Continuous batching under one token budget per step, with chunked prefill, admission by free KV blocks and
+preemption by recompute (vLLM v1's unified scheduler: every sequence simply has tokens whose KV is not computed
+yet; decode is the case of one such token).
+
+Each step: running sequences first (in policy order), each gets ``min(uncomputed tokens, budget left)`` tokens;
+when the pool cannot hold them, the policy's victim among the not-yet-scheduled running sequences is preempted
+(its blocks are freed, its full blocks stay in the prefix cache as evictable, its computed count drops to 0 and
+it waits again, keeping its arrival time). Then, if nothing was preempted, waiting sequences are admitted in
+policy order while the budget, ``max_num_seqs`` and the pool (keeping a watermark of free blocks) allow; a
+sequence that does not fit stops admission for this step (no overtaking, so no starvation). A prompt longer than
+the budget is prefilled in chunks over several steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .kv.block_manager import KVCacheManager
+from .scheduling_policy import SchedulingPolicy
+from .sequence import FinishReason, Sequence, SequenceStatus
+
+__all__ = ["Scheduler", "SchedulerOutput"]
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work: ``chunks`` (sequence, new tokens this step) in batch order; sequences preempted."""
+
+    chunks: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens in the step's forward."""
+        return sum(n for _, n in self.chunks)
+
+
+class Scheduler:
+    """Waiting and running sequences over one :class:`KVCacheManager`."""
+
+    def __init__(self, kv: KVCacheManager, policy: SchedulingPolicy, *, max_num_seqs: int,
+                 max_num_batched_tokens: int) -> None:
+        self.kv, self.policy = kv, policy
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence."""
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        """Whether any sequence waits or runs."""
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq.seq_id)
+        self.running.remove(seq)
+        seq.status, seq.num_computed_tokens = SequenceStatus.WAITING, 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        """The next step's chunks (empty when nothing can run)."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        self.running.sort(key=self.policy.sort_key)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            while self.kv.allocate_slots(seq.seq_id, seq.num_computed_tokens + n) is None:
+                victim = self.policy.victim(self.running[i:])
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                out.chunks.append((seq, n))
+                budget -= n
+                i += 1
+        if out.preempted:
+            return out
+        for seq in self.policy.order_waiting(self.waiting, self._cached_tokens):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            blocks, cached = self.kv.get_computed_blocks(seq.token_ids, record=False)
+            n = min(seq.num_tokens - cached, budget)
+            if self.kv.allocate_slots(seq.seq_id, cached + n, blocks, admit=True) is None:
+                break
+            self.kv.get_computed_blocks(seq.token_ids)  # counts the admitted lookup in the hit rate
+            self.waiting.remove(seq)
+            seq.status, seq.num_computed_tokens = SequenceStatus.RUNNING, cached
+            seq.num_cached_tokens = max(seq.num_cached_tokens, cached) if seq.num_preemptions else cached
+            self.running.append(seq)
+            out.chunks.append((seq, n))
+            budget -= n
+        return out
+
+    def _cached_tokens(self, seq: Sequence) -> int:
+        return self.kv.get_computed_blocks(seq.token_ids, record=False)[1]
+
+    def after_forward(self, out: SchedulerOutput) -> None:
+        """Count each chunk's tokens as computed and register the blocks they filled in the prefix cache."""
+        for seq, n in out.chunks:
+            seq.num_computed_tokens += n
+            self.kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+
+    def finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        """End ``seq``: free its blocks (full ones stay cached) and drop it from the queues."""
+        seq.status, seq.finish_reason, seq.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
+        if seq.seq_id in self.kv:
+            self.kv.free(seq.seq_id)
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)

@@ -1,0 +1,83 @@
+"""``Sequence``: one completion's state as the scheduler and the engine see it."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sampling_params import SamplingParams
+
+__all__ = ["FinishReason", "Sequence", "SequenceStatus"]
+
+_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    """WAITING (queued, or preempted and queued again), RUNNING (holds KV blocks), FINISHED."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    """Why generation ended: a stop condition (EOS, stop id, stop string) or a length limit."""
+
+    STOP = "stop"
+    LENGTH = "length"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One completion of a request (a request with ``n > 1`` has n sequences sharing the prompt).
+
+    ``token_ids`` holds prompt then output tokens; ``num_computed_tokens`` of them have their KV in the cache
+    (prefix-cache hits included). ``seed`` is the sequence's own random stream (None: the engine's stream).
+    """
+
+    request_id: str
+    index: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    priority: int = 0
+    seed: int | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float = 0.0
+    detok: Any = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + output tokens."""
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The generated tokens (a copy)."""
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        """How many tokens were generated."""
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens whose KV is not in the cache yet (1 for a sequence in decode)."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def finished(self) -> bool:
+        """Whether generation ended."""
+        return self.status is SequenceStatus.FINISHED
