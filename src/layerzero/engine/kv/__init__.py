@@ -1,0 +1,21 @@
+"""KV-cache block bookkeeping for the engine: the block pool and its two prefix-cache kinds.
+
+:class:`KVCacheManager` owns the pool (free list, refcounts, block tables, copy-on-write forks);
+:class:`HashPrefixCache` (vLLM chained block hashes) and :class:`RadixCache` (SGLang radix tree) implement
+:class:`PrefixCache`. Pure Python: block ids only, the KV tensors live with the model runner.
+"""
+
+from .block_manager import PREFIX_CACHE_KINDS, KVCacheManager, OutOfBlocksError
+from .prefix_cache import HashPrefixCache, PrefixCache, PrefixCacheStats, block_hash
+from .radix_cache import RadixCache
+
+__all__ = [
+    "PREFIX_CACHE_KINDS",
+    "HashPrefixCache",
+    "KVCacheManager",
+    "OutOfBlocksError",
+    "PrefixCache",
+    "PrefixCacheStats",
+    "RadixCache",
+    "block_hash",
+]
