@@ -6,11 +6,12 @@
 """
 
 from .block_manager import PREFIX_CACHE_KINDS, KVCacheManager, OutOfBlocksError
-from .prefix_cache import HashPrefixCache, PrefixCache, PrefixCacheStats, block_hash
+from .prefix_cache import ROOT_HASH, HashPrefixCache, PrefixCache, PrefixCacheStats, block_hash
 from .radix_cache import RadixCache
 
 __all__ = [
     "PREFIX_CACHE_KINDS",
+    "ROOT_HASH",
     "HashPrefixCache",
     "KVCacheManager",
     "OutOfBlocksError",
