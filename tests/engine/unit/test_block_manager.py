@@ -22,7 +22,14 @@ KINDS = ["hash", "radix"]
 def snapshot(kv: KVCacheManager) -> tuple:
     """Everything observable about a manager (to show that a failed call changed nothing)."""
     tables = {r: kv.block_table(r) for r in list(kv._tables)}
-    return tables, kv.num_free_blocks(), kv.usage(), kv.stats(), list(kv._free), kv._cache.evictable_blocks()
+    return (
+        tables,
+        kv.num_free_blocks(),
+        kv.usage(),
+        kv.stats(),
+        kv.pool.free_blocks(),
+        kv._cache.evictable_blocks(),
+    )
 
 
 def run_prompt(kv: KVCacheManager, req: str, tokens: list[int]) -> list[int]:
@@ -241,7 +248,7 @@ def test_disabled_prefix_caching() -> None:
     kv.free("a")
     assert kv.get_computed_blocks([1, 2, 3, 4, 5]) == ([], 0)
     assert kv.stats() == PrefixCacheStats(0, 0, 0, 0) and kv.stats().hit_rate == 0.0
-    assert list(kv._free) == [2, 3, 1, 0]
+    assert kv.pool.free_blocks() == [2, 3, 1, 0]
     assert kv.reset_prefix_cache() is True
     with pytest.raises(InvalidInputError, match="computed_blocks"):
         kv.allocate_slots("b", 4, [0])

@@ -46,7 +46,9 @@ def test_hash_cache_match_insert() -> None:
     assert cache.match([1, 2, 3, 9]) == [10]
     assert cache.match([3, 4]) == []  # block 1's tokens alone are another prefix
     assert cache.insert([1, 2, 3, 4], [10, 11]) == 2  # idempotent
-    assert cache.insert([1, 2, 3, 4, 7, 8], [10, 11, 13], start=2) == 3  # incremental, from a registered block
+    assert (
+        cache.insert([1, 2, 3, 4, 7, 8], [10, 11, 13], start=2) == 3
+    )  # incremental, from a registered block
     assert cache.insert([1, 2, 5, 6], [20, 21]) == 0  # block 0's prefix is held by 10: nothing registered
     assert cache.insert([1, 2, 5, 6], [10, 21], start=1) == 2  # a branch after a shared block
     assert cache.num_cached_blocks() == 4 and all(cache.is_cached(b) for b in (10, 11, 13, 21))
@@ -166,7 +168,9 @@ def random_run(kind: str, seed: int, steps: int = 400) -> list:
         running = sorted(oracle.tables)
         if op < 0.35 or not running:  # a new request
             doc = rng.choice(docs)
-            prompt = doc[: rng.randint(0, len(doc))] + [rng.randrange(3) for _ in range(rng.randint(1, 2 * bs + 1))]
+            prompt = doc[: rng.randint(0, len(doc))] + [
+                rng.randrange(3) for _ in range(rng.randint(1, 2 * bs + 1))
+            ]
             blocks, hit = kv.get_computed_blocks(prompt)
             assert blocks == oracle.lookup(prompt) and hit == len(blocks) * bs
             admit = rng.random() < 0.5

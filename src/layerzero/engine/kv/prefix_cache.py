@@ -63,9 +63,10 @@ class PrefixCache(Protocol):
         ...
 
     def insert(self, token_ids: Sequence[int], blocks: Sequence[int], start: int = 0) -> int:
-        """Register ``blocks[i]`` as holding full block ``i`` of ``token_ids``, for ``i`` from ``start`` (blocks
-        before ``start`` must already be registered, by this request) up to the last full block. Stops at the
-        first block whose prefix another block id holds. Returns how many leading blocks are now registered."""
+        """Register ``blocks[i]`` as holding full block ``i`` of ``token_ids``, for ``i`` from ``start``
+        (blocks before ``start`` must already be registered, by this request) up to the last full block.
+        Stops at the first block whose prefix another block id holds. Returns how many leading blocks are
+        now registered."""
         ...
 
     def is_cached(self, block: int) -> bool:
@@ -102,7 +103,7 @@ class PrefixCache(Protocol):
 
 
 def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
-    """vLLM's chained block hash: sha256 of the parent block's digest and this block's token ids (int64 bytes).
+    """vLLM's chained block hash: sha256 of the parent block's digest and this block's token ids (int64).
 
     The digest names the whole prefix up to and including this block. sha256 rather than Python's ``hash``
     of tuples: 256 bits make an accidental collision (which would serve one prompt another prompt's KV)
@@ -177,8 +178,9 @@ class HashPrefixCache:
             if owner is None:
                 if blocks[i] in self._hash_of:
                     raise InvalidInputError(
-                        f"HashPrefixCache.insert: block {blocks[i]} is already registered for another prefix; "
-                        "expected each block id to hold one prefix. Pass the request's own block table."
+                        f"HashPrefixCache.insert: block {blocks[i]} is already registered for another "
+                        "prefix; expected each block id to hold one prefix. Pass the request's own block "
+                        "table."
                     )
                 self._block_of[digest] = blocks[i]
                 self._hash_of[blocks[i]] = digest

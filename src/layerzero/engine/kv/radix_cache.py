@@ -113,7 +113,7 @@ class RadixCache:
         del self._lru[block]
 
     def evict(self) -> int | None:
-        """Remove the least-recently-released evictable *leaf* from the tree; return its block (None if none)."""
+        """Remove the least-recently-released evictable *leaf*; return its block (None if none)."""
         for block in self._lru:
             node = self._node_of[block]
             if not node.children:
@@ -143,7 +143,9 @@ class RadixCache:
                     raise AssertionError(f"RadixCache: node of block {child.block} is linked inconsistently")
                 if self._node_of.get(child.block) is not child:
                     raise AssertionError(f"RadixCache: block {child.block} is not indexed to its node")
-                if child.block in self._lru and any(c.block not in self._lru for c in child.children.values()):
+                if child.block in self._lru and any(
+                    c.block not in self._lru for c in child.children.values()
+                ):
                     raise AssertionError(f"RadixCache: evictable block {child.block} has a referenced child")
                 stack.append(child)
                 seen += 1
