@@ -1,0 +1,83 @@
+"""Greedy outputs do not depend on how the engine schedules them: prefix cache on/off and hit/miss, both cache
+kinds, chunked prefill with a tiny token budget, batch of one vs many, a pool so small that requests are
+preempted, every scheduling policy. Oracle: transformers' greedy tokens and raw logprobs (1e-4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ..conftest import hf_greedy, prompts
+
+pytestmark = pytest.mark.integration
+NEW = 10
+FAMILY = "qwen3"
+
+
+@pytest.fixture(scope="module")
+def cases(checkpoints, hf_models):
+    """Prompts sharing a 33-token prefix (2 full blocks of 16 + 1) plus unrelated ones, with HF's answers."""
+    shared = prompts(1, seed=11, lo=33, hi=33)[0]
+    ps = [shared + t[1:] for t in prompts(3, seed=12, lo=2, hi=20)] + prompts(3, seed=13, lo=5, hi=45)
+    return ps, [hf_greedy(hf_models[FAMILY], p, NEW) for p in ps]
+
+
+def _run(checkpoints, ps, one_by_one=False, **kw):
+    from layerzero.engine import LLM, SamplingParams
+
+    opts = dict(device="cpu", dtype=torch.float32, max_model_len=96, num_kv_blocks=64, max_num_seqs=8)
+    opts.update(kw)
+    llm = LLM(checkpoints[FAMILY], **opts)
+    sp = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0)
+    if one_by_one:
+        outs = [llm.generate([p], sp, use_tqdm=False)[0] for p in ps]
+    else:
+        outs = llm.generate(ps, sp, use_tqdm=False)
+    return llm, outs
+
+
+def _check(outs, refs):
+    for o, (tokens, lps) in zip(outs, refs, strict=True):
+        c = o.outputs[0]
+        assert c.token_ids == tokens
+        ours = [lp[t] for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
+        assert max(abs(a - b) for a, b in zip(ours, lps, strict=True)) < 1e-4
+
+
+CONFIGS = {
+    "radix": dict(prefix_cache="radix"),
+    "hash": dict(prefix_cache="hash"),
+    "no-prefix-cache": dict(enable_prefix_caching=False),
+    "chunked-7": dict(max_num_batched_tokens=7),
+    "tiny-pool": dict(num_kv_blocks=7, max_num_seqs=8, max_model_len=64),
+    "lpm": dict(scheduling_policy="lpm"),
+    "priority": dict(scheduling_policy="priority"),
+    "block-size-5": dict(block_size=5, num_kv_blocks=200),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_same_greedy_output_under_every_configuration(name, cases, checkpoints):
+    ps, refs = cases
+    llm, outs = _run(checkpoints, ps, **CONFIGS[name])
+    _check(outs, refs)
+    stats = llm.stats()
+    if name == "tiny-pool":
+        assert stats["preemptions"] > 0  # the configuration really preempts
+    if name == "chunked-7":
+        assert stats["last_step"]["num_prefill_tokens"] + stats["last_step"]["num_decode_tokens"] <= 7
+
+
+@pytest.mark.parametrize("kind", ["radix", "hash"])
+def test_prefix_cache_hits_when_run_one_by_one(kind, cases, checkpoints):
+    ps, refs = cases
+    llm, outs = _run(checkpoints, ps, one_by_one=True, prefix_cache=kind)
+    _check(outs, refs)
+    assert outs[1].num_cached_tokens == 32 and outs[2].num_cached_tokens == 32  # the shared 2 full blocks
+    assert llm.stats()["prefix_hit_rate"] > 0
+
+
+def test_batch_of_one_equals_batch(cases, checkpoints):
+    ps, refs = cases
+    _, outs = _run(checkpoints, ps, one_by_one=True, enable_prefix_caching=False)
+    _check(outs, refs)
