@@ -91,6 +91,8 @@ class LLMEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise bad_input("prompt", "token ids (this checkpoint has no tokenizer)", "a string")
+            if not prompt:
+                raise bad_input("prompt", "at least one token", "an empty string")
             text, ids = prompt, list(self.tokenizer(prompt)["input_ids"])
         elif isinstance(prompt, (list, tuple)):
             text, ids = None, list(prompt)
