@@ -315,3 +315,14 @@ def test_half_precision_logits_and_int32_top_k():
         allowed = oracle_allowed(low, params)
         out = lz.sample(low, **params, seeds=torch.arange(6, dtype=torch.int64))
         assert out.dtype == torch.int64 and all(int(out[b]) in allowed[b] for b in range(6))
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from layerzero.backends.reference import penalties as ref_penalties
+    from layerzero.ops import penalties, sampling
+
+    for module in (sampling, penalties, ref, ref_penalties):
+        result = doctest.testmod(module, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted >= 1, (module.__name__, result)

@@ -124,10 +124,12 @@ def check_ids(op: str, name: str, t: Any, logits: _Tensor) -> None:
         raise fail(op, f"{name} shape", f"[B, L] with B = {batch} (like logits)", list(t.shape),
                    f"Right-pad ragged rows with the vocabulary size {vocab}; L = 0 is allowed.")
     check_same(op, "logits", logits, name, t, dtype=False)
-    check_cpu_values(op, name, t, lambda x: (x >= 0) & (x <= vocab), f"token ids in [0, {vocab}] ({vocab} = padding)")
+    check_cpu_values(op, name, t, lambda x: (x >= 0) & (x <= vocab), f"token ids in [0, {vocab}] ({vocab} = padding)",
+                     f"Right-pad ragged rows with the vocabulary size {vocab}.")
 
 
-def check_cpu_values(op: str, name: str, t: _Tensor, ok: Callable[[_Tensor], _Tensor], expected: str) -> None:
+def check_cpu_values(op: str, name: str, t: _Tensor, ok: Callable[[_Tensor], _Tensor], expected: str,
+                     fix: str | None = None) -> None:
     """On a CPU tensor ``t``, raise for the first element where the elementwise check ``ok(t)`` is False. Tensors
     on other devices are not checked: reading their values would synchronize with the device."""
     if t.device.type != "cpu" or t.numel() == 0:
@@ -137,4 +139,4 @@ def check_cpu_values(op: str, name: str, t: _Tensor, ok: Callable[[_Tensor], _Te
         return
     where = tuple(int(i) for i in (~good).nonzero()[0])
     at = where[0] if len(where) == 1 else list(where)
-    raise fail(op, f"{name} values", expected, f"{t[where].item()!r} at index {at}")
+    raise fail(op, f"{name} values", expected, f"{t[where].item()!r} at index {at}", fix)

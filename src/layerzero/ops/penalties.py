@@ -60,11 +60,12 @@ def prepare(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output_token_i
     if repetition_penalty is not None:
         check_rows(OP, "repetition_penalty", repetition_penalty, logits, _F32, "float32", "torch.float32")
         check_cpu_values(OP, "repetition_penalty", repetition_penalty, lambda r: torch.isfinite(r) & (r > 0),
-                         "finite values > 0 (1: off)")
+                         "finite values > 0 (1: off)", "Use 1.0 to leave a row unpenalized.")
     for name, t in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
         if t is not None:
             check_rows(OP, name, t, logits, _F32, "float32", "torch.float32")
-            check_cpu_values(OP, name, t, torch.isfinite, "finite values (0: off)")
+            check_cpu_values(OP, name, t, torch.isfinite, "finite values (0: off)",
+                             "Use 0.0 to leave a row unpenalized.")
     capture = logits.is_cuda and stream_capturing()
     key = PenaltyKey(OP, logits.device, logits.dtype, logits.shape[1], repetition_penalty is not None,
                      presence_penalty is not None, frequency_penalty is not None,

@@ -193,16 +193,19 @@ def prepare_sample(logits: torch.Tensor, *, temperature: torch.Tensor | None = N
     if temperature is not None:
         check_rows(op, "temperature", temperature, logits, _F32, "float32", "torch.float32")
         check_cpu_values(op, "temperature", temperature, lambda t: torch.isfinite(t) & (t >= 0),
-                         "finite values >= 0 (0 means greedy)")
+                         "finite values >= 0 (0 means greedy)", "Use 0.0 for greedy rows.")
     if top_k is not None:
         check_rows(op, "top_k", top_k, logits, INT_DTYPES, "int64 or int32", "torch.int64")
-        check_cpu_values(op, "top_k", top_k, lambda k: k >= 0, "values >= 0 (0 or >= V: no cut)")
+        check_cpu_values(op, "top_k", top_k, lambda k: k >= 0, "values >= 0 (0 or >= V: no cut)",
+                         "Use 0 to turn the cut off for a row.")
     if top_p is not None:
         check_rows(op, "top_p", top_p, logits, _F32, "float32", "torch.float32")
-        check_cpu_values(op, "top_p", top_p, lambda p: (p > 0) & (p <= 1), "values in (0, 1] (1: no cut)")
+        check_cpu_values(op, "top_p", top_p, lambda p: (p > 0) & (p <= 1), "values in (0, 1] (1: no cut)",
+                         "Use 1.0 to turn the cut off for a row.")
     if min_p is not None:
         check_rows(op, "min_p", min_p, logits, _F32, "float32", "torch.float32")
-        check_cpu_values(op, "min_p", min_p, lambda p: (p >= 0) & (p <= 1), "values in [0, 1] (0: no cut)")
+        check_cpu_values(op, "min_p", min_p, lambda p: (p >= 0) & (p <= 1), "values in [0, 1] (0: no cut)",
+                         "Use 0.0 to turn the cut off for a row.")
     if seeds is not None:
         check_rows(op, "seeds", seeds, logits, _I64, "int64", "torch.int64")
     if offsets is not None:

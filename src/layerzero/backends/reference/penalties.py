@@ -48,7 +48,7 @@ def apply_penalties(
 
     >>> apply_penalties(torch.tensor([[2.0, -1.0, 3.0]]), torch.tensor([[0, 3]]), torch.tensor([[1]]),
     ...                 repetition_penalty=torch.tensor([2.0]))
-    tensor([[ 1.0000, -2.0000,  3.0000]])
+    tensor([[ 1., -2.,  3.]])
     """
     b, v = logits.shape
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
