@@ -1,5 +1,5 @@
 """Fuzz the input validators of every public op (``lz.attention``, ``lz.rms_norm``, ``lz.layer_norm``,
-``lz.rope``, ``lz.sample_topk``, ``lz.sample_topp``).
+``lz.rope``, ``lz.sample_topk``, ``lz.sample_topp``, ``lz.sample``, ``lz.apply_penalties``).
 
 Invariant: whatever the arguments, the only exceptions are LayerZero's typed errors (``LayerZeroError``:
 ``InvalidInputError`` for bad input, ``NoKernelFoundError`` / ``KernelExecutionError`` when dispatch has
@@ -210,7 +210,50 @@ def sampling_call(b: Bytes, op: str) -> Callable[[], Any]:
     return lambda: lz.sample_topp(logits, p, **kw)
 
 
-OPS = ("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp")
+def _row_param(b: Bytes, rows: int, dtype: torch.dtype, valid: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """A per-row parameter ``[rows]``: mostly made valid by ``valid``, else anything :func:`tensor` gives."""
+    t = tensor(b, (rows,), dtype)
+    if isinstance(t, torch.Tensor) and t.dtype == dtype and not b.flag(4):
+        t = valid(t)
+    return t
+
+
+def batch_sampling_call(b: Bytes) -> Callable[[], Any]:
+    """A call of lz.sample: logits [B, V] and per-row temperature, top_k, top_p, min_p, seeds, offsets."""
+    rows, vocab = dims(b, 2)
+    logits = tensor(b, (rows, vocab), b.pick(FLOATS))
+    f32, i64 = torch.float32, torch.int64
+    params = (("temperature", f32, lambda t: t.abs() * (t > 0)), ("top_k", i64, lambda t: t.abs()),
+              ("top_p", f32, lambda t: t.abs().clamp(1e-3, 1.0)), ("min_p", f32, lambda t: t.abs().clamp(max=1.0)),
+              ("seeds", i64, lambda t: t), ("offsets", i64, lambda t: t))
+    kw: dict[str, Any] = {}
+    for name, dtype, valid in params:
+        if b.flag(2):
+            kw[name] = _row_param(b, rows, dtype, valid) if not b.flag(10) else scalar(b, (0.5,))
+    if b.flag(4):
+        kw["generator"] = b.pick((torch.Generator().manual_seed(b.byte()), None, 42))
+    return lambda: lz.sample(logits, **kw)
+
+
+def penalties_call(b: Bytes) -> Callable[[], Any]:
+    """A call of lz.apply_penalties: logits [B, V], prompt/output ids [B, L] padded with V, per-row penalties."""
+    rows, vocab = dims(b, 2)
+    logits = tensor(b, (rows, vocab), b.pick(FLOATS))
+    ids = []
+    for _ in range(2):
+        t = tensor(b, (rows, b.int(5)), b.pick((torch.int64, torch.int32)))
+        if isinstance(t, torch.Tensor) and t.dtype in (torch.int64, torch.int32) and not b.flag(4):
+            t = t.abs().clamp(max=vocab)
+        ids.append(t)
+    kw: dict[str, Any] = {}
+    for name, valid in (("repetition_penalty", lambda t: t.abs() + 0.1), ("presence_penalty", lambda t: t),
+                        ("frequency_penalty", lambda t: t)):
+        if b.flag(2):
+            kw[name] = _row_param(b, rows, torch.float32, valid) if not b.flag(10) else scalar(b, (0.5,))
+    return lambda: lz.apply_penalties(logits, ids[0], ids[1], **kw)
+
+
+OPS = ("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp", "sample", "apply_penalties")
 
 
 DEVICE = ["cpu"]  # the device of the input being built (the decoder is single-threaded)
@@ -227,6 +270,10 @@ def build(data: bytes) -> tuple[str, Callable[[], Any]]:
         return op, norm_call(b, op)
     if op == "rope":
         return op, rope_call(b)
+    if op == "sample":
+        return op, batch_sampling_call(b)
+    if op == "apply_penalties":
+        return op, penalties_call(b)
     return op, sampling_call(b, op)
 
 

@@ -56,12 +56,14 @@ from .core.specs import ExecutionPlan, KernelSpec
 from .graphs import GraphCheck, is_graph_safe, validate_graph_capture, warmup
 from .ops import (
     allocate_kv_cache,
+    apply_penalties,
     attention,
     layer_norm,
     paged_attention,
     reshape_and_cache,
     rms_norm,
     rope,
+    sample,
     sample_topk,
     sample_topp,
     swiglu,
@@ -96,7 +98,7 @@ __all__ = [
     "NoKernelFoundError", "PolicyValidationError", "Reason", "ReasonCode", "SelectionReport",
     "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "allocate_kv_cache", "attention",
     "configure", "disabled", "doctor", "explain", "get_config", "get_locks", "layer_norm", "list_kernels",
-    "load_capabilities", "load_config", "lock", "paged_attention", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rope", "sample_topk", "sample_topp", "swiglu",
+    "load_capabilities", "load_config", "lock", "paged_attention", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
     "select", "trace", "TuneReport", "tune", "unlock", "validate", "which",
     "kernel", "register_kernel", "unregister_kernel",
     "GraphCheck", "is_graph_safe", "validate_graph_capture", "warmup",

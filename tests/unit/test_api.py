@@ -35,6 +35,9 @@ def _all_ops_args():
         "rope": ((q, q, torch.ones(4, 8), torch.zeros(4, 8)), {}),
         "sample_topk": ((x, 2), {}),
         "sample_topp": ((x, 0.5), {}),
+        "sample": ((x,), {"temperature": torch.ones(2), "top_k": torch.tensor([2, 0])}),
+        "apply_penalties": ((x, torch.tensor([[1, 8], [8, 8]]), torch.tensor([[3], [4]])),
+                            {"repetition_penalty": torch.ones(2)}),
     }
 
 
@@ -304,7 +307,8 @@ def test_trace_is_per_block_and_counts_calls():
 def test_public_exports():
     for name in lz.__all__:
         assert hasattr(lz, name), name
-    for name in ("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp", "lock", "unlock",
+    for name in ("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp", "sample",
+                 "apply_penalties", "lock", "unlock",
                  "prefer", "disabled", "explain", "which", "validate", "select", "configure", "load_config"):
         assert name in lz.__all__
     for err in (lz.InvalidInputError, lz.NoKernelFoundError, lz.ConfigurationError, lz.KernelExecutionError):

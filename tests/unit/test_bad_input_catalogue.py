@@ -7,12 +7,17 @@
 4. policies naming unknown ops / kernels / backends -> PolicyValidationError (files) or ConfigurationError
    (environment, like ``lz.prefer``), malformed ``config:`` and duplicate ``<<`` merge keys rejected, a bad
    ``LAYERZERO_CAPABILITIES`` file raises on ``lz.reload()``;
-5. ``register_kernel``: unknown device types rejected, ``mask_kinds=None`` means every mask kind.
+5. ``register_kernel``: unknown device types rejected, ``mask_kinds=None`` means every mask kind;
+6. ``lz.sample`` / ``lz.apply_penalties``: per-row tensors of the wrong type, dtype, shape or device, CPU values out
+   of range, token ids outside ``[0, V]`` -> InvalidInputError naming the argument; values on other devices are
+   not read (that would synchronize).
 
 Runs under ``python -O`` too (no assert-based validation in src/).
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -227,7 +232,7 @@ NON_STR_IDS = [
     ("lock-kernel-None", lambda: lz.lock("attention", None), lz.UnknownKernelError,
      r"lz\.lock\(kernel_id\): expected a kernel id .*\(a str\), got NoneType"),
     ("lock-op-int", lambda: lz.lock(1, "torch_sdpa.math"), lz.UnknownOperationError,
-     r"lz\.lock\(op\): expected an op id \(a str\) from \['attention'.*got int"),
+     r"lz\.lock\(op\): expected an op id \(a str\) from \['apply_penalties', 'attention'.*got int"),
     ("unlock-op-list", lambda: lz.unlock(["attention"]), lz.UnknownOperationError, r"lz\.unlock\(op\).*got list"),
     ("register-op-list", lambda: lz.register_kernel(["attention"], "mylib.k", _noop_attention),
      lz.UnknownOperationError, r"lz\.register_kernel\(op\): expected an op id \(a str\).*got list"),
@@ -305,7 +310,7 @@ def _policy_file(tmp_path, text):
 
 UNKNOWN_NAMES = [
     ("lock-unknown-op", "locks: [{op: atention, kernel: torch_sdpa.math}]",
-     r"locks\[0\]: op 'atention' matches no registered op\. Did you mean 'attention'\? Known: \['attention'"),
+     r"locks\[0\]: op 'atention' matches no registered op\. Did you mean 'attention'\? Known: \['apply_penalties', 'attention'"),
     ("allow-unknown-kernel", "allow: [{kernels: [torch_sdpa.mth]}]",
      r"allow\[0\]: 'torch_sdpa\.mth' matches no kernel or backend id\. Did you mean 'torch_sdpa\.math'\?"),
     ("deny-unknown-glob", "deny: [{op: attention, kernels: ['nope.*']}]", r"deny\[0\]: 'nope\.\*' matches no kernel"),
@@ -431,3 +436,110 @@ def test_bad_capabilities_file_raises_on_reload(tmp_path, monkeypatch):
     lz.reload()
     assert RUNTIME.registry.kernel("torch_sdpa.math").head_dim_max == (spec.head_dim_max or 512)
     RUNTIME.registry.add_kernel(spec, replace=True)  # restore the built-in constraints for later tests
+
+
+# ------------------------------------------------------------------------------ 6. lz.sample / lz.apply_penalties
+LG = torch.zeros(3, 11)  # [B=3, V=11]
+I64 = torch.zeros(3, dtype=torch.int64)
+F32 = torch.ones(3)
+IDS = torch.tensor([[1, 2, 11], [0, 11, 11], [5, 5, 5]])  # right-padded with V = 11
+
+
+def _sample(**kw):
+    logits = kw.pop("logits", LG)
+    return lambda: lz.sample(logits, **kw)
+
+
+def _pen(prompt=IDS, output=IDS, logits=LG, **kw):
+    return lambda: lz.apply_penalties(logits, prompt, output, **kw)
+
+
+BATCH_SAMPLING = [
+    ("sample-logits-1d", _sample(logits=torch.zeros(11)), r"lz\.sample: logits rank: expected 2 dims, got 1"),
+    ("sample-logits-int", _sample(logits=torch.zeros(3, 11, dtype=torch.int64)), r"lz\.sample: logits\.dtype"),
+    ("sample-logits-empty", _sample(logits=torch.zeros(0, 11)), r"logits shape: expected \[B, V\] with B >= 1"),
+    ("sample-temp-float", _sample(temperature=0.7), r"temperature: expected a float32 tensor \[B\] or None, "
+                                                    r"got float.*torch\.full\(\(3,\), value"),
+    ("sample-temp-f64", _sample(temperature=F32.double()), r"temperature\.dtype: expected float32, got torch\.float64"),
+    ("sample-temp-shape", _sample(temperature=torch.ones(4)), r"temperature shape: expected \[B\] = \[3\].*got \[4\]"),
+    ("sample-temp-2d", _sample(temperature=torch.ones(3, 1)), r"temperature shape: .*got \[3, 1\]"),
+    ("sample-temp-device", _sample(temperature=torch.ones(3, device="meta")), r"temperature\.device: expected cpu"),
+    ("sample-temp-negative", _sample(temperature=torch.tensor([1.0, -0.5, 1.0])),
+     r"temperature values: expected finite values >= 0 \(0 means greedy\), got -0\.5 at index 1"),
+    ("sample-temp-nan", _sample(temperature=torch.tensor([1.0, 1.0, math.nan])), r"temperature values:.*got nan at index 2"),
+    ("sample-temp-inf", _sample(temperature=torch.tensor([math.inf, 1.0, 1.0])), r"temperature values:.*got inf"),
+    ("sample-topk-float", _sample(top_k=F32), r"top_k\.dtype: expected int64 or int32, got torch\.float32"),
+    ("sample-topk-negative", _sample(top_k=torch.tensor([3, -1, 0])), r"top_k values: expected values >= 0.*got -1 at index 1"),
+    ("sample-topp-zero", _sample(top_p=torch.tensor([0.5, 0.0, 1.0])), r"top_p values: expected values in \(0, 1\].*got 0\.0"),
+    ("sample-topp-big", _sample(top_p=torch.tensor([1.5, 1.0, 1.0])), r"top_p values:.*got 1\.5 at index 0"),
+    ("sample-topp-nan", _sample(top_p=torch.tensor([math.nan, 1.0, 1.0])), r"top_p values:.*got nan"),
+    ("sample-minp-negative", _sample(min_p=torch.tensor([0.0, 0.1, -0.1])), r"min_p values: expected values in \[0, 1\]"),
+    ("sample-minp-big", _sample(min_p=torch.tensor([0.0, 2.0, 0.0])), r"min_p values:.*got 2\.0 at index 1"),
+    ("sample-minp-f16", _sample(min_p=F32.half()), r"min_p\.dtype: expected float32, got torch\.float16"),
+    ("sample-seeds-int32", _sample(seeds=I64.int()), r"seeds\.dtype: expected int64, got torch\.int32.*torch\.int64"),
+    ("sample-seeds-list", _sample(seeds=[1, 2, 3]), r"seeds: expected a int64 tensor \[B\] or None, got list"),
+    ("sample-offsets-alone", _sample(offsets=I64), r"offsets: expected None when seeds is None.*Pass seeds= as well"),
+    ("sample-offsets-shape", _sample(seeds=I64, offsets=torch.zeros(2, dtype=torch.int64)),
+     r"offsets shape: expected \[B\] = \[3\]"),
+    ("sample-generator", _sample(generator=3), r"generator: expected a torch\.Generator or None, got int"),
+    # ---- apply_penalties
+    ("pen-logits-3d", _pen(logits=torch.zeros(1, 3, 11)), r"lz\.apply_penalties: logits rank: expected 2 dims"),
+    ("pen-logits-empty", _pen(logits=torch.zeros(3, 0)), r"logits shape: expected \[B, V\] with B >= 1 and V >= 1"),
+    ("pen-prompt-float", _pen(prompt=IDS.float()), r"prompt_token_ids\.dtype: expected int64 or int32, got torch\.float32"),
+    ("pen-output-1d", _pen(output=IDS[0]), r"output_token_ids shape: expected \[B, L\] with B = 3.*got \[3\].*"
+                                           r"Right-pad ragged rows with the vocabulary size 11"),
+    ("pen-output-batch", _pen(output=IDS[:2]), r"output_token_ids shape: .*got \[2, 3\]"),
+    ("pen-prompt-list", _pen(prompt=[[1]]), r"prompt_token_ids: expected an int64/int32 tensor \[B, L\], got list"),
+    ("pen-prompt-device", _pen(prompt=IDS.to("meta")), r"prompt_token_ids\.device: expected cpu.*got meta"),
+    ("pen-id-too-big", _pen(output=torch.tensor([[1], [12], [0]])),
+     r"output_token_ids values: expected token ids in \[0, 11\] \(11 = padding\), got 12 at index \[1, 0\]"),
+    ("pen-id-negative", _pen(prompt=torch.tensor([[-1], [0], [0]])), r"prompt_token_ids values:.*got -1 at index \[0, 0\]"),
+    ("pen-rep-zero", _pen(repetition_penalty=torch.tensor([1.0, 0.0, 1.0])),
+     r"repetition_penalty values: expected finite values > 0 \(1: off\), got 0\.0 at index 1"),
+    ("pen-rep-inf", _pen(repetition_penalty=torch.tensor([1.0, 1.0, math.inf])), r"repetition_penalty values:.*got inf"),
+    ("pen-rep-f64", _pen(repetition_penalty=F32.double()), r"repetition_penalty\.dtype: expected float32"),
+    ("pen-presence-nan", _pen(presence_penalty=torch.tensor([0.0, math.nan, 0.0])),
+     r"presence_penalty values: expected finite values \(0: off\), got nan at index 1"),
+    ("pen-frequency-shape", _pen(frequency_penalty=torch.zeros(3, 1)), r"frequency_penalty shape: expected \[B\] = \[3\]"),
+    ("pen-frequency-scalar", _pen(frequency_penalty=0.5), r"frequency_penalty: expected a float32 tensor \[B\] or None"),
+]
+
+
+@pytest.mark.parametrize(("call", "match"), [c[1:] for c in BATCH_SAMPLING], ids=[c[0] for c in BATCH_SAMPLING])
+def test_batch_sampling_and_penalties_bad_inputs_raise_invalid_input(call, match):
+    from layerzero.core.runtime import RUNTIME
+
+    RUNTIME.ensure_ready()
+    before = len(RUNTIME.cache)
+    with pytest.raises(lz.InvalidInputError, match=match) as info:
+        call()
+    assert isinstance(info.value, ValueError)
+    assert len(RUNTIME.cache) == before  # rejected before any selection
+
+
+def test_values_of_non_cpu_tensors_are_not_read():
+    """On another device reading values would synchronize: ranks, dtypes and devices are checked, values are not
+    (meta tensors have none to read; a CUDA tensor is treated the same way)."""
+    from layerzero.ops import OPS
+
+    logits = torch.zeros(3, 11, device="meta")
+    bad = torch.full((3,), -1.0, device="meta")
+    prepare = OPS["sample"][0]
+    key, args = prepare(logits, temperature=bad, top_p=bad, min_p=bad, top_k=torch.full((3,), -1, device="meta"))
+    assert key.has_temperature and key.has_top_p and key.has_min_p and key.has_top_k and not key.has_seeds
+    ids = torch.full((3, 2), 99, device="meta")
+    key, _ = OPS["apply_penalties"][0](logits, ids, ids, repetition_penalty=bad, presence_penalty=bad)
+    assert key.has_repetition and key.has_presence and not key.has_frequency
+
+
+def test_edge_values_are_accepted():
+    """The ends of every range: T = 0 (greedy), k = 0 and k > V (no cut), p = 1, min_p 0 and 1, seeds < 0, the
+    padding id V, an empty prompt and output."""
+    out = lz.sample(LG, temperature=torch.tensor([0.0, 1e-40, 2.0]), top_k=torch.tensor([0, 11, 10**6]),
+                    top_p=torch.tensor([1.0, 1e-9, 0.5]), min_p=torch.tensor([0.0, 1.0, 0.5]),
+                    seeds=torch.tensor([-1, 0, 2**63 - 1]), offsets=torch.tensor([0, -3, 2**62]))
+    assert out.shape == (3,) and out.dtype == torch.int64 and out[:2].tolist() == [0, 0]
+    empty = torch.empty(3, 0, dtype=torch.int32)
+    out = lz.apply_penalties(LG, empty, IDS.int(), repetition_penalty=torch.tensor([1e-3, 1.0, 1e3]),
+                             presence_penalty=torch.tensor([-2.0, 0.0, 5.0]), frequency_penalty=-F32)
+    assert out.shape == LG.shape and bool(torch.isfinite(out).all())

@@ -190,7 +190,10 @@ def test_capture_key_for_every_op():
              "sample_topk": ((torch.randn(2, 10), 3), {}), "sample_topp": ((torch.randn(2, 10), 0.9), {}),
              "rope": ((q, k, cos, sin), {}), "swiglu": ((gate, gate), {}),
              "paged_attention": ((torch.randn(2, 4, 8), cache, tables, lens), {}),
-             "reshape_and_cache": ((kv, kv, cache, slots), {})}
+             "reshape_and_cache": ((kv, kv, cache, slots), {}),
+             "sample": ((torch.randn(2, 10),), {"temperature": torch.ones(2), "seeds": torch.tensor([1, -1])}),
+             "apply_penalties": ((torch.randn(2, 10), slots[None].expand(2, -1), slots[None].expand(2, -1)),
+                                 {"repetition_penalty": torch.ones(2)})}
     assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():
         prepare, build_ctx = OPS[op]

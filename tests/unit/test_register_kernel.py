@@ -196,7 +196,33 @@ def test_signature_accepts_varargs_and_defaults_and_warns_when_uninspectable(cap
         lz.register_kernel("rms_norm", "mylib.builtin", torch.add, device_types={"cpu"})  # no signature
     lz.unregister_kernel("mylib.builtin")
     assert any("cannot inspect the signature" in r.getMessage() for r in caplog.records)
-    assert set(CANONICAL_ARGS) >= {"attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp"}
+    from layerzero.ops import OPS
+
+    assert set(CANONICAL_ARGS) == set(OPS), "add the new op's canonical kernel arguments to CANONICAL_ARGS"
+
+
+@pytest.mark.parametrize("op", ["sample", "apply_penalties"])
+def test_custom_kernel_of_a_batched_sampling_op_gets_the_canonical_arguments(op):
+    seen = []
+
+    def spy(*args):
+        seen.append(args)
+        return args[0].argmax(-1) if op == "sample" else args[0].clone()
+
+    lz.register_kernel(op, "mylib.spy", spy, priority=1000, device_types={"cpu"})
+    try:
+        logits, ids = torch.randn(2, 6), torch.tensor([[1, 6], [6, 6]])
+        if op == "sample":
+            lz.sample(logits, top_p=torch.ones(2), seeds=torch.tensor([3, -1]))
+        else:
+            lz.apply_penalties(logits, ids, ids[:, :1], frequency_penalty=torch.zeros(2))
+    finally:
+        lz.unregister_kernel("mylib.spy")
+    (args,) = seen
+    assert len(args) == len(CANONICAL_ARGS[op]) and args[0] is logits
+    given = [name for name, a in zip(CANONICAL_ARGS[op], args, strict=True) if a is not None]
+    assert given == (["logits", "top_p", "seeds"] if op == "sample" else
+                     ["logits", "prompt_token_ids", "output_token_ids", "frequency_penalty"])
 
 
 # ----------------------------------------------------------------------------- Triton launch configs

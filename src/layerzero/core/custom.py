@@ -52,6 +52,9 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "rope": ("q", "k", "cos", "sin", "position_ids", "interleaved", "layout"),
     "sample_topk": ("logits", "k", "temperature", "generator"),
     "sample_topp": ("logits", "p", "temperature", "generator"),
+    "sample": ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "offsets", "generator"),
+    "apply_penalties": ("logits", "prompt_token_ids", "output_token_ids", "repetition_penalty", "presence_penalty",
+                        "frequency_penalty"),
     "paged_attention": ("q", "kv_cache", "block_tables", "seq_lens", "cu_seqlens_q", "scale", "is_causal", "layout"),
     "reshape_and_cache": ("k", "v", "kv_cache", "slot_mapping", "layout"),
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import attention as _attention
 from . import norms as _norms
 from . import paged as _paged
+from . import penalties as _penalties
 from . import rope as _rope
 from . import sampling as _sampling
 from . import swiglu as _swiglu
@@ -15,12 +16,14 @@ from .attention import attention
 from .kv_cache import KVLayout, allocate_kv_cache
 from .norms import layer_norm, rms_norm
 from .paged import paged_attention, reshape_and_cache
+from .penalties import apply_penalties
 from .rope import rope
-from .sampling import sample_topk, sample_topp
+from .sampling import sample, sample_topk, sample_topp
 from .swiglu import swiglu
 
 OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _sampling.TOPK_SPEC,
-                   _sampling.TOPP_SPEC, _paged.SPEC, _paged.CACHE_SPEC, _swiglu.SPEC)
+                   _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
+                   _swiglu.SPEC)
 
 OPS = {
     "attention": (_attention.prepare, _attention.context),
@@ -29,11 +32,12 @@ OPS = {
     "rope": (_rope.prepare, _rope.context),
     "sample_topk": (_sampling.prepare_topk, _sampling.context),
     "sample_topp": (_sampling.prepare_topp, _sampling.context),
+    "sample": (_sampling.prepare_sample, _sampling.context_batch),
+    "apply_penalties": (_penalties.prepare, _penalties.context),
     "paged_attention": (_paged.prepare, _paged.context),
     "reshape_and_cache": (_paged.prepare_cache, _paged.context_cache),
     "swiglu": (_swiglu.prepare, _swiglu.context),
 }
-
 
 
 def register_builtin(registry) -> None:
@@ -47,4 +51,4 @@ def register_builtin(registry) -> None:
 
 
 __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
-           "attention", "layer_norm", "rms_norm", "rope", "sample_topk", "sample_topp", "swiglu"]
+           "attention", "layer_norm", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu"]

@@ -7,6 +7,7 @@ to fix it. Checks are written to be cheap: they run on every call, cache hit or 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -90,3 +91,52 @@ def flags(t: _Tensor, *tensors: _Tensor | None) -> tuple[bool, bool, bool, bool]
         grad = t.requires_grad or any(x is not None and x.requires_grad for x in tensors)
     stride = t.stride(-1) == 1 and all(x is None or x.dim() == 0 or x.stride(-1) == 1 for x in tensors)
     return grad, deterministic_enabled(), t.is_cuda and stream_capturing(), stride
+
+
+
+INT_DTYPES = frozenset({torch.int64, torch.int32})
+
+
+def check_rows(op: str, name: str, t: Any, logits: _Tensor, dtypes: frozenset[torch.dtype], dtype_text: str,
+               cast: str) -> None:
+    """``t`` is a per-row tensor ``[B]`` (one value per row of ``logits`` ``[B, V]``) of one of ``dtypes``, on
+    logits' device; ``cast`` names the dtype the fix suggests (``"torch.float32"``)."""
+    batch = logits.shape[0]
+    if not isinstance(t, _Tensor):
+        raise fail(op, name, f"a {dtype_text} tensor [B] or None", type(t).__name__,
+                   f"Pass one value per row, e.g. torch.full(({batch},), value, dtype={cast}).")
+    if t.dtype not in dtypes:
+        raise fail(op, f"{name}.dtype", dtype_text, t.dtype, f"Cast it with {name}.to({cast}).")
+    if t.dim() != 1 or t.shape[0] != batch:
+        raise fail(op, f"{name} shape", f"[B] = [{batch}] (one value per row of logits)", list(t.shape))
+    check_same(op, "logits", logits, name, t, dtype=False)
+
+
+def check_ids(op: str, name: str, t: Any, logits: _Tensor) -> None:
+    """``t`` is an int64/int32 token-id tensor ``[B, L]`` (L >= 0) on logits' device; on the CPU its values are
+    in ``[0, V]`` (V, the vocabulary size, pads ragged rows)."""
+    batch, vocab = logits.shape
+    if not isinstance(t, _Tensor):
+        raise fail(op, name, "an int64/int32 tensor [B, L]", type(t).__name__)
+    if t.dtype not in INT_DTYPES:
+        raise fail(op, f"{name}.dtype", "int64 or int32", t.dtype, f"Cast it with {name}.long().")
+    if t.dim() != 2 or t.shape[0] != batch:
+        raise fail(op, f"{name} shape", f"[B, L] with B = {batch} (like logits)", list(t.shape),
+                   f"Right-pad ragged rows with the vocabulary size {vocab}; L = 0 is allowed.")
+    check_same(op, "logits", logits, name, t, dtype=False)
+    check_cpu_values(op, name, t, lambda x: (x >= 0) & (x <= vocab), f"token ids in [0, {vocab}] ({vocab} = padding)",
+                     f"Right-pad ragged rows with the vocabulary size {vocab}.")
+
+
+def check_cpu_values(op: str, name: str, t: _Tensor, ok: Callable[[_Tensor], _Tensor], expected: str,
+                     fix: str | None = None) -> None:
+    """On a CPU tensor ``t``, raise for the first element where the elementwise check ``ok(t)`` is False. Tensors
+    on other devices are not checked: reading their values would synchronize with the device."""
+    if t.device.type != "cpu" or t.numel() == 0:
+        return
+    good = ok(t)
+    if bool(good.all()):
+        return
+    where = tuple(int(i) for i in (~good).nonzero()[0])
+    at = where[0] if len(where) == 1 else list(where)
+    raise fail(op, f"{name} values", expected, f"{t[where].item()!r} at index {at}", fix)

@@ -42,6 +42,16 @@ def _sample_topp(logits, p, temperature, generator):
     return K.sample_topp(logits, p, temperature, generator)
 
 
+def _sample(logits, temperature, top_k, top_p, min_p, seeds, offsets, generator):
+    return K.sample(logits, temperature, top_k, top_p, min_p, seeds, offsets, generator)
+
+
+def _apply_penalties(logits, prompt_token_ids, output_token_ids, repetition_penalty, presence_penalty,
+                     frequency_penalty):
+    return K.apply_penalties(logits, prompt_token_ids, output_token_ids, repetition_penalty, presence_penalty,
+                             frequency_penalty)
+
+
 def _swiglu(gate, up):
     return K.swiglu(gate, up)
 
@@ -59,6 +69,8 @@ def register(registry: KernelRegistry) -> None:
         ("rope", _rope, {"layouts": frozenset({Layout.BHSD, Layout.BSHD})}),
         ("sample_topk", _sample_topk, {"graph_safe": False}),
         ("sample_topp", _sample_topp, {"graph_safe": False}),
+        ("sample", _sample, {"graph_safe": False}),
+        ("apply_penalties", _apply_penalties, {"graph_safe": False}),
         ("swiglu", _swiglu, {}),
     ):
         registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (float32 math)",

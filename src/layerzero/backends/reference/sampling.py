@@ -1,14 +1,17 @@
-"""Reference token samplers (top-k, top-p / nucleus): the oracles for sampling kernels.
+"""Reference token samplers (top-k, top-p / nucleus, batched per-row sampling): the oracles for sampling kernels.
 
-Plain PyTorch: probabilities in float32 (float64 for float64 logits), draws with ``torch.multinomial``
-on the caller's ``torch.Generator`` so a fixed seed gives the same tokens.
+Plain PyTorch: probabilities in float32 (float64 for float64 logits). ``sample_topk`` / ``sample_topp`` draw with
+``torch.multinomial`` on the caller's ``torch.Generator`` so a fixed seed gives the same tokens; ``sample`` draws
+by the exponential race, with per-row counter-based noise for seeded rows (:func:`seeded_exponential`).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-__all__ = ["sample_topk", "sample_topp"]
+__all__ = ["counter_hash", "lowbias32", "sample", "sample_topk", "sample_topp", "seeded_exponential"]
 
 
 GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
@@ -111,3 +114,135 @@ def sample_topp(
     kept = kept / kept.sum(dim=-1, keepdim=True)
     choice = torch.multinomial(kept, 1, generator=generator)  # [B, 1] positions in sorted order
     return sorted_idx.gather(-1, choice).squeeze(-1).to(torch.int64)
+
+
+# ------------------------------------------------------------------------------------------- lz.sample
+MASK32 = 0xFFFFFFFF
+GOLDEN32 = 0x9E3779B9
+"""2**32 / golden ratio: added before each hash step so that all-zero inputs do not hash to 0 (lowbias32(0) = 0)."""
+
+
+def mul32(x, c: int):
+    """``(x * c) mod 2**32`` for ``0 <= x, c < 2**32`` without leaving int64: ``c`` is split into 16-bit halves,
+    so no product exceeds ``2**48`` (signed int64 overflow would be undefined behaviour on some devices). ``x``
+    is a Python int or an int64 tensor."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & MASK32
+
+
+def lowbias32(x):
+    """Chris Wellons' ``lowbias32`` integer hash (hash-prospector), a 32-bit -> 32-bit bijection; ``x`` is a
+    Python int or an int64 tensor of values in ``[0, 2**32)``."""
+    x = x ^ (x >> 16)
+    x = mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _mix(h, v):
+    return lowbias32(((h ^ v) + GOLDEN32) & MASK32)
+
+
+def counter_hash(seed, offset, index):
+    """32-bit hash of (seed, offset, token index): both 32-bit halves of the int64 ``seed`` and ``offset`` and the
+    index, each folded in by one ``lowbias32`` step. Python ints or broadcastable int64 tensors; every
+    intermediate value stays in ``[0, 2**49)``."""
+    h = _mix(0, seed & MASK32)
+    h = _mix(h, (seed >> 32) & MASK32)
+    h = _mix(h, offset & MASK32)
+    h = _mix(h, (offset >> 32) & MASK32)
+    return _mix(h, index & MASK32)
+
+
+def seeded_exponential(seeds: torch.Tensor, offsets: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """Exp(1) noise ``[B, V]`` float64 from (seed, offset, token index) alone: ``u = (h + 0.5) / 2**32`` in (0, 1),
+    ``E = -log(u)``. The same (seed, offset) gives the same row on any device and in any batch."""
+    seeds = seeds.to(torch.int64)[:, None]
+    offsets = torch.zeros_like(seeds) if offsets is None else offsets.to(torch.int64)[:, None]
+    index = torch.arange(vocab, dtype=torch.int64, device=seeds.device)[None, :]
+    h = counter_hash(seeds, offsets, index)
+    return -torch.log((h.to(torch.float64) + 0.5) * 2.0**-32)
+
+
+def _cut_sorted(sorted_z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Top-k then top-p on scaled logits sorted descending (``[B, V]``): cut entries become ``-inf``."""
+    vocab = sorted_z.shape[-1]
+    if top_k is not None:
+        k = top_k.to(torch.int64)
+        k = torch.where((k <= 0) | (k > vocab), vocab, k)  # 0 or >= V: no cut
+        kth = sorted_z.gather(-1, (k - 1)[:, None])
+        sorted_z = sorted_z.masked_fill(sorted_z < kth, -math.inf)  # ties at the k-th value stay (as HF)
+    if top_p is not None:
+        probs = torch.softmax(sorted_z, dim=-1)  # the top-k-renormalized distribution
+        cum = torch.cumsum(probs, dim=-1)
+        before = torch.cat((torch.zeros_like(cum[:, :1]), cum[:, :-1]), dim=-1)  # mass ranked above
+        p = top_p.to(sorted_z.dtype)[:, None]
+        cut = (before >= p) & (p < 1.0)  # p = 1: no cut, whatever the rounding of the cumulative sum
+        cut[:, 0] = False
+        sorted_z = sorted_z.masked_fill(cut, -math.inf)
+    return sorted_z
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Batched per-row sampling (vLLM v1 ``Sampler`` semantics, Hugging Face ``generate``'s warper order).
+
+    Steps, each row with its own parameters: ``z = (logits - rowmax) / T``; top-k (keep ``z >= `` the k-th
+    largest, ties kept); top-p on the top-k-renormalized softmax (keep tokens whose mass ranked above is
+    ``< p``); min-p on the softmax after those cuts (keep ``prob >= min_p * max prob``); draw by the exponential
+    race ``argmax(z - log E)`` (= ``argmax(probs / E)``, ``E ~ Exp(1)`` per token: a draw from the kept
+    distribution). ``E`` is counter-based (:func:`seeded_exponential`) for rows with ``seed >= 0``, from
+    ``torch.empty(B, V).exponential_(generator=generator)`` otherwise (drawn once per call for the whole
+    ``[B, V]`` when any row may need it, i.e. always: no host synchronization to ask). Rows with ``T <``
+    :data:`GREEDY_BELOW` (0 included) return the first argmax of the logits.
+
+    Args:
+        logits: ``[B, V]`` (B rows, V vocabulary), any float dtype; float32 math (float64 for float64 logits).
+        temperature: ``[B]`` float32 or None (1 for every row).
+        top_k: ``[B]`` int32/int64 or None; 0 or ``>= V`` = no cut.
+        top_p: ``[B]`` float32 in (0, 1] or None; 1 = no cut.
+        min_p: ``[B]`` float32 in [0, 1] or None; 0 = no cut.
+        seeds: ``[B]`` int64 or None; ``>= 0`` selects counter-based noise for that row.
+        offsets: ``[B]`` int64 or None (zeros): the counter of seeded rows, e.g. tokens generated so far.
+        generator: ``torch.Generator`` on logits' device, or None for the global RNG (unseeded rows).
+
+    Returns:
+        Token ids ``[B]``, int64, each in ``[0, V)``.
+
+    Raises:
+        Nothing of its own: validation is the ops layer's job (``lz.sample``).
+
+    >>> sample(torch.tensor([[0.0, 5.0, 1.0]]), temperature=torch.zeros(1))
+    tensor([1])
+    """
+    b, v = logits.shape
+    cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    x = logits.to(cdt)
+    z = x - x.amax(dim=-1, keepdim=True)
+    greedy = None
+    if temperature is not None:
+        t = temperature.to(cdt)
+        greedy = t < GREEDY_BELOW
+        z = z / torch.where(greedy, torch.ones_like(t), t)[:, None]
+    if top_k is not None or top_p is not None:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)
+        z = torch.empty_like(z).scatter_(-1, order, _cut_sorted(sorted_z, top_k, top_p))
+    if min_p is not None:
+        probs = torch.softmax(z, dim=-1)
+        z = z.masked_fill(probs < min_p.to(cdt)[:, None] * probs.amax(dim=-1, keepdim=True), -math.inf)
+    noise = torch.empty(b, v, dtype=cdt, device=logits.device).exponential_(generator=generator)
+    if seeds is not None:
+        noise = torch.where((seeds >= 0)[:, None], seeded_exponential(seeds, offsets, v).to(cdt), noise)
+    tokens = torch.argmax(z - noise.clamp_min(torch.finfo(cdt).tiny).log(), dim=-1)
+    if greedy is not None:
+        tokens = torch.where(greedy, torch.argmax(x, dim=-1), tokens)
+    return tokens.to(torch.int64)
