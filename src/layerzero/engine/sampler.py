@@ -104,12 +104,13 @@ class Sampler:
         dev = self.device
         ps = [s.params for s in seqs]
         seeds = [-1 if s.seed is None or s.params.greedy else s.seed for s in seqs]
+        seeded = any(x >= 0 for x in seeds)
         return lz.sample(
             logits,
             temperature=torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev),
             top_k=torch.tensor([p.top_k_or_off for p in ps], dtype=torch.int32, device=dev),
             top_p=torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev),
             min_p=torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev),
-            seeds=torch.tensor(seeds, dtype=torch.int64, device=dev) if any(x >= 0 for x in seeds) else None,
-            offsets=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64, device=dev),
+            seeds=torch.tensor(seeds, dtype=torch.int64, device=dev) if seeded else None,
+            offsets=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64, device=dev) if seeded else None,
             generator=self.generator)
