@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from layerzero.core.errors import LayerZeroError
@@ -169,6 +170,48 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
     return int(demo_main(ns.rest))
 
 
+def _cmd_generate(ns: argparse.Namespace) -> int:
+    """Stream one completion to stdout with the serving engine."""
+    import torch
+
+    from layerzero.engine import LLM, SamplingParams
+
+    dtype = None if ns.dtype == "auto" else getattr(torch, ns.dtype)
+    llm = LLM(ns.model, device=ns.device, dtype=dtype, max_model_len=ns.max_model_len)
+    params = SamplingParams(temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, min_p=ns.min_p,
+                            max_tokens=ns.max_tokens, seed=ns.seed, stop=ns.stop, ignore_eos=ns.ignore_eos)
+    prompt = ns.prompt
+    if ns.chat:
+        tok = llm.tokenizer
+        prompt = list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=True)["input_ids"])
+    last = None
+    for delta in llm.stream(prompt, params):
+        print(delta.outputs[0].text, end="", flush=True)
+        last = delta
+    print()
+    if last is not None:
+        print(f"[finish_reason={last.outputs[0].finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def _cmd_bench_engine(ns: argparse.Namespace) -> int:
+    """nano-vllm's benchmark through the engine (see layerzero.engine.bench)."""
+    import torch
+
+    from layerzero.engine.bench import run
+
+    scale = ns.scale or ("full" if torch.cuda.is_available() and ns.device != "cpu" else "cpu")
+    res = run(scale=scale, model=ns.model, device=ns.device, dtype=ns.dtype, hf_batch=ns.hf_batch, out=ns.out,
+              enforce_eager=ns.enforce_eager)
+    hf = res.get("transformers", {})
+    print(f"engine: {res['output_tokens']} tokens in {res['seconds']:.2f} s = {res['output_tokens_per_s']:.1f} tok/s "
+          f"({100 * res['fraction_of_roofline']:.1f}% of the {res['roofline_tokens_per_s']:.0f} tok/s roofline)")
+    if hf:
+        print(f"transformers generate ({hf['requests']} requests batched): {hf['output_tokens_per_s']:.1f} tok/s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``layerzero`` command."""
     p = argparse.ArgumentParser(prog="layerzero", description="LayerZero kernel selection: inspect and explain.")
@@ -229,6 +272,31 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--no-progress", action="store_true")
     tu.add_argument("--json", action="store_true")
     tu.set_defaults(fn=_cmd_tune)
+    g = sub.add_parser("generate", help="stream a completion from a checkpoint with the serving engine")
+    g.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", nargs="*", default=None, help="stop strings")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--device", default=None)
+    g.add_argument("--dtype", choices=("auto", *DTYPES), default="auto")
+    g.set_defaults(fn=_cmd_generate)
+    be = sub.add_parser("bench-engine", help="nano-vllm's throughput benchmark vs transformers and the roofline")
+    be.add_argument("--scale", choices=("full", "cpu"), default=None, help="default: full on CUDA, cpu otherwise")
+    be.add_argument("--model", default=None, help="checkpoint (default: a Qwen3-0.6B-shaped random one, cached)")
+    be.add_argument("--device", default=None)
+    be.add_argument("--dtype", choices=("auto", *DTYPES), default="auto")
+    be.add_argument("--hf-batch", type=int, default=64, help="requests transformers generates in one batch (0: skip)")
+    be.add_argument("--enforce-eager", action="store_true")
+    be.add_argument("--out", type=Path, default=None, help="write bench_engine.json here")
+    be.set_defaults(fn=_cmd_bench_engine)
     dm = sub.add_parser("demo", help="run tiny Transformers models stock vs LayerZero and compare")
     dm.add_argument("rest", nargs=argparse.REMAINDER)
     dm.set_defaults(fn=_cmd_demo)

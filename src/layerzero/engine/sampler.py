@@ -105,12 +105,17 @@ class Sampler:
         ps = [s.params for s in seqs]
         seeds = [-1 if s.seed is None or s.params.greedy else s.seed for s in seqs]
         seeded = any(x >= 0 for x in seeds)
+
+        def per_row(values: list, off: float | int, dtype: torch.dtype) -> torch.Tensor | None:
+            # a filter no row uses is left out (None): the kernel then skips its sort / mask entirely
+            return None if all(v == off for v in values) else torch.tensor(values, dtype=dtype, device=dev)
+
         return lz.sample(
             logits,
             temperature=torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([p.top_k_or_off for p in ps], dtype=torch.int32, device=dev),
-            top_p=torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev),
-            min_p=torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev),
+            top_k=per_row([p.top_k_or_off for p in ps], 0, torch.int32),
+            top_p=per_row([p.top_p for p in ps], 1.0, torch.float32),
+            min_p=per_row([p.min_p for p in ps], 0.0, torch.float32),
             seeds=torch.tensor(seeds, dtype=torch.int64, device=dev) if seeded else None,
             offsets=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64, device=dev) if seeded else None,
             generator=self.generator)

@@ -1,0 +1,46 @@
+"""``layerzero generate`` streams what ``LLM.generate`` returns; ``bench-engine``'s workload is nano-vllm's and its
+roofline is worked out by hand."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.integration
+
+
+def test_generate_streams_the_engine_text(checkpoints, capsys):
+    from layerzero.cli import main
+    from layerzero.engine import LLM, SamplingParams
+
+    path = checkpoints["qwen3"]
+    rc = main(["generate", "--model", str(path), "--prompt", "The quick brown fox", "--max-tokens", "6",
+               "--ignore-eos", "--device", "cpu", "--max-model-len", "64"])
+    out = capsys.readouterr()
+    (ref,) = LLM(path, device="cpu", dtype=torch.float32, max_model_len=64).generate(
+        ["The quick brown fox"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    assert rc == 0 and out.out == ref.outputs[0].text + "\n" and "finish_reason=length" in out.err
+
+
+def test_workload_is_nano_vllms():
+    from layerzero.engine.bench import make_workload
+
+    w = make_workload("full")
+    random.seed(0)
+    first_len = random.randint(100, 1024)
+    first = [random.randint(0, 10000) for _ in range(first_len)]
+    assert w.prompts[0] == first and len(w.prompts) == len(w.max_tokens) == 256
+    assert all(100 <= len(p) <= 1024 for p in w.prompts) and all(100 <= n <= 1024 for n in w.max_tokens)
+    assert all(0 <= t <= 10000 for p in w.prompts for t in p)
+
+
+def test_roofline_by_hand():
+    from layerzero.engine.bench import Workload, roofline_tokens_per_s
+
+    # one request, 10 prompt tokens, 2 outputs, 100 B of weights, 1 B of KV per token, 1 B/s:
+    # steps cost (100 + 10) + (100 + 11) = 221 s for 2 tokens
+    assert roofline_tokens_per_s(Workload([[0] * 10], [2]), 100, 1, 1.0) == pytest.approx(2 / 221)
+    # two requests of 1 and 2 outputs: (100 + 3 + 5) + (100 + 6) = 214 s for 3 tokens
+    assert roofline_tokens_per_s(Workload([[0] * 3, [0] * 5], [1, 2]), 100, 1, 1.0) == pytest.approx(3 / 214)
