@@ -1,5 +1,6 @@
 # LayerZero: two commands from nothing (only Python 3.10+ needed).
-#   make demo   - layerzero doctor, then tiny real Transformers models stock vs LayerZero (parity table)
+#   make demo   - layerzero doctor, tiny real Transformers models stock vs LayerZero (parity table), then the
+#                 serving engine generating from a small checkpoint built here (tokenizer trained locally)
 #   make test   - the test suite (what .ci/run calls), then the kernel-correctness tests under two forced CPU ISAs
 # Both create/reuse a local venv in .venv and install what they need. torch is pinned to the CPU build
 # available on this machine's pip path (an unpinned torch would pull several GB of CUDA wheels).
@@ -24,6 +25,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/layerzero doctor
 	$(VENV)/bin/layerzero demo
+	$(PY) -m layerzero.engine.demo
 
 # Kernel-correctness tests again under two forced CPU ISAs: torch's CPU kernels are dispatched per ISA (AVX-512,
 # AVX2, scalar "default") and differ in rounding and NaN handling, and CI hosts differ (AVX2-only vs AVX-512), so a
