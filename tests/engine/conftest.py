@@ -42,12 +42,19 @@ def hf_models(checkpoints: dict[str, Path]) -> dict[str, object]:
 
 
 def hf_greedy(model: object, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
-    """transformers' greedy ``generate`` of one prompt: (tokens, raw logprob of each chosen token)."""
+    """Greedy decoding with transformers' forward (KV cache, no logits processors, EOS not special): (tokens, raw
+    logprob of each chosen token). The engine's equivalent is ``temperature=0, ignore_eos=True``."""
+    tokens, lps = [], []
+    ids, past = torch.tensor([prompt]), None
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                             do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-    tokens = out.sequences[0, len(prompt):].tolist()
-    lps = [torch.log_softmax(lg[0].double(), -1)[t].item() for lg, t in zip(out.logits, tokens, strict=True)]
+        for _ in range(max_new_tokens):
+            out = model(ids, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logp = torch.log_softmax(out.logits[0, -1].double(), -1)
+            t = int(out.logits[0, -1].argmax())
+            tokens.append(t)
+            lps.append(logp[t].item())
+            ids = torch.tensor([[t]])
     return tokens, lps
 
 

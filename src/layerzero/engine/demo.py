@@ -35,7 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"engine demo: {args.family} checkpoint at {path} "
               f"({', '.join(sorted(p.name for p in path.iterdir()))})")
         llm = LLM(path, device="cpu", dtype=torch.float32, max_model_len=128, num_kv_blocks=64)
-        greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+        # min_tokens bans EOS like transformers' min_new_tokens below, so both run the full length
+        greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, min_tokens=args.max_tokens)
         outs = llm.generate(list(PROMPTS), greedy, use_tqdm=False)
         hf = load(args.family, path)
         ok = True

@@ -26,6 +26,11 @@ def _greedy(**kw):
     return SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0, **kw)
 
 
+def _hf_like(**kw):
+    """transformers' generate(min_new_tokens=N) bans EOS for N tokens: the engine's min_tokens=N does the same."""
+    return _greedy(min_tokens=NEW_TOKENS, **kw)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_tokens_and_logprobs_match_transformers(family, checkpoints, hf_models):
     ps = prompts(5, seed=1)
@@ -56,7 +61,7 @@ def test_text_prompt_is_tokenized_like_transformers(checkpoints, hf_models):
 
 def test_repetition_penalty_matches_transformers(checkpoints, hf_models):
     p = prompts(1, seed=5, lo=12, hi=12)[0]
-    (o,) = _llm(checkpoints["qwen3"]).generate([p], _greedy(repetition_penalty=1.7), use_tqdm=False)
+    (o,) = _llm(checkpoints["qwen3"]).generate([p], _hf_like(repetition_penalty=1.7), use_tqdm=False)
     with torch.no_grad():
         ref = hf_models["qwen3"].generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                                           do_sample=False, repetition_penalty=1.7, pad_token_id=0)
@@ -67,7 +72,7 @@ def test_logit_bias_matches_transformers_sequence_bias(checkpoints, hf_models):
     p = prompts(1, seed=6, lo=9, hi=9)[0]
     free, _ = hf_greedy(hf_models["qwen3"], p, NEW_TOKENS)
     bias = {free[0]: -50.0, 77: 8.0}
-    (o,) = _llm(checkpoints["qwen3"]).generate([p], _greedy(logit_bias=bias), use_tqdm=False)
+    (o,) = _llm(checkpoints["qwen3"]).generate([p], _hf_like(logit_bias=bias), use_tqdm=False)
     with torch.no_grad():
         ref = hf_models["qwen3"].generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                                           do_sample=False, pad_token_id=0,
