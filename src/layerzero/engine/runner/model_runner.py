@@ -13,6 +13,7 @@ from ..errors import bad_config
 from ..loader import load_model_weights
 from ..models.registry import build_model
 from ..sequence import Sequence
+from .cuda_graph import CUDAGraphRunner
 from .forward_batch import ForwardBatch, ScheduledChunk, build_forward_batch
 
 __all__ = ["ModelRunner", "kv_bytes_per_block"]
@@ -45,6 +46,14 @@ class ModelRunner:
                                                "NHD", device) for _ in range(cfg.num_layers)]
         log.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_blocks, ec.block_size,
                  self.num_blocks * kv_bytes_per_block(cfg, ec.block_size, dtype) / 2**20)
+        self.graphs: CUDAGraphRunner | None = None
+        if device.type == "cuda" and not ec.enforce_eager:
+            if cfg.moe is not None:
+                log.info("CUDA graphs off for %s: its expert loop reads routing counts on the host", cfg.model_type)
+            else:
+                self.graphs = CUDAGraphRunner(self.model, self.kv_caches, ec.max_num_seqs,
+                                              -(-max_model_len // ec.block_size), device)
+                self.graphs.capture()
 
     def _num_blocks(self, ec: EngineConfig, max_model_len: int, max_num_batched_tokens: int) -> int:
         if ec.num_kv_blocks is not None:
@@ -63,6 +72,8 @@ class ModelRunner:
         """Forward the step's ``chunks`` (sequence, new tokens); returns float32 logits ``[S, V]`` of the sequences
         whose chunk reaches their last token (in chunk order)."""
         batch = self.prepare(chunks, block_tables)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
         return self.model(batch, self.kv_caches)
 
     def prepare(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]]) -> ForwardBatch:
