@@ -44,3 +44,17 @@ def test_roofline_by_hand():
     assert roofline_tokens_per_s(Workload([[0] * 10], [2]), 100, 1, 1.0) == pytest.approx(2 / 221)
     # two requests of 1 and 2 outputs: (100 + 3 + 5) + (100 + 6) = 214 s for 3 tokens
     assert roofline_tokens_per_s(Workload([[0] * 3, [0] * 5], [1, 2]), 100, 1, 1.0) == pytest.approx(3 / 214)
+
+
+def test_chat_applies_the_template(checkpoints):
+    from layerzero.engine import LLM, SamplingParams
+
+    llm = LLM(checkpoints["qwen3"], device="cpu", dtype=torch.float32, max_model_len=96)
+    msgs = [{"role": "user", "content": "hello world"}]
+    sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    (chat,) = llm.chat(msgs, sp, use_tqdm=False)
+    text = "<s>user: hello world\n<s>assistant:"  # CHAT_TEMPLATE of layerzero.testing.checkpoints, by hand
+    ids = llm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert chat.prompt_token_ids == ids
+    (plain,) = llm.generate([ids], sp, use_tqdm=False)
+    assert chat.outputs[0].token_ids == plain.outputs[0].token_ids
