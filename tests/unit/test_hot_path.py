@@ -79,10 +79,13 @@ def test_layout_enum_and_string_share_the_exact_key():
 @pytest.mark.parametrize("bad", [
     {"k": "float64"}, {"v": "shape"}, {"is_causal": 1}, {"dropout_p": 1.5}, {"layout": "bhsd"},
     {"attn_mask": "int"}, {"scale": -1.0}, {"window": (1.5, 0)}, {"softcap": 0.0}, {"q": "list"},
+    {"all": "int32"}, {"layout": "BSHD"}, {"is_causal": None},
 ])
 def test_warm_shapes_never_skip_a_check(bad):
     """After good calls of the same shapes filed an exact key, each bad input still raises the typed error."""
     q, k, v = _qkv()
+    if bad.get("layout") == "BSHD":  # valid as BHSD (GQA 4/2), not as BSHD (Hq=6, Hkv=10)
+        q, k, v = q[:, :, :6], *_qkv((1, 2, 10, 16))[1:]
     for _ in range(3):
         lz.attention(q, k, v)
     assert _exact_keys()
@@ -95,6 +98,8 @@ def test_warm_shapes_never_skip_a_check(bad):
         kwargs["attn_mask"] = torch.ones(8, 8, dtype=torch.int32)
     elif bad.get("q") == "list":
         q = q.tolist()
+    elif bad.get("all") == "int32":
+        q, k, v = (t.to(torch.int32) for t in (q, k, v))
     else:
         kwargs.update(bad)
     with pytest.raises(InvalidInputError):

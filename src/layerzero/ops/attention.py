@@ -31,7 +31,6 @@ OP = "attention"
 _TENSOR = torch.Tensor
 _ZERO_OK = (float, int)  # plain Python numbers only on the fast path (bool, numpy, tensors take the full checks)
 _LAYOUTS = {"BHSD": Layout.BHSD, "BSHD": Layout.BSHD, Layout.BHSD: Layout.BHSD, Layout.BSHD: Layout.BSHD}
-_HOT_LAYOUTS = ("BHSD", "BSHD")  # a Layout member equals (and hashes like) its value
 
 
 class AttentionKey(NamedTuple):
@@ -354,11 +353,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     hot_key = None
     if (attn_mask is None and scale is None and window is None and softcap is None and q.__class__ is _TENSOR
             and k.__class__ is _TENSOR and v.__class__ is _TENSOR and (is_causal is True or is_causal is False)
-            and dropout_p.__class__ in _ZERO_OK and dropout_p == 0
-            and (layout.__class__ is str or layout.__class__ is Layout) and layout in _HOT_LAYOUTS):
+            and dropout_p.__class__ in _ZERO_OK and dropout_p == 0 and (layout.__class__ is str or layout.__class__ is Layout)):
         dtype, device = q.dtype, q.device
-        if dtype in FLOAT_DTYPES and k.dtype is dtype and v.dtype is dtype and k.device == device and v.device == device:
-            # the exact key (Runtime.run_hot): shapes as given, so a hit skips the shape checks and the bucketing
+        if k.dtype is dtype and v.dtype is dtype and k.device == device and v.device == device:
+            # the exact key (Runtime.run_hot) holds the shapes as given, the dtype and the layout as passed ("BHSD"
+            # and Layout.BHSD are equal and hash alike): only calls that passed every check file it, so a hit skips
+            # the shape, dtype and layout checks and the bucketing. is_causal and dropout_p are checked above (1
+            # would match True in a key).
             contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
             cuda = q.is_cuda
             layers = scope_layers()
