@@ -353,7 +353,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     hot_key = None
     if (attn_mask is None and scale is None and window is None and softcap is None and q.__class__ is _TENSOR
             and k.__class__ is _TENSOR and v.__class__ is _TENSOR and (is_causal is True or is_causal is False)
-            and dropout_p.__class__ in _ZERO_OK and dropout_p == 0 and (layout.__class__ is str or layout.__class__ is Layout)):
+            and dropout_p.__class__ in _ZERO_OK and dropout_p == 0
+            and (layout.__class__ is str or layout.__class__ is Layout)):
         dtype, device = q.dtype, q.device
         if k.dtype is dtype and v.dtype is dtype and k.device == device and v.device == device:
             # the exact key (Runtime.run_hot) holds the shapes as given, the dtype and the layout as passed ("BHSD"
