@@ -147,7 +147,9 @@ def test_fast_and_slow_paths_build_the_same_key():
     q, k, v = qkv(dtype=torch.float32)
     fast, _ = A._prepare(q, k, v, None, True, None, 0.0, "BHSD")
     slow, _ = A._prepare(torch.nn.Parameter(q, requires_grad=False), k, v, None, True, None, 0.0, "BHSD")
-    assert fast == slow and fast.is_causal and fast.num_heads_q == q.shape[1]
+    assert fast == slow  # plain tuples of the AttentionKey fields
+    named = A.AttentionKey(*fast)
+    assert named == fast and hash(named) == hash(fast) and named.is_causal and named.num_heads_q == q.shape[1]
 
 
 # ----------------------------------------------------------------------------- routing on CPU

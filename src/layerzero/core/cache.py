@@ -193,7 +193,8 @@ class SelectionCache(Generic[V]):
         self._invalidations = 0
         self.hot: dict[Hashable, V] = {}
         """A plain dict in front of the shards, for the dispatch hot path (``Runtime.run``): key -> value of the
-        current generation, filled by the caller after a :meth:`get` hit, replaced by a new empty dict on every
+        current generation, filled by the caller after a :meth:`get` hit (under the hit's key and, for an op with
+        an exact key, that one too: ``Runtime.run_hot``), replaced by a new empty dict on every
         :meth:`invalidate` / :meth:`clear` (so a reader that holds the old dict writes into a discarded one). Not
         LRU-tracked: at most ``max_entries`` keys, then it starts over. Unused with a TTL."""
 

@@ -58,6 +58,9 @@ class DispatchTrace:
 
 _TRACE: contextvars.ContextVar[DispatchTrace | None] = contextvars.ContextVar("layerzero_trace", default=None)
 
+MISS = object()
+"""What :meth:`Runtime.run_hot` returns when its key is not in the hot dict (no kernel returns this object)."""
+
 
 @contextlib.contextmanager
 def trace() -> Iterator[DispatchTrace]:
@@ -228,14 +231,21 @@ class Runtime:
         return self.cache.get_or_compute(key, compute, timeout_s=_config.get_config().selection_timeout_s)
 
     # ------------------------------------------------------------------ the hot path
-    def run(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...]) -> Any:
+    def run(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...],
+            hot_key: Hashable | None = None) -> Any:
         """Look ``key`` up, select on a miss, and call the plan with ``args`` (the op's canonical arguments).
 
         The hot path is one dict lookup (``SelectionCache.hot``) and the kernel call; anything else (a miss, a
-        plan under health re-check or on probation) takes :meth:`_run_slow`."""
-        plan = self.cache.hot.get(key)
-        if plan is None or plan.recheck_at is not None or plan.trial:
-            return self._run_slow(key, build_ctx, args)
+        plan under health re-check or on probation: such plans never enter the hot dict, see :meth:`_run_slow`)
+        takes :meth:`_run_slow`. ``key`` may be the plain-tuple form of the op's named key
+        (:attr:`OperationSpec.key_type`). ``hot_key``: the op's exact key of this call for :meth:`run_hot`,
+        filed in the hot dict next to ``key`` whenever ``key``'s plan is."""
+        hot = self.cache.hot
+        plan = hot.get(key)
+        if plan is None:
+            return self._run_slow(key, build_ctx, args, hot_key)
+        if hot_key is not None:
+            self.cache.promote(hot, hot_key, plan)
         t = _TRACE.get()
         if t is not None:
             t.counts[(plan.op, plan.kernel_id)] += 1
@@ -244,10 +254,33 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001 - every kernel failure is recorded, then re-raised or retried
             return self._on_failure(plan, exc, args, t)
 
-    def _run_slow(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...]) -> Any:
+    def run_hot(self, hot_key: Hashable, args: tuple[Any, ...]) -> Any:
+        """Call the plan filed under ``hot_key`` in the hot dict with ``args``; :data:`MISS` when there is none.
+
+        ``hot_key`` is an op's *exact* key of a call: every input fact its checks and its cache key depend on
+        (exact shapes instead of buckets), so a hit proves that a call with these facts was checked and
+        looked up before, and the op skips both (:meth:`run` files such keys). Trace counts and kernel failures
+        are handled as in :meth:`run`."""
+        plan = self.cache.hot.get(hot_key)
+        if plan is None:
+            return MISS
+        t = _TRACE.get()
+        if t is not None:
+            t.counts[(plan.op, plan.kernel_id)] += 1
+        try:
+            return plan.call(*args)
+        except Exception as exc:  # noqa: BLE001 - every kernel failure is recorded, then re-raised or retried
+            return self._on_failure(plan, exc, args, t)
+
+    def _run_slow(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...],
+                  hot_key: Hashable | None = None) -> Any:
         """:meth:`run` through the sharded cache: select on a miss (then prepare the capture-time choice of a
         CUDA key, :meth:`prepare_capture`), re-select a plan whose health re-check is due, count a probation
-        success; promote a plain hit to the hot dict."""
+        success; promote a plain hit (and ``hot_key``) to the hot dict (only plans without ``recheck_at`` and
+        ``trial``: the hot paths rely on that). A plain-tuple key becomes the op's named key first
+        (:meth:`named_key`)."""
+        if key.__class__ is tuple:
+            key = self.named_key(key)
         hot = self.cache.hot
         plan = self.cache.get(key)
         miss = plan is None or plan.recheck_at is not None and plan.recheck_at <= time.monotonic()
@@ -257,6 +290,8 @@ class Runtime:
             plan = self.resolve(key, build_ctx, refresh=plan is not None)
         elif plan.recheck_at is None and not plan.trial:
             self.cache.promote(hot, key, plan)
+            if hot_key is not None:
+                self.cache.promote(hot, hot_key, plan)
         t = _TRACE.get()
         if t is not None:
             t.counts[(plan.op, plan.kernel_id)] += 1
@@ -269,6 +304,17 @@ class Runtime:
         if miss:
             self.prepare_capture(key, build_ctx, args, plan)
         return out
+
+    def named_key(self, key: tuple[Any, ...]) -> Hashable:
+        """The op's named key (:attr:`OperationSpec.key_type`) of ``key``, the plain-tuple form an op's hot path
+        builds (its first field is the op id); ``key`` itself for any other key."""
+        self.ensure_ready()
+        op = key[0] if key else None
+        if op.__class__ is str and op in self.registry.ops:
+            key_type = self.registry.ops.get(op).key_type
+            if key_type is not None:
+                return key_type(*key)  # the constructor (TorchDynamo mis-traces tuple.__new__ of a NamedTuple)
+        return key
 
     def _autotune(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...]) -> None:
         """Measure ``key``'s eligible kernels into the PerfDB before its first selection (never under capture);

@@ -68,6 +68,10 @@ class OperationSpec:
     ``capture_variants(capture_key) -> keys``: other capture-time keys that the *same* model step commonly makes
     under a CUDA-graph capture although its eager calls did not (attention: tracers such as transformers
     materialize a causal mask while capturing); dispatch prepares their choices too (``Runtime.prepare_capture``).
+    ``key_type``: the ``NamedTuple`` class of the op's cache keys (first field ``op``). The op's hot path may build
+    its key as a plain tuple of the same fields (equal to the named key and hashed alike, so the cache finds it,
+    and ~0.7 µs cheaper to build); dispatch turns such a key into ``key_type`` before anything reads its fields
+    (``Runtime._run_slow``).
     """
 
     op_id: str
@@ -76,6 +80,7 @@ class OperationSpec:
     reference_kernel: str
     adapter: Adapter | None = None
     capture_variants: Callable[[Any], tuple[Any, ...]] | None = None
+    key_type: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

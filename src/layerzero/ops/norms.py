@@ -56,29 +56,34 @@ def _check_param(op: str, name: str, x: torch.Tensor, p: Any) -> None:
         raise fail(op, f"{name} shape", f"[H] with H = x.shape[-1] = {x.shape[-1]}", list(p.shape))
 
 
-def _fast_ok(x: Any, weight: Any, eps: Any) -> bool:
-    """The common case in a few attribute reads: float x [..., H], weight [H] on x's device, float eps > 0."""
-    try:
-        shape = x.shape
-        return (x.dtype in FLOAT_DTYPES and len(shape) >= 1 and weight.dtype in FLOAT_DTYPES
-                and weight.shape == (shape[-1],) and weight.device == x.device and eps.__class__ is float
-                and 0.0 < eps < _INF)
-    except AttributeError:
-        return False
-
-
 def prepare_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
                 residual: torch.Tensor | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Validate ``lz.rms_norm`` inputs; return (cache key, canonical kernel args)."""
+    key, args = _prepare_rms(x, weight, eps, residual)
+    return NormKey(*key), args
+
+
+def _prepare_rms(x: Any, weight: Any, eps: Any, residual: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """:func:`prepare_rms` with positional arguments (the hot path). The common case (float x ``[..., H]``, weight
+    ``[H]`` on x's device, float eps > 0, no residual) is a few attribute reads and its key the plain tuple of the
+    :class:`NormKey` fields (equal to it and hashed alike; dispatch names it on a miss); anything else takes the
+    full checks, which raise :class:`InvalidInputError`."""
     op = "rms_norm"
-    if residual is None and _fast_ok(x, weight, eps):
-        contiguous = x.is_contiguous()
-        grad = is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-        layers = scope_layers()
-        key = NormKey(op, x.device, x.dtype, weight.dtype, x.shape[-1], False,
-                      contiguous or (x.stride(-1) == 1 and weight.stride(-1) == 1), contiguous, grad,
-                      deterministic_enabled(), x.is_cuda and stream_capturing(), scope_token_of(layers) if layers else ())
-        return key, (x, weight, eps, None)
+    if residual is None and eps.__class__ is float and 0.0 < eps < _INF:
+        try:
+            dtype, device, shape = x.dtype, x.device, x.shape
+            wdtype = weight.dtype
+            fast = (dtype in FLOAT_DTYPES and wdtype in FLOAT_DTYPES and shape and weight.shape == shape[-1:]
+                    and weight.device == device)
+        except AttributeError:
+            fast = False
+        if fast:
+            contiguous = x.is_contiguous()
+            layers = scope_layers()
+            return (op, device, dtype, wdtype, shape[-1], False,
+                    contiguous or (x.stride(-1) == 1 and weight.stride(-1) == 1), contiguous,
+                    is_grad_enabled() and (x.requires_grad or weight.requires_grad), deterministic_enabled(),
+                    x.is_cuda and stream_capturing(), scope_token_of(layers) if layers else ()), (x, weight, eps, None)
     check_tensor(op, "x", x)
     if x.dim() == 0:
         raise fail(op, "x rank", ">= 1 dims ([..., H])", "a 0-dim tensor")
@@ -135,9 +140,9 @@ def context_layer(key: NormKey) -> SelectionContext:
 
 
 RMS_SPEC = OperationSpec("rms_norm", "RMSNorm with optional fused residual add", ("x", "weight"),
-                         "reference.rms_norm")
+                         "reference.rms_norm", key_type=NormKey)
 LAYER_SPEC = OperationSpec("layer_norm", "LayerNorm over the last dim", ("x", "weight", "bias"),
-                           "reference.layer_norm")
+                           "reference.layer_norm", key_type=NormKey)
 
 
 @overload
@@ -165,7 +170,7 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None):
     >>> lz.rms_norm(torch.ones(2, 8), torch.ones(8)).shape
     torch.Size([2, 8])
     """
-    key, args = prepare_rms(x, weight, eps, residual=residual)
+    key, args = _prepare_rms(x, weight, eps, residual)
     return RUNTIME.run(key, context_rms, args)
 
 

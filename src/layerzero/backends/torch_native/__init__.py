@@ -26,6 +26,20 @@ def _rms_norm(x, weight, eps, residual):
     return F.rms_norm(h, (h.shape[-1],), weight, eps), h
 
 
+def _rms_specialize(ctx):
+    """For a key without a residual: ``F.rms_norm`` with the key's hidden size bound (no ``x.shape`` read, no
+    branch per call); None (the generic :func:`_rms_norm`) otherwise."""
+    if ctx.fused_residual or ctx.hidden_size is None:
+        return None
+    shape = (ctx.hidden_size,)
+    rms = F.rms_norm
+
+    def rms_norm(x, weight, eps, residual):  # residual: None for every call of such a key
+        return rms(x, shape, weight, eps)
+
+    return rms_norm
+
+
 def _layer_norm(x, weight, bias, eps):
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
@@ -93,7 +107,7 @@ def register(registry: KernelRegistry) -> None:
     if has_rms:
         registry.add_kernel(KernelSpec("torch_native.rms_norm", "rms_norm", _rms_norm, priority=50,
                                        description="torch.nn.functional.rms_norm", device_types=devices,
-                                       dtypes=FLOATS))
+                                       dtypes=FLOATS, specialize=_rms_specialize))
     registry.add_kernel(KernelSpec("torch_native.rope", "rope", _rope, priority=50,
                                    description="RoPE in the input dtype with torch ops (HF apply_rotary_pos_emb order)",
                                    device_types=devices, dtypes=FLOATS,

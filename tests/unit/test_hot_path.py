@@ -1,0 +1,167 @@
+"""The dispatch hot path: plain-tuple keys (equal to the ops' NamedTuple keys), the exact keys of
+``lz.attention`` (``Runtime.run_hot``: a hit skips the shape checks) and the rms_norm kernel specialized per
+hidden size. Every check still runs for inputs that could fail it, and a hit serves the same plan, trace
+count, scope and fallback behaviour as the full path. No timings here (benchmarks/bench_dispatch.py)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import layerzero as lz
+from layerzero.core.dispatch import MISS
+from layerzero.core.errors import InvalidInputError
+from layerzero.core.runtime import RUNTIME
+from layerzero.core.specs import BackendSpec, KernelSpec, Layout
+
+pytestmark = pytest.mark.unit
+
+A = importlib.import_module("layerzero.ops.attention")
+N = importlib.import_module("layerzero.ops.norms")
+
+
+def _qkv(shape=(1, 4, 8, 16), dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(*shape, generator=g, dtype=dtype) for _ in range(3))
+
+
+def _exact_keys():
+    return [key for key in RUNTIME.cache.hot if any(isinstance(f, torch.Size) for f in key)]
+
+
+def test_plain_tuple_keys_equal_the_named_keys():
+    q, k, v = _qkv()
+    plain, _ = A._prepare(q, k, v, None, True, None, 0.0, "BHSD")
+    named, _ = A.prepare(q, k, v, is_causal=True)
+    assert type(plain) is tuple and type(named) is A.AttentionKey
+    assert plain == named and hash(plain) == hash(named)
+    x, w = torch.randn(3, 16), torch.ones(16)
+    plain, _ = N._prepare_rms(x, w, 1e-6, None)
+    named, _ = N.prepare_rms(x, w)
+    assert type(plain) is tuple and type(named) is N.NormKey and plain == named and hash(plain) == hash(named)
+
+
+def test_the_sharded_cache_holds_named_keys():
+    RUNTIME.ensure_ready()
+    q, k, v = _qkv()
+    lz.attention(q, k, v)
+    lz.rms_norm(torch.randn(2, 16), torch.ones(16))
+    named, _ = A.prepare(q, k, v)
+    stored = [key for shard in RUNTIME.cache._maps for key in shard]
+    assert any(type(key) is A.AttentionKey and key == named for key in stored)
+    ours = [key for key in stored if isinstance(key, tuple) and key and key[0] in ("attention", "rms_norm")]
+    assert ours and all(type(key) is not tuple for key in ours)
+    assert RUNTIME.named_key(("no_such_op", 1)) == ("no_such_op", 1)
+
+
+def test_attention_files_an_exact_key_and_serves_it():
+    q, k, v = _qkv()
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for _ in range(3):
+        torch.testing.assert_close(lz.attention(q, k, v, is_causal=True), want)
+    (key,) = _exact_keys()
+    assert key[3] == q.shape and key[6] == "BHSD"
+    args = (q, k, v, None, True, None, 0.0)
+    torch.testing.assert_close(RUNTIME.run_hot(key, args), want)
+    assert RUNTIME.run_hot(("attention", "absent"), args) is MISS
+
+
+def test_layout_enum_and_string_share_the_exact_key():
+    q, k, v = (t.transpose(1, 2).contiguous() for t in _qkv())
+    for layout in ("BSHD", Layout.BSHD, "BSHD"):
+        lz.attention(q, k, v, layout=layout)
+    assert len(_exact_keys()) == 1
+
+
+@pytest.mark.parametrize("bad", [
+    {"k": "float64"}, {"v": "shape"}, {"is_causal": 1}, {"dropout_p": 1.5}, {"layout": "bhsd"},
+    {"attn_mask": "int"}, {"scale": -1.0}, {"window": (1.5, 0)}, {"softcap": 0.0}, {"q": "list"},
+    {"all": "int32"}, {"layout": "BSHD"}, {"is_causal": None},
+])
+def test_warm_shapes_never_skip_a_check(bad):
+    """After good calls of the same shapes filed an exact key, each bad input still raises the typed error."""
+    q, k, v = _qkv()
+    if bad.get("layout") == "BSHD":  # valid as BHSD (GQA 4/2), not as BSHD (Hq=6, Hkv=10)
+        q, k, v = q[:, :, :6], *_qkv((1, 2, 10, 16))[1:]
+    for _ in range(3):
+        lz.attention(q, k, v)
+    assert _exact_keys()
+    kwargs = {}
+    if bad.get("k") == "float64":
+        k = k.double()
+    elif bad.get("v") == "shape":
+        v = v[:, :, :4]
+    elif bad.get("attn_mask") == "int":
+        kwargs["attn_mask"] = torch.ones(8, 8, dtype=torch.int32)
+    elif bad.get("q") == "list":
+        q = q.tolist()
+    elif bad.get("all") == "int32":
+        q, k, v = (t.to(torch.int32) for t in (q, k, v))
+    else:
+        kwargs.update(bad)
+    with pytest.raises(InvalidInputError):
+        lz.attention(q, k, v, **kwargs)
+
+
+def test_hot_calls_are_traced_and_follow_the_scope():
+    q, k, v = _qkv()
+    for _ in range(3):
+        lz.attention(q, k, v)
+    default = lz.which("attention", q, k, v)
+    with lz.trace() as t:
+        lz.attention(q, k, v)
+        lz.attention(q, k, v)
+    assert t.counts[("attention", default)] == 2
+    other = "reference.attention"
+    with lz.prefer(other):
+        for _ in range(3):
+            with lz.trace() as t:
+                lz.attention(q, k, v)
+            assert t.kernels_for("attention") == [other]
+    with lz.trace() as t:
+        lz.attention(q, k, v)
+    assert t.kernels_for("attention") == [default]
+
+
+def test_a_kernel_failing_on_the_hot_path_falls_back():
+    RUNTIME.ensure_ready()
+    calls = []
+
+    def boom(*args):
+        calls.append(1)
+        raise RuntimeError("simulated kernel crash")
+
+    RUNTIME.registry.add_backend(BackendSpec("lzhot", None, "0.0", True, description="test"), replace=True)
+    RUNTIME.registry.add_kernel(KernelSpec("lzhot.attention", "attention", boom, priority=1000,
+                                           device_types=frozenset({"cpu"}), description="always raises"))
+    try:
+        q, k, v = _qkv(dtype=torch.float64)
+        want = F.scaled_dot_product_attention(q, k, v)
+        threshold = RUNTIME.health.failure_threshold
+        for _ in range(max(threshold - 1, 1)):
+            with lz.trace() as t:
+                torch.testing.assert_close(lz.attention(q, k, v), want)
+            assert [f[1] for f in t.fallbacks] == ["lzhot.attention"]
+        assert len(calls) == max(threshold - 1, 1)
+    finally:
+        RUNTIME.registry.remove_kernel("lzhot.attention")
+        RUNTIME.registry.backends.remove("lzhot")
+        RUNTIME.health.reset()
+
+
+def test_rms_norm_specialized_kernel_matches_and_residual_keeps_the_generic_one():
+    x, w, r = torch.randn(3, 16), torch.rand(16) + 0.5, torch.randn(3, 16)
+    for _ in range(3):
+        torch.testing.assert_close(lz.rms_norm(x, w), F.rms_norm(x, (16,), w, 1e-6))
+    plan = lz.select("rms_norm", x, w)
+    if plan.kernel_id == "torch_native.rms_norm":
+        assert plan.call.__name__ == "rms_norm"
+        torch.testing.assert_close(plan(x, w, 1e-6, None), F.rms_norm(x, (16,), w, 1e-6))
+    out, h = lz.rms_norm(x, w, residual=r)
+    torch.testing.assert_close(h, x + r)
+    torch.testing.assert_close(out, F.rms_norm(x + r, (16,), w, 1e-6))
+    with pytest.raises(InvalidInputError):
+        lz.rms_norm(torch.tensor(1.0), torch.tensor(1.0))
