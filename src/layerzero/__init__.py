@@ -57,6 +57,7 @@ from .graphs import GraphCheck, is_graph_safe, validate_graph_capture, warmup
 from .ops import (
     allocate_kv_cache,
     attention,
+    fused_moe,
     layer_norm,
     paged_attention,
     reshape_and_cache,
@@ -95,7 +96,7 @@ __all__ = [
     "ExecutionPlan", "InvalidInputError", "KernelExecutionError", "KernelSpec", "LayerZeroError",
     "NoKernelFoundError", "PolicyValidationError", "Reason", "ReasonCode", "SelectionReport",
     "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "allocate_kv_cache", "attention",
-    "configure", "disabled", "doctor", "explain", "get_config", "get_locks", "layer_norm", "list_kernels",
+    "configure", "disabled", "doctor", "explain", "fused_moe", "get_config", "get_locks", "layer_norm", "list_kernels",
     "load_capabilities", "load_config", "lock", "paged_attention", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rope", "sample_topk", "sample_topp", "swiglu",
     "select", "trace", "TuneReport", "tune", "unlock", "validate", "which",
     "kernel", "register_kernel", "unregister_kernel",
