@@ -35,6 +35,8 @@ def _all_ops_args():
         "rope": ((q, q, torch.ones(4, 8), torch.zeros(4, 8)), {}),
         "sample_topk": ((x, 2), {}),
         "sample_topp": ((x, 0.5), {}),
+        "fused_moe": ((x, torch.randn(3, 6, 8, generator=g), torch.randn(3, 8, 3, generator=g), torch.ones(2, 2),
+                       torch.tensor([[0, 2], [1, 2]])), {}),
     }
 
 
@@ -304,7 +306,8 @@ def test_trace_is_per_block_and_counts_calls():
 def test_public_exports():
     for name in lz.__all__:
         assert hasattr(lz, name), name
-    for name in ("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp", "lock", "unlock",
+    for name in ("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp", "swiglu", "fused_moe",
+                 "lock", "unlock",
                  "prefer", "disabled", "explain", "which", "validate", "select", "configure", "load_config"):
         assert name in lz.__all__
     for err in (lz.InvalidInputError, lz.NoKernelFoundError, lz.ConfigurationError, lz.KernelExecutionError):

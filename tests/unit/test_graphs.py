@@ -190,7 +190,9 @@ def test_capture_key_for_every_op():
              "sample_topk": ((torch.randn(2, 10), 3), {}), "sample_topp": ((torch.randn(2, 10), 0.9), {}),
              "rope": ((q, k, cos, sin), {}), "swiglu": ((gate, gate), {}),
              "paged_attention": ((torch.randn(2, 4, 8), cache, tables, lens), {}),
-             "reshape_and_cache": ((kv, kv, cache, slots), {})}
+             "reshape_and_cache": ((kv, kv, cache, slots), {}),
+             "fused_moe": ((x, torch.randn(4, 6, 16), torch.randn(4, 16, 3), torch.ones(2, 2),
+                            torch.tensor([[0, 1], [2, 3]])), {})}
     assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():
         prepare, build_ctx = OPS[op]
