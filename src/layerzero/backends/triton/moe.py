@@ -63,12 +63,14 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     """
     flat = topk_ids.reshape(-1).to(torch.int64)
     pairs, dev = flat.numel(), flat.device
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    order = torch.argsort(flat, stable=True)  # pair ids grouped by expert, token order within a group
+    expert = flat[order]
+    # group e is order[bounds[e]:bounds[e + 1]] (a binary search, no atomics: deterministic)
+    bounds = torch.searchsorted(expert, torch.arange(num_experts + 1, device=dev))
+    counts = bounds[1:] - bounds[:-1]
     padded = (counts + block_m - 1) // block_m * block_m
     seg_end = padded.cumsum(0)  # expert e's padded segment: [seg_end[e] - padded[e], seg_end[e])
-    order = torch.argsort(flat, stable=True)  # pair ids grouped by expert
-    expert = flat[order]
-    rank = torch.arange(pairs, device=dev) - (counts.cumsum(0) - counts)[expert]  # position within its group
+    rank = torch.arange(pairs, device=dev) - bounds[:-1][expert]  # position within its group
     tiles = min(pairs, cdiv(pairs, block_m) + min(num_experts, pairs))
     sorted_ids = torch.full((tiles * block_m,), pairs, dtype=torch.int32, device=dev)
     sorted_ids[(seg_end - padded)[expert] + rank] = order.to(torch.int32)
