@@ -8,7 +8,7 @@ from pathlib import Path
 import layerzero as lz
 
 SECTIONS = {
-    "Ops": ["attention", "rms_norm", "layer_norm", "rope", "swiglu", "sample_topk", "sample_topp", "sample",
+    "Ops": ["attention", "rms_norm", "layer_norm", "rope", "swiglu", "fused_moe", "sample_topk", "sample_topp", "sample",
             "apply_penalties"],
     "Paged KV cache (serving)": ["paged_attention", "reshape_and_cache", "allocate_kv_cache"],
     "Configuration and policy": ["configure", "get_config", "load_config", "reload", "lock", "unlock", "get_locks",

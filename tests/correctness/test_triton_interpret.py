@@ -1,4 +1,5 @@
-"""LayerZero's Triton kernels (``triton.rms_norm``, ``triton.rope``, ``triton.sample_topk/topp``) on CPU tensors
+"""LayerZero's Triton kernels (``triton.rms_norm``, ``triton.rope``, ``triton.sample_topk/topp``,
+``triton.fused_moe``) on CPU tensors
 through the Triton interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py, and below as a fallback,
 before any ``@triton.jit`` runs when no CUDA device is visible). Skipped with a reason without triton.
 
@@ -12,6 +13,9 @@ oracle here than on the GPU: the shared tolerance (2e-2 of the output scale) sti
   dtype; the tiled path (H > 8192); a hand-worked row.
 - rope: seeded ``_shapes.rope_call`` cases (both pair styles, partial rotary, tables / int32 and int64
   position ids / gathered [B or 1, S, R], BHSD/BSHD, GQA) vs the complex-multiplication oracle; inputs unchanged.
+- fused_moe: seeded small cases of ``test_fused_moe.moe_case`` (T in {0, 1, ragged}, odd H and I, E 1..8,
+  K 1..E, both block configs) vs the float64 oracle; strided inputs; duplicate ids; ``moe_align``'s layout
+  (every pair once, each tile one expert, padding only at group ends).
 - sampling: with given uniforms u the token equals a float64 brute-force inverse CDF over the reference's kept
   set (candidates in descending probability; token order when nothing is cut); a chi-square test of the draw
   frequencies; k = 1, tiny p, temperature 0 (first index on ties); odd vocab sizes across several tiles;
@@ -247,3 +251,69 @@ def test_same_seed_same_tokens_and_zero_probability_never_drawn():
     u = torch.ones(6) - 2 ** -24  # largest float32 below 1: the last candidate with non-zero probability
     last = sampling.draw(logits, u, k=None)
     assert torch.equal(last, torch.full((6,), 299))
+
+
+# ----------------------------------------------------------------------------- fused_moe
+
+
+def _moe():
+    from layerzero.backends.triton import moe
+
+    return moe
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_moe_seeded_cases_match_float64(dtype):
+    from test_fused_moe import moe_case, oracle
+
+    moe = _moe()
+    failures, configs = [], set()
+    for seed in range(6):
+        c = moe_case(seed, dtype, tokens=(0, 1, 13, 5, 3, 40)[seed], ids_dtype=(torch.int32, torch.int64)[seed % 2])
+        snapshot = [t.clone() for t in c]
+        out = moe.fused_moe(*c)
+        msg = mismatch(out, oracle(*c), dtype, f"seed {seed} T={c.x.shape[0]} H={c.x.shape[1]} I={c.w2.shape[2]} "
+                                               f"E={c.w13.shape[0]} K={c.ids.shape[1]}")
+        if msg:
+            failures.append(msg)
+        assert all(torch.equal(a, b) for a, b in zip(snapshot, c, strict=True)), "inputs were modified"
+        configs.add(moe.block_sizes(c.x.shape[0], c.w13.shape[0]))
+    assert not failures, "\n".join(failures)
+    assert len(configs) == 2, configs  # the decode (T <= E) and the prefill block sizes both ran
+
+
+def test_fused_moe_strided_inputs_and_duplicate_ids():
+    from test_fused_moe import moe_case, oracle
+
+    moe = _moe()
+    c = moe_case(21, torch.float32, tokens=6, hidden=19, inter=11, experts=3, top_k=2)
+    x = torch.randn(6, 38)[:, ::2].copy_(c.x)
+    w13 = c.w13.transpose(1, 2).contiguous().transpose(1, 2)
+    w2 = c.w2.transpose(0, 1).contiguous().transpose(0, 1)
+    ids = torch.tensor([[1, 1], [0, 2], [2, 2], [0, 1], [1, 0], [2, 1]], dtype=torch.int32).t().contiguous().t()
+    weights = c.weights.t().contiguous().t()
+    assert mismatch(moe.fused_moe(x, w13, w2, weights, ids), oracle(x, w13, w2, weights, ids), torch.float32) is None
+
+
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "block_m"), [(1, 8, 2, 16), (13, 5, 3, 4), (40, 3, 1, 16),
+                                                                     (7, 1, 1, 2), (9, 6, 6, 64)])
+def test_moe_align_layout(tokens, experts, top_k, block_m):
+    moe = _moe()
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.randint(0, experts, (tokens, top_k), generator=g)
+    sorted_ids, block_expert = moe.moe_align(ids, experts, block_m)
+    pairs, flat = tokens * top_k, ids.reshape(-1)
+    assert sorted_ids.numel() == block_expert.numel() * block_m
+    real = sorted_ids[sorted_ids < pairs]
+    assert sorted(real.tolist()) == list(range(pairs)), "every pair exactly once"
+    assert bool((sorted_ids <= pairs).all())
+    tiles = sorted_ids.view(-1, block_m)
+    used = int((block_expert < experts).sum())
+    assert bool((block_expert[used:] == experts).all()) and bool((tiles[used:] == pairs).all())
+    counts = torch.bincount(flat, minlength=experts)
+    assert used == int(((counts + block_m - 1) // block_m).sum())
+    for tile, e in zip(tiles[:used], block_expert[:used].tolist(), strict=True):
+        rows = tile[tile < pairs].long()
+        assert rows.numel() > 0 and bool((flat[rows] == e).all()), "a tile holds one expert's pairs"
+        assert bool((tile[:rows.numel()] < pairs).all()), "padding only at the end of a group"
+    assert block_expert[:used].tolist() == sorted(block_expert[:used].tolist())

@@ -38,6 +38,8 @@ def _all_ops_args():
         "sample": ((x,), {"temperature": torch.ones(2), "top_k": torch.tensor([2, 0])}),
         "apply_penalties": ((x, torch.tensor([[1, 8], [8, 8]]), torch.tensor([[3], [4]])),
                             {"repetition_penalty": torch.ones(2)}),
+        "fused_moe": ((x, torch.randn(3, 6, 8, generator=g), torch.randn(3, 8, 3, generator=g), torch.ones(2, 2),
+                       torch.tensor([[0, 2], [1, 2]])), {}),
     }
 
 
@@ -308,7 +310,7 @@ def test_public_exports():
     for name in lz.__all__:
         assert hasattr(lz, name), name
     for name in ("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp", "sample",
-                 "apply_penalties", "lock", "unlock",
+                 "apply_penalties", "swiglu", "fused_moe", "lock", "unlock",
                  "prefer", "disabled", "explain", "which", "validate", "select", "configure", "load_config"):
         assert name in lz.__all__
     for err in (lz.InvalidInputError, lz.NoKernelFoundError, lz.ConfigurationError, lz.KernelExecutionError):

@@ -11,6 +11,8 @@
 6. ``lz.sample`` / ``lz.apply_penalties``: per-row tensors of the wrong type, dtype, shape or device, CPU values out
    of range, token ids outside ``[0, V]`` -> InvalidInputError naming the argument; values on other devices are
    not read (that would synchronize).
+7. ``lz.fused_moe``: every malformed argument (ranks, packed w13 halves, w2 shape, dtypes, devices, top_k, expert
+   ids out of range on CPU) -> InvalidInputError naming it, before any kernel runs.
 
 Runs under ``python -O`` too (no assert-based validation in src/).
 """
@@ -543,3 +545,62 @@ def test_edge_values_are_accepted():
     out = lz.apply_penalties(LG, empty, IDS.int(), repetition_penalty=torch.tensor([1e-3, 1.0, 1e3]),
                              presence_penalty=torch.tensor([-2.0, 0.0, 5.0]), frequency_penalty=-F32)
     assert out.shape == LG.shape and bool(torch.isfinite(out).all())
+
+
+# ------------------------------------------------------------------------------ 7. lz.fused_moe arguments
+MOE_X, MOE_W13, MOE_W2 = torch.ones(3, 8), torch.ones(4, 10, 8), torch.ones(4, 8, 5)  # T 3, H 8, E 4, I 5
+MOE_TW, MOE_IDS = torch.full((3, 2), 0.5), torch.tensor([[0, 1], [2, 3], [3, 3]])  # K 2
+
+
+def _moe(**kw):
+    args = {"x": MOE_X, "w13": MOE_W13, "w2": MOE_W2, "topk_weights": MOE_TW, "topk_ids": MOE_IDS, **kw}
+    return lambda: lz.fused_moe(*args.values())
+
+
+MOE_CASES = [
+    ("x-list", _moe(x=[[1.0]]), r"lz\.fused_moe: x: expected a torch\.Tensor, got list"),
+    ("x-rank-3", _moe(x=torch.ones(1, 3, 8)), r"x rank: expected 2 dims, got 3 dims"),
+    ("x-int", _moe(x=torch.ones(3, 8, dtype=torch.int64)), r"x\.dtype: expected one of float32"),
+    ("x-hidden-0", _moe(x=torch.ones(3, 0)), r"hidden size \(x\.shape\[1\]\): expected >= 1, got 0"),
+    ("w13-rank", _moe(w13=torch.ones(10, 8)), r"w13 rank: expected 3 dims, got 2"),
+    ("w13-odd-2i", _moe(w13=torch.ones(4, 9, 8)), r"w13 shape: expected \[E, 2I, H\].*even.*got \[4, 9, 8\]"
+                                                  r".*torch\.cat\(\(gate, up\), 0\)"),
+    ("w13-no-experts", _moe(w13=torch.ones(0, 10, 8)), r"w13 shape:.*E >= 1.*got \[0, 10, 8\]"),
+    ("w13-hidden", _moe(w13=torch.ones(4, 10, 7)), r"w13 shape: expected \[E, 2I, H\] with H = x\.shape\[1\] = 8"),
+    ("w13-dtype", _moe(w13=torch.ones(4, 10, 8, dtype=torch.bfloat16)), r"w13\.dtype: expected torch\.float32"),
+    ("w13-device", _moe(w13=torch.ones(4, 10, 8, device="meta")), r"w13\.device: expected cpu.*got meta"),
+    ("w2-transposed", _moe(w2=torch.ones(4, 5, 8)), r"w2 shape: expected \[E, H, I\] = \[4, 8, 5\].*got \[4, 5, 8\]"),
+    ("w2-experts", _moe(w2=torch.ones(3, 8, 5)), r"w2 shape: expected \[E, H, I\] = \[4, 8, 5\]"),
+    ("w2-dtype", _moe(w2=torch.ones(4, 8, 5, dtype=torch.float16)), r"w2\.dtype: expected torch\.float32"),
+    ("ids-float", _moe(topk_ids=torch.zeros(3, 2)), r"topk_ids\.dtype: expected int32 or int64, got torch\.float32"),
+    ("ids-not-tensor", _moe(topk_ids=[[0, 1]] * 3), r"topk_ids: expected a torch\.Tensor, got list"),
+    ("ids-rows", _moe(topk_ids=torch.zeros(2, 2, dtype=torch.int64)), r"topk_ids shape: expected \[T, K\] with "
+                                                                       r"T = x\.shape\[0\] = 3, got \[2, 2\]"),
+    ("ids-1d", _moe(topk_ids=torch.zeros(3, dtype=torch.int64)), r"topk_ids shape: expected \[T, K\]"),
+    ("ids-device", _moe(topk_ids=torch.zeros(3, 2, dtype=torch.int64, device="meta")), r"topk_ids\.device"),
+    ("ids-too-big", _moe(topk_ids=torch.tensor([[0, 1], [2, 4], [3, 3]])),
+     r"topk_ids values: expected expert ids in \[0, 4\).*got values in \[0, 4\]"),
+    ("ids-negative", _moe(topk_ids=torch.tensor([[0, -1], [2, 3], [3, 3]], dtype=torch.int32)),
+     r"topk_ids values:.*got values in \[-1, 3\]"),
+    ("k-zero", _moe(topk_ids=torch.zeros(3, 0, dtype=torch.int64), topk_weights=torch.zeros(3, 0)),
+     r"top_k \(topk_ids\.shape\[1\]\): expected in \[1, E = 4\], got 0"),
+    ("k-above-e", _moe(topk_ids=torch.zeros(3, 5, dtype=torch.int64), topk_weights=torch.zeros(3, 5)),
+     r"top_k.*expected in \[1, E = 4\], got 5"),
+    ("weights-bf16", _moe(topk_weights=MOE_TW.bfloat16()), r"topk_weights\.dtype: expected torch\.float32.*"
+                                                           r"topk_weights\.float\(\)"),
+    ("weights-shape", _moe(topk_weights=torch.ones(3, 1)), r"topk_weights shape: expected topk_ids' shape \[3, 2\]"),
+    ("weights-rows", _moe(topk_weights=torch.ones(4, 2)), r"topk_weights shape: expected \[T, K\] with T = "),
+]
+
+
+@pytest.mark.parametrize(("fn", "match"), [c[1:] for c in MOE_CASES], ids=[c[0] for c in MOE_CASES])
+def test_fused_moe_bad_arguments_raise_invalid_input(fn, match):
+    with pytest.raises(lz.InvalidInputError, match=match) as info:
+        fn()
+    assert isinstance(info.value, ValueError)
+
+
+def test_fused_moe_ids_on_cpu_checked_even_on_the_fast_path():
+    assert _moe()().shape == (3, 8)  # the valid call these cases perturb
+    with pytest.raises(lz.InvalidInputError, match=r"topk_ids values"):
+        _moe(topk_ids=torch.tensor([[0, 1], [2, 3], [3, 9]]))()

@@ -45,7 +45,9 @@ class SelectionContext:
     itself is not a constraint, so it stays out of the key). None defaults keep other ops' PerfDB bucket keys
     unchanged.
     Norm fields: ``hidden_size`` (exact), ``param_dtype`` (weight/bias dtype), ``fused_residual``, ``has_bias``. RoPE: ``interleaved``,
-    ``rotary_dim``. Sampling: ``vocab_size`` (exact), ``has_generator``. Paged KV cache (paged_attention,
+    ``rotary_dim``. Sampling: ``vocab_size`` (exact), ``has_generator``. Mixture of experts (fused_moe): ``batch``
+    (tokens T, bucketed), ``hidden_size`` (H), ``intermediate_size`` (I, per expert), ``num_experts`` (E) and
+    ``top_k`` (K), all exact but T. Paged KV cache (paged_attention,
     reshape_and_cache): ``kv_layout`` (``"NHD"``/``"HND"``) and ``page_size`` (tokens per block), both exact.
     Common: ``dtype`` of the main input, ``device`` (a :class:`DeviceSpec`), ``stride_last_1`` and
     ``contiguous`` (all tensor inputs), ``aligned_16`` (CUDA inputs: data pointers and every stride but the
@@ -90,6 +92,9 @@ class SelectionContext:
     window_left: int | None = None
     window_right: int | None = None
     has_softcap: bool | None = None
+    intermediate_size: int | None = None
+    num_experts: int | None = None
+    top_k: int | None = None
 
     @property
     def phase(self) -> Phase | None:

@@ -6,6 +6,7 @@ the dispatch runtime; ``OPS`` maps an op id to its (prepare, context-from-key) p
 from __future__ import annotations
 
 from . import attention as _attention
+from . import fused_moe as _fused_moe
 from . import norms as _norms
 from . import paged as _paged
 from . import penalties as _penalties
@@ -13,6 +14,7 @@ from . import rope as _rope
 from . import sampling as _sampling
 from . import swiglu as _swiglu
 from .attention import attention
+from .fused_moe import fused_moe
 from .kv_cache import KVLayout, allocate_kv_cache
 from .norms import layer_norm, rms_norm
 from .paged import paged_attention, reshape_and_cache
@@ -23,7 +25,7 @@ from .swiglu import swiglu
 
 OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _sampling.TOPK_SPEC,
                    _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
-                   _swiglu.SPEC)
+                   _swiglu.SPEC, _fused_moe.SPEC)
 
 OPS = {
     "attention": (_attention.prepare, _attention.context),
@@ -37,6 +39,7 @@ OPS = {
     "paged_attention": (_paged.prepare, _paged.context),
     "reshape_and_cache": (_paged.prepare_cache, _paged.context_cache),
     "swiglu": (_swiglu.prepare, _swiglu.context),
+    "fused_moe": (_fused_moe.prepare, _fused_moe.context),
 }
 
 
@@ -51,4 +54,4 @@ def register_builtin(registry) -> None:
 
 
 __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
-           "attention", "layer_norm", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu"]
+           "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu"]

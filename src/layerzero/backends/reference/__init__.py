@@ -56,6 +56,10 @@ def _swiglu(gate, up):
     return K.swiglu(gate, up)
 
 
+def _fused_moe(x, w13, w2, topk_weights, topk_ids):
+    return K.fused_moe(x, w13, w2, topk_weights, topk_ids)
+
+
 def register(registry: KernelRegistry) -> None:
     """Add the reference backend and one kernel per op."""
     registry.add_backend(BackendSpec("reference", None, torch.__version__, True,
@@ -72,6 +76,7 @@ def register(registry: KernelRegistry) -> None:
         ("sample", _sample, {"graph_safe": False}),
         ("apply_penalties", _apply_penalties, {"graph_safe": False}),
         ("swiglu", _swiglu, {}),
+        ("fused_moe", _fused_moe, {"graph_safe": False}),  # nonzero() per expert: a host sync
     ):
         registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (float32 math)",
                                        **common, **extra))
