@@ -26,7 +26,7 @@ def _sp(**kw):
     return SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=5, **kw)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe"])
 def test_graphs_equal_eager(checkpoints, family):
     ps = prompts(6, seed=51)
     eager = _llm(checkpoints[family], enforce_eager=True).generate(ps, _sp(), use_tqdm=False)

@@ -1,4 +1,5 @@
-"""Sparse mixture-of-experts MLP (Qwen3-MoE): a softmax router over E experts, top-k per token, SwiGLU experts."""
+"""Sparse mixture-of-experts MLP (Qwen3-MoE): a softmax router over E experts, top-k per token, SwiGLU experts
+(the experts through the dispatched ``lz.fused_moe``)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import layerzero as lz
+
 from ..config import MoEConfig
-from .activation import silu_and_mul
 
 __all__ = ["SparseMoE", "route"]
 
@@ -36,23 +38,9 @@ class SparseMoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(e, hidden, i, device=device, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x ``[T, H]`` -> ``[T, H]`` (x's dtype)."""
+        """x ``[T, H]`` -> ``[T, H]`` (x's dtype): routing here, the experts through :func:`layerzero.fused_moe`."""
         weights, ids = route(F.linear(x, self.gate), self.top_k, self.renormalize)
-        out = torch.zeros(x.shape[0], x.shape[1], device=x.device, dtype=torch.float32)
-        flat = ids.flatten()
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.w13.shape[0]).tolist()
-        tokens = order // self.top_k
-        at = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            rows = tokens[at:at + n]
-            w = weights.flatten()[order[at:at + n]]
-            h = silu_and_mul(F.linear(x[rows], self.w13[e]))
-            out.index_add_(0, rows, F.linear(h, self.w2[e]).float() * w[:, None])
-            at += n
-        return out.to(x.dtype)
+        return lz.fused_moe(x, self.w13, self.w2, weights, ids)
 
     def load(self, tensor: torch.Tensor, what: str, expert: int | None = None) -> None:
         """Copy a checkpoint tensor: ``what`` in ``gate`` (router ``[E, H]``), ``gate_proj`` / ``up_proj`` /
