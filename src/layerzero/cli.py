@@ -202,6 +202,19 @@ def _cmd_bench_engine(ns: argparse.Namespace) -> int:
     from layerzero.engine.bench import run
 
     scale = ns.scale or ("full" if torch.cuda.is_available() and ns.device != "cpu" else "cpu")
+    if ns.workload == "prefix":
+        from layerzero.engine.bench_prefix import run_prefix
+
+        r = run_prefix(scale=scale, model=ns.model, device=ns.device)
+        sp, zh = r["shared_prefix"], r["zero_hit"]
+        print(f"shared prefix ({sp['requests']} requests): {sp['seconds_cache_on']:.2f} s with prefix caching, "
+              f"{sp['seconds_cache_off']:.2f} s without: {sp['speedup']:.2f}x (hit rate {100 * sp['hit_rate']:.0f}%)")
+        print(f"0% hits ({zh['requests']} requests): {zh['seconds_cache_on']:.2f} s on, {zh['seconds_cache_off']:.2f} s "
+              f"off: cost {100 * zh['cost']:+.1f}%")
+        if ns.out is not None:
+            ns.out.mkdir(parents=True, exist_ok=True)
+            (ns.out / "bench_prefix.json").write_text(json.dumps(r, indent=2) + "\n")
+        return 0
     res = run(scale=scale, model=ns.model, device=ns.device, dtype=ns.dtype, hf_batch=ns.hf_batch, out=ns.out,
               enforce_eager=ns.enforce_eager)
     hf = res.get("transformers", {})
@@ -295,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--dtype", choices=("auto", *DTYPES), default="auto")
     be.add_argument("--hf-batch", type=int, default=64, help="requests transformers generates in one batch (0: skip)")
     be.add_argument("--enforce-eager", action="store_true")
+    be.add_argument("--workload", choices=("nano-vllm", "prefix"), default="nano-vllm",
+                    help="prefix: shared-prefix speed-up and the cost of prefix caching at a 0%% hit rate")
     be.add_argument("--out", type=Path, default=None, help="write bench_engine.json here")
     be.set_defaults(fn=_cmd_bench_engine)
     dm = sub.add_parser("demo", help="run tiny Transformers models stock vs LayerZero and compare")

@@ -58,3 +58,13 @@ def test_chat_applies_the_template(checkpoints):
     assert chat.prompt_token_ids == ids
     (plain,) = llm.generate([ids], sp, use_tqdm=False)
     assert chat.outputs[0].token_ids == plain.outputs[0].token_ids
+
+
+def test_shared_prefix_workload():
+    from layerzero.engine.bench_prefix import PREFIX_SCALES, shared_prefix_workload
+
+    prompts, out = shared_prefix_workload("full")
+    s = PREFIX_SCALES["full"]
+    assert len(prompts) == 64 * 16 and out == 256 and all(len(p) == 2048 + 128 for p in prompts)
+    assert prompts[0][:2048] == prompts[64][:2048] != prompts[1][:2048]  # request i of every group, interleaved
+    assert len({tuple(p[:s["prefix"]]) for p in prompts}) == 64
