@@ -150,6 +150,16 @@ class LLMEngine:
             self.scheduler.add(seq)
         return req
 
+    def abort(self, request_id: str) -> bool:
+        """End a request now (finish reason ``"abort"``), freeing its blocks; False when it is not known."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        for seq in req.seqs:
+            if not seq.finished:
+                self.scheduler.finish(seq, FinishReason.ABORT)
+        return True
+
     def has_unfinished(self) -> bool:
         """Whether any request is queued or running."""
         return self.scheduler.has_unfinished()

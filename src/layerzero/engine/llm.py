@@ -115,21 +115,26 @@ class LLM:
                priority: int = 0) -> Iterator[RequestOutput]:
         """Generate for one prompt, yielding :class:`RequestOutput` deltas: each holds the text and token ids new
         since the previous yield; the last one has ``finished`` True and the finish reasons. Text that might
-        become a stop string is held back until it is known not to be one.
+        become a stop string is held back until it is known not to be one. Leaving the loop early (``break``)
+        aborts the request and frees its KV blocks.
 
         Raises:
             InvalidInputError: as :meth:`generate`, before anything is queued.
         """
         (rid,) = self._add_all([prompt], sampling_params, [priority])
         eng = self.engine
-        while True:
-            for req in eng.step():
-                if req.request_id == rid:
-                    out = eng.output(req, delta=True)
-                    if out.finished or any(o.text or o.token_ids for o in out.outputs):
-                        yield out
-                    if out.finished:
-                        return
+        done = False
+        try:
+            while not done:
+                for req in eng.step():
+                    if req.request_id == rid:
+                        out = eng.output(req, delta=True)
+                        done = out.finished
+                        if done or any(o.text or o.token_ids for o in out.outputs):
+                            yield out
+        finally:  # the consumer stopped early (break, close, an exception): free the request's blocks
+            if not done:
+                eng.abort(rid)
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,

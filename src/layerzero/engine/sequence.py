@@ -24,10 +24,12 @@ class SequenceStatus(enum.Enum):
 
 
 class FinishReason(str, enum.Enum):
-    """Why generation ended: a stop condition (EOS, stop id, stop string) or a length limit."""
+    """Why generation ended: a stop condition (EOS, stop id, stop string), a length limit, or an abort (a stream
+    closed before the end)."""
 
     STOP = "stop"
     LENGTH = "length"
+    ABORT = "abort"
 
 
 @dataclass(eq=False)

@@ -104,3 +104,12 @@ def test_stream_deltas_add_up_and_never_show_the_stop_string(llm, free):
     assert joined == text[:at]
     assert [t for d in deltas for t in d.outputs[0].token_ids] == tokens[:len(sum((d.outputs[0].token_ids
                                                                                     for d in deltas), []))]
+
+
+def test_leaving_a_stream_early_aborts_the_request(llm, free):
+    p, _, _ = free
+    for _ in llm.stream(p, sp(ignore_eos=True, max_tokens=30)):
+        break
+    eng = llm.engine
+    assert not eng.has_unfinished() and not eng.requests and eng.kv.usage() == 0.0
+    eng.kv.check_invariants()
