@@ -8,7 +8,8 @@ when the pool cannot hold them, the policy's victim among the not-yet-scheduled 
 it waits again, keeping its arrival time). Then, if nothing was preempted, waiting sequences are admitted in
 policy order while the budget, ``max_num_seqs`` and the pool (keeping a watermark of free blocks) allow; a
 sequence that does not fit stops admission for this step (no overtaking, so no starvation). A prompt longer than
-the budget is prefilled in chunks over several steps.
+the budget is prefilled in chunks over several steps. With prefix caching, the completions of one request
+(``n > 1``) are admitted one first: the others wait until its prompt is computed and then reuse its full blocks.
 """
 
 from __future__ import annotations
@@ -84,9 +85,16 @@ class Scheduler:
                 i += 1
         if out.preempted:
             return out
+        # completions of one request (n > 1) share the prompt: while one of them computes it, the others wait (they
+        # are skipped, not blocking admission) and then find its blocks in the prefix cache
+        share = self.kv.enable_prefix_caching
+        prefilling = {s.request_id for s in self.running if s.num_computed_tokens < s.num_prompt_tokens} if share \
+            else set()
         for seq in self.policy.order_waiting(self.waiting, self._cached_tokens):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
+            if seq.request_id in prefilling and seq.num_preemptions == 0:
+                continue
             blocks, cached = self.kv.get_computed_blocks(seq.token_ids, record=False)
             n = min(seq.num_tokens - cached, budget)
             if self.kv.allocate_slots(seq.seq_id, cached + n, blocks, admit=True) is None:
@@ -98,6 +106,8 @@ class Scheduler:
             self.running.append(seq)
             out.chunks.append((seq, n))
             budget -= n
+            if share:
+                prefilling.add(seq.request_id)
         return out
 
     def _cached_tokens(self, seq: Sequence) -> int:

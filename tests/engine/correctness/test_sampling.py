@@ -86,3 +86,16 @@ def test_distribution_of_the_first_token_matches_transformers(llm, hf_models):
     target = torch.softmax(logits.masked_fill(logits < cut, -math.inf), -1)
     assert torch.nn.functional.cosine_similarity(counts, target, dim=0) >= 0.99
     assert counts[target == 0].sum() == 0
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_n_greedy_completions_share_the_prompt_blocks(checkpoints, caching):
+    from layerzero.engine import LLM
+
+    llm = LLM(checkpoints[FAMILY], device="cpu", dtype=torch.float32, max_model_len=64, num_kv_blocks=64,
+              enable_prefix_caching=caching)
+    p = prompts(1, seed=37, lo=40, hi=40)[0]
+    (o,) = llm.generate([p], sp(n=3, temperature=0.0, logprobs=0), use_tqdm=False)
+    (one,) = llm.generate([p], sp(temperature=0.0), use_tqdm=False)
+    assert all(c.token_ids == one.outputs[0].token_ids for c in o.outputs)
+    assert o.num_cached_tokens == (32 if caching else 0)  # siblings reuse the 2 full blocks of 16

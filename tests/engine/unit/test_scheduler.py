@@ -3,9 +3,12 @@ admission order and head-of-line blocking, preemption victims per policy, LPM or
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 pytestmark = pytest.mark.unit
+_IDS = itertools.count()
 
 
 def _seq(n, *, prio=0, t=0.0, tokens=None):
@@ -13,7 +16,7 @@ def _seq(n, *, prio=0, t=0.0, tokens=None):
     from layerzero.engine.sequence import Sequence
 
     ids = tokens if tokens is not None else list(range(1, n + 1))
-    return Sequence("r", 0, list(ids), len(ids), SamplingParams(max_tokens=100), priority=prio, arrival_time=t)
+    return Sequence(f"r{next(_IDS)}", 0, list(ids), len(ids), SamplingParams(max_tokens=100), priority=prio, arrival_time=t)
 
 
 def _sched(blocks=64, block_size=4, budget=16, max_seqs=8, policy="fcfs"):
