@@ -43,7 +43,9 @@ ISA_TESTS ?= tests/correctness --ignore=tests/correctness/test_triton_interpret.
 
 test: $(STAMP)
 	$(PY) -m pytest -q
-	$(PY) -O -m pytest -q -p no:cacheprovider -m "not stress"  # validation must not rely on assert
+	# validation must not rely on assert: every test of validation and the engine again under python -O (the
+	# kernel-correctness tests run twice more below, under forced ISAs)
+	$(PY) -O -m pytest -q -p no:cacheprovider -m "not stress" tests --ignore=tests/correctness
 	set -e; for isa in $(ISA_CAPABILITIES); do \
 		echo "kernel-correctness tests with ATEN_CPU_CAPABILITY=$$isa"; \
 		ATEN_CPU_CAPABILITY=$$isa $(PY) -m pytest -q -p no:cacheprovider -m "not gpu" $(ISA_TESTS); \
