@@ -1,0 +1,44 @@
+"""The step metadata, worked out by hand: positions, slot mapping, padded block tables, sequence lengths,
+cu_seqlens_q (None for a pure decode step) and the sampled rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.unit
+
+
+def _chunk(tokens, start, length, table, sample=True):
+    from layerzero.engine.runner.forward_batch import ScheduledChunk
+
+    return ScheduledChunk(tokens, start, length, table, sample)
+
+
+def test_mixed_step():
+    from layerzero.engine.runner.forward_batch import build_forward_batch
+
+    # block size 4; seq A: 6 new tokens from position 0 (blocks 7, 2); seq B: 1 token at position 9 (blocks 5, 1, 3)
+    a = _chunk(list(range(100, 106)), 0, 6, [7, 2])
+    b = _chunk(list(range(200, 210)), 9, 1, [5, 1, 3])
+    fb = build_forward_batch([a, b], 4, torch.device("cpu"))
+    assert fb.input_ids.tolist() == [100, 101, 102, 103, 104, 105, 209]
+    assert fb.positions.tolist() == [0, 1, 2, 3, 4, 5, 9]
+    assert fb.slot_mapping.tolist() == [28, 29, 30, 31, 8, 9, 3 * 4 + 1]
+    assert fb.block_tables.tolist() == [[7, 2, 0], [5, 1, 3]] and fb.block_tables.dtype == torch.int32
+    assert fb.seq_lens.tolist() == [6, 10] and fb.cu_seqlens_q.tolist() == [0, 6, 7]
+    assert fb.logits_indices.tolist() == [5, 6] and not fb.is_decode
+
+
+def test_decode_step_and_an_unsampled_chunk():
+    from layerzero.engine.runner.forward_batch import build_forward_batch
+
+    a = _chunk([1, 2, 3, 4, 5], 4, 1, [6, 0])
+    b = _chunk([9, 8, 7], 2, 1, [4])
+    fb = build_forward_batch([a, b], 4, torch.device("cpu"))
+    assert fb.is_decode and fb.cu_seqlens_q is None
+    assert fb.input_ids.tolist() == [5, 7] and fb.positions.tolist() == [4, 2]
+    assert fb.slot_mapping.tolist() == [0 * 4 + 0, 4 * 4 + 2] and fb.seq_lens.tolist() == [5, 3]
+    assert fb.block_tables.tolist() == [[6, 0], [4, 0]] and fb.logits_indices.tolist() == [0, 1]
+    part = build_forward_batch([_chunk([1, 2, 3, 4, 5, 6], 0, 3, [2, 3], sample=False)], 4, torch.device("cpu"))
+    assert part.logits_indices.tolist() == [] and part.cu_seqlens_q.tolist() == [0, 3]
