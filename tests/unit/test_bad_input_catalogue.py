@@ -460,6 +460,13 @@ BATCH_SAMPLING = [
     ("sample-logits-1d", _sample(logits=torch.zeros(11)), r"lz\.sample: logits rank: expected 2 dims, got 1"),
     ("sample-logits-int", _sample(logits=torch.zeros(3, 11, dtype=torch.int64)), r"lz\.sample: logits\.dtype"),
     ("sample-logits-empty", _sample(logits=torch.zeros(0, 11)), r"logits shape: expected \[B, V\] with B >= 1"),
+    # non-finite logits (CPU values): no distribution to sample from, never a kernel failure charged to a backend
+    ("sample-logits-nan", _sample(logits=torch.tensor([[0.0, math.nan, 1.0]] * 3)), r"logits values: expected no NaN"),
+    ("sample-logits-posinf", _sample(logits=torch.tensor([[0.0, math.inf, 1.0]] * 3)), r"got inf at index \[0, 1\]"),
+    ("sample-logits-row-neginf", _sample(logits=torch.tensor([[0.0, 1.0], [-math.inf, -math.inf], [1.0, 0.0]])),
+     r"logits row maximum values: expected a finite logit in every row.*got -inf at index 1"),
+    ("topk-logits-nan", lambda: lz.sample_topk(torch.tensor([[math.nan, 1.0]]), 1), r"lz\.sample_topk: logits values"),
+    ("topp-logits-posinf", lambda: lz.sample_topp(torch.tensor([[math.inf, 1.0]]), 0.5), r"lz\.sample_topp: logits"),
     ("sample-temp-float", _sample(temperature=0.7), r"temperature: expected a float32 tensor \[B\] or None, "
                                                     r"got float.*torch\.full\(\(3,\), value"),
     ("sample-temp-f64", _sample(temperature=F32.double()), r"temperature\.dtype: expected float32, got torch\.float64"),

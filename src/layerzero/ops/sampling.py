@@ -40,6 +40,11 @@ def _check_logits(op: str, logits: Any, generator: Any) -> None:
     check_tensor(op, "logits", logits, 2)
     if logits.shape[0] == 0 or logits.shape[1] == 0:
         raise fail(op, "logits shape", "[B, V] with B >= 1 and V >= 1", list(logits.shape))
+    if logits.device.type == "cpu" and logits.is_floating_point():  # values on CPU only: a GPU check would sync
+        check_cpu_values(op, "logits", logits, lambda t: ~torch.isnan(t) & (t != math.inf),
+                         "no NaN and no +inf (-inf masks a token)", "Check the model's output for overflow.")
+        check_cpu_values(op, "logits row maximum", logits.amax(dim=-1), torch.isfinite,
+                         "a finite logit in every row (a row of -inf has nothing to sample)")
     if generator is not None:
         if not isinstance(generator, torch.Generator):
             raise fail(op, "generator", "a torch.Generator or None", type(generator).__name__)
@@ -117,7 +122,8 @@ def sample_topk(logits: torch.Tensor, k: int, *, temperature: float = 1.0,
     drawn uniformly, as the softmax says) rather than an overflow. ``k >= V`` means no cut.
 
     Raises:
-        InvalidInputError: logits not a 2-D float tensor or empty; k not an int >= 1; temperature negative or
+        InvalidInputError: logits not a 2-D float tensor or empty, or (CPU tensors) with NaN / +inf or a
+            row of -inf only; k not an int >= 1; temperature negative or
             not finite; generator of another device type.
 
     >>> import torch, layerzero as lz
@@ -138,7 +144,8 @@ def sample_topp(logits: torch.Tensor, p: float, *, temperature: float = 1.0,
     ``generator`` as in :func:`sample_topk`.
 
     Raises:
-        InvalidInputError: logits not a 2-D float tensor or empty; p outside (0, 1]; bad temperature or
+        InvalidInputError: logits not a 2-D float tensor or empty, or (CPU tensors) with NaN / +inf or a
+            row of -inf only; p outside (0, 1]; bad temperature or
             generator.
 
     >>> import torch, layerzero as lz
@@ -257,7 +264,8 @@ def sample(logits: torch.Tensor, *, temperature: torch.Tensor | None = None, top
     [0, 1]); on CUDA that would synchronize, so out-of-range values there are the caller's responsibility.
 
     Raises:
-        InvalidInputError: logits not a 2-D float tensor or empty; a parameter not a ``[B]`` tensor of its
+        InvalidInputError: logits not a 2-D float tensor or empty, or (CPU tensors) with NaN / +inf or a
+            row of -inf only; a parameter not a ``[B]`` tensor of its
             dtype on logits' device; a CPU parameter value out of range; ``offsets`` without ``seeds``;
             generator of another device type.
 
