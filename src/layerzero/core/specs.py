@@ -198,7 +198,7 @@ class ExecutionPlan:
     Calling a plan (``plan(*args)``, what ``lz.select`` returns) runs the kernel directly with the op's canonical
     positional arguments (attention: ``(q, k, v, attn_mask, is_causal, scale, dropout_p)``; see
     ``docs/architecture.md``): no input checks, no cache lookup, no fallback and no ``lz.trace`` count, about
-    0.2 µs over the kernel on CPU. For loops over inputs of the exact shape/flags the plan was selected for.
+    1 µs over the kernel on the AVX2 CI CPU (benchmarks/results/dispatch_cpu_avx2.md). For loops over inputs of the exact shape/flags the plan was selected for.
     """
 
     op: str
