@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,13 +29,14 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 @dataclass(eq=False)
 class Request:
-    """A request: its prompt and its ``n`` sequences; ``sent`` counts what a stream has already yielded."""
+    """A request: its prompt and its ``n`` sequences; ``sent_tokens`` counts, per sequence, the output tokens a
+    stream has already yielded."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     seqs: list[Sequence]
-    sent_tokens: list[int] = field(default_factory=list)
+    sent_tokens: list[int]
 
     @property
     def finished(self) -> bool:
@@ -122,17 +123,36 @@ class LLMEngine:
             raise bad_input("SamplingParams.stop", "no stop strings (this checkpoint has no tokenizer)",
                             params.stop_strings, "Use stop_token_ids.")
 
+    def validate(self, prompt: str | list[int], params: SamplingParams, priority: int = 0
+                 ) -> tuple[str | None, list[int]]:
+        """Every check of one request, nothing queued: (prompt text or None, token ids) for :meth:`enqueue`.
+
+        Raises:
+            InvalidInputError: see :meth:`encode` and :meth:`check`; a non-int priority.
+        """
+        text_ids = self.encode(prompt)
+        self.check(params)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise bad_input("priority", "an int (lower runs first with scheduling_policy='priority')", repr(priority))
+        return text_ids
+
     def add_request(self, prompt: str | list[int], params: SamplingParams, *, priority: int = 0,
                     request_id: str | None = None) -> Request:
         """Validate and queue one request (``n`` sequences). Nothing is queued when it raises.
 
         Raises:
-            InvalidInputError: see :meth:`encode` and :meth:`check`; a non-int priority; a duplicate request id.
+            InvalidInputError: see :meth:`validate`; a duplicate request id.
         """
-        text, ids = self.encode(prompt)
-        self.check(params)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise bad_input("priority", "an int (lower runs first with scheduling_policy='priority')", repr(priority))
+        text, ids = self.validate(prompt, params, priority)
+        return self.enqueue(text, ids, params, priority, request_id)
+
+    def enqueue(self, text: str | None, ids: list[int], params: SamplingParams, priority: int = 0,
+                request_id: str | None = None) -> Request:
+        """Queue a request whose prompt and parameters :meth:`validate` accepted (``text``/``ids`` as it returned).
+
+        Raises:
+            InvalidInputError: a duplicate request id (nothing queued).
+        """
         rid = request_id if request_id is not None else str(next(self._ids))
         if rid in self.requests:
             raise bad_input("request_id", "a new id", repr(rid))
@@ -144,7 +164,7 @@ class LLMEngine:
             if self.tokenizer is not None:
                 seq.detok = Detokenizer(self.tokenizer, ids, params.stop_strings, params.skip_special_tokens)
             seqs.append(seq)
-        req = Request(rid, text, ids, seqs)
+        req = Request(rid, text, ids, seqs, [0] * len(seqs))
         self.requests[rid] = req
         for seq in seqs:
             self.scheduler.add(seq)
@@ -220,8 +240,6 @@ class LLMEngine:
     def output(self, req: Request, *, delta: bool = False) -> RequestOutput:
         """The request's :class:`RequestOutput`: whole outputs, or (``delta``) only what is new since the last
         delta of that request."""
-        if len(req.sent_tokens) != len(req.seqs):
-            req.sent_tokens = [0] * len(req.seqs)
         outs = []
         for i, s in enumerate(req.seqs):
             ids = s.output_token_ids

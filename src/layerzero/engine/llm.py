@@ -80,11 +80,9 @@ class LLM:
             raise bad_input("sampling_params / priority", f"one, or one per prompt ({n})",
                             f"{len(params)} / {len(prios)}")
         eng = self.engine
-        for p, sp in zip(prompts, params, strict=True):  # validate everything before anything is queued
-            eng.encode(p)
-            eng.check(sp)
-        return [eng.add_request(p, sp, priority=pr).request_id for p, sp, pr in zip(prompts, params, prios,
-                                                                                        strict=True)]
+        checked = [eng.validate(p, sp, pr) for p, sp, pr in zip(prompts, params, prios, strict=True)]  # all first
+        return [eng.enqueue(text, ids, sp, pr).request_id
+                for (text, ids), sp, pr in zip(checked, params, prios, strict=True)]
 
     def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,

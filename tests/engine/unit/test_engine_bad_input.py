@@ -123,3 +123,11 @@ def test_missing_or_incomplete_checkpoint(checkpoints, tmp_path):
     save_file(weights, str(d / "model.safetensors"))
     with pytest.raises(lz.ConfigurationError, match="qkv_proj"):
         LLM(d, device="cpu", max_model_len=48, num_kv_blocks=8)
+
+
+def test_a_bad_priority_in_a_batch_queues_nothing(llm):
+    from layerzero.engine import SamplingParams
+
+    with pytest.raises(lz.InvalidInputError, match="priority"):
+        llm.generate([[1, 5], [1, 6]], SamplingParams(max_tokens=2), priority=[0, "high"], use_tqdm=False)
+    assert not llm.engine.has_unfinished() and not llm.engine.requests

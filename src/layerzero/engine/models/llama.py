@@ -146,8 +146,9 @@ class LlamaForCausalLM(nn.Module):
                 self.get_submodule(m.group(1)).load(tensor, m.group(2))
                 done.add(f"{m.group(1)}.experts")
                 continue
-            if name.endswith(".mlp.gate.weight") and isinstance(self.get_submodule(name[:-12]), SparseMoE):
-                self.get_submodule(name[:-12]).load(tensor, "gate")
+            mlp = self.get_submodule(name.removesuffix(".gate.weight")) if name.endswith(".mlp.gate.weight") else None
+            if isinstance(mlp, SparseMoE):  # the MoE router (a dense MLP has no such tensor: unknown below)
+                mlp.load(tensor, "gate")
                 done.add(name)
                 continue
             parts = name.split(".")
