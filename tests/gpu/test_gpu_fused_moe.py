@@ -16,25 +16,16 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.core.runtime import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
 from _shapes import F64, mismatch  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.usefixtures("triton_usable")]
 
 DEV = "cuda"
 
 
-@pytest.fixture(autouse=True)
-def _triton_available():
-    RUNTIME.ensure_ready()
-    backend = RUNTIME.registry.backend("triton")
-    if not backend.available:
-        pytest.skip(f"triton not usable here: {'; '.join(str(r) for r in backend.reasons)}")
-    RUNTIME.health.reset()
-    yield
-    RUNTIME.health.reset()
 
 
 def make(tokens: int, hidden: int, inter: int, experts: int, top_k: int, dtype=torch.bfloat16, seed: int = 0):

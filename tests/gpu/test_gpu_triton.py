@@ -21,26 +21,16 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.core.runtime import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
 from _shapes import MIN_CASES, kept_oracle, mismatch, run_kernel  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_usable")]
 DEV = "cuda"
 F64 = torch.float64
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-@pytest.fixture(autouse=True)
-def _triton_usable():
-    RUNTIME.ensure_ready()
-    backend = RUNTIME.registry.backend("triton")
-    if not backend.available:
-        pytest.skip(f"triton not usable here: {'; '.join(str(r) for r in backend.reasons)}")
-    RUNTIME.health.reset()
-    yield
-    RUNTIME.health.reset()
 
 
 def _poison_allocator(nbytes: int = 64 << 20) -> None:
