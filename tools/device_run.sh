@@ -13,6 +13,8 @@
 #   fi-export pack the FlashInfer modules (carried + built in this call) into $OUT/fi_aot.txz.NN, 15 MiB parts (carry
 #             them back in .fi_aot/: xz shrinks them ~12x; at most 8 files of 16 MiB come back from a call)
 #   ship      benchmarks/ship_timings.py $SHIP_ARGS --out $OUT/ship, its budget what is left of $CALL_BUDGET_S
+#   ship-merge merge the part files that `ship` calls of this (still warm) machine kept in .fi_ws/ship_parts into
+#             $OUT/ship_merged and install them into the checkout there (the `hidden` stage then uses them)
 #   hidden    benchmarks/hidden_shapes.py $HIDDEN_ARGS --out $OUT/hidden, likewise
 #   engine-gpu pytest of the engine's GPU tests and the fused-MoE GPU tests (bf16, CUDA graphs vs eager)
 #   bench-engine benchmarks/engine/bench_engine.py (nano-vllm workload, full scale) into $OUT/engine, then
@@ -22,7 +24,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -2
+# SKIP_INSTALL=1: another device_run.sh of this call installed them already (two installs into one target race)
+[ -n "${SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/benchmarks
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.fi_ws} TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.fi_ws/triton}
 T0=$(date +%s)
@@ -51,7 +54,9 @@ for stage in "$@"; do
       echo "modules: $(ls /tmp/fi_export | wc -l)"; du -sh /tmp/fi_export
       XZ_OPT=-T0 tar cJf - -C /tmp/fi_export . | split -b 15M -d - "$OUT/fi_aot.txz." && ls -la "$OUT"/fi_aot.txz.* ;;
     fi-build) timeout ${FI_BUILD_TIMEOUT:-480} python3 tools/fi_prebuild.py --dtypes ${FI_DTYPES:-bfloat16} --head-dims ${FI_DIMS:-64 128 256} 2>&1 | tail -5 ;;
-    ship) python3 benchmarks/ship_timings.py --out "$OUT/ship" --max-minutes "$(left_min)" ${SHIP_ARGS:-} 2>&1 | tee "$OUT/ship.log" | tail -25 ;;
+    ship) python3 benchmarks/ship_timings.py --out "$OUT/ship" --max-minutes "$(left_min)" ${SHIP_ARGS:-} 2>&1 | tee "$OUT/ship.log" | tail -25
+      mkdir -p .fi_ws/ship_parts && cp "$OUT"/ship/timings/*.json .fi_ws/ship_parts/ 2>/dev/null ;;
+    ship-merge) python3 benchmarks/ship_timings.py --merge .fi_ws/ship_parts/*.part*.json --out "$OUT/ship_merged" 2>&1 | tail -8 ;;
     hidden) python3 benchmarks/hidden_shapes.py --out "$OUT/hidden" --max-minutes "$(left_min)" ${HIDDEN_ARGS:-} 2>&1 | tee "$OUT/hidden.log" | tail -40 ;;
     engine-gpu) timeout ${GPU_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rs --durations=15 tests/engine/gpu tests/gpu/test_gpu_fused_moe.py 2>&1 | tee "$OUT/engine-gpu.txt" | tail -40 ;;
     bench-engine) python3 benchmarks/engine/bench_engine.py --out "$OUT/engine" 2>&1 | tee "$OUT/bench-engine.log" | tail -20

@@ -132,6 +132,21 @@ def _hf_throughput(path: Path, w: Workload, device: torch.device, dtype: torch.d
                     "max_tokens count as output"}
 
 
+def _batch1(llm: Any, dev: torch.device, prompt: list[int], new: int) -> dict[str, Any]:
+    """One request alone (greedy, ``new`` tokens after its prompt): output tokens / s, the latency-bound case
+    that CUDA-graph decode exists for."""
+    from . import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=new)
+    llm.generate([prompt], sp, use_tqdm=False)  # its shapes warm
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    llm.generate([prompt], sp, use_tqdm=False)
+    took = time.perf_counter() - t0
+    return {"prompt_tokens": len(prompt), "output_tokens": new, "seconds": took, "output_tokens_per_s": new / took}
+
+
 def run(*, scale: str = "full", model: str | None = None, device: str | None = None, dtype: str = "auto",
         hf_batch: int = 64, out: Path | None = None, enforce_eager: bool = False) -> dict[str, Any]:
     """Run the benchmark; returns (and with ``out`` writes ``bench_engine.json``) the results."""
@@ -152,6 +167,8 @@ def run(*, scale: str = "full", model: str | None = None, device: str | None = N
     t0 = time.perf_counter()
     llm.generate(w.prompts, params, use_tqdm=False)
     took = time.perf_counter() - t0
+    stats = llm.stats()
+    batch1 = _batch1(llm, dev, w.prompts[0][:256], 512 if scale == "full" else 32)
     cfg = llm.engine.model_config
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
     kv_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * dt.itemsize
@@ -160,7 +177,7 @@ def run(*, scale: str = "full", model: str | None = None, device: str | None = N
     res = {"scale": scale, "device": str(dev), "dtype": str(dt), "requests": len(w.prompts),
            "output_tokens": w.output_tokens, "seconds": took, "output_tokens_per_s": w.output_tokens / took,
            "roofline_tokens_per_s": roof, "fraction_of_roofline": w.output_tokens / took / roof,
-           "copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": weight_bytes, "engine_stats": llm.stats(),
+           "copy_bandwidth_gb_s": bw / 1e9, "batch1": batch1, "weight_bytes": weight_bytes, "engine_stats": stats,
            "workload": asdict(w) | {"prompts": None}}
     del llm
     if hf_batch:
