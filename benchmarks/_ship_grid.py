@@ -18,7 +18,7 @@ from _sweep_shapes import DTYPES, check_common
 import layerzero as lz
 from layerzero.core.errors import InvalidInputError, expected_got
 
-__all__ = ["DISTRIBUTIONS", "DTYPES", "KINDS", "Case", "build", "cpu_grid", "gpu_grid", "quick_grid",
+__all__ = ["DISTRIBUTIONS", "DTYPES", "KINDS", "Case", "build", "cpu_grid", "gpu_grid", "quick_grid", "rope_tables",
            "ragged_lengths", "scores_bytes"]
 
 KINDS = ("prefill", "decode", "cross", "paged_decode", "paged_append", "rms_norm", "rope", "swiglu")
@@ -120,6 +120,19 @@ def ragged_lengths(dist: str, batch: int, mean: int, gen: torch.Generator, minim
     return [max(minimum, int(round(x))) for x in xs]
 
 
+def rope_tables(batch: int, seq: int, rotary_dim: int, dtype: torch.dtype, device: torch.device, seed: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Real gathered RoPE tables ``cos, sin [B, S, R]`` (theta 10000, ``cat(f, f)`` halves as transformers builds
+    them) at a random start position per row: random cos/sin values are not RoPE (their halves differ, which
+    kernels that read one half, Liger's, rightly ignore, and |cos| > 1 inflates bf16 rounding)."""
+    start = torch.randint(0, 4096, (batch, 1), generator=torch.Generator().manual_seed(seed))
+    pos = (start + torch.arange(seq)).double()
+    inv = 1.0 / 10000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    f = pos[..., None] * inv
+    emb = torch.cat((f, f), dim=-1)
+    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+
+
 def build(case: Case, device: torch.device) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Seeded random inputs of ``case`` on ``device``: ``(args, kwargs)`` of ``lz.<case.op>``. Paged cases get a
     cache with one spare block, block tables that are a random permutation of the blocks, table width
@@ -141,7 +154,7 @@ def build(case: Case, device: torch.device) -> tuple[tuple[Any, ...], dict[str, 
         return (rnd(case.batch, case.q_len, case.kv_len), rnd(case.batch, case.q_len, case.kv_len)), {}
     if case.kind == "rope":
         q, k = rnd(b, hq, case.q_len, d), rnd(b, hkv, case.q_len, d)
-        return (q, k, rnd(b, case.q_len, d), rnd(b, case.q_len, d)), {}
+        return (q, k, *rope_tables(b, case.q_len, d, dt, device, case.seed)), {}
     cpu = torch.Generator().manual_seed(case.seed)
     q_len = case.q_len if case.kind == "paged_append" else 1
     lens = ragged_lengths(case.dist, b, case.kv_len, cpu, minimum=q_len)

@@ -36,13 +36,14 @@ MATERIALIZING = ("reference.*", "torch_sdpa.math", "flex_attention.attention")
 
 @dataclass
 class Measured:
-    """One measured case: its context, the canonical args and one row per eligible kernel (µs)."""
+    """One measured case: its context and one row per eligible kernel (µs). It holds no tensors: a run keeps
+    every measured case, and keeping their inputs (GiB-sized KV caches) ran an H200 out of memory after ~470
+    cases."""
 
     case: Case
     ctx: SelectionContext
     rows: list[TuneRow]
     samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    canonical: tuple[Any, ...] = ()
     skipped: tuple[str, ...] = ()
 
     def ok(self) -> dict[str, float]:
@@ -73,7 +74,7 @@ def measure_case(case: Case, device: torch.device, timing: dict[str, Any], exclu
     skip = tuple(exclude) + (MATERIALIZING if scores_bytes(case) > materializing_gib_max * (1 << 30) else ())
     results = measure_context(RUNTIME, ctx, canonical, exclude=skip, **timing)
     rows = [r for r, _ in results]
-    return Measured(case, ctx, rows, {r.kernel_id: kept for r, kept in results}, canonical, skip)
+    return Measured(case, ctx, rows, {r.kernel_id: kept for r, kept in results}, skip)
 
 
 def prewarm_cases(cases: list[Case], device: torch.device, procs: int, timeout_s: float = 180.0

@@ -28,6 +28,7 @@ of every case) and ``env.json`` to ``--out``.
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import json
 import logging
@@ -272,6 +273,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-minutes", type=float, default=7.0, help="budget in minutes (default 7)")
     p.add_argument("--part", type=_part, default=None, help="measure part i of n (i/n) into "
                    "<out>/timings/<name>.partIofN.json")
+    p.add_argument("--retry-errors", type=Path, default=None, metavar="CSV", help="measure again only the cases "
+                   "that raised in an earlier run (rows with status 'error' in its ship_timings.csv); the file counts "
+                   "them as measured but not planned, so --merge with the earlier file gives the right totals")
     p.add_argument("--merge", nargs="+", type=Path, default=None, help="merge partial files (no measuring)")
     p.add_argument("--quick", action="store_true", help="a few tiny cases (CPU tests)")
     p.add_argument("--limit", type=int, default=None, help="only the first N cases (after --part)")
@@ -321,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         cases = cpu_grid(tuple(args.dtypes or ("float32", "bfloat16")))
     if args.kinds:
         cases = [c for c in cases if c.kind in args.kinds]
+    planned = None
+    if args.retry_errors:
+        with args.retry_errors.open(newline="") as f:
+            again = {r["label"] for r in csv.DictReader(f) if r["status"] == "error"}
+        cases, planned = [c for c in cases if c.label() in again], 0
+        _say(f"retry: {len(cases)} cases that raised in {args.retry_errors}")
     cases = select_part(cases, args.part)[: args.limit]
     exclude = tuple(args.exclude) if args.exclude is not None else (
         ("flex_attention.*", "reference.*") if device.type == "cuda" else ("flex_attention.compiled",))
@@ -341,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                elapsed_s=round(time.monotonic() - t0, 1), timing=timing, rounds=args.rounds, exclude=list(exclude),
                fingerprint=shipped.device_fingerprint(spec), statuses=dict(Counter(r["status"] for r in rows)))
     (out / "env.json").write_text(json.dumps(env, indent=2, default=str) + "\n")
-    doc = build_document(measured, spec, tool=command, planned=len(cases))
+    doc = build_document(measured, spec, tool=command, planned=len(cases) if planned is None else planned)
     return _finish(doc, out, name, args, part=args.part)
 
 

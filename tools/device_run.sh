@@ -14,11 +14,11 @@
 #             them back in .fi_aot/: xz shrinks them ~12x; at most 8 files of 16 MiB come back from a call)
 #   ship      benchmarks/ship_timings.py $SHIP_ARGS --out $OUT/ship, its budget what is left of $CALL_BUDGET_S
 #   ship-merge merge the part files that `ship` calls of this (still warm) machine kept in .fi_ws/ship_parts into
-#             $OUT/ship_merged and install them into the checkout there (the `hidden` stage then uses them)
+#             $OUT/ship_merged (with $SHIP_MERGE_BASE, a whole earlier file, first) and install them into the checkout there (the `hidden` stage then uses them)
 #   hidden    benchmarks/hidden_shapes.py $HIDDEN_ARGS --out $OUT/hidden, likewise
 #   engine-gpu pytest of the engine's GPU tests and the fused-MoE GPU tests (bf16, CUDA graphs vs eager)
-#   bench-engine benchmarks/engine/bench_engine.py (nano-vllm workload, full scale) into $OUT/engine, then
-#             `layerzero bench-engine --workload prefix` into the same folder
+#   bench-engine benchmarks/engine/bench_engine.py $BENCH_ARGS (nano-vllm workload, full scale) into $OUT/engine
+#   bench-prefix `layerzero bench-engine --workload prefix` into $OUT/engine
 # JIT caches (FlashInfer workspace, Triton) live in the ignored .fi_ws/ of the checkout there: a device machine that is
 # still warm keeps them between calls.
 set -uo pipefail
@@ -56,11 +56,11 @@ for stage in "$@"; do
     fi-build) timeout ${FI_BUILD_TIMEOUT:-480} python3 tools/fi_prebuild.py --dtypes ${FI_DTYPES:-bfloat16} --head-dims ${FI_DIMS:-64 128 256} 2>&1 | tail -5 ;;
     ship) python3 benchmarks/ship_timings.py --out "$OUT/ship" --max-minutes "$(left_min)" ${SHIP_ARGS:-} 2>&1 | tee "$OUT/ship.log" | tail -25
       mkdir -p .fi_ws/ship_parts && cp "$OUT"/ship/timings/*.json .fi_ws/ship_parts/ 2>/dev/null ;;
-    ship-merge) python3 benchmarks/ship_timings.py --merge .fi_ws/ship_parts/*.part*.json --out "$OUT/ship_merged" 2>&1 | tail -8 ;;
+    ship-merge) python3 benchmarks/ship_timings.py --merge ${SHIP_MERGE_BASE:-} .fi_ws/ship_parts/*.part*.json --out "$OUT/ship_merged" 2>&1 | tail -8 ;;
     hidden) python3 benchmarks/hidden_shapes.py --out "$OUT/hidden" --max-minutes "$(left_min)" ${HIDDEN_ARGS:-} 2>&1 | tee "$OUT/hidden.log" | tail -40 ;;
     engine-gpu) timeout ${GPU_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rs --durations=15 tests/engine/gpu tests/gpu/test_gpu_fused_moe.py 2>&1 | tee "$OUT/engine-gpu.txt" | tail -40 ;;
-    bench-engine) python3 benchmarks/engine/bench_engine.py --out "$OUT/engine" 2>&1 | tee "$OUT/bench-engine.log" | tail -20
-      python3 -m layerzero bench-engine --workload prefix --out "$OUT/engine" 2>&1 | tail -5 ;;
+    bench-engine) timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/engine/bench_engine.py --out "$OUT/engine" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-engine.log" | tail -20 ;;
+    bench-prefix) timeout ${BENCH_TIMEOUT:-400} python3 -m layerzero bench-engine --workload prefix --out "$OUT/engine" 2>&1 | tail -5 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
 done

@@ -33,6 +33,28 @@ def _machine(device: str) -> dict:
             "torch": torch.__version__, "python": platform.python_version(), "threads": torch.get_num_threads()}
 
 
+def profile(path: Path, device: str, out: Path) -> None:
+    """torch.profiler tables (top 30 by device time) of a batch-1 decode and of a 64-request batch, written to
+    ``out/profile_*.txt``: where the engine's GPU time goes, kernel by kernel."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    from layerzero.engine import LLM, SamplingParams
+
+    llm = LLM(path, device=device, dtype=torch.bfloat16, max_model_len=2048, max_num_seqs=64)
+    runs = {"batch1": ([[7] * 256], 64), "batch64": ([[7 + i] * 256 for i in range(64)], 32)}
+    for name, (prompts, new) in runs.items():
+        sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=new)
+        llm.generate(prompts, sp, use_tqdm=False)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+        with tprofile(activities=acts) as prof:
+            llm.generate(prompts, sp, use_tqdm=False)
+        sort = "device_time_total" if device.startswith("cuda") else "cpu_time_total"
+        (out / f"profile_{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=30,
+                                                                            max_name_column_width=70))
+        print(f"profile {name}: {out / f'profile_{name}.txt'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run and write ``bench_engine.json`` and ``README.md`` to ``--out``."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -42,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hf-batch", type=int, default=None, help="requests transformers generates at once "
                     "(default: all of the cpu scale, 64 of the full one)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--profile", action="store_true", help="also write torch.profiler tables (profile_*.txt)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
               "", "Engine time split: " + ", ".join(f"{k} {v:.2f} s ({100 * v / total:.0f}%)" for k, v in t.items())]
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if args.profile:
+        from layerzero.engine.bench import build_checkpoint
+
+        dt = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        profile(build_checkpoint(Path.home() / ".cache" / "layerzero" / f"qwen3-0.6b-{scale}", scale, dt), device,
+                args.out)
     return 0
 
 

@@ -321,6 +321,25 @@ def test_plan_cache_hits_per_layer_and_replans_on_updates(kern, log):
     assert sum(1 for e in log if e[0] == "plan") == 4
 
 
+def test_inference_tensors_replan_every_call_and_warn_once(kern, log, caplog):
+    """Inference tensors have no version counter (``_version`` raises): an in-place update could not be seen, so
+    every call plans (never a stale plan, never an error), with one warning that says how to reuse plans."""
+    import layerzero.backends.flashinfer.plan as plan_mod
+
+    plan_mod._warned_inference = False
+    with torch.inference_mode():
+        q, cache, table, lens, _, ref = _paged_setup("NHD")
+        with caplog.at_level("WARNING", logger="layerzero.flashinfer"):
+            first = kern.paged_attention(q, cache, table, lens, None, None, True, "NHD")
+            lens[0] -= 1  # untracked in-place update: must take effect
+            second = kern.paged_attention(q, cache, table, lens, None, None, True, "NHD")
+    assert sum(1 for e in log if e[0] == "plan") == 2 and kern.plan_stats().hits == 0
+    assert [e[4] for e in log if e[0] == "plan"] == [[1, 1, 1], [4, 1, 1]]  # last-page lengths: 5 then 4 tokens
+    assert sum("torch.no_grad()" in r.getMessage() for r in caplog.records) == 1
+    torch.testing.assert_close(first, ref)
+    assert not torch.equal(first, second)
+
+
 def test_plan_cache_key_checks_tensor_objects_not_just_addresses():
     cache = PlanCache(2)
     plans = []

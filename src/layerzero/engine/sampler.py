@@ -36,7 +36,7 @@ class Sampler:
         self.vocab_size, self.eos, self.device = vocab_size, eos_token_ids, device
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         """Sample ``seqs``' next tokens from ``logits`` (modified in place)."""
         want_lp = [s.params.logprobs is not None for s in seqs]

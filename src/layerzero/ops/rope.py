@@ -123,7 +123,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     ``position_ids`` must be None); a table ``[max_pos, R]`` with ``position_ids [B or 1, S]`` (int64/int32);
     or a table with ``position_ids=None`` (positions 0..S-1). Dims >= R pass through (partial rotary).
     ``interleaved=False``: GPT-NeoX/Llama half rotation, cos = ``cat(f, f)``, equal to transformers'
-    ``apply_rotary_pos_emb``. ``interleaved=True``: GPT-J pairs (x0, x1), (x2, x3)..., cos =
+    ``apply_rotary_pos_emb``; the two halves of cos/sin must be equal, as RoPE makes them (kernels may read one
+    half: Liger's does), and arbitrary tables give kernel-dependent results. ``interleaved=True``: GPT-J pairs (x0, x1), (x2, x3)..., cos =
     ``repeat_interleave(f, 2)``. Outputs keep q's and k's dtypes.
 
     Raises:

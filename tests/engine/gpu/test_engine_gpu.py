@@ -13,6 +13,17 @@ pytestmark = pytest.mark.gpu
 NEW = 16
 
 
+@pytest.fixture(autouse=True)
+def _strict():
+    """Strict mode: a kernel that fails at run time raises instead of falling back, and a failed graph capture
+    raises instead of running decode eager (both passed unseen before: FlashInfer failed on inference tensors)."""
+    import layerzero as lz
+
+    lz.configure(strict=True)
+    yield
+    lz.configure(strict=False)
+
+
 def _llm(path, **kw):
     from layerzero.engine import LLM
 

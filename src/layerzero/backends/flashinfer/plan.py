@@ -13,10 +13,17 @@ hit whose tensors are not the very objects of the call as a miss: the caching al
 tensor the address, shape and version of a freed one. Writes that bypass autograd's version counter (a
 custom CUDA kernel writing into ``seq_lens`` through a raw pointer) are not seen: call ``.add_(0)`` or pass a
 new tensor after such writes.
+
+Inference tensors (made under ``torch.inference_mode()``) have no version counter, so an in-place update of
+one cannot be seen: a call whose metadata is an inference tensor always re-plans (correct, but one host sync
+per call instead of per step), and the first such call logs a warning. Create the metadata under
+``torch.no_grad()`` to reuse plans across layers (LayerZero's engine does).
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import threading
 import weakref
 from collections import OrderedDict
@@ -33,11 +40,26 @@ DEFAULT_CAPACITY = 8
 shapes); each holds a FlashInfer wrapper with 8 MiB of device and 8 MiB of pinned host int workspace."""
 
 
+log = logging.getLogger("layerzero.flashinfer")
+_untracked = itertools.count()
+_warned_inference = False
+
+
 def tensor_identity(t: torch.Tensor | None) -> tuple[Any, ...] | None:
     """``(data_ptr, shape, stride, _version)`` of ``t`` (None for None): changes when ``t`` is replaced or
-    updated in place through torch ops."""
+    updated in place through torch ops. An inference tensor (no version counter) gets a fresh identity on
+    every call, so a plan keyed by it is never reused (see the module docstring)."""
+    global _warned_inference
     if t is None:
         return None
+    if t.is_inference():
+        if not _warned_inference:
+            _warned_inference = True
+            log.warning("LayerZero flashinfer: paged-attention metadata is an inference tensor (made under "
+                        "torch.inference_mode()), which has no version counter, so FlashInfer plans are not "
+                        "reused across calls (one plan and host sync per call). Build block tables / seq_lens "
+                        "under torch.no_grad() instead to reuse them.")
+        return (t.data_ptr(), tuple(t.shape), t.stride(), "untracked", next(_untracked))
     return (t.data_ptr(), tuple(t.shape), t.stride(), t._version)
 
 

@@ -53,7 +53,7 @@ class CUDAGraphRunner:
         return ForwardBatch(self.input_ids[:bs], self.positions[:bs], self.slot_mapping[:bs], self.block_tables[:bs],
                             self.seq_lens[:bs], None, self.rows[:bs], bs)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def capture(self) -> None:
         """Capture every bucket (largest first, one shared memory pool)."""
         pool = None

@@ -70,7 +70,9 @@ class ModelRunner:
         need = ec.max_num_seqs * -(-max_model_len // ec.block_size) + 1
         return max(0, min(int(budget // per_block), need))
 
-    @torch.inference_mode()
+    # no_grad, not inference_mode: the step's metadata tensors keep their version counters, which FlashInfer's
+    # plan cache needs to reuse one plan for every layer of a step (inference tensors re-plan per call)
+    @torch.no_grad()
     def execute(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]]) -> torch.Tensor:
         """Forward the step's ``chunks`` (sequence, new tokens); returns float32 logits ``[S, V]`` of the sequences
         whose chunk reaches their last token (in chunk order)."""
