@@ -94,8 +94,11 @@ def check_index(op: str, name: str, t: Any, ndim: int, device: torch.device,
 
 def check_values(t: torch.Tensor) -> bool:
     """Whether the ops read index *values* of ``t`` to validate them: always for CPU tensors; for other
-    devices only when ``lz.get_config().strict`` is True, because reading values costs a device sync."""
-    return t.device.type == "cpu" or _config.get_config().strict
+    devices only when ``lz.get_config().strict`` is True, because reading values costs a device sync, and never
+    while a CUDA graph is being captured (a sync is illegal there: the eager calls before capture are checked)."""
+    if t.device.type == "cpu":
+        return True
+    return _config.get_config().strict and not (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
 
 def _check_device(op: str, device: Any) -> torch.device:
