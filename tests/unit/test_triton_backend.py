@@ -163,7 +163,8 @@ def test_every_kernel_is_cuda_only_sm80_and_half_precision():
     assert by_id["triton.sample_topk"].fn is sampling.sample_topk
     assert by_id["triton.swiglu"].fn is tb.swiglu.swiglu
     assert by_id["triton.fused_moe"].fn is tb.moe.fused_moe
-    assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [True, True, False, False, True, True]
+    assert by_id["triton.reshape_and_cache"].fn is tb.cache.reshape_and_cache
+    assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [True, True, False, False, True, True, True]
 
 
 def test_register_includes_paged_specs():

@@ -2,8 +2,8 @@
 
 Kernels: ``triton.rms_norm`` (fused residual add, ``norms.py``), ``triton.rope`` (``rope.py``),
 ``triton.swiglu`` (``swiglu.py``), ``triton.fused_moe`` (``moe.py``),
-``triton.sample_topk`` / ``triton.sample_topp`` (``sampling.py``) and the paged decode attention kernels of
-``paged.py``. Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call)
+``triton.sample_topk`` / ``triton.sample_topp`` (``sampling.py``), ``triton.reshape_and_cache`` (``cache.py``) and
+the paged decode attention kernels of ``paged.py``. Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call)
 calls :func:`probe`, which imports ``triton``; the ``@triton.jit`` modules (``_*_kernels.py``) are imported on
 a kernel's first call. A missing triton leaves the backend registered and unavailable with
 ``BACKEND_NOT_INSTALLED``; an import that raises anything else gives ``BACKEND_IMPORT_FAILED`` with the error
@@ -18,15 +18,15 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec, KernelSpec
 
 from .._optional import dist_version, import_modules, unavailable_backend, unavailable_why
-from . import moe, norms, rope, sampling, swiglu
+from . import cache, moe, norms, rope, sampling, swiglu
 from ._common import INSTALL_HINT
 
 log = logging.getLogger("layerzero.backends.triton")
 BACKEND_ID = "triton"
 MODULE = "triton"
 _DESCRIPTION = ("LayerZero's own Triton kernels (RMSNorm + fused add, RoPE, SwiGLU, fused MoE, top-k/top-p "
-                "sampling, paged decode)")
-KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID)
+                "sampling, paged KV-cache write, paged decode)")
+KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID, cache.KERNEL_ID)
 """Ids of this package's own op kernels (the paged kernels are listed by ``paged.kernel_specs``)."""
 
 
@@ -43,7 +43,8 @@ def probe() -> BackendSpec:
 
 
 def kernel_specs(available: bool, why: str = "triton is not available") -> list[KernelSpec]:
-    """Every KernelSpec of the backend: rms_norm, rope, sample_topk, sample_topp, swiglu, fused_moe, then
+    """Every KernelSpec of the backend: rms_norm, rope, sample_topk, sample_topp, swiglu, fused_moe,
+    reshape_and_cache, then
     ``paged.kernel_specs``.
 
     Args:
@@ -55,7 +56,7 @@ def kernel_specs(available: bool, why: str = "triton is not available") -> list[
 
     return [norms.kernel_spec(available, why), rope.kernel_spec(available, why),
             *sampling.kernel_specs(available, why), swiglu.kernel_spec(available, why),
-            moe.kernel_spec(available, why),
+            moe.kernel_spec(available, why), cache.kernel_spec(available, why),
             *paged.kernel_specs(available, why)]
 
 
