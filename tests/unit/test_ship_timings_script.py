@@ -60,7 +60,7 @@ def test_gpu_grid_covers_the_issue():
     cross = [c for c in dense if c.kind == "cross"]
     assert {c.q_len for c in cross} == {16, 128, 512} and {c.kv_len for c in cross} == {1024, 4096, 8192}
     paged = [c for c in cases if c.kind == "paged_decode"]
-    assert {c.batch for c in paged} == {1, 4, 16, 64, 256} and {(c.hq, c.hkv) for c in paged} == set(grid.PAGED_HEADS)
+    assert {c.batch for c in paged} == {1, 4, 8, 16, 32, 64, 128, 256} and {(c.hq, c.hkv) for c in paged} == set(grid.PAGED_HEADS)
     assert {c.kv_len for c in paged} == {128, 512, 2048, 8192} and {c.page for c in paged} == {16}
     assert any(c.kind == "paged_append" for c in cases)
     # JIT signatures: one FlashInfer / Triton variant set per (kind, dtype, D, heads, page)

@@ -257,14 +257,35 @@ def test_nearest_bucket_refuses_beyond_max_distance_and_other_categories(tmp_pat
     assert shipped.lookup(nc, version_of, d) is None
 
 
-def test_nearest_tie_prefers_more_kernels_then_the_larger_bucket(tmp_path):
+def test_equally_near_buckets_are_combined_by_geometric_mean(tmp_path):
+    """Batch 8 lies between batches 4 and 16 (distance 1 each). Hand-worked from the H200 miss: flash wins the
+    small side by 10%, cudnn the large side by 25%; the geometric means are flash sqrt(1.0 * 1.25) = 1.118 and
+    cudnn sqrt(1.1 * 1.0) = 1.049, so cudnn (the kernel best across the interval) is picked, where the single
+    nearest record used to pick flash."""
     small, large = attn_ctx(batch=4, seq=1024), attn_ctx(batch=16, seq=1024)
-    write(tmp_path, [(small, {"torch_sdpa.cudnn": 1.0, "torch_sdpa.flash": 2.0}), (large, {"torch_sdpa.cudnn": 3.0})])
+    write(tmp_path, [(small, {"torch_sdpa.cudnn": 1.1, "torch_sdpa.flash": 1.0, "torch_sdpa.math": 9.0}),
+                     (large, {"torch_sdpa.cudnn": 1.0, "torch_sdpa.flash": 1.25})])
     m = shipped.lookup(attn_ctx(batch=8, seq=1024), version_of, str(tmp_path))
-    assert m.distance == pytest.approx(1.0) and m.fields["batch"] == 4                 # 2 kernels beat 1
-    write(tmp_path, [(small, {"torch_sdpa.cudnn": 1.0}), (large, {"torch_sdpa.cudnn": 3.0})])
+    assert m.distance == pytest.approx(1.0) and not m.exact and m.fields["batch"] == 16
+    assert set(m.medians) == {"torch_sdpa.cudnn", "torch_sdpa.flash"}                  # math: not in both
+    assert m.medians["torch_sdpa.cudnn"] == pytest.approx(1.1 ** 0.5)
+    assert m.medians["torch_sdpa.flash"] == pytest.approx(1.25 ** 0.5)
+    assert m.score("torch_sdpa.cudnn", 1.0) == 1.0 and m.score("torch_sdpa.flash", 1.0) < 0.94
+    assert "geometric mean of 2 equally near buckets, distance 1.00: batch 16 / 4, seq_len_q 1024" in m.source
+    ctx = attn_ctx(batch=8, seq=1024)
+    use(tmp_path)
+    assert RUNTIME.select_context(ctx)[0].kernel_id == "torch_sdpa.cudnn"
+
+
+def test_equally_near_buckets_without_a_common_kernel_prefer_more_kernels_then_the_larger(tmp_path):
+    small, large = attn_ctx(batch=4, seq=1024), attn_ctx(batch=16, seq=1024)
+    write(tmp_path, [(small, {"torch_sdpa.cudnn": 1.0, "torch_sdpa.flash": 2.0}), (large, {"torch_sdpa.math": 3.0})])
+    m = shipped.lookup(attn_ctx(batch=8, seq=1024), version_of, str(tmp_path))
+    assert m.distance == pytest.approx(1.0) and m.fields["batch"] == 4 and not m.combined  # 2 kernels beat 1
+    write(tmp_path, [(small, {"torch_sdpa.flash": 1.0}), (large, {"torch_sdpa.cudnn": 3.0})])
     shipped.clear_cache()
-    assert shipped.lookup(attn_ctx(batch=8, seq=1024), version_of, str(tmp_path)).fields["batch"] == 16
+    m = shipped.lookup(attn_ctx(batch=8, seq=1024), version_of, str(tmp_path))
+    assert m.fields["batch"] == 16 and dict(m.medians) == {"torch_sdpa.cudnn": 3.0}
 
 
 # ------------------------------------------------------------------------------ public API on CPU

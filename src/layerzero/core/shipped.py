@@ -30,7 +30,11 @@ Matching:
   categorical fields (every field but :data:`NUMERIC_FIELDS`, :data:`SOFT_FIELDS` and ``num_heads_kv``, which
   the GQA ratio and ``num_heads_q`` imply) are equal: distance = sum over :data:`NUMERIC_FIELDS` of
   ``|log2 a - log2 b|`` plus :data:`SOFT_PENALTY` per differing :data:`SOFT_FIELDS` entry, at most
-  :data:`MAX_DISTANCE`. Ties go to the record with more usable kernels, then the larger shape.
+  :data:`MAX_DISTANCE`. Records equally near (a context between two grid points: batch 2 between 1 and 4) are
+  combined: each kernel's median is the geometric mean over them, for the kernels usable in all of them, so the
+  pick is the kernel best on both sides rather than the winner of one side (on the H200 the single nearest record
+  picked a kernel at 0.75 of the best for prefill batch 2 between batches 1 and 4). When they share no kernel,
+  the record with more usable kernels wins, then the larger shape.
 
 Nothing is read at import: the files are parsed on the first lookup and memoized per directory (they are
 immutable package data; :func:`clear_cache` forgets them, for tests).
@@ -72,6 +76,8 @@ SOFT_FIELDS = ("contiguous", "aligned_16")
 kernel's eligibility, not the relative speed of the kernels that can run both."""
 
 SOFT_PENALTY = 1.0
+_TIE = 1e-9
+"""Distances closer than this are equal (log2 sums of the same powers of two)."""
 MAX_DISTANCE = 3.0
 """Largest distance of a nearest bucket, in doublings: e.g. batch x2 and seq_len_kv x4 (1 + 2), or one
 doubling of a prefill length (seq_len_q and seq_len_kv: 2) and one of the batch."""
@@ -170,8 +176,10 @@ class ShippedMatch:
         file: the data file's name (``nvidia-h200.json``).
         exact: the record's bucket is the context's; else the nearest one.
         distance: see the module docstring (0.0 when exact).
-        fields: the matched record's context fields.
-        medians: kernel id -> median µs, only kernels whose backend version matches the installed one.
+        fields: the matched record's context fields (the larger one when several were combined).
+        medians: kernel id -> median µs, only kernels whose backend version matches the installed one (for
+            combined records, the geometric mean over them of the kernels usable in all).
+        combined: the fields of every equally near record combined into ``medians`` (empty for one record).
     """
 
     file: str
@@ -179,6 +187,7 @@ class ShippedMatch:
     distance: float
     fields: Mapping[str, Any]
     medians: Mapping[str, float]
+    combined: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def source(self) -> str:
@@ -186,8 +195,12 @@ class ShippedMatch:
         1.00: batch 8)``."""
         if self.exact:
             return f"{self.file}, exact bucket"
-        return f"{self.file}, nearest bucket (distance {self.distance:.2f}: " + ", ".join(
-            f"{k} {self.fields[k]}" for k in (*NUMERIC_FIELDS, *SOFT_FIELDS) if k in self.fields) + ")"
+        recs = self.combined or (self.fields,)
+        parts = [f"{k} {' / '.join(dict.fromkeys(str(r.get(k)) for r in recs))}"
+                 for k in (*NUMERIC_FIELDS, *SOFT_FIELDS) if k in self.fields]
+        head = (f"geometric mean of {len(recs)} equally near buckets, distance {self.distance:.2f}"
+                if len(recs) > 1 else f"distance {self.distance:.2f}")
+        return f"{self.file}, nearest bucket ({head}: " + ", ".join(parts) + ")"
 
     def score(self, kernel_id: str, weight: float) -> float:
         """``weight * fastest / this`` over :attr:`medians` (as ``perf_score``); 0.0 when not measured."""
@@ -355,18 +368,26 @@ def lookup(ctx: SelectionContext, backend_version: Callable[[str], tuple[str, st
     if not candidates:
         return None
     mine = _log2s(fields)
-    best: tuple[float, int, float, _Record, dict[str, float]] | None = None
+    near: list[tuple[float, int, float, _Record, dict[str, float]]] = []
     for cand in candidates:
         d = sum(abs(a - b) for a, b in zip(mine, cand.log2s, strict=True))
         d += SOFT_PENALTY * sum(fields.get(k) != cand.fields.get(k) for k in SOFT_FIELDS)
-        if d > MAX_DISTANCE or (best is not None and d > best[0]):
+        if d > MAX_DISTANCE or (near and d > near[0][0] + _TIE):
             continue
         medians = _usable(cand, backend_version)
         if not medians:
             continue
-        rank = (d, -len(medians), -sum(cand.log2s))
-        if best is None or rank < (best[0], best[1], best[2]):
-            best = (d, -len(medians), -sum(cand.log2s), cand, medians)
-    if best is None:
+        if near and d < near[0][0] - _TIE:
+            near.clear()
+        near.append((d, -len(medians), -sum(cand.log2s), cand, medians))
+    if not near:
         return None
-    return ShippedMatch(best[3].file, best[0] == 0.0, best[0], best[3].fields, best[4])
+    near.sort(key=lambda n: n[:3])
+    d, _, _, rec, medians = near[0]
+    common = set.intersection(*(set(n[4]) for n in near))
+    if len(near) > 1 and common:
+        by_size = sorted(near, key=lambda n: n[2])  # the largest shape first
+        geo = {k: math.exp(sum(math.log(max(n[4][k], 1e-9)) for n in near) / len(near)) for k in sorted(common)}
+        return ShippedMatch(rec.file, d == 0.0, d, by_size[0][3].fields, geo,
+                            tuple(n[3].fields for n in by_size))
+    return ShippedMatch(rec.file, d == 0.0, d, rec.fields, medians)
