@@ -6,11 +6,11 @@ token, every other slot (NaN-filled) untouched. Plus its KernelSpec's routing on
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
+from _triton_interp import needs_interpreter as interpreter_mark  # noqa: E402
 
 from layerzero.backends.triton import cache as tc
 from layerzero.core.context import SelectionContext
@@ -24,17 +24,7 @@ from layerzero.testing.devices import fake_cuda_device
 
 pytestmark = pytest.mark.correctness
 
-try:
-    import triton  # noqa: F401
-
-    HAVE_TRITON = True
-except Exception:  # noqa: BLE001 - any import failure means: no interpreter tests
-    HAVE_TRITON = False
-INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-needs_interpreter = pytest.mark.skipif(
-    not (HAVE_TRITON and INTERPRETING),
-    reason="needs triton and TRITON_INTERPRET=1 (with a CUDA GPU, tests/gpu/test_gpu_triton_cache.py runs the "
-           "compiled kernel)")
+needs_interpreter = interpreter_mark("tests/gpu/test_gpu_triton_cache.py")
 
 
 def _case(seed: int, layout: str, dtype: torch.dtype):

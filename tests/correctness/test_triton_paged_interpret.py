@@ -25,6 +25,8 @@ import torch
 if not torch.cuda.is_available():  # must precede the first @triton.jit of the session (kernels load lazily)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from _triton_interp import needs_interpreter  # noqa: E402
+
 from layerzero.backends.reference.paged import paged_attention as reference_paged  # noqa: E402
 from layerzero.backends.torch_sdpa.paged import kernel_specs as sdpa_paged_specs  # noqa: E402
 from layerzero.backends.triton import paged as tp  # noqa: E402
@@ -41,18 +43,7 @@ from layerzero.testing.devices import fake_cuda_device
 
 pytestmark = pytest.mark.correctness
 
-try:
-    import triton  # noqa: F401
-
-    HAVE_TRITON = True
-except Exception:  # noqa: BLE001 - any import failure means: no interpreter tests
-    HAVE_TRITON = False
-
-INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-needs_triton = pytest.mark.skipif(
-    not (HAVE_TRITON and INTERPRETING),
-    reason="needs triton and TRITON_INTERPRET=1 (the Triton interpreter runs these on CPU tensors; with a CUDA "
-           "GPU the compiled kernels are covered by tests/gpu/test_gpu_triton_paged.py)")
+needs_triton = needs_interpreter("tests/gpu/test_gpu_triton_paged.py")
 F64 = torch.float64
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
