@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from layerzero.core.device import DeviceSpec
-from layerzero.engine.bench import run
+from layerzero.engine.bench import default_checkpoint, run
 
 
 def _machine(device: str) -> dict:
@@ -98,11 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.profile:
-        from layerzero.engine.bench import build_checkpoint
-
         dt = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        profile(build_checkpoint(Path.home() / ".cache" / "layerzero" / f"qwen3-0.6b-{scale}", scale, dt), device,
-                args.out)
+        profile(default_checkpoint(scale, dt), device, args.out)
     return 0
 
 

@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from _triton_interp import needs_interpreter as interpreter_mark  # noqa: E402
+from _triton_interp import needs_interpreter
 
 from layerzero.backends.triton import cache as tc
 from layerzero.core.context import SelectionContext
@@ -24,7 +24,7 @@ from layerzero.testing.devices import fake_cuda_device
 
 pytestmark = pytest.mark.correctness
 
-needs_interpreter = interpreter_mark("tests/gpu/test_gpu_triton_cache.py")
+interpreted = needs_interpreter("tests/gpu/test_gpu_triton_cache.py")
 
 
 def _case(seed: int, layout: str, dtype: torch.dtype):
@@ -60,7 +60,7 @@ def _oracle(k, v, cache, slots, page, layout):
     return out
 
 
-@needs_interpreter
+@interpreted
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("seed", range(4))
@@ -73,7 +73,7 @@ def test_matches_token_by_token_oracle_exactly(layout, dtype, seed):
     assert torch.equal(k, k_before) and torch.equal(v, v_before)
 
 
-@needs_interpreter
+@interpreted
 def test_hand_worked_page_boundaries_and_skips():
     """Page 4, one head, D 2: slots 3 (block 0, last offset), 4 (block 1, first), -1 (skipped), 9 (block 2,
     offset 1): exactly those three rows change."""
@@ -87,7 +87,7 @@ def test_hand_worked_page_boundaries_and_skips():
     assert cache[2, 0, 1, 0].tolist() == [7.0, 8.0]
 
 
-@needs_interpreter
+@interpreted
 def test_all_slots_skipped_and_empty_batch_write_nothing():
     cache = torch.full((2, 2, 4, 1, 8), float("nan"))
     k = torch.randn(3, 1, 8)

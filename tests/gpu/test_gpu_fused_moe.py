@@ -26,8 +26,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 DEV = "cuda"
 
 
-
-
 def make(tokens: int, hidden: int, inter: int, experts: int, top_k: int, dtype=torch.bfloat16, seed: int = 0):
     g = torch.Generator(device=DEV).manual_seed(seed)
     x = torch.randn(tokens, hidden, device=DEV, generator=g).to(dtype)

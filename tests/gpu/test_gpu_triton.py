@@ -31,8 +31,6 @@ F64 = torch.float64
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-
-
 def _poison_allocator(nbytes: int = 64 << 20) -> None:
     """Fill freed cached blocks of several sizes with NaN so torch.empty hands out NaN memory."""
     blocks = [torch.full((n // 4,), float("nan"), device=DEV) for n in (nbytes, 1 << 20, 1 << 16, 4096, 512)]

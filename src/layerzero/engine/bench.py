@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["QWEN3_0_6B", "SCALES", "Workload", "copy_bandwidth", "make_workload", "roofline_tokens_per_s", "run"]
+__all__ = ["QWEN3_0_6B", "SCALES", "Workload", "copy_bandwidth", "default_checkpoint", "make_workload",
+           "roofline_tokens_per_s", "run"]
 
 QWEN3_0_6B: dict[str, Any] = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
@@ -72,6 +73,12 @@ def build_checkpoint(directory: Path, scale: str, dtype: torch.dtype) -> Path:
     model = Qwen3ForCausalLM(cfg).to(dtype)
     model.save_pretrained(str(directory))
     return directory
+
+
+def default_checkpoint(scale: str, dtype: torch.dtype) -> Path:
+    """The benchmark's checkpoint of ``scale`` under ``~/.cache/layerzero/qwen3-0.6b-<scale>`` (built once by
+    :func:`build_checkpoint`)."""
+    return build_checkpoint(Path.home() / ".cache" / "layerzero" / f"qwen3-0.6b-{scale}", scale, dtype)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
@@ -155,8 +162,7 @@ def run(*, scale: str = "full", model: str | None = None, device: str | None = N
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dt = {"auto": torch.bfloat16 if dev.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
           "float16": torch.float16, "float32": torch.float32}[dtype]
-    path = Path(model) if model else build_checkpoint(Path.home() / ".cache" / "layerzero" / f"qwen3-0.6b-{scale}",
-                                                      scale, dt)
+    path = Path(model) if model else default_checkpoint(scale, dt)
     w = make_workload(scale)
     llm = LLM(path, device=str(dev), dtype=dt, enforce_eager=enforce_eager,
               max_model_len=max(len(p) for p in w.prompts) + max(w.max_tokens) + 16)

@@ -18,7 +18,7 @@ import torch
 from layerzero.core.kv_layout import cache_dims, nhd_view
 from layerzero.core.specs import KernelSpec
 
-from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
 
 KERNEL_ID = "triton.reshape_and_cache"
 PRIORITY = 30
@@ -48,7 +48,7 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     slots = slot_mapping if slot_mapping.stride(0) == 1 else slot_mapping.contiguous()
     _KERNELS.get()._reshape_and_cache[(n, hkv)](
         k, v, kv_cache, slots, k.stride(0), k.stride(1), v.stride(0), v.stride(1), st[0], st[1], st[2], st[3],
-        page, d, D_PAD=max(16, 1 << (d - 1).bit_length()), num_warps=1 if d <= 128 else 2)
+        page, d, D_PAD=max(16, next_pow2(d)), num_warps=1 if d <= 128 else 2)
 
 
 def kernel_spec(available: bool, why: str) -> KernelSpec:
