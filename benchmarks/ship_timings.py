@@ -39,7 +39,6 @@ import shlex
 import sys
 import time
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +47,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _ship_grid import KINDS, Case, cpu_grid, gpu_grid, quick_grid  # noqa: E402
-from _ship_measure import Measured, measure_case, prewarm_cases  # noqa: E402
+from _ship_measure import Measured, measure_rounds, prewarm_cases  # noqa: E402
 from _sweep_report import collect_env, write_csv  # noqa: E402
 
 from layerzero.core import shipped  # noqa: E402
 from layerzero.core.device import DeviceSpec  # noqa: E402
 from layerzero.core.errors import ConfigurationError, expected_got  # noqa: E402
 from layerzero.core.runtime import RUNTIME  # noqa: E402
-from layerzero.tuning.report import TuneStatus  # noqa: E402
 
 __all__ = ["DATA_DIR", "build_document", "combine", "compact", "expand", "dump_document", "main", "merge_documents", "run", "select_part", "slug"]
 
@@ -183,27 +181,6 @@ def _rows(i: int, m: Measured) -> list[dict[str, Any]]:
     return [{"case": i, "kind": m.case.kind, "op": m.case.op, "label": m.case.label(), "bucket": m.ctx.bucket_key(),
              "kernel_id": r.kernel_id, "status": r.status.value, "median_us": r.median_us, "p95_us": r.p95_us,
              "samples": r.samples, "max_error": r.max_error, "detail": r.detail[:200]} for r in m.rows]
-
-
-def measure_rounds(case: Case, device: torch.device, timing: dict[str, Any], exclude: tuple[str, ...],
-                   materializing_gib_max: float, rounds: int) -> Measured:
-    """``measure_case`` ``rounds`` times; a kernel's median is the smallest of its rounds' medians (a busy
-    machine only ever slows a round down), and a kernel that failed in any round keeps its failed row."""
-    ms = [measure_case(case, device, timing, exclude, materializing_gib_max) for _ in range(max(1, rounds))]
-    first = ms[0]
-    if len(ms) == 1:
-        return first
-    rows = []
-    for row in first.rows:
-        same = [next((r for r in m.rows if r.kernel_id == row.kernel_id), None) for m in ms]
-        bad = next((r for r in same if r is None or r.status is not TuneStatus.OK), None)
-        if bad is not None or row.status is not TuneStatus.OK:
-            rows.append(row if bad is None else bad)
-            continue
-        best = min(same, key=lambda r: r.median_us)
-        rows.append(replace(best, samples=sum(r.samples for r in same)))
-    first.rows = rows
-    return first
 
 
 def run(cases: list[Case], device: torch.device, *, timing: dict[str, Any], budget_s: float,
