@@ -12,6 +12,7 @@ nano-vllm CPU scale) for a CPU. Token ids are drawn with ``random.seed(0)`` in [
 
 from __future__ import annotations
 
+import gc
 import random
 import time
 from pathlib import Path
@@ -55,7 +56,14 @@ def _timed(path: Path, device: torch.device, dtype: torch.dtype, prompts: list[l
     llm.generate(prompts, params, use_tqdm=False)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - t0, llm.stats()
+    took, stats = time.perf_counter() - t0, llm.stats()
+    # the next engine sizes its KV pool from free memory: this one's pool and graph pools must be gone first (the
+    # first GPU run built its third engine before the second was collected, got a smaller pool and preempted)
+    del llm
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return took, stats
 
 
 def run_prefix(*, scale: str = "full", model: str | None = None, device: str | None = None,
@@ -69,13 +77,20 @@ def run_prefix(*, scale: str = "full", model: str | None = None, device: str | N
     mml = len(prompts[0]) + out + 16
     budget = PREFIX_SCALES[scale]["budget"]
     on, on_stats = _timed(path, dev, dt, prompts, [out] * len(prompts), True, mml, budget)
-    off, _ = _timed(path, dev, dt, prompts, [out] * len(prompts), False, mml, budget)
+    off, off_stats = _timed(path, dev, dt, prompts, [out] * len(prompts), False, mml, budget)
     w = make_workload(scale)
     mml = max(len(p) for p in w.prompts) + max(w.max_tokens) + 16
     miss_on, miss_stats = _timed(path, dev, dt, w.prompts, w.max_tokens, True, mml)
-    miss_off, _ = _timed(path, dev, dt, w.prompts, w.max_tokens, False, mml)
+    miss_off, miss_off_stats = _timed(path, dev, dt, w.prompts, w.max_tokens, False, mml)
     return {"scale": scale, "device": str(dev), "dtype": str(dt),
             "shared_prefix": {"requests": len(prompts), "seconds_cache_on": on, "seconds_cache_off": off,
-                              "speedup": off / on, "hit_rate": on_stats["prefix_hit_rate"]},
+                              "speedup": off / on, "hit_rate": on_stats["prefix_hit_rate"],
+                              **_engine_facts(on_stats, off_stats)},
             "zero_hit": {"requests": len(w.prompts), "seconds_cache_on": miss_on, "seconds_cache_off": miss_off,
-                         "cost": miss_on / miss_off - 1.0, "hit_rate": miss_stats["prefix_hit_rate"]}}
+                         "cost": miss_on / miss_off - 1.0, "hit_rate": miss_stats["prefix_hit_rate"],
+                         **_engine_facts(miss_stats, miss_off_stats)}}
+
+
+def _engine_facts(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
+    """What makes two runs comparable: KV pool size, preemptions and steps of each (cache on / off)."""
+    return {k: [on[k], off[k]] for k in ("num_kv_blocks", "preemptions", "steps") if k in on and k in off}

@@ -14,7 +14,8 @@ log = logging.getLogger("layerzero.engine")
 @dataclass
 class StepStats:
     """One step: sequences and tokens in the batch (prefill tokens: chunks of more than one token; decode: one),
-    tokens sampled, time split in seconds."""
+    tokens sampled, time split in seconds of host time (on CUDA, ``forward_s`` is the launch and the wait for the
+    GPU lands in ``sample_s``, whose first device-to-host copy waits for the forward)."""
 
     num_seqs: int = 0
     num_prefill_tokens: int = 0
