@@ -126,10 +126,11 @@ def test_patched_hf_model_forward(tmp_path):
     seen: list = []  # the attention keys dispatched, to say which field differs under capture if it fails
     run = RUNTIME.run
 
-    def recording(key, build_ctx, args):
-        if getattr(key, "op", None) == "attention":
-            seen.append(key)
-        return run(key, build_ctx, args)
+    def recording(key, build_ctx, args, hot_key=None):
+        named = RUNTIME.named_key(key) if type(key) is tuple else key  # the ops pass the plain-tuple form
+        if getattr(named, "op", None) == "attention":
+            seen.append(named)
+        return run(key, build_ctx, args, hot_key)
 
     RUNTIME.run = recording
     try:

@@ -57,6 +57,22 @@ def test_the_sharded_cache_holds_named_keys():
     assert RUNTIME.named_key(("no_such_op", 1)) == ("no_such_op", 1)
 
 
+def test_internal_entry_points_name_a_plain_tuple_key():
+    """Under torch.compile, TorchDynamo can resume a frame with an op's NamedTuple key rebuilt as a plain tuple (seen
+    on CUDA: it reached the attention context builder, which reads fields by name). resolve, the autotune hook and
+    prepare_capture name the key again, so selecting from the plain form works and caches under the named key."""
+    RUNTIME.ensure_ready()
+    q, k, v = _qkv((1, 2, 5, 8))
+    plain, args = A._prepare(q, k, v, None, False, None, 0.0, "BHSD")
+    assert type(plain) is tuple
+    RUNTIME.cache.invalidate()
+    plan = RUNTIME.resolve(plain, A.context)
+    assert plan.kernel_id == lz.which("attention", q, k, v)
+    stored = [key for shard in RUNTIME.cache._maps for key in shard if key == plain]
+    assert stored and all(type(key) is A.AttentionKey for key in stored)
+    assert RUNTIME.prepare_capture(plain, A.context, args) is None  # a CPU key has no capture-time choice
+
+
 def test_attention_files_an_exact_key_and_serves_it():
     q, k, v = _qkv()
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -211,14 +211,16 @@ class Runtime:
         return plan, report
 
     def resolve(self, key: Hashable, build_ctx: ContextBuilder, *, refresh: bool = False) -> ExecutionPlan:
-        """The plan for ``key``: from the cache, or selected now (single-flight) and cached."""
+        """The plan for ``key`` (named or plain-tuple form): from the cache, or selected now (single-flight) and
+        cached."""
         self.ensure_ready()
+        key = self._named(key)
         if refresh:
             self.health.poll()
             self.cache.invalidate()
 
         def compute() -> ExecutionPlan:
-            ctx = build_ctx(key)
+            ctx = build_ctx(self._named(key))
             if ctx.graph_capture and not _config.get_config().allow_selection_in_capture:
                 raise CudaGraphUnsafeError(
                     f"lz.{ctx.op}: no cached kernel choice for these inputs while a CUDA graph is being captured, "
@@ -305,6 +307,12 @@ class Runtime:
             self.prepare_capture(key, build_ctx, args, plan)
         return out
 
+    def _named(self, key: Hashable) -> Hashable:
+        """``key`` in its named form. Every internal entry point names its key again: under ``torch.compile``,
+        TorchDynamo rebuilds a NamedTuple local as a plain tuple when it resumes a frame after a graph break (seen
+        on CUDA with torch 2.11: the attention key reached its context builder as a tuple)."""
+        return self.named_key(key) if key.__class__ is tuple else key
+
     def named_key(self, key: tuple[Any, ...]) -> Hashable:
         """The op's named key (:attr:`OperationSpec.key_type`) of ``key``, the plain-tuple form an op's hot path
         builds (its first field is the op id); ``key`` itself for any other key."""
@@ -319,6 +327,7 @@ class Runtime:
     def _autotune(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...]) -> None:
         """Measure ``key``'s eligible kernels into the PerfDB before its first selection (never under capture);
         a failure of the autotuner itself is logged and selection goes on without it."""
+        key = self._named(key)
         ctx = build_ctx(key)
         if ctx.graph_capture or self.autotuner is None:
             return
@@ -355,6 +364,7 @@ class Runtime:
 
         Returns the capture-time plan, or None (not CUDA, or no graph-safe kernel: logged at INFO; a capture
         of such a call raises ``CudaGraphUnsafeError`` with the reasons)."""
+        key = self._named(key)
         cap = capture_key(key)
         if cap is None or cap == key:
             return None
