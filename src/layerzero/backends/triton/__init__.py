@@ -2,7 +2,7 @@
 
 Kernels: ``triton.rms_norm`` (fused residual add, ``norms.py``), ``triton.rope`` (``rope.py``),
 ``triton.swiglu`` (``swiglu.py``), ``triton.fused_moe`` (``moe.py``),
-``triton.sample_topk`` / ``triton.sample_topp`` (``sampling.py``), ``triton.reshape_and_cache`` (``cache.py``) and
+``triton.sample_topk`` / ``triton.sample_topp`` / ``triton.sample`` (``sampling.py``), ``triton.reshape_and_cache`` (``cache.py``) and
 the paged decode attention kernels of ``paged.py``. Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call)
 calls :func:`probe`, which imports ``triton``; the ``@triton.jit`` modules (``_*_kernels.py``) are imported on
 a kernel's first call. A missing triton leaves the backend registered and unavailable with
@@ -25,7 +25,7 @@ log = logging.getLogger("layerzero.backends.triton")
 BACKEND_ID = "triton"
 MODULE = "triton"
 _DESCRIPTION = ("LayerZero's own Triton kernels (RMSNorm + fused add, RoPE, SwiGLU, fused MoE, top-k/top-p "
-                "sampling, paged KV-cache write, paged decode)")
+                "sampling, lz.sample's fused race, paged KV-cache write, paged decode)")
 KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID, cache.KERNEL_ID)
 """Ids of this package's own op kernels (the paged kernels are listed by ``paged.kernel_specs``)."""
 
@@ -43,7 +43,7 @@ def probe() -> BackendSpec:
 
 
 def kernel_specs(available: bool, why: str = "triton is not available") -> list[KernelSpec]:
-    """Every KernelSpec of the backend: rms_norm, rope, sample_topk, sample_topp, swiglu, fused_moe,
+    """Every KernelSpec of the backend: rms_norm, rope, sample_topk, sample_topp, sample, swiglu, fused_moe,
     reshape_and_cache, then
     ``paged.kernel_specs``.
 
@@ -62,7 +62,7 @@ def kernel_specs(available: bool, why: str = "triton is not available") -> list[
 
 def register(registry: KernelRegistry) -> None:
     """Add the ``triton`` backend (available or not, with reasons) and all its kernels to ``registry`` (the
-    ``rms_norm``, ``rope``, ``sample_topk``, ``sample_topp``, ``swiglu``, ``fused_moe`` and ``paged_attention``
+    ``rms_norm``, ``rope``, ``sample_topk``, ``sample_topp``, ``sample``, ``swiglu``, ``fused_moe`` and ``paged_attention``
     ops must be registered).
 
     Raises:

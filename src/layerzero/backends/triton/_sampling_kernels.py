@@ -85,3 +85,87 @@ def _sample_row(L, IDX, U, OUT, stride_l, stride_idx, n_cols, inv_temp, top_p,
     else:
         token = pos.to(tl.int64)
     tl.store(OUT + row, token)
+
+
+# ------------------------------------------------------------------------------------------------ lz.sample
+# The exponential race of ``reference.sample`` in one launch (one program per row, two passes over the row): pass 1
+# finds the row max (and its first index, the greedy token); pass 2 scales ``z = (x - max) / T``, applies the
+# min-p cut (``exp(z) < min_p``: ``prob / max prob`` without the softmax sum), draws counter-based Exp(1) noise
+# ``E = -log((h + 0.5) / 2**32)`` from the 32-bit hash ``h`` of (seed, offset, token index) exactly as
+# ``reference.sampling.counter_hash`` (uint32 arithmetic wraps where the reference masks), and keeps the first
+# index of the largest ``z - log(E)``.
+
+
+@triton.jit
+def _lowbias32(x):
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _mix(h, v):
+    return _lowbias32((h ^ v) + 0x9E3779B9)
+
+
+@triton.jit
+def _race_row(X, T, MINP, SEEDS, OFFS, BASE, OUT, stride_x, n_cols, greedy_below, tiny,
+              HAS_T: tl.constexpr, HAS_MINP: tl.constexpr, HAS_SEEDS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    cols = tl.arange(0, BLOCK)
+    big = 2147483647
+    # pass 1: the row max and the first index holding it
+    m = tl.full([], float("-inf"), tl.float32)
+    arg = n_cols * 0
+    start = n_cols * 0
+    while start < n_cols:
+        offs = start + cols
+        x = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
+        bm = tl.max(x, axis=0)
+        bi = tl.min(tl.where((x == bm) & (offs < n_cols), offs, big), axis=0)
+        arg = tl.where(bm > m, bi, arg)
+        m = tl.maximum(m, bm)
+        start += BLOCK
+    t = 1.0
+    if HAS_T:
+        t = tl.load(T + row).to(tl.float32)
+    greedy = t < greedy_below
+    t = tl.where(greedy, 1.0, t)
+    mp = 0.0
+    if HAS_MINP:
+        mp = tl.load(MINP + row).to(tl.float32)
+    # the row's noise stream: its own (seed, offset) when seeded, else (the call's random base, row)
+    seed = tl.load(BASE)
+    off = row
+    if HAS_SEEDS:
+        s = tl.load(SEEDS + row)
+        seeded = s >= 0
+        seed = tl.where(seeded, s, seed)
+        off = tl.where(seeded, tl.load(OFFS + row), off)
+    h0 = _mix(tl.zeros([], tl.uint32), (seed & 0xFFFFFFFF).to(tl.uint32))
+    h0 = _mix(h0, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    h0 = _mix(h0, (off & 0xFFFFFFFF).to(tl.uint32))
+    h0 = _mix(h0, ((off >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    # pass 2: the race
+    best = tl.full([], float("-inf"), tl.float32)
+    best_i = n_cols * 0
+    start = n_cols * 0
+    while start < n_cols:
+        offs = start + cols
+        valid = offs < n_cols
+        x = tl.load(x_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        z = (x - m) / t
+        if HAS_MINP:
+            z = tl.where(tl.exp(z) < mp, float("-inf"), z)
+        h = _mix(h0, offs.to(tl.uint32))
+        e = (-tl.log((h.to(tl.float64) + 0.5) * 2.3283064365386963e-10)).to(tl.float32)
+        score = tl.where(valid, z - tl.log(tl.maximum(e, tiny)), float("-inf"))
+        bm = tl.max(score, axis=0)
+        bi = tl.min(tl.where((score == bm) & valid, offs, big), axis=0)
+        best_i = tl.where(bm > best, bi, best_i)
+        best = tl.maximum(best, bm)
+        start += BLOCK
+    tl.store(OUT + row, tl.where(greedy, arg, best_i).to(tl.int64))

@@ -1,4 +1,5 @@
-"""``triton.sample_topk`` / ``triton.sample_topp``: token sampling with a Triton inverse-CDF draw, CUDA only.
+"""``triton.sample_topk`` / ``triton.sample_topp``: token sampling with a Triton inverse-CDF draw, and
+``triton.sample`` (``lz.sample``: the exponential race fused, see :func:`sample`); CUDA only.
 
 What runs where (one call, logits ``[B, V]``):
 
@@ -36,13 +37,20 @@ from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
 
-KERNEL_IDS = ("triton.sample_topk", "triton.sample_topp")
+KERNEL_IDS = ("triton.sample_topk", "triton.sample_topp", "triton.sample")
 GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
 """Temperatures below float32's smallest normal are greedy (as in ``lz.sample_*``): ``1 / T`` would overflow."""
 PRIORITY = 60
 """Above the reference sampler (the only other sampling kernel on CUDA)."""
 BLOCK = 1024
 """Row tile of the draw kernel (elements); rows shorter than that use the next power of two of their length."""
+PRIORITY_SAMPLE = -10
+"""``triton.sample`` ranks below ``reference.sample`` (priority 0) until it has run on a GPU: written and tested
+in Triton's interpreter (tests/correctness/test_triton_sample_interpret.py); its GPU test
+(tests/gpu/test_gpu_triton_sample.py) has not run yet. ``lz.lock("sample", "triton.sample")`` or a PerfDB /
+autotune measurement selects it meanwhile."""
+RACE_BLOCK = 4096
+"""Row tile of the ``lz.sample`` race kernel (elements)."""
 _KERNELS = LazyModule("_sampling_kernels")
 
 
@@ -113,11 +121,69 @@ def sample_topp(logits: torch.Tensor, p: float, temperature: float = 1.0,
     return draw(logits, uniforms(logits, generator), p=p, temperature=temperature)
 
 
+def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k: torch.Tensor | None = None,
+           top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
+           offsets: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``lz.sample`` with the exponential race fused into one Triton launch (``_race_row``, one program per row):
+    the semantics of ``reference.sample`` (vLLM v1 ``Sampler``, HF warper order), whose docstring gives them.
+
+    Args:
+        logits: ``[B, V]`` float16/bfloat16/float32 on CUDA (float32 math).
+        temperature, top_k, top_p, min_p, seeds, offsets: ``[B]`` per-row tensors or None, as ``lz.sample``.
+        generator: CUDA ``torch.Generator`` or None (the device's default): one int64 per call is drawn from it
+            (``torch.randint``, on the device: no host synchronization) as the noise seed of unseeded rows.
+
+    Returns:
+        Token ids ``[B]``, int64.
+
+    What runs where: without top-k / top-p, only the Triton kernel (two reads of the row; the reference makes about
+    a dozen ``[B, V]`` passes). With top-k or top-p the cut needs the sorted row: ``torch.sort`` and the cut as the
+    reference computes them (``reference.sampling._cut_sorted``), then the kernel races over the cut row.
+    Seeded rows (``seed >= 0``) draw the reference's counter-based noise, so they pick the reference's token up to
+    float32 rounding of ``z`` and of the logarithms (near-ties only); unseeded rows draw the same noise hashed from
+    the call's random seed and their row index instead of ``torch.exponential_`` (same distribution, another
+    stream). The min-p cut is ``exp(z) < min_p`` (``prob / max prob`` without the softmax sum; the reference
+    rounds the normalized probabilities, which can differ exactly at the boundary).
+
+    Raises:
+        Nothing of its own (``lz.sample`` validates).
+    """
+    from layerzero.backends.reference.sampling import _cut_sorted
+
+    mod = _KERNELS.get()
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    n_rows, vocab = logits.shape
+    greedy = None
+    if top_k is not None or top_p is not None:
+        x = logits.to(torch.float32)
+        z = x - x.amax(dim=-1, keepdim=True)
+        if temperature is not None:
+            greedy = temperature < GREEDY_BELOW
+            z = z / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+        sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)
+        logits = torch.empty_like(z).scatter_(-1, order, _cut_sorted(sorted_z, top_k, top_p))
+        temperature = None  # already applied (the cut row's max is 0: the kernel's (z - 0) / 1 is exact)
+    base = torch.randint(0, 1 << 62, (1,), generator=generator, device=logits.device, dtype=torch.int64)
+    out = torch.empty((n_rows,), dtype=torch.int64, device=logits.device)
+    dummy = out
+    mod._race_row[(n_rows,)](
+        logits, temperature if temperature is not None else dummy, min_p if min_p is not None else dummy,
+        seeds if seeds is not None else dummy, offsets if offsets is not None else (
+            torch.zeros_like(seeds) if seeds is not None else dummy),
+        base, out, logits.stride(0), vocab, GREEDY_BELOW, float(torch.finfo(torch.float32).tiny),
+        HAS_T=temperature is not None, HAS_MINP=min_p is not None, HAS_SEEDS=seeds is not None,
+        BLOCK=min(RACE_BLOCK, next_pow2(vocab)), num_warps=8)
+    if greedy is not None:
+        out = torch.where(greedy, torch.argmax(x, dim=-1), out)
+    return out
+
+
 def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
-    """``[triton.sample_topk, triton.sample_topp]``; their callables raise ``BackendNotAvailableError``
+    """``[triton.sample_topk, triton.sample_topp, triton.sample]``; their callables raise ``BackendNotAvailableError``
     (with ``why``) when ``available`` is False."""
-    fns: tuple[Callable[..., Any], Callable[..., Any]] = (
-        (sample_topk, sample_topp) if available else (missing(KERNEL_IDS[0], why), missing(KERNEL_IDS[1], why)))
+    fns: tuple[Callable[..., Any], ...] = (
+        (sample_topk, sample_topp, sample) if available else tuple(missing(k, why) for k in KERNEL_IDS))
     common: dict[str, Any] = dict(priority=PRIORITY, device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN,
                                   deterministic=True, graph_safe=False, supports_backward=False)
     return [
@@ -127,4 +193,7 @@ def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
         KernelSpec(KERNEL_IDS[1], "sample_topp", fns[1],
                    description="stable torch.sort on the logits + Triton softmax/nucleus cut/inverse-CDF draw",
                    **common),
+        KernelSpec(KERNEL_IDS[2], "sample", fns[2],
+                   description="lz.sample's exponential race in one Triton launch (counter-based noise; torch.sort "
+                               "first only for top-k/top-p)", **{**common, "priority": PRIORITY_SAMPLE}),
     ]

@@ -1,0 +1,87 @@
+"""``triton.sample`` (``lz.sample``'s fused exponential race) on a real GPU (``pytest -m gpu``): the float64 race
+as the oracle for seeded rows at a real vocabulary (151936, odd sizes), greedy rows exact, agreement with
+``reference.sample`` on seeded rows, batch invariance of a seeded request, unseeded frequencies against the
+softmax, and that ``lz.sample`` picks it on CUDA. Skipped with the backend's reason when triton is not usable."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import layerzero as lz
+from layerzero.backends.reference import sampling as ref
+from layerzero.backends.triton import sampling as ts
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_usable")]
+DEV = "cuda"
+
+
+def _batch(b: int, v: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    logits = (torch.randn(b, v, generator=g, device=DEV) * 2).to(dtype)
+    temp = torch.rand(b, generator=g, device=DEV) * 1.4 + 0.2
+    temp[::7] = 0.0  # greedy rows
+    seeds = torch.randint(0, 2**40, (b,), generator=g, device=DEV)
+    offsets = torch.randint(0, 1000, (b,), generator=g, device=DEV)
+    return logits, temp, seeds, offsets
+
+
+def _race64(logits, temp, seeds, offsets, min_p=None):
+    x = logits.double()
+    z = (x - x.amax(-1, keepdim=True)) / torch.where(temp > 0, temp, 1.0).double()[:, None]
+    if min_p is not None:
+        z = z.masked_fill(z.exp() < min_p.double()[:, None] * (1 - 1e-6), -math.inf)
+    return z - ref.seeded_exponential(seeds, offsets, logits.shape[1]).log()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("b", "v"), [(64, 151936), (5, 32000), (33, 4097)])
+def test_seeded_rows_pick_the_float64_winner(dtype, b, v):
+    logits, temp, seeds, offsets = _batch(b, v, dtype, seed=b + v)
+    min_p = torch.full((b,), 0.05, device=DEV) if b == 33 else None
+    tokens = ts.sample(logits, temperature=temp, min_p=min_p, seeds=seeds, offsets=offsets)
+    greedy = temp == 0
+    assert torch.equal(tokens[greedy], logits.float().argmax(-1)[greedy])
+    s = _race64(logits, temp, seeds, offsets, min_p)[~greedy]
+    got = s.gather(-1, tokens[~greedy][:, None]).squeeze(-1)
+    best = s.max(-1).values
+    assert torch.isfinite(got).all() and (got >= best - 1e-4 * (1 + best.abs())).all()
+
+
+def test_agrees_with_the_reference_and_is_batch_invariant():
+    logits, temp, seeds, offsets = _batch(512, 151936, torch.bfloat16, seed=1)
+    tokens = ts.sample(logits, temperature=temp, seeds=seeds, offsets=offsets)
+    want = ref.sample(logits, temp, None, None, None, seeds, offsets)
+    assert (tokens == want).float().mean() >= 0.99  # only float32 near-ties may differ
+    alone = torch.cat([ts.sample(logits[i:i + 1], temperature=temp[i:i + 1], seeds=seeds[i:i + 1],
+                                 offsets=offsets[i:i + 1]) for i in range(0, 512, 37)])
+    assert torch.equal(alone, tokens[::37])
+
+
+def test_unseeded_rows_follow_the_softmax_and_the_generator():
+    rows, temp = 200_000, 0.8
+    logits = torch.tensor([[1.0, 0.0, -1.0, 2.0, 0.5, -3.0, 1.5]], device=DEV).repeat(rows, 1)
+    t = torch.full((rows,), temp, device=DEV)
+    tokens = ts.sample(logits, temperature=t, generator=torch.Generator(device=DEV).manual_seed(5))
+    freq = torch.bincount(tokens, minlength=7).double().cpu() / rows
+    want = torch.softmax(logits[0].double().cpu() / temp, dim=-1)
+    assert (freq - want).abs().max() < 0.005, (freq, want)
+    again = ts.sample(logits, temperature=t, generator=torch.Generator(device=DEV).manual_seed(5))
+    assert torch.equal(tokens, again)
+
+
+def test_lz_sample_runs_it_when_locked():
+    """Eligible on CUDA and served under a lock (it ranks below the reference until this file has passed on a
+    GPU: sampling.PRIORITY_SAMPLE; raise it, and assert it is the default pick, once it has)."""
+    logits = torch.randn(8, 32000, device=DEV, dtype=torch.bfloat16)
+    temp = torch.full((8,), 0.7, device=DEV)
+    lz.lock("sample", "triton.sample")
+    try:
+        assert lz.which("sample", logits, temperature=temp) == "triton.sample"
+        seeds = torch.arange(8, device=DEV)
+        assert torch.equal(lz.sample(logits, temperature=temp, seeds=seeds),
+                           ts.sample(logits, temperature=temp, seeds=seeds))
+    finally:
+        lz.unlock("sample")
