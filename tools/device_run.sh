@@ -19,6 +19,7 @@
 #   engine-gpu pytest of the engine's GPU tests and the fused-MoE GPU tests (bf16, CUDA graphs vs eager)
 #   bench-engine benchmarks/engine/bench_engine.py $BENCH_ARGS (nano-vllm workload, full scale) into $OUT/engine
 #   bench-prefix `layerzero bench-engine --workload prefix` into $OUT/engine
+#   bench-sample benchmarks/bench_sample.py (reference.sample vs triton.sample) into $OUT/sample.md
 # JIT caches (FlashInfer workspace, Triton) live in the ignored .fi_ws/ of the checkout there: a device machine that is
 # still warm keeps them between calls.
 set -uo pipefail
@@ -61,6 +62,7 @@ for stage in "$@"; do
     engine-gpu) timeout ${GPU_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rs --durations=15 tests/engine/gpu tests/gpu/test_gpu_fused_moe.py 2>&1 | tee "$OUT/engine-gpu.txt" | tail -40 ;;
     bench-engine) timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/engine/bench_engine.py --out "$OUT/engine" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-engine.log" | tail -20 ;;
     bench-prefix) timeout ${BENCH_TIMEOUT:-400} python3 -m layerzero bench-engine --workload prefix --out "$OUT/engine" 2>&1 | tail -5 ;;
+    bench-sample) timeout 150 python3 benchmarks/bench_sample.py --out "$OUT/sample.md" 2>&1 | tail -12 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
 done

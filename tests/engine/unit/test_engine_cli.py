@@ -68,3 +68,20 @@ def test_shared_prefix_workload():
     assert len(prompts) == 64 * 16 and out == 256 and all(len(p) == 2048 + 128 for p in prompts)
     assert prompts[0][:2048] == prompts[64][:2048] != prompts[1][:2048]  # request i of every group, interleaved
     assert len({tuple(p[:s["prefix"]]) for p in prompts}) == 64
+
+
+def test_prefix_benchmark_at_cpu_scale(tmp_path):
+    """``bench-engine --workload prefix`` end to end at the CPU scale: the shared prefix hits, the random workload
+    does not, and each pair of runs reports comparable engines (pool size, preemptions, steps)."""
+    from layerzero.engine.bench import build_checkpoint
+    from layerzero.engine.bench_prefix import run_prefix
+
+    path = build_checkpoint(tmp_path / "ckpt", "cpu", torch.float32)
+    r = run_prefix(scale="cpu", model=str(path), device="cpu")
+    sp, zh = r["shared_prefix"], r["zero_hit"]
+    assert sp["requests"] == 16 and sp["hit_rate"] > 0.5 and zh["hit_rate"] == 0.0
+    for part in (sp, zh):
+        assert part["seconds_cache_on"] > 0 and part["seconds_cache_off"] > 0
+        on, off = part["num_kv_blocks"]
+        assert on == off > 0  # the CPU pool has a documented default size: both runs got the same
+        assert all(isinstance(n, int) and n >= 0 for n in part["preemptions"]) and min(part["steps"]) > 0
