@@ -96,12 +96,13 @@ class LLM:
                 request is queued.
         """
         ids = self._add_all(prompts, sampling_params, priority)
+        wanted = set(ids)  # a list's `in` scanned every request id per finished request, per step
         eng = self.engine
         done: dict[str, RequestOutput] = {}
         bar = _progress(len(ids)) if use_tqdm else None
         while len(done) < len(ids):
             for req in eng.step():
-                if req.finished and req.request_id in ids and req.request_id not in done:
+                if req.finished and req.request_id in wanted and req.request_id not in done:
                     done[req.request_id] = eng.output(req)
                     if bar is not None:
                         bar.update(1)
