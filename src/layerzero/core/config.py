@@ -55,6 +55,9 @@ class Config:
       runtime failures, and retried after the cooldown (seconds).
     - ``allow_selection_in_capture``: let a selection-cache miss run selection while a CUDA graph is being
       captured (default False: it raises ``CudaGraphUnsafeError``; warm up with ``lz.warmup`` first).
+    - ``workspace_headroom_bytes``: memory-aware selection rejects a kernel whose declared workspace
+      (``KernelSpec.workspace``, bytes) exceeds the device's free memory minus this headroom
+      (``WORKSPACE_TOO_LARGE``; CUDA devices, read with ``torch.cuda.mem_get_info`` when a key is selected).
     """
 
     strict: bool = False
@@ -71,6 +74,7 @@ class Config:
     use_shipped_timings: bool = True
     shipped_timings_dir: str | None = None
     autotune: bool = False
+    workspace_headroom_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         for name in ("strict", "use_perfdb", "log_fallbacks", "allow_selection_in_capture", "use_shipped_timings",
@@ -79,6 +83,9 @@ class Config:
                 raise ConfigurationError(expected_got(f"config {name}", "a bool", repr(getattr(self, name))))
         _positive_int("cache_size", self.cache_size)
         _positive_int("health_failure_threshold", self.health_failure_threshold)
+        h = self.workspace_headroom_bytes
+        if isinstance(h, bool) or not isinstance(h, int) or h < 0:
+            raise ConfigurationError(expected_got("config workspace_headroom_bytes", "an int >= 0 (bytes)", repr(h)))
         for name in ("selection_timeout_s", "health_cooldown_s", "perf_weight"):
             _positive_float(name, getattr(self, name))
         if self.cache_ttl_s is not None:

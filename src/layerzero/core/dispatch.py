@@ -86,6 +86,9 @@ class Runtime:
         self.autotuner = autotuner
         """Called as ``autotuner(runtime, ctx, args)`` on the first eager call of a new key when
         ``lz.configure(autotune=True)``, before selection (``layerzero.tuning.autotune.autotune_context``)."""
+        self.free_memory: Callable[[DeviceSpec], int | None] = device_free_bytes
+        """Free memory of a device in bytes, or None when unknown: memory-aware selection compares declared
+        kernel workspaces with it (tests replace it with a fake reading)."""
         self._init_lock = threading.Lock()
         self._ready = False
         self.registry = KernelRegistry(on_change=_config.notify_change)
@@ -202,7 +205,8 @@ class Runtime:
         self.ensure_ready()
         cfg = _config.get_config()
         inputs = SelectionInputs(_config.effective_policy(), self.usable_reason, self._perf_lookup(ctx),
-                                 cfg.strict, cfg.log_fallbacks and not quiet)
+                                 cfg.strict, cfg.log_fallbacks and not quiet,
+                                 lambda: self.free_memory(ctx.device), cfg.workspace_headroom_bytes)
         plan, report = select(self.registry, ctx, inputs)
         retry_at = self.health.next_retry_at()
         trial = self.health.state(plan.backend) is BreakerState.HALF_OPEN
@@ -439,6 +443,17 @@ def _graph_safe_hint(runtime: Runtime, ctx: SelectionContext) -> str:
     except LayerZeroError:
         return ""
     return ""
+
+
+def device_free_bytes(device: DeviceSpec) -> int | None:
+    """Free memory of a CUDA ``device`` in bytes (``torch.cuda.mem_get_info``: free device memory, not the caching
+    allocator's reserve); None for other devices or when the reading fails."""
+    if device.device_type != "cuda" or not torch.cuda.is_available():
+        return None
+    try:
+        return int(torch.cuda.mem_get_info(device.index if device.index is not None else 0)[0])
+    except RuntimeError:
+        return None
 
 
 def capture_key(key: Hashable) -> Hashable | None:

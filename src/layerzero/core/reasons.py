@@ -31,6 +31,7 @@ class ReasonCategory(str, enum.Enum):
     POLICY = "policy"
     BACKEND = "backend"
     AUTOGRAD = "autograd"
+    MEMORY = "memory"
 
 
 class ReasonCode(str, enum.Enum):
@@ -92,8 +93,10 @@ class ReasonCode(str, enum.Enum):
     BACKEND_IMPORT_FAILED = "BACKEND_IMPORT_FAILED"
     BACKEND_UNHEALTHY = "BACKEND_UNHEALTHY"
     TORCH_TOO_OLD = "TORCH_TOO_OLD"
+    # device memory
+    WORKSPACE_TOO_LARGE = "WORKSPACE_TOO_LARGE"
     # Every code here is emitted by some check (tests/unit/test_reasons.py keeps it so); add a code together with
-    # the check that emits it (e.g. WORKSPACE_TOO_LARGE with workspace-aware selection).
+    # the check that emits it.
 
     @property
     def category(self) -> ReasonCategory:
@@ -129,6 +132,7 @@ _CATEGORY: dict[ReasonCode, ReasonCategory] = {
     **dict.fromkeys(
         [_R.BACKEND_NOT_INSTALLED, _R.BACKEND_VERSION_UNSUPPORTED, _R.BACKEND_IMPORT_FAILED,
          _R.BACKEND_UNHEALTHY, _R.TORCH_TOO_OLD], _C.BACKEND),
+    _R.WORKSPACE_TOO_LARGE: _C.MEMORY,
 }
 
 

@@ -52,7 +52,9 @@ class SelectionInputs:
 
     ``usable(backend_id) -> Reason | None`` answers health; ``perf(kernel_id)`` gives the measurement terms: a
     :class:`Measurement`, or a ``(perf score, median_us)`` pair for the PerfDB term alone (``(0.0, None)`` when
-    unmeasured).
+    unmeasured). ``free_bytes()``: the device's free memory in bytes, or None when unknown (no workspace check);
+    read at most once per selection, and only when a candidate declares a workspace. A kernel whose workspace
+    exceeds ``free_bytes() - headroom_bytes`` is rejected with ``WORKSPACE_TOO_LARGE``.
     """
 
     policy: Policy
@@ -60,6 +62,8 @@ class SelectionInputs:
     perf: Callable[[str], Measurement | tuple[float, float | None]]
     strict: bool = False
     log_fallbacks: bool = True
+    free_bytes: Callable[[], int | None] | None = None
+    headroom_bytes: int = 0
 
 
 def kernel_reasons(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext,
@@ -117,8 +121,11 @@ def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInp
     eligible: list[tuple[float, int, KernelSpec, Any, tuple[str, ...], Score]] = []
     boosted_rejects: list[tuple[str, tuple[Reason, ...]]] = []
     shipped_source: str | None = None
+    free: list[int | None] = []  # the device's free bytes, read on the first declared workspace
     for order, spec in enumerate(specs):
         reasons = kernel_reasons(registry, spec, ctx, inputs.usable)
+        if inputs.free_bytes is not None and spec.workspace is not None:
+            reasons.extend(_workspace_reasons(spec, ctx, inputs, free))
         boost = policy.boost(op, spec.kernel_id, spec.backend, fields)
         if locked_id is not None and spec.kernel_id != locked_id:
             reasons.append(Reason(R.POLICY_LOCKED_OTHER, f"op {op!r} is locked to {locked_id}"))
@@ -170,6 +177,25 @@ def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInp
     ) if locked_id is None else ()
     plan = ExecutionPlan(op, best.kernel_id, call, transforms, locked_id is not None, fallbacks, report)
     return plan, report
+
+
+def _workspace_reasons(spec: KernelSpec, ctx: SelectionContext, inputs: SelectionInputs,
+                       free: list[int | None]) -> list[Reason]:
+    """``WORKSPACE_TOO_LARGE`` when ``spec``'s workspace for ``ctx`` exceeds the free device memory minus the
+    headroom (``free`` caches the one memory reading of this selection)."""
+    need = spec.workspace_bytes(ctx)
+    if need <= 0 or inputs.free_bytes is None:
+        return []
+    if not free:
+        free.append(inputs.free_bytes())
+    have = free[0]
+    if have is None or need <= have - inputs.headroom_bytes:
+        return []
+    mib = 1 << 20
+    return [Reason(R.WORKSPACE_TOO_LARGE,
+                   f"needs {need / mib:.1f} MiB of workspace; the device has {have / mib:.1f} MiB free and "
+                   f"{inputs.headroom_bytes / mib:.1f} MiB are kept as headroom (lz.configure("
+                   "workspace_headroom_bytes=...); free memory is read when a key is first selected)")]
 
 
 def _fallback_notes(registry: KernelRegistry, best: KernelSpec, candidates: list[CandidateReport],
