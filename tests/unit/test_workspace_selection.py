@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero.core.dispatch import device_free_bytes
+from layerzero.core.device import device_free_bytes
 from layerzero.core.errors import ConfigurationError, NoKernelFoundError
 from layerzero.core.reasons import ReasonCategory, ReasonCode
 from layerzero.core.runtime import RUNTIME

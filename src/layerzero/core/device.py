@@ -44,6 +44,7 @@ logger = logging.getLogger("layerzero.core.device")
 
 __all__ = [
     "DeviceSpec",
+    "device_free_bytes",
     "GPUGeneration",
     "gpu_generation_from_sm",
     "tensor_core_generation",
@@ -460,3 +461,14 @@ def _cpu_info() -> tuple[str | None, frozenset[str], str | None]:
         if cap and cap not in ("default", "no avx"):
             isa.add(cap.replace(" ", "_"))
     return vendor, frozenset(isa), name or (platform.processor() or None)
+
+
+def device_free_bytes(device: DeviceSpec) -> int | None:
+    """Free memory of a CUDA ``device`` in bytes (``torch.cuda.mem_get_info``: free device memory, not the caching
+    allocator's reserve); None for other devices or when the reading fails."""
+    if device.device_type != "cuda" or not torch.cuda.is_available():
+        return None
+    try:
+        return int(torch.cuda.mem_get_info(device.index if device.index is not None else 0)[0])
+    except RuntimeError:
+        return None

@@ -28,7 +28,7 @@ from . import config as _config
 from . import shipped as _shipped
 from .cache import SelectionCache
 from .context import SelectionContext
-from .device import DeviceSpec
+from .device import DeviceSpec, device_free_bytes
 from .errors import CudaGraphUnsafeError, KernelExecutionError, LayerZeroError, NoKernelFoundError
 from .health import BreakerState, HealthTracker
 from .perfdb import PerfDB, fingerprint, perf_score
@@ -37,6 +37,7 @@ from .registry import KernelRegistry
 from .report import SelectionReport
 from .selection import Measurement, SelectionInputs, select
 from .specs import ExecutionPlan
+from .telemetry import TELEMETRY
 
 log = logging.getLogger("layerzero.dispatch")
 
@@ -135,6 +136,8 @@ class Runtime:
 
     def _on_health_change(self, backend_id: str, state: BreakerState) -> None:
         log.warning("LayerZero backend %s circuit breaker is now %s", backend_id, state.value)
+        if TELEMETRY.on and state is BreakerState.OPEN:
+            TELEMETRY.health_trips[backend_id] += 1
         _config.notify_change()
 
     # ------------------------------------------------------------------ PerfDB
@@ -168,6 +171,7 @@ class Runtime:
         records = {}
         if db is not None:
             try:
+                TELEMETRY.perfdb_reads += TELEMETRY.on
                 records = db.for_bucket(ctx.op, ctx.bucket_key(), fingerprint(device_fingerprint_parts(ctx.device)))
             except LayerZeroError as exc:
                 log.warning("LayerZero PerfDB read failed (%s); selecting without its measurements", exc)
@@ -232,7 +236,11 @@ class Runtime:
                     "dtypes and flags before capturing (the first eager call prepares the capture-time choice), or "
                     "call lz.warmup(op, cases), or lz.configure(allow_selection_in_capture=True) to allow it."
                     + _graph_safe_hint(self, ctx))
-            return self.select_context(ctx)[0]
+            t0 = time.perf_counter()
+            plan, report = self.select_context(ctx)
+            if TELEMETRY.on:
+                TELEMETRY.selected(ctx.op, plan.kernel_id, time.perf_counter() - t0, report)
+            return plan
 
         return self.cache.get_or_compute(key, compute, timeout_s=_config.get_config().selection_timeout_s)
 
@@ -252,6 +260,8 @@ class Runtime:
             return self._run_slow(key, build_ctx, args, hot_key)
         if hot_key is not None:
             self.cache.promote(hot, hot_key, plan)
+        if TELEMETRY.on:
+            return self._observed(plan, args)
         t = _TRACE.get()
         if t is not None:
             t.counts[(plan.op, plan.kernel_id)] += 1
@@ -270,11 +280,29 @@ class Runtime:
         plan = self.cache.hot.get(hot_key)
         if plan is None:
             return MISS
+        if TELEMETRY.on:
+            return self._observed(plan, args)
         t = _TRACE.get()
         if t is not None:
             t.counts[(plan.op, plan.kernel_id)] += 1
         try:
             return plan.call(*args)
+        except Exception as exc:  # noqa: BLE001 - every kernel failure is recorded, then re-raised or retried
+            return self._on_failure(plan, exc, args, t)
+
+    def _observed(self, plan: ExecutionPlan, args: tuple[Any, ...]) -> Any:
+        """A hot-path call while telemetry is on: traced and counted as usual, every ``sample_every``-th call of
+        a kernel timed (host time)."""
+        t = _TRACE.get()
+        if t is not None:
+            t.counts[(plan.op, plan.kernel_id)] += 1
+        try:
+            if not TELEMETRY.count_call(plan.op, plan.kernel_id):
+                return plan.call(*args)
+            t0 = time.perf_counter()
+            out = plan.call(*args)
+            TELEMETRY.observe(plan.kernel_id, time.perf_counter() - t0)
+            return out
         except Exception as exc:  # noqa: BLE001 - every kernel failure is recorded, then re-raised or retried
             return self._on_failure(plan, exc, args, t)
 
@@ -301,10 +329,14 @@ class Runtime:
         t = _TRACE.get()
         if t is not None:
             t.counts[(plan.op, plan.kernel_id)] += 1
+        timed = TELEMETRY.on and TELEMETRY.count_call(plan.op, plan.kernel_id)
         try:
+            t0 = time.perf_counter() if timed else 0.0
             out = plan.call(*args)
         except Exception as exc:  # noqa: BLE001 - every kernel failure is recorded, then re-raised or retried
             return self._on_failure(plan, exc, args, t)
+        if timed:
+            TELEMETRY.observe(plan.kernel_id, time.perf_counter() - t0)
         if plan.trial:
             self.health.record_success(plan.backend)
         if miss:
@@ -425,6 +457,8 @@ class Runtime:
                 continue
             for bad, error in failed:
                 self.health.record_failure(bad.backend, error)
+            if TELEMETRY.on:
+                TELEMETRY.runtime_fallback(plan.op, failed[0][1])
             if t is not None:
                 t.counts[(nxt.op, nxt.kernel_id)] += 1
             return out
@@ -443,17 +477,6 @@ def _graph_safe_hint(runtime: Runtime, ctx: SelectionContext) -> str:
     except LayerZeroError:
         return ""
     return ""
-
-
-def device_free_bytes(device: DeviceSpec) -> int | None:
-    """Free memory of a CUDA ``device`` in bytes (``torch.cuda.mem_get_info``: free device memory, not the caching
-    allocator's reserve); None for other devices or when the reading fails."""
-    if device.device_type != "cuda" or not torch.cuda.is_available():
-        return None
-    try:
-        return int(torch.cuda.mem_get_info(device.index if device.index is not None else 0)[0])
-    except RuntimeError:
-        return None
 
 
 def capture_key(key: Hashable) -> Hashable | None:
