@@ -75,10 +75,10 @@ __version__ = "0.1.0"
 
 def doctor(*, print_report: bool = True) -> Any:
     """Inspect this machine and LayerZero's state: device, versions, backends (available or why not),
-    kernels per op, config, policy, locks, health and PerfDB. Returns a :class:`~layerzero.doctor.DoctorReport`
+    kernels per op, config, policy, locks, health and PerfDB. Returns a :class:`~layerzero.diagnostics.DoctorReport`
     (``.to_dict()`` for JSON) and prints it as tables unless ``print_report=False``. Raises
     ``ConfigurationError`` for malformed ``LAYERZERO_*`` variables; an unusable PerfDB is reported, not raised."""
-    from .doctor import run_doctor
+    from .diagnostics import run_doctor
 
     return run_doctor(print_report=print_report)
 

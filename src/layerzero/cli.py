@@ -87,7 +87,7 @@ def _cmd_explain(ns: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(ns: argparse.Namespace) -> int:
-    from layerzero.doctor import run_doctor
+    from layerzero.diagnostics import run_doctor
 
     report = run_doctor(print_report=not ns.json)
     if ns.json:
@@ -95,9 +95,30 @@ def _cmd_doctor(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_quarantine(ns: argparse.Namespace) -> int:
+    from layerzero.core.runtime import RUNTIME
+
+    RUNTIME.ensure_ready()
+    store = RUNTIME.quarantine()
+    if store is None:
+        print("quarantine: unavailable (the PerfDB is off or unusable)", file=sys.stderr)
+        return 1
+    if ns.clear is not None:
+        n = store.clear(ns.clear or None)
+        RUNTIME.cache.invalidate()
+        print(f"lifted {n} quarantine entr{'y' if n == 1 else 'ies'}")
+        return 0
+    entries = store.entries()
+    for e in entries:
+        print(e)
+    if not entries:
+        print("no quarantined backends")
+    return 0
+
+
 def _cmd_list(ns: argparse.Namespace) -> int:
     import layerzero as lz
-    from layerzero.doctor import Table, print_tables
+    from layerzero.diagnostics import Table, print_tables
 
     kernels = lz.list_kernels(ns.op)
     if ns.json:
@@ -253,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dropout", type=float, default=0.0)
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=_cmd_explain)
+    qu = sub.add_parser("quarantine", help="backends quarantined by failed canaries (lz.configure(canaries=True))")
+    qu.add_argument("--clear", nargs="?", const="", default=None, metavar="BACKEND",
+                    help="lift every entry, or only BACKEND's")
+    qu.set_defaults(fn=_cmd_quarantine)
     lk = sub.add_parser("list-kernels", help="every registered kernel and its constraints")
     lk.add_argument("--op", default=None)
     lk.add_argument("--json", action="store_true")

@@ -58,6 +58,8 @@ class Config:
     - ``workspace_headroom_bytes``: memory-aware selection rejects a kernel whose declared workspace
       (``KernelSpec.workspace``, bytes) exceeds the device's free memory minus this headroom
       (``WORKSPACE_TOO_LARGE``; CUDA devices, read with ``torch.cuda.mem_get_info`` when a key is selected).
+    - ``canaries``: check the first call of each new key against the reference kernel; a failure quarantines
+      ``backend@version@arch`` in the PerfDB's file (``BACKEND_QUARANTINED`` from then on; ``core/quarantine.py``).
     """
 
     strict: bool = False
@@ -75,10 +77,11 @@ class Config:
     shipped_timings_dir: str | None = None
     autotune: bool = False
     workspace_headroom_bytes: int = 256 << 20
+    canaries: bool = False
 
     def __post_init__(self) -> None:
         for name in ("strict", "use_perfdb", "log_fallbacks", "allow_selection_in_capture", "use_shipped_timings",
-                     "autotune"):
+                     "autotune", "canaries"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(expected_got(f"config {name}", "a bool", repr(getattr(self, name))))
         _positive_int("cache_size", self.cache_size)

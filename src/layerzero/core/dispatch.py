@@ -32,6 +32,7 @@ from .device import DeviceSpec, device_free_bytes
 from .errors import CudaGraphUnsafeError, KernelExecutionError, LayerZeroError, NoKernelFoundError
 from .health import BreakerState, HealthTracker
 from .perfdb import PerfDB, fingerprint, perf_score
+from .quarantine import QuarantineStore, arch_of, probe_first_call
 from .reasons import Reason
 from .registry import KernelRegistry
 from .report import SelectionReport
@@ -82,8 +83,13 @@ class Runtime:
     """
 
     def __init__(self, loader: Callable[[KernelRegistry], None],
-                 autotuner: Callable[[Runtime, SelectionContext, tuple[Any, ...]], None] | None = None) -> None:
+                 autotuner: Callable[[Runtime, SelectionContext, tuple[Any, ...]], None] | None = None,
+                 canary: Callable[[Runtime, SelectionContext, tuple[Any, ...], Any], str | None] | None = None) -> None:
         self._loader = loader
+        self.canary = canary
+        """Called as ``canary(runtime, ctx, args, out)`` on a new key's first call with ``lz.configure(canaries=True)``:
+        None when ``out`` agrees with the reference, else why not (``core/quarantine.py``)."""
+        self._quarantine: QuarantineStore | None = None
         self.autotuner = autotuner
         """Called as ``autotuner(runtime, ctx, args)`` on the first eager call of a new key when
         ``lz.configure(autotune=True)``, before selection (``layerzero.tuning.autotune.autotune_context``)."""
@@ -158,6 +164,19 @@ class Runtime:
             return None
         return self._perfdb
 
+    def quarantine(self) -> QuarantineStore | None:
+        """The quarantine store in the PerfDB's file (None when the PerfDB is off or unusable)."""
+        db = self.perfdb()
+        if db is None:
+            return None
+        if self._quarantine is None or self._quarantine.path != self._perfdb_path:
+            try:
+                self._quarantine = QuarantineStore(self._perfdb_path or "")
+            except LayerZeroError as exc:
+                log.warning("LayerZero quarantine store unusable (%s); no canary quarantines", exc)
+                return None
+        return self._quarantine
+
     def _perf_lookup(self, ctx: SelectionContext) -> Callable[[str], Measurement]:
         """The measurement terms of ``ctx``'s kernels: from the PerfDB rows of the bucket when there are any,
         else from the timing data shipped for this device model and library versions (``core/shipped.py``;
@@ -208,7 +227,14 @@ class Runtime:
         the report but are not logged (a choice prepared ahead of a capture that may never happen)."""
         self.ensure_ready()
         cfg = _config.get_config()
-        inputs = SelectionInputs(_config.effective_policy(), self.usable_reason, self._perf_lookup(ctx),
+        usable = self.usable_reason
+        store = None if ctx.graph_capture else self.quarantine()
+        if store is not None and store.entries():
+            arch, reg = arch_of(ctx.device), self.registry
+
+            def usable(b: str) -> Reason | None:
+                return self.usable_reason(b) or store.reason_for(b, reg.backend(b).version, arch)
+        inputs = SelectionInputs(_config.effective_policy(), usable, self._perf_lookup(ctx),
                                  cfg.strict, cfg.log_fallbacks and not quiet,
                                  lambda: self.free_memory(ctx.device), cfg.workspace_headroom_bytes)
         plan, report = select(self.registry, ctx, inputs)
@@ -340,6 +366,8 @@ class Runtime:
         if plan.trial:
             self.health.record_success(plan.backend)
         if miss:
+            if _config.get_config().canaries:
+                out = probe_first_call(self, key, build_ctx, args, plan, out)
             self.prepare_capture(key, build_ctx, args, plan)
         return out
 

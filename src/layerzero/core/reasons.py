@@ -93,6 +93,7 @@ class ReasonCode(str, enum.Enum):
     BACKEND_IMPORT_FAILED = "BACKEND_IMPORT_FAILED"
     BACKEND_UNHEALTHY = "BACKEND_UNHEALTHY"
     TORCH_TOO_OLD = "TORCH_TOO_OLD"
+    BACKEND_QUARANTINED = "BACKEND_QUARANTINED"
     # device memory
     WORKSPACE_TOO_LARGE = "WORKSPACE_TOO_LARGE"
     # Every code here is emitted by some check (tests/unit/test_reasons.py keeps it so); add a code together with
@@ -131,7 +132,7 @@ _CATEGORY: dict[ReasonCode, ReasonCategory] = {
         [_R.POLICY_DENIED, _R.POLICY_NOT_ALLOWED, _R.POLICY_LOCKED_OTHER, _R.POLICY_DISABLED], _C.POLICY),
     **dict.fromkeys(
         [_R.BACKEND_NOT_INSTALLED, _R.BACKEND_VERSION_UNSUPPORTED, _R.BACKEND_IMPORT_FAILED,
-         _R.BACKEND_UNHEALTHY, _R.TORCH_TOO_OLD], _C.BACKEND),
+         _R.BACKEND_UNHEALTHY, _R.TORCH_TOO_OLD, _R.BACKEND_QUARANTINED], _C.BACKEND),
     _R.WORKSPACE_TOO_LARGE: _C.MEMORY,
 }
 

@@ -28,7 +28,13 @@ def autotune(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ...]) -> 
     import_module("layerzero.tuning.autotune").autotune_context(runtime, ctx, args)
 
 
-RUNTIME = Runtime(load_builtin, autotuner=autotune)
+def canary(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ...], out: Any) -> str | None:
+    """The canary check (``lz.configure(canaries=True)``): ``layerzero.tuning.canary.check``, imported by name on
+    first use."""
+    return import_module("layerzero.tuning.canary").check(runtime, ctx, args, out)
+
+
+RUNTIME = Runtime(load_builtin, autotuner=autotune, canary=canary)
 """The process's dispatch runtime (registry, selection cache, health, PerfDB); loads lazily."""
 
 
@@ -37,4 +43,4 @@ def get_runtime() -> Runtime:
     return RUNTIME
 
 
-__all__ = ["RUNTIME", "autotune", "get_runtime", "load_builtin"]
+__all__ = ["RUNTIME", "autotune", "canary", "get_runtime", "load_builtin"]

@@ -126,11 +126,19 @@ def collect() -> DoctorReport:
         "policy locks": [f"{r.op}={r.kernel}" for r in policy.locks] or "none",
         "health": RUNTIME.health.snapshot() or "all backends healthy",
         "perfdb": f"{db.path} ({len(db)} rows)" if db is not None else "disabled",
+        "quarantine (canaries)": _quarantine_state(),
         "shipped timings": _shipped_state(device, cfg),
         "selection cache": f"{stats.size} entries, {stats.hits} hits, {stats.misses} misses, "
                            f"generation {stats.generation}",
     }
     return DoctorReport({"environment": environment, "backends": backends, "kernels": kernels, "state": state})
+
+
+def _quarantine_state() -> list[str] | str:
+    store = RUNTIME.quarantine()
+    if store is None:
+        return "unavailable (PerfDB off)"
+    return [str(e) for e in store.entries()] or "empty"
 
 
 def run_doctor(print_report: bool = True) -> DoctorReport:
