@@ -22,11 +22,10 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from . import config as _config
 from . import shipped as _shipped
 from .cache import SelectionCache
+from .capture import capture_key, rng_kept
 from .context import SelectionContext
 from .device import DeviceSpec, device_free_bytes
 from .errors import CudaGraphUnsafeError, KernelExecutionError, LayerZeroError, NoKernelFoundError
@@ -447,7 +446,7 @@ class Runtime:
                      "CUDA graph (%s)", ctx.op, str(exc).splitlines()[0])
             return None
         if eager is None or plan.kernel_id != eager.kernel_id:
-            with _rng_kept(args, ctx):
+            with rng_kept(args, ctx):
                 try:
                     plan.call(*args)
                 except Exception as exc:  # noqa: BLE001 - logged; a capture then retries graph-safe fallbacks
@@ -505,34 +504,6 @@ def _graph_safe_hint(runtime: Runtime, ctx: SelectionContext) -> str:
     except LayerZeroError:
         return ""
     return ""
-
-
-def capture_key(key: Hashable) -> Hashable | None:
-    """The cache key a call with ``key`` gets while a CUDA graph is being captured: the same key with its
-    ``capture`` field True. Every op's key is a ``NamedTuple`` with that field (``layerzero.ops``); None for
-    any other key."""
-    fields = getattr(key, "_fields", None)
-    if fields is None or "capture" not in fields:
-        return None
-    i = fields.index("capture")
-    # the constructor, not _replace: TorchDynamo mis-traces NamedTuple._make/tuple.__new__ (a short tuple)
-    return type(key)(*key[:i], True, *key[i + 1:])  # type: ignore[index]
-
-
-@contextlib.contextmanager
-def _rng_kept(args: tuple[Any, ...], ctx: SelectionContext) -> Iterator[None]:
-    """Restore the state of every ``torch.Generator`` in ``args`` and of the CUDA device's default generator."""
-    gens = [a for a in args if isinstance(a, torch.Generator)]
-    states = [g.get_state() for g in gens]
-    index = ctx.device.index
-    default = torch.cuda.get_rng_state(index) if index is not None and torch.cuda.is_available() else None
-    try:
-        yield
-    finally:
-        for g, st in zip(gens, states, strict=True):
-            g.set_state(st)
-        if default is not None:
-            torch.cuda.set_rng_state(default, index)
 
 
 def device_fingerprint_parts(device: DeviceSpec) -> dict[str, str]:
