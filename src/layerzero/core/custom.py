@@ -49,6 +49,8 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "rms_norm": ("x", "weight", "eps", "residual"),
     "layer_norm": ("x", "weight", "bias", "eps"),
     "swiglu": ("gate", "up"),
+    "geglu": ("gate", "up", "approximate"),
+    "reglu": ("gate", "up"),
     "fused_moe": ("x", "w13", "w2", "topk_weights", "topk_ids"),
     "rope": ("q", "k", "cos", "sin", "position_ids", "interleaved", "layout"),
     "sample_topk": ("logits", "k", "temperature", "generator"),

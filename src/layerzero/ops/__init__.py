@@ -21,11 +21,11 @@ from .paged import paged_attention, reshape_and_cache
 from .penalties import apply_penalties
 from .rope import rope
 from .sampling import sample, sample_topk, sample_topp
-from .swiglu import swiglu
+from .swiglu import geglu, reglu, swiglu
 
 OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _sampling.TOPK_SPEC,
                    _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
-                   _swiglu.SPEC, _fused_moe.SPEC)
+                   _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC)
 
 OPS = {
     "attention": (_attention.prepare, _attention.context),
@@ -39,6 +39,8 @@ OPS = {
     "paged_attention": (_paged.prepare, _paged.context),
     "reshape_and_cache": (_paged.prepare_cache, _paged.context_cache),
     "swiglu": (_swiglu.prepare, _swiglu.context),
+    "geglu": (_swiglu.prepare_geglu, _swiglu.context),
+    "reglu": (_swiglu.prepare_reglu, _swiglu.context),
     "fused_moe": (_fused_moe.prepare, _fused_moe.context),
 }
 
@@ -54,4 +56,5 @@ def register_builtin(registry) -> None:
 
 
 __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
-           "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu"]
+           "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
+           "geglu", "reglu"]

@@ -1,4 +1,6 @@
-"""``lz.swiglu``: the SwiGLU gate of a gated MLP, ``silu(gate) * up``."""
+"""The gates of gated MLPs (Shazeer 2020, "GLU Variants Improve Transformer"): ``lz.swiglu`` (``silu(gate) * up``),
+``lz.geglu`` (``gelu(gate) * up``, exact or tanh GELU) and ``lz.reglu`` (``relu(gate) * up``). One key type and one
+set of checks; each is its own op (its own kernels)."""
 
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ OP = "swiglu"
 
 
 class SwigluKey(NamedTuple):
-    """The selection-cache key of one ``lz.swiglu`` call (``hidden_size`` holds the intermediate size I);
-    ``capture``/``scope`` close every op's key (see ``ops.attention.AttentionKey``)."""
+    """The selection-cache key of one ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` call (``op`` says which;
+    ``hidden_size`` holds the intermediate size I); ``capture``/``scope`` close every op's key (see
+    ``ops.attention.AttentionKey``)."""
 
     op: str
     device: torch.device
@@ -60,42 +63,74 @@ def prepare(gate: torch.Tensor, up: torch.Tensor) -> tuple[tuple[Any, ...], tupl
     Raises:
         InvalidInputError: see :func:`swiglu`.
     """
+    return _prepare(OP, gate, up)
+
+
+def _prepare(op: str, gate: Any, up: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     if not _fast_ok(gate, up):
-        _validate(gate, up)
+        _validate(op, gate, up)
     # inlined flags() (like norms.prepare_rms): the stride walk is skipped for contiguous tensors (~1 us a call)
     grad = is_grad_enabled() and (gate.requires_grad or up.requires_grad)
     contiguous = gate.is_contiguous() and up.is_contiguous()
     stride = contiguous or (gate.stride(-1) == 1 and up.stride(-1) == 1)
     layers = scope_layers()
     # the NamedTuple's own constructor: TorchDynamo mis-traces tuple.__new__(SwigluKey, ...) under torch.compile
-    key = SwigluKey(OP, gate.device, gate.dtype, gate.shape[-1], stride, contiguous, grad, deterministic_enabled(),
+    key = SwigluKey(op, gate.device, gate.dtype, gate.shape[-1], stride, contiguous, grad, deterministic_enabled(),
                     gate.is_cuda and stream_capturing(), scope_token_of(layers) if layers else ())
     return key, (gate, up)
 
 
-def _validate(gate: Any, up: Any) -> None:
+def _validate(op: str, gate: Any, up: Any) -> None:
     """The slow path: raise the typed error that says what is wrong (only reached when the fast check failed)."""
-    check_tensor(OP, "gate", gate)
-    check_tensor(OP, "up", up)
+    check_tensor(op, "gate", gate)
+    check_tensor(op, "up", up)
     if gate.dim() == 0:
-        raise fail(OP, "gate rank", ">= 1 dims ([..., I])", "a 0-dim tensor")
-    check_same(OP, "gate", gate, "up", up)
+        raise fail(op, "gate rank", ">= 1 dims ([..., I])", "a 0-dim tensor")
+    check_same(op, "gate", gate, "up", up)
     if up.shape != gate.shape:
-        raise fail(OP, "up shape", f"gate's shape {list(gate.shape)}", list(up.shape),
+        raise fail(op, "up shape", f"gate's shape {list(gate.shape)}", list(up.shape),
                    "Pass the two halves of one gate_up projection, e.g. gate, up = gate_up.chunk(2, -1).")
     if gate.shape[-1] == 0:
-        raise fail(OP, "intermediate size (gate.shape[-1])", ">= 1", 0)
+        raise fail(op, "intermediate size (gate.shape[-1])", ">= 1", 0)
 
 
 def context(key: SwigluKey) -> SelectionContext:
-    """The :class:`SelectionContext` of a swiglu cache key (``hidden_size`` holds the intermediate size I)."""
-    return SelectionContext(op=OP, device=device_spec(key.device), dtype=key.dtype, hidden_size=key.hidden_size,
+    """The :class:`SelectionContext` of a swiglu / geglu / reglu cache key (``hidden_size`` holds the intermediate
+    size I)."""
+    return SelectionContext(op=key.op, device=device_spec(key.device), dtype=key.dtype, hidden_size=key.hidden_size,
                             stride_last_1=key.stride_last_1, contiguous=key.contiguous,
                             requires_grad=key.requires_grad, deterministic=key.deterministic,
                             graph_capture=key.capture)
 
 
 SPEC = OperationSpec(OP, "SwiGLU gate of a gated MLP: silu(gate) * up", ("gate", "up"), "reference.swiglu")
+GEGLU_SPEC = OperationSpec("geglu", "GeGLU gate of a gated MLP: gelu(gate) * up (exact or tanh GELU)", ("gate", "up"),
+                           "reference.geglu")
+REGLU_SPEC = OperationSpec("reglu", "ReGLU gate of a gated MLP: relu(gate) * up", ("gate", "up"), "reference.reglu")
+_APPROXIMATE = ("none", "tanh")
+
+
+def prepare_geglu(gate: torch.Tensor, up: torch.Tensor, *, approximate: str = "none"
+                  ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.geglu`` inputs; return (cache key, canonical kernel args ``(gate, up, approximate)``).
+
+    Raises:
+        InvalidInputError: see :func:`geglu`.
+    """
+    if approximate.__class__ is not str or approximate not in _APPROXIMATE:
+        raise fail("geglu", "approximate", "'none' (exact erf GELU, HF 'gelu') or 'tanh' (HF 'gelu_pytorch_tanh')",
+                   repr(approximate), "torch.nn.functional.gelu names them the same way.")
+    key, (g, u) = _prepare("geglu", gate, up)
+    return key, (g, u, approximate)
+
+
+def prepare_reglu(gate: torch.Tensor, up: torch.Tensor) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.reglu`` inputs; return (cache key, canonical kernel args ``(gate, up)``).
+
+    Raises:
+        InvalidInputError: see :func:`reglu`.
+    """
+    return _prepare("reglu", gate, up)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -117,4 +152,42 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     0.0
     """
     key, args = prepare(gate, up)
+    return RUNTIME.run(key, context, args)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
+    """GeGLU activation (Shazeer 2020, "GLU Variants Improve Transformer"): ``out = gelu(gate) * up``, the middle of
+    a gated MLP with a GELU gate (Gemma: ``approximate="tanh"``, Hugging Face ``gelu_pytorch_tanh``; T5 v1.1 /
+    mT5: ``"none"``, HF ``gelu``/``gelu_new`` family). ``approximate``: ``"none"`` (exact, erf) or ``"tanh"``, as
+    ``torch.nn.functional.gelu`` names them.
+
+    Shapes: gate ``[..., I]`` (I = intermediate size, >= 1), up like gate; out like gate, a new tensor.
+    dtype: float32/float64/float16/bfloat16 (gate and up equal); out in that dtype; rounding as :func:`swiglu`
+    (the activation in float32, one rounding to the input dtype, then the product with one more rounding).
+
+    Raises:
+        InvalidInputError: what :func:`swiglu` raises, and ``approximate`` not ``"none"``/``"tanh"``.
+
+    >>> import torch, layerzero as lz
+    >>> lz.geglu(torch.zeros(2, 8), torch.ones(2, 8)).abs().max().item()
+    0.0
+    """
+    key, args = prepare_geglu(gate, up, approximate=approximate)
+    return RUNTIME.run(key, context, args)
+
+
+def reglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """ReGLU activation (Shazeer 2020): ``out = relu(gate) * up``.
+
+    Shapes: gate ``[..., I]`` (I >= 1), up like gate; out like gate, a new tensor, in the input dtype
+    (float32/float64/float16/bfloat16); rounding as :func:`swiglu`.
+
+    Raises:
+        InvalidInputError: what :func:`swiglu` raises.
+
+    >>> import torch, layerzero as lz
+    >>> lz.reglu(torch.tensor([-1.0, 2.0]), torch.tensor([3.0, 3.0]))
+    tensor([0., 6.])
+    """
+    key, args = prepare_reglu(gate, up)
     return RUNTIME.run(key, context, args)

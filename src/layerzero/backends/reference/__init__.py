@@ -56,6 +56,14 @@ def _swiglu(gate, up):
     return K.swiglu(gate, up)
 
 
+def _geglu(gate, up, approximate):
+    return K.geglu(gate, up, approximate)
+
+
+def _reglu(gate, up):
+    return K.reglu(gate, up)
+
+
 def _fused_moe(x, w13, w2, topk_weights, topk_ids):
     return K.fused_moe(x, w13, w2, topk_weights, topk_ids)
 
@@ -76,6 +84,8 @@ def register(registry: KernelRegistry) -> None:
         ("sample", _sample, {"graph_safe": False}),
         ("apply_penalties", _apply_penalties, {"graph_safe": False}),
         ("swiglu", _swiglu, {}),
+        ("geglu", _geglu, {}),
+        ("reglu", _reglu, {}),
         ("fused_moe", _fused_moe, {"graph_safe": False}),  # nonzero() per expert: a host sync
     ):
         registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (float32 math)",

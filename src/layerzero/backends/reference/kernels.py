@@ -15,7 +15,7 @@ from layerzero.backends.reference.norms import layer_norm, rms_norm
 from layerzero.backends.reference.penalties import apply_penalties
 from layerzero.backends.reference.rope import rope, rotate_every_two, rotate_half
 from layerzero.backends.reference.sampling import sample, sample_topk, sample_topp
-from layerzero.backends.reference.swiglu import swiglu
+from layerzero.backends.reference.swiglu import geglu, reglu, swiglu
 
 __all__ = [
     "apply_penalties",
@@ -30,4 +30,6 @@ __all__ = [
     "sample_topk",
     "sample_topp",
     "swiglu",
+    "geglu",
+    "reglu",
 ]

@@ -1,4 +1,4 @@
-"""Reference SwiGLU: the oracle of every swiglu kernel.
+"""Reference SwiGLU, GeGLU and ReGLU: the oracles of every swiglu / geglu / reglu kernel.
 
 Plain PyTorch, computed in float32 (float64 when the input is float64), returned in the input dtype.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["swiglu"]
+__all__ = ["geglu", "reglu", "swiglu"]
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -43,3 +43,30 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     cdt = torch.float64 if gate.dtype == torch.float64 else torch.float32
     s = F.silu(gate.to(cdt)).to(gate.dtype)
     return (s.to(cdt) * up.to(cdt)).to(gate.dtype)
+
+
+def _gated(act, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    cdt = torch.float64 if gate.dtype == torch.float64 else torch.float32
+    a = act(gate.to(cdt)).to(gate.dtype)
+    return (a.to(cdt) * up.to(cdt)).to(gate.dtype)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GeGLU (Shazeer 2020): ``out = gelu(gate) * up``, ``gelu`` exact (erf, ``approximate="none"``) or its tanh
+    form (``"tanh"``: HF ``gelu_pytorch_tanh``, Gemma's MLP). Shapes, dtypes and rounding order as :func:`swiglu`
+    (the activation in float32/float64, one rounding, the product, one rounding). Raises nothing of its own.
+
+    >>> geglu(torch.tensor([0.0, 1.0]), torch.tensor([5.0, 2.0]))
+    tensor([0.0000, 1.6827])
+    """
+    return _gated(lambda g: F.gelu(g, approximate=approximate), gate, up)
+
+
+def reglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """ReGLU (Shazeer 2020): ``out = relu(gate) * up``; shapes, dtypes and rounding as :func:`swiglu`. Raises
+    nothing of its own.
+
+    >>> reglu(torch.tensor([-1.0, 1.5]), torch.tensor([5.0, 2.0]))
+    tensor([0., 3.])
+    """
+    return _gated(F.relu, gate, up)

@@ -96,6 +96,16 @@ def _swiglu(gate, up):
     return F.silu(gate) * up
 
 
+def _geglu(gate, up, approximate):
+    """GeGLU as Hugging Face gated MLPs write it: ``ACT2FN["gelu" | "gelu_pytorch_tanh"](gate) * up``."""
+    return F.gelu(gate, approximate=approximate) * up
+
+
+def _reglu(gate, up):
+    """ReGLU: ``F.relu(gate) * up`` in the input dtype."""
+    return F.relu(gate) * up
+
+
 def register(registry: KernelRegistry) -> None:
     """Add the torch_native backend: fused rms_norm and layer_norm from torch.nn.functional, RoPE and SwiGLU
     in the input dtype, and the KV-cache write."""
@@ -119,3 +129,9 @@ def register(registry: KernelRegistry) -> None:
     registry.add_kernel(KernelSpec("torch_native.swiglu", "swiglu", _swiglu, priority=50,
                                    description="F.silu(gate) * up in the input dtype (HF LlamaMLP, bit-identical)",
                                    device_types=devices, dtypes=FLOATS))
+    registry.add_kernel(KernelSpec("torch_native.geglu", "geglu", _geglu, priority=50,
+                                   description="F.gelu(gate, approximate) * up in the input dtype (HF gated MLPs)",
+                                   device_types=devices, dtypes=FLOATS))
+    registry.add_kernel(KernelSpec("torch_native.reglu", "reglu", _reglu, priority=50,
+                                   description="F.relu(gate) * up in the input dtype", device_types=devices,
+                                   dtypes=FLOATS))
