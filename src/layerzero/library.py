@@ -1,0 +1,145 @@
+"""LayerZero ops as ``torch.library`` custom ops (namespace ``layerzero``): what ``torch.compile`` and
+``torch.export`` see.
+
+Under TorchDynamo, ``lz.attention`` / ``lz.rms_norm`` (plain and with ``residual``) / ``lz.layer_norm`` / ``lz.rope``
+/ ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` call ``torch.ops.layerzero.<op>`` (this module is imported then, at
+trace time, which registers the ops; eager code never imports it): one opaque node per call with a fake (meta)
+implementation for shapes and dtypes, so a compiled model has no graph breaks at lz ops, and selection happens when
+the compiled graph first runs the op for real (the op's implementation is the eager ``lz.<op>``: validation,
+cache, kernel), never while tracing. ``torch.export`` graphs hold ``torch.ops.layerzero.<op>.default`` nodes.
+
+Not custom ops yet (traced as Python, as before): ``lz.paged_attention``, ``lz.reshape_and_cache``, the sampling ops,
+``lz.apply_penalties`` and ``lz.fused_moe``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["attention", "fused_add_rms_norm", "geglu", "layer_norm", "reglu", "rms_norm", "rope", "swiglu"]
+
+NS = "layerzero"
+
+
+def _lz() -> Any:
+    import layerzero
+
+    return layerzero
+
+
+# -------------------------------------------------------------------------------------------- attention
+@torch.library.custom_op(f"{NS}::attention", mutates_args=())
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],  # noqa: UP045
+               is_causal: bool, scale: Optional[float], dropout_p: float, layout: str,  # noqa: UP045
+               window_left: Optional[int], window_right: Optional[int],  # noqa: UP045
+               softcap: Optional[float]) -> torch.Tensor:  # noqa: UP045
+    window = None if window_left is None or window_right is None else (window_left, window_right)
+    return _lz().attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
+                           layout=layout, window=window, softcap=softcap)
+
+
+@_attention.register_fake
+def _(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window_left, window_right, softcap):
+    return q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool,
+              scale: float | None, dropout_p: float, layout: Any, window: Any, softcap: float | None) -> torch.Tensor:
+    """``torch.ops.layerzero.attention`` with ``lz.attention``'s arguments (layout as a string, window split)."""
+    lay = layout if isinstance(layout, str) else str(getattr(layout, "value", layout))
+    left, right = (None, None) if window is None else (int(window[0]), int(window[1]))
+    return _attention(q, k, v, attn_mask, bool(is_causal), scale, float(dropout_p), lay, left, right, softcap)
+
+
+# -------------------------------------------------------------------------------------------- norms
+@torch.library.custom_op(f"{NS}::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``lz.rms_norm(x, weight, eps)`` as a custom op."""
+    return _lz().rms_norm(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op(f"{NS}::fused_add_rms_norm", mutates_args=())
+def fused_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                       residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lz.rms_norm(x, weight, eps, residual=residual)`` -> ``(y, x + residual)`` as a custom op."""
+    y, h = _lz().rms_norm(x, weight, eps, residual=residual)
+    return y, h
+
+
+@fused_add_rms_norm.register_fake
+def _(x, weight, eps, residual):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@torch.library.custom_op(f"{NS}::layer_norm", mutates_args=())
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
+               eps: float) -> torch.Tensor:
+    """``lz.layer_norm`` as a custom op."""
+    return _lz().layer_norm(x, weight, bias, eps)
+
+
+@layer_norm.register_fake
+def _(x, weight, bias, eps):
+    return torch.empty_like(x)
+
+
+# -------------------------------------------------------------------------------------------- rope
+@torch.library.custom_op(f"{NS}::rope", mutates_args=())
+def _rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+          position_ids: Optional[torch.Tensor], interleaved: bool,  # noqa: UP045
+          layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    qo, ko = _lz().rope(q, k, cos, sin, position_ids=position_ids, interleaved=interleaved, layout=layout)
+    return qo, ko
+
+
+@_rope.register_fake
+def _(q, k, cos, sin, position_ids, interleaved, layout):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None,
+         interleaved: bool, layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.layerzero.rope`` with ``lz.rope``'s arguments (layout as a string)."""
+    lay = layout if isinstance(layout, str) else str(getattr(layout, "value", layout))
+    return _rope(q, k, cos, sin, position_ids, bool(interleaved), lay)
+
+
+# -------------------------------------------------------------------------------------------- gated MLPs
+@torch.library.custom_op(f"{NS}::swiglu", mutates_args=())
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``lz.swiglu`` as a custom op."""
+    return _lz().swiglu(gate, up)
+
+
+@torch.library.custom_op(f"{NS}::geglu", mutates_args=())
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str) -> torch.Tensor:
+    """``lz.geglu`` as a custom op."""
+    return _lz().geglu(gate, up, approximate=approximate)
+
+
+@torch.library.custom_op(f"{NS}::reglu", mutates_args=())
+def reglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``lz.reglu`` as a custom op."""
+    return _lz().reglu(gate, up)
+
+
+@swiglu.register_fake
+def _(gate, up):
+    return torch.empty_like(gate)
+
+
+@geglu.register_fake
+def _(gate, up, approximate):
+    return torch.empty_like(gate)
+
+
+@reglu.register_fake
+def _(gate, up):
+    return torch.empty_like(gate)
