@@ -8,8 +8,8 @@ implementation for shapes and dtypes, so a compiled model has no graph breaks at
 the compiled graph first runs the op for real (the op's implementation is the eager ``lz.<op>``: validation,
 cache, kernel), never while tracing. ``torch.export`` graphs hold ``torch.ops.layerzero.<op>.default`` nodes.
 
-Not custom ops yet (traced as Python, as before): ``lz.paged_attention``, ``lz.reshape_and_cache``, the sampling ops,
-``lz.apply_penalties`` and ``lz.fused_moe``.
+Also ``lz.paged_attention``, ``lz.reshape_and_cache`` (mutates ``kv_cache``) and ``lz.fused_moe``. Not custom ops
+yet (traced as Python, as before): the sampling ops (their ``torch.Generator`` argument) and ``lz.apply_penalties``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["attention", "fused_add_rms_norm", "geglu", "layer_norm", "reglu", "rms_norm", "rope", "swiglu"]
+__all__ = ["attention", "fused_add_rms_norm", "fused_moe", "geglu", "layer_norm", "paged_attention", "reglu",
+           "reshape_and_cache", "rms_norm", "rope", "swiglu"]
 
 NS = "layerzero"
 
@@ -143,3 +144,58 @@ def _(gate, up, approximate):
 @reglu.register_fake
 def _(gate, up):
     return torch.empty_like(gate)
+
+
+# -------------------------------------------------------------------------------------------- paged KV cache, MoE
+def _layout_str(layout: Any) -> str:
+    return layout if isinstance(layout, str) else str(getattr(layout, "value", layout))
+
+
+@torch.library.custom_op(f"{NS}::paged_attention", mutates_args=())
+def _paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                     cu_seqlens_q: Optional[torch.Tensor], scale: Optional[float],  # noqa: UP045
+                     is_causal: bool, kv_layout: str) -> torch.Tensor:
+    return _lz().paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
+                                 is_causal=is_causal, kv_layout=kv_layout)
+
+
+@_paged_attention.register_fake
+def _(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
+    return torch.empty_like(q)
+
+
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor | None, scale: float | None, is_causal: bool,
+                    kv_layout: Any) -> torch.Tensor:
+    """``torch.ops.layerzero.paged_attention`` with ``lz.paged_attention``'s arguments."""
+    return _paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, bool(is_causal),
+                            _layout_str(kv_layout))
+
+
+@torch.library.custom_op(f"{NS}::reshape_and_cache", mutates_args=("kv_cache",))
+def _reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                       kv_layout: str) -> None:
+    _lz().reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout)
+
+
+@_reshape_and_cache.register_fake
+def _(k, v, kv_cache, slot_mapping, kv_layout):
+    return None
+
+
+def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_layout: Any) -> None:
+    """``torch.ops.layerzero.reshape_and_cache`` (writes ``kv_cache`` in place)."""
+    _reshape_and_cache(k, v, kv_cache, slot_mapping, _layout_str(kv_layout))
+
+
+@torch.library.custom_op(f"{NS}::fused_moe", mutates_args=())
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+    """``lz.fused_moe`` as a custom op."""
+    return _lz().fused_moe(x, w13, w2, topk_weights, topk_ids)
+
+
+@fused_moe.register_fake
+def _(x, w13, w2, topk_weights, topk_ids):
+    return torch.empty_like(x)
