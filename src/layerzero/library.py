@@ -8,8 +8,9 @@ implementation for shapes and dtypes, so a compiled model has no graph breaks at
 the compiled graph first runs the op for real (the op's implementation is the eager ``lz.<op>``: validation,
 cache, kernel), never while tracing. ``torch.export`` graphs hold ``torch.ops.layerzero.<op>.default`` nodes.
 
-Also ``lz.paged_attention``, ``lz.reshape_and_cache`` (mutates ``kv_cache``) and ``lz.fused_moe``. Not custom ops
-yet (traced as Python, as before): the sampling ops (their ``torch.Generator`` argument) and ``lz.apply_penalties``.
+Also ``lz.paged_attention``, ``lz.reshape_and_cache`` (mutates ``kv_cache``), ``lz.fused_moe``,
+``lz.apply_penalties`` and ``lz.sample`` without a ``generator`` (custom ops cannot take a ``torch.Generator``: calls
+with one, and ``lz.sample_topk`` / ``lz.sample_topp``, are traced as Python, as before).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Optional
 import torch
 
 __all__ = ["attention", "fused_add_rms_norm", "fused_moe", "geglu", "layer_norm", "paged_attention", "reglu",
-           "reshape_and_cache", "rms_norm", "rope", "swiglu"]
+           "reshape_and_cache", "rms_norm", "rope", "sample", "apply_penalties", "swiglu"]
 
 NS = "layerzero"
 
@@ -199,3 +200,32 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
 @fused_moe.register_fake
 def _(x, w13, w2, topk_weights, topk_ids):
     return torch.empty_like(x)
+
+
+# -------------------------------------------------------------------------------------------- sampling step
+@torch.library.custom_op(f"{NS}::sample", mutates_args=())
+def sample(logits: torch.Tensor, temperature: Optional[torch.Tensor], top_k: Optional[torch.Tensor],  # noqa: UP045
+           top_p: Optional[torch.Tensor], min_p: Optional[torch.Tensor],  # noqa: UP045
+           seeds: Optional[torch.Tensor], offsets: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
+    """``lz.sample`` (no ``generator``: the global RNG for unseeded rows) as a custom op."""
+    return _lz().sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds,
+                        offsets=offsets)
+
+
+@sample.register_fake
+def _(logits, temperature, top_k, top_p, min_p, seeds, offsets):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+@torch.library.custom_op(f"{NS}::apply_penalties", mutates_args=())
+def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output_token_ids: torch.Tensor,
+                    repetition_penalty: Optional[torch.Tensor], presence_penalty: Optional[torch.Tensor],  # noqa: UP045
+                    frequency_penalty: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
+    """``lz.apply_penalties`` as a custom op."""
+    return _lz().apply_penalties(logits, prompt_token_ids, output_token_ids, repetition_penalty=repetition_penalty,
+                                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
+
+
+@apply_penalties.register_fake
+def _(logits, prompt_token_ids, output_token_ids, repetition_penalty, presence_penalty, frequency_penalty):
+    return torch.empty_like(logits)

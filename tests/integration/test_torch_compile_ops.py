@@ -131,3 +131,21 @@ def test_paged_cache_write_attention_and_moe_compile_without_breaks():
     assert torch.equal(a[2], b[2])  # the compiled cache write happened, exactly as eager's
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def sampling_step(logits, prompt, output, rep, temp, seeds, offsets):
+    penalized = lz.apply_penalties(logits, prompt, output, repetition_penalty=rep)
+    return lz.sample(penalized, temperature=temp, seeds=seeds, offsets=offsets)
+
+
+def test_sampling_step_compiles_without_breaks_and_draws_the_seeded_tokens():
+    """``lz.apply_penalties`` and ``lz.sample`` (no generator) are custom ops: no graph break, and seeded rows draw
+    exactly eager's tokens (counter-based noise)."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(5)
+    args = (torch.randn(3, 50, generator=gen), torch.randint(0, 50, (3, 7), generator=gen),
+            torch.randint(0, 50, (3, 4), generator=gen), torch.full((3,), 1.3), torch.tensor([0.0, 0.7, 1.1]),
+            torch.tensor([11, 12, 13]), torch.tensor([0, 5, 9]))
+    assert torch._dynamo.explain(sampling_step)(*args).graph_break_count == 0
+    compiled = torch.compile(sampling_step, fullgraph=True)
+    assert torch.equal(compiled(*args), sampling_step(*args))
