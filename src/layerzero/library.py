@@ -31,6 +31,11 @@ def _lz() -> Any:
     return layerzero
 
 
+def _layout_str(layout: Any) -> str:
+    """A layout argument (``"BHSD"``, ``Layout.BHSD``, ``KVLayout.NHD``, ...) as the string custom ops take."""
+    return layout if isinstance(layout, str) else str(getattr(layout, "value", layout))
+
+
 # -------------------------------------------------------------------------------------------- attention
 @torch.library.custom_op(f"{NS}::attention", mutates_args=())
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],  # noqa: UP045
@@ -50,9 +55,9 @@ def _(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window_left, wind
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool,
               scale: float | None, dropout_p: float, layout: Any, window: Any, softcap: float | None) -> torch.Tensor:
     """``torch.ops.layerzero.attention`` with ``lz.attention``'s arguments (layout as a string, window split)."""
-    lay = layout if isinstance(layout, str) else str(getattr(layout, "value", layout))
     left, right = (None, None) if window is None else (int(window[0]), int(window[1]))
-    return _attention(q, k, v, attn_mask, bool(is_causal), scale, float(dropout_p), lay, left, right, softcap)
+    return _attention(q, k, v, attn_mask, bool(is_causal), scale, float(dropout_p), _layout_str(layout), left, right,
+                      softcap)
 
 
 # -------------------------------------------------------------------------------------------- norms
@@ -109,8 +114,7 @@ def _(q, k, cos, sin, position_ids, interleaved, layout):
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None,
          interleaved: bool, layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.layerzero.rope`` with ``lz.rope``'s arguments (layout as a string)."""
-    lay = layout if isinstance(layout, str) else str(getattr(layout, "value", layout))
-    return _rope(q, k, cos, sin, position_ids, bool(interleaved), lay)
+    return _rope(q, k, cos, sin, position_ids, bool(interleaved), _layout_str(layout))
 
 
 # -------------------------------------------------------------------------------------------- gated MLPs
@@ -148,10 +152,6 @@ def _(gate, up):
 
 
 # -------------------------------------------------------------------------------------------- paged KV cache, MoE
-def _layout_str(layout: Any) -> str:
-    return layout if isinstance(layout, str) else str(getattr(layout, "value", layout))
-
-
 @torch.library.custom_op(f"{NS}::paged_attention", mutates_args=())
 def _paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                      cu_seqlens_q: Optional[torch.Tensor], scale: Optional[float],  # noqa: UP045

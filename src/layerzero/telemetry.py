@@ -22,15 +22,12 @@ increment per call when on, plus two clock reads on sampled calls.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from layerzero.core.errors import ConfigurationError, expected_got
 from layerzero.core.telemetry import LATENCY_BUCKETS_US, TELEMETRY
 
 __all__ = ["collector", "disable", "enable", "is_enabled", "reset", "snapshot", "start_http_server"]
-
-_log_file: IO[str] | None = None
-
 
 def enable(*, sample_every: int = 64, selection_log: str | Path | None = None) -> None:
     """Start recording. ``sample_every``: time one call in this many per kernel (a power of two >= 1; 1 times every
@@ -40,7 +37,6 @@ def enable(*, sample_every: int = 64, selection_log: str | Path | None = None) -
         ConfigurationError: ``sample_every`` not a power of two >= 1; ``selection_log`` not a path (or not
             writable: the ``OSError`` of opening it is chained).
     """
-    global _log_file
     if isinstance(sample_every, bool) or not isinstance(sample_every, int) or sample_every < 1 \
             or sample_every & (sample_every - 1):
         raise ConfigurationError(expected_got("telemetry.enable(sample_every)", "a power of two >= 1 (1, 2, 4, ...)",
@@ -55,15 +51,12 @@ def enable(*, sample_every: int = 64, selection_log: str | Path | None = None) -
         except OSError as exc:
             raise ConfigurationError(f"telemetry.enable(selection_log): cannot open {selection_log!s} for "
                                      f"appending ({exc}). Pass a writable path.") from exc
-    _close_log()
-    _log_file = log
     TELEMETRY.configure(True, sample_every, log)
 
 
 def disable() -> None:
     """Stop recording (the counters keep their values; ``reset()`` zeroes them) and close the selection log."""
     TELEMETRY.configure(False, TELEMETRY.sample_mask + 1, None)
-    _close_log()
 
 
 def is_enabled() -> bool:
@@ -81,13 +74,6 @@ def snapshot() -> dict[str, Any]:
     count, µs), ``cache_hits`` / ``cache_misses`` (op -> n), ``selections`` ("op|kernel" -> n),
     ``selection_seconds`` (op -> s), ``fallbacks`` ("op|kind|reason" -> n), ``perfdb_reads``, ``health_trips``."""
     return TELEMETRY.snapshot()
-
-
-def _close_log() -> None:
-    global _log_file
-    if _log_file is not None:
-        _log_file.close()
-        _log_file = None
 
 
 class _Collector:

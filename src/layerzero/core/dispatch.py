@@ -228,7 +228,7 @@ class Runtime:
         cfg = _config.get_config()
         usable = self.usable_reason
         store = None if ctx.graph_capture else self.quarantine()
-        if store is not None and store.entries():
+        if store:  # entries exist: check each backend against them
             arch, reg = arch_of(ctx.device), self.registry
 
             def usable(b: str) -> Reason | None:

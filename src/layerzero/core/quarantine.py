@@ -78,6 +78,9 @@ class QuarantineStore:
             raise ConfigurationError(f"quarantine store {path}: cannot open it as SQLite ({exc}). Point "
                                      "lz.configure(perfdb_path=...) at a writable file.") from exc
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def entries(self) -> list[QuarantineEntry]:
         """Every entry, oldest first."""
         with self._lock:
@@ -124,11 +127,11 @@ def probe_first_call(runtime: Runtime, key: Hashable, build_ctx: Callable[[Hasha
     spec = runtime.registry.kernel(plan.kernel_id, ctx.op)
     if spec.is_reference or ctx.graph_capture or runtime.canary is None:
         return out
+    store = runtime.quarantine()  # no store (PerfDB off): nothing could record a failure, so no reference run
+    if store is None:
+        return out
     failure = runtime.canary(runtime, ctx, args, out)
     if failure is None:
-        return out
-    store = runtime.quarantine()
-    if store is None:
         return out
     backend = runtime.registry.backend(spec.backend)
     entry = store.add(spec.backend, backend.version, arch_of(ctx.device), plan.kernel_id, failure)

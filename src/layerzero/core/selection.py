@@ -184,10 +184,10 @@ def _workspace_reasons(spec: KernelSpec, ctx: SelectionContext, inputs: Selectio
     """``WORKSPACE_TOO_LARGE`` when ``spec``'s workspace for ``ctx`` exceeds the free device memory minus the
     headroom (``free`` caches the one memory reading of this selection)."""
     need = spec.workspace_bytes(ctx)
-    if need <= 0 or inputs.free_bytes is None:
+    if need <= 0:
         return []
     if not free:
-        free.append(inputs.free_bytes())
+        free.append(inputs.free_bytes())  # type: ignore[misc] - the caller checked it is set
     have = free[0]
     if have is None or need <= have - inputs.headroom_bytes:
         return []

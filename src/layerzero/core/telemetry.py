@@ -51,9 +51,13 @@ class Telemetry:
         self.health_trips: Counter[str] = Counter()
 
     def configure(self, on: bool, sample_every: int, log: IO[str] | None) -> None:
-        """Switch recording on/off, set the sampling period, and the JSON-lines selection log (or None)."""
+        """Switch recording on/off, set the sampling period, and the JSON-lines selection log (or None); a previous
+        log file is closed (this object owns the open log)."""
         self.sample_mask = sample_every - 1
-        self._log = log
+        with self._lock:
+            old, self._log = self._log, log
+        if old is not None and old is not log:
+            old.close()
         self.on = on
 
     # ------------------------------------------------------------------ recording (dispatch calls these)

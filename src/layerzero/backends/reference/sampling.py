@@ -184,6 +184,25 @@ def _cut_sorted(sorted_z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch
     return sorted_z
 
 
+def scaled_cut(logits: torch.Tensor, temperature: torch.Tensor | None, top_k: torch.Tensor | None,
+               top_p: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The first steps of :func:`sample`: ``(x, z, greedy)`` with ``x`` the logits ``[B, V]`` in float32 (float64
+    for float64), ``z = (x - rowmax) / T`` with top-k then top-p cuts applied as ``-inf``, and ``greedy`` the
+    ``[B]`` bool rows with ``T <`` :data:`GREEDY_BELOW` (None without ``temperature``; those rows divide by 1)."""
+    cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    x = logits.to(cdt)
+    z = x - x.amax(dim=-1, keepdim=True)
+    greedy = None
+    if temperature is not None:
+        t = temperature.to(cdt)
+        greedy = t < GREEDY_BELOW
+        z = z / torch.where(greedy, torch.ones_like(t), t)[:, None]
+    if top_k is not None or top_p is not None:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)
+        z = torch.empty_like(z).scatter_(-1, order, _cut_sorted(sorted_z, top_k, top_p))
+    return x, z, greedy
+
+
 def sample(
     logits: torch.Tensor,
     temperature: torch.Tensor | None = None,
@@ -225,17 +244,8 @@ def sample(
     tensor([1])
     """
     b, v = logits.shape
-    cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    x = logits.to(cdt)
-    z = x - x.amax(dim=-1, keepdim=True)
-    greedy = None
-    if temperature is not None:
-        t = temperature.to(cdt)
-        greedy = t < GREEDY_BELOW
-        z = z / torch.where(greedy, torch.ones_like(t), t)[:, None]
-    if top_k is not None or top_p is not None:
-        sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)
-        z = torch.empty_like(z).scatter_(-1, order, _cut_sorted(sorted_z, top_k, top_p))
+    x, z, greedy = scaled_cut(logits, temperature, top_k, top_p)
+    cdt = z.dtype
     if min_p is not None:
         probs = torch.softmax(z, dim=-1)
         z = z.masked_fill(probs < min_p.to(cdt)[:, None] * probs.amax(dim=-1, keepdim=True), -math.inf)

@@ -148,7 +148,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k:
     Raises:
         Nothing of its own (``lz.sample`` validates).
     """
-    from layerzero.backends.reference.sampling import _cut_sorted
+    from layerzero.backends.reference.sampling import scaled_cut
 
     mod = _KERNELS.get()
     if logits.stride(-1) != 1:
@@ -156,21 +156,16 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k:
     n_rows, vocab = logits.shape
     greedy = None
     if top_k is not None or top_p is not None:
-        x = logits.to(torch.float32)
-        z = x - x.amax(dim=-1, keepdim=True)
-        if temperature is not None:
-            greedy = temperature < GREEDY_BELOW
-            z = z / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-        sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)
-        logits = torch.empty_like(z).scatter_(-1, order, _cut_sorted(sorted_z, top_k, top_p))
+        x, logits, greedy = scaled_cut(logits, temperature, top_k, top_p)
         temperature = None  # already applied (the cut row's max is 0: the kernel's (z - 0) / 1 is exact)
+    if seeds is not None and offsets is None:
+        offsets = torch.zeros_like(seeds)
     base = torch.randint(0, 1 << 62, (1,), generator=generator, device=logits.device, dtype=torch.int64)
     out = torch.empty((n_rows,), dtype=torch.int64, device=logits.device)
-    dummy = out
+    dummy = out  # a pointer for absent tensors (their HAS_* flag keeps the kernel from reading it)
     mod._race_row[(n_rows,)](
         logits, temperature if temperature is not None else dummy, min_p if min_p is not None else dummy,
-        seeds if seeds is not None else dummy, offsets if offsets is not None else (
-            torch.zeros_like(seeds) if seeds is not None else dummy),
+        seeds if seeds is not None else dummy, offsets if offsets is not None else dummy,
         base, out, logits.stride(0), vocab, GREEDY_BELOW, float(torch.finfo(torch.float32).tiny),
         HAS_T=temperature is not None, HAS_MINP=min_p is not None, HAS_SEEDS=seeds is not None,
         BLOCK=min(RACE_BLOCK, next_pow2(vocab)), num_warps=8)
