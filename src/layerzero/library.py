@@ -8,6 +8,10 @@ implementation for shapes and dtypes, so a compiled model has no graph breaks at
 the compiled graph first runs the op for real (the op's implementation is the eager ``lz.<op>``: validation,
 cache, kernel), never while tracing. ``torch.export`` graphs hold ``torch.ops.layerzero.<op>.default`` nodes.
 
+Each function here takes and returns what the ``lz`` op it names does (shapes, dtypes, units, the typed errors of its
+eager validation, the paper or library it follows: see that op's docstring); the fake implementations only give the
+output shapes and dtypes.
+
 Also ``lz.paged_attention``, ``lz.reshape_and_cache`` (mutates ``kv_cache``), ``lz.fused_moe``,
 ``lz.apply_penalties`` and ``lz.sample`` without a ``generator`` (custom ops cannot take a ``torch.Generator``: calls
 with one, and ``lz.sample_topk`` / ``lz.sample_topp``, are traced as Python, as before).
