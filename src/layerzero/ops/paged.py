@@ -12,13 +12,12 @@ import math
 from typing import Any, NamedTuple
 
 import torch
-from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext, bucket
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
-from ._common import check_same, check_tensor, device_spec, fail, flags, inference_only, scope_token
+from ._common import check_same, check_tensor, device_spec, fail, flags, scope_token
 from .kv_cache import INDEX_DTYPES, KVLayout, check_cache, check_index, check_values, parse_layout
 
 OP = "paged_attention"
@@ -257,10 +256,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     >>> lz.paged_attention(q, cache, bt, lens).shape
     torch.Size([3, 8, 64])
     """
-    if (is_dynamo_compiling() or is_exporting()) and inference_only(q, kv_cache):  # torch.compile, torch.export
-        from layerzero import library
-
-        return library.paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout)
     key, args = prepare(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
                         is_causal=is_causal, kv_layout=kv_layout)
     return RUNTIME.run(key, context, args)
@@ -336,9 +331,5 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     >>> cache[1, 0, 1].sum().item(), cache[0, 1, 0].sum().item(), cache[0, 0, 1].sum().item()
     (8.0, 8.0, 0.0)
     """
-    if (is_dynamo_compiling() or is_exporting()) and inference_only(k, v, kv_cache):
-        from layerzero import library
-
-        return library.reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout)
     key, args = prepare_cache(k, v, kv_cache, slot_mapping, kv_layout)
     RUNTIME.run(key, context_cache, args)
