@@ -66,6 +66,38 @@ def test_a_wrong_kernel_is_caught_quarantined_and_never_returned(wrong_kernel, t
     assert len(QuarantineStore(str(tmp_path / "perf.sqlite")).entries()) == 1
 
 
+def test_a_capture_time_choice_respects_the_quarantine(tmp_path):
+    """Regression (seen on the H200): the capture-time choice, prepared on a CUDA key's first eager call, skipped the
+    quarantine store (no file I/O under capture), so a quarantined graph-safe kernel was picked and warm-run again.
+    The store's entries are in memory once it is open; a capture context reads them then."""
+    import dataclasses
+
+    kid = "wronggraph.rms_norm"
+    calls = {"n": 0}
+
+    def wrong(x, weight, eps, residual):
+        calls["n"] += 1
+        return 2 * torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    lz.configure(perfdb_path=str(tmp_path / "perf.sqlite"), use_perfdb=True, canaries=True)
+    lz.register_kernel("rms_norm", kid, wrong, priority=1000, device_types={"cpu"}, dtypes={torch.float32},
+                       graph_safe=True)
+    try:
+        RUNTIME.cache.invalidate()
+        x, w = torch.randn(4, 32), torch.ones(32)
+        torch.testing.assert_close(lz.rms_norm(x, w), _oracle(x, w), rtol=1e-5, atol=1e-5)
+        assert calls["n"] == 1 and len(RUNTIME.quarantine()) == 1
+        capture_ctx = dataclasses.replace(lz.explain("rms_norm", x, w).context, graph_capture=True)
+        plan, report = RUNTIME.select_context(capture_ctx)
+        assert plan.kernel_id != kid
+        assert [r.code for r in report.candidate(kid).reasons] == [ReasonCode.BACKEND_QUARANTINED]
+    finally:
+        RUNTIME.quarantine().clear()
+        lz.unregister_kernel(kid)
+        lz.configure(canaries=False)
+        RUNTIME.cache.invalidate()
+
+
 def test_a_correct_kernel_passes_its_canary(tmp_path):
     lz.configure(perfdb_path=str(tmp_path / "perf.sqlite"), use_perfdb=True, canaries=True)
     try:

@@ -147,6 +147,41 @@ def test_shipped_file_changes_the_default_pick(tmp_path):
     assert RUNTIME.select_context(ctx)[0].kernel_id == "torch_native.rms_norm"
 
 
+def test_near_ties_in_shipped_data_go_to_the_priorities(tmp_path):
+    """Worked by hand: triton.rms_norm 6% faster than torch_native at the grid point (100 vs 106 µs). rms_norm's
+    own margin is 0 (strict: triton); with a 10% margin both score the full weight and the priorities (native 50 >
+    triton 45) pick native; a 25% edge (100 vs 125) still wins. paged_attention's own margin is 10%."""
+    from layerzero.ops.paged import SHIPPED_TIE_MARGIN
+
+    ctx = rms_ctx()
+    assert lz.get_config().shipped_tie_margin is None
+    RUNTIME.ensure_ready()
+    assert RUNTIME.registry.ops.get("rms_norm").shipped_tie_margin == 0.0
+    assert RUNTIME.registry.ops.get("paged_attention").shipped_tie_margin == SHIPPED_TIE_MARGIN == 0.10
+    write(tmp_path, [(ctx, {"torch_native.rms_norm": 106.0, "triton.rms_norm": 100.0})])
+    use(tmp_path)
+    plan, report = RUNTIME.select_context(ctx)
+    assert plan.kernel_id == "triton.rms_norm"
+    assert report.candidate("torch_native.rms_norm").score.shipped == pytest.approx(1000.0 * 100 / 106)
+    lz.configure(shipped_tie_margin=0.10)
+    plan, report = RUNTIME.select_context(ctx)
+    assert plan.kernel_id == "torch_native.rms_norm"
+    assert report.candidate("torch_native.rms_norm").score.shipped == pytest.approx(1000.0)
+    assert report.candidate("torch_native.rms_norm").shipped_us == 106.0                 # the report keeps the time
+    write(tmp_path, [(ctx, {"torch_native.rms_norm": 125.0, "triton.rms_norm": 100.0})])
+    shipped.clear_cache()
+    lz.configure(shipped_tie_margin=0.10)                                                 # a new generation
+    assert RUNTIME.select_context(ctx)[0].kernel_id == "triton.rms_norm"
+    m = shipped.lookup(ctx, version_of, str(tmp_path))
+    assert m.score("torch_native.rms_norm", 1000, 0.25) == 1000.0                      # at the edge: tied
+    assert m.score("torch_native.rms_norm", 1000, 0.2) == pytest.approx(800.0)
+    assert m.score("torch_native.rms_norm", 1000) == pytest.approx(800.0)              # no margin by default
+    for bad in (-0.1, 1.0, "0.1", True, float("nan")):
+        with pytest.raises(lz.ConfigurationError, match="shipped_tie_margin"):
+            lz.configure(shipped_tie_margin=bad)
+    lz.configure(shipped_tie_margin=None)
+
+
 def test_env_switch(monkeypatch):
     from layerzero.core import config
 

@@ -46,6 +46,11 @@ class Config:
     - ``use_shipped_timings``: when the PerfDB has nothing for a context's bucket, score with the timings shipped
       for this device model and library versions (``layerzero/data/timings``; docs/tuning.md);
       ``shipped_timings_dir``: a directory of such files to use instead of the package's (None = the package's).
+    - ``shipped_tie_margin``: None (default) = each op's own margin (``OperationSpec.shipped_tie_margin``: 10% for
+      ``paged_attention``, whose key cannot see the batch's length distribution; 0 for the others); a float in
+      [0, 1) = that margin for every op (0.0: the strict rule). Shipped timings count kernels within the margin of
+      a bucket's fastest as tied (each gets the full ``perf_weight``), so the hand priorities order them. The
+      user's own PerfDB measurements (``lz.tune``, autotune) never use a margin.
     - ``autotune``: the first eager call of a new key measures its eligible kernels (checked against the
       reference) and records them in the PerfDB, like ``torch.backends.cudnn.benchmark`` (never during CUDA-graph
       capture; ``layerzero.tuning.autotune``).
@@ -75,6 +80,7 @@ class Config:
     allow_selection_in_capture: bool = False
     use_shipped_timings: bool = True
     shipped_timings_dir: str | None = None
+    shipped_tie_margin: float | None = None
     autotune: bool = False
     workspace_headroom_bytes: int = 256 << 20
     canaries: bool = False
@@ -91,6 +97,10 @@ class Config:
             raise ConfigurationError(expected_got("config workspace_headroom_bytes", "an int >= 0 (bytes)", repr(h)))
         for name in ("selection_timeout_s", "health_cooldown_s", "perf_weight"):
             _positive_float(name, getattr(self, name))
+        m = self.shipped_tie_margin
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m < 1.0):
+            raise ConfigurationError(expected_got("config shipped_tie_margin",
+                                                  "None (each op's own) or a float in [0, 1) (a fraction)", repr(m)))
         if self.cache_ttl_s is not None:
             _positive_float("cache_ttl_s", self.cache_ttl_s)
         if self.perfdb_path is not None and not isinstance(self.perfdb_path, str):

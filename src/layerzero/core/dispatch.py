@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from . import config as _config
 from . import shipped as _shipped
@@ -75,6 +75,19 @@ def trace() -> Iterator[DispatchTrace]:
         _TRACE.reset(token)
 
 
+class SelectionCoordinator(Protocol):
+    """Decides the plans that go into the selection cache in place of :meth:`Runtime.select_context` while it is
+    set as :attr:`Runtime.coordinator` (``layerzero.distributed.sync_selection``: rank 0's choice on every rank).
+    Called on cache misses only (never on a hit), with the op's named ``key`` and its context."""
+
+    def select(self, runtime: Runtime, key: Hashable, ctx: SelectionContext,
+               quiet: bool) -> tuple[ExecutionPlan, SelectionReport]: ...
+
+    def explain(self, runtime: Runtime, key: Hashable, ctx: SelectionContext) -> SelectionReport:
+        """``lz.explain``'s report for ``key`` in this mode (must not communicate)."""
+        ...
+
+
 class Runtime:
     """Holds the registry, selection cache, health tracker and PerfDB; runs selections and calls.
 
@@ -89,6 +102,9 @@ class Runtime:
         """Called as ``canary(runtime, ctx, args, out)`` on a new key's first call with ``lz.configure(canaries=True)``:
         None when ``out`` agrees with the reference, else why not (``core/quarantine.py``)."""
         self._quarantine: QuarantineStore | None = None
+        self.coordinator: SelectionCoordinator | None = None
+        """When set, the plans of cache misses (eager and capture-time keys) come from ``coordinator.select``
+        instead of :meth:`select_context`; ``layerzero.distributed.sync_selection`` sets it. None: local choice."""
         self.autotuner = autotuner
         """Called as ``autotuner(runtime, ctx, args)`` on the first eager call of a new key when
         ``lz.configure(autotune=True)``, before selection (``layerzero.tuning.autotune.autotune_context``)."""
@@ -214,7 +230,11 @@ class Runtime:
         if match is None:
             return lambda _kid: nothing
         source = match.source
-        return lambda kid: Measurement(shipped=match.score(kid, weight), shipped_us=match.median(kid), source=source)
+        margin = cfg.shipped_tie_margin
+        if margin is None:
+            margin = reg.ops.get(ctx.op).shipped_tie_margin if ctx.op in reg.ops else 0.0
+        return lambda kid: Measurement(shipped=match.score(kid, weight, margin), shipped_us=match.median(kid),
+                                       source=source)
 
     # ------------------------------------------------------------------ selection
     def usable_reason(self, backend_id: str) -> Reason | None:
@@ -227,7 +247,11 @@ class Runtime:
         self.ensure_ready()
         cfg = _config.get_config()
         usable = self.usable_reason
-        store = None if ctx.graph_capture else self.quarantine()
+        # a capture-time choice (prepared eagerly, or selected inside a capture when allowed) reads the store only
+        # if it is open already: its entries are in memory, opening it is file I/O
+        q = self._quarantine
+        store = (q if q is not None and q.path == self._perfdb_path else None) if ctx.graph_capture \
+            else self.quarantine()
         if store:  # entries exist: check each backend against them
             arch, reg = arch_of(ctx.device), self.registry
 
@@ -242,6 +266,15 @@ class Runtime:
         if retry_at is not None or trial:
             plan = replace(plan, recheck_at=retry_at, trial=trial)
         return plan, report
+
+    def select_cached(self, key: Hashable, ctx: SelectionContext, *,
+                      quiet: bool = False) -> tuple[ExecutionPlan, SelectionReport]:
+        """The plan and report to cache for ``key`` (context ``ctx``): :meth:`select_context`, or the
+        :attr:`coordinator`'s decision when one is set."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return self.select_context(ctx, quiet=quiet)
+        return coordinator.select(self, key, ctx, quiet)
 
     def resolve(self, key: Hashable, build_ctx: ContextBuilder, *, refresh: bool = False) -> ExecutionPlan:
         """The plan for ``key`` (named or plain-tuple form): from the cache, or selected now (single-flight) and
@@ -262,7 +295,7 @@ class Runtime:
                     "call lz.warmup(op, cases), or lz.configure(allow_selection_in_capture=True) to allow it."
                     + _graph_safe_hint(self, ctx))
             t0 = time.perf_counter()
-            plan, report = self.select_context(ctx)
+            plan, report = self.select_cached(key, ctx)
             if TELEMETRY.on:
                 TELEMETRY.selected(ctx.op, plan.kernel_id, time.perf_counter() - t0, report)
             return plan
@@ -411,7 +444,8 @@ class Runtime:
             if self.cache.get(variant) is None:
                 vctx = build_ctx(variant)
                 try:
-                    self.cache.get_or_compute(variant, lambda c=vctx: self.select_context(c, quiet=True)[0],
+                    self.cache.get_or_compute(variant,
+                                              lambda c=vctx, v=variant: self.select_cached(v, c, quiet=True)[0],
                                               timeout_s=_config.get_config().selection_timeout_s)
                 except NoKernelFoundError:
                     continue
@@ -439,7 +473,7 @@ class Runtime:
             return plan
         self._prepare_variants(cap, build_ctx)
         try:
-            plan = self.cache.get_or_compute(cap, lambda: self.select_context(ctx, quiet=True)[0],
+            plan = self.cache.get_or_compute(cap, lambda: self.select_cached(cap, ctx, quiet=True)[0],
                                              timeout_s=_config.get_config().selection_timeout_s)
         except NoKernelFoundError as exc:
             log.info("LayerZero %s: no graph-safe kernel for these inputs, so this call cannot be captured in a "
@@ -467,7 +501,8 @@ class Runtime:
         failed = [(plan, exc)]
         if plan.locked or _config.get_config().strict or not plan.fallbacks:
             why = ("it is locked" if plan.locked else "strict mode is on" if plan.fallbacks
-                   else "no other kernel is eligible")
+                   else "kernel choices are synchronized across ranks (lz.distributed.sync_selection)"
+                   if self.coordinator is not None else "no other kernel is eligible")
             raise KernelExecutionError(
                 f"kernel {plan.kernel_id} failed for op {plan.op!r} and no fallback is tried because {why}: "
                 f"{type(exc).__name__}: {exc}") from exc

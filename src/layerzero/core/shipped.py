@@ -202,14 +202,18 @@ class ShippedMatch:
                 if len(recs) > 1 else f"distance {self.distance:.2f}")
         return f"{self.file}, nearest bucket ({head}: " + ", ".join(parts) + ")"
 
-    def score(self, kernel_id: str, weight: float) -> float:
-        """``weight * fastest / this`` over :attr:`medians` (as ``perf_score``); 0.0 when not measured."""
+    def score(self, kernel_id: str, weight: float, tie_margin: float = 0.0) -> float:
+        """``weight * fastest / this`` over :attr:`medians` (as ``perf_score``); 0.0 when not measured.
+
+        A kernel within ``tie_margin`` of the fastest (``this <= fastest * (1 + tie_margin)``) scores the full
+        ``weight``, so hand priorities order the near-tied kernels (``LayerZeroConfig.shipped_tie_margin``)."""
         this = self.medians.get(kernel_id)
         if this is None:
             return 0.0
-        if this <= 0.0:
+        fastest = min(self.medians.values())
+        if this <= 0.0 or this <= fastest * (1.0 + tie_margin):
             return float(weight)
-        return float(weight) * min(self.medians.values()) / this
+        return float(weight) * fastest / this
 
     def median(self, kernel_id: str) -> float | None:
         """The shipped median of ``kernel_id`` in µs, or None."""

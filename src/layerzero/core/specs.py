@@ -72,6 +72,9 @@ class OperationSpec:
     its key as a plain tuple of the same fields (equal to the named key and hashed alike, so the cache finds it,
     and ~0.7 µs cheaper to build); dispatch turns such a key into ``key_type`` before anything reads its fields
     (``Runtime._run_slow``).
+    ``shipped_tie_margin``: shipped timings count this op's kernels within this fraction of a bucket's fastest as
+    tied, so the hand priorities order them (``ShippedMatch.score``); for ops whose key cannot see something that
+    decides the kernels' relative speed (paged attention: the batch's length distribution). 0.0: the strict rule.
     """
 
     op_id: str
@@ -81,6 +84,7 @@ class OperationSpec:
     adapter: Adapter | None = None
     capture_variants: Callable[[Any], tuple[Any, ...]] | None = None
     key_type: Callable[..., Any] | None = None
+    shipped_tie_margin: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
