@@ -9,14 +9,22 @@ import layerzero as lz
 
 SECTIONS = {
     "Ops": ["attention", "rms_norm", "layer_norm", "rope", "swiglu", "fused_moe", "sample_topk", "sample_topp", "sample",
-            "apply_penalties"],
+            "apply_penalties", "geglu", "reglu", "embedding"],
+    "Quantization (docs/quantization.md)": ["quantize", "dequantize"],
+    "Tokenization (docs/tokenization.md)": ["tokenize", "detokenize", "IncrementalDetokenizer"],
     "Paged KV cache (serving)": ["paged_attention", "reshape_and_cache", "allocate_kv_cache"],
     "Configuration and policy": ["configure", "get_config", "load_config", "reload", "lock", "unlock", "get_locks",
                                  "prefer", "disabled", "load_capabilities"],
     "Inspection": ["select", "explain", "which", "validate", "list_kernels", "trace", "doctor"],
     "Kernels and tuning": ["register_kernel", "kernel", "unregister_kernel", "tune"],
+    "Block planning (docs/block_planning.md)": ["plan_block", "BlockPlan", "BlockOp"],
     "CUDA graphs": ["is_graph_safe", "warmup", "validate_graph_capture"],
+    "Offline plans and readiness (docs/planning.md)": ["solve", "DispatchTable", "load_table", "compile",
+                                                        "uncompile", "dry_run", "readiness_check", "Manifest",
+                                                        "load_manifest"],
     "Integrations": ["patch_model"],
+    "Distributed (lz.distributed, docs/distributed.md)": ["distributed.sync_selection", "distributed.unsync",
+                                                         "distributed.current"],
 }
 
 
@@ -27,7 +35,9 @@ def render() -> str:
     for title, names in SECTIONS.items():
         out += [f"## {title}", ""]
         for name in names:
-            obj = getattr(lz, name)
+            obj = lz
+            for part in name.split("."):
+                obj = getattr(obj, part)
             try:
                 sig = str(inspect.signature(obj))
             except (TypeError, ValueError):
@@ -36,7 +46,8 @@ def render() -> str:
     out += ["## Errors", ""]
     for name in ("LayerZeroError", "InvalidInputError", "NoKernelFoundError", "KernelExecutionError",
                  "PolicyValidationError", "BackendNotAvailableError", "ConfigurationError", "UnknownOperationError",
-                 "UnknownKernelError", "CudaGraphUnsafeError", "SelectionTimeoutError", "CacheCorruptionError"):
+                 "UnknownKernelError", "CudaGraphUnsafeError", "SelectionTimeoutError", "CacheCorruptionError",
+                 "DistributedMismatchError", "DistributedSelectionError", "TableMismatchError"):
         cls = getattr(lz, name)
         bases = ", ".join(b.__name__ for b in cls.__bases__)
         out += [f"- `{name}({bases})`: {inspect.cleandoc(cls.__doc__ or '').splitlines()[0]}"]

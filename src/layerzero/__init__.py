@@ -36,12 +36,17 @@ from .api import (
     validate,
     which,
 )
+from .block_plan import BlockOp, BlockPlan, plan_block
 from .core.errors import (
     BackendNotAvailableError,
     CacheCorruptionError,
     ConfigurationError,
     CudaGraphUnsafeError,
+    DistributedMismatchError,
+    DistributedSelectionError,
     InvalidInputError,
+    IsolatedWorkerError,
+    IsolatedWorkerTimeoutError,
     KernelExecutionError,
     LayerZeroError,
     NoKernelFoundError,
@@ -50,6 +55,7 @@ from .core.errors import (
     UnknownKernelError,
     UnknownOperationError,
 )
+from .core.quant_format import QuantFormat, QuantizedTensor
 from .core.reasons import Reason, ReasonCode
 from .core.report import SelectionReport
 from .core.specs import ExecutionPlan, KernelSpec
@@ -58,10 +64,13 @@ from .ops import (
     allocate_kv_cache,
     apply_penalties,
     attention,
+    dequantize,
+    embedding,
     fused_moe,
     geglu,
     layer_norm,
     paged_attention,
+    quantize,
     reglu,
     reshape_and_cache,
     rms_norm,
@@ -71,6 +80,21 @@ from .ops import (
     sample_topp,
     swiglu,
 )
+from .planning import (
+    DispatchTable,
+    DryRunReport,
+    Manifest,
+    ReadinessReport,
+    TableMismatchError,
+    compile,
+    dry_run,
+    load_manifest,
+    load_table,
+    readiness_check,
+    solve,
+    uncompile,
+)
+from .tokenization import Encoding, IncrementalDetokenizer, detokenize, tokenize
 
 __version__ = "0.1.0"
 
@@ -88,21 +112,64 @@ def doctor(*, print_report: bool = True) -> Any:
 def patch_model(model: Any, **kwargs: Any) -> Any:
     """Route a Hugging Face Transformers model's attention, RMSNorm and RoPE through LayerZero; returns an
     undo handle. See :func:`layerzero.integrations.transformers.patch_model` (imports transformers lazily).
+    A diffusers model (one holding diffusers ``Attention`` modules) goes to :func:`patch_diffusers` instead.
     Raises ``ConfigurationError`` for an unsupported ``model_type``, a model patched twice or a transformers
     release older than 4.56."""
+    from .integrations.diffusers import is_diffusers_model
+
+    if is_diffusers_model(model):
+        return patch_diffusers(model, **kwargs)
     from .integrations.transformers import patch_model as _patch
 
     return _patch(model, **kwargs)
 
 
+def patch_diffusers(model: Any, **kwargs: Any) -> Any:
+    """Set :class:`~layerzero.integrations.diffusers.LayerZeroAttnProcessor` (``lz.attention``) on every diffusers
+    ``Attention`` module of ``model`` (UNet, DiT, PixArt, ...); returns an undo handle. See
+    :func:`layerzero.integrations.diffusers.patch_diffusers` (does not import diffusers). Raises
+    ``ConfigurationError`` for a model without diffusers attention, one patched twice or a non-AttnProcessor2_0
+    processor (SD3/Flux joint attention)."""
+    from .integrations.diffusers import patch_diffusers as _patch
+
+    return _patch(model, **kwargs)
+
+
+def register_isolated_kernel(op: str, kernel_id: str, target: str, **kwargs: Any) -> Any:
+    """Register ``target`` (``"module:function"``, imported only inside a worker process run by ``python=``, another
+    venv's interpreter say) as kernel ``kernel_id`` of ``op``; tensors cross through shared memory, never pickle.
+    See :func:`layerzero.isolation.register` (options, errors) and docs/isolation.md."""
+    from .isolation import register
+
+    return register(op, kernel_id, target, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    """``lz.distributed`` (synchronized selection across ranks, :mod:`layerzero.distributed`), imported on first
+    use so that ``import layerzero`` loads no ``torch.distributed`` machinery of its own; ``lz.isolation`` (worker
+    processes for conflicting backends, :mod:`layerzero.isolation`) likewise."""
+    if name in ("distributed", "isolation"):
+        from importlib import import_module
+
+        return import_module(".distributed", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BackendNotAvailableError", "CacheCorruptionError", "ConfigurationError", "CudaGraphUnsafeError",
+    "DistributedMismatchError", "DistributedSelectionError",
     "ExecutionPlan", "InvalidInputError", "KernelExecutionError", "KernelSpec", "LayerZeroError",
     "NoKernelFoundError", "PolicyValidationError", "Reason", "ReasonCode", "SelectionReport",
-    "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "allocate_kv_cache", "attention",
+    "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "allocate_kv_cache", "attention", "embedding",
     "configure", "disabled", "doctor", "explain", "fused_moe", "get_config", "get_locks", "layer_norm", "list_kernels",
-    "load_capabilities", "load_config", "lock", "paged_attention", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
+    "load_capabilities", "load_config", "lock", "paged_attention", "patch_diffusers", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
     "geglu", "reglu", "select", "trace", "TuneReport", "tune", "unlock", "validate", "which",
     "kernel", "register_kernel", "unregister_kernel",
+    "IsolatedWorkerError", "IsolatedWorkerTimeoutError", "register_isolated_kernel",
     "GraphCheck", "is_graph_safe", "validate_graph_capture", "warmup",
+    "DispatchTable", "DryRunReport", "Manifest", "ReadinessReport", "TableMismatchError", "compile", "dry_run",
+    "load_manifest", "load_table", "readiness_check", "solve", "uncompile",
+    "QuantFormat", "QuantizedTensor", "dequantize", "quantize",
+    "Encoding", "IncrementalDetokenizer", "detokenize", "tokenize",
+    "BlockOp", "BlockPlan", "plan_block",
 ]

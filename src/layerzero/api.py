@@ -142,7 +142,10 @@ def explain(op: str, *args: Any, **kwargs: Any) -> SelectionReport:
     Never raises for a lock that cannot run: the report then has ``chosen=None`` and says why.
     """
     key, context = _prepared("lz.explain", op, args, kwargs)
+    coordinator = RUNTIME.coordinator  # lz.distributed.sync_selection: the report says rank 0 chose
     try:
+        if coordinator is not None:
+            return coordinator.explain(RUNTIME, key, context(key))
         return RUNTIME.select_context(context(key))[1]
     except NoKernelFoundError as exc:
         if exc.report is None:

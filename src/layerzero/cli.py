@@ -1,5 +1,5 @@
 """The ``layerzero`` command line: ``doctor``, ``explain``, ``list-kernels``, ``capabilities``, ``tune``,
-``demo``.
+``demo``, ``solve``, ``dry-run``, ``readiness`` (the last three: ``layerzero.planning.commands``).
 
 ``layerzero explain attention --batch 2 --heads 32 --kv-heads 8 --seq 1024 --head-dim 128 --dtype bfloat16
 --causal`` builds tensors of that shape (on ``--device``, default cpu) and prints the selection table.
@@ -226,12 +226,13 @@ def _cmd_bench_engine(ns: argparse.Namespace) -> int:
     if ns.workload == "prefix":
         from layerzero.engine.bench_prefix import run_prefix
 
-        r = run_prefix(scale=scale, model=ns.model, device=ns.device)
+        r = run_prefix(scale=scale, model=ns.model, device=ns.device, repeats=ns.repeats)
         sp, zh = r["shared_prefix"], r["zero_hit"]
         print(f"shared prefix ({sp['requests']} requests): {sp['seconds_cache_on']:.2f} s with prefix caching, "
               f"{sp['seconds_cache_off']:.2f} s without: {sp['speedup']:.2f}x (hit rate {100 * sp['hit_rate']:.0f}%)")
         print(f"0% hits ({zh['requests']} requests): {zh['seconds_cache_on']:.2f} s on, {zh['seconds_cache_off']:.2f} s "
-              f"off: cost {100 * zh['cost']:+.1f}%")
+              f"off: cost {100 * zh['cost']:+.1f}% (median of {len(zh['pair_costs'])} interleaved pairs: "
+              + ", ".join(f"{100 * c:+.1f}%" for c in zh["pair_costs"]) + ")")
         if ns.out is not None:
             ns.out.mkdir(parents=True, exist_ok=True)
             (ns.out / "bench_prefix.json").write_text(json.dumps(r, indent=2) + "\n")
@@ -335,11 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--enforce-eager", action="store_true")
     be.add_argument("--workload", choices=("nano-vllm", "prefix"), default="nano-vllm",
                     help="prefix: shared-prefix speed-up and the cost of prefix caching at a 0%% hit rate")
+    be.add_argument("--repeats", type=int, default=1,
+                    help="prefix workload: interleaved on/off pairs of the 0%%-hit run (the cost is their median)")
     be.add_argument("--out", type=Path, default=None, help="write bench_engine.json here")
     be.set_defaults(fn=_cmd_bench_engine)
     dm = sub.add_parser("demo", help="run tiny Transformers models stock vs LayerZero and compare")
     dm.add_argument("rest", nargs=argparse.REMAINDER)
     dm.set_defaults(fn=_cmd_demo)
+    from layerzero.planning.commands import add_parsers
+
+    add_parsers(sub)  # solve, dry-run, readiness (docs/planning.md)
     return p
 
 

@@ -108,9 +108,16 @@ def _case(op: str, i: int, case: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return tuple(case[0]), case[1]
 
 
-def warmup(op: str, cases: Iterable[Any]) -> list[str]:
+def warmup(op: Any, cases: Iterable[Any] | None = None, *, timeout_s: float | None = None,
+           background: bool = False) -> Any:
     """Select, cache and run ``lz.<op>`` once for each case, so every selection, PerfDB read and JIT/compile
     (e.g. ``torch.compile`` of ``flex_attention.compiled``) happens now rather than while serving or capturing.
+
+    Manifest form: ``lz.warmup(manifest, timeout_s=None, background=False)`` with a
+    :class:`layerzero.planning.Manifest` (or a list of ``(op, args, kwargs[, critical])``) warms critical cases
+    first, the rest in a daemon thread when ``background``, skips a kernel whose first call exceeds ``timeout_s``
+    (its fallback is used) and returns a :class:`layerzero.planning.WarmupHandle`
+    (:func:`layerzero.planning.warmup_manifest`, docs/planning.md).
 
     For CUDA inputs the capture-time cache entry is filled as well (graph-safe kernels only) and its kernel run
     once eagerly; an op with no graph-safe kernel for a case logs a WARNING (capturing it would raise).
@@ -128,6 +135,17 @@ def warmup(op: str, cases: Iterable[Any]) -> list[str]:
             signature) or bad inputs.
         CudaGraphUnsafeError: called while a CUDA graph is being captured.
     """
+    if not isinstance(op, str):
+        from layerzero.planning.warmup import warmup_manifest
+
+        if cases is not None:
+            raise InvalidInputError(expected_got("lz.warmup(manifest, cases)", "no cases with a manifest",
+                                                 type(cases).__name__, "Call lz.warmup(manifest) or lz.warmup(op, cases)."))
+        return warmup_manifest(op, timeout_s=timeout_s, background=background)
+    if timeout_s is not None or background:
+        raise InvalidInputError(expected_got(f"lz.warmup({op!r}, cases)", "timeout_s/background only with a manifest",
+                                             f"timeout_s={timeout_s!r}, background={background!r}",
+                                             "Build a layerzero.planning.Manifest to use them."))
     prepare, build_ctx = _op(op)
     if isinstance(cases, (dict, str)) or not isinstance(cases, Iterable):
         raise InvalidInputError(expected_got(f"lz.warmup({op!r}) cases", "a list of (args, kwargs)",

@@ -3,7 +3,9 @@
 ``enable()`` turns recording on (off by default; the counters live in ``layerzero.core.telemetry``), ``snapshot()``
 returns them as a dict, ``collector()`` is a Prometheus collector to register in your own registry, and
 ``start_http_server(port)`` serves them on ``/metrics`` (both need ``prometheus-client``: ``pip install
-prometheus-client``, imported only when called). ``enable(selection_log=path)`` also writes one JSON line per
+prometheus-client``, imported only when called), and ``otel_instrument(meter_provider)`` registers them as
+OpenTelemetry observable counters on a Meter named ``layerzero`` (needs ``opentelemetry-api``, imported only when
+called; ``layerzero/telemetry_otel.py``). ``enable(selection_log=path)`` also writes one JSON line per
 selection (op, kernel, the context's fields, every rejected kernel's reason codes, fallback notes).
 
 Metrics (prefix ``layerzero_``): ``kernel_calls_total{op,kernel}``; ``kernel_call_seconds{op,kernel}`` (a
@@ -26,8 +28,10 @@ from typing import Any
 
 from layerzero.core.errors import ConfigurationError, expected_got
 from layerzero.core.telemetry import LATENCY_BUCKETS_US, TELEMETRY
+from layerzero.telemetry_otel import OtelRegistration, otel_instrument
 
-__all__ = ["collector", "disable", "enable", "is_enabled", "reset", "snapshot", "start_http_server"]
+__all__ = ["OtelRegistration", "collector", "disable", "enable", "is_enabled", "otel_instrument", "reset", "snapshot",
+           "start_http_server"]
 
 def enable(*, sample_every: int = 64, selection_log: str | Path | None = None) -> None:
     """Start recording. ``sample_every``: time one call in this many per kernel (a power of two >= 1; 1 times every

@@ -72,9 +72,10 @@ def test_unseeded_rows_follow_the_softmax_and_the_generator():
     assert torch.equal(tokens, again)
 
 
-def test_lz_sample_runs_it_when_locked():
-    """Eligible on CUDA and served under a lock (it ranks below the reference until this file has passed on a
-    GPU: sampling.PRIORITY_SAMPLE; raise it, and assert it is the default pick, once it has)."""
+def test_lz_sample_picks_it_by_default_and_under_a_lock():
+    """The default pick on CUDA (sampling.PRIORITY_SAMPLE, above the reference), and served under a lock."""
+    logits0 = torch.randn(8, 32000, device=DEV, dtype=torch.bfloat16)
+    assert lz.which("sample", logits0, temperature=torch.full((8,), 0.7, device=DEV)) == "triton.sample"
     logits = torch.randn(8, 32000, device=DEV, dtype=torch.bfloat16)
     temp = torch.full((8,), 0.7, device=DEV)
     lz.lock("sample", "triton.sample")

@@ -196,7 +196,8 @@ def test_capture_key_for_every_op():
              "apply_penalties": ((torch.randn(2, 10), slots[None].expand(2, -1), slots[None].expand(2, -1)),
                                  {"repetition_penalty": torch.ones(2)}),
              "fused_moe": ((x, torch.randn(4, 6, 16), torch.randn(4, 16, 3), torch.ones(2, 2),
-                            torch.tensor([[0, 1], [2, 3]])), {})}
+                            torch.tensor([[0, 1], [2, 3]])), {}),
+             "quantize": ((x, "nvfp4"), {}), "dequantize": ((lz.quantize(x, "int8", axis=0),), {})}
     assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():
         prepare, build_ctx = OPS[op]

@@ -201,7 +201,7 @@ def test_allocate_kv_cache_shape_and_bytes(layout, shape):
     (dict(block_size=0), r"block_size: expected an int >= 1, got 0"),
     (dict(num_kv_heads=2.0), r"num_kv_heads: expected an int >= 1, got 2.0"),
     (dict(head_dim=True), r"head_dim: expected an int >= 1, got True"),
-    (dict(dtype=torch.int8), r"dtype: expected one of torch.float32"),
+    (dict(dtype=torch.int32), r"dtype: expected one of torch.float32"),  # int8: a quantized cache
     (dict(layout="BSHD"), r"layout: expected 'NHD'.*got 'BSHD'"),
 ])
 def test_allocate_kv_cache_rejects(kwargs, match):
@@ -466,3 +466,92 @@ def test_strict_value_checks_skip_while_a_cuda_graph_captures(monkeypatch):
     finally:
         lz.configure(strict=False)
     assert not check_values(gpu_index)
+
+
+# ------------------------------------------------------------------------------ the exact (hot) key of a call
+def _meta(**over):
+    """Valid decode inputs on the meta device (not CPU: the hot path's domain), as _decode_args."""
+    args = {k: v.to("meta") for k, v in _decode_args().items()}
+    args.update(over)
+    return args
+
+
+def _hk(a, cu=None, scale=None, is_causal=True, kv_layout="NHD"):
+    return paged._hot_key(a["q"], a["kv_cache"], a["block_tables"], a["seq_lens"], cu, scale, is_causal, kv_layout)
+
+
+def test_hot_key_holds_every_checked_fact():
+    """Two calls with the same facts share the exact key; changing any fact prepare() checks or the cache key holds
+    changes it (so a hit can never skip a check that would fail)."""
+    a = _meta()
+    base = _hk(a)
+    assert base is not None and base == _hk(_meta())
+    assert _hk(a, kv_layout=KVLayout.NHD) == base                     # "NHD" and KVLayout.NHD are one layout
+    variants = [
+        _hk(_meta(seq_lens=torch.zeros(3, dtype=I32, device="meta"))),  # batch disagrees with block_tables
+        _hk(_meta(seq_lens=torch.zeros(2, dtype=torch.int64, device="meta"))),
+        _hk(_meta(block_tables=torch.zeros(2, 5, dtype=I32, device="meta"))),
+        _hk(_meta(q=torch.zeros(2, 4, 8, dtype=torch.float16, device="meta"))),   # dtype differs from the cache
+        _hk(_meta(q=torch.zeros(2, 6, 8, device="meta"))),                          # heads
+        _hk(_meta(kv_cache=torch.zeros(3, 2, 2, 4, 8, device="meta"))),             # HND-looking shape
+        _hk(_meta(q=torch.zeros(2, 8, 4, device="meta")[:, :4, :].transpose(1, 2).contiguous().transpose(1, 2))),
+        _hk(a, cu=torch.zeros(3, dtype=I32, device="meta")),
+        _hk(a, scale=0.5), _hk(a, is_causal=False), _hk(a, kv_layout="HND"),
+    ]
+    for v in variants:
+        assert v != base
+    strided = _meta(q=torch.zeros(2, 8, 4, device="meta").transpose(1, 2))        # last stride 4, not 1
+    assert _hk(strided) != _hk(_meta(q=torch.zeros(2, 4, 8, device="meta")))
+
+
+@pytest.mark.parametrize("change", ["cpu", "strict", "list_layout", "int_scale", "causal_1", "list_lens", "mixed"])
+def test_hot_key_is_none_where_every_call_needs_the_full_checks(change):
+    a, kw = _meta(), {}  # each change alone turns the key off
+    if change == "cpu":
+        a = _decode_args()                                 # index values are read on every CPU call
+    elif change == "strict":
+        lz.configure(strict=True)
+    elif change == "list_layout":
+        kw["kv_layout"] = ["NHD"]                          # unhashable: no TypeError, just no hot key
+    elif change == "int_scale":
+        kw["scale"] = 1
+    elif change == "causal_1":
+        kw["is_causal"] = 1
+    elif change == "list_lens":
+        a["seq_lens"] = [5, 1]                              # not a tensor
+    elif change == "mixed":
+        a["seq_lens"] = torch.tensor([5, 1], dtype=I32)    # CPU index tensor with meta q
+    try:
+        assert _hk(a, **kw) is None
+    finally:
+        lz.configure(strict=False)
+
+
+def test_a_filed_hot_key_skips_the_checks_and_a_new_fact_does_not(monkeypatch):
+    """Routing through Runtime.run_hot with the meta device standing in for CUDA: the first call is checked
+    (prepare runs) and files the exact key; an identical call is served from it without prepare; a call with one
+    fact changed is checked again."""
+    calls = {"prepare": 0}
+    real_prepare = paged.prepare
+
+    def counting(*args, **kwargs):
+        calls["prepare"] += 1
+        return real_prepare(*args, **kwargs)
+
+    kid = "metapaged.paged_attention"
+    lz.register_kernel("paged_attention", kid, lambda q, c, bt, sl, cu, s, ic, lay: torch.empty_like(q),
+                       priority=1000, device_types={"meta"}, dtypes={torch.float32})
+    monkeypatch.setattr(paged, "prepare", counting)
+    try:
+        a = _meta()
+        assert lz.paged_attention(**a).shape == (2, 4, 8) and calls["prepare"] == 1       # selected and cached
+        assert lz.paged_attention(**_meta()).shape == (2, 4, 8) and calls["prepare"] == 2  # a cache hit files it
+        for _ in range(3):
+            assert lz.paged_attention(**_meta()).shape == (2, 4, 8)
+        assert calls["prepare"] == 2                                                        # hot: no checks
+        lz.paged_attention(**_meta(), scale=0.25)
+        assert calls["prepare"] == 3
+        with pytest.raises(lz.InvalidInputError, match="seq_lens shape"):
+            lz.paged_attention(**_meta(seq_lens=torch.zeros(3, dtype=I32, device="meta")))
+    finally:
+        lz.unregister_kernel(kid)

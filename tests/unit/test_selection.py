@@ -254,9 +254,9 @@ def count_selections(monkeypatch):
     real = RUNTIME.select_context
     calls: list[str] = []
 
-    def counting(ctx):
+    def counting(ctx, **kw):
         calls.append(ctx.op)
-        return real(ctx)
+        return real(ctx, **kw)
 
     monkeypatch.setattr(RUNTIME, "select_context", counting)
     return calls

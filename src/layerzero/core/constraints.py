@@ -64,6 +64,12 @@ def check_constraints(spec: KernelSpec, ctx: SelectionContext) -> list[Reason]:
                                                 "is not supported"))
     if ctx.has_softcap and not spec.supports_softcap:
         out.append(Reason(R.SOFTCAP_UNSUPPORTED, "logit soft-capping (softcap=...) is not supported"))
+    if ctx.has_alibi and not spec.supports_alibi:
+        out.append(Reason(R.ALIBI_UNSUPPORTED, "ALiBi position bias (alibi_slopes=...) is not supported"))
+    if ctx.kv_dtype is not None and ctx.kv_dtype not in spec.kv_cache_dtypes:
+        have = sorted(dtype_name(d) for d in spec.kv_cache_dtypes) or "none"
+        out.append(Reason(R.KV_CACHE_DTYPE_UNSUPPORTED, f"quantized KV cache dtype {dtype_name(ctx.kv_dtype)} "
+                                                        f"not readable (quantized caches supported: {have})"))
     if spec.requires_stride_last_1 and not ctx.stride_last_1:
         out.append(Reason(R.STRIDE_LAST_DIM_NOT_1, "needs stride(-1) == 1 on every input"))
     if spec.requires_aligned_16 and not ctx.aligned_16:

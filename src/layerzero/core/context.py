@@ -42,7 +42,8 @@ class SelectionContext:
     ``mask`` kind, ``is_causal``, ``seq_equal`` (Sq == Sk exactly), ``dropout`` (p > 0), ``scale_default``.
     Local attention: ``window_left``/``window_right`` (tokens, exact; -1 = unbounded on that side; both None when
     no window is asked) and ``has_softcap`` (True when a logit soft-cap is applied, None otherwise: the cap value
-    itself is not a constraint, so it stays out of the key). None defaults keep other ops' PerfDB bucket keys
+    itself is not a constraint, so it stays out of the key), ``has_alibi`` (True when ALiBi slopes are given,
+    None otherwise: the slope values stay out of the key). None defaults keep other ops' PerfDB bucket keys
     unchanged.
     Norm fields: ``hidden_size`` (exact), ``param_dtype`` (weight/bias dtype), ``fused_residual``, ``has_bias``. RoPE: ``interleaved``,
     ``rotary_dim``. Sampling: ``vocab_size`` (exact), ``has_generator``. Mixture of experts (fused_moe): ``batch``
@@ -92,9 +93,18 @@ class SelectionContext:
     window_left: int | None = None
     window_right: int | None = None
     has_softcap: bool | None = None
+    has_alibi: bool | None = None
     intermediate_size: int | None = None
     num_experts: int | None = None
     top_k: int | None = None
+    # quantize / dequantize: the format name ("int8", "fp8_e4m3", "fp8_e5m2", "mxfp4", "nvfp4", "int4") and which
+    # elements share a scale ("tensor", "channel:<axis>", "group:<g>", "block:<bm>x<bk>"); batch = rows (bucketed)
+    # and hidden_size = the last dim K (exact)
+    quant_format: str | None = None
+    quant_granularity: str | None = None
+    # paged_attention / reshape_and_cache: the dtype of a quantized KV cache (float8_e4m3fn, int8); None when the
+    # cache has the model's dtype (unquantized), so other keys' PerfDB buckets are unchanged
+    kv_dtype: torch.dtype | None = None
 
     @property
     def phase(self) -> Phase | None:

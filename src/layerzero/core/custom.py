@@ -49,6 +49,7 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "rms_norm": ("x", "weight", "eps", "residual"),
     "layer_norm": ("x", "weight", "bias", "eps"),
     "swiglu": ("gate", "up"),
+    "embedding": ("input_ids", "weight", "padding_idx"),
     "geglu": ("gate", "up", "approximate"),
     "reglu": ("gate", "up"),
     "fused_moe": ("x", "w13", "w2", "topk_weights", "topk_ids"),
@@ -60,6 +61,8 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
                         "frequency_penalty"),
     "paged_attention": ("q", "kv_cache", "block_tables", "seq_lens", "cu_seqlens_q", "scale", "is_causal", "layout"),
     "reshape_and_cache": ("k", "v", "kv_cache", "slot_mapping", "layout"),
+    "quantize": ("x", "format", "axis", "group_size"),
+    "dequantize": ("qt",),
 }
 """The positional arguments dispatch passes to every kernel of an op (ops added later: extend this table)."""
 
@@ -206,6 +209,7 @@ def _sm(what: str, value: Any) -> tuple[int, int] | None:
 _SETS: dict[str, tuple[Callable[[Any], Any], Iterable[Any]]] = {
     "device_types": (_device_type, KNOWN_DEVICE_TYPES),
     "dtypes": (_dtype, ("float32", "float64", "float16", "bfloat16")),
+    "kv_cache_dtypes": (_dtype, ("float8_e4m3fn", "int8")),
     "generations": (_generation, [g.name for g in GPUGeneration]),
     "cpu_isa": (_isa, sorted(CPU_ISA_NAMES)),
     "layouts": (lambda x: Layout(x.value if isinstance(x, Layout) else str(x).upper()), [m.value for m in Layout]),
@@ -266,6 +270,13 @@ def coerce_constraints(constraints: Mapping[str, Any]) -> dict[str, Any]:
 ATTENTION_EXTRA_ARGS = ("window", "softcap")
 """Attention kernels that declare ``supports_window`` or ``supports_softcap`` are called with these two extra
 positional arguments whenever a call sets either (``ops/attention.py``); others keep the 7-argument call."""
+ALIBI_EXTRA_ARGS = ("window", "softcap", "alibi_slopes")
+"""Attention kernels that declare ``supports_alibi`` are called with these three extra positional arguments when a
+call passes ``alibi_slopes`` (window and softcap may then be None), and with the two of
+:data:`ATTENTION_EXTRA_ARGS` or none otherwise: ``alibi_slopes=None`` needs a default."""
+KV_SCALE_ARGS = ("k_scale", "v_scale")
+"""Paged kernels that declare ``kv_cache_dtypes`` (quantized caches they read or write) are called with these two
+extra positional arguments when the cache is quantized (``ops/paged.py``); others keep their canonical call."""
 
 
 def check_signature(op: str, fn: Callable[..., Any], launch_config: LaunchConfig | None = None,
@@ -335,7 +346,10 @@ def build_kernel_spec(registry: KernelRegistry, op: str, kernel_id: str, fn: Cal
         LaunchConfig.from_dict(launch_config))
     fields = coerce_constraints(constraints)
     windowed = op == "attention" and (fields.get("supports_window") or fields.get("supports_softcap"))
-    check_signature(op, fn, cfg, ATTENTION_EXTRA_ARGS if windowed else ())
+    quant_kv = op in ("paged_attention", "reshape_and_cache") and bool(fields.get("kv_cache_dtypes"))
+    alibi = op == "attention" and fields.get("supports_alibi")
+    check_signature(op, fn, cfg, ALIBI_EXTRA_ARGS if alibi else ATTENTION_EXTRA_ARGS if windowed
+                    else KV_SCALE_ARGS if quant_kv else ())
     call = fn if cfg is None else functools.partial(fn, launch_config=cfg)
     fields.setdefault("description", (inspect.getdoc(fn) or "custom kernel").splitlines()[0])
     return KernelSpec(kernel_id, op, call, priority=priority, **fields)

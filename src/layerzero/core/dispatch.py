@@ -267,6 +267,16 @@ class Runtime:
             plan = replace(plan, recheck_at=retry_at, trial=trial)
         return plan, report
 
+    def report_for(self, ctx: SelectionContext) -> SelectionReport:
+        """The :class:`SelectionReport` of ``ctx`` (:meth:`select_context`), also when selection raises
+        ``NoKernelFoundError`` with a report (a lock that cannot run: the report says why)."""
+        try:
+            return self.select_context(ctx)[1]
+        except NoKernelFoundError as exc:
+            if exc.report is None:
+                raise
+            return exc.report
+
     def select_cached(self, key: Hashable, ctx: SelectionContext, *,
                       quiet: bool = False) -> tuple[ExecutionPlan, SelectionReport]:
         """The plan and report to cache for ``key`` (context ``ctx``): :meth:`select_context`, or the
@@ -496,8 +506,8 @@ class Runtime:
         that proves the kernel, not the data (NaN logits, say), was at fault. When every kernel fails the
         inputs are to blame, no backend is charged, and ``KernelExecutionError`` lists every error.
         """
-        if isinstance(exc, LayerZeroError):
-            raise exc
+        if isinstance(exc, LayerZeroError) and not getattr(exc, "kernel_failure", False):
+            raise exc  # LayerZero's own errors pass through; a kernel_failure one (a dead isolated worker) is retried
         failed = [(plan, exc)]
         if plan.locked or _config.get_config().strict or not plan.fallbacks:
             why = ("it is locked" if plan.locked else "strict mode is on" if plan.fallbacks

@@ -47,6 +47,7 @@ class ReasonCode(str, enum.Enum):
     # dtype
     DTYPE_UNSUPPORTED = "DTYPE_UNSUPPORTED"
     DTYPE_MISMATCH = "DTYPE_MISMATCH"
+    KV_CACHE_DTYPE_UNSUPPORTED = "KV_CACHE_DTYPE_UNSUPPORTED"  # a quantized paged KV cache the kernel cannot read
     # shape
     SHAPE_MISMATCH = "SHAPE_MISMATCH"
     SEQ_LEN_TOO_LONG = "SEQ_LEN_TOO_LONG"
@@ -60,6 +61,7 @@ class ReasonCode(str, enum.Enum):
     MASK_WITH_CAUSAL = "MASK_WITH_CAUSAL"
     SLIDING_WINDOW_UNSUPPORTED = "SLIDING_WINDOW_UNSUPPORTED"  # lz.attention(window=...) on a kernel without it
     SOFTCAP_UNSUPPORTED = "SOFTCAP_UNSUPPORTED"  # lz.attention(softcap=...) on a kernel without logit soft-capping
+    ALIBI_UNSUPPORTED = "ALIBI_UNSUPPORTED"  # lz.attention(alibi_slopes=...) on a kernel without ALiBi
     # GQA
     GQA_UNSUPPORTED = "GQA_UNSUPPORTED"
     GQA_RATIO_INVALID = "GQA_RATIO_INVALID"
@@ -112,13 +114,13 @@ _CATEGORY: dict[ReasonCode, ReasonCategory] = {
         [_R.DEVICE_TYPE_UNSUPPORTED, _R.SM_TOO_OLD, _R.SM_TOO_NEW, _R.GPU_GENERATION_UNSUPPORTED,
          _R.CPU_ISA_MISSING, _R.PLATFORM_UNSUPPORTED], _C.HARDWARE),
     **dict.fromkeys(
-        [_R.DTYPE_UNSUPPORTED, _R.DTYPE_MISMATCH], _C.DTYPE),
+        [_R.DTYPE_UNSUPPORTED, _R.DTYPE_MISMATCH, _R.KV_CACHE_DTYPE_UNSUPPORTED], _C.DTYPE),
     **dict.fromkeys(
         [_R.SHAPE_MISMATCH, _R.SEQ_LEN_TOO_LONG, _R.SEQ_LEN_TOO_SHORT, _R.HIDDEN_SIZE_UNSUPPORTED], _C.SHAPE),
     **dict.fromkeys([_R.LAYOUT_UNSUPPORTED, _R.KV_LAYOUT_UNSUPPORTED], _C.LAYOUT),
     **dict.fromkeys(
         [_R.MASK_UNSUPPORTED, _R.MASK_WITH_CAUSAL,
-         _R.SLIDING_WINDOW_UNSUPPORTED, _R.SOFTCAP_UNSUPPORTED], _C.MASK),
+         _R.SLIDING_WINDOW_UNSUPPORTED, _R.SOFTCAP_UNSUPPORTED, _R.ALIBI_UNSUPPORTED], _C.MASK),
     **dict.fromkeys([_R.GQA_UNSUPPORTED, _R.GQA_RATIO_INVALID], _C.GQA),
     **dict.fromkeys(
         [_R.HEAD_DIM_INVALID, _R.HEAD_DIM_TOO_LARGE, _R.HEAD_DIM_NOT_ALIGNED, _R.HEAD_DIM_MISMATCH], _C.HEAD_DIM),

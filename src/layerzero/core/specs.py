@@ -99,7 +99,14 @@ class KernelSpec:
     ``"amx_bf16"``, ...); it applies to CPU devices only. ``supports_window`` / ``supports_softcap``: the kernel
     implements ``lz.attention``'s sliding window / logit soft-cap; such a kernel is called with two more canonical
     arguments, ``window`` (``(left, right)`` or None) and ``softcap`` (float or None), whenever either is set
-    (default False: every other kernel is refused with ``SLIDING_WINDOW_UNSUPPORTED`` / ``SOFTCAP_UNSUPPORTED``). ``max_seq_len`` is checked against the upper
+    (default False: every other kernel is refused with ``SLIDING_WINDOW_UNSUPPORTED`` / ``SOFTCAP_UNSUPPORTED``).
+    ``supports_alibi``: the kernel implements ``lz.attention(alibi_slopes=...)`` (ALiBi, flash-attn's convention);
+    such a kernel is called with three extra canonical arguments, ``window``, ``softcap`` and ``alibi_slopes``
+    (float32 ``[Hq]`` or ``[B, Hq]``, or None), whenever slopes are given (default False: refused with
+    ``ALIBI_UNSUPPORTED``). ``kv_cache_dtypes``: the quantized paged-KV-cache dtypes
+    (``float8_e4m3fn``, ``int8``) a paged kernel reads or writes; such a kernel is called with two more canonical
+    arguments, ``k_scale`` and ``v_scale``, when the cache is quantized (default empty: every other kernel is refused
+    with ``KV_CACHE_DTYPE_UNSUPPORTED``). ``max_seq_len`` is checked against the upper
     bound of the sequence-length bucket so a cached choice is valid for every length in its bucket.
     """
 
@@ -126,6 +133,8 @@ class KernelSpec:
     supports_dropout: bool = True
     supports_window: bool = False
     supports_softcap: bool = False
+    supports_alibi: bool = False
+    kv_cache_dtypes: frozenset[torch.dtype] = frozenset()
     supports_backward: bool = True
     requires_stride_last_1: bool = False
     requires_aligned_16: bool = False
@@ -153,7 +162,8 @@ class KernelSpec:
             "priority", "device_types", "dtypes", "sm_min", "sm_max", "generations", "layouts", "head_dim_min",
             "head_dim_max", "head_dim_multiple", "head_dims_equal", "supports_gqa", "mask_kinds",
             "mask_with_causal", "supports_causal", "supports_dropout", "supports_window", "supports_softcap",
-            "supports_backward",
+            "supports_alibi",
+            "supports_backward", "kv_cache_dtypes",
             "requires_stride_last_1", "requires_aligned_16", "max_seq_len", "deterministic", "graph_safe", "cpu_isa",
         ):
             value = getattr(self, name)

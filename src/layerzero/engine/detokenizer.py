@@ -1,15 +1,18 @@
 """Incremental detokenization and stop strings.
 
-Text grows one token at a time through ``tokenizers``' ``DecodeStream`` (it buffers incomplete UTF-8 and byte-
-fallback pieces), primed with the last prompt tokens so the first output token decodes with its leading space as
-in the full text (vLLM does the same with 5 tokens of context). Stop strings may span tokens: after each token
-the tail of the text is searched; the text is cut before the first stop string found. While a request streams,
-text that could still be the start of a stop string is held back, so no yielded delta is ever taken back.
+Text grows one token at a time through :class:`layerzero.IncrementalDetokenizer` (prefix/read offsets over a
+window of ids; text ending in an incomplete UTF-8 character is held back), primed with the last prompt tokens
+so the first output token decodes with its leading space as in the full text (vLLM does the same with 5
+tokens of context). Stop strings may span tokens: after each token the tail of the text is searched; the text
+is cut before the first stop string found. While a request streams, text that could still be the start of a
+stop string is held back, so no yielded delta is ever taken back.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import layerzero as lz
 
 __all__ = ["CONTEXT_TOKENS", "Detokenizer"]
 
@@ -18,30 +21,25 @@ CONTEXT_TOKENS = 5
 
 
 class Detokenizer:
-    """One sequence's text. ``tokenizer``: a transformers tokenizer (fast: its ``backend_tokenizer`` is used;
-    otherwise the whole output is decoded again each step, correct but O(n) per token)."""
+    """One sequence's text. ``tokenizer``: any tokenizer ``lz.IncrementalDetokenizer`` accepts (the engine
+    passes the checkpoint's transformers tokenizer)."""
 
     def __init__(self, tokenizer: Any, prompt_ids: list[int], stop: tuple[str, ...], skip_special_tokens: bool):
         self.tokenizer, self.stop, self.skip = tokenizer, stop, skip_special_tokens
-        self.backend = getattr(tokenizer, "backend_tokenizer", None)
         self.text = ""
         self.emitted = 0
-        self.output_ids: list[int] = []
-        self._stream = None
-        if self.backend is not None:
-            from tokenizers.decoders import DecodeStream
-
-            self._stream = DecodeStream(ids=list(prompt_ids[-CONTEXT_TOKENS:]), skip_special_tokens=self.skip)
+        self._stream = lz.IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
+        self.vocab = self._stream.vocab_size  # a model's vocabulary may be larger than its tokenizer's
+        ctx = [t for t in prompt_ids[-CONTEXT_TOKENS:] if t < self.vocab]
+        self._stream = lz.IncrementalDetokenizer(tokenizer, ctx, skip_special_tokens=skip_special_tokens,
+                                                 context_tokens=CONTEXT_TOKENS)
 
     def add(self, token_id: int, check_stop: bool) -> str | None:
         """Append a token's text; return the stop string found (the text is then cut before it), else None.
         ``check_stop`` False (before ``min_tokens``) skips the search."""
-        self.output_ids.append(token_id)
         before = len(self.text)
-        if self._stream is not None:
-            self.text += self._stream.step(self.backend, token_id) or ""
-        else:
-            self.text = self.tokenizer.decode(self.output_ids, skip_special_tokens=self.skip)
+        if token_id < self.vocab:  # an id past the tokenizer's vocabulary has no text (as tokenizers' decode)
+            self.text += self._stream.step(token_id)
         if not check_stop or not self.stop:
             return None
         longest = max(len(s) for s in self.stop)

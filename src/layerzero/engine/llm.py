@@ -45,6 +45,13 @@ class LLM:
             radix tree, SGLang) or ``"hash"`` (chained block hashes, vLLM).
         scheduling_policy: ``"fcfs"``, ``"lpm"`` (longest prefix match with aging) or ``"priority"``.
         enforce_eager: no CUDA graphs. seed: the engine's random stream (requests without their own seed).
+        quantization: None, ``"int8"``, ``"int4"`` or ``"fp8"``: weight-only quantization of the decoder linears
+            (QKV, o_proj, gate/up, down_proj; not the embedding, norms, LM head or MoE experts) at load time;
+            int8 / fp8 e4m3 per output channel, int4 in groups of 128 along in_features (docs/engine.md).
+        kv_cache_dtype: ``"auto"`` (the model's dtype), ``"fp8"`` (float8 e4m3) or ``"int8"``: the KV pool's dtype
+            (vLLM's option); a quantized pool holds 1 byte per element, so the same memory holds 2x (bf16) or 4x
+            (fp32) the blocks. Per-layer scales: the checkpoint's ``k_scale`` / ``v_scale`` when present, else 1.0
+            for fp8 and, for int8, amax / 127 of the first prefill's K/V per layer (docs/engine.md).
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its
@@ -55,10 +62,12 @@ class LLM:
                  max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_memory_fraction: float = 0.9,
                  enable_prefix_caching: bool = True, prefix_cache: str = "radix", scheduling_policy: str = "fcfs",
-                 enforce_eager: bool = False, seed: int = 0, **kwargs: Any) -> None:
+                 enforce_eager: bool = False, seed: int = 0, quantization: str | None = None,
+                 kv_cache_dtype: str = "auto", **kwargs: Any) -> None:
         ec = EngineConfig(str(model), dtype, device, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
                           num_kv_blocks, kv_cache_memory_fraction, enable_prefix_caching, prefix_cache,
-                          scheduling_policy, enforce_eager, seed, **kwargs)
+                          scheduling_policy, enforce_eager, seed, quantization=quantization,
+                          kv_cache_dtype=kv_cache_dtype, **kwargs)
         self.engine = LLMEngine(ec, _load_tokenizer(ec.model))
 
     @property

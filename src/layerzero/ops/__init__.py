@@ -6,26 +6,31 @@ the dispatch runtime; ``OPS`` maps an op id to its (prepare, context-from-key) p
 from __future__ import annotations
 
 from . import attention as _attention
+from . import embedding as _embedding
 from . import fused_moe as _fused_moe
 from . import norms as _norms
 from . import paged as _paged
 from . import penalties as _penalties
+from . import quantization as _quantization
 from . import rope as _rope
 from . import sampling as _sampling
 from . import swiglu as _swiglu
 from .attention import attention
+from .embedding import embedding
 from .fused_moe import fused_moe
 from .kv_cache import KVLayout, allocate_kv_cache
 from .norms import layer_norm, rms_norm
 from .paged import paged_attention, reshape_and_cache
 from .penalties import apply_penalties
+from .quantization import dequantize, quantize
 from .rope import rope
 from .sampling import sample, sample_topk, sample_topp
 from .swiglu import geglu, reglu, swiglu
 
 OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _sampling.TOPK_SPEC,
                    _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
-                   _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC)
+                   _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC, _quantization.SPEC,
+                   _quantization.DEQUANT_SPEC, _embedding.SPEC)
 
 OPS = {
     "attention": (_attention.prepare, _attention.context),
@@ -42,6 +47,9 @@ OPS = {
     "geglu": (_swiglu.prepare_geglu, _swiglu.context),
     "reglu": (_swiglu.prepare_reglu, _swiglu.context),
     "fused_moe": (_fused_moe.prepare, _fused_moe.context),
+    "quantize": (_quantization.prepare, _quantization.context),
+    "dequantize": (_quantization.prepare_dequantize, _quantization.context),
+    "embedding": (_embedding.prepare, _embedding.context),
 }
 
 
@@ -57,4 +65,4 @@ def register_builtin(registry) -> None:
 
 __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
            "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
-           "geglu", "reglu"]
+           "geglu", "reglu", "quantize", "dequantize", "embedding"]

@@ -63,6 +63,7 @@ class AttentionKey(NamedTuple):
     window_left: int | None
     window_right: int | None
     has_softcap: bool | None
+    has_alibi: bool | None
     capture: bool
     scope: tuple[Any, ...]
 
@@ -119,18 +120,22 @@ def _mask_kind(op: str, mask: Any, q: torch.Tensor, b: int, hq: int, sq: int,
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
             is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
             layout: str | Layout = "BHSD", window: tuple[int, int] | None = None,
-            softcap: float | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+            softcap: float | None = None, alibi_slopes: torch.Tensor | None = None
+            ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Validate ``lz.attention`` inputs; return (cache key, canonical kernel args).
 
     The canonical args are ``(q, k, v, attn_mask, is_causal, scale, dropout_p)``, plus ``(window, softcap)``
     when a (normalized, non-trivial) window or a soft-cap is set: only kernels declaring ``supports_window`` /
-    ``supports_softcap`` are then eligible, and they accept the two extra arguments."""
-    key, args = _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
+    ``supports_softcap`` are then eligible, and they accept the two extra arguments. With ``alibi_slopes`` the
+    args are ``(..., window, softcap, alibi_slopes)`` (window/softcap possibly None): only kernels declaring
+    ``supports_alibi`` are eligible."""
+    key, args = _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap, alibi_slopes)
     return AttentionKey(*key), args
 
 
 def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any, dropout_p: Any,
-             layout: Any, window: Any = None, softcap: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+             layout: Any, window: Any = None, softcap: Any = None,
+             alibi_slopes: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """:func:`prepare` with positional arguments (the hot path). The happy path is a handful of attribute
     reads; anything unusual goes to :func:`_validate`, which raises the precise :class:`InvalidInputError`.
     The key is the plain tuple of the :class:`AttentionKey` fields (equal to it and hashed alike; ~0.7 µs
@@ -164,6 +169,8 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
         lay, b, hq, hkv, d, dv, sq, sk, mask, attn_mask, softcap = _validate(
             q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
         dtype, device = q.dtype, q.device
+    if alibi_slopes is not None:
+        _alibi(alibi_slopes, q, b, hq)
     contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     stride = contiguous or (q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
     grad = is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -179,7 +186,9 @@ def _prepare(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any,
         sq if sq <= 1 else 1 << (sq - 1).bit_length(), sk if sk <= 1 else 1 << (sk - 1).bit_length(), sq == sk, lay,
         mask, is_causal, dropout_p > 0.0, scale is None, stride, aligned, contiguous, grad, deterministic_enabled(),
         None if win is None else win[0], None if win is None else win[1], None if softcap is None else True,
-        capture, scope_token_of(layers) if layers else ())
+        None if alibi_slopes is None else True, capture, scope_token_of(layers) if layers else ())
+    if alibi_slopes is not None:
+        return key, (q, k, v, attn_mask, is_causal, scale, dropout_p, win, softcap, alibi_slopes)
     if win is None and softcap is None:
         return key, (q, k, v, attn_mask, is_causal, scale, dropout_p)
     return key, (q, k, v, attn_mask, is_causal, scale, dropout_p, win, softcap)
@@ -235,6 +244,25 @@ def _validate(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, scale: Any
     return lay, b, hq, hkv, d, dv, sq, sk, mask, attn_mask, None if softcap is None else float(softcap)
 
 
+def _alibi(slopes: Any, q: torch.Tensor, b: int, hq: int) -> None:
+    """Validate ``alibi_slopes``: a float32 tensor ``[Hq]`` or ``[B, Hq]`` on q's device (flash-attn's
+    ``alibi_slopes`` contract; no silent upcast, so every kernel sees the same float32 slopes).
+
+    Raises:
+        InvalidInputError: not a tensor, wrong dtype, shape or device.
+    """
+    if not isinstance(slopes, torch.Tensor):
+        raise fail(OP, "alibi_slopes", "None or a float32 torch.Tensor [Hq] or [B, Hq]", type(slopes).__name__)
+    if slopes.dtype != torch.float32:
+        raise fail(OP, "alibi_slopes.dtype", "torch.float32", slopes.dtype,
+                   "Pass float32 slopes as flash-attn requires: alibi_slopes.float().")
+    if tuple(slopes.shape) not in ((hq,), (b, hq)):
+        raise fail(OP, "alibi_slopes shape", f"[Hq] = [{hq}] or [B, Hq] = [{b}, {hq}] (one slope per query head)",
+                   list(slopes.shape), "ALiBi slopes are per query head (Press et al. 2022: 2**(-8 h / Hq)).")
+    if slopes.device != q.device:
+        raise fail(OP, "alibi_slopes.device", q.device, slopes.device, "Move them with alibi_slopes.to(q.device).")
+
+
 def _window(window: Any, is_causal: bool, sq: int, sk: int) -> tuple[int, int] | None:
     """Validate ``window`` and normalize it: ``(left, right)`` with -1 where a side does not restrict these
     lengths (``left >= Sq - 1``, ``right >= Sk - 1``); under ``is_causal`` ``right`` is 0 (causality bounds
@@ -269,13 +297,14 @@ def context(key: AttentionKey) -> SelectionContext:
         is_causal=key.is_causal, dropout=key.dropout, scale_default=key.scale_default,
         stride_last_1=key.stride_last_1, aligned_16=key.aligned_16, contiguous=key.contiguous,
         requires_grad=key.requires_grad, deterministic=key.deterministic, graph_capture=key.capture,
-        window_left=key.window_left, window_right=key.window_right, has_softcap=key.has_softcap)
+        window_left=key.window_left, window_right=key.window_right, has_softcap=key.has_softcap,
+        has_alibi=key.has_alibi)
 
 
 def _transposed(fn):
     """BSHD <-> BHSD is one swap of dims 1 and 2 either way: views in, view of the output back."""
 
-    def call(q, k, v, *rest):  # rest: attn_mask, is_causal, scale, dropout_p[, window, softcap]
+    def call(q, k, v, *rest):  # rest: attn_mask, is_causal, scale, dropout_p[, window, softcap[, alibi_slopes]]
         out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), *rest)
         return out.transpose(1, 2)
 
@@ -310,7 +339,7 @@ SPEC = OperationSpec(OP, "scaled dot-product attention (SDPA semantics, GQA, mas
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
               is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
               layout: str = "BHSD", window: tuple[int, int] | None = None,
-              softcap: float | None = None) -> torch.Tensor:
+              softcap: float | None = None, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """Scaled dot-product attention ``softmax(q k^T * scale + mask) v`` (Vaswani et al. 2017), dispatched to
     the fastest eligible kernel (SDPA flash / cuDNN / efficient / math, reference; more in later backends).
 
@@ -338,10 +367,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     by kernels that declare them (reference, flex_attention, flash_attn2/3/4 — a window there needs Sq == Sk);
     the others are refused with ``SLIDING_WINDOW_UNSUPPORTED`` / ``SOFTCAP_UNSUPPORTED``.
 
+    ``alibi_slopes``: ALiBi (Press et al. 2022), flash-attn's ``flash_attn_func(alibi_slopes=)`` convention
+    exactly: float32 ``[Hq]`` or ``[B, Hq]`` (one slope per query head, per batch row for ``[B, Hq]``); the bias
+    ``-slope[b, h] * |i + Sk - Sq - j|`` is added to the scaled (and soft-capped) score of query i and key j,
+    before masks. Positions are aligned bottom-right (query i sits at position ``i + Sk - Sq``), as in flash-attn,
+    whatever ``is_causal``; with Sq == Sk it is ``-slope * |i - j|``, and under causality (``j <= i``) it equals
+    ``slope * (j - i)``, flash-attn's causal form. Served by kernels declaring ``supports_alibi`` (reference,
+    flex_attention, flash_attn2); the others are refused with ``ALIBI_UNSUPPORTED``. Not float32, a shape other
+    than ``[Hq]`` / ``[B, Hq]``, or another device than q raises ``InvalidInputError`` (no silent upcast).
+
     Raises:
         InvalidInputError: wrong rank, dtype or device mix, batch/head/head_dim mismatch, ``Hq % Hkv != 0``,
             mask dtype or shape, ``dropout_p`` outside [0, 1), non-positive ``scale``, unknown ``layout``,
-            ``window`` not a pair of ints >= -1, ``softcap`` not a finite float > 0.
+            ``window`` not a pair of ints >= -1, ``softcap`` not a finite float > 0, ``alibi_slopes`` not a float32
+            ``[Hq]`` / ``[B, Hq]`` tensor on q's device.
         NoKernelFoundError: the op is locked to a kernel that cannot run these inputs (message lists why).
         KernelExecutionError: the kernel failed and no fallback was allowed (lock or strict mode).
 
@@ -351,7 +390,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     torch.Size([1, 8, 16, 64])
     """
     hot_key = None
-    if (attn_mask is None and scale is None and window is None and softcap is None and q.__class__ is _TENSOR
+    if (attn_mask is None and scale is None and window is None and softcap is None and alibi_slopes is None
+            and q.__class__ is _TENSOR
             and k.__class__ is _TENSOR and v.__class__ is _TENSOR and (is_causal is True or is_causal is False)
             and dropout_p.__class__ in _ZERO_OK and dropout_p == 0
             and (layout.__class__ is str or layout.__class__ is Layout)):
@@ -372,5 +412,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
             out = RUNTIME.run_hot(hot_key, (q, k, v, None, is_causal, None, dropout_p))
             if out is not MISS:
                 return out
-    key, args = _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
+    key, args = _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap, alibi_slopes)
     return RUNTIME.run(key, context, args, hot_key)

@@ -16,6 +16,7 @@ Index 0 of dim 1 is K, index 1 is V.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
@@ -24,16 +25,16 @@ import torch
 from layerzero.core import config as _config
 from layerzero.core.errors import BackendNotAvailableError, InvalidInputError, expected_got
 from layerzero.core.kv_layout import KVLayout, cache_dims, cache_shape, parse_kv_layout
-
-from ._common import FLOAT_DTYPES
+from layerzero.core.kv_quant import KV_CACHE_DTYPES, KV_QUANT_DTYPES
 
 __all__ = ["INDEX_DTYPES", "KVLayout", "allocate_kv_cache", "cache_dims", "check_cache", "check_index",
-           "check_values", "parse_layout"]
+           "check_kv_scale", "check_values", "parse_layout"]
 
 log = logging.getLogger("layerzero.ops.kv_cache")
 
 INDEX_DTYPES = frozenset({torch.int32, torch.int64})
 _INT64_MAX = 2**63 - 1
+_CACHE_DTYPE_NAMES = "one of float32/float64/float16/bfloat16, or float8_e4m3fn/int8 (quantized)"
 _OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError  # torch < 2.5: cuda only
 
 
@@ -51,7 +52,7 @@ def parse_layout(op: str, layout: Any, name: str = "kv_layout") -> KVLayout:
 
 
 def check_cache(op: str, kv_cache: Any, layout: KVLayout) -> tuple[int, int, int, int]:
-    """``kv_cache`` is a floating rank-5 tensor with 2 at dim 1 and non-empty block/head/head-dim dims;
+    """``kv_cache`` is a rank-5 tensor of a cache dtype (a float dtype, or float8_e4m3fn/int8: quantized) with 2 at dim 1 and non-empty block/head/head-dim dims;
     returns ``(num_blocks, block_size, Hkv, D)``.
 
     Raises:
@@ -60,9 +61,10 @@ def check_cache(op: str, kv_cache: Any, layout: KVLayout) -> tuple[int, int, int
     want = layout.shape
     if not isinstance(kv_cache, torch.Tensor):
         raise _fail(op, "kv_cache", f"a torch.Tensor {want}", type(kv_cache).__name__)
-    if kv_cache.dtype not in FLOAT_DTYPES:
-        raise _fail(op, "kv_cache.dtype", "one of float32/float64/float16/bfloat16", kv_cache.dtype,
-                    "Allocate it with lz.allocate_kv_cache(..., dtype=q.dtype).")
+    if kv_cache.dtype not in KV_CACHE_DTYPES:
+        raise _fail(op, "kv_cache.dtype", _CACHE_DTYPE_NAMES, kv_cache.dtype,
+                    "Allocate it with lz.allocate_kv_cache(..., dtype=q.dtype), or float8_e4m3fn/int8 for a "
+                    "quantized cache.")
     if kv_cache.dim() != 5 or kv_cache.shape[1] != 2:
         raise _fail(op, f"kv_cache shape ({layout.value})", want, list(kv_cache.shape),
                     "Dim 1 holds K (0) and V (1); see lz.allocate_kv_cache.")
@@ -170,7 +172,9 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
 
     Args:
         num_blocks: blocks (pages), >= 0. block_size: tokens per block, >= 1. num_kv_heads: Hkv, >= 1.
-        head_dim: D, >= 1. dtype: float32/float64/float16/bfloat16 (the dtype of q). layout: ``"NHD"`` or
+        head_dim: D, >= 1. dtype: float32/float64/float16/bfloat16 (the dtype of q), or ``torch.float8_e4m3fn``
+        / ``torch.int8`` for a quantized cache (1 byte per element; pass ``k_scale``/``v_scale`` to
+        :func:`lz.reshape_and_cache` and :func:`lz.paged_attention`, docs/paged_attention.md). layout: ``"NHD"`` or
         ``"HND"``. device: where to allocate (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a :class:`torch.device`, an
         int CUDA ordinal; ``"meta"`` allocates nothing).
 
@@ -191,9 +195,10 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
                              ("num_kv_heads", num_kv_heads, 1), ("head_dim", head_dim, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise _fail(op, name, f"an int >= {low}", repr(value))
-    if dtype not in FLOAT_DTYPES:
-        raise _fail(op, "dtype", "one of torch.float32/float64/float16/bfloat16", repr(dtype),
-                    "Use the dtype of the model's q/k/v.")
+    if dtype not in KV_CACHE_DTYPES:
+        raise _fail(op, "dtype", "one of torch.float32/float64/float16/bfloat16, or torch.float8_e4m3fn/int8 "
+                    "(quantized)", repr(dtype), "Use the dtype of the model's q/k/v, or float8_e4m3fn for an fp8 "
+                    "cache.")
     lay = parse_layout(op, layout, "layout")
     dev = _check_device(op, device)
     shape = cache_shape(num_blocks, block_size, num_kv_heads, head_dim, lay)
@@ -215,3 +220,38 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
             raise
         raise _fail(op, "cache size", f"what the {dev} device can allocate now", size,
                     f"Allocate fewer blocks or free memory first (torch said: {str(exc).strip()[:160]}).") from exc
+
+
+def check_kv_scale(op: str, name: str, scale: Any, kv_cache: torch.Tensor) -> Any:
+    """A quantized cache's ``k_scale`` / ``v_scale``: None -> 1.0 (vLLM's default), a positive finite number ->
+    float, a 0-d or 1-element float32 tensor on the cache's device -> itself (its value is checked when
+    :func:`check_values` says so: always on CPU, on CUDA only in strict mode). A scale with an unquantized cache is
+    refused (it would be ignored).
+
+    Raises:
+        InvalidInputError: a scale with an unquantized cache, a non-positive/non-finite value, a tensor that is not
+            float32, has more than one element or lives on another device.
+    """
+    if kv_cache.dtype not in KV_QUANT_DTYPES:
+        if scale is None:
+            return None
+        raise _fail(op, name, f"None: the cache is {kv_cache.dtype} (unquantized)", repr(scale),
+                    "Scales apply to float8_e4m3fn/int8 caches only; drop the argument or quantize the cache.")
+    if scale is None:
+        return 1.0
+    want = "a finite float > 0 or a 0-d/1-element float32 tensor on the cache's device"
+    if isinstance(scale, torch.Tensor):
+        if scale.dtype != torch.float32 or scale.numel() != 1 or scale.dim() > 1:
+            raise _fail(op, name, want, f"tensor {scale.dtype} shape {list(scale.shape)}",
+                        "Pass torch.tensor(s, dtype=torch.float32, device=kv_cache.device).")
+        if scale.device != kv_cache.device:
+            raise _fail(op, f"{name}.device", f"{kv_cache.device} (like kv_cache)", scale.device,
+                        f"Move it with {name}.to(kv_cache.device).")
+        if check_values(scale):
+            value = float(scale.reshape(()))
+            if not (value > 0 and math.isfinite(value)):
+                raise _fail(op, f"{name} value", "a finite float > 0", value)
+        return scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise _fail(op, name, want, repr(scale))
+    return float(scale)

@@ -13,12 +13,38 @@ from typing import Any, NamedTuple
 
 import torch
 
+from layerzero.core import config as _config
 from layerzero.core.context import SelectionContext, bucket
+from layerzero.core.dispatch import MISS
+from layerzero.core.kv_quant import KV_QUANT_DTYPES
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
-from ._common import check_same, check_tensor, device_spec, fail, flags, scope_token
-from .kv_cache import INDEX_DTYPES, KVLayout, check_cache, check_index, check_values, parse_layout
+from ._common import (
+    check_same,
+    check_tensor,
+    deterministic_enabled,
+    device_spec,
+    fail,
+    flags,
+    is_grad_enabled,
+    scope_layers,
+    scope_token,
+    scope_token_of,
+    stream_capturing,
+)
+from .kv_cache import (
+    INDEX_DTYPES,
+    KVLayout,
+    check_cache,
+    check_index,
+    check_kv_scale,
+    check_values,
+    parse_layout,
+)
+
+_TENSOR = torch.Tensor
+_LAYOUTS = {"NHD": KVLayout.NHD, "HND": KVLayout.HND, KVLayout.NHD: KVLayout.NHD, KVLayout.HND: KVLayout.HND}
 
 OP = "paged_attention"
 CACHE_OP = "reshape_and_cache"
@@ -27,7 +53,8 @@ CACHE_OP = "reshape_and_cache"
 class PagedKey(NamedTuple):
     """The selection-cache key of one ``lz.paged_attention`` call (fields named as the :class:`SelectionContext`
     fields :func:`context` fills from them; ``batch``, ``num_tokens`` and ``max_blocks`` bucketed to powers of
-    two). ``stride_last_1``: q, kv_cache, block_tables and seq_lens all have stride(-1) == 1 (kernels that index
+    two). ``kv_dtype``: the cache's dtype when quantized (float8_e4m3fn, int8), else None; the scale values are
+    not keyed (they are arguments). ``stride_last_1``: q, kv_cache, block_tables and seq_lens all have stride(-1) == 1 (kernels that index
     them with a unit stride, e.g. ``triton.paged_decode``, declare ``requires_stride_last_1``). ``capture`` and
     ``scope`` close every op's key (second to last and last; ``core.dispatch.capture_key`` flips ``capture``)."""
 
@@ -45,6 +72,7 @@ class PagedKey(NamedTuple):
     decode: bool
     is_causal: bool
     scale_default: bool
+    kv_dtype: torch.dtype | None
     stride_last_1: bool
     requires_grad: bool
     deterministic: bool
@@ -53,7 +81,8 @@ class PagedKey(NamedTuple):
 
 
 class CacheKey(NamedTuple):
-    """The selection-cache key of one ``lz.reshape_and_cache`` call (``num_tokens`` bucketed); ``stride_last_1``:
+    """The selection-cache key of one ``lz.reshape_and_cache`` call (``num_tokens`` bucketed; ``dtype`` is k's,
+    ``kv_dtype`` the cache's when quantized, else None); ``stride_last_1``:
     k, v, kv_cache and slot_mapping all have stride(-1) == 1; ``capture``/``scope`` close it as every op's key."""
 
     op: str
@@ -65,6 +94,7 @@ class CacheKey(NamedTuple):
     page_size: int
     kv_layout: KVLayout
     slot_dtype: torch.dtype
+    kv_dtype: torch.dtype | None
     stride_last_1: bool
     requires_grad: bool
     deterministic: bool
@@ -145,13 +175,17 @@ def _check_token_bounds(num_tokens: int, batch: int, max_blocks: int, num_blocks
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, *,
             cu_seqlens_q: torch.Tensor | None = None, scale: float | None = None, is_causal: bool = True,
-            kv_layout: str | KVLayout = "NHD") -> tuple[PagedKey, tuple[Any, ...]]:
+            kv_layout: str | KVLayout = "NHD", k_scale: Any = None,
+            v_scale: Any = None) -> tuple[PagedKey, tuple[Any, ...]]:
     """Validate ``lz.paged_attention`` inputs; return (cache key, canonical kernel args
-    ``(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout)``)."""
+    ``(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout)``, plus ``(k_scale,
+    v_scale)`` (None -> 1.0) when the cache is quantized)."""
     check_tensor(OP, "q", q, 3)
     lay = parse_layout(OP, kv_layout)
     nb, bs, hkv, dk = check_cache(OP, kv_cache, lay)
-    check_same(OP, "q", q, "kv_cache", kv_cache)
+    quant = kv_cache.dtype in KV_QUANT_DTYPES
+    check_same(OP, "q", q, "kv_cache", kv_cache, dtype=not quant)
+    ks, vs = check_kv_scale(OP, "k_scale", k_scale, kv_cache), check_kv_scale(OP, "v_scale", v_scale, kv_cache)
     num_tokens, hq, d = q.shape
     if hq == 0 or d == 0:
         raise fail(OP, "q shape", "[num_tokens, Hq, D] with Hq, D >= 1", list(q.shape))
@@ -187,8 +221,10 @@ def prepare(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
         _check_paged_values(block_tables, seq_lens, cu_seqlens_q, num_tokens, nb, bs)
     grad, det, capture, stride = flags(q, kv_cache, block_tables, seq_lens, cu_seqlens_q)
     key = PagedKey(OP, q.device, q.dtype, bucket(batch), bucket(num_tokens), bucket(max_blocks), hq, hkv, d, bs, lay,
-                   decode, is_causal, scale is None, stride, grad, det, capture, scope_token())
-    return key, (q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, lay)
+                   decode, is_causal, scale is None, kv_cache.dtype if quant else None, stride, grad, det, capture,
+                   scope_token())
+    args = (q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, lay)
+    return key, (args + (ks, vs) if quant else args)
 
 
 def context(key: PagedKey) -> SelectionContext:
@@ -202,7 +238,7 @@ def context(key: PagedKey) -> SelectionContext:
         seq_len_q=1 if key.decode else key.num_tokens, seq_len_kv=key.max_blocks * key.page_size, seq_equal=False,
         is_causal=key.is_causal, scale_default=key.scale_default, stride_last_1=key.stride_last_1,
         requires_grad=key.requires_grad, deterministic=key.deterministic, graph_capture=key.capture,
-        kv_layout=key.kv_layout.value, page_size=key.page_size)
+        kv_layout=key.kv_layout.value, page_size=key.page_size, kv_dtype=key.kv_dtype)
 
 
 SHIPPED_TIE_MARGIN = 0.10
@@ -221,7 +257,8 @@ SPEC = OperationSpec(OP, "attention over a paged KV cache (decode and prefill/ap
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     *, cu_seqlens_q: torch.Tensor | None = None, scale: float | None = None, is_causal: bool = True,
-                    kv_layout: str = "NHD") -> torch.Tensor:
+                    kv_layout: str = "NHD", k_scale: float | torch.Tensor | None = None,
+                    v_scale: float | torch.Tensor | None = None) -> torch.Tensor:
     """Attention of new query tokens over a paged KV cache (vLLM PagedAttention, Kwon et al. 2023; FlashInfer's
     batch decode/prefill with paged KV), dispatched to the fastest eligible kernel.
 
@@ -245,6 +282,12 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     Returns ``[T, Hq, D]`` in q's dtype (fresh tensor). Values in cache slots that no sequence uses (other
     blocks, the tail of a last block) never reach the output, even NaN.
 
+    Quantized cache (vLLM ``kv_cache_dtype="fp8"``): a ``torch.float8_e4m3fn`` or ``torch.int8`` cache holds codes;
+    keys are read as ``codes.float() * k_scale`` and values as ``codes.float() * v_scale`` (per-tensor scales: a
+    finite float > 0 or a 0-d/1-element float32 tensor on the cache's device; None = 1.0, vLLM's default). q may be
+    any float dtype; the output has q's dtype. Only kernels that declare the cache dtype run (the others are
+    refused with ``KV_CACHE_DTYPE_UNSUPPORTED``). Scales with an unquantized cache raise.
+
     Index values (seq_lens, cu_seqlens_q, used block ids) are checked on CPU tensors always; on CUDA only when
     ``lz.get_config().strict`` is True, because reading them costs a device sync (out-of-range ids on CUDA
     without strict mode are undefined behaviour, as in vLLM).
@@ -266,22 +309,92 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     >>> lz.paged_attention(q, cache, bt, lens).shape
     torch.Size([3, 8, 64])
     """
+    hot_key = _hot_key(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale,
+                       v_scale)
+    if hot_key is not None:
+        args = (q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, _LAYOUTS[kv_layout])
+        if hot_key[-1] is not None:  # quantized cache: the scales (None -> 1.0) close the canonical args
+            args += (1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
+        out = RUNTIME.run_hot(hot_key, args)
+        if out is not MISS:
+            return out
     key, args = prepare(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
-                        is_causal=is_causal, kv_layout=kv_layout)
-    return RUNTIME.run(key, context, args)
+                        is_causal=is_causal, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
+    return RUNTIME.run(key, context, args, hot_key)
+
+
+def _scale_kind(s: Any, device: torch.device) -> str | None:
+    """What a quantized cache's scale is, for the hot key: ``"none"``, ``"float"`` (a finite float > 0: checked here,
+    its value is not keyed) or ``"tensor"`` (float32, one element, on ``device``; its value is checked as
+    :func:`check_values` says); None for anything else (the full checks then run and raise)."""
+    if s is None:
+        return "none"
+    if s.__class__ is float:
+        return "float" if 0.0 < s < math.inf else None
+    if (s.__class__ is _TENSOR and s.dtype is torch.float32 and s.numel() == 1 and s.dim() <= 1
+            and s.device == device):
+        return "tensor"
+    return None
+
+
+def _hot_key(q: Any, kv_cache: Any, block_tables: Any, seq_lens: Any, cu: Any, scale: Any, is_causal: Any,
+             kv_layout: Any, k_scale: Any = None, v_scale: Any = None) -> tuple[Any, ...] | None:
+    """The exact key of a non-CPU call for ``Runtime.run_hot`` (as ``lz.attention``'s): every fact :func:`prepare`
+    checks and the key depends on (exact shapes, dtypes, the devices equal, strides, flags, scale and layout as
+    passed), so a hit proves a call with these facts passed the checks before, and skips them (measured on an H200
+    host: 62 µs per eager call locked to ``triton.paged_decode`` against 38 µs for the kernel alone). None (full
+    checks every call) for CPU tensors and in strict mode, where index *values* are checked on every call
+    (:func:`check_values`), and for anything but plain tensors, a bool ``is_causal``, a float or None ``scale``.
+    The last item is None for an unquantized cache, else ``(cache dtype, k_scale kind, v_scale kind)``
+    (:func:`_scale_kind`: presence and type, never the value)."""
+    if not (q.__class__ is _TENSOR and kv_cache.__class__ is _TENSOR and block_tables.__class__ is _TENSOR
+            and seq_lens.__class__ is _TENSOR and (cu is None or cu.__class__ is _TENSOR)
+            and (is_causal is True or is_causal is False) and (scale is None or scale.__class__ is float)
+            and (kv_layout.__class__ is str or kv_layout.__class__ is KVLayout) and kv_layout in _LAYOUTS):
+        return None
+    device = q.device
+    if device.type == "cpu" or _config.get_config().strict:
+        return None
+    dtype = q.dtype
+    if (kv_cache.device != device or block_tables.device != device
+            or seq_lens.device != device or (cu is not None and cu.device != device)):
+        return None
+    quant = None
+    if kv_cache.dtype is not dtype:
+        if kv_cache.dtype not in KV_QUANT_DTYPES:
+            return None
+        quant = (kv_cache.dtype, _scale_kind(k_scale, device), _scale_kind(v_scale, device))
+        if quant[1] is None or quant[2] is None:
+            return None
+    elif k_scale is not None or v_scale is not None:
+        return None
+    tensors = (q, kv_cache, block_tables, seq_lens) if cu is None else (q, kv_cache, block_tables, seq_lens, cu)
+    layers = scope_layers()
+    return (OP, device, dtype, q.shape, kv_cache.shape, block_tables.shape, block_tables.dtype, seq_lens.shape,
+            seq_lens.dtype, None if cu is None else (cu.shape, cu.dtype), scale, is_causal, kv_layout,
+            all(t.stride(-1) == 1 for t in tensors),
+            is_grad_enabled() and any(t.requires_grad for t in tensors), deterministic_enabled(),
+            q.is_cuda and stream_capturing(), scope_token_of(layers) if layers else (), quant)
 
 
 # ---------------------------------------------------------------------------------------- reshape_and_cache
 def prepare_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                  kv_layout: str | KVLayout = "NHD") -> tuple[CacheKey, tuple[Any, ...]]:
+                  kv_layout: str | KVLayout = "NHD", *, k_scale: Any = None,
+                  v_scale: Any = None) -> tuple[CacheKey, tuple[Any, ...]]:
     """Validate ``lz.reshape_and_cache`` inputs; return (cache key, canonical kernel args
-    ``(k, v, kv_cache, slot_mapping, kv_layout)``)."""
+    ``(k, v, kv_cache, slot_mapping, kv_layout)``, plus ``(k_scale, v_scale)`` (None -> 1.0) when the cache is
+    quantized)."""
     check_tensor(CACHE_OP, "k", k, 3)
     check_tensor(CACHE_OP, "v", v, 3)
     lay = parse_layout(CACHE_OP, kv_layout)
     nb, bs, hkv, d = check_cache(CACHE_OP, kv_cache, lay)
-    check_same(CACHE_OP, "kv_cache", kv_cache, "k", k)
-    check_same(CACHE_OP, "kv_cache", kv_cache, "v", v)
+    quant = kv_cache.dtype in KV_QUANT_DTYPES
+    check_same(CACHE_OP, "kv_cache", kv_cache, "k", k, dtype=not quant)
+    check_same(CACHE_OP, "kv_cache", kv_cache, "v", v, dtype=not quant)
+    if quant:
+        check_same(CACHE_OP, "k", k, "v", v)
+    ks = check_kv_scale(CACHE_OP, "k_scale", k_scale, kv_cache)
+    vs = check_kv_scale(CACHE_OP, "v_scale", v_scale, kv_cache)
     n = k.shape[0]
     if tuple(k.shape) != (n, hkv, d) or tuple(v.shape) != (n, hkv, d):
         raise fail(CACHE_OP, "k/v shape", f"[num_tokens, Hkv, D] = [{n}, {hkv}, {d}] (Hkv, D from the {lay.value} "
@@ -300,9 +413,10 @@ def prepare_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot
             raise fail(CACHE_OP, f"slot_mapping[{i}]", f"-1 (skip) or a slot in [0, num_blocks * block_size) = "
                        f"[0, {total})", int(s[i]), "slot = block_id * block_size + offset.")
     grad, det, capture, stride = flags(k, v, kv_cache, slot_mapping)
-    key = CacheKey(CACHE_OP, k.device, k.dtype, bucket(n), hkv, d, bs, lay, slot_mapping.dtype, stride, grad, det,
-                   capture, scope_token())
-    return key, (k, v, kv_cache, slot_mapping, lay)
+    key = CacheKey(CACHE_OP, k.device, k.dtype, bucket(n), hkv, d, bs, lay, slot_mapping.dtype,
+                   kv_cache.dtype if quant else None, stride, grad, det, capture, scope_token())
+    args = (k, v, kv_cache, slot_mapping, lay)
+    return key, (args + (ks, vs) if quant else args)
 
 
 def context_cache(key: CacheKey) -> SelectionContext:
@@ -311,7 +425,8 @@ def context_cache(key: CacheKey) -> SelectionContext:
                             num_heads_q=key.num_heads_kv, num_heads_kv=key.num_heads_kv, head_dim=key.head_dim,
                             head_dim_v=key.head_dim, stride_last_1=key.stride_last_1,
                             requires_grad=key.requires_grad, deterministic=key.deterministic,
-                            graph_capture=key.capture, kv_layout=key.kv_layout.value, page_size=key.page_size)
+                            graph_capture=key.capture, kv_layout=key.kv_layout.value, page_size=key.page_size,
+                            kv_dtype=key.kv_dtype)
 
 
 CACHE_SPEC = OperationSpec(CACHE_OP, "write new tokens' K/V into a paged KV cache in place (slot -1 = skip)",
@@ -319,7 +434,8 @@ CACHE_SPEC = OperationSpec(CACHE_OP, "write new tokens' K/V into a paged KV cach
 
 
 def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                      kv_layout: str = "NHD") -> None:
+                      kv_layout: str = "NHD", *, k_scale: float | torch.Tensor | None = None,
+                      v_scale: float | torch.Tensor | None = None) -> None:
     """Write the new tokens' keys and values into a paged KV cache, IN PLACE (vLLM ``reshape_and_cache``).
 
     Shapes (T = num_tokens, Hkv heads, D head dim, N blocks, P = block_size in tokens): k, v ``[T, Hkv, D]`` in
@@ -327,6 +443,11 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     (``"HND"``); slot_mapping ``[T]`` int64 or int32: token t goes to block ``slot // P``, offset ``slot % P``
     (``slot = block_id * P + offset``); a slot of -1 skips the token (padding, as in vLLM). Slots of different
     tokens must differ. Returns None.
+
+    Quantized cache (``torch.float8_e4m3fn`` / ``torch.int8``, vLLM ``kv_cache_dtype="fp8"``): k and v may be any
+    float dtype (the same one) and are written as ``round_to_format(k / k_scale)`` / ``round_to_format(v /
+    v_scale)`` in float32: fp8 e4m3 saturates at +-448 (round to nearest even), int8 rounds half to even and clamps
+    to [-127, 127]. Scales: a finite float > 0 or a 0-d/1-element float32 tensor on the cache's device; None = 1.0.
 
     Slot values are checked on CPU always and on CUDA only when ``lz.get_config().strict`` is True (a sync).
 
@@ -341,5 +462,5 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     >>> cache[1, 0, 1].sum().item(), cache[0, 1, 0].sum().item(), cache[0, 0, 1].sum().item()
     (8.0, 8.0, 0.0)
     """
-    key, args = prepare_cache(k, v, kv_cache, slot_mapping, kv_layout)
+    key, args = prepare_cache(k, v, kv_cache, slot_mapping, kv_layout, k_scale=k_scale, v_scale=v_scale)
     RUNTIME.run(key, context_cache, args)

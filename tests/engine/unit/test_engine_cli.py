@@ -8,6 +8,8 @@ import random
 import pytest
 import torch
 
+import layerzero as lz
+
 pytestmark = pytest.mark.integration
 
 
@@ -77,9 +79,13 @@ def test_prefix_benchmark_at_cpu_scale(tmp_path):
     from layerzero.engine.bench_prefix import run_prefix
 
     path = build_checkpoint(tmp_path / "ckpt", "cpu", torch.float32)
-    r = run_prefix(scale="cpu", model=str(path), device="cpu")
+    r = run_prefix(scale="cpu", model=str(path), device="cpu", repeats=2)
     sp, zh = r["shared_prefix"], r["zero_hit"]
     assert sp["requests"] == 16 and sp["hit_rate"] > 0.5 and zh["hit_rate"] == 0.0
+    assert len(zh["pair_costs"]) == len(zh["pairs_seconds"]) == 2 and zh["cost"] in zh["pair_costs"]
+    assert zh["cost"] == pytest.approx(zh["seconds_cache_on"] / zh["seconds_cache_off"] - 1.0)
+    with pytest.raises(lz.InvalidInputError, match="repeats"):
+        run_prefix(scale="cpu", model=str(path), device="cpu", repeats=0)
     for part in (sp, zh):
         assert part["seconds_cache_on"] > 0 and part["seconds_cache_off"] > 0
         on, off = part["num_kv_blocks"]

@@ -28,6 +28,11 @@ Sliding window and soft-cap (``lz.attention(window=, softcap=)``): passed as ``w
 (FA2/FA3: -1 = unbounded; FA4: None = unbounded) and ``softcap=`` (FA2 >= 2.6, FA3, FA4; the kwargs are only
 passed when set, so older FA2 builds keep working for plain calls). FA aligns the window bottom-right like its
 causal mask, so a window with Sq != Sk is refused with ``SLIDING_WINDOW_UNSUPPORTED``.
+
+ALiBi (``lz.attention(alibi_slopes=)``): only FA2's ``flash_attn_func`` has ``alibi_slopes`` (float32 ``[Hq]`` or
+``[B, Hq]``, bias ``-slope * |i + Sk - Sq - j|``, the convention lz.attention follows, so Sq != Sk agrees too);
+FA3 (``hopper/flash_attn_interface.py``) and FA4 (``flash_attn/cute/interface.py``) have no such argument and are
+refused with ``ALIBI_UNSUPPORTED``.
 """
 
 from __future__ import annotations
@@ -133,13 +138,17 @@ def _local_kwargs(window: tuple[int, int] | None, softcap: float | None, unbound
 
 def fa2_call(func: Callable[..., Any], deterministic: bool = False) -> Callable[..., torch.Tensor]:
     """Wrap FA2's ``flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
-    window_size=(-1, -1), softcap=0.0, ..., deterministic=False)`` as a canonical attention kernel (BSHD tensors,
+    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, ..., deterministic=False)`` as a canonical attention kernel (BSHD tensors,
     returns ``[B, Sq, Hq, D]``; window ``(left, right)`` tokens and softcap passed only when set).
     ``deterministic=True`` asks for FA2's deterministic backward (used in torch deterministic mode)."""
     extra = {"deterministic": True} if deterministic else {}
 
-    def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
-        return func(q, k, v, dropout_p, softmax_scale=scale, causal=is_causal, **extra,
+    def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None, alibi_slopes=None):
+        if alibi_slopes is not None:  # passed only when set: FA2 < 2.4 has no alibi_slopes
+            extra_alibi = {"alibi_slopes": alibi_slopes}
+        else:
+            extra_alibi = {}
+        return func(q, k, v, dropout_p, softmax_scale=scale, causal=is_causal, **extra, **extra_alibi,
                     **_local_kwargs(window, softcap))
 
     run.__name__ = "flash_attn2_func"
@@ -220,7 +229,7 @@ def kernel_specs(functions: dict[FlashVersion, Callable[..., Any] | None]) -> li
             priority=PRIORITY[FlashVersion.FA2],
             description="FlashAttention-2 flash_attn_func (SM 8.0-12.1, fp16/bf16, BSHD, GQA, dropout)",
             sm_min=(8, 0), sm_max=(12, 1), head_dim_max=256, head_dim_multiple=8, head_dims_equal=True,
-            supports_dropout=True, deterministic=True, graph_safe=True, check=_fa2_check,
+            supports_dropout=True, supports_alibi=True, deterministic=True, graph_safe=True, check=_fa2_check,
             specialize=_deterministic_variant(fa2_call, fa2), **common),
         KernelSpec(
             KERNEL_IDS[FlashVersion.FA3], "attention", fa3_call(fa3) if fa3 else _missing(FlashVersion.FA3),

@@ -163,6 +163,18 @@ def _softcap_mod(softcap: float, inner: Callable[..., Any] | None) -> Callable[.
     return score_mod
 
 
+def _alibi_mod(slopes: torch.Tensor, offset: int, inner: Callable[..., Any] | None) -> Callable[..., Any]:
+    """A score_mod adding ALiBi (Press et al. 2022) as flash-attn defines it: ``-slopes[b, h] * |q_idx + offset -
+    kv_idx|`` with ``offset = Sk - Sq`` (bottom-right aligned positions), ``slopes`` float32 ``[B, Hq]`` (an
+    expand view); then ``inner`` (a float mask's bias or the bool-mask fallback) when given."""
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        biased = (score - slopes[b, h] * (q_idx + offset - kv_idx).abs()).to(score.dtype)
+        return biased if inner is None else inner(biased, b, h, q_idx, kv_idx)
+
+    return score_mod
+
+
 def _bool_mod(mask: torch.Tensor, causal: bool, window: tuple[int, int] | None = None) -> Callable[..., Any]:
     """A mask_mod reading a bool ``mask`` of shape ``[B, Hq, Sq, Sk]`` (an expand view), AND causal and the
     sliding window when asked."""
@@ -297,7 +309,7 @@ class FlexAttention(LazyFlex):
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
                  is_causal: bool, scale: float | None, dropout_p: float, window: tuple[int, int] | None = None,
-                 softcap: float | None = None) -> torch.Tensor:
+                 softcap: float | None = None, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
         if dropout_p:
             raise InvalidInputError(expected_got("flex_attention dropout_p", "0.0 (FlexAttention has no dropout)",
                                                  dropout_p, "Use a torch_sdpa kernel for attention dropout."))
@@ -318,6 +330,8 @@ class FlexAttention(LazyFlex):
                 score_mod = _bool_score_mod(expanded) if attn_mask.dtype == torch.bool else _bias_mod(expanded)
             if is_causal or window is not None:
                 block_mask = self.block_masks.get(sq, sk, is_causal, False, q.device, window)
+        if alibi_slopes is not None:
+            score_mod = _alibi_mod(alibi_slopes.expand(b, hq), sk - sq, score_mod)
         if softcap is not None:
             score_mod = _softcap_mod(softcap, score_mod)
         return self.function()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
@@ -357,7 +371,8 @@ def kernel_specs(cpu_fn: Callable[..., Any], cuda_fn: Callable[..., Any]) -> lis
     instances (or :func:`missing` stubs when FlexAttention is unavailable)."""
     common: dict[str, Any] = dict(
         layouts=frozenset({Layout.BHSD}), supports_gqa=True, mask_kinds=frozenset(MaskKind), mask_with_causal=True,
-        supports_causal=True, supports_dropout=False, supports_window=True, supports_softcap=True, graph_safe=False)
+        supports_causal=True, supports_dropout=False, supports_window=True, supports_softcap=True, supports_alibi=True,
+        graph_safe=False)
     return [
         KernelSpec(
             CPU_KERNEL, "attention", cpu_fn, priority=PRIORITY[CPU_KERNEL],

@@ -18,8 +18,10 @@ ALL_DEVICES = frozenset({"cpu", "cuda", "mps", "xpu"})
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
 
-def _attention(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):  # BHSD in, BHSD out
-    return K.attention(q, k, v, attn_mask, is_causal, scale, dropout_p, window=window, softcap=softcap)
+def _attention(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None,
+               alibi_slopes=None):  # BHSD in, BHSD out
+    return K.attention(q, k, v, attn_mask, is_causal, scale, dropout_p, window=window, softcap=softcap,
+                       alibi_slopes=alibi_slopes)
 
 
 def _rms_norm(x, weight, eps, residual):
@@ -75,7 +77,7 @@ def register(registry: KernelRegistry) -> None:
     common = dict(priority=0, device_types=ALL_DEVICES, dtypes=FLOATS, is_reference=True, deterministic=True)
     for op, fn, extra in (
         ("attention", _attention, {"layouts": frozenset({Layout.BHSD}), "supports_window": True,
-                                   "supports_softcap": True}),
+                                   "supports_softcap": True, "supports_alibi": True}),
         ("rms_norm", _rms_norm, {}),
         ("layer_norm", _layer_norm, {}),
         ("rope", _rope, {"layouts": frozenset({Layout.BHSD, Layout.BSHD})}),
@@ -92,3 +94,12 @@ def register(registry: KernelRegistry) -> None:
                                        **common, **extra))
     for spec in paged_kernel_specs(common):
         registry.add_kernel(spec)
+    from .quantize import dequantize, quantize  # lz.quantize / lz.dequantize (float32 math, format tables)
+
+    for op, fn in (("quantize", quantize), ("dequantize", dequantize)):
+        registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (format tables)",
+                                       supports_backward=False, **common))
+    from .embedding import embedding  # lz.embedding (index_select)
+
+    registry.add_kernel(KernelSpec("reference.embedding", "embedding", embedding,
+                                   description="reference embedding (weight.index_select)", **common))

@@ -48,6 +48,7 @@ def attention(
     generator: torch.Generator | None = None,
     window: tuple[int, int] | None = None,
     softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v`` (Vaswani et al. 2017).
 
@@ -72,6 +73,9 @@ def attention(
       combined with the mask and causality (a key must pass all).
     - ``softcap`` (Gemma 2 logit soft-capping): ``scores = softcap * tanh(scores / softcap)`` on the scaled
       scores, before the additive mask, causality and window.
+    - ``alibi_slopes`` (ALiBi, Press et al. 2022, flash-attn's ``alibi_slopes`` convention): ``[Hq]`` or
+      ``[B, Hq]``; ``-slope[b, h] * |i + Sk - Sq - j|`` is added to the scaled (soft-capped) score of query ``i``
+      and key ``j`` (positions aligned bottom-right, as flash-attn), before the mask, causality and window.
     - A query row whose every key is masked outputs 0 (not NaN), whatever the mask kind.
     - ``dropout_p > 0`` zeroes each probability with chance ``dropout_p`` (drawn with ``torch.rand`` on
       ``generator`` when given) and scales survivors by ``1 / (1 - dropout_p)``; ``dropout_p >= 1`` gives 0.
@@ -86,6 +90,7 @@ def attention(
         generator: ``torch.Generator`` for the dropout draws; None uses the global RNG.
         window: ``(left, right)`` in tokens (ints >= -1), or None for no window.
         softcap: soft-cap value (> 0), or None for none.
+        alibi_slopes: ALiBi slopes ``[Hq]`` or ``[B, Hq]`` (float32), or None for no ALiBi.
 
     Returns:
         The attention output in ``q``'s dtype and in the input ``layout`` (contiguous).
@@ -114,6 +119,13 @@ def attention(
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # [B, Hq, Sq, Sk]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if alibi_slopes is not None:
+        # distance of key j from query i, with query i at position i + Sk - Sq (bottom-right, as flash-attn)
+        dist = (torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+                - torch.arange(sk, device=q.device)[None, :]).abs().to(cdt)  # [Sq, Sk]
+        slopes = alibi_slopes.to(device=q.device, dtype=cdt)
+        slopes = slopes[None, :] if slopes.dim() == 1 else slopes  # [1 or B, Hq]
+        scores = scores - slopes[:, :, None, None] * dist  # [B, Hq, Sq, Sk]
     allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
     if is_causal:
         allowed = torch.tril(allowed)  # top-left: key j visible to query i iff j <= i

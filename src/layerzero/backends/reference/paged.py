@@ -12,6 +12,7 @@ import math
 import torch
 
 from layerzero.core.kv_layout import KVLayout, cache_dims, nhd_view
+from layerzero.core.kv_quant import KV_QUANT_DTYPES, dequantize_kv, quantize_kv
 from layerzero.core.specs import KernelSpec
 
 
@@ -31,10 +32,12 @@ def gather_kv(kv_cache: torch.Tensor, block_row: torch.Tensor, kv_len: int,
     return k, v
 
 
-def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
+def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None,
+                    v_scale=None):
     """Reference ``lz.paged_attention`` (canonical args, see :func:`layerzero.ops.paged.prepare`): for each
     sequence gather its K/V from its blocks, then softmax attention in float32 with GQA by repeating KV heads
-    and bottom-right causal alignment. q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's dtype."""
+    and bottom-right causal alignment. A quantized cache (float8_e4m3fn / int8) is read as ``codes * k_scale`` /
+    ``codes * v_scale`` in the working dtype. q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's dtype."""
     num_tokens, hq, d = q.shape
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     lens = seq_lens.tolist()
@@ -48,8 +51,8 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
             continue
         k, v = gather_kv(kv_cache, block_tables[s], kv_len, kv_layout)
         group = hq // k.shape[1]
-        k = k.to(work).repeat_interleave(group, dim=1)  # [kv_len, Hq, D]
-        v = v.to(work).repeat_interleave(group, dim=1)
+        k = dequantize_kv(k, k_scale, work).repeat_interleave(group, dim=1)  # [kv_len, Hq, D]
+        v = dequantize_kv(v, v_scale, work).repeat_interleave(group, dim=1)
         qs = q[q0:q1].to(work)  # [q_len, Hq, D]
         scores = torch.einsum("qhd,khd->hqk", qs, k) * scale  # [Hq, q_len, kv_len]
         if is_causal:
@@ -60,9 +63,12 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
     return out.to(q.dtype)
 
 
-def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout):
+def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout, k_scale=None, v_scale=None):
     """Reference ``lz.reshape_and_cache``: token by token, write k[t]/v[t] ``[Hkv, D]`` at block
-    ``slot // P``, offset ``slot % P`` of ``kv_cache`` in place; slot -1 skips the token. Returns None."""
+    ``slot // P``, offset ``slot % P`` of ``kv_cache`` in place; slot -1 skips the token. A quantized cache gets
+    ``round_to_format(k / k_scale)`` (:func:`~layerzero.core.kv_quant.quantize_kv`). Returns None."""
+    if kv_cache.dtype in KV_QUANT_DTYPES:
+        k, v = quantize_kv(k, k_scale, kv_cache.dtype), quantize_kv(v, v_scale, kv_cache.dtype)
     _, p, _, _ = cache_dims(kv_cache, kv_layout)
     cache = nhd_view(kv_cache, kv_layout)  # a view: the writes land in kv_cache
     for t, slot in enumerate(slot_mapping.tolist()):
@@ -79,8 +85,8 @@ def kernel_specs(common: dict) -> list[KernelSpec]:
     return [
         KernelSpec("reference.paged_attention", "paged_attention", paged_attention,
                    description="reference paged attention (loop over sequences, float32 math)",
-                   **{**common, "graph_safe": False}),
+                   **{**common, "graph_safe": False, "kv_cache_dtypes": KV_QUANT_DTYPES}),
         KernelSpec("reference.reshape_and_cache", "reshape_and_cache", reshape_and_cache,
                    description="reference paged KV cache write (loop over tokens)",
-                   **{**common, "graph_safe": False}),
+                   **{**common, "graph_safe": False, "kv_cache_dtypes": KV_QUANT_DTYPES}),
     ]

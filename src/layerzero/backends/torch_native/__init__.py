@@ -106,6 +106,11 @@ def _reglu(gate, up):
     return F.relu(gate) * up
 
 
+def _embedding(input_ids, weight, padding_idx):
+    """``F.embedding(input_ids, weight, padding_idx)``: ``[...]`` ids, ``[V, H]`` weight -> ``[..., H]``."""
+    return F.embedding(input_ids, weight, padding_idx)
+
+
 def register(registry: KernelRegistry) -> None:
     """Add the torch_native backend: fused rms_norm and layer_norm from torch.nn.functional, RoPE and SwiGLU
     in the input dtype, and the KV-cache write."""
@@ -123,6 +128,10 @@ def register(registry: KernelRegistry) -> None:
                                    device_types=devices, dtypes=FLOATS,
                                    layouts=frozenset({Layout.BHSD, Layout.BSHD})))
     registry.add_kernel(cache_kernel_spec())
+    from .quantize import kernel_specs as quant_kernel_specs  # lz.quantize / lz.dequantize
+
+    for spec in quant_kernel_specs():
+        registry.add_kernel(spec)
     registry.add_kernel(KernelSpec("torch_native.layer_norm", "layer_norm", _layer_norm, priority=50,
                                    description="torch.nn.functional.layer_norm", device_types=devices, dtypes=FLOATS,
                                    check=_layer_norm_check))
@@ -131,6 +140,9 @@ def register(registry: KernelRegistry) -> None:
                                    device_types=devices, dtypes=FLOATS))
     registry.add_kernel(KernelSpec("torch_native.geglu", "geglu", _geglu, priority=50,
                                    description="F.gelu(gate, approximate) * up in the input dtype (HF gated MLPs)",
+                                   device_types=devices, dtypes=FLOATS))
+    registry.add_kernel(KernelSpec("torch_native.embedding", "embedding", _embedding, priority=50,
+                                   description="torch.nn.functional.embedding (padding_idx gets no gradient)",
                                    device_types=devices, dtypes=FLOATS))
     registry.add_kernel(KernelSpec("torch_native.reglu", "reglu", _reglu, priority=50,
                                    description="F.relu(gate) * up in the input dtype", device_types=devices,

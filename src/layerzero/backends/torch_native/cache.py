@@ -10,17 +10,21 @@ from __future__ import annotations
 import torch
 
 from layerzero.core.kv_layout import cache_dims, nhd_view
+from layerzero.core.kv_quant import KV_QUANT_DTYPES, quantize_kv
 from layerzero.core.specs import KernelSpec
 
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
 
-def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout):
+def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout, k_scale=None, v_scale=None):
     """``lz.reshape_and_cache`` vectorized: one ``index_put_`` per K and V on ``[N, P, Hkv, D]`` views of the
-    cache, no host sync (see the module docstring for the -1 slots). Returns None."""
+    cache, no host sync (see the module docstring for the -1 slots). A quantized cache (float8_e4m3fn / int8) gets
+    ``round_to_format(k / k_scale)`` (:func:`~layerzero.core.kv_quant.quantize_kv`). Returns None."""
     n = k.shape[0]
     if n == 0 or kv_cache.shape[0] == 0:
         return
+    if kv_cache.dtype in KV_QUANT_DTYPES:
+        k, v = quantize_kv(k, k_scale, kv_cache.dtype), quantize_kv(v, v_scale, kv_cache.dtype)
     _, p, _, _ = cache_dims(kv_cache, kv_layout)
     cache = nhd_view(kv_cache, kv_layout)  # [N, 2, P, Hkv, D], a view of either layout
     slots = slot_mapping.long()
@@ -40,4 +44,5 @@ def kernel_spec() -> KernelSpec:
     """The KernelSpec: priority 10 (above the reference's 0), CPU and CUDA, every float dtype, graph-safe."""
     return KernelSpec("torch_native.reshape_and_cache", "reshape_and_cache", reshape_and_cache, priority=10,
                       description="paged KV cache write: index_put_ on cache views, no host sync",
-                      device_types=frozenset({"cpu", "cuda"}), dtypes=FLOATS, deterministic=True, graph_safe=True)
+                      device_types=frozenset({"cpu", "cuda"}), dtypes=FLOATS, deterministic=True, graph_safe=True,
+                      kv_cache_dtypes=KV_QUANT_DTYPES)

@@ -15,13 +15,22 @@ import torch
 import torch.nn.functional as F
 
 from layerzero.core.kv_layout import cache_dims, nhd_view
+from layerzero.core.kv_quant import KV_QUANT_DTYPES, dequantize_kv
 from layerzero.core.specs import KernelSpec
 
 _SDPA = F.scaled_dot_product_attention
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
 
-def _decode(q, kv_cache, block_tables, seq_lens, scale, layout):
+def _read(codes, kv_scale, dtype):
+    """Gathered cache entries -> q's dtype: a quantized cache's codes are dequantized (``codes.float() * scale``,
+    float64 for float64 queries), an unquantized cache's are returned as they are."""
+    if codes.dtype not in KV_QUANT_DTYPES:
+        return codes
+    return dequantize_kv(codes, kv_scale, torch.float64 if dtype == torch.float64 else torch.float32).to(dtype)
+
+
+def _decode(q, kv_cache, block_tables, seq_lens, scale, layout, k_scale, v_scale):
     """One query token per sequence: padded gather + one masked SDPA call. q ``[B, Hq, D]``."""
     b, hq, d = q.shape
     _, p, hkv, _ = cache_dims(kv_cache, layout)
@@ -32,8 +41,10 @@ def _decode(q, kv_cache, block_tables, seq_lens, scale, layout):
     blocks = nhd_view(kv_cache, layout)[ids]  # [B, nblk, 2, P, Hkv, D]
     valid = torch.arange(nblk * p, device=q.device) < lens[:, None]  # [B, L]
     keep = valid[:, :, None, None]
-    k = torch.where(keep, blocks[:, :, 0].reshape(b, nblk * p, hkv, d), 0).transpose(1, 2)  # [B, Hkv, L, D]
-    v = torch.where(keep, blocks[:, :, 1].reshape(b, nblk * p, hkv, d), 0).transpose(1, 2)
+    k = _read(blocks[:, :, 0].reshape(b, nblk * p, hkv, d), k_scale, q.dtype)
+    v = _read(blocks[:, :, 1].reshape(b, nblk * p, hkv, d), v_scale, q.dtype)
+    k = torch.where(keep, k, 0).transpose(1, 2)  # [B, Hkv, L, D]
+    v = torch.where(keep, v, 0).transpose(1, 2)
     out = _SDPA(q[:, :, None, :], k, v, valid[:, None, None, :], 0.0, False, scale=scale, enable_gqa=hq != hkv)
     return out[:, :, 0, :]
 
@@ -48,14 +59,16 @@ def _gather(cache, block_row, kv_len, p, hkv, d):
     return k.transpose(0, 1)[None], v.transpose(0, 1)[None]
 
 
-def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
-    """``lz.paged_attention`` through SDPA (canonical args, see :func:`layerzero.ops.paged.prepare`).
+def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None,
+                    v_scale=None):
+    """``lz.paged_attention`` through SDPA (canonical args, see :func:`layerzero.ops.paged.prepare`); a quantized
+    cache (float8_e4m3fn / int8) is dequantized to q's dtype after the gather (only the used blocks).
     q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's dtype."""
     num_tokens, hq, d = q.shape
     if num_tokens == 0:
         return q.new_empty(0, hq, d)
     if cu_seqlens_q is None:
-        return _decode(q, kv_cache, block_tables, seq_lens, scale, kv_layout)
+        return _decode(q, kv_cache, block_tables, seq_lens, scale, kv_layout, k_scale, v_scale)
     _, p, hkv, dk = cache_dims(kv_cache, kv_layout)
     cache = nhd_view(kv_cache, kv_layout)
     starts = cu_seqlens_q.tolist()
@@ -66,6 +79,7 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
         if q_len == 0:
             continue
         k, v = _gather(cache, block_tables[s], kv_len, p, hkv, dk)
+        k, v = _read(k, k_scale, q.dtype), _read(v, v_scale, q.dtype)
         qs = q[q0:q1].transpose(0, 1)[None]  # [1, Hq, q_len, D]
         mask, causal = None, False
         if is_causal and q_len > 1:
@@ -81,7 +95,8 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
 
 def kernel_specs() -> list[KernelSpec]:
     """KernelSpecs of the paged kernels: priority 10 (above the reference's 0), CPU and CUDA, all floats."""
-    common = dict(device_types=frozenset({"cpu", "cuda"}), dtypes=FLOATS, deterministic=True)
+    common = dict(device_types=frozenset({"cpu", "cuda"}), dtypes=FLOATS, deterministic=True,
+                  kv_cache_dtypes=KV_QUANT_DTYPES)
     return [
         KernelSpec("torch_sdpa.paged_attention", "paged_attention", paged_attention, priority=10,
                    description="paged attention: gather KV per sequence (padded batch for decode) + SDPA",

@@ -19,6 +19,7 @@ from layerzero.core.kv_layout import cache_dims, nhd_view
 from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
+from ._launch import launch
 
 KERNEL_ID = "triton.reshape_and_cache"
 PRIORITY = 30
@@ -46,7 +47,7 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     _, page, hkv, d = cache_dims(kv_cache, kv_layout)
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
     slots = slot_mapping if slot_mapping.stride(0) == 1 else slot_mapping.contiguous()
-    _KERNELS.get()._reshape_and_cache[(n, hkv)](
+    launch(_KERNELS.get()._reshape_and_cache, (n, hkv),
         k, v, kv_cache, slots, k.stride(0), k.stride(1), v.stride(0), v.stride(1), st[0], st[1], st[2], st[3],
         page, d, D_PAD=max(16, next_pow2(d)), num_warps=1 if d <= 128 else 2)
 

@@ -29,6 +29,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing
+from ._launch import launch
 
 KERNEL_ID = "triton.fused_moe"
 PRIORITY = 60
@@ -109,12 +110,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     ieee = upcast or x.dtype == torch.float32  # float32: no TF32
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     blocks = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
-    mod._gate_up_kernel[(tiles, cdiv(inter, bn))](
+    launch(mod._gate_up_kernel, (tiles, cdiv(inter, bn)),
         x, w13, h, sorted_ids, block_expert, pairs, num_experts,
         x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2), h.stride(0), h.stride(1),
         HIDDEN=hidden, INTER=inter, TOP_K=top_k, IEEE=ieee, UPCAST=upcast, **blocks)
     y = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
-    mod._down_kernel[(tiles, cdiv(hidden, bn))](
+    launch(mod._down_kernel, (tiles, cdiv(hidden, bn)),
         h, w2, y, topk_weights.contiguous().view(-1), sorted_ids, block_expert, pairs, num_experts,
         h.stride(0), h.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), y.stride(0), y.stride(1),
         HIDDEN=hidden, INTER=inter, IEEE=ieee, UPCAST=upcast, **blocks)

@@ -25,6 +25,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2, num_warps_for, rows_2d
+from ._launch import launch
 
 log = logging.getLogger("layerzero.backends.triton")
 KERNEL_ID = "triton.rms_norm"
@@ -73,7 +74,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     width = next_pow2(h_dim)
     one_pass = width <= mod.ONE_PASS_MAX
     block = width if one_pass else mod.TILE
-    mod._rms_norm_fwd[(x2.shape[0],)](
+    launch(mod._rms_norm_fwd, (x2.shape[0],),
         x2, r2, weight, y2, h2, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), weight.stride(0),
         h_dim, float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK=block,
         num_warps=num_warps_for(block))

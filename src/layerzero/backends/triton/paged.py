@@ -29,6 +29,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec, Phase
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
+from ._launch import launch
 
 KERNEL_ID = "triton.paged_decode"
 PRIORITY = 40
@@ -185,7 +186,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         config["num_warps"] = int(num_warps)
     if num_stages is not None:
         config["num_stages"] = int(num_stages)
-    kern.paged_decode_split[(batch, hkv, splits)](
+    launch(kern.paged_decode_split, (batch, hkv, splits),
         q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, scale * kern.LOG2E,
         q.stride(0), q.stride(1), st[0], st[1], stride_pos, stride_head,
         block_tables.stride(0), split_len, page, group, splits, *ws_strides, hq * splits,
@@ -193,7 +194,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
         UPCAST=interpret and q.dtype == torch.bfloat16, DIRECT=direct, **config)
     if not direct:
-        kern.paged_decode_merge[(batch, hq)](
+        launch(kern.paged_decode_merge, (batch, hq),
             ws_out, ws_lse, out, out.stride(0), out.stride(1), *ws_strides, hq, splits, HEAD_DIM=d, D_PAD=d_pad,
             S_PAD=next_pow2(splits), num_warps=4)
     return out

@@ -20,6 +20,7 @@ import torch
 from layerzero.core.specs import KernelSpec, Layout
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, next_pow2
+from ._launch import launch
 
 KERNEL_ID = "triton.rope"
 PRIORITY = 60
@@ -86,7 +87,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     per_head = block_half * 2 + block_pass  # elements of one head in the tile
     block_h = min(next_pow2(max(hq, hk)), 16, max(1, next_pow2(2048 // per_head + 1) // 2))  # power of 2
     grid = (b * s, cdiv(hq, block_h) + cdiv(hk, block_h))
-    mod._rope_fwd[grid](
+    launch(mod._rope_fwd, grid,
         q, k, qo, ko, cos, sin, pos,
         *_bhsd_strides(q, bshd), *_bhsd_strides(k, bshd), *_bhsd_strides(qo, bshd), *_bhsd_strides(ko, bshd),
         *sc, *ss, *sp, s, hq, hk, r, d,

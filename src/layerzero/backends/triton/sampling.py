@@ -36,6 +36,7 @@ import torch
 from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
+from ._launch import launch
 
 KERNEL_IDS = ("triton.sample_topk", "triton.sample_topp", "triton.sample")
 GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
@@ -44,11 +45,12 @@ PRIORITY = 60
 """Above the reference sampler (the only other sampling kernel on CUDA)."""
 BLOCK = 1024
 """Row tile of the draw kernel (elements); rows shorter than that use the next power of two of their length."""
-PRIORITY_SAMPLE = -10
-"""``triton.sample`` ranks below ``reference.sample`` (priority 0) until it has run on a GPU: written and tested
-in Triton's interpreter (tests/correctness/test_triton_sample_interpret.py); its GPU test
-(tests/gpu/test_gpu_triton_sample.py) has not run yet. ``lz.lock("sample", "triton.sample")`` or a PerfDB /
-autotune measurement selects it meanwhile."""
+PRIORITY_SAMPLE = 5
+"""``triton.sample`` ranks above ``reference.sample`` (priority 0) on CUDA: its GPU test passed on the H200
+(tests/gpu/test_gpu_triton_sample.py, 9/9) and ``benchmarks/bench_sample.py`` measured it there (vocab 151936, bf16;
+``benchmarks/results/sample_h200.md``): temperature only 1.15x (B1), 1.36x (B64), 3.10x (B256) the reference's
+speed; with top-p 0.9 (both sort the row first) 0.91x, 0.94x, 1.02x. The common serving case wins; ``lz.tune`` /
+autotune measure the top-p contexts per machine."""
 RACE_BLOCK = 4096
 """Row tile of the ``lz.sample`` race kernel (elements)."""
 _KERNELS = LazyModule("_sampling_kernels")
@@ -94,7 +96,7 @@ def draw(logits: torch.Tensor, u: torch.Tensor, *, k: int | None = None, p: floa
         top_p = True
     else:
         rows = logits
-    mod._sample_row[(n_rows,)](
+    launch(mod._sample_row, (n_rows,),
         rows, idx if idx is not None else out, u, out, rows.stride(0), idx.stride(0) if idx is not None else 0,
         rows.shape[1], 1.0 / float(temperature), float(p) if top_p else 1.0,
         HAS_IDX=idx is not None, TOP_P=top_p, BLOCK=min(BLOCK, next_pow2(rows.shape[1])), num_warps=4)
@@ -163,7 +165,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k:
     base = torch.randint(0, 1 << 62, (1,), generator=generator, device=logits.device, dtype=torch.int64)
     out = torch.empty((n_rows,), dtype=torch.int64, device=logits.device)
     dummy = out  # a pointer for absent tensors (their HAS_* flag keeps the kernel from reading it)
-    mod._race_row[(n_rows,)](
+    launch(mod._race_row, (n_rows,),
         logits, temperature if temperature is not None else dummy, min_p if min_p is not None else dummy,
         seeds if seeds is not None else dummy, offsets if offsets is not None else dummy,
         base, out, logits.stride(0), vocab, GREEDY_BELOW, float(torch.finfo(torch.float32).tiny),

@@ -13,7 +13,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..errors import bad_config
 from ..layers.activation import silu_and_mul
-from ..layers.attention import paged_attention
+from ..layers.attention import KVScales, paged_attention
 from ..layers.linear import Embedding, Linear
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
@@ -38,6 +38,7 @@ class Attention(nn.Module):
         self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = self.d ** -0.5
         self.rotary = rotary
+        self.kv_scales = KVScales(device)
         self.qkv_proj = Linear(cfg.hidden_size, (("q", self.hq * self.d), ("k", self.hkv * self.d),
                                                  ("v", self.hkv * self.d)), bias=cfg.attention_bias,
                                device=device, dtype=dtype)
@@ -55,7 +56,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(q, k, batch.positions)
-        o = paged_attention(q, k, v, kv_cache, batch, self.scale)
+        o = paged_attention(q, k, v, kv_cache, batch, self.scale, self.kv_scales)
         return self.o_proj(o.reshape(t, self.hq * self.d))
 
 

@@ -8,8 +8,10 @@ import torch
 
 import layerzero as lz
 
-from ..config import EngineConfig, ModelConfig
+from ..config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from ..errors import bad_config
+from ..layers.attention import KVScales
+from ..layers.quantized_linear import quantize_model
 from ..loader import load_model_weights
 from ..models.registry import build_model
 from ..sequence import Sequence
@@ -30,22 +32,30 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 
 
 class ModelRunner:
-    """Loads the model on ``device`` in ``dtype``, sizes and allocates the KV pools, runs steps."""
+    """Loads the model on ``device`` in ``dtype``, sizes and allocates the KV pools (in ``kv_dtype``: the model's
+    dtype, or float8_e4m3fn / int8 for ``kv_cache_dtype="fp8" | "int8"``), runs steps."""
 
     def __init__(self, cfg: ModelConfig, ec: EngineConfig, device: torch.device, dtype: torch.dtype,
                  max_model_len: int, max_num_batched_tokens: int) -> None:
         self.cfg, self.device, self.dtype, self.block_size = cfg, device, dtype, ec.block_size
+        self.kv_dtype = KV_CACHE_DTYPES[ec.kv_cache_dtype] or dtype
         self.model = build_model(cfg, max_model_len, device, dtype)
         load_model_weights(self.model, ec.model)
+        self.quantization = None
+        if ec.quantization is not None:
+            self.quantization = quantize_model(self.model, ec.quantization)
+            log.info("quantization %s: %d linears, %.1f -> %.1f MiB", ec.quantization, self.quantization.layers,
+                     self.quantization.float_bytes / 2**20, self.quantization.quantized_bytes / 2**20)
         self.num_blocks = self._num_blocks(ec, max_model_len, max_num_batched_tokens)
         if self.num_blocks * ec.block_size < max_model_len:
             raise bad_config("KV cache size", f">= max_model_len ({max_model_len}) tokens for one sequence",
                              f"{self.num_blocks} blocks x {ec.block_size} tokens",
                              "Raise num_kv_blocks (or the memory fraction) or lower max_model_len.")
-        self.kv_caches = [lz.allocate_kv_cache(self.num_blocks, ec.block_size, cfg.num_kv_heads, cfg.head_dim, dtype,
-                                               "NHD", device) for _ in range(cfg.num_layers)]
-        log.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_blocks, ec.block_size,
-                 self.num_blocks * kv_bytes_per_block(cfg, ec.block_size, dtype) / 2**20)
+        self.kv_caches = [lz.allocate_kv_cache(self.num_blocks, ec.block_size, cfg.num_kv_heads, cfg.head_dim,
+                                               self.kv_dtype, "NHD", device) for _ in range(cfg.num_layers)]
+        log.info("KV cache: %d blocks of %d tokens, %s (%.1f MiB)", self.num_blocks, ec.block_size,
+                 str(self.kv_dtype).removeprefix("torch."),
+                 self.num_blocks * kv_bytes_per_block(cfg, ec.block_size, self.kv_dtype) / 2**20)
         self.graphs: CUDAGraphRunner | None = None
         if device.type == "cuda" and not ec.enforce_eager:
             graphs = CUDAGraphRunner(self.model, self.kv_caches, ec.max_num_seqs, -(-max_model_len // ec.block_size),
@@ -57,11 +67,15 @@ class ModelRunner:
                 if lz.get_config().strict:
                     raise
                 log.warning("CUDA graphs off (decode runs eager): capture failed: %s", exc)
+        if self.kv_dtype == torch.int8:  # after capture, so the capture's dummy batch calibrates nothing
+            for m in self.model.modules():
+                if isinstance(m, KVScales):
+                    m.calibrate = True
 
     def _num_blocks(self, ec: EngineConfig, max_model_len: int, max_num_batched_tokens: int) -> int:
         if ec.num_kv_blocks is not None:
             return ec.num_kv_blocks
-        per_block = kv_bytes_per_block(self.cfg, ec.block_size, self.dtype)
+        per_block = kv_bytes_per_block(self.cfg, ec.block_size, self.kv_dtype)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = free * ec.kv_cache_memory_fraction - ACTIVATION_RESERVE_BYTES_PER_TOKEN * max_num_batched_tokens

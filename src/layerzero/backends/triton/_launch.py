@@ -1,0 +1,98 @@
+"""A cheaper eager launch of our ``@triton.jit`` kernels: Triton's own argument binder, then the compiled kernel's
+launcher, skipping the rest of ``JITFunction.run``.
+
+Why: on the H200 hosts of 2026-11-25 one ``kernel[grid](...)`` of ``triton.paged_decode``'s split kernel cost 25-43 µs
+of host time (``benchmarks/bench_launch.py``; a ``torch.add`` there costs 8-10 µs), so the two-launch decode kernel was
+host-bound in eager mode at small batches and lost the eager comparison with FlashInfer (35 µs) on shapes where its
+GPU time is lower. Per call ``JITFunction.run`` reads several ``knobs``, formats the options with ``str()`` for its
+cache key, checks the kernel's used globals and builds launch metadata; the specialization itself (which integer
+arguments are 1 or divisible by 16, pointer alignment, dtypes, constexprs) comes from a generated binder.
+
+:class:`FastLaunch` keeps a dict from ``(device, specialization, options)`` — computed by that same binder, so a
+call that Triton would compile differently never shares an entry — to the compiled kernel that ``JITFunction.run``
+returned for the first such call, and launches it directly afterwards: ``kernel.run(grid..., stream, function,
+packed_metadata, None, None, None, *args)``, the call ``JITFunction.run`` ends with.
+
+It steps aside (plain ``fn[grid](...)``) when Triton runs in its interpreter (``TRITON_INTERPRET=1``, the CPU tests),
+when a launch hook is installed (profilers such as Proton read launch metadata; Triton 3.6 keeps an empty hook
+chain there by default, which counts as none), and for good after any error of its
+own machinery (Triton internals differ from 3.6's; logged once). Toggling ``TRITON_DEBUG`` after a kernel's first
+launch is not seen by the fast path (the compiled entry is reused).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger("layerzero.triton")
+
+__all__ = ["FastLaunch", "launch"]
+
+_LAUNCHERS: dict[int, FastLaunch] = {}
+
+
+class FastLaunch:
+    """The launcher of one ``@triton.jit`` function ``fn``: ``FastLaunch(fn)(grid, *args, **kwargs)`` does what
+    ``fn[grid](*args, **kwargs)`` does. ``hits`` / ``misses`` count fast launches and first launches per key."""
+
+    __slots__ = ("broken", "fn", "hits", "kernels", "misses")
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.kernels: dict[tuple[Any, ...], Any] = {}
+        self.broken = type(fn).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1: Triton's own path
+        self.hits = self.misses = 0
+
+    def __call__(self, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+        if self.broken:
+            self.fn[grid](*args, **kwargs)
+            return
+        try:
+            from triton import knobs
+
+            rt = knobs.runtime
+            if _active(rt.launch_enter_hook) or _active(rt.launch_exit_hook):
+                self.fn[grid](*args, **kwargs)
+                return
+            device = torch.cuda.current_device()
+            caches = self.fn.device_caches.get(device)
+            if caches is not None:
+                bound, spec, options = caches[4](*args, **kwargs)
+                key = (device, tuple(spec), tuple(options.items()))
+                kernel = self.kernels.get(key)
+                if kernel is not None:
+                    self.hits += 1
+                    g = (tuple(grid) + (1, 1))[:3]
+                    kernel.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), kernel.function,
+                               kernel.packed_metadata, None, None, None, *bound.values())
+                    return
+        except Exception as exc:  # noqa: BLE001 - any surprise in Triton's internals: use its public path from now on
+            self.broken = True
+            log.warning("LayerZero triton: fast launch of %s disabled (%s: %s); using kernel[grid](...)",
+                        getattr(self.fn, "__name__", self.fn), type(exc).__name__, exc)
+            self.fn[grid](*args, **kwargs)
+            return
+        kernel = self.fn.run(*args, grid=grid, warmup=False, **kwargs)  # compiles (or loads) and launches
+        self.misses += 1
+        if kernel is not None and hasattr(kernel, "run") and not hasattr(kernel, "result"):
+            caches = self.fn.device_caches.get(device)
+            if caches is not None:
+                _, spec, options = caches[4](*args, **kwargs)
+                self.kernels[(device, tuple(spec), tuple(options.items()))] = kernel
+
+
+def _active(hook: Any) -> bool:
+    """Whether a Triton launch hook would do anything: Triton 3.6 keeps an empty ``HookChain`` (``.calls``) there
+    by default; older versions keep None or a function."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def launch(fn: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+    """``fn[grid](*args, **kwargs)`` through ``fn``'s :class:`FastLaunch` (created on first use)."""
+    launcher = _LAUNCHERS.get(id(fn))
+    if launcher is None or launcher.fn is not fn:
+        launcher = _LAUNCHERS[id(fn)] = FastLaunch(fn)
+    launcher(grid, *args, **kwargs)

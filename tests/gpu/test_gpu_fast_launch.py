@@ -1,0 +1,71 @@
+"""``backends/triton/_launch.FastLaunch`` on a real GPU (``pytest -m gpu``): launches through the cached compiled
+kernel give bit-identical outputs to Triton's own ``kernel[grid](...)`` path, across calls whose specialization
+differs (a row stride divisible by 16 or not, another dtype), each of which gets its own compiled entry; the
+float64 reference bounds both."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import layerzero as lz
+from layerzero.backends.triton import _launch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_usable")]
+DEV = "cuda"
+
+
+def _rms64(x, w, eps=1e-6):
+    x64 = x.double()
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def test_fast_and_plain_launches_agree_across_specializations():
+    g = torch.Generator(device=DEV).manual_seed(0)
+    cases = []
+    for hidden, dtype in ((4096, torch.bfloat16), (4095, torch.bfloat16), (1000, torch.float16), (64, torch.float32)):
+        x = torch.randn(7, hidden + 3, device=DEV, dtype=dtype, generator=g)[:, :hidden]  # row stride hidden + 3
+        xc = x.contiguous()
+        w = torch.rand(hidden, device=DEV, dtype=dtype, generator=g) + 0.5
+        cases += [(x, w), (xc, w)]
+    lz.lock("rms_norm", "triton.rms_norm")
+    try:
+        fast_out = [[lz.rms_norm(x, w) for x, w in cases] for _ in range(3)]  # 1st: compile; then fast launches
+        launchers = [la for la in _launch._LAUNCHERS.values() if "rms_norm" in getattr(la.fn, "__name__", "")]
+        assert launchers and launchers[0].hits > 0 and len(launchers[0].kernels) >= 4
+        for la in launchers:
+            la.broken = True  # Triton's own path from here on
+        plain = [lz.rms_norm(x, w) for x, w in cases]
+    finally:
+        lz.unlock("rms_norm")
+        for la in _launch._LAUNCHERS.values():
+            la.broken = type(la.fn).__name__ == "InterpretedFunction"
+    tol = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+    for rnd in fast_out:
+        for (x, w), f, p in zip(cases, rnd, plain, strict=True):
+            assert torch.equal(f, p)
+            torch.testing.assert_close(f.double(), _rms64(x, w), rtol=tol[x.dtype], atol=tol[x.dtype])
+
+
+def test_paged_decode_fast_launch_matches_the_plain_launch():
+    from layerzero.backends.triton import paged as tp
+
+    g = torch.Generator(device=DEV).manual_seed(1)
+    cache = lz.allocate_kv_cache(80, 16, 4, 128, torch.bfloat16, "NHD", DEV)
+    cache.normal_(generator=g)
+    q = torch.randn(6, 16, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    table = torch.randperm(80, generator=torch.Generator().manual_seed(2))[:60].view(6, 10).to(torch.int32).to(DEV)
+    outs = []
+    for lens in ([160, 1, 77, 33, 150, 16], [5, 5, 5, 5, 5, 5], [160, 160, 1, 2, 3, 4]):
+        sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
+        outs.append([tp.paged_decode(q, cache, table, sl) for _ in range(3)])
+    for la in _launch._LAUNCHERS.values():
+        la.broken = True
+    try:
+        for i, lens in enumerate(([160, 1, 77, 33, 150, 16], [5, 5, 5, 5, 5, 5], [160, 160, 1, 2, 3, 4])):
+            plain = tp.paged_decode(q, cache, table, torch.tensor(lens, dtype=torch.int32, device=DEV))
+            assert all(torch.equal(o, plain) for o in outs[i])
+    finally:
+        for la in _launch._LAUNCHERS.values():
+            la.broken = type(la.fn).__name__ == "InterpretedFunction"
+    assert sum(la.hits for la in _launch._LAUNCHERS.values()) > 0
