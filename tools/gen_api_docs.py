@@ -9,7 +9,7 @@ import layerzero as lz
 
 SECTIONS = {
     "Ops": ["attention", "rms_norm", "layer_norm", "rope", "swiglu", "fused_moe", "sample_topk", "sample_topp", "sample",
-            "apply_penalties", "geglu", "reglu", "embedding"],
+            "apply_penalties", "geglu", "reglu", "embedding", "linear_cross_entropy"],
     "Quantization (docs/quantization.md)": ["quantize", "dequantize"],
     "Tokenization (docs/tokenization.md)": ["tokenize", "detokenize", "IncrementalDetokenizer"],
     "Paged KV cache (serving)": ["paged_attention", "reshape_and_cache", "allocate_kv_cache"],
@@ -22,7 +22,7 @@ SECTIONS = {
     "Offline plans and readiness (docs/planning.md)": ["solve", "DispatchTable", "load_table", "compile",
                                                         "uncompile", "dry_run", "readiness_check", "Manifest",
                                                         "load_manifest"],
-    "Integrations": ["patch_model"],
+    "Integrations": ["patch_model", "patch_diffusers", "register_hub_kernel"],
     "Distributed (lz.distributed, docs/distributed.md)": ["distributed.sync_selection", "distributed.unsync",
                                                          "distributed.current"],
 }

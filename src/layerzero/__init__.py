@@ -69,6 +69,7 @@ from .ops import (
     fused_moe,
     geglu,
     layer_norm,
+    linear_cross_entropy,
     paged_attention,
     quantize,
     reglu,
@@ -135,6 +136,17 @@ def patch_diffusers(model: Any, **kwargs: Any) -> Any:
     return _patch(model, **kwargs)
 
 
+def register_hub_kernel(op: str, kernel_id: str, repo_id_or_path: Any, function_name: str, **kwargs: Any) -> Any:
+    """Register a Hugging Face kernel-hub function (``kernels`` package; a local kernel directory, or a repo id from
+    the local HF cache: never downloads unless ``local_only=False``) as kernel ``kernel_id`` of ``op`` through an
+    adapter of the op's canonical arguments. See :func:`layerzero.integrations.hub_kernels.register_hub_kernel`.
+    Raises ``BackendNotAvailableError`` when ``kernels`` or the kernel is missing locally, ``ConfigurationError``
+    for a bad function name, adapter or constraint."""
+    from .integrations.hub_kernels import register_hub_kernel as _register
+
+    return _register(op, kernel_id, repo_id_or_path, function_name, **kwargs)
+
+
 def register_isolated_kernel(op: str, kernel_id: str, target: str, **kwargs: Any) -> Any:
     """Register ``target`` (``"module:function"``, imported only inside a worker process run by ``python=``, another
     venv's interpreter say) as kernel ``kernel_id`` of ``op``; tensors cross through shared memory, never pickle.
@@ -161,11 +173,11 @@ __all__ = [
     "ExecutionPlan", "InvalidInputError", "KernelExecutionError", "KernelSpec", "LayerZeroError",
     "NoKernelFoundError", "PolicyValidationError", "Reason", "ReasonCode", "SelectionReport",
     "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "allocate_kv_cache", "attention", "embedding",
-    "configure", "disabled", "doctor", "explain", "fused_moe", "get_config", "get_locks", "layer_norm", "list_kernels",
+    "configure", "disabled", "doctor", "explain", "fused_moe", "get_config", "get_locks", "layer_norm", "linear_cross_entropy", "list_kernels",
     "load_capabilities", "load_config", "lock", "paged_attention", "patch_diffusers", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
     "geglu", "reglu", "select", "trace", "TuneReport", "tune", "unlock", "validate", "which",
     "kernel", "register_kernel", "unregister_kernel",
-    "IsolatedWorkerError", "IsolatedWorkerTimeoutError", "register_isolated_kernel",
+    "IsolatedWorkerError", "IsolatedWorkerTimeoutError", "register_hub_kernel", "register_isolated_kernel",
     "GraphCheck", "is_graph_safe", "validate_graph_capture", "warmup",
     "DispatchTable", "DryRunReport", "Manifest", "ReadinessReport", "TableMismatchError", "compile", "dry_run",
     "load_manifest", "load_table", "readiness_check", "solve", "uncompile",

@@ -272,7 +272,7 @@ def test_non_string_ids_and_paths_raise_typed_errors_naming_the_argument(call, e
     assert lz.get_locks() == {}
 
 
-SIG = r"expected lz\.attention\(q, k, v, \*, attn_mask=None, is_causal=False, .*softcap=None\)"
+SIG = r"expected lz\.attention\(q, k, v, \*, attn_mask=None, is_causal=False, .*softcap=None, alibi_slopes=None\)"
 BAD_CASES = [
     ("misspelt-keyword", ((Q, Q, Q), {"is_casual": True}), r"case 1: arguments of lz\.attention: " + SIG +
      r".*unexpected keyword argument 'is_casual'"),

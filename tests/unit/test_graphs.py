@@ -197,7 +197,9 @@ def test_capture_key_for_every_op():
                                  {"repetition_penalty": torch.ones(2)}),
              "fused_moe": ((x, torch.randn(4, 6, 16), torch.randn(4, 16, 3), torch.ones(2, 2),
                             torch.tensor([[0, 1], [2, 3]])), {}),
-             "quantize": ((x, "nvfp4"), {}), "dequantize": ((lz.quantize(x, "int8", axis=0),), {})}
+             "quantize": ((x, "nvfp4"), {}), "dequantize": ((lz.quantize(x, "int8", axis=0),), {}),
+             "embedding": ((torch.tensor([[1, 0, 3]]), torch.randn(5, 16)), {}),
+             "linear_cross_entropy": ((x, torch.randn(7, 16), torch.tensor([1, 6])), {})}
     assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():
         prepare, build_ctx = OPS[op]

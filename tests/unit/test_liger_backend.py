@@ -115,7 +115,7 @@ def install(monkeypatch, *, fused=True, rope=FakeRope):
 def make_registry():
     RUNTIME.ensure_ready()
     reg = KernelRegistry()
-    for op in ("rms_norm", "rope", "swiglu"):
+    for op in ("rms_norm", "rope", "swiglu", "layer_norm", "linear_cross_entropy"):
         reg.add_op(RUNTIME.registry.ops.get(op))
         for spec in RUNTIME.registry.for_op(op):
             if spec.backend in ("reference", "torch_native"):
@@ -208,7 +208,8 @@ def test_probe_with_fakes(monkeypatch):
     p = liger.probe()
     assert p.backend.available and p.backend.version == "0.8.5"
     # no liger_kernel.ops.swiglu among these fakes: liger.swiglu is rejected, not the backend (tests/unit/test_swiglu.py)
-    assert p.functions == {"rms_norm": FakeRMS, "fused_add_rms_norm": FakeFusedRMS, "rope": FakeRope, "swiglu": None}
+    assert p.functions == {"rms_norm": FakeRMS, "fused_add_rms_norm": FakeFusedRMS, "rope": FakeRope, "swiglu": None,
+                           "layer_norm": None, "linear_cross_entropy": None}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

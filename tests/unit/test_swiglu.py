@@ -141,7 +141,7 @@ def install(monkeypatch, *, swiglu=True):
 def make_registry(triton_available=True):
     RUNTIME.ensure_ready()
     reg = KernelRegistry()
-    for op in ("rms_norm", "rope", "swiglu"):
+    for op in ("rms_norm", "rope", "swiglu", "layer_norm", "linear_cross_entropy"):  # every op liger registers
         reg.add_op(RUNTIME.registry.ops.get(op))
         for spec in RUNTIME.registry.for_op(op):
             if spec.backend in ("reference", "torch_native"):

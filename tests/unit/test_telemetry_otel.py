@@ -72,12 +72,12 @@ def test_collected_metrics_equal_the_snapshot(reader):
     assert all(m["scope"] == "layerzero" and m["monotonic"] for m in got.values())
     calls = {frozenset({"op": op, "kernel": k}.items()): n for k, (op, n) in snap["calls"].items()}
     assert got["layerzero.kernel.calls"]["points"] == calls and calls
-    sel = {frozenset(dict(zip(("op", "kernel"), k.split("|"))).items()): n for k, n in snap["selections"].items()}
+    sel = {frozenset(dict(zip(("op", "kernel"), k.split("|"), strict=True)).items()): n for k, n in snap["selections"].items()}
     assert got["layerzero.selections"]["points"] == sel
     for name, key in (("layerzero.cache.hits", "cache_hits"), ("layerzero.cache.misses", "cache_misses"),
                       ("layerzero.selection.duration", "selection_seconds")):
         assert got[name]["points"] == {frozenset({"op": op}.items()): n for op, n in snap[key].items()}, name
-    fb = {frozenset(dict(zip(("op", "kind", "reason"), k.split("|", 2))).items()): n
+    fb = {frozenset(dict(zip(("op", "kind", "reason"), k.split("|", 2), strict=True)).items()): n
           for k, n in snap["fallbacks"].items()}
     assert got["layerzero.fallbacks"]["points"] == fb and fb
     assert got["layerzero.perfdb.reads"]["points"] == {frozenset(): snap["perfdb_reads"]}

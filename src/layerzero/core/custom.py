@@ -63,6 +63,8 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "reshape_and_cache": ("k", "v", "kv_cache", "slot_mapping", "layout"),
     "quantize": ("x", "format", "axis", "group_size"),
     "dequantize": ("qt",),
+    "linear_cross_entropy": ("hidden", "weight", "target", "bias", "ignore_index", "reduction", "label_smoothing",
+                             "softcap"),
 }
 """The positional arguments dispatch passes to every kernel of an op (ops added later: extend this table)."""
 

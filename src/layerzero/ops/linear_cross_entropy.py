@@ -11,8 +11,16 @@ from layerzero.core.context import SelectionContext
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
-from ._common import FLOAT_DTYPES, check_same, check_tensor, device_spec, fail, is_grad_enabled, scope_token, \
-    stream_capturing
+from ._common import (
+    FLOAT_DTYPES,
+    check_same,
+    check_tensor,
+    device_spec,
+    fail,
+    is_grad_enabled,
+    scope_token,
+    stream_capturing,
+)
 
 OP = "linear_cross_entropy"
 REDUCTIONS = ("mean", "sum", "none")
@@ -66,7 +74,8 @@ def prepare(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
         raise fail(OP, "weight shape", f"[V, H] with V >= 1 and H = hidden.shape[-1] = {h} (nn.Linear's weight)",
                    list(weight.shape))
     v = weight.shape[0]
-    check_tensor(OP, "target", target)
+    if not isinstance(target, torch.Tensor):
+        raise fail(OP, "target", "a torch.Tensor of int64 class indices", type(target).__name__)
     if target.dtype != torch.int64:
         raise fail(OP, "target.dtype", "torch.int64 (class indices)", target.dtype, "Use target.long().")
     if target.device != hidden.device:

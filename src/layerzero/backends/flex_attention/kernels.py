@@ -331,7 +331,9 @@ class FlexAttention(LazyFlex):
             if is_causal or window is not None:
                 block_mask = self.block_masks.get(sq, sk, is_causal, False, q.device, window)
         if alibi_slopes is not None:
-            score_mod = _alibi_mod(alibi_slopes.expand(b, hq), sk - sq, score_mod)
+            # float64 inputs get float64 slopes: slope * distance rounded in float32 would cost ~1e-7 relative
+            slopes = alibi_slopes.to(torch.float64) if q.dtype == torch.float64 else alibi_slopes
+            score_mod = _alibi_mod(slopes.expand(b, hq), sk - sq, score_mod)
         if softcap is not None:
             score_mod = _softcap_mod(softcap, score_mod)
         return self.function()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
@@ -368,18 +370,20 @@ def _cuda_check(ctx: SelectionContext) -> list[Reason]:
 def kernel_specs(cpu_fn: Callable[..., Any], cuda_fn: Callable[..., Any]) -> list[KernelSpec]:
     """The two FlexAttention KernelSpecs: ``flex_attention.attention`` (CPU, eager) and
     ``flex_attention.compiled`` (CUDA, torch.compile). ``cpu_fn``/``cuda_fn`` are :class:`FlexAttention`
-    instances (or :func:`missing` stubs when FlexAttention is unavailable)."""
+    instances (or :func:`missing` stubs when FlexAttention is unavailable). ALiBi (``supports_alibi``) on the eager
+    CPU kernel only: compiling the ALiBi ``score_mod`` (slopes indexed ``[b, h]``) failed in Inductor on the H200
+    (torch 2.11: ``LoweringException: NoValidChoicesError``), so the compiled kernel is refused with
+    ``ALIBI_UNSUPPORTED``."""
     common: dict[str, Any] = dict(
         layouts=frozenset({Layout.BHSD}), supports_gqa=True, mask_kinds=frozenset(MaskKind), mask_with_causal=True,
-        supports_causal=True, supports_dropout=False, supports_window=True, supports_softcap=True, supports_alibi=True,
-        graph_safe=False)
+        supports_causal=True, supports_dropout=False, supports_window=True, supports_softcap=True, graph_safe=False)
     return [
         KernelSpec(
             CPU_KERNEL, "attention", cpu_fn, priority=PRIORITY[CPU_KERNEL],
             description="FlexAttention, eager on CPU (block-mask causal and sliding window, bool mask_mod, float "
                         "score_mod, softcap, GQA; mask + causal together; no dropout, no backward)",
             device_types=frozenset({"cpu"}), dtypes=CPU_DTYPES, supports_backward=False, deterministic=True,
-            **common),
+            supports_alibi=True, **common),
         KernelSpec(
             CUDA_KERNEL, "attention", cuda_fn, priority=PRIORITY[CUDA_KERNEL],
             description="FlexAttention compiled with torch.compile (Triton) on CUDA SM 8.0+ (head dims 16-256, "

@@ -1,4 +1,5 @@
-"""The ``liger`` backend: Liger-Kernel's Triton RMSNorm (plain and fused residual add), RoPE and SwiGLU, CUDA only.
+"""The ``liger`` backend: Liger-Kernel's Triton RMSNorm (plain and fused residual add), RoPE, SwiGLU, LayerNorm and
+fused linear cross-entropy, CUDA only.
 
 Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call) calls
 :func:`probe`, which imports ``liger_kernel.ops.rms_norm``, ``.fused_add_rms_norm``, ``.rope`` and ``.swiglu`` (the default
@@ -25,13 +26,15 @@ from .kernels import INSTALL_HINT, KERNEL_IDS, kernel_specs
 log = logging.getLogger("layerzero.backends.liger")
 BACKEND_ID = "liger"
 MODULE = "liger_kernel"
-_DESCRIPTION = "Liger-Kernel Triton kernels (RMSNorm, fused add + RMSNorm, RoPE, SwiGLU)"
+_DESCRIPTION = ("Liger-Kernel Triton kernels (RMSNorm, fused add + RMSNorm, RoPE, SwiGLU, LayerNorm, fused linear "
+                "cross-entropy)")
 
 
 @dataclass(frozen=True, slots=True)
 class LigerProbe:
     """Result of :func:`probe`: the :class:`BackendSpec` (available or not, with reasons) and, when usable,
-    ``functions`` = ``{"rms_norm", "fused_add_rms_norm" (None if absent), "rope", "swiglu" (None if absent)}``
+    ``functions`` = ``{"rms_norm", "fused_add_rms_norm" (None if absent), "rope", "swiglu", "layer_norm",
+    "linear_cross_entropy" (the last three None if absent)}``
     autograd Functions."""
 
     backend: BackendSpec
@@ -57,8 +60,11 @@ def probe() -> LigerProbe:
                             version)
     fused = _optional("liger_kernel.ops.fused_add_rms_norm", "LigerFusedAddRMSNormFunction", version)
     swiglu = _optional("liger_kernel.ops.swiglu", "LigerSiLUMulFunction", version)
+    layer_norm = _optional("liger_kernel.ops.layer_norm", "LigerLayerNormFunction", version)
+    lce = _optional("liger_kernel.ops.fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction", version)
     backend = BackendSpec(BACKEND_ID, MODULE, version, True, (), _DESCRIPTION)
-    return LigerProbe(backend, {"rms_norm": plain, "fused_add_rms_norm": fused, "rope": function, "swiglu": swiglu})
+    return LigerProbe(backend, {"rms_norm": plain, "fused_add_rms_norm": fused, "rope": function, "swiglu": swiglu,
+                                "layer_norm": layer_norm, "linear_cross_entropy": lce})
 
 
 def _optional(module: str, name: str, version: str | None) -> Any:
@@ -74,8 +80,8 @@ def _optional(module: str, name: str, version: str | None) -> Any:
 
 def register(registry: KernelRegistry) -> None:
     """Add the ``liger`` backend (available or not, with reasons) and its ``liger.rms_norm`` / ``liger.rope`` /
-    ``liger.swiglu`` kernels to ``registry`` (the ``rms_norm``, ``rope`` and ``swiglu`` ops must already be
-    registered).
+    ``liger.swiglu`` / ``liger.layer_norm`` / ``liger.linear_cross_entropy`` kernels to ``registry`` (their ops
+    must already be registered).
 
     Raises:
         ConfigurationError: the backend or one of its kernel ids is already registered.

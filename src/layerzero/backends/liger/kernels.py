@@ -1,4 +1,5 @@
-"""Liger-Kernel (Triton) kernels for ``rms_norm`` (plain and fused residual add), ``rope`` and ``swiglu``.
+"""Liger-Kernel (Triton) kernels for ``rms_norm`` (plain and fused residual add), ``rope`` and ``swiglu``;
+``layer_norm`` and ``linear_cross_entropy`` are in ``fused.py``.
 
 Sources read (liger-kernel 0.8.5, ``liger_kernel/ops``):
 
@@ -41,6 +42,14 @@ from layerzero.core.errors import BackendNotAvailableError
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec, Layout
 
+from .fused import (
+    LCE_FLOATS,
+    layer_norm_call,
+    layer_norm_check,
+    linear_cross_entropy_call,
+    linear_cross_entropy_check,
+)
+
 R = ReasonCode
 CUDA = frozenset({"cuda"})
 FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
@@ -53,7 +62,7 @@ MAX_HIDDEN = 65536
 """Liger's ``calculate_settings`` refuses rows whose next power of two exceeds 65536 elements."""
 SM_MIN = (8, 0)
 """Triton's supported NVIDIA range starts at compute capability 8.0 (and bfloat16 needs it)."""
-KERNEL_IDS = ("liger.rms_norm", "liger.rope", "liger.swiglu")
+KERNEL_IDS = ("liger.rms_norm", "liger.rope", "liger.swiglu", "liger.layer_norm", "liger.linear_cross_entropy")
 INSTALL_HINT = "pip install liger-kernel (needs triton and a CUDA build of torch)"
 
 
@@ -175,7 +184,8 @@ def _rope_check(partial: bool) -> Callable[[SelectionContext], list[Reason]]:
 
 
 def kernel_specs(functions: dict[str, Any] | None, why: str = "liger_kernel is not available") -> list[KernelSpec]:
-    """The Liger KernelSpecs ``[liger.rms_norm, liger.rope, liger.swiglu]``.
+    """The Liger KernelSpecs ``[liger.rms_norm, liger.rope, liger.swiglu, liger.layer_norm,
+    liger.linear_cross_entropy]`` (the last two: ``fused.py``).
 
     Args:
         functions: ``{"rms_norm": LigerRMSNormFunction, "fused_add_rms_norm": LigerFusedAddRMSNormFunction or
@@ -191,6 +201,13 @@ def kernel_specs(functions: dict[str, Any] | None, why: str = "liger_kernel is n
     rope_fn = rope_call(rope) if rope is not None else missing_kernel(KERNEL_IDS[1], why, INSTALL_HINT)
     swiglu_why = why if plain is None else "this liger_kernel has no LigerSiLUMulFunction (liger_kernel.ops.swiglu)"
     swiglu_fn = swiglu_call(silu_mul) if silu_mul is not None else missing_kernel(KERNEL_IDS[2], swiglu_why, INSTALL_HINT)
+    ln, lce = functions.get("layer_norm"), functions.get("linear_cross_entropy")
+    ln_why = why if plain is None else "this liger_kernel has no LigerLayerNormFunction (liger_kernel.ops.layer_norm)"
+    lce_why = why if plain is None else ("this liger_kernel has no LigerFusedLinearCrossEntropyFunction "
+                                         "(liger_kernel.ops.fused_linear_cross_entropy)")
+    ln_fn = layer_norm_call(ln) if ln is not None else missing_kernel(KERNEL_IDS[3], ln_why, INSTALL_HINT)
+    lce_fn = (linear_cross_entropy_call(lce) if lce is not None
+              else missing_kernel(KERNEL_IDS[4], lce_why, INSTALL_HINT))
     return [
         KernelSpec(KERNEL_IDS[0], "rms_norm", rms_fn,
                    description="Liger LigerRMSNormFunction (Triton, llama casting, offset 0) and "
@@ -205,4 +222,12 @@ def kernel_specs(functions: dict[str, Any] | None, why: str = "liger_kernel is n
                                "forward only: its backward overwrites the saved inputs)",
                    check=_swiglu_check(silu_mul is not None or plain is None),
                    **{**common, "supports_backward": False}),
+        KernelSpec(KERNEL_IDS[3], "layer_norm", ln_fn,
+                   description="Liger LigerLayerNormFunction (Triton, float32 statistics; zero bias for bias=None)",
+                   check=layer_norm_check(ln is not None or plain is None), **common),
+        KernelSpec(KERNEL_IDS[4], "linear_cross_entropy", lce_fn,
+                   description="Liger LigerFusedLinearCrossEntropyFunction (Triton, chunked, gradients computed in "
+                               "forward; reduction='none' backward needs a uniform grad_output)",
+                   check=linear_cross_entropy_check(lce),
+                   **{**common, "dtypes": LCE_FLOATS, "deterministic": False, "supports_softcap": True}),
     ]

@@ -94,6 +94,11 @@ def register(registry: KernelRegistry) -> None:
                                        **common, **extra))
     for spec in paged_kernel_specs(common):
         registry.add_kernel(spec)
+    from .linear_ce import linear_cross_entropy  # lz.linear_cross_entropy (full logits, float32 math)
+
+    registry.add_kernel(KernelSpec("reference.linear_cross_entropy", "linear_cross_entropy", linear_cross_entropy,
+                                   description="reference linear_cross_entropy (full logits in float32, "
+                                               "F.cross_entropy)", supports_softcap=True, **common))
     from .quantize import dequantize, quantize  # lz.quantize / lz.dequantize (float32 math, format tables)
 
     for op, fn in (("quantize", quantize), ("dequantize", dequantize)):

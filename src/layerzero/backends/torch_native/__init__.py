@@ -135,6 +135,11 @@ def register(registry: KernelRegistry) -> None:
     registry.add_kernel(KernelSpec("torch_native.layer_norm", "layer_norm", _layer_norm, priority=50,
                                    description="torch.nn.functional.layer_norm", device_types=devices, dtypes=FLOATS,
                                    check=_layer_norm_check))
+    from .linear_ce import linear_cross_entropy  # lz.linear_cross_entropy, chunked over rows
+
+    registry.add_kernel(KernelSpec("torch_native.linear_cross_entropy", "linear_cross_entropy", linear_cross_entropy,
+                                   priority=50, description="chunked over rows (O(chunk x V) logits), backward by "
+                                   "recomputation", device_types=devices, dtypes=FLOATS, supports_softcap=True))
     registry.add_kernel(KernelSpec("torch_native.swiglu", "swiglu", _swiglu, priority=50,
                                    description="F.silu(gate) * up in the input dtype (HF LlamaMLP, bit-identical)",
                                    device_types=devices, dtypes=FLOATS))

@@ -10,8 +10,14 @@ module it is given). See ``docs/diffusers.md``.
 
 from __future__ import annotations
 
-from .patch import SUPPORTED_PROCESSORS, DiffusersPatchHandle, attention_modules, is_diffusers_model, patch_diffusers
+from .patch import (
+    SUPPORTED_PROCESSORS,
+    DiffusersPatchHandle,
+    attention_modules,
+    is_diffusers_model,
+    patch_diffusers,
+)
 from .processor import LayerZeroAttnProcessor
 
-__all__ = ["SUPPORTED_PROCESSORS", "DiffusersPatchHandle", "LayerZeroAttnProcessor", "attention_modules", "is_diffusers_model",
-           "patch_diffusers"]
+__all__ = ["SUPPORTED_PROCESSORS", "DiffusersPatchHandle", "LayerZeroAttnProcessor", "attention_modules",
+           "is_diffusers_model", "patch_diffusers"]
