@@ -30,15 +30,19 @@ MODEL = {"vocab_size": 4096, "hidden_size": 512, "intermediate_size": 1536, "num
          "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 512,
          "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
 SHARPEN = 3.0
+SHAPES = {"small": MODEL, "qwen3-0.6b": {**MODEL, "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
+                                         "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+                                         "head_dim": 128, "max_position_embeddings": 4096}}
+"""``--shape``: the small CPU model, or Qwen3-0.6B's published dimensions (untied LM head, random weights)."""
 
 
-def build(directory: Path, seed: int = 0) -> Path:
+def build(directory: Path, seed: int = 0, shape: dict | None = None) -> Path:
     """A random Qwen3 checkpoint of :data:`MODEL`'s shape (norm weights perturbed, LM head x :data:`SHARPEN`)."""
     from safetensors.torch import load_file, save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(Qwen3Config(**MODEL)).eval()
+    model = Qwen3ForCausalLM(Qwen3Config(**(shape or MODEL))).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1 and "norm" in name:
@@ -63,7 +67,8 @@ def cpu_flags() -> str:
     return f"{name}; flags: {' '.join(keep)}"
 
 
-def run(device: str, prompts: int, tokens: int, repeat: int) -> list[dict]:
+def run(device: str, prompts: int, tokens: int, repeat: int, dtype: torch.dtype = torch.float32,
+        shape: str = "small") -> list[dict]:
     from layerzero.engine import LLM, SamplingParams
     from layerzero.engine.drift import teacher_forced_logprobs, weight_bytes
     from layerzero.engine.layers.quantized_linear import QuantizedLinear
@@ -74,9 +79,9 @@ def run(device: str, prompts: int, tokens: int, repeat: int) -> list[dict]:
     sp = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     rows, ref = [], None
     with tempfile.TemporaryDirectory() as tmp:
-        path = build(Path(tmp) / "ckpt")
+        path = build(Path(tmp) / "ckpt", shape=SHAPES[shape])
         for q in (None, "int8", "int4", "fp8"):
-            llm = LLM(str(path), device=device, dtype=torch.float32, max_model_len=256, num_kv_blocks=256,
+            llm = LLM(str(path), device=device, dtype=dtype, max_model_len=256, num_kv_blocks=max(256, prompts * 16),
                       enable_prefix_caching=False, quantization=q)
             model = llm.engine.runner.model
             lin = sum(m.weight.numel() * m.weight.element_size() if q is None else m.qtensor().nbytes
@@ -99,13 +104,13 @@ def run(device: str, prompts: int, tokens: int, repeat: int) -> list[dict]:
                 base = rows[0]["_llm"]
                 for p, out in zip(batch, ref, strict=True):
                     seq = p + out
-                    lp, lq = teacher_forced_logprobs(base, seq), teacher_forced_logprobs(llm, seq)
+                    lp, lq = (teacher_forced_logprobs(m, seq).double().cpu() for m in (base, llm))
                     pos = torch.arange(len(p) - 1, len(seq) - 1)
                     chosen = torch.tensor(out)
                     drift.append((lq[pos, chosen] - lp[pos, chosen]).abs())
                     same += int((lq[pos].argmax(-1) == chosen).sum())
             d = torch.cat(drift) if drift else torch.zeros(1, dtype=torch.float64)
-            rows.append({"quantization": q or "none (fp32)", "model_mib": weight_bytes(llm) / 2**20,
+            rows.append({"quantization": q or f"none ({str(dtype).removeprefix('torch.')})", "model_mib": weight_bytes(llm) / 2**20,
                          "linear_mib": lin / 2**20, "layers": sum(isinstance(m, QuantizedLinear)
                                                                   for m in model.modules()),
                          "prefix": prefix, "equal": equal, "total": prompts * tokens,
@@ -134,12 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                    help="the model dtype (the unquantized baseline and the activations)")
+    ap.add_argument("--shape", choices=tuple(SHAPES), default="small")
     ap.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here")
     a = ap.parse_args(argv)
-    rows = run(a.device, a.prompts, a.tokens, a.repeat)
-    cfg = ", ".join(f"{k}={MODEL[k]}" for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+    rows = run(a.device, a.prompts, a.tokens, a.repeat, getattr(torch, a.dtype), a.shape)
+    shape = SHAPES[a.shape]
+    cfg = ", ".join(f"{k}={shape[k]}" for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                  "num_attention_heads", "num_key_value_heads", "vocab_size"))
-    head = [f"# Engine weight-only quantization ({a.device}, float32 activations)", "",
+    gpu = f", {torch.cuda.get_device_name()}" if a.device.startswith("cuda") else ""
+    head = [f"# Engine weight-only quantization ({a.device}{gpu}, {a.dtype} activations)", "",
             f"- date: {datetime.date.today()}; torch {torch.__version__}; threads {torch.get_num_threads()}",
             f"- machine: {platform.machine()}, {cpu_flags()}",
             f"- model: random Qwen3 ({cfg}), LM head x{SHARPEN}; {a.prompts} greedy prompts of 9-33 tokens x "
