@@ -63,8 +63,10 @@ def _recorded(csv_path: Path) -> dict[int, dict[str, object]]:
     return dict(out)
 
 
-def replay(csv_path: Path, timings: Path, margin: float | None) -> list[dict[str, object]]:
-    """One row per recorded shape: label, recorded default, replayed pick, its ratio and the shipped source."""
+def replay(csv_path: Path, timings: Path, margin: float | None,
+           kinds: tuple[str, ...] | None = None) -> list[dict[str, object]]:
+    """One row per recorded shape (of ``kinds`` only, when given: ``"prefill"``, ``"paged_decode"``, ...): label,
+    recorded default, replayed pick, its ratio and the shipped source."""
     doc = json.loads(timings.read_text())
     cpu = doc["fingerprint"].get("device_type") == "cpu"
     if cpu:
@@ -89,7 +91,7 @@ def replay(csv_path: Path, timings: Path, margin: float | None) -> list[dict[str
         cases = cpu_hidden_cases() if cpu else hidden_cases()
         for index, case in enumerate(cases):
             rec = recorded.get(index)
-            if rec is None or rec["label"] != case.label():
+            if rec is None or rec["label"] != case.label() or (kinds is not None and case.kind not in kinds):
                 continue
             args, kwargs = build(case, torch.device("cpu"))
             ctx = dataclasses.replace(lz.explain(case.op, *args, **kwargs).context, device=device)
