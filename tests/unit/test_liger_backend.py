@@ -352,3 +352,29 @@ def test_rope_oracle_hand_worked():
     c, s = torch.zeros(1, 2, 2), torch.ones(1, 2, 2)
     assert torch.equal(rope_oracle(x, c, s, "BHSD").float(), torch.tensor([[[[0.0, 1.0], [-1.0, 0.0]]]]))
     assert math.isclose(rms_oracle(torch.tensor([3.0, 4.0]), torch.ones(2), 0.0)[0].item(), 3 / math.sqrt(12.5))
+
+
+def test_liger_linear_cross_entropy_refuses_reduction_none_with_grad():
+    """Liger's fused linear cross-entropy scales its precomputed gradients by one scalar, so reduction="none" with
+    gradients would be silently wrong: its check refuses exactly that context (hand-built CUDA contexts)."""
+    import dataclasses
+
+    import torch
+
+    from layerzero.backends.liger.fused import linear_cross_entropy_check
+    from layerzero.core.context import SelectionContext
+    from layerzero.core.reasons import ReasonCode
+
+    class FakeLCE:
+        @staticmethod
+        def forward(ctx, _input, weight, target, bias=None, ce_weight=None, ignore_index=-100, lse_square_scale=0.0,
+                    label_smoothing=0.0, reduction="mean", softcap=None):
+            raise NotImplementedError
+
+    check = linear_cross_entropy_check(FakeLCE)
+    base = SelectionContext(op="linear_cross_entropy", device=cuda_device((9, 0)), dtype=torch.bfloat16, batch=64,
+                            hidden_size=128, vocab_size=1000, reduction="none", requires_grad=True)
+    assert [r.code for r in check(base)] == [ReasonCode.BACKWARD_UNSUPPORTED]
+    assert check(dataclasses.replace(base, requires_grad=False)) == []
+    assert check(dataclasses.replace(base, reduction="mean")) == []
+    assert check(dataclasses.replace(base, has_softcap=True, reduction="sum")) == []   # this forward has softcap

@@ -105,6 +105,8 @@ class SelectionContext:
     # paged_attention / reshape_and_cache: the dtype of a quantized KV cache (float8_e4m3fn, int8); None when the
     # cache has the model's dtype (unquantized), so other keys' PerfDB buckets are unchanged
     kv_dtype: torch.dtype | None = None
+    # linear_cross_entropy: the loss reduction ("mean", "sum", "none"); None for other ops
+    reduction: str | None = None
 
     @property
     def phase(self) -> Phase | None:

@@ -38,6 +38,7 @@ class LinearCrossEntropyKey(NamedTuple):
     vocab_size: int
     has_bias: bool
     has_softcap: bool
+    reduction: str
     requires_grad: bool
     deterministic: bool
     capture: bool
@@ -52,7 +53,8 @@ def context(key: LinearCrossEntropyKey) -> SelectionContext:
     """The :class:`SelectionContext` of an ``lz.linear_cross_entropy`` cache key."""
     return SelectionContext(op=key.op, device=device_spec(key.device), dtype=key.dtype, batch=key.batch,
                             hidden_size=key.hidden_size, vocab_size=key.vocab_size, param_dtype=key.dtype,
-                            has_bias=key.has_bias, has_softcap=key.has_softcap, requires_grad=key.requires_grad,
+                            has_bias=key.has_bias, has_softcap=key.has_softcap, reduction=key.reduction,
+                            requires_grad=key.requires_grad,
                             deterministic=key.deterministic, graph_capture=key.capture)
 
 
@@ -107,7 +109,7 @@ def prepare(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
     grad = is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
                                   or (bias is not None and bias.requires_grad))
     key = LinearCrossEntropyKey(OP, hidden.device, hidden.dtype, _bucket(x2.shape[0]), h, v, bias is not None,
-                                softcap is not None, grad, torch.are_deterministic_algorithms_enabled(),
+                                softcap is not None, reduction, grad, torch.are_deterministic_algorithms_enabled(),
                                 hidden.is_cuda and stream_capturing(), scope_token())
     return key, (x2, weight, t1, bias, ignore_index, reduction, float(label_smoothing),
                  None if softcap is None else float(softcap))

@@ -11,9 +11,9 @@ Sources read (liger-kernel 0.6-0.8, ``liger_kernel/ops``):
   during forward and scaled by ``grad_output`` in backward. The positional order changed between releases
   (``ce_weight`` arrived in 0.5), so arguments are bound by name from ``forward``'s signature; newer releases
   return a tuple (loss, z_loss, ...), older ones the loss. Its backward scales the precomputed gradients by one
-  scalar: with ``reduction="none"`` a non-uniform ``grad_output`` gives wrong gradients (upstream issue), which
-  ``check`` cannot see (the reduction is not a selection field): call with "mean"/"sum" when training through
-  this kernel, or lz.disabled("liger.linear_cross_entropy").
+  scalar: with ``reduction="none"`` a non-uniform ``grad_output`` gives wrong gradients (upstream issue), so
+  ``check`` refuses ``reduction="none"`` calls that require grad (``BACKWARD_UNSUPPORTED``; the reduction is a
+  context field) and the other kernels serve them.
 """
 
 from __future__ import annotations
@@ -97,9 +97,14 @@ def linear_cross_entropy_check(function: Any) -> Callable[[SelectionContext], li
         softcap = False
 
     def check(ctx: SelectionContext) -> list[Reason]:
+        out = []
         if ctx.has_softcap and not softcap:
-            return [Reason(R.SOFTCAP_UNSUPPORTED, "this liger_kernel's LigerFusedLinearCrossEntropyFunction has "
-                                                  "no softcap argument; upgrade liger-kernel")]
-        return []
+            out.append(Reason(R.SOFTCAP_UNSUPPORTED, "this liger_kernel's LigerFusedLinearCrossEntropyFunction has "
+                                                     "no softcap argument; upgrade liger-kernel"))
+        if ctx.requires_grad and ctx.reduction == "none":
+            out.append(Reason(R.BACKWARD_UNSUPPORTED, "reduction='none' with gradients: Liger's backward scales by "
+                                                      "one number, so a non-uniform grad_output gives wrong "
+                                                      "gradients (upstream issue); the forward alone is served"))
+        return out
 
     return check
