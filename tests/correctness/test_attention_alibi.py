@@ -4,7 +4,8 @@ flash-attn (``flash_attn_func`` docstring): "alibi_slopes: (nheads,) or (batch_s
 (-alibi_slope * |i + seqlen_k - seqlen_q - j|) is added to the attention score of query i and key j." The oracle
 writes that bias matrix out element by element in Python, adds it to the scaled float64 scores, applies the top-left
 causal mask of lz.attention and a plain softmax; it shares no code with the library. Every kernel that declares
-``supports_alibi`` and runs here is locked and compared (CPU: reference, eager FlexAttention; GPU cases for compiled
+``supports_alibi`` and runs here is locked and compared (CPU: reference, eager FlexAttention, SDPA math through an
+explicit float32 bias; GPU cases for compiled
 flex and FA2 are skipped without CUDA); the others must be refused with ``ALIBI_UNSUPPORTED``.
 """
 
@@ -115,7 +116,7 @@ def _usable(kernel_id):
         pytest.skip(f"{kernel_id} unavailable here")
 
 
-@pytest.mark.parametrize("kernel_id", ["reference.attention", "flex_attention.attention"])
+@pytest.mark.parametrize("kernel_id", ["reference.attention", "flex_attention.attention", "torch_sdpa.math"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=["f64", "f32", "bf16"])
 @pytest.mark.parametrize("idx", range(len(CASES)))
 def test_locked_cpu_kernel_matches_oracle(kernel_id, dtype, idx):
@@ -163,14 +164,13 @@ def test_alibi_changes_the_answer_and_default_selection():
 def test_non_supporting_kernels_are_refused_with_alibi_unsupported():
     q, k, v, slopes, _ = _case(0, torch.float32)
     report = lz.explain("attention", q, k, v, alibi_slopes=slopes)
-    assert report.chosen in {"reference.attention", "flex_attention.attention"}
+    assert report.chosen == "torch_sdpa.math"  # the fastest that declares ALiBi on CPU (priority 20)
     rows = {c.kernel_id: c for c in report.candidates}
-    for kernel_id in ("torch_sdpa.math", "torch_sdpa.flash", "torch_sdpa.efficient", "flash_attn3.attention",
-                      "flash_attn4.attention"):
+    for kernel_id in ("torch_sdpa.flash", "torch_sdpa.efficient", "flash_attn3.attention", "flash_attn4.attention"):
         assert ReasonCode.ALIBI_UNSUPPORTED in {r.code for r in rows[kernel_id].reasons}, kernel_id
-    for kernel_id in ("reference.attention", "flex_attention.attention", "flash_attn2.attention"):
+    for kernel_id in ("reference.attention", "flex_attention.attention", "flash_attn2.attention", "torch_sdpa.math"):
         assert ReasonCode.ALIBI_UNSUPPORTED not in {r.code for r in rows[kernel_id].reasons}, kernel_id
-    lz.lock("attention", "torch_sdpa.math")
+    lz.lock("attention", "torch_sdpa.flash")
     try:
         with pytest.raises(lz.NoKernelFoundError, match="ALIBI_UNSUPPORTED"):
             lz.attention(q, k, v, alibi_slopes=slopes)
@@ -225,3 +225,31 @@ def test_compiled_flex_refuses_alibi():
     RUNTIME.ensure_ready()
     assert not RUNTIME.registry.kernel("flex_attention.compiled").supports_alibi
     assert RUNTIME.registry.kernel("flex_attention.attention").supports_alibi
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+@pytest.mark.parametrize("layout", ["BHSD", "BSHD"])
+def test_sdpa_math_alibi_with_a_mask_and_bshd(mask_kind, layout):
+    """torch_sdpa.math's explicit-bias path adds the caller's mask (bool: -inf where False; float: added) to the
+    ALiBi bias; the float64 oracle adds the same mask by hand. BSHD inputs go through the layout adapter."""
+    q, k, v, slopes, _ = _case(2, torch.float64)                      # Sq < Sk, GQA, [B, Hq] slopes
+    b, hq, sq, _ = q.shape
+    sk = k.shape[2]
+    g = torch.Generator().manual_seed(7)
+    if mask_kind == "bool":
+        mask = torch.rand(b, 1, sq, sk, generator=g) > 0.3
+        mask[..., 0] = True                                           # every row keeps a key
+        add = torch.zeros(b, 1, sq, sk, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    else:
+        mask = torch.randn(b, 1, sq, sk, generator=g, dtype=torch.float64)
+        add = mask
+    s = (q @ k.repeat_interleave(hq // k.shape[1], 1).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    ref = torch.softmax(s + alibi_bias(slopes, b, hq, sq, sk) + add, -1) @ v.repeat_interleave(hq // k.shape[1], 1)
+    args = (q, k, v) if layout == "BHSD" else tuple(t.transpose(1, 2) for t in (q, k, v))
+    lz.lock("attention", "torch_sdpa.math")
+    try:
+        out = lz.attention(*args, attn_mask=mask, alibi_slopes=slopes, layout=layout)
+    finally:
+        lz.unlock("attention")
+    out = out if layout == "BHSD" else out.transpose(1, 2)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)

@@ -160,11 +160,11 @@ def kernel_specs() -> list[KernelSpec]:
             graph_safe=True, check=_efficient_check,
         ),
         KernelSpec(
-            "torch_sdpa.math", "attention", _forced(2), priority=20,
-            description="SDPA math (composite PyTorch ops; runs everywhere)",
+            "torch_sdpa.math", "attention", _with_alibi(_forced(2)), priority=20,
+            description="SDPA math (composite PyTorch ops; runs everywhere; ALiBi as an explicit float32 bias)",
             device_types=frozenset({"cuda", "cpu", "mps", "xpu"}), dtypes=CPU_FLOATS,
             layouts=frozenset({Layout.BHSD}), supports_gqa=True, mask_kinds=gqa_mask_kinds, mask_with_causal=False,
-            supports_dropout=True, deterministic=True, graph_safe=True,
+            supports_dropout=True, deterministic=True, graph_safe=True, supports_alibi=True,
         ),
         KernelSpec(
             "torch_sdpa.cpu_fp32_upcast", "attention", _fp32_upcast, priority=85,
@@ -177,6 +177,43 @@ def kernel_specs() -> list[KernelSpec]:
             check=_upcast_check,
         ),
     ]
+
+
+def alibi_bias(slopes: torch.Tensor, batch: int, sq: int, sk: int, causal: bool,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """ALiBi as an explicit bias ``[B, Hq, Sq, Sk]`` (``[1, Hq, ...]`` for ``[Hq]`` slopes) in ``dtype`` (float32 or
+    float64), flash-attn's formula ``-slope[b, h] * |i + Sk - Sq - j|`` (Press et al. 2022; positions bottom-right
+    aligned), with ``-inf`` where ``lz.attention``'s top-left causal mask (``j > i``) hides a key when ``causal``."""
+    i = torch.arange(sq, device=slopes.device, dtype=dtype)[:, None]
+    j = torch.arange(sk, device=slopes.device, dtype=dtype)[None, :]
+    dist = (i + (sk - sq) - j).abs()
+    s = slopes.to(dtype).reshape(-1 if slopes.dim() == 2 else 1, slopes.shape[-1], 1, 1)
+    bias = -s * dist
+    if causal:
+        bias = bias.masked_fill(j > i, float("-inf"))
+    return bias.expand(batch if slopes.dim() == 2 else 1, -1, -1, -1)
+
+
+def _with_alibi(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` (an SDPA kernel) that also serves ``lz.attention(alibi_slopes=...)``: the slopes become an explicit
+    bias (:func:`alibi_bias`) added to the caller's mask (a bool mask turns into ``-inf`` where False), causality
+    folded into it (SDPA refuses a mask together with ``is_causal``), and the attention computed in float32 (float64
+    for float64 inputs; a half-precision bias would round ``slope * distance`` to 8 bits), rounded once to q's dtype.
+    Without slopes: ``run``."""
+
+    def call(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None, alibi_slopes=None):
+        if alibi_slopes is None:
+            return run(q, k, v, attn_mask, is_causal, scale, dropout_p)
+        dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+        bias = alibi_bias(alibi_slopes, q.shape[0], q.shape[2], k.shape[2], is_causal, dt)
+        if attn_mask is not None:
+            bias = (bias.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                    else bias + attn_mask.to(dt))
+        out = run(q.to(dt), k.to(dt), v.to(dt), bias, False, scale, dropout_p)
+        return out.to(q.dtype)
+
+    call.__name__ = run.__name__
+    return call
 
 
 def _fp32_upcast(q, k, v, attn_mask, is_causal, scale, dropout_p):
