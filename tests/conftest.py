@@ -76,6 +76,20 @@ def _isolate_layerzero(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     lz_logger.setLevel(level)
 
 
+@pytest.fixture
+def fresh_telemetry() -> Iterator[None]:
+    """``layerzero.telemetry`` off and zeroed (and the selection cache empty) before a test, off and zeroed after."""
+    import layerzero.telemetry as lzt
+    from layerzero.core.runtime import RUNTIME
+
+    lzt.disable()
+    lzt.reset()
+    RUNTIME.cache.invalidate()
+    yield
+    lzt.disable()
+    lzt.reset()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread() -> Iterator[None]:
     """Tests use tiny tensors: intra-op threads only add contention on the 2-core CI machine (10-100x slower

@@ -19,13 +19,9 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(autouse=True)
-def fresh():
-    lzt.disable()
-    lzt.reset()
-    RUNTIME.cache.invalidate()
+def fresh(fresh_telemetry):
+    """Telemetry off and zeroed around every test (tests/conftest.py ``fresh_telemetry``)."""
     yield
-    lzt.disable()
-    lzt.reset()
 
 
 def _rms(rows=3, h=32):

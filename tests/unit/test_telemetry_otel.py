@@ -22,13 +22,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def fresh():
-    lzt.disable()
-    lzt.reset()
-    RUNTIME.cache.invalidate()
+def fresh(fresh_telemetry):
+    """Telemetry off and zeroed around every test (tests/conftest.py ``fresh_telemetry``)."""
     yield
-    lzt.disable()
-    lzt.reset()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ pre-tokenizer, post-processor, decoder, special tokens), so content-equal tokeni
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import json
 from functools import cached_property
@@ -51,7 +52,7 @@ def unsupported(library: str, option: str, fix: str) -> InvalidInputError:
                                           f"an option {library} supports", f"{option}=True", fix))
 
 
-class Adapter:
+class Adapter(abc.ABC):
     """One tokenizer of one library. Subclasses set ``library`` and implement the five methods."""
 
     library = ""
@@ -74,23 +75,27 @@ class Adapter:
         re-hashes the content when it changes)."""
         return ()
 
+    @abc.abstractmethod
     def _key(self) -> str:
-        raise NotImplementedError
+        """The content hash (hex sha256) that keys the adapter cache."""
 
     @property
+    @abc.abstractmethod
     def vocab_size(self) -> int:
         """Exclusive upper bound of the valid token ids."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def encode(self, texts: list[str], add_special_tokens: bool, split_special_tokens: bool) -> list[list[int]]:
-        raise NotImplementedError
+        """Token ids of each text (the library's batch call)."""
 
+    @abc.abstractmethod
     def encode_offsets(self, texts: list[str], add_special_tokens: bool,
                        split_special_tokens: bool) -> list[Encoding]:
-        raise NotImplementedError
+        """Ids, character offsets and token strings of each text."""
 
+    @abc.abstractmethod
     def decode(self, batch: list[list[int]], skip_special_tokens: bool) -> list[str]:
-        raise NotImplementedError
+        """Text of each id sequence (the library's batch decode)."""
 
     def decode_one(self, ids: list[int], skip_special_tokens: bool) -> str:
         """One sequence (the streaming detokenizer's window); adapters override it when the library has a

@@ -50,18 +50,16 @@ class FastLaunch:
         if self.broken:
             self.fn[grid](*args, **kwargs)
             return
+        key = None
         try:
-            from triton import knobs
-
-            rt = knobs.runtime
+            rt = _knobs_runtime()
             if _active(rt.launch_enter_hook) or _active(rt.launch_exit_hook):
                 self.fn[grid](*args, **kwargs)
                 return
             device = torch.cuda.current_device()
             caches = self.fn.device_caches.get(device)
             if caches is not None:
-                bound, spec, options = caches[4](*args, **kwargs)
-                key = (device, tuple(spec), tuple(options.items()))
+                key, bound = _key(device, caches, args, kwargs)
                 kernel = self.kernels.get(key)
                 if kernel is not None:
                     self.hits += 1
@@ -77,11 +75,34 @@ class FastLaunch:
             return
         kernel = self.fn.run(*args, grid=grid, warmup=False, **kwargs)  # compiles (or loads) and launches
         self.misses += 1
-        if kernel is not None and hasattr(kernel, "run") and not hasattr(kernel, "result"):
+        if kernel is None or not hasattr(kernel, "run") or hasattr(kernel, "result"):
+            return  # warm-up only, or an asynchronous compile: Triton's own path next time too
+        if key is None:  # the first launch on this device created its binder
             caches = self.fn.device_caches.get(device)
-            if caches is not None:
-                _, spec, options = caches[4](*args, **kwargs)
-                self.kernels[(device, tuple(spec), tuple(options.items()))] = kernel
+            if caches is None:
+                return
+            key = _key(device, caches, args, kwargs)[0]
+        self.kernels[key] = kernel
+
+
+def _key(device: int, caches: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], Any]:
+    """``((device, specialization, options), bound_args)`` from Triton's own binder (``device_caches[device][4]``):
+    the specialization holds what Triton compiles per (dtypes, alignment, integers equal to 1 or divisible by 16,
+    constexprs), so two calls share a key only if ``JITFunction.run`` would launch the same kernel for both."""
+    bound, spec, options = caches[4](*args, **kwargs)
+    return (device, tuple(spec), tuple(options.items())), bound
+
+
+_RUNTIME_KNOBS: list[Any] = []
+
+
+def _knobs_runtime() -> Any:
+    """``triton.knobs.runtime``, imported on the first launch (``import layerzero`` never imports triton)."""
+    if not _RUNTIME_KNOBS:
+        from triton import knobs
+
+        _RUNTIME_KNOBS.append(knobs.runtime)
+    return _RUNTIME_KNOBS[0]
 
 
 def _active(hook: Any) -> bool:
