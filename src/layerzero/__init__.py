@@ -150,7 +150,9 @@ def register_hub_kernel(op: str, kernel_id: str, repo_id_or_path: Any, function_
 def register_isolated_kernel(op: str, kernel_id: str, target: str, **kwargs: Any) -> Any:
     """Register ``target`` (``"module:function"``, imported only inside a worker process run by ``python=``, another
     venv's interpreter say) as kernel ``kernel_id`` of ``op``; tensors cross through shared memory, never pickle.
-    See :func:`layerzero.isolation.register` (options, errors) and docs/isolation.md."""
+    Returns the registered :class:`KernelSpec`. Raises ``ConfigurationError`` (what ``lz.register_kernel``
+    raises, a non-CPU ``device_types``, conflicting backend options) and ``InvalidInputError`` (a bad
+    ``timeout_s``); see :func:`layerzero.isolation.register` (options) and docs/isolation.md."""
     from .isolation import register
 
     return register(op, kernel_id, target, **kwargs)

@@ -353,8 +353,8 @@ def current() -> SelectionSync | None:
 
 
 def unsync() -> bool:
-    """Leave synchronized selection on this rank (see :meth:`SelectionSync.close`); True if it was on. No
-    communication: call it on every rank."""
+    """Leave synchronized selection on this rank (see :meth:`SelectionSync.close`). Returns True if it was on,
+    False otherwise; never raises. No communication: call it on every rank."""
     sync = current()
     if sync is None:
         return False

@@ -124,7 +124,9 @@ def _warm() -> tuple[Check, Check]:
 
 def readiness_check(table: Any = None) -> ReadinessReport:
     """Answer "can this process serve?" (see the module docstring). ``table``: a :class:`DispatchTable` to check
-    instead of the compiled one. Never raises for a failed check: it is a row with ``ok=False``."""
+    instead of the compiled one. Returns a :class:`ReadinessReport` (``ok``: every check passed; ``checks``: rows of
+    (name, ok, detail): backends and health, PerfDB, table fingerprint, warmed keys, graph-safe capture choices).
+    Never raises for a failed check: it is a row with ``ok=False``."""
     RUNTIME.ensure_ready()
     warm, graph = _warm()
     return ReadinessReport((_backends(), _perfdb(), _table(table), warm, graph))

@@ -223,7 +223,8 @@ def compile(table: DispatchTable, *, strict: bool = False, check: bool = True) -
 
 
 def uncompile() -> bool:
-    """Remove the compiled table (cached choices are invalidated); True when one was installed."""
+    """Remove the compiled table (cached choices are invalidated). Returns True when one was installed, False
+    otherwise; never raises."""
     if isinstance(RUNTIME.coordinator, CompiledTable):
         RUNTIME.coordinator = None
         RUNTIME.cache.invalidate()
