@@ -86,3 +86,29 @@ def test_lz_sample_picks_it_by_default_and_under_a_lock():
                            ts.sample(logits, temperature=temp, seeds=seeds))
     finally:
         lz.unlock("sample")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("b", [1, 3, 17])
+def test_split_vocabulary_path_returns_the_one_program_ids(dtype, b):
+    """The split path (``_sampling_split_kernels.py``, the default at these batch sizes) against ``_race_row``
+    (``split=False``): the same ids, bit for bit, with ties of the max across chunks, ``-inf`` entries, an all
+    ``-inf`` row, greedy rows, min-p, and seeded and unseeded rows under one generator seed."""
+    v = 151936
+    assert ts.split_chunks(b, v)[0] > 1
+    logits, temp, seeds, offsets = _batch(b, v, torch.float32, seed=100 + b)
+    logits[0, [5, 70000, 151935]] = logits[0].max() + 1  # tied maxima in three chunks
+    if b > 1:
+        logits[1, ::3] = -math.inf
+        logits[-1] = -math.inf
+    logits = logits.to(dtype)
+    temp[b // 2] = 1e-30  # tiny but not greedy
+    seeds[::2] = -1  # unseeded rows: noise from the generator's base seed
+    min_p = torch.full((b,), 0.05, device=DEV)
+    for kw in (dict(temperature=temp, seeds=seeds, offsets=offsets), dict(temperature=temp, min_p=min_p),
+               dict(seeds=seeds, offsets=offsets), {}):
+        one = ts.sample(logits, generator=torch.Generator(device=DEV).manual_seed(9), split=False, **kw)
+        split = ts.sample(logits, generator=torch.Generator(device=DEV).manual_seed(9), split=True, **kw)
+        dflt = ts.sample(logits, generator=torch.Generator(device=DEV).manual_seed(9), **kw)
+        assert torch.equal(one, split), (kw.keys(), one, split)
+        assert torch.equal(split, dflt)

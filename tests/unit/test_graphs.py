@@ -199,7 +199,8 @@ def test_capture_key_for_every_op():
                             torch.tensor([[0, 1], [2, 3]])), {}),
              "quantize": ((x, "nvfp4"), {}), "dequantize": ((lz.quantize(x, "int8", axis=0),), {}),
              "embedding": ((torch.tensor([[1, 0, 3]]), torch.randn(5, 16)), {}),
-             "linear_cross_entropy": ((x, torch.randn(7, 16), torch.tensor([1, 6])), {})}
+             "linear_cross_entropy": ((x, torch.randn(7, 16), torch.tensor([1, 6])), {}),
+             "linear": ((x, torch.randn(7, 16)), {})}
     assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():
         prepare, build_ctx = OPS[op]

@@ -85,6 +85,7 @@ def _opt_isa(where: str, v: Any) -> frozenset[str] | None:
 
 _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "priority": _int,
+    "capture_priority": _opt_int,
     "device_types": _str_set(None),
     "dtypes": _str_set(_DTYPES),
     "sm_min": _sm,

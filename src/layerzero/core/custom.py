@@ -50,6 +50,7 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "layer_norm": ("x", "weight", "bias", "eps"),
     "swiglu": ("gate", "up"),
     "embedding": ("input_ids", "weight", "padding_idx"),
+    "linear": ("x", "weight", "bias"),
     "geglu": ("gate", "up", "approximate"),
     "reglu": ("gate", "up"),
     "fused_moe": ("x", "w13", "w2", "topk_weights", "topk_ids"),

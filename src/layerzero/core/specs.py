@@ -108,12 +108,17 @@ class KernelSpec:
     arguments, ``k_scale`` and ``v_scale``, when the cache is quantized (default empty: every other kernel is refused
     with ``KV_CACHE_DTYPE_UNSUPPORTED``). ``max_seq_len`` is checked against the upper
     bound of the sequence-length bucket so a cached choice is valid for every length in its bucket.
+    ``capture_priority``: the priority used instead of ``priority`` while a CUDA graph is being captured
+    (``ctx.graph_capture``), where the host's launch cost is paid once at capture and only the device time counts
+    on every replay; a kernel that loses eagerly to its launch overhead can be the faster one inside a graph
+    (None: ``priority`` everywhere).
     """
 
     kernel_id: str
     op: str
     fn: Callable[..., Any]
     priority: int = 0
+    capture_priority: int | None = None
     description: str = ""
     device_types: frozenset[str] = frozenset({"cpu", "cuda"})
     dtypes: frozenset[torch.dtype] = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
@@ -159,7 +164,7 @@ class KernelSpec:
         """The data constraints as JSON-ready values (for ``lz.list_kernels`` and the docs)."""
         out: dict[str, Any] = {}
         for name in (
-            "priority", "device_types", "dtypes", "sm_min", "sm_max", "generations", "layouts", "head_dim_min",
+            "priority", "capture_priority", "device_types", "dtypes", "sm_min", "sm_max", "generations", "layouts", "head_dim_min",
             "head_dim_max", "head_dim_multiple", "head_dims_equal", "supports_gqa", "mask_kinds",
             "mask_with_causal", "supports_causal", "supports_dropout", "supports_window", "supports_softcap",
             "supports_alibi",

@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import attention as _attention
 from . import embedding as _embedding
 from . import fused_moe as _fused_moe
+from . import linear as _linear
 from . import linear_cross_entropy as _lce
 from . import norms as _norms
 from . import paged as _paged
@@ -20,6 +21,7 @@ from .attention import attention
 from .embedding import embedding
 from .fused_moe import fused_moe
 from .kv_cache import KVLayout, allocate_kv_cache
+from .linear import linear
 from .linear_cross_entropy import linear_cross_entropy
 from .norms import layer_norm, rms_norm
 from .paged import paged_attention, reshape_and_cache
@@ -32,7 +34,7 @@ from .swiglu import geglu, reglu, swiglu
 OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _sampling.TOPK_SPEC,
                    _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
                    _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC, _quantization.SPEC,
-                   _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC)
+                   _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC, _linear.SPEC)
 
 OPS = {
     "attention": (_attention.prepare, _attention.context),
@@ -53,6 +55,7 @@ OPS = {
     "dequantize": (_quantization.prepare_dequantize, _quantization.context),
     "embedding": (_embedding.prepare, _embedding.context),
     "linear_cross_entropy": (_lce.prepare, _lce.context),
+    "linear": (_linear.prepare, _linear.context),
 }
 
 
@@ -68,4 +71,4 @@ def register_builtin(registry) -> None:
 
 __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
            "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
-           "geglu", "reglu", "quantize", "dequantize", "embedding", "linear_cross_entropy"]
+           "geglu", "reglu", "quantize", "dequantize", "embedding", "linear", "linear_cross_entropy"]

@@ -104,6 +104,10 @@ def register(registry: KernelRegistry) -> None:
     for op, fn in (("quantize", quantize), ("dequantize", dequantize)):
         registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (format tables)",
                                        supports_backward=False, **common))
+    from .linear import linear  # lz.linear (float32 math)
+
+    registry.add_kernel(KernelSpec("reference.linear", "linear", linear,
+                                   description="reference linear (float32 accumulation, one rounding)", **common))
     from .embedding import embedding  # lz.embedding (index_select)
 
     registry.add_kernel(KernelSpec("reference.embedding", "embedding", embedding,

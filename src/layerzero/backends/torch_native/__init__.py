@@ -111,6 +111,12 @@ def _embedding(input_ids, weight, padding_idx):
     return F.embedding(input_ids, weight, padding_idx)
 
 
+def _linear(x, weight, bias):
+    """``F.linear(x, weight, bias)``: ``[..., K]`` x, ``[N, K]`` weight, ``[N]`` bias -> ``[..., N]`` (cuBLAS on CUDA,
+    oneDNN / MKL on CPU)."""
+    return F.linear(x, weight, bias)
+
+
 def register(registry: KernelRegistry) -> None:
     """Add the torch_native backend: fused rms_norm and layer_norm from torch.nn.functional, RoPE and SwiGLU
     in the input dtype, and the KV-cache write."""
@@ -149,6 +155,9 @@ def register(registry: KernelRegistry) -> None:
     registry.add_kernel(KernelSpec("torch_native.embedding", "embedding", _embedding, priority=50,
                                    description="torch.nn.functional.embedding (padding_idx gets no gradient)",
                                    device_types=devices, dtypes=FLOATS))
+    registry.add_kernel(KernelSpec("torch_native.linear", "linear", _linear, priority=50,
+                                   description="torch.nn.functional.linear (cuBLAS / oneDNN)", device_types=devices,
+                                   dtypes=FLOATS))
     registry.add_kernel(KernelSpec("torch_native.reglu", "reglu", _reglu, priority=50,
                                    description="F.relu(gate) * up in the input dtype", device_types=devices,
                                    dtypes=FLOATS))

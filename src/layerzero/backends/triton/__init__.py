@@ -1,7 +1,7 @@
 """The ``triton`` backend: LayerZero's own Triton kernels, CUDA only (SM >= 8.0).
 
 Kernels: ``triton.rms_norm`` (fused residual add, ``norms.py``), ``triton.rope`` (``rope.py``),
-``triton.swiglu`` (``swiglu.py``), ``triton.fused_moe`` (``moe.py``),
+``triton.swiglu`` (``swiglu.py``), ``triton.fused_moe`` (``moe.py``), ``triton.gemv`` (``lz.linear``, ``gemv.py``),
 ``triton.sample_topk`` / ``triton.sample_topp`` / ``triton.sample`` (``sampling.py``), ``triton.reshape_and_cache`` (``cache.py``) and
 the paged decode attention kernels of ``paged.py``. Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call)
 calls :func:`probe`, which imports ``triton``; the ``@triton.jit`` modules (``_*_kernels.py``) are imported on
@@ -18,7 +18,7 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec, KernelSpec
 
 from .._optional import dist_version, import_modules, unavailable_backend, unavailable_why
-from . import cache, moe, norms, rope, sampling, swiglu
+from . import cache, gemv, moe, norms, rope, sampling, swiglu
 from ._common import INSTALL_HINT
 
 log = logging.getLogger("layerzero.backends.triton")
@@ -26,7 +26,8 @@ BACKEND_ID = "triton"
 MODULE = "triton"
 _DESCRIPTION = ("LayerZero's own Triton kernels (RMSNorm + fused add, RoPE, SwiGLU, fused MoE, top-k/top-p "
                 "sampling, lz.sample's fused race, paged KV-cache write, paged decode)")
-KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID, cache.KERNEL_ID)
+KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID, cache.KERNEL_ID,
+              gemv.KERNEL_ID)
 """Ids of this package's own op kernels (the paged kernels are listed by ``paged.kernel_specs``)."""
 
 
@@ -44,7 +45,7 @@ def probe() -> BackendSpec:
 
 def kernel_specs(available: bool, why: str = "triton is not available") -> list[KernelSpec]:
     """Every KernelSpec of the backend: rms_norm, rope, sample_topk, sample_topp, sample, swiglu, fused_moe,
-    reshape_and_cache, then
+    reshape_and_cache, linear (gemv), then
     ``paged.kernel_specs``.
 
     Args:
@@ -56,14 +57,14 @@ def kernel_specs(available: bool, why: str = "triton is not available") -> list[
 
     return [norms.kernel_spec(available, why), rope.kernel_spec(available, why),
             *sampling.kernel_specs(available, why), swiglu.kernel_spec(available, why),
-            moe.kernel_spec(available, why), cache.kernel_spec(available, why),
+            moe.kernel_spec(available, why), cache.kernel_spec(available, why), gemv.kernel_spec(available, why),
             *paged.kernel_specs(available, why)]
 
 
 def register(registry: KernelRegistry) -> None:
     """Add the ``triton`` backend (available or not, with reasons) and all its kernels to ``registry`` (the
-    ``rms_norm``, ``rope``, ``sample_topk``, ``sample_topp``, ``sample``, ``swiglu``, ``fused_moe`` and ``paged_attention``
-    ops must be registered).
+    ``rms_norm``, ``rope``, ``sample_topk``, ``sample_topp``, ``sample``, ``swiglu``, ``fused_moe``, ``linear`` and
+    ``paged_attention`` ops must be registered).
 
     Raises:
         ConfigurationError: the backend or one of its kernel ids is already registered.

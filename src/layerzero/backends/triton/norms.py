@@ -33,6 +33,10 @@ PRIORITY = 45
 """Below torch_native (50): on the H200 (bf16, H=4096) the Triton launch makes it slower for decode-sized
 inputs (30 vs 12-19 µs for 1-64 rows) while it wins for 8192 rows (42 vs 46 µs; fused residual 75 vs 94 µs);
 lz.tune promotes it there (benchmarks/results/norm_rope_h200.md)."""
+CAPTURE_PRIORITY = 55
+"""Above torch_native (50) inside a CUDA graph, where the launch is paid once at capture: one fused pass (residual
+add included) measured 0.47-0.69 of torch's time at 1-16 rows on the H200, Qwen3 shapes (``[M, 1024]``, per-head
+``[M, 16, 128]``; ``benchmarks/results/in_graph_h200.md``)."""
 MAX_HIDDEN = 65536
 _KERNELS = LazyModule("_norm_kernels")
 
@@ -97,7 +101,7 @@ def kernel_spec(available: bool, why: str) -> KernelSpec:
     """The ``triton.rms_norm`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``)
     when ``available`` is False."""
     fn: Callable[..., Any] = rms_norm if available else missing(KERNEL_ID, why)
-    return KernelSpec(KERNEL_ID, "rms_norm", fn, priority=PRIORITY,
+    return KernelSpec(KERNEL_ID, "rms_norm", fn, priority=PRIORITY, capture_priority=CAPTURE_PRIORITY,
                       description="LayerZero Triton RMSNorm, one program per row, float32 accumulation, HF Llama "
                                   "rounding, fused residual add in the same pass",
                       device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, requires_stride_last_1=True,

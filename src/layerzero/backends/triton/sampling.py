@@ -35,7 +35,7 @@ import torch
 
 from layerzero.core.specs import KernelSpec
 
-from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, next_pow2
 from ._launch import launch
 
 KERNEL_IDS = ("triton.sample_topk", "triton.sample_topp", "triton.sample")
@@ -53,7 +53,20 @@ speed; with top-p 0.9 (both sort the row first) 0.91x, 0.94x, 1.02x. The common 
 autotune measure the top-p contexts per machine."""
 RACE_BLOCK = 4096
 """Row tile of the ``lz.sample`` race kernel (elements)."""
+SPLIT_PROGRAMS = 1056
+"""Split rule of :func:`sample`: a batch of ``B`` rows is raced by ``(B, chunks)`` programs with ``chunks =
+ceil(SPLIT_PROGRAMS / B)`` (at most one per :data:`SPLIT_BLOCK` tile of the row), and by one program per row
+(``_race_row``) when that leaves one chunk, i.e. ``B >= SPLIT_PROGRAMS`` or ``V <= SPLIT_BLOCK``. 1056 is eight
+programs per SM of an H100/H200 (132 SMs). Measured on an H200 (CUDA-graph replay of the whole call, vocab 151936,
+bf16, temperature and seeds; 2026-11-25): one program per row 210-220 µs for B = 1..128 (one SM scans a row twice),
+291 µs at B 256, 389 µs at B 384; split 22, 27, 36, 55, 84, 141 µs at B 1, 8, 17, 32, 64, 128, 255 µs at B 256,
+376 µs at B 384 (264 and 528 programs were slower from B 8 on, 1024-element tiles no better); at B 512, 768, 1024
+(3, 2, 2 chunks) 482 / 707 / 914 µs against 524 / 724 / 941: compute-bound there either way. Both paths gave the
+same ids in every case (tests/gpu/test_gpu_triton_sample.py, 15/15)."""
+SPLIT_BLOCK = 2048
+"""Row tile of the split-vocabulary race kernels (elements); a chunk is a whole number of tiles."""
 _KERNELS = LazyModule("_sampling_kernels")
+_SPLIT_KERNELS = LazyModule("_sampling_split_kernels")
 
 
 def uniforms(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -123,36 +136,56 @@ def sample_topp(logits: torch.Tensor, p: float, temperature: float = 1.0,
     return draw(logits, uniforms(logits, generator), p=p, temperature=temperature)
 
 
+def split_chunks(n_rows: int, vocab: int) -> tuple[int, int]:
+    """``(n_chunks, chunk_len)`` of :func:`sample`'s split path by the :data:`SPLIT_PROGRAMS` rule: ``n_chunks ==
+    1`` means one program per row (``_race_row``). ``chunk_len`` is a whole number of :data:`SPLIT_BLOCK` tiles."""
+    tiles = cdiv(vocab, SPLIT_BLOCK)
+    want = min(tiles, cdiv(SPLIT_PROGRAMS, max(n_rows, 1)))
+    if want < 2:
+        return 1, vocab
+    per_chunk = cdiv(tiles, want)
+    return cdiv(tiles, per_chunk), per_chunk * SPLIT_BLOCK
+
+
 def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k: torch.Tensor | None = None,
            top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
-           offsets: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``lz.sample`` with the exponential race fused into one Triton launch (``_race_row``, one program per row):
-    the semantics of ``reference.sample`` (vLLM v1 ``Sampler``, HF warper order), whose docstring gives them.
+           offsets: torch.Tensor | None = None, generator: torch.Generator | None = None, *,
+           split: bool | None = None) -> torch.Tensor:
+    """``lz.sample`` with the exponential race fused in Triton: the semantics of ``reference.sample`` (vLLM v1
+    ``Sampler``, HF warper order), whose docstring gives them.
 
     Args:
         logits: ``[B, V]`` float16/bfloat16/float32 on CUDA (float32 math).
         temperature, top_k, top_p, min_p, seeds, offsets: ``[B]`` per-row tensors or None, as ``lz.sample``.
         generator: CUDA ``torch.Generator`` or None (the device's default): one int64 per call is drawn from it
             (``torch.randint``, on the device: no host synchronization) as the noise seed of unseeded rows.
+        split: None (default) picks the path by the :data:`SPLIT_PROGRAMS` rule (:func:`split_chunks`); True
+            forces the split-vocabulary path with the chunks of a one-row batch (one program per row still when
+            the row fits one :data:`SPLIT_BLOCK` tile), False the one-program-per-row kernel. Both give the same
+            token ids.
 
     Returns:
         Token ids ``[B]``, int64.
 
-    What runs where: without top-k / top-p, only the Triton kernel (two reads of the row; the reference makes about
-    a dozen ``[B, V]`` passes). With top-k or top-p the cut needs the sorted row: ``torch.sort`` and the cut as the
-    reference computes them (``reference.sampling._cut_sorted``), then the kernel races over the cut row.
-    Seeded rows (``seed >= 0``) draw the reference's counter-based noise, so they pick the reference's token up to
-    float32 rounding of ``z`` and of the logarithms (near-ties only); unseeded rows draw the same noise hashed from
-    the call's random seed and their row index instead of ``torch.exponential_`` (same distribution, another
-    stream). The min-p cut is ``exp(z) < min_p`` (``prob / max prob`` without the softmax sum; the reference
-    rounds the normalized probabilities, which can differ exactly at the boundary).
+    What runs where: without top-k / top-p, only Triton kernels. Few rows (``B < SPLIT_PROGRAMS`` with
+    ``V > SPLIT_BLOCK``; decode batches): three launches over ``(B, chunks)`` / ``(B, chunks)`` / ``(B,)``
+    programs (``_sampling_split_kernels.py``: chunk maxima; row max then the race over each chunk; the merge), with
+    two ``[B, 2, chunks]`` partial buffers; many rows: one launch of ``_race_row``, one program per row, two reads of
+    the row. The split path returns exactly ``_race_row``'s ids (same scores, the smallest column among equal
+    maxima). The reference makes about a dozen ``[B, V]`` passes. With top-k or top-p the cut needs the sorted row:
+    ``torch.sort`` and the cut as the reference computes them (``reference.sampling._cut_sorted``), then the
+    kernels race over the cut row. Seeded rows (``seed >= 0``) draw the reference's counter-based noise, so they
+    pick the reference's token up to float32 rounding of ``z`` and of the logarithms (near-ties only); unseeded
+    rows draw the same noise hashed from the call's random seed and their row index instead of
+    ``torch.exponential_`` (same distribution, another stream). The min-p cut is ``exp(z) < min_p`` (``prob / max
+    prob`` without the softmax sum; the reference rounds the normalized probabilities, which can differ exactly at
+    the boundary). No host synchronization on either path; every buffer is a ``torch.empty`` on the current stream.
 
     Raises:
         Nothing of its own (``lz.sample`` validates).
     """
     from layerzero.backends.reference.sampling import scaled_cut
 
-    mod = _KERNELS.get()
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     n_rows, vocab = logits.shape
@@ -165,12 +198,26 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k:
     base = torch.randint(0, 1 << 62, (1,), generator=generator, device=logits.device, dtype=torch.int64)
     out = torch.empty((n_rows,), dtype=torch.int64, device=logits.device)
     dummy = out  # a pointer for absent tensors (their HAS_* flag keeps the kernel from reading it)
-    launch(mod._race_row, (n_rows,),
-        logits, temperature if temperature is not None else dummy, min_p if min_p is not None else dummy,
-        seeds if seeds is not None else dummy, offsets if offsets is not None else dummy,
-        base, out, logits.stride(0), vocab, GREEDY_BELOW, float(torch.finfo(torch.float32).tiny),
-        HAS_T=temperature is not None, HAS_MINP=min_p is not None, HAS_SEEDS=seeds is not None,
-        BLOCK=min(RACE_BLOCK, next_pow2(vocab)), num_warps=8)
+    t_arg = temperature if temperature is not None else dummy
+    rest = (min_p if min_p is not None else dummy, seeds if seeds is not None else dummy,
+            offsets if offsets is not None else dummy, base)
+    flags = dict(HAS_T=temperature is not None, HAS_MINP=min_p is not None, HAS_SEEDS=seeds is not None)
+    tiny = float(torch.finfo(torch.float32).tiny)
+    n_chunks, chunk_len = (1, vocab) if split is False or n_rows == 0 else split_chunks(1 if split else n_rows, vocab)
+    if n_chunks > 1:
+        mod = _SPLIT_KERNELS.get()
+        fp = torch.empty((n_rows, 2, n_chunks), dtype=torch.float32, device=logits.device)
+        ip = torch.empty((n_rows, 2, n_chunks), dtype=torch.int32, device=logits.device)
+        chunks = next_pow2(n_chunks)
+        launch(mod._split_max, (n_rows, n_chunks), logits, fp, ip, logits.stride(0), vocab, chunk_len, n_chunks,
+               BLOCK=SPLIT_BLOCK, num_warps=4)
+        launch(mod._split_race, (n_rows, n_chunks), logits, t_arg, *rest, fp, ip, logits.stride(0), vocab,
+               chunk_len, n_chunks, GREEDY_BELOW, tiny, **flags, BLOCK=SPLIT_BLOCK, CHUNKS=chunks, num_warps=4)
+        launch(mod._split_merge, (n_rows,), t_arg, fp, ip, out, n_chunks, GREEDY_BELOW,
+               HAS_T=temperature is not None, CHUNKS=chunks, num_warps=1 if chunks <= 128 else 4)
+    else:
+        launch(_KERNELS.get()._race_row, (n_rows,), logits, t_arg, *rest, out, logits.stride(0), vocab,
+               GREEDY_BELOW, tiny, **flags, BLOCK=min(RACE_BLOCK, next_pow2(vocab)), num_warps=8)
     if greedy is not None:
         out = torch.where(greedy, torch.argmax(x, dim=-1), out)
     return out
@@ -191,6 +238,6 @@ def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
                    description="stable torch.sort on the logits + Triton softmax/nucleus cut/inverse-CDF draw",
                    **common),
         KernelSpec(KERNEL_IDS[2], "sample", fns[2],
-                   description="lz.sample's exponential race in one Triton launch (counter-based noise; torch.sort "
-                               "first only for top-k/top-p)", **{**common, "priority": PRIORITY_SAMPLE}),
+                   description="lz.sample's exponential race in Triton: one launch, or three over vocabulary "
+                               "chunks for few rows (counter-based noise; torch.sort first only for top-k/top-p)", **{**common, "priority": PRIORITY_SAMPLE}),
     ]

@@ -31,6 +31,9 @@ KERNEL_ID = "triton.swiglu"
 PRIORITY = 45
 """Below torch_native (50, ``F.silu(gate) * up``: two elementwise launches): not yet measured on the H200;
 lz.tune promotes it where its single pass is faster."""
+CAPTURE_PRIORITY = 55
+"""Above torch_native (50) inside a CUDA graph (launch paid once at capture): its one pass measured 0.29-0.45 of
+torch's two kernels at 1-16 rows on the H200 (I = 3072; ``benchmarks/results/in_graph_h200.md``)."""
 MAX_INTER = 65535 * 1024
 """Largest intermediate size: rows go on grid axis 0 (CUDA x, up to 2^31 - 1), column blocks of 1024 on axis 1
 (CUDA y, at most 65535)."""
@@ -74,7 +77,7 @@ def kernel_spec(available: bool, why: str) -> KernelSpec:
     """The ``triton.swiglu`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``)
     when ``available`` is False."""
     fn: Callable[..., Any] = swiglu if available else missing(KERNEL_ID, why)
-    return KernelSpec(KERNEL_ID, "swiglu", fn, priority=PRIORITY,
+    return KernelSpec(KERNEL_ID, "swiglu", fn, priority=PRIORITY, capture_priority=CAPTURE_PRIORITY,
                       description="LayerZero Triton SwiGLU, one elementwise pass, float32 math, HF LlamaMLP rounding",
                       device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, requires_stride_last_1=True,
                       deterministic=True, graph_safe=True, supports_backward=False, check=_check)

@@ -1,4 +1,5 @@
-"""Linear layers with packed weights (one matmul for q/k/v and for gate/up) and the vocabulary embedding."""
+"""Linear layers with packed weights (one matmul for q/k/v and for gate/up, through ``lz.linear``) and the
+vocabulary embedding."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+import layerzero as lz
 
 from ..errors import bad_config
 
@@ -31,8 +34,9 @@ class Linear(nn.Module):
         self.bias = (nn.Parameter(torch.empty(at, device=device, dtype=dtype), requires_grad=False) if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x ``[T, in_features]`` -> ``[T, out_features]``."""
-        return F.linear(x, self.weight, self.bias)
+        """x ``[T, in_features]`` -> ``[T, out_features]`` through :func:`layerzero.linear` (cuBLAS for prefill, a
+        skinny-GEMM kernel for decode batches of up to 8 rows on CUDA)."""
+        return lz.linear(x, self.weight, self.bias)
 
     def load(self, tensor: torch.Tensor, shard: str = "", *, bias: bool = False) -> None:
         """Copy a checkpoint tensor into shard ``shard``'s rows (the whole weight for an unpacked layer).

@@ -5,7 +5,7 @@ packed gate/up, ``down_proj``) with a :class:`QuantizedLinear` holding ``lz.quan
 buffers instead of the float weight. The embedding, the norms, the LM head (kept in the model dtype: its logits
 decide every token) and the MoE experts / router stay in the model dtype.
 
-Forward: ``F.linear(x, lz.dequantize(W_q), b)``: the weight is dequantized to the model dtype on every call and
+Forward: ``lz.linear(x, lz.dequantize(W_q), b)``: the weight is dequantized to the model dtype on every call and
 dropped afterwards (nothing is cached, so the memory saving holds; the price is one dequantization per layer per
 step). Fused low-bit GEMMs (Marlin / machete for int4, cuBLASLt fp8 ``torch._scaled_mm``) are not done.
 """
@@ -16,7 +16,6 @@ import logging
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import layerzero as lz
@@ -101,7 +100,7 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[T, in_features]`` -> ``[T, out_features]``."""
-        return F.linear(x, lz.dequantize(self.qtensor()), self.bias)
+        return lz.linear(x, lz.dequantize(self.qtensor()), self.bias)
 
     def extra_repr(self) -> str:
         g = f", group_size={self.group_size}" if self.group_size else ""

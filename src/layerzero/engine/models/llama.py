@@ -10,6 +10,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+import layerzero as lz
+
 from ..config import ModelConfig
 from ..errors import bad_config
 from ..layers.activation import silu_and_mul
@@ -123,7 +125,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Logits ``[S, V]`` float32 of the rows in ``batch.logits_indices``."""
         h = self.hidden_states(batch, kv_caches)[batch.logits_indices]
-        return torch.nn.functional.linear(h, self.lm_head.weight).float()
+        return lz.linear(h, self.lm_head.weight).float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -1,0 +1,65 @@
+"""Triton skinny GEMM (``y = x @ W.T + b`` for 1-8 rows). Imported only after ``import triton`` succeeded.
+
+Decode's projections read a whole weight matrix for one to a few rows of x; the work is the weight read, so the
+kernels are laid out for bandwidth, not for tensor-core throughput:
+
+- ``_gemv_rows`` (M = 1..8, padded to ``BM``, a power of two): each program owns ``BN`` output columns (weight
+  rows, a few KiB each) and walks K in ``BK`` steps, each weight tile loaded once and multiplied into every row
+  with float32 multiply-adds into a ``[BM, BN, BK]`` accumulator, summed once at the end. Small ``BN`` gives
+  enough programs (N / BN) to keep every SM's loads in flight even for N = 1024.
+- ``_gemv_dot`` (M = 2..16): the rows padded to 16 and one ``tl.dot`` per ``[BN, BK]`` weight tile (Triton
+  pipelines these loads), float32 accumulator.
+
+K (in_features) is a compile-time constant: one compilation per projection width of a model (a handful), loop
+bounds known to the compiler. Both add the bias in float32 and round once to the output dtype (as cuBLAS's epilogue does); no split-K, so the
+result does not depend on scheduling (deterministic).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gemv_rows(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pn = tl.program_id(0)
+    rm = tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    m_ok, n_ok = rm < M, rn < N
+    w_rows = W + rn[:, None].to(tl.int64) * stride_w
+    acc = tl.zeros((BM, BN, BK), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        rk = k0 + tl.arange(0, BK)
+        k_ok = rk < K
+        x = tl.load(X + rm[:, None] * stride_x + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    y = tl.sum(acc, axis=2)
+    if HAS_BIAS:
+        y += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(Out + rm[:, None] * stride_o + rn[None, :], y.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _gemv_dot(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
+              BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+    pn = tl.program_id(0)
+    rm = tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    m_ok, n_ok = rm < M, rn < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        rk = k0 + tl.arange(0, BK)
+        k_ok = rk < K
+        x = tl.load(X + rm[:, None] * stride_x + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(W + rn[:, None].to(tl.int64) * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        if UPCAST:  # the Triton interpreter's tl.dot mishandles bfloat16 (numpy has no such type)
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc)
+    if HAS_BIAS:
+        acc += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(Out + rm[:, None] * stride_o + rn[None, :], acc.to(Out.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])

@@ -1,0 +1,112 @@
+"""``triton.gemv``: our Triton skinny GEMM for ``lz.linear`` with 1-8 rows (decode's projections), CUDA only
+(SM >= 8.0), float16/bfloat16.
+
+Why: at M = 1 cuBLAS's tile choice reads some decode projections at a fraction of the memory bandwidth. Measured
+inside CUDA graphs on an H200 (``benchmarks/bench_in_graph.py``, ``benchmarks/results/in_graph_h200.md``; Qwen3-0.6B
+shapes, bf16): the attention output projection (K 2048 -> N 1024) 12.4 µs with cuBLAS vs 3.3 µs here, the MLP down
+projection (3072 -> 1024) 6.3 vs 4.1 µs, gate/up (1024 -> 6144) 5.0 vs 4.0 µs; at 4 rows 7.9 vs 5.0 µs (output)
+and even elsewhere; at 8 rows even (within 5%); beyond that cuBLAS's tensor-core tiles win, so the kernel refuses
+more than :data:`MAX_ROWS` rows.
+
+Contract: ``F.linear`` semantics; float32 accumulation, bias added in float32, one rounding (see
+``_gemv_kernels.py``); no split-K (deterministic). x ``[..., K]`` and weight ``[N, K]`` need ``stride(-1) == 1``;
+x's leading dims are viewed as rows without a copy when their strides allow it.
+
+Graph safety: no host synchronization, output allocated with ``torch.empty`` on the current stream.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from layerzero.core.context import SelectionContext
+from layerzero.core.reasons import Reason, ReasonCode
+from layerzero.core.specs import KernelSpec
+
+from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, next_pow2, rows_2d
+from ._launch import launch
+
+KERNEL_ID = "triton.gemv"
+PRIORITY = 60
+"""Above torch_native.linear (50) within its row range: faster or even on every measured decode shape (module
+docstring)."""
+MAX_ROWS = 8
+"""Most rows (M) the kernel takes: from 16 rows on, cuBLAS's tensor-core GEMM is as fast or faster."""
+HALF = frozenset({torch.float16, torch.bfloat16})
+_KERNELS = LazyModule("_gemv_kernels")
+
+
+def config(m: int, n: int, k: int) -> dict[str, Any]:
+    """Kernel (``"rows"`` or ``"dot"``, see ``_gemv_kernels.py``) and launch meta-parameters for ``m`` rows of a
+    ``[n, k]`` weight: the best of ``benchmarks/gemv_configs.py`` on the H200 (Qwen3-0.6B shapes,
+    ``benchmarks/results/gemv_configs_h200.md``). Few output columns (N <= 2048, long K: the attention output and
+    MLP down projections): the row kernel with tiny column blocks, for enough programs. Wider N: the row kernel
+    for one row, else ``tl.dot`` tiles (its 3-D accumulator spills beyond one row at wide tiles); the LM head
+    (N > 16384) always ``tl.dot``."""
+    if n <= 2048:
+        return {"kernel": "rows", "BM": next_pow2(m), "BN": 2 if m <= 2 and k >= 3072 else 4, "BK": 512,
+                "num_warps": 4}
+    if m == 1 and n <= 16384:
+        return {"kernel": "rows", "BM": 1, "BN": 8, "BK": 512, "num_warps": 4}
+    if n > 16384:
+        return {"kernel": "dot", "BM": 16, "BN": 64, "BK": 128, "num_warps": 4, "num_stages": 4}
+    return {"kernel": "dot", "BM": 16, "BN": 32 if n <= 4096 else 64, "BK": 128 if n <= 4096 else 256,
+            "num_warps": 4, "num_stages": 4}
+
+
+def _interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, the CPU tests)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for at most :data:`MAX_ROWS` rows.
+
+    Args:
+        x: ``[..., K]`` float16/bfloat16 on CUDA, ``stride(-1) == 1``; M = rows (product of the leading dims) <= 8.
+        weight: ``[N, K]`` like x (dtype, device), ``stride(-1) == 1``.
+        bias: ``[N]`` like x, or None.
+
+    Returns:
+        ``[..., N]`` in x's dtype, a new contiguous tensor.
+
+    Raises:
+        Nothing of its own (``lz.linear`` validates; selection keeps M <= 8); triton's compile/launch errors
+        propagate (dispatch then falls back to the next kernel and charges the backend's health).
+    """
+    n, k = weight.shape
+    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    mod = _KERNELS.get()
+    x2, o2 = rows_2d(x, "x", KERNEL_ID), out.view(-1, n)
+    m = x2.shape[0]
+    cfg = dict(config(m, n, k))
+    kernel = cfg.pop("kernel")
+    if kernel == "dot":
+        cfg["UPCAST"] = x.dtype == torch.bfloat16 and _interpreting()
+    b = bias if bias is not None else out  # a pointer the kernel never reads (HAS_BIAS False)
+    launch(mod._gemv_rows if kernel == "rows" else mod._gemv_dot, (cdiv(n, cfg["BN"]),), x2, weight, b, o2, m, n,
+           x2.stride(0), weight.stride(0), o2.stride(0), K=k, HAS_BIAS=bias is not None, **cfg)
+    return out
+
+
+def _check(ctx: SelectionContext) -> list[Reason]:
+    if ctx.batch is not None and ctx.batch > MAX_ROWS:
+        return [Reason(ReasonCode.SHAPE_MISMATCH, f"{ctx.batch} rows > {MAX_ROWS}: a skinny-GEMM kernel for decode "
+                                                  "batches; cuBLAS's tensor-core GEMM is as fast or faster beyond")]
+    return []
+
+
+def kernel_spec(available: bool, why: str) -> KernelSpec:
+    """The ``triton.gemv`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``) when
+    ``available`` is False."""
+    fn: Callable[..., Any] = gemv if available else missing(KERNEL_ID, why)
+    return KernelSpec(KERNEL_ID, "linear", fn, priority=PRIORITY,
+                      description="LayerZero Triton skinny GEMM for 1-8 rows (decode), float32 accumulation",
+                      device_types=CUDA, dtypes=HALF, sm_min=SM_MIN, requires_stride_last_1=True,
+                      deterministic=True, graph_safe=True, supports_backward=False, check=_check)

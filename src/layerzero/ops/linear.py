@@ -1,0 +1,152 @@
+"""``lz.linear``: ``y = x @ weight.T + bias`` (``torch.nn.functional.linear`` semantics), dispatched to the best kernel
+for these inputs: cuBLAS (through torch) for prefill-sized inputs, a Triton skinny-GEMM kernel for decode-sized ones
+(1-8 rows), where cuBLAS's tile choice reads the weight at a fraction of the memory bandwidth."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from layerzero.core.context import SelectionContext
+from layerzero.core.runtime import RUNTIME
+from layerzero.core.specs import OperationSpec
+
+from ._common import (
+    FLOAT_DTYPES,
+    check_same,
+    check_tensor,
+    deterministic_enabled,
+    device_spec,
+    fail,
+    is_grad_enabled,
+    scope_layers,
+    scope_token_of,
+    stream_capturing,
+)
+
+OP = "linear"
+EXACT_ROWS = 16
+"""Row counts up to this are exact in the cache key (decode batches: the skinny-GEMM kernels are chosen per M);
+larger ones are bucketed to the next power of two."""
+
+
+class LinearKey(NamedTuple):
+    """The selection-cache key of one ``lz.linear`` call: ``rows`` M (exact up to :data:`EXACT_ROWS`, then the next
+    power of two), ``in_features`` K and ``out_features`` N exact, ``has_bias``; ``capture``/``scope`` close every
+    op's key (see ``ops.attention.AttentionKey``)."""
+
+    op: str
+    device: torch.device
+    dtype: torch.dtype
+    rows: int
+    in_features: int
+    out_features: int
+    has_bias: bool
+    stride_last_1: bool
+    contiguous: bool
+    requires_grad: bool
+    deterministic: bool
+    capture: bool
+    scope: tuple[Any, ...]
+
+
+def _fast_ok(x: Any, weight: Any, bias: Any) -> bool:
+    """The common case in a few attribute reads (no bias): float x ``[..., K]`` and weight ``[N, K]`` of one dtype
+    and device, K and N >= 1."""
+    try:
+        ws = weight.shape
+        return (bias is None and x.dtype in FLOAT_DTYPES and len(ws) == 2 and ws[0] > 0 and ws[1] > 0
+                and x.dim() >= 1 and x.shape[-1] == ws[1] and weight.dtype == x.dtype and weight.device == x.device)
+    except AttributeError:
+        return False
+
+
+def _validate(x: Any, weight: Any, bias: Any) -> None:
+    """The slow path: raise the typed error that says what is wrong.
+
+    Raises:
+        InvalidInputError: see :func:`linear`.
+    """
+    check_tensor(OP, "x", x)
+    check_tensor(OP, "weight", weight, 2)
+    if x.dim() == 0:
+        raise fail(OP, "x rank", ">= 1 dims ([..., K])", "a 0-dim tensor")
+    check_same(OP, "x", x, "weight", weight)
+    n, k = weight.shape
+    if n == 0 or k == 0:
+        raise fail(OP, "weight shape", "[N, K] with N >= 1 and K >= 1 (out_features, in_features)", list(weight.shape))
+    if x.shape[-1] != k:
+        raise fail(OP, "x.shape[-1] (in_features K)", f"{k} (weight.shape[1], weight is [N, K] = {list(weight.shape)})",
+                   x.shape[-1], "weight is [out_features, in_features], as torch.nn.Linear stores it.")
+    if bias is not None:
+        check_tensor(OP, "bias", bias, 1)
+        check_same(OP, "x", x, "bias", bias)
+        if bias.shape[0] != n:
+            raise fail(OP, "bias shape", f"[N] = [{n}] (weight.shape[0])", list(bias.shape))
+
+
+def rows_key(m: int) -> int:
+    """The key's row count: exact up to :data:`EXACT_ROWS`, then the next power of two."""
+    return m if m <= EXACT_ROWS else 1 << (m - 1).bit_length()
+
+
+def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+            ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.linear`` inputs; return (cache key, canonical kernel args ``(x, weight, bias)``).
+
+    Raises:
+        InvalidInputError: see :func:`linear`.
+    """
+    if not _fast_ok(x, weight, bias):
+        _validate(x, weight, bias)
+    n, k = weight.shape
+    m = x.numel() // k
+    contiguous = x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())
+    stride = contiguous or (x.stride(-1) == 1 and weight.stride(-1) == 1 and (bias is None or bias.stride(0) == 1))
+    grad = is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    layers = scope_layers()
+    key = LinearKey(OP, x.device, x.dtype, rows_key(m), k, n, bias is not None, stride, contiguous, grad,
+                    deterministic_enabled(), x.is_cuda and stream_capturing(), scope_token_of(layers) if layers else ())
+    return key, (x, weight, bias)
+
+
+def context(key: LinearKey) -> SelectionContext:
+    """The :class:`SelectionContext` of a linear cache key: ``batch`` = rows M (as the key holds it),
+    ``hidden_size`` = in_features K, ``intermediate_size`` = out_features N, ``has_bias``."""
+    return SelectionContext(op=OP, device=device_spec(key.device), dtype=key.dtype, batch=key.rows,
+                            hidden_size=key.in_features, intermediate_size=key.out_features, has_bias=key.has_bias,
+                            stride_last_1=key.stride_last_1, contiguous=key.contiguous,
+                            requires_grad=key.requires_grad, deterministic=key.deterministic,
+                            graph_capture=key.capture)
+
+
+SPEC = OperationSpec(OP, "linear projection y = x @ weight.T + bias (F.linear semantics)", ("x", "weight", "bias"),
+                     "reference.linear", key_type=LinearKey)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Linear projection ``y = x @ weight.T + bias``, as ``torch.nn.functional.linear`` (every projection of a
+    transformer: QKV, output, gate/up, down, LM head).
+
+    Shapes (M rows = the product of x's leading dims, K in_features, N out_features): ``x`` ``[..., K]``, ``weight``
+    ``[N, K]`` (``torch.nn.Linear``'s layout), ``bias`` ``[N]`` or None -> out ``[..., N]``, a new tensor.
+    dtype: float32/float64/float16/bfloat16, all inputs alike; the output in that dtype. Every kernel accumulates
+    in float32 or wider (float64 for float64) and rounds once to the output dtype, as cuBLAS does; results of two
+    kernels differ by accumulation order only (fp16/bf16 ~1e-2 relative on large K, float32 ~1e-5).
+
+    Kernels: ``torch_native.linear`` (``F.linear``: cuBLAS / oneDNN), ``triton.gemv`` (CUDA, fp16/bf16, 1-8 rows:
+    decode's projections, where it reads the weight near the memory bandwidth; see
+    ``benchmarks/results/in_graph_h200.md``), ``reference.linear`` (float32 math, the oracle).
+
+    Raises:
+        InvalidInputError: x, weight or bias not tensors or not float, a 0-dim x, weight not 2-D ``[N, K]`` with
+            N, K >= 1, ``x.shape[-1] != K``, bias not ``[N]``, or dtypes/devices that differ.
+        KernelExecutionError: the kernel failed and no fallback was allowed (lock or strict mode).
+
+    >>> import torch, layerzero as lz
+    >>> lz.linear(torch.ones(2, 3), torch.ones(4, 3), torch.arange(4.0)).tolist()
+    [[3.0, 4.0, 5.0, 6.0], [3.0, 4.0, 5.0, 6.0]]
+    """
+    key, args = prepare(x, weight, bias)
+    return RUNTIME.run(key, context, args)

@@ -1,0 +1,121 @@
+"""``triton.gemv`` (``lz.linear`` for 1-8 rows) on CPU through the Triton interpreter (``TRITON_INTERPRET=1``, set by
+tests/conftest.py when no CUDA device is visible), against a float64 product: seeded odd shapes (N, K not multiples
+of the tiles), both kernel paths (1 row and 2-8 rows), with and without bias, strided rows. Plus its KernelSpec's
+routing on hand-built contexts (rows, device, dtype, autograd)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _triton_interp import needs_interpreter
+
+from layerzero.backends.triton import gemv as tg
+from layerzero.core.context import SelectionContext
+from layerzero.core.policy import Policy
+from layerzero.core.reasons import ReasonCode as R
+from layerzero.core.registry import KernelRegistry
+from layerzero.core.runtime import RUNTIME
+from layerzero.core.selection import SelectionInputs, select
+from layerzero.core.specs import BackendSpec
+from layerzero.testing.devices import fake_cuda_device
+
+pytestmark = pytest.mark.correctness
+
+interpreted = needs_interpreter("tests/gpu/test_gpu_triton_gemv.py")
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def _rel_err(out: torch.Tensor, want: torch.Tensor) -> float:
+    return ((out.double() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
+
+
+CASES = [  # (M, N, K): every branch of gemv.config, odd sizes
+    (1, 37, 129),      # row kernel, BM 1
+    (2, 5, 3001),      # row kernel, BN 2 (long K)
+    (5, 70, 33),       # row kernel, BM 8 (rows padded)
+    (1, 3000, 40),     # wide N, one row: row kernel BN 8
+    (3, 3000, 40),     # wide N, rows: tl.dot BN 32
+    (8, 4100, 2050),   # tl.dot BN 64, BK 256, K >= 2048
+    (1, 17000, 16),    # LM-head width: tl.dot even for one row
+    (1, 1, 7),
+]
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize(("m", "n", "k"), CASES, ids=str)
+def test_matches_float64_product(dtype, m, n, k):
+    g = torch.Generator().manual_seed(m * 7 + n + k)
+    x = torch.randn(m, k + 3, generator=g).to(dtype)[:, 3:]  # rows strided by K + 3
+    w = torch.randn(n, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if (m + n) % 2 else None
+    out = tg.gemv(x, w, b)
+    want = x.double() @ w.double().t() + (0 if b is None else b.double())
+    assert out.shape == (m, n) and out.dtype == dtype and out.is_contiguous()
+    assert _rel_err(out, want) <= TOL[dtype]
+
+
+@interpreted
+def test_leading_dims_and_empty_rows():
+    x = torch.randn(2, 1, 3, 16).half()
+    w = torch.randn(9, 16).half()
+    out = tg.gemv(x, w, None)
+    assert out.shape == (2, 1, 3, 9)
+    assert _rel_err(out, x.double() @ w.double().t()) <= TOL[torch.float16]
+    assert tg.gemv(x[:0], w, None).shape == (0, 1, 3, 9)
+
+
+def test_config_covers_both_paths():
+    assert tg.config(1, 1024, 2048)["kernel"] == "rows" and tg.config(3, 1024, 2048)["BM"] == 4
+    assert tg.config(1, 6144, 1024)["kernel"] == "rows" and tg.config(4, 6144, 1024)["kernel"] == "dot"
+    assert tg.config(1, 151936, 1024)["kernel"] == "dot" and tg.config(2, 1024, 3072)["BN"] == 2
+
+
+# ------------------------------------------------------------------------------------------------ routing
+@pytest.fixture
+def registry():
+    """The linear op with the reference, torch_native and (fake-installed) triton kernels."""
+    RUNTIME.ensure_ready()
+    reg = KernelRegistry()
+    reg.add_op(RUNTIME.registry.ops.get("linear"))
+    for spec in RUNTIME.registry.for_op("linear"):
+        if spec.backend in ("reference", "torch_native"):
+            if spec.backend not in reg.backends:
+                reg.add_backend(RUNTIME.registry.backend(spec.backend))
+            reg.add_kernel(spec)
+    reg.add_backend(BackendSpec("triton", "triton", "3.6.0", True, (), "fake-installed triton"))
+    reg.add_kernel(tg.kernel_spec(True, ""))
+    return reg
+
+
+def _ctx(device, rows, dtype=torch.bfloat16, grad=False, capture=False):
+    return SelectionContext(op="linear", device=device, dtype=dtype, batch=rows, hidden_size=2048,
+                            intermediate_size=1024, requires_grad=grad, graph_capture=capture)
+
+
+def _select(reg, ctx):
+    return select(reg, ctx, SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None),
+                                            log_fallbacks=False))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("rows", [1, 2, 8])
+@pytest.mark.parametrize("capture", [False, True])
+def test_chosen_for_decode_rows(registry, rows, capture):
+    plan, _ = _select(registry, _ctx(fake_cuda_device((9, 0)), rows, capture=capture))
+    assert plan.kernel_id == tg.KERNEL_ID
+
+
+@pytest.mark.unit
+def test_refused_beyond_eight_rows_on_cpu_fp32_and_with_grad(registry):
+    from layerzero.core.device import DeviceSpec
+
+    h100 = fake_cuda_device((9, 0))
+    for ctx, code in ((_ctx(h100, 9), R.SHAPE_MISMATCH), (_ctx(h100, 64), R.SHAPE_MISMATCH),
+                      (_ctx(DeviceSpec.detect("cpu"), 1), R.DEVICE_TYPE_UNSUPPORTED),
+                      (_ctx(h100, 1, dtype=torch.float32), R.DTYPE_UNSUPPORTED),
+                      (_ctx(h100, 1, grad=True), R.BACKWARD_UNSUPPORTED),
+                      (_ctx(fake_cuda_device((7, 5)), 1), R.SM_TOO_OLD)):
+        plan, report = _select(registry, ctx)
+        assert plan.kernel_id == "torch_native.linear"
+        assert code in {r.code for r in report.candidate(tg.KERNEL_ID).reasons}
