@@ -59,7 +59,7 @@ from .core.quant_format import QuantFormat, QuantizedTensor
 from .core.reasons import Reason, ReasonCode
 from .core.report import SelectionReport
 from .core.specs import ExecutionPlan, KernelSpec
-from .graphs import GraphCheck, is_graph_safe, validate_graph_capture, warmup
+from .graphs import GraphCheck, capture_selection, is_graph_safe, validate_graph_capture, warmup
 from .ops import (
     allocate_kv_cache,
     apply_penalties,
@@ -181,7 +181,7 @@ __all__ = [
     "geglu", "reglu", "select", "trace", "TuneReport", "tune", "unlock", "validate", "which",
     "kernel", "register_kernel", "unregister_kernel",
     "IsolatedWorkerError", "IsolatedWorkerTimeoutError", "register_hub_kernel", "register_isolated_kernel",
-    "GraphCheck", "is_graph_safe", "validate_graph_capture", "warmup",
+    "GraphCheck", "capture_selection", "is_graph_safe", "validate_graph_capture", "warmup",
     "DispatchTable", "DryRunReport", "Manifest", "ReadinessReport", "TableMismatchError", "compile", "dry_run",
     "load_manifest", "load_table", "readiness_check", "solve", "uncompile",
     "QuantFormat", "QuantizedTensor", "dequantize", "quantize",

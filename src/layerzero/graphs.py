@@ -16,9 +16,10 @@ side stream, capture with ``torch.cuda.graph``, replay, read the static outputs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,6 +27,7 @@ import torch
 
 from layerzero.core import config as _config
 from layerzero.core.arguments import check_call
+from layerzero.core.capture import AS_CAPTURED
 from layerzero.core.dispatch import trace
 from layerzero.core.errors import (
     CudaGraphUnsafeError,
@@ -73,6 +75,31 @@ def _op(op: Any) -> tuple[Any, Any]:
         return OPS[op]
     except (KeyError, TypeError):
         raise UnknownOperationError(f"unknown op {op!r}. Known ops: {sorted(OPS)}.") from None
+
+
+@contextlib.contextmanager
+def capture_selection() -> Iterator[None]:
+    """Inside the ``with`` block, calls on CUDA tensors select (and cache) exactly as they would while a CUDA graph
+    is being captured, without capturing: graph-safe kernels only, each kernel scored with its
+    ``capture_priority`` (device time counts, not launch cost), no PerfDB reads, the same cache entries a capture
+    of the same calls uses. So an eager run computes what a captured graph of the same calls computes, kernel for
+    kernel: an engine's eager decode (``enforce_eager``) and its CUDA-graph decode give the same tokens. Calls on
+    other devices are unaffected; a real capture inside the block behaves as always. This thread / task only
+    (a ``contextvars`` switch); nests.
+
+    Raises:
+        Nothing of its own; inside, a call that no graph-safe kernel can run raises ``NoKernelFoundError`` (as its
+        capture would).
+
+    >>> import layerzero as lz
+    >>> with lz.capture_selection():
+    ...     pass
+    """
+    token = AS_CAPTURED.set(True)
+    try:
+        yield
+    finally:
+        AS_CAPTURED.reset(token)
 
 
 def is_graph_safe(op: str, *args: Any, **kwargs: Any) -> bool:
@@ -285,4 +312,4 @@ def validate_graph_capture(fn: Callable[..., Any], *args: Any, warmup: int = 2, 
     return GraphCheck(problem is None, worst, done, kernels, problem)
 
 
-__all__ = ["GRAPH_TOLERANCES", "GraphCheck", "is_graph_safe", "validate_graph_capture", "warmup"]
+__all__ = ["GRAPH_TOLERANCES", "GraphCheck", "capture_selection", "is_graph_safe", "validate_graph_capture", "warmup"]

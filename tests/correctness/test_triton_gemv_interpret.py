@@ -101,9 +101,15 @@ def _select(reg, ctx):
 @pytest.mark.unit
 @pytest.mark.parametrize("rows", [1, 2, 8])
 @pytest.mark.parametrize("capture", [False, True])
-def test_chosen_for_decode_rows(registry, rows, capture):
-    plan, _ = _select(registry, _ctx(fake_cuda_device((9, 0)), rows, capture=capture))
-    assert plan.kernel_id == tg.KERNEL_ID
+def test_eligible_for_decode_rows_but_opt_in(registry, rows, capture):
+    """Eligible for 1-8 rows on CUDA fp16/bf16, eagerly and under capture, but ranked below cuBLAS (see
+    gemv.PRIORITY): a lock or policy selects it."""
+    from layerzero.core.report import CandidateStatus
+
+    plan, report = _select(registry, _ctx(fake_cuda_device((9, 0)), rows, capture=capture))
+    assert plan.kernel_id == "torch_native.linear"
+    assert report.candidate(tg.KERNEL_ID).status is CandidateStatus.ELIGIBLE
+    assert tg.kernel_spec(True, "").priority < 50 and tg.kernel_spec(True, "").capture_priority is None
 
 
 @pytest.mark.unit
@@ -116,6 +122,5 @@ def test_refused_beyond_eight_rows_on_cpu_fp32_and_with_grad(registry):
                       (_ctx(h100, 1, dtype=torch.float32), R.DTYPE_UNSUPPORTED),
                       (_ctx(h100, 1, grad=True), R.BACKWARD_UNSUPPORTED),
                       (_ctx(fake_cuda_device((7, 5)), 1), R.SM_TOO_OLD)):
-        plan, report = _select(registry, ctx)
-        assert plan.kernel_id == "torch_native.linear"
+        _, report = _select(registry, ctx)
         assert code in {r.code for r in report.candidate(tg.KERNEL_ID).reasons}

@@ -1,6 +1,6 @@
 """``triton.gemv`` (``lz.linear`` for 1-8 rows) compiled on a real GPU (``pytest -m gpu``): equal to a float64
-product within the dtype's tolerance on Qwen3-0.6B's projection shapes and odd ones, through ``lz.linear`` (chosen
-by default for decode rows, cuBLAS beyond 8 rows) and inside a captured CUDA graph (replays match eager)."""
+product within the dtype's tolerance on Qwen3-0.6B's projection shapes and odd ones, through ``lz.linear`` (locked:
+it is opt-in; refused beyond 8 rows and for float32) and inside a captured CUDA graph (replays match eager)."""
 
 from __future__ import annotations
 
@@ -30,19 +30,33 @@ def test_matches_float64_and_is_chosen(dtype, shape, rows):
     w = torch.randn(n, k, device=DEV, dtype=dtype, generator=g) * 0.05
     b = torch.randn(n, device=DEV, dtype=dtype, generator=g) if rows == 3 else None
     want = x.double() @ w.double().t() + (0 if b is None else b.double())
-    assert lz.which("linear", x, w, b) == tg.KERNEL_ID
-    out = lz.linear(x, w, b)
+    assert lz.which("linear", x, w, b) == "torch_native.linear"  # opt-in (gemv.PRIORITY)
+    lz.lock("linear", tg.KERNEL_ID)
+    try:
+        assert lz.which("linear", x, w, b) == tg.KERNEL_ID
+        out = lz.linear(x, w, b)
+    finally:
+        lz.unlock("linear")
     assert out.dtype == dtype and out.shape == (rows, n)
     assert _rel_err(out, want) <= TOL[dtype]
 
 
-def test_cublas_beyond_eight_rows():
+def test_refused_beyond_eight_rows_and_for_float32():
     w = torch.randn(1024, 2048, device=DEV, dtype=torch.bfloat16)
-    assert lz.which("linear", torch.randn(9, 2048, device=DEV, dtype=torch.bfloat16), w) == "torch_native.linear"
-    assert lz.which("linear", torch.randn(1, 2048, device=DEV, dtype=torch.float32), w.float()) == "torch_native.linear"
+    for x, wt in ((torch.randn(9, 2048, device=DEV, dtype=torch.bfloat16), w),
+                  (torch.randn(1, 2048, device=DEV, dtype=torch.float32), w.float())):
+        report = lz.explain("linear", x, wt)
+        assert report.candidate(tg.KERNEL_ID).reasons
 
 
-def test_graph_replay_matches_eager():
+@pytest.fixture
+def gemv_locked():
+    lz.lock("linear", tg.KERNEL_ID)
+    yield
+    lz.unlock("linear")
+
+
+def test_graph_replay_matches_eager(gemv_locked):
     g = torch.Generator(device=DEV).manual_seed(1)
     x = torch.randn(1, 2048, device=DEV, dtype=torch.bfloat16, generator=g)
     x4 = torch.randn(4, 2048, device=DEV, dtype=torch.bfloat16, generator=g)

@@ -140,7 +140,16 @@ def _capture_builder(build_ctx):
     return lambda key: replace(build_ctx(key[1]), graph_capture=True)  # key[0]: a test-only prefix
 
 
-def test_resolve_miss_under_capture_raises():
+@pytest.fixture
+def really_capturing(monkeypatch):
+    """Make the dispatcher believe a CUDA graph is being captured now (a miss then raises, unlike the same key's
+    miss under ``lz.capture_selection()`` outside a capture, which selects)."""
+    from layerzero.core import dispatch
+
+    monkeypatch.setattr(dispatch, "capturing_now", lambda: True)
+
+
+def test_resolve_miss_under_capture_raises(really_capturing):
     q, k, v = qkv()
     prepare, build_ctx = OPS["attention"]
     key, _ = prepare(q, k, v)
@@ -279,7 +288,7 @@ def test_capture_choice_is_not_rerun_when_the_eager_kernel_is_graph_safe(capture
     assert capture_kernels == ["safe"]
 
 
-def test_capture_miss_error_says_an_eager_call_prepares_it():
+def test_capture_miss_error_says_an_eager_call_prepares_it(really_capturing):
     key, build, x, w = _fake_cuda_call("prep-3")
     with pytest.raises(CudaGraphUnsafeError, match="first eager call prepares"):
         RUNTIME.resolve(capture_key(key), build)

@@ -1,16 +1,27 @@
-"""Capture-time keys and RNG state around the capture-time warm-up run (used by ``Runtime.prepare_capture``)."""
+"""Capture-time keys, RNG state around the capture-time warm-up run (used by ``Runtime.prepare_capture``), and the
+"select as captured" switch of :func:`layerzero.capture_selection`."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Hashable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 
 from .context import SelectionContext
 
-__all__ = ["capture_key", "rng_kept"]
+__all__ = ["AS_CAPTURED", "capture_key", "capturing_now", "rng_kept"]
+
+AS_CAPTURED: ContextVar[bool] = ContextVar("layerzero_as_captured", default=False)
+"""True inside :func:`layerzero.capture_selection`: CUDA calls take the keys, hence the kernels, they would get
+while a CUDA graph is captured, without capturing (read by ``ops._common.stream_capturing``)."""
+
+
+def capturing_now() -> bool:
+    """Whether a CUDA graph is really being captured on the current stream (not just selected as captured)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def capture_key(key: Hashable) -> Hashable | None:

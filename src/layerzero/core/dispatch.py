@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from . import config as _config
 from . import shipped as _shipped
 from .cache import SelectionCache
-from .capture import capture_key, rng_kept
+from .capture import capture_key, capturing_now, rng_kept
 from .context import SelectionContext
 from .device import DeviceSpec, device_free_bytes
 from .errors import CudaGraphUnsafeError, KernelExecutionError, LayerZeroError, NoKernelFoundError
@@ -297,7 +297,7 @@ class Runtime:
 
         def compute() -> ExecutionPlan:
             ctx = build_ctx(self._named(key))
-            if ctx.graph_capture and not _config.get_config().allow_selection_in_capture:
+            if ctx.graph_capture and not _config.get_config().allow_selection_in_capture and capturing_now():
                 raise CudaGraphUnsafeError(
                     f"lz.{ctx.op}: no cached kernel choice for these inputs while a CUDA graph is being captured, "
                     "and selection must not run inside a capture. Run the op once eagerly with the same shapes, "

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from layerzero.core import config as _config
+from layerzero.core.capture import AS_CAPTURED
 from layerzero.core.device import DeviceSpec
 from layerzero.core.errors import InvalidInputError, expected_got
 
@@ -29,11 +30,13 @@ deterministic_enabled = torch._C._get_deterministic_algorithms
 
 def stream_capturing() -> bool:
     """True while a CUDA graph is being captured on the current CUDA stream (the C call behind
-    ``torch.cuda.is_current_stream_capturing``, without its Python wrapper; only called for CUDA tensors)."""
-    return _capturing()
+    ``torch.cuda.is_current_stream_capturing``, without its Python wrapper; only called for CUDA tensors), and
+    inside :func:`layerzero.capture_selection` (calls select as captured)."""
+    return _capturing() or _as_captured()
 
 
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+_as_captured = AS_CAPTURED.get
 
 
 def device_spec(device: torch.device) -> DeviceSpec:

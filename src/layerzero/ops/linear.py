@@ -1,6 +1,6 @@
 """``lz.linear``: ``y = x @ weight.T + bias`` (``torch.nn.functional.linear`` semantics), dispatched to the best kernel
-for these inputs: cuBLAS (through torch) for prefill-sized inputs, a Triton skinny-GEMM kernel for decode-sized ones
-(1-8 rows), where cuBLAS's tile choice reads the weight at a fraction of the memory bandwidth."""
+for these inputs: cuBLAS (through torch) by default; a Triton skinny-GEMM kernel for decode-sized inputs (1-8 rows,
+where cuBLAS's tile choice reads some weights at a fraction of the memory bandwidth) is there to opt in to."""
 
 from __future__ import annotations
 
@@ -135,9 +135,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     in float32 or wider (float64 for float64) and rounds once to the output dtype, as cuBLAS does; results of two
     kernels differ by accumulation order only (fp16/bf16 ~1e-2 relative on large K, float32 ~1e-5).
 
-    Kernels: ``torch_native.linear`` (``F.linear``: cuBLAS / oneDNN), ``triton.gemv`` (CUDA, fp16/bf16, 1-8 rows:
-    decode's projections, where it reads the weight near the memory bandwidth; see
-    ``benchmarks/results/in_graph_h200.md``), ``reference.linear`` (float32 math, the oracle).
+    Kernels: ``torch_native.linear`` (``F.linear``: cuBLAS / oneDNN; the default), ``triton.gemv`` (CUDA, fp16/bf16,
+    1-8 rows: decode's projections, faster in isolation on every measured shape, ``benchmarks/results/in_graph_h200.md``;
+    opt in with ``lz.lock("linear", "triton.gemv")``, see ``backends/triton/gemv.py`` for why it is not a default),
+    ``reference.linear`` (float32 math, the oracle).
 
     Raises:
         InvalidInputError: x, weight or bias not tensors or not float, a 0-dim x, weight not 2-D ``[N, K]`` with

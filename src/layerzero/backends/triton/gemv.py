@@ -31,9 +31,12 @@ from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, next_pow2, rows_2d
 from ._launch import launch
 
 KERNEL_ID = "triton.gemv"
-PRIORITY = 60
-"""Above torch_native.linear (50) within its row range: faster or even on every measured decode shape (module
-docstring)."""
+PRIORITY = 40
+"""Below torch_native.linear (50), eagerly and in graphs: opt in with ``lz.lock("linear", "triton.gemv")``, a policy
+or ``lz.tune``. Measured on the H200 in the engine (nano-vllm workload, ``benchmarks/results/engine/h200``): inside
+the decode graphs it made batch-1 decode 18% faster (614 vs 520 tok/s) but the throughput run 19% slower (12,896
+vs 15,889 tok/s) although every isolated in-graph timing of its 1-8-row shapes was faster or even (module
+docstring); until that is explained it is not a default anywhere."""
 MAX_ROWS = 8
 """Most rows (M) the kernel takes: from 16 rows on, cuBLAS's tensor-core GEMM is as fast or faster."""
 HALF = frozenset({torch.float16, torch.bfloat16})

@@ -34,8 +34,8 @@ class Linear(nn.Module):
         self.bias = (nn.Parameter(torch.empty(at, device=device, dtype=dtype), requires_grad=False) if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x ``[T, in_features]`` -> ``[T, out_features]`` through :func:`layerzero.linear` (cuBLAS for prefill, a
-        skinny-GEMM kernel for decode batches of up to 8 rows on CUDA)."""
+        """x ``[T, in_features]`` -> ``[T, out_features]`` through :func:`layerzero.linear` (cuBLAS by default; policies,
+        locks and ``lz.tune`` apply)."""
         return lz.linear(x, self.weight, self.bias)
 
     def load(self, tensor: torch.Tensor, shard: str = "", *, bias: bool = False) -> None:

@@ -2,12 +2,11 @@
 buffers, replayed with the step's metadata copied in and the batch padded up to the bucket (vLLM's and
 nano-vllm's scheme).
 
-Capture follows PyTorch's recipe: an eager warm-up on a side stream (it also makes LayerZero select, and warm,
-the kernels a capture of these inputs uses: graph-safe ones only), then ``torch.cuda.graph`` with one memory pool
+Capture follows PyTorch's recipe: an eager warm-up on a side stream, under ``lz.capture_selection()`` (so LayerZero
+selects, and warms, the kernels a capture of these inputs uses: graph-safe ones, scored for in-graph time; eager
+decode steps select the same way, so graphs and eager give the same tokens), then ``torch.cuda.graph`` with one memory pool
 shared by every bucket, largest first. Padded rows write no KV (slot -1), attend over one token of block 0 and
 their logits are dropped; rows are independent, so they cannot change the real rows.
-
-Status: written against the CPU-tested eager path; not yet run on a GPU (see docs/engine.md).
 """
 
 from __future__ import annotations
@@ -16,6 +15,8 @@ import logging
 
 import torch
 from torch import nn
+
+import layerzero as lz
 
 from .forward_batch import ForwardBatch
 
@@ -56,6 +57,24 @@ class CUDAGraphRunner:
     @torch.no_grad()
     def capture(self) -> None:
         """Capture every bucket (largest first, one shared memory pool)."""
+        with lz.capture_selection():  # the warm-up selects what the capture uses (same keys)
+            self._capture_all()
+        torch.cuda.synchronize(self.device)
+        log.info("CUDA graphs captured for decode batch sizes %s", self.sizes)
+
+    @torch.no_grad()
+    def warm_as_captured(self) -> None:
+        """Run the smallest bucket's dummy decode batch once, eagerly, under ``lz.capture_selection()``: selects (and
+        warms) the kernels the graphs would run, without capturing (``enforce_eager``).
+
+        Raises:
+            NoKernelFoundError: no graph-safe kernel can run an op of a decode step here.
+        """
+        with lz.capture_selection():
+            self.model(self._batch(self.sizes[0]), self.kv_caches)
+        torch.cuda.synchronize(self.device)
+
+    def _capture_all(self) -> None:
         pool = None
         for bs in reversed(self.sizes):
             batch = self._batch(bs)
@@ -70,8 +89,6 @@ class CUDAGraphRunner:
                 self.outputs[bs] = self.model(batch, self.kv_caches)
             pool = graph.pool()
             self.graphs[bs] = graph
-        torch.cuda.synchronize(self.device)
-        log.info("CUDA graphs captured for decode batch sizes %s", self.sizes)
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """A pure decode step that fits the largest bucket."""

@@ -57,16 +57,25 @@ class ModelRunner:
                  str(self.kv_dtype).removeprefix("torch."),
                  self.num_blocks * kv_bytes_per_block(cfg, ec.block_size, self.kv_dtype) / 2**20)
         self.graphs: CUDAGraphRunner | None = None
-        if device.type == "cuda" and not ec.enforce_eager:
+        self.decode_as_captured = False
+        """Eager decode steps select under ``lz.capture_selection()`` (the kernels the decode graphs run), so graphs
+        and eager (``enforce_eager``, batches beyond the largest graph) give the same tokens; off when no graph-safe
+        kernel can run a decode step here (e.g. a quantized KV pool): decode then runs eager kernels."""
+        if device.type == "cuda":
             graphs = CUDAGraphRunner(self.model, self.kv_caches, ec.max_num_seqs, -(-max_model_len // ec.block_size),
                                      device)
             try:
-                graphs.capture()
-                self.graphs = graphs
+                if ec.enforce_eager:
+                    graphs.warm_as_captured()
+                else:
+                    graphs.capture()
+                    self.graphs = graphs
+                self.decode_as_captured = True
             except lz.LayerZeroError as exc:  # e.g. no graph-safe kernel for an op here: decode runs eager
-                if lz.get_config().strict:
+                if lz.get_config().strict and not ec.enforce_eager:
                     raise
-                log.warning("CUDA graphs off (decode runs eager): capture failed: %s", exc)
+                log.warning("%s (decode runs eager kernels): no graph-safe kernel for a decode step: %s",
+                            "eager decode" if ec.enforce_eager else "CUDA graphs off", exc)
         if self.kv_dtype == torch.int8:  # after capture, so the capture's dummy batch calibrates nothing
             for m in self.model.modules():
                 if isinstance(m, KVScales):
@@ -93,6 +102,11 @@ class ModelRunner:
         batch = self.prepare(chunks, block_tables)
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
+        if batch.is_decode and self.decode_as_captured:
+            # the kernels a decode graph runs (graph-safe, scored for in-graph time), so eager decode (enforce_eager,
+            # batches beyond the largest graph) computes what the graphs compute: the same tokens either way
+            with lz.capture_selection():
+                return self.model(batch, self.kv_caches)
         return self.model(batch, self.kv_caches)
 
     def prepare(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]]) -> ForwardBatch:

@@ -1,0 +1,33 @@
+"""One ``layerzero bench-engine`` run (full scale, CUDA) under kernel locks, printing one line: output tok/s, batch-1
+tok/s and the engine's time split. Run it once per variant in one device call to compare kernel choices side by side
+on one machine (the 2026-11-25 A/B in ``benchmarks/results/engine/h200/README.md``; its "before" row ran the previous
+commit's ``src`` the same way).
+
+Usage: ``PYTHONPATH=src python benchmarks/engine/bench_variant.py NAME [--lock linear=torch_native.linear ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import layerzero as lz
+from layerzero.engine.bench import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("name")
+    ap.add_argument("--lock", action="append", default=[], help="op=kernel_id (repeatable)")
+    a = ap.parse_args(argv)
+    for item in a.lock:
+        op, _, kernel = item.partition("=")
+        lz.lock(op, kernel)
+    r = run(scale="full", device="cuda", hf_batch=0)
+    split = {k: round(v, 2) for k, v in r["engine_stats"]["time_s"].items()}
+    print(f"{a.name} tok/s {r['output_tokens_per_s']:.0f} b1 {r['batch1']['output_tokens_per_s']:.0f} {split}",
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
