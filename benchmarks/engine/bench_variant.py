@@ -1,4 +1,5 @@
-"""One ``layerzero bench-engine`` run (full scale, CUDA) under kernel locks, printing one line: output tok/s, batch-1
+"""One ``layerzero bench-engine`` run (full scale on CUDA by default; ``--scale cpu --device cpu`` for the CPU one)
+under kernel locks, printing one line: output tok/s, batch-1
 tok/s and the engine's time split. Run it once per variant in one device call to compare kernel choices side by side
 on one machine (the 2026-11-25 A/B in ``benchmarks/results/engine/h200/README.md``; its "before" row ran the previous
 commit's ``src`` the same way).
@@ -18,11 +19,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("name")
     ap.add_argument("--lock", action="append", default=[], help="op=kernel_id (repeatable)")
+    ap.add_argument("--scale", choices=("full", "cpu"), default="full")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     a = ap.parse_args(argv)
     for item in a.lock:
         op, _, kernel = item.partition("=")
         lz.lock(op, kernel)
-    r = run(scale="full", device="cuda", hf_batch=0)
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    r = run(scale=a.scale, device=a.device, hf_batch=0)
     split = {k: round(v, 2) for k, v in r["engine_stats"]["time_s"].items()}
     print(f"{a.name} tok/s {r['output_tokens_per_s']:.0f} b1 {r['batch1']['output_tokens_per_s']:.0f} {split}",
           flush=True)

@@ -155,6 +155,12 @@ def register(registry: KernelRegistry) -> None:
     registry.add_kernel(KernelSpec("torch_native.embedding", "embedding", _embedding, priority=50,
                                    description="torch.nn.functional.embedding (padding_idx gets no gradient)",
                                    device_types=devices, dtypes=FLOATS))
+    from .sampling import sample  # lz.sample by inverse CDF (CPU)
+
+    registry.add_kernel(KernelSpec("torch_native.sample", "sample", sample, priority=5,
+                                   description="inverse-CDF draw, one uniform per unseeded row (the reference's "
+                                               "race for seeded rows): no [B, V] noise", device_types=frozenset({"cpu"}),
+                                   dtypes=FLOATS, supports_backward=False))
     registry.add_kernel(KernelSpec("torch_native.linear", "linear", _linear, priority=50,
                                    description="torch.nn.functional.linear (cuBLAS / oneDNN)", device_types=devices,
                                    dtypes=FLOATS))
