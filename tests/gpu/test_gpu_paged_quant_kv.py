@@ -1,5 +1,6 @@
-"""Quantized paged KV caches on a CUDA GPU (``pytest -m gpu``; skipped on CPU): ``torch_sdpa.paged_attention`` and
-``torch_native.reshape_and_cache`` on fp8 / int8 caches against the float64 oracle of
+"""Quantized paged KV caches on a CUDA GPU (``pytest -m gpu``; skipped on CPU): the default kernels
+(``triton.paged_decode`` for decode, ``torch_sdpa.paged_attention`` for prefill/append, ``triton.reshape_and_cache``
+for writes; the Triton kernels also checked bit-equal / close to the torch ones) on fp8 / int8 caches against the float64 oracle of
 ``tests/correctness/test_paged_quant_kv.py`` (its CPU helpers, run on CUDA tensors), repeated calls through the hot
 path with float and tensor scales, and the kernels that cannot read a quantized cache refused."""
 
@@ -43,10 +44,17 @@ def test_cuda_quantized_cache(dtype, qdtype, decode):
             assert out.dtype == qdtype
             torch.testing.assert_close(out.double().cpu(), ref, atol=tol, rtol=tol)
     report = lz.explain("paged_attention", qc, cc, btc, sc, cu_seqlens_q=cuc, k_scale=ks, v_scale=vs)
-    assert report.chosen == "torch_sdpa.paged_attention"
-    for kid in ("triton.paged_decode", "flashinfer.paged_attention"):
-        if kid in {c.kernel_id for c in report.candidates}:
-            assert ReasonCode.KV_CACHE_DTYPE_UNSUPPORTED in {r.code for r in report.candidate(kid).reasons}
+    assert report.chosen == ("triton.paged_decode" if decode else "torch_sdpa.paged_attention")
+    if "flashinfer.paged_attention" in {c.kernel_id for c in report.candidates}:
+        reasons = report.candidate("flashinfer.paged_attention").reasons
+        assert ReasonCode.KV_CACHE_DTYPE_UNSUPPORTED in {r.code for r in reasons}
+    if decode:  # the torch kernel agrees with the Triton one
+        lz.lock("paged_attention", "torch_sdpa.paged_attention")
+        try:
+            out_t = lz.paged_attention(qc, cc, btc, sc, k_scale=ks, v_scale=vs)
+        finally:
+            lz.unlock("paged_attention")
+        torch.testing.assert_close(out_t.double().cpu(), ref, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8], ids=["fp8", "int8"])
@@ -66,4 +74,12 @@ def test_cuda_write_equals_cpu_write(dtype):
     lz.reshape_and_cache(k.bfloat16().float(), v.bfloat16().float(), ref, slots, k_scale=s, v_scale=s)
     assert torch.equal(gpu.cpu().view(torch.uint8), ref.view(torch.uint8))
     rep = lz.explain("reshape_and_cache", k.cuda(), v.cuda(), gpu, slots.cuda(), k_scale=s, v_scale=s)
-    assert rep.chosen == "torch_native.reshape_and_cache"
+    assert rep.chosen == "triton.reshape_and_cache"
+    lz.lock("reshape_and_cache", "torch_native.reshape_and_cache")
+    try:
+        torch_w = lz.allocate_kv_cache(4, 16, 4, 64, dtype, device="cuda")
+        lz.reshape_and_cache(k.cuda().bfloat16().float(), v.cuda().bfloat16().float(), torch_w, slots.cuda(),
+                             k_scale=s, v_scale=s)
+    finally:
+        lz.unlock("reshape_and_cache")
+    assert torch.equal(torch_w.view(torch.uint8), gpu.view(torch.uint8))

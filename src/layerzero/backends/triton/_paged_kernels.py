@@ -16,6 +16,9 @@ in the output's dtype and stage 2 is not launched.
 Stage 2, grid ``(B, Hq)``: merges the S partials of one (sequence, query head) with weights
 ``2^(lse_s - max lse)`` (empty splits weigh 0) and stores the result in the output's dtype.
 
+A quantized cache (float8_e4m3fn / int8 codes, ``QUANT``) is dequantized in the tile loop as ``code * scale`` with the
+per-tensor scales read once per program (floats or device pointers), then both dots run in float32.
+
 Nothing here reads a device value on the host: the grid and every launch argument come from shapes, so a
 launch can be captured in a CUDA graph.
 """
@@ -29,13 +32,15 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale,
+def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
                  stride_blk, stride_kv, stride_pos, page,
                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                 UPCAST: tl.constexpr):
+                 UPCAST: tl.constexpr, QUANT: tl.constexpr):
     """One online-softmax step over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop``: gathers K/V through
     the block table (masked: positions ``>= stop`` load nothing), returns the updated ``(m, l, acc)``.
-    ``UPCAST``: both dots in float32 (the interpreter's ``tl.dot`` misreads bfloat16 operands)."""
+    ``UPCAST``: both dots in float32 (the interpreter's ``tl.dot`` misreads bfloat16 operands). ``QUANT``: the cache
+    holds float8_e4m3fn / int8 codes, read as ``code * scale`` in float32 (``core.kv_quant.dequantize_kv``; the
+    caller sets ``UPCAST`` too, so both dots run in float32)."""
     d = tl.arange(0, D_PAD)
     pos = t0 + tl.arange(0, BLOCK_N)
     p_ok = pos < stop
@@ -44,7 +49,10 @@ def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale,
     mask = p_ok[:, None] & (d < HEAD_DIM)[None, :]
     k = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0)
     v = tl.load(base[:, None] + stride_kv + d[None, :], mask=mask, other=0.0)
-    if UPCAST:
+    if QUANT:
+        k = k.to(tl.float32) * ks
+        v = v.to(tl.float32) * vs
+    elif UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [GROUP_PAD, BLOCK_N], base-2 logits
@@ -61,6 +69,7 @@ def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale,
 def paged_decode_split(
     q_ptr, kv_ptr, bt_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr,
     qk_scale,  # softmax scale * log2(e)
+    k_scale, v_scale,  # a quantized cache's scales: floats, or pointers to one float32 (K_PTR / V_PTR)
     stride_qb, stride_qh,
     stride_blk, stride_kv, stride_pos, stride_head,
     stride_bt, split_len, page, group, num_splits,
@@ -68,6 +77,7 @@ def paged_decode_split(
     stride_lb,  # workspace lse [B, Hq, S] (contiguous): Hq * S
     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr,
+    QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
 ):
     """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is the
     output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype and there is
@@ -84,6 +94,12 @@ def paged_decode_split(
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    ks = k_scale
+    if K_PTR:
+        ks = tl.load(k_scale)
+    vs = v_scale
+    if V_PTR:
+        vs = tl.load(v_scale)
     seq_len = tl.load(lens_ptr + b)
     start = s * split_len
     stop = tl.minimum(start + split_len, seq_len)
@@ -96,12 +112,14 @@ def paged_decode_split(
         for i in range(0, TILES_PER_SPLIT):
             t0 = start + i * BLOCK_N
             if t0 < stop:
-                m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, stride_blk,
-                                             stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST)
+                m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
+                                             stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N,
+                                             UPCAST, QUANT)
     else:
         for t0 in range(start, stop, BLOCK_N):
-            m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, stride_blk,
-                                         stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST)
+            m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
+                                         stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST,
+                                         QUANT)
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))

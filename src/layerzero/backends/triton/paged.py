@@ -25,6 +25,7 @@ import torch
 from layerzero.core.context import SelectionContext
 from layerzero.core.errors import InvalidInputError, expected_got
 from layerzero.core.kv_layout import KV_LAYOUTS, KVLayout, cache_dims, nhd_view
+from layerzero.core.kv_quant import KV_QUANT_DTYPES
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec, Phase
 
@@ -121,14 +122,16 @@ def _bad(what: str, expected: Any, got: Any, fix: str = "") -> InvalidInputError
 
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  scale: float | None = None, kv_layout: str | KVLayout = "NHD", *, num_splits: int | None = None,
-                 block_n: int | None = None, num_warps: int | None = None,
-                 num_stages: int | None = None) -> torch.Tensor:
+                 block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                 k_scale: float | torch.Tensor | None = None,
+                 v_scale: float | torch.Tensor | None = None) -> torch.Tensor:
     """Split-K paged decode attention (one query token per sequence) with our Triton kernels.
 
     Args:
         q: ``[B, Hq, D]`` float16/bfloat16/float32, last stride 1 (as for kv_cache, block_tables, seq_lens).
-        kv_cache: ``[N, 2, P, Hkv, D]`` (``kv_layout="NHD"``) or ``[N, 2, Hkv, P, D]`` (``"HND"``), q's dtype and
-            device, last stride 1; K at index 0 of dim 1, V at 1. Any page size P >= 1.
+        kv_cache: ``[N, 2, P, Hkv, D]`` (``kv_layout="NHD"``) or ``[N, 2, Hkv, P, D]`` (``"HND"``), q's dtype (or
+            float8_e4m3fn / int8 codes: a quantized cache) and device, last stride 1; K at index 0 of dim 1, V at 1.
+            Any page size P >= 1.
         block_tables: ``[B, M]`` int32; only the first ``ceil(seq_lens[b] / P)`` ids of row b are read.
         seq_lens: ``[B]`` int32 in ``[1, M * P]`` (KV tokens, the new one included); never read on the host.
         scale: softmax scale, default ``1 / sqrt(D)``.
@@ -137,6 +140,9 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         block_n: KV positions per stage-1 step (power of two >= 16; default :func:`block_n_for`).
         num_warps, num_stages: stage-1 launch config (default :func:`launch_config`). Knobs for
             ``benchmarks/tune_paged_decode.py``.
+        k_scale, v_scale: a quantized cache's per-tensor scales (positive floats, or 0-d / 1-element float32 tensors
+            on the device, read there: graph-safe); None = 1.0. Keys and values are read as ``code * scale`` in
+            float32 and both dots run in float32 (``core.kv_quant.dequantize_kv``).
 
     Returns:
         ``[B, Hq, D]`` in q's dtype. Cache slots past ``seq_lens[b]`` and unused blocks never reach it (masked loads:
@@ -160,7 +166,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         raise _bad("last strides of q, kv_cache, block_tables, seq_lens", "1 each (contiguous last dims)",
                    strides, "Call .contiguous() first (lz.paged_attention filters this kernel out instead: "
                    "STRIDE_LAST_DIM_NOT_1).")
-    bn = block_n_for(d, q.element_size()) if block_n is None else int(block_n)
+    quant = kv_cache.dtype in KV_QUANT_DTYPES
+    bn = block_n_for(d, 4 if quant else q.element_size()) if block_n is None else int(block_n)  # fp32 tiles
     if bn < 16 or bn & (bn - 1):
         raise _bad("block_n", "a power of two >= 16", bn)
     out = torch.empty(batch, hq, d, dtype=q.dtype, device=q.device)
@@ -186,13 +193,14 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         config["num_warps"] = int(num_warps)
     if num_stages is not None:
         config["num_stages"] = int(num_stages)
+    ks, vs, qflags = _scale_args(quant, k_scale, v_scale)
     launch(kern.paged_decode_split, (batch, hkv, splits),
-        q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, scale * kern.LOG2E,
+        q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, scale * kern.LOG2E, ks, vs,
         q.stride(0), q.stride(1), st[0], st[1], stride_pos, stride_head,
         block_tables.stride(0), split_len, page, group, splits, *ws_strides, hq * splits,
         GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
         INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
-        UPCAST=interpret and q.dtype == torch.bfloat16, DIRECT=direct, **config)
+        UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=direct, **qflags, **config)
     if not direct:
         launch(kern.paged_decode_merge, (batch, hq),
             ws_out, ws_lse, out, out.stride(0), out.stride(1), *ws_strides, hq, splits, HEAD_DIM=d, D_PAD=d_pad,
@@ -200,7 +208,17 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     return out
 
 
-def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
+def _scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict[str, bool]]:
+    """``(k_scale, v_scale, constexpr flags)`` of the stage-1 kernel: floats by value, tensors as pointers (read on
+    the device); an unquantized cache passes 1.0 and no flags."""
+    if not quant:
+        return 1.0, 1.0, {}
+    ks, vs = (1.0 if x is None else x if isinstance(x, torch.Tensor) else float(x) for x in (k_scale, v_scale))
+    return ks, vs, {"QUANT": True, "K_PTR": isinstance(ks, torch.Tensor), "V_PTR": isinstance(vs, torch.Tensor)}
+
+
+def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None,
+                    v_scale=None):
     """``lz.paged_attention`` canonical-args entry (see :func:`layerzero.ops.paged.prepare`), decode only: q
     ``[B, Hq, D]`` -> ``[B, Hq, D]`` in q's dtype; ``is_causal`` changes nothing for one query token (it sees every
     key). Raises ``InvalidInputError`` for ``cu_seqlens_q`` (prefill/append; :func:`check` keeps selection from
@@ -208,7 +226,7 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
     if cu_seqlens_q is not None:
         raise _bad("cu_seqlens_q", "None (decode: one query token per sequence)", "a tensor (prefill/append)",
                    "Prefill/append runs on another paged kernel; do not lock triton.paged_decode for it.")
-    return paged_decode(q, kv_cache, block_tables, seq_lens, scale, kv_layout)
+    return paged_decode(q, kv_cache, block_tables, seq_lens, scale, kv_layout, k_scale=k_scale, v_scale=v_scale)
 
 
 def check(ctx: SelectionContext) -> list[Reason]:
@@ -242,5 +260,5 @@ def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
                    device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, head_dim_min=1,
                    head_dim_max=HEAD_DIM_MAX, supports_backward=False, supports_dropout=False,
                    requires_stride_last_1=True, deterministic=True, graph_safe=True, check=check,
-                   workspace=workspace_bytes),
+                   workspace=workspace_bytes, kv_cache_dtypes=KV_QUANT_DTYPES),
     ]
