@@ -16,11 +16,9 @@ from layerzero.backends.triton import cache as tc
 from layerzero.core.context import SelectionContext
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import ReasonCode as R
-from layerzero.core.registry import KernelRegistry
-from layerzero.core.runtime import RUNTIME
 from layerzero.core.selection import SelectionInputs, select
-from layerzero.core.specs import BackendSpec
 from layerzero.testing.devices import fake_cuda_device
+from layerzero.testing.registries import routing_registry
 
 pytestmark = pytest.mark.correctness
 
@@ -100,17 +98,7 @@ def test_all_slots_skipped_and_empty_batch_write_nothing():
 @pytest.fixture
 def registry():
     """The reshape_and_cache op with the reference, torch_native and (fake-installed) triton kernels."""
-    RUNTIME.ensure_ready()
-    reg = KernelRegistry()
-    reg.add_op(RUNTIME.registry.ops.get("reshape_and_cache"))
-    for spec in RUNTIME.registry.for_op("reshape_and_cache"):
-        if spec.backend in ("reference", "torch_native"):
-            if spec.backend not in reg.backends:
-                reg.add_backend(RUNTIME.registry.backend(spec.backend))
-            reg.add_kernel(spec)
-    reg.add_backend(BackendSpec("triton", "triton", "3.6.0", True, (), "fake-installed triton"))
-    reg.add_kernel(tc.kernel_spec(True, ""))
-    return reg
+    return routing_registry("reshape_and_cache", [tc.kernel_spec(True, "")])
 
 
 def _ctx(device, dtype=torch.bfloat16, capture=False, stride=True):

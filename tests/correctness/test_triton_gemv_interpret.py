@@ -13,11 +13,9 @@ from layerzero.backends.triton import gemv as tg
 from layerzero.core.context import SelectionContext
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import ReasonCode as R
-from layerzero.core.registry import KernelRegistry
-from layerzero.core.runtime import RUNTIME
 from layerzero.core.selection import SelectionInputs, select
-from layerzero.core.specs import BackendSpec
 from layerzero.testing.devices import fake_cuda_device
+from layerzero.testing.registries import routing_registry
 
 pytestmark = pytest.mark.correctness
 
@@ -75,17 +73,7 @@ def test_config_covers_both_paths():
 @pytest.fixture
 def registry():
     """The linear op with the reference, torch_native and (fake-installed) triton kernels."""
-    RUNTIME.ensure_ready()
-    reg = KernelRegistry()
-    reg.add_op(RUNTIME.registry.ops.get("linear"))
-    for spec in RUNTIME.registry.for_op("linear"):
-        if spec.backend in ("reference", "torch_native"):
-            if spec.backend not in reg.backends:
-                reg.add_backend(RUNTIME.registry.backend(spec.backend))
-            reg.add_kernel(spec)
-    reg.add_backend(BackendSpec("triton", "triton", "3.6.0", True, (), "fake-installed triton"))
-    reg.add_kernel(tg.kernel_spec(True, ""))
-    return reg
+    return routing_registry("linear", [tg.kernel_spec(True, "")])
 
 
 def _ctx(device, rows, dtype=torch.bfloat16, grad=False, capture=False):

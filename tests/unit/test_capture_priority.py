@@ -14,27 +14,16 @@ from layerzero.backends.triton import swiglu as ts
 from layerzero.core.capabilities import _PARSERS
 from layerzero.core.context import SelectionContext
 from layerzero.core.policy import Policy
-from layerzero.core.registry import KernelRegistry
-from layerzero.core.runtime import RUNTIME
 from layerzero.core.selection import SelectionInputs, select
-from layerzero.core.specs import BackendSpec, KernelSpec
+from layerzero.core.specs import KernelSpec
 from layerzero.testing.devices import fake_cuda_device
+from layerzero.testing.registries import routing_registry
 
 pytestmark = pytest.mark.unit
 
 
-def _registry(op: str, triton_spec: KernelSpec) -> KernelRegistry:
-    RUNTIME.ensure_ready()
-    reg = KernelRegistry()
-    reg.add_op(RUNTIME.registry.ops.get(op))
-    for spec in RUNTIME.registry.for_op(op):
-        if spec.backend in ("reference", "torch_native"):
-            if spec.backend not in reg.backends:
-                reg.add_backend(RUNTIME.registry.backend(spec.backend))
-            reg.add_kernel(spec)
-    reg.add_backend(BackendSpec("triton", "triton", "3.6.0", True, (), "fake-installed triton"))
-    reg.add_kernel(triton_spec)
-    return reg
+def _registry(op: str, triton_spec: KernelSpec):
+    return routing_registry(op, [triton_spec])
 
 
 def _select(reg, ctx):

@@ -16,6 +16,16 @@ import triton.language as tl
 
 
 @triton.jit
+def load_scale(S, IS_PTR: tl.constexpr):
+    """A quantized cache's per-tensor scale: ``S`` itself (a float argument) or the float32 it points to (a device
+    tensor, read on the device so graphs replay later values). Shared with ``_paged_kernels``."""
+    s = S
+    if IS_PTR:
+        s = tl.load(S)
+    return s
+
+
+@triton.jit
 def _round_half_even(y):
     """``torch.round`` of float32 ``y`` (half to even), exact: the fraction ``y - floor(y)`` is exact in float32."""
     r = tl.floor(y)
@@ -62,13 +72,7 @@ def _reshape_and_cache(K, V, Cache, Slots, KS, VS, stride_kt, stride_kh, stride_
     k = tl.load(K + t * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(V + t * stride_vt + h * stride_vh + d, mask=mask)
     if QUANT != 0:
-        ks = KS
-        if K_PTR:
-            ks = tl.load(KS)
-        vs = VS
-        if V_PTR:
-            vs = tl.load(VS)
-        k = _to_code(k, ks, QUANT)
-        v = _to_code(v, vs, QUANT)
+        k = _to_code(k, load_scale(KS, K_PTR), QUANT)
+        v = _to_code(v, load_scale(VS, V_PTR), QUANT)
     tl.store(base, k.to(Cache.dtype.element_ty), mask=mask)
     tl.store(base + stride_ckv, v.to(Cache.dtype.element_ty), mask=mask)

@@ -28,6 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._cache_kernels import load_scale
+
 LOG2E = 1.4426950408889634
 
 
@@ -94,12 +96,8 @@ def paged_decode_split(
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    ks = k_scale
-    if K_PTR:
-        ks = tl.load(k_scale)
-    vs = v_scale
-    if V_PTR:
-        vs = tl.load(v_scale)
+    ks = load_scale(k_scale, K_PTR)
+    vs = load_scale(v_scale, V_PTR)
     seq_len = tl.load(lens_ptr + b)
     start = s * split_len
     stop = tl.minimum(start + split_len, seq_len)

@@ -111,24 +111,11 @@ def _mix(h, v):
 
 
 @triton.jit
-def _race_row(X, T, MINP, SEEDS, OFFS, BASE, OUT, stride_x, n_cols, greedy_below, tiny,
-              HAS_T: tl.constexpr, HAS_MINP: tl.constexpr, HAS_SEEDS: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = X + row * stride_x
-    cols = tl.arange(0, BLOCK)
-    big = 2147483647
-    # pass 1: the row max and the first index holding it
-    m = tl.full([], float("-inf"), tl.float32)
-    arg = n_cols * 0
-    start = n_cols * 0
-    while start < n_cols:
-        offs = start + cols
-        x = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
-        bm = tl.max(x, axis=0)
-        bi = tl.min(tl.where((x == bm) & (offs < n_cols), offs, big), axis=0)
-        arg = tl.where(bm > m, bi, arg)
-        m = tl.maximum(m, bm)
-        start += BLOCK
+def _row_setup(T, MINP, SEEDS, OFFS, BASE, row, greedy_below, HAS_T: tl.constexpr, HAS_MINP: tl.constexpr,
+               HAS_SEEDS: tl.constexpr):
+    """One row's race parameters, shared by ``_race_row`` and the split kernels (so both score identically):
+    ``(t, greedy, min_p, h0)``: the temperature (1 for greedy rows), whether the row is greedy, its min-p, and the
+    hash state of its noise stream: its own (seed, offset) when seeded, else (the call's random base, row)."""
     t = 1.0
     if HAS_T:
         t = tl.load(T + row).to(tl.float32)
@@ -137,7 +124,6 @@ def _race_row(X, T, MINP, SEEDS, OFFS, BASE, OUT, stride_x, n_cols, greedy_below
     mp = 0.0
     if HAS_MINP:
         mp = tl.load(MINP + row).to(tl.float32)
-    # the row's noise stream: its own (seed, offset) when seeded, else (the call's random base, row)
     seed = tl.load(BASE)
     off = row
     if HAS_SEEDS:
@@ -149,23 +135,56 @@ def _race_row(X, T, MINP, SEEDS, OFFS, BASE, OUT, stride_x, n_cols, greedy_below
     h0 = _mix(h0, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
     h0 = _mix(h0, (off & 0xFFFFFFFF).to(tl.uint32))
     h0 = _mix(h0, ((off >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    return t, greedy, mp, h0
+
+
+@triton.jit
+def _max_step(x_row, offs, valid, m, arg):
+    """One tile of the max pass: folds the tile's maximum and its first column into ``(m, arg)`` (earlier columns
+    win ties)."""
+    x = tl.load(x_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    bm = tl.max(x, axis=0)
+    bi = tl.min(tl.where((x == bm) & valid, offs, 2147483647), axis=0)
+    return tl.maximum(m, bm), tl.where(bm > m, bi, arg)
+
+
+@triton.jit
+def _race_step(x_row, offs, valid, m, t, mp, h0, tiny, best, best_i, HAS_MINP: tl.constexpr):
+    """One tile of the race: ``z = (x - m) / t``, the min-p cut, the Exp(1) noise hashed from ``(h0, column)``,
+    the score ``z - log E``; folds the tile's first maximum into ``(best, best_i)`` (earlier columns win ties)."""
+    x = tl.load(x_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    z = (x - m) / t
+    if HAS_MINP:
+        z = tl.where(tl.exp(z) < mp, float("-inf"), z)
+    h = _mix(h0, offs.to(tl.uint32))
+    e = (-tl.log((h.to(tl.float64) + 0.5) * 2.3283064365386963e-10)).to(tl.float32)
+    score = tl.where(valid, z - tl.log(tl.maximum(e, tiny)), float("-inf"))
+    bm = tl.max(score, axis=0)
+    bi = tl.min(tl.where((score == bm) & valid, offs, 2147483647), axis=0)
+    return tl.maximum(best, bm), tl.where(bm > best, bi, best_i)
+
+
+@triton.jit
+def _race_row(X, T, MINP, SEEDS, OFFS, BASE, OUT, stride_x, n_cols, greedy_below, tiny,
+              HAS_T: tl.constexpr, HAS_MINP: tl.constexpr, HAS_SEEDS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    cols = tl.arange(0, BLOCK)
+    # pass 1: the row max and the first index holding it
+    m = tl.full([], float("-inf"), tl.float32)
+    arg = n_cols * 0
+    start = n_cols * 0
+    while start < n_cols:
+        offs = start + cols
+        m, arg = _max_step(x_row, offs, offs < n_cols, m, arg)
+        start += BLOCK
+    t, greedy, mp, h0 = _row_setup(T, MINP, SEEDS, OFFS, BASE, row, greedy_below, HAS_T, HAS_MINP, HAS_SEEDS)
     # pass 2: the race
     best = tl.full([], float("-inf"), tl.float32)
     best_i = n_cols * 0
     start = n_cols * 0
     while start < n_cols:
         offs = start + cols
-        valid = offs < n_cols
-        x = tl.load(x_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
-        z = (x - m) / t
-        if HAS_MINP:
-            z = tl.where(tl.exp(z) < mp, float("-inf"), z)
-        h = _mix(h0, offs.to(tl.uint32))
-        e = (-tl.log((h.to(tl.float64) + 0.5) * 2.3283064365386963e-10)).to(tl.float32)
-        score = tl.where(valid, z - tl.log(tl.maximum(e, tiny)), float("-inf"))
-        bm = tl.max(score, axis=0)
-        bi = tl.min(tl.where((score == bm) & valid, offs, big), axis=0)
-        best_i = tl.where(bm > best, bi, best_i)
-        best = tl.maximum(best, bm)
+        best, best_i = _race_step(x_row, offs, offs < n_cols, m, t, mp, h0, tiny, best, best_i, HAS_MINP)
         start += BLOCK
     tl.store(OUT + row, tl.where(greedy, arg, best_i).to(tl.int64))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._sampling_kernels import _mix
+from ._sampling_kernels import _max_step, _race_step, _row_setup
 
 
 @triton.jit
@@ -43,12 +43,7 @@ def _split_max(X, FP, IP, stride_x, n_cols, chunk_len, n_chunks, BLOCK: tl.const
     start = lo
     while start < hi:
         offs = start + cols
-        valid = offs < hi
-        x = tl.load(x_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
-        bm = tl.max(x, axis=0)
-        bi = tl.min(tl.where((x == bm) & valid, offs, 2147483647), axis=0)
-        arg = tl.where(bm > m, bi, arg)
-        m = tl.maximum(m, bm)
+        m, arg = _max_step(x_row, offs, offs < hi, m, arg)
         start += BLOCK
     part = row * 2 * n_chunks + chunk
     tl.store(FP + part, m)
@@ -66,25 +61,7 @@ def _split_race(X, T, MINP, SEEDS, OFFS, BASE, FP, IP, stride_x, n_cols, chunk_l
     base = row * 2 * n_chunks
     cidx = tl.arange(0, CHUNKS)
     m = tl.max(tl.load(FP + base + cidx, mask=cidx < n_chunks, other=float("-inf")), axis=0)  # the row max
-    t = 1.0
-    if HAS_T:
-        t = tl.load(T + row).to(tl.float32)
-    greedy = t < greedy_below
-    t = tl.where(greedy, 1.0, t)
-    mp = 0.0
-    if HAS_MINP:
-        mp = tl.load(MINP + row).to(tl.float32)
-    seed = tl.load(BASE)
-    off = row
-    if HAS_SEEDS:
-        s = tl.load(SEEDS + row)
-        seeded = s >= 0
-        seed = tl.where(seeded, s, seed)
-        off = tl.where(seeded, tl.load(OFFS + row), off)
-    h0 = _mix(tl.zeros([], tl.uint32), (seed & 0xFFFFFFFF).to(tl.uint32))
-    h0 = _mix(h0, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
-    h0 = _mix(h0, (off & 0xFFFFFFFF).to(tl.uint32))
-    h0 = _mix(h0, ((off >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    t, greedy, mp, h0 = _row_setup(T, MINP, SEEDS, OFFS, BASE, row, greedy_below, HAS_T, HAS_MINP, HAS_SEEDS)
     lo = chunk * chunk_len
     hi = tl.minimum(lo + chunk_len, n_cols)
     hi = tl.where(greedy, lo, hi)  # greedy rows take the row's argmax in _split_merge: no race
@@ -93,18 +70,7 @@ def _split_race(X, T, MINP, SEEDS, OFFS, BASE, FP, IP, stride_x, n_cols, chunk_l
     start = lo
     while start < hi:
         offs = start + cols
-        valid = offs < hi
-        x = tl.load(x_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
-        z = (x - m) / t
-        if HAS_MINP:
-            z = tl.where(tl.exp(z) < mp, float("-inf"), z)
-        h = _mix(h0, offs.to(tl.uint32))
-        e = (-tl.log((h.to(tl.float64) + 0.5) * 2.3283064365386963e-10)).to(tl.float32)
-        score = tl.where(valid, z - tl.log(tl.maximum(e, tiny)), float("-inf"))
-        bm = tl.max(score, axis=0)
-        bi = tl.min(tl.where((score == bm) & valid, offs, 2147483647), axis=0)
-        best_i = tl.where(bm > best, bi, best_i)
-        best = tl.maximum(best, bm)
+        best, best_i = _race_step(x_row, offs, offs < hi, m, t, mp, h0, tiny, best, best_i, HAS_MINP)
         start += BLOCK
     part = base + n_chunks + chunk
     tl.store(FP + part, best)
