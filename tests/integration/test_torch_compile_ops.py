@@ -29,3 +29,278 @@ def test_compiled_block_matches_eager():
                 torch.randn(2, 2, s, 32, generator=gen))
         for got, want in zip(compiled(*args), block(*args), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def full_block(x, w, gate, up, q, k, v, cos, sin):
+    h = lz.rms_norm(x, w)
+    h2, res = lz.rms_norm(x, w, residual=h)
+    qr, kr = lz.rope(q, k, cos, sin)
+    att = lz.attention(qr, kr, v, is_causal=True)
+    mlp = lz.swiglu(gate, up) + lz.geglu(gate, up, approximate="tanh") + lz.reglu(gate, up)
+    return lz.layer_norm(h2 + res, w), mlp, att
+
+
+def _full_args(gen, rows=4, s=16):
+    half = torch.randn(s, 16, generator=gen)
+    cos, sin = torch.cat((half.cos(), half.cos()), -1), torch.cat((half.sin(), half.sin()), -1)
+    return (torch.randn(rows, 64, generator=gen), torch.rand(64, generator=gen) + 0.5,
+            torch.randn(rows, 96, generator=gen), torch.randn(rows, 96, generator=gen),
+            torch.randn(2, 4, s, 32, generator=gen), torch.randn(2, 2, s, 32, generator=gen),
+            torch.randn(2, 2, s, 32, generator=gen), cos, sin)
+
+
+def test_fullgraph_inductor_has_no_graph_break_and_matches_eager():
+    """Every lz op of a decoder block is one ``torch.ops.layerzero`` node: ``fullgraph=True`` (which raises on a
+    graph break) compiles with Inductor, the explain count is 0, outputs match eager on new data, and the kernels
+    were selected by the compiled graph's real calls (``lz.trace`` sees them), not while tracing."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(1)
+    args = _full_args(gen)
+    explained = torch._dynamo.explain(full_block)(*args)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    compiled = torch.compile(full_block, fullgraph=True)
+    for rows, s in ((4, 16), (4, 16), (3, 16)):
+        new = _full_args(gen, rows, s)
+        with lz.trace() as t:
+            got = compiled(*new)
+        for g, want in zip(got, full_block(*new), strict=True):
+            torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-5)
+        assert {"attention", "rms_norm", "rope", "swiglu", "geglu", "reglu", "layer_norm"} <= {
+            op for op, _ in t.counts}
+
+
+def test_export_holds_layerzero_nodes():
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v):
+            return lz.attention(q, k, v, is_causal=True) * 2
+
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(1, 4, 8, 16, generator=gen), torch.randn(1, 2, 8, 16, generator=gen), torch.randn(
+        1, 2, 8, 16, generator=gen)
+    ep = torch.export.export(Attn(), (q, k, v))
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert "layerzero.attention.default" in targets
+    torch.testing.assert_close(ep.module()(q, k, v), lz.attention(q, k, v, is_causal=True) * 2)
+
+
+def test_calls_that_need_gradients_stay_differentiable():
+    """The custom ops have no autograd formulas yet: with inputs that require grad the ops are traced as Python (as
+    before) and backward through the compiled function equals eager backward."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(3)
+    x0, w0 = torch.randn(4, 32, generator=gen), torch.rand(32, generator=gen) + 0.5
+
+    def f(x, w):
+        return (lz.rms_norm(x, w) * lz.swiglu(x, x)).sum()
+
+    grads = []
+    for fn in (f, torch.compile(f, backend="aot_eager")):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        fn(x, w).backward()
+        grads.append((x.grad, w.grad))
+    for got, want in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def serving_step(k, v, cache, slots, q, tables, lens, x, w13, w2, tw, tid):
+    lz.reshape_and_cache(k, v, cache, slots)
+    return lz.paged_attention(q, cache, tables, lens), lz.fused_moe(x, w13, w2, tw, tid)
+
+
+def test_paged_cache_write_attention_and_moe_compile_without_breaks():
+    """The serving ops are custom ops too: the cache write mutates ``kv_cache`` through the compiled graph (the
+    following paged attention reads the new tokens), and the step has no graph break."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(4)
+
+    def inputs():
+        cache = lz.allocate_kv_cache(4, 4, 2, 8, dtype=torch.float32)
+        cache.copy_(torch.randn(cache.shape, generator=gen))
+        k, v = torch.randn(2, 2, 8, generator=gen), torch.randn(2, 2, 8, generator=gen)
+        return (k, v, cache, torch.tensor([5, 15]), torch.randn(2, 4, 8, generator=gen),
+                torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([6, 8], dtype=torch.int32),
+                torch.randn(2, 16, generator=gen), torch.randn(4, 6, 16, generator=gen),
+                torch.randn(4, 16, 3, generator=gen), torch.full((2, 2), 0.5), torch.tensor([[0, 1], [2, 3]]))
+
+    args = inputs()
+    assert torch._dynamo.explain(serving_step)(*args).graph_break_count == 0
+    compiled = torch.compile(serving_step, fullgraph=True)
+    a, b = inputs(), None
+    b = tuple(t.clone() for t in a)
+    got, want = compiled(*a), serving_step(*b)
+    assert torch.equal(a[2], b[2])  # the compiled cache write happened, exactly as eager's
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def sampling_step(logits, prompt, output, rep, temp, seeds, offsets):
+    penalized = lz.apply_penalties(logits, prompt, output, repetition_penalty=rep)
+    return lz.sample(penalized, temperature=temp, seeds=seeds, offsets=offsets)
+
+
+def test_sampling_step_compiles_without_breaks_and_draws_the_seeded_tokens():
+    """``lz.apply_penalties`` and ``lz.sample`` (no generator) are custom ops: no graph break, and seeded rows draw
+    exactly eager's tokens (counter-based noise)."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(5)
+    args = (torch.randn(3, 50, generator=gen), torch.randint(0, 50, (3, 7), generator=gen),
+            torch.randint(0, 50, (3, 4), generator=gen), torch.full((3,), 1.3), torch.tensor([0.0, 0.7, 1.1]),
+            torch.tensor([11, 12, 13]), torch.tensor([0, 5, 9]))
+    assert torch._dynamo.explain(sampling_step)(*args).graph_break_count == 0
+    compiled = torch.compile(sampling_step, fullgraph=True)
+    assert torch.equal(compiled(*args), sampling_step(*args))
+
+
+def _opcheck_cases():
+    """(name, custom op, args) for every ``torch.ops.layerzero`` op: contiguous inputs and the strided ones a model
+    passes (transposed activations, BSHD views of a fused projection, chunks of a gate/up projection)."""
+    from layerzero import library  # noqa: F401  (registers the ops)
+
+    ops = torch.ops.layerzero
+    gen = torch.Generator().manual_seed(6)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    w = torch.rand(64, generator=gen) + 0.5
+    xt = r(64, 4).t()  # [4, 64], strides (1, 4)
+    gu = r(4, 192)
+    half = r(16, 16)
+    cos, sin = torch.cat((half.cos(), half.cos()), -1), torch.cat((half.sin(), half.sin()), -1)
+    qkv = r(2, 16, 3, 4, 32)  # a fused projection viewed [B, S, 3, H, D]
+    q, k, v = qkv.unbind(2)
+    cache = lz.allocate_kv_cache(4, 4, 2, 8, dtype=torch.float32)
+    cache.copy_(r(*cache.shape))
+    tables, lens = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([6, 8], dtype=torch.int32)
+    cases = [
+        ("attention", ops.attention, (r(2, 4, 16, 32), r(2, 2, 16, 32), r(2, 2, 16, 32), None, True, None, 0.0,
+                                      "BHSD", None, None, None)),
+        ("attention BHSD transposed", ops.attention, (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None,
+                                                      False, None, 0.0, "BHSD", None, None, None)),
+        ("attention BSHD views", ops.attention, (q, k, v, None, True, None, 0.0, "BSHD", None, None, None)),
+        ("rms_norm", ops.rms_norm, (r(4, 64), w, 1e-6)),
+        ("rms_norm transposed", ops.rms_norm, (xt, w, 1e-6)),
+        ("fused_add_rms_norm", ops.fused_add_rms_norm, (r(4, 64), w, 1e-6, r(4, 64))),
+        ("fused_add_rms_norm transposed", ops.fused_add_rms_norm, (xt, w, 1e-6, r(4, 64))),
+        ("layer_norm", ops.layer_norm, (r(4, 64), w, r(64), 1e-5)),
+        ("layer_norm transposed", ops.layer_norm, (xt, w, None, 1e-5)),
+        ("rope", ops.rope, (r(2, 4, 16, 32), r(2, 2, 16, 32), cos, sin, None, False, "BHSD")),
+        ("rope transposed", ops.rope, (q.transpose(1, 2), k.transpose(1, 2), cos, sin, None, True, "BHSD")),
+        ("rope partial BSHD views", ops.rope, (q, k, cos[:, :16], sin[:, :16], None, False, "BSHD")),
+        ("swiglu", ops.swiglu, (r(4, 96), r(4, 96))),
+        ("swiglu chunks", ops.swiglu, gu.chunk(2, -1)),
+        ("geglu chunks", ops.geglu, (*gu.chunk(2, -1), "tanh")),
+        ("reglu chunks", ops.reglu, gu.chunk(2, -1)),
+        ("paged_attention", ops.paged_attention, (r(2, 4, 8), cache, tables, lens, None, None, True, "NHD")),
+        ("reshape_and_cache", ops.reshape_and_cache, (r(2, 2, 8), r(2, 2, 8), cache.clone(), torch.tensor([5, 15]),
+                                                      "NHD")),
+        ("fused_moe", ops.fused_moe, (r(2, 16), r(4, 6, 16), r(4, 16, 3), torch.full((2, 2), 0.5),
+                                      torch.tensor([[0, 1], [2, 3]]))),
+        ("apply_penalties", ops.apply_penalties, (r(3, 50), torch.randint(0, 50, (3, 7), generator=gen),
+                                                  torch.randint(0, 50, (3, 4), generator=gen), torch.full((3,), 1.3),
+                                                  None, None)),
+        ("sample", ops.sample, (r(3, 50), torch.tensor([0.0, 0.7, 1.1]), None, None, None, torch.tensor([11, 12, 13]),
+                                torch.tensor([0, 5, 9]))),
+        ("linear", ops.linear, (r(5, 64), r(7, 64), r(7))),
+        ("linear transposed, no bias", ops.linear, (xt, r(7, 64), None)),
+        ("embedding", ops.embedding, (torch.tensor([[1, 0, 3]]), r(5, 16), None)),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("case", range(24))
+def test_custom_ops_keep_the_torch_library_contract(case):
+    """``torch.library.opcheck`` (schema: no undeclared mutation or aliasing; fake impl: the real outputs' shapes,
+    dtypes and strides; autograd registration; AOT dispatch) passes for every custom op, also with strided inputs,
+    and no output shares memory with an input or another output: Inductor frees, reuses and writes into custom-op
+    outputs in place (``inplace_buffers``, ``allow_buffer_reuse``) on the strength of that contract."""
+    cases = _opcheck_cases()
+    assert len(cases) == 24
+    name, op, args = cases[case]
+    torch.library.opcheck(op, args)
+    out = op(*args)
+    outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o is not None]
+    ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+    for o in outs:
+        assert o.is_contiguous(), name
+        assert o.untyped_storage().data_ptr() not in ptrs, name
+    assert len({o.untyped_storage().data_ptr() for o in outs}) == len(outs), name
+
+
+def test_owned_copies_only_outputs_that_alias_an_input_or_are_strided():
+    from layerzero.library import _owned
+
+    x = torch.randn(4, 8)
+    fresh = x * 2
+    assert _owned(fresh, x) is fresh  # the common case costs nothing
+    for aliasing in (x, x.view(8, 4), x[1:], x.t()):
+        got = _owned(aliasing, x)
+        assert got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        assert got.is_contiguous() and torch.equal(got, aliasing)
+    strided = torch.randn(8, 4).t()
+    got = _owned(strided, x)
+    assert got.is_contiguous() and torch.equal(got, strided)
+    empty = torch.empty(0, 8)
+    assert _owned(empty, empty) is not empty
+
+
+def strided_block(x, w, qkv, gu, cos, sin):
+    """A decoder block as a model feeds it: a transposed activation, BSHD q/k/v views of one fused projection,
+    attention in BHSD through transposes, gate/up chunks of one projection."""
+    h = lz.layer_norm(x.t(), w)
+    h2, res = lz.rms_norm(h, w, residual=x.t())
+    q, k, v = qkv.unbind(2)
+    qr, kr = lz.rope(q, k, cos, sin, layout="BSHD")
+    att = lz.attention(qr.transpose(1, 2), kr.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    g, u = gu.chunk(2, -1)
+    mlp = lz.swiglu(g, u) + lz.geglu(g, u, approximate="tanh") + lz.reglu(g, u)
+    return lz.layer_norm(h2 + res, w) * 2, mlp + 1, att.transpose(1, 2) * 3
+
+
+def test_fullgraph_inductor_with_strided_inputs_matches_eager():
+    """Strided inputs: the eager kernels return other strides than contiguous for them (SDPA follows q's layout), so
+    before the custom-op boundary normalized outputs Inductor's ``assert_size_stride`` failed on them; run several
+    times so a freed-or-reused buffer would show up as a mismatch."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(7)
+
+    def args(rows, s):
+        half = torch.randn(s, 16, generator=gen)
+        return (torch.randn(64, rows, generator=gen), torch.rand(64, generator=gen) + 0.5,
+                torch.randn(2, s, 3, 4, 32, generator=gen), torch.randn(rows, 192, generator=gen),
+                torch.cat((half.cos(), half.cos()), -1), torch.cat((half.sin(), half.sin()), -1))
+
+    compiled = torch.compile(strided_block, fullgraph=True)
+    for rows, s in ((4, 16), (4, 16), (6, 9), (6, 9)):
+        new = args(rows, s)
+        for got, want in zip(compiled(*new), strided_block(*new), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def lm_block(ids, table, w_qkv, w_o, b_o, norm_w):
+    h = lz.embedding(ids, table)
+    x = lz.rms_norm(lz.linear(h, w_qkv), norm_w)
+    return lz.linear(x, w_o, b_o)
+
+
+def test_embedding_and_linear_compile_without_breaks():
+    """``lz.embedding`` and ``lz.linear`` (every projection of the engine's models) are custom-op nodes too: a
+    fullgraph Inductor compile of embedding -> projection -> norm -> projection matches eager."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(5)
+
+    def args(n):
+        return (torch.randint(0, 50, (n,), generator=gen), torch.randn(50, 32, generator=gen),
+                torch.randn(48, 32, generator=gen), torch.randn(32, 48, generator=gen), torch.randn(32, generator=gen),
+                torch.rand(48, generator=gen) + 0.5)
+
+    first = args(6)
+    explained = torch._dynamo.explain(lm_block)(*first)
+    assert explained.graph_break_count == 0
+    compiled = torch.compile(lm_block, fullgraph=True)
+    for n in (6, 6, 9):
+        new = args(n)
+        with lz.trace() as t:
+            got = compiled(*new)
+        torch.testing.assert_close(got, lm_block(*new), rtol=1e-5, atol=1e-5)
+        assert {"embedding", "linear", "rms_norm"} <= {op for op, _ in t.counts}

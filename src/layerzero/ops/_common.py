@@ -143,3 +143,12 @@ def check_cpu_values(op: str, name: str, t: _Tensor, ok: Callable[[_Tensor], _Te
     where = tuple(int(i) for i in (~good).nonzero()[0])
     at = where[0] if len(where) == 1 else list(where)
     raise fail(op, f"{name} values", expected, f"{t[where].item()!r} at index {at}", fix)
+
+
+def inference_only(*tensors: Any) -> bool:
+    """True when no autograd graph is being recorded through ``tensors`` (grad mode off, or none requires grad):
+    under ``torch.compile`` / ``torch.export`` such calls become ``torch.ops.layerzero`` custom-op nodes
+    (``layerzero/library.py``: no autograd formulas yet); calls that need gradients are traced as Python."""
+    if not torch.is_grad_enabled():
+        return True
+    return not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.constraints import native_layout
 from layerzero.core.context import SelectionContext
@@ -21,6 +22,7 @@ from ._common import (
     deterministic_enabled,
     device_spec,
     fail,
+    inference_only,
     is_grad_enabled,
     scope_layers,
     scope_token_of,
@@ -389,6 +391,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     >>> lz.attention(q, k, v, is_causal=True).shape
     torch.Size([1, 8, 16, 64])
     """
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(q, k, v, attn_mask):  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
+        from layerzero import library
+
+        return library.attention(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
     hot_key = None
     if (attn_mask is None and scale is None and window is None and softcap is None and alibi_slopes is None
             and q.__class__ is _TENSOR

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.runtime import RUNTIME
@@ -16,6 +17,7 @@ from ._common import (
     deterministic_enabled,
     device_spec,
     fail,
+    inference_only,
     is_grad_enabled,
     scope_layers,
     scope_token_of,
@@ -141,5 +143,9 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor, *, padding_idx: int
     >>> lz.embedding(torch.tensor([[1, 2, 3]]), w).shape
     torch.Size([1, 3, 4])
     """
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(weight):  # one custom-op node (library.py)
+        from layerzero import library
+
+        return library.embedding(input_ids, weight, padding_idx)
     key, args = prepare(input_ids, weight, padding_idx=padding_idx)
     return RUNTIME.run(key, context, args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext, bucket
 from layerzero.core.runtime import RUNTIME
@@ -17,6 +18,7 @@ from ._common import (
     deterministic_enabled,
     device_spec,
     fail,
+    inference_only,
     is_grad_enabled,
     scope_layers,
     scope_token_of,
@@ -178,5 +180,9 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     >>> out.shape, round(out[0, 0].item(), 2)  # each expert gives I * silu(4) * 4 = 3 * 3.928 * 4; weights sum to 1
     (torch.Size([3, 4]), 47.14)
     """
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(x, w13, w2, topk_weights):
+        from layerzero import library  # torch.compile, torch.export: one custom-op node
+
+        return library.fused_moe(x, w13, w2, topk_weights, topk_ids)
     key, args = prepare(x, w13, w2, topk_weights, topk_ids)
     return RUNTIME.run(key, context, args)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.runtime import RUNTIME
@@ -19,6 +20,7 @@ from ._common import (
     deterministic_enabled,
     device_spec,
     fail,
+    inference_only,
     is_grad_enabled,
     scope_layers,
     scope_token_of,
@@ -149,5 +151,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     >>> lz.linear(torch.ones(2, 3), torch.ones(4, 3), torch.arange(4.0)).tolist()
     [[3.0, 4.0, 5.0, 6.0], [3.0, 4.0, 5.0, 6.0]]
     """
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(x, weight, bias):  # one custom-op node (library.py)
+        from layerzero import library
+
+        return library.linear(x, weight, bias)
     key, args = prepare(x, weight, bias)
     return RUNTIME.run(key, context, args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, overload
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.runtime import RUNTIME
@@ -19,6 +20,7 @@ from ._common import (
     device_spec,
     fail,
     flags,
+    inference_only,
     is_grad_enabled,
     scope_layers,
     scope_token,
@@ -170,6 +172,11 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None):
     >>> lz.rms_norm(torch.ones(2, 8), torch.ones(8)).shape
     torch.Size([2, 8])
     """
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(x, weight, residual):  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
+        from layerzero import library
+
+        return library.rms_norm(x, weight, eps) if residual is None else library.fused_add_rms_norm(
+            x, weight, eps, residual)
     key, args = _prepare_rms(x, weight, eps, residual)
     return RUNTIME.run(key, context_rms, args)
 
@@ -188,5 +195,9 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     >>> lz.layer_norm(torch.randn(2, 8), torch.ones(8)).shape
     torch.Size([2, 8])
     """
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(x, weight, bias):
+        from layerzero import library
+
+        return library.layer_norm(x, weight, bias, eps)
     key, args = prepare_layer(x, weight, bias, eps)
     return RUNTIME.run(key, context_layer, args)

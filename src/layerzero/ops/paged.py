@@ -12,6 +12,7 @@ import math
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core import config as _config
 from layerzero.core.context import SelectionContext, bucket
@@ -27,6 +28,7 @@ from ._common import (
     device_spec,
     fail,
     flags,
+    inference_only,
     is_grad_enabled,
     scope_layers,
     scope_token,
@@ -309,6 +311,11 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     >>> lz.paged_attention(q, cache, bt, lens).shape
     torch.Size([3, 8, 64])
     """
+    if ((is_dynamo_compiling() or is_exporting()) and k_scale is None and v_scale is None
+            and inference_only(q, kv_cache)):  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
+        from layerzero import library
+
+        return library.paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout)
     hot_key = _hot_key(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale,
                        v_scale)
     if hot_key is not None:
@@ -462,5 +469,10 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     >>> cache[1, 0, 1].sum().item(), cache[0, 1, 0].sum().item(), cache[0, 0, 1].sum().item()
     (8.0, 8.0, 0.0)
     """
+    if ((is_dynamo_compiling() or is_exporting()) and k_scale is None and v_scale is None
+            and inference_only(k, v, kv_cache)):
+        from layerzero import library
+
+        return library.reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout)
     key, args = prepare_cache(k, v, kv_cache, slot_mapping, kv_layout, k_scale=k_scale, v_scale=v_scale)
     RUNTIME.run(key, context_cache, args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.runtime import RUNTIME
@@ -17,6 +18,7 @@ from ._common import (
     check_tensor,
     device_spec,
     fail,
+    inference_only,
     scope_token,
     stream_capturing,
 )
@@ -108,6 +110,11 @@ def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output
     ...                    repetition_penalty=torch.tensor([2.0]), frequency_penalty=torch.tensor([0.1]))
     tensor([[ 1.0000, -2.1000,  3.0000,  0.0500]])
     """
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(logits):  # torch.compile, torch.export
+        from layerzero import library
+
+        return library.apply_penalties(logits, prompt_token_ids, output_token_ids, repetition_penalty,
+                                       presence_penalty, frequency_penalty)
     key, args = prepare(logits, prompt_token_ids, output_token_ids, repetition_penalty=repetition_penalty,
                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
     return RUNTIME.run(key, context, args)

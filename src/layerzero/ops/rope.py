@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import Layout, OperationSpec
 
-from ._common import check_same, check_tensor, device_spec, fail, flags, scope_token
+from ._common import check_same, check_tensor, device_spec, fail, flags, inference_only, scope_token
 
 OP = "rope"
 
@@ -136,5 +137,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     >>> lz.rope(q, q, cos, sin)[0]  # rotate by 90 degrees
     tensor([[[[0., 1.]]]])
     """
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(q, k, cos, sin):  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
+        from layerzero import library
+
+        return library.rope(q, k, cos, sin, position_ids, interleaved, layout)
     key, args = prepare(q, k, cos, sin, position_ids=position_ids, interleaved=interleaved, layout=layout)
     return RUNTIME.run(key, context, args)

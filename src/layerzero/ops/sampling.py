@@ -6,6 +6,7 @@ import math
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.runtime import RUNTIME
@@ -276,6 +277,10 @@ def sample(logits: torch.Tensor, *, temperature: torch.Tensor | None = None, top
     >>> lz.sample(logits, top_k=torch.tensor([1, 1]), seeds=torch.tensor([7, -1]))
     tensor([1, 0])
     """
+    if (is_dynamo_compiling() or is_exporting()) and generator is None:  # torch.compile, torch.export
+        from layerzero import library
+
+        return library.sample(logits, temperature, top_k, top_p, min_p, seeds, offsets)
     key, args = prepare_sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                seeds=seeds, offsets=offsets, generator=generator)
     return RUNTIME.run(key, context_batch, args)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.runtime import RUNTIME
@@ -19,6 +20,7 @@ from ._common import (
     deterministic_enabled,
     device_spec,
     fail,
+    inference_only,
     is_grad_enabled,
     scope_layers,
     scope_token_of,
@@ -151,6 +153,10 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     >>> lz.swiglu(torch.zeros(2, 8), torch.ones(2, 8)).abs().max().item()
     0.0
     """
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(gate, up):  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
+        from layerzero import library
+
+        return library.swiglu(gate, up)
     key, args = prepare(gate, up)
     return RUNTIME.run(key, context, args)
 
@@ -172,6 +178,10 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, *, approximate: str = "none") ->
     >>> lz.geglu(torch.zeros(2, 8), torch.ones(2, 8)).abs().max().item()
     0.0
     """
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(gate, up):
+        from layerzero import library
+
+        return library.geglu(gate, up, approximate)
     key, args = prepare_geglu(gate, up, approximate=approximate)
     return RUNTIME.run(key, context, args)
 
@@ -189,5 +199,9 @@ def reglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     >>> lz.reglu(torch.tensor([-1.0, 2.0]), torch.tensor([3.0, 3.0]))
     tensor([0., 6.])
     """
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(gate, up):
+        from layerzero import library
+
+        return library.reglu(gate, up)
     key, args = prepare_reglu(gate, up)
     return RUNTIME.run(key, context, args)

@@ -1,0 +1,291 @@
+"""LayerZero ops as ``torch.library`` custom ops (namespace ``layerzero``): what ``torch.compile`` and
+``torch.export`` see.
+
+Under TorchDynamo, ``lz.attention`` / ``lz.rms_norm`` (plain and with ``residual``) / ``lz.layer_norm`` / ``lz.rope``
+/ ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` / ``lz.linear`` / ``lz.embedding`` call ``torch.ops.layerzero.<op>`` (this module is imported then, at
+trace time, which registers the ops; eager code never imports it): one opaque node per call with a fake (meta)
+implementation for shapes and dtypes, so a compiled model has no graph breaks at lz ops, and selection happens when
+the compiled graph first runs the op for real (the op's implementation is the eager ``lz.<op>``: validation,
+cache, kernel), never while tracing. ``torch.export`` graphs hold ``torch.ops.layerzero.<op>.default`` nodes.
+
+Each function here takes and returns what the ``lz`` op it names does (shapes, dtypes, units, the typed errors of its
+eager validation, the paper or library it follows: see that op's docstring); the fake implementations give the
+output shapes and dtypes, contiguous, and every real implementation returns exactly that: fresh contiguous tensors
+that share no memory with the op's inputs or with each other (:func:`_owned`), as Inductor's memory planning
+assumes (it frees, reuses and writes in place into custom-op outputs; a stride that differs from the fake's fails
+its ``assert_size_stride``). ``tests/integration/test_torch_compile_ops.py`` runs ``torch.library.opcheck`` on
+every op, with strided inputs too.
+
+Also ``lz.paged_attention``, ``lz.reshape_and_cache`` (mutates ``kv_cache``), ``lz.fused_moe``,
+``lz.apply_penalties`` and ``lz.sample`` without a ``generator`` (custom ops cannot take a ``torch.Generator``: calls
+with one, and ``lz.sample_topk`` / ``lz.sample_topp``, are traced as Python, as before). ``lz.paged_attention`` and
+``lz.reshape_and_cache`` with ``k_scale`` / ``v_scale`` (a quantized cache's scales) are traced as Python too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["attention", "embedding", "fused_add_rms_norm", "fused_moe", "geglu", "layer_norm", "linear",
+           "paged_attention", "reglu", "reshape_and_cache", "rms_norm", "rope", "sample", "apply_penalties", "swiglu"]
+
+NS = "layerzero"
+
+
+def _lz() -> Any:
+    import layerzero
+
+    return layerzero
+
+
+def _layout_str(layout: Any) -> str:
+    """A layout argument (``"BHSD"``, ``Layout.BHSD``, ``KVLayout.NHD``, ...) as the string custom ops take."""
+    return layout if isinstance(layout, str) else str(getattr(layout, "value", layout))
+
+
+def _owned(out: torch.Tensor, *inputs: Any) -> torch.Tensor:
+    """``out`` as a custom op's schema promises it: a tensor that shares no memory with any of ``inputs`` (the
+    op's tensor arguments and its earlier outputs), laid out contiguously, as every fake implementation here
+    allocates it (``x.new_empty(shape)``).
+
+    Inductor plans memory from the schema and the fake outputs: it frees an op's output when its last reader ran,
+    writes later results into it in place (``inplace_buffers``), hands it to another buffer (``allow_buffer_reuse``)
+    and reads it with the fake's strides. An output that is an input (or a view of one) would be freed or
+    overwritten while its input is still live, and one with other strides than the fake's fails Inductor's
+    ``assert_size_stride``. Strides differ for strided inputs unless normalized: SDPA's output follows q's layout
+    (a transposed q gives a non-contiguous output), while ``F.rms_norm`` / ``F.layer_norm`` return contiguous
+    output for a transposed x (the fakes were ``torch.empty_like(x)``, which keeps x's permutation). Costs nothing
+    when the kernel's output is already fresh and contiguous (the common case); else one copy."""
+    if out.numel():
+        ptr = out.untyped_storage().data_ptr()
+        for t in inputs:
+            if isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() == ptr:
+                return out.clone(memory_format=torch.contiguous_format)
+    elif any(out is t for t in inputs):
+        return out.clone(memory_format=torch.contiguous_format)
+    return out.contiguous()
+
+
+# -------------------------------------------------------------------------------------------- linear, embedding
+@torch.library.custom_op(f"{NS}::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
+    return _owned(_lz().linear(x, weight, bias), x, weight, bias)
+
+
+@linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op(f"{NS}::embedding", mutates_args=())
+def embedding(input_ids: torch.Tensor, weight: torch.Tensor, padding_idx: Optional[int]) -> torch.Tensor:  # noqa: UP045
+    return _owned(_lz().embedding(input_ids, weight, padding_idx=padding_idx), input_ids, weight)
+
+
+@embedding.register_fake
+def _(input_ids, weight, padding_idx):
+    return weight.new_empty((*input_ids.shape, weight.shape[1]))
+
+
+# -------------------------------------------------------------------------------------------- attention
+@torch.library.custom_op(f"{NS}::attention", mutates_args=())
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],  # noqa: UP045
+               is_causal: bool, scale: Optional[float], dropout_p: float, layout: str,  # noqa: UP045
+               window_left: Optional[int], window_right: Optional[int],  # noqa: UP045
+               softcap: Optional[float]) -> torch.Tensor:  # noqa: UP045
+    window = None if window_left is None or window_right is None else (window_left, window_right)
+    out = _lz().attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
+                          layout=layout, window=window, softcap=softcap)
+    return _owned(out, q, k, v, attn_mask)
+
+
+@_attention.register_fake
+def _(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window_left, window_right, softcap):
+    return q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool,
+              scale: float | None, dropout_p: float, layout: Any, window: Any, softcap: float | None) -> torch.Tensor:
+    """``torch.ops.layerzero.attention`` with ``lz.attention``'s arguments (layout as a string, window split)."""
+    left, right = (None, None) if window is None else (int(window[0]), int(window[1]))
+    return _attention(q, k, v, attn_mask, bool(is_causal), scale, float(dropout_p), _layout_str(layout), left, right,
+                      softcap)
+
+
+# -------------------------------------------------------------------------------------------- norms
+@torch.library.custom_op(f"{NS}::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``lz.rms_norm(x, weight, eps)`` as a custom op."""
+    return _owned(_lz().rms_norm(x, weight, eps), x, weight)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op(f"{NS}::fused_add_rms_norm", mutates_args=())
+def fused_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                       residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lz.rms_norm(x, weight, eps, residual=residual)`` -> ``(y, x + residual)`` as a custom op."""
+    y, h = _lz().rms_norm(x, weight, eps, residual=residual)
+    y = _owned(y, x, weight, residual)
+    return y, _owned(h, x, weight, residual, y)
+
+
+@fused_add_rms_norm.register_fake
+def _(x, weight, eps, residual):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+@torch.library.custom_op(f"{NS}::layer_norm", mutates_args=())
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
+               eps: float) -> torch.Tensor:
+    """``lz.layer_norm`` as a custom op."""
+    return _owned(_lz().layer_norm(x, weight, bias, eps), x, weight, bias)
+
+
+@layer_norm.register_fake
+def _(x, weight, bias, eps):
+    return x.new_empty(x.shape)
+
+
+# -------------------------------------------------------------------------------------------- rope
+@torch.library.custom_op(f"{NS}::rope", mutates_args=())
+def _rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+          position_ids: Optional[torch.Tensor], interleaved: bool,  # noqa: UP045
+          layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    qo, ko = _lz().rope(q, k, cos, sin, position_ids=position_ids, interleaved=interleaved, layout=layout)
+    qo = _owned(qo, q, k, cos, sin, position_ids)
+    return qo, _owned(ko, q, k, cos, sin, position_ids, qo)
+
+
+@_rope.register_fake
+def _(q, k, cos, sin, position_ids, interleaved, layout):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None,
+         interleaved: bool, layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.layerzero.rope`` with ``lz.rope``'s arguments (layout as a string)."""
+    return _rope(q, k, cos, sin, position_ids, bool(interleaved), _layout_str(layout))
+
+
+# -------------------------------------------------------------------------------------------- gated MLPs
+@torch.library.custom_op(f"{NS}::swiglu", mutates_args=())
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``lz.swiglu`` as a custom op."""
+    return _owned(_lz().swiglu(gate, up), gate, up)
+
+
+@torch.library.custom_op(f"{NS}::geglu", mutates_args=())
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str) -> torch.Tensor:
+    """``lz.geglu`` as a custom op."""
+    return _owned(_lz().geglu(gate, up, approximate=approximate), gate, up)
+
+
+@torch.library.custom_op(f"{NS}::reglu", mutates_args=())
+def reglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``lz.reglu`` as a custom op."""
+    return _owned(_lz().reglu(gate, up), gate, up)
+
+
+@swiglu.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape)
+
+
+@geglu.register_fake
+def _(gate, up, approximate):
+    return gate.new_empty(gate.shape)
+
+
+@reglu.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape)
+
+
+# -------------------------------------------------------------------------------------------- paged KV cache, MoE
+@torch.library.custom_op(f"{NS}::paged_attention", mutates_args=())
+def _paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                     cu_seqlens_q: Optional[torch.Tensor], scale: Optional[float],  # noqa: UP045
+                     is_causal: bool, kv_layout: str) -> torch.Tensor:
+    out = _lz().paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
+                                is_causal=is_causal, kv_layout=kv_layout)
+    return _owned(out, q, kv_cache, block_tables, seq_lens, cu_seqlens_q)
+
+
+@_paged_attention.register_fake
+def _(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
+    return q.new_empty(q.shape)
+
+
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor | None, scale: float | None, is_causal: bool,
+                    kv_layout: Any) -> torch.Tensor:
+    """``torch.ops.layerzero.paged_attention`` with ``lz.paged_attention``'s arguments."""
+    return _paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, bool(is_causal),
+                            _layout_str(kv_layout))
+
+
+@torch.library.custom_op(f"{NS}::reshape_and_cache", mutates_args=("kv_cache",))
+def _reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                       kv_layout: str) -> None:
+    _lz().reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout)
+
+
+@_reshape_and_cache.register_fake
+def _(k, v, kv_cache, slot_mapping, kv_layout):
+    return None
+
+
+def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_layout: Any) -> None:
+    """``torch.ops.layerzero.reshape_and_cache`` (writes ``kv_cache`` in place)."""
+    _reshape_and_cache(k, v, kv_cache, slot_mapping, _layout_str(kv_layout))
+
+
+@torch.library.custom_op(f"{NS}::fused_moe", mutates_args=())
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+    """``lz.fused_moe`` as a custom op."""
+    return _owned(_lz().fused_moe(x, w13, w2, topk_weights, topk_ids), x, w13, w2, topk_weights, topk_ids)
+
+
+@fused_moe.register_fake
+def _(x, w13, w2, topk_weights, topk_ids):
+    return x.new_empty(x.shape)
+
+
+# -------------------------------------------------------------------------------------------- sampling step
+@torch.library.custom_op(f"{NS}::sample", mutates_args=())
+def sample(logits: torch.Tensor, temperature: Optional[torch.Tensor], top_k: Optional[torch.Tensor],  # noqa: UP045
+           top_p: Optional[torch.Tensor], min_p: Optional[torch.Tensor],  # noqa: UP045
+           seeds: Optional[torch.Tensor], offsets: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
+    """``lz.sample`` (no ``generator``: the global RNG for unseeded rows) as a custom op."""
+    out = _lz().sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds,
+                       offsets=offsets)
+    return _owned(out, logits, temperature, top_k, top_p, min_p, seeds, offsets)
+
+
+@sample.register_fake
+def _(logits, temperature, top_k, top_p, min_p, seeds, offsets):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+@torch.library.custom_op(f"{NS}::apply_penalties", mutates_args=())
+def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output_token_ids: torch.Tensor,
+                    repetition_penalty: Optional[torch.Tensor], presence_penalty: Optional[torch.Tensor],  # noqa: UP045
+                    frequency_penalty: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
+    """``lz.apply_penalties`` as a custom op."""
+    out = _lz().apply_penalties(logits, prompt_token_ids, output_token_ids, repetition_penalty=repetition_penalty,
+                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
+    return _owned(out, logits, prompt_token_ids, output_token_ids, repetition_penalty, presence_penalty,
+                  frequency_penalty)
+
+
+@apply_penalties.register_fake
+def _(logits, prompt_token_ids, output_token_ids, repetition_penalty, presence_penalty, frequency_penalty):
+    return logits.new_empty(logits.shape)
