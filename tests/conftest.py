@@ -15,7 +15,9 @@ Every test gets:
 
 Tests marked ``gpu`` are skipped with reason "needs a CUDA GPU" when ``torch.cuda.is_available()`` is
 False. On such machines, when triton is installed, ``TRITON_INTERPRET=1`` is set at import so Triton kernels
-run on CPU tensors through Triton's interpreter (tests/correctness/test_triton_interpret.py).
+run on CPU tensors through Triton's interpreter (tests/correctness/test_triton_interpret.py). TorchInductor gets a
+cache directory per ``ATEN_CPU_CAPABILITY`` value (its own cache key ignores it: see
+:func:`_inductor_cache_per_cpu_isa`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,25 @@ def _triton_interpreter_for_cpu_runs() -> None:
 
 
 _triton_interpreter_for_cpu_runs()
+
+
+def _inductor_cache_per_cpu_isa() -> None:
+    """Give TorchInductor a cache directory per forced CPU ISA (``ATEN_CPU_CAPABILITY``; unless the shell set
+    ``TORCHINDUCTOR_CACHE_DIR``). Inductor's cache key misses that variable: kernels compiled under
+    ``ATEN_CPU_CAPABILITY=avx2`` and reloaded without it abort with "double free or corruption", and the reverse
+    returns NaN (reproduced with plain torch ops, torch 2.13.0+cpu; docs/torch_compile.md). ``make test`` runs
+    tests under several ISAs on one machine."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    import getpass
+    import tempfile
+
+    isa = os.environ.get("ATEN_CPU_CAPABILITY", "native") or "native"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(),
+                                                          f"torchinductor_{getpass.getuser()}_lz_{isa}")
+
+
+_inductor_cache_per_cpu_isa()
 
 
 def _scrub_env(monkeypatch: pytest.MonkeyPatch) -> None:
