@@ -2,7 +2,7 @@
 ``torch.export`` see.
 
 Under TorchDynamo, ``lz.attention`` / ``lz.rms_norm`` (plain and with ``residual``) / ``lz.layer_norm`` / ``lz.rope``
-/ ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` / ``lz.linear`` / ``lz.embedding`` call ``torch.ops.layerzero.<op>`` (this module is imported then, at
+/ ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` / ``lz.linear`` / ``lz.embedding`` / ``lz.linear_cross_entropy`` call ``torch.ops.layerzero.<op>`` (this module is imported then, at
 trace time, which registers the ops; eager code never imports it): one opaque node per call with a fake (meta)
 implementation for shapes and dtypes, so a compiled model has no graph breaks at lz ops, and selection happens when
 the compiled graph first runs the op for real (the op's implementation is the eager ``lz.<op>``: validation,
@@ -29,6 +29,7 @@ from typing import Any, Optional
 import torch
 
 __all__ = ["attention", "embedding", "fused_add_rms_norm", "fused_moe", "geglu", "layer_norm", "linear",
+           "linear_cross_entropy",
            "paged_attention", "reglu", "reshape_and_cache", "rms_norm", "rope", "sample", "apply_penalties", "swiglu"]
 
 NS = "layerzero"
@@ -87,6 +88,21 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor, padding_idx: Option
 @embedding.register_fake
 def _(input_ids, weight, padding_idx):
     return weight.new_empty((*input_ids.shape, weight.shape[1]))
+
+
+@torch.library.custom_op(f"{NS}::linear_cross_entropy", mutates_args=())
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: Optional[torch.Tensor], ignore_index: int, reduction: str,  # noqa: UP045
+                         label_smoothing: float, softcap: Optional[float]) -> torch.Tensor:  # noqa: UP045
+    out = _lz().linear_cross_entropy(hidden, weight, target, bias=bias, ignore_index=ignore_index,
+                                     reduction=reduction, label_smoothing=label_smoothing, softcap=softcap)
+    return _owned(out, hidden, weight, target, bias)
+
+
+@linear_cross_entropy.register_fake
+def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, softcap):
+    dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
+    return hidden.new_empty(tuple(target.shape) if reduction == "none" else (), dtype=dtype)
 
 
 # -------------------------------------------------------------------------------------------- attention

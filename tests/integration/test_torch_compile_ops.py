@@ -204,18 +204,23 @@ def _opcheck_cases():
         ("linear", ops.linear, (r(5, 64), r(7, 64), r(7))),
         ("linear transposed, no bias", ops.linear, (xt, r(7, 64), None)),
         ("embedding", ops.embedding, (torch.tensor([[1, 0, 3]]), r(5, 16), None)),
+        ("linear_cross_entropy mean", ops.linear_cross_entropy, (r(6, 16), r(11, 16), torch.tensor([1, 0, 3, -100, 10, 2]),
+                                                                  None, -100, "mean", 0.1, None)),
+        ("linear_cross_entropy none", ops.linear_cross_entropy, (r(2, 3, 16), r(11, 16), torch.tensor([[1, 0, 3],
+                                                                                                      [4, 5, 6]]),
+                                                                  r(11), -100, "none", 0.0, 30.0)),
     ]
     return cases
 
 
-@pytest.mark.parametrize("case", range(24))
+@pytest.mark.parametrize("case", range(26))
 def test_custom_ops_keep_the_torch_library_contract(case):
     """``torch.library.opcheck`` (schema: no undeclared mutation or aliasing; fake impl: the real outputs' shapes,
     dtypes and strides; autograd registration; AOT dispatch) passes for every custom op, also with strided inputs,
     and no output shares memory with an input or another output: Inductor frees, reuses and writes into custom-op
     outputs in place (``inplace_buffers``, ``allow_buffer_reuse``) on the strength of that contract."""
     cases = _opcheck_cases()
-    assert len(cases) == 24
+    assert len(cases) == 26
     name, op, args = cases[case]
     torch.library.opcheck(op, args)
     out = op(*args)
@@ -304,3 +309,25 @@ def test_embedding_and_linear_compile_without_breaks():
             got = compiled(*new)
         torch.testing.assert_close(got, lm_block(*new), rtol=1e-5, atol=1e-5)
         assert {"embedding", "linear", "rms_norm"} <= {op for op, _ in t.counts}
+
+
+def test_linear_cross_entropy_compiles_for_evaluation():
+    """An evaluation loss (no grad) through ``lz.linear_cross_entropy`` is one custom-op node: no graph break, the
+    eager loss; a training call (grad) stays differentiable (traced as Python)."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(8)
+
+    def loss(h, w, t):
+        return lz.linear_cross_entropy(h, w, t, reduction="sum", label_smoothing=0.05)
+
+    h, w = torch.randn(7, 16, generator=gen), torch.randn(13, 16, generator=gen)
+    t = torch.randint(0, 13, (7,), generator=gen)
+    with torch.no_grad():
+        assert torch._dynamo.explain(loss)(h, w, t).graph_break_count == 0
+        got = torch.compile(loss, fullgraph=True)(h, w, t)
+    torch.testing.assert_close(got, loss(h, w, t), rtol=1e-5, atol=1e-5)
+    hg = h.clone().requires_grad_()
+    torch.compile(loss)(hg, w, t).backward()
+    hd = h.double().requires_grad_()
+    torch.nn.functional.cross_entropy(hd @ w.double().t(), t, reduction="sum", label_smoothing=0.05).backward()
+    torch.testing.assert_close(hg.grad.double(), hd.grad, rtol=1e-5, atol=1e-5)

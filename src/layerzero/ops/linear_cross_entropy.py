@@ -6,6 +6,7 @@ import math
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.runtime import RUNTIME
@@ -17,6 +18,7 @@ from ._common import (
     check_tensor,
     device_spec,
     fail,
+    inference_only,
     is_grad_enabled,
     scope_token,
     stream_capturing,
@@ -119,6 +121,16 @@ SPEC = OperationSpec(OP, "LM-head projection fused with cross-entropy (hidden @ 
                      ("hidden", "weight", "target"), "reference.linear_cross_entropy", key_type=LinearCrossEntropyKey)
 
 
+def _custom_op_scalars(ignore_index: Any, reduction: Any, label_smoothing: Any, softcap: Any) -> bool:
+    """Whether the scalar arguments fit the custom op's schema (else the call is traced as Python, whose
+    validation raises the typed error)."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    return (isinstance(ignore_index, int) and not isinstance(ignore_index, bool) and reduction in REDUCTIONS
+            and number(label_smoothing) and (softcap is None or number(softcap)))
+
+
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
                          bias: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
                          label_smoothing: float = 0.0, softcap: float | None = None) -> torch.Tensor:
@@ -149,6 +161,12 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     >>> round(float(lz.linear_cross_entropy(h, w, torch.tensor([1, 5]))), 4)   # uniform over 8 classes: ln 8
     2.0794
     """
+    if ((is_dynamo_compiling() or is_exporting()) and inference_only(hidden, weight, bias)
+            and _custom_op_scalars(ignore_index, reduction, label_smoothing, softcap)):  # custom op (library.py)
+        from layerzero import library
+
+        return library.linear_cross_entropy(hidden, weight, target, bias, ignore_index, reduction,
+                                            float(label_smoothing), None if softcap is None else float(softcap))
     key, args = prepare(hidden, weight, target, bias=bias, ignore_index=ignore_index, reduction=reduction,
                         label_smoothing=label_smoothing, softcap=softcap)
     out = RUNTIME.run(key, context, args)
