@@ -184,6 +184,13 @@ def _cut_sorted(sorted_z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch
     return sorted_z
 
 
+def exponential_race(z: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The draw of :func:`sample`: ``argmax(z - log E)`` per row (= ``argmax(probs / E)``, a draw from
+    ``softmax(z)`` for ``E ~ Exp(1)``); z ``[B, V]`` scaled, cut logits, noise ``[B, V]`` Exp(1) in z's dtype
+    (clamped to the smallest normal before the log). Returns int64 ``[B]``, the first index on ties."""
+    return torch.argmax(z - noise.clamp_min(torch.finfo(z.dtype).tiny).log(), dim=-1)
+
+
 def scaled_cut(logits: torch.Tensor, temperature: torch.Tensor | None, top_k: torch.Tensor | None,
                top_p: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The first steps of :func:`sample`: ``(x, z, greedy)`` with ``x`` the logits ``[B, V]`` in float32 (float64
@@ -252,7 +259,7 @@ def sample(
     noise = torch.empty(b, v, dtype=cdt, device=logits.device).exponential_(generator=generator)
     if seeds is not None:
         noise = torch.where((seeds >= 0)[:, None], seeded_exponential(seeds, offsets, v).to(cdt), noise)
-    tokens = torch.argmax(z - noise.clamp_min(torch.finfo(cdt).tiny).log(), dim=-1)
+    tokens = exponential_race(z, noise)
     if greedy is not None:
         tokens = torch.where(greedy, torch.argmax(x, dim=-1), tokens)
     return tokens.to(torch.int64)

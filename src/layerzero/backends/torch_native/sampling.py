@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from layerzero.backends.reference.sampling import scaled_cut, seeded_exponential
+from layerzero.backends.reference.sampling import exponential_race, scaled_cut, seeded_exponential
 
 __all__ = ["sample"]
 
@@ -60,8 +60,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k:
             zs = z.index_select(0, rows)
             sub_offsets = None if offsets is None else offsets.index_select(0, rows)
             noise = seeded_exponential(seeds.index_select(0, rows), sub_offsets, v).to(cdt)
-            raced = torch.argmax(zs - noise.clamp_min(torch.finfo(cdt).tiny).log(), dim=-1)
-            tokens = tokens.index_copy(0, rows, raced)
+            tokens = tokens.index_copy(0, rows, exponential_race(zs, noise))
     if greedy is not None:
         tokens = torch.where(greedy, torch.argmax(x, dim=-1), tokens)
     return tokens.to(torch.int64)

@@ -87,3 +87,11 @@ def num_warps_for(block: int) -> int:
 def missing(kernel_id: str, why: str) -> Callable[..., Any]:
     """:func:`layerzero.backends._optional.missing_kernel` with the Triton install hint."""
     return missing_kernel(kernel_id, why, INSTALL_HINT)
+
+
+def kernel_scale(scale: Any) -> Any:
+    """A quantized KV cache's scale as our Triton kernels take it: a tensor as is (a pointer, read on the device:
+    graph replays see later values), a number as a float, None as 1.0 (``core.kv_quant``'s default)."""
+    if scale is None:
+        return 1.0
+    return scale if isinstance(scale, torch.Tensor) else float(scale)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 
 @triton.jit
@@ -63,3 +64,8 @@ def _gemv_dot(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr,
         acc += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(Out + rm[:, None] * stride_o + rn[None, :], acc.to(Out.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
+
+
+INTERPRETED = isinstance(_gemv_dot, InterpretedFunction)
+"""True under ``TRITON_INTERPRET=1`` (CPU tests): ``_gemv_dot`` then takes float32 operands for bfloat16 inputs
+(``UPCAST``; the interpreter's ``tl.dot`` mishandles bfloat16)."""

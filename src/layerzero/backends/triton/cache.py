@@ -19,7 +19,7 @@ import torch
 from layerzero.core.kv_layout import cache_dims, nhd_view
 from layerzero.core.specs import KernelSpec
 
-from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, kernel_scale, missing, next_pow2
 from ._launch import launch
 
 KERNEL_ID = "triton.reshape_and_cache"
@@ -56,8 +56,7 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
     slots = slot_mapping if slot_mapping.stride(0) == 1 else slot_mapping.contiguous()
     quant = QUANT_CODES.get(kv_cache.dtype, 0)
-    ks, vs = (1.0 if s is None else s for s in (k_scale, v_scale))
-    ks, vs = (s if isinstance(s, torch.Tensor) else float(s) for s in (ks, vs))
+    ks, vs = kernel_scale(k_scale), kernel_scale(v_scale)
     launch(_KERNELS.get()._reshape_and_cache, (n, hkv),
         k, v, kv_cache, slots, ks, vs, k.stride(0), k.stride(1), v.stride(0), v.stride(1), st[0], st[1], st[2],
         st[3], page, d, D_PAD=max(16, next_pow2(d)), QUANT=quant, K_PTR=isinstance(ks, torch.Tensor),

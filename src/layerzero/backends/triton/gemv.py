@@ -17,7 +17,6 @@ Graph safety: no host synchronization, output allocated with ``torch.empty`` on 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -61,11 +60,6 @@ def config(m: int, n: int, k: int) -> dict[str, Any]:
             "num_warps": 4, "num_stages": 4}
 
 
-def _interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, the CPU tests)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ weight.T + bias`` for at most :data:`MAX_ROWS` rows.
 
@@ -88,10 +82,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     mod = _KERNELS.get()
     x2, o2 = rows_2d(x, "x", KERNEL_ID), out.view(-1, n)
     m = x2.shape[0]
-    cfg = dict(config(m, n, k))
+    cfg = config(m, n, k)  # a fresh dict per call
     kernel = cfg.pop("kernel")
     if kernel == "dot":
-        cfg["UPCAST"] = x.dtype == torch.bfloat16 and _interpreting()
+        cfg["UPCAST"] = mod.INTERPRETED and x.dtype == torch.bfloat16
     b = bias if bias is not None else out  # a pointer the kernel never reads (HAS_BIAS False)
     launch(mod._gemv_rows if kernel == "rows" else mod._gemv_dot, (cdiv(n, cfg["BN"]),), x2, weight, b, o2, m, n,
            x2.stride(0), weight.stride(0), o2.stride(0), K=k, HAS_BIAS=bias is not None, **cfg)

@@ -29,7 +29,7 @@ from layerzero.core.kv_quant import KV_QUANT_DTYPES
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec, Phase
 
-from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, kernel_scale, missing, next_pow2
 from ._launch import launch
 
 KERNEL_ID = "triton.paged_decode"
@@ -213,7 +213,7 @@ def _scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict
     the device); an unquantized cache passes 1.0 and no flags."""
     if not quant:
         return 1.0, 1.0, {}
-    ks, vs = (1.0 if x is None else x if isinstance(x, torch.Tensor) else float(x) for x in (k_scale, v_scale))
+    ks, vs = kernel_scale(k_scale), kernel_scale(v_scale)
     return ks, vs, {"QUANT": True, "K_PTR": isinstance(ks, torch.Tensor), "V_PTR": isinstance(vs, torch.Tensor)}
 
 
