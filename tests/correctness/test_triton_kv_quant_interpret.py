@@ -40,6 +40,7 @@ def test_write_equals_quantize_kv_bit_for_bit(qdtype, layout, tensor_scale):
     t, hkv, d, page, blocks = 9, 2, 20, 4, 6
     k = (torch.randint(-600, 600, (t, hkv, d), generator=g) * 0.25).to(torch.bfloat16)  # x / 0.5: halves -> ties
     k[0, 0, :4] = torch.tensor([1e4, -1e4, 0.25, -0.75])  # saturation both ways; ties at 0.5 and -1.5
+    k[0, 1, :3] = torch.tensor([-4e-4, -0.0, 4e-4])  # round to -0.0 / stay -0.0 (fp8 code 0x80) / round to +0.0
     v = (torch.randn(t, hkv, d, generator=g) * 40).to(torch.bfloat16)
     ks, vs = 0.5, 0.37
     slots = torch.tensor([3, 0, -1, 23, 5, 12, -1, 7, 18])

@@ -44,12 +44,15 @@ def _round_to_e4m3(y):
     step = tl.maximum(e, -6) - 3
     up = ((127 - step) << 23).to(tl.float32, bitcast=True)  # 2^-step
     down = ((127 + step) << 23).to(tl.float32, bitcast=True)  # 2^step
-    return _round_half_even(y * up) * down
+    # on |y|, the sign put back by a multiply: a negative value that rounds to zero stays -0.0, as torch's cast keeps
+    # it (code 0x80, not 0x00; a unary minus would not do: the interpreter computes it as 0 - x)
+    r = _round_half_even(tl.abs(y) * up) * down
+    return r * tl.where(y.to(tl.int32, bitcast=True) < 0, -1.0, 1.0)
 
 
 @triton.jit
 def _to_code(x, scale, QUANT: tl.constexpr):
-    y = x.to(tl.float32) / scale
+    y = tl.math.div_rn(x.to(tl.float32), scale)  # IEEE division, as torch's (plain `/` may be approximate on GPU)
     if QUANT == 1:
         y = _round_half_even(tl.minimum(tl.maximum(y, -128.0), 128.0))
         y = tl.minimum(tl.maximum(y, -127.0), 127.0)
