@@ -4,12 +4,17 @@ tok/s and the engine's time split. Run it once per variant in one device call to
 on one machine (the 2026-11-25 A/B in ``benchmarks/results/engine/h200/README.md``; its "before" row ran the previous
 commit's ``src`` the same way).
 
-Usage: ``PYTHONPATH=src python benchmarks/engine/bench_variant.py NAME [--lock linear=torch_native.linear ...]``.
+Usage: ``PYTHONPATH=src python benchmarks/engine/bench_variant.py NAME [--lock linear=torch_native.linear ...]
+[--opt async_scheduling=False ...] [--count-compiles]``. ``--count-compiles`` prints, per ``generate`` call, how many
+entries Triton's cache directory (``TRITON_CACHE_DIR``) gained: a compile inside the timed run shows there.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import os
+from pathlib import Path
 
 import layerzero as lz
 from layerzero.engine.bench import run
@@ -22,7 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", choices=("full", "cpu"), default="full")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--opt", action="append", default=[], help="LLM option key=python-literal (repeatable)")
+    ap.add_argument("--count-compiles", action="store_true")
     a = ap.parse_args(argv)
+    opts = {k: ast.literal_eval(v) for k, _, v in (o.partition("=") for o in a.opt)}
+    if a.count_compiles:
+        _count_compiles()
     for item in a.lock:
         op, _, kernel = item.partition("=")
         lz.lock(op, kernel)
@@ -30,11 +40,27 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-    r = run(scale=a.scale, device=a.device, hf_batch=0)
+    r = run(scale=a.scale, device=a.device, hf_batch=0, engine_options=opts)
     split = {k: round(v, 2) for k, v in r["engine_stats"]["time_s"].items()}
     print(f"{a.name} tok/s {r['output_tokens_per_s']:.0f} b1 {r['batch1']['output_tokens_per_s']:.0f} {split}",
           flush=True)
     return 0
+
+
+def _count_compiles() -> None:
+    from layerzero.engine import LLM
+
+    cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    generate = LLM.generate
+
+    def counted(self, prompts, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        before = len(list(cache.iterdir())) if cache.is_dir() else 0
+        out = generate(self, prompts, *args, **kwargs)
+        after = len(list(cache.iterdir())) if cache.is_dir() else 0
+        print(f"  generate of {len(prompts)} prompts: Triton cache entries {before} -> {after}", flush=True)
+        return out
+
+    LLM.generate = counted
 
 
 if __name__ == "__main__":

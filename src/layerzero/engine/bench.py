@@ -155,8 +155,10 @@ def _batch1(llm: Any, dev: torch.device, prompt: list[int], new: int) -> dict[st
 
 
 def run(*, scale: str = "full", model: str | None = None, device: str | None = None, dtype: str = "auto",
-        hf_batch: int = 64, out: Path | None = None, enforce_eager: bool = False) -> dict[str, Any]:
-    """Run the benchmark; returns (and with ``out`` writes ``bench_engine.json``) the results."""
+        hf_batch: int = 64, out: Path | None = None, enforce_eager: bool = False,
+        engine_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns (and with ``out`` writes ``bench_engine.json``) the results. ``engine_options``:
+    more :class:`~layerzero.engine.LLM` keyword arguments (e.g. ``async_scheduling=False``)."""
     from . import LLM, SamplingParams
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -165,7 +167,7 @@ def run(*, scale: str = "full", model: str | None = None, device: str | None = N
     path = Path(model) if model else default_checkpoint(scale, dt)
     w = make_workload(scale)
     llm = LLM(path, device=str(dev), dtype=dt, enforce_eager=enforce_eager,
-              max_model_len=max(len(p) for p in w.prompts) + max(w.max_tokens) + 16)
+              max_model_len=max(len(p) for p in w.prompts) + max(w.max_tokens) + 16, **(engine_options or {}))
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up (nano-vllm does one)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in w.max_tokens]
     if dev.type == "cuda":

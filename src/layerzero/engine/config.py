@@ -167,6 +167,7 @@ class EngineConfig:
     cpu_kv_cache_bytes: int = 1 << 30
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = True) -> None:
@@ -196,6 +197,9 @@ class EngineConfig:
             raise bad_config("LLM kv_cache_dtype", f"one of {tuple(KV_CACHE_DTYPES)}", repr(self.kv_cache_dtype),
                              "'auto' keeps the model's dtype; 'fp8' (e4m3) and 'int8' halve the pool's bytes per "
                              "token vs bf16.")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise bad_config("LLM async_scheduling", "True, False or None (None: on for CUDA devices)",
+                             repr(self.async_scheduling))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise bad_config("LLM seed", "an int", repr(self.seed))
         if self.device is not None:

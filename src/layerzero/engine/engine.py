@@ -16,7 +16,7 @@ from .kv.block_manager import KVCacheManager
 from .metrics import EngineStats, StepStats
 from .outputs import CompletionOutput, RequestOutput
 from .runner.model_runner import ModelRunner
-from .sampler import Sampler, sequence_seed
+from .sampler import PendingSample, Sampler, sequence_seed
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .scheduling_policy import make_policy
@@ -42,6 +42,15 @@ class Request:
     def finished(self) -> bool:
         """Whether every sequence ended."""
         return all(s.finished for s in self.seqs)
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """A launched step whose sampled ids are still on their way to the host (async scheduling): the sequences it
+    sampled, in row order, and the draw."""
+
+    sampled: list[Sequence]
+    pending: PendingSample
 
 
 def _resolve(ec: EngineConfig, cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
@@ -80,6 +89,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats(num_kv_blocks=self.runner.num_blocks)
         self._ids = itertools.count()
+        self.async_scheduling = ec.async_scheduling if ec.async_scheduling is not None else self.device.type == "cuda"
+        self._inflight: _InFlight | None = None
 
     # ------------------------------------------------------------------------------------------ requests
     def encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
@@ -181,12 +192,78 @@ class LLMEngine:
         return True
 
     def has_unfinished(self) -> bool:
-        """Whether any request is queued or running."""
-        return self.scheduler.has_unfinished()
+        """Whether any request is queued or running, or a launched step still has tokens to read for one."""
+        f = self._inflight
+        return self.scheduler.has_unfinished() or (f is not None and any(not s.finished for s in f.sampled))
 
     # ------------------------------------------------------------------------------------------ the step
     def step(self) -> list[Request]:
-        """Run one step; returns the requests that got new tokens or finished."""
+        """Run one step; returns the requests that got new tokens or finished. With async scheduling the step
+        launches the next forward, then reads the previous one's tokens (those are what it returns)."""
+        return self._step_async() if self.async_scheduling else self._step_sync()
+
+    def _step_async(self) -> list[Request]:
+        """Schedule and launch step N+1, then read step N's ids while N+1 runs on the device.
+
+        N+1's sequences whose last token is N's pending draw get its id by a gather on the device (no host
+        synchronization). Reading N may end sequences (stop ids, EOS, stop strings) that N+1 already computes:
+        their extra token is dropped, their blocks freed (writes still queued on the stream land before any later
+        step reuses them). A step whose pending sequences have penalties reads N first (penalties need the
+        tokens), and so does nothing else: the tokens are the same as :meth:`_step_sync`'s."""
+        st = StepStats()
+        touched: dict[str, Request] = {}
+        prev = self._inflight
+        t0 = time.perf_counter()
+        appended = 0
+        if prev is not None and any(s.params.penalized for s in prev.sampled if not s.finished):
+            appended = self._read(prev, touched)[1]
+            prev = self._inflight = None
+        out = self.scheduler.schedule()
+        st.num_preempted = len(out.preempted)
+        t1 = time.perf_counter()
+        launched = None
+        if out.chunks:
+            tables = [self.kv.block_table(s.seq_id) for s, _ in out.chunks]
+            logits = self.runner.execute(out.chunks, tables, prev.pending.tokens if prev is not None else None)
+            sampled = [s for s, n in out.chunks if s.num_computed_tokens + n == s.num_tokens]
+            launched = _InFlight(sampled, self.sampler.launch(logits, sampled))
+        t2 = time.perf_counter()
+        t3 = t2
+        if prev is not None:
+            t3, n = self._read(prev, touched)
+            appended += n
+        self._inflight = launched
+        if out.chunks:
+            self.scheduler.after_forward(out)  # after the read: the blocks it fills hold known tokens only
+            for j, seq in enumerate(launched.sampled):
+                if not seq.finished:
+                    seq.pending_index = j
+                    seq.length_capped = (seq.num_output_tokens >= seq.params.max_tokens
+                                         or seq.num_tokens >= self.max_model_len)
+        t4 = time.perf_counter()
+        st.num_seqs, st.num_sampled = len(out.chunks), appended
+        st.num_prefill_tokens = sum(n for _, n in out.chunks if n > 1)
+        st.num_decode_tokens = sum(n for _, n in out.chunks if n == 1)
+        st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = t1 - t0, t2 - t1, t3 - t2, t4 - t3
+        return self._finish_step(st, touched)
+
+    def _read(self, prev: _InFlight, touched: dict[str, Request]) -> tuple[float, int]:
+        """Wait for ``prev``'s sampled ids and append them (stop checks, text); sequences that ended meanwhile (an
+        abort) are skipped. Returns the time the ids arrived (``time.perf_counter``) and how many were appended."""
+        res = Sampler.resolve(prev.pending)
+        t = time.perf_counter()
+        appended = 0
+        for seq, tok, lp, top in zip(prev.sampled, res.token_ids, res.logprobs, res.top_logprobs, strict=True):
+            seq.pending_index, seq.length_capped = -1, False
+            if seq.finished:
+                continue
+            self._append(seq, tok, lp, top)
+            appended += 1
+            touched[seq.request_id] = self.requests[seq.request_id]
+        return t, appended
+
+    def _step_sync(self) -> list[Request]:
+        """Schedule, forward, sample and read one step, in that order."""
         st = StepStats()
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
@@ -209,6 +286,9 @@ class LLMEngine:
             st.num_prefill_tokens = sum(n for _, n in out.chunks if n > 1)
             st.num_decode_tokens = sum(n for _, n in out.chunks if n == 1)
             st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = t1 - t0, t2 - t1, t3 - t2, t4 - t3
+        return self._finish_step(st, touched)
+
+    def _finish_step(self, st: StepStats, touched: dict[str, Request]) -> list[Request]:
         self.stats.record(st, self.kv.usage(), self.kv.stats().hit_rate)
         self.stats.preemptions = self.scheduler.num_preemptions
         for req in touched.values():

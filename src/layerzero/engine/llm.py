@@ -52,6 +52,11 @@ class LLM:
             (vLLM's option); a quantized pool holds 1 byte per element, so the same memory holds 2x (bf16) or 4x
             (fp32) the blocks. Per-layer scales: the checkpoint's ``k_scale`` / ``v_scale`` when present, else 1.0
             for fp8 and, for int8, amax / 127 of the first prefill's K/V per layer (docs/engine.md).
+        async_scheduling: schedule and launch step N+1 while the device still runs step N (its sampled ids are
+            gathered on the device; the host reads them while the next step runs), so the host's per-step work
+            overlaps the GPU's (vLLM's ``async_scheduling``, SGLang's overlap scheduler). Stops are then seen
+            one step late (the extra token is discarded); steps that sample a penalized sequence wait for the
+            previous step first. None: on for CUDA devices, off on CPU. Tokens are the same either way.
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its
@@ -63,11 +68,11 @@ class LLM:
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_memory_fraction: float = 0.9,
                  enable_prefix_caching: bool = True, prefix_cache: str = "radix", scheduling_policy: str = "fcfs",
                  enforce_eager: bool = False, seed: int = 0, quantization: str | None = None,
-                 kv_cache_dtype: str = "auto", **kwargs: Any) -> None:
+                 kv_cache_dtype: str = "auto", async_scheduling: bool | None = None, **kwargs: Any) -> None:
         ec = EngineConfig(str(model), dtype, device, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
                           num_kv_blocks, kv_cache_memory_fraction, enable_prefix_caching, prefix_cache,
                           scheduling_policy, enforce_eager, seed, quantization=quantization,
-                          kv_cache_dtype=kv_cache_dtype, **kwargs)
+                          kv_cache_dtype=kv_cache_dtype, async_scheduling=async_scheduling, **kwargs)
         self.engine = LLMEngine(ec, _load_tokenizer(ec.model))
 
     @property

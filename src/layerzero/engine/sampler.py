@@ -11,7 +11,7 @@ import layerzero as lz
 
 from .sequence import Sequence
 
-__all__ = ["Sampler", "SamplerOutput", "sequence_seed"]
+__all__ = ["PendingSample", "Sampler", "SamplerOutput", "sequence_seed"]
 
 
 def sequence_seed(seed: int, index: int) -> int:
@@ -29,6 +29,18 @@ class SamplerOutput:
     top_logprobs: list[dict[int, float] | None]
 
 
+@dataclass
+class PendingSample:
+    """A step's draw in flight (:meth:`Sampler.launch`): ``tokens`` ``[S]`` int64 on the device (the next step's
+    pending input ids are gathered from it), their host copies in transfer, and the logprob rows asked for."""
+
+    tokens: torch.Tensor
+    host: list[torch.Tensor]
+    event: torch.cuda.Event | None
+    lp_rows: list[int]
+    lp_counts: list[int]
+
+
 class Sampler:
     """Samples the next token of every row of a step's logits ``[S, V]`` float32, row i for ``seqs[i]``."""
 
@@ -38,7 +50,14 @@ class Sampler:
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
-        """Sample ``seqs``' next tokens from ``logits`` (modified in place)."""
+        """Sample ``seqs``' next tokens from ``logits`` (modified in place); waits for them."""
+        return self.resolve(self.launch(logits, seqs))
+
+    @torch.no_grad()
+    def launch(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+        """Enqueue the draw of ``seqs``' next tokens from ``logits`` (modified in place) and the transfer of the
+        results to the host, without waiting for them (:meth:`resolve` does). Penalties read the sequences' known
+        tokens: async scheduling resolves a step before the next one samples a penalized sequence."""
         want_lp = [s.params.logprobs is not None for s in seqs]
         raw = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
         self._penalize(logits, seqs)
@@ -47,18 +66,31 @@ class Sampler:
             tokens = logits.argmax(dim=-1)
         else:
             tokens = self._sample(logits, seqs)
-        ids = tokens.tolist()
-        chosen: list[float | None] = [None] * len(seqs)
-        tops: list[dict[int, float] | None] = [None] * len(seqs)
+        rows = [i for i, w in enumerate(want_lp) if w]
+        out = [tokens]
         if raw is not None:
-            rows = [i for i, w in enumerate(want_lp) if w]
             n = max(seqs[i].params.logprobs for i in rows)
             sel = raw[rows]
             top_v, top_i = sel.topk(n, dim=-1) if n else (sel[:, :0], sel[:, :0].long())
-            picked = sel.gather(1, tokens[rows].unsqueeze(1)).squeeze(1).tolist()
-            top_v, top_i = top_v.tolist(), top_i.tolist()
-            for j, i in enumerate(rows):
-                k = seqs[i].params.logprobs
+            out += [sel.gather(1, tokens[rows].unsqueeze(1)).squeeze(1), top_v, top_i]
+        host = [t.to("cpu", non_blocking=True) for t in out]
+        event = None
+        if tokens.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return PendingSample(tokens, host, event, rows, [seqs[i].params.logprobs for i in rows])
+
+    @staticmethod
+    def resolve(p: PendingSample) -> SamplerOutput:
+        """Wait for a launched draw and read it: token ids, raw logprobs of the chosen tokens and the top-N."""
+        if p.event is not None:
+            p.event.synchronize()
+        ids = p.host[0].tolist()
+        chosen: list[float | None] = [None] * len(ids)
+        tops: list[dict[int, float] | None] = [None] * len(ids)
+        if p.lp_rows:
+            picked, top_v, top_i = (t.tolist() for t in p.host[1:])
+            for j, (i, k) in enumerate(zip(p.lp_rows, p.lp_counts, strict=True)):
                 d = dict(zip(top_i[j][:k], top_v[j][:k], strict=True))
                 d[ids[i]] = picked[j]
                 chosen[i], tops[i] = picked[j], d
@@ -69,14 +101,17 @@ class Sampler:
         if all(p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 for p in ps):
             return
         pad = self.vocab_size
+        # the known output tokens: a row without penalties may have one pending (async scheduling; it does not
+        # matter there), a penalized row never has (the engine reads the previous step before sampling it)
+        outs = [s.token_ids[s.num_prompt_tokens:] for s in seqs]
         lp = max(s.num_prompt_tokens for s in seqs)
-        lo = max(s.num_output_tokens for s in seqs)
+        lo = max(len(o) for o in outs)
         prompt = torch.full((len(seqs), lp), pad, dtype=torch.int64)
         output = torch.full((len(seqs), lo), pad, dtype=torch.int64)
-        for i, s in enumerate(seqs):
+        for i, (s, o) in enumerate(zip(seqs, outs, strict=True)):
             prompt[i, :s.num_prompt_tokens] = torch.tensor(s.token_ids[:s.num_prompt_tokens])
-            if s.num_output_tokens:
-                output[i, :s.num_output_tokens] = torch.tensor(s.token_ids[s.num_prompt_tokens:])
+            if o:
+                output[i, :len(o)] = torch.tensor(o)
 
         def f32(values: list[float]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32, device=self.device)

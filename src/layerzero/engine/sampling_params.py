@@ -119,6 +119,11 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def penalized(self) -> bool:
+        """Any of the repetition / presence / frequency penalties on (they read the tokens generated so far)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
     def top_k_or_off(self) -> int:
         """``top_k`` with both "off" spellings (0 and -1) as 0."""
         return max(self.top_k, 0)

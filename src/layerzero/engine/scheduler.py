@@ -1,6 +1,6 @@
 """Continuous batching under one token budget per step, with chunked prefill, admission by free KV blocks and
 preemption by recompute (vLLM v1's unified scheduler: every sequence simply has tokens whose KV is not computed
-yet; decode is the case of one such token).
+yet; decode is the case of one such token; with async scheduling that token may still be pending on the device).
 
 Each step: running sequences first (in policy order), each gets ``min(uncomputed tokens, budget left)`` tokens;
 when the pool cannot hold them, the policy's victim among the not-yet-scheduled running sequences is preempted
@@ -72,6 +72,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.length_capped:  # async scheduling: its pending token ends it; nothing more to compute
+                i += 1
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             while self.kv.allocate_slots(seq.seq_id, seq.num_computed_tokens + n) is None:
                 victim = self.policy.victim(self.running[i:])
@@ -95,6 +98,8 @@ class Scheduler:
                 break
             if seq.request_id in prefilling and seq.num_preemptions == 0:
                 continue
+            if seq.num_pending:  # preempted with a token in flight: admitted once its id is known (next step)
+                continue
             blocks, cached = self.kv.get_computed_blocks(seq.token_ids, record=False)
             n = min(seq.num_tokens - cached, budget)
             if self.kv.allocate_slots(seq.seq_id, cached + n, blocks, admit=True) is None:
@@ -114,8 +119,11 @@ class Scheduler:
         return self.kv.get_computed_blocks(seq.token_ids, record=False)[1]
 
     def after_forward(self, out: SchedulerOutput) -> None:
-        """Count each chunk's tokens as computed and register the blocks they filled in the prefix cache."""
+        """Count each chunk's tokens as computed and register the blocks they filled in the prefix cache (a
+        sequence that finished meanwhile, async scheduling's late stop, is skipped: its blocks are freed)."""
         for seq, n in out.chunks:
+            if seq.finished:
+                continue
             seq.num_computed_tokens += n
             self.kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
 

@@ -38,6 +38,13 @@ class Sequence:
 
     ``token_ids`` holds prompt then output tokens; ``num_computed_tokens`` of them have their KV in the cache
     (prefix-cache hits included). ``seed`` is the sequence's own random stream (None: the engine's stream).
+
+    With async scheduling a sampled token can be *pending*: drawn on the device, its id not read by the host yet.
+    ``pending_index`` is then its row in the in-flight step's sampled tokens (the next step's input id is gathered
+    from there on the device), and it counts in :attr:`num_tokens` (so the scheduler schedules its decode) but is
+    not in ``token_ids`` (so outputs, stop checks and the prefix cache only ever see known tokens).
+    ``length_capped``: the pending token ends the sequence by length (max_tokens / max_model_len), so it is not
+    scheduled again.
     """
 
     request_id: str
@@ -58,11 +65,18 @@ class Sequence:
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
     detok: Any = None
+    pending_index: int = -1
+    length_capped: bool = False
+
+    @property
+    def num_pending(self) -> int:
+        """Sampled tokens whose ids the host has not read yet (0 or 1; async scheduling)."""
+        return 1 if self.pending_index >= 0 else 0
 
     @property
     def num_tokens(self) -> int:
-        """Prompt + output tokens."""
-        return len(self.token_ids)
+        """Prompt + output tokens, a pending one included."""
+        return len(self.token_ids) + (self.pending_index >= 0)
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -71,13 +85,13 @@ class Sequence:
 
     @property
     def num_output_tokens(self) -> int:
-        """How many tokens were generated."""
-        return len(self.token_ids) - self.num_prompt_tokens
+        """How many tokens were generated (a pending one included)."""
+        return self.num_tokens - self.num_prompt_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
         """Tokens whose KV is not in the cache yet (1 for a sequence in decode)."""
-        return len(self.token_ids) - self.num_computed_tokens
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def finished(self) -> bool:

@@ -1,6 +1,6 @@
 """Greedy outputs do not depend on how the engine schedules them: prefix cache on/off and hit/miss, both cache
 kinds, chunked prefill with a tiny token budget, batch of one vs many, a pool so small that requests are
-preempted, every scheduling policy. Oracle: transformers' greedy tokens and raw logprobs (1e-4)."""
+preempted, every scheduling policy, async scheduling (with each of those that stress it). Oracle: transformers' greedy tokens and raw logprobs (1e-4)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,10 @@ CONFIGS = {
     "lpm": dict(scheduling_policy="lpm"),
     "priority": dict(scheduling_policy="priority"),
     "block-size-5": dict(block_size=5, num_kv_blocks=200),
+    "async": dict(async_scheduling=True),
+    "async-hash": dict(async_scheduling=True, prefix_cache="hash"),
+    "async-chunked-7": dict(async_scheduling=True, max_num_batched_tokens=7),
+    "async-tiny-pool": dict(async_scheduling=True, num_kv_blocks=7, max_num_seqs=8, max_model_len=64),
 }
 
 
@@ -62,9 +66,9 @@ def test_same_greedy_output_under_every_configuration(name, cases, checkpoints):
     llm, outs = _run(checkpoints, ps, **CONFIGS[name])
     _check(outs, refs)
     stats = llm.stats()
-    if name == "tiny-pool":
+    if name.endswith("tiny-pool"):
         assert stats["preemptions"] > 0  # the configuration really preempts
-    if name == "chunked-7":
+    if name.endswith("chunked-7"):
         assert stats["last_step"]["num_prefill_tokens"] + stats["last_step"]["num_decode_tokens"] <= 7
 
 

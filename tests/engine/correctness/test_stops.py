@@ -1,6 +1,6 @@
 """Stop conditions, worked out from the free-running greedy output: stop token ids (kept in token_ids),
 EOS and ignore_eos, min_tokens, max_tokens, max_model_len, stop strings that span tokens (cut from the text),
-and streaming deltas that never show part of a stop string."""
+and streaming deltas that never show part of a stop string; with and without async scheduling."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ pytestmark = pytest.mark.integration
 FAMILY = "qwen3"
 
 
-@pytest.fixture(scope="module")
-def llm(checkpoints):
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def llm(checkpoints, request):
+    """The engine, with and without async scheduling (which sees each stop one step late and drops the extra
+    token: every test below holds in both)."""
     from layerzero.engine import LLM
 
-    return LLM(checkpoints[FAMILY], device="cpu", dtype=torch.float32, max_model_len=64, num_kv_blocks=64)
+    return LLM(checkpoints[FAMILY], device="cpu", dtype=torch.float32, max_model_len=64, num_kv_blocks=64,
+               async_scheduling=request.param)
 
 
 def sp(**kw):

@@ -66,3 +66,20 @@ def test_bf16_tokens_close_to_transformers(checkpoints, family):
                 assert tok in top5 and ref in ours.logprobs[i], (i, tok, ref)
                 break
             ids = torch.cat([ids, torch.tensor([[tok]], device="cuda")], dim=1)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_async_scheduling_equals_sync(checkpoints, family):
+    """On CUDA async scheduling is the default: the same greedy tokens as the synchronous loop (graphs in both),
+    with ragged max_tokens and stop ids so sequences end while the next step is in flight."""
+    from layerzero.engine import SamplingParams
+
+    ps = prompts(8, seed=53)
+    sps = [SamplingParams(temperature=0.0, max_tokens=4 + 3 * i, stop_token_ids=[7, 19, 101] if i % 2 else None,
+                          ignore_eos=True) for i in range(len(ps))]
+    a = _llm(checkpoints[family])
+    assert a.engine.async_scheduling
+    outs = a.generate(ps, sps, use_tqdm=False)
+    ref = _llm(checkpoints[family], async_scheduling=False).generate(ps, sps, use_tqdm=False)
+    assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs] == \
+        [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in ref]

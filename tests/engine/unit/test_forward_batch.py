@@ -42,3 +42,21 @@ def test_decode_step_and_an_unsampled_chunk():
     assert fb.block_tables.tolist() == [[6, 0], [4, 0]] and fb.logits_indices.tolist() == [0, 1]
     part = build_forward_batch([_chunk([1, 2, 3, 4, 5, 6], 0, 3, [2, 3], sample=False)], 4, torch.device("cpu"))
     assert part.logits_indices.tolist() == [] and part.cu_seqlens_q.tolist() == [0, 3]
+
+
+def test_pending_last_token_is_gathered_from_the_previous_step():
+    """Async scheduling: a chunk whose last token is pending takes its input id from the previous step's sampled
+    tokens (row ``pending_src``), in the decode path and in a mixed step; known ids are untouched."""
+    from layerzero.engine.runner.forward_batch import ScheduledChunk, build_forward_batch
+
+    prev = torch.tensor([70, 71, 72])
+    a = ScheduledChunk([1, 2, 3, 4], 4, 1, [6, 0], True, pending_src=2)  # position 4 = the pending token
+    b = ScheduledChunk([9, 8, 7], 2, 1, [4], True)
+    fb = build_forward_batch([a, b], 4, torch.device("cpu"), prev)
+    assert fb.input_ids.tolist() == [72, 7] and fb.positions.tolist() == [4, 2] and fb.is_decode
+    c = ScheduledChunk([5, 6, 7], 0, 3, [3], True)
+    d = ScheduledChunk([1, 2], 1, 2, [8], True, pending_src=0)  # known token 2 at position 1, pending at 2
+    fb = build_forward_batch([c, d], 4, torch.device("cpu"), prev)
+    assert fb.input_ids.tolist() == [5, 6, 7, 2, 70] and fb.positions.tolist() == [0, 1, 2, 1, 2]
+    with pytest.raises(RuntimeError, match="prev_tokens"):
+        build_forward_batch([a], 4, torch.device("cpu"))

@@ -96,10 +96,12 @@ class ModelRunner:
     # no_grad, not inference_mode: the step's metadata tensors keep their version counters, which FlashInfer's
     # plan cache needs to reuse one plan for every layer of a step (inference tensors re-plan per call)
     @torch.no_grad()
-    def execute(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]]) -> torch.Tensor:
+    def execute(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]],
+                prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Forward the step's ``chunks`` (sequence, new tokens); returns float32 logits ``[S, V]`` of the sequences
-        whose chunk reaches their last token (in chunk order)."""
-        batch = self.prepare(chunks, block_tables)
+        whose chunk reaches their last token (in chunk order). ``prev_tokens`` ``[S_prev]`` int64 on the device:
+        the previous step's sampled tokens, for sequences whose last token is pending (async scheduling)."""
+        batch = self.prepare(chunks, block_tables, prev_tokens)
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         if batch.is_decode and self.decode_as_captured:
@@ -109,8 +111,12 @@ class ModelRunner:
                 return self.model(batch, self.kv_caches)
         return self.model(batch, self.kv_caches)
 
-    def prepare(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]]) -> ForwardBatch:
-        """The step's :class:`ForwardBatch`."""
-        sched = [ScheduledChunk(s.token_ids, s.num_computed_tokens, n, table, s.num_computed_tokens + n == s.num_tokens)
-                 for (s, n), table in zip(chunks, block_tables, strict=True)]
-        return build_forward_batch(sched, self.block_size, self.device)
+    def prepare(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]],
+                prev_tokens: torch.Tensor | None = None) -> ForwardBatch:
+        """The step's :class:`ForwardBatch` (a pending last token's id gathered from ``prev_tokens``)."""
+        sched = []
+        for (s, n), table in zip(chunks, block_tables, strict=True):
+            last = s.num_computed_tokens + n == s.num_tokens
+            sched.append(ScheduledChunk(s.token_ids, s.num_computed_tokens, n, table, last,
+                                        s.pending_index if last else -1))
+        return build_forward_batch(sched, self.block_size, self.device, prev_tokens)
