@@ -5,7 +5,7 @@ on one machine (the 2026-11-25 A/B in ``benchmarks/results/engine/h200/README.md
 commit's ``src`` the same way).
 
 Usage: ``PYTHONPATH=src python benchmarks/engine/bench_variant.py NAME [--lock linear=torch_native.linear ...]
-[--opt async_scheduling=False ...] [--count-compiles]``. ``--count-compiles`` prints, per ``generate`` call, how many
+[--opt async_scheduling=False ...] [--prefer triton.gemv] [--count-compiles]``. ``--count-compiles`` prints, per ``generate`` call, how many
 entries Triton's cache directory (``TRITON_CACHE_DIR``) gained: a compile inside the timed run shows there.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--opt", action="append", default=[], help="LLM option key=python-literal (repeatable)")
     ap.add_argument("--count-compiles", action="store_true")
+    ap.add_argument("--prefer", action="append", default=[], help="kernel id to prefer where it can run (lz.prefer)")
     a = ap.parse_args(argv)
     opts = {k: ast.literal_eval(v) for k, _, v in (o.partition("=") for o in a.opt)}
     if a.count_compiles:
@@ -40,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-    r = run(scale=a.scale, device=a.device, hf_batch=0, engine_options=opts)
+    with contextlib.ExitStack() as stack:
+        if a.prefer:
+            stack.enter_context(lz.prefer(*a.prefer))
+        # no engine_options when none are given: an older checkout's run() (a "before" variant) lacks it
+        r = run(scale=a.scale, device=a.device, hf_batch=0, **({"engine_options": opts} if opts else {}))
     split = {k: round(v, 2) for k, v in r["engine_stats"]["time_s"].items()}
     print(f"{a.name} tok/s {r['output_tokens_per_s']:.0f} b1 {r['batch1']['output_tokens_per_s']:.0f} {split}",
           flush=True)

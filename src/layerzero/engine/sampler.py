@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import layerzero as lz
 
 from .sequence import Sequence
+from .staging import to_device
 
 __all__ = ["PendingSample", "Sampler", "SamplerOutput", "sequence_seed"]
 
@@ -70,9 +72,13 @@ class Sampler:
         out = [tokens]
         if raw is not None:
             n = max(seqs[i].params.logprobs for i in rows)
-            sel = raw[rows]
+            if len(rows) == len(seqs):
+                sel, chosen = raw, tokens
+            else:  # indexed through a staged tensor: a Python-list index would be a blocking copy
+                (idx,) = to_device([np.asarray(rows, dtype=np.int64)], raw.device)
+                sel, chosen = raw.index_select(0, idx), tokens.index_select(0, idx)
             top_v, top_i = sel.topk(n, dim=-1) if n else (sel[:, :0], sel[:, :0].long())
-            out += [sel.gather(1, tokens[rows].unsqueeze(1)).squeeze(1), top_v, top_i]
+            out += [sel.gather(1, chosen.unsqueeze(1)).squeeze(1), top_v, top_i]
         host = [t.to("cpu", non_blocking=True) for t in out]
         event = None
         if tokens.device.type == "cuda":
@@ -106,21 +112,17 @@ class Sampler:
         outs = [s.token_ids[s.num_prompt_tokens:] for s in seqs]
         lp = max(s.num_prompt_tokens for s in seqs)
         lo = max(len(o) for o in outs)
-        prompt = torch.full((len(seqs), lp), pad, dtype=torch.int64)
-        output = torch.full((len(seqs), lo), pad, dtype=torch.int64)
+        prompt = np.full((len(seqs), lp), pad, dtype=np.int64)
+        output = np.full((len(seqs), lo), pad, dtype=np.int64)
         for i, (s, o) in enumerate(zip(seqs, outs, strict=True)):
-            prompt[i, :s.num_prompt_tokens] = torch.tensor(s.token_ids[:s.num_prompt_tokens])
-            if o:
-                output[i, :len(o)] = torch.tensor(o)
-
-        def f32(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=self.device)
-
-        logits.copy_(lz.apply_penalties(
-            logits, prompt.to(self.device), output.to(self.device),
-            repetition_penalty=f32([p.repetition_penalty for p in ps]),
-            presence_penalty=f32([p.presence_penalty for p in ps]),
-            frequency_penalty=f32([p.frequency_penalty for p in ps])))
+            prompt[i, :s.num_prompt_tokens] = s.token_ids[:s.num_prompt_tokens]
+            output[i, :len(o)] = o
+        f32 = [np.asarray(v, dtype=np.float32) for v in ([p.repetition_penalty for p in ps],
+                                                          [p.presence_penalty for p in ps],
+                                                          [p.frequency_penalty for p in ps])]
+        prompt_t, output_t, rep, pres, freq = to_device([prompt, output, *f32], self.device)
+        logits.copy_(lz.apply_penalties(logits, prompt_t, output_t, repetition_penalty=rep, presence_penalty=pres,
+                                        frequency_penalty=freq))
 
     def _bias(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         rows, cols, vals = [], [], []
@@ -132,8 +134,9 @@ class Sampler:
                 for t in banned:
                     rows.append(i), cols.append(t), vals.append(float("-inf"))
         if rows:
-            idx = (torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device))
-            logits.index_put_(idx, torch.tensor(vals, dtype=logits.dtype, device=self.device), accumulate=True)
+            r, c, v = to_device([np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64),
+                                 np.asarray(vals, dtype=np.float32)], self.device)
+            logits.index_put_((r, c), v.to(logits.dtype), accumulate=True)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         dev = self.device
@@ -141,16 +144,16 @@ class Sampler:
         seeds = [-1 if s.seed is None or s.params.greedy else s.seed for s in seqs]
         seeded = any(x >= 0 for x in seeds)
 
-        def per_row(values: list, off: float | int, dtype: torch.dtype) -> torch.Tensor | None:
-            # a filter no row uses is left out (None): the kernel then skips its sort / mask entirely
-            return None if all(v == off for v in values) else torch.tensor(values, dtype=dtype, device=dev)
-
-        return lz.sample(
-            logits,
-            temperature=torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev),
-            top_k=per_row([p.top_k_or_off for p in ps], 0, torch.int32),
-            top_p=per_row([p.top_p for p in ps], 1.0, torch.float32),
-            min_p=per_row([p.min_p for p in ps], 0.0, torch.float32),
-            seeds=torch.tensor(seeds, dtype=torch.int64, device=dev) if seeded else None,
-            offsets=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64, device=dev) if seeded else None,
-            generator=self.generator)
+        # per-row parameters in one staged copy; a filter no row uses is left out (None): the kernel then skips its
+        # sort / mask entirely
+        named = {"temperature": np.asarray([p.temperature for p in ps], dtype=np.float32)}
+        for name, values, off, dtype in (("top_k", [p.top_k_or_off for p in ps], 0, np.int32),
+                                         ("top_p", [p.top_p for p in ps], 1.0, np.float32),
+                                         ("min_p", [p.min_p for p in ps], 0.0, np.float32)):
+            if any(v != off for v in values):
+                named[name] = np.asarray(values, dtype=dtype)
+        if seeded:
+            named["seeds"] = np.asarray(seeds, dtype=np.int64)
+            named["offsets"] = np.asarray([s.num_output_tokens for s in seqs], dtype=np.int64)
+        kwargs = dict(zip(named, to_device(list(named.values()), dev), strict=True))
+        return lz.sample(logits, generator=self.generator, **kwargs)
