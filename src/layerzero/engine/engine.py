@@ -16,9 +16,9 @@ from .kv.block_manager import KVCacheManager
 from .metrics import EngineStats, StepStats
 from .outputs import CompletionOutput, RequestOutput
 from .runner.model_runner import ModelRunner
-from .sampler import PendingSample, Sampler, sequence_seed
+from .sampler import PendingSample, Sampler, SamplerOutput, sequence_seed
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .scheduling_policy import make_policy
 from .sequence import FinishReason, Sequence
 
@@ -210,7 +210,6 @@ class LLMEngine:
         their extra token is dropped, their blocks freed (writes still queued on the stream land before any later
         step reuses them). A step whose pending sequences have penalties reads N first (penalties need the
         tokens), and so does nothing else: the tokens are the same as :meth:`_step_sync`'s."""
-        st = StepStats()
         touched: dict[str, Request] = {}
         prev = self._inflight
         t0 = time.perf_counter()
@@ -219,7 +218,6 @@ class LLMEngine:
             appended = self._read(prev, touched)[1]
             prev = self._inflight = None
         out = self.scheduler.schedule()
-        st.num_preempted = len(out.preempted)
         t1 = time.perf_counter()
         launched = None
         if out.chunks:
@@ -238,38 +236,37 @@ class LLMEngine:
             for j, seq in enumerate(launched.sampled):
                 if not seq.finished:
                     seq.pending_index = j
-                    seq.length_capped = (seq.num_output_tokens >= seq.params.max_tokens
-                                         or seq.num_tokens >= self.max_model_len)
-        t4 = time.perf_counter()
-        st.num_seqs, st.num_sampled = len(out.chunks), appended
-        st.num_prefill_tokens = sum(n for _, n in out.chunks if n > 1)
-        st.num_decode_tokens = sum(n for _, n in out.chunks if n == 1)
-        st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = t1 - t0, t2 - t1, t3 - t2, t4 - t3
-        return self._finish_step(st, touched)
+                    seq.length_capped = self._length_reached(seq)  # counts the pending token just set
+        return self._finish_step(out, appended, touched, (t0, t1, t2, t3, time.perf_counter()))
 
     def _read(self, prev: _InFlight, touched: dict[str, Request]) -> tuple[float, int]:
         """Wait for ``prev``'s sampled ids and append them (stop checks, text); sequences that ended meanwhile (an
         abort) are skipped. Returns the time the ids arrived (``time.perf_counter``) and how many were appended."""
         res = Sampler.resolve(prev.pending)
         t = time.perf_counter()
-        appended = 0
-        for seq, tok, lp, top in zip(prev.sampled, res.token_ids, res.logprobs, res.top_logprobs, strict=True):
+        for seq in prev.sampled:
             seq.pending_index, seq.length_capped = -1, False
+        return t, self._append_all(prev.sampled, res, touched)
+
+    def _append_all(self, seqs: list[Sequence], res: SamplerOutput, touched: dict[str, Request]) -> int:
+        """Append each sequence's sampled token (:meth:`_append`), skipping sequences that ended meanwhile;
+        returns how many were appended."""
+        appended = 0
+        for seq, tok, lp, top in zip(seqs, res.token_ids, res.logprobs, res.top_logprobs, strict=True):
             if seq.finished:
                 continue
             self._append(seq, tok, lp, top)
             appended += 1
             touched[seq.request_id] = self.requests[seq.request_id]
-        return t, appended
+        return appended
 
     def _step_sync(self) -> list[Request]:
         """Schedule, forward, sample and read one step, in that order."""
-        st = StepStats()
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
-        st.num_preempted = len(out.preempted)
-        t1 = time.perf_counter()
+        t1 = t2 = t3 = time.perf_counter()
         touched: dict[str, Request] = {}
+        appended = 0
         if out.chunks:
             tables = [self.kv.block_table(s.seq_id) for s, _ in out.chunks]
             logits = self.runner.execute(out.chunks, tables)
@@ -278,17 +275,18 @@ class LLMEngine:
             sampled = [s for s, _ in out.chunks if s.num_computed_tokens == s.num_tokens]
             res = self.sampler(logits, sampled)
             t3 = time.perf_counter()
-            for seq, tok, lp, top in zip(sampled, res.token_ids, res.logprobs, res.top_logprobs, strict=True):
-                self._append(seq, tok, lp, top)
-                touched[seq.request_id] = self.requests[seq.request_id]
-            t4 = time.perf_counter()
-            st.num_seqs, st.num_sampled = len(out.chunks), len(sampled)
-            st.num_prefill_tokens = sum(n for _, n in out.chunks if n > 1)
-            st.num_decode_tokens = sum(n for _, n in out.chunks if n == 1)
-            st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = t1 - t0, t2 - t1, t3 - t2, t4 - t3
-        return self._finish_step(st, touched)
+            appended = self._append_all(sampled, res, touched)
+        return self._finish_step(out, appended, touched, (t0, t1, t2, t3, time.perf_counter()))
 
-    def _finish_step(self, st: StepStats, touched: dict[str, Request]) -> list[Request]:
+    def _finish_step(self, out: SchedulerOutput, appended: int, touched: dict[str, Request],
+                     times: tuple[float, float, float, float, float]) -> list[Request]:
+        """Record the step's statistics (``times``: perf_counter at its start and after schedule, forward, sample
+        and append) and return the requests it touched."""
+        st = StepStats()
+        st.num_preempted, st.num_seqs, st.num_sampled = len(out.preempted), len(out.chunks), appended
+        st.num_prefill_tokens = sum(n for _, n in out.chunks if n > 1)
+        st.num_decode_tokens = sum(n for _, n in out.chunks if n == 1)
+        st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = (b - a for a, b in zip(times, times[1:]))
         self.stats.record(st, self.kv.usage(), self.kv.stats().hit_rate)
         self.stats.preemptions = self.scheduler.num_preemptions
         for req in touched.values():
@@ -312,9 +310,13 @@ class LLMEngine:
             hit = seq.detok.add(tok, may_stop)
             if hit is not None:
                 return self.scheduler.finish(seq, FinishReason.STOP, hit)
-        if n >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        if self._length_reached(seq):
             return self.scheduler.finish(seq, FinishReason.LENGTH)
         return None
+
+    def _length_reached(self, seq: Sequence) -> bool:
+        """``max_tokens`` output tokens or ``max_model_len`` tokens (a pending one included)."""
+        return seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
 
     # ------------------------------------------------------------------------------------------ outputs
     def output(self, req: Request, *, delta: bool = False) -> RequestOutput:

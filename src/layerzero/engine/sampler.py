@@ -104,7 +104,7 @@ class Sampler:
 
     def _penalize(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         ps = [s.params for s in seqs]
-        if all(p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 for p in ps):
+        if not any(p.penalized for p in ps):
             return
         pad = self.vocab_size
         # the known output tokens: a row without penalties may have one pending (async scheduling; it does not

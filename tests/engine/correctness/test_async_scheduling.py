@@ -97,3 +97,28 @@ def test_async_scheduling_option_is_validated(checkpoints):
         LLM(checkpoints[FAMILY], device="cpu", async_scheduling="yes")
     llm = LLM(checkpoints[FAMILY], device="cpu", dtype=torch.float32, max_model_len=32, num_kv_blocks=8)
     assert llm.engine.async_scheduling is False  # None: on for CUDA only
+
+
+def test_a_sequence_ended_by_length_is_not_computed_again(checkpoints):
+    """``length_capped``: once the pending token is the last one max_tokens allows, the sequence is not scheduled
+    again, so it is forwarded exactly as often as in the synchronous loop (prompt chunk + max_tokens - 1 decodes)."""
+    from layerzero.engine import LLM, SamplingParams
+
+    ps = prompts(3, seed=33, lo=4, hi=12)
+    counts = {}
+    for mode in (False, True):
+        llm = LLM(checkpoints[FAMILY], device="cpu", dtype=torch.float32, max_model_len=48, num_kv_blocks=32,
+                  async_scheduling=mode)
+        seen: dict[str, int] = {}
+        execute = llm.engine.runner.execute
+
+        def spy(chunks, tables, prev_tokens=None, seen=seen, execute=execute):
+            for s, _ in chunks:
+                seen[s.request_id] = seen.get(s.request_id, 0) + 1
+            return execute(chunks, tables, prev_tokens)
+
+        llm.engine.runner.execute = spy
+        llm.generate(ps, [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (1, 2, 5)],
+                     use_tqdm=False)
+        counts[mode] = sorted(seen.values())
+    assert counts[False] == counts[True] == [1, 2, 5]
