@@ -246,6 +246,48 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
                             _layout_str(kv_layout))
 
 
+@torch.library.custom_op(f"{NS}::paged_attention_lse", mutates_args=())
+def _paged_attention_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                         cu_seqlens_q: Optional[torch.Tensor], scale: Optional[float],  # noqa: UP045
+                         is_causal: bool, kv_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _lz().paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
+                                     is_causal=is_causal, kv_layout=kv_layout, return_lse=True)
+    out = _owned(out, q, kv_cache, block_tables, seq_lens, cu_seqlens_q)
+    return out, _owned(lse, q, kv_cache, block_tables, seq_lens, cu_seqlens_q, out)
+
+
+@_paged_attention_lse.register_fake
+def _(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+def paged_attention_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                        cu_seqlens_q: torch.Tensor | None, scale: float | None, is_causal: bool,
+                        kv_layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.layerzero.paged_attention_lse``: ``lz.paged_attention(..., return_lse=True)``."""
+    return _paged_attention_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, bool(is_causal),
+                                _layout_str(kv_layout))
+
+
+@torch.library.custom_op(f"{NS}::merge_attention_states", mutates_args=())
+def _merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                            lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _lz().merge_attention_states(out_a, lse_a, out_b, lse_b)
+    out = _owned(out, out_a, lse_a, out_b, lse_b)
+    return out, _owned(lse, out_a, lse_a, out_b, lse_b, out)
+
+
+@_merge_attention_states.register_fake
+def _(out_a, lse_a, out_b, lse_b):
+    return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
+
+
+def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                           lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.layerzero.merge_attention_states`` with ``lz.merge_attention_states``'s arguments."""
+    return _merge_attention_states(out_a, lse_a, out_b, lse_b)
+
+
 @torch.library.custom_op(f"{NS}::reshape_and_cache", mutates_args=("kv_cache",))
 def _reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                        kv_layout: str) -> None:

@@ -6,6 +6,7 @@ the dispatch runtime; ``OPS`` maps an op id to its (prepare, context-from-key) p
 from __future__ import annotations
 
 from . import attention as _attention
+from . import cascade as _cascade
 from . import embedding as _embedding
 from . import fused_moe as _fused_moe
 from . import linear as _linear
@@ -18,6 +19,7 @@ from . import rope as _rope
 from . import sampling as _sampling
 from . import swiglu as _swiglu
 from .attention import attention
+from .cascade import merge_attention_states
 from .embedding import embedding
 from .fused_moe import fused_moe
 from .kv_cache import KVLayout, allocate_kv_cache
@@ -33,6 +35,7 @@ from .swiglu import geglu, reglu, swiglu
 
 OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _sampling.TOPK_SPEC,
                    _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
+                   _cascade.LSE_SPEC, _cascade.MERGE_SPEC,
                    _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC, _quantization.SPEC,
                    _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC, _linear.SPEC)
 
@@ -47,6 +50,8 @@ OPS = {
     "apply_penalties": (_penalties.prepare, _penalties.context),
     "paged_attention": (_paged.prepare, _paged.context),
     "reshape_and_cache": (_paged.prepare_cache, _paged.context_cache),
+    "paged_attention_lse": (_cascade.prepare_lse, _cascade.context_lse),
+    "merge_attention_states": (_cascade.prepare_merge, _cascade.context_merge),
     "swiglu": (_swiglu.prepare, _swiglu.context),
     "geglu": (_swiglu.prepare_geglu, _swiglu.context),
     "reglu": (_swiglu.prepare_reglu, _swiglu.context),
@@ -70,5 +75,6 @@ def register_builtin(registry) -> None:
 
 
 __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
+           "merge_attention_states",
            "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
            "geglu", "reglu", "quantize", "dequantize", "embedding", "linear", "linear_cross_entropy"]

@@ -260,7 +260,8 @@ SPEC = OperationSpec(OP, "attention over a paged KV cache (decode and prefill/ap
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     *, cu_seqlens_q: torch.Tensor | None = None, scale: float | None = None, is_causal: bool = True,
                     kv_layout: str = "NHD", k_scale: float | torch.Tensor | None = None,
-                    v_scale: float | torch.Tensor | None = None) -> torch.Tensor:
+                    v_scale: float | torch.Tensor | None = None,
+                    return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of new query tokens over a paged KV cache (vLLM PagedAttention, Kwon et al. 2023; FlashInfer's
     batch decode/prefill with paged KV), dispatched to the fastest eligible kernel.
 
@@ -290,6 +291,12 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     any float dtype; the output has q's dtype. Only kernels that declare the cache dtype run (the others are
     refused with ``KV_CACHE_DTYPE_UNSUPPORTED``). Scales with an unquantized cache raise.
 
+    ``return_lse=True`` (cascade attention, see :func:`lz.merge_attention_states <layerzero.merge_attention_states>`)
+    returns ``(out, lse)``: lse ``[T, Hq]`` float32 is each row's natural-log sum of ``exp(scale * q·k)`` over the
+    keys it attends (-inf, with an output row of 0, where it attends none: e.g. ``is_causal=False`` never
+    masks, so only a zero-length sequence has such rows). It dispatches as op ``paged_attention_lse``, whose
+    kernels declare the lse (``lz.explain("paged_attention_lse", ...)``); the inputs are checked as here.
+
     Index values (seq_lens, cu_seqlens_q, used block ids) are checked on CPU tensors always; on CUDA only when
     ``lz.get_config().strict`` is True, because reading them costs a device sync (out-of-range ids on CUDA
     without strict mode are undefined behaviour, as in vLLM).
@@ -311,6 +318,13 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     >>> lz.paged_attention(q, cache, bt, lens).shape
     torch.Size([3, 8, 64])
     """
+    if return_lse is not False:
+        if return_lse is not True:
+            raise fail(OP, "return_lse", "a bool", repr(return_lse))
+        from .cascade import paged_attention_lse
+
+        return paged_attention_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
+                                   is_causal=is_causal, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
     if ((is_dynamo_compiling() or is_exporting()) and k_scale is None and v_scale is None
             and inference_only(q, kv_cache)):  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
         from layerzero import library

@@ -40,6 +40,7 @@ only for Sq == Sk (FlashInfer aligns it bottom-right, lz.attention top-left like
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -72,7 +73,9 @@ PRIORITY_ATTENTION = 55
 """Priority is one number per kernel (not per context): below SDPA's fused kernels (efficient 70, flash 80,
 cuDNN 85) so dense prefill stays on them; ``lz.tune`` measures and promotes FlashInfer where it is faster
 (decode at large batch, long KV)."""
-KERNEL_IDS = ("flashinfer.attention", "flashinfer.paged_attention")
+LN2 = math.log(2.0)
+"""FlashInfer's lse is base 2 (vLLM: ``is_lse_base_on_e=False``); ours is natural: multiply by ln 2."""
+KERNEL_IDS = ("flashinfer.attention", "flashinfer.paged_attention", "flashinfer.paged_attention_lse")
 INSTALL_HINT = "pip install flashinfer-python (needs a CUDA build of torch and nvcc for its JIT)"
 
 
@@ -175,7 +178,7 @@ class FlashInferKernels:
     # ------------------------------------------------------------------------------------------ paged
     def paged_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor | None, scale: float | None,
-                        is_causal: bool, kv_layout: Any) -> torch.Tensor:
+                        is_causal: bool, kv_layout: Any, return_lse: bool = False) -> Any:
         """Canonical ``lz.paged_attention`` kernel (see :func:`layerzero.ops.paged.paged_attention`): q
         ``[T, Hq, D]``, kv_cache ``[N, 2, P, Hkv, D]`` (NHD) / ``[N, 2, Hkv, P, D]`` (HND) passed to FlashInfer
         as is, block_tables ``[B, M]`` / seq_lens ``[B]`` converted to CSR (:func:`paged_csr`) once per plan.
@@ -184,10 +187,14 @@ class FlashInferKernels:
 
         The plan is cached by the metadata tensors' identities and versions plus heads, D, P, layout, dtype,
         causal and scale: every layer of a step after the first reuses it; an in-place update of
-        block_tables / seq_lens / cu_seqlens_q or new tensors re-plan."""
+        block_tables / seq_lens / cu_seqlens_q or new tensors re-plan.
+
+        ``return_lse`` (``flashinfer.paged_attention_lse``, see :meth:`paged_attention_lse`): also FlashInfer's
+        log-sum-exp, which is base 2: returned as ``(out, lse * ln 2)``, float32 ``[T, Hq]``."""
         t, hq, d = q.shape
         if t == 0:
-            return q.new_empty(0, hq, d)
+            out = q.new_empty(0, hq, d)
+            return (out, q.new_empty(0, hq, dtype=torch.float32)) if return_lse else out
         lay = parse_kv_layout(kv_layout).value  # FlashInfer's kv_layout string
         _, p, hkv, _ = cache_dims(kv_cache, lay)
         dev, dtype = q.device, q.dtype
@@ -219,13 +226,24 @@ class FlashInferKernels:
                        sm_scale=scale, q_data_type=dtype, kv_data_type=dtype)
 
             kind = ("prefill", dev, lay)
-        return self.plans.run(key, kind, tensors, make, plan, lambda w: w.run(q, kv_cache))
+        if not return_lse:
+            return self.plans.run(key, kind, tensors, make, plan, lambda w: w.run(q, kv_cache))
+        out, lse2 = self.plans.run(key, kind, tensors, make, plan, lambda w: w.run(q, kv_cache, return_lse=True))
+        return out, lse2 * LN2
+
+    def paged_attention_lse(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                            seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor | None, scale: float | None,
+                            is_causal: bool, kv_layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Canonical ``lz.paged_attention(..., return_lse=True)`` kernel: :meth:`paged_attention` with the
+        natural-log lse ``[T, Hq]`` float32 (FlashInfer's ``run(..., return_lse=True)`` gives base 2)."""
+        return self.paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout,
+                                    return_lse=True)
 
 
 
 
 def kernel_specs(kernels: FlashInferKernels | None, why: str = "flashinfer is not available") -> list[KernelSpec]:
-    """The two FlashInfer KernelSpecs.
+    """The three FlashInfer KernelSpecs.
 
     Args:
         kernels: the backend instance's :class:`FlashInferKernels`, or None when FlashInfer is missing (the
@@ -233,7 +251,7 @@ def kernel_specs(kernels: FlashInferKernels | None, why: str = "flashinfer is no
         why: the unavailability reason shown by those callables.
 
     Returns:
-        ``[flashinfer.attention, flashinfer.paged_attention]``.
+        ``[flashinfer.attention, flashinfer.paged_attention, flashinfer.paged_attention_lse]``.
     """
     common: dict[str, Any] = dict(
         device_types=CUDA, dtypes=HALF, sm_min=SM_MIN, supports_gqa=True, head_dim_min=HEAD_DIMS[0],
@@ -241,6 +259,7 @@ def kernel_specs(kernels: FlashInferKernels | None, why: str = "flashinfer is no
         deterministic=False, graph_safe=False, workspace=_workspace)
     att_fn = kernels.attention if kernels is not None else missing_kernel(KERNEL_IDS[0], why, INSTALL_HINT)
     paged_fn = kernels.paged_attention if kernels is not None else missing_kernel(KERNEL_IDS[1], why, INSTALL_HINT)
+    lse_fn = kernels.paged_attention_lse if kernels is not None else missing_kernel(KERNEL_IDS[2], why, INSTALL_HINT)
     return [
         KernelSpec(
             KERNEL_IDS[0], "attention", att_fn, priority=PRIORITY_ATTENTION,
@@ -252,5 +271,10 @@ def kernel_specs(kernels: FlashInferKernels | None, why: str = "flashinfer is no
             KERNEL_IDS[1], "paged_attention", paged_fn, priority=PRIORITY_PAGED,
             description="FlashInfer paged batch decode / prefill-append, plan once per batch, run per layer "
                         "(SM 8.0+, fp16/bf16, D 64/128/256, NHD/HND, any page size, GQA)",
+            check=paged_check, **common),
+        KernelSpec(
+            KERNEL_IDS[2], "paged_attention_lse", lse_fn, priority=PRIORITY_PAGED,
+            description="flashinfer.paged_attention returning its log-sum-exp too (run(return_lse=True), base 2 "
+                        "converted to natural log)",
             check=paged_check, **common),
     ]

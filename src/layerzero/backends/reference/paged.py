@@ -38,16 +38,31 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
     sequence gather its K/V from its blocks, then softmax attention in float32 with GQA by repeating KV heads
     and bottom-right causal alignment. A quantized cache (float8_e4m3fn / int8) is read as ``codes * k_scale`` /
     ``codes * v_scale`` in the working dtype. q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's dtype."""
+    return _attend(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale,
+                   v_scale)[0]
+
+
+def paged_attention_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout,
+                        k_scale=None, v_scale=None):
+    """Reference ``lz.paged_attention(..., return_lse=True)``: :func:`paged_attention` and each row's natural-log
+    sum-exp of its scaled scores ``[T, Hq]`` float32 (float64 for float64 q); -inf and a zero row where a row
+    attends no key."""
+    return _attend(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale, v_scale)
+
+
+def _attend(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale, v_scale):
+    """``(out [T, Hq, D] in q's dtype, lse [T, Hq] float32, float64 for float64 q)`` of the canonical args."""
     num_tokens, hq, d = q.shape
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     lens = seq_lens.tolist()
     starts = cu_seqlens_q.tolist() if cu_seqlens_q is not None else list(range(len(lens) + 1))
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     out = torch.zeros(num_tokens, hq, d, dtype=work, device=q.device)
+    lse = torch.full((num_tokens, hq), float("-inf"), dtype=work, device=q.device)
     for s, kv_len in enumerate(lens):
         q0, q1 = starts[s], starts[s + 1]
         q_len = q1 - q0
-        if q_len == 0:
+        if q_len == 0 or kv_len == 0:
             continue
         k, v = gather_kv(kv_cache, block_tables[s], kv_len, kv_layout)
         group = hq // k.shape[1]
@@ -59,8 +74,27 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
             i = torch.arange(q_len, device=q.device)[:, None]
             j = torch.arange(kv_len, device=q.device)[None, :]
             scores = scores.masked_fill(j > kv_len - q_len + i, float("-inf"))
-        out[q0:q1] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
-    return out.to(q.dtype)
+        row_lse = torch.logsumexp(scores, dim=-1)  # [Hq, q_len]; -inf for a row with every key masked
+        probs = torch.exp(scores - torch.where(row_lse.isinf(), 0.0, row_lse)[..., None])
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", probs, v)
+        lse[q0:q1] = row_lse.T
+    return out.to(q.dtype), lse
+
+
+def merge_attention_states(out_a, lse_a, out_b, lse_b):
+    """Reference ``lz.merge_attention_states`` in float32 (float64 for float64 lse): weights ``exp(lse - max)``,
+    rows with both lse -inf give 0 and -inf. Returns ``(out in out_a's dtype, lse in lse_a's dtype)``."""
+    work = torch.float64 if lse_a.dtype == torch.float64 else torch.float32
+    la, lb = lse_a.to(work), lse_b.to(work)
+    m = torch.maximum(la, lb)
+    m = torch.where(m == float("-inf"), 0.0, m)
+    wa, wb = torch.exp(la - m), torch.exp(lb - m)
+    total = wa + wb
+    part_a = torch.where(wa[..., None] > 0, out_a.to(work) * wa[..., None], 0.0)  # weight 0: nothing, even NaN
+    part_b = torch.where(wb[..., None] > 0, out_b.to(work) * wb[..., None], 0.0)
+    out = (part_a + part_b) / torch.where(total > 0, total, 1.0)[..., None]
+    lse = torch.where(total > 0, m + torch.log(total), float("-inf"))
+    return out.to(out_a.dtype), lse.to(lse_a.dtype)
 
 
 def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout, k_scale=None, v_scale=None):
@@ -86,6 +120,11 @@ def kernel_specs(common: dict) -> list[KernelSpec]:
         KernelSpec("reference.paged_attention", "paged_attention", paged_attention,
                    description="reference paged attention (loop over sequences, float32 math)",
                    **{**common, "graph_safe": False, "kv_cache_dtypes": KV_QUANT_DTYPES}),
+        KernelSpec("reference.paged_attention_lse", "paged_attention_lse", paged_attention_lse,
+                   description="reference paged attention + log-sum-exp (loop over sequences, float32 math)",
+                   **{**common, "graph_safe": False, "kv_cache_dtypes": KV_QUANT_DTYPES}),
+        KernelSpec("reference.merge_attention_states", "merge_attention_states", merge_attention_states,
+                   description="reference merge of two attention states (float32 math)", **common),
         KernelSpec("reference.reshape_and_cache", "reshape_and_cache", reshape_and_cache,
                    description="reference paged KV cache write (loop over tokens)",
                    **{**common, "graph_safe": False, "kv_cache_dtypes": KV_QUANT_DTYPES}),

@@ -31,6 +31,7 @@ import triton.language as tl
 from ._cache_kernels import load_scale
 
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 
 @triton.jit
@@ -69,7 +70,7 @@ def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
 
 @triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "stride_lb"])
 def paged_decode_split(
-    q_ptr, kv_ptr, bt_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr,
+    q_ptr, kv_ptr, bt_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr, lse_out_ptr,
     qk_scale,  # softmax scale * log2(e)
     k_scale, v_scale,  # a quantized cache's scales: floats, or pointers to one float32 (K_PTR / V_PTR)
     stride_qb, stride_qh,
@@ -80,10 +81,11 @@ def paged_decode_split(
     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr,
     QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
+    WRITE_LSE: tl.constexpr = False,
 ):
     """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is the
-    output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype and there is
-    no lse and no stage 2."""
+    output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype, no stage 2;
+    with ``WRITE_LSE`` its natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -125,6 +127,8 @@ def paged_decode_split(
         o_off = b * stride_wb + heads * stride_wh
         tl.store(ws_out_ptr + o_off[:, None] + d[None, :], out.to(ws_out_ptr.dtype.element_ty),
                  mask=g_ok[:, None] & d_ok[None, :])
+        if WRITE_LSE:
+            tl.store(lse_out_ptr + b * stride_lb + heads, lse * LN2, mask=g_ok)  # one split: stride_lb = Hq
     else:
         w_off = b * stride_wb + heads * stride_wh + s * stride_ws
         tl.store(ws_out_ptr + w_off[:, None] + d[None, :], out, mask=g_ok[:, None] & d_ok[None, :])
@@ -133,13 +137,14 @@ def paged_decode_split(
 
 @triton.jit(do_not_specialize=["num_heads", "num_splits"])
 def paged_decode_merge(
-    ws_out_ptr, ws_lse_ptr, o_ptr,
+    ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr,
     stride_ob, stride_oh,
     stride_wb, stride_wh, stride_ws,
     num_heads, num_splits,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr = False,
 ):
-    """Stage 2 (see the module docstring): one program per (sequence, query head)."""
+    """Stage 2 (see the module docstring): one program per (sequence, query head); with ``WRITE_LSE`` the merged
+    natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32, -inf for a sequence with no key)."""
     b = tl.program_id(0)
     hq = tl.program_id(1)
     s = tl.arange(0, S_PAD)
@@ -155,3 +160,6 @@ def paged_decode_merge(
     total = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(o_ptr + b * stride_ob + hq * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+    if WRITE_LSE:
+        tl.store(lse_out_ptr + b * num_heads + hq,
+                 tl.where(total > 0.0, (m + tl.log2(tl.where(total > 0.0, total, 1.0))) * LN2, float("-inf")))

@@ -33,6 +33,7 @@ from ._common import CUDA, FLOATS, SM_MIN, LazyModule, kernel_scale, missing, ne
 from ._launch import launch
 
 KERNEL_ID = "triton.paged_decode"
+LSE_KERNEL_ID = "triton.paged_decode_lse"
 PRIORITY = 40
 """Above ``torch_sdpa.paged_attention`` (10): one fused pass over the used pages, no padded gather."""
 MAX_GROUP = 16
@@ -124,7 +125,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
                  scale: float | None = None, kv_layout: str | KVLayout = "NHD", *, num_splits: int | None = None,
                  block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                  k_scale: float | torch.Tensor | None = None,
-                 v_scale: float | torch.Tensor | None = None) -> torch.Tensor:
+                 v_scale: float | torch.Tensor | None = None, return_lse: bool = False) -> Any:
     """Split-K paged decode attention (one query token per sequence) with our Triton kernels.
 
     Args:
@@ -143,9 +144,10 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         k_scale, v_scale: a quantized cache's per-tensor scales (positive floats, or 0-d / 1-element float32 tensors
             on the device, read there: graph-safe); None = 1.0. Keys and values are read as ``code * scale`` in
             float32 and both dots run in float32 (``core.kv_quant.dequantize_kv``).
+        return_lse: also return each row's natural-log sum-exp ``[B, Hq]`` float32 (``triton.paged_decode_lse``).
 
     Returns:
-        ``[B, Hq, D]`` in q's dtype. Cache slots past ``seq_lens[b]`` and unused blocks never reach it (masked loads:
+        ``[B, Hq, D]`` in q's dtype (``(out, lse)`` with ``return_lse``). Cache slots past ``seq_lens[b]`` and unused blocks never reach it (masked loads:
         NaN there cannot leak).
 
     Raises:
@@ -171,8 +173,9 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     if bn < 16 or bn & (bn - 1):
         raise _bad("block_n", "a power of two >= 16", bn)
     out = torch.empty(batch, hq, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch, hq, dtype=torch.float32, device=q.device) if return_lse else out
     if batch == 0:
-        return out
+        return (out, lse) if return_lse else out
     split_len, splits = choose_split_len(batch, hkv, block_tables.shape[1] * page, sm_count(q.device), bn,
                                          num_splits)
     direct = splits == 1  # stage 1 stores the output itself: no workspace, no stage 2
@@ -195,17 +198,18 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         config["num_stages"] = int(num_stages)
     ks, vs, qflags = _scale_args(quant, k_scale, v_scale)
     launch(kern.paged_decode_split, (batch, hkv, splits),
-        q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, scale * kern.LOG2E, ks, vs,
+        q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, lse, scale * kern.LOG2E, ks, vs,
         q.stride(0), q.stride(1), st[0], st[1], stride_pos, stride_head,
         block_tables.stride(0), split_len, page, group, splits, *ws_strides, hq * splits,
         GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
         INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
-        UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=direct, **qflags, **config)
+        UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=direct, WRITE_LSE=return_lse, **qflags,
+        **config)
     if not direct:
         launch(kern.paged_decode_merge, (batch, hq),
-            ws_out, ws_lse, out, out.stride(0), out.stride(1), *ws_strides, hq, splits, HEAD_DIM=d, D_PAD=d_pad,
-            S_PAD=next_pow2(splits), num_warps=4)
-    return out
+            ws_out, ws_lse, out, lse, out.stride(0), out.stride(1), *ws_strides, hq, splits, HEAD_DIM=d, D_PAD=d_pad,
+            S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=4)
+    return (out, lse) if return_lse else out
 
 
 def _scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict[str, bool]]:
@@ -229,6 +233,17 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
     return paged_decode(q, kv_cache, block_tables, seq_lens, scale, kv_layout, k_scale=k_scale, v_scale=v_scale)
 
 
+def paged_attention_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None,
+                        v_scale=None):
+    """``lz.paged_attention(..., return_lse=True)`` canonical-args entry, decode only (as :func:`paged_attention`):
+    ``(out [B, Hq, D] in q's dtype, lse [B, Hq] float32)``."""
+    if cu_seqlens_q is not None:
+        raise _bad("cu_seqlens_q", "None (decode: one query token per sequence)", "a tensor (prefill/append)",
+                   "Prefill/append runs on another paged kernel; do not lock triton.paged_decode_lse for it.")
+    return paged_decode(q, kv_cache, block_tables, seq_lens, scale, kv_layout, k_scale=k_scale, v_scale=v_scale,
+                        return_lse=True)
+
+
 def check(ctx: SelectionContext) -> list[Reason]:
     """What the data constraints cannot say: decode only (``ctx.phase`` DECODE), GQA ratio <= 16, a paged layout."""
     out = []
@@ -248,17 +263,25 @@ def check(ctx: SelectionContext) -> list[Reason]:
 
 
 def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
-    """The Triton paged KernelSpecs: ``[triton.paged_decode]`` (op ``paged_attention``, CUDA SM >= 8.0, fp16/bf16/
+    """The Triton paged KernelSpecs: ``triton.paged_decode`` (op ``paged_attention``, CUDA SM >= 8.0, fp16/bf16/
     fp32, head dims 1..256, NHD and HND, any page size, GQA 1..16, decode only, graph-safe, deterministic,
-    priority 40). When ``available`` is False the spec is still registered and its callable raises
-    ``BackendNotAvailableError`` with ``why``."""
-    fn = paged_attention if available else missing(KERNEL_ID, why)
+    priority 40), ``triton.paged_decode_lse`` (the same for op ``paged_attention_lse``), then the cascade kernels
+    (``triton.paged_prefill_lse``, ``triton.merge_attention_states``: :mod:`.cascade`). When ``available`` is False
+    the specs are still registered and their callables raise ``BackendNotAvailableError`` with ``why``."""
+    from . import cascade
+
+    common: dict[str, Any] = dict(
+        priority=PRIORITY, device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, head_dim_min=1, head_dim_max=HEAD_DIM_MAX,
+        supports_backward=False, supports_dropout=False, requires_stride_last_1=True, deterministic=True,
+        graph_safe=True, check=check, workspace=workspace_bytes, kv_cache_dtypes=KV_QUANT_DTYPES)
     return [
-        KernelSpec(KERNEL_ID, "paged_attention", fn, priority=PRIORITY,
+        KernelSpec(KERNEL_ID, "paged_attention", paged_attention if available else missing(KERNEL_ID, why),
                    description="Triton split-K paged decode (FlashDecoding): per (sequence, KV head, split) online "
                                "softmax over the used pages, GQA group as one tile, then a log-sum-exp merge",
-                   device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, head_dim_min=1,
-                   head_dim_max=HEAD_DIM_MAX, supports_backward=False, supports_dropout=False,
-                   requires_stride_last_1=True, deterministic=True, graph_safe=True, check=check,
-                   workspace=workspace_bytes, kv_cache_dtypes=KV_QUANT_DTYPES),
+                   **common),
+        KernelSpec(LSE_KERNEL_ID, "paged_attention_lse",
+                   paged_attention_lse if available else missing(LSE_KERNEL_ID, why),
+                   description="triton.paged_decode returning each row's log-sum-exp too (the split merge's lse)",
+                   **common),
+        *cascade.kernel_specs(available, why),
     ]

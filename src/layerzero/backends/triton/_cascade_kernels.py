@@ -1,0 +1,146 @@
+"""The ``@triton.jit`` code of ``triton.paged_prefill_lse`` and ``triton.merge_attention_states`` (private; imported
+by :mod:`.cascade` on a kernel's first call, after ``import triton`` succeeded).
+
+``paged_prefill``, grid ``(B, Hkv, ceil(T / tokens_per_tile))``: program (b, h, m) holds the query rows of
+``tokens_per_tile`` consecutive new tokens of sequence b times the ``group = Hq / Hkv`` query heads of KV head h as
+one ``[ROWS, D_PAD]`` tile (row r: token ``m * tokens_per_tile + r // group``, head ``h * group + r % group``), so
+the KV of a sequence is read once per tile for every query head sharing it. It runs FlashAttention's online softmax
+(Dao et al. 2022; float32, base 2) over the sequence's KV positions, gathered through ``block_tables`` at any page
+size, with the bottom-right causal mask when ``CAUSAL`` (row token i of q_len sees keys ``j <= kv_len - q_len + i``)
+or none (cascade attention's shared level: every member's query sees the whole shared prefix). It stores the
+normalized output in the output's dtype and the natural-log lse (``-inf`` and 0 for a row that saw no key). Tiles past
+a sequence's q_len load nothing and store nothing.
+
+``merge_states``, grid ``(T,)``: one program per row merges two attention states of all heads (``[H_PAD, D_PAD]``)
+with weights ``exp(lse - max)`` (FlashInfer's ``merge_state``).
+
+Nothing reads a device value on the host: grids and launch arguments come from shapes (graph-safe).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit(do_not_specialize=["stride_bt", "page", "group", "tokens_per_tile", "num_heads"])
+def paged_prefill(
+    q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr,
+    qk_scale,  # softmax scale * log2(e)
+    stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
+    page, group, tokens_per_tile, num_heads,
+    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """See the module docstring. Strides in elements; ``lse_ptr`` is a contiguous ``[T, num_heads]`` float32."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    m = tl.program_id(2)
+    q0 = tl.load(cu_ptr + b)
+    q_len = tl.load(cu_ptr + b + 1) - q0
+    kv_len = tl.load(lens_ptr + b)
+    r = tl.arange(0, ROWS)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+    first = m * tokens_per_tile
+    tok = first + r // group
+    row_ok = (r < tokens_per_tile * group) & (tok < q_len)
+    heads = h * group + r % group
+    q = tl.load(q_ptr + (q0 + tok).to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    limit = kv_len - q_len + tok  # causal: the last key each row sees
+    stop = kv_len
+    if CAUSAL:
+        stop = tl.minimum(kv_len, kv_len - q_len + tl.minimum(first + tokens_per_tile, q_len))
+    stop = tl.where(first < q_len, stop, 0)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D_PAD], tl.float32)
+    kv_head = kv_ptr + h * stride_head
+    bt_row = bt_ptr + b * stride_bt
+    if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
+        for i in range(0, MAX_TILES):
+            t0 = i * BLOCK_N
+            if t0 < stop:
+                m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
+                                      stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
+    else:
+        for t0 in range(0, stop, BLOCK_N):
+            m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
+                                  stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    rows = (q0 + tok).to(tl.int64)
+    tl.store(o_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + rows * num_heads + heads, lse, mask=row_ok)
+
+
+@triton.jit
+def _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk, stride_kv, stride_pos, page,
+          HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+          UPCAST: tl.constexpr):
+    """One online-softmax step over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop`` (and, when ``CAUSAL``,
+    to each row's ``limit``); a row with no key seen yet keeps m = -inf and weight 0 (no NaN)."""
+    d = tl.arange(0, D_PAD)
+    pos = t0 + tl.arange(0, BLOCK_N)
+    p_ok = pos < stop
+    blk = tl.load(bt_row + pos // page, mask=p_ok, other=0).to(tl.int64)
+    base = kv_head + blk * stride_blk + (pos % page).to(tl.int64) * stride_pos
+    mask = p_ok[:, None] & (d < HEAD_DIM)[None, :]
+    k = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0)
+    v = tl.load(base[:, None] + stride_kv + d[None, :], mask=mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [ROWS, BLOCK_N], base-2 logits
+    ok = p_ok[None, :]
+    if CAUSAL:
+        ok = ok & (pos[None, :] <= limit[:, None])
+    scores = tl.where(ok, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(scores - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit(do_not_specialize=["num_heads"])
+def merge_states(
+    oa_ptr, la_ptr, ob_ptr, lb_ptr, o_ptr, l_ptr,
+    stride_at, stride_ah, stride_bt, stride_bh, stride_ot, stride_oh, stride_lat, stride_lbt,
+    num_heads,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, H_PAD: tl.constexpr,
+):
+    """One row t: ``out[t] = (w_a out_a[t] + w_b out_b[t]) / (w_a + w_b)``, ``lse[t] = m + log(w_a + w_b)``, with
+    ``w = exp(lse - m)``, ``m = max(lse_a, lse_b)`` per head; both -inf gives 0 and -inf. ``l_ptr`` is a contiguous
+    ``[T, num_heads]`` float32; the lse inputs have unit stride over heads."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, H_PAD)
+    d = tl.arange(0, D_PAD)
+    h_ok = h < num_heads
+    mask = h_ok[:, None] & (d < HEAD_DIM)[None, :]
+    la = tl.load(la_ptr + t * stride_lat + h, mask=h_ok, other=float("-inf")).to(tl.float32)
+    lb = tl.load(lb_ptr + t * stride_lbt + h, mask=h_ok, other=float("-inf")).to(tl.float32)
+    mx = tl.maximum(la, lb)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    wa = tl.exp2((la - mx) * LOG2E)
+    wb = tl.exp2((lb - mx) * LOG2E)
+    total = wa + wb
+    oa = tl.load(oa_ptr + t * stride_at + h[:, None] * stride_ah + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    ob = tl.load(ob_ptr + t * stride_bt + h[:, None] * stride_bh + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    safe = tl.where(total > 0.0, total, 1.0)
+    # a state of weight 0 contributes nothing, even a NaN output row
+    out = (tl.where(wa[:, None] > 0.0, oa * wa[:, None], 0.0) + tl.where(wb[:, None] > 0.0, ob * wb[:, None], 0.0)
+           ) / safe[:, None]
+    lse = tl.where(total > 0.0, mx + tl.log2(safe) * LN2, float("-inf"))
+    tl.store(o_ptr + t * stride_ot + h[:, None] * stride_oh + d[None, :], out.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(l_ptr + t * num_heads + h, lse, mask=h_ok)
