@@ -201,6 +201,8 @@ def test_capture_key_for_every_op():
              "reglu": ((gate, gate), {}),
              "paged_attention": ((torch.randn(2, 4, 8), cache, tables, lens), {}),
              "reshape_and_cache": ((kv, kv, cache, slots), {}),
+             "paged_attention_lse": ((torch.randn(2, 4, 8), cache, tables, lens), {}),
+             "merge_attention_states": ((q3 := torch.randn(2, 4, 8), torch.randn(2, 4), q3, torch.randn(2, 4)), {}),
              "sample": ((torch.randn(2, 10),), {"temperature": torch.ones(2), "seeds": torch.tensor([1, -1])}),
              "apply_penalties": ((torch.randn(2, 10), slots[None].expand(2, -1), slots[None].expand(2, -1)),
                                  {"repetition_penalty": torch.ones(2)}),

@@ -168,6 +168,7 @@ class EngineConfig:
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     async_scheduling: bool | None = None
+    cascade_attention: bool | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = True) -> None:
@@ -200,6 +201,9 @@ class EngineConfig:
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise bad_config("LLM async_scheduling", "True, False or None (None: on for CUDA devices)",
                              repr(self.async_scheduling))
+        if self.cascade_attention is not None and not isinstance(self.cascade_attention, bool):
+            raise bad_config("LLM cascade_attention", "True, False or None (None: on for CUDA devices when it pays)",
+                             repr(self.cascade_attention))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise bad_config("LLM seed", "an int", repr(self.seed))
         if self.device is not None:

@@ -57,6 +57,12 @@ class LLM:
             overlaps the GPU's (vLLM's ``async_scheduling``, SGLang's overlap scheduler). Stops are then seen
             one step late (the extra token is discarded); steps that sample a penalized sequence wait for the
             previous step first. None: on for CUDA devices, off on CPU. Tokens are the same either way.
+        cascade_attention: run decode steps whose sequences share prefix blocks (prefix caching) as cascade
+            attention: each group's shared prefix read once for all its members, merged with each member's own
+            blocks by log-sum-exp (Ye et al. 2024; FlashInfer's and vLLM's cascade attention). None: on for CUDA
+            devices with an unquantized KV pool, for steps where it saves >= 16,384 KV tokens and half of the
+            step's KV reads (those steps run eager instead of their CUDA graph); True: every decode step with a
+            shared prefix (any device); False: never. Exact attention either way (float rounding aside).
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its
@@ -68,11 +74,13 @@ class LLM:
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_memory_fraction: float = 0.9,
                  enable_prefix_caching: bool = True, prefix_cache: str = "radix", scheduling_policy: str = "fcfs",
                  enforce_eager: bool = False, seed: int = 0, quantization: str | None = None,
-                 kv_cache_dtype: str = "auto", async_scheduling: bool | None = None, **kwargs: Any) -> None:
+                 kv_cache_dtype: str = "auto", async_scheduling: bool | None = None,
+                 cascade_attention: bool | None = None, **kwargs: Any) -> None:
         ec = EngineConfig(str(model), dtype, device, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
                           num_kv_blocks, kv_cache_memory_fraction, enable_prefix_caching, prefix_cache,
                           scheduling_policy, enforce_eager, seed, quantization=quantization,
-                          kv_cache_dtype=kv_cache_dtype, async_scheduling=async_scheduling, **kwargs)
+                          kv_cache_dtype=kv_cache_dtype, async_scheduling=async_scheduling,
+                          cascade_attention=cascade_attention, **kwargs)
         self.engine = LLMEngine(ec, _load_tokenizer(ec.model))
 
     @property

@@ -31,7 +31,9 @@ class StepStats:
 @dataclass
 class EngineStats:
     """Totals since the engine started plus the last step; ``prefix_hit_rate`` is cached / looked-up prompt
-    tokens, ``kv_usage`` the fraction of KV blocks held by running sequences."""
+    tokens, ``kv_usage`` the fraction of KV blocks held by running sequences; ``cascade_steps`` the decode steps run
+    as cascade attention and ``cascade_saved_tokens`` the KV tokens (per layer) their shared level did not read
+    again."""
 
     steps: int = 0
     prompt_tokens: int = 0
@@ -41,6 +43,8 @@ class EngineStats:
     prefix_hit_rate: float = 0.0
     kv_usage: float = 0.0
     num_kv_blocks: int = 0
+    cascade_steps: int = 0
+    cascade_saved_tokens: int = 0
     time_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("schedule", "forward", "sample",
                                                                              "detokenize"), 0.0))
     last_step: StepStats = field(default_factory=StepStats)

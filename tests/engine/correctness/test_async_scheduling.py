@@ -90,8 +90,8 @@ def test_penalized_requests_are_read_before_they_are_sampled_again(checkpoints):
 
 
 def test_async_scheduling_option_is_validated(checkpoints):
-    from layerzero.engine import LLM
     from layerzero import ConfigurationError
+    from layerzero.engine import LLM
 
     with pytest.raises(ConfigurationError, match="async_scheduling"):
         LLM(checkpoints[FAMILY], device="cpu", async_scheduling="yes")

@@ -27,8 +27,8 @@ def _strict():
 def _llm(path, **kw):
     from layerzero.engine import LLM
 
-    return LLM(path, device="cuda", dtype=torch.bfloat16, max_model_len=128, num_kv_blocks=128, max_num_seqs=16,
-               **kw)
+    opts = dict(device="cuda", dtype=torch.bfloat16, max_model_len=128, num_kv_blocks=128, max_num_seqs=16)
+    return LLM(path, **{**opts, **kw})
 
 
 def _sp(**kw):
@@ -83,3 +83,30 @@ def test_async_scheduling_equals_sync(checkpoints, family):
     ref = _llm(checkpoints[family], async_scheduling=False).generate(ps, sps, use_tqdm=False)
     assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs] == \
         [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in ref]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_cascade_attention_equals_plain_decode(checkpoints, family, dtype):
+    """Cascade decode steps (the shared prefix read once per group, the Triton/FlashInfer lse kernels and the merge)
+    against plain decode steps (graphs): the same greedy tokens in fp32; in bf16 vLLM's rule (where the tokens
+    differ, each is in the other's top-5) and nothing compared past the first difference."""
+    from ..correctness.test_cascade_attention import _shared_prompts
+
+    ps = _shared_prompts()
+    runs = []
+    for cascade in (True, False):
+        llm = _llm(checkpoints[family], cascade_attention=cascade, dtype=dtype)
+        llm.generate([ps[0]], _sp(), use_tqdm=False)  # the prefix is cached: the batch below shares its blocks
+        runs.append((llm, llm.generate(ps, _sp(), use_tqdm=False)))
+    (on, on_outs), (off, off_outs) = runs
+    assert on.stats()["cascade_steps"] > 0 and off.stats()["cascade_steps"] == 0
+    for a, b in zip(on_outs, off_outs, strict=True):
+        ta, tb = a.outputs[0].token_ids, b.outputs[0].token_ids
+        if dtype == torch.float32:
+            assert ta == tb
+            continue
+        for i, (x, y) in enumerate(zip(ta, tb, strict=True)):
+            if x != y:
+                assert y in a.outputs[0].logprobs[i] and x in b.outputs[0].logprobs[i], (i, x, y)
+                break

@@ -8,9 +8,10 @@ from torch import nn
 
 import layerzero as lz
 
+from ..runner.cascade import CascadeBatch
 from ..runner.forward_batch import ForwardBatch
 
-__all__ = ["INT8_HEADROOM", "QUANTIZED_KV_DTYPES", "KVScales", "paged_attention"]
+__all__ = ["INT8_HEADROOM", "QUANTIZED_KV_DTYPES", "KVScales", "cascade_attention", "paged_attention"]
 
 QUANTIZED_KV_DTYPES = (torch.float8_e4m3fn, torch.int8)
 INT8_HEADROOM = 1.25
@@ -55,5 +56,19 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
         return lz.paged_attention(q, kv_cache, batch.block_tables, batch.seq_lens, cu_seqlens_q=batch.cu_seqlens_q,
                                   scale=scale, is_causal=True, k_scale=ks, v_scale=vs)
     lz.reshape_and_cache(k, v, kv_cache, batch.slot_mapping)
+    if batch.cascade is not None:
+        return cascade_attention(q, kv_cache, batch.cascade, scale)
     return lz.paged_attention(q, kv_cache, batch.block_tables, batch.seq_lens, cu_seqlens_q=batch.cu_seqlens_q,
                               scale=scale, is_causal=True)
+
+
+def cascade_attention(q: torch.Tensor, kv_cache: torch.Tensor, c: CascadeBatch, scale: float) -> torch.Tensor:
+    """Decode attention of q ``[B, Hq, D]`` as two levels (:mod:`..runner.cascade`): the grouped rows' queries over
+    their group's shared prefix (not causal, the prefix read once per group), every row's query over its own blocks,
+    merged by log-sum-exp (:func:`layerzero.merge_attention_states`). Returns ``[B, Hq, D]``."""
+    out, lse = lz.paged_attention(q, kv_cache, c.suffix_tables, c.suffix_lens, scale=scale, return_lse=True)
+    shared, shared_lse = lz.paged_attention(q.index_select(0, c.rows), kv_cache, c.prefix_tables, c.prefix_lens,
+                                            cu_seqlens_q=c.cu_prefix, scale=scale, is_causal=False, return_lse=True)
+    merged, _ = lz.merge_attention_states(shared, shared_lse, out.index_select(0, c.rows),
+                                          lse.index_select(0, c.rows))
+    return out.index_copy_(0, c.rows, merged)

@@ -91,8 +91,8 @@ class CUDAGraphRunner:
             self.graphs[bs] = graph
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        """A pure decode step that fits the largest bucket."""
-        return bool(self.graphs) and batch.is_decode and batch.num_seqs <= self.sizes[-1] \
+        """A pure decode step (not a cascade one) that fits the largest bucket."""
+        return bool(self.graphs) and batch.is_decode and batch.cascade is None and batch.num_seqs <= self.sizes[-1] \
             and batch.block_tables.shape[1] <= self.block_tables.shape[1]
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:

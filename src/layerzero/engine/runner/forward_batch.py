@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..staging import to_device
+from .cascade import CascadeBatch, CascadePolicy, plan_cascade
 
 __all__ = ["ForwardBatch", "ScheduledChunk", "build_forward_batch"]
 
@@ -42,6 +43,9 @@ class ForwardBatch:
     - ``logits_indices`` ``[S]`` int64: rows of the hidden states whose next token is sampled (each sampled
       sequence's last new token), in chunk order.
 
+    - ``cascade``: a decode step's cascade-attention metadata when its sequences share enough prefix blocks
+      (:mod:`.cascade`), else None.
+
     Every layer passes the same tensors to :func:`layerzero.paged_attention` (FlashInfer plans once per step).
     """
 
@@ -53,6 +57,7 @@ class ForwardBatch:
     cu_seqlens_q: torch.Tensor | None
     logits_indices: torch.Tensor
     num_seqs: int
+    cascade: CascadeBatch | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -61,24 +66,32 @@ class ForwardBatch:
 
 
 def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device,
-                        prev_tokens: torch.Tensor | None = None) -> ForwardBatch:
+                        prev_tokens: torch.Tensor | None = None,
+                        cascade: CascadePolicy | None = None) -> ForwardBatch:
     """The :class:`ForwardBatch` of ``chunks`` (in order), built on the host with numpy and copied to ``device``
     in one non-blocking transfer (:func:`layerzero.engine.staging.to_device`). A pure decode step (one token per
     chunk) takes a scalar path: no per-chunk numpy arrays, ~4x less host time at 256 sequences.
 
     ``prev_tokens`` ``[S_prev]`` int64 on ``device``: the previous step's sampled tokens, where chunks with a
-    ``pending_src`` find their last input id (one gather on the device, no host synchronization)."""
+    ``pending_src`` find their last input id (one gather on the device, no host synchronization).
+
+    ``cascade``: plan a pure decode step as cascade attention when :func:`~.cascade.plan_cascade` says it pays
+    (None: never)."""
     decode = all(c.length == 1 for c in chunks)
     arrays, rows = (_decode_arrays if decode else _mixed_arrays)(chunks, block_size)
     if rows and prev_tokens is None:
         raise RuntimeError("a chunk with a pending token needs the previous step's sampled tokens (prev_tokens)")
+    plan = plan_cascade(arrays[3], arrays[4], block_size, cascade) if decode and cascade is not None else None
     if rows:
         arrays.append(np.asarray(rows, dtype=np.int64).T.copy())  # [2, P]: (row of input_ids, row of prev_tokens)
+    if plan is not None:
+        arrays.extend(plan[0])
     t = to_device(arrays, device)
     ids, pos, slots, tables, seq_lens, cu, sample = t[:7]
     if rows:
         ids.index_copy_(0, t[7][0], prev_tokens.index_select(0, t[7][1]))
-    return ForwardBatch(ids, pos, slots, tables, seq_lens, None if decode else cu, sample, len(chunks))
+    casc = None if plan is None else CascadeBatch(*t[len(t) - 6:], saved_tokens=plan[1])
+    return ForwardBatch(ids, pos, slots, tables, seq_lens, None if decode else cu, sample, len(chunks), casc)
 
 
 def _mixed_arrays(chunks: Sequence[ScheduledChunk], block_size: int) -> tuple[list[np.ndarray], list[tuple[int, int]]]:

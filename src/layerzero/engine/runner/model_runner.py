@@ -15,6 +15,7 @@ from ..layers.quantized_linear import quantize_model
 from ..loader import load_model_weights
 from ..models.registry import build_model
 from ..sequence import Sequence
+from .cascade import CascadePolicy
 from .cuda_graph import CUDAGraphRunner
 from .forward_batch import ForwardBatch, ScheduledChunk, build_forward_batch
 
@@ -76,10 +77,31 @@ class ModelRunner:
                     raise
                 log.warning("%s (decode runs eager kernels): no graph-safe kernel for a decode step: %s",
                             "eager decode" if ec.enforce_eager else "CUDA graphs off", exc)
+        self.cascade = self._cascade_policy(ec)
+        self.cascade_steps = 0
+        self.cascade_saved_tokens = 0
+        """Cascade decode steps run and the KV tokens (per layer) their shared level did not read again."""
         if self.kv_dtype == torch.int8:  # after capture, so the capture's dummy batch calibrates nothing
             for m in self.model.modules():
                 if isinstance(m, KVScales):
                     m.calibrate = True
+
+    def _cascade_policy(self, ec: EngineConfig) -> CascadePolicy | None:
+        """``cascade_attention``: None -> the default policy on CUDA with an unquantized pool, else off; True -> every
+        decode step with a shared prefix; False -> off.
+
+        Raises:
+            ConfigurationError: ``cascade_attention=True`` with a quantized KV pool."""
+        quantized = self.kv_dtype != self.dtype
+        if ec.cascade_attention is True:
+            if quantized:
+                raise bad_config("LLM cascade_attention", "False or None with kv_cache_dtype "
+                                 f"{ec.kv_cache_dtype!r}", True, "Cascade attention reads an unquantized KV pool "
+                                 "(triton.paged_prefill_lse has no fp8/int8 path yet).")
+            return CascadePolicy(always=True)
+        if ec.cascade_attention is None and self.device.type == "cuda" and not quantized:
+            return CascadePolicy()
+        return None
 
     def _num_blocks(self, ec: EngineConfig, max_model_len: int, max_num_batched_tokens: int) -> int:
         if ec.num_kv_blocks is not None:
@@ -102,6 +124,9 @@ class ModelRunner:
         whose chunk reaches their last token (in chunk order). ``prev_tokens`` ``[S_prev]`` int64 on the device:
         the previous step's sampled tokens, for sequences whose last token is pending (async scheduling)."""
         batch = self.prepare(chunks, block_tables, prev_tokens)
+        if batch.cascade is not None:
+            self.cascade_steps += 1
+            self.cascade_saved_tokens += batch.cascade.saved_tokens
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         if batch.is_decode and self.decode_as_captured:
@@ -119,4 +144,4 @@ class ModelRunner:
             last = s.num_computed_tokens + n == s.num_tokens
             sched.append(ScheduledChunk(s.token_ids, s.num_computed_tokens, n, table, last,
                                         s.pending_index if last else -1))
-        return build_forward_batch(sched, self.block_size, self.device, prev_tokens)
+        return build_forward_batch(sched, self.block_size, self.device, prev_tokens, self.cascade)

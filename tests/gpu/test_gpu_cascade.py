@@ -1,0 +1,103 @@
+"""Cascade attention's kernels on a CUDA GPU (``pytest -m gpu``; skipped on CPU): every ``paged_attention_lse``
+kernel that can run here (``triton.paged_decode_lse``, ``triton.paged_prefill_lse``, ``flashinfer.paged_attention_lse``
+when installed: its base-2 lse converted) and ``triton.merge_attention_states``, locked one at a time, against the
+float64 oracle of ``tests/correctness/test_cascade_ops.py`` (its CPU helpers, inputs moved to CUDA); the cascade
+identity at a serving shape; the kernels LayerZero picks by default and under ``lz.capture_selection()``."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import layerzero as lz
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
+from test_cascade_ops import case, oracle  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+@contextlib.contextmanager
+def locked(op: str, kernel: str):
+    lz.lock(op, kernel)
+    try:
+        yield
+    finally:
+        lz.unlock(op)
+
+
+def _cuda(*ts):
+    return [None if t is None else t.cuda() for t in ts]
+
+
+@pytest.mark.parametrize("kernel, decode", [("triton.paged_decode_lse", True), ("triton.paged_prefill_lse", True),
+                                            ("triton.paged_prefill_lse", False),
+                                            ("flashinfer.paged_attention_lse", True),
+                                            ("flashinfer.paged_attention_lse", False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_lse_kernels_match_the_oracle(kernel, decode, dtype, causal, seed):
+    if kernel.startswith("flashinfer"):
+        pytest.importorskip("flashinfer")
+        if dtype == torch.float32:
+            pytest.skip("FlashInfer runs fp16/bf16 only")
+    q, cache, tables, lens, cu = case(seed, "NHD", decode=decode, head_dim=64 if kernel.startswith("flashinfer")
+                                      else None)  # FlashInfer: head dims 64/128/256
+    if decode and causal is False:
+        cu = torch.arange(q.shape[0] + 1, dtype=torch.int32) if kernel.endswith("prefill_lse") else None
+    qc, cc, tc, lc, cuc = _cuda(q.to(dtype), cache.to(dtype), tables, lens, cu)
+    with locked("paged_attention_lse", kernel):
+        out, lse = lz.paged_attention(qc, cc, tc, lc, cu_seqlens_q=cuc, is_causal=causal, return_lse=True)
+    tol = TOL[dtype]
+    ref_out, ref_lse = oracle(q.to(dtype).float(), cache.to(dtype).float(), tables, lens, cu, "NHD", causal)
+    torch.testing.assert_close(out.double().cpu(), ref_out, rtol=tol, atol=tol)
+    torch.testing.assert_close(lse.double().cpu(), ref_lse, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_serving_shape_cascade_identity(dtype):
+    """16 decode queries sharing a 2048-token prefix (Qwen3-0.6B heads: 16 q / 8 kv, D 128, pages of 16): shared
+    level (not causal, one group) + unique level (decode) merged == plain paged decode over the whole sequences,
+    with the kernels picked by default and as captured."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    page, hkv, hq, d, members = 16, 8, 16, 128, 16
+    cache = torch.randn(160 + members * 8, 2, page, hkv, d, device="cuda", dtype=dtype, generator=g)
+    prefix = torch.arange(128, dtype=torch.int32, device="cuda")  # 2048 tokens
+    own = 128 + torch.arange(members * 8, dtype=torch.int32, device="cuda").view(members, 8)
+    full = torch.cat([prefix.expand(members, -1), own], 1).contiguous()
+    lens = 2048 + torch.randint(1, 8 * page, (members,), dtype=torch.int32, device="cuda", generator=g)
+    q = torch.randn(members, hq, d, device="cuda", dtype=dtype, generator=g)
+    for captured in (False, True):
+        ctx = lz.capture_selection() if captured else torch.no_grad()
+        with ctx:
+            whole = lz.paged_attention(q, cache, full, lens)
+            shared, shared_lse = lz.paged_attention(q, cache, prefix[None], torch.tensor([2048], dtype=torch.int32,
+                                                    device="cuda"), cu_seqlens_q=torch.tensor(
+                                                        [0, members], dtype=torch.int32, device="cuda"),
+                                                    is_causal=False, return_lse=True)
+            mine, mine_lse = lz.paged_attention(q, cache, own, lens - 2048, return_lse=True)
+            merged, _ = lz.merge_attention_states(shared, shared_lse, mine, mine_lse)
+        torch.testing.assert_close(merged.float(), whole.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_merge_kernel_matches_reference():
+    from layerzero.backends.reference.paged import merge_attention_states as ref_merge
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    oa, ob = (torch.randn(300, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    la, lb = (torch.randn(300, 16, device="cuda", generator=g) * 5 for _ in range(2))
+    la[:3] = float("-inf")
+    lb[:2] = float("-inf")
+    with locked("merge_attention_states", "triton.merge_attention_states"):
+        out, lse = lz.merge_attention_states(oa, la, ob, lb)
+    ref, ref_lse = ref_merge(oa, la, ob, lb)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(lse, ref_lse)
+    assert lz.which("merge_attention_states", oa, la, ob, lb) == "triton.merge_attention_states"
