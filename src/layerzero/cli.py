@@ -226,13 +226,18 @@ def _cmd_bench_engine(ns: argparse.Namespace) -> int:
     if ns.workload == "prefix":
         from layerzero.engine.bench_prefix import run_prefix
 
-        r = run_prefix(scale=scale, model=ns.model, device=ns.device, repeats=ns.repeats)
+        r = run_prefix(scale=scale, model=ns.model, device=ns.device, repeats=ns.repeats, zero_hit=not ns.no_zero_hit)
         sp, zh = r["shared_prefix"], r["zero_hit"]
         print(f"shared prefix ({sp['requests']} requests): {sp['seconds_cache_on']:.2f} s with prefix caching, "
-              f"{sp['seconds_cache_off']:.2f} s without: {sp['speedup']:.2f}x (hit rate {100 * sp['hit_rate']:.0f}%)")
-        print(f"0% hits ({zh['requests']} requests): {zh['seconds_cache_on']:.2f} s on, {zh['seconds_cache_off']:.2f} s "
-              f"off: cost {100 * zh['cost']:+.1f}% (median of {len(zh['pair_costs'])} interleaved pairs: "
-              + ", ".join(f"{100 * c:+.1f}%" for c in zh["pair_costs"]) + ")")
+              f"{sp['seconds_cache_off']:.2f} s without: {sp['speedup']:.2f}x (hit rate {100 * sp['hit_rate']:.0f}%, "
+              f"{sp['cascade_steps']} cascade steps)")
+        if "seconds_cache_on_no_cascade" in sp:
+            print(f"  prefix caching without cascade attention: {sp['seconds_cache_on_no_cascade']:.2f} s: "
+                  f"{sp['speedup_no_cascade']:.2f}x")
+        if zh is not None:
+            print(f"0% hits ({zh['requests']} requests): {zh['seconds_cache_on']:.2f} s on, "
+                  f"{zh['seconds_cache_off']:.2f} s off: cost {100 * zh['cost']:+.1f}% (median of {len(zh['pair_costs'])} interleaved pairs: "
+                  + ", ".join(f"{100 * c:+.1f}%" for c in zh["pair_costs"]) + ")")
         if ns.out is not None:
             ns.out.mkdir(parents=True, exist_ok=True)
             (ns.out / "bench_prefix.json").write_text(json.dumps(r, indent=2) + "\n")
@@ -336,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--enforce-eager", action="store_true")
     be.add_argument("--workload", choices=("nano-vllm", "prefix"), default="nano-vllm",
                     help="prefix: shared-prefix speed-up and the cost of prefix caching at a 0%% hit rate")
+    be.add_argument("--no-zero-hit", action="store_true",
+                    help="prefix workload: skip the 0%%-hit measurement (only the shared-prefix runs)")
     be.add_argument("--repeats", type=int, default=1,
                     help="prefix workload: interleaved on/off pairs of the 0%%-hit run (the cost is their median)")
     be.add_argument("--out", type=Path, default=None, help="write bench_engine.json here")

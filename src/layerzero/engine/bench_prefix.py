@@ -44,11 +44,11 @@ def shared_prefix_workload(scale: str = "full") -> tuple[list[list[int]], int]:
 
 def _timed(path: Path, device: torch.device, dtype: torch.dtype, prompts: list[list[int]], max_tokens: list[int],
            caching: bool, max_model_len: int, budget: int | None = None,
-           num_kv_blocks: int | None = None) -> tuple[float, dict[str, Any]]:
+           num_kv_blocks: int | None = None, **engine_options: Any) -> tuple[float, dict[str, Any]]:
     from . import LLM, SamplingParams
 
     llm = LLM(path, device=str(device), dtype=dtype, enable_prefix_caching=caching, max_model_len=max_model_len,
-              max_num_batched_tokens=budget, num_kv_blocks=num_kv_blocks)
+              max_num_batched_tokens=budget, num_kv_blocks=num_kv_blocks, **engine_options)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in max_tokens]
     if device.type == "cuda":
@@ -68,8 +68,12 @@ def _timed(path: Path, device: torch.device, dtype: torch.dtype, prompts: list[l
 
 
 def run_prefix(*, scale: str = "full", model: str | None = None, device: str | None = None,
-               dtype: torch.dtype | None = None, repeats: int = 1) -> dict[str, Any]:
+               dtype: torch.dtype | None = None, repeats: int = 1, zero_hit: bool = True) -> dict[str, Any]:
     """Both measurements (see the module docstring); returns seconds, ratios and the engine's stats.
+
+    On CUDA the shared-prefix workload also runs with prefix caching but ``cascade_attention=False``
+    (``seconds_cache_on_no_cascade``, ``speedup_no_cascade``): what cascade attention adds to the cache hits.
+    ``zero_hit=False`` skips the 0%-hit measurement (``"zero_hit"`` is then None).
 
     ``repeats``: the 0%-hit pair runs this many times, interleaved (on, off, on, off, ...), every engine with the KV
     pool size of the first one (on CUDA the pool is otherwise sized from free memory, which the earlier engines
@@ -88,6 +92,22 @@ def run_prefix(*, scale: str = "full", model: str | None = None, device: str | N
     budget = PREFIX_SCALES[scale]["budget"]
     on, on_stats = _timed(path, dev, dt, prompts, [out] * len(prompts), True, mml, budget)
     off, off_stats = _timed(path, dev, dt, prompts, [out] * len(prompts), False, mml, budget)
+    shared = {"requests": len(prompts), "seconds_cache_on": on, "seconds_cache_off": off, "speedup": off / on,
+              "hit_rate": on_stats["prefix_hit_rate"], "cascade_steps": on_stats.get("cascade_steps", 0),
+              "cascade_saved_tokens": on_stats.get("cascade_saved_tokens", 0), **_engine_facts(on_stats, off_stats)}
+    if dev.type == "cuda":
+        plain, plain_stats = _timed(path, dev, dt, prompts, [out] * len(prompts), True, mml, budget,
+                                    cascade_attention=False)
+        shared.update(seconds_cache_on_no_cascade=plain, speedup_no_cascade=off / plain,
+                      steps_no_cascade=plain_stats["steps"])
+    result = {"scale": scale, "device": str(dev), "dtype": str(dt), "shared_prefix": shared, "zero_hit": None}
+    if zero_hit:
+        result["zero_hit"] = _zero_hit(path, dev, dt, scale, repeats)
+    return result
+
+
+def _zero_hit(path: Path, dev: torch.device, dt: torch.dtype, scale: str, repeats: int) -> dict[str, Any]:
+    """The 0%-hit cost: ``repeats`` interleaved on/off pairs of the nano-vllm workload (see :func:`run_prefix`)."""
     w = make_workload(scale)
     mml = max(len(p) for p in w.prompts) + max(w.max_tokens) + 16
     pairs: list[tuple[float, float]] = []
@@ -99,14 +119,9 @@ def run_prefix(*, scale: str = "full", model: str | None = None, device: str | N
         pairs.append((miss_on, miss_off))
     costs = sorted(a / b - 1.0 for a, b in pairs)
     miss_on, miss_off = sorted(pairs, key=lambda p: p[0] / p[1])[len(pairs) // 2]
-    return {"scale": scale, "device": str(dev), "dtype": str(dt),
-            "shared_prefix": {"requests": len(prompts), "seconds_cache_on": on, "seconds_cache_off": off,
-                              "speedup": off / on, "hit_rate": on_stats["prefix_hit_rate"],
-                              **_engine_facts(on_stats, off_stats)},
-            "zero_hit": {"requests": len(w.prompts), "seconds_cache_on": miss_on, "seconds_cache_off": miss_off,
-                         "cost": costs[len(costs) // 2], "pair_costs": costs, "pairs_seconds": pairs,
-                         "hit_rate": miss_stats["prefix_hit_rate"],
-                         **_engine_facts(miss_stats, miss_off_stats)}}
+    return {"requests": len(w.prompts), "seconds_cache_on": miss_on, "seconds_cache_off": miss_off,
+            "cost": costs[len(costs) // 2], "pair_costs": costs, "pairs_seconds": pairs,
+            "hit_rate": miss_stats["prefix_hit_rate"], **_engine_facts(miss_stats, miss_off_stats)}
 
 
 def _engine_facts(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
