@@ -23,7 +23,10 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+"""log2(e), a host float (the softmax scale is multiplied by it before the launch)."""
+LN2 = tl.constexpr(0.6931471805599453)
+LOG2E_C = tl.constexpr(1.4426950408889634)
+"""ln 2 and log2(e) inside ``@triton.jit`` code: globals read there must be ``tl.constexpr`` instances."""
 
 
 @triton.jit(do_not_specialize=["stride_bt", "page", "group", "tokens_per_tile", "num_heads"])
@@ -132,8 +135,8 @@ def merge_states(
     lb = tl.load(lb_ptr + t * stride_lbt + h, mask=h_ok, other=float("-inf")).to(tl.float32)
     mx = tl.maximum(la, lb)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
-    wa = tl.exp2((la - mx) * LOG2E)
-    wb = tl.exp2((lb - mx) * LOG2E)
+    wa = tl.exp2((la - mx) * LOG2E_C)
+    wb = tl.exp2((lb - mx) * LOG2E_C)
     total = wa + wb
     oa = tl.load(oa_ptr + t * stride_at + h[:, None] * stride_ah + d[None, :], mask=mask, other=0.0).to(tl.float32)
     ob = tl.load(ob_ptr + t * stride_bt + h[:, None] * stride_bh + d[None, :], mask=mask, other=0.0).to(tl.float32)

@@ -31,7 +31,7 @@ import triton.language as tl
 from ._cache_kernels import load_scale
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)  # used inside @triton.jit: a constexpr global
 
 
 @triton.jit
