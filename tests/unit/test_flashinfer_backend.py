@@ -188,7 +188,7 @@ def registry(monkeypatch, log):
     monkeypatch.setitem(sys.modules, "flashinfer", fake_module())
     RUNTIME.ensure_ready()
     reg = KernelRegistry()
-    for op in ("attention", "paged_attention"):
+    for op in ("attention", "paged_attention", "paged_attention_lse"):
         reg.add_op(RUNTIME.registry.ops.get(op))
         for spec in RUNTIME.registry.for_op(op):
             if spec.backend in ("reference", "torch_sdpa"):

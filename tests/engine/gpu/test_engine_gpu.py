@@ -85,12 +85,15 @@ def test_async_scheduling_equals_sync(checkpoints, family):
         [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in ref]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family, dtype", [("qwen3", torch.float32), ("qwen3", torch.bfloat16),
+                                           ("qwen3_moe", torch.float32)], ids=["qwen3-fp32", "qwen3-bf16", "moe-fp32"])
 def test_cascade_attention_equals_plain_decode(checkpoints, family, dtype):
-    """Cascade decode steps (the shared prefix read once per group, the Triton/FlashInfer lse kernels and the merge)
-    against plain decode steps (graphs): the same greedy tokens in fp32; in bf16 vLLM's rule (where the tokens
-    differ, each is in the other's top-5) and nothing compared past the first difference."""
+    """Cascade decode steps (the shared prefix read once per group, the Triton lse kernels and the merge) against
+    plain decode steps (graphs): the same greedy tokens in fp32; in bf16 vLLM's rule (where the tokens differ, each
+    is in the other's top-5) and nothing compared past the first difference. The MoE model runs fp32 only: in bf16
+    the merge's rounding (each level's output is bf16) flips a router's top-k on this random checkpoint within a few
+    tokens (seen on the H200: step 12, the two runs' top-5 disjoint afterwards), which tests the router, not the
+    attention."""
     from ..correctness.test_cascade_attention import _shared_prompts
 
     ps = _shared_prompts()
