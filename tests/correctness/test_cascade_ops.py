@@ -215,3 +215,22 @@ def test_triton_merge(dtype):
     assert torch.equal(out[0], torch.zeros_like(out[0])) and bool(torch.isneginf(lse[0]).all())
     close(out, ref.double(), dtype)
     torch.testing.assert_close(lse, ref_lse)
+
+
+def test_non_causal_rows_may_outnumber_keys_and_keys_may_be_absent():
+    """Without a causal mask a sequence may have more query tokens than keys, or no key at all (cascade attention's
+    groups of one with an empty prefix): those rows are 0 with lse -inf, and the others match the oracle; a causal
+    call with q_len > seq_len is still refused."""
+    g = torch.Generator().manual_seed(9)
+    cache = torch.randn(6, 2, 4, 2, 16, generator=g)
+    tables = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+    lens = torch.tensor([3, 0, 5], dtype=torch.int32)
+    cu = torch.tensor([0, 4, 6, 7], dtype=torch.int32)  # 4 queries over 3 keys, 2 over none, 1 over 5
+    q = torch.randn(7, 4, 16, generator=g)
+    out, lse = lz.paged_attention(q, cache, tables, lens, cu_seqlens_q=cu, is_causal=False, return_lse=True)
+    ref, ref_lse = oracle(q, cache, tables, lens, cu, causal=False)
+    close(out, ref, torch.float32)
+    assert torch.equal(out[4:6], torch.zeros(2, 4, 16)) and bool(torch.isneginf(lse[4:6]).all())
+    torch.testing.assert_close(lse[[0, 1, 2, 3, 6]].double(), ref_lse[[0, 1, 2, 3, 6]], rtol=2e-5, atol=2e-5)
+    with pytest.raises(InvalidInputError, match="q_len"):
+        lz.paged_attention(q, cache, tables, lens, cu_seqlens_q=cu, is_causal=True)

@@ -106,9 +106,9 @@ class CacheKey(NamedTuple):
 
 # ------------------------------------------------------------------------------------------ paged_attention
 def _check_paged_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, cu: torch.Tensor | None,
-                        num_tokens: int, num_blocks: int, block_size: int) -> None:
+                        num_tokens: int, num_blocks: int, block_size: int, is_causal: bool = True) -> None:
     """Index values: seq_lens in [0, max_blocks * block_size], cu_seqlens monotonic from 0 to num_tokens with
-    q_len <= seq_len, decode seq_lens >= 1, used block ids in [0, num_blocks). Syncs on a GPU."""
+    q_len <= seq_len (causal only), decode seq_lens >= 1, used block ids in [0, num_blocks). Syncs on a GPU."""
     batch, max_blocks = block_tables.shape
     if batch == 0:
         if cu is not None and int(cu[0]) != 0:
@@ -138,7 +138,7 @@ def _check_paged_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, cu: 
             i = int((qlen < 0).nonzero()[0, 0])
             raise fail(OP, "cu_seqlens_q", "non-decreasing (monotonic) offsets",
                        f"cu_seqlens_q[{i}]={int(c[i])} > cu_seqlens_q[{i + 1}]={int(c[i + 1])}")
-        if bool((qlen > lens).any()):
+        if is_causal and bool((qlen > lens).any()):
             i = int((qlen > lens).nonzero()[0, 0])
             raise fail(OP, f"q_len of sequence {i}", f"<= its seq_len {int(lens[i])} (seq_lens counts the new "
                        "tokens too)", int(qlen[i]))
@@ -152,11 +152,13 @@ def _check_paged_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, cu: 
                    "Only the first ceil(seq_len / block_size) entries of a row are read; fix the block allocator.")
 
 
-def _check_token_bounds(num_tokens: int, batch: int, max_blocks: int, num_blocks: int, block_size: int) -> None:
+def _check_token_bounds(num_tokens: int, batch: int, max_blocks: int, num_blocks: int, block_size: int,
+                        is_causal: bool = True) -> None:
     """Shape-only consequences of the contract (no index value is read, so they hold on CUDA too): every query
     token belongs to a sequence (``q_len <= seq_len <= max_blocks * block_size``), so ``num_tokens <= batch *
     max_blocks * block_size``, and a query token needs at least one KV token, so a cache of 0 blocks admits no
-    query token. ``num_tokens > 0`` with ``batch == 0`` is the first case."""
+    query token. ``num_tokens > 0`` with ``batch == 0`` is the first case. Without a causal mask a sequence may have
+    more query tokens than keys (none at all: its rows get 0 and lse -inf), so only the first case applies."""
     if not num_tokens:
         return
     if batch == 0:
@@ -213,14 +215,14 @@ def prepare(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
         if cu_seqlens_q.shape[0] != batch + 1:
             raise fail(OP, "cu_seqlens_q shape", f"[batch + 1] = [{batch + 1}] (rows of block_tables + 1)",
                        list(cu_seqlens_q.shape))
-    _check_token_bounds(num_tokens, batch, max_blocks, nb, bs)
     if is_causal is not True and is_causal is not False:
         raise fail(OP, "is_causal", "a bool", repr(is_causal))
+    _check_token_bounds(num_tokens, batch, max_blocks, nb, bs, is_causal)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
                               or not math.isfinite(scale) or scale <= 0):
         raise fail(OP, "scale", "None (1/sqrt(D)) or a finite float > 0", repr(scale))
     if check_values(seq_lens):
-        _check_paged_values(block_tables, seq_lens, cu_seqlens_q, num_tokens, nb, bs)
+        _check_paged_values(block_tables, seq_lens, cu_seqlens_q, num_tokens, nb, bs, is_causal)
     grad, det, capture, stride = flags(q, kv_cache, block_tables, seq_lens, cu_seqlens_q)
     key = PagedKey(OP, q.device, q.dtype, bucket(batch), bucket(num_tokens), bucket(max_blocks), hq, hkv, d, bs, lay,
                    decode, is_causal, scale is None, kv_cache.dtype if quant else None, stride, grad, det, capture,
@@ -276,8 +278,9 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
       ``t % P``. Only the first ``ceil(seq_lens[s] / P)`` entries of a row are read (the rest may be padding).
     - seq_lens ``[B]`` int32: KV length of each sequence in tokens, INCLUDING the new tokens; ``<= M * P``.
     - cu_seqlens_q: None for decode (one query token per sequence, ``T == B``), else ``[B + 1]`` int32 prefix
-      sums of the q_lens (``cu[0] == 0``, non-decreasing, ``cu[-1] == T``, ``q_len <= seq_len`` per sequence).
-      A sequence may be empty (q_len 0, seq_len 0).
+      sums of the q_lens (``cu[0] == 0``, non-decreasing, ``cu[-1] == T``, ``q_len <= seq_len`` per sequence when
+      causal). A sequence may be empty (q_len 0, seq_len 0); with ``is_causal=False`` it may have query tokens and no
+      keys (seq_len 0: those rows are 0, and their lse -inf).
 
     ``is_causal``: aligned BOTTOM-RIGHT to each sequence's KV: query i of a sequence with q_len new tokens and
     kv_len keys attends keys ``j <= kv_len - q_len + i`` (decode sees every key). ``scale``: default ``1/sqrt(D)``.

@@ -93,22 +93,27 @@ def _plan(tables, lens, block_size=4, **policy):
                         CascadePolicy(**policy))
 
 
-def test_planner_groups_rows_by_shared_leading_blocks():
-    # rows 0, 2, 3 share blocks [7, 8] (row 3 also 9, but row 0 does not); row 1 is alone; row 4 shares block 5
-    # with row 1 only if row 1 can give it up: row 1's only full block before its last token is 5
-    tables = [[7, 8, 9, 20], [5, 6, 0, 0], [7, 8, 30, 31], [7, 8, 9, 40], [5, 50, 0, 0]]
-    lens = [14, 6, 15, 16, 5]
-    arrays, saved = _plan(tables, lens, always=True)
+def _groups(arrays):
     rows, prefix_tables, prefix_lens, cu, suffix_tables, suffix_lens = arrays
-    groups = [sorted(rows[cu[g]:cu[g + 1]].tolist()) for g in range(len(cu) - 1)]
-    assert sorted(groups) == [[0, 2, 3], [1, 4]]
-    by_first = {int(prefix_tables[g, 0]): g for g in range(len(cu) - 1)}
-    g7, g5 = by_first[7], by_first[5]
-    assert prefix_lens[g7] == 8 and prefix_tables[g7, :2].tolist() == [7, 8]  # 2 shared blocks of 4 tokens
-    assert prefix_lens[g5] == 4 and prefix_tables[g5, 0] == 5
-    assert suffix_tables[0, :2].tolist() == [9, 20] and suffix_lens[0] == 14 - 8
-    assert suffix_tables[3, :2].tolist() == [9, 40] and suffix_lens[3] == 16 - 8
-    assert suffix_tables[1, 0] == 6 and suffix_lens[1] == 2 and suffix_tables[4, 0] == 50 and suffix_lens[4] == 1
+    assert sorted(rows.tolist()) == list(range(len(rows)))  # a permutation: every row exactly once
+    return {tuple(sorted(rows[cu[g]:cu[g + 1]].tolist())): (prefix_tables[g, :prefix_lens[g] // 4].tolist(),
+                                                            int(prefix_lens[g])) for g in range(len(cu) - 1)}
+
+
+def test_planner_groups_rows_by_shared_leading_blocks():
+    # rows 0, 2, 3 share blocks [7, 8] (row 3 also 9, but row 0 does not); rows 1 and 4 share block 5 (row 1's
+    # only full block before its last token); row 5 shares nothing: a group of one with an empty prefix
+    tables = [[7, 8, 9, 20], [5, 6, 0, 0], [7, 8, 30, 31], [7, 8, 9, 40], [5, 50, 0, 0], [60, 61, 0, 0]]
+    lens = [14, 6, 15, 16, 5, 7]
+    arrays, saved = _plan(tables, lens, always=True)
+    assert _groups(arrays) == {(0, 2, 3): ([7, 8], 8), (1, 4): ([5], 4), (5,): ([], 0)}
+    rows, _, _, _, suffix_tables, suffix_lens = arrays
+    at = {r: i for i, r in enumerate(rows.tolist())}  # suffix rows are in the cascade's order
+    assert suffix_tables[at[0], :2].tolist() == [9, 20] and suffix_lens[at[0]] == 14 - 8
+    assert suffix_tables[at[3], :2].tolist() == [9, 40] and suffix_lens[at[3]] == 16 - 8
+    assert suffix_tables[at[1], 0] == 6 and suffix_lens[at[1]] == 2
+    assert suffix_tables[at[4], 0] == 50 and suffix_lens[at[4]] == 1
+    assert suffix_tables[at[5], :2].tolist() == [60, 61] and suffix_lens[at[5]] == 7
     assert saved == 2 * 8 + 1 * 4  # (members - 1) x prefix tokens per group
 
 
@@ -124,3 +129,33 @@ def test_planner_keeps_the_last_tokens_block_and_respects_thresholds():
     assert _plan(big, [13, 13], min_saved_tokens=100) is None  # saves 12 tokens < 100
     assert _plan(big, [13, 13], min_saved_tokens=12, min_saved_fraction=0.5) is None  # 12 < 0.5 * 26
     assert _plan(big, [13, 13], min_saved_tokens=12, min_saved_fraction=0.4) is not None
+
+
+def test_graph_buffers_pad_a_step_to_its_bucket():
+    """The cascade graphs' static buffers (CUDA in the engine, checked here on CPU tensors): a 5-row step loaded into
+    an 8-row bucket gives the step's rows exactly what the unpadded step computes, and the padded rows are groups of
+    one that attend one token of block 0 (as padded plain-decode rows)."""
+    import layerzero as lz
+    from layerzero.engine.layers.attention import cascade_attention
+    from layerzero.engine.runner.cascade import CascadeBatch
+    from layerzero.engine.runner.cuda_graph import _CascadeBuffers
+
+    tables = np.array([[7, 8, 9, 20], [5, 6, 0, 0], [7, 8, 30, 31], [7, 8, 9, 40], [5, 50, 0, 0]], dtype=np.int32)
+    lens = np.array([14, 6, 15, 16, 5], dtype=np.int32)
+    arrays, saved = _plan(tables, lens, always=True)
+    step = CascadeBatch(*(torch.from_numpy(a) for a in arrays), saved_tokens=saved)
+    g = torch.Generator().manual_seed(0)
+    cache = lz.allocate_kv_cache(64, 4, 2, 16, torch.float32)
+    cache.copy_(torch.randn(cache.shape, generator=g))
+    q = torch.randn(8, 4, 16, generator=g)
+    want = cascade_attention(q[:5], cache, step, 0.25)
+    buffers = _CascadeBuffers(16, 6, torch.device("cpu"))
+    buffers.load(step, 5, 8, tables.shape[1], torch.arange(17))
+    padded = buffers.batch(8)
+    assert sorted(padded.rows.tolist()) == list(range(8)) and padded.cu_prefix[-1] == 8
+    assert padded.cu_prefix.tolist() == [0, 2, 5, 6, 7, 8, 8, 8, 8]  # the 2 groups, the 3 padded rows alone, empty
+    got = cascade_attention(q, cache, padded, 0.25)
+    torch.testing.assert_close(got[:5], want, rtol=1e-6, atol=1e-6)
+    plain = lz.paged_attention(q[5:], cache, torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, dtype=torch.int32),
+                               scale=0.25)
+    torch.testing.assert_close(got[5:], plain, rtol=1e-6, atol=1e-6)

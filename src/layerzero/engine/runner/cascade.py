@@ -8,8 +8,8 @@ bytes every step, which bounds the whole step. A cascade step splits each decode
 - the shared level: one paged-attention "sequence" per group of requests sharing their first k blocks, whose query
   tokens are the members' decode queries and whose KV is the k shared blocks, not causal (every member sees the
   whole prefix): ``lz.paged_attention(..., is_causal=False, return_lse=True)`` reads the prefix once per group;
-- the unique level: each request's own blocks after the shared ones (all of its blocks when it is in no group), one
-  decode query each: ``lz.paged_attention(..., return_lse=True)``;
+- the unique level: each request's own blocks after the shared ones (all of its blocks when it shares none: a group
+  of one with an empty prefix), one decode query each: ``lz.paged_attention(..., return_lse=True)``;
 
 then ``lz.merge_attention_states`` combines the two by their log-sum-exps, which is exactly attention over the
 union (the merge is FlashDecoding's split merge). One level of sharing per group: the group's prefix is the blocks
@@ -46,14 +46,20 @@ class CascadePolicy:
 
 @dataclass(frozen=True)
 class CascadeBatch:
-    """A cascade step's metadata on the device (G groups, R grouped rows, B rows in the step):
+    """A cascade step's metadata on the device (B rows in the step, G groups; every row is in one group, a row that
+    shares nothing is a group of one with an empty prefix):
 
-    - ``rows`` ``[R]`` int64: batch rows of the grouped sequences, group after group;
-    - ``prefix_tables`` ``[G, K]`` int32, ``prefix_lens`` ``[G]`` int32 (tokens, a multiple of the block size),
-      ``cu_prefix`` ``[G + 1]`` int32 (prefix sums of the group sizes): the shared level's paged arguments;
-    - ``suffix_tables`` ``[B, M]`` int32, ``suffix_lens`` ``[B]`` int32: every row's blocks after its group's prefix
-      (all of them for an ungrouped row) and their token count, the unique level's decode arguments;
-    - ``saved_tokens``: KV tokens per layer the shared level does not read again (for the metrics)."""
+    - ``rows`` ``[B]`` int64: a permutation of the batch rows, group after group (the cascade's row order);
+    - ``prefix_tables`` ``[G, K]`` int32, ``prefix_lens`` ``[G]`` int32 (tokens, a multiple of the block size; 0 for
+      a group of one), ``cu_prefix`` ``[G + 1]`` int32 (prefix sums of the group sizes): the shared level's
+      arguments (``is_causal=False``: an empty prefix gives its row 0 and lse -inf, which the merge ignores);
+    - ``suffix_tables`` ``[B, M]`` int32, ``suffix_lens`` ``[B]`` int32, in the cascade's row order: each row's
+      blocks after its group's prefix and their token count, the unique level's decode arguments;
+    - ``saved_tokens``: KV tokens per layer the shared level does not read again (for the metrics).
+
+    The attention layer gathers q into the cascade's order once, runs both levels and the merge there, and scatters
+    the result back (:func:`layerzero.engine.layers.attention.cascade_attention`). All shapes but G and K are the
+    step's, so a decode CUDA graph can hold a cascade step padded to its bucket (:mod:`.cuda_graph`)."""
 
     rows: torch.Tensor
     prefix_tables: torch.Tensor
@@ -72,8 +78,8 @@ def plan_cascade(tables: np.ndarray, seq_lens: np.ndarray, block_size: int,
 
     ``tables`` ``[B, M]`` int32 block tables, ``seq_lens`` ``[B]`` int32 KV lengths including the new token. Rows are
     grouped by equal leading block ids (sorted by their first block); a group's prefix is the blocks every member
-    shares, capped so each member keeps its last token's block for the unique level, and at least as many tokens as
-    members (the shared level's ``q_len <= seq_len``). Groups of one are not groups."""
+    shares, capped so each member keeps its last token's block for the unique level. Rows in no group of two or
+    more are groups of one with an empty prefix."""
     b = tables.shape[0]
     if b < 2:
         return None
@@ -82,37 +88,32 @@ def plan_cascade(tables: np.ndarray, seq_lens: np.ndarray, block_size: int,
     t = tables[order]
     same = np.cumprod(t[1:] == t[:-1], axis=1).sum(axis=1)  # leading equal ids of adjacent rows
     pair = np.minimum(same, np.minimum(usable[order][1:], usable[order][:-1]))
-    groups: list[tuple[int, int, int]] = []  # (first, end) in sorted order, shared blocks
+    groups: list[tuple[int, int, int]] = []  # (first, end) in sorted order, shared blocks (0: a group of one)
     i = 0
-    while i < b - 1:
-        if pair[i] <= 0:
-            i += 1
-            continue
-        j, k = i, int(pair[i])
+    while i < b:
+        j, k = i, int(pair[i]) if i < b - 1 else 0
         while j < b - 1 and pair[j] > 0:
             k = min(k, int(pair[j]))
             j += 1
-        if k * block_size >= j + 1 - i:
-            groups.append((i, j + 1, k))
+        groups.append((i, j + 1, k))
         i = j + 1
     saved = sum((end - first - 1) * k * block_size for first, end, k in groups)
-    if not groups or not policy.always and (saved < policy.min_saved_tokens
+    if saved == 0 or not policy.always and (saved < policy.min_saved_tokens
                                             or saved < policy.min_saved_fraction * float(seq_lens.sum())):
         return None
-    rows = np.concatenate([order[first:end] for first, end, _ in groups]).astype(np.int64)
-    kmax = max(k for _, _, k in groups)
+    rows = order.astype(np.int64)  # groups are runs of the sorted order
+    kmax = max(1, max(k for _, _, k in groups))
     prefix_tables = np.zeros((len(groups), kmax), dtype=np.int32)
     prefix_lens = np.empty(len(groups), dtype=np.int32)
     cu = np.zeros(len(groups) + 1, dtype=np.int32)
-    suffix_tables = tables.copy()
-    suffix_lens = seq_lens.astype(np.int32).copy()
+    suffix_tables = np.zeros_like(tables)
+    suffix_lens = seq_lens.astype(np.int32)[order]
     width = tables.shape[1]
     for g, (first, end, k) in enumerate(groups):
         members = order[first:end]
         prefix_tables[g, :k] = tables[members[0], :k]
         prefix_lens[g] = k * block_size
-        cu[g + 1] = cu[g] + end - first
-        suffix_tables[members, :width - k] = tables[members, k:]
-        suffix_tables[members, width - k:] = 0
-        suffix_lens[members] -= k * block_size
+        cu[g + 1] = end
+        suffix_tables[first:end, :width - k] = tables[members, k:]
+        suffix_lens[first:end] -= k * block_size
     return [rows, prefix_tables, prefix_lens, cu, suffix_tables, suffix_lens], saved

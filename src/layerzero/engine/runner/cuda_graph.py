@@ -18,6 +18,7 @@ from torch import nn
 
 import layerzero as lz
 
+from .cascade import CascadeBatch
 from .forward_batch import ForwardBatch
 
 __all__ = ["CUDAGraphRunner", "capture_sizes"]
@@ -34,10 +35,11 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 class CUDAGraphRunner:
     """Decode graphs of ``model`` over ``kv_caches`` for up to ``max_num_seqs`` sequences of up to
-    ``max_blocks`` blocks each."""
+    ``max_blocks`` blocks each; with ``cascade``, a second graph per bucket runs cascade-attention decode steps
+    (:mod:`.cascade`) over static cascade buffers padded to the bucket."""
 
     def __init__(self, model: nn.Module, kv_caches: list[torch.Tensor], max_num_seqs: int, max_blocks: int,
-                 device: torch.device) -> None:
+                 device: torch.device, cascade: bool = False) -> None:
         self.model, self.kv_caches, self.device = model, kv_caches, device
         self.sizes = capture_sizes(max_num_seqs)
         n = self.sizes[-1]
@@ -46,13 +48,17 @@ class CUDAGraphRunner:
         self.slot_mapping = torch.full((n,), -1, **i64)
         self.block_tables = torch.zeros(n, max_blocks, **i32)
         self.seq_lens = torch.ones(n, **i32)
-        self.rows = torch.arange(n, **i64)
+        self.rows = torch.arange(n + 1, **i64)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.cascade: _CascadeBuffers | None = _CascadeBuffers(n, max_blocks, device) if cascade else None
+        self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.cascade_outputs: dict[int, torch.Tensor] = {}
 
-    def _batch(self, bs: int) -> ForwardBatch:
+    def _batch(self, bs: int, cascade: bool = False) -> ForwardBatch:
         return ForwardBatch(self.input_ids[:bs], self.positions[:bs], self.slot_mapping[:bs], self.block_tables[:bs],
-                            self.seq_lens[:bs], None, self.rows[:bs], bs)
+                            self.seq_lens[:bs], None, self.rows[:bs], bs,
+                            self.cascade.batch(bs) if cascade else None)
 
     @torch.no_grad()
     def capture(self) -> None:
@@ -77,27 +83,30 @@ class CUDAGraphRunner:
     def _capture_all(self) -> None:
         pool = None
         for bs in reversed(self.sizes):
-            batch = self._batch(bs)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self.model(batch, self.kv_caches)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self.model(batch, self.kv_caches)
-            pool = graph.pool()
-            self.graphs[bs] = graph
+            for cascade in (False, True) if self.cascade is not None else (False,):
+                batch = self._batch(bs, cascade)
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        self.model(batch, self.kv_caches)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.model(batch, self.kv_caches)
+                pool = graph.pool()
+                (self.cascade_graphs if cascade else self.graphs)[bs] = graph
+                (self.cascade_outputs if cascade else self.outputs)[bs] = out
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        """A pure decode step (not a cascade one) that fits the largest bucket."""
-        return bool(self.graphs) and batch.is_decode and batch.cascade is None and batch.num_seqs <= self.sizes[-1] \
-            and batch.block_tables.shape[1] <= self.block_tables.shape[1]
+        """A pure decode step (a cascade one only with cascade graphs) that fits the largest bucket."""
+        return bool(self.graphs) and batch.is_decode and batch.num_seqs <= self.sizes[-1] \
+            and batch.block_tables.shape[1] <= self.block_tables.shape[1] \
+            and (batch.cascade is None or bool(self.cascade_graphs))
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Replay the smallest bucket that holds ``batch``; returns its logits ``[B, V]`` (every decode row is
-        sampled)."""
+        """Replay the smallest bucket that holds ``batch`` (its cascade graph for a cascade step); returns its logits
+        ``[B, V]`` (every decode row is sampled)."""
         n = batch.num_seqs
         bs = next(s for s in self.sizes if s >= n)
         w = batch.block_tables.shape[1]
@@ -109,5 +118,48 @@ class CUDAGraphRunner:
         self.block_tables[n:bs].zero_()
         self.seq_lens[:n].copy_(batch.seq_lens)
         self.seq_lens[n:bs].fill_(1)
+        if batch.cascade is not None:
+            self.cascade.load(batch.cascade, n, bs, w, self.rows)
+            self.cascade_graphs[bs].replay()
+            return self.cascade_outputs[bs][:n]
         self.graphs[bs].replay()
         return self.outputs[bs][:n]
+
+
+class _CascadeBuffers:
+    """Static cascade metadata of the cascade graphs (:class:`~.cascade.CascadeBatch` padded to a bucket of ``bs``
+    rows): every padded row ``i >= n`` is its own group with an empty prefix and attends one token of block 0 (as a
+    padded plain-decode row); the groups past the real ones and the padded rows' are empty (``cu_prefix`` stays at
+    ``bs``). Initially every row is a group of one: a valid step for the capture."""
+
+    def __init__(self, n: int, max_blocks: int, device: torch.device) -> None:
+        i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
+        self.rows = torch.arange(n, **i64)
+        self.prefix_tables = torch.zeros(n, max_blocks, **i32)
+        self.prefix_lens = torch.zeros(n, **i32)
+        self.cu_prefix = torch.arange(n + 1, **i32)
+        self.suffix_tables = torch.zeros(n, max_blocks, **i32)
+        self.suffix_lens = torch.ones(n, **i32)
+
+    def batch(self, bs: int) -> CascadeBatch:
+        """The bucket's view of the buffers."""
+        return CascadeBatch(self.rows[:bs], self.prefix_tables[:bs], self.prefix_lens[:bs], self.cu_prefix[:bs + 1],
+                            self.suffix_tables[:bs], self.suffix_lens[:bs], 0)
+
+    def load(self, c: CascadeBatch, n: int, bs: int, width: int, arange: torch.Tensor) -> None:
+        """Copy a step's cascade metadata (``n`` rows, block-table width ``width``) into the bucket of ``bs`` rows;
+        ``arange`` is a device ``arange`` of at least ``bs + 1`` int64."""
+        g, k = c.prefix_tables.shape
+        pad = bs - n
+        self.rows[:n].copy_(c.rows)
+        self.rows[n:bs].copy_(arange[n:bs])
+        self.prefix_tables[:g, :k].copy_(c.prefix_tables)
+        self.prefix_lens[:g].copy_(c.prefix_lens)
+        self.prefix_lens[g:bs].zero_()
+        self.cu_prefix[:g + 1].copy_(c.cu_prefix)
+        self.cu_prefix[g + 1:g + 1 + pad].copy_(arange[n + 1:bs + 1])  # a group of one per padded row
+        self.cu_prefix[g + 1 + pad:bs + 1].fill_(bs)
+        self.suffix_tables[:n, :width].copy_(c.suffix_tables)
+        self.suffix_tables[n:bs].zero_()
+        self.suffix_lens[:n].copy_(c.suffix_lens)
+        self.suffix_lens[n:bs].fill_(1)

@@ -57,6 +57,10 @@ class ModelRunner:
         log.info("KV cache: %d blocks of %d tokens, %s (%.1f MiB)", self.num_blocks, ec.block_size,
                  str(self.kv_dtype).removeprefix("torch."),
                  self.num_blocks * kv_bytes_per_block(cfg, ec.block_size, self.kv_dtype) / 2**20)
+        self.cascade = self._cascade_policy(ec)
+        self.cascade_steps = 0
+        self.cascade_saved_tokens = 0
+        """Cascade decode steps run and the KV tokens (per layer) their shared level did not read again."""
         self.graphs: CUDAGraphRunner | None = None
         self.decode_as_captured = False
         """Eager decode steps select under ``lz.capture_selection()`` (the kernels the decode graphs run), so graphs
@@ -64,7 +68,7 @@ class ModelRunner:
         kernel can run a decode step here (e.g. a quantized KV pool): decode then runs eager kernels."""
         if device.type == "cuda":
             graphs = CUDAGraphRunner(self.model, self.kv_caches, ec.max_num_seqs, -(-max_model_len // ec.block_size),
-                                     device)
+                                     device, cascade=self.cascade is not None)
             try:
                 if ec.enforce_eager:
                     graphs.warm_as_captured()
@@ -77,10 +81,6 @@ class ModelRunner:
                     raise
                 log.warning("%s (decode runs eager kernels): no graph-safe kernel for a decode step: %s",
                             "eager decode" if ec.enforce_eager else "CUDA graphs off", exc)
-        self.cascade = self._cascade_policy(ec)
-        self.cascade_steps = 0
-        self.cascade_saved_tokens = 0
-        """Cascade decode steps run and the KV tokens (per layer) their shared level did not read again."""
         if self.kv_dtype == torch.int8:  # after capture, so the capture's dummy batch calibrates nothing
             for m in self.model.modules():
                 if isinstance(m, KVScales):
