@@ -176,12 +176,13 @@ def test_bad_inputs_raise_typed_errors():
 @interpreted
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("causal", [True, False])
-def test_triton_paged_prefill_lse(seed, causal):
+@pytest.mark.parametrize("splits", [1, 3])
+def test_triton_paged_prefill_lse(seed, causal, splits):
     from layerzero.backends.triton.cascade import paged_prefill_lse
 
     layout = "NHD" if seed % 2 else "HND"
     q, cache, tables, lens, cu = case(seed, layout)
-    out, lse = paged_prefill_lse(q, cache, tables, lens, cu, None, causal, layout)
+    out, lse = paged_prefill_lse(q, cache, tables, lens, cu, None, causal, layout, num_splits=splits, block_n=16)
     ref_out, ref_lse = oracle(q, cache, tables, lens, cu, layout, causal)
     close(out, ref_out, torch.float32)
     close(lse, ref_lse, torch.float32)

@@ -1,7 +1,7 @@
 """The ``@triton.jit`` code of ``triton.paged_prefill_lse`` and ``triton.merge_attention_states`` (private; imported
 by :mod:`.cascade` on a kernel's first call, after ``import triton`` succeeded).
 
-``paged_prefill``, grid ``(B, Hkv, ceil(T / tokens_per_tile))``: program (b, h, m) holds the query rows of
+``paged_prefill``, grid ``(B, Hkv, ceil(T / tokens_per_tile) * S)``: program (b, h, m) holds the query rows of
 ``tokens_per_tile`` consecutive new tokens of sequence b times the ``group = Hq / Hkv`` query heads of KV head h as
 one ``[ROWS, D_PAD]`` tile (row r: token ``m * tokens_per_tile + r // group``, head ``h * group + r % group``), so
 the KV of a sequence is read once per tile for every query head sharing it. It runs FlashAttention's online softmax
@@ -9,7 +9,9 @@ the KV of a sequence is read once per tile for every query head sharing it. It r
 size, with the bottom-right causal mask when ``CAUSAL`` (row token i of q_len sees keys ``j <= kv_len - q_len + i``)
 or none (cascade attention's shared level: every member's query sees the whole shared prefix). It stores the
 normalized output in the output's dtype and the natural-log lse (``-inf`` and 0 for a row that saw no key). Tiles past
-a sequence's q_len load nothing and store nothing.
+a sequence's q_len load nothing and store nothing. Split-K (``SPLIT``, FlashDecoding's scheme for few long
+sequences): S programs per tile each take a range of KV positions and write a float32 partial and its base-2 lse;
+``_paged_kernels.paged_decode_merge`` (one program per (token, head)) merges them.
 
 ``merge_states``, grid ``(T,)``: one program per row merges two attention states of all heads (``[H_PAD, D_PAD]``)
 with weights ``exp(lse - max)`` (FlashInfer's ``merge_state``).
@@ -29,19 +31,25 @@ LOG2E_C = tl.constexpr(1.4426950408889634)
 """ln 2 and log2(e) inside ``@triton.jit`` code: globals read there must be ``tl.constexpr`` instances."""
 
 
-@triton.jit(do_not_specialize=["stride_bt", "page", "group", "tokens_per_tile", "num_heads"])
+@triton.jit(do_not_specialize=["stride_bt", "page", "group", "tokens_per_tile", "num_heads", "split_len",
+                               "num_splits"])
 def paged_prefill(
     q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e)
     stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
-    page, group, tokens_per_tile, num_heads,
+    page, group, tokens_per_tile, num_heads, split_len, num_splits,
     ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, UPCAST: tl.constexpr,
+    INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """See the module docstring. Strides in elements; ``lse_ptr`` is a contiguous ``[T, num_heads]`` float32."""
+    """See the module docstring. Strides in elements. Without ``SPLIT``: ``o_ptr`` is the output (its dtype,
+    strides ``stride_ot`` / ``stride_oh``), ``lse_ptr`` a contiguous ``[T, num_heads]`` float32 (natural log). With
+    ``SPLIT`` (split-K, grid dim 2 = token tiles x ``num_splits``): program split s covers KV positions
+    ``[s * split_len, (s + 1) * split_len)``; ``o_ptr`` is the float32 workspace ``[T, Hq, S, D]`` and ``lse_ptr`` the
+    ``[T, Hq, S]`` base-2 lse of each split (-inf when empty), merged by ``_paged_kernels.paged_decode_merge``."""
     b = tl.program_id(0)
     h = tl.program_id(1)
-    m = tl.program_id(2)
+    m = tl.program_id(2) // num_splits
+    s = tl.program_id(2) % num_splits
     q0 = tl.load(cu_ptr + b)
     q_len = tl.load(cu_ptr + b + 1) - q0
     kv_len = tl.load(lens_ptr + b)
@@ -61,6 +69,8 @@ def paged_prefill(
     if CAUSAL:
         stop = tl.minimum(kv_len, kv_len - q_len + tl.minimum(first + tokens_per_tile, q_len))
     stop = tl.where(first < q_len, stop, 0)
+    start = s * split_len
+    stop = tl.minimum(stop, start + split_len)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D_PAD], tl.float32)
@@ -68,21 +78,26 @@ def paged_prefill(
     bt_row = bt_ptr + b * stride_bt
     if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
         for i in range(0, MAX_TILES):
-            t0 = i * BLOCK_N
+            t0 = start + i * BLOCK_N
             if t0 < stop:
                 m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
                                       stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
     else:
-        for t0 in range(0, stop, BLOCK_N):
+        for t0 in range(start, stop, BLOCK_N):
             m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
                                   stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
     rows = (q0 + tok).to(tl.int64)
-    tl.store(o_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(lse_ptr + rows * num_heads + heads, lse, mask=row_ok)
+    if SPLIT:
+        w = (rows * num_heads + heads) * num_splits + s  # workspace row of (token, head, split)
+        tl.store(o_ptr + w[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(lse_ptr + w, lse2, mask=row_ok)
+    else:
+        tl.store(o_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(lse_ptr + rows * num_heads + heads, lse2 * LN2, mask=row_ok)
 
 
 @triton.jit

@@ -33,10 +33,17 @@ PREFILL_PRIORITY = 30
 """Below ``triton.paged_decode_lse`` (40, split-K for decode) and FlashInfer (50); above the reference."""
 ROWS = 64
 """Query rows (tokens x GQA group) per program."""
+SPLIT_TOKENS = 512
+"""Split-K: a split covers about this many KV positions (at most ``MAX_SPLITS``), when the call has at most
+``SPLIT_MAX_TOKENS`` query tokens (cascade attention's shared level: a few long prefixes, each read by one tile of
+rows, would otherwise run one program per (group, KV head): 128 programs read 128 MB at ~1.3 TB/s on the H200)."""
+MAX_SPLITS = 16
+SPLIT_MAX_TOKENS = 1024
 MAX_GROUP = 16
 HEAD_DIM_MAX = 256
 
 _KERNELS = LazyModule("_cascade_kernels")
+_PAGED = LazyModule("_paged_kernels")  # paged_decode_merge merges the splits
 
 
 def block_n_for(head_dim: int) -> int:
@@ -45,12 +52,13 @@ def block_n_for(head_dim: int) -> int:
     return 64 if next_pow2(head_dim) <= 128 else 32
 
 
-def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
+def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, *,
+                      num_splits: int | None = None, block_n: int | None = None):
     """``lz.paged_attention(..., return_lse=True)`` canonical-args entry (see
     :func:`layerzero.ops.paged.prepare`): q ``[T, Hq, D]``, cu_seqlens_q ``[B + 1]`` int32 (None: one token per
     sequence, built on the device), causal aligned bottom-right or none. Returns ``(out [T, Hq, D] in q's dtype,
-    lse [T, Hq] float32)``, natural log, -inf and 0 for a row with no key. Raises ``InvalidInputError`` (from
-    :func:`check`'s limits) only when locked against them."""
+    lse [T, Hq] float32)``, natural log, -inf and 0 for a row with no key. ``num_splits`` / ``block_n`` force the
+    split-K count (:func:`split_for`) and the KV positions per step (tests)."""
     kern = _KERNELS.get()
     t, hq, d = q.shape
     _, page, hkv, _ = cache_dims(kv_cache, kv_layout)
@@ -65,18 +73,48 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
     if q.stride(-1) != 1:
         q = q.contiguous()
     tokens = max(1, ROWS // group)
-    bn = block_n_for(d)
+    bn = block_n_for(d) if block_n is None else int(block_n)
+    split_len, splits = split_for(t, width * page, bn, num_splits)
     interpret = type(kern.paged_prefill).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1 (CPU tests)
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    launch(kern.paged_prefill, (batch, hkv, -(-t // tokens)),
-           q, kv_cache, block_tables, seq_lens, cu_seqlens_q, out, lse, scale * kern.LOG2E,
+    d_pad = max(16, next_pow2(d))
+    if splits > 1:  # float32 partials [T, Hq, S, D] and base-2 lse [T, Hq, S] in one allocation
+        ws = torch.empty(t * hq * splits * (d + 1), dtype=torch.float32, device=q.device)
+        dst, dst_lse = ws[: t * hq * splits * d], ws[t * hq * splits * d:]
+    else:
+        dst, dst_lse = out, lse
+    launch(kern.paged_prefill, (batch, hkv, -(-t // tokens) * splits),
+           q, kv_cache, block_tables, seq_lens, cu_seqlens_q, dst, dst_lse, scale * kern.LOG2E,
            q.stride(0), q.stride(1), st[0], st[1], st[2], st[3], block_tables.stride(0), out.stride(0),
-           out.stride(1), page, group, tokens, hq,
-           ROWS=max(16, next_pow2(tokens * group)), HEAD_DIM=d, D_PAD=max(16, next_pow2(d)), BLOCK_N=bn,
-           CAUSAL=bool(is_causal), INTERPRET=interpret, MAX_TILES=-(-width * page // bn) if interpret else 0,
-           UPCAST=interpret and q.dtype == torch.bfloat16, num_warps=4)
+           out.stride(1), page, group, tokens, hq, split_len, splits,
+           ROWS=max(16, next_pow2(tokens * group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
+           CAUSAL=bool(is_causal), INTERPRET=interpret, MAX_TILES=split_len // bn if interpret else 0,
+           UPCAST=interpret and q.dtype == torch.bfloat16, SPLIT=splits > 1, num_warps=4)
+    if splits > 1:
+        launch(_PAGED.get().paged_decode_merge, (t, hq), dst, dst_lse, out, lse, out.stride(0), out.stride(1),
+               hq * splits * d, splits * d, d, hq, splits, HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits),
+               WRITE_LSE=True, num_warps=4)
     return out, lse
+
+
+def split_for(num_tokens: int, max_kv_len: int, block_n: int, num_splits: int | None = None) -> tuple[int, int]:
+    """Split-K sizing from shapes only: ``(split_len, num_splits)``, ``split_len`` in tokens (a multiple of
+    ``block_n``), ``num_splits * split_len >= max_kv_len``. One split above :data:`SPLIT_MAX_TOKENS` query tokens
+    (prefill: the token tiles fill the GPU, and the workspace would grow with T); else one per
+    :data:`SPLIT_TOKENS` positions, at most :data:`MAX_SPLITS`. ``num_splits`` forces a count (tests).
+
+    >>> split_for(256, 2400, 64)    # the engine's shared level: 5 splits of 512 positions
+    (512, 5)
+    >>> split_for(4096, 2400, 64)   # a prefill: no split
+    (2432, 1)
+    """
+    tiles = max(1, -(-max_kv_len // block_n))
+    if num_splits is None:
+        num_splits = 1 if num_tokens > SPLIT_MAX_TOKENS else -(-max_kv_len // SPLIT_TOKENS)
+    splits = max(1, min(int(num_splits), MAX_SPLITS, tiles))
+    split_len = -(-tiles // splits) * block_n
+    return split_len, -(-tiles * block_n // split_len)
 
 
 def merge_attention_states(out_a, lse_a, out_b, lse_b):
