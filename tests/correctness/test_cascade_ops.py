@@ -235,3 +235,18 @@ def test_non_causal_rows_may_outnumber_keys_and_keys_may_be_absent():
     torch.testing.assert_close(lse[[0, 1, 2, 3, 6]].double(), ref_lse[[0, 1, 2, 3, 6]], rtol=2e-5, atol=2e-5)
     with pytest.raises(InvalidInputError, match="q_len"):
         lz.paged_attention(q, cache, tables, lens, cu_seqlens_q=cu, is_causal=True)
+
+
+def test_one_query_token_with_cu_seqlens_is_not_a_decode_call():
+    """A call with cu_seqlens_q is never phase DECODE, even with one token (cascade's shared level at batch 1 in a
+    CUDA graph): decode-only kernels, which ignore cu_seqlens_q, must not be picked for it."""
+    from layerzero.core.specs import Phase
+    from layerzero.ops import OPS
+
+    q, cache, tables, lens, _ = case(1, decode=True)
+    for op in ("paged_attention", "paged_attention_lse"):
+        prepare, context = OPS[op]
+        key, _ = prepare(q[:1], cache, tables[:1], lens[:1], cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32))
+        assert context(key).phase is Phase.PREFILL
+        key, _ = prepare(q[:1], cache, tables[:1], lens[:1])
+        assert context(key).phase is Phase.DECODE

@@ -233,13 +233,15 @@ def prepare(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
 
 def context(key: PagedKey) -> SelectionContext:
     """The :class:`SelectionContext` of a paged_attention key: ``seq_len_q`` is 1 for decode (phase DECODE),
-    else the num_tokens bucket (an upper bound of every q_len); ``seq_len_kv`` is ``bucket(max_blocks) *
+    else the num_tokens bucket (an upper bound of every q_len), at least 2: a call with ``cu_seqlens_q`` is never
+    phase DECODE, even with one query token (decode-only kernels ignore cu_seqlens_q; cascade attention's shared
+    level at batch 1 is such a call); ``seq_len_kv`` is ``bucket(max_blocks) *
     block_size`` (an upper bound of every seq_len); ``kv_layout``, ``page_size`` (= block_size) and
     ``stride_last_1`` exact."""
     return SelectionContext(
         op=OP, device=device_spec(key.device), dtype=key.dtype, batch=key.batch, num_heads_q=key.num_heads_q,
         num_heads_kv=key.num_heads_kv, head_dim=key.head_dim, head_dim_v=key.head_dim,
-        seq_len_q=1 if key.decode else key.num_tokens, seq_len_kv=key.max_blocks * key.page_size, seq_equal=False,
+        seq_len_q=1 if key.decode else max(2, key.num_tokens), seq_len_kv=key.max_blocks * key.page_size, seq_equal=False,
         is_causal=key.is_causal, scale_default=key.scale_default, stride_last_1=key.stride_last_1,
         requires_grad=key.requires_grad, deterministic=key.deterministic, graph_capture=key.capture,
         kv_layout=key.kv_layout.value, page_size=key.page_size, kv_dtype=key.kv_dtype)
