@@ -1,7 +1,7 @@
 """The ``@triton.jit`` code of ``triton.paged_prefill_lse`` and ``triton.merge_attention_states`` (private; imported
 by :mod:`.cascade` on a kernel's first call, after ``import triton`` succeeded).
 
-``paged_prefill``, grid ``(B, Hkv, ceil(T / tokens_per_tile) * S)``: program (b, h, m) holds the query rows of
+``paged_prefill``, a persistent grid over work items (sequence b, KV head h, token tile m, split s): item (b, h, m) holds the query rows of
 ``tokens_per_tile`` consecutive new tokens of sequence b times the ``group = Hq / Hkv`` query heads of KV head h as
 one ``[ROWS, D_PAD]`` tile (row r: token ``m * tokens_per_tile + r // group``, head ``h * group + r % group``), so
 the KV of a sequence is read once per tile for every query head sharing it. It runs FlashAttention's online softmax
@@ -32,72 +32,105 @@ LOG2E_C = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit(do_not_specialize=["stride_bt", "page", "group", "tokens_per_tile", "num_heads", "split_len",
-                               "num_splits"])
+                               "num_splits", "num_kv_heads", "m_tiles", "total"])
 def paged_prefill(
     q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e)
     stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
-    page, group, tokens_per_tile, num_heads, split_len, num_splits,
+    page, group, tokens_per_tile, num_heads, split_len, num_splits, num_kv_heads, m_tiles, total,
     ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
+    INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, MAX_ITEMS: tl.constexpr, UPCAST: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
-    """See the module docstring. Strides in elements. Without ``SPLIT``: ``o_ptr`` is the output (its dtype,
-    strides ``stride_ot`` / ``stride_oh``), ``lse_ptr`` a contiguous ``[T, num_heads]`` float32 (natural log). With
-    ``SPLIT`` (split-K, grid dim 2 = token tiles x ``num_splits``): program split s covers KV positions
-    ``[s * split_len, (s + 1) * split_len)``; ``o_ptr`` is the float32 workspace ``[T, Hq, S, D]`` and ``lse_ptr`` the
-    ``[T, Hq, S]`` base-2 lse of each split (-inf when empty), merged by ``_paged_kernels.paged_decode_merge``."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    m = tl.program_id(2) // num_splits
-    s = tl.program_id(2) % num_splits
+    """See the module docstring. Persistent: program p takes work items ``p, p + P, ...`` of the ``total = B x Hkv x
+    m_tiles x num_splits`` items (sequence, KV head, token tile, split) and skips those with no query row or no key
+    in O(1) (cascade attention's shared level in a CUDA graph has B = the bucket's rows, most of them groups of one
+    with no prefix: launching a program for each such item cost ~0.8 ms per layer on the H200). The outputs start as
+    "no key" values (0 and lse -inf, set by the caller), so skipped items need no store.
+
+    Strides in elements. Without ``SPLIT``: ``o_ptr`` is the output (its dtype, strides ``stride_ot`` /
+    ``stride_oh``), ``lse_ptr`` a contiguous ``[T, num_heads]`` float32 (natural log). With ``SPLIT``: split s covers KV
+    positions ``[s * split_len, (s + 1) * split_len)``; ``o_ptr`` is the float32 workspace ``[T, Hq, S, D]`` and
+    ``lse_ptr`` the ``[T, Hq, S]`` base-2 lse of each split, merged by ``_paged_kernels.paged_decode_merge``."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count
+        for i in range(0, MAX_ITEMS):
+            w = pid + i * nprog
+            if w < total:
+                _item(w, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
+                      stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group,
+                      tokens_per_tile, num_heads, split_len, num_splits, num_kv_heads, m_tiles, ROWS, HEAD_DIM,
+                      D_PAD, BLOCK_N, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT)
+    else:
+        for w in range(pid, total, nprog):
+            _item(w, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
+                  stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group,
+                  tokens_per_tile, num_heads, split_len, num_splits, num_kv_heads, m_tiles, ROWS, HEAD_DIM, D_PAD,
+                  BLOCK_N, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT)
+
+
+@triton.jit
+def _item(w, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh, stride_blk,
+          stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group, tokens_per_tile,
+          num_heads, split_len, num_splits, num_kv_heads, m_tiles,
+          ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+          CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, UPCAST: tl.constexpr,
+          SPLIT: tl.constexpr):
+    """Work item ``w`` = ((b * Hkv + h) * m_tiles + m) * num_splits + s: the query rows of token tile m of sequence
+    b for the GQA group of KV head h, over split s of its keys; nothing when the tile has no row or the split no key."""
+    s = w % num_splits
+    m = (w // num_splits) % m_tiles
+    h = (w // (num_splits * m_tiles)) % num_kv_heads
+    b = w // (num_splits * m_tiles * num_kv_heads)
     q0 = tl.load(cu_ptr + b)
     q_len = tl.load(cu_ptr + b + 1) - q0
     kv_len = tl.load(lens_ptr + b)
-    r = tl.arange(0, ROWS)
-    d = tl.arange(0, D_PAD)
-    d_ok = d < HEAD_DIM
     first = m * tokens_per_tile
-    tok = first + r // group
-    row_ok = (r < tokens_per_tile * group) & (tok < q_len)
-    heads = h * group + r % group
-    q = tl.load(q_ptr + (q0 + tok).to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-    limit = kv_len - q_len + tok  # causal: the last key each row sees
     stop = kv_len
     if CAUSAL:
         stop = tl.minimum(kv_len, kv_len - q_len + tl.minimum(first + tokens_per_tile, q_len))
-    stop = tl.where(first < q_len, stop, 0)
     start = s * split_len
     stop = tl.minimum(stop, start + split_len)
-    m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, D_PAD], tl.float32)
-    kv_head = kv_ptr + h * stride_head
-    bt_row = bt_ptr + b * stride_bt
-    if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
-        for i in range(0, MAX_TILES):
-            t0 = start + i * BLOCK_N
-            if t0 < stop:
+    if (first < q_len) & (start < stop):
+        r = tl.arange(0, ROWS)
+        d = tl.arange(0, D_PAD)
+        d_ok = d < HEAD_DIM
+        tok = first + r // group
+        row_ok = (r < tokens_per_tile * group) & (tok < q_len)
+        heads = h * group + r % group
+        q = tl.load(q_ptr + (q0 + tok).to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+        limit = kv_len - q_len + tok  # causal: the last key each row sees
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, D_PAD], tl.float32)
+        kv_head = kv_ptr + h * stride_head
+        bt_row = bt_ptr + b * stride_bt
+        if INTERPRET:
+            for i in range(0, MAX_TILES):
+                t0 = start + i * BLOCK_N
+                if t0 < stop:
+                    m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
+                                          stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
+        else:
+            for t0 in range(start, stop, BLOCK_N):
                 m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
                                       stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
-    else:
-        for t0 in range(start, stop, BLOCK_N):
-            m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
-                                  stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
-    seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    rows = (q0 + tok).to(tl.int64)
-    if SPLIT:
-        w = (rows * num_heads + heads) * num_splits + s  # workspace row of (token, head, split)
-        tl.store(o_ptr + w[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
-        tl.store(lse_ptr + w, lse2, mask=row_ok)
-    else:
-        tl.store(o_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-        tl.store(lse_ptr + rows * num_heads + heads, lse2 * LN2, mask=row_ok)
+        seen = l_i > 0.0
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        rows = (q0 + tok).to(tl.int64)
+        if SPLIT:
+            ws = (rows * num_heads + heads) * num_splits + s  # workspace row of (token, head, split)
+            tl.store(o_ptr + ws[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+            tl.store(lse_ptr + ws, lse2, mask=row_ok)
+        else:
+            tl.store(o_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                     out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+            tl.store(lse_ptr + rows * num_heads + heads, lse2 * LN2, mask=row_ok)
 
 
 @triton.jit

@@ -8,8 +8,10 @@ reads the sequence's KV once per tile. Cascade attention's shared level (Ye et a
 sharing a prefix: the group's decode queries are that sequence's tokens, the prefix its KV, so the prefix is read
 once per group instead of once per request. The ``@triton.jit`` code is in ``_cascade_kernels.py``.
 
-Graph-safe: grids and arguments come from shapes (``T``, the number of query tokens, bounds every q_len; tiles past
-a sequence's q_len do nothing), no host read of ``seq_lens`` / ``cu_seqlens_q`` / ``block_tables``.
+Graph-safe: grids and arguments come from shapes (``T``, the number of query tokens, bounds every q_len), no host read
+of ``seq_lens`` / ``cu_seqlens_q`` / ``block_tables``. The kernel is persistent (at most 4 programs per SM walking the
+work items): items past a sequence's q_len or keys are skipped in O(1) and the outputs start as their "no key"
+values, because the engine's CUDA graphs call it with one sequence per batch row, most of them empty.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
 from ._launch import launch
+from .paged import sm_count
 
 PREFILL_KERNEL_ID = "triton.paged_prefill_lse"
 MERGE_KERNEL_ID = "triton.merge_attention_states"
@@ -39,6 +42,8 @@ SPLIT_TOKENS = 512
 rows, would otherwise run one program per (group, KV head): 128 programs read 128 MB at ~1.3 TB/s on the H200)."""
 MAX_SPLITS = 16
 SPLIT_MAX_TOKENS = 1024
+PROGRAMS_PER_SM = 4
+"""The persistent kernel's programs: this many per SM (or one per work item when there are fewer items)."""
 MAX_GROUP = 16
 HEAD_DIM_MAX = 256
 
@@ -64,8 +69,8 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
     _, page, hkv, _ = cache_dims(kv_cache, kv_layout)
     group = hq // hkv
     batch, width = block_tables.shape
-    out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
-    lse = torch.empty(t, hq, dtype=torch.float32, device=q.device)
+    out = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device)  # rows without keys stay 0 / -inf: the kernel
+    lse = torch.full((t, hq), float("-inf"), dtype=torch.float32, device=q.device)  # skips their work items
     if t == 0 or batch == 0:
         return out, lse
     if cu_seqlens_q is None:
@@ -79,18 +84,22 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     d_pad = max(16, next_pow2(d))
-    if splits > 1:  # float32 partials [T, Hq, S, D] and base-2 lse [T, Hq, S] in one allocation
-        ws = torch.empty(t * hq * splits * (d + 1), dtype=torch.float32, device=q.device)
-        dst, dst_lse = ws[: t * hq * splits * d], ws[t * hq * splits * d:]
+    if splits > 1:  # float32 partials [T, Hq, S, D] (0) and base-2 lse [T, Hq, S] (-inf): skipped splits weigh 0
+        dst = torch.zeros(t * hq * splits * d, dtype=torch.float32, device=q.device)
+        dst_lse = torch.full((t * hq * splits,), float("-inf"), dtype=torch.float32, device=q.device)
     else:
         dst, dst_lse = out, lse
-    launch(kern.paged_prefill, (batch, hkv, -(-t // tokens) * splits),
+    m_tiles = -(-t // tokens)
+    total = batch * hkv * m_tiles * splits
+    programs = min(total, PROGRAMS_PER_SM * sm_count(q.device))
+    launch(kern.paged_prefill, (programs,),
            q, kv_cache, block_tables, seq_lens, cu_seqlens_q, dst, dst_lse, scale * kern.LOG2E,
            q.stride(0), q.stride(1), st[0], st[1], st[2], st[3], block_tables.stride(0), out.stride(0),
-           out.stride(1), page, group, tokens, hq, split_len, splits,
+           out.stride(1), page, group, tokens, hq, split_len, splits, hkv, m_tiles, total,
            ROWS=max(16, next_pow2(tokens * group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
            CAUSAL=bool(is_causal), INTERPRET=interpret, MAX_TILES=split_len // bn if interpret else 0,
-           UPCAST=interpret and q.dtype == torch.bfloat16, SPLIT=splits > 1, num_warps=4)
+           MAX_ITEMS=-(-total // programs) if interpret else 0, UPCAST=interpret and q.dtype == torch.bfloat16,
+           SPLIT=splits > 1, num_warps=4)
     if splits > 1:
         launch(_PAGED.get().paged_decode_merge, (t, hq), dst, dst_lse, out, lse, out.stride(0), out.stride(1),
                hq * splits * d, splits * d, d, hq, splits, HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits),
