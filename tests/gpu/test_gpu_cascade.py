@@ -42,7 +42,7 @@ def _cuda(*ts):
                                             ("flashinfer.paged_attention_lse", False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 def test_lse_kernels_match_the_oracle(kernel, decode, dtype, causal, seed):
     if kernel.startswith("flashinfer"):
         pytest.importorskip("flashinfer")
