@@ -202,7 +202,7 @@ class EngineConfig:
             raise bad_config("LLM async_scheduling", "True, False or None (None: on for CUDA devices)",
                              repr(self.async_scheduling))
         if self.cascade_attention is not None and not isinstance(self.cascade_attention, bool):
-            raise bad_config("LLM cascade_attention", "True, False or None (None: on for CUDA devices when it pays)",
+            raise bad_config("LLM cascade_attention", "True, False or None (None: off)",
                              repr(self.cascade_attention))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise bad_config("LLM seed", "an int", repr(self.seed))

@@ -59,10 +59,10 @@ class LLM:
             previous step first. None: on for CUDA devices, off on CPU. Tokens are the same either way.
         cascade_attention: run decode steps whose sequences share prefix blocks (prefix caching) as cascade
             attention: each group's shared prefix read once for all its members, merged with each member's own
-            blocks by log-sum-exp (Ye et al. 2024; FlashInfer's and vLLM's cascade attention). None: on for CUDA
-            devices with an unquantized KV pool, for steps where it saves >= 16,384 KV tokens and half of the
-            step's KV reads (those steps run eager instead of their CUDA graph); True: every decode step with a
-            shared prefix (any device); False: never. Exact attention either way (float rounding aside).
+            blocks by log-sum-exp (Ye et al. 2024; FlashInfer's and vLLM's cascade attention), inside the decode
+            CUDA graphs. True: every decode step with a shared prefix (unquantized KV pools only); None / False: off.
+            Off by default: on the H200 the shared-prefix benchmark ran 8% slower with it (docs/engine.md). Exact
+            attention either way (float rounding aside).
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its

@@ -159,3 +159,15 @@ def test_graph_buffers_pad_a_step_to_its_bucket():
     plain = lz.paged_attention(q[5:], cache, torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, dtype=torch.int32),
                                scale=0.25)
     torch.testing.assert_close(got[5:], plain, rtol=1e-6, atol=1e-6)
+
+
+def test_option_is_validated_and_off_by_default(checkpoints):
+    from layerzero import ConfigurationError
+    from layerzero.engine import LLM
+
+    opts = dict(device="cpu", dtype=torch.float32, max_model_len=64, num_kv_blocks=16)
+    with pytest.raises(ConfigurationError, match="cascade_attention"):
+        LLM(checkpoints["qwen3"], cascade_attention="yes", **opts)
+    with pytest.raises(ConfigurationError, match="cascade_attention"):
+        LLM(checkpoints["qwen3"], cascade_attention=True, kv_cache_dtype="fp8", **opts)
+    assert LLM(checkpoints["qwen3"], **opts).engine.runner.cascade is None

@@ -87,21 +87,20 @@ class ModelRunner:
                     m.calibrate = True
 
     def _cascade_policy(self, ec: EngineConfig) -> CascadePolicy | None:
-        """``cascade_attention``: None -> the default policy on CUDA with an unquantized pool, else off; True -> every
-        decode step with a shared prefix; False -> off.
+        """``cascade_attention=True`` -> every decode step with a shared prefix (``CascadePolicy(always=True)``);
+        None or False -> off. None is off because on the H200 the shared-prefix benchmark ran 8% slower with it
+        (benchmarks/results/engine/h200/README.md, 2026-11-25 third session): plain paged decode already reads a
+        group's shared blocks mostly from L2.
 
         Raises:
             ConfigurationError: ``cascade_attention=True`` with a quantized KV pool."""
-        quantized = self.kv_dtype != self.dtype
-        if ec.cascade_attention is True:
-            if quantized:
-                raise bad_config("LLM cascade_attention", "False or None with kv_cache_dtype "
-                                 f"{ec.kv_cache_dtype!r}", True, "Cascade attention reads an unquantized KV pool "
-                                 "(triton.paged_prefill_lse has no fp8/int8 path yet).")
-            return CascadePolicy(always=True)
-        if ec.cascade_attention is None and self.device.type == "cuda" and not quantized:
-            return CascadePolicy()
-        return None
+        if ec.cascade_attention is not True:
+            return None
+        if self.kv_dtype != self.dtype:
+            raise bad_config("LLM cascade_attention", "False or None with kv_cache_dtype "
+                             f"{ec.kv_cache_dtype!r}", True, "Cascade attention reads an unquantized KV pool "
+                             "(triton.paged_prefill_lse has no fp8/int8 path yet).")
+        return CascadePolicy(always=True)
 
     def _num_blocks(self, ec: EngineConfig, max_model_len: int, max_num_batched_tokens: int) -> int:
         if ec.num_kv_blocks is not None:
