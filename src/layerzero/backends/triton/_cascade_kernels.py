@@ -40,11 +40,11 @@ def paged_prefill(
     page, group, tokens_per_tile, num_heads, split_len, num_splits, num_kv_heads, m_tiles, total,
     ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, MAX_ITEMS: tl.constexpr, UPCAST: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, MAX_M: tl.constexpr = 0,
 ):
     """See the module docstring. Persistent: program p takes work items ``p, p + P, ...`` of the ``total = B x Hkv x
-    m_tiles x num_splits`` items (sequence, KV head, token tile, split) and skips those with no query row or no key
-    in O(1) (cascade attention's shared level in a CUDA graph has B = the bucket's rows, most of them groups of one
+    num_splits`` items (sequence, KV head, split; each loops over its token tiles) and skips those with no query row
+    or no key in O(1) (cascade attention's shared level in a CUDA graph has B = the bucket's rows, most of them groups of one
     with no prefix: launching a program for each such item cost ~0.8 ms per layer on the H200). The outputs start as
     "no key" values (0 and lse -inf, set by the caller), so skipped items need no store.
 
@@ -60,37 +60,61 @@ def paged_prefill(
             if w < total:
                 _item(w, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
                       stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group,
-                      tokens_per_tile, num_heads, split_len, num_splits, num_kv_heads, m_tiles, ROWS, HEAD_DIM,
-                      D_PAD, BLOCK_N, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT)
+                      tokens_per_tile, num_heads, split_len, num_splits, num_kv_heads, m_tiles, total, ROWS, HEAD_DIM,
+                      D_PAD, BLOCK_N, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT, MAX_M)
     else:
         for w in range(pid, total, nprog):
             _item(w, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
                   stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group,
-                  tokens_per_tile, num_heads, split_len, num_splits, num_kv_heads, m_tiles, ROWS, HEAD_DIM, D_PAD,
-                  BLOCK_N, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT)
+                  tokens_per_tile, num_heads, split_len, num_splits, num_kv_heads, m_tiles, total, ROWS, HEAD_DIM, D_PAD,
+                  BLOCK_N, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT, MAX_M)
 
 
 @triton.jit
 def _item(w, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh, stride_blk,
           stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group, tokens_per_tile,
-          num_heads, split_len, num_splits, num_kv_heads, m_tiles,
+          num_heads, split_len, num_splits, num_kv_heads, m_tiles, total,
           ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
           CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, UPCAST: tl.constexpr,
-          SPLIT: tl.constexpr):
-    """Work item ``w`` = ((b * Hkv + h) * m_tiles + m) * num_splits + s: the query rows of token tile m of sequence
-    b for the GQA group of KV head h, over split s of its keys; nothing when the tile has no row or the split no key."""
-    s = w % num_splits
-    m = (w // num_splits) % m_tiles
-    h = (w // (num_splits * m_tiles)) % num_kv_heads
-    b = w // (num_splits * m_tiles * num_kv_heads)
+          SPLIT: tl.constexpr, MAX_M: tl.constexpr):
+    """Work item ``w`` = (h * num_splits + s) * B + b (sequence innermost, so the items of one program spread over the
+    sequences): the query rows of sequence b for the GQA group of KV head h over split s of its keys, one token tile
+    after another (``m_tiles`` bounds them in the interpreter); nothing when the sequence has no row or the split no
+    key."""
+    num_seqs = total // (num_kv_heads * num_splits)
+    b = w % num_seqs
+    s = (w // num_seqs) % num_splits
+    h = w // (num_seqs * num_splits)
     q0 = tl.load(cu_ptr + b)
     q_len = tl.load(cu_ptr + b + 1) - q0
     kv_len = tl.load(lens_ptr + b)
+    start = s * split_len
+    if INTERPRET:
+        for m in range(0, MAX_M):
+            _rows(m, b, h, s, q0, q_len, kv_len, start, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale, stride_qt,
+                  stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page,
+                  group, tokens_per_tile, num_heads, split_len, num_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL,
+                  INTERPRET, MAX_TILES, UPCAST, SPLIT)
+    else:
+        for m in range(0, tl.cdiv(q_len, tokens_per_tile)):
+            _rows(m, b, h, s, q0, q_len, kv_len, start, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale, stride_qt,
+                  stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page,
+                  group, tokens_per_tile, num_heads, split_len, num_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL,
+                  INTERPRET, MAX_TILES, UPCAST, SPLIT)
+
+
+@triton.jit
+def _rows(m, b, h, s, q0, q_len, kv_len, start, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
+          stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group,
+          tokens_per_tile, num_heads, split_len, num_splits,
+          ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+          CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, UPCAST: tl.constexpr,
+          SPLIT: tl.constexpr):
+    """Token tile m of work item (b, h, s): its rows over KV positions ``[start, start + split_len)``."""
     first = m * tokens_per_tile
     stop = kv_len
     if CAUSAL:
         stop = tl.minimum(kv_len, kv_len - q_len + tl.minimum(first + tokens_per_tile, q_len))
-    start = s * split_len
     stop = tl.minimum(stop, start + split_len)
     if (first < q_len) & (start < stop):
         r = tl.arange(0, ROWS)

@@ -90,7 +90,7 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
     else:
         dst, dst_lse = out, lse
     m_tiles = -(-t // tokens)
-    total = batch * hkv * m_tiles * splits
+    total = batch * hkv * splits
     programs = min(total, PROGRAMS_PER_SM * sm_count(q.device))
     launch(kern.paged_prefill, (programs,),
            q, kv_cache, block_tables, seq_lens, cu_seqlens_q, dst, dst_lse, scale * kern.LOG2E,
@@ -99,7 +99,7 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
            ROWS=max(16, next_pow2(tokens * group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
            CAUSAL=bool(is_causal), INTERPRET=interpret, MAX_TILES=split_len // bn if interpret else 0,
            MAX_ITEMS=-(-total // programs) if interpret else 0, UPCAST=interpret and q.dtype == torch.bfloat16,
-           SPLIT=splits > 1, num_warps=4)
+           SPLIT=splits > 1, MAX_M=m_tiles if interpret else 0, num_warps=4)
     if splits > 1:
         launch(_PAGED.get().paged_decode_merge, (t, hq), dst, dst_lse, out, lse, out.stride(0), out.stride(1),
                hq * splits * d, splits * d, d, hq, splits, HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits),
