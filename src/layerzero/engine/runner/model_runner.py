@@ -88,9 +88,9 @@ class ModelRunner:
 
     def _cascade_policy(self, ec: EngineConfig) -> CascadePolicy | None:
         """``cascade_attention=True`` -> every decode step with a shared prefix (``CascadePolicy(always=True)``);
-        None or False -> off. None is off because on the H200 the shared-prefix benchmark ran 8% slower with it
-        (benchmarks/results/engine/h200/README.md, 2026-11-25 third session): plain paged decode already reads a
-        group's shared blocks mostly from L2.
+        None or False -> off. Opt-in for now: on the H200 the shared-prefix benchmark ran 8% faster with it
+        (benchmarks/results/engine/h200/README.md, 2026-11-25 third session), but its cost on workloads that share
+        nothing (the planner runs every decode step) is not measured yet.
 
         Raises:
             ConfigurationError: ``cascade_attention=True`` with a quantized KV pool."""

@@ -1,0 +1,79 @@
+"""One layer's decode attention at the shared-prefix benchmark's shape, plain vs cascade, each captured in a CUDA graph
+(GPU time per replay, CUDA events): 16 groups x 16 sequences (batch 256), 2048-token shared prefixes (128 blocks of
+16), 130-350 own tokens each, Qwen3-0.6B heads (16 q / 8 kv, D 128), bf16, block tables 150 wide. The cascade rows
+use the engine's layout: every batch row is a group (the 16 real groups first, then 240 empty ones), as the engine's
+cascade graphs pass them. Kernels as the decode graphs select them (``lz.capture_selection()``).
+
+    python benchmarks/engine/cascade_layer.py     # CUDA only; prints µs per call
+
+Results: benchmarks/results/engine/h200/2026-11-25c/cascade_layer_microbench.txt.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import layerzero as lz
+from layerzero.engine.layers.attention import cascade_attention
+from layerzero.engine.runner.cascade import CascadeBatch
+
+
+def graph_us(fn, reps: int = 50) -> float:
+    """GPU µs per replay of ``fn`` captured in a CUDA graph (after PyTorch's side-stream warm-up)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        graph.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / reps * 1e3
+
+
+def main() -> None:
+    page, hkv, hq, d, groups, members, width = 16, 8, 16, 128, 16, 16, 150
+    b = groups * members
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cache = torch.randn(groups * 128 + b * 24 + 10, 2, page, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    prefix = torch.arange(groups * 128, dtype=torch.int32, device="cuda").view(groups, 128)
+    own = groups * 128 + torch.arange(b * 22, dtype=torch.int32, device="cuda").view(b, 22)
+    full = torch.zeros(b, width, dtype=torch.int32, device="cuda")
+    full[:, :128], full[:, 128:150] = prefix.repeat_interleave(members, 0), own
+    lens = (2048 + torch.randint(130, 350, (b,), device="cuda", generator=g)).to(torch.int32)
+    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    suffix = torch.zeros(b, width, dtype=torch.int32, device="cuda")
+    suffix[:, :22] = own
+    plens = torch.zeros(b, dtype=torch.int32, device="cuda")
+    plens[:groups] = 2048
+    ptab = torch.zeros(b, width, dtype=torch.int32, device="cuda")
+    ptab[:groups, :128] = prefix
+    cu = torch.full((b + 1,), b, dtype=torch.int32, device="cuda")
+    cu[:groups + 1] = torch.arange(groups + 1, device="cuda") * members
+    c = CascadeBatch(torch.arange(b, device="cuda"), ptab, plens, cu, suffix, lens - 2048, 0)
+    scale = d ** -0.5
+    with lz.capture_selection():
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+        print(f"plain decode (shared blocks, L2 reuse) {graph_us(lambda: lz.paged_attention(q, cache, full, lens)):.1f} us")
+        print(f"cascade (whole layer op) {graph_us(lambda: cascade_attention(q, cache, c, scale)):.1f} us")
+        own_us = graph_us(lambda: lz.paged_attention(q, cache, suffix, lens - 2048, return_lse=True))
+        print(f"  level2 decode lse {own_us:.1f} us")
+        shared_us = graph_us(lambda: lz.paged_attention(q, cache, ptab, plens, cu_seqlens_q=cu, is_causal=False,
+                                                        return_lse=True))
+        print(f"  level1 prefill lse {shared_us:.1f} us")
+        o, lse = lz.paged_attention(q, cache, suffix, lens - 2048, return_lse=True)
+        print(f"  merge {graph_us(lambda: lz.merge_attention_states(o, lse, o, lse)):.1f} us")
+
+
+if __name__ == "__main__":
+    main()
