@@ -18,7 +18,6 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext, bucket
-from layerzero.core.dispatch import MISS
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
@@ -62,19 +61,8 @@ def paged_attention_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
 
         return library.paged_attention_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal,
                                            kv_layout)
-    hot = _paged._hot_key(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale,
-                          v_scale)
-    if hot is not None:
-        hot = (LSE_OP,) + hot[1:]
-        args = (q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, _paged._LAYOUTS[kv_layout])
-        if hot[-1] is not None:
-            args += (1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
-        out = RUNTIME.run_hot(hot, args)
-        if out is not MISS:
-            return out
-    key, args = prepare_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
-                            is_causal=is_causal, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
-    return RUNTIME.run(key, context_lse, args, hot)
+    return _paged.run(LSE_OP, prepare_lse, context_lse, q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+                      is_causal, kv_layout, k_scale, v_scale)
 
 
 # ---------------------------------------------------------------------------------- merge_attention_states

@@ -335,18 +335,28 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         from layerzero import library
 
         return library.paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout)
-    hot_key = _hot_key(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale,
-                       v_scale)
+    return run(OP, prepare, context, q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout,
+               k_scale, v_scale)
+
+
+def run(op: str, prepare_fn: Any, context_fn: Any, q: Any, kv_cache: Any, block_tables: Any, seq_lens: Any, cu: Any,
+        scale: Any, is_causal: Any, kv_layout: Any, k_scale: Any, v_scale: Any) -> Any:
+    """Dispatch a paged-attention call of ``op`` (``paged_attention`` or ``paged_attention_lse``): the hot path on
+    an exact-key hit (:func:`_hot_key`, its op replaced by ``op``), else ``prepare_fn`` (full checks) and the
+    runtime's selection with ``context_fn``."""
+    hot_key = _hot_key(q, kv_cache, block_tables, seq_lens, cu, scale, is_causal, kv_layout, k_scale, v_scale)
     if hot_key is not None:
-        args = (q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, _LAYOUTS[kv_layout])
+        if op != OP:
+            hot_key = (op,) + hot_key[1:]
+        args = (q, kv_cache, block_tables, seq_lens, cu, scale, is_causal, _LAYOUTS[kv_layout])
         if hot_key[-1] is not None:  # quantized cache: the scales (None -> 1.0) close the canonical args
             args += (1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
         out = RUNTIME.run_hot(hot_key, args)
         if out is not MISS:
             return out
-    key, args = prepare(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
-                        is_causal=is_causal, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
-    return RUNTIME.run(key, context, args, hot_key)
+    key, args = prepare_fn(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu, scale=scale, is_causal=is_causal,
+                           kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
+    return RUNTIME.run(key, context_fn, args, hot_key)
 
 
 def _scale_kind(s: Any, device: torch.device) -> str | None:

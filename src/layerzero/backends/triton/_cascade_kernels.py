@@ -24,6 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._paged_kernels import kv_tile
+
 LOG2E = 1.4426950408889634
 """log2(e), a host float (the softmax scale is multiplied by it before the launch)."""
 LN2 = tl.constexpr(0.6931471805599453)
@@ -163,14 +165,8 @@ def _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_b
           UPCAST: tl.constexpr):
     """One online-softmax step over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop`` (and, when ``CAUSAL``,
     to each row's ``limit``); a row with no key seen yet keeps m = -inf and weight 0 (no NaN)."""
-    d = tl.arange(0, D_PAD)
-    pos = t0 + tl.arange(0, BLOCK_N)
-    p_ok = pos < stop
-    blk = tl.load(bt_row + pos // page, mask=p_ok, other=0).to(tl.int64)
-    base = kv_head + blk * stride_blk + (pos % page).to(tl.int64) * stride_pos
-    mask = p_ok[:, None] & (d < HEAD_DIM)[None, :]
-    k = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0)
-    v = tl.load(base[:, None] + stride_kv + d[None, :], mask=mask, other=0.0)
+    pos, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
+                              BLOCK_N)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)

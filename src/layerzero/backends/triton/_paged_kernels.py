@@ -35,6 +35,23 @@ LN2 = tl.constexpr(0.6931471805599453)  # used inside @triton.jit: a constexpr g
 
 
 @triton.jit
+def kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page,
+            HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """K and V ``[BLOCK_N, D_PAD]`` of KV positions ``[t0, t0 + BLOCK_N)`` of one sequence and KV head, gathered
+    through its block-table row (position t at block ``bt_row[t // page]``, offset ``t % page``); positions
+    ``>= stop`` (and their block ids) load nothing (0). Returns ``(positions, in-range mask, k, v)``."""
+    d = tl.arange(0, D_PAD)
+    pos = t0 + tl.arange(0, BLOCK_N)
+    p_ok = pos < stop
+    blk = tl.load(bt_row + pos // page, mask=p_ok, other=0).to(tl.int64)
+    base = kv_head + blk * stride_blk + (pos % page).to(tl.int64) * stride_pos
+    mask = p_ok[:, None] & (d < HEAD_DIM)[None, :]
+    k = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0)
+    v = tl.load(base[:, None] + stride_kv + d[None, :], mask=mask, other=0.0)
+    return pos, p_ok, k, v
+
+
+@triton.jit
 def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
                  stride_blk, stride_kv, stride_pos, page,
                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -44,14 +61,8 @@ def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
     ``UPCAST``: both dots in float32 (the interpreter's ``tl.dot`` misreads bfloat16 operands). ``QUANT``: the cache
     holds float8_e4m3fn / int8 codes, read as ``code * scale`` in float32 (``core.kv_quant.dequantize_kv``; the
     caller sets ``UPCAST`` too, so both dots run in float32)."""
-    d = tl.arange(0, D_PAD)
-    pos = t0 + tl.arange(0, BLOCK_N)
-    p_ok = pos < stop
-    blk = tl.load(bt_row + pos // page, mask=p_ok, other=0).to(tl.int64)
-    base = kv_head + blk * stride_blk + (pos % page).to(tl.int64) * stride_pos
-    mask = p_ok[:, None] & (d < HEAD_DIM)[None, :]
-    k = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0)
-    v = tl.load(base[:, None] + stride_kv + d[None, :], mask=mask, other=0.0)
+    pos, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
+                              BLOCK_N)
     if QUANT:
         k = k.to(tl.float32) * ks
         v = v.to(tl.float32) * vs
