@@ -286,7 +286,7 @@ class LLMEngine:
         st.num_preempted, st.num_seqs, st.num_sampled = len(out.preempted), len(out.chunks), appended
         st.num_prefill_tokens = sum(n for _, n in out.chunks if n > 1)
         st.num_decode_tokens = sum(n for _, n in out.chunks if n == 1)
-        st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = (b - a for a, b in zip(times, times[1:], strict=False))
+        st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = (b - a for a, b in itertools.pairwise(times))
         self.stats.record(st, self.kv.usage(), self.kv.stats().hit_rate)
         self.stats.preemptions = self.scheduler.num_preemptions
         self.stats.cascade_steps = self.runner.cascade_steps

@@ -342,12 +342,10 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
 def run(op: str, prepare_fn: Any, context_fn: Any, q: Any, kv_cache: Any, block_tables: Any, seq_lens: Any, cu: Any,
         scale: Any, is_causal: Any, kv_layout: Any, k_scale: Any, v_scale: Any) -> Any:
     """Dispatch a paged-attention call of ``op`` (``paged_attention`` or ``paged_attention_lse``): the hot path on
-    an exact-key hit (:func:`_hot_key`, its op replaced by ``op``), else ``prepare_fn`` (full checks) and the
+    an exact-key hit (:func:`_hot_key` of ``op``), else ``prepare_fn`` (full checks) and the
     runtime's selection with ``context_fn``."""
-    hot_key = _hot_key(q, kv_cache, block_tables, seq_lens, cu, scale, is_causal, kv_layout, k_scale, v_scale)
+    hot_key = _hot_key(q, kv_cache, block_tables, seq_lens, cu, scale, is_causal, kv_layout, k_scale, v_scale, op=op)
     if hot_key is not None:
-        if op != OP:
-            hot_key = (op,) + hot_key[1:]
         args = (q, kv_cache, block_tables, seq_lens, cu, scale, is_causal, _LAYOUTS[kv_layout])
         if hot_key[-1] is not None:  # quantized cache: the scales (None -> 1.0) close the canonical args
             args += (1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
@@ -374,7 +372,8 @@ def _scale_kind(s: Any, device: torch.device) -> str | None:
 
 
 def _hot_key(q: Any, kv_cache: Any, block_tables: Any, seq_lens: Any, cu: Any, scale: Any, is_causal: Any,
-             kv_layout: Any, k_scale: Any = None, v_scale: Any = None) -> tuple[Any, ...] | None:
+             kv_layout: Any, k_scale: Any = None, v_scale: Any = None, *,
+             op: str = OP) -> tuple[Any, ...] | None:
     """The exact key of a non-CPU call for ``Runtime.run_hot`` (as ``lz.attention``'s): every fact :func:`prepare`
     checks and the key depends on (exact shapes, dtypes, the devices equal, strides, flags, scale and layout as
     passed), so a hit proves a call with these facts passed the checks before, and skips them (measured on an H200
@@ -406,7 +405,7 @@ def _hot_key(q: Any, kv_cache: Any, block_tables: Any, seq_lens: Any, cu: Any, s
         return None
     tensors = (q, kv_cache, block_tables, seq_lens) if cu is None else (q, kv_cache, block_tables, seq_lens, cu)
     layers = scope_layers()
-    return (OP, device, dtype, q.shape, kv_cache.shape, block_tables.shape, block_tables.dtype, seq_lens.shape,
+    return (op, device, dtype, q.shape, kv_cache.shape, block_tables.shape, block_tables.dtype, seq_lens.shape,
             seq_lens.dtype, None if cu is None else (cu.shape, cu.dtype), scale, is_causal, kv_layout,
             all(t.stride(-1) == 1 for t in tensors),
             is_grad_enabled() and any(t.requires_grad for t in tensors), deterministic_enabled(),

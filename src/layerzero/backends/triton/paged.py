@@ -147,8 +147,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         return_lse: also return each row's natural-log sum-exp ``[B, Hq]`` float32 (``triton.paged_decode_lse``).
 
     Returns:
-        ``[B, Hq, D]`` in q's dtype (``(out, lse)`` with ``return_lse``). Cache slots past ``seq_lens[b]`` and unused blocks never reach it (masked loads:
-        NaN there cannot leak).
+        ``[B, Hq, D]`` in q's dtype (``(out, lse)`` with ``return_lse``). Cache slots past ``seq_lens[b]`` and unused
+        blocks never reach it (masked loads: NaN there cannot leak).
 
     Raises:
         InvalidInputError: ``Hq / Hkv`` above 16, a last stride other than 1 (q, kv_cache, block_tables or
@@ -227,9 +227,7 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
     ``[B, Hq, D]`` -> ``[B, Hq, D]`` in q's dtype; ``is_causal`` changes nothing for one query token (it sees every
     key). Raises ``InvalidInputError`` for ``cu_seqlens_q`` (prefill/append; :func:`check` keeps selection from
     ever routing it here) and what :func:`paged_decode` raises."""
-    if cu_seqlens_q is not None:
-        raise _bad("cu_seqlens_q", "None (decode: one query token per sequence)", "a tensor (prefill/append)",
-                   "Prefill/append runs on another paged kernel; do not lock triton.paged_decode for it.")
+    _decode_only(KERNEL_ID, cu_seqlens_q)
     return paged_decode(q, kv_cache, block_tables, seq_lens, scale, kv_layout, k_scale=k_scale, v_scale=v_scale)
 
 
@@ -237,11 +235,17 @@ def paged_attention_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale
                         v_scale=None):
     """``lz.paged_attention(..., return_lse=True)`` canonical-args entry, decode only (as :func:`paged_attention`):
     ``(out [B, Hq, D] in q's dtype, lse [B, Hq] float32)``."""
-    if cu_seqlens_q is not None:
-        raise _bad("cu_seqlens_q", "None (decode: one query token per sequence)", "a tensor (prefill/append)",
-                   "Prefill/append runs on another paged kernel; do not lock triton.paged_decode_lse for it.")
+    _decode_only(LSE_KERNEL_ID, cu_seqlens_q)
     return paged_decode(q, kv_cache, block_tables, seq_lens, scale, kv_layout, k_scale=k_scale, v_scale=v_scale,
                         return_lse=True)
+
+
+def _decode_only(kernel_id: str, cu_seqlens_q: Any) -> None:
+    """Raise ``InvalidInputError`` when ``kernel_id`` (a decode-only kernel) is called with ``cu_seqlens_q``."""
+    if cu_seqlens_q is not None:
+        raise InvalidInputError(expected_got(
+            f"{kernel_id}: cu_seqlens_q", "None (decode: one query token per sequence)", "a tensor (prefill/append)",
+            f"Prefill/append runs on another paged kernel; do not lock {kernel_id} for it."))
 
 
 def check(ctx: SelectionContext) -> list[Reason]:
