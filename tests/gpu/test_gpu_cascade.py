@@ -6,7 +6,6 @@ identity at a serving shape; the kernels LayerZero picks by default and under ``
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
@@ -17,19 +16,11 @@ import layerzero as lz
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
 from test_cascade_ops import case, oracle  # noqa: E402
+from test_paged_quant_kv import locked  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
-
-
-@contextlib.contextmanager
-def locked(op: str, kernel: str):
-    lz.lock(op, kernel)
-    try:
-        yield
-    finally:
-        lz.unlock(op)
 
 
 def _cuda(*ts):
