@@ -4,12 +4,14 @@
 use the engine's layout: every batch row is a group (the 16 real groups first, then 240 empty ones), as the engine's
 cascade graphs pass them. Kernels as the decode graphs select them (``lz.capture_selection()``).
 
-    python benchmarks/engine/cascade_layer.py     # CUDA only; prints µs per call
+    python benchmarks/engine/cascade_layer.py [--groups 64 --members 4 --interleave]   # CUDA; µs per call
 
 Results: benchmarks/results/engine/h200/2026-11-25c/cascade_layer_microbench.txt.
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 
@@ -41,8 +43,15 @@ def graph_us(fn, reps: int = 50) -> float:
     return a.elapsed_time(b) / reps * 1e3
 
 
-def main() -> None:
-    page, hkv, hq, d, groups, members, width = 16, 8, 16, 128, 16, 16, 150
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--members", type=int, default=16)
+    ap.add_argument("--interleave", action="store_true",
+                    help="plain decode rows in arrival order (row i in group i %% groups), as the benchmark's "
+                         "interleaved requests run; default: a group's rows adjacent")
+    a = ap.parse_args(argv)
+    page, hkv, hq, d, groups, members, width = 16, 8, 16, 128, a.groups, a.members, 150
     b = groups * members
     g = torch.Generator(device="cuda").manual_seed(0)
     cache = torch.randn(groups * 128 + b * 24 + 10, 2, page, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -50,6 +59,8 @@ def main() -> None:
     own = groups * 128 + torch.arange(b * 22, dtype=torch.int32, device="cuda").view(b, 22)
     full = torch.zeros(b, width, dtype=torch.int32, device="cuda")
     full[:, :128], full[:, 128:150] = prefix.repeat_interleave(members, 0), own
+    if a.interleave:  # row r = member r // groups of group r % groups
+        full = full.view(groups, members, width).transpose(0, 1).reshape(b, width).contiguous()
     lens = (2048 + torch.randint(130, 350, (b,), device="cuda", generator=g)).to(torch.int32)
     q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
     suffix = torch.zeros(b, width, dtype=torch.int32, device="cuda")
@@ -63,7 +74,8 @@ def main() -> None:
     c = CascadeBatch(torch.arange(b, device="cuda"), ptab, plens, cu, suffix, lens - 2048, 0)
     scale = d ** -0.5
     with lz.capture_selection():
-        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {groups} groups x {members} members, "
+              f"plain rows {'interleaved' if a.interleave else 'adjacent'}")
         print(f"plain decode (shared blocks, L2 reuse) {graph_us(lambda: lz.paged_attention(q, cache, full, lens)):.1f} us")
         print(f"cascade (whole layer op) {graph_us(lambda: cascade_attention(q, cache, c, scale)):.1f} us")
         own_us = graph_us(lambda: lz.paged_attention(q, cache, suffix, lens - 2048, return_lse=True))

@@ -189,6 +189,36 @@ def test_triton_paged_prefill_lse(seed, causal, splits):
 
 
 @interpreted
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("knobs", [{}, {"block_n": 16, "min_split_tiles": 1},
+                                   {"block_n": 16, "min_split_tiles": 1, "target": 1000}, {"rows": 64}],
+                         ids=["default", "device-split", "many-splits", "rows64"])
+def test_triton_paged_prefill_lse_shared_level(seed, knobs):
+    """Cascade's shared level as the engine's decode graphs call it: one "sequence" per batch row (T = B), the
+    groups first (1..9 members: more than one 16-row tile at GQA 2), then empty ones (no rows, no keys), not causal.
+    The kernel finds its work items and sizes its splits on the device; every row must match the oracle (rows of
+    no group: none here, every row is some group's member)."""
+    from layerzero.backends.triton.cascade import paged_prefill_lse
+
+    rnd = random.Random(100 + seed)
+    hkv, group, d, page = 2, 2, 32, rnd.choice([4, 16])
+    members = [rnd.randint(1, 9) for _ in range(rnd.randint(1, 4))]
+    b = sum(members)
+    prefix = [rnd.randint(1, 90) for _ in members] + [0] * (b - len(members))
+    width = max(-(-n // page) for n in prefix)
+    g = torch.Generator().manual_seed(seed)
+    cache = torch.randn(b * width + 2, 2, page, hkv, d, generator=g)
+    tables = torch.randperm(b * width + 2, generator=g)[:b * width].view(b, width).to(torch.int32)
+    q = torch.randn(b, hkv * group, d, generator=g)
+    cu = torch.tensor([0, *torch.tensor(members).cumsum(0).tolist()] + [b] * (b - len(members)), dtype=torch.int32)
+    lens = torch.tensor(prefix, dtype=torch.int32)
+    out, lse = paged_prefill_lse(q, cache, tables, lens, cu, None, False, "NHD", **knobs)
+    ref_out, ref_lse = oracle(q, cache, tables, lens, cu, "NHD", causal=False)
+    close(out, ref_out, torch.float32)
+    close(lse, ref_lse, torch.float32)
+
+
+@interpreted
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("splits", [1, 3])
 def test_triton_paged_decode_lse(seed, splits):

@@ -1,16 +1,16 @@
 """The ``@triton.jit`` code of ``triton.paged_prefill_lse`` and ``triton.merge_attention_states`` (private; imported
 by :mod:`.cascade` on a kernel's first call, after ``import triton`` succeeded).
 
-``paged_prefill``, a persistent grid over work items (sequence b, KV head h, token tile m, split s): item (b, h, m) holds the query rows of
-``tokens_per_tile`` consecutive new tokens of sequence b times the ``group = Hq / Hkv`` query heads of KV head h as
-one ``[ROWS, D_PAD]`` tile (row r: token ``m * tokens_per_tile + r // group``, head ``h * group + r % group``), so
+``paged_prefill``, a persistent grid over work items (sequence b, token tile m, split s, KV head h) that it derives
+on the device: item (b, m, h) holds the query rows of ``tokens_per_tile`` consecutive new tokens of sequence b times
+the ``group = Hq / Hkv`` query heads of KV head h as one ``[ROWS, D_PAD]`` tile (row r: token ``m * tokens_per_tile + r // group``, head ``h * group + r % group``), so
 the KV of a sequence is read once per tile for every query head sharing it. It runs FlashAttention's online softmax
 (Dao et al. 2022; float32, base 2) over the sequence's KV positions, gathered through ``block_tables`` at any page
 size, with the bottom-right causal mask when ``CAUSAL`` (row token i of q_len sees keys ``j <= kv_len - q_len + i``)
 or none (cascade attention's shared level: every member's query sees the whole shared prefix). It stores the
-normalized output in the output's dtype and the natural-log lse (``-inf`` and 0 for a row that saw no key). Tiles past
-a sequence's q_len load nothing and store nothing. Split-K (``SPLIT``, FlashDecoding's scheme for few long
-sequences): S programs per tile each take a range of KV positions and write a float32 partial and its base-2 lse;
+normalized output in the output's dtype and the natural-log lse (``-inf`` and 0 for a row that saw no key). Split-K
+(``SPLIT``, FlashDecoding's scheme for few long sequences): a tile's KV positions are cut into splits sized on the
+device from the call's total work, each writing a float32 partial and its base-2 lse;
 ``_paged_kernels.paged_decode_merge`` (one program per (token, head)) merges them.
 
 ``merge_states``, grid ``(T,)``: one program per row merges two attention states of all heads (``[H_PAD, D_PAD]``)
@@ -33,130 +33,155 @@ LOG2E_C = tl.constexpr(1.4426950408889634)
 """ln 2 and log2(e) inside ``@triton.jit`` code: globals read there must be ``tl.constexpr`` instances."""
 
 
-@triton.jit(do_not_specialize=["stride_bt", "page", "group", "tokens_per_tile", "num_heads", "split_len",
-                               "num_splits", "num_kv_heads", "m_tiles", "total"])
+@triton.jit(do_not_specialize=["stride_bt", "page", "group", "tokens_per_tile", "num_heads", "num_kv_heads",
+                               "num_seqs", "target", "min_split_tiles", "max_splits"])
 def paged_prefill(
     q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e)
     stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
-    page, group, tokens_per_tile, num_heads, split_len, num_splits, num_kv_heads, m_tiles, total,
-    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, MAX_ITEMS: tl.constexpr, UPCAST: tl.constexpr,
-    SPLIT: tl.constexpr, MAX_M: tl.constexpr = 0,
+    page, group, tokens_per_tile, num_heads, num_kv_heads, num_seqs, target, min_split_tiles, max_splits,
+    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, B_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, MAX_ITEMS: tl.constexpr,
+    UPCAST: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """See the module docstring. Persistent: program p takes work items ``p, p + P, ...`` of the ``total = B x Hkv x
-    num_splits`` items (sequence, KV head, split; each loops over its token tiles) and skips those with no query row
-    or no key in O(1) (cascade attention's shared level in a CUDA graph has B = the bucket's rows, most of them groups of one
-    with no prefix: launching a program for each such item cost ~0.8 ms per layer on the H200). The outputs start as
-    "no key" values (0 and lse -inf, set by the caller), so skipped items need no store.
+    """See the module docstring. Persistent: every program first derives the work items from ``cu_seqlens_q`` and
+    ``seq_lens`` (``[B_PAD]`` vectors, no host read): sequence b has ``mt_b = ceil(q_len_b / tokens_per_tile)``
+    token tiles (0 without keys) and, with ``SPLIT``, ``sp_b = min(ceil(kv_tiles_b / per), max_splits)`` KV splits,
+    where ``per = max(min_split_tiles, ceil(sum_b mt_b * kv_tiles_b * Hkv / target))`` KV tiles balances the work
+    over about ``target`` items; then program p takes items ``p, p + P, ...`` of the ``sum_b mt_b * sp_b * Hkv``
+    items ((sequence, token tile, split) major, KV head innermost: the heads of one tile in adjacent programs,
+    which read the same cache rows), each found by a prefix-sum search. Empty sequences and padded rows cost
+    nothing, and a group with many query tokens spreads over many programs (one tile each).
 
     Strides in elements. Without ``SPLIT``: ``o_ptr`` is the output (its dtype, strides ``stride_ot`` /
-    ``stride_oh``), ``lse_ptr`` a contiguous ``[T, num_heads]`` float32 (natural log). With ``SPLIT``: split s covers KV
-    positions ``[s * split_len, (s + 1) * split_len)``; ``o_ptr`` is the float32 workspace ``[T, Hq, S, D]`` and
-    ``lse_ptr`` the ``[T, Hq, S]`` base-2 lse of each split, merged by ``_paged_kernels.paged_decode_merge``."""
+    ``stride_oh``), ``lse_ptr`` a contiguous ``[T, num_heads]`` float32 (natural log), both preset to "no key" (0,
+    -inf) by the caller for rows no item covers. With ``SPLIT``: ``o_ptr`` is the float32 workspace ``[T, Hq,
+    max_splits, D]`` and ``lse_ptr`` its ``[T, Hq, max_splits]`` base-2 lse (preset to -inf: unused slots weigh 0),
+    merged by ``_paged_kernels.paged_decode_merge``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    m_tiles, kv_tiles = _tiles(cu_ptr, lens_ptr, num_seqs, tokens_per_tile, B_PAD, BLOCK_N)
+    per = 1
+    if SPLIT:
+        per = tl.maximum(min_split_tiles, tl.cdiv(tl.sum(m_tiles * kv_tiles, 0) * num_kv_heads, target))
+        total = tl.sum(m_tiles * tl.minimum(tl.cdiv(kv_tiles, per), max_splits), 0) * num_kv_heads
+    else:
+        total = tl.sum(m_tiles, 0) * num_kv_heads
     if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count
         for i in range(0, MAX_ITEMS):
             w = pid + i * nprog
             if w < total:
-                _item(w, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
+                _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
                       stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group,
-                      tokens_per_tile, num_heads, split_len, num_splits, num_kv_heads, m_tiles, total, ROWS, HEAD_DIM,
-                      D_PAD, BLOCK_N, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT, MAX_M)
+                      tokens_per_tile, num_heads, num_kv_heads, num_seqs, max_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N,
+                      B_PAD, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT)
     else:
         for w in range(pid, total, nprog):
-            _item(w, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
+            _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
                   stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group,
-                  tokens_per_tile, num_heads, split_len, num_splits, num_kv_heads, m_tiles, total, ROWS, HEAD_DIM, D_PAD,
-                  BLOCK_N, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT, MAX_M)
+                  tokens_per_tile, num_heads, num_kv_heads, num_seqs, max_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N,
+                  B_PAD, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT)
 
 
 @triton.jit
-def _item(w, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh, stride_blk,
-          stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group, tokens_per_tile,
-          num_heads, split_len, num_splits, num_kv_heads, m_tiles, total,
+def _tiles(cu_ptr, lens_ptr, num_seqs, tokens_per_tile, B_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``[B_PAD]`` token tiles and KV tiles of every sequence (0 token tiles for a sequence without keys)."""
+    bi = tl.arange(0, B_PAD)
+    b_ok = bi < num_seqs
+    q_lens = tl.load(cu_ptr + bi + 1, mask=b_ok, other=0) - tl.load(cu_ptr + bi, mask=b_ok, other=0)
+    kv_tiles = tl.cdiv(tl.load(lens_ptr + bi, mask=b_ok, other=0), BLOCK_N)
+    return tl.where(kv_tiles > 0, tl.cdiv(q_lens, tokens_per_tile), 0), kv_tiles
+
+
+@triton.jit
+def _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh, stride_blk,
+          stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group, tokens_per_tile, num_heads,
+          num_kv_heads, num_seqs, max_splits,
           ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-          CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, UPCAST: tl.constexpr,
-          SPLIT: tl.constexpr, MAX_M: tl.constexpr):
-    """Work item ``w`` = (h * num_splits + s) * B + b (sequence innermost, so the items of one program spread over the
-    sequences): the query rows of sequence b for the GQA group of KV head h over split s of its keys, one token tile
-    after another (``m_tiles`` bounds them in the interpreter); nothing when the sequence has no row or the split no
-    key."""
-    num_seqs = total // (num_kv_heads * num_splits)
-    b = w % num_seqs
-    s = (w // num_seqs) % num_splits
-    h = w // (num_seqs * num_splits)
+          B_PAD: tl.constexpr, CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr,
+          UPCAST: tl.constexpr, SPLIT: tl.constexpr):
+    """Work item ``w`` = ((sequence b's items before it) + m * sp_b + s) * Hkv + h: token tile m of sequence b, KV
+    head h, KV split s (``per`` KV tiles each, the last one shorter; one split covering every key without
+    ``SPLIT``). The per-sequence counts are derived again here from two small (cached) vector loads."""
+    m_tiles, kv_all = _tiles(cu_ptr, lens_ptr, num_seqs, tokens_per_tile, B_PAD, BLOCK_N)
+    if SPLIT:
+        counts = m_tiles * tl.minimum(tl.cdiv(kv_all, per), max_splits)
+    else:
+        counts = m_tiles
+    h = w % num_kv_heads
+    it = w // num_kv_heads
+    b = tl.sum((tl.cumsum(counts, 0) <= it).to(tl.int32), 0)  # the first sequence whose prefix sum exceeds it
+    local = it - tl.sum(tl.where(tl.arange(0, B_PAD) < b, counts, 0), 0)
     q0 = tl.load(cu_ptr + b)
     q_len = tl.load(cu_ptr + b + 1) - q0
     kv_len = tl.load(lens_ptr + b)
-    start = s * split_len
-    if INTERPRET:
-        for m in range(0, MAX_M):
-            _rows(m, b, h, s, q0, q_len, kv_len, start, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale, stride_qt,
-                  stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page,
-                  group, tokens_per_tile, num_heads, split_len, num_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL,
-                  INTERPRET, MAX_TILES, UPCAST, SPLIT)
+    kv_tiles = tl.cdiv(kv_len, BLOCK_N)
+    if SPLIT:
+        splits = tl.minimum(tl.cdiv(kv_tiles, per), max_splits)
+        split_len = tl.cdiv(kv_tiles, splits) * BLOCK_N
+        m = local // splits
+        s = local % splits
     else:
-        for m in range(0, tl.cdiv(q_len, tokens_per_tile)):
-            _rows(m, b, h, s, q0, q_len, kv_len, start, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale, stride_qt,
-                  stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page,
-                  group, tokens_per_tile, num_heads, split_len, num_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL,
-                  INTERPRET, MAX_TILES, UPCAST, SPLIT)
+        split_len = kv_tiles * BLOCK_N
+        m = local
+        s = 0
+    _rows(m, b, h, s, q0, q_len, kv_len, s * split_len, split_len, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale,
+          stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page,
+          group, tokens_per_tile, num_heads, max_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, INTERPRET, MAX_TILES,
+          UPCAST, SPLIT)
 
 
 @triton.jit
-def _rows(m, b, h, s, q0, q_len, kv_len, start, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
-          stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group,
-          tokens_per_tile, num_heads, split_len, num_splits,
+def _rows(m, b, h, s, q0, q_len, kv_len, start, split_len, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale,
+          stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page,
+          group, tokens_per_tile, num_heads, max_splits,
           ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
           CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, UPCAST: tl.constexpr,
           SPLIT: tl.constexpr):
-    """Token tile m of work item (b, h, s): its rows over KV positions ``[start, start + split_len)``."""
+    """Token tile m of sequence b, KV head h: its rows over KV positions ``[start, start + split_len)`` (split s)."""
     first = m * tokens_per_tile
     stop = kv_len
     if CAUSAL:
         stop = tl.minimum(kv_len, kv_len - q_len + tl.minimum(first + tokens_per_tile, q_len))
     stop = tl.minimum(stop, start + split_len)
-    if (first < q_len) & (start < stop):
-        r = tl.arange(0, ROWS)
-        d = tl.arange(0, D_PAD)
-        d_ok = d < HEAD_DIM
-        tok = first + r // group
-        row_ok = (r < tokens_per_tile * group) & (tok < q_len)
-        heads = h * group + r % group
-        q = tl.load(q_ptr + (q0 + tok).to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
-        limit = kv_len - q_len + tok  # causal: the last key each row sees
-        m_i = tl.full([ROWS], float("-inf"), tl.float32)
-        l_i = tl.zeros([ROWS], tl.float32)
-        acc = tl.zeros([ROWS, D_PAD], tl.float32)
-        kv_head = kv_ptr + h * stride_head
-        bt_row = bt_ptr + b * stride_bt
-        if INTERPRET:
-            for i in range(0, MAX_TILES):
-                t0 = start + i * BLOCK_N
-                if t0 < stop:
-                    m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
-                                          stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
-        else:
-            for t0 in range(start, stop, BLOCK_N):
+    r = tl.arange(0, ROWS)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+    tok = first + r // group
+    row_ok = (r < tokens_per_tile * group) & (tok < q_len)
+    heads = h * group + r % group
+    q = tl.load(q_ptr + (q0 + tok).to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    limit = kv_len - q_len + tok  # causal: the last key each row sees
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D_PAD], tl.float32)
+    kv_head = kv_ptr + h * stride_head
+    bt_row = bt_ptr + b * stride_bt
+    if INTERPRET:
+        for i in range(0, MAX_TILES):
+            t0 = start + i * BLOCK_N
+            if t0 < stop:
                 m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
                                       stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
-        seen = l_i > 0.0
-        out = acc / tl.where(seen, l_i, 1.0)[:, None]
-        lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-        rows = (q0 + tok).to(tl.int64)
-        if SPLIT:
-            ws = (rows * num_heads + heads) * num_splits + s  # workspace row of (token, head, split)
-            tl.store(o_ptr + ws[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
-            tl.store(lse_ptr + ws, lse2, mask=row_ok)
-        else:
-            tl.store(o_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                     out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-            tl.store(lse_ptr + rows * num_heads + heads, lse2 * LN2, mask=row_ok)
+    else:
+        for t0 in range(start, stop, BLOCK_N):
+            m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
+                                  stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    rows = (q0 + tok).to(tl.int64)
+    if SPLIT:
+        ws = (rows * num_heads + heads) * max_splits + s  # workspace row of (token, head, split)
+        tl.store(o_ptr + ws[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(lse_ptr + ws, lse2, mask=row_ok)
+    else:
+        tl.store(o_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(lse_ptr + rows * num_heads + heads, lse2 * LN2, mask=row_ok)
 
 
 @triton.jit

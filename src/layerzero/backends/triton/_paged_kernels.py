@@ -166,8 +166,9 @@ def paged_decode_merge(
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)  # empty splits: 2^-inf = 0
+    used = s_ok & (lse > float("-inf"))  # a slot no split wrote (cascade's device-sized splits) is never read
     parts = tl.load(ws_out_ptr + b * stride_wb + hq * stride_wh + s[:, None] * stride_ws + d[None, :],
-                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+                    mask=used[:, None] & d_ok[None, :], other=0.0)
     total = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(o_ptr + b * stride_ob + hq * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d_ok)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.errors import InvalidInputError, expected_got
 from layerzero.core.kv_layout import KV_LAYOUTS, cache_dims, nhd_view
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
@@ -35,17 +36,27 @@ MERGE_KERNEL_ID = "triton.merge_attention_states"
 PREFILL_PRIORITY = 30
 """Below ``triton.paged_decode_lse`` (40, split-K for decode) and FlashInfer (50); above the reference."""
 ROWS = 64
-"""Query rows (tokens x GQA group) per program."""
-SPLIT_TOKENS = 512
-"""Split-K: a split covers about this many KV positions (at most ``MAX_SPLITS``), when the call has at most
-``SPLIT_MAX_TOKENS`` query tokens (cascade attention's shared level: a few long prefixes, each read by one tile of
-rows, would otherwise run one program per (group, KV head): 128 programs read 128 MB at ~1.3 TB/s on the H200)."""
+"""Query rows (tokens x GQA group) per tile when sequences have many query tokens (prefill); :data:`ROWS_FEW` when
+the call has at most two query tokens per sequence on average (cascade attention's shared level, where a tile holds
+a few members' decode queries: 64 rows would be mostly padding and cost occupancy)."""
+ROWS_FEW = 16
 MAX_SPLITS = 16
-SPLIT_MAX_TOKENS = 1024
+WORKSPACE_BYTES = 32 << 20
+"""Split-K's float32 workspace ``[T, Hq, S, D]`` stays under this: ``S = min(MAX_SPLITS, WORKSPACE_BYTES // (T Hq D
+4))``, no split when that is 1 (large prefills, whose token tiles fill the GPU anyway)."""
+MIN_SPLIT_TILES = 1
+"""A split covers at least this many KV tiles; the device-side sizing (about one item per program) decides."""
 PROGRAMS_PER_SM = 4
-"""The persistent kernel's programs: this many per SM (or one per work item when there are fewer items)."""
+"""The persistent kernel's programs per SM; the device-side split sizing aims at one work item per program."""
+LAUNCH = {ROWS_FEW: {"num_warps": 2, "num_stages": 3}, ROWS: {"num_warps": 4, "num_stages": 2}}
+"""num_warps / num_stages per tile height. 16 rows: from an H200 search at the engine's shared-level shapes (G groups
+x M members over 2048-token prefixes, ``benchmarks/engine/tune_cascade_prefill.py``; results in
+benchmarks/results/engine/h200/README.md), 2 warps beat 4 although they spill; 64 rows: 4 warps (a ``[64, D]``
+float32 accumulator)."""
 MAX_GROUP = 16
 HEAD_DIM_MAX = 256
+MAX_SEQS = 2048
+"""Sequences per call: every program holds per-sequence vectors of ``next_pow2(B)`` entries to find its work items."""
 
 _KERNELS = LazyModule("_cascade_kernels")
 _PAGED = LazyModule("_paged_kernels")  # paged_decode_merge merges the splits
@@ -58,72 +69,78 @@ def block_n_for(head_dim: int) -> int:
 
 
 def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, *,
-                      num_splits: int | None = None, block_n: int | None = None):
+                      num_splits: int | None = None, block_n: int | None = None, rows: int | None = None,
+                      num_warps: int | None = None, num_stages: int | None = None, programs_per_sm: int | None = None,
+                      target: int | None = None, min_split_tiles: int = MIN_SPLIT_TILES):
     """``lz.paged_attention(..., return_lse=True)`` canonical-args entry (see
     :func:`layerzero.ops.paged.prepare`): q ``[T, Hq, D]``, cu_seqlens_q ``[B + 1]`` int32 (None: one token per
     sequence, built on the device), causal aligned bottom-right or none. Returns ``(out [T, Hq, D] in q's dtype,
-    lse [T, Hq] float32)``, natural log, -inf and 0 for a row with no key. ``num_splits`` / ``block_n`` force the
-    split-K count (:func:`split_for`) and the KV positions per step (tests)."""
+    lse [T, Hq] float32)``, natural log, -inf and 0 for a row with no key.
+
+    The kernel sizes its own work on the device (``_cascade_kernels.paged_prefill``): items (sequence, token tile,
+    KV split, KV head) of only the sequences with rows and keys, splits sized so the items number about ``target``
+    (default: the persistent programs), at least ``min_split_tiles`` KV tiles each. Knobs (tests,
+    ``benchmarks/engine/tune_cascade_prefill.py``): ``num_splits`` forces every sequence into
+    ``min(num_splits, its KV tiles)`` splits; ``block_n`` KV positions per step; ``rows`` query rows per tile
+    (default :data:`ROWS` / :data:`ROWS_FEW`); ``num_warps``, ``num_stages`` (default :data:`LAUNCH` of the tile
+    height), ``programs_per_sm`` (default :data:`PROGRAMS_PER_SM`)."""
     kern = _KERNELS.get()
     t, hq, d = q.shape
     _, page, hkv, _ = cache_dims(kv_cache, kv_layout)
     group = hq // hkv
     batch, width = block_tables.shape
-    out = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device)  # rows without keys stay 0 / -inf: the kernel
-    lse = torch.full((t, hq), float("-inf"), dtype=torch.float32, device=q.device)  # skips their work items
-    if t == 0 or batch == 0:
-        return out, lse
     if cu_seqlens_q is None:
         cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
     if q.stride(-1) != 1:
         q = q.contiguous()
-    tokens = max(1, ROWS // group)
+    height = rows or (ROWS_FEW if t <= 2 * batch else ROWS)
+    tokens = max(1, height // group)
+    config = dict(LAUNCH.get(height, LAUNCH[ROWS]))
+    if num_warps is not None:
+        config["num_warps"] = int(num_warps)
+    if num_stages is not None:
+        config["num_stages"] = int(num_stages)
     bn = block_n_for(d) if block_n is None else int(block_n)
-    split_len, splits = split_for(t, width * page, bn, num_splits)
+    max_splits = max(1, min(MAX_SPLITS, WORKSPACE_BYTES // max(1, t * hq * d * 4)))
+    if num_splits is not None:
+        max_splits, min_split_tiles, target = max(1, int(num_splits)), 1, 1 << 30
+    split = max_splits > 1
     interpret = type(kern.paged_prefill).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1 (CPU tests)
+    # rows no item covers get their "no key" values (0, -inf): preset here, or from the merge of unused slots
+    out = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device) if not split else \
+        torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
+    lse = torch.full((t, hq), float("-inf"), dtype=torch.float32, device=q.device) if not split else \
+        torch.empty(t, hq, dtype=torch.float32, device=q.device)
+    if t == 0 or batch == 0:
+        return out.zero_(), lse.fill_(float("-inf"))
+    if batch > MAX_SEQS:
+        raise InvalidInputError(expected_got(f"{PREFILL_KERNEL_ID}: sequences", f"<= {MAX_SEQS}", batch,
+                                             "Split the call, or let LayerZero pick another paged_attention_lse "
+                                             "kernel (this one's check refuses such contexts)."))
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     d_pad = max(16, next_pow2(d))
-    if splits > 1:  # float32 partials [T, Hq, S, D] (0) and base-2 lse [T, Hq, S] (-inf): skipped splits weigh 0
-        dst = torch.zeros(t * hq * splits * d, dtype=torch.float32, device=q.device)
-        dst_lse = torch.full((t * hq * splits,), float("-inf"), dtype=torch.float32, device=q.device)
+    if split:  # float32 partials [T, Hq, S, D] (never read unless written) and base-2 lse [T, Hq, S] (-inf: unused)
+        dst = torch.empty(t * hq * max_splits * d, dtype=torch.float32, device=q.device)
+        dst_lse = torch.full((t * hq * max_splits,), float("-inf"), dtype=torch.float32, device=q.device)
     else:
         dst, dst_lse = out, lse
-    m_tiles = -(-t // tokens)
-    total = batch * hkv * splits
-    programs = min(total, PROGRAMS_PER_SM * sm_count(q.device))
+    kv_tiles = -(-width * page // bn)
+    bound = (-(-t // tokens) + batch) * max_splits * hkv  # items: sum of token tiles <= T / tokens + B
+    programs = min(bound, (programs_per_sm or PROGRAMS_PER_SM) * sm_count(q.device))
     launch(kern.paged_prefill, (programs,),
            q, kv_cache, block_tables, seq_lens, cu_seqlens_q, dst, dst_lse, scale * kern.LOG2E,
            q.stride(0), q.stride(1), st[0], st[1], st[2], st[3], block_tables.stride(0), out.stride(0),
-           out.stride(1), page, group, tokens, hq, split_len, splits, hkv, m_tiles, total,
+           out.stride(1), page, group, tokens, hq, hkv, batch, target or programs, min_split_tiles, max_splits,
            ROWS=max(16, next_pow2(tokens * group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
-           CAUSAL=bool(is_causal), INTERPRET=interpret, MAX_TILES=split_len // bn if interpret else 0,
-           MAX_ITEMS=-(-total // programs) if interpret else 0, UPCAST=interpret and q.dtype == torch.bfloat16,
-           SPLIT=splits > 1, MAX_M=m_tiles if interpret else 0, num_warps=4)
-    if splits > 1:
+           B_PAD=max(16, next_pow2(batch)), CAUSAL=bool(is_causal), INTERPRET=interpret,
+           MAX_TILES=kv_tiles if interpret else 0, MAX_ITEMS=-(-bound // programs) if interpret else 0,
+           UPCAST=interpret and q.dtype == torch.bfloat16, SPLIT=split, **config)
+    if split:
         launch(_PAGED.get().paged_decode_merge, (t, hq), dst, dst_lse, out, lse, out.stride(0), out.stride(1),
-               hq * splits * d, splits * d, d, hq, splits, HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits),
-               WRITE_LSE=True, num_warps=4)
+               hq * max_splits * d, max_splits * d, d, hq, max_splits, HEAD_DIM=d, D_PAD=d_pad,
+               S_PAD=next_pow2(max_splits), WRITE_LSE=True, num_warps=4)
     return out, lse
-
-
-def split_for(num_tokens: int, max_kv_len: int, block_n: int, num_splits: int | None = None) -> tuple[int, int]:
-    """Split-K sizing from shapes only: ``(split_len, num_splits)``, ``split_len`` in tokens (a multiple of
-    ``block_n``), ``num_splits * split_len >= max_kv_len``. One split above :data:`SPLIT_MAX_TOKENS` query tokens
-    (prefill: the token tiles fill the GPU, and the workspace would grow with T); else one per
-    :data:`SPLIT_TOKENS` positions, at most :data:`MAX_SPLITS`. ``num_splits`` forces a count (tests).
-
-    >>> split_for(256, 2400, 64)    # the engine's shared level: 5 splits of 512 positions
-    (512, 5)
-    >>> split_for(4096, 2400, 64)   # a prefill: no split
-    (2432, 1)
-    """
-    tiles = max(1, -(-max_kv_len // block_n))
-    if num_splits is None:
-        num_splits = 1 if num_tokens > SPLIT_MAX_TOKENS else -(-max_kv_len // SPLIT_TOKENS)
-    splits = max(1, min(int(num_splits), MAX_SPLITS, tiles))
-    split_len = -(-tiles // splits) * block_n
-    return split_len, -(-tiles * block_n // split_len)
 
 
 def merge_attention_states(out_a, lse_a, out_b, lse_b):
@@ -144,8 +161,12 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
 
 
 def prefill_check(ctx: SelectionContext) -> list[Reason]:
-    """What data cannot say for ``triton.paged_prefill_lse``: GQA ratio <= 16, a paged layout, a page size >= 1."""
+    """What data cannot say for ``triton.paged_prefill_lse``: GQA ratio <= 16, a paged layout, a page size >= 1, at
+    most :data:`MAX_SEQS` sequences."""
     out = []
+    if ctx.batch is not None and ctx.batch > MAX_SEQS:
+        out.append(Reason(ReasonCode.SHAPE_MISMATCH, f"{ctx.batch} sequences > {MAX_SEQS} (per-sequence vectors in "
+                                                     "every program)"))
     ratio = ctx.gqa_ratio
     if ratio is not None and ratio > MAX_GROUP:
         out.append(Reason(ReasonCode.GQA_RATIO_INVALID, f"Hq / Hkv = {ratio} > {MAX_GROUP} (one GQA group per tile)"))
