@@ -27,9 +27,10 @@ from layerzero.engine.bench_prefix import shared_prefix_workload
 
 
 def profile_run(path: Path, prompts: list[list[int]], out_tokens: int, cascade: bool, window: tuple[int, int],
-                rows: int, device: torch.device) -> list[str]:
-    """One cached run; returns its report lines (step times by kind, the profiler's table over decode steps
-    ``window`` = (first, count) counted from the first pure decode step)."""
+                rows: int, device: torch.device, kind: str = "decode") -> list[str]:
+    """One cached run; returns its report lines (step times by kind, the profiler's table over the steps
+    ``window`` = (first, count) of ``kind``: "decode" counts pure decode steps (cascade or not), "prefill" steps
+    with prefill tokens)."""
     cuda = device.type == "cuda"
     llm = LLM(path, device=str(device), dtype=torch.bfloat16 if cuda else torch.float32, max_model_len=len(prompts[0]) + out_tokens + 16,
               cascade_attention=cascade)
@@ -39,22 +40,25 @@ def profile_run(path: Path, prompts: list[list[int]], out_tokens: int, cascade: 
     step, times = eng.step, {"prefill": [], "decode": [], "cascade": []}
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     prof = torch.profiler.profile(activities=acts)
-    state = {"decode_steps": 0, "last": 0.0, "profiling": False}
+    mixed: list[str] = []  # prefill + decode tokens: ms, of every step with prefill tokens
+    state = {"counted": 0, "last": 0.0, "profiling": False}
 
     def timed_step():  # noqa: ANN202
         before = eng.runner.cascade_steps
-        if state["decode_steps"] == window[0] and not state["profiling"]:
+        if state["counted"] == window[0] and not state["profiling"]:
             prof.start()
             state["profiling"] = True
         res = step()
         now = time.perf_counter()
         st = eng.stats.last_step
-        kind = "prefill" if st.num_prefill_tokens else "cascade" if eng.runner.cascade_steps > before else "decode"
-        times[kind].append(now - state["last"])
+        step_kind = "prefill" if st.num_prefill_tokens else "cascade" if eng.runner.cascade_steps > before else "decode"
+        times[step_kind].append(now - state["last"])
+        if step_kind == "prefill":
+            mixed.append(f"{st.num_prefill_tokens}+{st.num_decode_tokens}:{1e3 * (now - state['last']):.0f}")
         state["last"] = now
-        if kind != "prefill":
-            state["decode_steps"] += 1
-            if state["profiling"] and state["decode_steps"] == window[0] + window[1]:
+        if (step_kind == "prefill") == (kind == "prefill"):
+            state["counted"] += 1
+            if state["profiling"] and state["counted"] == window[0] + window[1]:
                 sync()
                 prof.stop()
                 state["profiling"] = False
@@ -70,12 +74,13 @@ def profile_run(path: Path, prompts: list[list[int]], out_tokens: int, cascade: 
     lines = [f"## cascade_attention={cascade}: {total:.2f} s, {eng.stats.steps} steps "
              f"({eng.runner.cascade_steps} cascade), prefix hit rate {eng.stats.prefix_hit_rate:.1%}", "",
              "| step kind | steps | total s | mean ms | median ms |", "| --- | ---: | ---: | ---: | ---: |"]
-    for kind, ts in times.items():
+    for name, ts in times.items():
         if ts:
-            lines.append(f"| {kind} | {len(ts)} | {sum(ts):.2f} | {1e3 * sum(ts) / len(ts):.2f} "
+            lines.append(f"| {name} | {len(ts)} | {sum(ts):.2f} | {1e3 * sum(ts) / len(ts):.2f} "
                          f"| {1e3 * statistics.median(ts):.2f} |")
-    lines += ["", f"engine time split (s): {eng.stats.time_s}", "",
-              f"profiler, decode steps {window[0]}..{window[0] + window[1] - 1}:", "", "```",
+    lines += ["", "steps with prefill tokens (prefill + decode tokens: ms): " + " ".join(mixed), "",
+              f"engine time split (s): {eng.stats.time_s}", "",
+              f"profiler, {kind} steps {window[0]}..{window[0] + window[1] - 1}:", "", "```",
               prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=rows, max_name_column_width=70)
               if prof.profiler is not None else "(window not reached)", "```", ""]
     del llm
@@ -90,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--window", type=int, nargs=2, default=(100, 6), metavar=("FIRST", "COUNT"))
     ap.add_argument("--rows", type=int, default=30)
+    ap.add_argument("--kind", default="decode", choices=("decode", "prefill"), help="the steps --window counts")
     ap.add_argument("--modes", default="off,on", help="cascade_attention runs, in order: off,on")
     ap.add_argument("--scale", default="full", choices=("full", "cpu"), help="cpu: the CPU scale on the CPU (a smoke "
                     "test of this script)")
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# shared-prefix profile: {a.requests} requests, {name}, "
              f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}", ""]
     for mode in a.modes.split(","):
-        lines += profile_run(path, prompts, out_tokens, mode == "on", tuple(a.window), a.rows, device)
+        lines += profile_run(path, prompts, out_tokens, mode == "on", tuple(a.window), a.rows, device, a.kind)
     (a.out / "prefix_profile.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
