@@ -85,34 +85,6 @@ def test_same_tokens_as_without_cascade(checkpoints, family, kw):
     on.engine.kv.check_invariants()
 
 
-def test_mixed_steps_attend_their_decode_rows_apart_and_as_cascade(checkpoints, monkeypatch):
-    """A 16-token budget chunks the prompts, so steps decode some sequences while others still prefill: those mixed
-    steps attend their decode rows apart from the prefill chunks (cascade attention where they share blocks) and
-    give the tokens and logprobs of the engine without cascade attention."""
-    from layerzero.engine.layers import attention
-
-    calls = []
-    real = attention._mixed_attention
-
-    def spy(q, kv_cache, batch, scale):  # noqa: ANN001, ANN202
-        calls.append(batch.cascade is not None)
-        return real(q, kv_cache, batch, scale)
-
-    monkeypatch.setattr(attention, "_mixed_attention", spy)
-    ps = _shared_prompts()
-    sps = [_params(i) for i in range(len(ps))]
-    on, on_outs = _generate(checkpoints["qwen3"], ps, sps, True, max_num_batched_tokens=16)
-    on_calls, calls[:] = list(calls), []
-    off, off_outs = _generate(checkpoints["qwen3"], ps, sps, False, max_num_batched_tokens=16)
-    for a, b in zip(on_outs, off_outs, strict=True):
-        ca, cb = a.outputs[0], b.outputs[0]
-        assert ca.token_ids == cb.token_ids
-        for da, db in zip(ca.logprobs, cb.logprobs, strict=True):
-            assert da.keys() == db.keys() and max(abs(da[t] - db[t]) for t in da) < 1e-4
-    assert any(on_calls) and calls and not any(calls)  # cascade mixed steps ran; none without the option
-    on.engine.kv.check_invariants()
-
-
 # ----------------------------------------------------------------------------------------------- the planner
 def _plan(tables, lens, block_size=4, **policy):
     from layerzero.engine.runner.cascade import CascadePolicy, plan_cascade

@@ -60,24 +60,3 @@ def test_pending_last_token_is_gathered_from_the_previous_step():
     assert fb.input_ids.tolist() == [5, 6, 7, 2, 70] and fb.positions.tolist() == [0, 1, 2, 1, 2]
     with pytest.raises(RuntimeError, match="prev_tokens"):
         build_forward_batch([a], 4, torch.device("cpu"))
-
-
-def test_mixed_step_with_decode_rows_first():
-    """A mixed step whose one-token chunks lead (the scheduler's order): ``num_decode`` counts them and
-    ``prefill_cu`` is the prefill chunks' own cu_seqlens_q; the cascade plan covers the decode rows only (rows 0 and
-    1 share block 7; the prefill chunk also starts with block 7 and is not in any group)."""
-    from layerzero.engine.runner.cascade import CascadePolicy
-    from layerzero.engine.runner.forward_batch import build_forward_batch
-
-    a = _chunk(list(range(10)), 9, 1, [7, 2, 3])  # position 9: KV 10 = block 7 full, 2 full, 3 holds the new one
-    b = _chunk(list(range(10)), 8, 1, [7, 4, 5])
-    c = _chunk(list(range(12)), 8, 4, [7, 6, 9])
-    d = _chunk(list(range(3)), 0, 3, [8])
-    fb = build_forward_batch([a, b, c, d], 4, torch.device("cpu"), cascade=CascadePolicy(always=True))
-    assert fb.num_decode == 2 and fb.cu_seqlens_q.tolist() == [0, 1, 2, 6, 9]
-    assert fb.prefill_cu.tolist() == [0, 4, 7] and fb.prefill_cu.dtype == torch.int32
-    c_ = fb.cascade
-    assert c_.rows.tolist() == [0, 1] and c_.cu_prefix.tolist() == [0, 2]
-    assert c_.prefix_lens.tolist() == [4] and c_.suffix_lens.tolist() == [6, 5]
-    plain = build_forward_batch([c, a], 4, torch.device("cpu"))  # a one-token chunk after a prefill: not split
-    assert plain.num_decode == 0 and plain.prefill_cu is None and plain.cascade is None

@@ -46,8 +46,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
                     batch: ForwardBatch, scale: float, kv_scales: KVScales | None = None) -> torch.Tensor:
     """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``, kv_cache ``[N, 2, P, Hkv, D]`` (NHD) -> ``[T, Hq, D]``: the new
     tokens' K/V go to their slots (:func:`layerzero.reshape_and_cache`), then causal attention of each
-    sequence's new tokens over its whole KV (:func:`layerzero.paged_attention`; a mixed step's decode rows and
-    prefill chunks in two calls, :func:`_mixed_attention`). A float8_e4m3fn / int8 pool is quantized on write and dequantized on read with
+    sequence's new tokens over its whole KV (:func:`layerzero.paged_attention`, prefill, chunked prefill and
+    decode in one call). A float8_e4m3fn / int8 pool is quantized on write and dequantized on read with
     ``kv_scales`` (required then)."""
     if kv_cache.dtype in QUANTIZED_KV_DTYPES:
         kv_scales.observe(k, v)
@@ -56,30 +56,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
         return lz.paged_attention(q, kv_cache, batch.block_tables, batch.seq_lens, cu_seqlens_q=batch.cu_seqlens_q,
                                   scale=scale, is_causal=True, k_scale=ks, v_scale=vs)
     lz.reshape_and_cache(k, v, kv_cache, batch.slot_mapping)
-    if batch.num_decode and batch.cu_seqlens_q is not None:
-        return _mixed_attention(q, kv_cache, batch, scale)
     if batch.cascade is not None:
         return cascade_attention(q, kv_cache, batch.cascade, scale)
     return lz.paged_attention(q, kv_cache, batch.block_tables, batch.seq_lens, cu_seqlens_q=batch.cu_seqlens_q,
                               scale=scale, is_causal=True)
-
-
-def _mixed_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
-    """A mixed step's attention in two calls (vLLM's FlashInfer backend splits its batches the same way): its first
-    ``batch.num_decode`` rows, one token each, as a decode batch (cascade attention when planned), then the prefill
-    chunks. One prefill-kernel call over both read each decode row's whole KV with a mostly empty query tile: on the
-    H200, 248 decode rows of ~2.3k tokens plus four 128-token chunks took 1.2 ms per layer in FlashInfer's paged
-    prefill kernel, against ~0.45 ms for the decode kernel alone. Cascade decode rows select as the decode graphs do
-    (``lz.capture_selection()``: the graph-safe Triton kernels cascade attention is verified with)."""
-    d = batch.num_decode
-    if batch.cascade is not None:
-        with lz.capture_selection():  # the kernels cascade steps are verified with (graph-safe: Triton's)
-            decode = cascade_attention(q[:d], kv_cache, batch.cascade, scale)
-    else:
-        decode = lz.paged_attention(q[:d], kv_cache, batch.block_tables[:d], batch.seq_lens[:d], scale=scale)
-    prefill = lz.paged_attention(q[d:], kv_cache, batch.block_tables[d:], batch.seq_lens[d:],
-                                 cu_seqlens_q=batch.prefill_cu, scale=scale, is_causal=True)
-    return torch.cat([decode, prefill])
 
 
 def cascade_attention(q: torch.Tensor, kv_cache: torch.Tensor, c: CascadeBatch, scale: float) -> torch.Tensor:

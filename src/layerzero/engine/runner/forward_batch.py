@@ -43,11 +43,8 @@ class ForwardBatch:
     - ``logits_indices`` ``[S]`` int64: rows of the hidden states whose next token is sampled (each sampled
       sequence's last new token), in chunk order.
 
-    - ``cascade``: the cascade-attention metadata of the step's decode rows (all rows of a decode step, the first
-      ``num_decode`` of a mixed one) when they share prefix blocks (:mod:`.cascade`), else None;
-    - ``num_decode``: a mixed step's leading one-token chunks (the scheduler puts them first), attended apart from
-      the prefill chunks after them (:func:`layerzero.engine.layers.attention.paged_attention`); ``prefill_cu``
-      ``[B - num_decode + 1]`` int32: ``cu_seqlens_q`` of the prefill chunks alone (None when ``num_decode`` is 0).
+    - ``cascade``: a decode step's cascade-attention metadata when its sequences share enough prefix blocks
+      (:mod:`.cascade`), else None.
 
     Every layer passes the same tensors to :func:`layerzero.paged_attention` (FlashInfer plans once per step).
     """
@@ -61,8 +58,6 @@ class ForwardBatch:
     logits_indices: torch.Tensor
     num_seqs: int
     cascade: CascadeBatch | None = None
-    num_decode: int = 0
-    prefill_cu: torch.Tensor | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -80,29 +75,23 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
     ``prev_tokens`` ``[S_prev]`` int64 on ``device``: the previous step's sampled tokens, where chunks with a
     ``pending_src`` find their last input id (one gather on the device, no host synchronization).
 
-    ``cascade``: plan the step's decode rows (a pure decode step's, or a mixed step's leading one-token chunks) as
-    cascade attention when :func:`~.cascade.plan_cascade` says it pays (None: never)."""
+    ``cascade``: plan a pure decode step as cascade attention when :func:`~.cascade.plan_cascade` says it pays
+    (None: never)."""
     decode = all(c.length == 1 for c in chunks)
     arrays, rows = (_decode_arrays if decode else _mixed_arrays)(chunks, block_size)
     if rows and prev_tokens is None:
         raise RuntimeError("a chunk with a pending token needs the previous step's sampled tokens (prev_tokens)")
-    # a mixed step's leading one-token chunks are attended as a decode batch (scheduler order: decode rows first)
-    nd = len(chunks) if decode else next((i for i, c in enumerate(chunks) if c.length != 1), len(chunks))
-    plan = plan_cascade(arrays[3][:nd], arrays[4][:nd], block_size, cascade) if cascade is not None else None
-    extra = []
+    plan = plan_cascade(arrays[3], arrays[4], block_size, cascade) if decode and cascade is not None else None
     if rows:
-        extra.append(np.asarray(rows, dtype=np.int64).T.copy())  # [2, P]: (row of input_ids, row of prev_tokens)
-    if not decode and nd:
-        extra.append(arrays[5][nd:] - np.int32(nd))  # the prefill chunks' own cu_seqlens_q
-    t = to_device(arrays + extra + (plan[0] if plan is not None else []), device)
+        arrays.append(np.asarray(rows, dtype=np.int64).T.copy())  # [2, P]: (row of input_ids, row of prev_tokens)
+    if plan is not None:
+        arrays.extend(plan[0])
+    t = to_device(arrays, device)
     ids, pos, slots, tables, seq_lens, cu, sample = t[:7]
     if rows:
         ids.index_copy_(0, t[7][0], prev_tokens.index_select(0, t[7][1]))
     casc = None if plan is None else CascadeBatch(*t[len(t) - 6:], saved_tokens=plan[1])
-    if decode:
-        return ForwardBatch(ids, pos, slots, tables, seq_lens, None, sample, len(chunks), casc)
-    return ForwardBatch(ids, pos, slots, tables, seq_lens, cu, sample, len(chunks), casc, nd,
-                        t[7 + bool(rows)] if nd else None)
+    return ForwardBatch(ids, pos, slots, tables, seq_lens, None if decode else cu, sample, len(chunks), casc)
 
 
 def _mixed_arrays(chunks: Sequence[ScheduledChunk], block_size: int) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
