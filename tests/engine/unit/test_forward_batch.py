@@ -60,3 +60,18 @@ def test_pending_last_token_is_gathered_from_the_previous_step():
     assert fb.input_ids.tolist() == [5, 6, 7, 2, 70] and fb.positions.tolist() == [0, 1, 2, 1, 2]
     with pytest.raises(RuntimeError, match="prev_tokens"):
         build_forward_batch([a], 4, torch.device("cpu"))
+
+
+def test_decode_graphs_only_take_steps_that_sample_every_row():
+    """A one-token chunk that does not end its prompt (a budget's last token) is not sampled; the decode graphs
+    return every row's logits, so such a step runs eager (its logits rows follow ``logits_indices``)."""
+    from layerzero.engine.runner.cuda_graph import CUDAGraphRunner
+    from layerzero.engine.runner.forward_batch import build_forward_batch
+
+    runner = CUDAGraphRunner(torch.nn.Identity(), [], 8, 4, torch.device("cpu"))
+    runner.graphs = {s: None for s in runner.sizes}  # as if captured (nothing is replayed here)
+    a = _chunk([1, 2, 3, 4, 5], 4, 1, [6, 0])
+    b = _chunk([9, 8, 7], 2, 1, [4])
+    assert runner.can_run(build_forward_batch([a, b], 4, torch.device("cpu")))
+    partial = _chunk([9, 8, 7, 6], 2, 1, [4], sample=False)  # position 2 of 4 tokens: the prompt goes on
+    assert not runner.can_run(build_forward_batch([a, partial], 4, torch.device("cpu")))

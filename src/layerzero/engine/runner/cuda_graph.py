@@ -99,8 +99,11 @@ class CUDAGraphRunner:
                 (self.cascade_outputs if cascade else self.outputs)[bs] = out
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        """A pure decode step (a cascade one only with cascade graphs) that fits the largest bucket."""
+        """A pure decode step (a cascade one only with cascade graphs) that fits the largest bucket and samples
+        every row (the graphs return every row's logits; a one-token chunk that does not end its prompt, from a
+        budget's last token, runs eager)."""
         return bool(self.graphs) and batch.is_decode and batch.num_seqs <= self.sizes[-1] \
+            and batch.logits_indices.shape[0] == batch.num_seqs \
             and batch.block_tables.shape[1] <= self.block_tables.shape[1] \
             and (batch.cascade is None or bool(self.cascade_graphs))
 
