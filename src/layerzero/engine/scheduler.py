@@ -25,8 +25,7 @@ __all__ = ["Scheduler", "SchedulerOutput"]
 
 @dataclass
 class SchedulerOutput:
-    """One step's work: ``chunks`` (sequence, new tokens this step) in batch order, one-token chunks (decode) first;
-    sequences preempted."""
+    """One step's work: ``chunks`` (sequence, new tokens this step) in batch order; sequences preempted."""
 
     chunks: list[tuple[Sequence, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
@@ -114,9 +113,6 @@ class Scheduler:
             budget -= n
             if share:
                 prefilling.add(seq.request_id)
-        # one-token chunks first (stable): the model runner may run a mixed step's decode rows as their own batch
-        # (a decode CUDA graph) and its prefill chunks after them (ModelRunner.execute)
-        out.chunks.sort(key=lambda c: c[1] != 1)
         return out
 
     def _cached_tokens(self, seq: Sequence) -> int:

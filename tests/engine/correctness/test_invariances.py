@@ -85,34 +85,3 @@ def test_batch_of_one_equals_batch(cases, checkpoints):
     ps, refs = cases
     _, outs = _run(checkpoints, ps, one_by_one=True, enable_prefix_caching=False)
     _check(outs, refs)
-
-
-@pytest.mark.parametrize("kw", [dict(max_num_batched_tokens=7), dict(max_num_batched_tokens=16),
-                                dict(max_num_batched_tokens=7, async_scheduling=True),
-                                dict(max_num_batched_tokens=16, cascade_attention=True)],
-                         ids=["chunked-7", "chunked-16", "async-chunked-7", "chunked-16-cascade"])
-def test_mixed_steps_split_into_decode_and_prefill_forwards(kw, cases, checkpoints, monkeypatch):
-    """With decode graphs, a mixed step whose decode rows attend many KV tokens runs them as their own forward
-    before its prefill chunks (``ModelRunner.execute``). Forced here on the CPU (threshold 1 KV token): the same
-    greedy tokens and logprobs as transformers, and the split really ran (two forwards in some step)."""
-    from layerzero.engine import LLM, SamplingParams
-    from layerzero.engine.runner.model_runner import ModelRunner
-
-    ps, refs = cases
-    forwards: list[int] = []
-    real = ModelRunner._execute
-
-    def counted(self, chunks, *args):  # noqa: ANN001, ANN202
-        forwards.append(len(chunks))
-        return real(self, chunks, *args)
-
-    monkeypatch.setattr(ModelRunner, "_execute", counted)
-    llm = LLM(checkpoints[FAMILY], device="cpu", dtype=torch.float32, max_model_len=96, num_kv_blocks=64,
-              max_num_seqs=8, **kw)
-    assert llm.engine.runner.split_min_decode_kv_tokens is None  # no decode graphs on the CPU: never split
-    llm.engine.runner.split_min_decode_kv_tokens = 1
-    outs = llm.generate(ps, SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0),
-                        use_tqdm=False)
-    _check(outs, refs)
-    assert len(forwards) > llm.stats()["steps"]  # some step ran two forwards
-    llm.engine.kv.check_invariants()

@@ -94,16 +94,3 @@ def test_capture_sizes():
     assert capture_sizes(1) == [1]
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
     assert capture_sizes(256)[:6] == [1, 2, 4, 8, 16, 24] and capture_sizes(256)[-1] == 256
-
-
-def test_one_token_chunks_come_first_whatever_the_policy_order():
-    """The model runner may run a mixed step's leading one-token chunks as their own decode batch: the scheduler
-    puts them first (stable) even where the policy runs a prefilling sequence ahead (priority 0 before 1)."""
-    s = _sched(budget=16, policy="priority")
-    a = _seq(2, prio=1, t=0)
-    s.add(a)
-    _step(s)
-    b = _seq(20, prio=0, t=1)
-    s.add(b)
-    assert [(q is a, n) for q, n in _step(s).chunks] == [(True, 1), (False, 15)]
-    assert [(q is a, n) for q, n in _step(s).chunks] == [(True, 1), (False, 5)]  # policy order: b, then a

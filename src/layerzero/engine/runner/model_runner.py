@@ -22,11 +22,6 @@ from .forward_batch import ForwardBatch, ScheduledChunk, build_forward_batch
 __all__ = ["ModelRunner", "kv_bytes_per_block"]
 
 log = logging.getLogger("layerzero.engine")
-SPLIT_MIN_DECODE_KV_TOKENS = 65536
-"""A mixed step's decode rows run as their own (graph) forward from this many KV tokens: a second forward costs one
-more read of the weights (~1.2 GB, ~0.3 ms on an H200 for Qwen3-0.6B), while the prefill kernel wastes ~37 ns per
-decode KV token there (0.75 ms per layer over ~570k tokens, measured): break-even near 10k tokens, this leaves a wide
-margin."""
 ACTIVATION_RESERVE_BYTES_PER_TOKEN = 64 * 1024
 """CUDA pool sizing leaves this much per batched token for activations and logits (a bound for the supported
 model sizes; the pool is ``free memory x kv_cache_memory_fraction`` minus this reserve)."""
@@ -86,9 +81,6 @@ class ModelRunner:
                     raise
                 log.warning("%s (decode runs eager kernels): no graph-safe kernel for a decode step: %s",
                             "eager decode" if ec.enforce_eager else "CUDA graphs off", exc)
-        self.split_min_decode_kv_tokens: int | None = SPLIT_MIN_DECODE_KV_TOKENS if self.graphs is not None else None
-        """Mixed steps split their decode rows off when those attend this many KV tokens (:meth:`execute`); None:
-        never (without decode graphs, a second eager forward only adds launches)."""
         if self.kv_dtype == torch.int8:  # after capture, so the capture's dummy batch calibrates nothing
             for m in self.model.modules():
                 if isinstance(m, KVScales):
@@ -129,23 +121,7 @@ class ModelRunner:
                 prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Forward the step's ``chunks`` (sequence, new tokens); returns float32 logits ``[S, V]`` of the sequences
         whose chunk reaches their last token (in chunk order). ``prev_tokens`` ``[S_prev]`` int64 on the device:
-        the previous step's sampled tokens, for sequences whose last token is pending (async scheduling).
-
-        A mixed step whose leading one-token chunks (the scheduler puts them first) attend at least
-        ``split_min_decode_kv_tokens`` KV tokens runs as two forwards: those decode rows as a decode batch (its CUDA
-        graph, cascade attention where planned), then the prefill chunks. In one forward, the prefill attention
-        kernel gives each decode row a mostly empty query tile over its whole KV: on the H200's shared-prefix run,
-        steps of ~250 decode rows (~2.3k tokens of KV each) and four 128-token chunks took ~50 ms, a decode step ~9 ms
-        (benchmarks/results/engine/h200/README.md)."""
-        nd = next((i for i, (_, n) in enumerate(chunks) if n != 1), len(chunks))  # one-token chunks lead
-        if 0 < nd < len(chunks) and self.split_min_decode_kv_tokens is not None \
-                and sum(s.num_computed_tokens + 1 for s, _ in chunks[:nd]) >= self.split_min_decode_kv_tokens:
-            head = self._execute(chunks[:nd], block_tables[:nd], prev_tokens)
-            return torch.cat([head, self._execute(chunks[nd:], block_tables[nd:], prev_tokens)])
-        return self._execute(chunks, block_tables, prev_tokens)
-
-    def _execute(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]],
-                 prev_tokens: torch.Tensor | None) -> torch.Tensor:
+        the previous step's sampled tokens, for sequences whose last token is pending (async scheduling)."""
         batch = self.prepare(chunks, block_tables, prev_tokens)
         if batch.cascade is not None:
             self.cascade_steps += 1
