@@ -75,6 +75,11 @@ def run_prefix(*, scale: str = "full", model: str | None = None, device: str | N
     (``seconds_cache_on_cascade``, ``speedup_cascade``, ``cascade_steps``): what cascade attention adds to the hits.
     ``zero_hit=False`` skips the 0%-hit measurement (``"zero_hit"`` is then None).
 
+    Every shared-prefix run gets the KV pool size of the first one (cache on): on CUDA the pool is otherwise sized
+    from free memory, and a later engine found ~5 GB less of it (still held after the first engine was freed, cause
+    not found): until 2026-11-25 the cache-off run got 34,135 blocks instead of 39,169 and preempted 36 times, which
+    made the baseline slower and the speed-ups look larger.
+
     ``repeats``: the 0%-hit pair runs this many times, interleaved (on, off, on, off, ...), every engine with the KV
     pool size of the first one (on CUDA the pool is otherwise sized from free memory, which the earlier engines
     change); the cost is the median of the per-pair costs (each pair's runs are adjacent in time), and every pair's
@@ -91,11 +96,12 @@ def run_prefix(*, scale: str = "full", model: str | None = None, device: str | N
     mml = len(prompts[0]) + out + 16
     budget = PREFIX_SCALES[scale]["budget"]
     on, on_stats = _timed(path, dev, dt, prompts, [out] * len(prompts), True, mml, budget)
-    off, off_stats = _timed(path, dev, dt, prompts, [out] * len(prompts), False, mml, budget)
+    blocks = on_stats.get("num_kv_blocks")  # every later engine gets the first one's pool (see the docstring)
+    off, off_stats = _timed(path, dev, dt, prompts, [out] * len(prompts), False, mml, budget, blocks)
     shared = {"requests": len(prompts), "seconds_cache_on": on, "seconds_cache_off": off, "speedup": off / on,
               "hit_rate": on_stats["prefix_hit_rate"], **_engine_facts(on_stats, off_stats)}
     if dev.type == "cuda":
-        casc, casc_stats = _timed(path, dev, dt, prompts, [out] * len(prompts), True, mml, budget,
+        casc, casc_stats = _timed(path, dev, dt, prompts, [out] * len(prompts), True, mml, budget, blocks,
                                   cascade_attention=True)
         shared.update(seconds_cache_on_cascade=casc, speedup_cascade=off / casc, steps_cascade=casc_stats["steps"],
                       cascade_steps=casc_stats["cascade_steps"],

@@ -91,3 +91,19 @@ def test_prefix_benchmark_at_cpu_scale(tmp_path):
         on, off = part["num_kv_blocks"]
         assert on == off > 0  # the CPU pool has a documented default size: both runs got the same
         assert all(isinstance(n, int) and n >= 0 for n in part["preemptions"]) and min(part["steps"]) > 0
+
+
+def test_prefix_benchmark_gives_every_shared_prefix_run_the_first_pool(monkeypatch):
+    """The cache-off (and, on CUDA, cascade) runs of the shared-prefix workload get the first run's KV pool size, so
+    a smaller pool (fewer blocks free on the device after the first engine) cannot slow the baseline down."""
+    from layerzero.engine import bench_prefix
+
+    calls = []
+
+    def fake(path, device, dtype, prompts, max_tokens, caching, mml, budget=None, num_kv_blocks=None, **kw):
+        calls.append((caching, num_kv_blocks))
+        return 1.0, {"prefix_hit_rate": 0.5, "num_kv_blocks": 123, "preemptions": 0, "steps": 1}
+
+    monkeypatch.setattr(bench_prefix, "_timed", fake)
+    bench_prefix.run_prefix(scale="cpu", model="unused", device="cpu", zero_hit=False)
+    assert calls == [(True, None), (False, 123)]

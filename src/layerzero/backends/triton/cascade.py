@@ -1,17 +1,20 @@
 """Cascade attention's Triton kernels: ``triton.paged_prefill_lse`` (op ``paged_attention_lse``: paged attention of
 many query tokens per sequence, causal or not, with the lse) and ``triton.merge_attention_states``.
 
-``paged_prefill_lse`` is FlashAttention's forward (Dao et al. 2022) over a paged cache: one program per (sequence,
-KV head, tile of new tokens) holds those tokens' query rows for every query head of the KV head (the GQA group) and
-reads the sequence's KV once per tile. Cascade attention's shared level (Ye et al. 2024, FlashInfer's
+``paged_prefill_lse`` is FlashAttention's forward (Dao et al. 2022) over a paged cache: a work item (sequence, tile of
+new tokens, KV split, KV head) holds those tokens' query rows for every query head of the KV head (the GQA group) and
+reads the split's KV once. Cascade attention's shared level (Ye et al. 2024, FlashInfer's
 ``MultiLevelCascadeAttentionWrapper``) calls it with ``is_causal=False`` and one "sequence" per group of requests
 sharing a prefix: the group's decode queries are that sequence's tokens, the prefix its KV, so the prefix is read
 once per group instead of once per request. The ``@triton.jit`` code is in ``_cascade_kernels.py``.
 
-Graph-safe: grids and arguments come from shapes (``T``, the number of query tokens, bounds every q_len), no host read
-of ``seq_lens`` / ``cu_seqlens_q`` / ``block_tables``. The kernel is persistent (at most 4 programs per SM walking the
-work items): items past a sequence's q_len or keys are skipped in O(1) and the outputs start as their "no key"
-values, because the engine's CUDA graphs call it with one sequence per batch row, most of them empty.
+Graph-safe: grids and arguments come from shapes, no host read of ``seq_lens`` / ``cu_seqlens_q`` /
+``block_tables``. The kernel is persistent (:data:`PROGRAMS_PER_SM` programs per SM) and sizes its work on the device:
+each program derives the items of the sequences that have rows and keys, splits their KV so the items number about
+one per program, and finds its own by a prefix-sum search. The engine's CUDA graphs call it with one "sequence" per
+batch row, most of them empty, and groups of 1 to 256 members: empty sequences cost nothing and a big group's token
+tiles spread over many programs (H200 measurements: benchmarks/results/engine/h200/README.md, 2026-11-25 fourth
+session).
 """
 
 from __future__ import annotations
