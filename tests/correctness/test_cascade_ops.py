@@ -218,6 +218,26 @@ def test_triton_paged_prefill_lse_shared_level(seed, knobs):
     close(lse, ref_lse, torch.float32)
 
 
+def test_triton_paged_prefill_lse_refuses_too_many_sequences():
+    """Every program holds per-sequence vectors of next_pow2(B) entries: more than MAX_SEQS sequences are refused by
+    the check (a typed reason) and by the kernel entry (a typed error, before any launch)."""
+    from types import SimpleNamespace
+
+    from layerzero.backends.triton import cascade
+
+    ctx = SimpleNamespace(gqa_ratio=2, kv_layout="NHD", page_size=16, batch=cascade.MAX_SEQS)
+    assert cascade.prefill_check(ctx) == []
+    reasons = cascade.prefill_check(SimpleNamespace(**{**vars(ctx), "batch": cascade.MAX_SEQS + 1}))
+    assert [r.code.name for r in reasons] == ["SHAPE_MISMATCH"] and "2049 sequences" in reasons[0].message
+    if interpreted.args[0]:  # no triton / interpreter here: the entry's guard is not reachable
+        return
+    b = cascade.MAX_SEQS + 1
+    q, cache = torch.zeros(b, 2, 8), torch.zeros(1, 2, 4, 1, 8)
+    tables, lens = torch.zeros(b, 1, dtype=torch.int32), torch.zeros(b, dtype=torch.int32)
+    with pytest.raises(InvalidInputError, match="sequences"):
+        cascade.paged_prefill_lse(q, cache, tables, lens, None, None, False, "NHD")
+
+
 @interpreted
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("splits", [1, 3])
