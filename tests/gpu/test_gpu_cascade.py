@@ -2,7 +2,8 @@
 kernel that can run here (``triton.paged_decode_lse``, ``triton.paged_prefill_lse``, ``flashinfer.paged_attention_lse``
 when installed: its base-2 lse converted) and ``triton.merge_attention_states``, locked one at a time, against the
 float64 oracle of ``tests/correctness/test_cascade_ops.py`` (its CPU helpers, inputs moved to CUDA); the cascade
-identity at a serving shape; the kernels LayerZero picks by default and under ``lz.capture_selection()``."""
+identity at a serving shape; the shared level at the engine's graph shape (256 rows, groups of 1-256 members, the
+rest empty) against a float64 einsum; the kernels LayerZero picks by default and under ``lz.capture_selection()``."""
 
 from __future__ import annotations
 
@@ -76,6 +77,43 @@ def test_serving_shape_cascade_identity(dtype):
             mine, mine_lse = lz.paged_attention(q, cache, own, lens - 2048, return_lse=True)
             merged, _ = lz.merge_attention_states(shared, shared_lse, mine, mine_lse)
         torch.testing.assert_close(merged.float(), whole.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("groups, members", [(64, 4), (16, 16), (4, 64), (1, 256), (200, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_shared_level_at_the_engine_graph_shape(groups, members, dtype):
+    """``triton.paged_prefill_lse`` as the engine's decode graphs call it for the shared level: a bucket of 256 rows
+    (T = B = 256), G groups of M members first, the other "groups" empty (no rows, no keys), prefixes of 512-1000
+    tokens in pages of 16, Qwen3-0.6B heads. The kernel derives its items and splits on the device (a big group's
+    token tiles spread over programs); every member row must equal a float64 softmax over its group's prefix
+    computed here with einsum, and the rows past the groups must be 0 with lse -inf."""
+    from layerzero.backends.triton.cascade import paged_prefill_lse
+
+    g = torch.Generator(device="cuda").manual_seed(groups)
+    page, hkv, hq, d, b, width = 16, 8, 16, 128, 256, 64
+    cache = torch.randn(groups * width + 4, 2, page, hkv, d, device="cuda", dtype=dtype, generator=g)
+    tables = torch.zeros(b, width, dtype=torch.int32, device="cuda")
+    tables[:groups] = torch.randperm(groups * width, device="cuda", generator=g).view(groups, width).to(torch.int32)
+    lens = torch.zeros(b, dtype=torch.int32, device="cuda")
+    lens[:groups] = torch.randint(512, 1001, (groups,), device="cuda", generator=g).to(torch.int32)
+    cu = torch.full((b + 1,), groups * members, dtype=torch.int32, device="cuda")
+    cu[:groups + 1] = torch.arange(groups + 1, device="cuda") * members
+    q = torch.randn(b, hq, d, device="cuda", dtype=dtype, generator=g)
+    out, lse = paged_prefill_lse(q, cache, tables, lens, cu, None, False, "NHD")
+    rows = groups * members
+    for i in range(groups):
+        n = int(lens[i])
+        blocks = tables[i, :-(-n // page)].long()
+        kv = cache[blocks].double().transpose(1, 0).reshape(2, -1, hkv, d)[:, :n]  # [2, n, Hkv, D]
+        k, v = (t.repeat_interleave(hq // hkv, dim=1) for t in kv)  # [n, Hq, D]
+        qi = q[i * members:(i + 1) * members].double()
+        scores = torch.einsum("mhd,nhd->mhn", qi, k) / d ** 0.5
+        ref = torch.einsum("mhn,nhd->mhd", scores.softmax(-1), v)
+        tol = TOL[dtype]
+        torch.testing.assert_close(out[i * members:(i + 1) * members].double(), ref, rtol=tol, atol=tol)
+        torch.testing.assert_close(lse[i * members:(i + 1) * members].double(), scores.logsumexp(-1), rtol=tol,
+                                   atol=tol)
+    assert bool((out[rows:] == 0).all()) and bool((lse[rows:] == float("-inf")).all())
 
 
 def test_merge_kernel_matches_reference():
