@@ -1,5 +1,5 @@
 """One layer's decode attention at the shared-prefix benchmark's shape, plain vs cascade, each captured in a CUDA graph
-(GPU time per replay, CUDA events): 16 groups x 16 sequences (batch 256), 2048-token shared prefixes (128 blocks of
+(GPU µs per call in a CUDA graph of 50 calls, best of 5 replays: ``bench_in_graph.graph_us``): 16 groups x 16 sequences (batch 256), 2048-token shared prefixes (128 blocks of
 16), 130-350 own tokens each, Qwen3-0.6B heads (16 q / 8 kv, D 128), bf16, block tables 150 wide. The cascade rows
 use the engine's layout: every batch row is a group (the 16 real groups first, then 240 empty ones), as the engine's
 cascade graphs pass them. Kernels as the decode graphs select them (``lz.capture_selection()``).
@@ -12,6 +12,8 @@ Results: benchmarks/results/engine/h200/2026-11-25c/cascade_layer_microbench.txt
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
@@ -19,28 +21,8 @@ import layerzero as lz
 from layerzero.engine.layers.attention import cascade_attention
 from layerzero.engine.runner.cascade import CascadeBatch
 
-
-def graph_us(fn, reps: int = 50) -> float:
-    """GPU µs per replay of ``fn`` captured in a CUDA graph (after PyTorch's side-stream warm-up)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        graph.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / reps * 1e3
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_in_graph's CUDA-graph timer
+from bench_in_graph import graph_us  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

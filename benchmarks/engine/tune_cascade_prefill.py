@@ -1,7 +1,7 @@
 """Launch-configuration search for ``triton.paged_prefill_lse`` at cascade attention's shared level, as the engine's
 decode graphs call it: a bucket of 256 rows (``T = B = 256``), G groups of M members sharing a 2048-token prefix and
 the other 256 - G "groups" empty, block tables 153 wide (max_model_len 2448), Qwen3-0.6B heads (16 q / 8 kv, D 128),
-bf16, page 16. GPU µs per call in a CUDA graph (as ``cascade_layer.py``).
+bf16, page 16. GPU µs per call in a CUDA graph (``bench_in_graph.graph_us``).
 
 Coordinate descent over rows per tile, num_warps, num_stages, block_n, programs per SM and the device-side split
 sizing (``target`` items, ``min_split_tiles``), minimizing the sum over the cases (G x M = 64 x 4, the benchmark's
@@ -16,12 +16,17 @@ Results: benchmarks/results/engine/h200/ (the session's folder).
 from __future__ import annotations
 
 import argparse
+import ast
+import sys
 import time
+from pathlib import Path
 
 import torch
-from cascade_layer import graph_us
 
 from layerzero.backends.triton.cascade import paged_prefill_lse
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_in_graph's CUDA-graph timer
+from bench_in_graph import graph_us  # noqa: E402
 
 CASES = ((64, 4), (16, 16), (32, 8), (128, 2), (4, 64), (1, 256))
 SPACE = {"rows": (16, 32), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3), "block_n": (32, 64, 128),
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.configs:
         cases = {c: case(*c) for c in CASES}
         for cfg in a.configs:
-            cfg = {**DEFAULT, **eval(cfg)}  # noqa: S307 - a dict literal from the command line
+            cfg = {**DEFAULT, **ast.literal_eval(cfg)}  # a dict literal from the command line
             per = {c: graph_us(lambda args=args, cfg=cfg: paged_prefill_lse(*args, None, False, "NHD", **cfg), reps=30)
                    for c, args in cases.items()}
             print(f"  {sum(per.values()):8.1f} us  {' '.join(f'{k}={v:.1f}' for k, v in per.items())}  {cfg}  "

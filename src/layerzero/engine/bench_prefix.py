@@ -81,8 +81,7 @@ def run_prefix(*, scale: str = "full", model: str | None = None, device: str | N
     made the baseline slower and the speed-ups look larger.
 
     ``repeats``: the 0%-hit pair runs this many times, interleaved (on, off, on, off, ...), every engine with the KV
-    pool size of the first one (on CUDA the pool is otherwise sized from free memory, which the earlier engines
-    change); the cost is the median of the per-pair costs (each pair's runs are adjacent in time), and every pair's
+    pool size of the first one (likewise); the cost is the median of the per-pair costs (each pair's runs are adjacent in time), and every pair's
     seconds are reported. One pair read +1.1% on the H200 (2026-11-24), at the 1% target's edge."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         from layerzero import InvalidInputError

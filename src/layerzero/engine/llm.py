@@ -61,8 +61,8 @@ class LLM:
             attention: each group's shared prefix read once for all its members, merged with each member's own
             blocks by log-sum-exp (Ye et al. 2024; FlashInfer's and vLLM's cascade attention), inside the decode
             CUDA graphs. True: every decode step with a shared prefix (unquantized KV pools only); None / False: off.
-            Opt-in: on the H200 the shared-prefix benchmark ran 8% faster with it; its cost where nothing is shared
-            is not measured yet (docs/engine.md). Exact attention either way (float rounding aside).
+            Opt-in: on the H200 the shared-prefix benchmark ran 13.0 s with it, 19.4 s without; where nothing is
+            shared it measured within noise (docs/engine.md). Exact attention either way (float rounding aside).
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its

@@ -87,11 +87,15 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
     ``min(num_splits, its KV tiles)`` splits; ``block_n`` KV positions per step; ``rows`` query rows per tile
     (default :data:`ROWS` / :data:`ROWS_FEW`); ``num_warps``, ``num_stages`` (default :data:`LAUNCH` of the tile
     height), ``programs_per_sm`` (default :data:`PROGRAMS_PER_SM`)."""
-    kern = _KERNELS.get()
     t, hq, d = q.shape
+    batch, width = block_tables.shape
+    if batch > MAX_SEQS:
+        raise InvalidInputError(expected_got(f"{PREFILL_KERNEL_ID}: sequences", f"<= {MAX_SEQS}", batch,
+                                             "Split the call, or let LayerZero pick another paged_attention_lse "
+                                             "kernel (this one's check refuses such contexts)."))
+    kern = _KERNELS.get()
     _, page, hkv, _ = cache_dims(kv_cache, kv_layout)
     group = hq // hkv
-    batch, width = block_tables.shape
     if cu_seqlens_q is None:
         cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
     if q.stride(-1) != 1:
@@ -109,17 +113,14 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
         max_splits, min_split_tiles, target = max(1, int(num_splits)), 1, 1 << 30
     split = max_splits > 1
     interpret = type(kern.paged_prefill).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1 (CPU tests)
-    # rows no item covers get their "no key" values (0, -inf): preset here, or from the merge of unused slots
-    out = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device) if not split else \
-        torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
-    lse = torch.full((t, hq), float("-inf"), dtype=torch.float32, device=q.device) if not split else \
-        torch.empty(t, hq, dtype=torch.float32, device=q.device)
-    if t == 0 or batch == 0:
-        return out.zero_(), lse.fill_(float("-inf"))
-    if batch > MAX_SEQS:
-        raise InvalidInputError(expected_got(f"{PREFILL_KERNEL_ID}: sequences", f"<= {MAX_SEQS}", batch,
-                                             "Split the call, or let LayerZero pick another paged_attention_lse "
-                                             "kernel (this one's check refuses such contexts)."))
+    if t == 0 or batch == 0 or not split:  # rows no item covers keep their "no key" values (0, -inf)
+        out = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device)
+        lse = torch.full((t, hq), float("-inf"), dtype=torch.float32, device=q.device)
+        if t == 0 or batch == 0:
+            return out, lse
+    else:  # the merge writes every row (0, -inf where no split wrote a slot)
+        out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
+        lse = torch.empty(t, hq, dtype=torch.float32, device=q.device)
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     d_pad = max(16, next_pow2(d))
