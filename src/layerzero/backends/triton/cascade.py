@@ -86,7 +86,11 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
     ``benchmarks/engine/tune_cascade_prefill.py``): ``num_splits`` forces every sequence into
     ``min(num_splits, its KV tiles)`` splits; ``block_n`` KV positions per step; ``rows`` query rows per tile
     (default :data:`ROWS` / :data:`ROWS_FEW`); ``num_warps``, ``num_stages`` (default :data:`LAUNCH` of the tile
-    height), ``programs_per_sm`` (default :data:`PROGRAMS_PER_SM`)."""
+    height), ``programs_per_sm`` (default :data:`PROGRAMS_PER_SM`).
+
+    Raises:
+        InvalidInputError: more than :data:`MAX_SEQS` sequences (before any work; :func:`prefill_check` keeps
+            selection from routing such calls here)."""
     t, hq, d = q.shape
     batch, width = block_tables.shape
     if batch > MAX_SEQS:
