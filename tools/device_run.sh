@@ -18,7 +18,7 @@
 #   hidden    benchmarks/hidden_shapes.py $HIDDEN_ARGS --out $OUT/hidden, likewise
 #   engine-gpu pytest of the engine's GPU tests and the fused-MoE GPU tests (bf16, CUDA graphs vs eager)
 #   bench-engine benchmarks/engine/bench_engine.py $BENCH_ARGS (nano-vllm workload, full scale) into $OUT/engine
-#   bench-prefix `layerzero bench-engine --workload prefix` into $OUT/engine
+#   bench-prefix `layerzero bench-engine --workload prefix $PREFIX_ARGS` into $OUT/engine
 #   prefix-profile benchmarks/engine/prefix_profile.py $PROFILE_ARGS (shared-prefix step times and kernel table)
 #   cascade-layer benchmarks/engine/cascade_layer.py at 16x16 and at 64x4 (interleaved rows), into $OUT/cascade_layer.txt
 #   tune-cascade benchmarks/engine/tune_cascade_prefill.py $TUNE_ARGS into $OUT/tune_cascade.txt
@@ -64,7 +64,7 @@ for stage in "$@"; do
     hidden) python3 benchmarks/hidden_shapes.py --out "$OUT/hidden" --max-minutes "$(left_min)" ${HIDDEN_ARGS:-} 2>&1 | tee "$OUT/hidden.log" | tail -40 ;;
     engine-gpu) timeout ${GPU_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rs --durations=15 tests/engine/gpu tests/gpu/test_gpu_fused_moe.py 2>&1 | tee "$OUT/engine-gpu.txt" | tail -40 ;;
     bench-engine) timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/engine/bench_engine.py --out "$OUT/engine" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-engine.log" | tail -20 ;;
-    bench-prefix) timeout ${BENCH_TIMEOUT:-400} python3 -m layerzero bench-engine --workload prefix --repeats ${PREFIX_REPEATS:-3} --out "$OUT/engine" 2>&1 | tail -5 ;;
+    bench-prefix) timeout ${BENCH_TIMEOUT:-400} python3 -m layerzero bench-engine --workload prefix --repeats ${PREFIX_REPEATS:-3} ${PREFIX_ARGS:-} --out "$OUT/engine" 2>&1 | tail -5 ;;
     prefix-profile) timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/engine/prefix_profile.py --out "$OUT/prefix" ${PROFILE_ARGS:-} 2>&1 | tail -60 ;;
     cascade-layer) for a in "" "--groups 64 --members 4" "--groups 64 --members 4 --interleave"; do
         timeout 150 python3 benchmarks/engine/cascade_layer.py $a 2>&1 | tail -8; done | tee "$OUT/cascade_layer.txt" ;;

@@ -75,10 +75,11 @@ def run_prefix(*, scale: str = "full", model: str | None = None, device: str | N
     (``seconds_cache_on_cascade``, ``speedup_cascade``, ``cascade_steps``): what cascade attention adds to the hits.
     ``zero_hit=False`` skips the 0%-hit measurement (``"zero_hit"`` is then None).
 
-    Every shared-prefix run gets the KV pool size of the first one (cache on): on CUDA the pool is otherwise sized
-    from free memory, and a later engine found ~5 GB less of it (still held after the first engine was freed, cause
-    not found): until 2026-11-25 the cache-off run got 34,135 blocks instead of 39,169 and preempted 36 times, which
-    made the baseline slower and the speed-ups look larger.
+    Every shared-prefix run gets the KV pool size of the first one (cache on), so every run has the same room and
+    none preempts. Until 2026-11-25 a later engine found less free memory than the first (a deleted engine's
+    tensors stayed alive: xFormers kept its import error, whose traceback pinned the frames of the forward that first
+    probed the backends; probes now run on a clean stack): the cache-off run got 34,135 blocks instead of 39,169
+    and preempted 36 times, which made the baseline slower and the speed-ups look larger.
 
     ``repeats``: the 0%-hit pair runs this many times, interleaved (on, off, on, off, ...), every engine with the KV
     pool size of the first one (likewise); the cost is the median of the per-pair costs (each pair's runs are adjacent in time), and every pair's
