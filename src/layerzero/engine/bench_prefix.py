@@ -49,15 +49,20 @@ def _timed(path: Path, device: torch.device, dtype: torch.dtype, prompts: list[l
 
     llm = LLM(path, device=str(device), dtype=dtype, enable_prefix_caching=caching, max_model_len=max_model_len,
               max_num_batched_tokens=budget, num_kv_blocks=num_kv_blocks, **engine_options)
-    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+    _warm_up(llm)
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in max_tokens]
     if device.type == "cuda":
         torch.cuda.synchronize()
+    before, kv_before = llm.stats(), llm.engine.kv.stats()
     t0 = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    took, stats = time.perf_counter() - t0, llm.stats()
+    took, stats, kv = time.perf_counter() - t0, llm.stats(), llm.engine.kv.stats()
+    for k in ("steps", "preemptions", "cascade_steps", "cascade_saved_tokens"):  # the timed run's, not the warm-up's
+        stats[k] -= before[k]
+    queried = kv.queries - kv_before.queries
+    stats["prefix_hit_rate"] = (kv.hits - kv_before.hits) / queried if queried else 0.0
     # the next engine sizes its KV pool from free memory: this one's pool and graph pools must be gone first (the
     # first GPU run built its third engine before the second was collected, got a smaller pool and preempted)
     del llm
@@ -65,6 +70,22 @@ def _timed(path: Path, device: torch.device, dtype: torch.dtype, prompts: list[l
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return took, stats
+
+
+def _warm_up(llm: Any) -> None:
+    """Run, before the timing, every kind of step the workload has, so first-use compiles (Triton kernels, FlashInfer
+    modules) are not timed: a prompt that fills three blocks, then a batch of four prompts extending it (with prefix
+    caching they hit its blocks: a prefill step on a cached prefix, cascade when on) and two new ones, decoding
+    together. The same for every engine of a comparison. On the H200 (2026-11-25) a cascade run warmed with one
+    3-token prompt took 19.95 s, the same run 13.92 s in a later process on that machine
+    (``benchmarks/engine/prefix_profile.py``): first-use compiles of its prefill steps' kernels inside the timed
+    run are the likely cause."""
+    from . import SamplingParams
+
+    prefix = [(7 * i) % 997 + 3 for i in range(3 * llm.engine.config.block_size)]
+    llm.generate([prefix], SamplingParams(max_tokens=2), use_tqdm=False)
+    batch = [prefix + [11 + i] * (i + 1) for i in range(4)] + [[13, 17, 19], [23] * 40]
+    llm.generate(batch, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
 
 
 def run_prefix(*, scale: str = "full", model: str | None = None, device: str | None = None,

@@ -57,12 +57,13 @@ class LLM:
             overlaps the GPU's (vLLM's ``async_scheduling``, SGLang's overlap scheduler). Stops are then seen
             one step late (the extra token is discarded); steps that sample a penalized sequence wait for the
             previous step first. None: on for CUDA devices, off on CPU. Tokens are the same either way.
-        cascade_attention: run decode steps whose sequences share prefix blocks (prefix caching) as cascade
-            attention: each group's shared prefix read once for all its members, merged with each member's own
-            blocks by log-sum-exp (Ye et al. 2024; FlashInfer's and vLLM's cascade attention), inside the decode
-            CUDA graphs. True: every decode step with a shared prefix (unquantized KV pools only); None / False: off.
-            Opt-in: on the H200 the shared-prefix benchmark ran 13.0 s with it, 19.4 s without; where nothing is
-            shared it measured within noise (docs/engine.md). Exact attention either way (float rounding aside).
+        cascade_attention: run steps whose sequences share prefix blocks (prefix caching) as cascade attention:
+            each group's shared prefix read once for all its members' new tokens, merged with each member's own
+            blocks by log-sum-exp (Ye et al. 2024; FlashInfer's and vLLM's cascade attention); decode steps inside
+            their CUDA graphs, steps with prefill chunks eagerly. True: every step with a shared prefix (unquantized
+            KV pools only); None / False: off. Opt-in: on the H200 the shared-prefix benchmark ran 14.05 s with it
+            (decode steps only), 19.45 s without; where nothing is shared it measured within noise
+            (docs/engine.md). Exact attention either way (float rounding aside).
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its

@@ -31,8 +31,8 @@ class StepStats:
 @dataclass
 class EngineStats:
     """Totals since the engine started plus the last step; ``prefix_hit_rate`` is cached / looked-up prompt
-    tokens, ``kv_usage`` the fraction of KV blocks held by running sequences; ``cascade_steps`` the decode steps run
-    as cascade attention and ``cascade_saved_tokens`` the KV tokens (per layer) their shared level did not read
+    tokens, ``kv_usage`` the fraction of KV blocks held by running sequences; ``cascade_steps`` the steps (decode, or with
+    prefill chunks) run as cascade attention and ``cascade_saved_tokens`` the KV tokens (per layer) their shared level did not read
     again."""
 
     steps: int = 0

@@ -63,12 +63,14 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
 
 
 def cascade_attention(q: torch.Tensor, kv_cache: torch.Tensor, c: CascadeBatch, scale: float) -> torch.Tensor:
-    """Decode attention of q ``[B, Hq, D]`` as two levels (:mod:`..runner.cascade`), in the cascade's row order
-    (``c.rows``, group after group): every row's query over its group's shared prefix (not causal: the prefix read
-    once per group; an empty prefix gives lse -inf) and over its own blocks, merged by log-sum-exp
-    (:func:`layerzero.merge_attention_states`), then scattered back to batch order. Returns ``[B, Hq, D]``."""
+    """Attention of the step's new tokens q ``[T, Hq, D]`` as two levels (:mod:`..runner.cascade`), in the cascade's
+    token order (``c.rows``, group after group): every token over its group's shared prefix (not causal: the prefix
+    read once per group; an empty prefix gives lse -inf) and, causal, over its sequence's own blocks
+    (``c.cu_seqlens_q``; one token per sequence in a decode step), merged by log-sum-exp
+    (:func:`layerzero.merge_attention_states`), then scattered back to the step's order. Returns ``[T, Hq, D]``."""
     qc = q.index_select(0, c.rows)
-    own, own_lse = lz.paged_attention(qc, kv_cache, c.suffix_tables, c.suffix_lens, scale=scale, return_lse=True)
+    own, own_lse = lz.paged_attention(qc, kv_cache, c.suffix_tables, c.suffix_lens, cu_seqlens_q=c.cu_seqlens_q,
+                                      scale=scale, return_lse=True)
     shared, shared_lse = lz.paged_attention(qc, kv_cache, c.prefix_tables, c.prefix_lens, cu_seqlens_q=c.cu_prefix,
                                             scale=scale, is_causal=False, return_lse=True)
     merged, _ = lz.merge_attention_states(shared, shared_lse, own, own_lse)

@@ -43,7 +43,7 @@ class ForwardBatch:
     - ``logits_indices`` ``[S]`` int64: rows of the hidden states whose next token is sampled (each sampled
       sequence's last new token), in chunk order.
 
-    - ``cascade``: a decode step's cascade-attention metadata when its sequences share enough prefix blocks
+    - ``cascade``: the step's cascade-attention metadata when its sequences share enough prefix blocks
       (:mod:`.cascade`), else None.
 
     Every layer passes the same tensors to :func:`layerzero.paged_attention` (FlashInfer plans once per step).
@@ -75,13 +75,15 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
     ``prev_tokens`` ``[S_prev]`` int64 on ``device``: the previous step's sampled tokens, where chunks with a
     ``pending_src`` find their last input id (one gather on the device, no host synchronization).
 
-    ``cascade``: plan a pure decode step as cascade attention when :func:`~.cascade.plan_cascade` says it pays
-    (None: never)."""
+    ``cascade``: plan the step (decode or mixed) as cascade attention when :func:`~.cascade.plan_cascade` says it
+    pays (None: never)."""
     decode = all(c.length == 1 for c in chunks)
     arrays, rows = (_decode_arrays if decode else _mixed_arrays)(chunks, block_size)
     if rows and prev_tokens is None:
         raise RuntimeError("a chunk with a pending token needs the previous step's sampled tokens (prev_tokens)")
-    plan = plan_cascade(arrays[3], arrays[4], block_size, cascade) if decode and cascade is not None else None
+    plan = None
+    if cascade is not None:
+        plan = plan_cascade(arrays[3], arrays[4], block_size, cascade, None if decode else np.diff(arrays[5]))
     if rows:
         arrays.append(np.asarray(rows, dtype=np.int64).T.copy())  # [2, P]: (row of input_ids, row of prev_tokens)
     if plan is not None:
@@ -90,7 +92,10 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
     ids, pos, slots, tables, seq_lens, cu, sample = t[:7]
     if rows:
         ids.index_copy_(0, t[7][0], prev_tokens.index_select(0, t[7][1]))
-    casc = None if plan is None else CascadeBatch(*t[len(t) - 6:], saved_tokens=plan[1])
+    casc = None
+    if plan is not None:
+        c = t[len(t) - len(plan[0]):]
+        casc = CascadeBatch(*c[:6], saved_tokens=plan[1], cu_seqlens_q=c[6] if len(c) > 6 else None)
     return ForwardBatch(ids, pos, slots, tables, seq_lens, None if decode else cu, sample, len(chunks), casc)
 
 

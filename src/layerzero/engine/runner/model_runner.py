@@ -60,7 +60,7 @@ class ModelRunner:
         self.cascade = self._cascade_policy(ec)
         self.cascade_steps = 0
         self.cascade_saved_tokens = 0
-        """Cascade decode steps run and the KV tokens (per layer) their shared level did not read again."""
+        """Cascade steps run (decode and mixed) and the KV tokens (per layer) their shared level did not read again."""
         self.graphs: CUDAGraphRunner | None = None
         self.decode_as_captured = False
         """Eager decode steps select under ``lz.capture_selection()`` (the kernels the decode graphs run), so graphs
@@ -87,11 +87,11 @@ class ModelRunner:
                     m.calibrate = True
 
     def _cascade_policy(self, ec: EngineConfig) -> CascadePolicy | None:
-        """``cascade_attention=True`` -> every decode step with a shared prefix (``CascadePolicy(always=True)``);
-        None or False -> off. Opt-in for now: on the H200 the shared-prefix benchmark ran 1.49x faster with it than
-        with prefix caching alone (13.00 s vs 19.41 s) and a workload sharing nothing -1.0% / +0.3% (within noise;
-        benchmarks/results/engine/h200/README.md, 2026-11-25 fourth session); it becomes the default once the GPU
-        suite has run with it on.
+        """``cascade_attention=True`` -> every step (decode, or with prefill chunks) with a shared prefix
+        (``CascadePolicy(always=True)``); None or False -> off. Opt-in for now: on the H200 the shared-prefix
+        benchmark ran 1.40x faster with it than with prefix caching alone (14.05 s vs 19.45 s, decode steps only)
+        and a workload sharing nothing -1.0% / +0.3% (within noise; benchmarks/results/engine/h200/README.md,
+        2026-11-25 fourth and fifth sessions); it becomes the default once the GPU suite has run with it on.
 
         Raises:
             ConfigurationError: ``cascade_attention=True`` with a quantized KV pool."""
