@@ -58,6 +58,17 @@ def hf_greedy(model: object, prompt: list[int], max_new_tokens: int) -> tuple[li
     return tokens, lps
 
 
+def assert_greedy_matches_hf(model: object, prompts: list[list[int]], outs: list, max_new_tokens: int) -> None:
+    """Each output's tokens equal :func:`hf_greedy`'s for its prompt and its chosen tokens' logprobs (the engine ran
+    with ``logprobs=0``) are within 1e-4 of transformers' raw logprobs."""
+    for p, o in zip(prompts, outs, strict=True):
+        tokens, lps = hf_greedy(model, p, max_new_tokens)
+        c = o.outputs[0]
+        assert c.token_ids == tokens
+        ours = [lp[t] for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
+        assert max(abs(a - b) for a, b in zip(ours, lps, strict=True)) < 1e-4
+
+
 def prompts(n: int = 4, seed: int = 0, lo: int = 3, hi: int = 40, vocab: int = 512) -> list[list[int]]:
     """``n`` seeded token-id prompts of ragged lengths in [lo, hi], starting with BOS (id 1)."""
     g = torch.Generator().manual_seed(seed)

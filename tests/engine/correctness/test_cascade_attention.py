@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ..conftest import hf_greedy, prompts
+from ..conftest import assert_greedy_matches_hf, prompts
 
 pytestmark = pytest.mark.integration
 NEW = 10
@@ -43,12 +43,7 @@ def test_greedy_equals_transformers_and_cascade_steps_ran(checkpoints, hf_models
     ps = _shared_prompts()
     sp = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0)
     llm, outs = _generate(checkpoints["qwen3"], ps, sp, True)
-    for p, o in zip(ps, outs, strict=True):
-        tokens, lps = hf_greedy(hf_models["qwen3"], p, NEW)
-        c = o.outputs[0]
-        assert c.token_ids == tokens
-        ours = [lp[t] for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
-        assert max(abs(a - b) for a, b in zip(ours, lps, strict=True)) < 1e-4
+    assert_greedy_matches_hf(hf_models["qwen3"], ps, outs, NEW)
     stats = llm.stats()
     assert stats["cascade_steps"] >= NEW - 2 and stats["cascade_saved_tokens"] > 0
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ..conftest import hf_greedy, prompts
+from ..conftest import assert_greedy_matches_hf, prompts
 
 pytestmark = pytest.mark.integration
 
@@ -175,9 +175,4 @@ def test_engine_with_mixed_cascade_steps_equals_transformers(checkpoints, hf_mod
     _, outs = _run(checkpoints["qwen3"], True, SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True,
                                                               logprobs=0), ps)
     assert mixed_spy["mixed"] > 0
-    for p, o in zip(ps, outs, strict=True):
-        tokens, lps = hf_greedy(hf_models["qwen3"], p, new)
-        c = o.outputs[0]
-        assert c.token_ids == tokens
-        ours = [lp[t] for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
-        assert max(abs(a - b) for a, b in zip(ours, lps, strict=True)) < 1e-4
+    assert_greedy_matches_hf(hf_models["qwen3"], ps, outs, new)
