@@ -233,6 +233,9 @@ def _cmd_bench_engine(ns: argparse.Namespace) -> int:
         if "seconds_cache_on_cascade" in sp:
             print(f"  prefix caching + cascade attention: {sp['seconds_cache_on_cascade']:.2f} s: "
                   f"{sp['speedup_cascade']:.2f}x ({sp['cascade_steps']} cascade steps)")
+            print(f"  prefix caching + cascade attention + scheduling_policy='lpm': "
+                  f"{sp['seconds_cache_on_cascade_lpm']:.2f} s: {sp['speedup_cascade_lpm']:.2f}x (hit rate "
+                  f"{100 * sp['hit_rate_cascade_lpm']:.0f}%)")
         if zh is not None:
             print(f"0% hits ({zh['requests']} requests): {zh['seconds_cache_on']:.2f} s on, "
                   f"{zh['seconds_cache_off']:.2f} s off: cost {100 * zh['cost']:+.1f}% (median of {len(zh['pair_costs'])} interleaved pairs: "

@@ -43,7 +43,8 @@ class LLM:
             ``max_num_seqs`` full-length sequences need.
         enable_prefix_caching: reuse the KV of full blocks shared by prompts; ``prefix_cache``: ``"radix"`` (a
             radix tree, SGLang) or ``"hash"`` (chained block hashes, vLLM).
-        scheduling_policy: ``"fcfs"``, ``"lpm"`` (longest prefix match with aging) or ``"priority"``.
+        scheduling_policy: ``"fcfs"``, ``"lpm"`` (longest prefix match with aging; requests sharing their first
+            block admitted together) or ``"priority"``.
         enforce_eager: no CUDA graphs. seed: the engine's random stream (requests without their own seed).
         quantization: None, ``"int8"``, ``"int4"`` or ``"fp8"``: weight-only quantization of the decoder linears
             (QKV, o_proj, gate/up, down_proj; not the embedding, norms, LM head or MoE experts) at load time;

@@ -10,10 +10,15 @@ policy order while the budget, ``max_num_seqs`` and the pool (keeping a watermar
 sequence that does not fit stops admission for this step (no overtaking, so no starvation). A prompt longer than
 the budget is prefilled in chunks over several steps. With prefix caching, the completions of one request
 (``n > 1``) are admitted one first: the others wait until its prompt is computed and then reuse its full blocks.
+Likewise for different requests that share their first block (a prefix group): while a member that found none of
+it cached (a cold member) prefills, the group's other waiting members are skipped, not blocking admission, and are
+admitted once its blocks are cached instead of computing the same prefix in the same step (SGLang's in-batch
+prefix caching check).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from .kv.block_manager import KVCacheManager
@@ -88,15 +93,23 @@ class Scheduler:
                 i += 1
         if out.preempted:
             return out
-        # completions of one request (n > 1) share the prompt: while one of them computes it, the others wait (they
-        # are skipped, not blocking admission) and then find its blocks in the prefix cache
+        if budget <= 0 or len(self.running) >= self.max_num_seqs or not self.waiting:
+            return out  # no room: the policy's order (prefix lookups for LPM) is not needed
+        # completions of one request (n > 1) share the prompt, members of a prefix group its first block(s): while
+        # one computes them, the others wait (skipped, not blocking admission) and then find them in the prefix cache
         share = self.kv.enable_prefix_caching
-        prefilling = {s.request_id for s in self.running if s.num_computed_tokens < s.num_prompt_tokens} if share \
-            else set()
-        for seq in self.policy.order_waiting(self.waiting, self._cached_tokens):
+        prefilling: set[Hashable] = set()
+        if share:
+            for s in self.running:
+                if s.num_computed_tokens < s.num_prompt_tokens:
+                    prefilling.add(s.request_id)
+                    if s.num_cached_tokens < self.kv.block_size:
+                        prefilling.add(self._prefix_key(s))
+        for seq in self.policy.order_waiting(self.waiting, self._cached_tokens, self._prefix_key if share else None):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
-            if seq.request_id in prefilling and seq.num_preemptions == 0:
+            key = self._prefix_key(seq) if share else None
+            if seq.num_preemptions == 0 and (seq.request_id in prefilling or key is not None and key in prefilling):
                 continue
             if seq.num_pending:  # preempted with a token in flight: admitted once its id is known (next step)
                 continue
@@ -113,10 +126,19 @@ class Scheduler:
             budget -= n
             if share:
                 prefilling.add(seq.request_id)
+                if cached < self.kv.block_size and key is not None:
+                    prefilling.add(key)
         return out
 
     def _cached_tokens(self, seq: Sequence) -> int:
         return self.kv.get_computed_blocks(seq.token_ids, record=False)[1]
+
+    def _prefix_key(self, seq: Sequence) -> Hashable | None:
+        """The prompt's first block of tokens (its prefix group), or None when the prompt has no full block before
+        its last token (nothing of it can be cached)."""
+        if seq.num_prompt_tokens <= self.kv.block_size:
+            return None
+        return ("prefix", *seq.token_ids[:self.kv.block_size])
 
     def after_forward(self, out: SchedulerOutput) -> None:
         """Count each chunk's tokens as computed and register the blocks they filled in the prefix cache (a

@@ -6,14 +6,22 @@ when the KV pool runs out. (Not "policy.py": in LayerZero that word means kernel
   preempted first (vLLM's priority scheduling).
 - ``lpm``: longest prefix match first (SGLang's cache-aware policy: requests that reuse the most cached KV go
   first), with aging: a request's score is its cached-prefix tokens plus ``aging_tokens_per_s`` per second waited,
-  so a request waits at most about ``max_model_len / aging_tokens_per_s`` seconds behind later arrivals. Above
-  ``LPM_MAX_WAITING`` waiting requests the prefix lookups cost too much per step and the order is FCFS (as SGLang).
+  so a request waits at most about ``max_model_len / aging_tokens_per_s`` seconds behind later arrivals. Equal
+  scores keep requests that share their first block together (their group ordered by its earliest arrival). Above
+  ``LPM_MAX_WAITING`` waiting requests the prefix lookups cost too much per step (SGLang falls back to FCFS there):
+  the order is then FCFS by prefix group, i.e. requests sharing their first block are admitted together, groups in
+  the order of their earliest waiting request (one sort by a key of the first block's tokens, no cache lookup).
+
+Grouping matters for shared prompts: a batch that holds a few groups of many members reads each shared prefix once
+per group with cascade attention (``runner/cascade.py``) and fills its steps with cache hits, where arrival order
+interleaves many groups of few members. The scheduler admits one cold member of a group first and the others once
+its blocks are cached (``scheduler.py``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from .errors import bad_config
 from .sequence import Sequence
@@ -32,8 +40,10 @@ class SchedulingPolicy:
         """Admission order of waiting sequences and the order running ones are served in (smallest first)."""
         return (seq.arrival_time, seq.seq_id)
 
-    def order_waiting(self, waiting: list[Sequence], cached_tokens: Callable[[Sequence], int]) -> list[Sequence]:
-        """Waiting sequences in admission order (``cached_tokens(seq)``: its prefix-cache hit in tokens)."""
+    def order_waiting(self, waiting: list[Sequence], cached_tokens: Callable[[Sequence], int],
+                      prefix_key: Callable[[Sequence], Hashable | None] | None = None) -> list[Sequence]:
+        """Waiting sequences in admission order (``cached_tokens(seq)``: its prefix-cache hit in tokens;
+        ``prefix_key(seq)``: a key of its first block's tokens, None without one or without prefix caching)."""
         return sorted(waiting, key=self.sort_key)
 
     def victim(self, candidates: list[Sequence]) -> Sequence:
@@ -59,13 +69,30 @@ class LPMPolicy(SchedulingPolicy):
     def __init__(self, aging_tokens_per_s: float = 1000.0) -> None:
         self.aging = aging_tokens_per_s
 
-    def order_waiting(self, waiting: list[Sequence], cached_tokens: Callable[[Sequence], int]) -> list[Sequence]:
-        """Highest ``cached tokens + aging x seconds waited`` first; FCFS above :data:`LPM_MAX_WAITING`."""
+    def order_waiting(self, waiting: list[Sequence], cached_tokens: Callable[[Sequence], int],
+                      prefix_key: Callable[[Sequence], Hashable | None] | None = None) -> list[Sequence]:
+        """Highest ``cached tokens + aging x seconds waited`` first, equal scores by prefix group; FCFS by prefix
+        group above :data:`LPM_MAX_WAITING` (see the module docstring)."""
+        group = _group_arrivals(waiting, prefix_key)
         if len(waiting) > LPM_MAX_WAITING:
-            return sorted(waiting, key=self.sort_key)
+            return sorted(waiting, key=lambda s: (group[s.seq_id], s.arrival_time, s.seq_id))
         now = time.monotonic()
         score = {s.seq_id: cached_tokens(s) + self.aging * (now - s.arrival_time) for s in waiting}
-        return sorted(waiting, key=lambda s: (-score[s.seq_id], s.arrival_time, s.seq_id))
+        return sorted(waiting, key=lambda s: (-score[s.seq_id], group[s.seq_id], s.arrival_time, s.seq_id))
+
+
+def _group_arrivals(waiting: list[Sequence], prefix_key: Callable[[Sequence], Hashable | None] | None
+                    ) -> dict[int, tuple[float, int]]:
+    """seq_id -> (arrival, seq_id) of the earliest waiting sequence with the same prefix key (its own without a
+    key): sorting by it keeps the members of a group together, groups in arrival order."""
+    keys = {s.seq_id: prefix_key(s) if prefix_key is not None else None for s in waiting}
+    first: dict[Hashable, tuple[float, int]] = {}
+    for s in waiting:
+        key = keys[s.seq_id]
+        if key is not None and (key not in first or (s.arrival_time, s.seq_id) < first[key]):
+            first[key] = (s.arrival_time, s.seq_id)
+    return {s.seq_id: (s.arrival_time, s.seq_id) if keys[s.seq_id] is None else first[keys[s.seq_id]]
+            for s in waiting}
 
 
 def make_policy(name: str) -> SchedulingPolicy:

@@ -85,3 +85,26 @@ def test_batch_of_one_equals_batch(cases, checkpoints):
     ps, refs = cases
     _, outs = _run(checkpoints, ps, one_by_one=True, enable_prefix_caching=False)
     _check(outs, refs)
+
+
+@pytest.mark.parametrize("kind", ["radix", "hash"])
+def test_a_batch_sharing_a_prefix_computes_it_once(kind, cases, checkpoints):
+    """Submitted together, the prompts sharing a prefix are a prefix group: the first computes the 2 shared full
+    blocks, the others wait a step and hit them (before prefix groups all three computed them in the same step)."""
+    ps, refs = cases
+    llm, outs = _run(checkpoints, ps, prefix_cache=kind)
+    _check(outs, refs)
+    assert [o.num_cached_tokens for o in outs[:3]] == [0, 32, 32]
+
+
+def test_lpm_above_its_scoring_limit_gives_the_same_outputs(monkeypatch, cases, checkpoints):
+    """LPM with more waiting requests than it scores (LPM_MAX_WAITING patched to 2: the prefix-grouped sort) and
+    two running slots: same outputs, and the group's later members hit its prefix."""
+    from layerzero.engine import scheduling_policy
+
+    monkeypatch.setattr(scheduling_policy, "LPM_MAX_WAITING", 2)
+    ps, refs = cases
+    order = [3, 0, 4, 1, 5, 2]  # the group's members interleaved with unrelated prompts
+    _, outs = _run(checkpoints, [ps[i] for i in order], scheduling_policy="lpm", max_num_seqs=2)
+    _check(outs, [refs[i] for i in order])
+    assert sorted(o.num_cached_tokens for o in outs) == [0, 0, 0, 0, 32, 32]

@@ -15,8 +15,11 @@ def _seq(n, *, prio=0, t=0.0, tokens=None):
     from layerzero.engine import SamplingParams
     from layerzero.engine.sequence import Sequence
 
-    ids = tokens if tokens is not None else list(range(1, n + 1))
-    return Sequence(f"r{next(_IDS)}", 0, list(ids), len(ids), SamplingParams(max_tokens=100), priority=prio, arrival_time=t)
+    rid = next(_IDS)
+    # distinct tokens per sequence unless given: sequences sharing a first block form a prefix group (admitted one
+    # cold member first), which only the prefix-group tests want
+    ids = tokens if tokens is not None else list(range(1000 * rid + 1, 1000 * rid + n + 1))
+    return Sequence(f"r{rid}", 0, list(ids), len(ids), SamplingParams(max_tokens=100), priority=prio, arrival_time=t)
 
 
 def _sched(blocks=64, block_size=4, budget=16, max_seqs=8, policy="fcfs"):
@@ -94,3 +97,64 @@ def test_capture_sizes():
     assert capture_sizes(1) == [1]
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
     assert capture_sizes(256)[:6] == [1, 2, 4, 8, 16, 24] and capture_sizes(256)[-1] == 256
+
+
+# ------------------------------------------------------------------------------------------ prefix groups
+def test_a_prefix_group_admits_one_cold_member_then_the_rest_together():
+    """Three requests sharing their first two blocks arrive with an unrelated one: the first member computes the
+    prefix alone (its peers are skipped, the unrelated request is not blocked), then both peers are admitted in the
+    same step and hit the cached blocks."""
+    s = _sched(budget=64, block_size=4)
+    shared = list(range(500, 508))
+    a, b, c = (_seq(0, t=i, tokens=shared + [600 + 10 * i, 601 + 10 * i]) for i in range(3))
+    other = _seq(6, t=3)
+    for q in (a, b, c, other):
+        s.add(q)
+    out = _step(s)
+    assert [q for q, _ in out.chunks] == [a, other]
+    out = _step(s)
+    admitted = [(q, n) for q, n in out.chunks if q in (b, c)]
+    assert admitted == [(b, 2), (c, 2)] and b.num_cached_tokens == c.num_cached_tokens == 8
+    s.kv.check_invariants()
+
+
+def test_a_group_whose_prefix_is_cached_is_not_held_back():
+    s = _sched(budget=64, block_size=4)
+    shared = list(range(500, 508))
+    first = _seq(0, tokens=shared + [1, 2])
+    s.add(first)
+    _step(s)  # computes and caches the two shared blocks
+    b, c = _seq(0, t=1, tokens=shared + [3, 4]), _seq(0, t=2, tokens=shared + [5, 6])
+    s.add(b), s.add(c)
+    out = _step(s)
+    assert {q for q, _ in out.chunks} >= {b, c} and b.num_cached_tokens == c.num_cached_tokens == 8
+
+
+def test_prefix_groups_are_off_without_prefix_caching():
+    from layerzero.engine.kv import KVCacheManager
+    from layerzero.engine.scheduler import Scheduler
+    from layerzero.engine.scheduling_policy import make_policy
+
+    s = Scheduler(KVCacheManager(64, 4, watermark=0.0, enable_prefix_caching=False), make_policy("lpm"),
+                  max_num_seqs=8, max_num_batched_tokens=64)
+    shared = list(range(500, 508))
+    seqs = [_seq(0, t=i, tokens=shared + [600 + i, 700 + i]) for i in range(3)]
+    for q in seqs:
+        s.add(q)
+    assert [q for q, _ in _step(s).chunks] == seqs  # nothing to share: nobody waits
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["scored", "above-LPM_MAX_WAITING"])
+def test_lpm_keeps_prefix_groups_together(monkeypatch, large):
+    """Interleaved arrivals of three groups (g0 g1 g2 g0 g1 g2 ...): LPM admits them group by group, groups in
+    the order of their earliest arrival, whether it scores every request or, above LPM_MAX_WAITING, only sorts."""
+    from layerzero.engine import scheduling_policy
+
+    if large:
+        monkeypatch.setattr(scheduling_policy, "LPM_MAX_WAITING", 4)
+    pol = scheduling_policy.LPMPolicy(aging_tokens_per_s=0.0)
+    seqs = [_seq(0, t=float(i), tokens=[100 * (i % 3) + j for j in range(8)] + [900 + i]) for i in range(9)]
+    order = pol.order_waiting(list(reversed(seqs)), lambda q: 0, lambda q: tuple(q.token_ids[:4]))
+    assert [seqs.index(q) for q in order] == [0, 3, 6, 1, 4, 7, 2, 5, 8]
+    # without keys (prefix caching off) it is arrival order
+    assert pol.order_waiting(list(reversed(seqs)), lambda q: 0) == seqs
