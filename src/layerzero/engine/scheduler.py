@@ -105,12 +105,15 @@ class Scheduler:
                     prefilling.add(s.request_id)
                     if s.num_cached_tokens < self.kv.block_size:
                         prefilling.add(self._prefix_key(s))
+        groups = _WholeGroups(self) if share and self.policy.whole_groups else None
         for seq in self.policy.order_waiting(self.waiting, self._cached_tokens, self._prefix_key if share else None):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
             key = self._prefix_key(seq) if share else None
             if seq.num_preemptions == 0 and (seq.request_id in prefilling or key is not None and key in prefilling):
                 continue
+            if groups is not None and not groups.admits(key):
+                continue  # a new prefix group waits for room for all its members (see _WholeGroups)
             if seq.num_pending:  # preempted with a token in flight: admitted once its id is known (next step)
                 continue
             blocks, cached = self.kv.get_computed_blocks(seq.token_ids, record=False)
@@ -158,3 +161,43 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+
+
+class _WholeGroups:
+    """One step's admission of whole prefix groups (policies with ``whole_groups``, LPM): a group with no running
+    member starts only when the free sequence slots, minus those its running groups' waiting members will take,
+    hold all its waiting members (at most half of ``max_num_seqs``: a larger group starts at half and fills in).
+    Otherwise a wave's slots go to the first members of many groups and each group spreads over several waves, so
+    every decode step holds many groups of few members: cascade attention then reads many prefixes per step (the
+    shared-prefix benchmark: 64 groups x 4 members per step in arrival order, 16 x 16 whole,
+    ``benchmarks/engine/prefix_schedule_sim.py``). Once a new group does not fit, no other new group or request
+    without a prefix key is admitted in the step (only members of running groups, whose slots are booked), so the
+    free slots only grow until it fits: no starvation (an empty batch always admits)."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.waiting: dict[Hashable, int] = {}  # waiting members per prefix key
+        for s in sched.waiting:
+            k = sched._prefix_key(s)
+            if k is not None:
+                self.waiting[k] = self.waiting.get(k, 0) + 1
+        self.running = {sched._prefix_key(s) for s in sched.running}
+        self.reserved = sum(self.waiting.get(k, 0) for k in self.running if k is not None)
+        self.blocked = False
+
+    def admits(self, key: Hashable | None) -> bool:
+        """Whether a waiting sequence with prefix ``key`` may be admitted now; books its slot (or its group's) when
+        it may. The caller admits it, or stops admitting for this step."""
+        s = self.sched
+        if key is not None and key in self.running:
+            self.reserved -= 1  # one of the booked members
+            return True
+        need = 1 if key is None else min(self.waiting.get(key, 1), max(1, s.max_num_seqs // 2))
+        if self.blocked or s.running and s.max_num_seqs - len(s.running) - self.reserved < need:
+            self.blocked = True
+            return False
+        if key is None:
+            return True
+        self.running.add(key)
+        self.reserved += self.waiting.get(key, 1) - 1
+        return True

@@ -6,8 +6,10 @@ when the KV pool runs out. (Not "policy.py": in LayerZero that word means kernel
   preempted first (vLLM's priority scheduling).
 - ``lpm``: longest prefix match first (SGLang's cache-aware policy: requests that reuse the most cached KV go
   first), with aging: a request's score is its cached-prefix tokens plus ``aging_tokens_per_s`` per second waited,
-  so a request waits at most about ``max_model_len / aging_tokens_per_s`` seconds behind later arrivals. Equal
-  scores keep requests that share their first block together (their group ordered by its earliest arrival). Above
+  so a request waits at most about ``max_model_len / aging_tokens_per_s`` seconds behind later arrivals. Requests
+  that share their first block (a prefix group) are scored by one lookup, their earliest member's (members
+  diverging after the first block may then rank above their own hit; admission uses each one's real hit), and
+  equal scores keep a group together (groups ordered by their earliest arrival). Above
   ``LPM_MAX_WAITING`` waiting requests the prefix lookups cost too much per step (SGLang falls back to FCFS there):
   the order is then FCFS by prefix group, i.e. requests sharing their first block are admitted together, groups in
   the order of their earliest waiting request (one sort by a key of the first block's tokens, no cache lookup).
@@ -35,6 +37,8 @@ class SchedulingPolicy:
     """FCFS: admission in arrival order, preemption of the latest arrival."""
 
     name = "fcfs"
+    whole_groups = False
+    """Start a prefix group only when all its waiting members fit the free sequence slots (see ``scheduler.py``)."""
 
     def sort_key(self, seq: Sequence) -> tuple:
         """Admission order of waiting sequences and the order running ones are served in (smallest first)."""
@@ -65,6 +69,7 @@ class LPMPolicy(SchedulingPolicy):
     """Longest prefix match with aging (see the module docstring)."""
 
     name = "lpm"
+    whole_groups = True
 
     def __init__(self, aging_tokens_per_s: float = 1000.0) -> None:
         self.aging = aging_tokens_per_s
@@ -77,7 +82,11 @@ class LPMPolicy(SchedulingPolicy):
         if len(waiting) > LPM_MAX_WAITING:
             return sorted(waiting, key=lambda s: (group[s.seq_id], s.arrival_time, s.seq_id))
         now = time.monotonic()
-        score = {s.seq_id: cached_tokens(s) + self.aging * (now - s.arrival_time) for s in waiting}
+        hits: dict[tuple[float, int], int] = {}  # one prefix lookup per group: its earliest member's
+        by_id = {s.seq_id: s for s in waiting}
+        for g in set(group.values()):
+            hits[g] = cached_tokens(by_id[g[1]])
+        score = {s.seq_id: hits[group[s.seq_id]] + self.aging * (now - s.arrival_time) for s in waiting}
         return sorted(waiting, key=lambda s: (-score[s.seq_id], group[s.seq_id], s.arrival_time, s.seq_id))
 
 

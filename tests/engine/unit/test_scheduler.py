@@ -7,6 +7,8 @@ import itertools
 
 import pytest
 
+from layerzero.engine.sequence import FinishReason
+
 pytestmark = pytest.mark.unit
 _IDS = itertools.count()
 
@@ -158,3 +160,67 @@ def test_lpm_keeps_prefix_groups_together(monkeypatch, large):
     assert [seqs.index(q) for q in order] == [0, 3, 6, 1, 4, 7, 2, 5, 8]
     # without keys (prefix caching off) it is arrival order
     assert pol.order_waiting(list(reversed(seqs)), lambda q: 0) == seqs
+
+
+def _group(base, size, t0, block=4):
+    """``size`` prompts sharing their first two blocks (tokens from ``base``), arrival times from ``t0``."""
+    shared = list(range(base, base + 2 * block))
+    return [_seq(0, t=t0 + i, tokens=shared + [base + 100 + i, base + 200 + i]) for i in range(size)]
+
+
+def _run_until_done(s, limit=200):
+    """Steps until nothing is left; the running set after each step."""
+    seen = []
+    for _ in range(limit):
+        if not s.has_unfinished():
+            break
+        out = _step(s)
+        for q, _ in out.chunks:
+            if len(q.token_ids) - q.num_prompt_tokens >= 3:
+                s.finish(q, FinishReason.LENGTH)
+        seen.append(set(s.running))
+    return seen
+
+
+def test_lpm_starts_a_prefix_group_only_when_it_fits_whole():
+    """Four slots, two groups of three: group A runs whole; group B (and a request without a prefix key queued
+    after it) wait until B fits, then B runs whole; every request finishes."""
+
+    s = _sched(budget=64, block_size=4, max_seqs=4, policy="lpm")
+    a, b = _group(500, 3, 0.0), _group(700, 3, 10.0)
+    lone = _seq(3, t=20.0)
+    for q in (*a, *b, lone):
+        s.add(q)
+    seen = _run_until_done(s)
+    assert not s.has_unfinished()
+    for running in seen:
+        assert not (running & set(a) and running & set(b))  # 3 + 3 > 4 slots: never together
+    first_b = next(i for i, r in enumerate(seen) if r & set(b))
+    assert all(not (r & {lone}) for r in seen[:first_b])  # nobody overtook the waiting group
+    s.kv.check_invariants()
+
+
+def test_fcfs_does_not_hold_groups_back():
+    s = _sched(budget=64, block_size=4, max_seqs=4, policy="fcfs")
+    a, b = _group(500, 3, 0.0), _group(700, 3, 10.0)
+    for q in (*a, *b):
+        s.add(q)
+    _step(s)
+    _step(s)  # a's peers (after its cold member) and b's cold member share the four slots
+    assert set(s.running) & set(b)
+
+
+def test_a_group_larger_than_half_the_slots_starts_at_half():
+    """Eight slots, a group of ten: it starts once four slots are free (not never), next to a running request."""
+    s = _sched(budget=200, block_size=4, max_seqs=8, policy="lpm")
+    other = [_seq(5, t=float(i)) for i in range(4)]
+    for q in other:
+        s.add(q)
+    _step(s)
+    big = _group(500, 10, 10.0)
+    for q in big:
+        s.add(q)
+    _step(s)
+    assert set(s.running) & set(big)  # 4 free slots = half of 8: it starts
+    _run_until_done(s)
+    assert not s.has_unfinished()
