@@ -8,7 +8,7 @@ The workload is the benchmark's (``shared_prefix_workload("full")``, groups inte
 ``--requests`` requests (256: one wave, 64 groups x 4 members, as the full run's waves are), with prefix caching on,
 once with ``cascade_attention`` off and once on.
 
-Usage: ``PYTHONPATH=src python benchmarks/engine/prefix_profile.py --out DIR [--requests 256]`` (CUDA). Writes
+Usage: ``PYTHONPATH=src python benchmarks/engine/prefix_profile.py --out DIR [--requests 256] [--policy lpm]`` (CUDA). Writes
 ``DIR/prefix_profile.md``.
 """
 
@@ -27,13 +27,13 @@ from layerzero.engine.bench_prefix import _warm_up, shared_prefix_workload
 
 
 def profile_run(path: Path, prompts: list[list[int]], out_tokens: int, cascade: bool, window: tuple[int, int],
-                rows: int, device: torch.device, kind: str = "decode") -> list[str]:
+                rows: int, device: torch.device, kind: str = "decode", policy: str = "fcfs") -> list[str]:
     """One cached run; returns its report lines (step times by kind, the profiler's table over the steps
     ``window`` = (first, count) of ``kind``: "decode" counts pure decode steps (cascade or not), "prefill" steps
     with prefill tokens)."""
     cuda = device.type == "cuda"
     llm = LLM(path, device=str(device), dtype=torch.bfloat16 if cuda else torch.float32, max_model_len=len(prompts[0]) + out_tokens + 16,
-              cascade_attention=cascade)
+              cascade_attention=cascade, scheduling_policy=policy)
     _warm_up(llm)  # the benchmark's warm-up: every kind of step, so no first-use compile is timed
     eng = llm.engine
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -74,7 +74,7 @@ def profile_run(path: Path, prompts: list[list[int]], out_tokens: int, cascade: 
     total = time.perf_counter() - t0
     kv1 = eng.kv.stats()
     hit = (kv1.hits - kv0.hits) / max(1, kv1.queries - kv0.queries)
-    lines = [f"## cascade_attention={cascade}: {total:.2f} s, {eng.stats.steps - base_steps} steps "
+    lines = [f"## cascade_attention={cascade}, scheduling_policy={policy!r}: {total:.2f} s, {eng.stats.steps - base_steps} steps "
              f"({eng.runner.cascade_steps - base_cascade} cascade, prefill steps included), prefix hit rate "
              f"{hit:.1%}", "",
              "| step kind | steps | total s | mean ms | median ms |", "| --- | ---: | ---: | ---: | ---: |"]
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=30)
     ap.add_argument("--kind", default="decode", choices=("decode", "prefill"), help="the steps --window counts")
     ap.add_argument("--modes", default="off,on", help="cascade_attention runs, in order: off,on")
+    ap.add_argument("--policy", default="fcfs", choices=("fcfs", "lpm", "priority"), help="scheduling_policy")
     ap.add_argument("--scale", default="full", choices=("full", "cpu"), help="cpu: the CPU scale on the CPU (a smoke "
                     "test of this script)")
     a = ap.parse_args(argv)
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# shared-prefix profile: {a.requests} requests, {name}, "
              f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}", ""]
     for mode in a.modes.split(","):
-        lines += profile_run(path, prompts, out_tokens, mode == "on", tuple(a.window), a.rows, device, a.kind)
+        lines += profile_run(path, prompts, out_tokens, mode == "on", tuple(a.window), a.rows, device, a.kind,
+                             a.policy)
     (a.out / "prefix_profile.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
