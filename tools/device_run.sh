@@ -20,6 +20,8 @@
 #   bench-engine benchmarks/engine/bench_engine.py $BENCH_ARGS (nano-vllm workload, full scale) into $OUT/engine
 #   bench-prefix `layerzero bench-engine --workload prefix $PREFIX_ARGS` into $OUT/engine
 #   prefix-profile benchmarks/engine/prefix_profile.py $PROFILE_ARGS (shared-prefix step times and kernel table)
+#   prefix-ab  the shared-prefix workload once per variant, one process each (bench_variant.py --workload prefix):
+#             cache on; + cascade; + cascade + lpm; + lpm (into $OUT/prefix_ab.txt; the cache-off baseline: bench-prefix)
 #   cascade-layer benchmarks/engine/cascade_layer.py at 16x16 and at 64x4 (interleaved rows), into $OUT/cascade_layer.txt
 #   tune-cascade benchmarks/engine/tune_cascade_prefill.py $TUNE_ARGS into $OUT/tune_cascade.txt
 #   bench-sample benchmarks/bench_sample.py (reference.sample vs triton.sample) into $OUT/sample.md
@@ -66,6 +68,8 @@ for stage in "$@"; do
     bench-engine) timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/engine/bench_engine.py --out "$OUT/engine" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-engine.log" | tail -20 ;;
     bench-prefix) timeout ${BENCH_TIMEOUT:-400} python3 -m layerzero bench-engine --workload prefix --repeats ${PREFIX_REPEATS:-3} ${PREFIX_ARGS:-} --out "$OUT/engine" 2>&1 | tail -5 ;;
     prefix-profile) timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/engine/prefix_profile.py --out "$OUT/prefix" ${PROFILE_ARGS:-} 2>&1 | tail -60 ;;
+    prefix-ab) for v in "on|" "cascade|--opt cascade_attention=True" "cascade-lpm|--opt cascade_attention=True --opt scheduling_policy='lpm'" "lpm|--opt scheduling_policy='lpm'"; do
+        timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/engine/bench_variant.py "${v%%|*}" --workload prefix ${v#*|} 2>&1 | tail -1; done | tee "$OUT/prefix_ab.txt" ;;
     cascade-layer) for a in "" "--groups 64 --members 4" "--groups 64 --members 4 --interleave"; do
         timeout 150 python3 benchmarks/engine/cascade_layer.py $a 2>&1 | tail -8; done | tee "$OUT/cascade_layer.txt" ;;
     tune-cascade) timeout ${BENCH_TIMEOUT:-480} python3 benchmarks/engine/tune_cascade_prefill.py ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune_cascade.txt" | tail -40 ;;

@@ -5,7 +5,10 @@ on one machine (the 2026-11-25 A/B in ``benchmarks/results/engine/h200/README.md
 commit's ``src`` the same way).
 
 Usage: ``PYTHONPATH=src python benchmarks/engine/bench_variant.py NAME [--lock linear=torch_native.linear ...]
-[--opt async_scheduling=False ...] [--prefer triton.gemv] [--count-compiles]``. ``--count-compiles`` prints, per ``generate`` call, how many
+[--opt async_scheduling=False ...] [--prefer triton.gemv] [--count-compiles] [--workload prefix]``.
+``--workload prefix`` times one run of the shared-prefix workload instead (``bench_prefix.run_shared_once``: prefix
+caching on, ``--opt`` passed to ``LLM``, e.g. ``--opt cascade_attention=True --opt scheduling_policy="'lpm'"``) and
+prints its seconds, steps and hit rate. ``--count-compiles`` prints, per ``generate`` call, how many
 entries Triton's cache directory (``TRITON_CACHE_DIR``) gained: a compile inside the timed run shows there.
 """
 
@@ -31,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--opt", action="append", default=[], help="LLM option key=python-literal (repeatable)")
     ap.add_argument("--count-compiles", action="store_true")
     ap.add_argument("--prefer", action="append", default=[], help="kernel id to prefer where it can run (lz.prefer)")
+    ap.add_argument("--workload", choices=("nano-vllm", "prefix"), default="nano-vllm")
     a = ap.parse_args(argv)
     opts = {k: ast.literal_eval(v) for k, _, v in (o.partition("=") for o in a.opt)}
     if a.count_compiles:
@@ -45,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         if a.prefer:
             stack.enter_context(lz.prefer(*a.prefer))
+        if a.workload == "prefix":
+            from layerzero.engine.bench_prefix import run_shared_once
+
+            took, st = run_shared_once(scale=a.scale, device=a.device, **opts)
+            print(f"{a.name} shared prefix {took:.2f} s, {st['steps']} steps ({st.get('cascade_steps', 0)} cascade), "
+                  f"hit rate {st['prefix_hit_rate']:.1%}", flush=True)
+            return 0
         # no engine_options when none are given: an older checkout's run() (a "before" variant) lacks it
         r = run(scale=a.scale, device=a.device, hf_batch=0, **({"engine_options": opts} if opts else {}))
     split = {k: round(v, 2) for k, v in r["engine_stats"]["time_s"].items()}

@@ -22,7 +22,7 @@ import torch
 
 from .bench import build_checkpoint, make_workload
 
-__all__ = ["PREFIX_SCALES", "run_prefix", "shared_prefix_workload"]
+__all__ = ["PREFIX_SCALES", "run_prefix", "run_shared_once", "shared_prefix_workload"]
 
 PREFIX_SCALES = {"full": {"groups": 64, "per_group": 16, "prefix": 2048, "question": 128, "output": 256, "budget": None},
                  "cpu": {"groups": 4, "per_group": 4, "prefix": 256, "question": 16, "output": 16, "budget": 512}}
@@ -140,6 +140,22 @@ def run_prefix(*, scale: str = "full", model: str | None = None, device: str | N
     if zero_hit:
         result["zero_hit"] = _zero_hit(path, dev, dt, scale, repeats)
     return result
+
+
+def run_shared_once(*, scale: str = "full", model: str | None = None, device: str | None = None,
+                    dtype: torch.dtype | None = None, caching: bool = True, num_kv_blocks: int | None = None,
+                    **engine_options: Any) -> tuple[float, dict[str, Any]]:
+    """One timed run of the shared-prefix workload (as :func:`run_prefix` times each of its runs) with
+    ``engine_options`` passed to ``LLM`` (e.g. ``cascade_attention=True, scheduling_policy="lpm"``): (seconds,
+    the timed run's engine stats). For side-by-side variants in one device call
+    (``benchmarks/engine/bench_variant.py --workload prefix``)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dt = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    path = Path(model) if model else build_checkpoint(Path.home() / ".cache" / "layerzero" / f"qwen3-0.6b-{scale}",
+                                                      scale, dt)
+    prompts, out = shared_prefix_workload(scale)
+    return _timed(path, dev, dt, prompts, [out] * len(prompts), caching, len(prompts[0]) + out + 16,
+                  PREFIX_SCALES[scale]["budget"], num_kv_blocks, **engine_options)
 
 
 def _zero_hit(path: Path, dev: torch.device, dt: torch.dtype, scale: str, repeats: int) -> dict[str, Any]:
