@@ -74,6 +74,7 @@ from .ops import (
     merge_attention_states,
     paged_attention,
     quantize,
+    quantized_linear,
     reglu,
     reshape_and_cache,
     rms_norm,
@@ -185,7 +186,7 @@ __all__ = [
     "GraphCheck", "capture_selection", "is_graph_safe", "validate_graph_capture", "warmup",
     "DispatchTable", "DryRunReport", "Manifest", "ReadinessReport", "TableMismatchError", "compile", "dry_run",
     "load_manifest", "load_table", "readiness_check", "solve", "uncompile",
-    "QuantFormat", "QuantizedTensor", "dequantize", "quantize",
+    "QuantFormat", "QuantizedTensor", "dequantize", "quantize", "quantized_linear",
     "Encoding", "IncrementalDetokenizer", "detokenize", "tokenize",
     "BlockOp", "BlockPlan", "plan_block",
 ]

@@ -211,7 +211,8 @@ def test_capture_key_for_every_op():
              "quantize": ((x, "nvfp4"), {}), "dequantize": ((lz.quantize(x, "int8", axis=0),), {}),
              "embedding": ((torch.tensor([[1, 0, 3]]), torch.randn(5, 16)), {}),
              "linear_cross_entropy": ((x, torch.randn(7, 16), torch.tensor([1, 6])), {}),
-             "linear": ((x, torch.randn(7, 16)), {})}
+             "linear": ((x, torch.randn(7, 16)), {}),
+             "quantized_linear": ((x, lz.quantize(torch.randn(7, 16), "int4", group_size=16)), {})}
     assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():
         prepare, build_ctx = OPS[op]

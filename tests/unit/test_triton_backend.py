@@ -158,8 +158,10 @@ def test_every_kernel_is_cuda_only_sm80_and_half_precision():
             continue  # paged kernels: their own tests
         assert spec.device_types == {"cuda"} and spec.sm_min == (8, 0), spec.kernel_id
         half = {torch.float16, torch.bfloat16}
-        # triton.gemv: fp32 decode projections stay on cuBLAS (tl.dot would round fp32 inputs to TF32)
-        assert spec.dtypes == (half if spec.kernel_id == "triton.gemv" else half | {torch.float32}), spec.kernel_id
+        # triton.gemv / triton.quantized_linear: fp32 projections stay on cuBLAS (tl.dot would round fp32 inputs to
+        # TF32)
+        tl_dot = spec.kernel_id in ("triton.gemv", "triton.quantized_linear")
+        assert spec.dtypes == (half if tl_dot else half | {torch.float32}), spec.kernel_id
         assert not spec.supports_backward, spec.kernel_id
     by_id = {s.kernel_id: s for s in tb.kernel_specs(True, "")}
     assert by_id["triton.rms_norm"].fn is norms.rms_norm and by_id["triton.rope"].fn is rope.rope
@@ -170,7 +172,10 @@ def test_every_kernel_is_cuda_only_sm80_and_half_precision():
     assert by_id["triton.fused_moe"].fn is tb.moe.fused_moe
     assert by_id["triton.reshape_and_cache"].fn is tb.cache.reshape_and_cache
     assert by_id["triton.gemv"].fn is tb.gemv.gemv and by_id["triton.gemv"].op == "linear"
-    assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [True, True, False, False, False, True, True, True, True]
+    ql = by_id["triton.quantized_linear"]
+    assert ql.fn is tb.quantized_linear.quantized_linear and ql.op == "quantized_linear"
+    assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [True, True, False, False, False, True, True, True, True,
+                                                             True]
 
 
 def test_register_includes_paged_specs():

@@ -67,6 +67,7 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "merge_attention_states": ("out_a", "lse_a", "out_b", "lse_b"),
     "quantize": ("x", "format", "axis", "group_size"),
     "dequantize": ("qt",),
+    "quantized_linear": ("x", "qt", "bias"),
     "linear_cross_entropy": ("hidden", "weight", "target", "bias", "ignore_index", "reduction", "label_smoothing",
                              "softcap"),
 }

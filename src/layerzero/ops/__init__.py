@@ -15,6 +15,7 @@ from . import norms as _norms
 from . import paged as _paged
 from . import penalties as _penalties
 from . import quantization as _quantization
+from . import quantized_linear as _qlinear
 from . import rope as _rope
 from . import sampling as _sampling
 from . import swiglu as _swiglu
@@ -29,6 +30,7 @@ from .norms import layer_norm, rms_norm
 from .paged import paged_attention, reshape_and_cache
 from .penalties import apply_penalties
 from .quantization import dequantize, quantize
+from .quantized_linear import quantized_linear
 from .rope import rope
 from .sampling import sample, sample_topk, sample_topp
 from .swiglu import geglu, reglu, swiglu
@@ -37,7 +39,7 @@ OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SP
                    _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
                    _cascade.LSE_SPEC, _cascade.MERGE_SPEC,
                    _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC, _quantization.SPEC,
-                   _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC, _linear.SPEC)
+                   _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC, _linear.SPEC, _qlinear.SPEC)
 
 OPS = {
     "attention": (_attention.prepare, _attention.context),
@@ -61,6 +63,7 @@ OPS = {
     "embedding": (_embedding.prepare, _embedding.context),
     "linear_cross_entropy": (_lce.prepare, _lce.context),
     "linear": (_linear.prepare, _linear.context),
+    "quantized_linear": (_qlinear.prepare, _qlinear.context),
 }
 
 
@@ -77,4 +80,5 @@ def register_builtin(registry) -> None:
 __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
            "merge_attention_states",
            "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
-           "geglu", "reglu", "quantize", "dequantize", "embedding", "linear", "linear_cross_entropy"]
+           "geglu", "reglu", "quantize", "dequantize", "embedding", "linear", "linear_cross_entropy",
+           "quantized_linear"]

@@ -136,3 +136,26 @@ def test_a_deleted_llm_frees_its_device_memory(checkpoints):
     before = torch.cuda.memory_allocated()
     assert build_run_delete()() is None, "the deleted engine is still referenced"
     assert torch.cuda.memory_allocated() - before < 16 * 2**20
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4", "fp8"])
+def test_quantized_engine_runs_the_fused_low_bit_gemm(checkpoints, quantization):
+    """``LLM(quantization=...)`` with ``triton.quantized_linear`` locked (strict mode: a fallback would fail):
+    greedy tokens of the fused kernel equal those of the default dequantize-then-GEMM path for the first tokens
+    (the two round differently: compared up to the first difference, which must come after 4 tokens)."""
+    import layerzero as lz
+    from layerzero.backends.triton import quantized_linear as tq
+
+    if quantization == "fp8" and torch.cuda.get_device_capability() < tq.FP8_SM_MIN:
+        pytest.skip("float8 weights need SM >= 8.9 in Triton")
+    ps = prompts(3, seed=54)
+    base = _llm(checkpoints["qwen3"], quantization=quantization).generate(ps, _sp(), use_tqdm=False)
+    lz.lock("quantized_linear", tq.KERNEL_ID)
+    try:
+        fused = _llm(checkpoints["qwen3"], quantization=quantization).generate(ps, _sp(), use_tqdm=False)
+    finally:
+        lz.unlock("quantized_linear")
+    for a, b in zip(base, fused, strict=True):
+        ta, tb = a.outputs[0].token_ids, b.outputs[0].token_ids
+        same = next((i for i, (u, v) in enumerate(zip(ta, tb, strict=True)) if u != v), len(ta))
+        assert same >= 4, (ta, tb)

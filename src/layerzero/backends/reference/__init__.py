@@ -104,10 +104,13 @@ def register(registry: KernelRegistry) -> None:
     for op, fn in (("quantize", quantize), ("dequantize", dequantize)):
         registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (format tables)",
                                        supports_backward=False, **common))
-    from .linear import linear  # lz.linear (float32 math)
+    from .linear import linear, quantized_linear  # lz.linear, lz.quantized_linear (float32 math)
 
     registry.add_kernel(KernelSpec("reference.linear", "linear", linear,
                                    description="reference linear (float32 accumulation, one rounding)", **common))
+    registry.add_kernel(KernelSpec("reference.quantized_linear", "quantized_linear", quantized_linear,
+                                   description="reference quantized linear (weight dequantized in float32, float32 "
+                                               "accumulation, one rounding)", supports_backward=False, **common))
     from .embedding import embedding  # lz.embedding (index_select)
 
     registry.add_kernel(KernelSpec("reference.embedding", "embedding", embedding,

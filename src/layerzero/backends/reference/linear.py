@@ -14,3 +14,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     if bias is not None:
         y = y + bias.to(acc)
     return y.to(x.dtype)
+
+
+def quantized_linear(x: torch.Tensor, qt, bias: torch.Tensor | None) -> torch.Tensor:  # noqa: ANN001 - QuantizedTensor
+    """Reference ``lz.quantized_linear``: the weight decoded in float32 (float64 for float64 x), never rounded to
+    x's dtype (int8 codes and fp8 values times their per-channel or per-tensor scale; int4 nibbles, low first, minus
+    the group's zero point times its scale), then :func:`linear`'s product, rounded once to x's dtype."""
+    from .quantize import unpack_nibbles
+
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    n, k = qt.shape
+    if qt.format.value == "int4":
+        g = qt.group_size
+        codes = unpack_nibbles(qt.data).to(acc)
+        weight = (codes - qt.zero_point.to(acc).repeat_interleave(g, dim=1)) * qt.scale.to(acc).repeat_interleave(g, dim=1)
+    else:
+        weight = qt.data.to(acc) * qt.scale.to(acc)  # scale [N, 1] or []: broadcasts
+    y = torch.matmul(x.to(acc), weight.t())
+    if bias is not None:
+        y = y + bias.to(acc)
+    return y.to(x.dtype)

@@ -134,7 +134,7 @@ def register(registry: KernelRegistry) -> None:
                                    device_types=devices, dtypes=FLOATS,
                                    layouts=frozenset({Layout.BHSD, Layout.BSHD})))
     registry.add_kernel(cache_kernel_spec())
-    from .quantize import kernel_specs as quant_kernel_specs  # lz.quantize / lz.dequantize
+    from .quantize import kernel_specs as quant_kernel_specs  # quantize, dequantize, quantized_linear
 
     for spec in quant_kernel_specs():
         registry.add_kernel(spec)

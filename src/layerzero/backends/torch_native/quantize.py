@@ -46,7 +46,7 @@ from layerzero.core.quant_format import (
 )
 from layerzero.core.specs import KernelSpec
 
-__all__ = ["dequantize", "kernel_specs", "pack_nibbles", "quantize", "unpack_nibbles"]
+__all__ = ["dequantize", "kernel_specs", "pack_nibbles", "quantize", "quantized_linear", "unpack_nibbles"]
 
 F32 = torch.float32
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
@@ -154,12 +154,23 @@ def dequantize(qt: QuantizedTensor) -> torch.Tensor:
     return vals.reshape(shape).to(qt.dtype)
 
 
-def kernel_specs() -> tuple[KernelSpec, KernelSpec]:
-    """The two KernelSpecs: priority 50 (above the reference's 0), CPU / CUDA / XPU (devices with float8 dtypes),
-    every float dtype, deterministic, graph-safe, not differentiable (x is detached)."""
+def quantized_linear(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``lz.quantized_linear`` by dequantize-then-GEMM: :func:`dequantize` (the weight in x's dtype, one rounding)
+    and ``F.linear`` (cuBLAS / oneDNN). Writes and reads a float copy of the weight per call: what the fused
+    ``triton.quantized_linear`` avoids."""
+    return torch.nn.functional.linear(x, dequantize(qt), bias)
+
+
+def kernel_specs() -> tuple[KernelSpec, KernelSpec, KernelSpec]:
+    """The KernelSpecs of quantize, dequantize and quantized_linear: priority 50 (above the reference's 0), CPU /
+    CUDA / XPU (devices with float8 dtypes), every float dtype, deterministic, graph-safe, not differentiable (x is
+    detached)."""
     common = dict(priority=50, device_types=frozenset({"cpu", "cuda", "xpu"}), dtypes=FLOATS, deterministic=True,
                   graph_safe=True, supports_backward=False)
     return (KernelSpec("torch_native.quantize", "quantize", quantize,
                        description="lz.quantize: native float8 casts, E2M1 and E8M0 from float32 bits", **common),
             KernelSpec("torch_native.dequantize", "dequantize", dequantize,
-                       description="lz.dequantize: native float8 casts, bit-mask 4-bit decoding", **common))
+                       description="lz.dequantize: native float8 casts, bit-mask 4-bit decoding", **common),
+            KernelSpec("torch_native.quantized_linear", "quantized_linear", quantized_linear,
+                       description="lz.quantized_linear: lz.dequantize's weight in x's dtype, then F.linear "
+                                   "(cuBLAS / oneDNN)", **common))

@@ -2,6 +2,7 @@
 
 Kernels: ``triton.rms_norm`` (fused residual add, ``norms.py``), ``triton.rope`` (``rope.py``),
 ``triton.swiglu`` (``swiglu.py``), ``triton.fused_moe`` (``moe.py``), ``triton.gemv`` (``lz.linear``, ``gemv.py``),
+``triton.quantized_linear`` (``lz.quantized_linear``, ``quantized_linear.py``),
 ``triton.sample_topk`` / ``triton.sample_topp`` / ``triton.sample`` (``sampling.py``), ``triton.reshape_and_cache`` (``cache.py``) and
 the paged decode attention kernels of ``paged.py``. Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call)
 calls :func:`probe`, which imports ``triton``; the ``@triton.jit`` modules (``_*_kernels.py``) are imported on
@@ -18,7 +19,7 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec, KernelSpec
 
 from .._optional import dist_version, import_modules, unavailable_backend, unavailable_why
-from . import cache, gemv, moe, norms, rope, sampling, swiglu
+from . import cache, gemv, moe, norms, quantized_linear, rope, sampling, swiglu
 from ._common import INSTALL_HINT
 
 log = logging.getLogger("layerzero.backends.triton")
@@ -27,7 +28,7 @@ MODULE = "triton"
 _DESCRIPTION = ("LayerZero's own Triton kernels (RMSNorm + fused add, RoPE, SwiGLU, fused MoE, top-k/top-p "
                 "sampling, lz.sample's fused race, paged KV-cache write, paged decode)")
 KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID, cache.KERNEL_ID,
-              gemv.KERNEL_ID)
+              gemv.KERNEL_ID, quantized_linear.KERNEL_ID)
 """Ids of this package's own op kernels (the paged kernels are listed by ``paged.kernel_specs``)."""
 
 
@@ -45,7 +46,7 @@ def probe() -> BackendSpec:
 
 def kernel_specs(available: bool, why: str = "triton is not available") -> list[KernelSpec]:
     """Every KernelSpec of the backend: rms_norm, rope, sample_topk, sample_topp, sample, swiglu, fused_moe,
-    reshape_and_cache, linear (gemv), then
+    reshape_and_cache, linear (gemv), quantized_linear, then
     ``paged.kernel_specs``.
 
     Args:
@@ -58,13 +59,13 @@ def kernel_specs(available: bool, why: str = "triton is not available") -> list[
     return [norms.kernel_spec(available, why), rope.kernel_spec(available, why),
             *sampling.kernel_specs(available, why), swiglu.kernel_spec(available, why),
             moe.kernel_spec(available, why), cache.kernel_spec(available, why), gemv.kernel_spec(available, why),
-            *paged.kernel_specs(available, why)]
+            quantized_linear.kernel_spec(available, why), *paged.kernel_specs(available, why)]
 
 
 def register(registry: KernelRegistry) -> None:
     """Add the ``triton`` backend (available or not, with reasons) and all its kernels to ``registry`` (the
-    ``rms_norm``, ``rope``, ``sample_topk``, ``sample_topp``, ``sample``, ``swiglu``, ``fused_moe``, ``linear`` and
-    ``paged_attention`` ops must be registered).
+    ``rms_norm``, ``rope``, ``sample_topk``, ``sample_topp``, ``sample``, ``swiglu``, ``fused_moe``, ``linear``,
+    ``quantized_linear`` and ``paged_attention`` ops must be registered).
 
     Raises:
         ConfigurationError: the backend or one of its kernel ids is already registered.

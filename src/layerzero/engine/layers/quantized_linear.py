@@ -5,9 +5,11 @@ packed gate/up, ``down_proj``) with a :class:`QuantizedLinear` holding ``lz.quan
 buffers instead of the float weight. The embedding, the norms, the LM head (kept in the model dtype: its logits
 decide every token) and the MoE experts / router stay in the model dtype.
 
-Forward: ``lz.linear(x, lz.dequantize(W_q), b)``: the weight is dequantized to the model dtype on every call and
-dropped afterwards (nothing is cached, so the memory saving holds; the price is one dequantization per layer per
-step). Fused low-bit GEMMs (Marlin / machete for int4, cuBLASLt fp8 ``torch._scaled_mm``) are not done.
+Forward: ``lz.quantized_linear(x, W_q, b)``, dispatched: by default ``torch_native.quantized_linear`` dequantizes
+the weight to the model dtype on every call and drops it afterwards (nothing is cached, so the memory saving holds;
+the price is one dequantization per layer per step); the fused low-bit GEMM ``triton.quantized_linear`` (codes
+decoded in registers, no float copy) is opt in until it is measured on a GPU:
+``lz.lock("quantized_linear", "triton.quantized_linear")``.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[T, in_features]`` -> ``[T, out_features]``."""
-        return lz.linear(x, lz.dequantize(self.qtensor()), self.bias)
+        return lz.quantized_linear(x, self.qtensor(), self.bias)
 
     def extra_repr(self) -> str:
         g = f", group_size={self.group_size}" if self.group_size else ""

@@ -1,0 +1,150 @@
+"""``lz.quantized_linear``: ``y = x @ dequantize(W_q).T + bias`` for a weight-only quantized weight (what
+``lz.quantize`` returns for a ``[N, K]`` weight: int8 / fp8 per output channel or per tensor, int4 in groups along
+K), dispatched to the best kernel: dequantize-then-GEMM (``torch_native``, the default until the fused kernel is
+measured on a GPU), a fused low-bit GEMM that decodes the codes in registers and never writes the float weight
+(``triton.quantized_linear``, opt in), or the float32 reference.
+
+Why a fused kernel: decode's projections read their weight once per step, so a weight in 1 byte (int8, fp8) or half
+a byte (int4) per element is read 2-4x faster than bf16, but only if nothing writes and re-reads a bf16 copy first
+(on the H200 the dequantize-then-GEMM engine ran 1.7-2.5x *slower* than bf16,
+``benchmarks/results/engine/quantization_h200.md``). The approach is Marlin's / vLLM's weight-only GEMMs: codes
+times scales in the GEMM's inner loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from layerzero.core.context import SelectionContext
+from layerzero.core.quant_format import Granularity, QuantFormat, QuantizedTensor, format_granularity
+from layerzero.core.runtime import RUNTIME
+from layerzero.core.specs import OperationSpec
+
+from ._common import FLOAT_DTYPES, check_same, check_tensor, device_spec, fail, stream_capturing
+from .linear import rows_key
+from .quantization import prepare_dequantize
+
+OP = "quantized_linear"
+FORMATS = frozenset({QuantFormat.INT8, QuantFormat.FP8_E4M3, QuantFormat.FP8_E5M2, QuantFormat.INT4})
+"""Weight formats taken: int8 / fp8 with one scale per output channel (``axis=0``) or per tensor; int4 in groups
+along K (``group_size``; GPTQ / AWQ's layout as ``lz.quantize`` packs it)."""
+
+
+class QuantLinearKey(NamedTuple):
+    """The selection-cache key of one ``lz.quantized_linear`` call: rows M (exact up to 16, then the next power of
+    two, as ``lz.linear``), in_features K and out_features N exact, the weight's format and granularity
+    (``"channel"``, ``"tensor"`` or ``"group:<g>"``); ``capture``/``scope`` close every op's key."""
+
+    op: str
+    device: torch.device
+    dtype: torch.dtype
+    rows: int
+    in_features: int
+    out_features: int
+    quant_format: str
+    granularity: str
+    has_bias: bool
+    stride_last_1: bool
+    capture: bool
+    scope: tuple[Any, ...]
+
+
+def _granularity(qt: QuantizedTensor) -> str:
+    gran = format_granularity(qt.format, qt.axis, qt.group_size)
+    return f"group:{qt.group_size}" if gran is Granularity.GROUP else gran.value
+
+
+def prepare(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None = None
+            ) -> tuple[QuantLinearKey, tuple[Any, ...]]:
+    """Validate ``lz.quantized_linear`` inputs; return (cache key, canonical kernel args ``(x, qt, bias)``).
+
+    Raises:
+        InvalidInputError: see :func:`quantized_linear`.
+    """
+    check_tensor(OP, "x", x)
+    if x.dtype not in FLOAT_DTYPES:
+        raise fail(OP, "x dtype", "float32/float64/float16/bfloat16", x.dtype)
+    if x.dim() == 0:
+        raise fail(OP, "x rank", ">= 1 dims ([..., K])", "a 0-dim tensor")
+    prepare_dequantize(qt)  # the QuantizedTensor's own consistency (raises InvalidInputError naming the field)
+    if len(qt.shape) != 2:
+        raise fail(OP, "qt.shape", "a quantized weight [N, K] (out_features, in_features)", list(qt.shape))
+    n, k = qt.shape
+    if qt.format not in FORMATS:
+        raise fail(OP, "qt.format", f"one of {sorted(f.value for f in FORMATS)}", qt.format.value,
+                   "Dequantize other formats first: lz.linear(x, lz.dequantize(qt), bias).")
+    gran = format_granularity(qt.format, qt.axis, qt.group_size)
+    if qt.format is not QuantFormat.INT4 and not (gran is Granularity.TENSOR or qt.axis == 0):
+        raise fail(OP, f"{qt.format.value} scale granularity", "one scale per output channel (axis=0) or per tensor",
+                   f"{gran.value} (axis={qt.axis!r}, group_size={qt.group_size!r})",
+                   "Quantize the weight with lz.quantize(w, fmt, axis=0).")
+    if x.shape[-1] != k:
+        raise fail(OP, "x.shape[-1] (in_features K)", f"{k} (qt.shape[1], the weight is [N, K] = {[n, k]})",
+                   x.shape[-1])
+    if x.device != qt.data.device:
+        raise fail(OP, "devices", f"x on {qt.data.device} like the quantized weight", x.device)
+    if qt.dtype != x.dtype:
+        raise fail(OP, "qt.dtype (the weight's float dtype)", f"x's dtype {x.dtype}", qt.dtype,
+                   "Quantize the weight from the model dtype the activations have.")
+    if bias is not None:
+        check_tensor(OP, "bias", bias, 1)
+        check_same(OP, "x", x, "bias", bias)
+        if bias.shape[0] != n:
+            raise fail(OP, "bias shape", f"[N] = [{n}]", list(bias.shape))
+    stride = x.stride(-1) == 1 and qt.data.stride(-1) == 1 and (bias is None or bias.stride(0) == 1)
+    key = QuantLinearKey(OP, x.device, x.dtype, rows_key(x.numel() // k), k, n, qt.format.value, _granularity(qt),
+                         bias is not None, stride, x.is_cuda and stream_capturing(), ())
+    return key, (x, qt, bias)
+
+
+def context(key: QuantLinearKey) -> SelectionContext:
+    """The :class:`SelectionContext` of a quantized-linear key: ``batch`` = rows M, ``hidden_size`` = K,
+    ``intermediate_size`` = N, ``quant_format`` / ``quant_granularity`` the weight's."""
+    return SelectionContext(op=OP, device=device_spec(key.device), dtype=key.dtype, batch=key.rows,
+                            hidden_size=key.in_features, intermediate_size=key.out_features, has_bias=key.has_bias,
+                            stride_last_1=key.stride_last_1, graph_capture=key.capture,
+                            quant_format=key.quant_format, quant_granularity=key.granularity)
+
+
+SPEC = OperationSpec(OP, "weight-only quantized linear y = x @ dequantize(W_q).T + bias (int8, fp8, int4)",
+                     ("x", "qt", "bias"), "reference.quantized_linear", key_type=QuantLinearKey)
+
+
+def quantized_linear(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Weight-only quantized linear projection ``y = x @ dequantize(qt).T + bias`` (``F.linear`` semantics with a
+    weight that ``lz.quantize`` stored in int8, fp8 or int4).
+
+    Shapes (M rows = the product of x's leading dims, K in_features, N out_features): ``x`` ``[..., K]``;
+    ``qt`` a :class:`~layerzero.QuantizedTensor` of a ``[N, K]`` weight: ``"int8"`` / ``"fp8_e4m3"`` /
+    ``"fp8_e5m2"`` with ``axis=0`` (scale ``[N, 1]`` float32) or per tensor (scale ``[]``), or ``"int4"`` (codes
+    uint8 ``[N, K/2]``, scale float32 and zero point uint8 ``[N, K/g]``, g = ``qt.group_size``); ``bias`` ``[N]`` or
+    None -> out ``[..., N]`` in x's dtype, a new tensor. ``qt.dtype`` (the weight's float dtype) must be x's dtype.
+
+    Numerics: every kernel multiplies codes by their scales exactly in float32 or applies the scale to the float32
+    accumulator (per channel, per group), accumulates in float32 and rounds once to x's dtype; the reference keeps
+    the dequantized weight in float32 (no rounding of the weight to x's dtype, which dequantize-then-GEMM does), so
+    kernels agree within x's dtype's tolerance (fp16/bf16 ~1e-2 relative on large K).
+
+    Kernels: ``torch_native.quantized_linear`` (``F.linear`` on ``lz.dequantize``'s weight: cuBLAS / oneDNN; the
+    default), ``triton.quantized_linear`` (CUDA, fp16/bf16: the fused low-bit GEMM, codes decoded in registers;
+    opt in with ``lz.lock("quantized_linear", "triton.quantized_linear")`` until measured on a GPU),
+    ``reference.quantized_linear`` (float32 math, the oracle).
+
+    Raises:
+        InvalidInputError: x not a float tensor or 0-dim, ``qt`` not a consistent QuantizedTensor of a 2-D weight,
+            a format other than int8 / fp8 / int4 or an int8 / fp8 scale that is not per channel (axis 0) or per
+            tensor, ``x.shape[-1] != K``, ``qt.dtype`` or device not x's, bias not ``[N]`` like x.
+        KernelExecutionError: the kernel failed and no fallback was allowed (lock or strict mode).
+
+    >>> import torch, layerzero as lz
+    >>> w = torch.tensor([[127.0, -127.0], [0.0, 254.0]])  # exact in int8 (scales 1 and 2)
+    >>> lz.quantized_linear(torch.tensor([[1.0, 2.0]]), lz.quantize(w, "int8", axis=0)).tolist()
+    [[-127.0, 508.0]]
+    """
+    key, args = prepare(x, qt, bias)
+    return RUNTIME.run(key, context, args)
+
+
+__all__ = ["FORMATS", "OP", "QuantLinearKey", "SPEC", "context", "prepare", "quantized_linear"]
