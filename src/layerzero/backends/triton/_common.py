@@ -63,6 +63,13 @@ def rows_2d(t: torch.Tensor, name: str, kernel_id: str) -> torch.Tensor:
         return t.reshape(-1, n)
 
 
+def projection_out(x: torch.Tensor, n: int, kernel_id: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A projection's output ``[..., N]`` (new, x's dtype and device) and the 2-D views its kernel reads and writes:
+    ``(out, x [rows, K], out [rows, N])`` (see :func:`rows_2d`)."""
+    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    return out, rows_2d(x, "x", kernel_id), out.view(-1, n)
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two >= ``n`` (1 for n <= 1)."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()

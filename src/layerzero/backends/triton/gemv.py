@@ -26,7 +26,7 @@ from layerzero.core.context import SelectionContext
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
-from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, next_pow2, rows_2d
+from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, next_pow2, projection_out
 from ._launch import launch
 
 KERNEL_ID = "triton.gemv"
@@ -76,11 +76,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
         propagate (dispatch then falls back to the next kernel and charges the backend's health).
     """
     n, k = weight.shape
-    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    out, x2, o2 = projection_out(x, n, KERNEL_ID)
     if out.numel() == 0:
         return out
     mod = _KERNELS.get()
-    x2, o2 = rows_2d(x, "x", KERNEL_ID), out.view(-1, n)
     m = x2.shape[0]
     cfg = config(m, n, k)  # a fresh dict per call
     kernel = cfg.pop("kernel")

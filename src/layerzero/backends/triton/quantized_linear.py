@@ -22,7 +22,7 @@ from layerzero.core.quant_format import QuantFormat
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
-from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, rows_2d
+from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, projection_out
 from ._launch import launch
 
 KERNEL_ID = "triton.quantized_linear"
@@ -60,11 +60,10 @@ def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> tor
         errors propagate (dispatch then falls back to the next kernel and charges the backend's health).
     """
     n, k = qt.shape
-    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    out, x2, o2 = projection_out(x, n, KERNEL_ID)
     if out.numel() == 0:
         return out
     mod = _KERNELS.get()
-    x2, o2 = rows_2d(x, "x", KERNEL_ID), out.view(-1, n)
     m = x2.shape[0]
     grouped = qt.format is QuantFormat.INT4
     cfg = config(m, n, qt.group_size if grouped else None)
