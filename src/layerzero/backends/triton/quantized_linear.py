@@ -67,10 +67,10 @@ def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> tor
     m = x2.shape[0]
     grouped = qt.format is QuantFormat.INT4
     cfg = config(m, n, qt.group_size if grouped else None)
-    scale = qt.scale
+    scale = qt.scale.contiguous()  # scale and zero point share one row stride in the kernel
     per_channel = not grouped and scale.dim() == 2
     stride_s = scale.stride(0) if grouped or per_channel else 0
-    zero = qt.zero_point if grouped else scale  # a pointer the kernel never reads for int8 / fp8
+    zero = qt.zero_point.contiguous() if grouped else scale  # a pointer the kernel never reads for int8 / fp8
     b = bias if bias is not None else out  # likewise without a bias
     launch(mod._qgemm, (cdiv(m, cfg["BM"]), cdiv(n, cfg["BN"])), x2, qt.data, scale, zero, b, o2, m, n,
            x2.stride(0), qt.data.stride(0), stride_s, o2.stride(0), K=k, G=qt.group_size if grouped else 1,
