@@ -143,7 +143,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="the model dtype (the unquantized baseline and the activations)")
     ap.add_argument("--shape", choices=tuple(SHAPES), default="small")
     ap.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here")
+    ap.add_argument("--lock", action="append", default=[],
+                    help="op=kernel_id for every run (repeatable), e.g. quantized_linear=triton.quantized_linear "
+                         "(the fused low-bit GEMM)")
     a = ap.parse_args(argv)
+    import layerzero as lz
+
+    for item in a.lock:
+        op, _, kernel = item.partition("=")
+        lz.lock(op, kernel)
     rows = run(a.device, a.prompts, a.tokens, a.repeat, getattr(torch, a.dtype), a.shape)
     shape = SHAPES[a.shape]
     cfg = ", ".join(f"{k}={shape[k]}" for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
@@ -153,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             f"- date: {datetime.date.today()}; torch {torch.__version__}; threads {torch.get_num_threads()}",
             f"- machine: {platform.machine()}, {cpu_flags()}",
             f"- model: random Qwen3 ({cfg}), LM head x{SHARPEN}; {a.prompts} greedy prompts of 9-33 tokens x "
-            f"{a.tokens} output tokens, batched; tokens/s best of {a.repeat}", ""]
+            f"{a.tokens} output tokens, batched; tokens/s best of {a.repeat}",
+            f"- locks: {', '.join(a.lock) or 'none (default kernels)'}", ""]
     report = "\n".join([*head, table(rows), ""])
     print(report)
     if a.out:
