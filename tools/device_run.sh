@@ -20,6 +20,8 @@
 #   bench-engine benchmarks/engine/bench_engine.py $BENCH_ARGS (nano-vllm workload, full scale) into $OUT/engine
 #   bench-prefix `layerzero bench-engine --workload prefix $PREFIX_ARGS` into $OUT/engine
 #   prefix-profile benchmarks/engine/prefix_profile.py $PROFILE_ARGS (shared-prefix step times and kernel table)
+#   quant-ab  benchmarks/engine/bench_quantization.py on the Qwen3-0.6B shape in bf16, default kernels then the fused
+#             triton.quantized_linear locked (into $OUT/quant_default.md, $OUT/quant_fused.md)
 #   prefix-ab  the shared-prefix workload once per variant, one process each (bench_variant.py --workload prefix):
 #             cache on; + cascade; + cascade + lpm; + lpm (into $OUT/prefix_ab.txt; the cache-off baseline: bench-prefix)
 #   cascade-layer benchmarks/engine/cascade_layer.py at 16x16 and at 64x4 (interleaved rows), into $OUT/cascade_layer.txt
@@ -68,6 +70,10 @@ for stage in "$@"; do
     bench-engine) timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/engine/bench_engine.py --out "$OUT/engine" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-engine.log" | tail -20 ;;
     bench-prefix) timeout ${BENCH_TIMEOUT:-400} python3 -m layerzero bench-engine --workload prefix --repeats ${PREFIX_REPEATS:-3} ${PREFIX_ARGS:-} --out "$OUT/engine" 2>&1 | tail -5 ;;
     prefix-profile) timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/engine/prefix_profile.py --out "$OUT/prefix" ${PROFILE_ARGS:-} 2>&1 | tail -60 ;;
+    quant-ab) for v in default fused; do
+        lock=""; [ $v = fused ] && lock="--lock quantized_linear=triton.quantized_linear"
+        timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/engine/bench_quantization.py --device cuda --dtype bfloat16 \
+          --shape qwen3-0.6b --prompts 32 --tokens 128 --repeat 2 $lock --out "$OUT/quant_$v.md" 2>&1 | tail -8; done ;;
     prefix-ab) for v in "on|" "cascade|--opt cascade_attention=True" "cascade-lpm|--opt cascade_attention=True --opt scheduling_policy='lpm'" "lpm|--opt scheduling_policy='lpm'"; do
         timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/engine/bench_variant.py "${v%%|*}" --workload prefix ${v#*|} 2>&1 | tail -1; done | tee "$OUT/prefix_ab.txt" ;;
     cascade-layer) for a in "" "--groups 64 --members 4" "--groups 64 --members 4 --interleave"; do
