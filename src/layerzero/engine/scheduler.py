@@ -112,10 +112,10 @@ class Scheduler:
             key = self._prefix_key(seq) if share else None
             if seq.num_preemptions == 0 and (seq.request_id in prefilling or key is not None and key in prefilling):
                 continue
-            if groups is not None and not groups.admits(key):
-                continue  # a new prefix group waits for room for all its members (see _WholeGroups)
             if seq.num_pending:  # preempted with a token in flight: admitted once its id is known (next step)
                 continue
+            if groups is not None and not groups.admits(key):
+                continue  # a new prefix group waits for room for all its members (see _WholeGroups)
             blocks, cached = self.kv.get_computed_blocks(seq.token_ids, record=False)
             n = min(seq.num_tokens - cached, budget)
             if self.kv.allocate_slots(seq.seq_id, cached + n, blocks, admit=True) is None:
@@ -186,8 +186,9 @@ class _WholeGroups:
         self.blocked = False
 
     def admits(self, key: Hashable | None) -> bool:
-        """Whether a waiting sequence with prefix ``key`` may be admitted now; books its slot (or its group's) when
-        it may. The caller admits it, or stops admitting for this step."""
+        """Whether a waiting sequence with prefix ``key`` may be admitted now; when it may, its slot (a new group:
+        its waiting members' slots) is booked and the caller admits it (or, out of KV blocks, stops admitting for
+        the step); when not, the caller skips it."""
         s = self.sched
         if key is not None and key in self.running:
             self.reserved -= 1  # one of the booked members
