@@ -37,9 +37,9 @@ __all__ = ["CascadeBatch", "CascadePolicy", "plan_cascade"]
 
 @dataclass(frozen=True)
 class CascadePolicy:
-    """When a decode step runs as cascade attention. ``min_saved_tokens``: the KV tokens per layer that the shared
-    level saves reading (sum over groups of ``(members - 1) * prefix tokens``) must reach this, and
-    ``min_saved_fraction`` of the step's KV tokens. ``always``: any group qualifies (tests, ``cascade_attention=True``).
+    """When a step (decode, or with prefill chunks) runs as cascade attention. ``min_saved_tokens``: the KV tokens
+    per layer that the shared level saves reading (sum over groups of ``(members - 1) * prefix tokens``) must reach
+    this, and ``min_saved_fraction`` of the step's KV tokens. ``always``: any group qualifies (tests, ``cascade_attention=True``).
 
     Defaults: a step whose prefix reads would save >= 16,384 tokens and half of its KV: on a Qwen3-0.6B shape
     (112 KiB of KV per token over 28 layers) that is >= 1.8 GB of reads per step, ~0.4 ms of an H200's bandwidth, more
