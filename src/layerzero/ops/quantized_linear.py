@@ -18,13 +18,14 @@ from typing import Any, NamedTuple
 import torch
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.errors import InvalidInputError
 from layerzero.core.quant_format import Granularity, QuantFormat, QuantizedTensor, format_granularity
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
-from ._common import FLOAT_DTYPES, check_same, check_tensor, device_spec, fail, stream_capturing
+from ._common import check_same, check_tensor, device_spec, fail, stream_capturing
 from .linear import rows_key
-from .quantization import prepare_dequantize
+from .quantization import DEQ, prepare_dequantize
 
 OP = "quantized_linear"
 FORMATS = frozenset({QuantFormat.INT8, QuantFormat.FP8_E4M3, QuantFormat.FP8_E5M2, QuantFormat.INT4})
@@ -63,12 +64,13 @@ def prepare(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None = No
     Raises:
         InvalidInputError: see :func:`quantized_linear`.
     """
-    check_tensor(OP, "x", x)
-    if x.dtype not in FLOAT_DTYPES:
-        raise fail(OP, "x dtype", "float32/float64/float16/bfloat16", x.dtype)
+    check_tensor(OP, "x", x)  # a float tensor
     if x.dim() == 0:
         raise fail(OP, "x rank", ">= 1 dims ([..., K])", "a 0-dim tensor")
-    prepare_dequantize(qt)  # the QuantizedTensor's own consistency (raises InvalidInputError naming the field)
+    try:
+        prepare_dequantize(qt)  # the QuantizedTensor's own consistency
+    except InvalidInputError as exc:  # the same message, under this op's name
+        raise InvalidInputError(str(exc).replace(f"lz.{DEQ}:", f"lz.{OP}:", 1)) from None
     if len(qt.shape) != 2:
         raise fail(OP, "qt.shape", "a quantized weight [N, K] (out_features, in_features)", list(qt.shape))
     n, k = qt.shape
