@@ -81,13 +81,23 @@ def test_bad_inputs_raise_typed_errors_before_any_work(bad, match):
 
 
 # ------------------------------------------------------------------------------ the fused Triton kernel
+TRITON_CASES = [  # (M, N, K, bias): every path of tq.config
+    (1, 37, 96, True),      # row kernel, BM 1, BN 4
+    (2, 5, 3072, False),    # row kernel, BN 2 (long K)
+    (3, 70, 160, True),     # row kernel, rows padded to 4
+    (8, 33, 96, False),     # row kernel, BM 8
+    (12, 70, 96, True),     # tl.dot, 16-row tiles (padded)
+    (70, 5, 160, False),    # tl.dot, 64-row tiles
+]
+
+
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize(("fmt", "kw"), FORMATS, ids=IDS)
 def test_triton_kernel_matches_the_float64_oracle(fmt, kw, dtype):
-    """Every tile path: 1 and 17 rows (16-row tiles, padded), 70 rows (64-row tiles), N not a multiple of 64, K
-    not a multiple of 64 (a masked last K tile; for int4 a multiple of the group), with and without bias."""
-    for m, n, k, bias in ((1, 37, 96, True), (17, 70, 96, False), (70, 5, 160, True)):
+    """Every kernel path (TRITON_CASES), N not a multiple of the column tile, K not a multiple of the K tile (a
+    masked last tile; for int4 a multiple of the group), with and without bias."""
+    for m, n, k, bias in TRITON_CASES:
         x, qt, b, want = _case(fmt, kw, dtype, m, n, k, seed=7 * m + n + k, bias=bias)
         out = tq.quantized_linear(x, qt, b)
         assert out.shape == (m, n) and out.dtype == dtype and out.is_contiguous()
@@ -106,9 +116,13 @@ def test_triton_kernel_takes_strided_rows_leading_dims_and_empty_batches():
     assert tq.quantized_linear(x[:0], qt, b).shape == (0, 9)
 
 
-def test_config_never_straddles_an_int4_group():
-    assert tq.config(1, 4096, 16)["BK"] == 16 and tq.config(1, 4096, 128)["BK"] == 64
-    assert tq.config(16, 10, None)["BM"] == 16 and tq.config(17, 10, None)["BM"] == 64
+def test_config_picks_the_path_and_never_straddles_an_int4_group():
+    assert tq.config(1, 4096, 1024, 16)["BK"] == 16 and tq.config(1, 4096, 1024, 128)["BK"] == 128
+    assert tq.config(12, 4096, 1024, 128)["BK"] == 64 and tq.config(12, 4096, 1024, 32)["BK"] == 32
+    assert tq.config(8, 10, 64, None)["kernel"] == "rows" and tq.config(8, 10, 64, None)["BM"] == 8
+    assert tq.config(1, 1024, 3072, None)["BN"] == 2 and tq.config(3, 1024, 3072, None)["BN"] == 4
+    assert tq.config(9, 10, 64, None)["kernel"] == "dot" and tq.config(16, 10, 64, None)["BM"] == 16
+    assert tq.config(17, 10, 64, None)["BM"] == 64
 
 
 # ------------------------------------------------------------------------------------------------ routing

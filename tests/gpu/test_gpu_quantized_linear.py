@@ -1,6 +1,6 @@
 """``triton.quantized_linear`` (the fused low-bit GEMM of ``lz.quantized_linear``) compiled on a real GPU
 (``pytest -m gpu``): equal to a float64 oracle within the dtype's tolerance for int8 / fp8 / int4 weights on
-Qwen3-0.6B's projection shapes and odd ones, 1 to 70 rows, through ``lz.quantized_linear`` (locked: it is opt in);
+Qwen3-0.6B's projection shapes and odd ones, 1 to 70 rows (the row kernel and both tl.dot tiles), through ``lz.quantized_linear`` (locked: it is opt in);
 a captured CUDA graph replays it; the engine generates with it locked (strict mode, so a fallback fails)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def locked():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize(("fmt", "kw"), FORMATS, ids=lambda v: str(v))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("rows", [1, 3, 70])
+@pytest.mark.parametrize("rows", [1, 3, 12, 70])
 def test_matches_float64_oracle(locked, dtype, fmt, kw, shape, rows):
     n, k = shape
     if fmt.startswith("fp8") and torch.cuda.get_device_capability() < tq.FP8_SM_MIN:

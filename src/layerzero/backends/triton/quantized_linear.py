@@ -22,7 +22,7 @@ from layerzero.core.quant_format import QuantFormat
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
-from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, projection_out
+from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, next_pow2, projection_out
 from ._launch import launch
 
 KERNEL_ID = "triton.quantized_linear"
@@ -33,14 +33,23 @@ MIN_GROUP = 16
 """int4 groups of at least 16 along K (one ``tl.dot`` K tile per group at least)."""
 FP8_SM_MIN = (8, 9)
 """Triton converts float8 e4m3 / e5m2 on SM >= 8.9 (Ada, Hopper)."""
+ROWS_MAX = 8
+"""Rows up to which the row kernel (float32 multiply-adds, small column tiles) runs instead of ``tl.dot`` tiles."""
 _KERNELS = LazyModule("_qgemm_kernels")
 
 
-def config(m: int, n: int, group: int | None) -> dict[str, Any]:
-    """Tile sizes: 16 rows for decode-sized M (``tl.dot``'s minimum), else 64; 64 output columns; K tiles of 64,
-    or of the int4 group size when it is smaller (a tile never straddles groups)."""
+def config(m: int, n: int, k: int, group: int | None) -> dict[str, Any]:
+    """Kernel (``"rows"`` or ``"dot"``, see ``_qgemm_kernels.py``) and tiles. Up to :data:`ROWS_MAX` rows the row
+    kernel (decode): ``BM`` the rows padded to a power of two, 4 output columns per program (2 for long K, as
+    ``triton.gemv``: N / BN programs keep the loads in flight even for N = 1024), K tiles of 512 (the int4 group
+    size when smaller). More rows: ``tl.dot`` tiles of 16 rows (up to 16) or 64, 64 columns, K tiles of 64 (the
+    group size when smaller). A K tile never straddles an int4 group."""
+    if m <= ROWS_MAX:
+        bk = 512 if group is None else min(group, 512)
+        return {"kernel": "rows", "BM": next_pow2(m), "BN": 2 if m <= 2 and k >= 3072 else 4, "BK": bk,
+                "num_warps": 4}
     bk = 64 if group is None else min(group, 64)
-    return {"BM": 16 if m <= 16 else 64, "BN": 64, "BK": bk, "num_warps": 4}
+    return {"kernel": "dot", "BM": 16 if m <= 16 else 64, "BN": 64, "BK": bk, "num_warps": 4}
 
 
 def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> torch.Tensor:
@@ -66,16 +75,20 @@ def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> tor
     mod = _KERNELS.get()
     m = x2.shape[0]
     grouped = qt.format is QuantFormat.INT4
-    cfg = config(m, n, qt.group_size if grouped else None)
+    cfg = config(m, n, k, qt.group_size if grouped else None)
+    kernel = cfg.pop("kernel")
     scale = qt.scale.contiguous()  # scale and zero point share one row stride in the kernel
     per_channel = not grouped and scale.dim() == 2
     stride_s = scale.stride(0) if grouped or per_channel else 0
     zero = qt.zero_point.contiguous() if grouped else scale  # a pointer the kernel never reads for int8 / fp8
     b = bias if bias is not None else out  # likewise without a bias
-    launch(mod._qgemm, (cdiv(m, cfg["BM"]), cdiv(n, cfg["BN"])), x2, qt.data, scale, zero, b, o2, m, n,
-           x2.stride(0), qt.data.stride(0), stride_s, o2.stride(0), K=k, G=qt.group_size if grouped else 1,
-           GROUPED=grouped, PER_CHANNEL=per_channel, HAS_BIAS=bias is not None,
-           UPCAST=mod.INTERPRETED, **cfg)
+    args = (x2, qt.data, scale, zero, b, o2, m, n, x2.stride(0), qt.data.stride(0), stride_s, o2.stride(0))
+    meta = dict(K=k, G=qt.group_size if grouped else 1, GROUPED=grouped, PER_CHANNEL=per_channel,
+                HAS_BIAS=bias is not None, **cfg)
+    if kernel == "rows":
+        launch(mod._qgemv_rows, (cdiv(n, cfg["BN"]),), *args, **meta)
+    else:
+        launch(mod._qgemm, (cdiv(m, cfg["BM"]), cdiv(n, cfg["BN"])), *args, UPCAST=mod.INTERPRETED, **meta)
     return out
 
 
