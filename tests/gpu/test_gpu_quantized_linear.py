@@ -1,7 +1,8 @@
 """``triton.quantized_linear`` (the fused low-bit GEMM of ``lz.quantized_linear``) compiled on a real GPU
 (``pytest -m gpu``): equal to a float64 oracle within the dtype's tolerance for int8 / fp8 / int4 weights on
-Qwen3-0.6B's projection shapes and odd ones, 1 to 70 rows (the row kernel and both tl.dot tiles), through ``lz.quantized_linear`` (locked: it is opt in);
-a captured CUDA graph replays it; the engine generates with it locked (strict mode, so a fallback fails)."""
+Qwen3-0.6B's projection shapes and odd ones, 1 to 70 rows (the row kernel and both tl.dot tiles), through
+``lz.quantized_linear`` (locked: it is opt in); a captured CUDA graph replays it. The engine with it locked:
+tests/engine/gpu/test_engine_gpu.py."""
 
 from __future__ import annotations
 
