@@ -62,6 +62,20 @@ def test_the_op_picks_a_kernel_keeps_leading_dims_and_matches():
     assert lz.which("quantized_linear", x, qt, b) == "torch_native.quantized_linear"
 
 
+def test_a_scoped_preference_is_not_served_a_cached_unscoped_choice():
+    """The key carries the policy scope: a call inside ``lz.prefer`` after the same call outside runs the
+    preferred kernel (a key without the scope served the cached default), and autograd flows through x."""
+    x, qt, b, want = _case("int8", dict(axis=0), torch.float32, 3, 7, 32, seed=2)
+    with lz.trace() as t:
+        lz.quantized_linear(x, qt, b)
+        with lz.prefer("reference.quantized_linear"):
+            lz.quantized_linear(x, qt, b)
+    assert t.kernels_for("quantized_linear") == ["torch_native.quantized_linear", "reference.quantized_linear"]
+    xg = x.clone().requires_grad_(True)
+    lz.quantized_linear(xg, qt, b).sum().backward()
+    torch.testing.assert_close(xg.grad.double(), oracle_weight(qt).sum(0).expand(3, -1), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("bad, match", [
     (lambda x, qt, b: (x, "not a qt", b), "QuantizedTensor"),
     (lambda x, qt, b: (x[:, :-1], qt, b), "in_features"),
@@ -136,11 +150,11 @@ def _select(ctx):
                                             log_fallbacks=False))
 
 
-def _ctx(device, fmt="int4", gran="group:128", dtype=torch.bfloat16):
+def _ctx(device, fmt="int4", gran="group:128", dtype=torch.bfloat16, grad=False):
     from layerzero.core.context import SelectionContext
 
     return SelectionContext(op="quantized_linear", device=device, dtype=dtype, batch=1, hidden_size=1024,
-                            intermediate_size=4096, quant_format=fmt, quant_granularity=gran)
+                            intermediate_size=4096, quant_format=fmt, quant_granularity=gran, requires_grad=grad)
 
 
 @pytest.mark.unit
@@ -157,7 +171,8 @@ def test_triton_kernel_is_eligible_on_cuda_but_opt_in_and_refuses_what_it_cannot
     for ctx, code in ((_ctx(h100, gran="group:8"), R.SHAPE_MISMATCH),
                       (_ctx(a100, "fp8_e4m3", "channel"), R.SM_TOO_OLD),
                       (_ctx(DeviceSpec.detect("cpu")), R.DEVICE_TYPE_UNSUPPORTED),
-                      (_ctx(h100, dtype=torch.float32), R.DTYPE_UNSUPPORTED)):
+                      (_ctx(h100, dtype=torch.float32), R.DTYPE_UNSUPPORTED),
+                      (_ctx(h100, grad=True), R.BACKWARD_UNSUPPORTED)):
         _, report = _select(ctx)
         assert code in {r.code for r in report.candidate(tq.KERNEL_ID).reasons}
     _, report = _select(_ctx(h100, "fp8_e4m3", "channel"))

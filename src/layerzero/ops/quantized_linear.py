@@ -23,7 +23,17 @@ from layerzero.core.quant_format import Granularity, QuantFormat, QuantizedTenso
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
-from ._common import check_same, check_tensor, device_spec, fail, stream_capturing
+from ._common import (
+    check_same,
+    check_tensor,
+    deterministic_enabled,
+    device_spec,
+    fail,
+    is_grad_enabled,
+    scope_layers,
+    scope_token_of,
+    stream_capturing,
+)
 from .linear import rows_key
 from .quantization import DEQ, prepare_dequantize
 
@@ -36,7 +46,8 @@ along K (``group_size``; GPTQ / AWQ's layout as ``lz.quantize`` packs it)."""
 class QuantLinearKey(NamedTuple):
     """The selection-cache key of one ``lz.quantized_linear`` call: rows M (exact up to 16, then the next power of
     two, as ``lz.linear``), in_features K and out_features N exact, the weight's format and granularity
-    (``"channel"``, ``"tensor"`` or ``"group:<g>"``); ``capture``/``scope`` close every op's key."""
+    (``"channel"``, ``"tensor"`` or ``"group:<g>"``), autograd and determinism as ``lz.linear``'s key;
+    ``capture``/``scope`` close every op's key (a scoped policy must not reuse an unscoped choice)."""
 
     op: str
     device: torch.device
@@ -48,13 +59,10 @@ class QuantLinearKey(NamedTuple):
     granularity: str
     has_bias: bool
     stride_last_1: bool
+    requires_grad: bool
+    deterministic: bool
     capture: bool
     scope: tuple[Any, ...]
-
-
-def _granularity(qt: QuantizedTensor) -> str:
-    gran = format_granularity(qt.format, qt.axis, qt.group_size)
-    return f"group:{qt.group_size}" if gran is Granularity.GROUP else gran.value
 
 
 def prepare(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None = None
@@ -96,8 +104,12 @@ def prepare(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None = No
         if bias.shape[0] != n:
             raise fail(OP, "bias shape", f"[N] = [{n}]", list(bias.shape))
     stride = x.stride(-1) == 1 and qt.data.stride(-1) == 1 and (bias is None or bias.stride(0) == 1)
-    key = QuantLinearKey(OP, x.device, x.dtype, rows_key(x.numel() // k), k, n, qt.format.value, _granularity(qt),
-                         bias is not None, stride, x.is_cuda and stream_capturing(), ())
+    grad = is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))
+    granularity = f"group:{qt.group_size}" if gran is Granularity.GROUP else gran.value
+    layers = scope_layers()
+    key = QuantLinearKey(OP, x.device, x.dtype, rows_key(x.numel() // k), k, n, qt.format.value, granularity,
+                         bias is not None, stride, grad, deterministic_enabled(), x.is_cuda and stream_capturing(),
+                         scope_token_of(layers) if layers else ())
     return key, (x, qt, bias)
 
 
@@ -106,7 +118,8 @@ def context(key: QuantLinearKey) -> SelectionContext:
     ``intermediate_size`` = N, ``quant_format`` / ``quant_granularity`` the weight's."""
     return SelectionContext(op=OP, device=device_spec(key.device), dtype=key.dtype, batch=key.rows,
                             hidden_size=key.in_features, intermediate_size=key.out_features, has_bias=key.has_bias,
-                            stride_last_1=key.stride_last_1, graph_capture=key.capture,
+                            stride_last_1=key.stride_last_1, requires_grad=key.requires_grad,
+                            deterministic=key.deterministic, graph_capture=key.capture,
                             quant_format=key.quant_format, quant_granularity=key.granularity)
 
 

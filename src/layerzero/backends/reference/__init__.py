@@ -110,7 +110,7 @@ def register(registry: KernelRegistry) -> None:
                                    description="reference linear (float32 accumulation, one rounding)", **common))
     registry.add_kernel(KernelSpec("reference.quantized_linear", "quantized_linear", quantized_linear,
                                    description="reference quantized linear (weight dequantized in float32, float32 "
-                                               "accumulation, one rounding)", supports_backward=False, **common))
+                                               "accumulation, one rounding; differentiable in x and bias)", **common))
     from .embedding import embedding  # lz.embedding (index_select)
 
     registry.add_kernel(KernelSpec("reference.embedding", "embedding", embedding,

@@ -163,8 +163,8 @@ def quantized_linear(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | 
 
 def kernel_specs() -> tuple[KernelSpec, KernelSpec, KernelSpec]:
     """The KernelSpecs of quantize, dequantize and quantized_linear: priority 50 (above the reference's 0), CPU /
-    CUDA / XPU (devices with float8 dtypes), every float dtype, deterministic, graph-safe, not differentiable (x is
-    detached)."""
+    CUDA / XPU (devices with float8 dtypes), every float dtype, deterministic, graph-safe; quantize and dequantize
+    are not differentiable (x is detached), quantized_linear is in x and bias (``F.linear``)."""
     common = dict(priority=50, device_types=frozenset({"cpu", "cuda", "xpu"}), dtypes=FLOATS, deterministic=True,
                   graph_safe=True, supports_backward=False)
     return (KernelSpec("torch_native.quantize", "quantize", quantize,
@@ -173,4 +173,5 @@ def kernel_specs() -> tuple[KernelSpec, KernelSpec, KernelSpec]:
                        description="lz.dequantize: native float8 casts, bit-mask 4-bit decoding", **common),
             KernelSpec("torch_native.quantized_linear", "quantized_linear", quantized_linear,
                        description="lz.quantized_linear: lz.dequantize's weight in x's dtype, then F.linear "
-                                   "(cuBLAS / oneDNN)", **common))
+                                   "(cuBLAS / oneDNN); differentiable in x and bias",
+                       **{**common, "supports_backward": True}))
