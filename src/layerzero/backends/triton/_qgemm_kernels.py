@@ -27,6 +27,37 @@ from triton.runtime.interpreter import InterpretedFunction
 
 
 @triton.jit
+def _int4_tile(w_rows, rk, mask_w, Z, S, rn, n_ok, stride_s, group):
+    """int4 codes of a ``[BN, BK]`` weight tile in one group: (``code - zero`` float32, the group's scales ``[BN]``)."""
+    byte = tl.load(w_rows + (rk // 2)[None, :], mask=mask_w, other=0)
+    code = tl.where((rk % 2 == 0)[None, :], byte & 15, byte >> 4).to(tl.float32)
+    zero = tl.load(Z + rn * stride_s + group, mask=n_ok, other=0).to(tl.float32)
+    scale = tl.load(S + rn * stride_s + group, mask=n_ok, other=0.0)
+    return code - zero[:, None], scale
+
+
+@triton.jit
+def _code_tile(w_rows, rk, mask_w):
+    """int8 / fp8 values of a ``[BN, BK]`` weight tile as float32 (masked lanes 0). No ``other=``: a float8
+    pointer's fill value cannot be given as a literal, so masked lanes are zeroed after the load."""
+    return tl.where(mask_w, tl.load(w_rows + rk[None, :], mask=mask_w).to(tl.float32), 0.0)
+
+
+@triton.jit
+def _store(y, S, B, Out, rm, rn, m_ok, n_ok, stride_s, stride_o, GROUPED: tl.constexpr, PER_CHANNEL: tl.constexpr,
+           HAS_BIAS: tl.constexpr):
+    """The float32 ``[BM, BN]`` result: int8 / fp8's per-channel (or per-tensor) scale, the bias, one rounding."""
+    if not GROUPED:
+        if PER_CHANNEL:
+            y *= tl.load(S + rn * stride_s, mask=n_ok, other=0.0)[None, :]
+        else:
+            y *= tl.load(S)
+    if HAS_BIAS:
+        y += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(Out + rm[:, None] * stride_o + rn[None, :], y.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
 def _qgemm(X, Wq, S, Z, B, Out, M, N, stride_x, stride_w, stride_s, stride_o, K: tl.constexpr, G: tl.constexpr,
            GROUPED: tl.constexpr, PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
            BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
@@ -42,33 +73,14 @@ def _qgemm(X, Wq, S, Z, B, Out, M, N, stride_x, stride_w, stride_s, stride_o, K:
         k_ok = rk < K
         x = tl.load(X + rm[:, None] * stride_x + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         mask_w = n_ok[:, None] & k_ok[None, :]
+        if UPCAST:  # the Triton interpreter's tl.dot mishandles bfloat16 (numpy has no such type)
+            x = x.to(tl.float32)
         if GROUPED:
-            byte = tl.load(w_rows + (rk // 2)[None, :], mask=mask_w, other=0)
-            code = tl.where((rk % 2 == 0)[None, :], byte & 15, byte >> 4).to(tl.float32)
-            zero = tl.load(Z + rn * stride_s + k0 // G, mask=n_ok, other=0).to(tl.float32)
-            scale = tl.load(S + rn * stride_s + k0 // G, mask=n_ok, other=0.0)
-            w = code - zero[:, None]
-            if UPCAST:
-                part = tl.dot(x.to(tl.float32), tl.trans(w))
-            else:
-                part = tl.dot(x, tl.trans(w.to(x.dtype)))
-            acc += part * scale[None, :]
+            w, scale = _int4_tile(w_rows, rk, mask_w, Z, S, rn, n_ok, stride_s, k0 // G)
+            acc += tl.dot(x, tl.trans(w.to(x.dtype))) * scale[None, :]
         else:
-            # no `other=`: a float8 pointer's fill value cannot be given as a literal; masked lanes are zeroed here
-            w = tl.where(mask_w, tl.load(w_rows + rk[None, :], mask=mask_w).to(tl.float32), 0.0)
-            if UPCAST:  # the Triton interpreter's tl.dot mishandles bfloat16 (numpy has no such type)
-                acc = tl.dot(x.to(tl.float32), tl.trans(w), acc)
-            else:
-                acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-    if not GROUPED:
-        if PER_CHANNEL:
-            acc *= tl.load(S + rn * stride_s, mask=n_ok, other=0.0)[None, :]
-        else:
-            acc *= tl.load(S)
-    if HAS_BIAS:
-        acc += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(Out + rm[:, None] * stride_o + rn[None, :], acc.to(Out.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+            acc = tl.dot(x, tl.trans(_code_tile(w_rows, rk, mask_w).to(x.dtype)), acc)
+    _store(acc, S, B, Out, rm, rn, m_ok, n_ok, stride_s, stride_o, GROUPED, PER_CHANNEL, HAS_BIAS)
 
 
 @triton.jit
@@ -87,23 +99,12 @@ def _qgemv_rows(X, Wq, S, Z, B, Out, M, N, stride_x, stride_w, stride_s, stride_
         x = tl.load(X + rm[:, None] * stride_x + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         mask_w = n_ok[:, None] & k_ok[None, :]
         if GROUPED:
-            byte = tl.load(w_rows + (rk // 2)[None, :], mask=mask_w, other=0)
-            code = tl.where((rk % 2 == 0)[None, :], byte & 15, byte >> 4).to(tl.float32)
-            zero = tl.load(Z + rn * stride_s + k0 // G, mask=n_ok, other=0).to(tl.float32)
-            scale = tl.load(S + rn * stride_s + k0 // G, mask=n_ok, other=0.0)
-            w = (code - zero[:, None]) * scale[:, None]
+            w, scale = _int4_tile(w_rows, rk, mask_w, Z, S, rn, n_ok, stride_s, k0 // G)
+            w = w * scale[:, None]
         else:
-            w = tl.where(mask_w, tl.load(w_rows + rk[None, :], mask=mask_w).to(tl.float32), 0.0)
+            w = _code_tile(w_rows, rk, mask_w)
         acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
-    y = tl.sum(acc, axis=2)
-    if not GROUPED:
-        if PER_CHANNEL:
-            y *= tl.load(S + rn * stride_s, mask=n_ok, other=0.0)[None, :]
-        else:
-            y *= tl.load(S)
-    if HAS_BIAS:
-        y += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(Out + rm[:, None] * stride_o + rn[None, :], y.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    _store(tl.sum(acc, axis=2), S, B, Out, rm, rn, m_ok, n_ok, stride_s, stride_o, GROUPED, PER_CHANNEL, HAS_BIAS)
 
 
 INTERPRETED = isinstance(_qgemm, InterpretedFunction)
