@@ -23,7 +23,7 @@ import torch
 
 from layerzero.engine import LLM, SamplingParams
 from layerzero.engine.bench import default_checkpoint
-from layerzero.engine.bench_prefix import _warm_up, shared_prefix_workload
+from layerzero.engine.bench_prefix import shared_prefix_workload, warm_up
 
 
 def profile_run(path: Path, prompts: list[list[int]], out_tokens: int, cascade: bool, window: tuple[int, int],
@@ -34,7 +34,7 @@ def profile_run(path: Path, prompts: list[list[int]], out_tokens: int, cascade: 
     cuda = device.type == "cuda"
     llm = LLM(path, device=str(device), dtype=torch.bfloat16 if cuda else torch.float32, max_model_len=len(prompts[0]) + out_tokens + 16,
               cascade_attention=cascade, scheduling_policy=policy)
-    _warm_up(llm)  # the benchmark's warm-up: every kind of step, so no first-use compile is timed
+    warm_up(llm)  # the benchmark's warm-up: every kind of step, so no first-use compile is timed
     eng = llm.engine
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     step, times = eng.step, {"prefill": [], "decode": [], "cascade": []}

@@ -22,7 +22,7 @@ import torch
 
 from .bench import build_checkpoint, make_workload
 
-__all__ = ["PREFIX_SCALES", "run_prefix", "run_shared_once", "shared_prefix_workload"]
+__all__ = ["PREFIX_SCALES", "run_prefix", "run_shared_once", "shared_prefix_workload", "warm_up"]
 
 PREFIX_SCALES = {"full": {"groups": 64, "per_group": 16, "prefix": 2048, "question": 128, "output": 256, "budget": None},
                  "cpu": {"groups": 4, "per_group": 4, "prefix": 256, "question": 16, "output": 16, "budget": 512}}
@@ -49,7 +49,7 @@ def _timed(path: Path, device: torch.device, dtype: torch.dtype, prompts: list[l
 
     llm = LLM(path, device=str(device), dtype=dtype, enable_prefix_caching=caching, max_model_len=max_model_len,
               max_num_batched_tokens=budget, num_kv_blocks=num_kv_blocks, **engine_options)
-    _warm_up(llm)
+    warm_up(llm)
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in max_tokens]
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -72,7 +72,7 @@ def _timed(path: Path, device: torch.device, dtype: torch.dtype, prompts: list[l
     return took, stats
 
 
-def _warm_up(llm: Any) -> None:
+def warm_up(llm: Any) -> None:
     """Run, before the timing, every kind of step the workload has, so first-use compiles (Triton kernels, FlashInfer
     modules) are not timed: a prompt that fills three blocks, then a batch of four prompts extending it (with prefix
     caching they hit its blocks: a prefill step on a cached prefix, cascade when on) and two new ones, decoding

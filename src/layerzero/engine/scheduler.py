@@ -18,7 +18,7 @@ prefix caching check).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from .kv.block_manager import KVCacheManager
@@ -99,17 +99,20 @@ class Scheduler:
         # one computes them, the others wait (skipped, not blocking admission) and then find them in the prefix cache
         share = self.kv.enable_prefix_caching
         prefilling: set[Hashable] = set()
+        keys: dict[int, Hashable | None] = {}  # seq_id -> prefix key, computed once for this step
         if share:
+            keys = {s.seq_id: self._prefix_key(s) for s in (*self.running, *self.waiting)}
             for s in self.running:
                 if s.num_computed_tokens < s.num_prompt_tokens:
                     prefilling.add(s.request_id)
                     if s.num_cached_tokens < self.kv.block_size:
-                        prefilling.add(self._prefix_key(s))
-        groups = _WholeGroups(self) if share and self.policy.whole_groups else None
-        for seq in self.policy.order_waiting(self.waiting, self._cached_tokens, self._prefix_key if share else None):
+                        prefilling.add(keys[s.seq_id])
+        key_of = (lambda s: keys[s.seq_id]) if share else None
+        groups = _WholeGroups(self, key_of) if key_of is not None and self.policy.whole_groups else None
+        for seq in self.policy.order_waiting(self.waiting, self._cached_tokens, key_of):
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
-            key = self._prefix_key(seq) if share else None
+            key = keys.get(seq.seq_id)
             if seq.num_preemptions == 0 and (seq.request_id in prefilling or key is not None and key in prefilling):
                 continue
             if seq.num_pending:  # preempted with a token in flight: admitted once its id is known (next step)
@@ -174,14 +177,14 @@ class _WholeGroups:
     without a prefix key is admitted in the step (only members of running groups, whose slots are booked), so the
     free slots only grow until it fits: no starvation (an empty batch always admits)."""
 
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: Scheduler, key_of: Callable[[Sequence], Hashable | None]) -> None:
         self.sched = sched
         self.waiting: dict[Hashable, int] = {}  # waiting members per prefix key
         for s in sched.waiting:
-            k = sched._prefix_key(s)
+            k = key_of(s)
             if k is not None:
                 self.waiting[k] = self.waiting.get(k, 0) + 1
-        self.running = {sched._prefix_key(s) for s in sched.running}
+        self.running = {key_of(s) for s in sched.running}
         self.reserved = sum(self.waiting.get(k, 0) for k in self.running if k is not None)
         self.blocked = False
 
