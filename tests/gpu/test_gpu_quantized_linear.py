@@ -40,6 +40,8 @@ def test_matches_float64_oracle(locked, dtype, fmt, kw, shape, rows):
     n, k = shape
     if fmt.startswith("fp8") and torch.cuda.get_device_capability() < tq.FP8_SM_MIN:
         pytest.skip("float8 weights need SM >= 8.9 in Triton")
+    if fmt == "int4" and k % kw["group_size"]:
+        pytest.skip(f"int4 groups of {kw['group_size']} do not divide K={k} (lz.quantize refuses it)")
     g = torch.Generator(device=DEV).manual_seed(n + k + rows)
     x = torch.randn(rows, k, device=DEV, dtype=dtype, generator=g)
     w = torch.randn(n, k, device=DEV, dtype=dtype, generator=g) * 0.05

@@ -51,6 +51,10 @@ def _timed(path: Path, device: torch.device, dtype: torch.dtype, prompts: list[l
               max_num_batched_tokens=budget, num_kv_blocks=num_kv_blocks, **engine_options)
     warm_up(llm)
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in max_tokens]
+    if device.type == "cuda":  # the whole workload once, untimed, then an empty prefix cache (see warm_up)
+        llm.generate(prompts, params, use_tqdm=False)
+        if not llm.engine.kv.reset_prefix_cache():
+            raise RuntimeError("bench_prefix: the prefix cache kept blocks after the warm run (a request still holds them)")
     if device.type == "cuda":
         torch.cuda.synchronize()
     before, kv_before = llm.stats(), llm.engine.kv.stats()
@@ -79,7 +83,13 @@ def warm_up(llm: Any) -> None:
     together. The same for every engine of a comparison. On the H200 (2026-11-25) a cascade run warmed with one
     3-token prompt took 19.95 s, the same run 13.92 s in a later process on that machine
     (``benchmarks/engine/prefix_profile.py``): first-use compiles of its prefill steps' kernels inside the timed
-    run are the likely cause."""
+    run are the likely cause.
+
+    This warm-up is not enough either: later on 2026-11-25 the first process of a source tree still spent ~7 s of its
+    cascade + LPM run compiling (16.44 s, then 9.12-9.20 s in the next processes). On CUDA every timed run of this
+    module therefore follows an untimed run of the same workload in the same engine, with the prefix cache emptied
+    in between (``KVCacheManager.reset_prefix_cache``): the timed run starts as cold as a new engine's cache, with
+    every kernel compiled and planned."""
     from . import SamplingParams
 
     prefix = [(7 * i) % 997 + 3 for i in range(3 * llm.engine.config.block_size)]

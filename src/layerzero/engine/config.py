@@ -169,6 +169,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     async_scheduling: bool | None = None
     cascade_attention: bool | None = None
+    freeze_gc: bool | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = True) -> None:
@@ -204,6 +205,8 @@ class EngineConfig:
         if self.cascade_attention is not None and not isinstance(self.cascade_attention, bool):
             raise bad_config("LLM cascade_attention", "True, False or None (None: off)",
                              repr(self.cascade_attention))
+        if self.freeze_gc is not None and not isinstance(self.freeze_gc, bool):
+            raise bad_config("LLM freeze_gc", "True, False or None (None: on for CUDA devices)", repr(self.freeze_gc))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise bad_config("LLM seed", "an int", repr(self.seed))
         if self.device is not None:

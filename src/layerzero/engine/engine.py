@@ -221,7 +221,7 @@ class LLMEngine:
         t1 = time.perf_counter()
         launched = None
         if out.chunks:
-            tables = [self.kv.block_table(s.seq_id) for s, _ in out.chunks]
+            tables = self.kv.block_tables([s.seq_id for s, _ in out.chunks])
             logits = self.runner.execute(out.chunks, tables, prev.pending.tokens if prev is not None else None)
             sampled = [s for s, n in out.chunks if s.num_computed_tokens + n == s.num_tokens]
             launched = _InFlight(sampled, self.sampler.launch(logits, sampled))
@@ -268,7 +268,7 @@ class LLMEngine:
         touched: dict[str, Request] = {}
         appended = 0
         if out.chunks:
-            tables = [self.kv.block_table(s.seq_id) for s, _ in out.chunks]
+            tables = self.kv.block_tables([s.seq_id for s, _ in out.chunks])
             logits = self.runner.execute(out.chunks, tables)
             t2 = time.perf_counter()
             self.scheduler.after_forward(out)

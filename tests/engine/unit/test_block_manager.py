@@ -297,6 +297,45 @@ def test_bad_calls() -> None:
     kv.check_invariants()
 
 
+def test_block_tables_gathers_every_table_padded_with_zeros() -> None:
+    """``block_tables`` (the engine's per-step gather from the numpy mirror) equals the tables, by hand, through
+    growth, a free whose row is reused by a shorter table, a fork and more rows and columns than the mirror
+    started with; an unknown id is refused. (``check_invariants`` compares the mirror with the tables after every
+    step of the scheduler's property tests too.)"""
+    kv = KVCacheManager(400, 2, enable_prefix_caching=False)
+    assert kv.allocate_slots("a", 5) == [0, 1, 2] and kv.allocate_slots("b", 2) == [3]
+    assert kv.block_tables(["b", "a"]).tolist() == [[3, 0, 0], [0, 1, 2]]
+    assert kv.allocate_slots("a", 6) == [] and kv.allocate_slots("a", 7) == [4]
+    kv.free("a")
+    kv.allocate_slots("c", 1)  # takes a's row: only its own block, then zeros
+    b_new = kv.allocate_slots("b", 6)
+    assert kv.block_tables(["c", "b"]).tolist() == [[5, 0, 0], [3, *b_new]]
+    assert kv.block_tables(["c"]).dtype.name == "int32"
+    ((src, dst),) = kv.fork("b", "d", 3)
+    assert src == b_new[0] and kv.block_tables(["d", "c"]).tolist() == [[3, dst], [5, 0]]
+    for i in range(70):  # past the mirror's first 64 rows
+        kv.allocate_slots(i, 2 * (i % 3 + 1))
+    kv.allocate_slots("long", 2 * 100)  # past its first 64 columns
+    kv.check_invariants()
+    got = kv.block_tables([69, "long", 0])
+    assert got.shape == (3, 100) and got[1].tolist() == kv.block_table("long")
+    assert got[0, :1].tolist() == kv.block_table(69) and not got[0, 1:].any()
+    with pytest.raises(InvalidInputError, match="block_tables.*unknown id"):
+        kv.block_tables(["b", "nope"])
+
+
+def test_allocate_slots_fast_path_keeps_validation() -> None:
+    """A table that already holds the tokens returns [] without changes; bad arguments still raise with a table."""
+    kv = KVCacheManager(8, 2)
+    run_prompt(kv, "a", [1, 2, 3, 4, 5])
+    before = snapshot(kv)
+    assert kv.allocate_slots("a", 6) == [] and kv.allocate_slots("a", 0) == [] and snapshot(kv) == before
+    with pytest.raises(InvalidInputError, match="expected an int >= 0, got -1"):
+        kv.allocate_slots("a", -1)
+    with pytest.raises(InvalidInputError, match="expected an int >= 0, got True"):
+        kv.allocate_slots("a", True)
+
+
 def test_kv_imports_only_public_layerzero() -> None:
     kv_dir = pathlib.Path(__file__).parents[3] / "src" / "layerzero" / "engine" / "kv"
     for path in kv_dir.glob("*.py"):

@@ -75,3 +75,34 @@ def test_decode_graphs_only_take_steps_that_sample_every_row():
     assert runner.can_run(build_forward_batch([a, b], 4, torch.device("cpu")))
     partial = _chunk([9, 8, 7, 6], 2, 1, [4], sample=False)  # position 2 of 4 tokens: the prompt goes on
     assert not runner.can_run(build_forward_batch([a, partial], 4, torch.device("cpu")))
+
+
+def test_a_table_matrix_gives_the_same_batch_as_the_lists():
+    """The engine passes the step's block tables as one ``[B, W]`` matrix (the KV manager's gather); the batch is
+    the one the per-chunk lists give, in a mixed and in a decode step; a matrix with the wrong row count is
+    refused."""
+    import numpy as np
+
+    from layerzero import InvalidInputError
+    from layerzero.engine.runner.forward_batch import ScheduledChunk, build_forward_batch
+
+    def both(chunks, prev=None):
+        lists = build_forward_batch(chunks, 4, torch.device("cpu"), prev)
+        width = max(len(c.block_table) for c in chunks)
+        matrix = np.zeros((len(chunks), width + 2), dtype=np.int32)  # wider than needed: padding is harmless
+        for i, c in enumerate(chunks):
+            matrix[i, :len(c.block_table)] = c.block_table
+        bare = [ScheduledChunk(c.token_ids, c.start, c.length, (), c.sample, c.pending_src) for c in chunks]
+        got = build_forward_batch(bare, 4, torch.device("cpu"), prev, tables=matrix)
+        for f in ("input_ids", "positions", "slot_mapping", "seq_lens", "logits_indices"):
+            assert torch.equal(getattr(got, f), getattr(lists, f)), f
+        assert torch.equal(got.block_tables[:, :width], lists.block_tables) and not got.block_tables[:, width:].any()
+        return got
+
+    fb = both([_chunk(list(range(100, 106)), 0, 6, [7, 2]), _chunk(list(range(200, 210)), 9, 1, [5, 1, 3])])
+    assert fb.slot_mapping.tolist() == [28, 29, 30, 31, 8, 9, 13]
+    fb = both([ScheduledChunk([1, 2, 3, 4], 4, 1, [6, 0], True, pending_src=1), _chunk([9, 8, 7], 2, 1, [4])],
+              torch.tensor([70, 71]))
+    assert fb.is_decode and fb.slot_mapping.tolist() == [0, 18] and fb.input_ids.tolist() == [71, 7]
+    with pytest.raises(InvalidInputError, match="expected 1 rows"):
+        build_forward_batch([_chunk([1, 2], 1, 1, [3])], 4, torch.device("cpu"), tables=np.zeros((2, 1), np.int32))

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+import numpy as np
+
 from layerzero import ConfigurationError, InvalidInputError
 
 from .block_pool import BlockPool, OutOfBlocksError
 from .prefix_cache import HashPrefixCache, PrefixCacheStats
 from .radix_cache import RadixCache
+from .table_mirror import BlockTableMirror
 
 #: Prefix-cache kinds by name: ``"hash"`` (vLLM chained block hashes), ``"radix"`` (SGLang radix tree).
 PREFIX_CACHE_KINDS: dict[str, type[HashPrefixCache] | type[RadixCache]] = {
@@ -90,6 +93,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, cache)
         self._cache = cache
         self._tables: dict[Hashable, list[int]] = {}
+        self._mirror = BlockTableMirror()  # the same tables as numpy rows (block_tables)
         self._num_cached: dict[Hashable, int] = {}  # leading table blocks registered in the prefix cache
         self._cache_stopped: set[Hashable] = set()  # requests whose next block duplicates a cached one
         self._queries = self._hits = 0
@@ -123,11 +127,14 @@ class KVCacheManager:
         ``watermark_blocks`` free. Raises ``InvalidInputError`` for a negative ``num_tokens``, computed
         blocks on a later call, fewer tokens than the computed blocks hold, or computed blocks that are
         not cached (a stale lookup)."""
+        table = self._tables.get(req_id)
+        if table is not None and not len(computed_blocks) and type(num_tokens) is int \
+                and 0 <= num_tokens <= len(table) * self.block_size:
+            return []  # the table holds them already: most decode steps (one new block every block_size steps)
         what = f"allocate_slots({req_id!r})"
         _check_int(
             f"{what}: num_tokens", num_tokens, 0, _INF, InvalidInputError, "It counts tokens in total."
         )
-        table = self._tables.get(req_id)
         computed = list(computed_blocks)
         if computed:
             self._check_computed(what, table is None, computed, num_tokens)
@@ -139,9 +146,11 @@ class KVCacheManager:
             self.pool.incref(computed)
             table = self._tables[req_id] = computed
             self._num_cached[req_id] = len(computed)
+            self._mirror.assign(req_id, computed)
         new = self.pool.take(num_new)
         self.pool.incref(new)
         table.extend(new)
+        self._mirror.extend(req_id, new)
         return new
 
     def _check_computed(self, what: str, first: bool, computed: list[int], num_tokens: int) -> None:
@@ -183,6 +192,7 @@ class KVCacheManager:
         ``InvalidInputError`` for an unknown request."""
         self.pool.decref(reversed(self._table(req_id, "free")))
         del self._tables[req_id], self._num_cached[req_id]
+        self._mirror.release(req_id)
         self._cache_stopped.discard(req_id)
 
     def fork(self, parent_id: Hashable, child_id: Hashable, num_tokens: int) -> list[tuple[int, int]]:
@@ -211,6 +221,7 @@ class KVCacheManager:
             )
         table = self._tables[child_id] = parent[:num_full] + self.pool.take(1 if partial else 0)
         self.pool.incref(table)
+        self._mirror.assign(child_id, table)
         parent_cached = self._num_cached[parent_id]
         self._num_cached[child_id] = min(parent_cached, num_full)
         if parent_id in self._cache_stopped and parent_cached < num_full:
@@ -241,6 +252,16 @@ class KVCacheManager:
         """A copy of ``req_id``'s block ids, in token order."""
         return list(self._table(req_id, "block_table"))
 
+    def block_tables(self, req_ids: Sequence[Hashable]) -> np.ndarray:
+        """``[B, W]`` int32: the block tables of ``req_ids`` (B of them, in order) as one matrix, each row padded
+        with 0 to the longest table's W blocks (W >= 1); a new array. One gather from a numpy mirror of the tables
+        (:class:`~.table_mirror.BlockTableMirror`), not a list copy per request. Raises ``InvalidInputError`` for
+        an id without a block table."""
+        missing = [r for r in req_ids if r not in self._tables]
+        if missing:
+            self._table(missing[0], "block_tables")
+        return self._mirror.gather(req_ids)
+
     def num_free_blocks(self) -> int:
         """Blocks allocation can use: free plus evictable."""
         return self.pool.num_free_blocks()
@@ -267,3 +288,11 @@ class KVCacheManager:
                 map(self._cache.is_cached, table[: self._num_cached[req]])
             ):
                 raise AssertionError(f"KVCacheManager: request {req!r}'s registered blocks left the cache")
+        if self._tables:
+            ids = list(self._tables)
+            got, width = self._mirror.gather(ids), max(map(len, self._tables.values()))
+            want = np.zeros((len(ids), max(width, 1)), dtype=np.int32)
+            for i, t in enumerate(self._tables.values()):
+                want[i, :len(t)] = t
+            if not np.array_equal(got, want):
+                raise AssertionError("KVCacheManager: the numpy mirror of the block tables differs from the tables")

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from layerzero import InvalidInputError
+
 from ..staging import to_device
 from .cascade import CascadeBatch, CascadePolicy, plan_cascade
 
@@ -67,7 +69,7 @@ class ForwardBatch:
 
 def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device,
                         prev_tokens: torch.Tensor | None = None,
-                        cascade: CascadePolicy | None = None) -> ForwardBatch:
+                        cascade: CascadePolicy | None = None, tables: np.ndarray | None = None) -> ForwardBatch:
     """The :class:`ForwardBatch` of ``chunks`` (in order), built on the host with numpy and copied to ``device``
     in one non-blocking transfer (:func:`layerzero.engine.staging.to_device`). A pure decode step (one token per
     chunk) takes a scalar path: no per-chunk numpy arrays, ~4x less host time at 256 sequences.
@@ -76,9 +78,18 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
     ``pending_src`` find their last input id (one gather on the device, no host synchronization).
 
     ``cascade``: plan the step (decode or mixed) as cascade attention when :func:`~.cascade.plan_cascade` says it
-    pays (None: never)."""
+    pays (None: never).
+
+    ``tables`` ``[B, W]`` int32: the chunks' block tables as one matrix, rows padded with 0 (the engine's
+    :meth:`~layerzero.engine.kv.KVCacheManager.block_tables`, one gather); the chunks' ``block_table`` is then not
+    read. None: built from each chunk's ``block_table``."""
     decode = all(c.length == 1 for c in chunks)
-    arrays, rows = (_decode_arrays if decode else _mixed_arrays)(chunks, block_size)
+    if tables is None:
+        tables = _table_matrix(chunks)
+    elif tables.shape[0] != len(chunks):
+        raise InvalidInputError(f"build_forward_batch: tables: expected {len(chunks)} rows (one per chunk), got "
+                                f"{tables.shape[0]}. Gather the tables of the step's chunks, in chunk order.")
+    arrays, rows = (_decode_arrays if decode else _mixed_arrays)(chunks, block_size, tables)
     if rows and prev_tokens is None:
         raise RuntimeError("a chunk with a pending token needs the previous step's sampled tokens (prev_tokens)")
     plan = None
@@ -99,7 +110,16 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
     return ForwardBatch(ids, pos, slots, tables, seq_lens, None if decode else cu, sample, len(chunks), casc)
 
 
-def _mixed_arrays(chunks: Sequence[ScheduledChunk], block_size: int) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
+def _table_matrix(chunks: Sequence[ScheduledChunk]) -> np.ndarray:
+    """``[B, W]`` int32: the chunks' block tables, rows padded with 0."""
+    tables = np.zeros((len(chunks), max(len(c.block_table) for c in chunks)), dtype=np.int32)
+    for i, c in enumerate(chunks):
+        tables[i, :len(c.block_table)] = c.block_table
+    return tables
+
+
+def _mixed_arrays(chunks: Sequence[ScheduledChunk], block_size: int,
+                  tables: np.ndarray) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
     """The host arrays of a step with prefill chunks (ids, positions, slots, tables, seq_lens, cu_seqlens_q,
     sampled rows) and the (row, pending_src) pairs of its pending ids."""
     lengths = np.fromiter((c.length for c in chunks), dtype=np.int64, count=len(chunks))
@@ -109,14 +129,12 @@ def _mixed_arrays(chunks: Sequence[ScheduledChunk], block_size: int) -> tuple[li
     ids = np.empty(total, dtype=np.int64)
     pos = np.empty(total, dtype=np.int64)
     slots = np.empty(total, dtype=np.int64)
-    width = max(len(c.block_table) for c in chunks)
-    tables = np.zeros((len(chunks), width), dtype=np.int32)
     seq_lens = np.empty(len(chunks), dtype=np.int32)
     sample, rows = [], []
     for i, c in enumerate(chunks):
         a, b = int(cu[i]), int(cu[i + 1])
         p = np.arange(c.start, c.start + c.length, dtype=np.int64)
-        table = np.asarray(c.block_table, dtype=np.int64)
+        table = tables[i].astype(np.int64)
         if c.pending_src >= 0:
             ids[a:b - 1] = c.token_ids[c.start:c.start + c.length - 1]
             ids[b - 1] = 0
@@ -125,7 +143,6 @@ def _mixed_arrays(chunks: Sequence[ScheduledChunk], block_size: int) -> tuple[li
             ids[a:b] = c.token_ids[c.start:c.start + c.length]
         pos[a:b] = p
         slots[a:b] = table[p // block_size] * block_size + p % block_size
-        tables[i, :len(table)] = table
         seq_lens[i] = c.start + c.length
         if c.sample:
             sample.append(b - 1)
@@ -133,18 +150,15 @@ def _mixed_arrays(chunks: Sequence[ScheduledChunk], block_size: int) -> tuple[li
     return [ids, pos, slots, tables, seq_lens, cu.astype(np.int32), np.asarray(sample, dtype=np.int64)], rows
 
 
-def _decode_arrays(chunks: Sequence[ScheduledChunk], block_size: int) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
+def _decode_arrays(chunks: Sequence[ScheduledChunk], block_size: int,
+                   tables: np.ndarray) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
     """:func:`_mixed_arrays` of chunks of one token each (cu_seqlens_q is left out of the batch: a pure decode
     step)."""
-    pos = [c.start for c in chunks]
-    ids = [c.token_ids[p] if c.pending_src < 0 else 0 for c, p in zip(chunks, pos, strict=True)]
+    pos = np.fromiter((c.start for c in chunks), dtype=np.int64, count=len(chunks))
+    ids = [c.token_ids[c.start] if c.pending_src < 0 else 0 for c in chunks]
     rows = [(i, c.pending_src) for i, c in enumerate(chunks) if c.pending_src >= 0]
-    slots = [c.block_table[p // block_size] * block_size + p % block_size for c, p in zip(chunks, pos, strict=True)]
-    width = max(len(c.block_table) for c in chunks)
-    tables = np.zeros((len(chunks), width), dtype=np.int32)
-    for i, c in enumerate(chunks):
-        tables[i, :len(c.block_table)] = c.block_table
+    slots = tables[np.arange(len(chunks)), pos // block_size].astype(np.int64) * block_size + pos % block_size
     sample = [i for i, c in enumerate(chunks) if c.sample]
-    p32 = np.asarray(pos, dtype=np.int32)
-    return [np.asarray(ids, dtype=np.int64), np.asarray(pos, dtype=np.int64), np.asarray(slots, dtype=np.int64),
-            tables, p32 + 1, p32[:0], np.asarray(sample, dtype=np.int64)], rows
+    p32 = pos.astype(np.int32)
+    return [np.asarray(ids, dtype=np.int64), pos, slots, tables, p32 + 1, p32[:0],
+            np.asarray(sample, dtype=np.int64)], rows
