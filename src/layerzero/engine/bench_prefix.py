@@ -44,14 +44,15 @@ def shared_prefix_workload(scale: str = "full") -> tuple[list[list[int]], int]:
 
 def _timed(path: Path, device: torch.device, dtype: torch.dtype, prompts: list[list[int]], max_tokens: list[int],
            caching: bool, max_model_len: int, budget: int | None = None,
-           num_kv_blocks: int | None = None, **engine_options: Any) -> tuple[float, dict[str, Any]]:
+           num_kv_blocks: int | None = None, warm_run: bool | None = None,
+           **engine_options: Any) -> tuple[float, dict[str, Any]]:
     from . import LLM, SamplingParams
 
     llm = LLM(path, device=str(device), dtype=dtype, enable_prefix_caching=caching, max_model_len=max_model_len,
               max_num_batched_tokens=budget, num_kv_blocks=num_kv_blocks, **engine_options)
     warm_up(llm)
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in max_tokens]
-    if device.type == "cuda":  # the whole workload once, untimed, then an empty prefix cache (see warm_up)
+    if warm_run if warm_run is not None else device.type == "cuda":  # the workload once, untimed (see warm_up)
         llm.generate(prompts, params, use_tqdm=False)
         if not llm.engine.kv.reset_prefix_cache():
             raise RuntimeError("bench_prefix: the prefix cache kept blocks after the warm run (a request still holds them)")
@@ -154,10 +155,11 @@ def run_prefix(*, scale: str = "full", model: str | None = None, device: str | N
 
 def run_shared_once(*, scale: str = "full", model: str | None = None, device: str | None = None,
                     dtype: torch.dtype | None = None, caching: bool = True, num_kv_blocks: int | None = None,
-                    **engine_options: Any) -> tuple[float, dict[str, Any]]:
+                    warm_run: bool | None = None, **engine_options: Any) -> tuple[float, dict[str, Any]]:
     """One timed run of the shared-prefix workload (as :func:`run_prefix` times each of its runs) with
     ``engine_options`` passed to ``LLM`` (e.g. ``cascade_attention=True, scheduling_policy="lpm"``): (seconds,
-    the timed run's engine stats). For side-by-side variants in one device call
+    the timed run's engine stats). ``warm_run``: run the workload once untimed first (then empty the prefix cache);
+    None: on CUDA (see :func:`warm_up`). For side-by-side variants in one device call
     (``benchmarks/engine/bench_variant.py --workload prefix``)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dt = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
@@ -165,7 +167,7 @@ def run_shared_once(*, scale: str = "full", model: str | None = None, device: st
                                                       scale, dt)
     prompts, out = shared_prefix_workload(scale)
     return _timed(path, dev, dt, prompts, [out] * len(prompts), caching, len(prompts[0]) + out + 16,
-                  PREFIX_SCALES[scale]["budget"], num_kv_blocks, **engine_options)
+                  PREFIX_SCALES[scale]["budget"], num_kv_blocks, warm_run, **engine_options)
 
 
 def _zero_hit(path: Path, dev: torch.device, dt: torch.dtype, scale: str, repeats: int) -> dict[str, Any]:

@@ -93,6 +93,19 @@ def test_prefix_benchmark_at_cpu_scale(tmp_path):
         assert all(isinstance(n, int) and n >= 0 for n in part["preemptions"]) and min(part["steps"]) > 0
 
 
+def test_prefix_benchmark_warm_run_leaves_a_cold_cache(tmp_path):
+    """The CUDA benchmark times a second run of the workload after an untimed one with the prefix cache emptied
+    (first-use compiles stay out of the timing): that run schedules and hits exactly as a fresh engine's does."""
+    from layerzero.engine.bench import build_checkpoint
+    from layerzero.engine.bench_prefix import run_shared_once
+
+    path = str(build_checkpoint(tmp_path / "ckpt", "cpu", torch.float32))
+    _, cold = run_shared_once(scale="cpu", model=path, device="cpu", warm_run=False)
+    _, warm = run_shared_once(scale="cpu", model=path, device="cpu", warm_run=True)
+    assert 0.5 < cold["prefix_hit_rate"] < 1.0 and warm["prefix_hit_rate"] == cold["prefix_hit_rate"]
+    assert warm["steps"] == cold["steps"] > 0 and warm["preemptions"] == cold["preemptions"] == 0
+
+
 def test_prefix_benchmark_gives_every_shared_prefix_run_the_first_pool(monkeypatch):
     """The cache-off (and, on CUDA, cascade) runs of the shared-prefix workload get the first run's KV pool size, so
     a smaller pool (fewer blocks free on the device after the first engine) cannot slow the baseline down."""
