@@ -24,6 +24,8 @@
 #             triton.quantized_linear locked (into $OUT/quant_default.md, $OUT/quant_fused.md)
 #   prefix-ab  the shared-prefix workload once per variant, one process each (bench_variant.py --workload prefix):
 #             cache on; + cascade; + cascade + lpm; + lpm (into $OUT/prefix_ab.txt; the cache-off baseline: bench-prefix)
+#   compiles  which kernels compile inside the shared-prefix run (cascade + lpm, bench_variant.py --count-compiles): once
+#             with the benchmark's untimed warm run off, once with it (into $OUT/compiles.txt); first on a fresh machine
 #   cascade-layer benchmarks/engine/cascade_layer.py at 16x16 and at 64x4 (interleaved rows), into $OUT/cascade_layer.txt
 #   tune-cascade benchmarks/engine/tune_cascade_prefill.py $TUNE_ARGS into $OUT/tune_cascade.txt
 #   bench-sample benchmarks/bench_sample.py (reference.sample vs triton.sample) into $OUT/sample.md
@@ -76,6 +78,9 @@ for stage in "$@"; do
           --shape qwen3-0.6b --prompts 32 --tokens 128 --repeat 2 $lock --out "$OUT/quant_$v.md" 2>&1 | tail -8; done ;;
     prefix-ab) for v in "on|" "cascade|--opt cascade_attention=True" "cascade-lpm|--opt cascade_attention=True --opt scheduling_policy='lpm'" "lpm|--opt scheduling_policy='lpm'"; do
         timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/engine/bench_variant.py "${v%%|*}" --workload prefix ${v#*|} 2>&1 | tail -1; done | tee "$OUT/prefix_ab.txt" ;;
+    compiles) for w in False True; do
+        timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/engine/bench_variant.py "warm_run=$w" --workload prefix --count-compiles \
+          --opt warm_run=$w --opt cascade_attention=True --opt scheduling_policy="'lpm'" 2>&1 | grep -E "generate of|shared prefix"; done | tee "$OUT/compiles.txt" ;;
     cascade-layer) for a in "" "--groups 64 --members 4" "--groups 64 --members 4 --interleave"; do
         timeout 150 python3 benchmarks/engine/cascade_layer.py $a 2>&1 | tail -8; done | tee "$OUT/cascade_layer.txt" ;;
     tune-cascade) timeout ${BENCH_TIMEOUT:-480} python3 benchmarks/engine/tune_cascade_prefill.py ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune_cascade.txt" | tail -40 ;;

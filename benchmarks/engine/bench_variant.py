@@ -8,8 +8,9 @@ Usage: ``PYTHONPATH=src python benchmarks/engine/bench_variant.py NAME [--lock l
 [--opt async_scheduling=False ...] [--prefer triton.gemv] [--count-compiles] [--workload prefix]``.
 ``--workload prefix`` times one run of the shared-prefix workload instead (``bench_prefix.run_shared_once``: prefix
 caching on, ``--opt`` passed to ``LLM``, e.g. ``--opt cascade_attention=True --opt scheduling_policy="'lpm'"``) and
-prints its seconds, steps and hit rate. ``--count-compiles`` prints, per ``generate`` call, how many
-entries Triton's cache directory (``TRITON_CACHE_DIR``) gained: a compile inside the timed run shows there.
+prints its seconds, steps and hit rate (``--opt warm_run=False`` skips the untimed run that precedes the timed one on
+CUDA). ``--count-compiles`` prints, per ``generate`` call, the Triton kernels compiled during it (new entries of
+``TRITON_CACHE_DIR``, by name) and the FlashInfer modules built: a compile inside the timed run shows there.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import ast
 import contextlib
 import os
+from collections import Counter
 from pathlib import Path
 
 import layerzero as lz
@@ -65,16 +67,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _count_compiles() -> None:
+    """Print, per ``generate`` call, the Triton kernels compiled during it (new entries of ``TRITON_CACHE_DIR``, by
+    kernel name) and the FlashInfer JIT modules built (new ``*.so`` under ``FLASHINFER_WORKSPACE_BASE``)."""
     from layerzero.engine import LLM
 
     cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    fi = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home() / ".cache" / "flashinfer"))
     generate = LLM.generate
 
+    def seen() -> tuple[set[Path], set[Path]]:
+        return (set(cache.iterdir()) if cache.is_dir() else set(),
+                set(fi.rglob("*.so")) if fi.is_dir() else set())
+
     def counted(self, prompts, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        before = len(list(cache.iterdir())) if cache.is_dir() else 0
+        before_t, before_f = seen()
         out = generate(self, prompts, *args, **kwargs)
-        after = len(list(cache.iterdir())) if cache.is_dir() else 0
-        print(f"  generate of {len(prompts)} prompts: Triton cache entries {before} -> {after}", flush=True)
+        new_t, new_f = (now - then for now, then in zip(seen(), (before_t, before_f), strict=True))
+        names = Counter(j.stem for d in new_t for j in d.glob("*.json") if not j.stem.startswith("__grp__"))
+        print(f"  generate of {len(prompts)} prompts: {len(new_t)} Triton cache entries {dict(names)}, "
+              f"{len(new_f)} FlashInfer modules {sorted(f.stem for f in new_f)}", flush=True)
         return out
 
     LLM.generate = counted
