@@ -16,6 +16,10 @@ assumes (it frees, reuses and writes in place into custom-op outputs; a stride t
 its ``assert_size_stride``). ``tests/integration/test_torch_compile_ops.py`` runs ``torch.library.opcheck`` on
 every op, with strided inputs too.
 
+``lz.dequantize`` and ``lz.quantized_linear`` take a ``QuantizedTensor`` (a NamedTuple, not a tensor): their ops
+take its fields (codes, scales, zero point, global scale as tensors; format, shape, dtype, axis, group size as
+arguments) and rebuild it inside, so a compiled model with quantized linears has no graph breaks there either.
+
 Also ``lz.paged_attention``, ``lz.reshape_and_cache`` (mutates ``kv_cache``), ``lz.fused_moe``,
 ``lz.apply_penalties`` and ``lz.sample`` without a ``generator`` (custom ops cannot take a ``torch.Generator``: calls
 with one, and ``lz.sample_topk`` / ``lz.sample_topp``, are traced as Python, as before). ``lz.paged_attention`` and
@@ -28,8 +32,8 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["attention", "embedding", "fused_add_rms_norm", "fused_moe", "geglu", "layer_norm", "linear",
-           "linear_cross_entropy",
+__all__ = ["attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu", "layer_norm", "linear",
+           "linear_cross_entropy", "quantized_linear",
            "paged_attention", "reglu", "reshape_and_cache", "rms_norm", "rope", "sample", "apply_penalties", "swiglu"]
 
 NS = "layerzero"
@@ -347,3 +351,59 @@ def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output
 @apply_penalties.register_fake
 def _(logits, prompt_token_ids, output_token_ids, repetition_penalty, presence_penalty, frequency_penalty):
     return logits.new_empty(logits.shape)
+
+
+# -------------------------------------------------------------------------------------------- quantized weights
+def _qt_args(qt: Any) -> tuple[Any, ...]:
+    """A ``QuantizedTensor``'s fields as custom-op arguments (group size as a list: ``[g]`` or ``[bm, bk]``)."""
+    g = qt.group_size
+    group = None if g is None else [int(g)] if isinstance(g, int) else [int(v) for v in g]
+    return (qt.data, qt.scale, qt.zero_point, qt.global_scale, qt.format.value, [int(n) for n in qt.shape], qt.dtype,
+            qt.axis, group)
+
+
+def _qt(data: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, global_scale: torch.Tensor | None,
+        fmt: str, shape: list[int], dtype: torch.dtype, axis: int | None, group_size: list[int] | None) -> Any:
+    """The ``QuantizedTensor`` :func:`_qt_args` took apart (validated by the eager op it is passed to)."""
+    from layerzero.core.quant_format import QuantFormat, QuantizedTensor
+
+    group = None if group_size is None else group_size[0] if len(group_size) == 1 else tuple(group_size)
+    return QuantizedTensor(data, scale, zero_point, global_scale, QuantFormat(fmt), torch.Size(shape), dtype, axis,
+                           group)
+
+
+@torch.library.custom_op(f"{NS}::dequantize", mutates_args=())
+def _dequantize(data: torch.Tensor, scale: torch.Tensor, zero_point: Optional[torch.Tensor],  # noqa: UP045
+                global_scale: Optional[torch.Tensor], fmt: str, shape: list[int], dtype: torch.dtype,  # noqa: UP045
+                axis: Optional[int], group_size: Optional[list[int]]) -> torch.Tensor:  # noqa: UP045
+    out = _lz().dequantize(_qt(data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size))
+    return _owned(out, data, scale, zero_point, global_scale)
+
+
+@_dequantize.register_fake
+def _(data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size):
+    return data.new_empty(shape, dtype=dtype)
+
+
+def dequantize(qt: Any) -> torch.Tensor:
+    """``torch.ops.layerzero.dequantize`` with ``lz.dequantize``'s argument (a ``QuantizedTensor``)."""
+    return _dequantize(*_qt_args(qt))
+
+
+@torch.library.custom_op(f"{NS}::quantized_linear", mutates_args=())
+def _quantized_linear(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor,
+                      zero_point: Optional[torch.Tensor], global_scale: Optional[torch.Tensor],  # noqa: UP045
+                      fmt: str, shape: list[int], dtype: torch.dtype, axis: Optional[int],  # noqa: UP045
+                      group_size: Optional[list[int]], bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
+    qt = _qt(data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size)
+    return _owned(_lz().quantized_linear(x, qt, bias), x, data, scale, zero_point, global_scale, bias)
+
+
+@_quantized_linear.register_fake
+def _(x, data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size, bias):
+    return x.new_empty((*x.shape[:-1], shape[0]))
+
+
+def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> torch.Tensor:
+    """``torch.ops.layerzero.quantized_linear`` with ``lz.quantized_linear``'s arguments."""
+    return _quantized_linear(x, *_qt_args(qt), bias)

@@ -154,7 +154,7 @@ def test_sampling_step_compiles_without_breaks_and_draws_the_seeded_tokens():
 def _opcheck_cases():
     """(name, custom op, args) for every ``torch.ops.layerzero`` op: contiguous inputs and the strided ones a model
     passes (transposed activations, BSHD views of a fused projection, chunks of a gate/up projection)."""
-    from layerzero import library  # noqa: F401  (registers the ops)
+    from layerzero import library  # registers the ops
 
     ops = torch.ops.layerzero
     gen = torch.Generator().manual_seed(6)
@@ -210,19 +210,31 @@ def _opcheck_cases():
                                                                                                       [4, 5, 6]]),
                                                                   r(11), -100, "none", 0.0, 30.0)),
     ]
+    wq = r(7, 64)
+    int4, int8 = lz.quantize(wq, "int4", group_size=32), lz.quantize(wq, "int8", axis=0)
+    nvfp4 = lz.quantize(r(4, 32), "nvfp4")
+    cases += [
+        ("dequantize int4", ops.dequantize, library._qt_args(int4)),
+        ("dequantize nvfp4 (global scale)", ops.dequantize, library._qt_args(nvfp4)),
+        ("quantized_linear int8 + bias", ops.quantized_linear, (r(5, 64), *library._qt_args(int8), r(7))),
+        ("quantized_linear int4 transposed", ops.quantized_linear, (xt, *library._qt_args(int4), None)),
+    ]
     return cases
 
 
-@pytest.mark.parametrize("case", range(26))
+@pytest.mark.parametrize("case", range(30))
 def test_custom_ops_keep_the_torch_library_contract(case):
     """``torch.library.opcheck`` (schema: no undeclared mutation or aliasing; fake impl: the real outputs' shapes,
     dtypes and strides; autograd registration; AOT dispatch) passes for every custom op, also with strided inputs,
     and no output shares memory with an input or another output: Inductor frees, reuses and writes into custom-op
     outputs in place (``inplace_buffers``, ``allow_buffer_reuse``) on the strength of that contract."""
     cases = _opcheck_cases()
-    assert len(cases) == 26
+    assert len(cases) == 30
     name, op, args = cases[case]
-    torch.library.opcheck(op, args)
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    if "nvfp4" in name:  # the schema check multiplies the inputs; torch's CPU build cannot for float8 (nvfp4's scales)
+        utils = utils[1:]
+    torch.library.opcheck(op, args, test_utils=utils)
     out = op(*args)
     outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o is not None]
     ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
@@ -331,3 +343,40 @@ def test_linear_cross_entropy_compiles_for_evaluation():
     hd = h.double().requires_grad_()
     torch.nn.functional.cross_entropy(hd @ w.double().t(), t, reduction="sum", label_smoothing=0.05).backward()
     torch.testing.assert_close(hg.grad.double(), hd.grad, rtol=1e-5, atol=1e-5)
+
+
+def quantized_block(x, w8, w4, b, wq):
+    h = lz.quantized_linear(x, w8, b)
+    return lz.quantized_linear(lz.rms_norm(h, torch.ones(h.shape[-1])), w4), lz.dequantize(wq)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
+def test_quantized_linear_and_dequantize_compile_without_breaks(fmt):
+    """``lz.quantized_linear`` and ``lz.dequantize`` take a QuantizedTensor (a NamedTuple): their custom ops take its
+    fields, so a fullgraph Inductor compile of two quantized projections and a dequantize has no graph break, matches
+    eager for new data and a new row count, runs both ops (lz.trace), and ``torch.export`` keeps their nodes."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(9)
+    w8 = lz.quantize(torch.randn(24, 32, generator=gen), fmt, axis=0)
+    w4 = lz.quantize(torch.randn(16, 24, generator=gen) * 0.1, "int4", group_size=8)
+    wq = lz.quantize(torch.randn(4, 32, generator=gen), "nvfp4")
+    b = torch.randn(24, generator=gen)
+    explained = torch._dynamo.explain(quantized_block)(torch.randn(3, 32, generator=gen), w8, w4, b, wq)
+    assert explained.graph_break_count == 0
+    compiled = torch.compile(quantized_block, fullgraph=True)
+    for n in (3, 3, 5):
+        x = torch.randn(n, 32, generator=gen)
+        with lz.trace() as t:
+            got = compiled(x, w8, w4, b, wq)
+        want = quantized_block(x, w8, w4, b, wq)
+        for g, e in zip(got, want, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+        assert {"quantized_linear", "dequantize"} <= {op for op, _ in t.counts}
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return quantized_block(x, w8, w4, b, wq)[0]
+
+    ep = torch.export.export(M(), (torch.randn(3, 32, generator=gen),))
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert {"layerzero.quantized_linear.default"} <= targets

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext, bucket
 from layerzero.core.quant_format import (
@@ -296,5 +297,16 @@ def dequantize(qt: QuantizedTensor) -> torch.Tensor:
     >>> lz.dequantize(lz.quantize(torch.tensor([0.5, -6.0, 3.0, 1.0]), "int8"))
     tensor([ 0.5197, -6.0000,  3.0236,  0.9921])
     """
+    if (is_dynamo_compiling() or is_exporting()) and traceable(qt):
+        from layerzero import library  # one custom-op node (library.py)
+
+        return library.dequantize(qt)
     key, args = prepare_dequantize(qt)
     return RUNTIME.run(key, context, args)
+
+
+def traceable(qt: Any) -> bool:
+    """Whether ``qt`` can be taken apart into a custom op's arguments under ``torch.compile`` (a QuantizedTensor with
+    tensor codes and scales and a QuantFormat; anything else takes the eager path, whose validation raises)."""
+    return (isinstance(qt, QuantizedTensor) and isinstance(qt.format, QuantFormat)
+            and isinstance(qt.data, torch.Tensor) and isinstance(qt.scale, torch.Tensor))

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.errors import InvalidInputError
@@ -29,13 +30,14 @@ from ._common import (
     deterministic_enabled,
     device_spec,
     fail,
+    inference_only,
     is_grad_enabled,
     scope_layers,
     scope_token_of,
     stream_capturing,
 )
 from .linear import rows_key
-from .quantization import DEQ, prepare_dequantize
+from .quantization import DEQ, prepare_dequantize, traceable
 
 OP = "quantized_linear"
 FORMATS = frozenset({QuantFormat.INT8, QuantFormat.FP8_E4M3, QuantFormat.FP8_E5M2, QuantFormat.INT4})
@@ -158,6 +160,10 @@ def quantized_linear(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | 
     >>> lz.quantized_linear(torch.tensor([[1.0, 2.0]]), lz.quantize(w, "int8", axis=0)).tolist()
     [[-127.0, 508.0]]
     """
+    if (is_dynamo_compiling() or is_exporting()) and traceable(qt) and inference_only(x, bias):
+        from layerzero import library  # one custom-op node (library.py)
+
+        return library.quantized_linear(x, qt, bias)
     key, args = prepare(x, qt, bias)
     return RUNTIME.run(key, context, args)
 
