@@ -19,6 +19,8 @@ every op, with strided inputs too.
 ``lz.dequantize`` and ``lz.quantized_linear`` take a ``QuantizedTensor`` (a NamedTuple, not a tensor): their ops
 take its fields (codes, scales, zero point, global scale as tensors; format, shape, dtype, axis, group size as
 arguments) and rebuild it inside, so a compiled model with quantized linears has no graph breaks there either.
+``lz.quantize``'s op returns the four tensors (an absent zero point or global scale as an empty tensor) and the
+wrapper builds the QuantizedTensor.
 
 Also ``lz.paged_attention``, ``lz.reshape_and_cache`` (mutates ``kv_cache``), ``lz.fused_moe``,
 ``lz.apply_penalties`` and ``lz.sample`` without a ``generator`` (custom ops cannot take a ``torch.Generator``: calls
@@ -33,7 +35,7 @@ from typing import Any, Optional
 import torch
 
 __all__ = ["attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu", "layer_norm", "linear",
-           "linear_cross_entropy", "quantized_linear",
+           "linear_cross_entropy", "quantize", "quantized_linear",
            "paged_attention", "reglu", "reshape_and_cache", "rms_norm", "rope", "sample", "apply_penalties", "swiglu"]
 
 NS = "layerzero"
@@ -407,3 +409,38 @@ def _(x, data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_s
 def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> torch.Tensor:
     """``torch.ops.layerzero.quantized_linear`` with ``lz.quantized_linear``'s arguments."""
     return _quantized_linear(x, *_qt_args(qt), bias)
+
+
+@torch.library.custom_op(f"{NS}::quantize", mutates_args=())
+def _quantize(x: torch.Tensor, fmt: str, axis: Optional[int], group_size: Optional[list[int]],  # noqa: UP045
+              check_finite: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    group = None if group_size is None else group_size[0] if len(group_size) == 1 else tuple(group_size)
+    qt = _lz().quantize(x, fmt, axis=axis, group_size=group, check_finite=check_finite)
+    zp = qt.zero_point if qt.zero_point is not None else x.new_empty(0, dtype=torch.uint8)
+    gs = qt.global_scale if qt.global_scale is not None else x.new_empty(0, dtype=torch.float32)
+    outs: list[torch.Tensor] = []
+    for t in (qt.data, qt.scale, zp, gs):
+        outs.append(_owned(t, x, *outs))
+    return tuple(outs)
+
+
+@_quantize.register_fake
+def _(x, fmt, axis, group_size, check_finite):
+    from layerzero.core.quant_format import QuantFormat
+    from layerzero.ops.quantization import layout
+
+    group = None if group_size is None else group_size[0] if len(group_size) == 1 else tuple(group_size)
+    data, scale, zp, gs = layout(QuantFormat(fmt), tuple(x.shape), axis, group)
+    return (x.new_empty(data[1], dtype=data[0]), x.new_empty(scale[1], dtype=scale[0]),
+            x.new_empty(zp[1] if zp else 0, dtype=torch.uint8), x.new_empty(gs[1] if gs else 0, dtype=torch.float32))
+
+
+def quantize(x: torch.Tensor, fmt: Any, axis: int | None, group_size: Any, check_finite: bool) -> Any:
+    """``torch.ops.layerzero.quantize`` with ``lz.quantize``'s arguments (``fmt`` a QuantFormat; ``axis`` and
+    ``group_size`` normalized); returns the QuantizedTensor."""
+    from layerzero.core.quant_format import QuantFormat, QuantizedTensor
+
+    group = None if group_size is None else [int(group_size)] if isinstance(group_size, int) else list(group_size)
+    data, scale, zp, gs = _quantize(x, fmt.value, axis, group, bool(check_finite))
+    return QuantizedTensor(data, scale, zp if fmt is QuantFormat.INT4 else None, gs if fmt is QuantFormat.NVFP4 else None,
+                           fmt, x.shape, x.dtype, axis, group_size)

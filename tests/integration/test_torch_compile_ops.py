@@ -218,25 +218,29 @@ def _opcheck_cases():
         ("dequantize nvfp4 (global scale)", ops.dequantize, library._qt_args(nvfp4)),
         ("quantized_linear int8 + bias", ops.quantized_linear, (r(5, 64), *library._qt_args(int8), r(7))),
         ("quantized_linear int4 transposed", ops.quantized_linear, (xt, *library._qt_args(int4), None)),
+        ("quantize int8 per token", ops.quantize, (r(5, 64), "int8", 0, None, True)),
+        ("quantize int4 transposed", ops.quantize, (xt, "int4", None, [32], True)),
+        ("quantize fp8 2-D blocks", ops.quantize, (r(8, 64), "fp8_e4m3", None, [4, 32], True)),
+        ("quantize nvfp4", ops.quantize, (r(4, 32), "nvfp4", None, [16], False)),
     ]
     return cases
 
 
-@pytest.mark.parametrize("case", range(30))
+@pytest.mark.parametrize("case", range(34))
 def test_custom_ops_keep_the_torch_library_contract(case):
     """``torch.library.opcheck`` (schema: no undeclared mutation or aliasing; fake impl: the real outputs' shapes,
     dtypes and strides; autograd registration; AOT dispatch) passes for every custom op, also with strided inputs,
     and no output shares memory with an input or another output: Inductor frees, reuses and writes into custom-op
     outputs in place (``inplace_buffers``, ``allow_buffer_reuse``) on the strength of that contract."""
     cases = _opcheck_cases()
-    assert len(cases) == 30
+    assert len(cases) == 34
     name, op, args = cases[case]
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     if "nvfp4" in name:  # the schema check multiplies the inputs; torch's CPU build cannot for float8 (nvfp4's scales)
         utils = utils[1:]
     torch.library.opcheck(op, args, test_utils=utils)
     out = op(*args)
-    outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o is not None]
+    outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o is not None and o.numel()]  # empty: no memory
     ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
     for o in outs:
         assert o.is_contiguous(), name
@@ -347,14 +351,17 @@ def test_linear_cross_entropy_compiles_for_evaluation():
 
 def quantized_block(x, w8, w4, b, wq):
     h = lz.quantized_linear(x, w8, b)
-    return lz.quantized_linear(lz.rms_norm(h, torch.ones(h.shape[-1])), w4), lz.dequantize(wq)
+    xq = lz.quantize(x, "int8", axis=0)  # per-token activations
+    return (lz.quantized_linear(lz.rms_norm(h, torch.ones(h.shape[-1])), w4), lz.dequantize(wq),
+            lz.dequantize(xq), xq.scale)
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
 def test_quantized_linear_and_dequantize_compile_without_breaks(fmt):
     """``lz.quantized_linear`` and ``lz.dequantize`` take a QuantizedTensor (a NamedTuple): their custom ops take its
-    fields, so a fullgraph Inductor compile of two quantized projections and a dequantize has no graph break, matches
-    eager for new data and a new row count, runs both ops (lz.trace), and ``torch.export`` keeps their nodes."""
+    fields, and ``lz.quantize``'s returns them: a fullgraph Inductor compile of two quantized projections, a
+    per-token activation quantization and two dequantizes has no graph break, matches eager for new data and a new
+    row count, runs the three ops (lz.trace), and ``torch.export`` keeps their nodes."""
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(9)
     w8 = lz.quantize(torch.randn(24, 32, generator=gen), fmt, axis=0)
@@ -371,12 +378,13 @@ def test_quantized_linear_and_dequantize_compile_without_breaks(fmt):
         want = quantized_block(x, w8, w4, b, wq)
         for g, e in zip(got, want, strict=True):
             torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
-        assert {"quantized_linear", "dequantize"} <= {op for op, _ in t.counts}
+        assert {"quantized_linear", "dequantize", "quantize"} <= {op for op, _ in t.counts}
 
     class M(torch.nn.Module):
         def forward(self, x):
-            return quantized_block(x, w8, w4, b, wq)[0]
+            out = quantized_block(x, w8, w4, b, wq)
+            return out[0], out[3]
 
     ep = torch.export.export(M(), (torch.randn(3, 32, generator=gen),))
     targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-    assert {"layerzero.quantized_linear.default"} <= targets
+    assert {"layerzero.quantized_linear.default", "layerzero.quantize.default"} <= targets

@@ -30,6 +30,7 @@ from ._common import (
     check_tensor,
     device_spec,
     fail,
+    inference_only,
     scope_layers,
     scope_token_of,
     stream_capturing,
@@ -187,6 +188,22 @@ _SCALE_DTYPE = {QuantFormat.MXFP4: torch.uint8, QuantFormat.NVFP4: torch.float8_
 _DATA_DTYPE = {QuantFormat.INT8: torch.int8, **FP8_DTYPE}
 
 
+_Layout = tuple[torch.dtype, tuple[int, ...]]
+
+
+def layout(fmt: QuantFormat, shape: tuple[int, ...], axis: int | None, group_size: _Group
+           ) -> tuple[_Layout, _Layout, _Layout | None, _Layout | None]:
+    """(dtype, shape) of a QuantizedTensor's data, scale, zero point and global scale (None: the format has none) for
+    a tensor of ``shape`` quantized to ``fmt`` with normalized ``axis`` / ``group_size`` (docs/quantization.md's
+    layout table): what :func:`prepare_dequantize` checks and ``lz.quantize``'s custom op's fake returns."""
+    packed = fmt in FIXED_BLOCK or fmt is QuantFormat.INT4
+    data = (torch.uint8, (*shape[:-1], shape[-1] // 2)) if packed else (_DATA_DTYPE[fmt], shape)
+    sshape = scale_shape(shape, format_granularity(fmt, axis, group_size), axis, group_size)
+    return (data, (_SCALE_DTYPE.get(fmt, torch.float32), sshape),
+            (torch.uint8, sshape) if fmt is QuantFormat.INT4 else None,
+            (torch.float32, ()) if fmt is QuantFormat.NVFP4 else None)
+
+
 def prepare_dequantize(qt: QuantizedTensor) -> tuple[QuantKey, tuple[Any, ...]]:
     """Validate ``lz.dequantize``'s input; return (cache key, canonical kernel args ``(qt,)``).
 
@@ -214,18 +231,15 @@ def prepare_dequantize(qt: QuantizedTensor) -> tuple[QuantKey, tuple[Any, ...]]:
     if not isinstance(data, torch.Tensor):
         raise fail(DEQ, "qt.data", "a torch.Tensor", type(data).__name__)
     dev, name = data.device, fmt.value
-    packed = fmt in FIXED_BLOCK or fmt is QuantFormat.INT4
-    _expect("qt.data", data, torch.uint8 if packed else _DATA_DTYPE[fmt],
-            (*shape[:-1], shape[-1] // 2) if packed else shape, dev, name)
-    gran = format_granularity(fmt, axis, group_size)
-    sshape = scale_shape(shape, gran, axis, group_size)
-    _expect("qt.scale", qt.scale, _SCALE_DTYPE.get(fmt, torch.float32), sshape, dev, name)
-    if fmt is QuantFormat.INT4:
-        _expect("qt.zero_point", qt.zero_point, torch.uint8, sshape, dev, name)
+    want = layout(fmt, shape, axis, group_size)
+    _expect("qt.data", data, *want[0], dev, name)
+    _expect("qt.scale", qt.scale, *want[1], dev, name)
+    if want[2] is not None:
+        _expect("qt.zero_point", qt.zero_point, *want[2], dev, name)
     elif qt.zero_point is not None:
         raise fail(DEQ, f"qt.zero_point for {name}", "None (symmetric format)", type(qt.zero_point).__name__)
-    if fmt is QuantFormat.NVFP4:
-        _expect("qt.global_scale", qt.global_scale, torch.float32, (), dev, name)
+    if want[3] is not None:
+        _expect("qt.global_scale", qt.global_scale, *want[3], dev, name)
     elif qt.global_scale is not None:
         raise fail(DEQ, f"qt.global_scale for {name}", "None (nvfp4 only)", type(qt.global_scale).__name__)
     key = _key(DEQ, dev, qt.dtype, fmt, axis, group_size, shape, data.is_contiguous())
@@ -280,6 +294,12 @@ def quantize(x: torch.Tensor, format: QuantFormat | str, *, axis: int | None = N
     >>> qt.data, qt.scale
     (tensor([[  1,  -2, 127]], dtype=torch.int8), tensor([[1.]]))
     """
+    if (is_dynamo_compiling() or is_exporting()) and isinstance(x, torch.Tensor) and inference_only(x):
+        fmt = parse_quant_format(format, "lz.quantize: format")
+        axis, group_size = _normalize(OP, fmt, tuple(x.shape), axis, group_size)
+        from layerzero import library  # one custom-op node (library.py)
+
+        return library.quantize(x, fmt, axis, group_size, check_finite)
     key, args = prepare(x, format, axis=axis, group_size=group_size, check_finite=check_finite)
     return RUNTIME.run(key, context, args)
 
