@@ -23,8 +23,8 @@ arguments) and rebuild it inside, so a compiled model with quantized linears has
 wrapper builds the QuantizedTensor.
 
 Also ``lz.paged_attention``, ``lz.reshape_and_cache`` (mutates ``kv_cache``), ``lz.fused_moe``,
-``lz.apply_penalties`` and ``lz.sample`` without a ``generator`` (custom ops cannot take a ``torch.Generator``: calls
-with one, and ``lz.sample_topk`` / ``lz.sample_topp``, are traced as Python, as before). ``lz.paged_attention`` and
+``lz.apply_penalties``, and ``lz.sample`` / ``lz.sample_topk`` / ``lz.sample_topp`` without a ``generator`` (custom
+ops cannot take a ``torch.Generator``: calls with one are traced as Python, as before). ``lz.paged_attention`` and
 ``lz.reshape_and_cache`` with ``k_scale`` / ``v_scale`` (a quantized cache's scales) are traced as Python too.
 """
 
@@ -36,7 +36,8 @@ import torch
 
 __all__ = ["attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu", "layer_norm", "linear",
            "linear_cross_entropy", "quantize", "quantized_linear",
-           "paged_attention", "reglu", "reshape_and_cache", "rms_norm", "rope", "sample", "apply_penalties", "swiglu"]
+           "paged_attention", "reglu", "reshape_and_cache", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties",
+           "swiglu"]
 
 NS = "layerzero"
 
@@ -336,6 +337,28 @@ def sample(logits: torch.Tensor, temperature: Optional[torch.Tensor], top_k: Opt
 
 @sample.register_fake
 def _(logits, temperature, top_k, top_p, min_p, seeds, offsets):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+@torch.library.custom_op(f"{NS}::sample_topk", mutates_args=())
+def sample_topk(logits: torch.Tensor, k: int, temperature: float) -> torch.Tensor:
+    """``lz.sample_topk`` without a ``generator`` (the global RNG) as a custom op."""
+    return _owned(_lz().sample_topk(logits, k, temperature=temperature), logits)
+
+
+@torch.library.custom_op(f"{NS}::sample_topp", mutates_args=())
+def sample_topp(logits: torch.Tensor, p: float, temperature: float) -> torch.Tensor:
+    """``lz.sample_topp`` without a ``generator`` (the global RNG) as a custom op."""
+    return _owned(_lz().sample_topp(logits, p, temperature=temperature), logits)
+
+
+@sample_topk.register_fake
+def _(logits, k, temperature):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+@sample_topp.register_fake
+def _(logits, p, temperature):
     return logits.new_empty((logits.shape[0],), dtype=torch.int64)
 
 

@@ -151,6 +151,29 @@ def test_sampling_step_compiles_without_breaks_and_draws_the_seeded_tokens():
     assert torch.equal(compiled(*args), sampling_step(*args))
 
 
+def topk_topp(logits):
+    return lz.sample_topk(logits, 5, temperature=0.9), lz.sample_topp(logits, 0.8), lz.sample_topk(logits, 1)
+
+
+def test_sample_topk_and_topp_without_a_generator_compile_without_breaks():
+    """``lz.sample_topk`` / ``lz.sample_topp`` without a generator (the global RNG) are custom ops: no graph break; with
+    the same global seed the compiled function draws eager's tokens, and k = 1 is the argmax. (With a generator they
+    are traced as Python: a custom op cannot take one.)"""
+    torch._dynamo.reset()
+    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(3))
+    assert torch._dynamo.explain(topk_topp)(logits).graph_break_count == 0
+    compiled = torch.compile(topk_topp, fullgraph=True)
+    compiled(logits)  # the first run selects the kernels (no draw is compared)
+    torch.manual_seed(11)
+    with lz.trace() as t:
+        got = compiled(logits)
+    torch.manual_seed(11)
+    want = topk_topp(logits)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert torch.equal(got[2], logits.argmax(-1)) and {"sample_topk", "sample_topp"} <= {op for op, _ in t.counts}
+
+
 def _opcheck_cases():
     """(name, custom op, args) for every ``torch.ops.layerzero`` op: contiguous inputs and the strided ones a model
     passes (transposed activations, BSHD views of a fused projection, chunks of a gate/up projection)."""
@@ -222,18 +245,20 @@ def _opcheck_cases():
         ("quantize int4 transposed", ops.quantize, (xt, "int4", None, [32], True)),
         ("quantize fp8 2-D blocks", ops.quantize, (r(8, 64), "fp8_e4m3", None, [4, 32], True)),
         ("quantize nvfp4", ops.quantize, (r(4, 32), "nvfp4", None, [16], False)),
+        ("sample_topk k=1", ops.sample_topk, (r(3, 50), 1, 0.8)),  # deterministic: opcheck compares two runs
+        ("sample_topp tiny p", ops.sample_topp, (r(3, 50), 1e-6, 1.2)),
     ]
     return cases
 
 
-@pytest.mark.parametrize("case", range(34))
+@pytest.mark.parametrize("case", range(36))
 def test_custom_ops_keep_the_torch_library_contract(case):
     """``torch.library.opcheck`` (schema: no undeclared mutation or aliasing; fake impl: the real outputs' shapes,
     dtypes and strides; autograd registration; AOT dispatch) passes for every custom op, also with strided inputs,
     and no output shares memory with an input or another output: Inductor frees, reuses and writes into custom-op
     outputs in place (``inplace_buffers``, ``allow_buffer_reuse``) on the strength of that contract."""
     cases = _opcheck_cases()
-    assert len(cases) == 34
+    assert len(cases) == 36
     name, op, args = cases[case]
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     if "nvfp4" in name:  # the schema check multiplies the inputs; torch's CPU build cannot for float8 (nvfp4's scales)

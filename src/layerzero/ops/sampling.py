@@ -131,8 +131,18 @@ def sample_topk(logits: torch.Tensor, k: int, *, temperature: float = 1.0,
     >>> lz.sample_topk(torch.tensor([[0.0, 5.0, 1.0]]), k=1)
     tensor([1])
     """
+    if (is_dynamo_compiling() or is_exporting()) and generator is None and _scalars(k, temperature):
+        from layerzero import library  # one custom-op node (library.py)
+
+        return library.sample_topk(logits, k, float(temperature))
     key, args = prepare_topk(logits, k, temperature=temperature, generator=generator)
     return RUNTIME.run(key, context, args)
+
+
+def _scalars(*values: Any) -> bool:
+    """Plain Python numbers (not bools): the arguments a sampling custom op can take; anything else takes the eager
+    path, whose validation raises the typed error."""
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
 def sample_topp(logits: torch.Tensor, p: float, *, temperature: float = 1.0,
@@ -153,6 +163,10 @@ def sample_topp(logits: torch.Tensor, p: float, *, temperature: float = 1.0,
     >>> lz.sample_topp(torch.tensor([[0.0, 9.0, 1.0]]), p=0.5)
     tensor([1])
     """
+    if (is_dynamo_compiling() or is_exporting()) and generator is None and _scalars(p, temperature):
+        from layerzero import library  # one custom-op node (library.py)
+
+        return library.sample_topp(logits, float(p), float(temperature))
     key, args = prepare_topp(logits, p, temperature=temperature, generator=generator)
     return RUNTIME.run(key, context, args)
 
