@@ -467,3 +467,8 @@ def quantize(x: torch.Tensor, fmt: Any, axis: int | None, group_size: Any, check
     data, scale, zp, gs = _quantize(x, fmt.value, axis, group, bool(check_finite))
     return QuantizedTensor(data, scale, zp if fmt is QuantFormat.INT4 else None, gs if fmt is QuantFormat.NVFP4 else None,
                            fmt, x.shape, x.dtype, axis, group_size)
+
+
+from layerzero import _library_grad  # noqa: E402  (needs the ops above)
+
+_library_grad.register(NS)

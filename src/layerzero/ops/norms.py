@@ -172,7 +172,7 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None):
     >>> lz.rms_norm(torch.ones(2, 8), torch.ones(8)).shape
     torch.Size([2, 8])
     """
-    if (is_dynamo_compiling() or is_exporting()) and inference_only(x, weight, residual):  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
+    if is_dynamo_compiling() or is_exporting():  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
         from layerzero import library
 
         return library.rms_norm(x, weight, eps) if residual is None else library.fused_add_rms_norm(

@@ -153,7 +153,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     >>> lz.swiglu(torch.zeros(2, 8), torch.ones(2, 8)).abs().max().item()
     0.0
     """
-    if (is_dynamo_compiling() or is_exporting()) and inference_only(gate, up):  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
+    if is_dynamo_compiling() or is_exporting():  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
         from layerzero import library
 
         return library.swiglu(gate, up)
