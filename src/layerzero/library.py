@@ -34,10 +34,9 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu", "layer_norm", "linear",
-           "linear_cross_entropy", "quantize", "quantized_linear",
-           "paged_attention", "reglu", "reshape_and_cache", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "apply_penalties",
-           "swiglu"]
+__all__ = ["apply_penalties", "attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu",
+           "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "quantize", "quantized_linear", "reglu",
+           "reshape_and_cache", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "swiglu"]
 
 NS = "layerzero"
 
@@ -379,12 +378,25 @@ def _(logits, prompt_token_ids, output_token_ids, repetition_penalty, presence_p
 
 
 # -------------------------------------------------------------------------------------------- quantized weights
+def _group_arg(group_size: Any) -> list[int] | None:
+    """A QuantizedTensor's ``group_size`` (None, ``g`` or ``(bm, bk)``) as a custom-op argument: None, ``[g]`` or
+    ``[bm, bk]``."""
+    if group_size is None:
+        return None
+    return [int(group_size)] if isinstance(group_size, int) else [int(v) for v in group_size]
+
+
+def _group_of(group_size: list[int] | None) -> Any:
+    """The inverse of :func:`_group_arg`."""
+    if group_size is None:
+        return None
+    return group_size[0] if len(group_size) == 1 else tuple(group_size)
+
+
 def _qt_args(qt: Any) -> tuple[Any, ...]:
-    """A ``QuantizedTensor``'s fields as custom-op arguments (group size as a list: ``[g]`` or ``[bm, bk]``)."""
-    g = qt.group_size
-    group = None if g is None else [int(g)] if isinstance(g, int) else [int(v) for v in g]
+    """A ``QuantizedTensor``'s fields as custom-op arguments (group size by :func:`_group_arg`)."""
     return (qt.data, qt.scale, qt.zero_point, qt.global_scale, qt.format.value, [int(n) for n in qt.shape], qt.dtype,
-            qt.axis, group)
+            qt.axis, _group_arg(qt.group_size))
 
 
 def _qt(data: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, global_scale: torch.Tensor | None,
@@ -392,9 +404,8 @@ def _qt(data: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None
     """The ``QuantizedTensor`` :func:`_qt_args` took apart (validated by the eager op it is passed to)."""
     from layerzero.core.quant_format import QuantFormat, QuantizedTensor
 
-    group = None if group_size is None else group_size[0] if len(group_size) == 1 else tuple(group_size)
     return QuantizedTensor(data, scale, zero_point, global_scale, QuantFormat(fmt), torch.Size(shape), dtype, axis,
-                           group)
+                           _group_of(group_size))
 
 
 @torch.library.custom_op(f"{NS}::dequantize", mutates_args=())
@@ -437,8 +448,7 @@ def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> tor
 @torch.library.custom_op(f"{NS}::quantize", mutates_args=())
 def _quantize(x: torch.Tensor, fmt: str, axis: Optional[int], group_size: Optional[list[int]],  # noqa: UP045
               check_finite: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    group = None if group_size is None else group_size[0] if len(group_size) == 1 else tuple(group_size)
-    qt = _lz().quantize(x, fmt, axis=axis, group_size=group, check_finite=check_finite)
+    qt = _lz().quantize(x, fmt, axis=axis, group_size=_group_of(group_size), check_finite=check_finite)
     zp = qt.zero_point if qt.zero_point is not None else x.new_empty(0, dtype=torch.uint8)
     gs = qt.global_scale if qt.global_scale is not None else x.new_empty(0, dtype=torch.float32)
     outs: list[torch.Tensor] = []
@@ -452,8 +462,7 @@ def _(x, fmt, axis, group_size, check_finite):
     from layerzero.core.quant_format import QuantFormat
     from layerzero.ops.quantization import layout
 
-    group = None if group_size is None else group_size[0] if len(group_size) == 1 else tuple(group_size)
-    data, scale, zp, gs = layout(QuantFormat(fmt), tuple(x.shape), axis, group)
+    data, scale, zp, gs = layout(QuantFormat(fmt), tuple(x.shape), axis, _group_of(group_size))
     return (x.new_empty(data[1], dtype=data[0]), x.new_empty(scale[1], dtype=scale[0]),
             x.new_empty(zp[1] if zp else 0, dtype=torch.uint8), x.new_empty(gs[1] if gs else 0, dtype=torch.float32))
 
@@ -463,8 +472,7 @@ def quantize(x: torch.Tensor, fmt: Any, axis: int | None, group_size: Any, check
     ``group_size`` normalized); returns the QuantizedTensor."""
     from layerzero.core.quant_format import QuantFormat, QuantizedTensor
 
-    group = None if group_size is None else [int(group_size)] if isinstance(group_size, int) else list(group_size)
-    data, scale, zp, gs = _quantize(x, fmt.value, axis, group, bool(check_finite))
+    data, scale, zp, gs = _quantize(x, fmt.value, axis, _group_arg(group_size), bool(check_finite))
     return QuantizedTensor(data, scale, zp if fmt is QuantFormat.INT4 else None, gs if fmt is QuantFormat.NVFP4 else None,
                            fmt, x.shape, x.dtype, axis, group_size)
 

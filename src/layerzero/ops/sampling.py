@@ -131,7 +131,7 @@ def sample_topk(logits: torch.Tensor, k: int, *, temperature: float = 1.0,
     >>> lz.sample_topk(torch.tensor([[0.0, 5.0, 1.0]]), k=1)
     tensor([1])
     """
-    if (is_dynamo_compiling() or is_exporting()) and generator is None and _scalars(k, temperature):
+    if (is_dynamo_compiling() or is_exporting()) and generator is None and isinstance(k, int) and _scalars(k, temperature):
         from layerzero import library  # one custom-op node (library.py)
 
         return library.sample_topk(logits, k, float(temperature))

@@ -257,10 +257,11 @@ class KVCacheManager:
         with 0 to the longest table's W blocks (W >= 1); a new array. One gather from a numpy mirror of the tables
         (:class:`~.table_mirror.BlockTableMirror`), not a list copy per request. Raises ``InvalidInputError`` for
         an id without a block table."""
-        missing = [r for r in req_ids if r not in self._tables]
-        if missing:
-            self._table(missing[0], "block_tables")
-        return self._mirror.gather(req_ids)
+        try:
+            return self._mirror.gather(req_ids)
+        except KeyError as exc:
+            self._table(exc.args[0], "block_tables")  # raises InvalidInputError naming the id
+            raise
 
     def num_free_blocks(self) -> int:
         """Blocks allocation can use: free plus evictable."""

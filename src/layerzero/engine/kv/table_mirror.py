@@ -32,9 +32,6 @@ class BlockTableMirror:
         self._row: dict[Hashable, int] = {}
         self._free = list(range(rows - 1, -1, -1))  # pop() hands out the lowest row first
 
-    def __contains__(self, req_id: Hashable) -> bool:
-        return req_id in self._row
-
     def assign(self, req_id: Hashable, blocks: Sequence[int]) -> None:
         """Give ``req_id`` (not holding a row) a row holding ``blocks``."""
         if not self._free:

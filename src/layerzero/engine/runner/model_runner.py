@@ -119,13 +119,12 @@ class ModelRunner:
     # no_grad, not inference_mode: the step's metadata tensors keep their version counters, which FlashInfer's
     # plan cache needs to reuse one plan for every layer of a step (inference tensors re-plan per call)
     @torch.no_grad()
-    def execute(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]] | np.ndarray,
+    def execute(self, chunks: list[tuple[Sequence, int]], block_tables: np.ndarray,
                 prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Forward the step's ``chunks`` (sequence, new tokens); returns float32 logits ``[S, V]`` of the sequences
-        whose chunk reaches their last token (in chunk order). ``block_tables``: one list of block ids per chunk, or
-        the ``[B, W]`` int32 matrix :meth:`~layerzero.engine.kv.KVCacheManager.block_tables` gathers (the engine's
-        step: no per-request list). ``prev_tokens`` ``[S_prev]`` int64 on the device: the previous step's sampled
-        tokens, for sequences whose last token is pending (async scheduling)."""
+        whose chunk reaches their last token (in chunk order). ``block_tables``: the chunks' ``[B, W]`` int32 table
+        matrix (:meth:`~layerzero.engine.kv.KVCacheManager.block_tables`). ``prev_tokens`` ``[S_prev]`` int64 on the
+        device: the previous step's sampled tokens, for sequences whose last token is pending (async scheduling)."""
         batch = self.prepare(chunks, block_tables, prev_tokens)
         if batch.cascade is not None:
             self.cascade_steps += 1
@@ -139,14 +138,13 @@ class ModelRunner:
                 return self.model(batch, self.kv_caches)
         return self.model(batch, self.kv_caches)
 
-    def prepare(self, chunks: list[tuple[Sequence, int]], block_tables: list[list[int]] | np.ndarray,
+    def prepare(self, chunks: list[tuple[Sequence, int]], block_tables: np.ndarray,
                 prev_tokens: torch.Tensor | None = None) -> ForwardBatch:
-        """The step's :class:`ForwardBatch` (a pending last token's id gathered from ``prev_tokens``)."""
-        matrix = block_tables if isinstance(block_tables, np.ndarray) else None
-        lists = block_tables if matrix is None else ((),) * len(chunks)
+        """The step's :class:`ForwardBatch` (a pending last token's id gathered from ``prev_tokens``); the chunks'
+        tables come from ``block_tables``, so their ``block_table`` is left empty."""
         sched = []
-        for (s, n), table in zip(chunks, lists, strict=True):
+        for s, n in chunks:
             last = s.num_computed_tokens + n == s.num_tokens
-            sched.append(ScheduledChunk(s.token_ids, s.num_computed_tokens, n, table, last,
+            sched.append(ScheduledChunk(s.token_ids, s.num_computed_tokens, n, (), last,
                                         s.pending_index if last else -1))
-        return build_forward_batch(sched, self.block_size, self.device, prev_tokens, self.cascade, matrix)
+        return build_forward_batch(sched, self.block_size, self.device, prev_tokens, self.cascade, block_tables)
