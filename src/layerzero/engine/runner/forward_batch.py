@@ -82,7 +82,11 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
 
     ``tables`` ``[B, W]`` int32: the chunks' block tables as one matrix, rows padded with 0 (the engine's
     :meth:`~layerzero.engine.kv.KVCacheManager.block_tables`, one gather); the chunks' ``block_table`` is then not
-    read. None: built from each chunk's ``block_table``."""
+    read. None: built from each chunk's ``block_table``.
+
+    Raises:
+        InvalidInputError: ``tables`` without one row per chunk.
+        RuntimeError: a chunk with a pending token and no ``prev_tokens``."""
     decode = all(c.length == 1 for c in chunks)
     if tables is None:
         tables = _table_matrix(chunks)
