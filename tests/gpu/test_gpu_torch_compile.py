@@ -87,3 +87,97 @@ def test_export_of_attention_on_cuda():
     ep = torch.export.export(Attn(), (q, k, v))
     assert any("layerzero" in str(n.target) for n in ep.graph.nodes)
     torch.testing.assert_close(ep.module()(q, k, v).float(), Attn()(q, k, v).float(), **TOL)
+
+
+def quantized_block(x, w8, w4, b, wq):
+    h = lz.quantized_linear(x, w8, b)
+    xq = lz.quantize(x, "int8", axis=0)  # per-token activations
+    norm_w = torch.ones(h.shape[-1], device=h.device, dtype=h.dtype)
+    return (lz.quantized_linear(lz.rms_norm(h, norm_w), w4), lz.dequantize(wq), lz.dequantize(xq), xq.scale)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
+def test_quantized_ops_compile_without_breaks_on_cuda(fmt):
+    """The CUDA half of tests/integration's quantized compile test: ``lz.quantize`` / ``lz.dequantize`` /
+    ``lz.quantized_linear`` (custom ops over a QuantizedTensor's fields) in one fullgraph Inductor compile, no graph
+    break, outputs equal eager's for new data and a new row count (the same kernels run: bf16 tolerance for the
+    ops Inductor fuses around them), every op ran (lz.trace)."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(9)
+
+    def r(*shape, s=1.0):
+        return (torch.randn(*shape, generator=gen) * s).to(DEV, DT)
+
+    w8, w4 = lz.quantize(r(96, 128), fmt, axis=0), lz.quantize(r(64, 96, s=0.1), "int4", group_size=32)
+    wq, b = lz.quantize(r(4, 64), "nvfp4"), r(96)
+    assert torch._dynamo.explain(quantized_block)(r(3, 128), w8, w4, b, wq).graph_break_count == 0
+    compiled = torch.compile(quantized_block, fullgraph=True)
+    for n in (3, 3, 17):
+        x = r(n, 128)
+        with lz.trace() as t:
+            got = compiled(x, w8, w4, b, wq)
+        want = quantized_block(x, w8, w4, b, wq)
+        for g, e in zip(got, want, strict=True):
+            assert g.device.type == "cuda" and g.dtype == e.dtype
+            torch.testing.assert_close(g.float(), e.float(), **TOL)
+        assert {"quantized_linear", "dequantize", "quantize"} <= {op for op, _ in t.counts}
+
+
+def topk_topp(logits):
+    return lz.sample_topk(logits, 5, temperature=0.9), lz.sample_topp(logits, 0.8), lz.sample_topk(logits, 1)
+
+
+def test_sampling_without_a_generator_compiles_and_draws_eagers_tokens_on_cuda():
+    """``lz.sample_topk`` / ``lz.sample_topp`` without a generator (custom ops drawing from the global CUDA RNG):
+    no graph break, the same global seed gives the compiled function eager's tokens, k = 1 is the argmax."""
+    torch._dynamo.reset()
+    logits = torch.randn(6, 1000, generator=torch.Generator().manual_seed(3)).to(DEV)
+    assert torch._dynamo.explain(topk_topp)(logits).graph_break_count == 0
+    compiled = torch.compile(topk_topp, fullgraph=True)
+    compiled(logits)  # the first run selects the kernels
+    torch.manual_seed(11)
+    with lz.trace() as t:
+        got = compiled(logits)
+    torch.manual_seed(11)
+    want = topk_topp(logits)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert torch.equal(got[2], logits.argmax(-1)) and {"sample_topk", "sample_topp"} <= {op for op, _ in t.counts}
+
+
+def train_block(x, w_norm, w1, b1, w2, res):
+    h, res2 = lz.rms_norm(x, w_norm, residual=res)
+    gate, up = lz.linear(lz.rms_norm(h, w_norm), w1, b1).chunk(2, -1)
+    return lz.linear(lz.swiglu(gate, up), w2) + res2
+
+
+def test_training_block_compiles_and_matches_float64_gradients_on_cuda():
+    """A training step over ``lz.rms_norm`` (plain and with residual), ``lz.linear`` and ``lz.swiglu`` on CUDA in
+    bf16: fullgraph Inductor (each op one custom-op node with its registered backward), every input's gradient
+    within bf16 tolerance of a float64 autograd oracle (run on the CPU)."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(12)
+    shapes = {"x": (3, 5, 64), "w_norm": (64,), "w1": (192, 64), "b1": (192,), "w2": (64, 96), "res": (3, 5, 64)}
+    base = {k: torch.randn(*v, generator=gen) * (0.2 if k.startswith("w") or k == "b1" else 1.0)
+            for k, v in shapes.items()}
+    base["w_norm"] = base["w_norm"] + 1.0
+
+    def oracle(x, w_norm, w1, b1, w2, res):
+        def rms(t):
+            return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w_norm
+        h = x + res
+        gate, up = torch.nn.functional.linear(rms(rms(h)), w1, b1).chunk(2, -1)
+        return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2) + h
+
+    ins = [t.to(DEV, DT).clone().requires_grad_() for t in base.values()]
+    assert torch._dynamo.explain(train_block)(*ins).graph_break_count == 0
+    ins = [t.to(DEV, DT).clone().requires_grad_() for t in base.values()]
+    dy = torch.randn(3, 5, 64, generator=gen)
+    with lz.trace() as t:
+        torch.compile(train_block, fullgraph=True)(*ins).backward(dy.to(DEV, DT))
+    ref = [t.detach().double().requires_grad_() for t in base.values()]
+    oracle(*ref).backward(dy.double())
+    for name, got, want in zip(shapes, ins, ref, strict=True):
+        err = ((got.grad.double().cpu() - want.grad).abs().max() / want.grad.abs().max()).item()
+        assert err <= 3e-2, (name, err)
+    assert {"rms_norm", "linear", "swiglu"} <= {op for op, _ in t.counts}

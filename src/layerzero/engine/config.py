@@ -203,7 +203,7 @@ class EngineConfig:
             raise bad_config("LLM async_scheduling", "True, False or None (None: on for CUDA devices)",
                              repr(self.async_scheduling))
         if self.cascade_attention is not None and not isinstance(self.cascade_attention, bool):
-            raise bad_config("LLM cascade_attention", "True, False or None (None: off)",
+            raise bad_config("LLM cascade_attention", "True, False or None (None: on for CUDA with prefix caching)",
                              repr(self.cascade_attention))
         if self.freeze_gc is not None and not isinstance(self.freeze_gc, bool):
             raise bad_config("LLM freeze_gc", "True, False or None (None: on for CUDA devices)", repr(self.freeze_gc))

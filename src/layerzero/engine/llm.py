@@ -63,10 +63,12 @@ class LLM:
         cascade_attention: run steps whose sequences share prefix blocks (prefix caching) as cascade attention:
             each group's shared prefix read once for all its members' new tokens, merged with each member's own
             blocks by log-sum-exp (Ye et al. 2024; FlashInfer's and vLLM's cascade attention); decode steps inside
-            their CUDA graphs, steps with prefill chunks eagerly. True: every step with a shared prefix (unquantized
-            KV pools only); None / False: off. Opt-in: on the H200 the shared-prefix benchmark ran 8.8-9.2 s with it
-            and ``scheduling_policy="lpm"``, 18.7 s without either, 34.1 s without prefix caching; where nothing is
-            shared it measured within noise (docs/engine.md). Exact attention either way (float rounding aside).
+            their CUDA graphs, steps with prefill chunks eagerly. None (default): on for CUDA with prefix caching
+            and an unquantized pool, for steps whose shared prefixes save enough reads (``CascadePolicy()``); True:
+            every step with a shared prefix (unquantized KV pools only); False: off. On the H200 the shared-prefix
+            benchmark ran 12.8 s with the defaults, 8.8 s adding ``scheduling_policy="lpm"``, 34.5 s without prefix
+            caching; where nothing is shared it measured within noise (docs/engine.md). Exact attention either way
+            (float rounding aside).
         freeze_gc: once the engine is built (weights, KV pool, CUDA graphs), ``gc.collect()`` then ``gc.freeze()``:
             every object alive then (the model, torch, the engine, and the rest of the process) moves to Python's
             permanent generation, which the cyclic collector never scans, as vLLM does after start-up. On the H200 a

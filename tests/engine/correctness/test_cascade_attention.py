@@ -156,7 +156,7 @@ def test_graph_buffers_pad_a_step_to_its_bucket():
     torch.testing.assert_close(got[5:], plain, rtol=1e-6, atol=1e-6)
 
 
-def test_option_is_validated_and_off_by_default(checkpoints):
+def test_option_is_validated_and_off_by_default_on_cpu(checkpoints):
     from layerzero import ConfigurationError
     from layerzero.engine import LLM
 
@@ -166,3 +166,27 @@ def test_option_is_validated_and_off_by_default(checkpoints):
     with pytest.raises(ConfigurationError, match="cascade_attention"):
         LLM(checkpoints["qwen3"], cascade_attention=True, kv_cache_dtype="fp8", **opts)
     assert LLM(checkpoints["qwen3"], **opts).engine.runner.cascade is None
+
+
+@pytest.mark.parametrize(("device", "caching", "kv", "option", "want"), [
+    ("cuda", True, "model", None, "thresholds"),  # the default on CUDA: steps that save enough reads
+    ("cpu", True, "model", None, "off"),
+    ("cuda", False, "model", None, "off"),  # nothing cached, nothing shared
+    ("cuda", True, "fp8", None, "off"),  # a quantized pool: no cascade kernel reads it
+    ("cuda", True, "model", False, "off"),
+    ("cpu", True, "model", True, "always"),
+    ("cuda", True, "model", True, "always"),
+])
+def test_default_policy_per_device_and_pool(device, caching, kv, option, want):
+    """``cascade_attention=None`` resolves to ``CascadePolicy()`` (its save thresholds) only on CUDA with prefix
+    caching and an unquantized pool; True to ``always``; False to off (the runner's resolution, without a device)."""
+    from types import SimpleNamespace
+
+    from layerzero.engine.runner.cascade import CascadePolicy
+    from layerzero.engine.runner.model_runner import ModelRunner
+
+    runner = SimpleNamespace(device=torch.device(device), dtype=torch.bfloat16,
+                             kv_dtype=torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16)
+    ec = SimpleNamespace(cascade_attention=option, enable_prefix_caching=caching, kv_cache_dtype="auto")
+    expected = {"off": None, "thresholds": CascadePolicy(), "always": CascadePolicy(always=True)}[want]
+    assert ModelRunner._cascade_policy(runner, ec) == expected

@@ -59,10 +59,21 @@ float32 accumulator)."""
 MAX_GROUP = 16
 HEAD_DIM_MAX = 256
 MAX_SEQS = 2048
-"""Sequences per call: every program holds per-sequence vectors of ``next_pow2(B)`` entries to find its work items."""
+"""Sequences per call: every program holds per-sequence vectors of :func:`seq_pad` entries to find its work items."""
+SEQ_PAD_MIN = 256
+"""The per-sequence vectors' least width. It is a compile-time constant, so every width is its own compiled kernel:
+with ``next_pow2(B)`` (16 at least) as before, the H200's shared-prefix run compiled 5 kernels at CUDA-graph capture
+(one per decode bucket) and 4-7 more inside its first run, ~1 s each (mixed steps of 16-256 sequences, 2026-11-25
+seventh session). 256 entries are one vector load per program either way (a few cycles more than 16)."""
 
 _KERNELS = LazyModule("_cascade_kernels")
 _PAGED = LazyModule("_paged_kernels")  # paged_decode_merge merges the splits
+
+
+def seq_pad(batch: int) -> int:
+    """The per-sequence vectors' width (``B_PAD``) for ``batch`` sequences: :data:`SEQ_PAD_MIN`, or the next power
+    of two above it (at most :data:`MAX_SEQS`)."""
+    return max(SEQ_PAD_MIN, next_pow2(batch))
 
 
 def block_n_for(head_dim: int) -> int:
@@ -141,7 +152,7 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
            q.stride(0), q.stride(1), st[0], st[1], st[2], st[3], block_tables.stride(0), out.stride(0),
            out.stride(1), page, group, tokens, hq, hkv, batch, target or programs, min_split_tiles, max_splits,
            ROWS=max(16, next_pow2(tokens * group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
-           B_PAD=max(16, next_pow2(batch)), CAUSAL=bool(is_causal), INTERPRET=interpret,
+           B_PAD=seq_pad(batch), CAUSAL=bool(is_causal), INTERPRET=interpret,
            MAX_TILES=kv_tiles if interpret else 0, MAX_ITEMS=-(-bound // programs) if interpret else 0,
            UPCAST=interpret and q.dtype == torch.bfloat16, SPLIT=split, **config)
     if split:

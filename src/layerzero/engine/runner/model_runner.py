@@ -89,15 +89,22 @@ class ModelRunner:
 
     def _cascade_policy(self, ec: EngineConfig) -> CascadePolicy | None:
         """``cascade_attention=True`` -> every step (decode, or with prefill chunks) with a shared prefix
-        (``CascadePolicy(always=True)``); None or False -> off. Opt-in for now: on the H200 the shared-prefix
-        benchmark ran 1.40x faster with it than with prefix caching alone (14.05 s vs 19.45 s, decode steps only)
-        and a workload sharing nothing -1.0% / +0.3% (within noise; benchmarks/results/engine/h200/README.md,
-        2026-11-25 fourth and fifth sessions); it becomes the default once the GPU suite has run with it on.
+        (``CascadePolicy(always=True)``); False -> off; None (the default) -> on CUDA with prefix caching and an
+        unquantized KV pool, steps whose shared prefixes save enough reads (``CascadePolicy()``'s thresholds: a
+        step sharing nothing keeps its plain decode graph), else off. On the H200 the shared-prefix benchmark ran
+        1.82x faster than without prefix caching with cascade off and 2.72x with it (3.59x with
+        ``scheduling_policy="lpm"``); a workload sharing nothing measured -1.0% / +0.3% with ``always`` (within
+        noise); the engine's GPU suite passed with the default on (benchmarks/results/engine/h200/README.md,
+        2026-11-25, seventh session).
 
         Raises:
             ConfigurationError: ``cascade_attention=True`` with a quantized KV pool."""
-        if ec.cascade_attention is not True:
+        if ec.cascade_attention is False:
             return None
+        if ec.cascade_attention is None:
+            if self.device.type != "cuda" or not ec.enable_prefix_caching or self.kv_dtype != self.dtype:
+                return None
+            return CascadePolicy()
         if self.kv_dtype != self.dtype:
             raise bad_config("LLM cascade_attention", "False or None with kv_cache_dtype "
                              f"{ec.kv_cache_dtype!r}", True, "Cascade attention reads an unquantized KV pool "
