@@ -40,3 +40,9 @@ def boom(*args):
 
 def crash(*args):
     os._exit(3)
+
+
+def add_one_inplace(x):
+    """Writes its input in place (a KV-cache-style write) and returns its device and sum."""
+    x.add_(1)
+    return str(x.device), float(x.sum())

@@ -193,8 +193,8 @@ def test_bad_interpreter_fails_to_start_with_a_typed_error(tmp_path):
 
 
 def test_registration_errors():
-    with pytest.raises(ConfigurationError, match="CUDA IPC is not implemented"):
-        lz.register_isolated_kernel("rms_norm", "isobad.rms", f"{MOD}:rms_norm", device_types={"cuda"})
+    with pytest.raises(ConfigurationError, match="device_types"):
+        lz.register_isolated_kernel("rms_norm", "isobad.rms", f"{MOD}:rms_norm", device_types={"mps"})
     with pytest.raises(ConfigurationError):
         lz.register_isolated_kernel("rms_norm", "torch_native.x", f"{MOD}:rms_norm")
     with pytest.raises(InvalidInputError, match="timeout_s"):
@@ -212,7 +212,75 @@ def test_main_process_never_imports_the_worker_module(registered):
     assert MOD not in sys.modules
 
 
+def _cuda_descriptor(**over):
+    ipc = {"handle": "aGFuZGxl", "bytes": 512, "storage_offset": 0, "ref": "cmVm", "ref_offset": 0, "event": None,
+           "event_sync": False}
+    d = {"ipc": ipc, "offset": 4, "shape": [2, 3], "strides": [3, 1], "dtype": "float32", "device": "cuda:0"}
+    for k, v in over.items():
+        if k.startswith("ipc_"):
+            ipc[k[4:]] = v
+        else:
+            d[k] = v
+    return d
+
+
+@pytest.mark.parametrize("over", [
+    {"device": "cuda"}, {"device": "cuda:x"}, {"device": "cpu"}, {"ipc": "handle"}, {"ipc_bytes": -1},
+    {"ipc_bytes": True}, {"ipc_handle": None}, {"ipc_event": 3}, {"ipc_event_sync": 1}, {"ipc_extra": 1},
+    {"offset": -1}, {"shm": "seg"}, {"strides": [1]},
+], ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_cuda_descriptors_are_checked_before_any_mapping(over):
+    """A CUDA descriptor carries PyTorch's IPC reduction fields as JSON; a malformed one is refused by the schema
+    (SchemaError, which the worker replies as an error and the client turns into IsolatedWorkerError) before
+    ``cudaIpcOpenMemHandle`` is reached."""
+    assert P.check_descriptor(_cuda_descriptor()) and P.check_descriptor(_cuda_descriptor(ipc=None))
+    with pytest.raises(P.SchemaError, match="malformed tensor descriptor"):
+        P.check_descriptor(_cuda_descriptor(**over))
+    with pytest.raises(P.SchemaError, match="CUDA IPC handle"):
+        P.ipc_tensor(_cuda_descriptor(ipc_handle="not base64!"))
+
+
+def test_cuda_device_types_register():
+    spec = lz.register_isolated_kernel("rms_norm", "isocuda.rms", f"{MOD}:rms_norm", device_types={"cpu", "cuda"})
+    try:
+        assert set(spec.device_types) == {"cpu", "cuda"}
+    finally:
+        spec.fn.backend.close()
+        lz.unregister_kernel("isocuda.rms")
+
+
 @pytest.mark.gpu
-def test_cuda_tensors_are_refused_until_cuda_ipc_exists(backend):
-    with pytest.raises(InvalidInputError, match="CUDA IPC is not implemented"):
-        backend.call(f"{MOD}:identity", torch.ones(2, device="cuda"))
+def test_cuda_rms_norm_through_the_worker_matches_float64_oracle(backend, monkeypatch):
+    """CUDA tensors cross by CUDA IPC: a locked isolated rms_norm on CUDA inputs (strided, odd sizes) equals the
+    float64 oracle, its result lives on the caller's device and survives the worker, and no pickle runs."""
+    lz.register_isolated_kernel("rms_norm", "isocuda.rms", f"{MOD}:rms_norm", backend=backend, priority=99,
+                                device_types={"cuda"}, dtypes={"float32", "bfloat16"})
+    gen = torch.Generator().manual_seed(5)
+    try:
+        lz.lock("rms_norm", "isocuda.rms")
+        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+            x = torch.randn(7, 2 * 123, generator=gen).to("cuda", dtype)[:, ::2]  # strided, odd width
+            w = (torch.rand(123, generator=gen) + 0.5).to("cuda", dtype)
+            monkeypatch.setattr(pickle, "dumps", lambda *a, **k: pytest.fail("pickle.dumps during a call"))
+            monkeypatch.setattr(pickle, "loads", lambda *a, **k: pytest.fail("pickle.loads during a call"))
+            y = lz.rms_norm(x, w)
+            monkeypatch.undo()
+            assert y.device == x.device and y.dtype == dtype
+            torch.testing.assert_close(y.double(), oracle(x, w).to(dtype).double(), rtol=tol, atol=tol)
+    finally:
+        lz.unlock("rms_norm")
+        lz.unregister_kernel("isocuda.rms")
+    with IsolatedBackend(path=[HERE], timeout_s=20, name="isocuda") as own:
+        out = own.call(f"{MOD}:rms_norm", torch.ones(3, 8, device="cuda"), torch.full((8,), 2.0, device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.allclose(out, torch.full((3, 8), 2.0, device="cuda"))  # the clone outlives the closed worker
+
+
+@pytest.mark.gpu
+def test_cuda_inputs_are_shared_so_in_place_writes_reach_the_caller(backend):
+    x = torch.arange(6, dtype=torch.float32, device="cuda").view(2, 3)
+    device, total = backend.call(f"{MOD}:add_one_inplace", x)
+    assert device.startswith("cuda") and total == 21.0
+    assert torch.equal(x, torch.arange(1, 7, dtype=torch.float32, device="cuda").view(2, 3))
+    empty = backend.call(f"{MOD}:identity", torch.empty(0, 4, device="cuda"))
+    assert empty.shape == (0, 4) and empty.is_cuda

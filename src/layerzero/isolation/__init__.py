@@ -6,7 +6,8 @@ worker process, as an ordinary kernel. See docs/isolation.md.
 ...                             python="/opt/oldlib-venv/bin/python", path=["/opt/kernels"])
 >>> lz.lock("rms_norm", "oldlib.rms"); y = lz.rms_norm(x, w)
 
-Only CPU tensors cross the boundary today (POSIX shared memory); CUDA IPC is not implemented.
+CPU tensors cross the boundary through POSIX shared memory (copied), CUDA tensors through CUDA IPC (shared: the
+worker maps the caller's allocation; results are cloned back).
 """
 
 from __future__ import annotations
@@ -40,22 +41,23 @@ def register(op: str, kernel_id: str, target: str, *, python: str | os.PathLike[
 
     Everything of :func:`layerzero.register_kernel` applies (selection, ``lz.explain``, locks, health: a dead
     worker is a kernel failure, so an unlocked call falls back and the backend's health is charged).
-    ``device_types`` defaults to ``{"cpu"}`` and may hold only ``"cpu"`` (CUDA IPC is not implemented). Pass one
+    ``device_types`` defaults to ``{"cpu"}`` and may hold ``"cpu"`` and ``"cuda"`` (CUDA tensors cross through CUDA
+    IPC: the worker needs a CUDA build of torch and sees the same devices). Pass one
     ``backend=`` to several registrations to share a worker; ``python``, ``path``, ``env``, ``timeout_s`` and
     ``restart`` configure a new one otherwise.
 
     Raises:
-        ConfigurationError: what ``register_kernel`` raises, a non-CPU ``device_types``, or both ``backend=`` and
+        ConfigurationError: what ``register_kernel`` raises, ``device_types`` other than cpu / cuda, or both ``backend=`` and
             backend options. InvalidInputError: a bad ``timeout_s``.
     """
     from ..api import register_kernel
 
     devices = constraints.setdefault("device_types", {"cpu"})
     names = {devices} if isinstance(devices, str) else set(devices or ())
-    if {str(d).lower() for d in names} != {"cpu"}:
-        raise ConfigurationError(f"register_isolated_kernel: device_types: expected {{'cpu'}}, got {devices!r}. "
-                                 "Isolated kernels take CPU tensors through shared memory; CUDA IPC is not "
-                                 "implemented.")
+    if not names or not {str(d).lower() for d in names} <= {"cpu", "cuda"}:
+        raise ConfigurationError(f"register_isolated_kernel: device_types: expected a non-empty subset of "
+                                 f"{{'cpu', 'cuda'}}, got {devices!r}. Isolated kernels take CPU tensors through "
+                                 "shared memory and CUDA tensors through CUDA IPC.")
     if backend is None:
         backend = IsolatedBackend(python=python, path=path, env=env, timeout_s=timeout_s, restart=restart,
                                   name=kernel_id.split(".", 1)[0] if isinstance(kernel_id, str) else "isolated")

@@ -222,8 +222,8 @@ class IsolatedBackend:
         (new tensors, owned by this process).
 
         Raises:
-            InvalidInputError: an argument outside the schema (objects, dicts, CUDA tensors, tensors that require
-                grad, ...); nothing was sent.
+            InvalidInputError: an argument outside the schema (objects, dicts, tensors on devices other than CPU and
+                CUDA, tensors that require grad, ...); nothing was sent.
             IsolatedWorkerTimeoutError: no reply within ``timeout_s`` (the worker was killed).
             IsolatedWorkerError: the worker died or could not start, or the kernel raised inside it.
         """
@@ -235,7 +235,7 @@ class IsolatedBackend:
             for k, v in kwargs.items():
                 P.collect(v, tensors, f"kwargs[{k!r}]")
         except P.SchemaError as exc:
-            raise InvalidInputError(f"isolated call to {target!r}: {exc}. Only tensors (CPU), None, bool, int, "
+            raise InvalidInputError(f"isolated call to {target!r}: {exc}. Only tensors (CPU, CUDA), None, bool, int, "
                                     "float, str and tuples/lists of those cross the process boundary.") from None
         with self._lock:
             if self._dead is not None:
@@ -281,6 +281,8 @@ class IsolatedBackend:
                 raise self._died(target, f"sent a reply outside the schema ({exc})") from None
 
     def _tensor_out(self, d: dict[str, Any]) -> torch.Tensor:
+        if "ipc" in d:  # the worker's CUDA result: cloned, so it never outlives the worker's allocation
+            return P.ipc_tensor(d).clone()
         seg = self._outs.get(d["shm"])
         if seg is None:
             for old in self._outs.values():

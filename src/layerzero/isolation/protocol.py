@@ -18,11 +18,22 @@ Messages (every field listed; anything else is refused):
 
 A value ``v`` is ``None``, a bool, an int, a float (inf/nan allowed), a str, ``{"tuple": [v...]}``,
 ``{"list": [v...]}`` or ``{"tensor": descriptor}``; a descriptor is ``{"shm": segment name, "offset": bytes
-(64-aligned), "shape": [int...], "strides": [int...] (elements), "dtype": one of DTYPES, "device": "cpu"}``.
+(64-aligned), "shape": [int...], "strides": [int...] (elements), "dtype": one of DTYPES, "device": "cpu"}`` for a
+CPU tensor, or for a CUDA tensor ``{"ipc": handles | null (an empty tensor), "offset": elements into the storage,
+"shape", "strides", "dtype", "device": "cuda:N"}`` with ``handles`` = ``{"handle", "bytes", "storage_offset",
+"ref", "ref_offset", "event", "event_sync"}``: the fields of PyTorch's own CUDA IPC reduction
+(``torch.multiprocessing.reductions.reduce_tensor`` / ``rebuild_cuda_tensor``; byte strings base64-encoded). CUDA
+tensors are shared, not copied: the receiver maps the sender's allocation (``cudaIpcOpenMemHandle``), PyTorch's
+reference counter keeps that allocation alive until the receiver drops its mapping, and the receiver's stream waits
+on an event the sender recorded when it shared the tensor. So a worker writing an input in place writes the
+caller's tensor; results are cloned by the caller (they must not outlive the worker), and the worker synchronizes
+its device before replying. Both processes need a CUDA build of torch with the same IPC reduction (torch >= 1.x
+through 2.13 keep its signature).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import struct
@@ -95,9 +106,9 @@ def recv(sock: socket.socket) -> dict[str, Any] | None:
 def check_tensor(t: torch.Tensor, where: str) -> None:
     if t.dtype not in _NAMES:
         raise SchemaError(f"{where}: dtype {t.dtype} is not carried (supported: {sorted(DTYPES)})")
-    if t.device.type != "cpu":
-        raise SchemaError(f"{where}: device {t.device} is not carried (CPU shared memory only; CUDA IPC is not "
-                          "implemented)")
+    if t.device.type not in ("cpu", "cuda"):
+        raise SchemaError(f"{where}: device {t.device} is not carried (CPU tensors through shared memory, CUDA "
+                          "tensors through CUDA IPC)")
     if t.requires_grad:
         raise SchemaError(f"{where}: a tensor that requires grad (autograd does not cross the process boundary)")
 
@@ -144,15 +155,73 @@ def decode(value: Any, tensor_of: Any, depth: int = 0) -> Any:
     raise SchemaError(f"value {str(value)[:80]!r} is not in the schema")
 
 
+_IPC_FIELDS = {"handle": str, "bytes": int, "storage_offset": int, "ref": str, "ref_offset": int,
+               "event": (str, type(None)), "event_sync": bool}
+
+
 def check_descriptor(d: dict[str, Any]) -> dict[str, Any]:
-    ok = (set(d) == {"shm", "offset", "shape", "strides", "dtype", "device"} and isinstance(d["shm"], str)
-          and d["dtype"] in DTYPES and d["device"] == "cpu" and isinstance(d["offset"], int)
-          and d["offset"] >= 0 and d["offset"] % ALIGN == 0
-          and isinstance(d["shape"], list) and isinstance(d["strides"], list) and len(d["shape"]) == len(d["strides"])
-          and all(type(n) is int and n >= 0 for n in d["shape"] + d["strides"]))
+    """``d`` if it is a well-formed CPU or CUDA descriptor (see the module docstring); raises SchemaError."""
+    ok = (isinstance(d.get("shape"), list) and isinstance(d.get("strides"), list)
+          and len(d["shape"]) == len(d["strides"]) and all(type(n) is int and n >= 0 for n in d["shape"] + d["strides"])
+          and d.get("dtype") in DTYPES and type(d.get("offset")) is int and d["offset"] >= 0)
+    if ok and "shm" in d:
+        ok = (set(d) == {"shm", "offset", "shape", "strides", "dtype", "device"} and isinstance(d["shm"], str)
+              and d["device"] == "cpu" and d["offset"] % ALIGN == 0)
+    elif ok:
+        ipc, dev = d.get("ipc"), d.get("device")
+        ok = (set(d) == {"ipc", "offset", "shape", "strides", "dtype", "device"} and isinstance(dev, str)
+              and dev.startswith("cuda:") and dev[5:].isdigit()
+              and (ipc is None or isinstance(ipc, dict) and set(ipc) == set(_IPC_FIELDS)
+                   and all(isinstance(ipc[k], t) and (t is not int or type(ipc[k]) is int and ipc[k] >= 0)
+                           for k, t in _IPC_FIELDS.items())))
     if not ok:
         raise SchemaError(f"malformed tensor descriptor {str(d)[:160]}")
     return d
+
+
+def _b64(b: bytes | None) -> str | None:
+    return None if b is None else base64.b64encode(bytes(b)).decode("ascii")
+
+
+def _unb64(s: str | None) -> bytes | None:
+    if s is None:
+        return None
+    try:
+        return base64.b64decode(s.encode("ascii"), validate=True)
+    except ValueError as exc:
+        raise SchemaError(f"malformed CUDA IPC handle: {exc}") from None
+
+
+def ipc_descriptor(t: torch.Tensor) -> dict[str, Any]:
+    """The descriptor of CUDA tensor ``t``, shared through PyTorch's CUDA IPC reduction (no copy; see the module
+    docstring). The sender keeps nothing: PyTorch's reference counter keeps the allocation until the receiver
+    drops its mapping."""
+    base = {"offset": 0, "shape": list(t.shape), "strides": list(t.stride()), "dtype": _NAMES[t.dtype],
+            "device": f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"}
+    if t.numel() == 0:
+        return {**base, "ipc": None, "strides": [0] * t.dim()}
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    (_, size, stride, offset, _, _, device, handle, nbytes, storage_offset, _, ref, ref_offset, event,
+     event_sync) = reduce_tensor(t.detach())[1]
+    return {**base, "offset": int(offset), "device": f"cuda:{int(device)}",
+            "ipc": {"handle": _b64(handle), "bytes": int(nbytes), "storage_offset": int(storage_offset),
+                    "ref": _b64(ref), "ref_offset": int(ref_offset), "event": _b64(event),
+                    "event_sync": bool(event_sync)}}
+
+
+def ipc_tensor(d: dict[str, Any]) -> torch.Tensor:
+    """The CUDA tensor a (checked) CUDA descriptor names, mapped from the sender's allocation (zero-copy)."""
+    dtype, device = DTYPES[d["dtype"]], int(d["device"][5:])
+    ipc = d["ipc"]
+    if ipc is None:
+        return torch.empty(d["shape"], dtype=dtype, device=f"cuda:{device}")
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    return rebuild_cuda_tensor(torch.Tensor, torch.Size(d["shape"]), tuple(d["strides"]), d["offset"],
+                               torch.storage.TypedStorage, dtype, device, _unb64(ipc["handle"]), ipc["bytes"],
+                               ipc["storage_offset"], False, _unb64(ipc["ref"]), ipc["ref_offset"],
+                               _unb64(ipc["event"]), ipc["event_sync"])
 
 
 def descriptor(name: str, offset: int, t: torch.Tensor) -> dict[str, Any]:
@@ -182,11 +251,15 @@ def view(arena: torch.Tensor, d: dict[str, Any]) -> torch.Tensor:
 
 
 def pack(arena: torch.Tensor, name: str, tensors: list[torch.Tensor]) -> dict[int, dict[str, Any]]:
-    """Copy ``tensors`` into ``arena`` (contiguous, 64-aligned, in order); returns ``id -> descriptor``."""
+    """Copy the CPU ``tensors`` into ``arena`` (contiguous, 64-aligned, in order) and share the CUDA ones
+    (:func:`ipc_descriptor`); returns ``id -> descriptor``."""
     place: dict[int, dict[str, Any]] = {}
     offset = 0
     for t in tensors:
         if id(t) in place:
+            continue
+        if t.device.type == "cuda":
+            place[id(t)] = ipc_descriptor(t)
             continue
         nbytes = t.numel() * t.element_size()
         dst = arena[offset:offset + nbytes].view(t.dtype).view(t.shape) if nbytes else torch.empty(0, dtype=t.dtype)
@@ -200,10 +273,11 @@ def pack(arena: torch.Tensor, name: str, tensors: list[torch.Tensor]) -> dict[in
 
 
 def nbytes_needed(tensors: list[torch.Tensor]) -> int:
+    """Shared-memory bytes :func:`pack` needs for the CPU tensors of ``tensors``."""
     seen: set[int] = set()
     total = 0
     for t in tensors:
-        if id(t) not in seen:
+        if id(t) not in seen and t.device.type == "cpu":
             seen.add(id(t))
             total = align(total + t.numel() * t.element_size())
     return total

@@ -6,11 +6,13 @@ standard library, torch and :mod:`protocol` (loaded from this file's directory b
 inherited Unix socket ``N`` one at a time until the client sends ``shutdown`` or closes the socket:
 
 1. attach the client's input arena (a shared-memory segment, re-attached only when its name changes) and view
-   the argument tensors in it (zero-copy);
+   the CPU argument tensors in it (zero-copy); map the CUDA ones from the client's allocations (CUDA IPC);
 2. import ``module`` and look ``function`` up for the call's ``"module:function"`` target (cached), call it
    under ``torch.no_grad()``;
-3. copy the result's tensors into the worker's own output arena (grown by doubling, a new segment each time)
-   and reply with their descriptors; an exception is replied as its type name, message and traceback text.
+3. copy the result's CPU tensors into the worker's own output arena (grown by doubling, a new segment each time),
+   share its CUDA ones (CUDA IPC; the client clones them), synchronize the device when any CUDA tensor took part
+   (so the client sees in-place writes and finished results), and reply with their descriptors; an exception is
+   replied as its type name, message and traceback text.
 """
 
 from __future__ import annotations
@@ -76,7 +78,12 @@ class Worker:
                 or not isinstance(msg["kwargs"], dict) or not isinstance(msg["target"], str):
             raise P.SchemaError(f"malformed call message with fields {sorted(msg)}")
 
+        cuda = []
+
         def tensor_of(d: dict[str, Any]) -> torch.Tensor:
+            if "ipc" in d:
+                cuda.append(True)
+                return P.ipc_tensor(d)
             return P.view(self.arena_tensor(msg["arena"]), d)
 
         args = [P.decode(v, tensor_of) for v in msg["args"]]
@@ -86,6 +93,8 @@ class Worker:
             result = fn(*args, **kwargs)
         tensors: list[torch.Tensor] = []
         P.collect(result, tensors, "result")
+        if cuda or any(t.device.type == "cuda" for t in tensors):
+            torch.cuda.synchronize()  # in-place writes to the client's tensors and the results are complete
         need = P.nbytes_needed(tensors)
         if self.out is None or self.out.size < need:
             if self.out is not None:
