@@ -2,7 +2,10 @@
 
 - the wall time of each engine step, by kind: steps with prefill tokens, plain decode steps, cascade decode steps
   (with async scheduling a step's wall time is mostly the GPU time of the step launched before it);
-- a ``torch.profiler`` table of a window of decode steps in the middle of the run (GPU kernels by total time).
+- a ``torch.profiler`` table of a window of decode steps in the middle of the run (GPU kernels by total time);
+- which kernel served each eager ``lz`` call, per step kind, and every fallback (``lz.trace``): a step kind that is
+  slow on one machine only shows there whether another kernel ran (2026-11-25: LPM without cascade took ~1 s per
+  step with prefill tokens on two machines and ~45 ms on others; the kernels were not recorded then).
 
 The workload is the benchmark's (``shared_prefix_workload("full")``, groups interleaved), cut to its first
 ``--requests`` requests (256: one wave, 64 groups x 4 members, as the full run's waves are), with prefix caching on,
@@ -17,10 +20,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 
+import layerzero as lz
 from layerzero.engine import LLM, SamplingParams
 from layerzero.engine.bench import default_checkpoint
 from layerzero.engine.bench_prefix import shared_prefix_workload, warm_up
@@ -41,6 +46,8 @@ def profile_run(path: Path, prompts: list[list[int]], out_tokens: int, cascade: 
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     prof = torch.profiler.profile(activities=acts)
     mixed: list[str] = []  # prefill + decode tokens: ms, of every step with prefill tokens
+    kernels: dict[str, Counter] = {k: Counter() for k in times}  # (op, kernel) calls per step kind (eager calls)
+    fallbacks: Counter = Counter()
     state = {"counted": 0, "last": 0.0, "profiling": False}
 
     def timed_step():  # noqa: ANN202
@@ -48,10 +55,13 @@ def profile_run(path: Path, prompts: list[list[int]], out_tokens: int, cascade: 
         if state["counted"] == window[0] and not state["profiling"]:
             prof.start()
             state["profiling"] = True
-        res = step()
+        with lz.trace() as tr:
+            res = step()
         now = time.perf_counter()
         st = eng.stats.last_step
         step_kind = "prefill" if st.num_prefill_tokens else "cascade" if eng.runner.cascade_steps > before else "decode"
+        kernels[step_kind].update(tr.counts)
+        fallbacks.update(str(f) for f in tr.fallbacks)
         times[step_kind].append(now - state["last"])
         if step_kind == "prefill":
             mixed.append(f"{st.num_prefill_tokens}+{st.num_decode_tokens}:{1e3 * (now - state['last']):.0f}")
@@ -84,6 +94,10 @@ def profile_run(path: Path, prompts: list[list[int]], out_tokens: int, cascade: 
                          f"| {1e3 * statistics.median(ts):.2f} |")
     lines += ["", "steps with prefill tokens (prefill + decode tokens: ms): " + " ".join(mixed), "",
               f"engine time split (s): {eng.stats.time_s}", "",
+              "kernels of the eager lz calls per step kind (op, kernel: calls; CUDA-graph replays make none): "
+              + "; ".join(f"{k}: " + ", ".join(f"{op} {kid}: {n}" for (op, kid), n in sorted(c.items()))
+                          for k, c in kernels.items() if c), "",
+              f"fallbacks: {dict(fallbacks) or 'none'}", "",
               f"profiler, {kind} steps {window[0]}..{window[0] + window[1] - 1}:", "", "```",
               prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=rows, max_name_column_width=70)
               if prof.profiler is not None else "(window not reached)", "```", ""]
