@@ -7,6 +7,9 @@ Triton kernel's routing."""
 
 from __future__ import annotations
 
+import importlib
+
+import numpy as np
 import pytest
 import torch
 from _triton_interp import needs_interpreter
@@ -18,6 +21,7 @@ from layerzero.backends.triton import quantized_linear as tq
 from layerzero.testing.quant_oracle import oracle_weight
 
 pytestmark = pytest.mark.correctness
+ql = importlib.import_module("layerzero.ops.quantized_linear")  # the module (lz.ops.quantized_linear is the op)
 
 interpreted = needs_interpreter("tests/gpu/test_gpu_quantized_linear.py")
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -92,6 +96,127 @@ def test_bad_inputs_raise_typed_errors_before_any_work(bad, match):
     with pytest.raises(lz.InvalidInputError, match=match) as info:
         lz.quantized_linear(*bad(x, qt, b))
     assert isinstance(info.value, ValueError)
+
+
+# ------------------------------------------------------------------------------ the memoized weight checks
+# A weight's metadata (format, shape, dtype, axis, group_size) passes the full checks once and is memoized by value
+# (ops/quantized_linear.py: _WEIGHTS); its tensors, x and bias are checked on every call. Each bad input below is
+# built from a weight whose metadata is memoized, by hand (NamedTuple._replace) or by altering a tensor in place,
+# and must raise what the full checks raise.
+_INT8 = ("int8", dict(axis=0))
+_INT4 = ("int4", dict(group_size=16))
+_META = torch.device("meta")
+
+
+def _memoized(fmt_kw=_INT8):
+    """x, qt, b with qt's metadata memoized (asserted, so these tests never pass vacuously on the full checks)."""
+    x, qt, b, _ = _case(*fmt_kw, torch.float32, 3, 7, 32, seed=11)
+    lz.quantized_linear(x, qt, b)
+    assert ql._meta_key(qt) in ql._WEIGHTS and ql._fast_weight(x, qt, b) is not None
+    return x, qt, b
+
+
+@pytest.mark.parametrize("fmt_kw, bad, match", [
+    (_INT8, lambda x, qt, b: (x, qt._replace(format="int8"), b), r"qt\.format: expected a QuantFormat"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(format=lz.QuantFormat.FP8_E4M3), b), r"qt\.data\.dtype"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(axis=False), b), r"axis: expected an int"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(axis=1), b), r"qt\.scale shape: expected \[1, 32\]"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(axis=None), b), r"qt\.scale shape: expected \[\]"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(shape=(np.int64(7), 32)), b), r"qt\.shape: expected a torch\.Size"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(shape=(7, 32)), b), None),
+    (_INT8, lambda x, qt, b: (x, qt._replace(shape=[7, 32]), b), r"qt\.shape: expected a torch\.Size"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(dtype=torch.float16), b), r"qt\.dtype \(the weight's float dtype\)"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(dtype=torch.int8), b), r"qt\.dtype: expected one of float32"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(dtype="float32"), b), r"qt\.dtype: expected one of float32"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(data=qt.data.float()), b), r"qt\.data\.dtype"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(data=qt.data[:, :-1]), b), r"qt\.data shape"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(data=qt.data.to(_META)), b), r"qt\.scale\.device"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(data=list(qt.data)), b), r"qt\.data: expected a torch\.Tensor"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(scale=torch.ones(())), b), r"qt\.scale shape"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(scale=qt.scale.double()), b), r"qt\.scale\.dtype"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(scale=qt.scale.to(_META)), b), r"qt\.scale\.device"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(zero_point=torch.zeros(7, 1, dtype=torch.uint8)), b),
+     r"qt\.zero_point for int8: expected None"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(global_scale=torch.ones(())), b), r"qt\.global_scale for int8"),
+    (_INT8, lambda x, qt, b: (x, tuple(qt), b), r"qt: expected a QuantizedTensor"),
+    (_INT4, lambda x, qt, b: (x, qt._replace(zero_point=None), b), r"qt\.zero_point: expected a torch\.uint8"),
+    (_INT4, lambda x, qt, b: (x, qt._replace(zero_point=qt.zero_point.float()), b), r"qt\.zero_point\.dtype"),
+    (_INT4, lambda x, qt, b: (x, qt._replace(zero_point=qt.zero_point[:, :1]), b), r"qt\.zero_point shape"),
+    (_INT4, lambda x, qt, b: (x, qt._replace(zero_point=qt.zero_point.to(_META)), b), r"qt\.zero_point\.device"),
+    (_INT4, lambda x, qt, b: (x, qt._replace(group_size=32), b), r"qt\.scale shape: expected \[7, 1\]"),
+    (_INT4, lambda x, qt, b: (x, qt._replace(group_size=16.0), b), r"group_size for int4: expected an int"),
+    (_INT8, lambda x, qt, b: (x[:, :-1], qt, b), r"x\.shape\[-1\] \(in_features K\)"),
+    (_INT8, lambda x, qt, b: (x[0, 0], qt, b), r"x rank"),
+    (_INT8, lambda x, qt, b: (x.double(), qt, b), r"qt\.dtype"),
+    (_INT8, lambda x, qt, b: (x.int(), qt, b), r"x\.dtype"),
+    (_INT8, lambda x, qt, b: (x.int(), qt._replace(dtype=torch.int32), b.int()), r"x\.dtype"),
+    (_INT8, lambda x, qt, b: (x.to(_META), qt, b), r"devices: expected x on cpu"),
+    (_INT8, lambda x, qt, b: (x.tolist(), qt, b), r"x: expected a torch\.Tensor"),
+    (_INT8, lambda x, qt, b: (x, qt, b[:-1]), r"bias shape"),
+    (_INT8, lambda x, qt, b: (x, qt, b.view(7, 1)), r"bias rank"),
+    (_INT8, lambda x, qt, b: (x, qt, b.double()), r"bias\.dtype"),
+    (_INT8, lambda x, qt, b: (x, qt, b.to(_META)), r"bias\.device"),
+    (_INT8, lambda x, qt, b: (x, qt, b.tolist()), r"bias: expected a torch\.Tensor"),
+], ids=["str-format", "other-format", "axis-false", "axis-1", "axis-none", "numpy-dim", "tuple-shape",
+        "list-shape", "dtype-f16", "dtype-int", "dtype-str", "data-dtype", "data-shape", "data-device", "data-list",
+        "scale-shape", "scale-dtype", "scale-device", "int8-zero-point", "global-scale", "plain-tuple",
+        "int4-no-zero", "zero-dtype", "zero-shape", "zero-device", "int4-group", "int4-float-group", "x-k", "x-0d",
+        "x-dtype", "x-int", "x-and-dtype-int", "x-device", "x-list", "bias-shape", "bias-rank", "bias-dtype",
+        "bias-device", "bias-list"])
+def test_a_memoized_weight_still_checks_every_call(fmt_kw, bad, match):
+    x, qt, b = _memoized(fmt_kw)
+    args = bad(x, qt, b)
+    if match is None:  # equal metadata of another accepted type: valid, the same result
+        torch.testing.assert_close(lz.quantized_linear(*args), lz.quantized_linear(x, qt, b))
+        return
+    with pytest.raises(lz.InvalidInputError, match=r"^lz\.quantized_linear: " + match):  # under this op's name
+        lz.quantized_linear(*args)
+
+
+@pytest.mark.parametrize("fmt_kw", [_INT8, _INT4], ids=["int8", "int4"])
+def test_a_tensor_resized_in_place_after_its_weight_was_memoized_is_refused(fmt_kw):
+    """Shapes change in place only through ``resize_`` / ``set_``: the memo holds metadata, never tensors, so the
+    next call sees the new shape."""
+    x, qt, b = _memoized(fmt_kw)
+    qt.scale.resize_(6, qt.scale.shape[1])
+    with pytest.raises(lz.InvalidInputError, match=r"qt\.scale shape"):
+        lz.quantized_linear(x, qt, b)
+    x, qt, b = _memoized(fmt_kw)
+    qt.data.set_(torch.zeros(7, 8, dtype=qt.data.dtype))
+    with pytest.raises(lz.InvalidInputError, match=r"qt\.data shape"):
+        lz.quantized_linear(x, qt, b)
+
+
+def test_the_full_checks_run_once_per_weight_metadata(monkeypatch):
+    """A weight rebuilt per call (the engine's layers do: QuantizedLinear.qtensor) takes the memoized path: the
+    full checks (prepare_dequantize) run for the first call only, and a new metadata runs them again."""
+    calls = []
+    real = ql.prepare_dequantize
+    monkeypatch.setattr(ql, "prepare_dequantize", lambda qt: calls.append(qt) or real(qt))
+    monkeypatch.setattr(ql, "_WEIGHTS", {})
+    x, qt, b, want = _case("int4", dict(group_size=16), torch.float32, 3, 7, 32, seed=4)
+    for _ in range(3):
+        out = lz.quantized_linear(x, lz.QuantizedTensor(*qt), b)
+        assert _rel_err(out, want) <= 1e-5
+    assert len(calls) == 1
+    lz.quantized_linear(x, qt, None)
+    lz.quantized_linear(x[:, :16], lz.quantize(torch.randn(5, 16), "int8"), None)
+    assert len(calls) == 2 and len(ql._WEIGHTS) == 2
+
+
+def test_the_memo_is_bounded_and_a_subclass_is_never_memoized(monkeypatch):
+    monkeypatch.setattr(ql, "_WEIGHTS", {})
+    monkeypatch.setattr(ql, "_MAX_WEIGHTS", 2)
+    for n in (3, 4, 5):
+        lz.quantized_linear(torch.randn(2, 16), lz.quantize(torch.randn(n, 16), "int8", axis=0))
+        assert len(ql._WEIGHTS) <= 2
+
+    class Sub(lz.QuantizedTensor):
+        pass
+
+    monkeypatch.setattr(ql, "_WEIGHTS", {})
+    x, qt, b, want = _case("int8", dict(axis=0), torch.float32, 3, 7, 32, seed=5)
+    assert _rel_err(lz.quantized_linear(x, Sub(*qt), b), want) <= 1e-5 and not ql._WEIGHTS
 
 
 # ------------------------------------------------------------------------------ the fused Triton kernel

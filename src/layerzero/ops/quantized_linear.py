@@ -37,9 +37,10 @@ from ._common import (
     stream_capturing,
 )
 from .linear import rows_key
-from .quantization import DEQ, prepare_dequantize, traceable
+from .quantization import DEQ, layout, prepare_dequantize, traceable
 
 OP = "quantized_linear"
+_Tensor = torch.Tensor
 FORMATS = frozenset({QuantFormat.INT8, QuantFormat.FP8_E4M3, QuantFormat.FP8_E5M2, QuantFormat.INT4})
 """Weight formats taken: int8 / fp8 with one scale per output channel (``axis=0``) or per tensor; int4 in groups
 along K (``group_size``; GPTQ / AWQ's layout as ``lz.quantize`` packs it)."""
@@ -67,9 +68,77 @@ class QuantLinearKey(NamedTuple):
     scope: tuple[Any, ...]
 
 
-def prepare(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None = None
-            ) -> tuple[QuantLinearKey, tuple[Any, ...]]:
-    """Validate ``lz.quantized_linear`` inputs; return (cache key, canonical kernel args ``(x, qt, bias)``).
+class _Weight(NamedTuple):
+    """What a valid weight's metadata (format, shape, dtype, axis, group_size) fixes: the layout its tensors must
+    have (``(dtype, shape)`` of data, scale and zero point, None: must be None) and the key's weight fields."""
+
+    data: tuple[torch.dtype, tuple[int, ...]]
+    scale: tuple[torch.dtype, tuple[int, ...]]
+    zero_point: tuple[torch.dtype, tuple[int, ...]] | None
+    out_features: int
+    in_features: int
+    quant_format: str
+    granularity: str
+
+
+_WEIGHTS: dict[tuple[Any, ...], _Weight] = {}
+"""Metadata that passed the full checks (:func:`_validate`), keyed by :func:`_meta_key`. Values only, never a
+QuantizedTensor's identity: the engine builds a new one per call, and a tensor's shape can change in place
+(``resize_``, ``set_``), so the tensors' dtypes, shapes and devices are checked again on every call
+(:func:`_fast_weight`). Cleared when it reaches :data:`_MAX_WEIGHTS` entries (a model has a handful)."""
+_MAX_WEIGHTS = 256
+
+
+def _meta_key(qt: Any) -> tuple[Any, ...] | None:
+    """``qt``'s metadata as a :data:`_WEIGHTS` key, or None (not memoized) unless every field has exactly the type
+    ``lz.quantize`` stores: equal values of other types hash alike (``"int8" == QuantFormat.INT8``,
+    ``False == 0``, ``numpy.int64(7) == 7``, ``32.0 == 32``) but the full checks refuse them; and ``qt`` must be a
+    :class:`QuantizedTensor` of exactly that type (a subclass could override a field's attribute)."""
+    if type(qt) is not QuantizedTensor:
+        return None
+    _, _, _, _, fmt, shape, dtype, axis, group = qt
+    if (type(fmt) is QuantFormat and (type(shape) is torch.Size or type(shape) is tuple) and len(shape) == 2
+            and type(shape[0]) is int and type(shape[1]) is int and type(dtype) is torch.dtype
+            and (axis is None or type(axis) is int) and (group is None or type(group) is int)):
+        return fmt, shape, dtype, axis, group
+    return None
+
+
+def _fast_weight(x: Any, qt: Any, bias: Any) -> _Weight | None:
+    """The common case without the full checks: ``qt``'s metadata already passed them (:data:`_WEIGHTS`) and its
+    tensors, x and bias have the dtypes, shapes and devices that metadata fixes. None: anything else (then
+    :func:`_validate` raises the error that says what is wrong, or finds the inputs valid after all). Returns a
+    weight only where :func:`_validate` would pass: every one of its checks is either fixed by the memoized
+    metadata or repeated here."""
+    if not isinstance(x, _Tensor):
+        return None
+    key = _meta_key(qt)
+    w = None if key is None else _WEIGHTS.get(key)
+    if w is None:
+        return None
+    data, scale, zero, global_scale, _, _, dtype, _, _ = qt
+    if not (isinstance(data, _Tensor) and data.dtype is w.data[0] and data.shape == w.data[1]
+            and isinstance(scale, _Tensor) and scale.dtype is w.scale[0] and scale.shape == w.scale[1]
+            and global_scale is None and x.dtype is dtype and x.dim() >= 1 and x.shape[-1] == w.in_features):
+        return None
+    dev = data.device
+    if scale.device != dev or x.device != dev:
+        return None
+    if w.zero_point is None:
+        if zero is not None:
+            return None
+    elif not (isinstance(zero, _Tensor) and zero.dtype is w.zero_point[0] and zero.shape == w.zero_point[1]
+              and zero.device == dev):
+        return None
+    if bias is not None and not (isinstance(bias, _Tensor) and bias.dtype is dtype and bias.dim() == 1
+                                 and bias.shape[0] == w.out_features and bias.device == dev):
+        return None
+    return w
+
+
+def _validate(x: Any, qt: Any, bias: Any) -> _Weight:
+    """The full checks, in order: raise the typed error that says what is wrong; else return the weight's
+    :class:`_Weight` (memoized when :func:`_meta_key` takes ``qt``).
 
     Raises:
         InvalidInputError: see :func:`quantized_linear`.
@@ -105,14 +174,41 @@ def prepare(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None = No
         check_same(OP, "x", x, "bias", bias)
         if bias.shape[0] != n:
             raise fail(OP, "bias shape", f"[N] = [{n}]", list(bias.shape))
+    data, scale, zero, _ = layout(qt.format, (n, k), qt.axis, qt.group_size)
+    w = _Weight(data, scale, zero, n, k, qt.format.value,
+                f"group:{qt.group_size}" if gran is Granularity.GROUP else gran.value)
+    key = _meta_key(qt)
+    if key is not None:
+        if len(_WEIGHTS) >= _MAX_WEIGHTS:
+            _WEIGHTS.clear()
+        _WEIGHTS[key] = w
+    return w
+
+
+def prepare(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None = None
+            ) -> tuple[QuantLinearKey, tuple[Any, ...]]:
+    """Validate ``lz.quantized_linear`` inputs; return (cache key, canonical kernel args ``(x, qt, bias)``).
+
+    Raises:
+        InvalidInputError: see :func:`quantized_linear`.
+    """
+    key, args = _prepare(x, qt, bias)
+    return QuantLinearKey(*key), args
+
+
+def _prepare(x: Any, qt: Any, bias: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """:func:`prepare` on the hot path: the key is the plain tuple of the :class:`QuantLinearKey` fields (equal to
+    it and hashed alike; dispatch names it on a miss). A weight's metadata is checked once per distinct metadata
+    (:data:`_WEIGHTS`); its tensors, x and bias on every call (:func:`_fast_weight`); anything unexpected takes the
+    full checks (:func:`_validate`)."""
+    w = _fast_weight(x, qt, bias) or _validate(x, qt, bias)
+    k = w.in_features
     stride = x.stride(-1) == 1 and qt.data.stride(-1) == 1 and (bias is None or bias.stride(0) == 1)
     grad = is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))
-    granularity = f"group:{qt.group_size}" if gran is Granularity.GROUP else gran.value
     layers = scope_layers()
-    key = QuantLinearKey(OP, x.device, x.dtype, rows_key(x.numel() // k), k, n, qt.format.value, granularity,
-                         bias is not None, stride, grad, deterministic_enabled(), x.is_cuda and stream_capturing(),
-                         scope_token_of(layers) if layers else ())
-    return key, (x, qt, bias)
+    return (OP, x.device, x.dtype, rows_key(x.numel() // k), k, w.out_features, w.quant_format, w.granularity,
+            bias is not None, stride, grad, deterministic_enabled(), x.is_cuda and stream_capturing(),
+            scope_token_of(layers) if layers else ()), (x, qt, bias)
 
 
 def context(key: QuantLinearKey) -> SelectionContext:
@@ -164,7 +260,7 @@ def quantized_linear(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | 
         from layerzero import library  # one custom-op node (library.py)
 
         return library.quantized_linear(x, qt, bias)
-    key, args = prepare(x, qt, bias)
+    key, args = _prepare(x, qt, bias)
     return RUNTIME.run(key, context, args)
 
 
