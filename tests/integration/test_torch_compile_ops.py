@@ -84,9 +84,9 @@ def test_export_holds_layerzero_nodes():
 
 
 def test_calls_that_need_gradients_stay_differentiable():
-    """With inputs that require grad, backward through the compiled function equals eager backward: ``lz.rms_norm``
-    and ``lz.swiglu`` are custom-op nodes with backward formulas (``_library_grad.py``); ops without one (attention
-    here) are traced as Python, as before."""
+    """With inputs that require grad, backward through the compiled function equals eager backward: ``lz.rms_norm``,
+    ``lz.swiglu`` and ``lz.attention`` are custom-op nodes with backward formulas (``_library_grad.py``; more in
+    test_torch_compile_grad.py)."""
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(3)
     x0, w0 = torch.randn(4, 32, generator=gen), torch.rand(32, generator=gen) + 0.5

@@ -378,6 +378,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     flex_attention, flash_attn2); the others are refused with ``ALIBI_UNSUPPORTED``. Not float32, a shape other
     than ``[Hq]`` / ``[B, Hq]``, or another device than q raises ``InvalidInputError`` (no silent upcast).
 
+    Under ``torch.compile`` / ``torch.export`` the call is one ``torch.ops.layerzero.attention`` node, also when
+    inputs require grad (backward formula: ``layerzero/_library_grad.py``, SDPA's own backward without mask, window
+    and soft-cap, else the textbook gradients in float32; a float ``attn_mask`` that requires grad gets one). Traced
+    as Python instead: calls with ``alibi_slopes`` (the custom op has no such argument) and calls with
+    ``dropout_p > 0`` that need gradients (the dropout mask cannot be recomputed in the backward).
+
     Raises:
         InvalidInputError: wrong rank, dtype or device mix, batch/head/head_dim mismatch, ``Hq % Hkv != 0``,
             mask dtype or shape, ``dropout_p`` outside [0, 1), non-positive ``scale``, unknown ``layout``,
@@ -391,7 +397,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     >>> lz.attention(q, k, v, is_causal=True).shape
     torch.Size([1, 8, 16, 64])
     """
-    if (is_dynamo_compiling() or is_exporting()) and inference_only(q, k, v, attn_mask):  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
+    if ((is_dynamo_compiling() or is_exporting()) and alibi_slopes is None  # the custom op has no alibi_slopes
+            and (dropout_p == 0 or inference_only(q, k, v, attn_mask))):  # one custom-op node (library.py)
         from layerzero import library
 
         return library.attention(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)

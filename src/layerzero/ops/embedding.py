@@ -17,7 +17,6 @@ from ._common import (
     deterministic_enabled,
     device_spec,
     fail,
-    inference_only,
     is_grad_enabled,
     scope_layers,
     scope_token_of,
@@ -129,7 +128,9 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor, *, padding_idx: int
     ``weight`` ``[V, H]`` -> out ``[..., H]`` (a new tensor, exact copies of the rows: no arithmetic).
     dtype: ``input_ids`` int32 or int64 (values in ``[0, V)``); ``weight`` float32/float64/float16/bfloat16, the
     output's dtype. ``padding_idx`` (torch.nn.Embedding's): the row whose gradient stays 0 (the forward is the
-    plain lookup); negative counts from the end; None: none.
+    plain lookup); negative counts from the end; None: none. Under ``torch.compile`` / ``torch.export`` the call is
+    one ``torch.ops.layerzero.embedding`` node, also when ``weight`` requires grad (backward: PyTorch's
+    ``embedding_dense_backward``, ``layerzero/_library_grad.py``).
 
     Raises:
         InvalidInputError: ``input_ids`` not an int32/int64 tensor, ``weight`` not a 2-D float tensor with V, H >= 1,
@@ -143,7 +144,7 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor, *, padding_idx: int
     >>> lz.embedding(torch.tensor([[1, 2, 3]]), w).shape
     torch.Size([1, 3, 4])
     """
-    if (is_dynamo_compiling() or is_exporting()) and inference_only(weight):  # one custom-op node (library.py)
+    if is_dynamo_compiling() or is_exporting():  # one custom-op node (library.py; backward formula: _library_grad.py)
         from layerzero import library
 
         return library.embedding(input_ids, weight, padding_idx)

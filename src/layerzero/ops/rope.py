@@ -128,6 +128,10 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     half: Liger's does), and arbitrary tables give kernel-dependent results. ``interleaved=True``: GPT-J pairs (x0, x1), (x2, x3)..., cos =
     ``repeat_interleave(f, 2)``. Outputs keep q's and k's dtypes.
 
+    Under ``torch.compile`` / ``torch.export`` the call is one ``torch.ops.layerzero.rope`` node, also when q/k
+    require grad (backward formula: ``layerzero/_library_grad.py``); a call whose cos/sin require grad (learned
+    tables) is traced as Python instead, since the formula gives no gradient for cos/sin.
+
     Raises:
         InvalidInputError: ranks, dtypes, devices, R odd / > D, cos/sin shape mismatch, position_ids shape,
             dtype or (for CPU tensors; checking would sync a GPU) values outside the table, position_ids with gathered cos/sin.
@@ -137,7 +141,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     >>> lz.rope(q, q, cos, sin)[0]  # rotate by 90 degrees
     tensor([[[[0., 1.]]]])
     """
-    if (is_dynamo_compiling() or is_exporting()) and inference_only(q, k, cos, sin):  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(cos, sin):  # one custom-op node (library.py; backward formula: _library_grad.py)
         from layerzero import library
 
         return library.rope(q, k, cos, sin, position_ids, interleaved, layout)

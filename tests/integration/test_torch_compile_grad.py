@@ -1,0 +1,252 @@
+"""Backward formulas of ``torch.ops.layerzero.rope`` / ``.attention`` / ``.embedding`` (``layerzero/_library_grad.py``):
+``gradcheck`` against finite differences in float64, ``torch.library.opcheck`` with gradients, a compiled (fullgraph,
+Inductor) training block whose gradients equal a float64 oracle written with plain torch math, and the calls that
+stay on the Python path (cos/sin that require grad, dropout with gradients, ALiBi). The training block over the
+older formulas (linear, rms_norm, swiglu) is in test_torch_compile_ops.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import layerzero as lz
+from layerzero import library  # noqa: F401  (registers torch.ops.layerzero)
+from layerzero.core.errors import InvalidInputError
+
+pytestmark = pytest.mark.integration
+
+
+def _r(gen, *shape, dtype=torch.float64):
+    return torch.randn(*shape, generator=gen, dtype=dtype)
+
+
+def _tables(gen, rows, r, interleaved, dtype=torch.float64):
+    f = _r(gen, rows, r // 2, dtype=dtype)
+    if interleaved:
+        return f.cos().repeat_interleave(2, -1), f.sin().repeat_interleave(2, -1)
+    return torch.cat((f.cos(), f.cos()), -1), torch.cat((f.sin(), f.sin()), -1)
+
+
+def _grad_cases():
+    """(name, op, args, indices of the differentiable args): odd sizes, GQA, partial rotary, both layouts."""
+    gen = torch.Generator().manual_seed(21)
+    ops = torch.ops.layerzero
+    cos, sin = _tables(gen, 20, 12, False)
+    ci, si = _tables(gen, 20, 12, True)
+    pos = torch.randint(0, 20, (2, 7), generator=gen)
+    q, k, qs, ks = _r(gen, 2, 3, 7, 16), _r(gen, 2, 1, 7, 16), _r(gen, 2, 7, 3, 16), _r(gen, 2, 7, 1, 16)
+    aq, ak, av = _r(gen, 2, 4, 5, 8), _r(gen, 2, 2, 7, 8), _r(gen, 2, 2, 7, 6)  # GQA 4:2, Sq 5 != Sk 7, Dv 6
+    sq, sk, sv = (t.transpose(1, 2).contiguous() for t in (aq, ak, av))
+    dead = torch.rand(2, 1, 5, 7, generator=gen) > 0.3
+    dead[0, 0, 1] = False  # a fully masked query row: output 0, gradient 0
+    none3 = (None, None, None)
+    return [
+        ("rope neox table, partial", ops.rope, (q, k, cos, sin, None, False, "BHSD"), (0, 1)),
+        ("rope gptj table", ops.rope, (q, k, ci, si, None, True, "BHSD"), (0, 1)),
+        ("rope neox position_ids", ops.rope, (q, k, cos, sin, pos, False, "BHSD"), (0, 1)),
+        ("rope gptj gathered BSHD", ops.rope, (qs, ks, ci[pos], si[pos], None, True, "BSHD"), (0, 1)),
+        ("rope int32 [1, S] ids BSHD", ops.rope, (qs, ks, cos, sin, pos[:1].int(), False, "BSHD"), (0, 1)),
+        ("attention causal GQA Sq!=Sk (SDPA)", ops.attention, (aq, ak, av, None, True, None, 0.0, "BHSD", *none3),
+         (0, 1, 2)),
+        ("attention scale BSHD (SDPA)", ops.attention, (sq, sk, sv, None, False, 0.3, 0.0, "BSHD", *none3), (0, 1, 2)),
+        ("attention float mask + causal + softcap", ops.attention,
+         (aq, ak, av, _r(gen, 5, 7), True, None, 0.0, "BHSD", None, None, 2.0), (0, 1, 2, 3)),
+        ("attention bool mask, dead row, window", ops.attention,
+         (aq, ak, av, dead, False, None, 0.0, "BHSD", 1, 2, None), (0, 1, 2)),
+        ("attention causal window softcap BSHD", ops.attention,
+         (sq, sk, sv, None, True, None, 0.0, "BSHD", 2, 0, 1.5), (0, 1, 2)),
+        ("attention key-padding float mask BSHD", ops.attention,
+         (sq, sk, sv, _r(gen, 7), False, None, 0.0, "BSHD", *none3), (0, 1, 2, 3)),
+        ("embedding", ops.embedding, (torch.tensor([[1, 3, 3], [0, 8, 1]]), _r(gen, 9, 5), None), (1,)),
+        ("embedding int32 ids", ops.embedding, (torch.tensor([4, 4, 0], dtype=torch.int32), _r(gen, 9, 5), None), (1,)),
+    ]
+
+
+def _with_grad(args, diff):
+    return tuple(a.detach().clone().requires_grad_() if i in diff else a for i, a in enumerate(args))
+
+
+@pytest.mark.parametrize("case", range(13))
+def test_formulas_match_finite_differences(case):
+    """Each formula's gradients equal central finite differences of the op's forward (``torch.autograd.gradcheck``,
+    float64): q/k of RoPE (NeoX and GPT-J pairs, partial rotary R=12 < D=16, every cos/sin form, both layouts);
+    q/k/v of attention and a float mask's own gradient (GQA, causal with Sq != Sk, soft-cap, window, a fully masked
+    row); the embedding table."""
+    cases = _grad_cases()
+    assert len(cases) == 13
+    name, op, args, diff = cases[case]
+    args = _with_grad(args, diff)
+
+    def fn(*xs):
+        full = list(args)
+        for i, x in zip(diff, xs, strict=True):
+            full[i] = x
+        return op(*full)
+
+    assert torch.autograd.gradcheck(fn, tuple(args[i] for i in diff), atol=1e-6, rtol=1e-5), name
+
+
+def test_padding_row_gets_no_gradient():
+    """``padding_idx`` (negative counts from the end, as torch.nn.Embedding): its row's gradient is 0; the others are
+    the scatter-added output gradients."""
+    w = torch.randn(6, 3, requires_grad=True)
+    ids = torch.tensor([[1, 2, 1], [5, 5, 0]])
+    torch.ops.layerzero.embedding(ids, w, -1).backward(torch.ones(2, 3, 3))
+    assert w.grad.sum(-1).tolist() == [3.0, 6.0, 3.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("case", [0, 3, 4, 5, 7, 8, 11])
+def test_custom_ops_with_gradients_keep_the_torch_library_contract(case):
+    """``torch.library.opcheck`` with inputs that require grad (schema, fake, autograd registration, AOT dispatch
+    with its backward) on rope, attention (the SDPA path and the textbook path with a mask gradient) and embedding,
+    in float32."""
+    name, op, args, diff = _grad_cases()[case]
+    args = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+    torch.library.opcheck(op, _with_grad(args, diff))
+
+
+def _rope_ref(x, cos, sin):
+    r, half = cos.shape[-1], cos.shape[-1] // 2
+    xr = x[..., :r]
+    rot = torch.cat((-xr[..., half:], xr[..., :half]), -1)
+    return torch.cat((xr * cos + rot * sin, x[..., r:]), -1)
+
+
+def _attention_ref(q, k, v, mask=None, softcap=None):  # BSHD, top-left causal, GQA by consecutive groups
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if mask is not None:
+        s = s + mask
+    causal = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+    return (s.masked_fill(~causal, float("-inf")).softmax(-1) @ v).transpose(1, 2)
+
+
+def train_block(ids, emb, w_norm, w_qkv, cos, sin, pos, mem_k, mem_v, bias, w_o, w1, w2, *, heads=(4, 2)):
+    """Embedding, RMSNorm, a GQA attention layer (RoPE over part of each head; one causal self-attention, one
+    causal attention over a memory prefix + the keys, Sq != Sk, with a learned additive bias and soft-cap), a
+    SwiGLU MLP, residuals: every op an lz op."""
+    hq, hkv = heads
+    x = lz.embedding(ids, emb)
+    b, s, _ = x.shape
+    q, k, v = lz.linear(lz.rms_norm(x, w_norm), w_qkv).split((hq * 10, hkv * 10, hkv * 10), -1)
+    q, k = lz.rope(q.reshape(b, s, hq, 10), k.reshape(b, s, hkv, 10), cos, sin, position_ids=pos, layout="BSHD")
+    v = v.reshape(b, s, hkv, 10)
+    a = lz.attention(q, k, v, is_causal=True, layout="BSHD")
+    kk, vv = torch.cat((mem_k.expand(b, -1, -1, -1), k), 1), torch.cat((mem_v.expand(b, -1, -1, -1), v), 1)
+    a2 = lz.attention(q, kk, vv, attn_mask=bias, is_causal=True, softcap=5.0, layout="BSHD")
+    h, res = lz.rms_norm(lz.linear((a + a2).flatten(2), w_o), w_norm, residual=x)
+    gate, up = lz.linear(h, w1).chunk(2, -1)
+    return lz.linear(lz.swiglu(gate, up), w2) + res
+
+
+def _oracle(ids, emb, w_norm, w_qkv, cos, sin, pos, mem_k, mem_v, bias, w_o, w1, w2):
+    def rms(t):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w_norm
+
+    x = emb[ids]
+    b, s, _ = x.shape
+    q, k, v = torch.nn.functional.linear(rms(x), w_qkv).split((40, 20, 20), -1)
+    c, sn = cos[pos].unsqueeze(2), sin[pos].unsqueeze(2)
+    q, k, v = _rope_ref(q.reshape(b, s, 4, 10), c, sn), _rope_ref(k.reshape(b, s, 2, 10), c, sn), v.reshape(b, s, 2, 10)
+    kk, vv = torch.cat((mem_k.expand(b, -1, -1, -1), k), 1), torch.cat((mem_v.expand(b, -1, -1, -1), v), 1)
+    att = _attention_ref(q, k, v) + _attention_ref(q, kk, vv, bias, 5.0)
+    hh = torch.nn.functional.linear(att.flatten(2), w_o) + x
+    gate, up = torch.nn.functional.linear(rms(hh), w1).chunk(2, -1)
+    return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2) + hh
+
+
+def _block_inputs(gen, b, s, mem=4, vocab=37, hidden=28):
+    cos, sin = _tables(gen, 32, 6, False, torch.float32)  # rotary dim 6 of head dim 10
+    scaled = {"emb": (vocab, hidden), "w_norm": (hidden,), "w_qkv": (80, hidden), "mem_k": (1, mem, 2, 10),
+              "mem_v": (1, mem, 2, 10), "bias": (s, mem + s), "w_o": (hidden, 40), "w1": (64, hidden),
+              "w2": (hidden, 32)}
+    t = {n: torch.randn(*shape, generator=gen) * 0.3 for n, shape in scaled.items()}
+    t["w_norm"] = t["w_norm"] + 1.0
+    t["emb"] = t["emb"] * 3
+    ids, pos = torch.randint(0, vocab, (b, s), generator=gen), torch.randint(0, 32, (b, s), generator=gen)
+    return ids, cos, sin, pos, t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_training_block_with_rope_attention_embedding_matches_float64_gradients(dtype):
+    """The block compiles fullgraph with Inductor: no graph break, and lz.rope / lz.attention / lz.embedding are
+    custom-op nodes (with lz.linear / rms_norm / swiglu), not traced Python. Every differentiable input's gradient
+    (embedding table, weights, the attention memory and its learned bias) equals a float64 autograd oracle within
+    1e-4 (fp32) / 3e-2 (bf16) of its largest entry, at two sizes (odd: B 3, S 5 and 7)."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(5)
+    compiled = torch.compile(train_block, fullgraph=True)
+    for b, s in ((3, 5), (3, 7)):
+        ids, cos, sin, pos, t = _block_inputs(gen, b, s)
+
+        def call(fn, tensors, cast, ids=ids, cos=cos, sin=sin, pos=pos):
+            return fn(ids, tensors["emb"], tensors["w_norm"], tensors["w_qkv"], cast(cos), cast(sin), pos,
+                      tensors["mem_k"], tensors["mem_v"], tensors["bias"], tensors["w_o"], tensors["w1"], tensors["w2"])
+
+        ins = {n: v.to(dtype).clone().requires_grad_() for n, v in t.items()}
+        if s == 5:
+            explained = torch._dynamo.explain(train_block)(*call(lambda *a: a, ins, lambda c: c.to(dtype)))
+            assert explained.graph_break_count == 0
+            targets = {str(n.target) for g in explained.graphs for n in g.graph.nodes if n.op == "call_function"}
+            assert {f"layerzero.{op}.default" for op in ("embedding", "rope", "attention", "linear", "rms_norm",
+                                                 "fused_add_rms_norm", "swiglu")} <= targets, targets
+        dy = torch.randn(b, s, 28, generator=gen)
+        call(compiled, ins, lambda c: c.to(dtype)).backward(dy.to(dtype))
+        ref = {n: v.detach().double().requires_grad_() for n, v in ins.items()}  # the same (rounded) inputs
+        call(_oracle, ref, lambda c: c.to(dtype).double()).backward(dy.to(dtype).double())
+        tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2}[dtype]
+        for name in t:
+            err = ((ins[name].grad.double() - ref[name].grad).abs().max() / ref[name].grad.abs().max()).item()
+            assert err <= tol, (s, name, err)
+
+
+def _graph_targets(fn, *args):
+    explained = torch._dynamo.explain(fn)(*args)
+    return {str(n.target) for g in explained.graphs for n in g.graph.nodes if n.op == "call_function"}
+
+
+def test_calls_the_formulas_do_not_cover_stay_python_and_differentiable():
+    """cos/sin that require grad, dropout with gradients and ``alibi_slopes`` are traced as Python (no custom-op
+    node), and the compiled function's values and gradients equal eager's; the raw ops refuse the first two
+    in backward with an ``InvalidInputError`` instead of a silently wrong gradient."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(8)
+    q, k = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 2, 5, 8, generator=gen)
+    cos, sin = _tables(gen, 5, 8, False, torch.float32)
+
+    def learned_rope(q, k, cos, sin):
+        return sum(t.sum() for t in lz.rope(q, k, cos.sin(), sin))
+
+    def alibi(q, k, slopes):
+        return lz.attention(q, k, k, alibi_slopes=slopes, is_causal=True)
+
+    args = [t.clone().requires_grad_() for t in (q, k, cos, sin)]
+    assert "layerzero.rope.default" not in _graph_targets(learned_rope, *args)
+    grads = []
+    for fn in (learned_rope, torch.compile(learned_rope, backend="aot_eager")):
+        args = [t.clone().requires_grad_() for t in (q, k, cos, sin)]
+        fn(*args).backward()
+        grads.append([a.grad for a in args])
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want)
+    slopes = torch.tensor([0.5, 0.25])
+    assert "layerzero.attention.default" not in _graph_targets(alibi, q, k, slopes)
+    torch.testing.assert_close(torch.compile(alibi, backend="aot_eager")(q, k, slopes), alibi(q, k, slopes))
+
+    def dropped(q):
+        return lz.attention(q, q, q, dropout_p=0.5)
+
+    qg = q.clone().requires_grad_()
+    assert "layerzero.attention.default" not in _graph_targets(dropped, qg)
+    with torch.no_grad():
+        assert "layerzero.attention.default" in _graph_targets(dropped, q)  # inference: dropout needs no backward
+    with pytest.raises(InvalidInputError, match="dropout_p=0.5 with gradients"):
+        torch.ops.layerzero.attention(qg, q, q, None, False, None, 0.5, "BHSD", None, None, None).sum().backward()
+    with pytest.raises(InvalidInputError, match="cos/sin that require grad"):
+        torch.ops.layerzero.rope(qg, q, cos.requires_grad_(), sin, None, False, "BHSD")[0].sum().backward()
