@@ -128,6 +128,7 @@ def _memoized(fmt_kw=_INT8):
     (_INT8, lambda x, qt, b: (x, qt._replace(dtype=torch.float16), b), r"qt\.dtype \(the weight's float dtype\)"),
     (_INT8, lambda x, qt, b: (x, qt._replace(dtype=torch.int8), b), r"qt\.dtype: expected one of float32"),
     (_INT8, lambda x, qt, b: (x, qt._replace(dtype="float32"), b), r"qt\.dtype: expected one of float32"),
+    (_INT8, lambda x, qt, b: (x, qt._replace(dtype=[1]), b), r"qt\.dtype: expected one of float32"),  # unhashable
     (_INT8, lambda x, qt, b: (x, qt._replace(data=qt.data.float()), b), r"qt\.data\.dtype"),
     (_INT8, lambda x, qt, b: (x, qt._replace(data=qt.data[:, :-1]), b), r"qt\.data shape"),
     (_INT8, lambda x, qt, b: (x, qt._replace(data=qt.data.to(_META)), b), r"qt\.scale\.device"),
@@ -158,7 +159,7 @@ def _memoized(fmt_kw=_INT8):
     (_INT8, lambda x, qt, b: (x, qt, b.to(_META)), r"bias\.device"),
     (_INT8, lambda x, qt, b: (x, qt, b.tolist()), r"bias: expected a torch\.Tensor"),
 ], ids=["str-format", "other-format", "axis-false", "axis-1", "axis-none", "numpy-dim", "tuple-shape",
-        "list-shape", "dtype-f16", "dtype-int", "dtype-str", "data-dtype", "data-shape", "data-device", "data-list",
+        "list-shape", "dtype-f16", "dtype-int", "dtype-str", "dtype-unhashable", "data-dtype", "data-shape", "data-device", "data-list",
         "scale-shape", "scale-dtype", "scale-device", "int8-zero-point", "global-scale", "plain-tuple",
         "int4-no-zero", "zero-dtype", "zero-shape", "zero-device", "int4-group", "int4-float-group", "x-k", "x-0d",
         "x-dtype", "x-int", "x-and-dtype-int", "x-device", "x-list", "bias-shape", "bias-rank", "bias-dtype",

@@ -216,7 +216,7 @@ def prepare_dequantize(qt: QuantizedTensor) -> tuple[QuantKey, tuple[Any, ...]]:
     if not isinstance(fmt, QuantFormat):
         raise fail(DEQ, "qt.format", f"a QuantFormat, one of {[f.value for f in QuantFormat]}", repr(fmt),
                    "Parse the name once: lz.QuantFormat('int8').")
-    if qt.dtype not in FLOAT_DTYPES:
+    if not isinstance(qt.dtype, torch.dtype) or qt.dtype not in FLOAT_DTYPES:
         raise fail(DEQ, "qt.dtype", "one of float32/float64/float16/bfloat16 (the original dtype)", qt.dtype)
     if not isinstance(qt.shape, (tuple, torch.Size)) or not all(_is_int(n) and n >= 0 for n in qt.shape):
         raise fail(DEQ, "qt.shape", "a torch.Size of the original tensor", repr(qt.shape))
