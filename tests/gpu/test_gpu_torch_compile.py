@@ -6,10 +6,16 @@ around them); ``torch.export`` of ``lz.attention`` on CUDA holds the ``layerzero
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import layerzero as lz
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from _compile_cases import check_topk_topp_compiles, check_training_block  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV, DT = "cuda", torch.bfloat16
@@ -123,61 +129,14 @@ def test_quantized_ops_compile_without_breaks_on_cuda(fmt):
         assert {"quantized_linear", "dequantize", "quantize"} <= {op for op, _ in t.counts}
 
 
-def topk_topp(logits):
-    return lz.sample_topk(logits, 5, temperature=0.9), lz.sample_topp(logits, 0.8), lz.sample_topk(logits, 1)
-
-
 def test_sampling_without_a_generator_compiles_and_draws_eagers_tokens_on_cuda():
     """``lz.sample_topk`` / ``lz.sample_topp`` without a generator (custom ops drawing from the global CUDA RNG):
     no graph break, the same global seed gives the compiled function eager's tokens, k = 1 is the argmax."""
-    torch._dynamo.reset()
-    logits = torch.randn(6, 1000, generator=torch.Generator().manual_seed(3)).to(DEV)
-    assert torch._dynamo.explain(topk_topp)(logits).graph_break_count == 0
-    compiled = torch.compile(topk_topp, fullgraph=True)
-    compiled(logits)  # the first run selects the kernels
-    torch.manual_seed(11)
-    with lz.trace() as t:
-        got = compiled(logits)
-    torch.manual_seed(11)
-    want = topk_topp(logits)
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
-    assert torch.equal(got[2], logits.argmax(-1)) and {"sample_topk", "sample_topp"} <= {op for op, _ in t.counts}
-
-
-def train_block(x, w_norm, w1, b1, w2, res):
-    h, res2 = lz.rms_norm(x, w_norm, residual=res)
-    gate, up = lz.linear(lz.rms_norm(h, w_norm), w1, b1).chunk(2, -1)
-    return lz.linear(lz.swiglu(gate, up), w2) + res2
+    check_topk_topp_compiles(torch.randn(6, 1000, generator=torch.Generator().manual_seed(3)).to(DEV))
 
 
 def test_training_block_compiles_and_matches_float64_gradients_on_cuda():
     """A training step over ``lz.rms_norm`` (plain and with residual), ``lz.linear`` and ``lz.swiglu`` on CUDA in
     bf16: fullgraph Inductor (each op one custom-op node with its registered backward), every input's gradient
-    within bf16 tolerance of a float64 autograd oracle (run on the CPU)."""
-    torch._dynamo.reset()
-    gen = torch.Generator().manual_seed(12)
-    shapes = {"x": (3, 5, 64), "w_norm": (64,), "w1": (192, 64), "b1": (192,), "w2": (64, 96), "res": (3, 5, 64)}
-    base = {k: torch.randn(*v, generator=gen) * (0.2 if k.startswith("w") or k == "b1" else 1.0)
-            for k, v in shapes.items()}
-    base["w_norm"] = base["w_norm"] + 1.0
-
-    def oracle(x, w_norm, w1, b1, w2, res):
-        def rms(t):
-            return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w_norm
-        h = x + res
-        gate, up = torch.nn.functional.linear(rms(rms(h)), w1, b1).chunk(2, -1)
-        return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2) + h
-
-    ins = [t.to(DEV, DT).clone().requires_grad_() for t in base.values()]
-    assert torch._dynamo.explain(train_block)(*ins).graph_break_count == 0
-    ins = [t.to(DEV, DT).clone().requires_grad_() for t in base.values()]
-    dy = torch.randn(3, 5, 64, generator=gen)
-    with lz.trace() as t:
-        torch.compile(train_block, fullgraph=True)(*ins).backward(dy.to(DEV, DT))
-    ref = [t.detach().double().requires_grad_() for t in base.values()]
-    oracle(*ref).backward(dy.double())
-    for name, got, want in zip(shapes, ins, ref, strict=True):
-        err = ((got.grad.double().cpu() - want.grad).abs().max() / want.grad.abs().max()).item()
-        assert err <= 3e-2, (name, err)
-    assert {"rms_norm", "linear", "swiglu"} <= {op for op, _ in t.counts}
+    within bf16 tolerance of a float64 oracle run on the CPU."""
+    check_training_block(DT, DEV, 64, 3e-2)

@@ -4,10 +4,16 @@ mis-traced ``tuple.__new__`` of the NamedTuple keys; tests/gpu/test_gpu_graph_re
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import layerzero as lz
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _compile_cases import check_topk_topp_compiles, check_training_block  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -104,44 +110,13 @@ def test_calls_that_need_gradients_stay_differentiable():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def train_block(x, w_norm, w1, b1, w2, res):
-    h, res2 = lz.rms_norm(x, w_norm, residual=res)
-    gu = lz.linear(lz.rms_norm(h, w_norm), w1, b1)
-    gate, up = gu.chunk(2, -1)
-    return lz.linear(lz.swiglu(gate, up), w2) + res2
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_training_block_compiles_without_breaks_and_matches_float64_gradients(dtype):
     """A training step over ``lz.rms_norm`` (plain and with ``residual``), ``lz.linear`` and ``lz.swiglu`` compiles
     fullgraph with Inductor (no graph break: each op one custom-op node with its backward formula), and every input's
-    gradient equals a float64 autograd oracle of the same math within the dtype's tolerance."""
-    torch._dynamo.reset()
-    gen = torch.Generator().manual_seed(12)
-    shapes = {"x": (3, 5, 32), "w_norm": (32,), "w1": (96, 32), "b1": (96,), "w2": (32, 48), "res": (3, 5, 32)}
-    base = {k: torch.randn(*v, generator=gen) * (0.2 if k.startswith("w") or k == "b1" else 1.0)
-            for k, v in shapes.items()}
-    base["w_norm"] = base["w_norm"] + 1.0
-    assert torch._dynamo.explain(train_block)(*(t.to(dtype).clone().requires_grad_() for t in base.values())
-                                              ).graph_break_count == 0
-
-    def oracle(x, w_norm, w1, b1, w2, res):
-        def rms(t):
-            return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w_norm
-        h = x + res
-        gate, up = torch.nn.functional.linear(rms(rms(h)), w1, b1).chunk(2, -1)
-        return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2) + h
-
-    compiled = torch.compile(train_block, fullgraph=True)
-    dy = torch.randn(3, 5, 32, generator=gen)
-    ins = [t.to(dtype).clone().requires_grad_() for t in base.values()]
-    compiled(*ins).backward(dy.to(dtype))
-    ref = [t.detach().double().requires_grad_() for t in base.values()]
-    oracle(*ref).backward(dy.double())
-    tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2}[dtype]
-    for name, got, want in zip(shapes, ins, ref, strict=True):
-        err = ((got.grad.double() - want.grad).abs().max() / want.grad.abs().max()).item()
-        assert err <= tol, (name, err)
+    gradient equals a float64 autograd oracle of the same math within the dtype's tolerance
+    (``_compile_cases.check_training_block``)."""
+    check_training_block(dtype, "cpu", 32, {torch.float32: 1e-4, torch.bfloat16: 3e-2}[dtype])
 
 
 def serving_step(k, v, cache, slots, q, tables, lens, x, w13, w2, tw, tid):
@@ -193,27 +168,12 @@ def test_sampling_step_compiles_without_breaks_and_draws_the_seeded_tokens():
     assert torch.equal(compiled(*args), sampling_step(*args))
 
 
-def topk_topp(logits):
-    return lz.sample_topk(logits, 5, temperature=0.9), lz.sample_topp(logits, 0.8), lz.sample_topk(logits, 1)
-
-
 def test_sample_topk_and_topp_without_a_generator_compile_without_breaks():
     """``lz.sample_topk`` / ``lz.sample_topp`` without a generator (the global RNG) are custom ops: no graph break; with
-    the same global seed the compiled function draws eager's tokens, and k = 1 is the argmax. (With a generator they
-    are traced as Python: a custom op cannot take one.)"""
-    torch._dynamo.reset()
-    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(3))
-    assert torch._dynamo.explain(topk_topp)(logits).graph_break_count == 0
-    compiled = torch.compile(topk_topp, fullgraph=True)
-    compiled(logits)  # the first run selects the kernels (no draw is compared)
-    torch.manual_seed(11)
-    with lz.trace() as t:
-        got = compiled(logits)
-    torch.manual_seed(11)
-    want = topk_topp(logits)
-    for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
-    assert torch.equal(got[2], logits.argmax(-1)) and {"sample_topk", "sample_topp"} <= {op for op, _ in t.counts}
+    the same global seed the compiled function draws eager's tokens, and k = 1 is the argmax
+    (``_compile_cases.check_topk_topp_compiles``). (With a generator they are traced as Python: a custom op cannot
+    take one.)"""
+    check_topk_topp_compiles(torch.randn(4, 40, generator=torch.Generator().manual_seed(3)))
 
 
 def _opcheck_cases():
