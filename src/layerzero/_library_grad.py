@@ -21,10 +21,12 @@ AOTAutograd can trace them:
   cos/sin require grad on the Python path, and the formula raises ``InvalidInputError`` if asked for one;
 - attention (Vaswani et al. 2017; semantics of ``backends/reference/attention.py``: GQA by consecutive head groups,
   top-left causal, FlashAttention windows, Gemma 2 soft-cap, bool or additive masks, fully masked rows give 0):
-  without mask, window and soft-cap, the gradients of ``F.scaled_dot_product_attention(q, k, v, is_causal, scale,
+  without mask, window, soft-cap and ALiBi, the gradients of ``F.scaled_dot_product_attention(q, k, v, is_causal, scale,
   enable_gqa)`` recomputed under autograd (``torch.autograd.grad``; on CUDA that traces to SDPA's flash /
   memory-efficient backward, O(S) memory). Otherwise the textbook formula in float32 (float64 for float64 q):
-  ``P = softmax(Z)``, ``Z = mask(cap(scale q k^T))``, ``dv = P^T dO``, ``dZ = P (dO v^T - rowsum(dO O))``,
+  ``P = softmax(Z)``, ``Z = mask(cap(scale q k^T) - slope |i + Sk - Sq - j|)`` (ALiBi, Press et al. 2022, a
+  constant bias: no gradient for the slopes; ``lz.attention`` keeps calls with trainable slopes on the Python path),
+  ``dv = P^T dO``, ``dZ = P (dO v^T - rowsum(dO O))``,
   ``dS = dZ (1 - tanh^2(S / softcap))`` (``dS = dZ`` without soft-cap), ``dq = scale dS k``, ``dk = scale dS^T q``
   (GQA: summed over each KV head's query heads), ``dmask = dZ`` summed to the float mask's shape; it materializes
   ``[B, Hq, Sq, Sk]`` float32 scores. ``dropout_p > 0`` cannot be recomputed (the forward's dropout mask is not
@@ -168,25 +170,29 @@ def _rope_backward(ctx: Any, dq: torch.Tensor | None, dk: torch.Tensor | None) -
 
 # ---------------------------------------------------------------------------------------------------------- attention
 def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window_left, window_right, softcap = inputs
-    ctx.save_for_backward(q, k, v, attn_mask)
+    q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window_left, window_right, softcap, alibi = inputs
+    ctx.save_for_backward(q, k, v, attn_mask, alibi)
     ctx.args = (is_causal, scale, dropout_p, layout == "BSHD", window_left, window_right, softcap)
 
 
 def _attention_backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
-    q, k, v, mask = ctx.saved_tensors
+    q, k, v, mask, alibi = ctx.saved_tensors
     is_causal, scale, dropout_p, bshd, left, right, softcap = ctx.args
     if dropout_p > 0.0:
         raise _unsupported("attention", f"dropout_p={dropout_p} with gradients",
                            "Call lz.attention (it traces calls with dropout that need gradients as Python).")
     need = ctx.needs_input_grad
-    if mask is None and softcap is None and (left is None or right is None):
+    if len(need) > 11 and need[11]:
+        raise _unsupported("attention", "alibi_slopes that require grad",
+                           "Call lz.attention (it traces calls with trainable ALiBi slopes as Python).")
+    if mask is None and softcap is None and alibi is None and (left is None or right is None):
         dq, dk, dv = _sdpa_grads(q, k, v, dout, is_causal, scale, bshd, need[:3])
         dmask = None
     else:
-        dq, dk, dv, dmask = _attention_grads(q, k, v, mask, dout, is_causal, scale, bshd, left, right, softcap)
+        dq, dk, dv, dmask = _attention_grads(q, k, v, mask, dout, is_causal, scale, bshd, left, right, softcap,
+                                             alibi)
         dmask = dmask if need[3] else None
-    return dq, dk, dv, dmask, None, None, None, None, None, None, None
+    return (dq, dk, dv, dmask, None, None, None, None, None, None, None, None)[:len(need)]
 
 
 def _sdpa_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, is_causal: bool,
@@ -206,10 +212,12 @@ def _sdpa_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
 
 def _attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                      dout: torch.Tensor, is_causal: bool, scale: float | None, bshd: bool, left: int | None,
-                     right: int | None, softcap: float | None) -> tuple[torch.Tensor, ...]:
+                     right: int | None, softcap: float | None, alibi: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv, dmask) of the reference attention by the textbook formula (module docstring), float32 (float64
     for float64 q); shapes as :func:`_sdpa_grads`, ``mask`` bool or q's float dtype broadcastable to
-    ``[B, Hq, Sq, Sk]``; each gradient in its input's shape and dtype, dmask None for a bool mask."""
+    ``[B, Hq, Sq, Sk]``, ``alibi`` slopes ``[Hq]`` / ``[B, Hq]`` (a constant bias: it moves the probabilities, not
+    the formula); each gradient in its input's shape and dtype, dmask None for a bool mask."""
     cdt = _compute_dtype(q)
     qf, kf, vf, dof = (t.transpose(1, 2).to(cdt) if bshd else t.to(cdt) for t in (q, k, v, dout))
     b, hq, sq, d = qf.shape
@@ -223,6 +231,10 @@ def _attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         capped = torch.tanh(scores / softcap)
         scores = capped * softcap
     offset = torch.arange(sk, device=q.device)[None, :] - torch.arange(sq, device=q.device)[:, None]  # j - i
+    if alibi is not None:  # -slope * |i + Sk - Sq - j|, bottom-right aligned (the reference kernel's convention)
+        slopes = alibi.to(cdt)
+        slopes = slopes[None, :] if slopes.dim() == 1 else slopes
+        scores = scores - slopes[:, :, None, None] * (offset - (sk - sq)).abs().to(cdt)
     allowed = offset <= 0 if is_causal else torch.ones_like(offset, dtype=torch.bool)
     if left is not None and right is not None:
         if left >= 0:

@@ -116,24 +116,26 @@ def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, so
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],  # noqa: UP045
                is_causal: bool, scale: Optional[float], dropout_p: float, layout: str,  # noqa: UP045
                window_left: Optional[int], window_right: Optional[int],  # noqa: UP045
-               softcap: Optional[float]) -> torch.Tensor:  # noqa: UP045
+               softcap: Optional[float], alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:  # noqa: UP045
     window = None if window_left is None or window_right is None else (window_left, window_right)
     out = _lz().attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
-                          layout=layout, window=window, softcap=softcap)
-    return _owned(out, q, k, v, attn_mask)
+                          layout=layout, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
+    return _owned(out, q, k, v, attn_mask, alibi_slopes)
 
 
 @_attention.register_fake
-def _(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window_left, window_right, softcap):
+def _(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window_left, window_right, softcap, alibi_slopes=None):
     return q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool,
-              scale: float | None, dropout_p: float, layout: Any, window: Any, softcap: float | None) -> torch.Tensor:
-    """``torch.ops.layerzero.attention`` with ``lz.attention``'s arguments (layout as a string, window split)."""
+              scale: float | None, dropout_p: float, layout: Any, window: Any, softcap: float | None,
+              alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """``torch.ops.layerzero.attention`` with ``lz.attention``'s arguments (layout as a string, window split,
+    ``alibi_slopes`` ``[Hq]`` / ``[B, Hq]`` float32 or None)."""
     left, right = (None, None) if window is None else (int(window[0]), int(window[1]))
     return _attention(q, k, v, attn_mask, bool(is_causal), scale, float(dropout_p), _layout_str(layout), left, right,
-                      softcap)
+                      softcap, alibi_slopes)
 
 
 # -------------------------------------------------------------------------------------------- norms

@@ -61,6 +61,11 @@ def _grad_cases():
          (sq, sk, sv, _r(gen, 7), False, None, 0.0, "BSHD", *none3), (0, 1, 2, 3)),
         ("embedding", ops.embedding, (torch.tensor([[1, 3, 3], [0, 8, 1]]), _r(gen, 9, 5), None), (1,)),
         ("embedding int32 ids", ops.embedding, (torch.tensor([4, 4, 0], dtype=torch.int32), _r(gen, 9, 5), None), (1,)),
+        ("attention ALiBi [Hq] causal GQA Sq!=Sk", ops.attention,
+         (aq, ak, av, None, True, None, 0.0, "BHSD", *none3, torch.tensor([0.5, 0.25, 0.125, 0.0625])), (0, 1, 2)),
+        ("attention ALiBi [B, Hq] + softcap + float mask BSHD", ops.attention,
+         (sq, sk, sv, _r(gen, 5, 7), False, None, 0.0, "BSHD", None, None, 1.5,
+          torch.rand(2, 4, generator=gen)), (0, 1, 2, 3)),
     ]
 
 
@@ -68,14 +73,14 @@ def _with_grad(args, diff):
     return tuple(a.detach().clone().requires_grad_() if i in diff else a for i, a in enumerate(args))
 
 
-@pytest.mark.parametrize("case", range(13))
+@pytest.mark.parametrize("case", range(15))
 def test_formulas_match_finite_differences(case):
     """Each formula's gradients equal central finite differences of the op's forward (``torch.autograd.gradcheck``,
     float64): q/k of RoPE (NeoX and GPT-J pairs, partial rotary R=12 < D=16, every cos/sin form, both layouts);
     q/k/v of attention and a float mask's own gradient (GQA, causal with Sq != Sk, soft-cap, window, a fully masked
-    row); the embedding table."""
+    row; ALiBi slopes [Hq] and [B, Hq], bottom-right aligned); the embedding table."""
     cases = _grad_cases()
-    assert len(cases) == 13
+    assert len(cases) == 15
     name, op, args, diff = cases[case]
     args = _with_grad(args, diff)
 
@@ -97,7 +102,7 @@ def test_padding_row_gets_no_gradient():
     assert w.grad.sum(-1).tolist() == [3.0, 6.0, 3.0, 0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("case", [0, 3, 4, 5, 7, 8, 11])
+@pytest.mark.parametrize("case", [0, 3, 4, 5, 7, 8, 11, 14])
 def test_custom_ops_with_gradients_keep_the_torch_library_contract(case):
     """``torch.library.opcheck`` with inputs that require grad (schema, fake, autograd registration, AOT dispatch
     with its backward) on rope, attention (the SDPA path and the textbook path with a mask gradient) and embedding,
@@ -212,9 +217,10 @@ def _graph_targets(fn, *args):
 
 
 def test_calls_the_formulas_do_not_cover_stay_python_and_differentiable():
-    """cos/sin that require grad, dropout with gradients and ``alibi_slopes`` are traced as Python (no custom-op
-    node), and the compiled function's values and gradients equal eager's; the raw ops refuse the first two
-    in backward with an ``InvalidInputError`` instead of a silently wrong gradient."""
+    """cos/sin that require grad, dropout with gradients and trainable ``alibi_slopes`` are traced as Python (no
+    custom-op node), and the compiled function's values and gradients equal eager's; the raw ops refuse them in
+    backward with an ``InvalidInputError`` instead of a silently wrong gradient. Fixed ALiBi slopes are a custom-op
+    node (until 2026-11-25 the node had no slopes argument and silently dropped the bias) equal to eager."""
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(8)
     q, k = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 2, 5, 8, generator=gen)
@@ -236,8 +242,17 @@ def test_calls_the_formulas_do_not_cover_stay_python_and_differentiable():
     for got, want in zip(*grads, strict=True):
         torch.testing.assert_close(got, want)
     slopes = torch.tensor([0.5, 0.25])
-    assert "layerzero.attention.default" not in _graph_targets(alibi, q, k, slopes)
+    assert "layerzero.attention.default" in _graph_targets(alibi, q, k, slopes)
     torch.testing.assert_close(torch.compile(alibi, backend="aot_eager")(q, k, slopes), alibi(q, k, slopes))
+    assert not torch.allclose(alibi(q, k, slopes), alibi(q, k, torch.zeros(2)))  # the bias matters here
+    trainable = slopes.clone().requires_grad_()
+    assert "layerzero.attention.default" not in _graph_targets(alibi, q, k, trainable)
+    want = torch.autograd.grad(alibi(q, k, trainable).sum(), trainable)[0]
+    got = torch.autograd.grad(torch.compile(alibi, backend="aot_eager")(q, k, trainable).sum(), trainable)[0]
+    torch.testing.assert_close(got, want)
+    with pytest.raises(InvalidInputError, match="alibi_slopes that require grad"):
+        torch.ops.layerzero.attention(q.clone().requires_grad_(), k, k, None, True, None, 0.0, "BHSD", None, None,
+                                      None, trainable).sum().backward()
 
     def dropped(q):
         return lz.attention(q, q, q, dropout_p=0.5)

@@ -380,9 +380,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
 
     Under ``torch.compile`` / ``torch.export`` the call is one ``torch.ops.layerzero.attention`` node, also when
     inputs require grad (backward formula: ``layerzero/_library_grad.py``, SDPA's own backward without mask, window
-    and soft-cap, else the textbook gradients in float32; a float ``attn_mask`` that requires grad gets one). Traced
-    as Python instead: calls with ``alibi_slopes`` (the custom op has no such argument) and calls with
-    ``dropout_p > 0`` that need gradients (the dropout mask cannot be recomputed in the backward).
+    and soft-cap, else the textbook gradients in float32, ALiBi included; a float ``attn_mask`` that requires grad
+    gets one). Traced as Python instead: calls whose ``alibi_slopes`` require grad (the formula gives the slopes
+    none) and calls with ``dropout_p > 0`` that need gradients (the dropout mask cannot be recomputed in the
+    backward).
 
     Raises:
         InvalidInputError: wrong rank, dtype or device mix, batch/head/head_dim mismatch, ``Hq % Hkv != 0``,
@@ -397,11 +398,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     >>> lz.attention(q, k, v, is_causal=True).shape
     torch.Size([1, 8, 16, 64])
     """
-    if ((is_dynamo_compiling() or is_exporting()) and alibi_slopes is None  # the custom op has no alibi_slopes
+    if ((is_dynamo_compiling() or is_exporting()) and inference_only(alibi_slopes)  # fixed slopes (no gradient)
             and (dropout_p == 0 or inference_only(q, k, v, attn_mask))):  # one custom-op node (library.py)
         from layerzero import library
 
-        return library.attention(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap)
+        return library.attention(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap,
+                                 alibi_slopes)
     hot_key = None
     if (attn_mask is None and scale is None and window is None and softcap is None and alibi_slopes is None
             and q.__class__ is _TENSOR
