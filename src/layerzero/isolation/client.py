@@ -282,7 +282,11 @@ class IsolatedBackend:
 
     def _tensor_out(self, d: dict[str, Any]) -> torch.Tensor:
         if "ipc" in d:  # the worker's CUDA result: cloned, so it never outlives the worker's allocation
-            return P.ipc_tensor(d).clone()
+            mapped = P.ipc_tensor(d)
+            out = mapped.clone()
+            if mapped.numel():  # the copy must finish before the mapping is dropped (the worker may then reuse it)
+                torch.cuda.current_stream(mapped.device).synchronize()
+            return out
         seg = self._outs.get(d["shm"])
         if seg is None:
             for old in self._outs.values():
