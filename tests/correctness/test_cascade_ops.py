@@ -218,8 +218,36 @@ def test_triton_paged_prefill_lse_shared_level(seed, knobs):
     close(lse, ref_lse, torch.float32)
 
 
+def test_per_sequence_vector_width_is_one_compiled_kernel_up_to_256_sequences():
+    """``B_PAD`` (the kernel's per-sequence vector width) is a compile-time constant: ``seq_pad`` keeps it at 256
+    for every batch of 1..256 sequences (one compiled kernel where ``next_pow2(B)`` made five), then the next power
+    of two, never above ``MAX_SEQS``; the launch passes it (a spy on the launch, under the interpreter when present)."""
+    from layerzero.backends.triton import cascade
+
+    assert [cascade.seq_pad(b) for b in (1, 3, 16, 17, 200, 256)] == [256] * 6
+    assert [cascade.seq_pad(b) for b in (257, 600, cascade.MAX_SEQS)] == [512, 1024, cascade.MAX_SEQS]
+    if interpreted.args[0]:
+        return
+    seen = []
+    real = cascade.launch
+
+    def spy(fn, grid, *args, **kw):
+        if "B_PAD" in kw:
+            seen.append(kw["B_PAD"])
+        return real(fn, grid, *args, **kw)
+
+    cascade.launch = spy
+    try:
+        for seed in (0, 1):
+            q, cache, tables, lens, cu = case(seed, "NHD")
+            cascade.paged_prefill_lse(q, cache, tables, lens, cu, None, True, "NHD", num_splits=1, block_n=16)
+    finally:
+        cascade.launch = real
+    assert seen and set(seen) == {256}
+
+
 def test_triton_paged_prefill_lse_refuses_too_many_sequences():
-    """Every program holds per-sequence vectors of next_pow2(B) entries: more than MAX_SEQS sequences are refused by
+    """Every program holds per-sequence vectors of seq_pad(B) entries: more than MAX_SEQS sequences are refused by
     the check (a typed reason) and by the kernel entry (a typed error, before any launch)."""
     from types import SimpleNamespace
 
