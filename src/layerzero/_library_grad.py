@@ -23,13 +23,13 @@ AOTAutograd can trace them:
   top-left causal, FlashAttention windows, Gemma 2 soft-cap, bool or additive masks, fully masked rows give 0):
   without mask, window, soft-cap and ALiBi, the gradients of ``F.scaled_dot_product_attention(q, k, v, is_causal, scale,
   enable_gqa)`` recomputed under autograd (``torch.autograd.grad``; on CUDA that traces to SDPA's flash /
-  memory-efficient backward, O(S) memory). Otherwise the textbook formula in float32 (float64 for float64 q):
-  ``P = softmax(Z)``, ``Z = mask(cap(scale q k^T) - slope |i + Sk - Sq - j|)`` (ALiBi, Press et al. 2022, a
-  constant bias: no gradient for the slopes; ``lz.attention`` keeps calls with trainable slopes on the Python path),
-  ``dv = P^T dO``, ``dZ = P (dO v^T - rowsum(dO O))``,
-  ``dS = dZ (1 - tanh^2(S / softcap))`` (``dS = dZ`` without soft-cap), ``dq = scale dS k``, ``dk = scale dS^T q``
-  (GQA: summed over each KV head's query heads), ``dmask = dZ`` summed to the float mask's shape; it materializes
-  ``[B, Hq, Sq, Sk]`` float32 scores. ``dropout_p > 0`` cannot be recomputed (the forward's dropout mask is not
+  memory-efficient backward, O(S) memory). Otherwise the gradients of the reference kernel itself, recomputed under
+  autograd in float32 (float64 for float64 q): ``P = softmax(Z)``, ``Z = mask(cap(scale q k^T) - slope |i + Sk - Sq -
+  j|)``, so ``dv = P^T dO``, ``dZ = P (dO v^T - rowsum(dO O))``, ``dS = dZ (1 - tanh^2(S / softcap))``, ``dq = scale
+  dS k``, ``dk = scale dS^T q`` (GQA: summed over each KV head's query heads), a float mask's gradient ``dZ`` summed
+  to its shape; one source of truth for the masks, windows, soft-cap, ALiBi and fully masked rows; it materializes
+  ``[B, Hq, Sq, Sk]`` float32 scores. ALiBi slopes (Press et al. 2022) are a constant bias: no gradient for them
+  (``lz.attention`` keeps calls with trainable slopes on the Python path). ``dropout_p > 0`` cannot be recomputed (the forward's dropout mask is not
   kept): ``lz.attention`` keeps such calls on the Python path when they need gradients, and the formula raises
   ``InvalidInputError`` if reached;
 - embedding ``y = W[ids]``: ``dW = embedding_dense_backward(dy, ids, V, padding_idx)`` (PyTorch's own: rows
@@ -42,7 +42,6 @@ formula in float64; opcheck's autograd registration check on each op).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -132,37 +131,25 @@ def _rope_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, t
     ctx.interleaved, ctx.bshd, ctx.dtypes = interleaved, layout == "BSHD", (q.dtype, k.dtype)
 
 
-def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """``rotate_every_two`` (GPT-J) or ``rotate_half`` (NeoX) of the last dim, as ``backends/reference/rope.py``."""
-    if interleaved:
-        return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def _rope_backward(ctx: Any, dq: torch.Tensor | None, dk: torch.Tensor | None) -> tuple[Any, ...]:
+    from layerzero.backends.reference.rope import _gather, rotate_every_two, rotate_half
+
     if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
         raise _unsupported("rope", "cos/sin that require grad", "Call lz.rope (it traces such calls as Python).")
     cos, sin, position_ids = ctx.saved_tensors
     like = dq if dq is not None else dk
-    seq = like.shape[1] if ctx.bshd else like.shape[2]
     cdt = _compute_dtype(like)
-    if cos.dim() == 3:  # gathered [B|1, S, R]
-        c, s = cos, sin
-    elif position_ids is None:  # table, positions 0..S-1
-        c, s = cos[:seq].unsqueeze(0), sin[:seq].unsqueeze(0)
-    else:
-        c, s = cos[position_ids], sin[position_ids]
+    seq = like.shape[1] if ctx.bshd else like.shape[2]
     axis = 2 if ctx.bshd else 1  # broadcast [B|1, S, R] over the heads
-    c, s = c.unsqueeze(axis).to(cdt), s.unsqueeze(axis).to(cdt)
-    r = c.shape[-1]
+    c = _gather(cos, position_ids, seq, "cos").unsqueeze(axis).to(cdt)
+    s = _gather(sin, position_ids, seq, "sin").unsqueeze(axis).to(cdt)
+    rotate, r = rotate_every_two if ctx.interleaved else rotate_half, c.shape[-1]
 
     def back(dy: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
         if dy is None:
             return None
         dyf = dy.to(cdt)
-        d_rot = dyf[..., :r]
-        d_rot = d_rot * c - _rotate(d_rot * s, ctx.interleaved)  # P^T = -P
+        d_rot = dyf[..., :r] * c - rotate(dyf[..., :r] * s)  # P^T = -P
         return torch.cat((d_rot, dyf[..., r:]), dim=-1).to(dtype)
 
     return back(dq, ctx.dtypes[0]), back(dk, ctx.dtypes[1]), None, None, None, None, None
@@ -185,87 +172,38 @@ def _attention_backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
     if len(need) > 11 and need[11]:
         raise _unsupported("attention", "alibi_slopes that require grad",
                            "Call lz.attention (it traces calls with trainable ALiBi slopes as Python).")
+    layout = "BSHD" if bshd else "BHSD"
     if mask is None and softcap is None and alibi is None and (left is None or right is None):
-        dq, dk, dv = _sdpa_grads(q, k, v, dout, is_causal, scale, bshd, need[:3])
-        dmask = None
+        def fn(q_: torch.Tensor, k_: torch.Tensor, v_: torch.Tensor, _: Any) -> torch.Tensor:
+            qh, kh, vh = (t.transpose(1, 2) for t in (q_, k_, v_)) if bshd else (q_, k_, v_)
+            gqa = bool(qh.shape[1] != kh.shape[1])  # a guard on symbolic head counts (static in practice)
+            out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal, scale=scale, enable_gqa=gqa)
+            return out.transpose(1, 2) if bshd else out
     else:
-        dq, dk, dv, dmask = _attention_grads(q, k, v, mask, dout, is_causal, scale, bshd, left, right, softcap,
-                                             alibi)
-        dmask = dmask if need[3] else None
-    return (dq, dk, dv, dmask, None, None, None, None, None, None, None, None)[:len(need)]
+        from layerzero.backends.reference.attention import attention as reference
+
+        window = None if left is None or right is None else (left, right)
+
+        def fn(q_: torch.Tensor, k_: torch.Tensor, v_: torch.Tensor, m_: Any) -> torch.Tensor:
+            return reference(q_, k_, v_, attn_mask=m_, is_causal=is_causal, scale=scale, layout=layout,
+                             window=window, softcap=softcap, alibi_slopes=alibi)
+    float_mask = mask is not None and mask.is_floating_point()
+    grads = _recompute_grads(fn, (q, k, v, mask), (*need[:3], float_mask and need[3]), dout)
+    return (*grads, None, None, None, None, None, None, None, None)[:len(need)]  # 11 or 12 inputs (alibi defaulted)
 
 
-def _sdpa_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, is_causal: bool,
-                scale: float | None, bshd: bool, need: tuple[bool, ...]) -> tuple[Any, ...]:
-    """(dq, dk, dv) of ``F.scaled_dot_product_attention`` (top-left causal, GQA) recomputed under autograd; q
-    ``[B, Hq, Sq, D]``, k ``[B, Hkv, Sk, D]``, v ``[B, Hkv, Sk, Dv]``, dout ``[B, Hq, Sq, Dv]`` (BSHD: dims 1, 2
-    swapped); each gradient in its input's shape and dtype, None where ``need`` is False."""
+def _recompute_grads(fn: Any, inputs: tuple[Any, ...], need: tuple[bool, ...], dout: torch.Tensor) -> tuple[Any, ...]:
+    """The gradients of ``fn(*inputs)`` for the output gradient ``dout``, recomputing ``fn`` under autograd: one per
+    input, None where ``need`` is False (tensors only). ``fn``: F.scaled_dot_product_attention (its own fused
+    backward) or the reference attention kernel (``backends/reference/attention.py``, whose masks, windows, soft-cap,
+    ALiBi and fully masked rows the forward kernels follow; it materializes ``[B, Hq, Sq, Sk]`` float32 scores)."""
     with torch.enable_grad():
-        leaves = [t.detach().requires_grad_(n) for t, n in zip((q, k, v), need, strict=True)]
-        qh, kh, vh = (t.transpose(1, 2) for t in leaves) if bshd else leaves
-        gqa = bool(qh.shape[1] != kh.shape[1])  # a guard on symbolic head counts (they are static in practice)
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal, scale=scale, enable_gqa=gqa)
-        wanted = [t for t in leaves if t.requires_grad]
-        grads = iter(torch.autograd.grad(out.transpose(1, 2) if bshd else out, wanted, dout))
-    return tuple(next(grads) if t.requires_grad else None for t in leaves)
-
-
-def _attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                     dout: torch.Tensor, is_causal: bool, scale: float | None, bshd: bool, left: int | None,
-                     right: int | None, softcap: float | None, alibi: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, ...]:
-    """(dq, dk, dv, dmask) of the reference attention by the textbook formula (module docstring), float32 (float64
-    for float64 q); shapes as :func:`_sdpa_grads`, ``mask`` bool or q's float dtype broadcastable to
-    ``[B, Hq, Sq, Sk]``, ``alibi`` slopes ``[Hq]`` / ``[B, Hq]`` (a constant bias: it moves the probabilities, not
-    the formula); each gradient in its input's shape and dtype, dmask None for a bool mask."""
-    cdt = _compute_dtype(q)
-    qf, kf, vf, dof = (t.transpose(1, 2).to(cdt) if bshd else t.to(cdt) for t in (q, k, v, dout))
-    b, hq, sq, d = qf.shape
-    hkv, sk = kf.shape[1], kf.shape[2]
-    group = hq // hkv
-    if group > 1:
-        kf, vf = kf.repeat_interleave(group, dim=1), vf.repeat_interleave(group, dim=1)
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    scores = torch.matmul(qf, kf.transpose(-2, -1)) * scale  # S [B, Hq, Sq, Sk]
-    if softcap is not None:
-        capped = torch.tanh(scores / softcap)
-        scores = capped * softcap
-    offset = torch.arange(sk, device=q.device)[None, :] - torch.arange(sq, device=q.device)[:, None]  # j - i
-    if alibi is not None:  # -slope * |i + Sk - Sq - j|, bottom-right aligned (the reference kernel's convention)
-        slopes = alibi.to(cdt)
-        slopes = slopes[None, :] if slopes.dim() == 1 else slopes
-        scores = scores - slopes[:, :, None, None] * (offset - (sk - sq)).abs().to(cdt)
-    allowed = offset <= 0 if is_causal else torch.ones_like(offset, dtype=torch.bool)
-    if left is not None and right is not None:
-        if left >= 0:
-            allowed = allowed & (offset >= -left)
-        if right >= 0:
-            allowed = allowed & (offset <= right)
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            allowed = allowed & mask
-        else:
-            scores = scores + mask.to(cdt)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    row_max = scores.amax(dim=-1, keepdim=True)
-    dead = torch.isneginf(row_max)  # fully masked rows: P = 0, O = 0, no gradient
-    weights = torch.exp(scores - torch.where(dead, torch.zeros_like(row_max), row_max))
-    denom = weights.sum(dim=-1, keepdim=True)
-    probs = torch.where(dead, torch.zeros_like(weights), weights / torch.where(dead, 1.0, denom))
-    out = torch.matmul(probs, vf)
-    dv = torch.matmul(probs.transpose(-2, -1), dof)
-    dz = probs * (torch.matmul(dof, vf.transpose(-2, -1)) - (dof * out).sum(-1, keepdim=True))
-    ds = dz * (1 - capped * capped) if softcap is not None else dz
-    ds = ds * scale
-    dq = torch.matmul(ds, kf)
-    dk = torch.matmul(ds.transpose(-2, -1), qf)
-    if group > 1:
-        dk, dv = dk.unflatten(1, (hkv, group)).sum(2), dv.unflatten(1, (hkv, group)).sum(2)
-    dq, dk, dv = (t.transpose(1, 2) if bshd else t for t in (dq, dk, dv))
-    dmask = None
-    if mask is not None and mask.is_floating_point():
-        dmask = dz.sum_to_size(mask.shape).to(mask.dtype)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
+        leaves = [t.detach().requires_grad_() if n else t for t, n in zip(inputs, need, strict=True)]
+        wanted = [t for t, n in zip(leaves, need, strict=True) if n]
+        if not wanted:
+            return (None,) * len(inputs)
+        got = iter(torch.autograd.grad(fn(*leaves), wanted, dout))
+    return tuple(next(got) if n else None for n in need)
 
 
 # ---------------------------------------------------------------------------------------------------------- embedding

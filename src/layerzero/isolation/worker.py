@@ -78,12 +78,12 @@ class Worker:
                 or not isinstance(msg["kwargs"], dict) or not isinstance(msg["target"], str):
             raise P.SchemaError(f"malformed call message with fields {sorted(msg)}")
 
-        cuda = []
+        mapped: list[torch.Tensor] = []  # the client's CUDA tensors (CUDA IPC), at any nesting depth
 
         def tensor_of(d: dict[str, Any]) -> torch.Tensor:
             if "ipc" in d:
-                cuda.append(True)
-                return P.ipc_tensor(d)
+                mapped.append(P.ipc_tensor(d))
+                return mapped[-1]
             return P.view(self.arena_tensor(msg["arena"]), d)
 
         args = [P.decode(v, tensor_of) for v in msg["args"]]
@@ -93,7 +93,7 @@ class Worker:
             result = fn(*args, **kwargs)
         tensors: list[torch.Tensor] = []
         P.collect(result, tensors, "result")
-        if cuda or any(t.device.type == "cuda" for t in tensors):
+        if mapped or any(t.is_cuda for t in tensors):
             torch.cuda.synchronize()  # in-place writes to the client's tensors and the results are complete
         need = P.nbytes_needed(tensors)
         if self.out is None or self.out.size < need:

@@ -380,7 +380,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
 
     Under ``torch.compile`` / ``torch.export`` the call is one ``torch.ops.layerzero.attention`` node, also when
     inputs require grad (backward formula: ``layerzero/_library_grad.py``, SDPA's own backward without mask, window
-    and soft-cap, else the textbook gradients in float32, ALiBi included; a float ``attn_mask`` that requires grad
+    and soft-cap, else the reference kernel's gradients in float32, ALiBi included; a float ``attn_mask`` that requires grad
     gets one). Traced as Python instead: calls whose ``alibi_slopes`` require grad (the formula gives the slopes
     none) and calls with ``dropout_p > 0`` that need gradients (the dropout mask cannot be recomputed in the
     backward).
