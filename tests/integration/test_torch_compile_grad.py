@@ -178,12 +178,14 @@ def _block_inputs(gen, b, s, mem=4, vocab=37, hidden=28):
     return ids, cos, sin, pos, t
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_training_block_with_rope_attention_embedding_matches_float64_gradients(dtype):
+def test_training_block_with_rope_attention_embedding_matches_float64_gradients(dtype, device):
     """The block compiles fullgraph with Inductor: no graph break, and lz.rope / lz.attention / lz.embedding are
     custom-op nodes (with lz.linear / rms_norm / swiglu), not traced Python. Every differentiable input's gradient
     (embedding table, weights, the attention memory and its learned bias) equals a float64 autograd oracle within
-    1e-4 (fp32) / 3e-2 (bf16) of its largest entry, at two sizes (odd: B 3, S 5 and 7)."""
+    1e-4 (fp32) / 3e-2 (bf16) of its largest entry, at two sizes (odd: B 3, S 5 and 7). On CPU and on CUDA (the
+    oracle runs on CPU in float64 from the same rounded inputs)."""
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(5)
     compiled = torch.compile(train_block, fullgraph=True)
@@ -194,20 +196,25 @@ def test_training_block_with_rope_attention_embedding_matches_float64_gradients(
             return fn(ids, tensors["emb"], tensors["w_norm"], tensors["w_qkv"], cast(cos), cast(sin), pos,
                       tensors["mem_k"], tensors["mem_v"], tensors["bias"], tensors["w_o"], tensors["w1"], tensors["w2"])
 
-        ins = {n: v.to(dtype).clone().requires_grad_() for n, v in t.items()}
+        ins = {n: v.to(device, dtype).clone().requires_grad_() for n, v in t.items()}
+        ids_d, pos_d = ids.to(device), pos.to(device)
+
+        def on_device(fn, tensors, cast, ids=ids_d, pos=pos_d):
+            return call(fn, tensors, cast, ids=ids, pos=pos)
+
         if s == 5:
-            explained = torch._dynamo.explain(train_block)(*call(lambda *a: a, ins, lambda c: c.to(dtype)))
+            explained = torch._dynamo.explain(train_block)(*on_device(lambda *a: a, ins, lambda c: c.to(device, dtype)))
             assert explained.graph_break_count == 0
             targets = {str(n.target) for g in explained.graphs for n in g.graph.nodes if n.op == "call_function"}
             assert {f"layerzero.{op}.default" for op in ("embedding", "rope", "attention", "linear", "rms_norm",
                                                  "fused_add_rms_norm", "swiglu")} <= targets, targets
         dy = torch.randn(b, s, 28, generator=gen)
-        call(compiled, ins, lambda c: c.to(dtype)).backward(dy.to(dtype))
-        ref = {n: v.detach().double().requires_grad_() for n, v in ins.items()}  # the same (rounded) inputs
+        on_device(compiled, ins, lambda c: c.to(device, dtype)).backward(dy.to(device, dtype))
+        ref = {n: v.detach().cpu().double().requires_grad_() for n, v in ins.items()}  # the same (rounded) inputs
         call(_oracle, ref, lambda c: c.to(dtype).double()).backward(dy.to(dtype).double())
         tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2}[dtype]
         for name in t:
-            err = ((ins[name].grad.double() - ref[name].grad).abs().max() / ref[name].grad.abs().max()).item()
+            err = ((ins[name].grad.cpu().double() - ref[name].grad).abs().max() / ref[name].grad.abs().max()).item()
             assert err <= tol, (s, name, err)
 
 
