@@ -284,3 +284,20 @@ def test_cuda_inputs_are_shared_so_in_place_writes_reach_the_caller(backend):
     assert torch.equal(x, torch.arange(1, 7, dtype=torch.float32, device="cuda").view(2, 3))
     empty = backend.call(f"{MOD}:identity", torch.empty(0, 4, device="cuda"))
     assert empty.shape == (0, 4) and empty.is_cuda
+
+
+@pytest.mark.gpu
+def test_cuda_results_on_the_callers_memory_come_back_as_copies(backend):
+    """A kernel that returns its input, or a view of it, hands back the caller's own allocation, which CUDA IPC
+    cannot export again (PyTorch raises "Attempted to send CUDA tensor received from another process"); the
+    worker copies such a result first. Values, shape and strides as the kernel returned them; the caller's
+    tensor is not aliased (each result is a copy)."""
+    x = torch.randn(4, 6, device="cuda")
+    same = backend.call(f"{MOD}:identity", x)
+    torch.cuda.synchronize()
+    assert torch.equal(same, x) and same.data_ptr() != x.data_ptr()
+    part = backend.call(f"{MOD}:identity", x[1:, ::2])
+    torch.cuda.synchronize()
+    assert torch.equal(part, x[1:, ::2]) and part.shape == (3, 3)
+    same.add_(1)
+    assert not torch.equal(same, x)

@@ -189,6 +189,22 @@ def test_training_block_with_rope_attention_embedding_matches_float64_gradients(
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(5)
     compiled = torch.compile(train_block, fullgraph=True)
+    with _inductor_workarounds(device):
+        _check_training_block(compiled, gen, dtype, device)
+
+
+def _inductor_workarounds(device):
+    """Inductor's coalescing analysis before torch 2.12 asserts on the dynamic-shape backward of this block on
+    CUDA (``get_pw_red_splits``: a factored vs an expanded size expression, pytorch/pytorch#181563, fixed by
+    #181793); seen with torch 2.11 on an H200. Its documented switch turns the analysis off there."""
+    import contextlib
+
+    if device == "cuda" and tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 12):
+        return torch._inductor.config.patch({"triton.coalesce_tiling_analysis": False})
+    return contextlib.nullcontext()
+
+
+def _check_training_block(compiled, gen, dtype, device):
     for b, s in ((3, 5), (3, 7)):
         ids, cos, sin, pos, t = _block_inputs(gen, b, s)
 

@@ -93,6 +93,10 @@ class Worker:
             result = fn(*args, **kwargs)
         tensors: list[torch.Tensor] = []
         P.collect(result, tensors, "result")
+        # A result on the client's own memory (an input returned, or a view of one) cannot be shared back: CUDA IPC
+        # refuses to re-export a received allocation. It goes back as a copy, as every result does on the client.
+        borrowed = {m.untyped_storage().data_ptr() for m in mapped if m.numel()}
+        copies = {id(t): t.clone() for t in tensors if t.is_cuda and t.untyped_storage().data_ptr() in borrowed}
         if mapped or any(t.is_cuda for t in tensors):
             torch.cuda.synchronize()  # in-place writes to the client's tensors and the results are complete
         need = P.nbytes_needed(tensors)
@@ -100,7 +104,8 @@ class Worker:
             if self.out is not None:
                 self.out.close()
             self.out = P.Segment.create(max(need, 2 * (self.out.size if self.out else 0), 1 << 16), "lzw")
-        place = P.pack(self.out.tensor, self.out.name, tensors)
+        place = P.pack(self.out.tensor, self.out.name, [copies.get(id(t), t) for t in tensors])
+        place.update({i: place[id(c)] for i, c in copies.items()})
         return {"op": "result", "id": msg["id"], "value": P.encode(result, place)}
 
     def serve(self) -> None:
