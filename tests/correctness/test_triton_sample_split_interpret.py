@@ -137,3 +137,24 @@ def test_split_rule():
     assert (n - 1) * length < 151936
     assert ts.split_chunks(ts.SPLIT_PROGRAMS, 151936)[0] == 1  # enough rows: one program per row
     assert ts.split_chunks(1, ts.SPLIT_BLOCK)[0] == 1  # one tile: nothing to split
+
+
+def test_the_chunk_vector_width_is_one_constant_per_vocabulary(monkeypatch):
+    """``CHUNKS`` (a ``tl.constexpr``: one compiled variant per value) depends on the vocabulary only, never on the
+    number of rows: a launch spy sees one value for 1-300 rows of Qwen3's vocabulary, wide enough for the most
+    chunks (75 at one row) and launched with the same warps."""
+    assert ts.chunk_pad(151936) == 128 and ts.chunk_pad(ts.SPLIT_BLOCK) == 1 and ts.chunk_pad(ts.SPLIT_BLOCK + 1) == 2
+    seen = set()
+    calls = []
+    monkeypatch.setattr(ts, "launch", lambda fn, grid, *a, **kw: calls.append((fn.__name__, grid, kw)))
+    for rows in (1, 2, 3, 5, 17, 40, 300):
+        calls.clear()
+        ts.sample(torch.zeros(rows, 151936), split=None if rows > 1 else True)
+        n_chunks = ts.split_chunks(rows, 151936)[0]
+        if n_chunks == 1:
+            assert [c[0] for c in calls] == ["_race_row"]
+            continue
+        assert n_chunks <= ts.chunk_pad(151936)
+        seen |= {(name, kw["CHUNKS"], kw["num_warps"]) for name, _, kw in calls if "CHUNKS" in kw}
+    assert seen == {("_split_race", 128, 4), ("_split_merge", 128, 1)}
+
