@@ -89,15 +89,15 @@ def _select(reg, ctx):
 @pytest.mark.unit
 @pytest.mark.parametrize("rows", [1, 2, 8])
 @pytest.mark.parametrize("capture", [False, True])
-def test_eligible_for_decode_rows_but_opt_in(registry, rows, capture):
-    """Eligible for 1-8 rows on CUDA fp16/bf16, eagerly and under capture, but ranked below cuBLAS (see
-    gemv.PRIORITY): a lock or policy selects it."""
+def test_the_default_for_decode_rows(registry, rows, capture):
+    """Chosen for 1-8 rows on CUDA fp16/bf16, eagerly and under capture, ranked above cuBLAS (see gemv.PRIORITY);
+    cuBLAS stays eligible, next in line."""
     from layerzero.core.report import CandidateStatus
 
     plan, report = _select(registry, _ctx(fake_cuda_device((9, 0)), rows, capture=capture))
-    assert plan.kernel_id == "torch_native.linear"
-    assert report.candidate(tg.KERNEL_ID).status is CandidateStatus.ELIGIBLE
-    assert tg.kernel_spec(True, "").priority < 50 and tg.kernel_spec(True, "").capture_priority is None
+    assert plan.kernel_id == tg.KERNEL_ID
+    assert report.candidate("torch_native.linear").status is CandidateStatus.ELIGIBLE
+    assert tg.kernel_spec(True, "").priority > 50 and tg.kernel_spec(True, "").capture_priority is None
 
 
 @pytest.mark.unit

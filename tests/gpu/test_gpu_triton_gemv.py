@@ -1,6 +1,6 @@
 """``triton.gemv`` (``lz.linear`` for 1-8 rows) compiled on a real GPU (``pytest -m gpu``): equal to a float64
-product within the dtype's tolerance on Qwen3-0.6B's projection shapes and odd ones, through ``lz.linear`` (locked:
-it is opt-in; refused beyond 8 rows and for float32) and inside a captured CUDA graph (replays match eager)."""
+product within the dtype's tolerance on Qwen3-0.6B's projection shapes and odd ones, through ``lz.linear`` (the
+default for 1-8 rows; refused beyond 8 rows and for float32) and inside a captured CUDA graph (replays match eager)."""
 
 from __future__ import annotations
 
@@ -30,13 +30,10 @@ def test_matches_float64_and_is_chosen(dtype, shape, rows):
     w = torch.randn(n, k, device=DEV, dtype=dtype, generator=g) * 0.05
     b = torch.randn(n, device=DEV, dtype=dtype, generator=g) if rows == 3 else None
     want = x.double() @ w.double().t() + (0 if b is None else b.double())
-    assert lz.which("linear", x, w, b) == "torch_native.linear"  # opt-in (gemv.PRIORITY)
-    lz.lock("linear", tg.KERNEL_ID)
-    try:
-        assert lz.which("linear", x, w, b) == tg.KERNEL_ID
+    assert lz.which("linear", x, w, b) == tg.KERNEL_ID  # the default for 1-8 rows (gemv.PRIORITY)
+    with lz.trace() as t:
         out = lz.linear(x, w, b)
-    finally:
-        lz.unlock("linear")
+    assert [k for _, k in t.counts] == [tg.KERNEL_ID]
     assert out.dtype == dtype and out.shape == (rows, n)
     assert _rel_err(out, want) <= TOL[dtype]
 

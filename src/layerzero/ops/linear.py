@@ -136,9 +136,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     in float32 or wider (float64 for float64) and rounds once to the output dtype, as cuBLAS does; results of two
     kernels differ by accumulation order only (fp16/bf16 ~1e-2 relative on large K, float32 ~1e-5).
 
-    Kernels: ``torch_native.linear`` (``F.linear``: cuBLAS / oneDNN; the default), ``triton.gemv`` (CUDA, fp16/bf16,
-    1-8 rows: decode's projections, faster in isolation on every measured shape, ``benchmarks/results/in_graph_h200.md``;
-    opt in with ``lz.lock("linear", "triton.gemv")``, see ``backends/triton/gemv.py`` for why it is not a default),
+    Kernels: ``triton.gemv`` (CUDA, fp16/bf16, 1-8 rows: decode's projections; the default there, faster in
+    isolation on every measured shape, ``benchmarks/results/in_graph_h200.md``, and in the engine, see
+    ``backends/triton/gemv.py``), ``torch_native.linear`` (``F.linear``: cuBLAS / oneDNN; the default elsewhere),
     ``reference.linear`` (float32 math, the oracle).
 
     Raises:

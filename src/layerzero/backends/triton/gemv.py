@@ -30,12 +30,14 @@ from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, next_pow2, project
 from ._launch import launch
 
 KERNEL_ID = "triton.gemv"
-PRIORITY = 40
-"""Below torch_native.linear (50), eagerly and in graphs: opt in with ``lz.lock("linear", "triton.gemv")``, a policy
-or ``lz.tune``. Measured on the H200 in the engine (nano-vllm workload, ``benchmarks/results/engine/h200``): inside
-the decode graphs it made batch-1 decode 18% faster (614 vs 520 tok/s) but the throughput run 19% slower (12,896
-vs 15,889 tok/s) although every isolated in-graph timing of its 1-8-row shapes was faster or even (module
-docstring); until that is explained it is not a default anywhere."""
+PRIORITY = 55
+"""Above torch_native.linear (50) for the 1-8 rows it takes, eagerly and in graphs (the default since 2026-11-25).
+Measured on the H200 in the engine (nano-vllm workload, interleaved processes with every kernel already compiled,
+``benchmarks/results/engine/h200/README.md``): preferred, 21,164 / 21,178 output tok/s against 20,802 with cuBLAS,
+and batch-1 decode 725 / 726 tok/s against 578 / 591. Two earlier A/Bs had it slower in the throughput run (-19%,
+then -3.7%); in this one the first process compiled kernels inside its timed run (15,381 tok/s, the sampler's
+batch-size-dependent variants, since fixed), which is the likely cause of those. Measured on Hopper only: on
+another GPU ``lz.tune`` compares it with cuBLAS."""
 MAX_ROWS = 8
 """Most rows (M) the kernel takes: from 16 rows on, cuBLAS's tensor-core GEMM is as fast or faster."""
 HALF = frozenset({torch.float16, torch.bfloat16})
