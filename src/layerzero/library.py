@@ -2,7 +2,7 @@
 ``torch.export`` see.
 
 Under TorchDynamo, ``lz.attention`` / ``lz.rms_norm`` (plain and with ``residual``) / ``lz.layer_norm`` / ``lz.rope``
-/ ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` / ``lz.linear`` / ``lz.embedding`` / ``lz.linear_cross_entropy`` call ``torch.ops.layerzero.<op>`` (this module is imported then, at
+/ ``lz.qk_norm_rope`` (inference calls: it has no backward formula) / ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` / ``lz.linear`` / ``lz.embedding`` / ``lz.linear_cross_entropy`` call ``torch.ops.layerzero.<op>`` (this module is imported then, at
 trace time, which registers the ops; eager code never imports it): one opaque node per call with a fake (meta)
 implementation for shapes and dtypes, so a compiled model has no graph breaks at lz ops, and selection happens when
 the compiled graph first runs the op for real (the op's implementation is the eager ``lz.<op>``: validation,
@@ -35,7 +35,7 @@ from typing import Any, Optional
 import torch
 
 __all__ = ["apply_penalties", "attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu",
-           "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "quantize", "quantized_linear", "reglu",
+           "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "qk_norm_rope", "quantize", "quantized_linear", "reglu",
            "reshape_and_cache", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "swiglu"]
 
 NS = "layerzero"
@@ -195,6 +195,30 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
          interleaved: bool, layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.layerzero.rope`` with ``lz.rope``'s arguments (layout as a string)."""
     return _rope(q, k, cos, sin, position_ids, bool(interleaved), _layout_str(layout))
+
+
+@torch.library.custom_op(f"{NS}::qk_norm_rope", mutates_args=())
+def _qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, eps: float, position_ids: Optional[torch.Tensor],  # noqa: UP045
+                  interleaved: bool, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    qo, ko = _lz().qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=eps, position_ids=position_ids,
+                                interleaved=interleaved, layout=layout)
+    inputs = (q, k, q_weight, k_weight, cos, sin, position_ids)
+    qo = _owned(qo, *inputs)
+    return qo, _owned(ko, *inputs, qo)
+
+
+@_qk_norm_rope.register_fake
+def _(q, k, q_weight, k_weight, cos, sin, eps, position_ids, interleaved, layout):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, eps: float, position_ids: torch.Tensor | None, interleaved: bool,
+                 layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.layerzero.qk_norm_rope`` with ``lz.qk_norm_rope``'s arguments (layout as a string)."""
+    return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, float(eps), position_ids, bool(interleaved),
+                         _layout_str(layout))
 
 
 # -------------------------------------------------------------------------------------------- gated MLPs

@@ -400,6 +400,28 @@ def rope_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
                 lambda: tuple(rope_oracle(t, cos, sin, ids, c.interleaved, c.layout) for t in (q, k)))
 
 
+def qk_norm_rope_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
+    """The qk_norm_rope :class:`Call` of case ``seed`` (the rope case's q/k scaled by 0.05-20, so the norm matters;
+    weights in [0.5, 1.5) in q's dtype; eps 1e-6 or 1e-5): oracle ``(q_out, k_out)``, each head RMS-normalized in
+    float64 from the given values, then :func:`rope_oracle`."""
+    c = rope_case(seed)
+    q, k, cos, sin, ids = rope_inputs(c, dtype, device)
+    gen = torch.Generator().manual_seed(seed + 7)
+    scale = float(torch.empty(()).uniform_(-3, 3, generator=gen).exp())
+    q, k = (q.float() * scale).to(dtype), (k.float() * scale * 0.5).to(dtype)
+    qw, kw = ((torch.rand(c.d, generator=gen) + 0.5).to(device=device, dtype=dtype) for _ in range(2))
+    eps = (1e-6, 1e-5)[seed % 2]
+
+    def norm(x, w):
+        x = x.to(F64)
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w.to(F64)
+
+    kw_ = {"eps": eps, "position_ids": ids, "interleaved": c.interleaved, "layout": c.layout}
+    return Call(c, (q, k, qw, kw, cos, sin), kw_,
+                lambda: tuple(rope_oracle(norm(t, w), cos, sin, ids, c.interleaved, c.layout)
+                              for t, w in ((q, qw), (k, kw))))
+
+
 def swiglu_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
     """The swiglu :class:`Call` of case ``seed``: oracle ``silu(gate) * up`` in float64."""
     c = swiglu_case(seed)
@@ -408,7 +430,7 @@ def swiglu_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
 
 
 CALLS = {"attention": attention_call, "rms_norm": rms_call, "layer_norm": layer_call, "rope": rope_call,
-         "swiglu": swiglu_call}
+         "qk_norm_rope": qk_norm_rope_call, "swiglu": swiglu_call}
 KnownBug = Callable[[str, Call], "str | None"]  # (kernel_id, call) -> why the call is excluded, or None
 
 

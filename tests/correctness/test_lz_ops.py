@@ -139,7 +139,7 @@ def _default_selection(op: str, dtype: torch.dtype, seeds: range) -> tuple[Count
     return served, failures
 
 
-@pytest.mark.parametrize("op", ["attention", "rms_norm", "layer_norm", "rope"])
+@pytest.mark.parametrize("op", ["attention", "rms_norm", "layer_norm", "rope", "qk_norm_rope"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 def test_default_selection_matches_oracle(op, dtype):
     """80 seeded cases, default selection: the chosen kernel validates, runs without fallback, matches the oracle."""
@@ -195,6 +195,21 @@ def test_rope_hand_worked_90_degrees(layout):
         assert q.flatten().tolist() == expected and k.flatten().tolist() == expected, (interleaved, q)
     q, _ = lz.rope(x, x, zeros[:, :2], ones[:, :2], layout=layout)
     assert q.flatten().tolist() == [-2.0, 1.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("layout", ["BHSD", "BSHD"])
+def test_qk_norm_rope_hand_worked(layout):
+    """Head [3, 4, 0, 0] (mean square 25 / 4) normalizes to [1.2, 1.6, 0, 0]; weights [1, 2, 3, 4] give
+    [1.2, 3.2, 0, 0]; a 90-degree NeoX turn of the pairs (x0, x2), (x1, x3) gives [0, 0, 1.2, 3.2]. With R = 2
+    only the GPT-J pair (x0, x1) turns: [-3.2, 1.2, 0, 0]. k has its own weight (all ones): [0, 0, 1.2, 1.6]."""
+    x = torch.tensor([3.0, 4.0, 0.0, 0.0], dtype=F64).view(1, 1, 1, 4)
+    w, ones = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=F64), torch.ones(4, dtype=F64)
+    zeros, one = torch.zeros(1, 4, dtype=F64), torch.ones(1, 4, dtype=F64)
+    q, k = lz.qk_norm_rope(x, x, w, ones, zeros, one, eps=1e-300, layout=layout)
+    torch.testing.assert_close(q.flatten(), torch.tensor([0.0, 0.0, 1.2, 3.2], dtype=F64))
+    torch.testing.assert_close(k.flatten(), torch.tensor([0.0, 0.0, 1.2, 1.6], dtype=F64))
+    q, _ = lz.qk_norm_rope(x, x, w, ones, zeros[:, :2], one[:, :2], eps=1e-300, interleaved=True, layout=layout)
+    torch.testing.assert_close(q.flatten(), torch.tensor([-3.2, 1.2, 0.0, 0.0], dtype=F64))
 
 
 def test_rope_position_ids_equal_gathered_table():

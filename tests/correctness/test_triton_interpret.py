@@ -37,7 +37,7 @@ if not torch.cuda.is_available():  # must precede the first @triton.jit of the s
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shapes import F64, kept_oracle, mismatch, rms_call, rope_call  # noqa: E402
+from _shapes import F64, kept_oracle, mismatch, qk_norm_rope_call, rms_call, rope_call  # noqa: E402
 
 pytestmark = [pytest.mark.correctness,
               pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")]
@@ -140,6 +140,36 @@ def test_rope_seeded_cases_match_float64(dtype):
         assert torch.equal(before[0], q) and torch.equal(before[1], k), "rope wrote into its inputs"
         c = call.case
         seen.update({c.form, c.layout, ("interleaved", c.interleaved), ("partial", c.rot < c.d)})
+        ran += 1
+        if ran >= 12:
+            break
+    assert ran == 12
+    assert {"BHSD", "BSHD", ("interleaved", True), ("interleaved", False), ("partial", True)} <= seen, seen
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_qk_norm_rope_seeded_cases_match_float64(dtype):
+    """``triton.qk_norm_rope`` (the rope kernel with its NORM prologue): 12 seeded cases per dtype (both pair
+    styles, partial rotary: the pass-through dims count in the norm, every cos/sin form, BHSD/BSHD, GQA) equal the
+    float64 norm-then-rotate oracle; inputs unchanged."""
+    rope = _kernels()[1]
+    ran, failures, seen = 0, [], set()
+    for seed in range(300):
+        call = qk_norm_rope_call(seed, dtype)
+        if call.case.batch * call.case.s > 24:
+            continue
+        q, k, qw, kw, cos, sin = call.args
+        o = call.kwargs
+        before = (q.clone(), k.clone())
+        out = rope.qk_norm_rope(q, k, qw, kw, cos, sin, o["position_ids"], o["interleaved"], o["layout"], o["eps"])
+        for i, (got, want) in enumerate(zip(out, call.oracle(), strict=True)):
+            msg = mismatch(got, want, dtype, f"output {i}")
+            if msg:
+                failures.append(f"[{call.case}] {msg}")
+        assert torch.equal(before[0], q) and torch.equal(before[1], k), "qk_norm_rope wrote into its inputs"
+        c = call.case
+        seen.update({c.layout, ("interleaved", c.interleaved), ("partial", c.rot < c.d)})
         ran += 1
         if ran >= 12:
             break

@@ -1,6 +1,7 @@
 """LayerZero's Triton kernels on a real GPU (``pytest -m gpu tests/gpu/test_gpu_triton.py``; < 60 s on an H200).
 
-- ``triton.rms_norm`` and ``triton.rope`` locked with ``lz.lock`` on >= 200 seeded cases per dtype of
+- ``triton.rms_norm``, ``triton.rope`` and ``triton.qk_norm_rope`` locked with ``lz.lock`` on >= 200 seeded cases
+  per dtype of
   ``tests/correctness/_shapes.py`` (odd hidden sizes / head dims, fused residual, mixed-precision weights,
   sliced rows, partial rotary, both pair styles, every cos/sin form, BHSD/BSHD, GQA) against float64 oracles.
   Outputs come from ``torch.empty``; before every case the CUDA caching allocator is filled with NaN blocks that
@@ -8,7 +9,8 @@
 - rms_norm hidden sizes up to 65536 (the tiled path) and strided rows; rope on HF-style strided views.
 - sampling: with given uniforms the token equals a float64 brute-force inverse CDF (vocab up to 151936, odd
   sizes); a chi-square test over 200k draws; k = 1 / tiny p / temperature 0; same seed -> same tokens.
-- CUDA graphs: rms_norm (+ fused residual) and rope captured after ``lz.warmup`` replay equal to eager.
+- CUDA graphs: rms_norm (+ fused residual) and rope captured after ``lz.warmup`` replay equal to eager;
+  ``lz.qk_norm_rope`` is chosen by default (``triton.qk_norm_rope``) and captures after one eager call.
 Skipped with the backend's reason when triton is not usable here.
 """
 
@@ -40,7 +42,7 @@ def _poison_allocator(nbytes: int = 64 << 20) -> None:
 # ----------------------------------------------------------------------------- seeded oracle runs
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "rope"])
+@pytest.mark.parametrize("op", ["rms_norm", "rope", "qk_norm_rope"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_seeded_cases_match_float64(op, dtype, monkeypatch):
     import _shapes
@@ -211,3 +213,32 @@ def test_rms_norm_and_rope_capture_after_warmup():
     finally:
         lz.unlock("rms_norm")
         lz.unlock("rope")
+
+
+def test_qk_norm_rope_is_the_default_and_captures():
+    """Qwen3's decode shape (one token, 16 q / 8 k heads of 128 as views of a fused projection, BSHD, a bf16
+    table with position ids): default selection takes the fused kernel, whose output equals the float64 oracle and,
+    replayed from a CUDA graph after one eager call, eager's bits."""
+    import _shapes
+
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    qkv = torch.randn(1, 3, 16 + 8 + 8, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
+    q, k = qkv[:, :, :16], qkv[:, :, 16:24]
+    qw, kw = (torch.rand(128, device=DEV, generator=gen) + 0.5).bfloat16(), torch.rand(128, device=DEV).bfloat16()
+    ang = torch.arange(4096, device=DEV)[:, None] * torch.rand(64, device=DEV, generator=gen)[None]
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1).bfloat16(), torch.cat((ang.sin(), ang.sin()), -1).bfloat16()
+    ids = torch.tensor([[7, 4000, 123]], device=DEV)
+    assert lz.which("qk_norm_rope", q, k, qw, kw, cos, sin, position_ids=ids, layout="BSHD") == "triton.qk_norm_rope"
+    eager = lz.qk_norm_rope(q, k, qw, kw, cos, sin, eps=1e-6, position_ids=ids, layout="BSHD")
+    for got, x, w in zip(eager, (q, k), (qw, kw), strict=True):
+        x64 = x.double()
+        normed = x64 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * w.double()
+        want = _shapes.rope_oracle(normed, cos, sin, ids, False, "BSHD")
+        assert mismatch(got, want, torch.bfloat16) is None
+
+    def step(q, k, qw, kw, cos, sin, ids):
+        return lz.qk_norm_rope(q, k, qw, kw, cos, sin, eps=1e-6, position_ids=ids, layout="BSHD")
+
+    check = lz.validate_graph_capture(step, q, k, qw, kw, cos, sin, ids)
+    assert check.ok and check.max_error == 0.0, str(check)
+    assert "qk_norm_rope:triton.qk_norm_rope" in set(check.kernels)

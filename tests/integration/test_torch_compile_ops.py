@@ -212,6 +212,10 @@ def _opcheck_cases():
         ("rope", ops.rope, (r(2, 4, 16, 32), r(2, 2, 16, 32), cos, sin, None, False, "BHSD")),
         ("rope transposed", ops.rope, (q.transpose(1, 2), k.transpose(1, 2), cos, sin, None, True, "BHSD")),
         ("rope partial BSHD views", ops.rope, (q, k, cos[:, :16], sin[:, :16], None, False, "BSHD")),
+        ("qk_norm_rope BSHD views", ops.qk_norm_rope, (q, k, w[:32], w[32:], cos, sin, 1e-6, None, False, "BSHD")),
+        ("qk_norm_rope partial, ids", ops.qk_norm_rope, (r(2, 4, 16, 32), r(2, 2, 16, 32), w[:32], w[:32], cos[:, :16],
+                                                        sin[:, :16], 1e-5, torch.randint(0, 16, (1, 16), generator=gen),
+                                                        True, "BHSD")),
         ("swiglu", ops.swiglu, (r(4, 96), r(4, 96))),
         ("swiglu chunks", ops.swiglu, gu.chunk(2, -1)),
         ("geglu chunks", ops.geglu, (*gu.chunk(2, -1), "tanh")),
@@ -258,14 +262,14 @@ def _opcheck_cases():
     return cases
 
 
-@pytest.mark.parametrize("case", range(40))
+@pytest.mark.parametrize("case", range(42))
 def test_custom_ops_keep_the_torch_library_contract(case):
     """``torch.library.opcheck`` (schema: no undeclared mutation or aliasing; fake impl: the real outputs' shapes,
     dtypes and strides; autograd registration; AOT dispatch) passes for every custom op, also with strided inputs,
     and no output shares memory with an input or another output: Inductor frees, reuses and writes into custom-op
     outputs in place (``inplace_buffers``, ``allow_buffer_reuse``) on the strength of that contract."""
     cases = _opcheck_cases()
-    assert len(cases) == 40
+    assert len(cases) == 42
     name, op, args = cases[case]
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     if "nvfp4" in name:  # the schema check multiplies the inputs; torch's CPU build cannot for float8 (nvfp4's scales)
@@ -304,10 +308,11 @@ def strided_block(x, w, qkv, gu, cos, sin):
     h2, res = lz.rms_norm(h, w, residual=x.t())
     q, k, v = qkv.unbind(2)
     qr, kr = lz.rope(q, k, cos, sin, layout="BSHD")
+    qn, kn = lz.qk_norm_rope(q, k, w[:32], w[32:], cos, sin, layout="BSHD")  # Qwen3's q/k norm + RoPE
     att = lz.attention(qr.transpose(1, 2), kr.transpose(1, 2), v.transpose(1, 2), is_causal=True)
     g, u = gu.chunk(2, -1)
     mlp = lz.swiglu(g, u) + lz.geglu(g, u, approximate="tanh") + lz.reglu(g, u)
-    return lz.layer_norm(h2 + res, w) * 2, mlp + 1, att.transpose(1, 2) * 3
+    return lz.layer_norm(h2 + res, w) * 2, mlp + 1, att.transpose(1, 2) * 3, qn - kn.sum(2, keepdim=True)
 
 
 def test_fullgraph_inductor_with_strided_inputs_matches_eager():

@@ -45,6 +45,10 @@ def _rope(q=Q, k=Q, cos=COS, sin=COS, **kw: Any) -> Callable[[], Any]:
     return lambda: lz.rope(q, k, cos, sin, **kw)
 
 
+def _qknr(q=Q, k=Q, qw=W, kw=W, cos=COS, sin=COS, **extra: Any) -> Callable[[], Any]:
+    return lambda: lz.qk_norm_rope(q, k, qw, kw, cos, sin, **extra)
+
+
 def _write(tmp_path, text: str):
     path = tmp_path / "bad.yaml"
     path.write_text(text, encoding="utf-8")
@@ -135,6 +139,19 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("rope-posids-device", _rope(position_ids=torch.zeros(1, 4, dtype=torch.int64, device="meta")), E,
      r"position_ids\.device: expected cpu, got meta"),
     ("rope-table-too-short", _rope(cos=t(3, 8), sin=t(3, 8)), E, r"cos table rows: expected >= S = 4"),
+    # ---- qk_norm_rope: rope's checks under its own name, then the weights and eps
+    ("qknr-odd-rotary", _qknr(cos=t(16, 7), sin=t(16, 7)), E, r"lz\.qk_norm_rope: rotary dim .*got 7"),
+    ("qknr-k-shape", _qknr(k=t(1, 2, 5, 8)), E, r"lz\.qk_norm_rope: k shape: expected the batch, sequence"),
+    ("qknr-weight-shape", _qknr(qw=t(4)), E,
+     r"lz\.qk_norm_rope: q_weight shape: expected \[D\] = \[8\] \(one weight per head dim.*got \[4\]"),
+    ("qknr-weight-rank", _qknr(kw=t(2, 8)), E, r"k_weight rank: expected 1 dims, got 2"),
+    ("qknr-weight-dtype", _qknr(kw=t(8, dtype=torch.float16)), E, r"k_weight\.dtype: expected torch\.float32"),
+    ("qknr-weight-device", _qknr(qw=t(8, device="meta")), E, r"q_weight\.device: expected cpu \(like q\), got meta"),
+    ("qknr-weight-not-tensor", _qknr(qw=[1.0] * 8), E, r"q_weight: expected a torch\.Tensor, got list"),
+    ("qknr-eps-zero", _qknr(eps=0.0), E, r"lz\.qk_norm_rope: eps: expected a finite float > 0, got 0\.0"),
+    ("qknr-eps-nan", _qknr(eps=math.nan), E, r"eps: expected a finite float > 0"),
+    ("qknr-posids-range", _qknr(position_ids=torch.tensor([[0, 1, 2, 16]])), E,
+     r"lz\.qk_norm_rope: position_ids values"),
     ("rope-interleaved-str", _rope(interleaved="yes"), E, r"interleaved: expected a bool, got 'yes'"),
     ("rope-layout", _rope(layout="SBHD"), E, r"layout: expected 'BHSD' or 'BSHD', got 'SBHD'"),
     ("rope-cos-device", _rope(cos=t(16, 8, device="meta"), sin=t(16, 8, device="meta")), E,

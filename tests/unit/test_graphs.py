@@ -197,7 +197,8 @@ def test_capture_key_for_every_op():
     cos = sin = torch.randn(32, 8)
     calls = {"attention": ((q, k, v), {}), "rms_norm": ((x, w), {}), "layer_norm": ((x, w), {}),
              "sample_topk": ((torch.randn(2, 10), 3), {}), "sample_topp": ((torch.randn(2, 10), 0.9), {}),
-             "rope": ((q, k, cos, sin), {}), "swiglu": ((gate, gate), {}), "geglu": ((gate, gate), {"approximate": "tanh"}),
+             "rope": ((q, k, cos, sin), {}), "qk_norm_rope": ((q, k, torch.ones(16), torch.ones(16), cos, sin), {}),
+             "swiglu": ((gate, gate), {}), "geglu": ((gate, gate), {"approximate": "tanh"}),
              "reglu": ((gate, gate), {}),
              "paged_attention": ((torch.randn(2, 4, 8), cache, tables, lens), {}),
              "reshape_and_cache": ((kv, kv, cache, slots), {}),

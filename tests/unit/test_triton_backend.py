@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import subprocess
 import sys
@@ -174,7 +175,8 @@ def test_every_kernel_is_cuda_only_sm80_and_half_precision():
     assert by_id["triton.gemv"].fn is tb.gemv.gemv and by_id["triton.gemv"].op == "linear"
     ql = by_id["triton.quantized_linear"]
     assert ql.fn is tb.quantized_linear.quantized_linear and ql.op == "quantized_linear"
-    assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [True, True, False, False, False, True, True, True, True,
+    assert by_id["triton.qk_norm_rope"].fn is rope.qk_norm_rope and by_id["triton.qk_norm_rope"].op == "qk_norm_rope"
+    assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [True, True, True, False, False, False, True, True, True, True,
                                                              True]
 
 
@@ -240,6 +242,23 @@ def test_rms_norm_largest_hidden_and_graph_capture_accepted():
 def test_triton_wins_rope_all_forms_without_transform(layout, interleaved, d, r):
     plan, _ = run_select(make_registry(), rope_ctx(layout=layout, interleaved=interleaved, d=d, r=r))
     assert plan.kernel_id == "triton.rope" and plan.transforms == ()
+
+
+@needs_triton
+@pytest.mark.parametrize("capture", [False, True])
+def test_triton_wins_qk_norm_rope_over_the_reference(capture):
+    """On CUDA the fused kernel serves lz.qk_norm_rope (eagerly and under capture); the reference is the only other
+    candidate; too large a head dim or too old a GPU leaves the reference."""
+    reg = make_registry()
+    ctx = dataclasses.replace(rope_ctx(graph_capture=capture), op="qk_norm_rope")
+    plan, report = run_select(reg, ctx)
+    assert plan.kernel_id == "triton.qk_norm_rope" and plan.transforms == ()
+    assert {c.kernel_id for c in report.candidates} == {"triton.qk_norm_rope", "reference.qk_norm_rope"}
+    plan, report = run_select(reg, dataclasses.replace(rope_ctx(d=2048), op="qk_norm_rope"))
+    assert plan.kernel_id == "reference.qk_norm_rope"
+    assert codes(report, "triton.qk_norm_rope") == {R.HEAD_DIM_TOO_LARGE}
+    plan, report = run_select(reg, dataclasses.replace(rope_ctx(sm=(7, 0)), op="qk_norm_rope"))
+    assert codes(report, "triton.qk_norm_rope") == {R.SM_TOO_OLD}
 
 
 @needs_triton

@@ -44,18 +44,19 @@ _LAYOUTS = {"BHSD": Layout.BHSD, "BSHD": Layout.BSHD, Layout.BHSD: Layout.BHSD, 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
             position_ids: torch.Tensor | None = None, interleaved: bool = False,
-            layout: str | Layout = "BHSD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """Validate ``lz.rope`` inputs; return (cache key, canonical kernel args)."""
-    check_tensor(OP, "q", q, 4)
-    check_tensor(OP, "k", k, 4)
-    check_same(OP, "q", q, "k", k)
-    check_tensor(OP, "cos", cos, (2, 3))
-    check_tensor(OP, "sin", sin, (2, 3))
-    check_same(OP, "q", q, "cos", cos, dtype=False)
-    check_same(OP, "cos", cos, "sin", sin)
+            layout: str | Layout = "BHSD", op: str = OP) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.rope`` inputs; return (cache key, canonical kernel args). ``op``: the op named in errors and in
+    the key (``lz.qk_norm_rope`` checks its rope arguments here too)."""
+    check_tensor(op, "q", q, 4)
+    check_tensor(op, "k", k, 4)
+    check_same(op, "q", q, "k", k)
+    check_tensor(op, "cos", cos, (2, 3))
+    check_tensor(op, "sin", sin, (2, 3))
+    check_same(op, "q", q, "cos", cos, dtype=False)
+    check_same(op, "cos", cos, "sin", sin)
     lay = _LAYOUTS.get(layout) if isinstance(layout, (str, Layout)) else None
     if lay is None:
-        raise fail(OP, "layout", "'BHSD' or 'BSHD'", repr(layout))
+        raise fail(op, "layout", "'BHSD' or 'BSHD'", repr(layout))
     if lay is Layout.BHSD:
         b, hq, s, d = q.shape
         bk, hkv, sk, dk = k.shape
@@ -63,46 +64,46 @@ def prepare(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         b, s, hq, d = q.shape
         bk, sk, hkv, dk = k.shape
     if (b, s, d) != (bk, sk, dk):
-        raise fail(OP, "k shape", f"the batch, sequence and head_dim of q ({b}, {s}, {d})", (bk, sk, dk))
+        raise fail(op, "k shape", f"the batch, sequence and head_dim of q ({b}, {s}, {d})", (bk, sk, dk))
     if cos.shape != sin.shape:
-        raise fail(OP, "sin shape", f"cos's shape {list(cos.shape)}", list(sin.shape))
+        raise fail(op, "sin shape", f"cos's shape {list(cos.shape)}", list(sin.shape))
     r = cos.shape[-1]
     if r == 0 or r % 2 or r > d:
-        raise fail(OP, "rotary dim (cos.shape[-1])", f"an even number in 2..{d} (head_dim)", r)
+        raise fail(op, "rotary dim (cos.shape[-1])", f"an even number in 2..{d} (head_dim)", r)
     if interleaved is not True and interleaved is not False:
-        raise fail(OP, "interleaved", "a bool", repr(interleaved))
+        raise fail(op, "interleaved", "a bool", repr(interleaved))
     if cos.dim() == 3:
         if position_ids is not None:
-            raise fail(OP, "position_ids", "None when cos/sin are already gathered [B, S, R]", "a tensor",
+            raise fail(op, "position_ids", "None when cos/sin are already gathered [B, S, R]", "a tensor",
                        "Pass the [max_pos, R] table with position_ids, or the gathered [B, S, R] without.")
         if cos.shape[0] not in (1, b) or cos.shape[1] != s:
-            raise fail(OP, "cos shape", f"[B or 1, S, R] = [{b}, {s}, {r}]", list(cos.shape))
+            raise fail(op, "cos shape", f"[B or 1, S, R] = [{b}, {s}, {r}]", list(cos.shape))
         form = "gathered"
     elif position_ids is None:
         if cos.shape[0] < s:
-            raise fail(OP, "cos table rows", f">= S = {s} (positions 0..S-1)", cos.shape[0])
+            raise fail(op, "cos table rows", f">= S = {s} (positions 0..S-1)", cos.shape[0])
         form = "table"
     else:
         if not isinstance(position_ids, torch.Tensor) or position_ids.dtype not in (torch.int64, torch.int32):
-            raise fail(OP, "position_ids", "an int64/int32 tensor [B, S]", getattr(position_ids, "dtype", position_ids))
+            raise fail(op, "position_ids", "an int64/int32 tensor [B, S]", getattr(position_ids, "dtype", position_ids))
         if position_ids.device != q.device:
-            raise fail(OP, "position_ids.device", q.device, position_ids.device)
+            raise fail(op, "position_ids.device", q.device, position_ids.device)
         if position_ids.dim() != 2 or position_ids.shape[1] != s or position_ids.shape[0] not in (1, b):
-            raise fail(OP, "position_ids shape", f"[B or 1, S] = [{b}, {s}]", list(position_ids.shape))
+            raise fail(op, "position_ids shape", f"[B or 1, S] = [{b}, {s}]", list(position_ids.shape))
         if position_ids.device.type == "cpu" and position_ids.numel() and (
                 int(position_ids.min()) < 0 or int(position_ids.max()) >= cos.shape[0]):
-            raise fail(OP, "position_ids values", f"in [0, {cos.shape[0]}) (rows of the cos table)",
+            raise fail(op, "position_ids values", f"in [0, {cos.shape[0]}) (rows of the cos table)",
                        f"[{int(position_ids.min())}, {int(position_ids.max())}]")
         form = "indexed"
     grad, det, capture, stride = flags(q, k, cos, sin)
-    key = RopeKey(OP, q.device, q.dtype, cos.dtype, hq, hkv, d, r, form, interleaved, lay, stride, grad, det, capture,
+    key = RopeKey(op, q.device, q.dtype, cos.dtype, hq, hkv, d, r, form, interleaved, lay, stride, grad, det, capture,
                   scope_token())
     return key, (q, k, cos, sin, position_ids, interleaved, lay)
 
 
 def context(key: RopeKey) -> SelectionContext:
     """The :class:`SelectionContext` of a rope cache key."""
-    return SelectionContext(op=OP, device=device_spec(key.device), dtype=key.dtype, num_heads_q=key.num_heads_q,
+    return SelectionContext(op=key.op, device=device_spec(key.device), dtype=key.dtype, num_heads_q=key.num_heads_q,
                             num_heads_kv=key.num_heads_kv, head_dim=key.head_dim, rotary_dim=key.rotary_dim,
                             interleaved=key.interleaved, layout=key.layout, stride_last_1=key.stride_last_1,
                             requires_grad=key.requires_grad, deterministic=key.deterministic,

@@ -36,6 +36,10 @@ def _rope(q, k, cos, sin, position_ids, interleaved, layout):
     return K.rope(q, k, cos, sin, position_ids, interleaved, layout)
 
 
+def _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, position_ids, interleaved, layout, eps):
+    return K.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, position_ids, interleaved, layout, eps)
+
+
 def _sample_topk(logits, k, temperature, generator):
     return K.sample_topk(logits, k, temperature, generator)
 
@@ -81,6 +85,7 @@ def register(registry: KernelRegistry) -> None:
         ("rms_norm", _rms_norm, {}),
         ("layer_norm", _layer_norm, {}),
         ("rope", _rope, {"layouts": frozenset({Layout.BHSD, Layout.BSHD})}),
+        ("qk_norm_rope", _qk_norm_rope, {"layouts": frozenset({Layout.BHSD, Layout.BSHD})}),
         ("sample_topk", _sample_topk, {"graph_safe": False}),
         ("sample_topp", _sample_topp, {"graph_safe": False}),
         ("sample", _sample, {"graph_safe": False}),

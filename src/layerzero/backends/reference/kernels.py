@@ -13,7 +13,7 @@ from layerzero.backends.reference.attention import attention
 from layerzero.backends.reference.moe import fused_moe
 from layerzero.backends.reference.norms import layer_norm, rms_norm
 from layerzero.backends.reference.penalties import apply_penalties
-from layerzero.backends.reference.rope import rope, rotate_every_two, rotate_half
+from layerzero.backends.reference.rope import qk_norm_rope, rope, rotate_every_two, rotate_half
 from layerzero.backends.reference.sampling import sample, sample_topk, sample_topp
 from layerzero.backends.reference.swiglu import geglu, reglu, swiglu
 
@@ -22,6 +22,7 @@ __all__ = [
     "attention",
     "fused_moe",
     "layer_norm",
+    "qk_norm_rope",
     "rms_norm",
     "rope",
     "rotate_every_two",

@@ -11,7 +11,7 @@ import torch
 
 from layerzero.core.errors import InvalidInputError, expected_got
 
-__all__ = ["rope", "rotate_half", "rotate_every_two"]
+__all__ = ["qk_norm_rope", "rope", "rotate_half", "rotate_every_two"]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -95,6 +95,24 @@ def rope(
     >>> rope(q, q, c, s)[0]
     tensor([[[[0., 1.]]]])
     """
+    return _rotate(q, k, cos, sin, position_ids, interleaved, layout, None, None, 0.0)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None = None,
+                 interleaved: bool = False, layout: str = "BHSD", eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head RMSNorm of q and k (``x * rsqrt(mean(x^2 over D) + eps) * weight``, Zhang & Sennrich 2019), then
+    :func:`rope` of the normalized values, all in float32 (float64 when q or k is float64) with one rounding to the
+    input dtypes. Shapes as :func:`rope`; ``q_weight`` / ``k_weight`` ``[D]``; ``eps`` unitless. Raises as
+    :func:`rope`."""
+    return _rotate(q, k, cos, sin, position_ids, interleaved, layout, q_weight, k_weight, eps)
+
+
+def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None,
+            interleaved: bool, layout: str, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rope` of q and k, each RMS-normalized over its head dim with its weight first when one is given,
+    rounded once to its dtype."""
     name = _layout_name(layout)
     cdt = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
     seq_len = q.shape[2] if name == "BHSD" else q.shape[1]
@@ -105,10 +123,12 @@ def rope(
     rot_dim = c.shape[-1]
     rotate = rotate_every_two if interleaved else rotate_half
 
-    def apply(x: torch.Tensor) -> torch.Tensor:
+    def apply(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         xf = x.to(cdt)
+        if weight is not None:
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(cdt)
         x_rot, x_pass = xf[..., :rot_dim], xf[..., rot_dim:]
         out = (x_rot * c) + (rotate(x_rot) * s)
         return torch.cat((out, x_pass), dim=-1).to(x.dtype)
 
-    return apply(q), apply(k)
+    return apply(q, q_weight), apply(k, k_weight)

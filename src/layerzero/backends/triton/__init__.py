@@ -1,6 +1,7 @@
 """The ``triton`` backend: LayerZero's own Triton kernels, CUDA only (SM >= 8.0).
 
-Kernels: ``triton.rms_norm`` (fused residual add, ``norms.py``), ``triton.rope`` (``rope.py``),
+Kernels: ``triton.rms_norm`` (fused residual add, ``norms.py``), ``triton.rope`` and ``triton.qk_norm_rope``
+(``rope.py``),
 ``triton.swiglu`` (``swiglu.py``), ``triton.fused_moe`` (``moe.py``), ``triton.gemv`` (``lz.linear``, ``gemv.py``),
 ``triton.quantized_linear`` (``lz.quantized_linear``, ``quantized_linear.py``),
 ``triton.sample_topk`` / ``triton.sample_topp`` / ``triton.sample`` (``sampling.py``), ``triton.reshape_and_cache`` (``cache.py``) and
@@ -25,9 +26,9 @@ from ._common import INSTALL_HINT
 log = logging.getLogger("layerzero.backends.triton")
 BACKEND_ID = "triton"
 MODULE = "triton"
-_DESCRIPTION = ("LayerZero's own Triton kernels (RMSNorm + fused add, RoPE, SwiGLU, fused MoE, top-k/top-p "
+_DESCRIPTION = ("LayerZero's own Triton kernels (RMSNorm + fused add, RoPE, q/k-norm + RoPE, SwiGLU, fused MoE, top-k/top-p "
                 "sampling, lz.sample's fused race, paged KV-cache write, paged decode)")
-KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID, cache.KERNEL_ID,
+KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, rope.QK_NORM_KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID, cache.KERNEL_ID,
               gemv.KERNEL_ID, quantized_linear.KERNEL_ID)
 """Ids of this package's own op kernels (the paged kernels are listed by ``paged.kernel_specs``)."""
 
@@ -45,7 +46,7 @@ def probe() -> BackendSpec:
 
 
 def kernel_specs(available: bool, why: str = "triton is not available") -> list[KernelSpec]:
-    """Every KernelSpec of the backend: rms_norm, rope, sample_topk, sample_topp, sample, swiglu, fused_moe,
+    """Every KernelSpec of the backend: rms_norm, rope, qk_norm_rope, sample_topk, sample_topp, sample, swiglu, fused_moe,
     reshape_and_cache, linear (gemv), quantized_linear, then
     ``paged.kernel_specs``.
 
@@ -56,7 +57,7 @@ def kernel_specs(available: bool, why: str = "triton is not available") -> list[
     """
     from . import paged
 
-    return [norms.kernel_spec(available, why), rope.kernel_spec(available, why),
+    return [norms.kernel_spec(available, why), *rope.kernel_specs(available, why),
             *sampling.kernel_specs(available, why), swiglu.kernel_spec(available, why),
             moe.kernel_spec(available, why), cache.kernel_spec(available, why), gemv.kernel_spec(available, why),
             quantized_linear.kernel_spec(available, why), *paged.kernel_specs(available, why)]
@@ -64,7 +65,7 @@ def kernel_specs(available: bool, why: str = "triton is not available") -> list[
 
 def register(registry: KernelRegistry) -> None:
     """Add the ``triton`` backend (available or not, with reasons) and all its kernels to ``registry`` (the
-    ``rms_norm``, ``rope``, ``sample_topk``, ``sample_topp``, ``sample``, ``swiglu``, ``fused_moe``, ``linear``,
+    ``rms_norm``, ``rope``, ``qk_norm_rope``, ``sample_topk``, ``sample_topp``, ``sample``, ``swiglu``, ``fused_moe``, ``linear``,
     ``quantized_linear`` and ``paged_attention`` ops must be registered).
 
     Raises:

@@ -8,6 +8,10 @@ strides in logical (b, h, s, d) order, so BHSD, BSHD and strided views are read 
 Math in float32: ``out_a = x_a * cos_a - x_b * sin_a``, ``out_b = x_b * cos_b + x_a * sin_b`` where (a, b) is
 ``(i, i + R/2)`` for the half rotation (GPT-NeoX/Llama) and ``(2i, 2i + 1)`` for interleaved pairs (GPT-J),
 exactly the reference's ``x * cos + rotate(x) * sin`` term by term; one rounding to the output dtype.
+
+``NORM`` (``lz.qk_norm_rope``): each head is first RMS-normalized over its D dims in float32, ``x * rsqrt(sum(x^2) /
+D + eps) * w`` (the head's rotary pairs and its pass-through dims are all loaded by the same program, so the sum is
+complete), and the normalized values go into the rotation without a rounding in between.
 """
 
 from __future__ import annotations
@@ -17,35 +21,46 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_heads(X, OUT, sx_b, sx_h, sx_s, sx_d, so_b, so_h, so_s, so_d, b, s, h0, n_heads, c_a, c_b, s_a, s_b,
-                  off_a, off_b, half, n_rot, n_dim,
-                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+def _rotate_heads(X, OUT, W, sx_b, sx_h, sx_s, sx_d, so_b, so_h, so_s, so_d, b, s, h0, n_heads, c_a, c_b, s_a, s_b,
+                  off_a, off_b, half, n_rot, n_dim, eps,
+                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, NORM: tl.constexpr):
     heads = h0 + tl.arange(0, BLOCK_H)
     hmask = heads < n_heads
-    pmask = hmask[:, None] & (tl.arange(0, BLOCK_HALF) < half)[None, :]
+    imask = tl.arange(0, BLOCK_HALF) < half
+    pmask = hmask[:, None] & imask[None, :]
     x_base = X + b * sx_b + s * sx_s + heads[:, None].to(tl.int64) * sx_h
     o_base = OUT + b * so_b + s * so_s + heads[:, None].to(tl.int64) * so_h
     xa = tl.load(x_base + off_a[None, :] * sx_d, mask=pmask, other=0.0).to(tl.float32)
     xb = tl.load(x_base + off_b[None, :] * sx_d, mask=pmask, other=0.0).to(tl.float32)
+    if BLOCK_PASS > 0:  # partial rotary: dims R..D-1 are not rotated
+        dp = n_rot + tl.arange(0, BLOCK_PASS)
+        mp = hmask[:, None] & (dp < n_dim)[None, :]
+        xp = tl.load(x_base + dp[None, :] * sx_d, mask=mp, other=0.0).to(tl.float32)
+    if NORM:  # RMSNorm over the head's n_dim dims (masked lanes load 0), weight [D] shared by the heads
+        sq = tl.sum(xa * xa, axis=1) + tl.sum(xb * xb, axis=1)
+        if BLOCK_PASS > 0:
+            sq += tl.sum(xp * xp, axis=1)
+        inv = tl.rsqrt(sq / n_dim + eps)[:, None]
+        xa = xa * inv * tl.load(W + off_a, mask=imask, other=0.0).to(tl.float32)[None, :]
+        xb = xb * inv * tl.load(W + off_b, mask=imask, other=0.0).to(tl.float32)[None, :]
+        if BLOCK_PASS > 0:
+            xp = xp * inv * tl.load(W + dp, mask=dp < n_dim, other=0.0).to(tl.float32)[None, :]
     oa = xa * c_a[None, :] - xb * s_a[None, :]
     ob = xb * c_b[None, :] + xa * s_b[None, :]
     tl.store(o_base + off_a[None, :] * so_d, oa.to(OUT.dtype.element_ty), mask=pmask)
     tl.store(o_base + off_b[None, :] * so_d, ob.to(OUT.dtype.element_ty), mask=pmask)
-    if BLOCK_PASS > 0:  # partial rotary: dims R..D-1 pass through unchanged
-        dp = n_rot + tl.arange(0, BLOCK_PASS)
-        mp = hmask[:, None] & (dp < n_dim)[None, :]
-        xp = tl.load(x_base + dp[None, :] * sx_d, mask=mp, other=0.0)
+    if BLOCK_PASS > 0:
         tl.store(o_base + dp[None, :] * so_d, xp.to(OUT.dtype.element_ty), mask=mp)
 
 
 @triton.jit
-def _rope_fwd(Q, K, QO, KO, COS, SIN, POS,
+def _rope_fwd(Q, K, QO, KO, COS, SIN, POS, QW, KW,
               sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d,
               sqo_b, sqo_h, sqo_s, sqo_d, sko_b, sko_h, sko_s, sko_d,
               sc_b, sc_s, sc_r, ss_b, ss_s, ss_r, sp_b, sp_s,
-              seq_len, n_heads_q, n_heads_k, n_rot, n_dim,
+              seq_len, n_heads_q, n_heads_k, n_rot, n_dim, eps,
               HAS_POS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
-              BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+              BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, NORM: tl.constexpr = False):
     tok = tl.program_id(0).to(tl.int64)
     hblk = tl.program_id(1)
     b = tok // seq_len
@@ -72,9 +87,9 @@ def _rope_fwd(Q, K, QO, KO, COS, SIN, POS,
     s_b = tl.load(s_row + off_b * ss_r, mask=imask, other=0.0).to(tl.float32)
     q_blocks = tl.cdiv(n_heads_q, BLOCK_H)
     if hblk < q_blocks:
-        _rotate_heads(Q, QO, sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d, b, s, hblk * BLOCK_H, n_heads_q,
-                      c_a, c_b, s_a, s_b, off_a, off_b, half, n_rot, n_dim, BLOCK_H, BLOCK_HALF, BLOCK_PASS)
+        _rotate_heads(Q, QO, QW, sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d, b, s, hblk * BLOCK_H, n_heads_q,
+                      c_a, c_b, s_a, s_b, off_a, off_b, half, n_rot, n_dim, eps, BLOCK_H, BLOCK_HALF, BLOCK_PASS, NORM)
     else:
-        _rotate_heads(K, KO, sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d, b, s, (hblk - q_blocks) * BLOCK_H,
-                      n_heads_k, c_a, c_b, s_a, s_b, off_a, off_b, half, n_rot, n_dim, BLOCK_H, BLOCK_HALF,
-                      BLOCK_PASS)
+        _rotate_heads(K, KO, KW, sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d, b, s,
+                      (hblk - q_blocks) * BLOCK_H, n_heads_k, c_a, c_b, s_a, s_b, off_a, off_b, half, n_rot, n_dim, eps,
+                      BLOCK_H, BLOCK_HALF, BLOCK_PASS, NORM)

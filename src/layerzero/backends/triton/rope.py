@@ -1,4 +1,6 @@
-"""``triton.rope``: our Triton rotary position embedding for ``lz.rope``, CUDA only (SM >= 8.0).
+"""``triton.rope``: our Triton rotary position embedding for ``lz.rope``, CUDA only (SM >= 8.0); and
+``triton.qk_norm_rope`` for ``lz.qk_norm_rope``, the same kernel with a per-head RMSNorm first (one launch where the
+engine's Qwen3 layers took three: q_norm, k_norm, rope).
 
 Both pair layouts (GPT-NeoX/Llama half rotation and GPT-J interleaved pairs), partial rotary (dims >= R
 copied), every cos/sin form ``lz.rope`` accepts (a ``[max_pos, R]`` table with ``position_ids [B or 1, S]``,
@@ -23,6 +25,7 @@ from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, next_pow2
 from ._launch import launch
 
 KERNEL_ID = "triton.rope"
+QK_NORM_KERNEL_ID = "triton.qk_norm_rope"
 PRIORITY = 60
 """Above torch_native (50, several elementwise launches in the input dtype) and liger (40): fastest of the three on
 the H200 for decode and 4096-token prefill shapes (37-59 µs vs 102 µs torch_native; benchmarks/results/norm_rope_h200.md)."""
@@ -58,6 +61,34 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     Raises:
         Nothing of its own (inputs are validated by ``lz.rope``); triton's compile/launch errors propagate.
     """
+    return _launch(q, k, cos, sin, position_ids, interleaved, layout, None, None, 0.0)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None = None,
+                 interleaved: bool = False, layout: str | Layout = "BHSD",
+                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lz.qk_norm_rope`` in one Triton launch: :func:`rope`'s kernel with each head RMS-normalized over its D
+    dims first (float32, the normalized values rotated without a rounding in between, ``_rope_kernels.py``).
+
+    Args:
+        q, k, cos, sin, position_ids, interleaved, layout: as :func:`rope`.
+        q_weight, k_weight: ``[D]`` RMSNorm weights (any float dtype, read as float32), contiguous.
+        eps: added to each head's mean square (unitless, > 0).
+
+    Returns:
+        ``(q_out, k_out)`` as :func:`rope`.
+
+    Raises:
+        Nothing of its own (``lz.qk_norm_rope`` validates); triton's compile/launch errors propagate.
+    """
+    return _launch(q, k, cos, sin, position_ids, interleaved, layout, q_weight.contiguous(), k_weight.contiguous(),
+                   eps)
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None,
+            interleaved: bool, layout: str | Layout, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     bshd = layout is Layout.BSHD or layout == "BSHD"
     qo = torch.empty_like(q)
     ko = torch.empty_like(k)
@@ -87,22 +118,28 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     per_head = block_half * 2 + block_pass  # elements of one head in the tile
     block_h = min(next_pow2(max(hq, hk)), 16, max(1, next_pow2(2048 // per_head + 1) // 2))  # power of 2
     grid = (b * s, cdiv(hq, block_h) + cdiv(hk, block_h))
+    norm = q_weight is not None
     launch(mod._rope_fwd, grid,
-        q, k, qo, ko, cos, sin, pos,
+        q, k, qo, ko, cos, sin, pos, q_weight if norm else cos, k_weight if norm else cos,
         *_bhsd_strides(q, bshd), *_bhsd_strides(k, bshd), *_bhsd_strides(qo, bshd), *_bhsd_strides(ko, bshd),
-        *sc, *ss, *sp, s, hq, hk, r, d,
+        *sc, *ss, *sp, s, hq, hk, r, d, float(eps),
         HAS_POS=position_ids is not None, INTERLEAVED=bool(interleaved), BLOCK_H=block_h,
-        BLOCK_HALF=block_half, BLOCK_PASS=block_pass, num_warps=4 if block_h * per_head >= 2048 else 2)
+        BLOCK_HALF=block_half, BLOCK_PASS=block_pass, NORM=norm, num_warps=4 if block_h * per_head >= 2048 else 2)
     return qo, ko
 
 
-
-def kernel_spec(available: bool, why: str) -> KernelSpec:
-    """The ``triton.rope`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``) when
-    ``available`` is False."""
-    fn: Callable[..., Any] = rope if available else missing(KERNEL_ID, why)
-    return KernelSpec(KERNEL_ID, "rope", fn, priority=PRIORITY,
-                      description="LayerZero Triton RoPE: half rotation and GPT-J pairs, partial rotary, table/"
-                                  "position_ids/gathered cos-sin, BHSD/BSHD strided, float32 math, new outputs",
-                      device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, layouts=frozenset({Layout.BHSD, Layout.BSHD}),
-                      head_dim_max=MAX_HEAD_DIM, deterministic=True, graph_safe=True, supports_backward=False)
+def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
+    """``[triton.rope, triton.qk_norm_rope]``; their callables raise ``BackendNotAvailableError`` (with ``why``)
+    when ``available`` is False."""
+    common = dict(priority=PRIORITY, device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN,
+                  layouts=frozenset({Layout.BHSD, Layout.BSHD}), head_dim_max=MAX_HEAD_DIM, deterministic=True,
+                  graph_safe=True, supports_backward=False)
+    rope_fn: Callable[..., Any] = rope if available else missing(KERNEL_ID, why)
+    norm_fn: Callable[..., Any] = qk_norm_rope if available else missing(QK_NORM_KERNEL_ID, why)
+    return [KernelSpec(KERNEL_ID, "rope", rope_fn,
+                       description="LayerZero Triton RoPE: half rotation and GPT-J pairs, partial rotary, table/"
+                                   "position_ids/gathered cos-sin, BHSD/BSHD strided, float32 math, new outputs",
+                       **common),
+            KernelSpec(QK_NORM_KERNEL_ID, "qk_norm_rope", norm_fn,
+                       description="LayerZero Triton per-head RMSNorm + RoPE in one launch (the triton.rope kernel "
+                                   "with a norm prologue), float32 math, one rounding, new outputs", **common)]

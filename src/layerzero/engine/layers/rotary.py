@@ -60,3 +60,12 @@ class RotaryEmbedding:
         qr, kr = lz.rope(q.unsqueeze(0), k.unsqueeze(0), self.cos, self.sin, position_ids=positions.view(1, t),
                          layout="BSHD")
         return qr.squeeze(0), kr.squeeze(0)
+
+    def with_qk_norm(self, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                     eps: float, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head RMSNorm of q and k (Qwen3's ``q_norm`` / ``k_norm``, weights ``[D]``), then RoPE, in one
+        :func:`layerzero.qk_norm_rope` call; shapes as :meth:`__call__`."""
+        t = q.shape[0]
+        qr, kr = lz.qk_norm_rope(q.unsqueeze(0), k.unsqueeze(0), q_weight, k_weight, self.cos, self.sin, eps=eps,
+                                 position_ids=positions.view(1, t), layout="BSHD")
+        return qr.squeeze(0), kr.squeeze(0)

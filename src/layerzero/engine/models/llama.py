@@ -55,9 +55,11 @@ class Attention(nn.Module):
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         q, k, v = q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), v.view(t, self.hkv, self.d)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(q, k, batch.positions)
+        if self.q_norm is not None:  # one fused call (lz.qk_norm_rope) where three were
+            q, k = self.rotary.with_qk_norm(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                                            batch.positions)
+        else:
+            q, k = self.rotary(q, k, batch.positions)
         o = paged_attention(q, k, v, kv_cache, batch, self.scale, self.kv_scales)
         return self.o_proj(o.reshape(t, self.hq * self.d))
 

@@ -1,0 +1,84 @@
+"""``lz.qk_norm_rope``: per-head RMSNorm of q and k, then rotary position embeddings, in one call (Qwen3's
+attention: ``q_norm`` / ``k_norm`` before RoPE; vLLM's ``fused_qk_norm_rope``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.compiler import is_dynamo_compiling, is_exporting
+
+from layerzero.core.runtime import RUNTIME
+from layerzero.core.specs import OperationSpec
+
+from ._common import check_eps, check_same, check_tensor, fail, inference_only
+from .rope import context as _rope_context
+from .rope import prepare as _prepare_rope
+
+OP = "qk_norm_rope"
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor, *, eps: float = 1e-6, position_ids: torch.Tensor | None = None,
+            interleaved: bool = False, layout: str = "BHSD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.qk_norm_rope`` inputs (``lz.rope``'s checks, then the weights and eps); return (cache key,
+    canonical kernel args)."""
+    key, (q, k, cos, sin, position_ids, interleaved, lay) = _prepare_rope(
+        q, k, cos, sin, position_ids=position_ids, interleaved=interleaved, layout=layout, op=OP)
+    d = key.head_dim
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        check_tensor(OP, name, w, 1)
+        check_same(OP, "q", q, name, w)
+        if w.shape[0] != d:
+            raise fail(OP, f"{name} shape", f"[D] = [{d}] (one weight per head dim, shared by every head)",
+                       list(w.shape))
+    eps = check_eps(OP, eps)
+    grad = key.requires_grad or q_weight.requires_grad or k_weight.requires_grad
+    return key._replace(requires_grad=grad), (q, k, q_weight, k_weight, cos, sin, position_ids, interleaved,
+                                                     lay, eps)
+
+
+context = _rope_context
+"""The :class:`~layerzero.core.context.SelectionContext` of a qk_norm_rope cache key (a rope key, op
+``"qk_norm_rope"``)."""
+
+
+SPEC = OperationSpec(OP, "per-head RMSNorm of q and k, then rotary position embedding (Qwen3 q_norm/k_norm + RoPE)",
+                     ("q", "k", "q_weight", "k_weight", "cos", "sin"), "reference.qk_norm_rope")
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, *, eps: float = 1e-6, position_ids: torch.Tensor | None = None,
+                 interleaved: bool = False, layout: str = "BHSD") -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over each head's D dims of q and of k (Zhang & Sennrich 2019; Qwen3's ``q_norm`` / ``k_norm``),
+    then rotary position embeddings (RoFormer, Su et al. 2021) on the normalized heads; returns new ``(q, k)``.
+
+    Equal to ``lz.rope(lz.rms_norm(q, q_weight, eps), lz.rms_norm(k, k_weight, eps), cos, sin, ...)`` up to
+    rounding: kernels keep the normalized values in float32 into the rotation and round once to the input dtype
+    (the two-op form rounds twice), as vLLM's ``fused_qk_norm_rope`` does; one launch instead of three on CUDA.
+
+    Shapes (B batch, Hq/Hkv heads, S tokens, D head dim, R rotary dim, even, R <= D): q ``[B, Hq, S, D]``, k
+    ``[B, Hkv, S, D]`` for ``layout="BHSD"`` (``[B, S, H, D]`` for ``"BSHD"``); ``q_weight`` / ``k_weight``
+    ``[D]`` in q's dtype (one weight per head dim, shared by every head); cos/sin and ``position_ids`` as
+    :func:`layerzero.rope` takes them (a ``[max_pos, R]`` table with ``position_ids [B or 1, S]`` int64/int32,
+    the table at positions 0..S-1, or gathered ``[B or 1, S, R]``). ``eps`` (unitless, > 0) is added to each
+    head's mean square. Dims >= R are normalized but not rotated. Outputs keep q's and k's shapes and dtypes.
+
+    Raises:
+        InvalidInputError: everything :func:`layerzero.rope` refuses; weights that are not 1-D ``[D]`` tensors in
+            q's dtype on q's device; eps not a finite float > 0.
+        KernelExecutionError: the kernel failed and no fallback was allowed (lock or strict mode).
+
+    >>> import torch, layerzero as lz
+    >>> q = torch.tensor([[[[3.0, 0.0]]]]); w = torch.ones(2); cos = torch.zeros(1, 1, 2); sin = torch.ones(1, 1, 2)
+    >>> lz.qk_norm_rope(q, q, w, w, cos, sin, eps=1e-12)[0]  # normalized to rms 1, then rotated by 90 degrees
+    tensor([[[[0.0000, 1.4142]]]])
+    """
+    # torch.compile / torch.export: one custom-op node (no backward formula: calls with gradients trace as Python)
+    if (is_dynamo_compiling() or is_exporting()) and inference_only(q, k, q_weight, k_weight, cos, sin):
+        from layerzero import library
+
+        return library.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, position_ids, interleaved, layout)
+    key, args = prepare(q, k, q_weight, k_weight, cos, sin, eps=eps, position_ids=position_ids,
+                        interleaved=interleaved, layout=layout)
+    return RUNTIME.run(key, context, args)
