@@ -73,6 +73,25 @@ def test_internal_entry_points_name_a_plain_tuple_key():
     assert RUNTIME.prepare_capture(plain, A.context, args) is None  # a CPU key has no capture-time choice
 
 
+def test_first_run_after_which_prepares_the_capture_time_choice(monkeypatch):
+    """lz.which / lz.select cache the eager plan without running it; the first real call then hits the cache, and
+    it (not only a miss) must prepare the capture-time choice, or a CUDA graph captured after ``lz.which`` and
+    one eager call raises CudaGraphUnsafeError (seen on an H200 with lz.qk_norm_rope). Once: later calls take the
+    hot path."""
+    RUNTIME.ensure_ready()
+    RUNTIME.cache.invalidate()
+    seen = []
+    real = RUNTIME.prepare_capture
+    monkeypatch.setattr(RUNTIME, "prepare_capture", lambda key, *a, **kw: seen.append(key.op) or real(key, *a, **kw))
+    q, k = _qkv((1, 2, 5, 8))[:2]
+    cos = torch.randn(5, 8)
+    assert lz.which("rope", q, k, cos, cos) == "torch_native.rope"
+    assert seen == []
+    for _ in range(3):
+        lz.rope(q, k, cos, cos)
+    assert seen == ["rope"]
+
+
 def test_attention_files_an_exact_key_and_serves_it():
     q, k, v = _qkv()
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)

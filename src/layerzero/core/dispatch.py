@@ -377,7 +377,9 @@ class Runtime:
     def _run_slow(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...],
                   hot_key: Hashable | None = None) -> Any:
         """:meth:`run` through the sharded cache: select on a miss (then prepare the capture-time choice of a
-        CUDA key, :meth:`prepare_capture`), re-select a plan whose health re-check is due, count a probation
+        CUDA key, :meth:`prepare_capture`; also on the first run of a plan that ``lz.select`` / ``lz.which`` cached
+        without running it, until 2026-11-25 a capture after ``lz.which`` then one eager call raised
+        ``CudaGraphUnsafeError``), re-select a plan whose health re-check is due, count a probation
         success; promote a plain hit (and ``hot_key``) to the hot dict (only plans without ``recheck_at`` and
         ``trial``: the hot paths rely on that). A plain-tuple key becomes the op's named key first
         (:meth:`named_key`)."""
@@ -410,6 +412,8 @@ class Runtime:
         if miss:
             if _config.get_config().canaries:
                 out = probe_first_call(self, key, build_ctx, args, plan, out)
+            self.prepare_capture(key, build_ctx, args, plan)
+        elif hot.get(key) is plan:  # just promoted: the first call after lz.select / lz.which cached the plan
             self.prepare_capture(key, build_ctx, args, plan)
         return out
 
