@@ -141,8 +141,11 @@ def test_a_deleted_llm_frees_its_device_memory(checkpoints):
 @pytest.mark.parametrize("quantization", ["int8", "int4", "fp8"])
 def test_quantized_engine_runs_the_fused_low_bit_gemm(checkpoints, quantization):
     """``LLM(quantization=...)`` with ``triton.quantized_linear`` locked (strict mode: a fallback would fail):
-    greedy tokens of the fused kernel equal those of the default dequantize-then-GEMM path for the first tokens
-    (the two round differently: compared up to the first difference, which must come after 4 tokens)."""
+    greedy tokens of the fused kernel close to those of the default dequantize-then-GEMM path under vLLM's rule
+    (where the tokens first differ, each is in the other's top-5; nothing compared past it: the two GEMMs round
+    differently). Until 2026-11-25 the rule was "equal for 4 tokens", which held by the luck of one rounding: with
+    ``lz.qk_norm_rope`` (one rounding where there were three) int4 and fp8 differed at tokens 1 and 0 of this
+    random checkpoint while int8 and the bf16 parity with transformers held."""
     import layerzero as lz
     from layerzero.backends.triton import quantized_linear as tq
 
@@ -157,5 +160,6 @@ def test_quantized_engine_runs_the_fused_low_bit_gemm(checkpoints, quantization)
         lz.unlock("quantized_linear")
     for a, b in zip(base, fused, strict=True):
         ta, tb = a.outputs[0].token_ids, b.outputs[0].token_ids
-        same = next((i for i, (u, v) in enumerate(zip(ta, tb, strict=True)) if u != v), len(ta))
-        assert same >= 4, (ta, tb)
+        i = next((i for i, (u, v) in enumerate(zip(ta, tb, strict=True)) if u != v), None)
+        if i is not None:
+            assert tb[i] in a.outputs[0].logprobs[i] and ta[i] in b.outputs[0].logprobs[i], (i, ta, tb)
