@@ -3,8 +3,12 @@ of 50 back-to-back calls, best of 5 replays, so launch overhead on the host does
 captured in a CUDA graph pays). Shapes: a Qwen3-0.6B layer (hidden 1024, 16 query / 8 KV heads of 128, MLP 3072,
 vocabulary 151,936), bf16, rows M = decode batch size.
 
-Ops: ``linear`` (every projection and the LM head: ``torch_native.linear`` = cuBLAS vs ``triton.gemv``; GB/s of
-weight traffic), ``rms_norm`` (plain, with fused residual, and the per-head q/k norms), ``swiglu``.
+Sections (``--sections``, default all): ``linear`` (every projection and the LM head: ``torch_native.linear`` =
+cuBLAS vs ``triton.gemv``; GB/s of weight traffic), ``norms`` (``rms_norm`` plain, with fused residual, and the
+per-head q/k norms; ``swiglu``), ``qk`` (Qwen3's q/k norm + RoPE on views of the QKV projection: two
+``lz.rms_norm`` and one ``lz.rope`` vs one ``lz.qk_norm_rope``, default kernels), ``paged`` (``triton.paged_decode``
+at B = 1-8 sequences of 256-2048 tokens in a block table 2080 tokens wide, as the engine's decode graphs pass it:
+the default split count vs forced ones; 1 = no merge launch).
 
 Usage: ``PYTHONPATH=src python benchmarks/bench_in_graph.py --out benchmarks/results/in_graph_h200.md`` (CUDA).
 """
@@ -71,14 +75,33 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--sections", default="linear,norms,qk,paged")
     a = ap.parse_args(argv)
+    sections = set(a.sections.split(","))
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
     rows = [int(r) for r in a.rows.split(",")]
     lines = [f"# In-graph µs per call on {torch.cuda.get_device_name()} (bf16, Qwen3-0.6B layer shapes)", "",
              f"- date {datetime.date.today()}, torch {torch.__version__}, host {platform.processor() or platform.machine()}; "
-             "`benchmarks/bench_in_graph.py`: 50 calls in one CUDA graph, best of 5 replays", "",
-             "## linear (y = x @ W.T; GB/s = weight bytes / time)", "",
+             "`benchmarks/bench_in_graph.py`: 50 calls in one CUDA graph, best of 5 replays", ""]
+    if "linear" in sections:
+        lines += _linear(rows, dev, dt)
+    if "norms" in sections:
+        lines += _norms(rows, dev, dt)
+    if "qk" in sections:
+        lines += _qk(rows, dev, dt)
+    if "paged" in sections:
+        lines += _paged(dev, dt)
+    text = "\n".join(lines) + "\n"
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    print(text)
+    return 0
+
+
+def _linear(rows: list[int], dev: str, dt: torch.dtype) -> list[str]:
+    lines = ["## linear (y = x @ W.T; GB/s = weight bytes / time)", "",
              "| proj (N x K) | M | cuBLAS µs | GB/s | triton.gemv µs | GB/s | gemv / cuBLAS | default |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, (n, k) in LINEAR.items():
@@ -92,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {name} ({n} x {k}) | {m} | {_fmt(cub)} | {gb / cub:.0f} | {_fmt(tri)} | "
                          f"{'-' if tri is None else f'{gb / tri:.0f}'} | {ratio} | {lz.which('linear', x, w)} |")
             print(lines[-1], flush=True)
-    lines += ["", "## norms and activation", "", "| op | input | M | torch_native µs | triton µs | triton / torch |",
-              "| --- | --- | ---: | ---: | ---: | ---: |"]
+    return lines
+
+
+def _norms(rows: list[int], dev: str, dt: torch.dtype) -> list[str]:
+    lines = ["", "## norms and activation", "", "| op | input | M | torch_native µs | triton µs | triton / torch |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
     for m in rows:
         h = torch.randn(m, 1024, device=dev, dtype=dt)
         r = torch.randn(m, 1024, device=dev, dtype=dt)
@@ -112,12 +139,62 @@ def main(argv: list[str] | None = None) -> int:
             ratio = "-" if t0 is None or t1 is None else f"{t1 / t0:.2f}"
             lines.append(f"| {op} | {what} | {m} | {_fmt(t0)} | {_fmt(t1)} | {ratio} |")
             print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
-    print(text)
-    return 0
+    return lines
+
+
+def _qk(rows: list[int], dev: str, dt: torch.dtype) -> list[str]:
+    """Qwen3's per-head q/k RMSNorm + RoPE on BSHD views of the QKV projection ``[M, 4096]``, default kernels."""
+    lines = ["", "## q/k norm + RoPE (views of the QKV projection, positions from a 4096-row table)", "",
+             "| M | 2 x lz.rms_norm + lz.rope µs | lz.qk_norm_rope µs | fused / unfused | kernels |",
+             "| ---: | ---: | ---: | ---: | --- |"]
+    ang = torch.arange(4096, device=dev)[:, None] * torch.rand(64, device=dev)[None]
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1).to(dt), torch.cat((ang.sin(), ang.sin()), -1).to(dt)
+    wq, wk = (torch.rand(128, device=dev, dtype=dt) + 0.5 for _ in range(2))
+    for m in rows:
+        qkv = torch.randn(1, m, 32, 128, device=dev, dtype=dt)
+        q, k = qkv[:, :, :16], qkv[:, :, 16:24]
+        pos = torch.randint(0, 4096, (1, m), device=dev)
+
+        def unfused(q=q, k=k, pos=pos):
+            return lz.rope(lz.rms_norm(q, wq, 1e-6), lz.rms_norm(k, wk, 1e-6), cos, sin, position_ids=pos,
+                           layout="BSHD")
+
+        def fused(q=q, k=k, pos=pos):
+            return lz.qk_norm_rope(q, k, wq, wk, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD")
+
+        t0, t1 = graph_us(unfused), graph_us(fused)
+        with lz.capture_selection(), lz.trace() as t:
+            unfused()
+            fused()
+        lines.append(f"| {m} | {t0:.2f} | {t1:.2f} | {t1 / t0:.2f} | {', '.join(sorted({k for _, k in t.counts}))} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def _paged(dev: str, dt: torch.dtype) -> list[str]:
+    """``triton.paged_decode`` in a 2080-token-wide block table (the split count follows the width, not the
+    lengths: graphs are shape-static): default splits vs forced counts."""
+    from layerzero.backends.triton import paged
+
+    lines = ["", "## paged decode (triton.paged_decode; 16 q / 8 KV heads of 128, pages of 16, table 130 blocks)", "",
+             "| B | tokens | default splits | default µs | 1 split µs | 2 splits µs | 4 splits µs | best / default |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    width, page = 130, 16
+    cache = lz.allocate_kv_cache(8 * width + 1, page, 8, 128, dtype=dt, device=dev)
+    cache.normal_()
+    for b in (1, 2, 4, 8):
+        tables = torch.randperm(8 * width, device=dev)[: b * width].view(b, width).int()
+        for tokens in (256, 768, 2048):
+            lens = torch.full((b,), tokens, dtype=torch.int32, device=dev)
+            q = torch.randn(b, 16, 128, device=dev, dtype=dt)
+            splits = paged.choose_split_len(b, 8, width * page, paged.sm_count(q.device),
+                                            paged.block_n_for(128, 2))[1]
+            times = [graph_us(lambda n=n, q=q, t=tables, s=lens: paged.paged_decode(q, cache, t, s, num_splits=n))
+                     for n in (None, 1, 2, 4)]
+            lines.append(f"| {b} | {tokens} | {splits} | " + " | ".join(f"{x:.2f}" for x in times)
+                         + f" | {min(times) / times[0]:.2f} |")
+            print(lines[-1], flush=True)
+    return lines
 
 
 if __name__ == "__main__":
