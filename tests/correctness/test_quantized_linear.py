@@ -284,7 +284,29 @@ def _ctx(device, fmt="int4", gran="group:128", dtype=torch.bfloat16, grad=False)
 
 
 @pytest.mark.unit
-def test_triton_kernel_is_eligible_on_cuda_but_opt_in_and_refuses_what_it_cannot_run():
+@pytest.mark.parametrize(("fmt", "gran", "sm", "capture", "want"), [
+    ("int8", "channel", (9, 0), False, tq.KERNEL_ID), ("int8", "tensor", (10, 0), True, tq.KERNEL_ID),
+    ("fp8_e4m3", "channel", (9, 0), False, tq.KERNEL_ID),
+    ("int4", "group:128", (9, 0), False, "torch_native.quantized_linear"),  # measured slower
+    ("fp8_e5m2", "channel", (9, 0), False, "torch_native.quantized_linear"),  # not measured
+    ("int8", "channel", (8, 0), False, "torch_native.quantized_linear"),  # not measured before Hopper
+    ("fp8_e4m3", "channel", (8, 9), True, "torch_native.quantized_linear"),
+])
+def test_the_default_per_weight_format_follows_the_measurements(fmt, gran, sm, capture, want):
+    """``priority_for``: the fused kernel outranks dequantize + cuBLAS for int8 and fp8 e4m3 weights on Hopper and
+    newer (measured faster on an H200), eagerly and under capture; int4, fp8 e5m2 and older GPUs keep the default."""
+    import dataclasses
+
+    from layerzero.testing.devices import fake_cuda_device
+
+    plan, report = _select(dataclasses.replace(_ctx(fake_cuda_device(sm), fmt, gran), graph_capture=capture))
+    assert plan.kernel_id == want
+    score = report.candidate(tq.KERNEL_ID).score.priority
+    assert score == (tq.MEASURED_PRIORITY if want == tq.KERNEL_ID else tq.PRIORITY)
+
+
+@pytest.mark.unit
+def test_triton_kernel_is_eligible_on_cuda_and_refuses_what_it_cannot_run():
     from layerzero.core.device import DeviceSpec
     from layerzero.core.reasons import ReasonCode as R
     from layerzero.core.report import CandidateStatus
@@ -292,7 +314,7 @@ def test_triton_kernel_is_eligible_on_cuda_but_opt_in_and_refuses_what_it_cannot
 
     h100, a100 = fake_cuda_device((9, 0)), fake_cuda_device((8, 0))
     plan, report = _select(_ctx(h100))
-    assert plan.kernel_id == "torch_native.quantized_linear"  # opt in until measured on a GPU
+    assert plan.kernel_id == "torch_native.quantized_linear"  # int4: opt in (measured slower)
     assert report.candidate(tq.KERNEL_ID).status is CandidateStatus.ELIGIBLE
     for ctx, code in ((_ctx(h100, gran="group:8"), R.SHAPE_MISMATCH),
                       (_ctx(a100, "fp8_e4m3", "channel"), R.SM_TOO_OLD),
@@ -301,5 +323,5 @@ def test_triton_kernel_is_eligible_on_cuda_but_opt_in_and_refuses_what_it_cannot
                       (_ctx(h100, grad=True), R.BACKWARD_UNSUPPORTED)):
         _, report = _select(ctx)
         assert code in {r.code for r in report.candidate(tq.KERNEL_ID).reasons}
-    _, report = _select(_ctx(h100, "fp8_e4m3", "channel"))
+    _, report = _select(_ctx(h100, "fp8_e5m2", "channel"))
     assert report.candidate(tq.KERNEL_ID).status is CandidateStatus.ELIGIBLE

@@ -1,7 +1,7 @@
 """``triton.quantized_linear`` (the fused low-bit GEMM of ``lz.quantized_linear``) compiled on a real GPU
 (``pytest -m gpu``): equal to a float64 oracle within the dtype's tolerance for int8 / fp8 / int4 weights on
 Qwen3-0.6B's projection shapes and odd ones, 1 to 70 rows (the row kernel and both tl.dot tiles), through
-``lz.quantized_linear`` (locked: it is opt in); a captured CUDA graph replays it. The engine with it locked:
+``lz.quantized_linear`` (locked: the default only for int8 / fp8 e4m3 on Hopper); a captured CUDA graph replays it. The engine with it locked:
 tests/engine/gpu/test_engine_gpu.py."""
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ _NO_CONSTRAINT: dict[str, frozenset[Any] | None] = {
 ``mask_kinds``, ``None`` (any) for the others. ``device_types`` and ``dtypes`` have none: ``None`` is rejected."""
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(KernelSpec)}
 _INTS = ("head_dim_min", "head_dim_max", "head_dim_multiple", "max_seq_len")
-_CALLABLES = ("check", "workspace", "specialize")
+_CALLABLES = ("check", "workspace", "specialize", "priority_for")
 
 
 def coerce_constraints(constraints: Mapping[str, Any]) -> dict[str, Any]:

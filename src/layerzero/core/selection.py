@@ -2,7 +2,8 @@
 
 - **filter**: every candidate gets *all* its reasons: backend availability, data constraints, the kernel's
   own ``check``, backend health, and policy (lock / deny / allow).
-- **score**: priority (``capture_priority`` while a CUDA graph is captured) + policy boost + measurement -
+- **score**: priority (``capture_priority`` while a CUDA graph is captured; ``priority_for(ctx)`` where a kernel
+  declares one) + policy boost + measurement -
   transform cost; the measurement is the user's PerfDB (``perf``) or, when the PerfDB has nothing for the bucket, the shipped timing data (``shipped``).
 - **select**: highest score wins. The reference kernel survives policy so there is always a fallback;
   a lock forces its kernel and raises if it cannot run; a preference that cannot run, or the reference
@@ -141,6 +142,9 @@ def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInp
         m = m if isinstance(m, Measurement) else Measurement(*m)
         shipped_source = shipped_source or m.source
         prio = spec.capture_priority if ctx.graph_capture and spec.capture_priority is not None else spec.priority
+        if spec.priority_for is not None:
+            own = spec.priority_for(ctx)
+            prio = prio if own is None else own
         score = Score(priority=float(prio), boost=boost, perf=m.perf, transform_cost=cost, shipped=m.shipped)
         eligible.append((score.total, -order, spec, call, transforms, score))
         candidates.append(CandidateReport(spec.kernel_id, CandidateStatus.ELIGIBLE, (), score, transforms,

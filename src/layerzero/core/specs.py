@@ -111,7 +111,10 @@ class KernelSpec:
     ``capture_priority``: the priority used instead of ``priority`` while a CUDA graph is being captured
     (``ctx.graph_capture``), where the host's launch cost is paid once at capture and only the device time counts
     on every replay; a kernel that loses eagerly to its launch overhead can be the faster one inside a graph
-    (None: ``priority`` everywhere).
+    (None: ``priority`` everywhere). ``priority_for``: a priority that depends on the context where one number per
+    kernel cannot say it (e.g. a fused low-bit GEMM measured faster for some weight formats than the default path
+    and slower for others): its int replaces ``priority`` / ``capture_priority`` for that context, its None keeps
+    them (None: no such dependence).
     """
 
     kernel_id: str
@@ -150,6 +153,7 @@ class KernelSpec:
     check: Callable[[SelectionContext], list[Reason]] | None = None
     workspace: Callable[[SelectionContext], int] | None = None
     specialize: Callable[[SelectionContext], Callable[..., Any] | None] | None = None
+    priority_for: Callable[[SelectionContext], int | None] | None = None
 
     @property
     def backend(self) -> str:

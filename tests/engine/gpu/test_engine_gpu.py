@@ -141,7 +141,7 @@ def test_a_deleted_llm_frees_its_device_memory(checkpoints):
 @pytest.mark.parametrize("quantization", ["int8", "int4", "fp8"])
 def test_quantized_engine_runs_the_fused_low_bit_gemm(checkpoints, quantization):
     """``LLM(quantization=...)`` with ``triton.quantized_linear`` locked (strict mode: a fallback would fail):
-    greedy tokens of the fused kernel close to those of the default dequantize-then-GEMM path under vLLM's rule
+    greedy tokens of the fused kernel close to those of the dequantize-then-GEMM path (locked) under vLLM's rule
     (where the tokens first differ, each is in the other's top-5; nothing compared past it: the two GEMMs round
     differently). Until 2026-11-25 the rule was "equal for 4 tokens", which held by the luck of one rounding: with
     ``lz.qk_norm_rope`` (one rounding where there were three) int4 and fp8 differed at tokens 1 and 0 of this
@@ -152,7 +152,11 @@ def test_quantized_engine_runs_the_fused_low_bit_gemm(checkpoints, quantization)
     if quantization == "fp8" and torch.cuda.get_device_capability() < tq.FP8_SM_MIN:
         pytest.skip("float8 weights need SM >= 8.9 in Triton")
     ps = prompts(3, seed=54)
-    base = _llm(checkpoints["qwen3"], quantization=quantization).generate(ps, _sp(), use_tqdm=False)
+    lz.lock("quantized_linear", "torch_native.quantized_linear")  # int8 / fp8 e4m3 on Hopper default to the fused
+    try:
+        base = _llm(checkpoints["qwen3"], quantization=quantization).generate(ps, _sp(), use_tqdm=False)
+    finally:
+        lz.unlock("quantized_linear")
     lz.lock("quantized_linear", tq.KERNEL_ID)
     try:
         fused = _llm(checkpoints["qwen3"], quantization=quantization).generate(ps, _sp(), use_tqdm=False)

@@ -2,10 +2,11 @@
 per tensor, int4 in groups along K), CUDA only (SM >= 8.0; fp8 weights SM >= 8.9), fp16 / bf16 activations. The
 ``@triton.jit`` code and its numerics are in ``_qgemm_kernels.py``.
 
-Status: correct under the Triton interpreter (CPU tests against the float32 reference and a float64 oracle); not
-yet timed on a GPU, so it is opt-in (:data:`PRIORITY` below ``torch_native.quantized_linear``):
-``lz.lock("quantized_linear", "triton.quantized_linear")``. The engine's ``LLM(quantization=...)`` calls
-``lz.quantized_linear``, so a lock or a measured default reaches it.
+Status: correct under the Triton interpreter (CPU tests against the float32 reference and a float64 oracle) and on
+an H200 (``tests/gpu/test_gpu_quantized_linear.py``). The default for int8 and fp8 e4m3 weights on Hopper and newer
+(:func:`priority_for`: measured there); opt in elsewhere (:data:`PRIORITY` below
+``torch_native.quantized_linear``): ``lz.lock("quantized_linear", "triton.quantized_linear")``. The engine's
+``LLM(quantization=...)`` calls ``lz.quantized_linear``, so the default or a lock reaches it.
 
 Graph safety: no host synchronization; the output is allocated with ``torch.empty`` on the current stream.
 """
@@ -27,7 +28,15 @@ from ._launch import launch
 
 KERNEL_ID = "triton.quantized_linear"
 PRIORITY = 40
-"""Below ``torch_native.quantized_linear`` (50) until a GPU measurement says otherwise (module docstring)."""
+"""Below ``torch_native.quantized_linear`` (50) where no GPU measurement says otherwise (:func:`priority_for`)."""
+MEASURED_PRIORITY = 55
+MEASURED_FASTER = frozenset({QuantFormat.INT8.value, QuantFormat.FP8_E4M3.value})
+"""Weight formats the engine ran faster with this kernel than with dequantize + cuBLAS on an H200 (bf16, Qwen3-0.6B's
+shapes, ``benchmarks/results/engine/h200/README.md``, 2026-11-25; two processes, each against its own bf16 run):
+int8 per channel 0.58 of bf16's tokens/s vs 0.41, fp8 e4m3 per channel 0.63 vs 0.39. int4 (groups of 128) ran
+slower (0.16 vs 0.30: the row kernel's nibble decode) and fp8 e5m2 was not measured: both stay opt in."""
+MEASURED_SM_MIN = (9, 0)
+"""Where those measurements ran (Hopper); older GPUs keep :data:`PRIORITY` until measured (``lz.tune``)."""
 HALF = frozenset({torch.float16, torch.bfloat16})
 MIN_GROUP = 16
 """int4 groups of at least 16 along K (one ``tl.dot`` K tile per group at least)."""
@@ -106,6 +115,15 @@ def _check(ctx: SelectionContext) -> list[Reason]:
     return out
 
 
+def priority_for(ctx: SelectionContext) -> int | None:
+    """:data:`MEASURED_PRIORITY` (above the dequantize-then-GEMM default) for the weight formats measured faster, on
+    the GPUs they were measured on; None (:data:`PRIORITY`) elsewhere."""
+    sm = ctx.device.sm if ctx.device is not None else None
+    if ctx.quant_format in MEASURED_FASTER and sm is not None and tuple(sm) >= MEASURED_SM_MIN:
+        return MEASURED_PRIORITY
+    return None
+
+
 def kernel_spec(available: bool, why: str) -> KernelSpec:
     """The ``triton.quantized_linear`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``)
     when ``available`` is False."""
@@ -114,4 +132,5 @@ def kernel_spec(available: bool, why: str) -> KernelSpec:
                       description="LayerZero Triton weight-only GEMM: int8 / fp8 / int4 codes decoded in registers, "
                                   "float32 accumulation (a fused low-bit GEMM)",
                       device_types=CUDA, dtypes=HALF, sm_min=SM_MIN, requires_stride_last_1=True,
-                      deterministic=True, graph_safe=True, supports_backward=False, check=_check)
+                      deterministic=True, graph_safe=True, supports_backward=False, check=_check,
+                      priority_for=priority_for)
