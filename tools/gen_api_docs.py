@@ -8,7 +8,7 @@ from pathlib import Path
 import layerzero as lz
 
 SECTIONS = {
-    "Ops": ["attention", "rms_norm", "layer_norm", "rope", "swiglu", "fused_moe", "sample_topk", "sample_topp", "sample",
+    "Ops": ["attention", "rms_norm", "layer_norm", "rope", "qk_norm_rope", "swiglu", "fused_moe", "sample_topk", "sample_topp", "sample",
             "apply_penalties", "geglu", "reglu", "embedding", "linear", "linear_cross_entropy"],
     "Quantization (docs/quantization.md)": ["quantize", "dequantize", "quantized_linear"],
     "Tokenization (docs/tokenization.md)": ["tokenize", "detokenize", "IncrementalDetokenizer"],
