@@ -1,7 +1,8 @@
-"""Every rms_norm / layer_norm / rope kernel available on this CPU, locked with ``lz.lock``, against float64
+"""Every rms_norm / layer_norm / rope / qk_norm_rope kernel available on this CPU, locked with ``lz.lock``, against float64
 oracles (formulas for the norms, complex multiplication for RoPE) on >= 200 seeded cases per dtype: odd
 hidden sizes 1..5120, 0-3 leading dims, fused residual, bias, float32 weights, sliced / transposed inputs;
-RoPE both styles, partial rotary, gathered / table / position_ids (int64 and int32), BHSD and BSHD, GQA."""
+RoPE both styles, partial rotary, gathered / table / position_ids (int64 and int32), BHSD and BSHD, GQA; q/k norm +
+RoPE on the same cases with inputs scaled 0.05-20x."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from _shapes import (  # noqa: E402
 
 pytestmark = pytest.mark.correctness
 
-OPS = ("rms_norm", "layer_norm", "rope")
+OPS = ("rms_norm", "layer_norm", "rope", "qk_norm_rope")
 PARAMS = kernel_dtype_params(OPS, "cpu")
 _ids = lambda x: dname(x) if isinstance(x, torch.dtype) else x  # noqa: E731
 
@@ -37,7 +38,7 @@ def test_every_cpu_kernel_is_covered():
     """The parametrization found the reference and torch_native norm/rope kernels."""
     ids = {kid for _, kid, _ in PARAMS}
     expected = {"reference.rms_norm", "torch_native.rms_norm", "reference.layer_norm", "torch_native.layer_norm",
-                "reference.rope"}
+                "reference.rope", "reference.qk_norm_rope", "torch_native.qk_norm_rope"}
     assert expected <= ids, f"missing CPU kernels: {sorted(expected - ids)}"
 
 
@@ -52,7 +53,7 @@ def test_kernel_matches_float64_oracle(op, kernel_id, dtype, record_property):
     assert run.ran >= MIN_CASES, f"only {run.ran} eligible cases (need {MIN_CASES})\n{run.report()}"
 
 
-NORM_PARAMS = [p for p in PARAMS if p[0] != "rope"]
+NORM_PARAMS = [p for p in PARAMS if p[0] in ("rms_norm", "layer_norm")]
 
 
 @pytest.mark.parametrize(("op", "kernel_id", "dtype"), [p for p in NORM_PARAMS if p[2] == torch.float16], ids=_ids)

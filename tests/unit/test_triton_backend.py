@@ -247,15 +247,16 @@ def test_triton_wins_rope_all_forms_without_transform(layout, interleaved, d, r)
 @needs_triton
 @pytest.mark.parametrize("capture", [False, True])
 def test_triton_wins_qk_norm_rope_over_the_reference(capture):
-    """On CUDA the fused kernel serves lz.qk_norm_rope (eagerly and under capture); the reference is the only other
-    candidate; too large a head dim or too old a GPU leaves the reference."""
+    """On CUDA the fused kernel serves lz.qk_norm_rope (eagerly and under capture) over the two-op torch_native form
+    and the reference; too large a head dim or too old a GPU leaves it to torch_native."""
     reg = make_registry()
     ctx = dataclasses.replace(rope_ctx(graph_capture=capture), op="qk_norm_rope")
     plan, report = run_select(reg, ctx)
     assert plan.kernel_id == "triton.qk_norm_rope" and plan.transforms == ()
-    assert {c.kernel_id for c in report.candidates} == {"triton.qk_norm_rope", "reference.qk_norm_rope"}
+    assert {c.kernel_id for c in report.candidates} == {"triton.qk_norm_rope", "torch_native.qk_norm_rope",
+                                                        "reference.qk_norm_rope"}
     plan, report = run_select(reg, dataclasses.replace(rope_ctx(d=2048), op="qk_norm_rope"))
-    assert plan.kernel_id == "reference.qk_norm_rope"
+    assert plan.kernel_id == "torch_native.qk_norm_rope"
     assert codes(report, "triton.qk_norm_rope") == {R.HEAD_DIM_TOO_LARGE}
     plan, report = run_select(reg, dataclasses.replace(rope_ctx(sm=(7, 0)), op="qk_norm_rope"))
     assert codes(report, "triton.qk_norm_rope") == {R.SM_TOO_OLD}

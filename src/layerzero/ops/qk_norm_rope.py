@@ -54,8 +54,10 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     then rotary position embeddings (RoFormer, Su et al. 2021) on the normalized heads; returns new ``(q, k)``.
 
     Equal to ``lz.rope(lz.rms_norm(q, q_weight, eps), lz.rms_norm(k, k_weight, eps), cos, sin, ...)`` up to
-    rounding: kernels keep the normalized values in float32 into the rotation and round once to the input dtype
-    (the two-op form rounds twice), as vLLM's ``fused_qk_norm_rope`` does; one launch instead of three on CUDA.
+    rounding. Kernels: ``triton.qk_norm_rope`` (CUDA: one launch instead of three) and ``reference.qk_norm_rope`` keep
+    the normalized values in float32 into the rotation and round once to the input dtype, as vLLM's
+    ``fused_qk_norm_rope`` does; ``torch_native.qk_norm_rope`` (the default on CPU) is the two-op form (``F.rms_norm``
+    rounded to the input dtype, then RoPE in that dtype, as transformers' Qwen3 computes it).
 
     Shapes (B batch, Hq/Hkv heads, S tokens, D head dim, R rotary dim, even, R <= D): q ``[B, Hq, S, D]``, k
     ``[B, Hkv, S, D]`` for ``layout="BHSD"`` (``[B, S, H, D]`` for ``"BSHD"``); ``q_weight`` / ``k_weight``

@@ -91,6 +91,14 @@ def _rope(q, k, cos, sin, position_ids, interleaved, layout):
     return apply(q), apply(k)
 
 
+def _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, position_ids, interleaved, layout, eps):
+    """``lz.qk_norm_rope`` as the two-op form: ``F.rms_norm`` over each head's D dims (rounded to the input dtype,
+    as Qwen3's ``q_norm`` / ``k_norm`` are), then :func:`_rope` in the input dtype."""
+    d = q.shape[-1]
+    return _rope(F.rms_norm(q, (d,), q_weight, eps), F.rms_norm(k, (d,), k_weight, eps), cos, sin, position_ids,
+                 interleaved, layout)
+
+
 def _swiglu(gate, up):
     """SwiGLU exactly as Hugging Face ``LlamaMLP`` writes it: ``F.silu(gate) * up`` in the input dtype."""
     return F.silu(gate) * up
@@ -133,6 +141,11 @@ def register(registry: KernelRegistry) -> None:
                                    description="RoPE in the input dtype with torch ops (HF apply_rotary_pos_emb order)",
                                    device_types=devices, dtypes=FLOATS,
                                    layouts=frozenset({Layout.BHSD, Layout.BSHD})))
+    if has_rms:  # 10-20% faster than the reference's float32 form on CPU (1-512 tokens of Qwen3's heads)
+        registry.add_kernel(KernelSpec("torch_native.qk_norm_rope", "qk_norm_rope", _qk_norm_rope, priority=50,
+                                       description="F.rms_norm per head, then RoPE in the input dtype (the two-op "
+                                                   "form: two roundings)", device_types=devices, dtypes=FLOATS,
+                                       layouts=frozenset({Layout.BHSD, Layout.BSHD})))
     registry.add_kernel(cache_kernel_spec())
     from .quantize import kernel_specs as quant_kernel_specs  # quantize, dequantize, quantized_linear
 
