@@ -36,8 +36,10 @@ Measured on the H200 in the engine (nano-vllm workload, interleaved processes wi
 ``benchmarks/results/engine/h200/README.md``): preferred, 21,164 / 21,178 output tok/s against 20,802 with cuBLAS,
 and batch-1 decode 725 / 726 tok/s against 578 / 591. Two earlier A/Bs had it slower in the throughput run (-19%,
 then -3.7%); in this one the first process compiled kernels inside its timed run (15,381 tok/s, the sampler's
-batch-size-dependent variants, since fixed), which is the likely cause of those. Measured on Hopper only: on
-another GPU ``lz.tune`` compares it with cuBLAS."""
+batch-size-dependent variants, since fixed), which is the likely cause of those. In graphs on an H100 too
+(``benchmarks/results/in_graph_h100.md``): 0.52-0.99 of cuBLAS's time on every Qwen3-0.6B projection at 1-8 rows but
+gate/up at 8 rows (1.07; 1.06 on the H200). Measured on Hopper only: on another GPU ``lz.tune`` compares it with
+cuBLAS."""
 MAX_ROWS = 8
 """Most rows (M) the kernel takes: from 16 rows on, cuBLAS's tensor-core GEMM is as fast or faster."""
 HALF = frozenset({torch.float16, torch.bfloat16})
