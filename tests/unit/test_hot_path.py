@@ -200,3 +200,133 @@ def test_rms_norm_specialized_kernel_matches_and_residual_keeps_the_generic_one(
     torch.testing.assert_close(out, F.rms_norm(x + r, (16,), w, 1e-6))
     with pytest.raises(InvalidInputError):
         lz.rms_norm(torch.tensor(1.0), torch.tensor(1.0))
+
+
+# ---------------------------------------------------------------- the inlined hit path (core/observers.py)
+
+def _failing_backend(op: str, kernel_id: str, calls: list[int]) -> None:
+    def boom(*args):
+        calls.append(1)
+        raise RuntimeError("simulated kernel crash")
+
+    RUNTIME.registry.add_backend(BackendSpec(kernel_id.split(".")[0], None, "0.0", True, description="test"),
+                                 replace=True)
+    RUNTIME.registry.add_kernel(KernelSpec(kernel_id, op, boom, priority=1000, device_types=frozenset({"cpu"}),
+                                           description="always raises"))
+
+
+@pytest.mark.parametrize("op", ["attention", "rms_norm"])
+def test_a_kernel_failing_on_the_inlined_hit_path_falls_back(op):
+    """No trace, no telemetry: from the third call the op calls the hot plan itself (the first selects, the second
+    files the hot keys); a failure there still retries on the next kernel (the right result), and a locked plan
+    raises KernelExecutionError, as Runtime.run_hot does."""
+    from layerzero.core.observers import OBSERVERS
+
+    RUNTIME.ensure_ready()
+    calls: list[int] = []
+    kid = f"lzhot2.{op}"
+    _failing_backend(op, kid, calls)
+    try:
+        if op == "attention":
+            q, k, v = _qkv((1, 2, 5, 8), dtype=torch.float64)
+            call, want = (lambda: lz.attention(q, k, v)), F.scaled_dot_product_attention(q, k, v)
+        else:
+            x, w = torch.randn(3, 8, dtype=torch.float64), torch.rand(8, dtype=torch.float64) + 0.5
+            call, want = (lambda: lz.rms_norm(x, w)), F.rms_norm(x, (8,), w, 1e-6)
+        assert OBSERVERS.none
+        for _ in range(2):
+            torch.testing.assert_close(call(), want)
+        assert any(plan.kernel_id == kid for plan in RUNTIME.cache.hot.values())  # the next call takes the hit path
+        torch.testing.assert_close(call(), want)
+        assert len(calls) == 3  # every call reached the failing plan first, then fell back
+        RUNTIME.health.reset()
+        lz.lock(op, kid)
+        for i in range(3):
+            if i == 2:
+                assert any(plan.kernel_id == kid and plan.locked for plan in RUNTIME.cache.hot.values())
+            with pytest.raises(lz.KernelExecutionError, match="simulated kernel crash"):
+                call()
+        lz.unlock(op)
+    finally:
+        RUNTIME.registry.remove_kernel(kid)
+        RUNTIME.registry.backends.remove(kid.split(".")[0])
+        RUNTIME.health.reset()
+
+
+def test_observers_close_the_inlined_path_while_they_watch():
+    from layerzero.core.observers import OBSERVERS
+    import layerzero.telemetry as lzt
+
+    assert OBSERVERS.none and OBSERVERS.count == 0
+    with lz.trace():
+        assert not OBSERVERS.none
+        with lz.trace():
+            assert OBSERVERS.count == 2
+        assert OBSERVERS.count == 1
+    assert OBSERVERS.none
+    lzt.enable()
+    try:
+        assert not OBSERVERS.none
+        lzt.enable()  # already on: counted once
+        assert OBSERVERS.count == 1
+    finally:
+        lzt.disable()
+    lzt.disable()
+    assert OBSERVERS.none and OBSERVERS.count == 0
+    with pytest.raises(RuntimeError, match="without a matching enter"):
+        OBSERVERS.leave()
+
+
+def test_warm_calls_are_counted_by_telemetry_and_recorded_by_a_dry_run():
+    """Calls that hit the hot dict (exact attention key, rms_norm key) are still seen by every observer: telemetry
+    counts them and a dry run records them instead of running a kernel (neither may be bypassed)."""
+    import layerzero.telemetry as lzt
+    from layerzero.core.telemetry import TELEMETRY
+
+    q, k, v = _qkv()
+    x, w = torch.randn(3, 16), torch.ones(16)
+    for _ in range(3):
+        lz.attention(q, k, v)
+        lz.rms_norm(x, w)
+    lzt.enable()
+    try:
+        TELEMETRY.reset()
+        lz.attention(q, k, v)
+        lz.rms_norm(x, w)
+        assert sum(TELEMETRY.calls.values()) == 2
+    finally:
+        lzt.disable()
+    ran: list[int] = []
+
+    def model():
+        ran.append(1)
+        return lz.attention(q, k, v).sum() + lz.rms_norm(x, w).sum()
+
+    report = lz.dry_run(model)
+    assert [r.op for r in report.rows] == ["attention", "rms_norm"] and not any(r.ran for r in report.rows)
+
+
+@pytest.mark.parametrize("case", ["plain", "residual", "strided_x", "strided_weight", "strided_residual", "grad"])
+def test_rms_fast_key_equals_the_full_checks_key(case):
+    """The fast path's plain-tuple key (with and without a residual) equals the key the full checks build
+    (``_key`` through ``flags``): a strided weight or residual is not filed as ``stride_last_1``."""
+    g = torch.Generator().manual_seed(1)
+    x, w, r = torch.randn(3, 16, generator=g), torch.rand(16, generator=g) + 0.5, None
+    if case in ("residual", "strided_residual", "grad"):
+        r = torch.randn(3, 16, generator=g)
+    if case == "strided_x":
+        x = torch.randn(3, 32, generator=g)[:, ::2]
+    if case == "strided_weight":
+        w = torch.rand(32, generator=g)[::2]
+    if case == "strided_residual":
+        r = torch.randn(3, 32, generator=g)[:, ::2]
+    if case == "grad":
+        w.requires_grad_(True)
+    fast, args = N._prepare_rms(x, w, 1e-6, r)
+    full = N._key("rms_norm", x, w, r is not None, r)
+    assert type(fast) is tuple and fast == full and hash(fast) == hash(full)
+    assert args == (x, w, 1e-6, r)
+    assert fast[6] is (case not in ("strided_x", "strided_weight", "strided_residual"))
+    out = lz.rms_norm(x, w, residual=r)
+    want = F.rms_norm(x if r is None else x + r, (16,), w, 1e-6)
+    torch.testing.assert_close(out if r is None else out[0], want)

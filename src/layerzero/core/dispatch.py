@@ -37,6 +37,7 @@ from .registry import KernelRegistry
 from .report import SelectionReport
 from .selection import Measurement, SelectionInputs, select
 from .specs import ExecutionPlan
+from .observers import OBSERVERS
 from .telemetry import TELEMETRY
 
 log = logging.getLogger("layerzero.dispatch")
@@ -68,11 +69,13 @@ def trace() -> Iterator[DispatchTrace]:
     """Record which kernel served each op call inside the block (this thread/task only); yields a
     :class:`DispatchTrace`. Raises nothing; errors of the ops inside propagate unchanged."""
     t = DispatchTrace()
+    OBSERVERS.enter()  # the ops' inlined hot path counts nothing: they take run_hot meanwhile
     token = _TRACE.set(t)
     try:
         yield t
     finally:
         _TRACE.reset(token)
+        OBSERVERS.leave()
 
 
 class SelectionCoordinator(Protocol):
@@ -357,6 +360,12 @@ class Runtime:
             return plan.call(*args)
         except Exception as exc:  # noqa: BLE001 - every kernel failure is recorded, then re-raised or retried
             return self._on_failure(plan, exc, args, t)
+
+    def hot_failure(self, plan: ExecutionPlan, exc: Exception, args: tuple[Any, ...]) -> Any:
+        """What :meth:`run_hot` does when the plan raised, for the ops that call a hot plan themselves while
+        :data:`~layerzero.core.observers.OBSERVERS` has none (so no trace to record in): retry on the next eligible
+        kernels, or re-raise for a locked plan / strict mode (:meth:`_on_failure`)."""
+        return self._on_failure(plan, exc, args, None)
 
     def _observed(self, plan: ExecutionPlan, args: tuple[Any, ...]) -> Any:
         """A hot-path call while telemetry is on: traced and counted as usual, every ``sample_every``-th call of

@@ -21,6 +21,8 @@ import time
 from collections import Counter
 from typing import IO, Any
 
+from .observers import OBSERVERS
+
 __all__ = ["LATENCY_BUCKETS_US", "TELEMETRY", "Telemetry"]
 
 LATENCY_BUCKETS_US = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 10000.0, 100000.0)
@@ -58,6 +60,8 @@ class Telemetry:
             old, self._log = self._log, log
         if old is not None and old is not log:
             old.close()
+        if on != self.on:  # the ops' inlined hot path stays off while telemetry records (core/observers.py)
+            (OBSERVERS.enter if on else OBSERVERS.leave)()
         self.on = on
 
     # ------------------------------------------------------------------ recording (dispatch calls these)

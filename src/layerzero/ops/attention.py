@@ -12,6 +12,7 @@ from torch.compiler import is_dynamo_compiling, is_exporting
 from layerzero.core.constraints import native_layout
 from layerzero.core.context import SelectionContext
 from layerzero.core.dispatch import MISS
+from layerzero.core.observers import OBSERVERS
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import KernelSpec, Layout, MaskKind, OperationSpec
 
@@ -410,22 +411,38 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
             and k.__class__ is _TENSOR and v.__class__ is _TENSOR and (is_causal is True or is_causal is False)
             and dropout_p.__class__ in _ZERO_OK and dropout_p == 0
             and (layout.__class__ is str or layout.__class__ is Layout)):
-        dtype, device = q.dtype, q.device
-        if k.dtype is dtype and v.dtype is dtype and k.device == device and v.device == device:
+        # the device as the exact key holds it: -1 for the CPU, the index for CUDA (bool attributes and ints are
+        # cheaper than three torch.device objects and two comparisons); other devices take the full path
+        if q.is_cpu:
+            dev = -1 if k.is_cpu and v.is_cpu else None
+        else:
+            dev = q.get_device() if q.is_cuda and k.is_cuda and v.is_cuda else None
+            if dev is not None and (k.get_device() != dev or v.get_device() != dev):
+                dev = None
+        dtype = q.dtype
+        if dev is not None and k.dtype is dtype and v.dtype is dtype:
             # the exact key (Runtime.run_hot) holds the shapes as given, the dtype and the layout as passed ("BHSD"
             # and Layout.BHSD are equal and hash alike): only calls that passed every check file it, so a hit skips
             # the shape, dtype and layout checks and the bucketing. is_causal and dropout_p are checked above (1
             # would match True in a key).
             contiguous = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-            cuda = q.is_cuda
+            cuda = dev >= 0
             layers = scope_layers()
-            hot_key = (OP, device, dtype, q.shape, k.shape, v.shape, layout, is_causal, contiguous,
+            hot_key = (OP, dev, dtype, q.shape, k.shape, v.shape, layout, is_causal, contiguous,
                        contiguous or (q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1),
                        not cuda or _aligned(q, k, v, contiguous),
                        is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
                        deterministic_enabled(), cuda and stream_capturing(), scope_token_of(layers) if layers else ())
-            out = RUNTIME.run_hot(hot_key, (q, k, v, None, is_causal, None, dropout_p))
-            if out is not MISS:
-                return out
+            if OBSERVERS.none:  # Runtime.run_hot inlined (core/observers.py says when that is allowed and why)
+                plan = RUNTIME.cache.hot.get(hot_key)
+                if plan is not None:
+                    try:
+                        return plan.call(q, k, v, None, is_causal, None, dropout_p)
+                    except Exception as exc:  # noqa: BLE001 - recorded, then retried or re-raised as run_hot does
+                        return RUNTIME.hot_failure(plan, exc, (q, k, v, None, is_causal, None, dropout_p))
+            else:
+                out = RUNTIME.run_hot(hot_key, (q, k, v, None, is_causal, None, dropout_p))
+                if out is not MISS:
+                    return out
     key, args = _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap, alibi_slopes)
     return RUNTIME.run(key, context, args, hot_key)

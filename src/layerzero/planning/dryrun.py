@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from layerzero.core.errors import NoKernelFoundError
+from layerzero.core.observers import OBSERVERS
 from layerzero.core.runtime import RUNTIME
 
 from .manifest import Case, Manifest, _summ
@@ -158,6 +159,7 @@ def _patch() -> None:
         if _PATCH_DEPTH[0] > 1:
             return
         RUNTIME.run, RUNTIME.run_hot = _Recorder.run, _Recorder.run_hot  # type: ignore[method-assign]
+        OBSERVERS.enter()  # the ops' inlined hot path would bypass the recorder
         for name in OPS:
             fn = getattr(layerzero, name, None)
             if callable(fn):
@@ -173,6 +175,7 @@ def _unpatch() -> None:
         if _PATCH_DEPTH[0] > 0:
             return
         del RUNTIME.run, RUNTIME.run_hot  # back to the class methods
+        OBSERVERS.leave()
         for name, fn in _SAVED.items():
             setattr(layerzero, name, fn)
         _SAVED.clear()

@@ -19,20 +19,31 @@ from .cache import kernel_spec as cache_kernel_spec
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
 
+_RMS = torch.rms_norm  # F.rms_norm is a Python wrapper of it (a __torch_function__ check torch.rms_norm does in C)
+
+
 def _rms_norm(x, weight, eps, residual):
     if residual is None:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return _RMS(x, (x.shape[-1],), weight, eps)
     h = x + residual
-    return F.rms_norm(h, (h.shape[-1],), weight, eps), h
+    return _RMS(h, (h.shape[-1],), weight, eps), h
 
 
 def _rms_specialize(ctx):
-    """For a key without a residual: ``F.rms_norm`` with the key's hidden size bound (no ``x.shape`` read, no
-    branch per call); None (the generic :func:`_rms_norm`) otherwise."""
-    if ctx.fused_residual or ctx.hidden_size is None:
+    """``torch.rms_norm`` (what ``F.rms_norm`` calls) with the key's hidden size bound: no ``x.shape`` read, no
+    branch per call; the fused-residual form returns ``(rms_norm(x + residual), x + residual)``. None (the generic
+    :func:`_rms_norm`) for a key without a hidden size."""
+    if ctx.hidden_size is None:
         return None
     shape = (ctx.hidden_size,)
-    rms = F.rms_norm
+    rms = _RMS
+
+    if ctx.fused_residual:
+        def rms_norm_residual(x, weight, eps, residual):
+            h = x + residual
+            return rms(h, shape, weight, eps), h
+
+        return rms_norm_residual
 
     def rms_norm(x, weight, eps, residual):  # residual: None for every call of such a key
         return rms(x, shape, weight, eps)
