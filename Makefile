@@ -27,32 +27,11 @@ demo: $(STAMP)
 	$(VENV)/bin/layerzero demo
 	$(PY) -m layerzero.engine.demo
 
-# Kernel-correctness tests again under two forced CPU ISAs: torch's CPU kernels are dispatched per ISA (AVX-512,
-# AVX2, scalar "default") and differ in rounding and NaN handling, and CI hosts differ (AVX2-only vs AVX-512), so a
-# test that only holds for one build's behaviour must fail on every host, not only on some. torch reads
-# ATEN_CPU_CAPABILITY at start-up and honours it only for an ISA the CPU has. The subset: every file of
-# tests/correctness except the Triton-interpreter files (their kernels run in Triton's numpy interpreter, not in
-# ATen's ISA-dispatched code). Measured on the 2-core AVX2 dev machine, shared with other jobs (so wall times vary):
-# all of tests/correctness took 215 s / 232 s wall (136 s / 126 s CPU) under default / avx2; this subset 206 s /
-# 122 s wall (125 s / 105 s CPU). The rest of `make test` is ~12 min there (pytest measured ~6 min: unit 1.3,
-# correctness 3.2, the other directories 1.5; the -O run estimated the same; fuzzers 10 s); the whole directory
-# twice more would bring it to ~19.5 min of the 20-minute CI budget, the subset leaves a little more room.
-ISA_CAPABILITIES ?= default avx2
-ISA_TESTS ?= tests/correctness --ignore=tests/correctness/test_triton_interpret.py \
-	--ignore=tests/correctness/test_triton_paged_interpret.py --ignore=tests/correctness/test_triton_cache_interpret.py \
-	--ignore=tests/correctness/test_triton_sample_interpret.py
-
+# `make test`: the suite, then validation and the engine again under python -O, then tests/correctness under two
+# forced CPU ISAs (ATEN_CPU_CAPABILITY=default, avx2), then the fuzzers; tools/run_tests.sh says why and runs the -O
+# and ISA passes beside the main run on machines with >= 2 cores (SERIAL=1: one after another).
 test: $(STAMP)
-	$(PY) -m pytest -q
-	# validation must not rely on assert: every test of validation and the engine again under python -O (the
-	# kernel-correctness tests run twice more below, under forced ISAs)
-	$(PY) -O -m pytest -q -p no:cacheprovider -m "not stress" tests --ignore=tests/correctness
-	set -e; for isa in $(ISA_CAPABILITIES); do \
-		echo "kernel-correctness tests with ATEN_CPU_CAPABILITY=$$isa"; \
-		ATEN_CPU_CAPABILITY=$$isa $(PY) -m pytest -q -p no:cacheprovider -m "not gpu" $(ISA_TESTS); \
-	done
-	$(PY) fuzz/fuzz_policy.py --runs 300
-	$(PY) fuzz/fuzz_validators.py --runs 300
+	tools/run_tests.sh $(PY)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_dispatch.py
