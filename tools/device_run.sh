@@ -29,6 +29,8 @@
 #   cascade-layer benchmarks/engine/cascade_layer.py at 16x16 and at 64x4 (interleaved rows), into $OUT/cascade_layer.txt
 #   tune-cascade benchmarks/engine/tune_cascade_prefill.py $TUNE_ARGS into $OUT/tune_cascade.txt
 #   bench-sample benchmarks/bench_sample.py (reference.sample vs triton.sample) into $OUT/sample.md
+#   fused-merge benchmarks/bench_fused_merge.py in $FM_PROCS (3) processes one after another (the split merge fused
+#             vs two kernels, in graphs and eager), into $OUT/fused_merge_N.md
 #   bench-isolation benchmarks/bench_isolation.py --device cuda (isolated-kernel call cost over CUDA IPC) into $OUT
 # JIT caches (FlashInfer workspace, Triton) live in the ignored .fi_ws/ of the checkout there: a device machine that is
 # still warm keeps them between calls.
@@ -85,6 +87,8 @@ for stage in "$@"; do
     cascade-layer) for a in "" "--groups 64 --members 4" "--groups 64 --members 4 --interleave"; do
         timeout 150 python3 benchmarks/engine/cascade_layer.py $a 2>&1 | tail -8; done | tee "$OUT/cascade_layer.txt" ;;
     tune-cascade) timeout ${BENCH_TIMEOUT:-480} python3 benchmarks/engine/tune_cascade_prefill.py ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune_cascade.txt" | tail -40 ;;
+    fused-merge) for i in $(seq 1 ${FM_PROCS:-3}); do timeout ${FM_TIMEOUT:-90} python3 benchmarks/bench_fused_merge.py \
+        ${FM_ARGS:-} > "$OUT/fused_merge_$i.md" 2>&1; tail -12 "$OUT/fused_merge_$i.md"; done ;;
     bench-isolation) timeout 200 python3 benchmarks/bench_isolation.py --device cuda --out "$OUT/isolation_cuda.md" 2>&1 | tail -12 ;;
     bench-sample) timeout 150 python3 benchmarks/bench_sample.py --out "$OUT/sample.md" 2>&1 | tail -12 ;;
     *) echo "unknown stage $stage"; rc=2 ;;

@@ -28,6 +28,7 @@ if not torch.cuda.is_available():  # must precede the first @triton.jit of the s
 from _triton_interp import needs_interpreter  # noqa: E402
 
 from layerzero.backends.reference.paged import paged_attention as reference_paged  # noqa: E402
+from layerzero.backends.reference.paged import paged_attention_lse as reference_paged_lse  # noqa: E402
 from layerzero.backends.torch_sdpa.paged import kernel_specs as sdpa_paged_specs  # noqa: E402
 from layerzero.backends.triton import paged as tp  # noqa: E402
 from layerzero.core.context import SelectionContext  # noqa: E402
@@ -348,3 +349,39 @@ def test_spec_data_and_unavailable_callable():
     missing = tp.kernel_specs(False, "triton is not installed")[0]
     with pytest.raises(BackendNotAvailableError, match="triton is not installed"):
         missing.fn(None, None, None, None, None, None, True, "NHD")
+
+
+# ------------------------------------------------------------------------- the fused split merge (FUSED_MERGE)
+@needs_triton
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("fused", [True, False])
+def test_fused_and_two_kernel_merges_agree_with_the_oracle(fused, return_lse, monkeypatch):
+    """With several splits, the split that counts last merges (one launch) or stage 2 does (two launches): the same
+    result against the float64 oracle either way (and the same lse), and the fused form leaves every counter at 0."""
+    monkeypatch.setattr(tp, "FUSED_MERGE", fused)
+    launches: list[str] = []
+    real = tp.launch
+    monkeypatch.setattr(tp, "launch", lambda fn, grid, *a, **k: (launches.append(fn.__name__), real(fn, grid, *a, **k)))
+    q, cache, table, lens = make_case(41, layout="NHD", page=4, ratio=3, hkv=2, d=24, lens=[37, 1, 64, 13])
+    res = tp.paged_decode(q, cache, table, lens, None, "NHD", num_splits=5, block_n=16, return_lse=return_lse)
+    out, lse = res if return_lse else (res, None)
+    close(out, oracle(q, cache, table, lens, "NHD"), torch.float32)
+    assert launches == (["paged_decode_split"] if fused else ["paged_decode_split", "paged_decode_merge"])
+    if fused:
+        assert not tp.split_counters(q, 8)[:8].any()  # reset by the merging program, ready for the next launch
+    if return_lse:
+        _, ref_lse = reference_paged_lse(q.to(F64), cache.to(F64).nan_to_num(0.0), table, lens, None, None, True,
+                                         "NHD")
+        torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
+    again = tp.paged_decode(q, cache, table, lens, None, "NHD", num_splits=5, block_n=16)
+    torch.testing.assert_close(again, out, rtol=0, atol=0)  # counters were back at 0: the second call merges too
+
+
+@needs_triton
+def test_split_counters_are_per_stream_and_outgrown_buffers_stay_alive():
+    q = torch.zeros(1, 2, 8)
+    first = tp.split_counters(q, 16)
+    assert first.dtype == torch.int32 and first.numel() >= 16 and not first.any()
+    assert tp.split_counters(q, 16) is first  # reused: a captured graph keeps pointing at it
+    big = tp.split_counters(q, first.numel() + 1)
+    assert big is not first and big.numel() > first.numel() and any(t is first for t in tp._OUTGROWN)

@@ -209,3 +209,68 @@ def test_graph_replay_follows_new_lengths_and_tables():
     eager = tp.paged_decode(q, cache, table, lens)
     assert mismatch(eager, oracle(q, cache, table, lens, "NHD"), torch.float16) is None
     assert torch.equal(static_out, eager)  # same kernels, same split plan, deterministic
+
+
+def _poison_workspace(q: torch.Tensor, splits: int) -> None:
+    """Free a NaN block of the split workspace's size, so the caching allocator hands it to the next call: a merge
+    that read a partial before its split stored it would then read NaN, not last call's equal values."""
+    b, hq, d = q.shape
+    torch.full((b * hq * splits * (d + 1),), float("nan"), dtype=torch.float32, device=q.device)
+
+
+def test_fused_split_merge_matches_and_never_reads_early(monkeypatch):
+    """The split that counts last merges (``FUSED_MERGE``, one launch) from partials other SMs wrote in the same
+    launch: a missing release/acquire or a stale L1 read would merge NaN (the workspace is poisoned before each
+    launch) or last launch's values. 120 seeded cases with 2..32 splits, each launched 3 times back to back without a
+    sync (the counters must be back at 0 before the next launch): every launch equals the first bit for bit and
+    matches the two-kernel merge and the float64 oracle; then a CUDA graph replayed 20 times into a NaN-filled output and
+    two streams launching at once (each stream has its own counters)."""
+    failures = []
+    for seed in range(120):
+        c = gpu_case(3000 + seed)
+        q, cache, table, lens = gpu_inputs(c, torch.bfloat16)
+        cache.nan_to_num_(0.0)
+        splits = (2, 3, 7, 16, 32)[seed % 5]
+        monkeypatch.setattr(tp, "FUSED_MERGE", False)
+        two = tp.paged_decode(q, cache, table, lens, c["scale"], c["layout"], num_splits=splits)
+        monkeypatch.setattr(tp, "FUSED_MERGE", True)
+        outs = []
+        for _ in range(3):
+            _poison_workspace(q, splits)
+            outs.append(tp.paged_decode(q, cache, table, lens, c["scale"], c["layout"], num_splits=splits))
+        torch.cuda.synchronize()
+        ref = oracle(q, cache, table, lens, c["layout"], c["scale"])
+        for i, out in enumerate(outs):
+            msg = mismatch(out, ref, torch.bfloat16, f"fused launch {i}, splits {splits}, case {c}")
+            if msg or not torch.equal(out, outs[0]):
+                failures.append(msg or f"fused launch {i} differs from launch 0 in {c}")
+        msg = mismatch(outs[0], two.to(F64), torch.bfloat16, f"fused vs two-kernel, case {c}")
+        if msg:
+            failures.append(msg)
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:5])
+    q, cache, table, lens = gpu_inputs(gpu_case(3500), torch.bfloat16)
+    cache.nan_to_num_(0.0)
+    want = tp.paged_decode(q, cache, table, lens, num_splits=16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        tp.paged_decode(q, cache, table, lens, num_splits=16)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = tp.paged_decode(q, cache, table, lens, num_splits=16)
+    for _ in range(20):
+        static.fill_(float("nan"))  # a replay whose counters were not back at 0 would merge nothing
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, want)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    results = []
+    for _ in range(5):
+        for s in streams:
+            with torch.cuda.stream(s):
+                results.append(tp.paged_decode(q, cache, table, lens, num_splits=16))
+    torch.cuda.synchronize()
+    assert all(torch.equal(r, want) for r in results)

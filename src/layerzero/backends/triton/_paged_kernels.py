@@ -81,7 +81,7 @@ def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
 
 @triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "stride_lb"])
 def paged_decode_split(
-    q_ptr, kv_ptr, bt_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr, lse_out_ptr,
+    q_ptr, kv_ptr, bt_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr, lse_out_ptr, o_ptr, cnt_ptr,
     qk_scale,  # softmax scale * log2(e)
     k_scale, v_scale,  # a quantized cache's scales: floats, or pointers to one float32 (K_PTR / V_PTR)
     stride_qb, stride_qh,
@@ -92,11 +92,17 @@ def paged_decode_split(
     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr,
     QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
-    WRITE_LSE: tl.constexpr = False,
+    WRITE_LSE: tl.constexpr = False, FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
 ):
     """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is the
     output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype, no stage 2;
-    with ``WRITE_LSE`` its natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32)."""
+    with ``WRITE_LSE`` its natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32).
+
+    ``FUSED_MERGE`` (several splits): no stage 2 either. ``cnt_ptr`` is an int32 counter per (sequence, KV head),
+    ``[B, Hkv]`` row-major, 0 at launch; each program stores its partial, then (CTA barrier, one acq_rel atomic at
+    GPU scope: CUTLASS's serial split-K semaphore) counts itself done, and the program that counts last merges the
+    group's ``num_splits`` partials into ``o_ptr`` (contiguous ``[B, Hq, D]``) as stage 2 would, reading the
+    workspace through L2 (``.cg``), then puts the counter back to 0 for the next launch."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -144,6 +150,46 @@ def paged_decode_split(
         w_off = b * stride_wb + heads * stride_wh + s * stride_ws
         tl.store(ws_out_ptr + w_off[:, None] + d[None, :], out, mask=g_ok[:, None] & d_ok[None, :])
         tl.store(ws_lse_ptr + b * stride_lb + heads * num_splits + s, lse, mask=g_ok)
+        if FUSED_MERGE:
+            tl.debug_barrier()  # every thread's stores precede the release below
+            cnt = cnt_ptr + b * tl.num_programs(1) + h
+            done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if done == num_splits - 1:  # the last split of (b, h): every other one's partial is visible now
+                num_heads = tl.num_programs(1) * group
+                for i in range(0, GROUP_PAD):
+                    if i < group:
+                        hq = h * group + i
+                        merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, b * stride_lb + hq * num_splits,
+                                  b * stride_wb + hq * stride_wh, (b * num_heads + hq) * HEAD_DIM,
+                                  b * num_heads + hq, stride_ws, num_splits, HEAD_DIM, D_PAD, S_PAD, WRITE_LSE)
+                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next launch (kernel boundary)
+
+
+@triton.jit
+def merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, lse_row, ws_row, o_row, lse_out_row, stride_ws, num_splits,
+              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """Merge one (sequence, query head)'s ``num_splits`` partials (workspace lse at ``ws_lse_ptr + lse_row``, outputs
+    at ``ws_out_ptr + ws_row``, split stride ``stride_ws``) with weights ``2^(lse_s - max lse)`` (empty splits weigh
+    0; a slot no split wrote, cascade's device-sized splits, is never read) into ``o_ptr + o_row`` in its dtype;
+    with ``WRITE_LSE`` the merged natural-log lse to ``lse_out_ptr + lse_out_row`` (-inf for a row with no key).
+    Loads go through L2 (``.cg``): the partials may come from other SMs of the same launch (``FUSED_MERGE``)."""
+    s = tl.arange(0, S_PAD)
+    d = tl.arange(0, D_PAD)
+    s_ok = s < num_splits
+    d_ok = d < HEAD_DIM
+    lse = tl.load(ws_lse_ptr + lse_row + s, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)  # empty splits: 2^-inf = 0
+    used = s_ok & (lse > float("-inf"))
+    parts = tl.load(ws_out_ptr + ws_row + s[:, None] * stride_ws + d[None, :], mask=used[:, None] & d_ok[None, :],
+                    other=0.0, cache_modifier=".cg")
+    total = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(o_ptr + o_row + d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+    if WRITE_LSE:
+        tl.store(lse_out_ptr + lse_out_row,
+                 tl.where(total > 0.0, (m + tl.log2(tl.where(total > 0.0, total, 1.0))) * LN2, float("-inf")))
 
 
 @triton.jit(do_not_specialize=["num_heads", "num_splits"])
@@ -158,20 +204,6 @@ def paged_decode_merge(
     natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32, -inf for a sequence with no key)."""
     b = tl.program_id(0)
     hq = tl.program_id(1)
-    s = tl.arange(0, S_PAD)
-    d = tl.arange(0, D_PAD)
-    s_ok = s < num_splits
-    d_ok = d < HEAD_DIM
-    lse = tl.load(ws_lse_ptr + (b * num_heads + hq) * num_splits + s, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)  # empty splits: 2^-inf = 0
-    used = s_ok & (lse > float("-inf"))  # a slot no split wrote (cascade's device-sized splits) is never read
-    parts = tl.load(ws_out_ptr + b * stride_wb + hq * stride_wh + s[:, None] * stride_ws + d[None, :],
-                    mask=used[:, None] & d_ok[None, :], other=0.0)
-    total = tl.sum(w, 0)
-    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(o_ptr + b * stride_ob + hq * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
-    if WRITE_LSE:
-        tl.store(lse_out_ptr + b * num_heads + hq,
-                 tl.where(total > 0.0, (m + tl.log2(tl.where(total > 0.0, total, 1.0))) * LN2, float("-inf")))
+    merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, (b * num_heads + hq) * num_splits,
+              b * stride_wb + hq * stride_wh, b * stride_ob + hq * stride_oh, b * num_heads + hq, stride_ws, num_splits,
+              HEAD_DIM, D_PAD, S_PAD, WRITE_LSE)

@@ -53,7 +53,40 @@ pipeline stages in shared memory the fastest (bf16/fp16: 128 positions for D <= 
 BLOCK_N_MAX = 128
 
 
+FUSED_MERGE = True
+"""With several splits, the split that finishes last for a (sequence, KV head) merges them (one launch; CUTLASS's
+serial split-K semaphore) instead of a second kernel. Eager calls pay one Triton launch less (20-40 µs of host time
+on the device machines' hosts, ``benchmarks/results/triton_launch.md``), a CUDA graph one kernel less per layer.
+The counters live in :func:`split_counters`; False restores the two-kernel form."""
+
 _KERNELS = LazyModule("_paged_kernels")
+_COUNTERS: dict[tuple[str, int, int], torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []
+_COUNTERS_MIN = 4096
+
+
+def interpret_mode(kern: Any) -> bool:
+    """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, the CPU tests)."""
+    return type(kern.paged_decode_split).__name__ == "InterpretedFunction"
+
+
+def split_counters(q: torch.Tensor, n: int) -> torch.Tensor:
+    """The fused merge's int32 counters (at least ``n``, all 0 between launches: the last split of each (sequence,
+    KV head) puts its counter back) for the stream the call runs on. One zeroed buffer per (device, current stream),
+    made on first use and kept: a call reuses it, so a CUDA graph captures its address; under capture the zeroing is
+    captured too (a memset node, harmless: the counters are 0 there anyway). A buffer that is outgrown is replaced
+    and kept alive (graphs captured with it still point at it). Launches on different streams never share counters;
+    graphs captured on one stream share its buffer, so two such graphs must not be replayed at the same time on two
+    streams (as with every other buffer two graphs share through a memory pool)."""
+    dev = q.device
+    stream = torch._C._cuda_getCurrentRawStream(dev.index) if dev.type == "cuda" else 0
+    key = (dev.type, -1 if dev.index is None else dev.index, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        if buf is not None:
+            _OUTGROWN.append(buf)
+        buf = _COUNTERS[key] = torch.zeros(max(n, _COUNTERS_MIN), dtype=torch.int32, device=dev)
+    return buf
 
 
 def block_n_for(head_dim: int, itemsize: int = 2) -> int:
@@ -179,6 +212,9 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     split_len, splits = choose_split_len(batch, hkv, block_tables.shape[1] * page, sm_count(q.device), bn,
                                          num_splits)
     direct = splits == 1  # stage 1 stores the output itself: no workspace, no stage 2
+    interpret = interpret_mode(kern)
+    fused = not direct and FUSED_MERGE  # the split that finishes last merges: no stage 2 either
+    cnt = split_counters(q, batch * hkv) if fused else out
     if direct:
         ws_out, ws_lse, ws_strides = out, out, (out.stride(0), out.stride(1), 0)
     else:
@@ -190,7 +226,6 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
     stride_pos, stride_head = st[2], st[3]
     d_pad = max(16, next_pow2(d))
-    interpret = type(kern.paged_decode_split).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1 (CPU tests)
     config = launch_config(d)
     if num_warps is not None:
         config["num_warps"] = int(num_warps)
@@ -198,14 +233,14 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         config["num_stages"] = int(num_stages)
     ks, vs, qflags = _scale_args(quant, k_scale, v_scale)
     launch(kern.paged_decode_split, (batch, hkv, splits),
-        q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, lse, scale * kern.LOG2E, ks, vs,
+        q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, lse, out, cnt, scale * kern.LOG2E, ks, vs,
         q.stride(0), q.stride(1), st[0], st[1], stride_pos, stride_head,
         block_tables.stride(0), split_len, page, group, splits, *ws_strides, hq * splits,
         GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
         INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
-        UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=direct, WRITE_LSE=return_lse, **qflags,
-        **config)
-    if not direct:
+        UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=direct, WRITE_LSE=return_lse,
+        FUSED_MERGE=fused, S_PAD=next_pow2(splits) if fused else 1, **qflags, **config)
+    if not direct and not fused:
         launch(kern.paged_decode_merge, (batch, hq),
             ws_out, ws_lse, out, lse, out.stride(0), out.stride(1), *ws_strides, hq, splits, HEAD_DIM=d, D_PAD=d_pad,
             S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=4)

@@ -1,0 +1,78 @@
+"""``triton.paged_decode``'s split merge: one launch (``FUSED_MERGE``, the split that counts last merges) vs two
+(split kernel, then the merge kernel), side by side in one process.
+
+- in a CUDA graph (what the engine's decode graphs pay; ``bench_in_graph.graph_us``: 50 calls per graph, best of 5
+  replays): B = 1, 2, 4, 8 sequences of 256 / 768 / 2048 tokens in a block table 2080 tokens wide (Qwen3-0.6B heads:
+  16 query / 8 KV of 128, bf16, pages of 16), the default split count;
+- eager (host launch included; ``paged_spread.rounds_us``: rounds of back-to-back calls, CUDA events): the hidden
+  check's unstable shape, B 24, mean 1500 tokens bimodal, 32 / 8 heads of 128 (its default split count 3), plus
+  one split (one launch, no merge) for scale.
+
+Run it in several processes to see the process-to-process spread the H200 showed (``ship_timings/nvidia-h200/
+paged_spread.md``). Usage: ``PYTHONPATH=src:benchmarks python benchmarks/bench_fused_merge.py [--rounds 8]`` (CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+from _ship_grid import Case, build
+from bench_in_graph import graph_us
+from paged_spread import rounds_us
+
+import layerzero as lz
+from layerzero.backends.triton import paged
+
+
+def _both(fn) -> tuple[float, float]:
+    """``fn()`` timed with the two-kernel merge, then with the fused one."""
+    out = []
+    for fused in (False, True):
+        paged.FUSED_MERGE = fused
+        out.append(fn())
+    paged.FUSED_MERGE = True
+    return out[0], out[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=50)
+    a = ap.parse_args(argv)
+    dev, dt = "cuda", torch.bfloat16
+    print(f"# fused split merge on {torch.cuda.get_device_name()} (torch {torch.__version__})\n")
+    print("## in a CUDA graph (µs per call)\n\n| B | tokens | splits | two kernels | fused | fused / two |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    width, page = 130, 16
+    cache = lz.allocate_kv_cache(8 * width + 1, page, 8, 128, dtype=dt, device=dev)
+    cache.normal_()
+    for b in (1, 2, 4, 8):
+        tables = torch.randperm(8 * width, device=dev)[: b * width].view(b, width).int()
+        for tokens in (256, 768, 2048):
+            lens = torch.full((b,), tokens, dtype=torch.int32, device=dev)
+            q = torch.randn(b, 16, 128, device=dev, dtype=dt)
+            splits = paged.choose_split_len(b, 8, width * page, paged.sm_count(q.device), paged.block_n_for(128, 2))[1]
+            two, fused = _both(lambda q=q, t=tables, s=lens: graph_us(lambda: paged.paged_decode(q, cache, t, s)))
+            print(f"| {b} | {tokens} | {splits} | {two:.2f} | {fused:.2f} | {fused / two:.2f} |", flush=True)
+    case = Case("paged_decode", 24, 1, 1500, 32, 8, 128, "bfloat16", 16, "bimodal", seed=2001)
+    (q, kv, table, lens), _ = build(case, torch.device(dev))
+    print(f"\n## eager, {case.label()} (µs per call, {a.rounds} rounds of {a.iters})\n")
+    print("| form | min | median | max | rounds |\n| --- | ---: | ---: | ---: | --- |")
+    rows = []
+    for fused in (False, True, False, True):
+        paged.FUSED_MERGE = fused
+        rows.append(("fused" if fused else "two kernels",
+                     rounds_us(lambda: paged.paged_decode(q, kv, table, lens), a.rounds, a.iters)))
+    paged.FUSED_MERGE = True
+    rows.append(("one split (no merge)", rounds_us(lambda: paged.paged_decode(q, kv, table, lens, num_splits=1),
+                                                  a.rounds, a.iters)))
+    for name, r in rows:
+        print(f"| {name} | {min(r):.1f} | {statistics.median(r):.1f} | {max(r):.1f} | "
+              + " ".join(f"{x:.0f}" for x in r) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
