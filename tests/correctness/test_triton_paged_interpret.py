@@ -385,3 +385,21 @@ def test_split_counters_are_per_stream_and_outgrown_buffers_stay_alive():
     assert tp.split_counters(q, 16) is first  # reused: a captured graph keeps pointing at it
     big = tp.split_counters(q, first.numel() + 1)
     assert big is not first and big.numel() > first.numel() and any(t is first for t in tp._OUTGROWN)
+
+
+@needs_triton
+def test_capture_selection_keeps_the_two_kernel_merge(monkeypatch):
+    """Under CUDA-graph capture (and ``lz.capture_selection``, eager calls as captured) the merge stays a second
+    kernel (it replays faster; the fused form is for eager calls)."""
+    import layerzero as lz
+
+    launches: list[str] = []
+    real = tp.launch
+    monkeypatch.setattr(tp, "launch", lambda fn, grid, *a, **k: (launches.append(fn.__name__), real(fn, grid, *a, **k)))
+    q, cache, table, lens = make_case(42, layout="HND", page=8, ratio=2, hkv=2, d=16, lens=[40, 9])
+    eager = tp.paged_decode(q, cache, table, lens, None, "HND", num_splits=4, block_n=16)
+    assert launches == ["paged_decode_split"]
+    with lz.capture_selection():
+        captured = tp.paged_decode(q, cache, table, lens, None, "HND", num_splits=4, block_n=16)
+    assert launches == ["paged_decode_split", "paged_decode_split", "paged_decode_merge"]
+    torch.testing.assert_close(captured, eager, rtol=1e-6, atol=1e-6)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from layerzero.core.capture import AS_CAPTURED, capturing_now
 from layerzero.core.context import SelectionContext
 from layerzero.core.errors import InvalidInputError, expected_got
 from layerzero.core.kv_layout import KV_LAYOUTS, KVLayout, cache_dims, nhd_view
@@ -54,10 +55,12 @@ BLOCK_N_MAX = 128
 
 
 FUSED_MERGE = True
-"""With several splits, the split that finishes last for a (sequence, KV head) merges them (one launch; CUTLASS's
-serial split-K semaphore) instead of a second kernel. Eager calls pay one Triton launch less (20-40 µs of host time
-on the device machines' hosts, ``benchmarks/results/triton_launch.md``), a CUDA graph one kernel less per layer.
-The counters live in :func:`split_counters`; False restores the two-kernel form."""
+"""Eager calls with several splits: the split that finishes last for a (sequence, KV head) merges them (one launch;
+CUTLASS's serial split-K semaphore) instead of a second kernel, which saves one Triton launch of host time: on the
+H200 (``benchmarks/results/fused_merge_h200.md``) the hidden check's B24 shape ran 80 / 61 µs per eager call against
+101 / 71 µs with two launches (two processes). Not under CUDA-graph capture: replayed, the fused form was 3-11%
+slower (the last program's serial merge after a barrier and an atomic) than the merge kernel, so graphs keep two
+kernels; both forms run the same merge code with the same warps (``merge_row``). False: two kernels always."""
 
 _KERNELS = LazyModule("_paged_kernels")
 _COUNTERS: dict[tuple[str, int, int], torch.Tensor] = {}
@@ -213,7 +216,9 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
                                          num_splits)
     direct = splits == 1  # stage 1 stores the output itself: no workspace, no stage 2
     interpret = interpret_mode(kern)
-    fused = not direct and FUSED_MERGE  # the split that finishes last merges: no stage 2 either
+    # eager calls only: the split that finishes last merges, no stage 2 (one host launch less); under capture (and
+    # lz.capture_selection) the two kernels, which replay faster (FUSED_MERGE says why) and compute the same bits
+    fused = not direct and FUSED_MERGE and not (AS_CAPTURED.get() or capturing_now())
     cnt = split_counters(q, batch * hkv) if fused else out
     if direct:
         ws_out, ws_lse, ws_strides = out, out, (out.stride(0), out.stride(1), 0)
