@@ -60,7 +60,9 @@ CUTLASS's serial split-K semaphore) instead of a second kernel, which saves one 
 H200 (``benchmarks/results/fused_merge_h200.md``) the hidden check's B24 shape ran 80 / 61 µs per eager call against
 101 / 71 µs with two launches (two processes). Not under CUDA-graph capture: replayed, the fused form was 3-11%
 slower (the last program's serial merge after a barrier and an atomic) than the merge kernel, so graphs keep two
-kernels; both forms run the same merge code with the same warps (``merge_row``). False: two kernels always."""
+kernels. Both forms run the same merge code (``merge_row``) and agree to rounding, not always to the last bit (the
+H200 showed 1-ulp differences on some rows): an eager call under ``lz.capture_selection()`` runs the two kernels, the
+graph's bits. False: two kernels always."""
 
 _KERNELS = LazyModule("_paged_kernels")
 _COUNTERS: dict[tuple[str, int, int], torch.Tensor] = {}

@@ -82,10 +82,12 @@ class CUDAGraphRunner:
 
     def _capture_all(self) -> None:
         pool = None
+        # one side stream for every bucket's warm-up: torch keeps a cuBLAS workspace per stream the GEMMs ran on (32-64
+        # MiB on Hopper, until torch._C._cuda_clearCublasWorkspaces()), so a stream per bucket could pin one each
+        side = torch.cuda.Stream(self.device)
         for bs in reversed(self.sizes):
             for cascade in (False, True) if self.cascade is not None else (False,):
                 batch = self._batch(bs, cascade)
-                side = torch.cuda.Stream(self.device)
                 side.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(side):
                     for _ in range(2):
