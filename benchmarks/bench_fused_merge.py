@@ -30,9 +30,9 @@ def _both(fn) -> tuple[float, float]:
     """``fn()`` timed with the two-kernel merge, then with the fused one."""
     out = []
     for fused in (False, True):
-        paged.FUSED_MERGE = fused
+        paged.FUSED_MERGE = paged.FUSED_MERGE_IN_GRAPHS = fused
         out.append(fn())
-    paged.FUSED_MERGE = True
+    paged.FUSED_MERGE, paged.FUSED_MERGE_IN_GRAPHS = True, False
     return out[0], out[1]
 
 

@@ -11,7 +11,8 @@ positions ``>= seq_len`` (block ids included) are masked, so unused pages, unuse
 to the float32 workspace; an empty split writes 0 and ``-inf``.
 
 With one split (large batches: the grid is full without splitting) stage 1 stores the normalized output directly
-in the output's dtype and stage 2 is not launched.
+in the output's dtype and stage 2 is not launched. With ``FUSED_MERGE`` (eager calls) stage 1's last split of each
+(sequence, KV head) merges, and stage 2 is not launched either (see ``paged_decode_split``).
 
 Stage 2, grid ``(B, Hq)``: merges the S partials of one (sequence, query head) with weights
 ``2^(lse_s - max lse)`` (empty splits weigh 0) and stores the result in the output's dtype.

@@ -4,7 +4,8 @@ FlashDecoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context 
 ``triton_decode_attention`` is the same two-stage shape): stage 1 splits every sequence's KV into S ranges and
 runs one program per (sequence, KV head, split) holding all the query heads of the KV head's GQA group as one
 tile, online softmax in float32, writing a partial output and its log-sum-exp to a float32 workspace; stage 2
-merges the S partials (with one split, stage 1 writes the output and stage 2 is skipped). Tile size, split
+merges the S partials (with one split, stage 1 writes the output and stage 2 is skipped; eager calls merge in stage 1:
+the split that finishes last does it, :data:`FUSED_MERGE`). Tile size, split
 count and launch config follow an H200 search (``benchmarks/tune_paged_decode.py``). The Triton code is in
 ``_paged_kernels.py``, imported on the first call (only after ``import triton`` succeeded in the backend's probe).
 
@@ -63,6 +64,10 @@ slower (the last program's serial merge after a barrier and an atomic) than the 
 kernels. Both forms run the same merge code (``merge_row``) and agree to rounding, not always to the last bit (the
 H200 showed 1-ulp differences on some rows): an eager call under ``lz.capture_selection()`` runs the two kernels, the
 graph's bits. False: two kernels always."""
+
+FUSED_MERGE_IN_GRAPHS = False
+"""Use the fused merge under capture too (what ``benchmarks/bench_fused_merge.py`` sets to compare both forms in a
+graph); off by default for the reason :data:`FUSED_MERGE` gives."""
 
 _KERNELS = LazyModule("_paged_kernels")
 _COUNTERS: dict[tuple[str, int, int], torch.Tensor] = {}
@@ -220,7 +225,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     interpret = interpret_mode(kern)
     # eager calls only: the split that finishes last merges, no stage 2 (one host launch less); under capture (and
     # lz.capture_selection) the two kernels, which replay faster (FUSED_MERGE says why) and compute the same bits
-    fused = not direct and FUSED_MERGE and not (AS_CAPTURED.get() or capturing_now())
+    fused = not direct and FUSED_MERGE and (FUSED_MERGE_IN_GRAPHS or not (AS_CAPTURED.get() or capturing_now()))
     cnt = split_counters(q, batch * hkv) if fused else out
     if direct:
         ws_out, ws_lse, ws_strides = out, out, (out.stride(0), out.stride(1), 0)
