@@ -15,14 +15,12 @@ paged_spread.md``). Usage: ``PYTHONPATH=src:benchmarks python benchmarks/bench_f
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 from _ship_grid import Case, build
-from bench_in_graph import graph_us
-from paged_spread import rounds_us
+from bench_in_graph import engine_decode_cases, graph_us
+from paged_spread import rounds_table, rounds_us
 
-import layerzero as lz
 from layerzero.backends.triton import paged
 
 
@@ -45,21 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# fused split merge on {torch.cuda.get_device_name()} (torch {torch.__version__})\n")
     print("## in a CUDA graph (µs per call)\n\n| B | tokens | splits | two kernels | fused | fused / two |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-    width, page = 130, 16
-    cache = lz.allocate_kv_cache(8 * width + 1, page, 8, 128, dtype=dt, device=dev)
-    cache.normal_()
-    for b in (1, 2, 4, 8):
-        tables = torch.randperm(8 * width, device=dev)[: b * width].view(b, width).int()
-        for tokens in (256, 768, 2048):
-            lens = torch.full((b,), tokens, dtype=torch.int32, device=dev)
-            q = torch.randn(b, 16, 128, device=dev, dtype=dt)
-            splits = paged.choose_split_len(b, 8, width * page, paged.sm_count(q.device), paged.block_n_for(128, 2))[1]
-            two, fused = _both(lambda q=q, t=tables, s=lens: graph_us(lambda: paged.paged_decode(q, cache, t, s)))
-            print(f"| {b} | {tokens} | {splits} | {two:.2f} | {fused:.2f} | {fused / two:.2f} |", flush=True)
+    for b, tokens, q, cache, tables, lens, splits in engine_decode_cases(dev, dt):
+        two, fused = _both(lambda q=q, c=cache, t=tables, s=lens: graph_us(lambda: paged.paged_decode(q, c, t, s)))
+        print(f"| {b} | {tokens} | {splits} | {two:.2f} | {fused:.2f} | {fused / two:.2f} |", flush=True)
     case = Case("paged_decode", 24, 1, 1500, 32, 8, 128, "bfloat16", 16, "bimodal", seed=2001)
     (q, kv, table, lens), _ = build(case, torch.device(dev))
     print(f"\n## eager, {case.label()} (µs per call, {a.rounds} rounds of {a.iters})\n")
-    print("| form | min | median | max | rounds |\n| --- | ---: | ---: | ---: | --- |")
     rows = []
     for fused in (False, True, False, True):
         paged.FUSED_MERGE = fused
@@ -68,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     paged.FUSED_MERGE = True
     rows.append(("one split (no merge)", rounds_us(lambda: paged.paged_decode(q, kv, table, lens, num_splits=1),
                                                   a.rounds, a.iters)))
-    for name, r in rows:
-        print(f"| {name} | {min(r):.1f} | {statistics.median(r):.1f} | {max(r):.1f} | "
-              + " ".join(f"{x:.0f}" for x in r) + " |")
+    print("\n".join(rounds_table(rows, "form")))
     return 0
 
 

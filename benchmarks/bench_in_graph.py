@@ -171,14 +171,13 @@ def _qk(rows: list[int], dev: str, dt: torch.dtype) -> list[str]:
     return lines
 
 
-def _paged(dev: str, dt: torch.dtype) -> list[str]:
-    """``triton.paged_decode`` in a 2080-token-wide block table (the split count follows the width, not the
-    lengths: graphs are shape-static): default splits vs forced counts."""
+def engine_decode_cases(dev: str, dt: torch.dtype):
+    """Decode inputs as the engine's decode graphs pass them (Qwen3-0.6B heads: 16 query / 8 KV of 128, pages of 16,
+    a block table 130 blocks = 2080 tokens wide): yields ``(B, tokens, q, cache, block_tables, seq_lens, splits)`` for
+    B = 1, 2, 4, 8 and 256 / 768 / 2048 tokens per sequence, ``splits`` the default split count (it follows the
+    table's width, not the lengths: graphs are shape-static)."""
     from layerzero.backends.triton import paged
 
-    lines = ["", "## paged decode (triton.paged_decode; 16 q / 8 KV heads of 128, pages of 16, table 130 blocks)", "",
-             "| B | tokens | default splits | default µs | 1 split µs | 2 splits µs | 4 splits µs | best / default |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     width, page = 130, 16
     cache = lz.allocate_kv_cache(8 * width + 1, page, 8, 128, dtype=dt, device=dev)
     cache.normal_()
@@ -187,13 +186,24 @@ def _paged(dev: str, dt: torch.dtype) -> list[str]:
         for tokens in (256, 768, 2048):
             lens = torch.full((b,), tokens, dtype=torch.int32, device=dev)
             q = torch.randn(b, 16, 128, device=dev, dtype=dt)
-            splits = paged.choose_split_len(b, 8, width * page, paged.sm_count(q.device),
-                                            paged.block_n_for(128, 2))[1]
-            times = [graph_us(lambda n=n, q=q, t=tables, s=lens: paged.paged_decode(q, cache, t, s, num_splits=n))
-                     for n in (None, 1, 2, 4)]
-            lines.append(f"| {b} | {tokens} | {splits} | " + " | ".join(f"{x:.2f}" for x in times)
-                         + f" | {min(times) / times[0]:.2f} |")
-            print(lines[-1], flush=True)
+            splits = paged.choose_split_len(b, 8, width * page, paged.sm_count(q.device), paged.block_n_for(128, 2))[1]
+            yield b, tokens, q, cache, tables, lens, splits
+
+
+def _paged(dev: str, dt: torch.dtype) -> list[str]:
+    """``triton.paged_decode`` in a 2080-token-wide block table (the split count follows the width, not the
+    lengths: graphs are shape-static): default splits vs forced counts."""
+    from layerzero.backends.triton import paged
+
+    lines = ["", "## paged decode (triton.paged_decode; 16 q / 8 KV heads of 128, pages of 16, table 130 blocks)", "",
+             "| B | tokens | default splits | default µs | 1 split µs | 2 splits µs | 4 splits µs | best / default |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for b, tokens, q, cache, tables, lens, splits in engine_decode_cases(dev, dt):
+        times = [graph_us(lambda n=n, q=q, c=cache, t=tables, s=lens: paged.paged_decode(q, c, t, s, num_splits=n))
+                 for n in (None, 1, 2, 4)]
+        lines.append(f"| {b} | {tokens} | {splits} | " + " | ".join(f"{x:.2f}" for x in times)
+                     + f" | {min(times) / times[0]:.2f} |")
+        print(lines[-1], flush=True)
     return lines
 
 

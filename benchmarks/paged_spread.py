@@ -60,11 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((f"triton splits={s}", rounds_us(lambda s=s: tp.paged_decode(q, cache, table, lens, num_splits=s),
                                                      a.rounds, a.iters)))
     print(f"# {case.label()} on {torch.cuda.get_device_name()}: µs per call, {a.rounds} rounds of {a.iters}\n")
-    print("| kernel | min | median | max | rounds |\n| --- | ---: | ---: | ---: | --- |")
-    for name, r in rows:
-        print(f"| {name} | {min(r):.1f} | {statistics.median(r):.1f} | {max(r):.1f} | "
-              + " ".join(f"{x:.0f}" for x in r) + " |")
+    print("\n".join(rounds_table(rows, "kernel")))
     return 0
+
+
+def rounds_table(rows: list[tuple[str, list[float]]], what: str) -> list[str]:
+    """Markdown lines of ``(name, per-round µs)`` rows: min, median, max and every round."""
+    return [f"| {what} | min | median | max | rounds |", "| --- | ---: | ---: | ---: | --- |"] + [
+        f"| {name} | {min(r):.1f} | {statistics.median(r):.1f} | {max(r):.1f} | " + " ".join(f"{x:.0f}" for x in r)
+        + " |" for name, r in rows]
 
 
 if __name__ == "__main__":

@@ -254,8 +254,8 @@ def test_a_kernel_failing_on_the_inlined_hit_path_falls_back(op):
 
 
 def test_observers_close_the_inlined_path_while_they_watch():
-    from layerzero.core.observers import OBSERVERS
     import layerzero.telemetry as lzt
+    from layerzero.core.observers import OBSERVERS
 
     assert OBSERVERS.none and OBSERVERS.count == 0
     with lz.trace():

@@ -30,6 +30,7 @@ from .context import SelectionContext
 from .device import DeviceSpec, device_free_bytes
 from .errors import CudaGraphUnsafeError, KernelExecutionError, LayerZeroError, NoKernelFoundError
 from .health import BreakerState, HealthTracker
+from .observers import OBSERVERS
 from .perfdb import PerfDB, fingerprint, perf_score
 from .quarantine import QuarantineStore, arch_of, probe_first_call
 from .reasons import Reason
@@ -37,7 +38,6 @@ from .registry import KernelRegistry
 from .report import SelectionReport
 from .selection import Measurement, SelectionInputs, select
 from .specs import ExecutionPlan
-from .observers import OBSERVERS
 from .telemetry import TELEMETRY
 
 log = logging.getLogger("layerzero.dispatch")
