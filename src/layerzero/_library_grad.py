@@ -17,8 +17,10 @@ AOTAutograd can trace them:
   ``rotate_half`` (NeoX: ``cat(-x2, x1)``) or ``rotate_every_two`` (GPT-J: ``(x0, x1) -> (-x1, x0)``), dims >= R
   passed through. ``P`` is a block of 90-degree rotations, so ``P^T = -P`` and ``dx_r = dy_r cos - P(dy_r sin)``,
   ``dx_pass = dy_pass``; cos/sin are gathered as the reference kernel (``backends/reference/rope.py``) gathers them;
-  float32 (float64 for float64 q), then q's / k's dtype. No gradient for cos/sin: ``lz.rope`` keeps calls whose
-  cos/sin require grad on the Python path, and the formula raises ``InvalidInputError`` if asked for one;
+  float32 (float64 for float64 q), then q's / k's dtype. Learned cos/sin (since 2026-11-27): ``dcos = sum(dy_r x_r)``,
+  ``dsin = sum(dy_r P(x_r))`` over the heads (q's and k's terms added), then back to the table's shape: scatter-added
+  over ``position_ids`` into a ``[max_pos, R]`` table, the first S rows of a table read at positions ``0..S-1``, summed
+  over the batch for a gathered ``[1, S, R]``; in the table's dtype;
 - attention (Vaswani et al. 2017; semantics of ``backends/reference/attention.py``: GQA by consecutive head groups,
   top-left causal, FlashAttention windows, Gemma 2 soft-cap, bool or additive masks, fully masked rows give 0):
   without mask, window, soft-cap and ALiBi, the gradients of ``F.scaled_dot_product_attention(q, k, v, is_causal, scale,
@@ -127,16 +129,33 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 # ---------------------------------------------------------------------------------------------------------- rope
 def _rope_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
     q, k, cos, sin, position_ids, interleaved, layout = inputs
-    ctx.save_for_backward(cos, sin, position_ids)
+    learned = isinstance(cos, torch.Tensor) and cos.requires_grad or isinstance(sin, torch.Tensor) and sin.requires_grad
+    # q and k themselves only for learned cos/sin (their gradients are sums of dy * x and dy * P(x))
+    ctx.save_for_backward(cos, sin, position_ids, *((q, k) if learned else ()))
     ctx.interleaved, ctx.bshd, ctx.dtypes = interleaved, layout == "BSHD", (q.dtype, k.dtype)
+
+
+def _table_grad(g: torch.Tensor, table: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """The gradient of a cos or sin ``table`` from ``g``, that of its gathered form ``[B or 1, S, R]`` (already summed
+    over the heads): scatter-added over ``position_ids`` into a ``[max_pos, R]`` table, the first S rows of a table read
+    at positions ``0..S-1``, summed over the batch for a gathered ``[1, S, R]``; in the table's dtype."""
+    batch = table.shape[0] if table.dim() == 3 else 1 if position_ids is None else position_ids.shape[0]
+    if batch == 1 and g.shape[0] != 1:  # one row of positions or tables broadcast over the batch
+        g = g.sum(0, keepdim=True)
+    if table.dim() == 3:
+        return g.to(table.dtype)
+    out = torch.zeros(table.shape, dtype=g.dtype, device=g.device)
+    if position_ids is None:
+        out[: g.shape[1]] = g[0]
+    else:
+        out.index_add_(0, position_ids.reshape(-1).long(), g.reshape(-1, g.shape[-1]))
+    return out.to(table.dtype)
 
 
 def _rope_backward(ctx: Any, dq: torch.Tensor | None, dk: torch.Tensor | None) -> tuple[Any, ...]:
     from layerzero.backends.reference.rope import _gather, rotate_every_two, rotate_half
 
-    if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
-        raise _unsupported("rope", "cos/sin that require grad", "Call lz.rope (it traces such calls as Python).")
-    cos, sin, position_ids = ctx.saved_tensors
+    cos, sin, position_ids, *xs = ctx.saved_tensors
     like = dq if dq is not None else dk
     cdt = _compute_dtype(like)
     seq = like.shape[1] if ctx.bshd else like.shape[2]
@@ -152,7 +171,18 @@ def _rope_backward(ctx: Any, dq: torch.Tensor | None, dk: torch.Tensor | None) -
         d_rot = dyf[..., :r] * c - rotate(dyf[..., :r] * s)  # P^T = -P
         return torch.cat((d_rot, dyf[..., r:]), dim=-1).to(dtype)
 
-    return back(dq, ctx.dtypes[0]), back(dk, ctx.dtypes[1]), None, None, None, None, None
+    dcos = dsin = None
+    if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:  # learned cos/sin: y_r = x_r cos + P(x_r) sin
+        gc = gs = 0
+        for dy, x in zip((dq, dk), xs, strict=True):
+            if dy is None:
+                continue
+            dyr, xr = dy[..., :r].to(cdt), x[..., :r].to(cdt)
+            gc = gc + (dyr * xr).sum(axis)  # summed over the heads: [B, S, R]
+            gs = gs + (dyr * rotate(xr)).sum(axis)
+        dcos = _table_grad(gc, cos, position_ids) if ctx.needs_input_grad[2] else None
+        dsin = _table_grad(gs, sin, position_ids) if ctx.needs_input_grad[3] else None
+    return back(dq, ctx.dtypes[0]), back(dk, ctx.dtypes[1]), dcos, dsin, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------------------- attention

@@ -240,8 +240,8 @@ def _graph_targets(fn, *args):
 
 
 def test_calls_the_formulas_do_not_cover_stay_python_and_differentiable():
-    """cos/sin that require grad, dropout with gradients and trainable ``alibi_slopes`` are traced as Python (no
-    custom-op node), and the compiled function's values and gradients equal eager's; the raw ops refuse them in
+    """Dropout with gradients and trainable ``alibi_slopes`` are traced as Python (no custom-op node), and the
+    compiled function's values and gradients equal eager's; the raw ops refuse them in
     backward with an ``InvalidInputError`` instead of a silently wrong gradient. Fixed ALiBi slopes are a custom-op
     node (until 2026-11-25 the node had no slopes argument and silently dropped the bias) equal to eager."""
     torch._dynamo.reset()
@@ -249,21 +249,9 @@ def test_calls_the_formulas_do_not_cover_stay_python_and_differentiable():
     q, k = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 2, 5, 8, generator=gen)
     cos, sin = _tables(gen, 5, 8, False, torch.float32)
 
-    def learned_rope(q, k, cos, sin):
-        return sum(t.sum() for t in lz.rope(q, k, cos.sin(), sin))
-
     def alibi(q, k, slopes):
         return lz.attention(q, k, k, alibi_slopes=slopes, is_causal=True)
 
-    args = [t.clone().requires_grad_() for t in (q, k, cos, sin)]
-    assert "layerzero.rope.default" not in _graph_targets(learned_rope, *args)
-    grads = []
-    for fn in (learned_rope, torch.compile(learned_rope, backend="aot_eager")):
-        args = [t.clone().requires_grad_() for t in (q, k, cos, sin)]
-        fn(*args).backward()
-        grads.append([a.grad for a in args])
-    for got, want in zip(*grads, strict=True):
-        torch.testing.assert_close(got, want)
     slopes = torch.tensor([0.5, 0.25])
     assert "layerzero.attention.default" in _graph_targets(alibi, q, k, slopes)
     torch.testing.assert_close(torch.compile(alibi, backend="aot_eager")(q, k, slopes), alibi(q, k, slopes))
@@ -286,5 +274,84 @@ def test_calls_the_formulas_do_not_cover_stay_python_and_differentiable():
         assert "layerzero.attention.default" in _graph_targets(dropped, q)  # inference: dropout needs no backward
     with pytest.raises(InvalidInputError, match="dropout_p=0.5 with gradients"):
         torch.ops.layerzero.attention(qg, q, q, None, False, None, 0.5, "BHSD", None, None, None).sum().backward()
-    with pytest.raises(InvalidInputError, match="cos/sin that require grad"):
-        torch.ops.layerzero.rope(qg, q, cos.requires_grad_(), sin, None, False, "BHSD")[0].sum().backward()
+
+
+
+def _learned_rope_cases():
+    """(name, args) of ``torch.ops.layerzero.rope`` with learned cos/sin in float64: every cos/sin form (a table read at
+    positions 0..S-1, a table with ``position_ids`` that repeat positions, gathered ``[B, S, R]`` and ``[1, S, R]``),
+    NeoX and GPT-J pairs, partial rotary (R = 12 < D = 16), both layouts, GQA 3:1."""
+    gen = torch.Generator().manual_seed(27)
+    cos, sin = _r(gen, 20, 12), _r(gen, 20, 12)  # arbitrary learned values: every entry its own parameter
+    pos = torch.tensor([[0, 3, 3, 19, 7, 1, 0], [5, 5, 5, 2, 18, 9, 4]])
+    q, k, qs, ks = _r(gen, 2, 3, 7, 16), _r(gen, 2, 1, 7, 16), _r(gen, 2, 7, 3, 16), _r(gen, 2, 7, 1, 16)
+    return [
+        ("table, positions 0..S-1, neox BHSD", (q, k, cos, sin, None, False, "BHSD")),
+        ("table + repeated position_ids, gptj BHSD", (q, k, cos, sin, pos, True, "BHSD")),
+        ("table + int32 [1, S] ids, neox BSHD", (qs, ks, cos, sin, pos[:1].int(), False, "BSHD")),
+        ("gathered [B, S, R], gptj BSHD", (qs, ks, cos[pos], sin[pos], None, True, "BSHD")),
+        ("gathered [1, S, R] shared by the batch, neox BHSD", (q, k, cos[:7][None], sin[:7][None], None, False, "BHSD")),
+    ]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_learned_cos_sin_gradients_match_finite_differences(case):
+    """The cos/sin gradients (with q's and k's) equal central finite differences of the op (``gradcheck``,
+    float64), for every table form; rows of a table no position reads get 0."""
+    name, args = _learned_rope_cases()[case]
+    diff = (0, 1, 2, 3)
+    args = _with_grad(args, diff)
+
+    def fn(*xs):
+        return torch.ops.layerzero.rope(*xs, *args[4:])
+
+    assert torch.autograd.gradcheck(fn, tuple(args[i] for i in diff), atol=1e-6, rtol=1e-5), name
+    if args[2].dim() == 2:
+        fn(*(args[i] for i in diff))[0].sum().backward()
+        read = set(range(7)) if args[4] is None else set(args[4].reshape(-1).tolist())
+        unread = [i for i in range(20) if i not in read]
+        assert torch.count_nonzero(args[2].grad[unread]) == 0 and torch.count_nonzero(args[2].grad[sorted(read)]) > 0
+
+
+def test_learned_rope_compiles_to_one_node_and_matches_eager_gradients():
+    """A compiled step with learned cos/sin tables (an ``nn.Parameter`` table read through ``position_ids``, and cos
+    computed from a learned frequency) keeps ``lz.rope`` one ``torch.ops.layerzero.rope`` node (no graph break; was
+    traced as Python until 2026-11-27) and its values and every gradient equal eager's and a float64 oracle's."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(8)
+    q, k = torch.randn(2, 4, 5, 8, generator=gen), torch.randn(2, 2, 5, 8, generator=gen)
+    table, freq = torch.randn(9, 4, generator=gen), torch.randn(5, 4, generator=gen)  # angles: halves equal, as RoPE
+    pos = torch.tensor([[0, 1, 2, 8, 8], [4, 3, 2, 1, 0]])
+
+    def step(q, k, table, freq):
+        t = torch.cat((table, table), -1)
+        a, b = lz.rope(q, k, t.cos(), t.sin(), position_ids=pos)
+        f = torch.cat((freq, freq), -1)
+        c, d = lz.rope(a, b, f.cos(), f.sin())
+        return (c * c).sum() + (d * torch.arange(8.0)).sum()
+
+    def oracle(q, k, table, freq):
+        def rot(x, c, s):
+            return x * c + torch.cat((-x[..., 4:], x[..., :4]), -1) * s
+
+        t = torch.cat((table, table), -1)
+        c1, s1 = t.cos()[pos][:, None], t.sin()[pos][:, None]
+        f = torch.cat((freq, freq), -1)
+        a, b = rot(q, c1, s1), rot(k, c1, s1)
+        c, d = rot(a, f.cos(), f.sin()), rot(b, f.cos(), f.sin())
+        return (c * c).sum() + (d * torch.arange(8.0, dtype=d.dtype)).sum()
+
+    inputs = (q, k, table, freq)
+    assert "layerzero.rope.default" in _graph_targets(step, *(t.clone().requires_grad_() for t in inputs))
+    results = []
+    for fn, dtype in ((step, torch.float32), (torch.compile(step, backend="inductor", fullgraph=True), torch.float32),
+                      (oracle, torch.float64)):
+        args = [t.to(dtype).clone().requires_grad_() for t in inputs]
+        out = fn(*args)
+        out.backward()
+        results.append((out.double(), [a.grad.double() for a in args]))
+    for got, _ in results[:2]:
+        torch.testing.assert_close(got, results[2][0], rtol=1e-5, atol=1e-4)
+    for _, grads in results[:2]:
+        for g, want in zip(grads, results[2][1], strict=True):
+            torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-4)

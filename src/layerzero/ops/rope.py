@@ -11,7 +11,7 @@ from layerzero.core.context import SelectionContext
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import Layout, OperationSpec
 
-from ._common import check_same, check_tensor, device_spec, fail, flags, inference_only, scope_token
+from ._common import check_same, check_tensor, device_spec, fail, flags, scope_token
 
 OP = "rope"
 
@@ -129,9 +129,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     half: Liger's does), and arbitrary tables give kernel-dependent results. ``interleaved=True``: GPT-J pairs (x0, x1), (x2, x3)..., cos =
     ``repeat_interleave(f, 2)``. Outputs keep q's and k's dtypes.
 
-    Under ``torch.compile`` / ``torch.export`` the call is one ``torch.ops.layerzero.rope`` node, also when q/k
-    require grad (backward formula: ``layerzero/_library_grad.py``); a call whose cos/sin require grad (learned
-    tables) is traced as Python instead, since the formula gives no gradient for cos/sin.
+    Under ``torch.compile`` / ``torch.export`` the call is one ``torch.ops.layerzero.rope`` node, also when q/k or
+    cos/sin (learned tables) require grad (backward formulas: ``layerzero/_library_grad.py``).
 
     Raises:
         InvalidInputError: ranks, dtypes, devices, R odd / > D, cos/sin shape mismatch, position_ids shape,
@@ -142,7 +141,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     >>> lz.rope(q, q, cos, sin)[0]  # rotate by 90 degrees
     tensor([[[[0., 1.]]]])
     """
-    if (is_dynamo_compiling() or is_exporting()) and inference_only(cos, sin):  # one custom-op node (library.py; backward formula: _library_grad.py)
+    if is_dynamo_compiling() or is_exporting():  # one custom-op node (library.py; backward formula: _library_grad.py)
         from layerzero import library
 
         return library.rope(q, k, cos, sin, position_ids, interleaved, layout)
