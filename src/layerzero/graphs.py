@@ -109,9 +109,11 @@ def is_graph_safe(op: str, *args: Any, **kwargs: Any) -> bool:
     Works on any device (the inputs' context is evaluated as if captured), so it can be asked on CPU.
 
     Raises:
-        UnknownOperationError: unknown ``op``. InvalidInputError: bad inputs (the op's own message).
+        UnknownOperationError: unknown ``op``. InvalidInputError: bad inputs (the op's own message), or arguments
+            that do not bind to ``lz.<op>``'s signature (a misspelt keyword, a missing argument).
     """
     prepare, build_ctx = _op(op)
+    check_call("lz.is_graph_safe", op, prepare, args, kwargs)
     key, _ = prepare(*args, **kwargs)
     ctx = replace(build_ctx(key), graph_capture=True)
     try:

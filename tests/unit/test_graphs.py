@@ -38,6 +38,16 @@ def test_attention_is_graph_safe_sampling_is_not():
     assert lz.is_graph_safe("sample_topp", logits, 0.9) is False
 
 
+@pytest.mark.parametrize("bad", [{"is_casual": True}, {"args": 2}, {"args": 4}])
+def test_is_graph_safe_refuses_arguments_that_do_not_bind(bad):
+    """A misspelt keyword or a wrong number of positional arguments is an InvalidInputError naming lz.attention's
+    signature (was a bare TypeError from the op's prepare), before anything is selected."""
+    q, k, v = qkv()
+    args = (q, k, v, None)[: bad.pop("args", 3)]
+    with pytest.raises(lz.InvalidInputError, match=r"lz.is_graph_safe: arguments of lz.attention"):
+        lz.is_graph_safe("attention", *args, **bad)
+
+
 def test_is_graph_safe_follows_locks():
     """Locked to flex (not graph-safe) the answer becomes False; reference.attention is graph-safe."""
     q, k, v = qkv()
