@@ -330,3 +330,70 @@ def test_rms_fast_key_equals_the_full_checks_key(case):
     out = lz.rms_norm(x, w, residual=r)
     want = F.rms_norm(x if r is None else x + r, (16,), w, 1e-6)
     torch.testing.assert_close(out if r is None else out[0], want)
+
+
+def _rms_exact_keys():
+    return [key for key in _exact_keys() if key[0] == "rms_norm"]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_files_an_exact_key_and_serves_it(residual):
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(3, 5, 16, generator=g), torch.rand(16, generator=g) + 0.5
+    r = torch.randn(3, 5, 16, generator=g) if residual else None
+    want = F.rms_norm(x if r is None else x + r, (16,), w, 1e-5)
+    for _ in range(3):
+        out = lz.rms_norm(x, w, 1e-5, residual=r)
+        torch.testing.assert_close(out if r is None else out[0], want)
+    (key,) = _rms_exact_keys()
+    assert key[4] == x.shape and key[5] == w.shape and key[6] == 1e-5
+    hit = RUNTIME.run_hot(key, (x, w, 1e-5, r))
+    torch.testing.assert_close(hit if r is None else hit[0], want)
+    lz.rms_norm(x, w, 1e-6, residual=r)  # another eps: another exact key (the value passed its own check)
+    lz.rms_norm(x, w, 1e-6, residual=r)
+    assert len(_rms_exact_keys()) == 2
+
+
+@pytest.mark.parametrize("bad", [
+    {"eps": 0.0}, {"eps": -1e-6}, {"eps": float("nan")}, {"eps": float("inf")}, {"eps": True}, {"w": "long"},
+    {"w": "int"}, {"w": "list"}, {"x": "int"}, {"x": "0-dim"}, {"r": "shape"}, {"r": "dtype"}, {"r": "list"},
+])
+def test_rms_norm_warm_shapes_never_skip_a_check(bad):
+    """After good calls (with and without a residual) filed exact keys, each bad input still raises the typed error."""
+    x, w, r = torch.randn(4, 8), torch.rand(8) + 0.5, torch.randn(4, 8)
+    for _ in range(3):
+        lz.rms_norm(x, w)
+        lz.rms_norm(x, w, residual=r)
+    assert len(_rms_exact_keys()) == 2
+    eps, residual = bad.get("eps", 1e-6), (r if "r" in bad else None)
+    if bad.get("w") == "long":
+        w = torch.rand(9)
+    elif bad.get("w") == "int":
+        w = torch.ones(8, dtype=torch.int32)
+    elif bad.get("w") == "list":
+        w = w.tolist()
+    elif bad.get("x") == "int":
+        x = x.to(torch.int64)
+    elif bad.get("x") == "0-dim":
+        x = torch.tensor(1.0)
+    elif bad.get("r") == "shape":
+        residual = r[:3]
+    elif bad.get("r") == "dtype":
+        residual = r.double()
+    elif bad.get("r") == "list":
+        residual = r.tolist()
+    with pytest.raises(InvalidInputError):
+        lz.rms_norm(x, w, eps, residual=residual)
+
+
+def test_rms_norm_exact_key_tells_strides_apart():
+    """Two non-contiguous x of one shape, one with a unit last stride and one without: different exact keys, so the
+    second never gets the plan chosen for the first (kernels may require stride_last_1)."""
+    base = torch.randn(4, 32)
+    rows, cols = base[:, :16], base[:, ::2]  # both [4, 16] non-contiguous; stride(-1) 1 and 2
+    w = torch.rand(16) + 0.5
+    for t in (rows, cols):
+        for _ in range(2):
+            torch.testing.assert_close(lz.rms_norm(t, w), F.rms_norm(t, (16,), w, 1e-6))
+    keys = _rms_exact_keys()
+    assert len(keys) == 2 and {k[8] for k in keys} == {True, False}

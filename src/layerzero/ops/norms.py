@@ -8,6 +8,7 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.dispatch import MISS
 from layerzero.core.observers import OBSERVERS
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
@@ -30,6 +31,7 @@ from ._common import (
 )
 
 _INF = float("inf")
+_TENSOR = torch.Tensor
 
 
 class NormKey(NamedTuple):
@@ -185,15 +187,55 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None):
 
         return library.rms_norm(x, weight, eps) if residual is None else library.fused_add_rms_norm(
             x, weight, eps, residual)
+    hot_key = _exact_key(x, weight, eps, residual)
+    if hot_key is not None:
+        if OBSERVERS.none:  # Runtime.run_hot inlined (core/observers.py says when that is allowed and why)
+            plan = RUNTIME.cache.hot.get(hot_key)
+            if plan is not None:
+                try:
+                    return plan.call(x, weight, eps, residual)
+                except Exception as exc:  # noqa: BLE001 - recorded, then retried or re-raised as run_hot does
+                    return RUNTIME.hot_failure(plan, exc, (x, weight, eps, residual))
+        else:
+            out = RUNTIME.run_hot(hot_key, (x, weight, eps, residual))
+            if out is not MISS:
+                return out
     key, args = _prepare_rms(x, weight, eps, residual)
-    if OBSERVERS.none:  # Runtime.run's hit inlined (core/observers.py says when that is allowed and why)
-        plan = RUNTIME.cache.hot.get(key)
-        if plan is not None:
-            try:
-                return plan.call(x, weight, args[2], residual)
-            except Exception as exc:  # noqa: BLE001 - recorded, then retried or re-raised as Runtime.run does
-                return RUNTIME.hot_failure(plan, exc, args)
-    return RUNTIME.run(key, context_rms, args)
+    return RUNTIME.run(key, context_rms, args, hot_key)
+
+
+def _exact_key(x: Any, weight: Any, eps: Any, residual: Any) -> tuple[Any, ...] | None:
+    """The exact key of an ``lz.rms_norm`` call (``Runtime.run_hot``, as ``lz.attention``'s): the shapes, dtypes and
+    ``eps`` as given, the device as -1 (CPU) or the CUDA index, the stride and per-call flags. Only calls that passed
+    every check file it (``Runtime.run``), so a hit skips the checks and the key build: measured 2.8 µs per call on
+    the AVX2 CI machine. None (the full path) for anything but plain tensors on one CPU or CUDA device and a float
+    ``eps``."""
+    if (eps.__class__ is not float or x.__class__ is not _TENSOR or weight.__class__ is not _TENSOR
+            or (residual is not None and residual.__class__ is not _TENSOR)):
+        return None
+    if x.is_cpu:
+        if not (weight.is_cpu and (residual is None or residual.is_cpu)):
+            return None
+        dev = -1
+    else:
+        if not (x.is_cuda and weight.is_cuda and (residual is None or residual.is_cuda)):
+            return None
+        dev = x.get_device()
+        if weight.get_device() != dev or (residual is not None and residual.get_device() != dev):
+            return None
+    contiguous = x.is_contiguous()
+    layers = scope_layers()
+    scope = scope_token_of(layers) if layers else ()
+    capture = dev >= 0 and stream_capturing()
+    stride = contiguous or x.stride(-1) == 1
+    if residual is None:
+        return ("rms_norm", dev, x.dtype, weight.dtype, x.shape, weight.shape, eps, contiguous, stride,
+                weight.is_contiguous(), is_grad_enabled() and (x.requires_grad or weight.requires_grad),
+                deterministic_enabled(), capture, scope)
+    return ("rms_norm", dev, x.dtype, weight.dtype, x.shape, weight.shape, eps, contiguous, stride,
+            weight.is_contiguous(), residual.dtype, residual.shape, residual.is_contiguous() or residual.stride(-1) == 1,
+            is_grad_enabled() and (x.requires_grad or weight.requires_grad or residual.requires_grad),
+            deterministic_enabled(), capture, scope)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
