@@ -79,7 +79,7 @@ def _validate(input_ids: Any, weight: Any, padding_idx: Any) -> int | None:
                        "As torch.nn.Embedding: a negative index counts from the end.")
         padding_idx = padding_idx + v if padding_idx < 0 else padding_idx
     if input_ids.numel() and check_values(input_ids):
-        lo, hi = int(input_ids.min()), int(input_ids.max())
+        lo, hi = (int(t) for t in torch.aminmax(input_ids))  # one pass over the ids (min() and max() took two)
         if lo < 0 or hi >= v:
             bad = lo if lo < 0 else hi
             where = (input_ids == bad).nonzero()[0].tolist()
