@@ -397,3 +397,58 @@ def test_rms_norm_exact_key_tells_strides_apart():
             torch.testing.assert_close(lz.rms_norm(t, w), F.rms_norm(t, (16,), w, 1e-6))
     keys = _rms_exact_keys()
     assert len(keys) == 2 and {k[8] for k in keys} == {True, False}
+
+
+# ---------------------------------------------------------------- lz.rope's exact key
+def _rope_inputs(form: str):
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.randn(2, 4, 5, 16, generator=g), torch.randn(2, 2, 5, 16, generator=g)
+    f = torch.randn(12, 8, generator=g)
+    cos, sin = torch.cat((f.cos(), f.cos()), -1), torch.cat((f.sin(), f.sin()), -1)
+    pos = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
+    if form == "gathered":
+        return q, k, cos[pos], sin[pos], None
+    return q, k, cos, sin, (pos if form == "indexed" else None)
+
+
+@pytest.mark.parametrize("form", ["table", "indexed", "gathered"])
+def test_rope_files_an_exact_key_and_serves_it(form):
+    q, k, cos, sin, pos = _rope_inputs(form)
+    with lz.disabled():
+        want = lz.rope(q, k, cos, sin, position_ids=pos)
+    for _ in range(3):
+        for got, ref in zip(lz.rope(q, k, cos, sin, position_ids=pos), want, strict=True):
+            torch.testing.assert_close(got, ref)
+    keys = [key for key in _exact_keys() if key[0] == "rope"]
+    assert len(keys) == 1 and keys[0][6] == q.shape and keys[0][8] == cos.shape
+    assert (keys[0][10] is None) is (pos is None)
+
+
+@pytest.mark.parametrize("bad", ["pos_high", "pos_negative", "pos_with_gathered", "layout", "interleaved_int",
+                                 "k_seq", "sin_shape", "pos_dtype"])
+def test_rope_warm_shapes_never_skip_a_check(bad):
+    """After good calls filed exact keys, each bad input still raises the typed error; position values (which change
+    per call) are checked on every hit of a CPU call."""
+    q, k, cos, sin, pos = _rope_inputs("indexed")
+    for _ in range(3):
+        lz.rope(q, k, cos, sin, position_ids=pos)
+        lz.rope(q, k, cos[pos], sin[pos])
+    kwargs: dict = {"position_ids": pos}
+    if bad == "pos_high":
+        kwargs["position_ids"] = pos + 1  # 12 is past the 12-row table: same exact key as the warm call
+    elif bad == "pos_negative":
+        kwargs["position_ids"] = pos - 1
+    elif bad == "pos_with_gathered":
+        cos, sin = cos[pos], sin[pos]
+    elif bad == "layout":
+        kwargs["layout"] = "bhsd"
+    elif bad == "interleaved_int":
+        kwargs["interleaved"] = 1
+    elif bad == "k_seq":
+        k = k[:, :, :4]
+    elif bad == "sin_shape":
+        sin = sin[:, :6]
+    elif bad == "pos_dtype":
+        kwargs["position_ids"] = pos.float()
+    with pytest.raises(InvalidInputError):
+        lz.rope(q, k, cos, sin, **kwargs)

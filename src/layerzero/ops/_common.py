@@ -39,6 +39,24 @@ _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.
 _as_captured = AS_CAPTURED.get
 
 
+def exact_device(t: _Tensor, *others: _Tensor | None) -> int | None:
+    """The device of ``t`` as the ops' exact keys hold it (``Runtime.run_hot``): -1 for the CPU, the index for CUDA;
+    None when one of ``others`` (None entries skipped) is elsewhere or ``t`` is on another device type (such calls
+    take the full checks). Bool attributes and ints: cheaper than ``torch.device`` objects and their comparisons."""
+    if t.is_cpu:
+        for o in others:
+            if o is not None and not o.is_cpu:
+                return None
+        return -1
+    if not t.is_cuda:
+        return None
+    dev = t.get_device()
+    for o in others:
+        if o is not None and (not o.is_cuda or o.get_device() != dev):
+            return None
+    return dev
+
+
 def device_spec(device: torch.device) -> DeviceSpec:
     """The (memoized) :class:`DeviceSpec` of ``device``."""
     return DeviceSpec.detect(device)

@@ -20,6 +20,7 @@ from ._common import (
     check_tensor,
     deterministic_enabled,
     device_spec,
+    exact_device,
     fail,
     flags,
     inference_only,
@@ -213,16 +214,9 @@ def _exact_key(x: Any, weight: Any, eps: Any, residual: Any) -> tuple[Any, ...] 
     if (eps.__class__ is not float or x.__class__ is not _TENSOR or weight.__class__ is not _TENSOR
             or (residual is not None and residual.__class__ is not _TENSOR)):
         return None
-    if x.is_cpu:
-        if not (weight.is_cpu and (residual is None or residual.is_cpu)):
-            return None
-        dev = -1
-    else:
-        if not (x.is_cuda and weight.is_cuda and (residual is None or residual.is_cuda)):
-            return None
-        dev = x.get_device()
-        if weight.get_device() != dev or (residual is not None and residual.get_device() != dev):
-            return None
+    dev = exact_device(x, weight, residual)
+    if dev is None:
+        return None
     contiguous = x.is_contiguous()
     layers = scope_layers()
     scope = scope_token_of(layers) if layers else ()

@@ -8,12 +8,28 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.dispatch import MISS
+from layerzero.core.observers import OBSERVERS
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import Layout, OperationSpec
 
-from ._common import check_same, check_tensor, device_spec, fail, flags, scope_token
+from ._common import (
+    check_same,
+    check_tensor,
+    deterministic_enabled,
+    device_spec,
+    exact_device,
+    fail,
+    flags,
+    is_grad_enabled,
+    scope_layers,
+    scope_token,
+    scope_token_of,
+    stream_capturing,
+)
 
 OP = "rope"
+_TENSOR = torch.Tensor
 
 
 class RopeKey(NamedTuple):
@@ -90,15 +106,44 @@ def prepare(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
             raise fail(op, "position_ids.device", q.device, position_ids.device)
         if position_ids.dim() != 2 or position_ids.shape[1] != s or position_ids.shape[0] not in (1, b):
             raise fail(op, "position_ids shape", f"[B or 1, S] = [{b}, {s}]", list(position_ids.shape))
-        if position_ids.device.type == "cpu" and position_ids.numel() and (
-                int(position_ids.min()) < 0 or int(position_ids.max()) >= cos.shape[0]):
-            raise fail(op, "position_ids values", f"in [0, {cos.shape[0]}) (rows of the cos table)",
-                       f"[{int(position_ids.min())}, {int(position_ids.max())}]")
+        check_positions(op, position_ids, cos.shape[0])
         form = "indexed"
     grad, det, capture, stride = flags(q, k, cos, sin)
     key = RopeKey(op, q.device, q.dtype, cos.dtype, hq, hkv, d, r, form, interleaved, lay, stride, grad, det, capture,
                   scope_token())
     return key, (q, k, cos, sin, position_ids, interleaved, lay)
+
+
+def check_positions(op: str, position_ids: torch.Tensor, rows: int) -> None:
+    """On a CPU ``position_ids``, raise :class:`InvalidInputError` for a value outside ``[0, rows)`` (the cos table's
+    rows); tensors on other devices are not read (that would synchronize with the device). One ``aminmax`` pass."""
+    if position_ids.is_cpu and position_ids.numel():
+        lo, hi = (int(t) for t in torch.aminmax(position_ids))
+        if lo < 0 or hi >= rows:
+            raise fail(op, "position_ids values", f"in [0, {rows}) (rows of the cos table)", f"[{lo}, {hi}]")
+
+
+def _exact_key(q: Any, k: Any, cos: Any, sin: Any, position_ids: Any, interleaved: Any,
+               layout: Any) -> tuple[Any, ...] | None:
+    """The exact key of an ``lz.rope`` call (``Runtime.run_hot``, as ``lz.attention``'s): every shape and dtype as
+    given, the device as -1 (CPU) or the CUDA index, ``position_ids``' dtype and shape, ``interleaved`` and the layout
+    as passed, the stride and per-call flags. Only calls that passed every check file it, so a hit skips them (a CPU
+    ``position_ids``' values are still checked per call: they change). None (the full path) for anything but plain
+    tensors on one CPU or CUDA device, a bool ``interleaved`` and a str / Layout layout."""
+    if (q.__class__ is not _TENSOR or k.__class__ is not _TENSOR or cos.__class__ is not _TENSOR
+            or sin.__class__ is not _TENSOR or (interleaved is not True and interleaved is not False)
+            or (layout.__class__ is not str and layout.__class__ is not Layout)
+            or (position_ids is not None and position_ids.__class__ is not _TENSOR)):
+        return None
+    dev = exact_device(q, k, cos, sin, position_ids)
+    if dev is None:
+        return None
+    layers = scope_layers()
+    return (OP, dev, q.dtype, k.dtype, cos.dtype, sin.dtype, q.shape, k.shape, cos.shape, sin.shape,
+            None if position_ids is None else (position_ids.dtype, position_ids.shape), interleaved, layout,
+            q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride(-1) == 1,
+            is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad),
+            deterministic_enabled(), dev >= 0 and stream_capturing(), scope_token_of(layers) if layers else ())
 
 
 def context(key: RopeKey) -> SelectionContext:
@@ -145,5 +190,19 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         from layerzero import library
 
         return library.rope(q, k, cos, sin, position_ids, interleaved, layout)
+    hot_key = _exact_key(q, k, cos, sin, position_ids, interleaved, layout)
+    plan = None if hot_key is None else RUNTIME.cache.hot.get(hot_key)
+    if plan is not None:  # a call with these exact facts passed every check: only position values are left
+        if position_ids is not None:
+            check_positions(OP, position_ids, cos.shape[0])
+        args = (q, k, cos, sin, position_ids, interleaved, _LAYOUTS[layout])
+        if OBSERVERS.none:  # Runtime.run_hot inlined (core/observers.py says when that is allowed and why)
+            try:
+                return plan.call(*args)
+            except Exception as exc:  # noqa: BLE001 - recorded, then retried or re-raised as run_hot does
+                return RUNTIME.hot_failure(plan, exc, args)
+        out = RUNTIME.run_hot(hot_key, args)
+        if out is not MISS:
+            return out
     key, args = prepare(q, k, cos, sin, position_ids=position_ids, interleaved=interleaved, layout=layout)
-    return RUNTIME.run(key, context, args)
+    return RUNTIME.run(key, context, args, hot_key)
