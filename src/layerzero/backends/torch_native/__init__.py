@@ -93,7 +93,8 @@ def _rope(q, k, cos, sin, position_ids, interleaved, layout):
     r = cos.shape[-1]
 
     def apply(x):
-        c, s = cos.to(x.dtype), sin.to(x.dtype)
+        # .to() of the same dtype returns the tensor itself but costs ~2.4 µs of dispatch on the AVX2 CI CPU
+        c, s = (cos, sin) if cos.dtype == x.dtype else (cos.to(x.dtype), sin.to(x.dtype))
         if r == x.shape[-1]:
             return (x * c) + (rotate(x) * s)
         x_rot, x_pass = x[..., :r], x[..., r:]
