@@ -129,7 +129,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 # ---------------------------------------------------------------------------------------------------------- rope
 def _rope_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
     q, k, cos, sin, position_ids, interleaved, layout = inputs
-    learned = isinstance(cos, torch.Tensor) and cos.requires_grad or isinstance(sin, torch.Tensor) and sin.requires_grad
+    learned = cos.requires_grad or sin.requires_grad
     # q and k themselves only for learned cos/sin (their gradients are sums of dy * x and dy * P(x))
     ctx.save_for_backward(cos, sin, position_ids, *((q, k) if learned else ()))
     ctx.interleaved, ctx.bshd, ctx.dtypes = interleaved, layout == "BSHD", (q.dtype, k.dtype)

@@ -161,17 +161,21 @@ def test_hot_calls_are_traced_and_follow_the_scope():
     assert t.kernels_for("attention") == [default]
 
 
-def test_a_kernel_failing_on_the_hot_path_falls_back():
-    RUNTIME.ensure_ready()
-    calls = []
-
+def _failing_backend(op: str, kernel_id: str, calls: list[int]) -> None:
     def boom(*args):
         calls.append(1)
         raise RuntimeError("simulated kernel crash")
 
-    RUNTIME.registry.add_backend(BackendSpec("lzhot", None, "0.0", True, description="test"), replace=True)
-    RUNTIME.registry.add_kernel(KernelSpec("lzhot.attention", "attention", boom, priority=1000,
-                                           device_types=frozenset({"cpu"}), description="always raises"))
+    RUNTIME.registry.add_backend(BackendSpec(kernel_id.split(".")[0], None, "0.0", True, description="test"),
+                                 replace=True)
+    RUNTIME.registry.add_kernel(KernelSpec(kernel_id, op, boom, priority=1000, device_types=frozenset({"cpu"}),
+                                           description="always raises"))
+
+
+def test_a_kernel_failing_on_the_hot_path_falls_back():
+    RUNTIME.ensure_ready()
+    calls: list[int] = []
+    _failing_backend("attention", "lzhot.attention", calls)
     try:
         q, k, v = _qkv(dtype=torch.float64)
         want = F.scaled_dot_product_attention(q, k, v)
@@ -203,17 +207,6 @@ def test_rms_norm_specialized_kernel_matches_and_residual_keeps_the_generic_one(
 
 
 # ---------------------------------------------------------------- the inlined hit path (core/observers.py)
-
-def _failing_backend(op: str, kernel_id: str, calls: list[int]) -> None:
-    def boom(*args):
-        calls.append(1)
-        raise RuntimeError("simulated kernel crash")
-
-    RUNTIME.registry.add_backend(BackendSpec(kernel_id.split(".")[0], None, "0.0", True, description="test"),
-                                 replace=True)
-    RUNTIME.registry.add_kernel(KernelSpec(kernel_id, op, boom, priority=1000, device_types=frozenset({"cpu"}),
-                                           description="always raises"))
-
 
 @pytest.mark.parametrize("op", ["attention", "rms_norm"])
 def test_a_kernel_failing_on_the_inlined_hit_path_falls_back(op):

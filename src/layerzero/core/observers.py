@@ -1,6 +1,6 @@
 """Whether anything in the process observes dispatch, for the ops' inlined cache-hit path.
 
-The hottest ops (``lz.attention``, ``lz.rms_norm``) look their exact key up in the hot dict and call the plan
+The hottest ops (``lz.attention``, ``lz.rms_norm``, ``lz.rope``) look their exact key up in the hot dict and call the plan
 themselves, skipping :meth:`Runtime.run_hot`'s frame and its per-call checks (telemetry, ``lz.trace``) — worth
 ~1 µs per call on the 2-core AVX2 CI machine, where Python in front of a kernel costs about twice its standalone
 time. They may do so only while nobody would miss the call: no telemetry recording, no ``lz.trace()`` block and
@@ -46,7 +46,7 @@ class DispatchObservers:
 
     @property
     def count(self) -> int:
-        """Active observers now (a moment's snapshot; for tests and ``layerzero doctor``)."""
+        """Active observers now (a moment's snapshot, for tests)."""
         return self._count
 
 

@@ -223,13 +223,12 @@ def _exact_key(x: Any, weight: Any, eps: Any, residual: Any) -> tuple[Any, ...] 
     capture = dev >= 0 and stream_capturing()
     stride = contiguous or x.stride(-1) == 1
     if residual is None:
-        return ("rms_norm", dev, x.dtype, weight.dtype, x.shape, weight.shape, eps, contiguous, stride,
-                weight.is_contiguous(), is_grad_enabled() and (x.requires_grad or weight.requires_grad),
-                deterministic_enabled(), capture, scope)
+        res, grad = None, is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    else:
+        res = (residual.dtype, residual.shape, residual.is_contiguous() or residual.stride(-1) == 1)
+        grad = is_grad_enabled() and (x.requires_grad or weight.requires_grad or residual.requires_grad)
     return ("rms_norm", dev, x.dtype, weight.dtype, x.shape, weight.shape, eps, contiguous, stride,
-            weight.is_contiguous(), residual.dtype, residual.shape, residual.is_contiguous() or residual.stride(-1) == 1,
-            is_grad_enabled() and (x.requires_grad or weight.requires_grad or residual.requires_grad),
-            deterministic_enabled(), capture, scope)
+            weight.is_contiguous(), res, grad, deterministic_enabled(), capture, scope)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -224,7 +224,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     direct = splits == 1  # stage 1 stores the output itself: no workspace, no stage 2
     interpret = interpret_mode(kern)
     # eager calls only: the split that finishes last merges, no stage 2 (one host launch less); under capture (and
-    # lz.capture_selection) the two kernels, which replay faster (FUSED_MERGE says why) and compute the same bits
+    # lz.capture_selection) the two kernels, which replay faster (FUSED_MERGE says why; the forms agree to rounding)
     fused = not direct and FUSED_MERGE and (FUSED_MERGE_IN_GRAPHS or not (AS_CAPTURED.get() or capturing_now()))
     cnt = split_counters(q, batch * hkv) if fused else out
     if direct:
