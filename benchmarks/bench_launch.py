@@ -63,23 +63,34 @@ def main(argv: list[str] | None = None) -> int:
     st = cache.stride()
     group = hq // hkv
 
+    # the split kernel's arguments (two-kernel form: lse_out, o and cnt unused there, scales 1.0)
+    split_args = (q, cache, table, lens, ws_out, ws_lse, ws_lse, q, q, 0.1, 1.0, 1.0, q.stride(0), q.stride(1),
+                  st[0], st[1], st[2], st[3], table.stride(0), split_len, page, group, splits, *ws_out.stride()[:3],
+                  hq * splits)
+    split_kw = dict(GROUP_PAD=16, HEAD_DIM=d, D_PAD=d, BLOCK_N=bn, INTERPRET=False, TILES_PER_SPLIT=0, UPCAST=False,
+                    DIRECT=False, num_warps=4)
+    grid = (b, hkv, splits)
+
     def raw_split():
-        kern.paged_decode_split[(b, hkv, splits)](
-            q, cache, table, lens, ws_out, ws_lse, 0.1, q.stride(0), q.stride(1), st[0], st[1], st[2], st[3],
-            table.stride(0), split_len, page, group, splits, *ws_out.stride()[:3], hq * splits,
-            GROUP_PAD=16, HEAD_DIM=d, D_PAD=d, BLOCK_N=bn, INTERPRET=False, TILES_PER_SPLIT=0, UPCAST=False,
-            DIRECT=False, num_warps=4)
+        kern.paged_decode_split[grid](*split_args, **split_kw)
 
     from layerzero.backends.triton._launch import FastLaunch
 
     fast = FastLaunch(kern.paged_decode_split)
 
     def fast_split():
-        fast((b, hkv, splits),
-             q, cache, table, lens, ws_out, ws_lse, 0.1, q.stride(0), q.stride(1), st[0], st[1], st[2], st[3],
-             table.stride(0), split_len, page, group, splits, *ws_out.stride()[:3], hq * splits,
-             GROUP_PAD=16, HEAD_DIM=d, D_PAD=d, BLOCK_N=bn, INTERPRET=False, TILES_PER_SPLIT=0, UPCAST=False,
-             DIRECT=False, num_warps=4)
+        fast(grid, *split_args, **split_kw)
+
+    def pinned_split():
+        fast.pinned("bench", grid, *split_args, **split_kw)
+
+    pinned_split()
+    binder = kern.paged_decode_split.device_caches[torch.cuda.current_device()][4]
+    compiled, tail = next(iter(fast.pins.values()))
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def run_only():
+        compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *split_args, *tail)
 
     x = torch.randn(16, device=dev)
     rows_out = [("torch.add (scale)", host_us(lambda: x + x, a.calls)),
@@ -87,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                       device=dev), a.calls)),
                 (f"raw Triton launch, split kernel ({splits} splits)", host_us(raw_split, a.calls)),
                 ("FastLaunch of the same kernel (backends/triton/_launch.py)", host_us(fast_split, a.calls)),
+                ("FastLaunch.pinned of the same kernel (no binder on a hit)", host_us(pinned_split, a.calls)),
+                ("  of which Triton's binder alone", host_us(lambda: binder(*split_args, **split_kw), a.calls)),
+                ("  of which the compiled kernel's launcher alone", host_us(run_only, a.calls)),
                 (f"triton.paged_decode direct ({1 + (splits > 1)} launches)", host_us(lambda: tp.paged_decode(q, cache, table, lens),
                                                                      a.calls))]
     for kid in ("triton.paged_decode", "flashinfer.paged_attention", "torch_sdpa.paged_attention"):

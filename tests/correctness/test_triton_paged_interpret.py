@@ -360,8 +360,9 @@ def test_fused_and_two_kernel_merges_agree_with_the_oracle(fused, return_lse, mo
     result against the float64 oracle either way (and the same lse), and the fused form leaves every counter at 0."""
     monkeypatch.setattr(tp, "FUSED_MERGE", fused)
     launches: list[str] = []
-    real = tp.launch
-    monkeypatch.setattr(tp, "launch", lambda fn, grid, *a, **k: (launches.append(fn.__name__), real(fn, grid, *a, **k)))
+    real = tp.launch_pinned
+    monkeypatch.setattr(tp, "launch_pinned",
+                        lambda fn, pin, grid, *a, **k: (launches.append(fn.__name__), real(fn, pin, grid, *a, **k)))
     q, cache, table, lens = make_case(41, layout="NHD", page=4, ratio=3, hkv=2, d=24, lens=[37, 1, 64, 13])
     res = tp.paged_decode(q, cache, table, lens, None, "NHD", num_splits=5, block_n=16, return_lse=return_lse)
     out, lse = res if return_lse else (res, None)
@@ -394,8 +395,9 @@ def test_capture_selection_keeps_the_two_kernel_merge(monkeypatch):
     import layerzero as lz
 
     launches: list[str] = []
-    real = tp.launch
-    monkeypatch.setattr(tp, "launch", lambda fn, grid, *a, **k: (launches.append(fn.__name__), real(fn, grid, *a, **k)))
+    real = tp.launch_pinned
+    monkeypatch.setattr(tp, "launch_pinned",
+                        lambda fn, pin, grid, *a, **k: (launches.append(fn.__name__), real(fn, pin, grid, *a, **k)))
     q, cache, table, lens = make_case(42, layout="HND", page=8, ratio=2, hkv=2, d=16, lens=[40, 9])
     eager = tp.paged_decode(q, cache, table, lens, None, "HND", num_splits=4, block_n=16)
     assert launches == ["paged_decode_split"]

@@ -69,3 +69,35 @@ def test_paged_decode_fast_launch_matches_the_plain_launch():
         for la in _launch._LAUNCHERS.values():
             la.broken = type(la.fn).__name__ == "InterpretedFunction"
     assert sum(la.hits for la in _launch._LAUNCHERS.values()) > 0
+
+
+def test_pinned_paged_decode_keys_on_alignment_and_matches_the_plain_launch():
+    """``triton.paged_decode`` launches through ``FastLaunch.pinned`` (its plan is the pin): a q of the same shape and
+    strides but 2 bytes off 16-byte alignment gets its own entry, and every pinned launch (fused merge, two kernels,
+    one split) equals Triton's own path bit for bit; the float64 reference bounds them."""
+    from layerzero.backends.reference.paged import paged_attention as reference_paged
+    from layerzero.backends.triton import paged as tp
+
+    g = torch.Generator(device=DEV).manual_seed(3)
+    cache = lz.allocate_kv_cache(90, 16, 4, 128, torch.bfloat16, "NHD", DEV)
+    cache.normal_(generator=g)
+    table = torch.randperm(90, generator=torch.Generator().manual_seed(4))[:72].view(6, 12).to(torch.int32).to(DEV)
+    lens = torch.tensor([190, 1, 77, 33, 150, 16], dtype=torch.int32, device=DEV)
+    buf = torch.randn(6 * 16 * 128 + 1, device=DEV, dtype=torch.bfloat16, generator=g)
+    q_aligned, q_odd = buf[:-1].view(6, 16, 128), buf[1:].view(6, 16, 128)
+    assert q_odd.data_ptr() % 16 and q_aligned.stride() == q_odd.stride()
+    calls = [(q, splits) for q in (q_aligned, q_odd) for splits in (None, 1, 5)]
+    fast = [[tp.paged_decode(q, cache, table, lens, num_splits=s) for _ in range(3)] for q, s in calls]
+    split = _launch.launcher_of(tp._KERNELS.get().paged_decode_split)
+    assert split.hits > 0 and len({k[2] for k in split.pins}) >= 2  # two alignments of q, separate entries
+    for la in _launch._LAUNCHERS.values():
+        la.broken = True
+    try:
+        plain = [tp.paged_decode(q, cache, table, lens, num_splits=s) for q, s in calls]
+    finally:
+        for la in _launch._LAUNCHERS.values():
+            la.broken = type(la.fn).__name__ == "InterpretedFunction"
+    for (q, _), outs, want in zip(calls, fast, plain, strict=True):
+        assert all(torch.equal(o, want) for o in outs)
+        ref = reference_paged(q.double(), cache.double(), table, lens, None, None, True, "NHD")
+        torch.testing.assert_close(want.double(), ref, rtol=2e-2, atol=2e-2)

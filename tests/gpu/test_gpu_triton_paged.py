@@ -264,11 +264,12 @@ def test_fused_split_merge_matches_and_never_reads_early(monkeypatch):
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     launches: list[str] = []
-    real = tp.launch
-    monkeypatch.setattr(tp, "launch", lambda fn, grid, *a, **k: (launches.append(fn.__name__), real(fn, grid, *a, **k)))
+    real = tp.launch_pinned
+    monkeypatch.setattr(tp, "launch_pinned",
+                        lambda fn, pin, grid, *a, **k: (launches.append(fn.__name__), real(fn, pin, grid, *a, **k)))
     with torch.cuda.graph(g):
         static = tp.paged_decode(q, cache, table, lens, num_splits=16)
-    monkeypatch.setattr(tp, "launch", real)
+    monkeypatch.setattr(tp, "launch_pinned", real)
     assert launches == ["paged_decode_split", "paged_decode_merge"]  # graphs keep the two kernels (faster replayed)
     for _ in range(20):
         static.fill_(float("nan"))  # a replay whose counters were not back at 0 would merge nothing

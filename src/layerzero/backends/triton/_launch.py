@@ -29,33 +29,82 @@ import torch
 
 log = logging.getLogger("layerzero.triton")
 
-__all__ = ["FastLaunch", "launch"]
+__all__ = ["FastLaunch", "launch", "launch_pinned", "launcher_of"]
 
 _LAUNCHERS: dict[int, FastLaunch] = {}
+PINS_MAX = 8192
+"""Pinned entries kept per kernel (past this many the dict starts over)."""
 
 
 class FastLaunch:
     """The launcher of one ``@triton.jit`` function ``fn``: ``FastLaunch(fn)(grid, *args, **kwargs)`` does what
     ``fn[grid](*args, **kwargs)`` does. ``hits`` / ``misses`` count fast launches and first launches per key."""
 
-    __slots__ = ("broken", "fn", "hits", "kernels", "misses")
+    __slots__ = ("broken", "fn", "hits", "kernels", "misses", "pins")
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
         self.kernels: dict[tuple[Any, ...], Any] = {}
+        self.pins: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
         self.broken = type(fn).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1: Triton's own path
         self.hits = self.misses = 0
 
     def __call__(self, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+        self._launch(grid, args, kwargs)
+
+    def pinned(self, pin: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+        """``fn[grid](*args, **kwargs)`` for a caller that promises: every argument that is not a tensor or a float
+        (ints, constexprs, launch options: ``kwargs`` whole) is the same for every call with this hashable ``pin``,
+        and ``args`` holds every non-constexpr parameter, in order. Then Triton's specialization of the call depends
+        on ``pin`` and each tensor's dtype and 16-byte alignment only (floats are never specialized), so after the
+        first call of ``(device, pin, tensor dtypes and alignments)`` the binder is skipped too: the compiled
+        kernel's launcher is called with ``args`` and the constexpr tail that call bound.
+        (``triton.paged_decode``'s plan per call signature is such a pin: ``backends/triton/paged.py``.)"""
         if self.broken:
             self.fn[grid](*args, **kwargs)
             return
+        try:
+            rt = _knobs_runtime()
+            if not (_active(rt.launch_enter_hook) or _active(rt.launch_exit_hook)):
+                device = torch._C._cuda_getDevice()
+                key = (device, pin, tuple((a.dtype, a.data_ptr() & 15 == 0) for a in args if isinstance(a, torch.Tensor)))
+                hit = self.pins.get(key)
+                if hit is not None:
+                    kernel, tail = hit
+                    self.hits += 1
+                    g = (tuple(grid) + (1, 1))[:3]
+                    kernel.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), kernel.function,
+                               kernel.packed_metadata, None, None, None, *args, *tail)
+                    return
+            else:
+                key = None
+        except Exception as exc:  # noqa: BLE001 - as in _launch: Triton's public path from now on
+            self._disable(exc)
+            self.fn[grid](*args, **kwargs)
+            return
+        found = self._launch(grid, args, kwargs)  # errors of the launch itself (a compile error) propagate
+        if found is not None and key is not None:
+            if len(self.pins) >= PINS_MAX:
+                self.pins.clear()
+            self.pins[key] = (found[0], tuple(found[1].values())[len(args):])
+
+    def _disable(self, exc: BaseException) -> None:
+        self.broken = True
+        log.warning("LayerZero triton: fast launch of %s disabled (%s: %s); using kernel[grid](...)",
+                    getattr(self.fn, "__name__", self.fn), type(exc).__name__, exc)
+
+    def _launch(self, grid: tuple[int, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+        """Launch once; returns ``(compiled kernel, bound arguments)`` when the fast path knows them (None when
+        Triton's own path ran: interpreter, hooks, an asynchronous compile, an error)."""
+        if self.broken:
+            self.fn[grid](*args, **kwargs)
+            return None
         key = None
         try:
             rt = _knobs_runtime()
             if _active(rt.launch_enter_hook) or _active(rt.launch_exit_hook):
                 self.fn[grid](*args, **kwargs)
-                return
+                return None
             device = torch.cuda.current_device()
             caches = self.fn.device_caches.get(device)
             if caches is not None:
@@ -66,23 +115,21 @@ class FastLaunch:
                     g = (tuple(grid) + (1, 1))[:3]
                     kernel.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), kernel.function,
                                kernel.packed_metadata, None, None, None, *bound.values())
-                    return
+                    return kernel, bound
         except Exception as exc:  # noqa: BLE001 - any surprise in Triton's internals: use its public path from now on
-            self.broken = True
-            log.warning("LayerZero triton: fast launch of %s disabled (%s: %s); using kernel[grid](...)",
-                        getattr(self.fn, "__name__", self.fn), type(exc).__name__, exc)
+            self._disable(exc)
             self.fn[grid](*args, **kwargs)
-            return
+            return None
         kernel = self.fn.run(*args, grid=grid, warmup=False, **kwargs)  # compiles (or loads) and launches
         self.misses += 1
         if kernel is None or not hasattr(kernel, "run") or hasattr(kernel, "result"):
-            return  # warm-up only, or an asynchronous compile: Triton's own path next time too
-        if key is None:  # the first launch on this device created its binder
-            caches = self.fn.device_caches.get(device)
-            if caches is None:
-                return
-            key = _key(device, caches, args, kwargs)[0]
+            return None  # warm-up only, or an asynchronous compile: Triton's own path next time too
+        caches = self.fn.device_caches.get(device)  # the first launch on this device created its binder
+        if caches is None:
+            return None
+        key, bound = _key(device, caches, args, kwargs)
         self.kernels[key] = kernel
+        return kernel, bound
 
 
 def _key(device: int, caches: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], Any]:
@@ -111,9 +158,19 @@ def _active(hook: Any) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def launch(fn: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
-    """``fn[grid](*args, **kwargs)`` through ``fn``'s :class:`FastLaunch` (created on first use)."""
+def launcher_of(fn: Any) -> FastLaunch:
+    """``fn``'s :class:`FastLaunch` (created on first use)."""
     launcher = _LAUNCHERS.get(id(fn))
     if launcher is None or launcher.fn is not fn:
         launcher = _LAUNCHERS[id(fn)] = FastLaunch(fn)
-    launcher(grid, *args, **kwargs)
+    return launcher
+
+
+def launch(fn: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+    """``fn[grid](*args, **kwargs)`` through ``fn``'s :class:`FastLaunch` (created on first use)."""
+    launcher_of(fn)(grid, *args, **kwargs)
+
+
+def launch_pinned(fn: Any, pin: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+    """:meth:`FastLaunch.pinned` of ``fn`` (the caller's promise about ``pin`` is written there)."""
+    launcher_of(fn).pinned(pin, grid, *args, **kwargs)

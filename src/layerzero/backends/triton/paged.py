@@ -18,8 +18,9 @@ caching allocator serves it from the graph's pool under capture). Splits past a 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,7 +33,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec, Phase
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, kernel_scale, missing, next_pow2
-from ._launch import launch
+from ._launch import launch_pinned
 
 KERNEL_ID = "triton.paged_decode"
 LSE_KERNEL_ID = "triton.paged_decode_lse"
@@ -199,7 +200,71 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
             (shapes, dtypes and index values are validated by ``lz.paged_attention`` before dispatch).
     """
     kern = _KERNELS.get()  # the @triton.jit code; triton imported fine in the backend's probe
+    key = (q.shape, q.stride(), q.dtype, q.device, kv_cache.shape, kv_cache.stride(), kv_cache.dtype,
+           block_tables.shape, block_tables.stride(), seq_lens.stride(), kv_layout, return_lse, num_splits, block_n,
+           num_warps, num_stages)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(kern, q, kv_cache, block_tables, seq_lens, kv_layout, return_lse, num_splits, block_n,
+                     num_warps, num_stages)
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    batch, hq, d = plan.out_shape
+    out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, hq), dtype=torch.float32, device=q.device) if return_lse else out
+    if batch == 0:
+        return (out, lse) if return_lse else out
+    # eager calls only: the split that finishes last merges, no stage 2 (one host launch less); under capture (and
+    # lz.capture_selection) the two kernels, which replay faster (FUSED_MERGE says why; the forms agree to rounding)
+    fused = plan.splits > 1 and FUSED_MERGE and (FUSED_MERGE_IN_GRAPHS or not (AS_CAPTURED.get() or capturing_now()))
+    if plan.splits == 1:  # stage 1 stores the output itself: no workspace, no stage 2
+        ws_out = ws_lse = out
+        ws_strides = (out.stride(0), out.stride(1), 0)
+    else:  # partial outputs [B, Hq, S, D] and their lse [B, Hq, S], float32, contiguous
+        ws_out = torch.empty((batch, hq, plan.splits, d), dtype=torch.float32, device=q.device)
+        ws_lse = torch.empty((batch, hq, plan.splits), dtype=torch.float32, device=q.device)
+        ws_strides = (hq * plan.splits * d, plan.splits * d, d)
+    cnt = split_counters(q, batch * plan.num_kv_heads) if fused else out
+    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * kern.LOG2E
+    ks, vs, qflags = _scale_args(plan.quant, k_scale, v_scale)
+    # every int and constexpr below is the plan's: it pins the launch (FastLaunch.pinned skips Triton's binder)
+    launch_pinned(kern.paged_decode_split, (plan.serial, fused, *qflags.values()), plan.grid,
+                  q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, lse, out, cnt, qk_scale, ks, vs,
+                  *plan.split_ints, *ws_strides, hq * plan.splits, **(plan.fused_kw if fused else plan.split_kw),
+                  **qflags)
+    if plan.splits > 1 and not fused:
+        launch_pinned(kern.paged_decode_merge, plan.serial, (batch, hq), ws_out, ws_lse, out, lse, out.stride(0),
+                      out.stride(1), *ws_strides, hq, plan.splits, **plan.merge_kw)
+    return (out, lse) if return_lse else out
 
+
+class _Plan(NamedTuple):
+    """What one call signature of :func:`paged_decode` (shapes, strides, dtypes, device, layout, knobs) launches with:
+    everything but the tensors' addresses and the scales, worked out on its first call (``_PLANS``)."""
+
+    serial: int  # unique per plan made (FastLaunch.pinned's pin: never reused, unlike id())
+    out_shape: tuple[int, int, int]
+    num_kv_heads: int
+    splits: int
+    quant: bool
+    grid: tuple[int, int, int]
+    split_ints: tuple[int, ...]  # stride_qb .. num_splits of the stage-1 kernel
+    split_kw: dict[str, Any]  # its constexprs and launch config (two kernels, or one split)
+    fused_kw: dict[str, Any]  # the same with the merge fused (eager calls)
+    merge_kw: dict[str, Any]  # stage 2's constexprs and launch config
+
+
+_PLANS: dict[tuple[Any, ...], _Plan] = {}
+_SERIALS = itertools.count()
+_PLANS_MAX = 4096
+"""Plans kept (a server sees a few hundred call signatures; past this many the dict starts over)."""
+
+
+def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+          kv_layout: str | KVLayout, return_lse: bool, num_splits: int | None, block_n: int | None,
+          num_warps: int | None, num_stages: int | None) -> _Plan:
+    """The :class:`_Plan` of a call (checks included: the raises of :func:`paged_decode`)."""
     batch, hq, d = q.shape
     _, page, hkv, _ = cache_dims(kv_cache, kv_layout)
     group = hq // hkv
@@ -215,48 +280,25 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     bn = block_n_for(d, 4 if quant else q.element_size()) if block_n is None else int(block_n)  # fp32 tiles
     if bn < 16 or bn & (bn - 1):
         raise _bad("block_n", "a power of two >= 16", bn)
-    out = torch.empty(batch, hq, d, dtype=q.dtype, device=q.device)
-    lse = torch.empty(batch, hq, dtype=torch.float32, device=q.device) if return_lse else out
-    if batch == 0:
-        return (out, lse) if return_lse else out
     split_len, splits = choose_split_len(batch, hkv, block_tables.shape[1] * page, sm_count(q.device), bn,
                                          num_splits)
-    direct = splits == 1  # stage 1 stores the output itself: no workspace, no stage 2
     interpret = interpret_mode(kern)
-    # eager calls only: the split that finishes last merges, no stage 2 (one host launch less); under capture (and
-    # lz.capture_selection) the two kernels, which replay faster (FUSED_MERGE says why; the forms agree to rounding)
-    fused = not direct and FUSED_MERGE and (FUSED_MERGE_IN_GRAPHS or not (AS_CAPTURED.get() or capturing_now()))
-    cnt = split_counters(q, batch * hkv) if fused else out
-    if direct:
-        ws_out, ws_lse, ws_strides = out, out, (out.stride(0), out.stride(1), 0)
-    else:
-        rows = batch * hq * splits  # one allocation: partial outputs [B, Hq, S, D], then lse [B, Hq, S]
-        ws = torch.empty(rows * (d + 1), dtype=torch.float32, device=q.device)
-        ws_out, ws_lse = ws[: rows * d].view(batch, hq, splits, d), ws[rows * d:].view(batch, hq, splits)
-        ws_strides = ws_out.stride()[:3]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
-    stride_pos, stride_head = st[2], st[3]
     d_pad = max(16, next_pow2(d))
     config = launch_config(d)
     if num_warps is not None:
         config["num_warps"] = int(num_warps)
     if num_stages is not None:
         config["num_stages"] = int(num_stages)
-    ks, vs, qflags = _scale_args(quant, k_scale, v_scale)
-    launch(kern.paged_decode_split, (batch, hkv, splits),
-        q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, lse, out, cnt, scale * kern.LOG2E, ks, vs,
-        q.stride(0), q.stride(1), st[0], st[1], stride_pos, stride_head,
-        block_tables.stride(0), split_len, page, group, splits, *ws_strides, hq * splits,
-        GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
-        INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
-        UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=direct, WRITE_LSE=return_lse,
-        FUSED_MERGE=fused, S_PAD=next_pow2(splits) if fused else 1, **qflags, **config)
-    if not direct and not fused:
-        launch(kern.paged_decode_merge, (batch, hq),
-            ws_out, ws_lse, out, lse, out.stride(0), out.stride(1), *ws_strides, hq, splits, HEAD_DIM=d, D_PAD=d_pad,
-            S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=4)
-    return (out, lse) if return_lse else out
+    split_kw = dict(GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn, INTERPRET=interpret,
+                    TILES_PER_SPLIT=split_len // bn if interpret else 0,
+                    UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=splits == 1,
+                    WRITE_LSE=return_lse, FUSED_MERGE=False, S_PAD=1, **config)
+    return _Plan(
+        next(_SERIALS), (batch, hq, d), hkv, splits, quant, (batch, hkv, splits),
+        (q.stride(0), q.stride(1), st[0], st[1], st[2], st[3], block_tables.stride(0), split_len, page, group, splits),
+        split_kw, {**split_kw, "FUSED_MERGE": True, "S_PAD": next_pow2(splits)},
+        dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=4))
 
 
 def _scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict[str, bool]]:
