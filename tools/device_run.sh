@@ -12,10 +12,11 @@
 #             run (every core busy; built one by one on first use they took 45-110 s each)
 #   fi-export pack the FlashInfer modules (carried + built in this call) into $OUT/fi_aot.txz.NN, 15 MiB parts (carry
 #             them back in .fi_aot/: xz shrinks them ~12x; at most 8 files of 16 MiB come back from a call)
-#   ship      benchmarks/ship_timings.py $SHIP_ARGS --out $OUT/ship, its budget what is left of $CALL_BUDGET_S
+#   ship      benchmarks/ship_timings.py $SHIP_ARGS --out $OUT/ship, its budget what is left of $CALL_BUDGET_S (packed
+#             into $OUT/ship.tgz: a call brings back at most 8 files)
 #   ship-merge merge the part files that `ship` calls of this (still warm) machine kept in .fi_ws/ship_parts into
 #             $OUT/ship_merged (with $SHIP_MERGE_BASE, a whole earlier file, first) and install them into the checkout there (the `hidden` stage then uses them)
-#   hidden    benchmarks/hidden_shapes.py $HIDDEN_ARGS --out $OUT/hidden, likewise
+#   hidden    benchmarks/hidden_shapes.py $HIDDEN_ARGS --out $OUT/hidden, likewise (packed into $OUT/hidden.tgz)
 #   engine-gpu pytest of the engine's GPU tests and the fused-MoE GPU tests (bf16, CUDA graphs vs eager)
 #   bench-engine benchmarks/engine/bench_engine.py $BENCH_ARGS (nano-vllm workload, full scale) into $OUT/engine
 #   bench-prefix `layerzero bench-engine --workload prefix $PREFIX_ARGS` into $OUT/engine
@@ -71,9 +72,11 @@ for stage in "$@"; do
       XZ_OPT=-T0 tar cJf - -C /tmp/fi_export . | split -b 15M -d - "$OUT/fi_aot.txz." && ls -la "$OUT"/fi_aot.txz.* ;;
     fi-build) timeout ${FI_BUILD_TIMEOUT:-480} python3 tools/fi_prebuild.py --dtypes ${FI_DTYPES:-bfloat16} --head-dims ${FI_DIMS:-64 128 256} 2>&1 | tail -5 ;;
     ship) python3 benchmarks/ship_timings.py --out "$OUT/ship" --max-minutes "$(left_min)" ${SHIP_ARGS:-} 2>&1 | tee "$OUT/ship.log" | tail -25
-      mkdir -p .fi_ws/ship_parts && cp "$OUT"/ship/timings/*.json .fi_ws/ship_parts/ 2>/dev/null ;;
+      mkdir -p .fi_ws/ship_parts && cp "$OUT"/ship/timings/*.json .fi_ws/ship_parts/ 2>/dev/null
+      tar czf "$OUT/ship.tgz" -C "$OUT" ship && rm -rf "$OUT/ship" ;;  # one file: at most 8 come back from a call
     ship-merge) python3 benchmarks/ship_timings.py --merge ${SHIP_MERGE_BASE:-} .fi_ws/ship_parts/*.part*.json --out "$OUT/ship_merged" 2>&1 | tail -8 ;;
-    hidden) python3 benchmarks/hidden_shapes.py --out "$OUT/hidden" --max-minutes "$(left_min)" ${HIDDEN_ARGS:-} 2>&1 | tee "$OUT/hidden.log" | tail -40 ;;
+    hidden) python3 benchmarks/hidden_shapes.py --out "$OUT/hidden" --max-minutes "$(left_min)" ${HIDDEN_ARGS:-} 2>&1 | tee "$OUT/hidden.log" | tail -40
+      tar czf "$OUT/hidden.tgz" -C "$OUT" hidden && rm -rf "$OUT/hidden" ;;
     engine-gpu) timeout ${GPU_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rs --durations=15 tests/engine/gpu tests/gpu/test_gpu_fused_moe.py 2>&1 | tee "$OUT/engine-gpu.txt" | tail -40 ;;
     bench-engine) timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/engine/bench_engine.py --out "$OUT/engine" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-engine.log" | tail -20 ;;
     bench-prefix) timeout ${BENCH_TIMEOUT:-400} python3 -m layerzero bench-engine --workload prefix --repeats ${PREFIX_REPEATS:-3} ${PREFIX_ARGS:-} --out "$OUT/engine" 2>&1 | tail -5 ;;

@@ -148,3 +148,43 @@ def test_chunked_attention_reference_equals_the_whole_one():
         torch.testing.assert_close(
             chunked if layout == "BHSD" else chunked.transpose(1, 2),
             torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True), atol=1e-5, rtol=1e-5)
+
+
+def test_rounds_time_the_kernels_in_turn_and_keep_each_ones_better_round(custom, monkeypatch):
+    """``measure_context(rounds=2)`` times every checked kernel once, then every one again (round-robin, not one
+    kernel twice in a row), and keeps each kernel's round with the smaller median: a kernel that read slow in round
+    1 only (a first-use effect, a disturbed moment) is recorded at its round-2 time."""
+    from layerzero.tuning import autotune as at
+
+    custom("test_autotune.a", lambda x, weight, eps, residual: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+           * weight)
+    custom("test_autotune.b", lambda x, weight, eps, residual: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+           * weight)
+    order: list[str] = []
+    fake = {("test_autotune.a", 0): [50.0] * 3, ("test_autotune.a", 1): [10.0] * 3,
+            ("test_autotune.b", 0): [20.0] * 3, ("test_autotune.b", 1): [30.0] * 3}
+    names = {}
+
+    def fake_time(fn, args, device, **timing):
+        kid = names[fn]
+        rnd = sum(1 for k in order if k == kid)
+        order.append(kid)
+        return fake.get((kid, rnd), [40.0] * 3)
+
+    real_bind = at.bind
+
+    def spy_bind(registry, spec, ctx):
+        bound = real_bind(registry, spec, ctx)
+        names[bound[0]] = spec.kernel_id
+        return bound
+
+    monkeypatch.setattr(at, "time_kernel", fake_time)
+    monkeypatch.setattr(at, "bind", spy_bind)
+    x, w = torch.randn(3, 16), torch.randn(16)
+    ctx, canonical = _call("rms_norm", x, w)
+    results = at.measure_context(RUNTIME, ctx, canonical, warmup=1, iters=1, repeats=3, max_time_s=1.0,
+                                 kernels=["test_autotune.a", "test_autotune.b"], rounds=2)
+    assert order == ["test_autotune.a", "test_autotune.b", "test_autotune.a", "test_autotune.b"]
+    medians = {row.kernel_id: row.median_us for row, _ in results}
+    assert medians == {"test_autotune.a": 10.0, "test_autotune.b": 20.0}
+    assert AUTOTUNE_TIMING["rounds"] == 2
