@@ -405,3 +405,28 @@ def test_capture_selection_keeps_the_two_kernel_merge(monkeypatch):
         captured = tp.paged_decode(q, cache, table, lens, None, "HND", num_splits=4, block_n=16)
     assert launches == ["paged_decode_split", "paged_decode_split", "paged_decode_merge"]
     torch.testing.assert_close(captured, eager, rtol=1e-6, atol=1e-6)
+
+
+@needs_triton
+def test_tiles_interleave_over_the_splits_of_a_wide_block_table(monkeypatch):
+    """The split count comes from the block table's width (graph-safe); a sequence far shorter than that width has
+    its tiles spread over the splits (split s takes tiles s, s + S, ...), not all in split 0: with 4 splits over a
+    64-tile width, a 3-tile sequence fills the partials of splits 0, 1, 2 and leaves split 3 empty (-inf); a 9-tile
+    one fills all four. The merged output matches the float64 oracle."""
+    monkeypatch.setattr(tp, "FUSED_MERGE", False)  # two kernels: the partials stay in the workspace to read
+    seen = {}
+    real = tp.launch_pinned
+
+    def spy(fn, pin, grid, *a, **k):
+        if fn.__name__ == "paged_decode_split":
+            seen["ws_lse"] = a[5]
+        return real(fn, pin, grid, *a, **k)
+
+    monkeypatch.setattr(tp, "launch_pinned", spy)
+    q, cache, table, lens = make_case(43, layout="NHD", page=4, ratio=2, hkv=1, d=16, lens=[40, 140],
+                                      spare_cols=256 - 35)  # 256 blocks of 4 = 1024 tokens = 64 tiles of 16
+    out = tp.paged_decode(q, cache, table, lens, None, "NHD", num_splits=4, block_n=16)
+    close(out, oracle(q, cache, table, lens, "NHD"), torch.float32)
+    used = torch.isfinite(seen["ws_lse"])  # [B, Hq, S]
+    assert used[0].all(0).tolist() == [True, True, True, False]  # 40 tokens: tiles 0, 1, 2 on splits 0, 1, 2
+    assert used[1].all(0).tolist() == [True, True, True, True]  # 140 tokens: 9 tiles over all four

@@ -3,8 +3,10 @@ triton`` succeeded). Split-K paged decode attention after FlashDecoding (Dao, Ha
 "Flash-Decoding for long-context inference") and vLLM's ``triton_decode_attention`` (two stages).
 
 Stage 1, grid ``(B, Hkv, S)``: program (b, h, s) takes the ``group = Hq / Hkv`` query heads of KV head h as
-one ``[GROUP_PAD, D_PAD]`` tile and runs an online softmax (float32, base 2) over the KV positions
-``[s * split_len, min((s + 1) * split_len, seq_len))`` of sequence b, ``BLOCK_N`` positions per step. Each
+one ``[GROUP_PAD, D_PAD]`` tile and runs an online softmax (float32, base 2) over the ``BLOCK_N``-position tiles
+s, s + S, s + 2S, ... of sequence b below its ``seq_len`` (tiles interleaved over the splits: the split count
+comes from the block table's width, an upper bound, and contiguous ranges of it left every split but the first
+idle for sequences much shorter than the width, as in a CUDA graph sized for the longest one). Each
 position t is gathered through ``block_tables[b, t // P]`` at offset ``t % P`` (any page size P); loads of
 positions ``>= seq_len`` (block ids included) are masked, so unused pages, unused slots and padding ids in
 ``block_tables`` are never read. It writes the normalized partial output ``[group, D]`` and its log2-sum-exp
@@ -87,7 +89,7 @@ def paged_decode_split(
     k_scale, v_scale,  # a quantized cache's scales: floats, or pointers to one float32 (K_PTR / V_PTR)
     stride_qb, stride_qh,
     stride_blk, stride_kv, stride_pos, stride_head,
-    stride_bt, split_len, page, group, num_splits,
+    stride_bt, split_len, page, group, num_splits,  # split_len: tokens per split at most (the interpreter's bound)
     stride_wb, stride_wh, stride_ws,  # workspace out [B, Hq, S, D] (contiguous); DIRECT: the output's strides
     stride_lb,  # workspace lse [B, Hq, S] (contiguous): Hq * S
     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -119,23 +121,24 @@ def paged_decode_split(
     ks = load_scale(k_scale, K_PTR)
     vs = load_scale(v_scale, V_PTR)
     seq_len = tl.load(lens_ptr + b)
-    start = s * split_len
-    stop = tl.minimum(start + split_len, seq_len)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
     kv_head = kv_ptr + h * stride_head
     bt_row = bt_ptr + b * stride_bt
+    # split s takes tiles s, s + S, s + 2S, ... of the sequence's own length (interleaved): however short the
+    # sequence is against the block table's width (the split count comes from the width), its tiles spread over
+    # the splits instead of all landing in the first one
     if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
         for i in range(0, TILES_PER_SPLIT):
-            t0 = start + i * BLOCK_N
-            if t0 < stop:
-                m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
+            t0 = (s + i * num_splits) * BLOCK_N
+            if t0 < seq_len:
+                m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, seq_len, m_i, l_i, acc, qk_scale, ks, vs,
                                              stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N,
                                              UPCAST, QUANT)
     else:
-        for t0 in range(start, stop, BLOCK_N):
-            m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
+        for t0 in range(s * BLOCK_N, seq_len, num_splits * BLOCK_N):
+            m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, seq_len, m_i, l_i, acc, qk_scale, ks, vs,
                                          stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST,
                                          QUANT)
     nonempty = l_i > 0.0

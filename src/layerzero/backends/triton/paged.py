@@ -1,8 +1,9 @@
 """``triton.paged_decode``: our Triton split-K paged decode attention for ``lz.paged_attention``.
 
 FlashDecoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"; vLLM's
-``triton_decode_attention`` is the same two-stage shape): stage 1 splits every sequence's KV into S ranges and
-runs one program per (sequence, KV head, split) holding all the query heads of the KV head's GQA group as one
+``triton_decode_attention`` is the same two-stage shape): stage 1 splits every sequence's KV over S programs (its
+``BLOCK_N``-token tiles interleaved: split s takes tiles s, s + S, ..., so a sequence far shorter than the block
+table's width still spreads over every split) and runs one program per (sequence, KV head, split) holding all the query heads of the KV head's GQA group as one
 tile, online softmax in float32, writing a partial output and its log-sum-exp to a float32 workspace; stage 2
 merges the S partials (with one split, stage 1 writes the output and stage 2 is skipped; eager calls merge in stage 1:
 the split that finishes last does it, :data:`FUSED_MERGE`). Tile size, split
@@ -11,8 +12,8 @@ count and launch config follow an H200 search (``benchmarks/tune_paged_decode.py
 
 Graph-safe: no host read of ``seq_lens``/``block_tables``; the grid ``(B, Hkv, S)`` and ``S`` come from shapes
 only (``max_blocks * P`` is the upper bound of every seq_len), the workspace is a ``torch.empty`` per call (the
-caching allocator serves it from the graph's pool under capture). Splits past a sequence's length are empty
-(lse ``-inf``, weight 0). Decode only: prefill/append (``cu_seqlens_q``) is refused by :func:`check`.
+caching allocator serves it from the graph's pool under capture). Splits with no tile below a sequence's length are
+empty (lse ``-inf``, weight 0). Decode only: prefill/append (``cu_seqlens_q``) is refused by :func:`check`.
 """
 
 from __future__ import annotations
@@ -128,7 +129,9 @@ def sm_count(device: torch.device) -> int:
 def choose_split_len(batch: int, num_kv_heads: int, max_kv_len: int, sms: int, block_n: int,
                      num_splits: int | None = None) -> tuple[int, int]:
     """Split-K sizing from shapes only: ``(split_len, num_splits)``, both ints, ``split_len`` in tokens (a multiple
-    of ``block_n``) and ``num_splits * split_len >= max_kv_len``.
+    of ``block_n``) and ``num_splits * split_len >= max_kv_len``. The kernel interleaves a sequence's
+    ``block_n``-token tiles over the splits (split s takes tiles s, s + S, ...), so ``split_len`` is the most
+    tokens one split reads (the interpreter's trip count), whatever the sequence's own length.
 
     Without ``num_splits``: aim at ``WAVES * sms`` stage-1 programs over ``batch * num_kv_heads`` (sequence, head)
     pairs, at most ``MAX_SPLITS`` splits and at least ``MIN_TILES_PER_SPLIT`` tiles per split. ``num_splits``
