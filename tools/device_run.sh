@@ -34,6 +34,8 @@
 #             vs two kernels, in graphs and eager), into $OUT/fused_merge_N.md
 #   launch    benchmarks/bench_launch.py (host cost of one eager paged-decode call: binder, launcher, pinned launch) into
 #             $OUT/launch.md
+#   batch1    benchmarks/engine/batch1_breakdown.py (one request's decode step: whole step, graph replay, host
+#             profile) into $OUT/batch1/
 #   bench-isolation benchmarks/bench_isolation.py --device cuda (isolated-kernel call cost over CUDA IPC) into $OUT
 # JIT caches (FlashInfer workspace, Triton) live in the ignored .fi_ws/ of the checkout there: a device machine that is
 # still warm keeps them between calls.
@@ -60,6 +62,7 @@ for stage in "$@"; do
     gpu-new) timeout ${GPU_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rs --durations=15 $XDIST ${GPU_K:+-k "$GPU_K"} ${GPU_FILES:-tests/gpu/test_gpu_triton.py tests/gpu/test_gpu_triton_paged.py} 2>&1 | tee "$OUT/gpu-new.txt" | tail -60 ;;
     gpu-all) timeout ${GPU_TIMEOUT:-470} python3 -m pytest -q -p no:cacheprovider -m gpu -rs --durations=25 $XDIST ${GPU_ARGS:-} tests 2>&1 | tee "$OUT/gpu-all.txt" | tail -80 ;;
     norms) timeout 150 python3 benchmarks/bench_norm_rope.py --device cuda --out "$OUT/norm_rope.md" 2>&1 | tail -5 ;;
+    batch1) timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/engine/batch1_breakdown.py --out "$OUT/batch1" 2>&1 | tail -8 ;;
     launch) python3 benchmarks/bench_launch.py --out "$OUT/launch.md" 2>&1 | tail -25 ;;
     dispatch) python3 benchmarks/bench_dispatch.py --device cuda 2>&1 | tee "$OUT/dispatch.txt" | tail -30 ;;
     sdpa-fill) python3 benchmarks/sweep.py --device cuda --fill-sdpa-choice "$FILL_CSV" --out "$OUT/filled" 2>&1 | tail -3 ;;
