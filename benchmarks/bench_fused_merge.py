@@ -30,7 +30,7 @@ def _both(fn) -> tuple[float, float]:
     for fused in (False, True):
         paged.FUSED_MERGE = paged.FUSED_MERGE_IN_GRAPHS = fused
         out.append(fn())
-    paged.FUSED_MERGE, paged.FUSED_MERGE_IN_GRAPHS = True, False
+    paged.FUSED_MERGE, paged.FUSED_MERGE_IN_GRAPHS = "auto", False
     return out[0], out[1]
 
 
@@ -46,18 +46,24 @@ def main(argv: list[str] | None = None) -> int:
     for b, tokens, q, cache, tables, lens, splits in engine_decode_cases(dev, dt):
         two, fused = _both(lambda q=q, c=cache, t=tables, s=lens: graph_us(lambda: paged.paged_decode(q, c, t, s)))
         print(f"| {b} | {tokens} | {splits} | {two:.2f} | {fused:.2f} | {fused / two:.2f} |", flush=True)
-    case = Case("paged_decode", 24, 1, 1500, 32, 8, 128, "bfloat16", 16, "bimodal", seed=2001)
-    (q, kv, table, lens), _ = build(case, torch.device(dev))
-    print(f"\n## eager, {case.label()} (µs per call, {a.rounds} rounds of {a.iters})\n")
-    rows = []
-    for fused in (False, True, False, True):
-        paged.FUSED_MERGE = fused
-        rows.append(("fused" if fused else "two kernels",
-                     rounds_us(lambda: paged.paged_decode(q, kv, table, lens), a.rounds, a.iters)))
-    paged.FUSED_MERGE = True
-    rows.append(("one split (no merge)", rounds_us(lambda: paged.paged_decode(q, kv, table, lens, num_splits=1),
-                                                  a.rounds, a.iters)))
-    print("\n".join(rounds_table(rows, "form")))
+    for case in (Case("paged_decode", 24, 1, 1500, 32, 8, 128, "bfloat16", 16, "bimodal", seed=2001),
+                 Case("paged_decode", 4, 1, 512, 16, 8, 128, "bfloat16", 16, "uniform", seed=2002)):
+        (q, kv, table, lens), _ = build(case, torch.device(dev))
+        print(f"\n## eager, {case.label()} (µs per call, {a.rounds} rounds of {a.iters})\n")
+        rows = []
+        for fused in (False, True, False, True):
+            paged.FUSED_MERGE = fused
+            rows.append(("fused" if fused else "two kernels",
+                         rounds_us(lambda q=q, kv=kv, t=table, s=lens: paged.paged_decode(q, kv, t, s), a.rounds,
+                                   a.iters)))
+        paged.FUSED_MERGE = "auto"
+        rows.append(("auto (the default)", rounds_us(lambda q=q, kv=kv, t=table, s=lens: paged.paged_decode(q, kv, t, s),
+                                                     a.rounds, a.iters)))
+        rows.append(("one split (no merge)",
+                     rounds_us(lambda q=q, kv=kv, t=table, s=lens: paged.paged_decode(q, kv, t, s, num_splits=1),
+                               a.rounds, a.iters)))
+        print("\n".join(rounds_table(rows, "form")))
+
     return 0
 
 

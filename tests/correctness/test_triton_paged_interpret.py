@@ -430,3 +430,22 @@ def test_tiles_interleave_over_the_splits_of_a_wide_block_table(monkeypatch):
     used = torch.isfinite(seen["ws_lse"])  # [B, Hq, S]
     assert used[0].all(0).tolist() == [True, True, True, False]  # 40 tokens: tiles 0, 1, 2 on splits 0, 1, 2
     assert used[1].all(0).tolist() == [True, True, True, True]  # 140 tokens: 9 tiles over all four
+
+
+@needs_triton
+@pytest.mark.parametrize("max_bytes, want", [(1 << 40, ["paged_decode_split"]),
+                                             (0, ["paged_decode_split", "paged_decode_merge"])])
+def test_auto_fuses_the_merge_only_for_small_reads(max_bytes, want, monkeypatch):
+    """``FUSED_MERGE = "auto"`` (the default): one launch when the most K/V bytes the call can read is at most
+    ``FUSED_MERGE_MAX_BYTES`` (host-bound calls), two above it (GPU-bound: the merge kernel is cheaper); the same
+    result either way."""
+    assert tp.FUSED_MERGE == "auto"
+    monkeypatch.setattr(tp, "FUSED_MERGE_MAX_BYTES", max_bytes)
+    launches: list[str] = []
+    real = tp.launch_pinned
+    monkeypatch.setattr(tp, "launch_pinned",
+                        lambda fn, pin, grid, *a, **k: (launches.append(fn.__name__), real(fn, pin, grid, *a, **k)))
+    q, cache, table, lens = make_case(44, layout="NHD", page=4, ratio=2, hkv=2, d=16, lens=[30, 7, 61])
+    out = tp.paged_decode(q, cache, table, lens, None, "NHD", num_splits=3, block_n=16)
+    assert launches == want
+    close(out, oracle(q, cache, table, lens, "NHD"), torch.float32)

@@ -57,15 +57,23 @@ pipeline stages in shared memory the fastest (bf16/fp16: 128 positions for D <= 
 BLOCK_N_MAX = 128
 
 
-FUSED_MERGE = True
-"""Eager calls with several splits: the split that finishes last for a (sequence, KV head) merges them (one launch;
-CUTLASS's serial split-K semaphore) instead of a second kernel, which saves one Triton launch of host time: on the
-H200 (``benchmarks/results/fused_merge_h200.md``) the hidden check's B24 shape ran 80 / 61 µs per eager call against
-101 / 71 µs with two launches (two processes). Not under CUDA-graph capture: replayed, the fused form was 3-11%
-slower (the last program's serial merge after a barrier and an atomic) than the merge kernel, so graphs keep two
-kernels. Both forms run the same merge code (``merge_row``) and agree to rounding, not always to the last bit (the
-H200 showed 1-ulp differences on some rows): an eager call under ``lz.capture_selection()`` runs the two kernels, the
-graph's bits. False: two kernels always."""
+FUSED_MERGE: bool | str = "auto"
+"""Eager calls with several splits may merge them in the split kernel: the split that finishes last for a (sequence,
+KV head) merges (one launch; CUTLASS's serial split-K semaphore) instead of a second kernel, which saves one Triton
+launch of host time but costs GPU time (the last program's serial merge after a barrier and an atomic). ``"auto"``
+(default): fused when the call's K/V read is small (:data:`FUSED_MERGE_MAX_BYTES`), where an eager call is
+host-bound and one launch fewer is the win; two kernels above it, where the GPU time dominates (H200, the hidden
+check's B24 bimodal shape, ``benchmarks/results/fused_merge_h200.md``: 80 / 61 µs fused vs 101 / 71 with two
+launches while the host path was slow; once the plan and the pinned launch made it GPU-bound, 57.4 fused vs 53.8 µs
+two kernels). ``True`` / ``False``: fused / two kernels for every eager call (the benchmark and tests set these).
+Never under CUDA-graph capture (replayed, the fused form was 3-24% slower than the merge kernel), nor under
+``lz.capture_selection()``. Both forms run the same merge code (``merge_row``) and agree to rounding, not always to
+the last bit (the H200 showed 1-ulp differences on some rows)."""
+
+FUSED_MERGE_MAX_BYTES = 32 << 20
+"""``"auto"`` fuses the merge when the most K/V bytes a call can read (every split full: batch x KV heads x splits x
+split length x head dim x 2 x element size, from shapes) is at most this: 32 MiB, ~8 µs of the H200's HBM, the
+order of one eager launch's host time; the B24 shape above reads up to ~300 MB."""
 
 FUSED_MERGE_IN_GRAPHS = False
 """Use the fused merge under capture too (what ``benchmarks/bench_fused_merge.py`` sets to compare both forms in a
@@ -220,7 +228,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         return (out, lse) if return_lse else out
     # eager calls only: the split that finishes last merges, no stage 2 (one host launch less); under capture (and
     # lz.capture_selection) the two kernels, which replay faster (FUSED_MERGE says why; the forms agree to rounding)
-    fused = plan.splits > 1 and FUSED_MERGE and (FUSED_MERGE_IN_GRAPHS or not (AS_CAPTURED.get() or capturing_now()))
+    fused = plan.splits > 1 and (plan.kv_bytes <= FUSED_MERGE_MAX_BYTES if FUSED_MERGE == "auto" else FUSED_MERGE) and (
+        FUSED_MERGE_IN_GRAPHS or not (AS_CAPTURED.get() or capturing_now()))
     if plan.splits == 1:  # stage 1 stores the output itself: no workspace, no stage 2
         ws_out = ws_lse = out
         ws_strides = (out.stride(0), out.stride(1), 0)
@@ -250,6 +259,7 @@ class _Plan(NamedTuple):
     out_shape: tuple[int, int, int]
     num_kv_heads: int
     splits: int
+    kv_bytes: int  # the most K/V bytes the call can read (FUSED_MERGE "auto" compares it with FUSED_MERGE_MAX_BYTES)
     quant: bool
     grid: tuple[int, int, int]
     split_ints: tuple[int, ...]  # stride_qb .. num_splits of the stage-1 kernel
@@ -297,8 +307,9 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
                     TILES_PER_SPLIT=split_len // bn if interpret else 0,
                     UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=splits == 1,
                     WRITE_LSE=return_lse, FUSED_MERGE=False, S_PAD=1, **config)
+    kv_bytes = batch * hkv * splits * split_len * d * 2 * kv_cache.element_size()
     return _Plan(
-        next(_SERIALS), (batch, hq, d), hkv, splits, quant, (batch, hkv, splits),
+        next(_SERIALS), (batch, hq, d), hkv, splits, kv_bytes, quant, (batch, hkv, splits),
         (q.stride(0), q.stride(1), st[0], st[1], st[2], st[3], block_tables.stride(0), split_len, page, group, splits),
         split_kw, {**split_kw, "FUSED_MERGE": True, "S_PAD": next_pow2(splits)},
         dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=4))
