@@ -187,4 +187,4 @@ def test_rounds_time_the_kernels_in_turn_and_keep_each_ones_better_round(custom,
     assert order == ["test_autotune.a", "test_autotune.b", "test_autotune.a", "test_autotune.b"]
     medians = {row.kernel_id: row.median_us for row, _ in results}
     assert medians == {"test_autotune.a": 10.0, "test_autotune.b": 20.0}
-    assert AUTOTUNE_TIMING["rounds"] == 2
+    assert AUTOTUNE_TIMING["rounds"] >= 2

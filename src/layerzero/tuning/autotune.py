@@ -7,13 +7,13 @@ the first eager call of a new key, before it selects; the selection then reads t
 1. **checked**: run once on the call's own arguments and compared with the op's reference kernel as ``lz.tune``
    does (:func:`~layerzero.tuning.stats.compare`, per-dtype tolerances; sampling kernels by support). A kernel
    that raises or differs is logged (WARNING) and not recorded;
-2. **timed** with :data:`AUTOTUNE_TIMING`: two warm-up calls, then samples of 2 calls until 2 ms are spent (5
-   samples at most, one at least): ``time_kernel`` of the harness (CUDA events on GPU); twice, the kernels in
-   turn, each kernel's better round kept;
+2. **timed** with :data:`AUTOTUNE_TIMING`: two warm-up calls, then samples of 3 calls until 3 ms are spent (5
+   samples at most, one at least): ``time_kernel`` of the harness (CUDA events on GPU); three times, the kernels in
+   turn, each kernel's best round kept;
 3. **recorded** under the call's bucket and device fingerprint, the key ``Runtime._perf_lookup`` reads.
 
-Cost of the first call of a key: the reference once, then per eligible kernel 1 check + 2 x (2 warm-up + 2 to 10
-timed calls) (about 10 x the kernel's time for kernels slower than 0.5 ms; a few ms in all for fast ones), plus
+Cost of the first call of a key: the reference once, then per eligible kernel 1 check + 3 x (2 warm-up + 3 to 15
+timed calls) (about 15 x the kernel's time for kernels slower than 1 ms; ~10 ms in all for fast ones), plus
 any JIT compilation a kernel does on first use (FlashInfer ~6 s per new variant, Triton ~1 s): those happen on
 the first call instead of later. Nothing is measured when the bucket already has PerfDB rows for this device
 (a later miss of the same bucket costs one PerfDB read), during CUDA-graph capture, with the PerfDB disabled,
@@ -50,10 +50,11 @@ __all__ = ["AUTOTUNE_TIMING", "REFERENCE_CHUNK_BYTES", "autotune_context", "elig
 
 log = logging.getLogger("layerzero.autotune")
 
-AUTOTUNE_TIMING = {"warmup": 2, "iters": 2, "repeats": 5, "max_time_s": 0.002, "rounds": 2}
+AUTOTUNE_TIMING = {"warmup": 2, "iters": 3, "repeats": 5, "max_time_s": 0.003, "rounds": 3}
 """Timing of one kernel by :func:`autotune_context` (``time_kernel`` arguments, seconds; ``rounds`` of
-:func:`measure_context`: two, in turn, the better kept, as the shipped timings and the hidden-shape check do; with
-one round the H200's check of 2026-11-27 read one paged shape 20% off, a first-call effect of the other kernel)."""
+:func:`measure_context`: three, in turn, the best kept, as the shipped timings and the hidden-shape check do; on the
+H200 (2026-11-27) one round of 2-call samples read one paged shape 20% off (a first-call effect of the other kernel)
+and two rounds one 6% off (two ~60 µs eager kernels whose host time varies by round))."""
 
 REFERENCE_CHUNK_BYTES = 1 << 30
 """Largest float32 score matrix (bytes) one call of the attention reference builds; larger calls are split
