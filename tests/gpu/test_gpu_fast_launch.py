@@ -101,3 +101,43 @@ def test_pinned_paged_decode_keys_on_alignment_and_matches_the_plain_launch():
         assert all(torch.equal(o, want) for o in outs)
         ref = reference_paged(q.double(), cache.double(), table, lens, None, None, True, "NHD")
         torch.testing.assert_close(want.double(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_pdl_launched_kernels_in_a_graph_replay_eagers_bits():
+    """Under capture (SM 9.0+) our decode kernels are PDL-launched (``_launch.pdl_kwargs``: each waits for the
+    previous grid before touching memory); a graph of rms_norm -> gemv -> SwiGLU -> gemv replays the eager
+    (non-PDL) result bit for bit, with inputs changed between replays, and the captured kernels are the PDL
+    variants."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs SM 9.0+")
+    g = torch.Generator(device=DEV).manual_seed(5)
+    x = torch.randn(2, 1024, device=DEV, dtype=torch.bfloat16, generator=g)
+    res = torch.randn(2, 1024, device=DEV, dtype=torch.bfloat16, generator=g)
+    w = torch.rand(1024, device=DEV, dtype=torch.bfloat16, generator=g) + 0.5
+    w_up = torch.randn(6144, 1024, device=DEV, dtype=torch.bfloat16, generator=g) / 32
+    w_down = torch.randn(1024, 3072, device=DEV, dtype=torch.bfloat16, generator=g) / 32
+
+    def step():
+        h, r = lz.rms_norm(x, w, residual=res)
+        gate, up = lz.linear(h, w_up).chunk(2, dim=-1)
+        return lz.linear(lz.swiglu(gate, up), w_down) + r
+
+    eager = step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), lz.capture_selection():
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    for i in range(3):
+        if i:
+            x.copy_(torch.randn(x.shape, device=DEV, dtype=x.dtype, generator=g))
+            eager = step()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, eager)
+    pdl = [k for la in _launch._LAUNCHERS.values() for k in la.kernels.values()
+           if getattr(getattr(k, "metadata", None), "launch_pdl", False)]
+    assert pdl, "no kernel was compiled with launch_pdl"

@@ -108,3 +108,26 @@ def test_pins_are_bounded(fake_cuda, monkeypatch):
     for i in range(6):
         fl.pinned(i, (1,), x, x, 32, 1.0)
     assert 1 <= len(fl.pins) <= 4
+
+
+@pytest.mark.parametrize("capture, as_captured, major, enabled, want", [
+    (False, False, 9, True, {}),  # eager: no PDL (the host launch dominates there; graphs gain)
+    (True, False, 9, True, {"PDL": True, "launch_pdl": True}),  # a capture on Hopper
+    (False, True, 9, True, {"PDL": True, "launch_pdl": True}),  # lz.capture_selection(): the warm-up compiles it
+    (True, False, 8, True, {}),  # Ampere has no griddepcontrol
+    (True, False, 9, False, {}),  # LAYERZERO_TRITON_PDL=0
+])
+def test_pdl_only_for_captures_on_hopper(capture, as_captured, major, enabled, want, monkeypatch):
+    from layerzero.core.capture import AS_CAPTURED
+
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: capture, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx: (major, 0))
+    monkeypatch.setattr(_launch, "_SM90", {})
+    monkeypatch.setattr(_launch, "PDL", enabled)
+    cuda_tensor = SimpleNamespace(device=torch.device("cuda", 0))
+    token = AS_CAPTURED.set(as_captured)
+    try:
+        assert _launch.pdl_kwargs(cuda_tensor) == want
+    finally:
+        AS_CAPTURED.reset(token)
+    assert _launch.pdl_kwargs(torch.zeros(1)) == {}  # CPU tensors (the interpreter): never

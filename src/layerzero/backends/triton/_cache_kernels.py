@@ -14,6 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._gdc_kernels import gdc_enter
+
 
 @triton.jit
 def load_scale(S, IS_PTR: tl.constexpr):
@@ -64,7 +66,8 @@ def _to_code(x, scale, QUANT: tl.constexpr):
 @triton.jit
 def _reshape_and_cache(K, V, Cache, Slots, KS, VS, stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_ckv,
                        stride_cp, stride_ch, page, head_dim, D_PAD: tl.constexpr, QUANT: tl.constexpr = 0,
-                       K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False):
+                       K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False, PDL: tl.constexpr = False):
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     slot = tl.load(Slots + t).to(tl.int64)

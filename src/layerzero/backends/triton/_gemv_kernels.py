@@ -21,10 +21,13 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from ._gdc_kernels import gdc_enter
+
 
 @triton.jit
 def _gemv_rows(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     pn = tl.program_id(0)
     rm = tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
@@ -45,7 +48,8 @@ def _gemv_rows(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr
 
 @triton.jit
 def _gemv_dot(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
-              BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+              BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr = False):
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     pn = tl.program_id(0)
     rm = tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)

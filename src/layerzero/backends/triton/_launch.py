@@ -23,13 +23,16 @@ launch is not seen by the fast path (the compiled entry is reused).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
 
+from layerzero.core.capture import AS_CAPTURED
+
 log = logging.getLogger("layerzero.triton")
 
-__all__ = ["FastLaunch", "launch", "launch_pinned", "launcher_of"]
+__all__ = ["FastLaunch", "launch", "launch_pinned", "launcher_of", "pdl_kwargs"]
 
 _LAUNCHERS: dict[int, FastLaunch] = {}
 PINS_MAX = 8192
@@ -174,3 +177,29 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
 def launch_pinned(fn: Any, pin: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
     """:meth:`FastLaunch.pinned` of ``fn`` (the caller's promise about ``pin`` is written there)."""
     launcher_of(fn).pinned(pin, grid, *args, **kwargs)
+
+
+PDL = os.environ.get("LAYERZERO_TRITON_PDL", "1") != "0"
+"""Programmatic dependent launch for our decode kernels inside CUDA graphs (``_gdc_kernels``); ``LAYERZERO_TRITON_PDL=0``
+turns it off (read at import)."""
+
+_PDL_ON: dict[str, bool] = {"PDL": True, "launch_pdl": True}
+_PDL_OFF: dict[str, bool] = {}
+_SM90: dict[int, bool] = {}
+
+
+def pdl_kwargs(t: torch.Tensor) -> dict[str, bool]:
+    """The launch keywords that make a kernel PDL-launched (its ``PDL`` constexpr and Triton's ``launch_pdl``
+    option) for a launch on ``t``'s device: on a CUDA device of compute capability >= 9.0 while a CUDA graph is
+    captured on the current stream or under ``lz.capture_selection()`` (the warm-up that compiles what the capture
+    runs); ``{}`` otherwise (eager calls, the interpreter, older GPUs, :data:`PDL` off). The dicts returned are
+    shared: do not change them."""
+    if not PDL or t.device.type != "cuda":
+        return _PDL_OFF
+    if not (AS_CAPTURED.get() or torch._C._cuda_isCurrentStreamCapturing()):
+        return _PDL_OFF
+    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    ok = _SM90.get(idx)
+    if ok is None:
+        ok = _SM90[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+    return _PDL_ON if ok else _PDL_OFF

@@ -13,6 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._gdc_kernels import gdc_enter
+
 ONE_PASS_MAX = 8192
 """Longest row kept whole in registers; longer rows take the two-loop path."""
 TILE = 4096
@@ -21,7 +23,8 @@ TILE = 4096
 
 @triton.jit
 def _rms_norm_fwd(X, R, W, Y, H, stride_x, stride_r, stride_y, stride_h, stride_w, n_cols, eps,
-                  HAS_RES: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK: tl.constexpr):
+                  HAS_RES: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
     r_row = R + row * stride_r

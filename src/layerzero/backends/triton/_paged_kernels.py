@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ._cache_kernels import load_scale
+from ._gdc_kernels import gdc_enter
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)  # used inside @triton.jit: a constexpr global
@@ -96,6 +97,7 @@ def paged_decode_split(
     INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr,
     QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
     WRITE_LSE: tl.constexpr = False, FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
     """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is the
     output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype, no stage 2;
@@ -106,6 +108,7 @@ def paged_decode_split(
     GPU scope: CUTLASS's serial split-K semaphore) counts itself done, and the program that counts last merges the
     group's ``num_splits`` partials into ``o_ptr`` (contiguous ``[B, Hq, D]``) as stage 2 would, reading the
     workspace through L2 (``.cg``), then puts the counter back to 0 for the next launch."""
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -203,9 +206,11 @@ def paged_decode_merge(
     stride_wb, stride_wh, stride_ws,
     num_heads, num_splits,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Stage 2 (see the module docstring): one program per (sequence, query head); with ``WRITE_LSE`` the merged
     natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32, -inf for a sequence with no key)."""
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     b = tl.program_id(0)
     hq = tl.program_id(1)
     merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, (b * num_heads + hq) * num_splits,

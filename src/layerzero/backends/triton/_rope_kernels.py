@@ -19,6 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._gdc_kernels import gdc_enter
+
 
 @triton.jit
 def _rotate_heads(X, OUT, W, sx_b, sx_h, sx_s, sx_d, so_b, so_h, so_s, so_d, b, s, h0, n_heads, c_a, c_b, s_a, s_b,
@@ -60,7 +62,8 @@ def _rope_fwd(Q, K, QO, KO, COS, SIN, POS, QW, KW,
               sc_b, sc_s, sc_r, ss_b, ss_s, ss_r, sp_b, sp_s,
               seq_len, n_heads_q, n_heads_k, n_rot, n_dim, eps,
               HAS_POS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
-              BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, NORM: tl.constexpr = False):
+              BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, NORM: tl.constexpr = False, PDL: tl.constexpr = False):
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     tok = tl.program_id(0).to(tl.int64)
     hblk = tl.program_id(1)
     b = tok // seq_len

@@ -11,12 +11,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._gdc_kernels import gdc_enter
+
 BLOCK = 1024
 """Columns per program."""
 
 
 @triton.jit
-def _swiglu_fwd(G, U, Out, stride_g, stride_u, stride_o, n_cols, BLOCK: tl.constexpr):
+def _swiglu_fwd(G, U, Out, stride_g, stride_u, stride_o, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols

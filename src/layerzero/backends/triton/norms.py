@@ -25,7 +25,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2, num_warps_for, rows_2d
-from ._launch import launch
+from ._launch import launch, pdl_kwargs
 
 log = logging.getLogger("layerzero.backends.triton")
 KERNEL_ID = "triton.rms_norm"
@@ -81,7 +81,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     launch(mod._rms_norm_fwd, (x2.shape[0],),
         x2, r2, weight, y2, h2, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), weight.stride(0),
         h_dim, float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK=block,
-        num_warps=num_warps_for(block))
+        num_warps=num_warps_for(block), **pdl_kwargs(x2))
     return y if residual is None else (y, h)
 
 

@@ -34,7 +34,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec, Phase
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, kernel_scale, missing, next_pow2
-from ._launch import launch_pinned
+from ._launch import launch_pinned, pdl_kwargs
 
 KERNEL_ID = "triton.paged_decode"
 LSE_KERNEL_ID = "triton.paged_decode_lse"
@@ -241,13 +241,14 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * kern.LOG2E
     ks, vs, qflags = _scale_args(plan.quant, k_scale, v_scale)
     # every int and constexpr below is the plan's: it pins the launch (FastLaunch.pinned skips Triton's binder)
-    launch_pinned(kern.paged_decode_split, (plan.serial, fused, *qflags.values()), plan.grid,
+    pdl = pdl_kwargs(q)
+    launch_pinned(kern.paged_decode_split, (plan.serial, fused, bool(pdl), *qflags.values()), plan.grid,
                   q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, lse, out, cnt, qk_scale, ks, vs,
                   *plan.split_ints, *ws_strides, hq * plan.splits, **(plan.fused_kw if fused else plan.split_kw),
-                  **qflags)
+                  **qflags, **pdl)
     if plan.splits > 1 and not fused:
-        launch_pinned(kern.paged_decode_merge, plan.serial, (batch, hq), ws_out, ws_lse, out, lse, out.stride(0),
-                      out.stride(1), *ws_strides, hq, plan.splits, **plan.merge_kw)
+        launch_pinned(kern.paged_decode_merge, (plan.serial, bool(pdl)), (batch, hq), ws_out, ws_lse, out, lse,
+                      out.stride(0), out.stride(1), *ws_strides, hq, plan.splits, **plan.merge_kw, **pdl)
     return (out, lse) if return_lse else out
 
 

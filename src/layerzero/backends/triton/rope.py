@@ -22,7 +22,7 @@ import torch
 from layerzero.core.specs import KernelSpec, Layout
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, next_pow2
-from ._launch import launch
+from ._launch import launch, pdl_kwargs
 
 KERNEL_ID = "triton.rope"
 QK_NORM_KERNEL_ID = "triton.qk_norm_rope"
@@ -124,7 +124,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         *_bhsd_strides(q, bshd), *_bhsd_strides(k, bshd), *_bhsd_strides(qo, bshd), *_bhsd_strides(ko, bshd),
         *sc, *ss, *sp, s, hq, hk, r, d, float(eps),
         HAS_POS=position_ids is not None, INTERLEAVED=bool(interleaved), BLOCK_H=block_h,
-        BLOCK_HALF=block_half, BLOCK_PASS=block_pass, NORM=norm, num_warps=4 if block_h * per_head >= 2048 else 2)
+        BLOCK_HALF=block_half, BLOCK_PASS=block_pass, NORM=norm, num_warps=4 if block_h * per_head >= 2048 else 2,
+        **pdl_kwargs(q))
     return qo, ko
 
 

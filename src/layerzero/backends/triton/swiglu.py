@@ -24,7 +24,7 @@ from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, rows_2d
-from ._launch import launch
+from ._launch import launch, pdl_kwargs
 
 log = logging.getLogger("layerzero.backends.triton")
 KERNEL_ID = "triton.swiglu"
@@ -62,7 +62,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     inter = gate.shape[-1]
     g2, u2, o2 = rows_2d(gate, "gate", KERNEL_ID), rows_2d(up, "up", KERNEL_ID), out.view(-1, inter)
     launch(mod._swiglu_fwd, (g2.shape[0], cdiv(inter, mod.BLOCK)), g2, u2, o2, g2.stride(0), u2.stride(0), o2.stride(0), inter,
-                                               BLOCK=mod.BLOCK, num_warps=4)
+                                               BLOCK=mod.BLOCK, num_warps=4, **pdl_kwargs(g2))
     return out
 
 
