@@ -103,11 +103,11 @@ def test_pinned_paged_decode_keys_on_alignment_and_matches_the_plain_launch():
         torch.testing.assert_close(want.double(), ref, rtol=2e-2, atol=2e-2)
 
 
-def test_pdl_launched_kernels_in_a_graph_replay_eagers_bits():
+def test_pdl_launched_kernels_in_a_graph_replay_eagers_bits(monkeypatch):
     """Under capture (SM 9.0+) our decode kernels are PDL-launched (``_launch.pdl_kwargs``: each waits for the
-    previous grid before touching memory); a graph of rms_norm -> gemv -> SwiGLU -> gemv replays the eager
-    (non-PDL) result bit for bit, with inputs changed between replays, and the captured kernels are the PDL
-    variants."""
+    previous grid before touching memory); a graph of rms_norm -> gemv -> SwiGLU -> gemv replays, bit for bit, the
+    same kernels run eagerly without PDL (``lz.capture_selection()`` selects what the capture runs; PDL off for that
+    eager run), with inputs changed between replays; the captured kernels are the PDL variants."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs SM 9.0+")
     g = torch.Generator(device=DEV).manual_seed(5)
@@ -122,7 +122,14 @@ def test_pdl_launched_kernels_in_a_graph_replay_eagers_bits():
         gate, up = lz.linear(h, w_up).chunk(2, dim=-1)
         return lz.linear(lz.swiglu(gate, up), w_down) + r
 
-    eager = step()
+    def eager_without_pdl():
+        monkeypatch.setattr(_launch, "PDL", False)
+        try:
+            with lz.capture_selection():
+                return step()
+        finally:
+            monkeypatch.setattr(_launch, "PDL", True)
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), lz.capture_selection():
@@ -134,10 +141,14 @@ def test_pdl_launched_kernels_in_a_graph_replay_eagers_bits():
     for i in range(3):
         if i:
             x.copy_(torch.randn(x.shape, device=DEV, dtype=x.dtype, generator=g))
-            eager = step()
+        want = eager_without_pdl()
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(static, eager)
+        assert torch.equal(static, want)
+        h64 = _rms64(x.float() + res.float(), w)
+        ref = (torch.nn.functional.silu(h64 @ w_up[:3072].double().T) * (h64 @ w_up[3072:].double().T)) @ \
+            w_down.double().T + (x.double() + res.double())
+        torch.testing.assert_close(static.double(), ref, rtol=5e-2, atol=5e-2)
     pdl = [k for la in _launch._LAUNCHERS.values() for k in la.kernels.values()
            if getattr(getattr(k, "metadata", None), "launch_pdl", False)]
     assert pdl, "no kernel was compiled with launch_pdl"

@@ -127,7 +127,9 @@ def test_pdl_only_for_captures_on_hopper(capture, as_captured, major, enabled, w
     cuda_tensor = SimpleNamespace(device=torch.device("cuda", 0))
     token = AS_CAPTURED.set(as_captured)
     try:
-        assert _launch.pdl_kwargs(cuda_tensor) == want
+        assert _launch.pdl_kwargs(cuda_tensor, 1) == want
+        assert _launch.pdl_kwargs(cuda_tensor, _launch.PDL_MAX_ROWS) == want
+        assert _launch.pdl_kwargs(cuda_tensor, _launch.PDL_MAX_ROWS + 1) == {}  # large batches: never
     finally:
         AS_CAPTURED.reset(token)
-    assert _launch.pdl_kwargs(torch.zeros(1)) == {}  # CPU tensors (the interpreter): never
+    assert _launch.pdl_kwargs(torch.zeros(1), 1) == {}  # CPU tensors (the interpreter): never

@@ -183,18 +183,25 @@ PDL = os.environ.get("LAYERZERO_TRITON_PDL", "1") != "0"
 """Programmatic dependent launch for our decode kernels inside CUDA graphs (``_gdc_kernels``); ``LAYERZERO_TRITON_PDL=0``
 turns it off (read at import)."""
 
+PDL_MAX_ROWS = 16
+"""Largest batch (tokens / sequences of a launch) PDL-launched. H200, Qwen3-0.6B engine, one machine: with PDL on every
+decode graph, batch-1 decode 828 -> 983 tok/s but the 256-request throughput run 21,816 -> 20,808 tok/s (each
+kernel lets the next one launch at its start, whose waiting programs then hold SM slots that a many-wave kernel of
+a large batch still needs); small batches are the latency-bound case PDL is for."""
+
 _PDL_ON: dict[str, bool] = {"PDL": True, "launch_pdl": True}
 _PDL_OFF: dict[str, bool] = {}
 _SM90: dict[int, bool] = {}
 
 
-def pdl_kwargs(t: torch.Tensor) -> dict[str, bool]:
+def pdl_kwargs(t: torch.Tensor, rows: int) -> dict[str, bool]:
     """The launch keywords that make a kernel PDL-launched (its ``PDL`` constexpr and Triton's ``launch_pdl``
-    option) for a launch on ``t``'s device: on a CUDA device of compute capability >= 9.0 while a CUDA graph is
-    captured on the current stream or under ``lz.capture_selection()`` (the warm-up that compiles what the capture
-    runs); ``{}`` otherwise (eager calls, the interpreter, older GPUs, :data:`PDL` off). The dicts returned are
-    shared: do not change them."""
-    if not PDL or t.device.type != "cuda":
+    option) for a launch on ``t``'s device over ``rows`` tokens (or sequences): on a CUDA device of compute
+    capability >= 9.0, for at most :data:`PDL_MAX_ROWS` rows, while a CUDA graph is captured on the current stream
+    or under ``lz.capture_selection()`` (the warm-up that compiles what the capture runs); ``{}`` otherwise (eager
+    calls, large batches, the interpreter, older GPUs, :data:`PDL` off). The dicts returned are shared: do not
+    change them."""
+    if not PDL or rows > PDL_MAX_ROWS or t.device.type != "cuda":
         return _PDL_OFF
     if not (AS_CAPTURED.get() or torch._C._cuda_isCurrentStreamCapturing()):
         return _PDL_OFF

@@ -60,7 +60,7 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     launch(_KERNELS.get()._reshape_and_cache, (n, hkv),
         k, v, kv_cache, slots, ks, vs, k.stride(0), k.stride(1), v.stride(0), v.stride(1), st[0], st[1], st[2],
         st[3], page, d, D_PAD=max(16, next_pow2(d)), QUANT=quant, K_PTR=isinstance(ks, torch.Tensor),
-        V_PTR=isinstance(vs, torch.Tensor), num_warps=1 if d <= 128 else 2, **pdl_kwargs(k))
+        V_PTR=isinstance(vs, torch.Tensor), num_warps=1 if d <= 128 else 2, **pdl_kwargs(k, n))
 
 
 def kernel_spec(available: bool, why: str) -> KernelSpec:

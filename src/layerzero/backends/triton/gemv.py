@@ -91,7 +91,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
         cfg["UPCAST"] = mod.INTERPRETED and x.dtype == torch.bfloat16
     b = bias if bias is not None else out  # a pointer the kernel never reads (HAS_BIAS False)
     launch(mod._gemv_rows if kernel == "rows" else mod._gemv_dot, (cdiv(n, cfg["BN"]),), x2, weight, b, o2, m, n,
-           x2.stride(0), weight.stride(0), o2.stride(0), K=k, HAS_BIAS=bias is not None, **cfg, **pdl_kwargs(x2))
+           x2.stride(0), weight.stride(0), o2.stride(0), K=k, HAS_BIAS=bias is not None, **cfg, **pdl_kwargs(x2, m))
     return out
 
 

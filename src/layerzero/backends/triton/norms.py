@@ -81,7 +81,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     launch(mod._rms_norm_fwd, (x2.shape[0],),
         x2, r2, weight, y2, h2, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), weight.stride(0),
         h_dim, float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK=block,
-        num_warps=num_warps_for(block), **pdl_kwargs(x2))
+        num_warps=num_warps_for(block), **pdl_kwargs(x2, x2.shape[0]))
     return y if residual is None else (y, h)
 
 

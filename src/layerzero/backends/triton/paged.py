@@ -241,7 +241,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * kern.LOG2E
     ks, vs, qflags = _scale_args(plan.quant, k_scale, v_scale)
     # every int and constexpr below is the plan's: it pins the launch (FastLaunch.pinned skips Triton's binder)
-    pdl = pdl_kwargs(q)
+    pdl = pdl_kwargs(q, batch)
     launch_pinned(kern.paged_decode_split, (plan.serial, fused, bool(pdl), *qflags.values()), plan.grid,
                   q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, lse, out, cnt, qk_scale, ks, vs,
                   *plan.split_ints, *ws_strides, hq * plan.splits, **(plan.fused_kw if fused else plan.split_kw),

@@ -125,7 +125,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         *sc, *ss, *sp, s, hq, hk, r, d, float(eps),
         HAS_POS=position_ids is not None, INTERLEAVED=bool(interleaved), BLOCK_H=block_h,
         BLOCK_HALF=block_half, BLOCK_PASS=block_pass, NORM=norm, num_warps=4 if block_h * per_head >= 2048 else 2,
-        **pdl_kwargs(q))
+        **pdl_kwargs(q, b * s))
     return qo, ko
 
 

@@ -62,7 +62,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     inter = gate.shape[-1]
     g2, u2, o2 = rows_2d(gate, "gate", KERNEL_ID), rows_2d(up, "up", KERNEL_ID), out.view(-1, inter)
     launch(mod._swiglu_fwd, (g2.shape[0], cdiv(inter, mod.BLOCK)), g2, u2, o2, g2.stride(0), u2.stride(0), o2.stride(0), inter,
-                                               BLOCK=mod.BLOCK, num_warps=4, **pdl_kwargs(g2))
+                                               BLOCK=mod.BLOCK, num_warps=4, **pdl_kwargs(g2, g2.shape[0]))
     return out
 
 
