@@ -10,6 +10,8 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.dispatch import MISS
+from layerzero.core.observers import OBSERVERS
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
@@ -19,6 +21,7 @@ from ._common import (
     check_tensor,
     deterministic_enabled,
     device_spec,
+    exact_device,
     fail,
     is_grad_enabled,
     scope_layers,
@@ -154,5 +157,43 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         from layerzero import library
 
         return library.linear(x, weight, bias)
+    hot_key = _exact_key(x, weight, bias)
+    if hot_key is not None:
+        if OBSERVERS.none:  # Runtime.run_hot inlined (core/observers.py says when that is allowed and why)
+            plan = RUNTIME.cache.hot.get(hot_key)
+            if plan is not None:
+                try:
+                    return plan.call(x, weight, bias)
+                except Exception as exc:  # noqa: BLE001 - recorded, then retried or re-raised as run_hot does
+                    return RUNTIME.hot_failure(plan, exc, (x, weight, bias))
+        else:
+            out = RUNTIME.run_hot(hot_key, (x, weight, bias))
+            if out is not MISS:
+                return out
     key, args = prepare(x, weight, bias)
-    return RUNTIME.run(key, context, args)
+    return RUNTIME.run(key, context, args, hot_key)
+
+
+_TENSOR = torch.Tensor
+
+
+def _exact_key(x: Any, weight: Any, bias: Any) -> tuple[Any, ...] | None:
+    """The exact key of an ``lz.linear`` call (``Runtime.run_hot``, as ``lz.rms_norm``'s): x's and weight's dtypes,
+    shapes and strides, the bias's (or None), the device as -1 (CPU) or the CUDA index, the per-call flags. Only
+    calls that passed every check of :func:`prepare` file it (``Runtime.run``), and every fact those checks read is
+    in it, so a hit skips the checks and the key build. None (the full path) for anything but plain tensors on one
+    CPU or CUDA device."""
+    if x.__class__ is not _TENSOR or weight.__class__ is not _TENSOR or (
+            bias is not None and bias.__class__ is not _TENSOR):
+        return None
+    dev = exact_device(x, weight, bias)
+    if dev is None:
+        return None
+    layers = scope_layers()
+    if bias is None:
+        b, grad = None, is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    else:
+        b = (bias.dtype, bias.shape, bias.stride())
+        grad = is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)
+    return ("linear", dev, x.dtype, weight.dtype, x.shape, x.stride(), weight.shape, weight.stride(), b, grad,
+            deterministic_enabled(), dev >= 0 and stream_capturing(), scope_token_of(layers) if layers else ())
