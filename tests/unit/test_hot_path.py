@@ -208,7 +208,7 @@ def test_rms_norm_specialized_kernel_matches_and_residual_keeps_the_generic_one(
 
 # ---------------------------------------------------------------- the inlined hit path (core/observers.py)
 
-@pytest.mark.parametrize("op", ["attention", "rms_norm"])
+@pytest.mark.parametrize("op", ["attention", "rms_norm", "linear", "swiglu"])
 def test_a_kernel_failing_on_the_inlined_hit_path_falls_back(op):
     """No trace, no telemetry: from the third call the op calls the hot plan itself (the first selects, the second
     files the hot keys); a failure there still retries on the next kernel (the right result), and a locked plan
@@ -223,9 +223,15 @@ def test_a_kernel_failing_on_the_inlined_hit_path_falls_back(op):
         if op == "attention":
             q, k, v = _qkv((1, 2, 5, 8), dtype=torch.float64)
             call, want = (lambda: lz.attention(q, k, v)), F.scaled_dot_product_attention(q, k, v)
-        else:
+        elif op == "rms_norm":
             x, w = torch.randn(3, 8, dtype=torch.float64), torch.rand(8, dtype=torch.float64) + 0.5
             call, want = (lambda: lz.rms_norm(x, w)), F.rms_norm(x, (8,), w, 1e-6)
+        elif op == "linear":
+            x, w = torch.randn(3, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
+            call, want = (lambda: lz.linear(x, w)), x @ w.T
+        else:
+            gate, up = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+            call, want = (lambda: lz.swiglu(gate, up)), F.silu(gate) * up
         assert OBSERVERS.none
         for _ in range(2):
             torch.testing.assert_close(call(), want)

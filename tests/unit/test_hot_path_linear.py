@@ -110,3 +110,55 @@ def test_linear_hit_follows_grad_mode():
         torch.testing.assert_close(w.grad, x.sum(0).expand(3, 8))
     finally:
         lz.unregister_kernel(kid)
+
+
+# ---------------------------------------------------------------- lz.swiglu's exact key (the same rule)
+def _swiglu_keys():
+    return [k for k in RUNTIME.cache.hot if isinstance(k, tuple) and k and k[0] == "swiglu"
+            and any(isinstance(f, torch.Size) for f in k)]
+
+
+def _swiglu64(gate, up):
+    g = gate.double()
+    return (g * torch.sigmoid(g)).to(gate.dtype).double() * up.double()
+
+
+def test_swiglu_files_an_exact_key_and_serves_it():
+    g = torch.Generator().manual_seed(7)
+    gate, up = torch.randn(3, 5, 24, generator=g), torch.randn(3, 5, 24, generator=g)
+    for _ in range(3):
+        torch.testing.assert_close(lz.swiglu(gate, up).double(), _swiglu64(gate, up), rtol=1e-5, atol=1e-6)
+    (key,) = _swiglu_keys()
+    assert key[4] == gate.shape and key[6] == up.shape
+    torch.testing.assert_close(RUNTIME.run_hot(key, (gate, up)).double(), _swiglu64(gate, up), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["up_shape", "up_dtype", "up_list", "gate_int", "gate_0dim", "empty", "strided"])
+def test_swiglu_warm_shapes_never_skip_a_check(bad):
+    """After good calls filed an exact key, each bad input still raises the typed error; a strided pair of the same
+    shape takes its own key and the right result."""
+    gate, up = torch.randn(4, 8), torch.randn(4, 8)
+    for _ in range(3):
+        lz.swiglu(gate, up)
+    assert len(_swiglu_keys()) == 1
+    if bad == "strided":
+        wide = torch.randn(4, 16)
+        sg, su = wide[:, ::2], wide[:, 1::2]
+        for _ in range(2):
+            torch.testing.assert_close(lz.swiglu(sg, su).double(), _swiglu64(sg, su), rtol=1e-5, atol=1e-6)
+        assert len(_swiglu_keys()) == 2
+        return
+    if bad == "up_shape":
+        up = torch.randn(4, 9)
+    elif bad == "up_dtype":
+        up = up.double()
+    elif bad == "up_list":
+        up = up.tolist()
+    elif bad == "gate_int":
+        gate = gate.to(torch.int64)
+    elif bad == "gate_0dim":
+        gate, up = torch.tensor(1.0), torch.tensor(1.0)
+    elif bad == "empty":
+        gate, up = torch.randn(4, 0), torch.randn(4, 0)
+    with pytest.raises(InvalidInputError):
+        lz.swiglu(gate, up)

@@ -10,6 +10,8 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.dispatch import MISS
+from layerzero.core.observers import OBSERVERS
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
@@ -19,6 +21,7 @@ from ._common import (
     check_tensor,
     deterministic_enabled,
     device_spec,
+    exact_device,
     fail,
     inference_only,
     is_grad_enabled,
@@ -157,8 +160,40 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         from layerzero import library
 
         return library.swiglu(gate, up)
+    hot_key = _exact_key(gate, up)
+    if hot_key is not None:
+        if OBSERVERS.none:  # Runtime.run_hot inlined (core/observers.py says when that is allowed and why)
+            plan = RUNTIME.cache.hot.get(hot_key)
+            if plan is not None:
+                try:
+                    return plan.call(gate, up)
+                except Exception as exc:  # noqa: BLE001 - recorded, then retried or re-raised as run_hot does
+                    return RUNTIME.hot_failure(plan, exc, (gate, up))
+        else:
+            out = RUNTIME.run_hot(hot_key, (gate, up))
+            if out is not MISS:
+                return out
     key, args = prepare(gate, up)
-    return RUNTIME.run(key, context, args)
+    return RUNTIME.run(key, context, args, hot_key)
+
+
+_TENSOR = torch.Tensor
+
+
+def _exact_key(gate: Any, up: Any) -> tuple[Any, ...] | None:
+    """The exact key of an ``lz.swiglu`` call (``Runtime.run_hot``, as ``lz.linear``'s): both tensors' dtypes, shapes
+    and strides, the device as -1 (CPU) or the CUDA index, the per-call flags. Only calls that passed every check
+    of :func:`prepare` file it (``Runtime.run``), and every fact those checks read is in it, so a hit skips them.
+    None (the full path) for anything but two plain tensors on one CPU or CUDA device."""
+    if gate.__class__ is not _TENSOR or up.__class__ is not _TENSOR:
+        return None
+    dev = exact_device(gate, up)
+    if dev is None:
+        return None
+    layers = scope_layers()
+    return (OP, dev, gate.dtype, up.dtype, gate.shape, gate.stride(), up.shape, up.stride(),
+            is_grad_enabled() and (gate.requires_grad or up.requires_grad), deterministic_enabled(),
+            dev >= 0 and stream_capturing(), scope_token_of(layers) if layers else ())
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
