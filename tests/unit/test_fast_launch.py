@@ -124,7 +124,7 @@ def test_pdl_only_for_captures_on_hopper(capture, as_captured, major, enabled, w
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx: (major, 0))
     monkeypatch.setattr(_launch, "_SM90", {})
     monkeypatch.setattr(_launch, "PDL", enabled)
-    cuda_tensor = SimpleNamespace(device=torch.device("cuda", 0))
+    cuda_tensor = SimpleNamespace(is_cuda=True, get_device=lambda: 0)  # what pdl_kwargs reads of a CUDA tensor
     token = AS_CAPTURED.set(as_captured)
     try:
         assert _launch.pdl_kwargs(cuda_tensor, 1) == want

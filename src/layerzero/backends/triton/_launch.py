@@ -68,25 +68,25 @@ class FastLaunch:
             return
         try:
             rt = _knobs_runtime()
-            if not (_active(rt.launch_enter_hook) or _active(rt.launch_exit_hook)):
-                device = torch._C._cuda_getDevice()
-                key = (device, pin, tuple((a.dtype, a.data_ptr() & 15 == 0) for a in args if isinstance(a, torch.Tensor)))
-                hit = self.pins.get(key)
-                if hit is not None:
-                    kernel, tail = hit
-                    self.hits += 1
-                    g = (tuple(grid) + (1, 1))[:3]
-                    kernel.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), kernel.function,
-                               kernel.packed_metadata, None, None, None, *args, *tail)
-                    return
-            else:
-                key = None
+            if _active(rt.launch_enter_hook) or _active(rt.launch_exit_hook):
+                self.fn[grid](*args, **kwargs)  # a profiler's hook: Triton's own path calls it
+                return
+            device = torch._C._cuda_getDevice()
+            key = (device, pin, tuple((a.dtype, a.data_ptr() & 15 == 0) for a in args if isinstance(a, torch.Tensor)))
+            hit = self.pins.get(key)
+            if hit is not None:
+                kernel, tail = hit
+                self.hits += 1
+                g = (tuple(grid) + (1, 1))[:3]
+                kernel.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), kernel.function,
+                           kernel.packed_metadata, None, None, None, *args, *tail)
+                return
         except Exception as exc:  # noqa: BLE001 - as in _launch: Triton's public path from now on
             self._disable(exc)
             self.fn[grid](*args, **kwargs)
             return
         found = self._launch(grid, args, kwargs)  # errors of the launch itself (a compile error) propagate
-        if found is not None and key is not None:
+        if found is not None:
             if len(self.pins) >= PINS_MAX:
                 self.pins.clear()
             self.pins[key] = (found[0], tuple(found[1].values())[len(args):])
@@ -102,7 +102,7 @@ class FastLaunch:
         if self.broken:
             self.fn[grid](*args, **kwargs)
             return None
-        key = None
+        key = bound = None
         try:
             rt = _knobs_runtime()
             if _active(rt.launch_enter_hook) or _active(rt.launch_exit_hook):
@@ -127,10 +127,11 @@ class FastLaunch:
         self.misses += 1
         if kernel is None or not hasattr(kernel, "run") or hasattr(kernel, "result"):
             return None  # warm-up only, or an asynchronous compile: Triton's own path next time too
-        caches = self.fn.device_caches.get(device)  # the first launch on this device created its binder
-        if caches is None:
-            return None
-        key, bound = _key(device, caches, args, kwargs)
+        if key is None:  # the first launch on this device created its binder
+            caches = self.fn.device_caches.get(device)
+            if caches is None:
+                return None
+            key, bound = _key(device, caches, args, kwargs)
         self.kernels[key] = kernel
         return kernel, bound
 
@@ -194,18 +195,19 @@ _PDL_OFF: dict[str, bool] = {}
 _SM90: dict[int, bool] = {}
 
 
-def pdl_kwargs(t: torch.Tensor, rows: int) -> dict[str, bool]:
+def pdl_kwargs(t: torch.Tensor, rows: int, captured: bool | None = None) -> dict[str, bool]:
     """The launch keywords that make a kernel PDL-launched (its ``PDL`` constexpr and Triton's ``launch_pdl``
     option) for a launch on ``t``'s device over ``rows`` tokens (or sequences): on a CUDA device of compute
     capability >= 9.0, for at most :data:`PDL_MAX_ROWS` rows, while a CUDA graph is captured on the current stream
     or under ``lz.capture_selection()`` (the warm-up that compiles what the capture runs); ``{}`` otherwise (eager
-    calls, large batches, the interpreter, older GPUs, :data:`PDL` off). The dicts returned are shared: do not
-    change them."""
-    if not PDL or rows > PDL_MAX_ROWS or t.device.type != "cuda":
+    calls, large batches, the interpreter, older GPUs, :data:`PDL` off). ``captured``: the caller's answer to "is
+    this call captured or selected as captured", when it has one (not asked again). The dicts returned are shared:
+    do not change them."""
+    if not PDL or rows > PDL_MAX_ROWS or not t.is_cuda:
         return _PDL_OFF
-    if not (AS_CAPTURED.get() or torch._C._cuda_isCurrentStreamCapturing()):
+    if not (captured if captured is not None else AS_CAPTURED.get() or torch._C._cuda_isCurrentStreamCapturing()):
         return _PDL_OFF
-    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    idx = t.get_device()
     ok = _SM90.get(idx)
     if ok is None:
         ok = _SM90[idx] = torch.cuda.get_device_capability(idx)[0] >= 9

@@ -228,27 +228,25 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         return (out, lse) if return_lse else out
     # eager calls only: the split that finishes last merges, no stage 2 (one host launch less); under capture (and
     # lz.capture_selection) the two kernels, which replay faster (FUSED_MERGE says why; the forms agree to rounding)
+    captured = AS_CAPTURED.get() or capturing_now()
     fused = plan.splits > 1 and (plan.kv_bytes <= FUSED_MERGE_MAX_BYTES if FUSED_MERGE == "auto" else FUSED_MERGE) and (
-        FUSED_MERGE_IN_GRAPHS or not (AS_CAPTURED.get() or capturing_now()))
+        FUSED_MERGE_IN_GRAPHS or not captured)
     if plan.splits == 1:  # stage 1 stores the output itself: no workspace, no stage 2
         ws_out = ws_lse = out
-        ws_strides = (out.stride(0), out.stride(1), 0)
     else:  # partial outputs [B, Hq, S, D] and their lse [B, Hq, S], float32, contiguous
         ws_out = torch.empty((batch, hq, plan.splits, d), dtype=torch.float32, device=q.device)
         ws_lse = torch.empty((batch, hq, plan.splits), dtype=torch.float32, device=q.device)
-        ws_strides = (hq * plan.splits * d, plan.splits * d, d)
     cnt = split_counters(q, batch * plan.num_kv_heads) if fused else out
     qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * kern.LOG2E
     ks, vs, qflags = _scale_args(plan.quant, k_scale, v_scale)
     # every int and constexpr below is the plan's: it pins the launch (FastLaunch.pinned skips Triton's binder)
-    pdl = pdl_kwargs(q, batch)
+    pdl = pdl_kwargs(q, batch, captured)
     launch_pinned(kern.paged_decode_split, (plan.serial, fused, bool(pdl), *qflags.values()), plan.grid,
                   q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, lse, out, cnt, qk_scale, ks, vs,
-                  *plan.split_ints, *ws_strides, hq * plan.splits, **(plan.fused_kw if fused else plan.split_kw),
-                  **qflags, **pdl)
+                  *plan.split_ints, **(plan.fused_kw if fused else plan.split_kw), **qflags, **pdl)
     if plan.splits > 1 and not fused:
         launch_pinned(kern.paged_decode_merge, (plan.serial, bool(pdl)), (batch, hq), ws_out, ws_lse, out, lse,
-                      out.stride(0), out.stride(1), *ws_strides, hq, plan.splits, **plan.merge_kw, **pdl)
+                      *plan.merge_ints, **plan.merge_kw, **pdl)
     return (out, lse) if return_lse else out
 
 
@@ -263,7 +261,8 @@ class _Plan(NamedTuple):
     kv_bytes: int  # the most K/V bytes the call can read (FUSED_MERGE "auto" compares it with FUSED_MERGE_MAX_BYTES)
     quant: bool
     grid: tuple[int, int, int]
-    split_ints: tuple[int, ...]  # stride_qb .. num_splits of the stage-1 kernel
+    split_ints: tuple[int, ...]  # stride_qb .. stride_lb of the stage-1 kernel (workspace strides included)
+    merge_ints: tuple[int, ...]  # stride_ob .. num_splits of stage 2
     split_kw: dict[str, Any]  # its constexprs and launch config (two kernels, or one split)
     fused_kw: dict[str, Any]  # the same with the merge fused (eager calls)
     merge_kw: dict[str, Any]  # stage 2's constexprs and launch config
@@ -309,9 +308,13 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
                     UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=splits == 1,
                     WRITE_LSE=return_lse, FUSED_MERGE=False, S_PAD=1, **config)
     kv_bytes = batch * hkv * splits * split_len * d * 2 * kv_cache.element_size()
+    # the workspace's strides (contiguous [B, Hq, S, D]); one split: the output's own ([B, Hq, D], contiguous)
+    ws_strides = (hq * d, d, 0) if splits == 1 else (hq * splits * d, splits * d, d)
     return _Plan(
         next(_SERIALS), (batch, hq, d), hkv, splits, kv_bytes, quant, (batch, hkv, splits),
-        (q.stride(0), q.stride(1), st[0], st[1], st[2], st[3], block_tables.stride(0), split_len, page, group, splits),
+        (q.stride(0), q.stride(1), st[0], st[1], st[2], st[3], block_tables.stride(0), split_len, page, group, splits,
+         *ws_strides, hq * splits),
+        (hq * d, d, *ws_strides, hq, splits),
         split_kw, {**split_kw, "FUSED_MERGE": True, "S_PAD": next_pow2(splits)},
         dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=4))
 
