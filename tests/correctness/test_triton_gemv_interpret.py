@@ -27,7 +27,7 @@ def _rel_err(out: torch.Tensor, want: torch.Tensor) -> float:
     return ((out.double() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
 
 
-CASES = [  # (M, N, K): every branch of gemv.config, odd sizes
+CASES = [  # (M, N, K): every branch of gemv.config without the prefetch kernel, odd sizes
     (1, 37, 129),      # row kernel, BM 1
     (2, 5, 3001),      # row kernel, BN 2 (long K)
     (5, 70, 33),       # row kernel, BM 8 (rows padded)
@@ -39,10 +39,23 @@ CASES = [  # (M, N, K): every branch of gemv.config, odd sizes
 ]
 
 
+PREFETCH_CASES = [  # (M, N, K) for _gemv_prefetch: every slab width (BN 8, 4, 2, 1 via KP), padded rows, odd sizes
+    (1, 37, 129),      # KP 256, BN 8, N not a multiple of BN
+    (2, 5, 3001),      # KP 4096, BN 2
+    (5, 70, 33),       # rows padded to 8
+    (8, 30, 1030),     # KP 2048, BN 4, every row
+    (3, 9, 4096),      # K = PREFETCH_MAX_K exactly
+    (1, 1, 7),
+]
+
+
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize(("m", "n", "k"), CASES, ids=str)
-def test_matches_float64_product(dtype, m, n, k):
+@pytest.mark.parametrize(("prefetch", "m", "n", "k"), [(False, *c) for c in CASES] + [(True, *c) for c in PREFETCH_CASES],
+                         ids=str)
+def test_matches_float64_product(dtype, prefetch, m, n, k, monkeypatch):
+    monkeypatch.setattr(tg, "PREFETCH", prefetch)
+    assert (tg.config(m, n, k)["kernel"] == "prefetch") == prefetch
     g = torch.Generator().manual_seed(m * 7 + n + k)
     x = torch.randn(m, k + 3, generator=g).to(dtype)[:, 3:]  # rows strided by K + 3
     w = torch.randn(n, k, generator=g).to(dtype)
@@ -63,7 +76,11 @@ def test_leading_dims_and_empty_rows():
     assert tg.gemv(x[:0], w, None).shape == (0, 1, 3, 9)
 
 
-def test_config_covers_both_paths():
+def test_config_covers_every_path(monkeypatch):
+    assert tg.config(1, 6144, 1024) == {"kernel": "prefetch", "BM": 1, "BN": 8, "KP": 1024, "num_warps": 4}
+    assert tg.config(3, 1024, 3072)["KP"] == 4096 and tg.config(3, 1024, 3072)["BN"] == 2
+    assert tg.config(1, 151936, 1024)["kernel"] == "dot" and tg.config(1, 1024, 4097)["kernel"] == "rows"
+    monkeypatch.setattr(tg, "PREFETCH", False)
     assert tg.config(1, 1024, 2048)["kernel"] == "rows" and tg.config(3, 1024, 2048)["BM"] == 4
     assert tg.config(1, 6144, 1024)["kernel"] == "rows" and tg.config(4, 6144, 1024)["kernel"] == "dot"
     assert tg.config(1, 151936, 1024)["kernel"] == "dot" and tg.config(2, 1024, 3072)["BN"] == 2

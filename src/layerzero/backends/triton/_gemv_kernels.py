@@ -7,6 +7,12 @@ kernels are laid out for bandwidth, not for tensor-core throughput:
   rows, a few KiB each) and walks K in ``BK`` steps, each weight tile loaded once and multiplied into every row
   with float32 multiply-adds into a ``[BM, BN, BK]`` accumulator, summed once at the end. Small ``BN`` gives
   enough programs (N / BN) to keep every SM's loads in flight even for N = 1024.
+- ``_gemv_prefetch`` (M = 1..8, K <= 4096): each program owns ``BN`` output columns and loads its whole ``[BN, K]``
+  weight slab in one go *before* waiting for the previous kernel (:func:`gdc_enter`): weights are never written by a
+  forward, so under programmatic dependent launch (a decode graph) the slab streams in while the kernel before it
+  (an RMSNorm, attention) finishes, and every program has its whole slab in flight at once instead of one ``BK``
+  tile per loop step (the row kernel's loads wait on its multiply-adds). Then each row of x (``BM`` rows, padded
+  to a power of two, unrolled) is multiplied in float32 and reduced once per output.
 - ``_gemv_dot`` (M = 2..16): the rows padded to 16 and one ``tl.dot`` per ``[BN, BK]`` weight tile (Triton
   pipelines these loads), float32 accumulator.
 
@@ -44,6 +50,27 @@ def _gemv_rows(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr
     if HAS_BIAS:
         y += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(Out + rm[:, None] * stride_o + rn[None, :], y.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _gemv_prefetch(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr, KP: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr = False):
+    pn = tl.program_id(0)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, KP)  # KP = K rounded up to a power of two
+    n_ok, k_ok = rn < N, rk < K
+    # the weight slab (and bias) before the wait: parameters, which no kernel of a forward writes
+    w = tl.load(W + rn[:, None].to(tl.int64) * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    b = tl.zeros((BN,), dtype=tl.float32)
+    if HAS_BIAS:
+        b = tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before reading x or writing Out
+    wf = w.to(tl.float32)
+    for m in tl.static_range(BM):
+        m_ok = m < M
+        x = tl.load(X + m * stride_x + rk, mask=k_ok & m_ok, other=0.0).to(tl.float32)
+        y = tl.sum(wf * x[None, :], axis=1) + b
+        tl.store(Out + m * stride_o + rn, y.to(Out.dtype.element_ty), mask=n_ok & m_ok)
 
 
 @triton.jit

@@ -46,13 +46,27 @@ HALF = frozenset({torch.float16, torch.bfloat16})
 _KERNELS = LazyModule("_gemv_kernels")
 
 
+PREFETCH = True
+"""Use ``_gemv_prefetch`` (the weight slab loaded before the PDL wait) where it applies (:data:`PREFETCH_MAX_K`,
+N <= 16384); False restores the row / dot kernels everywhere (A/B benchmarks)."""
+PREFETCH_MAX_K = 4096
+"""Longest K the prefetch kernel takes: its slab lives in registers (``BN x next_pow2(K)`` elements per program)."""
+PREFETCH_SLAB = 8192
+"""Elements of one program's slab (``BN x next_pow2(K)``): BN is this over next_pow2(K), 1-8."""
+PREFETCH_WARPS = 4
+
+
 def config(m: int, n: int, k: int) -> dict[str, Any]:
     """Kernel (``"rows"`` or ``"dot"``, see ``_gemv_kernels.py``) and launch meta-parameters for ``m`` rows of a
     ``[n, k]`` weight: the best of ``benchmarks/gemv_configs.py`` on the H200 (Qwen3-0.6B shapes,
     ``benchmarks/results/gemv_configs_h200.md``). Few output columns (N <= 2048, long K: the attention output and
     MLP down projections): the row kernel with tiny column blocks, for enough programs. Wider N: the row kernel
     for one row, else ``tl.dot`` tiles (its 3-D accumulator spills beyond one row at wide tiles); the LM head
-    (N > 16384) always ``tl.dot``."""
+    (N > 16384) always ``tl.dot``. With :data:`PREFETCH`, K <= 4096 and N <= 16384: ``_gemv_prefetch``."""
+    if PREFETCH and k <= PREFETCH_MAX_K and n <= 16384:
+        kp = next_pow2(k)
+        return {"kernel": "prefetch", "BM": next_pow2(m), "BN": max(1, min(8, PREFETCH_SLAB // kp)), "KP": kp,
+                "num_warps": PREFETCH_WARPS}
     if n <= 2048:
         return {"kernel": "rows", "BM": next_pow2(m), "BN": 2 if m <= 2 and k >= 3072 else 4, "BK": 512,
                 "num_warps": 4}
@@ -90,9 +104,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     if kernel == "dot":
         cfg["UPCAST"] = mod.INTERPRETED and x.dtype == torch.bfloat16
     b = bias if bias is not None else out  # a pointer the kernel never reads (HAS_BIAS False)
-    launch(mod._gemv_rows if kernel == "rows" else mod._gemv_dot, (cdiv(n, cfg["BN"]),), x2, weight, b, o2, m, n,
+    launch(getattr(mod, _KERNEL_NAMES[kernel]), (cdiv(n, cfg["BN"]),), x2, weight, b, o2, m, n,
            x2.stride(0), weight.stride(0), o2.stride(0), K=k, HAS_BIAS=bias is not None, **cfg, **pdl_kwargs(x2, m))
     return out
+
+
+_KERNEL_NAMES = {"rows": "_gemv_rows", "dot": "_gemv_dot", "prefetch": "_gemv_prefetch"}
 
 
 def _check(ctx: SelectionContext) -> list[Reason]:

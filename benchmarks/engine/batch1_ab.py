@@ -1,0 +1,182 @@
+"""Batch-1 decode A/B of engine variants in one process (CUDA), and where a step's time goes on the GPU timeline.
+
+Each variant is a setting applied before the ``LLM`` (and so its CUDA graphs) is built; variants alternate
+(A B A B ...) to spread machine drift. Per run: the whole step (``generate`` of one greedy request, 256-token prompt,
+``--tokens`` new), the decode graph's replay alone (back to back), and the host time of the step's calls that may
+block (``CUDAGraph.replay``, the sampler's event wait). Then, for the first variant, a torch.profiler trace of one
+generate: GPU busy vs idle per step, the largest idle gaps and what ran around them, and the CUDA runtime calls by
+host time (``timeline.md``).
+
+Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``triton.gemv.PREFETCH`` on / off), ``pdl-off``
+(``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``base`` (nothing changed).
+
+Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
+``DIR/batch1_ab.md`` and ``DIR/timeline.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from layerzero.backends.triton import _launch
+from layerzero.backends.triton import gemv as tg
+from layerzero.engine import LLM, SamplingParams
+from layerzero.engine.bench import default_checkpoint
+
+PROMPT = [7 + (i * 37) % 9000 for i in range(256)]
+SETTINGS = {"prefetch": (tg, "PREFETCH", True), "rows": (tg, "PREFETCH", False), "pdl-off": (_launch, "PDL", False),
+            "base": None}
+
+
+class HostTimer:
+    """Host seconds spent in ``CUDAGraph.replay`` and ``torch.cuda.Event.synchronize`` while installed."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = defaultdict(list)
+        self._orig = (torch.cuda.CUDAGraph.replay, torch.cuda.Event.synchronize)
+
+    def __enter__(self) -> HostTimer:
+        replay, sync = self._orig
+
+        def timed(name, fn):
+            def wrapper(obj, *a, **k):
+                t = time.perf_counter()
+                try:
+                    return fn(obj, *a, **k)
+                finally:
+                    self.times[name].append(time.perf_counter() - t)
+            return wrapper
+
+        torch.cuda.CUDAGraph.replay = timed("graph.replay", replay)
+        torch.cuda.Event.synchronize = timed("event.synchronize", sync)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.cuda.CUDAGraph.replay, torch.cuda.Event.synchronize = self._orig
+
+    def summary(self) -> str:
+        return ", ".join(f"{k} median {statistics.median(v) * 1e6:.0f} µs (n {len(v)})" for k, v in self.times.items())
+
+
+def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> dict:
+    setting = SETTINGS[name]
+    old = None
+    if setting is not None:
+        mod, attr, value = setting
+        old = getattr(mod, attr)
+        setattr(mod, attr, value)
+    try:
+        llm = LLM(path, device="cuda", dtype=torch.bfloat16, max_model_len=2048, max_num_seqs=16, num_kv_blocks=512)
+        sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=tokens)
+        llm.generate([PROMPT], sp, use_tqdm=False)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        llm.generate([PROMPT], sp, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        with HostTimer() as ht:
+            llm.generate([PROMPT], sp, use_tqdm=False)
+        g = llm.engine.runner.graphs.graphs[1]
+        for _ in range(5):
+            g.replay()
+        torch.cuda.synchronize()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ev[0].record()
+        for _ in range(200):
+            g.replay()
+        ev[1].record()
+        torch.cuda.synchronize()
+        res = {"variant": name, "step_us": wall / tokens * 1e6, "tok_s": tokens / wall,
+               "replay_us": ev[0].elapsed_time(ev[1]) * 1000 / 200, "host": ht.summary()}
+        if profile_dir is not None:
+            res["timeline"] = timeline(llm, sp, profile_dir)
+        del llm, g
+        return res
+    finally:
+        if setting is not None:
+            setattr(mod, attr, old)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def timeline(llm: LLM, sp: SamplingParams, out: Path) -> str:
+    """Profile one generate; summarise the GPU timeline (busy / idle, largest gaps) and the runtime calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.generate([PROMPT], SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=64), use_tqdm=False)
+    with tempfile.TemporaryDirectory() as d:
+        trace = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                 key=lambda e: e["ts"])
+    runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"]
+    gaps, busy, end, prev = [], 0.0, None, None
+    for e in gpu:
+        s, d = float(e["ts"]), float(e["dur"])
+        if end is not None and s > end:
+            gaps.append((s - end, prev, e["name"]))
+        if end is None or s + d > end:
+            busy += (s + d) - max(s, end if end is not None else s)
+            end, prev = s + d, e["name"]
+    span = float(gpu[-1]["ts"]) + float(gpu[-1]["dur"]) - float(gpu[0]["ts"])
+    idle = sum(g for g, _, _ in gaps)
+    big = sorted(gaps, reverse=True)[:15]
+    by_call: dict[str, list[float]] = defaultdict(list)
+    for e in runtime:
+        by_call[e["name"]].append(float(e["dur"]))
+    calls = sorted(by_call.items(), key=lambda kv: -sum(kv[1]))[:12]
+    hist = defaultdict(float)
+    for g, _, _ in gaps:
+        hist["< 2 µs" if g < 2 else "2-10 µs" if g < 10 else "10-50 µs" if g < 50 else ">= 50 µs"] += g
+    lines = ["## GPU timeline of a 64-token generate (torch.profiler; the profiler adds ~1 µs per kernel)", "",
+             f"- span {span / 1000:.1f} ms over {len(gpu)} GPU ops: busy {busy / 1000:.1f} ms, idle {idle / 1000:.1f} ms "
+             f"in {len(gaps)} gaps; idle by gap size: " + ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in hist.items()),
+             "", "| gap µs | after | before |", "| ---: | --- | --- |"]
+    lines += [f"| {g:.1f} | {a[:60]} | {b[:60]} |" for g, a, b in big]
+    lines += ["", "| runtime call | calls | total ms | median µs | max µs |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {k} | {len(v)} | {sum(v) / 1000:.2f} | {statistics.median(v):.1f} | {max(v):.1f} |" for k, v in calls]
+    text = "\n".join(lines) + "\n"
+    (out / "timeline.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--variants", default="prefetch,rows")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-timeline", action="store_true")
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    path = default_checkpoint("full", torch.bfloat16)
+    names = a.variants.split(",")
+    rows = []
+    for r in range(a.rounds):
+        for i, name in enumerate(names):
+            prof = a.out if (r == 0 and i == 0 and not a.no_timeline) else None
+            res = run_variant(path, name, a.tokens, prof)
+            rows.append(res)
+            print(f"{name}: step {res['step_us']:.0f} µs ({res['tok_s']:.0f} tok/s), replay {res['replay_us']:.0f} µs; "
+                  f"{res['host']}", flush=True)
+    lines = [f"# Batch-1 decode A/B on {torch.cuda.get_device_name()} (Qwen3-0.6B shape, bf16, greedy, 256-token "
+             f"prompt, {a.tokens} new tokens; torch {torch.__version__})", "",
+             "| variant | whole step µs | tok/s | graph replay µs | host calls |", "| --- | ---: | ---: | ---: | --- |"]
+    lines += [f"| {r['variant']} | {r['step_us']:.0f} | {r['tok_s']:.0f} | {r['replay_us']:.0f} | {r['host']} |"
+              for r in rows]
+    (a.out / "batch1_ab.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
