@@ -8,7 +8,8 @@ generate: GPU busy vs idle per step, the largest idle gaps and what ran around t
 host time (``timeline.md``).
 
 Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``triton.gemv.PREFETCH`` on / off), ``pdl-off``
-(``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``base`` (nothing changed).
+(``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``unfused`` (each norm and the projection after it as two
+calls instead of ``lz.rms_norm_linear``), ``base`` (nothing changed).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
 ``DIR/batch1_ab.md`` and ``DIR/timeline.md``.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import statistics
 import tempfile
@@ -31,40 +33,108 @@ from layerzero.backends.triton import _launch
 from layerzero.backends.triton import gemv as tg
 from layerzero.engine import LLM, SamplingParams
 from layerzero.engine.bench import default_checkpoint
+from layerzero.engine.engine import LLMEngine
+from layerzero.engine.kv.block_manager import KVCacheManager
+from layerzero.engine.models import llama
+from layerzero.engine.runner import forward_batch, model_runner
+from layerzero.engine.runner.cuda_graph import CUDAGraphRunner
+from layerzero.engine.runner.model_runner import ModelRunner
+from layerzero.engine.sampler import Sampler
+from layerzero.engine.scheduler import Scheduler
 
+HOST_FUNCS = [(model_runner, "build_forward_batch"), (forward_batch, "to_device"), (CUDAGraphRunner, "run"),
+              (Scheduler, "schedule"), (Scheduler, "after_forward"), (KVCacheManager, "block_tables"),
+              (LLMEngine, "_read"), (LLMEngine, "_finish_step"), (Sampler, "resolve")]
+"""Host functions of a decode step whose time :class:`HostTimer` records (median and mean per call)."""
 PROMPT = [7 + (i * 37) % 9000 for i in range(256)]
+
+
+def _two_calls(norm, proj, x, residual):
+    """The engine's norm -> projection as two calls (before ``lz.rms_norm_linear``): the ``unfused`` variant."""
+    if residual is None:
+        return proj(norm(x)), x
+    h, residual = norm(x, residual)
+    return proj(h), residual
+
+
 SETTINGS = {"prefetch": (tg, "PREFETCH", True), "rows": (tg, "PREFETCH", False), "pdl-off": (_launch, "PDL", False),
-            "base": None}
+            "unfused": (llama, "norm_linear", _two_calls), "base": None}
 
 
 class HostTimer:
-    """Host seconds spent in ``CUDAGraph.replay`` and ``torch.cuda.Event.synchronize`` while installed."""
+    """While installed: host seconds spent in ``CUDAGraph.replay`` and ``torch.cuda.Event.synchronize``, and CUDA
+    events on the stream at four marks of each step (the start of ``ModelRunner.execute``, just before and after the
+    graph replay, the end of ``Sampler.launch``): the GPU time of a step's input preparation, graph and sampling, and
+    the gap before the next step (the GPU waiting for the host)."""
 
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = defaultdict(list)
-        self._orig = (torch.cuda.CUDAGraph.replay, torch.cuda.Event.synchronize)
+        self.marks: list[tuple[str, torch.cuda.Event]] = []
+        self._extra: list[tuple[object, str, object]] = []
+        self._orig = (torch.cuda.CUDAGraph.replay, torch.cuda.Event.synchronize, ModelRunner.execute,
+                      Sampler.launch)
+
+    def _mark(self, name: str) -> None:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self.marks.append((name, ev))
 
     def __enter__(self) -> HostTimer:
-        replay, sync = self._orig
+        replay, sync, execute, launch = self._orig
 
-        def timed(name, fn):
+        def timed_free(name, fn):
+            def wrapper(*a, **k):
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    self.times[name].append(time.perf_counter() - t)
+            return wrapper
+
+        def timed(name, fn, before=None, after=None):
             def wrapper(obj, *a, **k):
+                if before:
+                    self._mark(before)
                 t = time.perf_counter()
                 try:
                     return fn(obj, *a, **k)
                 finally:
                     self.times[name].append(time.perf_counter() - t)
+                    if after:
+                        self._mark(after)
             return wrapper
 
-        torch.cuda.CUDAGraph.replay = timed("graph.replay", replay)
+        for owner, attr in HOST_FUNCS:
+            raw = vars(owner)[attr]  # restored as found (a staticmethod stays one)
+            self._extra.append((owner, attr, raw))
+            free = not isinstance(owner, type) or isinstance(raw, staticmethod)
+            fn = getattr(owner, attr)
+            setattr(owner, attr, staticmethod(timed_free(attr, fn)) if isinstance(raw, staticmethod)
+                    else timed_free(attr, fn) if free else timed(attr, fn))
+        torch.cuda.CUDAGraph.replay = timed("graph.replay", replay, "replay", "replayed")
         torch.cuda.Event.synchronize = timed("event.synchronize", sync)
+        ModelRunner.execute = timed("execute", execute, "execute")
+        Sampler.launch = timed("sampler.launch", launch, None, "sampled")
         return self
 
     def __exit__(self, *exc) -> None:
-        torch.cuda.CUDAGraph.replay, torch.cuda.Event.synchronize = self._orig
+        for owner, attr, fn in reversed(self._extra):
+            setattr(owner, attr, fn)
+        torch.cuda.CUDAGraph.replay, torch.cuda.Event.synchronize, ModelRunner.execute, Sampler.launch = self._orig
 
     def summary(self) -> str:
-        return ", ".join(f"{k} median {statistics.median(v) * 1e6:.0f} µs (n {len(v)})" for k, v in self.times.items())
+        torch.cuda.synchronize()
+        seg: dict[str, list[float]] = defaultdict(list)
+        names = {("execute", "replay"): "GPU prep", ("replay", "replayed"): "GPU graph",
+                 ("replayed", "sampled"): "GPU sample", ("sampled", "execute"): "GPU gap to next step"}
+        for (a, ea), (b, eb) in itertools.pairwise(self.marks):
+            if (a, b) in names:
+                seg[names[a, b]].append(ea.elapsed_time(eb) * 1000)
+        parts = [f"{k} median {statistics.median(v) * 1e6:.0f} / mean {statistics.fmean(v) * 1e6:.0f} µs"
+                 for k, v in self.times.items()]
+        parts += [f"{k} median {statistics.median(v):.0f} / mean {statistics.fmean(v):.0f} / max {max(v):.0f} µs"
+                  for k, v in seg.items()]
+        return ", ".join(parts)
 
 
 def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> dict:
@@ -77,11 +147,20 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
     try:
         llm = LLM(path, device="cuda", dtype=torch.bfloat16, max_model_len=2048, max_num_seqs=16, num_kv_blocks=512)
         sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=tokens)
-        llm.generate([PROMPT], sp, use_tqdm=False)
+        for _ in range(2):  # the first generate of a process also warms allocators and clocks
+            llm.generate([PROMPT], sp, use_tqdm=False)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         llm.generate([PROMPT], sp, use_tqdm=False)
         wall = time.perf_counter() - t0
+        t_stream = time.perf_counter()
+        stamps = []  # (perf_counter, tokens so far) per streamed delta: the decode rate without time to first token
+        got = 0
+        for delta in llm.stream(PROMPT, sp):
+            got += len(delta.outputs[0].token_ids)
+            stamps.append((time.perf_counter(), got))
+        (t_first, n_first), (t_last, n_last) = stamps[0], stamps[-1]
+        decode = (n_last - n_first) / (t_last - t_first)
         with HostTimer() as ht:
             llm.generate([PROMPT], sp, use_tqdm=False)
         g = llm.engine.runner.graphs.graphs[1]
@@ -94,7 +173,8 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
             g.replay()
         ev[1].record()
         torch.cuda.synchronize()
-        res = {"variant": name, "step_us": wall / tokens * 1e6, "tok_s": tokens / wall,
+        res = {"variant": name, "step_us": wall / tokens * 1e6, "tok_s": tokens / wall, "decode_tok_s": decode,
+               "ttft_ms": (stamps[0][0] - t_stream) * 1e3,
                "replay_us": ev[0].elapsed_time(ev[1]) * 1000 / 200, "host": ht.summary()}
         if profile_dir is not None:
             res["timeline"] = timeline(llm, sp, profile_dir)
@@ -167,13 +247,17 @@ def main(argv: list[str] | None = None) -> int:
             prof = a.out if (r == 0 and i == 0 and not a.no_timeline) else None
             res = run_variant(path, name, a.tokens, prof)
             rows.append(res)
-            print(f"{name}: step {res['step_us']:.0f} µs ({res['tok_s']:.0f} tok/s), replay {res['replay_us']:.0f} µs; "
+            print(f"{name}: step {res['step_us']:.0f} µs ({res['tok_s']:.0f} tok/s), decode {res['decode_tok_s']:.0f} "
+                  f"tok/s after {res['ttft_ms']:.1f} ms to the first token, replay {res['replay_us']:.0f} µs; "
                   f"{res['host']}", flush=True)
     lines = [f"# Batch-1 decode A/B on {torch.cuda.get_device_name()} (Qwen3-0.6B shape, bf16, greedy, 256-token "
              f"prompt, {a.tokens} new tokens; torch {torch.__version__})", "",
-             "| variant | whole step µs | tok/s | graph replay µs | host calls |", "| --- | ---: | ---: | ---: | --- |"]
-    lines += [f"| {r['variant']} | {r['step_us']:.0f} | {r['tok_s']:.0f} | {r['replay_us']:.0f} | {r['host']} |"
-              for r in rows]
+             "whole step = generate wall time / new tokens (time to first token included); decode = tokens after the "
+             "first / time after it (streamed).", "",
+             "| variant | whole step µs | tok/s | decode tok/s | first token ms | graph replay µs | host calls |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines += [f"| {r['variant']} | {r['step_us']:.0f} | {r['tok_s']:.0f} | {r['decode_tok_s']:.0f} | {r['ttft_ms']:.1f} "
+              f"| {r['replay_us']:.0f} | {r['host']} |" for r in rows]
     (a.out / "batch1_ab.md").write_text("\n".join(lines) + "\n")
     return 0
 

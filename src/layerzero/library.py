@@ -2,7 +2,7 @@
 ``torch.export`` see.
 
 Under TorchDynamo, ``lz.attention`` / ``lz.rms_norm`` (plain and with ``residual``) / ``lz.layer_norm`` / ``lz.rope``
-/ ``lz.qk_norm_rope`` (inference calls: it has no backward formula) / ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` / ``lz.linear`` / ``lz.embedding`` / ``lz.linear_cross_entropy`` call ``torch.ops.layerzero.<op>`` (this module is imported then, at
+/ ``lz.qk_norm_rope`` and ``lz.rms_norm_linear`` (inference calls: no backward formula) / ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` / ``lz.linear`` / ``lz.embedding`` / ``lz.linear_cross_entropy`` call ``torch.ops.layerzero.<op>`` (this module is imported then, at
 trace time, which registers the ops; eager code never imports it): one opaque node per call with a fake (meta)
 implementation for shapes and dtypes, so a compiled model has no graph breaks at lz ops, and selection happens when
 the compiled graph first runs the op for real (the op's implementation is the eager ``lz.<op>``: validation,
@@ -36,7 +36,7 @@ import torch
 
 __all__ = ["apply_penalties", "attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu",
            "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "qk_norm_rope", "quantize", "quantized_linear", "reglu",
-           "reshape_and_cache", "rms_norm", "rope", "sample", "sample_topk", "sample_topp", "swiglu"]
+           "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "sample", "sample_topk", "sample_topp", "swiglu"]
 
 NS = "layerzero"
 
@@ -219,6 +219,41 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     """``torch.ops.layerzero.qk_norm_rope`` with ``lz.qk_norm_rope``'s arguments (layout as a string)."""
     return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, float(eps), position_ids, bool(interleaved),
                          _layout_str(layout))
+
+
+@torch.library.custom_op(f"{NS}::rms_norm_linear", mutates_args=())
+def _rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
+                     bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:  # noqa: UP045
+    return _owned(_lz().rms_norm_linear(x, norm_weight, weight, bias, eps=eps), x, norm_weight, weight, bias)
+
+
+@_rms_norm_linear.register_fake
+def _(x, norm_weight, weight, bias, eps):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op(f"{NS}::fused_add_rms_norm_linear", mutates_args=())
+def _fused_add_rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
+                               bias: Optional[torch.Tensor], eps: float,  # noqa: UP045
+                               residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y, h = _lz().rms_norm_linear(x, norm_weight, weight, bias, eps=eps, residual=residual)
+    inputs = (x, norm_weight, weight, bias, residual)
+    y = _owned(y, *inputs)
+    return y, _owned(h, *inputs, y)
+
+
+@_fused_add_rms_norm_linear.register_fake
+def _(x, norm_weight, weight, bias, eps, residual):
+    return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape)
+
+
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    eps: float, residual: torch.Tensor | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.layerzero.rms_norm_linear`` (or ``fused_add_rms_norm_linear`` with a residual) with
+    ``lz.rms_norm_linear``'s arguments."""
+    if residual is None:
+        return _rms_norm_linear(x, norm_weight, weight, bias, float(eps))
+    return _fused_add_rms_norm_linear(x, norm_weight, weight, bias, float(eps), residual)
 
 
 # -------------------------------------------------------------------------------------------- gated MLPs

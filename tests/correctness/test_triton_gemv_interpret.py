@@ -42,8 +42,8 @@ CASES = [  # (M, N, K): every branch of gemv.config without the prefetch kernel,
 PREFETCH_CASES = [  # (M, N, K) for _gemv_prefetch: every slab width (BN 8, 4, 2, 1 via KP), padded rows, odd sizes
     (1, 37, 129),      # KP 256, BN 8, N not a multiple of BN
     (2, 5, 3001),      # KP 4096, BN 2
-    (5, 70, 33),       # rows padded to 8
-    (8, 30, 1030),     # KP 2048, BN 4, every row
+    (3, 70, 33),       # rows padded to 4
+    (4, 30, 1030),     # KP 2048, BN 4, every row
     (3, 9, 4096),      # K = PREFETCH_MAX_K exactly
     (1, 1, 7),
 ]
@@ -80,6 +80,9 @@ def test_config_covers_every_path(monkeypatch):
     assert tg.config(1, 6144, 1024) == {"kernel": "prefetch", "BM": 1, "BN": 8, "KP": 1024, "num_warps": 4}
     assert tg.config(3, 1024, 3072)["KP"] == 4096 and tg.config(3, 1024, 3072)["BN"] == 2
     assert tg.config(1, 151936, 1024)["kernel"] == "dot" and tg.config(1, 1024, 4097)["kernel"] == "rows"
+    assert [tg.config(m, 4096, 1024)["kernel"] for m in (1, 2, 3)] == ["prefetch", "prefetch", "dot"]
+    assert [tg.config(m, 1024, 2048)["kernel"] for m in (4, 5)] == ["prefetch", "rows"]
+    assert tg.config(2, 6144, 1024)["kernel"] == "dot"
     monkeypatch.setattr(tg, "PREFETCH", False)
     assert tg.config(1, 1024, 2048)["kernel"] == "rows" and tg.config(3, 1024, 2048)["BM"] == 4
     assert tg.config(1, 6144, 1024)["kernel"] == "rows" and tg.config(4, 6144, 1024)["kernel"] == "dot"

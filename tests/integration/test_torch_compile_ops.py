@@ -231,6 +231,9 @@ def _opcheck_cases():
         ("sample", ops.sample, (r(3, 50), torch.tensor([0.0, 0.7, 1.1]), None, None, None, torch.tensor([11, 12, 13]),
                                 torch.tensor([0, 5, 9]))),
         ("linear", ops.linear, (r(5, 64), r(7, 64), r(7))),
+        ("rms_norm_linear", ops.rms_norm_linear, (r(5, 64), w, r(7, 64), r(7), 1e-6)),
+        ("fused_add_rms_norm_linear transposed", ops.fused_add_rms_norm_linear, (xt, w, r(7, 64), None, 1e-5,
+                                                                                  r(4, 64))),
         ("linear transposed, no bias", ops.linear, (xt, r(7, 64), None)),
         ("embedding", ops.embedding, (torch.tensor([[1, 0, 3]]), r(5, 16), None)),
         ("linear_cross_entropy mean", ops.linear_cross_entropy, (r(6, 16), r(11, 16), torch.tensor([1, 0, 3, -100, 10, 2]),
@@ -262,14 +265,14 @@ def _opcheck_cases():
     return cases
 
 
-@pytest.mark.parametrize("case", range(42))
+@pytest.mark.parametrize("case", range(44))
 def test_custom_ops_keep_the_torch_library_contract(case):
     """``torch.library.opcheck`` (schema: no undeclared mutation or aliasing; fake impl: the real outputs' shapes,
     dtypes and strides; autograd registration; AOT dispatch) passes for every custom op, also with strided inputs,
     and no output shares memory with an input or another output: Inductor frees, reuses and writes into custom-op
     outputs in place (``inplace_buffers``, ``allow_buffer_reuse``) on the strength of that contract."""
     cases = _opcheck_cases()
-    assert len(cases) == 42
+    assert len(cases) == 44
     name, op, args = cases[case]
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     if "nvfp4" in name:  # the schema check multiplies the inputs; torch's CPU build cannot for float8 (nvfp4's scales)

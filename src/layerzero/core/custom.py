@@ -51,6 +51,7 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "swiglu": ("gate", "up"),
     "embedding": ("input_ids", "weight", "padding_idx"),
     "linear": ("x", "weight", "bias"),
+    "rms_norm_linear": ("x", "norm_weight", "weight", "bias", "residual", "eps"),
     "geglu": ("gate", "up", "approximate"),
     "reglu": ("gate", "up"),
     "fused_moe": ("x", "w13", "w2", "topk_weights", "topk_ids"),

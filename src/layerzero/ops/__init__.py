@@ -17,6 +17,7 @@ from . import penalties as _penalties
 from . import qk_norm_rope as _qk_norm_rope
 from . import quantization as _quantization
 from . import quantized_linear as _qlinear
+from . import rms_norm_linear as _rnl
 from . import rope as _rope
 from . import sampling as _sampling
 from . import swiglu as _swiglu
@@ -33,6 +34,7 @@ from .penalties import apply_penalties
 from .qk_norm_rope import qk_norm_rope
 from .quantization import dequantize, quantize
 from .quantized_linear import quantized_linear
+from .rms_norm_linear import rms_norm_linear
 from .rope import rope
 from .sampling import sample, sample_topk, sample_topp
 from .swiglu import geglu, reglu, swiglu
@@ -41,11 +43,12 @@ OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SP
                    _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
                    _cascade.LSE_SPEC, _cascade.MERGE_SPEC,
                    _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC, _quantization.SPEC,
-                   _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC, _linear.SPEC, _qlinear.SPEC)
+                   _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC, _linear.SPEC, _rnl.SPEC, _qlinear.SPEC)
 
 OPS = {
     "attention": (_attention.prepare, _attention.context),
     "rms_norm": (_norms.prepare_rms, _norms.context_rms),
+    "rms_norm_linear": (_rnl.prepare, _rnl.context),
     "layer_norm": (_norms.prepare_layer, _norms.context_layer),
     "rope": (_rope.prepare, _rope.context),
     "qk_norm_rope": (_qk_norm_rope.prepare, _qk_norm_rope.context),
@@ -84,4 +87,4 @@ __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_k
            "merge_attention_states",
            "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "qk_norm_rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
            "geglu", "reglu", "quantize", "dequantize", "embedding", "linear", "linear_cross_entropy",
-           "quantized_linear"]
+           "quantized_linear", "rms_norm_linear"]

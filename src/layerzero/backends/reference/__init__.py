@@ -109,7 +109,11 @@ def register(registry: KernelRegistry) -> None:
     for op, fn in (("quantize", quantize), ("dequantize", dequantize)):
         registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (format tables)",
                                        supports_backward=False, **common))
-    from .linear import linear, quantized_linear  # lz.linear, lz.quantized_linear (float32 math)
+    from .linear import linear, quantized_linear, rms_norm_linear  # lz.linear, lz.quantized_linear, ...
+
+    registry.add_kernel(KernelSpec("reference.rms_norm_linear", "rms_norm_linear", rms_norm_linear,
+                                   description="reference rms_norm_linear (reference.rms_norm, then float32 "
+                                               "accumulation, one rounding)", **common))
 
     registry.add_kernel(KernelSpec("reference.linear", "linear", linear,
                                    description="reference linear (float32 accumulation, one rounding)", **common))

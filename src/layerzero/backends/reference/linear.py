@@ -16,6 +16,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return y.to(x.dtype)
 
 
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    residual: torch.Tensor | None, eps: float) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Reference ``lz.rms_norm_linear``: ``reference.rms_norm`` (``cast_before_weight=True``, the residual sum rounded
+    to x's dtype) then :func:`linear`; returns y, or ``(y, x + residual)`` with a residual."""
+    from .norms import rms_norm
+
+    if residual is None:
+        return linear(rms_norm(x, norm_weight, eps, cast_before_weight=True), weight, bias)
+    h_norm, h = rms_norm(x, norm_weight, eps, residual, cast_before_weight=True)
+    return linear(h_norm, weight, bias), h
+
+
 def quantized_linear(x: torch.Tensor, qt, bias: torch.Tensor | None) -> torch.Tensor:  # noqa: ANN001 - QuantizedTensor
     """Reference ``lz.quantized_linear``: the weight decoded in float32 (float64 for float64 x), never rounded to
     x's dtype (int8 codes and fp8 values times their per-channel or per-tensor scale; int4 nibbles, low first, minus

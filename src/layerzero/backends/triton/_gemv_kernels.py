@@ -12,7 +12,9 @@ kernels are laid out for bandwidth, not for tensor-core throughput:
   forward, so under programmatic dependent launch (a decode graph) the slab streams in while the kernel before it
   (an RMSNorm, attention) finishes, and every program has its whole slab in flight at once instead of one ``BK``
   tile per loop step (the row kernel's loads wait on its multiply-adds). Then each row of x (``BM`` rows, padded
-  to a power of two, unrolled) is multiplied in float32 and reduced once per output.
+  to a power of two, unrolled) is multiplied in float32 and reduced once per output. With ``NORM`` the row is
+  first RMS-normalized (``lz.rms_norm_linear``: each program normalizes the whole row itself, K <= 4096 values
+  from L2), with ``RESIDUAL`` after adding the residual (program 0 stores the sum, the new residual stream).
 - ``_gemv_dot`` (M = 2..16): the rows padded to 16 and one ``tl.dot`` per ``[BN, BK]`` weight tile (Triton
   pipelines these loads), float32 accumulator.
 
@@ -53,23 +55,35 @@ def _gemv_rows(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr
 
 
 @triton.jit
-def _gemv_prefetch(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr, KP: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr = False):
+def _gemv_prefetch(X, W, B, Out, M, N, stride_x, stride_w, stride_o, NW, R, RO, stride_r, stride_ro, eps,
+                   K: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False, PDL: tl.constexpr = False):
     pn = tl.program_id(0)
     rn = pn * BN + tl.arange(0, BN)
     rk = tl.arange(0, KP)  # KP = K rounded up to a power of two
     n_ok, k_ok = rn < N, rk < K
-    # the weight slab (and bias) before the wait: parameters, which no kernel of a forward writes
+    # the weight slab (and bias, norm weight) before the wait: parameters, which no kernel of a forward writes
     w = tl.load(W + rn[:, None].to(tl.int64) * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
     b = tl.zeros((BN,), dtype=tl.float32)
     if HAS_BIAS:
         b = tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)
+    nw = tl.zeros((KP,), dtype=tl.float32)
+    if NORM:
+        nw = tl.load(NW + rk, mask=k_ok, other=0.0).to(tl.float32)
     gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before reading x or writing Out
     wf = w.to(tl.float32)
     for m in tl.static_range(BM):
         m_ok = m < M
-        x = tl.load(X + m * stride_x + rk, mask=k_ok & m_ok, other=0.0).to(tl.float32)
-        y = tl.sum(wf * x[None, :], axis=1) + b
+        x = tl.load(X + m * stride_x + rk, mask=k_ok & m_ok, other=0.0)
+        if NORM:  # lz.rms_norm's prologue (each program normalizes the whole row itself)
+            if RESIDUAL:  # the residual stream h = x + r, rounded to the input dtype; program 0 stores it
+                x = (x.to(tl.float32) + tl.load(R + m * stride_r + rk, mask=k_ok & m_ok, other=0.0).to(tl.float32)
+                     ).to(X.dtype.element_ty)
+                tl.store(RO + m * stride_ro + rk, x, mask=k_ok & m_ok & (pn == 0))
+            xf = x.to(tl.float32)  # rounded as triton.rms_norm rounds: n to x's dtype, then n * weight
+            rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=0) / K + eps)
+            x = ((xf * rstd).to(X.dtype.element_ty).to(tl.float32) * nw).to(X.dtype.element_ty)
+        y = tl.sum(wf * x.to(tl.float32)[None, :], axis=1) + b
         tl.store(Out + m * stride_o + rn, y.to(Out.dtype.element_ty), mask=n_ok & m_ok)
 
 

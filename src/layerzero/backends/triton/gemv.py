@@ -30,6 +30,7 @@ from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, next_pow2, project
 from ._launch import launch, pdl_kwargs
 
 KERNEL_ID = "triton.gemv"
+NORM_KERNEL_ID = "triton.rms_norm_linear"
 PRIORITY = 55
 """Above torch_native.linear (50) for the 1-8 rows it takes, eagerly and in graphs (the default since 2026-11-25).
 Measured on the H200 in the engine (nano-vllm workload, interleaved processes with every kernel already compiled,
@@ -47,8 +48,12 @@ _KERNELS = LazyModule("_gemv_kernels")
 
 
 PREFETCH = True
-"""Use ``_gemv_prefetch`` (the weight slab loaded before the PDL wait) where it applies (:data:`PREFETCH_MAX_K`,
-N <= 16384); False restores the row / dot kernels everywhere (A/B benchmarks)."""
+"""Use ``_gemv_prefetch`` (the weight slab loaded before the PDL wait) where it was measured faster: K <=
+:data:`PREFETCH_MAX_K` and one row (N <= 16384), two rows (N <= 4096) or up to four (N <= 2048). On the H200 in
+28-layer norm -> linear graphs with PDL (``benchmarks/gemv_prefetch.py``, ``benchmarks/results/gemv_prefetch_h200.md``),
+one row: qkv 3.89 -> 3.10 µs, o 3.64 -> 2.11, gate/up 4.84 -> 4.22, down 4.52 -> 2.53 against the row kernel; from
+4 rows of a wide N (8 of any) its per-row float32 products cost more than the loads save. False restores the row /
+dot kernels everywhere (A/B benchmarks)."""
 PREFETCH_MAX_K = 4096
 """Longest K the prefetch kernel takes: its slab lives in registers (``BN x next_pow2(K)`` elements per program)."""
 PREFETCH_SLAB = 8192
@@ -56,14 +61,21 @@ PREFETCH_SLAB = 8192
 PREFETCH_WARPS = 4
 
 
-def config(m: int, n: int, k: int) -> dict[str, Any]:
+def prefetch_applies(m: int, n: int, k: int) -> bool:
+    """Whether ``_gemv_prefetch`` takes ``m`` rows of an ``[n, k]`` weight (see :data:`PREFETCH`; the switch itself
+    not read)."""
+    return k <= PREFETCH_MAX_K and (m == 1 and n <= 16384 or m == 2 and n <= 4096 or m <= 4 and n <= 2048)
+
+
+def config(m: int, n: int, k: int, *, prefetch: bool | None = None) -> dict[str, Any]:
     """Kernel (``"rows"`` or ``"dot"``, see ``_gemv_kernels.py``) and launch meta-parameters for ``m`` rows of a
     ``[n, k]`` weight: the best of ``benchmarks/gemv_configs.py`` on the H200 (Qwen3-0.6B shapes,
     ``benchmarks/results/gemv_configs_h200.md``). Few output columns (N <= 2048, long K: the attention output and
     MLP down projections): the row kernel with tiny column blocks, for enough programs. Wider N: the row kernel
     for one row, else ``tl.dot`` tiles (its 3-D accumulator spills beyond one row at wide tiles); the LM head
-    (N > 16384) always ``tl.dot``. With :data:`PREFETCH`, K <= 4096 and N <= 16384: ``_gemv_prefetch``."""
-    if PREFETCH and k <= PREFETCH_MAX_K and n <= 16384:
+    (N > 16384) always ``tl.dot``. With :data:`PREFETCH` (or ``prefetch=True``), where it was faster
+    (:func:`prefetch_applies`): ``_gemv_prefetch``."""
+    if (PREFETCH if prefetch is None else prefetch) and prefetch_applies(m, n, k):
         kp = next_pow2(k)
         return {"kernel": "prefetch", "BM": next_pow2(m), "BN": max(1, min(8, PREFETCH_SLAB // kp)), "KP": kp,
                 "num_warps": PREFETCH_WARPS}
@@ -104,9 +116,47 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     if kernel == "dot":
         cfg["UPCAST"] = mod.INTERPRETED and x.dtype == torch.bfloat16
     b = bias if bias is not None else out  # a pointer the kernel never reads (HAS_BIAS False)
+    if kernel == "prefetch":  # no norm prologue: its pointers are never read (NORM False)
+        launch(mod._gemv_prefetch, (cdiv(n, cfg["BN"]),), x2, weight, b, o2, m, n, x2.stride(0), weight.stride(0),
+               o2.stride(0), out, out, out, 0, 0, 0.0, K=k, HAS_BIAS=bias is not None, **cfg, **pdl_kwargs(x2, m))
+        return out
     launch(getattr(mod, _KERNEL_NAMES[kernel]), (cdiv(n, cfg["BN"]),), x2, weight, b, o2, m, n,
            x2.stride(0), weight.stride(0), o2.stride(0), K=k, HAS_BIAS=bias is not None, **cfg, **pdl_kwargs(x2, m))
     return out
+
+
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    residual: torch.Tensor | None, eps: float) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``lz.rms_norm_linear`` in one launch of ``_gemv_prefetch`` with its norm prologue: every program normalizes
+    the rows itself (after adding ``residual``, program 0 storing the sum) and multiplies its weight slab.
+
+    Args:
+        x: ``[..., K]`` float16/bfloat16 on CUDA, ``stride(-1) == 1``; M rows as :func:`prefetch_applies` allows.
+        norm_weight: ``[K]`` like x. weight: ``[N, K]`` like x, ``stride(-1) == 1``. bias: ``[N]`` or None.
+        residual: like x (``[..., K]``, ``stride(-1) == 1``) or None. eps: added to the mean square.
+
+    Returns:
+        y ``[..., N]`` (x's dtype, new, contiguous); with ``residual``, ``(y, x + residual)`` (the sum new,
+        ``[..., K]``, contiguous).
+
+    Raises:
+        Nothing of its own (``lz.rms_norm_linear`` validates; selection keeps the rows and K in range).
+    """
+    n, k = weight.shape
+    out, x2, o2 = projection_out(x, n, NORM_KERNEL_ID)
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
+    if out.numel() == 0:
+        return out if h is None else (out, h)
+    m = x2.shape[0]
+    cfg = config(m, n, k, prefetch=True)
+    cfg.pop("kernel")
+    r2 = residual.reshape(m, k) if residual is not None else x2
+    h2 = h.view(m, k) if h is not None else x2
+    launch(_KERNELS.get()._gemv_prefetch, (cdiv(n, cfg["BN"]),), x2, weight, bias if bias is not None else out, o2,
+           m, n, x2.stride(0), weight.stride(0), o2.stride(0), norm_weight, r2, h2, r2.stride(0), h2.stride(0),
+           float(eps), K=k, HAS_BIAS=bias is not None, NORM=True, RESIDUAL=residual is not None, **cfg,
+           **pdl_kwargs(x2, m))
+    return out if h is None else (out, h)
 
 
 _KERNEL_NAMES = {"rows": "_gemv_rows", "dot": "_gemv_dot", "prefetch": "_gemv_prefetch"}
@@ -127,3 +177,23 @@ def kernel_spec(available: bool, why: str) -> KernelSpec:
                       description="LayerZero Triton skinny GEMM for 1-8 rows (decode), float32 accumulation",
                       device_types=CUDA, dtypes=HALF, sm_min=SM_MIN, requires_stride_last_1=True,
                       deterministic=True, graph_safe=True, supports_backward=False, check=_check)
+
+
+def _check_norm(ctx: SelectionContext) -> list[Reason]:
+    m, n, k = ctx.batch, ctx.intermediate_size, ctx.hidden_size
+    if m is None or n is None or k is None or not prefetch_applies(m, n, k):
+        return [Reason(ReasonCode.SHAPE_MISMATCH, f"{m} rows of a [{n}, {k}] weight: the fused norm + skinny GEMM "
+                                                  "takes K <= 4096 and 1 row (N <= 16384), 2 (N <= 4096) or up to "
+                                                  "4 (N <= 2048), where its prefetch kernel was measured faster")]
+    return []
+
+
+def norm_kernel_spec(available: bool, why: str) -> KernelSpec:
+    """The ``triton.rms_norm_linear`` KernelSpec (op ``rms_norm_linear``); its callable raises
+    ``BackendNotAvailableError`` (with ``why``) when ``available`` is False."""
+    fn: Callable[..., Any] = rms_norm_linear if available else missing(NORM_KERNEL_ID, why)
+    return KernelSpec(NORM_KERNEL_ID, "rms_norm_linear", fn, priority=PRIORITY,
+                      description="LayerZero Triton RMSNorm (+ residual) prologue fused into the skinny GEMM, decode "
+                                  "rows (one launch where two were)",
+                      device_types=CUDA, dtypes=HALF, sm_min=SM_MIN, requires_stride_last_1=True,
+                      deterministic=True, graph_safe=True, supports_backward=False, check=_check_norm)

@@ -52,8 +52,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
         """x ``[T, H]`` -> ``[T, H]``."""
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        return self.attend(self.qkv_proj(x), batch, kv_cache)
+
+    def attend(self, qkv: torch.Tensor, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The packed projection ``qkv`` ``[T, (Hq + 2 Hkv) D]`` -> ``[T, H]`` (QK-norm, RoPE, paged attention,
+        output projection)."""
+        t = qkv.shape[0]
+        q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         q, k, v = q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), v.view(t, self.hkv, self.d)
         if self.q_norm is not None:  # one fused call (lz.qk_norm_rope) where three were
             q, k = self.rotary.with_qk_norm(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
@@ -77,6 +82,21 @@ class MLP(nn.Module):
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
+def norm_linear(norm: RMSNorm, proj: nn.Module, x: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``proj(norm(x, residual))`` and the residual stream after it (x itself at the first layer): through
+    ``lz.rms_norm_linear`` (one kernel for a decode step where two were) when ``proj`` is a float :class:`Linear`, else
+    (quantized weights) the two calls."""
+    if type(proj) is Linear:
+        if residual is None:
+            return lz.rms_norm_linear(x, norm.weight, proj.weight, proj.bias, eps=norm.eps), x
+        return lz.rms_norm_linear(x, norm.weight, proj.weight, proj.bias, eps=norm.eps, residual=residual)
+    if residual is None:
+        return proj(norm(x)), x
+    h, residual = norm(x, residual)
+    return proj(h), residual
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm decoder layer; the residual stream is carried through fused add + RMSNorm (vLLM's pattern)."""
 
@@ -93,12 +113,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch,
                 kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, residual) ``[T, H]`` -> (this layer's output, the residual stream before it is added)."""
-        if residual is None:
-            residual, h = x, self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, batch, kv_cache)
+        """(x, residual) ``[T, H]`` -> (this layer's output, the residual stream before it is added). Each norm runs
+        fused into the projection after it (:func:`norm_linear`), but a sparse MoE block's (its router and experts
+        read the normalized x)."""
+        qkv, residual = norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
+        h = self.self_attn.attend(qkv, batch, kv_cache)
+        if isinstance(self.mlp, MLP):
+            gate_up, residual = norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual)
+            return self.mlp.down_proj(silu_and_mul(gate_up)), residual
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
