@@ -9,7 +9,8 @@ host time (``timeline.md``).
 
 Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``triton.gemv.PREFETCH`` on / off), ``pdl-off``
 (``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``unfused`` (each norm and the projection after it as two
-calls instead of ``lz.rms_norm_linear``), ``base`` (nothing changed).
+calls instead of ``lz.rms_norm_linear``, the activation and down projection instead of ``lz.swiglu_linear``),
+``unfused-norm`` (the norms only), ``base`` (nothing changed).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
 ``DIR/batch1_ab.md`` and ``DIR/timeline.md``.
@@ -57,8 +58,15 @@ def _two_calls(norm, proj, x, residual):
     return proj(h), residual
 
 
-SETTINGS = {"prefetch": (tg, "PREFETCH", True), "rows": (tg, "PREFETCH", False), "pdl-off": (_launch, "PDL", False),
-            "unfused": (llama, "norm_linear", _two_calls), "base": None}
+def _mlp_two_calls(self, gate_up):
+    """The MLP's activation and down projection as two calls (before ``lz.swiglu_linear``)."""
+    return self.down_proj(llama.silu_and_mul(gate_up))
+
+
+SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", False)],
+            "pdl-off": [(_launch, "PDL", False)],
+            "unfused": [(llama, "norm_linear", _two_calls), (llama.MLP, "down", _mlp_two_calls)],
+            "unfused-norm": [(llama, "norm_linear", _two_calls)], "base": []}
 
 
 class HostTimer:
@@ -138,11 +146,9 @@ class HostTimer:
 
 
 def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> dict:
-    setting = SETTINGS[name]
-    old = None
-    if setting is not None:
-        mod, attr, value = setting
-        old = getattr(mod, attr)
+    old = []
+    for mod, attr, value in SETTINGS[name]:
+        old.append((mod, attr, vars(mod)[attr]))
         setattr(mod, attr, value)
     try:
         llm = LLM(path, device="cuda", dtype=torch.bfloat16, max_model_len=2048, max_num_seqs=16, num_kv_blocks=512)
@@ -181,8 +187,8 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
         del llm, g
         return res
     finally:
-        if setting is not None:
-            setattr(mod, attr, old)
+        for mod, attr, value in reversed(old):
+            setattr(mod, attr, value)
         gc.collect()
         torch.cuda.empty_cache()
 

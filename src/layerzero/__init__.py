@@ -85,6 +85,7 @@ from .ops import (
     sample_topk,
     sample_topp,
     swiglu,
+    swiglu_linear,
 )
 from .planning import (
     DispatchTable,
@@ -181,7 +182,7 @@ __all__ = [
     "NoKernelFoundError", "PolicyValidationError", "Reason", "ReasonCode", "SelectionReport",
     "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "allocate_kv_cache", "attention", "embedding",
     "configure", "disabled", "doctor", "explain", "fused_moe", "get_config", "get_locks", "layer_norm", "linear", "linear_cross_entropy", "list_kernels",
-    "load_capabilities", "load_config", "lock", "merge_attention_states", "paged_attention", "patch_diffusers", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "qk_norm_rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
+    "load_capabilities", "load_config", "lock", "merge_attention_states", "paged_attention", "patch_diffusers", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "qk_norm_rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu", "swiglu_linear",
     "geglu", "reglu", "select", "trace", "TuneReport", "tune", "unlock", "validate", "which",
     "kernel", "register_kernel", "unregister_kernel",
     "IsolatedWorkerError", "IsolatedWorkerTimeoutError", "register_hub_kernel", "register_isolated_kernel",

@@ -2,7 +2,7 @@
 ``torch.export`` see.
 
 Under TorchDynamo, ``lz.attention`` / ``lz.rms_norm`` (plain and with ``residual``) / ``lz.layer_norm`` / ``lz.rope``
-/ ``lz.qk_norm_rope`` and ``lz.rms_norm_linear`` (inference calls: no backward formula) / ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` / ``lz.linear`` / ``lz.embedding`` / ``lz.linear_cross_entropy`` call ``torch.ops.layerzero.<op>`` (this module is imported then, at
+/ ``lz.qk_norm_rope``, ``lz.rms_norm_linear`` and ``lz.swiglu_linear`` (inference calls: no backward formula) / ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` / ``lz.linear`` / ``lz.embedding`` / ``lz.linear_cross_entropy`` call ``torch.ops.layerzero.<op>`` (this module is imported then, at
 trace time, which registers the ops; eager code never imports it): one opaque node per call with a fake (meta)
 implementation for shapes and dtypes, so a compiled model has no graph breaks at lz ops, and selection happens when
 the compiled graph first runs the op for real (the op's implementation is the eager ``lz.<op>``: validation,
@@ -36,7 +36,7 @@ import torch
 
 __all__ = ["apply_penalties", "attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu",
            "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "qk_norm_rope", "quantize", "quantized_linear", "reglu",
-           "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "sample", "sample_topk", "sample_topp", "swiglu"]
+           "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "sample", "sample_topk", "sample_topp", "swiglu", "swiglu_linear"]
 
 NS = "layerzero"
 
@@ -257,6 +257,18 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Te
 
 
 # -------------------------------------------------------------------------------------------- gated MLPs
+@torch.library.custom_op(f"{NS}::swiglu_linear", mutates_args=())
+def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
+                  bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
+    """``lz.swiglu_linear`` as a custom op."""
+    return _owned(_lz().swiglu_linear(gate, up, weight, bias), gate, up, weight, bias)
+
+
+@swiglu_linear.register_fake
+def _(gate, up, weight, bias):
+    return gate.new_empty((*gate.shape[:-1], weight.shape[0]))
+
+
 @torch.library.custom_op(f"{NS}::swiglu", mutates_args=())
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``lz.swiglu`` as a custom op."""

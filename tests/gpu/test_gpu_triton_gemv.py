@@ -104,7 +104,8 @@ def test_rms_norm_linear_matches_float64_and_is_chosen(dtype, rows, n, k, residu
 
 def test_rms_norm_linear_in_a_pdl_graph_replays_eager_bits():
     """Captured (PDL-launched on SM 9.0+: the weight slab read before the wait), chained after another kernel that
-    writes its input, replayed after the input changes: equal to eager calls of the same kernel."""
+    writes its input, replayed after the input changes: equal to eager calls of the same kernels (rms_norm_linear,
+    then swiglu_linear and gemv reading its output)."""
     g = torch.Generator(device=DEV).manual_seed(2)
     x = torch.randn(1, 1024, device=DEV, dtype=torch.bfloat16, generator=g)
     r = torch.randn(1, 1024, device=DEV, dtype=torch.bfloat16, generator=g)
@@ -112,9 +113,11 @@ def test_rms_norm_linear_in_a_pdl_graph_replays_eager_bits():
     w1 = torch.randn(4096, 1024, device=DEV, dtype=torch.bfloat16, generator=g) * 0.03
     w2 = torch.randn(1024, 4096, device=DEV, dtype=torch.bfloat16, generator=g) * 0.03
 
+    w3 = torch.randn(1024, 2048, device=DEV, dtype=torch.bfloat16, generator=g) * 0.03
+
     def step():
         y, h = lz.rms_norm_linear(x * 1.0, nw, w1, eps=1e-6, residual=r)
-        return lz.linear(y, w2), h
+        return lz.swiglu_linear(*y.chunk(2, dim=-1), w3) + lz.linear(y, w2), h
 
     with lz.capture_selection():
         step()
@@ -129,3 +132,17 @@ def test_rms_norm_linear_in_a_pdl_graph_replays_eager_bits():
             want, want_h = step()
         torch.cuda.synchronize()
         assert torch.equal(out, want) and torch.equal(h, want_h)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize(("rows", "n", "i"), [(1, 1024, 3072), (2, 1024, 3072), (4, 1024, 3072), (1, 37, 129),
+                                              (3, 70, 3001)], ids=str)
+def test_swiglu_linear_matches_float64_and_is_chosen(dtype, rows, n, i):
+    g = torch.Generator(device=DEV).manual_seed(rows * n + i)
+    gate_up = torch.randn(rows, 2 * i, device=DEV, dtype=dtype, generator=g) * 2
+    w = (torch.randn(n, i, device=DEV, generator=g) / i ** 0.5).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert lz.which("swiglu_linear", gate, up, w) == tg.SWIGLU_KERNEL_ID
+    gd = gate.double()
+    want = (gd * torch.sigmoid(gd) * up.double()) @ w.double().t()
+    assert _rel_err(lz.swiglu_linear(gate, up, w), want) <= TOL[dtype]

@@ -191,6 +191,12 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      r"lz\.rms_norm_linear: eps: expected a finite float > 0, got nan"),
     ("rnl-x-int", lambda: lz.rms_norm_linear(t(2, 8, dtype=torch.int64), W, t(3, 8)), E,
      r"lz\.rms_norm_linear: x\.dtype"),
+    ("sgl-up-shape", lambda: lz.swiglu_linear(X, t(2, 4), t(3, 8)), E,
+     r"lz\.swiglu_linear: up shape: expected gate's shape \[2, 8\], got \[2, 4\]"),
+    ("sgl-k-mismatch", lambda: lz.swiglu_linear(X, X, t(3, 6)), E,
+     r"lz\.swiglu_linear: gate\.shape\[-1\] \(in_features K\): expected 6"),
+    ("sgl-up-device-dtype", lambda: lz.swiglu_linear(X, X.half(), t(3, 8)), E,
+     r"lz\.swiglu_linear: up\.dtype: expected torch\.float32 \(like gate\)"),
     # ---- API
     ("explain-unknown-op", lambda: lz.explain("attn", Q, Q, Q), lz.UnknownOperationError,
      r"unknown op 'attn'\. Known ops: \['apply_penalties', 'attention'"),

@@ -224,6 +224,7 @@ def test_capture_key_for_every_op():
              "linear_cross_entropy": ((x, torch.randn(7, 16), torch.tensor([1, 6])), {}),
              "linear": ((x, torch.randn(7, 16)), {}),
              "rms_norm_linear": ((x, w, torch.randn(7, 16)), {"residual": x}),
+             "swiglu_linear": ((gate, gate, torch.randn(7, 10)), {}),
              "quantized_linear": ((x, lz.quantize(torch.randn(7, 16), "int4", group_size=16)), {})}
     assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():

@@ -161,7 +161,8 @@ def test_every_kernel_is_cuda_only_sm80_and_half_precision():
         half = {torch.float16, torch.bfloat16}
         # triton.gemv / triton.quantized_linear: fp32 projections stay on cuBLAS (tl.dot would round fp32 inputs to
         # TF32)
-        tl_dot = spec.kernel_id in ("triton.gemv", "triton.quantized_linear")
+        tl_dot = spec.kernel_id in ("triton.gemv", "triton.quantized_linear", "triton.rms_norm_linear",
+                                    "triton.swiglu_linear")
         assert spec.dtypes == (half if tl_dot else half | {torch.float32}), spec.kernel_id
         assert not spec.supports_backward, spec.kernel_id
     by_id = {s.kernel_id: s for s in tb.kernel_specs(True, "")}
@@ -176,8 +177,10 @@ def test_every_kernel_is_cuda_only_sm80_and_half_precision():
     ql = by_id["triton.quantized_linear"]
     assert ql.fn is tb.quantized_linear.quantized_linear and ql.op == "quantized_linear"
     assert by_id["triton.qk_norm_rope"].fn is rope.qk_norm_rope and by_id["triton.qk_norm_rope"].op == "qk_norm_rope"
+    assert by_id["triton.rms_norm_linear"].fn is tb.gemv.rms_norm_linear
+    assert by_id["triton.swiglu_linear"].fn is tb.gemv.swiglu_linear and by_id["triton.swiglu_linear"].op == "swiglu_linear"
     assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [True, True, True, False, False, False, True, True, True, True,
-                                                             True]
+                                                             True, True, True]
 
 
 def test_register_includes_paged_specs():

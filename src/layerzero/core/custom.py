@@ -49,6 +49,7 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "rms_norm": ("x", "weight", "eps", "residual"),
     "layer_norm": ("x", "weight", "bias", "eps"),
     "swiglu": ("gate", "up"),
+    "swiglu_linear": ("gate", "up", "weight", "bias"),
     "embedding": ("input_ids", "weight", "padding_idx"),
     "linear": ("x", "weight", "bias"),
     "rms_norm_linear": ("x", "norm_weight", "weight", "bias", "residual", "eps"),

@@ -21,6 +21,7 @@ from . import rms_norm_linear as _rnl
 from . import rope as _rope
 from . import sampling as _sampling
 from . import swiglu as _swiglu
+from . import swiglu_linear as _sgl
 from .attention import attention
 from .cascade import merge_attention_states
 from .embedding import embedding
@@ -38,12 +39,13 @@ from .rms_norm_linear import rms_norm_linear
 from .rope import rope
 from .sampling import sample, sample_topk, sample_topp
 from .swiglu import geglu, reglu, swiglu
+from .swiglu_linear import swiglu_linear
 
 OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _qk_norm_rope.SPEC, _sampling.TOPK_SPEC,
                    _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
                    _cascade.LSE_SPEC, _cascade.MERGE_SPEC,
                    _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC, _quantization.SPEC,
-                   _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC, _linear.SPEC, _rnl.SPEC, _qlinear.SPEC)
+                   _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC, _linear.SPEC, _rnl.SPEC, _sgl.SPEC, _qlinear.SPEC)
 
 OPS = {
     "attention": (_attention.prepare, _attention.context),
@@ -61,6 +63,7 @@ OPS = {
     "paged_attention_lse": (_cascade.prepare_lse, _cascade.context_lse),
     "merge_attention_states": (_cascade.prepare_merge, _cascade.context_merge),
     "swiglu": (_swiglu.prepare, _swiglu.context),
+    "swiglu_linear": (_sgl.prepare, _sgl.context),
     "geglu": (_swiglu.prepare_geglu, _swiglu.context),
     "reglu": (_swiglu.prepare_reglu, _swiglu.context),
     "fused_moe": (_fused_moe.prepare, _fused_moe.context),
@@ -87,4 +90,4 @@ __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_k
            "merge_attention_states",
            "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "qk_norm_rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
            "geglu", "reglu", "quantize", "dequantize", "embedding", "linear", "linear_cross_entropy",
-           "quantized_linear", "rms_norm_linear"]
+           "quantized_linear", "rms_norm_linear", "swiglu_linear"]

@@ -66,28 +66,30 @@ def _fast_ok(x: Any, weight: Any, bias: Any) -> bool:
         return False
 
 
-def _validate(x: Any, weight: Any, bias: Any) -> None:
-    """The slow path: raise the typed error that says what is wrong.
+def validate(x: Any, weight: Any, bias: Any, op: str = OP, x_name: str = "x") -> None:
+    """The slow path: raise the typed error that says what is wrong (``op``'s name and its input's ``x_name`` in
+    the message: the fused ops that end in a projection check theirs with it).
 
     Raises:
         InvalidInputError: see :func:`linear`.
     """
-    check_tensor(OP, "x", x)
-    check_tensor(OP, "weight", weight, 2)
+    check_tensor(op, x_name, x)
+    check_tensor(op, "weight", weight, 2)
     if x.dim() == 0:
-        raise fail(OP, "x rank", ">= 1 dims ([..., K])", "a 0-dim tensor")
-    check_same(OP, "x", x, "weight", weight)
+        raise fail(op, f"{x_name} rank", ">= 1 dims ([..., K])", "a 0-dim tensor")
+    check_same(op, x_name, x, "weight", weight)
     n, k = weight.shape
     if n == 0 or k == 0:
-        raise fail(OP, "weight shape", "[N, K] with N >= 1 and K >= 1 (out_features, in_features)", list(weight.shape))
+        raise fail(op, "weight shape", "[N, K] with N >= 1 and K >= 1 (out_features, in_features)", list(weight.shape))
     if x.shape[-1] != k:
-        raise fail(OP, "x.shape[-1] (in_features K)", f"{k} (weight.shape[1], weight is [N, K] = {list(weight.shape)})",
-                   x.shape[-1], "weight is [out_features, in_features], as torch.nn.Linear stores it.")
+        raise fail(op, f"{x_name}.shape[-1] (in_features K)",
+                   f"{k} (weight.shape[1], weight is [N, K] = {list(weight.shape)})", x.shape[-1],
+                   "weight is [out_features, in_features], as torch.nn.Linear stores it.")
     if bias is not None:
-        check_tensor(OP, "bias", bias, 1)
-        check_same(OP, "x", x, "bias", bias)
+        check_tensor(op, "bias", bias, 1)
+        check_same(op, x_name, x, "bias", bias)
         if bias.shape[0] != n:
-            raise fail(OP, "bias shape", f"[N] = [{n}] (weight.shape[0])", list(bias.shape))
+            raise fail(op, "bias shape", f"[N] = [{n}] (weight.shape[0])", list(bias.shape))
 
 
 def rows_key(m: int) -> int:
@@ -95,22 +97,23 @@ def rows_key(m: int) -> int:
     return m if m <= EXACT_ROWS else 1 << (m - 1).bit_length()
 
 
-def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-            ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """Validate ``lz.linear`` inputs; return (cache key, canonical kernel args ``(x, weight, bias)``).
+def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, op: str = OP,
+            x_name: str = "x") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Validate ``lz.linear`` inputs; return (cache key, canonical kernel args ``(x, weight, bias)``). ``op`` /
+    ``x_name``: a fused op ending in this projection (its key's op, its name in errors).
 
     Raises:
         InvalidInputError: see :func:`linear`.
     """
     if not _fast_ok(x, weight, bias):
-        _validate(x, weight, bias)
+        validate(x, weight, bias, op, x_name)
     n, k = weight.shape
     m = x.numel() // k
     contiguous = x.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())
     stride = contiguous or (x.stride(-1) == 1 and weight.stride(-1) == 1 and (bias is None or bias.stride(0) == 1))
     grad = is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     layers = scope_layers()
-    key = LinearKey(OP, x.device, x.dtype, rows_key(m), k, n, bias is not None, stride, contiguous, grad,
+    key = LinearKey(op, x.device, x.dtype, rows_key(m), k, n, bias is not None, stride, contiguous, grad,
                     deterministic_enabled(), x.is_cuda and stream_capturing(), scope_token_of(layers) if layers else ())
     return key, (x, weight, bias)
 
@@ -118,7 +121,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 def context(key: LinearKey) -> SelectionContext:
     """The :class:`SelectionContext` of a linear cache key: ``batch`` = rows M (as the key holds it),
     ``hidden_size`` = in_features K, ``intermediate_size`` = out_features N, ``has_bias``."""
-    return SelectionContext(op=OP, device=device_spec(key.device), dtype=key.dtype, batch=key.rows,
+    return SelectionContext(op=key.op, device=device_spec(key.device), dtype=key.dtype, batch=key.rows,
                             hidden_size=key.in_features, intermediate_size=key.out_features, has_bias=key.has_bias,
                             stride_last_1=key.stride_last_1, contiguous=key.contiguous,
                             requires_grad=key.requires_grad, deterministic=key.deterministic,

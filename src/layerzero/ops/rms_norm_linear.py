@@ -29,7 +29,7 @@ from ._common import (
     scope_token_of,
     stream_capturing,
 )
-from .linear import rows_key
+from .linear import rows_key, validate
 
 OP = "rms_norm_linear"
 
@@ -62,26 +62,12 @@ def prepare(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, bi
     Raises:
         InvalidInputError: see :func:`rms_norm_linear`.
     """
-    check_tensor(OP, "x", x)
-    if x.dim() == 0:
-        raise fail(OP, "x rank", ">= 1 dims ([..., K])", "a 0-dim tensor")
-    check_tensor(OP, "weight", weight, 2)
-    check_same(OP, "x", x, "weight", weight)
+    validate(x, weight, bias, OP)
     n, k = weight.shape
-    if n == 0 or k == 0:
-        raise fail(OP, "weight shape", "[N, K] with N >= 1 and K >= 1 (out_features, in_features)", list(weight.shape))
-    if x.shape[-1] != k:
-        raise fail(OP, "x.shape[-1] (in_features K)", f"{k} (weight.shape[1], weight is [N, K] = {list(weight.shape)})",
-                   x.shape[-1], "weight is [out_features, in_features], as torch.nn.Linear stores it.")
     check_tensor(OP, "norm_weight", norm_weight, 1)
     check_same(OP, "x", x, "norm_weight", norm_weight)
     if norm_weight.shape[0] != k:
         raise fail(OP, "norm_weight shape", f"[K] = [{k}] (x.shape[-1])", list(norm_weight.shape))
-    if bias is not None:
-        check_tensor(OP, "bias", bias, 1)
-        check_same(OP, "x", x, "bias", bias)
-        if bias.shape[0] != n:
-            raise fail(OP, "bias shape", f"[N] = [{n}] (weight.shape[0])", list(bias.shape))
     if residual is not None:
         check_tensor(OP, "residual", residual)
         check_same(OP, "x", x, "residual", residual)

@@ -109,11 +109,17 @@ def register(registry: KernelRegistry) -> None:
     for op, fn in (("quantize", quantize), ("dequantize", dequantize)):
         registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (format tables)",
                                        supports_backward=False, **common))
-    from .linear import linear, quantized_linear, rms_norm_linear  # lz.linear, lz.quantized_linear, ...
+    from .linear import (  # lz.linear and the fused forms
+        linear,
+        quantized_linear,
+        rms_norm_linear,
+        swiglu_linear,
+    )
 
-    registry.add_kernel(KernelSpec("reference.rms_norm_linear", "rms_norm_linear", rms_norm_linear,
-                                   description="reference rms_norm_linear (reference.rms_norm, then float32 "
-                                               "accumulation, one rounding)", **common))
+    for op, fn, first in (("rms_norm_linear", rms_norm_linear, "reference.rms_norm"),
+                          ("swiglu_linear", swiglu_linear, "reference.swiglu")):
+        registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} ({first}, then float32 "
+                                       "accumulation, one rounding)", **common))
 
     registry.add_kernel(KernelSpec("reference.linear", "linear", linear,
                                    description="reference linear (float32 accumulation, one rounding)", **common))

@@ -28,6 +28,15 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Te
     return linear(h_norm, weight, bias), h
 
 
+def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """Reference ``lz.swiglu_linear``: ``reference.swiglu`` (rounded as Hugging Face ``LlamaMLP`` rounds) then
+    :func:`linear`."""
+    from .swiglu import swiglu
+
+    return linear(swiglu(gate, up), weight, bias)
+
+
 def quantized_linear(x: torch.Tensor, qt, bias: torch.Tensor | None) -> torch.Tensor:  # noqa: ANN001 - QuantizedTensor
     """Reference ``lz.quantized_linear``: the weight decoded in float32 (float64 for float64 x), never rounded to
     x's dtype (int8 codes and fp8 values times their per-channel or per-tensor scale; int4 nibbles, low first, minus

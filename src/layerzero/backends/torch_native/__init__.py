@@ -146,6 +146,11 @@ def _rms_norm_linear(x, norm_weight, weight, bias, residual, eps):
     return F.linear(_RMS(h, (h.shape[-1],), norm_weight, eps), weight, bias), h
 
 
+def _swiglu_linear(gate, up, weight, bias):
+    """``lz.swiglu_linear`` as the two-op form, bit for bit: ``F.silu(gate) * up``, then ``F.linear``."""
+    return F.linear(F.silu(gate) * up, weight, bias)
+
+
 def register(registry: KernelRegistry) -> None:
     """Add the torch_native backend: fused rms_norm and layer_norm from torch.nn.functional, RoPE and SwiGLU
     in the input dtype, and the KV-cache write."""
@@ -184,6 +189,9 @@ def register(registry: KernelRegistry) -> None:
     registry.add_kernel(KernelSpec("torch_native.linear_cross_entropy", "linear_cross_entropy", linear_cross_entropy,
                                    priority=50, description="chunked over rows (O(chunk x V) logits), backward by "
                                    "recomputation", device_types=devices, dtypes=FLOATS, supports_softcap=True))
+    registry.add_kernel(KernelSpec("torch_native.swiglu_linear", "swiglu_linear", _swiglu_linear, priority=50,
+                                   description="F.silu(gate) * up, then F.linear (the two-op form)",
+                                   device_types=devices, dtypes=FLOATS))
     registry.add_kernel(KernelSpec("torch_native.swiglu", "swiglu", _swiglu, priority=50,
                                    description="F.silu(gate) * up in the input dtype (HF LlamaMLP, bit-identical)",
                                    device_types=devices, dtypes=FLOATS))

@@ -2,7 +2,7 @@
 
 Kernels: ``triton.rms_norm`` (fused residual add, ``norms.py``), ``triton.rope`` and ``triton.qk_norm_rope``
 (``rope.py``),
-``triton.swiglu`` (``swiglu.py``), ``triton.fused_moe`` (``moe.py``), ``triton.gemv`` (``lz.linear``, ``gemv.py``), ``triton.rms_norm_linear`` (``lz.rms_norm_linear``, ``gemv.py``),
+``triton.swiglu`` (``swiglu.py``), ``triton.fused_moe`` (``moe.py``), ``triton.gemv`` (``lz.linear``, ``gemv.py``), ``triton.rms_norm_linear`` / ``triton.swiglu_linear`` (``gemv.py``),
 ``triton.quantized_linear`` (``lz.quantized_linear``, ``quantized_linear.py``),
 ``triton.sample_topk`` / ``triton.sample_topp`` / ``triton.sample`` (``sampling.py``), ``triton.reshape_and_cache`` (``cache.py``) and
 the paged decode attention kernels of ``paged.py``. Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call)
@@ -29,7 +29,7 @@ MODULE = "triton"
 _DESCRIPTION = ("LayerZero's own Triton kernels (RMSNorm + fused add, RoPE, q/k-norm + RoPE, SwiGLU, fused MoE, top-k/top-p "
                 "sampling, lz.sample's fused race, paged KV-cache write, paged decode)")
 KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, rope.QK_NORM_KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID, cache.KERNEL_ID,
-              gemv.KERNEL_ID, gemv.NORM_KERNEL_ID, quantized_linear.KERNEL_ID)
+              gemv.KERNEL_ID, gemv.NORM_KERNEL_ID, gemv.SWIGLU_KERNEL_ID, quantized_linear.KERNEL_ID)
 """Ids of this package's own op kernels (the paged kernels are listed by ``paged.kernel_specs``)."""
 
 
@@ -47,7 +47,7 @@ def probe() -> BackendSpec:
 
 def kernel_specs(available: bool, why: str = "triton is not available") -> list[KernelSpec]:
     """Every KernelSpec of the backend: rms_norm, rope, qk_norm_rope, sample_topk, sample_topp, sample, swiglu, fused_moe,
-    reshape_and_cache, linear (gemv), rms_norm_linear (gemv's norm prologue), quantized_linear, then
+    reshape_and_cache, linear (gemv), rms_norm_linear / swiglu_linear (gemv's prologues), quantized_linear, then
     ``paged.kernel_specs``.
 
     Args:
@@ -60,7 +60,7 @@ def kernel_specs(available: bool, why: str = "triton is not available") -> list[
     return [norms.kernel_spec(available, why), *rope.kernel_specs(available, why),
             *sampling.kernel_specs(available, why), swiglu.kernel_spec(available, why),
             moe.kernel_spec(available, why), cache.kernel_spec(available, why), gemv.kernel_spec(available, why),
-            gemv.norm_kernel_spec(available, why),
+            gemv.norm_kernel_spec(available, why), gemv.swiglu_kernel_spec(available, why),
             quantized_linear.kernel_spec(available, why), *paged.kernel_specs(available, why)]
 
 

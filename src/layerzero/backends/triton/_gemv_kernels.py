@@ -14,7 +14,8 @@ kernels are laid out for bandwidth, not for tensor-core throughput:
   tile per loop step (the row kernel's loads wait on its multiply-adds). Then each row of x (``BM`` rows, padded
   to a power of two, unrolled) is multiplied in float32 and reduced once per output. With ``NORM`` the row is
   first RMS-normalized (``lz.rms_norm_linear``: each program normalizes the whole row itself, K <= 4096 values
-  from L2), with ``RESIDUAL`` after adding the residual (program 0 stores the sum, the new residual stream).
+  from L2), with ``RESIDUAL`` after adding the residual (program 0 stores the sum, the new residual stream). With
+  ``SWIGLU`` the row is ``silu(gate) * up`` (``lz.swiglu_linear``: X the gate, R the up projection).
 - ``_gemv_dot`` (M = 2..16): the rows padded to 16 and one ``tl.dot`` per ``[BN, BK]`` weight tile (Triton
   pipelines these loads), float32 accumulator.
 
@@ -57,7 +58,8 @@ def _gemv_rows(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr
 @triton.jit
 def _gemv_prefetch(X, W, B, Out, M, N, stride_x, stride_w, stride_o, NW, R, RO, stride_r, stride_ro, eps,
                    K: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False, PDL: tl.constexpr = False):
+                   NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False, SWIGLU: tl.constexpr = False,
+                   PDL: tl.constexpr = False):
     pn = tl.program_id(0)
     rn = pn * BN + tl.arange(0, BN)
     rk = tl.arange(0, KP)  # KP = K rounded up to a power of two
@@ -83,6 +85,11 @@ def _gemv_prefetch(X, W, B, Out, M, N, stride_x, stride_w, stride_o, NW, R, RO, 
             xf = x.to(tl.float32)  # rounded as triton.rms_norm rounds: n to x's dtype, then n * weight
             rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=0) / K + eps)
             x = ((xf * rstd).to(X.dtype.element_ty).to(tl.float32) * nw).to(X.dtype.element_ty)
+        if SWIGLU:  # lz.swiglu's prologue: x is the gate, R the up projection; rounded as triton.swiglu rounds
+            gf = x.to(tl.float32)
+            act = (gf * tl.sigmoid(gf)).to(X.dtype.element_ty).to(tl.float32)
+            u = tl.load(R + m * stride_r + rk, mask=k_ok & m_ok, other=0.0).to(tl.float32)
+            x = (act * u).to(X.dtype.element_ty)
         y = tl.sum(wf * x.to(tl.float32)[None, :], axis=1) + b
         tl.store(Out + m * stride_o + rn, y.to(Out.dtype.element_ty), mask=n_ok & m_ok)
 

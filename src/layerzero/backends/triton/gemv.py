@@ -26,11 +26,12 @@ from layerzero.core.context import SelectionContext
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
-from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, next_pow2, projection_out
+from ._common import CUDA, SM_MIN, LazyModule, cdiv, missing, next_pow2, projection_out, rows_2d
 from ._launch import launch, pdl_kwargs
 
 KERNEL_ID = "triton.gemv"
 NORM_KERNEL_ID = "triton.rms_norm_linear"
+SWIGLU_KERNEL_ID = "triton.swiglu_linear"
 PRIORITY = 55
 """Above torch_native.linear (50) for the 1-8 rows it takes, eagerly and in graphs (the default since 2026-11-25).
 Measured on the H200 in the engine (nano-vllm workload, interleaved processes with every kernel already compiled,
@@ -179,13 +180,54 @@ def kernel_spec(available: bool, why: str) -> KernelSpec:
                       deterministic=True, graph_safe=True, supports_backward=False, check=_check)
 
 
+def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """``lz.swiglu_linear`` in one launch of ``_gemv_prefetch`` with its SwiGLU prologue: every program forms
+    ``silu(gate) * up`` for the rows itself and multiplies its weight slab.
+
+    Args:
+        gate, up: ``[..., I]`` float16/bfloat16 on CUDA, ``stride(-1) == 1`` (e.g. the halves of a packed gate/up
+            projection); M rows as :func:`prefetch_applies` allows.
+        weight: ``[N, I]`` like gate, ``stride(-1) == 1``. bias: ``[N]`` or None.
+
+    Returns:
+        ``[..., N]`` in gate's dtype, new, contiguous.
+
+    Raises:
+        Nothing of its own (``lz.swiglu_linear`` validates; selection keeps the rows and I in range).
+    """
+    n, k = weight.shape
+    out, g2, o2 = projection_out(gate, n, SWIGLU_KERNEL_ID)
+    if out.numel() == 0:
+        return out
+    m = g2.shape[0]
+    u2 = rows_2d(up, "up", SWIGLU_KERNEL_ID)
+    cfg = config(m, n, k, prefetch=True)
+    cfg.pop("kernel")
+    launch(_KERNELS.get()._gemv_prefetch, (cdiv(n, cfg["BN"]),), g2, weight, bias if bias is not None else out, o2,
+           m, n, g2.stride(0), weight.stride(0), o2.stride(0), out, u2, out, u2.stride(0), 0, 0.0, K=k,
+           HAS_BIAS=bias is not None, SWIGLU=True, **cfg, **pdl_kwargs(g2, m))
+    return out
+
+
 def _check_norm(ctx: SelectionContext) -> list[Reason]:
     m, n, k = ctx.batch, ctx.intermediate_size, ctx.hidden_size
     if m is None or n is None or k is None or not prefetch_applies(m, n, k):
-        return [Reason(ReasonCode.SHAPE_MISMATCH, f"{m} rows of a [{n}, {k}] weight: the fused norm + skinny GEMM "
+        return [Reason(ReasonCode.SHAPE_MISMATCH, f"{m} rows of a [{n}, {k}] weight: the fused prologue + skinny GEMM "
                                                   "takes K <= 4096 and 1 row (N <= 16384), 2 (N <= 4096) or up to "
                                                   "4 (N <= 2048), where its prefetch kernel was measured faster")]
     return []
+
+
+def swiglu_kernel_spec(available: bool, why: str) -> KernelSpec:
+    """The ``triton.swiglu_linear`` KernelSpec (op ``swiglu_linear``); its callable raises
+    ``BackendNotAvailableError`` (with ``why``) when ``available`` is False."""
+    fn: Callable[..., Any] = swiglu_linear if available else missing(SWIGLU_KERNEL_ID, why)
+    return KernelSpec(SWIGLU_KERNEL_ID, "swiglu_linear", fn, priority=PRIORITY,
+                      description="LayerZero Triton SwiGLU prologue fused into the skinny GEMM, decode rows (one "
+                                  "launch where two were)",
+                      device_types=CUDA, dtypes=HALF, sm_min=SM_MIN, requires_stride_last_1=True,
+                      deterministic=True, graph_safe=True, supports_backward=False, check=_check_norm)
 
 
 def norm_kernel_spec(available: bool, why: str) -> KernelSpec:

@@ -79,7 +79,15 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[T, H]`` -> ``[T, H]``."""
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down(self.gate_up_proj(x))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The packed gate/up projection ``[T, 2I]`` -> ``[T, H]``: ``lz.swiglu_linear`` (the activation fused into the
+        down projection) for a float :class:`Linear`, else (quantized weights) SwiGLU, then the projection."""
+        if type(self.down_proj) is Linear:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return lz.swiglu_linear(gate, up, self.down_proj.weight, self.down_proj.bias)
+        return self.down_proj(silu_and_mul(gate_up))
 
 
 def norm_linear(norm: RMSNorm, proj: nn.Module, x: torch.Tensor,
@@ -120,7 +128,7 @@ class DecoderLayer(nn.Module):
         h = self.self_attn.attend(qkv, batch, kv_cache)
         if isinstance(self.mlp, MLP):
             gate_up, residual = norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual)
-            return self.mlp.down_proj(silu_and_mul(gate_up)), residual
+            return self.mlp.down(gate_up), residual
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 

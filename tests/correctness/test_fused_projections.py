@@ -1,5 +1,5 @@
-"""``lz.rms_norm_linear`` (RMSNorm, optionally after the residual add, then a projection) against a float64 oracle
-written out here: every CPU kernel (reference, torch_native, and the default through ``lz``), the Triton kernel
+"""``lz.rms_norm_linear`` (RMSNorm, optionally after the residual add, then a projection) and ``lz.swiglu_linear``
+(SwiGLU, then a projection) against float64 oracles written out here: every CPU kernel (reference, torch_native, and the default through ``lz``), the Triton kernel
 through the interpreter (``TRITON_INTERPRET=1``; compiled on a GPU by tests/gpu/test_gpu_triton_gemv.py), seeded odd
 shapes, leading dims, with and without bias and residual. Plus the Triton kernel's routing on hand-built contexts."""
 
@@ -125,3 +125,69 @@ def test_triton_refuses_outside_its_measured_range(rows, n, k, dtype, code):
     plan, report = _select(rows, n, k, dtype)
     assert plan.kernel_id == "torch_native.rms_norm_linear"
     assert code in {x.code for x in report.candidate(tg.NORM_KERNEL_ID).reasons}
+
+
+# ------------------------------------------------------------------------------------------------ swiglu_linear
+def swiglu_oracle(gate, up, w, b):
+    """float64 ``linear(silu(gate) * up)``."""
+    g = gate.double()
+    return (g * torch.sigmoid(g) * up.double()) @ w.double().t() + (0 if b is None else b.double())
+
+
+def swiglu_case(dtype, lead, i, n, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(*lead, 2 * i, generator=g) * 2).to(dtype)  # packed, as the engine's projection is
+    w = (torch.randn(n, i, generator=g) / i ** 0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    gate, up = gate_up.chunk(2, dim=-1)
+    return gate, up, w, b
+
+
+def swiglu_check(y, gate, up, w, b, tol=None):
+    want = swiglu_oracle(gate, up, w, b)
+    assert y.shape == (*gate.shape[:-1], w.shape[0]) and y.dtype == gate.dtype
+    err = ((y.double() - want).abs().max() / want.abs().max()).item()
+    assert err <= (tol or TOL[gate.dtype]), err
+
+
+@pytest.mark.parametrize("kernel", ["reference.swiglu_linear", "torch_native.swiglu_linear", None],
+                         ids=["reference", "torch_native", "default"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("shape", [((1,), 64, 96, False), ((3,), 33, 7, True), ((2, 5), 130, 19, False)], ids=str)
+def test_swiglu_linear_cpu_kernels_match_float64(kernel, dtype, shape):
+    lead, i, n, bias = shape
+    gate, up, w, b = swiglu_case(dtype, lead, i, n, bias, seed=i + n)
+    if kernel is not None:
+        lz.lock("swiglu_linear", kernel)
+    try:
+        y = lz.swiglu_linear(gate, up, w, b)
+    finally:
+        if kernel is not None:
+            lz.unlock("swiglu_linear")
+    swiglu_check(y, gate, up, w, b)
+
+
+def test_swiglu_linear_equals_the_two_op_form():
+    gate, up, w, b = swiglu_case(torch.float32, (4,), 40, 9, True, seed=5)
+    assert torch.equal(lz.swiglu_linear(gate, up, w, b), lz.linear(lz.swiglu(gate, up), w, b))
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize(("m", "n", "i", "bias"), [(1, 37, 129, True), (2, 5, 3001, False), (4, 30, 1030, True),
+                                                   (1, 3, 64, False)], ids=str)
+def test_swiglu_linear_triton_kernel_matches_float64(dtype, m, n, i, bias):
+    gate, up, w, b = swiglu_case(dtype, (m,), i, n, bias, seed=m * n + i)
+    swiglu_check(tg.swiglu_linear(gate, up, w, b), gate, up, w, b, 2e-2 if dtype == torch.bfloat16 else None)
+
+
+@pytest.mark.unit
+def test_swiglu_linear_routing_follows_the_prefetch_rule():
+    reg = routing_registry("swiglu_linear", [tg.swiglu_kernel_spec(True, "")])
+    for rows, n, i, want in ((1, 1024, 3072, tg.SWIGLU_KERNEL_ID), (4, 1024, 3072, tg.SWIGLU_KERNEL_ID),
+                             (8, 1024, 3072, "torch_native.swiglu_linear"), (1, 1024, 8192, "torch_native.swiglu_linear")):
+        ctx = SelectionContext(op="swiglu_linear", device=fake_cuda_device((9, 0)), dtype=torch.bfloat16, batch=rows,
+                               hidden_size=i, intermediate_size=n)
+        plan, _ = select(reg, ctx, SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None),
+                                                   log_fallbacks=False))
+        assert plan.kernel_id == want, (rows, n, i)
