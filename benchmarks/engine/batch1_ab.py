@@ -10,7 +10,8 @@ host time (``timeline.md``).
 Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``triton.gemv.PREFETCH`` on / off), ``pdl-off``
 (``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``unfused`` (each norm and the projection after it as two
 calls instead of ``lz.rms_norm_linear``, the activation and down projection instead of ``lz.swiglu_linear``),
-``unfused-norm`` (the norms only), ``base`` (nothing changed).
+``unfused-norm`` (the norms only), ``fused-merge`` (``triton.paged_decode`` merges its splits in the split kernel
+in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per sequence), ``base`` (nothing changed).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
 ``DIR/batch1_ab.md`` and ``DIR/timeline.md``.
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from layerzero.backends.triton import _launch
+from layerzero.backends.triton import _launch, paged
 from layerzero.backends.triton import gemv as tg
 from layerzero.engine import LLM, SamplingParams
 from layerzero.engine.bench import default_checkpoint
@@ -66,7 +67,8 @@ def _mlp_two_calls(self, gate_up):
 SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", False)],
             "pdl-off": [(_launch, "PDL", False)],
             "unfused": [(llama, "norm_linear", _two_calls), (llama.MLP, "down", _mlp_two_calls)],
-            "unfused-norm": [(llama, "norm_linear", _two_calls)], "base": []}
+            "unfused-norm": [(llama, "norm_linear", _two_calls)], "fused-merge": [(paged, "FUSED_MERGE_IN_GRAPHS", True)],
+            "splits-8": [(paged, "MAX_SPLITS", 8)], "splits-4": [(paged, "MAX_SPLITS", 4)], "base": []}
 
 
 class HostTimer:
@@ -147,6 +149,7 @@ class HostTimer:
 
 def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> dict:
     old = []
+    paged._PLANS.clear()  # triton.paged_decode's per-signature plans read the split settings once
     for mod, attr, value in SETTINGS[name]:
         old.append((mod, attr, vars(mod)[attr]))
         setattr(mod, attr, value)
