@@ -9,7 +9,8 @@ import layerzero as lz
 
 SECTIONS = {
     "Ops": ["attention", "rms_norm", "layer_norm", "rope", "qk_norm_rope", "swiglu", "fused_moe", "sample_topk", "sample_topp", "sample",
-            "apply_penalties", "geglu", "reglu", "embedding", "linear", "linear_cross_entropy"],
+            "apply_penalties", "geglu", "reglu", "embedding", "linear", "rms_norm_linear", "swiglu_linear",
+            "linear_cross_entropy"],
     "Quantization (docs/quantization.md)": ["quantize", "dequantize", "quantized_linear"],
     "Tokenization (docs/tokenization.md)": ["tokenize", "detokenize", "IncrementalDetokenizer"],
     "Paged KV cache (serving)": ["paged_attention", "reshape_and_cache", "allocate_kv_cache"],

@@ -57,8 +57,9 @@ def check(out, x, nw, w, b, r, eps, tol=None):
 SHAPES = [((1,), 64, 96, False, True), ((3,), 33, 7, True, True), ((2, 5), 130, 19, True, False), ((4,), 1, 3, False, False)]
 
 
-@pytest.mark.parametrize("kernel", ["reference.rms_norm_linear", "torch_native.rms_norm_linear", None],
-                         ids=["reference", "torch_native", "default"])
+@pytest.mark.parametrize("kernel", ["reference.rms_norm_linear", "torch_native.rms_norm_linear",
+                                    "composite.rms_norm_linear", None],
+                         ids=["reference", "torch_native", "composite", "default"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_cpu_kernels_match_float64(kernel, dtype, shape):
@@ -76,8 +77,10 @@ def test_cpu_kernels_match_float64(kernel, dtype, shape):
 
 
 def test_equals_the_two_op_form():
-    """The default CPU kernel is the engine's former two calls bit for bit (its CPU parity tests rest on that)."""
+    """The default CPU kernel (composite: each part dispatched) is the engine's former two calls bit for bit (its CPU
+    parity tests rest on that)."""
     x, nw, w, b, r = case(torch.float32, (5,), 48, 20, True, True, seed=3)
+    assert lz.which("rms_norm_linear", x, nw, w, b, residual=r) == "composite.rms_norm_linear"
     y, h = lz.rms_norm_linear(x, nw, w, b, eps=1e-6, residual=r)
     hn, h2 = lz.rms_norm(x, nw, 1e-6, residual=r)
     assert torch.equal(y, lz.linear(hn, w, b)) and torch.equal(h, h2)
@@ -150,8 +153,9 @@ def swiglu_check(y, gate, up, w, b, tol=None):
     assert err <= (tol or TOL[gate.dtype]), err
 
 
-@pytest.mark.parametrize("kernel", ["reference.swiglu_linear", "torch_native.swiglu_linear", None],
-                         ids=["reference", "torch_native", "default"])
+@pytest.mark.parametrize("kernel", ["reference.swiglu_linear", "torch_native.swiglu_linear",
+                                    "composite.swiglu_linear", None],
+                         ids=["reference", "torch_native", "composite", "default"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
 @pytest.mark.parametrize("shape", [((1,), 64, 96, False), ((3,), 33, 7, True), ((2, 5), 130, 19, False)], ids=str)
 def test_swiglu_linear_cpu_kernels_match_float64(kernel, dtype, shape):
@@ -191,3 +195,25 @@ def test_swiglu_linear_routing_follows_the_prefetch_rule():
         plan, _ = select(reg, ctx, SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None),
                                                    log_fallbacks=False))
         assert plan.kernel_id == want, (rows, n, i)
+
+
+# ------------------------------------------------------------------------------------------------ exact keys
+@pytest.mark.unit
+def test_warm_calls_still_check_every_input():
+    """The exact keys (``Runtime.run_hot``) hold every fact the checks read: after warm calls, a bad eps, a residual
+    of another dtype or shape, a weight of another width and a strided x are still checked (and computed right)."""
+    x, nw, w, b, r = case(torch.float32, (3,), 16, 5, True, True, seed=9)
+    for _ in range(2):
+        lz.rms_norm_linear(x, nw, w, b, eps=1e-6, residual=r)
+        lz.swiglu_linear(x, r, w, b)
+    for bad in (lambda: lz.rms_norm_linear(x, nw, w, b, eps=float("nan"), residual=r),
+                lambda: lz.rms_norm_linear(x, nw, w, b, eps=1e-6, residual=r.double()),
+                lambda: lz.rms_norm_linear(x, nw, w, b, eps=1e-6, residual=r[:2]),
+                lambda: lz.rms_norm_linear(x, nw[:8], w, b, eps=1e-6, residual=r),
+                lambda: lz.swiglu_linear(x, r[:, :8], w, b),
+                lambda: lz.swiglu_linear(x, r, w[:, :8], b)):
+        with pytest.raises(lz.InvalidInputError):
+            bad()
+    xs = torch.randn(16, 3).t()  # x transposed: another stride, the same shape
+    check(lz.rms_norm_linear(xs, nw, w, b, eps=1e-6, residual=r), xs, nw, w, b, r, 1e-6)
+    swiglu_check(lz.swiglu_linear(xs, r, w, b), xs, r, w, b)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from layerzero.core.registry import KernelRegistry
 
 BUILTIN_BACKENDS: tuple[str, ...] = ("reference", "torch_sdpa", "torch_native", "flash_attn", "flex_attention", "liger",
-                                      "xformers", "flashinfer", "ipex", "triton")
+                                      "xformers", "flashinfer", "ipex", "triton", "composite")
 
 
 def register_builtin(registry: KernelRegistry) -> None:

@@ -1,0 +1,47 @@
+"""The composite backend: a fused op run as its parts, each dispatched by LayerZero on its own.
+
+``composite.rms_norm_linear`` is ``lz.rms_norm`` then ``lz.linear``, ``composite.swiglu_linear`` is ``lz.swiglu`` then
+``lz.linear``: wherever no fused kernel takes a call (more rows than the fused Triton kernels take, float32, CPU),
+the op costs exactly what its two calls would, with each part's own best kernel (``triton.rms_norm`` /
+``triton.gemv`` / cuBLAS on a GPU, ``torch_native`` on a CPU) and each part's own explanation (``lz.explain`` of the
+part). Above ``torch_native``'s single-library forms (50), below the fused kernels (55).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from layerzero.core.registry import KernelRegistry
+from layerzero.core.specs import BackendSpec, KernelSpec
+
+PRIORITY = 52
+ALL_DEVICES = frozenset({"cpu", "cuda", "mps", "xpu"})
+FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
+
+
+def rms_norm_linear(x, norm_weight, weight, bias, residual, eps):
+    """``lz.rms_norm_linear`` as ``lz.rms_norm`` (with the residual) then ``lz.linear``: y, or ``(y, x + residual)``."""
+    import layerzero as lz
+
+    if residual is None:
+        return lz.linear(lz.rms_norm(x, norm_weight, eps), weight, bias)
+    h, residual = lz.rms_norm(x, norm_weight, eps, residual=residual)
+    return lz.linear(h, weight, bias), residual
+
+
+def swiglu_linear(gate, up, weight, bias):
+    """``lz.swiglu_linear`` as ``lz.swiglu`` then ``lz.linear``."""
+    import layerzero as lz
+
+    return lz.linear(lz.swiglu(gate, up), weight, bias)
+
+
+def register(registry: KernelRegistry) -> None:
+    """Add the composite backend and its two kernels."""
+    registry.add_backend(BackendSpec("composite", None, torch.__version__, True,
+                                     description="fused ops as their parts, each part dispatched by LayerZero"))
+    for op, fn, parts in (("rms_norm_linear", rms_norm_linear, "lz.rms_norm, then lz.linear"),
+                          ("swiglu_linear", swiglu_linear, "lz.swiglu, then lz.linear")):
+        registry.add_kernel(KernelSpec(f"composite.{op}", op, fn, priority=PRIORITY, device_types=ALL_DEVICES,
+                                       dtypes=FLOATS, deterministic=True, description=f"{parts} (each part selected "
+                                       "on its own)"))
