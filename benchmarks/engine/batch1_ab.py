@@ -147,6 +147,20 @@ class HostTimer:
         return ", ".join(parts)
 
 
+def replay_us(graph: torch.cuda.CUDAGraph, reps: int = 200) -> float:
+    """µs per replay of ``graph``, back to back (CUDA events around ``reps`` replays after 5 warm ones)."""
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(reps):
+        graph.replay()
+    ev[1].record()
+    torch.cuda.synchronize()
+    return ev[0].elapsed_time(ev[1]) * 1000 / reps
+
+
 def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> dict:
     old = []
     paged._PLANS.clear()  # triton.paged_decode's per-signature plans read the split settings once
@@ -172,22 +186,12 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
         decode = (n_last - n_first) / (t_last - t_first)
         with HostTimer() as ht:
             llm.generate([PROMPT], sp, use_tqdm=False)
-        g = llm.engine.runner.graphs.graphs[1]
-        for _ in range(5):
-            g.replay()
-        torch.cuda.synchronize()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        ev[0].record()
-        for _ in range(200):
-            g.replay()
-        ev[1].record()
-        torch.cuda.synchronize()
         res = {"variant": name, "step_us": wall / tokens * 1e6, "tok_s": tokens / wall, "decode_tok_s": decode,
-               "ttft_ms": (stamps[0][0] - t_stream) * 1e3,
-               "replay_us": ev[0].elapsed_time(ev[1]) * 1000 / 200, "host": ht.summary()}
+               "ttft_ms": (stamps[0][0] - t_stream) * 1e3, "replay_us": replay_us(llm.engine.runner.graphs.graphs[1]),
+               "host": ht.summary()}
         if profile_dir is not None:
             res["timeline"] = timeline(llm, sp, profile_dir)
-        del llm, g
+        del llm
         return res
     finally:
         for mod, attr, value in reversed(old):

@@ -15,6 +15,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +23,9 @@ import torch
 
 from layerzero.engine import LLM, SamplingParams
 from layerzero.engine.bench import default_checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from batch1_ab import replay_us as batch1_replay_us  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,17 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     graphs = eng.runner.graphs
     replay_us = float("nan")
     if graphs is not None:
-        g = graphs.graphs[1]
-        for _ in range(5):
-            g.replay()
-        torch.cuda.synchronize()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        ev[0].record()
-        for _ in range(200):
-            g.replay()
-        ev[1].record()
-        torch.cuda.synchronize()
-        replay_us = ev[0].elapsed_time(ev[1]) * 1000 / 200
+        replay_us = batch1_replay_us(graphs.graphs[1])
     prof = cProfile.Profile()
     prof.enable()
     llm.generate([prompt], sp, use_tqdm=False)
