@@ -151,7 +151,7 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Te
     m = x2.shape[0]
     cfg = config(m, n, k, prefetch=True)
     cfg.pop("kernel")
-    r2 = residual.reshape(m, k) if residual is not None else x2
+    r2 = rows_2d(residual, "residual", NORM_KERNEL_ID) if residual is not None else x2
     h2 = h.view(m, k) if h is not None else x2
     launch(_KERNELS.get()._gemv_prefetch, (cdiv(n, cfg["BN"]),), x2, weight, bias if bias is not None else out, o2,
            m, n, x2.stride(0), weight.stride(0), o2.stride(0), norm_weight, r2, h2, r2.stride(0), h2.stride(0),
@@ -210,7 +210,7 @@ def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
     return out
 
 
-def _check_norm(ctx: SelectionContext) -> list[Reason]:
+def _check_prefetch(ctx: SelectionContext) -> list[Reason]:
     m, n, k = ctx.batch, ctx.intermediate_size, ctx.hidden_size
     if m is None or n is None or k is None or not prefetch_applies(m, n, k):
         return [Reason(ReasonCode.SHAPE_MISMATCH, f"{m} rows of a [{n}, {k}] weight: the fused prologue + skinny GEMM "
@@ -227,7 +227,7 @@ def swiglu_kernel_spec(available: bool, why: str) -> KernelSpec:
                       description="LayerZero Triton SwiGLU prologue fused into the skinny GEMM, decode rows (one "
                                   "launch where two were)",
                       device_types=CUDA, dtypes=HALF, sm_min=SM_MIN, requires_stride_last_1=True,
-                      deterministic=True, graph_safe=True, supports_backward=False, check=_check_norm)
+                      deterministic=True, graph_safe=True, supports_backward=False, check=_check_prefetch)
 
 
 def norm_kernel_spec(available: bool, why: str) -> KernelSpec:
@@ -238,4 +238,4 @@ def norm_kernel_spec(available: bool, why: str) -> KernelSpec:
                       description="LayerZero Triton RMSNorm (+ residual) prologue fused into the skinny GEMM, decode "
                                   "rows (one launch where two were)",
                       device_types=CUDA, dtypes=HALF, sm_min=SM_MIN, requires_stride_last_1=True,
-                      deterministic=True, graph_safe=True, supports_backward=False, check=_check_norm)
+                      deterministic=True, graph_safe=True, supports_backward=False, check=_check_prefetch)
