@@ -376,7 +376,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     before masks. Positions are aligned bottom-right (query i sits at position ``i + Sk - Sq``), as in flash-attn,
     whatever ``is_causal``; with Sq == Sk it is ``-slope * |i - j|``, and under causality (``j <= i``) it equals
     ``slope * (j - i)``, flash-attn's causal form. Served by kernels declaring ``supports_alibi`` (reference,
-    flex_attention, flash_attn2); the others are refused with ``ALIBI_UNSUPPORTED``. Not float32, a shape other
+    flex_attention, flash_attn2, SDPA math and the CPU SDPA flash kernel through an explicit float32 bias); the
+    others are refused with ``ALIBI_UNSUPPORTED``. Not float32, a shape other
     than ``[Hq]`` / ``[B, Hq]``, or another device than q raises ``InvalidInputError`` (no silent upcast).
 
     Under ``torch.compile`` / ``torch.export`` the call is one ``torch.ops.layerzero.attention`` node, also when

@@ -68,6 +68,9 @@ def _forced(which: int) -> Callable[..., Any]:
     return run
 
 
+_FLASH = _forced(0)
+
+
 def _natural(q, k, v, attn_mask, is_causal, scale, dropout_p):
     """Plain SDPA with its own sub-backend choice (used only where that choice is provably ours)."""
     return _SDPA(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
@@ -82,9 +85,13 @@ def _natural_plain(q, k, v, attn_mask, is_causal, scale, dropout_p):
 def _cpu_flash_natural(ctx: SelectionContext):
     """On CPU, SDPA's own order is flash then math, and our flash constraints mirror torch's CPU flash
     checks (tests/unit/test_sdpa_constraints.py), so when flash can run, plain SDPA runs flash too: skip the
-    ~2 us of switch toggling. Not used on CUDA, where torch's order depends on the cuDNN version."""
-    if ctx.device.device_type != "cpu":
+    ~2 us of switch toggling. Not on CUDA, where torch's order depends on the cuDNN version: the forced kernel
+    there, without the ALiBi wrapper's frame (CUDA flash refuses ALiBi). ALiBi calls (CPU) take the generic
+    kernel, which adds the bias (:func:`_with_alibi`)."""
+    if ctx.has_alibi:
         return None
+    if ctx.device.device_type != "cpu":
+        return _FLASH
     plain = (ctx.mask is MaskKind.NONE and not ctx.dropout and ctx.scale_default
              and ctx.num_heads_q == ctx.num_heads_kv)
     return _natural_plain if plain else _natural
@@ -133,13 +140,14 @@ def kernel_specs() -> list[KernelSpec]:
     return [
         # CUDA flash (FA2 inside torch) and the CPU flash kernel share one id: both are "flash" to SDPA.
         KernelSpec(
-            "torch_sdpa.flash", "attention", _forced(0), priority=80,
-            description="SDPA FlashAttention-2 (CUDA SM 8.0+, fp16/bf16, no mask) / CPU flash kernel",
+            "torch_sdpa.flash", "attention", _with_alibi(_FLASH), priority=80,
+            description="SDPA FlashAttention-2 (CUDA SM 8.0+, fp16/bf16, no mask) / CPU flash kernel (CPU: ALiBi as "
+                        "an explicit float32 bias)",
             device_types=frozenset({"cuda", "cpu"}), dtypes=CPU_FLOATS, sm_min=(8, 0), sm_max=(12, 1),
             layouts=frozenset({Layout.BHSD}), head_dims_equal=True, supports_gqa=True,
             mask_kinds=gqa_mask_kinds, mask_with_causal=False, supports_dropout=True,
             requires_stride_last_1=True, requires_aligned_16=True, deterministic=True, graph_safe=True,
-            check=_flash_device_check, specialize=_cpu_flash_natural,
+            supports_alibi=True, check=_flash_device_check, specialize=_cpu_flash_natural,
         ),
         KernelSpec(
             "torch_sdpa.cudnn", "attention", _forced(3), priority=85,
@@ -253,6 +261,9 @@ def _flash_device_check(ctx: SelectionContext) -> list[Reason]:
             out.append(Reason(ReasonCode.DTYPE_UNSUPPORTED, "CUDA flash needs float16 or bfloat16"))
         if ctx.mask is not MaskKind.NONE:
             out.append(Reason(ReasonCode.MASK_UNSUPPORTED, "CUDA flash does not take attn_mask"))
+        if ctx.has_alibi:  # ALiBi is served as a float32 bias mask here, which CUDA flash cannot take
+            out.append(Reason(ReasonCode.ALIBI_UNSUPPORTED, "CUDA flash takes no bias (ALiBi needs an attn_mask "
+                                                            "here; flash_attn2 has it natively)"))
         if max(ctx.head_dim or 0, ctx.head_dim_v or 0) > 256:
             out.append(Reason(ReasonCode.HEAD_DIM_TOO_LARGE, "CUDA flash supports head_dim <= 256"))
     elif ctx.dropout:
