@@ -13,7 +13,7 @@ SECTIONS = {
             "linear_cross_entropy"],
     "Quantization (docs/quantization.md)": ["quantize", "dequantize", "quantized_linear"],
     "Tokenization (docs/tokenization.md)": ["tokenize", "detokenize", "IncrementalDetokenizer"],
-    "Paged KV cache (serving)": ["paged_attention", "reshape_and_cache", "allocate_kv_cache"],
+    "Paged KV cache (serving)": ["paged_attention", "reshape_and_cache", "qk_norm_rope_cache", "allocate_kv_cache"],
     "Configuration and policy": ["configure", "get_config", "load_config", "reload", "lock", "unlock", "get_locks",
                                  "prefer", "disabled", "load_capabilities"],
     "Inspection": ["select", "explain", "which", "validate", "list_kernels", "trace", "doctor"],

@@ -35,7 +35,7 @@ from typing import Any, Optional
 import torch
 
 __all__ = ["apply_penalties", "attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu",
-           "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "qk_norm_rope", "quantize", "quantized_linear", "reglu",
+           "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "qk_norm_rope", "qk_norm_rope_cache", "quantize", "quantized_linear", "reglu",
            "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "sample", "sample_topk", "sample_topp", "swiglu", "swiglu_linear"]
 
 NS = "layerzero"
@@ -254,6 +254,33 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Te
     if residual is None:
         return _rms_norm_linear(x, norm_weight, weight, bias, float(eps))
     return _fused_add_rms_norm_linear(x, norm_weight, weight, bias, float(eps), residual)
+
+
+@torch.library.custom_op(f"{NS}::qk_norm_rope_cache", mutates_args=("kv_cache",))
+def _qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                        k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                        slot_mapping: torch.Tensor, position_ids: torch.Tensor, eps: float, interleaved: bool,
+                        kv_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    qo, ko = _lz().qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping,
+                                      position_ids=position_ids, eps=eps, interleaved=interleaved, kv_layout=kv_layout)
+    inputs = (q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids)
+    qo = _owned(qo, *inputs)
+    return qo, _owned(ko, *inputs, qo)
+
+
+@_qk_norm_rope_cache.register_fake
+def _(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids, eps, interleaved, kv_layout):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                       k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor, position_ids: torch.Tensor, eps: float, interleaved: bool,
+                       kv_layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.layerzero.qk_norm_rope_cache`` (mutates ``kv_cache``) with ``lz.qk_norm_rope_cache``'s
+    arguments (kv_layout as a string)."""
+    return _qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids,
+                               float(eps), bool(interleaved), _layout_str(kv_layout))
 
 
 # -------------------------------------------------------------------------------------------- gated MLPs

@@ -225,6 +225,8 @@ def test_capture_key_for_every_op():
              "linear": ((x, torch.randn(7, 16)), {}),
              "rms_norm_linear": ((x, w, torch.randn(7, 16)), {"residual": x}),
              "swiglu_linear": ((gate, gate, torch.randn(7, 10)), {}),
+             "qk_norm_rope_cache": ((q3[:, :2], kv, kv, torch.ones(8), torch.ones(8), cos, sin, cache, slots),
+                                    {"position_ids": slots}),
              "quantized_linear": ((x, lz.quantize(torch.randn(7, 16), "int4", group_size=16)), {})}
     assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():

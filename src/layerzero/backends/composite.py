@@ -1,7 +1,7 @@
 """The composite backend: a fused op run as its parts, each dispatched by LayerZero on its own.
 
 ``composite.rms_norm_linear`` is ``lz.rms_norm`` then ``lz.linear``, ``composite.swiglu_linear`` is ``lz.swiglu`` then
-``lz.linear``: wherever no fused kernel takes a call (more rows than the fused Triton kernels take, float32, CPU),
+``lz.linear``, ``composite.qk_norm_rope_cache`` is ``lz.qk_norm_rope`` then ``lz.reshape_and_cache``: wherever no fused kernel takes a call (more rows than the fused Triton kernels take, float32, CPU),
 the op costs exactly what its two calls would, with each part's own best kernel (``triton.rms_norm`` /
 ``triton.gemv`` / cuBLAS on a GPU, ``torch_native`` on a CPU) and each part's own explanation (``lz.explain`` of the
 part). Above ``torch_native``'s single-library forms (50), below the fused kernels (55).
@@ -36,12 +36,26 @@ def swiglu_linear(gate, up, weight, bias):
     return lz.linear(lz.swiglu(gate, up), weight, bias)
 
 
+def qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids, interleaved,
+                       kv_layout, eps):
+    """``lz.qk_norm_rope_cache`` as ``lz.qk_norm_rope`` (q, k viewed ``[1, T, H, D]`` BSHD) then
+    ``lz.reshape_and_cache`` of the rotated k and v; returns ``(q, k)`` token-major."""
+    import layerzero as lz
+
+    t = q.shape[0]
+    qo, ko = lz.qk_norm_rope(q.unsqueeze(0), k.unsqueeze(0), q_weight, k_weight, cos, sin, eps=eps,
+                             position_ids=position_ids.view(1, t), interleaved=interleaved, layout="BSHD")
+    lz.reshape_and_cache(ko[0], v, kv_cache, slot_mapping, kv_layout)
+    return qo[0], ko[0]
+
+
 def register(registry: KernelRegistry) -> None:
     """Add the composite backend and its two kernels."""
     registry.add_backend(BackendSpec("composite", None, torch.__version__, True,
                                      description="fused ops as their parts, each part dispatched by LayerZero"))
     for op, fn, parts in (("rms_norm_linear", rms_norm_linear, "lz.rms_norm, then lz.linear"),
-                          ("swiglu_linear", swiglu_linear, "lz.swiglu, then lz.linear")):
+                          ("swiglu_linear", swiglu_linear, "lz.swiglu, then lz.linear"),
+                          ("qk_norm_rope_cache", qk_norm_rope_cache, "lz.qk_norm_rope, then lz.reshape_and_cache")):
         registry.add_kernel(KernelSpec(f"composite.{op}", op, fn, priority=PRIORITY, device_types=ALL_DEVICES,
                                        dtypes=FLOATS, deterministic=True, description=f"{parts} (each part selected "
                                        "on its own)"))

@@ -58,6 +58,8 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "fused_moe": ("x", "w13", "w2", "topk_weights", "topk_ids"),
     "rope": ("q", "k", "cos", "sin", "position_ids", "interleaved", "layout"),
     "qk_norm_rope": ("q", "k", "q_weight", "k_weight", "cos", "sin", "position_ids", "interleaved", "layout", "eps"),
+    "qk_norm_rope_cache": ("q", "k", "v", "q_weight", "k_weight", "cos", "sin", "kv_cache", "slot_mapping",
+                           "position_ids", "interleaved", "kv_layout", "eps"),
     "sample_topk": ("logits", "k", "temperature", "generator"),
     "sample_topp": ("logits", "p", "temperature", "generator"),
     "sample": ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "offsets", "generator"),

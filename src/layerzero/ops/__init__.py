@@ -15,6 +15,7 @@ from . import norms as _norms
 from . import paged as _paged
 from . import penalties as _penalties
 from . import qk_norm_rope as _qk_norm_rope
+from . import qk_norm_rope_cache as _qknrc
 from . import quantization as _quantization
 from . import quantized_linear as _qlinear
 from . import rms_norm_linear as _rnl
@@ -33,6 +34,7 @@ from .norms import layer_norm, rms_norm
 from .paged import paged_attention, reshape_and_cache
 from .penalties import apply_penalties
 from .qk_norm_rope import qk_norm_rope
+from .qk_norm_rope_cache import qk_norm_rope_cache
 from .quantization import dequantize, quantize
 from .quantized_linear import quantized_linear
 from .rms_norm_linear import rms_norm_linear
@@ -41,7 +43,7 @@ from .sampling import sample, sample_topk, sample_topp
 from .swiglu import geglu, reglu, swiglu
 from .swiglu_linear import swiglu_linear
 
-OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _qk_norm_rope.SPEC, _sampling.TOPK_SPEC,
+OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _qk_norm_rope.SPEC, _qknrc.SPEC, _sampling.TOPK_SPEC,
                    _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
                    _cascade.LSE_SPEC, _cascade.MERGE_SPEC,
                    _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC, _quantization.SPEC,
@@ -54,6 +56,7 @@ OPS = {
     "layer_norm": (_norms.prepare_layer, _norms.context_layer),
     "rope": (_rope.prepare, _rope.context),
     "qk_norm_rope": (_qk_norm_rope.prepare, _qk_norm_rope.context),
+    "qk_norm_rope_cache": (_qknrc.prepare, _qknrc.context),
     "sample_topk": (_sampling.prepare_topk, _sampling.context),
     "sample_topp": (_sampling.prepare_topp, _sampling.context),
     "sample": (_sampling.prepare_sample, _sampling.context_batch),
@@ -90,4 +93,4 @@ __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_k
            "merge_attention_states",
            "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "qk_norm_rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
            "geglu", "reglu", "quantize", "dequantize", "embedding", "linear", "linear_cross_entropy",
-           "quantized_linear", "rms_norm_linear", "swiglu_linear"]
+           "quantized_linear", "rms_norm_linear", "swiglu_linear", "qk_norm_rope_cache"]

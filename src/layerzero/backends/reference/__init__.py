@@ -40,6 +40,18 @@ def _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, position_ids, interleaved,
     return K.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, position_ids, interleaved, layout, eps)
 
 
+def _qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids, interleaved,
+                        kv_layout, eps):
+    """``reference.qk_norm_rope`` on ``q[None]`` / ``k[None]`` (BSHD), then ``reference.reshape_and_cache`` of the
+    rotated k and v."""
+    qo, ko = K.qk_norm_rope(q.unsqueeze(0), k.unsqueeze(0), q_weight, k_weight, cos, sin, position_ids.view(1, -1),
+                            interleaved, "BSHD", eps)
+    from .paged import reshape_and_cache
+
+    reshape_and_cache(ko[0], v, kv_cache, slot_mapping, kv_layout)
+    return qo[0], ko[0]
+
+
 def _sample_topk(logits, k, temperature, generator):
     return K.sample_topk(logits, k, temperature, generator)
 
@@ -86,6 +98,7 @@ def register(registry: KernelRegistry) -> None:
         ("layer_norm", _layer_norm, {}),
         ("rope", _rope, {"layouts": frozenset({Layout.BHSD, Layout.BSHD})}),
         ("qk_norm_rope", _qk_norm_rope, {"layouts": frozenset({Layout.BHSD, Layout.BSHD})}),
+        ("qk_norm_rope_cache", _qk_norm_rope_cache, {"graph_safe": False}),  # its cache write checks slots on host
         ("sample_topk", _sample_topk, {"graph_safe": False}),
         ("sample_topp", _sample_topp, {"graph_safe": False}),
         ("sample", _sample, {"graph_safe": False}),

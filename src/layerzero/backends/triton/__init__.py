@@ -28,7 +28,7 @@ BACKEND_ID = "triton"
 MODULE = "triton"
 _DESCRIPTION = ("LayerZero's own Triton kernels (RMSNorm + fused add, RoPE, q/k-norm + RoPE, SwiGLU, fused MoE, top-k/top-p "
                 "sampling, lz.sample's fused race, paged KV-cache write, paged decode)")
-KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, rope.QK_NORM_KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID, cache.KERNEL_ID,
+KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, rope.QK_NORM_KERNEL_ID, rope.QK_NORM_CACHE_KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID, cache.KERNEL_ID,
               gemv.KERNEL_ID, gemv.NORM_KERNEL_ID, gemv.SWIGLU_KERNEL_ID, quantized_linear.KERNEL_ID)
 """Ids of this package's own op kernels (the paged kernels are listed by ``paged.kernel_specs``)."""
 

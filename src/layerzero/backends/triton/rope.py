@@ -26,6 +26,7 @@ from ._launch import launch, pdl_kwargs
 
 KERNEL_ID = "triton.rope"
 QK_NORM_KERNEL_ID = "triton.qk_norm_rope"
+QK_NORM_CACHE_KERNEL_ID = "triton.qk_norm_rope_cache"
 PRIORITY = 60
 """Above torch_native (50, several elementwise launches in the input dtype) and liger (40): fastest of the three on
 the H200 for decode and 4096-token prefill shapes (37-59 µs vs 102 µs torch_native; benchmarks/results/norm_rope_h200.md)."""
@@ -86,9 +87,35 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
                    eps)
 
 
+def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                       k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor, position_ids: torch.Tensor, interleaved: bool, kv_layout: Any,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lz.qk_norm_rope_cache`` in one Triton launch: :func:`qk_norm_rope`'s kernel on the token-major q ``[T, Hq, D]``
+    / k ``[T, Hkv, D]`` (viewed as BSHD with B = 1), whose k programs also store the rotated k and the token's v
+    ``[T, Hkv, D]`` into ``kv_cache`` (``[N, 2, P, Hkv, D]`` NHD or ``[N, 2, Hkv, P, D]`` HND) at
+    ``slot_mapping`` ``[T]`` (-1: skipped). ``position_ids`` ``[T]``.
+
+    Returns:
+        ``(q_out, k_out)`` like q and k (new tensors); the cache is written in place.
+
+    Raises:
+        Nothing of its own (``lz.qk_norm_rope_cache`` validates); triton's compile/launch errors propagate.
+    """
+    hnd = getattr(kv_layout, "value", kv_layout) == "HND"
+    c = kv_cache.stride()
+    cache = dict(V=v, KV=kv_cache, SLOTS=slot_mapping, sv_s=v.stride(0), sv_h=v.stride(1), sv_d=v.stride(2),
+                 c_blk=c[0], c_kv=c[1], c_tok=c[3] if hnd else c[2], c_h=c[2] if hnd else c[3], c_d=c[4],
+                 page=kv_cache.shape[3] if hnd else kv_cache.shape[2], CACHE=True,
+                 BLOCK_D=next_pow2(q.shape[-1]))
+    qo, ko = _launch(q.unsqueeze(0), k.unsqueeze(0), cos, sin, position_ids.view(1, -1), interleaved, "BSHD",
+                     q_weight.contiguous(), k_weight.contiguous(), eps, cache)
+    return qo.squeeze(0), ko.squeeze(0)
+
+
 def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None,
             interleaved: bool, layout: str | Layout, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+            eps: float, cache: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     bshd = layout is Layout.BSHD or layout == "BSHD"
     qo = torch.empty_like(q)
     ko = torch.empty_like(k)
@@ -125,22 +152,27 @@ def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         *sc, *ss, *sp, s, hq, hk, r, d, float(eps),
         HAS_POS=position_ids is not None, INTERLEAVED=bool(interleaved), BLOCK_H=block_h,
         BLOCK_HALF=block_half, BLOCK_PASS=block_pass, NORM=norm, num_warps=4 if block_h * per_head >= 2048 else 2,
-        **pdl_kwargs(q, b * s))
+        **pdl_kwargs(q, b * s), **(cache or {}))
     return qo, ko
 
 
 def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
-    """``[triton.rope, triton.qk_norm_rope]``; their callables raise ``BackendNotAvailableError`` (with ``why``)
+    """``[triton.rope, triton.qk_norm_rope, triton.qk_norm_rope_cache]``; their callables raise ``BackendNotAvailableError`` (with ``why``)
     when ``available`` is False."""
     common = dict(priority=PRIORITY, device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN,
                   layouts=frozenset({Layout.BHSD, Layout.BSHD}), head_dim_max=MAX_HEAD_DIM, deterministic=True,
                   graph_safe=True, supports_backward=False)
     rope_fn: Callable[..., Any] = rope if available else missing(KERNEL_ID, why)
     norm_fn: Callable[..., Any] = qk_norm_rope if available else missing(QK_NORM_KERNEL_ID, why)
+    cache_fn: Callable[..., Any] = qk_norm_rope_cache if available else missing(QK_NORM_CACHE_KERNEL_ID, why)
+    cache_common = {**common, "layouts": None}  # token-major q/k/v, either KV layout (strides)
     return [KernelSpec(KERNEL_ID, "rope", rope_fn,
                        description="LayerZero Triton RoPE: half rotation and GPT-J pairs, partial rotary, table/"
                                    "position_ids/gathered cos-sin, BHSD/BSHD strided, float32 math, new outputs",
                        **common),
             KernelSpec(QK_NORM_KERNEL_ID, "qk_norm_rope", norm_fn,
                        description="LayerZero Triton per-head RMSNorm + RoPE in one launch (the triton.rope kernel "
-                                   "with a norm prologue), float32 math, one rounding, new outputs", **common)]
+                                   "with a norm prologue), float32 math, one rounding, new outputs", **common),
+            KernelSpec(QK_NORM_CACHE_KERNEL_ID, "qk_norm_rope_cache", cache_fn,
+                       description="LayerZero Triton per-head RMSNorm + RoPE whose k programs also write k and v "
+                                   "into the paged KV cache (one launch where two were)", **cache_common)]
