@@ -126,13 +126,19 @@ def test_bad_inputs_raise_typed_errors(change, match):
 
 
 @pytest.mark.unit
-def test_triton_is_the_default_on_cuda():
+def test_triton_is_eligible_on_cuda_and_opt_in_until_run_on_a_gpu():
+    """On a CUDA context the Triton kernel is eligible, ranked below the composite form (``rope.CACHE_PRIORITY``:
+    not yet run on a GPU), and chosen when preferred."""
     reg = routing_registry("qk_norm_rope_cache", [s for s in tr.kernel_specs(True, "")
                                                   if s.op == "qk_norm_rope_cache"], base=("reference", "composite"))
     ctx = SelectionContext(op="qk_norm_rope_cache", device=fake_cuda_device((9, 0)), dtype=torch.bfloat16, batch=1,
                            num_heads_q=16, num_heads_kv=8, head_dim=128, rotary_dim=128, kv_layout="NHD",
                            page_size=16)
-    plan, report = select(reg, ctx, SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None),
-                                                    log_fallbacks=False))
-    assert plan.kernel_id == tr.QK_NORM_CACHE_KERNEL_ID
-    assert report.candidate("composite.qk_norm_rope_cache").status.name == "ELIGIBLE"
+
+    def pick(policy):
+        return select(reg, ctx, SelectionInputs(policy, lambda _b: None, lambda _k: (0.0, None), log_fallbacks=False))
+
+    plan, report = pick(Policy.empty())
+    assert plan.kernel_id == "composite.qk_norm_rope_cache"
+    assert report.candidate(tr.QK_NORM_CACHE_KERNEL_ID).status.name == "ELIGIBLE"
+    assert pick(Policy.prefer([tr.QK_NORM_CACHE_KERNEL_ID]))[0].kernel_id == tr.QK_NORM_CACHE_KERNEL_ID

@@ -118,9 +118,10 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
 
     Equal to ``q, k = lz.qk_norm_rope(q[None], k[None], ..., layout="BSHD")`` then ``lz.reshape_and_cache(k, v, ...)``
     up to the rounding of the norm (see :func:`layerzero.qk_norm_rope`; the cache holds exactly the returned k).
-    Kernels: ``triton.qk_norm_rope_cache`` (CUDA: the qk_norm_rope kernel whose k programs also store k and v; one
-    launch where two were), ``composite.qk_norm_rope_cache`` (the two lz calls, each selected on its own: the default
-    elsewhere), ``reference.qk_norm_rope_cache`` (float32 math, the oracle).
+    Kernels: ``composite.qk_norm_rope_cache`` (the two lz calls, each selected on its own: the default),
+    ``triton.qk_norm_rope_cache`` (CUDA: the qk_norm_rope kernel whose k programs also store k and v, one launch
+    where two were; checked in Triton's interpreter, opt in with ``lz.prefer`` until it has run on a GPU),
+    ``reference.qk_norm_rope_cache`` (float32 math, the oracle).
 
     Raises:
         InvalidInputError: q / k not 3-D, position_ids not ``[T]`` ints on q's device, everything

@@ -27,6 +27,9 @@ from ._launch import launch, pdl_kwargs
 KERNEL_ID = "triton.rope"
 QK_NORM_KERNEL_ID = "triton.qk_norm_rope"
 QK_NORM_CACHE_KERNEL_ID = "triton.qk_norm_rope_cache"
+CACHE_PRIORITY = 50
+"""``triton.qk_norm_rope_cache``'s priority: below ``composite.qk_norm_rope_cache`` (52) until the kernel has run on a
+GPU (see :func:`kernel_specs`)."""
 PRIORITY = 60
 """Above torch_native (50, several elementwise launches in the input dtype) and liger (40): fastest of the three on
 the H200 for decode and 4096-token prefill shapes (37-59 µs vs 102 µs torch_native; benchmarks/results/norm_rope_h200.md)."""
@@ -165,7 +168,10 @@ def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
     rope_fn: Callable[..., Any] = rope if available else missing(KERNEL_ID, why)
     norm_fn: Callable[..., Any] = qk_norm_rope if available else missing(QK_NORM_KERNEL_ID, why)
     cache_fn: Callable[..., Any] = qk_norm_rope_cache if available else missing(QK_NORM_CACHE_KERNEL_ID, why)
-    cache_common = {**common, "layouts": None}  # token-major q/k/v, either KV layout (strides)
+    # token-major q/k/v, either KV layout (strides); ranked below composite.qk_norm_rope_cache (52) until it has run
+    # on a GPU: written and checked in Triton's interpreter on 2026-11-27 when the session's device time was spent
+    # (opt in with lz.prefer("triton.qk_norm_rope_cache"); tests/gpu/test_gpu_triton.py has its GPU test)
+    cache_common = {**common, "layouts": None, "priority": CACHE_PRIORITY}
     return [KernelSpec(KERNEL_ID, "rope", rope_fn,
                        description="LayerZero Triton RoPE: half rotation and GPT-J pairs, partial rotary, table/"
                                    "position_ids/gathered cos-sin, BHSD/BSHD strided, float32 math, new outputs",
