@@ -10,8 +10,7 @@ host time (``timeline.md``).
 Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``triton.gemv.PREFETCH`` on / off), ``pdl-off``
 (``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``unfused`` (each norm and the projection after it as two
 calls instead of ``lz.rms_norm_linear``, the activation and down projection instead of ``lz.swiglu_linear``),
-``unfused-norm`` (the norms only), ``unfused-cache`` (the KV-cache write after ``lz.qk_norm_rope`` instead of
-``lz.qk_norm_rope_cache``), ``fused-merge`` (``triton.paged_decode`` merges its splits in the split kernel
+``unfused-norm`` (the norms only), ``fused-merge`` (``triton.paged_decode`` merges its splits in the split kernel
 in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per sequence), ``base`` (nothing changed).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
@@ -38,7 +37,6 @@ from layerzero.engine import LLM, SamplingParams
 from layerzero.engine.bench import default_checkpoint
 from layerzero.engine.engine import LLMEngine
 from layerzero.engine.kv.block_manager import KVCacheManager
-from layerzero.engine.layers.rotary import RotaryEmbedding
 from layerzero.engine.models import llama
 from layerzero.engine.runner import forward_batch, model_runner
 from layerzero.engine.runner.cuda_graph import CUDAGraphRunner
@@ -66,18 +64,10 @@ def _mlp_two_calls(self, gate_up):
     return self.down_proj(llama.silu_and_mul(gate_up))
 
 
-def _norm_rope_then_cache(self, q, k, v, q_weight, k_weight, eps, positions, kv_cache, slot_mapping):
-    """The q/k norm + RoPE and the KV-cache write as two calls (before ``lz.qk_norm_rope_cache``)."""
-    q, k = self.with_qk_norm(q, k, q_weight, k_weight, eps, positions)
-    llama.lz.reshape_and_cache(k, v, kv_cache, slot_mapping)
-    return q, k
-
-
 SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", False)],
             "pdl-off": [(_launch, "PDL", False)],
             "unfused": [(llama, "norm_linear", _two_calls), (llama.MLP, "down", _mlp_two_calls)],
             "unfused-norm": [(llama, "norm_linear", _two_calls)], "fused-merge": [(paged, "FUSED_MERGE_IN_GRAPHS", True)],
-            "unfused-cache": [(RotaryEmbedding, "with_qk_norm_and_cache", _norm_rope_then_cache)],
             "splits-8": [(paged, "MAX_SPLITS", 8)], "splits-4": [(paged, "MAX_SPLITS", 4)], "base": []}
 
 

@@ -69,11 +69,3 @@ class RotaryEmbedding:
         qr, kr = lz.qk_norm_rope(q.unsqueeze(0), k.unsqueeze(0), q_weight, k_weight, self.cos, self.sin, eps=eps,
                                  position_ids=positions.view(1, t), layout="BSHD")
         return qr.squeeze(0), kr.squeeze(0)
-
-    def with_qk_norm_and_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
-                               k_weight: torch.Tensor, eps: float, positions: torch.Tensor, kv_cache: torch.Tensor,
-                               slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`with_qk_norm`, and the rotated k and ``v`` ``[T, Hkv, D]`` written into the unquantized NHD
-        ``kv_cache`` at ``slot_mapping`` ``[T]``, in one :func:`layerzero.qk_norm_rope_cache` call."""
-        return lz.qk_norm_rope_cache(q, k, v, q_weight, k_weight, self.cos, self.sin, kv_cache, slot_mapping,
-                                     position_ids=positions, eps=eps)

@@ -15,7 +15,7 @@ import layerzero as lz
 from ..config import ModelConfig
 from ..errors import bad_config
 from ..layers.activation import silu_and_mul
-from ..layers.attention import QUANTIZED_KV_DTYPES, KVScales, attend_cached, paged_attention
+from ..layers.attention import KVScales, paged_attention
 from ..layers.linear import Embedding, Linear
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
@@ -60,13 +60,7 @@ class Attention(nn.Module):
         t = qkv.shape[0]
         q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         q, k, v = q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), v.view(t, self.hkv, self.d)
-        if self.q_norm is not None and kv_cache.dtype not in QUANTIZED_KV_DTYPES:
-            # q/k norms, RoPE and the KV-cache write in one call (lz.qk_norm_rope_cache) where two were
-            q, k = self.rotary.with_qk_norm_and_cache(q, k, v, self.q_norm.weight, self.k_norm.weight,
-                                                      self.q_norm.eps, batch.positions, kv_cache, batch.slot_mapping)
-            o = attend_cached(q, kv_cache, batch, self.scale)
-            return self.o_proj(o.reshape(t, self.hq * self.d))
-        if self.q_norm is not None:  # a quantized pool: the write takes its scales (lz.reshape_and_cache)
+        if self.q_norm is not None:  # one fused call (lz.qk_norm_rope) where three were
             q, k = self.rotary.with_qk_norm(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                                             batch.positions)
         else:
