@@ -414,41 +414,41 @@ def _hot_key(q: Any, kv_cache: Any, block_tables: Any, seq_lens: Any, cu: Any, s
 
 # ---------------------------------------------------------------------------------------- reshape_and_cache
 def prepare_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                  kv_layout: str | KVLayout = "NHD", *, k_scale: Any = None,
-                  v_scale: Any = None) -> tuple[CacheKey, tuple[Any, ...]]:
+                  kv_layout: str | KVLayout = "NHD", *, k_scale: Any = None, v_scale: Any = None,
+                  op: str = CACHE_OP) -> tuple[CacheKey, tuple[Any, ...]]:
     """Validate ``lz.reshape_and_cache`` inputs; return (cache key, canonical kernel args
     ``(k, v, kv_cache, slot_mapping, kv_layout)``, plus ``(k_scale, v_scale)`` (None -> 1.0) when the cache is
-    quantized)."""
-    check_tensor(CACHE_OP, "k", k, 3)
-    check_tensor(CACHE_OP, "v", v, 3)
-    lay = parse_layout(CACHE_OP, kv_layout)
-    nb, bs, hkv, d = check_cache(CACHE_OP, kv_cache, lay)
+    quantized). ``op``: the op named in errors and in the key (``lz.qk_norm_rope_cache`` checks its write here)."""
+    check_tensor(op, "k", k, 3)
+    check_tensor(op, "v", v, 3)
+    lay = parse_layout(op, kv_layout)
+    nb, bs, hkv, d = check_cache(op, kv_cache, lay)
     quant = kv_cache.dtype in KV_QUANT_DTYPES
-    check_same(CACHE_OP, "kv_cache", kv_cache, "k", k, dtype=not quant)
-    check_same(CACHE_OP, "kv_cache", kv_cache, "v", v, dtype=not quant)
+    check_same(op, "kv_cache", kv_cache, "k", k, dtype=not quant)
+    check_same(op, "kv_cache", kv_cache, "v", v, dtype=not quant)
     if quant:
-        check_same(CACHE_OP, "k", k, "v", v)
-    ks = check_kv_scale(CACHE_OP, "k_scale", k_scale, kv_cache)
-    vs = check_kv_scale(CACHE_OP, "v_scale", v_scale, kv_cache)
+        check_same(op, "k", k, "v", v)
+    ks = check_kv_scale(op, "k_scale", k_scale, kv_cache)
+    vs = check_kv_scale(op, "v_scale", v_scale, kv_cache)
     n = k.shape[0]
     if tuple(k.shape) != (n, hkv, d) or tuple(v.shape) != (n, hkv, d):
-        raise fail(CACHE_OP, "k/v shape", f"[num_tokens, Hkv, D] = [{n}, {hkv}, {d}] (Hkv, D from the {lay.value} "
+        raise fail(op, "k/v shape", f"[num_tokens, Hkv, D] = [{n}, {hkv}, {d}] (Hkv, D from the {lay.value} "
                    "cache) for both", f"k {list(k.shape)}, v {list(v.shape)}")
-    check_index(CACHE_OP, "slot_mapping", slot_mapping, 1, k.device, INDEX_DTYPES)
+    check_index(op, "slot_mapping", slot_mapping, 1, k.device, INDEX_DTYPES)
     if slot_mapping.shape[0] != n:
-        raise fail(CACHE_OP, "slot_mapping shape", f"[num_tokens] = [{n}]", list(slot_mapping.shape))
+        raise fail(op, "slot_mapping shape", f"[num_tokens] = [{n}]", list(slot_mapping.shape))
     if kv_cache.requires_grad:
-        raise fail(CACHE_OP, "kv_cache.requires_grad", False, True, "The cache is written in place: detach it.")
+        raise fail(op, "kv_cache.requires_grad", False, True, "The cache is written in place: detach it.")
     if n and check_values(slot_mapping):
         s = slot_mapping.long()
         total = nb * bs
         bad = (s < -1) | (s >= total)
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
-            raise fail(CACHE_OP, f"slot_mapping[{i}]", f"-1 (skip) or a slot in [0, num_blocks * block_size) = "
+            raise fail(op, f"slot_mapping[{i}]", f"-1 (skip) or a slot in [0, num_blocks * block_size) = "
                        f"[0, {total})", int(s[i]), "slot = block_id * block_size + offset.")
     grad, det, capture, stride = flags(k, v, kv_cache, slot_mapping)
-    key = CacheKey(CACHE_OP, k.device, k.dtype, bucket(n), hkv, d, bs, lay, slot_mapping.dtype,
+    key = CacheKey(op, k.device, k.dtype, bucket(n), hkv, d, bs, lay, slot_mapping.dtype,
                    kv_cache.dtype if quant else None, stride, grad, det, capture, scope_token())
     args = (k, v, kv_cache, slot_mapping, lay)
     return key, (args + (ks, vs) if quant else args)

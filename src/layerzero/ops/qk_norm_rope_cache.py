@@ -74,10 +74,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.T
         raise fail(OP, "kv_cache.dtype", f"q's dtype {q.dtype} (an unquantized pool)", kv_cache.dtype,
                    "A quantized pool takes its scales: call lz.qk_norm_rope, then lz.reshape_and_cache(k_scale=, "
                    "v_scale=).")
-    try:
-        ckey, (_, v, kv_cache, slot_mapping, lay) = _prepare_cache(k, v, kv_cache, slot_mapping, kv_layout)
-    except ValueError as exc:  # the cache write's typed error, told under this op's name
-        raise type(exc)(str(exc).replace("lz.reshape_and_cache", f"lz.{OP}")) from None
+    ckey, (_, v, kv_cache, slot_mapping, lay) = _prepare_cache(k, v, kv_cache, slot_mapping, kv_layout, op=OP)
     key = QkNormRopeCacheKey(OP, q.device, q.dtype, rkey.cos_dtype, ckey.num_tokens, rkey.num_heads_q,
                              rkey.num_heads_kv, rkey.head_dim, rkey.rotary_dim, rkey.form, rkey.interleaved,
                              ckey.page_size, ckey.kv_layout, ckey.slot_dtype,
