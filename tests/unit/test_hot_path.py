@@ -451,3 +451,26 @@ def test_rope_warm_shapes_never_skip_a_check(bad):
         kwargs["position_ids"] = pos.float()
     with pytest.raises(InvalidInputError):
         lz.rope(q, k, cos, sin, **kwargs)
+
+
+def test_qk_norm_rope_exact_key_keeps_every_check():
+    """``lz.qk_norm_rope``'s exact key (rope's, plus both weights and eps): after warm calls, a weight of another
+    width or dtype, a non-finite eps, a position outside the table (CPU: values checked per call) and another k are
+    still refused; a strided q (same shape) computes what the full path computes."""
+    q, k = torch.randn(1, 5, 4, 8), torch.randn(1, 5, 2, 8)
+    w, cos, sin = torch.rand(8) + 0.5, torch.randn(16, 8), torch.randn(16, 8)
+    pos = torch.tensor([[0, 3, 7, 2, 15]])
+    call = lz.qk_norm_rope
+    want = call(q, k, w, w, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD")
+    call(q, k, w, w, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD")
+    for bad in (lambda: call(q, k, w[:4], w, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD"),
+                lambda: call(q, k, w, w.double(), cos, sin, eps=1e-6, position_ids=pos, layout="BSHD"),
+                lambda: call(q, k, w, w, cos, sin, eps=float("inf"), position_ids=pos, layout="BSHD"),
+                lambda: call(q, k, w, w, cos, sin, eps=1e-6, position_ids=pos + 1, layout="BSHD"),
+                lambda: call(q, k[:, :4], w, w, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD")):
+        with pytest.raises(lz.InvalidInputError):
+            bad()
+    qs = torch.randn(1, 4, 5, 8).transpose(1, 2)
+    qs.copy_(q)
+    got = call(qs, k, w, w, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

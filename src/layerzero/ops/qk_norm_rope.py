@@ -8,14 +8,18 @@ from typing import Any
 import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
+from layerzero.core.dispatch import MISS
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
-from ._common import check_eps, check_same, check_tensor, fail, inference_only
+from ._common import check_eps, check_same, check_tensor, exact_device, fail, inference_only, is_grad_enabled
+from .rope import _LAYOUTS, check_positions
+from .rope import _exact_key as _rope_exact_key
 from .rope import context as _rope_context
 from .rope import prepare as _prepare_rope
 
 OP = "qk_norm_rope"
+_TENSOR = torch.Tensor
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
@@ -81,6 +85,29 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
         from layerzero import library
 
         return library.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, position_ids, interleaved, layout)
+    hot_key = _exact_key(q, k, q_weight, k_weight, cos, sin, eps, position_ids, interleaved, layout)
+    if hot_key is not None and hot_key in RUNTIME.cache.hot:  # these exact facts passed every check
+        if position_ids is not None:  # but position values (CPU: checked per call, as lz.rope does)
+            check_positions(OP, position_ids, cos.shape[0])
+        out = RUNTIME.run_hot(hot_key, (q, k, q_weight, k_weight, cos, sin, position_ids, interleaved,
+                                        _LAYOUTS[layout], eps))
+        if out is not MISS:
+            return out
     key, args = prepare(q, k, q_weight, k_weight, cos, sin, eps=eps, position_ids=position_ids,
                         interleaved=interleaved, layout=layout)
-    return RUNTIME.run(key, context, args)
+    return RUNTIME.run(key, context, args, hot_key)
+
+
+def _exact_key(q: Any, k: Any, q_weight: Any, k_weight: Any, cos: Any, sin: Any, eps: Any, position_ids: Any,
+               interleaved: Any, layout: Any) -> tuple[Any, ...] | None:
+    """The exact key of a call (``Runtime.run_hot``): ``lz.rope``'s exact key of (q, k, cos, sin, position_ids,
+    interleaved, layout) with both weights' dtype, shape and device and ``eps`` as given; only calls that passed every
+    check of :func:`prepare` file it. None (the full path) where rope's is None, for weights that are not plain
+    tensors on q's device, and for an ``eps`` that is not a float."""
+    if eps.__class__ is not float or q_weight.__class__ is not _TENSOR or k_weight.__class__ is not _TENSOR:
+        return None
+    rope_key = _rope_exact_key(q, k, cos, sin, position_ids, interleaved, layout)
+    if rope_key is None or exact_device(q, q_weight, k_weight) is None:
+        return None
+    return (OP, rope_key, q_weight.dtype, q_weight.shape, k_weight.dtype, k_weight.shape, eps,
+            is_grad_enabled() and (q_weight.requires_grad or k_weight.requires_grad))
