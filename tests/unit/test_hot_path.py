@@ -208,7 +208,7 @@ def test_rms_norm_specialized_kernel_matches_and_residual_keeps_the_generic_one(
 
 # ---------------------------------------------------------------- the inlined hit path (core/observers.py)
 
-@pytest.mark.parametrize("op", ["attention", "rms_norm", "linear", "swiglu"])
+@pytest.mark.parametrize("op", ["attention", "rms_norm", "linear", "swiglu", "qk_norm_rope"])
 def test_a_kernel_failing_on_the_inlined_hit_path_falls_back(op):
     """No trace, no telemetry: from the third call the op calls the hot plan itself (the first selects, the second
     files the hot keys); a failure there still retries on the next kernel (the right result), and a locked plan
@@ -229,9 +229,17 @@ def test_a_kernel_failing_on_the_inlined_hit_path_falls_back(op):
         elif op == "linear":
             x, w = torch.randn(3, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
             call, want = (lambda: lz.linear(x, w)), x @ w.T
-        else:
+        elif op == "swiglu":
             gate, up = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
             call, want = (lambda: lz.swiglu(gate, up)), F.silu(gate) * up
+        else:  # per-head RMSNorm, then the half rotation at each token's position, written out (float64)
+            q, k = torch.randn(1, 3, 2, 8, dtype=torch.float64), torch.randn(1, 3, 1, 8, dtype=torch.float64)
+            w, cos, sin = (torch.rand(8, dtype=torch.float64) + 0.5, torch.randn(16, 8, dtype=torch.float64),
+                           torch.randn(16, 8, dtype=torch.float64))
+            pos = torch.tensor([[0, 5, 9]])
+            qn = F.rms_norm(q, (8,), w, 1e-6)
+            want = qn * cos[pos][:, :, None] + torch.cat((-qn[..., 4:], qn[..., :4]), -1) * sin[pos][:, :, None]
+            call = lambda: lz.qk_norm_rope(q, k, w, w, cos, sin, position_ids=pos, layout="BSHD")[0]  # noqa: E731
         assert OBSERVERS.none
         for _ in range(2):
             torch.testing.assert_close(call(), want)

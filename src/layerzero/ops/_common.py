@@ -57,6 +57,25 @@ def exact_device(t: _Tensor, *others: _Tensor | None) -> int | None:
     return dev
 
 
+def tensors_exact_key(op: str, tensors: tuple[Any, ...], *extra: Any) -> tuple[Any, ...] | None:
+    """An exact key (``Runtime.run_hot``) from every input's dtype, shape and strides (None for an absent optional
+    input), ``extra`` facts as given (scalars the checks read), the device as -1 (CPU) or the CUDA index and the
+    per-call flags (autograd, determinism, capture, scope): for ops whose checks read nothing else of their tensors.
+    None (the full path) when an input is not a plain tensor or the inputs are not on one CPU or CUDA device;
+    ``tensors[0]`` must be given."""
+    for t in tensors:
+        if t is not None and t.__class__ is not _Tensor:
+            return None
+    dev = exact_device(*tensors)
+    if dev is None:
+        return None
+    facts = tuple(None if t is None else (t.dtype, t.shape, t.stride()) for t in tensors)
+    grad = is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    layers = scope_layers()
+    return (op, dev, facts, *extra, grad, deterministic_enabled(), dev >= 0 and stream_capturing(),
+            scope_token_of(layers) if layers else ())
+
+
 def device_spec(device: torch.device) -> DeviceSpec:
     """The (memoized) :class:`DeviceSpec` of ``device``."""
     return DeviceSpec.detect(device)

@@ -9,6 +9,7 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.dispatch import MISS
+from layerzero.core.observers import OBSERVERS
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
@@ -86,11 +87,17 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
 
         return library.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, position_ids, interleaved, layout)
     hot_key = _exact_key(q, k, q_weight, k_weight, cos, sin, eps, position_ids, interleaved, layout)
-    if hot_key is not None and hot_key in RUNTIME.cache.hot:  # these exact facts passed every check
-        if position_ids is not None:  # but position values (CPU: checked per call, as lz.rope does)
+    plan = None if hot_key is None else RUNTIME.cache.hot.get(hot_key)
+    if plan is not None:  # these exact facts passed every check, but position values (CPU: per call, as lz.rope)
+        if position_ids is not None:
             check_positions(OP, position_ids, cos.shape[0])
-        out = RUNTIME.run_hot(hot_key, (q, k, q_weight, k_weight, cos, sin, position_ids, interleaved,
-                                        _LAYOUTS[layout], eps))
+        args = (q, k, q_weight, k_weight, cos, sin, position_ids, interleaved, _LAYOUTS[layout], eps)
+        if OBSERVERS.none:  # the plan called here, as lz.rope does (core/observers.py says when that is allowed)
+            try:
+                return plan.call(*args)
+            except Exception as exc:  # noqa: BLE001 - recorded, then retried or re-raised as run_hot does
+                return RUNTIME.hot_failure(plan, exc, args)
+        out = RUNTIME.run_hot(hot_key, args)  # observed (telemetry, lz.trace, lz.dry_run): counted there
         if out is not MISS:
             return out
     key, args = prepare(q, k, q_weight, k_weight, cos, sin, eps=eps, position_ids=position_ids,

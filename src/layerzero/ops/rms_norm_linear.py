@@ -23,13 +23,13 @@ from ._common import (
     check_tensor,
     deterministic_enabled,
     device_spec,
-    exact_device,
     fail,
     inference_only,
     is_grad_enabled,
     scope_layers,
     scope_token_of,
     stream_capturing,
+    tensors_exact_key,
 )
 from .linear import rows_key, validate
 
@@ -152,23 +152,12 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Te
     return RUNTIME.run(key, context, args, hot_key)
 
 
-_TENSOR = torch.Tensor
-
-
 def _exact_key(x: Any, norm_weight: Any, weight: Any, bias: Any, residual: Any, eps: Any) -> tuple[Any, ...] | None:
     """The exact key of a call (``Runtime.run_hot``, as ``lz.linear``'s): every input's dtype, shape and strides (None
-    for an absent bias / residual), ``eps`` as given, the device as -1 (CPU) or the CUDA index, the per-call flags.
-    Only calls that passed every check of :func:`prepare` file it, and every fact those checks read is in it, so a
-    hit skips them. None (the full path) for anything but plain tensors on one CPU or CUDA device and a float eps."""
-    if (eps.__class__ is not float or x.__class__ is not _TENSOR or norm_weight.__class__ is not _TENSOR
-            or weight.__class__ is not _TENSOR or (bias is not None and bias.__class__ is not _TENSOR)
-            or (residual is not None and residual.__class__ is not _TENSOR)):
+    for an absent bias / residual), ``eps`` as given, the device and the per-call flags
+    (:func:`~._common.tensors_exact_key`). Only calls that passed every check of :func:`prepare` file it, and every
+    fact those checks read is in it, so a hit skips them. None (the full path) for anything but plain tensors on one
+    CPU or CUDA device and a float eps."""
+    if eps.__class__ is not float:
         return None
-    dev = exact_device(x, norm_weight, weight, bias, residual)
-    if dev is None:
-        return None
-    facts = tuple(None if t is None else (t.dtype, t.shape, t.stride()) for t in (x, norm_weight, weight, bias, residual))
-    grad = is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, norm_weight, weight, bias, residual))
-    layers = scope_layers()
-    return (OP, dev, facts, eps, grad, deterministic_enabled(), dev >= 0 and stream_capturing(),
-            scope_token_of(layers) if layers else ())
+    return tensors_exact_key(OP, (x, norm_weight, weight, bias, residual), eps)

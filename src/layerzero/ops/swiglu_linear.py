@@ -15,18 +15,7 @@ from layerzero.core.dispatch import MISS
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 
-from ._common import (
-    check_same,
-    check_tensor,
-    deterministic_enabled,
-    exact_device,
-    fail,
-    inference_only,
-    is_grad_enabled,
-    scope_layers,
-    scope_token_of,
-    stream_capturing,
-)
+from ._common import check_same, check_tensor, fail, inference_only, is_grad_enabled, tensors_exact_key
 from .linear import LinearKey
 from .linear import context as _linear_context
 from .linear import prepare as _linear_prepare
@@ -106,21 +95,8 @@ def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
     return RUNTIME.run(key, context, args, hot_key)
 
 
-_TENSOR = torch.Tensor
-
-
 def _exact_key(gate: Any, up: Any, weight: Any, bias: Any) -> tuple[Any, ...] | None:
     """The exact key of a call (``Runtime.run_hot``, as ``lz.linear``'s): every input's dtype, shape and strides (None
-    for an absent bias), the device as -1 (CPU) or the CUDA index, the per-call flags; only calls that passed every
-    check file it. None (the full path) for anything but plain tensors on one CPU or CUDA device."""
-    if (gate.__class__ is not _TENSOR or up.__class__ is not _TENSOR or weight.__class__ is not _TENSOR
-            or (bias is not None and bias.__class__ is not _TENSOR)):
-        return None
-    dev = exact_device(gate, up, weight, bias)
-    if dev is None:
-        return None
-    facts = tuple(None if t is None else (t.dtype, t.shape, t.stride()) for t in (gate, up, weight, bias))
-    grad = is_grad_enabled() and any(t is not None and t.requires_grad for t in (gate, up, weight, bias))
-    layers = scope_layers()
-    return (OP, dev, facts, grad, deterministic_enabled(), dev >= 0 and stream_capturing(),
-            scope_token_of(layers) if layers else ())
+    for an absent bias), the device and the per-call flags (:func:`~._common.tensors_exact_key`); only calls that
+    passed every check file it. None (the full path) for anything but plain tensors on one CPU or CUDA device."""
+    return tensors_exact_key(OP, (gate, up, weight, bias))

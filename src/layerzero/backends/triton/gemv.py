@@ -160,7 +160,7 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Te
     return out if h is None else (out, h)
 
 
-_KERNEL_NAMES = {"rows": "_gemv_rows", "dot": "_gemv_dot", "prefetch": "_gemv_prefetch"}
+_KERNEL_NAMES = {"rows": "_gemv_rows", "dot": "_gemv_dot"}  # _gemv_prefetch takes its own argument list
 
 
 def _check(ctx: SelectionContext) -> list[Reason]:

@@ -11,8 +11,7 @@ import layerzero as lz
 from ..runner.cascade import CascadeBatch
 from ..runner.forward_batch import ForwardBatch
 
-__all__ = ["INT8_HEADROOM", "QUANTIZED_KV_DTYPES", "KVScales", "attend_cached", "cascade_attention",
-           "paged_attention"]
+__all__ = ["INT8_HEADROOM", "QUANTIZED_KV_DTYPES", "KVScales", "cascade_attention", "paged_attention"]
 
 QUANTIZED_KV_DTYPES = (torch.float8_e4m3fn, torch.int8)
 INT8_HEADROOM = 1.25
@@ -57,13 +56,6 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
         return lz.paged_attention(q, kv_cache, batch.block_tables, batch.seq_lens, cu_seqlens_q=batch.cu_seqlens_q,
                                   scale=scale, is_causal=True, k_scale=ks, v_scale=vs)
     lz.reshape_and_cache(k, v, kv_cache, batch.slot_mapping)
-    return attend_cached(q, kv_cache, batch, scale)
-
-
-def attend_cached(q: torch.Tensor, kv_cache: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
-    """q ``[T, Hq, D]`` -> ``[T, Hq, D]``: :func:`paged_attention` once the new tokens' K/V are in an unquantized
-    ``kv_cache`` (written by ``lz.reshape_and_cache`` or fused into ``lz.qk_norm_rope_cache``): cascade attention
-    for a cascade step, else one ``lz.paged_attention`` call."""
     if batch.cascade is not None:
         return cascade_attention(q, kv_cache, batch.cascade, scale)
     return lz.paged_attention(q, kv_cache, batch.block_tables, batch.seq_lens, cu_seqlens_q=batch.cu_seqlens_q,
