@@ -14,6 +14,7 @@ from layerzero.backends.triton import gemv as tg
 from layerzero.core.context import SelectionContext
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import ReasonCode as R
+from layerzero.core.runtime import RUNTIME
 from layerzero.core.selection import SelectionInputs, select
 from layerzero.testing.devices import fake_cuda_device
 from layerzero.testing.registries import routing_registry
@@ -212,8 +213,12 @@ def test_warm_calls_still_check_every_input():
                 lambda: lz.rms_norm_linear(x, nw[:8], w, b, eps=1e-6, residual=r),
                 lambda: lz.swiglu_linear(x, r[:, :8], w, b),
                 lambda: lz.swiglu_linear(x, r, w[:, :8], b)):
-        with pytest.raises(lz.InvalidInputError):
+        # the fused op's own check (the composite kernel's inner calls would also refuse some: not enough)
+        with pytest.raises(lz.InvalidInputError, match=r"lz\.(rms_norm|swiglu)_linear: "):
             bad()
+    keys = {k for k in RUNTIME.cache.hot if isinstance(k, tuple) and k and k[0] == "rms_norm_linear"}
     xs = torch.randn(16, 3).t()  # x transposed: another stride, the same shape
     check(lz.rms_norm_linear(xs, nw, w, b, eps=1e-6, residual=r), xs, nw, w, b, r, 1e-6)
+    lz.rms_norm_linear(xs, nw, w, b, eps=1e-6, residual=r)
+    assert len({k for k in RUNTIME.cache.hot if isinstance(k, tuple) and k and k[0] == "rms_norm_linear"}) > len(keys)
     swiglu_check(lz.swiglu_linear(xs, r, w, b), xs, r, w, b)
