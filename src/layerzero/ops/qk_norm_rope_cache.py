@@ -104,7 +104,9 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
                        interleaved: bool = False, kv_layout: str = "NHD") -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head RMSNorm of q and k, RoPE (``lz.qk_norm_rope``), then the rotated k and ``v`` written into ``kv_cache``
     at ``slot_mapping``, IN PLACE (``lz.reshape_and_cache``); returns the new ``(q, k)``. The attention of a Qwen3
-    layer's new tokens is then ``lz.paged_attention(q, kv_cache, ...)`` with no separate cache write.
+    layer's new tokens is then ``lz.paged_attention(q, kv_cache, ...)`` with no separate cache write. Follows Qwen3's
+    q_norm / k_norm, RoFormer's RoPE (Su et al. 2021), vLLM's slot mapping, and SGLang's KV write fused into its RoPE
+    kernel (``fused_set_kv_buffer``).
 
     Shapes (T tokens, Hq / Hkv heads, D head dim, R rotary dim, N blocks, P page size in tokens), token-major as the
     paged ops take them: q ``[T, Hq, D]``, k and v ``[T, Hkv, D]`` (views of a packed QKV projection are fine),
