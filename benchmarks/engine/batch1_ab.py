@@ -11,7 +11,8 @@ Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``triton.ge
 (``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``unfused`` (each norm and the projection after it as two
 calls instead of ``lz.rms_norm_linear``, the activation and down projection instead of ``lz.swiglu_linear``),
 ``unfused-norm`` (the norms only), ``fused-merge`` (``triton.paged_decode`` merges its splits in the split kernel
-in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per sequence), ``base`` (nothing changed).
+in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per sequence), ``attn-unfused`` (the attention
+block as the four kernels it was before ``lz.rope_paged_attention``), ``base`` (nothing changed).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
 ``DIR/batch1_ab.md`` and ``DIR/timeline.md``.
@@ -59,6 +60,20 @@ def _two_calls(norm, proj, x, residual):
     return proj(h), residual
 
 
+def _attend_unfused(self, qkv, batch, kv_cache):
+    """The attention block as four kernels (before ``lz.rope_paged_attention``): ``lz.qk_norm_rope`` (or ``lz.rope``),
+    ``lz.reshape_and_cache``, ``lz.paged_attention`` (split + merge): the ``attn-unfused`` variant."""
+    t = qkv.shape[0]
+    q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+    q, k, v = q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), v.view(t, self.hkv, self.d)
+    if self.q_norm is not None:
+        q, k = self.rotary.with_qk_norm(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, batch.positions)
+    else:
+        q, k = self.rotary(q, k, batch.positions)
+    o = llama.paged_attention(q, k, v, kv_cache, batch, self.scale, self.kv_scales)
+    return self.o_proj(o.reshape(t, self.hq * self.d))
+
+
 def _mlp_two_calls(self, gate_up):
     """The MLP's activation and down projection as two calls (before ``lz.swiglu_linear``)."""
     return self.down_proj(llama.silu_and_mul(gate_up))
@@ -68,7 +83,8 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "pdl-off": [(_launch, "PDL", False)],
             "unfused": [(llama, "norm_linear", _two_calls), (llama.MLP, "down", _mlp_two_calls)],
             "unfused-norm": [(llama, "norm_linear", _two_calls)], "fused-merge": [(paged, "FUSED_MERGE_IN_GRAPHS", True)],
-            "splits-8": [(paged, "MAX_SPLITS", 8)], "splits-4": [(paged, "MAX_SPLITS", 4)], "base": []}
+            "splits-8": [(paged, "MAX_SPLITS", 8)], "splits-4": [(paged, "MAX_SPLITS", 4)], "base": [],
+            "attn-unfused": [(llama.Attention, "attend", _attend_unfused)]}
 
 
 class HostTimer:

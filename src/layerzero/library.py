@@ -22,7 +22,8 @@ arguments) and rebuild it inside, so a compiled model with quantized linears has
 ``lz.quantize``'s op returns the four tensors (an absent zero point or global scale as an empty tensor) and the
 wrapper builds the QuantizedTensor.
 
-Also ``lz.paged_attention``, ``lz.reshape_and_cache`` (mutates ``kv_cache``), ``lz.fused_moe``,
+Also ``lz.paged_attention``, ``lz.reshape_and_cache``, ``lz.qk_norm_rope_cache`` and ``lz.rope_paged_attention``
+(the last three mutate ``kv_cache``; the last two for inference calls only), ``lz.fused_moe``,
 ``lz.apply_penalties``, and ``lz.sample`` / ``lz.sample_topk`` / ``lz.sample_topp`` without a ``generator`` (custom
 ops cannot take a ``torch.Generator``: calls with one are traced as Python, as before). ``lz.paged_attention`` and
 ``lz.reshape_and_cache`` with ``k_scale`` / ``v_scale`` (a quantized cache's scales) are traced as Python too.
@@ -36,7 +37,7 @@ import torch
 
 __all__ = ["apply_penalties", "attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu",
            "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "qk_norm_rope", "qk_norm_rope_cache", "quantize", "quantized_linear", "reglu",
-           "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "sample", "sample_topk", "sample_topp", "swiglu", "swiglu_linear"]
+           "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "rope_paged_attention", "sample", "sample_topk", "sample_topp", "swiglu", "swiglu_linear"]
 
 NS = "layerzero"
 
@@ -281,6 +282,39 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
     arguments (kv_layout as a string)."""
     return _qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids,
                                float(eps), bool(interleaved), _layout_str(kv_layout))
+
+
+@torch.library.custom_op(f"{NS}::rope_paged_attention", mutates_args=("kv_cache",))
+def _rope_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          kv_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                          seq_lens: torch.Tensor, position_ids: torch.Tensor,
+                          q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],  # noqa: UP045
+                          eps: float, cu_seqlens_q: Optional[torch.Tensor], scale: Optional[float],  # noqa: UP045
+                          interleaved: bool, kv_layout: str) -> torch.Tensor:
+    out = _lz().rope_paged_attention(q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens,
+                                     position_ids=position_ids, q_weight=q_weight, k_weight=k_weight, eps=eps,
+                                     cu_seqlens_q=cu_seqlens_q, scale=scale, interleaved=interleaved,
+                                     kv_layout=kv_layout)
+    return _owned(out, q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens, position_ids, q_weight,
+                  k_weight, cu_seqlens_q)
+
+
+@_rope_paged_attention.register_fake
+def _(q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens, position_ids, q_weight, k_weight, eps,
+      cu_seqlens_q, scale, interleaved, kv_layout):
+    return q.new_empty(q.shape)
+
+
+def rope_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         kv_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                         seq_lens: torch.Tensor, position_ids: torch.Tensor, q_weight: torch.Tensor | None,
+                         k_weight: torch.Tensor | None, eps: float, cu_seqlens_q: torch.Tensor | None,
+                         scale: float | None, interleaved: bool, kv_layout: Any) -> torch.Tensor:
+    """``torch.ops.layerzero.rope_paged_attention`` (mutates ``kv_cache``) with ``lz.rope_paged_attention``'s
+    arguments (kv_layout as a string)."""
+    return _rope_paged_attention(q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens, position_ids,
+                                 q_weight, k_weight, float(eps), cu_seqlens_q, None if scale is None else float(scale),
+                                 bool(interleaved), _layout_str(kv_layout))
 
 
 # -------------------------------------------------------------------------------------------- gated MLPs

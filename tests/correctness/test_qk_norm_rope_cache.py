@@ -126,9 +126,9 @@ def test_bad_inputs_raise_typed_errors(change, match):
 
 
 @pytest.mark.unit
-def test_triton_is_eligible_on_cuda_and_opt_in_until_run_on_a_gpu():
-    """On a CUDA context the Triton kernel is eligible, ranked below the composite form (``rope.CACHE_PRIORITY``:
-    not yet run on a GPU), and chosen when preferred."""
+def test_triton_is_the_default_on_cuda_above_the_composite_form():
+    """On a CUDA context the Triton kernel is eligible and ranked above the composite form (``rope.CACHE_PRIORITY``:
+    one launch where the composite makes two), which a policy can still prefer."""
     reg = routing_registry("qk_norm_rope_cache", [s for s in tr.kernel_specs(True, "")
                                                   if s.op == "qk_norm_rope_cache"], base=("reference", "composite"))
     ctx = SelectionContext(op="qk_norm_rope_cache", device=fake_cuda_device((9, 0)), dtype=torch.bfloat16, batch=1,
@@ -139,6 +139,6 @@ def test_triton_is_eligible_on_cuda_and_opt_in_until_run_on_a_gpu():
         return select(reg, ctx, SelectionInputs(policy, lambda _b: None, lambda _k: (0.0, None), log_fallbacks=False))
 
     plan, report = pick(Policy.empty())
-    assert plan.kernel_id == "composite.qk_norm_rope_cache"
-    assert report.candidate(tr.QK_NORM_CACHE_KERNEL_ID).status.name == "ELIGIBLE"
-    assert pick(Policy.prefer([tr.QK_NORM_CACHE_KERNEL_ID]))[0].kernel_id == tr.QK_NORM_CACHE_KERNEL_ID
+    assert plan.kernel_id == tr.QK_NORM_CACHE_KERNEL_ID
+    assert report.candidate("composite.qk_norm_rope_cache").status.name == "ELIGIBLE"
+    assert pick(Policy.prefer(["composite.qk_norm_rope_cache"]))[0].kernel_id == "composite.qk_norm_rope_cache"

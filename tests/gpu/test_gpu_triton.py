@@ -248,25 +248,22 @@ def test_qk_norm_rope_is_the_default_and_captures():
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize(("t", "hq", "hkv", "d"), [(1, 16, 8, 128), (3, 16, 8, 128), (37, 6, 3, 40)], ids=str)
 def test_qk_norm_rope_cache_is_the_default_and_matches_float64(dtype, layout, t, hq, hkv, d):
-    """``triton.qk_norm_rope_cache`` (opt in until this test has passed on a GPU: ``rope.CACHE_PRIORITY``) chosen
-    under ``lz.prefer``; its outputs against the float64 oracle of the correctness file, the cache holding exactly the
-    returned k and v at the slots, -1 slots and every other slot untouched; captured in a graph, it replays what it
-    computes eagerly."""
+    """``triton.qk_norm_rope_cache`` chosen by default (``rope.CACHE_PRIORITY``); its outputs against the float64
+    oracle of the correctness file, the cache holding exactly the returned k and v at the slots, -1 slots and every
+    other slot untouched; captured in a graph, it replays what it computes eagerly."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
     from test_qk_norm_rope_cache import case, check
 
     args = [a.cuda() for a in case(dtype, t, hq, hkv, d, seed=t + d, layout=layout, blocks=8, page=16)]
     q, k, v, qw, kw, cos, sin, pos, slots, cache = args
     before = cache.clone()
-    with lz.prefer("triton.qk_norm_rope_cache"):
-        assert lz.which("qk_norm_rope_cache", q, k, v, qw, kw, cos, sin, cache, slots, position_ids=pos,
-                        kv_layout=layout) == "triton.qk_norm_rope_cache"
-        out = lz.qk_norm_rope_cache(q, k, v, qw, kw, cos, sin, cache, slots, position_ids=pos, kv_layout=layout)
-        check([o.cpu() for o in out], [a.cpu() for a in args], layout, before.cpu())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            gq, gk = lz.qk_norm_rope_cache(q, k, v, qw, kw, cos, sin, cache, slots, position_ids=pos,
-                                           kv_layout=layout)
+    assert lz.which("qk_norm_rope_cache", q, k, v, qw, kw, cos, sin, cache, slots, position_ids=pos,
+                    kv_layout=layout) == "triton.qk_norm_rope_cache"
+    out = lz.qk_norm_rope_cache(q, k, v, qw, kw, cos, sin, cache, slots, position_ids=pos, kv_layout=layout)
+    check([o.cpu() for o in out], [a.cpu() for a in args], layout, before.cpu())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gq, gk = lz.qk_norm_rope_cache(q, k, v, qw, kw, cos, sin, cache, slots, position_ids=pos, kv_layout=layout)
     cache.copy_(before)
     graph.replay()
     torch.cuda.synchronize()

@@ -235,6 +235,14 @@ def _opcheck_cases():
         ("qk_norm_rope_cache", ops.qk_norm_rope_cache, (r(2, 4, 8), r(2, 2, 8), r(2, 2, 8), w[:8], w[8:16],
                                                          cos[:, :8], sin[:, :8], cache.clone(), torch.tensor([5, -1]),
                                                          torch.tensor([3, 1]), 1e-6, False, "NHD")),
+        ("rope_paged_attention decode, q/k norm", ops.rope_paged_attention,
+         (r(2, 4, 8), r(2, 2, 8), r(2, 2, 8), cos[:, :8], sin[:, :8], cache.clone(), torch.tensor([5, -1]), tables,
+          lens, torch.tensor([5, 7]), w[:8], w[8:16], 1e-6, None, None, False, "NHD")),
+        ("rope_paged_attention append, rope only", ops.rope_paged_attention,
+         (q[0, :3, :, :8], k[0, :3, :2, :8], v[0, :3, :2, :8], cos[:, :4], sin[:, :4], cache.clone(),
+          torch.tensor([4, 5, 15]),
+          tables, lens, torch.tensor([4, 5, 7]), None, None, 1e-6, torch.tensor([0, 2, 3], dtype=torch.int32), 0.3,
+          True, "NHD")),
         ("swiglu_linear chunks", ops.swiglu_linear, (*gu.chunk(2, -1), r(7, 96), r(7))),
         ("fused_add_rms_norm_linear transposed", ops.fused_add_rms_norm_linear, (xt, w, r(7, 64), None, 1e-5,
                                                                                   r(4, 64))),
@@ -269,14 +277,14 @@ def _opcheck_cases():
     return cases
 
 
-@pytest.mark.parametrize("case", range(46))
+@pytest.mark.parametrize("case", range(48))
 def test_custom_ops_keep_the_torch_library_contract(case):
     """``torch.library.opcheck`` (schema: no undeclared mutation or aliasing; fake impl: the real outputs' shapes,
     dtypes and strides; autograd registration; AOT dispatch) passes for every custom op, also with strided inputs,
     and no output shares memory with an input or another output: Inductor frees, reuses and writes into custom-op
     outputs in place (``inplace_buffers``, ``allow_buffer_reuse``) on the strength of that contract."""
     cases = _opcheck_cases()
-    assert len(cases) == 46
+    assert len(cases) == 48
     name, op, args = cases[case]
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     if "nvfp4" in name:  # the schema check multiplies the inputs; torch's CPU build cannot for float8 (nvfp4's scales)

@@ -227,6 +227,8 @@ def test_capture_key_for_every_op():
              "swiglu_linear": ((gate, gate, torch.randn(7, 10)), {}),
              "qk_norm_rope_cache": ((q3[:, :2], kv, kv, torch.ones(8), torch.ones(8), cos, sin, cache, slots),
                                     {"position_ids": slots}),
+             "rope_paged_attention": ((torch.randn(2, 4, 8), kv, kv, cos, sin, cache, slots, tables, lens),
+                                      {"position_ids": slots}),
              "quantized_linear": ((x, lz.quantize(torch.randn(7, 16), "int4", group_size=16)), {})}
     assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():

@@ -1,7 +1,9 @@
 """The composite backend: a fused op run as its parts, each dispatched by LayerZero on its own.
 
 ``composite.rms_norm_linear`` is ``lz.rms_norm`` then ``lz.linear``, ``composite.swiglu_linear`` is ``lz.swiglu`` then
-``lz.linear``, ``composite.qk_norm_rope_cache`` is ``lz.qk_norm_rope`` then ``lz.reshape_and_cache``: wherever no fused kernel takes a call (more rows than the fused Triton kernels take, float32, CPU),
+``lz.linear``, ``composite.qk_norm_rope_cache`` is ``lz.qk_norm_rope`` then ``lz.reshape_and_cache``,
+``composite.rope_paged_attention`` is ``lz.qk_norm_rope_cache`` (``lz.rope`` then ``lz.reshape_and_cache`` without
+q/k norm weights) then ``lz.paged_attention``: wherever no fused kernel takes a call (more rows than the fused Triton kernels take, float32, CPU),
 the op costs exactly what its two calls would, with each part's own best kernel (``triton.rms_norm`` /
 ``triton.gemv`` / cuBLAS on a GPU, ``torch_native`` on a CPU) and each part's own explanation (``lz.explain`` of the
 part). Above ``torch_native``'s single-library forms (50), below the fused kernels (55).
@@ -49,13 +51,35 @@ def qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_map
     return qo[0], ko[0]
 
 
+def rope_paged_attention(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids, block_tables,
+                         seq_lens, cu_seqlens_q, scale, interleaved, kv_layout, eps):
+    """``lz.rope_paged_attention`` as ``lz.qk_norm_rope_cache`` (weights given) or ``lz.rope`` (q, k viewed
+    ``[1, T, H, D]`` BSHD) + ``lz.reshape_and_cache``, then ``lz.paged_attention`` (causal) of the rotated q:
+    ``[T, Hq, D]``."""
+    import layerzero as lz
+
+    if q_weight is None:
+        t = q.shape[0]
+        qo, ko = lz.rope(q.unsqueeze(0), k.unsqueeze(0), cos, sin, position_ids=position_ids.view(1, t),
+                         interleaved=interleaved, layout="BSHD")
+        qo = qo[0]
+        lz.reshape_and_cache(ko[0], v, kv_cache, slot_mapping, kv_layout)
+    else:
+        qo, _ = lz.qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping,
+                                      position_ids=position_ids, eps=eps, interleaved=interleaved, kv_layout=kv_layout)
+    return lz.paged_attention(qo, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
+                              is_causal=True, kv_layout=kv_layout)
+
+
 def register(registry: KernelRegistry) -> None:
-    """Add the composite backend and its two kernels."""
+    """Add the composite backend and its kernels."""
     registry.add_backend(BackendSpec("composite", None, torch.__version__, True,
                                      description="fused ops as their parts, each part dispatched by LayerZero"))
     for op, fn, parts in (("rms_norm_linear", rms_norm_linear, "lz.rms_norm, then lz.linear"),
                           ("swiglu_linear", swiglu_linear, "lz.swiglu, then lz.linear"),
-                          ("qk_norm_rope_cache", qk_norm_rope_cache, "lz.qk_norm_rope, then lz.reshape_and_cache")):
+                          ("qk_norm_rope_cache", qk_norm_rope_cache, "lz.qk_norm_rope, then lz.reshape_and_cache"),
+                          ("rope_paged_attention", rope_paged_attention, "lz.qk_norm_rope_cache (or lz.rope and "
+                           "lz.reshape_and_cache), then lz.paged_attention")):
         registry.add_kernel(KernelSpec(f"composite.{op}", op, fn, priority=PRIORITY, device_types=ALL_DEVICES,
                                        dtypes=FLOATS, deterministic=True, description=f"{parts} (each part selected "
                                        "on its own)"))

@@ -20,6 +20,7 @@ from . import quantization as _quantization
 from . import quantized_linear as _qlinear
 from . import rms_norm_linear as _rnl
 from . import rope as _rope
+from . import rope_paged_attention as _rpa
 from . import sampling as _sampling
 from . import swiglu as _swiglu
 from . import swiglu_linear as _sgl
@@ -39,11 +40,12 @@ from .quantization import dequantize, quantize
 from .quantized_linear import quantized_linear
 from .rms_norm_linear import rms_norm_linear
 from .rope import rope
+from .rope_paged_attention import rope_paged_attention
 from .sampling import sample, sample_topk, sample_topp
 from .swiglu import geglu, reglu, swiglu
 from .swiglu_linear import swiglu_linear
 
-OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _qk_norm_rope.SPEC, _qknrc.SPEC, _sampling.TOPK_SPEC,
+OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _qk_norm_rope.SPEC, _qknrc.SPEC, _rpa.SPEC, _sampling.TOPK_SPEC,
                    _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
                    _cascade.LSE_SPEC, _cascade.MERGE_SPEC,
                    _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC, _quantization.SPEC,
@@ -57,6 +59,7 @@ OPS = {
     "rope": (_rope.prepare, _rope.context),
     "qk_norm_rope": (_qk_norm_rope.prepare, _qk_norm_rope.context),
     "qk_norm_rope_cache": (_qknrc.prepare, _qknrc.context),
+    "rope_paged_attention": (_rpa.prepare, _rpa.context),
     "sample_topk": (_sampling.prepare_topk, _sampling.context),
     "sample_topp": (_sampling.prepare_topp, _sampling.context),
     "sample": (_sampling.prepare_sample, _sampling.context_batch),
@@ -93,4 +96,5 @@ __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_k
            "merge_attention_states",
            "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "qk_norm_rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
            "geglu", "reglu", "quantize", "dequantize", "embedding", "linear", "linear_cross_entropy",
-           "quantized_linear", "rms_norm_linear", "swiglu_linear", "qk_norm_rope_cache"]
+           "quantized_linear", "rms_norm_linear", "swiglu_linear", "qk_norm_rope_cache",
+           "rope_paged_attention"]

@@ -25,19 +25,21 @@ _TENSOR = torch.Tensor
 
 def prepare(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
             sin: torch.Tensor, *, eps: float = 1e-6, position_ids: torch.Tensor | None = None,
-            interleaved: bool = False, layout: str = "BHSD") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+            interleaved: bool = False, layout: str = "BHSD",
+            op: str = OP) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Validate ``lz.qk_norm_rope`` inputs (``lz.rope``'s checks, then the weights and eps); return (cache key,
-    canonical kernel args)."""
+    canonical kernel args). ``op``: the op named in errors and in the key (``lz.rope_paged_attention`` checks its
+    norm and rope arguments here)."""
     key, (q, k, cos, sin, position_ids, interleaved, lay) = _prepare_rope(
-        q, k, cos, sin, position_ids=position_ids, interleaved=interleaved, layout=layout, op=OP)
+        q, k, cos, sin, position_ids=position_ids, interleaved=interleaved, layout=layout, op=op)
     d = key.head_dim
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        check_tensor(OP, name, w, 1)
-        check_same(OP, "q", q, name, w)
+        check_tensor(op, name, w, 1)
+        check_same(op, "q", q, name, w)
         if w.shape[0] != d:
-            raise fail(OP, f"{name} shape", f"[D] = [{d}] (one weight per head dim, shared by every head)",
+            raise fail(op, f"{name} shape", f"[D] = [{d}] (one weight per head dim, shared by every head)",
                        list(w.shape))
-    eps = check_eps(OP, eps)
+    eps = check_eps(op, eps)
     grad = key.requires_grad or q_weight.requires_grad or k_weight.requires_grad
     return key._replace(requires_grad=grad), (q, k, q_weight, k_weight, cos, sin, position_ids, interleaved,
                                                      lay, eps)

@@ -52,6 +52,23 @@ def _qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_ma
     return qo[0], ko[0]
 
 
+def _rope_paged_attention(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids, block_tables,
+                          seq_lens, cu_seqlens_q, scale, interleaved, kv_layout, eps):
+    """``reference.qk_norm_rope`` (``reference.rope`` without weights) on ``q[None]`` / ``k[None]`` (BSHD),
+    ``reference.reshape_and_cache`` of the rotated k and v, then ``reference.paged_attention`` (causal) of the rotated
+    q: ``[T, Hq, D]`` in q's dtype."""
+    from .paged import paged_attention, reshape_and_cache
+
+    pos = position_ids.view(1, -1)
+    if q_weight is None:
+        qo, ko = K.rope(q.unsqueeze(0), k.unsqueeze(0), cos, sin, pos, interleaved, "BSHD")
+    else:
+        qo, ko = K.qk_norm_rope(q.unsqueeze(0), k.unsqueeze(0), q_weight, k_weight, cos, sin, pos, interleaved,
+                                "BSHD", eps)
+    reshape_and_cache(ko[0], v, kv_cache, slot_mapping, kv_layout)
+    return paged_attention(qo[0], kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, True, kv_layout)
+
+
 def _sample_topk(logits, k, temperature, generator):
     return K.sample_topk(logits, k, temperature, generator)
 
@@ -99,6 +116,7 @@ def register(registry: KernelRegistry) -> None:
         ("rope", _rope, {"layouts": frozenset({Layout.BHSD, Layout.BSHD})}),
         ("qk_norm_rope", _qk_norm_rope, {"layouts": frozenset({Layout.BHSD, Layout.BSHD})}),
         ("qk_norm_rope_cache", _qk_norm_rope_cache, {"graph_safe": False}),  # its cache write checks slots on host
+        ("rope_paged_attention", _rope_paged_attention, {"graph_safe": False}),  # host reads of slots and lengths
         ("sample_topk", _sample_topk, {"graph_safe": False}),
         ("sample_topp", _sample_topp, {"graph_safe": False}),
         ("sample", _sample, {"graph_safe": False}),

@@ -20,16 +20,16 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec, KernelSpec
 
 from .._optional import dist_version, import_modules, unavailable_backend, unavailable_why
-from . import cache, gemv, moe, norms, quantized_linear, rope, sampling, swiglu
+from . import cache, gemv, moe, norms, quantized_linear, rope, rope_paged, sampling, swiglu
 from ._common import INSTALL_HINT
 
 log = logging.getLogger("layerzero.backends.triton")
 BACKEND_ID = "triton"
 MODULE = "triton"
 _DESCRIPTION = ("LayerZero's own Triton kernels (RMSNorm + fused add, RoPE, q/k-norm + RoPE, SwiGLU, fused MoE, top-k/top-p "
-                "sampling, lz.sample's fused race, paged KV-cache write, paged decode)")
+                "sampling, lz.sample's fused race, paged KV-cache write, paged decode, RoPE + KV write + paged decode)")
 KERNEL_IDS = (norms.KERNEL_ID, rope.KERNEL_ID, rope.QK_NORM_KERNEL_ID, rope.QK_NORM_CACHE_KERNEL_ID, *sampling.KERNEL_IDS, swiglu.KERNEL_ID, moe.KERNEL_ID, cache.KERNEL_ID,
-              gemv.KERNEL_ID, gemv.NORM_KERNEL_ID, gemv.SWIGLU_KERNEL_ID, quantized_linear.KERNEL_ID)
+              gemv.KERNEL_ID, gemv.NORM_KERNEL_ID, gemv.SWIGLU_KERNEL_ID, quantized_linear.KERNEL_ID, rope_paged.KERNEL_ID)
 """Ids of this package's own op kernels (the paged kernels are listed by ``paged.kernel_specs``)."""
 
 
@@ -47,8 +47,8 @@ def probe() -> BackendSpec:
 
 def kernel_specs(available: bool, why: str = "triton is not available") -> list[KernelSpec]:
     """Every KernelSpec of the backend: rms_norm, rope, qk_norm_rope, sample_topk, sample_topp, sample, swiglu, fused_moe,
-    reshape_and_cache, linear (gemv), rms_norm_linear / swiglu_linear (gemv's prologues), quantized_linear, then
-    ``paged.kernel_specs``.
+    reshape_and_cache, linear (gemv), rms_norm_linear / swiglu_linear (gemv's prologues), quantized_linear,
+    rope_paged_attention (``rope_paged``), then ``paged.kernel_specs``.
 
     Args:
         available: whether triton imported; when False the specs are still returned and their callables
@@ -61,13 +61,14 @@ def kernel_specs(available: bool, why: str = "triton is not available") -> list[
             *sampling.kernel_specs(available, why), swiglu.kernel_spec(available, why),
             moe.kernel_spec(available, why), cache.kernel_spec(available, why), gemv.kernel_spec(available, why),
             gemv.norm_kernel_spec(available, why), gemv.swiglu_kernel_spec(available, why),
-            quantized_linear.kernel_spec(available, why), *paged.kernel_specs(available, why)]
+            quantized_linear.kernel_spec(available, why), rope_paged.kernel_spec(available, why),
+            *paged.kernel_specs(available, why)]
 
 
 def register(registry: KernelRegistry) -> None:
     """Add the ``triton`` backend (available or not, with reasons) and all its kernels to ``registry`` (the
     ``rms_norm``, ``rope``, ``qk_norm_rope``, ``sample_topk``, ``sample_topp``, ``sample``, ``swiglu``, ``fused_moe``, ``linear``,
-    ``quantized_linear`` and ``paged_attention`` ops must be registered).
+    ``quantized_linear``, ``rope_paged_attention`` and ``paged_attention`` ops must be registered).
 
     Raises:
         ConfigurationError: the backend or one of its kernel ids is already registered.

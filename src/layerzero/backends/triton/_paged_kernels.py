@@ -40,13 +40,14 @@ LN2 = tl.constexpr(0.6931471805599453)  # used inside @triton.jit: a constexpr g
 
 @triton.jit
 def kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page,
-            HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+            HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, skip=-1):
     """K and V ``[BLOCK_N, D_PAD]`` of KV positions ``[t0, t0 + BLOCK_N)`` of one sequence and KV head, gathered
     through its block-table row (position t at block ``bt_row[t // page]``, offset ``t % page``); positions
-    ``>= stop`` (and their block ids) load nothing (0). Returns ``(positions, in-range mask, k, v)``."""
+    ``>= stop`` (and their block ids) and position ``skip`` load nothing (0). Returns ``(positions, mask of the
+    positions loaded, k, v)``."""
     d = tl.arange(0, D_PAD)
     pos = t0 + tl.arange(0, BLOCK_N)
-    p_ok = pos < stop
+    p_ok = (pos < stop) & (pos != skip)
     blk = tl.load(bt_row + pos // page, mask=p_ok, other=0).to(tl.int64)
     base = kv_head + blk * stride_blk + (pos % page).to(tl.int64) * stride_pos
     mask = p_ok[:, None] & (d < HEAD_DIM)[None, :]

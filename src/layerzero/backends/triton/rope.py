@@ -27,12 +27,12 @@ from ._launch import launch, pdl_kwargs
 KERNEL_ID = "triton.rope"
 QK_NORM_KERNEL_ID = "triton.qk_norm_rope"
 QK_NORM_CACHE_KERNEL_ID = "triton.qk_norm_rope_cache"
-CACHE_PRIORITY = 50
-"""``triton.qk_norm_rope_cache``'s priority: below ``composite.qk_norm_rope_cache`` (52) until the kernel has run on a
-GPU (see :func:`kernel_specs`)."""
-PRIORITY = 60
-"""Above torch_native (50, several elementwise launches in the input dtype) and liger (40): fastest of the three on
-the H200 for decode and 4096-token prefill shapes (37-59 µs vs 102 µs torch_native; benchmarks/results/norm_rope_h200.md)."""
+CACHE_PRIORITY = PRIORITY = 60
+"""Above ``composite.qk_norm_rope_cache`` (52, the two launches it fuses) and torch_native (50, several elementwise
+launches in the input dtype) and liger (40): fastest of the three on the H200 for decode and 4096-token prefill shapes
+(37-59 µs vs 102 µs torch_native; benchmarks/results/norm_rope_h200.md). ``triton.qk_norm_rope_cache`` on the H200:
+22 GPU tests against float64 passed (2026-11-27), and a 28-layer batch-1 attention block ran 7.90 vs 8.60 µs a layer
+with the composite form (``benchmarks/results/engine/h200/2026-11-27d/attention_block.md``)."""
 MAX_HEAD_DIM = 1024
 _KERNELS = LazyModule("_rope_kernels")
 
@@ -168,9 +168,7 @@ def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
     rope_fn: Callable[..., Any] = rope if available else missing(KERNEL_ID, why)
     norm_fn: Callable[..., Any] = qk_norm_rope if available else missing(QK_NORM_KERNEL_ID, why)
     cache_fn: Callable[..., Any] = qk_norm_rope_cache if available else missing(QK_NORM_CACHE_KERNEL_ID, why)
-    # token-major q/k/v, either KV layout (strides); ranked below composite.qk_norm_rope_cache (52) until it has run
-    # on a GPU: written and checked in Triton's interpreter on 2026-11-27 when the session's device time was spent
-    # (opt in with lz.prefer("triton.qk_norm_rope_cache"); tests/gpu/test_gpu_triton.py has its GPU test)
+    # token-major q/k/v, either KV layout (strides)
     cache_common = {**common, "layouts": None, "priority": CACHE_PRIORITY}
     return [KernelSpec(KERNEL_ID, "rope", rope_fn,
                        description="LayerZero Triton RoPE: half rotation and GPT-J pairs, partial rotary, table/"

@@ -15,7 +15,7 @@ import layerzero as lz
 from ..config import ModelConfig
 from ..errors import bad_config
 from ..layers.activation import silu_and_mul
-from ..layers.attention import KVScales, paged_attention
+from ..layers.attention import QUANTIZED_KV_DTYPES, KVScales, paged_attention
 from ..layers.linear import Embedding, Linear
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
@@ -60,7 +60,17 @@ class Attention(nn.Module):
         t = qkv.shape[0]
         q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         q, k, v = q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), v.view(t, self.hkv, self.d)
-        if self.q_norm is not None:  # one fused call (lz.qk_norm_rope) where three were
+        norm = self.q_norm is not None
+        if batch.cascade is None and kv_cache.dtype not in QUANTIZED_KV_DTYPES:
+            # QK-norm, RoPE, the KV write and the attention in one call (lz.rope_paged_attention: one split kernel
+            # and its merge for a decode step where four kernels ran)
+            o = lz.rope_paged_attention(
+                q, k, v, self.rotary.cos, self.rotary.sin, kv_cache, batch.slot_mapping, batch.block_tables,
+                batch.seq_lens, position_ids=batch.positions, q_weight=self.q_norm.weight if norm else None,
+                k_weight=self.k_norm.weight if norm else None, eps=self.q_norm.eps if norm else 1e-6,
+                cu_seqlens_q=batch.cu_seqlens_q, scale=self.scale)
+            return self.o_proj(o.reshape(t, self.hq * self.d))
+        if norm:  # one fused call (lz.qk_norm_rope) where three were
             q, k = self.rotary.with_qk_norm(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                                             batch.positions)
         else:
