@@ -10,7 +10,8 @@ idle for sequences much shorter than the width, as in a CUDA graph sized for the
 position t is gathered through ``block_tables[b, t // P]`` at offset ``t % P`` (any page size P); loads of
 positions ``>= seq_len`` (block ids included) are masked, so unused pages, unused slots and padding ids in
 ``block_tables`` are never read. It writes the normalized partial output ``[group, D]`` and its log2-sum-exp
-to the float32 workspace; an empty split writes 0 and ``-inf``.
+to the float32 workspace; an empty split writes only its lse, ``-inf`` (the merge reads no partial whose lse is
+``-inf``).
 
 With one split (large batches: the grid is full without splitting) stage 1 stores the normalized output directly
 in the output's dtype and stage 2 is not launched. With ``FUSED_MERGE`` (eager calls) stage 1's last split of each
@@ -156,7 +157,9 @@ def paged_decode_split(
             tl.store(lse_out_ptr + b * stride_lb + heads, lse * LN2, mask=g_ok)  # one split: stride_lb = Hq
     else:
         w_off = b * stride_wb + heads * stride_wh + s * stride_ws
-        tl.store(ws_out_ptr + w_off[:, None] + d[None, :], out, mask=g_ok[:, None] & d_ok[None, :])
+        # an empty split stores its lse (-inf) only: the merge never reads the partial of such a split (merge_row
+        # masks by lse), and at batch 1 most splits of a short sequence are empty
+        tl.store(ws_out_ptr + w_off[:, None] + d[None, :], out, mask=(g_ok & nonempty)[:, None] & d_ok[None, :])
         tl.store(ws_lse_ptr + b * stride_lb + heads * num_splits + s, lse, mask=g_ok)
         if FUSED_MERGE:
             tl.debug_barrier()  # every thread's stores precede the release below

@@ -154,7 +154,7 @@ def rope_paged_decode_split(
     else:
         lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
         w_off = b * stride_wb + heads * stride_wh + s * stride_ws
-        tl.store(ws_out_ptr + w_off[:, None] + d[None, :], out, mask=qm)
+        tl.store(ws_out_ptr + w_off[:, None] + d[None, :], out, mask=qm & nonempty[:, None])  # as paged_decode_split
         tl.store(ws_lse_ptr + b * stride_lb + heads * num_splits + s, lse, mask=g_ok)
     # the KV write last: a store before the loop would keep the compiler from issuing the loop's loads ahead of it
     c_new = kv_head + (slot // page) * stride_blk + (slot % page) * stride_pos

@@ -34,6 +34,8 @@ launches in the input dtype) and liger (40): fastest of the three on the H200 fo
 22 GPU tests against float64 passed (2026-11-27), and a 28-layer batch-1 attention block ran 7.90 vs 8.60 µs a layer
 with the composite form (``benchmarks/results/engine/h200/2026-11-27d/attention_block.md``)."""
 MAX_HEAD_DIM = 1024
+BLOCK_H_MAX = 16
+"""Most heads one program rotates (a power of two; fewer when a head's tile is large)."""
 _KERNELS = LazyModule("_rope_kernels")
 
 
@@ -146,7 +148,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     block_half = next_pow2(r // 2)
     block_pass = next_pow2(d - r) if d > r else 0
     per_head = block_half * 2 + block_pass  # elements of one head in the tile
-    block_h = min(next_pow2(max(hq, hk)), 16, max(1, next_pow2(2048 // per_head + 1) // 2))  # power of 2
+    block_h = min(next_pow2(max(hq, hk)), BLOCK_H_MAX, max(1, next_pow2(2048 // per_head + 1) // 2))  # power of 2
     grid = (b * s, cdiv(hq, block_h) + cdiv(hk, block_h))
     norm = q_weight is not None
     launch(mod._rope_fwd, grid,
