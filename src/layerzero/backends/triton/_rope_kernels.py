@@ -76,7 +76,6 @@ def _rope_fwd(Q, K, QO, KO, COS, SIN, POS, QW, KW,
               BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, NORM: tl.constexpr = False, PDL: tl.constexpr = False,
               V=None, KV=None, SLOTS=None, sv_s=0, sv_h=0, sv_d=0, c_blk=0, c_kv=0, c_tok=0, c_h=0, c_d=0, page=1,
               CACHE: tl.constexpr = False, BLOCK_D: tl.constexpr = 1):
-    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     tok = tl.program_id(0).to(tl.int64)
     hblk = tl.program_id(1)
     b = tok // seq_len
@@ -101,6 +100,9 @@ def _rope_fwd(Q, K, QO, KO, COS, SIN, POS, QW, KW,
     c_b = tl.load(c_row + off_b * sc_r, mask=imask, other=0.0).to(tl.float32)
     s_a = tl.load(s_row + off_a * ss_r, mask=imask, other=0.0).to(tl.float32)
     s_b = tl.load(s_row + off_b * ss_r, mask=imask, other=0.0).to(tl.float32)
+    # the positions and the cos / sin rows above are read before the PDL wait: step metadata and tables that no kernel
+    # of ours writes (see _gdc_kernels), so they arrive while the kernel before (the QKV projection) finishes
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before reading q / k / v or writing anything
     q_blocks = tl.cdiv(n_heads_q, BLOCK_H)
     if hblk < q_blocks:
         _rotate_heads(Q, QO, QW, sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d, b, s, hblk * BLOCK_H, n_heads_q,

@@ -55,16 +55,6 @@ TILE_BYTES = 32768
 """Bytes of one ``[BLOCK_N, D]`` K tile: the H200 search found the largest tile that keeps K and V of two to three
 pipeline stages in shared memory the fastest (bf16/fp16: 128 positions for D <= 128, 64 for D = 256)."""
 BLOCK_N_MAX = 128
-SMALL_ROWS = 8
-"""Launches with at most this many (sequence, KV head) pairs (batch 1 of an 8-KV-head model) are latency-bound: a
-split's time is about one fixed cost per tile it walks, so they take up to :data:`SMALL_SPLITS` splits of one tile
-(below ``MIN_TILES_PER_SPLIT``) where the wave target allows."""
-SMALL_SPLITS = 16
-"""The split count :data:`SMALL_ROWS` launches are raised to (never lowered: long block tables keep the wave
-target's). H200, batch 1, Qwen3-0.6B's 8 KV heads of 128, a 2080-token block table, 28-layer graphs
-(``benchmarks/results/engine/h200/2026-11-27d/paged_b1_grid_empty_skip.md``): 6 -> 9 splits of 128 positions took
-1024 cached tokens from 8.59 to 6.49 µs a layer and 2048 from 11.27 to 9.30; 64-768 tokens moved by +0.01-0.16 µs
-(more than one tile per split is what costs: ~2 µs each at this size)."""
 
 
 FUSED_MERGE: bool | str = "auto"
@@ -152,25 +142,22 @@ def choose_split_len(batch: int, num_kv_heads: int, max_kv_len: int, sms: int, b
     tokens one split reads (the interpreter's trip count), whatever the sequence's own length.
 
     Without ``num_splits``: aim at ``WAVES * sms`` stage-1 programs over ``batch * num_kv_heads`` (sequence, head)
-    pairs, at most ``MAX_SPLITS`` splits and at least ``MIN_TILES_PER_SPLIT`` tiles per split; at most
-    ``SMALL_ROWS`` pairs, at least ``SMALL_SPLITS`` splits (one tile each) where the tiles and the wave target allow
-    them. ``num_splits``
+    pairs, at most ``MAX_SPLITS`` splits and at least ``MIN_TILES_PER_SPLIT`` tiles per split (at batch 1 more
+    splits of one tile each measured faster alone but slower in the engine's decode graph: see
+    ``benchmarks/engine/paged_b1_search.py``). ``num_splits``
     forces a count (tests; clipped to ``[1, MAX_SPLITS]`` and to one tile per split).
 
     >>> choose_split_len(1, 8, 32768, 132, 64)   # one long sequence on an H100/H200: 32 splits of 1024 tokens
     (1024, 32)
     >>> choose_split_len(128, 8, 4096, 132, 128)  # big batch: 1024 (sequence, head) pairs fill the GPU alone
     (4096, 1)
-    >>> choose_split_len(1, 8, 2080, 132, 128)  # batch 1, a short table: 16 splits asked, 9 of 256 tokens
-    (256, 9)
+    >>> choose_split_len(1, 8, 2080, 132, 128)  # batch 1, a 2080-token table: 8 splits asked, 6 of 384 tokens
+    (384, 6)
     """
     tiles = max(1, math.ceil(max_kv_len / block_n))
     if num_splits is None:
-        rows = max(1, batch * num_kv_heads)
-        want = math.ceil(WAVES * sms / rows)
+        want = math.ceil(WAVES * sms / max(1, batch * num_kv_heads))
         num_splits = min(want, max(1, tiles // MIN_TILES_PER_SPLIT))
-        if rows <= SMALL_ROWS:  # latency-bound: shorter splits, one tile each where the count allows
-            num_splits = max(num_splits, min(SMALL_SPLITS, tiles, want))
     splits = max(1, min(int(num_splits), MAX_SPLITS, tiles))
     split_len = math.ceil(tiles / splits) * block_n
     return split_len, math.ceil(tiles * block_n / split_len)
@@ -182,7 +169,7 @@ def workspace_bytes(ctx: SelectionContext) -> int:
     b, hq, hkv, d = ctx.batch or 1, ctx.num_heads_q or 1, ctx.num_heads_kv or 1, ctx.head_dim or 1
     bn = block_n_for(d, ctx.dtype.itemsize if isinstance(ctx.dtype, torch.dtype) else 2)
     tiles = max(1, math.ceil((ctx.seq_len_kv or 1) / bn))
-    cap = max(1, min(MAX_SPLITS, tiles, max(1, tiles // MIN_TILES_PER_SPLIT, SMALL_SPLITS)))
+    cap = max(1, min(MAX_SPLITS, tiles, max(1, tiles // MIN_TILES_PER_SPLIT)))
     sms = ctx.device.multiprocessor_count or 1
     # b' * ceil(X / b') <= X + b' - 1 for every batch b' <= b of the bucket
     rows = min(b * cap, b + math.ceil(WAVES * sms / hkv))
