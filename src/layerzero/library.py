@@ -26,7 +26,9 @@ Also ``lz.paged_attention``, ``lz.reshape_and_cache``, ``lz.qk_norm_rope_cache``
 (the last three mutate ``kv_cache``; the last two for inference calls only), ``lz.fused_moe``,
 ``lz.apply_penalties``, and ``lz.sample`` / ``lz.sample_topk`` / ``lz.sample_topp`` without a ``generator`` (custom
 ops cannot take a ``torch.Generator``: calls with one are traced as Python, as before). ``lz.paged_attention`` and
-``lz.reshape_and_cache`` with ``k_scale`` / ``v_scale`` (a quantized cache's scales) are traced as Python too.
+``lz.reshape_and_cache`` with ``k_scale`` / ``v_scale`` (a quantized cache's scales) are traced as Python too. The
+paged KV-cache ops are defined in :mod:`layerzero.library_paged` (imported and re-exported at the end of this
+module).
 """
 
 from __future__ import annotations
@@ -257,66 +259,6 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Te
     return _fused_add_rms_norm_linear(x, norm_weight, weight, bias, float(eps), residual)
 
 
-@torch.library.custom_op(f"{NS}::qk_norm_rope_cache", mutates_args=("kv_cache",))
-def _qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
-                        k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                        slot_mapping: torch.Tensor, position_ids: torch.Tensor, eps: float, interleaved: bool,
-                        kv_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    qo, ko = _lz().qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping,
-                                      position_ids=position_ids, eps=eps, interleaved=interleaved, kv_layout=kv_layout)
-    inputs = (q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids)
-    qo = _owned(qo, *inputs)
-    return qo, _owned(ko, *inputs, qo)
-
-
-@_qk_norm_rope_cache.register_fake
-def _(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids, eps, interleaved, kv_layout):
-    return q.new_empty(q.shape), k.new_empty(k.shape)
-
-
-def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
-                       k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                       slot_mapping: torch.Tensor, position_ids: torch.Tensor, eps: float, interleaved: bool,
-                       kv_layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.ops.layerzero.qk_norm_rope_cache`` (mutates ``kv_cache``) with ``lz.qk_norm_rope_cache``'s
-    arguments (kv_layout as a string)."""
-    return _qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids,
-                               float(eps), bool(interleaved), _layout_str(kv_layout))
-
-
-@torch.library.custom_op(f"{NS}::rope_paged_attention", mutates_args=("kv_cache",))
-def _rope_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                          kv_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                          seq_lens: torch.Tensor, position_ids: torch.Tensor,
-                          q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],  # noqa: UP045
-                          eps: float, cu_seqlens_q: Optional[torch.Tensor], scale: Optional[float],  # noqa: UP045
-                          interleaved: bool, kv_layout: str) -> torch.Tensor:
-    out = _lz().rope_paged_attention(q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens,
-                                     position_ids=position_ids, q_weight=q_weight, k_weight=k_weight, eps=eps,
-                                     cu_seqlens_q=cu_seqlens_q, scale=scale, interleaved=interleaved,
-                                     kv_layout=kv_layout)
-    return _owned(out, q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens, position_ids, q_weight,
-                  k_weight, cu_seqlens_q)
-
-
-@_rope_paged_attention.register_fake
-def _(q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens, position_ids, q_weight, k_weight, eps,
-      cu_seqlens_q, scale, interleaved, kv_layout):
-    return q.new_empty(q.shape)
-
-
-def rope_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         kv_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                         seq_lens: torch.Tensor, position_ids: torch.Tensor, q_weight: torch.Tensor | None,
-                         k_weight: torch.Tensor | None, eps: float, cu_seqlens_q: torch.Tensor | None,
-                         scale: float | None, interleaved: bool, kv_layout: Any) -> torch.Tensor:
-    """``torch.ops.layerzero.rope_paged_attention`` (mutates ``kv_cache``) with ``lz.rope_paged_attention``'s
-    arguments (kv_layout as a string)."""
-    return _rope_paged_attention(q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens, position_ids,
-                                 q_weight, k_weight, float(eps), cu_seqlens_q, None if scale is None else float(scale),
-                                 bool(interleaved), _layout_str(kv_layout))
-
-
 # -------------------------------------------------------------------------------------------- gated MLPs
 @torch.library.custom_op(f"{NS}::swiglu_linear", mutates_args=())
 def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
@@ -363,88 +305,7 @@ def _(gate, up):
     return gate.new_empty(gate.shape)
 
 
-# -------------------------------------------------------------------------------------------- paged KV cache, MoE
-@torch.library.custom_op(f"{NS}::paged_attention", mutates_args=())
-def _paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                     cu_seqlens_q: Optional[torch.Tensor], scale: Optional[float],  # noqa: UP045
-                     is_causal: bool, kv_layout: str) -> torch.Tensor:
-    out = _lz().paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
-                                is_causal=is_causal, kv_layout=kv_layout)
-    return _owned(out, q, kv_cache, block_tables, seq_lens, cu_seqlens_q)
-
-
-@_paged_attention.register_fake
-def _(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
-    return q.new_empty(q.shape)
-
-
-def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                    cu_seqlens_q: torch.Tensor | None, scale: float | None, is_causal: bool,
-                    kv_layout: Any) -> torch.Tensor:
-    """``torch.ops.layerzero.paged_attention`` with ``lz.paged_attention``'s arguments."""
-    return _paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, bool(is_causal),
-                            _layout_str(kv_layout))
-
-
-@torch.library.custom_op(f"{NS}::paged_attention_lse", mutates_args=())
-def _paged_attention_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                         cu_seqlens_q: Optional[torch.Tensor], scale: Optional[float],  # noqa: UP045
-                         is_causal: bool, kv_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _lz().paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
-                                     is_causal=is_causal, kv_layout=kv_layout, return_lse=True)
-    out = _owned(out, q, kv_cache, block_tables, seq_lens, cu_seqlens_q)
-    return out, _owned(lse, q, kv_cache, block_tables, seq_lens, cu_seqlens_q, out)
-
-
-@_paged_attention_lse.register_fake
-def _(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
-
-
-def paged_attention_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                        cu_seqlens_q: torch.Tensor | None, scale: float | None, is_causal: bool,
-                        kv_layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.ops.layerzero.paged_attention_lse``: ``lz.paged_attention(..., return_lse=True)``."""
-    return _paged_attention_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, bool(is_causal),
-                                _layout_str(kv_layout))
-
-
-@torch.library.custom_op(f"{NS}::merge_attention_states", mutates_args=())
-def _merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
-                            lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _lz().merge_attention_states(out_a, lse_a, out_b, lse_b)
-    out = _owned(out, out_a, lse_a, out_b, lse_b)
-    return out, _owned(lse, out_a, lse_a, out_b, lse_b, out)
-
-
-@_merge_attention_states.register_fake
-def _(out_a, lse_a, out_b, lse_b):
-    return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
-
-
-def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
-                           lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.ops.layerzero.merge_attention_states`` with ``lz.merge_attention_states``'s arguments."""
-    return _merge_attention_states(out_a, lse_a, out_b, lse_b)
-
-
-@torch.library.custom_op(f"{NS}::reshape_and_cache", mutates_args=("kv_cache",))
-def _reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                       kv_layout: str) -> None:
-    _lz().reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout)
-
-
-@_reshape_and_cache.register_fake
-def _(k, v, kv_cache, slot_mapping, kv_layout):
-    return None
-
-
-def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                      kv_layout: Any) -> None:
-    """``torch.ops.layerzero.reshape_and_cache`` (writes ``kv_cache`` in place)."""
-    _reshape_and_cache(k, v, kv_cache, slot_mapping, _layout_str(kv_layout))
-
-
+# -------------------------------------------------------------------------------------------- MoE
 @torch.library.custom_op(f"{NS}::fused_moe", mutates_args=())
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
@@ -614,3 +475,14 @@ def quantize(x: torch.Tensor, fmt: Any, axis: int | None, group_size: Any, check
 from layerzero import _library_grad  # noqa: E402  (needs the ops above)
 
 _library_grad.register(NS)
+
+
+# the paged KV-cache ops (registered when this module is imported, as every op here; kept in their own file for size)
+from .library_paged import (  # noqa: E402, F401 - re-exported
+    merge_attention_states,
+    paged_attention,
+    paged_attention_lse,
+    qk_norm_rope_cache,
+    reshape_and_cache,
+    rope_paged_attention,
+)

@@ -155,9 +155,14 @@ def rope_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
     Equal to ``q, k = lz.qk_norm_rope(q[None], k[None], q_weight, k_weight, cos, sin, position_ids=position_ids[None],
     layout="BSHD")`` (``lz.rope`` without weights), ``lz.reshape_and_cache(k[0], v, kv_cache, slot_mapping,
     kv_layout)``, then ``lz.paged_attention(q[0], kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q,
-    scale=scale, is_causal=True, kv_layout=kv_layout)``. Kernels: ``composite.rope_paged_attention`` (those lz calls,
-    each selected on its own: the default), ``reference.rope_paged_attention`` (float32 math, the oracle).
-    Quantized pools are refused: their write and read take scales (call the three ops instead).
+    scale=scale, is_causal=True, kv_layout=kv_layout)``, given that each sequence's new tokens are its last positions
+    and ``slot_mapping`` holds their slots in ``block_tables`` (as an engine builds both; out-of-range values are
+    undefined on CUDA as in ``lz.paged_attention``). Kernels: ``composite.rope_paged_attention`` (those lz calls,
+    each selected on its own: the default), ``reference.rope_paged_attention`` (float32 math, the oracle),
+    ``triton.rope_paged_decode`` (CUDA decode, opt in: one split kernel that also does the norm, RoPE and the KV
+    write, taking the new token's K/V from registers at position ``seq_lens - 1``, then the merge; measured slower
+    than the composite on the H200, see docs/paged_attention.md). Quantized pools are refused: their write and read
+    take scales (call the three ops instead).
 
     Raises:
         InvalidInputError: q / k not 3-D; one of q_weight / k_weight without the other; position_ids not ``[T]``

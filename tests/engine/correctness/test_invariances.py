@@ -108,3 +108,28 @@ def test_lpm_above_its_scoring_limit_gives_the_same_outputs(monkeypatch, cases, 
     _, outs = _run(checkpoints, [ps[i] for i in order], scheduling_policy="lpm", max_num_seqs=2)
     _check(outs, [refs[i] for i in order])
     assert sorted(o.num_cached_tokens for o in outs) == [0, 0, 0, 0, 32, 32]
+
+
+def test_graphed_attention_path_gives_the_same_greedy_output(cases, checkpoints, monkeypatch):
+    """The attention block as one ``lz.rope_paged_attention`` call (what the CUDA-graph runner's forwards take:
+    ``ForwardBatch.graphed``) forced on every step here, prefill and decode on CPU: HF's tokens and logprobs, as
+    the separate calls of eager steps give them; the op really ran (counted)."""
+    import dataclasses
+
+    import layerzero as lz
+    from layerzero.engine.runner import model_runner
+
+    build, calls = model_runner.build_forward_batch, []
+    monkeypatch.setattr(model_runner, "build_forward_batch",
+                        lambda *a, **k: dataclasses.replace(build(*a, **k), graphed=True))
+    real = lz.rope_paged_attention
+
+    def counted(*a, **k):
+        calls.append(k.get("cu_seqlens_q") is None)
+        return real(*a, **k)
+
+    monkeypatch.setattr(lz, "rope_paged_attention", counted)
+    ps, refs = cases
+    _, outs = _run(checkpoints, ps)
+    _check(outs, refs)
+    assert any(calls) and not all(calls), "decode and prefill steps both took the fused call"

@@ -61,9 +61,11 @@ class Attention(nn.Module):
         q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         q, k, v = q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), v.view(t, self.hkv, self.d)
         norm = self.q_norm is not None
-        if batch.cascade is None and kv_cache.dtype not in QUANTIZED_KV_DTYPES:
-            # QK-norm, RoPE, the KV write and the attention in one call (lz.rope_paged_attention: one split kernel
-            # and its merge for a decode step where four kernels ran)
+        if batch.graphed and batch.cascade is None and kv_cache.dtype not in QUANTIZED_KV_DTYPES:
+            # captured decode steps: QK-norm, RoPE, the KV write and the attention in one call
+            # (lz.rope_paged_attention: three kernels where four ran, the graph 759 -> 742 µs at batch 1 on the
+            # H200); eager steps make the separate calls below, whose warm host path is cheaper (the composite
+            # validates the block once more per part: ~1 ms a call more on a CPU decode step)
             o = lz.rope_paged_attention(
                 q, k, v, self.rotary.cos, self.rotary.sin, kv_cache, batch.slot_mapping, batch.block_tables,
                 batch.seq_lens, position_ids=batch.positions, q_weight=self.q_norm.weight if norm else None,

@@ -58,7 +58,7 @@ class CUDAGraphRunner:
     def _batch(self, bs: int, cascade: bool = False) -> ForwardBatch:
         return ForwardBatch(self.input_ids[:bs], self.positions[:bs], self.slot_mapping[:bs], self.block_tables[:bs],
                             self.seq_lens[:bs], None, self.rows[:bs], bs,
-                            self.cascade.batch(bs) if cascade else None)
+                            self.cascade.batch(bs) if cascade else None, graphed=True)
 
     @torch.no_grad()
     def capture(self) -> None:

@@ -47,6 +47,9 @@ class ForwardBatch:
 
     - ``cascade``: the step's cascade-attention metadata when its sequences share enough prefix blocks
       (:mod:`.cascade`), else None.
+    - ``graphed``: built by the CUDA-graph runner (:mod:`.cuda_graph`): this forward is a capture or its warm-up, so
+      its host work is paid once and replays run only its kernels; a model may then take calls that cost more host
+      time for fewer kernels (``lz.rope_paged_attention``).
 
     Every layer passes the same tensors to :func:`layerzero.paged_attention` (FlashInfer plans once per step).
     """
@@ -60,6 +63,7 @@ class ForwardBatch:
     logits_indices: torch.Tensor
     num_seqs: int
     cascade: CascadeBatch | None = None
+    graphed: bool = False
 
     @property
     def is_decode(self) -> bool:
