@@ -73,7 +73,7 @@ def grid(contexts: list[int]) -> list[str]:
         ly = Layers(ctx)
         q = [ly.qkv_views(i)[0].contiguous() for i in range(len(ly.caches))]
 
-        def run(i: int, **kw: int) -> torch.Tensor:
+        def run(i: int, q: list[torch.Tensor] = q, ly: Layers = ly, **kw: int) -> torch.Tensor:
             return tp.paged_decode(q[i], ly.caches[i], ly.bt, ly.lens, D ** -0.5, "NHD", **kw)
 
         want = run(0)
