@@ -4,7 +4,7 @@
 ``lz.linear``, ``composite.qk_norm_rope_cache`` is ``lz.qk_norm_rope`` then ``lz.reshape_and_cache``,
 ``composite.rope_paged_attention`` is ``lz.qk_norm_rope_cache`` (``lz.rope`` then ``lz.reshape_and_cache`` without
 q/k norm weights) then ``lz.paged_attention``: wherever no fused kernel takes a call (more rows than the fused Triton kernels take, float32, CPU),
-the op costs exactly what its two calls would, with each part's own best kernel (``triton.rms_norm`` /
+the op costs exactly what its calls would, with each part's own best kernel (``triton.rms_norm`` /
 ``triton.gemv`` / cuBLAS on a GPU, ``torch_native`` on a CPU) and each part's own explanation (``lz.explain`` of the
 part). Above ``torch_native``'s single-library forms (50), below the fused kernels (55).
 """
