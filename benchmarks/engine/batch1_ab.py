@@ -21,6 +21,7 @@ Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out D
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import itertools
 import json
@@ -60,18 +61,14 @@ def _two_calls(norm, proj, x, residual):
     return proj(h), residual
 
 
+_ATTEND = llama.Attention.attend
+
+
 def _attend_unfused(self, qkv, batch, kv_cache):
-    """The attention block as four kernels (before ``lz.rope_paged_attention``): ``lz.qk_norm_rope`` (or ``lz.rope``),
-    ``lz.reshape_and_cache``, ``lz.paged_attention`` (split + merge): the ``attn-unfused`` variant."""
-    t = qkv.shape[0]
-    q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
-    q, k, v = q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), v.view(t, self.hkv, self.d)
-    if self.q_norm is not None:
-        q, k = self.rotary.with_qk_norm(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, batch.positions)
-    else:
-        q, k = self.rotary(q, k, batch.positions)
-    o = llama.paged_attention(q, k, v, kv_cache, batch, self.scale, self.kv_scales)
-    return self.o_proj(o.reshape(t, self.hq * self.d))
+    """The attention block as four kernels (before ``lz.rope_paged_attention``) in captured steps too: the engine's
+    eager-step calls (``lz.qk_norm_rope`` or ``lz.rope``, ``lz.reshape_and_cache``, ``lz.paged_attention``): the
+    ``attn-unfused`` variant."""
+    return _ATTEND(self, qkv, dataclasses.replace(batch, graphed=False), kv_cache)
 
 
 def _mlp_two_calls(self, gate_up):

@@ -94,20 +94,16 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--grid", default=None, help="KV lengths for the grid of GRID's configs (instead of the search)")
     a = ap.parse_args()
+    head = f"({torch.cuda.get_device_name()}, torch {torch.__version__}, {datetime.date.today()})"
     if a.grid:
         lines = [f"# triton.paged_decode at batch 1: (splits / block_n / warps) by KV length, 28-layer graphs, µs per "
-                 f"layer ({torch.cuda.get_device_name()}, torch {torch.__version__}, {datetime.date.today()})", "",
-                 *grid([int(c) for c in a.grid.split(",")])]
-        if a.out:
-            with open(a.out, "w") as f:
-                f.write("\n".join(lines) + "\n")
-        return
-    lines = [f"# triton.paged_decode at batch 1, 28-layer graphs ({torch.cuda.get_device_name()}, torch "
-             f"{torch.__version__}, {datetime.date.today()})", "", "| KV len | config | µs per layer |",
-             "| ---: | --- | ---: |"]
-    for ctx in (int(c) for c in a.contexts.split(",")):
-        lines += search(ctx, a.top)
-        print("\n".join(lines), flush=True)
+                 f"layer {head}", "", *grid([int(c) for c in a.grid.split(",")])]
+    else:
+        lines = [f"# triton.paged_decode at batch 1, 28-layer graphs {head}", "", "| KV len | config | µs per layer |",
+                 "| ---: | --- | ---: |"]
+        for ctx in (int(c) for c in a.contexts.split(",")):
+            lines += search(ctx, a.top)
+            print("\n".join(lines), flush=True)
     if a.out:
         with open(a.out, "w") as f:
             f.write("\n".join(lines) + "\n")

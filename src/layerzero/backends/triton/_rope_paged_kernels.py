@@ -42,9 +42,13 @@ def _norm_rope(x, xp, w_ptr, d, partner, d_ok, sign, cos, sin, eps, HEAD_DIM: tl
 
 
 @triton.jit
-def _attend_kv(q, p_ok, k, v, m_i, l_i, acc, qk_scale, UPCAST: tl.constexpr):
-    """``_paged_kernels._attend_tile``'s online-softmax step on a loaded tile (``kv_tile``): positions outside ``p_ok``
-    weigh 0, and a tile with none in it changes nothing (the running max stays -inf: no ``-inf - -inf``)."""
+def _attend_old(q, kv_head, bt_row, t0, stop, new_pos, m_i, l_i, acc, qk_scale, stride_blk, stride_kv, stride_pos,
+                page, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+    """``_paged_kernels._attend_tile``'s online-softmax step over the cached positions of ``[t0, t0 + BLOCK_N)``:
+    ``new_pos`` (the new token, attended from registers) is masked out like the positions past ``stop``, so a tile
+    may hold no position at all (then nothing changes: the running max stays -inf, no ``-inf - -inf``)."""
+    _, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
+                            BLOCK_N, new_pos)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -57,16 +61,6 @@ def _attend_kv(q, p_ok, k, v, m_i, l_i, acc, qk_scale, UPCAST: tl.constexpr):
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     return m_new, l_i, acc
-
-
-@triton.jit
-def _attend_old(q, kv_head, bt_row, t0, stop, new_pos, m_i, l_i, acc, qk_scale, stride_blk, stride_kv, stride_pos,
-                page, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
-    """:func:`_attend_kv` over the cached positions of ``[t0, t0 + BLOCK_N)``: ``new_pos`` (the new token, attended
-    from registers) is masked out like the positions past ``stop``."""
-    _, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
-                            BLOCK_N, new_pos)
-    return _attend_kv(q, p_ok, k, v, m_i, l_i, acc, qk_scale, UPCAST)
 
 
 @triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "stride_lb"])
