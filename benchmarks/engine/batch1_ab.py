@@ -12,7 +12,10 @@ Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``triton.ge
 calls instead of ``lz.rms_norm_linear``, the activation and down projection instead of ``lz.swiglu_linear``),
 ``unfused-norm`` (the norms only), ``fused-merge`` (``triton.paged_decode`` merges its splits in the split kernel
 in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per sequence), ``attn-unfused`` (the attention
-block as the four kernels it was before ``lz.rope_paged_attention``), ``base`` (nothing changed).
+block as the four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k-8w`` / ``gemv-8w`` / ``gemv-2w``
+(``triton.gemv``'s prefetch kernel with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other
+``gemv-*``), ``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``),
+``base`` (nothing changed).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
 ``DIR/batch1_ab.md`` and ``DIR/timeline.md``.
@@ -81,7 +84,18 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "unfused": [(llama, "norm_linear", _two_calls), (llama.MLP, "down", _mlp_two_calls)],
             "unfused-norm": [(llama, "norm_linear", _two_calls)], "fused-merge": [(paged, "FUSED_MERGE_IN_GRAPHS", True)],
             "splits-8": [(paged, "MAX_SPLITS", 8)], "splits-4": [(paged, "MAX_SPLITS", 4)], "base": [],
-            "attn-unfused": [(llama.Attention, "attend", _attend_unfused)]}
+            "attn-unfused": [(llama.Attention, "attend", _attend_unfused)],
+            "gemv-16k-8w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 8)],
+            "gemv-8w": [(tg, "PREFETCH_WARPS", 8)], "gemv-2w": [(tg, "PREFETCH_WARPS", 2)],
+            "gemv-4k-1w": [(tg, "PREFETCH_SLAB", 4096), (tg, "PREFETCH_WARPS", 1)],
+            "gemv-8k-1w": [(tg, "PREFETCH_WARPS", 1)],
+            "gemv-4k-2w": [(tg, "PREFETCH_SLAB", 4096), (tg, "PREFETCH_WARPS", 2)],
+            "gemv-16k-2w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 2)],
+            "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
+            **{f"{name}-16k-8w": [(tg, "PREFETCH_BY_SHAPE", {shape: (16384, 8)})] for name, shape in (
+                ("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate-up", (6144, 1024)), ("down", (1024, 3072)))},
+            **{f"{name}-4w": [(tg, "PREFETCH_BY_SHAPE", {shape: (8192, 4)})] for name, shape in (
+                ("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate-up", (6144, 1024)), ("down", (1024, 3072)))}}
 
 
 class HostTimer:

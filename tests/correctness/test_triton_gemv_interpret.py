@@ -77,8 +77,11 @@ def test_leading_dims_and_empty_rows():
 
 
 def test_config_covers_every_path(monkeypatch):
-    assert tg.config(1, 6144, 1024) == {"kernel": "prefetch", "BM": 1, "BN": 8, "KP": 1024, "num_warps": 4}
-    assert tg.config(3, 1024, 3072)["KP"] == 4096 and tg.config(3, 1024, 3072)["BN"] == 2
+    assert tg.config(1, 6144, 1024) == {"kernel": "prefetch", "BM": 1, "BN": 8, "KP": 1024, "num_warps": 2}
+    # the longest K (next_pow2 = 4096): slabs of 16384 (BN 4), 8 warps; a per-shape override wins
+    assert tg.config(3, 1024, 3072) == {"kernel": "prefetch", "BM": 4, "BN": 4, "KP": 4096, "num_warps": 8}
+    monkeypatch.setattr(tg, "PREFETCH_BY_SHAPE", {(1024, 3072): (8192, 4)})
+    assert tg.config(3, 1024, 3072)["BN"] == 2 and tg.config(3, 1024, 3072)["num_warps"] == 4
     assert tg.config(1, 151936, 1024)["kernel"] == "dot" and tg.config(1, 1024, 4097)["kernel"] == "rows"
     assert [tg.config(m, 4096, 1024)["kernel"] for m in (1, 2, 3)] == ["prefetch", "prefetch", "dot"]
     assert [tg.config(m, 1024, 2048)["kernel"] for m in (4, 5)] == ["prefetch", "rows"]

@@ -59,7 +59,19 @@ PREFETCH_MAX_K = 4096
 """Longest K the prefetch kernel takes: its slab lives in registers (``BN x next_pow2(K)`` elements per program)."""
 PREFETCH_SLAB = 8192
 """Elements of one program's slab (``BN x next_pow2(K)``): BN is this over next_pow2(K), 1-8."""
-PREFETCH_WARPS = 4
+PREFETCH_WARPS = 2
+"""Warps per program of the prefetch kernel. 2 since 2026-11-28: the engine's batch-1 decode graph (Qwen3-0.6B, H200,
+``benchmarks/engine/batch1_ab.py``, one process, variants alternating) replayed in 698-699 µs against 724-725 with 4
+warps (8: 718-719; 1: 781-896; slabs of 4096 / 16384 elements with 2 warps: 738-739 / 820; 16384 with 8 warps:
+700-701). A 28-layer chain of whole decode layers alone had suggested otherwise (``decode_layer_chain.py``: 8192 with 2
+warps and 16384 with 8 both ~1 µs a layer faster than 4 warps, 4096 with 2 warps 2.5 slower), so the engine decides."""
+PREFETCH_LONG_K = (16384, 8)
+"""``(slab elements, warps)`` of the prefetch kernel for the longest K (next_pow2(K) = :data:`PREFETCH_MAX_K`, e.g. the
+MLP down projection): in the same A/B the down projection (3072 -> 1024) with 16384 / 8 took the graph 698 -> 692 µs
+(with 4 warps: 708); the same change for QKV, o or gate/up cost 7-9 µs each (``batch1_ab_gemv_per_projection.md``)."""
+PREFETCH_BY_SHAPE: dict[tuple[int, int], tuple[int, int]] = {}
+"""``(N, K)`` of a weight -> ``(slab elements, warps)`` of the prefetch kernel in place of :data:`PREFETCH_SLAB` /
+:data:`PREFETCH_WARPS` (per-projection A/B benchmarks; empty by default)."""
 
 
 def prefetch_applies(m: int, n: int, k: int) -> bool:
@@ -78,8 +90,10 @@ def config(m: int, n: int, k: int, *, prefetch: bool | None = None) -> dict[str,
     (:func:`prefetch_applies`): ``_gemv_prefetch``."""
     if (PREFETCH if prefetch is None else prefetch) and prefetch_applies(m, n, k):
         kp = next_pow2(k)
-        return {"kernel": "prefetch", "BM": next_pow2(m), "BN": max(1, min(8, PREFETCH_SLAB // kp)), "KP": kp,
-                "num_warps": PREFETCH_WARPS}
+        slab, warps = PREFETCH_BY_SHAPE.get((n, k), PREFETCH_LONG_K if kp >= PREFETCH_MAX_K else (
+            PREFETCH_SLAB, PREFETCH_WARPS))
+        return {"kernel": "prefetch", "BM": next_pow2(m), "BN": max(1, min(8, slab // kp)), "KP": kp,
+                "num_warps": warps}
     if n <= 2048:
         return {"kernel": "rows", "BM": next_pow2(m), "BN": 2 if m <= 2 and k >= 3072 else 4, "BK": 512,
                 "num_warps": 4}
