@@ -15,7 +15,9 @@ in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per seq
 block as the four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k-8w`` / ``gemv-8w`` / ``gemv-2w``
 (``triton.gemv``'s prefetch kernel with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other
 ``gemv-*``), ``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``),
-``base`` (nothing changed).
+``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``rope-bh1``
+... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
+changed).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
 ``DIR/batch1_ab.md`` and ``DIR/timeline.md``.
@@ -36,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from layerzero.backends.triton import _launch, paged
+from layerzero.backends.triton import _launch, paged, rope
 from layerzero.backends.triton import gemv as tg
 from layerzero.engine import LLM, SamplingParams
 from layerzero.engine.bench import default_checkpoint
@@ -92,6 +94,11 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "gemv-4k-2w": [(tg, "PREFETCH_SLAB", 4096), (tg, "PREFETCH_WARPS", 2)],
             "gemv-16k-2w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 2)],
             "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
+            "gemv-old": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4))],
+            "longk-16k-4w": [(tg, "PREFETCH_LONG_K", (16384, 4))], "longk-8k-8w": [(tg, "PREFETCH_LONG_K", (8192, 8))],
+            "split-2w": [(paged, "SPLIT_WARPS", 2)], "split-8w": [(paged, "SPLIT_WARPS", 8)],
+            "merge-1w": [(paged, "MERGE_WARPS", 1)], "merge-2w": [(paged, "MERGE_WARPS", 2)],
+            **{f"rope-bh{n}": [(rope, "BLOCK_H_MAX", n)] for n in (1, 2, 4, 8, 16)},
             **{f"{name}-16k-8w": [(tg, "PREFETCH_BY_SHAPE", {shape: (16384, 8)})] for name, shape in (
                 ("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate-up", (6144, 1024)), ("down", (1024, 3072)))},
             **{f"{name}-4w": [(tg, "PREFETCH_BY_SHAPE", {shape: (8192, 4)})] for name, shape in (

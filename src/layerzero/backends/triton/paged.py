@@ -55,6 +55,10 @@ TILE_BYTES = 32768
 """Bytes of one ``[BLOCK_N, D]`` K tile: the H200 search found the largest tile that keeps K and V of two to three
 pipeline stages in shared memory the fastest (bf16/fp16: 128 positions for D <= 128, 64 for D = 256)."""
 BLOCK_N_MAX = 128
+SPLIT_WARPS = 4
+"""Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call)."""
+MERGE_WARPS = 4
+"""Warps per stage-2 (merge) program."""
 
 
 FUSED_MERGE: bool | str = "auto"
@@ -122,7 +126,7 @@ def block_n_for(head_dim: int, itemsize: int = 2) -> int:
 def launch_config(head_dim: int) -> dict[str, int]:
     """Stage-1 ``num_warps`` / ``num_stages`` (measured on the H200): 4 warps; 2 pipeline stages for head dims
     above 128 (three 64 KB K+V stages would not fit shared memory), Triton's default below."""
-    return {"num_warps": 4, "num_stages": 2} if next_pow2(head_dim) > 128 else {"num_warps": 4}
+    return {"num_warps": SPLIT_WARPS, "num_stages": 2} if next_pow2(head_dim) > 128 else {"num_warps": SPLIT_WARPS}
 
 
 @functools.lru_cache(maxsize=16)
@@ -217,7 +221,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     kern = _KERNELS.get()  # the @triton.jit code; triton imported fine in the backend's probe
     key = (q.shape, q.stride(), q.dtype, q.device, kv_cache.shape, kv_cache.stride(), kv_cache.dtype,
            block_tables.shape, block_tables.stride(), seq_lens.stride(), kv_layout, return_lse, num_splits, block_n,
-           num_warps, num_stages)
+           num_warps, num_stages, SPLIT_WARPS, MERGE_WARPS)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _plan(kern, q, kv_cache, block_tables, seq_lens, kv_layout, return_lse, num_splits, block_n,
@@ -320,7 +324,7 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
          *ws_strides, hq * splits),
         (hq * d, d, *ws_strides, hq, splits),
         split_kw, {**split_kw, "FUSED_MERGE": True, "S_PAD": next_pow2(splits)},
-        dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=4))
+        dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=MERGE_WARPS))
 
 
 def _scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict[str, bool]]:

@@ -34,8 +34,11 @@ launches in the input dtype) and liger (40): fastest of the three on the H200 fo
 22 GPU tests against float64 passed (2026-11-27), and a 28-layer batch-1 attention block ran 7.90 vs 8.60 µs a layer
 with the composite form (``benchmarks/results/engine/h200/2026-11-27d/attention_block.md``)."""
 MAX_HEAD_DIM = 1024
-BLOCK_H_MAX = 16
-"""Most heads one program rotates (a power of two; fewer when a head's tile is large)."""
+BLOCK_H_MAX = 4
+"""Most heads one program rotates (a power of two; fewer when a head's tile is large). 4 since 2026-11-28: the engine's
+batch-1 decode graph (Qwen3-0.6B, 16 query / 8 KV heads of 128, H200, ``benchmarks/engine/batch1_ab.py``) replayed in
+687 µs with 4 (6 programs for a token's q and k) against 691 with 8, 692 with 16 (2 programs), 697-698 with 2 and 694
+with 1."""
 _KERNELS = LazyModule("_rope_kernels")
 
 
