@@ -15,6 +15,7 @@ in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per seq
 block as the four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k-8w`` / ``gemv-8w`` / ``gemv-2w``
 (``triton.gemv``'s prefetch kernel with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other
 ``gemv-*``), ``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``),
+``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
 ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
 changed).
@@ -95,6 +96,7 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "gemv-16k-2w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 2)],
             "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
             "gemv-old": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4))],
+            "2026-11-27": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4)), (rope, "BLOCK_H_MAX", 16)],
             "longk-16k-4w": [(tg, "PREFETCH_LONG_K", (16384, 4))], "longk-8k-8w": [(tg, "PREFETCH_LONG_K", (8192, 8))],
             "split-2w": [(paged, "SPLIT_WARPS", 2)], "split-8w": [(paged, "SPLIT_WARPS", 8)],
             "merge-1w": [(paged, "MERGE_WARPS", 1)], "merge-2w": [(paged, "MERGE_WARPS", 2)],
