@@ -42,15 +42,15 @@ def _bad(what: str, expected: str, got: object, fix: str | None = None) -> Inval
     return InvalidInputError(expected_got(what, expected, got, fix))
 
 
-def _pack8(codes: torch.Tensor) -> torch.Tensor:
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """int codes ``[R, 8, C]`` (0..15) -> int32 ``[R, C]``: code j in bits 4j..4j+3 (two's complement int32)."""
     shifts = torch.tensor(_SHIFTS, dtype=torch.int64, device=codes.device).view(1, 8, 1)
     words = (codes.to(torch.int64) << shifts).sum(dim=1)  # < 2**32, exact in int64
     return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
 
 
-def _unpack8(words: torch.Tensor) -> torch.Tensor:
-    """int32 ``[R, C]`` -> int64 codes ``[R, 8, C]`` (inverse of :func:`_pack8`)."""
+def unpack_nibbles(words: torch.Tensor) -> torch.Tensor:
+    """int32 ``[R, C]`` -> int64 codes ``[R, 8, C]`` (inverse of :func:`pack_nibbles`)."""
     shifts = torch.tensor(_SHIFTS, dtype=torch.int64, device=words.device).view(1, 8, 1)
     return (words.to(torch.int64).unsqueeze(1) >> shifts) & 15
 
@@ -81,14 +81,14 @@ def to_gptq(qt: QuantizedTensor, *, checkpoint_format: str = "gptq",
     n, k = qt.shape
     g = int(qt.group_size)  # type: ignore[arg-type]
     codes = torch.stack((qt.data & 15, qt.data >> 4), dim=-1).reshape(n, k)  # [N, K]
-    qweight = _pack8(codes.t().reshape(k // 8, 8, n))  # [K/8, N]
+    qweight = pack_nibbles(codes.t().reshape(k // 8, 8, n))  # [K/8, N]
     zeros = qt.zero_point.to(torch.int64).t()  # [K/g, N]
     if checkpoint_format == "gptq":
         if bool((zeros == 0).any()):
             raise _bad("to_gptq: zero points", "1..15 for checkpoint_format='gptq' (it stores zero - 1 in 4 bits)",
                        "a zero point of 0 (a group with no negative values)", "Export checkpoint_format='gptq_v2'.")
         zeros = zeros - 1
-    qzeros = _pack8(zeros.reshape(k // g, n // 8, 8).transpose(1, 2))  # [K/g, N/8]
+    qzeros = pack_nibbles(zeros.reshape(k // g, n // 8, 8).transpose(1, 2))  # [K/g, N/8]
     scales = qt.scale.t().contiguous().to(scale_dtype)  # [K/g, N]
     g_idx = torch.arange(k, dtype=torch.int32, device=qt.data.device) // g
     return GPTQWeights(qweight, qzeros, scales, g_idx)
@@ -115,9 +115,9 @@ def from_gptq(weights: GPTQWeights | tuple[torch.Tensor, ...], *, group_size: in
     if tuple(qzeros.shape) != (ng, n // 8) or not isinstance(scales, torch.Tensor) or tuple(scales.shape) != (ng, n):
         raise _bad("from_gptq: qzeros / scales shapes", f"[{ng}, {n // 8}] / [{ng}, {n}]",
                    f"{list(qzeros.shape)} / {list(getattr(scales, 'shape', []))}")
-    codes = _unpack8(qweight).reshape(k, n).t()  # [N, K]
+    codes = unpack_nibbles(qweight).reshape(k, n).t()  # [N, K]
     data = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
-    zeros = _unpack8(qzeros).transpose(1, 2).reshape(ng, n)  # [K/g, N]
+    zeros = unpack_nibbles(qzeros).transpose(1, 2).reshape(ng, n)  # [K/g, N]
     if checkpoint_format == "gptq":
         zeros = (zeros + 1) & 15
     return QuantizedTensor(data.contiguous(), scales.t().to(torch.float32).contiguous(),

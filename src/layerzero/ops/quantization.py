@@ -277,8 +277,8 @@ def quantize(x: torch.Tensor, format: QuantFormat | str, *, axis: int | None = N
     - ``"nvfp4"`` (NVIDIA ModelOpt / TensorRT-LLM): E2M1 codes ``[..., K/2]``, E4M3 block scales ``[..., K/16]``
       and a float32 ``global_scale = amax / (448 * 6)``.
     - ``"int4"`` (GPTQ / AWQ, weight-only): asymmetric codes 0..15 two per byte ``[..., K/2]``, float32 scales and
-      uint8 zero points ``[..., K/g]``, ``group_size`` g default 128 (``layerzero.ops.gptq.to_gptq`` packs them
-      into GPTQ's int32 layout).
+      uint8 zero points ``[..., K/g]``, ``group_size`` g default 128 (``layerzero.ops.gptq.to_gptq`` and
+      ``layerzero.ops.awq.to_awq`` pack them into GPTQ's and AWQ's int32 layouts).
 
     ``check_finite`` (default True) raises for NaN/Inf in x (one reduction; a host sync on GPUs; skipped while a
     CUDA graph is captured); False skips it and a non-finite group's codes are unspecified. Not differentiable:
