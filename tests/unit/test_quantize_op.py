@@ -252,3 +252,17 @@ def test_gptq_errors():
         from_gptq(w, group_size=48)
     assert math.isclose(float(from_gptq(w, group_size=128, checkpoint_format="gptq_v2").scale[0, 0]),
                         float(pos.scale[0, 0]), rel_tol=1e-3)
+
+
+def test_gptq_act_order_g_idx_is_refused():
+    """desc_act=True checkpoints interleave their groups along K: refused, never read as contiguous groups."""
+    qt = lz.quantize(torch.rand(8, 256) - 0.5, "int4", group_size=64)
+    w = to_gptq(qt, checkpoint_format="gptq_v2")
+    assert torch.equal(from_gptq(w, group_size=64, checkpoint_format="gptq_v2").data, qt.data)  # k // g: fine
+    act_order = w._replace(g_idx=w.g_idx[torch.randperm(256, generator=torch.Generator().manual_seed(0))])
+    with pytest.raises(InvalidInputError, match=r"g_idx: expected k // group_size .*act-order"):
+        from_gptq(act_order, group_size=64, checkpoint_format="gptq_v2")
+    with pytest.raises(InvalidInputError, match=r"g_idx"):
+        from_gptq(w._replace(g_idx=w.g_idx[:128]), group_size=64, checkpoint_format="gptq_v2")
+    assert torch.equal(from_gptq(w._replace(g_idx=None), group_size=64, checkpoint_format="gptq_v2").data, qt.data)
+    assert torch.equal(from_gptq(w[:3], group_size=64, checkpoint_format="gptq_v2").data, qt.data)

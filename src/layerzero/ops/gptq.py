@@ -96,12 +96,14 @@ def to_gptq(qt: QuantizedTensor, *, checkpoint_format: str = "gptq",
 
 def from_gptq(weights: GPTQWeights | tuple[torch.Tensor, ...], *, group_size: int, checkpoint_format: str = "gptq",
               dtype: torch.dtype = torch.float16) -> QuantizedTensor:
-    """GPTQ buffers (``qweight [K/8, N]``, ``qzeros [K/g, N/8]``, ``scales [K/g, N]``; ``g_idx`` unused: groups are
-    contiguous, no act-order) -> an int4 :class:`QuantizedTensor` of the weight ``[N, K]`` in ``dtype``.
+    """GPTQ buffers (``qweight [K/8, N]``, ``qzeros [K/g, N/8]``, ``scales [K/g, N]``, optionally ``g_idx [K]``)
+    -> an int4 :class:`QuantizedTensor` of the weight ``[N, K]`` in ``dtype``. Groups must be contiguous along K:
+    a given ``g_idx`` must equal ``k // group_size`` (GPTQ's ``desc_act=False``).
 
     Raises:
         InvalidInputError: buffers of the wrong dtype / shape, a group size that does not divide K, an unknown
-            ``checkpoint_format``.
+            ``checkpoint_format``, a ``g_idx`` of another shape or with other values (an act-order checkpoint,
+            ``desc_act=True``: its groups interleave along K, which this layout cannot hold; read on the host).
     """
     _check_format(checkpoint_format)
     qweight, qzeros, scales = weights[0], weights[1], weights[2]
@@ -115,6 +117,15 @@ def from_gptq(weights: GPTQWeights | tuple[torch.Tensor, ...], *, group_size: in
     if tuple(qzeros.shape) != (ng, n // 8) or not isinstance(scales, torch.Tensor) or tuple(scales.shape) != (ng, n):
         raise _bad("from_gptq: qzeros / scales shapes", f"[{ng}, {n // 8}] / [{ng}, {n}]",
                    f"{list(qzeros.shape)} / {list(getattr(scales, 'shape', []))}")
+    g_idx = weights[3] if len(weights) > 3 else None
+    if g_idx is not None:
+        want = torch.arange(k, device=qweight.device) // group_size
+        if not isinstance(g_idx, torch.Tensor) or tuple(g_idx.shape) != (k,) or not torch.equal(
+                g_idx.to(device=want.device, dtype=want.dtype), want):
+            raise _bad("from_gptq: g_idx", f"k // group_size for k in 0..{k - 1} (groups contiguous along K)",
+                       "an act-order g_idx (desc_act=True) or a tensor of another shape",
+                       "Act-order GPTQ checkpoints are not supported: quantize the weight with lz.quantize, or "
+                       "load a checkpoint made with desc_act=False; pass g_idx=None to skip the check.")
     codes = unpack_nibbles(qweight).reshape(k, n).t()  # [N, K]
     data = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     zeros = unpack_nibbles(qzeros).transpose(1, 2).reshape(ng, n)  # [K/g, N]
