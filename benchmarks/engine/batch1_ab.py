@@ -250,12 +250,18 @@ def timeline(llm: LLM, sp: SamplingParams, out: Path) -> str:
                  key=lambda e: e["ts"])
     runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"]
     gaps, busy, end, prev = [], 0.0, None, None
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, duration, timeline extension
     for e in gpu:
         s, d = float(e["ts"]), float(e["dur"])
         if end is not None and s > end:
             gaps.append((s - end, prev, e["name"]))
+        row = per_kernel[e["name"]]
+        row[0] += 1
+        row[1] += d
         if end is None or s + d > end:
-            busy += (s + d) - max(s, end if end is not None else s)
+            ext = (s + d) - max(s, end if end is not None else s)  # busy time this op adds beyond the ones before it
+            busy += ext
+            row[2] += ext
             end, prev = s + d, e["name"]
     span = float(gpu[-1]["ts"]) + float(gpu[-1]["dur"]) - float(gpu[0]["ts"])
     idle = sum(g for g, _, _ in gaps)
@@ -272,6 +278,13 @@ def timeline(llm: LLM, sp: SamplingParams, out: Path) -> str:
              f"in {len(gaps)} gaps; idle by gap size: " + ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in hist.items()),
              "", "| gap µs | after | before |", "| ---: | --- | --- |"]
     lines += [f"| {g:.1f} | {a[:60]} | {b[:60]} |" for g, a, b in big]
+    kernels = sorted(per_kernel.items(), key=lambda kv: -kv[1][2])[:25]
+    lines += ["", "GPU ops by the busy time they add (an op overlapping the one before it under PDL adds only what runs "
+              "past that one's end; per step = over the 63 decode steps and the prefill together / 64):", "",
+              "| op | calls | mean µs | busy added per call µs | busy added per step µs |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {k[:70]} | {int(n)} | {dur / n:.2f} | {ext / n:.2f} | {ext / 64:.1f} |"
+              for k, (n, dur, ext) in kernels]
     lines += ["", "| runtime call | calls | total ms | median µs | max µs |", "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {k} | {len(v)} | {sum(v) / 1000:.2f} | {statistics.median(v):.1f} | {max(v):.1f} |" for k, v in calls]
     text = "\n".join(lines) + "\n"
