@@ -11,7 +11,7 @@ SECTIONS = {
     "Ops": ["attention", "rms_norm", "layer_norm", "rope", "qk_norm_rope", "swiglu", "fused_moe", "sample_topk", "sample_topp", "sample",
             "apply_penalties", "geglu", "reglu", "embedding", "linear", "rms_norm_linear", "swiglu_linear",
             "linear_cross_entropy"],
-    "Quantization (docs/quantization.md)": ["quantize", "dequantize", "quantized_linear"],
+    "Quantization (docs/quantization.md)": ["quantize", "dequantize", "quantized_linear", "fp8_linear"],
     "Tokenization (docs/tokenization.md)": ["tokenize", "detokenize", "IncrementalDetokenizer"],
     "Paged KV cache (serving)": ["paged_attention", "reshape_and_cache", "qk_norm_rope_cache", "rope_paged_attention",
                                  "allocate_kv_cache"],

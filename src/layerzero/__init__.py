@@ -66,6 +66,7 @@ from .ops import (
     attention,
     dequantize,
     embedding,
+    fp8_linear,
     fused_moe,
     geglu,
     layer_norm,
@@ -191,7 +192,7 @@ __all__ = [
     "GraphCheck", "capture_selection", "is_graph_safe", "validate_graph_capture", "warmup",
     "DispatchTable", "DryRunReport", "Manifest", "ReadinessReport", "TableMismatchError", "compile", "dry_run",
     "load_manifest", "load_table", "readiness_check", "solve", "uncompile",
-    "QuantFormat", "QuantizedTensor", "dequantize", "quantize", "quantized_linear",
+    "QuantFormat", "QuantizedTensor", "dequantize", "quantize", "quantized_linear", "fp8_linear",
     "Encoding", "IncrementalDetokenizer", "detokenize", "tokenize",
     "BlockOp", "BlockPlan", "plan_block",
 ]

@@ -16,7 +16,7 @@ assumes (it frees, reuses and writes in place into custom-op outputs; a stride t
 its ``assert_size_stride``). ``tests/integration/test_torch_compile_ops.py`` runs ``torch.library.opcheck`` on
 every op, with strided inputs too.
 
-``lz.dequantize`` and ``lz.quantized_linear`` take a ``QuantizedTensor`` (a NamedTuple, not a tensor): their ops
+``lz.dequantize``, ``lz.quantized_linear`` and ``lz.fp8_linear`` take a ``QuantizedTensor`` (a NamedTuple, not a tensor): their ops
 take its fields (codes, scales, zero point, global scale as tensors; format, shape, dtype, axis, group size as
 arguments) and rebuild it inside, so a compiled model with quantized linears has no graph breaks there either.
 ``lz.quantize``'s op returns the four tensors (an absent zero point or global scale as an empty tensor) and the
@@ -38,7 +38,7 @@ from typing import Any, Optional
 import torch
 
 __all__ = ["apply_penalties", "attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu",
-           "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "qk_norm_rope", "qk_norm_rope_cache", "quantize", "quantized_linear", "reglu",
+           "fp8_linear", "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "qk_norm_rope", "qk_norm_rope_cache", "quantize", "quantized_linear", "reglu",
            "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "rope_paged_attention", "sample", "sample_topk", "sample_topp", "swiglu", "swiglu_linear"]
 
 NS = "layerzero"
@@ -438,6 +438,25 @@ def _(x, data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_s
 def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> torch.Tensor:
     """``torch.ops.layerzero.quantized_linear`` with ``lz.quantized_linear``'s arguments."""
     return _quantized_linear(x, *_qt_args(qt), bias)
+
+
+@torch.library.custom_op(f"{NS}::fp8_linear", mutates_args=())
+def _fp8_linear(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor,
+                zero_point: Optional[torch.Tensor], global_scale: Optional[torch.Tensor],  # noqa: UP045
+                fmt: str, shape: list[int], dtype: torch.dtype, axis: Optional[int],  # noqa: UP045
+                group_size: Optional[list[int]], bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
+    qt = _qt(data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size)
+    return _owned(_lz().fp8_linear(x, qt, bias), x, data, scale, zero_point, global_scale, bias)
+
+
+@_fp8_linear.register_fake
+def _(x, data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size, bias):
+    return x.new_empty((*x.shape[:-1], shape[0]))
+
+
+def fp8_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> torch.Tensor:
+    """``torch.ops.layerzero.fp8_linear`` with ``lz.fp8_linear``'s arguments."""
+    return _fp8_linear(x, *_qt_args(qt), bias)
 
 
 @torch.library.custom_op(f"{NS}::quantize", mutates_args=())

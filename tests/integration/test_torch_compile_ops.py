@@ -262,6 +262,8 @@ def _opcheck_cases():
         ("dequantize nvfp4 (global scale)", ops.dequantize, library._qt_args(nvfp4)),
         ("quantized_linear int8 + bias", ops.quantized_linear, (r(5, 64), *library._qt_args(int8), r(7))),
         ("quantized_linear int4 transposed", ops.quantized_linear, (xt, *library._qt_args(int4), None)),
+        ("fp8_linear per channel + bias, transposed", ops.fp8_linear,
+         (xt, *library._qt_args(lz.quantize(wq, "fp8_e4m3", axis=0)), r(7))),
         ("quantize int8 per token", ops.quantize, (r(5, 64), "int8", 0, None, True)),
         ("quantize int4 transposed", ops.quantize, (xt, "int4", None, [32], True)),
         ("quantize fp8 2-D blocks", ops.quantize, (r(8, 64), "fp8_e4m3", None, [4, 32], True)),
@@ -277,17 +279,18 @@ def _opcheck_cases():
     return cases
 
 
-@pytest.mark.parametrize("case", range(48))
+@pytest.mark.parametrize("case", range(49))
 def test_custom_ops_keep_the_torch_library_contract(case):
     """``torch.library.opcheck`` (schema: no undeclared mutation or aliasing; fake impl: the real outputs' shapes,
     dtypes and strides; autograd registration; AOT dispatch) passes for every custom op, also with strided inputs,
     and no output shares memory with an input or another output: Inductor frees, reuses and writes into custom-op
     outputs in place (``inplace_buffers``, ``allow_buffer_reuse``) on the strength of that contract."""
     cases = _opcheck_cases()
-    assert len(cases) == 48
+    assert len(cases) == 49
     name, op, args = cases[case]
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    if "nvfp4" in name:  # the schema check multiplies the inputs; torch's CPU build cannot for float8 (nvfp4's scales)
+    if "nvfp4" in name or "fp8" in name:  # the schema check multiplies the inputs; torch's CPU build cannot for
+        # float8 (nvfp4's scales, fp8_linear's codes)
         utils = utils[1:]
     torch.library.opcheck(op, args, test_utils=utils)
     out = op(*args)
@@ -440,3 +443,33 @@ def test_quantized_linear_and_dequantize_compile_without_breaks(fmt):
     ep = torch.export.export(M(), (torch.randn(3, 32, generator=gen),))
     targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
     assert {"layerzero.quantized_linear.default", "layerzero.quantize.default"} <= targets
+
+
+def test_fp8_linear_compiles_without_breaks():
+    """``lz.fp8_linear`` (W8A8) takes a QuantizedTensor like ``lz.quantized_linear``: a fullgraph Inductor compile of
+    two W8A8 projections (one with bias, one on a strided view) has no graph break, matches eager (within float32
+    noise: the same kernel), runs the op (lz.trace), and ``torch.export`` keeps its node."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(11)
+    wa = lz.quantize(torch.randn(32, 48, generator=gen), "fp8_e4m3", axis=0)
+    wb = lz.quantize(torch.randn(16, 32, generator=gen), "fp8_e4m3")
+    b = torch.randn(32, generator=gen)
+
+    def block(x):
+        return lz.fp8_linear(lz.fp8_linear(x, wa, b).t().contiguous().t(), wb)
+
+    assert torch._dynamo.explain(block)(torch.randn(3, 48, generator=gen)).graph_break_count == 0
+    compiled = torch.compile(block, fullgraph=True)
+    for n in (3, 5):
+        x = torch.randn(n, 48, generator=gen)
+        with lz.trace() as t:
+            got = compiled(x)
+        torch.testing.assert_close(got, block(x), rtol=1e-5, atol=1e-5)
+        assert "fp8_linear" in {op for op, _ in t.counts}
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return block(x)
+
+    ep = torch.export.export(M(), (torch.randn(3, 48, generator=gen),))
+    assert "layerzero.fp8_linear.default" in {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}

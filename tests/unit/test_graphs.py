@@ -229,7 +229,8 @@ def test_capture_key_for_every_op():
                                     {"position_ids": slots}),
              "rope_paged_attention": ((torch.randn(2, 4, 8), kv, kv, cos, sin, cache, slots, tables, lens),
                                       {"position_ids": slots}),
-             "quantized_linear": ((x, lz.quantize(torch.randn(7, 16), "int4", group_size=16)), {})}
+             "quantized_linear": ((x, lz.quantize(torch.randn(7, 16), "int4", group_size=16)), {}),
+             "fp8_linear": ((x, lz.quantize(torch.randn(7, 16), "fp8_e4m3", axis=0)), {})}
     assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():
         prepare, build_ctx = OPS[op]

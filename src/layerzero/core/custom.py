@@ -76,6 +76,7 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "quantize": ("x", "format", "axis", "group_size"),
     "dequantize": ("qt",),
     "quantized_linear": ("x", "qt", "bias"),
+    "fp8_linear": ("x", "qt", "bias"),
     "linear_cross_entropy": ("hidden", "weight", "target", "bias", "ignore_index", "reduction", "label_smoothing",
                              "softcap"),
 }

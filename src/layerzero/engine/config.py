@@ -21,8 +21,9 @@ SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausal
 SCHEDULING_POLICIES = ("fcfs", "lpm", "priority")
 PREFIX_CACHES = ("radix", "hash")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-QUANTIZATIONS = ("int8", "int4", "fp8")
-"""``LLM(quantization=...)``: weight-only formats of the decoder linears (layers/quantized_linear.py)."""
+QUANTIZATIONS = ("int8", "int4", "fp8", "fp8_w8a8")
+"""``LLM(quantization=...)``: weight-only formats of the decoder linears, and W8A8 fp8 (e4m3 weights and activations
+quantized per token: ``lz.fp8_linear``) (layers/quantized_linear.py)."""
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
 """``LLM(kv_cache_dtype=...)`` -> the KV pool's dtype (None: the model's dtype); fp8/int8 are read through per-layer
 ``k_scale`` / ``v_scale`` (vLLM's ``kv_cache_dtype``; docs/engine.md "Quantized KV cache")."""
@@ -194,7 +195,8 @@ class EngineConfig:
             raise bad_config("LLM scheduling_policy", f"one of {SCHEDULING_POLICIES}", repr(self.scheduling_policy))
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise bad_config("LLM quantization", f"one of {QUANTIZATIONS} or None", repr(self.quantization),
-                             "Weight-only: int8 and fp8 (e4m3) per output channel, int4 in groups of 128.")
+                             "Weight-only: int8 and fp8 (e4m3) per output channel, int4 in groups of 128; "
+                             "fp8_w8a8: fp8 weights and activations (per token).")
         if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise bad_config("LLM kv_cache_dtype", f"one of {tuple(KV_CACHE_DTYPES)}", repr(self.kv_cache_dtype),
                              "'auto' keeps the model's dtype; 'fp8' (e4m3) and 'int8' halve the pool's bytes per "

@@ -50,7 +50,9 @@ class LLM:
         enforce_eager: no CUDA graphs. seed: the engine's random stream (requests without their own seed).
         quantization: None, ``"int8"``, ``"int4"`` or ``"fp8"``: weight-only quantization of the decoder linears
             (QKV, o_proj, gate/up, down_proj; not the embedding, norms, LM head or MoE experts) at load time;
-            int8 / fp8 e4m3 per output channel, int4 in groups of 128 along in_features (docs/engine.md).
+            int8 / fp8 e4m3 per output channel, int4 in groups of 128 along in_features; ``"fp8_w8a8"``: the
+            weights as ``"fp8"`` and the activations quantized to e4m3 per token on the fly, one fp8 GEMM
+            (``lz.fp8_linear``; vLLM's fp8) (docs/engine.md).
         kv_cache_dtype: ``"auto"`` (the model's dtype), ``"fp8"`` (float8 e4m3) or ``"int8"``: the KV pool's dtype
             (vLLM's option); a quantized pool holds 1 byte per element, so the same memory holds 2x (bf16) or 4x
             (fp32) the blocks. Per-layer scales: the checkpoint's ``k_scale`` / ``v_scale`` when present, else 1.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import attention as _attention
 from . import cascade as _cascade
 from . import embedding as _embedding
+from . import fp8_linear as _fp8l
 from . import fused_moe as _fused_moe
 from . import linear as _linear
 from . import linear_cross_entropy as _lce
@@ -27,6 +28,7 @@ from . import swiglu_linear as _sgl
 from .attention import attention
 from .cascade import merge_attention_states
 from .embedding import embedding
+from .fp8_linear import fp8_linear
 from .fused_moe import fused_moe
 from .kv_cache import KVLayout, allocate_kv_cache
 from .linear import linear
@@ -49,7 +51,8 @@ OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SP
                    _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
                    _cascade.LSE_SPEC, _cascade.MERGE_SPEC,
                    _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC, _quantization.SPEC,
-                   _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC, _linear.SPEC, _rnl.SPEC, _sgl.SPEC, _qlinear.SPEC)
+                   _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC, _linear.SPEC, _rnl.SPEC, _sgl.SPEC, _qlinear.SPEC,
+                   _fp8l.SPEC)
 
 OPS = {
     "attention": (_attention.prepare, _attention.context),
@@ -79,6 +82,7 @@ OPS = {
     "linear_cross_entropy": (_lce.prepare, _lce.context),
     "linear": (_linear.prepare, _linear.context),
     "quantized_linear": (_qlinear.prepare, _qlinear.context),
+    "fp8_linear": (_fp8l.prepare, _fp8l.context),
 }
 
 
@@ -96,5 +100,5 @@ __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_k
            "merge_attention_states",
            "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "qk_norm_rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
            "geglu", "reglu", "quantize", "dequantize", "embedding", "linear", "linear_cross_entropy",
-           "quantized_linear", "rms_norm_linear", "swiglu_linear", "qk_norm_rope_cache",
+           "quantized_linear", "fp8_linear", "rms_norm_linear", "swiglu_linear", "qk_norm_rope_cache",
            "rope_paged_attention"]

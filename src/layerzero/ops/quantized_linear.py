@@ -202,19 +202,25 @@ def _prepare(x: Any, qt: Any, bias: Any) -> tuple[tuple[Any, ...], tuple[Any, ..
     (:data:`_WEIGHTS`); its tensors, x and bias on every call (:func:`_fast_weight`); anything unexpected takes the
     full checks (:func:`_validate`)."""
     w = _fast_weight(x, qt, bias) or _validate(x, qt, bias)
+    return key_of(OP, x, qt, bias, w), (x, qt, bias)
+
+
+def key_of(op: str, x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None, w: _Weight) -> tuple[Any, ...]:
+    """The :class:`QuantLinearKey` fields (a plain tuple) of a validated call of ``op`` (``lz.quantized_linear`` or
+    ``lz.fp8_linear``) with weight metadata ``w``."""
     k = w.in_features
     stride = x.stride(-1) == 1 and qt.data.stride(-1) == 1 and (bias is None or bias.stride(0) == 1)
     grad = is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))
     layers = scope_layers()
-    return (OP, x.device, x.dtype, rows_key(x.numel() // k), k, w.out_features, w.quant_format, w.granularity,
+    return (op, x.device, x.dtype, rows_key(x.numel() // k), k, w.out_features, w.quant_format, w.granularity,
             bias is not None, stride, grad, deterministic_enabled(), x.is_cuda and stream_capturing(),
-            scope_token_of(layers) if layers else ()), (x, qt, bias)
+            scope_token_of(layers) if layers else ())
 
 
 def context(key: QuantLinearKey) -> SelectionContext:
-    """The :class:`SelectionContext` of a quantized-linear key: ``batch`` = rows M, ``hidden_size`` = K,
+    """The :class:`SelectionContext` of a quantized-linear key (``lz.quantized_linear``'s or ``lz.fp8_linear``'s): ``batch`` = rows M, ``hidden_size`` = K,
     ``intermediate_size`` = N, ``quant_format`` / ``quant_granularity`` the weight's."""
-    return SelectionContext(op=OP, device=device_spec(key.device), dtype=key.dtype, batch=key.rows,
+    return SelectionContext(op=key.op, device=device_spec(key.device), dtype=key.dtype, batch=key.rows,
                             hidden_size=key.in_features, intermediate_size=key.out_features, has_bias=key.has_bias,
                             stride_last_1=key.stride_last_1, requires_grad=key.requires_grad,
                             deterministic=key.deterministic, graph_capture=key.capture,

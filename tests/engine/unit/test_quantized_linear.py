@@ -111,12 +111,31 @@ def test_int4_group_size_rule(caplog: pytest.LogCaptureFixture) -> None:
 
 @pytest.mark.parametrize("bad", ["int3", "INT8", "fp8_e4m3", 8, ""])
 def test_bad_quantization_is_refused_before_loading(bad: object) -> None:
-    with pytest.raises(lz.ConfigurationError, match=r"LLM quantization: expected one of \('int8', 'int4', 'fp8'\)"):
+    with pytest.raises(lz.ConfigurationError,
+                       match=r"LLM quantization: expected one of \('int8', 'int4', 'fp8', 'fp8_w8a8'\)"):
         LLM("/nonexistent/checkpoint", quantization=bad)
     with pytest.raises(ValueError, match="quantization"):
         EngineConfig("m", quantization=bad)
     with pytest.raises(lz.ConfigurationError, match="LLM quantization"):
         quantize_model(torch.nn.Module(), bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("t", "n", "k", "bias"), [(5, 96, 256, False), (1, 64, 128, True), (3, 40, 96, True)])
+def test_w8a8_layer_matches_its_float64_oracle(t: int, n: int, k: int, bias: bool) -> None:
+    """``quantization="fp8_w8a8"``: the same fp8 buffers as ``"fp8"``, and the forward quantizes each row of x to
+    e4m3 (scale amax / 448, float32) before the product: float64 oracle from the buffers and that rule."""
+    lin = _linear(n, k, seed=t + n, bias=bias)
+    q, ref = QuantizedLinear(lin, "fp8_w8a8"), QuantizedLinear(lin, "fp8")
+    assert torch.equal(q.qdata.view(torch.uint8), ref.qdata.view(torch.uint8)) and torch.equal(q.qscale, ref.qscale)
+    x = torch.randn(t, k, generator=torch.Generator().manual_seed(k))
+    s = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 448
+    xq = (x / s).clamp(-448, 448).to(torch.float8_e4m3fn).double() * s.double()
+    want = xq @ _dequant64(q)[0].t() + (lin.bias.double() if bias else 0)
+    with torch.no_grad():
+        got = q(x)
+    assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-5
+    with torch.no_grad():  # not the weight-only result: the activation's rounding is in it
+        assert not torch.allclose(got, ref(x), rtol=1e-4, atol=0)
 
 
 def test_option_names_agree() -> None:

@@ -141,6 +141,7 @@ def register(registry: KernelRegistry) -> None:
         registry.add_kernel(KernelSpec(f"reference.{op}", op, fn, description=f"reference {op} (format tables)",
                                        supports_backward=False, **common))
     from .linear import (  # lz.linear and the fused forms
+        fp8_linear,
         linear,
         quantized_linear,
         rms_norm_linear,
@@ -157,6 +158,10 @@ def register(registry: KernelRegistry) -> None:
     registry.add_kernel(KernelSpec("reference.quantized_linear", "quantized_linear", quantized_linear,
                                    description="reference quantized linear (weight dequantized in float32, float32 "
                                                "accumulation, one rounding; differentiable in x and bias)", **common))
+    registry.add_kernel(KernelSpec("reference.fp8_linear", "fp8_linear", fp8_linear,
+                                   description="reference W8A8 fp8 linear (x quantized per row to e4m3, the codes' "
+                                               "products summed in float64, one rounding)",
+                                   **{**common, "supports_backward": False}))
     from .embedding import embedding  # lz.embedding (index_select)
 
     registry.add_kernel(KernelSpec("reference.embedding", "embedding", embedding,

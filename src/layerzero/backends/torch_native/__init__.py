@@ -181,6 +181,9 @@ def register(registry: KernelRegistry) -> None:
 
     for spec in quant_kernel_specs():
         registry.add_kernel(spec)
+    from .fp8_linear import kernel_spec as fp8_linear_spec  # lz.fp8_linear (torch._scaled_mm)
+
+    registry.add_kernel(fp8_linear_spec())
     registry.add_kernel(KernelSpec("torch_native.layer_norm", "layer_norm", _layer_norm, priority=50,
                                    description="torch.nn.functional.layer_norm", device_types=devices, dtypes=FLOATS,
                                    check=_layer_norm_check))

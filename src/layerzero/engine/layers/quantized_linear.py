@@ -1,4 +1,5 @@
-"""Weight-only quantized linear layers (``LLM(quantization="int8"|"int4"|"fp8")``).
+"""Quantized linear layers: weight-only (``LLM(quantization="int8"|"int4"|"fp8")``) and W8A8 fp8
+(``quantization="fp8_w8a8"``).
 
 At load time :func:`quantize_model` replaces every decoder :class:`~.linear.Linear` (packed QKV, ``o_proj``,
 packed gate/up, ``down_proj``) with a :class:`QuantizedLinear` holding ``lz.quantize``'s codes and scales as
@@ -25,14 +26,18 @@ import layerzero as lz
 from ..errors import bad_config
 from .linear import Linear
 
-__all__ = ["QUANTIZATION_FORMATS", "INT4_GROUP_SIZE", "INT4_MIN_GROUP_SIZE", "QuantizationSummary",
+__all__ = ["QUANTIZATION_FORMATS", "W8A8", "INT4_GROUP_SIZE", "INT4_MIN_GROUP_SIZE", "QuantizationSummary",
            "QuantizedLinear", "int4_group_size", "module_bytes", "quantize_model"]
 
 log = logging.getLogger("layerzero.engine")
 
-QUANTIZATION_FORMATS = {"int8": "int8", "int4": "int4", "fp8": "fp8_e4m3"}
-"""``LLM(quantization=...)`` -> ``lz.quantize`` format. int8 and fp8 (e4m3) have one float32 scale per output
-channel (``axis=0``); int4 is asymmetric with groups along ``in_features`` (:func:`int4_group_size`)."""
+QUANTIZATION_FORMATS = {"int8": "int8", "int4": "int4", "fp8": "fp8_e4m3", "fp8_w8a8": "fp8_e4m3"}
+"""``LLM(quantization=...)`` -> ``lz.quantize`` format of the weight. int8 and fp8 (e4m3) have one float32 scale per
+output channel (``axis=0``); int4 is asymmetric with groups along ``in_features`` (:func:`int4_group_size`).
+``fp8_w8a8`` stores the weight as ``fp8`` does and quantizes the activations too (:data:`W8A8`)."""
+W8A8 = frozenset({"fp8_w8a8"})
+"""Quantizations whose forward is ``lz.fp8_linear`` (activations quantized to e4m3 per token, one fp8 GEMM: vLLM's
+fp8 on Hopper) instead of the weight-only ``lz.quantized_linear``."""
 INT4_GROUP_SIZE = 128
 """int4's group size along ``in_features`` (GPTQ's / AWQ's usual 128)."""
 INT4_MIN_GROUP_SIZE = 16
@@ -101,7 +106,9 @@ class QuantizedLinear(nn.Module):
         return lz.QuantizedTensor(self.qdata, self.qscale, self.qzero, None, fmt, shape, dtype, axis, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x ``[T, in_features]`` -> ``[T, out_features]``."""
+        """x ``[T, in_features]`` -> ``[T, out_features]``: ``lz.fp8_linear`` for W8A8, else ``lz.quantized_linear``."""
+        if self.quantization in W8A8:
+            return lz.fp8_linear(x, self.qtensor(), self.bias)
         return lz.quantized_linear(x, self.qtensor(), self.bias)
 
     def extra_repr(self) -> str:
