@@ -15,7 +15,8 @@ in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per seq
 block as the four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k-8w`` / ``gemv-8w`` / ``gemv-2w``
 (``triton.gemv``'s prefetch kernel with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other
 ``gemv-*``), ``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``),
-``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
+``packed`` (small decode buckets read their inputs from one buffer the step's single host-to-device copy writes:
+``cuda_graph.PACKED_INPUTS``), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
 ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
 changed).
@@ -46,7 +47,7 @@ from layerzero.engine.bench import default_checkpoint
 from layerzero.engine.engine import LLMEngine
 from layerzero.engine.kv.block_manager import KVCacheManager
 from layerzero.engine.models import llama
-from layerzero.engine.runner import forward_batch, model_runner
+from layerzero.engine.runner import cuda_graph, forward_batch, model_runner
 from layerzero.engine.runner.cuda_graph import CUDAGraphRunner
 from layerzero.engine.runner.model_runner import ModelRunner
 from layerzero.engine.sampler import Sampler
@@ -95,6 +96,7 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "gemv-4k-2w": [(tg, "PREFETCH_SLAB", 4096), (tg, "PREFETCH_WARPS", 2)],
             "gemv-16k-2w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 2)],
             "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
+            "packed": [(cuda_graph, "PACKED_INPUTS", True)],
             "gemv-old": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4))],
             "2026-11-27": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4)), (rope, "BLOCK_H_MAX", 16)],
             "longk-16k-4w": [(tg, "PREFETCH_LONG_K", (16384, 4))], "longk-8k-8w": [(tg, "PREFETCH_LONG_K", (8192, 8))],

@@ -421,37 +421,34 @@ def dequantize(qt: Any) -> torch.Tensor:
     return _dequantize(*_qt_args(qt))
 
 
-@torch.library.custom_op(f"{NS}::quantized_linear", mutates_args=())
-def _quantized_linear(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor,
-                      zero_point: Optional[torch.Tensor], global_scale: Optional[torch.Tensor],  # noqa: UP045
-                      fmt: str, shape: list[int], dtype: torch.dtype, axis: Optional[int],  # noqa: UP045
-                      group_size: Optional[list[int]], bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
-    qt = _qt(data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size)
-    return _owned(_lz().quantized_linear(x, qt, bias), x, data, scale, zero_point, global_scale, bias)
+def _qt_linear_op(name: str) -> Any:
+    """The custom op ``layerzero::<name>`` of a projection with a ``QuantizedTensor`` weight (``lz.quantized_linear``,
+    ``lz.fp8_linear``): x, the weight's fields (:func:`_qt_args`) and bias; output ``[..., N]`` like x."""
+
+    def impl(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor,
+             zero_point: Optional[torch.Tensor], global_scale: Optional[torch.Tensor],  # noqa: UP045
+             fmt: str, shape: list[int], dtype: torch.dtype, axis: Optional[int],  # noqa: UP045
+             group_size: Optional[list[int]], bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
+        qt = _qt(data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size)
+        return _owned(getattr(_lz(), name)(x, qt, bias), x, data, scale, zero_point, global_scale, bias)
+
+    impl.__name__ = impl.__qualname__ = f"_{name}"
+    op = torch.library.custom_op(f"{NS}::{name}", impl, mutates_args=())
+
+    @op.register_fake
+    def _(x, data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size, bias):
+        return x.new_empty((*x.shape[:-1], shape[0]))
+
+    return op
 
 
-@_quantized_linear.register_fake
-def _(x, data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size, bias):
-    return x.new_empty((*x.shape[:-1], shape[0]))
+_quantized_linear = _qt_linear_op("quantized_linear")
+_fp8_linear = _qt_linear_op("fp8_linear")
 
 
 def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> torch.Tensor:
     """``torch.ops.layerzero.quantized_linear`` with ``lz.quantized_linear``'s arguments."""
     return _quantized_linear(x, *_qt_args(qt), bias)
-
-
-@torch.library.custom_op(f"{NS}::fp8_linear", mutates_args=())
-def _fp8_linear(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor,
-                zero_point: Optional[torch.Tensor], global_scale: Optional[torch.Tensor],  # noqa: UP045
-                fmt: str, shape: list[int], dtype: torch.dtype, axis: Optional[int],  # noqa: UP045
-                group_size: Optional[list[int]], bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
-    qt = _qt(data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size)
-    return _owned(_lz().fp8_linear(x, qt, bias), x, data, scale, zero_point, global_scale, bias)
-
-
-@_fp8_linear.register_fake
-def _(x, data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size, bias):
-    return x.new_empty((*x.shape[:-1], shape[0]))
 
 
 def fp8_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> torch.Tensor:

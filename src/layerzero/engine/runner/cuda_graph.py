@@ -12,18 +12,47 @@ their logits are dropped; rows are independent, so they cannot change the real r
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 import layerzero as lz
 
+from ..staging import offsets
 from .cascade import CascadeBatch
 from .forward_batch import ForwardBatch
 
-__all__ = ["CUDAGraphRunner", "capture_sizes"]
+__all__ = ["CUDAGraphRunner", "PackTarget", "capture_sizes"]
 
 log = logging.getLogger("layerzero.engine")
+
+PACKED_INPUTS = False
+"""Small decode buckets read their inputs from one packed device buffer per bucket, written by the step's one
+host-to-device copy (:class:`PackTarget`): no device-to-device copies into the graph's buffers (five a step, ~9 µs of
+GPU time at batch 1 on the H200, ``benchmarks/results/engine/h200/2026-11-28/argmax.txt``). Off until a GPU A/B
+measures it (written 2026-11-28 when that session's GPU time was spent; tested on CPU)."""
+PACK_MAX_BYTES = 64 << 10
+"""Buckets whose packed inputs (ids, positions, slots, block tables at the full graph width, seq_lens, pending-id
+rows) fit this many bytes are packed; larger ones copy the step's rows into the shared buffers (a full-width table
+of a big bucket would cost more to transfer than the copies it saves)."""
+
+
+class PackTarget(NamedTuple):
+    """Where a packed decode step's inputs go: bucket ``bs`` (rows), the graphs' block-table ``width``, the bucket's
+    uint8 ``buffer`` (layout: :func:`pack_nbytes`, written by ``staging.to_device(..., out=buffer)``) and ``rows``
+    (a device arange of at least ``bs``: the batch's ``logits_indices``)."""
+
+    bs: int
+    width: int
+    buffer: torch.Tensor
+    rows: torch.Tensor
+
+
+def pack_nbytes(bs: int, width: int) -> list[int]:
+    """Bytes of a packed bucket's arrays, in order: input ids, positions, slot mapping (int64 ``[bs]`` each), block
+    tables (int32 ``[bs, width]``), seq_lens (int32 ``[bs]``), pending-id rows (int64 ``[2, <= bs]``)."""
+    return [8 * bs, 8 * bs, 8 * bs, 4 * bs * width, 4 * bs, 16 * bs]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -54,11 +83,44 @@ class CUDAGraphRunner:
         self.cascade: _CascadeBuffers | None = _CascadeBuffers(n, max_blocks, device) if cascade else None
         self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.cascade_outputs: dict[int, torch.Tensor] = {}
+        self.packs: dict[int, torch.Tensor] = {}
+        """Bucket -> its packed input buffer (:data:`PACKED_INPUTS`; small buckets only)."""
+        if PACKED_INPUTS:
+            for bs in self.sizes:
+                need = offsets(pack_nbytes(bs, max_blocks))[1]
+                if need <= PACK_MAX_BYTES:
+                    self.packs[bs] = torch.zeros(need, dtype=torch.uint8, device=device)
+                    _, _, slots, _, lens = self._packed_views(bs)
+                    slots.fill_(-1)  # the values a padded row has (a capture's dummy step)
+                    lens.fill_(1)
+
+    def _packed_views(self, bs: int) -> tuple[torch.Tensor, ...]:
+        """(ids, positions, slot mapping, block tables, seq_lens) of bucket ``bs``'s packed buffer, as
+        ``staging.to_device`` lays them out."""
+        width = self.block_tables.shape[1]
+        sizes = pack_nbytes(bs, width)
+        offs, _ = offsets(sizes)
+        buf = self.packs[bs]
+        i64 = [buf[o:o + n].view(torch.int64) for o, n in zip(offs[:3], sizes[:3], strict=True)]
+        tables = buf[offs[3]:offs[3] + sizes[3]].view(torch.int32).view(bs, width)
+        return (*i64, tables, buf[offs[4]:offs[4] + sizes[4]].view(torch.int32))
 
     def _batch(self, bs: int, cascade: bool = False) -> ForwardBatch:
+        if bs in self.packs and not cascade:
+            ids, pos, slots, tables, lens = self._packed_views(bs)
+            return ForwardBatch(ids, pos, slots, tables, lens, None, self.rows[:bs], bs, None, graphed=True)
         return ForwardBatch(self.input_ids[:bs], self.positions[:bs], self.slot_mapping[:bs], self.block_tables[:bs],
                             self.seq_lens[:bs], None, self.rows[:bs], bs,
                             self.cascade.batch(bs) if cascade else None, graphed=True)
+
+    def pack_for(self, num_seqs: int, width: int) -> PackTarget | None:
+        """The packed bucket a decode step of ``num_seqs`` sequences (every one sampled) whose block tables are
+        ``width`` wide would replay, or None (no such bucket: the step's rows are copied in by :meth:`run`)."""
+        if not self.graphs or num_seqs > self.sizes[-1] or width > self.block_tables.shape[1]:
+            return None
+        bs = next(s for s in self.sizes if s >= num_seqs)
+        buf = self.packs.get(bs)
+        return None if buf is None else PackTarget(bs, self.block_tables.shape[1], buf, self.rows)
 
     @torch.no_grad()
     def capture(self) -> None:
@@ -114,15 +176,23 @@ class CUDAGraphRunner:
         ``[B, V]`` (every decode row is sampled)."""
         n = batch.num_seqs
         bs = next(s for s in self.sizes if s >= n)
+        if batch.packed:  # its tensors are views of the bucket's packed buffer: written by the step's one copy
+            self.graphs[bs].replay()
+            return self.outputs[bs][:n]
         w = batch.block_tables.shape[1]
-        self.input_ids[:n].copy_(batch.input_ids)
-        self.positions[:n].copy_(batch.positions)
-        self.slot_mapping[:n].copy_(batch.slot_mapping)
-        self.slot_mapping[n:bs].fill_(-1)
-        self.block_tables[:n, :w].copy_(batch.block_tables)
-        self.block_tables[n:bs].zero_()
-        self.seq_lens[:n].copy_(batch.seq_lens)
-        self.seq_lens[n:bs].fill_(1)
+        if batch.cascade is None and bs in self.packs:  # a packed bucket's graph reads its own buffer
+            ids, pos, slots, tables, lens = self._packed_views(bs)
+        else:
+            ids, pos, slots, tables, lens = (self.input_ids, self.positions, self.slot_mapping, self.block_tables,
+                                             self.seq_lens)
+        ids[:n].copy_(batch.input_ids)
+        pos[:n].copy_(batch.positions)
+        slots[:n].copy_(batch.slot_mapping)
+        slots[n:bs].fill_(-1)
+        tables[:n, :w].copy_(batch.block_tables)
+        tables[n:bs].zero_()
+        lens[:n].copy_(batch.seq_lens)
+        lens[n:bs].fill_(1)
         if batch.cascade is not None:
             self.cascade.load(batch.cascade, n, bs, w, self.rows)
             self.cascade_graphs[bs].replay()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,7 +14,7 @@ from layerzero import InvalidInputError
 from ..staging import to_device
 from .cascade import CascadeBatch, CascadePolicy, plan_cascade
 
-__all__ = ["ForwardBatch", "ScheduledChunk", "build_forward_batch"]
+__all__ = ["ForwardBatch", "ScheduledChunk", "build_forward_batch", "build_packed_decode_batch"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class ForwardBatch:
     - ``graphed``: built by the CUDA-graph runner (:mod:`.cuda_graph`): this forward is a capture or its warm-up, so
       its host work is paid once and replays run only its kernels; a model may then take calls that cost more host
       time for fewer kernels (``lz.rope_paged_attention``).
+    - ``packed``: the tensors are the first ``num_seqs`` rows of a decode graph bucket's packed input buffer
+      (:func:`build_packed_decode_batch`): the graph reads them where they are, nothing is copied in.
 
     Every layer passes the same tensors to :func:`layerzero.paged_attention` (FlashInfer plans once per step).
     """
@@ -64,6 +67,7 @@ class ForwardBatch:
     num_seqs: int
     cascade: CascadeBatch | None = None
     graphed: bool = False
+    packed: bool = False
 
     @property
     def is_decode(self) -> bool:
@@ -116,6 +120,45 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
         c = t[len(t) - len(plan[0]):]
         casc = CascadeBatch(*c[:6], saved_tokens=plan[1], cu_seqlens_q=c[6] if len(c) > 6 else None)
     return ForwardBatch(ids, pos, slots, tables, seq_lens, None if decode else cu, sample, len(chunks), casc)
+
+
+def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int, tables: np.ndarray,
+                              prev_tokens: torch.Tensor | None, target: Any,
+                              cascade: CascadePolicy | None = None) -> ForwardBatch | None:
+    """A pure decode step (every chunk one token, every chunk sampled) written straight into a CUDA-graph bucket's
+    packed input buffer (``target``: a :class:`~.cuda_graph.PackTarget`; bucket ``bs`` rows, tables ``width`` wide) in
+    one host-to-device copy: the step's rows, then the padding rows a graph replay expects (slot -1, seq_len 1, block
+    table 0), the tables' unused columns 0; pending ids gathered from ``prev_tokens`` into it on the device. Returns
+    None (build it with :func:`build_forward_batch`) when ``cascade`` plans the step as cascade attention (its own
+    graphs and buffers).
+
+    Raises:
+        InvalidInputError: ``tables`` without one row per chunk, or wider than ``target.width``, or more chunks than
+            ``target.bs``.
+        RuntimeError: a chunk with a pending token and no ``prev_tokens``."""
+    n, bs, width = len(chunks), target.bs, target.width
+    if tables.shape[0] != n or tables.shape[1] > width or n > bs:
+        raise InvalidInputError(f"build_packed_decode_batch: tables [{tables.shape[0]}, {tables.shape[1]}] for {n} "
+                                f"chunks: expected one row per chunk, at most {width} wide, at most {bs} chunks. "
+                                "Take the target from CUDAGraphRunner.pack_for(num_seqs, width).")
+    arrays, rows = _decode_arrays(chunks, block_size, tables)
+    if rows and prev_tokens is None:
+        raise RuntimeError("a chunk with a pending token needs the previous step's sampled tokens (prev_tokens)")
+    if cascade is not None and plan_cascade(arrays[3], arrays[4], block_size, cascade, None) is not None:
+        return None
+    ids, pos, slots = (np.zeros(bs, dtype=np.int64) for _ in range(3))
+    slots[:] = -1
+    table = np.zeros((bs, width), dtype=np.int32)
+    lens = np.ones(bs, dtype=np.int32)
+    ids[:n], pos[:n], slots[:n], lens[:n] = arrays[0], arrays[1], arrays[2], arrays[4]
+    table[:n, :tables.shape[1]] = tables
+    packed = [ids, pos, slots, table, lens]
+    if rows:
+        packed.append(np.asarray(rows, dtype=np.int64).T.copy())  # [2, P]: (row of input_ids, row of prev_tokens)
+    t = to_device(packed, target.buffer.device, out=target.buffer)
+    if rows:
+        t[0].index_copy_(0, t[5][0], prev_tokens.index_select(0, t[5][1]))
+    return ForwardBatch(t[0][:n], t[1][:n], t[2][:n], t[3][:n], t[4][:n], None, target.rows[:n], n, packed=True)
 
 
 def _table_matrix(chunks: Sequence[ScheduledChunk]) -> np.ndarray:

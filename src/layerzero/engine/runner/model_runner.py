@@ -18,7 +18,7 @@ from ..models.registry import build_model
 from ..sequence import Sequence
 from .cascade import CascadePolicy
 from .cuda_graph import CUDAGraphRunner
-from .forward_batch import ForwardBatch, ScheduledChunk, build_forward_batch
+from .forward_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
 
 __all__ = ["ModelRunner", "kv_bytes_per_block"]
 
@@ -154,4 +154,11 @@ class ModelRunner:
             last = s.num_computed_tokens + n == s.num_tokens
             sched.append(ScheduledChunk(s.token_ids, s.num_computed_tokens, n, (), last,
                                         s.pending_index if last else -1))
+        if self.graphs is not None and all(c.length == 1 and c.sample for c in sched):
+            target = self.graphs.pack_for(len(sched), block_tables.shape[1])
+            if target is not None:  # a packed decode bucket: the inputs go straight into the graph's buffer
+                batch = build_packed_decode_batch(sched, self.block_size, block_tables, prev_tokens, target,
+                                                  self.cascade)
+                if batch is not None:
+                    return batch
         return build_forward_batch(sched, self.block_size, self.device, prev_tokens, self.cascade, block_tables)

@@ -1,0 +1,124 @@
+"""Packed decode inputs (``runner/cuda_graph.py``'s ``PACKED_INPUTS``): a small decode bucket's graph reads its inputs
+from one buffer that the step's single host-to-device copy writes. On CPU (the graph replay stubbed): the packed
+batch equals the ordinary one in its rows, the padding rows are what a replay expects, the tables' unused columns
+are 0 even after a wider step, pending ids are gathered into the buffer, the runner's views alias what the copy
+wrote, a cascade step and big buckets keep the copy path, and a step built the ordinary way for a packed bucket is
+copied into that bucket's buffer (never into buffers its graph does not read)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from layerzero import InvalidInputError
+from layerzero.engine.runner import cuda_graph
+from layerzero.engine.runner.cascade import CascadePolicy
+from layerzero.engine.runner.cuda_graph import CUDAGraphRunner, pack_nbytes
+from layerzero.engine.runner.forward_batch import (
+    ScheduledChunk,
+    build_forward_batch,
+    build_packed_decode_batch,
+)
+from layerzero.engine.staging import offsets
+
+pytestmark = pytest.mark.unit
+CPU = torch.device("cpu")
+FIELDS = ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens")
+
+
+class _Graph:
+    """A captured graph stand-in: counts replays."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+@pytest.fixture
+def runner(monkeypatch) -> CUDAGraphRunner:
+    monkeypatch.setattr(cuda_graph, "PACKED_INPUTS", True)
+    r = CUDAGraphRunner(torch.nn.Identity(), [], 48, 6, CPU)  # buckets 1, 2, 4, 8, 16, 24, 32, 40, 48; width 6
+    r.graphs = {s: _Graph() for s in r.sizes}  # as if captured
+    r.outputs = {s: torch.arange(s * 3, dtype=torch.float32).view(s, 3) for s in r.sizes}
+    return r
+
+
+def _decode(pending=None):
+    """Three decode chunks of block size 4 (tables [6, 2], [4], [1, 5, 3]); the second one's token pending."""
+    return [ScheduledChunk([1, 2, 3, 4, 5], 4, 1, (), True),
+            ScheduledChunk([9, 8, 7], 2, 1, (), True, pending_src=1 if pending is not None else -1),
+            ScheduledChunk(list(range(10)), 9, 1, (), True)]
+
+
+TABLES = np.array([[6, 2, 0], [4, 0, 0], [1, 5, 3]], dtype=np.int32)
+
+
+def test_packed_batch_equals_the_ordinary_one_and_pads_the_bucket(runner):
+    prev = torch.tensor([70, 71])
+    target = runner.pack_for(3, TABLES.shape[1])
+    assert target is not None and target.bs == 4 and target.width == 6
+    packed = build_packed_decode_batch(_decode(prev), 4, TABLES, prev, target)
+    plain = build_forward_batch(_decode(prev), 4, CPU, prev, tables=TABLES)
+    assert packed.packed and not plain.packed and packed.num_seqs == 3
+    for f in ("input_ids", "positions", "slot_mapping", "seq_lens"):
+        assert torch.equal(getattr(packed, f), getattr(plain, f)), f
+    assert packed.input_ids.tolist() == [5, 71, 9]  # the pending id gathered from the previous step
+    assert torch.equal(packed.block_tables[:, :3], plain.block_tables) and not packed.block_tables[:, 3:].any()
+    assert packed.logits_indices.tolist() == [0, 1, 2] and packed.cu_seqlens_q is None
+    ids, pos, slots, tables, lens = runner._packed_views(4)  # what the bucket's graph reads
+    assert ids.data_ptr() == packed.input_ids.data_ptr() and tables.data_ptr() == packed.block_tables.data_ptr()
+    assert slots.tolist() == [2 * 4 + 0, 4 * 4 + 2, 3 * 4 + 1, -1]  # block of position // 4, offset position % 4
+    assert lens.tolist() == [5, 3, 10, 1] and not tables[3].any() and ids[3] == 0
+    replays = runner.graphs[4].replays
+    assert torch.equal(runner.run(packed), runner.outputs[4][:3]) and runner.graphs[4].replays == replays + 1
+
+
+def test_a_narrower_step_leaves_no_stale_columns(runner):
+    wide = np.array([[6, 2, 9, 9, 9, 9]], dtype=np.int32)
+    one = [ScheduledChunk(list(range(30)), 20, 1, (), True)]
+    build_packed_decode_batch(one, 4, wide, None, runner.pack_for(1, 6))
+    narrow = build_packed_decode_batch([ScheduledChunk([1, 2, 3], 2, 1, (), True)], 4,
+                                       np.array([[8]], dtype=np.int32), None, runner.pack_for(1, 1))
+    assert narrow.block_tables.tolist() == [[8, 0, 0, 0, 0, 0]]
+
+
+def test_layout_matches_the_staging_offsets(runner):
+    sizes = pack_nbytes(8, 6)
+    offs, total = offsets(sizes)
+    assert runner.packs[8].numel() == total and offs[3] == 3 * 64 and sizes[3] == 8 * 6 * 4
+    ids, pos, slots, tables, lens = runner._packed_views(8)
+    assert tables.shape == (8, 6) and lens.dtype == torch.int32 and slots.dtype == torch.int64
+    assert slots.tolist() == [-1] * 8 and lens.tolist() == [1] * 8  # a capture's dummy step
+
+
+def test_big_buckets_and_cascade_steps_keep_the_copy_path(runner, monkeypatch):
+    monkeypatch.setattr(cuda_graph, "PACK_MAX_BYTES", offsets(pack_nbytes(8, 6))[1])
+    r = CUDAGraphRunner(torch.nn.Identity(), [], 48, 6, CPU)
+    r.graphs = {s: _Graph() for s in r.sizes}
+    assert set(r.packs) == {1, 2, 4, 8} and r.pack_for(9, 3) is None and r.pack_for(8, 3).bs == 8
+    assert r.pack_for(2, 7) is None  # wider than the graphs' tables
+    shared = [ScheduledChunk(list(range(20)), 19, 1, (), True) for _ in range(2)]  # two sequences, same 4 blocks
+    tables = np.array([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]], dtype=np.int32)
+    assert build_packed_decode_batch(shared, 4, tables[:, :5], None, r.pack_for(2, 5),
+                                     CascadePolicy(always=True)) is None
+    with pytest.raises(InvalidInputError, match="one row per chunk"):
+        build_packed_decode_batch(shared, 4, tables[:1], None, r.pack_for(2, 5))
+
+
+def test_an_ordinary_batch_for_a_packed_bucket_lands_in_its_buffer(runner):
+    """Whatever builds the batch, the bucket's graph reads its packed buffer: run() copies there."""
+    plain = build_forward_batch(_decode(), 4, CPU, tables=TABLES)
+    runner.run(plain)
+    ids, pos, slots, tables, lens = runner._packed_views(4)
+    assert ids[:3].tolist() == [5, 7, 9] and lens.tolist() == [5, 3, 10, 1] and slots[3] == -1
+    assert tables[:3, :3].tolist() == TABLES.tolist()
+
+
+def test_off_by_default():
+    assert cuda_graph.PACKED_INPUTS is False
+    r = CUDAGraphRunner(torch.nn.Identity(), [], 8, 4, CPU)
+    r.graphs = {s: _Graph() for s in r.sizes}
+    assert r.packs == {} and r.pack_for(1, 2) is None
