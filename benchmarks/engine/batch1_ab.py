@@ -15,7 +15,8 @@ in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per seq
 block as the four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k-8w`` / ``gemv-8w`` / ``gemv-2w``
 (``triton.gemv``'s prefetch kernel with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other
 ``gemv-*``), ``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``),
-``packed`` (small decode buckets read their inputs from one buffer the step's single host-to-device copy writes:
+``l2-prefetch`` (the o and gate/up weights prefetched into L2 during the attention block: ``l2_prefetch.py``, an
+experiment), ``packed`` (small decode buckets read their inputs from one buffer the step's single host-to-device copy writes:
 ``cuda_graph.PACKED_INPUTS``), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
 ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
@@ -78,6 +79,22 @@ def _attend_unfused(self, qkv, batch, kv_cache):
     return _ATTEND(self, qkv, dataclasses.replace(batch, graphed=False), kv_cache)
 
 
+def _layer_l2_prefetch(self, x, residual, batch, kv_cache):
+    """``llama.DecoderLayer.forward`` with the o and gate/up weights prefetched into L2 after the QKV projection in
+    captured decode steps of at most 4 sequences (``l2_prefetch.py``): the ``l2-prefetch`` variant."""
+    from l2_prefetch import prefetch_l2
+
+    qkv, residual = llama.norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
+    if batch.graphed and batch.num_seqs <= 4 and isinstance(self.mlp, llama.MLP):
+        prefetch_l2(self.self_attn.o_proj.weight, self.mlp.gate_up_proj.weight)
+    h = self.self_attn.attend(qkv, batch, kv_cache)
+    if isinstance(self.mlp, llama.MLP):
+        gate_up, residual = llama.norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual)
+        return self.mlp.down(gate_up), residual
+    h, residual = self.post_attention_layernorm(h, residual)
+    return self.mlp(h), residual
+
+
 def _mlp_two_calls(self, gate_up):
     """The MLP's activation and down projection as two calls (before ``lz.swiglu_linear``)."""
     return self.down_proj(llama.silu_and_mul(gate_up))
@@ -97,6 +114,7 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "gemv-16k-2w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 2)],
             "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
             "packed": [(cuda_graph, "PACKED_INPUTS", True)],
+            "l2-prefetch": [(llama.DecoderLayer, "forward", _layer_l2_prefetch)],
             "gemv-old": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4))],
             "2026-11-27": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4)), (rope, "BLOCK_H_MAX", 16)],
             "longk-16k-4w": [(tg, "PREFETCH_LONG_K", (16384, 4))], "longk-8k-8w": [(tg, "PREFETCH_LONG_K", (8192, 8))],
