@@ -1,4 +1,4 @@
-"""Weight-only quantization of the engine's linears (``LLM(quantization=...)``): memory, tokens/s and logprob drift.
+"""Quantization of the engine's linears (``LLM(quantization=...)``: weight-only int8 / int4 / fp8 and W8A8 fp8): memory, tokens/s and logprob drift.
 
 For each of None / int8 / int4 / fp8 on one random Qwen3-shaped checkpoint (LM head sharpened like the test
 checkpoints, so top-1 margins are not float noise):
@@ -80,7 +80,7 @@ def run(device: str, prompts: int, tokens: int, repeat: int, dtype: torch.dtype 
     rows, ref = [], None
     with tempfile.TemporaryDirectory() as tmp:
         path = build(Path(tmp) / "ckpt", shape=SHAPES[shape])
-        for q in (None, "int8", "int4", "fp8"):
+        for q in (None, "int8", "int4", "fp8", "fp8_w8a8"):
             llm = LLM(str(path), device=device, dtype=dtype, max_model_len=256, num_kv_blocks=max(256, prompts * 16),
                       enable_prefix_caching=False, quantization=q)
             model = llm.engine.runner.model

@@ -65,7 +65,7 @@ def to_awq(qt: QuantizedTensor, *, scale_dtype: torch.dtype = torch.float16) -> 
     checkpoints store it; float32 keeps ours exactly).
 
     Raises:
-        InvalidInputError: not int4, not 2-D, or N not a multiple of 8.
+        InvalidInputError: not int4, not 2-D, N not a multiple of 8, or no zero points.
     """
     if not isinstance(qt, QuantizedTensor) or qt.format is not QuantFormat.INT4:
         raise _bad("to_awq: qt", "an int4 QuantizedTensor (lz.quantize(w, 'int4'))",
@@ -76,6 +76,8 @@ def to_awq(qt: QuantizedTensor, *, scale_dtype: torch.dtype = torch.float16) -> 
     n, k = qt.shape
     codes = torch.stack((qt.data & 15, qt.data >> 4), dim=-1).reshape(n, k)  # [N, K]
     qweight = _pack_columns(codes.t())  # [K, N/8]
+    if qt.zero_point is None:
+        raise _bad("to_awq: qt.zero_point", "a uint8 tensor (int4 is asymmetric)", None)
     qzeros = _pack_columns(qt.zero_point.to(torch.int64).t())  # [K/g, N/8]
     return AWQWeights(qweight, qzeros, qt.scale.t().contiguous().to(scale_dtype))
 
