@@ -76,6 +76,19 @@ def test_packed_batch_equals_the_ordinary_one_and_pads_the_bucket(runner):
     assert torch.equal(runner.run(packed), runner.outputs[4][:3]) and runner.graphs[4].replays == replays + 1
 
 
+def test_every_id_pending_is_one_gather_into_the_buffer(runner):
+    """Async decode: every chunk's token pending (rows 0..n-1 in order) takes the one-kernel gather straight into the
+    buffer; the ids equal the per-row gather's."""
+    prev = torch.tensor([40, 41, 42, 43])
+    chunks = [ScheduledChunk([1, 2, 3, 4, 5], 4, 1, (), True, pending_src=3),
+              ScheduledChunk([9, 8, 7], 2, 1, (), True, pending_src=0)]
+    tables = TABLES[:2]
+    packed = build_packed_decode_batch(chunks, 4, tables, prev, runner.pack_for(2, 3))
+    plain = build_forward_batch(chunks, 4, CPU, prev, tables=tables)
+    assert packed.input_ids.tolist() == plain.input_ids.tolist() == [43, 40]
+    assert runner._packed_views(2)[0].tolist() == [43, 40]
+
+
 def test_a_narrower_step_leaves_no_stale_columns(runner):
     wide = np.array([[6, 2, 9, 9, 9, 9]], dtype=np.int32)
     one = [ScheduledChunk(list(range(30)), 20, 1, (), True)]

@@ -156,7 +156,9 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
     if rows:
         packed.append(np.asarray(rows, dtype=np.int64).T.copy())  # [2, P]: (row of input_ids, row of prev_tokens)
     t = to_device(packed, target.buffer.device, out=target.buffer)
-    if rows:
+    if rows and len(rows) == n and all(r == i for i, (r, _) in enumerate(rows)):
+        torch.index_select(prev_tokens, 0, t[5][1], out=t[0][:n])  # every id pending (decode): one gather kernel
+    elif rows:
         t[0].index_copy_(0, t[5][0], prev_tokens.index_select(0, t[5][1]))
     return ForwardBatch(t[0][:n], t[1][:n], t[2][:n], t[3][:n], t[4][:n], None, target.rows[:n], n, packed=True)
 
