@@ -34,6 +34,10 @@
 #             vs two kernels, in graphs and eager), into $OUT/fused_merge_N.md
 #   launch    benchmarks/bench_launch.py (host cost of one eager paged-decode call: binder, launcher, pinned launch) into
 #             $OUT/launch.md
+#   batch1-ab benchmarks/engine/batch1_ab.py over $AB_VARIANTS (default base,packed,l2-prefetch: the variants the
+#             2026-11-28 session wrote without a GPU) x $AB_ROUNDS, with the GPU timeline, into $OUT/ab/
+#   fp8-gpu   tests/gpu/test_gpu_fp8_linear.py, then benchmarks/engine/bench_quantization.py (bf16 + int8 / int4 / fp8
+#             / fp8_w8a8) into $OUT/fp8_gpu.txt, $OUT/quantization.md
 #   batch1    benchmarks/engine/batch1_breakdown.py (one request's decode step: whole step, graph replay, host
 #             profile) into $OUT/batch1/
 #   bench-isolation benchmarks/bench_isolation.py --device cuda (isolated-kernel call cost over CUDA IPC) into $OUT
@@ -63,6 +67,10 @@ for stage in "$@"; do
     gpu-all) timeout ${GPU_TIMEOUT:-470} python3 -m pytest -q -p no:cacheprovider -m gpu -rs --durations=25 $XDIST ${GPU_ARGS:-} tests 2>&1 | tee "$OUT/gpu-all.txt" | tail -80 ;;
     norms) timeout 150 python3 benchmarks/bench_norm_rope.py --device cuda --out "$OUT/norm_rope.md" 2>&1 | tail -5 ;;
     batch1) timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/engine/batch1_breakdown.py --out "$OUT/batch1" 2>&1 | tail -8 ;;
+    batch1-ab) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks/engine timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/engine/batch1_ab.py --out "$OUT/ab" --variants "${AB_VARIANTS:-base,packed,l2-prefetch}" --rounds "${AB_ROUNDS:-2}" 2>&1 | grep -o "^[a-z0-9-]*: step.*replay [0-9]* µs" ;;
+    fp8-gpu) timeout ${GPU_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -rs tests/gpu/test_gpu_fp8_linear.py 2>&1 | tee "$OUT/fp8_gpu.txt" | tail -15
+             timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/engine/bench_quantization.py --device cuda --dtype bfloat16 \
+               --shape qwen3-0.6b --prompts 32 --tokens 128 --repeat 2 --out "$OUT/quantization.md" 2>&1 | tail -12 ;;
     launch) python3 benchmarks/bench_launch.py --out "$OUT/launch.md" 2>&1 | tail -25 ;;
     dispatch) python3 benchmarks/bench_dispatch.py --device cuda 2>&1 | tee "$OUT/dispatch.txt" | tail -30 ;;
     sdpa-fill) python3 benchmarks/sweep.py --device cuda --fill-sdpa-choice "$FILL_CSV" --out "$OUT/filled" 2>&1 | tail -3 ;;
