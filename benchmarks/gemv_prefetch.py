@@ -10,6 +10,7 @@ Usage: ``PYTHONPATH=src:benchmarks python benchmarks/gemv_prefetch.py [--rows 1,
 from __future__ import annotations
 
 import argparse
+import datetime
 import platform
 from collections.abc import Callable
 
@@ -45,6 +46,19 @@ def chain_us(fn: Callable[[int], object]) -> float:
         torch.cuda.synchronize()
         best = min(best, a.elapsed_time(b) * 1000 / LAYERS)
     return best
+
+
+def run_info() -> str:
+    """``GPU, torch version, Python version, date`` for a report's title."""
+    return (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Python {platform.python_version()}, "
+            f"{datetime.date.today()}")
+
+
+def save_report(lines: list[str], out: str | None) -> None:
+    """Write a report's markdown ``lines`` to ``out`` (a path; None: nowhere)."""
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def copy_bandwidth() -> float:

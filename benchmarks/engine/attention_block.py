@@ -16,12 +16,10 @@ Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/attention_block.py [
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 from collections.abc import Callable
 
 import torch
-from gemv_prefetch import LAYERS, chain_us
+from gemv_prefetch import LAYERS, chain_us, run_info, save_report
 
 import layerzero as lz
 
@@ -136,15 +134,12 @@ def main() -> None:
     ap.add_argument("--contexts", default="384,1024")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    lines = [f"# Batch-1 attention block, 28-layer graphs ({torch.cuda.get_device_name()}, torch {torch.__version__}, "
-             f"{platform.python_version()}, {datetime.date.today()})", "",
+    lines = [f"# Batch-1 attention block, 28-layer graphs ({run_info()})", "",
              "| KV len | chain | µs per layer | with o projection |", "| ---: | --- | ---: | ---: |"]
     for ctx in (int(c) for c in a.contexts.split(",")):
         lines += run(ctx)
         print("\n".join(lines), flush=True)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    save_report(lines, a.out)
 
 
 if __name__ == "__main__":

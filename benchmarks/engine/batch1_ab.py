@@ -79,20 +79,27 @@ def _attend_unfused(self, qkv, batch, kv_cache):
     return _ATTEND(self, qkv, dataclasses.replace(batch, graphed=False), kv_cache)
 
 
+_LAYER_FORWARD = llama.DecoderLayer.forward
+_L2_GATE_UP: list[torch.Tensor | None] = [None]
+"""The gate/up weight of the decoder layer running now (``l2-prefetch``: set by the layer, read by its attention)."""
+
+
 def _layer_l2_prefetch(self, x, residual, batch, kv_cache):
-    """``llama.DecoderLayer.forward`` with the o and gate/up weights prefetched into L2 after the QKV projection in
-    captured decode steps of at most 4 sequences (``l2_prefetch.py``): the ``l2-prefetch`` variant."""
+    """``llama.DecoderLayer.forward`` that first tells its attention which gate/up weight comes after it (the
+    ``l2-prefetch`` variant, with :func:`_attend_l2_prefetch`)."""
+    _L2_GATE_UP[0] = self.mlp.gate_up_proj.weight if isinstance(self.mlp, llama.MLP) else None
+    return _LAYER_FORWARD(self, x, residual, batch, kv_cache)
+
+
+def _attend_l2_prefetch(self, qkv, batch, kv_cache):
+    """``llama.Attention.attend`` preceded, in captured decode steps of at most 4 sequences, by the L2 prefetch of the
+    o and gate/up weights (``l2_prefetch.py``): right after the QKV projection, during the attention block."""
     from l2_prefetch import prefetch_l2
 
-    qkv, residual = llama.norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
-    if batch.graphed and batch.num_seqs <= 4 and isinstance(self.mlp, llama.MLP):
-        prefetch_l2(self.self_attn.o_proj.weight, self.mlp.gate_up_proj.weight)
-    h = self.self_attn.attend(qkv, batch, kv_cache)
-    if isinstance(self.mlp, llama.MLP):
-        gate_up, residual = llama.norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual)
-        return self.mlp.down(gate_up), residual
-    h, residual = self.post_attention_layernorm(h, residual)
-    return self.mlp(h), residual
+    gate_up = _L2_GATE_UP[0]
+    if batch.graphed and batch.num_seqs <= 4 and gate_up is not None:
+        prefetch_l2(self.o_proj.weight, gate_up)
+    return _ATTEND(self, qkv, batch, kv_cache)
 
 
 def _mlp_two_calls(self, gate_up):
@@ -114,7 +121,8 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "gemv-16k-2w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 2)],
             "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
             "packed": [(cuda_graph, "PACKED_INPUTS", True)],
-            "l2-prefetch": [(llama.DecoderLayer, "forward", _layer_l2_prefetch)],
+            "l2-prefetch": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
+                            (llama.Attention, "attend", _attend_l2_prefetch)],
             "gemv-old": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4))],
             "2026-11-27": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4)), (rope, "BLOCK_H_MAX", 16)],
             "longk-16k-4w": [(tg, "PREFETCH_LONG_K", (16384, 4))], "longk-8k-8w": [(tg, "PREFETCH_LONG_K", (8192, 8))],

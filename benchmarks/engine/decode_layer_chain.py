@@ -18,12 +18,10 @@ block table 2080 tokens wide).
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 
 import torch
 from attention_block import HIDDEN, HQ, D, Layers
-from gemv_prefetch import LAYERS, chain_us
+from gemv_prefetch import LAYERS, chain_us, run_info, save_report
 
 import layerzero as lz
 from layerzero.backends.triton import _gemv_kernels, _paged_kernels, _rope_kernels, paged
@@ -121,8 +119,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--gemv-grid", action="store_true", help="also vary the projections' slab size and warps")
     a = ap.parse_args()
-    lines = [f"# Batch-1 decode layer chain, 28-layer graphs ({torch.cuda.get_device_name()}, torch {torch.__version__}, "
-             f"Python {platform.python_version()}, {datetime.date.today()})", "",
+    lines = [f"# Batch-1 decode layer chain, 28-layer graphs ({run_info()})", "",
              "| KV len | paged knobs | µs per layer | max rel diff vs default |", "| ---: | --- | ---: | ---: |"]
     for ctx in (int(c) for c in a.contexts.split(",")):
         lines += run(ctx)
@@ -131,9 +128,7 @@ def main() -> None:
     lines += ["", "| kernel | registers | spills | shared bytes | warps | stages |", "| --- | ---: | ---: | ---: | ---: | ---: |",
               *resources()]
     print("\n".join(lines), flush=True)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    save_report(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,11 @@ Usage: ``PYTHONPATH=src:benchmarks:benchmarks/engine python benchmarks/engine/pa
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 
 import torch
 from attention_block import D, Layers
-from gemv_prefetch import chain_us
+from gemv_prefetch import chain_us, run_info, save_report
 
 from layerzero.backends.triton import paged as tp
 from layerzero.backends.triton import rope as tr
@@ -94,7 +93,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--grid", default=None, help="KV lengths for the grid of GRID's configs (instead of the search)")
     a = ap.parse_args()
-    head = f"({torch.cuda.get_device_name()}, torch {torch.__version__}, {datetime.date.today()})"
+    head = f"({run_info()})"
     if a.grid:
         lines = [f"# triton.paged_decode at batch 1: (splits / block_n / warps) by KV length, 28-layer graphs, µs per "
                  f"layer {head}", "", *grid([int(c) for c in a.grid.split(",")])]
@@ -104,9 +103,7 @@ def main() -> None:
         for ctx in (int(c) for c in a.contexts.split(",")):
             lines += search(ctx, a.top)
             print("\n".join(lines), flush=True)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    save_report(lines, a.out)
 
 
 if __name__ == "__main__":

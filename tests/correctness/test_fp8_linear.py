@@ -1,5 +1,5 @@
 """``lz.fp8_linear`` (W8A8 fp8: x quantized to e4m3 per row, e4m3 weight, float32 accumulation) against a float64
-oracle written here from the documented rule (per-row scale ``max(amax, 1e-12) / 448`` in float32, codes by
+oracle written here from the documented rule (per-row scale ``max(amax / 448, 2^-126)`` in float32, codes by
 clamping and casting, the codes' products summed in float64 times both scales, bias, one rounding), every kernel
 (``torch_native.fp8_linear``: ``torch._scaled_mm`` on CPU; ``reference.fp8_linear``), seeded odd shapes and ragged
 leading dims; a case worked out by hand; the typed errors; the CUDA routing rules on hand-built contexts."""
@@ -26,7 +26,7 @@ KERNELS = {"torch_native": tn.fp8_linear, "reference": reference_fp8_linear}
 def oracle(x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """float64 ``[M, N]`` from the documented rule."""
     xf = x.reshape(-1, x.shape[-1]).float()
-    s = torch.clamp(xf.abs().max(dim=1, keepdim=True).values, min=1e-12) / 448.0
+    s = torch.clamp(xf.abs().max(dim=1, keepdim=True).values / 448.0, min=2.0 ** -126)
     codes = torch.clamp(xf / s, -448.0, 448.0).to(torch.float8_e4m3fn).double()
     y = codes @ w_codes.double().t() * s.double() * w_scale.double().reshape(1, -1)
     return y + bias.double() if bias is not None else y

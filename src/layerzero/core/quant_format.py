@@ -224,18 +224,3 @@ def format_granularity(fmt: QuantFormat, axis: int | None, group_size: int | tup
         return Granularity.GROUP
     return granularity(axis, group_size)
 
-
-ROW_SCALE_FLOOR = 1e-12
-"""Smallest per-row activation amax :func:`quantize_rows_e4m3` divides by (an all-zero row gets codes 0, not NaN)."""
-
-
-def quantize_rows_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-token fp8 quantization of activations (vLLM's ``scaled_fp8_quant(..., use_per_token_if_dynamic=
-    True)``), the activation half of ``lz.fp8_linear``: x ``[M, K]`` (any float dtype) -> (codes ``[M, K]``
-    ``torch.float8_e4m3fn``, scales ``[M, 1]`` float32) with, in float32, ``scale = max(amax(|x_m|), 1e-12) / 448``
-    and ``code = e4m3(clamp(x / scale, -448, 448))`` (round to nearest even), so ``x ~= code * scale``. Non-finite
-    values give non-finite scales or codes (not checked: one reduction more per call)."""
-    xf = x.to(torch.float32)
-    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_min(ROW_SCALE_FLOOR) / FP8_MAX[QuantFormat.FP8_E4M3]
-    top = FP8_MAX[QuantFormat.FP8_E4M3]
-    return (xf / scale).clamp_(-top, top).to(torch.float8_e4m3fn), scale

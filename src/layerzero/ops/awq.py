@@ -22,10 +22,9 @@ from typing import NamedTuple
 
 import torch
 
-from layerzero.core.errors import InvalidInputError, expected_got
 from layerzero.core.quant_format import QuantFormat, QuantizedTensor
 
-from .gptq import pack_nibbles, unpack_nibbles
+from .gptq import layout_error, pack_nibbles, unpack_nibbles
 
 __all__ = ["AWQ_ORDER", "AWQWeights", "from_awq", "to_awq"]
 
@@ -40,10 +39,6 @@ class AWQWeights(NamedTuple):
     qweight: torch.Tensor
     qzeros: torch.Tensor
     scales: torch.Tensor
-
-
-def _bad(what: str, expected: str, got: object, fix: str | None = None) -> InvalidInputError:
-    return InvalidInputError(expected_got(what, expected, got, fix))
 
 
 def _pack_columns(codes: torch.Tensor) -> torch.Tensor:
@@ -68,16 +63,16 @@ def to_awq(qt: QuantizedTensor, *, scale_dtype: torch.dtype = torch.float16) -> 
         InvalidInputError: not int4, not 2-D, N not a multiple of 8, or no zero points.
     """
     if not isinstance(qt, QuantizedTensor) or qt.format is not QuantFormat.INT4:
-        raise _bad("to_awq: qt", "an int4 QuantizedTensor (lz.quantize(w, 'int4'))",
+        raise layout_error("to_awq: qt", "an int4 QuantizedTensor (lz.quantize(w, 'int4'))",
                    getattr(qt, "format", type(qt).__name__))
     if len(qt.shape) != 2 or qt.shape[0] % 8:
-        raise _bad("to_awq: weight shape", "[N, K] with N a multiple of 8 (AWQ packs 8 codes along N)",
+        raise layout_error("to_awq: weight shape", "[N, K] with N a multiple of 8 (AWQ packs 8 codes along N)",
                    list(qt.shape))
     n, k = qt.shape
     codes = torch.stack((qt.data & 15, qt.data >> 4), dim=-1).reshape(n, k)  # [N, K]
     qweight = _pack_columns(codes.t())  # [K, N/8]
     if qt.zero_point is None:
-        raise _bad("to_awq: qt.zero_point", "a uint8 tensor (int4 is asymmetric)", None)
+        raise layout_error("to_awq: qt.zero_point", "a uint8 tensor (int4 is asymmetric)", None)
     qzeros = _pack_columns(qt.zero_point.to(torch.int64).t())  # [K/g, N/8]
     return AWQWeights(qweight, qzeros, qt.scale.t().contiguous().to(scale_dtype))
 
@@ -94,13 +89,13 @@ def from_awq(weights: AWQWeights | tuple[torch.Tensor, ...], *, group_size: int,
     qweight, qzeros, scales = weights[0], weights[1], weights[2]
     for name, t in (("qweight", qweight), ("qzeros", qzeros)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 2:
-            raise _bad(f"from_awq: {name}", "a 2-D int32 tensor", getattr(t, "dtype", type(t).__name__))
+            raise layout_error(f"from_awq: {name}", "a 2-D int32 tensor", getattr(t, "dtype", type(t).__name__))
     k, n = qweight.shape[0], qweight.shape[1] * 8
     if not isinstance(group_size, int) or group_size < 2 or group_size % 2 or k % group_size:
-        raise _bad("from_awq: group_size", f"an even int >= 2 dividing K = {k}", repr(group_size))
+        raise layout_error("from_awq: group_size", f"an even int >= 2 dividing K = {k}", repr(group_size))
     ng = k // group_size
     if tuple(qzeros.shape) != (ng, n // 8) or not isinstance(scales, torch.Tensor) or tuple(scales.shape) != (ng, n):
-        raise _bad("from_awq: qzeros / scales shapes", f"[{ng}, {n // 8}] / [{ng}, {n}]",
+        raise layout_error("from_awq: qzeros / scales shapes", f"[{ng}, {n // 8}] / [{ng}, {n}]",
                    f"{list(qzeros.shape)} / {list(getattr(scales, 'shape', []))}")
     codes = _unpack_columns(qweight).t()  # [N, K]
     data = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)

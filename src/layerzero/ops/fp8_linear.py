@@ -77,10 +77,10 @@ def fp8_linear(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None =
     tensor (scale ``[]``) of a ``[N, K]`` weight whose ``qt.dtype`` is x's dtype; ``bias`` ``[N]`` like x or None
     -> ``[..., N]`` in x's dtype, a new tensor.
 
-    Numerics, every kernel: per row m, in float32, ``s_x[m] = max(amax(|x[m]|), 1e-12) / 448`` and
-    ``q[m] = e4m3(clamp(x[m] / s_x[m], -448, 448))`` (round to nearest even:
-    ``layerzero.core.quant_format.quantize_rows_e4m3``); ``y[m, n] = (sum_k q[m, k] * w_q[n, k]) * s_x[m] * s_w[n]
-    + bias[n]``, rounded once to x's dtype. The activation rounding (3 mantissa bits, ~3% of a value at most) is part
+    Numerics, every kernel: the rows quantized as ``lz.quantize(x2d, "fp8_e4m3", axis=0)`` does, i.e. per row m, in
+    float32, ``s_x[m] = max(amax(|x[m]|) / 448, 2^-126)`` and ``q[m] = e4m3(clamp(x[m] / s_x[m], -448, 448))`` (round
+    to nearest even); ``y[m, n] = (sum_k q[m, k] * w_q[n, k]) * s_x[m] * s_w[n] + bias[n]``, rounded once to x's
+    dtype. The activation rounding (3 mantissa bits, ~3% of a value at most) is part
     of the result: compare against ``lz.quantized_linear`` only with that tolerance. Non-finite x values give
     non-finite rows (not checked).
 

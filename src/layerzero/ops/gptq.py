@@ -38,7 +38,9 @@ class GPTQWeights(NamedTuple):
     g_idx: torch.Tensor
 
 
-def _bad(what: str, expected: str, got: object, fix: str | None = None) -> InvalidInputError:
+def layout_error(what: str, expected: str, got: object, fix: str | None = None) -> InvalidInputError:
+    """The error of a bad checkpoint buffer or weight for a layout conversion (GPTQ's here, AWQ's in ``awq.py``):
+    ``what``, expected vs got, how to fix it (raise the return value)."""
     return InvalidInputError(expected_got(what, expected, got, fix))
 
 
@@ -57,7 +59,7 @@ def unpack_nibbles(words: torch.Tensor) -> torch.Tensor:
 
 def _check_format(checkpoint_format: str) -> None:
     if checkpoint_format not in _FORMATS:
-        raise _bad("checkpoint_format", f"one of {list(_FORMATS)}", repr(checkpoint_format),
+        raise layout_error("checkpoint_format", f"one of {list(_FORMATS)}", repr(checkpoint_format),
                    "'gptq' (AutoGPTQ) stores zero - 1; 'gptq_v2' (GPTQModel) stores the zero point itself.")
 
 
@@ -74,10 +76,10 @@ def to_gptq(qt: QuantizedTensor, *, checkpoint_format: str = "gptq",
     """
     _check_format(checkpoint_format)
     if not isinstance(qt, QuantizedTensor) or qt.format is not QuantFormat.INT4:
-        raise _bad("to_gptq: qt", "an int4 QuantizedTensor (lz.quantize(w, 'int4'))",
+        raise layout_error("to_gptq: qt", "an int4 QuantizedTensor (lz.quantize(w, 'int4'))",
                    getattr(qt, "format", type(qt).__name__))
     if len(qt.shape) != 2 or qt.shape[0] % 8 or qt.shape[1] % 8:
-        raise _bad("to_gptq: weight shape", "[N, K] with N and K multiples of 8", list(qt.shape))
+        raise layout_error("to_gptq: weight shape", "[N, K] with N and K multiples of 8", list(qt.shape))
     n, k = qt.shape
     g = int(qt.group_size)  # type: ignore[arg-type]
     codes = torch.stack((qt.data & 15, qt.data >> 4), dim=-1).reshape(n, k)  # [N, K]
@@ -85,7 +87,7 @@ def to_gptq(qt: QuantizedTensor, *, checkpoint_format: str = "gptq",
     zeros = qt.zero_point.to(torch.int64).t()  # [K/g, N]
     if checkpoint_format == "gptq":
         if bool((zeros == 0).any()):
-            raise _bad("to_gptq: zero points", "1..15 for checkpoint_format='gptq' (it stores zero - 1 in 4 bits)",
+            raise layout_error("to_gptq: zero points", "1..15 for checkpoint_format='gptq' (it stores zero - 1 in 4 bits)",
                        "a zero point of 0 (a group with no negative values)", "Export checkpoint_format='gptq_v2'.")
         zeros = zeros - 1
     qzeros = pack_nibbles(zeros.reshape(k // g, n // 8, 8).transpose(1, 2))  # [K/g, N/8]
@@ -109,20 +111,20 @@ def from_gptq(weights: GPTQWeights | tuple[torch.Tensor, ...], *, group_size: in
     qweight, qzeros, scales = weights[0], weights[1], weights[2]
     for name, t in (("qweight", qweight), ("qzeros", qzeros)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 2:
-            raise _bad(f"from_gptq: {name}", "a 2-D int32 tensor", getattr(t, "dtype", type(t).__name__))
+            raise layout_error(f"from_gptq: {name}", "a 2-D int32 tensor", getattr(t, "dtype", type(t).__name__))
     k, n = qweight.shape[0] * 8, qweight.shape[1]
     if not isinstance(group_size, int) or group_size < 1 or k % group_size:
-        raise _bad("from_gptq: group_size", f"an int >= 1 dividing K = {k}", repr(group_size))
+        raise layout_error("from_gptq: group_size", f"an int >= 1 dividing K = {k}", repr(group_size))
     ng = k // group_size
     if tuple(qzeros.shape) != (ng, n // 8) or not isinstance(scales, torch.Tensor) or tuple(scales.shape) != (ng, n):
-        raise _bad("from_gptq: qzeros / scales shapes", f"[{ng}, {n // 8}] / [{ng}, {n}]",
+        raise layout_error("from_gptq: qzeros / scales shapes", f"[{ng}, {n // 8}] / [{ng}, {n}]",
                    f"{list(qzeros.shape)} / {list(getattr(scales, 'shape', []))}")
     g_idx = weights[3] if len(weights) > 3 else None
     if g_idx is not None:
         want = torch.arange(k, device=qweight.device) // group_size
         if not isinstance(g_idx, torch.Tensor) or tuple(g_idx.shape) != (k,) or not torch.equal(
                 g_idx.to(device=want.device, dtype=want.dtype), want):
-            raise _bad("from_gptq: g_idx", f"k // group_size for k in 0..{k - 1} (groups contiguous along K)",
+            raise layout_error("from_gptq: g_idx", f"k // group_size for k in 0..{k - 1} (groups contiguous along K)",
                        "an act-order g_idx (desc_act=True) or a tensor of another shape",
                        "Act-order GPTQ checkpoints are not supported: quantize the weight with lz.quantize, or "
                        "load a checkpoint made with desc_act=False; pass g_idx=None to skip the check.")

@@ -58,14 +58,16 @@ def quantized_linear(x: torch.Tensor, qt, bias: torch.Tensor | None) -> torch.Te
 
 
 def fp8_linear(x: torch.Tensor, qt, bias: torch.Tensor | None) -> torch.Tensor:  # noqa: ANN001 - QuantizedTensor
-    """Reference ``lz.fp8_linear``: x quantized per row (``quantize_rows_e4m3``), the e4m3 codes' products summed in
-    float64 (exact products, a float64 sum), times the row's and the weight's scales and plus bias in float64,
-    rounded once to x's dtype."""
-    from layerzero.core.quant_format import quantize_rows_e4m3
+    """Reference ``lz.fp8_linear``: x quantized per row by ``reference.quantize`` (fp8 e4m3, ``axis=0`` of the
+    ``[M, K]`` rows), the e4m3 codes' products summed in float64 (exact products, a float64 sum), times the row's and
+    the weight's scales and plus bias in float64, rounded once to x's dtype."""
+    from layerzero.core.quant_format import QuantFormat
+
+    from .quantize import quantize
 
     k, n = x.shape[-1], qt.shape[0]
-    q, s = quantize_rows_e4m3(x.reshape(-1, k))
-    y = (q.to(torch.float64) @ qt.data.to(torch.float64).t()) * s.to(torch.float64)
+    xq = quantize(x.reshape(-1, k), QuantFormat.FP8_E4M3, 0, None)
+    y = (xq.data.to(torch.float64) @ qt.data.to(torch.float64).t()) * xq.scale.to(torch.float64)
     y = y * qt.scale.to(torch.float64).reshape(1, -1)  # per channel [N, 1] -> [1, N]; per tensor [] -> [1, 1]
     if bias is not None:
         y = y + bias.to(torch.float64)

@@ -1,16 +1,18 @@
 """``torch_native.fp8_linear``: ``lz.fp8_linear`` (W8A8 fp8) through ``torch._scaled_mm`` with row-wise scales
-(cuBLASLt's fp8 GEMM on Hopper, oneDNN / the reference GEMM on CPU): the activation quantized per token by
-``quantize_rows_e4m3``, ``scale_a`` ``[M, 1]`` and ``scale_b`` ``[1, N]`` float32 applied to the float32 accumulator,
-bias added before the one rounding to x's dtype."""
+(cuBLASLt's fp8 GEMM on Hopper, oneDNN / the reference GEMM on CPU): the activation quantized per token by this
+backend's ``lz.quantize`` kernel (fp8 e4m3, ``axis=0`` of the ``[M, K]`` rows), ``scale_a`` ``[M, 1]`` and ``scale_b``
+``[1, N]`` float32 applied to the float32 accumulator, bias added before the one rounding to x's dtype."""
 
 from __future__ import annotations
 
 import torch
 
 from layerzero.core.context import SelectionContext
-from layerzero.core.quant_format import QuantizedTensor, quantize_rows_e4m3
+from layerzero.core.quant_format import QuantFormat, QuantizedTensor
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
+
+from .quantize import quantize
 
 __all__ = ["fp8_linear", "kernel_spec"]
 
@@ -25,10 +27,10 @@ def fp8_linear(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None) 
     rows = x.reshape(-1, k)
     if rows.shape[0] == 0:
         return x.new_empty((*x.shape[:-1], n))
-    q, s = quantize_rows_e4m3(rows)
+    xq = quantize(rows, QuantFormat.FP8_E4M3, 0, None)  # per row: scale [M, 1] float32, codes e4m3
     w = qt.data if qt.data.is_contiguous() else qt.data.contiguous()  # [N, K] row-major: w.t() is column-major
     sw = qt.scale.to(torch.float32).reshape(1, -1).expand(1, n).contiguous()  # per channel [N, 1] or per tensor []
-    y = torch._scaled_mm(q, w.t(), scale_a=s, scale_b=sw, bias=bias, out_dtype=x.dtype)
+    y = torch._scaled_mm(xq.data, w.t(), scale_a=xq.scale, scale_b=sw, bias=bias, out_dtype=x.dtype)
     return y.reshape(*x.shape[:-1], n)
 
 

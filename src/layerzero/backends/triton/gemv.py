@@ -90,8 +90,9 @@ def config(m: int, n: int, k: int, *, prefetch: bool | None = None) -> dict[str,
     (:func:`prefetch_applies`): ``_gemv_prefetch``."""
     if (PREFETCH if prefetch is None else prefetch) and prefetch_applies(m, n, k):
         kp = next_pow2(k)
-        slab, warps = PREFETCH_BY_SHAPE.get((n, k), PREFETCH_LONG_K if kp >= PREFETCH_MAX_K else (
-            PREFETCH_SLAB, PREFETCH_WARPS))
+        slab, warps = PREFETCH_LONG_K if kp >= PREFETCH_MAX_K else (PREFETCH_SLAB, PREFETCH_WARPS)
+        if PREFETCH_BY_SHAPE:  # A/B overrides only: nothing to look up on the usual call
+            slab, warps = PREFETCH_BY_SHAPE.get((n, k), (slab, warps))
         return {"kernel": "prefetch", "BM": next_pow2(m), "BN": max(1, min(8, slab // kp)), "KP": kp,
                 "num_warps": warps}
     if n <= 2048:

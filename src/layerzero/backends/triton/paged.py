@@ -56,9 +56,11 @@ TILE_BYTES = 32768
 pipeline stages in shared memory the fastest (bf16/fp16: 128 positions for D <= 128, 64 for D = 256)."""
 BLOCK_N_MAX = 128
 SPLIT_WARPS = 4
-"""Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call)."""
+"""Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call). Read when a call
+signature's plan is made: after changing it (A/B benchmarks) clear ``_PLANS`` (``benchmarks/engine/batch1_ab.py``
+does)."""
 MERGE_WARPS = 4
-"""Warps per stage-2 (merge) program."""
+"""Warps per stage-2 (merge) program (read as :data:`SPLIT_WARPS` is)."""
 
 
 FUSED_MERGE: bool | str = "auto"
@@ -221,7 +223,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     kern = _KERNELS.get()  # the @triton.jit code; triton imported fine in the backend's probe
     key = (q.shape, q.stride(), q.dtype, q.device, kv_cache.shape, kv_cache.stride(), kv_cache.dtype,
            block_tables.shape, block_tables.stride(), seq_lens.stride(), kv_layout, return_lse, num_splits, block_n,
-           num_warps, num_stages, SPLIT_WARPS, MERGE_WARPS)
+           num_warps, num_stages)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _plan(kern, q, kv_cache, block_tables, seq_lens, kv_layout, return_lse, num_splits, block_n,

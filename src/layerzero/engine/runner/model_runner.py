@@ -154,7 +154,7 @@ class ModelRunner:
             last = s.num_computed_tokens + n == s.num_tokens
             sched.append(ScheduledChunk(s.token_ids, s.num_computed_tokens, n, (), last,
                                         s.pending_index if last else -1))
-        if self.graphs is not None and all(c.length == 1 and c.sample for c in sched):
+        if self.graphs is not None and self.graphs.packs and all(c.length == 1 and c.sample for c in sched):
             target = self.graphs.pack_for(len(sched), block_tables.shape[1])
             if target is not None:  # a packed decode bucket: the inputs go straight into the graph's buffer
                 batch = build_packed_decode_batch(sched, self.block_size, block_tables, prev_tokens, target,
