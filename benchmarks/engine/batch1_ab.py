@@ -17,7 +17,9 @@ block as the four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k
 ``gemv-*``), ``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``),
 ``l2-prefetch`` (the o and gate/up weights prefetched into L2 during the attention block: ``l2_prefetch.py``, an
 experiment), ``packed`` (small decode buckets read their inputs from one buffer the step's single host-to-device copy writes:
-``cuda_graph.PACKED_INPUTS``), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
+``cuda_graph.PACKED_INPUTS``), ``kv-prefetch`` (``triton.paged_decode`` reads the cache below the newest key before
+its PDL wait: ``paged.PREFETCH_CACHED_KV = "pdl"``), ``packed-kvp`` (both), ``splits-1`` / ``splits-2`` / ``splits-1-kvp``
+(at most 1 / 2 KV splits: one split needs no merge kernel), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
 ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
 changed).
@@ -121,6 +123,10 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "gemv-16k-2w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 2)],
             "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
             "packed": [(cuda_graph, "PACKED_INPUTS", True)],
+            "kv-prefetch": [(paged, "PREFETCH_CACHED_KV", "pdl")],
+            "packed-kvp": [(cuda_graph, "PACKED_INPUTS", True), (paged, "PREFETCH_CACHED_KV", "pdl")],
+            "splits-1": [(paged, "MAX_SPLITS", 1)], "splits-2": [(paged, "MAX_SPLITS", 2)],
+            "splits-1-kvp": [(paged, "MAX_SPLITS", 1), (paged, "PREFETCH_CACHED_KV", "pdl")],
             "l2-prefetch": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
                             (llama.Attention, "attend", _attend_l2_prefetch)],
             "gemv-old": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4))],

@@ -20,6 +20,11 @@ in the output's dtype and stage 2 is not launched. With ``FUSED_MERGE`` (eager c
 Stage 2, grid ``(B, Hq)``: merges the S partials of one (sequence, query head) with weights
 ``2^(lse_s - max lse)`` (empty splits weigh 0) and stores the result in the output's dtype.
 
+``PREFETCH`` (``paged.PREFETCH_CACHED_KV``): stage 1 loads ``seq_lens``, its first tile's block ids and the K/V of
+that tile's positions below ``seq_len - 1`` *before* the PDL wait (so the gathers overlap the kernel before it, which
+in a decode step writes only the newest position), walks its later tiles below ``seq_len - 1`` after the wait, and the
+split whose tile holds position ``seq_len - 1`` folds that newest key in on its own (:func:`_attend_key`).
+
 A quantized cache (float8_e4m3fn / int8 codes, ``QUANT``) is dequantized in the tile loop as ``code * scale`` with the
 per-tensor scales read once per program (floats or device pointers), then both dots run in float32.
 
@@ -63,12 +68,19 @@ def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                  UPCAST: tl.constexpr, QUANT: tl.constexpr):
     """One online-softmax step over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop``: gathers K/V through
-    the block table (masked: positions ``>= stop`` load nothing), returns the updated ``(m, l, acc)``.
-    ``UPCAST``: both dots in float32 (the interpreter's ``tl.dot`` misreads bfloat16 operands). ``QUANT``: the cache
-    holds float8_e4m3fn / int8 codes, read as ``code * scale`` in float32 (``core.kv_quant.dequantize_kv``; the
-    caller sets ``UPCAST`` too, so both dots run in float32)."""
+    the block table (masked: positions ``>= stop`` load nothing), returns the updated ``(m, l, acc)``
+    (:func:`_attend_loaded`)."""
     pos, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
                               BLOCK_N)
+    return _attend_loaded(q, p_ok, k, v, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
+
+
+@triton.jit
+def _attend_loaded(q, p_ok, k, v, m_i, l_i, acc, qk_scale, ks, vs, UPCAST: tl.constexpr, QUANT: tl.constexpr):
+    """The online-softmax step of a loaded ``[BLOCK_N, D_PAD]`` K/V tile (``p_ok``: its positions that count; at least
+    one). ``UPCAST``: both dots in float32 (the interpreter's ``tl.dot`` misreads bfloat16 operands). ``QUANT``: the
+    cache holds float8_e4m3fn / int8 codes, read as ``code * scale`` in float32 (``core.kv_quant.dequantize_kv``; the
+    caller sets ``UPCAST`` too, so both dots run in float32)."""
     if QUANT:
         k = k.to(tl.float32) * ks
         v = v.to(tl.float32) * vs
@@ -85,6 +97,75 @@ def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
     return m_new, l_i, acc
 
 
+@triton.jit
+def _attend_key(q, k, v, m_i, l_i, acc, qk_scale, ks, vs, QUANT: tl.constexpr):
+    """The online-softmax step of one key / value ``[D_PAD]`` (float32 products; the probability rounded to the
+    cache's dtype before it weights ``v``, as the tile dot does)."""
+    if QUANT:
+        kf = k.to(tl.float32) * ks
+        vf = v.to(tl.float32) * vs
+    else:
+        kf = k.to(tl.float32)
+        vf = v.to(tl.float32)
+    score = tl.sum(q.to(tl.float32) * kf[None, :], 1) * qk_scale  # [GROUP_PAD]
+    m_new = tl.maximum(m_i, score)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(score - m_new)
+    if not QUANT:
+        p = p.to(v.dtype).to(tl.float32)
+    l_i = l_i * alpha + p
+    acc = acc * alpha[:, None] + p[:, None] * vf[None, :]
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _split_tiles(q, kv_head, bt_row, seq_len, s, num_splits, first, stop, m_i, l_i, acc, qk_scale, ks, vs,
+                 stride_blk, stride_kv, stride_pos, page, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                 BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
+                 UPCAST: tl.constexpr, QUANT: tl.constexpr):
+    """Split s's tiles s + i * S (``i >= first``) of a sequence of ``seq_len`` positions, keys below ``stop`` (tiles
+    interleaved: however short the sequence is against the block table's width, from which the split count comes,
+    its tiles spread over the splits instead of all landing in the first one)."""
+    if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
+        for i in range(first, TILES_PER_SPLIT):
+            t0 = (s + i * num_splits) * BLOCK_N
+            if t0 < stop:
+                m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
+                                             stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N,
+                                             UPCAST, QUANT)
+    else:
+        for t0 in range((s + first * num_splits) * BLOCK_N, stop, num_splits * BLOCK_N):
+            m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
+                                         stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST,
+                                         QUANT)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _split_prefetched(q, kv_head, bt_row, seq_len, s, num_splits, ok0, k0, v0, m_i, l_i, acc, qk_scale, ks, vs,
+                      stride_blk, stride_kv, stride_pos, page, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                      BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
+                      UPCAST: tl.constexpr, QUANT: tl.constexpr):
+    """``PREFETCH``'s walk: the first tile (loaded before the wait, keys below ``seq_len - 1``), the split's later
+    tiles below ``seq_len - 1``, then the newest key (position ``seq_len - 1``, written by the kernel just before)
+    in the split whose tile holds it."""
+    if s * BLOCK_N < seq_len - 1:
+        m_i, l_i, acc = _attend_loaded(q, ok0, k0, v0, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
+        m_i, l_i, acc = _split_tiles(q, kv_head, bt_row, seq_len, s, num_splits, 1, seq_len - 1, m_i, l_i, acc,
+                                     qk_scale, ks, vs, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
+                                     BLOCK_N, INTERPRET, TILES_PER_SPLIT, UPCAST, QUANT)
+    last = tl.maximum(seq_len - 1, 0)
+    if (seq_len > 0) & ((last // BLOCK_N) % num_splits == s):
+        d = tl.arange(0, D_PAD)
+        d_ok = d < HEAD_DIM
+        blk = tl.load(bt_row + last // page).to(tl.int64)
+        base = kv_head + blk * stride_blk + (last % page).to(tl.int64) * stride_pos
+        k = tl.load(base + d, mask=d_ok, other=0.0)
+        v = tl.load(base + stride_kv + d, mask=d_ok, other=0.0)
+        m_i, l_i, acc = _attend_key(q, k, v, m_i, l_i, acc, qk_scale, ks, vs, QUANT)
+    return m_i, l_i, acc
+
+
 @triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "stride_lb"])
 def paged_decode_split(
     q_ptr, kv_ptr, bt_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr, lse_out_ptr, o_ptr, cnt_ptr,
@@ -99,7 +180,7 @@ def paged_decode_split(
     INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr,
     QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
     WRITE_LSE: tl.constexpr = False, FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is the
     output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype, no stage 2;
@@ -110,10 +191,16 @@ def paged_decode_split(
     GPU scope: CUTLASS's serial split-K semaphore) counts itself done, and the program that counts last merges the
     group's ``num_splits`` partials into ``o_ptr`` (contiguous ``[B, Hq, D]``) as stage 2 would, reading the
     workspace through L2 (``.cg``), then puts the counter back to 0 for the next launch."""
-    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
+    if PREFETCH:  # see the docstring: the cache below the newest position, before the wait
+        seq_len = tl.load(lens_ptr + b)
+        kv_head = kv_ptr + h * stride_head
+        bt_row = bt_ptr + b * stride_bt
+        pos0, ok0, k0, v0 = kv_tile(kv_head, bt_row, s * BLOCK_N, seq_len - 1, stride_blk, stride_kv, stride_pos,
+                                    page, HEAD_DIM, D_PAD, BLOCK_N)
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any other memory access
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
     g_ok = g < group
@@ -125,27 +212,23 @@ def paged_decode_split(
         q = q.to(tl.float32)
     ks = load_scale(k_scale, K_PTR)
     vs = load_scale(v_scale, V_PTR)
-    seq_len = tl.load(lens_ptr + b)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    kv_head = kv_ptr + h * stride_head
-    bt_row = bt_ptr + b * stride_bt
+    if PREFETCH:
+        m_i, l_i, acc = _split_prefetched(q, kv_head, bt_row, seq_len, s, num_splits, ok0, k0, v0, m_i, l_i, acc,
+                                          qk_scale, ks, vs, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
+                                          BLOCK_N, INTERPRET, TILES_PER_SPLIT, UPCAST, QUANT)
+    else:
+        seq_len = tl.load(lens_ptr + b)
+        kv_head = kv_ptr + h * stride_head
+        bt_row = bt_ptr + b * stride_bt
     # split s takes tiles s, s + S, s + 2S, ... of the sequence's own length (interleaved): however short the
     # sequence is against the block table's width (the split count comes from the width), its tiles spread over
     # the splits instead of all landing in the first one
-    if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
-        for i in range(0, TILES_PER_SPLIT):
-            t0 = (s + i * num_splits) * BLOCK_N
-            if t0 < seq_len:
-                m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, seq_len, m_i, l_i, acc, qk_scale, ks, vs,
-                                             stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N,
-                                             UPCAST, QUANT)
-    else:
-        for t0 in range(s * BLOCK_N, seq_len, num_splits * BLOCK_N):
-            m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, seq_len, m_i, l_i, acc, qk_scale, ks, vs,
-                                         stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST,
-                                         QUANT)
+        m_i, l_i, acc = _split_tiles(q, kv_head, bt_row, seq_len, s, num_splits, 0, seq_len, m_i, l_i, acc,
+                                     qk_scale, ks, vs, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
+                                     BLOCK_N, INTERPRET, TILES_PER_SPLIT, UPCAST, QUANT)
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))

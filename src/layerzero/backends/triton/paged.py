@@ -85,6 +85,15 @@ FUSED_MERGE_IN_GRAPHS = False
 """Use the fused merge under capture too (what ``benchmarks/bench_fused_merge.py`` sets to compare both forms in a
 graph); off by default for the reason :data:`FUSED_MERGE` gives."""
 
+PREFETCH_CACHED_KV = "off"
+"""Stage 1 reads the cache below each sequence's newest position (``seq_len - 1``), its first tile, and ``seq_lens``
+and the block table before it waits for the kernel just before (PDL: the loads overlap that kernel's tail), then the
+newest key on its own after the wait. ``"pdl"``: in PDL launches (decode graphs); ``"always"``: every launch (the
+CPU tests: the same walk without PDL); ``"off"``: one walk after the wait. The contract it rests on: in a captured
+graph the kernel right before ``triton.paged_decode`` writes at most each sequence's newest position (a decode step's
+``lz.reshape_and_cache`` / ``lz.qk_norm_rope_cache`` do exactly that); see ``_gdc_kernels``. Read per call."""
+_PREFETCH_ON: dict[str, bool] = {"PREFETCH": True}
+
 _KERNELS = LazyModule("_paged_kernels")
 _COUNTERS: dict[tuple[str, int, int], torch.Tensor] = {}
 _OUTGROWN: list[torch.Tensor] = []
@@ -251,9 +260,11 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     ks, vs, qflags = _scale_args(plan.quant, k_scale, v_scale)
     # every int and constexpr below is the plan's: it pins the launch (FastLaunch.pinned skips Triton's binder)
     pdl = pdl_kwargs(q, batch, captured)
-    launch_pinned(kern.paged_decode_split, (plan.serial, fused, bool(pdl), *qflags.values()), plan.grid,
+    pre = PREFETCH_CACHED_KV == "always" or (PREFETCH_CACHED_KV == "pdl" and bool(pdl))
+    launch_pinned(kern.paged_decode_split, (plan.serial, fused, bool(pdl), pre, *qflags.values()), plan.grid,
                   q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, lse, out, cnt, qk_scale, ks, vs,
-                  *plan.split_ints, **(plan.fused_kw if fused else plan.split_kw), **qflags, **pdl)
+                  *plan.split_ints, **(plan.fused_kw if fused else plan.split_kw), **qflags, **pdl,
+                  **(_PREFETCH_ON if pre else {}))
     if plan.splits > 1 and not fused:
         launch_pinned(kern.paged_decode_merge, (plan.serial, bool(pdl)), (batch, hq), ws_out, ws_lse, out, lse,
                       *plan.merge_ints, **plan.merge_kw, **pdl)
