@@ -19,7 +19,9 @@ block as the four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k
 experiment), ``packed`` (small decode buckets read their inputs from one buffer the step's single host-to-device copy writes:
 ``cuda_graph.PACKED_INPUTS``), ``kv-prefetch`` (``triton.paged_decode`` reads the cache below the newest key before
 its PDL wait: ``paged.PREFETCH_CACHED_KV = "pdl"``), ``packed-kvp`` (both), ``splits-1`` / ``splits-2`` / ``splits-1-kvp``
-(at most 1 / 2 KV splits: one split needs no merge kernel), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
+(at most 1 / 2 KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off),
+``rope-paged-fused`` (``lz.rope_paged_attention`` locked to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV
+write in the split kernel), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
 ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
 changed).
@@ -43,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+import layerzero as lz
 from layerzero.backends.triton import _launch, paged, rope
 from layerzero.backends.triton import gemv as tg
 from layerzero.engine import LLM, SamplingParams
@@ -104,6 +107,10 @@ def _attend_l2_prefetch(self, qkv, batch, kv_cache):
     return _ATTEND(self, qkv, batch, kv_cache)
 
 
+LOCK = object()
+"""A setting ``(LOCK, op, kernel_id)``: ``lz.lock(op, kernel_id)`` for the variant, ``lz.unlock(op)`` after."""
+
+
 def _mlp_two_calls(self, gate_up):
     """The MLP's activation and down projection as two calls (before ``lz.swiglu_linear``)."""
     return self.down_proj(llama.silu_and_mul(gate_up))
@@ -122,7 +129,8 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "gemv-4k-2w": [(tg, "PREFETCH_SLAB", 4096), (tg, "PREFETCH_WARPS", 2)],
             "gemv-16k-2w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 2)],
             "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
-            "packed": [(cuda_graph, "PACKED_INPUTS", True)],
+            "packed": [(cuda_graph, "PACKED_INPUTS", True)], "unpacked": [(cuda_graph, "PACKED_INPUTS", False)],
+            "rope-paged-fused": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode")],
             "kv-prefetch": [(paged, "PREFETCH_CACHED_KV", "pdl")],
             "packed-kvp": [(cuda_graph, "PACKED_INPUTS", True), (paged, "PREFETCH_CACHED_KV", "pdl")],
             "splits-1": [(paged, "MAX_SPLITS", 1)], "splits-2": [(paged, "MAX_SPLITS", 2)],
@@ -235,6 +243,10 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
     old = []
     paged._PLANS.clear()  # triton.paged_decode's per-signature plans read the split settings once
     for mod, attr, value in SETTINGS[name]:
+        if mod is LOCK:
+            lz.lock(attr, value)
+            old.append((mod, attr, None))
+            continue
         old.append((mod, attr, vars(mod)[attr]))
         setattr(mod, attr, value)
     try:
@@ -265,7 +277,10 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
         return res
     finally:
         for mod, attr, value in reversed(old):
-            setattr(mod, attr, value)
+            if mod is LOCK:
+                lz.unlock(attr)
+            else:
+                setattr(mod, attr, value)
         gc.collect()
         torch.cuda.empty_cache()
 

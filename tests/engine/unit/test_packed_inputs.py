@@ -130,8 +130,9 @@ def test_an_ordinary_batch_for_a_packed_bucket_lands_in_its_buffer(runner):
     assert tables[:3, :3].tolist() == TABLES.tolist()
 
 
-def test_off_by_default():
-    assert cuda_graph.PACKED_INPUTS is False
+def test_on_by_default_and_off_packs_nothing(monkeypatch):
+    assert cuda_graph.PACKED_INPUTS is True
+    monkeypatch.setattr(cuda_graph, "PACKED_INPUTS", False)
     r = CUDAGraphRunner(torch.nn.Identity(), [], 8, 4, CPU)
     r.graphs = {s: _Graph() for s in r.sizes}
     assert r.packs == {} and r.pack_for(1, 2) is None

@@ -27,11 +27,12 @@ __all__ = ["CUDAGraphRunner", "PackTarget", "capture_sizes"]
 
 log = logging.getLogger("layerzero.engine")
 
-PACKED_INPUTS = False
+PACKED_INPUTS = True
 """Small decode buckets read their inputs from one packed device buffer per bucket, written by the step's one
 host-to-device copy (:class:`PackTarget`): no device-to-device copies into the graph's buffers (five a step, ~9 µs of
-GPU time at batch 1 on the H200, ``benchmarks/results/engine/h200/2026-11-28/argmax.txt``). Off until a GPU A/B
-measures it (written 2026-11-28 when that session's GPU time was spent; tested on CPU)."""
+GPU time at batch 1 on the H200, ``benchmarks/results/engine/h200/2026-11-28/argmax.txt``). Measured 2026-11-28 on
+the H200 (``benchmarks/results/engine/h200/2026-11-28b/``, same process, alternating): a batch-1 step's GPU input
+preparation 23-27 -> 11 µs (median), decode 1,381 / 1,384 -> 1,416 / 1,407 tok/s. ``False``: every bucket copies."""
 PACK_MAX_BYTES = 64 << 10
 """Buckets whose packed inputs (ids, positions, slots, block tables at the full graph width, seq_lens, pending-id
 rows) fit this many bytes are packed; larger ones copy the step's rows into the shared buffers (a full-width table
