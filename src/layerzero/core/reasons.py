@@ -62,6 +62,7 @@ class ReasonCode(str, enum.Enum):
     SLIDING_WINDOW_UNSUPPORTED = "SLIDING_WINDOW_UNSUPPORTED"  # lz.attention(window=...) on a kernel without it
     SOFTCAP_UNSUPPORTED = "SOFTCAP_UNSUPPORTED"  # lz.attention(softcap=...) on a kernel without logit soft-capping
     ALIBI_UNSUPPORTED = "ALIBI_UNSUPPORTED"  # lz.attention(alibi_slopes=...) on a kernel without ALiBi
+    ALIBI_REQUIRED = "ALIBI_REQUIRED"  # a kernel that serves only lz.attention(alibi_slopes=...) calls, on another call
     # GQA
     GQA_UNSUPPORTED = "GQA_UNSUPPORTED"
     GQA_RATIO_INVALID = "GQA_RATIO_INVALID"
@@ -120,7 +121,7 @@ _CATEGORY: dict[ReasonCode, ReasonCategory] = {
     **dict.fromkeys([_R.LAYOUT_UNSUPPORTED, _R.KV_LAYOUT_UNSUPPORTED], _C.LAYOUT),
     **dict.fromkeys(
         [_R.MASK_UNSUPPORTED, _R.MASK_WITH_CAUSAL,
-         _R.SLIDING_WINDOW_UNSUPPORTED, _R.SOFTCAP_UNSUPPORTED, _R.ALIBI_UNSUPPORTED], _C.MASK),
+         _R.SLIDING_WINDOW_UNSUPPORTED, _R.SOFTCAP_UNSUPPORTED, _R.ALIBI_UNSUPPORTED, _R.ALIBI_REQUIRED], _C.MASK),
     **dict.fromkeys([_R.GQA_UNSUPPORTED, _R.GQA_RATIO_INVALID], _C.GQA),
     **dict.fromkeys(
         [_R.HEAD_DIM_INVALID, _R.HEAD_DIM_TOO_LARGE, _R.HEAD_DIM_NOT_ALIGNED, _R.HEAD_DIM_MISMATCH], _C.HEAD_DIM),

@@ -367,8 +367,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     ``attn_mask`` (a key must pass every one). A window that restricts nothing for these lengths is dropped, so
     any kernel can serve the call. ``softcap``: logit soft-capping (Gemma 2): ``scores = softcap *
     tanh(scores / softcap)`` on the scaled scores, before mask, causality and window; None = off. Served only
-    by kernels that declare them (reference, flex_attention, flash_attn2/3/4 — a window there needs Sq == Sk);
-    the others are refused with ``SLIDING_WINDOW_UNSUPPORTED`` / ``SOFTCAP_UNSUPPORTED``.
+    by kernels that declare them (reference, flex_attention, flash_attn2/3/4 — a window there needs Sq == Sk —
+    and, for calls with ``alibi_slopes``, ``triton.attention``); the others are refused with
+    ``SLIDING_WINDOW_UNSUPPORTED`` / ``SOFTCAP_UNSUPPORTED``.
 
     ``alibi_slopes``: ALiBi (Press et al. 2022), flash-attn's ``flash_attn_func(alibi_slopes=)`` convention
     exactly: float32 ``[Hq]`` or ``[B, Hq]`` (one slope per query head, per batch row for ``[B, Hq]``); the bias
@@ -376,9 +377,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     before masks. Positions are aligned bottom-right (query i sits at position ``i + Sk - Sq``), as in flash-attn,
     whatever ``is_causal``; with Sq == Sk it is ``-slope * |i - j|``, and under causality (``j <= i``) it equals
     ``slope * (j - i)``, flash-attn's causal form. Served by kernels declaring ``supports_alibi`` (reference,
-    flex_attention, flash_attn2, SDPA math and the CPU SDPA flash kernel through an explicit float32 bias); the
-    others are refused with ``ALIBI_UNSUPPORTED``. Not float32, a shape other
-    than ``[Hq]`` / ``[B, Hq]``, or another device than q raises ``InvalidInputError`` (no silent upcast).
+    flex_attention, flash_attn2, ``triton.attention`` on CUDA with the bias computed in the kernel, SDPA math and the
+    CPU SDPA flash kernel through an explicit float32 bias); the others are refused with ``ALIBI_UNSUPPORTED``. Not
+    float32, a shape other than ``[Hq]`` / ``[B, Hq]``, or another device than q raises ``InvalidInputError`` (no
+    silent upcast).
 
     Under ``torch.compile`` / ``torch.export`` the call is one ``torch.ops.layerzero.attention`` node, also when
     inputs require grad (backward formula: ``layerzero/_library_grad.py``, SDPA's own backward without mask, window
