@@ -17,11 +17,14 @@ block as the four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k
 ``gemv-*``), ``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``),
 ``l2-prefetch`` (the o and gate/up weights prefetched into L2 during the attention block: ``l2_prefetch.py``, an
 experiment), ``packed`` (small decode buckets read their inputs from one buffer the step's single host-to-device copy writes:
-``cuda_graph.PACKED_INPUTS``), ``kv-prefetch`` (``triton.paged_decode`` reads the cache below the newest key before
-its PDL wait: ``paged.PREFETCH_CACHED_KV = "pdl"``), ``packed-kvp`` (both), ``splits-1`` / ``splits-2`` / ``splits-1-kvp``
-(at most 1 / 2 KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off),
+``cuda_graph.PACKED_INPUTS``), ``lens-prefetch`` / ``meta-prefetch`` (``triton.paged_decode`` reads ``seq_lens`` /
+also its first tile's block ids before its PDL wait: ``paged.PREFETCH`` 1 / 2), ``merge-eager`` (the merge loads
+every partial with the lse: ``paged.MERGE_EAGER``), ``meta-merge`` (both), ``splits-1`` / ``splits-2`` (at most 1 / 2
+KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off),
 ``rope-paged-fused`` (``lz.rope_paged_attention`` locked to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV
-write in the split kernel), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
+write in the split kernel), ``tile-32-s8`` / ``tile-64-s16`` / ... (``triton.paged_decode`` tiles of 32 / 64
+positions at head dim 128 in bf16, at most 8 / 16 splits), ``argmax-old`` (every greedy step through the float32
+cast and the general path, as before ``lz.sample_greedy``), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
 ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
 changed).
@@ -49,6 +52,7 @@ import layerzero as lz
 from layerzero.backends.triton import _launch, paged, rope
 from layerzero.backends.triton import gemv as tg
 from layerzero.engine import LLM, SamplingParams
+from layerzero.engine import sampler as sampler_mod
 from layerzero.engine.bench import default_checkpoint
 from layerzero.engine.engine import LLMEngine
 from layerzero.engine.kv.block_manager import KVCacheManager
@@ -107,6 +111,17 @@ def _attend_l2_prefetch(self, qkv, batch, kv_cache):
     return _ATTEND(self, qkv, batch, kv_cache)
 
 
+class _TorchArgmax:
+    """``layerzero`` for the sampler module, but ``sample_greedy`` is ``torch.argmax`` (the ``argmax-old`` variant)."""
+
+    def __getattr__(self, name):
+        return getattr(lz, name)
+
+    @staticmethod
+    def sample_greedy(logits):
+        return logits.argmax(dim=-1)
+
+
 LOCK = object()
 """A setting ``(LOCK, op, kernel_id)``: ``lz.lock(op, kernel_id)`` for the variant, ``lz.unlock(op)`` after."""
 
@@ -131,10 +146,13 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
             "packed": [(cuda_graph, "PACKED_INPUTS", True)], "unpacked": [(cuda_graph, "PACKED_INPUTS", False)],
             "rope-paged-fused": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode")],
-            "kv-prefetch": [(paged, "PREFETCH_CACHED_KV", "pdl")],
-            "packed-kvp": [(cuda_graph, "PACKED_INPUTS", True), (paged, "PREFETCH_CACHED_KV", "pdl")],
+            **{f"tile-{bn}-s{sp}": [(paged, "TILE_BYTES", bn * 256), (paged, "MAX_SPLITS", sp)]
+               for bn in (32, 64) for sp in (8, 16)},
+            "argmax-old": [(sampler_mod, "plain_greedy", lambda seqs: False), (sampler_mod, "lz", _TorchArgmax())],
+            "lens-prefetch": [(paged, "PREFETCH", 1)], "meta-prefetch": [(paged, "PREFETCH", 2)],
+            "merge-eager": [(paged, "MERGE_EAGER", True)],
+            "meta-merge": [(paged, "PREFETCH", 2), (paged, "MERGE_EAGER", True)],
             "splits-1": [(paged, "MAX_SPLITS", 1)], "splits-2": [(paged, "MAX_SPLITS", 2)],
-            "splits-1-kvp": [(paged, "MAX_SPLITS", 1), (paged, "PREFETCH_CACHED_KV", "pdl")],
             "l2-prefetch": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
                             (llama.Attention, "attend", _attend_l2_prefetch)],
             "gemv-old": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4))],
