@@ -221,8 +221,8 @@ def test_the_memo_is_bounded_and_a_subclass_is_never_memoized(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ the fused Triton kernel
-TRITON_CASES = [  # (M, N, K, bias): every path of tq.config
-    (1, 37, 96, True),      # row kernel, BM 1, BN 4
+TRITON_CASES = [  # (M, N, K, bias): every path of tq.config (int4 at up to 8 rows: the int4 decode kernel,
+    (1, 37, 96, True),      # tested further in test_quantized_linear_int4.py); row kernel, BM 1, BN 4
     (2, 5, 3072, False),    # row kernel, BN 2 (long K)
     (3, 70, 160, True),     # row kernel, rows padded to 4
     (8, 33, 96, False),     # row kernel, BM 8
@@ -256,7 +256,9 @@ def test_triton_kernel_takes_strided_rows_leading_dims_and_empty_batches():
     assert tq.quantized_linear(x[:0], qt, b).shape == (0, 9)
 
 
-def test_config_picks_the_path_and_never_straddles_an_int4_group():
+def test_config_picks_the_path_and_never_straddles_an_int4_group(monkeypatch):
+    assert tq.config(1, 4096, 1024, 16)["kernel"] == "int4" and tq.config(8, 4096, 1024, 128)["kernel"] == "int4"
+    monkeypatch.setattr(tq, "INT4_DECODE", False)  # int4 decode rows back on the row kernel (A/B knob)
     assert tq.config(1, 4096, 1024, 16)["BK"] == 16 and tq.config(1, 4096, 1024, 128)["BK"] == 128
     assert tq.config(12, 4096, 1024, 128)["BK"] == 64 and tq.config(12, 4096, 1024, 32)["BK"] == 32
     assert tq.config(8, 10, 64, None)["kernel"] == "rows" and tq.config(8, 10, 64, None)["BM"] == 8
