@@ -17,9 +17,7 @@ block as the four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k
 ``gemv-*``), ``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``),
 ``l2-prefetch`` (the o and gate/up weights prefetched into L2 during the attention block: ``l2_prefetch.py``, an
 experiment), ``packed`` (small decode buckets read their inputs from one buffer the step's single host-to-device copy writes:
-``cuda_graph.PACKED_INPUTS``), ``lens-prefetch`` / ``meta-prefetch`` (``triton.paged_decode`` reads ``seq_lens`` /
-also its first tile's block ids before its PDL wait: ``paged.PREFETCH`` 1 / 2), ``merge-eager`` (the merge loads
-every partial with the lse: ``paged.MERGE_EAGER``), ``meta-merge`` (both), ``splits-1`` / ``splits-2`` (at most 1 / 2
+``cuda_graph.PACKED_INPUTS``), ``splits-1`` / ``splits-2`` (at most 1 / 2
 KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off),
 ``rope-paged-fused`` (``lz.rope_paged_attention`` locked to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV
 write in the split kernel), ``tile-32-s8`` / ``tile-64-s16`` / ... (``triton.paged_decode`` tiles of 32 / 64
@@ -149,9 +147,6 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             **{f"tile-{bn}-s{sp}": [(paged, "TILE_BYTES", bn * 256), (paged, "MAX_SPLITS", sp)]
                for bn in (32, 64) for sp in (8, 16)},
             "argmax-old": [(sampler_mod, "plain_greedy", lambda seqs: False), (sampler_mod, "lz", _TorchArgmax())],
-            "lens-prefetch": [(paged, "PREFETCH", 1)], "meta-prefetch": [(paged, "PREFETCH", 2)],
-            "merge-eager": [(paged, "MERGE_EAGER", True)],
-            "meta-merge": [(paged, "PREFETCH", 2), (paged, "MERGE_EAGER", True)],
             "splits-1": [(paged, "MAX_SPLITS", 1)], "splits-2": [(paged, "MAX_SPLITS", 2)],
             "l2-prefetch": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
                             (llama.Attention, "attend", _attend_l2_prefetch)],

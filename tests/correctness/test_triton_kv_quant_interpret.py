@@ -64,11 +64,7 @@ def test_write_equals_quantize_kv_bit_for_bit(qdtype, layout, tensor_scale):
 @pytest.mark.parametrize("qdtype", QDTYPES, ids=["int8", "fp8"])
 @pytest.mark.parametrize(("layout", "splits", "dtype"), [("NHD", None, torch.float32), ("HND", 3, torch.float32),
                                                          ("NHD", 2, torch.bfloat16)], ids=["nhd", "hnd-split", "bf16"])
-@pytest.mark.parametrize("prefetch", [0, 2])
-def test_decode_over_quantized_cache_matches_float64(qdtype, layout, splits, dtype, prefetch, monkeypatch):
-    """``prefetch`` 2: the walk whose first tile is gathered through block ids read before the PDL wait."""
-    monkeypatch.setattr(tp, "PREFETCH", prefetch)
-    monkeypatch.setattr(tp, "PREFETCH_EAGER", True)
+def test_decode_over_quantized_cache_matches_float64(qdtype, layout, splits, dtype):
     q, cache, table, lens = make_case(3, layout=layout, page=8, ratio=4, hkv=2, d=32, lens=[1, 37, 20],
                                       dtype=torch.float32)
     q = q.to(dtype)

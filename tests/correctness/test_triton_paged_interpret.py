@@ -139,51 +139,6 @@ def test_decode_matches_float64_oracle(case):
     close(out, oracle(q, cache, table, lens_t, layout), dtype)
 
 
-# the walks that read step metadata before the PDL wait (paged.PREFETCH 1: seq_lens; 2: also the first tile's
-# block ids, that tile gathered outside the loop), and the merge that loads every partial with the lse
-PREFETCH_CASES = [CASES[i] for i in (0, 2, 4, 6, 8, 9, 11, 12)]
-
-
-@needs_triton
-@pytest.mark.parametrize(("prefetch", "fused", "eager_merge"), [(2, False, True), (2, True, False), (1, False, False)])
-@pytest.mark.parametrize("case", PREFETCH_CASES, ids=[f"seed{c[0]}-{c[1]}-P{c[2]}-g{c[3]}" for c in PREFETCH_CASES])
-def test_prefetching_walks_match_float64_oracle(case, prefetch, fused, eager_merge, monkeypatch):
-    """The same cases (lengths 1 and exact tile multiples, more splits than tiles, splits past every sequence)."""
-    monkeypatch.setattr(tp, "PREFETCH", prefetch)
-    monkeypatch.setattr(tp, "PREFETCH_EAGER", True)
-    monkeypatch.setattr(tp, "FUSED_MERGE", fused)
-    monkeypatch.setattr(tp, "MERGE_EAGER", eager_merge)
-    monkeypatch.setattr(tp, "_PLANS", {})
-    seed, layout, page, ratio, hkv, d, lens, splits, bn, dtype = case
-    q, cache, table, lens_t = make_case(seed, layout=layout, page=page, ratio=ratio, hkv=hkv, d=d, lens=lens,
-                                        dtype=dtype)
-    out = tp.paged_decode(q, cache, table, lens_t, None, layout, num_splits=splits, block_n=bn)
-    close(out, oracle(q, cache, table, lens_t, layout), dtype)
-
-
-@needs_triton
-@pytest.mark.parametrize("n", [1, 16, 17, 33])
-def test_prefetched_first_tile_counts_each_key_once(n, monkeypatch):
-    """Worked by hand: q = 0 (uniform weights), V rows = their position, the last key a large outlier in V only: the
-    mean is (sum of 0..n-2 + 1000) / n; a first tile counted twice, or a key dropped, would move it. The eager merge
-    reads the unwritten workspace slots of empty splits (4 splits, at most 3 used) and must zero them."""
-    monkeypatch.setattr(tp, "PREFETCH", 2)
-    monkeypatch.setattr(tp, "PREFETCH_EAGER", True)
-    monkeypatch.setattr(tp, "MERGE_EAGER", True)
-    monkeypatch.setattr(tp, "FUSED_MERGE", False)
-    monkeypatch.setattr(tp, "_PLANS", {})
-    d, page = 16, 4
-    blocks = -(-n // page)
-    cache = torch.zeros(blocks, 2, page, 1, d)
-    for t in range(n):
-        cache[t // page, 1, t % page, 0] = 1000.0 if t == n - 1 else float(t)
-    table = torch.arange(blocks, dtype=torch.int32)[None]
-    out = tp.paged_decode(torch.zeros(1, 1, d), cache, table, torch.tensor([n], dtype=torch.int32), num_splits=4,
-                          block_n=16)
-    want = (sum(range(n - 1)) + 1000.0) / n
-    torch.testing.assert_close(out[0, 0], torch.full((d,), want), rtol=1e-6, atol=1e-4)
-
-
 @needs_triton
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_canonical_entry_matches_the_reference_kernel(layout):

@@ -14,8 +14,7 @@ Every PDL kernel of ours waits before it lets the next one launch, so when a ker
 launches back has completed and its writes are visible; only the one just before may still run. Model weights
 (``triton.gemv``'s slab, never written by a forward) and RoPE's positions and cos / sin tables are read before the wait: no LayerZero kernel writes them (step metadata
 comes from the host or an earlier kernel; a kernel that is not PDL-aware lets the next one start only when it has
-completed). ``triton.paged_decode`` with ``paged.PREFETCH`` reads ``seq_lens`` and block-table rows (step metadata)
-before the wait. A caller that writes one of these with its own PDL-triggering kernel right before the LayerZero call
+completed). A caller that writes one of these with its own PDL-triggering kernel right before the LayerZero call
 inside a captured graph would race; copy them before the step, as engines do.
 Both instructions are no-ops in a kernel launched without the attribute. The host side (when to ask for it) is
 ``_launch.pdl_kwargs``.

@@ -20,11 +20,6 @@ in the output's dtype and stage 2 is not launched. With ``FUSED_MERGE`` (eager c
 Stage 2, grid ``(B, Hq)``: merges the S partials of one (sequence, query head) with weights
 ``2^(lse_s - max lse)`` (empty splits weigh 0) and stores the result in the output's dtype.
 
-``PREFETCH`` (``paged.PREFETCH``): stage 1 reads step metadata before the PDL wait, so those loads overlap the kernel
-before it: 1, ``seq_lens``; 2, also its first tile's block ids (that tile's K/V are then gathered right after the
-wait, outside the tile loop). Only what the host wrote before the step is read early (``_gdc_kernels``: step
-metadata), never the cache itself, which the kernel just before writes in a decode step.
-
 A quantized cache (float8_e4m3fn / int8 codes, ``QUANT``) is dequantized in the tile loop as ``code * scale`` with the
 per-tensor scales read once per program (floats or device pointers), then both dots run in float32.
 
@@ -51,24 +46,15 @@ def kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page,
     through its block-table row (position t at block ``bt_row[t // page]``, offset ``t % page``); positions
     ``>= stop`` (and their block ids) and position ``skip`` load nothing (0). Returns ``(positions, mask of the
     positions loaded, k, v)``."""
+    d = tl.arange(0, D_PAD)
     pos = t0 + tl.arange(0, BLOCK_N)
     p_ok = (pos < stop) & (pos != skip)
-    blk = tl.load(bt_row + pos // page, mask=p_ok, other=0)
-    k, v = kv_rows(kv_head, blk, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
-    return pos, p_ok, k, v
-
-
-@triton.jit
-def kv_rows(kv_head, blk, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD_DIM: tl.constexpr,
-            D_PAD: tl.constexpr):
-    """K and V rows ``[BLOCK_N, D_PAD]`` of positions ``pos`` whose block ids ``blk`` are already loaded (rows not in
-    ``p_ok`` load nothing: 0)."""
-    d = tl.arange(0, D_PAD)
-    base = kv_head + blk.to(tl.int64) * stride_blk + (pos % page).to(tl.int64) * stride_pos
+    blk = tl.load(bt_row + pos // page, mask=p_ok, other=0).to(tl.int64)
+    base = kv_head + blk * stride_blk + (pos % page).to(tl.int64) * stride_pos
     mask = p_ok[:, None] & (d < HEAD_DIM)[None, :]
     k = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0)
     v = tl.load(base[:, None] + stride_kv + d[None, :], mask=mask, other=0.0)
-    return k, v
+    return pos, p_ok, k, v
 
 
 @triton.jit
@@ -77,19 +63,12 @@ def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                  UPCAST: tl.constexpr, QUANT: tl.constexpr):
     """One online-softmax step over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop``: gathers K/V through
-    the block table (masked: positions ``>= stop`` load nothing), returns the updated ``(m, l, acc)``
-    (:func:`_attend_loaded`)."""
+    the block table (masked: positions ``>= stop`` load nothing), returns the updated ``(m, l, acc)``.
+    ``UPCAST``: both dots in float32 (the interpreter's ``tl.dot`` misreads bfloat16 operands). ``QUANT``: the cache
+    holds float8_e4m3fn / int8 codes, read as ``code * scale`` in float32 (``core.kv_quant.dequantize_kv``; the
+    caller sets ``UPCAST`` too, so both dots run in float32)."""
     pos, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
                               BLOCK_N)
-    return _attend_loaded(q, p_ok, k, v, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
-
-
-@triton.jit
-def _attend_loaded(q, p_ok, k, v, m_i, l_i, acc, qk_scale, ks, vs, UPCAST: tl.constexpr, QUANT: tl.constexpr):
-    """The online-softmax step of a loaded ``[BLOCK_N, D_PAD]`` K/V tile (``p_ok``: its positions that count; at least
-    one). ``UPCAST``: both dots in float32 (the interpreter's ``tl.dot`` misreads bfloat16 operands). ``QUANT``: the
-    cache holds float8_e4m3fn / int8 codes, read as ``code * scale`` in float32 (``core.kv_quant.dequantize_kv``; the
-    caller sets ``UPCAST`` too, so both dots run in float32)."""
     if QUANT:
         k = k.to(tl.float32) * ks
         v = v.to(tl.float32) * vs
@@ -106,29 +85,6 @@ def _attend_loaded(q, p_ok, k, v, m_i, l_i, acc, qk_scale, ks, vs, UPCAST: tl.co
     return m_new, l_i, acc
 
 
-@triton.jit
-def _split_tiles(q, kv_head, bt_row, seq_len, s, num_splits, FIRST: tl.constexpr, stop, m_i, l_i, acc, qk_scale, ks,
-                 vs, stride_blk, stride_kv, stride_pos, page, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                 BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
-                 UPCAST: tl.constexpr, QUANT: tl.constexpr):
-    """Split s's tiles s + i * S (``i >= FIRST``) of a sequence of ``seq_len`` positions, keys below ``stop`` (tiles
-    interleaved: however short the sequence is against the block table's width, from which the split count comes,
-    its tiles spread over the splits instead of all landing in the first one)."""
-    if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
-        for i in range(FIRST, TILES_PER_SPLIT):
-            t0 = (s + i * num_splits) * BLOCK_N
-            if t0 < stop:
-                m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
-                                             stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N,
-                                             UPCAST, QUANT)
-    else:
-        for t0 in range((s + FIRST * num_splits) * BLOCK_N, stop, num_splits * BLOCK_N):
-            m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
-                                         stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST,
-                                         QUANT)
-    return m_i, l_i, acc
-
-
 @triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "stride_lb"])
 def paged_decode_split(
     q_ptr, kv_ptr, bt_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr, lse_out_ptr, o_ptr, cnt_ptr,
@@ -143,7 +99,7 @@ def paged_decode_split(
     INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr,
     QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
     WRITE_LSE: tl.constexpr = False, FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
-    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is the
     output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype, no stage 2;
@@ -154,18 +110,10 @@ def paged_decode_split(
     GPU scope: CUTLASS's serial split-K semaphore) counts itself done, and the program that counts last merges the
     group's ``num_splits`` partials into ``o_ptr`` (contiguous ``[B, Hq, D]``) as stage 2 would, reading the
     workspace through L2 (``.cg``), then puts the counter back to 0 for the next launch."""
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    kv_head = kv_ptr + h * stride_head
-    bt_row = bt_ptr + b * stride_bt
-    if PREFETCH >= 1:  # step metadata before the wait (see the module docstring)
-        seq_len = tl.load(lens_ptr + b)
-    if PREFETCH == 2:
-        pos0 = s * BLOCK_N + tl.arange(0, BLOCK_N)
-        ok0 = pos0 < seq_len
-        blk0 = tl.load(bt_row + pos0 // page, mask=ok0, other=0)
-    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any other memory access (PREFETCH: above)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
     g_ok = g < group
@@ -177,21 +125,27 @@ def paged_decode_split(
         q = q.to(tl.float32)
     ks = load_scale(k_scale, K_PTR)
     vs = load_scale(v_scale, V_PTR)
+    seq_len = tl.load(lens_ptr + b)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    if PREFETCH == 0:
-        seq_len = tl.load(lens_ptr + b)
+    kv_head = kv_ptr + h * stride_head
+    bt_row = bt_ptr + b * stride_bt
     # split s takes tiles s, s + S, s + 2S, ... of the sequence's own length (interleaved): however short the
     # sequence is against the block table's width (the split count comes from the width), its tiles spread over
     # the splits instead of all landing in the first one
-    if PREFETCH == 2:  # the first tile through the block ids read before the wait
-        if s * BLOCK_N < seq_len:
-            k0, v0 = kv_rows(kv_head, blk0, pos0, ok0, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
-            m_i, l_i, acc = _attend_loaded(q, ok0, k0, v0, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
-    m_i, l_i, acc = _split_tiles(q, kv_head, bt_row, seq_len, s, num_splits, PREFETCH // 2, seq_len, m_i, l_i, acc,
-                                 qk_scale, ks, vs, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
-                                 BLOCK_N, INTERPRET, TILES_PER_SPLIT, UPCAST, QUANT)
+    if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
+        for i in range(0, TILES_PER_SPLIT):
+            t0 = (s + i * num_splits) * BLOCK_N
+            if t0 < seq_len:
+                m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, seq_len, m_i, l_i, acc, qk_scale, ks, vs,
+                                             stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N,
+                                             UPCAST, QUANT)
+    else:
+        for t0 in range(s * BLOCK_N, seq_len, num_splits * BLOCK_N):
+            m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, seq_len, m_i, l_i, acc, qk_scale, ks, vs,
+                                         stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST,
+                                         QUANT)
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
@@ -224,15 +178,12 @@ def paged_decode_split(
 
 @triton.jit
 def merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, lse_row, ws_row, o_row, lse_out_row, stride_ws, num_splits,
-              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr,
-              EAGER: tl.constexpr = False):
+              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr):
     """Merge one (sequence, query head)'s ``num_splits`` partials (workspace lse at ``ws_lse_ptr + lse_row``, outputs
     at ``ws_out_ptr + ws_row``, split stride ``stride_ws``) with weights ``2^(lse_s - max lse)`` (empty splits weigh
     0; a slot no split wrote, cascade's device-sized splits, is never read) into ``o_ptr + o_row`` in its dtype;
     with ``WRITE_LSE`` the merged natural-log lse to ``lse_out_ptr + lse_out_row`` (-inf for a row with no key).
-    Loads go through L2 (``.cg``): the partials may come from other SMs of the same launch (``FUSED_MERGE``).
-    ``EAGER``: the partials are loaded together with the lse (an empty split's unwritten slot is read, then zeroed)
-    instead of after it, masked by it."""
+    Loads go through L2 (``.cg``): the partials may come from other SMs of the same launch (``FUSED_MERGE``)."""
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)
     s_ok = s < num_splits
@@ -242,13 +193,8 @@ def merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, lse_row, ws_row, o_row
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)  # empty splits: 2^-inf = 0
     used = s_ok & (lse > float("-inf"))
-    if EAGER:  # every split's partial loaded with the lse (one round trip), unused ones zeroed after
-        parts = tl.load(ws_out_ptr + ws_row + s[:, None] * stride_ws + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
-                        other=0.0, cache_modifier=".cg")
-        parts = tl.where(used[:, None], parts, 0.0)
-    else:
-        parts = tl.load(ws_out_ptr + ws_row + s[:, None] * stride_ws + d[None, :], mask=used[:, None] & d_ok[None, :],
-                        other=0.0, cache_modifier=".cg")
+    parts = tl.load(ws_out_ptr + ws_row + s[:, None] * stride_ws + d[None, :], mask=used[:, None] & d_ok[None, :],
+                    other=0.0, cache_modifier=".cg")
     total = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(o_ptr + o_row + d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
@@ -264,7 +210,7 @@ def paged_decode_merge(
     stride_wb, stride_wh, stride_ws,
     num_heads, num_splits,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr = False,
-    PDL: tl.constexpr = False, EAGER: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Stage 2 (see the module docstring): one program per (sequence, query head); with ``WRITE_LSE`` the merged
     natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32, -inf for a sequence with no key)."""
@@ -273,4 +219,4 @@ def paged_decode_merge(
     hq = tl.program_id(1)
     merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, (b * num_heads + hq) * num_splits,
               b * stride_wb + hq * stride_wh, b * stride_ob + hq * stride_oh, b * num_heads + hq, stride_ws, num_splits,
-              HEAD_DIM, D_PAD, S_PAD, WRITE_LSE, EAGER)
+              HEAD_DIM, D_PAD, S_PAD, WRITE_LSE)

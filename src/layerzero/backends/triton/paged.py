@@ -85,17 +85,6 @@ FUSED_MERGE_IN_GRAPHS = False
 """Use the fused merge under capture too (what ``benchmarks/bench_fused_merge.py`` sets to compare both forms in a
 graph); off by default for the reason :data:`FUSED_MERGE` gives."""
 
-PREFETCH = 0
-"""Stage 1 reads step metadata before its PDL wait (in PDL launches: decode graphs), so the loads overlap the kernel
-before it: 0 none; 1 ``seq_lens``; 2 ``seq_lens`` and its first tile's block ids (the tile's K/V gathered right after
-the wait). Only what the host wrote before the step (``_gdc_kernels``), never the cache. Read per call."""
-PREFETCH_EAGER = False
-"""Take :data:`PREFETCH`'s walk in launches without PDL too (the CPU tests: the same code paths, no wait)."""
-MERGE_EAGER = False
-"""Stage 2 loads every split's partial together with the lse (one round trip to L2 instead of two; an empty split's
-unwritten slot is read and zeroed). Read when a call signature's plan is made (clear ``_PLANS`` after changing it)."""
-_PREFETCH_KW = [{}, {"PREFETCH": 1}, {"PREFETCH": 2}]
-
 _KERNELS = LazyModule("_paged_kernels")
 _COUNTERS: dict[tuple[str, int, int], torch.Tensor] = {}
 _OUTGROWN: list[torch.Tensor] = []
@@ -262,11 +251,9 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     ks, vs, qflags = _scale_args(plan.quant, k_scale, v_scale)
     # every int and constexpr below is the plan's: it pins the launch (FastLaunch.pinned skips Triton's binder)
     pdl = pdl_kwargs(q, batch, captured)
-    pre = PREFETCH if pdl or PREFETCH_EAGER else 0
-    launch_pinned(kern.paged_decode_split, (plan.serial, fused, bool(pdl), pre, *qflags.values()), plan.grid,
+    launch_pinned(kern.paged_decode_split, (plan.serial, fused, bool(pdl), *qflags.values()), plan.grid,
                   q, kv_cache, block_tables, seq_lens, ws_out, ws_lse, lse, out, cnt, qk_scale, ks, vs,
-                  *plan.split_ints, **(plan.fused_kw if fused else plan.split_kw), **qflags, **pdl,
-                  **_PREFETCH_KW[pre])
+                  *plan.split_ints, **(plan.fused_kw if fused else plan.split_kw), **qflags, **pdl)
     if plan.splits > 1 and not fused:
         launch_pinned(kern.paged_decode_merge, (plan.serial, bool(pdl)), (batch, hq), ws_out, ws_lse, out, lse,
                       *plan.merge_ints, **plan.merge_kw, **pdl)
@@ -339,8 +326,7 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
          *ws_strides, hq * splits),
         (hq * d, d, *ws_strides, hq, splits),
         split_kw, {**split_kw, "FUSED_MERGE": True, "S_PAD": next_pow2(splits)},
-        dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=MERGE_WARPS,
-             **({"EAGER": True} if MERGE_EAGER else {})))
+        dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=MERGE_WARPS))
 
 
 def _scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict[str, bool]]:
