@@ -209,12 +209,13 @@ def _ctx(sm, rows, gran="group:128"):
 
 @pytest.mark.unit
 @pytest.mark.parametrize(("measured", "sm", "rows", "want"), [
-    (False, (9, 0), 1, "torch_native.quantized_linear"),  # the default until the GPU measurement
+    (False, (9, 0), 1, "torch_native.quantized_linear"),  # the knob off: dequantize + cuBLAS
     (True, (9, 0), 1, tq.KERNEL_ID), (True, (9, 0), 8, tq.KERNEL_ID),
     (True, (9, 0), 9, "torch_native.quantized_linear"),  # prefill rows: tl.dot tiles, not measured
     (True, (8, 0), 1, "torch_native.quantized_linear"),  # not measured before Hopper
 ])
 def test_int4_default_follows_the_measurement_knob(monkeypatch, measured, sm, rows, want):
+    assert tq.INT4_MEASURED_FASTER is True  # measured on the H200 (benchmarks/results/int4_gemv_h200.md)
     monkeypatch.setattr(tq, "INT4_MEASURED_FASTER", measured)
     plan, _ = _select(_ctx(sm, rows))
     assert plan.kernel_id == want

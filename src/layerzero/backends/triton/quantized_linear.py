@@ -5,10 +5,9 @@ int8 / fp8 decode) and ``_qgemv_int4_kernels.py`` (int4 decode: each packed byte
 magic-number decode, the weight slab loaded before the PDL wait as ``triton.gemv``'s prefetch kernel does).
 
 Status: correct under the Triton interpreter (CPU tests against the float32 reference and a float64 oracle) and on
-an H200 (``tests/gpu/test_gpu_quantized_linear.py``) for the ``tl.dot`` and row kernels. The int4 decode kernel
-(:data:`INT4_DECODE`) is CPU-tested only, its GPU numbers pending (``benchmarks/bench_int4_gemv.py``). The default for
-int8 and fp8 e4m3 weights on Hopper and newer (:func:`priority_for`: measured there; int4 joins once
-:data:`INT4_MEASURED_FASTER` is set after a GPU measurement); opt in elsewhere (:data:`PRIORITY` below
+an H200 (``tests/gpu/test_gpu_quantized_linear.py``, the int4 decode kernel included). The default for int8 and fp8
+e4m3 weights, and for int4 at decode rows (:data:`INT4_MEASURED_FASTER`), on Hopper and newer (:func:`priority_for`:
+measured there); opt in elsewhere (:data:`PRIORITY` below
 ``torch_native.quantized_linear``): ``lz.lock("quantized_linear", "triton.quantized_linear")``. The engine's
 ``LLM(quantization=...)`` calls ``lz.quantized_linear``, so the default or a lock reaches it.
 
@@ -41,8 +40,8 @@ MEASURED_FASTER = frozenset({QuantFormat.INT8.value, QuantFormat.FP8_E4M3.value}
 """Weight formats the engine ran faster with this kernel than with dequantize + cuBLAS on an H200 (bf16, Qwen3-0.6B's
 shapes, ``benchmarks/results/engine/h200/README.md``, 2026-11-25; two processes, each against its own bf16 run):
 int8 per channel 0.58 of bf16's tokens/s vs 0.41, fp8 e4m3 per channel 0.63 vs 0.39. int4 (groups of 128) ran
-slower (0.16 vs 0.30: the old row kernel's nibble decode; the int4 decode kernel that replaces it at decode rows waits
-for its measurement: :data:`INT4_MEASURED_FASTER`) and fp8 e5m2 was not measured: both stay opt in."""
+slower (0.16 vs 0.30: the old row kernel's nibble decode; the int4 decode kernel replaced it at decode rows:
+:data:`INT4_MEASURED_FASTER`) and fp8 e5m2 was not measured: it stays opt in."""
 MEASURED_SM_MIN = (9, 0)
 """Where those measurements ran (Hopper); older GPUs keep :data:`PRIORITY` until measured (``lz.tune``)."""
 HALF = frozenset({torch.float16, torch.bfloat16})
@@ -60,10 +59,11 @@ _INT4_KERNELS = LazyModule("_qgemv_int4_kernels")
 INT4_DECODE = True
 """Run int4 weights at up to :data:`INT4_ROWS_MAX` rows through ``_qgemv_int4`` (each packed byte read once, the
 slab before the PDL wait); False restores ``_qgemv_rows`` for them (A/B benchmarks:
-``benchmarks/bench_int4_gemv.py``). CPU-tested (Triton interpreter); GPU numbers pending."""
+``benchmarks/bench_int4_gemv.py``; numbers at :data:`INT4_MEASURED_FASTER`)."""
 INT4_ROWS_MAX = ROWS_MAX
 """Most rows ``_qgemv_int4`` takes (its float32 multiply-adds grow with the rows, the decode does not); more rows take
-``_qgemm``'s ``tl.dot`` tiles. Not yet measured: ``bench_int4_gemv.py --rows 1,2,4,8`` compares."""
+``_qgemm``'s ``tl.dot`` tiles. At 8 rows on the H200 it was within 0.91-1.24x of the old row kernel (QKV faster, o /
+down slower) and 2.2-6.3x faster than dequantize + cuBLAS (``bench_int4_gemv.py --rows 1,2,4,8``)."""
 INT4_CHUNK_K = 4096
 """Longest K (codes per row, 2048 bytes) whose whole rows one program holds in registers (the slab mode: every load
 issued before the PDL wait); longer rows loop over chunks of this many codes, the next chunk's loads in flight
@@ -89,12 +89,14 @@ INT4_BY_SHAPE: dict[tuple[int, int], tuple[int, int]] = {}
 default)."""
 INT4_BN_MAX = 16
 """Most output columns per program of ``_qgemv_int4``."""
-INT4_MEASURED_FASTER = False
-"""Set to True once a GPU measurement (``benchmarks/bench_int4_gemv.py``, then the engine's tokens/s as for int8 /
-fp8) shows ``_qgemv_int4`` faster than dequantize + cuBLAS: :func:`priority_for` then makes this kernel the default
-for int4 weights at up to :data:`INT4_ROWS_MAX` rows (decode) on SM >= :data:`MEASURED_SM_MIN` GPUs, as
-:data:`MEASURED_FASTER` does for int8 / fp8 e4m3. Read at selection time; selections already cached keep their
-choice until a policy or config change invalidates the cache, so the intended change is this line itself."""
+INT4_MEASURED_FASTER = True
+""":func:`priority_for` makes this kernel the default for int4 weights at up to :data:`INT4_ROWS_MAX` rows (decode) on
+SM >= :data:`MEASURED_SM_MIN` GPUs, as :data:`MEASURED_FASTER` does for int8 / fp8 e4m3. Measured on an H200
+(``benchmarks/bench_int4_gemv.py``, ``benchmarks/results/int4_gemv_h200.md``: 28-layer norm -> linear graphs of
+Qwen3-0.6B's four projections, L2 flushed, groups of 128): at 1 row ``_qgemv_int4`` 3.0-4.2 µs a projection against
+7.9-15.9 for the old row kernel and 48-82 for dequantize + cuBLAS (the default before), at 8 rows 9.9-19.3 against
+12.4-18.2 and 41-82; against bf16 ``triton.gemv`` 1.19x / 1.27x faster for QKV / gate-up at 1 row, 0.70-0.74x for
+the o / down projections. False: int4 stays on dequantize + cuBLAS unless locked. Read at selection time."""
 
 
 def _prev_pow2(n: int) -> int:
