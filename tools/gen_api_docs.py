@@ -9,6 +9,7 @@ import layerzero as lz
 
 SECTIONS = {
     "Ops": ["attention", "rms_norm", "layer_norm", "rope", "qk_norm_rope", "swiglu", "fused_moe", "sample_topk", "sample_topp", "sample",
+            "sample_greedy",
             "apply_penalties", "geglu", "reglu", "embedding", "linear", "rms_norm_linear", "swiglu_linear",
             "linear_cross_entropy"],
     "Quantization (docs/quantization.md)": ["quantize", "dequantize", "quantized_linear", "fp8_linear"],

@@ -24,7 +24,7 @@ wrapper builds the QuantizedTensor.
 
 Also ``lz.paged_attention``, ``lz.reshape_and_cache``, ``lz.qk_norm_rope_cache`` and ``lz.rope_paged_attention``
 (the last three mutate ``kv_cache``; the last two for inference calls only), ``lz.fused_moe``,
-``lz.apply_penalties``, and ``lz.sample`` / ``lz.sample_topk`` / ``lz.sample_topp`` without a ``generator`` (custom
+``lz.apply_penalties``, ``lz.sample_greedy``, and ``lz.sample`` / ``lz.sample_topk`` / ``lz.sample_topp`` without a ``generator`` (custom
 ops cannot take a ``torch.Generator``: calls with one are traced as Python, as before). ``lz.paged_attention`` and
 ``lz.reshape_and_cache`` with ``k_scale`` / ``v_scale`` (a quantized cache's scales) are traced as Python too. The
 paged KV-cache ops are defined in :mod:`layerzero.library_paged` (imported and re-exported at the end of this
@@ -39,7 +39,7 @@ import torch
 
 __all__ = ["apply_penalties", "attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu",
            "fp8_linear", "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "qk_norm_rope", "qk_norm_rope_cache", "quantize", "quantized_linear", "reglu",
-           "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "rope_paged_attention", "sample", "sample_topk", "sample_topp", "swiglu", "swiglu_linear"]
+           "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "rope_paged_attention", "sample", "sample_greedy", "sample_topk", "sample_topp", "swiglu", "swiglu_linear"]
 
 NS = "layerzero"
 
@@ -353,6 +353,17 @@ def _(logits, k, temperature):
 
 @sample_topp.register_fake
 def _(logits, p, temperature):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+@torch.library.custom_op(f"{NS}::sample_greedy", mutates_args=())
+def sample_greedy(logits: torch.Tensor) -> torch.Tensor:
+    """``lz.sample_greedy`` as a custom op."""
+    return _owned(_lz().sample_greedy(logits), logits)
+
+
+@sample_greedy.register_fake
+def _(logits):
     return logits.new_empty((logits.shape[0],), dtype=torch.int64)
 
 

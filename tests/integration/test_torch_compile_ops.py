@@ -176,6 +176,27 @@ def test_sample_topk_and_topp_without_a_generator_compile_without_breaks():
     check_topk_topp_compiles(torch.randn(4, 40, generator=torch.Generator().manual_seed(3)))
 
 
+def greedy_step(logits, bias):
+    return lz.sample_greedy(logits + bias)
+
+
+def test_sample_greedy_compiles_without_breaks():
+    """``lz.sample_greedy`` is one custom op: no graph break, and the compiled function picks eager's tokens (NaN and
+    tie rows included) on new data and a new shape."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(4)
+    args = (torch.randn(4, 40, generator=gen), torch.zeros(40))
+    assert torch._dynamo.explain(greedy_step)(*args).graph_break_count == 0
+    compiled = torch.compile(greedy_step, fullgraph=True)
+    for rows, v in ((4, 40), (4, 40), (3, 17)):
+        x = torch.randn(rows, v, generator=gen)
+        x[0, 5] = float("nan")
+        x[1, [2, 9]] = 99.0
+        bias = torch.zeros(v)
+        assert torch.equal(compiled(x, bias), greedy_step(x, bias))
+        assert compiled(x, bias)[:2].tolist() == [5, 2]
+
+
 def _opcheck_cases():
     """(name, custom op, args) for every ``torch.ops.layerzero`` op: contiguous inputs and the strided ones a model
     passes (transposed activations, BSHD views of a fused projection, chunks of a gate/up projection)."""
@@ -275,18 +296,20 @@ def _opcheck_cases():
         ("swiglu, gradients", ops.swiglu, (r(4, 96).requires_grad_(), r(4, 96).requires_grad_())),
         ("sample_topk k=1", ops.sample_topk, (r(3, 50), 1, 0.8)),  # deterministic: opcheck compares two runs
         ("sample_topp tiny p", ops.sample_topp, (r(3, 50), 1e-6, 1.2)),
+        ("sample_greedy", ops.sample_greedy, (r(3, 50),)),
+        ("sample_greedy transposed bf16", ops.sample_greedy, (r(50, 3).t().to(torch.bfloat16),)),
     ]
     return cases
 
 
-@pytest.mark.parametrize("case", range(49))
+@pytest.mark.parametrize("case", range(51))
 def test_custom_ops_keep_the_torch_library_contract(case):
     """``torch.library.opcheck`` (schema: no undeclared mutation or aliasing; fake impl: the real outputs' shapes,
     dtypes and strides; autograd registration; AOT dispatch) passes for every custom op, also with strided inputs,
     and no output shares memory with an input or another output: Inductor frees, reuses and writes into custom-op
     outputs in place (``inplace_buffers``, ``allow_buffer_reuse``) on the strength of that contract."""
     cases = _opcheck_cases()
-    assert len(cases) == 49
+    assert len(cases) == 51
     name, op, args = cases[case]
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     if "nvfp4" in name or "fp8" in name:  # the schema check multiplies the inputs; torch's CPU build cannot for

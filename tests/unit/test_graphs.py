@@ -215,6 +215,7 @@ def test_capture_key_for_every_op():
              "paged_attention_lse": ((torch.randn(2, 4, 8), cache, tables, lens), {}),
              "merge_attention_states": ((q3 := torch.randn(2, 4, 8), torch.randn(2, 4), q3, torch.randn(2, 4)), {}),
              "sample": ((torch.randn(2, 10),), {"temperature": torch.ones(2), "seeds": torch.tensor([1, -1])}),
+             "sample_greedy": ((torch.randn(2, 10),), {}),
              "apply_penalties": ((torch.randn(2, 10), slots[None].expand(2, -1), slots[None].expand(2, -1)),
                                  {"repetition_penalty": torch.ones(2)}),
              "fused_moe": ((x, torch.randn(4, 6, 16), torch.randn(4, 16, 3), torch.ones(2, 2),

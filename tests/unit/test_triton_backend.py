@@ -180,7 +180,8 @@ def test_every_kernel_is_cuda_only_sm80_and_half_precision():
     assert by_id["triton.rms_norm_linear"].fn is tb.gemv.rms_norm_linear
     assert by_id["triton.swiglu_linear"].fn is tb.gemv.swiglu_linear and by_id["triton.swiglu_linear"].op == "swiglu_linear"
     assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [True, True, True, True, False, False, False, True, True, True,
-                                                             True, True, True, True, True, True]
+                                                             True, True, True, True, True, True, True]
+    assert by_id["triton.sample_greedy"].fn is sampling.sample_greedy and by_id["triton.sample_greedy"].op == "sample_greedy"
     att = by_id["triton.attention"]
     assert att.fn is tb.attention.attention and att.op == "attention" and att.supports_alibi
     assert by_id["triton.qk_norm_rope_cache"].fn is rope.qk_norm_rope_cache

@@ -66,6 +66,7 @@ CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
     "sample_topk": ("logits", "k", "temperature", "generator"),
     "sample_topp": ("logits", "p", "temperature", "generator"),
     "sample": ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "offsets", "generator"),
+    "sample_greedy": ("logits",),
     "apply_penalties": ("logits", "prompt_token_ids", "output_token_ids", "repetition_penalty", "presence_penalty",
                         "frequency_penalty"),
     "paged_attention": ("q", "kv_cache", "block_tables", "seq_lens", "cu_seqlens_q", "scale", "is_causal", "layout"),

@@ -37,4 +37,5 @@ def teacher_forced_logprobs(llm: Any, token_ids: list[int]) -> torch.Tensor:
     scratch = [torch.zeros((blocks, *c.shape[1:]), dtype=c.dtype, device=c.device) for c in runner.kv_caches]
     batch = build_forward_batch([ScheduledChunk(list(token_ids), 0, n, list(range(blocks)), True)], bs, runner.device)
     batch.logits_indices = torch.arange(n, device=runner.device)
+    batch.logits_all = True
     return torch.log_softmax(runner.model(batch, scratch).double(), dim=-1)

@@ -43,8 +43,19 @@ class PendingSample:
     lp_counts: list[int]
 
 
+def plain_greedy(seqs: list[Sequence]) -> bool:
+    """Every row greedy with nothing that changes or reads its logits: no penalties, logit bias, min_tokens ban or
+    logprobs (the step's tokens are then the rows' argmax, read from the logits as the model returned them)."""
+    for s in seqs:
+        p = s.params
+        if not p.greedy or p.penalized or p.logit_bias or p.logprobs is not None or s.num_output_tokens < p.min_tokens:
+            return False
+    return True
+
+
 class Sampler:
-    """Samples the next token of every row of a step's logits ``[S, V]`` float32, row i for ``seqs[i]``."""
+    """Samples the next token of every row of a step's logits ``[S, V]`` (the model's dtype; cast to float32 for
+    everything but a plain greedy step), row i for ``seqs[i]``."""
 
     def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device, seed: int) -> None:
         self.vocab_size, self.eos, self.device = vocab_size, eos_token_ids, device
@@ -52,20 +63,25 @@ class Sampler:
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
-        """Sample ``seqs``' next tokens from ``logits`` (modified in place); waits for them."""
+        """Sample ``seqs``' next tokens from ``logits`` (float32 logits are modified in place); waits for them."""
         return self.resolve(self.launch(logits, seqs))
 
     @torch.no_grad()
     def launch(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
-        """Enqueue the draw of ``seqs``' next tokens from ``logits`` (modified in place) and the transfer of the
-        results to the host, without waiting for them (:meth:`resolve` does). Penalties read the sequences' known
-        tokens: async scheduling resolves a step before the next one samples a penalized sequence."""
+        """Enqueue the draw of ``seqs``' next tokens from ``logits`` ``[S, V]`` and the transfer of the results to the
+        host, without waiting for them (:meth:`resolve` does). A plain greedy step (:func:`plain_greedy`) takes
+        ``lz.sample_greedy`` of the logits as they are (bf16 logits: no float32 copy); otherwise they are cast to
+        float32 (float32 logits are then modified in place). Penalties read the sequences' known tokens: async
+        scheduling resolves a step before the next one samples a penalized sequence."""
+        if plain_greedy(seqs):
+            return self._pending(lz.sample_greedy(logits), [], [], [])
+        logits = logits.float()
         want_lp = [s.params.logprobs is not None for s in seqs]
         raw = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
         self._penalize(logits, seqs)
         self._bias(logits, seqs)
         if all(s.params.greedy for s in seqs):
-            tokens = logits.argmax(dim=-1)
+            tokens = lz.sample_greedy(logits)
         else:
             tokens = self._sample(logits, seqs)
         rows = [i for i, w in enumerate(want_lp) if w]
@@ -79,12 +95,18 @@ class Sampler:
                 sel, chosen = raw.index_select(0, idx), tokens.index_select(0, idx)
             top_v, top_i = sel.topk(n, dim=-1) if n else (sel[:, :0], sel[:, :0].long())
             out += [sel.gather(1, chosen.unsqueeze(1)).squeeze(1), top_v, top_i]
-        host = [t.to("cpu", non_blocking=True) for t in out]
+        return self._pending(tokens, out[1:], rows, [seqs[i].params.logprobs for i in rows])
+
+    @staticmethod
+    def _pending(tokens: torch.Tensor, extra: list[torch.Tensor], rows: list[int], counts: list[int]) -> PendingSample:
+        """Start the non-blocking copies of ``tokens`` (and the logprob tensors ``extra``) to the host and record an
+        event after them."""
+        host = [t.to("cpu", non_blocking=True) for t in (tokens, *extra)]
         event = None
         if tokens.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        return PendingSample(tokens, host, event, rows, [seqs[i].params.logprobs for i in rows])
+        return PendingSample(tokens, host, event, rows, counts)
 
     @staticmethod
     def resolve(p: PendingSample) -> SamplerOutput:

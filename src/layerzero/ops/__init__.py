@@ -43,12 +43,12 @@ from .quantized_linear import quantized_linear
 from .rms_norm_linear import rms_norm_linear
 from .rope import rope
 from .rope_paged_attention import rope_paged_attention
-from .sampling import sample, sample_topk, sample_topp
+from .sampling import sample, sample_greedy, sample_topk, sample_topp
 from .swiglu import geglu, reglu, swiglu
 from .swiglu_linear import swiglu_linear
 
 OPERATION_SPECS = (_attention.SPEC, _norms.RMS_SPEC, _norms.LAYER_SPEC, _rope.SPEC, _qk_norm_rope.SPEC, _qknrc.SPEC, _rpa.SPEC, _sampling.TOPK_SPEC,
-                   _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
+                   _sampling.TOPP_SPEC, _sampling.SAMPLE_SPEC, _sampling.GREEDY_SPEC, _penalties.SPEC, _paged.SPEC, _paged.CACHE_SPEC,
                    _cascade.LSE_SPEC, _cascade.MERGE_SPEC,
                    _swiglu.SPEC, _swiglu.GEGLU_SPEC, _swiglu.REGLU_SPEC, _fused_moe.SPEC, _quantization.SPEC,
                    _quantization.DEQUANT_SPEC, _embedding.SPEC, _lce.SPEC, _linear.SPEC, _rnl.SPEC, _sgl.SPEC, _qlinear.SPEC,
@@ -66,6 +66,7 @@ OPS = {
     "sample_topk": (_sampling.prepare_topk, _sampling.context),
     "sample_topp": (_sampling.prepare_topp, _sampling.context),
     "sample": (_sampling.prepare_sample, _sampling.context_batch),
+    "sample_greedy": (_sampling.prepare_greedy, _sampling.context_greedy),
     "apply_penalties": (_penalties.prepare, _penalties.context),
     "paged_attention": (_paged.prepare, _paged.context),
     "reshape_and_cache": (_paged.prepare_cache, _paged.context_cache),
@@ -98,7 +99,7 @@ def register_builtin(registry) -> None:
 
 __all__ = ["OPERATION_SPECS", "OPS", "register_builtin", "KVLayout", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
            "merge_attention_states",
-           "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "qk_norm_rope", "sample", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
+           "attention", "fused_moe", "layer_norm", "rms_norm", "rope", "qk_norm_rope", "sample", "sample_greedy", "sample_topk", "sample_topp", "apply_penalties", "swiglu",
            "geglu", "reglu", "quantize", "dequantize", "embedding", "linear", "linear_cross_entropy",
            "quantized_linear", "fp8_linear", "rms_norm_linear", "swiglu_linear", "qk_norm_rope_cache",
            "rope_paged_attention"]

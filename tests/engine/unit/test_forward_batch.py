@@ -44,6 +44,21 @@ def test_decode_step_and_an_unsampled_chunk():
     assert part.logits_indices.tolist() == [] and part.cu_seqlens_q.tolist() == [0, 3]
 
 
+def test_logits_all_only_when_every_row_is_sampled_in_order():
+    """``logits_all`` (the model skips the ``logits_indices`` gather) holds exactly when ``logits_indices`` is
+    ``arange(T)``: a decode step whose chunks all sample; not a decode step with an unsampled chunk, not a mixed step
+    (even one whose every chunk samples: only the last token of each chunk is a row)."""
+    from layerzero.engine.runner.forward_batch import build_forward_batch
+
+    cpu = torch.device("cpu")
+    a, b = _chunk([1, 2, 3, 4, 5], 4, 1, [6, 0]), _chunk([9, 8, 7], 2, 1, [4])
+    for chunks, want in (([a, b], True), ([a, _chunk([9, 8, 7, 6], 2, 1, [4], sample=False)], False),
+                         ([_chunk(list(range(6)), 0, 6, [7, 2]), b], False), ([b], True)):
+        fb = build_forward_batch(chunks, 4, cpu)
+        assert fb.logits_all is want
+        assert (fb.logits_indices.tolist() == list(range(fb.input_ids.shape[0]))) is want
+
+
 def test_pending_last_token_is_gathered_from_the_previous_step():
     """Async scheduling: a chunk whose last token is pending takes its input id from the previous step's sampled
     tokens (row ``pending_src``), in the decode path and in a mixed step; known ids are untouched."""

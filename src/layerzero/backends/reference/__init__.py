@@ -81,6 +81,10 @@ def _sample(logits, temperature, top_k, top_p, min_p, seeds, offsets, generator)
     return K.sample(logits, temperature, top_k, top_p, min_p, seeds, offsets, generator)
 
 
+def _sample_greedy(logits):
+    return K.sample_greedy(logits)
+
+
 def _apply_penalties(logits, prompt_token_ids, output_token_ids, repetition_penalty, presence_penalty,
                      frequency_penalty):
     return K.apply_penalties(logits, prompt_token_ids, output_token_ids, repetition_penalty, presence_penalty,
@@ -120,6 +124,7 @@ def register(registry: KernelRegistry) -> None:
         ("sample_topk", _sample_topk, {"graph_safe": False}),
         ("sample_topp", _sample_topp, {"graph_safe": False}),
         ("sample", _sample, {"graph_safe": False}),
+        ("sample_greedy", _sample_greedy, {}),  # device ops only: graph-safe
         ("apply_penalties", _apply_penalties, {"graph_safe": False}),
         ("swiglu", _swiglu, {}),
         ("geglu", _geglu, {}),

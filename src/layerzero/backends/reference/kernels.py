@@ -14,7 +14,7 @@ from layerzero.backends.reference.moe import fused_moe
 from layerzero.backends.reference.norms import layer_norm, rms_norm
 from layerzero.backends.reference.penalties import apply_penalties
 from layerzero.backends.reference.rope import qk_norm_rope, rope, rotate_every_two, rotate_half
-from layerzero.backends.reference.sampling import sample, sample_topk, sample_topp
+from layerzero.backends.reference.sampling import sample, sample_greedy, sample_topk, sample_topp
 from layerzero.backends.reference.swiglu import geglu, reglu, swiglu
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "rotate_every_two",
     "rotate_half",
     "sample",
+    "sample_greedy",
     "sample_topk",
     "sample_topp",
     "swiglu",

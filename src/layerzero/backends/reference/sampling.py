@@ -1,4 +1,5 @@
-"""Reference token samplers (top-k, top-p / nucleus, batched per-row sampling): the oracles for sampling kernels.
+"""Reference token samplers (greedy, top-k, top-p / nucleus, batched per-row sampling): the oracles for sampling
+kernels.
 
 Plain PyTorch: probabilities in float32 (float64 for float64 logits). ``sample_topk`` / ``sample_topp`` draw with
 ``torch.multinomial`` on the caller's ``torch.Generator`` so a fixed seed gives the same tokens; ``sample`` draws
@@ -11,7 +12,7 @@ import math
 
 import torch
 
-__all__ = ["counter_hash", "lowbias32", "sample", "sample_topk", "sample_topp", "seeded_exponential"]
+__all__ = ["counter_hash", "lowbias32", "sample", "sample_greedy", "sample_topk", "sample_topp", "seeded_exponential"]
 
 
 GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
@@ -30,6 +31,34 @@ def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def _greedy(logits: torch.Tensor) -> torch.Tensor:
     return torch.argmax(logits, dim=-1).to(torch.int64)
+
+
+def sample_greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy decoding: per row the index of the first maximum of the logits, NaN rules written out.
+
+    Per row: the index of its first NaN when it holds one (as ``torch.argmax`` answers on the builds we know, but
+    computed here explicitly, so the oracle does not depend on one build's NaN handling); otherwise the first index
+    of the maximum (ties -> the lowest index: ``torch.argmax``'s documented rule, applied to NaN-free values), so an
+    all ``-inf`` row gives 0 and ``+inf`` is a maximum like any other. float16 / bfloat16 are compared in float32
+    (an exact cast: the answer is ``argmax`` of ``logits.float()``), float64 in float64.
+
+    Args:
+        logits: ``[S, V]`` (S >= 0 rows, V >= 1 vocabulary), any float dtype, any strides.
+
+    Returns:
+        Token ids ``[S]``, int64, each in ``[0, V)``.
+
+    Raises:
+        Nothing of its own: validation is the ops layer's job (``lz.sample_greedy``).
+
+    >>> sample_greedy(torch.tensor([[0.0, 5.0, 5.0], [1.0, float("nan"), 9.0]]))
+    tensor([1, 1])
+    """
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    nan = torch.isnan(x)
+    first_nan = nan.to(torch.int8).argmax(dim=-1)  # the first 1 of each row (0 when the row has none: unused)
+    first_max = x.masked_fill(nan, -math.inf).argmax(dim=-1)
+    return torch.where(nan.any(dim=-1), first_nan, first_max).to(torch.int64)
 
 
 def sample_topk(

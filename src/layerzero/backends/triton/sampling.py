@@ -1,5 +1,6 @@
-"""``triton.sample_topk`` / ``triton.sample_topp``: token sampling with a Triton inverse-CDF draw, and
-``triton.sample`` (``lz.sample``: the exponential race fused, see :func:`sample`); CUDA only.
+"""``triton.sample_topk`` / ``triton.sample_topp``: token sampling with a Triton inverse-CDF draw,
+``triton.sample`` (``lz.sample``: the exponential race fused, see :func:`sample`) and ``triton.sample_greedy``
+(``lz.sample_greedy``: a split-vocabulary first argmax, see :func:`sample_greedy`); CUDA only.
 
 What runs where (one call, logits ``[B, V]``):
 
@@ -23,7 +24,8 @@ lower token id first (stable sort), as the reference does. ``temperature == 0`` 
 candidate list (the reference's ``torch.multinomial`` raises there).
 
 Not graph-safe: a user ``torch.Generator`` must be registered with the CUDA graph to be captured
-(``torch.cuda.CUDAGraph.register_generator_state``), which LayerZero does not do.
+(``torch.cuda.CUDAGraph.register_generator_state``), which LayerZero does not do. ``triton.sample_greedy`` draws
+nothing and is graph-safe.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ import torch
 from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, next_pow2
-from ._launch import launch
+from ._launch import launch, launch_pinned, pdl_kwargs
 
-KERNEL_IDS = ("triton.sample_topk", "triton.sample_topp", "triton.sample")
+KERNEL_IDS = ("triton.sample_topk", "triton.sample_topp", "triton.sample", "triton.sample_greedy")
 GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
 """Temperatures below float32's smallest normal are greedy (as in ``lz.sample_*``): ``1 / T`` would overflow."""
 PRIORITY = 60
@@ -65,8 +67,24 @@ bf16, temperature and seeds; 2026-11-25): one program per row 210-220 µs for B 
 same ids in every case (tests/gpu/test_gpu_triton_sample.py, 15/15)."""
 SPLIT_BLOCK = 2048
 """Row tile of the split-vocabulary race kernels (elements); a chunk is a whole number of tiles."""
+PRIORITY_GREEDY = 60
+"""``triton.sample_greedy`` ranks above ``reference.sample_greedy`` (0), the only other kernel: on CUDA it is the
+default, eagerly and under capture. Written for the serving engine's greedy decode (batch 1, vocab 151936, bf16),
+where ``torch.argmax`` of the float32 cast took ~8.3 µs of GPU time plus ~4 µs for the cast itself; tested in
+Triton's interpreter, not yet timed on a GPU (``benchmarks/bench_sample_greedy.py``)."""
+GREEDY_BLOCK = 2048
+"""Tile of ``triton.sample_greedy``'s chunk kernel (elements; 16 a thread at 4 warps); a chunk is a whole number of
+tiles. Not tuned on a GPU yet."""
+GREEDY_PROGRAMS_PER_SM = 2
+""":func:`greedy_chunks` aims at this many chunk programs per SM (all rows together): enough to spread a batch-1 row
+over the whole GPU in one wave, few enough that the merge reads a short vector. Not tuned on a GPU yet."""
+GREEDY_SMS_OFF_GPU = 132
+"""The SM count :func:`sample_greedy` assumes for tensors that are not on a CUDA device (Triton's interpreter in
+the CPU tests): an H100 / H200's, so those tests split rows as those GPUs do."""
 _KERNELS = LazyModule("_sampling_kernels")
 _SPLIT_KERNELS = LazyModule("_sampling_split_kernels")
+_GREEDY_KERNELS = LazyModule("_greedy_kernels")
+_SMS: dict[int, int] = {}
 
 
 def uniforms(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -232,11 +250,84 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k:
     return out
 
 
+def greedy_chunks(n_rows: int, vocab: int, programs: int) -> tuple[int, int]:
+    """``(n_chunks, chunk_len)`` of :func:`sample_greedy`: each row is cut into ``n_chunks`` chunks of ``chunk_len``
+    columns (a whole number of :data:`GREEDY_BLOCK` tiles; the last chunk shorter), about ``programs`` programs in
+    all (at least one chunk a row, at most one a tile). ``n_chunks == 1`` means one program a row and no merge."""
+    tiles = cdiv(vocab, GREEDY_BLOCK)
+    want = min(tiles, cdiv(programs, max(n_rows, 1)))
+    if want < 2:
+        return 1, vocab
+    per_chunk = cdiv(tiles, want)
+    return cdiv(tiles, per_chunk), per_chunk * GREEDY_BLOCK
+
+
+def _sm_count(t: torch.Tensor) -> int:
+    """SMs of ``t``'s CUDA device (memoized per device), :data:`GREEDY_SMS_OFF_GPU` elsewhere."""
+    if not t.is_cuda:
+        return GREEDY_SMS_OFF_GPU
+    idx = t.get_device()
+    n = _SMS.get(idx)
+    if n is None:
+        n = _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n
+
+
+def sample_greedy(logits: torch.Tensor, *, programs: int | None = None) -> torch.Tensor:
+    """``lz.sample_greedy`` in Triton: per row the first index of the maximum, or of the first NaN when the row holds
+    one (an all ``-inf`` row gives 0), as ``reference.sample_greedy`` defines it, reading the logits in their own
+    dtype (no float32 copy).
+
+    Args:
+        logits: ``[S, V]`` float16/bfloat16/float32 on CUDA, any strides (a unit column stride is specialized, others
+            are read strided, not copied); V below 2**31 - :data:`GREEDY_BLOCK`.
+        programs: the number of chunk programs the split aims at (:func:`greedy_chunks`); None:
+            :data:`GREEDY_PROGRAMS_PER_SM` times the device's SMs. Every value gives the same ids.
+
+    Returns:
+        Token ids ``[S]``, int64 (a new ``torch.empty`` tensor).
+
+    What runs where (``_greedy_kernels.py``): the ``(S, n_chunks)`` chunk programs, then one merge program a row over
+    the chunks' partials (a float32 and an int32 ``[S, n_chunks]`` workspace, ``torch.empty``); with one chunk a row
+    (``S >= programs`` or ``V <= GREEDY_BLOCK``) the chunk kernel writes the ids itself: one launch. No host
+    synchronization, nothing drawn: graph-safe. PDL-launched inside captured graphs on SM >= 9.0 for small batches
+    (``_launch.pdl_kwargs``). ``S == 0`` launches nothing.
+
+    Raises:
+        Nothing of its own (``lz.sample_greedy`` validates).
+    """
+    n_rows, vocab = logits.shape
+    out = torch.empty((n_rows,), dtype=torch.int64, device=logits.device)
+    if n_rows == 0:
+        return out
+    mod = _GREEDY_KERNELS.get()
+    if programs is None:
+        programs = GREEDY_PROGRAMS_PER_SM * _sm_count(logits)
+    n_chunks, chunk_len = greedy_chunks(n_rows, vocab, programs)
+    s_row, s_col = logits.stride()
+    pdl = pdl_kwargs(logits, n_rows)
+    block, direct = GREEDY_BLOCK, n_chunks == 1
+    # one pin per set of integer arguments and constexprs (launch_pinned's promise): tensors alone vary under it
+    pin = (s_row, s_col, vocab, chunk_len, n_chunks, block, bool(pdl))
+    if direct:
+        launch_pinned(mod._greedy_chunk, pin, (n_rows, 1), logits, out, out, out, s_row, s_col, vocab, chunk_len, 1,
+                      BLOCK=block, CONTIG=s_col == 1, DIRECT=True, **pdl, num_warps=4)
+        return out
+    pv = torch.empty((n_rows, n_chunks), dtype=torch.float32, device=logits.device)
+    pi = torch.empty((n_rows, n_chunks), dtype=torch.int32, device=logits.device)
+    launch_pinned(mod._greedy_chunk, pin, (n_rows, n_chunks), logits, pv, pi, out, s_row, s_col, vocab, chunk_len,
+                  n_chunks, BLOCK=block, CONTIG=s_col == 1, DIRECT=False, **pdl, num_warps=4)
+    chunks = next_pow2(cdiv(vocab, block))  # one compiled merge per vocabulary, whatever the batch
+    launch_pinned(mod._greedy_merge, (n_chunks, chunks, bool(pdl)), (n_rows,), pv, pi, out, n_chunks,
+                  CHUNKS=chunks, **pdl, num_warps=1 if chunks <= 256 else 4)
+    return out
+
+
 def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
-    """``[triton.sample_topk, triton.sample_topp, triton.sample]``; their callables raise ``BackendNotAvailableError``
-    (with ``why``) when ``available`` is False."""
+    """``[triton.sample_topk, triton.sample_topp, triton.sample, triton.sample_greedy]``; their callables raise
+    ``BackendNotAvailableError`` (with ``why``) when ``available`` is False."""
     fns: tuple[Callable[..., Any], ...] = (
-        (sample_topk, sample_topp, sample) if available else tuple(missing(k, why) for k in KERNEL_IDS))
+        (sample_topk, sample_topp, sample, sample_greedy) if available else tuple(missing(k, why) for k in KERNEL_IDS))
     common: dict[str, Any] = dict(priority=PRIORITY, device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN,
                                   deterministic=True, graph_safe=False, supports_backward=False)
     return [
@@ -249,4 +340,8 @@ def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
         KernelSpec(KERNEL_IDS[2], "sample", fns[2],
                    description="lz.sample's exponential race in Triton: one launch, or three over vocabulary "
                                "chunks for few rows (counter-based noise; torch.sort first only for top-k/top-p)", **{**common, "priority": PRIORITY_SAMPLE}),
+        KernelSpec(KERNEL_IDS[3], "sample_greedy", fns[3],
+                   description="first argmax (NaN rule explicit) over vocabulary chunks in the logits' own dtype, "
+                               "then a merge of the chunks' partials (graph-safe)",
+                   **{**common, "priority": PRIORITY_GREEDY, "graph_safe": True}),
     ]

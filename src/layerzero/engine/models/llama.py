@@ -146,7 +146,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama / Qwen3 / Qwen3-MoE causal LM. :meth:`forward` returns float32 logits of the sampled rows only."""
+    """Llama / Qwen3 / Qwen3-MoE causal LM. :meth:`forward` returns the logits of the sampled rows only (model dtype)."""
 
     def __init__(self, cfg: ModelConfig, max_positions: int, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
@@ -167,9 +167,13 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x, residual)[0]
 
     def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        """Logits ``[S, V]`` float32 of the rows in ``batch.logits_indices``."""
-        h = self.hidden_states(batch, kv_caches)[batch.logits_indices]
-        return lz.linear(h, self.lm_head.weight).float()
+        """Logits ``[S, V]`` in the model's dtype of the rows in ``batch.logits_indices`` (every row, with no
+        gather, when ``batch.logits_all``). The sampler casts to float32 where it needs to: a greedy step reads them
+        as they are."""
+        h = self.hidden_states(batch, kv_caches)
+        if not batch.logits_all:
+            h = h[batch.logits_indices]
+        return lz.linear(h, self.lm_head.weight)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -109,10 +109,11 @@ class CUDAGraphRunner:
     def _batch(self, bs: int, cascade: bool = False) -> ForwardBatch:
         if bs in self.packs and not cascade:
             ids, pos, slots, tables, lens = self._packed_views(bs)
-            return ForwardBatch(ids, pos, slots, tables, lens, None, self.rows[:bs], bs, None, graphed=True)
+            return ForwardBatch(ids, pos, slots, tables, lens, None, self.rows[:bs], bs, None, graphed=True,
+                                logits_all=True)
         return ForwardBatch(self.input_ids[:bs], self.positions[:bs], self.slot_mapping[:bs], self.block_tables[:bs],
                             self.seq_lens[:bs], None, self.rows[:bs], bs,
-                            self.cascade.batch(bs) if cascade else None, graphed=True)
+                            self.cascade.batch(bs) if cascade else None, graphed=True, logits_all=True)
 
     def pack_for(self, num_seqs: int, width: int) -> PackTarget | None:
         """The packed bucket a decode step of ``num_seqs`` sequences (every one sampled) whose block tables are

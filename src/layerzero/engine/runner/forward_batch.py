@@ -53,6 +53,8 @@ class ForwardBatch:
       time for fewer kernels (``lz.rope_paged_attention``).
     - ``packed``: the tensors are the first ``num_seqs`` rows of a decode graph bucket's packed input buffer
       (:func:`build_packed_decode_batch`): the graph reads them where they are, nothing is copied in.
+    - ``logits_all``: every row of the hidden states is sampled, in order (``logits_indices`` is ``arange(T)``: a
+      decode step whose sequences all sample, a graph bucket): the model skips the gather.
 
     Every layer passes the same tensors to :func:`layerzero.paged_attention` (FlashInfer plans once per step).
     """
@@ -68,6 +70,7 @@ class ForwardBatch:
     cascade: CascadeBatch | None = None
     graphed: bool = False
     packed: bool = False
+    logits_all: bool = False
 
     @property
     def is_decode(self) -> bool:
@@ -119,7 +122,8 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
     if plan is not None:
         c = t[len(t) - len(plan[0]):]
         casc = CascadeBatch(*c[:6], saved_tokens=plan[1], cu_seqlens_q=c[6] if len(c) > 6 else None)
-    return ForwardBatch(ids, pos, slots, tables, seq_lens, None if decode else cu, sample, len(chunks), casc)
+    return ForwardBatch(ids, pos, slots, tables, seq_lens, None if decode else cu, sample, len(chunks), casc,
+                        logits_all=decode and all(c.sample for c in chunks))
 
 
 def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int, tables: np.ndarray,
@@ -160,7 +164,8 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
         torch.index_select(prev_tokens, 0, t[5][1], out=t[0][:n])  # every id pending (decode): one gather kernel
     elif rows:
         t[0].index_copy_(0, t[5][0], prev_tokens.index_select(0, t[5][1]))
-    return ForwardBatch(t[0][:n], t[1][:n], t[2][:n], t[3][:n], t[4][:n], None, target.rows[:n], n, packed=True)
+    return ForwardBatch(t[0][:n], t[1][:n], t[2][:n], t[3][:n], t[4][:n], None, target.rows[:n], n, packed=True,
+                        logits_all=True)
 
 
 def _table_matrix(chunks: Sequence[ScheduledChunk]) -> np.ndarray:

@@ -128,7 +128,7 @@ class ModelRunner:
     @torch.no_grad()
     def execute(self, chunks: list[tuple[Sequence, int]], block_tables: np.ndarray,
                 prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """Forward the step's ``chunks`` (sequence, new tokens); returns float32 logits ``[S, V]`` of the sequences
+        """Forward the step's ``chunks`` (sequence, new tokens); returns logits ``[S, V]`` (model dtype) of the sequences
         whose chunk reaches their last token (in chunk order). ``block_tables``: the chunks' ``[B, W]`` int32 table
         matrix (:meth:`~layerzero.engine.kv.KVCacheManager.block_tables`). ``prev_tokens`` ``[S_prev]`` int64 on the
         device: the previous step's sampled tokens, for sequences whose last token is pending (async scheduling)."""
