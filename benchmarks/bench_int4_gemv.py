@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 from bench_in_graph import LINEAR
-from gemv_prefetch import LAYERS, copy_bandwidth, run_info, save_report
+from gemv_prefetch import LAYERS, chain_us, copy_bandwidth, run_info, save_report
 
 import layerzero as lz
 from layerzero.backends.torch_native.quantize import quantized_linear as dequant_cublas
@@ -32,31 +32,6 @@ from layerzero.testing.quant_oracle import oracle_weight
 FLUSH_BYTES = 256 << 20
 """Bytes written before each timed replay (over 2x the L2 of an H100 / H200)."""
 GRID = [(slab, warps) for slab in (2048, 4096, 8192, 12288, 16384, 32768) for warps in (1, 2, 4, 8)]
-
-
-def chain_us(fn: Callable[[int], object], flush: torch.Tensor) -> float:
-    """µs per layer of a graph of ``LAYERS`` calls ``fn(layer)`` (warmed under ``lz.capture_selection()`` so PDL
-    variants compile before the capture), L2 flushed before each replay; best of 7."""
-    with lz.capture_selection():
-        for i in range(LAYERS):
-            fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(LAYERS):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(7):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        best = min(best, a.elapsed_time(b) * 1000 / LAYERS)
-    return best
 
 
 def int4_bytes(qt: lz.QuantizedTensor) -> int:

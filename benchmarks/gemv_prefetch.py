@@ -24,9 +24,10 @@ from layerzero.backends.triton import gemv as tg
 LAYERS = 28
 
 
-def chain_us(fn: Callable[[int], object]) -> float:
+def chain_us(fn: Callable[[int], object], flush: torch.Tensor | None = None) -> float:
     """µs per layer of a graph of ``LAYERS`` calls ``fn(layer)`` (warmed under ``lz.capture_selection()`` so PDL
-    variants compile before the capture; best of 7 replays)."""
+    variants compile before the capture; best of 7 replays); ``flush``: a buffer zeroed before each replay (bigger
+    than L2: every weight then comes from HBM)."""
     with lz.capture_selection():
         for i in range(LAYERS):
             fn(i)
@@ -39,6 +40,8 @@ def chain_us(fn: Callable[[int], object]) -> float:
     torch.cuda.synchronize()
     best = float("inf")
     for _ in range(7):
+        if flush is not None:
+            flush.zero_()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         g.replay()

@@ -115,8 +115,14 @@ def test_big_buckets_and_cascade_steps_keep_the_copy_path(runner, monkeypatch):
     assert r.pack_for(2, 7) is None  # wider than the graphs' tables
     shared = [ScheduledChunk(list(range(20)), 19, 1, (), True) for _ in range(2)]  # two sequences, same 4 blocks
     tables = np.array([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]], dtype=np.int32)
-    assert build_packed_decode_batch(shared, 4, tables[:, :5], None, r.pack_for(2, 5),
-                                     CascadePolicy(always=True)) is None
+    policy = CascadePolicy(always=True)
+    casc = build_packed_decode_batch(shared, 4, tables[:, :5], None, r.pack_for(2, 5), policy)
+    plain = build_forward_batch(shared, 4, CPU, None, policy, tables[:, :5])
+    assert not casc.packed and casc.cascade is not None and casc.logits_all  # built as build_forward_batch builds it
+    for name in FIELDS:
+        assert torch.equal(getattr(casc, name), getattr(plain, name)), name
+    assert torch.equal(casc.cascade.prefix_tables, plain.cascade.prefix_tables)
+    assert casc.cascade.saved_tokens == plain.cascade.saved_tokens
     with pytest.raises(InvalidInputError, match="one row per chunk"):
         build_packed_decode_batch(shared, 4, tables[:1], None, r.pack_for(2, 5))
 

@@ -157,12 +157,19 @@ def sample_topp(logits: torch.Tensor, p: float, temperature: float = 1.0,
 def split_chunks(n_rows: int, vocab: int) -> tuple[int, int]:
     """``(n_chunks, chunk_len)`` of :func:`sample`'s split path by the :data:`SPLIT_PROGRAMS` rule: ``n_chunks ==
     1`` means one program per row (``_race_row``). ``chunk_len`` is a whole number of :data:`SPLIT_BLOCK` tiles."""
-    tiles = cdiv(vocab, SPLIT_BLOCK)
-    want = min(tiles, cdiv(SPLIT_PROGRAMS, max(n_rows, 1)))
+    return row_chunks(n_rows, vocab, SPLIT_PROGRAMS, SPLIT_BLOCK)
+
+
+def row_chunks(n_rows: int, vocab: int, programs: int, block: int) -> tuple[int, int]:
+    """``(n_chunks, chunk_len)``: each of ``n_rows`` rows of ``vocab`` columns cut into chunks of a whole number of
+    ``block``-column tiles (the last chunk shorter), about ``programs`` chunks in all, at least one a row and at most
+    one a tile; ``(1, vocab)`` when that leaves one chunk a row."""
+    tiles = cdiv(vocab, block)
+    want = min(tiles, cdiv(programs, max(n_rows, 1)))
     if want < 2:
         return 1, vocab
     per_chunk = cdiv(tiles, want)
-    return cdiv(tiles, per_chunk), per_chunk * SPLIT_BLOCK
+    return cdiv(tiles, per_chunk), per_chunk * block
 
 
 def chunk_pad(vocab: int) -> int:
@@ -254,12 +261,7 @@ def greedy_chunks(n_rows: int, vocab: int, programs: int) -> tuple[int, int]:
     """``(n_chunks, chunk_len)`` of :func:`sample_greedy`: each row is cut into ``n_chunks`` chunks of ``chunk_len``
     columns (a whole number of :data:`GREEDY_BLOCK` tiles; the last chunk shorter), about ``programs`` programs in
     all (at least one chunk a row, at most one a tile). ``n_chunks == 1`` means one program a row and no merge."""
-    tiles = cdiv(vocab, GREEDY_BLOCK)
-    want = min(tiles, cdiv(programs, max(n_rows, 1)))
-    if want < 2:
-        return 1, vocab
-    per_chunk = cdiv(tiles, want)
-    return cdiv(tiles, per_chunk), per_chunk * GREEDY_BLOCK
+    return row_chunks(n_rows, vocab, programs, GREEDY_BLOCK)
 
 
 def _sm_count(t: torch.Tensor) -> int:

@@ -110,6 +110,14 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
     plan = None
     if cascade is not None:
         plan = plan_cascade(arrays[3], arrays[4], block_size, cascade, None if decode else np.diff(arrays[5]))
+    return _assemble(arrays, rows, plan, device, prev_tokens, decode, len(chunks),
+                     decode and all(c.sample for c in chunks))
+
+
+def _assemble(arrays: list[np.ndarray], rows: list[tuple[int, int]], plan: Any, device: torch.device,
+              prev_tokens: torch.Tensor | None, decode: bool, n: int, logits_all: bool) -> ForwardBatch:
+    """The :class:`ForwardBatch` of a step's host arrays (``_decode_arrays`` / ``_mixed_arrays``), its pending-id rows
+    and its cascade plan (or None), in one host-to-device copy."""
     if rows:
         arrays.append(np.asarray(rows, dtype=np.int64).T.copy())  # [2, P]: (row of input_ids, row of prev_tokens)
     if plan is not None:
@@ -122,19 +130,19 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
     if plan is not None:
         c = t[len(t) - len(plan[0]):]
         casc = CascadeBatch(*c[:6], saved_tokens=plan[1], cu_seqlens_q=c[6] if len(c) > 6 else None)
-    return ForwardBatch(ids, pos, slots, tables, seq_lens, None if decode else cu, sample, len(chunks), casc,
-                        logits_all=decode and all(c.sample for c in chunks))
+    return ForwardBatch(ids, pos, slots, tables, seq_lens, None if decode else cu, sample, n, casc,
+                        logits_all=logits_all)
 
 
 def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int, tables: np.ndarray,
                               prev_tokens: torch.Tensor | None, target: Any,
-                              cascade: CascadePolicy | None = None) -> ForwardBatch | None:
+                              cascade: CascadePolicy | None = None) -> ForwardBatch:
     """A pure decode step (every chunk one token, every chunk sampled) written straight into a CUDA-graph bucket's
     packed input buffer (``target``: a :class:`~.cuda_graph.PackTarget`; bucket ``bs`` rows, tables ``width`` wide) in
     one host-to-device copy: the step's rows, then the padding rows a graph replay expects (slot -1, seq_len 1, block
-    table 0), the tables' unused columns 0; pending ids gathered from ``prev_tokens`` into it on the device. Returns
-    None (build it with :func:`build_forward_batch`) when ``cascade`` plans the step as cascade attention (its own
-    graphs and buffers).
+    table 0), the tables' unused columns 0; pending ids gathered from ``prev_tokens`` into it on the device. A step
+    that ``cascade`` plans as cascade attention is built as :func:`build_forward_batch` builds it, from the same
+    arrays and plan (its graphs have their own buffers, which a replay copies into): planned once.
 
     Raises:
         InvalidInputError: ``tables`` without one row per chunk, or wider than ``target.width``, or more chunks than
@@ -148,8 +156,10 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
     arrays, rows = _decode_arrays(chunks, block_size, tables)
     if rows and prev_tokens is None:
         raise RuntimeError("a chunk with a pending token needs the previous step's sampled tokens (prev_tokens)")
-    if cascade is not None and plan_cascade(arrays[3], arrays[4], block_size, cascade, None) is not None:
-        return None
+    if cascade is not None:
+        plan = plan_cascade(arrays[3], arrays[4], block_size, cascade, None)
+        if plan is not None:
+            return _assemble(arrays, rows, plan, target.buffer.device, prev_tokens, True, n, True)
     ids, pos, slots = (np.zeros(bs, dtype=np.int64) for _ in range(3))
     slots[:] = -1
     table = np.zeros((bs, width), dtype=np.int32)

@@ -157,8 +157,6 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.packs and all(c.length == 1 and c.sample for c in sched):
             target = self.graphs.pack_for(len(sched), block_tables.shape[1])
             if target is not None:  # a packed decode bucket: the inputs go straight into the graph's buffer
-                batch = build_packed_decode_batch(sched, self.block_size, block_tables, prev_tokens, target,
-                                                  self.cascade)
-                if batch is not None:
-                    return batch
+                return build_packed_decode_batch(sched, self.block_size, block_tables, prev_tokens, target,
+                                                 self.cascade)
         return build_forward_batch(sched, self.block_size, self.device, prev_tokens, self.cascade, block_tables)
