@@ -40,8 +40,32 @@ def test_override_changes_selection_and_is_undone(tmp_path):
     assert lz.which("attention", q, k, v) == "torch_sdpa.flash"
 
 
+def test_alibi_and_kv_cache_dtype_overrides_change_selection(tmp_path):
+    """``supports_alibi`` and ``kv_cache_dtypes`` are overridable (a kernel that gains the feature in a new release):
+    turning ALiBi off for the CPU default moves the call to SDPA math; the parsed kv dtypes are torch dtypes."""
+    q = k = v = torch.randn(1, 2, 4, 8)
+    slopes = torch.tensor([0.5, 0.25])
+    before = lz.which("attention", q, k, v, alibi_slopes=slopes)
+    assert RUNTIME.registry.kernel(before).supports_alibi
+    original = RUNTIME.registry.kernel(before)
+    path = tmp_path / "o.yaml"
+    path.write_text(f"version: 1\nkernels:\n  {before}: {{supports_alibi: false, kv_cache_dtypes: [int8]}}\n")
+    assert load_overrides(path)[before] == {"supports_alibi": False, "kv_cache_dtypes": frozenset({torch.int8})}
+    try:
+        lz.load_capabilities(str(path))
+        after = lz.which("attention", q, k, v, alibi_slopes=slopes)
+        assert after != before and RUNTIME.registry.kernel(after).supports_alibi
+        reasons = lz.validate(before, "attention", q, k, v, alibi_slopes=slopes)
+        assert lz.ReasonCode.ALIBI_UNSUPPORTED in [r.code for r in reasons]
+    finally:
+        RUNTIME.registry.add_kernel(original, replace=True)
+    assert lz.which("attention", q, k, v, alibi_slopes=slopes) == before
+
+
 @pytest.mark.parametrize("text, match", [
     ("version: 2\nkernels: {}\n", "version"),
+    ("version: 1\nkernels:\n  torch_sdpa.flash: {kv_cache_dtypes: [float16]}\n", "values from"),
+    ("version: 1\nkernels:\n  torch_sdpa.flash: {supports_alibi: 1}\n", "true or false"),
     ("version: 1\nkernels:\n  torch_sdpa.flash: {fn: 1}\n", "one of"),
     ("version: 1\nkernels:\n  torch_sdpa.flash: {head_dim_max: big}\n", "an int"),
     ("version: 1\nkernels:\n  torch_sdpa.flash: {dtypes: [int8]}\n", "values from"),

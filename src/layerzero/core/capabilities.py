@@ -27,6 +27,7 @@ import torch
 
 from .arguments import check_path
 from .errors import ConfigurationError, expected_got
+from .kv_quant import KV_QUANT_DTYPES
 from .policy import safe_load_yaml
 from .registry import KernelRegistry
 from .specs import CPU_ISA_NAMES, KernelSpec, MaskKind
@@ -34,6 +35,8 @@ from .specs import CPU_ISA_NAMES, KernelSpec, MaskKind
 CAPABILITY_SCHEMA_VERSION = 1
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16,
                                                       getattr(torch, "float8_e4m3fn", torch.float16))}
+_KV_DTYPES = {str(d).removeprefix("torch."): d for d in KV_QUANT_DTYPES}
+"""Names of the quantized paged-KV-cache dtypes a kernel may declare (``kv_cache_dtypes``)."""
 
 
 def _bool(where: str, v: Any) -> bool:
@@ -98,7 +101,9 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "cpu_isa": _opt_isa,
     **{name: _bool for name in ("head_dims_equal", "supports_gqa", "mask_with_causal", "supports_causal",
                                 "supports_dropout", "supports_backward", "requires_stride_last_1", "requires_aligned_16",
-                                "deterministic", "graph_safe", "supports_window", "supports_softcap")},
+                                "deterministic", "graph_safe", "supports_window", "supports_softcap",
+                                "supports_alibi")},
+    "kv_cache_dtypes": _str_set(_KV_DTYPES),
 }
 OVERRIDABLE_FIELDS = frozenset(_PARSERS)
 
