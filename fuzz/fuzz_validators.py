@@ -1,5 +1,5 @@
 """Fuzz the input validators of every public op (``lz.attention``, ``lz.rms_norm``, ``lz.layer_norm``,
-``lz.rope``, ``lz.sample_topk``, ``lz.sample_topp``, ``lz.sample``, ``lz.apply_penalties``).
+``lz.rope``, ``lz.sample_topk``, ``lz.sample_topp``, ``lz.sample``, ``lz.sample_greedy``, ``lz.apply_penalties``).
 
 Invariant: whatever the arguments, the only exceptions are LayerZero's typed errors (``LayerZeroError``:
 ``InvalidInputError`` for bad input, ``NoKernelFoundError`` / ``KernelExecutionError`` when dispatch has
@@ -235,6 +235,13 @@ def batch_sampling_call(b: Bytes) -> Callable[[], Any]:
     return lambda: lz.sample(logits, **kw)
 
 
+def greedy_call(b: Bytes) -> Callable[[], Any]:
+    """A call of lz.sample_greedy: logits [B, V] (B may be 0)."""
+    rows, vocab = b.int(6), 1 + b.int(5)
+    logits = tensor(b, (rows, vocab), b.pick(FLOATS))
+    return lambda: lz.sample_greedy(logits)
+
+
 def penalties_call(b: Bytes) -> Callable[[], Any]:
     """A call of lz.apply_penalties: logits [B, V], prompt/output ids [B, L] padded with V, per-row penalties."""
     rows, vocab = dims(b, 2)
@@ -253,7 +260,8 @@ def penalties_call(b: Bytes) -> Callable[[], Any]:
     return lambda: lz.apply_penalties(logits, ids[0], ids[1], **kw)
 
 
-OPS = ("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp", "sample", "apply_penalties")
+OPS = ("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp", "sample", "apply_penalties",
+       "sample_greedy")
 
 
 DEVICE = ["cpu"]  # the device of the input being built (the decoder is single-threaded)
@@ -274,6 +282,8 @@ def build(data: bytes) -> tuple[str, Callable[[], Any]]:
         return op, batch_sampling_call(b)
     if op == "apply_penalties":
         return op, penalties_call(b)
+    if op == "sample_greedy":
+        return op, greedy_call(b)
     return op, sampling_call(b, op)
 
 
