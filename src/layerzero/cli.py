@@ -155,7 +155,7 @@ _TUNE_PARAMS = {
     "attention": ("heads", "kv_heads", "kv_seq", "head_dim", "causal", "layout"),
     "rms_norm": ("hidden",), "layer_norm": ("hidden",), "swiglu": ("hidden",),
     "rope": ("heads", "kv_heads", "head_dim"),
-    "sample_topk": ("vocab", "top_k"), "sample_topp": ("vocab", "top_p"),
+    "sample_topk": ("vocab", "top_k"), "sample_topp": ("vocab", "top_p"), "sample_greedy": ("vocab",),
 }
 
 

@@ -107,6 +107,8 @@ def test_make_inputs_shapes_by_hand():
     a1, _ = make_inputs("layer_norm", hidden=8, seed=3)
     a2, _ = make_inputs("layer_norm", hidden=8, seed=3)
     assert torch.equal(a1[0], a2[0]) and a1[2].shape == (8,)
+    (logits,), kw = make_inputs("sample_greedy", batch=3, vocab=17, dtype="bfloat16")
+    assert (logits.shape, logits.dtype, kw) == ((3, 17), torch.bfloat16, {})
 
 
 @pytest.mark.parametrize(("op", "shape", "error", "match"), [

@@ -26,6 +26,7 @@ SHAPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "rope": {"batch": 1, "heads": 8, "kv_heads": None, "seq": 128, "head_dim": 64, "interleaved": False, **_COMMON},
     "sample_topk": {"batch": 1, "vocab": 32000, "top_k": 50, "temperature": 1.0, **_COMMON},
     "sample_topp": {"batch": 1, "vocab": 32000, "top_p": 0.9, "temperature": 1.0, **_COMMON},
+    "sample_greedy": {"batch": 1, "vocab": 32000, **_COMMON},
 }
 """Every op's shape parameters and their defaults (token counts for ``seq``/``kv_seq``, elements otherwise)."""
 
@@ -88,6 +89,7 @@ def make_inputs(op: str, **shape: Any) -> tuple[tuple[Any, ...], dict[str, Any]]
     - rope: q ``[B, Hq, S, D]``, k ``[B, Hkv, S, D]``, cos/sin ``[B, S, D]``; ``interleaved``.
     - sample_topk / sample_topp: logits ``[batch, vocab]``, ``top_k`` / ``top_p``, ``temperature``, and a
       ``torch.Generator`` seeded with ``seed`` (so kernels can be compared on the same random stream).
+    - sample_greedy: logits ``[batch, vocab]``.
 
     Raises:
         UnknownOperationError: ``op`` has no shape parameters (see :data:`SHAPE_DEFAULTS`).
@@ -133,6 +135,8 @@ def make_inputs(op: str, **shape: Any) -> tuple[tuple[Any, ...], dict[str, Any]]
         q, k = t(s["batch"], s["heads"], s["seq"], s["head_dim"]), t(s["batch"], hkv, s["seq"], s["head_dim"])
         cos, sin = t(s["batch"], s["seq"], s["head_dim"]), t(s["batch"], s["seq"], s["head_dim"])
         return (q, k, cos, sin), {"interleaved": s["interleaved"]}
+    if op == "sample_greedy":
+        return (t(s["batch"], s["vocab"]),), {}
     gen = torch.Generator(device=dev).manual_seed(s["seed"])
     logits = t(s["batch"], s["vocab"])
     k_or_p = s["top_k"] if op == "sample_topk" else s["top_p"]
