@@ -75,11 +75,11 @@ INT4_CONFIGS: tuple[tuple[int, int, int], ...] = (
 )
 """``(K at most, slab codes, warps)`` of ``_qgemv_int4``: the first row whose K bound holds (longer K:
 :data:`INT4_LOOP_CONFIG`). A program owns ``BN`` output columns, the largest power of two (1 .. :data:`INT4_BN_MAX`)
-whose ``BN x`` (codes held per row) fits the slab. Chosen from the compiled code, not yet timed (``nvdisasm`` of
+whose ``BN x`` (codes held per row) fits the slab. Chosen from the compiled code, not swept on a GPU (``nvdisasm`` of
 sm_90 builds): ~128-192 codes per thread keep every value in registers (128-168 of them, no spills) and give each
 thread several output columns, so that x's elements, converted to float32 once per thread, serve all of them;
-2 warps, as ``triton.gemv``'s prefetch kernel (measured there). The GPU A/B (``bench_int4_gemv.py --grid``)
-replaces these."""
+2 warps, as ``triton.gemv``'s prefetch kernel (measured there). Timed on an H200 with these configs
+(:data:`INT4_MEASURED_FASTER`); ``bench_int4_gemv.py --grid`` sweeps them."""
 INT4_LOOP_CONFIG = (8192, 4)
 """``(slab codes, warps)`` of ``_qgemv_int4`` for K beyond the last :data:`INT4_CONFIGS` bound (the loop mode when K >
 :data:`INT4_CHUNK_K`: BN = slab / INT4_CHUNK_K columns per program; 4 warps keep the two chunks in flight in
