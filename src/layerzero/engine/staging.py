@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["offsets", "to_device"]
+__all__ = ["offsets", "stage", "to_device"]
 
 _TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.float32): torch.float32}
 ALIGN = 16
@@ -26,6 +26,18 @@ def offsets(nbytes: list[int]) -> tuple[list[int], int]:
         out.append(total)
         total += -(-n // ALIGN) * ALIGN
     return out, max(total, ALIGN)
+
+
+def stage(arrays: list[np.ndarray], device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """``arrays`` packed at their :func:`offsets` into one uint8 host buffer (pinned when ``device`` is CUDA):
+    ``(buffer, offsets)``, the buffer exactly the packed size. What :func:`to_device` copies; a caller that keeps its
+    own views of the destination (the engine's packed decode buckets) copies it itself."""
+    offs, total = offsets([a.nbytes for a in arrays])
+    host = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    buf = host.numpy()
+    for a, o in zip(arrays, offs, strict=True):
+        buf[o:o + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return host, offs
 
 
 def to_device(arrays: list[np.ndarray], device: torch.device, out: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -47,14 +59,11 @@ def to_device(arrays: list[np.ndarray], device: torch.device, out: torch.Tensor 
     """
     if device.type != "cuda" and out is None:
         return [torch.from_numpy(a) for a in arrays]
-    offs, total = offsets([a.nbytes for a in arrays])
+    host, offs = stage(arrays, device)
+    total = host.numel()
     if out is not None and (out.dtype != torch.uint8 or out.numel() < total):
         raise ValueError(f"to_device: out: expected a uint8 tensor of >= {total} bytes, got {out.dtype} "
                          f"[{out.numel()}]")
-    host = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
-    buf = host.numpy()
-    for a, o in zip(arrays, offs, strict=True):
-        buf[o:o + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     if out is None:
         dev = host.to(device, non_blocking=True)
     else:

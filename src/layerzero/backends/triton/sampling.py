@@ -39,6 +39,7 @@ from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, next_pow2
 from ._launch import launch, launch_pinned, pdl_kwargs
+from .paged import sm_count
 
 KERNEL_IDS = ("triton.sample_topk", "triton.sample_topp", "triton.sample", "triton.sample_greedy")
 GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
@@ -80,12 +81,11 @@ GREEDY_PROGRAMS_PER_SM = 2
 """:func:`greedy_chunks` aims at this many chunk programs per SM (all rows together): enough to spread a batch-1 row
 over the whole GPU in one wave, few enough that the merge reads a short vector. Not tuned on a GPU yet."""
 GREEDY_SMS_OFF_GPU = 132
-"""The SM count :func:`sample_greedy` assumes for tensors that are not on a CUDA device (Triton's interpreter in
-the CPU tests): an H100 / H200's, so those tests split rows as those GPUs do."""
+"""The SM count :func:`sample_greedy` assumes for tensors that are not on a CUDA device (Triton's interpreter in the
+CPU tests; on CUDA ``paged.sm_count``): an H100 / H200's, so those tests split rows as those GPUs do."""
 _KERNELS = LazyModule("_sampling_kernels")
 _SPLIT_KERNELS = LazyModule("_sampling_split_kernels")
 _GREEDY_KERNELS = LazyModule("_greedy_kernels")
-_SMS: dict[int, int] = {}
 
 
 def uniforms(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -265,17 +265,6 @@ def greedy_chunks(n_rows: int, vocab: int, programs: int) -> tuple[int, int]:
     return row_chunks(n_rows, vocab, programs, GREEDY_BLOCK)
 
 
-def _sm_count(t: torch.Tensor) -> int:
-    """SMs of ``t``'s CUDA device (memoized per device), :data:`GREEDY_SMS_OFF_GPU` elsewhere."""
-    if not t.is_cuda:
-        return GREEDY_SMS_OFF_GPU
-    idx = t.get_device()
-    n = _SMS.get(idx)
-    if n is None:
-        n = _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return n
-
-
 def sample_greedy(logits: torch.Tensor, *, programs: int | None = None) -> torch.Tensor:
     """``lz.sample_greedy`` in Triton: per row the first index of the maximum, or of the first NaN when the row holds
     one (an all ``-inf`` row gives 0), as ``reference.sample_greedy`` defines it, reading the logits in their own
@@ -305,7 +294,7 @@ def sample_greedy(logits: torch.Tensor, *, programs: int | None = None) -> torch
         return out
     mod = _GREEDY_KERNELS.get()
     if programs is None:
-        programs = GREEDY_PROGRAMS_PER_SM * _sm_count(logits)
+        programs = GREEDY_PROGRAMS_PER_SM * (sm_count(logits.device) if logits.is_cuda else GREEDY_SMS_OFF_GPU)
     n_chunks, chunk_len = greedy_chunks(n_rows, vocab, programs)
     s_row, s_col = logits.stride()
     pdl = pdl_kwargs(logits, n_rows)

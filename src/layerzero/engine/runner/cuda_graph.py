@@ -41,13 +41,15 @@ of a big bucket would cost more to transfer than the copies it saves)."""
 
 class PackTarget(NamedTuple):
     """Where a packed decode step's inputs go: bucket ``bs`` (rows), the graphs' block-table ``width``, the bucket's
-    uint8 ``buffer`` (layout: :func:`pack_nbytes`, written by ``staging.to_device(..., out=buffer)``) and ``rows``
-    (a device arange of at least ``bs``: the batch's ``logits_indices``)."""
+    uint8 ``buffer`` (layout: :func:`pack_nbytes`, the :func:`~layerzero.engine.staging.offsets` of its arrays),
+    ``rows`` (a device arange of at least ``bs``: the batch's ``logits_indices``) and ``views``: the bucket's (ids,
+    positions, slot mapping, block tables, seq_lens) views of ``buffer``, what its graph reads (made once)."""
 
     bs: int
     width: int
     buffer: torch.Tensor
     rows: torch.Tensor
+    views: tuple[torch.Tensor, ...]
 
 
 def pack_nbytes(bs: int, width: int) -> list[int]:
@@ -86,25 +88,25 @@ class CUDAGraphRunner:
         self.cascade_outputs: dict[int, torch.Tensor] = {}
         self.packs: dict[int, torch.Tensor] = {}
         """Bucket -> its packed input buffer (:data:`PACKED_INPUTS`; small buckets only)."""
+        self._targets: dict[int, PackTarget] = {}
+        """Bucket -> its :class:`PackTarget` (the buffer and the views its graph reads, made once)."""
         if PACKED_INPUTS:
             for bs in self.sizes:
-                need = offsets(pack_nbytes(bs, max_blocks))[1]
+                sizes = pack_nbytes(bs, max_blocks)
+                offs, need = offsets(sizes)
                 if need <= PACK_MAX_BYTES:
-                    self.packs[bs] = torch.zeros(need, dtype=torch.uint8, device=device)
-                    _, _, slots, _, lens = self._packed_views(bs)
-                    slots.fill_(-1)  # the values a padded row has (a capture's dummy step)
-                    lens.fill_(1)
+                    buf = torch.zeros(need, dtype=torch.uint8, device=device)
+                    i64 = [buf[o:o + n].view(torch.int64) for o, n in zip(offs[:3], sizes[:3], strict=True)]
+                    tables = buf[offs[3]:offs[3] + sizes[3]].view(torch.int32).view(bs, max_blocks)
+                    views = (*i64, tables, buf[offs[4]:offs[4] + sizes[4]].view(torch.int32))
+                    views[2].fill_(-1)  # slots and seq_lens: the values a padded row has (a capture's dummy step)
+                    views[4].fill_(1)
+                    self.packs[bs] = buf
+                    self._targets[bs] = PackTarget(bs, max_blocks, buf, self.rows, views)
 
     def _packed_views(self, bs: int) -> tuple[torch.Tensor, ...]:
-        """(ids, positions, slot mapping, block tables, seq_lens) of bucket ``bs``'s packed buffer, as
-        ``staging.to_device`` lays them out."""
-        width = self.block_tables.shape[1]
-        sizes = pack_nbytes(bs, width)
-        offs, _ = offsets(sizes)
-        buf = self.packs[bs]
-        i64 = [buf[o:o + n].view(torch.int64) for o, n in zip(offs[:3], sizes[:3], strict=True)]
-        tables = buf[offs[3]:offs[3] + sizes[3]].view(torch.int32).view(bs, width)
-        return (*i64, tables, buf[offs[4]:offs[4] + sizes[4]].view(torch.int32))
+        """(ids, positions, slot mapping, block tables, seq_lens) of bucket ``bs``'s packed buffer."""
+        return self._targets[bs].views
 
     def _batch(self, bs: int, cascade: bool = False) -> ForwardBatch:
         if bs in self.packs and not cascade:
@@ -120,9 +122,7 @@ class CUDAGraphRunner:
         ``width`` wide would replay, or None (no such bucket: the step's rows are copied in by :meth:`run`)."""
         if not self.graphs or num_seqs > self.sizes[-1] or width > self.block_tables.shape[1]:
             return None
-        bs = next(s for s in self.sizes if s >= num_seqs)
-        buf = self.packs.get(bs)
-        return None if buf is None else PackTarget(bs, self.block_tables.shape[1], buf, self.rows)
+        return self._targets.get(next(s for s in self.sizes if s >= num_seqs))
 
     @torch.no_grad()
     def capture(self) -> None:

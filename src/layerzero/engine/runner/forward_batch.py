@@ -11,7 +11,7 @@ import torch
 
 from layerzero import InvalidInputError
 
-from ..staging import to_device
+from ..staging import stage, to_device
 from .cascade import CascadeBatch, CascadePolicy, plan_cascade
 
 __all__ = ["ForwardBatch", "ScheduledChunk", "build_forward_batch", "build_packed_decode_batch"]
@@ -139,8 +139,8 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
                               cascade: CascadePolicy | None = None) -> ForwardBatch:
     """A pure decode step (every chunk one token, every chunk sampled) written straight into a CUDA-graph bucket's
     packed input buffer (``target``: a :class:`~.cuda_graph.PackTarget`; bucket ``bs`` rows, tables ``width`` wide) in
-    one host-to-device copy: the step's rows, then the padding rows a graph replay expects (slot -1, seq_len 1, block
-    table 0), the tables' unused columns 0; pending ids gathered from ``prev_tokens`` into it on the device. A step
+    one host-to-device copy (``staging.stage``'s layout), read through the bucket's own views: the step's rows, then
+    the padding rows a graph replay expects (slot -1, seq_len 1, block table 0), the tables' unused columns 0; pending ids gathered from ``prev_tokens`` into it on the device. A step
     that ``cascade`` plans as cascade attention is built as :func:`build_forward_batch` builds it, from the same
     arrays and plan (its graphs have their own buffers, which a replay copies into): planned once.
 
@@ -169,13 +169,17 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
     packed = [ids, pos, slots, table, lens]
     if rows:
         packed.append(np.asarray(rows, dtype=np.int64).T.copy())  # [2, P]: (row of input_ids, row of prev_tokens)
-    t = to_device(packed, target.buffer.device, out=target.buffer)
-    if rows and len(rows) == n and all(r == i for i, (r, _) in enumerate(rows)):
-        torch.index_select(prev_tokens, 0, t[5][1], out=t[0][:n])  # every id pending (decode): one gather kernel
-    elif rows:
-        t[0].index_copy_(0, t[5][0], prev_tokens.index_select(0, t[5][1]))
-    return ForwardBatch(t[0][:n], t[1][:n], t[2][:n], t[3][:n], t[4][:n], None, target.rows[:n], n, packed=True,
-                        logits_all=True)
+    host, offs = stage(packed, target.buffer.device)
+    target.buffer[:host.numel()].copy_(host, non_blocking=target.buffer.is_cuda)
+    ids_t, pos_t, slots_t, table_t, lens_t = target.views  # the bucket's views: made once, what its graph reads
+    if rows:
+        pend = target.buffer[offs[5]:offs[5] + packed[5].nbytes].view(torch.int64).view(packed[5].shape)
+        if len(rows) == n and all(r == i for i, (r, _) in enumerate(rows)):
+            torch.index_select(prev_tokens, 0, pend[1], out=ids_t[:n])  # every id pending (decode): one gather
+        else:
+            ids_t.index_copy_(0, pend[0], prev_tokens.index_select(0, pend[1]))
+    return ForwardBatch(ids_t[:n], pos_t[:n], slots_t[:n], table_t[:n], lens_t[:n], None, target.rows[:n], n,
+                        packed=True, logits_all=True)
 
 
 def _table_matrix(chunks: Sequence[ScheduledChunk]) -> np.ndarray:
