@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import hashlib
 import itertools
 import json
 import statistics
@@ -269,7 +270,7 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
             llm.generate([PROMPT], sp, use_tqdm=False)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        llm.generate([PROMPT], sp, use_tqdm=False)
+        outs = llm.generate([PROMPT], sp, use_tqdm=False)
         wall = time.perf_counter() - t0
         t_stream = time.perf_counter()
         stamps = []  # (perf_counter, tokens so far) per streamed delta: the decode rate without time to first token
@@ -283,7 +284,8 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
             llm.generate([PROMPT], sp, use_tqdm=False)
         res = {"variant": name, "step_us": wall / tokens * 1e6, "tok_s": tokens / wall, "decode_tok_s": decode,
                "ttft_ms": (stamps[0][0] - t_stream) * 1e3, "replay_us": replay_us(llm.engine.runner.graphs.graphs[1]),
-               "host": ht.summary()}
+               "host": ht.summary(),
+               "tokens": hashlib.sha1(str(outs[0].outputs[0].token_ids).encode()).hexdigest()[:10]}
         if profile_dir is not None:
             res["timeline"] = timeline(llm, sp, profile_dir)
         del llm
@@ -373,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(res)
             print(f"{name}: step {res['step_us']:.0f} µs ({res['tok_s']:.0f} tok/s), decode {res['decode_tok_s']:.0f} "
                   f"tok/s after {res['ttft_ms']:.1f} ms to the first token, replay {res['replay_us']:.0f} µs; "
-                  f"{res['host']}", flush=True)
+                  f"{res['host']}; tokens {res['tokens']}", flush=True)
     lines = [f"# Batch-1 decode A/B on {torch.cuda.get_device_name()} (Qwen3-0.6B shape, bf16, greedy, 256-token "
              f"prompt, {a.tokens} new tokens; torch {torch.__version__})", "",
              "whole step = generate wall time / new tokens (time to first token included); decode = tokens after the "

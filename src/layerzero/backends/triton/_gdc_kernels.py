@@ -22,9 +22,16 @@ Both instructions are no-ops in a kernel launched without the attribute. The hos
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+EARLY_TRIGGER = tl.constexpr(os.environ.get("LAYERZERO_PDL_EARLY_TRIGGER", "0") == "1")
+"""Experiment (read once at import): let the next kernel launch *before* waiting for the previous one, so several
+kernels' programs can be resident at once, each past its pre-wait loads (weights), instead of one kernel ahead."""
 
 
 @triton.jit
@@ -32,5 +39,9 @@ def gdc_enter(PDL: tl.constexpr):
     """First statement of a kernel that may be PDL-launched: with ``PDL``, wait for the previous grid, then let the
     next one launch; without, nothing (the interpreter has no such instructions)."""
     if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+        if EARLY_TRIGGER:
+            gdc_launch_dependents()
+            gdc_wait()
+        else:
+            gdc_wait()
+            gdc_launch_dependents()
