@@ -35,6 +35,9 @@ EARLY_TRIGGER = tl.constexpr(_EARLY == "1")
 kernels' programs can be resident at once, each past its pre-wait loads (weights), instead of one kernel ahead."""
 GEMV_EARLY = tl.constexpr(_EARLY in ("1", "gemv"))
 """The same for the projection kernels only (``"gemv"``): the attention block's kernels keep the wait first."""
+MERGE_EARLY = tl.constexpr(_EARLY in ("1", "merge"))
+"""The same for ``triton.paged_decode``'s merge kernel only (``"merge"``): the output projection after it launches
+(and streams its weight slab) while the split kernel still runs."""
 
 
 @triton.jit
