@@ -24,7 +24,7 @@ from attention_block import HIDDEN, HQ, D, Layers
 from gemv_prefetch import LAYERS, chain_us, run_info, save_report
 
 import layerzero as lz
-from layerzero.backends.triton import _gemv_kernels, _paged_kernels, _qkv_rope_kernels, _rope_kernels, paged
+from layerzero.backends.triton import _gemv_kernels, _paged_kernels, _rope_kernels, paged
 from layerzero.backends.triton import gemv as tg
 
 INTER = 3072
@@ -64,7 +64,7 @@ class Model(Layers):
 def resources() -> list[str]:
     """Registers / spills / shared memory of every compiled variant of the decode layer's Triton kernels."""
     rows = []
-    for mod in (_gemv_kernels, _paged_kernels, _rope_kernels, _qkv_rope_kernels):
+    for mod in (_gemv_kernels, _paged_kernels, _rope_kernels):
         for name in dir(mod):
             fn = getattr(mod, name)
             caches = getattr(fn, "device_caches", None)

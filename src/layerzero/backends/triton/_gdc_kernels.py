@@ -22,32 +22,15 @@ Both instructions are no-ops in a kernel launched without the attribute. The hos
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
-_EARLY = os.environ.get("LAYERZERO_PDL_EARLY_TRIGGER", "0")
-EARLY_TRIGGER = tl.constexpr(_EARLY == "1")
-"""Experiment (read once at import): let the next kernel launch *before* waiting for the previous one, so several
-kernels' programs can be resident at once, each past its pre-wait loads (weights), instead of one kernel ahead."""
-GEMV_EARLY = tl.constexpr(_EARLY in ("1", "gemv"))
-"""The same for the projection kernels only (``"gemv"``): the attention block's kernels keep the wait first."""
-MERGE_EARLY = tl.constexpr(_EARLY in ("1", "merge"))
-"""The same for ``triton.paged_decode``'s merge kernel only (``"merge"``): the output projection after it launches
-(and streams its weight slab) while the split kernel still runs."""
-
-
 @triton.jit
-def gdc_enter(PDL: tl.constexpr, EARLY: tl.constexpr = EARLY_TRIGGER):
+def gdc_enter(PDL: tl.constexpr):
     """First statement of a kernel that may be PDL-launched: with ``PDL``, wait for the previous grid, then let the
     next one launch; without, nothing (the interpreter has no such instructions)."""
     if PDL:
-        if EARLY:
-            gdc_launch_dependents()
-            gdc_wait()
-        else:
-            gdc_wait()
-            gdc_launch_dependents()
+        gdc_wait()
+        gdc_launch_dependents()

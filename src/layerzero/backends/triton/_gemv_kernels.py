@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from ._gdc_kernels import GEMV_EARLY, gdc_enter
+from ._gdc_kernels import gdc_enter
 
 
 @triton.jit
@@ -72,7 +72,7 @@ def _gemv_prefetch(X, W, B, Out, M, N, stride_x, stride_w, stride_o, NW, R, RO, 
     nw = tl.zeros((KP,), dtype=tl.float32)
     if NORM:
         nw = tl.load(NW + rk, mask=k_ok, other=0.0).to(tl.float32)
-    gdc_enter(PDL, GEMV_EARLY)  # PDL-launched: wait for the previous kernel before reading x or writing Out
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before reading x or writing Out
     wf = w.to(tl.float32)
     for m in tl.static_range(BM):
         m_ok = m < M

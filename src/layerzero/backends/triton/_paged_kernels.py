@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ._cache_kernels import load_scale
-from ._gdc_kernels import MERGE_EARLY, gdc_enter
+from ._gdc_kernels import gdc_enter
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)  # used inside @triton.jit: a constexpr global
@@ -214,7 +214,7 @@ def paged_decode_merge(
 ):
     """Stage 2 (see the module docstring): one program per (sequence, query head); with ``WRITE_LSE`` the merged
     natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32, -inf for a sequence with no key)."""
-    gdc_enter(PDL, MERGE_EARLY)  # PDL-launched: wait for the previous kernel before any memory access
+    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     b = tl.program_id(0)
     hq = tl.program_id(1)
     merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, (b * num_heads + hq) * num_splits,
