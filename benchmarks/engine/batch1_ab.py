@@ -22,7 +22,8 @@ KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off
 ``rope-paged-fused`` (``lz.rope_paged_attention`` locked to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV
 write in the split kernel), ``tile-32-s8`` / ``tile-64-s16`` / ... (``triton.paged_decode`` tiles of 32 / 64
 positions at head dim 128 in bf16, at most 8 / 16 splits), ``argmax-old`` (every greedy step through the float32
-cast and the general path, as before ``lz.sample_greedy``), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
+cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off`` (``cuda_graph.GREEDY_IN_GRAPH`` off: greedy steps sampled after a plain graph),
+``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
 ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
 changed).
@@ -144,10 +145,12 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "gemv-16k-2w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 2)],
             "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
             "packed": [(cuda_graph, "PACKED_INPUTS", True)], "unpacked": [(cuda_graph, "PACKED_INPUTS", False)],
+            "greedy-graph-off": [(cuda_graph, "GREEDY_IN_GRAPH", False)],
             "rope-paged-fused": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode")],
             **{f"tile-{bn}-s{sp}": [(paged, "TILE_BYTES", bn * 256), (paged, "MAX_SPLITS", sp)]
                for bn in (32, 64) for sp in (8, 16)},
-            "argmax-old": [(sampler_mod, "plain_greedy", lambda seqs: False), (sampler_mod, "lz", _TorchArgmax())],
+            "argmax-old": [(sampler_mod, "plain_greedy", lambda seqs: False), (sampler_mod, "lz", _TorchArgmax()),
+                           (cuda_graph, "GREEDY_IN_GRAPH", False)],
             "splits-1": [(paged, "MAX_SPLITS", 1)], "splits-2": [(paged, "MAX_SPLITS", 2)],
             "l2-prefetch": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
                             (llama.Attention, "attend", _attend_l2_prefetch)],
@@ -284,6 +287,8 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
             llm.generate([PROMPT], sp, use_tqdm=False)
         res = {"variant": name, "step_us": wall / tokens * 1e6, "tok_s": tokens / wall, "decode_tok_s": decode,
                "ttft_ms": (stamps[0][0] - t_stream) * 1e3, "replay_us": replay_us(llm.engine.runner.graphs.graphs[1]),
+               "greedy_replay_us": (replay_us(llm.engine.runner.graphs.greedy_graphs[1])
+                                    if 1 in llm.engine.runner.graphs.greedy_graphs else float("nan")),
                "host": ht.summary(),
                "tokens": hashlib.sha1(str(outs[0].outputs[0].token_ids).encode()).hexdigest()[:10]}
         if profile_dir is not None:
@@ -374,16 +379,17 @@ def main(argv: list[str] | None = None) -> int:
             res = run_variant(path, name, a.tokens, prof)
             rows.append(res)
             print(f"{name}: step {res['step_us']:.0f} µs ({res['tok_s']:.0f} tok/s), decode {res['decode_tok_s']:.0f} "
-                  f"tok/s after {res['ttft_ms']:.1f} ms to the first token, replay {res['replay_us']:.0f} µs; "
+                  f"tok/s after {res['ttft_ms']:.1f} ms to the first token, replay {res['replay_us']:.0f} µs "
+                  f"(greedy graph {res['greedy_replay_us']:.0f}); "
                   f"{res['host']}; tokens {res['tokens']}", flush=True)
     lines = [f"# Batch-1 decode A/B on {torch.cuda.get_device_name()} (Qwen3-0.6B shape, bf16, greedy, 256-token "
              f"prompt, {a.tokens} new tokens; torch {torch.__version__})", "",
              "whole step = generate wall time / new tokens (time to first token included); decode = tokens after the "
              "first / time after it (streamed).", "",
-             "| variant | whole step µs | tok/s | decode tok/s | first token ms | graph replay µs | host calls |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| variant | whole step µs | tok/s | decode tok/s | first token ms | graph replay µs | greedy graph replay µs "
+             "| host calls |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     lines += [f"| {r['variant']} | {r['step_us']:.0f} | {r['tok_s']:.0f} | {r['decode_tok_s']:.0f} | {r['ttft_ms']:.1f} "
-              f"| {r['replay_us']:.0f} | {r['host']} |" for r in rows]
+              f"| {r['replay_us']:.0f} | {r['greedy_replay_us']:.0f} | {r['host']} |" for r in rows]
     (a.out / "batch1_ab.md").write_text("\n".join(lines) + "\n")
     return 0
 

@@ -16,7 +16,7 @@ from .kv.block_manager import KVCacheManager
 from .metrics import EngineStats, StepStats
 from .outputs import CompletionOutput, RequestOutput
 from .runner.model_runner import ModelRunner
-from .sampler import PendingSample, Sampler, SamplerOutput, sequence_seed
+from .sampler import PendingSample, Sampler, SamplerOutput, plain_greedy, sequence_seed
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .scheduling_policy import make_policy
@@ -222,9 +222,10 @@ class LLMEngine:
         launched = None
         if out.chunks:
             tables = self.kv.block_tables([s.seq_id for s, _ in out.chunks])
-            logits = self.runner.execute(out.chunks, tables, prev.pending.tokens if prev is not None else None)
             sampled = [s for s, n in out.chunks if s.num_computed_tokens + n == s.num_tokens]
-            launched = _InFlight(sampled, self.sampler.launch(logits, sampled))
+            res = self.runner.execute(out.chunks, tables, prev.pending.tokens if prev is not None else None,
+                                      greedy=plain_greedy(sampled))
+            launched = _InFlight(sampled, self.sampler.launch(res.logits, sampled, res.tokens))
         t2 = time.perf_counter()
         t3 = t2
         if prev is not None:
@@ -269,11 +270,11 @@ class LLMEngine:
         appended = 0
         if out.chunks:
             tables = self.kv.block_tables([s.seq_id for s, _ in out.chunks])
-            logits = self.runner.execute(out.chunks, tables)
+            sampled = [s for s, n in out.chunks if s.num_computed_tokens + n == s.num_tokens]
+            step = self.runner.execute(out.chunks, tables, greedy=plain_greedy(sampled))
             t2 = time.perf_counter()
             self.scheduler.after_forward(out)
-            sampled = [s for s, _ in out.chunks if s.num_computed_tokens == s.num_tokens]
-            res = self.sampler(logits, sampled)
+            res = self.sampler.resolve(self.sampler.launch(step.logits, sampled, step.tokens))
             t3 = time.perf_counter()
             appended = self._append_all(sampled, res, touched)
         return self._finish_step(out, appended, touched, (t0, t1, t2, t3, time.perf_counter()))

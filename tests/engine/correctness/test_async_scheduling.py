@@ -35,13 +35,13 @@ def _run(checkpoints, ps, sps, async_scheduling, **kw):
     gathered, penalized_gathered = [], []
     execute = llm.engine.runner.execute
 
-    def spy(chunks, tables, prev_tokens=None):
+    def spy(chunks, tables, prev_tokens=None, greedy=False):
         pending = [s for s, _ in chunks if s.pending_index >= 0]
         # a pending sequence's last token is not on the host yet: the device gathers it
         assert all(len(s.token_ids) == s.num_tokens - 1 for s in pending)
         gathered.append(len(pending))
         penalized_gathered.extend(s for s in pending if s.params.penalized)
-        return execute(chunks, tables, prev_tokens)
+        return execute(chunks, tables, prev_tokens, greedy)
 
     llm.engine.runner.execute = spy
     outs = llm.generate(ps, sps, use_tqdm=False)
@@ -112,10 +112,10 @@ def test_a_sequence_ended_by_length_is_not_computed_again(checkpoints):
         seen: dict[str, int] = {}
         execute = llm.engine.runner.execute
 
-        def spy(chunks, tables, prev_tokens=None, seen=seen, execute=execute):
+        def spy(chunks, tables, prev_tokens=None, greedy=False, seen=seen, execute=execute):
             for s, _ in chunks:
                 seen[s.request_id] = seen.get(s.request_id, 0) + 1
-            return execute(chunks, tables, prev_tokens)
+            return execute(chunks, tables, prev_tokens, greedy)
 
         llm.engine.runner.execute = spy
         llm.generate(ps, [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (1, 2, 5)],

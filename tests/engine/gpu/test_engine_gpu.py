@@ -47,6 +47,31 @@ def test_graphs_equal_eager(checkpoints, family):
     assert [o.outputs[0].token_ids for o in graphs] == [o.outputs[0].token_ids for o in eager]
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_greedy_graphs_equal_eager(checkpoints, family, monkeypatch):
+    """Plain greedy steps (no logprobs, penalties, bias) replay a packed bucket's greedy graph: sampling inside the
+    replay and the ids written into the bucket's inputs, which a steady next step (same rows, same order) uses without
+    a gather or a copy (chained). One request alone and a ragged batch (rows end at different steps, so buckets
+    change and some steps are not chained): the same tokens as eager, and both paths were taken."""
+    from layerzero.engine import SamplingParams
+    from layerzero.engine.runner import forward_batch
+
+    chained = []
+    real = forward_batch._chained
+    monkeypatch.setattr(forward_batch, "_chained", lambda *a: chained.append(real(*a)) or chained[-1])
+    ps = prompts(5, seed=54)
+    sps = [SamplingParams(temperature=0.0, max_tokens=6 + 5 * i, ignore_eos=True) for i in range(len(ps))]
+    eager = _llm(checkpoints[family], enforce_eager=True)
+    ref = [eager.generate(ps[:1], sps[-1], use_tqdm=False), eager.generate(ps, sps, use_tqdm=False)]
+    llm = _llm(checkpoints[family])
+    graphs = llm.engine.runner.graphs
+    assert graphs.greedy_graphs and set(graphs.greedy_graphs) == set(graphs.packs)
+    got = [llm.generate(ps[:1], sps[-1], use_tqdm=False), llm.generate(ps, sps, use_tqdm=False)]
+    for a, b in zip(got, ref, strict=True):
+        assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+    assert any(chained) and not all(chained)
+
+
 @pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe"])
 def test_bf16_tokens_close_to_transformers(checkpoints, family):
     from transformers import AutoModelForCausalLM

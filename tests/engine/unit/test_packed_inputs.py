@@ -142,3 +142,63 @@ def test_on_by_default_and_off_packs_nothing(monkeypatch):
     r = CUDAGraphRunner(torch.nn.Identity(), [], 8, 4, CPU)
     r.graphs = {s: _Graph() for s in r.sizes}
     assert r.packs == {} and r.pack_for(1, 2) is None
+
+
+def _greedy(runner, bs: int, tokens: list[int]) -> torch.Tensor:
+    """Give bucket ``bs`` a stub greedy graph whose last replay sampled ``tokens`` (its token buffer)."""
+    tok = torch.tensor(tokens, dtype=torch.int64)
+    runner.greedy_graphs[bs] = _Graph()
+    runner.greedy_outputs[bs] = torch.full((bs, 3), 7.0)
+    runner._targets[bs] = runner._targets[bs]._replace(tokens=tok)
+    return tok
+
+
+def _steady(n: int) -> list[ScheduledChunk]:
+    """``n`` decode chunks, chunk i's token pending from row i of the previous step (steady decode)."""
+    return [ScheduledChunk(list(range(5 + i)), 4 + i, 1, (), True, pending_src=i) for i in range(n)]
+
+
+def test_a_chained_step_keeps_the_ids_the_greedy_graph_wrote(runner):
+    """Every row pending from the same row of the previous step, which was this bucket's greedy graph: the ids in the
+    buffer (what that graph copied there) are used as they are, no gather and no copy over them; the rest of the step
+    is copied as always."""
+    tok = _greedy(runner, 4, [50, 51, 52, 53])
+    ids = runner._packed_views(4)[0]
+    ids.copy_(torch.tensor([60, 61, 62, 63]))  # not the token buffer's values: shows that nothing wrote the ids
+    tables = np.array([[3, 2], [4, 1], [5, 6]], dtype=np.int32)
+    batch = build_packed_decode_batch(_steady(3), 4, tables, tok[:3], runner.pack_for(3, 2))
+    assert batch.input_ids.tolist() == [60, 61, 62]
+    assert batch.positions.tolist() == [4, 5, 6] and batch.seq_lens.tolist() == [5, 6, 7]
+    assert batch.slot_mapping.tolist() == [2 * 4 + 0, 1 * 4 + 1, 6 * 4 + 2]
+    # the same step with the same ids from another tensor is gathered (and written) as before
+    other = tok.clone()
+    batch = build_packed_decode_batch(_steady(3), 4, tables, other[:3], runner.pack_for(3, 2))
+    assert batch.input_ids.tolist() == [50, 51, 52]
+
+
+def test_rows_out_of_place_or_a_new_row_are_gathered(runner):
+    tok = _greedy(runner, 4, [50, 51, 52, 53])
+    runner._packed_views(4)[0].fill_(0)
+    tables = np.array([[3, 2], [4, 1], [5, 6]], dtype=np.int32)
+    swapped = _steady(3)
+    swapped[0], swapped[1] = (ScheduledChunk(c.token_ids, c.start, 1, (), True, pending_src=s)
+                              for c, s in ((swapped[0], 1), (swapped[1], 0)))
+    assert build_packed_decode_batch(swapped, 4, tables, tok, runner.pack_for(3, 2)).input_ids.tolist() == [51, 50, 52]
+    fresh = _steady(2) + [ScheduledChunk([9, 8, 7], 2, 1, (), True)]  # a row whose id the host knows
+    assert build_packed_decode_batch(fresh, 4, tables, tok, runner.pack_for(3, 2)).input_ids.tolist() == [50, 51, 7]
+
+
+def test_run_greedy_replays_the_greedy_graph_of_a_packed_batch(runner):
+    tok = _greedy(runner, 4, [50, 51, 52, 53])
+    packed = build_packed_decode_batch(_decode(), 4, TABLES, None, runner.pack_for(3, 3))
+    logits, ids = runner.run_greedy(packed)
+    assert runner.greedy_graphs[4].replays == 1 and runner.graphs[4].replays == 0
+    assert logits.shape == (3, 3) and ids.tolist() == [50, 51, 52] and ids.data_ptr() == tok.data_ptr()
+    assert runner.run_greedy(build_forward_batch(_decode(), 4, CPU, tables=TABLES)) is None  # not packed
+    assert runner.run_greedy(build_packed_decode_batch(_decode()[:1], 4, TABLES[:1], None,
+                                                       runner.pack_for(1, 3))) is None  # bucket 1: no greedy graph
+    assert runner.greedy_graphs[4].replays == 1
+
+
+def test_greedy_graphs_are_on_by_default():
+    assert cuda_graph.GREEDY_IN_GRAPH is True

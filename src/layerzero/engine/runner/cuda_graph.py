@@ -33,6 +33,12 @@ host-to-device copy (:class:`PackTarget`): no device-to-device copies into the g
 GPU time at batch 1 on the H200, ``benchmarks/results/engine/h200/2026-11-28/argmax.txt``). Measured 2026-11-28 on
 the H200 (``benchmarks/results/engine/h200/2026-11-28b/``, same process, alternating): a batch-1 step's GPU input
 preparation 23-27 -> 11 µs (median), decode 1,381 / 1,384 -> 1,416 / 1,407 tok/s. ``False``: every bucket copies."""
+GREEDY_IN_GRAPH = True
+"""Packed buckets also get a *greedy* graph: the decode forward, ``lz.sample_greedy`` of its logits, and the sampled ids
+copied into the bucket's input-id slots, all in one replay. A plain greedy step (``sampler.plain_greedy``) replays it:
+no sampling kernels launched after the graph, and the next step of the same rows in the same order (steady decode)
+finds its input ids already in place, so neither the device gather of pending ids nor their host-to-device copy runs
+(:func:`~.forward_batch.build_packed_decode_batch`'s ``chained``). ``False``: one graph per bucket, sampled after it."""
 PACK_MAX_BYTES = 64 << 10
 """Buckets whose packed inputs (ids, positions, slots, block tables at the full graph width, seq_lens, pending-id
 rows) fit this many bytes are packed; larger ones copy the step's rows into the shared buffers (a full-width table
@@ -42,14 +48,16 @@ of a big bucket would cost more to transfer than the copies it saves)."""
 class PackTarget(NamedTuple):
     """Where a packed decode step's inputs go: bucket ``bs`` (rows), the graphs' block-table ``width``, the bucket's
     uint8 ``buffer`` (layout: :func:`pack_nbytes`, the :func:`~layerzero.engine.staging.offsets` of its arrays),
-    ``rows`` (a device arange of at least ``bs``: the batch's ``logits_indices``) and ``views``: the bucket's (ids,
-    positions, slot mapping, block tables, seq_lens) views of ``buffer``, what its graph reads (made once)."""
+    ``rows`` (a device arange of at least ``bs``: the batch's ``logits_indices``), ``views``: the bucket's (ids,
+    positions, slot mapping, block tables, seq_lens) views of ``buffer``, what its graph reads (made once), and
+    ``tokens``: the ids ``[bs]`` int64 its greedy graph samples (:data:`GREEDY_IN_GRAPH`; None: no greedy graph)."""
 
     bs: int
     width: int
     buffer: torch.Tensor
     rows: torch.Tensor
     views: tuple[torch.Tensor, ...]
+    tokens: torch.Tensor | None = None
 
 
 def pack_nbytes(bs: int, width: int) -> list[int]:
@@ -86,6 +94,10 @@ class CUDAGraphRunner:
         self.cascade: _CascadeBuffers | None = _CascadeBuffers(n, max_blocks, device) if cascade else None
         self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.cascade_outputs: dict[int, torch.Tensor] = {}
+        self.greedy_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        """Packed bucket -> its greedy graph (:data:`GREEDY_IN_GRAPH`); its logits in ``greedy_outputs``, its sampled
+        ids in the bucket's :attr:`PackTarget.tokens`."""
+        self.greedy_outputs: dict[int, torch.Tensor] = {}
         self.packs: dict[int, torch.Tensor] = {}
         """Bucket -> its packed input buffer (:data:`PACKED_INPUTS`; small buckets only)."""
         self._targets: dict[int, PackTarget] = {}
@@ -116,6 +128,20 @@ class CUDAGraphRunner:
         return ForwardBatch(self.input_ids[:bs], self.positions[:bs], self.slot_mapping[:bs], self.block_tables[:bs],
                             self.seq_lens[:bs], None, self.rows[:bs], bs,
                             self.cascade.batch(bs) if cascade else None, graphed=True, logits_all=True)
+
+    def run_greedy(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Replay the greedy graph of a packed ``batch``'s bucket: (logits ``[B, V]``, the rows' argmax ids ``[B]``
+        int64, ``lz.sample_greedy``'s), the ids also written into the bucket's input-id slots. None (nothing run)
+        for a batch that is not packed or a bucket without a greedy graph."""
+        if not batch.packed:
+            return None
+        n = batch.num_seqs
+        bs = next(s for s in self.sizes if s >= n)
+        graph = self.greedy_graphs.get(bs)
+        if graph is None:
+            return None
+        graph.replay()
+        return self.greedy_outputs[bs][:n], self._targets[bs].tokens[:n]
 
     def pack_for(self, num_seqs: int, width: int) -> PackTarget | None:
         """The packed bucket a decode step of ``num_seqs`` sequences (every one sampled) whose block tables are
@@ -150,19 +176,35 @@ class CUDAGraphRunner:
         # MiB on Hopper, until torch._C._cuda_clearCublasWorkspaces()), so a stream per bucket could pin one each
         side = torch.cuda.Stream(self.device)
         for bs in reversed(self.sizes):
-            for cascade in (False, True) if self.cascade is not None else (False,):
-                batch = self._batch(bs, cascade)
+            kinds = ["plain", "cascade"] if self.cascade is not None else ["plain"]
+            if GREEDY_IN_GRAPH and bs in self.packs:
+                kinds.append("greedy")
+            for kind in kinds:
+                batch = self._batch(bs, kind == "cascade")
+                step = self._greedy_step if kind == "greedy" else self.model
                 side.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(side):
                     for _ in range(2):
-                        self.model(batch, self.kv_caches)
+                        step(batch, self.kv_caches)
                 torch.cuda.current_stream(self.device).wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    out = self.model(batch, self.kv_caches)
+                    out = step(batch, self.kv_caches)
                 pool = graph.pool()
-                (self.cascade_graphs if cascade else self.graphs)[bs] = graph
-                (self.cascade_outputs if cascade else self.outputs)[bs] = out
+                if kind == "greedy":
+                    self.greedy_graphs[bs], (self.greedy_outputs[bs], tokens) = graph, out
+                    self._targets[bs] = self._targets[bs]._replace(tokens=tokens)
+                else:
+                    (self.cascade_graphs if kind == "cascade" else self.graphs)[bs] = graph
+                    (self.cascade_outputs if kind == "cascade" else self.outputs)[bs] = out
+
+    def _greedy_step(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A greedy graph's work: the forward, ``lz.sample_greedy`` of every row, the ids copied into the bucket's
+        input-id slots (what a chained next step reads). Returns (logits ``[bs, V]``, ids ``[bs]`` int64)."""
+        logits = self.model(batch, kv_caches)
+        tokens = lz.sample_greedy(logits)
+        self._targets[batch.num_seqs].views[0].copy_(tokens)
+        return logits, tokens
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """A pure decode step (a cascade one only with cascade graphs) that fits the largest bucket and samples

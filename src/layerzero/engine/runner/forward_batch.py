@@ -140,7 +140,10 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
     """A pure decode step (every chunk one token, every chunk sampled) written straight into a CUDA-graph bucket's
     packed input buffer (``target``: a :class:`~.cuda_graph.PackTarget`; bucket ``bs`` rows, tables ``width`` wide) in
     one host-to-device copy (``staging.stage``'s layout), read through the bucket's own views: the step's rows, then
-    the padding rows a graph replay expects (slot -1, seq_len 1, block table 0), the tables' unused columns 0; pending ids gathered from ``prev_tokens`` into it on the device. A step
+    the padding rows a graph replay expects (slot -1, seq_len 1, block table 0), the tables' unused columns 0; pending ids
+    gathered from ``prev_tokens`` into it on the device, except in a chained step (every row pending from the same row
+    of the previous step, which was this bucket's greedy graph: ``prev_tokens`` is ``target.tokens``), whose ids that
+    graph already wrote into the buffer: the copy then starts after them and nothing is gathered. A step
     that ``cascade`` plans as cascade attention is built as :func:`build_forward_batch` builds it, from the same
     arrays and plan (its graphs have their own buffers, which a replay copies into): planned once.
 
@@ -167,12 +170,14 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
     ids[:n], pos[:n], slots[:n], lens[:n] = arrays[0], arrays[1], arrays[2], arrays[4]
     table[:n, :tables.shape[1]] = tables
     packed = [ids, pos, slots, table, lens]
-    if rows:
+    chained = _chained(rows, n, prev_tokens, target)
+    if rows and not chained:
         packed.append(np.asarray(rows, dtype=np.int64).T.copy())  # [2, P]: (row of input_ids, row of prev_tokens)
     host, offs = stage(packed, target.buffer.device)
-    target.buffer[:host.numel()].copy_(host, non_blocking=target.buffer.is_cuda)
+    start = offs[1] if chained else 0  # chained: the ids are in place, written by the greedy graph's last replay
+    target.buffer[start:host.numel()].copy_(host[start:], non_blocking=target.buffer.is_cuda)
     ids_t, pos_t, slots_t, table_t, lens_t = target.views  # the bucket's views: made once, what its graph reads
-    if rows:
+    if rows and not chained:
         pend = target.buffer[offs[5]:offs[5] + packed[5].nbytes].view(torch.int64).view(packed[5].shape)
         if len(rows) == n and all(r == i for i, (r, _) in enumerate(rows)):
             torch.index_select(prev_tokens, 0, pend[1], out=ids_t[:n])  # every id pending (decode): one gather
@@ -180,6 +185,16 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
             ids_t.index_copy_(0, pend[0], prev_tokens.index_select(0, pend[1]))
     return ForwardBatch(ids_t[:n], pos_t[:n], slots_t[:n], table_t[:n], lens_t[:n], None, target.rows[:n], n,
                         packed=True, logits_all=True)
+
+
+def _chained(rows: list[tuple[int, int]], n: int, prev_tokens: torch.Tensor | None, target: Any) -> bool:
+    """Whether a packed step's input ids are already in its bucket's slots: every row's id pending from the same row
+    of the previous step (steady decode), and that step was this bucket's greedy graph (its sampled ids are
+    ``target.tokens``, which the graph also copied into the id slots)."""
+    tokens = getattr(target, "tokens", None)
+    if tokens is None or prev_tokens is None or len(rows) != n or prev_tokens.data_ptr() != tokens.data_ptr():
+        return False
+    return all(r == i and src == i for i, (r, src) in enumerate(rows))
 
 
 def _table_matrix(chunks: Sequence[ScheduledChunk]) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -20,12 +21,20 @@ from .cascade import CascadePolicy
 from .cuda_graph import CUDAGraphRunner
 from .forward_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
 
-__all__ = ["ModelRunner", "kv_bytes_per_block"]
+__all__ = ["ModelRunner", "StepLogits", "kv_bytes_per_block"]
 
 log = logging.getLogger("layerzero.engine")
 ACTIVATION_RESERVE_BYTES_PER_TOKEN = 64 * 1024
 """CUDA pool sizing leaves this much per batched token for activations and logits (a bound for the supported
 model sizes; the pool is ``free memory x kv_cache_memory_fraction`` minus this reserve)."""
+
+
+class StepLogits(NamedTuple):
+    """A step's forward result: ``logits`` ``[S, V]`` (model dtype) of its sampled rows and, when a greedy decode
+    graph also sampled them, ``tokens`` ``[S]`` int64 (``lz.sample_greedy`` of those logits), else None."""
+
+    logits: torch.Tensor
+    tokens: torch.Tensor | None
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -127,17 +136,24 @@ class ModelRunner:
     # plan cache needs to reuse one plan for every layer of a step (inference tensors re-plan per call)
     @torch.no_grad()
     def execute(self, chunks: list[tuple[Sequence, int]], block_tables: np.ndarray,
-                prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
+                prev_tokens: torch.Tensor | None = None, greedy: bool = False) -> StepLogits:
         """Forward the step's ``chunks`` (sequence, new tokens); returns logits ``[S, V]`` (model dtype) of the sequences
-        whose chunk reaches their last token (in chunk order). ``block_tables``: the chunks' ``[B, W]`` int32 table
-        matrix (:meth:`~layerzero.engine.kv.KVCacheManager.block_tables`). ``prev_tokens`` ``[S_prev]`` int64 on the
+        whose chunk reaches their last token (in chunk order), with their greedy ids ``[S]`` int64 when ``greedy`` (the
+        step is plain greedy: ``sampler.plain_greedy``) and a greedy decode graph ran it (else ``tokens`` is None and
+        the sampler draws). ``block_tables``: the chunks' ``[B, W]`` int32 table matrix
+        (:meth:`~layerzero.engine.kv.KVCacheManager.block_tables`). ``prev_tokens`` ``[S_prev]`` int64 on the
         device: the previous step's sampled tokens, for sequences whose last token is pending (async scheduling)."""
         batch = self.prepare(chunks, block_tables, prev_tokens)
         if batch.cascade is not None:
             self.cascade_steps += 1
             self.cascade_saved_tokens += batch.cascade.saved_tokens
         if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.run(batch)
+            done = self.graphs.run_greedy(batch) if greedy else None
+            return StepLogits(*done) if done is not None else StepLogits(self.graphs.run(batch), None)
+        return StepLogits(self._eager(batch), None)
+
+    def _eager(self, batch: ForwardBatch) -> torch.Tensor:
+        """The step's logits from an eager forward."""
         if batch.is_decode and self.decode_as_captured:
             # the kernels a decode graph runs (graph-safe, scored for in-graph time), so eager decode (enforce_eager,
             # batches beyond the largest graph) computes what the graphs compute: the same tokens either way
