@@ -287,8 +287,8 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
             llm.generate([PROMPT], sp, use_tqdm=False)
         res = {"variant": name, "step_us": wall / tokens * 1e6, "tok_s": tokens / wall, "decode_tok_s": decode,
                "ttft_ms": (stamps[0][0] - t_stream) * 1e3, "replay_us": replay_us(llm.engine.runner.graphs.graphs[1]),
-               "greedy_replay_us": (replay_us(llm.engine.runner.graphs.greedy_graphs[1])
-                                    if 1 in llm.engine.runner.graphs.greedy_graphs else float("nan")),
+               "greedy_replay_us": (replay_us(llm.engine.runner.graphs.greedy_graphs[1, 0])
+                                    if (1, 0) in llm.engine.runner.graphs.greedy_graphs else float("nan")),
                "host": ht.summary(),
                "tokens": hashlib.sha1(str(outs[0].outputs[0].token_ids).encode()).hexdigest()[:10]}
         if profile_dir is not None:

@@ -225,7 +225,8 @@ class LLMEngine:
             sampled = [s for s, n in out.chunks if s.num_computed_tokens + n == s.num_tokens]
             res = self.runner.execute(out.chunks, tables, prev.pending.tokens if prev is not None else None,
                                       greedy=plain_greedy(sampled))
-            launched = _InFlight(sampled, self.sampler.launch(res.logits, sampled, res.tokens))
+            pending = res.pending if res.pending is not None else self.sampler.launch(res.logits, sampled)
+            launched = _InFlight(sampled, pending)
         t2 = time.perf_counter()
         t3 = t2
         if prev is not None:
@@ -274,7 +275,8 @@ class LLMEngine:
             step = self.runner.execute(out.chunks, tables, greedy=plain_greedy(sampled))
             t2 = time.perf_counter()
             self.scheduler.after_forward(out)
-            res = self.sampler.resolve(self.sampler.launch(step.logits, sampled, step.tokens))
+            res = self.sampler.resolve(step.pending if step.pending is not None else
+                                       self.sampler.launch(step.logits, sampled))
             t3 = time.perf_counter()
             appended = self._append_all(sampled, res, touched)
         return self._finish_step(out, appended, touched, (t0, t1, t2, t3, time.perf_counter()))

@@ -67,22 +67,12 @@ class Sampler:
         return self.resolve(self.launch(logits, seqs))
 
     @torch.no_grad()
-    def launch(self, logits: torch.Tensor, seqs: list[Sequence], tokens: torch.Tensor | None = None) -> PendingSample:
+    def launch(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
         """Enqueue the draw of ``seqs``' next tokens from ``logits`` ``[S, V]`` and the transfer of the results to the
         host, without waiting for them (:meth:`resolve` does). A plain greedy step (:func:`plain_greedy`) takes
-        ``lz.sample_greedy`` of the logits as they are (bf16 logits: no float32 copy), or ``tokens`` ``[S]`` int64
-        when given (the greedy decode graph already took it); otherwise they are cast to float32 (float32 logits are
-        then modified in place). Penalties read the sequences' known tokens: async scheduling resolves a step before
-        the next one samples a penalized sequence.
-
-        Raises:
-            ValueError: ``tokens`` given for a step that is not plain greedy (they would skip its sampling rules).
-        """
-        if tokens is not None:
-            if not plain_greedy(seqs):
-                raise ValueError("Sampler.launch: tokens from a greedy graph for a step that is not plain greedy "
-                                 "(penalties, bias, min_tokens or logprobs need the sampler); pass tokens=None")
-            return self._pending(tokens, [], [], [])
+        ``lz.sample_greedy`` of the logits as they are (bf16 logits: no float32 copy); otherwise they are cast to
+        float32 (float32 logits are then modified in place). Penalties read the sequences' known tokens: async
+        scheduling resolves a step before the next one samples a penalized sequence."""
         if plain_greedy(seqs):
             return self._pending(lz.sample_greedy(logits), [], [], [])
         logits = logits.float()

@@ -14,7 +14,7 @@ import torch
 from layerzero import InvalidInputError
 from layerzero.engine.runner import cuda_graph
 from layerzero.engine.runner.cascade import CascadePolicy
-from layerzero.engine.runner.cuda_graph import CUDAGraphRunner, pack_nbytes
+from layerzero.engine.runner.cuda_graph import LANES, CUDAGraphRunner, pack_nbytes
 from layerzero.engine.runner.forward_batch import (
     ScheduledChunk,
     build_forward_batch,
@@ -43,6 +43,8 @@ def runner(monkeypatch) -> CUDAGraphRunner:
     r = CUDAGraphRunner(torch.nn.Identity(), [], 48, 6, CPU)  # buckets 1, 2, 4, 8, 16, 24, 32, 40, 48; width 6
     r.graphs = {s: _Graph() for s in r.sizes}  # as if captured
     r.outputs = {s: torch.arange(s * 3, dtype=torch.float32).view(s, 3) for s in r.sizes}
+    r.lane_graphs = {(s, lane): r.graphs[s] if lane == 0 else _Graph() for s in r.packs for lane in range(LANES)}
+    r.lane_outputs = {(s, lane): r.outputs[s] + lane for s in r.packs for lane in range(LANES)}
     return r
 
 
@@ -101,7 +103,7 @@ def test_a_narrower_step_leaves_no_stale_columns(runner):
 def test_layout_matches_the_staging_offsets(runner):
     sizes = pack_nbytes(8, 6)
     offs, total = offsets(sizes)
-    assert runner.packs[8].numel() == total and offs[3] == 3 * 64 and sizes[3] == 8 * 6 * 4
+    assert [b.numel() for b in runner.packs[8]] == [total] * LANES and offs[3] == 3 * 64 and sizes[3] == 8 * 6 * 4
     ids, pos, slots, tables, lens = runner._packed_views(8)
     assert tables.shape == (8, 6) and lens.dtype == torch.int32 and slots.dtype == torch.int64
     assert slots.tolist() == [-1] * 8 and lens.tolist() == [1] * 8  # a capture's dummy step
@@ -144,12 +146,14 @@ def test_on_by_default_and_off_packs_nothing(monkeypatch):
     assert r.packs == {} and r.pack_for(1, 2) is None
 
 
-def _greedy(runner, bs: int, tokens: list[int]) -> torch.Tensor:
-    """Give bucket ``bs`` a stub greedy graph whose last replay sampled ``tokens`` (its token buffer)."""
+def _greedy(runner, bs: int, lane: int, tokens: list[int]) -> torch.Tensor:
+    """Give (bucket ``bs``, ``lane``) a stub greedy graph whose last replay sampled ``tokens`` (its ids buffer, which
+    the other lane's target chains from)."""
     tok = torch.tensor(tokens, dtype=torch.int64)
-    runner.greedy_graphs[bs] = _Graph()
-    runner.greedy_outputs[bs] = torch.full((bs, 3), 7.0)
-    runner._targets[bs] = runner._targets[bs]._replace(tokens=tok)
+    runner.greedy_graphs[bs, lane] = _Graph()
+    runner.greedy_outputs[bs, lane] = (torch.full((bs, 3), 7.0), tok)
+    other = (bs, (lane + 1) % LANES)
+    runner._targets[other] = runner._targets[other]._replace(chain=tok)
     return tok
 
 
@@ -158,47 +162,63 @@ def _steady(n: int) -> list[ScheduledChunk]:
     return [ScheduledChunk(list(range(5 + i)), 4 + i, 1, (), True, pending_src=i) for i in range(n)]
 
 
+def test_lanes_have_their_own_buffers_and_views(runner):
+    a, b = runner.pack_for(3, 2, 0), runner.pack_for(3, 2, 1)
+    assert (a.bs, a.lane, b.bs, b.lane) == (4, 0, 4, 1) and a.buffer.data_ptr() != b.buffer.data_ptr()
+    assert runner._packed_views(4, 1)[0].data_ptr() == b.buffer.data_ptr()
+    batch = build_packed_decode_batch(_decode(), 4, TABLES, None, b)
+    assert batch.lane == 1 and batch.input_ids.data_ptr() == b.buffer.data_ptr()
+    out = runner.run(batch)  # lane 1's plain graph, not lane 0's
+    assert runner.lane_graphs[4, 1].replays == 1 and runner.graphs[4].replays == 0
+    assert torch.equal(out, runner.lane_outputs[4, 1][:3])
+
+
 def test_a_chained_step_keeps_the_ids_the_greedy_graph_wrote(runner):
-    """Every row pending from the same row of the previous step, which was this bucket's greedy graph: the ids in the
-    buffer (what that graph copied there) are used as they are, no gather and no copy over them; the rest of the step
-    is copied as always."""
-    tok = _greedy(runner, 4, [50, 51, 52, 53])
-    ids = runner._packed_views(4)[0]
+    """Every row pending from the same row of the previous step, which was the other lane's greedy graph: the ids in
+    this lane's buffer (what that graph copied there) are used as they are, no gather and no copy over them; the rest
+    of the step is copied as always."""
+    tok = _greedy(runner, 4, 0, [50, 51, 52, 53])
+    ids = runner._packed_views(4, 1)[0]
     ids.copy_(torch.tensor([60, 61, 62, 63]))  # not the token buffer's values: shows that nothing wrote the ids
     tables = np.array([[3, 2], [4, 1], [5, 6]], dtype=np.int32)
-    batch = build_packed_decode_batch(_steady(3), 4, tables, tok[:3], runner.pack_for(3, 2))
+    batch = build_packed_decode_batch(_steady(3), 4, tables, tok[:3], runner.pack_for(3, 2, 1))
     assert batch.input_ids.tolist() == [60, 61, 62]
     assert batch.positions.tolist() == [4, 5, 6] and batch.seq_lens.tolist() == [5, 6, 7]
     assert batch.slot_mapping.tolist() == [2 * 4 + 0, 1 * 4 + 1, 6 * 4 + 2]
-    # the same step with the same ids from another tensor is gathered (and written) as before
+    # the same step with the same ids from another tensor, or into the lane the greedy graph read, is gathered
     other = tok.clone()
-    batch = build_packed_decode_batch(_steady(3), 4, tables, other[:3], runner.pack_for(3, 2))
+    batch = build_packed_decode_batch(_steady(3), 4, tables, other[:3], runner.pack_for(3, 2, 1))
+    assert batch.input_ids.tolist() == [50, 51, 52]
+    runner._packed_views(4, 0)[0].fill_(0)
+    batch = build_packed_decode_batch(_steady(3), 4, tables, tok[:3], runner.pack_for(3, 2, 0))
     assert batch.input_ids.tolist() == [50, 51, 52]
 
 
 def test_rows_out_of_place_or_a_new_row_are_gathered(runner):
-    tok = _greedy(runner, 4, [50, 51, 52, 53])
-    runner._packed_views(4)[0].fill_(0)
+    tok = _greedy(runner, 4, 0, [50, 51, 52, 53])
+    runner._packed_views(4, 1)[0].fill_(0)
     tables = np.array([[3, 2], [4, 1], [5, 6]], dtype=np.int32)
     swapped = _steady(3)
     swapped[0], swapped[1] = (ScheduledChunk(c.token_ids, c.start, 1, (), True, pending_src=s)
                               for c, s in ((swapped[0], 1), (swapped[1], 0)))
-    assert build_packed_decode_batch(swapped, 4, tables, tok, runner.pack_for(3, 2)).input_ids.tolist() == [51, 50, 52]
+    target = runner.pack_for(3, 2, 1)
+    assert build_packed_decode_batch(swapped, 4, tables, tok, target).input_ids.tolist() == [51, 50, 52]
     fresh = _steady(2) + [ScheduledChunk([9, 8, 7], 2, 1, (), True)]  # a row whose id the host knows
-    assert build_packed_decode_batch(fresh, 4, tables, tok, runner.pack_for(3, 2)).input_ids.tolist() == [50, 51, 7]
+    assert build_packed_decode_batch(fresh, 4, tables, tok, target).input_ids.tolist() == [50, 51, 7]
 
 
 def test_run_greedy_replays_the_greedy_graph_of_a_packed_batch(runner):
-    tok = _greedy(runner, 4, [50, 51, 52, 53])
-    packed = build_packed_decode_batch(_decode(), 4, TABLES, None, runner.pack_for(3, 3))
-    logits, ids = runner.run_greedy(packed)
-    assert runner.greedy_graphs[4].replays == 1 and runner.graphs[4].replays == 0
+    tok = _greedy(runner, 4, 0, [50, 51, 52, 53])
+    packed = build_packed_decode_batch(_decode(), 4, TABLES, None, runner.pack_for(3, 3, 0))
+    logits, ids, host, event = runner.run_greedy(packed)
+    assert runner.greedy_graphs[4, 0].replays == 1 and runner.lane_graphs[4, 0].replays == 0
     assert logits.shape == (3, 3) and ids.tolist() == [50, 51, 52] and ids.data_ptr() == tok.data_ptr()
+    assert host.tolist() == [50, 51, 52] and event is None  # on CPU: a copy, no transfer to wait for
     assert runner.run_greedy(build_forward_batch(_decode(), 4, CPU, tables=TABLES)) is None  # not packed
-    assert runner.run_greedy(build_packed_decode_batch(_decode()[:1], 4, TABLES[:1], None,
-                                                       runner.pack_for(1, 3))) is None  # bucket 1: no greedy graph
-    assert runner.greedy_graphs[4].replays == 1
+    lane1 = build_packed_decode_batch(_decode(), 4, TABLES, None, runner.pack_for(3, 3, 1))
+    assert runner.run_greedy(lane1) is None  # no greedy graph on lane 1 here
+    assert runner.greedy_graphs[4, 0].replays == 1
 
 
 def test_greedy_graphs_are_on_by_default():
-    assert cuda_graph.GREEDY_IN_GRAPH is True
+    assert cuda_graph.GREEDY_IN_GRAPH is True and LANES == 2

@@ -12,7 +12,8 @@ their logits are dropped; rows are independent, so they cannot change the real r
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from functools import partial
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -34,11 +35,16 @@ GPU time at batch 1 on the H200, ``benchmarks/results/engine/h200/2026-11-28/arg
 the H200 (``benchmarks/results/engine/h200/2026-11-28b/``, same process, alternating): a batch-1 step's GPU input
 preparation 23-27 -> 11 µs (median), decode 1,381 / 1,384 -> 1,416 / 1,407 tok/s. ``False``: every bucket copies."""
 GREEDY_IN_GRAPH = True
-"""Packed buckets also get a *greedy* graph: the decode forward, ``lz.sample_greedy`` of its logits, and the sampled ids
-copied into the bucket's input-id slots, all in one replay. A plain greedy step (``sampler.plain_greedy``) replays it:
-no sampling kernels launched after the graph, and the next step of the same rows in the same order (steady decode)
-finds its input ids already in place, so neither the device gather of pending ids nor their host-to-device copy runs
-(:func:`~.forward_batch.build_packed_decode_batch`'s ``chained``). ``False``: one graph per bucket, sampled after it."""
+"""Packed buckets also get *greedy* graphs: the decode forward, ``lz.sample_greedy`` of its logits, and the sampled ids
+copied into the input-id slots of the bucket's other lane (:data:`LANES`), all in one replay. A plain greedy step
+(``sampler.plain_greedy``) replays one; its ids go to the host on a side stream (the next step does not wait for
+that transfer), and the next step of the same rows in the same order (steady decode) finds its input ids already in
+place: no device gather of pending ids, and the rest of its inputs copied on a side stream while the step before
+still runs (:func:`~.forward_batch.build_packed_decode_batch`'s ``chained``). ``False``: plain graphs only, sampled
+after them."""
+LANES = 2
+"""Input buffers (lanes) per packed bucket, taken by alternate packed steps, each with its own graphs: a step's
+inputs can be copied into one lane while the step before still reads the other."""
 PACK_MAX_BYTES = 64 << 10
 """Buckets whose packed inputs (ids, positions, slots, block tables at the full graph width, seq_lens, pending-id
 rows) fit this many bytes are packed; larger ones copy the step's rows into the shared buffers (a full-width table
@@ -46,18 +52,23 @@ of a big bucket would cost more to transfer than the copies it saves)."""
 
 
 class PackTarget(NamedTuple):
-    """Where a packed decode step's inputs go: bucket ``bs`` (rows), the graphs' block-table ``width``, the bucket's
+    """Where a packed decode step's inputs go: bucket ``bs`` (rows), the graphs' block-table ``width``, the lane's
     uint8 ``buffer`` (layout: :func:`pack_nbytes`, the :func:`~layerzero.engine.staging.offsets` of its arrays),
-    ``rows`` (a device arange of at least ``bs``: the batch's ``logits_indices``), ``views``: the bucket's (ids,
-    positions, slot mapping, block tables, seq_lens) views of ``buffer``, what its graph reads (made once), and
-    ``tokens``: the ids ``[bs]`` int64 its greedy graph samples (:data:`GREEDY_IN_GRAPH`; None: no greedy graph)."""
+    ``rows`` (a device arange of at least ``bs``: the batch's ``logits_indices``), ``views``: the lane's (ids,
+    positions, slot mapping, block tables, seq_lens) views of ``buffer``, what its graphs read (made once), its
+    ``lane`` (:data:`LANES`), ``chain``: the ids ``[bs]`` int64 that the other lane's greedy graph samples and copies
+    into this lane's id slots (None: no greedy graphs), ``h2d``: the side stream a chained step's inputs are copied
+    on (None on CPU), and ``free``: an event recorded after every replay that reads this lane."""
 
     bs: int
     width: int
     buffer: torch.Tensor
     rows: torch.Tensor
     views: tuple[torch.Tensor, ...]
-    tokens: torch.Tensor | None = None
+    lane: int = 0
+    chain: torch.Tensor | None = None
+    h2d: Any = None
+    free: Any = None
 
 
 def pack_nbytes(bs: int, width: int) -> list[int]:
@@ -94,61 +105,95 @@ class CUDAGraphRunner:
         self.cascade: _CascadeBuffers | None = _CascadeBuffers(n, max_blocks, device) if cascade else None
         self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.cascade_outputs: dict[int, torch.Tensor] = {}
-        self.greedy_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        """Packed bucket -> its greedy graph (:data:`GREEDY_IN_GRAPH`); its logits in ``greedy_outputs``, its sampled
-        ids in the bucket's :attr:`PackTarget.tokens`."""
-        self.greedy_outputs: dict[int, torch.Tensor] = {}
-        self.packs: dict[int, torch.Tensor] = {}
-        """Bucket -> its packed input buffer (:data:`PACKED_INPUTS`; small buckets only)."""
-        self._targets: dict[int, PackTarget] = {}
-        """Bucket -> its :class:`PackTarget` (the buffer and the views its graph reads, made once)."""
+        self.lane_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        """(packed bucket, lane) -> its plain graph (lane 0's is also ``graphs[bucket]``); logits in ``lane_outputs``."""
+        self.lane_outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.greedy_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        """(packed bucket, lane) -> its greedy graph (:data:`GREEDY_IN_GRAPH`); (logits, ids) in ``greedy_outputs``."""
+        self.greedy_outputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        cuda = device.type == "cuda"
+        self.h2d = torch.cuda.Stream(device) if cuda else None
+        """Side stream of chained steps' input copies (CUDA)."""
+        self.d2h = torch.cuda.Stream(device) if cuda else None
+        """Side stream of greedy graphs' ids on their way to the host (CUDA)."""
+        self._d2h_done: dict[tuple[int, int], torch.cuda.Event] = {}
+        self.packs: dict[int, list[torch.Tensor]] = {}
+        """Bucket -> its lanes' packed input buffers (:data:`PACKED_INPUTS`; small buckets only)."""
+        self._targets: dict[tuple[int, int], PackTarget] = {}
+        """(bucket, lane) -> its :class:`PackTarget` (the buffer and the views its graphs read, made once)."""
         if PACKED_INPUTS:
             for bs in self.sizes:
                 sizes = pack_nbytes(bs, max_blocks)
                 offs, need = offsets(sizes)
                 if need <= PACK_MAX_BYTES:
-                    buf = torch.zeros(need, dtype=torch.uint8, device=device)
-                    i64 = [buf[o:o + n].view(torch.int64) for o, n in zip(offs[:3], sizes[:3], strict=True)]
-                    tables = buf[offs[3]:offs[3] + sizes[3]].view(torch.int32).view(bs, max_blocks)
-                    views = (*i64, tables, buf[offs[4]:offs[4] + sizes[4]].view(torch.int32))
-                    views[2].fill_(-1)  # slots and seq_lens: the values a padded row has (a capture's dummy step)
-                    views[4].fill_(1)
-                    self.packs[bs] = buf
-                    self._targets[bs] = PackTarget(bs, max_blocks, buf, self.rows, views)
+                    self.packs[bs] = [self._pack(bs, lane, sizes, offs, need, max_blocks) for lane in range(LANES)]
 
-    def _packed_views(self, bs: int) -> tuple[torch.Tensor, ...]:
-        """(ids, positions, slot mapping, block tables, seq_lens) of bucket ``bs``'s packed buffer."""
-        return self._targets[bs].views
+    def _pack(self, bs: int, lane: int, sizes: list[int], offs: list[int], need: int, width: int) -> torch.Tensor:
+        """A lane's packed buffer of bucket ``bs`` and its :class:`PackTarget`."""
+        buf = torch.zeros(need, dtype=torch.uint8, device=self.device)
+        i64 = [buf[o:o + n].view(torch.int64) for o, n in zip(offs[:3], sizes[:3], strict=True)]
+        tables = buf[offs[3]:offs[3] + sizes[3]].view(torch.int32).view(bs, width)
+        views = (*i64, tables, buf[offs[4]:offs[4] + sizes[4]].view(torch.int32))
+        views[2].fill_(-1)  # slots and seq_lens: the values a padded row has (a capture's dummy step)
+        views[4].fill_(1)
+        free = torch.cuda.Event() if self.h2d is not None else None
+        self._targets[bs, lane] = PackTarget(bs, width, buf, self.rows, views, lane, None, self.h2d, free)
+        return buf
 
-    def _batch(self, bs: int, cascade: bool = False) -> ForwardBatch:
+    def _packed_views(self, bs: int, lane: int = 0) -> tuple[torch.Tensor, ...]:
+        """(ids, positions, slot mapping, block tables, seq_lens) of bucket ``bs``'s packed buffer of ``lane``."""
+        return self._targets[bs, lane].views
+
+    def _batch(self, bs: int, cascade: bool = False, lane: int = 0) -> ForwardBatch:
         if bs in self.packs and not cascade:
-            ids, pos, slots, tables, lens = self._packed_views(bs)
+            ids, pos, slots, tables, lens = self._packed_views(bs, lane)
             return ForwardBatch(ids, pos, slots, tables, lens, None, self.rows[:bs], bs, None, graphed=True,
                                 logits_all=True)
         return ForwardBatch(self.input_ids[:bs], self.positions[:bs], self.slot_mapping[:bs], self.block_tables[:bs],
                             self.seq_lens[:bs], None, self.rows[:bs], bs,
                             self.cascade.batch(bs) if cascade else None, graphed=True, logits_all=True)
 
-    def run_greedy(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Replay the greedy graph of a packed ``batch``'s bucket: (logits ``[B, V]``, the rows' argmax ids ``[B]``
-        int64, ``lz.sample_greedy``'s), the ids also written into the bucket's input-id slots. None (nothing run)
-        for a batch that is not packed or a bucket without a greedy graph."""
+    def run_greedy(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
+        """Replay the greedy graph of a packed ``batch``'s bucket and lane: (logits ``[B, V]``, the rows' argmax ids
+        ``[B]`` int64 on the device (``lz.sample_greedy``'s; also written into the other lane's id slots), their
+        host copy in transfer on the ``d2h`` side stream, the event after it, None on CPU). None (nothing run) for
+        a batch that is not packed or a bucket without greedy graphs."""
         if not batch.packed:
             return None
         n = batch.num_seqs
-        bs = next(s for s in self.sizes if s >= n)
-        graph = self.greedy_graphs.get(bs)
+        key = (next(s for s in self.sizes if s >= n), batch.lane)
+        graph = self.greedy_graphs.get(key)
         if graph is None:
             return None
-        graph.replay()
-        return self.greedy_outputs[bs][:n], self._targets[bs].tokens[:n]
+        done = self._d2h_done.get(key)
+        if done is not None:  # the ids buffer this replay overwrites: its last transfer (two steps ago) has read it
+            torch.cuda.current_stream(self.device).wait_event(done)
+        self._replay(graph, *key)
+        logits, tokens = self.greedy_outputs[key]
+        tokens = tokens[:n]
+        if self.d2h is None:
+            return logits[:n], tokens, tokens.clone(), None
+        self.d2h.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.d2h):
+            host = tokens.to("cpu", non_blocking=True)
+            event = self._d2h_done[key] = torch.cuda.Event()
+            event.record()
+        return logits[:n], tokens, host, event
 
-    def pack_for(self, num_seqs: int, width: int) -> PackTarget | None:
-        """The packed bucket a decode step of ``num_seqs`` sequences (every one sampled) whose block tables are
-        ``width`` wide would replay, or None (no such bucket: the step's rows are copied in by :meth:`run`)."""
+    def _replay(self, graph: Any, bs: int, lane: int) -> None:
+        """Replay ``graph``, which reads lane ``lane`` of bucket ``bs``, and record that lane's ``free`` event."""
+        graph.replay()
+        free = self._targets[bs, lane].free
+        if free is not None:
+            free.record()
+
+    def pack_for(self, num_seqs: int, width: int, lane: int = 0) -> PackTarget | None:
+        """Lane ``lane`` of the packed bucket a decode step of ``num_seqs`` sequences (every one sampled) whose block
+        tables are ``width`` wide would replay, or None (no such bucket: the step's rows are copied in by
+        :meth:`run`)."""
         if not self.graphs or num_seqs > self.sizes[-1] or width > self.block_tables.shape[1]:
             return None
-        return self._targets.get(next(s for s in self.sizes if s >= num_seqs))
+        return self._targets.get((next(s for s in self.sizes if s >= num_seqs), lane))
 
     @torch.no_grad()
     def capture(self) -> None:
@@ -176,12 +221,9 @@ class CUDAGraphRunner:
         # MiB on Hopper, until torch._C._cuda_clearCublasWorkspaces()), so a stream per bucket could pin one each
         side = torch.cuda.Stream(self.device)
         for bs in reversed(self.sizes):
-            kinds = ["plain", "cascade"] if self.cascade is not None else ["plain"]
-            if GREEDY_IN_GRAPH and bs in self.packs:
-                kinds.append("greedy")
-            for kind in kinds:
-                batch = self._batch(bs, kind == "cascade")
-                step = self._greedy_step if kind == "greedy" else self.model
+            for kind, lane in self._kinds(bs):
+                batch = self._batch(bs, kind == "cascade", lane)
+                step = partial(self._greedy_step, lane) if kind == "greedy" else self.model
                 side.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(side):
                     for _ in range(2):
@@ -191,19 +233,39 @@ class CUDAGraphRunner:
                 with torch.cuda.graph(graph, pool=pool):
                     out = step(batch, self.kv_caches)
                 pool = graph.pool()
-                if kind == "greedy":
-                    self.greedy_graphs[bs], (self.greedy_outputs[bs], tokens) = graph, out
-                    self._targets[bs] = self._targets[bs]._replace(tokens=tokens)
-                else:
-                    (self.cascade_graphs if kind == "cascade" else self.graphs)[bs] = graph
-                    (self.cascade_outputs if kind == "cascade" else self.outputs)[bs] = out
+                self._keep(bs, kind, lane, graph, out)
 
-    def _greedy_step(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A greedy graph's work: the forward, ``lz.sample_greedy`` of every row, the ids copied into the bucket's
-        input-id slots (what a chained next step reads). Returns (logits ``[bs, V]``, ids ``[bs]`` int64)."""
+    def _kinds(self, bs: int) -> list[tuple[str, int]]:
+        """The (kind, lane) graphs bucket ``bs`` captures: a plain graph (one per lane of a packed bucket), a greedy
+        graph per lane of a packed bucket (:data:`GREEDY_IN_GRAPH`), a cascade graph (with cascade buffers)."""
+        lanes = range(LANES) if bs in self.packs else range(1)
+        kinds = [("plain", lane) for lane in lanes]
+        if GREEDY_IN_GRAPH and bs in self.packs:
+            kinds += [("greedy", lane) for lane in lanes]
+        return kinds + ([("cascade", 0)] if self.cascade is not None else [])
+
+    def _keep(self, bs: int, kind: str, lane: int, graph: torch.cuda.CUDAGraph, out: Any) -> None:
+        """File a captured graph and its output(s) under (``bs``, ``lane``) by ``kind``."""
+        if kind == "greedy":
+            self.greedy_graphs[bs, lane], self.greedy_outputs[bs, lane] = graph, out
+            other = (bs, (lane + 1) % LANES)  # whose id slots this graph fills: a chained step there reads them
+            self._targets[other] = self._targets[other]._replace(chain=out[1])
+        elif kind == "cascade":
+            self.cascade_graphs[bs], self.cascade_outputs[bs] = graph, out
+        else:
+            if bs in self.packs:
+                self.lane_graphs[bs, lane], self.lane_outputs[bs, lane] = graph, out
+            if lane == 0:
+                self.graphs[bs], self.outputs[bs] = graph, out
+
+    def _greedy_step(self, lane: int, batch: ForwardBatch,
+                     kv_caches: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A greedy graph's work on ``lane``'s inputs: the forward, ``lz.sample_greedy`` of every row, the ids copied
+        into the other lane's id slots (what a chained next step reads). Returns (logits ``[bs, V]``, ids ``[bs]``
+        int64)."""
         logits = self.model(batch, kv_caches)
         tokens = lz.sample_greedy(logits)
-        self._targets[batch.num_seqs].views[0].copy_(tokens)
+        self._targets[batch.num_seqs, (lane + 1) % LANES].views[0].copy_(tokens)
         return logits, tokens
 
     def can_run(self, batch: ForwardBatch) -> bool:
@@ -220,11 +282,11 @@ class CUDAGraphRunner:
         ``[B, V]`` (every decode row is sampled)."""
         n = batch.num_seqs
         bs = next(s for s in self.sizes if s >= n)
-        if batch.packed:  # its tensors are views of the bucket's packed buffer: written by the step's one copy
-            self.graphs[bs].replay()
-            return self.outputs[bs][:n]
+        if batch.packed:  # its tensors are views of a lane's packed buffer: written by the step's one copy
+            self._replay(self.lane_graphs[bs, batch.lane], bs, batch.lane)
+            return self.lane_outputs[bs, batch.lane][:n]
         w = batch.block_tables.shape[1]
-        if batch.cascade is None and bs in self.packs:  # a packed bucket's graph reads its own buffer
+        if batch.cascade is None and bs in self.packs:  # a packed bucket's graph reads its own buffer (lane 0's)
             ids, pos, slots, tables, lens = self._packed_views(bs)
         else:
             ids, pos, slots, tables, lens = (self.input_ids, self.positions, self.slot_mapping, self.block_tables,
@@ -241,7 +303,10 @@ class CUDAGraphRunner:
             self.cascade.load(batch.cascade, n, bs, w, self.rows)
             self.cascade_graphs[bs].replay()
             return self.cascade_outputs[bs][:n]
-        self.graphs[bs].replay()
+        if bs in self.packs:  # lane 0's plain graph, which reads the buffer just written
+            self._replay(self.graphs[bs], bs, 0)
+        else:
+            self.graphs[bs].replay()
         return self.outputs[bs][:n]
 
 

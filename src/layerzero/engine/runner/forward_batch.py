@@ -51,8 +51,8 @@ class ForwardBatch:
     - ``graphed``: built by the CUDA-graph runner (:mod:`.cuda_graph`): this forward is a capture or its warm-up, so
       its host work is paid once and replays run only its kernels; a model may then take calls that cost more host
       time for fewer kernels (``lz.rope_paged_attention``).
-    - ``packed``: the tensors are the first ``num_seqs`` rows of a decode graph bucket's packed input buffer
-      (:func:`build_packed_decode_batch`): the graph reads them where they are, nothing is copied in.
+    - ``packed``: the tensors are the first ``num_seqs`` rows of a decode graph bucket's packed input buffer of lane
+      ``lane`` (:func:`build_packed_decode_batch`): that lane's graphs read them where they are, nothing is copied in.
     - ``logits_all``: every row of the hidden states is sampled, in order (``logits_indices`` is ``arange(T)``: a
       decode step whose sequences all sample, a graph bucket): the model skips the gather.
 
@@ -71,6 +71,7 @@ class ForwardBatch:
     graphed: bool = False
     packed: bool = False
     logits_all: bool = False
+    lane: int = 0
 
     @property
     def is_decode(self) -> bool:
@@ -142,8 +143,9 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
     one host-to-device copy (``staging.stage``'s layout), read through the bucket's own views: the step's rows, then
     the padding rows a graph replay expects (slot -1, seq_len 1, block table 0), the tables' unused columns 0; pending ids
     gathered from ``prev_tokens`` into it on the device, except in a chained step (every row pending from the same row
-    of the previous step, which was this bucket's greedy graph: ``prev_tokens`` is ``target.tokens``), whose ids that
-    graph already wrote into the buffer: the copy then starts after them and nothing is gathered. A step
+    of the previous step, which was the bucket's greedy graph of the other lane: ``prev_tokens`` is ``target.chain``),
+    whose ids that graph already wrote into this lane: nothing is gathered, and the copy starts after them, on the
+    side stream ``target.h2d`` (CUDA), overlapping the step before. A step
     that ``cascade`` plans as cascade attention is built as :func:`build_forward_batch` builds it, from the same
     arrays and plan (its graphs have their own buffers, which a replay copies into): planned once.
 
@@ -174,8 +176,10 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
     if rows and not chained:
         packed.append(np.asarray(rows, dtype=np.int64).T.copy())  # [2, P]: (row of input_ids, row of prev_tokens)
     host, offs = stage(packed, target.buffer.device)
-    start = offs[1] if chained else 0  # chained: the ids are in place, written by the greedy graph's last replay
-    target.buffer[start:host.numel()].copy_(host[start:], non_blocking=target.buffer.is_cuda)
+    if chained:  # the ids are in place (the other lane's greedy graph wrote them): copy the rest, on the side stream
+        _copy_aside(target, host, offs[1])
+    else:
+        target.buffer[:host.numel()].copy_(host, non_blocking=target.buffer.is_cuda)
     ids_t, pos_t, slots_t, table_t, lens_t = target.views  # the bucket's views: made once, what its graph reads
     if rows and not chained:
         pend = target.buffer[offs[5]:offs[5] + packed[5].nbytes].view(torch.int64).view(packed[5].shape)
@@ -184,17 +188,32 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
         else:
             ids_t.index_copy_(0, pend[0], prev_tokens.index_select(0, pend[1]))
     return ForwardBatch(ids_t[:n], pos_t[:n], slots_t[:n], table_t[:n], lens_t[:n], None, target.rows[:n], n,
-                        packed=True, logits_all=True)
+                        packed=True, logits_all=True, lane=getattr(target, "lane", 0))
 
 
 def _chained(rows: list[tuple[int, int]], n: int, prev_tokens: torch.Tensor | None, target: Any) -> bool:
-    """Whether a packed step's input ids are already in its bucket's slots: every row's id pending from the same row
-    of the previous step (steady decode), and that step was this bucket's greedy graph (its sampled ids are
-    ``target.tokens``, which the graph also copied into the id slots)."""
-    tokens = getattr(target, "tokens", None)
-    if tokens is None or prev_tokens is None or len(rows) != n or prev_tokens.data_ptr() != tokens.data_ptr():
+    """Whether a packed step's input ids are already in its lane's slots: every row's id pending from the same row of
+    the previous step (steady decode), and that step was the bucket's greedy graph of the other lane (its sampled
+    ids are ``target.chain``, which it also copied into this lane's id slots)."""
+    chain = getattr(target, "chain", None)
+    if chain is None or prev_tokens is None or len(rows) != n or prev_tokens.data_ptr() != chain.data_ptr():
         return False
     return all(r == i and src == i for i, (r, src) in enumerate(rows))
+
+
+def _copy_aside(target: Any, host: torch.Tensor, start: int) -> None:
+    """Copy ``host[start:]`` into ``target.buffer`` at ``start``: on CUDA on the side stream ``target.h2d`` once the
+    last replay that read this lane is done (``target.free``), so it overlaps the step before (which reads the other
+    lane), the current stream waiting for it; elsewhere in place."""
+    dst, src = target.buffer[start:host.numel()], host[start:]
+    h2d = getattr(target, "h2d", None)
+    if h2d is None:
+        dst.copy_(src)
+        return
+    h2d.wait_event(target.free)
+    with torch.cuda.stream(h2d):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.current_stream(dst.device).wait_stream(h2d)
 
 
 def _table_matrix(chunks: Sequence[ScheduledChunk]) -> np.ndarray:

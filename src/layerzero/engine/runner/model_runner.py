@@ -16,9 +16,10 @@ from ..layers.attention import KVScales
 from ..layers.quantized_linear import quantize_model
 from ..loader import load_model_weights
 from ..models.registry import build_model
+from ..sampler import PendingSample
 from ..sequence import Sequence
 from .cascade import CascadePolicy
-from .cuda_graph import CUDAGraphRunner
+from .cuda_graph import LANES, CUDAGraphRunner
 from .forward_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
 
 __all__ = ["ModelRunner", "StepLogits", "kv_bytes_per_block"]
@@ -31,10 +32,11 @@ model sizes; the pool is ``free memory x kv_cache_memory_fraction`` minus this r
 
 class StepLogits(NamedTuple):
     """A step's forward result: ``logits`` ``[S, V]`` (model dtype) of its sampled rows and, when a greedy decode
-    graph also sampled them, ``tokens`` ``[S]`` int64 (``lz.sample_greedy`` of those logits), else None."""
+    graph also sampled them, ``pending``: their ids (``lz.sample_greedy`` of those logits) on their way to the host,
+    as :meth:`~layerzero.engine.sampler.Sampler.launch` would return them; else None (the sampler draws)."""
 
     logits: torch.Tensor
-    tokens: torch.Tensor | None
+    pending: PendingSample | None
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -72,6 +74,8 @@ class ModelRunner:
         self.cascade_saved_tokens = 0
         """Cascade steps run (decode and mixed) and the KV tokens (per layer) their shared level did not read again."""
         self.graphs: CUDAGraphRunner | None = None
+        self._lane = 0
+        """The packed-input lane the next packed decode step takes (:data:`~.cuda_graph.LANES`)."""
         self.decode_as_captured = False
         """Eager decode steps select under ``lz.capture_selection()`` (the kernels the decode graphs run), so graphs
         and eager (``enforce_eager``, batches beyond the largest graph) give the same tokens; off when no graph-safe
@@ -138,9 +142,9 @@ class ModelRunner:
     def execute(self, chunks: list[tuple[Sequence, int]], block_tables: np.ndarray,
                 prev_tokens: torch.Tensor | None = None, greedy: bool = False) -> StepLogits:
         """Forward the step's ``chunks`` (sequence, new tokens); returns logits ``[S, V]`` (model dtype) of the sequences
-        whose chunk reaches their last token (in chunk order), with their greedy ids ``[S]`` int64 when ``greedy`` (the
-        step is plain greedy: ``sampler.plain_greedy``) and a greedy decode graph ran it (else ``tokens`` is None and
-        the sampler draws). ``block_tables``: the chunks' ``[B, W]`` int32 table matrix
+        whose chunk reaches their last token (in chunk order), with their greedy ids in transfer to the host
+        (``pending``) when ``greedy`` (the step is plain greedy: ``sampler.plain_greedy``) and a greedy decode graph
+        ran it (else ``pending`` is None and the sampler draws). ``block_tables``: the chunks' ``[B, W]`` int32 table matrix
         (:meth:`~layerzero.engine.kv.KVCacheManager.block_tables`). ``prev_tokens`` ``[S_prev]`` int64 on the
         device: the previous step's sampled tokens, for sequences whose last token is pending (async scheduling)."""
         batch = self.prepare(chunks, block_tables, prev_tokens)
@@ -149,7 +153,10 @@ class ModelRunner:
             self.cascade_saved_tokens += batch.cascade.saved_tokens
         if self.graphs is not None and self.graphs.can_run(batch):
             done = self.graphs.run_greedy(batch) if greedy else None
-            return StepLogits(*done) if done is not None else StepLogits(self.graphs.run(batch), None)
+            if done is not None:
+                logits, tokens, host, event = done
+                return StepLogits(logits, PendingSample(tokens, [host], event, [], []))
+            return StepLogits(self.graphs.run(batch), None)
         return StepLogits(self._eager(batch), None)
 
     def _eager(self, batch: ForwardBatch) -> torch.Tensor:
@@ -171,8 +178,9 @@ class ModelRunner:
             sched.append(ScheduledChunk(s.token_ids, s.num_computed_tokens, n, (), last,
                                         s.pending_index if last else -1))
         if self.graphs is not None and self.graphs.packs and all(c.length == 1 and c.sample for c in sched):
-            target = self.graphs.pack_for(len(sched), block_tables.shape[1])
-            if target is not None:  # a packed decode bucket: the inputs go straight into the graph's buffer
+            target = self.graphs.pack_for(len(sched), block_tables.shape[1], self._lane)
+            if target is not None:  # a packed decode bucket: the inputs go straight into a lane of the graphs' buffers
+                self._lane = (self._lane + 1) % LANES  # alternate steps take alternate lanes
                 return build_packed_decode_batch(sched, self.block_size, block_tables, prev_tokens, target,
                                                  self.cascade)
         return build_forward_batch(sched, self.block_size, self.device, prev_tokens, self.cascade, block_tables)
