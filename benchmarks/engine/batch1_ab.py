@@ -22,7 +22,8 @@ KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off
 ``rope-paged-fused`` (``lz.rope_paged_attention`` locked to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV
 write in the split kernel), ``tile-32-s8`` / ``tile-64-s16`` / ... (``triton.paged_decode`` tiles of 32 / 64
 positions at head dim 128 in bf16, at most 8 / 16 splits), ``argmax-old`` (every greedy step through the float32
-cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off`` (``cuda_graph.GREEDY_IN_GRAPH`` off: greedy steps sampled after a plain graph),
+cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off`` (``cuda_graph.GREEDY_IN_GRAPH`` off: greedy steps sampled after a plain graph), ``h2d-inline`` /
+``d2h-inline`` / ``copies-inline`` (a chained step's input copy / greedy ids' transfer / both on the current stream),
 ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
 ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
@@ -146,6 +147,8 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
             "packed": [(cuda_graph, "PACKED_INPUTS", True)], "unpacked": [(cuda_graph, "PACKED_INPUTS", False)],
             "greedy-graph-off": [(cuda_graph, "GREEDY_IN_GRAPH", False)],
+            "h2d-inline": [(cuda_graph, "H2D_ASIDE", False)], "d2h-inline": [(cuda_graph, "D2H_ASIDE", False)],
+            "copies-inline": [(cuda_graph, "H2D_ASIDE", False), (cuda_graph, "D2H_ASIDE", False)],
             "rope-paged-fused": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode")],
             **{f"tile-{bn}-s{sp}": [(paged, "TILE_BYTES", bn * 256), (paged, "MAX_SPLITS", sp)]
                for bn in (32, 64) for sp in (8, 16)},

@@ -42,6 +42,11 @@ that transfer), and the next step of the same rows in the same order (steady dec
 place: no device gather of pending ids, and the rest of its inputs copied on a side stream while the step before
 still runs (:func:`~.forward_batch.build_packed_decode_batch`'s ``chained``). ``False``: plain graphs only, sampled
 after them."""
+H2D_ASIDE = True
+"""A chained step's input copy runs on a side stream (``CUDAGraphRunner.h2d``), overlapping the step before; False: on
+the current stream, after it."""
+D2H_ASIDE = True
+"""A greedy graph's ids go to the host on a side stream (``CUDAGraphRunner.d2h``); False: on the current stream."""
 LANES = 2
 """Input buffers (lanes) per packed bucket, taken by alternate packed steps, each with its own graphs: a step's
 inputs can be copied into one lane while the step before still reads the other."""
@@ -58,7 +63,7 @@ class PackTarget(NamedTuple):
     positions, slot mapping, block tables, seq_lens) views of ``buffer``, what its graphs read (made once), its
     ``lane`` (:data:`LANES`), ``chain``: the ids ``[bs]`` int64 that the other lane's greedy graph samples and copies
     into this lane's id slots (None: no greedy graphs), ``h2d``: the side stream a chained step's inputs are copied
-    on (None on CPU), and ``free``: an event recorded after every replay that reads this lane."""
+    on (None on CPU or with :data:`H2D_ASIDE` off), and ``free``: an event recorded after every replay that reads this lane."""
 
     bs: int
     width: int
@@ -112,9 +117,9 @@ class CUDAGraphRunner:
         """(packed bucket, lane) -> its greedy graph (:data:`GREEDY_IN_GRAPH`); (logits, ids) in ``greedy_outputs``."""
         self.greedy_outputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         cuda = device.type == "cuda"
-        self.h2d = torch.cuda.Stream(device) if cuda else None
+        self.h2d = torch.cuda.Stream(device) if cuda and H2D_ASIDE else None
         """Side stream of chained steps' input copies (CUDA)."""
-        self.d2h = torch.cuda.Stream(device) if cuda else None
+        self.d2h = torch.cuda.Stream(device) if cuda and D2H_ASIDE else None
         """Side stream of greedy graphs' ids on their way to the host (CUDA)."""
         self._d2h_done: dict[tuple[int, int], torch.cuda.Event] = {}
         self.packs: dict[int, list[torch.Tensor]] = {}
@@ -136,7 +141,7 @@ class CUDAGraphRunner:
         views = (*i64, tables, buf[offs[4]:offs[4] + sizes[4]].view(torch.int32))
         views[2].fill_(-1)  # slots and seq_lens: the values a padded row has (a capture's dummy step)
         views[4].fill_(1)
-        free = torch.cuda.Event() if self.h2d is not None else None
+        free = torch.cuda.Event() if self.device.type == "cuda" else None
         self._targets[bs, lane] = PackTarget(bs, width, buf, self.rows, views, lane, None, self.h2d, free)
         return buf
 
@@ -171,8 +176,13 @@ class CUDAGraphRunner:
         self._replay(graph, *key)
         logits, tokens = self.greedy_outputs[key]
         tokens = tokens[:n]
-        if self.d2h is None:
-            return logits[:n], tokens, tokens.clone(), None
+        if self.d2h is None:  # CPU, or transfers on the current stream (D2H_ASIDE off)
+            if self.device.type != "cuda":
+                return logits[:n], tokens, tokens.clone(), None
+            host = tokens.to("cpu", non_blocking=True)
+            event = self._d2h_done[key] = torch.cuda.Event()
+            event.record()
+            return logits[:n], tokens, host, event
         self.d2h.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.d2h):
             host = tokens.to("cpu", non_blocking=True)

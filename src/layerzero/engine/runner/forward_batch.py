@@ -208,7 +208,7 @@ def _copy_aside(target: Any, host: torch.Tensor, start: int) -> None:
     dst, src = target.buffer[start:host.numel()], host[start:]
     h2d = getattr(target, "h2d", None)
     if h2d is None:
-        dst.copy_(src)
+        dst.copy_(src, non_blocking=dst.is_cuda)
         return
     h2d.wait_event(target.free)
     with torch.cuda.stream(h2d):
