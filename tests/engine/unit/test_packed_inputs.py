@@ -147,14 +147,15 @@ def test_on_by_default_and_off_packs_nothing(monkeypatch):
 
 
 def _greedy(runner, bs: int, lane: int, tokens: list[int]) -> torch.Tensor:
-    """Give (bucket ``bs``, ``lane``) a stub greedy graph whose last replay sampled ``tokens`` (its ids buffer, which
-    the other lane's target chains from)."""
-    tok = torch.tensor(tokens, dtype=torch.int64)
+    """Give (bucket ``bs``, ``lane``) a stub greedy graph whose last replay sampled ``tokens``: written into the other
+    lane's id slots, as the real graph does. Returns those slots (what the sampler's caller got)."""
     runner.greedy_graphs[bs, lane] = _Graph()
-    runner.greedy_outputs[bs, lane] = (torch.full((bs, 3), 7.0), tok)
+    runner.greedy_outputs[bs, lane] = torch.full((bs, 3), 7.0)
     other = (bs, (lane + 1) % LANES)
-    runner._targets[other] = runner._targets[other]._replace(chain=tok)
-    return tok
+    ids = runner._targets[other].views[0]
+    runner._targets[other] = runner._targets[other]._replace(chain=ids)
+    ids.copy_(torch.tensor(tokens))
+    return ids
 
 
 def _steady(n: int) -> list[ScheduledChunk]:
@@ -175,36 +176,38 @@ def test_lanes_have_their_own_buffers_and_views(runner):
 
 def test_a_chained_step_keeps_the_ids_the_greedy_graph_wrote(runner):
     """Every row pending from the same row of the previous step, which was the other lane's greedy graph: the ids in
-    this lane's buffer (what that graph copied there) are used as they are, no gather and no copy over them; the rest
+    this lane's slots (where that graph wrote them) are used as they are, no gather and no copy over them; the rest
     of the step is copied as always."""
     tok = _greedy(runner, 4, 0, [50, 51, 52, 53])
-    ids = runner._packed_views(4, 1)[0]
-    ids.copy_(torch.tensor([60, 61, 62, 63]))  # not the token buffer's values: shows that nothing wrote the ids
     tables = np.array([[3, 2], [4, 1], [5, 6]], dtype=np.int32)
+    buf = runner.pack_for(3, 2, 1).buffer
+    before = buf.clone()
     batch = build_packed_decode_batch(_steady(3), 4, tables, tok[:3], runner.pack_for(3, 2, 1))
-    assert batch.input_ids.tolist() == [60, 61, 62]
+    assert batch.input_ids.tolist() == [50, 51, 52] and batch.input_ids.data_ptr() == tok.data_ptr()
+    assert torch.equal(buf[:32], before[:32])  # the id slots' bytes untouched (4 x int64)
     assert batch.positions.tolist() == [4, 5, 6] and batch.seq_lens.tolist() == [5, 6, 7]
     assert batch.slot_mapping.tolist() == [2 * 4 + 0, 1 * 4 + 1, 6 * 4 + 2]
-    # the same step with the same ids from another tensor, or into the lane the greedy graph read, is gathered
-    other = tok.clone()
-    batch = build_packed_decode_batch(_steady(3), 4, tables, other[:3], runner.pack_for(3, 2, 1))
-    assert batch.input_ids.tolist() == [50, 51, 52]
-    runner._packed_views(4, 0)[0].fill_(0)
-    batch = build_packed_decode_batch(_steady(3), 4, tables, tok[:3], runner.pack_for(3, 2, 0))
-    assert batch.input_ids.tolist() == [50, 51, 52]
+    # the same step with the same ids from another tensor is gathered, in this lane or the other
+    for lane in (1, 0):
+        runner._packed_views(4, lane)[0].fill_(0)
+        batch = build_packed_decode_batch(_steady(3), 4, tables, torch.tensor([50, 51, 52]),
+                                          runner.pack_for(3, 2, lane))
+        assert batch.input_ids.tolist() == [50, 51, 52]
 
 
-def test_rows_out_of_place_or_a_new_row_are_gathered(runner):
-    tok = _greedy(runner, 4, 0, [50, 51, 52, 53])
-    runner._packed_views(4, 1)[0].fill_(0)
+def test_an_unchained_step_reads_the_ids_before_overwriting_them(runner):
+    """The previous step's ids are this lane's id slots (the other lane's greedy graph wrote them there), but the rows
+    moved (or one is new): the step's copy rewrites those slots, so the gather must read them first."""
     tables = np.array([[3, 2], [4, 1], [5, 6]], dtype=np.int32)
     swapped = _steady(3)
     swapped[0], swapped[1] = (ScheduledChunk(c.token_ids, c.start, 1, (), True, pending_src=s)
                               for c, s in ((swapped[0], 1), (swapped[1], 0)))
+    tok = _greedy(runner, 4, 0, [50, 51, 52, 53])
     target = runner.pack_for(3, 2, 1)
-    assert build_packed_decode_batch(swapped, 4, tables, tok, target).input_ids.tolist() == [51, 50, 52]
+    assert build_packed_decode_batch(swapped, 4, tables, tok[:3], target).input_ids.tolist() == [51, 50, 52]
+    tok = _greedy(runner, 4, 0, [50, 51, 52, 53])
     fresh = _steady(2) + [ScheduledChunk([9, 8, 7], 2, 1, (), True)]  # a row whose id the host knows
-    assert build_packed_decode_batch(fresh, 4, tables, tok, target).input_ids.tolist() == [50, 51, 7]
+    assert build_packed_decode_batch(fresh, 4, tables, tok[:3], target).input_ids.tolist() == [50, 51, 7]
 
 
 def test_run_greedy_replays_the_greedy_graph_of_a_packed_batch(runner):
@@ -213,7 +216,7 @@ def test_run_greedy_replays_the_greedy_graph_of_a_packed_batch(runner):
     logits, ids, host, event = runner.run_greedy(packed)
     assert runner.greedy_graphs[4, 0].replays == 1 and runner.lane_graphs[4, 0].replays == 0
     assert logits.shape == (3, 3) and ids.tolist() == [50, 51, 52] and ids.data_ptr() == tok.data_ptr()
-    assert host.tolist() == [50, 51, 52] and event is None  # on CPU: a copy, no transfer to wait for
+    assert host.tolist() == [50, 51, 52] and host.data_ptr() != tok.data_ptr() and event is None  # CPU: a copy
     assert runner.run_greedy(build_forward_batch(_decode(), 4, CPU, tables=TABLES)) is None  # not packed
     lane1 = build_packed_decode_batch(_decode(), 4, TABLES, None, runner.pack_for(3, 3, 1))
     assert runner.run_greedy(lane1) is None  # no greedy graph on lane 1 here

@@ -61,9 +61,12 @@ class PackTarget(NamedTuple):
     uint8 ``buffer`` (layout: :func:`pack_nbytes`, the :func:`~layerzero.engine.staging.offsets` of its arrays),
     ``rows`` (a device arange of at least ``bs``: the batch's ``logits_indices``), ``views``: the lane's (ids,
     positions, slot mapping, block tables, seq_lens) views of ``buffer``, what its graphs read (made once), its
-    ``lane`` (:data:`LANES`), ``chain``: the ids ``[bs]`` int64 that the other lane's greedy graph samples and copies
-    into this lane's id slots (None: no greedy graphs), ``h2d``: the side stream a chained step's inputs are copied
-    on (None on CPU or with :data:`H2D_ASIDE` off), and ``free``: an event recorded after every replay that reads this lane."""
+    ``lane`` (:data:`LANES`), ``chain``: this lane's id slots ``[bs]`` int64 when the other lane has a greedy graph,
+    which writes its sampled ids there (they are also the ids handed to the sampler's caller: a step whose
+    ``prev_tokens`` are these is chained); None without greedy graphs. CUDA only (None on CPU): ``h2d``, the side
+    stream a chained step's inputs are copied on (None with :data:`H2D_ASIDE` off), ``free``, an event recorded after
+    every replay that reads this lane, and ``sent``, one recorded after every transfer of its id slots to the host
+    (whatever overwrites them waits for it)."""
 
     bs: int
     width: int
@@ -74,6 +77,7 @@ class PackTarget(NamedTuple):
     chain: torch.Tensor | None = None
     h2d: Any = None
     free: Any = None
+    sent: Any = None
 
 
 def pack_nbytes(bs: int, width: int) -> list[int]:
@@ -114,14 +118,14 @@ class CUDAGraphRunner:
         """(packed bucket, lane) -> its plain graph (lane 0's is also ``graphs[bucket]``); logits in ``lane_outputs``."""
         self.lane_outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.greedy_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        """(packed bucket, lane) -> its greedy graph (:data:`GREEDY_IN_GRAPH`); (logits, ids) in ``greedy_outputs``."""
-        self.greedy_outputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        """(packed bucket, lane) -> its greedy graph (:data:`GREEDY_IN_GRAPH`); logits in ``greedy_outputs``, the ids in
+        the other lane's id slots (its :attr:`PackTarget.chain`)."""
+        self.greedy_outputs: dict[tuple[int, int], torch.Tensor] = {}
         cuda = device.type == "cuda"
         self.h2d = torch.cuda.Stream(device) if cuda and H2D_ASIDE else None
         """Side stream of chained steps' input copies (CUDA)."""
         self.d2h = torch.cuda.Stream(device) if cuda and D2H_ASIDE else None
         """Side stream of greedy graphs' ids on their way to the host (CUDA)."""
-        self._d2h_done: dict[tuple[int, int], torch.cuda.Event] = {}
         self.packs: dict[int, list[torch.Tensor]] = {}
         """Bucket -> its lanes' packed input buffers (:data:`PACKED_INPUTS`; small buckets only)."""
         self._targets: dict[tuple[int, int], PackTarget] = {}
@@ -141,8 +145,8 @@ class CUDAGraphRunner:
         views = (*i64, tables, buf[offs[4]:offs[4] + sizes[4]].view(torch.int32))
         views[2].fill_(-1)  # slots and seq_lens: the values a padded row has (a capture's dummy step)
         views[4].fill_(1)
-        free = torch.cuda.Event() if self.device.type == "cuda" else None
-        self._targets[bs, lane] = PackTarget(bs, width, buf, self.rows, views, lane, None, self.h2d, free)
+        free, sent = (torch.cuda.Event(), torch.cuda.Event()) if self.device.type == "cuda" else (None, None)
+        self._targets[bs, lane] = PackTarget(bs, width, buf, self.rows, views, lane, None, self.h2d, free, sent)
         return buf
 
     def _packed_views(self, bs: int, lane: int = 0) -> tuple[torch.Tensor, ...]:
@@ -160,35 +164,37 @@ class CUDAGraphRunner:
 
     def run_greedy(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
         """Replay the greedy graph of a packed ``batch``'s bucket and lane: (logits ``[B, V]``, the rows' argmax ids
-        ``[B]`` int64 on the device (``lz.sample_greedy``'s; also written into the other lane's id slots), their
-        host copy in transfer on the ``d2h`` side stream, the event after it, None on CPU). None (nothing run) for
-        a batch that is not packed or a bucket without greedy graphs."""
+        ``[B]`` int64 (``lz.sample_greedy``'s) in the other lane's id slots, their host copy in transfer (on the
+        ``d2h`` side stream with :data:`D2H_ASIDE`), the event after it, None on CPU). None (nothing run) for a batch
+        that is not packed or a bucket without greedy graphs.
+
+        The ids are handed out where the graph wrote them, a static buffer, not in the graphs' memory pool: a pool
+        tensor of one graph may be another graph's scratch, and the transfer may run while the next step's graph
+        (the other lane's) does."""
         if not batch.packed:
             return None
         n = batch.num_seqs
-        key = (next(s for s in self.sizes if s >= n), batch.lane)
-        graph = self.greedy_graphs.get(key)
+        bs = next(s for s in self.sizes if s >= n)
+        graph = self.greedy_graphs.get((bs, batch.lane))
         if graph is None:
             return None
-        done = self._d2h_done.get(key)
-        if done is not None:  # the ids buffer this replay overwrites: its last transfer (two steps ago) has read it
-            torch.cuda.current_stream(self.device).wait_event(done)
-        self._replay(graph, *key)
-        logits, tokens = self.greedy_outputs[key]
-        tokens = tokens[:n]
-        if self.d2h is None:  # CPU, or transfers on the current stream (D2H_ASIDE off)
-            if self.device.type != "cuda":
-                return logits[:n], tokens, tokens.clone(), None
+        other = self._targets[bs, (batch.lane + 1) % LANES]
+        stream = torch.cuda.current_stream(self.device) if other.sent is not None else None
+        if stream is not None:  # the id slots this replay overwrites: their last transfer (two steps ago) read them
+            stream.wait_event(other.sent)
+        self._replay(graph, bs, batch.lane)
+        tokens = other.views[0][:n]
+        if stream is None:  # CPU
+            return self.greedy_outputs[bs, batch.lane][:n], tokens, tokens.clone(), None
+        if self.d2h is not None:
+            self.d2h.wait_stream(stream)
+            stream = self.d2h
+        with torch.cuda.stream(stream):
             host = tokens.to("cpu", non_blocking=True)
-            event = self._d2h_done[key] = torch.cuda.Event()
+            other.sent.record()
+            event = torch.cuda.Event()
             event.record()
-            return logits[:n], tokens, host, event
-        self.d2h.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.d2h):
-            host = tokens.to("cpu", non_blocking=True)
-            event = self._d2h_done[key] = torch.cuda.Event()
-            event.record()
-        return logits[:n], tokens, host, event
+        return self.greedy_outputs[bs, batch.lane][:n], tokens, host, event
 
     def _replay(self, graph: Any, bs: int, lane: int) -> None:
         """Replay ``graph``, which reads lane ``lane`` of bucket ``bs``, and record that lane's ``free`` event."""
@@ -259,7 +265,7 @@ class CUDAGraphRunner:
         if kind == "greedy":
             self.greedy_graphs[bs, lane], self.greedy_outputs[bs, lane] = graph, out
             other = (bs, (lane + 1) % LANES)  # whose id slots this graph fills: a chained step there reads them
-            self._targets[other] = self._targets[other]._replace(chain=out[1])
+            self._targets[other] = self._targets[other]._replace(chain=self._targets[other].views[0])
         elif kind == "cascade":
             self.cascade_graphs[bs], self.cascade_outputs[bs] = graph, out
         else:
@@ -268,15 +274,13 @@ class CUDAGraphRunner:
             if lane == 0:
                 self.graphs[bs], self.outputs[bs] = graph, out
 
-    def _greedy_step(self, lane: int, batch: ForwardBatch,
-                     kv_caches: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _greedy_step(self, lane: int, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """A greedy graph's work on ``lane``'s inputs: the forward, ``lz.sample_greedy`` of every row, the ids copied
-        into the other lane's id slots (what a chained next step reads). Returns (logits ``[bs, V]``, ids ``[bs]``
-        int64)."""
+        into the other lane's id slots (what a chained next step reads, and what the caller gets). Returns the logits
+        ``[bs, V]``."""
         logits = self.model(batch, kv_caches)
-        tokens = lz.sample_greedy(logits)
-        self._targets[batch.num_seqs, (lane + 1) % LANES].views[0].copy_(tokens)
-        return logits, tokens
+        self._targets[batch.num_seqs, (lane + 1) % LANES].views[0].copy_(lz.sample_greedy(logits))
+        return logits
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """A pure decode step (a cascade one only with cascade graphs) that fits the largest bucket and samples
@@ -298,6 +302,9 @@ class CUDAGraphRunner:
         w = batch.block_tables.shape[1]
         if batch.cascade is None and bs in self.packs:  # a packed bucket's graph reads its own buffer (lane 0's)
             ids, pos, slots, tables, lens = self._packed_views(bs)
+            sent = self._targets[bs, 0].sent
+            if sent is not None:  # the ids overwritten below may still be on their way to the host
+                torch.cuda.current_stream(self.device).wait_event(sent)
         else:
             ids, pos, slots, tables, lens = (self.input_ids, self.positions, self.slot_mapping, self.block_tables,
                                              self.seq_lens)

@@ -179,6 +179,10 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
     if chained:  # the ids are in place (the other lane's greedy graph wrote them): copy the rest, on the side stream
         _copy_aside(target, host, offs[1])
     else:
+        if getattr(target, "sent", None) is not None:  # the id slots may still be on their way to the host
+            torch.cuda.current_stream(target.buffer.device).wait_event(target.sent)
+        if rows and _shares(prev_tokens, target.buffer):  # the previous step's ids are this lane's id slots
+            prev_tokens = prev_tokens.clone()  # read before the copy below overwrites them
         target.buffer[:host.numel()].copy_(host, non_blocking=target.buffer.is_cuda)
     ids_t, pos_t, slots_t, table_t, lens_t = target.views  # the bucket's views: made once, what its graph reads
     if rows and not chained:
@@ -194,11 +198,16 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
 def _chained(rows: list[tuple[int, int]], n: int, prev_tokens: torch.Tensor | None, target: Any) -> bool:
     """Whether a packed step's input ids are already in its lane's slots: every row's id pending from the same row of
     the previous step (steady decode), and that step was the bucket's greedy graph of the other lane (its sampled
-    ids are ``target.chain``, which it also copied into this lane's id slots)."""
+    ids are this lane's id slots, ``target.chain``, where it wrote them)."""
     chain = getattr(target, "chain", None)
     if chain is None or prev_tokens is None or len(rows) != n or prev_tokens.data_ptr() != chain.data_ptr():
         return False
     return all(r == i and src == i for i, (r, src) in enumerate(rows))
+
+
+def _shares(a: torch.Tensor | None, b: torch.Tensor) -> bool:
+    """Whether tensor ``a`` lives in ``b``'s storage."""
+    return a is not None and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _copy_aside(target: Any, host: torch.Tensor, start: int) -> None:
