@@ -104,6 +104,7 @@ def test_layout_matches_the_staging_offsets(runner):
     sizes = pack_nbytes(8, 6)
     offs, total = offsets(sizes)
     assert [b.numel() for b in runner.packs[8]] == [total] * LANES and offs[3] == 3 * 64 and sizes[3] == 8 * 6 * 4
+    assert len(runner.packs[16]) == 1 and runner.pack_for(9, 6, 1).lane == 0  # above LANE_MAX_BATCH: one lane
     ids, pos, slots, tables, lens = runner._packed_views(8)
     assert tables.shape == (8, 6) and lens.dtype == torch.int32 and slots.dtype == torch.int64
     assert slots.tolist() == [-1] * 8 and lens.tolist() == [1] * 8  # a capture's dummy step
@@ -223,5 +224,7 @@ def test_run_greedy_replays_the_greedy_graph_of_a_packed_batch(runner):
     assert runner.greedy_graphs[4, 0].replays == 1
 
 
-def test_greedy_graphs_are_on_by_default():
+def test_greedy_graphs_are_on_by_default_for_two_lane_buckets(runner):
     assert cuda_graph.GREEDY_IN_GRAPH is True and LANES == 2
+    assert runner._kinds(8) == [("plain", 0), ("plain", 1), ("greedy", 0), ("greedy", 1)]
+    assert runner._kinds(16) == [("plain", 0)]

@@ -48,8 +48,13 @@ the current stream, after it."""
 D2H_ASIDE = True
 """A greedy graph's ids go to the host on a side stream (``CUDAGraphRunner.d2h``); False: on the current stream."""
 LANES = 2
-"""Input buffers (lanes) per packed bucket, taken by alternate packed steps, each with its own graphs: a step's
-inputs can be copied into one lane while the step before still reads the other."""
+"""Input buffers (lanes) per packed bucket of at most :data:`LANE_MAX_BATCH` rows, taken by alternate packed steps,
+each with its own graphs: a step's inputs can be copied into one lane while the step before still reads the other.
+Greedy graphs need both lanes."""
+LANE_MAX_BATCH = 8
+"""Packed buckets up to this many rows get :data:`LANES` lanes and greedy graphs (four graphs where one was); bigger
+ones one lane and a plain graph: the ~20 µs a step the lanes save matter at small batches, where a step is short, and
+every graph is one more capture at start-up."""
 PACK_MAX_BYTES = 64 << 10
 """Buckets whose packed inputs (ids, positions, slots, block tables at the full graph width, seq_lens, pending-id
 rows) fit this many bytes are packed; larger ones copy the step's rows into the shared buffers (a full-width table
@@ -127,7 +132,8 @@ class CUDAGraphRunner:
         self.d2h = torch.cuda.Stream(device) if cuda and D2H_ASIDE else None
         """Side stream of greedy graphs' ids on their way to the host (CUDA)."""
         self.packs: dict[int, list[torch.Tensor]] = {}
-        """Bucket -> its lanes' packed input buffers (:data:`PACKED_INPUTS`; small buckets only)."""
+        """Bucket -> its lanes' packed input buffers (:data:`PACKED_INPUTS`; small buckets only; :data:`LANES` of them
+        up to :data:`LANE_MAX_BATCH` rows, one above)."""
         self._targets: dict[tuple[int, int], PackTarget] = {}
         """(bucket, lane) -> its :class:`PackTarget` (the buffer and the views its graphs read, made once)."""
         if PACKED_INPUTS:
@@ -135,7 +141,8 @@ class CUDAGraphRunner:
                 sizes = pack_nbytes(bs, max_blocks)
                 offs, need = offsets(sizes)
                 if need <= PACK_MAX_BYTES:
-                    self.packs[bs] = [self._pack(bs, lane, sizes, offs, need, max_blocks) for lane in range(LANES)]
+                    lanes = LANES if bs <= LANE_MAX_BATCH else 1
+                    self.packs[bs] = [self._pack(bs, lane, sizes, offs, need, max_blocks) for lane in range(lanes)]
 
     def _pack(self, bs: int, lane: int, sizes: list[int], offs: list[int], need: int, width: int) -> torch.Tensor:
         """A lane's packed buffer of bucket ``bs`` and its :class:`PackTarget`."""
@@ -209,7 +216,8 @@ class CUDAGraphRunner:
         :meth:`run`)."""
         if not self.graphs or num_seqs > self.sizes[-1] or width > self.block_tables.shape[1]:
             return None
-        return self._targets.get((next(s for s in self.sizes if s >= num_seqs), lane))
+        bs = next(s for s in self.sizes if s >= num_seqs)
+        return self._targets.get((bs, lane % len(self.packs[bs]))) if bs in self.packs else None
 
     @torch.no_grad()
     def capture(self) -> None:
@@ -253,10 +261,10 @@ class CUDAGraphRunner:
 
     def _kinds(self, bs: int) -> list[tuple[str, int]]:
         """The (kind, lane) graphs bucket ``bs`` captures: a plain graph (one per lane of a packed bucket), a greedy
-        graph per lane of a packed bucket (:data:`GREEDY_IN_GRAPH`), a cascade graph (with cascade buffers)."""
-        lanes = range(LANES) if bs in self.packs else range(1)
+        graph per lane of a two-lane bucket (:data:`GREEDY_IN_GRAPH`), a cascade graph (with cascade buffers)."""
+        lanes = range(len(self.packs.get(bs, [None])))
         kinds = [("plain", lane) for lane in lanes]
-        if GREEDY_IN_GRAPH and bs in self.packs:
+        if GREEDY_IN_GRAPH and len(lanes) == LANES:
             kinds += [("greedy", lane) for lane in lanes]
         return kinds + ([("cascade", 0)] if self.cascade is not None else [])
 
