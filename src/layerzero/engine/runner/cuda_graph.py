@@ -7,6 +7,12 @@ selects, and warms, the kernels a capture of these inputs uses: graph-safe ones,
 decode steps select the same way, so graphs and eager give the same tokens), then ``torch.cuda.graph`` with one memory pool
 shared by every bucket, largest first. Padded rows write no KV (slot -1), attend over one token of block 0 and
 their logits are dropped; rows are independent, so they cannot change the real rows.
+
+Small buckets read their inputs from packed buffers (:data:`PACKED_INPUTS`), two per bucket (:data:`LANES`) taken by
+alternate steps, and also capture greedy graphs (:data:`GREEDY_IN_GRAPH`: sampling inside the replay, the ids written
+into the other lane for the next step): between two steady greedy decode steps the GPU then only waits for a copy
+made while the step before ran. A graph's pool tensors are only read right after its own replay (the pool is shared:
+one graph's output may be another's scratch); what outlives a replay lives in static buffers.
 """
 
 from __future__ import annotations
