@@ -122,3 +122,34 @@ def test_a_sequence_ended_by_length_is_not_computed_again(checkpoints):
                      use_tqdm=False)
         counts[mode] = sorted(seen.values())
     assert counts[False] == counts[True] == [1, 2, 5]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_ids_a_greedy_graph_sampled_are_the_step_tokens(checkpoints, async_scheduling):
+    """The engine asks for a greedy graph (``execute(greedy=True)``) exactly on plain greedy steps and takes the ids it
+    returns (``StepLogits.pending``) instead of sampling: a stand-in graph that always "samples" id 7 shows up in the
+    output of plain greedy requests only (CPU has no graphs, so the stand-in wraps the real forward)."""
+    from layerzero.engine import LLM, SamplingParams
+    from layerzero.engine.runner.model_runner import StepLogits
+    from layerzero.engine.sampler import PendingSample
+
+    llm = LLM(checkpoints[FAMILY], device="cpu", dtype=torch.float32, max_model_len=80, num_kv_blocks=64,
+              max_num_seqs=4, async_scheduling=async_scheduling)
+    execute, asked = llm.engine.runner.execute, []
+
+    def graph(chunks, tables, prev_tokens=None, greedy=False):
+        res = execute(chunks, tables, prev_tokens, greedy)
+        asked.append(greedy)
+        if not greedy:
+            return res
+        ids = torch.full((res.logits.shape[0],), 7, dtype=torch.int64)
+        return StepLogits(res.logits, PendingSample(ids, [ids.clone()], None, [], []))
+
+    llm.engine.runner.execute = graph
+    plain = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    other = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1)
+    assert llm.generate([[5, 6, 9]], plain, use_tqdm=False)[0].outputs[0].token_ids == [7] * 5
+    assert all(asked) and asked
+    asked.clear()
+    out = llm.generate([[5, 6, 9]], other, use_tqdm=False)[0].outputs[0]
+    assert not any(asked) and out.token_ids != [7] * 5 and len(out.logprobs) == 5
