@@ -152,9 +152,7 @@ def _greedy(runner, bs: int, lane: int, tokens: list[int]) -> torch.Tensor:
     lane's id slots, as the real graph does. Returns those slots (what the sampler's caller got)."""
     runner.greedy_graphs[bs, lane] = _Graph()
     runner.greedy_outputs[bs, lane] = torch.full((bs, 3), 7.0)
-    other = (bs, (lane + 1) % LANES)
-    ids = runner._targets[other].views[0]
-    runner._targets[other] = runner._targets[other]._replace(chain=ids)
+    ids = runner._targets[bs, (lane + 1) % LANES].views[0]
     ids.copy_(torch.tensor(tokens))
     return ids
 

@@ -72,12 +72,10 @@ class PackTarget(NamedTuple):
     uint8 ``buffer`` (layout: :func:`pack_nbytes`, the :func:`~layerzero.engine.staging.offsets` of its arrays),
     ``rows`` (a device arange of at least ``bs``: the batch's ``logits_indices``), ``views``: the lane's (ids,
     positions, slot mapping, block tables, seq_lens) views of ``buffer``, what its graphs read (made once), its
-    ``lane`` (:data:`LANES`), ``chain``: this lane's id slots ``[bs]`` int64 when the other lane has a greedy graph,
-    which writes its sampled ids there (they are also the ids handed to the sampler's caller: a step whose
-    ``prev_tokens`` are these is chained); None without greedy graphs. CUDA only (None on CPU): ``h2d``, the side
-    stream a chained step's inputs are copied on (None with :data:`H2D_ASIDE` off), ``free``, an event recorded after
-    every replay that reads this lane, and ``sent``, one recorded after every transfer of its id slots to the host
-    (whatever overwrites them waits for it)."""
+    ``lane`` (:data:`LANES`; the other lane's greedy graph, if any, writes its sampled ids into this lane's id slots
+    ``views[0]`` and hands those slots out, so a step whose ``prev_tokens`` are these is chained). CUDA only (None on CPU): ``h2d``, the side stream a chained step's inputs
+    are copied on (None with :data:`H2D_ASIDE` off), ``free``, an event recorded after every replay that reads this
+    lane, and ``sent``, one recorded after every transfer of its id slots to the host (:meth:`wait_sent`)."""
 
     bs: int
     width: int
@@ -85,10 +83,15 @@ class PackTarget(NamedTuple):
     rows: torch.Tensor
     views: tuple[torch.Tensor, ...]
     lane: int = 0
-    chain: torch.Tensor | None = None
     h2d: Any = None
     free: Any = None
     sent: Any = None
+
+    def wait_sent(self) -> None:
+        """Make the current stream wait until the last transfer of this lane's id slots to the host has read them:
+        call before anything overwrites them. Nothing on CPU."""
+        if self.sent is not None:
+            torch.cuda.current_stream(self.buffer.device).wait_event(self.sent)
 
 
 def pack_nbytes(bs: int, width: int) -> list[int]:
@@ -130,7 +133,7 @@ class CUDAGraphRunner:
         self.lane_outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.greedy_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         """(packed bucket, lane) -> its greedy graph (:data:`GREEDY_IN_GRAPH`); logits in ``greedy_outputs``, the ids in
-        the other lane's id slots (its :attr:`PackTarget.chain`)."""
+        the other lane's id slots."""
         self.greedy_outputs: dict[tuple[int, int], torch.Tensor] = {}
         cuda = device.type == "cuda"
         self.h2d = torch.cuda.Stream(device) if cuda and H2D_ASIDE else None
@@ -159,7 +162,7 @@ class CUDAGraphRunner:
         views[2].fill_(-1)  # slots and seq_lens: the values a padded row has (a capture's dummy step)
         views[4].fill_(1)
         free, sent = (torch.cuda.Event(), torch.cuda.Event()) if self.device.type == "cuda" else (None, None)
-        self._targets[bs, lane] = PackTarget(bs, width, buf, self.rows, views, lane, None, self.h2d, free, sent)
+        self._targets[bs, lane] = PackTarget(bs, width, buf, self.rows, views, lane, self.h2d, free, sent)
         return buf
 
     def _packed_views(self, bs: int, lane: int = 0) -> tuple[torch.Tensor, ...]:
@@ -192,13 +195,12 @@ class CUDAGraphRunner:
         if graph is None:
             return None
         other = self._targets[bs, (batch.lane + 1) % LANES]
-        stream = torch.cuda.current_stream(self.device) if other.sent is not None else None
-        if stream is not None:  # the id slots this replay overwrites: their last transfer (two steps ago) read them
-            stream.wait_event(other.sent)
+        other.wait_sent()  # the id slots this replay overwrites: their last transfer (two steps ago) read them
         self._replay(graph, bs, batch.lane)
-        tokens = other.views[0][:n]
-        if stream is None:  # CPU
-            return self.greedy_outputs[bs, batch.lane][:n], tokens, tokens.clone(), None
+        logits, tokens = self.greedy_outputs[bs, batch.lane][:n], other.views[0][:n]
+        if self.device.type != "cuda":
+            return logits, tokens, tokens.clone(), None
+        stream = torch.cuda.current_stream(self.device)
         if self.d2h is not None:
             self.d2h.wait_stream(stream)
             stream = self.d2h
@@ -207,7 +209,7 @@ class CUDAGraphRunner:
             other.sent.record()
             event = torch.cuda.Event()
             event.record()
-        return self.greedy_outputs[bs, batch.lane][:n], tokens, host, event
+        return logits, tokens, host, event
 
     def _replay(self, graph: Any, bs: int, lane: int) -> None:
         """Replay ``graph``, which reads lane ``lane`` of bucket ``bs``, and record that lane's ``free`` event."""
@@ -268,18 +270,16 @@ class CUDAGraphRunner:
     def _kinds(self, bs: int) -> list[tuple[str, int]]:
         """The (kind, lane) graphs bucket ``bs`` captures: a plain graph (one per lane of a packed bucket), a greedy
         graph per lane of a two-lane bucket (:data:`GREEDY_IN_GRAPH`), a cascade graph (with cascade buffers)."""
-        lanes = range(len(self.packs.get(bs, [None])))
-        kinds = [("plain", lane) for lane in lanes]
-        if GREEDY_IN_GRAPH and len(lanes) == LANES:
-            kinds += [("greedy", lane) for lane in lanes]
+        lanes = len(self.packs[bs]) if bs in self.packs else 1
+        kinds = [("plain", lane) for lane in range(lanes)]
+        if GREEDY_IN_GRAPH and lanes == LANES:
+            kinds += [("greedy", lane) for lane in range(lanes)]
         return kinds + ([("cascade", 0)] if self.cascade is not None else [])
 
     def _keep(self, bs: int, kind: str, lane: int, graph: torch.cuda.CUDAGraph, out: Any) -> None:
         """File a captured graph and its output(s) under (``bs``, ``lane``) by ``kind``."""
-        if kind == "greedy":
+        if kind == "greedy":  # its ids go to the other lane's id slots (what a chained step there reads)
             self.greedy_graphs[bs, lane], self.greedy_outputs[bs, lane] = graph, out
-            other = (bs, (lane + 1) % LANES)  # whose id slots this graph fills: a chained step there reads them
-            self._targets[other] = self._targets[other]._replace(chain=self._targets[other].views[0])
         elif kind == "cascade":
             self.cascade_graphs[bs], self.cascade_outputs[bs] = graph, out
         else:
@@ -316,9 +316,7 @@ class CUDAGraphRunner:
         w = batch.block_tables.shape[1]
         if batch.cascade is None and bs in self.packs:  # a packed bucket's graph reads its own buffer (lane 0's)
             ids, pos, slots, tables, lens = self._packed_views(bs)
-            sent = self._targets[bs, 0].sent
-            if sent is not None:  # the ids overwritten below may still be on their way to the host
-                torch.cuda.current_stream(self.device).wait_event(sent)
+            self._targets[bs, 0].wait_sent()  # the ids overwritten below may still be on their way to the host
         else:
             ids, pos, slots, tables, lens = (self.input_ids, self.positions, self.slot_mapping, self.block_tables,
                                              self.seq_lens)

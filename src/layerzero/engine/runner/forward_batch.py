@@ -143,7 +143,7 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
     one host-to-device copy (``staging.stage``'s layout), read through the bucket's own views: the step's rows, then
     the padding rows a graph replay expects (slot -1, seq_len 1, block table 0), the tables' unused columns 0; pending ids
     gathered from ``prev_tokens`` into it on the device, except in a chained step (every row pending from the same row
-    of the previous step, which was the bucket's greedy graph of the other lane: ``prev_tokens`` is ``target.chain``),
+    of the previous step, which was the bucket's greedy graph of the other lane: ``prev_tokens`` are this lane's ids),
     whose ids that graph already wrote into this lane: nothing is gathered, and the copy starts after them, on the
     side stream ``target.h2d`` (CUDA), overlapping the step before. A step
     that ``cascade`` plans as cascade attention is built as :func:`build_forward_batch` builds it, from the same
@@ -179,8 +179,7 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
     if chained:  # the ids are in place (the other lane's greedy graph wrote them): copy the rest, on the side stream
         _copy_aside(target, host, offs[1])
     else:
-        if getattr(target, "sent", None) is not None:  # the id slots may still be on their way to the host
-            torch.cuda.current_stream(target.buffer.device).wait_event(target.sent)
+        target.wait_sent()  # the id slots may still be on their way to the host
         if rows and _shares(prev_tokens, target.buffer):  # the previous step's ids are this lane's id slots
             prev_tokens = prev_tokens.clone()  # read before the copy below overwrites them
         target.buffer[:host.numel()].copy_(host, non_blocking=target.buffer.is_cuda)
@@ -192,15 +191,14 @@ def build_packed_decode_batch(chunks: Sequence[ScheduledChunk], block_size: int,
         else:
             ids_t.index_copy_(0, pend[0], prev_tokens.index_select(0, pend[1]))
     return ForwardBatch(ids_t[:n], pos_t[:n], slots_t[:n], table_t[:n], lens_t[:n], None, target.rows[:n], n,
-                        packed=True, logits_all=True, lane=getattr(target, "lane", 0))
+                        packed=True, logits_all=True, lane=target.lane)
 
 
 def _chained(rows: list[tuple[int, int]], n: int, prev_tokens: torch.Tensor | None, target: Any) -> bool:
     """Whether a packed step's input ids are already in its lane's slots: every row's id pending from the same row of
     the previous step (steady decode), and that step was the bucket's greedy graph of the other lane (its sampled
-    ids are this lane's id slots, ``target.chain``, where it wrote them)."""
-    chain = getattr(target, "chain", None)
-    if chain is None or prev_tokens is None or len(rows) != n or prev_tokens.data_ptr() != chain.data_ptr():
+    ids are this lane's id slots, where it wrote them: no other tensor can live there)."""
+    if prev_tokens is None or len(rows) != n or prev_tokens.data_ptr() != target.views[0].data_ptr():
         return False
     return all(r == i and src == i for i, (r, src) in enumerate(rows))
 
@@ -215,7 +213,7 @@ def _copy_aside(target: Any, host: torch.Tensor, start: int) -> None:
     last replay that read this lane is done (``target.free``), so it overlaps the step before (which reads the other
     lane), the current stream waiting for it; elsewhere in place."""
     dst, src = target.buffer[start:host.numel()], host[start:]
-    h2d = getattr(target, "h2d", None)
+    h2d = target.h2d
     if h2d is None:
         dst.copy_(src, non_blocking=dst.is_cuda)
         return
