@@ -20,8 +20,10 @@ experiment), ``packed`` (small decode buckets read their inputs from one buffer 
 ``cuda_graph.PACKED_INPUTS``), ``splits-1`` / ``splits-2`` (at most 1 / 2
 KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off),
 ``rope-paged-fused`` (``lz.rope_paged_attention`` locked to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV
-write in the split kernel), ``tile-32-s8`` / ``tile-64-s16`` / ... (``triton.paged_decode`` tiles of 32 / 64
-positions at head dim 128 in bf16, at most 8 / 16 splits), ``argmax-old`` (every greedy step through the float32
+write in the split kernel), ``tile-32-s8`` / ``tile-64-s16`` / ... (``triton.paged_decode``'s batch-1 tiles of 32 / 64
+positions, at most 8 / 16 splits: ``paged.SMALL_BATCH``; ``tile-32-s16-8w`` with 8 warps a split program), ``tiles-old``
+(``SMALL_BATCH`` off: 128-position tiles and the general split rule, as before 2026-11-28d), ``lm-prefetch`` /
+``lm-prefetch-8w`` (the LM head on ``triton.gemv``'s prefetch kernel: ``gemv.PREFETCH_WIDE``), ``argmax-old`` (every greedy step through the float32
 cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off`` (``cuda_graph.GREEDY_IN_GRAPH`` off: greedy steps sampled after a plain graph), ``h2d-inline`` /
 ``d2h-inline`` / ``copies-inline`` (a chained step's input copy / greedy ids' transfer / both on the current stream),
 ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
@@ -69,6 +71,8 @@ HOST_FUNCS = [(model_runner, "build_forward_batch"), (forward_batch, "to_device"
               (LLMEngine, "_read"), (LLMEngine, "_finish_step"), (Sampler, "resolve")]
 """Host functions of a decode step whose time :class:`HostTimer` records (median and mean per call)."""
 PROMPT = [7 + (i * 37) % 9000 for i in range(256)]
+MAX_MODEL_LEN = 2048
+"""The engine's ``max_model_len`` (its decode graphs' block-table width); ``--max-model-len``."""
 
 
 def _two_calls(norm, proj, x, residual):
@@ -150,10 +154,13 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "h2d-inline": [(cuda_graph, "H2D_ASIDE", False)], "d2h-inline": [(cuda_graph, "D2H_ASIDE", False)],
             "copies-inline": [(cuda_graph, "H2D_ASIDE", False), (cuda_graph, "D2H_ASIDE", False)],
             "rope-paged-fused": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode")],
-            **{f"tile-{bn}-s{sp}": [(paged, "TILE_BYTES", bn * 256), (paged, "MAX_SPLITS", sp)]
-               for bn in (32, 64) for sp in (8, 16)},
+            **{f"tile-{bn}-s{sp}": [(paged, "SMALL_BATCH", (1, 1 << 30, bn, sp))] for bn in (32, 64, 128)
+               for sp in (8, 16, 32)},
+            "tile-32-s16-8w": [(paged, "SMALL_BATCH", (1, 1 << 30, 32, 16)), (paged, "SPLIT_WARPS", 8)],
+            "tiles-old": [(paged, "SMALL_BATCH", None)],
             "argmax-old": [(sampler_mod, "plain_greedy", lambda seqs: False), (sampler_mod, "lz", _TorchArgmax()),
                            (cuda_graph, "GREEDY_IN_GRAPH", False)],
+            "lm-prefetch": [(tg, "PREFETCH_WIDE", (4096, 1))], "lm-prefetch-8w": [(tg, "PREFETCH_WIDE", (8192, 8))],
             "splits-1": [(paged, "MAX_SPLITS", 1)], "splits-2": [(paged, "MAX_SPLITS", 2)],
             "l2-prefetch": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
                             (llama.Attention, "attend", _attend_l2_prefetch)],
@@ -270,7 +277,8 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
         old.append((mod, attr, vars(mod)[attr]))
         setattr(mod, attr, value)
     try:
-        llm = LLM(path, device="cuda", dtype=torch.bfloat16, max_model_len=2048, max_num_seqs=16, num_kv_blocks=512)
+        llm = LLM(path, device="cuda", dtype=torch.bfloat16, max_model_len=MAX_MODEL_LEN, max_num_seqs=16,
+                  num_kv_blocks=512)
         sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=tokens)
         for _ in range(2):  # the first generate of a process also warms allocators and clocks
             llm.generate([PROMPT], sp, use_tqdm=False)
@@ -371,7 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="prefetch,rows")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-timeline", action="store_true")
+    ap.add_argument("--prompt-len", type=int, default=256, help="prompt tokens (the KV length decode starts from)")
+    ap.add_argument("--max-model-len", type=int, default=2048, help="the engine's max_model_len (graph table width)")
     a = ap.parse_args(argv)
+    global PROMPT, MAX_MODEL_LEN
+    PROMPT = [7 + (i * 37) % 9000 for i in range(a.prompt_len)]
+    MAX_MODEL_LEN = a.max_model_len
     a.out.mkdir(parents=True, exist_ok=True)
     path = default_checkpoint("full", torch.bfloat16)
     names = a.variants.split(",")
@@ -385,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"tok/s after {res['ttft_ms']:.1f} ms to the first token, replay {res['replay_us']:.0f} µs "
                   f"(greedy graph {res['greedy_replay_us']:.0f}); "
                   f"{res['host']}; tokens {res['tokens']}", flush=True)
-    lines = [f"# Batch-1 decode A/B on {torch.cuda.get_device_name()} (Qwen3-0.6B shape, bf16, greedy, 256-token "
-             f"prompt, {a.tokens} new tokens; torch {torch.__version__})", "",
+    lines = [f"# Batch-1 decode A/B on {torch.cuda.get_device_name()} (Qwen3-0.6B shape, bf16, greedy, {a.prompt_len}-token "
+             f"prompt, {a.tokens} new tokens, max_model_len {a.max_model_len}; torch {torch.__version__})", "",
              "whole step = generate wall time / new tokens (time to first token included); decode = tokens after the "
              "first / time after it (streamed).", "",
              "| variant | whole step µs | tok/s | decode tok/s | first token ms | graph replay µs | greedy graph replay µs "

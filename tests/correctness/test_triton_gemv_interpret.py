@@ -135,3 +135,17 @@ def test_refused_beyond_eight_rows_on_cpu_fp32_and_with_grad(registry):
                       (_ctx(fake_cuda_device((7, 5)), 1), R.SM_TOO_OLD)):
         _, report = _select(registry, ctx)
         assert code in {r.code for r in report.candidate(tg.KERNEL_ID).reasons}
+
+
+
+def test_wide_prefetch_for_one_row_of_an_lm_head(monkeypatch):
+    """``PREFETCH_WIDE`` (an A/B knob, off by default): one row of a weight wider than 16384 outputs goes to the
+    prefetch kernel with that slab and warps (BN = slab / next_pow2(K), at most 8; the kernel's numerics are the
+    prefetch cases above), two rows and narrower weights keep their kernels."""
+    assert tg.PREFETCH_WIDE is None and tg.config(1, 151936, 1024)["kernel"] == "dot"
+    monkeypatch.setattr(tg, "PREFETCH_WIDE", (4096, 1))
+    assert tg.config(1, 151936, 1024) == {"kernel": "prefetch", "BM": 1, "BN": 4, "KP": 1024, "num_warps": 1}
+    assert tg.config(2, 151936, 1024)["kernel"] == "dot" and tg.config(1, 16384, 1024)["BN"] == 8
+    assert tg.config(1, 151936, 8192)["kernel"] == "dot"  # K past the slab limit
+    monkeypatch.setattr(tg, "PREFETCH", False)
+    assert tg.config(1, 151936, 1024)["kernel"] == "dot"

@@ -259,10 +259,11 @@ def test_workspace_bound_covers_every_batch_of_the_bucket(batch, hq, hkv, d, kv,
     max_blocks * P up to the bucket's seq_len_kv (sampled)."""
     ctx = _ctx(batch=batch, hq=hq, hkv=hkv, d=d, kv=kv, sms=sms)
     bound = tp.workspace_bytes(ctx)
-    bn = tp.block_n_for(d)
     for b in range(1, batch + 1):
-        for length in (1, kv // 3, kv // 2 + 1, kv):
-            _, splits = tp.choose_split_len(b, hkv, max(1, length), sms or 1, bn)
+        for length in (1, kv // 3, kv // 2 + 1, kv, 2048):
+            # as paged_decode picks them (SMALL_BATCH for the smallest batches and tables)
+            bn, most = tp.tile_rule(b, max(1, length), d, 2)
+            _, splits = tp.choose_split_len(b, hkv, max(1, length), sms or 1, bn, max_splits=most)
             assert b * hq * splits * (d + 1) * 4 <= bound, (b, length)
 
 
@@ -451,3 +452,23 @@ def test_auto_fuses_the_merge_only_for_small_reads(max_bytes, want, monkeypatch)
     out = tp.paged_decode(q, cache, table, lens, None, "NHD", num_splits=3, block_n=16)
     assert launches == want
     close(out, oracle(q, cache, table, lens, "NHD"), torch.float32)
+
+
+@needs_triton
+def test_small_batch_tiles_only_for_one_sequence_in_a_short_table(monkeypatch):
+    """``SMALL_BATCH`` (1 sequence, tables up to 2048 tokens: 32-position tiles, at most 16 splits): a batch-1 call
+    with a narrow table launches 32-position tiles; two sequences, or a table wider than 2048 tokens, the general
+    tiles (``block_n_for``: 128 at D 16 in float32 -> 128); every call matches the float64 oracle."""
+    seen: list[int] = []
+    real = tp.launch_pinned
+    monkeypatch.setattr(tp, "launch_pinned", lambda fn, pin, grid, *a, **k: (
+        seen.append(k["BLOCK_N"]) if fn.__name__ == "paged_decode_split" else None, real(fn, pin, grid, *a, **k)))
+    for lens, spare, want in (([70], 2, 32), ([70, 9], 2, 128), ([70], 2048 // 16, 128)):
+        q, cache, table, lens_t = make_case(60, layout="NHD", page=16, ratio=2, hkv=1, d=16, lens=lens,
+                                            spare_cols=spare)
+        out = tp.paged_decode(q, cache, table, lens_t)
+        close(out, oracle(q, cache, table, lens_t, "NHD"), torch.float32)
+        assert seen[-1] == want, (lens, table.shape)
+    assert tp.tile_rule(1, 2048, 128, 2) == (32, 16) and tp.tile_rule(1, 2049, 128, 2) == (128, tp.MAX_SPLITS)
+    monkeypatch.setattr(tp, "SMALL_BATCH", None)
+    assert tp.tile_rule(1, 64, 128, 2) == (128, tp.MAX_SPLITS)

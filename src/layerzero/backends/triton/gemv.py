@@ -69,6 +69,10 @@ PREFETCH_LONG_K = (16384, 8)
 """``(slab elements, warps)`` of the prefetch kernel for the longest K (next_pow2(K) = :data:`PREFETCH_MAX_K`, e.g. the
 MLP down projection): in the same A/B the down projection (3072 -> 1024) with 16384 / 8 took the graph 698 -> 692 µs
 (with 4 warps: 708); the same change for QKV, o or gate/up cost 7-9 µs each (``batch1_ab_gemv_per_projection.md``)."""
+PREFETCH_WIDE: tuple[int, int] | None = None
+"""``(slab elements, warps)`` of the prefetch kernel for one row of a weight wider than 16384 outputs (an LM head), or
+None: ``_gemv_dot`` there. Measured on the H200 (``benchmarks/lm_head_configs.py``, ``[151936, 1024]`` bf16 in CUDA
+graphs): slabs of 4096 elements (4 rows of K 1024) with one warp 70.4 µs (4.42 TB/s), ``_gemv_dot`` 71.9, cuBLAS 74.5."""
 PREFETCH_BY_SHAPE: dict[tuple[int, int], tuple[int, int]] = {}
 """``(N, K)`` of a weight -> ``(slab elements, warps)`` of the prefetch kernel in place of :data:`PREFETCH_SLAB` /
 :data:`PREFETCH_WARPS` (per-projection A/B benchmarks; empty by default)."""
@@ -95,6 +99,11 @@ def config(m: int, n: int, k: int, *, prefetch: bool | None = None) -> dict[str,
             slab, warps = PREFETCH_BY_SHAPE.get((n, k), (slab, warps))
         return {"kernel": "prefetch", "BM": next_pow2(m), "BN": max(1, min(8, slab // kp)), "KP": kp,
                 "num_warps": warps}
+    if PREFETCH_WIDE is not None and (PREFETCH if prefetch is None else prefetch) and m == 1 and n > 16384 and (
+            k <= PREFETCH_MAX_K):
+        kp = next_pow2(k)
+        return {"kernel": "prefetch", "BM": 1, "BN": max(1, min(8, PREFETCH_WIDE[0] // kp)), "KP": kp,
+                "num_warps": PREFETCH_WIDE[1]}
     if n <= 2048:
         return {"kernel": "rows", "BM": next_pow2(m), "BN": 2 if m <= 2 and k >= 3072 else 4, "BK": 512,
                 "num_warps": 4}

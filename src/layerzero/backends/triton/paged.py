@@ -54,6 +54,19 @@ more splits; elsewhere the split count moved times by a few percent at most)."""
 TILE_BYTES = 32768
 """Bytes of one ``[BLOCK_N, D]`` K tile: the H200 search found the largest tile that keeps K and V of two to three
 pipeline stages in shared memory the fastest (bf16/fp16: 128 positions for D <= 128, 64 for D = 256)."""
+SMALL_BATCH: tuple[int, int, int, int] | None = (1, 2048, 32, 16)
+"""``(most sequences, widest block table in tokens, block_n, most splits)``: a launch of at most that many sequences
+whose block table spans at most that many tokens (``M * P``: a decode graph's width, the longest sequence it can
+serve) takes KV tiles of ``block_n`` positions and at most that many splits instead of :data:`TILE_BYTES`' tiles and
+:data:`MAX_SPLITS`: a short sequence spreads over more programs, each gathering less. None: the general rule
+everywhere. H200, the engine's batch-1 decode graph (Qwen3-0.6B, bf16, ``benchmarks/engine/batch1_ab.py``, variants
+alternating in one process, ``benchmarks/results/engine/h200/2026-11-28d/``): with a 2048-token table and a
+256-token prompt (KV 256-512) 32-position tiles and 16 splits replay the graph in 652-655 µs against 676-680 with the
+general rule (128-position tiles, 8 splits), decode 1,529-1,539 against 1,470-1,476 tok/s; with a 1024-token prompt
+(KV 1024-1280) both 747-752 µs. Longer sequences lose: a 3072-token prompt in an 8192-token table replayed in 943 µs
+against 819 (each split then walks many small tiles with few bytes in flight; 28-layer chains of the kernel alone at
+4096 / 16384 tokens: 17.9 / 57.1 against 11.4 / 24.4 µs a layer), hence the width bound. 64-position tiles and 16
+splits: 680 µs; 32 and 32 splits: 676."""
 BLOCK_N_MAX = 128
 SPLIT_WARPS = 4
 """Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call). Read when a call
@@ -125,6 +138,18 @@ def block_n_for(head_dim: int, itemsize: int = 2) -> int:
     return max(16, min(BLOCK_N_MAX, TILE_BYTES // (max(16, next_pow2(head_dim)) * itemsize)))
 
 
+def tile_rule(batch: int, width: int, head_dim: int, itemsize: int) -> tuple[int, int]:
+    """``(block_n, most splits)`` of a launch over ``batch`` sequences with a block table ``width`` tokens wide:
+    :data:`SMALL_BATCH`'s within its bounds, else :func:`block_n_for` and :data:`MAX_SPLITS`.
+
+    >>> tile_rule(1, 2048, 128, 2), tile_rule(2, 2048, 128, 2), tile_rule(1, 4096, 128, 2)
+    ((32, 16), (128, 32), (128, 32))
+    """
+    if SMALL_BATCH is not None and batch <= SMALL_BATCH[0] and width <= SMALL_BATCH[1]:
+        return SMALL_BATCH[2], SMALL_BATCH[3]
+    return block_n_for(head_dim, itemsize), MAX_SPLITS
+
+
 def launch_config(head_dim: int) -> dict[str, int]:
     """Stage-1 ``num_warps`` / ``num_stages`` (measured on the H200): 4 warps; 2 pipeline stages for head dims
     above 128 (three 64 KB K+V stages would not fit shared memory), Triton's default below."""
@@ -141,17 +166,17 @@ def sm_count(device: torch.device) -> int:
 
 
 def choose_split_len(batch: int, num_kv_heads: int, max_kv_len: int, sms: int, block_n: int,
-                     num_splits: int | None = None) -> tuple[int, int]:
+                     num_splits: int | None = None, max_splits: int = MAX_SPLITS) -> tuple[int, int]:
     """Split-K sizing from shapes only: ``(split_len, num_splits)``, both ints, ``split_len`` in tokens (a multiple
     of ``block_n``) and ``num_splits * split_len >= max_kv_len``. The kernel interleaves a sequence's
     ``block_n``-token tiles over the splits (split s takes tiles s, s + S, ...), so ``split_len`` is the most
     tokens one split reads (the interpreter's trip count), whatever the sequence's own length.
 
     Without ``num_splits``: aim at ``WAVES * sms`` stage-1 programs over ``batch * num_kv_heads`` (sequence, head)
-    pairs, at most ``MAX_SPLITS`` splits and at least ``MIN_TILES_PER_SPLIT`` tiles per split (at batch 1 more
+    pairs, at most ``max_splits`` splits and at least ``MIN_TILES_PER_SPLIT`` tiles per split (at batch 1 more
     splits of one tile each measured faster alone but slower in the engine's decode graph: see
     ``benchmarks/engine/paged_b1_search.py``). ``num_splits``
-    forces a count (tests; clipped to ``[1, MAX_SPLITS]`` and to one tile per split).
+    forces a count (tests; clipped to ``[1, max_splits]`` and to one tile per split).
 
     >>> choose_split_len(1, 8, 32768, 132, 64)   # one long sequence on an H100/H200: 32 splits of 1024 tokens
     (1024, 32)
@@ -164,7 +189,7 @@ def choose_split_len(batch: int, num_kv_heads: int, max_kv_len: int, sms: int, b
     if num_splits is None:
         want = math.ceil(WAVES * sms / max(1, batch * num_kv_heads))
         num_splits = min(want, max(1, tiles // MIN_TILES_PER_SPLIT))
-    splits = max(1, min(int(num_splits), MAX_SPLITS, tiles))
+    splits = max(1, min(int(num_splits), max_splits, tiles))
     split_len = math.ceil(tiles / splits) * block_n
     return split_len, math.ceil(tiles * block_n / split_len)
 
@@ -173,9 +198,12 @@ def workspace_bytes(ctx: SelectionContext) -> int:
     """Upper bound of the float32 workspace (partial outputs ``[B, Hq, S, D]`` + lse ``[B, Hq, S]``) in bytes for
     every call of ``ctx``'s bucket (``ctx.batch`` and ``ctx.seq_len_kv`` are bucket upper bounds)."""
     b, hq, hkv, d = ctx.batch or 1, ctx.num_heads_q or 1, ctx.num_heads_kv or 1, ctx.head_dim or 1
-    bn = block_n_for(d, ctx.dtype.itemsize if isinstance(ctx.dtype, torch.dtype) else 2)
-    tiles = max(1, math.ceil((ctx.seq_len_kv or 1) / bn))
-    cap = max(1, min(MAX_SPLITS, tiles, max(1, tiles // MIN_TILES_PER_SPLIT)))
+    itemsize = ctx.dtype.itemsize if isinstance(ctx.dtype, torch.dtype) else 2
+    cap = 1
+    rules = {tile_rule(b2, kv, d, size) for b2 in (1, b) for kv in (1, ctx.seq_len_kv or 1) for size in (itemsize, 4)}
+    for bn, most in rules:  # every rule a call of the bucket may take
+        tiles = max(1, math.ceil((ctx.seq_len_kv or 1) / bn))
+        cap = max(cap, min(most, tiles, max(1, tiles // MIN_TILES_PER_SPLIT)))
     sms = ctx.device.multiprocessor_count or 1
     # b' * ceil(X / b') <= X + b' - 1 for every batch b' <= b of the bucket
     rows = min(b * cap, b + math.ceil(WAVES * sms / hkv))
@@ -300,11 +328,12 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
                    strides, "Call .contiguous() first (lz.paged_attention filters this kernel out instead: "
                    "STRIDE_LAST_DIM_NOT_1).")
     quant = kv_cache.dtype in KV_QUANT_DTYPES
-    bn = block_n_for(d, 4 if quant else q.element_size()) if block_n is None else int(block_n)  # fp32 tiles
+    bn, max_splits = tile_rule(batch, block_tables.shape[1] * page, d, 4 if quant else q.element_size())
+    bn = bn if block_n is None else int(block_n)
     if bn < 16 or bn & (bn - 1):
         raise _bad("block_n", "a power of two >= 16", bn)
     split_len, splits = choose_split_len(batch, hkv, block_tables.shape[1] * page, sm_count(q.device), bn,
-                                         num_splits)
+                                         num_splits, max_splits)
     interpret = interpret_mode(kern)
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
     d_pad = max(16, next_pow2(d))
