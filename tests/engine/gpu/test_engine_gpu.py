@@ -54,7 +54,7 @@ def test_greedy_graphs_equal_eager(checkpoints, family, monkeypatch):
     a gather or a copy (chained). One request alone and a ragged batch (rows end at different steps, so buckets
     change and some steps are not chained): the same tokens as eager, and both paths were taken."""
     from layerzero.engine import SamplingParams
-    from layerzero.engine.runner import forward_batch
+    from layerzero.engine.runner import cuda_graph, forward_batch
 
     chained = []
     real = forward_batch._chained
@@ -65,7 +65,9 @@ def test_greedy_graphs_equal_eager(checkpoints, family, monkeypatch):
     ref = [eager.generate(ps[:1], sps[-1], use_tqdm=False), eager.generate(ps, sps, use_tqdm=False)]
     llm = _llm(checkpoints[family])
     graphs = llm.engine.runner.graphs
-    assert graphs.greedy_graphs and {bs for bs, _ in graphs.greedy_graphs} == set(graphs.packs)
+    two_lanes = {bs for bs, lanes in graphs.packs.items() if len(lanes) == cuda_graph.LANES}
+    assert two_lanes and {bs for bs, _ in graphs.greedy_graphs} == two_lanes  # buckets up to LANE_MAX_BATCH rows
+    assert max(two_lanes) <= cuda_graph.LANE_MAX_BATCH < max(graphs.packs)  # bucket 16: one lane, no greedy graph
     got = [llm.generate(ps[:1], sps[-1], use_tqdm=False), llm.generate(ps, sps, use_tqdm=False)]
     for a, b in zip(got, ref, strict=True):
         assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
