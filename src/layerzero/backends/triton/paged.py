@@ -66,7 +66,8 @@ general rule (128-position tiles, 8 splits), decode 1,529-1,539 against 1,470-1,
 (KV 1024-1280) both 747-752 µs. Longer sequences lose: a 3072-token prompt in an 8192-token table replayed in 943 µs
 against 819 (each split then walks many small tiles with few bytes in flight; 28-layer chains of the kernel alone at
 4096 / 16384 tokens: 17.9 / 57.1 against 11.4 / 24.4 µs a layer), hence the width bound. 64-position tiles and 16
-splits: 680 µs; 32 and 32 splits: 676."""
+splits: 680 µs; 32 and 32 splits: 676. Tables of fewer than ``2 * MIN_TILES_PER_SPLIT`` general tiles keep the
+general rule (:func:`tile_rule`)."""
 BLOCK_N_MAX = 128
 SPLIT_WARPS = 4
 """Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call). Read when a call
@@ -140,14 +141,19 @@ def block_n_for(head_dim: int, itemsize: int = 2) -> int:
 
 def tile_rule(batch: int, width: int, head_dim: int, itemsize: int) -> tuple[int, int]:
     """``(block_n, most splits)`` of a launch over ``batch`` sequences with a block table ``width`` tokens wide:
-    :data:`SMALL_BATCH`'s within its bounds, else :func:`block_n_for` and :data:`MAX_SPLITS`.
+    :data:`SMALL_BATCH`'s within its bounds where the general rule splits too (a table of at least
+    ``2 * MIN_TILES_PER_SPLIT`` general tiles: narrower ones run one program a head and no merge, as before, so an
+    eager call and a graph replay of a short-window model compute the same bits), else :func:`block_n_for` and
+    :data:`MAX_SPLITS`.
 
-    >>> tile_rule(1, 2048, 128, 2), tile_rule(2, 2048, 128, 2), tile_rule(1, 4096, 128, 2)
-    ((32, 16), (128, 32), (128, 32))
+    >>> tile_rule(1, 2048, 128, 2), tile_rule(2, 2048, 128, 2), tile_rule(1, 4096, 128, 2), tile_rule(1, 384, 128, 2)
+    ((32, 16), (128, 32), (128, 32), (128, 32))
     """
-    if SMALL_BATCH is not None and batch <= SMALL_BATCH[0] and width <= SMALL_BATCH[1]:
+    general = block_n_for(head_dim, itemsize)
+    if (SMALL_BATCH is not None and batch <= SMALL_BATCH[0] and width <= SMALL_BATCH[1]
+            and math.ceil(width / general) >= 2 * MIN_TILES_PER_SPLIT):
         return SMALL_BATCH[2], SMALL_BATCH[3]
-    return block_n_for(head_dim, itemsize), MAX_SPLITS
+    return general, MAX_SPLITS
 
 
 def launch_config(head_dim: int) -> dict[str, int]:
