@@ -22,7 +22,9 @@ KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off
 ``rope-paged-fused`` (``lz.rope_paged_attention`` locked to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV
 write in the split kernel), ``tile-32-s8`` / ``tile-64-s16`` / ... (``triton.paged_decode``'s batch-1 tiles of 32 / 64
 positions, at most 8 / 16 splits: ``paged.SMALL_BATCH``; ``tile-32-s16-8w`` with 8 warps a split program), ``tiles-old``
-(``SMALL_BATCH`` off: 128-position tiles and the general split rule, as before 2026-11-28d), ``lm-prefetch`` /
+(``SMALL_BATCH`` off: 128-position tiles and the general split rule, as before 2026-11-28d), ``narrow-graphs``
+(batch-1 decode graphs with 2048-token tables beside the ``max_model_len``-wide ones: ``cuda_graph.NARROW_TOKENS``;
+with ``--max-model-len`` above 2048), ``lm-prefetch`` /
 ``lm-prefetch-8w`` (the LM head on ``triton.gemv``'s prefetch kernel: ``gemv.PREFETCH_WIDE``), ``argmax-old`` (every greedy step through the float32
 cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off`` (``cuda_graph.GREEDY_IN_GRAPH`` off: greedy steps sampled after a plain graph), ``h2d-inline`` /
 ``d2h-inline`` / ``copies-inline`` (a chained step's input copy / greedy ids' transfer / both on the current stream),
@@ -158,6 +160,7 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
                for sp in (8, 16, 32)},
             "tile-32-s16-8w": [(paged, "SMALL_BATCH", (1, 1 << 30, 32, 16)), (paged, "SPLIT_WARPS", 8)],
             "tiles-old": [(paged, "SMALL_BATCH", None)],
+            "narrow-graphs": [(cuda_graph, "NARROW_TOKENS", 2048)],
             "argmax-old": [(sampler_mod, "plain_greedy", lambda seqs: False), (sampler_mod, "lz", _TorchArgmax()),
                            (cuda_graph, "GREEDY_IN_GRAPH", False)],
             "lm-prefetch": [(tg, "PREFETCH_WIDE", (4096, 1))], "lm-prefetch-8w": [(tg, "PREFETCH_WIDE", (8192, 8))],
@@ -296,10 +299,11 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
         decode = (n_last - n_first) / (t_last - t_first)
         with HostTimer() as ht:
             llm.generate([PROMPT], sp, use_tqdm=False)
+        graphs = llm.engine.runner.narrow or llm.engine.runner.graphs  # what a batch-1 decode step replays
         res = {"variant": name, "step_us": wall / tokens * 1e6, "tok_s": tokens / wall, "decode_tok_s": decode,
-               "ttft_ms": (stamps[0][0] - t_stream) * 1e3, "replay_us": replay_us(llm.engine.runner.graphs.graphs[1]),
-               "greedy_replay_us": (replay_us(llm.engine.runner.graphs.greedy_graphs[1, 0])
-                                    if (1, 0) in llm.engine.runner.graphs.greedy_graphs else float("nan")),
+               "ttft_ms": (stamps[0][0] - t_stream) * 1e3, "replay_us": replay_us(graphs.graphs[1]),
+               "greedy_replay_us": (replay_us(graphs.greedy_graphs[1, 0])
+                                    if (1, 0) in graphs.greedy_graphs else float("nan")),
                "host": ht.summary(),
                "tokens": hashlib.sha1(str(outs[0].outputs[0].token_ids).encode()).hexdigest()[:10]}
         if profile_dir is not None:

@@ -74,6 +74,29 @@ def test_greedy_graphs_equal_eager(checkpoints, family, monkeypatch):
     assert any(chained) and not all(chained)
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_narrow_batch1_graphs_equal_eager(checkpoints, family, monkeypatch):
+    """``cuda_graph.NARROW_TOKENS`` (off by default): batch-1 decode graphs with 48-token tables beside the main
+    128-token ones. One request whose sequence grows past 48 tokens replays the narrow graphs, then the main ones;
+    the same tokens as eager, and both kinds of graph replayed."""
+    from layerzero.engine import SamplingParams
+    from layerzero.engine.runner import cuda_graph
+
+    monkeypatch.setattr(cuda_graph, "NARROW_TOKENS", 48)
+    p = prompts(1, seed=55, lo=30, hi=30)
+    sp = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    want = _llm(checkpoints[family], enforce_eager=True).generate(p, sp, use_tqdm=False)
+    llm = _llm(checkpoints[family])
+    runner = llm.engine.runner
+    assert runner.narrow is not None and runner.narrow.block_tables.shape[1] == 3  # 48 tokens of 16-token blocks
+    used = []
+    real = runner.graphs_for
+    monkeypatch.setattr(runner, "graphs_for", lambda batch: used.append(real(batch)) or used[-1])
+    got = llm.generate(p, sp, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    assert runner.narrow in used and runner.graphs in used
+
+
 @pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe"])
 def test_bf16_tokens_close_to_transformers(checkpoints, family):
     from transformers import AutoModelForCausalLM

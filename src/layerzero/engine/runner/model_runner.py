@@ -18,6 +18,7 @@ from ..loader import load_model_weights
 from ..models.registry import build_model
 from ..sampler import PendingSample
 from ..sequence import Sequence
+from . import cuda_graph
 from .cascade import CascadePolicy
 from .cuda_graph import LANES, CUDAGraphRunner
 from .forward_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
@@ -74,6 +75,8 @@ class ModelRunner:
         self.cascade_saved_tokens = 0
         """Cascade steps run (decode and mixed) and the KV tokens (per layer) their shared level did not read again."""
         self.graphs: CUDAGraphRunner | None = None
+        self.narrow: CUDAGraphRunner | None = None
+        """Batch-1 decode graphs with narrower block tables (:data:`~.cuda_graph.NARROW_TOKENS`), or None."""
         self._lane = 0
         """The packed-input lane the next packed decode step takes (:data:`~.cuda_graph.LANES`)."""
         self.decode_as_captured = False
@@ -89,6 +92,7 @@ class ModelRunner:
                 else:
                     graphs.capture()
                     self.graphs = graphs
+                    self.narrow = self._narrow_graphs(max_model_len, ec.block_size, device)
                 self.decode_as_captured = True
             except lz.LayerZeroError as exc:  # e.g. no graph-safe kernel for an op here: decode runs eager
                 if lz.get_config().strict and not ec.enforce_eager:
@@ -151,13 +155,33 @@ class ModelRunner:
         if batch.cascade is not None:
             self.cascade_steps += 1
             self.cascade_saved_tokens += batch.cascade.saved_tokens
-        if self.graphs is not None and self.graphs.can_run(batch):
-            done = self.graphs.run_greedy(batch) if greedy else None
+        graphs = self.graphs_for(batch)
+        if graphs is not None:
+            done = graphs.run_greedy(batch) if greedy else None
             if done is not None:
                 logits, tokens, host, event = done
                 return StepLogits(logits, PendingSample(tokens, [host], event, [], []))
-            return StepLogits(self.graphs.run(batch), None)
+            return StepLogits(graphs.run(batch), None)
         return StepLogits(self._eager(batch), None)
+
+    def _narrow_graphs(self, max_model_len: int, block_size: int, device: torch.device) -> CUDAGraphRunner | None:
+        """Batch-1 decode graphs whose block tables are :data:`~.cuda_graph.NARROW_TOKENS` wide (rounded down to
+        whole blocks), captured when the main graphs' tables are wider; None otherwise."""
+        narrow = cuda_graph.NARROW_TOKENS
+        if narrow is None or narrow < block_size or -(-max_model_len // block_size) * block_size <= narrow:
+            return None
+        graphs = CUDAGraphRunner(self.model, self.kv_caches, 1, narrow // block_size, device)
+        graphs.capture()
+        return graphs
+
+    def graphs_for(self, batch: ForwardBatch) -> CUDAGraphRunner | None:
+        """The decode graphs that replay ``batch``: the narrow batch-1 ones when it fits them (one sequence, its
+        table no wider than theirs, no cascade step), else the main ones when they can; None: the step runs eager.
+        A packed batch goes back to the graphs whose buffer it was packed into (only theirs have its width)."""
+        for graphs in (self.narrow, self.graphs):
+            if graphs is not None and graphs.can_run(batch):
+                return graphs
+        return None
 
     def _eager(self, batch: ForwardBatch) -> torch.Tensor:
         """The step's logits from an eager forward."""
@@ -177,10 +201,11 @@ class ModelRunner:
             last = s.num_computed_tokens + n == s.num_tokens
             sched.append(ScheduledChunk(s.token_ids, s.num_computed_tokens, n, (), last,
                                         s.pending_index if last else -1))
-        if self.graphs is not None and self.graphs.packs and all(c.length == 1 and c.sample for c in sched):
-            target = self.graphs.pack_for(len(sched), block_tables.shape[1], self._lane)
-            if target is not None:  # a packed decode bucket: the inputs go straight into a lane of the graphs' buffers
-                self._lane = (self._lane + 1) % LANES  # alternate steps take alternate lanes
-                return build_packed_decode_batch(sched, self.block_size, block_tables, prev_tokens, target,
-                                                 self.cascade)
+        if all(c.length == 1 and c.sample for c in sched):
+            for graphs in (self.narrow, self.graphs):  # the narrow batch-1 graphs first, as graphs_for picks them
+                target = graphs.pack_for(len(sched), block_tables.shape[1], self._lane) if graphs is not None else None
+                if target is not None:  # a packed decode bucket: the inputs go straight into a lane of its buffers
+                    self._lane = (self._lane + 1) % LANES  # alternate steps take alternate lanes
+                    return build_packed_decode_batch(sched, self.block_size, block_tables, prev_tokens, target,
+                                                     self.cascade)
         return build_forward_batch(sched, self.block_size, self.device, prev_tokens, self.cascade, block_tables)

@@ -1,0 +1,105 @@
+"""Narrow batch-1 decode graphs (``cuda_graph.NARROW_TOKENS``, ``ModelRunner.narrow``): a one-sequence decode step whose
+block table fits the narrow graphs' width is packed into and replayed by them; a wider table, two sequences or a
+step built the ordinary way that does not fit goes to the main graphs; off by default, and not captured when the main
+graphs are no wider. On CPU, the graph replays stubbed (as in ``test_packed_inputs.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from layerzero.engine import SamplingParams
+from layerzero.engine.runner import cuda_graph
+from layerzero.engine.runner.cuda_graph import LANES, CUDAGraphRunner
+from layerzero.engine.runner.forward_batch import ScheduledChunk, build_forward_batch
+from layerzero.engine.runner.model_runner import ModelRunner
+from layerzero.engine.sequence import Sequence
+
+pytestmark = pytest.mark.unit
+CPU = torch.device("cpu")
+BLOCK = 4
+
+
+class _Graph:
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+def _stubbed(max_num_seqs: int, width: int, tag: float) -> CUDAGraphRunner:
+    """A runner on CPU with every graph stubbed; its logits are ``tag`` everywhere (which runner replayed)."""
+    r = CUDAGraphRunner(torch.nn.Identity(), [], max_num_seqs, width, CPU)
+    r.graphs = {s: _Graph() for s in r.sizes}
+    r.outputs = {s: torch.full((s, 3), tag) for s in r.sizes}
+    r.lane_graphs = {(s, lane): r.graphs[s] if lane == 0 else _Graph() for s in r.packs for lane in range(LANES)}
+    r.lane_outputs = {(s, lane): r.outputs[s] for s in r.packs for lane in range(LANES)}
+    return r
+
+
+@pytest.fixture
+def runner(monkeypatch) -> ModelRunner:
+    """A ModelRunner (no model) with main graphs (4 sequences, tables of 8 blocks) and narrow ones (1, 2 blocks)."""
+    monkeypatch.setattr(cuda_graph, "PACKED_INPUTS", True)
+    mr = ModelRunner.__new__(ModelRunner)
+    mr.graphs, mr.narrow = _stubbed(4, 8, 1.0), _stubbed(1, 2, 2.0)
+    mr._lane, mr.block_size, mr.device, mr.cascade = 0, BLOCK, CPU, None
+    mr.cascade_steps = mr.cascade_saved_tokens = 0
+    return mr
+
+
+def _seqs(*lengths: int) -> list[tuple[Sequence, int]]:
+    """Decode chunks of sequences with ``lengths`` tokens (the last one's KV not yet computed)."""
+    out = []
+    for i, n in enumerate(lengths):
+        s = Sequence(f"r{i}", 0, list(range(1, n + 1)), n - 1, SamplingParams())
+        s.num_computed_tokens = n - 1
+        out.append((s, 1))
+    return out
+
+
+def _tables(*lengths: int) -> np.ndarray:
+    w = max(-(-n // BLOCK) for n in lengths)
+    return np.array([[i * 8 + j for j in range(w)] for i, _ in enumerate(lengths)], dtype=np.int32)
+
+
+def test_a_short_single_sequence_runs_on_the_narrow_graphs(runner):
+    for step in range(3):  # alternate lanes, every one the narrow runner's
+        out = runner.execute(_seqs(7), _tables(7)).logits
+        assert out.shape == (1, 3) and bool((out == 2.0).all()), step
+    assert sum(g.replays for g in runner.narrow.lane_graphs.values()) == 3
+    assert sum(g.replays for g in runner.graphs.lane_graphs.values()) == 0
+
+
+@pytest.mark.parametrize("lengths", [(9,), (7, 5)], ids=["wider-table", "two-sequences"])
+def test_wider_tables_and_bigger_batches_run_on_the_main_graphs(runner, lengths):
+    out = runner.execute(_seqs(*lengths), _tables(*lengths)).logits
+    assert out.shape == (len(lengths), 3) and bool((out == 1.0).all())
+    assert sum(g.replays for g in runner.narrow.lane_graphs.values()) == 0
+
+
+def test_graphs_for_an_ordinary_batch_by_width(runner):
+    """A step built the ordinary way (not packed): the narrow graphs take it when its table fits them."""
+    def batch(n):
+        chunk = ScheduledChunk(list(range(n)), n - 1, 1, (), True)
+        return build_forward_batch([chunk], BLOCK, CPU, None, None, _tables(n))
+
+    assert runner.graphs_for(batch(8)) is runner.narrow and runner.graphs_for(batch(9)) is runner.graphs
+    runner.narrow = None
+    assert runner.graphs_for(batch(8)) is runner.graphs
+
+
+def test_off_by_default_and_only_for_wider_main_graphs(monkeypatch):
+    assert cuda_graph.NARROW_TOKENS is None
+    mr = ModelRunner.__new__(ModelRunner)
+    assert mr._narrow_graphs(40960, 16, CPU) is None
+    captured: list[tuple[int, int]] = []
+    monkeypatch.setattr(cuda_graph, "NARROW_TOKENS", 2048)
+    monkeypatch.setattr(CUDAGraphRunner, "capture", lambda self: captured.append((self.sizes[-1],
+                                                                                 self.block_tables.shape[1])))
+    mr.model, mr.kv_caches = torch.nn.Identity(), []
+    assert mr._narrow_graphs(2048, 16, CPU) is None and mr._narrow_graphs(2040, 16, CPU) is None
+    narrow = mr._narrow_graphs(2064, 16, CPU)
+    assert narrow is not None and captured == [(1, 128)]  # one sequence, 2048 / 16 blocks
