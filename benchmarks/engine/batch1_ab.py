@@ -281,7 +281,7 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
         setattr(mod, attr, value)
     try:
         llm = LLM(path, device="cuda", dtype=torch.bfloat16, max_model_len=MAX_MODEL_LEN, max_num_seqs=16,
-                  num_kv_blocks=512)
+                  num_kv_blocks=max(512, -(-MAX_MODEL_LEN // 16)))  # one sequence of max_model_len must fit
         sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=tokens)
         for _ in range(2):  # the first generate of a process also warms allocators and clocks
             llm.generate([PROMPT], sp, use_tqdm=False)
