@@ -91,8 +91,8 @@ class ModelRunner:
                     graphs.warm_as_captured()
                 else:
                     graphs.capture()
-                    self.graphs = graphs
-                    self.narrow = self._narrow_graphs(max_model_len, ec.block_size, device)
+                    narrow = self._narrow_graphs(max_model_len, ec.block_size, device)  # both or neither
+                    self.graphs, self.narrow = graphs, narrow
                 self.decode_as_captured = True
             except lz.LayerZeroError as exc:  # e.g. no graph-safe kernel for an op here: decode runs eager
                 if lz.get_config().strict and not ec.enforce_eager:
