@@ -253,7 +253,8 @@ def cuda_device(sm: tuple[int, int], sms: int | None = 132) -> DeviceSpec:
 
 @pytest.mark.unit
 @pytest.mark.parametrize("batch,hq,hkv,d,kv,sms", [(8, 8, 2, 128, 4096, 132), (1, 32, 8, 64, 32768, 132),
-                                                   (64, 16, 16, 256, 512, 78), (2, 4, 4, 40, 64, None)])
+                                                   (64, 16, 16, 256, 512, 78), (2, 4, 4, 40, 64, None),
+                                                   (1, 16, 8, 64, 3000, 132)])
 def test_workspace_bound_covers_every_batch_of_the_bucket(batch, hq, hkv, d, kv, sms):
     """Brute force: the declared bytes >= what paged_decode allocates for every batch 1..bucket and every
     max_blocks * P up to the bucket's seq_len_kv (sampled)."""

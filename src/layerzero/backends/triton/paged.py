@@ -205,10 +205,15 @@ def workspace_bytes(ctx: SelectionContext) -> int:
     every call of ``ctx``'s bucket (``ctx.batch`` and ``ctx.seq_len_kv`` are bucket upper bounds)."""
     b, hq, hkv, d = ctx.batch or 1, ctx.num_heads_q or 1, ctx.num_heads_kv or 1, ctx.head_dim or 1
     itemsize = ctx.dtype.itemsize if isinstance(ctx.dtype, torch.dtype) else 2
+    kv = ctx.seq_len_kv or 1
+    # (block_n, most splits, widest table) of every rule a call of the bucket may take (tile_rule): the general one
+    # (fp32 tiles for a quantized cache too), and SMALL_BATCH's for tables up to its width
+    rules = [(block_n_for(d, size), MAX_SPLITS, kv) for size in (itemsize, 4)]
+    if SMALL_BATCH is not None:
+        rules.append((SMALL_BATCH[2], SMALL_BATCH[3], min(kv, SMALL_BATCH[1])))
     cap = 1
-    rules = {tile_rule(b2, kv, d, size) for b2 in (1, b) for kv in (1, ctx.seq_len_kv or 1) for size in (itemsize, 4)}
-    for bn, most in rules:  # every rule a call of the bucket may take
-        tiles = max(1, math.ceil((ctx.seq_len_kv or 1) / bn))
+    for bn, most, width in rules:
+        tiles = max(1, math.ceil(width / bn))
         cap = max(cap, min(most, tiles, max(1, tiles // MIN_TILES_PER_SPLIT)))
     sms = ctx.device.multiprocessor_count or 1
     # b' * ceil(X / b') <= X + b' - 1 for every batch b' <= b of the bucket
