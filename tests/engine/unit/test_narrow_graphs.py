@@ -11,32 +11,21 @@ import torch
 
 from layerzero.engine import SamplingParams
 from layerzero.engine.runner import cuda_graph
-from layerzero.engine.runner.cuda_graph import LANES, CUDAGraphRunner
+from layerzero.engine.runner.cuda_graph import CUDAGraphRunner
 from layerzero.engine.runner.forward_batch import ScheduledChunk, build_forward_batch
 from layerzero.engine.runner.model_runner import ModelRunner
 from layerzero.engine.sequence import Sequence
+
+from .test_packed_inputs import stubbed_runner
 
 pytestmark = pytest.mark.unit
 CPU = torch.device("cpu")
 BLOCK = 4
 
 
-class _Graph:
-    def __init__(self) -> None:
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.replays += 1
-
-
 def _stubbed(max_num_seqs: int, width: int, tag: float) -> CUDAGraphRunner:
-    """A runner on CPU with every graph stubbed; its logits are ``tag`` everywhere (which runner replayed)."""
-    r = CUDAGraphRunner(torch.nn.Identity(), [], max_num_seqs, width, CPU)
-    r.graphs = {s: _Graph() for s in r.sizes}
-    r.outputs = {s: torch.full((s, 3), tag) for s in r.sizes}
-    r.lane_graphs = {(s, lane): r.graphs[s] if lane == 0 else _Graph() for s in r.packs for lane in range(LANES)}
-    r.lane_outputs = {(s, lane): r.outputs[s] for s in r.packs for lane in range(LANES)}
-    return r
+    """A stubbed runner whose logits are ``tag`` everywhere in every lane (which runner replayed)."""
+    return stubbed_runner(max_num_seqs, width, lambda s: torch.full((s, 3), tag), lane_step=0.0)
 
 
 @pytest.fixture

@@ -37,15 +37,22 @@ class _Graph:
         self.replays += 1
 
 
+def stubbed_runner(max_num_seqs: int, width: int, outputs, lane_step: float = 1.0) -> CUDAGraphRunner:
+    """A :class:`CUDAGraphRunner` on CPU as if captured: every plain graph a :class:`_Graph`, bucket ``s``'s logits
+    ``outputs(s)`` (lane ``l``'s plus ``l * lane_step``)."""
+    r = CUDAGraphRunner(torch.nn.Identity(), [], max_num_seqs, width, CPU)
+    r.graphs = {s: _Graph() for s in r.sizes}
+    r.outputs = {s: outputs(s) for s in r.sizes}
+    r.lane_graphs = {(s, lane): r.graphs[s] if lane == 0 else _Graph() for s in r.packs for lane in range(LANES)}
+    r.lane_outputs = {(s, lane): r.outputs[s] + lane * lane_step for s in r.packs for lane in range(LANES)}
+    return r
+
+
 @pytest.fixture
 def runner(monkeypatch) -> CUDAGraphRunner:
     monkeypatch.setattr(cuda_graph, "PACKED_INPUTS", True)
-    r = CUDAGraphRunner(torch.nn.Identity(), [], 48, 6, CPU)  # buckets 1, 2, 4, 8, 16, 24, 32, 40, 48; width 6
-    r.graphs = {s: _Graph() for s in r.sizes}  # as if captured
-    r.outputs = {s: torch.arange(s * 3, dtype=torch.float32).view(s, 3) for s in r.sizes}
-    r.lane_graphs = {(s, lane): r.graphs[s] if lane == 0 else _Graph() for s in r.packs for lane in range(LANES)}
-    r.lane_outputs = {(s, lane): r.outputs[s] + lane for s in r.packs for lane in range(LANES)}
-    return r
+    # buckets 1, 2, 4, 8, 16, 24, 32, 40, 48; width 6
+    return stubbed_runner(48, 6, lambda s: torch.arange(s * 3, dtype=torch.float32).view(s, 3))
 
 
 def _decode(pending=None):

@@ -91,19 +91,18 @@ def config(m: int, n: int, k: int, *, prefetch: bool | None = None) -> dict[str,
     MLP down projections): the row kernel with tiny column blocks, for enough programs. Wider N: the row kernel
     for one row, else ``tl.dot`` tiles (its 3-D accumulator spills beyond one row at wide tiles); the LM head
     (N > 16384) always ``tl.dot``. With :data:`PREFETCH` (or ``prefetch=True``), where it was faster
-    (:func:`prefetch_applies`): ``_gemv_prefetch``."""
-    if (PREFETCH if prefetch is None else prefetch) and prefetch_applies(m, n, k):
+    (:func:`prefetch_applies`; one row of an LM head with :data:`PREFETCH_WIDE` set): ``_gemv_prefetch``."""
+    wide = PREFETCH_WIDE is not None and m == 1 and n > 16384 and k <= PREFETCH_MAX_K
+    if (PREFETCH if prefetch is None else prefetch) and (wide or prefetch_applies(m, n, k)):
         kp = next_pow2(k)
-        slab, warps = PREFETCH_LONG_K if kp >= PREFETCH_MAX_K else (PREFETCH_SLAB, PREFETCH_WARPS)
+        if wide:
+            slab, warps = PREFETCH_WIDE
+        else:
+            slab, warps = PREFETCH_LONG_K if kp >= PREFETCH_MAX_K else (PREFETCH_SLAB, PREFETCH_WARPS)
         if PREFETCH_BY_SHAPE:  # A/B overrides only: nothing to look up on the usual call
             slab, warps = PREFETCH_BY_SHAPE.get((n, k), (slab, warps))
         return {"kernel": "prefetch", "BM": next_pow2(m), "BN": max(1, min(8, slab // kp)), "KP": kp,
                 "num_warps": warps}
-    if PREFETCH_WIDE is not None and (PREFETCH if prefetch is None else prefetch) and m == 1 and n > 16384 and (
-            k <= PREFETCH_MAX_K):
-        kp = next_pow2(k)
-        return {"kernel": "prefetch", "BM": 1, "BN": max(1, min(8, PREFETCH_WIDE[0] // kp)), "KP": kp,
-                "num_warps": PREFETCH_WIDE[1]}
     if n <= 2048:
         return {"kernel": "rows", "BM": next_pow2(m), "BN": 2 if m <= 2 and k >= 3072 else 4, "BK": 512,
                 "num_warps": 4}
