@@ -144,7 +144,8 @@ def tile_rule(batch: int, width: int, head_dim: int, itemsize: int) -> tuple[int
     :data:`SMALL_BATCH`'s within its bounds where the general rule splits too (a table of at least
     ``2 * MIN_TILES_PER_SPLIT`` general tiles: narrower ones run one program a head and no merge, as before, so an
     eager call and a graph replay of a short-window model compute the same bits), else :func:`block_n_for` and
-    :data:`MAX_SPLITS`.
+    :data:`MAX_SPLITS`. ``head_dim`` in elements, ``itemsize`` the bytes of one cached element as the kernel reads it
+    (4 for a quantized cache: its tiles are float32); block_n in KV positions. Pure arithmetic: raises nothing.
 
     >>> tile_rule(1, 2048, 128, 2), tile_rule(2, 2048, 128, 2), tile_rule(1, 4096, 128, 2), tile_rule(1, 384, 128, 2)
     ((32, 16), (128, 32), (128, 32), (128, 32))
