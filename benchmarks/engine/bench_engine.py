@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{hf['output_tokens_per_s']:.1f} | {hf['seconds']:.2f} s; {hf['note']} |")
     b1 = res["batch1"]
     lines.append(f"| layerzero.engine, one request alone (greedy, {b1['prompt_tokens']}-token prompt) | "
-                 f"{b1['output_tokens_per_s']:.1f} | {b1['output_tokens']} tokens in {b1['seconds']:.2f} s |")
+                 f"{b1['output_tokens_per_s']:.1f} | {b1['output_tokens']} tokens in {b1['seconds']:.2f} s; decode after "
+                 f"the first token {b1['decode_tokens_per_s']:.1f} tok/s ({b1['first_token_ms']:.1f} ms to it) |")
     lines += [f"| memory roofline | {res['roofline_tokens_per_s']:.0f} | copy bandwidth "
               f"{res['copy_bandwidth_gb_s']:.1f} GB/s; the engine reaches {100 * res['fraction_of_roofline']:.1f}% |",
               "", "Engine time split: " + ", ".join(f"{k} {v:.2f} s ({100 * v / total:.0f}%)" for k, v in t.items())]

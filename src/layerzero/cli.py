@@ -251,6 +251,10 @@ def _cmd_bench_engine(ns: argparse.Namespace) -> int:
           f"({100 * res['fraction_of_roofline']:.1f}% of the {res['roofline_tokens_per_s']:.0f} tok/s roofline)")
     if hf:
         print(f"transformers generate ({hf['requests']} requests batched): {hf['output_tokens_per_s']:.1f} tok/s")
+    b1 = res["batch1"]
+    print(f"one request alone ({b1['prompt_tokens']}-token prompt, {b1['output_tokens']} greedy tokens): "
+          f"{b1['output_tokens_per_s']:.1f} tok/s; decode after the first token {b1['decode_tokens_per_s']:.1f} "
+          f"tok/s ({b1['first_token_ms']:.1f} ms to it)")
     return 0
 
 

@@ -120,3 +120,33 @@ def test_prefix_benchmark_gives_every_shared_prefix_run_the_first_pool(monkeypat
     monkeypatch.setattr(bench_prefix, "_timed", fake)
     bench_prefix.run_prefix(scale="cpu", model="unused", device="cpu", zero_hit=False)
     assert calls == [(True, None), (False, 123)]
+
+
+def test_batch1_decode_rate_excludes_the_first_token(monkeypatch):
+    """``bench-engine``'s one-request run: the decode rate is the tokens after the first over the time after it, worked
+    by hand on a fake clock (first delta of 1 token at 30 ms, then 2 tokens at 32 ms and 1 at 34 ms: 3 tokens in
+    4 ms = 750 tok/s); the whole rate counts every token over the generate call."""
+    from types import SimpleNamespace
+
+    from layerzero.engine import bench
+
+    clock = [0.0]
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def delta(n):
+        return SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5] * n)])
+
+    class FakeLLM:
+        def generate(self, prompts, sp, use_tqdm):
+            clock[0] += 0.5
+
+        def stream(self, prompt, sp):
+            start = clock[0]  # where the benchmark read the clock before iterating
+            for at, n in ((0.030, 1), (0.032, 2), (0.034, 1)):
+                clock[0] = start + at
+                yield delta(n)
+
+    llm = FakeLLM()
+    r = bench._batch1(llm, torch.device("cpu"), [1, 2, 3], 4)
+    assert r["output_tokens_per_s"] == pytest.approx(4 / 0.5) and r["seconds"] == pytest.approx(0.5)
+    assert r["first_token_ms"] == pytest.approx(30.0) and r["decode_tokens_per_s"] == pytest.approx(750.0)

@@ -1,7 +1,7 @@
 """Narrow batch-1 decode graphs (``cuda_graph.NARROW_TOKENS``, ``ModelRunner.narrow``): a one-sequence decode step whose
 block table fits the narrow graphs' width is packed into and replayed by them; a wider table, two sequences or a
-step built the ordinary way that does not fit goes to the main graphs; off by default, and not captured when the main
-graphs are no wider. On CPU, the graph replays stubbed (as in ``test_packed_inputs.py``)."""
+step built the ordinary way that does not fit goes to the main graphs; on by default (2048 tokens), not captured when
+the main graphs are no wider. On CPU, the graph replays stubbed (as in ``test_packed_inputs.py``)."""
 
 from __future__ import annotations
 
@@ -80,9 +80,17 @@ def test_graphs_for_an_ordinary_batch_by_width(runner):
     assert runner.graphs_for(batch(8)) is runner.graphs
 
 
-def test_off_by_default_and_only_for_wider_main_graphs(monkeypatch):
-    assert cuda_graph.NARROW_TOKENS is None
+def test_default_width_is_the_small_tile_bound():
+    """The narrow graphs exist to give short sequences ``triton.paged_decode``'s batch-1 small tiles: as wide as the
+    widest table those apply to (wider and they would not apply; narrower and fewer steps would get them)."""
+    from layerzero.backends.triton.paged import SMALL_BATCH
+
+    assert cuda_graph.NARROW_TOKENS == SMALL_BATCH[1] == 2048
+
+
+def test_only_for_wider_main_graphs_and_off_with_none(monkeypatch):
     mr = ModelRunner.__new__(ModelRunner)
+    monkeypatch.setattr(cuda_graph, "NARROW_TOKENS", None)
     assert mr._narrow_graphs(40960, 16, CPU) is None
     captured: list[tuple[int, int]] = []
     monkeypatch.setattr(cuda_graph, "NARROW_TOKENS", 2048)

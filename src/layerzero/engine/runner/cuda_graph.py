@@ -61,12 +61,15 @@ LANE_MAX_BATCH = 8
 """Packed buckets up to this many rows get :data:`LANES` lanes and greedy graphs (four graphs where one was); bigger
 ones one lane and a plain graph: the ~20 µs a step the lanes save matter at small batches, where a step is short, and
 every graph is one more capture at start-up."""
-NARROW_TOKENS: int | None = None
+NARROW_TOKENS: int | None = 2048
 """When the decode graphs' block tables are wider than this many tokens (``max_model_len``), ``ModelRunner`` also
 captures batch-1 decode graphs with tables this wide and replays them while the sequence fits: ``lz.paged_attention``
 picks its kernel's tiles from the table's width (``triton.paged_decode``'s batch-1 small tiles apply up to 2048
-tokens: 652-655 against 676-680 µs a graph on the H200 with a 2048-token table, 2026-11-28d), and a graph as wide as
-``max_model_len`` would keep a short sequence on the general tiles. None: off (not yet measured on a GPU)."""
+tokens), and a graph as wide as ``max_model_len`` would keep a short sequence on the general tiles. Measured on the
+H200 (2026-11-28e, 256-token prompt): ``max_model_len`` 40960, batch-1 graph 697-698 -> 654 µs, decode 1,430-1,432 ->
+1,535-1,536 tok/s; ``max_model_len`` 2064, 676-677 -> 654-655 µs, 1,476-1,480 -> 1,534-1,535 tok/s. Costs four more
+captures at start-up (one bucket, two lanes, plain and greedy). None: off (every decode step replays the
+``max_model_len``-wide graphs)."""
 PACK_MAX_BYTES = 64 << 10
 """Buckets whose packed inputs (ids, positions, slots, block tables at the full graph width, seq_lens, pending-id
 rows) fit this many bytes are packed; larger ones copy the step's rows into the shared buffers (a full-width table
