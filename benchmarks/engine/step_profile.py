@@ -1,5 +1,5 @@
 """Where a throughput run's wall time goes, by step kind: ``layerzero bench-engine``'s workload (nano-vllm's) run
-``--runs`` times in one process (the first includes first-use JIT compiles), each step's wall time (between two
+``--runs`` times in one process (the first includes first-use JIT compiles; the prefix cache is emptied between runs), each step's wall time (between two
 ``EngineStats.record`` calls) binned by kind (steps with prefill tokens; decode steps by batch size), plus the kernels
 each op ran (``layerzero.telemetry`` call counts). Diagnoses a throughput number far from the expected one.
 
@@ -52,6 +52,8 @@ def main() -> int:
     lines = [f"# Throughput run by step kind ({a.device}, {a.scale} scale)", ""]
     lzt.enable()
     for run in range(a.runs):
+        if run and not llm.engine.kv.reset_prefix_cache():  # the same prompts again: no prefix hits from the last run
+            raise RuntimeError("could not empty the prefix cache between runs")
         steps.clear()
         lzt.reset()
         params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in max_tokens]

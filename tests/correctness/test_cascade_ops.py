@@ -190,6 +190,20 @@ def test_triton_paged_prefill_lse(seed, causal, splits):
 
 @interpreted
 @pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("causal", [True, False])
+def test_triton_paged_prefill(seed, causal):
+    """``triton.paged_prefill`` (op ``paged_attention``, the prefill kernel without its lse): mixed prefill / append /
+    decode rows with the default sizing, as an engine's eager steps call it."""
+    from layerzero.backends.triton.cascade import paged_prefill
+
+    layout = "HND" if seed % 2 else "NHD"
+    q, cache, tables, lens, cu = case(seed + 100, layout)
+    out = paged_prefill(q, cache, tables, lens, cu, None, causal, layout)
+    close(out, oracle(q, cache, tables, lens, cu, layout, causal)[0], torch.float32)
+
+
+@interpreted
+@pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("knobs", [{}, {"block_n": 16, "min_split_tiles": 1},
                                    {"block_n": 16, "min_split_tiles": 1, "target": 1000}, {"rows": 64}],
                          ids=["default", "device-split", "many-splits", "rows64"])

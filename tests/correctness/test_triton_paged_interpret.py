@@ -15,6 +15,7 @@ The interpreter tests skip with a reason when triton is not importable.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -310,12 +311,28 @@ def test_chosen_over_sdpa_for_cuda_decode(registry, layout, dtype):
 
 @pytest.mark.unit
 def test_refuses_prefill_with_a_reason(registry):
+    """Prefill / append (cu_seqlens_q given) is not triton.paged_decode's: it says why, and the prefill kernel
+    (triton.paged_prefill) takes the call instead of the per-sequence SDPA loop."""
     ctx = _ctx(seq_len_q=64)
     assert ctx.phase is Phase.PREFILL
     plan, report = run_select(registry, ctx)
     assert codes(report) == {R.SEQ_LEN_TOO_LONG}
     assert "decode only" in str(report.candidate(tp.KERNEL_ID).reasons[0])
-    assert plan.kernel_id == "torch_sdpa.paged_attention"
+    assert plan.kernel_id == "triton.paged_prefill"
+    assert report.candidate("torch_sdpa.paged_attention").status.value == "eligible"
+
+
+@pytest.mark.unit
+def test_prefill_kernel_only_where_it_applies(registry):
+    """triton.paged_prefill serves unquantized prefill on CUDA SM >= 8.0; decode stays on triton.paged_decode (higher
+    priority), a quantized cache and old GPUs go to torch_sdpa.paged_attention, each with its reason."""
+    plan, report = run_select(registry, _ctx())
+    assert plan.kernel_id == tp.KERNEL_ID and report.candidate("triton.paged_prefill").status.value == "eligible"
+    for ctx, code in ((dataclasses.replace(_ctx(seq_len_q=64), kv_dtype=torch.int8), R.KV_CACHE_DTYPE_UNSUPPORTED),
+                      (_ctx(seq_len_q=64, device=cuda_device((7, 5))), R.SM_TOO_OLD)):
+        plan, report = run_select(registry, ctx)
+        assert plan.kernel_id == "torch_sdpa.paged_attention"
+        assert code in codes(report, "triton.paged_prefill")
 
 
 @pytest.mark.unit
@@ -344,7 +361,8 @@ def test_graph_safe_choice_under_capture(registry):
 def test_spec_data_and_unavailable_callable():
     specs = tp.kernel_specs(True, "")
     assert [s.kernel_id for s in specs] == ["triton.paged_decode", "triton.paged_decode_lse",
-                                            "triton.paged_prefill_lse", "triton.merge_attention_states"]
+                                            "triton.paged_prefill_lse", "triton.merge_attention_states",
+                                            "triton.paged_prefill"]
     spec = specs[0]
     assert (spec.kernel_id, spec.op, spec.priority, spec.sm_min) == ("triton.paged_decode", "paged_attention", 40,
                                                                      (8, 0))

@@ -7,6 +7,7 @@ rest empty) against a float64 einsum; the kernels LayerZero picks by default and
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -114,6 +115,38 @@ def test_shared_level_at_the_engine_graph_shape(groups, members, dtype):
         torch.testing.assert_close(lse[i * members:(i + 1) * members].double(), scores.logsumexp(-1), rtol=tol,
                                    atol=tol)
     assert bool((out[rows:] == 0).all()) and bool((lse[rows:] == float("-inf")).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prefill_kernel_at_a_mixed_step_shape(dtype):
+    """``triton.paged_prefill`` (op ``paged_attention``) as an engine's mixed step calls it: Qwen3-0.6B heads (16 q /
+    8 kv, D 128), pages of 16, whole prompts (q_len == kv_len, up to 2100 tokens), chunks appended to cached tokens
+    and decode rows in one call. Each row must equal a float64 bottom-right causal softmax computed here with einsum.
+    Without FlashInfer, LayerZero picks this kernel by default for such a call (not the per-sequence SDPA loop)."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    page, hkv, hq, d = 16, 8, 16, 128
+    q_lens = [700, 1, 513, 1, 37, 2100, 1]
+    kv_lens = [700, 40, 1513, 2000, 37, 2100, 1]
+    width = max(-(-n // page) for n in kv_lens)
+    cache = torch.randn(len(q_lens) * width + 3, 2, page, hkv, d, device="cuda", dtype=dtype, generator=g)
+    tables = torch.randperm(cache.shape[0], device="cuda", generator=g)[:len(q_lens) * width]
+    tables = tables.view(len(q_lens), width).to(torch.int32)
+    lens = torch.tensor(kv_lens, dtype=torch.int32, device="cuda")
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(q_lens), hq, d, device="cuda", dtype=dtype, generator=g)
+    with locked("paged_attention", "triton.paged_prefill"):
+        out = lz.paged_attention(q, cache, tables, lens, cu_seqlens_q=cu)
+    for i, (ql, n) in enumerate(zip(q_lens, kv_lens, strict=True)):
+        kv = cache[tables[i, :-(-n // page)].long()].double().transpose(1, 0).reshape(2, -1, hkv, d)[:, :n]
+        k, v = (t.repeat_interleave(hq // hkv, dim=1) for t in kv)  # [n, Hq, D]
+        qi = q[int(cu[i]):int(cu[i + 1])].double()
+        scores = torch.einsum("mhd,nhd->mhn", qi, k) / d ** 0.5
+        seen = torch.arange(n, device="cuda")[None, :] <= n - ql + torch.arange(ql, device="cuda")[:, None]
+        scores = scores.masked_fill(~seen[:, None, :], float("-inf"))
+        ref = torch.einsum("mhn,nhd->mhd", scores.softmax(-1), v)
+        torch.testing.assert_close(out[int(cu[i]):int(cu[i + 1])].double(), ref, rtol=TOL[dtype], atol=TOL[dtype])
+    if importlib.util.find_spec("flashinfer") is None:
+        assert lz.explain("paged_attention", q, cache, tables, lens, cu_seqlens_q=cu).chosen == "triton.paged_prefill"
 
 
 def test_merge_kernel_matches_reference():

@@ -1,5 +1,7 @@
 """Cascade attention's Triton kernels: ``triton.paged_prefill_lse`` (op ``paged_attention_lse``: paged attention of
-many query tokens per sequence, causal or not, with the lse) and ``triton.merge_attention_states``.
+many query tokens per sequence, causal or not, with the lse) and ``triton.merge_attention_states``; the same prefill
+kernel without the lse is ``triton.paged_prefill`` (op ``paged_attention``: prefill, append and mixed steps where
+FlashInfer is not installed).
 
 ``paged_prefill_lse`` is FlashAttention's forward (Dao et al. 2022) over a paged cache: a work item (sequence, tile of
 new tokens, KV split, KV head) holds those tokens' query rows for every query head of the KV head (the GQA group) and
@@ -35,6 +37,7 @@ from ._launch import launch
 from .paged import sm_count
 
 PREFILL_KERNEL_ID = "triton.paged_prefill_lse"
+PAGED_KERNEL_ID = "triton.paged_prefill"
 MERGE_KERNEL_ID = "triton.merge_attention_states"
 PREFILL_PRIORITY = 30
 """Below ``triton.paged_decode_lse`` (40, split-K for decode) and FlashInfer (50); above the reference."""
@@ -162,6 +165,22 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
     return out, lse
 
 
+def paged_prefill(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
+    """``lz.paged_attention`` canonical-args entry (see :func:`layerzero.ops.paged.prepare`): :func:`paged_prefill_lse`
+    without the lse, for prefill, append and mixed prefill + decode steps. q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's
+    dtype; cu_seqlens_q ``[B + 1]`` int32 (None: one token per sequence); causal aligned bottom-right (query i of a
+    sequence with ``q_len`` new tokens sees its first ``seq_len - q_len + i + 1`` keys). Unquantized caches only (the
+    spec declares no ``kv_cache_dtypes``, so a quantized call gets ``torch_sdpa.paged_attention``).
+
+    Where it matters: an engine on a GPU without FlashInfer ran its prefill and mixed steps on
+    ``torch_sdpa.paged_attention`` (a gather and an SDPA call per sequence per layer): 5-9 s per mixed step of ~8k
+    prompt tokens on the H200 (benchmarks/results/engine/h200/2026-11-28e/).
+
+    Raises:
+        InvalidInputError: as :func:`paged_prefill_lse` (more than :data:`MAX_SEQS` sequences)."""
+    return paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout)[0]
+
+
 def merge_attention_states(out_a, lse_a, out_b, lse_b):
     """``lz.merge_attention_states`` canonical-args entry: out ``[T, H, D]`` (any strides with a unit last one),
     lse ``[T, H]`` float32 with unit stride over heads. Returns ``(out [T, H, D] in out_a's dtype, lse [T, H]
@@ -205,8 +224,10 @@ def merge_check(ctx: SelectionContext) -> list[Reason]:
 
 
 def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
-    """``[triton.paged_prefill_lse, triton.merge_attention_states]`` (CUDA SM >= 8.0, fp16/bf16/fp32, graph-safe,
-    deterministic); when ``available`` is False their callables raise ``BackendNotAvailableError`` with ``why``."""
+    """``[triton.paged_prefill_lse, triton.merge_attention_states, triton.paged_prefill]`` (CUDA SM >= 8.0,
+    fp16/bf16/fp32, graph-safe, deterministic, priority 30: below ``triton.paged_decode`` (40), which decode
+    calls get, and FlashInfer (60); above ``torch_sdpa.paged_attention`` (10)); when ``available`` is False their
+    callables raise ``BackendNotAvailableError`` with ``why``."""
     common: dict[str, Any] = dict(device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, supports_backward=False,
                                   supports_dropout=False, deterministic=True, graph_safe=True)
     return [
@@ -220,4 +241,9 @@ def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
                    merge_attention_states if available else missing(MERGE_KERNEL_ID, why), priority=PREFILL_PRIORITY,
                    description="Triton merge of two attention states (one program per row, all heads as one tile)",
                    check=merge_check, **common),
+        KernelSpec(PAGED_KERNEL_ID, "paged_attention",
+                   paged_prefill if available else missing(PAGED_KERNEL_ID, why), priority=PREFILL_PRIORITY,
+                   description="triton.paged_prefill_lse without the lse: paged prefill, append and mixed steps "
+                               "(FlashAttention forward over pages), causal or not",
+                   head_dim_min=1, head_dim_max=HEAD_DIM_MAX, check=prefill_check, **common),
     ]
