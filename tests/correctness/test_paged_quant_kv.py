@@ -33,7 +33,7 @@ QDTYPES = (FP8, torch.int8)
 ATTN_KERNELS = ("reference.paged_attention", "torch_sdpa.paged_attention")
 CACHE_KERNELS = ("reference.reshape_and_cache", "torch_native.reshape_and_cache")
 REFUSED = ("flex_attention.paged_attention", "flashinfer.paged_attention")
-TRITON_READERS = ("triton.paged_decode", "triton.reshape_and_cache")
+TRITON_READERS = ("triton.paged_decode", "triton.paged_prefill", "triton.reshape_and_cache")
 """Our Triton kernels read / write quantized caches (CUDA only: on CPU they are refused for the device, never for
 the cache dtype)."""
 

@@ -5,7 +5,9 @@
   round to even, values past the format saturate, -1 slots write nothing), scales as floats and as device tensors;
 - ``triton.paged_decode`` over a quantized cache equals a float64 decode over the dequantized cache
   (``codes * scale``) within the query dtype's tolerance, split and unsplit, NHD and HND;
-- both KernelSpecs declare the quantized cache dtypes, so selection keeps them for quantized pools (graph-safe:
+- ``triton.paged_prefill`` (and its lse form) over a quantized cache: a ragged prefill / append / decode batch equals
+  float64 attention over the dequantized cache, causal and not;
+- the KernelSpecs declare the quantized cache dtypes, so selection keeps them for quantized pools (graph-safe:
   the engine's decode graphs can be captured with ``kv_cache_dtype="fp8" | "int8"``).
 The compiled kernels are covered by tests/gpu/test_gpu_triton_kv_quant.py."""
 
@@ -14,9 +16,12 @@ from __future__ import annotations
 import pytest
 import torch
 from _triton_interp import needs_interpreter
+from test_cascade_ops import case as prefill_case
+from test_cascade_ops import oracle as prefill_oracle
 from test_triton_paged_interpret import make_case, oracle
 
 from layerzero.backends.triton import cache as tc
+from layerzero.backends.triton import cascade as tcas
 from layerzero.backends.triton import paged as tp
 from layerzero.core.kv_quant import dequantize_kv, quantize_kv
 
@@ -80,6 +85,30 @@ def test_decode_over_quantized_cache_matches_float64(qdtype, layout, splits, dty
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol * float(ref.abs().max()))
 
 
+@interpreted
+@pytest.mark.parametrize("qdtype", QDTYPES, ids=["int8", "fp8"])
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("causal", [True, False])
+def test_prefill_over_quantized_cache_matches_float64(qdtype, seed, causal):
+    """``triton.paged_prefill`` (op ``paged_attention``) and ``triton.paged_prefill_lse`` over codes: ragged
+    prefill / append / decode rows (``test_cascade_ops.case``), one scale by value and one on the device."""
+    layout = "HND" if seed % 2 else "NHD"
+    q, cache, tables, lens, cu = prefill_case(seed + 40, layout)
+    ks, vs = 0.03, torch.tensor(0.021)
+    codes = quantize_kv(cache[:, 0:1], ks, qdtype), quantize_kv(cache[:, 1:2], vs, qdtype)
+    qcache = torch.cat(codes, dim=1)
+    deq = torch.cat((dequantize_kv(codes[0], ks, torch.float64), dequantize_kv(codes[1], vs, torch.float64)), dim=1)
+    ref_out, ref_lse = prefill_oracle(q, deq, tables, lens, cu, layout, causal)
+    out = tcas.paged_prefill(q, qcache, tables, lens, cu, None, causal, layout, ks, vs)
+    out2, lse = tcas.paged_prefill_lse(q, qcache, tables, lens, cu, None, causal, layout, ks, vs)
+    assert out.dtype == torch.float32 and torch.equal(out, out2)
+    tol = TOL[torch.float32]
+    torch.testing.assert_close(out.double(), ref_out, rtol=tol, atol=tol)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=tol, atol=tol)
+
+
 def test_specs_declare_quantized_caches():
-    for spec in (tc.kernel_spec(True, ""), tp.kernel_specs(True, "")[0]):
+    specs = {s.kernel_id: s for s in tp.kernel_specs(True, "")}
+    for spec in (tc.kernel_spec(True, ""), specs["triton.paged_decode"], specs["triton.paged_prefill"],
+                 specs["triton.paged_prefill_lse"]):
         assert spec.kv_cache_dtypes == {torch.int8, torch.float8_e4m3fn} and spec.graph_safe

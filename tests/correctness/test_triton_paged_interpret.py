@@ -324,15 +324,16 @@ def test_refuses_prefill_with_a_reason(registry):
 
 @pytest.mark.unit
 def test_prefill_kernel_only_where_it_applies(registry):
-    """triton.paged_prefill serves unquantized prefill on CUDA SM >= 8.0; decode stays on triton.paged_decode (higher
-    priority), a quantized cache and old GPUs go to torch_sdpa.paged_attention, each with its reason."""
+    """triton.paged_prefill serves prefill on CUDA SM >= 8.0, quantized caches too; decode stays on
+    triton.paged_decode (higher priority), old GPUs go to torch_sdpa.paged_attention with the reason."""
     plan, report = run_select(registry, _ctx())
     assert plan.kernel_id == tp.KERNEL_ID and report.candidate("triton.paged_prefill").status.value == "eligible"
-    for ctx, code in ((dataclasses.replace(_ctx(seq_len_q=64), kv_dtype=torch.int8), R.KV_CACHE_DTYPE_UNSUPPORTED),
-                      (_ctx(seq_len_q=64, device=cuda_device((7, 5))), R.SM_TOO_OLD)):
-        plan, report = run_select(registry, ctx)
-        assert plan.kernel_id == "torch_sdpa.paged_attention"
-        assert code in codes(report, "triton.paged_prefill")
+    for kv_dtype in (torch.int8, torch.float8_e4m3fn):
+        plan, _ = run_select(registry, dataclasses.replace(_ctx(seq_len_q=64), kv_dtype=kv_dtype))
+        assert plan.kernel_id == "triton.paged_prefill"
+    plan, report = run_select(registry, _ctx(seq_len_q=64, device=cuda_device((7, 5))))
+    assert plan.kernel_id == "torch_sdpa.paged_attention"
+    assert R.SM_TOO_OLD in codes(report, "triton.paged_prefill")
 
 
 @pytest.mark.unit

@@ -1,6 +1,6 @@
 """Quantized paged KV caches on a CUDA GPU (``pytest -m gpu``; skipped on CPU): the default kernels
-(``triton.paged_decode`` for decode, ``torch_sdpa.paged_attention`` for prefill/append, ``triton.reshape_and_cache``
-for writes; the Triton kernels also checked bit-equal / close to the torch ones) on fp8 / int8 caches against the float64 oracle of
+(``triton.paged_decode`` for decode, ``triton.paged_prefill`` for prefill/append, ``triton.reshape_and_cache`` for
+writes; the Triton kernels also checked bit-equal / close to the torch ones) on fp8 / int8 caches against the float64 oracle of
 ``tests/correctness/test_paged_quant_kv.py`` (its CPU helpers, run on CUDA tensors), repeated calls through the hot
 path with float and tensor scales, and the kernels that cannot read a quantized cache refused."""
 
@@ -44,17 +44,16 @@ def test_cuda_quantized_cache(dtype, qdtype, decode):
             assert out.dtype == qdtype
             torch.testing.assert_close(out.double().cpu(), ref, atol=tol, rtol=tol)
     report = lz.explain("paged_attention", qc, cc, btc, sc, cu_seqlens_q=cuc, k_scale=ks, v_scale=vs)
-    assert report.chosen == ("triton.paged_decode" if decode else "torch_sdpa.paged_attention")
+    assert report.chosen == ("triton.paged_decode" if decode else "triton.paged_prefill")
     if "flashinfer.paged_attention" in {c.kernel_id for c in report.candidates}:
         reasons = report.candidate("flashinfer.paged_attention").reasons
         assert ReasonCode.KV_CACHE_DTYPE_UNSUPPORTED in {r.code for r in reasons}
-    if decode:  # the torch kernel agrees with the Triton one
-        lz.lock("paged_attention", "torch_sdpa.paged_attention")
-        try:
-            out_t = lz.paged_attention(qc, cc, btc, sc, k_scale=ks, v_scale=vs)
-        finally:
-            lz.unlock("paged_attention")
-        torch.testing.assert_close(out_t.double().cpu(), ref, atol=tol, rtol=tol)
+    lz.lock("paged_attention", "torch_sdpa.paged_attention")  # the torch kernel agrees with the Triton one
+    try:
+        out_t = lz.paged_attention(qc, cc, btc, sc, cu_seqlens_q=cuc, k_scale=ks, v_scale=vs)
+    finally:
+        lz.unlock("paged_attention")
+    torch.testing.assert_close(out_t.double().cpu(), ref, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8], ids=["fp8", "int8"])

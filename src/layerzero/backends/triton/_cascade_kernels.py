@@ -24,6 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._cache_kernels import load_scale
 from ._paged_kernels import kv_tile
 
 LOG2E = 1.4426950408889634
@@ -38,11 +39,13 @@ LOG2E_C = tl.constexpr(1.4426950408889634)
 def paged_prefill(
     q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e)
+    k_scale, v_scale,  # a quantized cache's scales: floats, or pointers to one float32 (K_PTR / V_PTR)
     stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
     page, group, tokens_per_tile, num_heads, num_kv_heads, num_seqs, target, min_split_tiles, max_splits,
     ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, B_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, MAX_ITEMS: tl.constexpr,
     UPCAST: tl.constexpr, SPLIT: tl.constexpr,
+    QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
 ):
     """See the module docstring. Persistent: every program first derives the work items from ``cu_seqlens_q`` and
     ``seq_lens`` (``[B_PAD]`` vectors, no host read): sequence b has ``mt_b = ceil(q_len_b / tokens_per_tile)``
@@ -60,6 +63,8 @@ def paged_prefill(
     merged by ``_paged_kernels.paged_decode_merge``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    ks = load_scale(k_scale, K_PTR)
+    vs = load_scale(v_scale, V_PTR)
     m_tiles, kv_tiles = _tiles(cu_ptr, lens_ptr, num_seqs, tokens_per_tile, B_PAD, BLOCK_N)
     per = 1
     if SPLIT:
@@ -71,16 +76,16 @@ def paged_prefill(
         for i in range(0, MAX_ITEMS):
             w = pid + i * nprog
             if w < total:
-                _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
-                      stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group,
-                      tokens_per_tile, num_heads, num_kv_heads, num_seqs, max_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N,
-                      B_PAD, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT)
+                _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, ks, vs, stride_qt,
+                      stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
+                      page, group, tokens_per_tile, num_heads, num_kv_heads, num_seqs, max_splits, ROWS, HEAD_DIM,
+                      D_PAD, BLOCK_N, B_PAD, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT, QUANT)
     else:
         for w in range(pid, total, nprog):
-            _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh,
-                  stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group,
-                  tokens_per_tile, num_heads, num_kv_heads, num_seqs, max_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N,
-                  B_PAD, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT)
+            _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, ks, vs, stride_qt,
+                  stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page,
+                  group, tokens_per_tile, num_heads, num_kv_heads, num_seqs, max_splits, ROWS, HEAD_DIM, D_PAD,
+                  BLOCK_N, B_PAD, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT, QUANT)
 
 
 @triton.jit
@@ -94,12 +99,12 @@ def _tiles(cu_ptr, lens_ptr, num_seqs, tokens_per_tile, B_PAD: tl.constexpr, BLO
 
 
 @triton.jit
-def _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, stride_qt, stride_qh, stride_blk,
-          stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group, tokens_per_tile, num_heads,
-          num_kv_heads, num_seqs, max_splits,
+def _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, ks, vs, stride_qt, stride_qh,
+          stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group, tokens_per_tile,
+          num_heads, num_kv_heads, num_seqs, max_splits,
           ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
           B_PAD: tl.constexpr, CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr,
-          UPCAST: tl.constexpr, SPLIT: tl.constexpr):
+          UPCAST: tl.constexpr, SPLIT: tl.constexpr, QUANT: tl.constexpr):
     """Work item ``w`` = ((sequence b's items before it) + m * sp_b + s) * Hkv + h: token tile m of sequence b, KV
     head h, KV split s (``per`` KV tiles each, the last one shorter; one split covering every key without
     ``SPLIT``). The per-sequence counts are derived again here from two small (cached) vector loads rather than
@@ -127,18 +132,18 @@ def _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_sc
         m = local
         s = 0
     _rows(m, b, h, s, q0, q_len, kv_len, s * split_len, split_len, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale,
-          stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page,
-          group, tokens_per_tile, num_heads, max_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, INTERPRET, MAX_TILES,
-          UPCAST, SPLIT)
+          ks, vs, stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
+          page, group, tokens_per_tile, num_heads, max_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, INTERPRET,
+          MAX_TILES, UPCAST, SPLIT, QUANT)
 
 
 @triton.jit
 def _rows(m, b, h, s, q0, q_len, kv_len, start, split_len, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale,
-          stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page,
-          group, tokens_per_tile, num_heads, max_splits,
+          ks, vs, stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
+          page, group, tokens_per_tile, num_heads, max_splits,
           ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
           CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, UPCAST: tl.constexpr,
-          SPLIT: tl.constexpr):
+          SPLIT: tl.constexpr, QUANT: tl.constexpr):
     """Token tile m of sequence b, KV head h: its rows over KV positions ``[start, start + split_len)`` (split s)."""
     first = m * tokens_per_tile
     stop = kv_len
@@ -165,12 +170,13 @@ def _rows(m, b, h, s, q0, q_len, kv_len, start, split_len, q_ptr, kv_ptr, bt_ptr
         for i in range(0, MAX_TILES):
             t0 = start + i * BLOCK_N
             if t0 < stop:
-                m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
-                                      stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
+                m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, ks, vs,
+                                      stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL,
+                                      UPCAST, QUANT)
     else:
         for t0 in range(start, stop, BLOCK_N):
-            m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk,
-                                  stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST)
+            m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, ks, vs, stride_blk,
+                                  stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST, QUANT)
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
@@ -186,14 +192,19 @@ def _rows(m, b, h, s, q0, q_len, kv_len, start, split_len, q_ptr, kv_ptr, bt_ptr
 
 
 @triton.jit
-def _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, stride_blk, stride_kv, stride_pos, page,
-          HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-          UPCAST: tl.constexpr):
+def _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, ks, vs, stride_blk, stride_kv, stride_pos,
+          page, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+          UPCAST: tl.constexpr, QUANT: tl.constexpr):
     """One online-softmax step over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop`` (and, when ``CAUSAL``,
-    to each row's ``limit``); a row with no key seen yet keeps m = -inf and weight 0 (no NaN)."""
+    to each row's ``limit``); a row with no key seen yet keeps m = -inf and weight 0 (no NaN). ``QUANT``: the cache
+    holds float8_e4m3fn / int8 codes, dequantized as ``code * scale`` in float32 and rounded to q's dtype (as
+    ``torch_sdpa.paged_attention`` reads them), so both dots keep q's dtype."""
     pos, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
                               BLOCK_N)
-    if UPCAST:
+    if QUANT:
+        k = (k.to(tl.float32) * ks).to(q.dtype)
+        v = (v.to(tl.float32) * vs).to(q.dtype)
+    elif UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [ROWS, BLOCK_N], base-2 logits

@@ -29,12 +29,13 @@ import torch
 from layerzero.core.context import SelectionContext
 from layerzero.core.errors import InvalidInputError, expected_got
 from layerzero.core.kv_layout import KV_LAYOUTS, cache_dims, nhd_view
+from layerzero.core.kv_quant import KV_QUANT_DTYPES
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
 from ._launch import launch
-from .paged import sm_count
+from .paged import scale_args, sm_count
 
 PREFILL_KERNEL_ID = "triton.paged_prefill_lse"
 PAGED_KERNEL_ID = "triton.paged_prefill"
@@ -85,14 +86,16 @@ def block_n_for(head_dim: int) -> int:
     return 64 if next_pow2(head_dim) <= 128 else 32
 
 
-def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, *,
-                      num_splits: int | None = None, block_n: int | None = None, rows: int | None = None,
+def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None,
+                      v_scale=None, *, num_splits: int | None = None, block_n: int | None = None, rows: int | None = None,
                       num_warps: int | None = None, num_stages: int | None = None, programs_per_sm: int | None = None,
                       target: int | None = None, min_split_tiles: int = MIN_SPLIT_TILES):
     """``lz.paged_attention(..., return_lse=True)`` canonical-args entry (see
     :func:`layerzero.ops.paged.prepare`): q ``[T, Hq, D]``, cu_seqlens_q ``[B + 1]`` int32 (None: one token per
     sequence, built on the device), causal aligned bottom-right or none. Returns ``(out [T, Hq, D] in q's dtype,
-    lse [T, Hq] float32)``, natural log, -inf and 0 for a row with no key.
+    lse [T, Hq] float32)``, natural log, -inf and 0 for a row with no key. A float8_e4m3fn / int8 cache is read as
+    ``code * scale`` (``k_scale`` / ``v_scale``: per-tensor, floats or one-element float32 device tensors, read on
+    the device; None -> 1.0), rounded to q's dtype as ``torch_sdpa.paged_attention`` reads it.
 
     The kernel sizes its own work on the device (``_cascade_kernels.paged_prefill``): items (sequence, token tile,
     KV split, KV head) of only the sequences with rows and keys, splits sized so the items number about ``target``
@@ -131,6 +134,7 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
         max_splits, min_split_tiles, target = max(1, int(num_splits)), 1, 1 << 30
     split = max_splits > 1
     interpret = type(kern.paged_prefill).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1 (CPU tests)
+    ks, vs, qflags = scale_args(kv_cache.dtype in KV_QUANT_DTYPES, k_scale, v_scale)
     if t == 0 or batch == 0 or not split:  # rows no item covers keep their "no key" values (0, -inf)
         out = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device)
         lse = torch.full((t, hq), float("-inf"), dtype=torch.float32, device=q.device)
@@ -151,13 +155,13 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
     bound = (-(-t // tokens) + batch) * max_splits * hkv  # items: sum of token tiles <= T / tokens + B
     programs = min(bound, (programs_per_sm or PROGRAMS_PER_SM) * sm_count(q.device))
     launch(kern.paged_prefill, (programs,),
-           q, kv_cache, block_tables, seq_lens, cu_seqlens_q, dst, dst_lse, scale * kern.LOG2E,
+           q, kv_cache, block_tables, seq_lens, cu_seqlens_q, dst, dst_lse, scale * kern.LOG2E, ks, vs,
            q.stride(0), q.stride(1), st[0], st[1], st[2], st[3], block_tables.stride(0), out.stride(0),
            out.stride(1), page, group, tokens, hq, hkv, batch, target or programs, min_split_tiles, max_splits,
            ROWS=max(16, next_pow2(tokens * group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
            B_PAD=seq_pad(batch), CAUSAL=bool(is_causal), INTERPRET=interpret,
            MAX_TILES=kv_tiles if interpret else 0, MAX_ITEMS=-(-bound // programs) if interpret else 0,
-           UPCAST=interpret and q.dtype == torch.bfloat16, SPLIT=split, **config)
+           UPCAST=interpret and q.dtype == torch.bfloat16, SPLIT=split, **qflags, **config)
     if split:
         launch(_PAGED.get().paged_decode_merge, (t, hq), dst, dst_lse, out, lse, out.stride(0), out.stride(1),
                hq * max_splits * d, max_splits * d, d, hq, max_splits, HEAD_DIM=d, D_PAD=d_pad,
@@ -165,12 +169,13 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
     return out, lse
 
 
-def paged_prefill(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout):
+def paged_prefill(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None,
+                  v_scale=None):
     """``lz.paged_attention`` canonical-args entry (see :func:`layerzero.ops.paged.prepare`): :func:`paged_prefill_lse`
     without the lse, for prefill, append and mixed prefill + decode steps. q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's
     dtype; cu_seqlens_q ``[B + 1]`` int32 (None: one token per sequence); causal aligned bottom-right (query i of a
-    sequence with ``q_len`` new tokens sees its first ``seq_len - q_len + i + 1`` keys). Unquantized caches only (the
-    spec declares no ``kv_cache_dtypes``, so a quantized call gets ``torch_sdpa.paged_attention``).
+    sequence with ``q_len`` new tokens sees its first ``seq_len - q_len + i + 1`` keys). float8_e4m3fn / int8 caches
+    with per-tensor ``k_scale`` / ``v_scale`` as :func:`paged_prefill_lse` reads them.
 
     Where it matters: an engine on a GPU without FlashInfer ran its prefill and mixed steps on
     ``torch_sdpa.paged_attention`` (a gather and an SDPA call per sequence per layer): 5-9 s per mixed step of ~8k
@@ -178,7 +183,8 @@ def paged_prefill(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_c
 
     Raises:
         InvalidInputError: as :func:`paged_prefill_lse` (more than :data:`MAX_SEQS` sequences)."""
-    return paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout)[0]
+    return paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale,
+                             v_scale)[0]
 
 
 def merge_attention_states(out_a, lse_a, out_b, lse_b):
@@ -230,13 +236,14 @@ def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
     callables raise ``BackendNotAvailableError`` with ``why``."""
     common: dict[str, Any] = dict(device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, supports_backward=False,
                                   supports_dropout=False, deterministic=True, graph_safe=True)
+    prefill: dict[str, Any] = dict(head_dim_min=1, head_dim_max=HEAD_DIM_MAX, check=prefill_check,
+                                   kv_cache_dtypes=KV_QUANT_DTYPES, **common)
     return [
         KernelSpec(PREFILL_KERNEL_ID, "paged_attention_lse",
                    paged_prefill_lse if available else missing(PREFILL_KERNEL_ID, why), priority=PREFILL_PRIORITY,
                    description="Triton paged attention of many query tokens per sequence (FlashAttention forward "
                                "over pages, GQA group and token tile as one tile), causal or not, with the lse: "
-                               "cascade attention's shared level",
-                   head_dim_min=1, head_dim_max=HEAD_DIM_MAX, check=prefill_check, **common),
+                               "cascade attention's shared level", **prefill),
         KernelSpec(MERGE_KERNEL_ID, "merge_attention_states",
                    merge_attention_states if available else missing(MERGE_KERNEL_ID, why), priority=PREFILL_PRIORITY,
                    description="Triton merge of two attention states (one program per row, all heads as one tile)",
@@ -244,6 +251,5 @@ def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
         KernelSpec(PAGED_KERNEL_ID, "paged_attention",
                    paged_prefill if available else missing(PAGED_KERNEL_ID, why), priority=PREFILL_PRIORITY,
                    description="triton.paged_prefill_lse without the lse: paged prefill, append and mixed steps "
-                               "(FlashAttention forward over pages), causal or not",
-                   head_dim_min=1, head_dim_max=HEAD_DIM_MAX, check=prefill_check, **common),
+                               "(FlashAttention forward over pages), causal or not", **prefill),
     ]

@@ -288,7 +288,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         ws_lse = torch.empty((batch, hq, plan.splits), dtype=torch.float32, device=q.device)
     cnt = split_counters(q, batch * plan.num_kv_heads) if fused else out
     qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * kern.LOG2E
-    ks, vs, qflags = _scale_args(plan.quant, k_scale, v_scale)
+    ks, vs, qflags = scale_args(plan.quant, k_scale, v_scale)
     # every int and constexpr below is the plan's: it pins the launch (FastLaunch.pinned skips Triton's binder)
     pdl = pdl_kwargs(q, batch, captured)
     launch_pinned(kern.paged_decode_split, (plan.serial, fused, bool(pdl), *qflags.values()), plan.grid,
@@ -370,7 +370,7 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=MERGE_WARPS))
 
 
-def _scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict[str, bool]]:
+def scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict[str, bool]]:
     """``(k_scale, v_scale, constexpr flags)`` of the stage-1 kernel: floats by value, tensors as pointers (read on
     the device); an unquantized cache passes 1.0 and no flags."""
     if not quant:

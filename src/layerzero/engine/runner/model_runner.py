@@ -125,7 +125,7 @@ class ModelRunner:
         if self.kv_dtype != self.dtype:
             raise bad_config("LLM cascade_attention", "False or None with kv_cache_dtype "
                              f"{ec.kv_cache_dtype!r}", True, "Cascade attention reads an unquantized KV pool "
-                             "(triton.paged_prefill_lse has no fp8/int8 path yet).")
+                             "(the engine's cascade steps do not pass a quantized pool's scales yet).")
         return CascadePolicy(always=True)
 
     def _num_blocks(self, ec: EngineConfig, max_model_len: int, max_num_batched_tokens: int) -> int:
