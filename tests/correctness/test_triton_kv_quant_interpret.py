@@ -9,7 +9,7 @@
   float64 attention over the dequantized cache, causal and not;
 - the KernelSpecs declare the quantized cache dtypes, so selection keeps them for quantized pools (graph-safe:
   the engine's decode graphs can be captured with ``kv_cache_dtype="fp8" | "int8"``).
-The compiled kernels are covered by tests/gpu/test_gpu_triton_kv_quant.py."""
+The compiled kernels are covered by tests/gpu/test_gpu_paged_quant_kv.py."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from layerzero.core.kv_quant import dequantize_kv, quantize_kv
 
 pytestmark = pytest.mark.correctness
 
-interpreted = needs_interpreter("tests/gpu/test_gpu_triton_kv_quant.py")
+interpreted = needs_interpreter("tests/gpu/test_gpu_paged_quant_kv.py")
 QDTYPES = [torch.int8, torch.float8_e4m3fn]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
