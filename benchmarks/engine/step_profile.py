@@ -1,7 +1,8 @@
 """Where a throughput run's wall time goes, by step kind: ``layerzero bench-engine``'s workload (nano-vllm's) run
-``--runs`` times in one process (the first includes first-use JIT compiles; the prefix cache is emptied between runs), each step's wall time (between two
-``EngineStats.record`` calls) binned by kind (steps with prefill tokens; decode steps by batch size), plus the kernels
-each op ran (``layerzero.telemetry`` call counts). Diagnoses a throughput number far from the expected one.
+``--runs`` times in one process (the first includes first-use JIT compiles; the prefix cache is emptied between
+runs). Each step's wall time (between two ``EngineStats.record`` calls) is binned by kind (steps with prefill tokens;
+decode steps by batch size), and the kernels each op ran are listed (``layerzero.telemetry`` call counts; graph
+replays do not count). Diagnoses a throughput number far from the expected one.
 
 Usage: ``PYTHONPATH=src python benchmarks/engine/step_profile.py --out DIR [--runs 2] [--requests 256]`` (CUDA).
 Writes ``DIR/step_profile.md``."""

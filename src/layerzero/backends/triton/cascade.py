@@ -41,7 +41,8 @@ PREFILL_KERNEL_ID = "triton.paged_prefill_lse"
 PAGED_KERNEL_ID = "triton.paged_prefill"
 MERGE_KERNEL_ID = "triton.merge_attention_states"
 PREFILL_PRIORITY = 30
-"""Below ``triton.paged_decode_lse`` (40, split-K for decode) and FlashInfer (50); above the reference."""
+"""Below ``triton.paged_decode(_lse)`` (40, split-K for decode) and FlashInfer (60); above ``torch_sdpa`` (10) and the
+reference."""
 ROWS = 64
 """Query rows (tokens x GQA group) per tile when sequences have many query tokens (prefill); :data:`ROWS_FEW` when
 the call has at most two query tokens per sequence on average (cascade attention's shared level, where a tile holds
@@ -87,8 +88,8 @@ def block_n_for(head_dim: int) -> int:
 
 
 def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None,
-                      v_scale=None, *, num_splits: int | None = None, block_n: int | None = None, rows: int | None = None,
-                      num_warps: int | None = None, num_stages: int | None = None, programs_per_sm: int | None = None,
+                      v_scale=None, *, num_splits: int | None = None, block_n: int | None = None,
+                      rows: int | None = None, num_warps: int | None = None, num_stages: int | None = None, programs_per_sm: int | None = None,
                       target: int | None = None, min_split_tiles: int = MIN_SPLIT_TILES):
     """``lz.paged_attention(..., return_lse=True)`` canonical-args entry (see
     :func:`layerzero.ops.paged.prepare`): q ``[T, Hq, D]``, cu_seqlens_q ``[B + 1]`` int32 (None: one token per
