@@ -29,6 +29,20 @@ def _cuda(*ts):
     return [None if t is None else t.cuda() for t in ts]
 
 
+def _einsum_reference(q_rows, cache, table_row, n, causal):
+    """float64 ``(out [M, Hq, D], lse [M, Hq])`` of M query rows over the first ``n`` keys of one sequence (NHD cache
+    ``[N, 2, P, Hkv, D]``, block ids ``table_row``), bottom-right causal or none, written with einsum."""
+    page, hkv, d = cache.shape[2], cache.shape[3], cache.shape[4]
+    hq, m = q_rows.shape[1], q_rows.shape[0]
+    kv = cache[table_row[:-(-n // page)].long()].double().transpose(1, 0).reshape(2, -1, hkv, d)[:, :n]
+    k, v = (t.repeat_interleave(hq // hkv, dim=1) for t in kv)  # [n, Hq, D]
+    scores = torch.einsum("mhd,nhd->mhn", q_rows.double(), k) / d ** 0.5
+    if causal:
+        seen = torch.arange(n, device=q_rows.device)[None, :] <= n - m + torch.arange(m, device=q_rows.device)[:, None]
+        scores = scores.masked_fill(~seen[:, None, :], float("-inf"))
+    return torch.einsum("mhn,nhd->mhd", scores.softmax(-1), v), scores.logsumexp(-1)
+
+
 @pytest.mark.parametrize("kernel, decode", [("triton.paged_decode_lse", True), ("triton.paged_prefill_lse", True),
                                             ("triton.paged_prefill_lse", False),
                                             ("flashinfer.paged_attention_lse", True),
@@ -103,17 +117,10 @@ def test_shared_level_at_the_engine_graph_shape(groups, members, dtype):
     out, lse = paged_prefill_lse(q, cache, tables, lens, cu, None, False, "NHD")
     rows = groups * members
     for i in range(groups):
-        n = int(lens[i])
-        blocks = tables[i, :-(-n // page)].long()
-        kv = cache[blocks].double().transpose(1, 0).reshape(2, -1, hkv, d)[:, :n]  # [2, n, Hkv, D]
-        k, v = (t.repeat_interleave(hq // hkv, dim=1) for t in kv)  # [n, Hq, D]
-        qi = q[i * members:(i + 1) * members].double()
-        scores = torch.einsum("mhd,nhd->mhn", qi, k) / d ** 0.5
-        ref = torch.einsum("mhn,nhd->mhd", scores.softmax(-1), v)
+        ref, ref_lse = _einsum_reference(q[i * members:(i + 1) * members], cache, tables[i], int(lens[i]), False)
         tol = TOL[dtype]
         torch.testing.assert_close(out[i * members:(i + 1) * members].double(), ref, rtol=tol, atol=tol)
-        torch.testing.assert_close(lse[i * members:(i + 1) * members].double(), scores.logsumexp(-1), rtol=tol,
-                                   atol=tol)
+        torch.testing.assert_close(lse[i * members:(i + 1) * members].double(), ref_lse, rtol=tol, atol=tol)
     assert bool((out[rows:] == 0).all()) and bool((lse[rows:] == float("-inf")).all())
 
 
@@ -136,14 +143,8 @@ def test_prefill_kernel_at_a_mixed_step_shape(dtype):
     q = torch.randn(sum(q_lens), hq, d, device="cuda", dtype=dtype, generator=g)
     with locked("paged_attention", "triton.paged_prefill"):
         out = lz.paged_attention(q, cache, tables, lens, cu_seqlens_q=cu)
-    for i, (ql, n) in enumerate(zip(q_lens, kv_lens, strict=True)):
-        kv = cache[tables[i, :-(-n // page)].long()].double().transpose(1, 0).reshape(2, -1, hkv, d)[:, :n]
-        k, v = (t.repeat_interleave(hq // hkv, dim=1) for t in kv)  # [n, Hq, D]
-        qi = q[int(cu[i]):int(cu[i + 1])].double()
-        scores = torch.einsum("mhd,nhd->mhn", qi, k) / d ** 0.5
-        seen = torch.arange(n, device="cuda")[None, :] <= n - ql + torch.arange(ql, device="cuda")[:, None]
-        scores = scores.masked_fill(~seen[:, None, :], float("-inf"))
-        ref = torch.einsum("mhn,nhd->mhd", scores.softmax(-1), v)
+    for i, n in enumerate(kv_lens):
+        ref, _ = _einsum_reference(q[int(cu[i]):int(cu[i + 1])], cache, tables[i], n, True)
         torch.testing.assert_close(out[int(cu[i]):int(cu[i + 1])].double(), ref, rtol=TOL[dtype], atol=TOL[dtype])
     if importlib.util.find_spec("flashinfer") is None:
         assert lz.explain("paged_attention", q, cache, tables, lens, cu_seqlens_q=cu).chosen == "triton.paged_prefill"

@@ -371,8 +371,9 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
 
 
 def scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict[str, bool]]:
-    """``(k_scale, v_scale, constexpr flags)`` of the stage-1 kernel: floats by value, tensors as pointers (read on
-    the device); an unquantized cache passes 1.0 and no flags."""
+    """``(k_scale, v_scale, constexpr flags QUANT / K_PTR / V_PTR)`` of a paged kernel that reads a quantized cache
+    (``paged_decode_split`` here, ``cascade``'s ``paged_prefill``): floats by value, tensors as pointers (read on the
+    device); an unquantized cache passes 1.0 and no flags."""
     if not quant:
         return 1.0, 1.0, {}
     ks, vs = kernel_scale(k_scale), kernel_scale(v_scale)
