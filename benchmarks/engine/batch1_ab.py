@@ -29,7 +29,11 @@ with ``--max-model-len`` above 2048), ``lm-prefetch`` /
 cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off`` (``cuda_graph.GREEDY_IN_GRAPH`` off: greedy steps sampled after a plain graph), ``h2d-inline`` /
 ``d2h-inline`` / ``copies-inline`` (a chained step's input copy / greedy ids' transfer / both on the current stream),
 ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
-``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``rope-bh1``
+``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``one-pass`` /
+``no-one-pass`` (``paged.ONE_PASS`` on / off: a batch-1 split's tiles gathered at once, block ids read without
+waiting for ``seq_len``; ``-8w`` with 8 warps a split program, ``-s32`` with 32 splits of at most 2 tiles),
+``rope-fused-1p`` / ``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the
+batch-1 rule of 2026-11-28d: 16 splits, the tile loop), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
 changed).
 
@@ -54,7 +58,7 @@ from pathlib import Path
 import torch
 
 import layerzero as lz
-from layerzero.backends.triton import _launch, paged, rope
+from layerzero.backends.triton import _launch, paged, rope, rope_paged
 from layerzero.backends.triton import gemv as tg
 from layerzero.engine import LLM, SamplingParams
 from layerzero.engine import sampler as sampler_mod
@@ -172,6 +176,13 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "longk-16k-4w": [(tg, "PREFETCH_LONG_K", (16384, 4))], "longk-8k-8w": [(tg, "PREFETCH_LONG_K", (8192, 8))],
             "split-2w": [(paged, "SPLIT_WARPS", 2)], "split-8w": [(paged, "SPLIT_WARPS", 8)],
             "merge-1w": [(paged, "MERGE_WARPS", 1)], "merge-2w": [(paged, "MERGE_WARPS", 2)],
+            "one-pass": [(paged, "ONE_PASS", True)], "no-one-pass": [(paged, "ONE_PASS", False)],
+            "tiles-28d": [(paged, "SMALL_BATCH", (1, 2048, 32, 16)), (paged, "ONE_PASS", False)],
+            "one-pass-8w": [(paged, "ONE_PASS", True), (paged, "SPLIT_WARPS", 8)],
+            "one-pass-s32": [(paged, "SMALL_BATCH", (1, 2048, 32, 32)), (paged, "ONE_PASS", True)],
+            "rope-fused-1p": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode"), (paged, "ONE_PASS", True)],
+            "rope-fused-1p-s32": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode"), (paged, "ONE_PASS", True),
+                                  (paged, "SMALL_BATCH", (1, 2048, 32, 32))],
             **{f"rope-bh{n}": [(rope, "BLOCK_H_MAX", n)] for n in (1, 2, 4, 8, 16)},
             **{f"{name}-16k-8w": [(tg, "PREFETCH_BY_SHAPE", {shape: (16384, 8)})] for name, shape in (
                 ("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate-up", (6144, 1024)), ("down", (1024, 3072)))},
@@ -272,6 +283,7 @@ def replay_us(graph: torch.cuda.CUDAGraph, reps: int = 200) -> float:
 def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> dict:
     old = []
     paged._PLANS.clear()  # triton.paged_decode's per-signature plans read the split settings once
+    rope_paged._PLANS.clear()  # and triton.rope_paged_decode's
     for mod, attr, value in SETTINGS[name]:
         if mod is LOCK:
             lz.lock(attr, value)

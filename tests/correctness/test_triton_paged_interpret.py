@@ -476,7 +476,7 @@ def test_auto_fuses_the_merge_only_for_small_reads(max_bytes, want, monkeypatch)
 
 @needs_triton
 def test_small_batch_tiles_only_for_one_sequence_in_a_short_table(monkeypatch):
-    """``SMALL_BATCH`` (1 sequence, tables up to 2048 tokens: 32-position tiles, at most 16 splits): a batch-1 call
+    """``SMALL_BATCH`` (1 sequence, tables up to 2048 tokens: 32-position tiles, at most 32 splits): a batch-1 call
     with a 1024-token table launches 32-position tiles; two sequences, a table wider than 2048 tokens, or one narrower
     than 4 general tiles (one program a head, no merge: 112 tokens here), the general tiles (``block_n_for``: 128 at
     D 16 in float32); every call matches the float64 oracle."""
@@ -490,7 +490,7 @@ def test_small_batch_tiles_only_for_one_sequence_in_a_short_table(monkeypatch):
         out = tp.paged_decode(q, cache, table, lens_t)
         close(out, oracle(q, cache, table, lens_t, "NHD"), torch.float32)
         assert seen[-1] == want, (lens, table.shape)
-    assert tp.tile_rule(1, 2048, 128, 2) == (32, 16) and tp.tile_rule(1, 2049, 128, 2) == (128, tp.MAX_SPLITS)
-    assert tp.tile_rule(1, 385, 128, 2) == (32, 16) and tp.tile_rule(1, 384, 128, 2) == (128, tp.MAX_SPLITS)
+    assert tp.tile_rule(1, 2048, 128, 2) == (32, 32) and tp.tile_rule(1, 2049, 128, 2) == (128, tp.MAX_SPLITS)
+    assert tp.tile_rule(1, 385, 128, 2) == (32, 32) and tp.tile_rule(1, 384, 128, 2) == (128, tp.MAX_SPLITS)
     monkeypatch.setattr(tp, "SMALL_BATCH", None)
     assert tp.tile_rule(1, 64, 128, 2) == (128, tp.MAX_SPLITS)

@@ -63,12 +63,12 @@ def oracle(q, k, v, qw, kw, cos, sin, cache, slots, pos, bt, lens, scale, eps, i
     return out, (want_cache if layout == "NHD" else want_cache.transpose(2, 3))
 
 
-def case(seed, dtype, b, hq, hkv, d, page, layout, norm, interleaved, skip=False):
-    """A decode batch: random lengths, each sequence's blocks scattered over the pool, the new token's slot taken
-    from its block-table row (as an engine builds it); ``skip``: the middle sequence's slot is -1."""
+def case(seed, dtype, b, hq, hkv, d, page, layout, norm, interleaved, skip=False, width=6):
+    """A decode batch: random lengths, each sequence's blocks scattered over the pool (``width`` blocks a row), the
+    new token's slot taken from its block-table row (as an engine builds it); ``skip``: the middle sequence's slot is
+    -1."""
     g = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
-    width = 6
     nblocks = b * width + 2
     lens = torch.tensor([rng.randint(1, width * page) for _ in range(b)], dtype=torch.int32)
     perm = torch.randperm(nblocks, generator=g)

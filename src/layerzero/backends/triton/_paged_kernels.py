@@ -40,35 +40,47 @@ LN2 = tl.constexpr(0.6931471805599453)  # used inside @triton.jit: a constexpr g
 
 
 @triton.jit
-def kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page,
-            HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, skip=-1):
-    """K and V ``[BLOCK_N, D_PAD]`` of KV positions ``[t0, t0 + BLOCK_N)`` of one sequence and KV head, gathered
-    through its block-table row (position t at block ``bt_row[t // page]``, offset ``t % page``); positions
-    ``>= stop`` (and their block ids) and position ``skip`` load nothing (0). Returns ``(positions, mask of the
-    positions loaded, k, v)``."""
+def kv_gather(kv_head, bt_row, pos, p_ok, stride_blk, stride_kv, stride_pos, page,
+              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
+    """K and V ``[len(pos), D_PAD]`` at KV positions ``pos`` of one sequence and KV head, gathered through its
+    block-table row (position t at block ``bt_row[t // page]``, offset ``t % page``); positions not in ``p_ok``
+    (and their block ids) load nothing (0). Returns ``(k, v)``."""
+    blk = tl.load(bt_row + pos // page, mask=p_ok, other=0)
+    return kv_at(kv_head, blk, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
+
+
+@triton.jit
+def kv_at(kv_head, blk, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD_DIM: tl.constexpr,
+          D_PAD: tl.constexpr):
+    """K and V ``[len(pos), D_PAD]`` at KV positions ``pos`` whose block ids ``blk`` are read already (position t at
+    block ``blk``, offset ``t % page``); positions not in ``p_ok`` load nothing (0). Returns ``(k, v)``."""
     d = tl.arange(0, D_PAD)
-    pos = t0 + tl.arange(0, BLOCK_N)
-    p_ok = (pos < stop) & (pos != skip)
-    blk = tl.load(bt_row + pos // page, mask=p_ok, other=0).to(tl.int64)
-    base = kv_head + blk * stride_blk + (pos % page).to(tl.int64) * stride_pos
+    base = kv_head + blk.to(tl.int64) * stride_blk + (pos % page).to(tl.int64) * stride_pos
     mask = p_ok[:, None] & (d < HEAD_DIM)[None, :]
     k = tl.load(base[:, None] + d[None, :], mask=mask, other=0.0)
     v = tl.load(base[:, None] + stride_kv + d[None, :], mask=mask, other=0.0)
+    return k, v
+
+
+@triton.jit
+def kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page,
+            HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, skip=-1):
+    """K and V ``[BLOCK_N, D_PAD]`` of KV positions ``[t0, t0 + BLOCK_N)`` of one sequence and KV head
+    (:func:`kv_gather`); positions ``>= stop`` (and their block ids) and position ``skip`` load nothing (0).
+    Returns ``(positions, mask of the positions loaded, k, v)``."""
+    pos = t0 + tl.arange(0, BLOCK_N)
+    p_ok = (pos < stop) & (pos != skip)
+    k, v = kv_gather(kv_head, bt_row, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
     return pos, p_ok, k, v
 
 
 @triton.jit
-def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
-                 stride_blk, stride_kv, stride_pos, page,
-                 HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                 UPCAST: tl.constexpr, QUANT: tl.constexpr):
-    """One online-softmax step over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop``: gathers K/V through
-    the block table (masked: positions ``>= stop`` load nothing), returns the updated ``(m, l, acc)``.
-    ``UPCAST``: both dots in float32 (the interpreter's ``tl.dot`` misreads bfloat16 operands). ``QUANT``: the cache
-    holds float8_e4m3fn / int8 codes, read as ``code * scale`` in float32 (``core.kv_quant.dequantize_kv``; the
-    caller sets ``UPCAST`` too, so both dots run in float32)."""
-    pos, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
-                              BLOCK_N)
+def _attend_kv(q, k, v, p_ok, m_i, l_i, acc, qk_scale, ks, vs, UPCAST: tl.constexpr, QUANT: tl.constexpr):
+    """One online-softmax step over a K / V tile ``[BLOCK_N, D_PAD]`` whose positions ``p_ok`` are valid: returns the
+    updated ``(m, l, acc)``; a tile with no valid position changes nothing (the running max stays ``-inf``: the
+    exponentials are taken against 0 there, so no ``-inf - -inf``). ``UPCAST``: both dots in float32 (the interpreter's ``tl.dot`` misreads
+    bfloat16 operands). ``QUANT``: the cache holds float8_e4m3fn / int8 codes, read as ``code * scale`` in float32
+    (``core.kv_quant.dequantize_kv``; the caller sets ``UPCAST`` too, so both dots run in float32)."""
     if QUANT:
         k = k.to(tl.float32) * ks
         v = v.to(tl.float32) * vs
@@ -78,14 +90,86 @@ def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
     scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [GROUP_PAD, BLOCK_N], base-2 logits
     scores = tl.where(p_ok[None, :], scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(scores - m_new[:, None])
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(scores - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "stride_lb"])
+@triton.jit
+def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
+                 stride_blk, stride_kv, stride_pos, page,
+                 HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                 UPCAST: tl.constexpr, QUANT: tl.constexpr):
+    """:func:`_attend_kv` over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop`` (``t0 < stop``), gathered
+    through the block table (:func:`kv_tile`: positions ``>= stop`` load nothing)."""
+    _, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
+                            BLOCK_N)
+    return _attend_kv(q, k, v, p_ok, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
+
+
+@triton.jit
+def _ids(bt_row, t0, table_len, page, BLOCK_N: tl.constexpr):
+    """``(positions [t0, t0 + BLOCK_N), their block ids)``: ids read below ``table_len`` (the block table's width:
+    no wait for ``seq_len``), the rest 0."""
+    pos = t0 + tl.arange(0, BLOCK_N)
+    return pos, tl.load(bt_row + pos // page, mask=pos < table_len, other=0)
+
+
+@triton.jit
+def pass_ids(bt_row, t0, step, table_len, page, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr):
+    """``ONE_PASS``'s first loads: positions and block ids of the ``CHUNKS`` (1, 2 or 4) ``BLOCK_N``-position tiles
+    ``t0, t0 + step, ...`` of one split (ids below ``table_len``: no wait for ``seq_len``). Returns four
+    ``(positions, ids)``; past ``CHUNKS`` they repeat the first (:func:`pass_kv` reads only ``CHUNKS`` of them)."""
+    p0, b0 = _ids(bt_row, t0, table_len, page, BLOCK_N)
+    p1, b1, p2, b2, p3, b3 = p0, b0, p0, b0, p0, b0
+    if CHUNKS > 1:
+        p1, b1 = _ids(bt_row, t0 + step, table_len, page, BLOCK_N)
+    if CHUNKS > 2:
+        p2, b2 = _ids(bt_row, t0 + 2 * step, table_len, page, BLOCK_N)
+        p3, b3 = _ids(bt_row, t0 + 3 * step, table_len, page, BLOCK_N)
+    return p0, b0, p1, b1, p2, b2, p3, b3
+
+
+@triton.jit
+def pass_kv(kv_head, p0, b0, p1, b1, p2, b2, p3, b3, stop, skip, stride_blk, stride_kv, stride_pos, page,
+            HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CHUNKS: tl.constexpr):
+    """``ONE_PASS``'s K / V gathers of :func:`pass_ids`' tiles (positions below ``stop``, but ``skip``), all issued
+    before any is used. Returns ``(mask, k, v)`` of four tiles; past ``CHUNKS`` they repeat the first."""
+    c0 = (p0 < stop) & (p0 != skip)
+    k0, v0 = kv_at(kv_head, b0, p0, c0, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
+    c1, k1, v1, c2, k2, v2, c3, k3, v3 = c0, k0, v0, c0, k0, v0, c0, k0, v0
+    if CHUNKS > 1:
+        c1 = (p1 < stop) & (p1 != skip)
+        k1, v1 = kv_at(kv_head, b1, p1, c1, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
+    if CHUNKS > 2:
+        c2 = (p2 < stop) & (p2 != skip)
+        k2, v2 = kv_at(kv_head, b2, p2, c2, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
+        c3 = (p3 < stop) & (p3 != skip)
+        k3, v3 = kv_at(kv_head, b3, p3, c3, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
+    return c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3
+
+
+@triton.jit
+def attend_pass(q, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3, t0, step, stop, m_i, l_i, acc, qk_scale, ks, vs,
+                UPCAST: tl.constexpr, QUANT: tl.constexpr, CHUNKS: tl.constexpr):
+    """:func:`_attend_kv` over :func:`pass_kv`'s tiles that start below ``stop`` (the rest hold no position)."""
+    if t0 < stop:
+        m_i, l_i, acc = _attend_kv(q, k0, v0, c0, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
+    if CHUNKS > 1:
+        if t0 + step < stop:
+            m_i, l_i, acc = _attend_kv(q, k1, v1, c1, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
+    if CHUNKS > 2:
+        if t0 + 2 * step < stop:
+            m_i, l_i, acc = _attend_kv(q, k2, v2, c2, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
+        if t0 + 3 * step < stop:
+            m_i, l_i, acc = _attend_kv(q, k3, v3, c3, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
+    return m_i, l_i, acc
+
+
+@triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "table_len", "stride_lb"])
 def paged_decode_split(
     q_ptr, kv_ptr, bt_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr, lse_out_ptr, o_ptr, cnt_ptr,
     qk_scale,  # softmax scale * log2(e)
@@ -93,13 +177,14 @@ def paged_decode_split(
     stride_qb, stride_qh,
     stride_blk, stride_kv, stride_pos, stride_head,
     stride_bt, split_len, page, group, num_splits,  # split_len: tokens per split at most (the interpreter's bound)
+    table_len,  # the block table's width in tokens (M * P): ONE_PASS reads block ids below it, seq_len unknown yet
     stride_wb, stride_wh, stride_ws,  # workspace out [B, Hq, S, D] (contiguous); DIRECT: the output's strides
     stride_lb,  # workspace lse [B, Hq, S] (contiguous): Hq * S
     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr,
     QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
     WRITE_LSE: tl.constexpr = False, FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, CHUNKS: tl.constexpr = 1, ONE_PASS: tl.constexpr = False,
 ):
     """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is the
     output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype, no stage 2;
@@ -134,7 +219,16 @@ def paged_decode_split(
     # split s takes tiles s, s + S, s + 2S, ... of the sequence's own length (interleaved): however short the
     # sequence is against the block table's width (the split count comes from the width), its tiles spread over
     # the splits instead of all landing in the first one
-    if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
+    if ONE_PASS:  # the split's every tile of the table (CHUNKS: 1, 2 or 4) gathered at once, then attended if valid
+        t0 = s * BLOCK_N
+        step = num_splits * BLOCK_N
+        p0, b0, p1, b1, p2, b2, p3, b3 = pass_ids(bt_row, t0, step, table_len, page, BLOCK_N, CHUNKS)
+        c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3 = pass_kv(
+            kv_head, p0, b0, p1, b1, p2, b2, p3, b3, seq_len, -1, stride_blk, stride_kv, stride_pos, page, HEAD_DIM,
+            D_PAD, CHUNKS)
+        m_i, l_i, acc = attend_pass(q, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3, t0, step, seq_len, m_i, l_i, acc,
+                                    qk_scale, ks, vs, UPCAST, QUANT, CHUNKS)
+    elif INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
         for i in range(0, TILES_PER_SPLIT):
             t0 = (s + i * num_splits) * BLOCK_N
             if t0 < seq_len:

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ._gdc_kernels import gdc_enter
-from ._paged_kernels import kv_tile
+from ._paged_kernels import _attend_kv, attend_pass, kv_tile, pass_ids, pass_kv
 
 
 @triton.jit
@@ -49,21 +49,10 @@ def _attend_old(q, kv_head, bt_row, t0, stop, new_pos, m_i, l_i, acc, qk_scale, 
     may hold no position at all (then nothing changes: the running max stays -inf, no ``-inf - -inf``)."""
     _, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
                             BLOCK_N, new_pos)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [GROUP_PAD, BLOCK_N], base-2 logits
-    scores = tl.where(p_ok[None, :], scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(scores - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    return m_new, l_i, acc
+    return _attend_kv(q, k, v, p_ok, m_i, l_i, acc, qk_scale, 1.0, 1.0, UPCAST, False)
 
 
-@triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "stride_lb"])
+@triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "table_len", "stride_lb"])
 def rope_paged_decode_split(
     q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
     kv_ptr, bt_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr,
@@ -71,14 +60,16 @@ def rope_paged_decode_split(
     eps,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_cos, stride_sin,
     stride_blk, stride_kv, stride_pos, stride_head,
-    stride_bt, split_len, page, group, num_splits,
+    stride_bt, split_len, page, group, num_splits, table_len,
     stride_wb, stride_wh, stride_ws, stride_lb,
     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr,
-    NORM: tl.constexpr, INTERLEAVED: tl.constexpr, PDL: tl.constexpr = False,
+    NORM: tl.constexpr, INTERLEAVED: tl.constexpr, PDL: tl.constexpr = False, CHUNKS: tl.constexpr = 1,
+    ONE_PASS: tl.constexpr = False,
 ):
     """See the module docstring. Strides in elements (last dims unit-stride); the workspace and ``DIRECT`` as
-    ``paged_decode_split``'s (no lse output, no fused merge, unquantized cache)."""
+    ``paged_decode_split``'s (no lse output, no fused merge, unquantized cache); ``ONE_PASS`` / ``CHUNKS`` as there
+    (the split's cached tiles gathered first, before q and k are normalized and rotated)."""
     gdc_enter(PDL)  # PDL-launched: wait for the previous kernel (the QKV projection) before any memory access
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -95,40 +86,52 @@ def rope_paged_decode_split(
         first = d < half
         partner = tl.where(first, d + half, d - half)
     sign = tl.where(first, -1.0, 1.0)
-    position = tl.load(pos_ptr + b).to(tl.int64)
-    cos = tl.load(cos_ptr + position * stride_cos + d, mask=d_ok, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + position * stride_sin + d, mask=d_ok, other=0.0).to(tl.float32)
     heads = h * group + g
     qm = g_ok[:, None] & d_ok[None, :]
+    kv_head = kv_ptr + h * stride_head
+    bt_row = bt_ptr + b * stride_bt
+    t0 = s * BLOCK_N
+    step = num_splits * BLOCK_N
+    # every load that needs no other first, in one batch (one memory round trip), then the dependent ones
+    position = tl.load(pos_ptr + b).to(tl.int64)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    seq_len = tl.load(lens_ptr + b)
     q_row = q_ptr + b * stride_qb + heads[:, None] * stride_qh
     qx = tl.load(q_row + d[None, :], mask=qm, other=0.0).to(tl.float32)
     qp = tl.load(q_row + partner[None, :], mask=qm, other=0.0).to(tl.float32)
-    q = _norm_rope(qx, qp, qw_ptr, d, partner, d_ok, sign, cos, sin, eps, HEAD_DIM, NORM).to(q_ptr.dtype.element_ty)
     k_row = k_ptr + b * stride_kb + h * stride_kh
     kx = tl.load(k_row + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
     kp = tl.load(k_row + partner, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + d, mask=d_ok, other=0.0).to(kv_ptr.dtype.element_ty)
+    if ONE_PASS:  # the split's cached tiles (block ids first: they wait for nothing)
+        p0, b0, p1, b1, p2, b2, p3, b3 = pass_ids(bt_row, t0, step, table_len, page, BLOCK_N, CHUNKS)
+    cos = tl.load(cos_ptr + position * stride_cos + d, mask=d_ok, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + position * stride_sin + d, mask=d_ok, other=0.0).to(tl.float32)
+    new_pos = tl.where(slot >= 0, seq_len - 1, -1)  # a skipped token (-1) is read from the cache like the others
+    if ONE_PASS:  # issued before the norm / RoPE math below, which would otherwise hold them back
+        c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3 = pass_kv(
+            kv_head, p0, b0, p1, b1, p2, b2, p3, b3, seq_len, new_pos, stride_blk, stride_kv, stride_pos, page,
+            HEAD_DIM, D_PAD, CHUNKS)
+    q = _norm_rope(qx, qp, qw_ptr, d, partner, d_ok, sign, cos, sin, eps, HEAD_DIM, NORM).to(q_ptr.dtype.element_ty)
     k_new = tl.sum(_norm_rope(kx, kp, kw_ptr, d, partner, d_ok, sign, cos, sin, eps, HEAD_DIM, NORM), 0)
     k_new = k_new.to(kv_ptr.dtype.element_ty)
-    v_new = tl.load(v_ptr + b * stride_vb + h * stride_vh + d, mask=d_ok, other=0.0).to(kv_ptr.dtype.element_ty)
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    seq_len = tl.load(lens_ptr + b)
-    new_pos = tl.where(slot >= 0, seq_len - 1, -1)  # a skipped token (-1) is read from the cache like the others
-    kv_head = kv_ptr + h * stride_head
-    bt_row = bt_ptr + b * stride_bt
     if UPCAST:
         q = q.to(tl.float32)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    if INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
+    if ONE_PASS:
+        m_i, l_i, acc = attend_pass(q, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3, t0, step, seq_len, m_i, l_i,
+                                    acc, qk_scale, 1.0, 1.0, UPCAST, False, CHUNKS)
+    elif INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
         for i in range(0, TILES_PER_SPLIT):
-            t0 = (s + i * num_splits) * BLOCK_N
-            if t0 < seq_len:
-                m_i, l_i, acc = _attend_old(q, kv_head, bt_row, t0, seq_len, new_pos, m_i, l_i, acc, qk_scale,
+            t = t0 + i * step
+            if t < seq_len:
+                m_i, l_i, acc = _attend_old(q, kv_head, bt_row, t, seq_len, new_pos, m_i, l_i, acc, qk_scale,
                                             stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST)
     else:
-        for t0 in range(s * BLOCK_N, seq_len, num_splits * BLOCK_N):
-            m_i, l_i, acc = _attend_old(q, kv_head, bt_row, t0, seq_len, new_pos, m_i, l_i, acc, qk_scale,
+        for t in range(t0, seq_len, step):
+            m_i, l_i, acc = _attend_old(q, kv_head, bt_row, t, seq_len, new_pos, m_i, l_i, acc, qk_scale,
                                         stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST)
     # the new token, from registers, in split 0 only (the others give it weight 0): one online-softmax step
     score = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * qk_scale  # [GROUP_PAD]

@@ -54,20 +54,29 @@ more splits; elsewhere the split count moved times by a few percent at most)."""
 TILE_BYTES = 32768
 """Bytes of one ``[BLOCK_N, D]`` K tile: the H200 search found the largest tile that keeps K and V of two to three
 pipeline stages in shared memory the fastest (bf16/fp16: 128 positions for D <= 128, 64 for D = 256)."""
-SMALL_BATCH: tuple[int, int, int, int] | None = (1, 2048, 32, 16)
+SMALL_BATCH: tuple[int, int, int, int] | None = (1, 2048, 32, 32)
 """``(most sequences, widest block table in tokens, block_n, most splits)``: a launch of at most that many sequences
 whose block table spans at most that many tokens (``M * P``: a decode graph's width, the longest sequence it can
 serve) takes KV tiles of ``block_n`` positions and at most that many splits instead of :data:`TILE_BYTES`' tiles and
-:data:`MAX_SPLITS`: a short sequence spreads over more programs, each gathering less. None: the general rule
-everywhere. H200, the engine's batch-1 decode graph (Qwen3-0.6B, bf16, ``benchmarks/engine/batch1_ab.py``, variants
-alternating in one process, ``benchmarks/results/engine/h200/2026-11-28d/``): with a 2048-token table and a
-256-token prompt (KV 256-512) 32-position tiles and 16 splits replay the graph in 652-655 µs against 676-680 with the
-general rule (128-position tiles, 8 splits), decode 1,529-1,539 against 1,470-1,476 tok/s; with a 1024-token prompt
-(KV 1024-1280) both 747-752 µs. Longer sequences lose: a 3072-token prompt in an 8192-token table replayed in 943 µs
-against 819 (each split then walks many small tiles with few bytes in flight; 28-layer chains of the kernel alone at
-4096 / 16384 tokens: 17.9 / 57.1 against 11.4 / 24.4 µs a layer), hence the width bound. 64-position tiles and 16
-splits: 680 µs; 32 and 32 splits: 676. Tables of fewer than ``2 * MIN_TILES_PER_SPLIT`` general tiles keep the
-general rule (:func:`tile_rule`)."""
+:data:`MAX_SPLITS`: a short sequence spreads over more programs, each gathering less, and with :data:`ONE_PASS` each
+program gathers its (at most :data:`MIN_TILES_PER_SPLIT`) tiles at once. None: the general rule everywhere.
+
+H200, Qwen3-0.6B's attention (16 / 8 heads of 128, bf16, page 16), 28-layer graphs of the kernel alone
+(``benchmarks/engine/paged_small_batch.py``, ``benchmarks/results/engine/h200/2026-11-28f/``), µs a layer at KV 256 /
+512 / 768 / 1024 / 2048 in a 2048-token table: 32-position tiles, 32 splits, one pass 5.24 / 6.39 / 6.81 / 7.10 /
+9.02; the rule before (16 splits, a tile loop: 2026-11-28d) 5.34 / 6.01 / 7.57 / 7.84 / 11.18; the general rule
+(2026-11-28d) 6.03-6.88 at 512, 11.4 at 4096. In the engine's batch-1 decode graph (``benchmarks/engine/batch1_ab.py``)
+a step costs the same on average over KV 256-768 (676 µs) and 9-10 µs less at KV 768 (replay 685-686 against
+694-696). The 2026-11-28d rule had replayed the graph in 652-655 µs against 676-680 for the general one (KV 256-512).
+Longer sequences lose with small tiles (a 3072-token prompt in an 8192-token table: 943 vs 819 µs a step), hence the
+width bound. Tables of fewer than ``2 * MIN_TILES_PER_SPLIT`` general tiles keep the general rule (:func:`tile_rule`)."""
+ONE_PASS = True
+"""Under :data:`SMALL_BATCH`'s rule, when a split has at most 4 tiles (:func:`chunk_rule`): the split program gathers
+all of them at once (block ids read below the table's width, not waiting for ``seq_len``; K / V below ``seq_len``),
+then attends the ones below ``seq_len``, instead of the tile loop's block-id -> K / V -> attend chain per tile (Triton
+does not overlap those: the loads are gathered through the block table). Measured with :data:`SMALL_BATCH` (its
+docstring); 16 splits of 4 tiles gathered at once were slower than the loop at KV <= 1024 (5.82 vs 5.34 µs a layer
+at 256: four tiles of registers)."""
 BLOCK_N_MAX = 128
 SPLIT_WARPS = 4
 """Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call). Read when a call
@@ -148,13 +157,30 @@ def tile_rule(batch: int, width: int, head_dim: int, itemsize: int) -> tuple[int
     (4 for a quantized cache: its tiles are float32); block_n in KV positions. Pure arithmetic: raises nothing.
 
     >>> tile_rule(1, 2048, 128, 2), tile_rule(2, 2048, 128, 2), tile_rule(1, 4096, 128, 2), tile_rule(1, 384, 128, 2)
-    ((32, 16), (128, 32), (128, 32), (128, 32))
+    ((32, 32), (128, 32), (128, 32), (128, 32))
     """
-    general = block_n_for(head_dim, itemsize)
-    if (SMALL_BATCH is not None and batch <= SMALL_BATCH[0] and width <= SMALL_BATCH[1]
-            and math.ceil(width / general) >= 2 * MIN_TILES_PER_SPLIT):
-        return SMALL_BATCH[2], SMALL_BATCH[3]
-    return general, MAX_SPLITS
+    if small_batch(batch, width, head_dim, itemsize):
+        return SMALL_BATCH[2], SMALL_BATCH[3]  # type: ignore[index]  # small_batch: not None
+    return block_n_for(head_dim, itemsize), MAX_SPLITS
+
+
+def small_batch(batch: int, width: int, head_dim: int, itemsize: int) -> bool:
+    """Whether a launch takes :data:`SMALL_BATCH`'s tiles (see :func:`tile_rule`; same arguments)."""
+    return (SMALL_BATCH is not None and batch <= SMALL_BATCH[0] and width <= SMALL_BATCH[1]
+            and math.ceil(width / block_n_for(head_dim, itemsize)) >= 2 * MIN_TILES_PER_SPLIT)
+
+
+def chunk_rule(tiles_per_split: int, small: bool) -> tuple[int, bool]:
+    """``(tiles a split gathers at once, one pass)`` of a launch whose splits have at most ``tiles_per_split`` tiles:
+    under :data:`SMALL_BATCH`'s rule (``small``) with :data:`ONE_PASS` on and at most 4 tiles a split, every tile at
+    once (1, 2 or 4) in one pass; else ``(1, False)``: the tile loop.
+
+    >>> chunk_rule(4, True) == ((4, True) if ONE_PASS else (1, False)), chunk_rule(3, False), chunk_rule(5, True)
+    (True, (1, False), (1, False))
+    """
+    if not (small and ONE_PASS and tiles_per_split <= 4):
+        return 1, False
+    return next_pow2(max(1, tiles_per_split)), True
 
 
 def launch_config(head_dim: int) -> dict[str, int]:
@@ -340,12 +366,13 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
                    strides, "Call .contiguous() first (lz.paged_attention filters this kernel out instead: "
                    "STRIDE_LAST_DIM_NOT_1).")
     quant = kv_cache.dtype in KV_QUANT_DTYPES
-    bn, max_splits = tile_rule(batch, block_tables.shape[1] * page, d, 4 if quant else q.element_size())
+    width, itemsize = block_tables.shape[1] * page, 4 if quant else q.element_size()
+    bn, max_splits = tile_rule(batch, width, d, itemsize)
     bn = bn if block_n is None else int(block_n)
     if bn < 16 or bn & (bn - 1):
         raise _bad("block_n", "a power of two >= 16", bn)
-    split_len, splits = choose_split_len(batch, hkv, block_tables.shape[1] * page, sm_count(q.device), bn,
-                                         num_splits, max_splits)
+    split_len, splits = choose_split_len(batch, hkv, width, sm_count(q.device), bn, num_splits, max_splits)
+    chunks, one_pass = chunk_rule(-(-split_len // bn), block_n is None and small_batch(batch, width, d, itemsize))
     interpret = interpret_mode(kern)
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
     d_pad = max(16, next_pow2(d))
@@ -354,17 +381,17 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         config["num_warps"] = int(num_warps)
     if num_stages is not None:
         config["num_stages"] = int(num_stages)
-    split_kw = dict(GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn, INTERPRET=interpret,
-                    TILES_PER_SPLIT=split_len // bn if interpret else 0,
+    split_kw = dict(GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
+                    INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
                     UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=splits == 1,
-                    WRITE_LSE=return_lse, FUSED_MERGE=False, S_PAD=1, **config)
+                    WRITE_LSE=return_lse, FUSED_MERGE=False, S_PAD=1, CHUNKS=chunks, ONE_PASS=one_pass, **config)
     kv_bytes = batch * hkv * splits * split_len * d * 2 * kv_cache.element_size()
     # the workspace's strides (contiguous [B, Hq, S, D]); one split: the output's own ([B, Hq, D], contiguous)
     ws_strides = (hq * d, d, 0) if splits == 1 else (hq * splits * d, splits * d, d)
     return _Plan(
         next(_SERIALS), (batch, hq, d), hkv, splits, kv_bytes, quant, (batch, hkv, splits),
         (q.stride(0), q.stride(1), st[0], st[1], st[2], st[3], block_tables.stride(0), split_len, page, group, splits,
-         *ws_strides, hq * splits),
+         width, *ws_strides, hq * splits),
         (hq * d, d, *ws_strides, hq, splits),
         split_kw, {**split_kw, "FUSED_MERGE": True, "S_PAD": next_pow2(splits)},
         dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=MERGE_WARPS))

@@ -1,0 +1,114 @@
+"""``paged.ONE_PASS`` under Triton's interpreter on CPU: at batch 1 in a table of at most ``SMALL_BATCH``'s width, a split
+of ``triton.paged_decode`` / ``triton.rope_paged_decode`` gathers its 1, 2 or 4 tiles at once (block ids read below the
+table's width, K / V below the sequence's length) instead of looping over them. Checked against the float64 oracles
+of ``test_triton_paged_interpret`` / ``test_triton_rope_paged_interpret`` (unused pages and slots NaN, garbage ids past
+the used ones), bit for bit against the tile loop it replaces, and the plan a 132-SM GPU makes. Compiled on a GPU by
+tests/gpu/test_gpu_triton_paged.py and tests/gpu/test_gpu_rope_paged.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # must precede the first @triton.jit of the session (kernels load lazily)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from _triton_interp import needs_interpreter  # noqa: E402
+from test_triton_paged_interpret import close, make_case, oracle  # noqa: E402
+from test_triton_rope_paged_interpret import TOL as ROPE_TOL  # noqa: E402
+from test_triton_rope_paged_interpret import case as rope_case  # noqa: E402
+from test_triton_rope_paged_interpret import oracle as rope_oracle  # noqa: E402
+from test_triton_rope_paged_interpret import run as rope_run  # noqa: E402
+
+from layerzero.backends.triton import paged as tp  # noqa: E402
+from layerzero.backends.triton import rope_paged as trp  # noqa: E402
+
+pytestmark = [pytest.mark.correctness, needs_interpreter("tests/gpu/test_gpu_triton_paged.py")]
+
+
+def spy(monkeypatch) -> list[dict]:
+    """The constexprs of every split-kernel launch (both kernels) from now on."""
+    seen: list[dict] = []
+    real = tp.launch_pinned
+    monkeypatch.setattr(tp, "launch_pinned", lambda fn, pin, grid, *a, **k: (
+        seen.append(k) if fn.__name__ == "paged_decode_split" else None, real(fn, pin, grid, *a, **k)))
+    return seen
+
+
+# (seed, page, lens, forced splits -> tiles a split gathers, dtype): a 1024-token table (64 pages of 16, 205 of 5)
+CASES = [
+    (0, 16, [1], 32, torch.float32),  # one tile a split, most splits empty
+    (1, 16, [33], 16, torch.float32),  # two a split, tile 1 (split 1's first) holds one position
+    (2, 16, [700], 16, torch.bfloat16),
+    (3, 16, [1024], 8, torch.float32),  # four a split, the table full
+    (4, 16, [290], 8, torch.float16),
+    (5, 5, [517], 16, torch.float32),  # a page size that is not a power of two (table 1025 tokens)
+]
+
+
+@pytest.mark.parametrize(("seed", "page", "lens", "splits", "dtype"), CASES, ids=lambda x: str(x).replace("torch.", ""))
+def test_one_pass_matches_the_oracle_and_the_tile_loop_bit_for_bit(monkeypatch, seed, page, lens, splits, dtype):
+    seen = spy(monkeypatch)
+    spare = -(-1024 // page) - -(-lens[0] // page)  # table columns past the used blocks: garbage ids
+    q, cache, table, lens_t = make_case(seed, layout="NHD", page=page, ratio=2, hkv=2, d=16, lens=lens, dtype=dtype,
+                                        spare_cols=spare)
+    assert table.shape[1] * page >= 1024 and tp.small_batch(1, table.shape[1] * page, 16, q.element_size())
+    got = tp.paged_decode(q, cache, table, lens_t, num_splits=splits)
+    tiles = -(-table.shape[1] * page // 32)
+    per_split = -(-tiles // splits)  # tiles of the table a split has at most
+    chunks = 1 << (per_split - 1).bit_length()  # gathered as 1, 2 or 4 (page 5: 33 tiles, 3 a split, 4 gathered)
+    assert seen[-1]["ONE_PASS"] and seen[-1]["CHUNKS"] == chunks and seen[-1]["BLOCK_N"] == 32
+    close(got, oracle(q, cache, table, lens_t, "NHD"), dtype)
+    monkeypatch.setattr(tp, "ONE_PASS", False)
+    tp._PLANS.clear()
+    loop = tp.paged_decode(q, cache, table, lens_t, num_splits=splits)
+    assert not seen[-1]["ONE_PASS"] and torch.equal(got, loop)  # same tiles in the same order: the same bits
+
+
+def test_plan_on_a_132_sm_gpu(monkeypatch):
+    """On an H100 / H200 (132 SMs) a batch-1 call with a 2048-token table runs 32 splits of two tiles in one pass; a
+    second sequence, a wider table, ``ONE_PASS`` off or a forced ``block_n`` take the tile loop."""
+    monkeypatch.setattr(tp, "sm_count", lambda device: 132)
+    monkeypatch.setattr(tp, "_PLANS", {})
+    kern = tp._KERNELS.get()
+
+    def plan(batch: int, width: int, **kw):
+        q = torch.zeros(batch, 16, 128)
+        cache = torch.zeros(4, 2, 16, 8, 128)
+        return tp._plan(kern, q, cache, torch.zeros(batch, width // 16, dtype=torch.int32),
+                        torch.ones(batch, dtype=torch.int32), "NHD", False, None, kw.get("block_n"), None, None)
+
+    p = plan(1, 2048)
+    assert p.grid == (1, 8, 32) and p.split_kw["ONE_PASS"] and p.split_kw["CHUNKS"] == 2
+    assert p.split_ints[11] == 2048  # table_len: the block ids a split reads
+    assert not plan(2, 2048).split_kw["ONE_PASS"] and not plan(1, 4096).split_kw["ONE_PASS"]
+    assert not plan(1, 2048, block_n=32).split_kw["ONE_PASS"]
+    monkeypatch.setattr(tp, "ONE_PASS", False)
+    assert not plan(1, 2048).split_kw["ONE_PASS"]
+
+
+@pytest.mark.parametrize(("seed", "dtype", "splits", "skip"), [(0, torch.float32, 16, False), (1, torch.bfloat16, 8, False),
+                                                               (2, torch.float32, 4, True), (3, torch.float16, 8, False)])
+def test_rope_paged_one_pass_matches_the_oracle(monkeypatch, seed, dtype, splits, skip):
+    """``triton.rope_paged_decode`` in one pass (a 512-token table: 16 / 8 / 4 splits gather 1 / 2 / 4 tiles): the new
+    token from registers, its position masked out of the gathered tiles; a -1 slot (``skip``) reads it from the cache."""
+    seen: list[dict] = []
+    monkeypatch.setattr(trp, "launch_pinned", _rope_spy(seen, trp.launch_pinned))
+    args = rope_case(seed, dtype, 1, 4, 2, 32, 16, "NHD", True, False, skip=skip, width=32)
+    q, k, v, qw, kw, cos, sin, cache, slots, pos, bt, lens = args
+    want, want_cache = rope_oracle(q, k, v, qw, kw, cos, sin, cache, slots, pos, bt, lens, 32 ** -0.5, 1e-6, False,
+                                   "NHD")
+    got = rope_run(args, False, "NHD", splits)
+    assert seen and seen[-1]["ONE_PASS"] and seen[-1]["CHUNKS"] == 16 // splits
+    err = ((got.double() - want).abs().max() / want.abs().max()).item()
+    assert err <= ROPE_TOL[dtype], err
+    diff = (cache.double() - want_cache.double()).abs().max().item()
+    assert diff <= ROPE_TOL[dtype] * 4 * want_cache.double().abs().max().item(), diff
+
+
+def _rope_spy(seen: list[dict], real):
+    """``rope_paged``'s ``launch_pinned`` (imported there by name) recording the fused kernel's constexprs."""
+    return lambda fn, pin, grid, *a, **k: (
+        seen.append(k) if fn.__name__ == "rope_paged_decode_split" else None, real(fn, pin, grid, *a, **k))
