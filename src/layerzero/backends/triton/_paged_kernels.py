@@ -9,7 +9,11 @@ comes from the block table's width, an upper bound, and contiguous ranges of it 
 idle for sequences much shorter than the width, as in a CUDA graph sized for the longest one). Each
 position t is gathered through ``block_tables[b, t // P]`` at offset ``t % P`` (any page size P); loads of
 positions ``>= seq_len`` (block ids included) are masked, so unused pages, unused slots and padding ids in
-``block_tables`` are never read. It writes the normalized partial output ``[group, D]`` and its log2-sum-exp
+``block_tables`` are never read. With ``ONE_PASS`` (at most 4 tiles a split, ``CHUNKS`` of them: 1, 2 or 4) a
+program gathers all its tiles at once with no loop: the block ids below ``table_len`` (the table's width: the load
+does not wait for ``seq_len``; ids past the sequence's blocks are read, never dereferenced), then every K / V tile
+below ``seq_len``, then the online-softmax steps of the tiles that hold positions (``pass_ids`` / ``pass_kv`` /
+``attend_pass``, shared with ``_rope_paged_kernels``). It writes the normalized partial output ``[group, D]`` and its log2-sum-exp
 to the float32 workspace; an empty split writes only its lse, ``-inf`` (the merge reads no partial whose lse is
 ``-inf``).
 
