@@ -24,12 +24,14 @@ from test_triton_rope_paged_interpret import run as rope_run  # noqa: E402
 
 from layerzero.backends.triton import paged as tp  # noqa: E402
 from layerzero.backends.triton import rope_paged as trp  # noqa: E402
+from layerzero.core.kv_quant import dequantize_kv, quantize_kv  # noqa: E402
 
 pytestmark = [pytest.mark.correctness, needs_interpreter("tests/gpu/test_gpu_triton_paged.py")]
 
 
 def spy(monkeypatch) -> list[dict]:
-    """The constexprs of every split-kernel launch (both kernels) from now on."""
+    """The constexprs of every split-kernel launch from now on (plans made afresh: ``ONE_PASS`` is read by them)."""
+    monkeypatch.setattr(tp, "_PLANS", {})
     seen: list[dict] = []
     real = tp.launch_pinned
     monkeypatch.setattr(tp, "launch_pinned", lambda fn, pin, grid, *a, **k: (
@@ -95,6 +97,7 @@ def test_rope_paged_one_pass_matches_the_oracle(monkeypatch, seed, dtype, splits
     """``triton.rope_paged_decode`` in one pass (a 512-token table: 16 / 8 / 4 splits gather 1 / 2 / 4 tiles): the new
     token from registers, its position masked out of the gathered tiles; a -1 slot (``skip``) reads it from the cache."""
     seen: list[dict] = []
+    monkeypatch.setattr(trp, "_PLANS", {})
     monkeypatch.setattr(trp, "launch_pinned", _rope_spy(seen, trp.launch_pinned))
     args = rope_case(seed, dtype, 1, 4, 2, 32, 16, "NHD", True, False, skip=skip, width=32)
     q, k, v, qw, kw, cos, sin, cache, slots, pos, bt, lens = args
@@ -112,3 +115,27 @@ def _rope_spy(seen: list[dict], real):
     """``rope_paged``'s ``launch_pinned`` (imported there by name) recording the fused kernel's constexprs."""
     return lambda fn, pin, grid, *a, **k: (
         seen.append(k) if fn.__name__ == "rope_paged_decode_split" else None, real(fn, pin, grid, *a, **k))
+
+
+@pytest.mark.parametrize("qdtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "fp8"])
+def test_one_pass_over_a_quantized_cache_equals_the_loop(monkeypatch, qdtype):
+    """fp8 / int8 codes (one scale by value, one on the device) in one pass: the loop's bits, the dequantized float64
+    oracle within float32's tolerance (a 1024-token table, 8 splits of 4 tiles, 16 of 2)."""
+    seen = spy(monkeypatch)
+    q, cache, table, lens = make_case(9, layout="HND", page=16, ratio=4, hkv=1, d=32, lens=[611], spare_cols=25)
+    ks, vs = 0.03, torch.tensor(0.021)
+    codes = (quantize_kv(torch.nan_to_num(cache[:, 0:1]), ks, qdtype),
+             quantize_kv(torch.nan_to_num(cache[:, 1:2]), vs, qdtype))
+    qcache = torch.cat(codes, dim=1)
+    deq = torch.cat((dequantize_kv(codes[0], ks, torch.float64), dequantize_kv(codes[1], vs, torch.float64)), dim=1)
+    want = oracle(q, deq, table, lens, "HND")
+    for splits in (8, 16):
+        tp._PLANS.clear()
+        got = tp.paged_decode(q, qcache, table, lens, None, "HND", num_splits=splits, k_scale=ks, v_scale=vs)
+        assert seen[-1]["ONE_PASS"] and seen[-1]["QUANT"] and seen[-1]["CHUNKS"] == 32 // splits
+        close(got, want, torch.float32)
+        monkeypatch.setattr(tp, "ONE_PASS", False)
+        tp._PLANS.clear()
+        loop = tp.paged_decode(q, qcache, table, lens, None, "HND", num_splits=splits, k_scale=ks, v_scale=vs)
+        monkeypatch.setattr(tp, "ONE_PASS", True)
+        assert not seen[-1]["ONE_PASS"] and torch.equal(got, loop)

@@ -2,7 +2,8 @@
 batch-1 decode in tables of at most ``SMALL_BATCH``'s width, where each split of ``triton.paged_decode`` gathers its
 tiles at once (block ids read below the table's width: the garbage ids past a sequence's blocks are read, never
 dereferenced), against the float64 oracle of ``test_gpu_triton_paged``, against the tile loop, eager (the fused split
-merge) against a CUDA-graph replay (the merge kernel), and ``triton.rope_paged_decode`` the same way."""
+merge) against a CUDA-graph replay (the merge kernel), over fp8 / int8 caches, and ``triton.rope_paged_decode`` the
+same way."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import layerzero as lz
 from layerzero.backends.triton import paged as tp
 from layerzero.backends.triton import rope_paged as trp
 from layerzero.core.kv_layout import KVLayout
+from layerzero.core.kv_quant import dequantize_kv, quantize_kv
 
 pytestmark = pytest.mark.gpu
+F64 = torch.float64
 LENS = (1, 31, 32, 33, 255, 256, 257, 700, 1024, 1500, 2047, 2048)
 
 
@@ -89,3 +92,28 @@ def test_rope_paged_one_pass_matches_float64(dtype, skip):
     assert err <= ROPE_TOL[dtype], err
     diff = (cache.double().cpu() - want_cache.double()).abs().max().item()
     assert diff <= ROPE_TOL[dtype] * 4 * want_cache.double().abs().max().item(), diff
+
+
+@pytest.mark.parametrize("qdtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "fp8"])
+def test_batch1_one_pass_over_a_quantized_cache(qdtype):
+    """fp8 / int8 codes at batch 1 in a 2048-token table (one pass, bf16 queries): the float64 oracle over the
+    dequantized cache, and the tile loop."""
+    c = dict(seed=5, page=16, layout="NHD", d=128, hkv=8, ratio=2, lens=[1337], spare_cols=128 - 84, scale=None)
+    q, cache, table, lens = gpu_inputs(c, torch.bfloat16)
+    ks, vs = torch.tensor(0.05, device="cuda"), 0.04
+    codes = (quantize_kv(torch.nan_to_num(cache[:, 0:1]), ks, qdtype),
+             quantize_kv(torch.nan_to_num(cache[:, 1:2]), vs, qdtype))
+    deq = torch.cat((dequantize_kv(codes[0], ks, F64), dequantize_kv(codes[1], vs, F64)), dim=1)
+    qcache = torch.cat(codes, dim=1)
+    tp._PLANS.clear()
+    got = tp.paged_decode(q, qcache, table, lens, None, "NHD", k_scale=ks, v_scale=vs)
+    assert all(p for p, _ in one_pass_plans()), one_pass_plans()
+    assert mismatch(got, oracle(q, deq, table, lens, "NHD"), torch.bfloat16) is None
+    old, tp.ONE_PASS = tp.ONE_PASS, False
+    try:
+        tp._PLANS.clear()
+        loop = tp.paged_decode(q, qcache, table, lens, None, "NHD", k_scale=ks, v_scale=vs)
+    finally:
+        tp.ONE_PASS = old
+        tp._PLANS.clear()
+    assert mismatch(got, loop.double(), torch.bfloat16) is None
