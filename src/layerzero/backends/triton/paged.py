@@ -67,7 +67,7 @@ H200, Qwen3-0.6B's attention (16 / 8 heads of 128, bf16, page 16), 28-layer grap
 9.02; the rule before (16 splits, a tile loop: 2026-11-28d) 5.34 / 6.01 / 7.57 / 7.84 / 11.18; the general rule
 (2026-11-28d) 6.03-6.88 at 512, 11.4 at 4096. In the engine's batch-1 decode graph (``benchmarks/engine/batch1_ab.py``)
 a step costs the same on average over KV 256-768 (676 µs) and 9-10 µs less at KV 768 (replay 685-686 against
-694-696). The 2026-11-28d rule had replayed the graph in 652-655 µs against 676-680 for the general one (KV 256-512).
+694-696); with a 1024-token prompt (KV 1024-1536) 749 against 755 µs, decode 1,344 against 1,321 tok/s. The 2026-11-28d rule had replayed the graph in 652-655 µs against 676-680 for the general one (KV 256-512).
 Longer sequences lose with small tiles (a 3072-token prompt in an 8192-token table: 943 vs 819 µs a step), hence the
 width bound. Tables of fewer than ``2 * MIN_TILES_PER_SPLIT`` general tiles keep the general rule (:func:`tile_rule`)."""
 ONE_PASS = True
