@@ -342,23 +342,39 @@ def timeline(llm: LLM, sp: SamplingParams, out: Path) -> str:
         trace = Path(d) / "trace.json"
         prof.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text())["traceEvents"]
+    text = summarize(events)
+    (out / "timeline.md").write_text(text)
+    return text
+
+
+def summarize(events: list[dict]) -> str:
+    """The markdown summary of a chrome trace's events (``timeline``'s report)."""
     gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
                  key=lambda e: e["ts"])
     runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"]
     gaps, busy, end, prev = [], 0.0, None, None
     per_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, duration, timeline extension
+    # the same per (name, its ordinal since the last split merge): a layer's four projections share one kernel name
+    # (after the merge: o, gate/up, down, then the next layer's qkv; the very first qkv counts as an o)
+    per_slot: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    since_merge: dict[str, int] = defaultdict(int)
     for e in gpu:
         s, d = float(e["ts"]), float(e["dur"])
         if end is not None and s > end:
             gaps.append((s - end, prev, e["name"]))
-        row = per_kernel[e["name"]]
-        row[0] += 1
-        row[1] += d
+        if e["name"] == "paged_decode_merge":
+            since_merge.clear()
+        since_merge[e["name"]] += 1
+        rows = (per_kernel[e["name"]], per_slot[(e["name"], since_merge[e["name"]])])
+        ext = 0.0
         if end is None or s + d > end:
             ext = (s + d) - max(s, end if end is not None else s)  # busy time this op adds beyond the ones before it
             busy += ext
-            row[2] += ext
             end, prev = s + d, e["name"]
+        for row in rows:
+            row[0] += 1
+            row[1] += d
+            row[2] += ext
     span = float(gpu[-1]["ts"]) + float(gpu[-1]["dur"]) - float(gpu[0]["ts"])
     idle = sum(g for g, _, _ in gaps)
     big = sorted(gaps, reverse=True)[:15]
@@ -381,11 +397,15 @@ def timeline(llm: LLM, sp: SamplingParams, out: Path) -> str:
               "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {k[:70]} | {int(n)} | {dur / n:.2f} | {ext / n:.2f} | {ext / 64:.1f} |"
               for k, (n, dur, ext) in kernels]
+    repeated = sorted(k for k in per_slot if k[1] > 1 or (k[0], 2) in per_slot)
+    lines += ["", "Ops that run more than once between two split merges, by their ordinal since the last merge (the "
+              "projections: 1 o, 2 gate/up, 3 down, 4 the next layer's qkv):", "",
+              "| op | ordinal | calls | mean µs | busy added per call µs |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {k[:60]} | {i} | {int(per_slot[(k, i)][0])} | {per_slot[(k, i)][1] / per_slot[(k, i)][0]:.2f} | "
+              f"{per_slot[(k, i)][2] / per_slot[(k, i)][0]:.2f} |" for k, i in repeated]
     lines += ["", "| runtime call | calls | total ms | median µs | max µs |", "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {k} | {len(v)} | {sum(v) / 1000:.2f} | {statistics.median(v):.1f} | {max(v):.1f} |" for k, v in calls]
-    text = "\n".join(lines) + "\n"
-    (out / "timeline.md").write_text(text)
-    return text
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
