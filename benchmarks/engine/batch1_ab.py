@@ -16,7 +16,8 @@ block as the four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k
 (``triton.gemv``'s prefetch kernel with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other
 ``gemv-*``), ``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``),
 ``l2-prefetch`` (the o and gate/up weights prefetched into L2 during the attention block: ``l2_prefetch.py``, an
-experiment), ``packed`` (small decode buckets read their inputs from one buffer the step's single host-to-device copy writes:
+experiment), ``l2-side-o`` / ``l2-side-o-gu`` (the o weight, and gate/up, prefetched from a parallel branch of the
+graph that joins at the end of the forward: ``l2_prefetch.SideBranch``; not yet run), ``packed`` (small decode buckets read their inputs from one buffer the step's single host-to-device copy writes:
 ``cuda_graph.PACKED_INPUTS``), ``splits-1`` / ``splits-2`` (at most 1 / 2
 KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off),
 ``rope-paged-fused`` (``lz.rope_paged_attention`` locked to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV
@@ -122,6 +123,44 @@ def _attend_l2_prefetch(self, qkv, batch, kv_cache):
     return _ATTEND(self, qkv, batch, kv_cache)
 
 
+_SIDE: list = [None]  # the l2-side-* variants' SideBranch (made on first use: l2_prefetch imports triton)
+
+
+class _FLAGS:  # noqa: N801  (a settings target, as a module is)
+    side_gate_up = False
+    """``l2-side-o-gu``: the side branch prefetches the gate/up weight too."""
+
+_MODEL_FORWARD = llama.LlamaForCausalLM.forward
+
+
+def _side_branch():
+    if _SIDE[0] is None:
+        from l2_prefetch import SideBranch
+
+        _SIDE[0] = SideBranch()
+    return _SIDE[0]
+
+
+def _attend_l2_side(self, qkv, batch, kv_cache):
+    """``llama.Attention.attend`` that, in captured decode steps of at most 4 sequences, first forks a side branch
+    prefetching the o weight (and gate/up with ``l2-side-o-gu``) into L2 while the attention kernels run."""
+    gate_up = _L2_GATE_UP[0]
+    if batch.graphed and batch.num_seqs <= 4 and torch.cuda.is_current_stream_capturing():
+        if _FLAGS.side_gate_up and gate_up is not None:
+            _side_branch().fork(self.o_proj.weight, gate_up)
+        else:
+            _side_branch().fork(self.o_proj.weight)
+    return _ATTEND(self, qkv, batch, kv_cache)
+
+
+def _model_forward_joined(self, batch, kv_caches):
+    """``LlamaForCausalLM.forward`` joining the side branch's prefetches at its end (the l2-side-* variants)."""
+    logits = _MODEL_FORWARD(self, batch, kv_caches)
+    if _SIDE[0] is not None:
+        _SIDE[0].join()
+    return logits
+
+
 class _TorchArgmax:
     """``layerzero`` for the sampler module, but ``sample_greedy`` is ``torch.argmax`` (the ``argmax-old`` variant)."""
 
@@ -171,6 +210,11 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "splits-1": [(paged, "MAX_SPLITS", 1)], "splits-2": [(paged, "MAX_SPLITS", 2)],
             "l2-prefetch": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
                             (llama.Attention, "attend", _attend_l2_prefetch)],
+            "l2-side-o": [(llama.Attention, "attend", _attend_l2_side),
+                          (llama.LlamaForCausalLM, "forward", _model_forward_joined)],
+            "l2-side-o-gu": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
+                             (llama.Attention, "attend", _attend_l2_side),
+                             (llama.LlamaForCausalLM, "forward", _model_forward_joined), (_FLAGS, "side_gate_up", True)],
             "gemv-old": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4))],
             "2026-11-27": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4)), (rope, "BLOCK_H_MAX", 16)],
             "longk-16k-4w": [(tg, "PREFETCH_LONG_K", (16384, 4))], "longk-8k-8w": [(tg, "PREFETCH_LONG_K", (8192, 8))],

@@ -10,7 +10,10 @@ issuing thread does not wait) right after the QKV projection could move those 16
 The kernel follows ``_gdc_kernels.py``'s protocol: it issues its prefetches (weights only: no kernel of a forward
 writes them), then waits for the previous grid, then lets the next launch. ``benchmarks/engine/batch1_ab.py``'s
 ``l2-prefetch`` variant patches the engine's decoder layer to call :func:`prefetch_l2` in captured decode steps of
-at most 4 sequences. Written 2026-11-28 without a GPU: not yet compiled or measured.
+at most 4 sequences: measured 2026-11-28b, the graph 690 -> 828-831 µs (the attention block's small loads queued
+behind 16.8 MB of prefetch, and the prefetch kernel sat on the critical path). The ``l2-side-o`` / ``l2-side-o-gu``
+variants issue the prefetch from a parallel branch of the graph instead (:class:`SideBranch`), of the o weight alone
+(4.2 MB) or of both: not yet run.
 """
 
 from __future__ import annotations
@@ -58,11 +61,40 @@ def _prefetch_two(A, a_bytes, B, b_bytes, THREADS: tl.constexpr, SUB: tl.constex
     gdc_enter(PDL)  # keeps the protocol: the next kernel launches once everything before this one completed
 
 
-def prefetch_l2(a: torch.Tensor, b: torch.Tensor) -> None:
-    """Ask the GPU to bring tensors ``a`` and ``b`` (contiguous, CUDA, >= 16 bytes each) into L2, asynchronously;
-    PDL-launched in captured decode steps like LayerZero's kernels (``pdl_kwargs``)."""
+def prefetch_l2(a: torch.Tensor, b: torch.Tensor, *, pdl: bool = True) -> None:
+    """Ask the GPU to bring tensors ``a`` and ``b`` (contiguous, CUDA, >= 16 bytes each; the same tensor twice for
+    one) into L2, asynchronously; PDL-launched in captured decode steps like LayerZero's kernels (``pdl_kwargs``)
+    unless ``pdl`` is False (a launch on a side stream, :class:`SideBranch`)."""
     per = THREADS * SUB
     a_bytes, b_bytes = a.numel() * a.element_size(), b.numel() * b.element_size()
     grid = (triton.cdiv(a_bytes, per) + triton.cdiv(b_bytes, per),)
     _prefetch_two[grid](a, a_bytes, b, b_bytes, THREADS=THREADS, SUB=SUB, num_warps=THREADS // 32,
-                        **pdl_kwargs(a, 1))
+                        **(pdl_kwargs(a, 1) if pdl else {}))
+
+
+class SideBranch:
+    """The prefetches on a side stream of a captured step: a parallel branch of the CUDA graph that forks after the
+    kernel just enqueued (the QKV projection) and joins only at the end of the forward, so nothing on the main stream
+    waits for it (the prefetch is a hint; no result depends on it). ``fork`` once per layer, ``join`` once per
+    forward (every stream forked from a capturing stream must be joined before the capture ends). Written 2026-11-28
+    (sixth session) without a GPU: not yet run."""
+
+    def __init__(self) -> None:
+        self.stream: torch.cuda.Stream | None = None
+        self.forked = False
+
+    def fork(self, *tensors: torch.Tensor) -> None:
+        """Prefetch ``tensors`` (one or two) into L2 on the side stream, after what the current stream enqueued."""
+        main = torch.cuda.current_stream()
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(device=main.device)
+        self.stream.wait_stream(main)
+        with torch.cuda.stream(self.stream):
+            prefetch_l2(tensors[0], tensors[-1], pdl=False)
+        self.forked = True
+
+    def join(self) -> None:
+        """Make the current stream wait for the side stream's prefetches (no-op when nothing was forked)."""
+        if self.forked and self.stream is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)
+        self.forked = False
