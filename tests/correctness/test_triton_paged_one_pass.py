@@ -30,8 +30,10 @@ pytestmark = [pytest.mark.correctness, needs_interpreter("tests/gpu/test_gpu_tri
 
 
 def spy(monkeypatch) -> list[dict]:
-    """The constexprs of every split-kernel launch from now on (plans made afresh: ``ONE_PASS`` is read by them)."""
+    """The constexprs of every split-kernel launch from now on (plans made afresh: ``ONE_PASS`` is read by them).
+    Splits of up to four tiles take the one pass here (``ONE_PASS_MAX_TILES`` 4: the kernel's every form)."""
     monkeypatch.setattr(tp, "_PLANS", {})
+    monkeypatch.setattr(tp, "ONE_PASS_MAX_TILES", 4)
     seen: list[dict] = []
     real = tp.launch_pinned
     monkeypatch.setattr(tp, "launch_pinned", lambda fn, pin, grid, *a, **k: (
@@ -71,7 +73,8 @@ def test_one_pass_matches_the_oracle_and_the_tile_loop_bit_for_bit(monkeypatch, 
 
 def test_plan_on_a_132_sm_gpu(monkeypatch):
     """On an H100 / H200 (132 SMs) a batch-1 call with a 2048-token table runs 32 splits of two tiles in one pass; a
-    second sequence, a wider table, ``ONE_PASS`` off or a forced ``block_n`` take the tile loop."""
+    second sequence, a wider table, a forced ``block_n``, splits of three tiles (58 SMs: more than
+    ``ONE_PASS_MAX_TILES``) or ``ONE_PASS`` off take the tile loop."""
     monkeypatch.setattr(tp, "sm_count", lambda device: 132)
     monkeypatch.setattr(tp, "_PLANS", {})
     kern = tp._KERNELS.get()
@@ -87,6 +90,9 @@ def test_plan_on_a_132_sm_gpu(monkeypatch):
     assert p.split_ints[11] == 2048  # table_len: the block ids a split reads
     assert not plan(2, 2048).split_kw["ONE_PASS"] and not plan(1, 4096).split_kw["ONE_PASS"]
     assert not plan(1, 2048, block_n=32).split_kw["ONE_PASS"]
+    monkeypatch.setattr(tp, "sm_count", lambda device: 58)  # an L4: 22 splits of three tiles, not measured: the loop
+    assert plan(1, 2048).grid == (1, 8, 22) and not plan(1, 2048).split_kw["ONE_PASS"]
+    monkeypatch.setattr(tp, "sm_count", lambda device: 132)
     monkeypatch.setattr(tp, "ONE_PASS", False)
     assert not plan(1, 2048).split_kw["ONE_PASS"]
 
@@ -97,6 +103,7 @@ def test_rope_paged_one_pass_matches_the_oracle(monkeypatch, seed, dtype, splits
     """``triton.rope_paged_decode`` in one pass (a 512-token table: 16 / 8 / 4 splits gather 1 / 2 / 4 tiles): the new
     token from registers, its position masked out of the gathered tiles; a -1 slot (``skip``) reads it from the cache."""
     seen: list[dict] = []
+    monkeypatch.setattr(tp, "ONE_PASS_MAX_TILES", 4)
     monkeypatch.setattr(trp, "_PLANS", {})
     monkeypatch.setattr(trp, "launch_pinned", _rope_spy(seen, trp.launch_pinned))
     args = rope_case(seed, dtype, 1, 4, 2, 32, 16, "NHD", True, False, skip=skip, width=32)

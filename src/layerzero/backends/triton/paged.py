@@ -71,12 +71,16 @@ a step costs the same on average over KV 256-768 (676 µs) and 9-10 µs less at 
 Longer sequences lose with small tiles (a 3072-token prompt in an 8192-token table: 943 vs 819 µs a step), hence the
 width bound. Tables of fewer than ``2 * MIN_TILES_PER_SPLIT`` general tiles keep the general rule (:func:`tile_rule`)."""
 ONE_PASS = True
-"""Under :data:`SMALL_BATCH`'s rule, when a split has at most 4 tiles (:func:`chunk_rule`): the split program gathers
-all of them at once (block ids read below the table's width, not waiting for ``seq_len``; K / V below ``seq_len``),
-then attends the ones below ``seq_len``, instead of the tile loop's block-id -> K / V -> attend chain per tile (Triton
-does not overlap those: the loads are gathered through the block table). Measured with :data:`SMALL_BATCH` (its
-docstring); 16 splits of 4 tiles gathered at once were slower than the loop at KV <= 1024 (5.82 vs 5.34 µs a layer
-at 256: four tiles of registers)."""
+"""Under :data:`SMALL_BATCH`'s rule, when a split has at most :data:`ONE_PASS_MAX_TILES` tiles (:func:`chunk_rule`):
+the split program gathers all of them at once (block ids read below the table's width, not waiting for ``seq_len``;
+K / V below ``seq_len``), then attends the ones below ``seq_len``, instead of the tile loop's block-id -> K / V ->
+attend chain per tile (Triton pipelines the loop, but a tile's K / V still wait for its block ids). Measured with
+:data:`SMALL_BATCH` (its docstring)."""
+ONE_PASS_MAX_TILES = 2
+"""Most tiles a split gathers in one pass (1, 2 or 4; the kernel takes up to 4). 2: what the H200 measured faster
+(32 splits of two tiles at a 2048-token table). 16 splits of four tiles in one pass were slower than the loop at
+KV <= 1024 (5.82 vs 5.34 µs a layer at 256: four tiles of registers; the engine's graph 683 against 677-679 µs), so a
+GPU whose split count leaves three or four tiles a split (fewer SMs) keeps the loop until measured."""
 BLOCK_N_MAX = 128
 SPLIT_WARPS = 4
 """Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call). Read when a call
@@ -172,13 +176,14 @@ def small_batch(batch: int, width: int, head_dim: int, itemsize: int) -> bool:
 
 def chunk_rule(tiles_per_split: int, small: bool) -> tuple[int, bool]:
     """``(tiles a split gathers at once, one pass)`` of a launch whose splits have at most ``tiles_per_split`` tiles:
-    under :data:`SMALL_BATCH`'s rule (``small``) with :data:`ONE_PASS` on and at most 4 tiles a split, every tile at
-    once (1, 2 or 4) in one pass; else ``(1, False)``: the tile loop.
+    under :data:`SMALL_BATCH`'s rule (``small``) with :data:`ONE_PASS` on and at most :data:`ONE_PASS_MAX_TILES`
+    tiles a split, every tile at once (1, 2 or 4: the next power of two) in one pass; else ``(1, False)``: the tile
+    loop.
 
-    >>> chunk_rule(4, True) == ((4, True) if ONE_PASS else (1, False)), chunk_rule(3, False), chunk_rule(5, True)
+    >>> chunk_rule(2, True) == ((2, True) if ONE_PASS else (1, False)), chunk_rule(2, False), chunk_rule(5, True)
     (True, (1, False), (1, False))
     """
-    if not (small and ONE_PASS and tiles_per_split <= 4):
+    if not (small and ONE_PASS and tiles_per_split <= min(4, ONE_PASS_MAX_TILES)):
         return 1, False
     return next_pow2(max(1, tiles_per_split)), True
 
