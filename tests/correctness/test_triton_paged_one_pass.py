@@ -2,8 +2,8 @@
 of ``triton.paged_decode`` / ``triton.rope_paged_decode`` gathers its 1, 2 or 4 tiles at once (block ids read below the
 table's width, K / V below the sequence's length) instead of looping over them. Checked against the float64 oracles
 of ``test_triton_paged_interpret`` / ``test_triton_rope_paged_interpret`` (unused pages and slots NaN, garbage ids past
-the used ones), bit for bit against the tile loop it replaces, and the plan a 132-SM GPU makes. Compiled on a GPU by
-tests/gpu/test_gpu_triton_paged.py and tests/gpu/test_gpu_rope_paged.py."""
+the used ones), bit for bit against the tile loop it replaces, and the plans a 132-SM and a 58-SM GPU make. Compiled on
+a GPU by tests/gpu/test_gpu_paged_one_pass.py."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from layerzero.backends.triton import paged as tp  # noqa: E402
 from layerzero.backends.triton import rope_paged as trp  # noqa: E402
 from layerzero.core.kv_quant import dequantize_kv, quantize_kv  # noqa: E402
 
-pytestmark = [pytest.mark.correctness, needs_interpreter("tests/gpu/test_gpu_triton_paged.py")]
+pytestmark = [pytest.mark.correctness, needs_interpreter("tests/gpu/test_gpu_paged_one_pass.py")]
 
 
 def spy(monkeypatch) -> list[dict]:
