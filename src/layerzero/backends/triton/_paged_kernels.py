@@ -44,16 +44,6 @@ LN2 = tl.constexpr(0.6931471805599453)  # used inside @triton.jit: a constexpr g
 
 
 @triton.jit
-def kv_gather(kv_head, bt_row, pos, p_ok, stride_blk, stride_kv, stride_pos, page,
-              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
-    """K and V ``[len(pos), D_PAD]`` at KV positions ``pos`` of one sequence and KV head, gathered through its
-    block-table row (position t at block ``bt_row[t // page]``, offset ``t % page``); positions not in ``p_ok``
-    (and their block ids) load nothing (0). Returns ``(k, v)``."""
-    blk = tl.load(bt_row + pos // page, mask=p_ok, other=0)
-    return kv_at(kv_head, blk, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
-
-
-@triton.jit
 def kv_at(kv_head, blk, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD_DIM: tl.constexpr,
           D_PAD: tl.constexpr):
     """K and V ``[len(pos), D_PAD]`` at KV positions ``pos`` whose block ids ``blk`` are read already (position t at
@@ -69,12 +59,13 @@ def kv_at(kv_head, blk, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD
 @triton.jit
 def kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page,
             HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, skip=-1):
-    """K and V ``[BLOCK_N, D_PAD]`` of KV positions ``[t0, t0 + BLOCK_N)`` of one sequence and KV head
-    (:func:`kv_gather`); positions ``>= stop`` (and their block ids) and position ``skip`` load nothing (0).
-    Returns ``(positions, mask of the positions loaded, k, v)``."""
+    """K and V ``[BLOCK_N, D_PAD]`` of KV positions ``[t0, t0 + BLOCK_N)`` of one sequence and KV head, gathered
+    through its block-table row (:func:`kv_at`); positions ``>= stop`` (and their block ids) and position ``skip``
+    load nothing (0). Returns ``(positions, mask of the positions loaded, k, v)``."""
     pos = t0 + tl.arange(0, BLOCK_N)
     p_ok = (pos < stop) & (pos != skip)
-    k, v = kv_gather(kv_head, bt_row, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
+    blk = tl.load(bt_row + pos // page, mask=p_ok, other=0)
+    k, v = kv_at(kv_head, blk, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
     return pos, p_ok, k, v
 
 
@@ -106,11 +97,12 @@ def _attend_kv(q, k, v, p_ok, m_i, l_i, acc, qk_scale, ks, vs, UPCAST: tl.conste
 def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
                  stride_blk, stride_kv, stride_pos, page,
                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                 UPCAST: tl.constexpr, QUANT: tl.constexpr):
-    """:func:`_attend_kv` over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop`` (``t0 < stop``), gathered
-    through the block table (:func:`kv_tile`: positions ``>= stop`` load nothing)."""
+                 UPCAST: tl.constexpr, QUANT: tl.constexpr, skip=-1):
+    """:func:`_attend_kv` over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop``, gathered through the block
+    table (:func:`kv_tile`: positions ``>= stop`` and position ``skip`` load nothing; a tile left with no position
+    changes nothing)."""
     _, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
-                            BLOCK_N)
+                            BLOCK_N, skip)
     return _attend_kv(q, k, v, p_ok, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
 
 

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ._gdc_kernels import gdc_enter
-from ._paged_kernels import _attend_kv, attend_pass, kv_tile, pass_ids, pass_kv
+from ._paged_kernels import _attend_tile, attend_pass, pass_ids, pass_kv
 
 
 @triton.jit
@@ -39,17 +39,6 @@ def _norm_rope(x, xp, w_ptr, d, partner, d_ok, sign, cos, sin, eps, HEAD_DIM: tl
         x = x * inv * tl.load(w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
         xp = xp * inv * tl.load(w_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)[None, :]
     return x * cos[None, :] + sign[None, :] * xp * sin[None, :]
-
-
-@triton.jit
-def _attend_old(q, kv_head, bt_row, t0, stop, new_pos, m_i, l_i, acc, qk_scale, stride_blk, stride_kv, stride_pos,
-                page, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
-    """``_paged_kernels._attend_tile``'s online-softmax step over the cached positions of ``[t0, t0 + BLOCK_N)``:
-    ``new_pos`` (the new token, attended from registers) is masked out like the positions past ``stop``, so a tile
-    may hold no position at all (then nothing changes: the running max stays -inf, no ``-inf - -inf``)."""
-    _, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
-                            BLOCK_N, new_pos)
-    return _attend_kv(q, k, v, p_ok, m_i, l_i, acc, qk_scale, 1.0, 1.0, UPCAST, False)
 
 
 @triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "table_len", "stride_lb"])
@@ -127,12 +116,14 @@ def rope_paged_decode_split(
         for i in range(0, TILES_PER_SPLIT):
             t = t0 + i * step
             if t < seq_len:
-                m_i, l_i, acc = _attend_old(q, kv_head, bt_row, t, seq_len, new_pos, m_i, l_i, acc, qk_scale,
-                                            stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST)
+                m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t, seq_len, m_i, l_i, acc, qk_scale, 1.0, 1.0,
+                                             stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST,
+                                             False, new_pos)
     else:
         for t in range(t0, seq_len, step):
-            m_i, l_i, acc = _attend_old(q, kv_head, bt_row, t, seq_len, new_pos, m_i, l_i, acc, qk_scale,
-                                        stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST)
+            m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t, seq_len, m_i, l_i, acc, qk_scale, 1.0, 1.0,
+                                         stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST,
+                                         False, new_pos)
     # the new token, from registers, in split 0 only (the others give it weight 0): one online-softmax step
     score = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * qk_scale  # [GROUP_PAD]
     score = tl.where((s == 0) & (new_pos >= 0), score, float("-inf"))

@@ -89,8 +89,9 @@ def block_n_for(head_dim: int) -> int:
 
 def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None,
                       v_scale=None, *, num_splits: int | None = None, block_n: int | None = None,
-                      rows: int | None = None, num_warps: int | None = None, num_stages: int | None = None, programs_per_sm: int | None = None,
-                      target: int | None = None, min_split_tiles: int = MIN_SPLIT_TILES):
+                      rows: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                      programs_per_sm: int | None = None, target: int | None = None,
+                      min_split_tiles: int = MIN_SPLIT_TILES):
     """``lz.paged_attention(..., return_lse=True)`` canonical-args entry (see
     :func:`layerzero.ops.paged.prepare`): q ``[T, Hq, D]``, cu_seqlens_q ``[B + 1]`` int32 (None: one token per
     sequence, built on the device), causal aligned bottom-right or none. Returns ``(out [T, Hq, D] in q's dtype,
