@@ -10,7 +10,8 @@ but a tile's K/V still wait for its block ids). Checking that before spending de
 Signatures are built from the argument names as our kernels use them; every pointer and stride is given the 16-byte
 divisibility a real launch specializes on (without it the loads do not vectorize and the register counts mislead).
 Presets: ``paged_split`` (``_paged_kernels.paged_decode_split``), ``rope_paged_split``
-(``_rope_paged_kernels.rope_paged_decode_split``), ``gemv_prefetch`` (``_gemv_kernels._gemv_prefetch``).
+(``_rope_paged_kernels.rope_paged_decode_split``), ``paged_merge`` (``_paged_kernels.paged_decode_merge``),
+``gemv_prefetch`` (``_gemv_kernels._gemv_prefetch``).
 
 Usage: ``PYTHONPATH=src python tools/kernel_ir.py paged_split BLOCK_N=32 CHUNKS=2 ONE_PASS=1 [--warps 4]
 [--stages 3] [--arch 90] [--dump DIR]``; ``KEY=VALUE`` pairs override the preset's constexprs (ints; 0 / 1 for
@@ -32,7 +33,7 @@ PRESETS: dict[str, tuple[str, str, dict[str, object], dict[str, str]]] = {
     "paged_split": ("_paged_kernels", "paged_decode_split",
                     dict(GROUP_PAD=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, INTERPRET=False, TILES_PER_SPLIT=0,
                          UPCAST=False, DIRECT=False, QUANT=False, K_PTR=False, V_PTR=False, WRITE_LSE=False,
-                         FUSED_MERGE=False, S_PAD=1, PDL=True, CHUNKS=1, ONE_PASS=False),
+                         FUSED_MERGE=False, S_PAD=1, PDL=True, CHUNKS=1, ONE_PASS=False, EARLY=False),
                     {"bt_ptr": "i32", "lens_ptr": "i32", "cnt_ptr": "i32", "ws_out_ptr": "fp32",
                      "ws_lse_ptr": "fp32", "lse_out_ptr": "fp32"}),
     "rope_paged_split": ("_rope_paged_kernels", "rope_paged_decode_split",
@@ -41,6 +42,9 @@ PRESETS: dict[str, tuple[str, str, dict[str, object], dict[str, str]]] = {
                               ONE_PASS=False),
                          {"bt_ptr": "i32", "lens_ptr": "i32", "pos_ptr": "i64", "slot_ptr": "i64",
                           "ws_out_ptr": "fp32", "ws_lse_ptr": "fp32"}),
+    "paged_merge": ("_paged_kernels", "paged_decode_merge",
+                    dict(HEAD_DIM=128, D_PAD=128, S_PAD=32, WRITE_LSE=False, PDL=True),
+                    {"ws_out_ptr": "fp32", "ws_lse_ptr": "fp32", "lse_out_ptr": "fp32"}),
     "gemv_prefetch": ("_gemv_kernels", "_gemv_prefetch",
                       dict(K=1024, KP=1024, HAS_BIAS=False, BM=1, BN=8, NORM=False, RESIDUAL=False, SWIGLU=False,
                            PDL=True),

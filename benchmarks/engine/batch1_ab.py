@@ -33,7 +33,8 @@ cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off``
 ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``one-pass`` /
 ``no-one-pass`` (``paged.ONE_PASS`` on / off: a batch-1 split's tiles gathered at once, block ids read without
 waiting for ``seq_len``; ``-8w`` with 8 warps a split program, ``-s32`` with 32 splits of at most 2 tiles),
-``rope-fused-1p`` / ``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the
+``early-off`` (``paged.EARLY_KV`` off: the split
+kernel's K / V loads after its PDL wait), ``rope-fused-1p`` / ``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the
 batch-1 rule of 2026-11-28d: 16 splits, the tile loop), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
 changed).
@@ -220,6 +221,7 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "longk-16k-4w": [(tg, "PREFETCH_LONG_K", (16384, 4))], "longk-8k-8w": [(tg, "PREFETCH_LONG_K", (8192, 8))],
             "split-2w": [(paged, "SPLIT_WARPS", 2)], "split-8w": [(paged, "SPLIT_WARPS", 8)],
             "merge-1w": [(paged, "MERGE_WARPS", 1)], "merge-2w": [(paged, "MERGE_WARPS", 2)],
+            "early-off": [(paged, "EARLY_KV", False)],
             "one-pass": [(paged, "ONE_PASS", True)], "no-one-pass": [(paged, "ONE_PASS", False)],
             "tiles-28d": [(paged, "SMALL_BATCH", (1, 2048, 32, 16)), (paged, "ONE_PASS", False)],
             "one-pass-8w": [(paged, "ONE_PASS", True), (paged, "SPLIT_WARPS", 8)],

@@ -181,6 +181,33 @@ def test_splits_past_every_sequence_are_empty_without_nan():
 
 
 @needs_triton
+def test_merge_drops_partials_of_empty_splits_whatever_their_slots_hold():
+    """Stage 2 loads every split's partial together with the lse (no mask computed from the lse, which would cost a
+    second round trip) and drops those whose lse is -inf: an empty split writes only its lse, cascade never writes
+    its unused slots, so NaN left there must not leak. Worked against a float64 merge of the used partials."""
+    kern = tp._KERNELS.get()
+    hq, splits, d = 3, 5, 16
+    gen = torch.Generator().manual_seed(7)
+    ws_out = torch.randn(1, hq, splits, d, generator=gen)
+    ws_lse = torch.randn(1, hq, splits, generator=gen) * 4
+    empty = torch.zeros(hq, splits, dtype=torch.bool)
+    empty[:, [1, 3]] = True
+    empty[2] = True  # head 2 saw no key at all: output 0
+    ws_lse[0][empty] = float("-inf")
+    ws_out[0][empty] = float("nan")
+    out = torch.full((1, hq, d), 7.0)
+    kern.paged_decode_merge[(1, hq)](ws_out, ws_lse, out, out, hq * d, d, hq * splits * d, splits * d, d, hq, splits,
+                                     HEAD_DIM=d, D_PAD=d, S_PAD=8)
+    want = torch.zeros(hq, d, dtype=F64)
+    for h in range(hq):
+        used = ~empty[h]
+        if used.any():
+            w = torch.exp2(ws_lse[0, h, used].to(F64))
+            want[h] = (w[:, None] * ws_out[0, h, used].to(F64)).sum(0) / w.sum()
+    torch.testing.assert_close(out[0].to(F64), want, rtol=1e-6, atol=1e-6)
+
+
+@needs_triton
 def test_split_count_does_not_change_the_result():
     q, cache, table, lens = make_case(31, layout="HND", page=8, ratio=2, hkv=2, d=32, lens=[60, 33])
     ref = oracle(q, cache, table, lens, "HND")

@@ -1,6 +1,7 @@
 """``paged.ONE_PASS`` under Triton's interpreter on CPU: at batch 1 in a table of at most ``SMALL_BATCH``'s width, a split
 of ``triton.paged_decode`` / ``triton.rope_paged_decode`` gathers its 1, 2 or 4 tiles at once (block ids read below the
-table's width, K / V below the sequence's length) instead of looping over them. Checked against the float64 oracles
+table's width, K / V below the sequence's length) instead of looping over them; with ``EARLY_KV`` every position but the
+newest before the PDL wait, the newest after it (here there is no wait: the same values in another order). Checked against the float64 oracles
 of ``test_triton_paged_interpret`` / ``test_triton_rope_paged_interpret`` (unused pages and slots NaN, garbage ids past
 the used ones), bit for bit against the tile loop it replaces, and the plans a 132-SM and a 58-SM GPU make. Compiled on
 a GPU by tests/gpu/test_gpu_paged_one_pass.py."""
@@ -44,7 +45,7 @@ def spy(monkeypatch) -> list[dict]:
 # (seed, page, lens, forced splits -> tiles a split gathers, dtype): a 1024-token table (64 pages of 16, 205 of 5)
 CASES = [
     (0, 16, [1], 32, torch.float32),  # one tile a split, most splits empty
-    (1, 16, [33], 16, torch.float32),  # two a split, tile 1 (split 1's first) holds one position
+    (1, 16, [33], 16, torch.float32),  # two a split, tile 1 (split 1's first) holds one position: the newest
     (2, 16, [700], 16, torch.bfloat16),
     (3, 16, [1024], 8, torch.float32),  # four a split, the table full
     (4, 16, [290], 8, torch.float16),
@@ -63,12 +64,16 @@ def test_one_pass_matches_the_oracle_and_the_tile_loop_bit_for_bit(monkeypatch, 
     tiles = -(-table.shape[1] * page // 32)
     per_split = -(-tiles // splits)  # tiles of the table a split has at most
     chunks = 1 << (per_split - 1).bit_length()  # gathered as 1, 2 or 4 (page 5: 33 tiles, 3 a split, 4 gathered)
-    assert seen[-1]["ONE_PASS"] and seen[-1]["CHUNKS"] == chunks and seen[-1]["BLOCK_N"] == 32
+    assert seen[-1]["ONE_PASS"] and seen[-1]["EARLY"] and seen[-1]["CHUNKS"] == chunks and seen[-1]["BLOCK_N"] == 32
     close(got, oracle(q, cache, table, lens_t, "NHD"), dtype)
+    monkeypatch.setattr(tp, "EARLY_KV", False)  # every load after the (here absent) PDL wait: the same tiles
+    tp._PLANS.clear()
+    late = tp.paged_decode(q, cache, table, lens_t, num_splits=splits)
+    assert seen[-1]["ONE_PASS"] and not seen[-1]["EARLY"] and torch.equal(got, late)
     monkeypatch.setattr(tp, "ONE_PASS", False)
     tp._PLANS.clear()
     loop = tp.paged_decode(q, cache, table, lens_t, num_splits=splits)
-    assert not seen[-1]["ONE_PASS"] and torch.equal(got, loop)  # same tiles in the same order: the same bits
+    assert not seen[-1]["ONE_PASS"] and not seen[-1]["EARLY"] and torch.equal(got, loop)  # same tiles, same order
 
 
 def test_plan_on_a_132_sm_gpu(monkeypatch):

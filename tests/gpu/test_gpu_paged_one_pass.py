@@ -120,3 +120,50 @@ def test_batch1_one_pass_over_a_quantized_cache(qdtype):
         tp.ONE_PASS = old
         tp._PLANS.clear()
     assert mismatch(got, loop.double(), torch.bfloat16) is None
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_early_kv_reads_the_newest_position_the_kernel_before_wrote(layout):
+    """``paged.EARLY_KV`` in a CUDA graph (PDL-launched on SM 9.0+): the KV write of the step's token
+    (``triton.reshape_and_cache``) and then ``triton.paged_decode``, replayed for sequences of 1 ... 2048 tokens whose
+    newest slot holds NaN before each replay. The split kernel reads every older position before its PDL wait, so
+    only the write just before can put the newest one in place: a stale read shows as NaN, or as a mismatch with the
+    float64 oracle over the cache the replay left."""
+    from layerzero.backends.triton import cache as tc
+
+    c = dict(seed=21, page=16, layout=layout, d=128, hkv=8, ratio=2, lens=[2048], spare_cols=0, scale=None)
+    q, cache, table, _ = gpu_inputs(c, torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    lens = torch.ones(1, dtype=torch.int32, device="cuda")
+    slot = torch.zeros(1, dtype=torch.int64, device="cuda")
+    k_new = torch.zeros(1, 8, 128, dtype=torch.bfloat16, device="cuda")
+    v_new = torch.zeros_like(k_new)
+    view = cache if layout == "NHD" else cache.transpose(2, 3)  # [N, 2, P, Hkv, D]
+
+    def step() -> torch.Tensor:
+        tc.reshape_and_cache(k_new, v_new, cache, slot, layout)
+        return tp.paged_decode(q, cache, table, lens, None, layout)
+
+    tp._PLANS.clear()
+    with lz.capture_selection():
+        step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    assert all(p.split_kw["EARLY"] for p in tp._PLANS.values()), "the graph did not take the EARLY one pass"
+    failures = []
+    for n in (1, 2, 31, 32, 33, 64, 255, 700, 1023, 1024, 1025, 2047, 2048):
+        blk, off = int(table[0, (n - 1) // 16]), (n - 1) % 16
+        view[blk, :, off] = float("nan")  # a stale read of the newest position poisons the output
+        lens.fill_(n)
+        slot.fill_(blk * 16 + off)
+        k_new.copy_(torch.randn(k_new.shape, generator=gen, device="cuda"))
+        v_new.copy_(torch.randn(v_new.shape, generator=gen, device="cuda"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(view[blk, 0, off], k_new[0]) and torch.equal(view[blk, 1, off], v_new[0])
+        msg = mismatch(out.clone(), oracle(q, cache, table, lens, layout), torch.bfloat16, f"len {n} {layout}")
+        if msg:
+            failures.append(msg)
+    assert not failures, "\n".join(failures[:5])

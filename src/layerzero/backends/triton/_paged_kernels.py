@@ -14,8 +14,8 @@ program gathers all its tiles at once with no loop: the block ids below ``table_
 does not wait for ``seq_len``; ids past the sequence's blocks are read, never dereferenced), then every K / V tile
 below ``seq_len``, then the online-softmax steps of the tiles that hold positions (``pass_ids`` / ``pass_kv`` /
 ``attend_pass``, shared with ``_rope_paged_kernels``). It writes the normalized partial output ``[group, D]`` and its log2-sum-exp
-to the float32 workspace; an empty split writes only its lse, ``-inf`` (the merge reads no partial whose lse is
-``-inf``).
+to the float32 workspace; an empty split writes only its lse, ``-inf`` (the merge drops every partial whose lse is
+``-inf``, whatever its slot holds).
 
 With one split (large batches: the grid is full without splitting) stage 1 stores the normalized output directly
 in the output's dtype and stage 2 is not launched. With ``FUSED_MERGE`` (eager calls) stage 1's last split of each
@@ -149,6 +149,35 @@ def pass_kv(kv_head, p0, b0, p1, b1, p2, b2, p3, b3, stop, skip, stride_blk, str
 
 
 @triton.jit
+def _put_row(p, c, k, v, newest, kn, vn):
+    """One :func:`pass_kv` tile gathered without position ``newest``: its row there becomes ``kn`` / ``vn`` (when the
+    tile holds that position). Returns ``(mask, k, v)``."""
+    is_new = p == newest
+    return c | is_new, tl.where(is_new[:, None], kn[None, :], k), tl.where(is_new[:, None], vn[None, :], v)
+
+
+@triton.jit
+def pass_newest(kv_head, blk, newest, here, p0, p1, p2, p3, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3,
+                stride_blk, stride_kv, stride_pos, page, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                CHUNKS: tl.constexpr):
+    """``EARLY``'s last K / V loads: position ``newest`` (block id ``blk``, the one the kernel just before writes) read
+    now, by the split that holds it (``here``), as one K and one V row, and put into :func:`pass_kv`'s tiles, which
+    were gathered before the PDL wait without it. Returns ``pass_kv``'s ``(mask, k, v)`` x 4."""
+    d = tl.arange(0, D_PAD)
+    row = kv_head + blk.to(tl.int64) * stride_blk + (newest % page).to(tl.int64) * stride_pos + d
+    ok = (d < HEAD_DIM) & here
+    kn = tl.load(row, mask=ok, other=0.0)
+    vn = tl.load(row + stride_kv, mask=ok, other=0.0)
+    c0, k0, v0 = _put_row(p0, c0, k0, v0, newest, kn, vn)
+    if CHUNKS > 1:
+        c1, k1, v1 = _put_row(p1, c1, k1, v1, newest, kn, vn)
+    if CHUNKS > 2:
+        c2, k2, v2 = _put_row(p2, c2, k2, v2, newest, kn, vn)
+        c3, k3, v3 = _put_row(p3, c3, k3, v3, newest, kn, vn)
+    return c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3
+
+
+@triton.jit
 def attend_pass(q, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3, t0, step, stop, m_i, l_i, acc, qk_scale, ks, vs,
                 UPCAST: tl.constexpr, QUANT: tl.constexpr, CHUNKS: tl.constexpr):
     """:func:`_attend_kv` over :func:`pass_kv`'s tiles that start below ``stop`` (the rest hold no position)."""
@@ -180,7 +209,7 @@ def paged_decode_split(
     INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr,
     QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
     WRITE_LSE: tl.constexpr = False, FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
-    PDL: tl.constexpr = False, CHUNKS: tl.constexpr = 1, ONE_PASS: tl.constexpr = False,
+    PDL: tl.constexpr = False, CHUNKS: tl.constexpr = 1, ONE_PASS: tl.constexpr = False, EARLY: tl.constexpr = False,
 ):
     """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is the
     output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype, no stage 2;
@@ -190,11 +219,35 @@ def paged_decode_split(
     ``[B, Hkv]`` row-major, 0 at launch; each program stores its partial, then (CTA barrier, one acq_rel atomic at
     GPU scope: CUTLASS's serial split-K semaphore) counts itself done, and the program that counts last merges the
     group's ``num_splits`` partials into ``o_ptr`` (contiguous ``[B, Hq, D]``) as stage 2 would, reading the
-    workspace through L2 (``.cg``), then puts the counter back to 0 for the next launch."""
-    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
+    workspace through L2 (``.cg``), then puts the counter back to 0 for the next launch.
+
+    ``EARLY`` (with ``ONE_PASS``): the PDL wait comes after ``seq_len``, the block ids and every K / V position but the
+    newest (``seq_len - 1``) are loaded: step metadata and cache rows of earlier steps, which the kernel just before
+    (a decode step's KV write: it writes each sequence's newest position only) cannot have written (``_gdc_kernels``);
+    the queries and the newest position's K / V are read after it. Then the K / V loads (HBM) overlap that kernel."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
+    kv_head = kv_ptr + h * stride_head
+    bt_row = bt_ptr + b * stride_bt
+    if EARLY:  # the loads that cannot race with the kernel just before, then the wait
+        seq_len = tl.load(lens_ptr + b)
+        t0 = s * BLOCK_N
+        step = num_splits * BLOCK_N
+        p0, b0, p1, b1, p2, b2, p3, b3 = pass_ids(bt_row, t0, step, table_len, page, BLOCK_N, CHUNKS)
+        c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3 = pass_kv(
+            kv_head, p0, b0, p1, b1, p2, b2, p3, b3, seq_len, seq_len - 1, stride_blk, stride_kv, stride_pos, page,
+            HEAD_DIM, D_PAD, CHUNKS)
+        newest = seq_len - 1
+        here = (newest >= 0) & ((newest // BLOCK_N) % num_splits == s)  # this split holds the newest position
+        blk_new = tl.load(bt_row + newest // page, mask=here, other=0)
+        gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before reading q or the newest K / V
+        c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3 = pass_newest(
+            kv_head, blk_new, newest, here, p0, p1, p2, p3, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3,
+            stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, CHUNKS)
+    else:
+        gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
+        seq_len = tl.load(lens_ptr + b)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
     g_ok = g < group
@@ -206,22 +259,20 @@ def paged_decode_split(
         q = q.to(tl.float32)
     ks = load_scale(k_scale, K_PTR)
     vs = load_scale(v_scale, V_PTR)
-    seq_len = tl.load(lens_ptr + b)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    kv_head = kv_ptr + h * stride_head
-    bt_row = bt_ptr + b * stride_bt
     # split s takes tiles s, s + S, s + 2S, ... of the sequence's own length (interleaved): however short the
     # sequence is against the block table's width (the split count comes from the width), its tiles spread over
     # the splits instead of all landing in the first one
     if ONE_PASS:  # the split's every tile of the table (CHUNKS: 1, 2 or 4) gathered at once, then attended if valid
-        t0 = s * BLOCK_N
-        step = num_splits * BLOCK_N
-        p0, b0, p1, b1, p2, b2, p3, b3 = pass_ids(bt_row, t0, step, table_len, page, BLOCK_N, CHUNKS)
-        c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3 = pass_kv(
-            kv_head, p0, b0, p1, b1, p2, b2, p3, b3, seq_len, -1, stride_blk, stride_kv, stride_pos, page, HEAD_DIM,
-            D_PAD, CHUNKS)
+        if not EARLY:  # (EARLY gathered them above)
+            t0 = s * BLOCK_N
+            step = num_splits * BLOCK_N
+            p0, b0, p1, b1, p2, b2, p3, b3 = pass_ids(bt_row, t0, step, table_len, page, BLOCK_N, CHUNKS)
+            c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3 = pass_kv(
+                kv_head, p0, b0, p1, b1, p2, b2, p3, b3, seq_len, -1, stride_blk, stride_kv, stride_pos, page,
+                HEAD_DIM, D_PAD, CHUNKS)
         m_i, l_i, acc = attend_pass(q, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3, t0, step, seq_len, m_i, l_i, acc,
                                     qk_scale, ks, vs, UPCAST, QUANT, CHUNKS)
     elif INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
@@ -247,8 +298,8 @@ def paged_decode_split(
             tl.store(lse_out_ptr + b * stride_lb + heads, lse * LN2, mask=g_ok)  # one split: stride_lb = Hq
     else:
         w_off = b * stride_wb + heads * stride_wh + s * stride_ws
-        # an empty split stores its lse (-inf) only: the merge never reads the partial of such a split (merge_row
-        # masks by lse), and at batch 1 most splits of a short sequence are empty
+        # an empty split stores its lse (-inf) only: the merge drops the partial of such a split (merge_row weighs it
+        # by its lse), and at batch 1 most splits of a short sequence are empty
         tl.store(ws_out_ptr + w_off[:, None] + d[None, :], out, mask=(g_ok & nonempty)[:, None] & d_ok[None, :])
         tl.store(ws_lse_ptr + b * stride_lb + heads * num_splits + s, lse, mask=g_ok)
         if FUSED_MERGE:
@@ -271,7 +322,7 @@ def merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, lse_row, ws_row, o_row
               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr):
     """Merge one (sequence, query head)'s ``num_splits`` partials (workspace lse at ``ws_lse_ptr + lse_row``, outputs
     at ``ws_out_ptr + ws_row``, split stride ``stride_ws``) with weights ``2^(lse_s - max lse)`` (empty splits weigh
-    0; a slot no split wrote, cascade's device-sized splits, is never read) into ``o_ptr + o_row`` in its dtype;
+    0; a slot no split wrote, cascade's device-sized splits, is loaded and dropped) into ``o_ptr + o_row`` in its dtype;
     with ``WRITE_LSE`` the merged natural-log lse to ``lse_out_ptr + lse_out_row`` (-inf for a row with no key).
     Loads go through L2 (``.cg``): the partials may come from other SMs of the same launch (``FUSED_MERGE``)."""
     s = tl.arange(0, S_PAD)
@@ -283,8 +334,11 @@ def merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, lse_row, ws_row, o_row
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)  # empty splits: 2^-inf = 0
     used = s_ok & (lse > float("-inf"))
-    parts = tl.load(ws_out_ptr + ws_row + s[:, None] * stride_ws + d[None, :], mask=used[:, None] & d_ok[None, :],
+    # every split's partial is loaded with the lse, not after it (a mask from the lse would put a second L2 round trip
+    # on the critical path); a partial no split wrote (lse -inf: an empty split, cascade's unused slots) is dropped here
+    parts = tl.load(ws_out_ptr + ws_row + s[:, None] * stride_ws + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
                     other=0.0, cache_modifier=".cg")
+    parts = tl.where(used[:, None], parts, 0.0)
     total = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(o_ptr + o_row + d, out.to(o_ptr.dtype.element_ty), mask=d_ok)

@@ -81,6 +81,12 @@ ONE_PASS_MAX_TILES = 2
 (32 splits of two tiles at a 2048-token table). 16 splits of four tiles in one pass were slower than the loop at
 KV <= 1024 (5.82 vs 5.34 µs a layer at 256: four tiles of registers; the engine's graph 683 against 677-679 µs), so a
 GPU whose split count leaves three or four tiles a split (fewer SMs) keeps the loop until measured."""
+EARLY_KV = True
+"""With :data:`ONE_PASS`: a split program reads ``seq_len``, its block ids and every K / V position but the newest
+before its PDL wait (``paged_decode_split``'s ``EARLY``), so the K / V loads overlap the kernel just before (in a
+decode step the KV write, which writes each sequence's newest position only: a contract of PDL-launched decode
+steps, ``_gdc_kernels``); the queries and the newest position after it. False: every load after the wait. Being
+measured on the H200 (2026-11-28, seventh session)."""
 BLOCK_N_MAX = 128
 SPLIT_WARPS = 4
 """Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call). Read when a call
@@ -389,7 +395,8 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
     split_kw = dict(GROUP_PAD=max(16, next_pow2(group)), HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=bn,
                     INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
                     UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=splits == 1,
-                    WRITE_LSE=return_lse, FUSED_MERGE=False, S_PAD=1, CHUNKS=chunks, ONE_PASS=one_pass, **config)
+                    WRITE_LSE=return_lse, FUSED_MERGE=False, S_PAD=1, CHUNKS=chunks, ONE_PASS=one_pass,
+                    EARLY=one_pass and EARLY_KV, **config)
     kv_bytes = batch * hkv * splits * split_len * d * 2 * kv_cache.element_size()
     # the workspace's strides (contiguous [B, Hq, S, D]); one split: the output's own ([B, Hq, D], contiguous)
     ws_strides = (hq * d, d, 0) if splits == 1 else (hq * splits * d, splits * d, d)
