@@ -123,10 +123,22 @@ def test_rope_paged_one_pass_matches_the_oracle(monkeypatch, seed, dtype, splits
     assert diff <= ROPE_TOL[dtype] * 4 * want_cache.double().abs().max().item(), diff
 
 
+LAUNCH_OPTIONS = {"num_warps", "num_stages", "launch_pdl"}
+
+
 def _rope_spy(seen: list[dict], real):
-    """``rope_paged``'s ``launch_pinned`` (imported there by name) recording the fused kernel's constexprs."""
-    return lambda fn, pin, grid, *a, **k: (
-        seen.append(k) if fn.__name__ == "rope_paged_decode_split" else None, real(fn, pin, grid, *a, **k))
+    """``rope_paged``'s ``launch_pinned`` (imported there by name) recording the fused kernel's constexprs, which must
+    all be its parameters (the interpreter ignores unknown keywords; a compiled launch raises ``KeyError``: the plan
+    is derived from ``triton.paged_decode``'s, whose own flags must be dropped)."""
+
+    def spy(fn, pin, grid, *a, **k):
+        if fn.__name__ == "rope_paged_decode_split":
+            unknown = set(k) - set(fn.arg_names) - LAUNCH_OPTIONS
+            assert not unknown, f"not parameters of {fn.__name__}: {sorted(unknown)}"
+            seen.append(k)
+        return real(fn, pin, grid, *a, **k)
+
+    return spy
 
 
 @pytest.mark.parametrize("qdtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "fp8"])
