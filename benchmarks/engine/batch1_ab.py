@@ -34,7 +34,11 @@ cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off``
 ``no-one-pass`` (``paged.ONE_PASS`` on / off: a batch-1 split's tiles gathered at once, block ids read without
 waiting for ``seq_len``; ``-8w`` with 8 warps a split program, ``-s32`` with 32 splits of at most 2 tiles),
 ``early-off`` (``paged.EARLY_KV`` off: the split
-kernel's K / V loads after its PDL wait), ``rope-fused-1p`` / ``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the
+kernel's K / V loads after its PDL wait), ``trigger-merge`` / ``trigger-both``
+(``paged.TRIGGER_FIRST``: the merge, or the split kernel and the merge, let the next kernel launch before their wait),
+``trigger-o`` / ``trigger-merge-o`` / ``trigger-mlp`` (``gemv.TRIGGER_FIRST_SHAPES``: the output projection, with the
+merge, or the output and gate/up projections let the next kernel launch before their wait),
+``rope-fused-1p`` / ``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the
 batch-1 rule of 2026-11-28d: 16 splits, the tile loop), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
 changed).
@@ -222,6 +226,11 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "split-2w": [(paged, "SPLIT_WARPS", 2)], "split-8w": [(paged, "SPLIT_WARPS", 8)],
             "merge-1w": [(paged, "MERGE_WARPS", 1)], "merge-2w": [(paged, "MERGE_WARPS", 2)],
             "early-off": [(paged, "EARLY_KV", False)],
+            "trigger-merge": [(paged, "TRIGGER_FIRST", ("merge",))],
+            "trigger-both": [(paged, "TRIGGER_FIRST", ("split", "merge"))],
+            "trigger-o": [(tg, "TRIGGER_FIRST_SHAPES", frozenset({(1024, 2048)}))],
+            "trigger-merge-o": [(paged, "TRIGGER_FIRST", ("merge",)), (tg, "TRIGGER_FIRST_SHAPES", frozenset({(1024, 2048)}))],
+            "trigger-mlp": [(tg, "TRIGGER_FIRST_SHAPES", frozenset({(1024, 2048), (6144, 1024)}))],
             "one-pass": [(paged, "ONE_PASS", True)], "no-one-pass": [(paged, "ONE_PASS", False)],
             "tiles-28d": [(paged, "SMALL_BATCH", (1, 2048, 32, 16)), (paged, "ONE_PASS", False)],
             "one-pass-8w": [(paged, "ONE_PASS", True), (paged, "SPLIT_WARPS", 8)],

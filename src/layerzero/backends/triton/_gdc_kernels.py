@@ -28,9 +28,14 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def gdc_enter(PDL: tl.constexpr):
+def gdc_enter(PDL: tl.constexpr, FIRST: tl.constexpr = False):
     """First statement of a kernel that may be PDL-launched: with ``PDL``, wait for the previous grid, then let the
-    next one launch; without, nothing (the interpreter has no such instructions)."""
+    next one launch; without, nothing (the interpreter has no such instructions). ``FIRST``: let the next one launch
+    before the wait (an experiment, ``paged.TRIGGER_FIRST``: the next kernel's reads before its own wait may then run
+    beside the kernel before this one too)."""
     if PDL:
+        if FIRST:
+            gdc_launch_dependents()
         gdc_wait()
-        gdc_launch_dependents()
+        if not FIRST:
+            gdc_launch_dependents()

@@ -59,7 +59,7 @@ def _gemv_rows(X, W, B, Out, M, N, stride_x, stride_w, stride_o, K: tl.constexpr
 def _gemv_prefetch(X, W, B, Out, M, N, stride_x, stride_w, stride_o, NW, R, RO, stride_r, stride_ro, eps,
                    K: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False, SWIGLU: tl.constexpr = False,
-                   PDL: tl.constexpr = False):
+                   PDL: tl.constexpr = False, TRIGGER_FIRST: tl.constexpr = False):
     pn = tl.program_id(0)
     rn = pn * BN + tl.arange(0, BN)
     rk = tl.arange(0, KP)  # KP = K rounded up to a power of two
@@ -72,7 +72,7 @@ def _gemv_prefetch(X, W, B, Out, M, N, stride_x, stride_w, stride_o, NW, R, RO, 
     nw = tl.zeros((KP,), dtype=tl.float32)
     if NORM:
         nw = tl.load(NW + rk, mask=k_ok, other=0.0).to(tl.float32)
-    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before reading x or writing Out
+    gdc_enter(PDL, TRIGGER_FIRST)  # PDL-launched: wait for the previous kernel before reading x or writing Out
     wf = w.to(tl.float32)
     for m in tl.static_range(BM):
         m_ok = m < M

@@ -210,6 +210,7 @@ def paged_decode_split(
     QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
     WRITE_LSE: tl.constexpr = False, FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
     PDL: tl.constexpr = False, CHUNKS: tl.constexpr = 1, ONE_PASS: tl.constexpr = False, EARLY: tl.constexpr = False,
+    TRIGGER_FIRST: tl.constexpr = False,
 ):
     """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is the
     output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype, no stage 2;
@@ -241,12 +242,12 @@ def paged_decode_split(
         newest = seq_len - 1
         here = (newest >= 0) & ((newest // BLOCK_N) % num_splits == s)  # this split holds the newest position
         blk_new = tl.load(bt_row + newest // page, mask=here, other=0)
-        gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before reading q or the newest K / V
+        gdc_enter(PDL, TRIGGER_FIRST)  # PDL-launched: wait for the previous kernel before reading q or the newest K / V
         c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3 = pass_newest(
             kv_head, blk_new, newest, here, p0, p1, p2, p3, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3,
             stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, CHUNKS)
     else:
-        gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
+        gdc_enter(PDL, TRIGGER_FIRST)  # PDL-launched: wait for the previous kernel before any memory access
         seq_len = tl.load(lens_ptr + b)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
@@ -354,11 +355,11 @@ def paged_decode_merge(
     stride_wb, stride_wh, stride_ws,
     num_heads, num_splits,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, TRIGGER_FIRST: tl.constexpr = False,
 ):
     """Stage 2 (see the module docstring): one program per (sequence, query head); with ``WRITE_LSE`` the merged
     natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32, -inf for a sequence with no key)."""
-    gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
+    gdc_enter(PDL, TRIGGER_FIRST)  # PDL-launched: wait for the previous kernel before any memory access
     b = tl.program_id(0)
     hq = tl.program_id(1)
     merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, (b * num_heads + hq) * num_splits,

@@ -78,6 +78,11 @@ PREFETCH_BY_SHAPE: dict[tuple[int, int], tuple[int, int]] = {}
 :data:`PREFETCH_WARPS` (per-projection A/B benchmarks; empty by default)."""
 
 
+TRIGGER_FIRST_SHAPES: frozenset[tuple[int, int]] = frozenset()
+"""``(N, K)`` of weights whose prefetch GEMV lets the next kernel launch before its own PDL wait (``gdc_enter``'s
+``FIRST``; the next projection's slab then streams while this one waits): an A/B experiment, empty by default."""
+
+
 def prefetch_applies(m: int, n: int, k: int) -> bool:
     """Whether ``_gemv_prefetch`` takes ``m`` rows of an ``[n, k]`` weight (see :data:`PREFETCH`; the switch itself
     not read)."""
@@ -101,8 +106,11 @@ def config(m: int, n: int, k: int, *, prefetch: bool | None = None) -> dict[str,
             slab, warps = PREFETCH_LONG_K if kp >= PREFETCH_MAX_K else (PREFETCH_SLAB, PREFETCH_WARPS)
         if PREFETCH_BY_SHAPE:  # A/B overrides only: nothing to look up on the usual call
             slab, warps = PREFETCH_BY_SHAPE.get((n, k), (slab, warps))
-        return {"kernel": "prefetch", "BM": next_pow2(m), "BN": max(1, min(8, slab // kp)), "KP": kp,
-                "num_warps": warps}
+        cfg = {"kernel": "prefetch", "BM": next_pow2(m), "BN": max(1, min(8, slab // kp)), "KP": kp,
+               "num_warps": warps}
+        if (n, k) in TRIGGER_FIRST_SHAPES:  # an experiment (empty by default: no key, no recompile)
+            cfg["TRIGGER_FIRST"] = True
+        return cfg
     if n <= 2048:
         return {"kernel": "rows", "BM": next_pow2(m), "BN": 2 if m <= 2 and k >= 3072 else 4, "BK": 512,
                 "num_warps": 4}

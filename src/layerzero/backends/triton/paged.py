@@ -87,6 +87,11 @@ before its PDL wait (``paged_decode_split``'s ``EARLY``), so the K / V loads ove
 decode step the KV write, which writes each sequence's newest position only: a contract of PDL-launched decode
 steps, ``_gdc_kernels``); the queries and the newest position after it. False: every load after the wait. Being
 measured on the H200 (2026-11-28, seventh session)."""
+TRIGGER_FIRST: tuple[str, ...] = ()
+"""Kernels of a PDL-launched call (``"split"``, ``"merge"``) that let the next kernel launch before their own wait
+instead of after it (``gdc_enter``'s ``FIRST``): the output projection's weight slab then streams during the split
+kernel. Safe for what follows a decode call in our engine (the next kernel's reads before its wait are weights,
+positions, tables: nothing a split or merge writes). An experiment being measured (2026-11-28, seventh session)."""
 BLOCK_N_MAX = 128
 SPLIT_WARPS = 4
 """Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call). Read when a call
@@ -396,7 +401,7 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
                     INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
                     UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=splits == 1,
                     WRITE_LSE=return_lse, FUSED_MERGE=False, S_PAD=1, CHUNKS=chunks, ONE_PASS=one_pass,
-                    EARLY=one_pass and EARLY_KV, **config)
+                    EARLY=one_pass and EARLY_KV, TRIGGER_FIRST="split" in TRIGGER_FIRST, **config)
     kv_bytes = batch * hkv * splits * split_len * d * 2 * kv_cache.element_size()
     # the workspace's strides (contiguous [B, Hq, S, D]); one split: the output's own ([B, Hq, D], contiguous)
     ws_strides = (hq * d, d, 0) if splits == 1 else (hq * splits * d, splits * d, d)
@@ -406,7 +411,8 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
          width, *ws_strides, hq * splits),
         (hq * d, d, *ws_strides, hq, splits),
         split_kw, {**split_kw, "FUSED_MERGE": True, "S_PAD": next_pow2(splits)},
-        dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=MERGE_WARPS))
+        dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=MERGE_WARPS,
+             TRIGGER_FIRST="merge" in TRIGGER_FIRST))
 
 
 def scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict[str, bool]]:
