@@ -37,7 +37,8 @@ waiting for ``seq_len``; ``-8w`` with 8 warps a split program, ``-s32`` with 32 
 kernel's K / V loads after its PDL wait), ``trigger-merge`` / ``trigger-both``
 (``paged.TRIGGER_FIRST``: the merge, or the split kernel and the merge, let the next kernel launch before their wait),
 ``trigger-o`` / ``trigger-merge-o`` / ``trigger-mlp`` (``gemv.TRIGGER_FIRST_SHAPES``: the output projection, with the
-merge, or the output and gate/up projections let the next kernel launch before their wait),
+merge, or the output and gate/up projections let the next kernel launch before their wait; ``trigger-merge-o-gu`` /
+``-merge-o-down`` / ``-merge-gemv`` / ``-both-o``: the merge (and split) with those projections, ``gemv`` all four),
 ``rope-fused-1p`` / ``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the
 batch-1 rule of 2026-11-28d: 16 splits, the tile loop), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
@@ -231,6 +232,12 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "trigger-o": [(tg, "TRIGGER_FIRST_SHAPES", frozenset({(1024, 2048)}))],
             "trigger-merge-o": [(paged, "TRIGGER_FIRST", ("merge",)), (tg, "TRIGGER_FIRST_SHAPES", frozenset({(1024, 2048)}))],
             "trigger-mlp": [(tg, "TRIGGER_FIRST_SHAPES", frozenset({(1024, 2048), (6144, 1024)}))],
+            **{f"trigger-{name}": [(paged, "TRIGGER_FIRST", kernels), (tg, "TRIGGER_FIRST_SHAPES", frozenset(shapes))]
+               for name, kernels, shapes in (
+                   ("merge-o-gu", ("merge",), {(1024, 2048), (6144, 1024)}),
+                   ("merge-o-down", ("merge",), {(1024, 2048), (1024, 3072)}),
+                   ("merge-gemv", ("merge",), {(1024, 2048), (6144, 1024), (1024, 3072), (4096, 1024)}),
+                   ("both-o", ("split", "merge"), {(1024, 2048)}))},
             "one-pass": [(paged, "ONE_PASS", True)], "no-one-pass": [(paged, "ONE_PASS", False)],
             "tiles-28d": [(paged, "SMALL_BATCH", (1, 2048, 32, 16)), (paged, "ONE_PASS", False)],
             "one-pass-8w": [(paged, "ONE_PASS", True), (paged, "SPLIT_WARPS", 8)],
