@@ -34,12 +34,10 @@ cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off``
 ``no-one-pass`` (``paged.ONE_PASS`` on / off: a batch-1 split's tiles gathered at once, block ids read without
 waiting for ``seq_len``; ``-8w`` with 8 warps a split program, ``-s32`` with 32 splits of at most 2 tiles),
 ``early-off`` (``paged.EARLY_KV`` off: the split
-kernel's K / V loads after its PDL wait), ``trigger-merge`` / ``trigger-both``
-(``paged.TRIGGER_FIRST``: the merge, or the split kernel and the merge, let the next kernel launch before their wait),
-``trigger-o`` / ``trigger-merge-o`` / ``trigger-mlp`` (``gemv.TRIGGER_FIRST_SHAPES``: the output projection, with the
-merge, or the output and gate/up projections let the next kernel launch before their wait; ``trigger-merge-o-gu`` /
-``-merge-o-down`` / ``-merge-gemv`` / ``-both-o``: the merge (and split) with those projections, ``gemv`` all four),
-``rope-fused-1p`` / ``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the
+kernel's K / V loads after its PDL wait), ``trigger-off`` / ``trigger-merge`` / ``trigger-gemv`` / ``trigger-both``
+(``paged.TRIGGER_FIRST`` and ``gemv.TRIGGER_FIRST_ROWS``, on by default: the split merge and the one-row projections let
+the next kernel launch before their own wait; off, the merge only, the projections only, the split kernel too; the
+per-projection forms measured on 2026-11-28 are in that day's results), ``rope-fused-1p`` / ``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the
 batch-1 rule of 2026-11-28d: 16 splits, the tile loop), ``rope-bh1``
 ... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
 changed).
@@ -227,17 +225,9 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "split-2w": [(paged, "SPLIT_WARPS", 2)], "split-8w": [(paged, "SPLIT_WARPS", 8)],
             "merge-1w": [(paged, "MERGE_WARPS", 1)], "merge-2w": [(paged, "MERGE_WARPS", 2)],
             "early-off": [(paged, "EARLY_KV", False)],
-            "trigger-merge": [(paged, "TRIGGER_FIRST", ("merge",))],
+            "trigger-off": [(paged, "TRIGGER_FIRST", ()), (tg, "TRIGGER_FIRST_ROWS", 0)],
+            "trigger-merge": [(tg, "TRIGGER_FIRST_ROWS", 0)], "trigger-gemv": [(paged, "TRIGGER_FIRST", ())],
             "trigger-both": [(paged, "TRIGGER_FIRST", ("split", "merge"))],
-            "trigger-o": [(tg, "TRIGGER_FIRST_SHAPES", frozenset({(1024, 2048)}))],
-            "trigger-merge-o": [(paged, "TRIGGER_FIRST", ("merge",)), (tg, "TRIGGER_FIRST_SHAPES", frozenset({(1024, 2048)}))],
-            "trigger-mlp": [(tg, "TRIGGER_FIRST_SHAPES", frozenset({(1024, 2048), (6144, 1024)}))],
-            **{f"trigger-{name}": [(paged, "TRIGGER_FIRST", kernels), (tg, "TRIGGER_FIRST_SHAPES", frozenset(shapes))]
-               for name, kernels, shapes in (
-                   ("merge-o-gu", ("merge",), {(1024, 2048), (6144, 1024)}),
-                   ("merge-o-down", ("merge",), {(1024, 2048), (1024, 3072)}),
-                   ("merge-gemv", ("merge",), {(1024, 2048), (6144, 1024), (1024, 3072), (4096, 1024)}),
-                   ("both-o", ("split", "merge"), {(1024, 2048)}))},
             "one-pass": [(paged, "ONE_PASS", True)], "no-one-pass": [(paged, "ONE_PASS", False)],
             "tiles-28d": [(paged, "SMALL_BATCH", (1, 2048, 32, 16)), (paged, "ONE_PASS", False)],
             "one-pass-8w": [(paged, "ONE_PASS", True), (paged, "SPLIT_WARPS", 8)],

@@ -77,7 +77,10 @@ def test_leading_dims_and_empty_rows():
 
 
 def test_config_covers_every_path(monkeypatch):
-    assert tg.config(1, 6144, 1024) == {"kernel": "prefetch", "BM": 1, "BN": 8, "KP": 1024, "num_warps": 2}
+    # one row: the next kernel launches before this one's PDL wait (TRIGGER_FIRST_ROWS); two rows or more: after it
+    assert tg.config(1, 6144, 1024) == {"kernel": "prefetch", "BM": 1, "BN": 8, "KP": 1024, "num_warps": 2,
+                                        "TRIGGER_FIRST": True}
+    assert "TRIGGER_FIRST" not in tg.config(2, 4096, 1024)
     # the longest K (next_pow2 = 4096): slabs of 16384 (BN 4), 8 warps; a per-shape override wins
     assert tg.config(3, 1024, 3072) == {"kernel": "prefetch", "BM": 4, "BN": 4, "KP": 4096, "num_warps": 8}
     monkeypatch.setattr(tg, "PREFETCH_BY_SHAPE", {(1024, 3072): (8192, 4)})
@@ -86,6 +89,8 @@ def test_config_covers_every_path(monkeypatch):
     assert [tg.config(m, 4096, 1024)["kernel"] for m in (1, 2, 3)] == ["prefetch", "prefetch", "dot"]
     assert [tg.config(m, 1024, 2048)["kernel"] for m in (4, 5)] == ["prefetch", "rows"]
     assert tg.config(2, 6144, 1024)["kernel"] == "dot"
+    monkeypatch.setattr(tg, "TRIGGER_FIRST_ROWS", 0)
+    assert "TRIGGER_FIRST" not in tg.config(1, 6144, 1024)
     monkeypatch.setattr(tg, "PREFETCH", False)
     assert tg.config(1, 1024, 2048)["kernel"] == "rows" and tg.config(3, 1024, 2048)["BM"] == 4
     assert tg.config(1, 6144, 1024)["kernel"] == "rows" and tg.config(4, 6144, 1024)["kernel"] == "dot"
@@ -144,7 +149,8 @@ def test_wide_prefetch_for_one_row_of_an_lm_head(monkeypatch):
     prefetch cases above), two rows and narrower weights keep their kernels."""
     assert tg.PREFETCH_WIDE is None and tg.config(1, 151936, 1024)["kernel"] == "dot"
     monkeypatch.setattr(tg, "PREFETCH_WIDE", (4096, 1))
-    assert tg.config(1, 151936, 1024) == {"kernel": "prefetch", "BM": 1, "BN": 4, "KP": 1024, "num_warps": 1}
+    assert tg.config(1, 151936, 1024) == {"kernel": "prefetch", "BM": 1, "BN": 4, "KP": 1024, "num_warps": 1,
+                                          "TRIGGER_FIRST": True}
     assert tg.config(2, 151936, 1024)["kernel"] == "dot" and tg.config(1, 16384, 1024)["BN"] == 8
     assert tg.config(1, 151936, 8192)["kernel"] == "dot"  # K past the slab limit
     monkeypatch.setattr(tg, "PREFETCH", False)

@@ -93,6 +93,10 @@ def test_plan_on_a_132_sm_gpu(monkeypatch):
     p = plan(1, 2048)
     assert p.grid == (1, 8, 32) and p.split_kw["ONE_PASS"] and p.split_kw["CHUNKS"] == 2
     assert p.split_ints[11] == 2048  # table_len: the block ids a split reads
+    # K / V before the split kernel's PDL wait; the merge lets the next kernel launch before its own wait
+    assert p.split_kw["EARLY"] and p.merge_kw["TRIGGER_FIRST"] and not p.split_kw["TRIGGER_FIRST"]
+    two = plan(2, 2048)
+    assert not (two.split_kw["ONE_PASS"] or two.split_kw["EARLY"] or two.merge_kw["TRIGGER_FIRST"])
     assert not plan(2, 2048).split_kw["ONE_PASS"] and not plan(1, 4096).split_kw["ONE_PASS"]
     assert not plan(1, 2048, block_n=32).split_kw["ONE_PASS"]
     monkeypatch.setattr(tp, "sm_count", lambda device: 58)  # an L4: 22 splits of three tiles, not measured: the loop

@@ -9,13 +9,21 @@ waiting (``griddepcontrol.wait``: until the previous grid has completed and its 
 touches global memory: :func:`gdc_enter` at the very top of each kernel, so nothing it reads or writes can race
 with the kernel before it. It then lets the next kernel launch early (``griddepcontrol.launch_dependents``).
 
-Exceptions, reads before the wait (each kernel names them): inputs that the kernel just before cannot have written.
-Every PDL kernel of ours waits before it lets the next one launch, so when a kernel starts, every kernel two or more
-launches back has completed and its writes are visible; only the one just before may still run. Model weights
-(``triton.gemv``'s slab, never written by a forward) and RoPE's positions and cos / sin tables are read before the wait: no LayerZero kernel writes them (step metadata
-comes from the host or an earlier kernel; a kernel that is not PDL-aware lets the next one start only when it has
-completed). A caller that writes one of these with its own PDL-triggering kernel right before the LayerZero call
-inside a captured graph would race; copy them before the step, as engines do.
+Exceptions, reads before the wait (each kernel names them): inputs that no kernel of a forward writes, or that only the
+kernel just before it writes. Model weights (``triton.gemv``'s slab), RoPE's positions and cos / sin tables, and a
+decode step's block tables and sequence lengths are written by no LayerZero kernel (step metadata comes from the host
+or is copied before the step; a kernel that is not PDL-aware lets the next one start only when it has completed).
+``triton.paged_decode``'s batch-1 split kernel also reads the K / V of every position but each sequence's newest
+before its wait (``paged.EARLY_KV``): in a decode step only the newest position is written, by the KV write before the
+attention. A caller that writes one of these with its own PDL-triggering kernel inside a captured step would race;
+copy them before the step, as engines do.
+
+Most kernels let the next one launch only after their own wait, so a kernel starts once every kernel two or more
+launches back has completed. A few let it launch first (``gdc_enter``'s ``FIRST``: the batch-1 split merge,
+``paged.TRIGGER_FIRST``; one-row prefetch GEMVs, ``gemv.TRIGGER_FIRST_ROWS``), so the next projection's weight slab
+streams while they wait: its pre-wait reads then run beside several kernels before it, which is still safe because
+they are only of the inputs above, and its wait still covers them all (every kernel waits for the one before it
+before it completes, so one kernel's completion implies all earlier ones').
 Both instructions are no-ops in a kernel launched without the attribute. The host side (when to ask for it) is
 ``_launch.pdl_kwargs``.
 """
@@ -31,8 +39,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 def gdc_enter(PDL: tl.constexpr, FIRST: tl.constexpr = False):
     """First statement of a kernel that may be PDL-launched: with ``PDL``, wait for the previous grid, then let the
     next one launch; without, nothing (the interpreter has no such instructions). ``FIRST``: let the next one launch
-    before the wait (an experiment, ``paged.TRIGGER_FIRST``: the next kernel's reads before its own wait may then run
-    beside the kernel before this one too)."""
+    before the wait (see the module docstring: the next kernel's reads before its own wait then run beside the kernel
+    before this one too)."""
     if PDL:
         if FIRST:
             gdc_launch_dependents()

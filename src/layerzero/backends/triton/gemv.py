@@ -78,9 +78,13 @@ PREFETCH_BY_SHAPE: dict[tuple[int, int], tuple[int, int]] = {}
 :data:`PREFETCH_WARPS` (per-projection A/B benchmarks; empty by default)."""
 
 
-TRIGGER_FIRST_SHAPES: frozenset[tuple[int, int]] = frozenset()
-"""``(N, K)`` of weights whose prefetch GEMV lets the next kernel launch before its own PDL wait (``gdc_enter``'s
-``FIRST``; the next projection's slab then streams while this one waits): an A/B experiment, empty by default."""
+TRIGGER_FIRST_ROWS = 1
+"""Prefetch GEMVs of at most this many rows let the next kernel launch before their own PDL wait (``gdc_enter``'s
+``FIRST``), so the next projection's slab streams while this one still waits (during attention, after the split
+merge, which does the same: ``paged.TRIGGER_FIRST``). H200, the engine's batch-1 decode graph (Qwen3-0.6B,
+``benchmarks/engine/batch1_ab.py``, 2026-11-28 seventh session): 656-657 µs against 671-677 with neither, 657-660 with
+the merge and the output projection only, 666-667 with the merge alone; the projections alone 672-673. Measured at one
+row only; 0 turns it off."""
 
 
 def prefetch_applies(m: int, n: int, k: int) -> bool:
@@ -108,7 +112,7 @@ def config(m: int, n: int, k: int, *, prefetch: bool | None = None) -> dict[str,
             slab, warps = PREFETCH_BY_SHAPE.get((n, k), (slab, warps))
         cfg = {"kernel": "prefetch", "BM": next_pow2(m), "BN": max(1, min(8, slab // kp)), "KP": kp,
                "num_warps": warps}
-        if (n, k) in TRIGGER_FIRST_SHAPES:  # an experiment (empty by default: no key, no recompile)
+        if m <= TRIGGER_FIRST_ROWS:
             cfg["TRIGGER_FIRST"] = True
         return cfg
     if n <= 2048:

@@ -86,12 +86,17 @@ EARLY_KV = True
 before its PDL wait (``paged_decode_split``'s ``EARLY``), so the K / V loads overlap the kernel just before (in a
 decode step the KV write, which writes each sequence's newest position only: a contract of PDL-launched decode
 steps, ``_gdc_kernels``); the queries and the newest position after it. False: every load after the wait. Being
-measured on the H200 (2026-11-28, seventh session)."""
-TRIGGER_FIRST: tuple[str, ...] = ()
-"""Kernels of a PDL-launched call (``"split"``, ``"merge"``) that let the next kernel launch before their own wait
-instead of after it (``gdc_enter``'s ``FIRST``): the output projection's weight slab then streams during the split
-kernel. Safe for what follows a decode call in our engine (the next kernel's reads before its wait are weights,
-positions, tables: nothing a split or merge writes). An experiment being measured (2026-11-28, seventh session)."""
+measured in the engine's batch-1 decode graph (H200, ``benchmarks/engine/batch1_ab.py``, 2026-11-28 seventh
+session): 669-672 µs against 685-692 with it off (replay at KV 768 669 against 685-689), decode 1,495-1,499 against
+1,453-1,460 tok/s."""
+TRIGGER_FIRST: tuple[str, ...] = ("merge",)
+"""Kernels of a PDL-launched one-pass call (:data:`ONE_PASS`: batch 1) that let the next kernel launch before their own
+wait instead of after it (``gdc_enter``'s ``FIRST``; ``"split"``, ``"merge"``): the output projection then launches
+during the split kernel and, being a one-row prefetch GEMV that does the same (``gemv.TRIGGER_FIRST_ROWS``), the MLP's
+gate/up projection too, so their weight slabs stream while attention runs (its K / V were read before its wait:
+:data:`EARLY_KV`). Safe for any kernel after: what a kernel reads before its wait is never written by a kernel of the
+step (``_gdc_kernels``). H200, the engine's batch-1 graph: see ``gemv.TRIGGER_FIRST_ROWS``; the split kernel too
+(``("split", "merge")``) measured the same as the merge alone. ``()``: off."""
 BLOCK_N_MAX = 128
 SPLIT_WARPS = 4
 """Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call). Read when a call
@@ -401,7 +406,7 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
                     INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
                     UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=splits == 1,
                     WRITE_LSE=return_lse, FUSED_MERGE=False, S_PAD=1, CHUNKS=chunks, ONE_PASS=one_pass,
-                    EARLY=one_pass and EARLY_KV, TRIGGER_FIRST="split" in TRIGGER_FIRST, **config)
+                    EARLY=one_pass and EARLY_KV, TRIGGER_FIRST=one_pass and "split" in TRIGGER_FIRST, **config)
     kv_bytes = batch * hkv * splits * split_len * d * 2 * kv_cache.element_size()
     # the workspace's strides (contiguous [B, Hq, S, D]); one split: the output's own ([B, Hq, D], contiguous)
     ws_strides = (hq * d, d, 0) if splits == 1 else (hq * splits * d, splits * d, d)
@@ -412,7 +417,7 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         (hq * d, d, *ws_strides, hq, splits),
         split_kw, {**split_kw, "FUSED_MERGE": True, "S_PAD": next_pow2(splits)},
         dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=MERGE_WARPS,
-             TRIGGER_FIRST="merge" in TRIGGER_FIRST))
+             TRIGGER_FIRST=one_pass and "merge" in TRIGGER_FIRST))
 
 
 def scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict[str, bool]]:

@@ -120,7 +120,7 @@ def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, 
                        None, None)
     si = base.split_ints  # stride_qb, stride_qh, blk, kv, pos, head, stride_bt, split_len, page, group, splits, ..
     ints = (si[0], si[1], k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0), *si[2:])
-    # EARLY: the fused kernel writes the newest K / V itself; TRIGGER_FIRST: an experiment of the split kernel only
+    # EARLY: the fused kernel writes the newest K / V itself; TRIGGER_FIRST: measured with the unfused kernels only
     drop = ("WRITE_LSE", "FUSED_MERGE", "S_PAD", "EARLY", "TRIGGER_FIRST")
     kw = {n: x for n, x in base.split_kw.items() if n not in drop}
     return _Plan(next(_SERIALS), base, ints, {**kw, "NORM": norm, "INTERLEAVED": bool(interleaved)})
