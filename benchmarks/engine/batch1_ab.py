@@ -33,8 +33,8 @@ cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off``
 ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``one-pass`` /
 ``no-one-pass`` (``paged.ONE_PASS`` on / off: a batch-1 split's tiles gathered at once, block ids read without
 waiting for ``seq_len``; ``-8w`` with 8 warps a split program, ``-s32`` with 32 splits of at most 2 tiles),
-``early-off`` (``paged.EARLY_KV`` off: the split
-kernel's K / V loads after its PDL wait), ``trigger-off`` / ``trigger-merge`` / ``trigger-gemv`` / ``trigger-both``
+``early-on`` / ``early-off`` (``paged.EARLY_KV``, off by
+default: the split kernel's K / V but the newest position read before its PDL wait, or after it), ``trigger-off`` / ``trigger-merge`` / ``trigger-gemv`` / ``trigger-both``
 (``paged.TRIGGER_FIRST`` and ``gemv.TRIGGER_FIRST_ROWS``, on by default: the split merge and the one-row projections let
 the next kernel launch before their own wait; off, the merge only, the projections only, the split kernel too; the
 per-projection forms measured on 2026-11-28 are in that day's results), ``rope-fused-1p`` / ``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the
@@ -224,7 +224,7 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "longk-16k-4w": [(tg, "PREFETCH_LONG_K", (16384, 4))], "longk-8k-8w": [(tg, "PREFETCH_LONG_K", (8192, 8))],
             "split-2w": [(paged, "SPLIT_WARPS", 2)], "split-8w": [(paged, "SPLIT_WARPS", 8)],
             "merge-1w": [(paged, "MERGE_WARPS", 1)], "merge-2w": [(paged, "MERGE_WARPS", 2)],
-            "early-off": [(paged, "EARLY_KV", False)],
+            "early-off": [(paged, "EARLY_KV", False)], "early-on": [(paged, "EARLY_KV", True)],
             "trigger-off": [(paged, "TRIGGER_FIRST", ()), (tg, "TRIGGER_FIRST_ROWS", 0)],
             "trigger-merge": [(tg, "TRIGGER_FIRST_ROWS", 0)], "trigger-gemv": [(paged, "TRIGGER_FIRST", ())],
             "trigger-both": [(paged, "TRIGGER_FIRST", ("split", "merge"))],

@@ -30,13 +30,13 @@ VARIANTS: dict[str, dict[str, object]] = {
     "small-1p": {"SMALL_BATCH": (1, 1 << 30, 32, 16), "ONE_PASS": True},
     "small-1p-8w": {"SMALL_BATCH": (1, 1 << 30, 32, 16), "ONE_PASS": True, "SPLIT_WARPS": 8},
     "32/32-1p": {"SMALL_BATCH": (1, 1 << 30, 32, 32), "ONE_PASS": True},
-    "32/32-1p-late": {"SMALL_BATCH": (1, 1 << 30, 32, 32), "ONE_PASS": True, "EARLY_KV": False},
+    "32/32-1p-early": {"SMALL_BATCH": (1, 1 << 30, 32, 32), "ONE_PASS": True, "EARLY_KV": True},
     "64/16-1p": {"SMALL_BATCH": (1, 1 << 30, 64, 16), "ONE_PASS": True},
 }
 """Settings of ``paged`` per variant (``--variants``: names, comma-separated; default the first four): ``general``
 (128-position tiles, at most 32 splits), ``small`` (``SMALL_BATCH``'s 32 / 16), ``32/32`` and ``64/32`` (tile / most
 splits), ``-1p`` (``ONE_PASS``: a split's tiles gathered at once where it has at most 4), ``-8w`` (8 warps a split
-program), ``-late`` (``EARLY_KV`` off: every load after the PDL wait); every other setting as the module has it."""
+program), ``-early`` (``EARLY_KV`` on: K / V but the newest read before the PDL wait); every other setting as the module has it."""
 
 
 def run(ctx: int, width: int, variants: list[str]) -> list[str]:

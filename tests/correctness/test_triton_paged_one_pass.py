@@ -1,7 +1,7 @@
 """``paged.ONE_PASS`` under Triton's interpreter on CPU: at batch 1 in a table of at most ``SMALL_BATCH``'s width, a split
 of ``triton.paged_decode`` / ``triton.rope_paged_decode`` gathers its 1, 2 or 4 tiles at once (block ids read below the
-table's width, K / V below the sequence's length) instead of looping over them; with ``EARLY_KV`` every position but the
-newest before the PDL wait, the newest after it (here there is no wait: the same values in another order). Checked against the float64 oracles
+table's width, K / V below the sequence's length) instead of looping over them; with ``EARLY_KV`` (off by default) every position
+but the newest before the PDL wait, the newest after it (here there is no wait: the same values in another order). Checked against the float64 oracles
 of ``test_triton_paged_interpret`` / ``test_triton_rope_paged_interpret`` (unused pages and slots NaN, garbage ids past
 the used ones), bit for bit against the tile loop it replaces, and the plans a 132-SM and a 58-SM GPU make. Compiled on
 a GPU by tests/gpu/test_gpu_paged_one_pass.py."""
@@ -32,9 +32,11 @@ pytestmark = [pytest.mark.correctness, needs_interpreter("tests/gpu/test_gpu_pag
 
 def spy(monkeypatch) -> list[dict]:
     """The constexprs of every split-kernel launch from now on (plans made afresh: ``ONE_PASS`` is read by them).
-    Splits of up to four tiles take the one pass here (``ONE_PASS_MAX_TILES`` 4: the kernel's every form)."""
+    Splits of up to four tiles take the one pass here (``ONE_PASS_MAX_TILES`` 4: the kernel's every form), with
+    ``EARLY_KV`` on."""
     monkeypatch.setattr(tp, "_PLANS", {})
     monkeypatch.setattr(tp, "ONE_PASS_MAX_TILES", 4)
+    monkeypatch.setattr(tp, "EARLY_KV", True)  # (off by default) the newest position read apart: tested here
     seen: list[dict] = []
     real = tp.launch_pinned
     monkeypatch.setattr(tp, "launch_pinned", lambda fn, pin, grid, *a, **k: (
@@ -93,8 +95,10 @@ def test_plan_on_a_132_sm_gpu(monkeypatch):
     p = plan(1, 2048)
     assert p.grid == (1, 8, 32) and p.split_kw["ONE_PASS"] and p.split_kw["CHUNKS"] == 2
     assert p.split_ints[11] == 2048  # table_len: the block ids a split reads
-    # K / V before the split kernel's PDL wait; the merge lets the next kernel launch before its own wait
-    assert p.split_kw["EARLY"] and p.merge_kw["TRIGGER_FIRST"] and not p.split_kw["TRIGGER_FIRST"]
+    # the merge lets the next kernel launch before its own wait; K / V read before the wait only with EARLY_KV
+    assert p.merge_kw["TRIGGER_FIRST"] and not p.split_kw["TRIGGER_FIRST"] and not p.split_kw["EARLY"]
+    monkeypatch.setattr(tp, "EARLY_KV", True)
+    assert plan(1, 2048).split_kw["EARLY"]
     two = plan(2, 2048)
     assert not (two.split_kw["ONE_PASS"] or two.split_kw["EARLY"] or two.merge_kw["TRIGGER_FIRST"])
     assert not plan(2, 2048).split_kw["ONE_PASS"] and not plan(1, 4096).split_kw["ONE_PASS"]

@@ -123,14 +123,15 @@ def test_batch1_one_pass_over_a_quantized_cache(qdtype):
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_early_kv_reads_the_newest_position_the_kernel_before_wrote(layout):
-    """``paged.EARLY_KV`` in a CUDA graph (PDL-launched on SM 9.0+): the KV write of the step's token
+def test_early_kv_reads_the_newest_position_the_kernel_before_wrote(layout, monkeypatch):
+    """``paged.EARLY_KV`` (off by default) in a CUDA graph (PDL-launched on SM 9.0+): the KV write of the step's token
     (``triton.reshape_and_cache``) and then ``triton.paged_decode``, replayed for sequences of 1 ... 2048 tokens whose
     newest slot holds NaN before each replay. The split kernel reads every older position before its PDL wait, so
     only the write just before can put the newest one in place: a stale read shows as NaN, or as a mismatch with the
     float64 oracle over the cache the replay left."""
     from layerzero.backends.triton import cache as tc
 
+    monkeypatch.setattr(tp, "EARLY_KV", True)  # off by default
     c = dict(seed=21, page=16, layout=layout, d=128, hkv=8, ratio=2, lens=[2048], spare_cols=0, scale=None)
     q, cache, table, _ = gpu_inputs(c, torch.bfloat16)
     gen = torch.Generator(device="cuda").manual_seed(3)

@@ -81,20 +81,21 @@ ONE_PASS_MAX_TILES = 2
 (32 splits of two tiles at a 2048-token table). 16 splits of four tiles in one pass were slower than the loop at
 KV <= 1024 (5.82 vs 5.34 µs a layer at 256: four tiles of registers; the engine's graph 683 against 677-679 µs), so a
 GPU whose split count leaves three or four tiles a split (fewer SMs) keeps the loop until measured."""
-EARLY_KV = True
+EARLY_KV = False
 """With :data:`ONE_PASS`: a split program reads ``seq_len``, its block ids and every K / V position but the newest
 before its PDL wait (``paged_decode_split``'s ``EARLY``), so the K / V loads overlap the kernel just before (in a
 decode step the KV write, which writes each sequence's newest position only: a contract of PDL-launched decode
-steps, ``_gdc_kernels``); the queries and the newest position after it. False: every load after the wait. Being
-measured in the engine's batch-1 decode graph (H200, ``benchmarks/engine/batch1_ab.py``, 2026-11-28 seventh
-session): 669-672 µs against 685-692 with it off (replay at KV 768 669 against 685-689), decode 1,495-1,499 against
-1,453-1,460 tok/s."""
+steps, ``_gdc_kernels``); the queries and the newest position after it. False (default): every load after the wait.
+H200, the engine's batch-1 decode graph (``benchmarks/engine/batch1_ab.py``, 2026-11-28 seventh session): alone it took
+the graph 685-692 -> 669-672 µs (replay at KV 768 685-689 -> 669); with :data:`TRIGGER_FIRST` and
+``gemv.TRIGGER_FIRST_ROWS`` (which stream the next projections' weights during the same attention block) it measured
+the same as without (graph 658-659 against 659-660 µs over three rounds), so it is off: no extra contract for nothing.
+Kept as a knob (tested on CPU and GPU) for longer contexts and other GPUs."""
 TRIGGER_FIRST: tuple[str, ...] = ("merge",)
 """Kernels of a PDL-launched one-pass call (:data:`ONE_PASS`: batch 1) that let the next kernel launch before their own
 wait instead of after it (``gdc_enter``'s ``FIRST``; ``"split"``, ``"merge"``): the output projection then launches
 during the split kernel and, being a one-row prefetch GEMV that does the same (``gemv.TRIGGER_FIRST_ROWS``), the MLP's
-gate/up projection too, so their weight slabs stream while attention runs (its K / V were read before its wait:
-:data:`EARLY_KV`). Safe for any kernel after: what a kernel reads before its wait is never written by a kernel of the
+gate/up projection too, so their weight slabs stream while attention runs. Safe for any kernel after: what a kernel reads before its wait is never written by a kernel of the
 step (``_gdc_kernels``). H200, the engine's batch-1 graph: see ``gemv.TRIGGER_FIRST_ROWS``; the split kernel too
 (``("split", "merge")``) measured the same as the merge alone. ``()``: off."""
 BLOCK_N_MAX = 128
