@@ -8,39 +8,39 @@ generate: GPU busy vs idle per step, the largest idle gaps and what ran around t
 host time (``timeline.md``).
 
 Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``triton.gemv.PREFETCH`` on / off), ``pdl-off``
-(``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``unfused`` (each norm and the projection after it as two
-calls instead of ``lz.rms_norm_linear``, the activation and down projection instead of ``lz.swiglu_linear``),
-``unfused-norm`` (the norms only), ``fused-merge`` (``triton.paged_decode`` merges its splits in the split kernel
-in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per sequence), ``attn-unfused`` (the attention
-block as the four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k-8w`` / ``gemv-8w`` / ``gemv-2w``
-(``triton.gemv``'s prefetch kernel with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other
-``gemv-*``), ``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``),
-``l2-prefetch`` (the o and gate/up weights prefetched into L2 during the attention block: ``l2_prefetch.py``, an
-experiment), ``l2-side-o`` / ``l2-side-o-gu`` (the o weight, and gate/up, prefetched from a parallel branch of the
-graph that joins at the end of the forward: ``l2_prefetch.SideBranch``; not yet run), ``packed`` (small decode buckets read their inputs from one buffer the step's single host-to-device copy writes:
-``cuda_graph.PACKED_INPUTS``), ``splits-1`` / ``splits-2`` (at most 1 / 2
-KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off),
+(``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``unfused`` (each norm and the projection after it as two calls
+instead of ``lz.rms_norm_linear``, the activation and down projection instead of ``lz.swiglu_linear``), ``unfused-norm``
+(the norms only), ``fused-merge`` (``triton.paged_decode`` merges its splits in the split kernel in graphs too),
+``splits-8`` / ``splits-4`` (at most that many KV splits per sequence), ``attn-unfused`` (the attention block as the
+four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k-8w`` / ``gemv-8w`` / ``gemv-2w`` (``triton.gemv``'s
+prefetch kernel with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other ``gemv-*``),
+``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``), ``l2-prefetch``
+(the o and gate/up weights prefetched into L2 during the attention block: ``l2_prefetch.py``, an experiment),
+``l2-side-o`` / ``l2-side-o-gu`` (the o weight, and gate/up, prefetched from a parallel branch of the graph that joins
+at the end of the forward: ``l2_prefetch.SideBranch``; slower, 2026-11-28g), ``packed`` (small decode buckets read their
+inputs from one buffer the step's single host-to-device copy writes: ``cuda_graph.PACKED_INPUTS``), ``splits-1`` /
+``splits-2`` (at most 1 / 2 KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off),
 ``rope-paged-fused`` (``lz.rope_paged_attention`` locked to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV
 write in the split kernel), ``tile-32-s8`` / ``tile-64-s16`` / ... (``triton.paged_decode``'s batch-1 tiles of 32 / 64
 positions, at most 8 / 16 splits: ``paged.SMALL_BATCH``; ``tile-32-s16-8w`` with 8 warps a split program), ``tiles-old``
-(``SMALL_BATCH`` off: 128-position tiles and the general split rule, as before 2026-11-28d), ``narrow-graphs``
-(batch-1 decode graphs with 2048-token tables beside the ``max_model_len``-wide ones: ``cuda_graph.NARROW_TOKENS``;
-with ``--max-model-len`` above 2048), ``lm-prefetch`` /
-``lm-prefetch-8w`` (the LM head on ``triton.gemv``'s prefetch kernel: ``gemv.PREFETCH_WIDE``), ``argmax-old`` (every greedy step through the float32
-cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off`` (``cuda_graph.GREEDY_IN_GRAPH`` off: greedy steps sampled after a plain graph), ``h2d-inline`` /
-``d2h-inline`` / ``copies-inline`` (a chained step's input copy / greedy ids' transfer / both on the current stream),
-``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a program),
-``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two kernels), ``one-pass`` /
-``no-one-pass`` (``paged.ONE_PASS`` on / off: a batch-1 split's tiles gathered at once, block ids read without
-waiting for ``seq_len``; ``-8w`` with 8 warps a split program, ``-s32`` with 32 splits of at most 2 tiles),
-``early-on`` / ``early-off`` (``paged.EARLY_KV``, off by
-default: the split kernel's K / V but the newest position read before its PDL wait, or after it), ``trigger-off`` / ``trigger-merge`` / ``trigger-gemv`` / ``trigger-both``
-(``paged.TRIGGER_FIRST`` and ``gemv.TRIGGER_FIRST_ROWS``, on by default: the split merge and the one-row projections let
-the next kernel launch before their own wait; off, the merge only, the projections only, the split kernel too; the
-per-projection forms measured on 2026-11-28 are in that day's results), ``rope-fused-1p`` / ``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the
-batch-1 rule of 2026-11-28d: 16 splits, the tile loop), ``rope-bh1``
-... ``rope-bh16`` (query / key heads per program of the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing
-changed).
+(``SMALL_BATCH`` off: 128-position tiles and the general split rule, as before 2026-11-28d), ``narrow-graphs`` (batch-1
+decode graphs with 2048-token tables beside the ``max_model_len``-wide ones: ``cuda_graph.NARROW_TOKENS``; with
+``--max-model-len`` above 2048), ``lm-prefetch`` / ``lm-prefetch-8w`` (the LM head on ``triton.gemv``'s prefetch kernel:
+``gemv.PREFETCH_WIDE``), ``argmax-old`` (every greedy step through the float32 cast and the general path, as before
+``lz.sample_greedy``), ``greedy-graph-off`` (``cuda_graph.GREEDY_IN_GRAPH`` off: greedy steps sampled after a plain
+graph), ``h2d-inline`` / ``d2h-inline`` / ``copies-inline`` (a chained step's input copy / greedy ids' transfer / both
+on the current stream), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE
+heads a program), ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two
+kernels), ``one-pass`` / ``no-one-pass`` (``paged.ONE_PASS`` on / off: a batch-1 split's tiles gathered at once, block
+ids read without waiting for ``seq_len``; ``-8w`` with 8 warps a split program, ``-s32`` with 32 splits of at most 2
+tiles), ``early-on`` / ``early-off`` (``paged.EARLY_KV``, off by default: the split kernel's K / V but the newest
+position read before its PDL wait, or after it), ``trigger-off`` / ``trigger-merge`` / ``trigger-gemv`` /
+``trigger-both`` (``paged.TRIGGER_FIRST`` and ``gemv.TRIGGER_FIRST_ROWS``, on by default: the split merge and the
+one-row projections let the next kernel launch before their own wait; off, the merge only, the projections only, the
+split kernel too; the per-projection forms measured on 2026-11-28 are in that day's results), ``rope-fused-1p`` /
+``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the batch-1 rule of
+2026-11-28d: 16 splits, the tile loop), ``rope-bh1`` ... ``rope-bh16`` (query / key heads per program of the RoPE
+kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing changed).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
 ``DIR/batch1_ab.md`` and ``DIR/timeline.md``.

@@ -13,7 +13,7 @@ writes them), then waits for the previous grid, then lets the next launch. ``ben
 at most 4 sequences: measured 2026-11-28b, the graph 690 -> 828-831 µs (the attention block's small loads queued
 behind 16.8 MB of prefetch, and the prefetch kernel sat on the critical path). The ``l2-side-o`` / ``l2-side-o-gu``
 variants issue the prefetch from a parallel branch of the graph instead (:class:`SideBranch`), of the o weight alone
-(4.2 MB) or of both: not yet run.
+(4.2 MB) or of both: measured 2026-11-28g, the graph 681-686 -> 687 / 830 µs (o) and 844 (both): slower too.
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ class SideBranch:
     """The prefetches on a side stream of a captured step: a parallel branch of the CUDA graph that forks after the
     kernel just enqueued (the QKV projection) and joins only at the end of the forward, so nothing on the main stream
     waits for it (the prefetch is a hint; no result depends on it). ``fork`` once per layer, ``join`` once per
-    forward (every stream forked from a capturing stream must be joined before the capture ends). Written 2026-11-28
-    (sixth session) without a GPU: not yet run."""
+    forward (every stream forked from a capturing stream must be joined before the capture ends). Measured slower
+    (2026-11-28g: see the module docstring)."""
 
     def __init__(self) -> None:
         self.stream: torch.cuda.Stream | None = None

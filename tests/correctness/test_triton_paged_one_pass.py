@@ -1,10 +1,11 @@
-"""``paged.ONE_PASS`` under Triton's interpreter on CPU: at batch 1 in a table of at most ``SMALL_BATCH``'s width, a split
-of ``triton.paged_decode`` / ``triton.rope_paged_decode`` gathers its 1, 2 or 4 tiles at once (block ids read below the
-table's width, K / V below the sequence's length) instead of looping over them; with ``EARLY_KV`` (off by default) every position
-but the newest before the PDL wait, the newest after it (here there is no wait: the same values in another order). Checked against the float64 oracles
-of ``test_triton_paged_interpret`` / ``test_triton_rope_paged_interpret`` (unused pages and slots NaN, garbage ids past
-the used ones), bit for bit against the tile loop it replaces, and the plans a 132-SM and a 58-SM GPU make. Compiled on
-a GPU by tests/gpu/test_gpu_paged_one_pass.py."""
+"""``paged.ONE_PASS`` under Triton's interpreter on CPU: at batch 1 in a table of at most ``SMALL_BATCH``'s width, a
+split of ``triton.paged_decode`` / ``triton.rope_paged_decode`` gathers its 1, 2 or 4 tiles at once (block ids read
+below the table's width, K / V below the sequence's length) instead of looping over them; with ``EARLY_KV`` (off by
+default) every position but the newest before the PDL wait, the newest after it (here there is no wait: the same values
+in another order). Checked against the float64 oracles of ``test_triton_paged_interpret`` /
+``test_triton_rope_paged_interpret`` (unused pages and slots NaN, garbage ids past the used ones), bit for bit against
+the tile loop it replaces, and the plans a 132-SM and a 58-SM GPU make. Compiled on a GPU by
+tests/gpu/test_gpu_paged_one_pass.py."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ decode step's block tables and sequence lengths are written by no LayerZero kern
 or is copied before the step; a kernel that is not PDL-aware lets the next one start only when it has completed).
 With ``paged.EARLY_KV`` (off by default) ``triton.paged_decode``'s batch-1 split kernel also reads the K / V of every
 position but each sequence's newest before its wait: in a decode step only the newest position is written, by the KV
-write before the attention. A caller that writes one of these with its own PDL-triggering kernel inside a captured step would race;
-copy them before the step, as engines do.
+write before the attention. A caller that writes one of these with its own PDL-triggering kernel inside a captured
+step would race; copy them before the step, as engines do.
 
 Most kernels let the next one launch only after their own wait, so a kernel starts once every kernel two or more
 launches back has completed. A few let it launch first (``gdc_enter``'s ``FIRST``: the batch-1 split merge,

@@ -242,7 +242,7 @@ def paged_decode_split(
         newest = seq_len - 1
         here = (newest >= 0) & ((newest // BLOCK_N) % num_splits == s)  # this split holds the newest position
         blk_new = tl.load(bt_row + newest // page, mask=here, other=0)
-        gdc_enter(PDL, TRIGGER_FIRST)  # PDL-launched: wait for the previous kernel before reading q or the newest K / V
+        gdc_enter(PDL, TRIGGER_FIRST)  # PDL-launched: wait for the previous kernel, then read q and the newest K / V
         c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3 = pass_newest(
             kv_head, blk_new, newest, here, p0, p1, p2, p3, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3,
             stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, CHUNKS)
@@ -323,8 +323,8 @@ def merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, lse_row, ws_row, o_row
               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr):
     """Merge one (sequence, query head)'s ``num_splits`` partials (workspace lse at ``ws_lse_ptr + lse_row``, outputs
     at ``ws_out_ptr + ws_row``, split stride ``stride_ws``) with weights ``2^(lse_s - max lse)`` (empty splits weigh
-    0; a slot no split wrote, cascade's device-sized splits, is loaded and dropped) into ``o_ptr + o_row`` in its dtype;
-    with ``WRITE_LSE`` the merged natural-log lse to ``lse_out_ptr + lse_out_row`` (-inf for a row with no key).
+    0; a slot no split wrote, cascade's device-sized splits, is loaded and dropped) into ``o_ptr + o_row`` in its
+    dtype; with ``WRITE_LSE`` the merged natural-log lse to ``lse_out_ptr + lse_out_row`` (-inf for a row with no key).
     Loads go through L2 (``.cg``): the partials may come from other SMs of the same launch (``FUSED_MERGE``)."""
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)

@@ -148,7 +148,9 @@ def paged_prefill_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, 
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     d_pad = max(16, next_pow2(d))
-    if split:  # float32 partials [T, Hq, S, D] (a slot no item wrote is dropped by the merge) and base-2 lse [T, Hq, S] (-inf: unused)
+    # float32 partials [T, Hq, S, D] (a slot no item wrote is dropped by the merge) and base-2 lse [T, Hq, S] (-inf:
+    # unused)
+    if split:
         dst = torch.empty(t * hq * max_splits * d, dtype=torch.float32, device=q.device)
         dst_lse = torch.full((t * hq * max_splits,), float("-inf"), dtype=torch.float32, device=q.device)
     else:

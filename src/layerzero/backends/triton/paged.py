@@ -95,9 +95,10 @@ TRIGGER_FIRST: tuple[str, ...] = ("merge",)
 """Kernels of a PDL-launched one-pass call (:data:`ONE_PASS`: batch 1) that let the next kernel launch before their own
 wait instead of after it (``gdc_enter``'s ``FIRST``; ``"split"``, ``"merge"``): the output projection then launches
 during the split kernel and, being a one-row prefetch GEMV that does the same (``gemv.TRIGGER_FIRST_ROWS``), the MLP's
-gate/up projection too, so their weight slabs stream while attention runs. Safe for any kernel after: what a kernel reads before its wait is never written by a kernel of the
-step (``_gdc_kernels``). H200, the engine's batch-1 graph: see ``gemv.TRIGGER_FIRST_ROWS``; the split kernel too
-(``("split", "merge")``) measured the same as the merge alone. ``()``: off."""
+gate/up projection too, so their weight slabs stream while attention runs. Safe for any kernel after: what a kernel
+reads before its wait is never written by a kernel of the step (``_gdc_kernels``). H200, the engine's batch-1 graph: see
+``gemv.TRIGGER_FIRST_ROWS``; the split kernel too (``("split", "merge")``) measured the same as the merge alone. ``()``:
+off."""
 BLOCK_N_MAX = 128
 SPLIT_WARPS = 4
 """Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call). Read when a call
