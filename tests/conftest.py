@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -50,19 +51,22 @@ _triton_interpreter_for_cpu_runs()
 
 
 def _inductor_cache_per_cpu_isa() -> None:
-    """Give TorchInductor a cache directory per forced CPU ISA (``ATEN_CPU_CAPABILITY``; unless the shell set
-    ``TORCHINDUCTOR_CACHE_DIR``). Inductor's cache key misses that variable: kernels compiled under
+    """Give TorchInductor a cache directory per forced CPU ISA (``ATEN_CPU_CAPABILITY``) and per ``python -O``
+    (unless the shell set ``TORCHINDUCTOR_CACHE_DIR``). Inductor's cache key misses both: kernels compiled under
     ``ATEN_CPU_CAPABILITY=avx2`` and reloaded without it abort with "double free or corruption", and the reverse
-    returns NaN (reproduced with plain torch ops, torch 2.13.0+cpu; docs/torch_compile.md). ``make test`` runs
-    tests under several ISAs on one machine."""
+    returns NaN (reproduced with plain torch ops, torch 2.13.0+cpu); a training block of our custom ops compiled under
+    ``python -O`` generates other C++ kernels than without it, and reloaded without ``-O`` returned wrong gradients
+    (docs/torch_compile.md, "History"). ``make test`` runs tests under several ISAs and ``-O`` on one machine, the
+    ``-O`` pass beside the main run."""
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         return
     import getpass
     import tempfile
 
     isa = os.environ.get("ATEN_CPU_CAPABILITY", "native") or "native"
+    opt = "_O" if sys.flags.optimize else ""
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(),
-                                                          f"torchinductor_{getpass.getuser()}_lz_{isa}")
+                                                          f"torchinductor_{getpass.getuser()}_lz_{isa}{opt}")
 
 
 _inductor_cache_per_cpu_isa()
