@@ -44,12 +44,34 @@ formula in float64; opcheck's autograd registration check on each op).
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from layerzero.core.errors import InvalidInputError, expected_got
+
+log = logging.getLogger("layerzero")
+_WARNED: list[bool] = []
+
+
+def _optimized() -> bool:
+    """Whether Python runs with ``-O`` (``sys.flags.optimize``; a function so tests can stand in for it)."""
+    return sys.flags.optimize > 0
+
+
+def _warn_if_optimized_compile() -> None:
+    """Warn once per process when a backward formula is traced by ``torch.compile`` under ``python -O``: a known,
+    unresolved problem gives wrong query / key gradients for some compiled blocks there (docs/torch_compile.md,
+    "Known problem: python -O"), so such a training step must not run silently."""
+    if _WARNED or not _optimized() or not torch.compiler.is_compiling():
+        return
+    _WARNED.append(True)
+    log.warning("torch.compile is tracing LayerZero backward formulas under python -O: compiled training blocks with "
+                "RoPE and attention have given wrong query / key gradients there (an open problem, docs/"
+                "torch_compile.md 'Known problem: python -O'); train without -O or without torch.compile")
 
 
 def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -155,6 +177,7 @@ def _table_grad(g: torch.Tensor, table: torch.Tensor, position_ids: torch.Tensor
 def _rope_backward(ctx: Any, dq: torch.Tensor | None, dk: torch.Tensor | None) -> tuple[Any, ...]:
     from layerzero.backends.reference.rope import _gather, rotate_every_two, rotate_half
 
+    _warn_if_optimized_compile()
     cos, sin, position_ids, *xs = ctx.saved_tensors
     like = dq if dq is not None else dk
     cdt = _compute_dtype(like)
@@ -193,6 +216,7 @@ def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) ->
 
 
 def _attention_backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
+    _warn_if_optimized_compile()
     q, k, v, mask, alibi = ctx.saved_tensors
     is_causal, scale, dropout_p, bshd, left, right, softcap = ctx.args
     if dropout_p > 0.0:

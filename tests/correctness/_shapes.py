@@ -454,6 +454,16 @@ class KernelRun:
                             f"{self.traced} traced; skipped: {self.rejected}", *self.failures[:12], *more])
 
 
+def skip_if_off_on_this_cpu(kernel_id: str, ran: int, drawn: int, rejected: dict) -> None:
+    """``pytest.skip`` when this host's CPU rules ``kernel_id`` out for every one of the ``drawn`` cases (``ran`` 0,
+    PLATFORM_UNSUPPORTED each time: ``torch_sdpa.cpu_fp32_upcast`` on an ``avx512_fp16`` CPU, bfloat16 SDPA kernels
+    on an AMX CPU whose ATen dispatch is forced below AVX-512); the kernels' own tests cover those rules."""
+    import pytest
+
+    if ran == 0 and drawn > 0 and rejected.get("PLATFORM_UNSUPPORTED") == drawn:
+        pytest.skip(f"{kernel_id} is off on this CPU (PLATFORM_UNSUPPORTED for all {drawn} cases)")
+
+
 def run_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", target: int = MIN_CASES,
                known_bug: KnownBug | None = None) -> KernelRun:
     """Lock ``op`` to ``kernel_id`` and run seeded cases until ``target`` ran (cases ``lz.validate`` rejects, or

@@ -23,6 +23,7 @@ from _shapes import (  # noqa: E402
     mismatch,
     randn,
     run_kernel,
+    skip_if_off_on_this_cpu,
 )
 
 pytestmark = pytest.mark.correctness
@@ -48,10 +49,7 @@ def test_attention_kernel_matches_float64_oracle(op, kernel_id, dtype, record_pr
     print(run.report())
     assert not run.failures, run.report()
     assert run.traced == run.ran, f"lz.trace saw {run.traced} calls served by {kernel_id}, expected {run.ran}"
-    if run.ran == 0 and run.rejected.get("PLATFORM_UNSUPPORTED") == run.drawn:
-        # this host's CPU rules the kernel out for every case (torch_sdpa.cpu_fp32_upcast on CPUs with avx512_fp16);
-        # its numerics are checked by a direct call on any CPU (tests/unit/test_cpu_isa_routing.py)
-        pytest.skip(f"{kernel_id} is off on this CPU (PLATFORM_UNSUPPORTED for all {run.drawn} cases)")
+    skip_if_off_on_this_cpu(kernel_id, run.ran, run.drawn, run.rejected)  # rules: tests/unit/test_cpu_isa_routing.py
     need = MIN_CASES if kernel_id in BROAD else 1
     assert run.ran >= need, f"only {run.ran} eligible cases (need {need}); extend attention_case\n{run.report()}"
 

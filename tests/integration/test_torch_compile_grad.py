@@ -359,3 +359,21 @@ def test_learned_rope_compiles_to_one_node_and_matches_eager_gradients():
     for _, grads in results[:2]:
         for g, want in zip(grads, results[2][1], strict=True):
             torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-4)
+
+
+def test_compiled_backward_under_python_o_is_warned_once(monkeypatch, caplog):
+    """Under ``python -O`` (stood in for) a backward formula traced by ``torch.compile`` logs the known-problem warning
+    once per process; eager backward and runs without ``-O`` log nothing."""
+    from layerzero import _library_grad as lg
+
+    monkeypatch.setattr(lg, "_WARNED", [])
+    with caplog.at_level("WARNING", logger="layerzero"):
+        lg._warn_if_optimized_compile()  # not compiling, not -O
+        monkeypatch.setattr(lg, "_optimized", lambda: True)
+        lg._warn_if_optimized_compile()  # -O, eager
+        assert not [r for r in caplog.records if "python -O" in r.getMessage()]
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        lg._warn_if_optimized_compile()
+        lg._warn_if_optimized_compile()
+    hits = [r for r in caplog.records if "python -O" in r.getMessage()]
+    assert len(hits) == 1 and hits[0].levelname == "WARNING" and "Known problem" in hits[0].getMessage()

@@ -191,3 +191,32 @@ def test_upcast_is_at_least_as_accurate_as_float16_flash(case):
     flash_err = (flash.double() - want).abs().max().item()
     assert err <= 2e-3
     assert err <= flash_err + 1e-3
+
+
+# ----------------------------------------------------------------------------- torch_sdpa.flash, AMX below AVX-512
+@pytest.mark.parametrize(("cap", "dtype", "isa", "refused"), [
+    ("AVX2", torch.bfloat16, {"avx2", "avx512", "amx_bf16"}, True),
+    ("DEFAULT", torch.bfloat16, {"avx2", "avx512", "amx_bf16"}, True),
+    ("AVX512", torch.bfloat16, {"avx2", "avx512", "amx_bf16"}, False),  # the CPU's own level: AMX packing works
+    ("AVX2", torch.bfloat16, {"avx2", "avx512"}, False),  # no AMX: no AMX packing
+    ("AVX2", torch.float16, {"avx2", "avx512", "amx_bf16"}, False),
+])
+def test_cpu_flash_refuses_bf16_on_an_amx_cpu_dispatched_below_avx512(monkeypatch, cap, dtype, isa, refused):
+    """torch's bf16 CPU flash packs for AMX on an ``amx_bf16`` CPU, which raises 'pack_vnni2 is only supported when
+    avx512 is supported' once ``ATEN_CPU_CAPABILITY`` lowers ATen below AVX-512 (seen on such a CI host): the flash
+    kernel's check and the SDPA paged kernel's refuse exactly that combination, naming it."""
+    from layerzero.backends.torch_sdpa import kernels as sk
+
+    RUNTIME.ensure_ready()
+    monkeypatch.setattr(sk, "aten_capability", lambda: cap)
+    c = attn_ctx(isa, dtype)
+    for kernel_id, ctx_ in (("torch_sdpa.flash", c), ("torch_sdpa.paged_attention",
+                                                      dataclasses.replace(c, op="paged_attention"))):
+        reasons = RUNTIME.registry.kernel(kernel_id).check(ctx_)
+        got = [r for r in reasons if r.code is R.PLATFORM_UNSUPPORTED]
+        assert bool(got) == refused, (kernel_id, reasons)
+        if refused:
+            assert "pack_vnni2" in got[0].message and cap in got[0].message
+    # with ALiBi the flash kernel runs in float32 (its bias would round in bfloat16): not affected
+    alibi = RUNTIME.registry.kernel("torch_sdpa.flash").check(dataclasses.replace(c, has_alibi=True))
+    assert not [r for r in alibi if r.code is R.PLATFORM_UNSUPPORTED]

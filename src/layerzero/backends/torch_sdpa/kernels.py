@@ -11,6 +11,7 @@ on an H200 with torch 2.11) the switches are not touched at all (see :func:`_for
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -253,8 +254,37 @@ def _upcast_check(ctx: SelectionContext) -> list[Reason]:
     return out
 
 
+@functools.cache
+def aten_capability() -> str:
+    """The CPU kernel level ATen dispatches at in this process (``torch.backends.cpu.get_cpu_capability()``, upper
+    case: "AVX512", "AVX2", "DEFAULT", ...; ``ATEN_CPU_CAPABILITY`` can lower it below what the CPU has); "" when
+    torch cannot say."""
+    get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    try:
+        return str(get()).strip().upper() if get is not None else ""
+    except RuntimeError:
+        return ""
+
+
+def amx_below_avx512(ctx: SelectionContext) -> Reason | None:
+    """torch's CPU flash attention in bfloat16 packs its blocks for AMX when the CPU has ``amx_bf16``, and that packing
+    (``pack_vnni2``) raises on some shapes when ATen dispatches below AVX-512 (``ATEN_CPU_CAPABILITY=avx2`` /
+    ``default`` on such a CPU; torch 2.13.0+cpu, found by ``make test``'s forced-ISA pass on 2026-11-28): the reason
+    a kernel that runs SDPA on bfloat16 CPU inputs gives for refusing them there, else None."""
+    cap = aten_capability()
+    if (ctx.device.device_type == "cpu" and ctx.dtype is torch.bfloat16 and "amx_bf16" in ctx.device.cpu_isa
+            and cap in ("AVX2", "DEFAULT", "NO AVX")):
+        return Reason(ReasonCode.PLATFORM_UNSUPPORTED,
+                      f"bfloat16 CPU flash packs for AMX on this CPU (amx_bf16) but ATen dispatches at {cap} here "
+                      "(ATEN_CPU_CAPABILITY), where that packing raises 'pack_vnni2 is only supported when avx512 "
+                      "is supported'")
+    return None
+
+
 def _flash_device_check(ctx: SelectionContext) -> list[Reason]:
-    """Device-specific rules of the flash kernel: CUDA is fp16/bf16 without masks; CPU has no dropout."""
+    """Device-specific rules of the flash kernel: CUDA is fp16/bf16 without masks; CPU has no dropout, nor bfloat16
+    on an AMX CPU whose ATen dispatch is forced below AVX-512 (:func:`amx_below_avx512`; with ALiBi the kernel runs
+    in float32, unaffected)."""
     out = _flash_check(ctx)
     if ctx.device.device_type == "cuda":
         if ctx.dtype not in HALF:
@@ -266,6 +296,10 @@ def _flash_device_check(ctx: SelectionContext) -> list[Reason]:
                                                             "here; flash_attn2 has it natively)"))
         if max(ctx.head_dim or 0, ctx.head_dim_v or 0) > 256:
             out.append(Reason(ReasonCode.HEAD_DIM_TOO_LARGE, "CUDA flash supports head_dim <= 256"))
-    elif ctx.dropout:
-        out.append(Reason(ReasonCode.DROPOUT_UNSUPPORTED, "the CPU flash kernel does not support dropout"))
+    else:
+        if ctx.dropout:
+            out.append(Reason(ReasonCode.DROPOUT_UNSUPPORTED, "the CPU flash kernel does not support dropout"))
+        amx = None if ctx.has_alibi else amx_below_avx512(ctx)
+        if amx is not None:
+            out.append(amx)
     return out

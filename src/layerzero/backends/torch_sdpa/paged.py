@@ -14,9 +14,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from layerzero.core.context import SelectionContext
 from layerzero.core.kv_layout import cache_dims, nhd_view
 from layerzero.core.kv_quant import KV_QUANT_DTYPES, dequantize_kv
+from layerzero.core.reasons import Reason
 from layerzero.core.specs import KernelSpec
+
+from .kernels import amx_below_avx512
 
 _SDPA = F.scaled_dot_product_attention
 FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
@@ -93,6 +97,13 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
     return torch.cat(pieces)
 
 
+def _check(ctx: SelectionContext) -> list[Reason]:
+    """Refuses bfloat16 on an AMX CPU whose ATen dispatch is forced below AVX-512, where SDPA's CPU flash kernel
+    raises (``kernels.amx_below_avx512``)."""
+    reason = amx_below_avx512(ctx)
+    return [] if reason is None else [reason]
+
+
 def kernel_specs() -> list[KernelSpec]:
     """KernelSpecs of the paged kernels: priority 10 (above the reference's 0), CPU and CUDA, all floats."""
     common = dict(device_types=frozenset({"cpu", "cuda"}), dtypes=FLOATS, deterministic=True,
@@ -100,5 +111,5 @@ def kernel_specs() -> list[KernelSpec]:
     return [
         KernelSpec("torch_sdpa.paged_attention", "paged_attention", paged_attention, priority=10,
                    description="paged attention: gather KV per sequence (padded batch for decode) + SDPA",
-                   graph_safe=False, **common),
+                   graph_safe=False, check=_check, **common),
     ]
