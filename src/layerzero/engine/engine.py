@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import logging
+import numbers
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from .config import EngineConfig, ModelConfig
@@ -16,13 +20,15 @@ from .kv.block_manager import KVCacheManager
 from .metrics import EngineStats, StepStats
 from .outputs import CompletionOutput, RequestOutput
 from .runner.model_runner import ModelRunner
-from .sampler import PendingSample, Sampler, SamplerOutput, plain_greedy, sequence_seed
+from .sampler import PendingSample, Sampler, SamplerOutput, SamplingError, plain_greedy, sequence_seed
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .scheduling_policy import make_policy
-from .sequence import FinishReason, Sequence
+from .sequence import FinishReason, Sequence, SequenceStatus
 
 __all__ = ["LLMEngine", "Request"]
+
+log = logging.getLogger("layerzero.engine")
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
@@ -30,13 +36,18 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 @dataclass(eq=False)
 class Request:
     """A request: its prompt and its ``n`` sequences; ``sent_tokens`` counts, per sequence, the output tokens a
-    stream has already yielded."""
+    stream has already yielded; ``error``: why it failed (its sequences then end with ``"error"``).
+
+    The object is the request's outbox: whoever runs a step, the tokens land in its sequences, and its owner
+    (``generate`` / ``stream`` / a server) reads them from here (:meth:`LLMEngine.output`), never from another
+    caller's step results."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     seqs: list[Sequence]
     sent_tokens: list[int]
+    error: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -91,6 +102,10 @@ class LLMEngine:
         self._ids = itertools.count()
         self.async_scheduling = ec.async_scheduling if ec.async_scheduling is not None else self.device.type == "cuda"
         self._inflight: _InFlight | None = None
+        self._current: SchedulerOutput | None = None  # the step being run (what a failure rolls back)
+        #: Serializes every entry point that reads or changes requests or runs a step (re-entrant): several
+        #: threads may drive one engine; each step runs whole, for every caller's requests at once.
+        self.lock = threading.RLock()
 
     # ------------------------------------------------------------------------------------------ requests
     def encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
@@ -100,26 +115,43 @@ class LLMEngine:
             InvalidInputError: empty prompt, ids outside the vocabulary or not ints, text without a tokenizer,
                 a prompt longer than ``max_model_len``.
         """
+        v = self.model_config.vocab_size
         if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise bad_input("prompt", "token ids (this checkpoint has no tokenizer)", "a string")
-            if not prompt:
-                raise bad_input("prompt", "at least one token", "an empty string")
-            text, ids = prompt, list(self.tokenizer(prompt)["input_ids"])
-        elif isinstance(prompt, (list, tuple)):
+            text, ids = prompt, self._tokenize(prompt)
+            where = "the tokenizer gave token id"
+        elif isinstance(prompt, (list, tuple)) or isinstance(prompt, np.ndarray) and prompt.ndim == 1:
             text, ids = None, list(prompt)
-            v = self.model_config.vocab_size
-            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < v), None)
-            if bad is not None:
-                raise bad_input("prompt token id", f"an int in [0, {v})", repr(bad))
+            where = "prompt token id"
         else:
             raise bad_input("prompt", "a string or a list of token ids", type(prompt).__name__)
+        bad = next((t for t in ids if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral)
+                    or not 0 <= t < v), None)
+        if bad is not None:
+            fix = "The tokenizer does not match the model's vocabulary." if text is not None else None
+            raise bad_input(where, f"an int in [0, {v})", repr(bad), fix)
+        ids = [int(t) for t in ids]
         if not ids:
             raise bad_input("prompt", "at least one token", "an empty prompt")
         if len(ids) > self.max_model_len:
             raise bad_input("prompt length", f"<= max_model_len ({self.max_model_len}) tokens", len(ids),
                             "Shorten the prompt or raise max_model_len.")
         return text, ids
+
+    def _tokenize(self, prompt: str) -> list[int]:
+        """The token ids of a text prompt (typed errors for what no tokenizer can take)."""
+        if self.tokenizer is None:
+            raise bad_input("prompt", "token ids (this checkpoint has no tokenizer)", "a string")
+        if not prompt:
+            raise bad_input("prompt", "at least one token", "an empty string")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise bad_input("prompt", "valid Unicode text (UTF-8 encodable)",
+                            f"{exc.reason} at index {exc.start}", "Remove lone surrogates.") from None
+        try:
+            return list(self.tokenizer(prompt)["input_ids"])
+        except Exception as exc:  # the tokenizer's own error types vary by library
+            raise bad_input("prompt", "text the tokenizer can encode", f"{type(exc).__name__}: {exc}") from exc
 
     def check(self, params: SamplingParams) -> None:
         """Request-level checks of ``params`` that need the model (vocabulary, a tokenizer for stop strings).
@@ -143,7 +175,7 @@ class LLMEngine:
         """
         text_ids = self.encode(prompt)
         self.check(params)
-        if isinstance(priority, bool) or not isinstance(priority, int):
+        if isinstance(priority, (bool, np.bool_)) or not isinstance(priority, numbers.Integral):
             raise bad_input("priority", "an int (lower runs first with scheduling_policy='priority')", repr(priority))
         return text_ids
 
@@ -164,7 +196,14 @@ class LLMEngine:
         Raises:
             InvalidInputError: a duplicate request id (nothing queued).
         """
+        with self.lock:
+            return self._enqueue(text, ids, params, int(priority), request_id)
+
+    def _enqueue(self, text: str | None, ids: list[int], params: SamplingParams, priority: int,
+                 request_id: str | None) -> Request:
         rid = request_id if request_id is not None else str(next(self._ids))
+        if not isinstance(rid, str) or not rid:
+            raise bad_input("request_id", "a non-empty string or None", repr(rid))
         if rid in self.requests:
             raise bad_input("request_id", "a new id", repr(rid))
         seqs = []
@@ -182,14 +221,26 @@ class LLMEngine:
         return req
 
     def abort(self, request_id: str) -> bool:
-        """End a request now (finish reason ``"abort"``), freeing its blocks; False when it is not known."""
-        req = self.requests.pop(request_id, None)
-        if req is None:
-            return False
+        """End a request now (finish reason ``"abort"``), freeing its blocks, and forget it (a finished request
+        whose output was not read is dropped); False when it is not known."""
+        with self.lock:
+            req = self.requests.pop(request_id, None)
+            if req is None:
+                return False
+            self._end(req, FinishReason.ABORT)
+            return True
+
+    def _end(self, req: Request, reason: FinishReason) -> None:
+        """Finish ``req``'s unfinished sequences with ``reason`` (their blocks freed; a pending token dropped)."""
         for seq in req.seqs:
             if not seq.finished:
-                self.scheduler.finish(seq, FinishReason.ABORT)
-        return True
+                seq.pending_index, seq.length_capped = -1, False
+                self.scheduler.finish(seq, reason)
+
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        """``req`` failed inside a step: it ends with finish reason ``"error"`` and ``error`` says why."""
+        req.error = f"{type(exc).__name__}: {exc}"
+        self._end(req, FinishReason.ERROR)
 
     def has_unfinished(self) -> bool:
         """Whether any request is queued or running, or a launched step still has tokens to read for one."""
@@ -199,8 +250,72 @@ class LLMEngine:
     # ------------------------------------------------------------------------------------------ the step
     def step(self) -> list[Request]:
         """Run one step; returns the requests that got new tokens or finished. With async scheduling the step
-        launches the next forward, then reads the previous one's tokens (those are what it returns)."""
-        return self._step_async() if self.async_scheduling else self._step_sync()
+        launches the next forward, then reads the previous one's tokens (those are what it returns).
+
+        A step that raises fails only the requests it concerns: the rows whose sampling raised (each row is
+        retried alone to find them), else every request of the step; they end with ``"error"`` (their blocks
+        freed) and the step returns them. The step's other sequences are rolled back (:meth:`_recover`) and run
+        again, so the engine stays usable. A ``BaseException`` (``KeyboardInterrupt``) rolls the step back,
+        fails nothing, and propagates."""
+        with self.lock:
+            self._current = None
+            try:
+                touched = self._step_async() if self.async_scheduling else self._step_sync()
+                if not self._current.chunks:
+                    self._check_progress()
+            except Exception as exc:
+                touched = self._recover(exc)
+            except BaseException as exc:
+                self._recover(exc)
+                raise
+            finally:
+                self._current = None
+            return touched
+
+    def _recover(self, exc: BaseException) -> list[Request]:
+        """Undo a step that raised ``exc`` and fail the requests it blames; returns the failed requests.
+
+        Every sequence of the step (and of the launched step whose tokens were still pending) drops its pending
+        token and, if it holds blocks, is preempted: its known tokens are computed again, as after a preemption
+        (seeded and greedy sequences give the same tokens). Blame: ``SamplingError.seqs`` when the sampler
+        found the failing rows, none for a ``BaseException``, else every sequence of the step (or, when the
+        scheduler itself raised, every running one)."""
+        out, prev = self._current, self._inflight
+        self._inflight = None
+        step = [s for s, _ in out.chunks] if out is not None else list(self.scheduler.running)
+        involved = list(dict.fromkeys([*(prev.sampled if prev is not None else ()), *step]))
+        if not isinstance(exc, Exception):
+            blamed: list[Sequence] = []
+        else:
+            blamed = exc.seqs if isinstance(exc, SamplingError) else step
+        failed = {s.request_id: self.requests[s.request_id] for s in blamed if s.request_id in self.requests}
+        for req in failed.values():
+            self._fail(req, exc.__cause__ if isinstance(exc, SamplingError) and exc.__cause__ else exc)
+        for seq in involved:
+            seq.pending_index, seq.length_capped = -1, False
+            if seq.status is SequenceStatus.RUNNING:
+                self.scheduler.preempt(seq)
+        if failed:
+            log.error("step failed (%s: %s): failed request(s) %s; %d other sequence(s) of the step rolled back",
+                      type(exc).__name__, exc, sorted(failed), len(involved) - sum(len(r.seqs) for r in
+                                                                               failed.values()), exc_info=exc)
+        return list(failed.values())
+
+    def _check_progress(self) -> None:
+        """Never spin (called after a step that scheduled nothing): an engine with nothing running or in flight
+        must admit a waiting sequence. If it could not (a scheduler defect), the waiting requests fail with
+        ``"error"`` instead of every caller looping forever."""
+        sched = self.scheduler
+        if sched.waiting and not sched.running and self._inflight is None:
+            stuck = {s.request_id: self.requests.get(s.request_id) for s in sched.waiting}
+            err = RuntimeError(f"the scheduler admitted none of {len(sched.waiting)} waiting sequence(s) on an idle "
+                               "engine (a defect: please report it with the engine's options)")
+            log.error("%s; failing request(s) %s", err, sorted(stuck))
+            for req in stuck.values():
+                if req is not None:
+                    self._fail(req, err)
+            for seq in list(sched.waiting):  # sequences of requests already forgotten
+                sched.finish(seq, FinishReason.ERROR)
 
     def _step_async(self) -> list[Request]:
         """Schedule and launch step N+1, then read step N's ids while N+1 runs on the device.
@@ -217,7 +332,7 @@ class LLMEngine:
         if prev is not None and any(s.params.penalized for s in prev.sampled if not s.finished):
             appended = self._read(prev, touched)[1]
             prev = self._inflight = None
-        out = self.scheduler.schedule()
+        out = self._current = self.scheduler.schedule()
         t1 = time.perf_counter()
         launched = None
         if out.chunks:
@@ -255,17 +370,22 @@ class LLMEngine:
         returns how many were appended."""
         appended = 0
         for seq, tok, lp, top in zip(seqs, res.token_ids, res.logprobs, res.top_logprobs, strict=True):
-            if seq.finished:
+            req = self.requests.get(seq.request_id)
+            if seq.finished or req is None:
                 continue
-            self._append(seq, tok, lp, top)
+            try:
+                self._append(seq, tok, lp, top)
+            except Exception as exc:  # e.g. the tokenizer cannot decode the token: this request fails, not the step
+                log.error("request %s failed appending token %d: %s", seq.request_id, tok, exc, exc_info=exc)
+                self._fail(req, exc)
             appended += 1
-            touched[seq.request_id] = self.requests[seq.request_id]
+            touched[seq.request_id] = req
         return appended
 
     def _step_sync(self) -> list[Request]:
         """Schedule, forward, sample and read one step, in that order."""
         t0 = time.perf_counter()
-        out = self.scheduler.schedule()
+        out = self._current = self.scheduler.schedule()
         t1 = t2 = t3 = time.perf_counter()
         touched: dict[str, Request] = {}
         appended = 0
@@ -326,7 +446,17 @@ class LLMEngine:
     # ------------------------------------------------------------------------------------------ outputs
     def output(self, req: Request, *, delta: bool = False) -> RequestOutput:
         """The request's :class:`RequestOutput`: whole outputs, or (``delta``) only what is new since the last
-        delta of that request."""
+        delta of that request. A finished request is forgotten once read (its id may be reused)."""
+        with self.lock:
+            return self._output(req, delta)
+
+    @staticmethod
+    def has_news(req: Request) -> bool:
+        """Whether ``req`` finished or has output tokens a delta has not returned yet."""
+        return req.finished or any(len(s.token_ids) - s.num_prompt_tokens > n
+                                   for s, n in zip(req.seqs, req.sent_tokens, strict=True))
+
+    def _output(self, req: Request, delta: bool) -> RequestOutput:
         outs = []
         for i, s in enumerate(req.seqs):
             ids = s.output_token_ids
@@ -341,7 +471,7 @@ class LLMEngine:
             if delta:
                 req.sent_tokens[i] = len(ids)
         ro = RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished,
-                           max(s.num_cached_tokens for s in req.seqs))
-        if req.finished:
-            self.requests.pop(req.request_id, None)
+                           max(s.num_cached_tokens for s in req.seqs), req.error)
+        if req.finished and self.requests.get(req.request_id) is req:
+            del self.requests[req.request_id]
         return ro

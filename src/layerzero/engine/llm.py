@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import gc
+import numbers
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .config import EngineConfig
-from .engine import LLMEngine
+from .engine import LLMEngine, Request
 from .errors import bad_input
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -108,8 +110,9 @@ class LLM:
         """The checkpoint's transformers tokenizer (None when it has none)."""
         return self.engine.tokenizer
 
-    def _add_all(self, prompts: Any, sampling_params: Any, priority: Any) -> list[str]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+    def _add_all(self, prompts: Any, sampling_params: Any, priority: Any) -> list[Request]:
+        """Validate every prompt and parameter first, then queue them all (nothing is queued when one is bad)."""
+        if _is_one_prompt(prompts):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise bad_input("prompts", "a prompt or a non-empty list of prompts (strings or token-id lists)",
@@ -122,60 +125,93 @@ class LLM:
             raise bad_input("sampling_params / priority", f"one, or one per prompt ({n})",
                             f"{len(params)} / {len(prios)}")
         eng = self.engine
-        checked = [eng.validate(p, sp, pr) for p, sp, pr in zip(prompts, params, prios, strict=True)]  # all first
-        return [eng.enqueue(text, ids, sp, pr).request_id
-                for (text, ids), sp, pr in zip(checked, params, prios, strict=True)]
+        with eng.lock:
+            checked = [eng.validate(p, sp, pr) for p, sp, pr in zip(prompts, params, prios, strict=True)]
+            reqs: list[Request] = []
+            try:
+                for (text, ids), sp, pr in zip(checked, params, prios, strict=True):
+                    reqs.append(eng.enqueue(text, ids, sp, pr))
+            except BaseException:
+                self._abort_all(reqs)
+                raise
+            return reqs
+
+    def _abort_all(self, reqs: list[Request]) -> None:
+        """Abort (and forget) each of ``reqs``, finished or not."""
+        for req in reqs:
+            self.engine.abort(req.request_id)
 
     def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  priority: int | Sequence[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate completions for ``prompts`` (strings or token-id lists); returns one :class:`RequestOutput`
-        per prompt, in input order. ``sampling_params``: one for all or one per prompt (default
-        ``SamplingParams()``); ``priority``: per prompt with ``scheduling_policy="priority"`` (lower first).
+        """Generate completions for ``prompts`` (a string, a token-id list or tuple or 1-D integer array, or a
+        list of them); returns one :class:`RequestOutput` per prompt, in input order, each with its
+        ``request_id``. ``sampling_params``: one for all or one per prompt (default ``SamplingParams()``);
+        ``priority``: per prompt with ``scheduling_policy="priority"`` (lower first).
+
+        Safe to call from several threads (and while streams are open): every caller's requests share the steps
+        and each caller collects its own. A request that fails inside a step ends with ``finish_reason="error"``
+        and ``RequestOutput.error``; the others complete. On any exception (``KeyboardInterrupt`` included) the
+        call aborts its own requests, freeing their blocks, and re-raises.
 
         Raises:
             InvalidInputError: any bad prompt or parameter (see :class:`SamplingParams`); raised before any
                 request is queued.
         """
-        ids = self._add_all(prompts, sampling_params, priority)
-        wanted = set(ids)  # a list's `in` scanned every request id per finished request, per step
+        reqs = self._add_all(prompts, sampling_params, priority)
         eng = self.engine
-        done: dict[str, RequestOutput] = {}
-        bar = _progress(len(ids)) if use_tqdm else None
-        while len(done) < len(ids):
-            for req in eng.step():
-                if req.finished and req.request_id in wanted and req.request_id not in done:
-                    done[req.request_id] = eng.output(req)
-                    if bar is not None:
-                        bar.update(1)
-        if bar is not None:
-            bar.close()
-        return [done[i] for i in ids]
+        bar = _progress(len(reqs)) if use_tqdm else None
+        try:
+            done = 0
+            while done < len(reqs):
+                eng.step()
+                now = sum(r.finished for r in reqs)
+                if bar is not None and now > done:
+                    bar.update(now - done)
+                done = now
+            return [eng.output(r) for r in reqs]
+        except BaseException:
+            self._abort_all(reqs)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
 
     def stream(self, prompt: str | list[int], sampling_params: SamplingParams | None = None, *,
                priority: int = 0) -> Iterator[RequestOutput]:
         """Generate for one prompt, yielding :class:`RequestOutput` deltas: each holds the text and token ids new
         since the previous yield; the last one has ``finished`` True and the finish reasons. Text that might
-        become a stop string is held back until it is known not to be one. Leaving the loop early (``break``)
-        aborts the request and frees its KV blocks.
+        become a stop string is held back until it is known not to be one. Leaving the loop early (``break``,
+        ``close()``, an exception, the generator collected) aborts the request and frees its KV blocks. Several
+        streams (and ``generate`` calls) may be open at once: each gets its own request's tokens, whichever of
+        them runs the step.
 
         Raises:
             InvalidInputError: as :meth:`generate`, before anything is queued.
         """
-        (rid,) = self._add_all([prompt], sampling_params, [priority])
+        (req,) = self._add_all([prompt], sampling_params, [priority])
         eng = self.engine
         done = False
         try:
             while not done:
-                for req in eng.step():
-                    if req.request_id == rid:
-                        out = eng.output(req, delta=True)
-                        done = out.finished
-                        if done or any(o.text or o.token_ids for o in out.outputs):
-                            yield out
+                if not eng.has_news(req):
+                    eng.step()
+                    if not eng.has_news(req):
+                        continue
+                out = eng.output(req, delta=True)
+                done = out.finished
+                if done or any(o.text or o.token_ids for o in out.outputs):
+                    yield out
         finally:  # the consumer stopped early (break, close, an exception): free the request's blocks
             if not done:
-                eng.abort(rid)
+                eng.abort(req.request_id)
+
+    def abort(self, request_id: str | Sequence[str]) -> list[str]:
+        """Abort requests by id (``RequestOutput.request_id``), from any thread: each ends with
+        ``finish_reason="abort"`` and its blocks are freed; the ``generate`` / ``stream`` waiting for it returns
+        it as aborted. Returns the ids that were known (unknown or already collected ids are ignored)."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        return [rid for rid in ids if self.engine.abort(rid)]
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
@@ -184,21 +220,53 @@ class LLM:
         tokenizer's chat template (transformers' ``apply_chat_template``, generation prompt added).
 
         Raises:
-            InvalidInputError: no tokenizer or no chat template; bad messages or parameters.
+            InvalidInputError: no tokenizer or no chat template; messages that are not a conversation (a list of
+                dicts with string ``role`` and ``content``) or a non-empty list of them; a template that fails on
+                them; bad parameters.
         """
         tok = self.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise bad_input("chat", "a checkpoint whose tokenizer has a chat template", "none",
                             "Use generate() with a formatted prompt.")
-        convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [list(tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=True)
-                        ["input_ids"]) for c in convs]
+        convs = _conversations(messages)
+        prompts = []
+        for c in convs:
+            try:
+                prompts.append(list(tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True,
+                                                            return_dict=True)["input_ids"]))
+            except Exception as exc:  # jinja2's and the tokenizer's errors
+                raise bad_input("chat messages", "a conversation the chat template accepts",
+                                f"{type(exc).__name__}: {exc}") from exc
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def stats(self) -> dict[str, Any]:
         """Engine statistics: steps, prompt / generated tokens, preemptions, prefix-cache hit rate, KV usage, time
         per phase (schedule / forward / sample / detokenize, seconds) and the last step (see docs/engine.md)."""
         return self.engine.stats.as_dict()
+
+
+def _is_one_prompt(prompts: Any) -> bool:
+    """A single prompt: text, a 1-D integer array, or a list / tuple of token ids (not of prompts)."""
+    if isinstance(prompts, (str, np.ndarray)):
+        return True
+    return isinstance(prompts, (list, tuple)) and bool(prompts) and isinstance(prompts[0], (numbers.Integral,
+                                                                                           np.integer))
+
+
+def _conversations(messages: Any) -> list[list[dict[str, Any]]]:
+    """``messages`` as a list of conversations, each checked to be a non-empty list of message dicts."""
+    fix = 'Pass [{"role": "user", "content": "..."}] or a list of such lists.'
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise bad_input("chat messages", "a conversation or a non-empty list of conversations",
+                        repr(messages)[:80], fix)
+    convs = [messages] if isinstance(messages[0], dict) else list(messages)
+    for conv in convs:
+        if not isinstance(conv, (list, tuple)) or not conv or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))
+                for m in conv):
+            raise bad_input("chat conversation", "a non-empty list of {'role': str, 'content': str} dicts",
+                            repr(conv)[:80], fix)
+    return [list(c) for c in convs]
 
 
 def _progress(total: int) -> Any:

@@ -12,8 +12,9 @@ class CompletionOutput:
     """One completion: ``text`` and ``token_ids`` (the whole output, or in a streamed delta only what is new
     since the last one), ``cumulative_logprob`` (sum of the chosen tokens' raw logprobs; 0.0 unless logprobs were
     requested), ``logprobs`` (per token: {token id: raw logprob} of the top-N and the chosen token; None unless
-    requested), ``finish_reason`` (``"stop"``, ``"length"``, ``"abort"`` (a stream left early), or None while
-    running) and ``stop_reason`` (the stop
+    requested), ``finish_reason`` (``"stop"``, ``"length"``, ``"abort"`` (aborted: ``LLM.abort``, a stream left
+    early, an interrupted call), ``"error"`` (failed inside a step; :attr:`RequestOutput.error` says why), or None
+    while running) and ``stop_reason`` (the stop
     string or stop token id that ended it; None for EOS or length)."""
 
     index: int
@@ -34,7 +35,8 @@ class CompletionOutput:
 class RequestOutput:
     """One request: its prompt (text, or None when given as token ids), prompt token ids, one
     :class:`CompletionOutput` per sample (``SamplingParams.n``), ``finished`` once all ended, and
-    ``num_cached_tokens`` (prompt tokens served from the prefix cache)."""
+    ``num_cached_tokens`` (prompt tokens served from the prefix cache); ``error``: why the request failed (its
+    completions then end with ``finish_reason="error"``), else None."""
 
     request_id: str
     prompt: str | None
@@ -42,3 +44,4 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+    error: str | None = None

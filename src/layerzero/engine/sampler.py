@@ -13,7 +13,16 @@ import layerzero as lz
 from .sequence import Sequence
 from .staging import to_device
 
-__all__ = ["PendingSample", "Sampler", "SamplerOutput", "sequence_seed"]
+__all__ = ["PendingSample", "Sampler", "SamplerOutput", "SamplingError", "sequence_seed"]
+
+
+class SamplingError(RuntimeError):
+    """Sampling a step raised; ``seqs``: the sequences whose rows raise when sampled alone (every row of the step
+    when none does). The original exception is the ``__cause__``."""
+
+    def __init__(self, seqs: list[Sequence], cause: BaseException) -> None:
+        super().__init__(f"sampling failed for {len(seqs)} sequence(s): {type(cause).__name__}: {cause}")
+        self.seqs = seqs
 
 
 def sequence_seed(seed: int, index: int) -> int:
@@ -68,6 +77,24 @@ class Sampler:
 
     @torch.no_grad()
     def launch(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+        """:meth:`_launch`; when it raises, each row is drawn alone to find the ones that raise.
+
+        Raises:
+            SamplingError: naming those sequences (all of them when no row raises alone); the draw's exception
+                is its ``__cause__``. The engine fails those requests only (``LLMEngine.step``).
+        """
+        try:
+            return self._launch(logits, seqs)
+        except Exception as exc:
+            bad = []
+            for i, seq in enumerate(seqs):
+                try:
+                    self.resolve(self._launch(logits[i:i + 1], [seq]))
+                except Exception:
+                    bad.append(seq)
+            raise SamplingError(bad or list(seqs), exc) from exc
+
+    def _launch(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
         """Enqueue the draw of ``seqs``' next tokens from ``logits`` ``[S, V]`` and the transfer of the results to the
         host, without waiting for them (:meth:`resolve` does). A plain greedy step (:func:`plain_greedy`) takes
         ``lz.sample_greedy`` of the logits as they are (bf16 logits: no float32 copy); otherwise they are cast to

@@ -6,7 +6,8 @@ Each step: running sequences first (in policy order), each gets ``min(uncomputed
 when the pool cannot hold them, the policy's victim among the not-yet-scheduled running sequences is preempted
 (its blocks are freed, its full blocks stay in the prefix cache as evictable, its computed count drops to 0 and
 it waits again, keeping its arrival time). Then, if nothing was preempted, waiting sequences are admitted in
-policy order while the budget, ``max_num_seqs`` and the pool (keeping a watermark of free blocks) allow; a
+policy order while the budget, ``max_num_seqs`` and the pool (keeping a watermark of free blocks while any
+sequence runs; an idle engine admits up to the whole pool) allow; a
 sequence that does not fit stops admission for this step (no overtaking, so no starvation). A prompt longer than
 the budget is prefilled in chunks over several steps. With prefix caching, the completions of one request
 (``n > 1``) are admitted one first: the others wait until its prompt is computed and then reuse its full blocks.
@@ -61,7 +62,9 @@ class Scheduler:
         """Whether any sequence waits or runs."""
         return bool(self.waiting or self.running)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: Sequence) -> None:
+        """Preempt a running ``seq`` by recompute: its blocks are freed (full ones stay cached), its computed count
+        drops to 0 and it waits again, keeping its arrival time."""
         self.kv.free(seq.seq_id)
         self.running.remove(seq)
         seq.status, seq.num_computed_tokens = SequenceStatus.WAITING, 0
@@ -83,7 +86,7 @@ class Scheduler:
             n = min(seq.num_uncomputed_tokens, budget)
             while self.kv.allocate_slots(seq.seq_id, seq.num_computed_tokens + n) is None:
                 victim = self.policy.victim(self.running[i:])
-                self._preempt(victim)
+                self.preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
                     break
@@ -121,7 +124,9 @@ class Scheduler:
                 continue  # a new prefix group waits for room for all its members (see _WholeGroups)
             blocks, cached = self.kv.get_computed_blocks(seq.token_ids, record=False)
             n = min(seq.num_tokens - cached, budget)
-            if self.kv.allocate_slots(seq.seq_id, cached + n, blocks, admit=True) is None:
+            # the watermark keeps blocks free for running sequences: with none running it would only block (a
+            # prompt that needs more than the pool minus the watermark never starts)
+            if self.kv.allocate_slots(seq.seq_id, cached + n, blocks, admit=bool(self.running)) is None:
                 break
             self.kv.get_computed_blocks(seq.token_ids)  # counts the admitted lookup in the hit rate
             self.waiting.remove(seq)

@@ -24,12 +24,14 @@ class SequenceStatus(enum.Enum):
 
 
 class FinishReason(str, enum.Enum):
-    """Why generation ended: a stop condition (EOS, stop id, stop string), a length limit, or an abort (a stream
-    closed before the end)."""
+    """Why generation ended: a stop condition (EOS, stop id, stop string), a length limit, an abort (``abort()``,
+    a stream closed before the end, an interrupted ``generate``) or an error (the request failed inside a step;
+    the request output's ``error`` says why)."""
 
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    ERROR = "error"
 
 
 @dataclass(eq=False)
