@@ -3,6 +3,9 @@ Hugging Face transformers as the oracle for tokens and logprobs."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,19 @@ def prompts(n: int = 4, seed: int = 0, lo: int = 3, hi: int = 40, vocab: int = 5
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
     return [[1] + torch.randint(3, vocab, (k - 1,), generator=g).tolist() for k in lens]
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise TimeoutError in the main thread after ``seconds``: a hang becomes a failure, not a stuck CI (the
+    engine's clean-up on an exception then runs too)."""
+    def _raise(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s: the engine hangs")
+
+    old = signal.signal(signal.SIGALRM, _raise)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

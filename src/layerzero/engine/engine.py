@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
-import numbers
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from .config import EngineConfig, ModelConfig
 from .detokenizer import Detokenizer
 from .errors import bad_config, bad_input
+from .inputs import InputProcessor
 from .kv.block_manager import KVCacheManager
 from .metrics import EngineStats, StepStats
 from .outputs import CompletionOutput, RequestOutput
@@ -97,6 +97,7 @@ class LLMEngine:
         gen_eos = getattr(tokenizer, "eos_token_id", None)
         if isinstance(gen_eos, int):
             self.eos.add(gen_eos)
+        self.inputs = InputProcessor(tokenizer, cfg.vocab_size, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats(num_kv_blocks=self.runner.num_blocks)
         self._ids = itertools.count()
@@ -106,78 +107,14 @@ class LLMEngine:
         #: Serializes every entry point that reads or changes requests or runs a step (re-entrant): several
         #: threads may drive one engine; each step runs whole, for every caller's requests at once.
         self.lock = threading.RLock()
+        self._aborts: collections.deque[str] = collections.deque()  # request ids to abort (any thread)
 
     # ------------------------------------------------------------------------------------------ requests
-    def encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        """(prompt text or None, token ids) of a prompt given as text or ids, validated.
-
-        Raises:
-            InvalidInputError: empty prompt, ids outside the vocabulary or not ints, text without a tokenizer,
-                a prompt longer than ``max_model_len``.
-        """
-        v = self.model_config.vocab_size
-        if isinstance(prompt, str):
-            text, ids = prompt, self._tokenize(prompt)
-            where = "the tokenizer gave token id"
-        elif isinstance(prompt, (list, tuple)) or isinstance(prompt, np.ndarray) and prompt.ndim == 1:
-            text, ids = None, list(prompt)
-            where = "prompt token id"
-        else:
-            raise bad_input("prompt", "a string or a list of token ids", type(prompt).__name__)
-        bad = next((t for t in ids if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral)
-                    or not 0 <= t < v), None)
-        if bad is not None:
-            fix = "The tokenizer does not match the model's vocabulary." if text is not None else None
-            raise bad_input(where, f"an int in [0, {v})", repr(bad), fix)
-        ids = [int(t) for t in ids]
-        if not ids:
-            raise bad_input("prompt", "at least one token", "an empty prompt")
-        if len(ids) > self.max_model_len:
-            raise bad_input("prompt length", f"<= max_model_len ({self.max_model_len}) tokens", len(ids),
-                            "Shorten the prompt or raise max_model_len.")
-        return text, ids
-
-    def _tokenize(self, prompt: str) -> list[int]:
-        """The token ids of a text prompt (typed errors for what no tokenizer can take)."""
-        if self.tokenizer is None:
-            raise bad_input("prompt", "token ids (this checkpoint has no tokenizer)", "a string")
-        if not prompt:
-            raise bad_input("prompt", "at least one token", "an empty string")
-        try:
-            prompt.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise bad_input("prompt", "valid Unicode text (UTF-8 encodable)",
-                            f"{exc.reason} at index {exc.start}", "Remove lone surrogates.") from None
-        try:
-            return list(self.tokenizer(prompt)["input_ids"])
-        except Exception as exc:  # the tokenizer's own error types vary by library
-            raise bad_input("prompt", "text the tokenizer can encode", f"{type(exc).__name__}: {exc}") from exc
-
-    def check(self, params: SamplingParams) -> None:
-        """Request-level checks of ``params`` that need the model (vocabulary, a tokenizer for stop strings).
-
-        Raises:
-            InvalidInputError: see :meth:`SamplingParams.check_vocab`; stop strings without a tokenizer.
-        """
-        if not isinstance(params, SamplingParams):
-            raise bad_input("sampling_params", "a SamplingParams", type(params).__name__)
-        params.check_vocab(self.model_config.vocab_size)
-        if params.stop_strings and self.tokenizer is None:
-            raise bad_input("SamplingParams.stop", "no stop strings (this checkpoint has no tokenizer)",
-                            params.stop_strings, "Use stop_token_ids.")
-
     def validate(self, prompt: str | list[int], params: SamplingParams, priority: int = 0
                  ) -> tuple[str | None, list[int]]:
-        """Every check of one request, nothing queued: (prompt text or None, token ids) for :meth:`enqueue`.
-
-        Raises:
-            InvalidInputError: see :meth:`encode` and :meth:`check`; a non-int priority.
-        """
-        text_ids = self.encode(prompt)
-        self.check(params)
-        if isinstance(priority, (bool, np.bool_)) or not isinstance(priority, numbers.Integral):
-            raise bad_input("priority", "an int (lower runs first with scheduling_policy='priority')", repr(priority))
-        return text_ids
+        """Every check of one request, nothing queued: (prompt text or None, token ids) for :meth:`enqueue`
+        (:meth:`InputProcessor.validate <layerzero.engine.inputs.InputProcessor.validate>`)."""
+        return self.inputs.validate(prompt, params, priority)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams, *, priority: int = 0,
                     request_id: str | None = None) -> Request:
@@ -221,14 +158,26 @@ class LLMEngine:
         return req
 
     def abort(self, request_id: str) -> bool:
-        """End a request now (finish reason ``"abort"``), freeing its blocks, and forget it (a finished request
-        whose output was not read is dropped); False when it is not known."""
-        with self.lock:
-            req = self.requests.pop(request_id, None)
-            if req is None:
-                return False
-            self._end(req, FinishReason.ABORT)
-            return True
+        """End a request (finish reason ``"abort"``), freeing its blocks, and forget it (a finished request whose
+        output was not read is dropped); False when it is not known. Never waits for a step: while another
+        thread runs one, the abort is queued and applied when that step ends (at the latest when the next one
+        starts); otherwise at once."""
+        if request_id not in self.requests:
+            return False
+        self._aborts.append(request_id)
+        if self.lock.acquire(blocking=False):
+            try:
+                self._apply_aborts()
+            finally:
+                self.lock.release()
+        return True
+
+    def _apply_aborts(self) -> None:
+        """Abort the queued request ids (:meth:`abort`); the caller holds the lock."""
+        while self._aborts:
+            req = self.requests.pop(self._aborts.popleft(), None)
+            if req is not None:
+                self._end(req, FinishReason.ABORT)
 
     def _end(self, req: Request, reason: FinishReason) -> None:
         """Finish ``req``'s unfinished sequences with ``reason`` (their blocks freed; a pending token dropped)."""
@@ -244,6 +193,11 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         """Whether any request is queued or running, or a launched step still has tokens to read for one."""
+        if self._aborts and self.lock.acquire(blocking=False):
+            try:
+                self._apply_aborts()
+            finally:
+                self.lock.release()
         f = self._inflight
         return self.scheduler.has_unfinished() or (f is not None and any(not s.finished for s in f.sampled))
 
@@ -258,10 +212,12 @@ class LLMEngine:
         again, so the engine stays usable. A ``BaseException`` (``KeyboardInterrupt``) rolls the step back,
         fails nothing, and propagates."""
         with self.lock:
+            self._apply_aborts()
             self._current = None
+            was_idle = self._inflight is None  # else the step reads the launched one: progress
             try:
                 touched = self._step_async() if self.async_scheduling else self._step_sync()
-                if not self._current.chunks:
+                if was_idle and not self._current.chunks:
                     self._check_progress()
             except Exception as exc:
                 touched = self._recover(exc)
@@ -270,6 +226,7 @@ class LLMEngine:
                 raise
             finally:
                 self._current = None
+                self._apply_aborts()
             return touched
 
     def _recover(self, exc: BaseException) -> list[Request]:
@@ -302,7 +259,7 @@ class LLMEngine:
         return list(failed.values())
 
     def _check_progress(self) -> None:
-        """Never spin (called after a step that scheduled nothing): an engine with nothing running or in flight
+        """Never spin (called after a step that scheduled nothing and read nothing): an engine with nothing running or in flight
         must admit a waiting sequence. If it could not (a scheduler defect), the waiting requests fail with
         ``"error"`` instead of every caller looping forever."""
         sched = self.scheduler

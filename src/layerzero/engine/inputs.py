@@ -1,0 +1,94 @@
+"""Input processing: a request's prompt and parameters checked against the model (vocabulary, context length,
+tokenizer) before anything is queued; text prompts tokenized (vLLM's input processor)."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from .errors import bad_input
+from .sampling_params import SamplingParams
+
+__all__ = ["InputProcessor"]
+
+
+class InputProcessor:
+    """Checks requests for one model: ``tokenizer`` (a transformers tokenizer or None), ``vocab_size`` and
+    ``max_model_len`` (tokens)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int) -> None:
+        self.tokenizer, self.vocab_size, self.max_model_len = tokenizer, vocab_size, max_model_len
+
+    def encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """(prompt text or None, token ids) of a prompt given as text or ids, validated.
+
+        Raises:
+            InvalidInputError: empty prompt, ids outside the vocabulary or not ints, text without a tokenizer,
+                a prompt longer than ``max_model_len``.
+        """
+        v = self.vocab_size
+        if isinstance(prompt, str):
+            text, ids = prompt, self._tokenize(prompt)
+            where = "the tokenizer gave token id"
+        elif isinstance(prompt, (list, tuple)) or isinstance(prompt, np.ndarray) and prompt.ndim == 1:
+            text, ids = None, list(prompt)
+            where = "prompt token id"
+        else:
+            raise bad_input("prompt", "a string or a list of token ids", type(prompt).__name__)
+        bad = next((t for t in ids if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral)
+                    or not 0 <= t < v), None)
+        if bad is not None:
+            fix = "The tokenizer does not match the model's vocabulary." if text is not None else None
+            raise bad_input(where, f"an int in [0, {v})", repr(bad), fix)
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise bad_input("prompt", "at least one token", "an empty prompt")
+        if len(ids) > self.max_model_len:
+            raise bad_input("prompt length", f"<= max_model_len ({self.max_model_len}) tokens", len(ids),
+                            "Shorten the prompt or raise max_model_len.")
+        return text, ids
+
+    def _tokenize(self, prompt: str) -> list[int]:
+        """The token ids of a text prompt (typed errors for what no tokenizer can take)."""
+        if self.tokenizer is None:
+            raise bad_input("prompt", "token ids (this checkpoint has no tokenizer)", "a string")
+        if not prompt:
+            raise bad_input("prompt", "at least one token", "an empty string")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise bad_input("prompt", "valid Unicode text (UTF-8 encodable)",
+                            f"{exc.reason} at index {exc.start}", "Remove lone surrogates.") from None
+        try:
+            return list(self.tokenizer(prompt)["input_ids"])
+        except Exception as exc:  # the tokenizer's own error types vary by library
+            raise bad_input("prompt", "text the tokenizer can encode", f"{type(exc).__name__}: {exc}") from exc
+
+    def check(self, params: SamplingParams) -> None:
+        """Request-level checks of ``params`` that need the model (vocabulary, a tokenizer for stop strings).
+
+        Raises:
+            InvalidInputError: see :meth:`SamplingParams.check_vocab`; stop strings without a tokenizer.
+        """
+        if not isinstance(params, SamplingParams):
+            raise bad_input("sampling_params", "a SamplingParams", type(params).__name__)
+        params.check_vocab(self.vocab_size)
+        if params.stop_strings and self.tokenizer is None:
+            raise bad_input("SamplingParams.stop", "no stop strings (this checkpoint has no tokenizer)",
+                            params.stop_strings, "Use stop_token_ids.")
+
+    def validate(self, prompt: str | list[int], params: SamplingParams, priority: int = 0
+                 ) -> tuple[str | None, list[int]]:
+        """Every check of one request, nothing queued: (prompt text or None, token ids) for
+        ``LLMEngine.enqueue``.
+
+        Raises:
+            InvalidInputError: see :meth:`encode` and :meth:`check`; a non-int priority.
+        """
+        text_ids = self.encode(prompt)
+        self.check(params)
+        if isinstance(priority, (bool, np.bool_)) or not isinstance(priority, numbers.Integral):
+            raise bad_input("priority", "an int (lower runs first with scheduling_policy='priority')", repr(priority))
+        return text_ids
