@@ -367,6 +367,32 @@ def attention_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
     return Call(c, (q, k, v), kw, lambda: attention_oracle(q, k, v, mask, c.causal, c.scale, c.layout))
 
 
+def with_alibi(call: Call, device="cpu") -> Call:
+    """``call`` (an attention call) with ALiBi: per-head float32 slopes ``[Hq]`` (even seeds) or ``[B, Hq]`` (odd;
+    Press et al. 2022's ``2**(-8 (h + 1) / Hq)``, scaled per batch row), and an oracle that adds flash-attn's bias
+    ``-slope * |i + Sk - Sq - j|`` to the float64 scores as an additive mask (lz.attention's top-left causal mask
+    unchanged). What kernels that serve ALiBi calls only (``ALIBI_REQUIRED``, ``triton.attention``) are swept on."""
+    c = call.case
+    base = torch.tensor([2.0 ** (-8.0 * (h + 1) / c.hq) for h in range(c.hq)], dtype=torch.float32)
+    slopes = base if c.seed % 2 == 0 else base[None, :] * torch.linspace(0.5, 1.5, c.batch)[:, None]
+    i, j = torch.arange(c.sq, dtype=F64)[:, None], torch.arange(c.sk, dtype=F64)[None, :]
+    dist = (i + c.sk - c.sq - j).abs()
+    per = slopes.to(F64)[None, :] if slopes.dim() == 1 else slopes.to(F64)
+    bias = -per[:, :, None, None] * dist  # [B or 1, Hq, Sq, Sk]
+    q, k, v = call.args
+    mask = call.kwargs["attn_mask"]
+
+    def oracle():
+        add = bias.to(q.device)
+        if mask is not None:  # fold the case's own mask in (bool: -inf where hidden)
+            m = mask if mask.dtype != torch.bool else torch.zeros(mask.shape, dtype=F64, device=q.device).masked_fill(
+                ~mask, float("-inf"))
+            add = add + m.to(F64)
+        return attention_oracle(q, k, v, add, c.causal, c.scale, c.layout)
+
+    return Call(c, call.args, {**call.kwargs, "alibi_slopes": slopes.to(device)}, oracle, call.floor)
+
+
 def rms_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
     """The rms_norm :class:`Call` of case ``seed`` (fused residual when ``case.extra``: oracle ``(y, x + r)``)."""
     c = norm_case(seed)
@@ -467,7 +493,8 @@ def skip_if_off_on_this_cpu(kernel_id: str, ran: int, drawn: int, rejected: dict
 def run_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", target: int = MIN_CASES,
                known_bug: KnownBug | None = None) -> KernelRun:
     """Lock ``op`` to ``kernel_id`` and run seeded cases until ``target`` ran (cases ``lz.validate`` rejects, or
-    ``known_bug`` excludes, are skipped and counted), comparing each output with the float64 oracle. CUDA
+    ``known_bug`` excludes, are skipped and counted), comparing each output with the float64 oracle. A case
+    refused only for ``ALIBI_REQUIRED`` runs again with ALiBi slopes (:func:`with_alibi`). CUDA
     work is synchronized per case so an error names its case; a CUDA error ends the run."""
     import layerzero as lz
 
@@ -484,6 +511,9 @@ def run_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", target
                 drawn += 1
                 call = make(seed, dtype, device)
                 codes = [r.code.value for r in lz.validate(kernel_id, op, *call.args, **call.kwargs)]
+                if codes == ["ALIBI_REQUIRED"]:  # a kernel that serves ALiBi calls only: the case with slopes
+                    call = with_alibi(call, device)
+                    codes = [r.code.value for r in lz.validate(kernel_id, op, *call.args, **call.kwargs)]
                 bug = None if codes or known_bug is None else known_bug(kernel_id, call)
                 for code in codes or ([f"known bug: {bug}"] if bug else []):
                     skipped[code] = skipped.get(code, 0) + 1

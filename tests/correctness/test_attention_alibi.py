@@ -272,3 +272,43 @@ def test_sdpa_math_alibi_with_a_mask_and_bshd(mask_kind, layout):
         lz.unlock("attention")
     out = out if layout == "BHSD" else out.transpose(1, 2)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_the_locked_kernel_sweep_draws_alibi_for_kernels_that_require_it(monkeypatch):
+    """``run_kernel`` (the locked-kernel sweeps, CPU and GPU) runs a kernel that serves ALiBi calls only
+    (``ALIBI_REQUIRED``, e.g. ``triton.attention``) on the drawn cases with slopes added, against an oracle that
+    adds the ALiBi bias itself; checked here with the reference kernel standing in for such a kernel (its
+    validation refuses every call without slopes), and that oracle checked against this file's own oracle."""
+    import sys
+    from pathlib import Path
+
+    from layerzero.core.reasons import Reason
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _shapes import attention_call, run_kernel, with_alibi
+
+    real = lz.validate
+
+    def alibi_only(kernel_id, op, *args, **kwargs):
+        reasons = list(real(kernel_id, op, *args, **kwargs))
+        if kwargs.get("alibi_slopes") is None:
+            reasons.append(Reason(ReasonCode.ALIBI_REQUIRED, "serves ALiBi calls only"))
+        return reasons
+
+    monkeypatch.setattr(lz, "validate", alibi_only)
+    run = run_kernel("attention", "reference.attention", torch.float32, target=40)
+    assert run.ran >= 40 and not run.failures, run.report()
+    assert run.rejected.get("ALIBI_REQUIRED", 0) == 0  # every case was redrawn with slopes, none skipped for it
+    compared = 0
+    for seed in range(200):  # the sweep's oracle is flash-attn's bias, as this file's hand-written one
+        call = with_alibi(attention_call(seed, torch.float64))
+        c = call.case
+        if call.kwargs["attn_mask"] is not None or c.layout != "BHSD" or c.scale is not None or c.sq > 64:
+            continue
+        q, k, v = call.args
+        torch.testing.assert_close(call.oracle(), oracle(q, k, v, call.kwargs["alibi_slopes"], c.causal),
+                                   atol=1e-10, rtol=1e-10)
+        compared += 1
+        if compared == 8:
+            break
+    assert compared == 8
