@@ -2,7 +2,12 @@
 ``demo``, ``solve``, ``dry-run``, ``readiness`` (the last three: ``layerzero.planning.commands``).
 
 ``layerzero explain attention --batch 2 --heads 32 --kv-heads 8 --seq 1024 --head-dim 128 --dtype bfloat16
---causal`` builds tensors of that shape (on ``--device``, default cpu) and prints the selection table.
+--causal`` builds tensors of that shape (on ``--device``, default cpu) and prints the selection table. The engine's
+commands: ``generate`` (stream one completion from a checkpoint) and ``bench-engine``.
+
+Every LayerZero error (``ConfigurationError``: a bad option or checkpoint; ``InvalidInputError``: a bad prompt or
+sampling parameter) prints ``layerzero: error: <message>`` to stderr and exits 2, as argparse does for bad
+arguments; no traceback. ``generate`` exits 1 when the request fails inside a step (the reason on stderr).
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from typing import Any
 from layerzero.core.errors import LayerZeroError
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
+ENGINE_DTYPES = ("float32", "float16", "bfloat16")
+"""``--dtype`` of the engine commands: the names of ``layerzero.engine.config.DTYPES`` (what ``LLM(dtype=...)``
+accepts; float64 is not one: the engine's kernels and KV pool run in these)."""
 
 
 def _explain_args(ns: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -191,6 +199,26 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
     return int(demo_main(ns.rest))
 
 
+def _chat_prompt(tok: Any, text: str, model: str) -> list[int]:
+    """The token ids of ``text`` as one user message in the tokenizer's chat template (generation prompt added).
+
+    Raises:
+        InvalidInputError: the checkpoint has no tokenizer or no chat template; the template fails.
+    """
+    from layerzero.engine.errors import bad_input
+
+    if tok is None or not getattr(tok, "chat_template", None):
+        raise bad_input("--chat", "a checkpoint whose tokenizer has a chat template",
+                        f"{'no tokenizer' if tok is None else 'a tokenizer without a chat template'} in {model}",
+                        "Drop --chat and pass the prompt already formatted.")
+    try:
+        out = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+                                      return_dict=True)
+    except Exception as exc:  # jinja2's and the tokenizer's errors
+        raise bad_input("--chat", "a prompt the chat template accepts", f"{type(exc).__name__}: {exc}") from exc
+    return list(out["input_ids"])
+
+
 def _cmd_generate(ns: argparse.Namespace) -> int:
     """Stream one completion to stdout with the serving engine."""
     import torch
@@ -203,9 +231,7 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
                             max_tokens=ns.max_tokens, seed=ns.seed, stop=ns.stop, ignore_eos=ns.ignore_eos)
     prompt = ns.prompt
     if ns.chat:
-        tok = llm.tokenizer
-        prompt = list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                              tokenize=True, return_dict=True)["input_ids"])
+        prompt = _chat_prompt(llm.tokenizer, prompt, ns.model)
     last = None
     for delta in llm.stream(prompt, params):
         print(delta.outputs[0].text, end="", flush=True)
@@ -213,6 +239,9 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
     print()
     if last is not None:
         print(f"[finish_reason={last.outputs[0].finish_reason}]", file=sys.stderr)
+        if last.error is not None:  # failed inside a step (finish_reason "error"): say why, exit non-zero
+            print(f"layerzero: error: {last.error}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -221,12 +250,15 @@ def _cmd_bench_engine(ns: argparse.Namespace) -> int:
     import torch
 
     from layerzero.engine.bench import run
+    from layerzero.engine.config import resolve_device
 
+    resolve_device(ns.device)  # a bad --device is a ConfigurationError before any checkpoint is built
     scale = ns.scale or ("full" if torch.cuda.is_available() and ns.device != "cpu" else "cpu")
     if ns.workload == "prefix":
         from layerzero.engine.bench_prefix import run_prefix
 
-        r = run_prefix(scale=scale, model=ns.model, device=ns.device, repeats=ns.repeats, zero_hit=not ns.no_zero_hit)
+        r = run_prefix(scale=scale, model=ns.model, device=ns.device, repeats=ns.repeats, zero_hit=not ns.no_zero_hit,
+                       dtype=None if ns.dtype == "auto" else getattr(torch, ns.dtype))
         sp, zh = r["shared_prefix"], r["zero_hit"]
         print(f"shared prefix ({sp['requests']} requests): {sp['seconds_cache_on']:.2f} s with prefix caching, "
               f"{sp['seconds_cache_off']:.2f} s without: {sp['speedup']:.2f}x (hit rate {100 * sp['hit_rate']:.0f}%)")
@@ -336,13 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--device", default=None)
-    g.add_argument("--dtype", choices=("auto", *DTYPES), default="auto")
+    g.add_argument("--dtype", choices=("auto", *ENGINE_DTYPES), default="auto")
     g.set_defaults(fn=_cmd_generate)
     be = sub.add_parser("bench-engine", help="nano-vllm's throughput benchmark vs transformers and the roofline")
     be.add_argument("--scale", choices=("full", "cpu"), default=None, help="default: full on CUDA, cpu otherwise")
     be.add_argument("--model", default=None, help="checkpoint (default: a Qwen3-0.6B-shaped random one, cached)")
     be.add_argument("--device", default=None)
-    be.add_argument("--dtype", choices=("auto", *DTYPES), default="auto")
+    be.add_argument("--dtype", choices=("auto", *ENGINE_DTYPES), default="auto")
     be.add_argument("--hf-batch", type=int, default=64, help="requests transformers generates in one batch (0: skip)")
     be.add_argument("--enforce-eager", action="store_true")
     be.add_argument("--workload", choices=("nano-vllm", "prefix"), default="nano-vllm",

@@ -10,7 +10,9 @@
 - float64 oracles from the formulas, independent of ``layerzero``: attention as an explicit einsum softmax (GQA
   by ``repeat_interleave``, top-left causal, fully masked row -> 0), RMSNorm / LayerNorm, RoPE as complex
   multiplication.
-- :func:`run_kernel`: lock an op to one kernel, run the cases ``lz.validate`` accepts, compare with the oracle.
+- :func:`run_kernel`: lock an op to one kernel, run the cases ``lz.validate`` accepts, compare with the oracle;
+  each case first gets the features the kernel requires (:data:`REQUIRED`, :func:`fit_call`: ALiBi slopes and
+  :func:`with_alibi`'s oracle for ``triton.attention``, which serves ALiBi calls only).
 
 Sampling oracles live in ``test_lz_ops.py``; the SDPA constraint grid in ``tests/unit/test_sdpa_constraints.py``.
 """
@@ -368,29 +370,64 @@ def attention_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
 
 
 def with_alibi(call: Call, device="cpu") -> Call:
-    """``call`` (an attention call) with ALiBi: per-head float32 slopes ``[Hq]`` (even seeds) or ``[B, Hq]`` (odd;
-    Press et al. 2022's ``2**(-8 (h + 1) / Hq)``, scaled per batch row), and an oracle that adds flash-attn's bias
-    ``-slope * |i + Sk - Sq - j|`` to the float64 scores as an additive mask (lz.attention's top-left causal mask
-    unchanged). What kernels that serve ALiBi calls only (``ALIBI_REQUIRED``, ``triton.attention``) are swept on."""
-    c = call.case
-    base = torch.tensor([2.0 ** (-8.0 * (h + 1) / c.hq) for h in range(c.hq)], dtype=torch.float32)
-    slopes = base if c.seed % 2 == 0 else base[None, :] * torch.linspace(0.5, 1.5, c.batch)[:, None]
-    i, j = torch.arange(c.sq, dtype=F64)[:, None], torch.arange(c.sk, dtype=F64)[None, :]
-    dist = (i + c.sk - c.sq - j).abs()
-    per = slopes.to(F64)[None, :] if slopes.dim() == 1 else slopes.to(F64)
-    bias = -per[:, :, None, None] * dist  # [B or 1, Hq, Sq, Sk]
+    """``call`` (an attention call) with ALiBi: per-head float32 slopes ``[Hq]`` (even case seeds) or ``[B, Hq]``
+    (odd; Press et al. 2022's ``2**(-8 (h + 1) / Hq)``, scaled per batch row), and an oracle that adds flash-attn's
+    bias ``-slope * |i + Sk - Sq - j|`` to the float64 scores as an additive mask (lz.attention's top-left causal
+    mask unchanged), folded with the call's own mask. Sizes come from the tensors (``call.case`` may be None: then
+    ``[Hq]`` slopes). What kernels that serve ALiBi calls only (``ALIBI_REQUIRED``, ``triton.attention``) are swept
+    on (:data:`REQUIRED`)."""
     q, k, v = call.args
-    mask = call.kwargs["attn_mask"]
+    kw = call.kwargs
+    layout, causal, scale, mask = kw.get("layout", "BHSD"), kw.get("is_causal", False), kw.get("scale"), kw.get(
+        "attn_mask")
+    b, hq, sq = (q.shape[0], q.shape[1], q.shape[2]) if layout == "BHSD" else (q.shape[0], q.shape[2], q.shape[1])
+    sk = k.shape[2] if layout == "BHSD" else k.shape[1]
+    base = torch.tensor([2.0 ** (-8.0 * (h + 1) / hq) for h in range(hq)], dtype=torch.float32)
+    per_batch = getattr(call.case, "seed", 0) % 2 == 1
+    slopes = base[None, :] * torch.linspace(0.5, 1.5, b)[:, None] if per_batch else base
+    i, j = torch.arange(sq, dtype=F64)[:, None], torch.arange(sk, dtype=F64)[None, :]
+    dist = (i + sk - sq - j).abs()
+    per = slopes.to(F64) if per_batch else slopes.to(F64)[None, :]
+    bias = -per[:, :, None, None] * dist  # [B or 1, Hq, Sq, Sk]
 
     def oracle():
         add = bias.to(q.device)
-        if mask is not None:  # fold the case's own mask in (bool: -inf where hidden)
+        if mask is not None:  # fold the call's own mask in (bool: -inf where hidden)
             m = mask if mask.dtype != torch.bool else torch.zeros(mask.shape, dtype=F64, device=q.device).masked_fill(
                 ~mask, float("-inf"))
             add = add + m.to(F64)
-        return attention_oracle(q, k, v, add, c.causal, c.scale, c.layout)
+        return attention_oracle(q, k, v, add, causal, scale, layout)
 
-    return Call(c, call.args, {**call.kwargs, "alibi_slopes": slopes.to(device)}, oracle, call.floor)
+    return Call(call.case, call.args, {**kw, "alibi_slopes": slopes.to(device)}, oracle, call.floor)
+
+
+REQUIRED: dict[str, dict[str, Callable[[Call, Any], Call]]] = {"attention": {"ALIBI_REQUIRED": with_alibi}}
+"""Per op: the refusals (``ReasonCode`` values) that say "this kernel serves only calls with feature X", each with
+the transform ``(call, device) -> call`` that adds X to a drawn call, oracle included. A kernel that such a refusal
+rules out on every drawn case (``triton.attention``: ALiBi calls only) would run none of them (0 of 5,000 on the
+H200): :func:`fit_call` adds what it requires. Add a row with its reason code when a kernel requires another
+feature (``tests/correctness/test_sweep_coverage.py`` fails until then)."""
+
+Refusals = Callable[[Call], "list[str]"]  # a call -> the codes of the reasons a kernel cannot run it ([] = it can)
+
+
+def validate_codes(op: str, kernel_id: str) -> Refusals:
+    """:data:`Refusals` of ``kernel_id`` by ``lz.validate`` (this machine, policy included)."""
+    import layerzero as lz
+
+    return lambda call: [r.code.value for r in lz.validate(kernel_id, op, *call.args, **call.kwargs)]
+
+
+def fit_call(op: str, call: Call, refusals: Refusals, device="cpu") -> tuple[Call, list[str]]:
+    """``(call, codes)``: ``call`` with every feature the kernel requires added (:data:`REQUIRED`: while
+    ``refusals`` names one not yet added) and the codes ``refusals`` gives for the result (empty: it can run it)."""
+    codes, adds, added = refusals(call), REQUIRED.get(op, {}), set()
+    while todo := [code for code in dict.fromkeys(codes) if code in adds and code not in added]:
+        for code in todo:
+            call = adds[code](call, device)
+            added.add(code)
+        codes = refusals(call)
+    return call, codes
 
 
 def rms_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
@@ -493,12 +530,14 @@ def skip_if_off_on_this_cpu(kernel_id: str, ran: int, drawn: int, rejected: dict
 def run_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", target: int = MIN_CASES,
                known_bug: KnownBug | None = None) -> KernelRun:
     """Lock ``op`` to ``kernel_id`` and run seeded cases until ``target`` ran (cases ``lz.validate`` rejects, or
-    ``known_bug`` excludes, are skipped and counted), comparing each output with the float64 oracle. A case
-    refused only for ``ALIBI_REQUIRED`` runs again with ALiBi slopes (:func:`with_alibi`). CUDA
-    work is synchronized per case so an error names its case; a CUDA error ends the run."""
+    ``known_bug`` excludes, are skipped and counted), comparing each output with the float64 oracle. Each case
+    gets the features the kernel requires (:func:`fit_call`: ALiBi slopes for ``triton.attention``), so a kernel
+    that serves only such calls is swept too. CUDA work is synchronized per case so an error names its case; a
+    CUDA error ends the run."""
     import layerzero as lz
 
     fn, make, cuda = getattr(lz, op), CALLS[op], torch.device(device).type == "cuda"
+    refusals = validate_codes(op, kernel_id)
     ran = drawn = 0
     skipped: dict[str, int] = {}
     failures: list[str] = []
@@ -509,11 +548,7 @@ def run_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", target
                 if ran >= target:
                     break
                 drawn += 1
-                call = make(seed, dtype, device)
-                codes = [r.code.value for r in lz.validate(kernel_id, op, *call.args, **call.kwargs)]
-                if codes == ["ALIBI_REQUIRED"]:  # a kernel that serves ALiBi calls only: the case with slopes
-                    call = with_alibi(call, device)
-                    codes = [r.code.value for r in lz.validate(kernel_id, op, *call.args, **call.kwargs)]
+                call, codes = fit_call(op, make(seed, dtype, device), refusals, device)
                 bug = None if codes or known_bug is None else known_bug(kernel_id, call)
                 for code in codes or ([f"known bug: {bug}"] if bug else []):
                     skipped[code] = skipped.get(code, 0) + 1

@@ -1,5 +1,6 @@
 """Every CUDA kernel (``lz.list_kernels`` entries that run on cuda), locked with ``lz.lock``, against the
-float64 oracles of ``tests/correctness/_shapes.py`` on >= 200 seeded cases per dtype; fully-masked-row, NaN
+float64 oracles of ``tests/correctness/_shapes.py`` on >= 200 seeded cases per dtype (each with the features the
+kernel requires: ALiBi slopes for ``triton.attention``, ``_shapes.fit_call``); fully-masked-row, NaN
 and parameter-dtype behaviour; sampling on the GPU. Run on an H200 with ``pytest -m gpu tests/gpu -q``.
 
 Cases that crash or mislead a kernel in a way LayerZero does not yet reject are listed in ``KNOWN_BUGS``:
@@ -24,14 +25,17 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "correctness"))
 from _shapes import (  # noqa: E402
     MIN_CASES,
+    Call,
     attention_oracle,
     dname,
+    fit_call,
     kernel_dtype_params,
     layer_norm_oracle,
     mismatch,
     randn,
     rms_oracle,
     run_kernel,
+    validate_codes,
 )
 
 
@@ -136,14 +140,17 @@ def test_cuda_fully_masked_row_gives_zero(kernel_id, dtype, kind, sq):
 
 @pytest.mark.parametrize(("kernel_id", "dtype"), ATTN, ids=_ids)
 def test_cuda_nan_in_one_query_row_stays_in_that_row(kernel_id, dtype):
-    """A NaN in q row 3 of head 1 shows up in exactly that output row."""
+    """A NaN in q row 3 of head 1 shows up in exactly that output row (with the features the kernel requires:
+    ALiBi slopes for ``triton.attention``)."""
     gen = torch.Generator().manual_seed(11)
     q, k, v = (randn((1, 8, 2, 64), gen, DEV, dtype) for _ in range(3))  # BSHD memory, Sq == Sk
     q[0, 3, 1, 5] = float("nan")
-    if lz.validate(kernel_id, "attention", q, k, v, is_causal=True, layout="BSHD"):
-        pytest.skip(f"{kernel_id} cannot run causal {dname(dtype)}")
+    call = Call(None, (q, k, v), {"is_causal": True, "layout": "BSHD"}, lambda: None)
+    call, codes = fit_call("attention", call, validate_codes("attention", kernel_id), DEV)
+    if codes:
+        pytest.skip(f"{kernel_id} cannot run causal {dname(dtype)}: {codes}")
     lz.lock("attention", kernel_id)
-    out = lz.attention(q, k, v, is_causal=True, layout="BSHD")
+    out = lz.attention(*call.args, **call.kwargs)
     nan = torch.isnan(out)
     assert nan[0, 3, 1].all(), f"{kernel_id}: the NaN of q row 3 vanished: {out[0, 3, 1, :4].tolist()}"
     nan[0, 3, 1] = False

@@ -33,7 +33,8 @@ QWEN3_0_6B: dict[str, Any] = {
 SCALES: dict[str, dict[str, Any]] = {
     "full": {"model": {}, "num_seqs": 256, "max_input": 1024, "max_output": 1024, "min_len": 100},
     "cpu": {"model": {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
-                      "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 10240},
+                      "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 10240,
+                      "bos_token_id": 10238, "eos_token_id": 10239},  # in the smaller vocabulary (ModelConfig checks)
             "num_seqs": 16, "max_input": 96, "max_output": 48, "min_len": 16},
 }
 
@@ -66,9 +67,15 @@ def build_checkpoint(directory: Path, scale: str, dtype: torch.dtype) -> Path:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     directory = Path(directory)
+    want = {**QWEN3_0_6B, **SCALES[scale]["model"]}
     if (directory / "config.json").is_file():
-        return directory
-    cfg = Qwen3Config(**{**QWEN3_0_6B, **SCALES[scale]["model"]})
+        try:
+            have = json.loads((directory / "config.json").read_text())
+        except ValueError:
+            have = {}
+        if isinstance(have, dict) and have.get("eos_token_id") == want["eos_token_id"]:
+            return directory  # else written by an older version (EOS outside the scaled vocabulary): write it again
+    cfg = Qwen3Config(**want)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(dtype)
     model.save_pretrained(str(directory))

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .config import EngineConfig, ModelConfig
+from .config import EngineConfig, ModelConfig, resolve_device
 from .detokenizer import Detokenizer
 from .errors import bad_config, bad_input
 from .inputs import InputProcessor
@@ -65,7 +65,7 @@ class _InFlight:
 
 
 def _resolve(ec: EngineConfig, cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
-    device = torch.device(ec.device) if ec.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(ec.device)
     if ec.dtype is not None:
         return device, ec.dtype
     if device.type == "cpu":
@@ -95,8 +95,11 @@ class LLMEngine:
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, ec.seed)
         self.eos = set(cfg.eos_token_ids)
         gen_eos = getattr(tokenizer, "eos_token_id", None)
-        if isinstance(gen_eos, int):
+        if isinstance(gen_eos, int) and 0 <= gen_eos < cfg.vocab_size:
             self.eos.add(gen_eos)
+        elif isinstance(gen_eos, int):  # a tokenizer wider than the model: its EOS can never be sampled
+            log.warning("the tokenizer's eos_token_id %d is outside the model's vocabulary [0, %d): not used as a "
+                        "stop token", gen_eos, cfg.vocab_size)
         self.inputs = InputProcessor(tokenizer, cfg.vocab_size, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats(num_kv_blocks=self.runner.num_blocks)

@@ -15,20 +15,11 @@ import torch
 from .config import EngineConfig
 from .engine import LLMEngine, Request
 from .errors import bad_input
+from .loader import load_tokenizer
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
 __all__ = ["LLM"]
-
-
-def _load_tokenizer(path: str) -> Any:
-    """transformers' AutoTokenizer of the checkpoint, or None when it has no tokenizer files."""
-    p = Path(path)
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
 
 
 class LLM:
@@ -98,7 +89,7 @@ class LLM:
                           scheduling_policy, enforce_eager, seed, quantization=quantization,
                           kv_cache_dtype=kv_cache_dtype, async_scheduling=async_scheduling,
                           cascade_attention=cascade_attention, freeze_gc=freeze_gc, **kwargs)
-        self.engine = LLMEngine(ec, _load_tokenizer(ec.model))
+        self.engine = LLMEngine(ec, load_tokenizer(ec.model))
         if ec.freeze_gc if ec.freeze_gc is not None else self.engine.device.type == "cuda":
             gc.collect()
             gc.freeze()

@@ -150,3 +150,65 @@ def test_batch1_decode_rate_excludes_the_first_token(monkeypatch):
     r = bench._batch1(llm, torch.device("cpu"), [1, 2, 3], 4)
     assert r["output_tokens_per_s"] == pytest.approx(4 / 0.5) and r["seconds"] == pytest.approx(0.5)
     assert r["first_token_ms"] == pytest.approx(30.0) and r["decode_tokens_per_s"] == pytest.approx(750.0)
+
+
+def _no_tokenizer(checkpoints, tmp_path):
+    import shutil
+
+    d = tmp_path / "no-tokenizer"
+    shutil.copytree(checkpoints["qwen3"], d)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (d / f).unlink(missing_ok=True)
+    return d
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["generate", "--prompt", "hi", "--model", "{bad}"], r"config\.json: expected a JSON object.*invalid JSON"),
+    (["generate", "--prompt", "hi", "--model", "{missing}"], r"checkpoint directory: expected a directory with "
+                                                              r"config\.json"),
+    (["generate", "--prompt", "hi", "--model", "{plain}", "--device", "cuda"], r"LLM device: expected a device this "
+                                                                               r"process can use"),
+    (["generate", "--prompt", "hi", "--model", "{plain}", "--device", "bogus"], r"LLM device: expected a torch device"),
+    (["generate", "--prompt", "hi", "--model", "{plain}", "--chat"], r"--chat: expected a checkpoint whose tokenizer "
+                                                                     r"has a chat template, got no tokenizer in "),
+    (["generate", "--prompt", "hi", "--model", "{plain}"], r"prompt: expected token ids \(this checkpoint has no "
+                                                           r"tokenizer\)"),
+    (["generate", "--prompt", "hi", "--model", "{plain}", "--max-tokens", "0"], r"SamplingParams.*max_tokens"),
+    (["bench-engine", "--device", "bogus"], r"LLM device: expected a torch device"),
+    (["bench-engine", "--model", "{missing}", "--device", "cpu", "--scale", "cpu", "--hf-batch", "0"],
+     r"checkpoint directory"),
+    (["bench-engine", "--model", "{missing}", "--device", "cpu", "--scale", "cpu", "--workload", "prefix"],
+     r"checkpoint directory"),
+], ids=lambda v: " ".join(v)[:60] if isinstance(v, list) else "")
+def test_engine_commands_report_typed_errors_without_a_traceback(checkpoints, tmp_path, capsys, monkeypatch, argv,
+                                                                 match):
+    """``layerzero: error: <message>`` on stderr and exit code 2 for every ConfigurationError / InvalidInputError."""
+    import re
+
+    from layerzero.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a GPU host
+    plain = _no_tokenizer(checkpoints, tmp_path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    paths = {"{plain}": str(plain), "{bad}": str(bad), "{missing}": str(tmp_path / "missing")}
+    capsys.readouterr()  # what building the checkpoint printed
+    rc = main([paths.get(a, a) for a in argv] + (["--device", "cpu"] if "--device" not in argv else []))
+    out = capsys.readouterr()
+    assert rc == 2, out.err
+    assert out.err.startswith("layerzero: error: ") and re.search(match, out.err), out.err
+    assert "Traceback" not in out.err and out.out == ""
+
+
+@pytest.mark.parametrize("command", ["generate", "bench-engine"])
+def test_engine_dtype_choices_are_what_the_engine_accepts(command, capsys):
+    from layerzero.cli import ENGINE_DTYPES, build_parser
+    from layerzero.engine.config import DTYPES
+
+    assert ENGINE_DTYPES == tuple(str(d).removeprefix("torch.") for d in DTYPES)
+    args = [command, "--model", "m", "--prompt", "p"] if command == "generate" else [command]
+    assert build_parser().parse_args([*args, "--dtype", "bfloat16"]).dtype == "bfloat16"
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([*args, "--dtype", "float64"])
+    assert e.value.code == 2 and "invalid choice: 'float64'" in capsys.readouterr().err

@@ -30,6 +30,8 @@ _PACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": (
 _EXPERT = re.compile(r"(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_EXPERTS = re.compile(r"(.*\.mlp)\.experts\.(gate_up_proj|down_proj)$")
 _SKIP = re.compile(r"rotary_emb\.inv_freq$")
+_SIZES_FIX = ("The checkpoint does not match its config.json: check hidden_size, intermediate_size, vocab_size, "
+              "num_attention_heads, num_key_value_heads and head_dim against the weights.")
 
 
 class Attention(nn.Module):
@@ -213,7 +215,8 @@ class LlamaForCausalLM(nn.Module):
                 raise bad_config("checkpoint tensor", f"a parameter of {type(self).__name__} ({self.cfg.model_type})",
                                  repr(name), "Is the checkpoint of another architecture than its config.json says?")
             if tuple(params[name].shape) != tuple(tensor.shape):
-                raise bad_config(f"checkpoint tensor {name} shape", list(params[name].shape), list(tensor.shape))
+                raise bad_config(f"checkpoint tensor {name} shape", list(params[name].shape), list(tensor.shape),
+                                 _SIZES_FIX)
             params[name].copy_(tensor)
             done.add(name)
         return done
