@@ -175,7 +175,7 @@ def __getattr__(name: str) -> Any:
     if name in ("distributed", "isolation"):
         from importlib import import_module
 
-        return import_module(".distributed", __name__)
+        return import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

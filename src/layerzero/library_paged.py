@@ -1,7 +1,7 @@
 """The paged KV-cache ops of :mod:`layerzero.library` as ``torch.library`` custom ops: ``lz.paged_attention`` (and its
 lse form), ``lz.merge_attention_states``, ``lz.reshape_and_cache``, ``lz.qk_norm_rope_cache`` and
 ``lz.rope_paged_attention`` (the last three mutate ``kv_cache``). Imported by :mod:`layerzero.library` (which
-re-exports every function here), never on its own; the conventions (fake implementations, fresh outputs) are that
+re-exports every function here); it also imports on its own; the conventions (fake implementations, fresh outputs) are that
 module's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import torch
 
-from .library import NS, _layout_str, _lz, _owned
+from ._library_common import NS, _layout_str, _lz, _owned
 
 
 @torch.library.custom_op(f"{NS}::qk_norm_rope_cache", mutates_args=("kv_cache",))
