@@ -99,11 +99,13 @@ from .planning import (
     TableMismatchError,
     compile,
     dry_run,
+    install_table,
     load_manifest,
     load_table,
     readiness_check,
     solve,
     uncompile,
+    uninstall_table,
 )
 from .tokenization import Encoding, IncrementalDetokenizer, detokenize, tokenize
 
@@ -192,7 +194,7 @@ __all__ = [
     "IsolatedWorkerError", "IsolatedWorkerTimeoutError", "register_hub_kernel", "register_isolated_kernel",
     "GraphCheck", "capture_selection", "is_graph_safe", "validate_graph_capture", "warmup",
     "DispatchTable", "DryRunReport", "Manifest", "ReadinessReport", "TableMismatchError", "compile", "dry_run",
-    "load_manifest", "load_table", "readiness_check", "solve", "uncompile",
+    "load_manifest", "load_table", "readiness_check", "solve", "uncompile", "install_table", "uninstall_table",
     "QuantFormat", "QuantizedTensor", "dequantize", "quantize", "quantized_linear", "fp8_linear",
     "Encoding", "IncrementalDetokenizer", "detokenize", "tokenize",
     "BlockOp", "BlockPlan", "plan_block",

@@ -1,4 +1,4 @@
-"""Offline plans: ``lz.solve`` / ``DispatchTable`` save+load with fingerprints / ``lz.compile`` / ``lz.dry_run`` /
+"""Offline plans: ``lz.solve`` / ``DispatchTable`` save+load with fingerprints / ``lz.install_table`` / ``lz.dry_run`` /
 ``lz.readiness_check`` and the ``layerzero solve|dry-run|readiness`` commands.
 
 Oracles: ``lz.which`` for solved kernels, ``lz.trace()`` counts for the kernel a compiled call used, a float64
@@ -21,10 +21,10 @@ from layerzero.planning.warmup import WARMED
 
 @pytest.fixture(autouse=True)
 def _clean():
-    lz.uncompile()
+    lz.uninstall_table()
     WARMED.clear()
     yield
-    lz.uncompile()
+    lz.uninstall_table()
     WARMED.clear()
 
 
@@ -87,7 +87,7 @@ def test_fingerprint_mismatch_refused_naming_field(tmp_path, edit, field):
     assert isinstance(info.value, lz.ConfigurationError)
     table = lz.load_table(path, check=False)
     with pytest.raises(lz.TableMismatchError):
-        lz.compile(table)
+        lz.install_table(table)
 
 
 def test_bad_table_file(tmp_path):
@@ -106,7 +106,7 @@ def test_compile_uses_table_kernel_over_prefer():
     with lz.prefer("reference.rms_norm"), lz.trace() as tr:  # without a table, the preference wins
         lz.rms_norm(x, w)
     assert tr.kernels_for("rms_norm") == ["reference.rms_norm"]
-    lz.compile(table)
+    lz.install_table(table)
     with lz.prefer("reference.rms_norm"), lz.trace() as tr:
         out = lz.rms_norm(x, w)
     assert tr.kernels_for("rms_norm") == ["torch_native.rms_norm"]
@@ -116,12 +116,12 @@ def test_compile_uses_table_kernel_over_prefer():
     report = lz.explain("rms_norm", x, w)
     assert report.chosen == "torch_native.rms_norm"
     assert any("compiled table" in n for n in report.notes)
-    assert lz.uncompile() is True and lz.uncompile() is False
+    assert lz.uninstall_table() is True and lz.uninstall_table() is False
 
 
 def test_compiled_outputs_match_float64_reference():
     x, w, q, gate, up = _inputs()
-    lz.compile(lz.solve(_cases()))
+    lz.install_table(lz.solve(_cases()))
     with lz.trace() as tr:
         att = lz.attention(q, q, q, is_causal=True)
         sw = lz.swiglu(gate, up)
@@ -136,7 +136,7 @@ def test_compiled_outputs_match_float64_reference():
 
 def test_missing_bucket_falls_back_with_log_or_raises_in_strict(caplog):
     x, w, *_ = _inputs()
-    compiled = lz.compile(lz.solve([("rms_norm", (x, w), {})]))
+    compiled = lz.install_table(lz.solve([("rms_norm", (x, w), {})]))
     other, w2 = torch.randn(2, 16, 128), torch.randn(128)  # rms_norm buckets by hidden size: 128 is not solved
     with caplog.at_level(logging.WARNING, logger="layerzero"):
         lz.rms_norm(other, w2)
@@ -145,7 +145,7 @@ def test_missing_bucket_falls_back_with_log_or_raises_in_strict(caplog):
     assert len(msgs) == 1 and "rms_norm" in msgs[0]
     assert len(compiled.missed) == 1
     assert any("not in the table" in n for n in lz.explain("rms_norm", other, w2).notes)
-    lz.compile(lz.solve([("rms_norm", (x, w), {})]), strict=True)
+    lz.install_table(lz.solve([("rms_norm", (x, w), {})]), strict=True)
     lz.rms_norm(x, w)
     with pytest.raises(TableMissError, match="not in the compiled dispatch table"):
         lz.rms_norm(other, w2)
@@ -156,7 +156,7 @@ def test_compile_refuses_other_coordinator():
     RUNTIME.coordinator = object()  # stands in for lz.distributed.sync_selection
     try:
         with pytest.raises(lz.ConfigurationError, match="cannot be combined"):
-            lz.compile(lz.solve(_cases()[:1]))
+            lz.install_table(lz.solve(_cases()[:1]))
     finally:
         RUNTIME.coordinator = None
 
@@ -168,7 +168,7 @@ def test_compiled_kernel_that_cannot_run_falls_back(tmp_path):
     data = json.loads(path.read_text())
     data["entries"][0]["kernel_id"] = "triton.rms_norm"  # CUDA-only here
     path.write_text(json.dumps(data))
-    compiled = lz.compile(lz.load_table(path))
+    compiled = lz.install_table(lz.load_table(path))
     with lz.trace() as tr:
         lz.rms_norm(x, w)
     assert tr.kernels_for("rms_norm") == ["torch_native.rms_norm"]
@@ -258,3 +258,15 @@ def test_manifest_errors():
     with pytest.raises(ManifestError, match=r"cases\[0\]\.args\[0\]\.dtype"):
         lz.planning.Manifest.from_dict({"version": 1, "cases": [{"op": "rms_norm",
                                                                    "args": [{"shape": [2], "dtype": "nope"}]}]})
+
+
+def test_the_old_names_are_deprecated_aliases():
+    """``lz.compile`` / ``lz.uncompile`` (issue 36: read like ``torch.compile``, shadowed the builtin) still work for
+    one release, with a DeprecationWarning naming the new call."""
+    x, w = torch.randn(3, 8), torch.ones(8)
+    with pytest.warns(DeprecationWarning, match="install_table"):
+        compiled = lz.compile(lz.solve([("rms_norm", (x, w), {})]))
+    assert RUNTIME.coordinator is compiled
+    with pytest.warns(DeprecationWarning, match="uninstall_table"):
+        assert lz.uncompile() is True
+    assert RUNTIME.coordinator is None

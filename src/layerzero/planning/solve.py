@@ -1,4 +1,5 @@
-"""``lz.solve`` (manifest -> :class:`DispatchTable`) and ``lz.compile`` / ``lz.uncompile`` (install a table).
+"""``lz.solve`` (manifest -> :class:`DispatchTable`) and ``lz.install_table`` / ``lz.uninstall_table`` (install a table;
+the old names ``lz.compile`` / ``lz.uncompile`` are deprecated aliases).
 
 A compiled table is a :class:`~layerzero.core.dispatch.SelectionCoordinator`: ``Runtime.select_cached`` asks it on
 cache misses only, so the cache-hit path is unchanged. For a miss whose ``(op, bucket)`` the table has, the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections.abc import Hashable
 from dataclasses import replace
 from typing import Any
@@ -112,7 +114,7 @@ def solve(cases_or_manifest: Any, *, target: str | None = None) -> DispatchTable
 
 
 class CompiledTable:
-    """The coordinator ``lz.compile`` installs (see the module docstring). ``missed``: buckets not in the table
+    """The coordinator ``lz.install_table`` installs (see the module docstring). ``missed``: buckets not in the table
     that were selected normally, in order (each logged once)."""
 
     def __init__(self, table: DispatchTable, strict: bool) -> None:
@@ -125,7 +127,7 @@ class CompiledTable:
             if (op, bucket) in self.missed:
                 return
             self.missed.append((op, bucket))
-        log.warning("LayerZero %s: bucket %s %s; selecting normally (lz.compile strict=True raises instead)",
+        log.warning("LayerZero %s: bucket %s %s; selecting normally (lz.install_table(strict=True) raises instead)",
                     op, bucket, why)
 
     def _decide(self, runtime: Any, ctx: Any, quiet: bool) -> tuple[ExecutionPlan, SelectionReport] | None:
@@ -136,7 +138,7 @@ class CompiledTable:
         if entry is None:
             if self.strict and not ctx.graph_capture:
                 raise TableMissError(f"lz.{ctx.op}: bucket {bucket} is not in the compiled dispatch table and "
-                                     "lz.compile(strict=True) refuses to select. Add the shape to the manifest and "
+                                     "lz.install_table(strict=True) refuses to select. Add the shape to the manifest and "
                                      "solve again, or compile with strict=False.")
             if not ctx.graph_capture:
                 self._log_miss(ctx.op, bucket, "is not in the compiled table")
@@ -163,7 +165,7 @@ class CompiledTable:
             ref = reg.kernel(ref_id, ctx.op)
             rcall, rtrans, _ = bind(reg, ref, ctx)
             fallbacks = (ExecutionPlan(ctx.op, ref_id, rcall, rtrans),)
-        note = (f"compiled table: {entry.kernel_id} chosen by lz.compile's dispatch table ({entry.why}); "
+        note = (f"compiled table: {entry.kernel_id} chosen by lz.install_table's dispatch table ({entry.why}); "
                 "no selection ran")
         report = SelectionReport(ctx.op, ctx, entry.kernel_id,
                                  (CandidateReport(entry.kernel_id, CandidateStatus.SELECTED,
@@ -194,7 +196,7 @@ def _noted(report: SelectionReport, note: str) -> SelectionReport:
     return replace(report, notes=(*report.notes, note))
 
 
-def compile(table: DispatchTable, *, strict: bool = False, check: bool = True) -> CompiledTable:  # noqa: A001
+def install_table(table: DispatchTable, *, strict: bool = False, check: bool = True) -> CompiledTable:
     """Install ``table``: from now on a cache miss of a bucket the table has runs the table's kernel without
     scoring (validated for the call's context); other buckets select normally (logged once each) or, with
     ``strict=True``, raise :class:`TableMissError`. Cached choices are invalidated; cache hits cost what they did.
@@ -206,12 +208,12 @@ def compile(table: DispatchTable, *, strict: bool = False, check: bool = True) -
         ConfigurationError: ``table`` is not a DispatchTable, or ``lz.distributed.sync_selection`` is active.
     """
     if not isinstance(table, DispatchTable):
-        raise ConfigurationError(f"lz.compile(table): expected a DispatchTable (lz.solve / lz.load_table), "
+        raise ConfigurationError(f"lz.install_table(table): expected a DispatchTable (lz.solve / lz.load_table), "
                                  f"got {type(table).__name__}.")
     RUNTIME.ensure_ready()
     current = RUNTIME.coordinator
     if current is not None and not isinstance(current, CompiledTable):
-        raise ConfigurationError("lz.compile: kernel choices are already decided by another coordinator "
+        raise ConfigurationError("lz.install_table: kernel choices are already decided by another coordinator "
                                  f"({type(current).__name__}, e.g. lz.distributed.sync_selection); a compiled table "
                                  "and synchronized selection cannot be combined. Close the other one first.")
     if check:
@@ -222,7 +224,7 @@ def compile(table: DispatchTable, *, strict: bool = False, check: bool = True) -
     return compiled
 
 
-def uncompile() -> bool:
+def uninstall_table() -> bool:
     """Remove the compiled table (cached choices are invalidated). Returns True when one was installed, False
     otherwise; never raises."""
     if isinstance(RUNTIME.coordinator, CompiledTable):
@@ -232,10 +234,24 @@ def uncompile() -> bool:
     return False
 
 
+def compile(table: DispatchTable, *, strict: bool = False, check: bool = True) -> CompiledTable:  # noqa: A001
+    """Deprecated name of :func:`install_table` (it read like ``torch.compile`` and shadowed the builtin); kept
+    for one release. Warns ``DeprecationWarning``; raises what :func:`install_table` raises."""
+    warnings.warn("lz.compile is deprecated: use lz.install_table (same arguments)", DeprecationWarning, stacklevel=2)
+    return install_table(table, strict=strict, check=check)
+
+
+def uncompile() -> bool:
+    """Deprecated name of :func:`uninstall_table`, kept for one release (warns ``DeprecationWarning``)."""
+    warnings.warn("lz.uncompile is deprecated: use lz.uninstall_table", DeprecationWarning, stacklevel=2)
+    return uninstall_table()
+
+
 def compiled_table() -> CompiledTable | None:
     """The installed :class:`CompiledTable`, or None."""
     current = RUNTIME.coordinator
     return current if isinstance(current, CompiledTable) else None
 
 
-__all__ = ["CompiledTable", "TableMissError", "compile", "compiled_table", "entry_of", "solve", "uncompile"]
+__all__ = ["CompiledTable", "TableMissError", "compile", "compiled_table", "entry_of", "install_table", "solve",
+           "uncompile", "uninstall_table"]

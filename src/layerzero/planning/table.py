@@ -3,7 +3,7 @@
 An entry is keyed by ``(op, SelectionContext.bucket_key())``: the same bucket the selection cache and the PerfDB
 use, so one solved shape stands for every call of its bucket. The fingerprint names what the choices depend on:
 the device (``core/shipped.device_fingerprint`` per device type in the table), LayerZero, torch and backend
-versions, and the hash of the effective policy. :func:`load_table` (and ``lz.compile``) refuse a table whose
+versions, and the hash of the effective policy. :func:`load_table` (and ``lz.install_table``) refuse a table whose
 fingerprint differs from this process with :class:`TableMismatchError` listing every differing field.
 """
 
@@ -89,7 +89,7 @@ def fingerprint_diff(expected: dict[str, Any], got: dict[str, Any]) -> list[tupl
 class DispatchTable:
     """Solved kernel choices (:class:`TableEntry` per op x bucket) and the fingerprint they hold for.
 
-    ``lookup(op, bucket)`` -> entry or None; ``save(path)``; ``print()`` for a table; ``lz.compile(table)``
+    ``lookup(op, bucket)`` -> entry or None; ``save(path)``; ``print()`` for a table; ``lz.install_table(table)``
     installs it."""
 
     entries: tuple[TableEntry, ...]
