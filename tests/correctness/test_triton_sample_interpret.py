@@ -20,6 +20,7 @@ import pytest
 import torch
 from _triton_interp import needs_interpreter
 
+from layerzero.backends import _sampling_common as common
 from layerzero.backends.reference import sampling as ref
 from layerzero.backends.triton import sampling as ts
 
@@ -99,7 +100,7 @@ def test_top_k_and_top_p_rows_stay_in_the_kept_set(seed):
     # the reference's cut, then the float64 race over it
     z = (logits - logits.amax(-1, keepdim=True)) / temp[:, None]
     sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)
-    cut_z = torch.empty_like(z).scatter_(-1, order, ref._cut_sorted(sorted_z, top_k, top_p))
+    cut_z = torch.empty_like(z).scatter_(-1, order, common._cut_sorted(sorted_z, top_k, top_p))
     _assert_wins(tokens, _scores64(logits, temp, seeds, offsets, cut_z == -math.inf))
 
 

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from layerzero.backends.reference.sampling import exponential_race, scaled_cut, seeded_exponential
+from layerzero.backends._sampling_common import exponential_race, scaled_cut, seeded_exponential
 
 __all__ = ["sample"]
 

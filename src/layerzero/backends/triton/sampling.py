@@ -208,7 +208,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k:
     two ``[B, 2, chunks]`` partial buffers; many rows: one launch of ``_race_row``, one program per row, two reads of
     the row. The split path returns exactly ``_race_row``'s ids (same scores, the smallest column among equal
     maxima). The reference makes about a dozen ``[B, V]`` passes. With top-k or top-p the cut needs the sorted row:
-    ``torch.sort`` and the cut as the reference computes them (``reference.sampling._cut_sorted``), then the
+    ``torch.sort`` and the cut as the reference computes them (``_sampling_common._cut_sorted``), then the
     kernels race over the cut row. Seeded rows (``seed >= 0``) draw the reference's counter-based noise, so they
     pick the reference's token up to float32 rounding of ``z`` and of the logarithms (near-ties only); unseeded
     rows draw the same noise hashed from the call's random seed and their row index instead of
@@ -219,7 +219,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k:
     Raises:
         Nothing of its own (``lz.sample`` validates).
     """
-    from layerzero.backends.reference.sampling import scaled_cut
+    from layerzero.backends._sampling_common import scaled_cut
 
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
