@@ -168,12 +168,16 @@ class LLMEngine:
         if request_id not in self.requests:
             return False
         self._aborts.append(request_id)
-        if self.lock.acquire(blocking=False):
+        self._try_apply_aborts()
+        return True
+
+    def _try_apply_aborts(self) -> None:
+        """Apply the queued aborts now unless another thread holds the lock (its step's end applies them)."""
+        if self._aborts and self.lock.acquire(blocking=False):
             try:
                 self._apply_aborts()
             finally:
                 self.lock.release()
-        return True
 
     def _apply_aborts(self) -> None:
         """Abort the queued request ids (:meth:`abort`); the caller holds the lock."""
@@ -196,11 +200,7 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         """Whether any request is queued or running, or a launched step still has tokens to read for one."""
-        if self._aborts and self.lock.acquire(blocking=False):
-            try:
-                self._apply_aborts()
-            finally:
-                self.lock.release()
+        self._try_apply_aborts()
         f = self._inflight
         return self.scheduler.has_unfinished() or (f is not None and any(not s.finished for s in f.sampled))
 
@@ -249,8 +249,9 @@ class LLMEngine:
         else:
             blamed = exc.seqs if isinstance(exc, SamplingError) else step
         failed = {s.request_id: self.requests[s.request_id] for s in blamed if s.request_id in self.requests}
+        cause = (exc.__cause__ or exc) if isinstance(exc, SamplingError) else exc
         for req in failed.values():
-            self._fail(req, exc.__cause__ if isinstance(exc, SamplingError) and exc.__cause__ else exc)
+            self._fail(req, cause)
         for seq in involved:
             seq.pending_index, seq.length_capped = -1, False
             if seq.status is SequenceStatus.RUNNING:
@@ -262,8 +263,8 @@ class LLMEngine:
         return list(failed.values())
 
     def _check_progress(self) -> None:
-        """Never spin (called after a step that scheduled nothing and read nothing): an engine with nothing running or in flight
-        must admit a waiting sequence. If it could not (a scheduler defect), the waiting requests fail with
+        """Never spin (called after a step that scheduled nothing and read nothing): an engine with nothing
+        running or in flight must admit a waiting sequence. If it could not (a scheduler defect), the waiting requests fail with
         ``"error"`` instead of every caller looping forever."""
         sched = self.scheduler
         if sched.waiting and not sched.running and self._inflight is None:
