@@ -17,9 +17,18 @@
 # Usage: tools/run_tests.sh [PYTHON]   (default .venv/bin/python)
 set -uo pipefail
 PY=${1:-.venv/bin/python}
-ISA_CAPABILITIES=${ISA_CAPABILITIES:-default avx2}
+# The forced ISAs: those below this CPU's own (the main run already dispatches as this CPU does): on an AVX2-only
+# host `default`, on an AVX-512 host `avx2 default`. ISA_CAPABILITIES overrides.
+native=$("$PY" -c "import torch; print(torch.backends.cpu.get_cpu_capability())" 2>/dev/null || echo DEFAULT)
+case $native in
+  AVX512*) lesser="avx2 default" ;;
+  AVX2|SVE*|ZVECTOR*) lesser="default" ;;
+  *) lesser="" ;;
+esac
+ISA_CAPABILITIES=${ISA_CAPABILITIES-$lesser}
 
 side_passes() {
+  echo "=== this CPU dispatches as $native; the kernel-correctness tests run again under: ${ISA_CAPABILITIES:-none}"
   echo "=== python -O: every test of validation and the engine (not tests/correctness, not stress)"
   "$PY" -O -m pytest -q -p no:cacheprovider -m "not stress" tests --ignore=tests/correctness || return 1
   for isa in $ISA_CAPABILITIES; do

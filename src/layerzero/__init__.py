@@ -60,37 +60,8 @@ from .core.reasons import Reason, ReasonCode
 from .core.report import SelectionReport
 from .core.specs import ExecutionPlan, KernelSpec
 from .graphs import GraphCheck, capture_selection, is_graph_safe, validate_graph_capture, warmup
-from .ops import (
-    allocate_kv_cache,
-    apply_penalties,
-    attention,
-    dequantize,
-    embedding,
-    fp8_linear,
-    fused_moe,
-    geglu,
-    layer_norm,
-    linear,
-    linear_cross_entropy,
-    merge_attention_states,
-    paged_attention,
-    qk_norm_rope,
-    qk_norm_rope_cache,
-    quantize,
-    quantized_linear,
-    reglu,
-    reshape_and_cache,
-    rms_norm,
-    rms_norm_linear,
-    rope,
-    rope_paged_attention,
-    sample,
-    sample_greedy,
-    sample_topk,
-    sample_topp,
-    swiglu,
-    swiglu_linear,
-)
+from .ops import *  # noqa: F403 - every op's public function and the KV-cache helpers (ops.__all__, from the OpDefs)
+from .ops import __all__ as _ops_all
 from .planning import (
     DispatchTable,
     DryRunReport,
@@ -181,21 +152,22 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [
+__all__ = [  # the op functions follow from ops.__all__ (derived from the OpDefs)
     "BackendNotAvailableError", "CacheCorruptionError", "ConfigurationError", "CudaGraphUnsafeError",
     "DistributedMismatchError", "DistributedSelectionError",
     "ExecutionPlan", "InvalidInputError", "KernelExecutionError", "KernelSpec", "LayerZeroError",
     "NoKernelFoundError", "PolicyValidationError", "Reason", "ReasonCode", "SelectionReport",
-    "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__", "allocate_kv_cache", "attention", "embedding",
-    "configure", "disabled", "doctor", "explain", "fused_moe", "get_config", "get_locks", "layer_norm", "linear", "linear_cross_entropy", "list_kernels",
-    "load_capabilities", "load_config", "lock", "merge_attention_states", "paged_attention", "patch_diffusers", "patch_model", "prefer", "reload", "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "qk_norm_rope", "qk_norm_rope_cache", "rope_paged_attention", "sample", "sample_greedy", "sample_topk", "sample_topp", "apply_penalties", "swiglu", "swiglu_linear",
-    "geglu", "reglu", "select", "trace", "TuneReport", "tune", "unlock", "validate", "which",
+    "SelectionTimeoutError", "UnknownKernelError", "UnknownOperationError", "__version__",
+    "configure", "disabled", "doctor", "explain", "get_config", "get_locks", "list_kernels",
+    "load_capabilities", "load_config", "lock", "patch_diffusers", "patch_model", "prefer", "reload",
+    "select", "trace", "TuneReport", "tune", "unlock", "validate", "which",
     "kernel", "register_kernel", "unregister_kernel",
     "IsolatedWorkerError", "IsolatedWorkerTimeoutError", "register_hub_kernel", "register_isolated_kernel",
     "GraphCheck", "capture_selection", "is_graph_safe", "validate_graph_capture", "warmup",
     "DispatchTable", "DryRunReport", "Manifest", "ReadinessReport", "TableMismatchError", "compile", "dry_run",
     "load_manifest", "load_table", "readiness_check", "solve", "uncompile", "install_table", "uninstall_table",
-    "QuantFormat", "QuantizedTensor", "dequantize", "quantize", "quantized_linear", "fp8_linear",
+    "QuantFormat", "QuantizedTensor",
     "Encoding", "IncrementalDetokenizer", "detokenize", "tokenize",
     "BlockOp", "BlockPlan", "plan_block",
+    *_ops_all,
 ]

@@ -1,4 +1,4 @@
-"""Backward formulas of ``torch.ops.layerzero.rope`` / ``.attention`` / ``.embedding`` (``layerzero/_library_grad.py``):
+"""Backward formulas of ``torch.ops.layerzero.rope`` / ``.attention`` / ``.embedding`` (``layerzero/custom_ops/_grad.py``):
 ``gradcheck`` against finite differences in float64, ``torch.library.opcheck`` with gradients, a compiled (fullgraph,
 Inductor) training block whose gradients equal a float64 oracle written with plain torch math, and the calls that
 stay on the Python path (cos/sin that require grad, dropout with gradients, ALiBi). The training block over the
@@ -13,8 +13,10 @@ import pytest
 import torch
 
 import layerzero as lz
-from layerzero import library  # noqa: F401  (registers torch.ops.layerzero)
+from layerzero.custom_ops import register
 from layerzero.core.errors import InvalidInputError
+
+register()  # registers torch.ops.layerzero
 
 pytestmark = pytest.mark.integration
 
@@ -364,7 +366,7 @@ def test_learned_rope_compiles_to_one_node_and_matches_eager_gradients():
 def test_compiled_backward_under_python_o_is_warned_once(monkeypatch, caplog):
     """Under ``python -O`` (stood in for) a backward formula traced by ``torch.compile`` logs the known-problem warning
     once per process; eager backward and runs without ``-O`` log nothing."""
-    from layerzero import _library_grad as lg
+    from layerzero.custom_ops import _grad as lg
 
     monkeypatch.setattr(lg, "_WARNED", [])
     with caplog.at_level("WARNING", logger="layerzero"):

@@ -91,7 +91,7 @@ def test_export_holds_layerzero_nodes():
 
 def test_calls_that_need_gradients_stay_differentiable():
     """With inputs that require grad, backward through the compiled function equals eager backward: ``lz.rms_norm``,
-    ``lz.swiglu`` and ``lz.attention`` are custom-op nodes with backward formulas (``_library_grad.py``; more in
+    ``lz.swiglu`` and ``lz.attention`` are custom-op nodes with backward formulas (``custom_ops/_grad.py``; more in
     test_torch_compile_grad.py)."""
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(3)
@@ -200,7 +200,7 @@ def test_sample_greedy_compiles_without_breaks():
 def _opcheck_cases():
     """(name, custom op, args) for every ``torch.ops.layerzero`` op: contiguous inputs and the strided ones a model
     passes (transposed activations, BSHD views of a fused projection, chunks of a gate/up projection)."""
-    from layerzero import library  # registers the ops
+    from layerzero.custom_ops import _ops as library  # importing it registers the ops
 
     ops = torch.ops.layerzero
     gen = torch.Generator().manual_seed(6)
@@ -326,7 +326,7 @@ def test_custom_ops_keep_the_torch_library_contract(case):
 
 
 def test_owned_copies_only_outputs_that_alias_an_input_or_are_strided():
-    from layerzero.library import _owned
+    from layerzero.custom_ops._common import _owned
 
     x = torch.randn(4, 8)
     fresh = x * 2

@@ -32,55 +32,37 @@ import functools
 import inspect
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from .device import GPUGeneration
 from .errors import ConfigurationError, did_you_mean, expected_got
+from .opdef import defined
 from .registry import KernelRegistry
 from .specs import CPU_ISA_NAMES, BackendSpec, KernelSpec, Layout, MaskKind
 
 log = logging.getLogger("layerzero.custom")
 
-CANONICAL_ARGS: dict[str, tuple[str, ...]] = {
-    "attention": ("q", "k", "v", "attn_mask", "is_causal", "scale", "dropout_p"),
-    "rms_norm": ("x", "weight", "eps", "residual"),
-    "layer_norm": ("x", "weight", "bias", "eps"),
-    "swiglu": ("gate", "up"),
-    "swiglu_linear": ("gate", "up", "weight", "bias"),
-    "embedding": ("input_ids", "weight", "padding_idx"),
-    "linear": ("x", "weight", "bias"),
-    "rms_norm_linear": ("x", "norm_weight", "weight", "bias", "residual", "eps"),
-    "geglu": ("gate", "up", "approximate"),
-    "reglu": ("gate", "up"),
-    "fused_moe": ("x", "w13", "w2", "topk_weights", "topk_ids"),
-    "rope": ("q", "k", "cos", "sin", "position_ids", "interleaved", "layout"),
-    "qk_norm_rope": ("q", "k", "q_weight", "k_weight", "cos", "sin", "position_ids", "interleaved", "layout", "eps"),
-    "qk_norm_rope_cache": ("q", "k", "v", "q_weight", "k_weight", "cos", "sin", "kv_cache", "slot_mapping",
-                           "position_ids", "interleaved", "kv_layout", "eps"),
-    "rope_paged_attention": ("q", "k", "v", "q_weight", "k_weight", "cos", "sin", "kv_cache", "slot_mapping",
-                             "position_ids", "block_tables", "seq_lens", "cu_seqlens_q", "scale", "interleaved",
-                             "kv_layout", "eps"),
-    "sample_topk": ("logits", "k", "temperature", "generator"),
-    "sample_topp": ("logits", "p", "temperature", "generator"),
-    "sample": ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "offsets", "generator"),
-    "sample_greedy": ("logits",),
-    "apply_penalties": ("logits", "prompt_token_ids", "output_token_ids", "repetition_penalty", "presence_penalty",
-                        "frequency_penalty"),
-    "paged_attention": ("q", "kv_cache", "block_tables", "seq_lens", "cu_seqlens_q", "scale", "is_causal", "layout"),
-    "reshape_and_cache": ("k", "v", "kv_cache", "slot_mapping", "layout"),
-    "paged_attention_lse": ("q", "kv_cache", "block_tables", "seq_lens", "cu_seqlens_q", "scale", "is_causal",
-                            "layout"),
-    "merge_attention_states": ("out_a", "lse_a", "out_b", "lse_b"),
-    "quantize": ("x", "format", "axis", "group_size"),
-    "dequantize": ("qt",),
-    "quantized_linear": ("x", "qt", "bias"),
-    "fp8_linear": ("x", "qt", "bias"),
-    "linear_cross_entropy": ("hidden", "weight", "target", "bias", "ignore_index", "reduction", "label_smoothing",
-                             "softcap"),
-}
+class _CanonicalArgs(Mapping[str, tuple[str, ...]]):
+    """Op id -> the canonical positional arguments its kernels are called with, read from the ops' definitions
+    (:attr:`layerzero.core.opdef.OpDef.canonical_args`; an op defined later appears here then)."""
+
+    def __getitem__(self, op: str) -> tuple[str, ...]:
+        for d in defined():
+            if d.name == op:
+                return d.canonical_args
+        raise KeyError(op)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([d.name for d in defined()])
+
+    def __len__(self) -> int:
+        return len(defined())
+
+
+CANONICAL_ARGS: Mapping[str, tuple[str, ...]] = _CanonicalArgs()
 """The positional arguments dispatch passes to every kernel of an op (ops added later: extend this table)."""
 
 CUSTOM_BACKEND_DESCRIPTION = "custom kernels registered with lz.register_kernel"
@@ -313,7 +295,7 @@ def check_signature(op: str, fn: Callable[..., Any], launch_config: LaunchConfig
     names = CANONICAL_ARGS.get(op)
     if names is None:
         log.warning("LayerZero register_kernel: no canonical argument table for op %r; the signature of %r "
-                    "is not checked (add the op to layerzero.core.custom.CANONICAL_ARGS)", op, fn)
+                    "is not checked (give its OpDef kernel_args)", op, fn)
         return
     try:
         sig = inspect.signature(fn)

@@ -224,3 +224,22 @@ def format_granularity(fmt: QuantFormat, axis: int | None, group_size: int | tup
         return Granularity.GROUP
     return granularity(axis, group_size)
 
+
+_SCALE_DTYPE = {QuantFormat.MXFP4: torch.uint8, QuantFormat.NVFP4: torch.float8_e4m3fn}
+_DATA_DTYPE = {QuantFormat.INT8: torch.int8, **FP8_DTYPE}
+
+
+_Layout = tuple[torch.dtype, tuple[int, ...]]
+
+
+def storage_layout(fmt: QuantFormat, shape: tuple[int, ...], axis: int | None, group_size: int | tuple[int, int] | None
+           ) -> tuple[_Layout, _Layout, _Layout | None, _Layout | None]:
+    """(dtype, shape) of a QuantizedTensor's data, scale, zero point and global scale (None: the format has none) for
+    a tensor of ``shape`` quantized to ``fmt`` with normalized ``axis`` / ``group_size`` (docs/quantization.md's
+    layout table): what ``lz.dequantize`` checks and ``lz.quantize``'s custom op's fake returns."""
+    packed = fmt in FIXED_BLOCK or fmt is QuantFormat.INT4
+    data = (torch.uint8, (*shape[:-1], shape[-1] // 2)) if packed else (_DATA_DTYPE[fmt], shape)
+    sshape = scale_shape(shape, format_granularity(fmt, axis, group_size), axis, group_size)
+    return (data, (_SCALE_DTYPE.get(fmt, torch.float32), sshape),
+            (torch.uint8, sshape) if fmt is QuantFormat.INT4 else None,
+            (torch.float32, ()) if fmt is QuantFormat.NVFP4 else None)

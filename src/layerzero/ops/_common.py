@@ -185,8 +185,8 @@ def check_cpu_values(op: str, name: str, t: _Tensor, ok: Callable[[_Tensor], _Te
 def inference_only(*tensors: Any) -> bool:
     """True when no autograd graph is being recorded through ``tensors`` (grad mode off, or none requires grad):
     under ``torch.compile`` / ``torch.export`` an op whose custom op has no backward formula becomes a
-    ``torch.ops.layerzero`` node only for such calls (``layerzero/library.py``), and calls that need gradients are
-    traced as Python. The ops with formulas (``layerzero/_library_grad.py``: linear, rms_norm, swiglu, rope,
+    ``torch.ops.layerzero`` node only for such calls (``layerzero/custom_ops/_ops.py``), and calls that need gradients are
+    traced as Python. The ops with formulas (``layerzero/custom_ops/_grad.py``: linear, rms_norm, swiglu, rope,
     attention, embedding) ask it only for the inputs their formula does not differentiate."""
     if not torch.is_grad_enabled():
         return True

@@ -13,8 +13,10 @@ from layerzero.core.constraints import native_layout
 from layerzero.core.context import SelectionContext
 from layerzero.core.dispatch import MISS
 from layerzero.core.observers import OBSERVERS
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import KernelSpec, Layout, MaskKind, OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     FLOAT_DTYPES,
@@ -383,7 +385,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     silent upcast).
 
     Under ``torch.compile`` / ``torch.export`` the call is one ``torch.ops.layerzero.attention`` node, also when
-    inputs require grad (backward formula: ``layerzero/_library_grad.py``, SDPA's own backward without mask, window
+    inputs require grad (backward formula: ``layerzero/custom_ops/_grad.py``, SDPA's own backward without mask, window
     and soft-cap, else the reference kernel's gradients in float32, ALiBi included; a float ``attn_mask`` that requires grad
     gets one). Traced as Python instead: calls whose ``alibi_slopes`` require grad (the formula gives the slopes
     none) and calls with ``dropout_p > 0`` that need gradients (the dropout mask cannot be recomputed in the
@@ -403,10 +405,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     torch.Size([1, 8, 16, 64])
     """
     if ((is_dynamo_compiling() or is_exporting()) and inference_only(alibi_slopes)  # fixed slopes (no gradient)
-            and (dropout_p == 0 or inference_only(q, k, v, attn_mask))):  # one custom-op node (library.py)
-        from layerzero import library
-
-        return library.attention(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap,
+            and (dropout_p == 0 or inference_only(q, k, v, attn_mask))):  # one custom-op node (custom_ops/_ops.py)
+        return traced("attention")(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap,
                                  alibi_slopes)
     hot_key = None
     if (attn_mask is None and scale is None and window is None and softcap is None and alibi_slopes is None
@@ -449,3 +449,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
                     return out
     key, args = _prepare(q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window, softcap, alibi_slopes)
     return RUNTIME.run(key, context, args, hot_key)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, attention, prepare, context, kernel_args=('q', 'k', 'v', 'attn_mask', 'is_causal', 'scale', 'dropout_p'), custom_ops=('attention',)),
+)

@@ -18,8 +18,10 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext, bucket
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from . import paged as _paged
 from ._common import check_same, check_tensor, device_spec, fail, flags, inference_only, scope_token
@@ -57,9 +59,7 @@ def paged_attention_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
     for a row that attends none)."""
     if ((is_dynamo_compiling() or is_exporting()) and k_scale is None and v_scale is None
             and inference_only(q, kv_cache)):
-        from layerzero import library
-
-        return library.paged_attention_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal,
+        return traced("paged_attention_lse")(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal,
                                            kv_layout)
     return _paged.run(LSE_OP, prepare_lse, context_lse, q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale,
                       is_causal, kv_layout, k_scale, v_scale)
@@ -154,8 +154,13 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
     ([[[0.5, 0.5]]], 0.6931)
     """
     if (is_dynamo_compiling() or is_exporting()) and inference_only(out_a, out_b):
-        from layerzero import library
-
-        return library.merge_attention_states(out_a, lse_a, out_b, lse_b)
+        return traced("merge_attention_states")(out_a, lse_a, out_b, lse_b)
     key, args = prepare_merge(out_a, lse_a, out_b, lse_b)
     return RUNTIME.run(key, context_merge, args)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(LSE_SPEC, None, prepare_lse, context_lse, kernel_args=('q', 'kv_cache', 'block_tables', 'seq_lens', 'cu_seqlens_q', 'scale', 'is_causal', 'layout'), custom_ops=('paged_attention_lse',)),
+    OpDef(MERGE_SPEC, merge_attention_states, prepare_merge, context_merge, custom_ops=('merge_attention_states',)),
+)

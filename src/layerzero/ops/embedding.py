@@ -9,8 +9,10 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     FLOAT_DTYPES,
@@ -130,7 +132,7 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor, *, padding_idx: int
     output's dtype. ``padding_idx`` (torch.nn.Embedding's): the row whose gradient stays 0 (the forward is the
     plain lookup); negative counts from the end; None: none. Under ``torch.compile`` / ``torch.export`` the call is
     one ``torch.ops.layerzero.embedding`` node, also when ``weight`` requires grad (backward: PyTorch's
-    ``embedding_dense_backward``, ``layerzero/_library_grad.py``).
+    ``embedding_dense_backward``, ``layerzero/custom_ops/_grad.py``).
 
     Raises:
         InvalidInputError: ``input_ids`` not an int32/int64 tensor, ``weight`` not a 2-D float tensor with V, H >= 1,
@@ -144,9 +146,13 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor, *, padding_idx: int
     >>> lz.embedding(torch.tensor([[1, 2, 3]]), w).shape
     torch.Size([1, 3, 4])
     """
-    if is_dynamo_compiling() or is_exporting():  # one custom-op node (library.py; backward formula: _library_grad.py)
-        from layerzero import library
-
-        return library.embedding(input_ids, weight, padding_idx)
+    if is_dynamo_compiling() or is_exporting():  # one custom-op node (custom_ops/_ops.py; backward formula: custom_ops/_grad.py)
+        return traced("embedding")(input_ids, weight, padding_idx)
     key, args = prepare(input_ids, weight, padding_idx=padding_idx)
     return RUNTIME.run(key, context, args)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, embedding, prepare, context, kernel_args=('input_ids', 'weight', 'padding_idx'), custom_ops=('embedding',)),
+)

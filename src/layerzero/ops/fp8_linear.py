@@ -13,9 +13,11 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.errors import InvalidInputError
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.quant_format import QuantFormat, QuantizedTensor
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from . import quantized_linear as _ql
 from ._common import fail, inference_only, is_grad_enabled
@@ -100,11 +102,15 @@ def fp8_linear(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None =
     [1.5, 4.5]
     """
     if (is_dynamo_compiling() or is_exporting()) and traceable(qt) and inference_only(x, bias):
-        from layerzero import library  # one custom-op node (library.py)
-
-        return library.fp8_linear(x, qt, bias)
+        return traced("fp8_linear")(x, qt, bias)
     key, args = _prepare(x, qt, bias)
     return RUNTIME.run(key, context, args)
 
 
 __all__ = ["OP", "SPEC", "context", "fp8_linear", "prepare"]
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, fp8_linear, prepare, context, custom_ops=('fp8_linear',)),
+)

@@ -8,8 +8,10 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext, bucket
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     FLOAT_DTYPES,
@@ -181,8 +183,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     (torch.Size([3, 4]), 47.14)
     """
     if (is_dynamo_compiling() or is_exporting()) and inference_only(x, w13, w2, topk_weights):
-        from layerzero import library  # torch.compile, torch.export: one custom-op node
-
-        return library.fused_moe(x, w13, w2, topk_weights, topk_ids)
+        return traced("fused_moe")(x, w13, w2, topk_weights, topk_ids)
     key, args = prepare(x, w13, w2, topk_weights, topk_ids)
     return RUNTIME.run(key, context, args)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, fused_moe, prepare, context, custom_ops=('fused_moe',)),
+)

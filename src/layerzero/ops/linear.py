@@ -12,8 +12,10 @@ from torch.compiler import is_dynamo_compiling, is_exporting
 from layerzero.core.context import SelectionContext
 from layerzero.core.dispatch import MISS
 from layerzero.core.observers import OBSERVERS
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     FLOAT_DTYPES,
@@ -156,10 +158,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     >>> lz.linear(torch.ones(2, 3), torch.ones(4, 3), torch.arange(4.0)).tolist()
     [[3.0, 4.0, 5.0, 6.0], [3.0, 4.0, 5.0, 6.0]]
     """
-    if is_dynamo_compiling() or is_exporting():  # one custom-op node (library.py; with a backward formula)
-        from layerzero import library
-
-        return library.linear(x, weight, bias)
+    if is_dynamo_compiling() or is_exporting():  # one custom-op node (custom_ops/_ops.py; with a backward formula)
+        return traced("linear")(x, weight, bias)
     hot_key = _exact_key(x, weight, bias)
     if hot_key is not None:
         if OBSERVERS.none:  # Runtime.run_hot inlined (core/observers.py says when that is allowed and why)
@@ -200,3 +200,9 @@ def _exact_key(x: Any, weight: Any, bias: Any) -> tuple[Any, ...] | None:
         grad = is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)
     return ("linear", dev, x.dtype, weight.dtype, x.shape, x.stride(), weight.shape, weight.stride(), b, grad,
             deterministic_enabled(), dev >= 0 and stream_capturing(), scope_token_of(layers) if layers else ())
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, linear, prepare, context, custom_ops=('linear',)),
+)

@@ -9,8 +9,10 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     FLOAT_DTYPES,
@@ -162,10 +164,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     2.0794
     """
     if ((is_dynamo_compiling() or is_exporting()) and inference_only(hidden, weight, bias)
-            and _custom_op_scalars(ignore_index, reduction, label_smoothing, softcap)):  # custom op (library.py)
-        from layerzero import library
-
-        return library.linear_cross_entropy(hidden, weight, target, bias, ignore_index, reduction,
+            and _custom_op_scalars(ignore_index, reduction, label_smoothing, softcap)):  # custom op (custom_ops/_ops.py)
+        return traced("linear_cross_entropy")(hidden, weight, target, bias, ignore_index, reduction,
                                             float(label_smoothing), None if softcap is None else float(softcap))
     key, args = prepare(hidden, weight, target, bias=bias, ignore_index=ignore_index, reduction=reduction,
                         label_smoothing=label_smoothing, softcap=softcap)
@@ -173,3 +173,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     if reduction == "none":
         return out.reshape(target.shape)
     return out
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, linear_cross_entropy, prepare, context, kernel_args=('hidden', 'weight', 'target', 'bias', 'ignore_index', 'reduction', 'label_smoothing', 'softcap'), custom_ops=('linear_cross_entropy',)),
+)

@@ -10,8 +10,10 @@ from torch.compiler import is_dynamo_compiling, is_exporting
 from layerzero.core.context import SelectionContext
 from layerzero.core.dispatch import MISS
 from layerzero.core.observers import OBSERVERS
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     FLOAT_DTYPES,
@@ -183,10 +185,8 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None):
     >>> lz.rms_norm(torch.ones(2, 8), torch.ones(8)).shape
     torch.Size([2, 8])
     """
-    if is_dynamo_compiling() or is_exporting():  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
-        from layerzero import library
-
-        return library.rms_norm(x, weight, eps) if residual is None else library.fused_add_rms_norm(
+    if is_dynamo_compiling() or is_exporting():  # torch.compile, torch.export: one custom-op node (layerzero/custom_ops/_ops.py)
+        return traced("rms_norm")(x, weight, eps) if residual is None else traced("fused_add_rms_norm")(
             x, weight, eps, residual)
     hot_key = _exact_key(x, weight, eps, residual)
     if hot_key is not None:
@@ -246,8 +246,13 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     torch.Size([2, 8])
     """
     if (is_dynamo_compiling() or is_exporting()) and inference_only(x, weight, bias):
-        from layerzero import library
-
-        return library.layer_norm(x, weight, bias, eps)
+        return traced("layer_norm")(x, weight, bias, eps)
     key, args = prepare_layer(x, weight, bias, eps)
     return RUNTIME.run(key, context_layer, args)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(RMS_SPEC, rms_norm, prepare_rms, context_rms, kernel_args=('x', 'weight', 'eps', 'residual'), custom_ops=('rms_norm', 'fused_add_rms_norm')),
+    OpDef(LAYER_SPEC, layer_norm, prepare_layer, context_layer, kernel_args=('x', 'weight', 'bias', 'eps'), custom_ops=('layer_norm',)),
+)

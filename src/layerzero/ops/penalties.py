@@ -8,8 +8,10 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     check_cpu_values,
@@ -111,10 +113,14 @@ def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output
     tensor([[ 1.0000, -2.1000,  3.0000,  0.0500]])
     """
     if (is_dynamo_compiling() or is_exporting()) and inference_only(logits):  # torch.compile, torch.export
-        from layerzero import library
-
-        return library.apply_penalties(logits, prompt_token_ids, output_token_ids, repetition_penalty,
+        return traced("apply_penalties")(logits, prompt_token_ids, output_token_ids, repetition_penalty,
                                        presence_penalty, frequency_penalty)
     key, args = prepare(logits, prompt_token_ids, output_token_ids, repetition_penalty=repetition_penalty,
                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
     return RUNTIME.run(key, context, args)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, apply_penalties, prepare, context, kernel_args=('logits', 'prompt_token_ids', 'output_token_ids', 'repetition_penalty', 'presence_penalty', 'frequency_penalty'), custom_ops=('apply_penalties',)),
+)

@@ -10,8 +10,10 @@ from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.dispatch import MISS
 from layerzero.core.observers import OBSERVERS
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import check_eps, check_same, check_tensor, exact_device, fail, inference_only, is_grad_enabled
 from .rope import _LAYOUTS, check_positions
@@ -85,9 +87,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     """
     # torch.compile / torch.export: one custom-op node (no backward formula: calls with gradients trace as Python)
     if (is_dynamo_compiling() or is_exporting()) and inference_only(q, k, q_weight, k_weight, cos, sin):
-        from layerzero import library
-
-        return library.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, position_ids, interleaved, layout)
+        return traced("qk_norm_rope")(q, k, q_weight, k_weight, cos, sin, eps, position_ids, interleaved, layout)
     hot_key = _exact_key(q, k, q_weight, k_weight, cos, sin, eps, position_ids, interleaved, layout)
     plan = None if hot_key is None else RUNTIME.cache.hot.get(hot_key)
     if plan is not None:  # these exact facts passed every check, but position values (CPU: per call, as lz.rope)
@@ -120,3 +120,9 @@ def _exact_key(q: Any, k: Any, q_weight: Any, k_weight: Any, cos: Any, sin: Any,
         return None
     return (OP, rope_key, q_weight.dtype, q_weight.shape, k_weight.dtype, k_weight.shape, eps,
             is_grad_enabled() and (q_weight.requires_grad or k_weight.requires_grad))
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, qk_norm_rope, prepare, context, kernel_args=('q', 'k', 'q_weight', 'k_weight', 'cos', 'sin', 'position_ids', 'interleaved', 'layout', 'eps'), custom_ops=('qk_norm_rope',)),
+)

@@ -11,8 +11,10 @@ from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.kv_quant import KV_QUANT_DTYPES
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import device_spec, fail, inference_only
 from .kv_cache import INDEX_DTYPES, KVLayout, check_index
@@ -129,10 +131,14 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
         KernelExecutionError: the kernel failed and no fallback was allowed (lock or strict mode).
     """
     if (is_dynamo_compiling() or is_exporting()) and inference_only(q, k, v, q_weight, k_weight, cos, sin):
-        from layerzero import library
-
-        return library.qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping,
+        return traced("qk_norm_rope_cache")(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping,
                                           position_ids, eps, interleaved, kv_layout)
     key, args = prepare(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids=position_ids,
                         eps=eps, interleaved=interleaved, kv_layout=kv_layout)
     return RUNTIME.run(key, context, args)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, qk_norm_rope_cache, prepare, context, kernel_args=('q', 'k', 'v', 'q_weight', 'k_weight', 'cos', 'sin', 'kv_cache', 'slot_mapping', 'position_ids', 'interleaved', 'kv_layout', 'eps'), custom_ops=('qk_norm_rope_cache',)),
+)

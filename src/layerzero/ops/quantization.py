@@ -11,19 +11,22 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext, bucket
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.quant_format import (
     FIXED_BLOCK,
-    FP8_DTYPE,
     FP8_MAX,
     INT4_DEFAULT_GROUP,
     QuantFormat,
     QuantizedTensor,
     format_granularity,
     parse_quant_format,
-    scale_shape,
+)
+from layerzero.core.quant_format import (
+    storage_layout as layout,
 )
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     FLOAT_DTYPES,
@@ -184,26 +187,6 @@ def _expect(what: str, t: Any, dtype: torch.dtype, shape: tuple[int, ...], devic
         raise fail(DEQ, f"{what}.device", f"{device} (like qt.data)", t.device)
 
 
-_SCALE_DTYPE = {QuantFormat.MXFP4: torch.uint8, QuantFormat.NVFP4: torch.float8_e4m3fn}
-_DATA_DTYPE = {QuantFormat.INT8: torch.int8, **FP8_DTYPE}
-
-
-_Layout = tuple[torch.dtype, tuple[int, ...]]
-
-
-def layout(fmt: QuantFormat, shape: tuple[int, ...], axis: int | None, group_size: _Group
-           ) -> tuple[_Layout, _Layout, _Layout | None, _Layout | None]:
-    """(dtype, shape) of a QuantizedTensor's data, scale, zero point and global scale (None: the format has none) for
-    a tensor of ``shape`` quantized to ``fmt`` with normalized ``axis`` / ``group_size`` (docs/quantization.md's
-    layout table): what :func:`prepare_dequantize` checks and ``lz.quantize``'s custom op's fake returns."""
-    packed = fmt in FIXED_BLOCK or fmt is QuantFormat.INT4
-    data = (torch.uint8, (*shape[:-1], shape[-1] // 2)) if packed else (_DATA_DTYPE[fmt], shape)
-    sshape = scale_shape(shape, format_granularity(fmt, axis, group_size), axis, group_size)
-    return (data, (_SCALE_DTYPE.get(fmt, torch.float32), sshape),
-            (torch.uint8, sshape) if fmt is QuantFormat.INT4 else None,
-            (torch.float32, ()) if fmt is QuantFormat.NVFP4 else None)
-
-
 def prepare_dequantize(qt: QuantizedTensor) -> tuple[QuantKey, tuple[Any, ...]]:
     """Validate ``lz.dequantize``'s input; return (cache key, canonical kernel args ``(qt,)``).
 
@@ -297,9 +280,7 @@ def quantize(x: torch.Tensor, format: QuantFormat | str, *, axis: int | None = N
     if (is_dynamo_compiling() or is_exporting()) and isinstance(x, torch.Tensor) and inference_only(x):
         fmt = parse_quant_format(format, "lz.quantize: format")
         axis, group_size = _normalize(OP, fmt, tuple(x.shape), axis, group_size)
-        from layerzero import library  # one custom-op node (library.py)
-
-        return library.quantize(x, fmt, axis, group_size, check_finite)
+        return traced("quantize")(x, fmt, axis, group_size, check_finite)
     key, args = prepare(x, format, axis=axis, group_size=group_size, check_finite=check_finite)
     return RUNTIME.run(key, context, args)
 
@@ -318,9 +299,7 @@ def dequantize(qt: QuantizedTensor) -> torch.Tensor:
     tensor([ 0.5197, -6.0000,  3.0236,  0.9921])
     """
     if (is_dynamo_compiling() or is_exporting()) and traceable(qt):
-        from layerzero import library  # one custom-op node (library.py)
-
-        return library.dequantize(qt)
+        return traced("dequantize")(qt)
     key, args = prepare_dequantize(qt)
     return RUNTIME.run(key, context, args)
 
@@ -330,3 +309,10 @@ def traceable(qt: Any) -> bool:
     tensor codes and scales and a QuantFormat; anything else takes the eager path, whose validation raises)."""
     return (isinstance(qt, QuantizedTensor) and isinstance(qt.format, QuantFormat)
             and isinstance(qt.data, torch.Tensor) and isinstance(qt.scale, torch.Tensor))
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, quantize, prepare, context, kernel_args=('x', 'format', 'axis', 'group_size'), custom_ops=('quantize',)),
+    OpDef(DEQUANT_SPEC, dequantize, prepare_dequantize, context, custom_ops=('dequantize',)),
+)

@@ -20,9 +20,11 @@ from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.errors import InvalidInputError
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.quant_format import Granularity, QuantFormat, QuantizedTensor, format_granularity
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     check_same,
@@ -263,11 +265,15 @@ def quantized_linear(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | 
     [[-127.0, 508.0]]
     """
     if (is_dynamo_compiling() or is_exporting()) and traceable(qt) and inference_only(x, bias):
-        from layerzero import library  # one custom-op node (library.py)
-
-        return library.quantized_linear(x, qt, bias)
+        return traced("quantized_linear")(x, qt, bias)
     key, args = _prepare(x, qt, bias)
     return RUNTIME.run(key, context, args)
 
 
 __all__ = ["FORMATS", "OP", "QuantLinearKey", "SPEC", "context", "prepare", "quantized_linear"]
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, quantized_linear, prepare, context, custom_ops=('quantized_linear',)),
+)

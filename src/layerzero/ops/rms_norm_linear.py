@@ -14,8 +14,10 @@ from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.dispatch import MISS
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     check_eps,
@@ -139,9 +141,7 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Te
     ([[3.0, -3.0]], [1.0, -1.0])
     """
     if (is_dynamo_compiling() or is_exporting()) and inference_only(x, norm_weight, weight, bias, residual):
-        from layerzero import library
-
-        return library.rms_norm_linear(x, norm_weight, weight, bias, eps, residual)
+        return traced("rms_norm_linear")(x, norm_weight, weight, bias, eps, residual)
     args = (x, norm_weight, weight, bias, residual, eps)
     hot_key = _exact_key(*args)
     if hot_key is not None:
@@ -161,3 +161,9 @@ def _exact_key(x: Any, norm_weight: Any, weight: Any, bias: Any, residual: Any, 
     if eps.__class__ is not float:
         return None
     return tensors_exact_key(OP, (x, norm_weight, weight, bias, residual), eps)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, rms_norm_linear, prepare, context, kernel_args=('x', 'norm_weight', 'weight', 'bias', 'residual', 'eps'), custom_ops=('rms_norm_linear',)),
+)

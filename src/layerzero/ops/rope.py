@@ -10,8 +10,10 @@ from torch.compiler import is_dynamo_compiling, is_exporting
 from layerzero.core.context import SelectionContext
 from layerzero.core.dispatch import MISS
 from layerzero.core.observers import OBSERVERS
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import Layout, OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     check_same,
@@ -175,7 +177,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     ``repeat_interleave(f, 2)``. Outputs keep q's and k's dtypes.
 
     Under ``torch.compile`` / ``torch.export`` the call is one ``torch.ops.layerzero.rope`` node, also when q/k or
-    cos/sin (learned tables) require grad (backward formulas: ``layerzero/_library_grad.py``).
+    cos/sin (learned tables) require grad (backward formulas: ``layerzero/custom_ops/_grad.py``).
 
     Raises:
         InvalidInputError: ranks, dtypes, devices, R odd / > D, cos/sin shape mismatch, position_ids shape,
@@ -186,10 +188,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     >>> lz.rope(q, q, cos, sin)[0]  # rotate by 90 degrees
     tensor([[[[0., 1.]]]])
     """
-    if is_dynamo_compiling() or is_exporting():  # one custom-op node (library.py; backward formula: _library_grad.py)
-        from layerzero import library
-
-        return library.rope(q, k, cos, sin, position_ids, interleaved, layout)
+    if is_dynamo_compiling() or is_exporting():  # one custom-op node (custom_ops/_ops.py; backward formula: custom_ops/_grad.py)
+        return traced("rope")(q, k, cos, sin, position_ids, interleaved, layout)
     hot_key = _exact_key(q, k, cos, sin, position_ids, interleaved, layout)
     plan = None if hot_key is None else RUNTIME.cache.hot.get(hot_key)
     if plan is not None:  # a call with these exact facts passed every check: only position values are left
@@ -206,3 +206,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             return out
     key, args = prepare(q, k, cos, sin, position_ids=position_ids, interleaved=interleaved, layout=layout)
     return RUNTIME.run(key, context, args, hot_key)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, rope, prepare, context, kernel_args=('q', 'k', 'cos', 'sin', 'position_ids', 'interleaved', 'layout'), custom_ops=('rope',)),
+)

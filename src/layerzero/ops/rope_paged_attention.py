@@ -13,8 +13,10 @@ from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
 from layerzero.core.kv_quant import KV_QUANT_DTYPES
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import check_eps, device_spec, fail, inference_only
 from .kv_cache import INDEX_DTYPES, KVLayout, check_index
@@ -183,12 +185,16 @@ def rope_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
     torch.Size([3, 8, 64])
     """
     if (is_dynamo_compiling() or is_exporting()) and inference_only(q, k, v, q_weight, k_weight, cos, sin):
-        from layerzero import library
-
-        return library.rope_paged_attention(q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens,
+        return traced("rope_paged_attention")(q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens,
                                             position_ids, q_weight, k_weight, eps, cu_seqlens_q, scale, interleaved,
                                             kv_layout)
     key, args = prepare(q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens, position_ids=position_ids,
                         q_weight=q_weight, k_weight=k_weight, eps=eps, cu_seqlens_q=cu_seqlens_q, scale=scale,
                         interleaved=interleaved, kv_layout=kv_layout)
     return RUNTIME.run(key, context, args)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, rope_paged_attention, prepare, context, kernel_args=('q', 'k', 'v', 'q_weight', 'k_weight', 'cos', 'sin', 'kv_cache', 'slot_mapping', 'position_ids', 'block_tables', 'seq_lens', 'cu_seqlens_q', 'scale', 'interleaved', 'kv_layout', 'eps'), custom_ops=('rope_paged_attention',)),
+)

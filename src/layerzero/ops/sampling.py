@@ -9,8 +9,10 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.context import SelectionContext
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     INT_DTYPES,
@@ -132,9 +134,7 @@ def sample_topk(logits: torch.Tensor, k: int, *, temperature: float = 1.0,
     tensor([1])
     """
     if (is_dynamo_compiling() or is_exporting()) and generator is None and isinstance(k, int) and _scalars(k, temperature):
-        from layerzero import library  # one custom-op node (library.py)
-
-        return library.sample_topk(logits, k, float(temperature))
+        return traced("sample_topk")(logits, k, float(temperature))
     key, args = prepare_topk(logits, k, temperature=temperature, generator=generator)
     return RUNTIME.run(key, context, args)
 
@@ -164,9 +164,7 @@ def sample_topp(logits: torch.Tensor, p: float, *, temperature: float = 1.0,
     tensor([1])
     """
     if (is_dynamo_compiling() or is_exporting()) and generator is None and _scalars(p, temperature):
-        from layerzero import library  # one custom-op node (library.py)
-
-        return library.sample_topp(logits, float(p), float(temperature))
+        return traced("sample_topp")(logits, float(p), float(temperature))
     key, args = prepare_topp(logits, p, temperature=temperature, generator=generator)
     return RUNTIME.run(key, context, args)
 
@@ -292,9 +290,7 @@ def sample(logits: torch.Tensor, *, temperature: torch.Tensor | None = None, top
     tensor([1, 0])
     """
     if (is_dynamo_compiling() or is_exporting()) and generator is None:  # torch.compile, torch.export
-        from layerzero import library
-
-        return library.sample(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+        return traced("sample")(logits, temperature, top_k, top_p, min_p, seeds, offsets)
     key, args = prepare_sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                seeds=seeds, offsets=offsets, generator=generator)
     return RUNTIME.run(key, context_batch, args)
@@ -371,9 +367,16 @@ def sample_greedy(logits: torch.Tensor) -> torch.Tensor:
     >>> lz.sample_greedy(torch.tensor([[0.0, 5.0, 5.0], [2.0, float("nan"), 9.0]]))
     tensor([1, 1])
     """
-    if is_dynamo_compiling() or is_exporting():  # one custom-op node (library.py)
-        from layerzero import library
-
-        return library.sample_greedy(logits)
+    if is_dynamo_compiling() or is_exporting():  # one custom-op node (custom_ops/_ops.py)
+        return traced("sample_greedy")(logits)
     key, args = prepare_greedy(logits)
     return RUNTIME.run(key, context_greedy, args)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(TOPK_SPEC, sample_topk, prepare_topk, context, kernel_args=('logits', 'k', 'temperature', 'generator'), custom_ops=('sample_topk',)),
+    OpDef(TOPP_SPEC, sample_topp, prepare_topp, context, kernel_args=('logits', 'p', 'temperature', 'generator'), custom_ops=('sample_topp',)),
+    OpDef(SAMPLE_SPEC, sample, prepare_sample, context_batch, kernel_args=('logits', 'temperature', 'top_k', 'top_p', 'min_p', 'seeds', 'offsets', 'generator'), custom_ops=('sample',)),
+    OpDef(GREEDY_SPEC, sample_greedy, prepare_greedy, context_greedy, custom_ops=('sample_greedy',)),
+)

@@ -12,8 +12,10 @@ from torch.compiler import is_dynamo_compiling, is_exporting
 from layerzero.core.context import SelectionContext
 from layerzero.core.dispatch import MISS
 from layerzero.core.observers import OBSERVERS
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import (
     FLOAT_DTYPES,
@@ -156,10 +158,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     >>> lz.swiglu(torch.zeros(2, 8), torch.ones(2, 8)).abs().max().item()
     0.0
     """
-    if is_dynamo_compiling() or is_exporting():  # torch.compile, torch.export: one custom-op node (layerzero/library.py)
-        from layerzero import library
-
-        return library.swiglu(gate, up)
+    if is_dynamo_compiling() or is_exporting():  # torch.compile, torch.export: one custom-op node (layerzero/custom_ops/_ops.py)
+        return traced("swiglu")(gate, up)
     hot_key = _exact_key(gate, up)
     if hot_key is not None:
         if OBSERVERS.none:  # Runtime.run_hot inlined (core/observers.py says when that is allowed and why)
@@ -214,9 +214,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, *, approximate: str = "none") ->
     0.0
     """
     if (is_dynamo_compiling() or is_exporting()) and inference_only(gate, up):
-        from layerzero import library
-
-        return library.geglu(gate, up, approximate)
+        return traced("geglu")(gate, up, approximate)
     key, args = prepare_geglu(gate, up, approximate=approximate)
     return RUNTIME.run(key, context, args)
 
@@ -235,8 +233,14 @@ def reglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     tensor([0., 6.])
     """
     if (is_dynamo_compiling() or is_exporting()) and inference_only(gate, up):
-        from layerzero import library
-
-        return library.reglu(gate, up)
+        return traced("reglu")(gate, up)
     key, args = prepare_reglu(gate, up)
     return RUNTIME.run(key, context, args)
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, swiglu, prepare, context, custom_ops=('swiglu',)),
+    OpDef(GEGLU_SPEC, geglu, prepare_geglu, context, kernel_args=('gate', 'up', 'approximate'), custom_ops=('geglu',)),
+    OpDef(REGLU_SPEC, reglu, prepare_reglu, context, custom_ops=('reglu',)),
+)

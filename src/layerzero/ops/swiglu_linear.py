@@ -12,8 +12,10 @@ import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
 from layerzero.core.dispatch import MISS
+from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
+from layerzero.custom_ops import traced
 
 from ._common import check_same, check_tensor, fail, inference_only, is_grad_enabled, tensors_exact_key
 from .linear import LinearKey
@@ -82,9 +84,7 @@ def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
     1.7616
     """
     if (is_dynamo_compiling() or is_exporting()) and inference_only(gate, up, weight, bias):
-        from layerzero import library
-
-        return library.swiglu_linear(gate, up, weight, bias)
+        return traced("swiglu_linear")(gate, up, weight, bias)
     args = (gate, up, weight, bias)
     hot_key = _exact_key(*args)
     if hot_key is not None:
@@ -100,3 +100,9 @@ def _exact_key(gate: Any, up: Any, weight: Any, bias: Any) -> tuple[Any, ...] | 
     for an absent bias), the device and the per-call flags (:func:`~._common.tensors_exact_key`); only calls that
     passed every check file it. None (the full path) for anything but plain tensors on one CPU or CUDA device."""
     return tensors_exact_key(OP, (gate, up, weight, bias))
+
+
+# the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
+OPDEFS = define(
+    OpDef(SPEC, swiglu_linear, prepare, context, kernel_args=('gate', 'up', 'weight', 'bias'), custom_ops=('swiglu_linear',)),
+)

@@ -15,7 +15,7 @@ reads any strides with a unit last one), GQA (``Hq % Hkv == 0``, consecutive que
 a row that sees no key returns 0. Not served: ``attn_mask`` and ``dropout_p > 0`` (``MASK_UNSUPPORTED`` /
 ``DROPOUT_UNSUPPORTED`` from the spec's data), calls that need gradients (``BACKWARD_UNSUPPORTED``: forward only;
 eager autograd calls go to ``torch_sdpa.math`` / the reference, and under ``torch.compile`` the custom op runs this
-forward without grad and ``layerzero/_library_grad.py``'s formula supplies the backward).
+forward without grad and ``layerzero/custom_ops/_grad.py``'s formula supplies the backward).
 
 Selection: it serves ALiBi calls only (``ALIBI_REQUIRED`` for every other call) until a GPU measurement compares it
 with SDPA flash / cuDNN / efficient and FlashAttention on plain calls; among ALiBi kernels on CUDA its priority (60)

@@ -1,7 +1,7 @@
 """Backward formulas of the training ops' custom ops (``torch.library.register_autograd``), so a compiled training
 step keeps ``lz.linear``, ``lz.rms_norm`` (plain and with ``residual``), ``lz.swiglu``, ``lz.rope``,
 ``lz.attention`` and ``lz.embedding`` as single nodes instead of tracing LayerZero's dispatch as Python (graph
-breaks). Imported by :mod:`layerzero.library` (trace time only).
+breaks). Imported by :mod:`layerzero.custom_ops._ops` (trace time only).
 
 The formulas are the textbook ones, written with differentiable torch ops and no Python branch on tensor values, so
 AOTAutograd can trace them:

@@ -1,20 +1,32 @@
-"""What :mod:`layerzero.library` and :mod:`layerzero.library_paged` share: the custom-op namespace, the lazy
-``layerzero`` handle, layout strings and :func:`_owned` (fresh contiguous outputs, see :mod:`layerzero.library`).
-Its own module so that either op module imports on its own (no import cycle between them)."""
+"""What the custom-op modules of :mod:`layerzero.custom_ops` share: the namespace, :func:`eager` (an op's eager
+function, from its :class:`~layerzero.core.opdef.OpDef`), layout strings and :func:`_owned` (fresh contiguous
+outputs). Its own module so that each custom-op module imports on its own."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from layerzero.core.errors import ConfigurationError
+from layerzero.core.opdef import get
+
 NS = "layerzero"
 
 
-def _lz() -> Any:
-    import layerzero
+def eager(op: str) -> Callable[..., Any]:
+    """The eager ``lz.<op>`` function a custom op runs (validation, cache, kernel): the public function of ``op``'s
+    :class:`~layerzero.core.opdef.OpDef`, looked up at call time (this package imports no op module: ops import it).
 
-    return layerzero
+    Raises:
+        UnknownOperationError: ``op`` is not defined (``layerzero`` was not imported: it defines the ops).
+        ConfigurationError: ``op`` has no public function.
+    """
+    fn = get(op).public
+    if fn is None:
+        raise ConfigurationError(f"op {op!r} has no public function; its custom op cannot run it eagerly.")
+    return fn
 
 
 def _layout_str(layout: Any) -> str:

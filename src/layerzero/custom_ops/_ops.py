@@ -2,8 +2,8 @@
 ``torch.export`` see.
 
 Under TorchDynamo, ``lz.attention`` / ``lz.rms_norm`` (plain and with ``residual``) / ``lz.layer_norm`` / ``lz.rope``
-/ ``lz.qk_norm_rope``, ``lz.rms_norm_linear`` and ``lz.swiglu_linear`` (inference calls: no backward formula) / ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` / ``lz.linear`` / ``lz.embedding`` / ``lz.linear_cross_entropy`` call ``torch.ops.layerzero.<op>`` (this module is imported then, at
-trace time, which registers the ops; eager code never imports it): one opaque node per call with a fake (meta)
+/ ``lz.qk_norm_rope``, ``lz.rms_norm_linear`` and ``lz.swiglu_linear`` (inference calls: no backward formula) / ``lz.swiglu`` / ``lz.geglu`` / ``lz.reglu`` / ``lz.linear`` / ``lz.embedding`` / ``lz.linear_cross_entropy`` call ``torch.ops.layerzero.<op>`` (through :func:`layerzero.custom_ops.traced`, which imports this module then, at
+trace time, and so registers the ops; eager code never imports it): one opaque node per call with a fake (meta)
 implementation for shapes and dtypes, so a compiled model has no graph breaks at lz ops, and selection happens when
 the compiled graph first runs the op for real (the op's implementation is the eager ``lz.<op>``: validation,
 cache, kernel), never while tracing. ``torch.export`` graphs hold ``torch.ops.layerzero.<op>.default`` nodes.
@@ -27,7 +27,7 @@ Also ``lz.paged_attention``, ``lz.reshape_and_cache``, ``lz.qk_norm_rope_cache``
 ``lz.apply_penalties``, ``lz.sample_greedy``, and ``lz.sample`` / ``lz.sample_topk`` / ``lz.sample_topp`` without a ``generator`` (custom
 ops cannot take a ``torch.Generator``: calls with one are traced as Python, as before). ``lz.paged_attention`` and
 ``lz.reshape_and_cache`` with ``k_scale`` / ``v_scale`` (a quantized cache's scales) are traced as Python too. The
-paged KV-cache ops are defined in :mod:`layerzero.library_paged` (imported and re-exported at the end of this
+paged KV-cache ops are defined in :mod:`layerzero.custom_ops._paged` (imported and re-exported at the end of this
 module).
 """
 
@@ -37,17 +37,20 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["apply_penalties", "attention", "dequantize", "embedding", "fused_add_rms_norm", "fused_moe", "geglu",
-           "fp8_linear", "layer_norm", "linear", "linear_cross_entropy", "paged_attention", "qk_norm_rope", "qk_norm_rope_cache", "quantize", "quantized_linear", "reglu",
-           "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope", "rope_paged_attention", "sample", "sample_greedy", "sample_topk", "sample_topp", "swiglu", "swiglu_linear"]
+__all__ = ["apply_penalties", "attention", "dequantize", "embedding", "fp8_linear", "fused_add_rms_norm",
+           "fused_moe", "geglu", "layer_norm", "linear", "linear_cross_entropy", "merge_attention_states",
+           "paged_attention", "paged_attention_lse", "qk_norm_rope", "qk_norm_rope_cache", "quantize",
+           "quantized_linear", "reglu", "reshape_and_cache", "rms_norm", "rms_norm_linear", "rope",
+           "rope_paged_attention", "sample", "sample_greedy", "sample_topk", "sample_topp", "swiglu",
+           "swiglu_linear"]
 
-from ._library_common import NS, _layout_str, _lz, _owned  # noqa: F401 - shared with library_paged
+from ._common import NS, _layout_str, _owned, eager
 
 
 # -------------------------------------------------------------------------------------------- linear, embedding
 @torch.library.custom_op(f"{NS}::linear", mutates_args=())
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
-    return _owned(_lz().linear(x, weight, bias), x, weight, bias)
+    return _owned(eager("linear")(x, weight, bias), x, weight, bias)
 
 
 @linear.register_fake
@@ -57,7 +60,7 @@ def _(x, weight, bias):
 
 @torch.library.custom_op(f"{NS}::embedding", mutates_args=())
 def embedding(input_ids: torch.Tensor, weight: torch.Tensor, padding_idx: Optional[int]) -> torch.Tensor:  # noqa: UP045
-    return _owned(_lz().embedding(input_ids, weight, padding_idx=padding_idx), input_ids, weight)
+    return _owned(eager("embedding")(input_ids, weight, padding_idx=padding_idx), input_ids, weight)
 
 
 @embedding.register_fake
@@ -69,7 +72,7 @@ def _(input_ids, weight, padding_idx):
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: Optional[torch.Tensor], ignore_index: int, reduction: str,  # noqa: UP045
                          label_smoothing: float, softcap: Optional[float]) -> torch.Tensor:  # noqa: UP045
-    out = _lz().linear_cross_entropy(hidden, weight, target, bias=bias, ignore_index=ignore_index,
+    out = eager("linear_cross_entropy")(hidden, weight, target, bias=bias, ignore_index=ignore_index,
                                      reduction=reduction, label_smoothing=label_smoothing, softcap=softcap)
     return _owned(out, hidden, weight, target, bias)
 
@@ -87,7 +90,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opt
                window_left: Optional[int], window_right: Optional[int],  # noqa: UP045
                softcap: Optional[float], alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:  # noqa: UP045
     window = None if window_left is None or window_right is None else (window_left, window_right)
-    out = _lz().attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
+    out = eager("attention")(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                           layout=layout, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
     return _owned(out, q, k, v, attn_mask, alibi_slopes)
 
@@ -111,7 +114,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
 @torch.library.custom_op(f"{NS}::rms_norm", mutates_args=())
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``lz.rms_norm(x, weight, eps)`` as a custom op."""
-    return _owned(_lz().rms_norm(x, weight, eps), x, weight)
+    return _owned(eager("rms_norm")(x, weight, eps), x, weight)
 
 
 @rms_norm.register_fake
@@ -123,7 +126,7 @@ def _(x, weight, eps):
 def fused_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
                        residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``lz.rms_norm(x, weight, eps, residual=residual)`` -> ``(y, x + residual)`` as a custom op."""
-    y, h = _lz().rms_norm(x, weight, eps, residual=residual)
+    y, h = eager("rms_norm")(x, weight, eps, residual=residual)
     y = _owned(y, x, weight, residual)
     return y, _owned(h, x, weight, residual, y)
 
@@ -137,7 +140,7 @@ def _(x, weight, eps, residual):
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
                eps: float) -> torch.Tensor:
     """``lz.layer_norm`` as a custom op."""
-    return _owned(_lz().layer_norm(x, weight, bias, eps), x, weight, bias)
+    return _owned(eager("layer_norm")(x, weight, bias, eps), x, weight, bias)
 
 
 @layer_norm.register_fake
@@ -150,7 +153,7 @@ def _(x, weight, bias, eps):
 def _rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           position_ids: Optional[torch.Tensor], interleaved: bool,  # noqa: UP045
           layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    qo, ko = _lz().rope(q, k, cos, sin, position_ids=position_ids, interleaved=interleaved, layout=layout)
+    qo, ko = eager("rope")(q, k, cos, sin, position_ids=position_ids, interleaved=interleaved, layout=layout)
     qo = _owned(qo, q, k, cos, sin, position_ids)
     return qo, _owned(ko, q, k, cos, sin, position_ids, qo)
 
@@ -170,7 +173,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 def _qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, eps: float, position_ids: Optional[torch.Tensor],  # noqa: UP045
                   interleaved: bool, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    qo, ko = _lz().qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=eps, position_ids=position_ids,
+    qo, ko = eager("qk_norm_rope")(q, k, q_weight, k_weight, cos, sin, eps=eps, position_ids=position_ids,
                                 interleaved=interleaved, layout=layout)
     inputs = (q, k, q_weight, k_weight, cos, sin, position_ids)
     qo = _owned(qo, *inputs)
@@ -193,7 +196,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
 @torch.library.custom_op(f"{NS}::rms_norm_linear", mutates_args=())
 def _rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
                      bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:  # noqa: UP045
-    return _owned(_lz().rms_norm_linear(x, norm_weight, weight, bias, eps=eps), x, norm_weight, weight, bias)
+    return _owned(eager("rms_norm_linear")(x, norm_weight, weight, bias, eps=eps), x, norm_weight, weight, bias)
 
 
 @_rms_norm_linear.register_fake
@@ -205,7 +208,7 @@ def _(x, norm_weight, weight, bias, eps):
 def _fused_add_rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
                                bias: Optional[torch.Tensor], eps: float,  # noqa: UP045
                                residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    y, h = _lz().rms_norm_linear(x, norm_weight, weight, bias, eps=eps, residual=residual)
+    y, h = eager("rms_norm_linear")(x, norm_weight, weight, bias, eps=eps, residual=residual)
     inputs = (x, norm_weight, weight, bias, residual)
     y = _owned(y, *inputs)
     return y, _owned(h, *inputs, y)
@@ -230,7 +233,7 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Te
 def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
                   bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
     """``lz.swiglu_linear`` as a custom op."""
-    return _owned(_lz().swiglu_linear(gate, up, weight, bias), gate, up, weight, bias)
+    return _owned(eager("swiglu_linear")(gate, up, weight, bias), gate, up, weight, bias)
 
 
 @swiglu_linear.register_fake
@@ -241,19 +244,19 @@ def _(gate, up, weight, bias):
 @torch.library.custom_op(f"{NS}::swiglu", mutates_args=())
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``lz.swiglu`` as a custom op."""
-    return _owned(_lz().swiglu(gate, up), gate, up)
+    return _owned(eager("swiglu")(gate, up), gate, up)
 
 
 @torch.library.custom_op(f"{NS}::geglu", mutates_args=())
 def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str) -> torch.Tensor:
     """``lz.geglu`` as a custom op."""
-    return _owned(_lz().geglu(gate, up, approximate=approximate), gate, up)
+    return _owned(eager("geglu")(gate, up, approximate=approximate), gate, up)
 
 
 @torch.library.custom_op(f"{NS}::reglu", mutates_args=())
 def reglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``lz.reglu`` as a custom op."""
-    return _owned(_lz().reglu(gate, up), gate, up)
+    return _owned(eager("reglu")(gate, up), gate, up)
 
 
 @swiglu.register_fake
@@ -276,7 +279,7 @@ def _(gate, up):
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
     """``lz.fused_moe`` as a custom op."""
-    return _owned(_lz().fused_moe(x, w13, w2, topk_weights, topk_ids), x, w13, w2, topk_weights, topk_ids)
+    return _owned(eager("fused_moe")(x, w13, w2, topk_weights, topk_ids), x, w13, w2, topk_weights, topk_ids)
 
 
 @fused_moe.register_fake
@@ -290,7 +293,7 @@ def sample(logits: torch.Tensor, temperature: Optional[torch.Tensor], top_k: Opt
            top_p: Optional[torch.Tensor], min_p: Optional[torch.Tensor],  # noqa: UP045
            seeds: Optional[torch.Tensor], offsets: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
     """``lz.sample`` (no ``generator``: the global RNG for unseeded rows) as a custom op."""
-    out = _lz().sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds,
+    out = eager("sample")(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds,
                        offsets=offsets)
     return _owned(out, logits, temperature, top_k, top_p, min_p, seeds, offsets)
 
@@ -303,13 +306,13 @@ def _(logits, temperature, top_k, top_p, min_p, seeds, offsets):
 @torch.library.custom_op(f"{NS}::sample_topk", mutates_args=())
 def sample_topk(logits: torch.Tensor, k: int, temperature: float) -> torch.Tensor:
     """``lz.sample_topk`` without a ``generator`` (the global RNG) as a custom op."""
-    return _owned(_lz().sample_topk(logits, k, temperature=temperature), logits)
+    return _owned(eager("sample_topk")(logits, k, temperature=temperature), logits)
 
 
 @torch.library.custom_op(f"{NS}::sample_topp", mutates_args=())
 def sample_topp(logits: torch.Tensor, p: float, temperature: float) -> torch.Tensor:
     """``lz.sample_topp`` without a ``generator`` (the global RNG) as a custom op."""
-    return _owned(_lz().sample_topp(logits, p, temperature=temperature), logits)
+    return _owned(eager("sample_topp")(logits, p, temperature=temperature), logits)
 
 
 @sample_topk.register_fake
@@ -325,7 +328,7 @@ def _(logits, p, temperature):
 @torch.library.custom_op(f"{NS}::sample_greedy", mutates_args=())
 def sample_greedy(logits: torch.Tensor) -> torch.Tensor:
     """``lz.sample_greedy`` as a custom op."""
-    return _owned(_lz().sample_greedy(logits), logits)
+    return _owned(eager("sample_greedy")(logits), logits)
 
 
 @sample_greedy.register_fake
@@ -338,7 +341,7 @@ def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output
                     repetition_penalty: Optional[torch.Tensor], presence_penalty: Optional[torch.Tensor],  # noqa: UP045
                     frequency_penalty: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
     """``lz.apply_penalties`` as a custom op."""
-    out = _lz().apply_penalties(logits, prompt_token_ids, output_token_ids, repetition_penalty=repetition_penalty,
+    out = eager("apply_penalties")(logits, prompt_token_ids, output_token_ids, repetition_penalty=repetition_penalty,
                                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
     return _owned(out, logits, prompt_token_ids, output_token_ids, repetition_penalty, presence_penalty,
                   frequency_penalty)
@@ -384,7 +387,7 @@ def _qt(data: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None
 def _dequantize(data: torch.Tensor, scale: torch.Tensor, zero_point: Optional[torch.Tensor],  # noqa: UP045
                 global_scale: Optional[torch.Tensor], fmt: str, shape: list[int], dtype: torch.dtype,  # noqa: UP045
                 axis: Optional[int], group_size: Optional[list[int]]) -> torch.Tensor:  # noqa: UP045
-    out = _lz().dequantize(_qt(data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size))
+    out = eager("dequantize")(_qt(data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size))
     return _owned(out, data, scale, zero_point, global_scale)
 
 
@@ -407,7 +410,7 @@ def _qt_linear_op(name: str) -> Any:
              fmt: str, shape: list[int], dtype: torch.dtype, axis: Optional[int],  # noqa: UP045
              group_size: Optional[list[int]], bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
         qt = _qt(data, scale, zero_point, global_scale, fmt, shape, dtype, axis, group_size)
-        return _owned(getattr(_lz(), name)(x, qt, bias), x, data, scale, zero_point, global_scale, bias)
+        return _owned(eager(name)(x, qt, bias), x, data, scale, zero_point, global_scale, bias)
 
     impl.__name__ = impl.__qualname__ = f"_{name}"
     op = torch.library.custom_op(f"{NS}::{name}", impl, mutates_args=())
@@ -436,7 +439,7 @@ def fp8_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> torch.Ten
 @torch.library.custom_op(f"{NS}::quantize", mutates_args=())
 def _quantize(x: torch.Tensor, fmt: str, axis: Optional[int], group_size: Optional[list[int]],  # noqa: UP045
               check_finite: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    qt = _lz().quantize(x, fmt, axis=axis, group_size=_group_of(group_size), check_finite=check_finite)
+    qt = eager("quantize")(x, fmt, axis=axis, group_size=_group_of(group_size), check_finite=check_finite)
     zp = qt.zero_point if qt.zero_point is not None else x.new_empty(0, dtype=torch.uint8)
     gs = qt.global_scale if qt.global_scale is not None else x.new_empty(0, dtype=torch.float32)
     outs: list[torch.Tensor] = []
@@ -447,10 +450,9 @@ def _quantize(x: torch.Tensor, fmt: str, axis: Optional[int], group_size: Option
 
 @_quantize.register_fake
 def _(x, fmt, axis, group_size, check_finite):
-    from layerzero.core.quant_format import QuantFormat
-    from layerzero.ops.quantization import layout
+    from layerzero.core.quant_format import QuantFormat, storage_layout
 
-    data, scale, zp, gs = layout(QuantFormat(fmt), tuple(x.shape), axis, _group_of(group_size))
+    data, scale, zp, gs = storage_layout(QuantFormat(fmt), tuple(x.shape), axis, _group_of(group_size))
     return (x.new_empty(data[1], dtype=data[0]), x.new_empty(scale[1], dtype=scale[0]),
             x.new_empty(zp[1] if zp else 0, dtype=torch.uint8), x.new_empty(gs[1] if gs else 0, dtype=torch.float32))
 
@@ -465,13 +467,13 @@ def quantize(x: torch.Tensor, fmt: Any, axis: int | None, group_size: Any, check
                            fmt, x.shape, x.dtype, axis, group_size)
 
 
-from layerzero import _library_grad  # noqa: E402  (needs the ops above)
+from . import _grad  # noqa: E402  (needs the ops above)
 
-_library_grad.register(NS)
+_grad.register(NS)
 
 
 # the paged KV-cache ops (registered when this module is imported, as every op here; kept in their own file for size)
-from .library_paged import (  # noqa: E402, F401 - re-exported
+from ._paged import (  # noqa: E402, F401 - re-exported
     merge_attention_states,
     paged_attention,
     paged_attention_lse,

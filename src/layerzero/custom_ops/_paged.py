@@ -1,6 +1,6 @@
-"""The paged KV-cache ops of :mod:`layerzero.library` as ``torch.library`` custom ops: ``lz.paged_attention`` (and its
+"""The paged KV-cache ops of :mod:`layerzero.custom_ops` as ``torch.library`` custom ops: ``lz.paged_attention`` (and its
 lse form), ``lz.merge_attention_states``, ``lz.reshape_and_cache``, ``lz.qk_norm_rope_cache`` and
-``lz.rope_paged_attention`` (the last three mutate ``kv_cache``). Imported by :mod:`layerzero.library` (which
+``lz.rope_paged_attention`` (the last three mutate ``kv_cache``). Imported by :mod:`layerzero.custom_ops._ops` (which
 re-exports every function here); it also imports on its own; the conventions (fake implementations, fresh outputs) are that
 module's."""
 
@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import torch
 
-from ._library_common import NS, _layout_str, _lz, _owned
+from ._common import NS, _layout_str, _owned, eager
 
 
 @torch.library.custom_op(f"{NS}::qk_norm_rope_cache", mutates_args=("kv_cache",))
@@ -18,7 +18,7 @@ def _qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_wei
                         k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                         slot_mapping: torch.Tensor, position_ids: torch.Tensor, eps: float, interleaved: bool,
                         kv_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    qo, ko = _lz().qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping,
+    qo, ko = eager("qk_norm_rope_cache")(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping,
                                       position_ids=position_ids, eps=eps, interleaved=interleaved, kv_layout=kv_layout)
     inputs = (q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids)
     qo = _owned(qo, *inputs)
@@ -47,7 +47,7 @@ def _rope_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos
                           q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],  # noqa: UP045
                           eps: float, cu_seqlens_q: Optional[torch.Tensor], scale: Optional[float],  # noqa: UP045
                           interleaved: bool, kv_layout: str) -> torch.Tensor:
-    out = _lz().rope_paged_attention(q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens,
+    out = eager("rope_paged_attention")(q, k, v, cos, sin, kv_cache, slot_mapping, block_tables, seq_lens,
                                      position_ids=position_ids, q_weight=q_weight, k_weight=k_weight, eps=eps,
                                      cu_seqlens_q=cu_seqlens_q, scale=scale, interleaved=interleaved,
                                      kv_layout=kv_layout)
@@ -77,7 +77,7 @@ def rope_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
 def _paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                      cu_seqlens_q: Optional[torch.Tensor], scale: Optional[float],  # noqa: UP045
                      is_causal: bool, kv_layout: str) -> torch.Tensor:
-    out = _lz().paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
+    out = eager("paged_attention")(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
                                 is_causal=is_causal, kv_layout=kv_layout)
     return _owned(out, q, kv_cache, block_tables, seq_lens, cu_seqlens_q)
 
@@ -99,7 +99,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
 def _paged_attention_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                          cu_seqlens_q: Optional[torch.Tensor], scale: Optional[float],  # noqa: UP045
                          is_causal: bool, kv_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _lz().paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
+    out, lse = eager("paged_attention")(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
                                      is_causal=is_causal, kv_layout=kv_layout, return_lse=True)
     out = _owned(out, q, kv_cache, block_tables, seq_lens, cu_seqlens_q)
     return out, _owned(lse, q, kv_cache, block_tables, seq_lens, cu_seqlens_q, out)
@@ -121,7 +121,7 @@ def paged_attention_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
 @torch.library.custom_op(f"{NS}::merge_attention_states", mutates_args=())
 def _merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                             lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _lz().merge_attention_states(out_a, lse_a, out_b, lse_b)
+    out, lse = eager("merge_attention_states")(out_a, lse_a, out_b, lse_b)
     out = _owned(out, out_a, lse_a, out_b, lse_b)
     return out, _owned(lse, out_a, lse_a, out_b, lse_b, out)
 
@@ -140,7 +140,7 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
 @torch.library.custom_op(f"{NS}::reshape_and_cache", mutates_args=("kv_cache",))
 def _reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                        kv_layout: str) -> None:
-    _lz().reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout)
+    eager("reshape_and_cache")(k, v, kv_cache, slot_mapping, kv_layout)
 
 
 @_reshape_and_cache.register_fake
