@@ -87,7 +87,7 @@ def test_constraints_report_window_and_softcap_independently():
 # ----------------------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize("window", [(1,), (1, 2, 3), 3, "1,0", (1.0, 0), (True, 0), (-2, 0), (0, -5), [1, None]])
+@pytest.mark.parametrize("window", [(1,), (1, 2, 3), 3, "1,0", (1.0, 0), (True, 0), (-2, 0), (0, -5), (None, "a"), (None,)])
 def test_bad_window_raises(window):
     with pytest.raises(InvalidInputError, match="window"):
         lz.attention(*qkv(), window=window)
@@ -111,6 +111,9 @@ def test_bad_softcap_raises(softcap):
     ((4, 8), False, 6, 9, (4, -1)),   # right >= Sk - 1 never restricts
     ((0, 0), False, 1, 9, (-1, 0)),   # one query: left never restricts
     ((-1, -1), False, 6, 6, None),
+    ((None, 3), True, 6, 6, None),    # None = unbounded, as -1 (FlashAttention's spelling)
+    ((2, None), False, 6, 9, (2, -1)),
+    ((None, None), False, 6, 6, None),
 ])
 def test_window_normalization_hand_worked(window, causal, sq, sk, expected):
     assert A._window(window, causal, sq, sk) == expected

@@ -105,7 +105,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
               alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.ops.layerzero.attention`` with ``lz.attention``'s arguments (layout as a string, window split,
     ``alibi_slopes`` ``[Hq]`` / ``[B, Hq]`` float32 or None)."""
-    left, right = (None, None) if window is None else (int(window[0]), int(window[1]))
+    left, right = (None, None) if window is None else (-1 if w is None else int(w) for w in window)
     return _attention(q, k, v, attn_mask, bool(is_causal), scale, float(dropout_p), _layout_str(layout), left, right,
                       softcap, alibi_slopes)
 

@@ -190,7 +190,7 @@ class LLMEngine:
         """Finish ``req``'s unfinished sequences with ``reason`` (their blocks freed; a pending token dropped)."""
         for seq in req.seqs:
             if not seq.finished:
-                seq.pending_index, seq.length_capped = -1, False
+                seq.pending_index, seq.length_capped = None, False
                 self.scheduler.finish(seq, reason)
 
     def _fail(self, req: Request, exc: BaseException) -> None:
@@ -253,7 +253,7 @@ class LLMEngine:
         for req in failed.values():
             self._fail(req, cause)
         for seq in involved:
-            seq.pending_index, seq.length_capped = -1, False
+            seq.pending_index, seq.length_capped = None, False
             if seq.status is SequenceStatus.RUNNING:
                 self.scheduler.preempt(seq)
         if failed:
@@ -323,7 +323,7 @@ class LLMEngine:
         res = Sampler.resolve(prev.pending)
         t = time.perf_counter()
         for seq in prev.sampled:
-            seq.pending_index, seq.length_capped = -1, False
+            seq.pending_index, seq.length_capped = None, False
         return t, self._append_all(prev.sampled, res, touched)
 
     def _append_all(self, seqs: list[Sequence], res: SamplerOutput, touched: dict[str, Request]) -> int:

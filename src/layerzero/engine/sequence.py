@@ -67,18 +67,18 @@ class Sequence:
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
     detok: Any = None
-    pending_index: int = -1
+    pending_index: int | None = None
     length_capped: bool = False
 
     @property
     def num_pending(self) -> int:
         """Sampled tokens whose ids the host has not read yet (0 or 1; async scheduling)."""
-        return 1 if self.pending_index >= 0 else 0
+        return 0 if self.pending_index is None else 1
 
     @property
     def num_tokens(self) -> int:
         """Prompt + output tokens, a pending one included."""
-        return len(self.token_ids) + (self.pending_index >= 0)
+        return len(self.token_ids) + (self.pending_index is not None)
 
     @property
     def output_token_ids(self) -> list[int]:

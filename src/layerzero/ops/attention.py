@@ -274,16 +274,16 @@ def _window(window: Any, is_causal: bool, sq: int, sk: int) -> tuple[int, int] |
     it). None when the window restricts nothing beyond ``is_causal`` (then every kernel can serve the call).
 
     Raises:
-        InvalidInputError: ``window`` is not None or a pair of ints >= -1.
+        InvalidInputError: ``window`` is not None or a pair of (int >= -1 or None).
     """
     if window is None:
         return None
     if (not isinstance(window, (tuple, list)) or len(window) != 2
-            or any(isinstance(w, bool) or not isinstance(w, int) or w < -1 for w in window)):
-        raise fail(OP, "window", "None or (left, right): two ints >= -1 (-1 = unbounded on that side; "
-                   "FlashAttention's window_size)", repr(window),
+            or any(w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < -1) for w in window)):
+        raise fail(OP, "window", "None or (left, right): each side an int >= 0, or None for unbounded (-1 is "
+                   "accepted too: FlashAttention's window_size spelling)", repr(window),
                    "Mistral-style causal sliding window W: window=(W - 1, 0) with is_causal=True.")
-    left, right = int(window[0]), int(window[1])
+    left, right = (-1 if w is None else int(w) for w in window)
     if left >= sq - 1:
         left = -1
     if is_causal:
@@ -363,8 +363,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     ``dropout_p``: probability in [0, 1) applied to the attention weights.
 
     ``window=(left, right)``: local (sliding-window) attention, FlashAttention's ``window_size`` convention
-    (Beltagy et al. 2020; Mistral): query i attends keys j with ``i - left <= j <= i + right``, -1 = unbounded
-    on that side, positions top-left aligned exactly like ``is_causal`` (query i at position i, key j at j).
+    (Beltagy et al. 2020; Mistral): query i attends keys j with ``i - left <= j <= i + right``, None = unbounded
+    on that side (FlashAttention's -1 is accepted too), positions top-left aligned exactly like ``is_causal`` (query i at position i, key j at j).
     With ``is_causal=True`` right is effectively 0 (Mistral's window W is ``window=(W - 1, 0)``). Combines with
     ``attn_mask`` (a key must pass every one). A window that restricts nothing for these lengths is dropped, so
     any kernel can serve the call. ``softcap``: logit soft-capping (Gemma 2): ``scores = softcap *
@@ -394,7 +394,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: t
     Raises:
         InvalidInputError: wrong rank, dtype or device mix, batch/head/head_dim mismatch, ``Hq % Hkv != 0``,
             mask dtype or shape, ``dropout_p`` outside [0, 1), non-positive ``scale``, unknown ``layout``,
-            ``window`` not a pair of ints >= -1, ``softcap`` not a finite float > 0, ``alibi_slopes`` not a float32
+            ``window`` not a pair of (int >= -1 or None), ``softcap`` not a finite float > 0, ``alibi_slopes`` not a float32
             ``[Hq]`` / ``[B, Hq]`` tensor on q's device.
         NoKernelFoundError: the op is locked to a kernel that cannot run these inputs (message lists why).
         KernelExecutionError: the kernel failed and no fallback was allowed (lock or strict mode).

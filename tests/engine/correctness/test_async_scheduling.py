@@ -36,7 +36,7 @@ def _run(checkpoints, ps, sps, async_scheduling, **kw):
     execute = llm.engine.runner.execute
 
     def spy(chunks, tables, prev_tokens=None, greedy=False):
-        pending = [s for s, _ in chunks if s.pending_index >= 0]
+        pending = [s for s, _ in chunks if s.pending_index is not None]
         # a pending sequence's last token is not on the host yet: the device gathers it
         assert all(len(s.token_ids) == s.num_tokens - 1 for s in pending)
         gathered.append(len(pending))

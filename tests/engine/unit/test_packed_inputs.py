@@ -58,7 +58,7 @@ def runner(monkeypatch) -> CUDAGraphRunner:
 def _decode(pending=None):
     """Three decode chunks of block size 4 (tables [6, 2], [4], [1, 5, 3]); the second one's token pending."""
     return [ScheduledChunk([1, 2, 3, 4, 5], 4, 1, (), True),
-            ScheduledChunk([9, 8, 7], 2, 1, (), True, pending_src=1 if pending is not None else -1),
+            ScheduledChunk([9, 8, 7], 2, 1, (), True, pending_src=1 if pending is not None else None),
             ScheduledChunk(list(range(10)), 9, 1, (), True)]
 
 

@@ -23,7 +23,7 @@ class ScheduledChunk:
     ``start .. start + length - 1``, its block table (block ids, enough for ``start + length`` tokens), and
     whether the step samples its next token (the chunk reaches the end of its known tokens).
 
-    ``pending_src`` >= 0 (async scheduling): the chunk's last token is pending, not in ``token_ids`` yet; its id is
+    ``pending_src`` not None (async scheduling): the chunk's last token is pending, not in ``token_ids`` yet; its id is
     row ``pending_src`` of the previous step's sampled tokens, gathered on the device."""
 
     token_ids: Sequence[int]
@@ -31,7 +31,7 @@ class ScheduledChunk:
     length: int
     block_table: Sequence[int]
     sample: bool
-    pending_src: int = -1
+    pending_src: int | None = None
 
 
 @dataclass
@@ -248,7 +248,7 @@ def _mixed_arrays(chunks: Sequence[ScheduledChunk], block_size: int,
         a, b = int(cu[i]), int(cu[i + 1])
         p = np.arange(c.start, c.start + c.length, dtype=np.int64)
         table = tables[i].astype(np.int64)
-        if c.pending_src >= 0:
+        if c.pending_src is not None:
             ids[a:b - 1] = c.token_ids[c.start:c.start + c.length - 1]
             ids[b - 1] = 0
             rows.append((b - 1, c.pending_src))
@@ -268,8 +268,8 @@ def _decode_arrays(chunks: Sequence[ScheduledChunk], block_size: int,
     """:func:`_mixed_arrays` of chunks of one token each (cu_seqlens_q is left out of the batch: a pure decode
     step)."""
     pos = np.fromiter((c.start for c in chunks), dtype=np.int64, count=len(chunks))
-    ids = [c.token_ids[c.start] if c.pending_src < 0 else 0 for c in chunks]
-    rows = [(i, c.pending_src) for i, c in enumerate(chunks) if c.pending_src >= 0]
+    ids = [c.token_ids[c.start] if c.pending_src is None else 0 for c in chunks]
+    rows = [(i, c.pending_src) for i, c in enumerate(chunks) if c.pending_src is not None]
     slots = tables[np.arange(len(chunks)), pos // block_size].astype(np.int64) * block_size + pos % block_size
     sample = [i for i, c in enumerate(chunks) if c.sample]
     p32 = pos.astype(np.int32)

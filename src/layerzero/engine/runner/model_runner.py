@@ -200,7 +200,7 @@ class ModelRunner:
         for s, n in chunks:
             last = s.num_computed_tokens + n == s.num_tokens
             sched.append(ScheduledChunk(s.token_ids, s.num_computed_tokens, n, (), last,
-                                        s.pending_index if last else -1))
+                                        s.pending_index if last else None))
         if all(c.length == 1 and c.sample for c in sched):
             for graphs in (self.narrow, self.graphs):  # the narrow batch-1 graphs first, as graphs_for picks them
                 target = graphs.pack_for(len(sched), block_tables.shape[1], self._lane) if graphs is not None else None
