@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .device import DeviceSpec
-from .specs import Layout, MaskKind, Phase
+from .types import Layout, MaskKind, Phase
 
 
 def bucket(n: int) -> int:

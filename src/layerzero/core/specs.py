@@ -18,32 +18,14 @@ import torch
 
 from .reasons import Reason
 
+# Layout, MaskKind and Phase moved to core/types.py (so specs and context need not import each other); re-exported
+from .types import Layout as Layout
+from .types import MaskKind as MaskKind
+from .types import Phase as Phase
+
 if TYPE_CHECKING:
     from .context import SelectionContext
     from .device import GPUGeneration
-
-
-class Layout(str, enum.Enum):
-    """Attention tensor layouts. BHSD = [batch, heads, seq, head_dim] (SDPA); BSHD = [batch, seq, heads, head_dim]
-    (flash-attn)."""
-
-    BHSD = "BHSD"
-    BSHD = "BSHD"
-
-
-class MaskKind(str, enum.Enum):
-    """What ``attn_mask`` is: absent, boolean (True = attend) or additive float."""
-
-    NONE = "none"
-    BOOL = "bool"
-    FLOAT = "float"
-
-
-class Phase(str, enum.Enum):
-    """Serving phase derived from the query length: decode = one query token per sequence."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 CPU_ISA_NAMES: frozenset[str] = frozenset({
