@@ -9,8 +9,8 @@
 # without the Triton-interpreter files (`*_interpret.py`: their kernels run in Triton's numpy interpreter, not in
 # ATen's ISA-dispatched code, and they are the slowest files: ~3 min of each pass before 2026-11-27).
 #
-# Two streams when the machine has >= 2 cores (CI machines have 2): the main run in the foreground, the -O and ISA
-# passes beside it (every pass is single-threaded: conftest sets one torch thread), their output printed after it.
+# Two streams when the machine has >= 2 cores (CI machines have 2): the main run (all but the Triton-interpreter
+# files) in the foreground; the interpreter files, the -O and ISA passes beside it (every pass is single-threaded: conftest sets one torch thread), their output printed after it.
 # Measured on the 2-core AVX2 CI machine (AMD EPYC), 2026-11-27: one after another 27.5 min in all (main 12.5 min,
 # -O 4.5, ISA 5.1 + 4.2 with the interpreter files, venv and fuzzers the rest); see the closing note of that
 # session for the two-stream figure. SERIAL=1 runs everything one after another.
@@ -28,6 +28,8 @@ esac
 ISA_CAPABILITIES=${ISA_CAPABILITIES-$lesser}
 
 side_passes() {
+  echo "=== the Triton-interpreter tests (tests/correctness/*_interpret.py; left out of the main run to balance the streams)"
+  "$PY" -m pytest -q -p no:cacheprovider tests/correctness/*_interpret.py || return 1
   echo "=== this CPU dispatches as $native; the kernel-correctness tests run again under: ${ISA_CAPABILITIES:-none}"
   echo "=== python -O: every test of validation and the engine (not tests/correctness, not stress)"
   "$PY" -O -m pytest -q -p no:cacheprovider -m "not stress" tests --ignore=tests/correctness || return 1
@@ -44,14 +46,14 @@ if [ "${SERIAL:-}" != 1 ] && [ "$cores" -ge 2 ]; then
   echo "=== the -O and forced-ISA passes run beside the main run ($cores cores); their output follows it"
   side_passes >"$log" 2>&1 &
   side=$!
-  "$PY" -m pytest -q
+  "$PY" -m pytest -q --ignore-glob='*_interpret.py'
   main_rc=$?
   wait "$side"
   side_rc=$?
   cat "$log"
   rm -f "$log"
 else
-  "$PY" -m pytest -q
+  "$PY" -m pytest -q --ignore-glob='*_interpret.py'
   main_rc=$?
   side_passes
   side_rc=$?
