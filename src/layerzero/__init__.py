@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _wiring  # noqa: F401 - installs core's runtime hooks (the ops loader, autotune, canary)
 from .api import (
     TuneReport,
     configure,

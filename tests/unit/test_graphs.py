@@ -154,9 +154,9 @@ def _capture_builder(build_ctx):
 def really_capturing(monkeypatch):
     """Make the dispatcher believe a CUDA graph is being captured now (a miss then raises, unlike the same key's
     miss under ``lz.capture_selection()`` outside a capture, which selects)."""
-    from layerzero.core import dispatch
+    from layerzero.core import selection_runtime  # Runtime.resolve's module
 
-    monkeypatch.setattr(dispatch, "capturing_now", lambda: True)
+    monkeypatch.setattr(selection_runtime, "capturing_now", lambda: True)
 
 
 def test_resolve_miss_under_capture_raises(really_capturing):

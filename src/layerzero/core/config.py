@@ -23,6 +23,7 @@ from . import policy as _policy
 from .env import EnvSettings, read_env
 from .errors import ConfigurationError, PolicyValidationError, expected_got
 from .policy import LockRule, Policy
+from .registry import KernelRegistry
 
 
 def default_perfdb_path() -> str:
@@ -143,6 +144,7 @@ class _State:
         self.env = EnvSettings()
         self.merged_memo: tuple[tuple[int, tuple[Policy, ...]], Policy] | None = None
         self.names_checked: tuple[Policy, int] | None = None  # (base policy, registry version) last checked
+        self.names_registry: Callable[[], KernelRegistry] | None = None  # see set_names_registry
 
     def rebuild(self) -> None:
         lock_layer = Policy.from_dict(
@@ -290,12 +292,21 @@ def get_locks() -> dict[str, str]:
     return dict(_STATE.locks)
 
 
+def set_names_registry(source: Callable[[], KernelRegistry]) -> None:
+    """Name the registry whose ops, kernels and backends the policy's names are checked against
+    (:func:`effective_policy`): ``source()`` returns it at each check. ``core/runtime.py`` passes the process
+    runtime's registry (this module sits below the runtime, so it cannot import it). Until a source is set no
+    check runs, as none could find anything registered then. Raises nothing."""
+    _STATE.names_registry = source
+
+
 def _check_names(base: Policy) -> None:
     """Check the names ``base`` uses against the runtime's registry (once per policy and registry version; not
     before the backends are loaded). Raises what :func:`~layerzero.core.policy_names.check_policy_names` raises."""
-    from .runtime import RUNTIME  # lazily: core.runtime -> core.dispatch -> this module
-
-    registry = RUNTIME.registry
+    source = _STATE.names_registry
+    if source is None:
+        return
+    registry = source()
     checked = _STATE.names_checked
     if base.is_empty or not len(registry.ops) or (
             checked is not None and checked[0] is base and checked[1] == registry.version):
@@ -370,4 +381,5 @@ __all__ = [
     "CONFIG_OPTIONS", "Config", "LockRule", "add_listener", "configure", "default_perfdb_path", "effective_policy",
     "ensure_env_loaded", "epoch", "get_config", "get_locks", "load_config", "load_env", "notify_change",
     "reset_for_tests", "scope_layers", "scope_token", "scope_token_of", "scoped_policy", "set_lock",
+    "set_names_registry",
 ]

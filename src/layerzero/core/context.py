@@ -9,6 +9,7 @@ policy comparisons on those fields therefore see the bucket's upper bound (``seq
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import fields as dc_fields
 from typing import Any
@@ -154,3 +155,8 @@ class SelectionContext:
 
 
 _DEVICE_FIELDS = frozenset({"device", "device_name", "sm", "gpu_generation"})
+
+
+ContextBuilder = Callable[[tuple[Any, ...]], SelectionContext]
+"""An op's context builder: its cache key (the named key, or the plain-tuple form of one) -> the
+:class:`SelectionContext` of every call with that key (dispatch calls it on a cache miss only)."""

@@ -9,13 +9,20 @@ no ``lz.dry_run`` anywhere in the process. Each such observer registers here whi
 registered, :attr:`DispatchObservers.none` is False and the ops go through ``Runtime.run_hot``, which counts,
 times or records per call (per thread or task, as before). Imports nothing of LayerZero (core, telemetry and
 planning import it).
+
+Also here: the ``lz.trace()`` block itself (:func:`trace`, :class:`DispatchTrace`, :data:`TRACE`), an observer
+that dispatch and its failure handling both record into (``core.dispatch`` re-exports them).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
+from collections import Counter
+from collections.abc import Iterator
 
-__all__ = ["OBSERVERS", "DispatchObservers"]
+__all__ = ["OBSERVERS", "TRACE", "DispatchObservers", "DispatchTrace", "trace"]
 
 
 class DispatchObservers:
@@ -52,3 +59,34 @@ class DispatchObservers:
 
 OBSERVERS = DispatchObservers()
 """The process's dispatch observers (telemetry on, ``lz.trace()`` blocks, ``lz.dry_run``)."""
+
+
+class DispatchTrace:
+    """Counts of ``(op, kernel_id)`` dispatched inside an ``lz.trace()`` block (``.counts``), plus the
+    fallbacks that happened (``.fallbacks``: ``(op, failed kernel, error text)``)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.fallbacks: list[tuple[str, str, str]] = []
+
+    def kernels_for(self, op: str) -> list[str]:
+        """Kernel ids that served ``op`` in this block, most used first."""
+        return [k for (o, k), _ in self.counts.most_common() if o == op]
+
+
+TRACE: contextvars.ContextVar[DispatchTrace | None] = contextvars.ContextVar("layerzero_trace", default=None)
+"""The innermost ``lz.trace()`` block of this thread/task (None outside any): dispatch counts into it."""
+
+
+@contextlib.contextmanager
+def trace() -> Iterator[DispatchTrace]:
+    """Record which kernel served each op call inside the block (this thread/task only); yields a
+    :class:`DispatchTrace`. Raises nothing; errors of the ops inside propagate unchanged."""
+    t = DispatchTrace()
+    OBSERVERS.enter()  # the ops' inlined hot path counts nothing: they take run_hot meanwhile
+    token = TRACE.set(t)
+    try:
+        yield t
+    finally:
+        TRACE.reset(token)
+        OBSERVERS.leave()

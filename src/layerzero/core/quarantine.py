@@ -1,8 +1,8 @@
 """Correctness canaries and the quarantine they fill.
 
 With ``lz.configure(canaries=True)``, the first call of each new selection-cache key whose plan is not the reference
-kernel is checked against the reference kernel on the same inputs (``Runtime.canary``, wired in ``core/runtime.py`` to
-``layerzero.tuning.canary.check``: the ``lz.tune`` correctness check and its per-dtype tolerances). A failure
+kernel is checked against the reference kernel on the same inputs (``Runtime.canary``, installed by the package above
+core, ``layerzero/_wiring.py``, as the ``lz.tune`` correctness check with its per-dtype tolerances). A failure
 quarantines ``backend@version@arch``: persisted in a ``quarantine`` table of the PerfDB's SQLite file, so every later
 selection on that device architecture rejects the backend's kernels with ``BACKEND_QUARANTINED`` (in this and later
 processes), and the failed call is served again by the re-selected kernel (its wrong output is never returned).
@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .device import DeviceSpec
 from .errors import ConfigurationError
@@ -26,10 +26,11 @@ from .reasons import Reason, ReasonCode
 from .shipped import device_fingerprint
 
 if TYPE_CHECKING:
-    from .dispatch import Runtime
+    from .cache import SelectionCache
+    from .registry import KernelRegistry
     from .specs import ExecutionPlan
 
-__all__ = ["QuarantineEntry", "QuarantineStore", "arch_of", "probe_first_call"]
+__all__ = ["CanaryRuntime", "QuarantineEntry", "QuarantineStore", "arch_of", "probe_first_call"]
 
 log = logging.getLogger("layerzero.quarantine")
 
@@ -119,7 +120,24 @@ class QuarantineStore:
                       f"{e} (lift it: `layerzero quarantine --clear {backend}`, or install another version)")
 
 
-def probe_first_call(runtime: Runtime, key: Hashable, build_ctx: Callable[[Hashable], Any], args: tuple[Any, ...],
+class CanaryRuntime(Protocol):
+    """What :func:`probe_first_call` uses of the runtime (a ``core.dispatch.Runtime``, named here by its members:
+    this module sits below dispatch and does not import it)."""
+
+    registry: KernelRegistry
+    cache: SelectionCache[ExecutionPlan]
+    canary: Callable[..., str | None] | None
+
+    def quarantine(self) -> QuarantineStore | None:
+        """The quarantine store (None when the PerfDB is off or unusable)."""
+        ...
+
+    def resolve(self, key: Hashable, build_ctx: Callable[[Any], Any], *, refresh: bool = False) -> ExecutionPlan:
+        """The plan of ``key``: cached, or selected now and cached."""
+        ...
+
+
+def probe_first_call(runtime: CanaryRuntime, key: Hashable, build_ctx: Callable[[Hashable], Any], args: tuple[Any, ...],
                      plan: ExecutionPlan, out: Any) -> Any:
     """The canary of a key's first call: ``out`` when the plan's kernel agrees with the reference (or cannot be
     checked); otherwise quarantine its backend, re-select, and return the new plan's output for the same args."""

@@ -1,8 +1,9 @@
 """Small shared enums of the call description: tensor layout, mask kind, serving phase.
 
-Both :mod:`layerzero.core.specs` (what a kernel supports) and :mod:`layerzero.core.context` (what a call is) use
-them; they live here so that neither of those two modules imports the other (``core`` has no import cycles).
-``specs`` re-exports them, so ``from layerzero.core.specs import Layout`` keeps working. Imports nothing.
+Both :mod:`layerzero.core.specs` (what a kernel supports) and :mod:`layerzero.core.context` (what a call is)
+use them; they live here so that neither of those two modules imports the other (``core`` has no import
+cycles). ``specs`` re-exports them, so ``from layerzero.core.specs import Layout`` keeps working. Imports
+nothing.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ __all__ = ["Layout", "MaskKind", "Phase"]
 
 
 class Layout(str, enum.Enum):
-    """Attention tensor layouts. BHSD = [batch, heads, seq, head_dim] (SDPA); BSHD = [batch, seq, heads, head_dim]
-    (flash-attn)."""
+    """Attention tensor layouts. BHSD = [batch, heads, seq, head_dim] (SDPA); BSHD = [batch, seq, heads,
+    head_dim] (flash-attn)."""
 
     BHSD = "BHSD"
     BSHD = "BSHD"
