@@ -4,9 +4,8 @@ Some libraries keep an exception raised while they load: xFormers keeps the ``OS
 (``xformers._cpp_lib._cpp_library_load_exception``). A traceback's frames link to their callers (``f_back``), so
 such an exception keeps every frame that was on the stack when the import ran, with their locals, for as long as
 the library lives. LayerZero probes its backends on the first selection, which is usually inside a model's first
-forward: on CUDA that pinned an engine's model, KV cache and CUDA graphs (~14 GB at the Qwen3-0.6B benchmark's
-shape) after the engine was deleted (found 2026-11-25 with ``gc.get_referrers`` on an H200; xFormers 0.0.35 built
-for another torch). A probe run in a short-lived thread has only that thread's frames above it.
+forward: on CUDA that pinned an engine's model, KV cache and CUDA graphs after the engine was deleted
+(benchmarks/results/history.md). A probe run in a short-lived thread has only that thread's frames above it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ AOTAutograd can trace them:
   ``rotate_half`` (NeoX: ``cat(-x2, x1)``) or ``rotate_every_two`` (GPT-J: ``(x0, x1) -> (-x1, x0)``), dims >= R
   passed through. ``P`` is a block of 90-degree rotations, so ``P^T = -P`` and ``dx_r = dy_r cos - P(dy_r sin)``,
   ``dx_pass = dy_pass``; cos/sin are gathered as the reference kernel (``backends/reference/rope.py``) gathers them;
-  float32 (float64 for float64 q), then q's / k's dtype. Learned cos/sin (since 2026-11-27): ``dcos = sum(dy_r x_r)``,
+  float32 (float64 for float64 q), then q's / k's dtype. Learned cos/sin: ``dcos = sum(dy_r x_r)``,
   ``dsin = sum(dy_r P(x_r))`` over the heads (q's and k's terms added), then back to the table's shape: scatter-added
   over ``position_ids`` into a ``[max_pos, R]`` table, the first S rows of a table read at positions ``0..S-1``, summed
   over the batch for a gathered ``[1, S, R]``; in the table's dtype;

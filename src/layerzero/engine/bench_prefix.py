@@ -81,16 +81,11 @@ def warm_up(llm: Any) -> None:
     """Run, before the timing, every kind of step the workload has, so first-use compiles (Triton kernels, FlashInfer
     modules) are not timed: a prompt that fills three blocks, then a batch of four prompts extending it (with prefix
     caching they hit its blocks: a prefill step on a cached prefix, cascade when on) and two new ones, decoding
-    together. The same for every engine of a comparison. On the H200 (2026-11-25) a cascade run warmed with one
-    3-token prompt took 19.95 s, the same run 13.92 s in a later process on that machine
-    (``benchmarks/engine/prefix_profile.py``): first-use compiles of its prefill steps' kernels inside the timed
-    run are the likely cause.
-
-    This warm-up is not enough either: later on 2026-11-25 the first process of a source tree still spent ~7 s of its
-    cascade + LPM run compiling (16.44 s, then 9.12-9.20 s in the next processes). On CUDA every timed run of this
-    module therefore follows an untimed run of the same workload in the same engine, with the prefix cache emptied
-    in between (``KVCacheManager.reset_prefix_cache``): the timed run starts as cold as a new engine's cache, with
-    every kernel compiled and planned."""
+    together. The same for every engine of a comparison. Not enough alone (first-use compiles still
+    landed in timed runs: benchmarks/results/history.md), so on CUDA every timed run of this module also follows an
+    untimed run of the same workload in the same engine, with the prefix cache emptied in between
+    (``KVCacheManager.reset_prefix_cache``): the timed run starts as cold as a new engine's cache, with every kernel
+    compiled."""
     from . import SamplingParams
 
     prefix = [(7 * i) % 997 + 3 for i in range(3 * llm.engine.config.block_size)]
@@ -112,14 +107,12 @@ def run_prefix(*, scale: str = "full", model: str | None = None, device: str | N
     ``zero_hit=False`` skips the 0%-hit measurement (``"zero_hit"`` is then None).
 
     Every shared-prefix run gets the KV pool size of the first one (cache on), so every run has the same room and
-    none preempts. Until 2026-11-25 a later engine found less free memory than the first (a deleted engine's
-    tensors stayed alive: xFormers kept its import error, whose traceback pinned the frames of the forward that first
-    probed the backends; probes now run on a clean stack): the cache-off run got 34,135 blocks instead of 39,169
-    and preempted 36 times, which made the baseline slower and the speed-ups look larger.
+    none preempts. (A later engine once found less free memory than the first:
+    benchmarks/results/history.md.)
 
     ``repeats``: the 0%-hit pair runs this many times, interleaved (on, off, on, off, ...), every engine with the KV
     pool size of the first one (likewise); the cost is the median of the per-pair costs (each pair's runs are adjacent in time), and every pair's
-    seconds are reported. One pair read +1.1% on the H200 (2026-11-24), at the 1% target's edge."""
+    seconds are reported."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         from layerzero import InvalidInputError
 

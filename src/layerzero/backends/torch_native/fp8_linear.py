@@ -52,9 +52,8 @@ def _check(ctx: SelectionContext) -> list[Reason]:
 def kernel_spec() -> KernelSpec:
     """The ``torch_native.fp8_linear`` KernelSpec: priority 50 (above the reference's 0), CPU (any of float16 /
     bfloat16 / float32) and CUDA SM >= 9.0 (bfloat16, K and N multiples of 16; Hopper's row-wise scaled fp8 GEMM),
-    inference only. On an H200: ``tests/gpu/test_gpu_fp8_linear.py`` 35/35 against the float64 oracle
-    (``benchmarks/results/engine/h200/2026-11-28b/fp8_gpu.txt``; the CUDA constraints are ``torch._scaled_mm``'s
-    documented ones)."""
+    inference only. The CUDA constraints are ``torch._scaled_mm``'s documented ones
+    (GPU record: ``benchmarks/results/engine/h200/2026-11-28b/fp8_gpu.txt``)."""
     return KernelSpec(KERNEL_ID, "fp8_linear", fp8_linear, priority=50, device_types=frozenset({"cpu", "cuda"}),
                       dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}), sm_min=(9, 0),
                       deterministic=True, graph_safe=True, supports_backward=False, check=_check,

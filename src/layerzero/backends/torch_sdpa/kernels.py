@@ -269,7 +269,7 @@ def aten_capability() -> str:
 def amx_below_avx512(ctx: SelectionContext) -> Reason | None:
     """torch's CPU flash attention in bfloat16 packs its blocks for AMX when the CPU has ``amx_bf16``, and that packing
     (``pack_vnni2``) raises on some shapes when ATen dispatches below AVX-512 (``ATEN_CPU_CAPABILITY=avx2`` /
-    ``default`` on such a CPU; torch 2.13.0+cpu, found by ``make test``'s forced-ISA pass on 2026-11-28): the reason
+    ``default`` on such a CPU; torch 2.13.0+cpu): the reason
     a kernel that runs SDPA on bfloat16 CPU inputs gives for refusing them there, else None."""
     cap = aten_capability()
     if (ctx.device.device_type == "cpu" and ctx.dtype is torch.bfloat16 and "amx_bf16" in ctx.device.cpu_isa

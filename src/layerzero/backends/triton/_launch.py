@@ -1,10 +1,8 @@
 """A cheaper eager launch of our ``@triton.jit`` kernels: Triton's own argument binder, then the compiled kernel's
 launcher, skipping the rest of ``JITFunction.run``.
 
-Why: on the H200 hosts of 2026-11-24 one ``kernel[grid](...)`` of ``triton.paged_decode``'s split kernel cost 25-43 µs
-of host time (``benchmarks/bench_launch.py``; a ``torch.add`` there costs 8-10 µs), so the two-launch decode kernel was
-host-bound in eager mode at small batches and lost the eager comparison with FlashInfer (35 µs) on shapes where its
-GPU time is lower. Per call ``JITFunction.run`` reads several ``knobs``, formats the options with ``str()`` for its
+Why: one ``kernel[grid](...)`` costs several times a ``torch.add``'s host time (``benchmarks/bench_launch.py``;
+numbers: benchmarks/results/history.md), so a two-launch decode kernel is host-bound in eager mode at small batches. Per call ``JITFunction.run`` reads several ``knobs``, formats the options with ``str()`` for its
 cache key, checks the kernel's used globals and builds launch metadata; the specialization itself (which integer
 arguments are 1 or divisible by 16, pointer alignment, dtypes, constexprs) comes from a generated binder.
 

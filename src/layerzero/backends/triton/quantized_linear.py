@@ -37,11 +37,8 @@ PRIORITY = 40
 """Below ``torch_native.quantized_linear`` (50) where no GPU measurement says otherwise (:func:`priority_for`)."""
 MEASURED_PRIORITY = 55
 MEASURED_FASTER = frozenset({QuantFormat.INT8.value, QuantFormat.FP8_E4M3.value})
-"""Weight formats the engine ran faster with this kernel than with dequantize + cuBLAS on an H200 (bf16, Qwen3-0.6B's
-shapes, ``benchmarks/results/engine/h200/README.md``, 2026-11-25; two processes, each against its own bf16 run):
-int8 per channel 0.58 of bf16's tokens/s vs 0.41, fp8 e4m3 per channel 0.63 vs 0.39. int4 (groups of 128) ran
-slower (0.16 vs 0.30: the old row kernel's nibble decode; the int4 decode kernel replaced it at decode rows:
-:data:`INT4_MEASURED_FASTER`) and fp8 e5m2 was not measured: it stays opt in."""
+"""Weight formats the engine ran faster with this kernel than with dequantize + cuBLAS on an H200 (int4:
+:data:`INT4_MEASURED_FASTER`; fp8 e5m2 was not measured and stays opt in). Numbers: benchmarks/results/history.md."""
 MEASURED_SM_MIN = (9, 0)
 """Where those measurements ran (Hopper); older GPUs keep :data:`PRIORITY` until measured (``lz.tune``)."""
 HALF = frozenset({torch.float16, torch.bfloat16})

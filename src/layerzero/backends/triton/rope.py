@@ -30,15 +30,11 @@ QK_NORM_CACHE_KERNEL_ID = "triton.qk_norm_rope_cache"
 CACHE_PRIORITY = PRIORITY = 60
 """Above ``composite.qk_norm_rope_cache`` (52, the two launches it fuses) and torch_native (50, several elementwise
 launches in the input dtype) and liger (40): fastest of the three on the H200 for decode and 4096-token prefill shapes
-(37-59 µs vs 102 µs torch_native; benchmarks/results/norm_rope_h200.md). ``triton.qk_norm_rope_cache`` on the H200:
-22 GPU tests against float64 passed (2026-11-27), and a 28-layer batch-1 attention block ran 7.90 vs 8.60 µs a layer
-with the composite form (``benchmarks/results/engine/h200/2026-11-27d/attention_block.md``)."""
+(benchmarks/results/norm_rope_h200.md; qk_norm_rope_cache: benchmarks/results/history.md)."""
 MAX_HEAD_DIM = 1024
 BLOCK_H_MAX = 4
-"""Most heads one program rotates (a power of two; fewer when a head's tile is large). 4 since 2026-11-28: the engine's
-batch-1 decode graph (Qwen3-0.6B, 16 query / 8 KV heads of 128, H200, ``benchmarks/engine/batch1_ab.py``) replayed in
-687 µs with 4 (6 programs for a token's q and k) against 691 with 8, 692 with 16 (2 programs), 697-698 with 2 and 694
-with 1."""
+"""Most heads one program rotates (a power of two; fewer when a head's tile is large). 4: the fastest batch-1 decode graph of
+the values tried (benchmarks/results/history.md)."""
 _KERNELS = LazyModule("_rope_kernels")
 
 

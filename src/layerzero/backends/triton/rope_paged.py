@@ -30,12 +30,7 @@ KERNEL_ID = "triton.rope_paged_decode"
 PRIORITY = 45
 """Below ``composite.rope_paged_attention`` (52: ``lz.qk_norm_rope_cache`` then ``lz.paged_attention``), so opt in
 (``lz.prefer("triton.rope_paged_decode")``): on the H200 the fused split kernel measured slower than the composite's
-three kernels. 28-layer batch-1 graphs of Qwen3-0.6B's attention (``benchmarks/engine/attention_block.py``,
-``benchmarks/results/engine/h200/2026-11-27d/``), µs per layer at 384 / 1024 cached tokens: this kernel + merge
-8.66 / 12.11 (8.58 / 12.03 with the KV write before the loop), composite 8.00 / 10.88, the four separate kernels
-8.60 / 11.49. Its q/k prologue costs about what the two kernels it replaces cost (~3 µs) and the split kernel's tile
-loop slowed with it (+3.4 µs at 1024 tokens); issuing the first tile's loads before the prologue was slower still
-(9.08 / 13.16: the tile held in registers)."""
+three kernels (benchmarks/results/history.md)."""
 
 NUM_SPLITS: int | None = None
 """Force the KV split count (tests, benchmarks); None: ``paged.choose_split_len``'s, as ``triton.paged_decode``."""

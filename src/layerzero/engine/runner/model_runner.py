@@ -108,11 +108,8 @@ class ModelRunner:
         """``cascade_attention=True`` -> every step (decode, or with prefill chunks) with a shared prefix
         (``CascadePolicy(always=True)``); False -> off; None (the default) -> on CUDA with prefix caching and an
         unquantized KV pool, steps whose shared prefixes save enough reads (``CascadePolicy()``'s thresholds: a
-        step sharing nothing keeps its plain decode graph), else off. On the H200 the shared-prefix benchmark ran
-        1.82x faster than without prefix caching with cascade off and 2.72x with it (3.59x with
-        ``scheduling_policy="lpm"``); a workload sharing nothing measured -1.0% / +0.3% with ``always`` (within
-        noise); the engine's GPU suite passed with the default on (benchmarks/results/engine/h200/README.md,
-        2026-11-25, seventh session).
+        step sharing nothing keeps its plain decode graph), else off. Why the default: the shared-prefix benchmark
+        gains from it and a workload sharing nothing does not lose (benchmarks/results/history.md).
 
         Raises:
             ConfigurationError: ``cascade_attention=True`` with a quantized KV pool."""
