@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from layerzero import ops as lz_ops
 from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec, KernelSpec
 
@@ -23,31 +24,25 @@ FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16}
 
 def rms_norm_linear(x, norm_weight, weight, bias, residual, eps):
     """``lz.rms_norm_linear`` as ``lz.rms_norm`` (with the residual) then ``lz.linear``: y, or ``(y, x + residual)``."""
-    import layerzero as lz
-
     if residual is None:
-        return lz.linear(lz.rms_norm(x, norm_weight, eps), weight, bias)
-    h, residual = lz.rms_norm(x, norm_weight, eps, residual=residual)
-    return lz.linear(h, weight, bias), residual
+        return lz_ops.linear(lz_ops.rms_norm(x, norm_weight, eps), weight, bias)
+    h, residual = lz_ops.rms_norm(x, norm_weight, eps, residual=residual)
+    return lz_ops.linear(h, weight, bias), residual
 
 
 def swiglu_linear(gate, up, weight, bias):
     """``lz.swiglu_linear`` as ``lz.swiglu`` then ``lz.linear``."""
-    import layerzero as lz
-
-    return lz.linear(lz.swiglu(gate, up), weight, bias)
+    return lz_ops.linear(lz_ops.swiglu(gate, up), weight, bias)
 
 
 def qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping, position_ids, interleaved,
                        kv_layout, eps):
     """``lz.qk_norm_rope_cache`` as ``lz.qk_norm_rope`` (q, k viewed ``[1, T, H, D]`` BSHD) then
     ``lz.reshape_and_cache`` of the rotated k and v; returns ``(q, k)`` token-major."""
-    import layerzero as lz
-
     t = q.shape[0]
-    qo, ko = lz.qk_norm_rope(q.unsqueeze(0), k.unsqueeze(0), q_weight, k_weight, cos, sin, eps=eps,
-                             position_ids=position_ids.view(1, t), interleaved=interleaved, layout="BSHD")
-    lz.reshape_and_cache(ko[0], v, kv_cache, slot_mapping, kv_layout)
+    qo, ko = lz_ops.qk_norm_rope(q.unsqueeze(0), k.unsqueeze(0), q_weight, k_weight, cos, sin, eps=eps,
+                                 position_ids=position_ids.view(1, t), interleaved=interleaved, layout="BSHD")
+    lz_ops.reshape_and_cache(ko[0], v, kv_cache, slot_mapping, kv_layout)
     return qo[0], ko[0]
 
 
@@ -56,19 +51,18 @@ def rope_paged_attention(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_m
     """``lz.rope_paged_attention`` as ``lz.qk_norm_rope_cache`` (weights given) or ``lz.rope`` (q, k viewed
     ``[1, T, H, D]`` BSHD) + ``lz.reshape_and_cache``, then ``lz.paged_attention`` (causal) of the rotated q:
     ``[T, Hq, D]``."""
-    import layerzero as lz
-
     if q_weight is None:
         t = q.shape[0]
-        qo, ko = lz.rope(q.unsqueeze(0), k.unsqueeze(0), cos, sin, position_ids=position_ids.view(1, t),
-                         interleaved=interleaved, layout="BSHD")
+        qo, ko = lz_ops.rope(q.unsqueeze(0), k.unsqueeze(0), cos, sin, position_ids=position_ids.view(1, t),
+                             interleaved=interleaved, layout="BSHD")
         qo = qo[0]
-        lz.reshape_and_cache(ko[0], v, kv_cache, slot_mapping, kv_layout)
+        lz_ops.reshape_and_cache(ko[0], v, kv_cache, slot_mapping, kv_layout)
     else:
-        qo, _ = lz.qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping,
-                                      position_ids=position_ids, eps=eps, interleaved=interleaved, kv_layout=kv_layout)
-    return lz.paged_attention(qo, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
-                              is_causal=True, kv_layout=kv_layout)
+        qo, _ = lz_ops.qk_norm_rope_cache(q, k, v, q_weight, k_weight, cos, sin, kv_cache, slot_mapping,
+                                          position_ids=position_ids, eps=eps, interleaved=interleaved,
+                                          kv_layout=kv_layout)
+    return lz_ops.paged_attention(qo, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
+                                  is_causal=True, kv_layout=kv_layout)
 
 
 def register(registry: KernelRegistry) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .._version import __version__
 from ..core.device import DeviceSpec
 from ..core.dispatch import Runtime
 
@@ -35,8 +36,6 @@ def fingerprint(runtime: Runtime, device: torch.device | str | int | None = None
         "backend <id> version": str, "backend <id> available": bool, ..., "kernels": tuple[str, ...]}``; the
         driver version is left out (nodes of one job may run different drivers of one CUDA major).
     """
-    from .. import __version__
-
     dev = DeviceSpec.detect(device)
     parts = dev.fingerprint_parts()
     out: dict[str, Any] = {

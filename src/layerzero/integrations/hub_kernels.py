@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from layerzero.api import register_kernel
 from layerzero.core.errors import BackendNotAvailableError, ConfigurationError
 
 Adapter = Callable[..., Any]
@@ -177,8 +178,6 @@ def register_hub_kernel(op: str, kernel_id: str, repo_id_or_path: str | os.PathL
     >>> spec = lz.register_hub_kernel("rms_norm", "hub_rms.rms_norm", "/opt/kernels/rmsnorm", "rms_norm",
     ...                               device_types={"cuda"}, dtypes={"float16", "bfloat16"})  # doctest: +SKIP
     """
-    import layerzero as lz
-
     run = _resolve_adapter(op, adapter)
     module = load_hub_module(repo_id_or_path, revision=revision, version=version, backend=backend,
                              local_only=local_only)
@@ -192,9 +191,9 @@ def register_hub_kernel(op: str, kernel_id: str, repo_id_or_path: str | os.PathL
 
     params = CANONICAL_ARGS.get(op)
     if params is None:
-        return lz.register_kernel(op, kernel_id, hub_fn, priority=priority, replace=replace, **constraints)
+        return register_kernel(op, kernel_id, hub_fn, priority=priority, replace=replace, **constraints)
     fn = _bind(run, hub_fn, params, f"{module.__name__}.{function_name}")
-    return lz.register_kernel(op, kernel_id, fn, priority=priority, replace=replace, **constraints)
+    return register_kernel(op, kernel_id, fn, priority=priority, replace=replace, **constraints)
 
 
 def _bind(run: Adapter, hub_fn: Callable[..., Any], params: tuple[str, ...], name: str) -> Callable[..., Any]:

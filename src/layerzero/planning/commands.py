@@ -38,8 +38,9 @@ def _target(spec: str) -> Any:
 
 
 def _cmd_dry_run(ns: argparse.Namespace) -> int:
-    import layerzero as lz
+    from layerzero import ops as lz_ops
 
+    from .dryrun import dry_run
     from .manifest import load_manifest
 
     if ns.manifest:
@@ -47,12 +48,12 @@ def _cmd_dry_run(ns: argparse.Namespace) -> int:
 
         def fn() -> None:
             for case in manifest:
-                getattr(lz, case.op)(*case.args, **case.kwargs)
+                getattr(lz_ops, case.op)(*case.args, **case.kwargs)
     elif ns.target:
         fn = _target(ns.target)
     else:
         raise ConfigurationError("layerzero dry-run: give --manifest FILE.json or module:function.")
-    report = lz.dry_run(fn)
+    report = dry_run(fn)
     print(json.dumps(report.to_dict(), indent=1, default=str) if ns.json else report)
     return 0
 

@@ -7,14 +7,16 @@ running the op's *reference* kernel on ``torch.device("meta")`` copies of the ar
 returned as zeros of that shape on the inputs' device, so the function can go on. Only when the reference cannot
 run on meta tensors is the chosen kernel run on the real inputs (the row says ``ran=True``).
 
-Calls through the public ``lz.<op>`` attribute also go into :attr:`DryRunReport.manifest` (the user-level
-``(op, args, kwargs)``: a manifest derived from a model and example inputs). Only this thread's calls are recorded
+Calls through the public ``lz.<op>`` attribute (or ``layerzero.ops.<op>``, what the integrations call) also go into
+:attr:`DryRunReport.manifest` (the user-level ``(op, args, kwargs)``: a manifest derived from a model and example
+inputs). Only this thread's calls are recorded
 (a context variable); other threads are served normally while a dry run is in progress.
 """
 
 from __future__ import annotations
 
 import contextvars
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,7 +70,7 @@ class DryRunReport:
 _ACTIVE: contextvars.ContextVar[DryRunReport | None] = contextvars.ContextVar("layerzero_dry_run", default=None)
 _PATCH_LOCK = threading.Lock()
 _PATCH_DEPTH = [0]
-_SAVED: dict[str, Any] = {}
+_SAVED: dict[tuple[Any, str], Any] = {}
 
 
 def _meta(v: Any) -> Any:
@@ -150,8 +152,17 @@ def _op_wrapper(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
+def _public_namespaces() -> list[Any]:
+    """The modules whose ``<op>`` attributes are the public op functions: the package root (``lz.<op>``; taken from
+    ``sys.modules``, where it is whenever a submodule is, so that this module does not import the package above
+    it) and :mod:`layerzero.ops` (what the integrations and the composite backend call)."""
+    from layerzero import ops
+
+    root = sys.modules.get("layerzero")
+    return [ops] if root is None else [root, ops]
+
+
 def _patch() -> None:
-    import layerzero
     from layerzero.ops import OPS
 
     with _PATCH_LOCK:
@@ -160,24 +171,23 @@ def _patch() -> None:
             return
         RUNTIME.run, RUNTIME.run_hot = _Recorder.run, _Recorder.run_hot  # type: ignore[method-assign]
         OBSERVERS.enter()  # the ops' inlined hot path would bypass the recorder
-        for name in OPS:
-            fn = getattr(layerzero, name, None)
-            if callable(fn):
-                _SAVED[name] = fn
-                setattr(layerzero, name, _op_wrapper(name, fn))
+        for namespace in _public_namespaces():
+            for name in OPS:
+                fn = getattr(namespace, name, None)
+                if callable(fn):
+                    _SAVED[(namespace, name)] = fn
+                    setattr(namespace, name, _op_wrapper(name, fn))
 
 
 def _unpatch() -> None:
-    import layerzero
-
     with _PATCH_LOCK:
         _PATCH_DEPTH[0] -= 1
         if _PATCH_DEPTH[0] > 0:
             return
         del RUNTIME.run, RUNTIME.run_hot  # back to the class methods
         OBSERVERS.leave()
-        for name, fn in _SAVED.items():
-            setattr(layerzero, name, fn)
+        for (namespace, name), fn in _SAVED.items():
+            setattr(namespace, name, fn)
         _SAVED.clear()
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from layerzero._version import __version__
 from layerzero.core import config as _config
 from layerzero.core.errors import ConfigurationError, expected_got
 
@@ -57,7 +58,6 @@ def current_fingerprint(device_types: set[str] | frozenset[str]) -> dict[str, An
     """This process's fingerprint for tables covering ``device_types`` (e.g. ``{"cpu"}``): ``layerzero``,
     ``torch``, ``backends`` (id -> installed version or ``"unavailable"``), ``policy_hash``, ``devices``
     (device type -> :func:`layerzero.core.shipped.device_fingerprint`)."""
-    import layerzero
     from layerzero.core.device import DeviceSpec
     from layerzero.core.runtime import RUNTIME
     from layerzero.core.shipped import device_fingerprint
@@ -66,7 +66,7 @@ def current_fingerprint(device_types: set[str] | frozenset[str]) -> dict[str, An
     backends = {b.backend_id: (b.version or "builtin") if b.available else "unavailable"
                 for b in RUNTIME.registry.backends.values()}
     devices = {t: device_fingerprint(DeviceSpec.detect(t)) for t in sorted(device_types)}
-    return {"layerzero": layerzero.__version__, "torch": torch.__version__, "backends": backends,
+    return {"layerzero": __version__, "torch": torch.__version__, "backends": backends,
             "policy_hash": _config.effective_policy().hash, "devices": devices}
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from layerzero import ops as lz_ops
+
 
 class LayerZeroAttnProcessor:
     """diffusers attention processor (the ``AttnProcessor2_0`` contract) that calls :func:`layerzero.attention`.
@@ -48,8 +50,6 @@ class LayerZeroAttnProcessor:
     def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, temb: torch.Tensor | None = None, *args: Any,
                  **kwargs: Any) -> torch.Tensor:
-        import layerzero as lz
-
         if args or kwargs.get("scale") is not None:
             # AttnProcessor2_0 ignores it with a deprecation warning; do the same, loudly
             warnings.warn("LayerZeroAttnProcessor: the `scale` argument is deprecated in diffusers and ignored (as "
@@ -94,8 +94,8 @@ class LayerZeroAttnProcessor:
         if getattr(attn, "norm_k", None) is not None:
             key = attn.norm_k(key)
 
-        hidden_states = lz.attention(query, key, value, attn_mask=attention_mask, is_causal=False, dropout_p=0.0,
-                                     layout="BHSD")
+        hidden_states = lz_ops.attention(query, key, value, attn_mask=attention_mask, is_causal=False, dropout_p=0.0,
+                                         layout="BHSD")
         hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = hidden_states.to(query.dtype)
 

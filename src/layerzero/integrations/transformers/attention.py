@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from layerzero import ops as lz_ops
 from layerzero.core.errors import ConfigurationError, InvalidInputError, expected_got
 from layerzero.core.versions import release
 
@@ -194,8 +195,6 @@ def layerzero_attention_forward(
             window and the window cannot be expressed top-left aligned (Sq != Sk, or not causal); and anything
             :func:`layerzero.attention` raises for bad tensors (e.g. a negative ``softcap``).
     """
-    import layerzero as lz
-
     if kwargs.get("output_attentions", False):
         raise _refuse("output_attentions", "output_attentions=True",
                       "LayerZero kernels never materialize attention weights; use attn_implementation='eager' "
@@ -230,7 +229,7 @@ def layerzero_attention_forward(
         attention_mask = _position_bias_mask(position_bias, attention_mask, causal, q_len, key.shape[2])
         causal = False
 
-    out = lz.attention(
+    out = lz_ops.attention(
         query, key, value,
         attn_mask=attention_mask, is_causal=causal, scale=scaling, dropout_p=dropout, layout="BHSD",
         window=window, softcap=softcap or None,

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from layerzero import ops as lz_ops
 from layerzero.core.errors import ConfigurationError, InvalidInputError, did_you_mean, expected_got
 
 from .attention import ATTN_IMPLEMENTATION, register
@@ -89,15 +90,11 @@ class PatchRecord:
 # --- replacements -----------------------------------------------------------------------------------
 
 def _rms_forward_variance_epsilon(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    import layerzero as lz
-
-    return lz.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    return lz_ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
 def _rms_forward_eps(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    import layerzero as lz
-
-    return lz.rms_norm(hidden_states, self.weight, self.eps)
+    return lz_ops.rms_norm(hidden_states, self.weight, self.eps)
 
 
 _RMS_REPLACEMENTS = (_rms_forward_variance_epsilon, _rms_forward_eps)
@@ -120,8 +117,6 @@ def lz_apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     Raises:
         InvalidInputError: ``unsqueeze_dim`` is not 1 or 2; anything :func:`layerzero.rope` raises.
     """
-    import layerzero as lz
-
     if unsqueeze_dim not in (1, 2):
         raise InvalidInputError(expected_got("apply_rotary_pos_emb unsqueeze_dim", "1 (BHSD) or 2 (BSHD)",
                                              unsqueeze_dim, "Only the two transformers layouts are routed."))
@@ -129,7 +124,7 @@ def lz_apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         q, k = q.transpose(1, 2), k.transpose(1, 2)
     if cos.dim() == 3 and cos.shape[0] == 1 and q.shape[0] > 1:
         cos, sin = cos.expand(q.shape[0], -1, -1), sin.expand(q.shape[0], -1, -1)
-    q_out, k_out = lz.rope(q, k, cos, sin)
+    q_out, k_out = lz_ops.rope(q, k, cos, sin)
     if unsqueeze_dim == 2:
         q_out, k_out = q_out.transpose(1, 2), k_out.transpose(1, 2)
     return q_out, k_out
