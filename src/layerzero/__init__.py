@@ -81,7 +81,7 @@ from .planning import (
 )
 from .tokenization import Encoding, IncrementalDetokenizer, detokenize, tokenize
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 
 def doctor(*, print_report: bool = True) -> Any:

@@ -11,7 +11,6 @@ group of queries instead of once per sequence. See docs/paged_attention.md ("Cas
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import torch
@@ -23,46 +22,11 @@ from layerzero.core.runtime import RUNTIME
 from layerzero.core.specs import OperationSpec
 from layerzero.custom_ops import traced
 
-from . import paged as _paged
 from ._common import check_same, check_tensor, device_spec, fail, flags, inference_only, scope_token
+from .paged import LSE_OP, LSE_SPEC, context_lse, paged_attention_lse, prepare_lse  # noqa: F401 - re-exported
 
-LSE_OP = "paged_attention_lse"
 MERGE_OP = "merge_attention_states"
 LSE_DTYPES = frozenset({torch.float32, torch.float64})
-
-
-# ------------------------------------------------------------------------------------- paged_attention_lse
-def prepare_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                **kwargs: Any) -> tuple[_paged.PagedKey, tuple[Any, ...]]:
-    """Validate as :func:`layerzero.ops.paged.prepare` (same arguments, same canonical kernel args); the key's op
-    is ``paged_attention_lse``."""
-    key, args = _paged.prepare(q, kv_cache, block_tables, seq_lens, **kwargs)
-    return key._replace(op=LSE_OP), args
-
-
-def context_lse(key: _paged.PagedKey) -> SelectionContext:
-    """:func:`layerzero.ops.paged.context` with op ``paged_attention_lse``."""
-    return dataclasses.replace(_paged.context(key), op=LSE_OP)
-
-
-LSE_SPEC = OperationSpec(LSE_OP, "paged attention that also returns each row's log-sum-exp (cascade attention's "
-                         "levels)", ("q", "kv_cache", "block_tables", "seq_lens"), "reference.paged_attention_lse",
-                         shipped_tie_margin=_paged.SHIPPED_TIE_MARGIN)
-
-
-def paged_attention_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                        *, cu_seqlens_q: torch.Tensor | None = None, scale: float | None = None,
-                        is_causal: bool = True, kv_layout: str = "NHD", k_scale: Any = None,
-                        v_scale: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``lz.paged_attention(..., return_lse=True)`` (documented there): ``(out [T, Hq, D] in q's dtype, lse [T, Hq]
-    float32)``, lse the natural-log sum of ``exp(scale * q·k)`` over the keys each row attends (-inf, with out 0,
-    for a row that attends none)."""
-    if ((is_dynamo_compiling() or is_exporting()) and k_scale is None and v_scale is None
-            and inference_only(q, kv_cache)):
-        return traced("paged_attention_lse")(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal,
-                                           kv_layout)
-    return _paged.run(LSE_OP, prepare_lse, context_lse, q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                      is_causal, kv_layout, k_scale, v_scale)
 
 
 # ---------------------------------------------------------------------------------- merge_attention_states
@@ -161,6 +125,5 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
 
 # the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
 OPDEFS = define(
-    OpDef(LSE_SPEC, None, prepare_lse, context_lse, kernel_args=('q', 'kv_cache', 'block_tables', 'seq_lens', 'cu_seqlens_q', 'scale', 'is_causal', 'layout'), custom_ops=('paged_attention_lse',)),
     OpDef(MERGE_SPEC, merge_attention_states, prepare_merge, context_merge, custom_ops=('merge_attention_states',)),
 )

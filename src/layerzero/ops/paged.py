@@ -8,6 +8,7 @@ shared cache checks in :mod:`layerzero.ops.kv_cache`. See docs/paged_attention.m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, NamedTuple
 
@@ -51,6 +52,7 @@ _TENSOR = torch.Tensor
 _LAYOUTS = {"NHD": KVLayout.NHD, "HND": KVLayout.HND, KVLayout.NHD: KVLayout.NHD, KVLayout.HND: KVLayout.HND}
 
 OP = "paged_attention"
+LSE_OP = "paged_attention_lse"
 
 
 class PagedKey(NamedTuple):
@@ -307,8 +309,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     if return_lse is not False:
         if return_lse is not True:
             raise fail(OP, "return_lse", "a bool", repr(return_lse))
-        from .cascade import paged_attention_lse
-
         return paged_attention_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q=cu_seqlens_q, scale=scale,
                                    is_causal=is_causal, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale)
     if ((is_dynamo_compiling() or is_exporting()) and k_scale is None and v_scale is None
@@ -391,7 +391,42 @@ def _hot_key(q: Any, kv_cache: Any, block_tables: Any, seq_lens: Any, cu: Any, s
             q.is_cuda and stream_capturing(), scope_token_of(layers) if layers else (), quant)
 
 
+# ------------------------------------------------------------------------------------- paged_attention_lse
+def prepare_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                **kwargs: Any) -> tuple[PagedKey, tuple[Any, ...]]:
+    """Validate as :func:`layerzero.ops.paged.prepare` (same arguments, same canonical kernel args); the key's op
+    is ``paged_attention_lse``."""
+    key, args = prepare(q, kv_cache, block_tables, seq_lens, **kwargs)
+    return key._replace(op=LSE_OP), args
+
+
+def context_lse(key: PagedKey) -> SelectionContext:
+    """:func:`layerzero.ops.paged.context` with op ``paged_attention_lse``."""
+    return dataclasses.replace(context(key), op=LSE_OP)
+
+
+LSE_SPEC = OperationSpec(LSE_OP, "paged attention that also returns each row's log-sum-exp (cascade attention's "
+                         "levels)", ("q", "kv_cache", "block_tables", "seq_lens"), "reference.paged_attention_lse",
+                         shipped_tie_margin=SHIPPED_TIE_MARGIN)
+
+
+def paged_attention_lse(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                        *, cu_seqlens_q: torch.Tensor | None = None, scale: float | None = None,
+                        is_causal: bool = True, kv_layout: str = "NHD", k_scale: Any = None,
+                        v_scale: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lz.paged_attention(..., return_lse=True)`` (documented there): ``(out [T, Hq, D] in q's dtype, lse [T, Hq]
+    float32)``, lse the natural-log sum of ``exp(scale * q·k)`` over the keys each row attends (-inf, with out 0,
+    for a row that attends none)."""
+    if ((is_dynamo_compiling() or is_exporting()) and k_scale is None and v_scale is None
+            and inference_only(q, kv_cache)):
+        return traced("paged_attention_lse")(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal,
+                                           kv_layout)
+    return run(LSE_OP, prepare_lse, context_lse, q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+               is_causal, kv_layout, k_scale, v_scale)
+
+
 # the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
 OPDEFS = define(
     OpDef(SPEC, paged_attention, prepare, context, kernel_args=('q', 'kv_cache', 'block_tables', 'seq_lens', 'cu_seqlens_q', 'scale', 'is_causal', 'layout'), custom_ops=('paged_attention',)),
+    OpDef(LSE_SPEC, None, prepare_lse, context_lse, kernel_args=('q', 'kv_cache', 'block_tables', 'seq_lens', 'cu_seqlens_q', 'scale', 'is_causal', 'layout'), custom_ops=('paged_attention_lse',)),
 )
