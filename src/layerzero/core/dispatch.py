@@ -66,8 +66,9 @@ def call_traced(plan: ExecutionPlan, args: tuple[Any, ...], t: DispatchTrace | N
     """Call ``plan`` with ``args`` as dispatch does while something observes it: counted in the ``lz.trace()``
     block ``t`` (None: no block), and, while telemetry records, counted there with every ``sample_every``-th
     call of a kernel timed (host time). Raises what the kernel raises (the caller hands it to
-    ``Runtime._on_failure``). The one place of this logic: every observed call path of :class:`Runtime` uses
-    it (an unobserved hit calls ``plan.call`` directly, which is all this does then)."""
+    ``Runtime._on_failure``). The one place of this logic: :meth:`Runtime.run` and :meth:`Runtime.run_hot`
+    while observed, and every call on the slow path, use it. An unobserved hit (``OBSERVERS.none``) calls
+    ``plan.call`` directly instead, which is all this would do then, without this frame."""
     if t is not None:
         t.counts[(plan.op, plan.kernel_id)] += 1
     if TELEMETRY.on and TELEMETRY.count_call(plan.op, plan.kernel_id):
@@ -213,7 +214,11 @@ class Runtime(MeasurementStores, RuntimeSelection, CapturePreparation, RuntimeFa
                 return plan.call(*args)
             except Exception as exc:  # noqa: BLE001 - every kernel failure: recorded, re-raised or retried
                 return self._on_failure(plan, exc, args, None)
-        return self._observed(plan, args)
+        t = TRACE.get()
+        try:
+            return call_traced(plan, args, t)
+        except Exception as exc:  # noqa: BLE001 - every kernel failure: recorded, re-raised or retried
+            return self._on_failure(plan, exc, args, t)
 
     def run_hot(self, hot_key: Hashable, args: tuple[Any, ...]) -> Any:
         """Call the plan filed under ``hot_key`` in the hot dict with ``args``; :data:`MISS` when there is
@@ -231,23 +236,17 @@ class Runtime(MeasurementStores, RuntimeSelection, CapturePreparation, RuntimeFa
                 return plan.call(*args)
             except Exception as exc:  # noqa: BLE001 - every kernel failure: recorded, re-raised or retried
                 return self._on_failure(plan, exc, args, None)
-        return self._observed(plan, args)
+        t = TRACE.get()
+        try:
+            return call_traced(plan, args, t)
+        except Exception as exc:  # noqa: BLE001 - every kernel failure: recorded, re-raised or retried
+            return self._on_failure(plan, exc, args, t)
 
     def hot_failure(self, plan: ExecutionPlan, exc: Exception, args: tuple[Any, ...]) -> Any:
         """What :meth:`run_hot` does when the plan raised, for the ops that call a hot plan themselves while
         :data:`~layerzero.core.observers.OBSERVERS` has none (so no trace to record in): retry on the next
         eligible kernels, or re-raise for a locked plan / strict mode (:meth:`_on_failure`)."""
         return self._on_failure(plan, exc, args, None)
-
-    def _observed(self, plan: ExecutionPlan, args: tuple[Any, ...]) -> Any:
-        """A hot-path call while something observes dispatch (telemetry on, an ``lz.trace()`` block
-        somewhere): :func:`call_traced` in this thread/task's trace block, a failure handled by
-        :meth:`_on_failure`."""
-        t = TRACE.get()
-        try:
-            return call_traced(plan, args, t)
-        except Exception as exc:  # noqa: BLE001 - every kernel failure is recorded, then re-raised or retried
-            return self._on_failure(plan, exc, args, t)
 
     def _run_slow(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...],
                   hot_key: Hashable | None = None) -> Any:
