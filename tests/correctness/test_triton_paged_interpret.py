@@ -15,6 +15,7 @@ The interpreter tests skip with a reason when triton is not importable.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -35,6 +36,7 @@ from layerzero.backends.triton import paged as tp  # noqa: E402
 from layerzero.core.context import SelectionContext  # noqa: E402
 from layerzero.core.device import DeviceSpec  # noqa: E402
 from layerzero.core.errors import BackendNotAvailableError, InvalidInputError  # noqa: E402
+from layerzero.core.knobs import knobs  # noqa: E402
 from layerzero.core.policy import Policy  # noqa: E402
 from layerzero.core.reasons import ReasonCode as R  # noqa: E402
 from layerzero.core.registry import KernelRegistry  # noqa: E402
@@ -48,6 +50,14 @@ pytestmark = pytest.mark.correctness
 needs_triton = needs_interpreter("tests/gpu/test_gpu_triton_paged.py")
 F64 = torch.float64
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+DEFAULT = tp.PagedDecodeKnobs()
+
+
+@pytest.fixture
+def paged_knobs():
+    """``paged_knobs(field=value, ...)``: set ``triton.paged_decode`` knobs until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **fields: stack.enter_context(knobs(tp.KNOBS, **fields))
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -241,15 +251,16 @@ def test_bad_launch_parameters_raise_typed_errors():
                                                  (2, 4, 1000, 108, 32), (1, 1, 1, 132, 64), (5, 2, 9000, 78, 64)])
 def test_split_sizing_covers_every_position(batch, hkv, kv, sms, bn):
     split_len, splits = tp.choose_split_len(batch, hkv, kv, sms, bn)
-    assert split_len % bn == 0 and 1 <= splits <= tp.MAX_SPLITS
+    most = DEFAULT.max_splits
+    assert split_len % bn == 0 and 1 <= splits <= most
     assert splits * split_len >= kv > (splits - 1) * split_len  # every split but the last is full
-    if kv >= 2 * bn * tp.MAX_SPLITS and batch * hkv * tp.MAX_SPLITS <= tp.WAVES * sms:
-        assert splits == tp.MAX_SPLITS  # long context, small batch: as many splits as allowed
+    if kv >= 2 * bn * most and batch * hkv * most <= DEFAULT.waves * sms:
+        assert splits == most  # long context, small batch: as many splits as allowed
 
 
 @pytest.mark.unit
 def test_split_sizing_hand_worked():
-    assert tp.WAVES == 4
+    assert DEFAULT.waves == 4
     assert tp.choose_split_len(1, 8, 32768, 132, 64) == (1024, 32)  # ceil(528 / 8) = 66 -> capped at 32
     # ceil(528 / 32) = 17 splits wanted; ceil(512 tiles / 17) = 31 tiles = 1984 tokens; ceil(512 / 31) = 17
     assert tp.choose_split_len(4, 8, 32768, 132, 64) == (1984, 17)
@@ -290,7 +301,7 @@ def test_workspace_bound_covers_every_batch_of_the_bucket(batch, hq, hkv, d, kv,
     bound = tp.workspace_bytes(ctx)
     for b in range(1, batch + 1):
         for length in (1, kv // 3, kv // 2 + 1, kv, 2048):
-            # as paged_decode picks them (SMALL_BATCH for the smallest batches and tables)
+            # as paged_decode picks them (small_batch for the smallest batches and tables)
             bn, most = tp.tile_rule(b, max(1, length), d, 2)
             _, splits = tp.choose_split_len(b, hkv, max(1, length), sms or 1, bn, max_splits=most)
             assert b * hq * splits * (d + 1) * 4 <= bound, (b, length)
@@ -401,14 +412,14 @@ def test_spec_data_and_unavailable_callable():
         missing.fn(None, None, None, None, None, None, True, "NHD")
 
 
-# ------------------------------------------------------------------------- the fused split merge (FUSED_MERGE)
+# --------------------------------------------------------------------- the fused split merge (knob fused_merge)
 @needs_triton
 @pytest.mark.parametrize("return_lse", [False, True])
 @pytest.mark.parametrize("fused", [True, False])
-def test_fused_and_two_kernel_merges_agree_with_the_oracle(fused, return_lse, monkeypatch):
+def test_fused_and_two_kernel_merges_agree_with_the_oracle(fused, return_lse, monkeypatch, paged_knobs):
     """With several splits, the split that counts last merges (one launch) or stage 2 does (two launches): the same
     result against the float64 oracle either way (and the same lse), and the fused form leaves every counter at 0."""
-    monkeypatch.setattr(tp, "FUSED_MERGE", fused)
+    paged_knobs(fused_merge=fused)
     launches: list[str] = []
     real = tp.launch_pinned
     monkeypatch.setattr(tp, "launch_pinned",
@@ -430,12 +441,14 @@ def test_fused_and_two_kernel_merges_agree_with_the_oracle(fused, return_lse, mo
 
 @needs_triton
 def test_split_counters_are_per_stream_and_outgrown_buffers_stay_alive():
+    from layerzero.backends.triton import _paged_common
+
     q = torch.zeros(1, 2, 8)
     first = tp.split_counters(q, 16)
     assert first.dtype == torch.int32 and first.numel() >= 16 and not first.any()
     assert tp.split_counters(q, 16) is first  # reused: a captured graph keeps pointing at it
     big = tp.split_counters(q, first.numel() + 1)
-    assert big is not first and big.numel() > first.numel() and any(t is first for t in tp._OUTGROWN)
+    assert big is not first and big.numel() > first.numel() and any(t is first for t in _paged_common._OUTGROWN)
 
 
 @needs_triton
@@ -458,12 +471,12 @@ def test_capture_selection_keeps_the_two_kernel_merge(monkeypatch):
 
 
 @needs_triton
-def test_tiles_interleave_over_the_splits_of_a_wide_block_table(monkeypatch):
+def test_tiles_interleave_over_the_splits_of_a_wide_block_table(monkeypatch, paged_knobs):
     """The split count comes from the block table's width (graph-safe); a sequence far shorter than that width has
     its tiles spread over the splits (split s takes tiles s, s + S, ...), not all in split 0: with 4 splits over a
     64-tile width, a 3-tile sequence fills the partials of splits 0, 1, 2 and leaves split 3 empty (-inf); a 9-tile
     one fills all four. The merged output matches the float64 oracle."""
-    monkeypatch.setattr(tp, "FUSED_MERGE", False)  # two kernels: the partials stay in the workspace to read
+    paged_knobs(fused_merge=False)  # two kernels: the partials stay in the workspace to read
     seen = {}
     real = tp.launch_pinned
 
@@ -485,12 +498,12 @@ def test_tiles_interleave_over_the_splits_of_a_wide_block_table(monkeypatch):
 @needs_triton
 @pytest.mark.parametrize("max_bytes, want", [(1 << 40, ["paged_decode_split"]),
                                              (0, ["paged_decode_split", "paged_decode_merge"])])
-def test_auto_fuses_the_merge_only_for_small_reads(max_bytes, want, monkeypatch):
-    """``FUSED_MERGE = "auto"`` (the default): one launch when the most K/V bytes the call can read is at most
-    ``FUSED_MERGE_MAX_BYTES`` (host-bound calls), two above it (GPU-bound: the merge kernel is cheaper); the same
+def test_auto_fuses_the_merge_only_for_small_reads(max_bytes, want, monkeypatch, paged_knobs):
+    """``fused_merge="auto"`` (the default): one launch when the most K/V bytes the call can read is at most
+    ``fused_merge_max_bytes`` (host-bound calls), two above it (GPU-bound: the merge kernel is cheaper); the same
     result either way."""
-    assert tp.FUSED_MERGE == "auto"
-    monkeypatch.setattr(tp, "FUSED_MERGE_MAX_BYTES", max_bytes)
+    assert DEFAULT.fused_merge == "auto"
+    paged_knobs(fused_merge_max_bytes=max_bytes)
     launches: list[str] = []
     real = tp.launch_pinned
     monkeypatch.setattr(tp, "launch_pinned",
@@ -502,8 +515,8 @@ def test_auto_fuses_the_merge_only_for_small_reads(max_bytes, want, monkeypatch)
 
 
 @needs_triton
-def test_small_batch_tiles_only_for_one_sequence_in_a_short_table(monkeypatch):
-    """``SMALL_BATCH`` (1 sequence, tables up to 2048 tokens: 32-position tiles, at most 32 splits): a batch-1 call
+def test_small_batch_tiles_only_for_one_sequence_in_a_short_table(monkeypatch, paged_knobs):
+    """``small_batch`` (1 sequence, tables up to 2048 tokens: 32-position tiles, at most 32 splits): a batch-1 call
     with a 1024-token table launches 32-position tiles; two sequences, a table wider than 2048 tokens, or one narrower
     than 4 general tiles (one program a head, no merge: 112 tokens here), the general tiles (``block_n_for``: 128 at
     D 16 in float32); every call matches the float64 oracle."""
@@ -517,7 +530,8 @@ def test_small_batch_tiles_only_for_one_sequence_in_a_short_table(monkeypatch):
         out = tp.paged_decode(q, cache, table, lens_t)
         close(out, oracle(q, cache, table, lens_t, "NHD"), torch.float32)
         assert seen[-1] == want, (lens, table.shape)
-    assert tp.tile_rule(1, 2048, 128, 2) == (32, 32) and tp.tile_rule(1, 2049, 128, 2) == (128, tp.MAX_SPLITS)
-    assert tp.tile_rule(1, 385, 128, 2) == (32, 32) and tp.tile_rule(1, 384, 128, 2) == (128, tp.MAX_SPLITS)
-    monkeypatch.setattr(tp, "SMALL_BATCH", None)
-    assert tp.tile_rule(1, 64, 128, 2) == (128, tp.MAX_SPLITS)
+    most = DEFAULT.max_splits
+    assert tp.tile_rule(1, 2048, 128, 2) == (32, 32) and tp.tile_rule(1, 2049, 128, 2) == (128, most)
+    assert tp.tile_rule(1, 385, 128, 2) == (32, 32) and tp.tile_rule(1, 384, 128, 2) == (128, most)
+    paged_knobs(small_batch=None)
+    assert tp.tile_rule(1, 64, 128, 2) == (128, most)

@@ -35,7 +35,7 @@ from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
 from ._launch import launch
-from .paged import scale_args, sm_count
+from ._paged_common import scale_args, sm_count
 
 PREFILL_KERNEL_ID = "triton.paged_prefill_lse"
 PAGED_KERNEL_ID = "triton.paged_prefill"

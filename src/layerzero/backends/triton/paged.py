@@ -6,8 +6,8 @@ FlashDecoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context 
 table's width still spreads over every split) and runs one program per (sequence, KV head, split) holding all the query heads of the KV head's GQA group as one
 tile, online softmax in float32, writing a partial output and its log-sum-exp to a float32 workspace; stage 2
 merges the S partials (with one split, stage 1 writes the output and stage 2 is skipped; eager calls merge in stage 1:
-the split that finishes last does it, :data:`FUSED_MERGE`). Tile size, split
-count and launch config follow an H200 search (``benchmarks/tune_paged_decode.py``). The Triton code is in
+the split that finishes last does it: :attr:`PagedDecodeKnobs.fused_merge`). Tile size, split count and launch
+config follow an H200 search (``benchmarks/tune_paged_decode.py``): :class:`PagedDecodeKnobs`. The Triton code is in
 ``_paged_kernels.py``, imported on the first call (only after ``import triton`` succeeded in the backend's probe).
 
 Graph-safe: no host read of ``seq_lens``/``block_tables``; the grid ``(B, Hkv, S)`` and ``S`` come from shapes
@@ -18,23 +18,26 @@ empty (lse ``-inf``, weight 0). Decode only: prefill/append (``cu_seqlens_q``) i
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
 import torch
 
+from layerzero.core import knobs
 from layerzero.core.capture import AS_CAPTURED, capturing_now
 from layerzero.core.context import SelectionContext
 from layerzero.core.errors import InvalidInputError, expected_got
+from layerzero.core.knobs import check_types, require
 from layerzero.core.kv_layout import KV_LAYOUTS, KVLayout, cache_dims, nhd_view
 from layerzero.core.kv_quant import KV_QUANT_DTYPES
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec, Phase
 
-from ._common import CUDA, FLOATS, SM_MIN, LazyModule, kernel_scale, missing, next_pow2
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
 from ._launch import launch_pinned, pdl_kwargs
+from ._paged_common import scale_args, sm_count, split_counters
 
 KERNEL_ID = "triton.paged_decode"
 LSE_KERNEL_ID = "triton.paged_decode_lse"
@@ -43,196 +46,152 @@ PRIORITY = 40
 MAX_GROUP = 16
 """Query heads per KV head held in one tile (GQA ratio 1..16)."""
 HEAD_DIM_MAX = 256
-MAX_SPLITS = 32
-"""Most KV splits per sequence (stage 2 merges them in one tile)."""
-MIN_TILES_PER_SPLIT = 2
-"""A split covers at least this many ``BLOCK_N`` tiles (short splits cost more in the merge than they save)."""
-WAVES = 4
-"""Stage 1 aims at ``WAVES * SM count`` programs so small batches with long contexts fill the GPU (H200 search,
-``benchmarks/results/paged_decode_tuning/``: B8 S32768 D256 ran 942 µs with the 2 waves used before, 482 µs with
-more splits; elsewhere the split count moved times by a few percent at most)."""
-TILE_BYTES = 32768
-"""Bytes of one ``[BLOCK_N, D]`` K tile: the H200 search found the largest tile that keeps K and V of two to three
-pipeline stages in shared memory the fastest (bf16/fp16: 128 positions for D <= 128, 64 for D = 256)."""
-SMALL_BATCH: tuple[int, int, int, int] | None = (1, 2048, 32, 32)
-"""``(most sequences, widest block table in tokens, block_n, most splits)``: a launch of at most that many sequences
-whose block table spans at most that many tokens (``M * P``: a decode graph's width, the longest sequence it can
-serve) takes KV tiles of ``block_n`` positions and at most that many splits instead of :data:`TILE_BYTES`' tiles and
-:data:`MAX_SPLITS`: a short sequence spreads over more programs, each gathering less, and with :data:`ONE_PASS` each
-program gathers its (at most :data:`MIN_TILES_PER_SPLIT`) tiles at once. None: the general rule everywhere.
-
-H200, Qwen3-0.6B's attention (16 / 8 heads of 128, bf16, page 16), 28-layer graphs of the kernel alone
-(``benchmarks/engine/paged_small_batch.py``, ``benchmarks/results/engine/h200/2026-11-28f/``), µs a layer at KV 256 /
-512 / 768 / 1024 / 2048 in a 2048-token table: 32-position tiles, 32 splits, one pass 5.24 / 6.39 / 6.81 / 7.10 /
-9.02; the rule before (16 splits, a tile loop: 2026-11-28d) 5.34 / 6.01 / 7.57 / 7.84 / 11.18; the general rule
-(2026-11-28d) 6.03-6.88 at 512, 11.4 at 4096. In the engine's batch-1 decode graph (``benchmarks/engine/batch1_ab.py``)
-a step costs the same on average over KV 256-768 (676 µs) and 9-10 µs less at KV 768 (replay 685-686 against
-694-696); with a 1024-token prompt (KV 1024-1536) 749 against 755 µs, decode 1,344 against 1,321 tok/s. The 2026-11-28d rule had replayed the graph in 652-655 µs against 676-680 for the general one (KV 256-512).
-Longer sequences lose with small tiles (a 3072-token prompt in an 8192-token table: 943 vs 819 µs a step), hence the
-width bound. Tables of fewer than ``2 * MIN_TILES_PER_SPLIT`` general tiles keep the general rule (:func:`tile_rule`)."""
-ONE_PASS = True
-"""Under :data:`SMALL_BATCH`'s rule, when a split has at most :data:`ONE_PASS_MAX_TILES` tiles (:func:`chunk_rule`):
-the split program gathers all of them at once (block ids read below the table's width, not waiting for ``seq_len``;
-K / V below ``seq_len``), then attends the ones below ``seq_len``, instead of the tile loop's block-id -> K / V ->
-attend chain per tile (Triton pipelines the loop, but a tile's K / V still wait for its block ids). Measured with
-:data:`SMALL_BATCH` (its docstring)."""
-ONE_PASS_MAX_TILES = 2
-"""Most tiles a split gathers in one pass (1, 2 or 4; the kernel takes up to 4). 2: what the H200 measured faster
-(32 splits of two tiles at a 2048-token table). 16 splits of four tiles in one pass were slower than the loop at
-KV <= 1024 (5.82 vs 5.34 µs a layer at 256: four tiles of registers; the engine's graph 683 against 677-679 µs), so a
-GPU whose split count leaves three or four tiles a split (fewer SMs) keeps the loop until measured."""
-EARLY_KV = False
-"""With :data:`ONE_PASS`: a split program reads ``seq_len``, its block ids and every K / V position but the newest
-before its PDL wait (``paged_decode_split``'s ``EARLY``), so the K / V loads overlap the kernel just before (in a
-decode step the KV write, which writes each sequence's newest position only: a contract of PDL-launched decode
-steps, ``_gdc_kernels``); the queries and the newest position after it. False (default): every load after the wait.
-H200, the engine's batch-1 decode graph (``benchmarks/engine/batch1_ab.py``, 2026-11-28 seventh session): alone it took
-the graph 685-692 -> 669-672 µs (replay at KV 768 685-689 -> 669); with :data:`TRIGGER_FIRST` and
-``gemv.TRIGGER_FIRST_ROWS`` (which stream the next projections' weights during the same attention block) it measured
-the same as without (graph 658-659 against 659-660 µs over three rounds), so it is off: no extra contract for nothing.
-Kept as a knob (tested on CPU and GPU) for longer contexts and other GPUs."""
-TRIGGER_FIRST: tuple[str, ...] = ("merge",)
-"""Kernels of a PDL-launched one-pass call (:data:`ONE_PASS`: batch 1) that let the next kernel launch before their own
-wait instead of after it (``gdc_enter``'s ``FIRST``; ``"split"``, ``"merge"``): the output projection then launches
-during the split kernel and, being a one-row prefetch GEMV that does the same (``gemv.TRIGGER_FIRST_ROWS``), the MLP's
-gate/up projection too, so their weight slabs stream while attention runs. Safe for any kernel after: what a kernel
-reads before its wait is never written by a kernel of the step (``_gdc_kernels``). H200, the engine's batch-1 graph: see
-``gemv.TRIGGER_FIRST_ROWS``; the split kernel too (``("split", "merge")``) measured the same as the merge alone. ``()``:
-off."""
-BLOCK_N_MAX = 128
-SPLIT_WARPS = 4
-"""Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call). Read when a call
-signature's plan is made: after changing it (A/B benchmarks) clear ``_PLANS`` (``benchmarks/engine/batch1_ab.py``
-does)."""
-MERGE_WARPS = 4
-"""Warps per stage-2 (merge) program (read as :data:`SPLIT_WARPS` is)."""
+KNOBS = "triton.paged_decode"
+"""The name :class:`PagedDecodeKnobs` is registered under (``layerzero.core.knobs``)."""
 
 
-FUSED_MERGE: bool | str = "auto"
-"""Eager calls with several splits may merge them in the split kernel: the split that finishes last for a (sequence,
-KV head) merges (one launch; CUTLASS's serial split-K semaphore) instead of a second kernel, which saves one Triton
-launch of host time but costs GPU time (the last program's serial merge after a barrier and an atomic). ``"auto"``
-(default): fused when the call's K/V read is small (:data:`FUSED_MERGE_MAX_BYTES`), where an eager call is
-host-bound and one launch fewer is the win; two kernels above it, where the GPU time dominates (H200, the hidden
-check's B24 bimodal shape, ``benchmarks/results/fused_merge_h200.md``: 80 / 61 µs fused vs 101 / 71 with two
-launches while the host path was slow; once the plan and the pinned launch made it GPU-bound, 57.4 fused vs 53.8 µs
-two kernels). ``True`` / ``False``: fused / two kernels for every eager call (the benchmark and tests set these).
-Never under CUDA-graph capture (replayed, the fused form was 3-24% slower than the merge kernel), nor under
-``lz.capture_selection()``. Both forms run the same merge code (``merge_row``) and agree to rounding, not always to
-the last bit (the H200 showed 1-ulp differences on some rows)."""
+@dataclass(frozen=True, slots=True)
+class PagedDecodeKnobs:
+    """Tuning choices of ``triton.paged_decode`` (and ``triton.rope_paged_decode``'s split geometry), registered as
+    ``"triton.paged_decode"``: defaults from H200 searches (``benchmarks/results/knobs/triton_paged_decode.md``), read
+    once per call signature's plan (a change drops the cached plans). Raises ``ConfigurationError`` for a field of
+    the wrong type or out of range."""
 
-FUSED_MERGE_MAX_BYTES = 32 << 20
-"""``"auto"`` fuses the merge when the most K/V bytes a call can read (every split full: batch x KV heads x splits x
-split length x head dim x 2 x element size, from shapes) is at most this: 32 MiB, ~8 µs of the H200's HBM, the
-order of one eager launch's host time; the B24 shape above reads up to ~300 MB."""
+    max_splits: int = 32
+    """Most KV splits per sequence (stage 2 merges them in one tile)."""
+    min_tiles_per_split: int = 2
+    """A split covers at least this many ``BLOCK_N`` tiles: short splits cost more in the merge than they save."""
+    waves: int = 4
+    """Stage 1 aims at ``waves x SM count`` programs, so small batches with long contexts fill the GPU (B8, 32k
+    tokens, D 256: 942 -> 482 µs against 2 waves)."""
+    tile_bytes: int = 32768
+    """Bytes of one ``[BLOCK_N, D]`` K tile (:func:`block_n_for`): the largest that keeps K and V of two to three
+    pipeline stages in shared memory measured fastest."""
+    block_n_max: int = 128
+    """Most KV positions of a general tile (:func:`block_n_for`)."""
+    small_batch: tuple[int, int, int, int] | None = (1, 2048, 32, 32)
+    """``(most sequences, widest block table in tokens, block_n, most splits)``: launches within both bounds take
+    ``block_n``-position tiles and at most that many splits (:func:`tile_rule`), so a short sequence spreads over
+    more programs (the engine's batch-1 decode step faster at KV up to 2048); None: the general rule everywhere."""
+    one_pass: bool = True
+    """Under ``small_batch``'s rule, a split of at most ``one_pass_max_tiles`` tiles gathers them all at once, then
+    attends (:func:`chunk_rule`), instead of the tile loop's block ids -> K / V -> attend chain per tile."""
+    one_pass_max_tiles: int = 2
+    """Most tiles a one-pass split gathers: 1, 2 or 4 (the kernel's limit); four measured slower than the loop."""
+    early_kv: bool = False
+    """With ``one_pass``: the split program reads ``seq_len``, its block ids and every K / V position but the newest
+    before its PDL wait. Off: no gain once ``trigger_first`` is on, and it adds a contract (``_gdc_kernels``)."""
+    trigger_first: tuple[str, ...] = ("merge",)
+    """Kernels (``"split"``, ``"merge"``) of a PDL-launched one-pass call that let the next kernel launch before their
+    own wait, so the next projections' weights stream during attention; ``()``: off."""
+    split_warps: int = 4
+    """Warps per stage-1 program (:func:`launch_config`; ``num_warps=`` overrides it per call)."""
+    merge_warps: int = 4
+    """Warps per stage-2 (merge) program."""
+    fused_merge: bool | Literal["auto"] = "auto"
+    """Eager calls with several splits merge in the split kernel (the split that finishes last merges: one launch
+    fewer). ``"auto"``: when the call reads at most ``fused_merge_max_bytes`` (host-bound calls; above it the GPU time
+    of two kernels is lower); True / False: every eager call / none. Both forms agree to rounding."""
+    fused_merge_max_bytes: int = 32 << 20
+    """``"auto"`` fuses when the most K / V bytes a call can read (from shapes) is at most this: 32 MiB, ~8 µs of the
+    H200's HBM, about one eager launch's host time."""
+    fused_merge_in_graphs: bool = False
+    """Fuse under CUDA-graph capture (and ``lz.capture_selection()``) too; off: replayed, the fused form was 3-24%
+    slower than the merge kernel."""
 
-FUSED_MERGE_IN_GRAPHS = False
-"""Use the fused merge under capture too (what ``benchmarks/bench_fused_merge.py`` sets to compare both forms in a
-graph); off by default for the reason :data:`FUSED_MERGE` gives."""
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("max_splits", "min_tiles_per_split", "waves", "tile_bytes"):
+            require(getattr(self, name) >= 1, self, name, "an int >= 1")
+        bn = self.block_n_max
+        require(bn >= 16 and next_pow2(bn) == bn, self, "block_n_max", "a power of two >= 16")
+        sb = self.small_batch
+        require(sb is None or min(sb) >= 1 and next_pow2(sb[2]) == sb[2] and sb[2] >= 16, self, "small_batch",
+                "None or (sequences >= 1, tokens >= 1, block_n a power of two >= 16, splits >= 1)")
+        require(self.one_pass_max_tiles in (1, 2, 4), self, "one_pass_max_tiles", "1, 2 or 4")
+        require(set(self.trigger_first) <= {"split", "merge"}, self, "trigger_first",
+                "a tuple of 'split' and / or 'merge'")
+        for name in ("split_warps", "merge_warps"):
+            require(getattr(self, name) in (1, 2, 4, 8, 16, 32), self, name, "a power of two in [1, 32]")
+        require(self.fused_merge_max_bytes >= 0, self, "fused_merge_max_bytes", "an int >= 0")
 
+
+knobs.register(KNOBS, PagedDecodeKnobs())
 _KERNELS = LazyModule("_paged_kernels")
-_COUNTERS: dict[tuple[str, int, int], torch.Tensor] = {}
-_OUTGROWN: list[torch.Tensor] = []
-_COUNTERS_MIN = 4096
 
 
-def interpret_mode(kern: Any) -> bool:
-    """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, the CPU tests)."""
-    return type(kern.paged_decode_split).__name__ == "InterpretedFunction"
-
-
-def split_counters(q: torch.Tensor, n: int) -> torch.Tensor:
-    """The fused merge's int32 counters (at least ``n``, all 0 between launches: the last split of each (sequence,
-    KV head) puts its counter back) for the stream the call runs on. One zeroed buffer per (device, current stream),
-    made on first use and kept: a call reuses it, so a CUDA graph captures its address; under capture the zeroing is
-    captured too (a memset node, harmless: the counters are 0 there anyway). A buffer that is outgrown is replaced
-    and kept alive (graphs captured with it still point at it). Launches on different streams never share counters;
-    graphs captured on one stream share its buffer, so two such graphs must not be replayed at the same time on two
-    streams (as with every other buffer two graphs share through a memory pool)."""
-    dev = q.device
-    stream = torch._C._cuda_getCurrentRawStream(dev.index) if dev.type == "cuda" else 0
-    key = (dev.type, -1 if dev.index is None else dev.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _OUTGROWN.append(buf)
-        buf = _COUNTERS[key] = torch.zeros(max(n, _COUNTERS_MIN), dtype=torch.int32, device=dev)
-    return buf
-
-
-def block_n_for(head_dim: int, itemsize: int = 2) -> int:
-    """KV positions per stage-1 step: the most positions (a power of two in ``[16, 128]``) whose K tile
-    ``[BLOCK_N, next_pow2(D)]`` fits :data:`TILE_BYTES` at ``itemsize`` bytes per element.
+def block_n_for(head_dim: int, itemsize: int = 2, kn: PagedDecodeKnobs | None = None) -> int:
+    """KV positions per stage-1 step: the most positions (a power of two in ``[16, block_n_max]``) whose K tile
+    ``[BLOCK_N, next_pow2(D)]`` fits ``tile_bytes`` at ``itemsize`` bytes per element (``kn``: the knobs, default
+    those in force).
 
     >>> block_n_for(128), block_n_for(256), block_n_for(128, 4), block_n_for(64)
     (128, 64, 64, 128)
     """
-    return max(16, min(BLOCK_N_MAX, TILE_BYTES // (max(16, next_pow2(head_dim)) * itemsize)))
+    kn = kn or knobs.get(KNOBS)
+    return max(16, min(kn.block_n_max, kn.tile_bytes // (max(16, next_pow2(head_dim)) * itemsize)))
 
 
-def tile_rule(batch: int, width: int, head_dim: int, itemsize: int) -> tuple[int, int]:
+def tile_rule(batch: int, width: int, head_dim: int, itemsize: int,
+              kn: PagedDecodeKnobs | None = None) -> tuple[int, int]:
     """``(block_n, most splits)`` of a launch over ``batch`` sequences with a block table ``width`` tokens wide:
-    :data:`SMALL_BATCH`'s within its bounds where the general rule splits too (a table of at least
-    ``2 * MIN_TILES_PER_SPLIT`` general tiles: narrower ones run one program a head and no merge, as before, so an
+    ``small_batch``'s within its bounds where the general rule splits too (a table of at least
+    ``2 * min_tiles_per_split`` general tiles: narrower ones run one program a head and no merge, as before, so an
     eager call and a graph replay of a short-window model compute the same bits), else :func:`block_n_for` and
-    :data:`MAX_SPLITS`. ``head_dim`` in elements, ``itemsize`` the bytes of one cached element as the kernel reads it
+    ``max_splits``. ``head_dim`` in elements, ``itemsize`` the bytes of one cached element as the kernel reads it
     (4 for a quantized cache: its tiles are float32); block_n in KV positions. Pure arithmetic: raises nothing.
 
     >>> tile_rule(1, 2048, 128, 2), tile_rule(2, 2048, 128, 2), tile_rule(1, 4096, 128, 2), tile_rule(1, 384, 128, 2)
     ((32, 32), (128, 32), (128, 32), (128, 32))
     """
-    if small_batch(batch, width, head_dim, itemsize):
-        return SMALL_BATCH[2], SMALL_BATCH[3]  # type: ignore[index]  # small_batch: not None
-    return block_n_for(head_dim, itemsize), MAX_SPLITS
+    kn = kn or knobs.get(KNOBS)
+    if small_batch(batch, width, head_dim, itemsize, kn):
+        return kn.small_batch[2], kn.small_batch[3]  # type: ignore[index]  # small_batch: not None
+    return block_n_for(head_dim, itemsize, kn), kn.max_splits
 
 
-def small_batch(batch: int, width: int, head_dim: int, itemsize: int) -> bool:
-    """Whether a launch takes :data:`SMALL_BATCH`'s tiles (see :func:`tile_rule`; same arguments)."""
-    return (SMALL_BATCH is not None and batch <= SMALL_BATCH[0] and width <= SMALL_BATCH[1]
-            and math.ceil(width / block_n_for(head_dim, itemsize)) >= 2 * MIN_TILES_PER_SPLIT)
+def small_batch(batch: int, width: int, head_dim: int, itemsize: int, kn: PagedDecodeKnobs | None = None) -> bool:
+    """Whether a launch takes ``small_batch``'s tiles (see :func:`tile_rule`; same arguments)."""
+    kn = kn or knobs.get(KNOBS)
+    sb = kn.small_batch
+    return (sb is not None and batch <= sb[0] and width <= sb[1]
+            and math.ceil(width / block_n_for(head_dim, itemsize, kn)) >= 2 * kn.min_tiles_per_split)
 
 
-def chunk_rule(tiles_per_split: int, small: bool) -> tuple[int, bool]:
+def chunk_rule(tiles_per_split: int, small: bool, kn: PagedDecodeKnobs | None = None) -> tuple[int, bool]:
     """``(tiles a split gathers at once, one pass)`` of a launch whose splits have at most ``tiles_per_split`` tiles:
-    under :data:`SMALL_BATCH`'s rule (``small``) with :data:`ONE_PASS` on and at most :data:`ONE_PASS_MAX_TILES`
-    tiles a split, every tile at once (1, 2 or 4: the next power of two) in one pass; else ``(1, False)``: the tile
-    loop.
+    under ``small_batch``'s rule (``small``) with ``one_pass`` on and at most ``one_pass_max_tiles`` tiles a split,
+    every tile at once (1, 2 or 4: the next power of two) in one pass; else ``(1, False)``: the tile loop.
 
-    >>> chunk_rule(2, True) == ((2, True) if ONE_PASS else (1, False)), chunk_rule(2, False), chunk_rule(5, True)
-    (True, (1, False), (1, False))
+    >>> chunk_rule(2, True), chunk_rule(2, False), chunk_rule(5, True)
+    ((2, True), (1, False), (1, False))
     """
-    if not (small and ONE_PASS and tiles_per_split <= min(4, ONE_PASS_MAX_TILES)):
+    kn = kn or knobs.get(KNOBS)
+    if not (small and kn.one_pass and tiles_per_split <= min(4, kn.one_pass_max_tiles)):
         return 1, False
     return next_pow2(max(1, tiles_per_split)), True
 
 
-def launch_config(head_dim: int) -> dict[str, int]:
-    """Stage-1 ``num_warps`` / ``num_stages`` (measured on the H200): 4 warps; 2 pipeline stages for head dims
-    above 128 (three 64 KB K+V stages would not fit shared memory), Triton's default below."""
-    return {"num_warps": SPLIT_WARPS, "num_stages": 2} if next_pow2(head_dim) > 128 else {"num_warps": SPLIT_WARPS}
-
-
-@functools.lru_cache(maxsize=16)
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA ``device`` (``multi_processor_count``, cached per device); 1 elsewhere
-    (the Triton interpreter on CPU)."""
-    if device.type != "cuda":
-        return 1
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+def launch_config(head_dim: int, kn: PagedDecodeKnobs | None = None) -> dict[str, int]:
+    """Stage-1 ``num_warps`` / ``num_stages`` (measured on the H200): ``split_warps`` warps; 2 pipeline stages for
+    head dims above 128 (three 64 KB K+V stages would not fit shared memory), Triton's default below."""
+    warps = (kn or knobs.get(KNOBS)).split_warps
+    return {"num_warps": warps, "num_stages": 2} if next_pow2(head_dim) > 128 else {"num_warps": warps}
 
 
 def choose_split_len(batch: int, num_kv_heads: int, max_kv_len: int, sms: int, block_n: int,
-                     num_splits: int | None = None, max_splits: int = MAX_SPLITS) -> tuple[int, int]:
+                     num_splits: int | None = None, max_splits: int | None = None,
+                     kn: PagedDecodeKnobs | None = None) -> tuple[int, int]:
     """Split-K sizing from shapes only: ``(split_len, num_splits)``, both ints, ``split_len`` in tokens (a multiple
     of ``block_n``) and ``num_splits * split_len >= max_kv_len``. The kernel interleaves a sequence's
     ``block_n``-token tiles over the splits (split s takes tiles s, s + S, ...), so ``split_len`` is the most
     tokens one split reads (the interpreter's trip count), whatever the sequence's own length.
 
-    Without ``num_splits``: aim at ``WAVES * sms`` stage-1 programs over ``batch * num_kv_heads`` (sequence, head)
-    pairs, at most ``max_splits`` splits and at least ``MIN_TILES_PER_SPLIT`` tiles per split (at batch 1 more
-    splits of one tile each measured faster alone but slower in the engine's decode graph: see
-    ``benchmarks/engine/paged_b1_search.py``). ``num_splits``
-    forces a count (tests; clipped to ``[1, max_splits]`` and to one tile per split).
+    Without ``num_splits``: aim at ``waves * sms`` stage-1 programs over ``batch * num_kv_heads`` (sequence, head)
+    pairs, at most ``max_splits`` splits (default: the knobs') and at least ``min_tiles_per_split`` tiles per split
+    (at batch 1 more splits of one tile each measured faster alone but slower in the engine's decode graph: see
+    ``benchmarks/engine/paged_b1_search.py``). ``num_splits`` forces a count (tests; clipped to ``[1, max_splits]``
+    and to one tile per split).
 
     >>> choose_split_len(1, 8, 32768, 132, 64)   # one long sequence on an H100/H200: 32 splits of 1024 tokens
     (1024, 32)
@@ -241,33 +200,72 @@ def choose_split_len(batch: int, num_kv_heads: int, max_kv_len: int, sms: int, b
     >>> choose_split_len(1, 8, 2080, 132, 128)  # batch 1, a 2080-token table: 8 splits asked, 6 of 384 tokens
     (384, 6)
     """
+    kn = kn or knobs.get(KNOBS)
     tiles = max(1, math.ceil(max_kv_len / block_n))
     if num_splits is None:
-        want = math.ceil(WAVES * sms / max(1, batch * num_kv_heads))
-        num_splits = min(want, max(1, tiles // MIN_TILES_PER_SPLIT))
-    splits = max(1, min(int(num_splits), max_splits, tiles))
+        want = math.ceil(kn.waves * sms / max(1, batch * num_kv_heads))
+        num_splits = min(want, max(1, tiles // kn.min_tiles_per_split))
+    splits = max(1, min(int(num_splits), kn.max_splits if max_splits is None else max_splits, tiles))
     split_len = math.ceil(tiles / splits) * block_n
     return split_len, math.ceil(tiles * block_n / split_len)
 
 
+class Geometry(NamedTuple):
+    """A launch's split geometry (:func:`geometry`): KV positions per tile, the most tokens a split reads, the split
+    count, tiles a split gathers at once, and whether splits gather them in one pass."""
+
+    block_n: int
+    split_len: int
+    splits: int
+    chunks: int
+    one_pass: bool
+
+
+def geometry(batch: int, num_kv_heads: int, width: int, head_dim: int, itemsize: int, sms: int, *,
+             num_splits: int | None = None, block_n: int | None = None,
+             kn: PagedDecodeKnobs | None = None) -> Geometry:
+    """The split geometry of a launch from shapes and knobs only (pure arithmetic, no tensor: what :func:`_plan`
+    launches with): ``width`` the block table's width in tokens, ``itemsize`` as :func:`tile_rule`'s, ``sms`` the
+    device's SM count, ``num_splits`` / ``block_n`` forced values (None: :func:`choose_split_len`'s and
+    :func:`tile_rule`'s), ``kn`` the knobs (default: those in force).
+
+    >>> geometry(1, 8, 32768, 128, 2, 132)
+    Geometry(block_n=128, split_len=1024, splits=32, chunks=1, one_pass=False)
+
+    Raises:
+        InvalidInputError: ``block_n`` not a power of two >= 16.
+    """
+    kn = kn or knobs.get(KNOBS)
+    bn, most = tile_rule(batch, width, head_dim, itemsize, kn)
+    bn = bn if block_n is None else int(block_n)
+    if bn < 16 or bn & (bn - 1):
+        raise _bad("block_n", "a power of two >= 16", bn)
+    split_len, splits = choose_split_len(batch, num_kv_heads, width, sms, bn, num_splits, most, kn)
+    small = block_n is None and small_batch(batch, width, head_dim, itemsize, kn)
+    chunks, one_pass = chunk_rule(-(-split_len // bn), small, kn)
+    return Geometry(bn, split_len, splits, chunks, one_pass)
+
+
 def workspace_bytes(ctx: SelectionContext) -> int:
     """Upper bound of the float32 workspace (partial outputs ``[B, Hq, S, D]`` + lse ``[B, Hq, S]``) in bytes for
-    every call of ``ctx``'s bucket (``ctx.batch`` and ``ctx.seq_len_kv`` are bucket upper bounds)."""
+    every call of ``ctx``'s bucket (``ctx.batch`` and ``ctx.seq_len_kv`` are bucket upper bounds), under the knobs in
+    force."""
+    kn = knobs.get(KNOBS)
     b, hq, hkv, d = ctx.batch or 1, ctx.num_heads_q or 1, ctx.num_heads_kv or 1, ctx.head_dim or 1
     itemsize = ctx.dtype.itemsize if isinstance(ctx.dtype, torch.dtype) else 2
     kv = ctx.seq_len_kv or 1
     # (block_n, most splits, widest table) of every rule a call of the bucket may take (tile_rule): the general one
-    # (fp32 tiles for a quantized cache too), and SMALL_BATCH's for tables up to its width
-    rules = [(block_n_for(d, size), MAX_SPLITS, kv) for size in (itemsize, 4)]
-    if SMALL_BATCH is not None:
-        rules.append((SMALL_BATCH[2], SMALL_BATCH[3], min(kv, SMALL_BATCH[1])))
+    # (fp32 tiles for a quantized cache too), and small_batch's for tables up to its width
+    rules = [(block_n_for(d, size, kn), kn.max_splits, kv) for size in (itemsize, 4)]
+    if kn.small_batch is not None:
+        rules.append((kn.small_batch[2], kn.small_batch[3], min(kv, kn.small_batch[1])))
     cap = 1
     for bn, most, width in rules:
         tiles = max(1, math.ceil(width / bn))
-        cap = max(cap, min(most, tiles, max(1, tiles // MIN_TILES_PER_SPLIT)))
+        cap = max(cap, min(most, tiles, max(1, tiles // kn.min_tiles_per_split)))
     sms = ctx.device.multiprocessor_count or 1
     # b' * ceil(X / b') <= X + b' - 1 for every batch b' <= b of the bucket
-    rows = min(b * cap, b + math.ceil(WAVES * sms / hkv))
+    rows = min(b * cap, b + math.ceil(kn.waves * sms / hkv))
     return rows * hq * (d + 1) * 4
 
 
@@ -326,10 +324,9 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     if batch == 0:
         return (out, lse) if return_lse else out
     # eager calls only: the split that finishes last merges, no stage 2 (one host launch less); under capture (and
-    # lz.capture_selection) the two kernels, which replay faster (FUSED_MERGE says why; the forms agree to rounding)
+    # lz.capture_selection) the two kernels, which replay faster (the knob fused_merge says why)
     captured = AS_CAPTURED.get() or capturing_now()
-    fused = plan.splits > 1 and (plan.kv_bytes <= FUSED_MERGE_MAX_BYTES if FUSED_MERGE == "auto" else FUSED_MERGE) and (
-        FUSED_MERGE_IN_GRAPHS or not captured)
+    fused = plan.fused_captured if captured else plan.fused_eager
     if plan.splits == 1:  # stage 1 stores the output itself: no workspace, no stage 2
         ws_out = ws_lse = out
     else:  # partial outputs [B, Hq, S, D] and their lse [B, Hq, S], float32, contiguous
@@ -350,14 +347,16 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
 
 
 class _Plan(NamedTuple):
-    """What one call signature of :func:`paged_decode` (shapes, strides, dtypes, device, layout, knobs) launches with:
-    everything but the tensors' addresses and the scales, worked out on its first call (``_PLANS``)."""
+    """What one call signature of :func:`paged_decode` (shapes, strides, dtypes, device, layout, arguments) launches
+    with under the knobs in force: everything but the tensors' addresses and the scales, worked out on its first call
+    (``_PLANS``, dropped when the knobs change)."""
 
     serial: int  # unique per plan made (FastLaunch.pinned's pin: never reused, unlike id())
     out_shape: tuple[int, int, int]
     num_kv_heads: int
     splits: int
-    kv_bytes: int  # the most K/V bytes the call can read (FUSED_MERGE "auto" compares it with FUSED_MERGE_MAX_BYTES)
+    fused_eager: bool  # eager calls merge in the split kernel (knobs fused_merge, fused_merge_max_bytes)
+    fused_captured: bool  # calls under capture / lz.capture_selection() do (fused_merge_in_graphs)
     quant: bool
     grid: tuple[int, int, int]
     split_ints: tuple[int, ...]  # stride_qb .. stride_lb of the stage-1 kernel (workspace strides included)
@@ -373,10 +372,18 @@ _PLANS_MAX = 4096
 """Plans kept (a server sees a few hundred call signatures; past this many the dict starts over)."""
 
 
+def _drop_plans() -> None:
+    _PLANS.clear()  # the module's dict at call time (tests replace it)
+
+
+knobs.subscribe(KNOBS, _drop_plans)
+
+
 def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
           kv_layout: str | KVLayout, return_lse: bool, num_splits: int | None, block_n: int | None,
           num_warps: int | None, num_stages: int | None) -> _Plan:
-    """The :class:`_Plan` of a call (checks included: the raises of :func:`paged_decode`)."""
+    """The :class:`_Plan` of a call under the knobs in force (checks included: the raises of :func:`paged_decode`)."""
+    kn = knobs.get(KNOBS)
     batch, hq, d = q.shape
     _, page, hkv, _ = cache_dims(kv_cache, kv_layout)
     group = hq // hkv
@@ -390,16 +397,12 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
                    "STRIDE_LAST_DIM_NOT_1).")
     quant = kv_cache.dtype in KV_QUANT_DTYPES
     width, itemsize = block_tables.shape[1] * page, 4 if quant else q.element_size()
-    bn, max_splits = tile_rule(batch, width, d, itemsize)
-    bn = bn if block_n is None else int(block_n)
-    if bn < 16 or bn & (bn - 1):
-        raise _bad("block_n", "a power of two >= 16", bn)
-    split_len, splits = choose_split_len(batch, hkv, width, sm_count(q.device), bn, num_splits, max_splits)
-    chunks, one_pass = chunk_rule(-(-split_len // bn), block_n is None and small_batch(batch, width, d, itemsize))
-    interpret = interpret_mode(kern)
+    bn, split_len, splits, chunks, one_pass = geometry(batch, hkv, width, d, itemsize, sm_count(q.device),
+                                                        num_splits=num_splits, block_n=block_n, kn=kn)
+    interpret = type(kern.paged_decode_split).__name__ == "InterpretedFunction"  # TRITON_INTERPRET=1 (CPU tests)
     st = nhd_view(kv_cache, kv_layout).stride()  # [N, 2, P, Hkv, D] order whatever the layout
     d_pad = max(16, next_pow2(d))
-    config = launch_config(d)
+    config = launch_config(d, kn)
     if num_warps is not None:
         config["num_warps"] = int(num_warps)
     if num_stages is not None:
@@ -408,28 +411,20 @@ def _plan(kern: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
                     INTERPRET=interpret, TILES_PER_SPLIT=split_len // bn if interpret else 0,
                     UPCAST=quant or (interpret and q.dtype == torch.bfloat16), DIRECT=splits == 1,
                     WRITE_LSE=return_lse, FUSED_MERGE=False, S_PAD=1, CHUNKS=chunks, ONE_PASS=one_pass,
-                    EARLY=one_pass and EARLY_KV, TRIGGER_FIRST=one_pass and "split" in TRIGGER_FIRST, **config)
-    kv_bytes = batch * hkv * splits * split_len * d * 2 * kv_cache.element_size()
+                    EARLY=one_pass and kn.early_kv, TRIGGER_FIRST=one_pass and "split" in kn.trigger_first, **config)
+    kv_bytes = batch * hkv * splits * split_len * d * 2 * kv_cache.element_size()  # the most a call can read
+    fused = splits > 1 and (kv_bytes <= kn.fused_merge_max_bytes if kn.fused_merge == "auto" else kn.fused_merge)
     # the workspace's strides (contiguous [B, Hq, S, D]); one split: the output's own ([B, Hq, D], contiguous)
     ws_strides = (hq * d, d, 0) if splits == 1 else (hq * splits * d, splits * d, d)
     return _Plan(
-        next(_SERIALS), (batch, hq, d), hkv, splits, kv_bytes, quant, (batch, hkv, splits),
+        next(_SERIALS), (batch, hq, d), hkv, splits, fused, fused and kn.fused_merge_in_graphs, quant,
+        (batch, hkv, splits),
         (q.stride(0), q.stride(1), st[0], st[1], st[2], st[3], block_tables.stride(0), split_len, page, group, splits,
          width, *ws_strides, hq * splits),
         (hq * d, d, *ws_strides, hq, splits),
         split_kw, {**split_kw, "FUSED_MERGE": True, "S_PAD": next_pow2(splits)},
-        dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=MERGE_WARPS,
-             TRIGGER_FIRST=one_pass and "merge" in TRIGGER_FIRST))
-
-
-def scale_args(quant: bool, k_scale: Any, v_scale: Any) -> tuple[Any, Any, dict[str, bool]]:
-    """``(k_scale, v_scale, constexpr flags QUANT / K_PTR / V_PTR)`` of a paged kernel that reads a quantized cache
-    (``paged_decode_split`` here, ``cascade``'s ``paged_prefill``): floats by value, tensors as pointers (read on the
-    device); an unquantized cache passes 1.0 and no flags."""
-    if not quant:
-        return 1.0, 1.0, {}
-    ks, vs = kernel_scale(k_scale), kernel_scale(v_scale)
-    return ks, vs, {"QUANT": True, "K_PTR": isinstance(ks, torch.Tensor), "V_PTR": isinstance(vs, torch.Tensor)}
+        dict(HEAD_DIM=d, D_PAD=d_pad, S_PAD=next_pow2(splits), WRITE_LSE=return_lse, num_warps=kn.merge_warps,
+             TRIGGER_FIRST=one_pass and "merge" in kn.trigger_first))
 
 
 def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None,
