@@ -5,12 +5,15 @@ routing on hand-built contexts (rows, device, dtype, autograd)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from _triton_interp import needs_interpreter
 
 from layerzero.backends.triton import gemv as tg
 from layerzero.core.context import SelectionContext
+from layerzero.core.knobs import knobs
 from layerzero.core.policy import Policy
 from layerzero.core.reasons import ReasonCode as R
 from layerzero.core.selection import SelectionInputs, select
@@ -21,6 +24,13 @@ pytestmark = pytest.mark.correctness
 
 interpreted = needs_interpreter("tests/gpu/test_gpu_triton_gemv.py")
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture
+def gemv_knobs():
+    """``gemv_knobs(field=value, ...)``: set ``triton.gemv`` knobs until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **fields: stack.enter_context(knobs(tg.KNOBS, **fields))
 
 
 def _rel_err(out: torch.Tensor, want: torch.Tensor) -> float:
@@ -44,7 +54,7 @@ PREFETCH_CASES = [  # (M, N, K) for _gemv_prefetch: every slab width (BN 8, 4, 2
     (2, 5, 3001),      # KP 4096, BN 2
     (3, 70, 33),       # rows padded to 4
     (4, 30, 1030),     # KP 2048, BN 4, every row
-    (3, 9, 4096),      # K = PREFETCH_MAX_K exactly
+    (3, 9, 4096),      # K = prefetch_max_k exactly
     (1, 1, 7),
 ]
 
@@ -53,8 +63,8 @@ PREFETCH_CASES = [  # (M, N, K) for _gemv_prefetch: every slab width (BN 8, 4, 2
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize(("prefetch", "m", "n", "k"), [(False, *c) for c in CASES] + [(True, *c) for c in PREFETCH_CASES],
                          ids=str)
-def test_matches_float64_product(dtype, prefetch, m, n, k, monkeypatch):
-    monkeypatch.setattr(tg, "PREFETCH", prefetch)
+def test_matches_float64_product(dtype, prefetch, m, n, k, gemv_knobs):
+    gemv_knobs(prefetch=prefetch)
     assert (tg.config(m, n, k)["kernel"] == "prefetch") == prefetch
     g = torch.Generator().manual_seed(m * 7 + n + k)
     x = torch.randn(m, k + 3, generator=g).to(dtype)[:, 3:]  # rows strided by K + 3
@@ -76,22 +86,22 @@ def test_leading_dims_and_empty_rows():
     assert tg.gemv(x[:0], w, None).shape == (0, 1, 3, 9)
 
 
-def test_config_covers_every_path(monkeypatch):
-    # one row: the next kernel launches before this one's PDL wait (TRIGGER_FIRST_ROWS); two rows or more: after it
+def test_config_covers_every_path(gemv_knobs):
+    # one row: the next kernel launches before this one's PDL wait (trigger_first_rows); two rows or more: after it
     assert tg.config(1, 6144, 1024) == {"kernel": "prefetch", "BM": 1, "BN": 8, "KP": 1024, "num_warps": 2,
                                         "TRIGGER_FIRST": True}
     assert "TRIGGER_FIRST" not in tg.config(2, 4096, 1024)
     # the longest K (next_pow2 = 4096): slabs of 16384 (BN 4), 8 warps; a per-shape override wins
     assert tg.config(3, 1024, 3072) == {"kernel": "prefetch", "BM": 4, "BN": 4, "KP": 4096, "num_warps": 8}
-    monkeypatch.setattr(tg, "PREFETCH_BY_SHAPE", {(1024, 3072): (8192, 4)})
+    gemv_knobs(prefetch_by_shape=(((1024, 3072), (8192, 4)),))
     assert tg.config(3, 1024, 3072)["BN"] == 2 and tg.config(3, 1024, 3072)["num_warps"] == 4
     assert tg.config(1, 151936, 1024)["kernel"] == "dot" and tg.config(1, 1024, 4097)["kernel"] == "rows"
     assert [tg.config(m, 4096, 1024)["kernel"] for m in (1, 2, 3)] == ["prefetch", "prefetch", "dot"]
     assert [tg.config(m, 1024, 2048)["kernel"] for m in (4, 5)] == ["prefetch", "rows"]
     assert tg.config(2, 6144, 1024)["kernel"] == "dot"
-    monkeypatch.setattr(tg, "TRIGGER_FIRST_ROWS", 0)
+    gemv_knobs(trigger_first_rows=0)
     assert "TRIGGER_FIRST" not in tg.config(1, 6144, 1024)
-    monkeypatch.setattr(tg, "PREFETCH", False)
+    gemv_knobs(prefetch=False)
     assert tg.config(1, 1024, 2048)["kernel"] == "rows" and tg.config(3, 1024, 2048)["BM"] == 4
     assert tg.config(1, 6144, 1024)["kernel"] == "rows" and tg.config(4, 6144, 1024)["kernel"] == "dot"
     assert tg.config(1, 151936, 1024)["kernel"] == "dot" and tg.config(2, 1024, 3072)["BN"] == 2
@@ -143,15 +153,15 @@ def test_refused_beyond_eight_rows_on_cpu_fp32_and_with_grad(registry):
 
 
 
-def test_wide_prefetch_for_one_row_of_an_lm_head(monkeypatch):
-    """``PREFETCH_WIDE`` (an A/B knob, off by default): one row of a weight wider than 16384 outputs goes to the
+def test_wide_prefetch_for_one_row_of_an_lm_head(gemv_knobs):
+    """``prefetch_wide`` (an A/B knob, off by default): one row of a weight wider than 16384 outputs goes to the
     prefetch kernel with that slab and warps (BN = slab / next_pow2(K), at most 8; the kernel's numerics are the
     prefetch cases above), two rows and narrower weights keep their kernels."""
-    assert tg.PREFETCH_WIDE is None and tg.config(1, 151936, 1024)["kernel"] == "dot"
-    monkeypatch.setattr(tg, "PREFETCH_WIDE", (4096, 1))
+    assert tg.GemvKnobs().prefetch_wide is None and tg.config(1, 151936, 1024)["kernel"] == "dot"
+    gemv_knobs(prefetch_wide=(4096, 1))
     assert tg.config(1, 151936, 1024) == {"kernel": "prefetch", "BM": 1, "BN": 4, "KP": 1024, "num_warps": 1,
                                           "TRIGGER_FIRST": True}
     assert tg.config(2, 151936, 1024)["kernel"] == "dot" and tg.config(1, 16384, 1024)["BN"] == 8
     assert tg.config(1, 151936, 8192)["kernel"] == "dot"  # K past the slab limit
-    monkeypatch.setattr(tg, "PREFETCH", False)
+    gemv_knobs(prefetch=False)
     assert tg.config(1, 151936, 1024)["kernel"] == "dot"

@@ -1,12 +1,10 @@
 """``triton.gemv``: our Triton skinny GEMM for ``lz.linear`` with 1-8 rows (decode's projections), CUDA only
 (SM >= 8.0), float16/bfloat16.
 
-Why: at M = 1 cuBLAS's tile choice reads some decode projections at a fraction of the memory bandwidth. Measured
-inside CUDA graphs on an H200 (``benchmarks/bench_in_graph.py``, ``benchmarks/results/in_graph_h200.md``; Qwen3-0.6B
-shapes, bf16): the attention output projection (K 2048 -> N 1024) 12.4 µs with cuBLAS vs 3.3 µs here, the MLP down
-projection (3072 -> 1024) 6.3 vs 4.1 µs, gate/up (1024 -> 6144) 5.0 vs 4.0 µs; at 4 rows 7.9 vs 5.0 µs (output)
-and even elsewhere; at 8 rows even (within 5%); beyond that cuBLAS's tensor-core tiles win, so the kernel refuses
-more than :data:`MAX_ROWS` rows.
+Why: at M = 1 cuBLAS's tile choice reads some decode projections at a fraction of the memory bandwidth; in CUDA
+graphs on an H200 this kernel took 0.27-0.8 of cuBLAS's time on Qwen3-0.6B's projections at one row, about even at
+8 rows; beyond that cuBLAS's tensor-core tiles win, so the kernel refuses more than ``max_rows`` rows (:class:`GemvKnobs`;
+measurements: ``benchmarks/results/knobs/triton_gemv.md``).
 
 Contract: ``F.linear`` semantics; float32 accumulation, bias added in float32, one rounding (see
 ``_gemv_kernels.py``); no split-K (deterministic). x ``[..., K]`` and weight ``[N, K]`` need ``stride(-1) == 1``;
@@ -18,11 +16,14 @@ Graph safety: no host synchronization, output allocated with ``torch.empty`` on 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from layerzero.core import knobs
 from layerzero.core.context import SelectionContext
+from layerzero.core.knobs import check_types, require
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
@@ -33,86 +34,92 @@ KERNEL_ID = "triton.gemv"
 NORM_KERNEL_ID = "triton.rms_norm_linear"
 SWIGLU_KERNEL_ID = "triton.swiglu_linear"
 PRIORITY = 55
-"""Above torch_native.linear (50) for the 1-8 rows it takes, eagerly and in graphs (the default since 2026-11-25).
-Measured on the H200 in the engine (nano-vllm workload, interleaved processes with every kernel already compiled,
-``benchmarks/results/engine/h200/README.md``): preferred, 21,164 / 21,178 output tok/s against 20,802 with cuBLAS,
-and batch-1 decode 725 / 726 tok/s against 578 / 591. Two earlier A/Bs had it slower in the throughput run (-19%,
-then -3.7%); in this one the first process compiled kernels inside its timed run (15,381 tok/s, the sampler's
-batch-size-dependent variants, since fixed), which is the likely cause of those. In graphs on an H100 too
-(``benchmarks/results/in_graph_h100.md``): 0.52-0.99 of cuBLAS's time on every Qwen3-0.6B projection at 1-8 rows but
-gate/up at 8 rows (1.07; 1.06 on the H200). Measured on Hopper only: on another GPU ``lz.tune`` compares it with
-cuBLAS."""
-MAX_ROWS = 8
-"""Most rows (M) the kernel takes: from 16 rows on, cuBLAS's tensor-core GEMM is as fast or faster."""
+"""Above torch_native.linear (50) for the 1-8 rows it takes, eagerly and in graphs (the default since 2026-11-25:
+faster in the engine on the H200, batch 1 and throughput; see ``benchmarks/results/knobs/triton_gemv.md``). Measured
+on Hopper only: on another GPU ``lz.tune`` compares it with cuBLAS."""
 HALF = frozenset({torch.float16, torch.bfloat16})
+KNOBS = "triton.gemv"
+"""The name :class:`GemvKnobs` is registered under (``layerzero.core.knobs``)."""
 _KERNELS = LazyModule("_gemv_kernels")
 
 
-PREFETCH = True
-"""Use ``_gemv_prefetch`` (the weight slab loaded before the PDL wait) where it was measured faster: K <=
-:data:`PREFETCH_MAX_K` and one row (N <= 16384), two rows (N <= 4096) or up to four (N <= 2048). On the H200 in
-28-layer norm -> linear graphs with PDL (``benchmarks/gemv_prefetch.py``, ``benchmarks/results/gemv_prefetch_h200.md``),
-one row: qkv 3.89 -> 3.10 µs, o 3.64 -> 2.11, gate/up 4.84 -> 4.22, down 4.52 -> 2.53 against the row kernel; from
-4 rows of a wide N (8 of any) its per-row float32 products cost more than the loads save. False restores the row /
-dot kernels everywhere (A/B benchmarks)."""
-PREFETCH_MAX_K = 4096
-"""Longest K the prefetch kernel takes: its slab lives in registers (``BN x next_pow2(K)`` elements per program)."""
-PREFETCH_SLAB = 8192
-"""Elements of one program's slab (``BN x next_pow2(K)``): BN is this over next_pow2(K), 1-8."""
-PREFETCH_WARPS = 2
-"""Warps per program of the prefetch kernel. 2 since 2026-11-28: the engine's batch-1 decode graph (Qwen3-0.6B, H200,
-``benchmarks/engine/batch1_ab.py``, one process, variants alternating) replayed in 698-699 µs against 724-725 with 4
-warps (8: 718-719; 1: 781-896; slabs of 4096 / 16384 elements with 2 warps: 738-739 / 820; 16384 with 8 warps:
-700-701). A 28-layer chain of whole decode layers alone had suggested otherwise (``decode_layer_chain.py``: 8192 with 2
-warps and 16384 with 8 both ~1 µs a layer faster than 4 warps, 4096 with 2 warps 2.5 slower), so the engine decides."""
-PREFETCH_LONG_K = (16384, 8)
-"""``(slab elements, warps)`` of the prefetch kernel for the longest K (next_pow2(K) = :data:`PREFETCH_MAX_K`, e.g. the
-MLP down projection): in the same A/B the down projection (3072 -> 1024) with 16384 / 8 took the graph 698 -> 692 µs
-(with 4 warps: 708); the same change for QKV, o or gate/up cost 7-9 µs each (``batch1_ab_gemv_per_projection.md``)."""
-PREFETCH_WIDE: tuple[int, int] | None = None
-"""``(slab elements, warps)`` of the prefetch kernel for one row of a weight wider than 16384 outputs (an LM head), or
-None: ``_gemv_dot`` there. Measured on the H200 (``benchmarks/lm_head_configs.py``, ``[151936, 1024]`` bf16 in CUDA
-graphs): slabs of 4096 elements (4 rows of K 1024) with one warp 70.4 µs (4.42 TB/s), ``_gemv_dot`` 71.9, cuBLAS 74.5."""
-PREFETCH_BY_SHAPE: dict[tuple[int, int], tuple[int, int]] = {}
-"""``(N, K)`` of a weight -> ``(slab elements, warps)`` of the prefetch kernel in place of :data:`PREFETCH_SLAB` /
-:data:`PREFETCH_WARPS` (per-projection A/B benchmarks; empty by default)."""
+@dataclass(frozen=True, slots=True)
+class GemvKnobs:
+    """Tuning choices of ``triton.gemv`` / ``triton.rms_norm_linear`` / ``triton.swiglu_linear``, registered as
+    ``"triton.gemv"``: defaults from H200 measurements (``benchmarks/results/knobs/triton_gemv.md``), read once per
+    call (:func:`config`) and by the kernels' selection checks. Raises ``ConfigurationError`` for a field of the
+    wrong type or out of range."""
+
+    max_rows: int = 8
+    """Most rows (M) the kernels take (a selection check): from 16 rows on, cuBLAS's tensor-core GEMM is as fast."""
+    prefetch: bool = True
+    """Use ``_gemv_prefetch`` (the weight slab loaded before the PDL wait) where :func:`prefetch_applies`: measured
+    faster there in norm -> linear graphs; False: the row / dot kernels everywhere (A/B benchmarks)."""
+    prefetch_max_k: int = 4096
+    """Longest K the prefetch kernel takes: its slab lives in registers (``BN x next_pow2(K)`` elements a program)."""
+    prefetch_slab: int = 8192
+    """Elements of one prefetch program's slab (``BN x next_pow2(K)``): BN is this over next_pow2(K), 1-8."""
+    prefetch_warps: int = 2
+    """Warps per prefetch program: 2 made the engine's batch-1 decode graph fastest (698 against 724 µs with 4)."""
+    prefetch_long_k: tuple[int, int] = (16384, 8)
+    """``(slab elements, warps)`` for the longest K (next_pow2(K) = ``prefetch_max_k``, e.g. the MLP down projection):
+    measured 6 µs faster a graph there, slower on the other projections."""
+    prefetch_wide: tuple[int, int] | None = None
+    """``(slab elements, warps)`` of the prefetch kernel for one row of a weight wider than 16384 outputs (an LM
+    head), or None: ``_gemv_dot`` there (the prefetch form measured within noise in the engine)."""
+    prefetch_by_shape: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = ()
+    """``((N, K), (slab elements, warps))`` pairs: a weight's own prefetch config in place of ``prefetch_slab`` /
+    ``prefetch_warps`` (per-projection A/B benchmarks; empty by default)."""
+    trigger_first_rows: int = 1
+    """Prefetch GEMVs of at most this many rows let the next kernel launch before their own PDL wait, so the next
+    projection's slab streams while this one waits (the engine's batch-1 graph 671-677 -> 656-657 µs); 0: off."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("max_rows", "prefetch_max_k", "prefetch_slab"):
+            require(getattr(self, name) >= 1, self, name, "an int >= 1")
+        require(self.trigger_first_rows >= 0, self, "trigger_first_rows", "an int >= 0")
+        require(self.prefetch_warps in _WARPS, self, "prefetch_warps", "a power of two in [1, 32]")
+        for name, configs in (("prefetch_long_k", [self.prefetch_long_k]),
+                              ("prefetch_wide", [self.prefetch_wide] if self.prefetch_wide else []),
+                              ("prefetch_by_shape", [cfg for _, cfg in self.prefetch_by_shape])):
+            require(all(slab >= 1 and warps in _WARPS for slab, warps in configs), self, name,
+                    "(slab elements >= 1, warps a power of two in [1, 32]) configs")
 
 
-TRIGGER_FIRST_ROWS = 1
-"""Prefetch GEMVs of at most this many rows let the next kernel launch before their own PDL wait (``gdc_enter``'s
-``FIRST``), so the next projection's slab streams while this one still waits (during attention, after the split
-merge, which does the same: ``paged.TRIGGER_FIRST``). H200, the engine's batch-1 decode graph (Qwen3-0.6B,
-``benchmarks/engine/batch1_ab.py``, 2026-11-28 seventh session): 656-657 µs against 671-677 with neither, 657-660 with
-the merge and the output projection only, 666-667 with the merge alone; the projections alone 672-673. Measured at one
-row only; 0 turns it off."""
+_WARPS = (1, 2, 4, 8, 16, 32)
+knobs.register(KNOBS, GemvKnobs())
 
 
-def prefetch_applies(m: int, n: int, k: int) -> bool:
-    """Whether ``_gemv_prefetch`` takes ``m`` rows of an ``[n, k]`` weight (see :data:`PREFETCH`; the switch itself
-    not read)."""
-    return k <= PREFETCH_MAX_K and (m == 1 and n <= 16384 or m == 2 and n <= 4096 or m <= 4 and n <= 2048)
+def prefetch_applies(m: int, n: int, k: int, kn: GemvKnobs | None = None) -> bool:
+    """Whether ``_gemv_prefetch`` takes ``m`` rows of an ``[n, k]`` weight (K up to ``prefetch_max_k`` of ``kn``,
+    default the knobs in force; the ``prefetch`` switch itself not read)."""
+    max_k = (kn or knobs.get(KNOBS)).prefetch_max_k
+    return k <= max_k and (m == 1 and n <= 16384 or m == 2 and n <= 4096 or m <= 4 and n <= 2048)
 
 
-def config(m: int, n: int, k: int, *, prefetch: bool | None = None) -> dict[str, Any]:
+def config(m: int, n: int, k: int, *, prefetch: bool | None = None, kn: GemvKnobs | None = None) -> dict[str, Any]:
     """Kernel (``"rows"`` or ``"dot"``, see ``_gemv_kernels.py``) and launch meta-parameters for ``m`` rows of a
     ``[n, k]`` weight: the best of ``benchmarks/gemv_configs.py`` on the H200 (Qwen3-0.6B shapes,
     ``benchmarks/results/gemv_configs_h200.md``). Few output columns (N <= 2048, long K: the attention output and
     MLP down projections): the row kernel with tiny column blocks, for enough programs. Wider N: the row kernel
     for one row, else ``tl.dot`` tiles (its 3-D accumulator spills beyond one row at wide tiles); the LM head
-    (N > 16384) always ``tl.dot``. With :data:`PREFETCH` (or ``prefetch=True``), where it was faster
-    (:func:`prefetch_applies`; one row of an LM head with :data:`PREFETCH_WIDE` set): ``_gemv_prefetch``."""
-    wide = PREFETCH_WIDE is not None and m == 1 and n > 16384 and k <= PREFETCH_MAX_K
-    if (PREFETCH if prefetch is None else prefetch) and (wide or prefetch_applies(m, n, k)):
+    (N > 16384) always ``tl.dot``. With the ``prefetch`` knob (or ``prefetch=True``), where it was faster
+    (:func:`prefetch_applies`; one row of an LM head with ``prefetch_wide`` set): ``_gemv_prefetch``. ``kn``: the
+    knobs (default: those in force, read once)."""
+    kn = kn or knobs.get(KNOBS)
+    wide = kn.prefetch_wide is not None and m == 1 and n > 16384 and k <= kn.prefetch_max_k
+    if (kn.prefetch if prefetch is None else prefetch) and (wide or prefetch_applies(m, n, k, kn)):
         kp = next_pow2(k)
         if wide:
-            slab, warps = PREFETCH_WIDE
+            slab, warps = kn.prefetch_wide
         else:
-            slab, warps = PREFETCH_LONG_K if kp >= PREFETCH_MAX_K else (PREFETCH_SLAB, PREFETCH_WARPS)
-        if PREFETCH_BY_SHAPE:  # A/B overrides only: nothing to look up on the usual call
-            slab, warps = PREFETCH_BY_SHAPE.get((n, k), (slab, warps))
+            slab, warps = kn.prefetch_long_k if kp >= kn.prefetch_max_k else (kn.prefetch_slab, kn.prefetch_warps)
+        if kn.prefetch_by_shape:  # A/B overrides only: nothing to look up on the usual call
+            slab, warps = dict(kn.prefetch_by_shape).get((n, k), (slab, warps))
         cfg = {"kernel": "prefetch", "BM": next_pow2(m), "BN": max(1, min(8, slab // kp)), "KP": kp,
                "num_warps": warps}
-        if m <= TRIGGER_FIRST_ROWS:
+        if m <= kn.trigger_first_rows:
             cfg["TRIGGER_FIRST"] = True
         return cfg
     if n <= 2048:
@@ -127,7 +134,7 @@ def config(m: int, n: int, k: int, *, prefetch: bool | None = None) -> dict[str,
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T + bias`` for at most :data:`MAX_ROWS` rows.
+    """``x @ weight.T + bias`` for at most ``max_rows`` rows (:class:`GemvKnobs`).
 
     Args:
         x: ``[..., K]`` float16/bfloat16 on CUDA, ``stride(-1) == 1``; M = rows (product of the leading dims) <= 8.
@@ -199,8 +206,9 @@ _KERNEL_NAMES = {"rows": "_gemv_rows", "dot": "_gemv_dot"}  # _gemv_prefetch tak
 
 
 def _check(ctx: SelectionContext) -> list[Reason]:
-    if ctx.batch is not None and ctx.batch > MAX_ROWS:
-        return [Reason(ReasonCode.SHAPE_MISMATCH, f"{ctx.batch} rows > {MAX_ROWS}: a skinny-GEMM kernel for decode "
+    most = knobs.get(KNOBS).max_rows
+    if ctx.batch is not None and ctx.batch > most:
+        return [Reason(ReasonCode.SHAPE_MISMATCH, f"{ctx.batch} rows > {most}: a skinny-GEMM kernel for decode "
                                                   "batches; cuBLAS's tensor-core GEMM is as fast or faster beyond")]
     return []
 
@@ -247,10 +255,12 @@ def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
 
 def _check_prefetch(ctx: SelectionContext) -> list[Reason]:
     m, n, k = ctx.batch, ctx.intermediate_size, ctx.hidden_size
-    if m is None or n is None or k is None or not prefetch_applies(m, n, k):
+    kn = knobs.get(KNOBS)
+    if m is None or n is None or k is None or not prefetch_applies(m, n, k, kn):
         return [Reason(ReasonCode.SHAPE_MISMATCH, f"{m} rows of a [{n}, {k}] weight: the fused prologue + skinny GEMM "
-                                                  "takes K <= 4096 and 1 row (N <= 16384), 2 (N <= 4096) or up to "
-                                                  "4 (N <= 2048), where its prefetch kernel was measured faster")]
+                                                  f"takes K <= {kn.prefetch_max_k} and 1 row (N <= 16384), 2 (N <= "
+                                                  "4096) or up to 4 (N <= 2048), where its prefetch kernel was "
+                                                  "measured faster")]
     return []
 
 
