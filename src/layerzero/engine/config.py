@@ -16,7 +16,8 @@ import torch
 
 from .errors import bad_config
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "EngineConfig", "MoEConfig", "ModelConfig", "RopeConfig", "resolve_device"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "CudaGraphKnobs", "EngineConfig", "MoEConfig", "ModelConfig", "RopeConfig",
+           "resolve_device"]
 
 SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 """``model_type`` -> the Hugging Face architecture the engine implements."""
@@ -314,6 +315,54 @@ def _rope(hf: Any, source: str = "config.json") -> RopeConfig:
     return RopeConfig(float(theta), str(rope_type), params)
 
 
+@dataclass(frozen=True, slots=True)
+class CudaGraphKnobs:
+    """Tuning choices of the engine's decode CUDA graphs (``runner/cuda_graph.py``), read when the graphs are built:
+    ``LLM(model, cuda_graph=CudaGraphKnobs(lanes=1))``. Defaults from H200 A/Bs of batch-1 decode; the measurements
+    are in ``benchmarks/results/knobs/engine_cuda_graph.md``.
+
+    Raises:
+        ConfigurationError: a field of the wrong type or out of range (the message names it, expected vs got).
+    """
+
+    packed_inputs: bool = True
+    """Small decode buckets read their inputs from one packed buffer the step's single host-to-device copy writes (no
+    device copies into the graph's buffers: a batch-1 step's GPU input preparation 23-27 -> 11 µs)."""
+    greedy_in_graph: bool = True
+    """Packed buckets with two or more lanes also capture greedy graphs (forward, ``lz.sample_greedy``, the ids into
+    the next lane's input slots), so steady greedy decode steps chain; False: plain graphs, sampled after them."""
+    h2d_aside: bool = True
+    """A chained step's input copy runs on a side stream, overlapping the step before; False: on the current stream."""
+    d2h_aside: bool = True
+    """A greedy graph's ids go to the host on a side stream; False: on the current stream."""
+    lanes: int = 2
+    """Input buffers (lanes) per packed bucket of at most ``lane_max_batch`` rows, taken by alternate steps: one is
+    written while the step before reads another (each lane its own graphs); greedy graphs need two or more."""
+    lane_max_batch: int = 8
+    """Packed buckets up to this many rows get ``lanes`` lanes and greedy graphs, bigger ones one lane: the ~20 µs a
+    step the lanes save matter where steps are short, and every graph is one more capture at start-up."""
+    narrow_tokens: int | None = 2048
+    """When the decode graphs' block tables are wider than this many tokens, batch-1 graphs this wide are captured
+    too and replayed while the sequence fits (``triton.paged_decode``'s small tiles apply up to 2048 tokens: a
+    batch-1 step 697 -> 654 µs at ``max_model_len`` 40960); None: off."""
+    pack_max_bytes: int = 64 << 10
+    """Buckets whose packed inputs fit this many bytes are packed; larger ones copy their rows into the shared
+    buffers (a big bucket's full-width table would cost more to send than the copies it saves)."""
+
+    def __post_init__(self) -> None:
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in ("packed_inputs", "greedy_in_graph", "h2d_aside", "d2h_aside"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad_config(f"CudaGraphKnobs.{name}", "True or False", repr(getattr(self, name)),
+                                 f"The default is {defaults[name]!r}.")
+        for name, least, none in (("lanes", 1, False), ("lane_max_batch", 1, False), ("pack_max_bytes", 0, False),
+                                  ("narrow_tokens", 1, True)):
+            v = getattr(self, name)
+            if (v is not None or not none) and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+                raise bad_config(f"CudaGraphKnobs.{name}", f"an int >= {least}" + (" or None" if none else ""),
+                                 repr(v), f"The default is {defaults[name]!r}.")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Options of :class:`~layerzero.engine.LLM` (see its docstring for each); validated on construction.
@@ -343,6 +392,7 @@ class EngineConfig:
     async_scheduling: bool | None = None
     cascade_attention: bool | None = None
     freeze_gc: bool | None = None
+    cuda_graph: CudaGraphKnobs = CudaGraphKnobs()
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = True) -> None:
@@ -383,6 +433,9 @@ class EngineConfig:
             raise bad_config("LLM freeze_gc", "True, False or None (None: on for CUDA devices)", repr(self.freeze_gc))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise bad_config("LLM seed", "an int", repr(self.seed))
+        if not isinstance(self.cuda_graph, CudaGraphKnobs):
+            raise bad_config("LLM cuda_graph", "a CudaGraphKnobs (layerzero.engine.config)", repr(self.cuda_graph),
+                             "Build it with CudaGraphKnobs(field=value, ...); omitted fields keep their defaults.")
         resolve_device(self.device)
 
 

@@ -54,7 +54,8 @@ def test_greedy_graphs_equal_eager(checkpoints, family, monkeypatch):
     a gather or a copy (chained). One request alone and a ragged batch (rows end at different steps, so buckets
     change and some steps are not chained): the same tokens as eager, and both paths were taken."""
     from layerzero.engine import SamplingParams
-    from layerzero.engine.runner import cuda_graph, forward_batch
+    from layerzero.engine.config import CudaGraphKnobs
+    from layerzero.engine.runner import forward_batch
 
     chained = []
     real = forward_batch._chained
@@ -65,9 +66,11 @@ def test_greedy_graphs_equal_eager(checkpoints, family, monkeypatch):
     ref = [eager.generate(ps[:1], sps[-1], use_tqdm=False), eager.generate(ps, sps, use_tqdm=False)]
     llm = _llm(checkpoints[family])
     graphs = llm.engine.runner.graphs
-    two_lanes = {bs for bs, lanes in graphs.packs.items() if len(lanes) == cuda_graph.LANES}
-    assert two_lanes and {bs for bs, _ in graphs.greedy_graphs} == two_lanes  # buckets up to LANE_MAX_BATCH rows
-    assert max(two_lanes) <= cuda_graph.LANE_MAX_BATCH < max(graphs.packs)  # bucket 16: one lane, no greedy graph
+    knobs = CudaGraphKnobs()
+    assert graphs.knobs == knobs  # the defaults
+    two_lanes = {bs for bs, lanes in graphs.packs.items() if len(lanes) == knobs.lanes}
+    assert two_lanes and {bs for bs, _ in graphs.greedy_graphs} == two_lanes  # buckets up to lane_max_batch rows
+    assert max(two_lanes) <= knobs.lane_max_batch < max(graphs.packs)  # bucket 16: one lane, no greedy graph
     got = [llm.generate(ps[:1], sps[-1], use_tqdm=False), llm.generate(ps, sps, use_tqdm=False)]
     for a, b in zip(got, ref, strict=True):
         assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
@@ -76,17 +79,16 @@ def test_greedy_graphs_equal_eager(checkpoints, family, monkeypatch):
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_narrow_batch1_graphs_equal_eager(checkpoints, family, monkeypatch):
-    """``cuda_graph.NARROW_TOKENS`` (off by default): batch-1 decode graphs with 48-token tables beside the main
-    128-token ones. One request whose sequence grows past 48 tokens replays the narrow graphs, then the main ones;
+    """``CudaGraphKnobs.narrow_tokens`` (2048 by default: no narrow graphs at ``max_model_len`` 128) at 48: batch-1
+    decode graphs with 48-token tables beside the main 128-token ones. One request whose sequence grows past 48 tokens replays the narrow graphs, then the main ones;
     the same tokens as eager, and both kinds of graph replayed."""
     from layerzero.engine import SamplingParams
-    from layerzero.engine.runner import cuda_graph
+    from layerzero.engine.config import CudaGraphKnobs
 
-    monkeypatch.setattr(cuda_graph, "NARROW_TOKENS", 48)
     p = prompts(1, seed=55, lo=30, hi=30)
     sp = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     want = _llm(checkpoints[family], enforce_eager=True).generate(p, sp, use_tqdm=False)
-    llm = _llm(checkpoints[family])
+    llm = _llm(checkpoints[family], cuda_graph=CudaGraphKnobs(narrow_tokens=48))
     runner = llm.engine.runner
     assert runner.narrow is not None and runner.narrow.block_tables.shape[1] == 3  # 48 tokens of 16-token blocks
     used = []

@@ -1,4 +1,4 @@
-"""Narrow batch-1 decode graphs (``cuda_graph.NARROW_TOKENS``, ``ModelRunner.narrow``): a one-sequence decode step whose
+"""Narrow batch-1 decode graphs (``CudaGraphKnobs.narrow_tokens``, ``ModelRunner.narrow``): a one-sequence decode step whose
 block table fits the narrow graphs' width is packed into and replayed by them; a wider table, two sequences or a
 step built the ordinary way that does not fit goes to the main graphs; on by default (2048 tokens), not captured when
 the main graphs are no wider. On CPU, the graph replays stubbed (as in ``test_packed_inputs.py``)."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from layerzero.engine import SamplingParams
-from layerzero.engine.runner import cuda_graph
+from layerzero.engine.config import CudaGraphKnobs
 from layerzero.engine.runner.cuda_graph import CUDAGraphRunner
 from layerzero.engine.runner.forward_batch import ScheduledChunk, build_forward_batch
 from layerzero.engine.runner.model_runner import ModelRunner
@@ -29,9 +29,8 @@ def _stubbed(max_num_seqs: int, width: int, tag: float) -> CUDAGraphRunner:
 
 
 @pytest.fixture
-def runner(monkeypatch) -> ModelRunner:
+def runner() -> ModelRunner:
     """A ModelRunner (no model) with main graphs (4 sequences, tables of 8 blocks) and narrow ones (1, 2 blocks)."""
-    monkeypatch.setattr(cuda_graph, "PACKED_INPUTS", True)
     mr = ModelRunner.__new__(ModelRunner)
     mr.graphs, mr.narrow = _stubbed(4, 8, 1.0), _stubbed(1, 2, 2.0)
     mr._lane, mr.block_size, mr.device, mr.cascade = 0, BLOCK, CPU, None
@@ -83,20 +82,20 @@ def test_graphs_for_an_ordinary_batch_by_width(runner):
 def test_default_width_is_the_small_tile_bound():
     """The narrow graphs exist to give short sequences ``triton.paged_decode``'s batch-1 small tiles: as wide as the
     widest table those apply to (wider and they would not apply; narrower and fewer steps would get them)."""
-    from layerzero.backends.triton.paged import SMALL_BATCH
+    from layerzero.backends.triton.paged import PagedDecodeKnobs
 
-    assert cuda_graph.NARROW_TOKENS == SMALL_BATCH[1] == 2048
+    assert CudaGraphKnobs().narrow_tokens == PagedDecodeKnobs().small_batch[1] == 2048
 
 
 def test_only_for_wider_main_graphs_and_off_with_none(monkeypatch):
     mr = ModelRunner.__new__(ModelRunner)
-    monkeypatch.setattr(cuda_graph, "NARROW_TOKENS", None)
-    assert mr._narrow_graphs(40960, 16, CPU) is None
+    assert mr._narrow_graphs(40960, 16, CPU, CudaGraphKnobs(narrow_tokens=None)) is None
     captured: list[tuple[int, int]] = []
-    monkeypatch.setattr(cuda_graph, "NARROW_TOKENS", 2048)
+    knobs = CudaGraphKnobs()  # narrow_tokens 2048
     monkeypatch.setattr(CUDAGraphRunner, "capture", lambda self: captured.append((self.sizes[-1],
                                                                                  self.block_tables.shape[1])))
     mr.model, mr.kv_caches = torch.nn.Identity(), []
-    assert mr._narrow_graphs(2048, 16, CPU) is None and mr._narrow_graphs(2040, 16, CPU) is None
-    narrow = mr._narrow_graphs(2064, 16, CPU)
+    assert mr._narrow_graphs(2048, 16, CPU, knobs) is None and mr._narrow_graphs(2040, 16, CPU, knobs) is None
+    narrow = mr._narrow_graphs(2064, 16, CPU, knobs)
     assert narrow is not None and captured == [(1, 128)]  # one sequence, 2048 / 16 blocks
+    assert narrow.knobs is knobs  # the narrow graphs take the engine's knobs too

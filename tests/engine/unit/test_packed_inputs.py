@@ -1,4 +1,4 @@
-"""Packed decode inputs (``runner/cuda_graph.py``'s ``PACKED_INPUTS``): a small decode bucket's graph reads its inputs
+"""Packed decode inputs (``CudaGraphKnobs.packed_inputs``): a small decode bucket's graph reads its inputs
 from one buffer that the step's single host-to-device copy writes. On CPU (the graph replay stubbed): the packed
 batch equals the ordinary one in its rows, the padding rows are what a replay expects, the tables' unused columns
 are 0 even after a wider step, pending ids are gathered into the buffer, the runner's views alias what the copy
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from layerzero import InvalidInputError
-from layerzero.engine.runner import cuda_graph
+from layerzero.engine.config import CudaGraphKnobs
 from layerzero.engine.runner.cascade import CascadePolicy
-from layerzero.engine.runner.cuda_graph import LANES, CUDAGraphRunner, pack_nbytes
+from layerzero.engine.runner.cuda_graph import CUDAGraphRunner, pack_nbytes
 from layerzero.engine.runner.forward_batch import (
     ScheduledChunk,
     build_forward_batch,
@@ -25,6 +25,7 @@ from layerzero.engine.staging import offsets
 pytestmark = pytest.mark.unit
 CPU = torch.device("cpu")
 FIELDS = ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens")
+LANES = CudaGraphKnobs().lanes
 
 
 class _Graph:
@@ -38,8 +39,8 @@ class _Graph:
 
 
 def stubbed_runner(max_num_seqs: int, width: int, outputs, lane_step: float = 1.0) -> CUDAGraphRunner:
-    """A :class:`CUDAGraphRunner` on CPU as if captured: every plain graph a :class:`_Graph`, bucket ``s``'s logits
-    ``outputs(s)`` (lane ``l``'s plus ``l * lane_step``)."""
+    """A :class:`CUDAGraphRunner` on CPU (default knobs: packed inputs, two lanes) as if captured: every plain graph a
+    :class:`_Graph`, bucket ``s``'s logits ``outputs(s)`` (lane ``l``'s plus ``l * lane_step``)."""
     r = CUDAGraphRunner(torch.nn.Identity(), [], max_num_seqs, width, CPU)
     r.graphs = {s: _Graph() for s in r.sizes}
     r.outputs = {s: outputs(s) for s in r.sizes}
@@ -49,8 +50,7 @@ def stubbed_runner(max_num_seqs: int, width: int, outputs, lane_step: float = 1.
 
 
 @pytest.fixture
-def runner(monkeypatch) -> CUDAGraphRunner:
-    monkeypatch.setattr(cuda_graph, "PACKED_INPUTS", True)
+def runner() -> CUDAGraphRunner:
     # buckets 1, 2, 4, 8, 16, 24, 32, 40, 48; width 6
     return stubbed_runner(48, 6, lambda s: torch.arange(s * 3, dtype=torch.float32).view(s, 3))
 
@@ -117,9 +117,9 @@ def test_layout_matches_the_staging_offsets(runner):
     assert slots.tolist() == [-1] * 8 and lens.tolist() == [1] * 8  # a capture's dummy step
 
 
-def test_big_buckets_and_cascade_steps_keep_the_copy_path(runner, monkeypatch):
-    monkeypatch.setattr(cuda_graph, "PACK_MAX_BYTES", offsets(pack_nbytes(8, 6))[1])
-    r = CUDAGraphRunner(torch.nn.Identity(), [], 48, 6, CPU)
+def test_big_buckets_and_cascade_steps_keep_the_copy_path(runner):
+    knobs = CudaGraphKnobs(pack_max_bytes=offsets(pack_nbytes(8, 6))[1])
+    r = CUDAGraphRunner(torch.nn.Identity(), [], 48, 6, CPU, knobs=knobs)
     r.graphs = {s: _Graph() for s in r.sizes}
     assert set(r.packs) == {1, 2, 4, 8} and r.pack_for(9, 3) is None and r.pack_for(8, 3).bs == 8
     assert r.pack_for(2, 7) is None  # wider than the graphs' tables
@@ -146,10 +146,9 @@ def test_an_ordinary_batch_for_a_packed_bucket_lands_in_its_buffer(runner):
     assert tables[:3, :3].tolist() == TABLES.tolist()
 
 
-def test_on_by_default_and_off_packs_nothing(monkeypatch):
-    assert cuda_graph.PACKED_INPUTS is True
-    monkeypatch.setattr(cuda_graph, "PACKED_INPUTS", False)
-    r = CUDAGraphRunner(torch.nn.Identity(), [], 8, 4, CPU)
+def test_on_by_default_and_off_packs_nothing():
+    assert CudaGraphKnobs().packed_inputs is True and CUDAGraphRunner(torch.nn.Identity(), [], 8, 4, CPU).packs
+    r = CUDAGraphRunner(torch.nn.Identity(), [], 8, 4, CPU, knobs=CudaGraphKnobs(packed_inputs=False))
     r.graphs = {s: _Graph() for s in r.sizes}
     assert r.packs == {} and r.pack_for(1, 2) is None
 
@@ -230,6 +229,6 @@ def test_run_greedy_replays_the_greedy_graph_of_a_packed_batch(runner):
 
 
 def test_greedy_graphs_are_on_by_default_for_two_lane_buckets(runner):
-    assert cuda_graph.GREEDY_IN_GRAPH is True and LANES == 2
+    assert CudaGraphKnobs().greedy_in_graph is True and LANES == 2
     assert runner._kinds(8) == [("plain", 0), ("plain", 1), ("greedy", 0), ("greedy", 1)]
     assert runner._kinds(16) == [("plain", 0)]

@@ -8,11 +8,12 @@ decode steps select the same way, so graphs and eager give the same tokens), the
 shared by every bucket, largest first. Padded rows write no KV (slot -1), attend over one token of block 0 and
 their logits are dropped; rows are independent, so they cannot change the real rows.
 
-Small buckets read their inputs from packed buffers (:data:`PACKED_INPUTS`), two per bucket (:data:`LANES`) taken by
-alternate steps, and also capture greedy graphs (:data:`GREEDY_IN_GRAPH`: sampling inside the replay, the ids written
-into the other lane for the next step): between two steady greedy decode steps the GPU then only waits for a copy
+Small buckets read their inputs from packed buffers (``packed_inputs``), two per bucket (``lanes``) taken by alternate
+steps, and also capture greedy graphs (``greedy_in_graph``: sampling inside the replay, the ids written into the other
+lane for the next step): between two steady greedy decode steps the GPU then only waits for a copy
 made while the step before ran. A graph's pool tensors are only read right after its own replay (the pool is shared:
-one graph's output may be another's scratch); what outlives a replay lives in static buffers.
+one graph's output may be another's scratch); what outlives a replay lives in static buffers. These choices are the
+fields of :class:`~layerzero.engine.config.CudaGraphKnobs` (``EngineConfig.cuda_graph``), read when a runner is built.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch import nn
 
 import layerzero as lz
 
+from ..config import CudaGraphKnobs
 from ..staging import offsets
 from .cascade import CascadeBatch
 from .forward_batch import ForwardBatch
@@ -34,56 +36,14 @@ __all__ = ["CUDAGraphRunner", "PackTarget", "capture_sizes"]
 
 log = logging.getLogger("layerzero.engine")
 
-PACKED_INPUTS = True
-"""Small decode buckets read their inputs from one packed device buffer per bucket, written by the step's one
-host-to-device copy (:class:`PackTarget`): no device-to-device copies into the graph's buffers (five a step, ~9 µs of
-GPU time at batch 1 on the H200, ``benchmarks/results/engine/h200/2026-11-28/argmax.txt``). Measured 2026-11-28 on
-the H200 (``benchmarks/results/engine/h200/2026-11-28b/``, same process, alternating): a batch-1 step's GPU input
-preparation 23-27 -> 11 µs (median), decode 1,381 / 1,384 -> 1,416 / 1,407 tok/s. ``False``: every bucket copies."""
-GREEDY_IN_GRAPH = True
-"""Packed buckets also get *greedy* graphs: the decode forward, ``lz.sample_greedy`` of its logits, and the sampled ids
-copied into the input-id slots of the bucket's other lane (:data:`LANES`), all in one replay. A plain greedy step
-(``sampler.plain_greedy``) replays one; its ids go to the host on a side stream (the next step does not wait for
-that transfer), and the next step of the same rows in the same order (steady decode) finds its input ids already in
-place: no device gather of pending ids, and the rest of its inputs copied on a side stream while the step before
-still runs (:func:`~.forward_batch.build_packed_decode_batch`'s ``chained``). ``False``: plain graphs only, sampled
-after them."""
-H2D_ASIDE = True
-"""A chained step's input copy runs on a side stream (``CUDAGraphRunner.h2d``), overlapping the step before; False: on
-the current stream, after it."""
-D2H_ASIDE = True
-"""A greedy graph's ids go to the host on a side stream (``CUDAGraphRunner.d2h``); False: on the current stream."""
-LANES = 2
-"""Input buffers (lanes) per packed bucket of at most :data:`LANE_MAX_BATCH` rows, taken by alternate packed steps,
-each with its own graphs: a step's inputs can be copied into one lane while the step before still reads the other.
-Greedy graphs need both lanes."""
-LANE_MAX_BATCH = 8
-"""Packed buckets up to this many rows get :data:`LANES` lanes and greedy graphs (four graphs where one was); bigger
-ones one lane and a plain graph: the ~20 µs a step the lanes save matter at small batches, where a step is short, and
-every graph is one more capture at start-up."""
-NARROW_TOKENS: int | None = 2048
-"""When the decode graphs' block tables are wider than this many tokens (``max_model_len``), ``ModelRunner`` also
-captures batch-1 decode graphs with tables this wide and replays them while the sequence fits: ``lz.paged_attention``
-picks its kernel's tiles from the table's width (``triton.paged_decode``'s batch-1 small tiles apply up to 2048
-tokens), and a graph as wide as ``max_model_len`` would keep a short sequence on the general tiles. Measured on the
-H200 (2026-11-28e, 256-token prompt): ``max_model_len`` 40960, batch-1 graph 697-698 -> 654 µs, decode 1,430-1,432 ->
-1,535-1,536 tok/s; ``max_model_len`` 2064, 676-677 -> 654-655 µs, 1,476-1,480 -> 1,534-1,535 tok/s. Costs four more
-captures at start-up (one bucket, two lanes, plain and greedy). None: off (every decode step replays the
-``max_model_len``-wide graphs)."""
-PACK_MAX_BYTES = 64 << 10
-"""Buckets whose packed inputs (ids, positions, slots, block tables at the full graph width, seq_lens, pending-id
-rows) fit this many bytes are packed; larger ones copy the step's rows into the shared buffers (a full-width table
-of a big bucket would cost more to transfer than the copies it saves)."""
-
-
 class PackTarget(NamedTuple):
     """Where a packed decode step's inputs go: bucket ``bs`` (rows), the graphs' block-table ``width``, the lane's
     uint8 ``buffer`` (layout: :func:`pack_nbytes`, the :func:`~layerzero.engine.staging.offsets` of its arrays),
     ``rows`` (a device arange of at least ``bs``: the batch's ``logits_indices``), ``views``: the lane's (ids,
     positions, slot mapping, block tables, seq_lens) views of ``buffer``, what its graphs read (made once), its
-    ``lane`` (:data:`LANES`; the other lane's greedy graph, if any, writes its sampled ids into this lane's id slots
+    ``lane`` (the knob ``lanes``; the previous lane's greedy graph, if any, writes its sampled ids into this lane's id slots
     ``views[0]`` and hands those slots out, so a step whose ``prev_tokens`` are these is chained). CUDA only (None on CPU): ``h2d``, the side stream a chained step's inputs
-    are copied on (None with :data:`H2D_ASIDE` off), ``free``, an event recorded after every replay that reads this
+    are copied on (None with ``h2d_aside`` off), ``free``, an event recorded after every replay that reads this
     lane, and ``sent``, one recorded after every transfer of its id slots to the host (:meth:`wait_sent`)."""
 
     bs: int
@@ -119,11 +79,13 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 class CUDAGraphRunner:
     """Decode graphs of ``model`` over ``kv_caches`` for up to ``max_num_seqs`` sequences of up to
     ``max_blocks`` blocks each; with ``cascade``, a second graph per bucket runs cascade-attention decode steps
-    (:mod:`.cascade`) over static cascade buffers padded to the bucket."""
+    (:mod:`.cascade`) over static cascade buffers padded to the bucket. ``knobs``: the engine's
+    :class:`~layerzero.engine.config.CudaGraphKnobs` (None: the defaults)."""
 
     def __init__(self, model: nn.Module, kv_caches: list[torch.Tensor], max_num_seqs: int, max_blocks: int,
-                 device: torch.device, cascade: bool = False) -> None:
+                 device: torch.device, cascade: bool = False, knobs: CudaGraphKnobs | None = None) -> None:
         self.model, self.kv_caches, self.device = model, kv_caches, device
+        self.knobs = knobs = CudaGraphKnobs() if knobs is None else knobs
         self.sizes = capture_sizes(max_num_seqs)
         n = self.sizes[-1]
         i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
@@ -141,25 +103,25 @@ class CUDAGraphRunner:
         """(packed bucket, lane) -> its plain graph (lane 0's is also ``graphs[bucket]``); logits in ``lane_outputs``."""
         self.lane_outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.greedy_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        """(packed bucket, lane) -> its greedy graph (:data:`GREEDY_IN_GRAPH`); logits in ``greedy_outputs``, the ids in
-        the other lane's id slots."""
+        """(packed bucket, lane) -> its greedy graph (``greedy_in_graph``); logits in ``greedy_outputs``, the ids in
+        the next lane's id slots."""
         self.greedy_outputs: dict[tuple[int, int], torch.Tensor] = {}
         cuda = device.type == "cuda"
-        self.h2d = torch.cuda.Stream(device) if cuda and H2D_ASIDE else None
+        self.h2d = torch.cuda.Stream(device) if cuda and knobs.h2d_aside else None
         """Side stream of chained steps' input copies (CUDA)."""
-        self.d2h = torch.cuda.Stream(device) if cuda and D2H_ASIDE else None
+        self.d2h = torch.cuda.Stream(device) if cuda and knobs.d2h_aside else None
         """Side stream of greedy graphs' ids on their way to the host (CUDA)."""
         self.packs: dict[int, list[torch.Tensor]] = {}
-        """Bucket -> its lanes' packed input buffers (:data:`PACKED_INPUTS`; small buckets only; :data:`LANES` of them
-        up to :data:`LANE_MAX_BATCH` rows, one above)."""
+        """Bucket -> its lanes' packed input buffers (``packed_inputs``; small buckets only; ``lanes`` of them up to
+        ``lane_max_batch`` rows, one above)."""
         self._targets: dict[tuple[int, int], PackTarget] = {}
         """(bucket, lane) -> its :class:`PackTarget` (the buffer and the views its graphs read, made once)."""
-        if PACKED_INPUTS:
+        if knobs.packed_inputs:
             for bs in self.sizes:
                 sizes = pack_nbytes(bs, max_blocks)
                 offs, need = offsets(sizes)
-                if need <= PACK_MAX_BYTES:
-                    lanes = LANES if bs <= LANE_MAX_BATCH else 1
+                if need <= knobs.pack_max_bytes:
+                    lanes = knobs.lanes if bs <= knobs.lane_max_batch else 1
                     self.packs[bs] = [self._pack(bs, lane, sizes, offs, need, max_blocks) for lane in range(lanes)]
 
     def _pack(self, bs: int, lane: int, sizes: list[int], offs: list[int], need: int, width: int) -> torch.Tensor:
@@ -189,8 +151,8 @@ class CUDAGraphRunner:
 
     def run_greedy(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
         """Replay the greedy graph of a packed ``batch``'s bucket and lane: (logits ``[B, V]``, the rows' argmax ids
-        ``[B]`` int64 (``lz.sample_greedy``'s) in the other lane's id slots, their host copy in transfer (on the
-        ``d2h`` side stream with :data:`D2H_ASIDE`), the event after it, None on CPU). None (nothing run) for a batch
+        ``[B]`` int64 (``lz.sample_greedy``'s) in the next lane's id slots, their host copy in transfer (on the
+        ``d2h`` side stream with ``d2h_aside``), the event after it, None on CPU). None (nothing run) for a batch
         that is not packed or a bucket without greedy graphs.
 
         The ids are handed out where the graph wrote them, a static buffer, not in the graphs' memory pool: a pool
@@ -203,7 +165,7 @@ class CUDAGraphRunner:
         graph = self.greedy_graphs.get((bs, batch.lane))
         if graph is None:
             return None
-        other = self._targets[bs, (batch.lane + 1) % LANES]
+        other = self._targets[bs, (batch.lane + 1) % self.knobs.lanes]
         other.wait_sent()  # the id slots this replay overwrites: their last transfer (two steps ago) read them
         self._replay(graph, bs, batch.lane)
         logits, tokens = self.greedy_outputs[bs, batch.lane][:n], other.views[0][:n]
@@ -278,10 +240,11 @@ class CUDAGraphRunner:
 
     def _kinds(self, bs: int) -> list[tuple[str, int]]:
         """The (kind, lane) graphs bucket ``bs`` captures: a plain graph (one per lane of a packed bucket), a greedy
-        graph per lane of a two-lane bucket (:data:`GREEDY_IN_GRAPH`), a cascade graph (with cascade buffers)."""
+        graph per lane of a bucket with ``lanes`` lanes, two or more (``greedy_in_graph``), a cascade graph (with
+        cascade buffers)."""
         lanes = len(self.packs[bs]) if bs in self.packs else 1
         kinds = [("plain", lane) for lane in range(lanes)]
-        if GREEDY_IN_GRAPH and lanes == LANES:
+        if self.knobs.greedy_in_graph and lanes == self.knobs.lanes >= 2:
             kinds += [("greedy", lane) for lane in range(lanes)]
         return kinds + ([("cascade", 0)] if self.cascade is not None else [])
 
@@ -299,10 +262,10 @@ class CUDAGraphRunner:
 
     def _greedy_step(self, lane: int, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """A greedy graph's work on ``lane``'s inputs: the forward, ``lz.sample_greedy`` of every row, the ids copied
-        into the other lane's id slots (what a chained next step reads, and what the caller gets). Returns the logits
+        into the next lane's id slots (what a chained next step reads, and what the caller gets). Returns the logits
         ``[bs, V]``."""
         logits = self.model(batch, kv_caches)
-        self._targets[batch.num_seqs, (lane + 1) % LANES].views[0].copy_(lz.sample_greedy(logits))
+        self._targets[batch.num_seqs, (lane + 1) % self.knobs.lanes].views[0].copy_(lz.sample_greedy(logits))
         return logits
 
     def can_run(self, batch: ForwardBatch) -> bool:

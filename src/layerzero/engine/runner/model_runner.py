@@ -10,7 +10,7 @@ import torch
 
 import layerzero as lz
 
-from ..config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
+from ..config import KV_CACHE_DTYPES, CudaGraphKnobs, EngineConfig, ModelConfig
 from ..errors import bad_config
 from ..layers.attention import KVScales
 from ..layers.quantized_linear import quantize_model
@@ -18,9 +18,8 @@ from ..loader import load_model_weights
 from ..models.registry import build_model
 from ..sampler import PendingSample
 from ..sequence import Sequence
-from . import cuda_graph
 from .cascade import CascadePolicy
-from .cuda_graph import LANES, CUDAGraphRunner
+from .cuda_graph import CUDAGraphRunner
 from .forward_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
 
 __all__ = ["ModelRunner", "StepLogits", "kv_bytes_per_block"]
@@ -76,22 +75,22 @@ class ModelRunner:
         """Cascade steps run (decode and mixed) and the KV tokens (per layer) their shared level did not read again."""
         self.graphs: CUDAGraphRunner | None = None
         self.narrow: CUDAGraphRunner | None = None
-        """Batch-1 decode graphs with narrower block tables (:data:`~.cuda_graph.NARROW_TOKENS`), or None."""
+        """Batch-1 decode graphs with narrower block tables (``CudaGraphKnobs.narrow_tokens``), or None."""
         self._lane = 0
-        """The packed-input lane the next packed decode step takes (:data:`~.cuda_graph.LANES`)."""
+        """The packed-input lane the next packed decode step takes (``CudaGraphKnobs.lanes``)."""
         self.decode_as_captured = False
         """Eager decode steps select under ``lz.capture_selection()`` (the kernels the decode graphs run), so graphs
         and eager (``enforce_eager``, batches beyond the largest graph) give the same tokens; off when no graph-safe
         kernel can run a decode step here (e.g. a quantized KV pool): decode then runs eager kernels."""
         if device.type == "cuda":
             graphs = CUDAGraphRunner(self.model, self.kv_caches, ec.max_num_seqs, -(-max_model_len // ec.block_size),
-                                     device, cascade=self.cascade is not None)
+                                     device, cascade=self.cascade is not None, knobs=ec.cuda_graph)
             try:
                 if ec.enforce_eager:
                     graphs.warm_as_captured()
                 else:
                     graphs.capture()
-                    narrow = self._narrow_graphs(max_model_len, ec.block_size, device)  # both or neither
+                    narrow = self._narrow_graphs(max_model_len, ec.block_size, device, ec.cuda_graph)  # both or neither
                     self.graphs, self.narrow = graphs, narrow
                 self.decode_as_captured = True
             except lz.LayerZeroError as exc:  # e.g. no graph-safe kernel for an op here: decode runs eager
@@ -161,13 +160,14 @@ class ModelRunner:
             return StepLogits(graphs.run(batch), None)
         return StepLogits(self._eager(batch), None)
 
-    def _narrow_graphs(self, max_model_len: int, block_size: int, device: torch.device) -> CUDAGraphRunner | None:
-        """Batch-1 decode graphs whose block tables are :data:`~.cuda_graph.NARROW_TOKENS` wide (rounded down to
-        whole blocks), captured when the main graphs' tables are wider; None otherwise."""
-        narrow = cuda_graph.NARROW_TOKENS
+    def _narrow_graphs(self, max_model_len: int, block_size: int, device: torch.device,
+                       knobs: CudaGraphKnobs) -> CUDAGraphRunner | None:
+        """Batch-1 decode graphs whose block tables are ``knobs.narrow_tokens`` wide (rounded down to whole blocks),
+        captured when the main graphs' tables are wider; None otherwise."""
+        narrow = knobs.narrow_tokens
         if narrow is None or narrow < block_size or -(-max_model_len // block_size) * block_size <= narrow:
             return None
-        graphs = CUDAGraphRunner(self.model, self.kv_caches, 1, narrow // block_size, device)
+        graphs = CUDAGraphRunner(self.model, self.kv_caches, 1, narrow // block_size, device, knobs=knobs)
         graphs.capture()
         return graphs
 
@@ -202,7 +202,7 @@ class ModelRunner:
             for graphs in (self.narrow, self.graphs):  # the narrow batch-1 graphs first, as graphs_for picks them
                 target = graphs.pack_for(len(sched), block_tables.shape[1], self._lane) if graphs is not None else None
                 if target is not None:  # a packed decode bucket: the inputs go straight into a lane of its buffers
-                    self._lane = (self._lane + 1) % LANES  # alternate steps take alternate lanes
+                    self._lane = (self._lane + 1) % graphs.knobs.lanes  # alternate steps take alternate lanes
                     return build_packed_decode_batch(sched, self.block_size, block_tables, prev_tokens, target,
                                                      self.cascade)
         return build_forward_batch(sched, self.block_size, self.device, prev_tokens, self.cascade, block_tables)
