@@ -14,9 +14,10 @@ NaN ignored, the later chunk winning a tie) and requires each to fail."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from _triton_interp import needs_interpreter
 
 from layerzero.backends.reference import sampling as ref
 from layerzero.backends.triton import sampling as ts
+from layerzero.core.knobs import knobs
 
 pytestmark = pytest.mark.correctness
 
@@ -70,10 +72,11 @@ def _kernels(small_block: bool = True) -> list:
 KERNEL_ARGS = ("kernel", "block_size", "programs")
 
 
-def _set_block(monkeypatch: pytest.MonkeyPatch, size: int | None) -> None:
-    """``ts.GREEDY_BLOCK = size`` for this test (None: the default tile)."""
-    if size is not None:
-        monkeypatch.setattr(ts, "GREEDY_BLOCK", size)
+@pytest.fixture
+def set_block() -> Iterator[Callable[[int | None], None]]:
+    """``set_block(size)``: the ``greedy_block`` knob is ``size`` until the test ends (None: the default tile)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda size: None if size is None else stack.enter_context(knobs(ts.KNOBS, greedy_block=size))
 
 
 def _check(kernel: Callable[[torch.Tensor], torch.Tensor], logits: torch.Tensor, want: list[int] | None = None):
@@ -100,8 +103,8 @@ HAND = [
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(KERNEL_ARGS, _kernels())
-def test_hand_worked_rows(kernel, block_size, programs, dtype, monkeypatch):
-    _set_block(monkeypatch, block_size)
+def test_hand_worked_rows(kernel, block_size, programs, dtype, set_block):
+    set_block(block_size)
     for row, want in HAND:
         logits = torch.tensor([row], dtype=dtype)
         assert oracle(logits) == [want], row  # the oracle agrees with the hand-worked answer
@@ -140,11 +143,11 @@ def _planted(v: int, n_chunks: int, chunk_len: int, dtype: torch.dtype) -> list[
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(KERNEL_ARGS, _kernels())
-def test_values_planted_at_chunk_boundaries(kernel, block_size, programs, dtype, monkeypatch):
+def test_values_planted_at_chunk_boundaries(kernel, block_size, programs, dtype, set_block):
     """The plants sit at the boundaries of the split this kernel runs (the one-chunk run: of the 4-program split,
     tile boundaries there): 6145 columns at the default tile (4 chunks of 2048, the last one column), 37 at the
     small one (4 chunks of 12, the last one column)."""
-    _set_block(monkeypatch, block_size)
+    set_block(block_size)
     v = 37 if block_size == SMALL else 6145
     n_chunks, chunk_len = ts.greedy_chunks(1, v, 4 if block_size == SMALL else 264)
     assert n_chunks == 4 and v - 3 * chunk_len == 1 and chunk_len == (12 if block_size == SMALL else 2048)
@@ -159,7 +162,7 @@ def test_values_planted_at_chunk_boundaries(kernel, block_size, programs, dtype,
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_planted_at_the_default_tile_boundary(dtype):
     """V = 2049 at the default 2048-element tile: two chunks for one row (the second one column long)."""
-    assert ts.greedy_chunks(1, 2049, 264) == (2, ts.GREEDY_BLOCK) == (2, 2048)
+    assert ts.greedy_chunks(1, 2049, 264) == (2, ts.SamplingKnobs().greedy_block) == (2, 2048)
     x = torch.zeros(3, 2049)
     x[0, [2047, 2048]] = 4.0  # a tie across the boundary: 2047
     x[1, 0], x[1, 2048] = 4.0, NAN  # NaN in the second chunk wins
@@ -200,8 +203,8 @@ def _random_params() -> list:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize((*KERNEL_ARGS, "v"), _random_params())
-def test_seeded_random_rows(kernel, block_size, programs, v, dtype, monkeypatch):
-    _set_block(monkeypatch, block_size)
+def test_seeded_random_rows(kernel, block_size, programs, v, dtype, set_block):
+    set_block(block_size)
     rnd = random.Random(v)
     g = torch.Generator().manual_seed(v)
     for s in (0, 1, 3, 7):
@@ -221,9 +224,9 @@ def test_one_row_of_a_real_vocabulary(kernel, block_size, programs, dtype):
 
 
 @pytest.mark.parametrize(KERNEL_ARGS, _kernels())
-def test_strided_logits(kernel, block_size, programs, monkeypatch):
+def test_strided_logits(kernel, block_size, programs, set_block):
     """A transposed view (column stride S) and a column slice of a wider buffer (row stride > V)."""
-    _set_block(monkeypatch, block_size)
+    set_block(block_size)
     g = torch.Generator().manual_seed(7)
     t = _random_logits(random.Random(7), g, 37, 5, torch.float32).t()  # [5, 37], strides (1, 5)
     assert t.stride() == (1, 5)

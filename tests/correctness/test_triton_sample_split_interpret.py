@@ -2,7 +2,7 @@
 through the Triton interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py when no CUDA device is visible):
 it must return exactly the ids of the one-program-per-row kernel ``_race_row`` (``split=False``).
 
-Cases: odd vocabularies (1, 7, 1000, 5003) cut into many chunks (``SPLIT_BLOCK`` / ``SPLIT_PROGRAMS`` lowered so
+Cases: odd vocabularies (1, 7, 1000, 5003) cut into many chunks (``split_block`` / ``split_programs`` lowered so
 small rows split, the last chunk short), 1-5 rows, with and without temperature (greedy rows at 0 and below
 float32's smallest normal, and just above it), with and without min-p, seeded and unseeded rows (the call's base
 seed fixed by a seeded generator), ties of the max across chunks, ``-inf`` entries, all-``-inf`` rows and ``+inf``
@@ -10,6 +10,7 @@ logits; the top-k / top-p path; the merge's tie rule (smallest column) on crafte
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -18,6 +19,7 @@ import torch
 from _triton_interp import needs_interpreter
 
 from layerzero.backends.triton import sampling as ts
+from layerzero.core.knobs import knobs
 
 pytestmark = pytest.mark.correctness
 
@@ -26,10 +28,17 @@ TINY = float(torch.finfo(torch.float32).tiny)
 
 
 @pytest.fixture
-def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+def sampling_knobs():
+    """``sampling_knobs(field=value, ...)``: set ``triton.sampling`` knobs until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **fields: stack.enter_context(knobs(ts.KNOBS, **fields))
+
+
+@pytest.fixture
+def small_chunks():
     """Split rows of a few hundred columns into many chunks (the real sizes need 150k-column rows)."""
-    monkeypatch.setattr(ts, "SPLIT_BLOCK", 64)
-    monkeypatch.setattr(ts, "SPLIT_PROGRAMS", 24)
+    with knobs(ts.KNOBS, split_block=64, split_programs=24):
+        yield
 
 
 def _logits(rnd: random.Random, g: torch.Generator, b: int, v: int, dtype: torch.dtype) -> torch.Tensor:
@@ -60,9 +69,9 @@ def _both(logits: torch.Tensor, seed: int, **kw) -> tuple[torch.Tensor, torch.Te
 @pytest.mark.usefixtures("small_chunks")
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("vocab", [1, 7, 1000, 5003])
-def test_split_returns_the_one_program_ids(vocab, rows, monkeypatch):
+def test_split_returns_the_one_program_ids(vocab, rows, sampling_knobs):
     if vocab == 7:
-        monkeypatch.setattr(ts, "SPLIT_BLOCK", 2)  # 4 chunks of 2 columns
+        sampling_knobs(split_block=2)  # 4 chunks of 2 columns
     rnd = random.Random(vocab * 10 + rows)
     g = torch.Generator().manual_seed(vocab * 10 + rows)
     if vocab > 1:
@@ -131,19 +140,21 @@ def test_merge_takes_the_smallest_column_among_equal_scores():
 
 
 def test_split_rule():
-    assert ts.split_chunks(1, 151936) == (75, ts.SPLIT_BLOCK)  # one tile per chunk at batch 1
+    kn = ts.SamplingKnobs()
+    assert ts.split_chunks(1, 151936) == (75, kn.split_block)  # one tile per chunk at batch 1
     n, length = ts.split_chunks(17, 151936)
-    assert 1 < n <= math.ceil(ts.SPLIT_PROGRAMS / 17) and length % ts.SPLIT_BLOCK == 0 and n * length >= 151936
+    assert 1 < n <= math.ceil(kn.split_programs / 17) and length % kn.split_block == 0 and n * length >= 151936
     assert (n - 1) * length < 151936
-    assert ts.split_chunks(ts.SPLIT_PROGRAMS, 151936)[0] == 1  # enough rows: one program per row
-    assert ts.split_chunks(1, ts.SPLIT_BLOCK)[0] == 1  # one tile: nothing to split
+    assert ts.split_chunks(kn.split_programs, 151936)[0] == 1  # enough rows: one program per row
+    assert ts.split_chunks(1, kn.split_block)[0] == 1  # one tile: nothing to split
 
 
 def test_the_chunk_vector_width_is_one_constant_per_vocabulary(monkeypatch):
     """``CHUNKS`` (a ``tl.constexpr``: one compiled variant per value) depends on the vocabulary only, never on the
     number of rows: a launch spy sees one value for 1-300 rows of Qwen3's vocabulary, wide enough for the most
     chunks (75 at one row) and launched with the same warps."""
-    assert ts.chunk_pad(151936) == 128 and ts.chunk_pad(ts.SPLIT_BLOCK) == 1 and ts.chunk_pad(ts.SPLIT_BLOCK + 1) == 2
+    block = ts.SamplingKnobs().split_block
+    assert ts.chunk_pad(151936) == 128 and ts.chunk_pad(block) == 1 and ts.chunk_pad(block + 1) == 2
     seen = set()
     calls = []
     monkeypatch.setattr(ts, "launch", lambda fn, grid, *a, **kw: calls.append((fn.__name__, grid, kw)))

@@ -1,5 +1,5 @@
-"""``paged.ONE_PASS`` compiled on a CUDA GPU (``pytest -m gpu tests/gpu/test_gpu_paged_one_pass.py``; skipped on CPU):
-batch-1 decode in tables of at most ``SMALL_BATCH``'s width, where each split of ``triton.paged_decode`` gathers its
+"""The ``one_pass`` knob compiled on a CUDA GPU (``pytest -m gpu tests/gpu/test_gpu_paged_one_pass.py``; skipped on CPU):
+batch-1 decode in tables of at most ``small_batch``'s width, where each split of ``triton.paged_decode`` gathers its
 tiles at once (block ids read below the table's width: the garbage ids past a sequence's blocks are read, never
 dereferenced), against the float64 oracle of ``test_gpu_triton_paged``, against the tile loop, eager (the fused split
 merge) against a CUDA-graph replay (the merge kernel), over fp8 / int8 caches, and ``triton.rope_paged_decode`` the
@@ -7,6 +7,7 @@ same way."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -19,6 +20,7 @@ from test_gpu_triton_paged import gpu_inputs, mismatch, oracle
 import layerzero as lz
 from layerzero.backends.triton import paged as tp
 from layerzero.backends.triton import rope_paged as trp
+from layerzero.core.knobs import knobs
 from layerzero.core.kv_layout import KVLayout
 from layerzero.core.kv_quant import dequantize_kv, quantize_kv
 
@@ -27,16 +29,23 @@ F64 = torch.float64
 LENS = (1, 31, 32, 33, 255, 256, 257, 700, 1024, 1500, 2047, 2048)
 
 
+@pytest.fixture
+def paged_knobs():
+    """``paged_knobs(field=value, ...)``: set ``triton.paged_decode`` knobs until the test ends (plans dropped)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **fields: stack.enter_context(knobs(tp.KNOBS, **fields))
+
+
 def one_pass_plans() -> list[tuple[bool, int]]:
     return [(p.split_kw["ONE_PASS"], p.split_kw["CHUNKS"]) for p in tp._PLANS.values()]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("page", "width"), [(16, 2048), (16, 1024), (5, 1025), (8, 512)])
-def test_batch1_one_pass_matches_oracle_loop_and_graph(dtype, page, width, monkeypatch):
-    """Splits of up to four tiles in one pass (``ONE_PASS_MAX_TILES`` 4: the kernel's every form; the 1025-token
+def test_batch1_one_pass_matches_oracle_loop_and_graph(dtype, page, width, paged_knobs):
+    """Splits of up to four tiles in one pass (``one_pass_max_tiles`` 4: the kernel's every form; the 1025-token
     table has three a split)."""
-    monkeypatch.setattr(tp, "ONE_PASS_MAX_TILES", 4)
+    paged_knobs(one_pass_max_tiles=4)
     rng = random.Random(page * width)
     failures = []
     for n in (x for x in LENS if x <= width):
@@ -51,13 +60,8 @@ def test_batch1_one_pass_matches_oracle_loop_and_graph(dtype, page, width, monke
             msg = mismatch(got, ref, dtype, f"{what} len {n} case {c}")
             if msg:
                 failures.append(msg)
-        old, tp.ONE_PASS = tp.ONE_PASS, False
-        try:
-            tp._PLANS.clear()
+        with knobs(tp.KNOBS, one_pass=False):  # plans dropped on entry and exit
             loop = tp.paged_decode(q, cache, table, lens, None, c["layout"])
-        finally:
-            tp.ONE_PASS = old
-            tp._PLANS.clear()
         msg = mismatch(out, loop.double(), dtype, f"one pass vs loop, len {n} case {c}")
         if msg:
             failures.append(msg)
@@ -112,26 +116,21 @@ def test_batch1_one_pass_over_a_quantized_cache(qdtype):
     got = tp.paged_decode(q, qcache, table, lens, None, "NHD", k_scale=ks, v_scale=vs)
     assert all(p for p, _ in one_pass_plans()), one_pass_plans()
     assert mismatch(got, oracle(q, deq, table, lens, "NHD"), torch.bfloat16) is None
-    old, tp.ONE_PASS = tp.ONE_PASS, False
-    try:
-        tp._PLANS.clear()
+    with knobs(tp.KNOBS, one_pass=False):  # plans dropped on entry and exit
         loop = tp.paged_decode(q, qcache, table, lens, None, "NHD", k_scale=ks, v_scale=vs)
-    finally:
-        tp.ONE_PASS = old
-        tp._PLANS.clear()
     assert mismatch(got, loop.double(), torch.bfloat16) is None
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_early_kv_reads_the_newest_position_the_kernel_before_wrote(layout, monkeypatch):
-    """``paged.EARLY_KV`` (off by default) in a CUDA graph (PDL-launched on SM 9.0+): the KV write of the step's token
+def test_early_kv_reads_the_newest_position_the_kernel_before_wrote(layout, paged_knobs):
+    """The ``early_kv`` knob (off by default) in a CUDA graph (PDL-launched on SM 9.0+): the KV write of the step's token
     (``triton.reshape_and_cache``) and then ``triton.paged_decode``, replayed for sequences of 1 ... 2048 tokens whose
     newest slot holds NaN before each replay. The split kernel reads every older position before its PDL wait, so
     only the write just before can put the newest one in place: a stale read shows as NaN, or as a mismatch with the
     float64 oracle over the cache the replay left."""
     from layerzero.backends.triton import cache as tc
 
-    monkeypatch.setattr(tp, "EARLY_KV", True)  # off by default
+    paged_knobs(early_kv=True)  # off by default
     c = dict(seed=21, page=16, layout=layout, d=128, hkv=8, ratio=2, lens=[2048], spare_cols=0, scale=None)
     q, cache, table, _ = gpu_inputs(c, torch.bfloat16)
     gen = torch.Generator(device="cuda").manual_seed(3)

@@ -23,6 +23,7 @@ import torch
 
 import layerzero as lz
 from layerzero.backends.triton import paged as tp
+from layerzero.core.knobs import knobs
 from layerzero.core.runtime import RUNTIME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
@@ -135,7 +136,8 @@ def test_small_batch_long_context_uses_splits():
     """B=1, Hkv=8, 32768 keys: at least 16 splits so the stage-1 grid covers the SMs."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     _, splits = tp.choose_split_len(1, 8, 32768, sms, 64)
-    assert splits >= min(tp.MAX_SPLITS, math.ceil(tp.WAVES * sms / 8)) and splits >= 16
+    kn = tp.PagedDecodeKnobs()
+    assert splits >= min(kn.max_splits, math.ceil(kn.waves * sms / 8)) and splits >= 16
 
 
 def _decode_inputs(dtype=torch.bfloat16, seed=0, layout="NHD"):
@@ -222,22 +224,26 @@ def _poison_workspace(q: torch.Tensor, splits: int) -> None:
 
 
 def test_fused_split_merge_matches_and_never_reads_early(monkeypatch):
-    """The split that counts last merges (``FUSED_MERGE``, one launch) from partials other SMs wrote in the same
+    """The split that counts last merges (the ``fused_merge`` knob, one launch) from partials other SMs wrote in the same
     launch: a missing release/acquire or a stale L1 read would merge NaN (the workspace is poisoned before each
     launch) or last launch's values. 120 seeded cases with 2..32 splits, each launched 3 times back to back without a
     sync (the counters must be back at 0 before the next launch): every launch equals the first bit for bit and, as
     the two-kernel merge, matches the float64 oracle (the two forms may round the last bit differently); then a CUDA
     graph (two kernels under capture) replayed 20 times into a NaN-filled output equals an eager call under
     ``lz.capture_selection`` bit for bit, and two streams launch the fused form at once (each has its own counters)."""
+    with knobs(tp.KNOBS, fused_merge=True):  # every eager call below (plans dropped on entry and exit)
+        _fused_split_merge_matches_and_never_reads_early(monkeypatch)
+
+
+def _fused_split_merge_matches_and_never_reads_early(monkeypatch):
     failures = []
     for seed in range(120):
         c = gpu_case(3000 + seed)
         q, cache, table, lens = gpu_inputs(c, torch.bfloat16)
         cache.nan_to_num_(0.0)
         splits = (2, 3, 7, 16, 32)[seed % 5]
-        monkeypatch.setattr(tp, "FUSED_MERGE", False)
-        two = tp.paged_decode(q, cache, table, lens, c["scale"], c["layout"], num_splits=splits)
-        monkeypatch.setattr(tp, "FUSED_MERGE", True)
+        with knobs(tp.KNOBS, fused_merge=False):
+            two = tp.paged_decode(q, cache, table, lens, c["scale"], c["layout"], num_splits=splits)
         outs = []
         for _ in range(3):
             _poison_workspace(q, splits)

@@ -31,58 +31,71 @@ nothing and is graph-safe.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from layerzero.core import knobs
+from layerzero.core.knobs import check_types, require
 from layerzero.core.specs import KernelSpec
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, next_pow2
 from ._launch import launch, launch_pinned, pdl_kwargs
-from .paged import sm_count
+from ._paged_common import sm_count
 
 KERNEL_IDS = ("triton.sample_topk", "triton.sample_topp", "triton.sample", "triton.sample_greedy")
 GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
 """Temperatures below float32's smallest normal are greedy (as in ``lz.sample_*``): ``1 / T`` would overflow."""
 PRIORITY = 60
 """Above the reference sampler (the only other sampling kernel on CUDA)."""
-BLOCK = 1024
-"""Row tile of the draw kernel (elements); rows shorter than that use the next power of two of their length."""
 PRIORITY_SAMPLE = 5
-"""``triton.sample`` ranks above ``reference.sample`` (priority 0) on CUDA: its GPU test passed on the H200
-(tests/gpu/test_gpu_triton_sample.py, 9/9) and ``benchmarks/bench_sample.py`` measured it there (vocab 151936, bf16;
-``benchmarks/results/sample_h200.md``): temperature only 1.15x (B1), 1.36x (B64), 3.10x (B256) the reference's
-speed; with top-p 0.9 (both sort the row first) 0.91x, 0.94x, 1.02x. The common serving case wins; ``lz.tune`` /
-autotune measure the top-p contexts per machine."""
-RACE_BLOCK = 4096
-"""Row tile of the ``lz.sample`` race kernel (elements)."""
-SPLIT_PROGRAMS = 1056
-"""Split rule of :func:`sample`: a batch of ``B`` rows is raced by ``(B, chunks)`` programs with ``chunks =
-ceil(SPLIT_PROGRAMS / B)`` (at most one per :data:`SPLIT_BLOCK` tile of the row), and by one program per row
-(``_race_row``) when that leaves one chunk, i.e. ``B >= SPLIT_PROGRAMS`` or ``V <= SPLIT_BLOCK``. 1056 is eight
-programs per SM of an H100/H200 (132 SMs). Measured on an H200 (CUDA-graph replay of the whole call, vocab 151936,
-bf16, temperature and seeds; 2026-11-25): one program per row 210-220 µs for B = 1..128 (one SM scans a row twice),
-291 µs at B 256, 389 µs at B 384; split 22, 27, 36, 55, 84, 141 µs at B 1, 8, 17, 32, 64, 128, 255 µs at B 256,
-376 µs at B 384 (264 and 528 programs were slower from B 8 on, 1024-element tiles no better); at B 512, 768, 1024
-(3, 2, 2 chunks) 482 / 707 / 914 µs against 524 / 724 / 941: compute-bound there either way. Both paths gave the
-same ids in every case (tests/gpu/test_gpu_triton_sample.py, 15/15)."""
-SPLIT_BLOCK = 2048
-"""Row tile of the split-vocabulary race kernels (elements); a chunk is a whole number of tiles."""
+"""``triton.sample`` ranks above ``reference.sample`` (priority 0) on CUDA: faster on the H200 for temperature-only
+sampling (1.15x-3.1x), about even with top-p; ``lz.tune`` / autotune measure the top-p contexts per machine
+(``benchmarks/results/knobs/triton_sampling.md``)."""
 PRIORITY_GREEDY = 60
 """``triton.sample_greedy`` ranks above ``reference.sample_greedy`` (0), the only other kernel: on CUDA it is the
-default, eagerly and under capture. Written for the serving engine's greedy decode (batch 1, vocab 151936, bf16),
-where ``torch.argmax`` of the float32 cast took ~8.3 µs of GPU time plus ~4 µs for the cast itself. Measured on an
-H200 (``benchmarks/bench_sample_greedy.py``, CUDA-graph replay, bf16, vocab 151936): 2.67 µs at 1 row with PDL
-against 11.29 for the cast + argmax, 3.9-5.2x at 8-256 rows (``benchmarks/results/sample_greedy_h200.md``)."""
-GREEDY_BLOCK = 2048
-"""Tile of ``triton.sample_greedy``'s chunk kernel (elements; 16 a thread at 4 warps); a chunk is a whole number of
-tiles. Not tuned on a GPU yet."""
-GREEDY_PROGRAMS_PER_SM = 2
-""":func:`greedy_chunks` aims at this many chunk programs per SM (all rows together): enough to spread a batch-1 row
-over the whole GPU in one wave, few enough that the merge reads a short vector. Not tuned on a GPU yet."""
-GREEDY_SMS_OFF_GPU = 132
-"""The SM count :func:`sample_greedy` assumes for tensors that are not on a CUDA device (Triton's interpreter in the
-CPU tests; on CUDA ``paged.sm_count``): an H100 / H200's, so those tests split rows as those GPUs do."""
+default, eagerly and under capture (H200: 2.67 µs at 1 row against 11.29 for the float32 cast + argmax;
+``benchmarks/results/knobs/triton_sampling.md``)."""
+KNOBS = "triton.sampling"
+"""The name :class:`SamplingKnobs` is registered under (``layerzero.core.knobs``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingKnobs:
+    """Tuning choices of the Triton samplers (tiles and split rules), registered as ``"triton.sampling"``; read once
+    per call; measurements in ``benchmarks/results/knobs/triton_sampling.md``. Every value gives the same token ids.
+    Raises ``ConfigurationError`` for a field of the wrong type or out of range."""
+
+    block: int = 1024
+    """Row tile of the inverse-CDF draw kernel (elements, a power of two); shorter rows use their next power of two."""
+    race_block: int = 4096
+    """Row tile of ``lz.sample``'s one-program-per-row race kernel (elements, a power of two)."""
+    split_programs: int = 1056
+    """:func:`sample` races ``B`` rows over ``ceil(split_programs / B)`` chunks a row (one program a row when that is
+    one): eight programs per SM of an H100 / H200, up to 10x faster than a program a row at batch 1."""
+    split_block: int = 2048
+    """Row tile of the split-vocabulary race kernels (elements, a power of two); a chunk is a whole number of tiles."""
+    greedy_block: int = 2048
+    """Tile of ``triton.sample_greedy``'s chunk kernel (elements, a power of two: 16 a thread at 4 warps). Not tuned
+    on a GPU yet."""
+    greedy_programs_per_sm: int = 2
+    """:func:`greedy_chunks` aims at this many chunk programs per SM: a batch-1 row over the whole GPU in one wave,
+    a short vector for the merge. Not tuned on a GPU yet."""
+    greedy_sms_off_gpu: int = 132
+    """The SM count :func:`sample_greedy` assumes off CUDA (the CPU tests' interpreter): an H100 / H200's, so those
+    tests split rows as those GPUs do."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("block", "race_block", "split_block", "greedy_block"):
+            value = getattr(self, name)
+            require(value >= 1 and next_pow2(value) == value, self, name, "a power of two >= 1")
+        for name in ("split_programs", "greedy_programs_per_sm", "greedy_sms_off_gpu"):
+            require(getattr(self, name) >= 1, self, name, "an int >= 1")
+
+
+knobs.register(KNOBS, SamplingKnobs())
 _KERNELS = LazyModule("_sampling_kernels")
 _SPLIT_KERNELS = LazyModule("_sampling_split_kernels")
 _GREEDY_KERNELS = LazyModule("_greedy_kernels")
@@ -114,6 +127,7 @@ def draw(logits: torch.Tensor, u: torch.Tensor, *, k: int | None = None, p: floa
     """
     if temperature < GREEDY_BELOW or k == 1:
         return torch.argmax(logits, dim=-1)
+    block = knobs.get(KNOBS).block
     mod = _KERNELS.get()
     n_rows, vocab = logits.shape
     if logits.stride(-1) != 1:
@@ -131,7 +145,7 @@ def draw(logits: torch.Tensor, u: torch.Tensor, *, k: int | None = None, p: floa
     launch(mod._sample_row, (n_rows,),
         rows, idx if idx is not None else out, u, out, rows.stride(0), idx.stride(0) if idx is not None else 0,
         rows.shape[1], 1.0 / float(temperature), float(p) if top_p else 1.0,
-        HAS_IDX=idx is not None, TOP_P=top_p, BLOCK=min(BLOCK, next_pow2(rows.shape[1])), num_warps=4)
+        HAS_IDX=idx is not None, TOP_P=top_p, BLOCK=min(block, next_pow2(rows.shape[1])), num_warps=4)
     return out
 
 
@@ -155,10 +169,12 @@ def sample_topp(logits: torch.Tensor, p: float, temperature: float = 1.0,
     return draw(logits, uniforms(logits, generator), p=p, temperature=temperature)
 
 
-def split_chunks(n_rows: int, vocab: int) -> tuple[int, int]:
-    """``(n_chunks, chunk_len)`` of :func:`sample`'s split path by the :data:`SPLIT_PROGRAMS` rule: ``n_chunks ==
-    1`` means one program per row (``_race_row``). ``chunk_len`` is a whole number of :data:`SPLIT_BLOCK` tiles."""
-    return row_chunks(n_rows, vocab, SPLIT_PROGRAMS, SPLIT_BLOCK)
+def split_chunks(n_rows: int, vocab: int, kn: SamplingKnobs | None = None) -> tuple[int, int]:
+    """``(n_chunks, chunk_len)`` of :func:`sample`'s split path by the ``split_programs`` rule (``kn``: the knobs,
+    default those in force): ``n_chunks == 1`` means one program per row (``_race_row``). ``chunk_len`` is a whole
+    number of ``split_block`` tiles."""
+    kn = kn or knobs.get(KNOBS)
+    return row_chunks(n_rows, vocab, kn.split_programs, kn.split_block)
 
 
 def row_chunks(n_rows: int, vocab: int, programs: int, block: int) -> tuple[int, int]:
@@ -173,13 +189,11 @@ def row_chunks(n_rows: int, vocab: int, programs: int, block: int) -> tuple[int,
     return cdiv(tiles, per_chunk), per_chunk * block
 
 
-def chunk_pad(vocab: int) -> int:
+def chunk_pad(vocab: int, kn: SamplingKnobs | None = None) -> int:
     """The split kernels' compile-time chunk-vector width for a ``vocab``-column row: the next power of two of the
-    most chunks any batch size gives that vocabulary (one per :data:`SPLIT_BLOCK` tile), so every batch size runs
-    one compiled variant. Until 2026-11-25 it was ``next_pow2(n_chunks)``, which changes with the number of rows:
-    the engine's throughput run on an H200 compiled 4 variants of ``_split_race`` / ``_split_merge`` inside its
-    timed run (15,381 tok/s against 20,802 with the variants already compiled)."""
-    return next_pow2(cdiv(vocab, SPLIT_BLOCK))
+    most chunks any batch size gives that vocabulary (one per ``split_block`` tile), so every batch size runs one
+    compiled variant (a width that changed with the batch compiled variants inside the engine's timed runs)."""
+    return next_pow2(cdiv(vocab, (kn or knobs.get(KNOBS)).split_block))
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k: torch.Tensor | None = None,
@@ -194,16 +208,15 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k:
         temperature, top_k, top_p, min_p, seeds, offsets: ``[B]`` per-row tensors or None, as ``lz.sample``.
         generator: CUDA ``torch.Generator`` or None (the device's default): one int64 per call is drawn from it
             (``torch.randint``, on the device: no host synchronization) as the noise seed of unseeded rows.
-        split: None (default) picks the path by the :data:`SPLIT_PROGRAMS` rule (:func:`split_chunks`); True
-            forces the split-vocabulary path with the chunks of a one-row batch (one program per row still when
-            the row fits one :data:`SPLIT_BLOCK` tile), False the one-program-per-row kernel. Both give the same
-            token ids.
+        split: None (default) picks the path by the ``split_programs`` rule (:func:`split_chunks`); True forces the
+            split-vocabulary path with the chunks of a one-row batch (one program per row still when the row fits
+            one ``split_block`` tile), False the one-program-per-row kernel. Both give the same token ids.
 
     Returns:
         Token ids ``[B]``, int64.
 
-    What runs where: without top-k / top-p, only Triton kernels. Few rows (``B < SPLIT_PROGRAMS`` with
-    ``V > SPLIT_BLOCK``; decode batches): three launches over ``(B, chunks)`` / ``(B, chunks)`` / ``(B,)``
+    What runs where: without top-k / top-p, only Triton kernels. Few rows (``B < split_programs`` with
+    ``V > split_block``; decode batches): three launches over ``(B, chunks)`` / ``(B, chunks)`` / ``(B,)``
     programs (``_sampling_split_kernels.py``: chunk maxima; row max then the race over each chunk; the merge), with
     two ``[B, 2, chunks]`` partial buffers; many rows: one launch of ``_race_row``, one program per row, two reads of
     the row. The split path returns exactly ``_race_row``'s ids (same scores, the smallest column among equal
@@ -238,31 +251,33 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k:
             offsets if offsets is not None else dummy, base)
     flags = dict(HAS_T=temperature is not None, HAS_MINP=min_p is not None, HAS_SEEDS=seeds is not None)
     tiny = float(torch.finfo(torch.float32).tiny)
-    n_chunks, chunk_len = (1, vocab) if split is False or n_rows == 0 else split_chunks(1 if split else n_rows, vocab)
+    kn = knobs.get(KNOBS)
+    n_chunks, chunk_len = ((1, vocab) if split is False or n_rows == 0
+                           else split_chunks(1 if split else n_rows, vocab, kn))
     if n_chunks > 1:
         mod = _SPLIT_KERNELS.get()
         fp = torch.empty((n_rows, 2, n_chunks), dtype=torch.float32, device=logits.device)
         ip = torch.empty((n_rows, 2, n_chunks), dtype=torch.int32, device=logits.device)
-        chunks = chunk_pad(vocab)
+        chunks = chunk_pad(vocab, kn)
         launch(mod._split_max, (n_rows, n_chunks), logits, fp, ip, logits.stride(0), vocab, chunk_len, n_chunks,
-               BLOCK=SPLIT_BLOCK, num_warps=4)
+               BLOCK=kn.split_block, num_warps=4)
         launch(mod._split_race, (n_rows, n_chunks), logits, t_arg, *rest, fp, ip, logits.stride(0), vocab,
-               chunk_len, n_chunks, GREEDY_BELOW, tiny, **flags, BLOCK=SPLIT_BLOCK, CHUNKS=chunks, num_warps=4)
+               chunk_len, n_chunks, GREEDY_BELOW, tiny, **flags, BLOCK=kn.split_block, CHUNKS=chunks, num_warps=4)
         launch(mod._split_merge, (n_rows,), t_arg, fp, ip, out, n_chunks, GREEDY_BELOW,
                HAS_T=temperature is not None, CHUNKS=chunks, num_warps=1 if chunks <= 128 else 4)
     else:
         launch(_KERNELS.get()._race_row, (n_rows,), logits, t_arg, *rest, out, logits.stride(0), vocab,
-               GREEDY_BELOW, tiny, **flags, BLOCK=min(RACE_BLOCK, next_pow2(vocab)), num_warps=8)
+               GREEDY_BELOW, tiny, **flags, BLOCK=min(kn.race_block, next_pow2(vocab)), num_warps=8)
     if greedy is not None:
         out = torch.where(greedy, torch.argmax(x, dim=-1), out)
     return out
 
 
-def greedy_chunks(n_rows: int, vocab: int, programs: int) -> tuple[int, int]:
+def greedy_chunks(n_rows: int, vocab: int, programs: int, kn: SamplingKnobs | None = None) -> tuple[int, int]:
     """``(n_chunks, chunk_len)`` of :func:`sample_greedy`: each row is cut into ``n_chunks`` chunks of ``chunk_len``
-    columns (a whole number of :data:`GREEDY_BLOCK` tiles; the last chunk shorter), about ``programs`` programs in
-    all (at least one chunk a row, at most one a tile). ``n_chunks == 1`` means one program a row and no merge."""
-    return row_chunks(n_rows, vocab, programs, GREEDY_BLOCK)
+    columns (a whole number of ``greedy_block`` tiles; the last chunk shorter), about ``programs`` programs in all
+    (at least one chunk a row, at most one a tile). ``n_chunks == 1`` means one program a row and no merge."""
+    return row_chunks(n_rows, vocab, programs, (kn or knobs.get(KNOBS)).greedy_block)
 
 
 def sample_greedy(logits: torch.Tensor, *, programs: int | None = None) -> torch.Tensor:
@@ -272,16 +287,16 @@ def sample_greedy(logits: torch.Tensor, *, programs: int | None = None) -> torch
 
     Args:
         logits: ``[S, V]`` float16/bfloat16/float32 on CUDA, any strides (a unit column stride is specialized, others
-            are read strided, not copied); V below 2**31 - :data:`GREEDY_BLOCK`.
+            are read strided, not copied); V below 2**31 - ``greedy_block``.
         programs: the number of chunk programs the split aims at (:func:`greedy_chunks`); None:
-            :data:`GREEDY_PROGRAMS_PER_SM` times the device's SMs. Every value gives the same ids.
+            ``greedy_programs_per_sm`` times the device's SMs. Every value gives the same ids.
 
     Returns:
         Token ids ``[S]``, int64 (a new ``torch.empty`` tensor).
 
     What runs where (``_greedy_kernels.py``): the ``(S, n_chunks)`` chunk programs, then one merge program a row over
     the chunks' partials (a float32 and an int32 ``[S, n_chunks]`` workspace, ``torch.empty``); with one chunk a row
-    (``S >= programs`` or ``V <= GREEDY_BLOCK``) the chunk kernel writes the ids itself: one launch. No host
+    (``S >= programs`` or ``V <= greedy_block``) the chunk kernel writes the ids itself: one launch. No host
     synchronization, nothing drawn: graph-safe. PDL-launched inside captured graphs on SM >= 9.0 for small batches
     (``_launch.pdl_kwargs``). ``S == 0`` launches nothing.
 
@@ -293,12 +308,13 @@ def sample_greedy(logits: torch.Tensor, *, programs: int | None = None) -> torch
     if n_rows == 0:
         return out
     mod = _GREEDY_KERNELS.get()
+    kn = knobs.get(KNOBS)
     if programs is None:
-        programs = GREEDY_PROGRAMS_PER_SM * (sm_count(logits.device) if logits.is_cuda else GREEDY_SMS_OFF_GPU)
-    n_chunks, chunk_len = greedy_chunks(n_rows, vocab, programs)
+        programs = kn.greedy_programs_per_sm * (sm_count(logits.device) if logits.is_cuda else kn.greedy_sms_off_gpu)
+    n_chunks, chunk_len = greedy_chunks(n_rows, vocab, programs, kn)
     s_row, s_col = logits.stride()
     pdl = pdl_kwargs(logits, n_rows)
-    block, direct = GREEDY_BLOCK, n_chunks == 1
+    block, direct = kn.greedy_block, n_chunks == 1
     # one pin per set of integer arguments and constexprs (launch_pinned's promise): tensors alone vary under it
     pin = (s_row, s_col, vocab, chunk_len, n_chunks, block, bool(pdl))
     if direct:
