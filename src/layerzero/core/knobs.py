@@ -12,8 +12,11 @@ Knobs are process-wide, not per thread or context (``contextvars``): a plan buil
 another, and CUDA graphs freeze whatever a capture saw, so a knob must mean one thing in the whole process. Change
 them before building an engine or capturing graphs; graphs captured earlier keep the old choices.
 
-Measurements behind the defaults: ``benchmarks/results/knobs/<module>.md``. The serving engine's CUDA-graph knobs
-are not here: they are a field of its config (``layerzero.engine.config.CudaGraphKnobs``).
+The kernel modules register when imported, which ``import layerzero`` does not do; the package above ``core``
+installs a loader (:func:`install_loader`) that imports them on the first lookup of a name not registered yet, so
+``configure_knobs("triton.gemv", ...)`` works before any op call. Measurements behind the defaults:
+``benchmarks/results/knobs/<module>.md``. The serving engine's CUDA-graph knobs are not here: they are a field of its
+config (``layerzero.engine.config.CudaGraphKnobs``).
 """
 
 from __future__ import annotations
@@ -24,14 +27,12 @@ import types
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from .errors import ConfigurationError, did_you_mean, expected_got
 
-__all__ = ["check_types", "configure_knobs", "default_knobs", "get", "knobs", "knobs_generation", "register",
-           "registered", "replace_knobs", "require", "reset_knobs", "subscribe"]
-
-T = TypeVar("T")
+__all__ = ["check_types", "configure_knobs", "default_knobs", "get", "install_loader", "knobs", "knobs_generation",
+           "register", "registered", "replace_knobs", "require", "reset_knobs", "subscribe"]
 
 _CURRENT: dict[str, Any] = {}
 """name -> the knobs in force (read by :func:`get`)."""
@@ -40,6 +41,22 @@ _LISTENERS: dict[str, list[Callable[[], None]]] = {}
 _HINTS: dict[type, dict[str, Any]] = {}
 _LOCK = threading.RLock()
 _GENERATION = [0]
+_LOADER: list[Callable[[], None] | None] = [None]
+"""The loader :func:`install_loader` installed, until it has run (then None)."""
+
+
+def install_loader(loader: Callable[[], None]) -> None:
+    """Install ``loader`` (imports the modules that register knobs), run once, on the first lookup of a name that is
+    not registered (and by :func:`registered`). Installed by the package above ``core`` (``core`` names no module
+    above it)."""
+    _LOADER[0] = loader
+
+
+def _load() -> None:
+    """Run the installed loader, once."""
+    loader, _LOADER[0] = _LOADER[0], None
+    if loader is not None:
+        loader()
 
 
 def register(name: str, default: Any) -> None:
@@ -76,6 +93,9 @@ def get(name: str) -> Any:
     try:
         return _CURRENT[name]
     except KeyError:
+        _load()
+        if name in _CURRENT:
+            return _CURRENT[name]
         raise _unknown(name) from None
 
 
@@ -86,8 +106,8 @@ def default_knobs(name: str) -> Any:
 
 
 def registered() -> tuple[str, ...]:
-    """The registered knob names, sorted (modules register when imported: ``layerzero.backends.triton`` is imported
-    on the first op call)."""
+    """The registered knob names, sorted (the installed loader run first, if it has not run yet)."""
+    _load()
     return tuple(sorted(_CURRENT))
 
 
@@ -137,7 +157,7 @@ def reset_knobs(name: str | None = None) -> Any:
     """Restore ``name``'s defaults (every registered module's with None); returns the restored instance (None for
     all). Raises ``ConfigurationError`` for an unregistered name."""
     with _LOCK:
-        for key in (registered() if name is None else (name,)):
+        for key in (tuple(_CURRENT) if name is None else (name,)):
             _install(key, default_knobs(key))
     return None if name is None else _CURRENT[name]
 
