@@ -1,4 +1,4 @@
-"""``triton.paged_decode``'s split merge: one launch (``FUSED_MERGE``, the split that counts last merges) vs two
+"""``triton.paged_decode``'s split merge: one launch (the ``fused_merge`` knob, the split that counts last merges) vs two
 (split kernel, then the merge kernel), side by side in one process.
 
 - in a CUDA graph (what the engine's decode graphs pay; ``bench_in_graph.graph_us``: 50 calls per graph, best of 5
@@ -22,15 +22,15 @@ from bench_in_graph import engine_decode_cases, graph_us
 from paged_spread import rounds_table, rounds_us
 
 from layerzero.backends.triton import paged
+from layerzero.core.knobs import knobs
 
 
 def _both(fn) -> tuple[float, float]:
     """``fn()`` timed with the two-kernel merge, then with the fused one."""
     out = []
     for fused in (False, True):
-        paged.FUSED_MERGE = paged.FUSED_MERGE_IN_GRAPHS = fused
-        out.append(fn())
-    paged.FUSED_MERGE, paged.FUSED_MERGE_IN_GRAPHS = "auto", False
+        with knobs(paged.KNOBS, fused_merge=fused, fused_merge_in_graphs=fused):
+            out.append(fn())
     return out[0], out[1]
 
 
@@ -52,11 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## eager, {case.label()} (µs per call, {a.rounds} rounds of {a.iters})\n")
         rows = []
         for fused in (False, True, False, True):
-            paged.FUSED_MERGE = fused
-            rows.append(("fused" if fused else "two kernels",
-                         rounds_us(lambda q=q, kv=kv, t=table, s=lens: paged.paged_decode(q, kv, t, s), a.rounds,
-                                   a.iters)))
-        paged.FUSED_MERGE = "auto"
+            with knobs(paged.KNOBS, fused_merge=fused):
+                rows.append(("fused" if fused else "two kernels",
+                             rounds_us(lambda q=q, kv=kv, t=table, s=lens: paged.paged_decode(q, kv, t, s), a.rounds,
+                                       a.iters)))
         rows.append(("auto (the default)", rounds_us(lambda q=q, kv=kv, t=table, s=lens: paged.paged_decode(q, kv, t, s),
                                                      a.rounds, a.iters)))
         rows.append(("one split (no merge)",

@@ -26,6 +26,7 @@ import layerzero as lz
 from layerzero.backends.reference import sampling as ref
 from layerzero.backends.triton import _launch
 from layerzero.backends.triton import sampling as ts
+from layerzero.core import knobs
 
 CALLS = 100
 REPLAYS = 7
@@ -88,7 +89,7 @@ def measure(s: int, v: int, dtype: torch.dtype) -> str:
     cast = graph_us(lambda: torch.argmax(x.float(), dim=-1))
     direct = graph_us(lambda: torch.argmax(x, dim=-1))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    chunks, _ = ts.greedy_chunks(s, v, ts.GREEDY_PROGRAMS_PER_SM * sms)
+    chunks, _ = ts.greedy_chunks(s, v, knobs.get(ts.KNOBS).greedy_programs_per_sm * sms)
     pdl = "yes" if s <= _launch.PDL_MAX_ROWS and torch.cuda.get_device_capability()[0] >= 9 else "no (not used)"
     return (f"| {s} | {v} | {chunks} | {tri_pdl:.2f} ({pdl}) | {tri:.2f} | {cast:.2f} | {direct:.2f} | "
             f"{cast / min(tri, tri_pdl):.2f}x |")
@@ -105,10 +106,11 @@ def main() -> None:
     import triton
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kn = knobs.get(ts.KNOBS)
     lines = [f"# Greedy argmax: triton.sample_greedy vs torch.argmax — {run_info()}", "",
              f"- triton {triton.__version__}, {sms} SMs; bf16 logits, vocabulary {args.vocab}; µs per call inside a "
-             f"CUDA graph of {CALLS} calls, median of {REPLAYS} replays; tile {ts.GREEDY_BLOCK}, "
-             f"{ts.GREEDY_PROGRAMS_PER_SM} programs per SM aimed at (chunks: per row, 1 = no merge launch)", "",
+             f"CUDA graph of {CALLS} calls, median of {REPLAYS} replays; tile {kn.greedy_block}, "
+             f"{kn.greedy_programs_per_sm} programs per SM aimed at (chunks: per row, 1 = no merge launch)", "",
              "| S | V | chunks | triton (PDL) µs | triton µs | argmax(logits.float()) µs | argmax(bf16) µs | "
              "speed-up vs cast + argmax |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for s in (int(r) for r in args.rows.split(",")):

@@ -20,6 +20,7 @@ from bench_in_graph import LINEAR
 
 import layerzero as lz
 from layerzero.backends.triton import gemv as tg
+from layerzero.core.knobs import knobs
 
 LAYERS = 28
 
@@ -90,18 +91,15 @@ def measure(name: str, ws: list[torch.Tensor], nw: torch.Tensor, m: int, bw: flo
     cub = chain_us(lambda i: layer(i, F.linear)) - norm
 
     def ours(prefetch: bool, bn: int | None = None, warps: int = 4) -> float:
-        old = tg.PREFETCH, tg.PREFETCH_SLAB, tg.PREFETCH_WARPS
-        tg.PREFETCH, tg.PREFETCH_WARPS = prefetch, warps
+        fields = dict(prefetch=prefetch, prefetch_warps=warps)
         if bn is not None:
-            tg.PREFETCH_SLAB = bn * (1 << (k - 1).bit_length())
-        try:
+            fields["prefetch_slab"] = bn * (1 << (k - 1).bit_length())
+        with knobs(tg.KNOBS, **fields):
             h = lz.rms_norm(x, nw, 1e-6)
             y, want = tg.gemv(h, ws[0], None), h.double() @ ws[0].double().t()
             if ((y.double() - want).abs().max() / want.abs().max()).item() > 1e-2:
                 raise RuntimeError(f"wrong result {name} M={m} prefetch={prefetch} BN={bn} warps={warps}")
             return chain_us(lambda i: layer(i, lambda h, w: tg.gemv(h, w, None))) - norm
-        finally:
-            tg.PREFETCH, tg.PREFETCH_SLAB, tg.PREFETCH_WARPS = old
 
     base, dflt = ours(False), ours(True)
     grid = [(bn, w) for bn in (1, 2, 4, 8) for w in (4, 8)
@@ -133,7 +131,7 @@ def main() -> int:
              f"torch {torch.__version__}, host {platform.processor() or platform.machine()}; copy bandwidth "
              f"{bw / 1e12:.2f} TB/s. µs per layer, the norm-only chain subtracted; (x) = fraction of the copy "
              "bandwidth the projection's weight read reaches in that time.", "",
-             "| proj | M | norm alone | cuBLAS | rows/dot (PREFETCH off) | prefetch (default cfg) | best prefetch | cfg |",
+             "| proj | M | norm alone | cuBLAS | rows/dot (prefetch off) | prefetch (default cfg) | best prefetch | cfg |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     print("\n".join(lines), flush=True)
     for name, (n, k) in LINEAR.items():

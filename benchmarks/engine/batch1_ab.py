@@ -7,38 +7,38 @@ block (``CUDAGraph.replay``, the sampler's event wait). Then, for the first vari
 generate: GPU busy vs idle per step, the largest idle gaps and what ran around them, and the CUDA runtime calls by
 host time (``timeline.md``).
 
-Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``triton.gemv.PREFETCH`` on / off), ``pdl-off``
+Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``GemvKnobs.prefetch`` on / off), ``pdl-off``
 (``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``unfused`` (each norm and the projection after it as two calls
 instead of ``lz.rms_norm_linear``, the activation and down projection instead of ``lz.swiglu_linear``), ``unfused-norm``
 (the norms only), ``fused-merge`` (``triton.paged_decode`` merges its splits in the split kernel in graphs too),
 ``splits-8`` / ``splits-4`` (at most that many KV splits per sequence), ``attn-unfused`` (the attention block as the
 four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k-8w`` / ``gemv-8w`` / ``gemv-2w`` (``triton.gemv``'s
 prefetch kernel with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other ``gemv-*``),
-``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``PREFETCH_BY_SHAPE``), ``l2-prefetch``
+``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``GemvKnobs.prefetch_by_shape``), ``l2-prefetch``
 (the o and gate/up weights prefetched into L2 during the attention block: ``l2_prefetch.py``, an experiment),
 ``l2-side-o`` / ``l2-side-o-gu`` (the o weight, and gate/up, prefetched from a parallel branch of the graph that joins
 at the end of the forward: ``l2_prefetch.SideBranch``; slower, 2026-11-28g), ``packed`` (small decode buckets read their
-inputs from one buffer the step's single host-to-device copy writes: ``cuda_graph.PACKED_INPUTS``), ``splits-1`` /
-``splits-2`` (at most 1 / 2 KV splits: one split needs no merge kernel), ``unpacked`` (``PACKED_INPUTS`` off),
+inputs from one buffer the step's single host-to-device copy writes: ``CudaGraphKnobs.packed_inputs``), ``splits-1`` /
+``splits-2`` (at most 1 / 2 KV splits: one split needs no merge kernel), ``unpacked`` (``packed_inputs`` off),
 ``rope-paged-fused`` (``lz.rope_paged_attention`` locked to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV
 write in the split kernel), ``tile-32-s8`` / ``tile-64-s16`` / ... (``triton.paged_decode``'s batch-1 tiles of 32 / 64
-positions, at most 8 / 16 splits: ``paged.SMALL_BATCH``; ``tile-32-s16-8w`` with 8 warps a split program), ``tiles-old``
-(``SMALL_BATCH`` off: 128-position tiles and the general split rule, as before 2026-11-28d), ``narrow-graphs`` (batch-1
-decode graphs with 2048-token tables beside the ``max_model_len``-wide ones: ``cuda_graph.NARROW_TOKENS``; with
+positions, at most 8 / 16 splits: ``PagedDecodeKnobs.small_batch``; ``tile-32-s16-8w`` with 8 warps a split program), ``tiles-old``
+(``small_batch`` off: 128-position tiles and the general split rule, as before 2026-11-28d), ``narrow-graphs`` (batch-1
+decode graphs with 2048-token tables beside the ``max_model_len``-wide ones: ``CudaGraphKnobs.narrow_tokens``; with
 ``--max-model-len`` above 2048), ``lm-prefetch`` / ``lm-prefetch-8w`` (the LM head on ``triton.gemv``'s prefetch kernel:
-``gemv.PREFETCH_WIDE``), ``argmax-old`` (every greedy step through the float32 cast and the general path, as before
-``lz.sample_greedy``), ``greedy-graph-off`` (``cuda_graph.GREEDY_IN_GRAPH`` off: greedy steps sampled after a plain
+``GemvKnobs.prefetch_wide``), ``argmax-old`` (every greedy step through the float32 cast and the general path, as before
+``lz.sample_greedy``), ``greedy-graph-off`` (``CudaGraphKnobs.greedy_in_graph`` off: greedy steps sampled after a plain
 graph), ``h2d-inline`` / ``d2h-inline`` / ``copies-inline`` (a chained step's input copy / greedy ids' transfer / both
 on the current stream), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE
 heads a program), ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two
-kernels), ``one-pass`` / ``no-one-pass`` (``paged.ONE_PASS`` on / off: a batch-1 split's tiles gathered at once, block
+kernels), ``one-pass`` / ``no-one-pass`` (``PagedDecodeKnobs.one_pass`` on / off: a batch-1 split's tiles gathered at once, block
 ids read without waiting for ``seq_len``; ``-8w`` with 8 warps a split program, ``-s32`` with 32 splits of at most 2
-tiles), ``early-on`` / ``early-off`` (``paged.EARLY_KV``, off by default: the split kernel's K / V but the newest
+tiles), ``early-on`` / ``early-off`` (``PagedDecodeKnobs.early_kv``, off by default: the split kernel's K / V but the newest
 position read before its PDL wait, or after it), ``trigger-off`` / ``trigger-merge`` / ``trigger-gemv`` /
-``trigger-both`` (``paged.TRIGGER_FIRST`` and ``gemv.TRIGGER_FIRST_ROWS``, on by default: the split merge and the
+``trigger-both`` (``PagedDecodeKnobs.trigger_first`` and ``GemvKnobs.trigger_first_rows``, on by default: the split merge and the
 one-row projections let the next kernel launch before their own wait; off, the merge only, the projections only, the
 split kernel too; the per-projection forms measured on 2026-11-28 are in that day's results), ``rope-fused-1p`` /
-``rope-fused-1p-s32`` (``rope-paged-fused`` with ``ONE_PASS``, and 32 splits), ``tiles-28d`` (the batch-1 rule of
+``rope-fused-1p-s32`` (``rope-paged-fused`` with ``one_pass``, and 32 splits), ``tiles-28d`` (the batch-1 rule of
 2026-11-28d: 16 splits, the tile loop), ``rope-bh1`` ... ``rope-bh16`` (query / key heads per program of the RoPE
 kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing changed).
 
@@ -49,6 +49,7 @@ Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out D
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import hashlib
@@ -65,13 +66,15 @@ import torch
 import layerzero as lz
 from layerzero.backends.triton import _launch, paged, rope, rope_paged
 from layerzero.backends.triton import gemv as tg
+from layerzero.core.knobs import knobs
 from layerzero.engine import LLM, SamplingParams
 from layerzero.engine import sampler as sampler_mod
 from layerzero.engine.bench import default_checkpoint
+from layerzero.engine.config import CudaGraphKnobs
 from layerzero.engine.engine import LLMEngine
 from layerzero.engine.kv.block_manager import KVCacheManager
 from layerzero.engine.models import llama
-from layerzero.engine.runner import cuda_graph, forward_batch, model_runner
+from layerzero.engine.runner import forward_batch, model_runner
 from layerzero.engine.runner.cuda_graph import CUDAGraphRunner
 from layerzero.engine.runner.model_runner import ModelRunner
 from layerzero.engine.sampler import Sampler
@@ -178,6 +181,11 @@ class _TorchArgmax:
 
 LOCK = object()
 """A setting ``(LOCK, op, kernel_id)``: ``lz.lock(op, kernel_id)`` for the variant, ``lz.unlock(op)`` after."""
+GRAPH = object()
+"""A setting ``(GRAPH, field, value)``: the variant's engine gets ``LLM(cuda_graph=CudaGraphKnobs(field=value, ...))``."""
+PAGED, GEMV = paged.KNOBS, tg.KNOBS
+"""A setting ``(PAGED, field, value)``: ``triton.paged_decode``'s knob ``field`` is ``value`` for the variant (the
+same for ``triton.gemv``'s); any other ``(owner, attr, value)`` sets an attribute and puts it back after."""
 
 
 def _mlp_two_calls(self, gate_up):
@@ -185,33 +193,33 @@ def _mlp_two_calls(self, gate_up):
     return self.down_proj(llama.silu_and_mul(gate_up))
 
 
-SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", False)],
+SETTINGS = {"prefetch": [(GEMV, "prefetch", True)], "rows": [(GEMV, "prefetch", False)],
             "pdl-off": [(_launch, "PDL", False)],
             "unfused": [(llama, "norm_linear", _two_calls), (llama.MLP, "down", _mlp_two_calls)],
-            "unfused-norm": [(llama, "norm_linear", _two_calls)], "fused-merge": [(paged, "FUSED_MERGE_IN_GRAPHS", True)],
-            "splits-8": [(paged, "MAX_SPLITS", 8)], "splits-4": [(paged, "MAX_SPLITS", 4)], "base": [],
+            "unfused-norm": [(llama, "norm_linear", _two_calls)], "fused-merge": [(PAGED, "fused_merge_in_graphs", True)],
+            "splits-8": [(PAGED, "max_splits", 8)], "splits-4": [(PAGED, "max_splits", 4)], "base": [],
             "attn-unfused": [(llama.Attention, "attend", _attend_unfused)],
-            "gemv-16k-8w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 8)],
-            "gemv-8w": [(tg, "PREFETCH_WARPS", 8)], "gemv-2w": [(tg, "PREFETCH_WARPS", 2)],
-            "gemv-4k-1w": [(tg, "PREFETCH_SLAB", 4096), (tg, "PREFETCH_WARPS", 1)],
-            "gemv-8k-1w": [(tg, "PREFETCH_WARPS", 1)],
-            "gemv-4k-2w": [(tg, "PREFETCH_SLAB", 4096), (tg, "PREFETCH_WARPS", 2)],
-            "gemv-16k-2w": [(tg, "PREFETCH_SLAB", 16384), (tg, "PREFETCH_WARPS", 2)],
-            "gemv-4w": [(tg, "PREFETCH_WARPS", 4)],
-            "packed": [(cuda_graph, "PACKED_INPUTS", True)], "unpacked": [(cuda_graph, "PACKED_INPUTS", False)],
-            "greedy-graph-off": [(cuda_graph, "GREEDY_IN_GRAPH", False)],
-            "h2d-inline": [(cuda_graph, "H2D_ASIDE", False)], "d2h-inline": [(cuda_graph, "D2H_ASIDE", False)],
-            "copies-inline": [(cuda_graph, "H2D_ASIDE", False), (cuda_graph, "D2H_ASIDE", False)],
+            "gemv-16k-8w": [(GEMV, "prefetch_slab", 16384), (GEMV, "prefetch_warps", 8)],
+            "gemv-8w": [(GEMV, "prefetch_warps", 8)], "gemv-2w": [(GEMV, "prefetch_warps", 2)],
+            "gemv-4k-1w": [(GEMV, "prefetch_slab", 4096), (GEMV, "prefetch_warps", 1)],
+            "gemv-8k-1w": [(GEMV, "prefetch_warps", 1)],
+            "gemv-4k-2w": [(GEMV, "prefetch_slab", 4096), (GEMV, "prefetch_warps", 2)],
+            "gemv-16k-2w": [(GEMV, "prefetch_slab", 16384), (GEMV, "prefetch_warps", 2)],
+            "gemv-4w": [(GEMV, "prefetch_warps", 4)],
+            "packed": [(GRAPH, "packed_inputs", True)], "unpacked": [(GRAPH, "packed_inputs", False)],
+            "greedy-graph-off": [(GRAPH, "greedy_in_graph", False)],
+            "h2d-inline": [(GRAPH, "h2d_aside", False)], "d2h-inline": [(GRAPH, "d2h_aside", False)],
+            "copies-inline": [(GRAPH, "h2d_aside", False), (GRAPH, "d2h_aside", False)],
             "rope-paged-fused": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode")],
-            **{f"tile-{bn}-s{sp}": [(paged, "SMALL_BATCH", (1, 1 << 30, bn, sp))] for bn in (32, 64, 128)
+            **{f"tile-{bn}-s{sp}": [(PAGED, "small_batch", (1, 1 << 30, bn, sp))] for bn in (32, 64, 128)
                for sp in (8, 16, 32)},
-            "tile-32-s16-8w": [(paged, "SMALL_BATCH", (1, 1 << 30, 32, 16)), (paged, "SPLIT_WARPS", 8)],
-            "tiles-old": [(paged, "SMALL_BATCH", None)],
-            "narrow-graphs": [(cuda_graph, "NARROW_TOKENS", 2048)],
+            "tile-32-s16-8w": [(PAGED, "small_batch", (1, 1 << 30, 32, 16)), (PAGED, "split_warps", 8)],
+            "tiles-old": [(PAGED, "small_batch", None)],
+            "narrow-graphs": [(GRAPH, "narrow_tokens", 2048)],
             "argmax-old": [(sampler_mod, "plain_greedy", lambda seqs: False), (sampler_mod, "lz", _TorchArgmax()),
-                           (cuda_graph, "GREEDY_IN_GRAPH", False)],
-            "lm-prefetch": [(tg, "PREFETCH_WIDE", (4096, 1))], "lm-prefetch-8w": [(tg, "PREFETCH_WIDE", (8192, 8))],
-            "splits-1": [(paged, "MAX_SPLITS", 1)], "splits-2": [(paged, "MAX_SPLITS", 2)],
+                           (GRAPH, "greedy_in_graph", False)],
+            "lm-prefetch": [(GEMV, "prefetch_wide", (4096, 1))], "lm-prefetch-8w": [(GEMV, "prefetch_wide", (8192, 8))],
+            "splits-1": [(PAGED, "max_splits", 1)], "splits-2": [(PAGED, "max_splits", 2)],
             "l2-prefetch": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
                             (llama.Attention, "attend", _attend_l2_prefetch)],
             "l2-side-o": [(llama.Attention, "attend", _attend_l2_side),
@@ -219,26 +227,26 @@ SETTINGS = {"prefetch": [(tg, "PREFETCH", True)], "rows": [(tg, "PREFETCH", Fals
             "l2-side-o-gu": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
                              (llama.Attention, "attend", _attend_l2_side),
                              (llama.LlamaForCausalLM, "forward", _model_forward_joined), (_FLAGS, "side_gate_up", True)],
-            "gemv-old": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4))],
-            "2026-11-27": [(tg, "PREFETCH_WARPS", 4), (tg, "PREFETCH_LONG_K", (8192, 4)), (rope, "BLOCK_H_MAX", 16)],
-            "longk-16k-4w": [(tg, "PREFETCH_LONG_K", (16384, 4))], "longk-8k-8w": [(tg, "PREFETCH_LONG_K", (8192, 8))],
-            "split-2w": [(paged, "SPLIT_WARPS", 2)], "split-8w": [(paged, "SPLIT_WARPS", 8)],
-            "merge-1w": [(paged, "MERGE_WARPS", 1)], "merge-2w": [(paged, "MERGE_WARPS", 2)],
-            "early-off": [(paged, "EARLY_KV", False)], "early-on": [(paged, "EARLY_KV", True)],
-            "trigger-off": [(paged, "TRIGGER_FIRST", ()), (tg, "TRIGGER_FIRST_ROWS", 0)],
-            "trigger-merge": [(tg, "TRIGGER_FIRST_ROWS", 0)], "trigger-gemv": [(paged, "TRIGGER_FIRST", ())],
-            "trigger-both": [(paged, "TRIGGER_FIRST", ("split", "merge"))],
-            "one-pass": [(paged, "ONE_PASS", True)], "no-one-pass": [(paged, "ONE_PASS", False)],
-            "tiles-28d": [(paged, "SMALL_BATCH", (1, 2048, 32, 16)), (paged, "ONE_PASS", False)],
-            "one-pass-8w": [(paged, "ONE_PASS", True), (paged, "SPLIT_WARPS", 8)],
-            "one-pass-s32": [(paged, "SMALL_BATCH", (1, 2048, 32, 32)), (paged, "ONE_PASS", True)],
-            "rope-fused-1p": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode"), (paged, "ONE_PASS", True)],
-            "rope-fused-1p-s32": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode"), (paged, "ONE_PASS", True),
-                                  (paged, "SMALL_BATCH", (1, 2048, 32, 32))],
+            "gemv-old": [(GEMV, "prefetch_warps", 4), (GEMV, "prefetch_long_k", (8192, 4))],
+            "2026-11-27": [(GEMV, "prefetch_warps", 4), (GEMV, "prefetch_long_k", (8192, 4)), (rope, "BLOCK_H_MAX", 16)],
+            "longk-16k-4w": [(GEMV, "prefetch_long_k", (16384, 4))], "longk-8k-8w": [(GEMV, "prefetch_long_k", (8192, 8))],
+            "split-2w": [(PAGED, "split_warps", 2)], "split-8w": [(PAGED, "split_warps", 8)],
+            "merge-1w": [(PAGED, "merge_warps", 1)], "merge-2w": [(PAGED, "merge_warps", 2)],
+            "early-off": [(PAGED, "early_kv", False)], "early-on": [(PAGED, "early_kv", True)],
+            "trigger-off": [(PAGED, "trigger_first", ()), (GEMV, "trigger_first_rows", 0)],
+            "trigger-merge": [(GEMV, "trigger_first_rows", 0)], "trigger-gemv": [(PAGED, "trigger_first", ())],
+            "trigger-both": [(PAGED, "trigger_first", ("split", "merge"))],
+            "one-pass": [(PAGED, "one_pass", True)], "no-one-pass": [(PAGED, "one_pass", False)],
+            "tiles-28d": [(PAGED, "small_batch", (1, 2048, 32, 16)), (PAGED, "one_pass", False)],
+            "one-pass-8w": [(PAGED, "one_pass", True), (PAGED, "split_warps", 8)],
+            "one-pass-s32": [(PAGED, "small_batch", (1, 2048, 32, 32)), (PAGED, "one_pass", True)],
+            "rope-fused-1p": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode"), (PAGED, "one_pass", True)],
+            "rope-fused-1p-s32": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode"), (PAGED, "one_pass", True),
+                                  (PAGED, "small_batch", (1, 2048, 32, 32))],
             **{f"rope-bh{n}": [(rope, "BLOCK_H_MAX", n)] for n in (1, 2, 4, 8, 16)},
-            **{f"{name}-16k-8w": [(tg, "PREFETCH_BY_SHAPE", {shape: (16384, 8)})] for name, shape in (
+            **{f"{name}-16k-8w": [(GEMV, "prefetch_by_shape", ((shape, (16384, 8)),))] for name, shape in (
                 ("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate-up", (6144, 1024)), ("down", (1024, 3072)))},
-            **{f"{name}-4w": [(tg, "PREFETCH_BY_SHAPE", {shape: (8192, 4)})] for name, shape in (
+            **{f"{name}-4w": [(GEMV, "prefetch_by_shape", ((shape, (8192, 4)),))] for name, shape in (
                 ("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate-up", (6144, 1024)), ("down", (1024, 3072)))}}
 
 
@@ -334,18 +342,25 @@ def replay_us(graph: torch.cuda.CUDAGraph, reps: int = 200) -> float:
 
 def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> dict:
     old = []
-    paged._PLANS.clear()  # triton.paged_decode's per-signature plans read the split settings once
-    rope_paged._PLANS.clear()  # and triton.rope_paged_decode's
+    graph: dict[str, object] = {}
+    knob_blocks = contextlib.ExitStack()
+    paged._PLANS.clear()  # triton.paged_decode's per-signature plans (also dropped by every knob change)
+    rope_paged._PLANS.clear()  # and triton.rope_paged_decode's, which hold paged_decode's: made afresh
     for mod, attr, value in SETTINGS[name]:
         if mod is LOCK:
             lz.lock(attr, value)
             old.append((mod, attr, None))
-            continue
-        old.append((mod, attr, vars(mod)[attr]))
-        setattr(mod, attr, value)
+        elif mod is GRAPH:
+            graph[attr] = value
+        elif isinstance(mod, str):
+            knob_blocks.enter_context(knobs(mod, **{attr: value}))
+        else:
+            old.append((mod, attr, vars(mod)[attr]))
+            setattr(mod, attr, value)
     try:
         llm = LLM(path, device="cuda", dtype=torch.bfloat16, max_model_len=MAX_MODEL_LEN, max_num_seqs=16,
-                  num_kv_blocks=max(512, -(-MAX_MODEL_LEN // 16)))  # one sequence of max_model_len must fit
+                  num_kv_blocks=max(512, -(-MAX_MODEL_LEN // 16)),  # one sequence of max_model_len must fit
+                  cuda_graph=CudaGraphKnobs(**graph))
         sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=tokens)
         for _ in range(2):  # the first generate of a process also warms allocators and clocks
             llm.generate([PROMPT], sp, use_tqdm=False)
@@ -380,6 +395,7 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
                 lz.unlock(attr)
             else:
                 setattr(mod, attr, value)
+        knob_blocks.close()
         gc.collect()
         torch.cuda.empty_cache()
 

@@ -26,6 +26,7 @@ from gemv_prefetch import LAYERS, chain_us, run_info, save_report
 import layerzero as lz
 from layerzero.backends.triton import _gemv_kernels, _paged_kernels, _rope_kernels, paged
 from layerzero.backends.triton import gemv as tg
+from layerzero.core.knobs import knobs as set_knobs
 
 INTER = 3072
 KNOBS = [  # (block_n, num_stages, num_warps, num_splits); None = the default (128 / 3 / 4 / 6 for the 2080-token table)
@@ -79,22 +80,19 @@ def resources() -> list[str]:
 
 
 GEMV_GRID = [(8192, 4), (4096, 4), (16384, 4), (8192, 8), (16384, 8), (4096, 2), (8192, 2)]
-"""(``triton.gemv.PREFETCH_SLAB``, ``PREFETCH_WARPS``) for every projection of the layer at once (``--gemv-grid``)."""
+"""(``prefetch_slab``, ``prefetch_warps``) of the ``triton.gemv`` knobs for every projection of the layer at once
+(``--gemv-grid``)."""
 
 
 def gemv_grid(ctx: int) -> list[str]:
     """The layer chain (paged default) with the prefetch kernel's slab size and warps varied."""
     m = Model(ctx)
     rows = []
-    old = tg.PREFETCH_SLAB, tg.PREFETCH_WARPS
-    try:
-        for slab, warps in GEMV_GRID:
-            tg.PREFETCH_SLAB, tg.PREFETCH_WARPS = slab, warps
+    for slab, warps in GEMV_GRID:
+        with set_knobs(tg.KNOBS, prefetch_slab=slab, prefetch_warps=warps):
             us = chain_us(lambda i: m.layer(i, KNOBS[0]))
-            rows.append(f"| {ctx} | gemv slab {slab}, {warps} warps | {us:.2f} | |")
-            print(rows[-1], flush=True)
-    finally:
-        tg.PREFETCH_SLAB, tg.PREFETCH_WARPS = old
+        rows.append(f"| {ctx} | gemv slab {slab}, {warps} warps | {us:.2f} | |")
+        print(rows[-1], flush=True)
     return rows
 
 

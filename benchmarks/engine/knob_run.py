@@ -1,10 +1,13 @@
-"""``bench_variant.py`` with module-level knobs set first, for throughput A/Bs of launch configs that have no lock or
-``LLM`` option (``triton.gemv.PREFETCH_WARPS``, ``rope.BLOCK_H_MAX``, ...).
+"""``bench_variant.py`` with knobs set first, for throughput A/Bs of launch configs that have no lock or ``LLM``
+option: registered knobs (``layerzero.core.knobs``: ``triton.gemv:prefetch_warps=4``) or module-level constants
+(``layerzero.backends.triton.rope:BLOCK_H_MAX=16``).
 
-Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/knob_run.py NAME [module:attr=python-literal ...]``, e.g.
-``knob_run.py bh16 layerzero.backends.triton.rope:BLOCK_H_MAX=16`` (run from the repository root). With ``--pytest``
-as NAME, the knobs are followed by ``--`` and pytest's arguments: the GPU tests run in this process under the knobs
-(``knob_run.py --pytest layerzero.backends.triton.paged:PREFETCH_CACHED_KV="'pdl'" -- -q tests/engine/gpu``).
+Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/knob_run.py NAME [target:attr=python-literal ...]``, e.g.
+``knob_run.py bh16 layerzero.backends.triton.rope:BLOCK_H_MAX=16`` or ``knob_run.py s16
+triton.paged_decode:max_splits=16`` (run from the repository root): a target that is a registered knobs name is
+changed with ``configure_knobs``, any other is a module whose attribute is set. With ``--pytest`` as NAME, the knobs
+are followed by ``--`` and pytest's arguments: the GPU tests run in this process under the knobs
+(``knob_run.py --pytest triton.paged_decode:early_kv=True -- -q tests/engine/gpu``).
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import runpy
 import sys
 from pathlib import Path
 
+from layerzero.backends.triton import gemv, paged, sampling  # noqa: F401  (importing them registers their knobs)
+from layerzero.core.knobs import configure_knobs, registered
+
 
 def main(argv: list[str]) -> None:
-    """Set each ``module:attr=literal`` knob, then run ``bench_variant.py NAME`` in this process."""
+    """Set each ``target:attr=literal`` knob, then run ``bench_variant.py NAME`` in this process."""
     name, *knobs = argv
     rest: list[str] = []
     if "--" in knobs:
@@ -26,7 +32,10 @@ def main(argv: list[str]) -> None:
     for knob in knobs:
         target, value = knob.split("=", 1)
         module, attr = target.split(":")
-        setattr(importlib.import_module(module), attr, ast.literal_eval(value))
+        if module in registered():
+            configure_knobs(module, **{attr: ast.literal_eval(value)})
+        else:
+            setattr(importlib.import_module(module), attr, ast.literal_eval(value))
     if name == "--pytest":
         import pytest
 

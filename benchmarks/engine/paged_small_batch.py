@@ -1,11 +1,11 @@
-"""``triton.paged_decode``'s batch-1 tile rule (``paged.SMALL_BATCH``: 32-position tiles, at most 16 splits; applied at
-any table width here) against the
-general rule (``TILE_BYTES``' 128-position tiles, ``MAX_SPLITS``) over KV lengths the engine's A/B did not cover:
+"""``triton.paged_decode``'s batch-1 tile rule (the ``small_batch`` knob: 32-position tiles, at most 16 splits; applied
+at any table width here) against the
+general rule (``tile_bytes``' 128-position tiles, ``max_splits``) over KV lengths the engine's A/B did not cover:
 28-layer CUDA graphs of ``paged_decode`` alone (each layer its own KV pool, PDL-launched on SM 9.0+), µs per layer
 (best of 7 replays), Qwen3-0.6B's attention (16 query / 8 KV heads of 128, bf16, page 16), block tables 2048 and 40960
 tokens wide (the engine passes the width of its graphs: ``max_model_len``). Outputs of both rules are compared.
 
-Variants beyond the tile rules (``VARIANTS``): one pass (``paged.ONE_PASS``), warps.
+Variants beyond the tile rules (``VARIANTS``): one pass (the ``one_pass`` knob), warps.
 
 Usage: ``PYTHONPATH=src:benchmarks:benchmarks/engine python benchmarks/engine/paged_small_batch.py [--contexts
 512,1024,4096,16384] [--widths 2048,40960] [--variants NAME,...] [--out FILE]`` (CUDA).
@@ -20,23 +20,25 @@ from gemv_prefetch import LAYERS, chain_us, run_info, save_report
 
 import layerzero as lz
 from layerzero.backends.triton import paged as tp
+from layerzero.core.knobs import knobs
 
 HQ, HKV, D, PAGE = 16, 8, 128, 16
 VARIANTS: dict[str, dict[str, object]] = {
-    "general": {"SMALL_BATCH": None},
-    "small": {"SMALL_BATCH": (1, 1 << 30, 32, 16)},
-    "32/32": {"SMALL_BATCH": (1, 1 << 30, 32, 32)},
-    "64/32": {"SMALL_BATCH": (1, 1 << 30, 64, 32)},
-    "small-1p": {"SMALL_BATCH": (1, 1 << 30, 32, 16), "ONE_PASS": True},
-    "small-1p-8w": {"SMALL_BATCH": (1, 1 << 30, 32, 16), "ONE_PASS": True, "SPLIT_WARPS": 8},
-    "32/32-1p": {"SMALL_BATCH": (1, 1 << 30, 32, 32), "ONE_PASS": True},
-    "32/32-1p-early": {"SMALL_BATCH": (1, 1 << 30, 32, 32), "ONE_PASS": True, "EARLY_KV": True},
-    "64/16-1p": {"SMALL_BATCH": (1, 1 << 30, 64, 16), "ONE_PASS": True},
+    "general": {"small_batch": None},
+    "small": {"small_batch": (1, 1 << 30, 32, 16)},
+    "32/32": {"small_batch": (1, 1 << 30, 32, 32)},
+    "64/32": {"small_batch": (1, 1 << 30, 64, 32)},
+    "small-1p": {"small_batch": (1, 1 << 30, 32, 16), "one_pass": True},
+    "small-1p-8w": {"small_batch": (1, 1 << 30, 32, 16), "one_pass": True, "split_warps": 8},
+    "32/32-1p": {"small_batch": (1, 1 << 30, 32, 32), "one_pass": True},
+    "32/32-1p-early": {"small_batch": (1, 1 << 30, 32, 32), "one_pass": True, "early_kv": True},
+    "64/16-1p": {"small_batch": (1, 1 << 30, 64, 16), "one_pass": True},
 }
-"""Settings of ``paged`` per variant (``--variants``: names, comma-separated; default the first four): ``general``
-(128-position tiles, at most 32 splits), ``small`` (``SMALL_BATCH``'s 32 / 16), ``32/32`` and ``64/32`` (tile / most
-splits), ``-1p`` (``ONE_PASS``: a split's tiles gathered at once where it has at most 4), ``-8w`` (8 warps a split
-program), ``-early`` (``EARLY_KV`` on: K / V but the newest read before the PDL wait); every other setting as the module has it."""
+"""``triton.paged_decode`` knobs per variant (``--variants``: names, comma-separated; default the first four):
+``general`` (128-position tiles, at most 32 splits), ``small`` (``small_batch``'s 32 / 16), ``32/32`` and ``64/32``
+(tile / most splits), ``-1p`` (``one_pass``: a split's tiles gathered at once where it has at most 4), ``-8w`` (8 warps
+a split program), ``-early`` (``early_kv`` on: K / V but the newest read before the PDL wait); every other knob as in
+force."""
 
 
 def run(ctx: int, width: int, variants: list[str]) -> list[str]:
@@ -55,20 +57,12 @@ def run(ctx: int, width: int, variants: list[str]) -> list[str]:
 
     rows, want = [], None
     for name in variants:
-        old = {k: getattr(tp, k) for k in VARIANTS[name]}
-        try:
-            for k, v in VARIANTS[name].items():
-                setattr(tp, k, v)
-            tp._PLANS.clear()
+        with knobs(tp.KNOBS, **VARIANTS[name]):  # the plans are made afresh under them
             got = layer(0).float()
             want = got if want is None else want
             err = (got - want).abs().max().item()
             rows.append(f"| {ctx} | {width} | {name} | {chain_us(layer):.2f} | {err:.2g} |")
             print(rows[-1], flush=True)
-        finally:
-            for k, v in old.items():
-                setattr(tp, k, v)
-            tp._PLANS.clear()
     return rows
 
 
