@@ -13,17 +13,17 @@ Exceptions, reads before the wait (each kernel names them): inputs that no kerne
 kernel just before it writes. Model weights (``triton.gemv``'s slab), RoPE's positions and cos / sin tables, and a
 decode step's block tables and sequence lengths are written by no LayerZero kernel (step metadata comes from the host
 or is copied before the step; a kernel that is not PDL-aware lets the next one start only when it has completed).
-With ``paged.EARLY_KV`` (off by default) ``triton.paged_decode``'s batch-1 split kernel also reads the K / V of every
+With the ``early_kv`` knob (off by default) ``triton.paged_decode``'s batch-1 split kernel also reads the K / V of every
 position but each sequence's newest before its wait: in a decode step only the newest position is written, by the KV
 write before the attention. A caller that writes one of these with its own PDL-triggering kernel inside a captured
 step would race; copy them before the step, as engines do.
 
 Most kernels let the next one launch only after their own wait, so a kernel starts once every kernel two or more
 launches back has completed. A few let it launch first (``gdc_enter``'s ``FIRST``: the batch-1 split merge,
-``paged.TRIGGER_FIRST``; one-row prefetch GEMVs, ``gemv.TRIGGER_FIRST_ROWS``), so the next projection's weight slab
-streams while they wait: its pre-wait reads then run beside several kernels before it, which is still safe because
-they are only of the inputs above, and its wait still covers them all (every kernel waits for the one before it
-before it completes, so one kernel's completion implies all earlier ones').
+``PagedDecodeKnobs.trigger_first``; one-row prefetch GEMVs, ``GemvKnobs.trigger_first_rows``), so the next
+projection's weight slab streams while they wait: its pre-wait reads then run beside several kernels before it, which
+is still safe because they are only of the inputs above, and its wait still covers them all (every kernel waits for
+the one before it before it completes, so one kernel's completion implies all earlier ones').
 Both instructions are no-ops in a kernel launched without the attribute. The host side (when to ask for it) is
 ``_launch.pdl_kwargs``.
 """
