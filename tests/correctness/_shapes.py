@@ -528,12 +528,13 @@ def skip_if_off_on_this_cpu(kernel_id: str, ran: int, drawn: int, rejected: dict
 
 
 def run_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", target: int = MIN_CASES,
-               known_bug: KnownBug | None = None) -> KernelRun:
+               known_bug: KnownBug | None = None, first_seed: int = 0) -> KernelRun:
     """Lock ``op`` to ``kernel_id`` and run seeded cases until ``target`` ran (cases ``lz.validate`` rejects, or
     ``known_bug`` excludes, are skipped and counted), comparing each output with the float64 oracle. Each case
     gets the features the kernel requires (:func:`fit_call`: ALiBi slopes for ``triton.attention``), so a kernel
     that serves only such calls is swept too. CUDA work is synchronized per case so an error names its case; a
-    CUDA error ends the run."""
+    CUDA error ends the run. ``first_seed``: where the seeds start (a part of a sweep split across processes
+    draws its own seeds)."""
     import layerzero as lz
 
     fn, make, cuda = getattr(lz, op), CALLS[op], torch.device(device).type == "cuda"
@@ -544,7 +545,7 @@ def run_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", target
     lz.lock(op, kernel_id)
     try:
         with lz.trace() as tr:
-            for seed in range(MAX_CANDIDATES):
+            for seed in range(first_seed, first_seed + MAX_CANDIDATES):
                 if ran >= target:
                     break
                 drawn += 1
