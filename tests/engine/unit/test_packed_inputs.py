@@ -111,7 +111,7 @@ def test_layout_matches_the_staging_offsets(runner):
     sizes = pack_nbytes(8, 6)
     offs, total = offsets(sizes)
     assert [b.numel() for b in runner.packs[8]] == [total] * LANES and offs[3] == 3 * 64 and sizes[3] == 8 * 6 * 4
-    assert len(runner.packs[16]) == 1 and runner.pack_for(9, 6, 1).lane == 0  # above LANE_MAX_BATCH: one lane
+    assert len(runner.packs[16]) == 1 and runner.pack_for(9, 6, 1).lane == 0  # above lane_max_batch: one lane
     ids, pos, slots, tables, lens = runner._packed_views(8)
     assert tables.shape == (8, 6) and lens.dtype == torch.int32 and slots.dtype == torch.int64
     assert slots.tolist() == [-1] * 8 and lens.tolist() == [1] * 8  # a capture's dummy step
