@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _wiring  # noqa: F401 - installs core's runtime hooks (the ops loader, autotune, canary)
+from ._version import __version__
 from .api import (
     TuneReport,
     configure,
@@ -56,6 +57,8 @@ from .core.errors import (
     UnknownKernelError,
     UnknownOperationError,
 )
+from .core.knobs import configure_knobs, knobs, reset_knobs
+from .core.knobs import get as get_knobs
 from .core.quant_format import QuantFormat, QuantizedTensor
 from .core.reasons import Reason, ReasonCode
 from .core.report import SelectionReport
@@ -80,8 +83,6 @@ from .planning import (
     uninstall_table,
 )
 from .tokenization import Encoding, IncrementalDetokenizer, detokenize, tokenize
-
-from ._version import __version__
 
 
 def doctor(*, print_report: bool = True) -> Any:
@@ -170,5 +171,6 @@ __all__ = [  # the op functions follow from ops.__all__ (derived from the OpDefs
     "QuantFormat", "QuantizedTensor",
     "Encoding", "IncrementalDetokenizer", "detokenize", "tokenize",
     "BlockOp", "BlockPlan", "plan_block",
+    "configure_knobs", "get_knobs", "knobs", "reset_knobs",
     *_ops_all,
 ]

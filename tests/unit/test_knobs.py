@@ -276,3 +276,24 @@ def test_register_checks_and_subscribe(demo):
         kb.register("test.demo", _Other())
     kb.register("test.demo", _Demo(size=5))  # the same class again (a module reload): the new default
     assert kb.get("test.demo").size == 5 and kb.default_knobs("test.demo").size == 5
+
+
+def test_public_knobs_api_works_before_any_op_call_and_invalidates_selections():
+    """``lz.configure_knobs`` in a fresh interpreter, before any op ran (the package's wiring loads the modules
+    that register knobs), and a change bumps the configuration epoch that cached selections are checked against."""
+    import subprocess
+    import sys
+
+    code = (
+        "import layerzero as lz\n"
+        "from layerzero.core import config\n"
+        "e = config._STATE.epoch\n"
+        "new = lz.configure_knobs('triton.gemv', max_rows=4)\n"
+        "assert new.max_rows == 4 and lz.get_knobs('triton.gemv') is new\n"
+        "assert config._STATE.epoch > e, (e, config._STATE.epoch)\n"
+        "lz.reset_knobs('triton.gemv')\n"
+        "assert lz.get_knobs('triton.gemv').max_rows == 8\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -181,9 +181,14 @@ def knobs(name: str, **fields: Any) -> Iterator[Any]:
             _install(name, before)
 
 
+ANY = "*"
+"""The name :func:`subscribe` takes to hear every module's changes (the package's wiring invalidates cached
+selections then, as ``lz.configure`` does: a selection check may read a knob)."""
+
+
 def subscribe(name: str, callback: Callable[[], None]) -> None:
-    """Call ``callback()`` after every change of ``name``'s knobs (a module clears its cached launch plans). The name
-    need not be registered yet."""
+    """Call ``callback()`` after every change of ``name``'s knobs (a module clears its cached launch plans), or of
+    any module's with :data:`ANY`. The name need not be registered yet."""
     with _LOCK:
         _LISTENERS.setdefault(name, []).append(callback)
 
@@ -238,7 +243,7 @@ def _install(name: str, value: Any) -> None:
     with _LOCK:
         _CURRENT[name] = value
         _GENERATION[0] += 1
-        listeners = list(_LISTENERS.get(name, ()))
+        listeners = list(_LISTENERS.get(name, ())) + list(_LISTENERS.get(ANY, ()))
     for callback in listeners:
         callback()
 

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from layerzero.core import knobs
 from layerzero.core.capture import AS_CAPTURED, capturing_now
 from layerzero.core.context import SelectionContext
 from layerzero.core.reasons import Reason, ReasonCode
@@ -37,6 +38,7 @@ NUM_SPLITS: int | None = None
 
 _KERNELS = LazyModule("_rope_paged_kernels")
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
+knobs.subscribe(paged.KNOBS, _PLANS.clear)  # its plans hold paged._plan's choices: dropped when those knobs change
 _SERIALS = itertools.count()
 
 
