@@ -8,10 +8,7 @@ from pathlib import Path
 import layerzero as lz
 
 SECTIONS = {
-    "Ops": ["attention", "rms_norm", "layer_norm", "rope", "qk_norm_rope", "swiglu", "fused_moe", "sample_topk", "sample_topp", "sample",
-            "sample_greedy",
-            "apply_penalties", "geglu", "reglu", "embedding", "linear", "rms_norm_linear", "swiglu_linear",
-            "linear_cross_entropy"],
+    "Ops": [],  # every op not in another section, in definition order (derived from lz.ops.OPDEFS below)
     "Quantization (docs/quantization.md)": ["quantize", "dequantize", "quantized_linear", "fp8_linear"],
     "Tokenization (docs/tokenization.md)": ["tokenize", "detokenize", "IncrementalDetokenizer"],
     "Paged KV cache (serving)": ["paged_attention", "reshape_and_cache", "qk_norm_rope_cache", "rope_paged_attention",
@@ -19,7 +16,8 @@ SECTIONS = {
     "Configuration and policy": ["configure", "get_config", "load_config", "reload", "lock", "unlock", "get_locks",
                                  "prefer", "disabled", "load_capabilities"],
     "Inspection": ["select", "explain", "which", "validate", "list_kernels", "trace", "doctor"],
-    "Kernels and tuning": ["register_kernel", "kernel", "unregister_kernel", "tune"],
+    "Kernels and tuning": ["register_kernel", "kernel", "unregister_kernel", "tune", "configure_knobs", "knobs",
+                           "get_knobs", "reset_knobs"],
     "Block planning (docs/block_planning.md)": ["plan_block", "BlockPlan", "BlockOp"],
     "CUDA graphs": ["is_graph_safe", "warmup", "validate_graph_capture"],
     "Offline plans and readiness (docs/planning.md)": ["solve", "DispatchTable", "load_table", "install_table",
@@ -29,6 +27,8 @@ SECTIONS = {
     "Distributed (lz.distributed, docs/distributed.md)": ["distributed.sync_selection", "distributed.unsync",
                                                          "distributed.current"],
 }
+_ELSEWHERE = {name for names in SECTIONS.values() for name in names}
+SECTIONS["Ops"] = [d.public.__name__ for d in lz.ops.OPDEFS if d.public is not None and d.public.__name__ not in _ELSEWHERE]
 
 
 def render() -> str:
