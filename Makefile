@@ -37,7 +37,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_dispatch.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks fuzz
+	$(VENV)/bin/ruff format --check src tests benchmarks fuzz tools
+	$(VENV)/bin/ruff check src tests benchmarks fuzz tools
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,9 +1,10 @@
-"""Measure one :class:`~_ship_grid.Case`: every eligible kernel checked against the reference and timed, with the
-harness ``lz.tune`` uses (``layerzero.tuning.autotune.measure_context``: same eligibility, check and
+"""Measure one :class:`~_ship_grid.Case`: every eligible kernel checked against the reference and timed, with
+the harness ``lz.tune`` uses (``layerzero.tuning.autotune.measure_context``: same eligibility, check and
 ``time_kernel``); plus the JIT pre-warm workers of ``ship_timings.py`` / ``hidden_shapes.py``.
 
-Worker: ``python benchmarks/_ship_measure.py <device> '<json list of cases>'`` calls every eligible kernel of each
-(tiny) case once (FlashInfer / Triton compile on first use; the compiled modules land in their on-disk caches).
+Worker: ``python benchmarks/_ship_measure.py <device> '<json list of cases>'`` calls every eligible kernel of
+each (tiny) case once (FlashInfer / Triton compile on first use; the compiled modules land in their on-disk
+caches).
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ class Measured:
 
     def ok(self) -> dict[str, float]:
         """Kernel id -> median µs of the kernels that passed the check and were timed."""
-        return {r.kernel_id: r.median_us for r in self.rows if r.status is TuneStatus.OK and r.median_us is not None}
+        return {
+            r.kernel_id: r.median_us
+            for r in self.rows
+            if r.status is TuneStatus.OK and r.median_us is not None
+        }
 
     def fastest(self) -> tuple[str, float] | None:
         """(kernel id, median µs) of the fastest correct kernel, or None."""
@@ -64,12 +69,17 @@ def prepare_case(case: Case, device: torch.device) -> tuple[SelectionContext, tu
     return build_ctx(key), canonical
 
 
-def measure_case(case: Case, device: torch.device, timing: dict[str, Any], exclude: tuple[str, ...] = (),
-                 materializing_gib_max: float = 2.0) -> Measured:
+def measure_case(
+    case: Case,
+    device: torch.device,
+    timing: dict[str, Any],
+    exclude: tuple[str, ...] = (),
+    materializing_gib_max: float = 2.0,
+) -> Measured:
     """Check and time every eligible kernel of ``case`` (``timing``: ``warmup``, ``iters``, ``repeats``,
-    ``max_time_s``); kernels matching ``exclude`` are not run, nor the materializing ones when the score matrix
-    is over ``materializing_gib_max`` GiB (the reference output is then computed in chunks). Exceptions of the
-    reference kernel and of input allocation propagate."""
+    ``max_time_s``); kernels matching ``exclude`` are not run, nor the materializing ones when the score
+    matrix is over ``materializing_gib_max`` GiB (the reference output is then computed in chunks). Exceptions
+    of the reference kernel and of input allocation propagate."""
     ctx, canonical = prepare_case(case, device)
     skip = tuple(exclude) + (MATERIALIZING if scores_bytes(case) > materializing_gib_max * (1 << 30) else ())
     results = measure_context(RUNTIME, ctx, canonical, exclude=skip, **timing)
@@ -77,8 +87,14 @@ def measure_case(case: Case, device: torch.device, timing: dict[str, Any], exclu
     return Measured(case, ctx, rows, {r.kernel_id: kept for r, kept in results}, skip)
 
 
-def measure_rounds(case: Case, device: torch.device, timing: dict[str, Any], exclude: tuple[str, ...],
-                   materializing_gib_max: float, rounds: int) -> Measured:
+def measure_rounds(
+    case: Case,
+    device: torch.device,
+    timing: dict[str, Any],
+    exclude: tuple[str, ...],
+    materializing_gib_max: float,
+    rounds: int,
+) -> Measured:
     """``measure_case`` ``rounds`` times; a kernel's median is the smallest of its rounds' medians (a busy
     machine only ever slows a round down), and a kernel that failed in any round keeps its failed row."""
     ms = [measure_case(case, device, timing, exclude, materializing_gib_max) for _ in range(max(1, rounds))]
@@ -98,11 +114,13 @@ def measure_rounds(case: Case, device: torch.device, timing: dict[str, Any], exc
     return first
 
 
-def prewarm_cases(cases: list[Case], device: torch.device, procs: int, timeout_s: float = 180.0
-                  ) -> tuple[float, list[str]]:
-    """Compile the JIT kernels of ``cases`` before timing: one tiny case per distinct JIT signature, dealt over
-    ``procs`` worker processes (each imports torch once and runs its share; ``_sweep_prewarm.run_workers``).
-    The compiled modules land in FlashInfer's / Triton's on-disk caches. Returns (seconds, failure messages)."""
+def prewarm_cases(
+    cases: list[Case], device: torch.device, procs: int, timeout_s: float = 180.0
+) -> tuple[float, list[str]]:
+    """Compile the JIT kernels of ``cases`` before timing: one tiny case per distinct JIT signature, dealt
+    over ``procs`` worker processes (each imports torch once and runs its share;
+    ``_sweep_prewarm.run_workers``). The compiled modules land in FlashInfer's / Triton's on-disk caches.
+    Returns (seconds, failure messages)."""
     from _sweep_prewarm import run_workers
 
     seen: dict[tuple[Any, ...], Case] = {}
@@ -110,13 +128,16 @@ def prewarm_cases(cases: list[Case], device: torch.device, procs: int, timeout_s
         seen.setdefault(c.signature, c.tiny())
     tiny = list(seen.values())
     n = max(1, min(procs, len(tiny)))
-    commands = [[sys.executable, __file__, str(device), json.dumps([c.to_dict() for c in tiny[i::n]])]
-                for i in range(n)]
+    commands = [
+        [sys.executable, __file__, str(device), json.dumps([c.to_dict() for c in tiny[i::n]])]
+        for i in range(n)
+    ]
     return run_workers(commands, n, timeout_s)
 
 
 def _worker(device_name: str, spec: str) -> int:
-    """Call every eligible kernel (except reference and compiled flex) of each tiny case once; print failures."""
+    """Call every eligible kernel (except reference and compiled flex) of each tiny case once; print
+    failures."""
     device = torch.device(device_name)
     bad = 0
     for case in (Case(**d) for d in json.loads(spec)):

@@ -1,11 +1,11 @@
 """Measurements of the H200 sweep: enumerate, check and time every kernel of one shape, tune, time again.
 
 Candidates come from the public API (``lz.explain``: every kernel selection would consider for these inputs)
-and are bound exactly as an ``ExecutionPlan`` binds them (``layerzero.tuning.bind``); timing reuses the
-tuning harness (``layerzero.tuning.time_kernel``: warm-up, CUDA events, µs per call; ``sample_stats``:
-median / p95 after outlier removal), interleaved in rounds so that clock drift hits every kernel alike.
-Each kernel is first checked against a float64 reference on a slice of the output (``_sweep_shapes``); a
-kernel outside the dtype's tolerance (``layerzero.tuning.TOLERANCES``) or that raises is recorded and not timed.
+and are bound exactly as an ``ExecutionPlan`` binds them (``layerzero.tuning.bind``); timing reuses the tuning
+harness (``layerzero.tuning.time_kernel``: warm-up, CUDA events, µs per call; ``sample_stats``: median / p95
+after outlier removal), interleaved in rounds so that clock drift hits every kernel alike. Each kernel is
+first checked against a float64 reference on a slice of the output (``_sweep_shapes``); a kernel outside the
+dtype's tolerance (``layerzero.tuning.TOLERANCES``) or that raises is recorded and not timed.
 """
 
 from __future__ import annotations
@@ -30,8 +30,22 @@ from layerzero.ops import OPS
 from layerzero.tuning import TOLERANCES, TuneStatus, bind, sample_stats, time_kernel
 
 BANDWIDTH_KINDS = ("kernel", "copy", "lz_graph")
-__all__ = ["COLUMNS", "COPY", "LZ_CALL", "LZ_GRAPH", "SDPA_DEFAULT", "SDPA_KERNELS", "Timing", "fill_sdpa_choice",
-           "copy_callee", "graph_callee", "measure_shape", "retime_shape", "sdpa_choice", "tune_shape"]
+__all__ = [
+    "COLUMNS",
+    "COPY",
+    "LZ_CALL",
+    "LZ_GRAPH",
+    "SDPA_DEFAULT",
+    "SDPA_KERNELS",
+    "Timing",
+    "fill_sdpa_choice",
+    "copy_callee",
+    "graph_callee",
+    "measure_shape",
+    "retime_shape",
+    "sdpa_choice",
+    "tune_shape",
+]
 
 log = logging.getLogger("layerzero.benchmarks.sweep")
 
@@ -43,10 +57,41 @@ LZ_GRAPH = "lz.graph"
 GRAPH_CALLS = 10
 """Calls captured in one CUDA graph for the ``lz_graph`` rows (µs per call = replay / this)."""
 
-COLUMNS = ("shape_id", "op", "phase", "B", "Sq", "Skv", "Hq", "Hkv", "D", "dtype", "page", "kernel_id", "row_kind",
-           "status", "correct", "max_rel_err", "first_ms", "check_ms", "median_us", "p95_us", "samples", "tuned_median_us",
-           "tuned_p95_us", "is_pick_default", "is_pick_tuned", "is_sdpa_default", "kv_bytes", "gbps", "tuned_by",
-           "sdpa_kernel", "graph_us", "tuned_graph_us", "detail")
+COLUMNS = (
+    "shape_id",
+    "op",
+    "phase",
+    "B",
+    "Sq",
+    "Skv",
+    "Hq",
+    "Hkv",
+    "D",
+    "dtype",
+    "page",
+    "kernel_id",
+    "row_kind",
+    "status",
+    "correct",
+    "max_rel_err",
+    "first_ms",
+    "check_ms",
+    "median_us",
+    "p95_us",
+    "samples",
+    "tuned_median_us",
+    "tuned_p95_us",
+    "is_pick_default",
+    "is_pick_tuned",
+    "is_sdpa_default",
+    "kv_bytes",
+    "gbps",
+    "tuned_by",
+    "sdpa_kernel",
+    "graph_us",
+    "tuned_graph_us",
+    "detail",
+)
 """sweep.csv columns. row_kind: ``kernel`` (a registered kernel, bound bare), ``sdpa_default``, ``lz_call``,
 ``copy``, and for paged decode at B >= 64 ``lz_graph`` (the lz call replayed from a CUDA graph of
 :data:`GRAPH_CALLS` calls: kernel time without host overhead; it runs the graph-safe kernel selection picks
@@ -54,9 +99,9 @@ under capture). The copy stays eager: captured in a graph, a device-to-device co
 ~2.7 TB/s on the H200 instead of ~4.2 TB/s, which would flatter the kernels. sdpa_kernel (SDPA default row):
 the sub-backend SDPA itself runs for these inputs (``torch._fused_sdp_choice``). graph_us / tuned_graph_us
 (attention shapes on CUDA, the pick's row and the SDPA default row of that pass): µs per call replayed from a
-CUDA graph (kernel time without host launch time; empty when the callable cannot be captured). status: ``ok`` (checked and
-timed), ``incorrect``, ``error``, ``skipped``. µs per call; gbps in GB/s (1e9 bytes/s): KV bytes read / time
-for kernels, (read + write) / time for the copy."""
+CUDA graph (kernel time without host launch time; empty when the callable cannot be captured). status: ``ok``
+(checked and timed), ``incorrect``, ``error``, ``skipped``. µs per call; gbps in GB/s (1e9 bytes/s): KV bytes
+read / time for kernels, (read + write) / time for the copy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +160,26 @@ def _free(device: torch.device) -> None:
 
 def _base(shape: Shape, shape_id: int, kernel_id: str, kind: str, kv_bytes: int) -> dict[str, Any]:
     row = dict.fromkeys(COLUMNS, "")
-    row.update(shape_id=shape_id, op=shape.op, phase=shape.phase, B=shape.batch, Sq=shape.q_len, Skv=shape.kv_len,
-               Hq=shape.hq, Hkv=shape.hkv, D=shape.head_dim, dtype=shape.dtype, page=shape.page,
-               kernel_id=kernel_id, row_kind=kind, is_pick_default=False, is_pick_tuned=False,
-               is_sdpa_default=False, kv_bytes=kv_bytes, status="skipped")
+    row.update(
+        shape_id=shape_id,
+        op=shape.op,
+        phase=shape.phase,
+        B=shape.batch,
+        Sq=shape.q_len,
+        Skv=shape.kv_len,
+        Hq=shape.hq,
+        Hkv=shape.hkv,
+        D=shape.head_dim,
+        dtype=shape.dtype,
+        page=shape.page,
+        kernel_id=kernel_id,
+        row_kind=kind,
+        is_pick_default=False,
+        is_pick_tuned=False,
+        is_sdpa_default=False,
+        kv_bytes=kv_bytes,
+        status="skipped",
+    )
     return row
 
 
@@ -134,8 +195,12 @@ def _sdpa(shape: Shape, inputs: Inputs) -> Callable[[], Any]:
     return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
 
-SDPA_KERNELS = {"FLASH_ATTENTION": "torch_sdpa.flash", "EFFICIENT_ATTENTION": "torch_sdpa.efficient",
-                "CUDNN_ATTENTION": "torch_sdpa.cudnn", "MATH": "torch_sdpa.math"}
+SDPA_KERNELS = {
+    "FLASH_ATTENTION": "torch_sdpa.flash",
+    "EFFICIENT_ATTENTION": "torch_sdpa.efficient",
+    "CUDNN_ATTENTION": "torch_sdpa.cudnn",
+    "MATH": "torch_sdpa.math",
+}
 
 
 def sdpa_choice(shape: Shape, inputs: Inputs) -> str:
@@ -143,18 +208,20 @@ def sdpa_choice(shape: Shape, inputs: Inputs) -> str:
     private function SDPA itself dispatches on; ``""`` when it is missing or fails)."""
     q, k, v = inputs.args
     try:
-        choice = torch._fused_sdp_choice(q, k, v, None, 0.0, inputs.kwargs["is_causal"], scale=None,
-                                         enable_gqa=shape.hq != shape.hkv)
+        choice = torch._fused_sdp_choice(
+            q, k, v, None, 0.0, inputs.kwargs["is_causal"], scale=None, enable_gqa=shape.hq != shape.hkv
+        )
         from torch.nn.attention import SDPBackend
+
         return SDPA_KERNELS.get(SDPBackend(choice).name, SDPBackend(choice).name)
     except Exception:  # noqa: BLE001 - private API: the column stays empty
         return ""
 
 
 def fill_sdpa_choice(rows: list[dict[str, Any]], device: torch.device) -> int:
-    """Fill an empty ``sdpa_kernel`` of every SDPA-default row (a CSV written before the column was filled) from
-    the shape's inputs rebuilt on ``device``; returns how many rows were filled. The choice depends on shapes,
-    dtypes and the device only, so the rows' measurements stay valid."""
+    """Fill an empty ``sdpa_kernel`` of every SDPA-default row (a CSV written before the column was filled)
+    from the shape's inputs rebuilt on ``device``; returns how many rows were filled. The choice depends on
+    shapes, dtypes and the device only, so the rows' measurements stay valid."""
     done = 0
     for r in rows:
         if r["row_kind"] != "sdpa_default" or r.get("sdpa_kernel"):
@@ -169,9 +236,9 @@ def fill_sdpa_choice(rows: list[dict[str, Any]], device: torch.device) -> int:
 
 
 def graph_callee(row: dict[str, Any], fn: Callable[[], Any], device: torch.device) -> _Callee:
-    """A callee replaying ``fn`` captured :data:`GRAPH_CALLS` times in one CUDA graph (``fn`` warmed up on a side
-    stream first, as the PyTorch CUDA-graphs notes do). For ``lz.*`` calls ``lz.warmup`` must have filled the
-    capture-time selection first. Capture errors propagate."""
+    """A callee replaying ``fn`` captured :data:`GRAPH_CALLS` times in one CUDA graph (``fn`` warmed up on a
+    side stream first, as the PyTorch CUDA-graphs notes do). For ``lz.*`` calls ``lz.warmup`` must have filled
+    the capture-time selection first. Capture errors propagate."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -184,17 +251,20 @@ def graph_callee(row: dict[str, Any], fn: Callable[[], Any], device: torch.devic
         for _ in range(GRAPH_CALLS):
             fn()
     served = [k for (_, k), _ in tr.counts.most_common()]
-    row.update(status="ok", detail=f"CUDA graph of {GRAPH_CALLS} calls" + (f"; ran {', '.join(served)}"
-                                                                           if served else ""))
+    row.update(
+        status="ok",
+        detail=f"CUDA graph of {GRAPH_CALLS} calls" + (f"; ran {', '.join(served)}" if served else ""),
+    )
     row["_graph"] = graph  # keeps the graph (and its pool) alive while it is timed
     return _Callee(row, graph.replay, (), calls=GRAPH_CALLS)
 
 
-def graph_kernel_times(pairs: list[tuple[dict[str, Any], Callable[[], Any]]], device: torch.device,
-                       timing: Timing, column: str) -> None:
-    """Kernel time of each ``(row, fn)``: ``fn`` captured :data:`GRAPH_CALLS` times in a CUDA graph, the replays
-    timed interleaved in ``timing.rounds`` rounds; µs per call into ``row[column]``. A callable that cannot be
-    captured (e.g. it plans on the host) keeps an empty column."""
+def graph_kernel_times(
+    pairs: list[tuple[dict[str, Any], Callable[[], Any]]], device: torch.device, timing: Timing, column: str
+) -> None:
+    """Kernel time of each ``(row, fn)``: ``fn`` captured :data:`GRAPH_CALLS` times in a CUDA graph, the
+    replays timed interleaved in ``timing.rounds`` rounds; µs per call into ``row[column]``. A callable that
+    cannot be captured (e.g. it plans on the host) keeps an empty column."""
     callees = []
     for row, fn in pairs:
         try:
@@ -205,19 +275,31 @@ def graph_kernel_times(pairs: list[tuple[dict[str, Any], Callable[[], Any]]], de
     samples: dict[int, list[float]] = {i: [] for i in range(len(callees))}
     for r in range(timing.rounds):
         for i, c in enumerate(callees):
-            samples[i] += time_kernel(c.fn, (), device, warmup=2 if r == 0 else 1, iters=max(1, timing.iters // 2),
-                                      repeats=timing.repeats, max_time_s=timing.max_time_s)
+            samples[i] += time_kernel(
+                c.fn,
+                (),
+                device,
+                warmup=2 if r == 0 else 1,
+                iters=max(1, timing.iters // 2),
+                repeats=timing.repeats,
+                max_time_s=timing.max_time_s,
+            )
     for i, c in enumerate(callees):
         c.row["_target"][column] = round(sample_stats([x / c.calls for x in samples[i]]).median_us, 3)
     del callees
     _free(device)
 
 
-def _graph_callees(shape: Shape, shape_id: int, inputs: Inputs, device: torch.device,
-                   rows: dict[str, dict[str, Any]] | None = None) -> list[_Callee]:
-    """The lz call replayed from a CUDA graph (paged decode at B >= 64; see :data:`COLUMNS`); after ``lz.warmup``
-    filled the capture-time selection. A capture that fails leaves the row with status ``error`` (never timed).
-    ``rows``: reuse the pass-1 row (pass 2)."""
+def _graph_callees(
+    shape: Shape,
+    shape_id: int,
+    inputs: Inputs,
+    device: torch.device,
+    rows: dict[str, dict[str, Any]] | None = None,
+) -> list[_Callee]:
+    """The lz call replayed from a CUDA graph (paged decode at B >= 64; see :data:`COLUMNS`); after
+    ``lz.warmup`` filled the capture-time selection. A capture that fails leaves the row with status ``error``
+    (never timed). ``rows``: reuse the pass-1 row (pass 2)."""
     args, kwargs = inputs.args, inputs.kwargs
     row = (rows or {}).get(LZ_GRAPH) or _base(shape, shape_id, LZ_GRAPH, "lz_graph", inputs.kv_bytes)
     before = row["detail"] if rows is not None else ""
@@ -234,8 +316,14 @@ def _graph_callees(shape: Shape, shape_id: int, inputs: Inputs, device: torch.de
     return [callee]
 
 
-def _check(callee: _Callee, shape: Shape, inputs: Inputs, device: torch.device, timing: Timing,
-           memo: dict[Any, torch.Tensor]) -> bool:
+def _check(
+    callee: _Callee,
+    shape: Shape,
+    inputs: Inputs,
+    device: torch.device,
+    timing: Timing,
+    memo: dict[Any, torch.Tensor],
+) -> bool:
     """Run once (timed: ``first_ms`` includes any JIT compilation) and compare with the float64 reference
     slice; then one warm call (timed: ``check_ms``, decides ``slow``). Fills the row's status / correct /
     max_rel_err / first_ms / check_ms / detail; True when it may be timed."""
@@ -250,8 +338,11 @@ def _check(callee: _Callee, shape: Shape, inputs: Inputs, device: torch.device, 
         tol = TOLERANCES[DTYPES[shape.dtype]]
         row.update(max_rel_err=err, correct=err <= tol)
         if err > tol:
-            row.update(status="incorrect", detail=f"max |out - ref| / (1 + |ref|) = {err:.3g} > {tol:g} "
-                                                 f"({shape.dtype} tolerance, float64 reference slice)")
+            row.update(
+                status="incorrect",
+                detail=f"max |out - ref| / (1 + |ref|) = {err:.3g} > {tol:g} "
+                f"({shape.dtype} tolerance, float64 reference slice)",
+            )
             log.warning("sweep %s: %s is incorrect (%s)", shape.label(), row["kernel_id"], row["detail"])
             return False
         t0 = time.perf_counter()
@@ -277,9 +368,15 @@ def _time_all(callees: list[_Callee], device: torch.device, timing: Timing, tune
             if c.row["status"] == "error" or (c.slow and r > 0):
                 continue
             try:
-                samples[i] += time_kernel(c.fn, c.args, device, warmup=timing.warmup if r == 0 else 1,
-                                          iters=1 if c.slow else timing.iters,
-                                          repeats=1 if c.slow else timing.repeats, max_time_s=timing.max_time_s)
+                samples[i] += time_kernel(
+                    c.fn,
+                    c.args,
+                    device,
+                    warmup=timing.warmup if r == 0 else 1,
+                    iters=1 if c.slow else timing.iters,
+                    repeats=1 if c.slow else timing.repeats,
+                    max_time_s=timing.max_time_s,
+                )
             except Exception as exc:  # noqa: BLE001
                 _free(device)
                 c.row.update(status="error", detail=f"timing raised {type(exc).__name__}: {str(exc)[:300]}")
@@ -298,8 +395,9 @@ def _time_all(callees: list[_Callee], device: torch.device, timing: Timing, tune
             c.row["gbps"] = round(factor * kv / (st.median_us * 1e-6) / 1e9, 2)
 
 
-def _callees(shape: Shape, shape_id: int, inputs: Inputs, timing: Timing, pick: str
-             ) -> tuple[list[_Callee], list[dict[str, Any]]]:
+def _callees(
+    shape: Shape, shape_id: int, inputs: Inputs, timing: Timing, pick: str
+) -> tuple[list[_Callee], list[dict[str, Any]]]:
     """The callables of one shape: every kernel ``lz.explain`` lists as selected/eligible (bound like a plan),
     SDPA's default (attention only), the lz call, and for paged decode at B >= 64 the copy. Returns
     (callees to check, rows of skipped kernels)."""
@@ -317,9 +415,13 @@ def _callees(shape: Shape, shape_id: int, inputs: Inputs, timing: Timing, pick: 
             row["detail"] = "skipped: excluded by --exclude"
             skipped.append(row)
             continue
-        if timing.too_big(shape) and any(fnmatch.fnmatchcase(cand.kernel_id, p) for p in timing.materializing):
-            row["detail"] = (f"skipped: materializes a {scores_bytes(shape) / (1 << 30):.1f} GiB score matrix "
-                             f"(> --scores-gib-max {timing.scores_gib_max:g})")
+        if timing.too_big(shape) and any(
+            fnmatch.fnmatchcase(cand.kernel_id, p) for p in timing.materializing
+        ):
+            row["detail"] = (
+                f"skipped: materializes a {scores_bytes(shape) / (1 << 30):.1f} GiB score matrix "
+                f"(> --scores-gib-max {timing.scores_gib_max:g})"
+            )
             skipped.append(row)
             continue
         spec = RUNTIME.registry.kernel(cand.kernel_id, op)
@@ -328,7 +430,9 @@ def _callees(shape: Shape, shape_id: int, inputs: Inputs, timing: Timing, pick: 
         row = _base(shape, shape_id, SDPA_DEFAULT, "sdpa_default", inputs.kv_bytes)
         row.update(is_sdpa_default=True, sdpa_kernel=sdpa_choice(shape, inputs))
         out.append(_Callee(row, _sdpa(shape, inputs), ()))
-    out.append(_Callee(_base(shape, shape_id, LZ_CALL, "lz_call", inputs.kv_bytes), _call_op(shape, inputs), ()))
+    out.append(
+        _Callee(_base(shape, shape_id, LZ_CALL, "lz_call", inputs.kv_bytes), _call_op(shape, inputs), ())
+    )
     return out, skipped
 
 
@@ -342,24 +446,34 @@ def copy_callee(shape: Shape, shape_id: int, inputs: Inputs) -> _Callee:
     return _Callee(row, dst.copy_, (src,))
 
 
-def _pick_and_sdpa_graph_times(shape: Shape, timed: list[_Callee], device: torch.device, timing: Timing,
-                               pick_flag: str, column: str) -> None:
+def _pick_and_sdpa_graph_times(
+    shape: Shape, timed: list[_Callee], device: torch.device, timing: Timing, pick_flag: str, column: str
+) -> None:
     """Attention shapes on CUDA: the pick's and SDPA's default kernel time from CUDA-graph replays (the target
     compares kernel times; eager times of launch-bound shapes measure the host)."""
     if shape.paged or device.type != "cuda":
         return
 
     def graph_safe(row: dict[str, Any]) -> bool:  # only kernels declared graph-safe are captured
-        return row["row_kind"] == "sdpa_default" or RUNTIME.registry.kernel(row["kernel_id"], shape.op).graph_safe
+        return (
+            row["row_kind"] == "sdpa_default"
+            or RUNTIME.registry.kernel(row["kernel_id"], shape.op).graph_safe
+        )
 
-    pairs = [(c.row, (lambda c=c: c.fn(*c.args))) for c in timed if c.row["status"] == "ok"
-             and (c.row["row_kind"] == "sdpa_default" or (c.row["row_kind"] == "kernel" and c.row[pick_flag]))]
+    pairs = [
+        (c.row, (lambda c=c: c.fn(*c.args)))
+        for c in timed
+        if c.row["status"] == "ok"
+        and (c.row["row_kind"] == "sdpa_default" or (c.row["row_kind"] == "kernel" and c.row[pick_flag]))
+    ]
     if len(pairs) == 2 and all(graph_safe(r) for r, _ in pairs):
         try:
             graph_kernel_times(pairs, device, timing, column)
         except Exception as exc:  # noqa: BLE001 - the eager comparison stands
             _free(device)
-            log.warning("sweep %s: CUDA-graph kernel timing failed (%s: %s)", shape.label(), type(exc).__name__, exc)
+            log.warning(
+                "sweep %s: CUDA-graph kernel timing failed (%s: %s)", shape.label(), type(exc).__name__, exc
+            )
 
 
 def measure_shape(shape: Shape, shape_id: int, device: torch.device, timing: Timing) -> list[dict[str, Any]]:
@@ -370,7 +484,9 @@ def measure_shape(shape: Shape, shape_id: int, device: torch.device, timing: Tim
     pick = lz.which(shape.op, *inputs.args, **inputs.kwargs)
     callees, rows = _callees(shape, shape_id, inputs, timing, pick)
     memo: dict[Any, torch.Tensor] = {}
-    timed = [c for c in callees if c.row["row_kind"] == "lz_call" or _check(c, shape, inputs, device, timing, memo)]
+    timed = [
+        c for c in callees if c.row["row_kind"] == "lz_call" or _check(c, shape, inputs, device, timing, memo)
+    ]
     del memo
     if shape.phase == "paged_decode" and shape.batch >= 64:
         timed.append(copy_callee(shape, shape_id, inputs))
@@ -399,8 +515,16 @@ def tune_shape(shape: Shape, rows: list[dict[str, Any]], device: torch.device, t
     how = ""
     if not timing.too_big(shape):
         try:
-            rep = lz.tune(shape.op, [(inputs.args, inputs.kwargs)], kernels=sorted(ok), warmup=2,
-                          iters=timing.iters, repeats=timing.repeats, max_time_s=timing.max_time_s, progress=False)
+            rep = lz.tune(
+                shape.op,
+                [(inputs.args, inputs.kwargs)],
+                kernels=sorted(ok),
+                warmup=2,
+                iters=timing.iters,
+                repeats=timing.repeats,
+                max_time_s=timing.max_time_s,
+                progress=False,
+            )
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory: fall back to the sweep's samples
             _free(device)
             rep = None
@@ -431,8 +555,8 @@ def tune_shape(shape: Shape, rows: list[dict[str, Any]], device: torch.device, t
 
 
 def retime_shape(shape: Shape, rows: list[dict[str, Any]], device: torch.device, timing: Timing) -> None:
-    """Pass 2 (tuned PerfDB set by the caller): the tuned pick, then a separate timing of every callable pass 1
-    timed, side by side; fills ``tuned_median_us`` / ``tuned_p95_us`` / ``is_pick_tuned`` in ``rows``."""
+    """Pass 2 (tuned PerfDB set by the caller): the tuned pick, then a separate timing of every callable pass
+    1 timed, side by side; fills ``tuned_median_us`` / ``tuned_p95_us`` / ``is_pick_tuned`` in ``rows``."""
     inputs = build_inputs(shape, device)
     pick = lz.which(shape.op, *inputs.args, **inputs.kwargs)
     by_id = {r["kernel_id"]: r for r in rows}
@@ -445,15 +569,23 @@ def retime_shape(shape: Shape, rows: list[dict[str, Any]], device: torch.device,
         if row["row_kind"] == "kernel":
             row["is_pick_tuned"] = c.row["kernel_id"] == pick
         if row["status"] == "ok":
-            todo.append(_Callee(row, c.fn, c.args, slow=isinstance(row["check_ms"], float)
-                                and row["check_ms"] > timing.slow_ms))
+            todo.append(
+                _Callee(
+                    row,
+                    c.fn,
+                    c.args,
+                    slow=isinstance(row["check_ms"], float) and row["check_ms"] > timing.slow_ms,
+                )
+            )
     if COPY in by_id:
         copy = copy_callee(shape, -1, inputs)
         todo.append(_Callee(by_id[COPY], copy.fn, copy.args))
     if LZ_GRAPH in by_id:
         todo += _graph_callees(shape, -1, inputs, device, by_id)
     if LZ_CALL in by_id:
-        by_id[LZ_CALL]["detail"] = f"picked {by_id[LZ_CALL]['detail'].removeprefix('picked ')} (default), {pick} (tuned)"
+        by_id[LZ_CALL]["detail"] = (
+            f"picked {by_id[LZ_CALL]['detail'].removeprefix('picked ')} (default), {pick} (tuned)"
+        )
     if not any(r["is_pick_tuned"] for r in rows):
         log.warning("sweep %s: the tuned pick %s is not among the kernels of pass 1", shape.label(), pick)
     _time_all(todo, device, timing, tuned=True)

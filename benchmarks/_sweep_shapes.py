@@ -17,8 +17,17 @@ import torch
 import layerzero as lz
 from layerzero.core.errors import InvalidInputError, expected_got
 
-__all__ = ["DTYPES", "Inputs", "check_common", "Shape", "build_inputs", "full_shapes", "quick_shapes", "reference_error",
-           "scores_bytes"]
+__all__ = [
+    "DTYPES",
+    "Inputs",
+    "check_common",
+    "Shape",
+    "build_inputs",
+    "full_shapes",
+    "quick_shapes",
+    "reference_error",
+    "scores_bytes",
+]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 PHASES = ("prefill", "decode", "paged_decode", "paged_append")
@@ -52,7 +61,8 @@ class Shape:
         phase: ``prefill`` / ``decode`` (``lz.attention``) or ``paged_decode`` / ``paged_append``
             (``lz.paged_attention``).
         batch: B, sequences. q_len: query tokens per sequence (Sq; 1 for decode). kv_len: KV tokens per
-            sequence (Skv; for paged shapes the maximum, lengths are drawn in ``[ceil(0.75 kv_len), kv_len]``).
+            sequence (Skv; for paged shapes the maximum, lengths are drawn in
+            ``[ceil(0.75 kv_len), kv_len]``).
         hq, hkv: query / KV heads. head_dim: D. dtype: ``bfloat16`` / ``float16`` / ``float32``.
         page: tokens per KV block (0 for non-paged). seed: input seed.
 
@@ -78,8 +88,13 @@ class Shape:
 
         if self.phase not in PHASES:
             raise bad("phase", f"one of {PHASES}", repr(self.phase))
-        check_common("sweep Shape", self.dtype, {n: getattr(self, n) for n in ("batch", "q_len", "kv_len", "hq", "hkv",
-                                                                          "head_dim")}, self.hq, self.hkv)
+        check_common(
+            "sweep Shape",
+            self.dtype,
+            {n: getattr(self, n) for n in ("batch", "q_len", "kv_len", "hq", "hkv", "head_dim")},
+            self.hq,
+            self.hkv,
+        )
         if self.q_len > self.kv_len:
             raise bad("q_len", f"<= kv_len {self.kv_len}", self.q_len)
         if self.phase.endswith("decode") and self.q_len != 1:
@@ -94,8 +109,17 @@ class Shape:
         Raises:
             InvalidInputError: the row does not describe a valid shape (see the class docstring).
         """
-        return cls(row["phase"], int(row["B"]), int(row["Sq"]), int(row["Skv"]), int(row["Hq"]), int(row["Hkv"]),
-                   int(row["D"]), row["dtype"], int(row["page"] or 0))
+        return cls(
+            row["phase"],
+            int(row["B"]),
+            int(row["Sq"]),
+            int(row["Skv"]),
+            int(row["Hq"]),
+            int(row["Hkv"]),
+            int(row["D"]),
+            row["dtype"],
+            int(row["page"] or 0),
+        )
 
     @property
     def op(self) -> str:
@@ -116,8 +140,10 @@ class Shape:
         """A short readable id, e.g. ``prefill B4 S2048/2048 H32/8 D128 bf16``."""
         dt = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[self.dtype]
         page = f" P{self.page}" if self.page else ""
-        return (f"{self.phase} B{self.batch} S{self.q_len}/{self.kv_len} H{self.hq}/{self.hkv} "
-                f"D{self.head_dim} {dt}{page}")
+        return (
+            f"{self.phase} B{self.batch} S{self.q_len}/{self.kv_len} H{self.hq}/{self.hkv} "
+            f"D{self.head_dim} {dt}{page}"
+        )
 
     def kv_bytes_max(self) -> int:
         """K + V bytes of ``batch`` sequences of ``kv_len`` tokens (an upper bound of what is read)."""
@@ -135,7 +161,9 @@ def _spread(phase: str, grid: list[tuple[int, ...]], offset: int, page: int = 0)
             n = i + offset + j
             hq, hkv = HEADS[n % len(HEADS)]
             d = HEAD_DIMS[(n // 2 + j) % len(HEAD_DIMS)]
-            s = Shape(phase, b, q, kv, hq, hkv, d, ("bfloat16", "float16")[(i + offset) % 2], page, seed=len(out))
+            s = Shape(
+                phase, b, q, kv, hq, hkv, d, ("bfloat16", "float16")[(i + offset) % 2], page, seed=len(out)
+            )
             if s.kv_bytes_max() <= KV_BYTES_MAX:
                 out.append(s)
                 break
@@ -146,27 +174,94 @@ def full_shapes() -> list[Shape]:
     """The H200 sweep: 60 shapes. Prefill B 1-16, S 128-16384 causal with ``B * S^2 <= 16384^2`` (no call
     past ~50 ms); decode B 1-256, KV 128-32768; paged decode (B 1-256) and append (page 16); Hq/Hkv in
     {32/8, 32/32, 64/8, 16/2}, D in {64, 128, 256}, bf16 and fp16, spread (not the product)."""
-    prefill = [(1, 128), (1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (1, 16384), (2, 256), (2, 1024),
-               (2, 4096), (2, 8192), (4, 512), (4, 2048), (4, 4096), (8, 256), (8, 1024), (8, 2048), (16, 128),
-               (16, 512), (16, 1024)]
-    decode = [(1, 128), (1, 4096), (1, 32768), (2, 16384), (4, 1024), (8, 8192), (16, 2048), (16, 32768),
-              (32, 4096), (64, 1024), (64, 8192), (128, 2048), (128, 8192), (256, 128), (256, 1024), (256, 4096)]
-    paged_decode = [(1, 1024), (4, 4096), (8, 32768), (16, 8192), (32, 2048), (64, 1024), (64, 4096),
-                    (64, 16384), (128, 2048), (128, 8192), (256, 512), (256, 2048), (256, 4096), (2, 128)]
-    append = [(1, 512, 128), (1, 4096, 512), (2, 2048, 256), (4, 8192, 128), (8, 1024, 64), (16, 512, 16),
-              (4, 1024, 1024), (2, 16384, 2048), (8, 4096, 512), (16, 2048, 128)]
-    return (_spread("prefill", prefill, 0) + _spread("decode", decode, 1)
-            + _spread("paged_decode", paged_decode, 2, 16) + _spread("paged_append", append, 3, 16))
+    prefill = [
+        (1, 128),
+        (1, 512),
+        (1, 1024),
+        (1, 2048),
+        (1, 4096),
+        (1, 8192),
+        (1, 16384),
+        (2, 256),
+        (2, 1024),
+        (2, 4096),
+        (2, 8192),
+        (4, 512),
+        (4, 2048),
+        (4, 4096),
+        (8, 256),
+        (8, 1024),
+        (8, 2048),
+        (16, 128),
+        (16, 512),
+        (16, 1024),
+    ]
+    decode = [
+        (1, 128),
+        (1, 4096),
+        (1, 32768),
+        (2, 16384),
+        (4, 1024),
+        (8, 8192),
+        (16, 2048),
+        (16, 32768),
+        (32, 4096),
+        (64, 1024),
+        (64, 8192),
+        (128, 2048),
+        (128, 8192),
+        (256, 128),
+        (256, 1024),
+        (256, 4096),
+    ]
+    paged_decode = [
+        (1, 1024),
+        (4, 4096),
+        (8, 32768),
+        (16, 8192),
+        (32, 2048),
+        (64, 1024),
+        (64, 4096),
+        (64, 16384),
+        (128, 2048),
+        (128, 8192),
+        (256, 512),
+        (256, 2048),
+        (256, 4096),
+        (2, 128),
+    ]
+    append = [
+        (1, 512, 128),
+        (1, 4096, 512),
+        (2, 2048, 256),
+        (4, 8192, 128),
+        (8, 1024, 64),
+        (16, 512, 16),
+        (4, 1024, 1024),
+        (2, 16384, 2048),
+        (8, 4096, 512),
+        (16, 2048, 128),
+    ]
+    return (
+        _spread("prefill", prefill, 0)
+        + _spread("decode", decode, 1)
+        + _spread("paged_decode", paged_decode, 2, 16)
+        + _spread("paged_append", append, 3, 16)
+    )
 
 
 def quick_shapes(dtypes: tuple[str, ...] = ("bfloat16", "float32")) -> list[Shape]:
     """Tiny shapes (CPU, tests): every phase, GQA and MHA, both given dtypes; each call well under 10 ms."""
     a, b = dtypes[0], dtypes[-1]
-    return [Shape("prefill", 1, 64, 64, 4, 2, 32, a), Shape("prefill", 2, 32, 32, 4, 4, 16, b, seed=1),
-            Shape("decode", 2, 1, 128, 4, 1, 32, a, seed=2), Shape("decode", 4, 1, 64, 4, 4, 16, b, seed=3),
-            Shape("paged_decode", 3, 1, 80, 4, 2, 32, a, 16, seed=4),
-            Shape("paged_decode", 64, 1, 32, 4, 4, 16, b, 16, seed=5),
-            Shape("paged_append", 2, 16, 64, 4, 2, 32, a, 16, seed=6)]
+    return [
+        Shape("prefill", 1, 64, 64, 4, 2, 32, a),
+        Shape("prefill", 2, 32, 32, 4, 4, 16, b, seed=1),
+        Shape("decode", 2, 1, 128, 4, 1, 32, a, seed=2),
+        Shape("decode", 4, 1, 64, 4, 4, 16, b, seed=3),
+        Shape("paged_decode", 3, 1, 80, 4, 2, 32, a, 16, seed=4),
+        Shape("paged_decode", 64, 1, 32, 4, 4, 16, b, 16, seed=5),
+        Shape("paged_append", 2, 16, 64, 4, 2, 32, a, 16, seed=6),
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +296,13 @@ def build_inputs(shape: Shape, device: torch.device) -> Inputs:
 
     if not shape.paged:
         q, k, v = rnd(b, hq, shape.q_len, d), rnd(b, hkv, shape.kv_len, d), rnd(b, hkv, shape.kv_len, d)
-        return Inputs((q, k, v), {"is_causal": shape.phase == "prefill"}, (shape.kv_len,) * b, (shape.q_len,) * b,
-                      shape.kv_bytes_max())
+        return Inputs(
+            (q, k, v),
+            {"is_causal": shape.phase == "prefill"},
+            (shape.kv_len,) * b,
+            (shape.q_len,) * b,
+            shape.kv_bytes_max(),
+        )
     cpu = torch.Generator().manual_seed(shape.seed)
     low = max(shape.q_len, math.ceil(0.75 * shape.kv_len))
     lens = torch.randint(low, shape.kv_len + 1, (b,), generator=cpu).tolist()
@@ -213,7 +313,7 @@ def build_inputs(shape: Shape, device: torch.device) -> Inputs:
     table = torch.zeros(b, math.ceil(shape.kv_len / p), dtype=torch.int32)
     at = 0
     for s, n in enumerate(need):
-        table[s, :n] = perm[at:at + n].to(torch.int32)
+        table[s, :n] = perm[at : at + n].to(torch.int32)
         at += n
     cache = lz.allocate_kv_cache(num_blocks, p, hkv, d, dt, "NHD", device)
     cache.normal_(generator=g)
@@ -224,8 +324,13 @@ def build_inputs(shape: Shape, device: torch.device) -> Inputs:
     q = rnd(sum(q_lens), hq, d)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     kv_bytes = 2 * sum(lens) * hkv * d * shape.itemsize
-    return Inputs((q, cache, table.to(device), seq_lens), {"cu_seqlens_q": cu, "is_causal": True},
-                  tuple(lens), tuple(q_lens), kv_bytes)
+    return Inputs(
+        (q, cache, table.to(device), seq_lens),
+        {"cu_seqlens_q": cu, "is_causal": True},
+        tuple(lens),
+        tuple(q_lens),
+        kv_bytes,
+    )
 
 
 def scores_bytes(shape: Shape) -> int:
@@ -243,8 +348,9 @@ def _slices(shape: Shape) -> tuple[list[int], list[int]]:
     return seqs, heads
 
 
-def _attend64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int | None, rows: int = 1024
-              ) -> torch.Tensor:
+def _attend64(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int | None, rows: int = 1024
+) -> torch.Tensor:
     """float64 ``softmax(q k^T / sqrt(D)) v`` for one head, q ``[Sq, D]``, k/v ``[Skv, D]``, in chunks of
     ``rows`` query rows; ``offset`` None = no mask, else query i attends keys ``j <= i + offset``."""
     q, k, v = q.double(), k.double(), v.double()
@@ -252,15 +358,17 @@ def _attend64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int | N
     scale = 1.0 / math.sqrt(q.shape[-1])
     cols = torch.arange(k.shape[0], device=q.device)
     for r0 in range(0, q.shape[0], rows):
-        s = (q[r0:r0 + rows] @ k.T) * scale
+        s = (q[r0 : r0 + rows] @ k.T) * scale
         if offset is not None:
             i = torch.arange(r0, r0 + s.shape[0], device=q.device)
             s.masked_fill_(cols[None, :] > (i[:, None] + offset), float("-inf"))
-        out[r0:r0 + rows] = torch.softmax(s, dim=-1) @ v
+        out[r0 : r0 + rows] = torch.softmax(s, dim=-1) @ v
     return out
 
 
-def reference_error(shape: Shape, inputs: Inputs, out: Any, memo: dict[Any, torch.Tensor] | None = None) -> float:
+def reference_error(
+    shape: Shape, inputs: Inputs, out: Any, memo: dict[Any, torch.Tensor] | None = None
+) -> float:
     """Max ``|out - ref| / (1 + |ref|)`` of a kernel's output against a float64 reference computed on a slice
     (sequences {0, B-1}, query heads {0, mid, Hq-1}; the GQA mapping is exercised). NaN/inf -> ``inf``;
     a wrong output shape -> ``inf``. ``memo`` (a dict kept per shape) caches the reference slices so that
@@ -278,8 +386,9 @@ def reference_error(shape: Shape, inputs: Inputs, out: Any, memo: dict[Any, torc
         for b in seqs:
             for h in heads:
                 if (b, h) not in memo:
-                    memo[b, h] = _attend64(q[b, h], k[b, h // group], v[b, h // group],
-                                           0 if shape.phase == "prefill" else None)
+                    memo[b, h] = _attend64(
+                        q[b, h], k[b, h // group], v[b, h // group], 0 if shape.phase == "prefill" else None
+                    )
                 ref = memo[b, h]
                 worst = max(worst, _err(out[b, h], ref))
         return worst
@@ -293,13 +402,14 @@ def reference_error(shape: Shape, inputs: Inputs, out: Any, memo: dict[Any, torc
         if (s, heads[0]) not in memo:
             tok = torch.arange(n, device=cache.device)
             blocks = table[s].long()[tok // p]
-            k_all, v_all = cache[blocks, 0, tok % p], cache[blocks, 1, tok % p]   # [n, Hkv, D]
+            k_all, v_all = cache[blocks, 0, tok % p], cache[blocks, 1, tok % p]  # [n, Hkv, D]
             for h in heads:
-                memo[s, h] = _attend64(q[starts[s]:starts[s] + ql, h], k_all[:, h // group], v_all[:, h // group],
-                                       n - ql)
+                memo[s, h] = _attend64(
+                    q[starts[s] : starts[s] + ql, h], k_all[:, h // group], v_all[:, h // group], n - ql
+                )
         for h in heads:
             ref = memo[s, h]
-            worst = max(worst, _err(out[starts[s]:starts[s] + ql, h], ref))
+            worst = max(worst, _err(out[starts[s] : starts[s] + ql, h], ref))
     return worst
 
 

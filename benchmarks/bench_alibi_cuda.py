@@ -1,13 +1,14 @@
-"""ALiBi attention on CUDA: ``triton.attention`` (FlashAttention-2 forward with the bias computed in the kernel; the
-CUDA default for ``lz.attention(alibi_slopes=...)`` without FlashAttention 2) against ``torch_sdpa.math`` (an explicit
-float32 ``[B, Hq, Sq, Sk]`` bias, attention in float32: the default before) and ``reference.attention``, each locked,
-through ``lz.attention`` in bfloat16; and, for scale, ``torch_sdpa.flash`` on the same shape without ALiBi. Times are
-µs per call from CUDA events (median of ``--reps`` calls after warm-up, compiles excluded); peak memory is the
-largest allocation above the inputs during one call; ``max |Δ|`` is the largest difference between the Triton and
-SDPA math outputs (a sanity check, not an accuracy test: tests/gpu/test_gpu_triton_attention.py is).
+"""ALiBi attention on CUDA: ``triton.attention`` (FlashAttention-2 forward with the bias computed in the
+kernel; the CUDA default for ``lz.attention(alibi_slopes=...)`` without FlashAttention 2) against
+``torch_sdpa.math`` (an explicit float32 ``[B, Hq, Sq, Sk]`` bias, attention in float32: the default before)
+and ``reference.attention``, each locked, through ``lz.attention`` in bfloat16; and, for scale,
+``torch_sdpa.flash`` on the same shape without ALiBi. Times are µs per call from CUDA events (median of
+``--reps`` calls after warm-up, compiles excluded); peak memory is the largest allocation above the inputs
+during one call; ``max |Δ|`` is the largest difference between the Triton and SDPA math outputs (a sanity
+check, not an accuracy test: tests/gpu/test_gpu_triton_attention.py is).
 
-Usage: ``PYTHONPATH=src python benchmarks/bench_alibi_cuda.py [--reps 20] [--out FILE]`` (CUDA). Records the GPU,
-torch / Triton / CUDA versions and the date.
+Usage: ``PYTHONPATH=src python benchmarks/bench_alibi_cuda.py [--reps 20] [--out FILE]`` (CUDA). Records the
+GPU, torch / Triton / CUDA versions and the date.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def slopes_for(h: int) -> torch.Tensor:
 
 
 def time_us(fn: Callable[[], torch.Tensor], reps: int) -> tuple[float, float, torch.Tensor]:
-    """``(median µs per call, peak MiB allocated above the start, last output)`` of ``fn`` (3 warm-up calls)."""
+    """``(median µs per call, peak MiB allocated above the start, last output)`` of ``fn`` (3 warm-up
+    calls)."""
     for _ in range(3):
         out = fn()
     torch.cuda.synchronize()
@@ -57,8 +59,11 @@ def time_us(fn: Callable[[], torch.Tensor], reps: int) -> tuple[float, float, to
     return statistics.median(times), peak, out
 
 
-def locked(kernel: str, fn: Callable[[], torch.Tensor], reps: int) -> tuple[float, float, torch.Tensor] | None:
-    """:func:`time_us` of ``fn`` with ``attention`` locked to ``kernel``; None when the kernel refuses the call."""
+def locked(
+    kernel: str, fn: Callable[[], torch.Tensor], reps: int
+) -> tuple[float, float, torch.Tensor] | None:
+    """:func:`time_us` of ``fn`` with ``attention`` locked to ``kernel``; None when the kernel refuses the
+    call."""
     lz.lock("attention", kernel)
     try:
         return time_us(fn, reps)
@@ -86,8 +91,10 @@ def row(label: str, b: int, hq: int, hkv: int, sq: int, sk: int, d: int, causal:
     def plain() -> torch.Tensor:
         return lz.attention(q, k, v, is_causal=causal)
 
-    res = {kid: locked(kid, alibi, reps if kid != "reference.attention" else max(3, reps // 4))
-           for kid in ALIBI_KERNELS}
+    res = {
+        kid: locked(kid, alibi, reps if kid != "reference.attention" else max(3, reps // 4))
+        for kid in ALIBI_KERNELS
+    }
     flash = locked("torch_sdpa.flash", plain, reps)
     tri, math_ = res["triton.attention"], res["torch_sdpa.math"]
     ratio = f"{math_[0] / tri[0]:.2f}" if tri and math_ else "n/a"
@@ -108,14 +115,18 @@ def main() -> int:
     import triton
 
     props = torch.cuda.get_device_properties(0)
-    lines = [f"# ALiBi attention on CUDA ({run_info()})", "",
-             f"SM {props.major}.{props.minor}, {props.multi_processor_count} SMs; CUDA {torch.version.cuda}, Triton "
-             f"{triton.__version__}. bfloat16, Press et al. slopes [Hq]; µs per lz.attention call (median of "
-             f"{a.reps}, CUDA events), each kernel locked; peak MiB above the inputs in parentheses. SDPA flash runs "
-             "the same shape without ALiBi (for scale).", "",
-             "| shape | triton.attention | torch_sdpa.math | reference | math / triton | SDPA flash, no ALiBi | "
-             "triton / flash | max abs diff triton vs math | default pick |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        f"# ALiBi attention on CUDA ({run_info()})",
+        "",
+        f"SM {props.major}.{props.minor}, {props.multi_processor_count} SMs; CUDA {torch.version.cuda}, "
+        f"Triton {triton.__version__}. bfloat16, Press et al. slopes [Hq]; µs per lz.attention call (median "
+        f"of {a.reps}, CUDA events), each kernel locked; peak MiB above the inputs in parentheses. SDPA "
+        "flash runs the same shape without ALiBi (for scale).",
+        "",
+        "| shape | triton.attention | torch_sdpa.math | reference | math / triton | SDPA flash, no ALiBi | "
+        "triton / flash | max abs diff triton vs math | default pick |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for shape in SHAPES:
         lines.append(row(*shape, reps=a.reps))
         print(lines[-1], flush=True)

@@ -3,8 +3,8 @@
 One run measures every CPU kernel LayerZero has for attention (``torch_sdpa.flash`` = torch's CPU flash
 kernel, ``torch_sdpa.math``, ``reference.attention``), rms_norm and layer_norm (``torch_native``,
 ``reference``), plus two candidates that do not exist as kernels (a float32-upcast attention for bf16/fp16
-inputs, and math attention with oneDNN switched off through ``torch.backends.mkldnn.flags(enabled=False)``), in
-bf16, fp16 and fp32, under several emulated CPUs. Each emulated CPU is a fresh subprocess with:
+inputs, and math attention with oneDNN switched off through ``torch.backends.mkldnn.flags(enabled=False)``),
+in bf16, fp16 and fp32, under several emulated CPUs. Each emulated CPU is a fresh subprocess with:
 
 - ``native``: no override (this CPU: AVX-512 with avx512_bf16, torch capability AVX512);
 - ``avx512_nobf16``: ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` (oneDNN may not use avx512_bf16/AMX: a Skylake-X);
@@ -76,10 +76,18 @@ def _norms(reg, dtype, g, reps: int) -> dict[str, dict[str, float]]:
     bias = torch.randn(NORM_SHAPE[1], generator=g).to(dtype)
     rn, rr = reg.kernel("torch_native.rms_norm").fn, reg.kernel("reference.rms_norm").fn
     ln, lr = reg.kernel("torch_native.layer_norm").fn, reg.kernel("reference.layer_norm").fn
-    rms = {"torch_native.rms_norm": lambda: rn(x, w, 1e-6, None), "reference.rms_norm": lambda: rr(x, w, 1e-6, None)}
+    rms = {
+        "torch_native.rms_norm": lambda: rn(x, w, 1e-6, None),
+        "reference.rms_norm": lambda: rr(x, w, 1e-6, None),
+    }
     if dtype != torch.float32:
-        rms["fp32_upcast F.rms_norm"] = lambda: F.rms_norm(x.float(), (x.shape[-1],), w.float(), 1e-6).to(dtype)
-    lnf = {"torch_native.layer_norm": lambda: ln(x, w, bias, 1e-5), "reference.layer_norm": lambda: lr(x, w, bias, 1e-5)}
+        rms["fp32_upcast F.rms_norm"] = lambda: F.rms_norm(x.float(), (x.shape[-1],), w.float(), 1e-6).to(
+            dtype
+        )
+    lnf = {
+        "torch_native.layer_norm": lambda: ln(x, w, bias, 1e-5),
+        "reference.layer_norm": lambda: lr(x, w, bias, 1e-5),
+    }
     return {f"rms_norm {dn}": _time(rms, reps * 3), f"layer_norm {dn}": _time(lnf, reps * 3)}
 
 
@@ -113,8 +121,11 @@ def child(reps: int) -> dict:
             k = torch.randn(b, hkv, sk, d, generator=g).to(dtype)
             v = torch.randn(b, hkv, sk, d, generator=g).to(dtype)
             args = (q, k, v, None, causal, None, 0.0)
-            fns = {"torch_sdpa.flash": lambda a=args: flash(*a), "torch_sdpa.math": lambda a=args: math_(*a),
-                   "reference.attention": lambda a=args: ref(*a)}
+            fns = {
+                "torch_sdpa.flash": lambda a=args: flash(*a),
+                "torch_sdpa.math": lambda a=args: math_(*a),
+                "reference.attention": lambda a=args: ref(*a),
+            }
             if dtype != torch.float32:
                 fns["fp32_upcast+flash"] = lambda a=args: upcast(*a)
                 fns["math, oneDNN off"] = lambda a=args: math_no_onednn(*a)
@@ -129,8 +140,11 @@ def _table(results: dict[str, dict], section: str) -> list[str]:
     lines = []
     for row in rows:
         kernels = list(next(results[c][section][row] for c in configs if row in results[c][section]))
-        lines += [f"\n**{row}** (µs; ratio = time / fastest in that column)\n",
-                  "| kernel | " + " | ".join(configs) + " |", "| --- |" + " ---: |" * len(configs)]
+        lines += [
+            f"\n**{row}** (µs; ratio = time / fastest in that column)\n",
+            "| kernel | " + " | ".join(configs) + " |",
+            "| --- |" + " ---: |" * len(configs),
+        ]
         best = {c: min(results[c][section][row].values()) for c in configs}
         for kname in kernels:
             cells = []
@@ -159,22 +173,40 @@ def main(argv: list[str] | None = None) -> int:
     for name in ns.configs.split(","):
         env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
         env.update(CONFIGS[name])
-        proc = subprocess.run([sys.executable, __file__, "--child", "--reps", str(ns.reps)], env=env,
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", "--reps", str(ns.reps)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"{name}: done ({results[name]['capability']})", file=sys.stderr)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"
+    )
     lines = [
-        "# CPU ISA routing measurements", "",
+        "# CPU ISA routing measurements",
+        "",
         f"- date: {datetime.date.today().isoformat()}; wall time of the run {time.time() - started:.0f} s",
         f"- machine: {cpu}, {os.cpu_count()} cores (shared with other jobs during the run), "
         f"{platform.system()} {platform.machine()}; 1 thread",
         f"- versions: Python {platform.python_version()}, torch {torch.__version__} "
         f"({torch.backends.cpu.get_cpu_capability()} native)",
-        "- configs: " + "; ".join(f"`{c}` = {CONFIGS[c] or 'no override'} (torch capability "
-                                   f"{results[c]['capability']})" for c in results),
-        f"- median of {ns.reps} interleaved calls (norms: {ns.reps * 3}); generated by benchmarks/bench_cpu_isa.py",
-        "", "## Attention", *_table(results, "attention"), "", "## Norms", *_table(results, "norms"), "",
+        "- configs: "
+        + "; ".join(
+            f"`{c}` = {CONFIGS[c] or 'no override'} (torch capability {results[c]['capability']})"
+            for c in results
+        ),
+        f"- median of {ns.reps} interleaved calls (norms: {ns.reps * 3}); generated by "
+        "benchmarks/bench_cpu_isa.py",
+        "",
+        "## Attention",
+        *_table(results, "attention"),
+        "",
+        "## Norms",
+        *_table(results, "norms"),
+        "",
     ]
     text = "\n".join(lines)
     print(text)

@@ -11,7 +11,8 @@ Also the bound plan: ``lz.select(...)`` returns the cached :class:`ExecutionPlan
 canonical arguments and no checks (for loops over fixed shapes). Records the CPU model, its ISA flags and
 torch's CPU capability (``ATEN_CPU_CAPABILITY`` changes what torch dispatches to).
 
-Usage: ``python benchmarks/bench_dispatch.py [--rounds 15] [--iters 2000] [--out benchmarks/results/dispatch.md]``
+Usage: ``python benchmarks/bench_dispatch.py [--rounds 15] [--iters 2000] [--out
+benchmarks/results/dispatch.md]``
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def per_call_us(fn: Callable[[], object], iters: int) -> float:
 
 def measure(pairs: dict[str, Callable[[], object]], rounds: int, iters: int) -> dict[str, float]:
     """Median over rounds of each callable's per-call µs; callables are interleaved within each round. Names
-    ending in ``(telemetry on)`` run with ``layerzero.telemetry`` recording (default sampling), the others off."""
+    ending in ``(telemetry on)`` run with ``layerzero.telemetry`` recording (default sampling), the others
+    off."""
     samples: dict[str, list[float]] = {name: [] for name in pairs}
     for r in range(rounds + 1):  # round 0 warms up
         for name, fn in pairs.items():
@@ -80,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--device", default="cpu", help="cpu or cuda (CUDA calls are timed as launches, then synced)")
+    ap.add_argument(
+        "--device", default="cpu", help="cpu or cuda (CUDA calls are timed as launches, then synced)"
+    )
     ns = ap.parse_args(argv)
     torch.set_num_threads(1)
     lz.configure(use_perfdb=False)
@@ -101,23 +105,28 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"expected one exact attention key in the hot dict, found {len(exact)}")
     hot_key = exact[0]
     rkey, rargs = _norms._prepare_rms(x, w, 1e-6, None)
-    res = measure({
-        "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
-        "lz.attention (cache hit)": lambda: lz.attention(q, k, v),
-        "lz.attention (cache hit, telemetry on)": lambda: lz.attention(q, k, v),
-        "  run_hot, prebuilt exact key": lambda: RUNTIME.run_hot(hot_key, args),
-        "  full checks + key (_prepare; new shape, mask)": lambda: _attn._prepare(q, k, v, None, False, None, 0.0,
-                                                                                  "BHSD"),
-        "  Runtime.run, prebuilt key": lambda: RUNTIME.run(key, _attn.context, args),
-        "  cache lookup (sharded)": lambda: RUNTIME.cache.get(key),
-        "bound plan (lz.select(...)(*args))": lambda: plan(*args),
-        "F.rms_norm": lambda: F.rms_norm(x, (64,), w, 1e-6),  # noqa: E731
-        "lz.rms_norm (cache hit)": lambda: lz.rms_norm(x, w),
-        "lz.rms_norm (cache hit, telemetry on)": lambda: lz.rms_norm(x, w),
-        "  rms checks + key (_prepare_rms)": lambda: _norms._prepare_rms(x, w, 1e-6, None),
-        "  Runtime.run, prebuilt key (rms)": lambda: RUNTIME.run(rkey, _norms.context_rms, rargs),
-        "bound rms plan": lambda: rms_plan(*rargs),
-    }, ns.rounds, ns.iters)
+    res = measure(
+        {
+            "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
+            "lz.attention (cache hit)": lambda: lz.attention(q, k, v),
+            "lz.attention (cache hit, telemetry on)": lambda: lz.attention(q, k, v),
+            "  run_hot, prebuilt exact key": lambda: RUNTIME.run_hot(hot_key, args),
+            "  full checks + key (_prepare; new shape, mask)": lambda: _attn._prepare(
+                q, k, v, None, False, None, 0.0, "BHSD"
+            ),
+            "  Runtime.run, prebuilt key": lambda: RUNTIME.run(key, _attn.context, args),
+            "  cache lookup (sharded)": lambda: RUNTIME.cache.get(key),
+            "bound plan (lz.select(...)(*args))": lambda: plan(*args),
+            "F.rms_norm": lambda: F.rms_norm(x, (64,), w, 1e-6),  # noqa: E731
+            "lz.rms_norm (cache hit)": lambda: lz.rms_norm(x, w),
+            "lz.rms_norm (cache hit, telemetry on)": lambda: lz.rms_norm(x, w),
+            "  rms checks + key (_prepare_rms)": lambda: _norms._prepare_rms(x, w, 1e-6, None),
+            "  Runtime.run, prebuilt key (rms)": lambda: RUNTIME.run(rkey, _norms.context_rms, rargs),
+            "bound rms plan": lambda: rms_plan(*rargs),
+        },
+        ns.rounds,
+        ns.iters,
+    )
     overhead = res["lz.attention (cache hit)"] - res["F.scaled_dot_product_attention"]
     ratio = res["lz.attention (cache hit)"] / res["F.scaled_dot_product_attention"]
     rms_over = res["lz.rms_norm (cache hit)"] - res["F.rms_norm"]
@@ -136,19 +145,20 @@ def main(argv: list[str] | None = None) -> int:
         f"python {platform.python_version()}, torch {torch.__version__}, layerzero {lz.__version__}",
         f"- CPU flags: {', '.join(isa)}; torch CPU capability: {cap} "
         f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})",
-        f"- shape: q/k/v [1, 8, 16, 64] {str(dtype).removeprefix('torch.')} (BHSD) on {dev}; chosen kernel: {kernel}",
+        f"- shape: q/k/v [1, 8, 16, 64] {str(dtype).removeprefix('torch.')} (BHSD) on {dev}; chosen kernel: "
+        f"{kernel}",
         f"- method: median over {ns.rounds} interleaved rounds of {ns.iters} calls each",
         "",
         "| call | µs per call |",
         "| --- | ---: |",
         *[f"| {name} | {us:.2f} |" for name, us in res.items()],
         "",
-        f"**attention overhead: {overhead:.2f} µs per call (ratio lz/SDPA {ratio:.3f})**; "
-        f"rms_norm overhead: {rms_over:.2f} µs. Target: <= {target:g} µs on this CPU (5 µs AVX2, 3 µs AVX-512).",
+        f"**attention overhead: {overhead:.2f} µs per call (ratio lz/SDPA {ratio:.3f})**; rms_norm overhead: "
+        f"{rms_over:.2f} µs. Target: <= {target:g} µs on this CPU (5 µs AVX2, 3 µs AVX-512).",
         f"**bound plan overhead: {bound_over:.2f} µs per call** (rms_norm: {rms_bound_over:.2f} µs; "
         "target <= 1 µs).",
-        f"**telemetry on: +{tele:.2f} µs per attention call** (rms_norm: +{rms_tele:.2f} µs; target <= 0.2 µs; "
-        "one call in 64 timed).",
+        f"**telemetry on: +{tele:.2f} µs per attention call** (rms_norm: +{rms_tele:.2f} µs; target <= 0.2 "
+        "µs; one call in 64 timed).",
     ]
     text = "\n".join(lines)
     print(text)

@@ -1,13 +1,14 @@
-"""int4 decode GEMV (``triton.quantized_linear``'s ``_qgemv_int4``) against bf16 ``triton.gemv``, its old int4 row
-kernel (``_qgemv_rows``, ``INT4_DECODE = False``) and dequantize + cuBLAS (``torch_native.quantized_linear``), the
-way a decode graph runs them: for each Qwen3-0.6B projection a CUDA graph of 28 layers of ``lz.rms_norm -> linear``
-(each layer its own weight; PDL-launched where our kernels allow it: SM 9.0+, captured), L2 flushed before every timed
-replay so that each weight comes from HBM as in a model (28 int4 weights of the attention output projection are
-28 MiB and would otherwise stay in L2 between replays). Reports µs per projection (the norm-only chain subtracted,
-the projection's share of a step) and, in brackets, the fraction of the device-to-device copy bandwidth that the
-weight's stored bytes reach in that time (bf16: 2 bytes an element; int4: codes, scales and zero points, also for
-dequantize + cuBLAS, which reads them and then writes and reads a bf16 copy). ``--grid``: the int4 kernel's
-``(slab codes, warps)`` (``INT4_BY_SHAPE``) swept per projection and rows, the best reported (what to put in
+"""int4 decode GEMV (``triton.quantized_linear``'s ``_qgemv_int4``) against bf16 ``triton.gemv``, its old int4
+row kernel (``_qgemv_rows``, ``INT4_DECODE = False``) and dequantize + cuBLAS
+(``torch_native.quantized_linear``), the way a decode graph runs them: for each Qwen3-0.6B projection a CUDA
+graph of 28 layers of ``lz.rms_norm -> linear`` (each layer its own weight; PDL-launched where our kernels
+allow it: SM 9.0+, captured), L2 flushed before every timed replay so that each weight comes from HBM as in a
+model (28 int4 weights of the attention output projection are 28 MiB and would otherwise stay in L2 between
+replays). Reports µs per projection (the norm-only chain subtracted, the projection's share of a step) and, in
+brackets, the fraction of the device-to-device copy bandwidth that the weight's stored bytes reach in that
+time (bf16: 2 bytes an element; int4: codes, scales and zero points, also for dequantize + cuBLAS, which reads
+them and then writes and reads a bf16 copy). ``--grid``: the int4 kernel's ``(slab codes, warps)``
+(``INT4_BY_SHAPE``) swept per projection and rows, the best reported (what to put in
 ``quantized_linear.INT4_CONFIGS``).
 
 Usage (CUDA): ``PYTHONPATH=src:benchmarks python benchmarks/bench_int4_gemv.py [--rows 1,2,4,8] [--group 128]
@@ -40,7 +41,8 @@ def int4_bytes(qt: lz.QuantizedTensor) -> int:
 
 
 def _check(name: str, y: torch.Tensor, want: torch.Tensor) -> None:
-    """Raise RuntimeError naming ``name`` when ``y`` is off the float64 ``want`` by more than 1e-2 of its range."""
+    """Raise RuntimeError naming ``name`` when ``y`` is off the float64 ``want`` by more than 1e-2 of its
+    range."""
     err = ((y.double() - want).abs().max() / want.abs().max()).item()
     if err > 1e-2:
         raise RuntimeError(f"{name}: wrong result (relative error {err:.2e})")
@@ -58,8 +60,9 @@ def with_knobs(fn: Callable[[], float], **knobs: object) -> float:
             setattr(tq, k, v)
 
 
-def measure(name: str, n: int, k: int, group: int, rows: list[int], grid: bool, bw: float,
-            flush: torch.Tensor) -> list[str]:
+def measure(
+    name: str, n: int, k: int, group: int, rows: list[int], grid: bool, bw: float, flush: torch.Tensor
+) -> list[str]:
     """Table rows of one projection ``[n, k]`` (its ``LAYERS`` weights made here)."""
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05 for _ in range(LAYERS)]
     qts = [lz.quantize(w, "int4", group_size=group) for w in ws]
@@ -67,8 +70,16 @@ def measure(name: str, n: int, k: int, group: int, rows: list[int], grid: bool, 
     return [measure_rows(name, ws, qts, nw, m, grid, bw, flush) for m in rows]
 
 
-def measure_rows(name: str, ws: list[torch.Tensor], qts: list[lz.QuantizedTensor], nw: torch.Tensor, m: int,
-                 grid: bool, bw: float, flush: torch.Tensor) -> str:
+def measure_rows(
+    name: str,
+    ws: list[torch.Tensor],
+    qts: list[lz.QuantizedTensor],
+    nw: torch.Tensor,
+    m: int,
+    grid: bool,
+    bw: float,
+    flush: torch.Tensor,
+) -> str:
     """One table row: ``m`` rows through the chains of every variant, each checked against float64 first."""
     n, k = ws[0].shape
     group = qts[0].group_size
@@ -77,7 +88,11 @@ def measure_rows(name: str, ws: list[torch.Tensor], qts: list[lz.QuantizedTensor
     _check(f"{name} bf16", tg.gemv(h0, ws[0], None), h0.double() @ ws[0].double().t())
     want4 = h0.double() @ oracle_weight(qts[0]).t()
     _check(f"{name} int4 new", tq.quantized_linear(h0, qts[0], None), want4)
-    _check(f"{name} int4 old", with_knobs(lambda: tq.quantized_linear(h0, qts[0], None), INT4_DECODE=False), want4)
+    _check(
+        f"{name} int4 old",
+        with_knobs(lambda: tq.quantized_linear(h0, qts[0], None), INT4_DECODE=False),
+        want4,
+    )
     _check(f"{name} dequant", dequant_cublas(h0, qts[0], None), want4)
 
     def chain(lin: Callable[[torch.Tensor, int], torch.Tensor]) -> float:
@@ -109,15 +124,18 @@ def measure_rows(name: str, ws: list[torch.Tensor], qts: list[lz.QuantizedTensor
 
     bf16_b, int4_b = n * k * 2, int4_bytes(qts[0])
     cfg = tq.config(m, n, k, group)
-    row = (f"| {name} ({n} x {k}) | {m} | {norm:.2f} | {cell(bf16, bf16_b)} | {cell(new, int4_b)} | "
-           f"{cell(old, int4_b)} | {cell(deq, int4_b)} | {bf16 / new:.2f} | "
-           f"BN {cfg['BN']}, {cfg['num_warps']} warps | {best} |")
+    row = (
+        f"| {name} ({n} x {k}) | {m} | {norm:.2f} | {cell(bf16, bf16_b)} | {cell(new, int4_b)} | "
+        f"{cell(old, int4_b)} | {cell(deq, int4_b)} | {bf16 / new:.2f} | "
+        f"BN {cfg['BN']}, {cfg['num_warps']} warps | {best} |"
+    )
     print(row, flush=True)
     return row
 
 
 def main() -> int:
-    """Parse the arguments, measure every projection (not the LM head), write the report; 1 without a CUDA GPU."""
+    """Parse the arguments, measure every projection (not the LM head), write the report; 1 without a CUDA
+    GPU."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1", help="comma-separated row counts (1-8)")
     ap.add_argument("--group", type=int, default=128, help="int4 group size along K")
@@ -132,17 +150,21 @@ def main() -> int:
     rows = [int(r) for r in a.rows.split(",")]
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     bw = copy_bandwidth()
-    lines = [f"# int4 decode GEMV vs bf16 triton.gemv ({run_info()})", "",
-             f"triton {triton.__version__}, SM {'.'.join(map(str, torch.cuda.get_device_capability()))}; "
-             f"{LAYERS}-layer rms_norm -> linear graphs (PDL where our kernels allow it), L2 flushed before each "
-             f"replay, best of 7; int4 groups of {a.group}; copy bandwidth {bw / 1e12:.2f} TB/s. µs per projection, "
-             "the norm-only chain subtracted; (x) = fraction of the copy bandwidth that the weight's stored bytes "
-             "reach (bf16: 2 B / element; int4: codes + scales + zero points for all three int4 columns). "
-             f"int4 kernel configs: INT4_CONFIGS = {tq.INT4_CONFIGS}, INT4_LOOP_CONFIG = {tq.INT4_LOOP_CONFIG}, "
-             f"INT4_CHUNK_K = {tq.INT4_CHUNK_K}, INT4_BY_SHAPE = {tq.INT4_BY_SHAPE}.", "",
-             "| proj | M | norm alone | bf16 triton.gemv | int4 decode (_qgemv_int4) | int4 old rows (_qgemv_rows) | "
-             "int4 dequantize + cuBLAS | bf16 / int4 decode | int4 cfg | best int4 (--grid) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    lines = [
+        f"# int4 decode GEMV vs bf16 triton.gemv ({run_info()})",
+        "",
+        f"triton {triton.__version__}, SM {'.'.join(map(str, torch.cuda.get_device_capability()))}; "
+        f"{LAYERS}-layer rms_norm -> linear graphs (PDL where our kernels allow it), L2 flushed before each "
+        f"replay, best of 7; int4 groups of {a.group}; copy bandwidth {bw / 1e12:.2f} TB/s. µs per "
+        "projection, the norm-only chain subtracted; (x) = fraction of the copy bandwidth that the weight's "
+        "stored bytes reach (bf16: 2 B / element; int4: codes + scales + zero points for all three int4 "
+        f"columns). int4 kernel configs: INT4_CONFIGS = {tq.INT4_CONFIGS}, INT4_LOOP_CONFIG = "
+        f"{tq.INT4_LOOP_CONFIG}, INT4_CHUNK_K = {tq.INT4_CHUNK_K}, INT4_BY_SHAPE = {tq.INT4_BY_SHAPE}.",
+        "",
+        "| proj | M | norm alone | bf16 triton.gemv | int4 decode (_qgemv_int4) | int4 old rows "
+        "(_qgemv_rows) | int4 dequantize + cuBLAS | bf16 / int4 decode | int4 cfg | best int4 (--grid) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
     print("\n".join(lines), flush=True)
     for name, (n, k) in LINEAR.items():
         if name != "lm_head":

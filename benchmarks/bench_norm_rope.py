@@ -1,10 +1,11 @@
-"""Norm, RoPE and sampling kernels side by side on one device, through ``lz.tune`` (every eligible kernel checked
-against the reference, then timed with CUDA events), plus the default pick's end-to-end ``lz`` call.
+"""Norm, RoPE and sampling kernels side by side on one device, through ``lz.tune`` (every eligible kernel
+checked against the reference, then timed with CUDA events), plus the default pick's end-to-end ``lz`` call.
 
 Usage: ``PYTHONPATH=src python benchmarks/bench_norm_rope.py --device cuda --out results.md``. The PerfDB is a
 temporary file (the run does not change the caller's choices). Shapes: rms_norm (plain and fused residual) for
-decode-sized ``[1..64, 4096]`` and prefill-sized ``[8192, 4096]`` rows, rope on ``[1 or 8, 32/8 heads, S, 128]``,
-top-k/top-p over a 151,936-token vocabulary (Qwen3) for 1 and 64 rows; bfloat16.
+decode-sized ``[1..64, 4096]`` and prefill-sized ``[8192, 4096]`` rows, rope on
+``[1 or 8, 32/8 heads, S, 128]``, top-k/top-p over a 151,936-token vocabulary (Qwen3) for 1 and 64 rows;
+bfloat16.
 """
 
 from __future__ import annotations
@@ -67,17 +68,29 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
-    lines = [f"# rms_norm / rope / sampling kernels on {a.device}", "",
-             f"- date: {datetime.date.today()}; torch {torch.__version__}; python {platform.python_version()}",
-             f"- device: {torch.cuda.get_device_name() if a.device == 'cuda' else platform.processor()}", ""]
+    lines = [
+        f"# rms_norm / rope / sampling kernels on {a.device}",
+        "",
+        f"- date: {datetime.date.today()}; torch {torch.__version__}; python {platform.python_version()}",
+        f"- device: {torch.cuda.get_device_name() if a.device == 'cuda' else platform.processor()}",
+        "",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         lz.configure(perfdb_path=str(Path(tmp) / "perf.sqlite"))
         cases = _cases(a.device)
         defaults = {op: [_lz_call_us(op, c, a.device) for c in cs] for op, cs in cases.items()}
         for op, cs in cases.items():
             report = lz.tune(op, cs, progress=False)
-            lines += [f"## {op}", "", "```", str(report), "```", "",
-                      "default pick (priorities only) and its end-to-end lz call, µs:", ""]
+            lines += [
+                f"## {op}",
+                "",
+                "```",
+                str(report),
+                "```",
+                "",
+                "default pick (priorities only) and its end-to-end lz call, µs:",
+                "",
+            ]
             lines += [f"- case {i}: {k} {us:.1f} µs" for i, (k, us) in enumerate(defaults[op])] + [""]
     text = "\n".join(lines)
     print(text)

@@ -1,7 +1,8 @@
-"""Paged prefill kernels side by side: one ``lz.paged_attention`` call at a mixed step's shape (Qwen3-0.6B heads: 16 q /
-8 kv, D 128, pages of 16; 8 prompts of ~1000 tokens, 2 chunks appended to ~1500 cached tokens, 64 decode rows), each
-prefill-capable kernel locked in turn, on a bf16 cache and on fp8 / int8 caches. CUDA events around each call, median
-of ``--iters`` after warm-up; every kernel's output is compared with the first one's.
+"""Paged prefill kernels side by side: one ``lz.paged_attention`` call at a mixed step's shape (Qwen3-0.6B
+heads: 16 q / 8 kv, D 128, pages of 16; 8 prompts of ~1000 tokens, 2 chunks appended to ~1500 cached tokens,
+64 decode rows), each prefill-capable kernel locked in turn, on a bf16 cache and on fp8 / int8 caches. CUDA
+events around each call, median of ``--iters`` after warm-up; every kernel's output is compared with the first
+one's.
 
 Usage: ``PYTHONPATH=src python benchmarks/bench_paged_prefill.py --out FILE.md`` (CUDA)."""
 
@@ -24,8 +25,11 @@ def mixed_step(kv_dtype: torch.dtype, seed: int = 0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     page, hkv, hq, d = 16, 8, 16, 128
     q_lens = [1000, 997, 1003, 990, 1010, 1001, 999, 1000, 300, 250] + [1] * 64
-    kv_lens = q_lens[:8] + [1800, 1750] + [int(x) for x in torch.randint(200, 2000, (64,), generator=g,
-                                                                            device="cuda").tolist()]
+    kv_lens = (
+        q_lens[:8]
+        + [1800, 1750]
+        + [int(x) for x in torch.randint(200, 2000, (64,), generator=g, device="cuda").tolist()]
+    )
     width = max(-(-n // page) for n in kv_lens)
     blocks = len(q_lens) * width
     cache = torch.randn(blocks, 2, page, hkv, d, device="cuda", generator=g)
@@ -73,11 +77,17 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--iters", type=int, default=10)
     a = ap.parse_args()
-    lines = [f"# Paged prefill kernels at a mixed step ({torch.cuda.get_device_name()}, torch {torch.__version__})", "",
-             "8 prompts of ~1000 tokens, 2 chunks of 300 / 250 tokens appended to 1800 / 1750 cached, 64 decode rows "
-             "(KV 200-2000); 16 q / 8 kv heads, D 128, pages of 16; q bf16. Median of "
-             f"{a.iters} calls (CUDA events; 2 for torch_sdpa) after one warm-up.", "",
-             "| cache | kernel | µs | max abs diff vs first |", "| --- | --- | ---: | ---: |"]
+    lines = [
+        f"# Paged prefill kernels at a mixed step ({torch.cuda.get_device_name()}, torch "
+        f"{torch.__version__})",
+        "",
+        "8 prompts of ~1000 tokens, 2 chunks of 300 / 250 tokens appended to 1800 / 1750 cached, 64 decode "
+        f"rows (KV 200-2000); 16 q / 8 kv heads, D 128, pages of 16; q bf16. Median of {a.iters} calls (CUDA "
+        "events; 2 for torch_sdpa) after one warm-up.",
+        "",
+        "| cache | kernel | µs | max abs diff vs first |",
+        "| --- | --- | ---: | ---: |",
+    ]
     for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.int8):
         q, cache, tables, lens, cu, scales = mixed_step(kv_dtype)
         first = None

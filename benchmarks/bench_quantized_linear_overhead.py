@@ -1,17 +1,19 @@
-"""Host overhead of ``lz.quantized_linear`` on a cache hit, side by side with ``lz.linear`` and the direct calls.
+"""Host overhead of ``lz.quantized_linear`` on a cache hit, side by side with ``lz.linear`` and the direct
+calls.
 
 At a tiny CPU shape (x ``[4, 64]`` float32, weight ``[32, 64]``; the kernels are cheap, so Python shows), per
 weight format (int8 per channel, int4 groups of 32): the chosen kernel called directly (the plan's function:
-``torch_native.quantized_linear``), ``lz.quantized_linear`` as it is (a weight's metadata checked once, its tensors
-every call: ``ops/quantized_linear.py``'s ``_WEIGHTS``), the same with the memo bypassed (a miss: the full
-checks, plus computing and filing the weight's layout), the same with a new ``QuantizedTensor`` built per call (what
-the engine's layers do), and the pieces (``_prepare``, the op's checks + key, both ways; ``Runtime.run`` with a
-prebuilt key). ``--before FILE`` adds the rows of another version of ``ops/quantized_linear.py`` (its
-``quantized_linear`` and ``prepare``, the checks + key its op ran), e.g. of the last commit:
-``git show HEAD:src/layerzero/ops/quantized_linear.py > /tmp/ql_before.py``; timed in the same run.
-For comparison ``F.linear`` and ``lz.linear`` on the float weight of the same shape. Every row is timed in the same
-run, interleaved in rounds (machine load affects all alike); the memo is bypassed only while its own rows run.
-Records the machine, the CPU's model and ISA flags (/proc/cpuinfo), torch and the date.
+``torch_native.quantized_linear``), ``lz.quantized_linear`` as it is (a weight's metadata checked once, its
+tensors every call: ``ops/quantized_linear.py``'s ``_WEIGHTS``), the same with the memo bypassed (a miss: the
+full checks, plus computing and filing the weight's layout), the same with a new ``QuantizedTensor`` built per
+call (what the engine's layers do), and the pieces (``_prepare``, the op's checks + key, both ways;
+``Runtime.run`` with a prebuilt key). ``--before FILE`` adds the rows of another version of
+``ops/quantized_linear.py`` (its ``quantized_linear`` and ``prepare``, the checks + key its op ran), e.g. of
+the last commit: ``git show HEAD:src/layerzero/ops/quantized_linear.py >
+/tmp/ql_before.py``; timed in the same run. For comparison ``F.linear`` and ``lz.linear`` on the float weight
+of the same shape. Every row is timed in the same run, interleaved in rounds (machine load affects all alike);
+the memo is bypassed only while its own rows run. Records the machine, the CPU's model and ISA flags
+(/proc/cpuinfo), torch and the date.
 
 Usage: ``PYTHONPATH=src python benchmarks/bench_quantized_linear_overhead.py [--rounds 15] [--iters 2000]
 [--before FILE] [--out benchmarks/results/quantized_linear_overhead_cpu.md]``
@@ -57,8 +59,9 @@ def _cpu_flags() -> list[str]:
 
 
 def measure(rows: dict[str, Callable[[], object]], rounds: int, iters: int) -> dict[str, float]:
-    """Median over rounds of each row's per-call µs; rows interleaved within each round; rows named ``...FULL``
-    run with ``ql._fast_weight`` replaced by a function that always misses (every call takes the full checks)."""
+    """Median over rounds of each row's per-call µs; rows interleaved within each round; rows named
+    ``...FULL`` run with ``ql._fast_weight`` replaced by a function that always misses (every call takes the
+    full checks)."""
     fast = ql._fast_weight
     samples: dict[str, list[float]] = {name: [] for name in rows}
     try:
@@ -76,8 +79,8 @@ def measure(rows: dict[str, Callable[[], object]], rounds: int, iters: int) -> d
 
 
 def _load_before(path: str) -> ModuleType:
-    """Another version of ``ops/quantized_linear.py`` as a sibling module of the real one (its relative imports
-    resolve in ``layerzero.ops``); its keys equal the real keys, so it hits the same cache entries."""
+    """Another version of ``ops/quantized_linear.py`` as a sibling module of the real one (its relative
+    imports resolve in ``layerzero.ops``); its keys equal the real keys, so it hits the same cache entries."""
     spec = importlib.util.spec_from_file_location("layerzero.ops._quantized_linear_before", path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"cannot load {path}")
@@ -86,24 +89,30 @@ def _load_before(path: str) -> ModuleType:
     return mod
 
 
-def _rows(tag: str, x: torch.Tensor, qt: lz.QuantizedTensor, b: torch.Tensor, before: Any
-          ) -> dict[str, Callable[[], object]]:
+def _rows(
+    tag: str, x: torch.Tensor, qt: lz.QuantizedTensor, b: torch.Tensor, before: Any
+) -> dict[str, Callable[[], object]]:
     for _ in range(2):  # the first call selects, the second files the hot key
         lz.quantized_linear(x, qt, b)
     plan = lz.select("quantized_linear", x, qt, b)
     key, args = ql.prepare(x, qt, b)
     fields = tuple(qt)
-    old = {} if before is None else {
-        f"{tag}: lz.quantized_linear (cache hit) [before]": lambda: before.quantized_linear(x, qt, b),
-        f"{tag}:   checks + key (prepare) [before]": lambda: before.prepare(x, qt, b),
-    }
+    old = (
+        {}
+        if before is None
+        else {
+            f"{tag}: lz.quantized_linear (cache hit) [before]": lambda: before.quantized_linear(x, qt, b),
+            f"{tag}:   checks + key (prepare) [before]": lambda: before.prepare(x, qt, b),
+        }
+    )
     return {
         **old,
         f"{tag}: kernel direct ({plan.kernel_id})": lambda: plan.call(x, qt, b),
         f"{tag}: lz.quantized_linear (cache hit)": lambda: lz.quantized_linear(x, qt, b),
         f"{tag}: lz.quantized_linear (cache hit){FULL}": lambda: lz.quantized_linear(x, qt, b),
         f"{tag}: lz.quantized_linear, new QuantizedTensor per call": lambda: lz.quantized_linear(
-            x, lz.QuantizedTensor(*fields), b),
+            x, lz.QuantizedTensor(*fields), b
+        ),
         f"{tag}:   checks + key (_prepare)": lambda: ql._prepare(x, qt, b),
         f"{tag}:   checks + key (_prepare){FULL}": lambda: ql._prepare(x, qt, b),
         f"{tag}:   Runtime.run, prebuilt key": lambda: RUNTIME.run(key, ql.context, args),
@@ -141,22 +150,31 @@ def main(argv: list[str] | None = None) -> int:
         direct = next(us for name, us in res.items() if name.startswith(f"{tag}: kernel direct"))
         after = res[f"{tag}: lz.quantized_linear (cache hit)"] - direct
         miss = res[f"{tag}: lz.quantized_linear (cache hit){FULL}"] - direct
-        old = "" if before is None else (
-            f"; before: {res[f'{tag}: lz.quantized_linear (cache hit) [before]'] - direct:.2f} µs, its checks + key "
-            f"{res[f'{tag}:   checks + key (prepare) [before]']:.2f} µs")
-        summary.append(f"- **{tag}: lz.quantized_linear over the direct kernel call {after:.2f} µs per call, "
-                       f"checks + key {res[f'{tag}:   checks + key (_prepare)']:.2f} µs{old}**; memo bypassed "
-                       f"(every call a miss): {miss:.2f} µs, checks + key "
-                       f"{res[f'{tag}:   checks + key (_prepare){FULL}']:.2f} µs")
+        old = (
+            ""
+            if before is None
+            else (
+                f"; before: {res[f'{tag}: lz.quantized_linear (cache hit) [before]'] - direct:.2f} µs, its "
+                f"checks + key {res[f'{tag}:   checks + key (prepare) [before]']:.2f} µs"
+            )
+        )
+        summary.append(
+            f"- **{tag}: lz.quantized_linear over the direct kernel call {after:.2f} µs per call, "
+            f"checks + key {res[f'{tag}:   checks + key (_prepare)']:.2f} µs{old}**; memo bypassed "
+            f"(every call a miss): {miss:.2f} µs, checks + key "
+            f"{res[f'{tag}:   checks + key (_prepare){FULL}']:.2f} µs"
+        )
     lines = [
         "# lz.quantized_linear host overhead (cpu, cache hit)",
         "",
         f"- date: {datetime.date.today().isoformat()}",
-        f"- machine: {platform.machine()} {_cpu_model()}, {os.cpu_count()} CPUs ({torch.get_num_threads()} torch "
-        f"thread), python {platform.python_version()}, torch {torch.__version__}, layerzero {lz.__version__}",
+        f"- machine: {platform.machine()} {_cpu_model()}, {os.cpu_count()} CPUs ({torch.get_num_threads()} "
+        f"torch thread), python {platform.python_version()}, torch {torch.__version__}, layerzero "
+        f"{lz.__version__}",
         f"- CPU flags (/proc/cpuinfo): {' '.join(_cpu_flags()) or 'unknown'}; torch CPU capability: {cap} "
         f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})",
-        "- shape: x [4, 64] float32, weight [32, 64] (int8 per channel; int4 groups of 32), bias [32], on cpu",
+        "- shape: x [4, 64] float32, weight [32, 64] (int8 per channel; int4 groups of 32), bias [32], on "
+        "cpu",
         f"- method: median over {ns.rounds} interleaved rounds of {ns.iters} calls each; rows marked{FULL} "
         "make every call a memo miss (the full checks, then the layout computed and filed)"
         + ("" if before is None else f"; rows marked [before]: {ns.before}"),

@@ -47,29 +47,41 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
     bw = _copy_gbs()
-    lines = [f"# lz.sample kernels on {torch.cuda.get_device_name()} — {datetime.date.today()}", "",
-             f"- torch {torch.__version__}, vocab {args.vocab}, bf16 logits; median of {args.rounds} interleaved "
-             f"rounds of 20 calls; copy bandwidth {bw:.0f} GB/s", "",
-             "| batch | filters | reference.sample µs | triton.sample µs | speed-up | triton: two reads of the "
-             "logits at % of copy bandwidth |", "| ---: | --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"# lz.sample kernels on {torch.cuda.get_device_name()} — {datetime.date.today()}",
+        "",
+        f"- torch {torch.__version__}, vocab {args.vocab}, bf16 logits; median of {args.rounds} interleaved "
+        f"rounds of 20 calls; copy bandwidth {bw:.0f} GB/s",
+        "",
+        "| batch | filters | reference.sample µs | triton.sample µs | speed-up | triton: two reads of the "
+        "logits at % of copy bandwidth |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
     for b in (1, 64, 256):
         logits = torch.randn(b, args.vocab, device="cuda", dtype=torch.bfloat16)
         temp = torch.full((b,), 0.6, device="cuda")
-        for name, kw in (("temperature", {}), ("temperature + top-p 0.9", {"top_p": torch.full((b,), 0.9,
-                                                                                           device="cuda")})):
+        for name, kw in (
+            ("temperature", {}),
+            ("temperature + top-p 0.9", {"top_p": torch.full((b,), 0.9, device="cuda")}),
+        ):
             times: dict[str, list[float]] = {k: [] for k in KERNELS}
             for _ in range(args.rounds):
                 for k in KERNELS:
                     lz.lock("sample", k)
                     try:
                         lz.sample(logits, temperature=temp, **kw)
-                        times[k].append(_time_us(lambda x=logits, t=temp, kw=kw: lz.sample(x, temperature=t, **kw)))
+                        times[k].append(
+                            _time_us(lambda x=logits, t=temp, kw=kw: lz.sample(x, temperature=t, **kw))
+                        )
                     finally:
                         lz.unlock("sample")
             ref, tri = (statistics.median(times[k]) for k in KERNELS)
             frac = 2 * logits.numel() * 2 / (tri * 1e-6) / (bw * 1e9)  # bytes read / s over copy bytes / s
-            lines.append(f"| {b} | {name} | {ref:.1f} | {tri:.1f} | {ref / tri:.2f}x | "
-                         + ("-" if kw else f"{100 * frac:.0f}%") + " |")
+            lines.append(
+                f"| {b} | {name} | {ref:.1f} | {tri:.1f} | {ref / tri:.2f}x | "
+                + ("-" if kw else f"{100 * frac:.0f}%")
+                + " |"
+            )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -1,11 +1,12 @@
-"""Greedy decoding's argmax on CUDA: ``lz.sample_greedy`` (``triton.sample_greedy``: the split-vocabulary argmax on the
-bf16 logits) against ``torch.argmax(logits.float())`` (the serving engine's greedy path before it: a float32 cast,
-then the argmax) and ``torch.argmax(logits)`` on the bf16 logits, vocabulary 151,936 (Qwen's), S = 1, 8, 64, 256
-rows. Each is timed as a serving step runs it: inside a CUDA graph of 100 back-to-back calls (the host's launch cost
-is paid once, at capture), median of 7 replays, µs per call; the Triton kernel with PDL (as a decode graph launches
-it on SM >= 9.0 for <= 16 rows: consecutive calls overlap their launch with the previous call's tail) and without.
-The logits (0.3 MB a row) stay in L2 between replays, as a step's logits just written by the LM head do. Every
-kernel's ids are checked against ``reference.sample_greedy`` first.
+"""Greedy decoding's argmax on CUDA: ``lz.sample_greedy`` (``triton.sample_greedy``: the split-vocabulary
+argmax on the bf16 logits) against ``torch.argmax(logits.float())`` (the serving engine's greedy path before
+it: a float32 cast, then the argmax) and ``torch.argmax(logits)`` on the bf16 logits, vocabulary 151,936
+(Qwen's), S = 1, 8, 64, 256 rows. Each is timed as a serving step runs it: inside a CUDA graph of 100
+back-to-back calls (the host's launch cost is paid once, at capture), median of 7 replays, µs per call; the
+Triton kernel with PDL (as a decode graph launches it on SM >= 9.0 for <= 16 rows: consecutive calls overlap
+their launch with the previous call's tail) and without. The logits (0.3 MB a row) stay in L2 between replays,
+as a step's logits just written by the LM head do. Every kernel's ids are checked against
+``reference.sample_greedy`` first.
 
 Usage (on a GPU machine)::
 
@@ -33,9 +34,9 @@ REPLAYS = 7
 
 
 def graph_us(fn: Callable[[], Any]) -> float:
-    """µs per call of ``fn`` in a CUDA graph of :data:`CALLS` calls (median of :data:`REPLAYS` replays), after PyTorch's
-    recipe: an eager call, a warm-up under ``lz.capture_selection()`` (compiles what the capture runs, PDL variants
-    included), a side-stream warm-up, the capture."""
+    """µs per call of ``fn`` in a CUDA graph of :data:`CALLS` calls (median of :data:`REPLAYS` replays), after
+    PyTorch's recipe: an eager call, a warm-up under ``lz.capture_selection()`` (compiles what the capture
+    runs, PDL variants included), a side-stream warm-up, the capture."""
     fn()
     with lz.capture_selection():
         fn()
@@ -90,9 +91,13 @@ def measure(s: int, v: int, dtype: torch.dtype) -> str:
     direct = graph_us(lambda: torch.argmax(x, dim=-1))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     chunks, _ = ts.greedy_chunks(s, v, knobs.get(ts.KNOBS).greedy_programs_per_sm * sms)
-    pdl = "yes" if s <= _launch.PDL_MAX_ROWS and torch.cuda.get_device_capability()[0] >= 9 else "no (not used)"
-    return (f"| {s} | {v} | {chunks} | {tri_pdl:.2f} ({pdl}) | {tri:.2f} | {cast:.2f} | {direct:.2f} | "
-            f"{cast / min(tri, tri_pdl):.2f}x |")
+    pdl = (
+        "yes" if s <= _launch.PDL_MAX_ROWS and torch.cuda.get_device_capability()[0] >= 9 else "no (not used)"
+    )
+    return (
+        f"| {s} | {v} | {chunks} | {tri_pdl:.2f} ({pdl}) | {tri:.2f} | {cast:.2f} | {direct:.2f} | "
+        f"{cast / min(tri, tri_pdl):.2f}x |"
+    )
 
 
 def main() -> None:
@@ -107,12 +112,17 @@ def main() -> None:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kn = knobs.get(ts.KNOBS)
-    lines = [f"# Greedy argmax: triton.sample_greedy vs torch.argmax — {run_info()}", "",
-             f"- triton {triton.__version__}, {sms} SMs; bf16 logits, vocabulary {args.vocab}; µs per call inside a "
-             f"CUDA graph of {CALLS} calls, median of {REPLAYS} replays; tile {kn.greedy_block}, "
-             f"{kn.greedy_programs_per_sm} programs per SM aimed at (chunks: per row, 1 = no merge launch)", "",
-             "| S | V | chunks | triton (PDL) µs | triton µs | argmax(logits.float()) µs | argmax(bf16) µs | "
-             "speed-up vs cast + argmax |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"# Greedy argmax: triton.sample_greedy vs torch.argmax — {run_info()}",
+        "",
+        f"- triton {triton.__version__}, {sms} SMs; bf16 logits, vocabulary {args.vocab}; µs per call inside "
+        f"a CUDA graph of {CALLS} calls, median of {REPLAYS} replays; tile {kn.greedy_block}, "
+        f"{kn.greedy_programs_per_sm} programs per SM aimed at (chunks: per row, 1 = no merge launch)",
+        "",
+        "| S | V | chunks | triton (PDL) µs | triton µs | argmax(logits.float()) µs | argmax(bf16) µs | "
+        "speed-up vs cast + argmax |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for s in (int(r) for r in args.rows.split(",")):
         lines.append(measure(s, args.vocab, torch.bfloat16))
         print(lines[-1], flush=True)

@@ -1,6 +1,7 @@
-"""Launch-config search for ``triton.gemv`` (``backends/triton/gemv.py::config`` was set from it): both kernels of
-``_gemv_kernels.py`` over a grid of tile sizes, timed inside CUDA graphs (``bench_in_graph.graph_us``) on
-Qwen3-0.6B's projections, next to cuBLAS. Prints, per (projection, rows), cuBLAS and the best config of each kernel.
+"""Launch-config search for ``triton.gemv`` (``backends/triton/gemv.py::config`` was set from it): both
+kernels of ``_gemv_kernels.py`` over a grid of tile sizes, timed inside CUDA graphs
+(``bench_in_graph.graph_us``) on Qwen3-0.6B's projections, next to cuBLAS. Prints, per (projection, rows),
+cuBLAS and the best config of each kernel.
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/gemv_configs.py [--rows 2,4,8] [--out FILE]`` (CUDA).
 """
@@ -19,10 +20,14 @@ from layerzero.backends.triton._common import cdiv, next_pow2
 
 
 def grid() -> list[tuple[str, dict]]:
-    rows = [("rows", {"BN": bn, "BK": bk, "num_warps": w}) for bn, bk, w in itertools.product((2, 4, 8), (256, 512),
-                                                                                                (4, 8))]
-    dot = [("dot", {"BN": bn, "BK": bk, "num_warps": 4, "num_stages": st})
-           for bn, bk, st in itertools.product((16, 32, 64), (64, 128, 256), (3, 4))]
+    rows = [
+        ("rows", {"BN": bn, "BK": bk, "num_warps": w})
+        for bn, bk, w in itertools.product((2, 4, 8), (256, 512), (4, 8))
+    ]
+    dot = [
+        ("dot", {"BN": bn, "BK": bk, "num_warps": 4, "num_stages": st})
+        for bn, bk, st in itertools.product((16, 32, 64), (64, 128, 256), (3, 4))
+    ]
     return rows + dot
 
 
@@ -32,8 +37,9 @@ def run(x, w, kind, cfg):
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     fn = kern._gemv_rows if kind == "rows" else kern._gemv_dot
     extra = {"BM": next_pow2(m)} if kind == "rows" else {"BM": 16, "UPCAST": False}
-    fn[(cdiv(n, cfg["BN"]),)](x, w, out, out, m, n, x.stride(0), w.stride(0), out.stride(0), K=k, HAS_BIAS=False,
-                              **extra, **cfg)
+    fn[(cdiv(n, cfg["BN"]),)](
+        x, w, out, out, m, n, x.stride(0), w.stride(0), out.stride(0), K=k, HAS_BIAS=False, **extra, **cfg
+    )
     return out
 
 
@@ -42,8 +48,12 @@ def main() -> int:
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    lines = [f"# triton.gemv configs on {torch.cuda.get_device_name()} (bf16, in-graph µs)", "",
-             "| proj | M | cuBLAS | best rows | config | best dot | config |", "| --- | ---: | ---: | ---: | --- | ---: | --- |"]
+    lines = [
+        f"# triton.gemv configs on {torch.cuda.get_device_name()} (bf16, in-graph µs)",
+        "",
+        "| proj | M | cuBLAS | best rows | config | best dot | config |",
+        "| --- | ---: | ---: | ---: | --- | ---: | --- |",
+    ]
     for name, (n, k) in LINEAR.items():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
         for m in (int(r) for r in a.rows.split(",")):
@@ -63,8 +73,10 @@ def main() -> int:
                 if t < best[kind][0]:
                     best[kind] = (t, cfg)
             cub = graph_us(lambda x=x, w=w: F.linear(x, w))
-            lines.append(f"| {name} | {m} | {cub:.2f} | {best['rows'][0]:.2f} | {best['rows'][1]} | "
-                         f"{best['dot'][0]:.2f} | {best['dot'][1]} |")
+            lines.append(
+                f"| {name} | {m} | {cub:.2f} | {best['rows'][0]:.2f} | {best['rows'][1]} | "
+                f"{best['dot'][0]:.2f} | {best['dot'][1]} |"
+            )
             print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     if a.out:

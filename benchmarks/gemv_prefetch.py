@@ -1,8 +1,8 @@
-"""``triton.gemv``'s prefetch kernel against its row / dot kernels and cuBLAS, the way a decode graph runs them: a CUDA
-graph of 28 layers of ``lz.rms_norm -> linear`` (each layer its own weight, so the weights stream from HBM as in a
-model, not from L2), PDL-launched where our kernels allow it (SM 9.0+, captured). Reports µs per layer with the norm
-alone's chain subtracted (the projection's share of a step) and the fraction of the copy bandwidth that share
-reaches; a grid of the prefetch kernel's slab width (BN) and warps for one row.
+"""``triton.gemv``'s prefetch kernel against its row / dot kernels and cuBLAS, the way a decode graph runs
+them: a CUDA graph of 28 layers of ``lz.rms_norm -> linear`` (each layer its own weight, so the weights stream
+from HBM as in a model, not from L2), PDL-launched where our kernels allow it (SM 9.0+, captured). Reports µs
+per layer with the norm alone's chain subtracted (the projection's share of a step) and the fraction of the
+copy bandwidth that share reaches; a grid of the prefetch kernel's slab width (BN) and warps for one row.
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/gemv_prefetch.py [--rows 1,2,4,8] [--out FILE]`` (CUDA).
 """
@@ -26,9 +26,9 @@ LAYERS = 28
 
 
 def chain_us(fn: Callable[[int], object], flush: torch.Tensor | None = None) -> float:
-    """µs per layer of a graph of ``LAYERS`` calls ``fn(layer)`` (warmed under ``lz.capture_selection()`` so PDL
-    variants compile before the capture; best of 7 replays); ``flush``: a buffer zeroed before each replay (bigger
-    than L2: every weight then comes from HBM)."""
+    """µs per layer of a graph of ``LAYERS`` calls ``fn(layer)`` (warmed under ``lz.capture_selection()`` so
+    PDL variants compile before the capture; best of 7 replays); ``flush``: a buffer zeroed before each replay
+    (bigger than L2: every weight then comes from HBM)."""
     with lz.capture_selection():
         for i in range(LAYERS):
             fn(i)
@@ -54,8 +54,10 @@ def chain_us(fn: Callable[[int], object], flush: torch.Tensor | None = None) -> 
 
 def run_info() -> str:
     """``GPU, torch version, Python version, date`` for a report's title."""
-    return (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Python {platform.python_version()}, "
-            f"{datetime.date.today()}")
+    return (
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Python {platform.python_version()}, "
+        f"{datetime.date.today()}"
+    )
 
 
 def save_report(lines: list[str], out: str | None) -> None:
@@ -102,8 +104,11 @@ def measure(name: str, ws: list[torch.Tensor], nw: torch.Tensor, m: int, bw: flo
             return chain_us(lambda i: layer(i, lambda h, w: tg.gemv(h, w, None))) - norm
 
     base, dflt = ours(False), ours(True)
-    grid = [(bn, w) for bn in (1, 2, 4, 8) for w in (4, 8)
-            if bn * (1 << (k - 1).bit_length()) <= 16384] if m == 1 else [(bn, 4) for bn in (2, 4, 8)]
+    grid = (
+        [(bn, w) for bn in (1, 2, 4, 8) for w in (4, 8) if bn * (1 << (k - 1).bit_length()) <= 16384]
+        if m == 1
+        else [(bn, 4) for bn in (2, 4, 8)]
+    )
     best: tuple[float, str | None] = (float("inf"), None)
     for bn, w in grid:
         try:
@@ -116,8 +121,10 @@ def measure(name: str, ws: list[torch.Tensor], nw: torch.Tensor, m: int, bw: flo
     def frac(us: float) -> str:
         return f"{us:.2f} ({n * k * 2 / (us * 1e-6) / bw:.2f})"
 
-    return (f"| {name} | {m} | {norm:.2f} | {frac(cub)} | {frac(base)} | {frac(dflt)} | {frac(best[0])} | "
-            f"{best[1]} |")
+    return (
+        f"| {name} | {m} | {norm:.2f} | {frac(cub)} | {frac(base)} | {frac(dflt)} | {frac(best[0])} | "
+        f"{best[1]} |"
+    )
 
 
 def main() -> int:
@@ -126,13 +133,18 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     bw = copy_bandwidth()
-    lines = [f"# triton.gemv prefetch kernel, {torch.cuda.get_device_name()} (bf16, {LAYERS}-layer norm -> linear "
-             "graphs, PDL)", "",
-             f"torch {torch.__version__}, host {platform.processor() or platform.machine()}; copy bandwidth "
-             f"{bw / 1e12:.2f} TB/s. µs per layer, the norm-only chain subtracted; (x) = fraction of the copy "
-             "bandwidth the projection's weight read reaches in that time.", "",
-             "| proj | M | norm alone | cuBLAS | rows/dot (prefetch off) | prefetch (default cfg) | best prefetch | cfg |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        f"# triton.gemv prefetch kernel, {torch.cuda.get_device_name()} (bf16, {LAYERS}-layer norm -> linear "
+        "graphs, PDL)",
+        "",
+        f"torch {torch.__version__}, host {platform.processor() or platform.machine()}; copy bandwidth "
+        f"{bw / 1e12:.2f} TB/s. µs per layer, the norm-only chain subtracted; (x) = fraction of the copy "
+        "bandwidth the projection's weight read reaches in that time.",
+        "",
+        "| proj | M | norm alone | cuBLAS | rows/dot (prefetch off) | prefetch (default cfg) | best prefetch "
+        "| cfg |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     print("\n".join(lines), flush=True)
     for name, (n, k) in LINEAR.items():
         if name == "lm_head":

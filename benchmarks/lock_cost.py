@@ -66,7 +66,8 @@ ITERS = 100
 
 
 def per_call_us(fn: Callable[[], object], device: str, iters: int | None = None) -> float:
-    """Wall µs per call over ``iters`` calls, synchronized at both ends (launch + kernel, as a serving step sees)."""
+    """Wall µs per call over ``iters`` calls, synchronized at both ends (launch + kernel, as a serving step
+    sees)."""
     if device == "cuda":
         torch.cuda.synchronize()
     iters = iters or ITERS
@@ -90,7 +91,8 @@ def _plan_stats() -> str:
 
 
 def measure(name: str, device: str, routes: list[str], rounds: int) -> dict[str, object]:
-    """Median per-call µs of ``name`` through each route (interleaved rounds) plus the kernel and plan stats."""
+    """Median per-call µs of ``name`` through each route (interleaved rounds) plus the kernel and plan
+    stats."""
     op, call, args, kwargs = make_call(name, device)
     kernel = lz.which(op, *args, **kwargs)
 
@@ -118,6 +120,7 @@ def _locked_loop(op: str, kernel: str, call: Callable[[], object]) -> Callable[[
             return per_call_us(call, DEVICE)
         finally:
             lz.unlock(op)
+
     return run
 
 
@@ -125,6 +128,7 @@ def _preferred_loop(kernel: str, call: Callable[[], object]) -> Callable[[], flo
     def run() -> float:
         with lz.prefer(kernel):
             return per_call_us(call, DEVICE)
+
     return run
 
 
@@ -152,20 +156,42 @@ def main(argv: list[str] | None = None) -> int:
     for name in [n for n in SHAPES if ns.shapes in n]:
         res = measure(name, ns.device, ["default", "lock", "prefer"], ns.rounds)
         for route in ("default", "lock"):
-            out = subprocess.run([sys.executable, __file__, "--device", ns.device, "--rounds", str(ns.rounds),
-                                  "--iters", str(ns.iters), "--child", f"{name}|{route}"], capture_output=True, text=True, env=os.environ)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--device",
+                    ns.device,
+                    "--rounds",
+                    str(ns.rounds),
+                    "--iters",
+                    str(ns.iters),
+                    "--child",
+                    f"{name}|{route}",
+                ],
+                capture_output=True,
+                text=True,
+                env=os.environ,
+            )
             fresh = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {}
             res[f"fresh {route}"] = fresh.get(route, float("nan"))
         rows.append((name, res))
         print(name, res, flush=True)
-    lines = ["# Per-call cost by route: default vs lz.lock vs lz.prefer of the same kernel", "",
-             f"- device: {torch.cuda.get_device_name() if ns.device == 'cuda' else 'cpu'}; torch {torch.__version__}",
-             "- µs per call (wall, synchronized loop of 100 calls; median of rounds); fresh = a new process", "",
-             "| shape | kernel | default | lock | prefer | fresh default | fresh lock | FlashInfer plans |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        "# Per-call cost by route: default vs lz.lock vs lz.prefer of the same kernel",
+        "",
+        f"- device: {torch.cuda.get_device_name() if ns.device == 'cuda' else 'cpu'}; torch "
+        f"{torch.__version__}",
+        "- µs per call (wall, synchronized loop of 100 calls; median of rounds); fresh = a new process",
+        "",
+        "| shape | kernel | default | lock | prefer | fresh default | fresh lock | FlashInfer plans |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for name, r in rows:
-        lines.append(f"| {name} | {r['kernel']} | {r['default']:.1f} | {r['lock']:.1f} | {r['prefer']:.1f} | "
-                     f"{r['fresh default']:.1f} | {r['fresh lock']:.1f} | {r['plans']} |")
+        lines.append(
+            f"| {name} | {r['kernel']} | {r['default']:.1f} | {r['lock']:.1f} | {r['prefer']:.1f} | "
+            f"{r['fresh default']:.1f} | {r['fresh lock']:.1f} | {r['plans']} |"
+        )
     text = "\n".join(lines)
     print(text)
     if ns.out:

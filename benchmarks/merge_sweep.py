@@ -1,8 +1,9 @@
 """Merge sweep runs made in several device calls (one call is limited to 10 minutes) into one result set.
 
-Each ``--run DIR[:PHASES]`` is a ``sweep.py --out`` directory; only the rows of the listed phases (comma-separated,
-default all) are taken, shape ids are offset by 1000 per run so they stay unique, and the targets are recomputed
-over the union. Writes sweep.csv, sweep.md and env.json (with every run's command) into ``--out``.
+Each ``--run DIR[:PHASES]`` is a ``sweep.py --out`` directory; only the rows of the listed phases
+(comma-separated, default all) are taken, shape ids are offset by 1000 per run so they stay unique, and the
+targets are recomputed over the union. Writes sweep.csv, sweep.md and env.json (with every run's command) into
+``--out``.
 
     python benchmarks/merge_sweep.py --out benchmarks/results/h200_sweep \\
         --run /work/.device/7/sweep:prefill,decode --run /work/.device/8/sweep:paged_decode \\
@@ -38,8 +39,15 @@ def merge(runs: list[tuple[Path, set[str] | None]], out: Path) -> dict:
         done += len({r["shape_id"] for r in taken})
         tuned += len({r["shape_id"] for r in taken if r.get("tuned_by")})
         elapsed += run["elapsed_s"]
-    meta = {"command": " ; ".join(commands), "shapes_planned": len(full_shapes()), "shapes_done": done, "shapes_tuned": tuned,
-            "elapsed_s": elapsed, "budget_s": elapsed, "runs": len(runs)}
+    meta = {
+        "command": " ; ".join(commands),
+        "shapes_planned": len(full_shapes()),
+        "shapes_done": done,
+        "shapes_tuned": tuned,
+        "elapsed_s": elapsed,
+        "budget_s": elapsed,
+        "runs": len(runs),
+    }
     targets = compute_targets(rows)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "sweep.csv", rows, COLUMNS)

@@ -1,9 +1,10 @@
-"""Run-to-run spread of the paged-decode kernels on one hidden shape (default: the H200 check's B24 bimodal, whose
-``triton.paged_decode`` time read 69 µs in one run and 110 µs in the next on one machine).
+"""Run-to-run spread of the paged-decode kernels on one hidden shape (default: the H200 check's B24 bimodal,
+whose ``triton.paged_decode`` time read 69 µs in one run and 110 µs in the next on one machine).
 
-For each kernel (and ``triton.paged_decode`` at forced split counts) it times ``--rounds`` rounds of ``--iters``
-back-to-back eager calls with CUDA events, and prints each round's µs per call, so a bimodal kernel shows as rounds
-that jump. Usage: ``PYTHONPATH=src:benchmarks python benchmarks/paged_spread.py`` (CUDA only).
+For each kernel (and ``triton.paged_decode`` at forced split counts) it times ``--rounds`` rounds of
+``--iters`` back-to-back eager calls with CUDA events, and prints each round's µs per call, so a bimodal
+kernel shows as rounds that jump. Usage: ``PYTHONPATH=src:benchmarks python benchmarks/paged_spread.py`` (CUDA
+only).
 """
 
 from __future__ import annotations
@@ -51,15 +52,25 @@ def main(argv: list[str] | None = None) -> int:
     for kid in ("flashinfer.paged_attention", "triton.paged_decode"):
         lz.lock("paged_attention", kid)
         try:
-            rows.append((kid, rounds_us(lambda: lz.paged_attention(q, cache, table, lens), a.rounds, a.iters)))
+            rows.append(
+                (kid, rounds_us(lambda: lz.paged_attention(q, cache, table, lens), a.rounds, a.iters))
+            )
         except lz.LayerZeroError as exc:
             print(kid, "unavailable:", exc)
         finally:
             lz.unlock("paged_attention")
     for s in (1, 2, 3, 4, 6, 8):
-        rows.append((f"triton splits={s}", rounds_us(lambda s=s: tp.paged_decode(q, cache, table, lens, num_splits=s),
-                                                     a.rounds, a.iters)))
-    print(f"# {case.label()} on {torch.cuda.get_device_name()}: µs per call, {a.rounds} rounds of {a.iters}\n")
+        rows.append(
+            (
+                f"triton splits={s}",
+                rounds_us(
+                    lambda s=s: tp.paged_decode(q, cache, table, lens, num_splits=s), a.rounds, a.iters
+                ),
+            )
+        )
+    print(
+        f"# {case.label()} on {torch.cuda.get_device_name()}: µs per call, {a.rounds} rounds of {a.iters}\n"
+    )
     print("\n".join(rounds_table(rows, "kernel")))
     return 0
 
@@ -67,8 +78,11 @@ def main(argv: list[str] | None = None) -> int:
 def rounds_table(rows: list[tuple[str, list[float]]], what: str) -> list[str]:
     """Markdown lines of ``(name, per-round µs)`` rows: min, median, max and every round."""
     return [f"| {what} | min | median | max | rounds |", "| --- | ---: | ---: | ---: | --- |"] + [
-        f"| {name} | {min(r):.1f} | {statistics.median(r):.1f} | {max(r):.1f} | " + " ".join(f"{x:.0f}" for x in r)
-        + " |" for name, r in rows]
+        f"| {name} | {min(r):.1f} | {statistics.median(r):.1f} | {max(r):.1f} | "
+        + " ".join(f"{x:.0f}" for x in r)
+        + " |"
+        for name, r in rows
+    ]
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Plot a sweep.csv (from benchmarks/sweep.py) into sweep.png: pick / fastest per shape, pick / SDPA default per
-shape (both modes), and paged-decode bandwidth against the copy bandwidth.
+"""Plot a sweep.csv (from benchmarks/sweep.py) into sweep.png: pick / fastest per shape, pick / SDPA default
+per shape (both modes), and paged-decode bandwidth against the copy bandwidth.
 
 Needs matplotlib (not a LayerZero dependency; run it on any machine after the sweep)::
 
@@ -40,20 +40,36 @@ def plot(csv_path: Path, out: Path) -> Path:
     labels = [s["label"] for s in default]
     fig, axes = plt.subplots(3, 1, figsize=(max(10, 0.28 * len(x) + 4), 14))
     ax = axes[0]
-    ax.scatter(x, [s["ratio"] if s["ratio"] is not None else float("nan") for s in default], label="default pick",
-               marker="o")
-    ax.scatter(x, [tuned.get(s["shape_id"], {}).get("ratio") or float("nan") for s in default], label="tuned pick",
-               marker="x")
+    ax.scatter(
+        x,
+        [s["ratio"] if s["ratio"] is not None else float("nan") for s in default],
+        label="default pick",
+        marker="o",
+    )
+    ax.scatter(
+        x,
+        [tuned.get(s["shape_id"], {}).get("ratio") or float("nan") for s in default],
+        label="tuned pick",
+        marker="x",
+    )
     ax.axhline(TARGETS["geomean"], ls="--", c="g", lw=0.8, label=f"geomean target {TARGETS['geomean']}")
     ax.axhline(TARGETS["worst"], ls=":", c="r", lw=0.8, label=f"worst target {TARGETS['worst']}")
     ax.set_ylabel("fastest / pick (kernel time)")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=8)
     ax = axes[1]
-    ax.scatter(x, [s["sdpa_ratio"] if s["sdpa_ratio"] is not None else float("nan") for s in default],
-               label="default pick", marker="o")
-    ax.scatter(x, [tuned.get(s["shape_id"], {}).get("sdpa_ratio") or float("nan") for s in default],
-               label="tuned pick", marker="x")
+    ax.scatter(
+        x,
+        [s["sdpa_ratio"] if s["sdpa_ratio"] is not None else float("nan") for s in default],
+        label="default pick",
+        marker="o",
+    )
+    ax.scatter(
+        x,
+        [tuned.get(s["shape_id"], {}).get("sdpa_ratio") or float("nan") for s in default],
+        label="tuned pick",
+        marker="x",
+    )
     ax.axhline(TARGETS["sdpa_slowdown"], ls="--", c="r", lw=0.8, label=f"limit {TARGETS['sdpa_slowdown']}")
     ax.set_ylabel("pick / SDPA default (kernel time)")
     ax.set_yscale("log")
@@ -64,7 +80,12 @@ def plot(csv_path: Path, out: Path) -> Path:
     ax = axes[2]
     dec = [s for s in default if s["phase"] == "paged_decode" and s["gbps"] is not None]
     xs = list(range(len(dec)))
-    ax.bar([i - 0.2 for i in xs], [s["gbps"] for s in dec], width=0.4, label="paged decode pick (KV bytes / time)")
+    ax.bar(
+        [i - 0.2 for i in xs],
+        [s["gbps"] for s in dec],
+        width=0.4,
+        label="paged decode pick (KV bytes / time)",
+    )
     ax.bar([i + 0.2 for i in xs], [s["copy_gbps"] or 0 for s in dec], width=0.4, label="copy (read + write)")
     ax.set_xticks(xs)
     ax.set_xticklabels([s["label"] for s in dec], rotation=90, fontsize=6)

@@ -1,4 +1,5 @@
-"""The H200 proof sweep: every kernel LayerZero can run, per shape, against LayerZero's pick and SDPA's default.
+"""The H200 proof sweep: every kernel LayerZero can run, per shape, against LayerZero's pick and SDPA's
+default.
 
 For each shape (``_sweep_shapes.full_shapes``: prefill and decode through ``lz.attention``, paged decode and
 append through ``lz.paged_attention``; bf16/fp16, several GQA ratios and head dims) it
@@ -67,7 +68,9 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _progress(i: int, n: int, what: str, shape: Shape, rows: list[dict[str, Any]], mode: str, t0: float) -> None:
+def _progress(
+    i: int, n: int, what: str, shape: Shape, rows: list[dict[str, Any]], mode: str, t0: float
+) -> None:
     """One line per shape on stderr: kernels timed, the fastest, the pick and its ratio, SDPA's default."""
     rs = [r for r in rows if str(r["shape_id"]) == str(i)]
     s = summarize(rs, mode)
@@ -80,13 +83,23 @@ def _progress(i: int, n: int, what: str, shape: Shape, rows: list[dict[str, Any]
     def fmt(x: float | None) -> str:
         return "—" if x is None else f"{x:.3g}"
 
-    _say(f"[{what} {i + 1}/{n}] {shape.label()}: {ok} kernels ok, fastest {s0['fastest']} {fmt(s0['fastest_us'])} µs, "
-         f"pick {s0['pick']} ratio {fmt(s0['ratio'])}, SDPA default {fmt(s0['sdpa_us'])} µs "
-         f"({time.monotonic() - t0:.0f} s)")
+    _say(
+        f"[{what} {i + 1}/{n}] {shape.label()}: {ok} kernels ok, fastest {s0['fastest']} "
+        f"{fmt(s0['fastest_us'])} µs, pick {s0['pick']} ratio {fmt(s0['ratio'])}, SDPA default "
+        f"{fmt(s0['sdpa_us'])} µs ({time.monotonic() - t0:.0f} s)"
+    )
 
 
-def run_sweep(shapes: list[Shape], device: torch.device, out: Path, *, timing: Timing, budget_s: float,
-              command: str = "", tune: bool = True) -> dict[str, Any]:
+def run_sweep(
+    shapes: list[Shape],
+    device: torch.device,
+    out: Path,
+    *,
+    timing: Timing,
+    budget_s: float,
+    command: str = "",
+    tune: bool = True,
+) -> dict[str, Any]:
     """Measure ``shapes`` on ``device`` (pass 1, tune, pass 2; see the module docstring) and write sweep.csv,
     sweep.md and env.json into ``out`` (created). The PerfDB path in effect before the call is restored.
 
@@ -115,7 +128,9 @@ def run_sweep(shapes: list[Shape], device: torch.device, out: Path, *, timing: T
                 try:
                     per_shape[i] = measure_shape(shape, i, device, timing)
                 except Exception as exc:  # noqa: BLE001 - one broken shape (e.g. out of memory) must not end the run
-                    log.warning("sweep: shape %s failed (%s: %s); skipped", shape.label(), type(exc).__name__, exc)
+                    log.warning(
+                        "sweep: shape %s failed (%s: %s); skipped", shape.label(), type(exc).__name__, exc
+                    )
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                     continue
@@ -140,16 +155,27 @@ def run_sweep(shapes: list[Shape], device: torch.device, out: Path, *, timing: T
                     try:
                         retime_shape(shapes[i], per_shape[i], device, timing)
                     except Exception as exc:  # noqa: BLE001
-                        log.warning("sweep: tuned pass of %s failed (%s: %s)", shapes[i].label(), type(exc).__name__, exc)
+                        log.warning(
+                            "sweep: tuned pass of %s failed (%s: %s)",
+                            shapes[i].label(),
+                            type(exc).__name__,
+                            exc,
+                        )
                     for r in per_shape[i]:
                         r["tuned_by"] = tuned_by[i]
                     retimed += 1
                     _progress(i, len(shapes), "tuned", shapes[i], rows, "tuned", t0)
         finally:
             lz.configure(perfdb_path=old_path)
-    meta = {"command": command, "shapes_planned": len(shapes), "shapes_done": len(per_shape),
-            "shapes_tuned": len(tuned_by), "elapsed_s": round(time.monotonic() - t0, 1), "budget_s": budget_s,
-            "timing": {k: getattr(timing, k) for k in timing.__slots__}}
+    meta = {
+        "command": command,
+        "shapes_planned": len(shapes),
+        "shapes_done": len(per_shape),
+        "shapes_tuned": len(tuned_by),
+        "elapsed_s": round(time.monotonic() - t0, 1),
+        "budget_s": budget_s,
+        "timing": {k: getattr(timing, k) for k in timing.__slots__},
+    }
     targets = compute_targets(rows)
     env = collect_env(device)
     write_csv(out / "sweep.csv", rows, COLUMNS)
@@ -166,24 +192,48 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-minutes", type=float, default=7.0, help="time budget in minutes (default 7)")
     p.add_argument("--limit", type=int, default=None, help="only the first N shapes")
     p.add_argument("--skip", type=int, default=0, help="leave out the first N shapes (after --phases)")
-    p.add_argument("--phases", nargs="+", default=None, help="only these phases (prefill decode paged_decode "
-                   "paged_append)")
+    p.add_argument(
+        "--phases",
+        nargs="+",
+        default=None,
+        help="only these phases (prefill decode paged_decode paged_append)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (default 3)")
     p.add_argument("--iters", type=int, default=10, help="calls per sample (default 10)")
     p.add_argument("--repeats", type=int, default=10, help="samples per round (default 10)")
-    p.add_argument("--scores-gib-max", type=float, default=16.0, help="skip materializing kernels (reference, "
-                   "SDPA math, eager flex) above this score-matrix size in GiB (default 16)")
-    p.add_argument("--exclude", nargs="+", default=(), help="kernel id glob patterns to leave out (e.g. "
-                   "'flex_attention.compiled' when torch.compile per shape costs too much of the budget)")
+    p.add_argument(
+        "--scores-gib-max",
+        type=float,
+        default=16.0,
+        help="skip materializing kernels (reference, "
+        "SDPA math, eager flex) above this score-matrix size in GiB (default 16)",
+    )
+    p.add_argument(
+        "--exclude",
+        nargs="+",
+        default=(),
+        help="kernel id glob patterns to leave out (e.g. "
+        "'flex_attention.compiled' when torch.compile per shape costs too much of the budget)",
+    )
     p.add_argument("--cpu-threads", type=int, default=1, help="torch threads with --device cpu (default 1)")
     p.add_argument("--no-tune", action="store_true", help="skip lz.tune and the tuned pass")
-    p.add_argument("--prewarm", type=int, default=0, metavar="N",
-                   help="before timing, compile every JIT kernel (FlashInfer, Triton) in N parallel worker "
-                        "processes (CUDA only; outside the --max-minutes budget)")
+    p.add_argument(
+        "--prewarm",
+        type=int,
+        default=0,
+        metavar="N",
+        help="before timing, compile every JIT kernel (FlashInfer, Triton) in N parallel worker "
+        "processes (CUDA only; outside the --max-minutes budget)",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
-    p.add_argument("--fill-sdpa-choice", type=Path, default=None, metavar="CSV",
-                   help="only fill the empty sdpa_kernel column of an existing sweep.csv (SDPA's own sub-backend "
-                        "per shape, from torch._fused_sdp_choice on this device) and rewrite it into --out")
+    p.add_argument(
+        "--fill-sdpa-choice",
+        type=Path,
+        default=None,
+        metavar="CSV",
+        help="only fill the empty sdpa_kernel column of an existing sweep.csv (SDPA's own sub-backend "
+        "per shape, from torch._fused_sdp_choice on this device) and rewrite it into --out",
+    )
     return p
 
 
@@ -204,21 +254,40 @@ def main(argv: list[str] | None = None) -> int:
     shapes = quick_shapes() if args.quick else full_shapes()
     if args.phases:
         shapes = [s for s in shapes if s.phase in args.phases]
-    shapes = shapes[args.skip:]
+    shapes = shapes[args.skip :]
     shapes = shapes[: args.limit] if args.limit else shapes
-    timing = Timing(iters=args.iters, repeats=args.repeats, rounds=args.rounds, scores_gib_max=args.scores_gib_max,
-                    exclude=tuple(args.exclude))
+    timing = Timing(
+        iters=args.iters,
+        repeats=args.repeats,
+        rounds=args.rounds,
+        scores_gib_max=args.scores_gib_max,
+        exclude=tuple(args.exclude),
+    )
     if args.quick:
         timing = replace(timing, warmup=1, iters=3, repeats=3, rounds=2, max_time_s=0.05)
     if args.prewarm and device.type == "cuda":
         from _sweep_prewarm import prewarm
 
         took, failures = prewarm(shapes, procs=args.prewarm)
-        _say(f"prewarm: JIT kernels of {len(shapes)} shapes compiled in {took:.0f} s with {args.prewarm} workers"
-             + (f"; {len(failures)} workers reported failures:\n  " + "\n  ".join(failures) if failures else ""))
+        _say(
+            f"prewarm: JIT kernels of {len(shapes)} shapes compiled in {took:.0f} s with {args.prewarm} "
+            "workers"
+            + (
+                f"; {len(failures)} workers reported failures:\n  " + "\n  ".join(failures)
+                if failures
+                else ""
+            )
+        )
     command = "python benchmarks/sweep.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-    res = run_sweep(shapes, device, args.out, timing=timing, budget_s=args.max_minutes * 60, command=command,
-                    tune=not args.no_tune)
+    res = run_sweep(
+        shapes,
+        device,
+        args.out,
+        timing=timing,
+        budget_s=args.max_minutes * 60,
+        command=command,
+        tune=not args.no_tune,
+    )
     for t in res["targets"]:
         value = "n/a" if t.value is None else f"{t.value:.3f}"
         print(f"{t.verdict():<4}  [{t.mode}] {t.name}: {value} (target {t.threshold or '—'}) {t.detail}")

@@ -6,17 +6,17 @@ sweep builds: seq_lens in ``[0.75, 1] * Skv``, scattered pages of 16), side by s
 1. the copy of the KV bytes read (the bandwidth yardstick of the sweep), FlashInfer's paged decode when it
    imports, and ``triton.paged_decode`` with its default launch config;
 2. a coordinate search: every (num_splits, block_n) at the default warps/stages, then every (num_warps,
-   num_stages) at the best of those. Every config's output is compared with the default config's (which the GPU
-   tests check against float64) before it is timed.
+   num_stages) at the best of those. Every config's output is compared with the default config's (which the
+   GPU tests check against float64) before it is timed.
 
 Timing is the sweep's (``lz.tune``'s harness: CUDA events, median after outlier removal); the Triton configs
-are replayed from a CUDA graph of 10 calls (kernel time: eager calls of small shapes measure host launch time),
-the copy and FlashInfer (not graph-safe) run eagerly. Usage::
+are replayed from a CUDA graph of 10 calls (kernel time: eager calls of small shapes measure host launch
+time), the copy and FlashInfer (not graph-safe) run eagerly. Usage::
 
     PYTHONPATH=src:benchmarks python benchmarks/tune_paged_decode.py --out results/paged_decode_tuning
 
-writes ``configs.csv`` (every config timed) and ``summary.md`` (per shape: default vs best config vs FlashInfer,
-GB/s vs copy). The split heuristic in ``layerzero.backends.triton.paged`` follows these numbers.
+writes ``configs.csv`` (every config timed) and ``summary.md`` (per shape: default vs best config vs
+FlashInfer, GB/s vs copy). The split heuristic in ``layerzero.backends.triton.paged`` follows these numbers.
 """
 
 from __future__ import annotations
@@ -45,10 +45,13 @@ FLASHINFER = "flashinfer.paged_attention"
 
 
 def _time(fn, device: torch.device, graph: bool = False) -> float:
-    """Median µs per call of ``fn()`` (sweep settings: 3 warm-up calls, samples of 10 calls). ``graph``: replay
-    ``fn`` captured 10 times in one CUDA graph (kernel time without host launch overhead, as decode is served)."""
+    """Median µs per call of ``fn()`` (sweep settings: 3 warm-up calls, samples of 10 calls). ``graph``:
+    replay ``fn`` captured 10 times in one CUDA graph (kernel time without host launch overhead, as decode is
+    served)."""
     if not graph:
-        return sample_stats(time_kernel(fn, (), device, warmup=3, iters=10, repeats=10, max_time_s=0.25)).median_us
+        return sample_stats(
+            time_kernel(fn, (), device, warmup=3, iters=10, repeats=10, max_time_s=0.25)
+        ).median_us
     callee = graph_callee({}, fn, device)
     samples = time_kernel(callee.fn, (), device, warmup=3, iters=5, repeats=10, max_time_s=0.25)
     return sample_stats([x / callee.calls for x in samples]).median_us
@@ -67,8 +70,8 @@ def _flashinfer(inputs) -> Any:
 
 
 def search(shape, device: torch.device, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Time the copy, FlashInfer, the default config and the coordinate search for one shape; append one CSV row per
-    config to ``rows``; return the summary row."""
+    """Time the copy, FlashInfer, the default config and the coordinate search for one shape; append one CSV
+    row per config to ``rows``; return the summary row."""
     inputs = build_inputs(shape, device)
     q, cache, table, lens = inputs.args
     kv = inputs.kv_bytes
@@ -80,22 +83,51 @@ def search(shape, device: torch.device, rows: list[dict[str, Any]]) -> dict[str,
     d = shape.head_dim
     default_bn = paged.block_n_for(d, q.element_size())
     max_kv = table.shape[1] * shape.page
-    default_split = paged.choose_split_len(shape.batch, shape.hkv, max_kv, paged.sm_count(device), default_bn)[1]
+    default_split = paged.choose_split_len(
+        shape.batch, shape.hkv, max_kv, paged.sm_count(device), default_bn
+    )[1]
 
     def run(splits: int, bn: int, warps: int | None, stages: int | None) -> float | None:
-        fn = lambda: paged.paged_decode(q, cache, table, lens, num_splits=splits, block_n=bn,  # noqa: E731
-                                        num_warps=warps, num_stages=stages)
+        fn = lambda: paged.paged_decode(  # noqa: E731
+            q,
+            cache,
+            table,
+            lens,
+            num_splits=splits,
+            block_n=bn,  # noqa: E731
+            num_warps=warps,
+            num_stages=stages,
+        )
         try:
             out = fn()
         except Exception as exc:  # noqa: BLE001  (e.g. out of shared memory: recorded, not fatal)
-            rows.append(dict(shape=shape.label(), splits=splits, block_n=bn, warps=warps, stages=stages,
-                             us="", gbps="", error=f"{type(exc).__name__}: {str(exc)[:120]}"))
+            rows.append(
+                dict(
+                    shape=shape.label(),
+                    splits=splits,
+                    block_n=bn,
+                    warps=warps,
+                    stages=stages,
+                    us="",
+                    gbps="",
+                    error=f"{type(exc).__name__}: {str(exc)[:120]}",
+                )
+            )
             return None
         err = float(((out.float() - ref.float()).abs() / (1 + ref.float().abs())).max())
         us = _time(fn, device, graph=True)
-        rows.append(dict(shape=shape.label(), splits=splits, block_n=bn, warps=warps, stages=stages,
-                         us=round(us, 2), gbps=round(kv / us / 1e3, 1), error=f"max rel diff {err:.2e}"
-                         if err > 2e-2 else ""))
+        rows.append(
+            dict(
+                shape=shape.label(),
+                splits=splits,
+                block_n=bn,
+                warps=warps,
+                stages=stages,
+                us=round(us, 2),
+                gbps=round(kv / us / 1e3, 1),
+                error=f"max rel diff {err:.2e}" if err > 2e-2 else "",
+            )
+        )
         return None if err > 2e-2 else us
 
     default_us = run(default_split, default_bn, None, None)
@@ -114,11 +146,18 @@ def search(shape, device: torch.device, rows: list[dict[str, Any]]) -> dict[str,
         if us is not None and us < best[0]:
             best = (us, best[1], best[2], warps, stages)
     us, splits, bn, warps, stages = best
-    return dict(shape=shape.label(), kv_mb=round(kv / 1e6, 1), copy_gbps=round(2 * kv / copy_us / 1e3),
-                flashinfer_us=round(fi_us, 1) if fi_us else "", default=f"S{default_split} N{default_bn}",
-                default_us=round(default_us, 1) if default_us else "", best=f"S{splits} N{bn} W{warps} st{stages}",
-                best_us=round(us, 1), best_vs_copy=round(kv / us / 1e3 / (2 * kv / copy_us / 1e3), 3),
-                default_vs_copy=round(copy_us / 2 / default_us, 3) if default_us else "")
+    return dict(
+        shape=shape.label(),
+        kv_mb=round(kv / 1e6, 1),
+        copy_gbps=round(2 * kv / copy_us / 1e3),
+        flashinfer_us=round(fi_us, 1) if fi_us else "",
+        default=f"S{default_split} N{default_bn}",
+        default_us=round(default_us, 1) if default_us else "",
+        best=f"S{splits} N{bn} W{warps} st{stages}",
+        best_us=round(us, 1),
+        best_vs_copy=round(kv / us / 1e3 / (2 * kv / copy_us / 1e3), 3),
+        default_vs_copy=round(copy_us / 2 / default_us, 3) if default_us else "",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,14 +180,20 @@ def main(argv: list[str] | None = None) -> int:
         print(summary[-1], flush=True)
         torch.cuda.empty_cache()
     with open(args.out / "configs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["shape", "splits", "block_n", "warps", "stages", "us", "gbps", "error"])
+        w = csv.DictWriter(
+            f, fieldnames=["shape", "splits", "block_n", "warps", "stages", "us", "gbps", "error"]
+        )
         w.writeheader()
         w.writerows(rows)
     import triton
-    head = (f"# triton.paged_decode launch-config search\n\n{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d} on "
-            f"{torch.cuda.get_device_name()} ({paged.sm_count(device)} SMs), torch {torch.__version__}, Triton "
-            f"{triton.__version__}, Python {platform.python_version()}. Times in µs (median); S = splits, N = "
-            f"block_n, W = warps, st = stages (None: default). vs copy = (KV bytes / time) / (copy GB/s).\n\n")
+
+    head = (
+        "# triton.paged_decode launch-config search\n\n"
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d} on {torch.cuda.get_device_name()} "
+        f"({paged.sm_count(device)} SMs), torch {torch.__version__}, Triton {triton.__version__}, Python "
+        f"{platform.python_version()}. Times in µs (median); S = splits, N = block_n, W = warps, st = stages "
+        "(None: default). vs copy = (KV bytes / time) / (copy GB/s).\n\n"
+    )
     cols = list(summary[0]) if summary else []
     table = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     table += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in summary]

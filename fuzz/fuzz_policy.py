@@ -33,16 +33,55 @@ logging.getLogger("layerzero").setLevel(logging.ERROR)  # unknown-variable warni
 
 SEEDS = [
     b"version: 1\n",
-    b"version: 1\nlocks: [{op: attention, kernel: torch_sdpa.math, when: {device: cpu, head_dim: '<=128'}}]\n",
+    b"version: 1\nlocks: [{op: attention, kernel: torch_sdpa.math, when: {device: cpu, head_dim: "
+    b"'<=128'}}]\n",
     b"version: 1\nallow: [{op: attention, kernels: ['torch_sdpa.*', reference], when: {sm: [80, '>=90']}}]\n",
     b"version: 1\ndeny: [{kernels: [torch_sdpa.cudnn], when: {head_dim: '64..256', is_causal: true}}]\n",
     b"version: 1\nboosts: [{kernels: [torch_sdpa.flash], by: -2.5, when: {device_name: '*H100*'}}]\n",
     b"version: 1\ndeny:\n  - {kernels: [a], when: &w {sm: '<90'}}\n  - {kernels: [b], when: *w}\n",
 ]
-TOKENS = [b"version", b": ", b"1", b"\n", b"- ", b"[", b"]", b"{", b"}", b",", b"&a ", b"*a", b"!!python/object:os.system",
-          b"!!binary ", b"locks", b"allow", b"deny", b"boosts", b"kernels", b"kernel", b"when", b"by", b"op",
-          b"'<=128'", b"'64..'", b"'1e999'", b".inf", b"null", b"true", b"~", b"<<: ", b"%TAG ! x\n", b"---\n",
-          b"\t", b"\xff", b"\x00", b"? ", b"head_dim", b"sm", b"'*'"]
+TOKENS = [
+    b"version",
+    b": ",
+    b"1",
+    b"\n",
+    b"- ",
+    b"[",
+    b"]",
+    b"{",
+    b"}",
+    b",",
+    b"&a ",
+    b"*a",
+    b"!!python/object:os.system",
+    b"!!binary ",
+    b"locks",
+    b"allow",
+    b"deny",
+    b"boosts",
+    b"kernels",
+    b"kernel",
+    b"when",
+    b"by",
+    b"op",
+    b"'<=128'",
+    b"'64..'",
+    b"'1e999'",
+    b".inf",
+    b"null",
+    b"true",
+    b"~",
+    b"<<: ",
+    b"%TAG ! x\n",
+    b"---\n",
+    b"\t",
+    b"\xff",
+    b"\x00",
+    b"? ",
+    b"head_dim",
+    b"sm",
+    b"'*'",
+]
 ENV_ALPHABET = "abcdefghijklmnopqrstuvwxyz_ATTENTION=.*,-0123456789 \t;~/[]!?\u00e9"
 
 
@@ -74,10 +113,48 @@ def check_dict(data: object) -> None:
         return
 
 
-_KEYS = ["version", "locks", "allow", "deny", "boosts", "op", "kernel", "kernels", "by", "when", "head_dim", "sm",
-         "device", "is_causal", "hidden_size", "bogus"]
-_LEAVES = [None, True, False, 0, 1, -1, 2**70, 1.5, float("nan"), float("inf"), "", "*", "a.b", "torch_sdpa",
-           "<=128", ">=", "64..32", "1..2", "==1e400", "cuda", "[", b"x"]
+_KEYS = [
+    "version",
+    "locks",
+    "allow",
+    "deny",
+    "boosts",
+    "op",
+    "kernel",
+    "kernels",
+    "by",
+    "when",
+    "head_dim",
+    "sm",
+    "device",
+    "is_causal",
+    "hidden_size",
+    "bogus",
+]
+_LEAVES = [
+    None,
+    True,
+    False,
+    0,
+    1,
+    -1,
+    2**70,
+    1.5,
+    float("nan"),
+    float("inf"),
+    "",
+    "*",
+    "a.b",
+    "torch_sdpa",
+    "<=128",
+    ">=",
+    "64..32",
+    "1..2",
+    "==1e400",
+    "cuda",
+    "[",
+    b"x",
+]
 
 
 def _random_data(rnd: random.Random, depth: int = 0) -> object:
@@ -100,7 +177,7 @@ def _mutate(rnd: random.Random, data: bytes) -> bytes:
         if choice < 0.35:
             buf[pos:pos] = rnd.choice(TOKENS)
         elif choice < 0.6 and buf:
-            del buf[pos:pos + rnd.randint(1, 8)]
+            del buf[pos : pos + rnd.randint(1, 8)]
         elif choice < 0.8:
             buf[pos:pos] = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 4)))
         elif buf:
@@ -139,8 +216,10 @@ def _atheris_one_input(data: bytes) -> None:
 
     fdp = atheris.FuzzedDataProvider(data)
     names = sorted(n for n in ENV_VARS if n != "LAYERZERO_POLICY")
-    env = {names[fdp.ConsumeIntInRange(0, len(names) - 1)]: fdp.ConsumeUnicodeNoSurrogates(32)
-           for _ in range(fdp.ConsumeIntInRange(0, 3))}
+    env = {
+        names[fdp.ConsumeIntInRange(0, len(names) - 1)]: fdp.ConsumeUnicodeNoSurrogates(32)
+        for _ in range(fdp.ConsumeIntInRange(0, 3))
+    }
     check_env(env)
 
 

@@ -1,5 +1,6 @@
 """Fuzz the input validators of every public op (``lz.attention``, ``lz.rms_norm``, ``lz.layer_norm``,
-``lz.rope``, ``lz.sample_topk``, ``lz.sample_topp``, ``lz.sample``, ``lz.sample_greedy``, ``lz.apply_penalties``).
+``lz.rope``, ``lz.sample_topk``, ``lz.sample_topp``, ``lz.sample``, ``lz.sample_greedy``,
+``lz.apply_penalties``).
 
 Invariant: whatever the arguments, the only exceptions are LayerZero's typed errors (``LayerZeroError``:
 ``InvalidInputError`` for bad input, ``NoKernelFoundError`` / ``KernelExecutionError`` when dispatch has
@@ -48,8 +49,17 @@ warnings.filterwarnings("ignore")
 
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 DTYPES = (*FLOATS, torch.float32, torch.float32, torch.int64, torch.int32, torch.bool, torch.uint8)
-LAYOUTS: tuple[Any, ...] = (*(("BHSD", "BSHD") * 6), "bhsd", "SBHD", "", None, 0, ["BHSD"], {"a": 1},
-                            lz.ReasonCode.DTYPE_UNSUPPORTED)
+LAYOUTS: tuple[Any, ...] = (
+    *(("BHSD", "BSHD") * 6),
+    "bhsd",
+    "SBHD",
+    "",
+    None,
+    0,
+    ["BHSD"],
+    {"a": 1},
+    lz.ReasonCode.DTYPE_UNSUPPORTED,
+)
 
 
 class Bytes:
@@ -81,14 +91,47 @@ class Bytes:
 def scalar(b: Bytes, good: tuple[Any, ...]) -> Any:
     """A good value most of the time, else one from a pool of hostile scalars."""
     if b.flag(6):
-        return b.pick((0, -1, 1, 2, 0.0, -0.1, 0.5, 1.0, 1.5, 1e-300, 1e300, 2**70, math.nan, math.inf,
-                       -math.inf, True, False, None, "x", "0.5", [1], np.float32(0.5), np.int64(2), np.bool_(True),
-                       torch.tensor(0.5), torch.tensor(0.0), torch.zeros(2), torch.tensor(2), object()))
+        return b.pick(
+            (
+                0,
+                -1,
+                1,
+                2,
+                0.0,
+                -0.1,
+                0.5,
+                1.0,
+                1.5,
+                1e-300,
+                1e300,
+                2**70,
+                math.nan,
+                math.inf,
+                -math.inf,
+                True,
+                False,
+                None,
+                "x",
+                "0.5",
+                [1],
+                np.float32(0.5),
+                np.int64(2),
+                np.bool_(True),
+                torch.tensor(0.5),
+                torch.tensor(0.0),
+                torch.zeros(2),
+                torch.tensor(2),
+                object(),
+            )
+        )
     return b.pick(good)
 
 
-def tensor(b: Bytes, shape: tuple[int, ...], dtype: torch.dtype | None = None, device: str | None = None) -> Any:
-    """A tensor of about ``shape`` (sometimes mutated), random dtype/device/contents/strides; rarely not a tensor."""
+def tensor(
+    b: Bytes, shape: tuple[int, ...], dtype: torch.dtype | None = None, device: str | None = None
+) -> Any:
+    """A tensor of about ``shape`` (sometimes mutated), random dtype/device/contents/strides; rarely not a
+    tensor."""
     if b.int(60) == 0:
         return b.pick((None, 1.0, [[1.0]], np.ones(shape or (1,), dtype=np.float32), "tensor"))
     shape = list(shape)
@@ -126,7 +169,8 @@ def dims(b: Bytes, n: int, lo: int = 1) -> list[int]:
 
 
 def attention_call(b: Bytes) -> Callable[[], Any]:
-    """A call of lz.attention: q [B, Hq, S, D] / k, v [B, Hkv, Sk, D] (or BSHD), mask, flags, scale, dropout."""
+    """A call of lz.attention: q [B, Hq, S, D] / k, v [B, Hkv, Sk, D] (or BSHD), mask, flags, scale,
+    dropout."""
     bsz, hkv, s, d = dims(b, 4)
     hq = hkv * (1 + b.int(3)) if not b.flag(8) else 1 + b.int(5)
     sk = s if b.flag(2) else 1 + b.int(5)
@@ -165,7 +209,8 @@ def norm_call(b: Bytes, op: str) -> Callable[[], Any]:
 
 
 def rope_call(b: Bytes) -> Callable[[], Any]:
-    """A call of lz.rope: q/k [B, H, S, D], cos/sin gathered [B|1, S, R] or a table [P, R] (+ position_ids)."""
+    """A call of lz.rope: q/k [B, H, S, D], cos/sin gathered [B|1, S, R] or a table [P, R] (+
+    position_ids)."""
     bsz, hq, s, hd = dims(b, 4)
     d = 2 * hd
     r = 2 * (1 + b.int(hd)) if not b.flag(8) else b.int(2 * d + 2)
@@ -184,7 +229,11 @@ def rope_call(b: Bytes) -> Callable[[], Any]:
         if form == 2:
             pid_dtype = b.pick((torch.int64, torch.int64, torch.int32, torch.float32, torch.bool))
             pid = tensor(b, (b.pick((1, bsz)), s), pid_dtype)
-            if isinstance(pid, torch.Tensor) and pid.dtype in (torch.int64, torch.int32) and pid.device.type == "cpu":
+            if (
+                isinstance(pid, torch.Tensor)
+                and pid.dtype in (torch.int64, torch.int32)
+                and pid.device.type == "cpu"
+            ):
                 pid = pid.clamp(-1 if b.flag(10) else 0, shape[0] - (0 if b.flag(10) else 1))
             kw["position_ids"] = pid
     cos = tensor(b, shape, dt)
@@ -223,9 +272,14 @@ def batch_sampling_call(b: Bytes) -> Callable[[], Any]:
     rows, vocab = dims(b, 2)
     logits = tensor(b, (rows, vocab), b.pick(FLOATS))
     f32, i64 = torch.float32, torch.int64
-    params = (("temperature", f32, lambda t: t.abs() * (t > 0)), ("top_k", i64, lambda t: t.abs()),
-              ("top_p", f32, lambda t: t.abs().clamp(1e-3, 1.0)), ("min_p", f32, lambda t: t.abs().clamp(max=1.0)),
-              ("seeds", i64, lambda t: t), ("offsets", i64, lambda t: t))
+    params = (
+        ("temperature", f32, lambda t: t.abs() * (t > 0)),
+        ("top_k", i64, lambda t: t.abs()),
+        ("top_p", f32, lambda t: t.abs().clamp(1e-3, 1.0)),
+        ("min_p", f32, lambda t: t.abs().clamp(max=1.0)),
+        ("seeds", i64, lambda t: t),
+        ("offsets", i64, lambda t: t),
+    )
     kw: dict[str, Any] = {}
     for name, dtype, valid in params:
         if b.flag(2):
@@ -243,7 +297,8 @@ def greedy_call(b: Bytes) -> Callable[[], Any]:
 
 
 def penalties_call(b: Bytes) -> Callable[[], Any]:
-    """A call of lz.apply_penalties: logits [B, V], prompt/output ids [B, L] padded with V, per-row penalties."""
+    """A call of lz.apply_penalties: logits [B, V], prompt/output ids [B, L] padded with V, per-row
+    penalties."""
     rows, vocab = dims(b, 2)
     logits = tensor(b, (rows, vocab), b.pick(FLOATS))
     ids = []
@@ -253,15 +308,27 @@ def penalties_call(b: Bytes) -> Callable[[], Any]:
             t = t.abs().clamp(max=vocab)
         ids.append(t)
     kw: dict[str, Any] = {}
-    for name, valid in (("repetition_penalty", lambda t: t.abs() + 0.1), ("presence_penalty", lambda t: t),
-                        ("frequency_penalty", lambda t: t)):
+    for name, valid in (
+        ("repetition_penalty", lambda t: t.abs() + 0.1),
+        ("presence_penalty", lambda t: t),
+        ("frequency_penalty", lambda t: t),
+    ):
         if b.flag(2):
             kw[name] = _row_param(b, rows, torch.float32, valid) if not b.flag(10) else scalar(b, (0.5,))
     return lambda: lz.apply_penalties(logits, ids[0], ids[1], **kw)
 
 
-OPS = ("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp", "sample", "apply_penalties",
-       "sample_greedy")
+OPS = (
+    "attention",
+    "rms_norm",
+    "layer_norm",
+    "rope",
+    "sample_topk",
+    "sample_topp",
+    "sample",
+    "apply_penalties",
+    "sample_greedy",
+)
 
 
 DEVICE = ["cpu"]  # the device of the input being built (the decoder is single-threaded)

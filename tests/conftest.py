@@ -13,9 +13,9 @@ Every test gets:
   is restored afterwards; every backend's circuit breaker is closed before and after it;
 - torch limited to one intra-op thread for the whole session (tiny tensors, 2 cores).
 
-Tests marked ``gpu`` are skipped with reason "needs a CUDA GPU" when ``torch.cuda.is_available()`` is
-False. On such machines, when triton is installed, ``TRITON_INTERPRET=1`` is set at import so Triton kernels
-run on CPU tensors through Triton's interpreter (tests/correctness/test_triton_interpret.py). TorchInductor gets a
+Tests marked ``gpu`` are skipped with reason "needs a CUDA GPU" when ``torch.cuda.is_available()`` is False.
+On such machines, when triton is installed, ``TRITON_INTERPRET=1`` is set at import so Triton kernels run on
+CPU tensors through Triton's interpreter (tests/correctness/test_triton_interpret.py). TorchInductor gets a
 cache directory per ``ATEN_CPU_CAPABILITY`` value (its own cache key ignores it: see
 :func:`_inductor_cache_per_cpu_isa`).
 """
@@ -52,12 +52,12 @@ _triton_interpreter_for_cpu_runs()
 
 def _inductor_cache_per_cpu_isa() -> None:
     """Give TorchInductor a cache directory per forced CPU ISA (``ATEN_CPU_CAPABILITY``) and per ``python -O``
-    (unless the shell set ``TORCHINDUCTOR_CACHE_DIR``). Inductor's cache key misses both: kernels compiled under
-    ``ATEN_CPU_CAPABILITY=avx2`` and reloaded without it abort with "double free or corruption", and the reverse
-    returns NaN (reproduced with plain torch ops, torch 2.13.0+cpu); a training block of our custom ops compiled under
-    ``python -O`` generates other C++ kernels than without it, and reloaded without ``-O`` returned wrong gradients
-    (docs/torch_compile.md, "History"). ``make test`` runs tests under several ISAs and ``-O`` on one machine, the
-    ``-O`` pass beside the main run."""
+    (unless the shell set ``TORCHINDUCTOR_CACHE_DIR``). Inductor's cache key misses both: kernels compiled
+    under ``ATEN_CPU_CAPABILITY=avx2`` and reloaded without it abort with "double free or corruption", and the
+    reverse returns NaN (reproduced with plain torch ops, torch 2.13.0+cpu); a training block of our custom
+    ops compiled under ``python -O`` generates other C++ kernels than without it, and reloaded without ``-O``
+    returned wrong gradients (docs/torch_compile.md, "History"). ``make test`` runs tests under several ISAs
+    and ``-O`` on one machine, the ``-O`` pass beside the main run."""
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         return
     import getpass
@@ -65,8 +65,9 @@ def _inductor_cache_per_cpu_isa() -> None:
 
     isa = os.environ.get("ATEN_CPU_CAPABILITY", "native") or "native"
     opt = "_O" if sys.flags.optimize else ""
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(),
-                                                          f"torchinductor_{getpass.getuser()}_lz_{isa}{opt}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_lz_{isa}{opt}"
+    )
 
 
 _inductor_cache_per_cpu_isa()
@@ -92,7 +93,8 @@ def _isolate_layerzero(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     monkeypatch.setenv(_PERFDB_VAR, str(tmp_path / "perfdb.sqlite"))
     monkeypatch.setenv(_SHIPPED_VAR, "0")
     config.reset_for_tests()
-    RUNTIME.health.reset()  # a kernel failing in one test must not leave its circuit breaker open for the next
+    # a kernel failing in one test must not leave its circuit breaker open for the next
+    RUNTIME.health.reset()
     yield
     # A test may have set (possibly malformed) LAYERZERO_* variables: drop them before re-reading the env.
     _scrub_env(monkeypatch)
@@ -103,7 +105,8 @@ def _isolate_layerzero(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
 
 @pytest.fixture
 def fresh_telemetry() -> Iterator[None]:
-    """``layerzero.telemetry`` off and zeroed (and the selection cache empty) before a test, off and zeroed after."""
+    """``layerzero.telemetry`` off and zeroed (and the selection cache empty) before a test, off and zeroed
+    after."""
     import layerzero.telemetry as lzt
     from layerzero.core.runtime import RUNTIME
 

@@ -1,13 +1,14 @@
 """Build the FlashInfer JIT modules that LayerZero's FlashInfer kernels load, all in one ninja run.
 
-``flashinfer.attention`` / ``flashinfer.paged_attention`` (``layerzero/backends/flashinfer/kernels.py``) use three
-FlashInfer modules per (dtype, head dim): the CUDA-core batch decode module, the FA2 batch prefill module (decode with
-tensor cores, Hq/Hkv > 4) and, on SM 9.0, the FA3 batch prefill module (ragged dense prefill, paged append; FlashInfer's
-``backend="auto"`` picks it there). Each prefill module is ~10 heavy translation units (4 mask modes x paged/ragged);
-built one at a time on first use they took 45-110 s each on a 16-core device machine, and one ninja run over all of
-them keeps every core busy instead. The arguments mirror what the wrappers' ``plan()`` passes (flashinfer 0.5.3
-``decode.py`` / ``prefill.py``): int32 indices, no positional encoding, no sliding window, no soft cap, no fp16 QK
-reduction. A kernel whose module is missing still compiles it on first use; this only moves the cost.
+``flashinfer.attention`` / ``flashinfer.paged_attention`` (``layerzero/backends/flashinfer/kernels.py``) use
+three FlashInfer modules per (dtype, head dim): the CUDA-core batch decode module, the FA2 batch prefill
+module (decode with tensor cores, Hq/Hkv > 4) and, on SM 9.0, the FA3 batch prefill module (ragged dense
+prefill, paged append; FlashInfer's ``backend="auto"`` picks it there). Each prefill module is ~10 heavy
+translation units (4 mask modes x paged/ragged); built one at a time on first use they took 45-110 s each on a
+16-core device machine, and one ninja run over all of them keeps every core busy instead. The arguments mirror
+what the wrappers' ``plan()`` passes (flashinfer 0.5.3 ``decode.py`` / ``prefill.py``): int32 indices, no
+positional encoding, no sliding window, no soft cap, no fp16 QK reduction. A kernel whose module is missing
+still compiles it on first use; this only moves the cost.
 
 Usage (on the device machine, with flashinfer importable)::
 
@@ -33,7 +34,9 @@ def specs(dtypes: list[str], head_dims: list[int], sm90: bool) -> list:
         for d in head_dims:
             out.append(gen_batch_decode_module(dt, dt, dt, torch.int32, d, d, 0, False, False))
             for backend in ("fa2", "fa3") if sm90 else ("fa2",):
-                out.append(gen_batch_prefill_module(backend, dt, dt, dt, torch.int32, d, d, 0, False, False, False))
+                out.append(
+                    gen_batch_prefill_module(backend, dt, dt, dt, torch.int32, d, d, 0, False, False, False)
+                )
     return out
 
 

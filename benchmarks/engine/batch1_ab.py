@@ -1,46 +1,51 @@
-"""Batch-1 decode A/B of engine variants in one process (CUDA), and where a step's time goes on the GPU timeline.
+"""Batch-1 decode A/B of engine variants in one process (CUDA), and where a step's time goes on the GPU
+timeline.
 
-Each variant is a setting applied before the ``LLM`` (and so its CUDA graphs) is built; variants alternate
-(A B A B ...) to spread machine drift. Per run: the whole step (``generate`` of one greedy request, 256-token prompt,
-``--tokens`` new), the decode graph's replay alone (back to back), and the host time of the step's calls that may
-block (``CUDAGraph.replay``, the sampler's event wait). Then, for the first variant, a torch.profiler trace of one
-generate: GPU busy vs idle per step, the largest idle gaps and what ran around them, and the CUDA runtime calls by
-host time (``timeline.md``).
+Each variant is a setting applied before the ``LLM`` (and so its CUDA graphs) is built; variants alternate (A
+B A B ...) to spread machine drift. Per run: the whole step (``generate`` of one greedy request, 256-token
+prompt, ``--tokens`` new), the decode graph's replay alone (back to back), and the host time of the step's
+calls that may block (``CUDAGraph.replay``, the sampler's event wait). Then, for the first variant, a
+torch.profiler trace of one generate: GPU busy vs idle per step, the largest idle gaps and what ran around
+them, and the CUDA runtime calls by host time (``timeline.md``).
 
-Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``GemvKnobs.prefetch`` on / off), ``pdl-off``
-(``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``unfused`` (each norm and the projection after it as two calls
-instead of ``lz.rms_norm_linear``, the activation and down projection instead of ``lz.swiglu_linear``), ``unfused-norm``
-(the norms only), ``fused-merge`` (``triton.paged_decode`` merges its splits in the split kernel in graphs too),
-``splits-8`` / ``splits-4`` (at most that many KV splits per sequence), ``attn-unfused`` (the attention block as the
-four kernels it was before ``lz.rope_paged_attention``), ``gemv-16k-8w`` / ``gemv-8w`` / ``gemv-2w`` (``triton.gemv``'s
-prefetch kernel with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other ``gemv-*``),
-``qkv-16k-8w`` / ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``GemvKnobs.prefetch_by_shape``), ``l2-prefetch``
+Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``GemvKnobs.prefetch`` on / off),
+``pdl-off`` (``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``unfused`` (each norm and the projection
+after it as two calls instead of ``lz.rms_norm_linear``, the activation and down projection instead of
+``lz.swiglu_linear``), ``unfused-norm`` (the norms only), ``fused-merge`` (``triton.paged_decode`` merges its
+splits in the split kernel in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per
+sequence), ``attn-unfused`` (the attention block as the four kernels it was before
+``lz.rope_paged_attention``), ``gemv-16k-8w`` / ``gemv-8w`` / ``gemv-2w`` (``triton.gemv``'s prefetch kernel
+with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other ``gemv-*``), ``qkv-16k-8w`` /
+``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``GemvKnobs.prefetch_by_shape``), ``l2-prefetch``
 (the o and gate/up weights prefetched into L2 during the attention block: ``l2_prefetch.py``, an experiment),
-``l2-side-o`` / ``l2-side-o-gu`` (the o weight, and gate/up, prefetched from a parallel branch of the graph that joins
-at the end of the forward: ``l2_prefetch.SideBranch``; slower, 2026-11-28g), ``packed`` (small decode buckets read their
-inputs from one buffer the step's single host-to-device copy writes: ``CudaGraphKnobs.packed_inputs``), ``splits-1`` /
-``splits-2`` (at most 1 / 2 KV splits: one split needs no merge kernel), ``unpacked`` (``packed_inputs`` off),
-``rope-paged-fused`` (``lz.rope_paged_attention`` locked to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV
-write in the split kernel), ``tile-32-s8`` / ``tile-64-s16`` / ... (``triton.paged_decode``'s batch-1 tiles of 32 / 64
-positions, at most 8 / 16 splits: ``PagedDecodeKnobs.small_batch``; ``tile-32-s16-8w`` with 8 warps a split program), ``tiles-old``
-(``small_batch`` off: 128-position tiles and the general split rule, as before 2026-11-28d), ``narrow-graphs`` (batch-1
-decode graphs with 2048-token tables beside the ``max_model_len``-wide ones: ``CudaGraphKnobs.narrow_tokens``; with
-``--max-model-len`` above 2048), ``lm-prefetch`` / ``lm-prefetch-8w`` (the LM head on ``triton.gemv``'s prefetch kernel:
-``GemvKnobs.prefetch_wide``), ``argmax-old`` (every greedy step through the float32 cast and the general path, as before
-``lz.sample_greedy``), ``greedy-graph-off`` (``CudaGraphKnobs.greedy_in_graph`` off: greedy steps sampled after a plain
-graph), ``h2d-inline`` / ``d2h-inline`` / ``copies-inline`` (a chained step's input copy / greedy ids' transfer / both
-on the current stream), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE
-heads a program), ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two
-kernels), ``one-pass`` / ``no-one-pass`` (``PagedDecodeKnobs.one_pass`` on / off: a batch-1 split's tiles gathered at once, block
-ids read without waiting for ``seq_len``; ``-8w`` with 8 warps a split program, ``-s32`` with 32 splits of at most 2
-tiles), ``early-on`` / ``early-off`` (``PagedDecodeKnobs.early_kv``, off by default: the split kernel's K / V but the newest
-position read before its PDL wait, or after it), ``trigger-off`` / ``trigger-merge`` / ``trigger-gemv`` /
-``trigger-both`` (``PagedDecodeKnobs.trigger_first`` and ``GemvKnobs.trigger_first_rows``, on by default: the split merge and the
-one-row projections let the next kernel launch before their own wait; off, the merge only, the projections only, the
-split kernel too; the per-projection forms measured on 2026-11-28 are in that day's results), ``rope-fused-1p`` /
-``rope-fused-1p-s32`` (``rope-paged-fused`` with ``one_pass``, and 32 splits), ``tiles-28d`` (the batch-1 rule of
-2026-11-28d: 16 splits, the tile loop), ``rope-bh1`` ... ``rope-bh16`` (query / key heads per program of the RoPE
-kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing changed).
+``l2-side-o`` / ``l2-side-o-gu`` (the o weight, and gate/up, prefetched from a parallel branch of the graph
+that joins at the end of the forward: ``l2_prefetch.SideBranch``; slower, 2026-11-28g), ``packed`` (small
+decode buckets read their inputs from one buffer the step's single host-to-device copy writes:
+``CudaGraphKnobs.packed_inputs``), ``splits-1`` / ``splits-2`` (at most 1 / 2 KV splits: one split needs no
+merge kernel), ``unpacked`` (``packed_inputs`` off), ``rope-paged-fused`` (``lz.rope_paged_attention`` locked
+to ``triton.rope_paged_decode``: q/k norm, RoPE and the KV write in the split kernel), ``tile-32-s8`` /
+``tile-64-s16`` / ... (``triton.paged_decode``'s batch-1 tiles of 32 / 64 positions, at most 8 / 16 splits:
+``PagedDecodeKnobs.small_batch``; ``tile-32-s16-8w`` with 8 warps a split program), ``tiles-old``
+(``small_batch`` off: 128-position tiles and the general split rule, as before 2026-11-28d), ``narrow-graphs``
+(batch-1 decode graphs with 2048-token tables beside the ``max_model_len``-wide ones:
+``CudaGraphKnobs.narrow_tokens``; with ``--max-model-len`` above 2048), ``lm-prefetch`` / ``lm-prefetch-8w``
+(the LM head on ``triton.gemv``'s prefetch kernel: ``GemvKnobs.prefetch_wide``), ``argmax-old`` (every greedy
+step through the float32 cast and the general path, as before ``lz.sample_greedy``), ``greedy-graph-off``
+(``CudaGraphKnobs.greedy_in_graph`` off: greedy steps sampled after a plain graph), ``h2d-inline`` /
+``d2h-inline`` / ``copies-inline`` (a chained step's input copy / greedy ids' transfer / both on the current
+stream), ``2026-11-27`` (the launch configs of that day: prefetch kernel 4 warps everywhere, 16 RoPE heads a
+program), ``split-2w`` / ``split-8w`` / ``merge-1w`` / ``merge-2w`` (warps of ``triton.paged_decode``'s two
+kernels), ``one-pass`` / ``no-one-pass`` (``PagedDecodeKnobs.one_pass`` on / off: a batch-1 split's tiles
+gathered at once, block ids read without waiting for ``seq_len``; ``-8w`` with 8 warps a split program,
+``-s32`` with 32 splits of at most 2 tiles), ``early-on`` / ``early-off`` (``PagedDecodeKnobs.early_kv``, off
+by default: the split kernel's K / V but the newest position read before its PDL wait, or after it),
+``trigger-off`` / ``trigger-merge`` / ``trigger-gemv`` / ``trigger-both`` (``PagedDecodeKnobs.trigger_first``
+and ``GemvKnobs.trigger_first_rows``, on by default: the split merge and the one-row projections let the next
+kernel launch before their own wait; off, the merge only, the projections only, the split kernel too; the
+per-projection forms measured on 2026-11-28 are in that day's results), ``rope-fused-1p`` /
+``rope-fused-1p-s32`` (``rope-paged-fused`` with ``one_pass``, and 32 splits), ``tiles-28d`` (the batch-1 rule
+of 2026-11-28d: 16 splits, the tile loop), ``rope-bh1`` ... ``rope-bh16`` (query / key heads per program of
+the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing changed).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
 ``DIR/batch1_ab.md`` and ``DIR/timeline.md``.
@@ -80,9 +85,17 @@ from layerzero.engine.runner.model_runner import ModelRunner
 from layerzero.engine.sampler import Sampler
 from layerzero.engine.scheduler import Scheduler
 
-HOST_FUNCS = [(model_runner, "build_forward_batch"), (forward_batch, "to_device"), (CUDAGraphRunner, "run"),
-              (Scheduler, "schedule"), (Scheduler, "after_forward"), (KVCacheManager, "block_tables"),
-              (LLMEngine, "_read"), (LLMEngine, "_finish_step"), (Sampler, "resolve")]
+HOST_FUNCS = [
+    (model_runner, "build_forward_batch"),
+    (forward_batch, "to_device"),
+    (CUDAGraphRunner, "run"),
+    (Scheduler, "schedule"),
+    (Scheduler, "after_forward"),
+    (KVCacheManager, "block_tables"),
+    (LLMEngine, "_read"),
+    (LLMEngine, "_finish_step"),
+    (Sampler, "resolve"),
+]
 """Host functions of a decode step whose time :class:`HostTimer` records (median and mean per call)."""
 PROMPT = [7 + (i * 37) % 9000 for i in range(256)]
 MAX_MODEL_LEN = 2048
@@ -90,7 +103,8 @@ MAX_MODEL_LEN = 2048
 
 
 def _two_calls(norm, proj, x, residual):
-    """The engine's norm -> projection as two calls (before ``lz.rms_norm_linear``): the ``unfused`` variant."""
+    """The engine's norm -> projection as two calls (before ``lz.rms_norm_linear``): the ``unfused``
+    variant."""
     if residual is None:
         return proj(norm(x)), x
     h, residual = norm(x, residual)
@@ -101,15 +115,16 @@ _ATTEND = llama.Attention.attend
 
 
 def _attend_unfused(self, qkv, batch, kv_cache):
-    """The attention block as four kernels (before ``lz.rope_paged_attention``) in captured steps too: the engine's
-    eager-step calls (``lz.qk_norm_rope`` or ``lz.rope``, ``lz.reshape_and_cache``, ``lz.paged_attention``): the
-    ``attn-unfused`` variant."""
+    """The attention block as four kernels (before ``lz.rope_paged_attention``) in captured steps too: the
+    engine's eager-step calls (``lz.qk_norm_rope`` or ``lz.rope``, ``lz.reshape_and_cache``,
+    ``lz.paged_attention``): the ``attn-unfused`` variant."""
     return _ATTEND(self, qkv, dataclasses.replace(batch, graphed=False), kv_cache)
 
 
 _LAYER_FORWARD = llama.DecoderLayer.forward
 _L2_GATE_UP: list[torch.Tensor | None] = [None]
-"""The gate/up weight of the decoder layer running now (``l2-prefetch``: set by the layer, read by its attention)."""
+"""The gate/up weight of the decoder layer running now (``l2-prefetch``: set by the layer, read by its
+attention)."""
 
 
 def _layer_l2_prefetch(self, x, residual, batch, kv_cache):
@@ -120,8 +135,9 @@ def _layer_l2_prefetch(self, x, residual, batch, kv_cache):
 
 
 def _attend_l2_prefetch(self, qkv, batch, kv_cache):
-    """``llama.Attention.attend`` preceded, in captured decode steps of at most 4 sequences, by the L2 prefetch of the
-    o and gate/up weights (``l2_prefetch.py``): right after the QKV projection, during the attention block."""
+    """``llama.Attention.attend`` preceded, in captured decode steps of at most 4 sequences, by the L2
+    prefetch of the o and gate/up weights (``l2_prefetch.py``): right after the QKV projection, during the
+    attention block."""
     from l2_prefetch import prefetch_l2
 
     gate_up = _L2_GATE_UP[0]
@@ -137,6 +153,7 @@ class _FLAGS:  # noqa: N801  (a settings target, as a module is)
     side_gate_up = False
     """``l2-side-o-gu``: the side branch prefetches the gate/up weight too."""
 
+
 _MODEL_FORWARD = llama.LlamaForCausalLM.forward
 
 
@@ -149,8 +166,9 @@ def _side_branch():
 
 
 def _attend_l2_side(self, qkv, batch, kv_cache):
-    """``llama.Attention.attend`` that, in captured decode steps of at most 4 sequences, first forks a side branch
-    prefetching the o weight (and gate/up with ``l2-side-o-gu``) into L2 while the attention kernels run."""
+    """``llama.Attention.attend`` that, in captured decode steps of at most 4 sequences, first forks a side
+    branch prefetching the o weight (and gate/up with ``l2-side-o-gu``) into L2 while the attention kernels
+    run."""
     gate_up = _L2_GATE_UP[0]
     if batch.graphed and batch.num_seqs <= 4 and torch.cuda.is_current_stream_capturing():
         if _FLAGS.side_gate_up and gate_up is not None:
@@ -161,7 +179,8 @@ def _attend_l2_side(self, qkv, batch, kv_cache):
 
 
 def _model_forward_joined(self, batch, kv_caches):
-    """``LlamaForCausalLM.forward`` joining the side branch's prefetches at its end (the l2-side-* variants)."""
+    """``LlamaForCausalLM.forward`` joining the side branch's prefetches at its end (the l2-side-*
+    variants)."""
     logits = _MODEL_FORWARD(self, batch, kv_caches)
     if _SIDE[0] is not None:
         _SIDE[0].join()
@@ -169,7 +188,8 @@ def _model_forward_joined(self, batch, kv_caches):
 
 
 class _TorchArgmax:
-    """``layerzero`` for the sampler module, but ``sample_greedy`` is ``torch.argmax`` (the ``argmax-old`` variant)."""
+    """``layerzero`` for the sampler module, but ``sample_greedy`` is ``torch.argmax`` (the ``argmax-old``
+    variant)."""
 
     def __getattr__(self, name):
         return getattr(lz, name)
@@ -180,12 +200,15 @@ class _TorchArgmax:
 
 
 LOCK = object()
-"""A setting ``(LOCK, op, kernel_id)``: ``lz.lock(op, kernel_id)`` for the variant, ``lz.unlock(op)`` after."""
+"""A setting ``(LOCK, op, kernel_id)``: ``lz.lock(op, kernel_id)`` for the variant, ``lz.unlock(op)``
+after."""
 GRAPH = object()
-"""A setting ``(GRAPH, field, value)``: the variant's engine gets ``LLM(cuda_graph=CudaGraphKnobs(field=value, ...))``."""
+"""A setting ``(GRAPH, field, value)``: the variant's engine gets ``LLM(cuda_graph=CudaGraphKnobs(field=value,
+...))``."""
 PAGED, GEMV = paged.KNOBS, tg.KNOBS
-"""A setting ``(PAGED, field, value)``: ``triton.paged_decode``'s knob ``field`` is ``value`` for the variant (the
-same for ``triton.gemv``'s); any other ``(owner, attr, value)`` sets an attribute and puts it back after."""
+"""A setting ``(PAGED, field, value)``: ``triton.paged_decode``'s knob ``field`` is ``value`` for the variant
+(the same for ``triton.gemv``'s); any other ``(owner, attr, value)`` sets an attribute and puts it back
+after."""
 
 
 def _mlp_two_calls(self, gate_up):
@@ -193,75 +216,130 @@ def _mlp_two_calls(self, gate_up):
     return self.down_proj(llama.silu_and_mul(gate_up))
 
 
-SETTINGS = {"prefetch": [(GEMV, "prefetch", True)], "rows": [(GEMV, "prefetch", False)],
-            "pdl-off": [(_launch, "PDL", False)],
-            "unfused": [(llama, "norm_linear", _two_calls), (llama.MLP, "down", _mlp_two_calls)],
-            "unfused-norm": [(llama, "norm_linear", _two_calls)], "fused-merge": [(PAGED, "fused_merge_in_graphs", True)],
-            "splits-8": [(PAGED, "max_splits", 8)], "splits-4": [(PAGED, "max_splits", 4)], "base": [],
-            "attn-unfused": [(llama.Attention, "attend", _attend_unfused)],
-            "gemv-16k-8w": [(GEMV, "prefetch_slab", 16384), (GEMV, "prefetch_warps", 8)],
-            "gemv-8w": [(GEMV, "prefetch_warps", 8)], "gemv-2w": [(GEMV, "prefetch_warps", 2)],
-            "gemv-4k-1w": [(GEMV, "prefetch_slab", 4096), (GEMV, "prefetch_warps", 1)],
-            "gemv-8k-1w": [(GEMV, "prefetch_warps", 1)],
-            "gemv-4k-2w": [(GEMV, "prefetch_slab", 4096), (GEMV, "prefetch_warps", 2)],
-            "gemv-16k-2w": [(GEMV, "prefetch_slab", 16384), (GEMV, "prefetch_warps", 2)],
-            "gemv-4w": [(GEMV, "prefetch_warps", 4)],
-            "packed": [(GRAPH, "packed_inputs", True)], "unpacked": [(GRAPH, "packed_inputs", False)],
-            "greedy-graph-off": [(GRAPH, "greedy_in_graph", False)],
-            "h2d-inline": [(GRAPH, "h2d_aside", False)], "d2h-inline": [(GRAPH, "d2h_aside", False)],
-            "copies-inline": [(GRAPH, "h2d_aside", False), (GRAPH, "d2h_aside", False)],
-            "rope-paged-fused": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode")],
-            **{f"tile-{bn}-s{sp}": [(PAGED, "small_batch", (1, 1 << 30, bn, sp))] for bn in (32, 64, 128)
-               for sp in (8, 16, 32)},
-            "tile-32-s16-8w": [(PAGED, "small_batch", (1, 1 << 30, 32, 16)), (PAGED, "split_warps", 8)],
-            "tiles-old": [(PAGED, "small_batch", None)],
-            "narrow-graphs": [(GRAPH, "narrow_tokens", 2048)],
-            "argmax-old": [(sampler_mod, "plain_greedy", lambda seqs: False), (sampler_mod, "lz", _TorchArgmax()),
-                           (GRAPH, "greedy_in_graph", False)],
-            "lm-prefetch": [(GEMV, "prefetch_wide", (4096, 1))], "lm-prefetch-8w": [(GEMV, "prefetch_wide", (8192, 8))],
-            "splits-1": [(PAGED, "max_splits", 1)], "splits-2": [(PAGED, "max_splits", 2)],
-            "l2-prefetch": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
-                            (llama.Attention, "attend", _attend_l2_prefetch)],
-            "l2-side-o": [(llama.Attention, "attend", _attend_l2_side),
-                          (llama.LlamaForCausalLM, "forward", _model_forward_joined)],
-            "l2-side-o-gu": [(llama.DecoderLayer, "forward", _layer_l2_prefetch),
-                             (llama.Attention, "attend", _attend_l2_side),
-                             (llama.LlamaForCausalLM, "forward", _model_forward_joined), (_FLAGS, "side_gate_up", True)],
-            "gemv-old": [(GEMV, "prefetch_warps", 4), (GEMV, "prefetch_long_k", (8192, 4))],
-            "2026-11-27": [(GEMV, "prefetch_warps", 4), (GEMV, "prefetch_long_k", (8192, 4)), (rope, "BLOCK_H_MAX", 16)],
-            "longk-16k-4w": [(GEMV, "prefetch_long_k", (16384, 4))], "longk-8k-8w": [(GEMV, "prefetch_long_k", (8192, 8))],
-            "split-2w": [(PAGED, "split_warps", 2)], "split-8w": [(PAGED, "split_warps", 8)],
-            "merge-1w": [(PAGED, "merge_warps", 1)], "merge-2w": [(PAGED, "merge_warps", 2)],
-            "early-off": [(PAGED, "early_kv", False)], "early-on": [(PAGED, "early_kv", True)],
-            "trigger-off": [(PAGED, "trigger_first", ()), (GEMV, "trigger_first_rows", 0)],
-            "trigger-merge": [(GEMV, "trigger_first_rows", 0)], "trigger-gemv": [(PAGED, "trigger_first", ())],
-            "trigger-both": [(PAGED, "trigger_first", ("split", "merge"))],
-            "one-pass": [(PAGED, "one_pass", True)], "no-one-pass": [(PAGED, "one_pass", False)],
-            "tiles-28d": [(PAGED, "small_batch", (1, 2048, 32, 16)), (PAGED, "one_pass", False)],
-            "one-pass-8w": [(PAGED, "one_pass", True), (PAGED, "split_warps", 8)],
-            "one-pass-s32": [(PAGED, "small_batch", (1, 2048, 32, 32)), (PAGED, "one_pass", True)],
-            "rope-fused-1p": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode"), (PAGED, "one_pass", True)],
-            "rope-fused-1p-s32": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode"), (PAGED, "one_pass", True),
-                                  (PAGED, "small_batch", (1, 2048, 32, 32))],
-            **{f"rope-bh{n}": [(rope, "BLOCK_H_MAX", n)] for n in (1, 2, 4, 8, 16)},
-            **{f"{name}-16k-8w": [(GEMV, "prefetch_by_shape", ((shape, (16384, 8)),))] for name, shape in (
-                ("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate-up", (6144, 1024)), ("down", (1024, 3072)))},
-            **{f"{name}-4w": [(GEMV, "prefetch_by_shape", ((shape, (8192, 4)),))] for name, shape in (
-                ("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate-up", (6144, 1024)), ("down", (1024, 3072)))}}
+SETTINGS = {
+    "prefetch": [(GEMV, "prefetch", True)],
+    "rows": [(GEMV, "prefetch", False)],
+    "pdl-off": [(_launch, "PDL", False)],
+    "unfused": [(llama, "norm_linear", _two_calls), (llama.MLP, "down", _mlp_two_calls)],
+    "unfused-norm": [(llama, "norm_linear", _two_calls)],
+    "fused-merge": [(PAGED, "fused_merge_in_graphs", True)],
+    "splits-8": [(PAGED, "max_splits", 8)],
+    "splits-4": [(PAGED, "max_splits", 4)],
+    "base": [],
+    "attn-unfused": [(llama.Attention, "attend", _attend_unfused)],
+    "gemv-16k-8w": [(GEMV, "prefetch_slab", 16384), (GEMV, "prefetch_warps", 8)],
+    "gemv-8w": [(GEMV, "prefetch_warps", 8)],
+    "gemv-2w": [(GEMV, "prefetch_warps", 2)],
+    "gemv-4k-1w": [(GEMV, "prefetch_slab", 4096), (GEMV, "prefetch_warps", 1)],
+    "gemv-8k-1w": [(GEMV, "prefetch_warps", 1)],
+    "gemv-4k-2w": [(GEMV, "prefetch_slab", 4096), (GEMV, "prefetch_warps", 2)],
+    "gemv-16k-2w": [(GEMV, "prefetch_slab", 16384), (GEMV, "prefetch_warps", 2)],
+    "gemv-4w": [(GEMV, "prefetch_warps", 4)],
+    "packed": [(GRAPH, "packed_inputs", True)],
+    "unpacked": [(GRAPH, "packed_inputs", False)],
+    "greedy-graph-off": [(GRAPH, "greedy_in_graph", False)],
+    "h2d-inline": [(GRAPH, "h2d_aside", False)],
+    "d2h-inline": [(GRAPH, "d2h_aside", False)],
+    "copies-inline": [(GRAPH, "h2d_aside", False), (GRAPH, "d2h_aside", False)],
+    "rope-paged-fused": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode")],
+    **{
+        f"tile-{bn}-s{sp}": [(PAGED, "small_batch", (1, 1 << 30, bn, sp))]
+        for bn in (32, 64, 128)
+        for sp in (8, 16, 32)
+    },
+    "tile-32-s16-8w": [(PAGED, "small_batch", (1, 1 << 30, 32, 16)), (PAGED, "split_warps", 8)],
+    "tiles-old": [(PAGED, "small_batch", None)],
+    "narrow-graphs": [(GRAPH, "narrow_tokens", 2048)],
+    "argmax-old": [
+        (sampler_mod, "plain_greedy", lambda seqs: False),
+        (sampler_mod, "lz", _TorchArgmax()),
+        (GRAPH, "greedy_in_graph", False),
+    ],
+    "lm-prefetch": [(GEMV, "prefetch_wide", (4096, 1))],
+    "lm-prefetch-8w": [(GEMV, "prefetch_wide", (8192, 8))],
+    "splits-1": [(PAGED, "max_splits", 1)],
+    "splits-2": [(PAGED, "max_splits", 2)],
+    "l2-prefetch": [
+        (llama.DecoderLayer, "forward", _layer_l2_prefetch),
+        (llama.Attention, "attend", _attend_l2_prefetch),
+    ],
+    "l2-side-o": [
+        (llama.Attention, "attend", _attend_l2_side),
+        (llama.LlamaForCausalLM, "forward", _model_forward_joined),
+    ],
+    "l2-side-o-gu": [
+        (llama.DecoderLayer, "forward", _layer_l2_prefetch),
+        (llama.Attention, "attend", _attend_l2_side),
+        (llama.LlamaForCausalLM, "forward", _model_forward_joined),
+        (_FLAGS, "side_gate_up", True),
+    ],
+    "gemv-old": [(GEMV, "prefetch_warps", 4), (GEMV, "prefetch_long_k", (8192, 4))],
+    "2026-11-27": [
+        (GEMV, "prefetch_warps", 4),
+        (GEMV, "prefetch_long_k", (8192, 4)),
+        (rope, "BLOCK_H_MAX", 16),
+    ],
+    "longk-16k-4w": [(GEMV, "prefetch_long_k", (16384, 4))],
+    "longk-8k-8w": [(GEMV, "prefetch_long_k", (8192, 8))],
+    "split-2w": [(PAGED, "split_warps", 2)],
+    "split-8w": [(PAGED, "split_warps", 8)],
+    "merge-1w": [(PAGED, "merge_warps", 1)],
+    "merge-2w": [(PAGED, "merge_warps", 2)],
+    "early-off": [(PAGED, "early_kv", False)],
+    "early-on": [(PAGED, "early_kv", True)],
+    "trigger-off": [(PAGED, "trigger_first", ()), (GEMV, "trigger_first_rows", 0)],
+    "trigger-merge": [(GEMV, "trigger_first_rows", 0)],
+    "trigger-gemv": [(PAGED, "trigger_first", ())],
+    "trigger-both": [(PAGED, "trigger_first", ("split", "merge"))],
+    "one-pass": [(PAGED, "one_pass", True)],
+    "no-one-pass": [(PAGED, "one_pass", False)],
+    "tiles-28d": [(PAGED, "small_batch", (1, 2048, 32, 16)), (PAGED, "one_pass", False)],
+    "one-pass-8w": [(PAGED, "one_pass", True), (PAGED, "split_warps", 8)],
+    "one-pass-s32": [(PAGED, "small_batch", (1, 2048, 32, 32)), (PAGED, "one_pass", True)],
+    "rope-fused-1p": [(LOCK, "rope_paged_attention", "triton.rope_paged_decode"), (PAGED, "one_pass", True)],
+    "rope-fused-1p-s32": [
+        (LOCK, "rope_paged_attention", "triton.rope_paged_decode"),
+        (PAGED, "one_pass", True),
+        (PAGED, "small_batch", (1, 2048, 32, 32)),
+    ],
+    **{f"rope-bh{n}": [(rope, "BLOCK_H_MAX", n)] for n in (1, 2, 4, 8, 16)},
+    **{
+        f"{name}-16k-8w": [(GEMV, "prefetch_by_shape", ((shape, (16384, 8)),))]
+        for name, shape in (
+            ("qkv", (4096, 1024)),
+            ("o", (1024, 2048)),
+            ("gate-up", (6144, 1024)),
+            ("down", (1024, 3072)),
+        )
+    },
+    **{
+        f"{name}-4w": [(GEMV, "prefetch_by_shape", ((shape, (8192, 4)),))]
+        for name, shape in (
+            ("qkv", (4096, 1024)),
+            ("o", (1024, 2048)),
+            ("gate-up", (6144, 1024)),
+            ("down", (1024, 3072)),
+        )
+    },
+}
 
 
 class HostTimer:
-    """While installed: host seconds spent in ``CUDAGraph.replay`` and ``torch.cuda.Event.synchronize``, and CUDA
-    events on the stream at four marks of each step (the start of ``ModelRunner.execute``, just before and after the
-    graph replay, the end of ``Sampler.launch``): the GPU time of a step's input preparation, graph and sampling, and
-    the gap before the next step (the GPU waiting for the host)."""
+    """While installed: host seconds spent in ``CUDAGraph.replay`` and ``torch.cuda.Event.synchronize``, and
+    CUDA events on the stream at four marks of each step (the start of ``ModelRunner.execute``, just before
+    and after the graph replay, the end of ``Sampler.launch``): the GPU time of a step's input preparation,
+    graph and sampling, and the gap before the next step (the GPU waiting for the host)."""
 
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = defaultdict(list)
         self.marks: list[tuple[str, torch.cuda.Event]] = []
         self._extra: list[tuple[object, str, object]] = []
-        self._orig = (torch.cuda.CUDAGraph.replay, torch.cuda.Event.synchronize, ModelRunner.execute,
-                      Sampler.launch)
+        self._orig = (
+            torch.cuda.CUDAGraph.replay,
+            torch.cuda.Event.synchronize,
+            ModelRunner.execute,
+            Sampler.launch,
+        )
 
     def _mark(self, name: str) -> None:
         ev = torch.cuda.Event(enable_timing=True)
@@ -278,6 +356,7 @@ class HostTimer:
                     return fn(*a, **k)
                 finally:
                     self.times[name].append(time.perf_counter() - t)
+
             return wrapper
 
         def timed(name, fn, before=None, after=None):
@@ -291,6 +370,7 @@ class HostTimer:
                     self.times[name].append(time.perf_counter() - t)
                     if after:
                         self._mark(after)
+
             return wrapper
 
         for owner, attr in HOST_FUNCS:
@@ -298,8 +378,15 @@ class HostTimer:
             self._extra.append((owner, attr, raw))
             free = not isinstance(owner, type) or isinstance(raw, staticmethod)
             fn = getattr(owner, attr)
-            setattr(owner, attr, staticmethod(timed_free(attr, fn)) if isinstance(raw, staticmethod)
-                    else timed_free(attr, fn) if free else timed(attr, fn))
+            setattr(
+                owner,
+                attr,
+                staticmethod(timed_free(attr, fn))
+                if isinstance(raw, staticmethod)
+                else timed_free(attr, fn)
+                if free
+                else timed(attr, fn),
+            )
         torch.cuda.CUDAGraph.replay = timed("graph.replay", replay, "replay", "replayed")
         torch.cuda.Event.synchronize = timed("event.synchronize", sync)
         ModelRunner.execute = timed("execute", execute, "execute")
@@ -309,20 +396,30 @@ class HostTimer:
     def __exit__(self, *exc) -> None:
         for owner, attr, fn in reversed(self._extra):
             setattr(owner, attr, fn)
-        torch.cuda.CUDAGraph.replay, torch.cuda.Event.synchronize, ModelRunner.execute, Sampler.launch = self._orig
+        torch.cuda.CUDAGraph.replay, torch.cuda.Event.synchronize, ModelRunner.execute, Sampler.launch = (
+            self._orig
+        )
 
     def summary(self) -> str:
         torch.cuda.synchronize()
         seg: dict[str, list[float]] = defaultdict(list)
-        names = {("execute", "replay"): "GPU prep", ("replay", "replayed"): "GPU graph",
-                 ("replayed", "sampled"): "GPU sample", ("sampled", "execute"): "GPU gap to next step"}
+        names = {
+            ("execute", "replay"): "GPU prep",
+            ("replay", "replayed"): "GPU graph",
+            ("replayed", "sampled"): "GPU sample",
+            ("sampled", "execute"): "GPU gap to next step",
+        }
         for (a, ea), (b, eb) in itertools.pairwise(self.marks):
             if (a, b) in names:
                 seg[names[a, b]].append(ea.elapsed_time(eb) * 1000)
-        parts = [f"{k} median {statistics.median(v) * 1e6:.0f} / mean {statistics.fmean(v) * 1e6:.0f} µs"
-                 for k, v in self.times.items()]
-        parts += [f"{k} median {statistics.median(v):.0f} / mean {statistics.fmean(v):.0f} / max {max(v):.0f} µs"
-                  for k, v in seg.items()]
+        parts = [
+            f"{k} median {statistics.median(v) * 1e6:.0f} / mean {statistics.fmean(v) * 1e6:.0f} µs"
+            for k, v in self.times.items()
+        ]
+        parts += [
+            f"{k} median {statistics.median(v):.0f} / mean {statistics.fmean(v):.0f} / max {max(v):.0f} µs"
+            for k, v in seg.items()
+        ]
         return ", ".join(parts)
 
 
@@ -358,9 +455,15 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
             old.append((mod, attr, vars(mod)[attr]))
             setattr(mod, attr, value)
     try:
-        llm = LLM(path, device="cuda", dtype=torch.bfloat16, max_model_len=MAX_MODEL_LEN, max_num_seqs=16,
-                  num_kv_blocks=max(512, -(-MAX_MODEL_LEN // 16)),  # one sequence of max_model_len must fit
-                  cuda_graph=CudaGraphKnobs(**graph))
+        llm = LLM(
+            path,
+            device="cuda",
+            dtype=torch.bfloat16,
+            max_model_len=MAX_MODEL_LEN,
+            max_num_seqs=16,
+            num_kv_blocks=max(512, -(-MAX_MODEL_LEN // 16)),  # one sequence of max_model_len must fit
+            cuda_graph=CudaGraphKnobs(**graph),
+        )
         sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=tokens)
         for _ in range(2):  # the first generate of a process also warms allocators and clocks
             llm.generate([PROMPT], sp, use_tqdm=False)
@@ -369,7 +472,8 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
         outs = llm.generate([PROMPT], sp, use_tqdm=False)
         wall = time.perf_counter() - t0
         t_stream = time.perf_counter()
-        stamps = []  # (perf_counter, tokens so far) per streamed delta: the decode rate without time to first token
+        # (perf_counter, tokens so far) per streamed delta: the decode rate without time to first token
+        stamps = []
         got = 0
         for delta in llm.stream(PROMPT, sp):
             got += len(delta.outputs[0].token_ids)
@@ -379,12 +483,19 @@ def run_variant(path: str, name: str, tokens: int, profile_dir: Path | None) -> 
         with HostTimer() as ht:
             llm.generate([PROMPT], sp, use_tqdm=False)
         graphs = llm.engine.runner.narrow or llm.engine.runner.graphs  # what a batch-1 decode step replays
-        res = {"variant": name, "step_us": wall / tokens * 1e6, "tok_s": tokens / wall, "decode_tok_s": decode,
-               "ttft_ms": (stamps[0][0] - t_stream) * 1e3, "replay_us": replay_us(graphs.graphs[1]),
-               "greedy_replay_us": (replay_us(graphs.greedy_graphs[1, 0])
-                                    if (1, 0) in graphs.greedy_graphs else float("nan")),
-               "host": ht.summary(),
-               "tokens": hashlib.sha1(str(outs[0].outputs[0].token_ids).encode()).hexdigest()[:10]}
+        res = {
+            "variant": name,
+            "step_us": wall / tokens * 1e6,
+            "tok_s": tokens / wall,
+            "decode_tok_s": decode,
+            "ttft_ms": (stamps[0][0] - t_stream) * 1e3,
+            "replay_us": replay_us(graphs.graphs[1]),
+            "greedy_replay_us": (
+                replay_us(graphs.greedy_graphs[1, 0]) if (1, 0) in graphs.greedy_graphs else float("nan")
+            ),
+            "host": ht.summary(),
+            "tokens": hashlib.sha1(str(outs[0].outputs[0].token_ids).encode()).hexdigest()[:10],
+        }
         if profile_dir is not None:
             res["timeline"] = timeline(llm, sp, profile_dir)
         del llm
@@ -405,7 +516,9 @@ def timeline(llm: LLM, sp: SamplingParams, out: Path) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        llm.generate([PROMPT], SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=64), use_tqdm=False)
+        llm.generate(
+            [PROMPT], SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=64), use_tqdm=False
+        )
     with tempfile.TemporaryDirectory() as d:
         trace = Path(d) / "trace.json"
         prof.export_chrome_trace(str(trace))
@@ -417,13 +530,17 @@ def timeline(llm: LLM, sp: SamplingParams, out: Path) -> str:
 
 def summarize(events: list[dict]) -> str:
     """The markdown summary of a chrome trace's events (``timeline``'s report)."""
-    gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
-                 key=lambda e: e["ts"])
+    gpu = sorted(
+        (e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+        key=lambda e: e["ts"],
+    )
     runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"]
     gaps, busy, end, prev = [], 0.0, None, None
-    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, duration, timeline extension
-    # the same per (name, its ordinal since the last split merge): a layer's four projections share one kernel name
-    # (after the merge: o, gate/up, down, then the next layer's qkv; the very first qkv counts as an o)
+    per_kernel: dict[str, list[float]] = defaultdict(
+        lambda: [0, 0.0, 0.0]
+    )  # calls, duration, timeline extension
+    # the same per (name, its ordinal since the last split merge): a layer's four projections share one kernel
+    # name (after the merge: o, gate/up, down, then the next layer's qkv; the very first qkv counts as an o)
     per_slot: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     since_merge: dict[str, int] = defaultdict(int)
     for e in gpu:
@@ -436,7 +553,9 @@ def summarize(events: list[dict]) -> str:
         rows = (per_kernel[e["name"]], per_slot[(e["name"], since_merge[e["name"]])])
         ext = 0.0
         if end is None or s + d > end:
-            ext = (s + d) - max(s, end if end is not None else s)  # busy time this op adds beyond the ones before it
+            ext = (s + d) - max(
+                s, end if end is not None else s
+            )  # busy time this op adds beyond the ones before it
             busy += ext
             end, prev = s + d, e["name"]
         for row in rows:
@@ -453,26 +572,53 @@ def summarize(events: list[dict]) -> str:
     hist = defaultdict(float)
     for g, _, _ in gaps:
         hist["< 2 µs" if g < 2 else "2-10 µs" if g < 10 else "10-50 µs" if g < 50 else ">= 50 µs"] += g
-    lines = ["## GPU timeline of a 64-token generate (torch.profiler; the profiler adds ~1 µs per kernel)", "",
-             f"- span {span / 1000:.1f} ms over {len(gpu)} GPU ops: busy {busy / 1000:.1f} ms, idle {idle / 1000:.1f} ms "
-             f"in {len(gaps)} gaps; idle by gap size: " + ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in hist.items()),
-             "", "| gap µs | after | before |", "| ---: | --- | --- |"]
+    lines = [
+        "## GPU timeline of a 64-token generate (torch.profiler; the profiler adds ~1 µs per kernel)",
+        "",
+        f"- span {span / 1000:.1f} ms over {len(gpu)} GPU ops: busy {busy / 1000:.1f} ms, idle "
+        f"{idle / 1000:.1f} ms in {len(gaps)} gaps; idle by gap size: "
+        + ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in hist.items()),
+        "",
+        "| gap µs | after | before |",
+        "| ---: | --- | --- |",
+    ]
     lines += [f"| {g:.1f} | {a[:60]} | {b[:60]} |" for g, a, b in big]
     kernels = sorted(per_kernel.items(), key=lambda kv: -kv[1][2])[:25]
-    lines += ["", "GPU ops by the busy time they add (an op overlapping the one before it under PDL adds only what runs "
-              "past that one's end; per step = over the 63 decode steps and the prefill together / 64):", "",
-              "| op | calls | mean µs | busy added per call µs | busy added per step µs |",
-              "| --- | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {k[:70]} | {int(n)} | {dur / n:.2f} | {ext / n:.2f} | {ext / 64:.1f} |"
-              for k, (n, dur, ext) in kernels]
+    lines += [
+        "",
+        "GPU ops by the busy time they add (an op overlapping the one before it under PDL adds only what "
+        "runs past that one's end; per step = over the 63 decode steps and the prefill together / 64):",
+        "",
+        "| op | calls | mean µs | busy added per call µs | busy added per step µs |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {k[:70]} | {int(n)} | {dur / n:.2f} | {ext / n:.2f} | {ext / 64:.1f} |"
+        for k, (n, dur, ext) in kernels
+    ]
     repeated = sorted(k for k in per_slot if k[1] > 1 or (k[0], 2) in per_slot)
-    lines += ["", "Ops that run more than once between two split merges, by their ordinal since the last merge (the "
-              "projections: 1 o, 2 gate/up, 3 down, 4 the next layer's qkv):", "",
-              "| op | ordinal | calls | mean µs | busy added per call µs |", "| --- | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {k[:60]} | {i} | {int(per_slot[(k, i)][0])} | {per_slot[(k, i)][1] / per_slot[(k, i)][0]:.2f} | "
-              f"{per_slot[(k, i)][2] / per_slot[(k, i)][0]:.2f} |" for k, i in repeated]
-    lines += ["", "| runtime call | calls | total ms | median µs | max µs |", "| --- | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {k} | {len(v)} | {sum(v) / 1000:.2f} | {statistics.median(v):.1f} | {max(v):.1f} |" for k, v in calls]
+    lines += [
+        "",
+        "Ops that run more than once between two split merges, by their ordinal since the last merge (the "
+        "projections: 1 o, 2 gate/up, 3 down, 4 the next layer's qkv):",
+        "",
+        "| op | ordinal | calls | mean µs | busy added per call µs |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {k[:60]} | {i} | {int(per_slot[(k, i)][0])} | {per_slot[(k, i)][1] / per_slot[(k, i)][0]:.2f} | "
+        f"{per_slot[(k, i)][2] / per_slot[(k, i)][0]:.2f} |"
+        for k, i in repeated
+    ]
+    lines += [
+        "",
+        "| runtime call | calls | total ms | median µs | max µs |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {k} | {len(v)} | {sum(v) / 1000:.2f} | {statistics.median(v):.1f} | {max(v):.1f} |"
+        for k, v in calls
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -483,8 +629,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="prefetch,rows")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-timeline", action="store_true")
-    ap.add_argument("--prompt-len", type=int, default=256, help="prompt tokens (the KV length decode starts from)")
-    ap.add_argument("--max-model-len", type=int, default=2048, help="the engine's max_model_len (graph table width)")
+    ap.add_argument(
+        "--prompt-len", type=int, default=256, help="prompt tokens (the KV length decode starts from)"
+    )
+    ap.add_argument(
+        "--max-model-len", type=int, default=2048, help="the engine's max_model_len (graph table width)"
+    )
     a = ap.parse_args(argv)
     global PROMPT, MAX_MODEL_LEN
     PROMPT = [7 + (i * 37) % 9000 for i in range(a.prompt_len)]
@@ -498,18 +648,30 @@ def main(argv: list[str] | None = None) -> int:
             prof = a.out if (r == 0 and i == 0 and not a.no_timeline) else None
             res = run_variant(path, name, a.tokens, prof)
             rows.append(res)
-            print(f"{name}: step {res['step_us']:.0f} µs ({res['tok_s']:.0f} tok/s), decode {res['decode_tok_s']:.0f} "
-                  f"tok/s after {res['ttft_ms']:.1f} ms to the first token, replay {res['replay_us']:.0f} µs "
-                  f"(greedy graph {res['greedy_replay_us']:.0f}); "
-                  f"{res['host']}; tokens {res['tokens']}", flush=True)
-    lines = [f"# Batch-1 decode A/B on {torch.cuda.get_device_name()} (Qwen3-0.6B shape, bf16, greedy, {a.prompt_len}-token "
-             f"prompt, {a.tokens} new tokens, max_model_len {a.max_model_len}; torch {torch.__version__})", "",
-             "whole step = generate wall time / new tokens (time to first token included); decode = tokens after the "
-             "first / time after it (streamed).", "",
-             "| variant | whole step µs | tok/s | decode tok/s | first token ms | graph replay µs | greedy graph replay µs "
-             "| host calls |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    lines += [f"| {r['variant']} | {r['step_us']:.0f} | {r['tok_s']:.0f} | {r['decode_tok_s']:.0f} | {r['ttft_ms']:.1f} "
-              f"| {r['replay_us']:.0f} | {r['greedy_replay_us']:.0f} | {r['host']} |" for r in rows]
+            print(
+                f"{name}: step {res['step_us']:.0f} µs ({res['tok_s']:.0f} tok/s), decode "
+                f"{res['decode_tok_s']:.0f} tok/s after {res['ttft_ms']:.1f} ms to the first token, replay "
+                f"{res['replay_us']:.0f} µs (greedy graph {res['greedy_replay_us']:.0f}); {res['host']}; "
+                f"tokens {res['tokens']}",
+                flush=True,
+            )
+    lines = [
+        f"# Batch-1 decode A/B on {torch.cuda.get_device_name()} (Qwen3-0.6B shape, bf16, greedy, "
+        f"{a.prompt_len}-token prompt, {a.tokens} new tokens, max_model_len {a.max_model_len}; torch "
+        f"{torch.__version__})",
+        "",
+        "whole step = generate wall time / new tokens (time to first token included); decode = tokens after "
+        "the first / time after it (streamed).",
+        "",
+        "| variant | whole step µs | tok/s | decode tok/s | first token ms | graph replay µs | greedy graph "
+        "replay µs | host calls |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    lines += [
+        f"| {r['variant']} | {r['step_us']:.0f} | {r['tok_s']:.0f} | {r['decode_tok_s']:.0f} | "
+        f"{r['ttft_ms']:.1f} | {r['replay_us']:.0f} | {r['greedy_replay_us']:.0f} | {r['host']} |"
+        for r in rows
+    ]
     (a.out / "batch1_ab.md").write_text("\n".join(lines) + "\n")
     return 0
 

@@ -1,4 +1,5 @@
-"""Where one request's decode step goes (batch 1, greedy, CUDA graphs) on the full-scale Qwen3-0.6B checkpoint:
+"""Where one request's decode step goes (batch 1, greedy, CUDA graphs) on the full-scale Qwen3-0.6B
+checkpoint:
 
 - the whole step (``generate`` wall time / tokens) and the engine's own split (schedule / forward / sample /
   detokenize, from ``llm.stats()``);
@@ -56,12 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     prof.disable()
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(40)
-    lines = [f"# Batch-1 decode step on {torch.cuda.get_device_name()} (Qwen3-0.6B shape, bf16, greedy, "
-             f"256-token prompt, {a.tokens} new tokens)", "",
-             f"- whole step: {wall / a.tokens * 1e6:.0f} µs ({a.tokens / wall:.0f} tok/s)",
-             "- engine split per token (µs): " + ", ".join(f"{k} {v:.0f}" for k, v in split.items()),
-             f"- decode graph replay alone (batch 1, back to back): {replay_us:.0f} µs", "",
-             "## cProfile of one generate (own time)", "", "```", s.getvalue(), "```"]
+    lines = [
+        f"# Batch-1 decode step on {torch.cuda.get_device_name()} (Qwen3-0.6B shape, bf16, greedy, "
+        f"256-token prompt, {a.tokens} new tokens)",
+        "",
+        f"- whole step: {wall / a.tokens * 1e6:.0f} µs ({a.tokens / wall:.0f} tok/s)",
+        "- engine split per token (µs): " + ", ".join(f"{k} {v:.0f}" for k, v in split.items()),
+        f"- decode graph replay alone (batch 1, back to back): {replay_us:.0f} µs",
+        "",
+        "## cProfile of one generate (own time)",
+        "",
+        "```",
+        s.getvalue(),
+        "```",
+    ]
     (a.out / "batch1_breakdown.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:6]))
     return 0

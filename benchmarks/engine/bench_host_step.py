@@ -1,13 +1,14 @@
-"""Host time of a decode step's metadata (CPU only, no model): the block tables of B sequences of L tokens turned into
-a ``ForwardBatch``, side by side in one process:
+"""Host time of a decode step's metadata (CPU only, no model): the block tables of B sequences of L tokens
+turned into a ``ForwardBatch``, side by side in one process:
 
-- ``lists``: a copy of every request's table (``KVCacheManager.block_table``) and ``build_forward_batch`` converting
-  them row by row (the engine until 2026-11-25);
-- ``matrix``: one gather from the KV manager's numpy mirror (``KVCacheManager.block_tables``) passed as ``tables=``
-  (the engine now);
+- ``lists``: a copy of every request's table (``KVCacheManager.block_table``) and ``build_forward_batch``
+  converting them row by row (the engine until 2026-11-25);
+- ``matrix``: one gather from the KV manager's numpy mirror (``KVCacheManager.block_tables``) passed as
+  ``tables=`` (the engine now);
 - ``allocate_slots``: B calls on tables that already hold the tokens (15 of 16 decode steps; returns at once).
 
-Usage: ``PYTHONPATH=src python benchmarks/engine/bench_host_step.py [--seqs 256 --tokens 2176] [--out FILE.md]``.
+Usage: ``PYTHONPATH=src python benchmarks/engine/bench_host_step.py [--seqs 256 --tokens 2176] [--out
+FILE.md]``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from layerzero.engine.kv import KVCacheManager
 from layerzero.engine.runner.forward_batch import ScheduledChunk, build_forward_batch
 
 
-def measure(seqs: int, tokens: int, block_size: int = 16, number: int = 50, repeat: int = 7) -> dict[str, float]:
+def measure(
+    seqs: int, tokens: int, block_size: int = 16, number: int = 50, repeat: int = 7
+) -> dict[str, float]:
     """Best-of-``repeat`` ms per call of each variant (see the module docstring); both table paths give equal
     batches (checked)."""
     kv = KVCacheManager(seqs * (tokens // block_size + 2), block_size, enable_prefix_caching=False)
@@ -52,8 +55,10 @@ def measure(seqs: int, tokens: int, block_size: int = 16, number: int = 50, repe
     for f in ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens", "logits_indices"):
         if not torch.equal(getattr(a, f), getattr(b, f)):
             raise RuntimeError(f"bench_host_step: the two table paths differ in {f}")
-    return {name: 1e3 * min(timeit.repeat(fn, number=number, repeat=repeat)) / number
-            for name, fn in (("lists", lists), ("matrix", matrix), ("allocate_slots", allocate))}
+    return {
+        name: 1e3 * min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+        for name, fn in (("lists", lists), ("matrix", matrix), ("allocate_slots", allocate))
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,14 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     r = measure(a.seqs, a.tokens)
-    lines = [f"# Host time of a decode step's metadata ({a.seqs} sequences x {a.tokens} tokens, blocks of 16)", "",
-             f"- date: {datetime.date.today()}; torch {torch.__version__}; {torch.get_num_threads()} threads",
-             f"- machine: {platform.machine()}, {cpu_flags()}",
-             "- command: `PYTHONPATH=src python benchmarks/engine/bench_host_step.py --out ...` (best of 7 x 50)", "",
-             "| variant | ms per step |", "| --- | ---: |",
-             f"| block tables as lists, converted row by row (before) | {r['lists']:.3f} |",
-             f"| one gather from the numpy mirror (now) | {r['matrix']:.3f} |",
-             f"| `allocate_slots` x {a.seqs}, tables already full (now) | {r['allocate_slots']:.3f} |", ""]
+    lines = [
+        f"# Host time of a decode step's metadata ({a.seqs} sequences x {a.tokens} tokens, blocks of 16)",
+        "",
+        f"- date: {datetime.date.today()}; torch {torch.__version__}; {torch.get_num_threads()} threads",
+        f"- machine: {platform.machine()}, {cpu_flags()}",
+        "- command: `PYTHONPATH=src python benchmarks/engine/bench_host_step.py --out ...` (best of 7 x 50)",
+        "",
+        "| variant | ms per step |",
+        "| --- | ---: |",
+        f"| block tables as lists, converted row by row (before) | {r['lists']:.3f} |",
+        f"| one gather from the numpy mirror (now) | {r['matrix']:.3f} |",
+        f"| `allocate_slots` x {a.seqs}, tables already full (now) | {r['allocate_slots']:.3f} |",
+        "",
+    ]
     text = "\n".join(lines)
     print(text)
     if a.out:

@@ -1,12 +1,12 @@
-"""``bench_variant.py`` with knobs set first, for throughput A/Bs of launch configs that have no lock or ``LLM``
-option: registered knobs (``layerzero.core.knobs``: ``triton.gemv:prefetch_warps=4``) or module-level constants
-(``layerzero.backends.triton.rope:BLOCK_H_MAX=16``).
+"""``bench_variant.py`` with knobs set first, for throughput A/Bs of launch configs that have no lock or
+``LLM`` option: registered knobs (``layerzero.core.knobs``: ``triton.gemv:prefetch_warps=4``) or module-level
+constants (``layerzero.backends.triton.rope:BLOCK_H_MAX=16``).
 
-Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/knob_run.py NAME [target:attr=python-literal ...]``, e.g.
-``knob_run.py bh16 layerzero.backends.triton.rope:BLOCK_H_MAX=16`` or ``knob_run.py s16
-triton.paged_decode:max_splits=16`` (run from the repository root): a target that is a registered knobs name is
-changed with ``configure_knobs``, any other is a module whose attribute is set. With ``--pytest`` as NAME, the knobs
-are followed by ``--`` and pytest's arguments: the GPU tests run in this process under the knobs
+Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/knob_run.py NAME [target:attr=python-literal
+...]``, e.g. ``knob_run.py bh16 layerzero.backends.triton.rope:BLOCK_H_MAX=16`` or ``knob_run.py s16
+triton.paged_decode:max_splits=16`` (run from the repository root): a target that is a registered knobs name
+is changed with ``configure_knobs``, any other is a module whose attribute is set. With ``--pytest`` as NAME,
+the knobs are followed by ``--`` and pytest's arguments: the GPU tests run in this process under the knobs
 (``knob_run.py --pytest triton.paged_decode:early_kv=True -- -q tests/engine/gpu``).
 """
 
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> None:
     rest: list[str] = []
     if "--" in knobs:
         at = knobs.index("--")
-        knobs, rest = knobs[:at], knobs[at + 1:]
+        knobs, rest = knobs[:at], knobs[at + 1 :]
     for knob in knobs:
         target, value = knob.split("=", 1)
         module, attr = target.split(":")

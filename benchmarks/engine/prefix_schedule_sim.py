@@ -1,11 +1,12 @@
 """What the scheduler alone makes of the shared-prefix benchmark (no model, no device: seconds on a CPU).
 
 Runs the real :class:`~layerzero.engine.scheduler.Scheduler` and KV cache manager over
-``shared_prefix_workload("full")`` (1024 requests, 64 groups x 16 sharing a 2048-token prefix, 128-token questions,
-256 output tokens) with the H200 run's pool (39,169 blocks of 16), budget (8,192) and ``max_num_seqs`` (256), one
-sampled token per finished chunk, and reports per policy: steps, steps with prefill tokens, the prefix hit rate,
-and for the decode steps the groups per step, i.e. how many 2048-token prefixes cascade attention's shared level
-reads per layer per step (the decode step's largest cost on the H200, benchmarks/results/engine/h200/README.md).
+``shared_prefix_workload("full")`` (1024 requests, 64 groups x 16 sharing a 2048-token prefix, 128-token
+questions, 256 output tokens) with the H200 run's pool (39,169 blocks of 16), budget (8,192) and
+``max_num_seqs`` (256), one sampled token per finished chunk, and reports per policy: steps, steps with
+prefill tokens, the prefix hit rate, and for the decode steps the groups per step, i.e. how many 2048-token
+prefixes cascade attention's shared level reads per layer per step (the decode step's largest cost on the
+H200, benchmarks/results/engine/h200/README.md).
 
 Usage: ``PYTHONPATH=src python benchmarks/engine/prefix_schedule_sim.py [--policies fcfs lpm]``.
 """
@@ -24,8 +25,9 @@ from layerzero.engine.scheduling_policy import make_policy
 from layerzero.engine.sequence import FinishReason, Sequence
 
 
-def simulate(policy: str, blocks: int = 39169, block_size: int = 16, budget: int = 8192, max_seqs: int = 256
-             ) -> dict[str, float]:
+def simulate(
+    policy: str, blocks: int = 39169, block_size: int = 16, budget: int = 8192, max_seqs: int = 256
+) -> dict[str, float]:
     """One run of the scheduler over the full shared-prefix workload; the counts described in the module
     docstring."""
     prompts, out_tokens = shared_prefix_workload("full")
@@ -53,21 +55,31 @@ def simulate(policy: str, blocks: int = 39169, block_size: int = 16, budget: int
                 if len(q.token_ids) - q.num_prompt_tokens >= out_tokens:
                     s.finish(q, FinishReason.LENGTH)
     st = kv.stats()
-    return {"steps": steps, "steps_with_prefill": mixed, "hit_rate": st.hit_rate,
-            "decode_groups_mean": statistics.fmean(groups_per_decode),
-            "decode_groups_median": statistics.median(groups_per_decode), "host_s": time.perf_counter() - t0}
+    return {
+        "steps": steps,
+        "steps_with_prefill": mixed,
+        "hit_rate": st.hit_rate,
+        "decode_groups_mean": statistics.fmean(groups_per_decode),
+        "decode_groups_median": statistics.median(groups_per_decode),
+        "host_s": time.perf_counter() - t0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policies", nargs="+", default=["fcfs", "lpm"])
     a = ap.parse_args(argv)
-    print("| policy | steps | steps with prefill | prefix hit rate | prefixes per decode step (mean / median) | "
-          "scheduler host s |\n| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| policy | steps | steps with prefill | prefix hit rate | prefixes per decode step (mean / median) "
+        "| scheduler host s |\n| --- | ---: | ---: | ---: | ---: | ---: |"
+    )
     for p in a.policies:
         r = simulate(p)
-        print(f"| {p} | {r['steps']} | {r['steps_with_prefill']} | {r['hit_rate']:.1%} | "
-              f"{r['decode_groups_mean']:.1f} / {r['decode_groups_median']:.0f} | {r['host_s']:.1f} |", flush=True)
+        print(
+            f"| {p} | {r['steps']} | {r['steps_with_prefill']} | {r['hit_rate']:.1%} | "
+            f"{r['decode_groups_mean']:.1f} / {r['decode_groups_median']:.0f} | {r['host_s']:.1f} |",
+            flush=True,
+        )
     return 0
 
 

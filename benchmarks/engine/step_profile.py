@@ -1,11 +1,11 @@
-"""Where a throughput run's wall time goes, by step kind: ``layerzero bench-engine``'s workload (nano-vllm's) run
-``--runs`` times in one process (the first includes first-use JIT compiles; the prefix cache is emptied between
-runs). Each step's wall time (between two ``EngineStats.record`` calls) is binned by kind (steps with prefill tokens;
-decode steps by batch size), and the kernels each op ran are listed (``layerzero.telemetry`` call counts; graph
-replays do not count). Diagnoses a throughput number far from the expected one.
+"""Where a throughput run's wall time goes, by step kind: ``layerzero bench-engine``'s workload (nano-vllm's)
+run ``--runs`` times in one process (the first includes first-use JIT compiles; the prefix cache is emptied
+between runs). Each step's wall time (between two ``EngineStats.record`` calls) is binned by kind (steps with
+prefill tokens; decode steps by batch size), and the kernels each op ran are listed (``layerzero.telemetry``
+call counts; graph replays do not count). Diagnoses a throughput number far from the expected one.
 
-Usage: ``PYTHONPATH=src python benchmarks/engine/step_profile.py --out DIR [--runs 2] [--requests 256]`` (CUDA).
-Writes ``DIR/step_profile.md``."""
+Usage: ``PYTHONPATH=src python benchmarks/engine/step_profile.py --out DIR [--runs 2] [--requests
+256]`` (CUDA). Writes ``DIR/step_profile.md``."""
 
 from __future__ import annotations
 
@@ -34,12 +34,18 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
     w = make_workload(a.scale)
-    prompts, max_tokens = w.prompts[:a.requests], w.max_tokens[:a.requests]
+    prompts, max_tokens = w.prompts[: a.requests], w.max_tokens[: a.requests]
     dt = torch.bfloat16 if a.device == "cuda" else torch.float32
-    llm = LLM(default_checkpoint(a.scale, dt), device=a.device, dtype=dt,
-              max_model_len=max(len(p) for p in w.prompts) + max(w.max_tokens) + 16)
+    llm = LLM(
+        default_checkpoint(a.scale, dt),
+        device=a.device,
+        dtype=dt,
+        max_model_len=max(len(p) for p in w.prompts) + max(w.max_tokens) + 16,
+    )
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
-    steps: list[tuple[int, int, float]] = []  # (prefill tokens, decode rows, wall seconds since the last record)
+    steps: list[
+        tuple[int, int, float]
+    ] = []  # (prefill tokens, decode rows, wall seconds since the last record)
     real = EngineStats.record
     last = [time.perf_counter()]
 
@@ -53,7 +59,9 @@ def main() -> int:
     lines = [f"# Throughput run by step kind ({a.device}, {a.scale} scale)", ""]
     lzt.enable()
     for run in range(a.runs):
-        if run and not llm.engine.kv.reset_prefix_cache():  # the same prompts again: no prefix hits from the last run
+        if (
+            run and not llm.engine.kv.reset_prefix_cache()
+        ):  # the same prompts again: no prefix hits from the last run
             raise RuntimeError("could not empty the prefix cache between runs")
         steps.clear()
         lzt.reset()
@@ -64,19 +72,31 @@ def main() -> int:
         llm.generate(prompts, params, use_tqdm=False)
         took = time.perf_counter() - t0
         out_tokens = sum(max_tokens)
-        lines += [f"## run {run + 1}: {out_tokens / took:.0f} output tok/s ({took:.2f} s, {len(steps)} steps)", "",
-                  "| steps | count | wall s | median ms | max ms |", "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [
+            f"## run {run + 1}: {out_tokens / took:.0f} output tok/s ({took:.2f} s, {len(steps)} steps)",
+            "",
+            "| steps | count | wall s | median ms | max ms |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
         kinds = {"with prefill tokens": [s for s in steps if s[0]]}
         for lo, hi in BINS[1:]:
             kinds[f"decode, {lo}-{hi} rows"] = [s for s in steps if not s[0] and lo <= s[1] <= hi]
         for name, ss in kinds.items():
             if ss:
                 ws = [s[2] for s in ss]
-                lines.append(f"| {name} | {len(ss)} | {sum(ws):.2f} | {1e3 * statistics.median(ws):.2f} | "
-                             f"{1e3 * max(ws):.2f} |")
+                lines.append(
+                    f"| {name} | {len(ss)} | {sum(ws):.2f} | {1e3 * statistics.median(ws):.2f} | "
+                    f"{1e3 * max(ws):.2f} |"
+                )
         slow = sorted(steps, key=lambda s: -s[2])[:8]
-        lines += ["", "slowest steps (prefill tokens, decode rows, ms): "
-                  + ", ".join(f"({p}, {d}, {1e3 * t:.1f})" for p, d, t in slow), "", "kernel calls:", ""]
+        lines += [
+            "",
+            "slowest steps (prefill tokens, decode rows, ms): "
+            + ", ".join(f"({p}, {d}, {1e3 * t:.1f})" for p, d, t in slow),
+            "",
+            "kernel calls:",
+            "",
+        ]
         snap = lzt.snapshot()
         for kernel, (op, n) in sorted(snap["calls"].items(), key=lambda kv: -kv[1][1])[:24]:
             lines.append(f"- {op}: {kernel} x {n}")

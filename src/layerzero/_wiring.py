@@ -3,10 +3,11 @@
 ``core`` imports nothing above it, so it cannot name the module that registers the built-in ops and backends,
 nor the tuning package. Instead :data:`~layerzero.core.runtime.RUNTIME` takes them as hooks
 (:meth:`~layerzero.core.dispatch.Runtime.install_hooks`), installed here: ``layerzero.ops.register_builtin``
-as the loader it runs on first use, the import of the knob-registering kernel modules as the knobs' loader
-(a change of any knob invalidates cached selections, as ``lz.configure`` does), and two thin wrappers that import ``layerzero.tuning.autotune`` /
-``layerzero.tuning.canary`` only when first called (``lz.configure(autotune=True)`` / ``canaries=True``), so
-that ``import layerzero`` does not load them. No I/O and nothing else at import.
+as the loader it runs on first use, the import of the knob-registering kernel modules as the knobs' loader (a
+change of any knob invalidates cached selections, as ``lz.configure`` does), and two thin wrappers that import
+``layerzero.tuning.autotune`` / ``layerzero.tuning.canary`` only when first called
+(``lz.configure(autotune=True)`` / ``canaries=True``), so that ``import layerzero`` does not load them. No I/O
+and nothing else at import.
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ def _canary(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ...], out:
 
 
 def _load_knobs() -> None:
-    """Import the kernel modules that register tuning knobs (``lz.configure_knobs`` before any op call); importing
-    them imports no Triton."""
+    """Import the kernel modules that register tuning knobs (``lz.configure_knobs`` before any op call);
+    importing them imports no Triton."""
     from layerzero.backends.triton import gemv, paged, sampling  # noqa: F401
 
 
 RUNTIME.install_hooks(loader=register_builtin, autotuner=_autotune, canary=_canary)
 knobs.install_loader(_load_knobs)
-knobs.subscribe(knobs.ANY, notify_change)  # a knob may decide a selection check (gemv's max_rows): cached ones go
+knobs.subscribe(
+    knobs.ANY, notify_change
+)  # a knob may decide a selection check (gemv's max_rows): cached ones go

@@ -39,18 +39,24 @@ get_locks = _config.get_locks
 
 def _op(op: Any, where: str = "op") -> tuple[Any, Any]:
     if not isinstance(op, str):
-        raise UnknownOperationError(f"unknown op {op!r:.60}: " + expected_got(
-            where, f"an op id (a str) from {sorted(OPS)}", type(op).__name__))
+        raise UnknownOperationError(
+            f"unknown op {op!r:.60}: "
+            + expected_got(where, f"an op id (a str) from {sorted(OPS)}", type(op).__name__)
+        )
     try:
         return OPS[op]
     except KeyError:
         close = difflib.get_close_matches(op, OPS, n=1)
-        raise UnknownOperationError(f"unknown op {op!r:.60}. Known ops: {sorted(OPS)}."
-                                    + (f" Did you mean {close[0]!r}?" if close else "")) from None
+        raise UnknownOperationError(
+            f"unknown op {op!r:.60}. Known ops: {sorted(OPS)}."
+            + (f" Did you mean {close[0]!r}?" if close else "")
+        ) from None
 
 
 def _kernel_id(where: str, kernel_id: Any) -> str:
-    return check_str(where, kernel_id, "a kernel id 'backend.name' like 'torch_sdpa.math'", UnknownKernelError)
+    return check_str(
+        where, kernel_id, "a kernel id 'backend.name' like 'torch_sdpa.math'", UnknownKernelError
+    )
 
 
 def _prepared(where: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -67,7 +73,8 @@ def lock(op: str, kernel_id: str) -> None:
     ``NoKernelFoundError`` with its reasons; a runtime failure raises ``KernelExecutionError``).
 
     Raises:
-        UnknownOperationError: unknown op or not a str. UnknownKernelError: unknown kernel id, not a str, or one
+        UnknownOperationError: unknown op or not a str. UnknownKernelError: unknown kernel id, not a str, or
+            one
         of another op.
     """
     _op(op, "lz.lock(op)")
@@ -78,7 +85,8 @@ def lock(op: str, kernel_id: str) -> None:
 
 
 def unlock(op: str) -> None:
-    """Remove the ``lz.lock`` of ``op`` (no-op when none). Raises ``UnknownOperationError`` for unknown ops."""
+    """Remove the ``lz.lock`` of ``op`` (no-op when none). Raises ``UnknownOperationError`` for unknown
+    ops."""
     _op(op, "lz.unlock(op)")
     _config.set_lock(op, None)
 
@@ -89,8 +97,12 @@ def _check_patterns(ids: tuple[str, ...]) -> None:
     RUNTIME.ensure_ready()
     known = set(RUNTIME.registry.kernels) | set(RUNTIME.registry.backends)
     for pattern in ids:
-        check_str("lz.prefer(*kernel_ids_or_backends)", pattern, "a kernel id, backend id or glob",
-                  UnknownKernelError)
+        check_str(
+            "lz.prefer(*kernel_ids_or_backends)",
+            pattern,
+            "a kernel id, backend id or glob",
+            UnknownKernelError,
+        )
         if not any(fnmatch.fnmatchcase(k, pattern) for k in known):
             raise UnknownKernelError(unknown_pattern_message("lz.prefer", pattern, known))
 
@@ -125,8 +137,9 @@ def select(op: str, *args: Any, **kwargs: Any) -> ExecutionPlan:
     """The :class:`ExecutionPlan` the call ``lz.<op>(*args, **kwargs)`` would run (through the cache).
 
     The plan is callable: ``plan(*canonical_args)`` runs the chosen kernel directly (no checks, no lookup, no
-    fallback; ~0.2 µs over the kernel), e.g. for attention ``plan(q, k, v, None, True, None, 0.0)`` (attn_mask,
-    is_causal, scale, dropout_p). Use it only for inputs of the shapes, dtypes and flags it was selected for.
+    fallback; ~0.2 µs over the kernel), e.g. for attention ``plan(q, k, v, None, True, None, 0.0)``
+    (attn_mask, is_causal, scale, dropout_p). Use it only for inputs of the shapes, dtypes and flags it was
+    selected for.
 
     Raises the op's ``InvalidInputError`` for bad arguments, ``UnknownOperationError`` for an unknown op,
     ``NoKernelFoundError`` when a lock cannot run the inputs.
@@ -173,7 +186,9 @@ def validate(kernel_id: str, op: str, *args: Any, **kwargs: Any) -> list[Reason]
     key, context = _prepared("lz.validate", op, args, kwargs)
     RUNTIME.ensure_ready()
     ctx = context(key)
-    return validate_kernel(RUNTIME.registry, kernel_id, ctx, RUNTIME.usable_reason, _config.effective_policy())
+    return validate_kernel(
+        RUNTIME.registry, kernel_id, ctx, RUNTIME.usable_reason, _config.effective_policy()
+    )
 
 
 def list_kernels(op: str | None = None) -> list[dict[str, Any]]:
@@ -187,16 +202,24 @@ def list_kernels(op: str | None = None) -> list[dict[str, Any]]:
     out = []
     for spec in specs:
         backend = reg.backend(spec.backend)
-        out.append({"kernel_id": spec.kernel_id, "op": spec.op, "backend": spec.backend,
-                    "available": backend.available, "version": backend.version,
-                    "reasons": [str(r) for r in backend.reasons], "description": spec.description,
-                    **spec.constraints()})
+        out.append(
+            {
+                "kernel_id": spec.kernel_id,
+                "op": spec.op,
+                "backend": spec.backend,
+                "available": backend.available,
+                "version": backend.version,
+                "reasons": [str(r) for r in backend.reasons],
+                "description": spec.description,
+                **spec.constraints(),
+            }
+        )
     return out
 
 
 def load_capabilities(path: str) -> list[str]:
-    """Apply a capability-override YAML (see ``capabilities/`` and docs/backends.md): replace constraint fields
-    of registered kernels, e.g. ``{version: 1, kernels: {torch_sdpa.cudnn: {head_dim_max: 256}}}``.
+    """Apply a capability-override YAML (see ``capabilities/`` and docs/backends.md): replace constraint
+    fields of registered kernels, e.g. ``{version: 1, kernels: {torch_sdpa.cudnn: {head_dim_max: 256}}}``.
     Returns the kernel ids changed; cached selections are invalidated.
 
     Raises ``ConfigurationError`` (schema, or ``path`` not a str / os.PathLike), ``PolicyValidationError``
@@ -209,19 +232,27 @@ def load_capabilities(path: str) -> list[str]:
     return apply_overrides(RUNTIME.registry, load_overrides(path))
 
 
-def register_kernel(op: str, kernel_id: str, fn: Any, *, priority: int = 50, replace: bool = False,
-                    launch_config: Any = None, **constraints: Any) -> Any:
+def register_kernel(
+    op: str,
+    kernel_id: str,
+    fn: Any,
+    *,
+    priority: int = 50,
+    replace: bool = False,
+    launch_config: Any = None,
+    **constraints: Any,
+) -> Any:
     """Register a custom kernel ``fn`` for ``op`` under ``kernel_id`` (``"backend.name"``) and return its
     :class:`KernelSpec`. An unknown backend id is registered as an available custom backend; cached
     selections are invalidated, so the next call can pick it.
 
-    ``fn`` is called with the op's canonical positional arguments (attention: ``q, k, v, attn_mask,
-    is_causal, scale, dropout_p``; see ``layerzero.core.custom.CANONICAL_ARGS``); with ``layouts`` unset an
-    attention kernel gets the caller's layout, with ``layouts={"BHSD"}`` always ``[B, H, S, D]`` (dispatch
-    transposes and charges the transform). ``constraints`` are :class:`KernelSpec` fields (``device_types``,
-    ``dtypes``, ``sm_min``, ``head_dim_max``, ``mask_kinds``, ``supports_causal``, ``check``, ...).
-    ``launch_config`` (Triton: ``num_warps``, ``num_stages``, ``num_ctas``, ``BLOCK*``) is validated and passed
-    to ``fn`` as ``launch_config=LaunchConfig(...)``; Triton itself caches the compiled binaries.
+    ``fn`` is called with the op's canonical positional arguments (attention: ``q, k, v, attn_mask, is_causal,
+    scale, dropout_p``; see ``layerzero.core.custom.CANONICAL_ARGS``); with ``layouts`` unset an attention
+    kernel gets the caller's layout, with ``layouts={"BHSD"}`` always ``[B, H, S, D]`` (dispatch transposes
+    and charges the transform). ``constraints`` are :class:`KernelSpec` fields (``device_types``, ``dtypes``,
+    ``sm_min``, ``head_dim_max``, ``mask_kinds``, ``supports_causal``, ``check``, ...). ``launch_config``
+    (Triton: ``num_warps``, ``num_stages``, ``num_ctas``, ``BLOCK*``) is validated and passed to ``fn`` as
+    ``launch_config=LaunchConfig(...)``; Triton itself caches the compiled binaries.
 
     ``None`` for a constraint means "no constraint" as in :class:`KernelSpec` (``mask_kinds=None``: every mask
     kind); ``device_types`` (torch device types: ``cpu``, ``cuda``, ``mps``, ``xpu``, ...) and ``dtypes`` have
@@ -234,29 +265,49 @@ def register_kernel(op: str, kernel_id: str, fn: Any, *, priority: int = 50, rep
         unknown device type), invalid ``launch_config``.
 
     >>> import torch.nn.functional as F, layerzero as lz
-    >>> spec = lz.register_kernel("attention", "mylib.sdpa", lambda q, k, v, m, c, s, p: F.scaled_dot_product_attention(
-    ...     q, k, v, m, p, c, scale=s), priority=99, device_types={"cpu"}, supports_gqa=False)  # doctest: +SKIP
+    >>> def sdpa(q, k, v, m, c, s, p):
+    ...     return F.scaled_dot_product_attention(q, k, v, m, p, c, scale=s)
+    >>> spec = lz.register_kernel(
+    ...     "attention", "mylib.sdpa", sdpa, priority=99, device_types={"cpu"}, supports_gqa=False
+    ... )  # doctest: +SKIP
     """
     from layerzero.core.custom import register_custom_kernel
 
     _op(op, "lz.register_kernel(op)")
     check_str("lz.register_kernel(kernel_id)", kernel_id, "a kernel id 'backend.name' like 'mylib.attention'")
     RUNTIME.ensure_ready()
-    return register_custom_kernel(RUNTIME.registry, op, kernel_id, fn, priority=priority, replace=replace,
-                                  launch_config=launch_config, **constraints)
+    return register_custom_kernel(
+        RUNTIME.registry,
+        op,
+        kernel_id,
+        fn,
+        priority=priority,
+        replace=replace,
+        launch_config=launch_config,
+        **constraints,
+    )
 
 
-def kernel(op: str, kernel_id: str, *, priority: int = 50, replace: bool = False, launch_config: Any = None,
-           **constraints: Any) -> Any:
-    """Decorator form of :func:`register_kernel`: ``@lz.kernel("rms_norm", "mylib.rms", device_types={"cpu"})``
-    registers the function and returns it unchanged. Raises what :func:`register_kernel` raises."""
+def kernel(
+    op: str,
+    kernel_id: str,
+    *,
+    priority: int = 50,
+    replace: bool = False,
+    launch_config: Any = None,
+    **constraints: Any,
+) -> Any:
+    """Decorator form of :func:`register_kernel`: ``@lz.kernel("rms_norm", "mylib.rms",
+    device_types={"cpu"})`` registers the function and returns it unchanged. Raises what
+    :func:`register_kernel` raises."""
 
     _op(op, "lz.kernel(op)")
     check_str("lz.kernel(kernel_id)", kernel_id, "a kernel id 'backend.name' like 'mylib.rms'")
 
     def decorate(fn: Any) -> Any:
-        register_kernel(op, kernel_id, fn, priority=priority, replace=replace, launch_config=launch_config,
-                        **constraints)
+        register_kernel(
+            op, kernel_id, fn, priority=priority, replace=replace, launch_config=launch_config, **constraints
+        )
         return fn
 
     return decorate
@@ -267,7 +318,8 @@ def unregister_kernel(kernel_id: str) -> Any:
     returns the removed :class:`KernelSpec`; cached selections are invalidated.
 
     Raises:
-        UnknownKernelError: unknown id or not a str. ConfigurationError: a built-in kernel (deny it with a policy
+        UnknownKernelError: unknown id or not a str. ConfigurationError: a built-in kernel (deny it with a
+            policy
         instead).
     """
     from layerzero.core.custom import unregister_custom_kernel
@@ -280,8 +332,9 @@ def unregister_kernel(kernel_id: str) -> Any:
 def reload() -> None:
     """Re-read the ``LAYERZERO_*`` environment (and the policy file it names); invalidates cached choices.
 
-    A ``LAYERZERO_CAPABILITIES`` file is read and applied now (as on first use); unsetting the variable does not
-    undo overrides already applied. Policy names (ops, kernels, backends) are checked on the next selection.
+    A ``LAYERZERO_CAPABILITIES`` file is read and applied now (as on first use); unsetting the variable does
+    not undo overrides already applied. Policy names (ops, kernels, backends) are checked on the next
+    selection.
 
     Raises ``ConfigurationError`` / ``PolicyValidationError`` naming a malformed variable, policy file or
     capability file, ``UnknownKernelError`` for a capability override of an unregistered kernel.
@@ -296,6 +349,26 @@ def reload() -> None:
         apply_overrides(RUNTIME.registry, overrides)
 
 
-__all__ = ["configure", "disabled", "explain", "get_config", "get_locks", "list_kernels", "load_capabilities",
-           "load_config", "lock", "kernel", "register_kernel", "unregister_kernel",
-           "prefer", "reload", "select", "trace", "TuneReport", "tune", "unlock", "validate", "which"]
+__all__ = [
+    "configure",
+    "disabled",
+    "explain",
+    "get_config",
+    "get_locks",
+    "list_kernels",
+    "load_capabilities",
+    "load_config",
+    "lock",
+    "kernel",
+    "register_kernel",
+    "unregister_kernel",
+    "prefer",
+    "reload",
+    "select",
+    "trace",
+    "TuneReport",
+    "tune",
+    "unlock",
+    "validate",
+    "which",
+]

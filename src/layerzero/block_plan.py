@@ -1,23 +1,26 @@
 """Multi-op planner: pick kernels for a block of op calls jointly, minimising layout transforms between them.
 
-``lz.plan_block([...])`` takes op calls (``(op, args, kwargs)`` as ``lz.explain`` / ``lz.tune`` cases take them,
-or :class:`BlockOp`) and the data flow between them (default: a chain, op ``i`` feeds op ``i + 1``), runs the
-ordinary selection for each call (``Runtime.select_context``: filter -> score, policy and health included), then
-chooses one eligible kernel per op by dynamic programming over each chain (Viterbi, O(n * s^2) for s states per
-op), maximising ``sum(node scores) - sum(transition costs)``. See docs/block_planning.md for the cost model.
+``lz.plan_block([...])`` takes op calls (``(op, args, kwargs)`` as ``lz.explain`` / ``lz.tune`` cases take
+them, or :class:`BlockOp`) and the data flow between them (default: a chain, op ``i`` feeds op ``i + 1``),
+runs the ordinary selection for each call (``Runtime.select_context``: filter -> score, policy and health
+included), then chooses one eligible kernel per op by dynamic programming over each chain (Viterbi, O(n * s^2)
+for s states per op), maximising ``sum(node scores) - sum(transition costs)``. See docs/block_planning.md for
+the cost model.
 
 Cost model (the same units as ``Score.transform_cost``):
 
-- a kernel consumes and produces its native layout (``KernelSpec.layouts``: the incoming layout when it supports
-  it, else BHSD when supported, else its first); a kernel without ``layouts`` passes the incoming layout through;
+- a kernel consumes and produces its native layout (``KernelSpec.layouts``: the incoming layout when it
+  supports it, else BHSD when supported, else its first); a kernel without ``layouts`` passes the incoming
+  layout through;
 - an op fed by another op of the block scores ``score.total + score.transform_cost`` (its score without the
   caller-layout transform, which the block replaces) minus :data:`TRANSFORM_COST` when the producer's output
   layout differs from the layout the kernel consumes (one transpose + copy between them);
-- an op fed by nothing in the block scores its standalone ``score.total``: dispatch's own charge for converting
-  the caller's declared layout is already in it.
+- an op fed by nothing in the block scores its standalone ``score.total``: dispatch's own charge for
+  converting the caller's declared layout is already in it.
 
-:meth:`BlockPlan.apply` makes the block's calls run the chosen kernels: a scoped policy layer (``contextvars``, like
-``lz.prefer``) with one lock per step whose ``when:`` matches that call's context fields.
+:meth:`BlockPlan.apply` makes the block's calls run the chosen kernels: a scoped policy layer
+(``contextvars``, like ``lz.prefer``) with one lock per step whose ``when:`` matches that call's context
+fields.
 """
 
 from __future__ import annotations
@@ -64,10 +67,11 @@ class BlockOp:
 class BlockStep:
     """The plan of one op of the block.
 
-    ``chosen``: the jointly chosen kernel; ``standalone``: what ``lz.which`` picks for the call alone; ``producer``:
-    the index of the op feeding it (None: fed from outside the block); ``layout_in`` / ``layout_out``: the layout
-    the chosen kernel consumes / produces (None: the op has none); ``transition_cost``: charged on its input edge;
-    ``score``: its node score in the block (see the module docstring); ``why``: one line of explanation.
+    ``chosen``: the jointly chosen kernel; ``standalone``: what ``lz.which`` picks for the call alone;
+    ``producer``: the index of the op feeding it (None: fed from outside the block); ``layout_in`` /
+    ``layout_out``: the layout the chosen kernel consumes / produces (None: the op has none);
+    ``transition_cost``: charged on its input edge; ``score``: its node score in the block (see the module
+    docstring); ``why``: one line of explanation.
     """
 
     index: int
@@ -84,20 +88,30 @@ class BlockStep:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the selection report as its own ``to_dict()``)."""
-        return {"index": self.index, "op": self.op, "chosen": self.chosen, "standalone": self.standalone,
-                "producer": self.producer, "layout_in": self.layout_in, "layout_out": self.layout_out,
-                "transition_cost": self.transition_cost, "score": self.score, "why": self.why,
-                "report": self.report.to_dict()}
+        return {
+            "index": self.index,
+            "op": self.op,
+            "chosen": self.chosen,
+            "standalone": self.standalone,
+            "producer": self.producer,
+            "layout_in": self.layout_in,
+            "layout_out": self.layout_out,
+            "transition_cost": self.transition_cost,
+            "score": self.score,
+            "why": self.why,
+            "report": self.report.to_dict(),
+        }
 
 
 @dataclass(frozen=True, slots=True)
 class BlockPlan:
     """The joint kernel choice for a block of op calls (returned by :func:`plan_block`).
 
-    ``steps``: one :class:`BlockStep` per op, in call order. ``total``: the block's score (sum of node scores minus
-    transition costs) of the joint choice; ``greedy_total``: the same for the standalone picks; ``transforms`` /
-    ``greedy_transforms``: layout conversions each choice needs; ``transforms_saved``: their difference.
-    ``print(plan)`` explains the choice as a table; ``to_dict()`` is JSON-ready; ``with plan.apply():`` runs it.
+    ``steps``: one :class:`BlockStep` per op, in call order. ``total``: the block's score (sum of node scores
+    minus transition costs) of the joint choice; ``greedy_total``: the same for the standalone picks;
+    ``transforms`` / ``greedy_transforms``: layout conversions each choice needs; ``transforms_saved``: their
+    difference. ``print(plan)`` explains the choice as a table; ``to_dict()`` is JSON-ready;
+    ``with plan.apply():`` runs it.
     """
 
     steps: tuple[BlockStep, ...]
@@ -118,23 +132,40 @@ class BlockPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: totals, transforms and every step."""
-        return {"total": self.total, "greedy_total": self.greedy_total, "transforms": self.transforms,
-                "greedy_transforms": self.greedy_transforms, "transforms_saved": self.transforms_saved,
-                "steps": [s.to_dict() for s in self.steps]}
+        return {
+            "total": self.total,
+            "greedy_total": self.greedy_total,
+            "transforms": self.transforms,
+            "greedy_transforms": self.greedy_transforms,
+            "transforms_saved": self.transforms_saved,
+            "steps": [s.to_dict() for s in self.steps],
+        }
 
     def __str__(self) -> str:
         differs = any(s.chosen != s.standalone for s in self.steps)
-        head = [f"LayerZero block plan: {len(self.steps)} ops, score {self.total:.1f} "
-                f"(standalone picks: {self.greedy_total:.1f}), layout transforms {self.transforms} "
-                f"(standalone picks: {self.greedy_transforms}, saved {self.transforms_saved})",
-                "joint choice differs from the standalone picks" if differs else
-                "joint choice equals the standalone picks"]
+        head = [
+            f"LayerZero block plan: {len(self.steps)} ops, score {self.total:.1f} "
+            f"(standalone picks: {self.greedy_total:.1f}), layout transforms {self.transforms} "
+            f"(standalone picks: {self.greedy_transforms}, saved {self.transforms_saved})",
+            "joint choice differs from the standalone picks"
+            if differs
+            else "joint choice equals the standalone picks",
+        ]
         rows = [("#", "op", "chosen", "standalone pick", "layouts", "transition cost", "why")]
         for s in self.steps:
             lay = "-" if s.layout_in is None and s.layout_out is None else f"{s.layout_in}->{s.layout_out}"
             src = "in" if s.producer is None else f"<-{s.producer}"
-            rows.append((str(s.index), s.op, s.chosen, s.standalone, f"{lay} ({src})", f"{s.transition_cost:.1f}",
-                         s.why))
+            rows.append(
+                (
+                    str(s.index),
+                    s.op,
+                    s.chosen,
+                    s.standalone,
+                    f"{lay} ({src})",
+                    f"{s.transition_cost:.1f}",
+                    s.why,
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(6)]
         lines = ["  ".join(f"{r[i]:<{widths[i]}}" for i in range(6)) + "  " + r[6] for r in rows]
         lines.insert(1, "-" * len(lines[0].rstrip()))
@@ -144,7 +175,8 @@ class BlockPlan:
         """The policy layer :meth:`apply` pushes: one lock per step, ``when:`` = that call's context fields.
 
         Raises ``ConfigurationError`` when two steps with the same op and context were given different kernels
-        (one lock cannot tell those calls apart: run them in separate ``apply()`` blocks or lock them yourself)."""
+        (one lock cannot tell those calls apart: run them in separate ``apply()`` blocks or lock them
+        yourself)."""
         seen: dict[tuple[str, When], BlockStep] = {}
         locks = []
         for s in self.steps:
@@ -153,10 +185,11 @@ class BlockPlan:
             if other is not None:
                 if other.chosen != s.chosen:
                     raise ConfigurationError(
-                        f"BlockPlan.apply: steps {other.index} and {s.index} are the same {s.op!r} call (same context) "
-                        f"but were given different kernels ({other.chosen} vs {s.chosen}); a scoped lock cannot tell "
-                        "them apart. Apply the plan around each call separately with lz.lock, or give the calls "
-                        "distinct inputs.")
+                        f"BlockPlan.apply: steps {other.index} and {s.index} are the same {s.op!r} call "
+                        f"(same context) but were given different kernels ({other.chosen} vs {s.chosen}); a "
+                        "scoped lock cannot tell them apart. Apply the plan around each call separately "
+                        "with lz.lock, or give the calls distinct inputs."
+                    )
                 continue
             seen[(s.op, when)] = s
             locks.append(LockRule(s.op, s.chosen, when, origin=f"lz.plan_block step {s.index}"))
@@ -172,8 +205,8 @@ class BlockPlan:
 
 
 def _when_of(ctx: SelectionContext) -> When:
-    """A ``when:`` clause matching exactly ``ctx``'s primitive fields (None-valued and unparsable ones left out,
-    as is ``device_name``: the plan is for this process's device)."""
+    """A ``when:`` clause matching exactly ``ctx``'s primitive fields (None-valued and unparsable ones left
+    out, as is ``device_name``: the plan is for this process's device)."""
     items = []
     for name, value in sorted(ctx.fields().items()):
         if value is None or name not in KNOWN_FIELDS or name == "device_name":
@@ -202,47 +235,81 @@ def _transition(src: Layout | None, dst: Layout | None) -> float:
 
 def _calls(ops: Any) -> list[BlockOp]:
     if isinstance(ops, (str, Mapping)) or not isinstance(ops, Sequence):
-        raise InvalidInputError(expected_got("lz.plan_block(ops)", "a list of (op, args, kwargs) calls or BlockOps",
-                                             type(ops).__name__))
+        raise InvalidInputError(
+            expected_got(
+                "lz.plan_block(ops)", "a list of (op, args, kwargs) calls or BlockOps", type(ops).__name__
+            )
+        )
     if not ops:
-        raise InvalidInputError(expected_got("lz.plan_block(ops)", "at least one op call", "an empty list",
-                                             "Pass e.g. [('rms_norm', (x, w), {}), ('attention', (q, k, v), {})]."))
+        raise InvalidInputError(
+            expected_got(
+                "lz.plan_block(ops)",
+                "at least one op call",
+                "an empty list",
+                "Pass e.g. [('rms_norm', (x, w), {}), ('attention', (q, k, v), {})].",
+            )
+        )
     out = []
     for i, item in enumerate(ops):
         if isinstance(item, BlockOp):
             call = item
-        elif isinstance(item, tuple) and len(item) in (2, 3) and isinstance(item[1], (tuple, list)) \
-                and (len(item) == 2 or isinstance(item[2], Mapping)):
+        elif (
+            isinstance(item, tuple)
+            and len(item) in (2, 3)
+            and isinstance(item[1], (tuple, list))
+            and (len(item) == 2 or isinstance(item[2], Mapping))
+        ):
             call = BlockOp(item[0], tuple(item[1]), dict(item[2]) if len(item) == 3 else {})
         else:
-            raise InvalidInputError(expected_got(f"lz.plan_block(ops)[{i}]", "(op, args, kwargs), (op, args) or a "
-                                                 "BlockOp", f"{type(item).__name__} {item!r:.80}"))
+            raise InvalidInputError(
+                expected_got(
+                    f"lz.plan_block(ops)[{i}]",
+                    "(op, args, kwargs), (op, args) or a BlockOp",
+                    f"{type(item).__name__} {item!r:.80}",
+                )
+            )
         out.append(call)
     return out
 
 
 def _feeds(feeds: Any, n: int) -> dict[int, int]:
-    """``{consumer: producer}``; default the chain ``{i: i - 1}``. Each producer feeds at most one consumer and
-    comes before it, so the block is a set of chains."""
+    """``{consumer: producer}``; default the chain ``{i: i - 1}``. Each producer feeds at most one consumer
+    and comes before it, so the block is a set of chains."""
     if feeds is None:
         return {i: i - 1 for i in range(1, n)}
     where = "lz.plan_block(feeds)"
     if not isinstance(feeds, Mapping):
-        raise InvalidInputError(expected_got(where, "a mapping {consumer index: producer index} or None (a chain)",
-                                             type(feeds).__name__))
+        raise InvalidInputError(
+            expected_got(
+                where, "a mapping {consumer index: producer index} or None (a chain)", type(feeds).__name__
+            )
+        )
     out: dict[int, int] = {}
     fed_by: dict[int, int] = {}
     for c, p in feeds.items():
         for what, idx in (("consumer", c), ("producer", p)):
             if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < n:
-                raise InvalidInputError(expected_got(f"{where}[{c!r}]", f"{what} index in 0..{n - 1}", repr(idx)))
+                raise InvalidInputError(
+                    expected_got(f"{where}[{c!r}]", f"{what} index in 0..{n - 1}", repr(idx))
+                )
         if p >= c:
-            raise InvalidInputError(expected_got(f"{where}[{c}]", f"a producer before op {c} (index < {c})", p,
-                                                 "List the ops in execution order."))
+            raise InvalidInputError(
+                expected_got(
+                    f"{where}[{c}]",
+                    f"a producer before op {c} (index < {c})",
+                    p,
+                    "List the ops in execution order.",
+                )
+            )
         if p in fed_by:
-            raise InvalidInputError(expected_got(f"{where}[{c}]", f"op {p} feeding one consumer (a chain)",
-                                                 f"op {p} also feeds op {fed_by[p]}",
-                                                 "Plan the branches as separate blocks."))
+            raise InvalidInputError(
+                expected_got(
+                    f"{where}[{c}]",
+                    f"op {p} feeding one consumer (a chain)",
+                    f"op {p} also feeds op {fed_by[p]}",
+                    "Plan the branches as separate blocks.",
+                )
+            )
         fed_by[p] = c
         out[c] = p
     return out
@@ -262,10 +329,13 @@ def _select(i: int, call: BlockOp) -> _Op:
     try:
         _, report = RUNTIME.select_context(ctx, quiet=True)
     except NoKernelFoundError as exc:
-        raise NoKernelFoundError(f"lz.plan_block: op {i} ({call.op!r}) has no eligible kernel: {exc}",
-                                 exc.report) from None
-    ranked = sorted((c for c in report.candidates if c.status is not CandidateStatus.REJECTED and c.score),
-                    key=lambda c: (c.status is not CandidateStatus.SELECTED, -c.score.total))
+        raise NoKernelFoundError(
+            f"lz.plan_block: op {i} ({call.op!r}) has no eligible kernel: {exc}", exc.report
+        ) from None
+    ranked = sorted(
+        (c for c in report.candidates if c.status is not CandidateStatus.REJECTED and c.score),
+        key=lambda c: (c.status is not CandidateStatus.SELECTED, -c.score.total),
+    )
     reg = RUNTIME.registry
     eligible = [(reg.kernel(c.kernel_id, call.op), c.score.total, c.score.transform_cost) for c in ranked]
     return _Op(call, ctx, report, eligible)
@@ -276,10 +346,15 @@ def _select(i: int, call: BlockOp) -> _Op:
 _State = tuple[int, Layout | None]
 
 
-def _step_states(o: _Op, fed: bool, prev: dict[_State, tuple[Any, ...]] | None) -> dict[_State, tuple[Any, ...]]:
+def _step_states(
+    o: _Op, fed: bool, prev: dict[_State, tuple[Any, ...]] | None
+) -> dict[_State, tuple[Any, ...]]:
     out: dict[_State, tuple[Any, ...]] = {}
-    sources = [(None, 0.0, o.ctx.layout)] if not fed or not prev else \
-        [(state, v[0], state[1]) for state, v in prev.items()]
+    sources = (
+        [(None, 0.0, o.ctx.layout)]
+        if not fed or not prev
+        else [(state, v[0], state[1]) for state, v in prev.items()]
+    )
     for k, (spec, total, tcost) in enumerate(o.eligible):
         for state, base, incoming in sources:
             lay = _consumes(spec, incoming)
@@ -292,9 +367,11 @@ def _step_states(o: _Op, fed: bool, prev: dict[_State, tuple[Any, ...]] | None) 
     return out
 
 
-def _solve(ops: list[_Op], feeds: dict[int, int], pick: list[int] | None) -> tuple[float, list[tuple[Any, ...]]]:
-    """Best assignment (``pick`` given: the assignment of those kernel indices). Returns the block's total and per op
-    ``(kernel index, layout_in, layout_out, node score, transition cost, fed)``."""
+def _solve(
+    ops: list[_Op], feeds: dict[int, int], pick: list[int] | None
+) -> tuple[float, list[tuple[Any, ...]]]:
+    """Best assignment (``pick`` given: the assignment of those kernel indices). Returns the block's total and
+    per op ``(kernel index, layout_in, layout_out, node score, transition cost, fed)``."""
     consumer = {p: c for c, p in feeds.items()}
     result: list[tuple[Any, ...]] = [()] * len(ops)
     grand = 0.0
@@ -313,7 +390,14 @@ def _solve(ops: list[_Op], feeds: dict[int, int], pick: list[int] | None) -> tup
         for pos in range(len(chain) - 1, -1, -1):
             value, prev, incoming, node, trans = tables[pos][state]
             k, lay = state
-            result[chain[pos]] = (k, _consumes(ops[chain[pos]].eligible[k][0], incoming), lay, node, trans, pos > 0)
+            result[chain[pos]] = (
+                k,
+                _consumes(ops[chain[pos]].eligible[k][0], incoming),
+                lay,
+                node,
+                trans,
+                pos > 0,
+            )
             state = prev
     return grand, result
 
@@ -323,28 +407,32 @@ def plan_block(ops: Sequence[Any], *, feeds: Mapping[int, int] | None = None) ->
     transforms between them, and explain the choice.
 
     Args:
-        ops: the calls in execution order: ``(op, args, kwargs)``, ``(op, args)`` or :class:`BlockOp`, with the
-            arguments ``lz.<op>`` takes (real tensors, or small tensors of the same shapes, dtypes and devices;
-            nothing runs).
-        feeds: ``{consumer index: producer index}``: which op's output feeds which op. Default ``None``: a chain,
-            op ``i`` feeds op ``i + 1``; ``{}``: independent ops. Each producer feeds at most one consumer.
+        ops: the calls in execution order: ``(op, args, kwargs)``, ``(op, args)`` or :class:`BlockOp`, with
+            the arguments ``lz.<op>`` takes (real tensors, or small tensors of the same shapes, dtypes and
+            devices; nothing runs).
+        feeds: ``{consumer index: producer index}``: which op's output feeds which op. Default ``None``: a
+            chain, op ``i`` feeds op ``i + 1``; ``{}``: independent ops. Each producer feeds at most one
+            consumer.
 
     Returns:
         A :class:`BlockPlan`: per op the chosen kernel, its standalone pick, layouts and transition cost; the
-        block's score and the transforms saved. ``print()`` it; ``with plan.apply():`` runs the block's calls on
-        the chosen kernels.
+        block's score and the transforms saved. ``print()`` it; ``with plan.apply():`` runs the block's calls
+        on the chosen kernels.
 
-    Score: ``sum(node scores) - sum(transition costs)``, maximised by dynamic programming over each chain; a node
-    score is the kernel's selection score (``lz.explain``), without its caller-layout transform when another op of
-    the block feeds it; a transition costs :data:`TRANSFORM_COST` when the producer's output layout differs from
-    the layout the kernel consumes. On a tie the standalone picks win.
+    Score: ``sum(node scores) - sum(transition costs)``, maximised by dynamic programming over each chain; a
+    node score is the kernel's selection score (``lz.explain``), without its caller-layout transform when
+    another op of the block feeds it; a transition costs :data:`TRANSFORM_COST` when the producer's output
+    layout differs from the layout the kernel consumes. On a tie the standalone picks win.
 
     Raises:
-        InvalidInputError: ``ops`` empty or not a list of calls, an op's arguments invalid, a bad ``feeds`` index
-        (out of range, not before its consumer, a producer feeding two ops). UnknownOperationError: an unknown op.
+        InvalidInputError: ``ops`` empty or not a list of calls, an op's arguments invalid, a bad ``feeds``
+            index
+        (out of range, not before its consumer, a producer feeding two ops). UnknownOperationError: an unknown
+        op.
         NoKernelFoundError: an op with no eligible kernel (``.report`` lists every candidate's reasons).
 
-    >>> plan = lz.plan_block([("rms_norm", (x, w), {}), ("attention", (q, k, v), {"layout": "BSHD"})])  # doctest: +SKIP
+    >>> ops = [("rms_norm", (x, w), {}), ("attention", (q, k, v), {"layout": "BSHD"})]  # doctest: +SKIP
+    >>> plan = lz.plan_block(ops)  # doctest: +SKIP
     >>> print(plan)  # doctest: +SKIP
     """
     calls = _calls(ops)
@@ -358,16 +446,33 @@ def plan_block(ops: Sequence[Any], *, feeds: Mapping[int, int] | None = None) ->
     steps = []
     for i, (o, (k, lay_in, lay_out, node, trans, _)) in enumerate(zip(selected, joint, strict=True)):
         spec = o.eligible[k][0]
-        steps.append(BlockStep(i, o.call.op, spec.kernel_id, o.report.chosen or spec.kernel_id, links.get(i),
-                               None if lay_in is None else lay_in.value, None if lay_out is None else lay_out.value,
-                               trans, node, _why(i, o, k, greedy[i], trans, links), o.report))
-    return BlockPlan(tuple(steps), total, greedy_total, _conversions(joint, selected), _conversions(greedy, selected))
+        steps.append(
+            BlockStep(
+                i,
+                o.call.op,
+                spec.kernel_id,
+                o.report.chosen or spec.kernel_id,
+                links.get(i),
+                None if lay_in is None else lay_in.value,
+                None if lay_out is None else lay_out.value,
+                trans,
+                node,
+                _why(i, o, k, greedy[i], trans, links),
+                o.report,
+            )
+        )
+    return BlockPlan(
+        tuple(steps), total, greedy_total, _conversions(joint, selected), _conversions(greedy, selected)
+    )
 
 
 def _conversions(assignment: list[tuple[Any, ...]], ops: list[_Op]) -> int:
     """Layout conversions: block edges with a transition cost, plus caller-layout transforms of unfed ops."""
-    return sum(1 for (k, _, _, _, trans, fed), o in zip(assignment, ops, strict=True)
-               if trans > 0 or (not fed and o.eligible[k][2] > 0))
+    return sum(
+        1
+        for (k, _, _, _, trans, fed), o in zip(assignment, ops, strict=True)
+        if trans > 0 or (not fed and o.eligible[k][2] > 0)
+    )
 
 
 def _why(i: int, o: _Op, k: int, greedy: tuple[Any, ...], trans: float, links: dict[int, int]) -> str:
@@ -376,7 +481,10 @@ def _why(i: int, o: _Op, k: int, greedy: tuple[Any, ...], trans: float, links: d
         base = "standalone best"
     else:
         best, btotal, _ = o.eligible[0]
-        base = f"score {total:.1f} < {best.kernel_id}'s {btotal:.1f} standalone, but its layout avoids transforms"
+        base = (
+            f"score {total:.1f} < {best.kernel_id}'s {btotal:.1f} standalone, but its layout avoids "
+            "transforms"
+        )
     parts = [base]
     if trans:
         parts.append(f"transition {trans:.1f} from op {links[i]}'s output layout")

@@ -47,8 +47,11 @@ class FamilyResult:
     @property
     def ok(self) -> bool:
         """Parity holds and every op was served by LayerZero."""
-        return (self.tokens_equal and self.rel_error <= self.tolerance
-                and all(v != "-" for v in self.kernels.values()))
+        return (
+            self.tokens_equal
+            and self.rel_error <= self.tolerance
+            and all(v != "-" for v in self.kernels.values())
+        )
 
 
 def _kernels(counts: dict[tuple[str, str], int]) -> dict[str, str]:
@@ -59,8 +62,9 @@ def _kernels(counts: dict[tuple[str, str], int]) -> dict[str, str]:
     return out
 
 
-def run_family(family: str, *, new_tokens: int = 32, seed: int = 0, tolerance: float = 1e-5,
-               workdir: Path | None = None) -> FamilyResult:
+def run_family(
+    family: str, *, new_tokens: int = 32, seed: int = 0, tolerance: float = 1e-5, workdir: Path | None = None
+) -> FamilyResult:
     """Build, save, load and compare one family; see the module docstring.
 
     Args:
@@ -117,8 +121,17 @@ _HEADERS = ("family", "attention", "rms_norm", "rope", "logits rel. err", "greed
 
 
 def _rows(results: Sequence[FamilyResult]) -> list[tuple[str, ...]]:
-    return [(r.family, *(r.kernels[op] for op in OPS), f"{r.rel_error:.1e}", "yes" if r.tokens_equal else "NO",
-             f"{r.stock_ms:.0f}", f"{r.lz_ms:.0f}") for r in results]
+    return [
+        (
+            r.family,
+            *(r.kernels[op] for op in OPS),
+            f"{r.rel_error:.1e}",
+            "yes" if r.tokens_equal else "NO",
+            f"{r.stock_ms:.0f}",
+            f"{r.lz_ms:.0f}",
+        )
+        for r in results
+    ]
 
 
 def render(results: Sequence[FamilyResult], *, use_rich: bool = True) -> str:
@@ -152,11 +165,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from layerzero.testing.hf_models import MODEL_FAMILIES
 
     parser = argparse.ArgumentParser(prog="python -m layerzero.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--family", action="append", choices=MODEL_FAMILIES,
-                        help="model family (repeatable); default: all")
+    parser.add_argument(
+        "--family", action="append", choices=MODEL_FAMILIES, help="model family (repeatable); default: all"
+    )
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens to generate (default 32)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
-    parser.add_argument("--tolerance", type=float, default=1e-5, help="allowed logits rel. error (default 1e-5)")
+    parser.add_argument(
+        "--tolerance", type=float, default=1e-5, help="allowed logits rel. error (default 1e-5)"
+    )
     parser.add_argument("--plain", action="store_true", help="plain-text table even when rich is installed")
     args = parser.parse_args(argv)
     if args.new_tokens < 1:
@@ -170,8 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bars_were_off = hf_logging.is_progress_bar_enabled() is False
     hf_logging.disable_progress_bar()
     try:
-        results = [run_family(f, new_tokens=args.new_tokens, seed=args.seed, tolerance=args.tolerance)
-                   for f in (args.family or MODEL_FAMILIES)]
+        results = [
+            run_family(f, new_tokens=args.new_tokens, seed=args.seed, tolerance=args.tolerance)
+            for f in (args.family or MODEL_FAMILIES)
+        ]
     finally:
         if not bars_were_off:
             hf_logging.enable_progress_bar()

@@ -76,11 +76,19 @@ class DoctorReport:
         """The report as tables: environment, backends, kernels per op, state."""
         d = self.data
         env = Table("Environment", ("item", "value"), tuple((k, str(v)) for k, v in d["environment"].items()))
-        backends = Table("Backends", ("backend", "available", "version", "reasons"), tuple(
-            (b["backend"], "yes" if b["available"] else "NO", str(b["version"]), "; ".join(b["reasons"]))
-            for b in d["backends"]))
-        ops = Table("Kernels by op (eligible on this device type marked *)", ("op", "kernels"), tuple(
-            (op, ", ".join(ks)) for op, ks in d["kernels"].items()))
+        backends = Table(
+            "Backends",
+            ("backend", "available", "version", "reasons"),
+            tuple(
+                (b["backend"], "yes" if b["available"] else "NO", str(b["version"]), "; ".join(b["reasons"]))
+                for b in d["backends"]
+            ),
+        )
+        ops = Table(
+            "Kernels by op (eligible on this device type marked *)",
+            ("op", "kernels"),
+            tuple((op, ", ".join(ks)) for op, ks in d["kernels"].items()),
+        )
         state = Table("State", ("item", "value"), tuple((k, str(v)) for k, v in d["state"].items()))
         return [env, backends, ops, state]
 
@@ -109,12 +117,21 @@ def collect() -> DoctorReport:
         "gpu generation": device.generation.name,
         "cpu isa": ", ".join(sorted(device.cpu_isa)) or "unknown",
     }
-    backends = [{"backend": b.backend_id, "available": b.available, "version": b.version,
-                 "reasons": [str(r) for r in b.reasons]} for b in reg.backends.values()]
+    backends = [
+        {
+            "backend": b.backend_id,
+            "available": b.available,
+            "version": b.version,
+            "reasons": [str(r) for r in b.reasons],
+        }
+        for b in reg.backends.values()
+    ]
     kernels: dict[str, list[str]] = {}
     for op in reg.ops:
-        kernels[op] = [s.kernel_id + ("*" if device.device_type in s.device_types else "")
-                       for s in sorted(reg.for_op(op), key=lambda s: -s.priority)]
+        kernels[op] = [
+            s.kernel_id + ("*" if device.device_type in s.device_types else "")
+            for s in sorted(reg.for_op(op), key=lambda s: -s.priority)
+        ]
     cfg = _config.get_config()
     policy = _config.effective_policy()
     db = RUNTIME.perfdb()
@@ -129,9 +146,11 @@ def collect() -> DoctorReport:
         "quarantine (canaries)": _quarantine_state(),
         "shipped timings": _shipped_state(device, cfg),
         "selection cache": f"{stats.size} entries, {stats.hits} hits, {stats.misses} misses, "
-                           f"generation {stats.generation}",
+        f"generation {stats.generation}",
     }
-    return DoctorReport({"environment": environment, "backends": backends, "kernels": kernels, "state": state})
+    return DoctorReport(
+        {"environment": environment, "backends": backends, "kernels": kernels, "state": state}
+    )
 
 
 def _quarantine_state() -> list[str] | str:

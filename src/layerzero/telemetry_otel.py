@@ -1,15 +1,15 @@
 """OpenTelemetry export of LayerZero's telemetry counters (``layerzero.telemetry.otel_instrument``).
 
 Registers *asynchronous* (observable) instruments on a Meter named ``"layerzero"``: their callbacks read
-:meth:`layerzero.core.telemetry.Telemetry.snapshot` (the dict ``layerzero.telemetry.snapshot()`` returns, the one
-the Prometheus collector reads) when a metric reader collects, so dispatch's hot path is unchanged (it still
-increments plain dicts; nothing here runs per call). ``opentelemetry-api`` is imported only when
+:meth:`layerzero.core.telemetry.Telemetry.snapshot` (the dict ``layerzero.telemetry.snapshot()`` returns, the
+one the Prometheus collector reads) when a metric reader collects, so dispatch's hot path is unchanged (it
+still increments plain dicts; nothing here runs per call). ``opentelemetry-api`` is imported only when
 :func:`otel_instrument` is called (``pip install layerzero[telemetry]`` installs it with the SDK).
 
-OpenTelemetry has no asynchronous histogram, so the sampled call latency is exported as three observable counters
-in the Prometheus histogram convention: ``layerzero.kernel.call.duration.bucket`` (cumulative count per upper bound,
-attribute ``le`` in seconds, ``"+Inf"`` last), ``.sum`` (seconds) and ``.count``. Names, units and attributes:
-:data:`INSTRUMENTS` and docs/telemetry.md ("OpenTelemetry").
+OpenTelemetry has no asynchronous histogram, so the sampled call latency is exported as three observable
+counters in the Prometheus histogram convention: ``layerzero.kernel.call.duration.bucket`` (cumulative count
+per upper bound, attribute ``le`` in seconds, ``"+Inf"`` last), ``.sum`` (seconds) and ``.count``. Names,
+units and attributes: :data:`INSTRUMENTS` and docs/telemetry.md ("OpenTelemetry").
 """
 
 from __future__ import annotations
@@ -82,32 +82,73 @@ class Instrument:
 
 INSTRUMENTS: tuple[Instrument, ...] = (
     Instrument("layerzero.kernel.calls", "{call}", "Calls served by each kernel", ("op", "kernel"), _calls),
-    Instrument("layerzero.kernel.call.duration.bucket", "{call}",
-               "Sampled host time of kernel calls: cumulative count of samples <= le seconds",
-               ("op", "kernel", "le"), _latency("bucket")),
-    Instrument("layerzero.kernel.call.duration.sum", "s", "Sampled host time of kernel calls: sum",
-               ("op", "kernel"), _latency("sum")),
-    Instrument("layerzero.kernel.call.duration.count", "{call}", "Sampled host time of kernel calls: samples",
-               ("op", "kernel"), _latency("count")),
-    Instrument("layerzero.selections", "{selection}", "Selections (cache misses that ran selection)",
-               ("op", "kernel"), _split(("op", "kernel"), "selections")),
-    Instrument("layerzero.selection.duration", "s", "Host time spent selecting", ("op",),
-               _split(("op",), "selection_seconds")),
-    Instrument("layerzero.cache.hits", "{lookup}", "Selection-cache hits", ("op",), _split(("op",), "cache_hits")),
-    Instrument("layerzero.cache.misses", "{lookup}", "Selection-cache misses", ("op",),
-               _split(("op",), "cache_misses")),
-    Instrument("layerzero.fallbacks", "{fallback}", "Fallbacks by kind (selection/runtime) and reason",
-               ("op", "kind", "reason"), _split(("op", "kind", "reason"), "fallbacks")),
+    Instrument(
+        "layerzero.kernel.call.duration.bucket",
+        "{call}",
+        "Sampled host time of kernel calls: cumulative count of samples <= le seconds",
+        ("op", "kernel", "le"),
+        _latency("bucket"),
+    ),
+    Instrument(
+        "layerzero.kernel.call.duration.sum",
+        "s",
+        "Sampled host time of kernel calls: sum",
+        ("op", "kernel"),
+        _latency("sum"),
+    ),
+    Instrument(
+        "layerzero.kernel.call.duration.count",
+        "{call}",
+        "Sampled host time of kernel calls: samples",
+        ("op", "kernel"),
+        _latency("count"),
+    ),
+    Instrument(
+        "layerzero.selections",
+        "{selection}",
+        "Selections (cache misses that ran selection)",
+        ("op", "kernel"),
+        _split(("op", "kernel"), "selections"),
+    ),
+    Instrument(
+        "layerzero.selection.duration",
+        "s",
+        "Host time spent selecting",
+        ("op",),
+        _split(("op",), "selection_seconds"),
+    ),
+    Instrument(
+        "layerzero.cache.hits", "{lookup}", "Selection-cache hits", ("op",), _split(("op",), "cache_hits")
+    ),
+    Instrument(
+        "layerzero.cache.misses",
+        "{lookup}",
+        "Selection-cache misses",
+        ("op",),
+        _split(("op",), "cache_misses"),
+    ),
+    Instrument(
+        "layerzero.fallbacks",
+        "{fallback}",
+        "Fallbacks by kind (selection/runtime) and reason",
+        ("op", "kind", "reason"),
+        _split(("op", "kind", "reason"), "fallbacks"),
+    ),
     Instrument("layerzero.perfdb.reads", "{read}", "PerfDB bucket reads", (), _scalar("perfdb_reads")),
-    Instrument("layerzero.health.trips", "{trip}", "Backend circuit-breaker trips", ("backend",),
-               _split(("backend",), "health_trips")),
+    Instrument(
+        "layerzero.health.trips",
+        "{trip}",
+        "Backend circuit-breaker trips",
+        ("backend",),
+        _split(("backend",), "health_trips"),
+    ),
 )
 """Every instrument :func:`otel_instrument` registers (all ``ObservableCounter``: monotonic, cumulative)."""
 
 
 class OtelRegistration:
-    """What :func:`otel_instrument` returns: the ``meter`` and its ``instruments``. OpenTelemetry cannot remove an
-    instrument from a Meter; :meth:`close` makes every callback report nothing from then on."""
+    """What :func:`otel_instrument` returns: the ``meter`` and its ``instruments``. OpenTelemetry cannot
+    remove an instrument from a Meter; :meth:`close` makes every callback report nothing from then on."""
 
     def __init__(self, meter: Any) -> None:
         self.meter = meter
@@ -142,7 +183,8 @@ def otel_instrument(meter_provider: Any = None) -> OtelRegistration:
         An :class:`OtelRegistration` (the meter, the instruments, ``close()``).
 
     Raises:
-        ConfigurationError: ``opentelemetry-api`` is not installed (the message names the ``telemetry`` extra).
+        ConfigurationError: ``opentelemetry-api`` is not installed (the message names the ``telemetry``
+            extra).
 
     >>> import layerzero.telemetry as lzt
     >>> from opentelemetry.sdk.metrics import MeterProvider                      # doctest: +SKIP
@@ -154,13 +196,20 @@ def otel_instrument(meter_provider: Any = None) -> OtelRegistration:
         from opentelemetry import metrics
         from opentelemetry.metrics import Observation
     except ImportError as exc:
-        raise ConfigurationError("layerzero.telemetry.otel_instrument needs opentelemetry-api; it is not installed. "
-                                 f"Fix: {INSTALL_HINT} (snapshot() and the Prometheus collector work without it)."
-                                 ) from exc
+        raise ConfigurationError(
+            "layerzero.telemetry.otel_instrument needs opentelemetry-api; it is not installed. "
+            f"Fix: {INSTALL_HINT} (snapshot() and the Prometheus collector work without it)."
+        ) from exc
     provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
     meter = provider.get_meter(METER_NAME)
     reg = OtelRegistration(meter)
     for inst in INSTRUMENTS:
-        reg.instruments.append(meter.create_observable_counter(
-            inst.name, callbacks=[reg.callback(inst, Observation)], unit=inst.unit, description=inst.description))
+        reg.instruments.append(
+            meter.create_observable_counter(
+                inst.name,
+                callbacks=[reg.callback(inst, Observation)],
+                unit=inst.unit,
+                description=inst.description,
+            )
+        )
     return reg

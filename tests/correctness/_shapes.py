@@ -7,14 +7,15 @@
   and stride(-1) == 2 inputs), norms (hidden 1..5120, residual, mixed-precision weights), RoPE (both styles,
   partial rotary, tables / position ids, BHSD/BSHD, GQA), SwiGLU (intermediate 1..4096, fused gate_up halves,
   transposed and stride(-1) == 2 views).
-- float64 oracles from the formulas, independent of ``layerzero``: attention as an explicit einsum softmax (GQA
-  by ``repeat_interleave``, top-left causal, fully masked row -> 0), RMSNorm / LayerNorm, RoPE as complex
+- float64 oracles from the formulas, independent of ``layerzero``: attention as an explicit einsum softmax
+  (GQA by ``repeat_interleave``, top-left causal, fully masked row -> 0), RMSNorm / LayerNorm, RoPE as complex
   multiplication.
-- :func:`run_kernel`: lock an op to one kernel, run the cases ``lz.validate`` accepts, compare with the oracle;
-  each case first gets the features the kernel requires (:data:`REQUIRED`, :func:`fit_call`: ALiBi slopes and
-  :func:`with_alibi`'s oracle for ``triton.attention``, which serves ALiBi calls only).
+- :func:`run_kernel`: lock an op to one kernel, run the cases ``lz.validate`` accepts, compare with the
+  oracle; each case first gets the features the kernel requires (:data:`REQUIRED`, :func:`fit_call`: ALiBi
+  slopes and :func:`with_alibi`'s oracle for ``triton.attention``, which serves ALiBi calls only).
 
-Sampling oracles live in ``test_lz_ops.py``; the SDPA constraint grid in ``tests/unit/test_sdpa_constraints.py``.
+Sampling oracles live in ``test_lz_ops.py``; the SDPA constraint grid in
+``tests/unit/test_sdpa_constraints.py``.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def dname(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def mismatch(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "",
-             floor: float = 0.0) -> str | None:
+def mismatch(
+    out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "", floor: float = 0.0
+) -> str | None:
     """None when ``out`` matches the float64 ``ref`` within ``TOL[dtype]`` (NaN only where ref is NaN), else a
     one-line description of the worst element. The output scale is ``max(max|ref|, floor)``."""
     if tuple(out.shape) != tuple(ref.shape) or out.dtype != dtype:
@@ -55,12 +57,16 @@ def mismatch(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str
         return None
     bad = tuple((~ok).nonzero()[0].tolist())
     worst = float(err.nan_to_num(1e300).max())
-    return (f"{what} {int((~ok).sum())}/{ok.numel()} elements off; worst |err|={worst:.3g}"
-            f" (tol {tol:g} x max|ref| {scale:.3g}); first at {list(bad)}: got {float(o[bad]):.6g}, "
-            f"oracle {float(r[bad]):.6g}")
+    return (
+        f"{what} {int((~ok).sum())}/{ok.numel()} elements off; worst |err|={worst:.3g}"
+        f" (tol {tol:g} x max|ref| {scale:.3g}); first at {list(bad)}: got {float(o[bad]):.6g}, "
+        f"oracle {float(r[bad]):.6g}"
+    )
 
 
-def randn(shape: tuple[int, ...], gen: torch.Generator, device, dtype: torch.dtype, std: float = 1.0) -> torch.Tensor:
+def randn(
+    shape: tuple[int, ...], gen: torch.Generator, device, dtype: torch.dtype, std: float = 1.0
+) -> torch.Tensor:
     """Seeded normal samples drawn on the CPU in float32 (same values on every device), then cast."""
     return (torch.randn(shape, generator=gen) * std).to(device=device, dtype=dtype)
 
@@ -68,9 +74,9 @@ def randn(shape: tuple[int, ...], gen: torch.Generator, device, dtype: torch.dty
 # ============================================================================================ attention
 @dataclass(frozen=True, slots=True)
 class AttnCase:
-    """One attention call. ``mask``: none/bool/float, with dims ``mask_shape`` (of B, H, Sq, Sk); ``dead``: some
-    query rows have every key masked; ``pad``: q/k/v are ``[..., :D]`` slices of ``D + pad`` wide rows (0 =
-    contiguous; 3 = rows not 16-byte aligned, 8 = aligned); ``strided``: stride(-1) == 2."""
+    """One attention call. ``mask``: none/bool/float, with dims ``mask_shape`` (of B, H, Sq, Sk); ``dead``:
+    some query rows have every key masked; ``pad``: q/k/v are ``[..., :D]`` slices of ``D + pad`` wide rows (0
+    = contiguous; 3 = rows not 16-byte aligned, 8 = aligned); ``strided``: stride(-1) == 2."""
 
     seed: int
     batch: int
@@ -94,7 +100,8 @@ HEAD_DIMS = (8, 16, 21, 32, 40, 64, 72, 80, 96, 128, 160, 192, 203, 256)
 
 
 def attention_case(seed: int) -> AttnCase:
-    """The seeded case ``seed``: every 25th is long (Sq/Sk up to 587), the rest short; see :class:`AttnCase`."""
+    """The seeded case ``seed``: every 25th is long (Sq/Sk up to 587), the rest short; see
+    :class:`AttnCase`."""
     rng = random.Random(seed * 7919 + 17)
     long = seed % 25 == 7
     hkv = rng.randint(1, 2 if long else 3)
@@ -113,7 +120,9 @@ def attention_case(seed: int) -> AttnCase:
     scale = None if rng.random() < 0.7 else rng.uniform(0.05, 0.5)
     sliced, strided = rng.random() < 0.12, rng.random() < 0.04
     pad = (3 if rng.random() < 0.5 else 8) if sliced else 0
-    return AttnCase(seed, batch, hq, hkv, sq, sk, d, dv, mask, form, dead, causal, layout, scale, pad, strided)
+    return AttnCase(
+        seed, batch, hq, hkv, sq, sk, d, dv, mask, form, dead, causal, layout, scale, pad, strided
+    )
 
 
 def _qkv_tensor(shape: tuple[int, ...], gen, device, dtype, pad: int, strided: bool) -> torch.Tensor:
@@ -133,8 +142,18 @@ def attention_inputs(case: AttnCase, dtype: torch.dtype, device="cpu"):
     return q, k, v, make_mask(case.mask, case.mask_shape, case.dead, b, hq, sq, sk, gen, device, dtype)
 
 
-def make_mask(kind: str, form: str, dead: bool, b: int, hq: int, sq: int, sk: int, gen: torch.Generator,
-              device, dtype: torch.dtype) -> torch.Tensor | None:
+def make_mask(
+    kind: str,
+    form: str,
+    dead: bool,
+    b: int,
+    hq: int,
+    sq: int,
+    sk: int,
+    gen: torch.Generator,
+    device,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
     """A bool (True = attend, ~75% kept) or additive float mask (N(0,1) and ~25% -inf) of dims ``form``;
     with ``dead`` some query rows (at least one) are fully masked."""
     if kind == "none":
@@ -152,7 +171,8 @@ def make_mask(kind: str, form: str, dead: bool, b: int, hq: int, sq: int, sk: in
 
 def attention_oracle(q, k, v, attn_mask=None, is_causal=False, scale=None, layout="BHSD") -> torch.Tensor:
     """float64 ``softmax(q k^T * scale + mask) v`` by explicit einsum; GQA by ``repeat_interleave``; bool mask
-    True = attend; ``is_causal`` top-left (key j visible to query i iff j <= i); a row with no visible key -> 0."""
+    True = attend; ``is_causal`` top-left (key j visible to query i iff j <= i); a row with no visible key
+    -> 0."""
     if layout == "BSHD":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     q, k, v = q.to(F64), k.to(F64), v.to(F64)
@@ -177,8 +197,9 @@ def attention_oracle(q, k, v, attn_mask=None, is_causal=False, scale=None, layou
 # ============================================================================================ norms
 @dataclass(frozen=True, slots=True)
 class NormCase:
-    """One norm call: x ``[*lead, hidden]`` with ``std``; ``extra`` = residual (rms_norm) or bias (layer_norm);
-    ``weight_f32``: float32 weight/bias for half x (mixed precision); ``layout``: contiguous/sliced/transposed."""
+    """One norm call: x ``[*lead, hidden]`` with ``std``; ``extra`` = residual (rms_norm) or bias
+    (layer_norm); ``weight_f32``: float32 weight/bias for half x (mixed precision); ``layout``:
+    contiguous/sliced/transposed."""
 
     seed: int
     lead: tuple[int, ...]
@@ -198,8 +219,16 @@ def norm_case(seed: int) -> NormCase:
     rng = random.Random(seed * 104729 + 3)
     hidden = rng.choice(HIDDEN)
     lead = tuple(rng.randint(1, 5) for _ in range(rng.randint(0, 3)))
-    return NormCase(seed, lead, hidden, rng.choice((1e-6, 1e-5, 1e-3)), rng.random() < 0.5, rng.random() < 0.2,
-                    rng.choice(("contiguous",) * 6 + ("sliced", "transposed")), rng.choice((0.1, 1.0, 3.0, 30.0)))
+    return NormCase(
+        seed,
+        lead,
+        hidden,
+        rng.choice((1e-6, 1e-5, 1e-3)),
+        rng.random() < 0.5,
+        rng.random() < 0.2,
+        rng.choice(("contiguous",) * 6 + ("sliced", "transposed")),
+        rng.choice((0.1, 1.0, 3.0, 30.0)),
+    )
 
 
 def norm_inputs(case: NormCase, dtype: torch.dtype, device="cpu"):
@@ -207,7 +236,7 @@ def norm_inputs(case: NormCase, dtype: torch.dtype, device="cpu"):
     gen = torch.Generator().manual_seed(case.seed)
     shape, lead, h = (*case.lead, case.hidden), case.lead, case.hidden
     if case.layout == "sliced":
-        x = randn((*lead, h + 5), gen, device, dtype, case.std)[..., 2: 2 + h]
+        x = randn((*lead, h + 5), gen, device, dtype, case.std)[..., 2 : 2 + h]
     elif case.layout == "transposed" and lead:
         x = randn((*lead[:-1], h, lead[-1]), gen, device, dtype, case.std).transpose(-1, -2)
     else:
@@ -223,7 +252,9 @@ def rms_oracle(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * weight.to(F64)
 
 
-def layer_norm_oracle(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+def layer_norm_oracle(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
     """float64 ``(x - mean) / sqrt(biased var + eps) * weight + bias``."""
     x = x.to(F64)
     mu = x.sum(-1, keepdim=True) / x.shape[-1]
@@ -234,7 +265,8 @@ def layer_norm_oracle(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 # ============================================================================================ rope
 @dataclass(frozen=True, slots=True)
 class RopeCase:
-    """One rope call: ``rot`` even <= ``d``; ``form``: gathered [B|1,S,R] / table / table + position_ids [B|1,S]."""
+    """One rope call: ``rot`` even <= ``d``; ``form``: gathered [B|1,S,R] / table / table + position_ids
+    [B|1,S]."""
 
     seed: int
     batch: int
@@ -257,14 +289,25 @@ def rope_case(seed: int) -> RopeCase:
     full = d - d % 2
     rot = full if rng.random() < 0.6 else 2 * rng.randint(1, full // 2)
     hkv = rng.randint(1, 3)
-    return RopeCase(seed, rng.randint(1, 3), hkv * rng.choice((1, 2, 4)), hkv, rng.choice((1, rng.randint(1, 80))), d,
-                    rot, rng.choice(("gathered", "gathered1", "table", "ids", "ids1", "ids32")),
-                    rng.random() < 0.5, rng.choice(("BHSD", "BSHD")), rng.random() < 0.5,
-                    rng.choice((10000.0, 500000.0)))
+    return RopeCase(
+        seed,
+        rng.randint(1, 3),
+        hkv * rng.choice((1, 2, 4)),
+        hkv,
+        rng.choice((1, rng.randint(1, 80))),
+        d,
+        rot,
+        rng.choice(("gathered", "gathered1", "table", "ids", "ids1", "ids32")),
+        rng.random() < 0.5,
+        rng.choice(("BHSD", "BSHD")),
+        rng.random() < 0.5,
+        rng.choice((10000.0, 500000.0)),
+    )
 
 
 def rope_inputs(case: RopeCase, dtype: torch.dtype, device="cpu"):
-    """``(q, k, cos, sin, position_ids)``; tables like HF (``cat(f, f)``) or GPT-J (``repeat_interleave(f, 2)``)."""
+    """``(q, k, cos, sin, position_ids)``; tables like HF (``cat(f, f)``) or GPT-J
+    (``repeat_interleave(f, 2)``)."""
     gen = torch.Generator().manual_seed(case.seed)
     b, s = case.batch, case.s
     shapes = ((b, case.hq, s, case.d), (b, case.hkv, s, case.d))
@@ -297,7 +340,7 @@ def rope_oracle(x, cos, sin, position_ids, interleaved: bool, layout: str) -> to
     rot = torch.complex(pick(cos).to(F64), pick(sin).to(F64)).unsqueeze(1 if layout == "BHSD" else 2)
     x = x.to(F64)
     head, tail = x[..., :r], x[..., r:]
-    a, b = (head[..., 0::2], head[..., 1::2]) if interleaved else (head[..., : r // 2], head[..., r // 2:])
+    a, b = (head[..., 0::2], head[..., 1::2]) if interleaved else (head[..., : r // 2], head[..., r // 2 :])
     z = torch.complex(a, b) * rot
     out = torch.stack((z.real, z.imag), -1).flatten(-2) if interleaved else torch.cat((z.real, z.imag), -1)
     return torch.cat((out, tail), -1)
@@ -306,9 +349,10 @@ def rope_oracle(x, cos, sin, position_ids, interleaved: bool, layout: str) -> to
 # ============================================================================================ swiglu
 @dataclass(frozen=True, slots=True)
 class SwigluCase:
-    """One swiglu call: gate/up ``[*lead, inter]`` with values of std ``std``. ``layout``: contiguous; ``fused``
-    (gate, up = the two halves of one ``[*lead, 2 * inter]`` gate_up tensor, row stride 2I); ``transposed``
-    (the first two leading dims swapped, a non-mergeable view); ``strided`` (stride(-1) == 2)."""
+    """One swiglu call: gate/up ``[*lead, inter]`` with values of std ``std``. ``layout``: contiguous;
+    ``fused`` (gate, up = the two halves of one ``[*lead, 2 * inter]`` gate_up tensor, row stride 2I);
+    ``transposed`` (the first two leading dims swapped, a non-mergeable view); ``strided`` (stride(-1) ==
+    2)."""
 
     seed: int
     lead: tuple[int, ...]
@@ -317,7 +361,30 @@ class SwigluCase:
     std: float
 
 
-INTER = (1, 2, 3, 7, 8, 16, 21, 63, 64, 100, 127, 128, 255, 256, 511, 1000, 1024, 1025, 1376, 2048, 2753, 4096)
+INTER = (
+    1,
+    2,
+    3,
+    7,
+    8,
+    16,
+    21,
+    63,
+    64,
+    100,
+    127,
+    128,
+    255,
+    256,
+    511,
+    1000,
+    1024,
+    1025,
+    1376,
+    2048,
+    2753,
+    4096,
+)
 
 
 def swiglu_case(seed: int) -> SwigluCase:
@@ -370,17 +437,23 @@ def attention_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
 
 
 def with_alibi(call: Call, device="cpu") -> Call:
-    """``call`` (an attention call) with ALiBi: per-head float32 slopes ``[Hq]`` (even case seeds) or ``[B, Hq]``
-    (odd; Press et al. 2022's ``2**(-8 (h + 1) / Hq)``, scaled per batch row), and an oracle that adds flash-attn's
-    bias ``-slope * |i + Sk - Sq - j|`` to the float64 scores as an additive mask (lz.attention's top-left causal
-    mask unchanged), folded with the call's own mask. Sizes come from the tensors (``call.case`` may be None: then
-    ``[Hq]`` slopes). What kernels that serve ALiBi calls only (``ALIBI_REQUIRED``, ``triton.attention``) are swept
-    on (:data:`REQUIRED`)."""
+    """``call`` (an attention call) with ALiBi: per-head float32 slopes ``[Hq]`` (even case seeds) or
+    ``[B, Hq]`` (odd; Press et al. 2022's ``2**(-8 (h + 1) / Hq)``, scaled per batch row), and an oracle that
+    adds flash-attn's bias ``-slope * |i + Sk - Sq - j|`` to the float64 scores as an additive mask
+    (lz.attention's top-left causal mask unchanged), folded with the call's own mask. Sizes come from the
+    tensors (``call.case`` may be None: then ``[Hq]`` slopes). What kernels that serve ALiBi calls only
+    (``ALIBI_REQUIRED``, ``triton.attention``) are swept on (:data:`REQUIRED`)."""
     q, k, v = call.args
     kw = call.kwargs
-    layout, causal, scale, mask = kw.get("layout", "BHSD"), kw.get("is_causal", False), kw.get("scale"), kw.get(
-        "attn_mask")
-    b, hq, sq = (q.shape[0], q.shape[1], q.shape[2]) if layout == "BHSD" else (q.shape[0], q.shape[2], q.shape[1])
+    layout, causal, scale, mask = (
+        kw.get("layout", "BHSD"),
+        kw.get("is_causal", False),
+        kw.get("scale"),
+        kw.get("attn_mask"),
+    )
+    b, hq, sq = (
+        (q.shape[0], q.shape[1], q.shape[2]) if layout == "BHSD" else (q.shape[0], q.shape[2], q.shape[1])
+    )
     sk = k.shape[2] if layout == "BHSD" else k.shape[1]
     base = torch.tensor([2.0 ** (-8.0 * (h + 1) / hq) for h in range(hq)], dtype=torch.float32)
     per_batch = getattr(call.case, "seed", 0) % 2 == 1
@@ -393,8 +466,11 @@ def with_alibi(call: Call, device="cpu") -> Call:
     def oracle():
         add = bias.to(q.device)
         if mask is not None:  # fold the call's own mask in (bool: -inf where hidden)
-            m = mask if mask.dtype != torch.bool else torch.zeros(mask.shape, dtype=F64, device=q.device).masked_fill(
-                ~mask, float("-inf"))
+            m = (
+                mask
+                if mask.dtype != torch.bool
+                else torch.zeros(mask.shape, dtype=F64, device=q.device).masked_fill(~mask, float("-inf"))
+            )
             add = add + m.to(F64)
         return attention_oracle(q, k, v, add, causal, scale, layout)
 
@@ -402,13 +478,15 @@ def with_alibi(call: Call, device="cpu") -> Call:
 
 
 REQUIRED: dict[str, dict[str, Callable[[Call, Any], Call]]] = {"attention": {"ALIBI_REQUIRED": with_alibi}}
-"""Per op: the refusals (``ReasonCode`` values) that say "this kernel serves only calls with feature X", each with
-the transform ``(call, device) -> call`` that adds X to a drawn call, oracle included. A kernel that such a refusal
-rules out on every drawn case (``triton.attention``: ALiBi calls only) would run none of them (0 of 5,000 on the
-H200): :func:`fit_call` adds what it requires. Add a row with its reason code when a kernel requires another
-feature (``tests/correctness/test_sweep_coverage.py`` fails until then)."""
+"""Per op: the refusals (``ReasonCode`` values) that say "this kernel serves only calls with feature X", each
+with the transform ``(call, device) -> call`` that adds X to a drawn call, oracle included. A kernel that such
+a refusal rules out on every drawn case (``triton.attention``: ALiBi calls only) would run none of them (0 of
+5,000 on the H200): :func:`fit_call` adds what it requires. Add a row with its reason code when a kernel
+requires another feature (``tests/correctness/test_sweep_coverage.py`` fails until then)."""
 
-Refusals = Callable[[Call], "list[str]"]  # a call -> the codes of the reasons a kernel cannot run it ([] = it can)
+Refusals = Callable[
+    [Call], "list[str]"
+]  # a call -> the codes of the reasons a kernel cannot run it ([] = it can)
 
 
 def validate_codes(op: str, kernel_id: str) -> Refusals:
@@ -420,7 +498,8 @@ def validate_codes(op: str, kernel_id: str) -> Refusals:
 
 def fit_call(op: str, call: Call, refusals: Refusals, device="cpu") -> tuple[Call, list[str]]:
     """``(call, codes)``: ``call`` with every feature the kernel requires added (:data:`REQUIRED`: while
-    ``refusals`` names one not yet added) and the codes ``refusals`` gives for the result (empty: it can run it)."""
+    ``refusals`` names one not yet added) and the codes ``refusals`` gives for the result (empty: it can run
+    it)."""
     codes, adds, added = refusals(call), REQUIRED.get(op, {}), set()
     while todo := [code for code in dict.fromkeys(codes) if code in adds and code not in added]:
         for code in todo:
@@ -431,7 +510,8 @@ def fit_call(op: str, call: Call, refusals: Refusals, device="cpu") -> tuple[Cal
 
 
 def rms_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
-    """The rms_norm :class:`Call` of case ``seed`` (fused residual when ``case.extra``: oracle ``(y, x + r)``)."""
+    """The rms_norm :class:`Call` of case ``seed`` (fused residual when ``case.extra``: oracle
+    ``(y, x + r)``)."""
     c = norm_case(seed)
     x, w, res = norm_inputs(c, dtype, device)
 
@@ -451,7 +531,9 @@ def layer_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
     x, w, extra = norm_inputs(c, dtype, device)
     bias = None if extra is None else extra[(0,) * (extra.dim() - 1)].to(w.dtype).contiguous()
     # hidden = 1 normalizes 0 / sqrt(eps): the output scale is the weight's, not max|ref| = |bias| or 0
-    return Call(c, (x, w, bias, c.eps), {}, lambda: layer_norm_oracle(x, w, bias, c.eps), float(w.abs().max()))
+    return Call(
+        c, (x, w, bias, c.eps), {}, lambda: layer_norm_oracle(x, w, bias, c.eps), float(w.abs().max())
+    )
 
 
 def rope_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
@@ -459,14 +541,18 @@ def rope_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
     c = rope_case(seed)
     q, k, cos, sin, ids = rope_inputs(c, dtype, device)
     kw = {"position_ids": ids, "interleaved": c.interleaved, "layout": c.layout}
-    return Call(c, (q, k, cos, sin), kw,
-                lambda: tuple(rope_oracle(t, cos, sin, ids, c.interleaved, c.layout) for t in (q, k)))
+    return Call(
+        c,
+        (q, k, cos, sin),
+        kw,
+        lambda: tuple(rope_oracle(t, cos, sin, ids, c.interleaved, c.layout) for t in (q, k)),
+    )
 
 
 def qk_norm_rope_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
-    """The qk_norm_rope :class:`Call` of case ``seed`` (the rope case's q/k scaled by 0.05-20, so the norm matters;
-    weights in [0.5, 1.5) in q's dtype; eps 1e-6 or 1e-5): oracle ``(q_out, k_out)``, each head RMS-normalized in
-    float64 from the given values, then :func:`rope_oracle`."""
+    """The qk_norm_rope :class:`Call` of case ``seed`` (the rope case's q/k scaled by 0.05-20, so the norm
+    matters; weights in [0.5, 1.5) in q's dtype; eps 1e-6 or 1e-5): oracle ``(q_out, k_out)``, each head
+    RMS-normalized in float64 from the given values, then :func:`rope_oracle`."""
     c = rope_case(seed)
     q, k, cos, sin, ids = rope_inputs(c, dtype, device)
     gen = torch.Generator().manual_seed(seed + 7)
@@ -480,9 +566,14 @@ def qk_norm_rope_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
         return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w.to(F64)
 
     kw_ = {"eps": eps, "position_ids": ids, "interleaved": c.interleaved, "layout": c.layout}
-    return Call(c, (q, k, qw, kw, cos, sin), kw_,
-                lambda: tuple(rope_oracle(norm(t, w), cos, sin, ids, c.interleaved, c.layout)
-                              for t, w in ((q, qw), (k, kw))))
+    return Call(
+        c,
+        (q, k, qw, kw, cos, sin),
+        kw_,
+        lambda: tuple(
+            rope_oracle(norm(t, w), cos, sin, ids, c.interleaved, c.layout) for t, w in ((q, qw), (k, kw))
+        ),
+    )
 
 
 def swiglu_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
@@ -492,8 +583,14 @@ def swiglu_call(seed: int, dtype: torch.dtype, device="cpu") -> Call:
     return Call(c, (gate, up), {}, lambda: swiglu_oracle(gate, up))
 
 
-CALLS = {"attention": attention_call, "rms_norm": rms_call, "layer_norm": layer_call, "rope": rope_call,
-         "qk_norm_rope": qk_norm_rope_call, "swiglu": swiglu_call}
+CALLS = {
+    "attention": attention_call,
+    "rms_norm": rms_call,
+    "layer_norm": layer_call,
+    "rope": rope_call,
+    "qk_norm_rope": qk_norm_rope_call,
+    "swiglu": swiglu_call,
+}
 KnownBug = Callable[[str, Call], "str | None"]  # (kernel_id, call) -> why the call is excluded, or None
 
 
@@ -513,28 +610,42 @@ class KernelRun:
     def report(self) -> str:
         """A multi-line summary with the first 12 failures."""
         more = [f"... {len(self.failures) - 12} more"] if len(self.failures) > 12 else []
-        return "\n  ".join([f"{self.kernel_id} {dname(self.dtype)}: {self.ran} cases run of {self.drawn} drawn, "
-                            f"{self.traced} traced; skipped: {self.rejected}", *self.failures[:12], *more])
+        return "\n  ".join(
+            [
+                f"{self.kernel_id} {dname(self.dtype)}: {self.ran} cases run of {self.drawn} drawn, "
+                f"{self.traced} traced; skipped: {self.rejected}",
+                *self.failures[:12],
+                *more,
+            ]
+        )
 
 
 def skip_if_off_on_this_cpu(kernel_id: str, ran: int, drawn: int, rejected: dict) -> None:
-    """``pytest.skip`` when this host's CPU rules ``kernel_id`` out for every one of the ``drawn`` cases (``ran`` 0,
-    PLATFORM_UNSUPPORTED each time: ``torch_sdpa.cpu_fp32_upcast`` on an ``avx512_fp16`` CPU, bfloat16 SDPA kernels
-    on an AMX CPU whose ATen dispatch is forced below AVX-512); the kernels' own tests cover those rules."""
+    """``pytest.skip`` when this host's CPU rules ``kernel_id`` out for every one of the ``drawn`` cases
+    (``ran`` 0, PLATFORM_UNSUPPORTED each time: ``torch_sdpa.cpu_fp32_upcast`` on an ``avx512_fp16`` CPU,
+    bfloat16 SDPA kernels on an AMX CPU whose ATen dispatch is forced below AVX-512); the kernels' own tests
+    cover those rules."""
     import pytest
 
     if ran == 0 and drawn > 0 and rejected.get("PLATFORM_UNSUPPORTED") == drawn:
         pytest.skip(f"{kernel_id} is off on this CPU (PLATFORM_UNSUPPORTED for all {drawn} cases)")
 
 
-def run_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", target: int = MIN_CASES,
-               known_bug: KnownBug | None = None, first_seed: int = 0) -> KernelRun:
-    """Lock ``op`` to ``kernel_id`` and run seeded cases until ``target`` ran (cases ``lz.validate`` rejects, or
-    ``known_bug`` excludes, are skipped and counted), comparing each output with the float64 oracle. Each case
-    gets the features the kernel requires (:func:`fit_call`: ALiBi slopes for ``triton.attention``), so a kernel
-    that serves only such calls is swept too. CUDA work is synchronized per case so an error names its case; a
-    CUDA error ends the run. ``first_seed``: where the seeds start (a part of a sweep split across processes
-    draws its own seeds)."""
+def run_kernel(
+    op: str,
+    kernel_id: str,
+    dtype: torch.dtype,
+    device="cpu",
+    target: int = MIN_CASES,
+    known_bug: KnownBug | None = None,
+    first_seed: int = 0,
+) -> KernelRun:
+    """Lock ``op`` to ``kernel_id`` and run seeded cases until ``target`` ran (cases ``lz.validate`` rejects,
+    or ``known_bug`` excludes, are skipped and counted), comparing each output with the float64 oracle. Each
+    case gets the features the kernel requires (:func:`fit_call`: ALiBi slopes for ``triton.attention``), so a
+    kernel that serves only such calls is swept too. CUDA work is synchronized per case so an error names its
+    case; a CUDA error ends the run. ``first_seed``: where the seeds start (a part of a sweep split across
+    processes draws its own seeds)."""
     import layerzero as lz
 
     fn, make, cuda = getattr(lz, op), CALLS[op], torch.device(device).type == "cuda"
@@ -561,8 +672,10 @@ def run_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", target
                     if cuda:
                         torch.cuda.synchronize()
                 except Exception as exc:  # noqa: BLE001 - reported as a failure with the case
-                    failures.append(f"[{call.case}] validate() says it can run; it raised {type(exc).__name__}: "
-                                    f"{str(exc)[:400]}")
+                    failures.append(
+                        f"[{call.case}] validate() says it can run; it raised {type(exc).__name__}: "
+                        f"{str(exc)[:400]}"
+                    )
                     if "CUDA error" in str(exc):
                         failures.append("CUDA context is broken: run stopped")
                         break
@@ -583,14 +696,20 @@ def kernel_dtype_params(ops, device_type: str, dtypes=DTYPES) -> list[tuple[str,
     ``device_type``, and every dtype of ``dtypes`` it declares (``lz.list_kernels``)."""
     import layerzero as lz
 
-    return [(op, k["kernel_id"], dt) for op in ops for k in lz.list_kernels(op) for dt in dtypes
-            if k["available"] and device_type in k["device_types"] and dname(dt) in k["dtypes"]]
+    return [
+        (op, k["kernel_id"], dt)
+        for op in ops
+        for k in lz.list_kernels(op)
+        for dt in dtypes
+        if k["available"] and device_type in k["device_types"] and dname(dt) in k["dtypes"]
+    ]
 
 
 def kept_oracle(logits, temperature, k=None, p=None):
     """float64 probabilities and the reference's kept set, in the kernel's candidate order: ``(order, probs)``
     with ``order`` the kept token ids (descending probability, lower id first on ties; token order when
-    nothing is cut) and ``probs`` their renormalized float64 probabilities (on CPU; ``logits`` may be anywhere)."""
+    nothing is cut) and ``probs`` their renormalized float64 probabilities (on CPU; ``logits`` may be
+    anywhere)."""
     prob = torch.softmax(logits.cpu().to(torch.float64) / temperature, -1)
     vocab = prob.shape[-1]
     if k is not None and k < vocab:

@@ -1,6 +1,7 @@
-"""The skip mark of the Triton-interpreter tests: they need triton and ``TRITON_INTERPRET=1`` (tests/conftest.py
-sets it before any ``@triton.jit`` runs when no CUDA device is visible; Triton's interpreter then runs the
-kernels on CPU tensors). With a CUDA GPU the compiled kernels are covered by the named GPU test file instead."""
+"""The skip mark of the Triton-interpreter tests: they need triton and ``TRITON_INTERPRET=1``
+(tests/conftest.py sets it before any ``@triton.jit`` runs when no CUDA device is visible; Triton's
+interpreter then runs the kernels on CPU tensors). With a CUDA GPU the compiled kernels are covered by the
+named GPU test file instead."""
 
 from __future__ import annotations
 
@@ -20,5 +21,8 @@ def needs_interpreter(gpu_file: str) -> pytest.MarkDecorator:
     except (ImportError, ValueError):
         have = False
     on = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-    return pytest.mark.skipif(not (have and on), reason="needs triton and TRITON_INTERPRET=1 (the Triton interpreter "
-                              f"runs these on CPU tensors; with a CUDA GPU the compiled kernels are covered by {gpu_file})")
+    return pytest.mark.skipif(
+        not (have and on),
+        reason="needs triton and TRITON_INTERPRET=1 (the Triton interpreter "
+        f"runs these on CPU tensors; with a CUDA GPU the compiled kernels are covered by {gpu_file})",
+    )

@@ -1,12 +1,13 @@
-"""ALiBi (``lz.attention(alibi_slopes=...)``) against a float64 oracle built by hand from flash-attn's formula.
+"""ALiBi (``lz.attention(alibi_slopes=...)``) against a float64 oracle built by hand from flash-attn's
+formula.
 
 flash-attn (``flash_attn_func`` docstring): "alibi_slopes: (nheads,) or (batch_size, nheads), fp32. A bias of
-(-alibi_slope * |i + seqlen_k - seqlen_q - j|) is added to the attention score of query i and key j." The oracle
-writes that bias matrix out element by element in Python, adds it to the scaled float64 scores, applies the top-left
-causal mask of lz.attention and a plain softmax; it shares no code with the library. Every kernel that declares
-``supports_alibi`` and runs here is locked and compared (CPU: reference, eager FlexAttention, SDPA math and the CPU
-flash kernel through an explicit float32 bias; GPU cases for compiled
-flex and FA2 are skipped without CUDA); the others must be refused with ``ALIBI_UNSUPPORTED``.
+(-alibi_slope * |i + seqlen_k - seqlen_q - j|) is added to the attention score of query i and key j." The
+oracle writes that bias matrix out element by element in Python, adds it to the scaled float64 scores, applies
+the top-left causal mask of lz.attention and a plain softmax; it shares no code with the library. Every kernel
+that declares ``supports_alibi`` and runs here is locked and compared (CPU: reference, eager FlexAttention,
+SDPA math and the CPU flash kernel through an explicit float32 bias; GPU cases for compiled flex and FA2 are
+skipped without CUDA); the others must be refused with ``ALIBI_UNSUPPORTED``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.fl
 
 
 def alibi_bias(slopes: torch.Tensor, b: int, hq: int, sq: int, sk: int) -> torch.Tensor:
-    """The explicit bias ``[B, Hq, Sq, Sk]``: ``-slope[b, h] * |i + Sk - Sq - j|`` (float64, element by element)."""
+    """The explicit bias ``[B, Hq, Sq, Sk]``: ``-slope[b, h] * |i + Sk - Sq - j|`` (float64, element by
+    element)."""
     bias = torch.zeros(b, hq, sq, sk, dtype=torch.float64)
     for bi in range(b):
         for h in range(hq):
@@ -67,12 +69,12 @@ def make(seed, b, hq, hkv, sq, sk, d, dtype=torch.float64):
 CASES = [
     (2, 4, 4, 6, 6, 8, False, False),
     (2, 4, 4, 6, 6, 8, False, True),
-    (2, 4, 2, 5, 9, 8, True, False),   # Sq < Sk, GQA, [B, Hq] slopes
+    (2, 4, 2, 5, 9, 8, True, False),  # Sq < Sk, GQA, [B, Hq] slopes
     (2, 4, 2, 5, 9, 8, False, True),
-    (1, 4, 1, 9, 5, 4, True, False),   # Sq > Sk, MQA
+    (1, 4, 1, 9, 5, 4, True, False),  # Sq > Sk, MQA
     (1, 4, 1, 9, 5, 4, True, True),
     (3, 6, 3, 1, 7, 8, False, False),  # decode-like Sq = 1, odd head count
-    (2, 2, 2, 7, 7, 5, True, True),    # odd head dim
+    (2, 2, 2, 7, 7, 5, True, True),  # odd head dim
 ]
 
 
@@ -89,7 +91,8 @@ def test_hand_worked_1x1x3x3():
     """q = k = 0 (scores 0), v = [[1], [2], [4]], slope 1, Sq = Sk = 3: bias row i is -|i - j|.
 
     Non-causal row 1: weights ∝ (e^-1, 1, e^-1) -> (e^-1 + 2 + 4e^-1) / (1 + 2e^-1) = (2 + 5/e) / (1 + 2/e).
-    Causal row 2: keys 0..2 with bias (-2, -1, 0) -> (e^-2 + 2e^-1 + 4) / (e^-2 + e^-1 + 1); causal row 0 is v[0] = 1.
+    Causal row 2: keys 0..2 with bias (-2, -1, 0) -> (e^-2 + 2e^-1 + 4) / (e^-2 + e^-1 + 1); causal row 0 is
+    v[0] = 1.
     """
     q = k = torch.zeros(1, 1, 3, 1, dtype=torch.float64)
     v = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64).view(1, 1, 3, 1)
@@ -97,7 +100,9 @@ def test_hand_worked_1x1x3x3():
     e = math.e
     full = lz.attention(q, k, v, alibi_slopes=slopes)
     assert full[0, 0, 1, 0].item() == pytest.approx((2 + 5 / e) / (1 + 2 / e), abs=1e-12)
-    assert full[0, 0, 0, 0].item() == pytest.approx((1 + 2 / e + 4 / e**2) / (1 + 1 / e + 1 / e**2), abs=1e-12)
+    assert full[0, 0, 0, 0].item() == pytest.approx(
+        (1 + 2 / e + 4 / e**2) / (1 + 1 / e + 1 / e**2), abs=1e-12
+    )
     causal = lz.attention(q, k, v, alibi_slopes=slopes, is_causal=True)
     assert causal[0, 0, 0, 0].item() == pytest.approx(1.0, abs=1e-12)
     assert causal[0, 0, 2, 0].item() == pytest.approx((e**-2 + 2 / e + 4) / (e**-2 + 1 / e + 1), abs=1e-12)
@@ -116,8 +121,9 @@ def _usable(kernel_id):
         pytest.skip(f"{kernel_id} unavailable here")
 
 
-@pytest.mark.parametrize("kernel_id", ["reference.attention", "flex_attention.attention", "torch_sdpa.math",
-                                       "torch_sdpa.flash"])
+@pytest.mark.parametrize(
+    "kernel_id", ["reference.attention", "flex_attention.attention", "torch_sdpa.math", "torch_sdpa.flash"]
+)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=["f64", "f32", "bf16"])
 @pytest.mark.parametrize("idx", range(len(CASES)))
 def test_locked_cpu_kernel_matches_oracle(kernel_id, dtype, idx):
@@ -136,7 +142,9 @@ def test_locked_cpu_kernel_matches_oracle(kernel_id, dtype, idx):
 
 def test_bshd_layout_and_combination_with_window_softcap_mask():
     q, k, v, slopes, _ = _case(0)
-    out = lz.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout="BSHD", alibi_slopes=slopes)
+    out = lz.attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout="BSHD", alibi_slopes=slopes
+    )
     torch.testing.assert_close(out.transpose(1, 2), oracle(q, k, v, slopes, False), atol=1e-10, rtol=1e-10)
     # with a float mask, a window and a softcap: reference vs flex (both declare all four features)
     mask = torch.randn(1, 4, 6, 6, dtype=torch.float64)
@@ -145,14 +153,17 @@ def test_bshd_layout_and_combination_with_window_softcap_mask():
         _usable(kernel_id)
         lz.lock("attention", kernel_id)
         try:
-            outs.append(lz.attention(q, k, v, attn_mask=mask, window=(2, 1), softcap=3.0, alibi_slopes=slopes))
+            outs.append(
+                lz.attention(q, k, v, attn_mask=mask, window=(2, 1), softcap=3.0, alibi_slopes=slopes)
+            )
         finally:
             lz.unlock("attention")
     torch.testing.assert_close(outs[0], outs[1], atol=1e-10, rtol=1e-10)
 
 
 def test_alibi_changes_the_answer_and_default_selection():
-    """Guard against kernels that ignore the slopes; the default pick serves ALiBi and the cache keeps the two apart."""
+    """Guard against kernels that ignore the slopes; the default pick serves ALiBi and the cache keeps the two
+    apart."""
     q, k, v, slopes, causal = _case(2, torch.float32)
     plain = lz.attention(q, k, v, is_causal=causal)
     biased = lz.attention(q, k, v, is_causal=causal, alibi_slopes=slopes)
@@ -163,31 +174,48 @@ def test_alibi_changes_the_answer_and_default_selection():
 
 
 def test_cuda_flash_refuses_alibi_by_its_device_rule():
-    """``torch_sdpa.flash`` declares ALiBi for its CPU kernel (an explicit bias mask); CUDA flash takes no mask, so
-    its device rule refuses ALiBi there with the ALiBi reason (a hand-built CUDA context: no GPU needed)."""
+    """``torch_sdpa.flash`` declares ALiBi for its CPU kernel (an explicit bias mask); CUDA flash takes no
+    mask, so its device rule refuses ALiBi there with the ALiBi reason (a hand-built CUDA context: no GPU
+    needed)."""
     from layerzero.backends.torch_sdpa.kernels import _flash_device_check
     from layerzero.core.context import SelectionContext
     from layerzero.testing.devices import fake_cuda_device
 
-    ctx = SelectionContext(op="attention", device=fake_cuda_device((9, 0)), dtype=torch.bfloat16, head_dim=64,
-                           has_alibi=True)
+    ctx = SelectionContext(
+        op="attention", device=fake_cuda_device((9, 0)), dtype=torch.bfloat16, head_dim=64, has_alibi=True
+    )
     assert ReasonCode.ALIBI_UNSUPPORTED in {r.code for r in _flash_device_check(ctx)}
-    assert ReasonCode.ALIBI_UNSUPPORTED not in {r.code for r in _flash_device_check(
-        SelectionContext(op="attention", device=fake_cuda_device((9, 0)), dtype=torch.bfloat16, head_dim=64))}
+    assert ReasonCode.ALIBI_UNSUPPORTED not in {
+        r.code
+        for r in _flash_device_check(
+            SelectionContext(
+                op="attention", device=fake_cuda_device((9, 0)), dtype=torch.bfloat16, head_dim=64
+            )
+        )
+    }
 
 
 def test_non_supporting_kernels_are_refused_with_alibi_unsupported():
     q, k, v, slopes, _ = _case(0, torch.float32)
     report = lz.explain("attention", q, k, v, alibi_slopes=slopes)
-    # the CPU flash kernel with the bias (priority 80): 1.7-2.3x faster than SDPA math with it on the AVX2 CI CPU
-    # (benchmarks/results/alibi_cpu_avx2.md)
+    # the CPU flash kernel with the bias (priority 80): 1.7-2.3x faster than SDPA math with it on the AVX2 CI
+    # CPU (benchmarks/results/alibi_cpu_avx2.md)
     assert report.chosen == "torch_sdpa.flash"
     rows = {c.kernel_id: c for c in report.candidates}
-    for kernel_id in ("torch_sdpa.efficient", "torch_sdpa.cpu_fp32_upcast", "flash_attn3.attention",
-                      "flash_attn4.attention"):
+    for kernel_id in (
+        "torch_sdpa.efficient",
+        "torch_sdpa.cpu_fp32_upcast",
+        "flash_attn3.attention",
+        "flash_attn4.attention",
+    ):
         assert ReasonCode.ALIBI_UNSUPPORTED in {r.code for r in rows[kernel_id].reasons}, kernel_id
-    for kernel_id in ("reference.attention", "flex_attention.attention", "flash_attn2.attention", "torch_sdpa.math",
-                      "torch_sdpa.flash"):
+    for kernel_id in (
+        "reference.attention",
+        "flex_attention.attention",
+        "flash_attn2.attention",
+        "torch_sdpa.math",
+        "torch_sdpa.flash",
+    ):
         assert ReasonCode.ALIBI_UNSUPPORTED not in {r.code for r in rows[kernel_id].reasons}, kernel_id
     lz.lock("attention", "torch_sdpa.efficient")
     try:
@@ -197,15 +225,18 @@ def test_non_supporting_kernels_are_refused_with_alibi_unsupported():
         lz.unlock("attention")
 
 
-@pytest.mark.parametrize(("slopes", "match"), [
-    (torch.ones(4, dtype=torch.float16), "Pass float32 slopes as flash-attn requires"),
-    (torch.ones(4, dtype=torch.float64), "float32"),
-    (torch.ones(3), r"\[Hq\] = \[4\]"),
-    (torch.ones(2, 4, 1), "alibi_slopes shape"),
-    (torch.ones(3, 4), r"\[B, Hq\] = \[2, 4\]"),
-    ([0.5] * 4, "a float32 torch.Tensor"),
-    (torch.ones(4, device="meta"), "alibi_slopes.device"),
-])
+@pytest.mark.parametrize(
+    ("slopes", "match"),
+    [
+        (torch.ones(4, dtype=torch.float16), "Pass float32 slopes as flash-attn requires"),
+        (torch.ones(4, dtype=torch.float64), "float32"),
+        (torch.ones(3), r"\[Hq\] = \[4\]"),
+        (torch.ones(2, 4, 1), "alibi_slopes shape"),
+        (torch.ones(3, 4), r"\[B, Hq\] = \[2, 4\]"),
+        ([0.5] * 4, "a float32 torch.Tensor"),
+        (torch.ones(4, device="meta"), "alibi_slopes.device"),
+    ],
+)
 def test_bad_slopes_raise_typed_errors(slopes, match):
     q, k, v, _, _ = _case(0, torch.float32)
     with pytest.raises(lz.InvalidInputError, match=match):
@@ -214,6 +245,7 @@ def test_bad_slopes_raise_typed_errors(slopes, match):
 
 # ----------------------------------------------------------------------------- GPU
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel_id", ["flash_attn2.attention"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -221,7 +253,11 @@ def test_gpu_kernels_match_oracle(kernel_id, dtype):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA")
     _usable(kernel_id)
-    for causal, (sq, sk), per_batch in ((False, (64, 64), False), (True, (64, 64), True), (False, (33, 96), True)):
+    for causal, (sq, sk), per_batch in (
+        (False, (64, 64), False),
+        (True, (64, 64), True),
+        (False, (33, 96), True),
+    ):
         q, k, v = (t.cuda() for t in make(0, 2, 8, 2, sq, sk, 64, dtype))
         slopes = slopes_for(8)
         slopes = torch.stack([slopes, slopes * 2]) if per_batch else slopes
@@ -249,21 +285,24 @@ def test_compiled_flex_refuses_alibi():
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])
 @pytest.mark.parametrize("layout", ["BHSD", "BSHD"])
 def test_sdpa_math_alibi_with_a_mask_and_bshd(mask_kind, layout):
-    """torch_sdpa.math's explicit-bias path adds the caller's mask (bool: -inf where False; float: added) to the
-    ALiBi bias; the float64 oracle adds the same mask by hand. BSHD inputs go through the layout adapter."""
-    q, k, v, slopes, _ = _case(2, torch.float64)                      # Sq < Sk, GQA, [B, Hq] slopes
+    """torch_sdpa.math's explicit-bias path adds the caller's mask (bool: -inf where False; float: added) to
+    the ALiBi bias; the float64 oracle adds the same mask by hand. BSHD inputs go through the layout
+    adapter."""
+    q, k, v, slopes, _ = _case(2, torch.float64)  # Sq < Sk, GQA, [B, Hq] slopes
     b, hq, sq, _ = q.shape
     sk = k.shape[2]
     g = torch.Generator().manual_seed(7)
     if mask_kind == "bool":
         mask = torch.rand(b, 1, sq, sk, generator=g) > 0.3
-        mask[..., 0] = True                                           # every row keeps a key
+        mask[..., 0] = True  # every row keeps a key
         add = torch.zeros(b, 1, sq, sk, dtype=torch.float64).masked_fill(~mask, float("-inf"))
     else:
         mask = torch.randn(b, 1, sq, sk, generator=g, dtype=torch.float64)
         add = mask
     s = (q @ k.repeat_interleave(hq // k.shape[1], 1).transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    ref = torch.softmax(s + alibi_bias(slopes, b, hq, sq, sk) + add, -1) @ v.repeat_interleave(hq // k.shape[1], 1)
+    ref = torch.softmax(s + alibi_bias(slopes, b, hq, sq, sk) + add, -1) @ v.repeat_interleave(
+        hq // k.shape[1], 1
+    )
     args = (q, k, v) if layout == "BHSD" else tuple(t.transpose(1, 2) for t in (q, k, v))
     lz.lock("attention", "torch_sdpa.math")
     try:
@@ -276,8 +315,8 @@ def test_sdpa_math_alibi_with_a_mask_and_bshd(mask_kind, layout):
 
 def test_the_locked_kernel_sweep_draws_alibi_for_kernels_that_require_it(monkeypatch):
     """``run_kernel`` (the locked-kernel sweeps, CPU and GPU) runs a kernel that serves ALiBi calls only
-    (``ALIBI_REQUIRED``, e.g. ``triton.attention``) on the drawn cases with slopes added, against an oracle that
-    adds the ALiBi bias itself; checked here with the reference kernel standing in for such a kernel (its
+    (``ALIBI_REQUIRED``, e.g. ``triton.attention``) on the drawn cases with slopes added, against an oracle
+    that adds the ALiBi bias itself; checked here with the reference kernel standing in for such a kernel (its
     validation refuses every call without slopes), and that oracle checked against this file's own oracle."""
     import sys
     from pathlib import Path
@@ -298,7 +337,9 @@ def test_the_locked_kernel_sweep_draws_alibi_for_kernels_that_require_it(monkeyp
     monkeypatch.setattr(lz, "validate", alibi_only)
     run = run_kernel("attention", "reference.attention", torch.float32, target=40)
     assert run.ran >= 40 and not run.failures, run.report()
-    assert run.rejected.get("ALIBI_REQUIRED", 0) == 0  # every case was redrawn with slopes, none skipped for it
+    assert (
+        run.rejected.get("ALIBI_REQUIRED", 0) == 0
+    )  # every case was redrawn with slopes, none skipped for it
     compared = 0
     for seed in range(200):  # the sweep's oracle is flash-attn's bias, as this file's hand-written one
         call = with_alibi(attention_call(seed, torch.float64))
@@ -306,8 +347,9 @@ def test_the_locked_kernel_sweep_draws_alibi_for_kernels_that_require_it(monkeyp
         if call.kwargs["attn_mask"] is not None or c.layout != "BHSD" or c.scale is not None or c.sq > 64:
             continue
         q, k, v = call.args
-        torch.testing.assert_close(call.oracle(), oracle(q, k, v, call.kwargs["alibi_slopes"], c.causal),
-                                   atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(
+            call.oracle(), oracle(q, k, v, call.kwargs["alibi_slopes"], c.causal), atol=1e-10, rtol=1e-10
+        )
         compared += 1
         if compared == 8:
             break

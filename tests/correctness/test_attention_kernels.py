@@ -43,23 +43,31 @@ def test_every_cpu_attention_kernel_is_covered():
 
 @pytest.mark.parametrize(("op", "kernel_id", "dtype"), PARAMS, ids=_ids)
 def test_attention_kernel_matches_float64_oracle(op, kernel_id, dtype, record_property):
-    """Locked kernel vs the float64 einsum oracle on >= 200 seeded cases (BROAD kernels); every call traced."""
+    """Locked kernel vs the float64 einsum oracle on >= 200 seeded cases (BROAD kernels); every call
+    traced."""
     run = run_kernel(op, kernel_id, dtype)
     record_property("cases_run", run.ran)
     print(run.report())
     assert not run.failures, run.report()
     assert run.traced == run.ran, f"lz.trace saw {run.traced} calls served by {kernel_id}, expected {run.ran}"
-    skip_if_off_on_this_cpu(kernel_id, run.ran, run.drawn, run.rejected)  # rules: tests/unit/test_cpu_isa_routing.py
+    skip_if_off_on_this_cpu(
+        kernel_id, run.ran, run.drawn, run.rejected
+    )  # rules: tests/unit/test_cpu_isa_routing.py
     need = MIN_CASES if kernel_id in BROAD else 1
-    assert run.ran >= need, f"only {run.ran} eligible cases (need {need}); extend attention_case\n{run.report()}"
+    assert run.ran >= need, (
+        f"only {run.ran} eligible cases (need {need}); extend attention_case\n{run.report()}"
+    )
 
 
 # ---------------------------------------------------------------------------------------- fully masked rows
 def _masked_inputs(dtype, kind):
     """q/k/v [2, 3, 5, 16] and a [5, 7] mask whose query row 2 sees no key (all False / all -inf)."""
     gen = torch.Generator().manual_seed(5)
-    q, k, v = randn((2, 3, 5, 16), gen, "cpu", dtype), randn((2, 3, 7, 16), gen, "cpu", dtype), randn(
-        (2, 3, 7, 16), gen, "cpu", dtype)
+    q, k, v = (
+        randn((2, 3, 5, 16), gen, "cpu", dtype),
+        randn((2, 3, 7, 16), gen, "cpu", dtype),
+        randn((2, 3, 7, 16), gen, "cpu", dtype),
+    )
     keep = torch.rand(5, 7, generator=gen) < 0.7
     keep[:, 0] = True
     keep[2] = False
@@ -70,8 +78,7 @@ def _masked_inputs(dtype, kind):
 MASK_PARAMS = [(kid, dt, kind) for _, kid, dt in PARAMS for kind in ("bool", "float")]
 
 
-@pytest.mark.parametrize(("kernel_id", "dtype", "kind"), MASK_PARAMS,
-                         ids=_ids)
+@pytest.mark.parametrize(("kernel_id", "dtype", "kind"), MASK_PARAMS, ids=_ids)
 def test_fully_masked_row_gives_zero(kernel_id, dtype, kind):
     """lz.attention documents: a row whose keys are all masked returns 0 (never NaN), whatever the kernel."""
     q, k, v, mask = _masked_inputs(dtype, kind)
@@ -80,7 +87,9 @@ def test_fully_masked_row_gives_zero(kernel_id, dtype, kind):
     lz.lock("attention", kernel_id)
     out = lz.attention(q, k, v, attn_mask=mask)
     assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2])), (
-        f"{kernel_id} {dname(dtype)} {kind} mask: fully masked row gave {out[0, 0, 2, :4].tolist()}, expected 0")
+        f"{kernel_id} {dname(dtype)} {kind} mask: fully masked row gave {out[0, 0, 2, :4].tolist()}, "
+        "expected 0"
+    )
     ref = attention_oracle(q, k, v, mask)
     assert mismatch(out, ref, dtype) is None, mismatch(out, ref, dtype)
 
@@ -98,21 +107,22 @@ def test_reference_fully_masked_by_mask_and_causal_gives_zero():
     assert not torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
 
 
-# torch's CPU flash kernel (torch_sdpa.flash; torch_sdpa.cpu_fp32_upcast runs the same kernel in float32) handles a
-# NaN in q differently per CPU ISA (torch 2.13): the AVX-512 build's running max skips the NaN, the row looks fully
-# masked and comes back 0; the AVX2 and default (scalar) builds keep the NaN. NaN inputs are outside every kernel's
-# contract and checking for them costs a reduction per call, so what we guarantee for these two kernels
-# (docs/backends.md, docs/troubleshooting.md) is: the NaN query row comes back all-NaN OR all-zero, never leaks to
-# other rows or heads, and every other row matches the oracle. Every other kernel must propagate the NaN. The CI
-# runs this file under ATEN_CPU_CAPABILITY=default and =avx2 too (tools/run_tests.sh), so both branches are exercised.
+# torch's CPU flash kernel (torch_sdpa.flash; torch_sdpa.cpu_fp32_upcast runs the same kernel in float32)
+# handles a NaN in q differently per CPU ISA (torch 2.13): the AVX-512 build's running max skips the NaN, the
+# row looks fully masked and comes back 0; the AVX2 and default (scalar) builds keep the NaN. NaN inputs are
+# outside every kernel's contract and checking for them costs a reduction per call, so what we guarantee for
+# these two kernels (docs/backends.md, docs/troubleshooting.md) is: the NaN query row comes back all-NaN OR
+# all-zero, never leaks to other rows or heads, and every other row matches the oracle. Every other kernel
+# must propagate the NaN. The CI runs this file under ATEN_CPU_CAPABILITY=default and =avx2 too
+# (tools/run_tests.sh), so both branches are exercised.
 NAN_OR_ZERO_ROW = frozenset({"torch_sdpa.flash", "torch_sdpa.cpu_fp32_upcast"})
 
 
 @pytest.mark.parametrize(("kernel_id", "dtype"), [(kid, dt) for _, kid, dt in PARAMS], ids=_ids)
 def test_nan_in_one_query_row_stays_in_that_row(kernel_id, dtype):
     """A NaN in query row 3 of one head stays in exactly that output row: NaN there (every kernel but the CPU
-    flash ones, which may instead return the whole row as 0, see NAN_OR_ZERO_ROW), nowhere else, and every other
-    row equals the float64 oracle."""
+    flash ones, which may instead return the whole row as 0, see NAN_OR_ZERO_ROW), nowhere else, and every
+    other row equals the float64 oracle."""
     gen = torch.Generator().manual_seed(11)
     q, k, v = (randn((1, 2, s, 32), gen, "cpu", dtype) for s in (6, 9, 9))
     q[0, 1, 3, 5] = float("nan")
@@ -125,7 +135,8 @@ def test_nan_in_one_query_row_stays_in_that_row(kernel_id, dtype):
     if kernel_id in NAN_OR_ZERO_ROW:
         assert all_nan or torch.equal(row, torch.zeros_like(row)), (
             f"{kernel_id} {dname(dtype)}: the NaN query row must come back all-NaN or all-zero, got "
-            f"{row[:6].tolist()}")
+            f"{row[:6].tolist()}"
+        )
     else:
         assert all_nan, f"{kernel_id} {dname(dtype)}: the NaN of q row 3 vanished: {row[:6].tolist()}"
     nan = torch.isnan(out)

@@ -91,8 +91,9 @@ CASES = [_case(random.Random(s), s) for s in range(24)]
 @pytest.mark.parametrize("idx", range(len(CASES)))
 def test_reference_matches_brute_force(idx):
     q, k, v, kw = CASES[idx]
-    out = reference_attention(q, k, v, kw["mask"], kw["causal"], None, 0.0, window=kw["window"],
-                              softcap=kw["softcap"])
+    out = reference_attention(
+        q, k, v, kw["mask"], kw["causal"], None, 0.0, window=kw["window"], softcap=kw["softcap"]
+    )
     torch.testing.assert_close(out, brute(q, k, v, **kw), atol=1e-10, rtol=1e-10)
 
 
@@ -104,9 +105,18 @@ def test_locked_kernel_through_lz_attention_matches_brute_force(kernel_id):
     lz.lock("attention", kernel_id)
     try:
         for q, k, v, kw in CASES:
-            out = lz.attention(q, k, v, attn_mask=kw["mask"], is_causal=kw["causal"], window=kw["window"],
-                               softcap=kw["softcap"])
-            torch.testing.assert_close(out, brute(q, k, v, **kw), atol=1e-10, rtol=1e-10, msg=lambda m, kw=kw: f"{kw}: {m}")
+            out = lz.attention(
+                q,
+                k,
+                v,
+                attn_mask=kw["mask"],
+                is_causal=kw["causal"],
+                window=kw["window"],
+                softcap=kw["softcap"],
+            )
+            torch.testing.assert_close(
+                out, brute(q, k, v, **kw), atol=1e-10, rtol=1e-10, msg=lambda m, kw=kw: f"{kw}: {m}"
+            )
     finally:
         lz.unlock("attention")
 
@@ -115,12 +125,14 @@ def test_default_selection_float32_matches_brute_force():
     q, k, v, kw = CASES[0]
     q, k, v = q.float(), k.float(), v.float()
     out = lz.attention(q, k, v, is_causal=True, window=(2, 0), softcap=20.0)
-    torch.testing.assert_close(out.double(), brute(q, k, v, causal=True, window=(2, 0), softcap=20.0),
-                               atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(
+        out.double(), brute(q, k, v, causal=True, window=(2, 0), softcap=20.0), atol=2e-5, rtol=2e-5
+    )
 
 
 def test_window_changes_the_answer():
-    """Guard against an oracle and kernels that both ignore the window: a narrow window must differ from none."""
+    """Guard against an oracle and kernels that both ignore the window: a narrow window must differ from
+    none."""
     q, k, v, _ = CASES[0]
     narrow = lz.attention(q, k, v, window=(0, 0))
     full = lz.attention(q, k, v)
@@ -148,7 +160,9 @@ def _gpu_oracle(q, k, v, causal, window, softcap):
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
-    rel = torch.arange(s.shape[-1], device=s.device)[None] - torch.arange(s.shape[-2], device=s.device)[:, None]
+    rel = (
+        torch.arange(s.shape[-1], device=s.device)[None] - torch.arange(s.shape[-2], device=s.device)[:, None]
+    )
     ok = torch.ones_like(rel, dtype=torch.bool)
     if causal:
         ok &= rel <= 0
@@ -160,8 +174,10 @@ def _gpu_oracle(q, k, v, causal, window, softcap):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel_id", ["flash_attn2.attention", "flash_attn3.attention", "flash_attn4.attention",
-                                       "flex_attention.compiled"])
+@pytest.mark.parametrize(
+    "kernel_id",
+    ["flash_attn2.attention", "flash_attn3.attention", "flash_attn4.attention", "flex_attention.compiled"],
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_kernels_window_softcap_match_oracle(kernel_id, dtype):
     _gpu_usable(kernel_id)
@@ -174,15 +190,17 @@ def test_gpu_kernels_window_softcap_match_oracle(kernel_id, dtype):
                     q = torch.randn(2, hq, s, 64, device="cuda", dtype=dtype, generator=g)
                     k = torch.randn(2, hkv, s, 64, device="cuda", dtype=dtype, generator=g)
                     v = torch.randn(2, hkv, s, 64, device="cuda", dtype=dtype, generator=g)
-                    reasons = lz.validate(kernel_id, "attention", q, k, v, is_causal=causal, window=window,
-                                          softcap=softcap)
+                    reasons = lz.validate(
+                        kernel_id, "attention", q, k, v, is_causal=causal, window=window, softcap=softcap
+                    )
                     if reasons:
                         pytest.skip(f"{kernel_id} refuses on this GPU: {reasons}")
                     out = lz.attention(q, k, v, is_causal=causal, window=window, softcap=softcap)
                     ref = _gpu_oracle(q, k, v, causal, window, softcap)
                     err = (out.double() - ref).abs().max().item()
                     assert err <= GPU_TOL[dtype] * max(1.0, ref.abs().max().item()), (
-                        f"{kernel_id} S={s} causal={causal} window={window} softcap={softcap}: err {err}")
+                        f"{kernel_id} S={s} causal={causal} window={window} softcap={softcap}: err {err}"
+                    )
     finally:
         lz.unlock("attention")
 
@@ -194,4 +212,6 @@ def test_gpu_default_selection_refuses_sdpa_for_window():
     assert not report.chosen.startswith("torch_sdpa.")
     out = lz.attention(q, k, v, is_causal=True, window=(31, 0))
     ref = _gpu_oracle(q, k, v, True, (31, 0), None)
-    assert (out.double() - ref).abs().max().item() <= GPU_TOL[torch.float16] * max(1.0, ref.abs().max().item())
+    assert (out.double() - ref).abs().max().item() <= GPU_TOL[torch.float16] * max(
+        1.0, ref.abs().max().item()
+    )

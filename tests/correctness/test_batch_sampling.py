@@ -1,10 +1,11 @@
 """``lz.sample`` (batched per-row sampling) against a plain float64 oracle written per row.
 
-- greedy rows (temperature 0 or below float32's smallest normal) return the first argmax, whatever the others do;
+- greedy rows (temperature 0 or below float32's smallest normal) return the first argmax, whatever the others
+  do;
 - per-row top-k / top-p / min-p never draw outside the set the oracle allows (odd sizes, every parameter mixed
   with its "off" value, float32/float16/bfloat16/float64 logits);
-- 20k draws of one row with all four warpers on match the oracle's distribution (cosine similarity >= 0.99), from
-  the generator and from counter-based seeds;
+- 20k draws of one row with all four warpers on match the oracle's distribution (cosine similarity >= 0.99),
+  from the generator and from counter-based seeds;
 - seeded rows: the same (seed, offset) draws the same token in any batch, at any position and whatever the
   generator; other offsets draw other tokens;
 - the counter hash: equal to a plain Python hash with unbounded ints, and no intermediate value of the int64
@@ -33,9 +34,15 @@ TINY = float(torch.finfo(torch.float32).tiny)
 SLACK = 1e-4  # relative slack at a cut's boundary: the kernel decides in float32, the oracle in float64
 
 
-# ============================================================================ the float64 oracle, one row at a time
-def oracle_row(logits: list[float], temperature: float | None, top_k: int | None, top_p: float | None,
-               min_p: float | None, slack: float = 0.0) -> tuple[dict[int, float], list[int]]:
+# ====================================================================== the float64 oracle, one row at a time
+def oracle_row(
+    logits: list[float],
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    slack: float = 0.0,
+) -> tuple[dict[int, float], list[int]]:
     """The distribution one row samples from: ``({token: probability}, [tokens left after each warper])``.
     Hugging Face's warper order: temperature, top-k (ties at the k-th kept), top-p on the renormalized top-k
     (tokens whose mass ranked above them is below p), min-p (prob >= min_p * max prob). ``slack`` widens every
@@ -79,7 +86,9 @@ def oracle_allowed(logits: torch.Tensor, params: dict[str, torch.Tensor | None])
     out = []
     for b, row in enumerate(rows):
         p = {name: None if t is None else t[b].item() for name, t in params.items()}
-        probs, _ = oracle_row(row, p.get("temperature"), p.get("top_k"), p.get("top_p"), p.get("min_p"), SLACK)
+        probs, _ = oracle_row(
+            row, p.get("temperature"), p.get("top_k"), p.get("top_p"), p.get("min_p"), SLACK
+        )
         out.append(set(probs))
     return out
 
@@ -88,7 +97,7 @@ def random_params(batch: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:
     """Per-row parameters, each mixed with its 'off' value (and temperature with greedy rows)."""
     g = torch.Generator().manual_seed(seed)
     r = torch.rand(4, batch, generator=g)
-    temperature = (0.3 + 1.5 * torch.rand(batch, generator=g))
+    temperature = 0.3 + 1.5 * torch.rand(batch, generator=g)
     temperature[r[0] < 0.15] = 0.0
     top_k = torch.randint(1, vocab + 5, (batch,), generator=g)
     top_k[r[1] < 0.25] = 0
@@ -96,7 +105,12 @@ def random_params(batch: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:
     top_p[r[2] < 0.25] = 1.0
     min_p = 0.3 * torch.rand(batch, generator=g)
     min_p[r[3] < 0.25] = 0.0
-    return {"temperature": temperature.float(), "top_k": top_k, "top_p": top_p.float(), "min_p": min_p.float()}
+    return {
+        "temperature": temperature.float(),
+        "top_k": top_k,
+        "top_p": top_p.float(),
+        "min_p": min_p.float(),
+    }
 
 
 def cosine(counts: Counter, probs: dict[int, float], vocab: int) -> float:
@@ -117,16 +131,24 @@ def test_greedy_rows_equal_the_first_argmax(dtype):
     first = logits.to(torch.float64).argmax(-1)
     assert first[4] == 7
     for seed in range(5):
-        out = lz.sample(logits, temperature=temperature, top_k=torch.full((9,), 50), top_p=torch.full((9,), 0.9),
-                        min_p=torch.full((9,), 0.01), generator=torch.Generator().manual_seed(seed))
+        out = lz.sample(
+            logits,
+            temperature=temperature,
+            top_k=torch.full((9,), 50),
+            top_p=torch.full((9,), 0.9),
+            min_p=torch.full((9,), 0.01),
+            generator=torch.Generator().manual_seed(seed),
+        )
         assert out.dtype == torch.int64 and out.shape == (9,)
         assert torch.equal(out[greedy], first[greedy])
     assert torch.equal(lz.sample(logits, temperature=torch.zeros(9)), first)
-    k1 = lz.sample(logits, top_k=torch.ones(9, dtype=torch.int32))  # k = 1 keeps ties at the k-th value (as HF)
+    k1 = lz.sample(
+        logits, top_k=torch.ones(9, dtype=torch.int32)
+    )  # k = 1 keeps ties at the k-th value (as HF)
     assert torch.equal(logits.gather(1, k1[:, None])[:, 0], logits.amax(-1)) and int(k1[4]) in (7, 90)
 
 
-# ============================================================================ draws stay inside the allowed set
+# ========================================================================== draws stay inside the allowed set
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 @pytest.mark.parametrize(("batch", "vocab"), [(37, 123), (5, 1), (3, 2), (16, 517)])
 def test_tokens_stay_inside_the_oracle_set(dtype, batch, vocab):
@@ -134,7 +156,9 @@ def test_tokens_stay_inside_the_oracle_set(dtype, batch, vocab):
     logits = (torch.randn(batch, vocab, generator=g, dtype=torch.float64) * 2.5).to(dtype)
     params = random_params(batch, vocab, seed=vocab)
     allowed = oracle_allowed(logits, params)
-    seeds = torch.where(torch.arange(batch) % 3 == 0, torch.arange(batch) * 11, -1)  # a third of the rows seeded
+    seeds = torch.where(
+        torch.arange(batch) % 3 == 0, torch.arange(batch) * 11, -1
+    )  # a third of the rows seeded
     for draw in range(12):
         kw = {"generator": torch.Generator().manual_seed(draw)}
         if draw % 2:
@@ -162,7 +186,9 @@ PARAMS = {"temperature": 0.8, "top_k": 24, "top_p": 0.9, "min_p": 0.15}  # 64 ->
 
 
 def _row_and_target():
-    row = (torch.randn(VOCAB, generator=torch.Generator().manual_seed(ROW_SEED), dtype=torch.float64) * 2).float()
+    row = (
+        torch.randn(VOCAB, generator=torch.Generator().manual_seed(ROW_SEED), dtype=torch.float64) * 2
+    ).float()
     probs, sizes = oracle_row(row.double().tolist(), **PARAMS)
     assert sizes[0] > sizes[1] > sizes[2] > sizes[3] > 1, f"every warper must cut something here: {sizes}"
     return row, probs
@@ -173,10 +199,14 @@ def test_twenty_thousand_draws_match_the_float64_distribution(noise):
     row, probs = _row_and_target()
     n = 20_000
     logits = row[None].expand(n, -1)
-    kw = {name: torch.full((n,), value, dtype=torch.int64 if name == "top_k" else torch.float32)
-          for name, value in PARAMS.items()}
+    kw = {
+        name: torch.full((n,), value, dtype=torch.int64 if name == "top_k" else torch.float32)
+        for name, value in PARAMS.items()
+    }
     if noise == "seeds":
-        kw.update(seeds=torch.arange(n, dtype=torch.int64) * 7919, offsets=torch.full((n,), 3, dtype=torch.int64))
+        kw.update(
+            seeds=torch.arange(n, dtype=torch.int64) * 7919, offsets=torch.full((n,), 3, dtype=torch.int64)
+        )
     else:
         kw.update(generator=torch.Generator().manual_seed(1))
     counts = Counter(lz.sample(logits, **kw).tolist())
@@ -192,13 +222,19 @@ def test_one_seeded_request_over_many_offsets_follows_the_distribution():
     """The usual way a seeded request draws: one row, offset = step. 20k steps, same row each time."""
     row, probs = _row_and_target()
     n = 20_000
-    kw = {name: torch.full((1,), value, dtype=torch.int64 if name == "top_k" else torch.float32)
-          for name, value in PARAMS.items()}
-    # one call per step would be slow; the op is per row, so 20k rows with the same seed and offsets 0..n-1 is the
-    # same computation (checked by test_seeded_rows_do_not_depend_on_the_batch)
+    kw = {
+        name: torch.full((1,), value, dtype=torch.int64 if name == "top_k" else torch.float32)
+        for name, value in PARAMS.items()
+    }
+    # one call per step would be slow; the op is per row, so 20k rows with the same seed and offsets 0..n-1 is
+    # the same computation (checked by test_seeded_rows_do_not_depend_on_the_batch)
     kw = {k: v.expand(n) for k, v in kw.items()}
-    out = lz.sample(row[None].expand(n, -1), **kw, seeds=torch.full((n,), 1234, dtype=torch.int64),
-                    offsets=torch.arange(n, dtype=torch.int64))
+    out = lz.sample(
+        row[None].expand(n, -1),
+        **kw,
+        seeds=torch.full((n,), 1234, dtype=torch.int64),
+        offsets=torch.arange(n, dtype=torch.int64),
+    )
     assert cosine(Counter(out.tolist()), probs, VOCAB) >= 0.99
 
 
@@ -208,22 +244,43 @@ def test_seeded_rows_do_not_depend_on_the_batch_position_or_generator():
     vocab = 301
     logits = torch.randn(8, vocab, generator=g) * 2
     params = random_params(8, vocab, seed=22)
-    params["temperature"][params["temperature"] == 0] = 0.9  # sampled rows only: greedy rows are trivially equal
+    params["temperature"][params["temperature"] == 0] = (
+        0.9  # sampled rows only: greedy rows are trivially equal
+    )
     seeds = torch.tensor([5, 0, 2**40 + 3, 77, 2**63 - 1, 9, 123456789, 31], dtype=torch.int64)
     offsets = torch.tensor([0, 3, 17, 2**33, 1, 0, 5, 8], dtype=torch.int64)
-    alone = torch.stack([lz.sample(logits[b:b + 1], **{k: v[b:b + 1] for k, v in params.items()},
-                                   seeds=seeds[b:b + 1], offsets=offsets[b:b + 1])[0] for b in range(8)])
-    base = lz.sample(logits, **params, seeds=seeds, offsets=offsets, generator=torch.Generator().manual_seed(0))
+    alone = torch.stack(
+        [
+            lz.sample(
+                logits[b : b + 1],
+                **{k: v[b : b + 1] for k, v in params.items()},
+                seeds=seeds[b : b + 1],
+                offsets=offsets[b : b + 1],
+            )[0]
+            for b in range(8)
+        ]
+    )
+    base = lz.sample(
+        logits, **params, seeds=seeds, offsets=offsets, generator=torch.Generator().manual_seed(0)
+    )
     assert torch.equal(base, alone)
-    # shuffled, interleaved with unseeded rows of other logits, another generator: the seeded rows keep their tokens
+    # shuffled, interleaved with unseeded rows of other logits, another generator: the seeded rows keep their
+    # tokens
     perm = torch.randperm(8, generator=g)
     other = torch.randn(5, vocab, generator=g)
     mixed_logits = torch.cat((other[:2], logits[perm], other[2:]))
     mixed = {k: torch.cat((v[:2], v[perm], v[:3])) for k, v in params.items()}
     mixed_seeds = torch.cat((torch.full((2,), -1), seeds[perm], torch.full((3,), -5)))
-    mixed_offsets = torch.cat((torch.zeros(2, dtype=torch.int64), offsets[perm], torch.zeros(3, dtype=torch.int64)))
-    out = lz.sample(mixed_logits, **mixed, seeds=mixed_seeds, offsets=mixed_offsets,
-                    generator=torch.Generator().manual_seed(99))
+    mixed_offsets = torch.cat(
+        (torch.zeros(2, dtype=torch.int64), offsets[perm], torch.zeros(3, dtype=torch.int64))
+    )
+    out = lz.sample(
+        mixed_logits,
+        **mixed,
+        seeds=mixed_seeds,
+        offsets=mixed_offsets,
+        generator=torch.Generator().manual_seed(99),
+    )
     assert torch.equal(out[2:10], base[perm])
 
 
@@ -235,10 +292,15 @@ def test_offsets_change_the_draw_and_unseeded_rows_follow_the_generator():
     assert len(set(out.tolist())) >= 55  # 64 uniform draws over 1000 tokens: ~62 distinct expected
     again = lz.sample(logits, seeds=seeds, offsets=torch.arange(64, dtype=torch.int64))
     assert torch.equal(out, again)
-    assert len(set(out.tolist()) & set(lz.sample(logits, seeds=seeds + 1, offsets=torch.arange(64)).tolist())) < 20
+    assert (
+        len(set(out.tolist()) & set(lz.sample(logits, seeds=seeds + 1, offsets=torch.arange(64)).tolist()))
+        < 20
+    )
     # offsets default to 0: equal to explicit zeros
-    assert torch.equal(lz.sample(logits[:3], seeds=seeds[:3]), lz.sample(logits[:3], seeds=seeds[:3],
-                                                                        offsets=torch.zeros(3, dtype=torch.int64)))
+    assert torch.equal(
+        lz.sample(logits[:3], seeds=seeds[:3]),
+        lz.sample(logits[:3], seeds=seeds[:3], offsets=torch.zeros(3, dtype=torch.int64)),
+    )
     # unseeded rows (seed < 0 or no seeds): same generator seed -> same tokens, another seed -> others
     unseeded = torch.full((64,), -1, dtype=torch.int64)
     a = lz.sample(logits, seeds=unseeded, generator=torch.Generator().manual_seed(3))
@@ -268,8 +330,8 @@ def plain_counter_hash(seed: int, offset: int, index: int) -> int:
 
 
 class Checked(int):
-    """An int whose every arithmetic result must fit a signed int64 (and stay >= 0): runs the kernel's own hash
-    code and fails on the first intermediate value that would overflow there."""
+    """An int whose every arithmetic result must fit a signed int64 (and stay >= 0): runs the kernel's own
+    hash code and fails on the first intermediate value that would overflow there."""
 
     def _wrap(self, value):
         assert 0 <= value < 2**63, f"intermediate {value} leaves int64"
@@ -277,13 +339,25 @@ class Checked(int):
 
 
 for _name in ("add", "radd", "mul", "rmul", "xor", "rxor", "and", "rand", "rshift", "lshift"):
+
     def _op(self, other, _m=f"__{_name}__"):
         return self._wrap(getattr(int, _m)(self, other))
+
     setattr(Checked, f"__{_name}__", _op)
 
 
-INPUTS = [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (2**32 - 1, 2**32 - 1, 2**32 - 1), (2**63 - 1, 2**63 - 1, 151935),
-          (2**32, 7, 3), (123456789, 2**40 + 5, 65535), (42, 17, 100_000), (2**31, 2**31, 2**31)]
+INPUTS = [
+    (0, 0, 0),
+    (1, 0, 0),
+    (0, 1, 0),
+    (0, 0, 1),
+    (2**32 - 1, 2**32 - 1, 2**32 - 1),
+    (2**63 - 1, 2**63 - 1, 151935),
+    (2**32, 7, 3),
+    (123456789, 2**40 + 5, 65535),
+    (42, 17, 100_000),
+    (2**31, 2**31, 2**31),
+]
 
 
 @pytest.mark.parametrize(("seed", "offset", "index"), INPUTS)
@@ -296,7 +370,9 @@ def test_counter_hash_equals_the_plain_python_hash_without_int64_overflow(seed, 
 
 def test_mul32_worst_case_and_hash_spread():
     assert ref.mul32(Checked(MASK), 0xFFFFFFFF) == (MASK * MASK) & MASK
-    assert plain_lowbias32(0) == 0 and plain_counter_hash(0, 0, 0) != 0  # the golden-ratio step avoids the 0 fixpoint
+    assert (
+        plain_lowbias32(0) == 0 and plain_counter_hash(0, 0, 0) != 0
+    )  # the golden-ratio step avoids the 0 fixpoint
     e = ref.seeded_exponential(torch.arange(200, dtype=torch.int64), None, 1000)  # 200k values
     assert e.dtype == torch.float64 and bool(torch.isfinite(e).all()) and bool((e > 0).all())
     u = torch.exp(-e)
@@ -310,8 +386,12 @@ def test_half_precision_logits_and_int32_top_k():
     logits = torch.randn(6, 97, generator=g) * 2
     for dtype in (torch.bfloat16, torch.float16):
         low = logits.to(dtype)
-        params = {"temperature": torch.full((6,), 0.7), "top_k": torch.full((6,), 5, dtype=torch.int32),
-                  "top_p": torch.full((6,), 0.8), "min_p": torch.full((6,), 0.1)}
+        params = {
+            "temperature": torch.full((6,), 0.7),
+            "top_k": torch.full((6,), 5, dtype=torch.int32),
+            "top_p": torch.full((6,), 0.8),
+            "min_p": torch.full((6,), 0.1),
+        }
         allowed = oracle_allowed(low, params)
         out = lz.sample(low, **params, seeds=torch.arange(6, dtype=torch.int64))
         assert out.dtype == torch.int64 and all(int(out[b]) in allowed[b] for b in range(6))

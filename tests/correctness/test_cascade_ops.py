@@ -2,11 +2,12 @@
 ``lz.merge_attention_states`` through dispatch, and the Triton kernels (``triton.paged_decode_lse``,
 ``triton.paged_prefill_lse``, ``triton.merge_attention_states``) under the Triton interpreter.
 
-Oracle: float64 attention written here, independent of the kernels: each sequence's keys gathered token by token
-through its block table, scores masked by hand (bottom-right causal or none), ``torch.logsumexp`` for the lse.
-Seeded ragged batches (empty sequences, q_len 1..6, KV up to ~60 tokens), GQA 1..4, NHD and HND, page sizes 1..16,
-odd head dims. Plus the cascade identity the engine relies on (attention over a prefix + a suffix, merged, equals
-attention over the whole sequence), the merge worked out by hand, its -inf rows, and bad inputs."""
+Oracle: float64 attention written here, independent of the kernels: each sequence's keys gathered token by
+token through its block table, scores masked by hand (bottom-right causal or none), ``torch.logsumexp`` for
+the lse. Seeded ragged batches (empty sequences, q_len 1..6, KV up to ~60 tokens), GQA 1..4, NHD and HND, page
+sizes 1..16, odd head dims. Plus the cascade identity the engine relies on (attention over a prefix + a
+suffix, merged, equals attention over the whole sequence), the merge worked out by hand, its -inf rows, and
+bad inputs."""
 
 from __future__ import annotations
 
@@ -24,12 +25,18 @@ pytestmark = pytest.mark.correctness
 interpreted = needs_interpreter("tests/gpu/test_gpu_cascade.py")
 
 
-def case(seed: int, layout: str = "NHD", dtype=torch.float32, decode: bool = False, head_dim: int | None = None):
+def case(
+    seed: int, layout: str = "NHD", dtype=torch.float32, decode: bool = False, head_dim: int | None = None
+):
     """(q, cache, block_tables, seq_lens, cu_seqlens_q or None): a seeded ragged batch in a random block pool
     (``head_dim`` forces D)."""
     rnd = random.Random(seed)
-    hkv, group, d, page = rnd.choice([1, 2, 3]), rnd.choice([1, 2, 4]), rnd.choice([8, 20, 32]), rnd.choice(
-        [1, 3, 16])
+    hkv, group, d, page = (
+        rnd.choice([1, 2, 3]),
+        rnd.choice([1, 2, 4]),
+        rnd.choice([8, 20, 32]),
+        rnd.choice([1, 3, 16]),
+    )
     d = head_dim or d
     b = rnd.randint(1, 4)
     q_lens = [1] * b if decode else [rnd.choice([0, 1, 2, 6]) for _ in range(b)]
@@ -39,7 +46,7 @@ def case(seed: int, layout: str = "NHD", dtype=torch.float32, decode: bool = Fal
     g = torch.Generator().manual_seed(seed)
     shape = (blocks, 2, page, hkv, d) if layout == "NHD" else (blocks, 2, hkv, page, d)
     cache = torch.randn(shape, generator=g).to(dtype)
-    tables = torch.randperm(blocks, generator=g)[:b * width].view(b, width).to(torch.int32)
+    tables = torch.randperm(blocks, generator=g)[: b * width].view(b, width).to(torch.int32)
     q = torch.randn(sum(q_lens), hkv * group, d, generator=g).to(dtype)
     cu = None if decode else torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     return q, cache, tables, torch.tensor(kv_lens, dtype=torch.int32), cu
@@ -56,8 +63,12 @@ def oracle(q, cache, tables, seq_lens, cu, layout="NHD", causal=True, scale=None
     starts = cu.tolist() if cu is not None else list(range(len(seq_lens) + 1))
     for s, kv_len in enumerate(seq_lens.tolist()):
         q0, q1 = starts[s], starts[s + 1]
-        keys = torch.stack([nhd[tables[s, p // page], 0, p % page] for p in range(kv_len)]) if kv_len else None
-        vals = torch.stack([nhd[tables[s, p // page], 1, p % page] for p in range(kv_len)]) if kv_len else None
+        keys = (
+            torch.stack([nhd[tables[s, p // page], 0, p % page] for p in range(kv_len)]) if kv_len else None
+        )
+        vals = (
+            torch.stack([nhd[tables[s, p // page], 1, p % page] for p in range(kv_len)]) if kv_len else None
+        )
         for i in range(q1 - q0):
             for h in range(hq):
                 kh = h // (hq // hkv)
@@ -83,8 +94,9 @@ def close(got, want, dtype):
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_return_lse_matches_the_float64_oracle(seed, causal, layout):
     q, cache, tables, lens, cu = case(seed, layout)
-    out, lse = lz.paged_attention(q, cache, tables, lens, cu_seqlens_q=cu, is_causal=causal, kv_layout=layout,
-                                  return_lse=True)
+    out, lse = lz.paged_attention(
+        q, cache, tables, lens, cu_seqlens_q=cu, is_causal=causal, kv_layout=layout, return_lse=True
+    )
     ref_out, ref_lse = oracle(q, cache, tables, lens, cu, layout, causal)
     assert out.dtype == q.dtype and lse.dtype == torch.float32 and lse.shape == q.shape[:2]
     close(out, ref_out, torch.float32)
@@ -94,8 +106,8 @@ def test_return_lse_matches_the_float64_oracle(seed, causal, layout):
 
 
 def test_cascade_identity_prefix_plus_suffix_is_the_whole_sequence():
-    """What the engine computes: decode queries over a shared prefix (not causal, one "sequence" per group) and over
-    each sequence's own blocks, merged, equal attention over each whole sequence."""
+    """What the engine computes: decode queries over a shared prefix (not causal, one "sequence" per group)
+    and over each sequence's own blocks, merged, equal attention over each whole sequence."""
     g = torch.Generator().manual_seed(5)
     page, hkv, hq, d = 4, 2, 4, 16
     cache = torch.randn(40, 2, page, hkv, d, generator=g)
@@ -105,14 +117,19 @@ def test_cascade_identity_prefix_plus_suffix_is_the_whole_sequence():
     full = torch.zeros(3, 6, dtype=torch.int32)
     suffix = torch.zeros(3, 3, dtype=torch.int32)
     for s, blocks in enumerate(own):
-        full[s, :3 + len(blocks)] = torch.tensor(prefix + blocks)
-        suffix[s, :len(blocks)] = torch.tensor(blocks)
+        full[s, : 3 + len(blocks)] = torch.tensor(prefix + blocks)
+        suffix[s, : len(blocks)] = torch.tensor(blocks)
     q = torch.randn(3, hq, d, generator=g)
     whole, whole_lse = lz.paged_attention(q, cache, full, lens, return_lse=True)
-    shared, shared_lse = lz.paged_attention(q, cache, torch.tensor([prefix], dtype=torch.int32),
-                                            torch.tensor([12], dtype=torch.int32),
-                                            cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32), is_causal=False,
-                                            return_lse=True)
+    shared, shared_lse = lz.paged_attention(
+        q,
+        cache,
+        torch.tensor([prefix], dtype=torch.int32),
+        torch.tensor([12], dtype=torch.int32),
+        cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32),
+        is_causal=False,
+        return_lse=True,
+    )
     mine, mine_lse = lz.paged_attention(q, cache, suffix, lens - 12, return_lse=True)
     merged, merged_lse = lz.merge_attention_states(shared, shared_lse, mine, mine_lse)
     torch.testing.assert_close(merged, whole, rtol=2e-5, atol=2e-5)
@@ -123,7 +140,8 @@ def test_cascade_identity_prefix_plus_suffix_is_the_whole_sequence():
 
 
 def test_merge_by_hand_and_its_infinite_rows():
-    # equal lse: the mean, lse + log 2; one side -inf: the other state; both -inf: 0 and -inf, even over NaN rows
+    # equal lse: the mean, lse + log 2; one side -inf: the other state; both -inf: 0 and -inf, even over NaN
+    # rows
     oa = torch.tensor([[[1.0, 3.0]], [[5.0, 5.0]], [[float("nan"), 1.0]], [[2.0, 2.0]]])
     ob = torch.tensor([[[3.0, -1.0]], [[7.0, 9.0]], [[4.0, 6.0]], [[float("nan"), 0.0]]])
     la = torch.tensor([[0.5], [-math.inf], [-math.inf], [-math.inf]])
@@ -133,9 +151,12 @@ def test_merge_by_hand_and_its_infinite_rows():
     assert lse[0, 0].item() == pytest.approx(0.5 + math.log(2))
     assert lse[1:, 0].tolist() == [2.0, 1.0, -math.inf]
     # unequal weights: exp(1) : exp(0)
-    out, lse = lz.merge_attention_states(torch.ones(1, 1, 1), torch.ones(1, 1), torch.zeros(1, 1, 1),
-                                         torch.zeros(1, 1))
-    assert out.item() == pytest.approx(math.e / (math.e + 1)) and lse.item() == pytest.approx(math.log(math.e + 1))
+    out, lse = lz.merge_attention_states(
+        torch.ones(1, 1, 1), torch.ones(1, 1), torch.zeros(1, 1, 1), torch.zeros(1, 1)
+    )
+    assert out.item() == pytest.approx(math.e / (math.e + 1)) and lse.item() == pytest.approx(
+        math.log(math.e + 1)
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -182,7 +203,9 @@ def test_triton_paged_prefill_lse(seed, causal, splits):
 
     layout = "NHD" if seed % 2 else "HND"
     q, cache, tables, lens, cu = case(seed, layout)
-    out, lse = paged_prefill_lse(q, cache, tables, lens, cu, None, causal, layout, num_splits=splits, block_n=16)
+    out, lse = paged_prefill_lse(
+        q, cache, tables, lens, cu, None, causal, layout, num_splits=splits, block_n=16
+    )
     ref_out, ref_lse = oracle(q, cache, tables, lens, cu, layout, causal)
     close(out, ref_out, torch.float32)
     close(lse, ref_lse, torch.float32)
@@ -192,8 +215,8 @@ def test_triton_paged_prefill_lse(seed, causal, splits):
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("causal", [True, False])
 def test_triton_paged_prefill(seed, causal):
-    """``triton.paged_prefill`` (op ``paged_attention``, the prefill kernel without its lse): mixed prefill / append /
-    decode rows with the default sizing, as an engine's eager steps call it."""
+    """``triton.paged_prefill`` (op ``paged_attention``, the prefill kernel without its lse): mixed prefill /
+    append / decode rows with the default sizing, as an engine's eager steps call it."""
     from layerzero.backends.triton.cascade import paged_prefill
 
     layout = "HND" if seed % 2 else "NHD"
@@ -204,14 +227,21 @@ def test_triton_paged_prefill(seed, causal):
 
 @interpreted
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("knobs", [{}, {"block_n": 16, "min_split_tiles": 1},
-                                   {"block_n": 16, "min_split_tiles": 1, "target": 1000}, {"rows": 64}],
-                         ids=["default", "device-split", "many-splits", "rows64"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {},
+        {"block_n": 16, "min_split_tiles": 1},
+        {"block_n": 16, "min_split_tiles": 1, "target": 1000},
+        {"rows": 64},
+    ],
+    ids=["default", "device-split", "many-splits", "rows64"],
+)
 def test_triton_paged_prefill_lse_shared_level(seed, knobs):
     """Cascade's shared level as the engine's decode graphs call it: one "sequence" per batch row (T = B), the
-    groups first (1..9 members: more than one 16-row tile at GQA 2), then empty ones (no rows, no keys), not causal.
-    The kernel finds its work items and sizes its splits on the device; every row must match the oracle (rows of
-    no group: none here, every row is some group's member)."""
+    groups first (1..9 members: more than one 16-row tile at GQA 2), then empty ones (no rows, no keys), not
+    causal. The kernel finds its work items and sizes its splits on the device; every row must match the
+    oracle (rows of no group: none here, every row is some group's member)."""
     from layerzero.backends.triton.cascade import paged_prefill_lse
 
     rnd = random.Random(100 + seed)
@@ -222,9 +252,11 @@ def test_triton_paged_prefill_lse_shared_level(seed, knobs):
     width = max(-(-n // page) for n in prefix)
     g = torch.Generator().manual_seed(seed)
     cache = torch.randn(b * width + 2, 2, page, hkv, d, generator=g)
-    tables = torch.randperm(b * width + 2, generator=g)[:b * width].view(b, width).to(torch.int32)
+    tables = torch.randperm(b * width + 2, generator=g)[: b * width].view(b, width).to(torch.int32)
     q = torch.randn(b, hkv * group, d, generator=g)
-    cu = torch.tensor([0, *torch.tensor(members).cumsum(0).tolist()] + [b] * (b - len(members)), dtype=torch.int32)
+    cu = torch.tensor(
+        [0, *torch.tensor(members).cumsum(0).tolist()] + [b] * (b - len(members)), dtype=torch.int32
+    )
     lens = torch.tensor(prefix, dtype=torch.int32)
     out, lse = paged_prefill_lse(q, cache, tables, lens, cu, None, False, "NHD", **knobs)
     ref_out, ref_lse = oracle(q, cache, tables, lens, cu, "NHD", causal=False)
@@ -233,9 +265,10 @@ def test_triton_paged_prefill_lse_shared_level(seed, knobs):
 
 
 def test_per_sequence_vector_width_is_one_compiled_kernel_up_to_256_sequences():
-    """``B_PAD`` (the kernel's per-sequence vector width) is a compile-time constant: ``seq_pad`` keeps it at 256
-    for every batch of 1..256 sequences (one compiled kernel where ``next_pow2(B)`` made five), then the next power
-    of two, never above ``MAX_SEQS``; the launch passes it (a spy on the launch, under the interpreter when present)."""
+    """``B_PAD`` (the kernel's per-sequence vector width) is a compile-time constant: ``seq_pad`` keeps it at
+    256 for every batch of 1..256 sequences (one compiled kernel where ``next_pow2(B)`` made five), then the
+    next power of two, never above ``MAX_SEQS``; the launch passes it (a spy on the launch, under the
+    interpreter when present)."""
     from layerzero.backends.triton import cascade
 
     assert [cascade.seq_pad(b) for b in (1, 3, 16, 17, 200, 256)] == [256] * 6
@@ -261,8 +294,8 @@ def test_per_sequence_vector_width_is_one_compiled_kernel_up_to_256_sequences():
 
 
 def test_triton_paged_prefill_lse_refuses_too_many_sequences():
-    """Every program holds per-sequence vectors of seq_pad(B) entries: more than MAX_SEQS sequences are refused by
-    the check (a typed reason) and by the kernel entry (a typed error, before any launch)."""
+    """Every program holds per-sequence vectors of seq_pad(B) entries: more than MAX_SEQS sequences are
+    refused by the check (a typed reason) and by the kernel entry (a typed error, before any launch)."""
     from types import SimpleNamespace
 
     from layerzero.backends.triton import cascade
@@ -311,9 +344,9 @@ def test_triton_merge(dtype):
 
 
 def test_non_causal_rows_may_outnumber_keys_and_keys_may_be_absent():
-    """Without a causal mask a sequence may have more query tokens than keys, or no key at all (cascade attention's
-    groups of one with an empty prefix): those rows are 0 with lse -inf, and the others match the oracle; a causal
-    call with q_len > seq_len is still refused."""
+    """Without a causal mask a sequence may have more query tokens than keys, or no key at all (cascade
+    attention's groups of one with an empty prefix): those rows are 0 with lse -inf, and the others match the
+    oracle; a causal call with q_len > seq_len is still refused."""
     g = torch.Generator().manual_seed(9)
     cache = torch.randn(6, 2, 4, 2, 16, generator=g)
     tables = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
@@ -330,15 +363,17 @@ def test_non_causal_rows_may_outnumber_keys_and_keys_may_be_absent():
 
 
 def test_one_query_token_with_cu_seqlens_is_not_a_decode_call():
-    """A call with cu_seqlens_q is never phase DECODE, even with one token (cascade's shared level at batch 1 in a
-    CUDA graph): decode-only kernels, which ignore cu_seqlens_q, must not be picked for it."""
+    """A call with cu_seqlens_q is never phase DECODE, even with one token (cascade's shared level at batch 1
+    in a CUDA graph): decode-only kernels, which ignore cu_seqlens_q, must not be picked for it."""
     from layerzero.core.specs import Phase
     from layerzero.ops import OPS
 
     q, cache, tables, lens, _ = case(1, decode=True)
     for op in ("paged_attention", "paged_attention_lse"):
         prepare, context = OPS[op]
-        key, _ = prepare(q[:1], cache, tables[:1], lens[:1], cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32))
+        key, _ = prepare(
+            q[:1], cache, tables[:1], lens[:1], cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32)
+        )
         assert context(key).phase is Phase.PREFILL
         key, _ = prepare(q[:1], cache, tables[:1], lens[:1])
         assert context(key).phase is Phase.DECODE

@@ -3,7 +3,8 @@
 - >= 200 seeded cases per dtype (float32, bfloat16) of small shapes built for flex: GQA ratios 1/2/4, causal
   with Sq != Sk (top-left), bool and float masks of every broadcast form (with fully masked rows), mask AND
   causal together (which SDPA refuses), custom scale, BHSD/BSHD; the op locked to the kernel with ``lz.lock``.
-- the dynamo-free eager call (``direct_eager``) gives exactly what torch's public eager ``flex_attention`` gives.
+- the dynamo-free eager call (``direct_eager``) gives exactly what torch's public eager ``flex_attention``
+  gives.
 - hand-worked: Sq=2, Sk=3 causal with q = 0 -> uniform weights over the visible keys.
 """
 
@@ -51,8 +52,10 @@ def flex_case(seed: int, dtype: torch.dtype):
     if layout == "BSHD":
         q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     kw = {"attn_mask": mask, "is_causal": causal, "scale": scale, "layout": layout}
-    what = f"seed={seed} b={b} hq={hq} hkv={hkv} sq={sq} sk={sk} d={d} dv={dv} mask={mask_kind}/{form} " \
-           f"dead={dead} causal={causal} scale={scale} {layout}"
+    what = (
+        f"seed={seed} b={b} hq={hq} hkv={hkv} sq={sq} sk={sk} d={d} dv={dv} mask={mask_kind}/{form} "
+        f"dead={dead} causal={causal} scale={scale} {layout}"
+    )
     return q, k, v, kw, what
 
 
@@ -67,8 +70,14 @@ def test_flex_matches_float64_oracle(dtype):
                 assert lz.validate(KERNEL, "attention", q, k, v, **kw) == [], what
                 out = lz.attention(q, k, v, **kw)
                 ran += 1
-                combos.add((kw["attn_mask"] is not None and kw["attn_mask"].dtype == torch.bool,
-                            kw["attn_mask"] is not None, kw["is_causal"], q.shape[1] != k.shape[1]))
+                combos.add(
+                    (
+                        kw["attn_mask"] is not None and kw["attn_mask"].dtype == torch.bool,
+                        kw["attn_mask"] is not None,
+                        kw["is_causal"],
+                        q.shape[1] != k.shape[1],
+                    )
+                )
                 ref = attention_oracle(q, k, v, kw["attn_mask"], kw["is_causal"], kw["scale"], kw["layout"])
                 msg = mismatch(out, ref, dtype, what)
                 if msg:
@@ -91,7 +100,9 @@ def test_direct_eager_equals_public_flex():
 
     eager = direct_eager(fmod)
     assert eager is not None
-    direct = FlexAttention(fmod.flex_attention, fmod.create_block_mask, fmod.BlockMask, compiled=False, eager=eager)
+    direct = FlexAttention(
+        fmod.flex_attention, fmod.create_block_mask, fmod.BlockMask, compiled=False, eager=eager
+    )
     public = FlexAttention(fmod.flex_attention, fmod.create_block_mask, fmod.BlockMask, compiled=False)
     for seed in (1, 2, 3, 5, 8):
         q, k, v, kw, what = flex_case(seed, torch.float32)
@@ -102,7 +113,8 @@ def test_direct_eager_equals_public_flex():
 
 
 def test_causal_top_left_hand_worked():
-    """Sq=2, Sk=3, causal, q = 0: query 0 sees key 0 only, query 1 keys 0 and 1 -> out = [v0, (v0 + v1) / 2]."""
+    """Sq=2, Sk=3, causal, q = 0: query 0 sees key 0 only, query 1 keys 0 and 1 -> out = [v0, (v0 + v1) /
+    2]."""
     q = torch.zeros(1, 1, 2, 8)
     k = torch.randn(1, 1, 3, 8)
     v = torch.tensor([1.0, 3.0, 100.0]).view(1, 1, 3, 1).expand(1, 1, 3, 8).contiguous()
@@ -112,21 +124,26 @@ def test_causal_top_left_hand_worked():
 
 
 def test_gqa_head_mapping():
-    """GQA: KV head j serves query heads j*G..(j+1)*G-1 (G = Hq/Hkv): with Hkv=2, Hq=4 and q=0, heads 0-1 average
-    v[0] and heads 2-3 average v[1]."""
+    """GQA: KV head j serves query heads j*G..(j+1)*G-1 (G = Hq/Hkv): with Hkv=2, Hq=4 and q=0, heads 0-1
+    average v[0] and heads 2-3 average v[1]."""
     q = torch.zeros(1, 4, 3, 16)
     k = torch.randn(1, 2, 5, 16)
     v = torch.stack([torch.full((5, 16), 1.0), torch.full((5, 16), 7.0)]).unsqueeze(0)
     lz.lock("attention", KERNEL)
     out = lz.attention(q, k, v)
-    assert torch.allclose(out[0, :2], torch.ones(2, 3, 16)) and torch.allclose(out[0, 2:], torch.full((2, 3, 16), 7.0))
+    assert torch.allclose(out[0, :2], torch.ones(2, 3, 16)) and torch.allclose(
+        out[0, 2:], torch.full((2, 3, 16), 7.0)
+    )
 
 
 def test_mask_and_causal_fully_masked_row_is_zero():
     """Mask AND causal: query 0 sees key 0 only, which the mask removes -> row 0 is fully masked -> 0."""
     gen = torch.Generator().manual_seed(9)
-    q, k, v = randn((1, 2, 4, 16), gen, "cpu", torch.float32), randn((1, 2, 6, 16), gen, "cpu", torch.float32), \
-        randn((1, 2, 6, 16), gen, "cpu", torch.float32)
+    q, k, v = (
+        randn((1, 2, 4, 16), gen, "cpu", torch.float32),
+        randn((1, 2, 6, 16), gen, "cpu", torch.float32),
+        randn((1, 2, 6, 16), gen, "cpu", torch.float32),
+    )
     mask = torch.ones(4, 6, dtype=torch.bool)
     mask[0, 0] = False
     lz.lock("attention", KERNEL)

@@ -3,10 +3,11 @@
 - 64 seeded cases (float32) against a float64 oracle written here and against ``reference.paged_attention``:
   page sizes 1/8/16/32, NHD and HND, GQA ratios 1/2/4, decode and append (prefill, chunks, empty and length-1
   sequences), causal and not, custom scales; the cache is NaN in every slot no sequence uses (other pages and
-  the tail of each last page) and unread block_tables entries hold garbage ids (-1, N, N + 7): nothing may leak.
+  the tail of each last page) and unread block_tables entries hold garbage ids (-1, N, N + 7): nothing may
+  leak.
 - float16 / bfloat16 / float64 on a subset; the kernel leaves the cache untouched.
-- The CUDA path's block mask (``create_block_mask`` of the same mask_mod) gives the same output on CPU and skips
-  tiles; the inverse page table by hand; duplicate block ids refused on CPU.
+- The CUDA path's block mask (``create_block_mask`` of the same mask_mod) gives the same output on CPU and
+  skips tiles; the inverse page table by hand; duplicate block ids refused on CPU.
 - Routing: opt-in (the default pick is unchanged), ``lz.lock`` serves it, ``lz.explain`` lists it eligible;
   the CUDA rules (SM, float64, head dims, fp32 <= 128) as reasons on fake CUDA contexts.
 """
@@ -38,12 +39,18 @@ F64 = torch.float64
 PAGES = (1, 8, 16, 32)
 NUM_CASES = 64
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
-KERNEL = fp.FlexPagedAttention(flex_module.flex_attention, flex_module.create_block_mask, flex_module.BlockMask,
-                               compiled=False, eager=direct_eager(flex_module))
+KERNEL = fp.FlexPagedAttention(
+    flex_module.flex_attention,
+    flex_module.create_block_mask,
+    flex_module.BlockMask,
+    compiled=False,
+    eager=direct_eager(flex_module),
+)
 
 
 def case(seed: int) -> dict:
-    """Seeded case: cycles page size, layout and phase; GQA 1/2/4; lengths with 0 (append only), 1 and full."""
+    """Seeded case: cycles page size, layout and phase; GQA 1/2/4; lengths with 0 (append only), 1 and
+    full."""
     rng = random.Random(seed * 6007 + 3)
     decode = seed % 2 == 0
     lens = []
@@ -53,17 +60,31 @@ def case(seed: int) -> dict:
             lens.append((1, kv))
         else:
             kind = rng.random()
-            lens.append((0, 0) if kind < 0.15 else (kv, kv) if kind < 0.4 else (rng.randint(0 if kind < 0.5 else 1,
-                                                                                           kv), kv))
-    return dict(page=PAGES[(seed // 2) % 4], layout=("NHD", "HND")[(seed // 8) % 2], decode=decode, lens=lens,
-                hkv=rng.choice((1, 2)), ratio=rng.choice((1, 2, 4)), d=rng.choice((4, 8, 16)),
-                causal=rng.random() < 0.8, scale=rng.choice((None, None, 0.5)), spare_blocks=rng.randint(0, 3),
-                spare_cols=rng.randint(0, 2))
+            lens.append(
+                (0, 0)
+                if kind < 0.15
+                else (kv, kv)
+                if kind < 0.4
+                else (rng.randint(0 if kind < 0.5 else 1, kv), kv)
+            )
+    return dict(
+        page=PAGES[(seed // 2) % 4],
+        layout=("NHD", "HND")[(seed // 8) % 2],
+        decode=decode,
+        lens=lens,
+        hkv=rng.choice((1, 2)),
+        ratio=rng.choice((1, 2, 4)),
+        d=rng.choice((4, 8, 16)),
+        causal=rng.random() < 0.8,
+        scale=rng.choice((None, None, 0.5)),
+        spare_blocks=rng.randint(0, 3),
+        spare_cols=rng.randint(0, 2),
+    )
 
 
 def inputs(seed: int, dtype: torch.dtype = torch.float32):
-    """(q, kv_cache, block_tables, seq_lens, cu_seqlens_q) of ``case(seed)``: NaN everywhere no sequence reads,
-    garbage in unread table entries, shuffled block ids."""
+    """(q, kv_cache, block_tables, seq_lens, cu_seqlens_q) of ``case(seed)``: NaN everywhere no sequence
+    reads, garbage in unread table entries, shuffled block ids."""
     c = case(seed)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -75,8 +96,9 @@ def inputs(seed: int, dtype: torch.dtype = torch.float32):
     p, hkv, d = c["page"], c["hkv"], c["d"]
     shape = (nb, 2, p, hkv, d) if c["layout"] == "NHD" else (nb, 2, hkv, p, d)
     cache = torch.full(shape, float("nan"), dtype=dtype)
-    table = torch.tensor([[rng.choice((-1, nb, nb + 7, 0)) for _ in range(cols)] for _ in c["lens"]],
-                         dtype=torch.int32).reshape(len(c["lens"]), cols)
+    table = torch.tensor(
+        [[rng.choice((-1, nb, nb + 7, 0)) for _ in range(cols)] for _ in c["lens"]], dtype=torch.int32
+    ).reshape(len(c["lens"]), cols)
     for s, ((_, kv), n) in enumerate(zip(c["lens"], need, strict=True)):
         for j in range(n):
             table[s, j] = ids.pop()
@@ -91,14 +113,17 @@ def inputs(seed: int, dtype: torch.dtype = torch.float32):
     tokens = sum(q for q, _ in c["lens"])
     q = torch.randn(tokens, hkv * c["ratio"], d, generator=gen, dtype=F64).to(dtype)
     seq_lens = torch.tensor([kv for _, kv in c["lens"]], dtype=torch.int32)
-    cu = None if c["decode"] else torch.tensor([0, *itertools.accumulate(q for q, _ in c["lens"])],
-                                               dtype=torch.int32)
+    cu = (
+        None
+        if c["decode"]
+        else torch.tensor([0, *itertools.accumulate(q for q, _ in c["lens"])], dtype=torch.int32)
+    )
     return q, cache, table, seq_lens, cu
 
 
 def oracle(seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """float64 attention per sequence, K/V read token by token at ``table[s, t // P] * P + t % P``; bottom-right
-    causal (query i of q_len sees keys j <= kv_len - q_len + i); GQA by head // ratio."""
+    """float64 attention per sequence, K/V read token by token at ``table[s, t // P] * P + t % P``;
+    bottom-right causal (query i of q_len sees keys j <= kv_len - q_len + i); GQA by head // ratio."""
     c = case(seed)
     q, cache, table, seq_lens, cu = inputs(seed, dtype)
     p = c["page"]
@@ -110,13 +135,17 @@ def oracle(seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if ql == 0:
             continue
         slots = [(int(table[s, t // p]), t % p) for t in range(kv)]
-        pick = (lambda b, o, w: cache[b, w, o]) if c["layout"] == "NHD" else (lambda b, o, w: cache[b, w, :, o])
+        pick = (
+            (lambda b, o, w: cache[b, w, o]) if c["layout"] == "NHD" else (lambda b, o, w: cache[b, w, :, o])
+        )
         k = torch.stack([pick(b, o, 0) for b, o in slots]).to(F64)[:, torch.arange(q.shape[1]) // c["ratio"]]
         v = torch.stack([pick(b, o, 1) for b, o in slots]).to(F64)[:, torch.arange(q.shape[1]) // c["ratio"]]
-        scores = torch.einsum("ihd,jhd->hij", q[q0:q0 + ql].to(F64), k) * scale
+        scores = torch.einsum("ihd,jhd->hij", q[q0 : q0 + ql].to(F64), k) * scale
         if c["causal"]:
-            scores = scores.masked_fill(torch.arange(kv)[None] > kv - ql + torch.arange(ql)[:, None], -math.inf)
-        out[q0:q0 + ql] = torch.einsum("hij,jhd->ihd", scores.softmax(-1), v)
+            scores = scores.masked_fill(
+                torch.arange(kv)[None] > kv - ql + torch.arange(ql)[:, None], -math.inf
+            )
+        out[q0 : q0 + ql] = torch.einsum("hij,jhd->ihd", scores.softmax(-1), v)
     return out
 
 
@@ -135,13 +164,16 @@ def close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> bool:
 # ------------------------------------------------------------------------------------------ correctness
 def test_cases_cover_the_grid():
     cs = [case(s) for s in range(NUM_CASES)]
-    assert {(c["page"], c["layout"], c["decode"]) for c in cs} == set(itertools.product(PAGES, ("NHD", "HND"),
-                                                                                        (True, False)))
+    assert {(c["page"], c["layout"], c["decode"]) for c in cs} == set(
+        itertools.product(PAGES, ("NHD", "HND"), (True, False))
+    )
     flat = [(c["decode"], ql, kv) for c in cs for ql, kv in c["lens"]]
     assert any(kv == 0 for _, _, kv in flat) and any(kv == 1 for _, _, kv in flat)
     assert any(not dec and 0 < ql < kv for dec, ql, kv in flat) and any(ql == kv > 1 for _, ql, kv in flat)
     assert {c["ratio"] for c in cs} == {1, 2, 4} and any(not c["causal"] for c in cs)
-    assert any(kv % c["page"] for c in cs for _, kv in c["lens"] if c["page"] > 1), "no partly filled last page"
+    assert any(kv % c["page"] for c in cs for _, kv in c["lens"] if c["page"] > 1), (
+        "no partly filled last page"
+    )
 
 
 @pytest.mark.parametrize("seed", range(NUM_CASES))
@@ -166,15 +198,21 @@ def test_other_dtypes(dtype):
 
 
 def test_cuda_block_mask_path_matches_and_skips_tiles():
-    """The mask built by create_block_mask (the compiled/CUDA path) matches the float64 oracle on CPU, and with many
-    unused pages it marks tiles as skipped (fewer visited KV blocks than columns)."""
-    real = fp.FlexPagedAttention(flex_module.flex_attention, flex_module.create_block_mask, flex_module.BlockMask,
-                                 compiled=False, eager=direct_eager(flex_module))
+    """The mask built by create_block_mask (the compiled/CUDA path) matches the float64 oracle on CPU, and
+    with many unused pages it marks tiles as skipped (fewer visited KV blocks than columns)."""
+    real = fp.FlexPagedAttention(
+        flex_module.flex_attention,
+        flex_module.create_block_mask,
+        flex_module.BlockMask,
+        compiled=False,
+        eager=direct_eager(flex_module),
+    )
     built = []
 
     def create(mask_mod, num_tokens, num_slots, device):
-        bm = flex_module.create_block_mask(mask_mod, None, None, num_tokens, num_slots, device=device,
-                                           BLOCK_SIZE=fp.KV_BLOCK_SIZE)
+        bm = flex_module.create_block_mask(
+            mask_mod, None, None, num_tokens, num_slots, device=device, BLOCK_SIZE=fp.KV_BLOCK_SIZE
+        )
         built.append(bm)
         return bm
 
@@ -185,8 +223,16 @@ def test_cuda_block_mask_path_matches_and_skips_tiles():
     cache = torch.full((64, 2, 16, 1, 8), float("nan"))
     cache[40, :, :3] = torch.randn(2, 3, 1, 8)
     q = torch.randn(1, 2, 8)
-    out = real(q, cache, torch.tensor([[40]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32), None,
-               None, True, "NHD")
+    out = real(
+        q,
+        cache,
+        torch.tensor([[40]], dtype=torch.int32),
+        torch.tensor([3], dtype=torch.int32),
+        None,
+        None,
+        True,
+        "NHD",
+    )
     assert int(built[-1].kv_num_blocks.sum()) + int(built[-1].full_kv_num_blocks.sum()) == 1
     k, v = cache[40, 0, :3, 0], cache[40, 1, :3, 0]  # [3, 8]
     ref = torch.softmax(q[0] @ k.T / math.sqrt(8), -1) @ v
@@ -194,20 +240,29 @@ def test_cuda_block_mask_path_matches_and_skips_tiles():
 
 
 def test_hand_worked_decode():
-    """One KV head, D=1, page 2, keys [0, 0, ln 3] at tokens 0..2 (block 2 then block 0), values [1, 2, 10],
-    q = 1, scale 1: weights 1:1:3 -> (1 + 2 + 30) / 5 = 6.6; NaN in the unused slot (block 0 offset 1), block 1."""
+    """One KV head, D=1, page 2, keys [0, 0, ln 3] at tokens 0..2 (block 2 then block 0), values [1, 2, 10], q
+    = 1, scale 1: weights 1:1:3 -> (1 + 2 + 30) / 5 = 6.6; NaN in the unused slot (block 0 offset 1),
+    block 1."""
     cache = torch.full((3, 2, 2, 1, 1), float("nan"))
     for t, (blk, off) in enumerate([(2, 0), (2, 1), (0, 0)]):
         cache[blk, 0, off] = (0.0, 0.0, math.log(3.0))[t]
         cache[blk, 1, off] = (1.0, 2.0, 10.0)[t]
-    out = KERNEL(torch.ones(1, 1, 1), cache, torch.tensor([[2, 0, 9]], dtype=torch.int32),
-                 torch.tensor([3], dtype=torch.int32), None, 1.0, True, "NHD")
+    out = KERNEL(
+        torch.ones(1, 1, 1),
+        cache,
+        torch.tensor([[2, 0, 9]], dtype=torch.int32),
+        torch.tensor([3], dtype=torch.int32),
+        None,
+        1.0,
+        True,
+        "NHD",
+    )
     assert out.item() == pytest.approx(6.6, rel=1e-6)
 
 
 def test_paged_index_by_hand():
-    """Page 4, N=6: seq 0 uses blocks [5, 1] (len 6), its third entry (garbage 99) is unread; seq 1 (len 0) none;
-    seq 2 uses [1] (len 2: shared prefix block). Append: q_lens 2, 0, 1."""
+    """Page 4, N=6: seq 0 uses blocks [5, 1] (len 6), its third entry (garbage 99) is unread; seq 1 (len 0)
+    none; seq 2 uses [1] (len 2: shared prefix block). Append: q_lens 2, 0, 1."""
     table = torch.tensor([[5, 1, 99], [-1, -1, -1], [1, 77, -5]], dtype=torch.int32)
     lens = torch.tensor([6, 0, 2], dtype=torch.int32)
     cu = torch.tensor([0, 2, 2, 3], dtype=torch.int32)
@@ -223,13 +278,28 @@ def test_paged_index_by_hand():
     assert d_seq.tolist() == [0, 1, 2] and d_pos.tolist() == [5, 0, 1]
     assert d_inv[1].tolist() == [-1, -1, -1, 0, -1, -1]
     with pytest.raises(InvalidInputError, match="distinct block ids"):
-        fp.paged_index(torch.tensor([[3, 3]], dtype=torch.int32), torch.tensor([8], dtype=torch.int32), None, 1,
-                       6, 4, check_duplicates=True)
+        fp.paged_index(
+            torch.tensor([[3, 3]], dtype=torch.int32),
+            torch.tensor([8], dtype=torch.int32),
+            None,
+            1,
+            6,
+            4,
+            check_duplicates=True,
+        )
 
 
 def test_empty_batch_and_unavailable():
-    out = KERNEL(torch.zeros(0, 4, 8), torch.zeros(1, 2, 4, 2, 8), torch.full((2, 1), -1, dtype=torch.int32),
-                 torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32), None, True, "NHD")
+    out = KERNEL(
+        torch.zeros(0, 4, 8),
+        torch.zeros(1, 2, 4, 2, 8),
+        torch.full((2, 1), -1, dtype=torch.int32),
+        torch.zeros(2, dtype=torch.int32),
+        torch.zeros(3, dtype=torch.int32),
+        None,
+        True,
+        "NHD",
+    )
     assert out.shape == (0, 4, 8)
     spec = fp.paged_spec(None, None, "torch is too old")
     with pytest.raises(BackendNotAvailableError, match="torch is too old"):
@@ -259,21 +329,55 @@ def test_opt_in_lock_serves_it_and_explain_lists_it():
 
 def _cuda_ctx(*, sm=(9, 0), dtype=torch.bfloat16, d=128, layout="NHD") -> SelectionContext:
     gen = GPUGeneration.HOPPER if sm >= (9, 0) else GPUGeneration.TURING
-    dev = DeviceSpec(device_type="cuda", index=0, name="Fake GPU", sm=sm, generation=gen,
-                     tensor_core_gen=tensor_core_generation(gen), supports_bf16=sm >= (8, 0),
-                     supports_fp8=sm >= (8, 9), total_memory_bytes=None, multiprocessor_count=None,
-                     torch_version=torch.__version__, cuda_version="13.0", driver_version=None, cudnn_version=None,
-                     cpu_vendor=None, cpu_isa=frozenset())
-    return SelectionContext(op="paged_attention", device=dev, dtype=dtype, batch=4, num_heads_q=8, num_heads_kv=2,
-                            head_dim=d, head_dim_v=d, seq_len_q=1, seq_len_kv=1024, seq_equal=False,
-                            is_causal=True, kv_layout=layout, page_size=16)
+    dev = DeviceSpec(
+        device_type="cuda",
+        index=0,
+        name="Fake GPU",
+        sm=sm,
+        generation=gen,
+        tensor_core_gen=tensor_core_generation(gen),
+        supports_bf16=sm >= (8, 0),
+        supports_fp8=sm >= (8, 9),
+        total_memory_bytes=None,
+        multiprocessor_count=None,
+        torch_version=torch.__version__,
+        cuda_version="13.0",
+        driver_version=None,
+        cudnn_version=None,
+        cpu_vendor=None,
+        cpu_isa=frozenset(),
+    )
+    return SelectionContext(
+        op="paged_attention",
+        device=dev,
+        dtype=dtype,
+        batch=4,
+        num_heads_q=8,
+        num_heads_kv=2,
+        head_dim=d,
+        head_dim_v=d,
+        seq_len_q=1,
+        seq_len_kv=1024,
+        seq_equal=False,
+        is_causal=True,
+        kv_layout=layout,
+        page_size=16,
+    )
 
 
-@pytest.mark.parametrize(("ctx_kw", "code"), [
-    (dict(), None), (dict(dtype=torch.float32, d=128), None), (dict(sm=(7, 5)), R.SM_TOO_OLD),
-    (dict(dtype=torch.float64), R.DTYPE_UNSUPPORTED), (dict(d=8), R.HEAD_DIM_INVALID),
-    (dict(d=512), R.HEAD_DIM_TOO_LARGE), (dict(dtype=torch.float32, d=192), R.HEAD_DIM_TOO_LARGE),
-    (dict(layout="BOGUS"), R.KV_LAYOUT_UNSUPPORTED)])
+@pytest.mark.parametrize(
+    ("ctx_kw", "code"),
+    [
+        (dict(), None),
+        (dict(dtype=torch.float32, d=128), None),
+        (dict(sm=(7, 5)), R.SM_TOO_OLD),
+        (dict(dtype=torch.float64), R.DTYPE_UNSUPPORTED),
+        (dict(d=8), R.HEAD_DIM_INVALID),
+        (dict(d=512), R.HEAD_DIM_TOO_LARGE),
+        (dict(dtype=torch.float32, d=192), R.HEAD_DIM_TOO_LARGE),
+        (dict(layout="BOGUS"), R.KV_LAYOUT_UNSUPPORTED),
+    ],
+)
 def test_cuda_rules_as_reasons(ctx_kw, code):
     RUNTIME.ensure_ready()
     spec = RUNTIME.registry.kernel(fp.PAGED_KERNEL, "paged_attention")

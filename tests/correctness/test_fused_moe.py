@@ -4,11 +4,12 @@
   seeded random cases: T in {0, 1, ragged 2..40}, odd H and I, E 1..8, K 1..E, router weights softmaxed and
   renormalised; float32 within 1e-5, float16 2e-3, bfloat16 2e-2 of the output scale (``_shapes.TOL``).
 - Hand-worked cases: one token and one expert by hand; duplicate expert ids in one row count twice; a zero
-  router weight contributes nothing; non-contiguous inputs (transposed weights, a strided x) give the same result.
+  router weight contributes nothing; non-contiguous inputs (transposed weights, a strided x) give the same
+  result.
 - Hugging Face parity: transformers' ``Qwen3MoeSparseMoeBlock`` (tiny ``Qwen3MoeConfig``, ``norm_topk_prob``
-  on and off) vs ``lz.fused_moe`` on its experts' ``gate_up_proj`` / ``down_proj`` with routing computed the way
-  transformers does (softmax in float32, top-k, renormalise); float32 to 1e-5, bfloat16 both within tolerance of
-  the float64 oracle.
+  on and off) vs ``lz.fused_moe`` on its experts' ``gate_up_proj`` / ``down_proj`` with routing computed the
+  way transformers does (softmax in float32, top-k, renormalise); float32 to 1e-5, bfloat16 both within
+  tolerance of the float64 oracle.
 - The Triton kernel runs through the interpreter in tests/correctness/test_triton_interpret.py.
 """
 
@@ -65,9 +66,17 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[t
     return weights, ids
 
 
-def moe_case(seed: int, dtype: torch.dtype, *, tokens: int | None = None, hidden: int | None = None,
-             inter: int | None = None, experts: int | None = None, top_k: int | None = None,
-             ids_dtype: torch.dtype = torch.int64) -> MoECase:
+def moe_case(
+    seed: int,
+    dtype: torch.dtype,
+    *,
+    tokens: int | None = None,
+    hidden: int | None = None,
+    inter: int | None = None,
+    experts: int | None = None,
+    top_k: int | None = None,
+    ids_dtype: torch.dtype = torch.int64,
+) -> MoECase:
     """A seeded random case; sizes not given are drawn (T in {0, 1, 2..40}, H 1..70 and I 1..50 often odd)."""
     g = torch.Generator().manual_seed(seed)
 
@@ -80,8 +89,8 @@ def moe_case(seed: int, dtype: torch.dtype, *, tokens: int | None = None, hidden
     e = experts or draw(1, 8)
     k = top_k or draw(1, e)
     x = torch.randn(t, h, generator=g).to(dtype)
-    w13 = (torch.randn(e, 2 * i, h, generator=g) / h ** 0.5).to(dtype)
-    w2 = (torch.randn(e, h, i, generator=g) / i ** 0.5).to(dtype)
+    w13 = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(dtype)
+    w2 = (torch.randn(e, h, i, generator=g) / i**0.5).to(dtype)
     weights, ids = route(torch.randn(t, e, generator=g) * 2, k)
     return MoECase(x, w13, w2, weights, ids.to(ids_dtype))
 
@@ -101,8 +110,13 @@ def test_reference_matches_float64_oracle(dtype):
     for seed in range(60):
         c = moe_case(seed, dtype, ids_dtype=torch.int32 if seed % 2 else torch.int64)
         out = reference(*c)
-        msg = mismatch(out, oracle(*c), dtype, f"seed {seed} T={c.x.shape[0]} H={c.x.shape[1]} "
-                                                 f"I={c.w2.shape[2]} E={c.w13.shape[0]} K={c.ids.shape[1]}")
+        msg = mismatch(
+            out,
+            oracle(*c),
+            dtype,
+            f"seed {seed} T={c.x.shape[0]} H={c.x.shape[1]} "
+            f"I={c.w2.shape[2]} E={c.w13.shape[0]} K={c.ids.shape[1]}",
+        )
         if msg:
             failures.append(msg)
     assert not failures, "\n".join(failures)
@@ -157,8 +171,14 @@ def _qwen3_block(hidden: int, inter: int, experts: int, top_k: int, norm_topk_pr
     modeling = pytest.importorskip("transformers.models.qwen3_moe.modeling_qwen3_moe")
     from transformers import Qwen3MoeConfig
 
-    config = Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=inter, num_experts=experts,
-                            num_experts_per_tok=top_k, norm_topk_prob=norm_topk_prob, hidden_act="silu")
+    config = Qwen3MoeConfig(
+        hidden_size=hidden,
+        moe_intermediate_size=inter,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=norm_topk_prob,
+        hidden_act="silu",
+    )
     block = modeling.Qwen3MoeSparseMoeBlock(config).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -167,8 +187,10 @@ def _qwen3_block(hidden: int, inter: int, experts: int, top_k: int, norm_topk_pr
     return block
 
 
-@pytest.mark.parametrize(("hidden", "inter", "experts", "top_k", "norm"), [
-    (32, 16, 8, 2, True), (24, 40, 6, 4, False), (17, 9, 5, 1, True), (40, 24, 4, 4, True)])
+@pytest.mark.parametrize(
+    ("hidden", "inter", "experts", "top_k", "norm"),
+    [(32, 16, 8, 2, True), (24, 40, 6, 4, False), (17, 9, 5, 1, True), (40, 24, 4, 4, True)],
+)
 def test_matches_transformers_qwen3_moe_block_float32(hidden, inter, experts, top_k, norm):
     block = _qwen3_block(hidden, inter, experts, top_k, norm, seed=hidden)
     x = torch.randn(3, 5, hidden, generator=torch.Generator().manual_seed(1))

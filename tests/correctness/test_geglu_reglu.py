@@ -1,11 +1,11 @@
-"""``lz.geglu`` / ``lz.reglu`` kernels on CPU against float64 oracles written from the definitions:
-``gelu(g) = g * Phi(g) = g / 2 * (1 + erf(g / sqrt 2))`` (exact), ``g / 2 * (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``
-(tanh form), ``relu(g) = max(g, 0)``, each times ``up``. Every CPU kernel, locked, on the seeded swiglu cases of
-``_shapes`` (odd intermediate sizes, 0-3 leading dims, fused gate_up halves / transposed / strided inputs, scales
-0.1..30) within ``_shapes.TOL`` per dtype; Hugging Face's activations (``ACT2FN["gelu"]``,
-``["gelu_pytorch_tanh"]``, ``["relu"]``) times up are bit-identical to torch_native (the same torch calls) and, in
-float32/float64, to the reference (in half precision within one rounding: torch's half kernels evaluate the
-activation their own way); a hand-worked row; the typed errors."""
+"""``lz.geglu`` / ``lz.reglu`` kernels on CPU against float64 oracles written from the definitions: ``gelu(g)
+= g * Phi(g) = g / 2 * (1 + erf(g / sqrt 2))`` (exact), ``g / 2 * (1 + tanh(sqrt(2/pi) (g + 0.044715
+g^3)))`` (tanh form), ``relu(g) = max(g, 0)``, each times ``up``. Every CPU kernel, locked, on the seeded
+swiglu cases of ``_shapes`` (odd intermediate sizes, 0-3 leading dims, fused gate_up halves / transposed /
+strided inputs, scales 0.1..30) within ``_shapes.TOL`` per dtype; Hugging Face's activations
+(``ACT2FN["gelu"]``, ``["gelu_pytorch_tanh"]``, ``["relu"]``) times up are bit-identical to torch_native (the
+same torch calls) and, in float32/float64, to the reference (in half precision within one rounding: torch's
+half kernels evaluate the activation their own way); a hand-worked row; the typed errors."""
 
 from __future__ import annotations
 
@@ -68,8 +68,10 @@ def test_cpu_kernels_match_the_float64_oracle(op, approximate, backend, dtype):
     assert not bad, f"{len(bad)} of {MIN_CASES} cases off (tol {TOL[dtype]}): {bad[:3]}"
 
 
-@pytest.mark.parametrize(("op", "approximate", "hf_name"),
-                         [("geglu", "none", "gelu"), ("geglu", "tanh", "gelu_pytorch_tanh"), ("reglu", "none", "relu")])
+@pytest.mark.parametrize(
+    ("op", "approximate", "hf_name"),
+    [("geglu", "none", "gelu"), ("geglu", "tanh", "gelu_pytorch_tanh"), ("reglu", "none", "relu")],
+)
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 def test_hf_activations_are_bit_identical(op, approximate, hf_name, dtype):
     act = pytest.importorskip("transformers.activations").ACT2FN[hf_name]
@@ -88,7 +90,9 @@ def test_hf_activations_are_bit_identical(op, approximate, hf_name, dtype):
 def test_hand_worked_row():
     gate, up = torch.tensor([-2.0, 0.0, 1.0, 3.0], dtype=F64), torch.tensor([1.0, 5.0, 2.0, -1.0], dtype=F64)
     # gelu(1) = 0.5 * (1 + erf(1/sqrt2)) = 0.8413447460685429; gelu(-2) = -2 * Phi(-2) = -0.04550026389635842
-    want = torch.tensor([-0.04550026389635842, 0.0, 2 * 0.8413447460685429, -3 * 0.9986501019683699], dtype=F64)
+    want = torch.tensor(
+        [-0.04550026389635842, 0.0, 2 * 0.8413447460685429, -3 * 0.9986501019683699], dtype=F64
+    )
     torch.testing.assert_close(lz.geglu(gate, up), want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(lz.reglu(gate, up), torch.tensor([0.0, 0.0, 2.0, -3.0], dtype=F64))
 

@@ -60,12 +60,15 @@ def topp_allowed(logits: torch.Tensor, top_p: float, temperature: float, slack: 
     p = probs64(logits, temperature)
     asc = p.sort(-1).values
     suffix = torch.cat((asc.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(asc[:, :1])), -1)  # sum of asc[j:]
-    above = suffix.gather(-1, torch.searchsorted(asc, p * (1 + 1e-9), right=True))  # mass strictly above token
+    above = suffix.gather(
+        -1, torch.searchsorted(asc, p * (1 + 1e-9), right=True)
+    )  # mass strictly above token
     return (above < top_p + slack) | (p >= p.amax(-1, keepdim=True))
 
 
-def run_sampling_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu", n: int = MIN_CASES,
-                        draws: int = 4) -> tuple[int, list[str]]:
+def run_sampling_kernel(
+    op: str, kernel_id: str, dtype: torch.dtype, device="cpu", n: int = MIN_CASES, draws: int = 4
+) -> tuple[int, list[str]]:
     """Lock ``op`` to ``kernel_id``; on ``n`` seeded cases (B 1..8, V 1..32000, temperature 0 ~15%) draw
     ``draws`` times; every token must be in the oracle's allowed set (argmax set for temperature 0 or k = 1)
     and a fresh generator with the same seed must repeat the first draw. Returns (cases run, failures)."""
@@ -75,7 +78,9 @@ def run_sampling_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu
         for seed in range(n):
             rng = random.Random(seed * 2654435761 % 2**32)
             b, v = rng.randint(1, 8), 32000 if seed % 25 == 3 else rng.choice((1, 2, 5, 32, 100, 1000, 4096))
-            logits = randn((b, v), torch.Generator().manual_seed(seed), device, dtype, rng.choice((0.5, 2.0, 8.0)))
+            logits = randn(
+                (b, v), torch.Generator().manual_seed(seed), device, dtype, rng.choice((0.5, 2.0, 8.0))
+            )
             k, p = rng.choice((1, 2, 5, 40, v, v + 3)), rng.choice((1e-6, 0.1, 0.5, 0.9, 0.99, 1.0))
             temp, arg = rng.choice((0.0, 0.3, 1.0, 1.0, 1.7)), k if op == "sample_topk" else p
             if lz.validate(kernel_id, op, logits, arg, temperature=temp):
@@ -84,10 +89,14 @@ def run_sampling_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu
             if temp == 0 or (op == "sample_topk" and k == 1):
                 allowed = argmax_set(logits)
             else:
-                allowed = topk_allowed(logits, k, temp) if op == "sample_topk" else topp_allowed(logits, p, temp)
+                allowed = (
+                    topk_allowed(logits, k, temp) if op == "sample_topk" else topp_allowed(logits, p, temp)
+                )
             gen = torch.Generator(device=device).manual_seed(seed)
             tokens = torch.stack([fn(logits, arg, temperature=temp, generator=gen) for _ in range(draws)], 1)
-            again = fn(logits, arg, temperature=temp, generator=torch.Generator(device=device).manual_seed(seed))
+            again = fn(
+                logits, arg, temperature=temp, generator=torch.Generator(device=device).manual_seed(seed)
+            )
             label = f"seed={seed} B,V={b},{v} k={k} p={p} T={temp}"
             if tokens.dtype != torch.int64 or tokens.shape != (b, draws):
                 failures.append(f"[{label}] tokens {tokens.dtype} {tuple(tokens.shape)}, expected int64 [B]")
@@ -95,9 +104,13 @@ def run_sampling_kernel(op: str, kernel_id: str, dtype: torch.dtype, device="cpu
             bad = ~allowed.gather(1, tokens)
             if bad.any():
                 row, col = bad.nonzero()[0].tolist()
-                failures.append(f"[{label}] drew token {int(tokens[row, col])} outside the allowed set of row {row}")
+                failures.append(
+                    f"[{label}] drew token {int(tokens[row, col])} outside the allowed set of row {row}"
+                )
             if not torch.equal(again, tokens[:, 0]):
-                failures.append(f"[{label}] same generator seed gave {tokens[:, 0].tolist()} then {again.tolist()}")
+                failures.append(
+                    f"[{label}] same generator seed gave {tokens[:, 0].tolist()} then {again.tolist()}"
+                )
     finally:
         lz.unlock(op)
     return ran, failures
@@ -108,7 +121,9 @@ def frequency_error(tokens: torch.Tensor, expected: torch.Tensor, sigmas: float 
     binomial standard deviations per token (and no zero-probability token was drawn), else a description."""
     n, exp = tokens.numel(), expected.cpu().to(F64)
     freq = torch.bincount(tokens.cpu(), minlength=exp.numel()).to(F64) / n
-    off = ((freq - exp).abs() > sigmas * torch.sqrt(exp * (1 - exp) / n).clamp_min(1e-12)) & ((exp > 0) | (freq > 0))
+    off = ((freq - exp).abs() > sigmas * torch.sqrt(exp * (1 - exp) / n).clamp_min(1e-12)) & (
+        (exp > 0) | (freq > 0)
+    )
     if off.any():
         i = int(off.nonzero()[0])
         return f"token {i}: frequency {float(freq[i]):.4f} vs probability {float(exp[i]):.4f} over {n} draws"
@@ -118,7 +133,8 @@ def frequency_error(tokens: torch.Tensor, expected: torch.Tensor, sigmas: float 
 # ============================================================================ default selection vs oracle
 def _default_selection(op: str, dtype: torch.dtype, seeds: range) -> tuple[Counter, list[str]]:
     """Run ``seeds`` cases of ``op`` through default selection; check the chosen kernel validates, is the one
-    lz.trace saw (no runtime fallback), and that the output matches the oracle. Returns (kernels used, failures)."""
+    lz.trace saw (no runtime fallback), and that the output matches the oracle. Returns (kernels used,
+    failures)."""
     served: Counter = Counter()
     failures: list[str] = []
     for seed in seeds:
@@ -129,10 +145,14 @@ def _default_selection(op: str, dtype: torch.dtype, seeds: range) -> tuple[Count
             out = getattr(lz, op)(*call.args, **call.kwargs)
         served[kid] += 1
         if reasons or t.kernels_for(op) != [kid] or t.fallbacks:
-            failures.append(f"[{call.case}] chose {kid} (reasons {reasons}), ran {t.kernels_for(op)}, "
-                            f"fallbacks {t.fallbacks}")
+            failures.append(
+                f"[{call.case}] chose {kid} (reasons {reasons}), ran {t.kernels_for(op)}, "
+                f"fallbacks {t.fallbacks}"
+            )
         ref = call.oracle()
-        for i, (o, r) in enumerate(zip(*((out, ref) if isinstance(ref, tuple) else ((out,), (ref,))), strict=True)):
+        for i, (o, r) in enumerate(
+            zip(*((out, ref) if isinstance(ref, tuple) else ((out,), (ref,))), strict=True)
+        ):
             msg = mismatch(o, r, dtype, f"{kid} output {i}", call.floor)
             if msg:
                 failures.append(f"[{call.case}] {msg}")
@@ -142,7 +162,8 @@ def _default_selection(op: str, dtype: torch.dtype, seeds: range) -> tuple[Count
 @pytest.mark.parametrize("op", ["attention", "rms_norm", "layer_norm", "rope", "qk_norm_rope"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 def test_default_selection_matches_oracle(op, dtype):
-    """80 seeded cases, default selection: the chosen kernel validates, runs without fallback, matches the oracle."""
+    """80 seeded cases, default selection: the chosen kernel validates, runs without fallback, matches the
+    oracle."""
     served, failures = _default_selection(op, dtype, range(20_000, 20_080))
     assert not failures, f"kernels used {dict(served)}\n" + "\n".join(failures[:12])
     if op == "attention":  # mask + causal only the reference runs; the rest goes to a faster SDPA kernel
@@ -181,7 +202,9 @@ def test_norms_hand_worked():
     torch.testing.assert_close(h, torch.tensor([[3.0, 4.0]]))  # rms([3, 4]) = sqrt(12.5)
     torch.testing.assert_close(y, torch.tensor([[3.0, 4.0]]) / math.sqrt(12.5))
     w, b = torch.tensor([2.0, 3.0]), torch.tensor([0.5, -0.5])
-    torch.testing.assert_close(lz.layer_norm(torch.tensor([[1.0, 3.0]]), w, b, 1e-12), torch.tensor([[-1.5, 2.5]]))
+    torch.testing.assert_close(
+        lz.layer_norm(torch.tensor([[1.0, 3.0]]), w, b, 1e-12), torch.tensor([[-1.5, 2.5]])
+    )
 
 
 @pytest.mark.parametrize("layout", ["BHSD", "BSHD"])
@@ -199,16 +222,18 @@ def test_rope_hand_worked_90_degrees(layout):
 
 @pytest.mark.parametrize("layout", ["BHSD", "BSHD"])
 def test_qk_norm_rope_hand_worked(layout):
-    """Head [3, 4, 0, 0] (mean square 25 / 4) normalizes to [1.2, 1.6, 0, 0]; weights [1, 2, 3, 4] give
-    [1.2, 3.2, 0, 0]; a 90-degree NeoX turn of the pairs (x0, x2), (x1, x3) gives [0, 0, 1.2, 3.2]. With R = 2
-    only the GPT-J pair (x0, x1) turns: [-3.2, 1.2, 0, 0]. k has its own weight (all ones): [0, 0, 1.2, 1.6]."""
+    """Head [3, 4, 0, 0] (mean square 25 / 4) normalizes to [1.2, 1.6, 0, 0]; weights [1, 2, 3, 4] give [1.2,
+    3.2, 0, 0]; a 90-degree NeoX turn of the pairs (x0, x2), (x1, x3) gives [0, 0, 1.2, 3.2]. With R = 2 only
+    the GPT-J pair (x0, x1) turns: [-3.2, 1.2, 0, 0]. k has its own weight (all ones): [0, 0, 1.2, 1.6]."""
     x = torch.tensor([3.0, 4.0, 0.0, 0.0], dtype=F64).view(1, 1, 1, 4)
     w, ones = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=F64), torch.ones(4, dtype=F64)
     zeros, one = torch.zeros(1, 4, dtype=F64), torch.ones(1, 4, dtype=F64)
     q, k = lz.qk_norm_rope(x, x, w, ones, zeros, one, eps=1e-300, layout=layout)
     torch.testing.assert_close(q.flatten(), torch.tensor([0.0, 0.0, 1.2, 3.2], dtype=F64))
     torch.testing.assert_close(k.flatten(), torch.tensor([0.0, 0.0, 1.2, 1.6], dtype=F64))
-    q, _ = lz.qk_norm_rope(x, x, w, ones, zeros[:, :2], one[:, :2], eps=1e-300, interleaved=True, layout=layout)
+    q, _ = lz.qk_norm_rope(
+        x, x, w, ones, zeros[:, :2], one[:, :2], eps=1e-300, interleaved=True, layout=layout
+    )
     torch.testing.assert_close(q.flatten(), torch.tensor([-3.2, 1.2, 0.0, 0.0], dtype=F64))
 
 
@@ -275,7 +300,8 @@ def test_topp_never_draws_outside_the_nucleus_and_matches_frequencies():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 def test_random_logits_stay_inside_allowed_sets_and_seed_repeats(dtype):
-    """Random logits: tokens inside the oracle's top-k / nucleus sets; same seed repeats, another seed differs."""
+    """Random logits: tokens inside the oracle's top-k / nucleus sets; same seed repeats, another seed
+    differs."""
     gen = torch.Generator().manual_seed(3)
     logits = (torch.randn(64, 500, generator=gen, dtype=torch.float64) * 4).to(dtype)
     for k in (1, 7, 100):

@@ -1,8 +1,8 @@
-"""Every rms_norm / layer_norm / rope / qk_norm_rope kernel available on this CPU, locked with ``lz.lock``, against float64
-oracles (formulas for the norms, complex multiplication for RoPE) on >= 200 seeded cases per dtype: odd
-hidden sizes 1..5120, 0-3 leading dims, fused residual, bias, float32 weights, sliced / transposed inputs;
-RoPE both styles, partial rotary, gathered / table / position_ids (int64 and int32), BHSD and BSHD, GQA; q/k norm +
-RoPE on the same cases with inputs scaled 0.05-20x."""
+"""Every rms_norm / layer_norm / rope / qk_norm_rope kernel available on this CPU, locked with ``lz.lock``,
+against float64 oracles (formulas for the norms, complex multiplication for RoPE) on >= 200 seeded cases per
+dtype: odd hidden sizes 1..5120, 0-3 leading dims, fused residual, bias, float32 weights, sliced / transposed
+inputs; RoPE both styles, partial rotary, gathered / table / position_ids (int64 and int32), BHSD and BSHD,
+GQA; q/k norm + RoPE on the same cases with inputs scaled 0.05-20x."""
 
 from __future__ import annotations
 
@@ -37,8 +37,15 @@ _ids = lambda x: dname(x) if isinstance(x, torch.dtype) else x  # noqa: E731
 def test_every_cpu_kernel_is_covered():
     """The parametrization found the reference and torch_native norm/rope kernels."""
     ids = {kid for _, kid, _ in PARAMS}
-    expected = {"reference.rms_norm", "torch_native.rms_norm", "reference.layer_norm", "torch_native.layer_norm",
-                "reference.rope", "reference.qk_norm_rope", "torch_native.qk_norm_rope"}
+    expected = {
+        "reference.rms_norm",
+        "torch_native.rms_norm",
+        "reference.layer_norm",
+        "torch_native.layer_norm",
+        "reference.rope",
+        "reference.qk_norm_rope",
+        "torch_native.qk_norm_rope",
+    }
     assert expected <= ids, f"missing CPU kernels: {sorted(expected - ids)}"
 
 
@@ -56,7 +63,9 @@ def test_kernel_matches_float64_oracle(op, kernel_id, dtype, record_property):
 NORM_PARAMS = [p for p in PARAMS if p[0] in ("rms_norm", "layer_norm")]
 
 
-@pytest.mark.parametrize(("op", "kernel_id", "dtype"), [p for p in NORM_PARAMS if p[2] == torch.float16], ids=_ids)
+@pytest.mark.parametrize(
+    ("op", "kernel_id", "dtype"), [p for p in NORM_PARAMS if p[2] == torch.float16], ids=_ids
+)
 def test_float16_values_whose_square_overflows_float16(op, kernel_id, dtype):
     """|x| ~ 1000: x^2 ~ 1e6 > float16 max 65504. Kernels must square in float32, not float16 (which would
     give inf and an all-zero output)."""
@@ -94,12 +103,13 @@ def test_rms_norm_residual_is_the_sum_in_the_input_dtype(op, kernel_id, dtype):
     lz.lock(op, kernel_id)
     y, h = lz.rms_norm(x, torch.ones(2, dtype=dtype), 1e-12, residual=r)
     assert h.dtype == dtype and torch.equal(h, torch.tensor([[3.0, 4.0]], dtype=dtype))
-    expected = torch.tensor([[3.0, 4.0]], dtype=torch.float64) / 12.5 ** 0.5
+    expected = torch.tensor([[3.0, 4.0]], dtype=torch.float64) / 12.5**0.5
     assert mismatch(y, expected, dtype) is None, mismatch(y, expected, dtype)
 
 
-# F.layer_norm (torch 2.13 CPU) takes a weight/bias dtype other than x's only for half x with float32 parameters;
-# the torch_native.layer_norm check must reject the rest (a BUG this test found, fixed in ff2c6b0).
+# F.layer_norm (torch 2.13 CPU) takes a weight/bias dtype other than x's only for half x with float32
+# parameters; the torch_native.layer_norm check must reject the rest (a BUG this test found, fixed in
+# ff2c6b0).
 MIXED_PARAMS = sorted({(op, kid) for op, kid, _ in NORM_PARAMS})
 
 

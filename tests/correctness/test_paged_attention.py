@@ -1,13 +1,14 @@
 """``lz.paged_attention`` / ``lz.reshape_and_cache`` kernels against a float64 oracle written here.
 
 Every paged_attention kernel available on this CPU (``lz.list_kernels``), locked, runs >= 200 seeded cases per
-dtype (fp32, bf16, fp16): page sizes {1, 8, 16, 32}, NHD and HND, GQA ratios 1/2/4/8, decode and append (prefill
-with q_len == kv_len, chunks with q_len < kv_len, empty and length-1 sequences), custom scales. The cache starts as
-all-NaN; only the slots the sequences use get values, so NaN sits in every unused page and in the tail of every
-last page, and unread block_tables entries hold garbage ids (-1, out of range): none of it may reach the output.
-The oracle materializes each sequence's K/V from the cache token by token (slot arithmetic by hand) and computes
-softmax attention in float64 with bottom-right causal alignment. reshape_and_cache: round trips per kernel
-(bitwise), -1 slots untouched, and a prefill + decode serving loop against full causal attention.
+dtype (fp32, bf16, fp16): page sizes {1, 8, 16, 32}, NHD and HND, GQA ratios 1/2/4/8, decode and append
+(prefill with q_len == kv_len, chunks with q_len < kv_len, empty and length-1 sequences), custom scales. The
+cache starts as all-NaN; only the slots the sequences use get values, so NaN sits in every unused page and in
+the tail of every last page, and unread block_tables entries hold garbage ids (-1, out of range): none of it
+may reach the output. The oracle materializes each sequence's K/V from the cache token by token (slot
+arithmetic by hand) and computes softmax attention in float64 with bottom-right causal alignment.
+reshape_and_cache: round trips per kernel (bitwise), -1 slots untouched, and a prefill + decode serving loop
+against full causal attention.
 """
 
 from __future__ import annotations
@@ -76,9 +77,20 @@ def paged_case(seed: int) -> PagedCase:
             lens.append((kv, kv))  # prefill
         else:
             lens.append((rng.randint(0 if kind < 0.55 else 1, kv), kv))  # append a chunk (maybe none)
-    return PagedCase(seed, ("NHD", "HND")[(seed // 2) % 2], PAGE_SIZES[(seed // 4) % 4], rng.choice((1, 2)),
-                     RATIOS[(seed // 16) % 4], rng.choice((4, 8, 13, 32, 64)), tuple(lens), decode,
-                     rng.random() < 0.85, rng.choice((None, None, 0.3, 1.7)), rng.randint(0, 3), rng.randint(0, 2))
+    return PagedCase(
+        seed,
+        ("NHD", "HND")[(seed // 2) % 2],
+        PAGE_SIZES[(seed // 4) % 4],
+        rng.choice((1, 2)),
+        RATIOS[(seed // 16) % 4],
+        rng.choice((4, 8, 13, 32, 64)),
+        tuple(lens),
+        decode,
+        rng.random() < 0.85,
+        rng.choice((None, None, 0.3, 1.7)),
+        rng.randint(0, 3),
+        rng.randint(0, 2),
+    )
 
 
 def _slot(cache: torch.Tensor, layout: str, block: int, offset: int, which: int) -> torch.Tensor:
@@ -88,8 +100,8 @@ def _slot(cache: torch.Tensor, layout: str, block: int, offset: int, which: int)
 
 @functools.lru_cache(maxsize=64)
 def paged_inputs(seed: int, dtype: torch.dtype):
-    """(q, kv_cache, block_tables, seq_lens, cu_seqlens_q or None) of case ``seed``; the cache is NaN except at
-    the slots the sequences use, and unread block_tables entries hold garbage."""
+    """(q, kv_cache, block_tables, seq_lens, cu_seqlens_q or None) of case ``seed``; the cache is NaN except
+    at the slots the sequences use, and unread block_tables entries hold garbage."""
     c = paged_case(seed)
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -101,15 +113,17 @@ def paged_inputs(seed: int, dtype: torch.dtype):
     hq = c.hkv * c.ratio
     shape = (nb, 2, c.page, c.hkv, c.d) if c.layout == "NHD" else (nb, 2, c.hkv, c.page, c.d)
     cache = torch.full(shape, float("nan"), dtype=dtype)
-    table = torch.tensor([[rng.choice((-1, nb, nb + 7, 0)) for _ in range(max_blocks)] for _ in c.lens],
-                         dtype=torch.int32).reshape(len(c.lens), max_blocks)
+    table = torch.tensor(
+        [[rng.choice((-1, nb, nb + 7, 0)) for _ in range(max_blocks)] for _ in c.lens], dtype=torch.int32
+    ).reshape(len(c.lens), max_blocks)
     for s, ((_, kv), n) in enumerate(zip(c.lens, need, strict=True)):
         for j in range(n):
             table[s, j] = ids.pop()
         for t in range(kv):
             for which in (0, 1):
                 _slot(cache, c.layout, int(table[s, t // c.page]), t % c.page, which).copy_(
-                    torch.randn(c.hkv, c.d, generator=gen, dtype=F64).to(dtype))
+                    torch.randn(c.hkv, c.d, generator=gen, dtype=F64).to(dtype)
+                )
     tokens = sum(q for q, _ in c.lens)
     q = torch.randn(tokens, hq, c.d, generator=gen, dtype=F64).to(dtype)
     seq_lens = torch.tensor([kv for _, kv in c.lens], dtype=torch.int32)
@@ -120,8 +134,9 @@ def paged_inputs(seed: int, dtype: torch.dtype):
 
 
 def paged_oracle(q, cache, table, seq_lens, cu, layout, scale, causal) -> torch.Tensor:
-    """float64 paged attention: K/V of each sequence gathered token by token from its blocks (slot arithmetic by
-    hand); query head h reads KV head h // (Hq / Hkv); query i of q_len attends keys j <= kv_len - q_len + i."""
+    """float64 paged attention: K/V of each sequence gathered token by token from its blocks (slot arithmetic
+    by hand); query head h reads KV head h // (Hq / Hkv); query i of q_len attends keys j <= kv_len - q_len +
+    i."""
     tokens, hq, d = q.shape
     page = cache.shape[2] if layout == "NHD" else cache.shape[3]
     lens = seq_lens.tolist()
@@ -153,8 +168,12 @@ def _oracle(seed: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------ paged_attention
-PARAMS = [(k["kernel_id"], dt) for k in lz.list_kernels("paged_attention") for dt in DTYPES
-          if k["available"] and "cpu" in k["device_types"] and dname(dt) in k["dtypes"]]
+PARAMS = [
+    (k["kernel_id"], dt)
+    for k in lz.list_kernels("paged_attention")
+    for dt in DTYPES
+    if k["available"] and "cpu" in k["device_types"] and dname(dt) in k["dtypes"]
+]
 
 
 def test_every_cpu_paged_kernel_is_covered():
@@ -170,14 +189,21 @@ def test_cases_cover_every_feature():
     assert len(combos) == len(PAGE_SIZES) * 2 * len(RATIOS) * 2
     flat = [(c.decode, ql, kv) for c in cases for ql, kv in c.lens]
     assert any(not dec and kv == 0 for dec, _, kv in flat), "no empty sequence"
-    assert any(dec and kv == 1 for dec, _, kv in flat) and any(not dec and kv == 1 == ql for dec, ql, kv in flat)
-    assert any(not dec and 0 < ql < kv for dec, ql, kv in flat) and any(not dec and ql == kv > 1 for dec, ql, kv
-                                                                         in flat)
+    assert any(dec and kv == 1 for dec, _, kv in flat) and any(
+        not dec and kv == 1 == ql for dec, ql, kv in flat
+    )
+    assert any(not dec and 0 < ql < kv for dec, ql, kv in flat) and any(
+        not dec and ql == kv > 1 for dec, ql, kv in flat
+    )
     assert any(not c.causal for c in cases) and any(c.scale is not None for c in cases)
-    assert any(any(kv % c.page for _, kv in c.lens) for c in cases if c.page > 1), "no partly filled last page"
+    assert any(any(kv % c.page for _, kv in c.lens) for c in cases if c.page > 1), (
+        "no partly filled last page"
+    )
 
 
-@pytest.mark.parametrize(("kernel_id", "dtype"), PARAMS, ids=lambda x: dname(x) if isinstance(x, torch.dtype) else x)
+@pytest.mark.parametrize(
+    ("kernel_id", "dtype"), PARAMS, ids=lambda x: dname(x) if isinstance(x, torch.dtype) else x
+)
 def test_paged_kernel_matches_float64_oracle(kernel_id, dtype):
     """Locked kernel vs the float64 oracle on >= 200 seeded cases; NaN-poisoned unused pages/slots and garbage
     unread block_tables entries must not leak; every call traced to the kernel."""
@@ -191,8 +217,10 @@ def test_paged_kernel_matches_float64_oracle(kernel_id, dtype):
                 c = paged_case(seed)
                 q, cache, table, seq_lens, cu = paged_inputs(seed, dtype)
                 kw = dict(cu_seqlens_q=cu, scale=c.scale, is_causal=c.causal, kv_layout=c.layout)
-                codes = [r.code.value for r in lz.validate(kernel_id, "paged_attention", q, cache, table,
-                                                           seq_lens, **kw)]
+                codes = [
+                    r.code.value
+                    for r in lz.validate(kernel_id, "paged_attention", q, cache, table, seq_lens, **kw)
+                ]
                 if codes:
                     for code in codes:
                         skipped[code] = skipped.get(code, 0) + 1
@@ -220,12 +248,20 @@ def test_output_dtype_shape_and_empty_batch():
     q, cache, table, seq_lens, cu = paged_inputs(1, torch.bfloat16)
     out = lz.paged_attention(q, cache, table, seq_lens, cu_seqlens_q=cu, kv_layout=paged_case(1).layout)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
-    empty = lz.paged_attention(torch.zeros(0, 4, 8), torch.zeros(1, 2, 4, 2, 8), torch.zeros(0, 3, dtype=torch.int32),
-                               torch.zeros(0, dtype=torch.int32))
+    empty = lz.paged_attention(
+        torch.zeros(0, 4, 8),
+        torch.zeros(1, 2, 4, 2, 8),
+        torch.zeros(0, 3, dtype=torch.int32),
+        torch.zeros(0, dtype=torch.int32),
+    )
     assert empty.shape == (0, 4, 8)
-    only_empty = lz.paged_attention(torch.zeros(0, 4, 8), torch.zeros(1, 2, 4, 2, 8),
-                                    torch.full((2, 1), -1, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
-                                    cu_seqlens_q=torch.zeros(3, dtype=torch.int32))
+    only_empty = lz.paged_attention(
+        torch.zeros(0, 4, 8),
+        torch.zeros(1, 2, 4, 2, 8),
+        torch.full((2, 1), -1, dtype=torch.int32),
+        torch.zeros(2, dtype=torch.int32),
+        cu_seqlens_q=torch.zeros(3, dtype=torch.int32),
+    )
     assert only_empty.shape == (0, 4, 8)
 
 
@@ -236,7 +272,12 @@ def test_hand_worked_decode():
     for t, (blk, off) in enumerate([(2, 0), (2, 1), (0, 0)]):
         cache[blk, 0, off] = (0.0, 0.0, math.log(3.0))[t]
         cache[blk, 1, off] = (1.0, 2.0, 10.0)[t]
-    args = (torch.ones(1, 1, 1), cache, torch.tensor([[2, 0]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32))
+    args = (
+        torch.ones(1, 1, 1),
+        cache,
+        torch.tensor([[2, 0]], dtype=torch.int32),
+        torch.tensor([3], dtype=torch.int32),
+    )
     for kid in sorted(BROAD):
         with lz.trace() as tr:
             lz.lock("paged_attention", kid)
@@ -256,13 +297,19 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reshape_and_cache_round_trip(kernel_id, layout, dtype):
     """Write tokens at random distinct slots (some -1): each written slot reads back bit-exactly as its input
-    token (read by the layout's definition), every other element of the cache keeps its bits (NaN included)."""
+    token (read by the layout's definition), every other element of the cache keeps its bits (NaN
+    included)."""
     lz.lock("reshape_and_cache", kernel_id)
     try:
         for seed in range(12):
             rng = random.Random(seed)
             gen = torch.Generator().manual_seed(seed)
-            nb, page, hkv, d = rng.randint(1, 5), rng.choice(PAGE_SIZES), rng.choice((1, 2, 4)), rng.choice((3, 8))
+            nb, page, hkv, d = (
+                rng.randint(1, 5),
+                rng.choice(PAGE_SIZES),
+                rng.choice((1, 2, 4)),
+                rng.choice((3, 8)),
+            )
             n = rng.randint(0, min(nb * page, 20))
             slots = rng.sample(range(nb * page), n)
             slots = [s if rng.random() < 0.75 else -1 for s in slots]
@@ -282,7 +329,9 @@ def test_reshape_and_cache_round_trip(kernel_id, layout, dtype):
                         got = _slot(cache, layout, s // page, s % page, which)
                         assert torch.equal(_bits(got), _bits(src[t])), (seed, t, s, which)
                         _slot(expect, layout, s // page, s % page, which).copy_(src[t])
-            assert torch.equal(_bits(cache), _bits(expect)), f"seed {seed}: a slot other than the written ones changed"
+            assert torch.equal(_bits(cache), _bits(expect)), (
+                f"seed {seed}: a slot other than the written ones changed"
+            )
     finally:
         lz.unlock("reshape_and_cache")
 
@@ -300,9 +349,9 @@ def test_all_skipped_slots_leave_cache_untouched(kernel_id):
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_serving_loop_matches_full_causal_attention(layout):
-    """Prefill a 2-token prompt and a 5-token prompt (chunked 3 + 2) through reshape_and_cache + paged_attention,
-    then decode 3 steps: every output row equals the matching row of full causal attention over the whole
-    sequence (float64), which pins down the bottom-right causal alignment."""
+    """Prefill a 2-token prompt and a 5-token prompt (chunked 3 + 2) through reshape_and_cache +
+    paged_attention, then decode 3 steps: every output row equals the matching row of full causal attention
+    over the whole sequence (float64), which pins down the bottom-right causal alignment."""
     gen = torch.Generator().manual_seed(3)
     hkv, hq, d, page = 2, 4, 8, 2
     total = [2 + 3, 5 + 3]
@@ -317,7 +366,9 @@ def test_serving_loop_matches_full_causal_attention(layout):
 
     def step(spans):  # spans: per sequence (start, stop) of the new tokens
         toks = [(s, t) for s, (a, b) in enumerate(spans) for t in range(a, b)]
-        pad = torch.full((1, hkv, d), float("nan"), dtype=F64)  # a padding token (slot -1) must not be written
+        pad = torch.full(
+            (1, hkv, d), float("nan"), dtype=F64
+        )  # a padding token (slot -1) must not be written
         k = torch.cat([torch.stack([ks[s][t] for s, t in toks]), pad])
         v = torch.cat([torch.stack([vs[s][t] for s, t in toks]), pad])
         lz.reshape_and_cache(k, v, cache, torch.tensor([slot(s, t) for s, t in toks] + [-1]), layout)
@@ -335,8 +386,9 @@ def test_serving_loop_matches_full_causal_attention(layout):
         got.update(step([(2 + i, 3 + i), (5 + i, 6 + i)]))
     for s in range(2):
         k, v = ks[s].repeat_interleave(hq // hkv, 1), vs[s].repeat_interleave(hq // hkv, 1)
-        ref = torch.nn.functional.scaled_dot_product_attention(qs[s].transpose(0, 1), k.transpose(0, 1),
-                                                               v.transpose(0, 1), is_causal=True).transpose(0, 1)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            qs[s].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+        ).transpose(0, 1)
         for t in range(total[s]):
             torch.testing.assert_close(got[(s, t)], ref[t], rtol=1e-10, atol=1e-10)
 
@@ -352,9 +404,19 @@ def test_paged_kernels_on_cuda(kernel_id, dtype):
     try:
         for seed in range(100):
             c = paged_case(seed)
-            q, cache, table, seq_lens, cu = (None if t is None else t.cuda() for t in paged_inputs(seed, dtype))
-            out = lz.paged_attention(q, cache, table, seq_lens, cu_seqlens_q=cu, scale=c.scale, is_causal=c.causal,
-                                     kv_layout=c.layout)
+            q, cache, table, seq_lens, cu = (
+                None if t is None else t.cuda() for t in paged_inputs(seed, dtype)
+            )
+            out = lz.paged_attention(
+                q,
+                cache,
+                table,
+                seq_lens,
+                cu_seqlens_q=cu,
+                scale=c.scale,
+                is_causal=c.causal,
+                kv_layout=c.layout,
+            )
             torch.cuda.synchronize()
             msg = mismatch(out.cpu(), _oracle(seed, dtype), dtype, f"{c}")
             if msg:

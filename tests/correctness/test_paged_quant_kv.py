@@ -1,14 +1,16 @@
 """Quantized paged KV caches (float8_e4m3fn, int8 with per-tensor scales) against oracles written here.
 
 - ``lz.reshape_and_cache`` writes exactly ``round_to_format(x / scale)``: fp8 compared with torch's own cast
-  ``(x / s).to(torch.float8_e4m3fn)`` (and saturation at +-448), int8 with Python's ``round`` (half to even) and a
-  clamp to [-127, 127], per cache kernel; -1 slots and unused slots untouched.
-- ``lz.paged_attention`` over a quantized cache, every kernel that reads one locked: equal to a float64 oracle over
-  the DEQUANTIZED cache (stored codes x scale, token by token, by hand) within float32 tolerance (the quantization
-  error is in the oracle, so only kernel arithmetic is left).
+  ``(x / s).to(torch.float8_e4m3fn)`` (and saturation at +-448), int8 with Python's ``round`` (half to even)
+  and a clamp to [-127, 127], per cache kernel; -1 slots and unused slots untouched.
+- ``lz.paged_attention`` over a quantized cache, every kernel that reads one locked: equal to a float64 oracle
+  over the DEQUANTIZED cache (stored codes x scale, token by token, by hand) within float32 tolerance (the
+  quantization error is in the oracle, so only kernel arithmetic is left).
 - quantized vs unquantized: the attention output differs by at most the bound the format implies (derived in
-  :func:`_fp8_bound`: e4m3's relative rounding error 2^-4 per element, 2^-10 * scale absolute in the subnormals).
-- kernels that cannot read a quantized cache are refused with ``KV_CACHE_DTYPE_UNSUPPORTED`` in ``lz.explain``.
+  :func:`_fp8_bound`: e4m3's relative rounding error 2^-4 per element, 2^-10 * scale absolute in the
+  subnormals).
+- kernels that cannot read a quantized cache are refused with ``KV_CACHE_DTYPE_UNSUPPORTED`` in
+  ``lz.explain``.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ ATTN_KERNELS = ("reference.paged_attention", "torch_sdpa.paged_attention")
 CACHE_KERNELS = ("reference.reshape_and_cache", "torch_native.reshape_and_cache")
 REFUSED = ("flex_attention.paged_attention", "flashinfer.paged_attention")
 TRITON_READERS = ("triton.paged_decode", "triton.paged_prefill", "triton.reshape_and_cache")
-"""Our Triton kernels read / write quantized caches (CUDA only: on CPU they are refused for the device, never for
-the cache dtype)."""
+"""Our Triton kernels read / write quantized caches (CUDA only: on CPU they are refused for the device, never
+for the cache dtype)."""
 
 
 @contextlib.contextmanager
@@ -53,7 +55,8 @@ def _nhd(cache: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def _int8_codes(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """Hand rounding of the float32 quotient x / scale: Python's round() is half to even; clamp to [-127, 127]."""
+    """Hand rounding of the float32 quotient x / scale: Python's round() is half to even; clamp to [-127,
+    127]."""
     quot = x.float() / torch.tensor(scale, dtype=torch.float32)
     vals = [max(-127, min(127, round(a))) for a in quot.flatten().tolist()]
     return torch.tensor(vals, dtype=torch.int8).reshape(x.shape)
@@ -89,8 +92,15 @@ def test_write_is_round_to_format(kernel, dtype, layout, tensor_scale):
     cache.copy_(sentinel)
     slots = torch.tensor([5, -1, 0, 11, 2, -1])
     with locked("reshape_and_cache", kernel):
-        lz.reshape_and_cache(k, v, cache, slots, layout, k_scale=_scale_arg(ks, tensor_scale),
-                             v_scale=_scale_arg(vs, tensor_scale))
+        lz.reshape_and_cache(
+            k,
+            v,
+            cache,
+            slots,
+            layout,
+            k_scale=_scale_arg(ks, tensor_scale),
+            v_scale=_scale_arg(vs, tensor_scale),
+        )
     view = _nhd(cache, layout)
     written = set()
     for t, slot in enumerate(slots.tolist()):
@@ -113,8 +123,9 @@ def test_write_is_round_to_format(kernel, dtype, layout, tensor_scale):
 
 # ------------------------------------------------------------------------------------------ attention
 def _fill(layout, dtype, page, hkv, d, lens, seed, ks, vs, nblocks=None):
-    """A cache of ``dtype`` holding every sequence's K/V (written through lz.reshape_and_cache, reference kernel),
-    unused slots left as NaN (float caches) / garbage codes; returns cache, block_tables, the raw float K/V."""
+    """A cache of ``dtype`` holding every sequence's K/V (written through lz.reshape_and_cache, reference
+    kernel), unused slots left as NaN (float caches) / garbage codes; returns cache, block_tables, the raw
+    float K/V."""
     g = torch.Generator().manual_seed(seed)
     need = [(kv + page - 1) // page for _, kv in lens]
     nblocks = nblocks or sum(need) + 3
@@ -124,7 +135,7 @@ def _fill(layout, dtype, page, hkv, d, lens, seed, ks, vs, nblocks=None):
     ks_raw, vs_raw, slots = [], [], []
     for s, (_, kv) in enumerate(lens):
         ids = [perm.pop() for _ in range(need[s])]
-        bt[s, :need[s]] = torch.tensor(ids, dtype=torch.int32)
+        bt[s, : need[s]] = torch.tensor(ids, dtype=torch.int32)
         slots += [ids[t // page] * page + t % page for t in range(kv)]
         ks_raw.append(torch.randn(kv, hkv, d, generator=g) * 1.5)
         vs_raw.append(torch.randn(kv, hkv, d, generator=g) * 1.5)
@@ -136,14 +147,20 @@ def _fill(layout, dtype, page, hkv, d, lens, seed, ks, vs, nblocks=None):
     k_all, v_all = torch.cat(ks_raw), torch.cat(vs_raw)
     kw = {} if dtype not in QDTYPES else {"k_scale": ks, "v_scale": vs}
     with locked("reshape_and_cache", "reference.reshape_and_cache"):
-        lz.reshape_and_cache(k_all.to(torch.float32), v_all.to(torch.float32), cache,
-                             torch.tensor(slots, dtype=torch.int64), layout, **kw)
+        lz.reshape_and_cache(
+            k_all.to(torch.float32),
+            v_all.to(torch.float32),
+            cache,
+            torch.tensor(slots, dtype=torch.int64),
+            layout,
+            **kw,
+        )
     return cache, bt, ks_raw, vs_raw
 
 
 def _oracle(q, cache, bt, lens, layout, ks, vs, causal, decode):
-    """float64 attention over the dequantized cache: each token's stored codes read back by slot arithmetic (by
-    hand) and multiplied by the scale."""
+    """float64 attention over the dequantized cache: each token's stored codes read back by slot arithmetic
+    (by hand) and multiplied by the scale."""
     view = _nhd(cache, layout)
     page = view.shape[2]
     quant = cache.dtype in QDTYPES
@@ -163,12 +180,12 @@ def _oracle(q, cache, bt, lens, layout, ks, vs, causal, decode):
         k, v = torch.stack(keys), torch.stack(vals)  # [kv, Hkv, D]
         grp = hq // k.shape[1]
         k, v = k.repeat_interleave(grp, 1), v.repeat_interleave(grp, 1)
-        qs = q[t0:t0 + ql].to(F64)
+        qs = q[t0 : t0 + ql].to(F64)
         sc = torch.einsum("qhd,khd->hqk", qs, k) / math.sqrt(d)
         if causal:
             i = torch.arange(ql)[:, None]
             sc = sc.masked_fill(torch.arange(kv)[None] > kv - ql + i, float("-inf"))
-        out[t0:t0 + ql] = torch.einsum("hqk,khd->qhd", sc.softmax(-1), v)
+        out[t0 : t0 + ql] = torch.einsum("hqk,khd->qhd", sc.softmax(-1), v)
         t0 += ql
     return out
 
@@ -194,11 +211,22 @@ def test_attention_matches_dequantized_oracle(kernel, dtype, case, tensor_scale)
     nq = len(lens) if decode else sum(ql for ql, _ in lens)
     q = torch.randn(nq, hkv * ratio, d, generator=g)
     seq = torch.tensor([kv for _, kv in lens], dtype=torch.int32)
-    cu = None if decode else torch.tensor([0] + list(torch.tensor([ql for ql, _ in lens]).cumsum(0)),
-                                          dtype=torch.int32)
+    cu = (
+        None
+        if decode
+        else torch.tensor([0] + list(torch.tensor([ql for ql, _ in lens]).cumsum(0)), dtype=torch.int32)
+    )
     with locked("paged_attention", kernel):
-        out = lz.paged_attention(q, cache, bt, seq, cu_seqlens_q=cu, kv_layout=layout,
-                                 k_scale=_scale_arg(ks, tensor_scale), v_scale=_scale_arg(vs, tensor_scale))
+        out = lz.paged_attention(
+            q,
+            cache,
+            bt,
+            seq,
+            cu_seqlens_q=cu,
+            kv_layout=layout,
+            k_scale=_scale_arg(ks, tensor_scale),
+            v_scale=_scale_arg(vs, tensor_scale),
+        )
     ref = _oracle(q, cache, bt, lens, layout, ks, vs, True, decode)
     assert out.dtype == torch.float32 and out.shape == q.shape
     assert torch.isfinite(out).all()
@@ -218,7 +246,9 @@ def test_attention_q_dtypes(qdtype):
     for kernel in ATTN_KERNELS:
         kw = dict(cu_seqlens_q=cu, k_scale=0.5, v_scale=0.5)
         codes = {r.code for r in lz.validate(kernel, "paged_attention", q, cache, bt, seq, **kw)}
-        if codes == {ReasonCode.PLATFORM_UNSUPPORTED}:  # bf16 SDPA on an AMX CPU forced below AVX-512 (torch_sdpa)
+        if codes == {
+            ReasonCode.PLATFORM_UNSUPPORTED
+        }:  # bf16 SDPA on an AMX CPU forced below AVX-512 (torch_sdpa)
             continue
         with locked("paged_attention", kernel):
             out = lz.paged_attention(q, cache, bt, seq, **kw)
@@ -229,12 +259,12 @@ def test_attention_q_dtypes(qdtype):
 
 
 def _fp8_bound(q, k, v, ks, vs, scale):
-    """Bound on |attn(q, K', V') - attn(q, K, V)| per output element for e4m3 storage of K, V (one sequence, decode,
-    GQA-repeated K/V ``[kv, Hq, D]``). Each stored element x' = s * round(x / s): |x' - x| <= 2^-4 |x| (3 mantissa
-    bits, round to nearest) for normals and <= 2^-10 s in the subnormal range (step 2^-9 s), so
-    |dx| <= 2^-4 |x| + 2^-10 s. Scores move by at most eps_j = scale * sum_d |q_d| |dk_jd|; with eps = max_j eps_j
-    every softmax weight moves by at most p_j (e^{2 eps} - 1), hence
-    |o' - o| <= max_j |dv_j| + (e^{2 eps} - 1) * max_j |v'_j| (per head and dim)."""
+    """Bound on |attn(q, K', V') - attn(q, K, V)| per output element for e4m3 storage of K, V (one sequence,
+    decode, GQA-repeated K/V ``[kv, Hq, D]``). Each stored element x' = s * round(x / s): |x' - x| <= 2^-4 |x|
+    (3 mantissa bits, round to nearest) for normals and <= 2^-10 s in the subnormal range (step 2^-9 s),
+    so |dx| <= 2^-4 |x| + 2^-10 s. Scores move by at most eps_j = scale * sum_d |q_d| |dk_jd|; with eps =
+    max_j eps_j every softmax weight moves by at most p_j (e^{2 eps} - 1), hence |o' - o| <= max_j |dv_j| +
+    (e^{2 eps} - 1) * max_j |v'_j| (per head and dim)."""
     dk = k.abs() * 2**-4 + 2**-10 * ks  # [kv, Hq, D]
     dv = v.abs() * 2**-4 + 2**-10 * vs
     eps = (scale * torch.einsum("hd,khd->kh", q.abs(), dk)).amax(0)  # [Hq]
@@ -269,8 +299,8 @@ def test_fp8_vs_unquantized_within_format_bound():
 
 
 def test_int8_vs_unquantized_within_half_step():
-    """int8 with scale s: each stored value within s/2 of the original (V), so with K unquantized-equivalent the
-    output error is bounded by the same argument as fp8 with |dx| <= s/2."""
+    """int8 with scale s: each stored value within s/2 of the original (V), so with K unquantized-equivalent
+    the output error is bounded by the same argument as fp8 with |dx| <= s/2."""
     lens = ((1, 40), (1, 9))
     k_amax = 1.5 * 5
     ks = vs = k_amax / 127
@@ -300,7 +330,9 @@ def test_kernels_without_quantized_reads_are_refused(dtype):
     ids = {c.kernel_id for c in report.candidates}
     for kid in REFUSED:
         if kid in ids:
-            assert ReasonCode.KV_CACHE_DTYPE_UNSUPPORTED in {r.code for r in report.candidate(kid).reasons}, kid
+            assert ReasonCode.KV_CACHE_DTYPE_UNSUPPORTED in {r.code for r in report.candidate(kid).reasons}, (
+                kid
+            )
     # the constraint alone (a CUDA-only kernel's other reasons aside), on every registered paged kernel
     ctx = report.context
     for spec in RUNTIME.registry.for_op("paged_attention"):
@@ -309,7 +341,8 @@ def test_kernels_without_quantized_reads_are_refused(dtype):
     unq = dataclasses.replace(ctx, kv_dtype=None)
     for spec in RUNTIME.registry.for_op("paged_attention"):
         assert ReasonCode.KV_CACHE_DTYPE_UNSUPPORTED not in {r.code for r in check_constraints(spec, unq)}
-    # cache writes: on CPU the reference / torch_native writers; the Triton writer is refused for the device only
+    # cache writes: on CPU the reference / torch_native writers; the Triton writer is refused for the device
+    # only
     k = torch.randn(2, 2, 16)
     rep = lz.explain("reshape_and_cache", k, k, cache, torch.tensor([0, 1]))
     assert rep.chosen in CACHE_KERNELS
@@ -323,6 +356,10 @@ def test_kernels_without_quantized_reads_are_refused(dtype):
 def test_lock_on_refusing_kernel_raises():
     cache = lz.allocate_kv_cache(2, 4, 1, 16, FP8)
     q = torch.randn(1, 1, 16)
-    with locked("paged_attention", "flex_attention.paged_attention"), \
-            pytest.raises(lz.NoKernelFoundError, match="KV_CACHE_DTYPE_UNSUPPORTED"):
-        lz.paged_attention(q, cache, torch.tensor([[0]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32))
+    with (
+        locked("paged_attention", "flex_attention.paged_attention"),
+        pytest.raises(lz.NoKernelFoundError, match="KV_CACHE_DTYPE_UNSUPPORTED"),
+    ):
+        lz.paged_attention(
+            q, cache, torch.tensor([[0]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+        )

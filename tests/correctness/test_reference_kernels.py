@@ -347,7 +347,9 @@ def test_rope_interleaved_vs_complex_oracle_and_partial(rot_dim):
     # half-rotation partial rotary == full rotation of the first R dims (GPT-NeoX rotary_pct)
     cos_h, sin_h = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
     half_q, _ = rope(q, k, cos_h, sin_h, layout="BSHD")
-    full_q, _ = rope(q[..., :rot_dim].contiguous(), k[..., :rot_dim].contiguous(), cos_h, sin_h, layout="BSHD")
+    full_q, _ = rope(
+        q[..., :rot_dim].contiguous(), k[..., :rot_dim].contiguous(), cos_h, sin_h, layout="BSHD"
+    )
     assert torch.equal(half_q[..., :rot_dim], full_q) and torch.equal(half_q[..., rot_dim:], q[..., rot_dim:])
 
 
@@ -361,7 +363,9 @@ def test_rope_low_precision_and_errors():
     ref, _ = rope(q.bfloat16().double(), q.double(), cos.double(), sin.double())
     torch.testing.assert_close(out_bf.double(), ref, atol=2e-2, rtol=1e-2)
     gathered = cos[None].expand(1, 5, 16)
-    with pytest.raises(InvalidInputError, match=r"position_ids with an already gathered cos.*expected position_ids=None"):
+    with pytest.raises(
+        InvalidInputError, match=r"position_ids with an already gathered cos.*expected position_ids=None"
+    ):
         rope(q, q, gathered, gathered, position_ids=torch.zeros(1, 5, dtype=torch.int64))
     with pytest.raises(InvalidInputError, match="layout: expected one of"):
         rope(q, q, cos, sin, layout="SBHD")
@@ -374,7 +378,8 @@ CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 7: 24.32, 9: 27.88
 
 
 def chi2(tokens, probs):
-    """Pearson chi-square of drawn ``tokens`` against ``probs`` [V] (zero-probability tokens must not occur)."""
+    """Pearson chi-square of drawn ``tokens`` against ``probs`` [V] (zero-probability tokens must not
+    occur)."""
     counts = torch.bincount(tokens, minlength=probs.numel()).to(F64)
     n = tokens.numel()
     support = probs > 0
@@ -399,7 +404,9 @@ def test_topk_k1_and_temperature0_are_argmax():
 @pytest.mark.parametrize(("k", "temperature"), [(3, 1.0), (5, 0.7), (10, 2.0), (50, 1.0)])
 def test_topk_distribution_chi_square(k, temperature):
     n = 20_000
-    draws = sample_topk(LOGITS.expand(n, -1), k, temperature=temperature, generator=torch.Generator().manual_seed(k))
+    draws = sample_topk(
+        LOGITS.expand(n, -1), k, temperature=temperature, generator=torch.Generator().manual_seed(k)
+    )
     assert draws.shape == (n,) and draws.dtype == torch.int64
     p = torch.softmax(LOGITS / temperature, -1)
     top = torch.topk(p, min(k, 10)).indices
@@ -437,7 +444,9 @@ def test_topp_nucleus_and_chi_square(p, kept):
 def test_chi_square_detects_untruncated_sampling():
     # Guard against a statistic that cannot fail: full-softmax draws are rejected against top-3.
     n = 20_000
-    full = torch.multinomial(torch.softmax(LOGITS, -1).expand(n, -1), 1, generator=torch.Generator().manual_seed(0))
+    full = torch.multinomial(
+        torch.softmax(LOGITS, -1).expand(n, -1), 1, generator=torch.Generator().manual_seed(0)
+    )
     p = torch.softmax(LOGITS, -1)
     top3 = torch.topk(p, 3).indices
     target = torch.zeros_like(p)

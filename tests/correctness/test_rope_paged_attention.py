@@ -1,9 +1,10 @@
-"""``lz.rope_paged_attention`` (optional per-head q/k RMSNorm, RoPE, the new K/V written into a paged cache, then
-causal paged attention) against a float64 oracle written out here (no lz op in it): the default kernel (composite)
-and the reference, float32/float64/float16/bfloat16, seeded odd shapes, GQA, both KV layouts, page sizes 1 and 16,
-decode batches of different lengths and ragged prefill batches, with and without q/k weights, interleaved and not,
-partial rotary, a skipped (-1) slot; plus bit equality with the three calls it fuses, its typed errors (nothing
-written), its key and selection context, a custom kernel's canonical arguments, and ``torch.compile``."""
+"""``lz.rope_paged_attention`` (optional per-head q/k RMSNorm, RoPE, the new K/V written into a paged cache,
+then causal paged attention) against a float64 oracle written out here (no lz op in it): the default kernel
+(composite) and the reference, float32/float64/float16/bfloat16, seeded odd shapes, GQA, both KV layouts, page
+sizes 1 and 16, decode batches of different lengths and ragged prefill batches, with and without q/k weights,
+interleaved and not, partial rotary, a skipped (-1) slot; plus bit equality with the three calls it fuses, its
+typed errors (nothing written), its key and selection context, a custom kernel's canonical arguments, and
+``torch.compile``."""
 
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ SPECS = [
     ("NHD", 1, True, False, False, True),
     ("HND", 1, False, False, True, False),
 ]
-SPEC_IDS = [f"{lay}-p{p}-{'dec' if d else 'pre'}-{'norm' if w else 'rope'}{'-il' if i else ''}{'-part' if r else ''}"
-            for lay, p, d, w, i, r in SPECS]
+SPEC_IDS = [
+    f"{lay}-p{p}-{'dec' if d else 'pre'}-{'norm' if w else 'rope'}{'-il' if i else ''}{'-part' if r else ''}"
+    for lay, p, d, w, i, r in SPECS
+]
 
 
 def rope_table(max_pos, r, interleaved, g):
@@ -83,11 +86,21 @@ def case(dtype, spec, seed):
     cos, sin = rope_table(max(seq_lens) + 3, r, interleaved, g)
     cache = lz.allocate_kv_cache(nblocks, page, hkv, d, dtype, layout)
     cache.copy_(torch.randn(cache.shape, generator=g).to(dtype))
-    a = dict(q=q.view(t, hq, d), k=k.view(t, hkv, d), v=v.view(t, hkv, d), cos=cos.to(dtype), sin=sin.to(dtype),
-             kv_cache=cache, slot_mapping=slots, block_tables=tables,
-             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-             position_ids=torch.tensor(pos, dtype=torch.int64 if seed % 3 else torch.int32), interleaved=interleaved,
-             kv_layout=layout, eps=1e-6)
+    a = dict(
+        q=q.view(t, hq, d),
+        k=k.view(t, hkv, d),
+        v=v.view(t, hkv, d),
+        cos=cos.to(dtype),
+        sin=sin.to(dtype),
+        kv_cache=cache,
+        slot_mapping=slots,
+        block_tables=tables,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        position_ids=torch.tensor(pos, dtype=torch.int64 if seed % 3 else torch.int32),
+        interleaved=interleaved,
+        kv_layout=layout,
+        eps=1e-6,
+    )
     if weights:
         a["q_weight"] = (torch.rand(d, generator=g) + 0.5).to(dtype)
         a["k_weight"] = (torch.rand(d, generator=g) + 0.5).to(dtype)
@@ -98,14 +111,17 @@ def case(dtype, spec, seed):
 
 def call(a, fn=None):
     a = dict(a)
-    args = [a.pop(n) for n in ("q", "k", "v", "cos", "sin", "kv_cache", "slot_mapping", "block_tables", "seq_lens")]
+    args = [
+        a.pop(n)
+        for n in ("q", "k", "v", "cos", "sin", "kv_cache", "slot_mapping", "block_tables", "seq_lens")
+    ]
     return (fn or lz.rope_paged_attention)(*args, **a)
 
 
 def oracle(a):
-    """float64: per-head RMSNorm (with weights), RoPE on the first R dims, the writes into a float64 copy of the
-    cache, then per sequence plain causal attention (bottom-right) over K/V gathered through its block-table row.
-    Returns ``(out [T, Hq, D], rotated k [T, Hkv, D])``."""
+    """float64: per-head RMSNorm (with weights), RoPE on the first R dims, the writes into a float64 copy of
+    the cache, then per sequence plain causal attention (bottom-right) over K/V gathered through its
+    block-table row. Returns ``(out [T, Hq, D], rotated k [T, Hkv, D])``."""
     q, k, v = a["q"].double(), a["k"].double(), a["v"].double()
     if "q_weight" in a:
         eps = a["eps"]
@@ -120,7 +136,7 @@ def oracle(a):
         if a["interleaved"]:
             rot = torch.stack((-x1[..., 1::2], x1[..., 0::2]), -1).flatten(-2)
         else:
-            rot = torch.cat((-x1[..., r // 2:], x1[..., :r // 2]), -1)
+            rot = torch.cat((-x1[..., r // 2 :], x1[..., : r // 2]), -1)
         return torch.cat((x1 * c + rot * s, x[..., r:]), -1)
 
     q, k = rope(q), rope(k)
@@ -150,7 +166,8 @@ def oracle(a):
 
 
 def check_cache(a, before, want_k, tol):
-    """The cache holds the rotated k (to ``tol``) and v (exactly) at the written slots, and nothing else changed."""
+    """The cache holds the rotated k (to ``tol``) and v (exactly) at the written slots, and nothing else
+    changed."""
     lay = a["kv_layout"]
     nhd = a["kv_cache"] if lay == "NHD" else a["kv_cache"].transpose(2, 3)
     old = before if lay == "NHD" else before.transpose(2, 3)
@@ -169,8 +186,9 @@ def check_cache(a, before, want_k, tol):
 
 
 @pytest.mark.parametrize("kernel", [None, "reference.rope_paged_attention"], ids=["default", "reference"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
-                         ids=["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=["f32", "f64", "f16", "bf16"]
+)
 @pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
 def test_cpu_kernels_match_float64(kernel, dtype, spec):
     a = case(dtype, spec, seed=SPECS.index(spec) * 31 + 7)
@@ -197,27 +215,52 @@ def test_the_default_on_cpu_is_the_composite():
 
 @pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
 def test_equals_the_three_calls_bit_for_bit(spec):
-    """Default kernel == ``lz.qk_norm_rope`` (``lz.rope``) + ``lz.reshape_and_cache`` + ``lz.paged_attention``, the
-    output and the whole cache, on CPU float32."""
+    """Default kernel == ``lz.qk_norm_rope`` (``lz.rope``) + ``lz.reshape_and_cache`` +
+    ``lz.paged_attention``, the output and the whole cache, on CPU float32."""
     a = case(torch.float32, spec, seed=SPECS.index(spec) + 100)
     b = {**a, "kv_cache": a["kv_cache"].clone()}
     out = call(a)
     pos = b["position_ids"].view(1, -1)
     if "q_weight" in b:
-        q, k = lz.qk_norm_rope(b["q"][None], b["k"][None], b["q_weight"], b["k_weight"], b["cos"], b["sin"],
-                               eps=b["eps"], position_ids=pos, interleaved=b["interleaved"], layout="BSHD")
+        q, k = lz.qk_norm_rope(
+            b["q"][None],
+            b["k"][None],
+            b["q_weight"],
+            b["k_weight"],
+            b["cos"],
+            b["sin"],
+            eps=b["eps"],
+            position_ids=pos,
+            interleaved=b["interleaved"],
+            layout="BSHD",
+        )
     else:
-        q, k = lz.rope(b["q"][None], b["k"][None], b["cos"], b["sin"], position_ids=pos,
-                       interleaved=b["interleaved"], layout="BSHD")
+        q, k = lz.rope(
+            b["q"][None],
+            b["k"][None],
+            b["cos"],
+            b["sin"],
+            position_ids=pos,
+            interleaved=b["interleaved"],
+            layout="BSHD",
+        )
     lz.reshape_and_cache(k[0], b["v"], b["kv_cache"], b["slot_mapping"], b["kv_layout"])
-    want = lz.paged_attention(q[0], b["kv_cache"], b["block_tables"], b["seq_lens"],
-                              cu_seqlens_q=b.get("cu_seqlens_q"), is_causal=True, kv_layout=b["kv_layout"])
+    want = lz.paged_attention(
+        q[0],
+        b["kv_cache"],
+        b["block_tables"],
+        b["seq_lens"],
+        cu_seqlens_q=b.get("cu_seqlens_q"),
+        is_causal=True,
+        kv_layout=b["kv_layout"],
+    )
     assert torch.equal(out, want)
     assert torch.equal(a["kv_cache"], b["kv_cache"])
 
 
 def test_scale_is_passed_to_the_attention():
-    """Without the norm RoPE is linear: q scaled by ``c * sqrt(D)`` at the default scale equals ``scale=c``."""
+    """Without the norm RoPE is linear: q scaled by ``c * sqrt(D)`` at the default scale equals
+    ``scale=c``."""
     a = case(torch.float64, SPECS[3], seed=11)
     scaled = call({**a, "scale": 0.37})
     assert not torch.allclose(call(a), scaled)
@@ -229,26 +272,63 @@ def _prefill(seed=5):
     return case(torch.float32, SPECS[2], seed)  # prefill with weights, NHD, page 1
 
 
-@pytest.mark.parametrize(("change", "match"), [
-    (lambda a: {**a, "k_weight": None}, r"q_weight / k_weight: expected both \[D\] tensors .* or both None"),
-    (lambda a: {**a, "q_weight": None}, r"q_weight / k_weight"),
-    (lambda a: {**a, "kv_cache": a["kv_cache"].to(torch.float8_e4m3fn)},
-     r"kv_cache\.dtype: expected .*unquantized.*lz\.reshape_and_cache\(k_scale="),
-    (lambda a: {k: v for k, v in a.items() if k != "cu_seqlens_q"}, r"num_tokens \(decode\): expected one query"),
-    (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"][:-1]}, r"cu_seqlens_q shape: expected \[batch \+ 1\]"),
-    (lambda a: {**a, "v": a["v"][:, :, 1:]}, r"k/v shape"),
-    (lambda a: {**a, "k": a["k"][:, :, 1:]}, r"k shape: expected the batch, sequence and head_dim of q"),
-    (lambda a: {**a, "position_ids": a["position_ids"][:-1]}, r"position_ids shape: expected \[num_tokens\]"),
-    (lambda a: {**a, "q": a["q"][None]}, r"q rank: expected 3 dims"),
-    (lambda a: {**a, "q_weight": a["q_weight"][:2]}, r"q_weight shape"),
-    (lambda a: {**a, "slot_mapping": a["slot_mapping"] + 10_000}, r"slot_mapping\[\d+\]: expected -1 \(skip\)"),
-    (lambda a: {**a, "seq_lens": a["seq_lens"] + 10_000}, r"seq_lens\[0\]: expected in \[0, max_blocks"),
-    (lambda a: {**a, "scale": -1.0}, r"scale: expected None \(1/sqrt\(D\)\) or a finite float > 0"),
-    (lambda a: {**a, "eps": 0.0}, r"eps: expected a finite float > 0"),
-    (lambda a: {**a, "kv_layout": "NDH"}, r"kv_layout"),
-    (lambda a: {**a, "v": a["v"].double()}, r"v\.dtype"),
-], ids=["no-k-weight", "no-q-weight", "quantized", "decode-T!=B", "cu-length", "v-shape", "k-shape", "pos-shape",
-        "q-rank", "weight-shape", "slot-range", "seq-lens", "scale", "eps", "layout", "v-dtype"])
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (
+            lambda a: {**a, "k_weight": None},
+            r"q_weight / k_weight: expected both \[D\] tensors .* or both None",
+        ),
+        (lambda a: {**a, "q_weight": None}, r"q_weight / k_weight"),
+        (
+            lambda a: {**a, "kv_cache": a["kv_cache"].to(torch.float8_e4m3fn)},
+            r"kv_cache\.dtype: expected .*unquantized.*lz\.reshape_and_cache\(k_scale=",
+        ),
+        (
+            lambda a: {k: v for k, v in a.items() if k != "cu_seqlens_q"},
+            r"num_tokens \(decode\): expected one query",
+        ),
+        (
+            lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"][:-1]},
+            r"cu_seqlens_q shape: expected \[batch \+ 1\]",
+        ),
+        (lambda a: {**a, "v": a["v"][:, :, 1:]}, r"k/v shape"),
+        (lambda a: {**a, "k": a["k"][:, :, 1:]}, r"k shape: expected the batch, sequence and head_dim of q"),
+        (
+            lambda a: {**a, "position_ids": a["position_ids"][:-1]},
+            r"position_ids shape: expected \[num_tokens\]",
+        ),
+        (lambda a: {**a, "q": a["q"][None]}, r"q rank: expected 3 dims"),
+        (lambda a: {**a, "q_weight": a["q_weight"][:2]}, r"q_weight shape"),
+        (
+            lambda a: {**a, "slot_mapping": a["slot_mapping"] + 10_000},
+            r"slot_mapping\[\d+\]: expected -1 \(skip\)",
+        ),
+        (lambda a: {**a, "seq_lens": a["seq_lens"] + 10_000}, r"seq_lens\[0\]: expected in \[0, max_blocks"),
+        (lambda a: {**a, "scale": -1.0}, r"scale: expected None \(1/sqrt\(D\)\) or a finite float > 0"),
+        (lambda a: {**a, "eps": 0.0}, r"eps: expected a finite float > 0"),
+        (lambda a: {**a, "kv_layout": "NDH"}, r"kv_layout"),
+        (lambda a: {**a, "v": a["v"].double()}, r"v\.dtype"),
+    ],
+    ids=[
+        "no-k-weight",
+        "no-q-weight",
+        "quantized",
+        "decode-T!=B",
+        "cu-length",
+        "v-shape",
+        "k-shape",
+        "pos-shape",
+        "q-rank",
+        "weight-shape",
+        "slot-range",
+        "seq-lens",
+        "scale",
+        "eps",
+        "layout",
+        "v-dtype",
+    ],
+)
 def test_bad_inputs_raise_typed_errors_and_write_nothing(change, match):
     a = _prefill()
     cache = a["kv_cache"]
@@ -271,8 +351,10 @@ def test_rope_only_errors_name_the_op_too():
 # ------------------------------------------------------------------------------------------ key and context
 def test_key_and_context_carry_what_kernels_check():
     dec = case(torch.float32, SPECS[0], seed=21)
-    args = [dec.pop(n) for n in ("q", "k", "v", "cos", "sin", "kv_cache", "slot_mapping", "block_tables",
-                                 "seq_lens")]
+    args = [
+        dec.pop(n)
+        for n in ("q", "k", "v", "cos", "sin", "kv_cache", "slot_mapping", "block_tables", "seq_lens")
+    ]
     key, kargs = rpa_prepare(*args, **dec)
     assert key.op == OP and key.qk_norm and key.decode and key.scale_default and key.kv_layout is KVLayout.NHD
     assert key._fields[-5:] == ("stride_last_1", "requires_grad", "deterministic", "capture", "scope")
@@ -283,8 +365,10 @@ def test_key_and_context_carry_what_kernels_check():
     assert ctx.kv_layout == "NHD" and ctx.page_size == 16 and ctx.rotary_dim == ctx.head_dim == q.shape[2]
     assert ctx.is_causal and not ctx.interleaved and ctx.batch == key.batch
     pre = case(torch.float32, SPECS[3], seed=22)  # prefill, HND, partial rotary, no weights
-    args = [pre.pop(n) for n in ("q", "k", "v", "cos", "sin", "kv_cache", "slot_mapping", "block_tables",
-                                 "seq_lens")]
+    args = [
+        pre.pop(n)
+        for n in ("q", "k", "v", "cos", "sin", "kv_cache", "slot_mapping", "block_tables", "seq_lens")
+    ]
     key2, kargs2 = rpa_prepare(*args, **pre, scale=0.5)
     assert not key2.qk_norm and not key2.decode and not key2.scale_default and kargs2[13] == 0.5
     assert kargs2[3] is None and kargs2[4] is None
@@ -309,8 +393,21 @@ def test_custom_kernel_gets_the_canonical_arguments_in_order():
         lz.unregister_kernel("mylib.rpa_spy")
     (args,) = seen
     named = dict(zip(CANONICAL_ARGS[OP], args, strict=True))
-    for name in ("q", "k", "v", "q_weight", "k_weight", "cos", "sin", "kv_cache", "slot_mapping", "position_ids",
-                 "block_tables", "seq_lens", "cu_seqlens_q"):
+    for name in (
+        "q",
+        "k",
+        "v",
+        "q_weight",
+        "k_weight",
+        "cos",
+        "sin",
+        "kv_cache",
+        "slot_mapping",
+        "position_ids",
+        "block_tables",
+        "seq_lens",
+        "cu_seqlens_q",
+    ):
         assert named[name] is a[name], name
     assert named["scale"] is None and named["interleaved"] is True and named["kv_layout"] is KVLayout.NHD
     assert named["eps"] == 1e-6
@@ -318,22 +415,57 @@ def test_custom_kernel_gets_the_canonical_arguments_in_order():
 
 # -------------------------------------------------------------------------------------------- torch.compile
 def _step(q, k, v, cos, sin, cache, slots, tables, lens, pos, qw, kw, cu, interleaved):
-    out = lz.rope_paged_attention(q, k, v, cos, sin, cache, slots, tables, lens, position_ids=pos, q_weight=qw,
-                                  k_weight=kw, cu_seqlens_q=cu, interleaved=interleaved, kv_layout="HND")
+    out = lz.rope_paged_attention(
+        q,
+        k,
+        v,
+        cos,
+        sin,
+        cache,
+        slots,
+        tables,
+        lens,
+        position_ids=pos,
+        q_weight=qw,
+        k_weight=kw,
+        cu_seqlens_q=cu,
+        interleaved=interleaved,
+        kv_layout="HND",
+    )
     return out * 2 + 1
 
 
 @pytest.mark.parametrize("weights", [True, False], ids=["norm", "rope"])
 def test_compiles_fullgraph_and_matches_eager(weights):
-    """One ``torch.ops.layerzero.rope_paged_attention`` node (no graph break); the compiled cache write happens,
-    exactly as eager's."""
+    """One ``torch.ops.layerzero.rope_paged_attention`` node (no graph break); the compiled cache write
+    happens, exactly as eager's."""
     torch._dynamo.reset()
     a = case(torch.float32, SPECS[4] if weights else SPECS[3], seed=40 + weights)
-    names = ("q", "k", "v", "cos", "sin", "kv_cache", "slot_mapping", "block_tables", "seq_lens", "position_ids")
-    args = [a[n] for n in names] + [a.get("q_weight"), a.get("k_weight"), a.get("cu_seqlens_q"), a["interleaved"]]
+    names = (
+        "q",
+        "k",
+        "v",
+        "cos",
+        "sin",
+        "kv_cache",
+        "slot_mapping",
+        "block_tables",
+        "seq_lens",
+        "position_ids",
+    )
+    args = [a[n] for n in names] + [
+        a.get("q_weight"),
+        a.get("k_weight"),
+        a.get("cu_seqlens_q"),
+        a["interleaved"],
+    ]
     eager_args = [t.clone() if isinstance(t, torch.Tensor) else t for t in args]
-    assert torch._dynamo.explain(_step)(*[t.clone() if isinstance(t, torch.Tensor) else t
-                                          for t in args]).graph_break_count == 0
+    assert (
+        torch._dynamo.explain(_step)(
+            *[t.clone() if isinstance(t, torch.Tensor) else t for t in args]
+        ).graph_break_count
+        == 0
+    )
     got = torch.compile(_step, fullgraph=True)(*args)
     want = _step(*eager_args)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -1,16 +1,16 @@
 """``lz.sample_greedy``'s kernels against a pure-Python oracle: ``reference.sample_greedy`` (PyTorch) and
-``triton.sample_greedy`` on CPU through Triton's interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py when
-no CUDA device is visible; tests/gpu/test_gpu_sample_greedy.py runs it compiled).
+``triton.sample_greedy`` on CPU through Triton's interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py
+when no CUDA device is visible; tests/gpu/test_gpu_sample_greedy.py runs it compiled).
 
-The oracle walks each row's values in Python (float32, the exact cast of float16 / bfloat16): the first NaN's index
-if there is one, else the first index whose value beats every earlier one (ties -> the lowest index, an all
-``-inf`` row -> 0). Cases: hand-worked rows with their answers written out; values planted at the Triton split's
-chunk boundaries (the split's geometry read from ``greedy_chunks``, its tile lowered so small rows cut into many
-chunks of several tiles): the same maximum in two chunks, a NaN in a later chunk than the maximum, NaN in two
-chunks, ``+inf`` in two chunks, the maximum in the short last chunk; seeded random rows (S in {0, 1, 3, 7}, V in
-{1, 5, 2049}, one row of 151936, all three dtypes) with ties, NaN, ``+inf`` and all ``-inf`` rows mixed in; strided
-logits (a transposed view, a column slice). A last test runs the same checks on wrong kernels (last index on ties,
-NaN ignored, the later chunk winning a tie) and requires each to fail."""
+The oracle walks each row's values in Python (float32, the exact cast of float16 / bfloat16): the first NaN's
+index if there is one, else the first index whose value beats every earlier one (ties -> the lowest index, an
+all ``-inf`` row -> 0). Cases: hand-worked rows with their answers written out; values planted at the Triton
+split's chunk boundaries (the split's geometry read from ``greedy_chunks``, its tile lowered so small rows cut
+into many chunks of several tiles): the same maximum in two chunks, a NaN in a later chunk than the maximum,
+NaN in two chunks, ``+inf`` in two chunks, the maximum in the short last chunk; seeded random rows (S in {0,
+1, 3, 7}, V in {1, 5, 2049}, one row of 151936, all three dtypes) with ties, NaN, ``+inf`` and all ``-inf``
+rows mixed in; strided logits (a transposed view, a column slice). A last test runs the same checks on wrong
+kernels (last index on ties, NaN ignored, the later chunk winning a tie) and requires each to fail."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ NAN, INF = math.nan, math.inf
 
 
 def oracle(logits: torch.Tensor) -> list[int]:
-    """Per row: the first NaN's index, else the first index of the maximum (a plain loop over Python floats)."""
+    """Per row: the first NaN's index, else the first index of the maximum (a plain loop over Python
+    floats)."""
     out = []
     for row in logits.float().tolist():
         pick = 0
@@ -59,13 +60,17 @@ def _triton(programs: int | None = None) -> Callable[[torch.Tensor], torch.Tenso
 
 def _kernels(small_block: bool = True) -> list:
     """(kernel, tile, programs) to run: the reference; the Triton kernel at its own tile and split; with
-    ``small_block``, at a :data:`SMALL` tile split for 4 programs (a 37-column row: 4 chunks of 3 tiles, the last
-    chunk one column) and for 1 (one program a row over every tile, no merge)."""
-    ks = [pytest.param(ref.sample_greedy, None, None, id="reference"),
-          pytest.param(_triton(), None, None, id="triton", marks=interpreted)]
+    ``small_block``, at a :data:`SMALL` tile split for 4 programs (a 37-column row: 4 chunks of 3 tiles, the
+    last chunk one column) and for 1 (one program a row over every tile, no merge)."""
+    ks = [
+        pytest.param(ref.sample_greedy, None, None, id="reference"),
+        pytest.param(_triton(), None, None, id="triton", marks=interpreted),
+    ]
     if small_block:
-        ks += [pytest.param(_triton(4), SMALL, 4, id="triton-block4", marks=interpreted),
-               pytest.param(_triton(1), SMALL, 1, id="triton-block4-one-chunk", marks=interpreted)]
+        ks += [
+            pytest.param(_triton(4), SMALL, 4, id="triton-block4", marks=interpreted),
+            pytest.param(_triton(1), SMALL, 1, id="triton-block4-one-chunk", marks=interpreted),
+        ]
     return ks
 
 
@@ -74,12 +79,15 @@ KERNEL_ARGS = ("kernel", "block_size", "programs")
 
 @pytest.fixture
 def set_block() -> Iterator[Callable[[int | None], None]]:
-    """``set_block(size)``: the ``greedy_block`` knob is ``size`` until the test ends (None: the default tile)."""
+    """``set_block(size)``: the ``greedy_block`` knob is ``size`` until the test ends (None: the default
+    tile)."""
     with contextlib.ExitStack() as stack:
         yield lambda size: None if size is None else stack.enter_context(knobs(ts.KNOBS, greedy_block=size))
 
 
-def _check(kernel: Callable[[torch.Tensor], torch.Tensor], logits: torch.Tensor, want: list[int] | None = None):
+def _check(
+    kernel: Callable[[torch.Tensor], torch.Tensor], logits: torch.Tensor, want: list[int] | None = None
+):
     got = kernel(logits)
     assert got.dtype == torch.int64 and got.shape == (logits.shape[0],) and got.device == logits.device
     expected = oracle(logits) if want is None else want
@@ -114,7 +122,9 @@ def test_hand_worked_rows(kernel, block_size, programs, dtype, set_block):
 
 
 # ------------------------------------------------------------------------------------------- chunk boundaries
-def _planted(v: int, n_chunks: int, chunk_len: int, dtype: torch.dtype) -> list[tuple[str, torch.Tensor, int]]:
+def _planted(
+    v: int, n_chunks: int, chunk_len: int, dtype: torch.dtype
+) -> list[tuple[str, torch.Tensor, int]]:
     """(name, one-row logits, expected id) with values planted around the split's chunk boundaries."""
     assert n_chunks >= 3, "the plants need three chunks"
     g = torch.Generator().manual_seed(v + n_chunks)
@@ -144,9 +154,9 @@ def _planted(v: int, n_chunks: int, chunk_len: int, dtype: torch.dtype) -> list[
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(KERNEL_ARGS, _kernels())
 def test_values_planted_at_chunk_boundaries(kernel, block_size, programs, dtype, set_block):
-    """The plants sit at the boundaries of the split this kernel runs (the one-chunk run: of the 4-program split,
-    tile boundaries there): 6145 columns at the default tile (4 chunks of 2048, the last one column), 37 at the
-    small one (4 chunks of 12, the last one column)."""
+    """The plants sit at the boundaries of the split this kernel runs (the one-chunk run: of the 4-program
+    split, tile boundaries there): 6145 columns at the default tile (4 chunks of 2048, the last one column),
+    37 at the small one (4 chunks of 12, the last one column)."""
     set_block(block_size)
     v = 37 if block_size == SMALL else 6145
     n_chunks, chunk_len = ts.greedy_chunks(1, v, 4 if block_size == SMALL else 264)
@@ -170,8 +180,10 @@ def test_planted_at_the_default_tile_boundary(dtype):
     _check(ts.sample_greedy, x.to(dtype), [2047, 2048, 2048])
 
 
-# ------------------------------------------------------------------------------------------- seeded random rows
-def _random_logits(rnd: random.Random, g: torch.Generator, s: int, v: int, dtype: torch.dtype) -> torch.Tensor:
+# ----------------------------------------------------------------------------------------- seeded random rows
+def _random_logits(
+    rnd: random.Random, g: torch.Generator, s: int, v: int, dtype: torch.dtype
+) -> torch.Tensor:
     x = torch.randn(s, v, generator=g) * rnd.choice([1.0, 4.0])
     for r in range(s):
         kind = rnd.choice(["plain", "ties", "nan", "ties", "pinf", "ninf", "all_ninf", "nan2"])
@@ -192,11 +204,11 @@ def _random_logits(rnd: random.Random, g: torch.Generator, s: int, v: int, dtype
 
 
 def _random_params() -> list:
-    """(kernel, tile, programs, V): V 1, 5 and 2049 at the default tile; 1, 5 and 37 at the small one (2049 columns
-    in 4-element tiles take minutes in the interpreter)."""
+    """(kernel, tile, programs, V): V 1, 5 and 2049 at the default tile; 1, 5 and 37 at the small one (2049
+    columns in 4-element tiles take minutes in the interpreter)."""
     out = []
     for p in _kernels():
-        for v in ((1, 5, 37) if p.values[1] == SMALL else (1, 5, 2049)):
+        for v in (1, 5, 37) if p.values[1] == SMALL else (1, 5, 2049):
             out.append(pytest.param(*p.values, v, id=f"{p.id}-V{v}", marks=p.marks))
     return out
 
@@ -235,7 +247,7 @@ def test_strided_logits(kernel, block_size, programs, set_block):
     _check(kernel, wide)
 
 
-# ------------------------------------------------------------------------------------------- the tests can fail
+# ----------------------------------------------------------------------------------------- the tests can fail
 def _last_on_ties(x: torch.Tensor) -> torch.Tensor:
     return x.shape[1] - 1 - ref.sample_greedy(x.flip(-1))
 
@@ -249,8 +261,8 @@ def _later_chunk_on_ties(x: torch.Tensor) -> torch.Tensor:
     out = []
     for row in x.float():
         m = row.max()
-        chunks = [c for c in range(0, row.shape[0], 8) if (row[c:c + 8] == m).any()] or [0]  # NaN rows: 0
-        out.append(chunks[-1] + int((row[chunks[-1]:chunks[-1] + 8] == m).int().argmax()))
+        chunks = [c for c in range(0, row.shape[0], 8) if (row[c : c + 8] == m).any()] or [0]  # NaN rows: 0
+        out.append(chunks[-1] + int((row[chunks[-1] : chunks[-1] + 8] == m).int().argmax()))
     return torch.tensor(out)
 
 

@@ -1,15 +1,16 @@
 """The locked-kernel sweeps (``run_kernel``: ``tests/gpu/test_gpu_kernels.py``, ``test_gpu_swiglu.py``,
 ``test_gpu_triton.py``) draw enough cases that every CUDA kernel can run, checked here without a GPU.
 
-Every registered kernel of the swept ops that runs on CUDA (installed here or not) and every dtype it declares: the
-drawn cases, with the features the kernel requires added as the sweep adds them (``_shapes.fit_call``: ALiBi slopes
-for ``triton.attention``, which serves ALiBi calls only and ran 0 of 5,000 drawn cases on the H200 before), are
-judged by the kernel's constraints and its own ``check`` on a CUDA selection context (``fake_cuda_device``: an H200's
-SM 9.0, or an SM the kernel's spec runs on) built from the call's cache key as ``lz.validate`` builds it, with
-``aligned_16`` computed from the tensors as on CUDA. Each must accept ``MIN_CASES`` of at most ``MAX_CANDIDATES``
-drawn cases, as the GPU sweep asserts; a (kernel, dtype) that the kernel refuses for its dtype on CUDA on every case
-(``torch_sdpa.flash`` float32) is skipped there too. Not modelled: backend installation and health, policy, and
-device-specific data pointers (CPU tensors stand in)."""
+Every registered kernel of the swept ops that runs on CUDA (installed here or not) and every dtype it
+declares: the drawn cases, with the features the kernel requires added as the sweep adds them
+(``_shapes.fit_call``: ALiBi slopes for ``triton.attention``, which serves ALiBi calls only and ran 0 of 5,000
+drawn cases on the H200 before), are judged by the kernel's constraints and its own ``check`` on a CUDA
+selection context (``fake_cuda_device``: an H200's SM 9.0, or an SM the kernel's spec runs on) built from the
+call's cache key as ``lz.validate`` builds it, with ``aligned_16`` computed from the tensors as on CUDA. Each
+must accept ``MIN_CASES`` of at most ``MAX_CANDIDATES`` drawn cases, as the GPU sweep asserts; a (kernel,
+dtype) that the kernel refuses for its dtype on CUDA on every case (``torch_sdpa.flash`` float32) is skipped
+there too. Not modelled: backend installation and health, policy, and device-specific data pointers (CPU
+tensors stand in)."""
 
 from __future__ import annotations
 
@@ -41,15 +42,18 @@ def _device(spec):
     """A fake CUDA device the spec's SM and generation limits allow (the H200's SM 9.0 when they do)."""
     for sm in SMS:
         dev = fake_cuda_device(sm, sms=132)
-        if ((spec.sm_min is None or sm >= spec.sm_min) and (spec.sm_max is None or sm <= spec.sm_max)
-                and (spec.generations is None or dev.generation in spec.generations)):
+        if (
+            (spec.sm_min is None or sm >= spec.sm_min)
+            and (spec.sm_max is None or sm <= spec.sm_max)
+            and (spec.generations is None or dev.generation in spec.generations)
+        ):
             return dev
     raise AssertionError(f"{spec.kernel_id}: no SM of {SMS} satisfies its spec")
 
 
 def cuda_refusals(op: str, spec):
-    """``_shapes.Refusals`` of ``spec`` on a CUDA device: its constraints and own check, installed or not (backend
-    reasons, such as xFormers' own check failing to import it here, are left out)."""
+    """``_shapes.Refusals`` of ``spec`` on a CUDA device: its constraints and own check, installed or not
+    (backend reasons, such as xFormers' own check failing to import it here, are left out)."""
     prepare, context = OPS[op]
     device = _device(spec)
 
@@ -59,7 +63,9 @@ def cuda_refusals(op: str, spec):
         if op == "attention":  # CPU keys say aligned; CUDA keys read the pointers and strides
             ctx = replace(ctx, aligned_16=aligned_16(*call.args[:3]))
         reasons = check_constraints(spec, ctx) + (list(spec.check(ctx)) if spec.check is not None else [])
-        return [r.code.value for r in reasons if r.category is not ReasonCategory.BACKEND]  # not installed here
+        return [
+            r.code.value for r in reasons if r.category is not ReasonCategory.BACKEND
+        ]  # not installed here
 
     return refusals
 
@@ -69,10 +75,13 @@ def _cuda_specs(op):
     return [s for s in RUNTIME.registry.for_op(op) if "cuda" in s.device_types]
 
 
-def sweep_counts(op: str, dtype: torch.dtype, specs, target: int = MIN_CASES) -> dict[str, tuple[int, int, dict]]:
-    """``{kernel_id: (accepted, drawn, refusal counts)}`` over the sweep's seeded cases of ``op`` in ``dtype`` on a
-    CUDA context, each case fitted to each kernel (:func:`_shapes.fit_call`); a kernel stops drawing once it has
-    ``target`` accepted cases or is off for the dtype (``DTYPE_UNSUPPORTED`` on its first :data:`PROBE` cases)."""
+def sweep_counts(
+    op: str, dtype: torch.dtype, specs, target: int = MIN_CASES
+) -> dict[str, tuple[int, int, dict]]:
+    """``{kernel_id: (accepted, drawn, refusal counts)}`` over the sweep's seeded cases of ``op`` in ``dtype``
+    on a CUDA context, each case fitted to each kernel (:func:`_shapes.fit_call`); a kernel stops drawing once
+    it has ``target`` accepted cases or is off for the dtype (``DTYPE_UNSUPPORTED`` on its first :data:`PROBE`
+    cases)."""
     pending = {s.kernel_id: cuda_refusals(op, s) for s in specs}
     counts: dict[str, tuple[int, int, dict]] = {kid: (0, 0, {}) for kid in pending}
     for seed in range(MAX_CANDIDATES):
@@ -104,12 +113,15 @@ def test_every_cuda_kernel_gets_enough_sweep_cases(op, dtype):
         if ok < MIN_CASES:
             top = dict(sorted(refused.items(), key=lambda kv: -kv[1])[:6])
             short.append(f"{kid}: {ok} of {drawn} drawn cases accepted (need {MIN_CASES}); refusals {top}")
-    assert not short, (f"{op} {dname(dtype)} on CUDA: extend the case generator (_shapes) or add the feature a "
-                       f"kernel requires to _shapes.REQUIRED:\n  " + "\n  ".join(short))
+    assert not short, (
+        f"{op} {dname(dtype)} on CUDA: extend the case generator (_shapes) or add the feature a "
+        f"kernel requires to _shapes.REQUIRED:\n  " + "\n  ".join(short)
+    )
 
 
 def test_triton_attention_is_swept_on_alibi_cases():
-    """The issue's kernel: no drawn case is accepted as drawn; with the slopes fit_call adds, >= MIN_CASES are."""
+    """The issue's kernel: no drawn case is accepted as drawn; with the slopes fit_call adds, >= MIN_CASES
+    are."""
     spec = next(s for s in _cuda_specs("attention") if s.kernel_id == "triton.attention")
     refusals = cuda_refusals("attention", spec)
     plain = fitted = 0
@@ -142,4 +154,5 @@ def test_fit_call_adds_a_feature_once_and_only_when_refused_for_it():
     fit, codes = fit_call("attention", call, stubborn)
     assert seen == [False, True] and "alibi_slopes" in fit.kwargs and codes == ["ALIBI_REQUIRED"]
     assert fit_call("rms_norm", CALLS["rms_norm"](0, torch.float32), lambda c: ["ALIBI_REQUIRED"])[1] == [
-        "ALIBI_REQUIRED"]
+        "ALIBI_REQUIRED"
+    ]

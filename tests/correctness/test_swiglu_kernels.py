@@ -1,14 +1,15 @@
 """``lz.swiglu`` kernels on CPU against oracles.
 
 - Every CPU kernel (reference, torch_native), locked, on >= 200 seeded ``_shapes.swiglu_call`` cases per dtype
-  (odd intermediate sizes 1..4096, 0-3 leading dims, contiguous / fused gate_up halves / transposed / stride 2,
-  value scales 0.1..30) vs the float64 oracle ``g / (1 + exp(-g)) * u`` within ``_shapes.TOL``.
+  (odd intermediate sizes 1..4096, 0-3 leading dims, contiguous / fused gate_up halves / transposed / stride
+  2, value scales 0.1..30) vs the float64 oracle ``g / (1 + exp(-g)) * u`` within ``_shapes.TOL``.
 - Hugging Face equality: ``ACT2FN["silu"](gate) * up`` (transformers' LlamaMLP activation) is bit-identical to
   the reference and to torch_native in every dtype on CPU (they round where HF rounds).
 - ``triton.swiglu`` through the Triton interpreter (``TRITON_INTERPRET=1`` on machines without CUDA, set by
   tests/conftest.py and below as a fallback): seeded small cases vs the float64 oracle, the HF rounding order
-  (a few ulps of the input dtype from HF: float32 ``exp`` implementations differ, and the interpreter truncates
-  float32 -> bfloat16 where the GPU rounds to nearest; float16 is > 99% bit-identical), several column blocks, strided rows; inputs never written.
+  (a few ulps of the input dtype from HF: float32 ``exp`` implementations differ, and the interpreter
+  truncates float32 -> bfloat16 where the GPU rounds to nearest; float16 is > 99% bit-identical), several
+  column blocks, strided rows; inputs never written.
 - NaN/inf propagate like the oracle.
 """
 
@@ -121,7 +122,8 @@ def test_triton_seeded_cases_match_float64(dtype):
 @triton_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=_ids)
 def test_triton_rounds_like_hf(dtype):
-    """Several column blocks (I = 2053 > 1024), a fused gate_up view: within a few ulps of HF's F.silu(g) * u."""
+    """Several column blocks (I = 2053 > 1024), a fused gate_up view: within a few ulps of HF's F.silu(g) *
+    u."""
     g = torch.Generator().manual_seed(7)
     gate_up = (torch.randn(3, 2 * 2053, generator=g) * 4).to(dtype)
     gate, up = gate_up[:, :2053], gate_up[:, 2053:]
@@ -147,8 +149,12 @@ def test_triton_transposed_and_empty_inputs():
 
 
 def test_hand_worked_row():
-    # silu(2) * 3 = 6 / (1 + e^-2) = 6 / 1.1353352832 = 5.2847824...; silu(-2) * 3 = -6 / (1 + e^2) = -0.7152175...
-    gate, up = torch.tensor([[2.0, -2.0]], dtype=torch.float64), torch.tensor([[3.0, 3.0]], dtype=torch.float64)
+    # silu(2) * 3 = 6 / (1 + e^-2) = 6 / 1.1353352832 = 5.2847824...; silu(-2) * 3 = -6 / (1 + e^2) =
+    # -0.7152175...
+    gate, up = (
+        torch.tensor([[2.0, -2.0]], dtype=torch.float64),
+        torch.tensor([[3.0, 3.0]], dtype=torch.float64),
+    )
     expected = [5.284782467867294, -0.7152175321327053]
     assert swiglu_oracle(gate, up)[0].tolist() == pytest.approx(expected, abs=1e-14)
     for kid in ("reference.swiglu", "torch_native.swiglu"):

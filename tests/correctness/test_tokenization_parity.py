@@ -1,8 +1,8 @@
 """``lz.tokenize`` / ``lz.detokenize`` / ``lz.IncrementalDetokenizer`` against each library's own calls, on a
 corpus with CJK, accents, combining marks, right-to-left scripts, emoji with skin tones and ZWJ sequences,
-whitespace runs, tabs, newlines and the empty string (``layerzero.testing.tokenizer_zoo``): the ids, offsets and
-text are the library's; offsets point at the text each token came from; streaming one token at a time adds up
-to the full decode and shows no U+FFFD on the way; random id sequences (split characters, special tokens)
+whitespace runs, tabs, newlines and the empty string (``layerzero.testing.tokenizer_zoo``): the ids, offsets
+and text are the library's; offsets point at the text each token came from; streaming one token at a time adds
+up to the full decode and shows no U+FFFD on the way; random id sequences (split characters, special tokens)
 stream to the full decode too."""
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def kind_tok(request, zoo_tokenizers):
 
 
 def own_encode(kind: str, tok, text: str) -> list[int]:
-    """The library's own ids (special-token text encoded as the special token; BOS/EOS as the library adds)."""
+    """The library's own ids (special-token text encoded as the special token; BOS/EOS as the library
+    adds)."""
     if kind in ("bpe", "wordpiece", "unigram"):
         return tok.encode(text).ids
     if kind == "transformers":
@@ -129,14 +130,19 @@ def test_offsets_are_the_librarys_and_point_at_the_tokens_text(kind_tok):
         if kind == "wordpiece":
             for t, (s, e) in zip(enc.tokens, enc.offsets, strict=True):
                 if t != "<unk>":
-                    bare = "".join(c for c in unicodedata.normalize("NFD", text[s:e].lower())
-                                   if unicodedata.category(c) not in ("Mn", "Cf"))  # BertNormalizer's drops
+                    bare = "".join(
+                        c
+                        for c in unicodedata.normalize("NFD", text[s:e].lower())
+                        if unicodedata.category(c) not in ("Mn", "Cf")
+                    )  # BertNormalizer's drops
                     assert t.removeprefix("##") in bare  # a character may hold several pieces (Hangul)
 
 
 def _visible(s: str) -> str:
     """``s`` under NFKC without whitespace and format characters (what sentencepiece's normalizer drops)."""
-    return "".join(c for c in unicodedata.normalize("NFKC", s) if not c.isspace() and unicodedata.category(c) != "Cf")
+    return "".join(
+        c for c in unicodedata.normalize("NFKC", s) if not c.isspace() and unicodedata.category(c) != "Cf"
+    )
 
 
 def _stream(tok, ids: list[int], skip: bool = False, prompt: list[int] = ()) -> tuple[list[str], str]:
@@ -167,7 +173,7 @@ def test_streaming_after_a_prompt_continues_its_text(kind_tok):
             if "\ufffd" in head or not whole.startswith(head):
                 continue  # the prompt ends inside a character, or decoding it alone differs (a leading space)
             steps, tail = _stream(tok, ids[cut:], prompt=ids[:cut])
-            assert "".join(steps) + tail == whole[len(head):]
+            assert "".join(steps) + tail == whole[len(head) :]
             checked += 1
     assert checked >= 20
 
@@ -183,8 +189,11 @@ def test_random_ids_stream_to_the_full_decode(kind_tok):
         ids = [rng.choice(valid) for _ in range(rng.randint(0, 24))]
         skip = trial % 2 == 1
         steps, tail = _stream(tok, ids, skip)
-        assert "".join(steps) + tail == own_decode(kind, tok, ids, skip) == lz.detokenize(ids, tok,
-                                                                                          skip_special_tokens=skip)
+        assert (
+            "".join(steps) + tail
+            == own_decode(kind, tok, ids, skip)
+            == lz.detokenize(ids, tok, skip_special_tokens=skip)
+        )
         assert not any(s.endswith("\ufffd") for s in steps)  # held back until the character is complete
 
 
@@ -196,6 +205,6 @@ def test_extend_several_tokens_at_once_matches_single_steps(kind_tok):
         at, out = 0, []
         while at < len(ids):
             k = rng.randint(1, 4)
-            out.append(d.extend(ids[at:at + k]))
+            out.append(d.extend(ids[at : at + k]))
             at += k
         assert "".join(out) + d.flush() == own_decode(kind, tok, ids)

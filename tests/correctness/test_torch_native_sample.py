@@ -1,9 +1,9 @@
-"""``torch_native.sample`` (``lz.sample`` on CPU by inverse CDF) against the float64 softmax and the reference:
-the default CPU kernel (CPU only); 20k draws of one row with temperature, top-k, top-p and min-p match the float64
-distribution of the kept set (cosine >= 0.99, every frequent token within 6 sigma) and never leave it; seeded rows
-return exactly ``reference.sample``'s tokens in any batch; the generator makes unseeded draws reproducible; a
-one-token row, greedy rows and a vocabulary of one. (The shared behaviour of ``lz.sample`` is in
-test_batch_sampling.py, which runs the default kernel, i.e. this one on CPU.)"""
+"""``torch_native.sample`` (``lz.sample`` on CPU by inverse CDF) against the float64 softmax and the
+reference: the default CPU kernel (CPU only); 20k draws of one row with temperature, top-k, top-p and min-p
+match the float64 distribution of the kept set (cosine >= 0.99, every frequent token within 6 sigma) and never
+leave it; seeded rows return exactly ``reference.sample``'s tokens in any batch; the generator makes unseeded
+draws reproducible; a one-token row, greedy rows and a vocabulary of one. (The shared behaviour of
+``lz.sample`` is in test_batch_sampling.py, which runs the default kernel, i.e. this one on CPU.)"""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ pytestmark = pytest.mark.correctness
 
 
 def _target(row: torch.Tensor, t: float, k: int, p: float, min_p: float) -> dict[int, float]:
-    """float64 oracle: temperature, top-k (ties kept), top-p on the renormalized top-k, min-p, then normalize."""
+    """float64 oracle: temperature, top-k (ties kept), top-p on the renormalized top-k, min-p, then
+    normalize."""
     z = row.double() / t
     keep = z >= z.topk(k).values[-1]
     pr = torch.where(keep, torch.softmax(z.masked_fill(~keep, -math.inf), 0), 0.0)
@@ -39,8 +40,11 @@ def _target(row: torch.Tensor, t: float, k: int, p: float, min_p: float) -> dict
 def test_default_on_cpu_only():
     x = torch.randn(2, 50)
     assert lz.which("sample", x, temperature=torch.ones(2)) == "torch_native.sample"
-    spec = next(s for s in lz.list_kernels("sample") if (s["kernel_id"] if isinstance(s, dict) else s.kernel_id)
-                == "torch_native.sample")
+    spec = next(
+        s
+        for s in lz.list_kernels("sample")
+        if (s["kernel_id"] if isinstance(s, dict) else s.kernel_id) == "torch_native.sample"
+    )
     devices = spec["device_types"] if isinstance(spec, dict) else spec.device_types
     assert set(devices) == {"cpu"}
 
@@ -52,13 +56,21 @@ def test_twenty_thousand_draws_match_the_float64_distribution(dtype):
     probs = _target(row.double(), t, k, p, mp)
     assert 1 < len(probs) < 24
     n = 20_000
-    out = tn_sample(row[None].expand(n, -1), temperature=torch.full((n,), t), top_k=torch.full((n,), k),
-                    top_p=torch.full((n,), p), min_p=torch.full((n,), mp), generator=torch.Generator().manual_seed(1))
+    out = tn_sample(
+        row[None].expand(n, -1),
+        temperature=torch.full((n,), t),
+        top_k=torch.full((n,), k),
+        top_p=torch.full((n,), p),
+        min_p=torch.full((n,), mp),
+        generator=torch.Generator().manual_seed(1),
+    )
     counts = Counter(out.tolist())
     assert set(counts) <= set(probs), sorted(set(counts) - set(probs))
     a = [counts.get(i, 0) for i in range(64)]
     b = [probs.get(i, 0.0) for i in range(64)]
-    cos = sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    cos = sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(
+        sum(x * x for x in a) * sum(y * y for y in b)
+    )
     assert cos >= 0.99
     for tok, q in probs.items():
         if n * q >= 50:
@@ -80,8 +92,18 @@ def test_seeded_rows_equal_the_reference_in_any_batch():
         lz.unlock("sample")
     got = tn_sample(logits, **ref_kw, generator=torch.Generator().manual_seed(5))
     assert torch.equal(got[seeded], want[seeded])
-    alone = torch.stack([tn_sample(logits[i:i + 1], temperature=temp[i:i + 1], top_k=torch.full((1,), 50),
-                                   seeds=seeds[i:i + 1], offsets=offsets[i:i + 1])[0] for i in range(9)])
+    alone = torch.stack(
+        [
+            tn_sample(
+                logits[i : i + 1],
+                temperature=temp[i : i + 1],
+                top_k=torch.full((1,), 50),
+                seeds=seeds[i : i + 1],
+                offsets=offsets[i : i + 1],
+            )[0]
+            for i in range(9)
+        ]
+    )
     assert torch.equal(alone[seeded], got[seeded])
 
 

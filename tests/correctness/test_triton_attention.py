@@ -1,16 +1,17 @@
-"""``triton.attention`` (FlashAttention-2 forward with in-kernel ALiBi) on CPU tensors through Triton's interpreter
-(``TRITON_INTERPRET=1``, set by tests/conftest.py when no CUDA device is visible), and its selection on hand-built
-CUDA contexts.
+"""``triton.attention`` (FlashAttention-2 forward with in-kernel ALiBi) on CPU tensors through Triton's
+interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py when no CUDA device is visible), and its
+selection on hand-built CUDA contexts.
 
 The oracle is written here from the definitions, in float64, sharing no code with the library: scores
-``scale q.k`` (GQA: query head h reads KV head ``h // (Hq / Hkv)``), the Gemma 2 soft-cap ``c tanh(s / c)``, the
-ALiBi bias ``-slope[b, h] |i + Sk - Sq - j|`` (flash-attn's ``alibi_slopes`` docstring), lz.attention's top-left
-causal mask ``j <= i`` and window ``i - left <= j <= i + right``, a softmax whose fully masked rows are 0, times v.
-Tolerances per dtype (relative to the output's scale, as ``_shapes.mismatch``): float32 1e-5, float16 1e-3, bfloat16
-1e-2 (the interpreter truncates float32 -> bfloat16 where the GPU rounds to nearest). Checks that the test can fail:
-the kernel's output is far from the oracle with the slope sign flipped, with no slopes, and with top-left ALiBi
-positions (``|i - j|``) when Sq != Sk. The interpreter is slow, so shapes are small (the whole file runs in well under
-a minute on 2 cores); tests/gpu/test_gpu_triton_attention.py covers serving shapes on a GPU.
+``scale q.k`` (GQA: query head h reads KV head ``h // (Hq / Hkv)``), the Gemma 2 soft-cap ``c tanh(s / c)``,
+the ALiBi bias ``-slope[b, h] |i + Sk - Sq - j|`` (flash-attn's ``alibi_slopes`` docstring), lz.attention's
+top-left causal mask ``j <= i`` and window ``i - left <= j <= i + right``, a softmax whose fully masked rows
+are 0, times v. Tolerances per dtype (relative to the output's scale, as ``_shapes.mismatch``): float32 1e-5,
+float16 1e-3, bfloat16 1e-2 (the interpreter truncates float32 -> bfloat16 where the GPU rounds to nearest).
+Checks that the test can fail: the kernel's output is far from the oracle with the slope sign flipped, with no
+slopes, and with top-left ALiBi positions (``|i - j|``) when Sq != Sk. The interpreter is slow, so shapes are
+small (the whole file runs in well under a minute on 2 cores); tests/gpu/test_gpu_triton_attention.py covers
+serving shapes on a GPU.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 def oracle(q, k, v, slopes=None, causal=False, scale=None, window=None, softcap=None):
-    """float64 attention from the definitions (module docstring); BHSD in, ``[B, Hq, Sq, Dv]`` float64 out, on q's
-    device (the GPU tests run it there)."""
+    """float64 attention from the definitions (module docstring); BHSD in, ``[B, Hq, Sq, Dv]`` float64 out, on
+    q's device (the GPU tests run it there)."""
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     dev = q.device
@@ -80,7 +81,8 @@ def oracle(q, k, v, slopes=None, causal=False, scale=None, window=None, softcap=
 
 
 def slopes_for(hq: int, batch: int | None = None) -> torch.Tensor:
-    """Press et al. 2022's ``2**(-8 (h + 1) / Hq)`` (float32); ``[B, Hq]`` with each batch row scaled when ``batch``."""
+    """Press et al. 2022's ``2**(-8 (h + 1) / Hq)`` (float32); ``[B, Hq]`` with each batch row scaled when
+    ``batch``."""
     s = torch.tensor([2.0 ** (-8.0 * (h + 1) / hq) for h in range(hq)], dtype=torch.float32)
     return s if batch is None else torch.stack([s * (1 + 0.5 * r) for r in range(batch)])
 
@@ -108,24 +110,28 @@ class Case:
         return q.to(dtype), k.to(dtype), v.to(dtype), slopes_for(self.hq, self.b if self.per_batch else None)
 
 
-CASES = [  # every feature at least once: GQA / MQA, Sq != Sk both ways, decode, odd head dims, D != Dv, both slopes
+# every feature at least once: GQA / MQA, Sq != Sk both ways, decode, odd head dims, D != Dv, both slopes
+CASES = [
     Case(2, 4, 2, 5, 9, 72, 72, causal=False, per_batch=True),
     Case(2, 4, 2, 5, 9, 72, 72, causal=True),
-    Case(1, 6, 2, 13, 7, 80, 80, causal=True, per_batch=True),   # Sq > Sk, GQA 3
-    Case(1, 4, 1, 1, 37, 64, 64),                                # decode-like, MQA
-    Case(3, 2, 2, 11, 11, 40, 24, causal=True, scale=0.3),       # D != Dv, explicit scale
-    Case(1, 5, 5, 17, 30, 16, 16, per_batch=True),               # odd head count, Sq < Sk not causal
+    Case(1, 6, 2, 13, 7, 80, 80, causal=True, per_batch=True),  # Sq > Sk, GQA 3
+    Case(1, 4, 1, 1, 37, 64, 64),  # decode-like, MQA
+    Case(3, 2, 2, 11, 11, 40, 24, causal=True, scale=0.3),  # D != Dv, explicit scale
+    Case(1, 5, 5, 17, 30, 16, 16, per_batch=True),  # odd head count, Sq < Sk not causal
 ]
 
 
 def mismatch(out, ref, dtype):
-    """None when ``out`` is within TOL[dtype] of ``ref`` relative to ref's scale (per element, plus its own size)."""
+    """None when ``out`` is within TOL[dtype] of ``ref`` relative to ref's scale (per element, plus its own
+    size)."""
     assert out.dtype == dtype and tuple(out.shape) == tuple(ref.shape), (out.dtype, out.shape, ref.shape)
     tol = TOL[dtype]
     scale = float(ref.abs().max()) or 1.0
     err = (out.to(F64) - ref).abs()
     bad = err > tol * scale + tol * ref.abs()
-    return None if not bool(bad.any()) else f"{int(bad.sum())}/{bad.numel()} off, worst {float(err.max()):.3g}"
+    return (
+        None if not bool(bad.any()) else f"{int(bad.sum())}/{bad.numel()} off, worst {float(err.max()):.3g}"
+    )
 
 
 def run(case: Case, q, k, v, slopes, **kw):
@@ -162,9 +168,20 @@ def test_seeded_random_shapes_match_float64(dtype):
         window = rng.choice([None, (rng.randint(0, 6), rng.choice([-1, rng.randint(0, 6)]))])
         if causal and window is not None:
             window = (window[0], 0)  # lz.attention's normalization under is_causal
-        case = Case(rng.choice([1, 2]), hkv * rng.choice([1, 2, 4]), hkv, rng.randint(1, 23), rng.randint(1, 29),
-                    rng.choice([8, 24, 72, 80]), rng.choice([8, 24, 72, 80]), causal, rng.random() < 0.5,
-                    rng.choice([None, 0.2]), window, rng.choice([None, 4.0]))
+        case = Case(
+            rng.choice([1, 2]),
+            hkv * rng.choice([1, 2, 4]),
+            hkv,
+            rng.randint(1, 23),
+            rng.randint(1, 29),
+            rng.choice([8, 24, 72, 80]),
+            rng.choice([8, 24, 72, 80]),
+            causal,
+            rng.random() < 0.5,
+            rng.choice([None, 0.2]),
+            window,
+            rng.choice([None, 4.0]),
+        )
         q, k, v, slopes = case.tensors(seed, dtype)
         want = oracle(q, k, v, slopes, case.causal, case.scale, case.window, case.softcap)
         msg = mismatch(run(case, q, k, v, slopes), want, dtype)
@@ -172,16 +189,23 @@ def test_seeded_random_shapes_match_float64(dtype):
             failures.append(f"{case}: {msg}")
         seen.append(case)
     assert not failures, "\n".join(failures)
-    for what in (lambda c: c.hq > c.hkv, lambda c: c.sq != c.sk, lambda c: c.causal, lambda c: not c.causal,
-                 lambda c: c.per_batch, lambda c: c.window is not None, lambda c: c.softcap is not None,
-                 lambda c: c.d % 16 != 0):
+    for what in (
+        lambda c: c.hq > c.hkv,
+        lambda c: c.sq != c.sk,
+        lambda c: c.causal,
+        lambda c: not c.causal,
+        lambda c: c.per_batch,
+        lambda c: c.window is not None,
+        lambda c: c.softcap is not None,
+        lambda c: c.d % 16 != 0,
+    ):
         assert any(what(c) for c in seen)  # the seed covers every feature
 
 
 @interp
 def test_hand_worked_decode_row():
-    """q = k = 0, one query over 3 keys, slope ln 2: the bias is ``-ln2 * |0 + 3 - 1 - j|`` = (-2 ln2, -ln2, 0), so
-    the weights are (1, 2, 4) / 7; v = identity rows gives them back."""
+    """q = k = 0, one query over 3 keys, slope ln 2: the bias is ``-ln2 * |0 + 3 - 1 - j|`` = (-2 ln2, -ln2,
+    0), so the weights are (1, 2, 4) / 7; v = identity rows gives them back."""
     q = torch.zeros(1, 1, 1, 16)
     k = torch.zeros(1, 1, 3, 16)
     v = torch.eye(3, 16)[None, None]
@@ -193,8 +217,8 @@ def test_hand_worked_decode_row():
 @interp
 def test_the_checks_can_fail():
     """A wrong slope sign, no slopes, and top-left ALiBi positions (``|i - j|``) are each caught by the fp32
-    tolerance. The alignment case is not causal: under the top-left causal mask with Sk >= Sq the two alignments
-    differ by a constant per row (``Sk - Sq``), which the softmax cancels."""
+    tolerance. The alignment case is not causal: under the top-left causal mask with Sk >= Sq the two
+    alignments differ by a constant per row (``Sk - Sq``), which the softmax cancels."""
     case = Case(1, 4, 2, 6, 11, 32, 32)
     q, k, v, slopes = case.tensors(3, torch.float32)
     out = run(case, q, k, v, slopes)
@@ -202,7 +226,9 @@ def test_the_checks_can_fail():
     assert mismatch(out, oracle(q, k, v, -slopes), torch.float32) is not None
     assert mismatch(out, oracle(q, k, v, None), torch.float32) is not None
     i, j = torch.arange(case.sq, dtype=F64)[:, None], torch.arange(case.sk, dtype=F64)[None, :]
-    bias = -slopes.to(F64)[None, :, None, None] * (i - j).abs()  # positions aligned top-left: wrong for Sq != Sk
+    bias = (
+        -slopes.to(F64)[None, :, None, None] * (i - j).abs()
+    )  # positions aligned top-left: wrong for Sq != Sk
     s = torch.einsum("bhid,bhjd->bhij", q.to(F64), k.to(F64)[:, [0, 0, 1, 1]]) / math.sqrt(case.d) + bias
     top_left = torch.softmax(s, -1) @ v.to(F64)[:, [0, 0, 1, 1]]
     assert mismatch(out, top_left, torch.float32) is not None
@@ -214,8 +240,9 @@ def test_the_checks_can_fail():
 @interp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_split_k_matches_the_oracle_and_is_deterministic(dtype):
-    """Forced KV splits (FlashDecoding) on a decode-like and a causal call: every split count gives the oracle's
-    answer (more splits than key tiles leaves splits empty), and a call repeated gives the same bits."""
+    """Forced KV splits (FlashDecoding) on a decode-like and a causal call: every split count gives the
+    oracle's answer (more splits than key tiles leaves splits empty), and a call repeated gives the same
+    bits."""
     for case in (Case(2, 4, 2, 1, 150, 64, 64, per_batch=True), Case(1, 2, 1, 9, 70, 24, 24, causal=True)):
         q, k, v, slopes = case.tensors(5, dtype)
         want = oracle(q, k, v, slopes, case.causal)
@@ -228,14 +255,17 @@ def test_split_k_matches_the_oracle_and_is_deterministic(dtype):
 @interp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_small_tiles_take_many_steps(dtype):
-    """Forced 16 x 16 tiles (the smallest config_for may pick on a 99 KB GPU): many token tiles per head group and
-    many key steps per tile, so the online softmax rescales across steps and the causal / window key ranges are
-    cut per tile; an MQA group of 24 query heads, more than a tile's 16 rows, split into two sub-groups of 12."""
+    """Forced 16 x 16 tiles (the smallest config_for may pick on a 99 KB GPU): many token tiles per head group
+    and many key steps per tile, so the online softmax rescales across steps and the causal / window key
+    ranges are cut per tile; an MQA group of 24 query heads, more than a tile's 16 rows, split into two
+    sub-groups of 12."""
     from layerzero.backends.triton.attention import TileConfig
 
-    for case in (Case(1, 4, 2, 37, 83, 24, 24, causal=True, per_batch=True),
-                 Case(1, 12, 2, 5, 60, 16, 16, window=(9, 4), softcap=2.0),
-                 Case(1, 24, 1, 3, 40, 16, 16, per_batch=True)):
+    for case in (
+        Case(1, 4, 2, 37, 83, 24, 24, causal=True, per_batch=True),
+        Case(1, 12, 2, 5, 60, 16, 16, window=(9, 4), softcap=2.0),
+        Case(1, 24, 1, 3, 40, 16, 16, per_batch=True),
+    ):
         q, k, v, slopes = case.tensors(11, dtype)
         want = oracle(q, k, v, slopes, case.causal, case.scale, case.window, case.softcap)
         out = run(case, q, k, v, slopes, config=TileConfig(16, 16, 4, 1))
@@ -244,8 +274,8 @@ def test_small_tiles_take_many_steps(dtype):
 
 @interp
 def test_window_softcap_and_fully_masked_rows():
-    """A window that leaves rows with no key (Sq > Sk, window (0, 1)): those rows are 0, like the reference; with
-    ALiBi and a soft-cap on; window alone without slopes too (the kernel takes alibi_slopes=None)."""
+    """A window that leaves rows with no key (Sq > Sk, window (0, 1)): those rows are 0, like the reference;
+    with ALiBi and a soft-cap on; window alone without slopes too (the kernel takes alibi_slopes=None)."""
     case = Case(1, 4, 2, 12, 5, 24, 24, window=(0, 1), softcap=3.0)
     q, k, v, slopes = case.tensors(9, torch.float32)
     out = run(case, q, k, v, slopes)
@@ -257,15 +287,20 @@ def test_window_softcap_and_fully_masked_rows():
 
 @interp
 def test_bshd_views_strided_rows_and_output_order():
-    """BSHD memory passed as BHSD views (what lz.attention's layout adapter hands the kernel) and q rows that are
-    slices of wider ones: same answer, and the output keeps q's memory order."""
+    """BSHD memory passed as BHSD views (what lz.attention's layout adapter hands the kernel) and q rows that
+    are slices of wider ones: same answer, and the output keeps q's memory order."""
     case = Case(2, 4, 2, 7, 10, 40, 40, causal=True, per_batch=True)
     q, k, v, slopes = case.tensors(2, torch.float16)
     want = oracle(q, k, v, slopes, True)
     qs = torch.zeros(2, 7, 4, 48, dtype=torch.float16)
     qs[..., :40] = q.transpose(1, 2)
-    out = run(case, qs[..., :40].transpose(1, 2), k.transpose(1, 2).contiguous().transpose(1, 2),
-              v.transpose(1, 2).contiguous().transpose(1, 2), slopes)
+    out = run(
+        case,
+        qs[..., :40].transpose(1, 2),
+        k.transpose(1, 2).contiguous().transpose(1, 2),
+        v.transpose(1, 2).contiguous().transpose(1, 2),
+        slopes,
+    )
     assert mismatch(out, want, torch.float16) is None
     assert out.transpose(1, 2).is_contiguous()
 
@@ -293,14 +328,20 @@ def test_tile_plan_helpers():
     assert config_for(torch.bfloat16, 128, 128, 4096, a100) == (128, 64, 8, 3)  # 128 KB estimate
     assert config_for(torch.bfloat16, 128, 128, 4096, ada) == (128, 32, 8, 2)  # 64 KB: fits 99 KB
     assert config_for(torch.float16, 256, 256, 4096, h100).rows == 64
-    assert config_for(torch.bfloat16, 128, 128, 4, h100).rows == 16  # decode: heads of the group fill the tile
+    assert (
+        config_for(torch.bfloat16, 128, 128, 4, h100).rows == 16
+    )  # decode: heads of the group fill the tile
     assert config_for(torch.float32, 80, 80, 1000, h100)[:2] == (64, 32)
     for dtype in DTYPES:  # every config fits its budget and keeps tl.dot's 16-element minimum
         for d in (16, 64, 80, 128, 256):
             for smem in (h100, a100, ada):
                 cfg = config_for(dtype, d, d, 4096, smem)
                 dp, size = max(16, 1 << (d - 1).bit_length()), dtype.itemsize
-                assert (cfg.rows * dp + cfg.num_stages * cfg.block_n * 2 * dp) * size <= 0.85 * smem, (dtype, d, cfg)
+                assert (cfg.rows * dp + cfg.num_stages * cfg.block_n * 2 * dp) * size <= 0.85 * smem, (
+                    dtype,
+                    d,
+                    cfg,
+                )
                 assert cfg.rows >= 16 and cfg.block_n >= 16 and cfg.num_stages >= 1
     assert [sub_group_for(g, 16) for g in (1, 4, 6, 7, 32, 48)] == [1, 4, 6, 7, 16, 16]
     assert splits_for(528, 64, 132, 1024) == 1  # the grid is full: no split
@@ -318,9 +359,22 @@ def _select(ctx, registry=None):
 
 
 def _ctx(sm=(9, 0), dtype=torch.bfloat16, alibi=True, **kw):
-    fields = dict(op="attention", device=fake_cuda_device(sm), dtype=dtype, batch=2, num_heads_q=16, num_heads_kv=4,
-                  head_dim=128, head_dim_v=128, seq_len_q=1024, seq_len_kv=1024, seq_equal=True, layout=Layout.BHSD,
-                  is_causal=True, has_alibi=True if alibi else None)
+    fields = dict(
+        op="attention",
+        device=fake_cuda_device(sm),
+        dtype=dtype,
+        batch=2,
+        num_heads_q=16,
+        num_heads_kv=4,
+        head_dim=128,
+        head_dim_v=128,
+        seq_len_q=1024,
+        seq_len_kv=1024,
+        seq_equal=True,
+        layout=Layout.BHSD,
+        is_causal=True,
+        has_alibi=True if alibi else None,
+    )
     fields.update(kw)
     return SelectionContext(**fields)
 
@@ -332,13 +386,16 @@ def _codes(report, kernel_id=KID):
 @pytest.mark.parametrize("sm", [(8, 0), (8, 9), (9, 0), (10, 0), (12, 0)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_alibi_calls_on_cuda_pick_triton_attention(sm, dtype):
-    """Every other installed CUDA kernel refuses ALiBi except SDPA math (20) and the reference (0); FlashAttention 2
-    (90, ALiBi natively) is not installed here."""
+    """Every other installed CUDA kernel refuses ALiBi except SDPA math (20) and the reference (0);
+    FlashAttention 2 (90, ALiBi natively) is not installed here."""
     plan, report = _select(_ctx(sm, dtype))
     assert plan.kernel_id == KID and plan.transforms == ()
-    for ctx in (_ctx(sm, dtype, seq_len_q=1, seq_len_kv=4096, seq_equal=False, is_causal=False),
-                _ctx(sm, dtype, graph_capture=True), _ctx(sm, dtype, window_left=63, window_right=0, has_softcap=True),
-                _ctx(sm, dtype, head_dim=80, head_dim_v=80, num_heads_kv=16)):
+    for ctx in (
+        _ctx(sm, dtype, seq_len_q=1, seq_len_kv=4096, seq_equal=False, is_causal=False),
+        _ctx(sm, dtype, graph_capture=True),
+        _ctx(sm, dtype, window_left=63, window_right=0, has_softcap=True),
+        _ctx(sm, dtype, head_dim=80, head_dim_v=80, num_heads_kv=16),
+    ):
         assert _select(ctx)[0].kernel_id == KID, ctx
     bshd = _select(_ctx(sm, dtype, layout=Layout.BSHD))[0]
     assert bshd.kernel_id == KID and bshd.transforms  # a transposed view, no copy
@@ -352,17 +409,20 @@ def test_priority_sits_between_sdpa_math_and_flash_attn2():
     assert reg.kernel("flash_attn2.attention").supports_alibi
 
 
-@pytest.mark.parametrize(("kw", "code"), [
-    ({"alibi": False}, R.ALIBI_REQUIRED),
-    ({"mask": MaskKind.FLOAT}, R.MASK_UNSUPPORTED),
-    ({"mask": MaskKind.BOOL, "is_causal": False}, R.MASK_UNSUPPORTED),
-    ({"dropout": True}, R.DROPOUT_UNSUPPORTED),
-    ({"requires_grad": True}, R.BACKWARD_UNSUPPORTED),
-    ({"sm": (7, 5), "dtype": torch.float16}, R.SM_TOO_OLD),
-    ({"dtype": torch.float64}, R.DTYPE_UNSUPPORTED),
-    ({"head_dim": 512, "head_dim_v": 512}, R.HEAD_DIM_TOO_LARGE),
-    ({"stride_last_1": False}, R.STRIDE_LAST_DIM_NOT_1),
-])
+@pytest.mark.parametrize(
+    ("kw", "code"),
+    [
+        ({"alibi": False}, R.ALIBI_REQUIRED),
+        ({"mask": MaskKind.FLOAT}, R.MASK_UNSUPPORTED),
+        ({"mask": MaskKind.BOOL, "is_causal": False}, R.MASK_UNSUPPORTED),
+        ({"dropout": True}, R.DROPOUT_UNSUPPORTED),
+        ({"requires_grad": True}, R.BACKWARD_UNSUPPORTED),
+        ({"sm": (7, 5), "dtype": torch.float16}, R.SM_TOO_OLD),
+        ({"dtype": torch.float64}, R.DTYPE_UNSUPPORTED),
+        ({"head_dim": 512, "head_dim_v": 512}, R.HEAD_DIM_TOO_LARGE),
+        ({"stride_last_1": False}, R.STRIDE_LAST_DIM_NOT_1),
+    ],
+)
 def test_refusals_carry_their_reason(kw, code):
     plan, report = _select(_ctx(**kw))
     assert plan.kernel_id != KID
@@ -371,14 +431,26 @@ def test_refusals_carry_their_reason(kw, code):
         assert plan.kernel_id == "torch_sdpa.math"
 
 
-@pytest.mark.parametrize("kw", [{}, {"is_causal": False}, {"seq_len_q": 1, "seq_len_kv": 4096, "seq_equal": False},
-                                {"dtype": torch.float32}, {"num_heads_kv": 16}, {"mask": MaskKind.FLOAT},
-                                {"graph_capture": True}, {"window_left": 127, "window_right": 0},
-                                {"head_dim": 80, "head_dim_v": 80}, {"layout": Layout.BSHD},
-                                {"sm": (8, 0), "dtype": torch.float16}, {"has_softcap": True}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"is_causal": False},
+        {"seq_len_q": 1, "seq_len_kv": 4096, "seq_equal": False},
+        {"dtype": torch.float32},
+        {"num_heads_kv": 16},
+        {"mask": MaskKind.FLOAT},
+        {"graph_capture": True},
+        {"window_left": 127, "window_right": 0},
+        {"head_dim": 80, "head_dim_v": 80},
+        {"layout": Layout.BSHD},
+        {"sm": (8, 0), "dtype": torch.float16},
+        {"has_softcap": True},
+    ],
+)
 def test_plain_calls_choose_what_they_chose_without_it(kw):
-    """Non-ALiBi calls on CUDA: triton.attention refuses them (ALIBI_REQUIRED), so the pick equals the pick of the
-    same registry without it."""
+    """Non-ALiBi calls on CUDA: triton.attention refuses them (ALIBI_REQUIRED), so the pick equals the pick of
+    the same registry without it."""
     RUNTIME.ensure_ready()
     without = KernelRegistry()
     without.add_op(RUNTIME.registry.ops.get("attention"))

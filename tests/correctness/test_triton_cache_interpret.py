@@ -1,8 +1,8 @@
 """``triton.reshape_and_cache`` on CPU through the Triton interpreter (``TRITON_INTERPRET=1``, set by
 tests/conftest.py when no CUDA device is visible), against a token-by-token oracle written by hand: seeded
-ragged cases (NHD and HND, page sizes 1..32, Hkv 1..8, odd head dims, -1 padding slots, K/V as strided views of
-a packed QKV projection). The write is a copy, so the comparison is exact: every written slot bit-equal to its
-token, every other slot (NaN-filled) untouched. Plus its KernelSpec's routing on hand-built contexts."""
+ragged cases (NHD and HND, page sizes 1..32, Hkv 1..8, odd head dims, -1 padding slots, K/V as strided views
+of a packed QKV projection). The write is a copy, so the comparison is exact: every written slot bit-equal to
+its token, every other slot (NaN-filled) untouched. Plus its KernelSpec's routing on hand-built contexts."""
 
 from __future__ import annotations
 
@@ -26,17 +26,21 @@ interpreted = needs_interpreter("tests/gpu/test_gpu_triton_cache.py")
 
 
 def _case(seed: int, layout: str, dtype: torch.dtype):
-    """(k, v, cache, slots): T new tokens of Hkv heads, K/V cut out of a packed [T, (Hq + 2 Hkv) * D] projection
-    (row stride > Hkv * D), unique slots in a NaN-filled cache, about a fifth of them -1."""
+    """(k, v, cache, slots): T new tokens of Hkv heads, K/V cut out of a packed [T, (Hq + 2 Hkv) * D]
+    projection (row stride > Hkv * D), unique slots in a NaN-filled cache, about a fifth of them -1."""
     rnd = random.Random(seed)
-    t, hkv, d, page = rnd.randint(1, 40), rnd.choice([1, 2, 3, 8]), rnd.choice([8, 20, 64, 128]), rnd.choice(
-        [1, 5, 16, 32])
+    t, hkv, d, page = (
+        rnd.randint(1, 40),
+        rnd.choice([1, 2, 3, 8]),
+        rnd.choice([8, 20, 64, 128]),
+        rnd.choice([1, 5, 16, 32]),
+    )
     blocks = (t + page - 1) // page + rnd.randint(1, 3)
     g = torch.Generator().manual_seed(seed)
     hq = 2 * hkv
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).to(dtype)
-    k = qkv[:, hq * d:(hq + hkv) * d].view(t, hkv, d)
-    v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+    v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
     slots = torch.tensor(rnd.sample(range(blocks * page), t), dtype=rnd.choice([torch.int32, torch.int64]))
     slots[torch.rand(t, generator=g) < 0.2] = -1
     shape = (blocks, 2, page, hkv, d) if layout == "NHD" else (blocks, 2, hkv, page, d)
@@ -102,14 +106,26 @@ def registry():
 
 
 def _ctx(device, dtype=torch.bfloat16, capture=False, stride=True):
-    return SelectionContext(op="reshape_and_cache", device=device, dtype=dtype, batch=8, num_heads_kv=8,
-                            head_dim=128, page_size=16, kv_layout="NHD", graph_capture=capture,
-                            stride_last_1=stride)
+    return SelectionContext(
+        op="reshape_and_cache",
+        device=device,
+        dtype=dtype,
+        batch=8,
+        num_heads_kv=8,
+        head_dim=128,
+        page_size=16,
+        kv_layout="NHD",
+        graph_capture=capture,
+        stride_last_1=stride,
+    )
 
 
 def _select(reg, ctx):
-    return select(reg, ctx, SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None),
-                                            log_fallbacks=False))
+    return select(
+        reg,
+        ctx,
+        SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None), log_fallbacks=False),
+    )
 
 
 @pytest.mark.unit
@@ -123,9 +139,11 @@ def test_chosen_on_cuda_eager_and_under_capture(registry, capture):
 def test_refused_on_cpu_old_gpus_and_strided_rows(registry):
     from layerzero.core.device import DeviceSpec
 
-    for ctx, code in ((_ctx(DeviceSpec.detect("cpu")), R.DEVICE_TYPE_UNSUPPORTED),
-                      (_ctx(fake_cuda_device((7, 5))), R.SM_TOO_OLD),
-                      (_ctx(fake_cuda_device((9, 0)), dtype=torch.float64), R.DTYPE_UNSUPPORTED)):
+    for ctx, code in (
+        (_ctx(DeviceSpec.detect("cpu")), R.DEVICE_TYPE_UNSUPPORTED),
+        (_ctx(fake_cuda_device((7, 5))), R.SM_TOO_OLD),
+        (_ctx(fake_cuda_device((9, 0)), dtype=torch.float64), R.DTYPE_UNSUPPORTED),
+    ):
         plan, report = _select(registry, ctx)
         assert code in {r.code for r in report.candidate(tc.KERNEL_ID).reasons}
         assert plan.kernel_id != tc.KERNEL_ID

@@ -4,15 +4,16 @@ through the Triton interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py
 before any ``@triton.jit`` runs when no CUDA device is visible). Skipped with a reason without triton.
 
 The interpreter is slow (milliseconds per program), so the cases are few and small; the GPU file
-(tests/gpu/test_gpu_triton.py) runs >= 200 seeded cases per dtype. The interpreter rounds float32 -> bfloat16 by
-truncation where the GPU rounds to nearest even, so bfloat16 results may sit one bf16 ulp further from the
+(tests/gpu/test_gpu_triton.py) runs >= 200 seeded cases per dtype. The interpreter rounds float32 -> bfloat16
+by truncation where the GPU rounds to nearest even, so bfloat16 results may sit one bf16 ulp further from the
 oracle here than on the GPU: the shared tolerance (2e-2 of the output scale) still holds.
 
 - rms_norm / fused add: seeded cases of ``_shapes.rms_call`` (odd hidden sizes, leading dims, sliced and
   transposed rows, float32 weights with half x) vs the float64 oracle; h equals ``x + r`` rounded once to x's
   dtype; the tiled path (H > 8192); a hand-worked row.
 - rope: seeded ``_shapes.rope_call`` cases (both pair styles, partial rotary, tables / int32 and int64
-  position ids / gathered [B or 1, S, R], BHSD/BSHD, GQA) vs the complex-multiplication oracle; inputs unchanged.
+  position ids / gathered [B or 1, S, R], BHSD/BSHD, GQA) vs the complex-multiplication oracle; inputs
+  unchanged.
 - fused_moe: seeded small cases of ``test_fused_moe.moe_case`` (T in {0, 1, ragged}, odd H and I, E 1..8,
   K 1..E, both block configs) vs the float64 oracle; strided inputs; duplicate ids; ``moe_align``'s layout
   (every pair once, each tile one expert, padding only at group ends).
@@ -39,8 +40,10 @@ if not torch.cuda.is_available():  # must precede the first @triton.jit of the s
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shapes import F64, kept_oracle, mismatch, qk_norm_rope_call, rms_call, rope_call  # noqa: E402
 
-pytestmark = [pytest.mark.correctness,
-              pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")]
+pytestmark = [
+    pytest.mark.correctness,
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed"),
+]
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU_WORK = 60_000  # elements per seeded case at most (interpreter time)
@@ -77,8 +80,10 @@ def test_rms_norm_seeded_cases_match_float64(dtype):
             msg = mismatch(o, r, dtype, f"output {i}")
             if msg:
                 failures.append(f"[{call.case}] {msg}")
-        assert all(torch.equal(a, b) for a, b in zip(snapshot, [t for t in (x, w, res) if t is not None],
-                                                      strict=True)), "inputs were modified"
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(snapshot, [t for t in (x, w, res) if t is not None], strict=True)
+        ), "inputs were modified"
         fused += res is not None
         ran += 1
         if ran >= 12:
@@ -102,18 +107,28 @@ def test_rms_norm_tiled_long_rows_and_fused_sum(dtype):
     assert bool(((s.to(F64) - exact).abs() <= ulp).all())
     y64 = s.to(F64) / torch.sqrt((s.to(F64) ** 2).mean(-1, keepdim=True) + 1e-5) * w.to(F64)
     assert mismatch(y, y64, dtype, "tiled y") is None
-    assert mismatch(norms.rms_norm(x, w, 1e-5), x.to(F64) / torch.sqrt((x.to(F64) ** 2).mean(-1, keepdim=True)
-                                                                      + 1e-5) * w.to(F64), dtype) is None
+    assert (
+        mismatch(
+            norms.rms_norm(x, w, 1e-5),
+            x.to(F64) / torch.sqrt((x.to(F64) ** 2).mean(-1, keepdim=True) + 1e-5) * w.to(F64),
+            dtype,
+        )
+        is None
+    )
 
 
 def test_rms_norm_hand_worked_row_and_empty_input():
     norms = _kernels()[0]
     # [3, 4]: mean square 12.5, 1/sqrt(12.5) = 0.28284..., times weight [1, 2]
     y = norms.rms_norm(torch.tensor([[3.0, 4.0]]), torch.tensor([1.0, 2.0]), 1e-12)
-    torch.testing.assert_close(y, torch.tensor([[3 / math.sqrt(12.5), 8 / math.sqrt(12.5)]]), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        y, torch.tensor([[3 / math.sqrt(12.5), 8 / math.sqrt(12.5)]]), rtol=1e-6, atol=0
+    )
     y, h = norms.rms_norm(torch.tensor([[1.0, 2.0]]), torch.ones(2), 1e-12, torch.tensor([[2.0, 2.0]]))
     torch.testing.assert_close(h, torch.tensor([[3.0, 4.0]]))
-    torch.testing.assert_close(y, torch.tensor([[3 / math.sqrt(12.5), 4 / math.sqrt(12.5)]]), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        y, torch.tensor([[3 / math.sqrt(12.5), 4 / math.sqrt(12.5)]]), rtol=1e-6, atol=0
+    )
     empty = norms.rms_norm(torch.ones(0, 5), torch.ones(5), 1e-6)
     assert empty.shape == (0, 5)
 
@@ -151,8 +166,8 @@ def test_rope_seeded_cases_match_float64(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_qk_norm_rope_seeded_cases_match_float64(dtype):
     """``triton.qk_norm_rope`` (the rope kernel with its NORM prologue): 12 seeded cases per dtype (both pair
-    styles, partial rotary: the pass-through dims count in the norm, every cos/sin form, BHSD/BSHD, GQA) equal the
-    float64 norm-then-rotate oracle; inputs unchanged."""
+    styles, partial rotary: the pass-through dims count in the norm, every cos/sin form, BHSD/BSHD, GQA) equal
+    the float64 norm-then-rotate oracle; inputs unchanged."""
     rope = _kernels()[1]
     ran, failures, seen = 0, [], set()
     for seed in range(300):
@@ -162,7 +177,9 @@ def test_qk_norm_rope_seeded_cases_match_float64(dtype):
         q, k, qw, kw, cos, sin = call.args
         o = call.kwargs
         before = (q.clone(), k.clone())
-        out = rope.qk_norm_rope(q, k, qw, kw, cos, sin, o["position_ids"], o["interleaved"], o["layout"], o["eps"])
+        out = rope.qk_norm_rope(
+            q, k, qw, kw, cos, sin, o["position_ids"], o["interleaved"], o["layout"], o["eps"]
+        )
         for i, (got, want) in enumerate(zip(out, call.oracle(), strict=True)):
             msg = mismatch(got, want, dtype, f"output {i}")
             if msg:
@@ -183,7 +200,7 @@ def test_rope_strided_views_are_read_in_place():
     rope = _kernels()[1]
     gen = torch.Generator().manual_seed(3)
     b, s, h, d = 2, 5, 3, 10
-    q = torch.randn(b, s, h * d + 4, generator=gen)[..., 2:2 + h * d].unflatten(-1, (h, d)).transpose(1, 2)
+    q = torch.randn(b, s, h * d + 4, generator=gen)[..., 2 : 2 + h * d].unflatten(-1, (h, d)).transpose(1, 2)
     k = torch.randn(b, s, h, d, generator=gen).transpose(1, 2)
     ang = torch.arange(s, dtype=F64)[:, None] * torch.tensor([1.0, 0.1, 0.01], dtype=F64)
     cos, sin = torch.cat((ang.cos(), ang.cos()), -1).float(), torch.cat((ang.sin(), ang.sin()), -1).float()
@@ -206,18 +223,28 @@ def test_rope_strided_views_are_read_in_place():
 
 
 def inverse_cdf(order, kept, u):
-    """(token, margin): the first candidate whose float64 cumulative probability exceeds u, and the distance of
-    u to the nearest cumulative boundary (a float32 kernel may differ only when that is tiny)."""
+    """(token, margin): the first candidate whose float64 cumulative probability exceeds u, and the distance
+    of u to the nearest cumulative boundary (a float32 kernel may differ only when that is tiny)."""
     cum = torch.cumsum(kept, 0)
     i = int((cum > u).nonzero()[0]) if bool((cum > u).any()) else len(order) - 1
     return int(order[i]), float((cum - u).abs().min())
 
 
-@pytest.mark.parametrize(("vocab", "k", "p", "temperature"), [
-    (1, 5, None, 1.0), (2, 1, None, 0.7), (7, 3, None, 1.0), (257, 40, None, 0.6), (3001, 1500, None, 1.3),
-    (3001, None, 0.9, 1.0), (513, None, 0.5, 0.8), (7, None, 1.0, 1.0), (1025, 5000, None, 1.0),
-    (2049, None, 0.3, 2.0),
-])
+@pytest.mark.parametrize(
+    ("vocab", "k", "p", "temperature"),
+    [
+        (1, 5, None, 1.0),
+        (2, 1, None, 0.7),
+        (7, 3, None, 1.0),
+        (257, 40, None, 0.6),
+        (3001, 1500, None, 1.3),
+        (3001, None, 0.9, 1.0),
+        (513, None, 0.5, 0.8),
+        (7, None, 1.0, 1.0),
+        (1025, 5000, None, 1.0),
+        (2049, None, 0.3, 2.0),
+    ],
+)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_draw_with_given_u_equals_float64_inverse_cdf(vocab, k, p, temperature, dtype):
     sampling = _kernels()[2]
@@ -278,7 +305,7 @@ def test_same_seed_same_tokens_and_zero_probability_never_drawn():
     assert torch.equal(a, b) and bool((a % 2 == 1).all())
     c = sampling.sample_topk(logits, 300, 1.0, torch.Generator().manual_seed(42))  # no cut: token order
     assert bool((c % 2 == 1).all())
-    u = torch.ones(6) - 2 ** -24  # largest float32 below 1: the last candidate with non-zero probability
+    u = torch.ones(6) - 2**-24  # largest float32 below 1: the last candidate with non-zero probability
     last = sampling.draw(logits, u, k=None)
     assert torch.equal(last, torch.full((6,), 299))
 
@@ -299,11 +326,18 @@ def test_fused_moe_seeded_cases_match_float64(dtype):
     moe = _moe()
     failures, configs = [], set()
     for seed in range(6):
-        c = moe_case(seed, dtype, tokens=(0, 1, 13, 5, 3, 40)[seed], ids_dtype=(torch.int32, torch.int64)[seed % 2])
+        c = moe_case(
+            seed, dtype, tokens=(0, 1, 13, 5, 3, 40)[seed], ids_dtype=(torch.int32, torch.int64)[seed % 2]
+        )
         snapshot = [t.clone() for t in c]
         out = moe.fused_moe(*c)
-        msg = mismatch(out, oracle(*c), dtype, f"seed {seed} T={c.x.shape[0]} H={c.x.shape[1]} I={c.w2.shape[2]} "
-                                               f"E={c.w13.shape[0]} K={c.ids.shape[1]}")
+        msg = mismatch(
+            out,
+            oracle(*c),
+            dtype,
+            f"seed {seed} T={c.x.shape[0]} H={c.x.shape[1]} I={c.w2.shape[2]} "
+            f"E={c.w13.shape[0]} K={c.ids.shape[1]}",
+        )
         if msg:
             failures.append(msg)
         assert all(torch.equal(a, b) for a, b in zip(snapshot, c, strict=True)), "inputs were modified"
@@ -320,13 +354,20 @@ def test_fused_moe_strided_inputs_and_duplicate_ids():
     x = torch.randn(6, 38)[:, ::2].copy_(c.x)
     w13 = c.w13.transpose(1, 2).contiguous().transpose(1, 2)
     w2 = c.w2.transpose(0, 1).contiguous().transpose(0, 1)
-    ids = torch.tensor([[1, 1], [0, 2], [2, 2], [0, 1], [1, 0], [2, 1]], dtype=torch.int32).t().contiguous().t()
+    ids = (
+        torch.tensor([[1, 1], [0, 2], [2, 2], [0, 1], [1, 0], [2, 1]], dtype=torch.int32).t().contiguous().t()
+    )
     weights = c.weights.t().contiguous().t()
-    assert mismatch(moe.fused_moe(x, w13, w2, weights, ids), oracle(x, w13, w2, weights, ids), torch.float32) is None
+    assert (
+        mismatch(moe.fused_moe(x, w13, w2, weights, ids), oracle(x, w13, w2, weights, ids), torch.float32)
+        is None
+    )
 
 
-@pytest.mark.parametrize(("tokens", "experts", "top_k", "block_m"), [(1, 8, 2, 16), (13, 5, 3, 4), (40, 3, 1, 16),
-                                                                     (7, 1, 1, 2), (9, 6, 6, 64)])
+@pytest.mark.parametrize(
+    ("tokens", "experts", "top_k", "block_m"),
+    [(1, 8, 2, 16), (13, 5, 3, 4), (40, 3, 1, 16), (7, 1, 1, 2), (9, 6, 6, 64)],
+)
 def test_moe_align_layout(tokens, experts, top_k, block_m):
     moe = _moe()
     g = torch.Generator().manual_seed(tokens)
@@ -345,5 +386,5 @@ def test_moe_align_layout(tokens, experts, top_k, block_m):
     for tile, e in zip(tiles[:used], block_expert[:used].tolist(), strict=True):
         rows = tile[tile < pairs].long()
         assert rows.numel() > 0 and bool((flat[rows] == e).all()), "a tile holds one expert's pairs"
-        assert bool((tile[:rows.numel()] < pairs).all()), "padding only at the end of a group"
+        assert bool((tile[: rows.numel()] < pairs).all()), "padding only at the end of a group"
     assert block_expert[:used].tolist() == sorted(block_expert[:used].tolist())

@@ -1,5 +1,6 @@
-"""``triton.sample`` (``lz.sample``'s exponential race in one Triton launch) on CPU through the Triton interpreter
-(``TRITON_INTERPRET=1``, set by tests/conftest.py when no CUDA device is visible), against float64 oracles:
+"""``triton.sample`` (``lz.sample``'s exponential race in one Triton launch) on CPU through the Triton
+interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py when no CUDA device is visible), against float64
+oracles:
 
 - seeded rows: the race re-scored in float64 from the reference's own noise (``reference.sampling.
   seeded_exponential``): the kernel's pick must carry the largest score, up to a float32-rounding margin (so a
@@ -37,7 +38,9 @@ def _case(seed: int, dtype: torch.dtype, *, min_p: bool = False):
     temp = torch.tensor([rnd.choice([0.0, 0.3, 0.7, 1.0, 1.6]) for _ in range(b)], dtype=torch.float32)
     seeds = torch.tensor([rnd.randint(0, 2**40) for _ in range(b)], dtype=torch.int64)
     offsets = torch.tensor([rnd.randint(0, 500) for _ in range(b)], dtype=torch.int64)
-    mp = torch.tensor([rnd.choice([0.0, 0.05, 0.3]) for _ in range(b)], dtype=torch.float32) if min_p else None
+    mp = (
+        torch.tensor([rnd.choice([0.0, 0.05, 0.3]) for _ in range(b)], dtype=torch.float32) if min_p else None
+    )
     return logits, temp, seeds, offsets, mp
 
 
@@ -95,7 +98,9 @@ def test_top_k_and_top_p_rows_stay_in_the_kept_set(seed):
     b, v = logits.shape
     temp = temp.clamp_min(0.5)
     top_k = torch.tensor([random.Random(seed + i).choice([0, 1, 5, 50]) for i in range(b)], dtype=torch.int64)
-    top_p = torch.tensor([random.Random(seed - i).choice([1.0, 0.5, 0.9]) for i in range(b)], dtype=torch.float32)
+    top_p = torch.tensor(
+        [random.Random(seed - i).choice([1.0, 0.5, 0.9]) for i in range(b)], dtype=torch.float32
+    )
     tokens = ts.sample(logits, temperature=temp, top_k=top_k, top_p=top_p, seeds=seeds, offsets=offsets)
     # the reference's cut, then the float64 race over it
     z = (logits - logits.amax(-1, keepdim=True)) / temp[:, None]
@@ -106,12 +111,17 @@ def test_top_k_and_top_p_rows_stay_in_the_kept_set(seed):
 
 @interpreted
 def test_unseeded_rows_follow_the_softmax():
-    rows, temp = 1500, 0.8  # 0.05 is 3.9 sigma of the top token's frequency; ignoring temp would move it by 0.062
+    rows, temp = (
+        1500,
+        0.8,
+    )  # 0.05 is 3.9 sigma of the top token's frequency; ignoring temp would move it by 0.062
     logits = torch.tensor([[1.0, 0.0, -1.0, 2.0, 0.5, -3.0, 1.5]]).repeat(rows, 1)
     g = torch.Generator().manual_seed(3)
     tokens = ts.sample(logits, temperature=torch.full((rows,), temp), generator=g)
     freq = torch.bincount(tokens, minlength=7).double() / rows
     want = torch.softmax(logits[0].double() / temp, dim=-1)
     assert (freq - want).abs().max() < 0.05, (freq, want)
-    again = ts.sample(logits, temperature=torch.full((rows,), temp), generator=torch.Generator().manual_seed(3))
+    again = ts.sample(
+        logits, temperature=torch.full((rows,), temp), generator=torch.Generator().manual_seed(3)
+    )
     assert torch.equal(tokens, again)  # the generator decides the unseeded rows' noise

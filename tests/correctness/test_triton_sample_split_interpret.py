@@ -1,12 +1,14 @@
-"""``triton.sample``'s split-vocabulary path (``_sampling_split_kernels.py``: chunk maxima, chunk races, merge) on CPU
-through the Triton interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py when no CUDA device is visible):
-it must return exactly the ids of the one-program-per-row kernel ``_race_row`` (``split=False``).
+"""``triton.sample``'s split-vocabulary path (``_sampling_split_kernels.py``: chunk maxima, chunk races,
+merge) on CPU through the Triton interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py when no CUDA
+device is visible): it must return exactly the ids of the one-program-per-row kernel ``_race_row``
+(``split=False``).
 
-Cases: odd vocabularies (1, 7, 1000, 5003) cut into many chunks (``split_block`` / ``split_programs`` lowered so
-small rows split, the last chunk short), 1-5 rows, with and without temperature (greedy rows at 0 and below
-float32's smallest normal, and just above it), with and without min-p, seeded and unseeded rows (the call's base
-seed fixed by a seeded generator), ties of the max across chunks, ``-inf`` entries, all-``-inf`` rows and ``+inf``
-logits; the top-k / top-p path; the merge's tie rule (smallest column) on crafted partials; the split rule."""
+Cases: odd vocabularies (1, 7, 1000, 5003) cut into many chunks (``split_block`` / ``split_programs`` lowered
+so small rows split, the last chunk short), 1-5 rows, with and without temperature (greedy rows at 0 and below
+float32's smallest normal, and just above it), with and without min-p, seeded and unseeded rows (the call's
+base seed fixed by a seeded generator), ties of the max across chunks, ``-inf`` entries, all-``-inf`` rows and
+``+inf`` logits; the top-k / top-p path; the merge's tie rule (smallest column) on crafted partials; the split
+rule."""
 
 from __future__ import annotations
 
@@ -82,13 +84,18 @@ def test_split_returns_the_one_program_ids(vocab, rows, sampling_knobs):
         logits = _logits(rnd, g, rows, vocab, dtype)
         kw: dict = {}
         if case % 2 == 1:
-            kw["temperature"] = torch.tensor([rnd.choice([0.0, TINY / 2, TINY * 2, 0.3, 0.7, 1.0, 1.6])
-                                              for _ in range(rows)], dtype=torch.float32)
+            kw["temperature"] = torch.tensor(
+                [rnd.choice([0.0, TINY / 2, TINY * 2, 0.3, 0.7, 1.0, 1.6]) for _ in range(rows)],
+                dtype=torch.float32,
+            )
         if case >= 2:
-            kw["min_p"] = torch.tensor([rnd.choice([0.0, 0.05, 0.3, 1.0]) for _ in range(rows)], dtype=torch.float32)
+            kw["min_p"] = torch.tensor(
+                [rnd.choice([0.0, 0.05, 0.3, 1.0]) for _ in range(rows)], dtype=torch.float32
+            )
         if rnd.random() < 0.7:
-            kw["seeds"] = torch.tensor([rnd.choice([-1, rnd.randint(0, 2**40)]) for _ in range(rows)],
-                                       dtype=torch.int64)
+            kw["seeds"] = torch.tensor(
+                [rnd.choice([-1, rnd.randint(0, 2**40)]) for _ in range(rows)], dtype=torch.int64
+            )
             kw["offsets"] = torch.tensor([rnd.randint(0, 2**33) for _ in range(rows)], dtype=torch.int64)
         one, split = _both(logits, seed=case, **kw)
         assert split.dtype == torch.int64 and split.shape == (rows,)
@@ -106,9 +113,13 @@ def test_split_matches_after_top_k_and_top_p(seed):
     b, v = 4, 1000
     logits = _logits(rnd, torch.Generator().manual_seed(seed), b, v, torch.float32)
     logits[logits.isinf()] = 0.0  # the cut (torch.sort of z) is the reference's, not under test here
-    kw = dict(temperature=torch.tensor([0.0, 0.5, 1.0, 1.3]),
-              top_k=torch.tensor([0, 5, 50, 1000]), top_p=torch.tensor([0.9, 1.0, 0.5, 0.95]),
-              seeds=torch.tensor([3, -1, 5, 2**35]), offsets=torch.tensor([0, 1, 2, 3]))
+    kw = dict(
+        temperature=torch.tensor([0.0, 0.5, 1.0, 1.3]),
+        top_k=torch.tensor([0, 5, 50, 1000]),
+        top_p=torch.tensor([0.9, 1.0, 0.5, 0.95]),
+        seeds=torch.tensor([3, -1, 5, 2**35]),
+        offsets=torch.tensor([0, 1, 2, 3]),
+    )
     one, split = _both(logits, seed=7, **kw)
     assert torch.equal(one, split)
 
@@ -143,16 +154,18 @@ def test_split_rule():
     kn = ts.SamplingKnobs()
     assert ts.split_chunks(1, 151936) == (75, kn.split_block)  # one tile per chunk at batch 1
     n, length = ts.split_chunks(17, 151936)
-    assert 1 < n <= math.ceil(kn.split_programs / 17) and length % kn.split_block == 0 and n * length >= 151936
+    assert (
+        1 < n <= math.ceil(kn.split_programs / 17) and length % kn.split_block == 0 and n * length >= 151936
+    )
     assert (n - 1) * length < 151936
     assert ts.split_chunks(kn.split_programs, 151936)[0] == 1  # enough rows: one program per row
     assert ts.split_chunks(1, kn.split_block)[0] == 1  # one tile: nothing to split
 
 
 def test_the_chunk_vector_width_is_one_constant_per_vocabulary(monkeypatch):
-    """``CHUNKS`` (a ``tl.constexpr``: one compiled variant per value) depends on the vocabulary only, never on the
-    number of rows: a launch spy sees one value for 1-300 rows of Qwen3's vocabulary, wide enough for the most
-    chunks (75 at one row) and launched with the same warps."""
+    """``CHUNKS`` (a ``tl.constexpr``: one compiled variant per value) depends on the vocabulary only, never
+    on the number of rows: a launch spy sees one value for 1-300 rows of Qwen3's vocabulary, wide enough for
+    the most chunks (75 at one row) and launched with the same warps."""
     block = ts.SamplingKnobs().split_block
     assert ts.chunk_pad(151936) == 128 and ts.chunk_pad(block) == 1 and ts.chunk_pad(block + 1) == 2
     seen = set()
@@ -168,4 +181,3 @@ def test_the_chunk_vector_width_is_one_constant_per_vocabulary(monkeypatch):
         assert n_chunks <= ts.chunk_pad(151936)
         seen |= {(name, kw["CHUNKS"], kw["num_warps"]) for name, _, kw in calls if "CHUNKS" in kw}
     assert seen == {("_split_race", 128, 4), ("_split_merge", 128, 1)}
-

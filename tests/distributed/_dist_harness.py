@@ -1,13 +1,13 @@
 """Multi-process harness of the synchronized-selection tests (CPU/Gloo here, CUDA/NCCL in tests/gpu).
 
 :func:`spawn` starts ``world`` processes with ``torch.multiprocessing`` (spawn), each runs one scenario of
-:data:`SCENARIOS` under ``init_process_group(backend, init_method=file://...)`` and writes a JSON result per rank;
-the parent reads them back. A worker's exception fails the parent with its traceback; a hang is killed after
-``limit_s`` and fails the test.
+:data:`SCENARIOS` under ``init_process_group(backend, init_method=file://...)`` and writes a JSON result per
+rank; the parent reads them back. A worker's exception fails the parent with its traceback; a hang is killed
+after ``limit_s`` and fails the test.
 
 Ranks are made to differ on purpose (:func:`make_ranks_differ`): rank 1 has ``lz.lock``s, rank 2 a policy file
-with ``deny`` rules, rank 3 a lower (fake) free memory and PerfDB measurements preferring other kernels; every rank
-registers the same custom rms_norm kernel with a declared workspace, which only rank 3's memory rejects.
+with ``deny`` rules, rank 3 a lower (fake) free memory and PerfDB measurements preferring other kernels; every
+rank registers the same custom rms_norm kernel with a declared workspace, which only rank 3's memory rejects.
 """
 
 from __future__ import annotations
@@ -33,26 +33,41 @@ STRICT_KERNEL = "distlab.rms_hi"
 MiB = 1 << 20
 
 
-def spawn(scenario: str, world: int, tmp: Path, *, backend: str = "gloo", pg_timeout_s: float = 60.0,
-          limit_s: float = 90.0) -> list[dict[str, Any]]:
+def spawn(
+    scenario: str,
+    world: int,
+    tmp: Path,
+    *,
+    backend: str = "gloo",
+    pg_timeout_s: float = 60.0,
+    limit_s: float = 90.0,
+) -> list[dict[str, Any]]:
     """Run ``scenario`` on ``world`` spawned ranks; their JSON results, in rank order."""
     import torch.multiprocessing as mp
 
     out = tmp / "ranks"
     out.mkdir()
-    ctx = mp.spawn(_entry, args=(world, str(tmp / "init"), str(out), scenario, backend, pg_timeout_s),
-                   nprocs=world, join=False)
+    ctx = mp.spawn(
+        _entry,
+        args=(world, str(tmp / "init"), str(out), scenario, backend, pg_timeout_s),
+        nprocs=world,
+        join=False,
+    )
     deadline = time.monotonic() + limit_s
     while not ctx.join(timeout=1.0):
         if time.monotonic() > deadline:
             for p in ctx.processes:
                 if p.is_alive():
                     p.kill()
-            raise AssertionError(f"scenario {scenario!r} on {world} ranks did not finish in {limit_s:.0f} s (hang)")
+            raise AssertionError(
+                f"scenario {scenario!r} on {world} ranks did not finish in {limit_s:.0f} s (hang)"
+            )
     return [json.loads((out / f"{r}.json").read_text()) for r in range(world)]
 
 
-def _entry(rank: int, world: int, init: str, out: str, scenario: str, backend: str, pg_timeout_s: float) -> None:
+def _entry(
+    rank: int, world: int, init: str, out: str, scenario: str, backend: str, pg_timeout_s: float
+) -> None:
     import torch.distributed as dist
 
     import layerzero as lz
@@ -62,8 +77,13 @@ def _entry(rank: int, world: int, init: str, out: str, scenario: str, backend: s
     if backend == "nccl":
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
-    dist.init_process_group(backend, init_method=f"file://{init}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=pg_timeout_s))
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{init}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=pg_timeout_s),
+    )
     lz.configure(perfdb_path=os.path.join(out, f"perfdb{rank}.sqlite"))
     result: dict[str, Any] = {"rank": rank}
     try:
@@ -74,7 +94,7 @@ def _entry(rank: int, world: int, init: str, out: str, scenario: str, backend: s
         dist.destroy_process_group()
 
 
-# ---------------------------------------------------------------------------------------------- inputs and oracles
+# ----------------------------------------------------------------------------------------- inputs and oracles
 def cases(device: str) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
     """The calls every rank makes (same seed on every rank): rms_norm and attention at several shapes."""
     g = torch.Generator().manual_seed(1234)
@@ -127,16 +147,20 @@ def check_main(results: list[dict], world: int) -> None:
     assert [r["rank_world"] for r in results] == [[r, world] for r in range(world)]
     # Without sync the ranks choose differently (so the checks below can fail).
     for r in results[1:]:
-        assert all(a != b for a, b in zip(r["before"], r0["before"], strict=True)), (r["rank"], r["before"],
-                                                                                    r0["before"])
+        assert all(a != b for a, b in zip(r["before"], r0["before"], strict=True)), (
+            r["rank"],
+            r["before"],
+            r0["before"],
+        )
     assert r0["before"][0] == WS_KERNEL
     # After sync every rank runs rank 0's kernels, and its outputs are bit-identical to rank 0's.
     for r in results:
         assert r["after"] == r0["before"], (r["rank"], r["after"])
         assert r["digests"] == r0["digests"], r["rank"]
         assert max(r["max_err"]) <= r["tol"], (r["rank"], r["max_err"])
-        # the same decisions on every rank; on CUDA the first eager call of a key also decides its capture-time
-        # key (collectively), so there are more decisions than eager calls there (seen on 2 H200s over NCCL)
+        # the same decisions on every rank; on CUDA the first eager call of a key also decides its
+        # capture-time key (collectively), so there are more decisions than eager calls there (seen on 2 H200s
+        # over NCCL)
         assert r["decisions"] == r0["decisions"] and r["n_decisions"] == r0["n_decisions"]
         assert set(r0["before"]) <= set(r["decisions"])
         assert r["n_decisions"] == len(r0["before"]) or r.get("cuda")
@@ -151,12 +175,19 @@ def check_main(results: list[dict], world: int) -> None:
         if "graph_ok" in r:
             assert r["graph_ok"], r["rank"]
     for r in results[1:]:
-        assert any(f"rank {r['rank']} alone would have chosen {r['before'][0]}" in n for n in r["explain_notes"])
+        assert any(
+            f"rank {r['rank']} alone would have chosen {r['before'][0]}" in n for n in r["explain_notes"]
+        )
     # A call that differs between ranks: the same typed error on every rank, naming rank 1 and the field.
     for r in results:
         m = r["mismatch"]
         assert (m["type"], m["rank"], m["field"], m["expected"], m["got"]) == (
-            "DistributedMismatchError", 1, "hidden_size", 200, 208), m
+            "DistributedMismatchError",
+            1,
+            "hidden_size",
+            200,
+            208,
+        ), m
     # Rank 0's kernel cannot run the last rank's inputs: every rank raises, naming that rank and the reason.
     for r in results:
         c = r["cannot_run"]
@@ -169,13 +200,17 @@ def check_main(results: list[dict], world: int) -> None:
     for r in results:
         v = r["version_mismatch"]
         assert (v["type"], v["rank"], v["field"], v["got"]) == (
-            "DistributedMismatchError", world - 1, "backend torch_sdpa version", "0.0.0+fake"), v
+            "DistributedMismatchError",
+            world - 1,
+            "backend torch_sdpa version",
+            "0.0.0+fake",
+        ), v
         assert v["expected"] not in (None, "0.0.0+fake")
         assert f"rank {world - 1}" in v["message"]
         assert r["synced_after_refusal"] is False
 
 
-# ---------------------------------------------------------------------------------------------- rank differences
+# ------------------------------------------------------------------------------------------- rank differences
 def _ws_rms(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Any = None) -> Any:
     if residual is not None:
         x = x + residual
@@ -188,17 +223,26 @@ def make_ranks_differ(rank: int, device: str, out: Path) -> None:
     import layerzero as lz
     from layerzero.core.runtime import RUNTIME
 
-    lz.register_kernel("rms_norm", WS_KERNEL, _ws_rms, priority=70, device_types={"cpu", "cuda"},
-                       dtypes={"float32", "float16", "bfloat16"}, workspace=lambda ctx: 16 * MiB)
+    lz.register_kernel(
+        "rms_norm",
+        WS_KERNEL,
+        _ws_rms,
+        priority=70,
+        device_types={"cpu", "cuda"},
+        dtypes={"float32", "float16", "bfloat16"},
+        workspace=lambda ctx: 16 * MiB,
+    )
     RUNTIME.free_memory = (lambda _dev: 1 * MiB) if rank == 3 else (lambda _dev: 1 << 30)
     if rank == 1:
         lz.lock("rms_norm", "reference.rms_norm")
         lz.lock("attention", "torch_sdpa.math")
     elif rank == 2:
         path = out / "rank2_policy.yaml"
-        path.write_text("version: 1\ndeny:\n  - op: rms_norm\n    kernels: [distlab.ws_rms]\n"
-                        "  - op: attention\n    kernels: [torch_sdpa.flash, torch_sdpa.efficient, torch_sdpa.cudnn, "
-                        "flash_attn*, flashinfer*, xformers*]\n")
+        path.write_text(
+            "version: 1\ndeny:\n  - op: rms_norm\n    kernels: [distlab.ws_rms]\n"
+            "  - op: attention\n    kernels: [torch_sdpa.flash, torch_sdpa.efficient, torch_sdpa.cudnn, "
+            "flash_attn*, flashinfer*, xformers*]\n"
+        )
         lz.load_config(path)
     elif rank == 3:
         _prefer_math_in_perfdb(device)
@@ -219,14 +263,26 @@ def _prefer_math_in_perfdb(device: str) -> None:
         fp = fingerprint(device_fingerprint_parts(ctx.device))
         for c in lz.explain(op, *args, **kwargs).candidates:
             if c.status.value != "rejected":
-                db.record(c.kernel_id, op, ctx.bucket_key(), fp, [1.0] if c.kernel_id == "torch_sdpa.math" else [500.0])
+                db.record(
+                    c.kernel_id,
+                    op,
+                    ctx.bucket_key(),
+                    fp,
+                    [1.0] if c.kernel_id == "torch_sdpa.math" else [500.0],
+                )
     RUNTIME.cache.invalidate()
 
 
 # ---------------------------------------------------------------------------------------------- scenarios
 def _error(exc: BaseException) -> dict[str, Any]:
-    return {"type": type(exc).__name__, "rank": getattr(exc, "rank", None), "field": getattr(exc, "field", None),
-            "expected": getattr(exc, "expected", None), "got": getattr(exc, "got", None), "message": str(exc)}
+    return {
+        "type": type(exc).__name__,
+        "rank": getattr(exc, "rank", None),
+        "field": getattr(exc, "field", None),
+        "expected": getattr(exc, "expected", None),
+        "got": getattr(exc, "got", None),
+        "message": str(exc),
+    }
 
 
 def _expect_error(fn: Callable[[], Any]) -> dict[str, Any]:
@@ -241,8 +297,9 @@ def _expect_error(fn: Callable[[], Any]) -> dict[str, Any]:
 
 def scenario_main(rank: int, world: int, device: str, out: Path, res: dict[str, Any]) -> None:
     """Before sync (ranks differ) -> sync -> every case (kernels, outputs, explain) -> a rank-local cache
-    invalidation (no collective, same kernels) -> a mismatched call (all ranks raise) -> rank 0's kernel not runnable
-    on the last rank (all raise) -> unsync (ranks differ again) -> a backend version mismatch at sync (all raise)."""
+    invalidation (no collective, same kernels) -> a mismatched call (all ranks raise) -> rank 0's kernel not
+    runnable on the last rank (all raise) -> unsync (ranks differ again) -> a backend version mismatch at sync
+    (all raise)."""
     import layerzero as lz
     from layerzero.core.runtime import RUNTIME
 
@@ -256,7 +313,9 @@ def scenario_main(rank: int, world: int, device: str, out: Path, res: dict[str, 
     res["after"] = [which(c) for c in calls]
     res["digests"] = [digest(o) for o in outs]
     tol = 5e-3 if outs[-1].dtype == torch.float16 else 1e-4
-    res["max_err"] = [float((o.double() - reference(*c)).abs().max()) for o, c in zip(outs, calls, strict=True)]
+    res["max_err"] = [
+        float((o.double() - reference(*c)).abs().max()) for o, c in zip(outs, calls, strict=True)
+    ]
     res["tol"] = tol
     res["cuda"] = device.startswith("cuda")
     res["decisions"] = sorted(set(sync.decisions().values()))
@@ -275,15 +334,21 @@ def scenario_main(rank: int, world: int, device: str, out: Path, res: dict[str, 
     res["again"] = [which(c) for c in calls]
     res["again_new_decisions"] = len(sync.decisions()) - n_before
     res["traced"] = sorted({k for (_op, k) in t.counts})
-    # SPMD broken: each rank calls rms_norm with another hidden size -> every rank raises the same typed error.
+    # SPMD broken: each rank calls rms_norm with another hidden size -> every rank raises the same typed
+    # error.
     hidden = 200 + 8 * rank  # no rank may hit a kept key here (hidden sizes of cases(): 64, 96, 128)
-    res["mismatch"] = _expect_error(lambda: lz.rms_norm(torch.randn(2, hidden, device=device),
-                                                        torch.ones(hidden, device=device)))
-    # Rank 0's kernel cannot run the last rank's inputs -> every rank raises, naming that rank and the reasons.
+    res["mismatch"] = _expect_error(
+        lambda: lz.rms_norm(torch.randn(2, hidden, device=device), torch.ones(hidden, device=device))
+    )
+    # Rank 0's kernel cannot run the last rank's inputs -> every rank raises, naming that rank and the
+    # reasons.
     dtypes = {"float64"} if rank == world - 1 else {"float32", "float16", "bfloat16", "float64"}
-    lz.register_kernel("rms_norm", STRICT_KERNEL, _ws_rms, priority=99, device_types={"cpu", "cuda"}, dtypes=dtypes)
-    res["cannot_run"] = _expect_error(lambda: lz.rms_norm(torch.randn(3, 24, device=device),
-                                                          torch.ones(24, device=device)))
+    lz.register_kernel(
+        "rms_norm", STRICT_KERNEL, _ws_rms, priority=99, device_types={"cpu", "cuda"}, dtypes=dtypes
+    )
+    res["cannot_run"] = _expect_error(
+        lambda: lz.rms_norm(torch.randn(3, 24, device=device), torch.ones(24, device=device))
+    )
     lz.unregister_kernel(STRICT_KERNEL)
     lz.distributed.unsync()
     res["unsynced"] = [which(c) for c in calls]
@@ -313,8 +378,8 @@ def _capture_replay(case: tuple[str, tuple[Any, ...], dict[str, Any]]) -> bool:
 
 
 def scenario_extra_call(rank: int, world: int, device: str, out: Path, res: dict[str, Any]) -> None:
-    """Rank 1 makes a call on new inputs that rank 0 does not make: rank 1 gets a typed error within the process
-    group's timeout instead of hanging."""
+    """Rank 1 makes a call on new inputs that rank 0 does not make: rank 1 gets a typed error within the
+    process group's timeout instead of hanging."""
     import layerzero as lz
 
     calls = cases(device)
@@ -333,8 +398,8 @@ def scenario_extra_call(rank: int, world: int, device: str, out: Path, res: dict
 
 
 def scenario_out_of_step(rank: int, world: int, device: str, out: Path, res: dict[str, Any]) -> None:
-    """Rank 1 selects a new key while rank 0 runs another LayerZero collective (sync_selection again): both get a
-    typed error naming the other side, instead of misreading each other's data."""
+    """Rank 1 selects a new key while rank 0 runs another LayerZero collective (sync_selection again): both
+    get a typed error naming the other side, instead of misreading each other's data."""
     import layerzero as lz
 
     calls = cases(device)

@@ -1,8 +1,9 @@
 """lz.distributed.sync_selection: every rank runs rank 0's kernel (TP-invariant mode), over Gloo on CPU.
 
-Multi-process tests spawn 2 and 4 ranks (tests/distributed/_dist_harness.py) whose local views differ on purpose
-(a lock, a policy file, a lower free memory, PerfDB measurements); single-process tests use a 1-rank Gloo group
-for what needs no peer (no communication on cache hits, explain notes, errors without a process group).
+Multi-process tests spawn 2 and 4 ranks (tests/distributed/_dist_harness.py) whose local views differ on
+purpose (a lock, a policy file, a lower free memory, PerfDB measurements); single-process tests use a 1-rank
+Gloo group for what needs no peer (no communication on cache hits, explain notes, errors without a process
+group).
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ def test_a_call_only_one_rank_makes_fails_typed_instead_of_hanging(tmp_path):
 
 def test_collectives_out_of_step_fail_typed_on_both_sides(tmp_path):
     r0, r1 = (r["error"] for r in spawn("out_of_step", 2, tmp_path))
-    assert (r0["type"], r0["rank"], r0["field"], r0["got"]) == ("DistributedMismatchError", 1, "kind",
-                                                                "lz.selection"), r0
+    assert (r0["type"], r0["rank"], r0["field"], r0["got"]) == (
+        "DistributedMismatchError",
+        1,
+        "kind",
+        "lz.selection",
+    ), r0
     assert (r1["type"], r1["rank"], r1["field"]) == ("DistributedMismatchError", 0, "collective"), r1
     assert "out of step" in r1["message"]
 
@@ -49,8 +54,13 @@ def test_collectives_out_of_step_fail_typed_on_both_sides(tmp_path):
 def one_rank_group(tmp_path):
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{tmp_path / 'init'}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=30),
+    )
     try:
         yield
     finally:
@@ -114,6 +124,8 @@ def test_errors_are_typed():
 
 
 def test_import_layerzero_does_not_import_the_distributed_module():
-    code = ("import sys, layerzero as lz; assert 'layerzero.distributed' not in sys.modules; "
-            "lz.distributed.sync_selection; assert 'layerzero.distributed' in sys.modules")
+    code = (
+        "import sys, layerzero as lz; assert 'layerzero.distributed' not in sys.modules; "
+        "lz.distributed.sync_selection; assert 'layerzero.distributed' in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -45,8 +45,8 @@ def hf_models(checkpoints: dict[str, Path]) -> dict[str, object]:
 
 
 def hf_greedy(model: object, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
-    """Greedy decoding with transformers' forward (KV cache, no logits processors, EOS not special): (tokens, raw
-    logprob of each chosen token). The engine's equivalent is ``temperature=0, ignore_eos=True``."""
+    """Greedy decoding with transformers' forward (KV cache, no logits processors, EOS not special): (tokens,
+    raw logprob of each chosen token). The engine's equivalent is ``temperature=0, ignore_eos=True``."""
     tokens, lps = [], []
     ids, past = torch.tensor([prompt]), None
     with torch.no_grad():
@@ -61,9 +61,11 @@ def hf_greedy(model: object, prompt: list[int], max_new_tokens: int) -> tuple[li
     return tokens, lps
 
 
-def assert_greedy_matches_hf(model: object, prompts: list[list[int]], outs: list, max_new_tokens: int) -> None:
-    """Each output's tokens equal :func:`hf_greedy`'s for its prompt and its chosen tokens' logprobs (the engine ran
-    with ``logprobs=0``) are within 1e-4 of transformers' raw logprobs."""
+def assert_greedy_matches_hf(
+    model: object, prompts: list[list[int]], outs: list, max_new_tokens: int
+) -> None:
+    """Each output's tokens equal :func:`hf_greedy`'s for its prompt and its chosen tokens' logprobs (the
+    engine ran with ``logprobs=0``) are within 1e-4 of transformers' raw logprobs."""
     for p, o in zip(prompts, outs, strict=True):
         tokens, lps = hf_greedy(model, p, max_new_tokens)
         c = o.outputs[0]
@@ -83,6 +85,7 @@ def prompts(n: int = 4, seed: int = 0, lo: int = 3, hi: int = 40, vocab: int = 5
 def deadline(seconds: float) -> Iterator[None]:
     """Raise TimeoutError in the main thread after ``seconds``: a hang becomes a failure, not a stuck CI (the
     engine's clean-up on an exception then runs too)."""
+
     def _raise(signum: int, frame: object) -> None:
         raise TimeoutError(f"still running after {seconds} s: the engine hangs")
 

@@ -1,7 +1,7 @@
-"""``lz.capture_selection()`` on a real GPU (``pytest -m gpu``): inside the block an eager call picks the kernel a
-CUDA-graph capture of it picks (``triton.rms_norm`` / ``triton.swiglu`` by ``capture_priority``; torch's kernels
-outside), and its output equals the captured graph's replay bit for bit; selection inside the block needs no
-warm-up (no ``CudaGraphUnsafeError``)."""
+"""``lz.capture_selection()`` on a real GPU (``pytest -m gpu``): inside the block an eager call picks the
+kernel a CUDA-graph capture of it picks (``triton.rms_norm`` / ``triton.swiglu`` by ``capture_priority``;
+torch's kernels outside), and its output equals the captured graph's replay bit for bit; selection inside the
+block needs no warm-up (no ``CudaGraphUnsafeError``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """lz.distributed.sync_selection on two GPUs over NCCL: the checks of tests/distributed/test_sync_selection.py
-(ranks that differ on purpose all run rank 0's kernels, bit-identical outputs, float64 oracle, typed errors on every
-rank, unsync, version refusal), with CUDA inputs (float16 attention) and a CUDA-graph capture after sync that must
-run no collective (the capture-time choice was decided, collectively, on the first eager call)."""
+(ranks that differ on purpose all run rank 0's kernels, bit-identical outputs, float64 oracle, typed errors on
+every rank, unsync, version refusal), with CUDA inputs (float16 attention) and a CUDA-graph capture after sync
+that must run no collective (the capture-time choice was decided, collectively, on the first eager call)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.distributed]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
-@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_nccl_available(),
-                    reason="needs torch.distributed with NCCL")
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_nccl_available(),
+    reason="needs torch.distributed with NCCL",
+)
 def test_two_gpus_follow_rank_0_over_nccl(tmp_path):
     results = spawn("main", 2, tmp_path, backend="nccl", limit_s=400)
     check_main(results, 2)

@@ -64,14 +64,21 @@ def test_fa_kernel_matches_float64_oracle(kernel_id, dtype):
                             if reasons:
                                 pytest.fail(f"{kernel_id} refuses d={d} s={s}: {reasons}")
                             if layout == "BSHD":
-                                out = lz.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                   is_causal=causal, layout="BSHD").transpose(1, 2)
+                                out = lz.attention(
+                                    q.transpose(1, 2),
+                                    k.transpose(1, 2),
+                                    v.transpose(1, 2),
+                                    is_causal=causal,
+                                    layout="BSHD",
+                                ).transpose(1, 2)
                             else:
                                 out = lz.attention(q, k, v, is_causal=causal)
                             ref = _oracle_bhsd(q, k, v, causal)
                             err = (out.double() - ref).abs().max().item()
                             assert err <= TOL[dtype] * max(1.0, ref.abs().max().item()), (
-                                f"{kernel_id} d={d} Hq={hq} Hkv={hkv} S={s} causal={causal} {layout}: err {err}")
+                                f"{kernel_id} d={d} Hq={hq} Hkv={hkv} S={s} causal={causal} {layout}: err "
+                                f"{err}"
+                            )
                             cases += 1
         assert cases >= 64
     finally:

@@ -64,10 +64,17 @@ def _oracle_bhsd(q, k, v, causal, scale):
 
 
 DENSE = [  # (B, Hq, Hkv, Sq, Sk, D, causal)
-    (1, 8, 8, 128, 128, 128, True), (3, 8, 2, 77, 77, 128, True), (2, 16, 2, 200, 333, 128, False),
-    (4, 8, 8, 1, 517, 128, False), (5, 16, 2, 1, 1000, 128, False), (3, 32, 4, 1, 64, 128, False),
-    (2, 8, 1, 1, 300, 128, False), (2, 4, 4, 65, 65, 64, True), (2, 8, 2, 1, 129, 64, False),
-    (2, 4, 2, 96, 96, 256, True), (3, 4, 4, 1, 250, 256, False),
+    (1, 8, 8, 128, 128, 128, True),
+    (3, 8, 2, 77, 77, 128, True),
+    (2, 16, 2, 200, 333, 128, False),
+    (4, 8, 8, 1, 517, 128, False),
+    (5, 16, 2, 1, 1000, 128, False),
+    (3, 32, 4, 1, 64, 128, False),
+    (2, 8, 1, 1, 300, 128, False),
+    (2, 4, 4, 65, 65, 64, True),
+    (2, 8, 2, 1, 129, 64, False),
+    (2, 4, 2, 96, 96, 256, True),
+    (3, 4, 4, 1, 250, 256, False),
 ]
 
 
@@ -129,7 +136,9 @@ def _case(seed: int, decode: bool, layout: str):
     max_blocks = max(need + [1]) + rng.randint(0, 2)
     shape = (nb, 2, page, hkv, d) if layout == "NHD" else (nb, 2, hkv, page, d)
     cache = torch.full(shape, float("nan"), dtype=F64)
-    table = torch.tensor([[rng.choice((-1, nb, 0)) for _ in range(max_blocks)] for _ in lens], dtype=torch.int32)
+    table = torch.tensor(
+        [[rng.choice((-1, nb, 0)) for _ in range(max_blocks)] for _ in lens], dtype=torch.int32
+    )
     for s, n in enumerate(need):
         for j in range(n):
             table[s, j] = ids.pop()
@@ -146,11 +155,25 @@ def _case(seed: int, decode: bool, layout: str):
         keys.append(kk)
         vals.append(vv)
     q = torch.randn(sum(ql for ql, _ in lens), hkv * ratio, d, generator=gen, dtype=F64)
-    cu = None if decode else torch.tensor([0, *torch.tensor([ql for ql, _ in lens]).cumsum(0).tolist()],
-                                          dtype=torch.int32)
+    cu = (
+        None
+        if decode
+        else torch.tensor([0, *torch.tensor([ql for ql, _ in lens]).cumsum(0).tolist()], dtype=torch.int32)
+    )
     scale = rng.choice((None, None, 0.05))
     causal = rng.random() < 0.8
-    return lens, q, cache, table, torch.tensor([kv for _, kv in lens], dtype=torch.int32), cu, keys, vals, scale, causal
+    return (
+        lens,
+        q,
+        cache,
+        table,
+        torch.tensor([kv for _, kv in lens], dtype=torch.int32),
+        cu,
+        keys,
+        vals,
+        scale,
+        causal,
+    )
 
 
 def _paged_oracle(lens, q, keys, vals, scale, causal):
@@ -162,11 +185,11 @@ def _paged_oracle(lens, q, keys, vals, scale, causal):
         if ql:
             rep = q.shape[1] // k.shape[1]
             kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-            s = torch.einsum("ihd,jhd->hij", q[pos:pos + ql], kk) * sc
+            s = torch.einsum("ihd,jhd->hij", q[pos : pos + ql], kk) * sc
             if causal:
                 vis = torch.arange(kv)[None, :] <= kv - ql + torch.arange(ql)[:, None]
                 s = s.masked_fill(~vis, float("-inf"))
-            out[pos:pos + ql] = torch.einsum("hij,jhd->ihd", torch.softmax(s, -1), vv)
+            out[pos : pos + ql] = torch.einsum("hij,jhd->ihd", torch.softmax(s, -1), vv)
         pos += ql
     return out
 
@@ -179,11 +202,24 @@ def test_paged_matches_float64(dtype, layout):
     for seed in range(PAGED_CASES):
         decode = seed % 2 == 0
         lens, q, cache, table, seq_lens, cu, keys, vals, scale, causal = _case(seed, decode, layout)
-        ref = _paged_oracle(lens, q.to(dtype).to(F64), [k.to(dtype).to(F64) for k in keys],
-                            [v.to(dtype).to(F64) for v in vals], scale, causal)
-        out = lz.paged_attention(q.to(dtype).cuda(), cache.to(dtype).cuda(), table.cuda(), seq_lens.cuda(),
-                                 cu_seqlens_q=None if cu is None else cu.cuda(), scale=scale, is_causal=causal,
-                                 kv_layout=layout)
+        ref = _paged_oracle(
+            lens,
+            q.to(dtype).to(F64),
+            [k.to(dtype).to(F64) for k in keys],
+            [v.to(dtype).to(F64) for v in vals],
+            scale,
+            causal,
+        )
+        out = lz.paged_attention(
+            q.to(dtype).cuda(),
+            cache.to(dtype).cuda(),
+            table.cuda(),
+            seq_lens.cuda(),
+            cu_seqlens_q=None if cu is None else cu.cuda(),
+            scale=scale,
+            is_causal=causal,
+            kv_layout=layout,
+        )
         msg = mismatch(out.cpu(), ref, dtype, f"seed {seed} decode={decode} lens={lens} {layout}")
         if msg:
             failures.append(msg)
@@ -204,8 +240,14 @@ def test_plan_cache_hits_across_layers_and_replans_on_update():
     keep = seq_lens.clone()
     seq_lens.sub_((seq_lens > 1).int())
     short = [(1, int(n)) for n in seq_lens.tolist()]
-    ref = _paged_oracle(short, q.cpu().to(F64), [k[:n].to(dtype).to(F64) for k, (_, n) in zip(keys, short, strict=True)],
-                        [v[:n].to(dtype).to(F64) for v, (_, n) in zip(vals, short, strict=True)], scale, False)
+    ref = _paged_oracle(
+        short,
+        q.cpu().to(F64),
+        [k[:n].to(dtype).to(F64) for k, (_, n) in zip(keys, short, strict=True)],
+        [v[:n].to(dtype).to(F64) for v, (_, n) in zip(vals, short, strict=True)],
+        scale,
+        False,
+    )
     out = lz.paged_attention(q, cache, table, seq_lens, scale=scale)
     assert _stats().misses - after.misses == 1
     assert mismatch(out.cpu(), ref, dtype, "after in-place update") is None

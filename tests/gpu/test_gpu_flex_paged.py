@@ -1,9 +1,9 @@
-"""``flex_attention.paged_attention`` compiled on a CUDA GPU (``pytest -m gpu tests/gpu/test_gpu_flex_paged.py``;
-skipped on CPU).
+"""``flex_attention.paged_attention`` compiled on a CUDA GPU (``pytest -m gpu
+tests/gpu/test_gpu_flex_paged.py``; skipped on CPU).
 
-Locked through ``lz.paged_attention`` against a float64 oracle on CPU: six configurations (bf16/fp16/fp32; page
-sizes 1, 8, 16, 32; NHD and HND; decode and append; causal and not; GQA 4), three seeds each with the same
-shapes, so each configuration compiles once (six compiles in all, under dynamo's recompile limit of 8 per
+Locked through ``lz.paged_attention`` against a float64 oracle on CPU: six configurations (bf16/fp16/fp32;
+page sizes 1, 8, 16, 32; NHD and HND; decode and append; causal and not; GQA 4), three seeds each with the
+same shapes, so each configuration compiles once (six compiles in all, under dynamo's recompile limit of 8 per
 function). Every unused cache slot is NaN and unread block-table entries are garbage. Inductor failed to lower
 compiled flex for some shapes on the H200 image (torch 2.11, ``NoValidChoicesError``, see test_gpu_graphs.py):
 such a failure is reported as an xfail naming the configuration, any other failure fails.
@@ -31,14 +31,18 @@ F64 = torch.float64
 SLOTS = 512  # N * P, fixed per configuration so every seed reuses the compiled kernel
 HKV, RATIO, D = 2, 4, 64
 CONFIGS = [  # (dtype, page, layout, decode, causal)
-    (torch.bfloat16, 1, "NHD", True, True), (torch.bfloat16, 16, "HND", True, True),
-    (torch.bfloat16, 32, "NHD", False, True), (torch.float16, 16, "NHD", False, True),
-    (torch.float32, 8, "HND", True, True), (torch.bfloat16, 16, "NHD", False, False)]
+    (torch.bfloat16, 1, "NHD", True, True),
+    (torch.bfloat16, 16, "HND", True, True),
+    (torch.bfloat16, 32, "NHD", False, True),
+    (torch.float16, 16, "NHD", False, True),
+    (torch.float32, 8, "HND", True, True),
+    (torch.bfloat16, 16, "NHD", False, False),
+]
 
 
 def build(seed: int, page: int, layout: str, decode: bool):
-    """CPU float64 (q [T, Hq, D], cache, table [4, M], seq_lens [4], cu or None): 4 sequences, T = 4 (decode) or
-    12 (append: q_lens a random split of 12, one maybe 0), blocks shuffled, NaN in unused slots."""
+    """CPU float64 (q [T, Hq, D], cache, table [4, M], seq_lens [4], cu or None): 4 sequences, T = 4 (decode)
+    or 12 (append: q_lens a random split of 12, one maybe 0), blocks shuffled, NaN in unused slots."""
     rng = random.Random(seed)
     nb = SLOTS // page
     per_seq = nb // 4  # blocks each sequence may use
@@ -52,8 +56,9 @@ def build(seed: int, page: int, layout: str, decode: bool):
     rng.shuffle(ids)
     shape = (nb, 2, page, HKV, D) if layout == "NHD" else (nb, 2, HKV, page, D)
     cache = torch.full(shape, float("nan"), dtype=F64)
-    table = torch.tensor([[rng.choice((-1, nb, 2**30)) for _ in range(per_seq + 1)] for _ in range(4)],
-                         dtype=torch.int32)
+    table = torch.tensor(
+        [[rng.choice((-1, nb, 2**30)) for _ in range(per_seq + 1)] for _ in range(4)], dtype=torch.int32
+    )
     gen = torch.Generator().manual_seed(seed)
     for s, kv in enumerate(kv_lens):
         for j in range(-(-kv // page)):
@@ -99,14 +104,25 @@ def test_compiled_matches_float64_oracle(dtype, page, layout, decode, causal):
         for seed in range(3):
             q, cache, table, lens, cu = build(seed, page, layout, decode)
             ref = oracle(q, cache, table, lens, cu, layout, causal)
-            dev = [x.cuda() if x is not None else None for x in (q.to(dtype), cache.to(dtype), table, lens, cu)]
+            dev = [
+                x.cuda() if x is not None else None for x in (q.to(dtype), cache.to(dtype), table, lens, cu)
+            ]
             with lz.trace() as tr:
                 try:
-                    out = lz.paged_attention(dev[0], dev[1], dev[2], dev[3], cu_seqlens_q=dev[4], is_causal=causal,
-                                             kv_layout=layout)
+                    out = lz.paged_attention(
+                        dev[0],
+                        dev[1],
+                        dev[2],
+                        dev[3],
+                        cu_seqlens_q=dev[4],
+                        is_causal=causal,
+                        kv_layout=layout,
+                    )
                 except lz.KernelExecutionError as exc:
                     if "NoValidChoices" in repr(exc) + repr(exc.__cause__):
-                        pytest.xfail(f"KNOWN: Inductor could not lower compiled flex for {dtype} page {page}: {exc}")
+                        pytest.xfail(
+                            f"KNOWN: Inductor could not lower compiled flex for {dtype} page {page}: {exc}"
+                        )
                     raise
             assert tr.kernels_for("paged_attention") == [PAGED_KERNEL]
             msg = mismatch(out.cpu(), ref, dtype, f"seed {seed}")
@@ -119,7 +135,12 @@ def test_compiled_matches_float64_oracle(dtype, page, layout, decode, causal):
 
 def test_not_chosen_by_default_on_cuda():
     q, cache, table, lens, cu = build(0, 16, "NHD", True)
-    report = lz.explain("paged_attention", q.to(torch.bfloat16).cuda(), cache.to(torch.bfloat16).cuda(),
-                        table.cuda(), lens.cuda())
+    report = lz.explain(
+        "paged_attention",
+        q.to(torch.bfloat16).cuda(),
+        cache.to(torch.bfloat16).cuda(),
+        table.cuda(),
+        lens.cuda(),
+    )
     assert report.chosen != PAGED_KERNEL
     assert report.candidate(PAGED_KERNEL).status.value == "eligible"

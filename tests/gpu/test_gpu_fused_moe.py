@@ -1,10 +1,12 @@
 """``lz.fused_moe`` on a real GPU (``pytest -m gpu tests/gpu/test_gpu_fused_moe.py``; not yet run on a GPU).
 
-- ``triton.fused_moe`` vs ``reference.fused_moe`` (float32 math, the oracle) in bfloat16 on CUDA: tiny odd shapes
-  (H, I not multiples of the block sizes), Mixtral-like (H 4096, I 14336 scaled down to fit: E 8, K 2) and
-  Qwen3-30B-A3B-like (H 2048, I 768, E 128, K 8) with T in {1, 16, 512}; float16 and float32 on a small case.
-- ``lz.fused_moe`` picks ``triton.fused_moe`` on CUDA; the Triton kernel replays inside a CUDA graph (no host sync:
-  the expert layout is built with torch ops whose sizes follow from the shapes) and equals its eager result.
+- ``triton.fused_moe`` vs ``reference.fused_moe`` (float32 math, the oracle) in bfloat16 on CUDA: tiny odd
+  shapes (H, I not multiples of the block sizes), Mixtral-like (H 4096, I 14336 scaled down to fit: E 8, K 2)
+  and Qwen3-30B-A3B-like (H 2048, I 768, E 128, K 8) with T in {1, 16, 512}; float16 and float32 on a small
+  case.
+- ``lz.fused_moe`` picks ``triton.fused_moe`` on CUDA; the Triton kernel replays inside a CUDA graph (no host
+  sync: the expert layout is built with torch ops whose sizes follow from the shapes) and equals its eager
+  result.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ import layerzero as lz
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
 from _shapes import F64, mismatch  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-              pytest.mark.usefixtures("triton_usable")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("triton_usable"),
+]
 
 DEV = "cuda"
 
@@ -29,8 +34,8 @@ DEV = "cuda"
 def make(tokens: int, hidden: int, inter: int, experts: int, top_k: int, dtype=torch.bfloat16, seed: int = 0):
     g = torch.Generator(device=DEV).manual_seed(seed)
     x = torch.randn(tokens, hidden, device=DEV, generator=g).to(dtype)
-    w13 = (torch.randn(experts, 2 * inter, hidden, device=DEV, generator=g) / hidden ** 0.5).to(dtype)
-    w2 = (torch.randn(experts, hidden, inter, device=DEV, generator=g) / inter ** 0.5).to(dtype)
+    w13 = (torch.randn(experts, 2 * inter, hidden, device=DEV, generator=g) / hidden**0.5).to(dtype)
+    w2 = (torch.randn(experts, hidden, inter, device=DEV, generator=g) / inter**0.5).to(dtype)
     probs = torch.softmax(torch.randn(tokens, experts, device=DEV, generator=g) * 2, -1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, -1)
     return x, w13, w2, weights / weights.sum(-1, keepdim=True), ids
@@ -48,7 +53,9 @@ def triton_vs_reference(args, dtype):
 
 
 SHAPES = [  # (T, H, I, E, K)
-    (1, 33, 17, 4, 2), (7, 100, 70, 8, 3), (300, 129, 65, 5, 5),  # odd sizes, partial tiles
+    (1, 33, 17, 4, 2),
+    (7, 100, 70, 8, 3),
+    (300, 129, 65, 5, 5),  # odd sizes, partial tiles
     (16, 512, 1792, 8, 2),  # Mixtral-like, scaled down (H 4096, I 14336)
     *[(t, 2048, 768, 128, 8) for t in (1, 16, 512)],  # Qwen3-30B-A3B
 ]

@@ -2,11 +2,11 @@
 
 The recipe of the PyTorch "CUDA Graphs" notes: eager calls, a warm-up on a side stream, ``torch.cuda.graph``
 capture, then new data copied into the static inputs and ``replay()``; the replayed output must equal an eager
-call on the new data (per-dtype tolerance of ``lz.graphs.GRAPH_TOLERANCES``). LayerZero's part: the first eager
-call of a CUDA key prepares the capture-time kernel choice (``Runtime.prepare_capture``), so nothing else is
-needed. Covered: lz.attention, lz.paged_attention (decode), lz.rms_norm (+ fused residual), lz.rope,
-lz.swiglu, a tiny Llama patched with ``lz.patch_model`` (its forward), and ``torch.compile(mode=
-"reduce-overhead")`` of a function calling lz ops.
+call on the new data (per-dtype tolerance of ``lz.graphs.GRAPH_TOLERANCES``). LayerZero's part: the first
+eager call of a CUDA key prepares the capture-time kernel choice (``Runtime.prepare_capture``), so nothing
+else is needed. Covered: lz.attention, lz.paged_attention (decode), lz.rms_norm (+ fused residual), lz.rope,
+lz.swiglu, a tiny Llama patched with ``lz.patch_model`` (its forward), and
+``torch.compile(mode= "reduce-overhead")`` of a function calling lz ops.
 """
 
 from __future__ import annotations
@@ -22,8 +22,15 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 
 
-def _recipe(fn, static: list[torch.Tensor], fresh: list[torch.Tensor], *, eager_calls: int = 1,
-            rtol: float | None = None, atol: float | None = None):
+def _recipe(
+    fn,
+    static: list[torch.Tensor],
+    fresh: list[torch.Tensor],
+    *,
+    eager_calls: int = 1,
+    rtol: float | None = None,
+    atol: float | None = None,
+):
     """Run the recipe on ``fn(*static)``; returns (kernels served under capture, error message or None)."""
     for _ in range(eager_calls):
         fn(*static)
@@ -56,8 +63,11 @@ def _rand(*shape, dtype=torch.bfloat16, seed=0):
     return torch.randn(*shape, generator=gen, device=DEV, dtype=torch.float32).to(dtype)
 
 
-@pytest.mark.parametrize("shape", [(2, 8, 2, 128, 64, True), (1, 16, 4, 1, 128, False), (3, 4, 4, 77, 128, True)],
-                         ids=["prefill-gqa", "decode", "odd-len"])
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 8, 2, 128, 64, True), (1, 16, 4, 1, 128, False), (3, 4, 4, 77, 128, True)],
+    ids=["prefill-gqa", "decode", "odd-len"],
+)
 def test_attention(shape):
     b, hq, hkv, s, d, causal = shape
     sk = 300 if s == 1 else s
@@ -71,7 +81,9 @@ def test_attention(shape):
 def test_rms_norm_plain_and_fused():
     x, r, w = _rand(5, 37, 1024, seed=1), _rand(5, 37, 1024, seed=2), _rand(1024, seed=3) + 1
     fresh = [_rand(5, 37, 1024, seed=4), _rand(5, 37, 1024, seed=5), w.clone()]
-    counts, problem = _recipe(lambda x, r, w: (lz.rms_norm(x, w), *lz.rms_norm(x, w, residual=r)), [x, r, w], fresh)
+    counts, problem = _recipe(
+        lambda x, r, w: (lz.rms_norm(x, w), *lz.rms_norm(x, w, residual=r)), [x, r, w], fresh
+    )
     assert problem is None, problem
     _graph_safe(counts)
 
@@ -118,9 +130,9 @@ def test_patched_hf_model_forward(tmp_path):
     from layerzero.testing import hf_models
 
     path = hf_models.build_and_save("llama", tmp_path / "llama")
-    # float32: under capture transformers (< ~5.20) materializes the causal mask, so attention runs a masked kernel
-    # (SDPA efficient) where the eager calls ran is_causal; in bf16 the two differ by up to ~0.05 in the logits
-    # after a few layers (measured on the H200), in float32 by rounding only
+    # float32: under capture transformers (< ~5.20) materializes the causal mask, so attention runs a masked
+    # kernel (SDPA efficient) where the eager calls ran is_causal; in bf16 the two differ by up to ~0.05 in
+    # the logits after a few layers (measured on the H200), in float32 by rounding only
     model = hf_models.load("llama", path).to(DEV, torch.float32)
     handle = lz.patch_model(model)
     seen: list = []  # the attention keys dispatched, to say which field differs under capture if it fails
@@ -138,13 +150,17 @@ def test_patched_hf_model_forward(tmp_path):
         fresh = [torch.randint(0, hf_models.VOCAB_SIZE, (2, 24), device=DEV)]
         with torch.no_grad():
             try:
-                counts, problem = _recipe(lambda i: model(input_ids=i, use_cache=False).logits, [ids], fresh,
-                                          rtol=1e-4, atol=1e-4)
+                counts, problem = _recipe(
+                    lambda i: model(input_ids=i, use_cache=False).logits, [ids], fresh, rtol=1e-4, atol=1e-4
+                )
             except lz.CudaGraphUnsafeError:
                 cap = next(k for k in reversed(seen) if k.capture)
                 eager = [k for k in seen if not k.capture]
-                diff = {f: (getattr(eager[0], f), getattr(cap, f)) for f in cap._fields
-                        if eager and getattr(eager[0], f) != getattr(cap, f)}
+                diff = {
+                    f: (getattr(eager[0], f), getattr(cap, f))
+                    for f in cap._fields
+                    if eager and getattr(eager[0], f) != getattr(cap, f)
+                }
                 pytest.fail(f"capture-time attention key differs from the eager one in {diff}")
     finally:
         RUNTIME.run = run
@@ -155,8 +171,9 @@ def test_patched_hf_model_forward(tmp_path):
 
 
 def test_torch_compile_reduce_overhead():
-    """``torch.compile(mode="reduce-overhead")`` (CUDA graphs through Inductor's cudagraph trees) of a block that
-    calls lz ops: compiled output == eager output on new data after the warm-up calls."""
+    """``torch.compile(mode="reduce-overhead")`` (CUDA graphs through Inductor's cudagraph trees) of a block
+    that calls lz ops: compiled output == eager output on new data after the warm-up calls."""
+
     def block(x, w, q, k, v):
         h = lz.rms_norm(x, w)
         return h, lz.attention(q, k, v, is_causal=True)
@@ -164,8 +181,13 @@ def test_torch_compile_reduce_overhead():
     compiled = torch.compile(block, mode="reduce-overhead")
     w = _rand(512, seed=9) + 1
     for step in range(4):
-        args = [_rand(4, 64, 512, seed=step), w, _rand(2, 8, 64, 64, seed=10 + step),
-                _rand(2, 2, 64, 64, seed=20 + step), _rand(2, 2, 64, 64, seed=30 + step)]
+        args = [
+            _rand(4, 64, 512, seed=step),
+            w,
+            _rand(2, 8, 64, 64, seed=10 + step),
+            _rand(2, 2, 64, 64, seed=20 + step),
+            _rand(2, 2, 64, 64, seed=30 + step),
+        ]
         got = compiled(*args)
         got = tuple(t.clone() for t in got)
         _, problem = _compare(got, block(*args), None, None)

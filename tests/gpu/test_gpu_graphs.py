@@ -1,7 +1,7 @@
 """CUDA graphs and FlexAttention on a GPU (``pytest -m gpu tests/gpu/test_gpu_graphs.py``; skipped on CPU).
 
-- lz.warmup then capture lz.attention + lz.rms_norm in one CUDA graph: replay == eager (validate_graph_capture),
-  graph-safe kernels only in the capture trace;
+- lz.warmup then capture lz.attention + lz.rms_norm in one CUDA graph: replay == eager
+  (validate_graph_capture), graph-safe kernels only in the capture trace;
 - a capture without warm-up raises CudaGraphUnsafeError (the capture-time cache miss);
 - flex_attention.compiled against a float64 oracle (causal Sq != Sk, bool/float masks, mask + causal, GQA).
 """
@@ -44,7 +44,9 @@ def test_capture_attention_and_rms_norm_after_warmup():
     lz.warmup("rms_norm", [((x, w), {})])
     check = lz.validate_graph_capture(_step, q, k, v, x, w)
     assert check.ok, str(check)
-    assert check.replays == 2  # max_error is bounded by validate_graph_capture's per-dtype tolerance (check.ok)
+    assert (
+        check.replays == 2
+    )  # max_error is bounded by validate_graph_capture's per-dtype tolerance (check.ok)
     for entry in check.kernels:
         op, kid = entry.split(":")
         assert RUNTIME.registry.kernel(kid, op).graph_safe, entry
@@ -87,20 +89,33 @@ def test_is_graph_safe_on_cuda():
     assert not lz.is_graph_safe("sample_topk", torch.randn(2, 100, device="cuda"), 5)
 
 
-@pytest.mark.xfail(raises=lz.KernelExecutionError, strict=False, reason=(
-    "KNOWN: on the H200 image (torch 2.11.0+cu130, Triton 3.6) Inductor fails to lower compiled flex_attention for "
-    "this shape (NoValidChoicesError); flex_attention.compiled is opt-in (priority -1) until understood"))
+@pytest.mark.xfail(
+    raises=lz.KernelExecutionError,
+    strict=False,
+    reason=(
+        "KNOWN: on the H200 image (torch 2.11.0+cu130, Triton 3.6) Inductor fails to lower compiled "
+        "flex_attention for this shape (NoValidChoicesError); flex_attention.compiled is opt-in (priority "
+        "-1) until understood"
+    ),
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 def test_flex_compiled_matches_oracle(dtype):
     gen = torch.Generator().manual_seed(0)
     failures = []
     lz.lock("attention", "flex_attention.compiled")
     try:
-        for i, (hq, hkv, sq, sk, d, mask_kind, causal) in enumerate([
-                (4, 4, 128, 128, 64, "none", True), (8, 2, 100, 300, 64, "none", True),
-                (4, 1, 1, 257, 128, "none", False), (4, 2, 64, 64, 32, "bool", False),
-                (4, 2, 77, 130, 64, "float", False), (4, 4, 96, 96, 64, "bool", True),
-                (8, 2, 50, 70, 128, "float", True), (2, 2, 256, 256, 16, "bool", True)]):
+        for i, (hq, hkv, sq, sk, d, mask_kind, causal) in enumerate(
+            [
+                (4, 4, 128, 128, 64, "none", True),
+                (8, 2, 100, 300, 64, "none", True),
+                (4, 1, 1, 257, 128, "none", False),
+                (4, 2, 64, 64, 32, "bool", False),
+                (4, 2, 77, 130, 64, "float", False),
+                (4, 4, 96, 96, 64, "bool", True),
+                (8, 2, 50, 70, 128, "float", True),
+                (2, 2, 256, 256, 16, "bool", True),
+            ]
+        ):
             q = randn((2, hq, sq, d), gen, "cuda", dtype)
             k, v = randn((2, hkv, sk, d), gen, "cuda", dtype), randn((2, hkv, sk, d), gen, "cuda", dtype)
             mask = make_mask(mask_kind, "B1SS", i % 3 == 0, 2, hq, sq, sk, gen, "cuda", dtype)
@@ -114,15 +129,16 @@ def test_flex_compiled_matches_oracle(dtype):
 
 
 def test_flex_compiled_is_warmed_by_lz_warmup():
-    """lz.warmup compiles flex (the compile counts as warm-up); a second call of the same shape compiles nothing
-    (no new frame reaches TorchDynamo)."""
+    """lz.warmup compiles flex (the compile counts as warm-up); a second call of the same shape compiles
+    nothing (no new frame reaches TorchDynamo)."""
     from torch._dynamo.utils import counters
 
     q, k, v, x, w = _inputs(torch.float32, seed=3)
     mask = torch.rand(128, 128, device="cuda") < 0.7
     with lz.prefer("flex_attention.compiled"):
         assert lz.warmup("attention", [((q, k, v), {"attn_mask": mask, "is_causal": True})]) == [
-            "flex_attention.compiled"]
+            "flex_attention.compiled"
+        ]
         frames = sum(counters["frames"].values())
         lz.attention(q, k, v, attn_mask=mask, is_causal=True)
         torch.cuda.synchronize()

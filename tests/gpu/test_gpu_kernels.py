@@ -1,7 +1,7 @@
 """Every CUDA kernel (``lz.list_kernels`` entries that run on cuda), locked with ``lz.lock``, against the
-float64 oracles of ``tests/correctness/_shapes.py`` on >= 200 seeded cases per dtype (each with the features the
-kernel requires: ALiBi slopes for ``triton.attention``, ``_shapes.fit_call``); fully-masked-row, NaN
-and parameter-dtype behaviour; sampling on the GPU. Run on an H200 with ``pytest -m gpu tests/gpu -q``.
+float64 oracles of ``tests/correctness/_shapes.py`` on >= 200 seeded cases per dtype (each with the features
+the kernel requires: ALiBi slopes for ``triton.attention``, ``_shapes.fit_call``); fully-masked-row, NaN and
+parameter-dtype behaviour; sampling on the GPU. Run on an H200 with ``pytest -m gpu tests/gpu -q``.
 
 Cases that crash or mislead a kernel in a way LayerZero does not yet reject are listed in ``KNOWN_BUGS``:
 the main loop skips them (a CUDA fault would break every later test of the process) and a strict-xfail test
@@ -41,7 +41,8 @@ from _shapes import (  # noqa: E402
 
 
 def _load(rel: str, name: str):
-    """Import a sibling test module by path (its helpers are shared; its tests are not collected from here)."""
+    """Import a sibling test module by path (its helpers are shared; its tests are not collected from
+    here)."""
     spec = importlib.util.spec_from_file_location(name, TESTS / rel)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -56,9 +57,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 DEV = "cuda"
 PARAMS = kernel_dtype_params(["attention", "rms_norm", "layer_norm", "rope"], DEV)
 SPLIT = {"triton.attention": 4}
-"""Kernels whose sweep runs in parts (each ``MIN_CASES / parts`` cases from its own seeds, so pytest-xdist spreads
-them): a Triton kernel compiles once per head dim and specialization, ~190 of the 200 cases per dtype on the H200,
-one sweep longer than a device call's 10 minutes (benchmarks/results/gpu_suite/README.md)."""
+"""Kernels whose sweep runs in parts (each ``MIN_CASES / parts`` cases from its own seeds, so pytest-xdist
+spreads them): a Triton kernel compiles once per head dim and specialization, ~190 of the 200 cases per dtype
+on the H200, one sweep longer than a device call's 10 minutes (benchmarks/results/gpu_suite/README.md)."""
 SWEEP = [(op, kid, dt, part) for op, kid, dt in PARAMS for part in range(SPLIT.get(kid, 1))]
 SAMPLING = kernel_dtype_params(["sample_topk", "sample_topp"], DEV)
 ATTN = [(kid, dt) for op, kid, dt in PARAMS if op == "attention"]
@@ -95,11 +96,13 @@ def test_sdpa_kernels_are_listed_for_cuda():
 
 @pytest.mark.parametrize(("op", "kernel_id", "dtype", "part"), SWEEP, ids=_ids)
 def test_cuda_kernel_matches_float64_oracle(op, kernel_id, dtype, part, record_property):
-    """Locked CUDA kernel vs the float64 oracle on >= 200 seeded cases (known-bug cases skipped and counted); a
-    kernel of ``SPLIT`` in parts of ``200 / parts`` cases with disjoint seeds."""
+    """Locked CUDA kernel vs the float64 oracle on >= 200 seeded cases (known-bug cases skipped and counted);
+    a kernel of ``SPLIT`` in parts of ``200 / parts`` cases with disjoint seeds."""
     parts = SPLIT.get(kernel_id, 1)
     target = -(-MIN_CASES // parts)
-    run = run_kernel(op, kernel_id, dtype, DEV, target=target, known_bug=known_bug, first_seed=part * MAX_CANDIDATES)
+    run = run_kernel(
+        op, kernel_id, dtype, DEV, target=target, known_bug=known_bug, first_seed=part * MAX_CANDIDATES
+    )
     record_property("cases_run", run.ran)
     print(run.report())
     if run.ran == 0 and run.rejected.get("DTYPE_UNSUPPORTED") == run.drawn:
@@ -114,8 +117,14 @@ def _masked_inputs(dtype, kind, layout, sq=5):
     """q/k/v with 4 heads, head dim 64, Sk = 8 (BSHD or BHSD memory) and a [2, 1, Sq, 8] mask whose query row
     ``min(2, Sq - 1)`` sees no key."""
     gen = torch.Generator().manual_seed(5)
-    shape_q, shape_kv = ((2, sq, 4, 64), (2, 8, 4, 64)) if layout == "BSHD" else ((2, 4, sq, 64), (2, 4, 8, 64))
-    q, k, v = randn(shape_q, gen, DEV, dtype), randn(shape_kv, gen, DEV, dtype), randn(shape_kv, gen, DEV, dtype)
+    shape_q, shape_kv = (
+        ((2, sq, 4, 64), (2, 8, 4, 64)) if layout == "BSHD" else ((2, 4, sq, 64), (2, 4, 8, 64))
+    )
+    q, k, v = (
+        randn(shape_q, gen, DEV, dtype),
+        randn(shape_kv, gen, DEV, dtype),
+        randn(shape_kv, gen, DEV, dtype),
+    )
     keep = torch.rand(2, 1, sq, 8, generator=gen) < 0.7
     keep[..., 0] = True
     keep[:, :, min(2, sq - 1)] = False
@@ -142,7 +151,9 @@ def test_cuda_fully_masked_row_gives_zero(kernel_id, dtype, kind, sq):
     dead = min(2, sq - 1)
     row = out[:, dead] if layout == "BSHD" else out[:, :, dead]
     assert torch.equal(row, torch.zeros_like(row)), (
-        f"{kernel_id} {dname(dtype)} {kind} mask, Sq={sq}: fully masked row gave {row.flatten()[:4].tolist()}, not 0")
+        f"{kernel_id} {dname(dtype)} {kind} mask, Sq={sq}: fully masked row gave "
+        f"{row.flatten()[:4].tolist()}, not 0"
+    )
     ref = attention_oracle(q, k, v, mask, layout=layout)
     assert mismatch(out, ref, dtype) is None, mismatch(out, ref, dtype)
 
@@ -171,8 +182,11 @@ def test_cuda_nan_in_one_query_row_stays_in_that_row(kernel_id, dtype):
 def test_cuda_cudnn_single_key(dtype):
     """validate() == [] must mean the kernel runs: q [2, 5, 2, 64] BSHD, k/v with one key."""
     gen = torch.Generator().manual_seed(3)
-    q, k, v = randn((2, 5, 2, 64), gen, DEV, dtype), randn((2, 1, 2, 64), gen, DEV, dtype), randn(
-        (2, 1, 2, 64), gen, DEV, dtype)
+    q, k, v = (
+        randn((2, 5, 2, 64), gen, DEV, dtype),
+        randn((2, 1, 2, 64), gen, DEV, dtype),
+        randn((2, 1, 2, 64), gen, DEV, dtype),
+    )
     if lz.validate("torch_sdpa.cudnn", "attention", q, k, v, layout="BSHD"):
         return  # rejected: fixed by a constraint
     lz.lock("attention", "torch_sdpa.cudnn")
@@ -193,19 +207,34 @@ sys.exit(0 if torch.allclose(out.double(), ref, atol=2e-2) else 3)
 """
 
 
-@pytest.mark.parametrize(("kernel_id", "dtype"), [("torch_sdpa.flash", torch.float16),
-                                                  ("torch_sdpa.efficient", torch.float16),
-                                                  ("torch_sdpa.efficient", torch.float32)], ids=_ids)
+@pytest.mark.parametrize(
+    ("kernel_id", "dtype"),
+    [
+        ("torch_sdpa.flash", torch.float16),
+        ("torch_sdpa.efficient", torch.float16),
+        ("torch_sdpa.efficient", torch.float32),
+    ],
+    ids=_ids,
+)
 def test_cuda_unaligned_rows_are_rejected_or_run(kernel_id, dtype):
     """In a subprocess: a CUDA fault here would break every later test of this process."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    r = subprocess.run([sys.executable, "-c", _UNALIGNED, kernel_id, dname(dtype)], capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert r.returncode == 0, f"{kernel_id} {dname(dtype)} rc={r.returncode}: {r.stdout[-500:]}{r.stderr[-1500:]}"
+    r = subprocess.run(
+        [sys.executable, "-c", _UNALIGNED, kernel_id, dname(dtype)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert r.returncode == 0, (
+        f"{kernel_id} {dname(dtype)} rc={r.returncode}: {r.stdout[-500:]}{r.stderr[-1500:]}"
+    )
 
 
-@pytest.mark.parametrize(("op", "kernel_id"), [
-    (op, kid) for op, kid in sorted({(op, kid) for op, kid, _ in PARAMS if op.endswith("_norm")})])
+@pytest.mark.parametrize(
+    ("op", "kernel_id"),
+    [(op, kid) for op, kid in sorted({(op, kid) for op, kid, _ in PARAMS if op.endswith("_norm")})],
+)
 def test_cuda_norm_weight_dtype_other_than_input(op, kernel_id):
     """Whenever validate() says the kernel can run x of one dtype with weight (and bias) of another, it must
     run and match the oracle."""

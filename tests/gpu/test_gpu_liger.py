@@ -69,7 +69,7 @@ def _rope64(x, cos, sin, layout):
     c, s = cos.double().unsqueeze(1), sin.double().unsqueeze(1)
     r = c.shape[-1]
     rot, rest = x[..., :r], x[..., r:]
-    rotated = torch.cat((-rot[..., r // 2:], rot[..., : r // 2]), -1)
+    rotated = torch.cat((-rot[..., r // 2 :], rot[..., : r // 2]), -1)
     out = torch.cat((rot * c + rotated * s, rest), -1)
     return out if layout == "BHSD" else out.transpose(1, 2)
 
@@ -88,7 +88,10 @@ def test_liger_rope_matches_float64(dtype):
                         b = 2
                         inv = 1.0 / (10000 ** (torch.arange(0, r, 2, device="cuda", dtype=torch.float64) / r))
                         ang = torch.arange(128, device="cuda", dtype=torch.float64)[:, None] * inv
-                        table_c, table_s = torch.cat([ang.cos()] * 2, -1).float(), torch.cat([ang.sin()] * 2, -1).float()
+                        table_c, table_s = (
+                            torch.cat([ang.cos()] * 2, -1).float(),
+                            torch.cat([ang.sin()] * 2, -1).float(),
+                        )
                         qs = (b, hq, s, d) if layout == "BHSD" else (b, s, hq, d)
                         ks = (b, hkv, s, d) if layout == "BHSD" else (b, s, hkv, d)
                         q = torch.randn(qs, device="cuda", dtype=dtype, generator=g)
@@ -100,9 +103,15 @@ def test_liger_rope_matches_float64(dtype):
                         _close(qo, _rope64(q0, gc, gs, layout), dtype, f"q d={d} r={r} {layout}")
                         _close(ko, _rope64(k0, gc, gs, layout), dtype, f"k d={d} r={r} {layout}")
                         assert torch.equal(q, q0) and torch.equal(k, k0), "inputs were modified"
-                        qo2, _ = lz.rope(q, k, table_c[:s].unsqueeze(0), table_s[:s].unsqueeze(0), layout=layout)
-                        _close(qo2, _rope64(q0, table_c[:s].unsqueeze(0), table_s[:s].unsqueeze(0), layout), dtype,
-                               f"gathered d={d} {layout}")
+                        qo2, _ = lz.rope(
+                            q, k, table_c[:s].unsqueeze(0), table_s[:s].unsqueeze(0), layout=layout
+                        )
+                        _close(
+                            qo2,
+                            _rope64(q0, table_c[:s].unsqueeze(0), table_s[:s].unsqueeze(0), layout),
+                            dtype,
+                            f"gathered d={d} {layout}",
+                        )
                         cases += 1
         assert cases >= 50
     finally:
@@ -110,8 +119,8 @@ def test_liger_rope_matches_float64(dtype):
 
 
 def test_liger_ranked_below_torch_native_unless_preferred():
-    """Liger's priority (40) follows the H200 measurements (124-139 us per call, slowest rms_norm there), so the
-    default pick is F.rms_norm; lz.prefer("liger") must still route to it (preferences never lie)."""
+    """Liger's priority (40) follows the H200 measurements (124-139 us per call, slowest rms_norm there), so
+    the default pick is F.rms_norm; lz.prefer("liger") must still route to it (preferences never lie)."""
     _usable()
     x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.ones(4096, device="cuda", dtype=torch.bfloat16)

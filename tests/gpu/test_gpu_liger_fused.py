@@ -1,6 +1,6 @@
-"""Liger ``layer_norm`` and fused linear cross-entropy through LayerZero on a CUDA GPU, against float64 oracles
-(``F.layer_norm`` / ``F.cross_entropy(hidden.double() @ weight.double().T, ...)``): forward and gradients,
-ignore_index rows, label smoothing, softcap. Skipped without CUDA or liger-kernel."""
+"""Liger ``layer_norm`` and fused linear cross-entropy through LayerZero on a CUDA GPU, against float64
+oracles (``F.layer_norm`` / ``F.cross_entropy(hidden.double() @ weight.double().T, ...)``): forward and
+gradients, ignore_index rows, label smoothing, softcap. Skipped without CUDA or liger-kernel."""
 
 from __future__ import annotations
 
@@ -43,28 +43,41 @@ def _locked(op, kernel_id):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-@pytest.mark.parametrize("smoothing,softcap,bias", [(0.0, None, False), (0.1, None, True), (0.0, 30.0, False)])
+@pytest.mark.parametrize(
+    "smoothing,softcap,bias", [(0.0, None, False), (0.1, None, True), (0.0, 30.0, False)]
+)
 def test_liger_linear_cross_entropy_forward_and_grad(dtype, reduction, smoothing, softcap, bias):
     g = torch.Generator(device=DEV).manual_seed(0)
     n, h, v = 67, 96, 1031
     hidden = torch.randn(n, h, device=DEV, generator=g).to(dtype).requires_grad_()
-    weight = (torch.randn(v, h, device=DEV, generator=g) / h ** 0.5).to(dtype).requires_grad_()
+    weight = (torch.randn(v, h, device=DEV, generator=g) / h**0.5).to(dtype).requires_grad_()
     b = torch.randn(v, device=DEV, generator=g).to(dtype).requires_grad_() if bias else None
     target = torch.randint(0, v, (n,), device=DEV, generator=g)
     target[::7] = -100
     if softcap is not None:
-        reasons = lz.validate("liger.linear_cross_entropy", "linear_cross_entropy", hidden, weight, target, bias=b,
-                              softcap=softcap)
-        if reasons:  # the installed liger_kernel's forward takes no softcap: refused with the reason, never ignored
+        reasons = lz.validate(
+            "liger.linear_cross_entropy",
+            "linear_cross_entropy",
+            hidden,
+            weight,
+            target,
+            bias=b,
+            softcap=softcap,
+        )
+        if (
+            reasons
+        ):  # the installed liger_kernel's forward takes no softcap: refused with the reason, never ignored
             assert [r.code for r in reasons] == [lz.ReasonCode.SOFTCAP_UNSUPPORTED]
             pytest.skip(f"liger.linear_cross_entropy refuses softcap here: {reasons[0]}")
     with _locked("linear_cross_entropy", "liger.linear_cross_entropy"):
-        loss = lz.linear_cross_entropy(hidden, weight, target, bias=b, reduction=reduction,
-                                       label_smoothing=smoothing, softcap=softcap)
+        loss = lz.linear_cross_entropy(
+            hidden, weight, target, bias=b, reduction=reduction, label_smoothing=smoothing, softcap=softcap
+        )
     leaves = [t for t in (hidden, weight, b) if t is not None]
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
-    want = oracle(ref_leaves[0], ref_leaves[1], target, ref_leaves[2] if bias else None, reduction, smoothing,
-                  softcap)
+    want = oracle(
+        ref_leaves[0], ref_leaves[1], target, ref_leaves[2] if bias else None, reduction, smoothing, softcap
+    )
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(loss.double(), want, atol=atol * (n if reduction == "sum" else 1), rtol=rtol)
     loss.backward()

@@ -1,11 +1,12 @@
 """Memory-aware selection and correctness canaries on a real GPU (``pytest -m gpu``).
 
-- ``WORKSPACE_TOO_LARGE`` from the live ``torch.cuda.mem_get_info`` reading: a kernel whose declared workspace fits
-  the free memory is picked; after the test fills most of the free memory (a real allocation), re-selection rejects
-  the same kernel with the reason and picks another one. Oracle: the free bytes read here, by hand arithmetic.
-- canaries: a CUDA rms_norm kernel that returns twice the right answer is caught on its first call (checked against
-  the reference), its backend quarantined for this GPU's architecture, and the call returns the right answer
-  (float64 oracle).
+- ``WORKSPACE_TOO_LARGE`` from the live ``torch.cuda.mem_get_info`` reading: a kernel whose declared workspace
+  fits the free memory is picked; after the test fills most of the free memory (a real allocation),
+  re-selection rejects the same kernel with the reason and picks another one. Oracle: the free bytes read
+  here, by hand arithmetic.
+- canaries: a CUDA rms_norm kernel that returns twice the right answer is caught on its first call (checked
+  against the reference), its backend quarantined for this GPU's architecture, and the call returns the right
+  answer (float64 oracle).
 """
 
 from __future__ import annotations
@@ -31,8 +32,12 @@ def _rms(x, weight, eps, residual):
 def restore():
     before = lz.get_config()
     yield
-    lz.configure(workspace_headroom_bytes=before.workspace_headroom_bytes, canaries=before.canaries,
-                 perfdb_path=before.perfdb_path, use_perfdb=before.use_perfdb)
+    lz.configure(
+        workspace_headroom_bytes=before.workspace_headroom_bytes,
+        canaries=before.canaries,
+        perfdb_path=before.perfdb_path,
+        use_perfdb=before.use_perfdb,
+    )
     RUNTIME.cache.invalidate()
     torch.cuda.empty_cache()
 
@@ -44,13 +49,22 @@ def test_workspace_is_checked_against_the_live_free_memory(restore):
     headroom = 256 * MIB
     workspace = free0 // 2
     lz.configure(workspace_headroom_bytes=headroom)
-    lz.register_kernel("rms_norm", kid, _rms, priority=1000, device_types={"cuda"}, dtypes={torch.bfloat16},
-                       workspace=lambda ctx: workspace)
+    lz.register_kernel(
+        "rms_norm",
+        kid,
+        _rms,
+        priority=1000,
+        device_types={"cuda"},
+        dtypes={torch.bfloat16},
+        workspace=lambda ctx: workspace,
+    )
     try:
-        x, w = torch.randn(5, 4096, device=DEV, dtype=torch.bfloat16), torch.ones(4096, device=DEV,
-                                                                                  dtype=torch.bfloat16)
+        x, w = (
+            torch.randn(5, 4096, device=DEV, dtype=torch.bfloat16),
+            torch.ones(4096, device=DEV, dtype=torch.bfloat16),
+        )
         RUNTIME.cache.invalidate()
-        assert lz.which("rms_norm", x, w) == kid                       # free0/2 <= free0 - 256 MiB
+        assert lz.which("rms_norm", x, w) == kid  # free0/2 <= free0 - 256 MiB
         filler = torch.empty(free0 - workspace // 2, dtype=torch.uint8, device=DEV)  # leaves < free0/2 free
         free1, _ = torch.cuda.mem_get_info()
         assert free1 - headroom < workspace
@@ -86,7 +100,9 @@ def test_a_wrong_cuda_kernel_is_quarantined_by_its_canary(restore, tmp_path):
         assert calls["n"] == 1
         (entry,) = RUNTIME.quarantine().entries()
         assert entry.backend == "gpuwrong" and entry.kernel == kid
-        assert entry.arch == arch_of(lz.explain("rms_norm", x, w).context.device) and entry.arch.startswith("cuda:")
+        assert entry.arch == arch_of(lz.explain("rms_norm", x, w).context.device) and entry.arch.startswith(
+            "cuda:"
+        )
         x2 = torch.randn(3, 512, device=DEV)
         report = lz.explain("rms_norm", x2, torch.ones(512, device=DEV))
         assert any(r.code is ReasonCode.BACKEND_QUARANTINED for r in report.candidate(kid).reasons)

@@ -1,9 +1,9 @@
-"""The ``one_pass`` knob compiled on a CUDA GPU (``pytest -m gpu tests/gpu/test_gpu_paged_one_pass.py``; skipped on CPU):
-batch-1 decode in tables of at most ``small_batch``'s width, where each split of ``triton.paged_decode`` gathers its
-tiles at once (block ids read below the table's width: the garbage ids past a sequence's blocks are read, never
-dereferenced), against the float64 oracle of ``test_gpu_triton_paged``, against the tile loop, eager (the fused split
-merge) against a CUDA-graph replay (the merge kernel), over fp8 / int8 caches, and ``triton.rope_paged_decode`` the
-same way."""
+"""The ``one_pass`` knob compiled on a CUDA GPU (``pytest -m gpu tests/gpu/test_gpu_paged_one_pass.py``;
+skipped on CPU): batch-1 decode in tables of at most ``small_batch``'s width, where each split of
+``triton.paged_decode`` gathers its tiles at once (block ids read below the table's width: the garbage ids
+past a sequence's blocks are read, never dereferenced), against the float64 oracle of
+``test_gpu_triton_paged``, against the tile loop, eager (the fused split merge) against a CUDA-graph replay
+(the merge kernel), over fp8 / int8 caches, and ``triton.rope_paged_decode`` the same way."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ LENS = (1, 31, 32, 33, 255, 256, 257, 700, 1024, 1500, 2047, 2048)
 
 @pytest.fixture
 def paged_knobs():
-    """``paged_knobs(field=value, ...)``: set ``triton.paged_decode`` knobs until the test ends (plans dropped)."""
+    """``paged_knobs(field=value, ...)``: set ``triton.paged_decode`` knobs until the test ends (plans
+    dropped)."""
     with contextlib.ExitStack() as stack:
         yield lambda **fields: stack.enter_context(knobs(tp.KNOBS, **fields))
 
@@ -43,14 +44,23 @@ def one_pass_plans() -> list[tuple[bool, int]]:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("page", "width"), [(16, 2048), (16, 1024), (5, 1025), (8, 512)])
 def test_batch1_one_pass_matches_oracle_loop_and_graph(dtype, page, width, paged_knobs):
-    """Splits of up to four tiles in one pass (``one_pass_max_tiles`` 4: the kernel's every form; the 1025-token
-    table has three a split)."""
+    """Splits of up to four tiles in one pass (``one_pass_max_tiles`` 4: the kernel's every form; the
+    1025-token table has three a split)."""
     paged_knobs(one_pass_max_tiles=4)
     rng = random.Random(page * width)
     failures = []
     for n in (x for x in LENS if x <= width):
-        c = dict(seed=rng.randint(0, 10**6), page=page, layout=rng.choice(("NHD", "HND")), d=128, hkv=8, ratio=2,
-                 lens=[n], spare_cols=-(-width // page) - -(-n // page), scale=None)
+        c = dict(
+            seed=rng.randint(0, 10**6),
+            page=page,
+            layout=rng.choice(("NHD", "HND")),
+            d=128,
+            hkv=8,
+            ratio=2,
+            lens=[n],
+            spare_cols=-(-width // page) - -(-n // page),
+            scale=None,
+        )
         q, cache, table, lens = gpu_inputs(c, dtype)
         tp._PLANS.clear()
         out = tp.paged_decode(q, cache, table, lens, None, c["layout"])
@@ -85,15 +95,17 @@ def _replayed(q, cache, table, lens, layout) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("skip", [False, True])
 def test_rope_paged_one_pass_matches_float64(dtype, skip):
-    """The fused kernel at batch 1 in a 2048-token table (128 pages of 16: one pass, 2 tiles a split on 132 SMs):
-    the new token from registers while the other splits read the cache concurrently."""
+    """The fused kernel at batch 1 in a 2048-token table (128 pages of 16: one pass, 2 tiles a split on 132
+    SMs): the new token from registers while the other splits read the cache concurrently."""
     args = cuda_case(11, dtype, 1, 16, 8, 128, 16, "NHD", True, False, skip=skip, width=128)
     q, k, v, qw, kw, cos, sin, cache, slots, pos, bt, lens = args
-    want, want_cache = rope_oracle(*(t.cpu() if t is not None else None for t in args), 128 ** -0.5, 1e-6, False,
-                                   "NHD")
+    want, want_cache = rope_oracle(
+        *(t.cpu() if t is not None else None for t in args), 128**-0.5, 1e-6, False, "NHD"
+    )
     trp._PLANS.clear()
-    got = trp.rope_paged_decode(q, k, v, qw, kw, cos, sin, cache, slots, pos, bt, lens, None, None, False,
-                                KVLayout("NHD"), 1e-6)
+    got = trp.rope_paged_decode(
+        q, k, v, qw, kw, cos, sin, cache, slots, pos, bt, lens, None, None, False, KVLayout("NHD"), 1e-6
+    )
     assert all(p.base.split_kw["ONE_PASS"] for p in trp._PLANS.values())
     err = ((got.double().cpu() - want).abs().max() / want.abs().max()).item()
     assert err <= ROPE_TOL[dtype], err
@@ -105,11 +117,15 @@ def test_rope_paged_one_pass_matches_float64(dtype, skip):
 def test_batch1_one_pass_over_a_quantized_cache(qdtype):
     """fp8 / int8 codes at batch 1 in a 2048-token table (one pass, bf16 queries): the float64 oracle over the
     dequantized cache, and the tile loop."""
-    c = dict(seed=5, page=16, layout="NHD", d=128, hkv=8, ratio=2, lens=[1337], spare_cols=128 - 84, scale=None)
+    c = dict(
+        seed=5, page=16, layout="NHD", d=128, hkv=8, ratio=2, lens=[1337], spare_cols=128 - 84, scale=None
+    )
     q, cache, table, lens = gpu_inputs(c, torch.bfloat16)
     ks, vs = torch.tensor(0.05, device="cuda"), 0.04
-    codes = (quantize_kv(torch.nan_to_num(cache[:, 0:1]), ks, qdtype),
-             quantize_kv(torch.nan_to_num(cache[:, 1:2]), vs, qdtype))
+    codes = (
+        quantize_kv(torch.nan_to_num(cache[:, 0:1]), ks, qdtype),
+        quantize_kv(torch.nan_to_num(cache[:, 1:2]), vs, qdtype),
+    )
     deq = torch.cat((dequantize_kv(codes[0], ks, F64), dequantize_kv(codes[1], vs, F64)), dim=1)
     qcache = torch.cat(codes, dim=1)
     tp._PLANS.clear()
@@ -123,11 +139,11 @@ def test_batch1_one_pass_over_a_quantized_cache(qdtype):
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_early_kv_reads_the_newest_position_the_kernel_before_wrote(layout, paged_knobs):
-    """The ``early_kv`` knob (off by default) in a CUDA graph (PDL-launched on SM 9.0+): the KV write of the step's token
-    (``triton.reshape_and_cache``) and then ``triton.paged_decode``, replayed for sequences of 1 ... 2048 tokens whose
-    newest slot holds NaN before each replay. The split kernel reads every older position before its PDL wait, so
-    only the write just before can put the newest one in place: a stale read shows as NaN, or as a mismatch with the
-    float64 oracle over the cache the replay left."""
+    """The ``early_kv`` knob (off by default) in a CUDA graph (PDL-launched on SM 9.0+): the KV write of the
+    step's token (``triton.reshape_and_cache``) and then ``triton.paged_decode``, replayed for sequences of
+    1 ... 2048 tokens whose newest slot holds NaN before each replay. The split kernel reads every older
+    position before its PDL wait, so only the write just before can put the newest one in place: a stale read
+    shows as NaN, or as a mismatch with the float64 oracle over the cache the replay left."""
     from layerzero.backends.triton import cache as tc
 
     paged_knobs(early_kv=True)  # off by default
@@ -163,7 +179,9 @@ def test_early_kv_reads_the_newest_position_the_kernel_before_wrote(layout, page
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(view[blk, 0, off], k_new[0]) and torch.equal(view[blk, 1, off], v_new[0])
-        msg = mismatch(out.clone(), oracle(q, cache, table, lens, layout), torch.bfloat16, f"len {n} {layout}")
+        msg = mismatch(
+            out.clone(), oracle(q, cache, table, lens, layout), torch.bfloat16, f"len {n} {layout}"
+        )
         if msg:
             failures.append(msg)
     assert not failures, "\n".join(failures[:5])

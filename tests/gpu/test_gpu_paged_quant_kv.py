@@ -1,8 +1,9 @@
 """Quantized paged KV caches on a CUDA GPU (``pytest -m gpu``; skipped on CPU): the default kernels
-(``triton.paged_decode`` for decode, ``triton.paged_prefill`` for prefill/append, ``triton.reshape_and_cache`` for
-writes; the Triton kernels also checked bit-equal / close to the torch ones) on fp8 / int8 caches against the float64 oracle of
-``tests/correctness/test_paged_quant_kv.py`` (its CPU helpers, run on CUDA tensors), repeated calls through the hot
-path with float and tensor scales, and the kernels that cannot read a quantized cache refused."""
+(``triton.paged_decode`` for decode, ``triton.paged_prefill`` for prefill/append, ``triton.reshape_and_cache``
+for writes; the Triton kernels also checked bit-equal / close to the torch ones) on fp8 / int8 caches against
+the float64 oracle of ``tests/correctness/test_paged_quant_kv.py`` (its CPU helpers, run on CUDA tensors),
+repeated calls through the hot path with float and tensor scales, and the kernels that cannot read a quantized
+cache refused."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_cuda_quantized_cache(dtype, qdtype, decode):
     lens = ((1, 37), (1, 5), (1, 64)) if decode else ((9, 37), (5, 5), (1, 64))
     ks, vs = (0.04, 0.03) if dtype == torch.int8 else (0.25, 0.5)
-    cache, bt, _, _ = _fill("NHD", dtype, 16, 2, 128, lens, seed=1, ks=ks, vs=vs)  # written on CPU (reference)
+    cache, bt, _, _ = _fill(
+        "NHD", dtype, 16, 2, 128, lens, seed=1, ks=ks, vs=vs
+    )  # written on CPU (reference)
     g = torch.Generator().manual_seed(2)
     nq = len(lens) if decode else sum(ql for ql, _ in lens)
     q = torch.randn(nq, 8, 128, generator=g)
@@ -67,8 +70,14 @@ def test_cuda_write_equals_cpu_write(dtype):
     lz.reshape_and_cache(k, v, cpu, slots, k_scale=s, v_scale=s)
     gpu = lz.allocate_kv_cache(4, 16, 4, 64, dtype, device="cuda")
     for _ in range(2):
-        lz.reshape_and_cache(k.cuda().bfloat16().float(), v.cuda().bfloat16().float(), gpu, slots.cuda(),
-                             k_scale=torch.tensor(s, device="cuda"), v_scale=s)
+        lz.reshape_and_cache(
+            k.cuda().bfloat16().float(),
+            v.cuda().bfloat16().float(),
+            gpu,
+            slots.cuda(),
+            k_scale=torch.tensor(s, device="cuda"),
+            v_scale=s,
+        )
     ref = lz.allocate_kv_cache(4, 16, 4, 64, dtype)
     lz.reshape_and_cache(k.bfloat16().float(), v.bfloat16().float(), ref, slots, k_scale=s, v_scale=s)
     assert torch.equal(gpu.cpu().view(torch.uint8), ref.view(torch.uint8))
@@ -77,8 +86,14 @@ def test_cuda_write_equals_cpu_write(dtype):
     lz.lock("reshape_and_cache", "torch_native.reshape_and_cache")
     try:
         torch_w = lz.allocate_kv_cache(4, 16, 4, 64, dtype, device="cuda")
-        lz.reshape_and_cache(k.cuda().bfloat16().float(), v.cuda().bfloat16().float(), torch_w, slots.cuda(),
-                             k_scale=s, v_scale=s)
+        lz.reshape_and_cache(
+            k.cuda().bfloat16().float(),
+            v.cuda().bfloat16().float(),
+            torch_w,
+            slots.cuda(),
+            k_scale=s,
+            v_scale=s,
+        )
     finally:
         lz.unlock("reshape_and_cache")
     assert torch.equal(torch_w.view(torch.uint8), gpu.view(torch.uint8))

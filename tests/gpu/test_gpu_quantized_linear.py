@@ -1,11 +1,11 @@
 """``triton.quantized_linear`` (the fused low-bit GEMM of ``lz.quantized_linear``) compiled on a real GPU
 (``pytest -m gpu``): equal to a float64 oracle within the dtype's tolerance for int8 / fp8 / int4 weights on
 Qwen3-0.6B's projection shapes and odd ones, 1 to 70 rows (the row kernels and both tl.dot tiles), through
-``lz.quantized_linear`` (locked: the default only for int8 / fp8 e4m3 on Hopper); a captured CUDA graph replays it.
-The int4 decode kernel (``_qgemv_int4``, 1-8 rows): every row count on Qwen3-0.6B's shapes, groups of 32 / 64 / 128,
-its loop mode (K beyond one slab), the old row kernel (``INT4_DECODE = False``) beside it, and inside CUDA graphs
-(PDL-launched on SM 9.0+, the weight read before its wait) chained after kernels that write its input. The engine
-with it locked: tests/engine/gpu/test_engine_gpu.py."""
+``lz.quantized_linear`` (locked: the default only for int8 / fp8 e4m3 on Hopper); a captured CUDA graph
+replays it. The int4 decode kernel (``_qgemv_int4``, 1-8 rows): every row count on Qwen3-0.6B's shapes, groups
+of 32 / 64 / 128, its loop mode (K beyond one slab), the old row kernel (``INT4_DECODE = False``) beside it,
+and inside CUDA graphs (PDL-launched on SM 9.0+, the weight read before its wait) chained after kernels that
+write its input. The engine with it locked: tests/engine/gpu/test_engine_gpu.py."""
 
 from __future__ import annotations
 
@@ -20,8 +20,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_usable")]
 DEV = "cuda"
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (37, 160)]
-FORMATS = [("int8", dict(axis=0)), ("fp8_e4m3", dict(axis=0)), ("fp8_e5m2", {}), ("int4", dict(group_size=128)),
-           ("int4", dict(group_size=32))]
+FORMATS = [
+    ("int8", dict(axis=0)),
+    ("fp8_e4m3", dict(axis=0)),
+    ("fp8_e5m2", {}),
+    ("int4", dict(group_size=128)),
+    ("int4", dict(group_size=32)),
+]
 
 
 def _rel_err(out, want):
@@ -73,7 +78,7 @@ def test_graph_replay_matches_eager(locked):
     torch.testing.assert_close(out, eager, rtol=0, atol=0)
 
 
-# ------------------------------------------------------------------------------ the int4 decode kernel (_qgemv_int4)
+# ----------------------------------------------------------------------- the int4 decode kernel (_qgemv_int4)
 QWEN = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]
 DECODE_TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
@@ -115,13 +120,17 @@ def test_int4_decode_kernel_every_row_count_and_the_old_row_kernel(rows, monkeyp
 
 @pytest.mark.parametrize("rows", [1, 4])
 def test_int4_decode_kernel_in_a_pdl_graph_replays_eager_bits(locked, rows):
-    """The four Qwen3-0.6B projections chained in one captured graph (each PDL-launched on SM 9.0+: its weight read
-    before the wait), each after a kernel that writes its input (``lz.rms_norm``), replayed after the input changes:
-    equal to eager calls of the same kernels, and to the float64 oracle of each step."""
+    """The four Qwen3-0.6B projections chained in one captured graph (each PDL-launched on SM 9.0+: its weight
+    read before the wait), each after a kernel that writes its input (``lz.rms_norm``), replayed after the
+    input changes: equal to eager calls of the same kernels, and to the float64 oracle of each step."""
     g = torch.Generator(device=DEV).manual_seed(11)
     x = torch.randn(rows, 1024, device=DEV, dtype=torch.bfloat16, generator=g)
-    qts = [lz.quantize(torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=g) * 0.05, "int4",
-                       group_size=128) for n, k in QWEN]
+    qts = [
+        lz.quantize(
+            torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=g) * 0.05, "int4", group_size=128
+        )
+        for n, k in QWEN
+    ]
     nws = [torch.rand(k, device=DEV, generator=g).to(torch.bfloat16) + 0.5 for _, k in QWEN]
 
     def step():

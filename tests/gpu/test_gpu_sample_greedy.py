@@ -1,9 +1,10 @@
-"""``triton.sample_greedy`` (``lz.sample_greedy``'s split-vocabulary argmax) on a real GPU (``pytest -m gpu``): equal to
-``reference.sample_greedy`` and to ``torch.argmax`` of the float32 cast (NaN-free rows) for float32 / float16 /
-bfloat16 logits at [1, 151936], [8, 151936] and [256, 32000] with ties across chunks, NaN, ``+inf`` and all ``-inf``
-rows planted; every split of a row (one chunk to one chunk a tile) gives the same ids; strided logits; the default
-pick on CUDA; a CUDA-graph capture whose replays follow new logits. Skipped with the backend's reason when triton is
-not usable (and with "needs a CUDA GPU" without one: tests/conftest.py)."""
+"""``triton.sample_greedy`` (``lz.sample_greedy``'s split-vocabulary argmax) on a real GPU
+(``pytest -m gpu``): equal to ``reference.sample_greedy`` and to ``torch.argmax`` of the float32 cast
+(NaN-free rows) for float32 / float16 / bfloat16 logits at [1, 151936], [8, 151936] and [256, 32000] with ties
+across chunks, NaN, ``+inf`` and all ``-inf`` rows planted; every split of a row (one chunk to one chunk a
+tile) gives the same ids; strided logits; the default pick on CUDA; a CUDA-graph capture whose replays follow
+new logits. Skipped with the backend's reason when triton is not usable (and with "needs a CUDA GPU" without
+one: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 def _logits(s: int, v: int, dtype: torch.dtype, seed: int, *, special: bool = True) -> torch.Tensor:
-    """Random logits; with ``special`` (``v`` > 3000), rows 1.. get (in turn) a tie across far-apart columns, a NaN
-    after the maximum, two NaN, ``+inf`` twice, all ``-inf``, a single finite value among ``-inf``."""
+    """Random logits; with ``special`` (``v`` > 3000), rows 1.. get (in turn) a tie across far-apart columns,
+    a NaN after the maximum, two NaN, ``+inf`` twice, all ``-inf``, a single finite value among ``-inf``."""
     g = torch.Generator(device=DEV).manual_seed(seed)
     x = torch.randn(s, v, generator=g, device=DEV) * 3
     if special:
@@ -86,8 +87,8 @@ def test_lz_sample_greedy_picks_it_on_cuda():
 @pytest.mark.parametrize(("s", "v"), [(1, 151936), (8, 151936), (256, 32000)], ids=str)
 def test_replays_in_a_cuda_graph(s, v):
     """PyTorch's recipe (an eager call, a side-stream warm-up, the capture), the warm-up also under
-    ``lz.capture_selection()`` (it compiles the PDL variant a capture of few rows uses on SM >= 9.0): replays with new
-    logits copied in give the reference's ids."""
+    ``lz.capture_selection()`` (it compiles the PDL variant a capture of few rows uses on SM >= 9.0): replays
+    with new logits copied in give the reference's ids."""
     x = _logits(s, v, torch.bfloat16, seed=11)
     lz.sample_greedy(x)
     with lz.capture_selection():

@@ -1,11 +1,12 @@
-"""``lz.swiglu`` CUDA kernels on a real GPU (``pytest -m gpu tests/gpu/test_gpu_swiglu.py``, written for the H200).
+"""``lz.swiglu`` CUDA kernels on a real GPU (``pytest -m gpu tests/gpu/test_gpu_swiglu.py``, written for the
+H200).
 
 - Every available CUDA swiglu kernel (``torch_native.swiglu``, ``triton.swiglu``, ``liger.swiglu`` when
-  liger_kernel imports), locked, on >= 200 seeded ``_shapes.swiglu_call`` cases per dtype vs the float64 oracle
-  (cases a kernel rejects, e.g. stride(-1) == 2 for triton, are skipped and counted).
+  liger_kernel imports), locked, on >= 200 seeded ``_shapes.swiglu_call`` cases per dtype vs the float64
+  oracle (cases a kernel rejects, e.g. stride(-1) == 2 for triton, are skipped and counted).
 - Hugging Face equality: ``ACT2FN["silu"](gate) * up`` is bit-identical to torch_native and within a few ulps
-  (mostly bit-identical) for the Triton kernels in fp16/bf16, which round where HF rounds; within 32 ulps in fp32
-  (Triton's approximate exp).
+  (mostly bit-identical) for the Triton kernels in fp16/bf16, which round where HF rounds; within 32 ulps in
+  fp32 (Triton's approximate exp).
 - Wide rows (I up to 100003, several column blocks), > 65535 rows, fused gate_up halves; the Triton kernel
   replays inside a CUDA graph; inputs are never written.
 """
@@ -81,9 +82,9 @@ def test_cuda_matches_hf_llama_mlp(kernel_id, dtype):
     if kernel_id == "torch_native.swiglu":
         assert torch.equal(out, hf)
         return
-    # Half outputs round an fp32 result where HF rounds: a few ulps at most, mostly bit-identical. In fp32 Triton's
-    # exp is ex2.approx(x * log2 e): the rounding of x * log2 e costs ~|x| * 1.44 ulps for |x| up to ~15 here
-    # (measured on the H200: 6.9 ulps max), so fp32 gets 32 ulps and no bit-equality share.
+    # Half outputs round an fp32 result where HF rounds: a few ulps at most, mostly bit-identical. In fp32
+    # Triton's exp is ex2.approx(x * log2 e): the rounding of x * log2 e costs ~|x| * 1.44 ulps for |x| up to
+    # ~15 here (measured on the H200: 6.9 ulps max), so fp32 gets 32 ulps and no bit-equality share.
     ulps, equal_share = (32, None) if dtype == torch.float32 else (4, 0.95)
     ulp = torch.finfo(dtype).eps * hf.double().abs().clamp_min(torch.finfo(dtype).tiny)
     err = (out.double() - hf.double()).abs()
@@ -98,8 +99,12 @@ def test_cuda_matches_hf_llama_mlp(kernel_id, dtype):
 def test_cuda_wide_rows_and_many_rows(kernel_id, dtype, shape):
     _available(kernel_id)
     if kernel_id == "liger.swiglu" and shape[-1] > 65536:
-        reasons = lz.validate(kernel_id, "swiglu", torch.empty(shape, device=DEV, dtype=dtype),
-                              torch.empty(shape, device=DEV, dtype=dtype))
+        reasons = lz.validate(
+            kernel_id,
+            "swiglu",
+            torch.empty(shape, device=DEV, dtype=dtype),
+            torch.empty(shape, device=DEV, dtype=dtype),
+        )
         assert "HIDDEN_SIZE_UNSUPPORTED" in {r.code.value for r in reasons}
         return
     g = torch.Generator(device=DEV).manual_seed(shape[-1])

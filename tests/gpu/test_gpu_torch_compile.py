@@ -1,8 +1,9 @@
-"""lz ops under ``torch.compile(fullgraph=True)`` with Inductor on CUDA (issue 10 part 1's GPU half; the CPU half is
-tests/integration/test_torch_compile_ops.py): a decoder block and a serving step (cache write, paged attention,
-linear) compile with zero graph breaks, the compiled graph's real calls select the kernels (``lz.trace``), and the
-outputs equal eager's on new data (bf16: the same kernels run, so within one bf16 rounding of the ops Inductor fuses
-around them); ``torch.export`` of ``lz.attention`` on CUDA holds the ``layerzero`` node."""
+"""lz ops under ``torch.compile(fullgraph=True)`` with Inductor on CUDA (issue 10 part 1's GPU half; the CPU
+half is tests/integration/test_torch_compile_ops.py): a decoder block and a serving step (cache write, paged
+attention, linear) compile with zero graph breaks, the compiled graph's real calls select the kernels
+(``lz.trace``), and the outputs equal eager's on new data (bf16: the same kernels run, so within one bf16
+rounding of the ops Inductor fuses around them); ``torch.export`` of ``lz.attention`` on CUDA holds the
+``layerzero`` node."""
 
 from __future__ import annotations
 
@@ -33,10 +34,18 @@ def block(x, w, gate, up, q, k, v, cos, sin, wl):
 def _args(gen, rows=5, s=37):
     half = torch.randn(s, 32, generator=gen)
     cos, sin = torch.cat((half.cos(), half.cos()), -1), torch.cat((half.sin(), half.sin()), -1)
-    cpu = (torch.randn(rows, 256, generator=gen), torch.rand(256, generator=gen) + 0.5,
-           torch.randn(rows, 384, generator=gen), torch.randn(rows, 384, generator=gen),
-           torch.randn(2, 8, s, 64, generator=gen), torch.randn(2, 2, s, 64, generator=gen),
-           torch.randn(2, 2, s, 64, generator=gen), cos, sin, torch.randn(512, 256, generator=gen) * 0.05)
+    cpu = (
+        torch.randn(rows, 256, generator=gen),
+        torch.rand(256, generator=gen) + 0.5,
+        torch.randn(rows, 384, generator=gen),
+        torch.randn(rows, 384, generator=gen),
+        torch.randn(2, 8, s, 64, generator=gen),
+        torch.randn(2, 2, s, 64, generator=gen),
+        torch.randn(2, 2, s, 64, generator=gen),
+        cos,
+        sin,
+        torch.randn(512, 256, generator=gen) * 0.05,
+    )
     return tuple(t.to(DEV, DT) for t in cpu)
 
 
@@ -68,10 +77,17 @@ def test_serving_step_compiles_without_breaks_on_cuda():
         cache = lz.allocate_kv_cache(8, 16, 2, 64, dtype=DT, device=DEV)
         cache.copy_(torch.randn(cache.shape, generator=gen).to(DEV, DT))
         k, v = (torch.randn(3, 2, 64, generator=gen).to(DEV, DT) for _ in range(2))
-        return (k, v, cache, torch.tensor([20, 47, 100], device=DEV), torch.randn(3, 8, 64, generator=gen).to(DEV, DT),
-                torch.tensor([[0, 1, 0], [2, 3, 0], [4, 5, 6]], dtype=torch.int32, device=DEV),
-                torch.tensor([21, 32, 37], dtype=torch.int32, device=DEV), torch.randn(3, 256, generator=gen).to(DEV, DT),
-                (torch.randn(128, 256, generator=gen) * 0.05).to(DEV, DT))
+        return (
+            k,
+            v,
+            cache,
+            torch.tensor([20, 47, 100], device=DEV),
+            torch.randn(3, 8, 64, generator=gen).to(DEV, DT),
+            torch.tensor([[0, 1, 0], [2, 3, 0], [4, 5, 6]], dtype=torch.int32, device=DEV),
+            torch.tensor([21, 32, 37], dtype=torch.int32, device=DEV),
+            torch.randn(3, 256, generator=gen).to(DEV, DT),
+            (torch.randn(128, 256, generator=gen) * 0.05).to(DEV, DT),
+        )
 
     assert torch._dynamo.explain(serving_step)(*inputs()).graph_break_count == 0
     compiled = torch.compile(serving_step, fullgraph=True)
@@ -105,9 +121,9 @@ def quantized_block(x, w8, w4, b, wq):
 @pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
 def test_quantized_ops_compile_without_breaks_on_cuda(fmt):
     """The CUDA half of tests/integration's quantized compile test: ``lz.quantize`` / ``lz.dequantize`` /
-    ``lz.quantized_linear`` (custom ops over a QuantizedTensor's fields) in one fullgraph Inductor compile, no graph
-    break, outputs equal eager's for new data and a new row count (the same kernels run: bf16 tolerance for the
-    ops Inductor fuses around them), every op ran (lz.trace)."""
+    ``lz.quantized_linear`` (custom ops over a QuantizedTensor's fields) in one fullgraph Inductor compile, no
+    graph break, outputs equal eager's for new data and a new row count (the same kernels run: bf16 tolerance
+    for the ops Inductor fuses around them), every op ran (lz.trace)."""
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(9)
 
@@ -130,13 +146,14 @@ def test_quantized_ops_compile_without_breaks_on_cuda(fmt):
 
 
 def test_sampling_without_a_generator_compiles_and_draws_eagers_tokens_on_cuda():
-    """``lz.sample_topk`` / ``lz.sample_topp`` without a generator (custom ops drawing from the global CUDA RNG):
-    no graph break, the same global seed gives the compiled function eager's tokens, k = 1 is the argmax."""
+    """``lz.sample_topk`` / ``lz.sample_topp`` without a generator (custom ops drawing from the global CUDA
+    RNG): no graph break, the same global seed gives the compiled function eager's tokens, k = 1 is the
+    argmax."""
     check_topk_topp_compiles(torch.randn(6, 1000, generator=torch.Generator().manual_seed(3)).to(DEV))
 
 
 def test_training_block_compiles_and_matches_float64_gradients_on_cuda():
-    """A training step over ``lz.rms_norm`` (plain and with residual), ``lz.linear`` and ``lz.swiglu`` on CUDA in
-    bf16: fullgraph Inductor (each op one custom-op node with its registered backward), every input's gradient
-    within bf16 tolerance of a float64 oracle run on the CPU."""
+    """A training step over ``lz.rms_norm`` (plain and with residual), ``lz.linear`` and ``lz.swiglu`` on CUDA
+    in bf16: fullgraph Inductor (each op one custom-op node with its registered backward), every input's
+    gradient within bf16 tolerance of a float64 oracle run on the CPU."""
     check_training_block(DT, DEV, 64, 3e-2)

@@ -1,11 +1,12 @@
-"""LayerZero's Triton kernels on a real GPU (``pytest -m gpu tests/gpu/test_gpu_triton.py``; < 60 s on an H200).
+"""LayerZero's Triton kernels on a real GPU (``pytest -m gpu tests/gpu/test_gpu_triton.py``; < 60 s on an
+H200).
 
-- ``triton.rms_norm``, ``triton.rope`` and ``triton.qk_norm_rope`` locked with ``lz.lock`` on >= 200 seeded cases
-  per dtype of
-  ``tests/correctness/_shapes.py`` (odd hidden sizes / head dims, fused residual, mixed-precision weights,
-  sliced rows, partial rotary, both pair styles, every cos/sin form, BHSD/BSHD, GQA) against float64 oracles.
-  Outputs come from ``torch.empty``; before every case the CUDA caching allocator is filled with NaN blocks that
-  are then freed, so an element a kernel forgets to write shows up as NaN against the oracle.
+- ``triton.rms_norm``, ``triton.rope`` and ``triton.qk_norm_rope`` locked with ``lz.lock`` on >= 200 seeded
+  cases per dtype of ``tests/correctness/_shapes.py`` (odd hidden sizes / head dims, fused residual,
+  mixed-precision weights, sliced rows, partial rotary, both pair styles, every cos/sin form, BHSD/BSHD, GQA)
+  against float64 oracles. Outputs come from ``torch.empty``; before every case the CUDA caching allocator is
+  filled with NaN blocks that are then freed, so an element a kernel forgets to write shows up as NaN against
+  the oracle.
 - rms_norm hidden sizes up to 65536 (the tiled path) and strided rows; rope on HF-style strided views.
 - sampling: with given uniforms the token equals a float64 brute-force inverse CDF (vocab up to 151936, odd
   sizes); a chi-square test over 200k draws; k = 1 / tiny p / temperature 0; same seed -> same tokens.
@@ -69,7 +70,7 @@ def _rms64(x, w, eps):
 @pytest.mark.parametrize("h", [8191, 8192, 8193, 16384, 32000, 65536])
 def test_rms_norm_long_rows_and_strided_rows(dtype, h):
     gen = torch.Generator(device=DEV).manual_seed(h)
-    x = torch.randn(5, 3, h + 16, device=DEV, dtype=dtype, generator=gen)[..., 8:8 + h]  # row stride h + 16
+    x = torch.randn(5, 3, h + 16, device=DEV, dtype=dtype, generator=gen)[..., 8 : 8 + h]  # row stride h + 16
     r = torch.randn(5, 3, h, device=DEV, dtype=dtype, generator=gen)
     w = (1 + 0.3 * torch.randn(h, device=DEV, generator=gen)).to(dtype)
     lz.lock("rms_norm", "triton.rms_norm")
@@ -90,7 +91,7 @@ def test_rope_hf_strided_views():
     b, s, h, d = 3, 37, 8, 128
     proj = torch.randn(b, s, 3 * h * d, device=DEV, dtype=torch.bfloat16, generator=gen)
     q = proj[..., : h * d].unflatten(-1, (h, d)).transpose(1, 2)  # BHSD view of fused-QKV memory
-    k = proj[..., h * d: 2 * h * d].unflatten(-1, (h, d)).transpose(1, 2)
+    k = proj[..., h * d : 2 * h * d].unflatten(-1, (h, d)).transpose(1, 2)
     inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=F64, device=DEV) / d)
     ang = torch.arange(4096, dtype=F64, device=DEV)[:, None] * inv
     cos, sin = torch.cat((ang.cos(), ang.cos()), -1).float(), torch.cat((ang.sin(), ang.sin()), -1).float()
@@ -103,17 +104,26 @@ def test_rope_hf_strided_views():
     c, sn = cos[ids].to(F64)[:, None], sin[ids].to(F64)[:, None]
     for x, o in ((q, qo), (k, ko)):
         x64 = x.to(F64)
-        ref = x64 * c + torch.cat((-x64[..., d // 2:], x64[..., : d // 2]), -1) * sn
+        ref = x64 * c + torch.cat((-x64[..., d // 2 :], x64[..., : d // 2]), -1) * sn
         assert mismatch(o, ref, torch.bfloat16) is None
 
 
 # ----------------------------------------------------------------------------- sampling
 
 
-@pytest.mark.parametrize(("vocab", "k", "p", "temperature"), [
-    (151936, 50, None, 0.7), (151936, None, 0.9, 1.0), (151936, None, 1.0, 1.0), (32001, 1000, None, 1.3),
-    (50257, None, 0.5, 0.6), (7, 3, None, 1.0), (1, 4, None, 1.0), (129, None, 0.99, 2.0),
-])
+@pytest.mark.parametrize(
+    ("vocab", "k", "p", "temperature"),
+    [
+        (151936, 50, None, 0.7),
+        (151936, None, 0.9, 1.0),
+        (151936, None, 1.0, 1.0),
+        (32001, 1000, None, 1.3),
+        (50257, None, 0.5, 0.6),
+        (7, 3, None, 1.0),
+        (1, 4, None, 1.0),
+        (129, None, 0.99, 2.0),
+    ],
+)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_draw_with_given_u_equals_float64_inverse_cdf(vocab, k, p, temperature, dtype):
     from layerzero.backends.triton import sampling
@@ -130,9 +140,12 @@ def test_draw_with_given_u_equals_float64_inverse_cdf(vocab, k, p, temperature, 
         want = int(order[int((cum > uu).nonzero()[0])]) if bool((cum > uu).any()) else int(order[-1])
         got = int(tokens[row])
         if got != want:
-            # allowed only at a float32 rounding boundary, or between tokens with equal logits (half precision)
+            # allowed only at a float32 rounding boundary, or between tokens with equal logits (half
+            # precision)
             if got not in order.tolist():  # top-k: torch.topk may break a tie at the k-th place differently
-                assert bool(logits[row, got] == logits[row, int(order[-1])]), f"row {row}: {got} outside the kept set"
+                assert bool(logits[row, got] == logits[row, int(order[-1])]), (
+                    f"row {row}: {got} outside the kept set"
+                )
                 continue
             near = float((cum - uu).abs().min()) < 1e-4  # float32 sums over up to 151936 terms
             tie = bool(logits[row, got] == logits[row, want])
@@ -145,8 +158,12 @@ def test_chi_square_over_many_draws(op, arg):
     n = 200_000
     lz.lock(op, f"triton.{op}")
     try:
-        tokens = getattr(lz, op)(logits.expand(n, -1).contiguous(), arg, temperature=0.8,
-                                 generator=torch.Generator(device=DEV).manual_seed(3)).cpu()
+        tokens = getattr(lz, op)(
+            logits.expand(n, -1).contiguous(),
+            arg,
+            temperature=0.8,
+            generator=torch.Generator(device=DEV).manual_seed(3),
+        ).cpu()
     finally:
         lz.unlock(op)
     order, kept = kept_oracle(logits, 0.8, **({"k": arg} if op == "sample_topk" else {"p": arg}))
@@ -217,18 +234,27 @@ def test_rms_norm_and_rope_capture_after_warmup():
 
 def test_qk_norm_rope_is_the_default_and_captures():
     """Qwen3's decode shape (one token, 16 q / 8 k heads of 128 as views of a fused projection, BSHD, a bf16
-    table with position ids): default selection takes the fused kernel, whose output equals the float64 oracle and,
-    replayed from a CUDA graph after one eager call, eager's bits."""
+    table with position ids): default selection takes the fused kernel, whose output equals the float64 oracle
+    and, replayed from a CUDA graph after one eager call, eager's bits."""
     import _shapes
 
     gen = torch.Generator(device=DEV).manual_seed(9)
     qkv = torch.randn(1, 3, 16 + 8 + 8, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
     q, k = qkv[:, :, :16], qkv[:, :, 16:24]
-    qw, kw = (torch.rand(128, device=DEV, generator=gen) + 0.5).bfloat16(), torch.rand(128, device=DEV).bfloat16()
+    qw, kw = (
+        (torch.rand(128, device=DEV, generator=gen) + 0.5).bfloat16(),
+        torch.rand(128, device=DEV).bfloat16(),
+    )
     ang = torch.arange(4096, device=DEV)[:, None] * torch.rand(64, device=DEV, generator=gen)[None]
-    cos, sin = torch.cat((ang.cos(), ang.cos()), -1).bfloat16(), torch.cat((ang.sin(), ang.sin()), -1).bfloat16()
+    cos, sin = (
+        torch.cat((ang.cos(), ang.cos()), -1).bfloat16(),
+        torch.cat((ang.sin(), ang.sin()), -1).bfloat16(),
+    )
     ids = torch.tensor([[7, 4000, 123]], device=DEV)
-    assert lz.which("qk_norm_rope", q, k, qw, kw, cos, sin, position_ids=ids, layout="BSHD") == "triton.qk_norm_rope"
+    assert (
+        lz.which("qk_norm_rope", q, k, qw, kw, cos, sin, position_ids=ids, layout="BSHD")
+        == "triton.qk_norm_rope"
+    )
     eager = lz.qk_norm_rope(q, k, qw, kw, cos, sin, eps=1e-6, position_ids=ids, layout="BSHD")
     for got, x, w in zip(eager, (q, k), (qw, kw), strict=True):
         x64 = x.double()
@@ -248,22 +274,28 @@ def test_qk_norm_rope_is_the_default_and_captures():
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize(("t", "hq", "hkv", "d"), [(1, 16, 8, 128), (3, 16, 8, 128), (37, 6, 3, 40)], ids=str)
 def test_qk_norm_rope_cache_is_the_default_and_matches_float64(dtype, layout, t, hq, hkv, d):
-    """``triton.qk_norm_rope_cache`` chosen by default (``rope.CACHE_PRIORITY``); its outputs against the float64
-    oracle of the correctness file, the cache holding exactly the returned k and v at the slots, -1 slots and every
-    other slot untouched; captured in a graph, it replays what it computes eagerly."""
+    """``triton.qk_norm_rope_cache`` chosen by default (``rope.CACHE_PRIORITY``); its outputs against the
+    float64 oracle of the correctness file, the cache holding exactly the returned k and v at the slots, -1
+    slots and every other slot untouched; captured in a graph, it replays what it computes eagerly."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
     from test_qk_norm_rope_cache import case, check
 
     args = [a.cuda() for a in case(dtype, t, hq, hkv, d, seed=t + d, layout=layout, blocks=8, page=16)]
     q, k, v, qw, kw, cos, sin, pos, slots, cache = args
     before = cache.clone()
-    assert lz.which("qk_norm_rope_cache", q, k, v, qw, kw, cos, sin, cache, slots, position_ids=pos,
-                    kv_layout=layout) == "triton.qk_norm_rope_cache"
+    assert (
+        lz.which(
+            "qk_norm_rope_cache", q, k, v, qw, kw, cos, sin, cache, slots, position_ids=pos, kv_layout=layout
+        )
+        == "triton.qk_norm_rope_cache"
+    )
     out = lz.qk_norm_rope_cache(q, k, v, qw, kw, cos, sin, cache, slots, position_ids=pos, kv_layout=layout)
     check([o.cpu() for o in out], [a.cpu() for a in args], layout, before.cpu())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        gq, gk = lz.qk_norm_rope_cache(q, k, v, qw, kw, cos, sin, cache, slots, position_ids=pos, kv_layout=layout)
+        gq, gk = lz.qk_norm_rope_cache(
+            q, k, v, qw, kw, cos, sin, cache, slots, position_ids=pos, kv_layout=layout
+        )
     cache.copy_(before)
     graph.replay()
     torch.cuda.synchronize()

@@ -1,10 +1,11 @@
-"""``triton.attention`` (FlashAttention-2 forward with in-kernel ALiBi) compiled on a CUDA GPU (``pytest -m gpu``;
-skipped on CPU with a reason): bfloat16 / float16 (and a float32 case) against the float64 oracle of
-``tests/correctness/test_triton_attention.py`` (computed on the GPU in float64) at serving shapes (B2 H16/Hkv4 S1024
-D128 causal, decode-like Sq = 1 over 4096 keys, Sq != Sk both ways, odd and large head dims, D != Dv, window +
-soft-cap), split-K against no split and its determinism, ``lz.attention(..., alibi_slopes=...)`` selecting it by
-default (FlashAttention 2 first when it is installed and eligible) and never for a plain call, BSHD inputs, autograd
-calls falling back with their gradients, and a CUDA-graph capture/replay (the spec says graph-safe).
+"""``triton.attention`` (FlashAttention-2 forward with in-kernel ALiBi) compiled on a CUDA GPU
+(``pytest -m gpu``; skipped on CPU with a reason): bfloat16 / float16 (and a float32 case) against the float64
+oracle of ``tests/correctness/test_triton_attention.py`` (computed on the GPU in float64) at serving shapes
+(B2 H16/Hkv4 S1024 D128 causal, decode-like Sq = 1 over 4096 keys, Sq != Sk both ways, odd and large head
+dims, D != Dv, window + soft-cap), split-K against no split and its determinism,
+``lz.attention(..., alibi_slopes=...)`` selecting it by default (FlashAttention 2 first when it is installed
+and eligible) and never for a plain call, BSHD inputs, autograd calls falling back with their gradients, and a
+CUDA-graph capture/replay (the spec says graph-safe).
 """
 
 from __future__ import annotations
@@ -21,19 +22,22 @@ import layerzero as lz
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
 from test_triton_attention import Case, oracle  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-              pytest.mark.usefixtures("triton_usable")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("triton_usable"),
+]
 
 KID = "triton.attention"
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 SERVING = [
-    Case(2, 16, 4, 1024, 1024, 128, 128, causal=True),                   # prefill, GQA 4
-    Case(4, 32, 8, 1, 4096, 128, 128, per_batch=True),                   # decode-like: split-K
-    Case(2, 8, 2, 77, 1000, 128, 128, per_batch=True),                   # Sq < Sk, not causal
-    Case(2, 8, 2, 1000, 77, 64, 64, causal=True),                        # Sq > Sk, causal (top-left)
-    Case(1, 12, 12, 300, 300, 80, 80, causal=True),                      # odd head dim, MHA
-    Case(1, 8, 1, 129, 257, 256, 256, causal=True),                      # D = 256, MQA
-    Case(1, 4, 4, 200, 300, 96, 64),                                     # D != Dv
+    Case(2, 16, 4, 1024, 1024, 128, 128, causal=True),  # prefill, GQA 4
+    Case(4, 32, 8, 1, 4096, 128, 128, per_batch=True),  # decode-like: split-K
+    Case(2, 8, 2, 77, 1000, 128, 128, per_batch=True),  # Sq < Sk, not causal
+    Case(2, 8, 2, 1000, 77, 64, 64, causal=True),  # Sq > Sk, causal (top-left)
+    Case(1, 12, 12, 300, 300, 80, 80, causal=True),  # odd head dim, MHA
+    Case(1, 8, 1, 129, 257, 256, 256, causal=True),  # D = 256, MQA
+    Case(1, 4, 4, 200, 300, 96, 64),  # D != Dv
     Case(1, 8, 2, 500, 700, 128, 128, causal=True, window=(127, 0), softcap=30.0),
 ]
 
@@ -44,7 +48,8 @@ def tensors(case: Case, seed: int, dtype: torch.dtype):
 
 
 def check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "") -> None:
-    """``out`` within ``TOL[dtype]`` of the float64 ``ref`` relative to ref's scale (plus each element's own)."""
+    """``out`` within ``TOL[dtype]`` of the float64 ``ref`` relative to ref's scale (plus each element's
+    own)."""
     assert out.dtype == dtype and out.shape == ref.shape, (what, out.dtype, out.shape, ref.shape)
     tol = TOL[dtype]
     err = (out.double() - ref).abs()
@@ -62,14 +67,34 @@ def locked(kernel_id: str):
 
 
 def call(case: Case, q, k, v, slopes, **kw):
-    return lz.attention(q, k, v, is_causal=case.causal, scale=case.scale, window=case.window, softcap=case.softcap,
-                        alibi_slopes=slopes, **kw)
+    return lz.attention(
+        q,
+        k,
+        v,
+        is_causal=case.causal,
+        scale=case.scale,
+        window=case.window,
+        softcap=case.softcap,
+        alibi_slopes=slopes,
+        **kw,
+    )
 
 
 def fa2_takes(case: Case, q, k, v, slopes) -> bool:
-    """Whether flash_attn2 (installed, ALiBi natively, priority 90) can run this call: then it is the default."""
-    return not lz.validate("flash_attn2.attention", "attention", q, k, v, is_causal=case.causal, scale=case.scale,
-                           window=case.window, softcap=case.softcap, alibi_slopes=slopes)
+    """Whether flash_attn2 (installed, ALiBi natively, priority 90) can run this call: then it is the
+    default."""
+    return not lz.validate(
+        "flash_attn2.attention",
+        "attention",
+        q,
+        k,
+        v,
+        is_causal=case.causal,
+        scale=case.scale,
+        window=case.window,
+        softcap=case.softcap,
+        alibi_slopes=slopes,
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -83,8 +108,20 @@ def test_serving_shapes_match_float64(dtype, idx):
     assert tr.kernels_for("attention") == [KID] and not tr.fallbacks
     check(out, want, dtype, str(case))
     expected = "flash_attn2.attention" if fa2_takes(case, q, k, v, slopes) else KID
-    assert lz.which("attention", q, k, v, is_causal=case.causal, scale=case.scale, window=case.window,
-                    softcap=case.softcap, alibi_slopes=slopes) == expected
+    assert (
+        lz.which(
+            "attention",
+            q,
+            k,
+            v,
+            is_causal=case.causal,
+            scale=case.scale,
+            window=case.window,
+            softcap=case.softcap,
+            alibi_slopes=slopes,
+        )
+        == expected
+    )
 
 
 def test_float32_matches_float64():
@@ -102,7 +139,9 @@ def test_split_k_against_no_split_and_deterministic(dtype):
     case = Case(2, 16, 4, 1, 3000, 128, 128, per_batch=True)
     q, k, v, slopes = tensors(case, 4, dtype)
     want = oracle(q, k, v, slopes)
-    outs = {s: attention(q, k, v, None, False, None, 0.0, None, None, slopes, num_splits=s) for s in (1, 7, 16)}
+    outs = {
+        s: attention(q, k, v, None, False, None, 0.0, None, None, slopes, num_splits=s) for s in (1, 7, 16)
+    }
     outs[None] = attention(q, k, v, None, False, None, 0.0, None, None, slopes)
     for s, out in outs.items():
         check(out, want, dtype, f"splits={s}")
@@ -111,8 +150,9 @@ def test_split_k_against_no_split_and_deterministic(dtype):
 
 
 def test_default_selection_plain_calls_and_autograd():
-    """ALiBi calls default to it (unless FA2 takes them); plain calls never; a call needing gradients falls back to
-    a kernel with a backward (BACKWARD_UNSUPPORTED here) and its gradients match the float64 oracle's."""
+    """ALiBi calls default to it (unless FA2 takes them); plain calls never; a call needing gradients falls
+    back to a kernel with a backward (BACKWARD_UNSUPPORTED here) and its gradients match the float64
+    oracle's."""
     case = Case(2, 8, 2, 256, 256, 64, 64, causal=True)
     q, k, v, slopes = tensors(case, 5, torch.bfloat16)
     if not fa2_takes(case, q, k, v, slopes):
@@ -141,11 +181,15 @@ def test_bshd_inputs():
     check(out.transpose(1, 2), want, torch.bfloat16)
 
 
-@pytest.mark.parametrize("case", [Case(2, 16, 4, 512, 512, 128, 128, causal=True), Case(4, 32, 8, 1, 4096, 128, 128)],
-                         ids=["prefill", "decode"])
+@pytest.mark.parametrize(
+    "case",
+    [Case(2, 16, 4, 512, 512, 128, 128, causal=True), Case(4, 32, 8, 1, 4096, 128, 128)],
+    ids=["prefill", "decode"],
+)
 def test_replays_in_a_cuda_graph(case):
-    """PyTorch's recipe (an eager call, a side-stream warm-up, the capture) with lz.attention(alibi_slopes=...): the
-    capture-time choice is this kernel (graph-safe), and a replay with new q values equals an eager call."""
+    """PyTorch's recipe (an eager call, a side-stream warm-up, the capture) with
+    lz.attention(alibi_slopes=...): the capture-time choice is this kernel (graph-safe), and a replay with new
+    q values equals an eager call."""
     q, k, v, slopes = tensors(case, 7, torch.bfloat16)
     if fa2_takes(case, q, k, v, slopes):
         pytest.skip("flash_attn2 is installed and takes these calls")

@@ -1,6 +1,6 @@
-"""``triton.reshape_and_cache`` compiled on a real GPU: exact against the token-by-token oracle of the interpreter
-tests (seeded ragged cases, both layouts, -1 slots, strided K/V), picked by ``lz.reshape_and_cache`` on CUDA, and
-replayed in a CUDA graph with new slots and values written in place."""
+"""``triton.reshape_and_cache`` compiled on a real GPU: exact against the token-by-token oracle of the
+interpreter tests (seeded ragged cases, both layouts, -1 slots, strided K/V), picked by
+``lz.reshape_and_cache`` on CUDA, and replayed in a CUDA graph with new slots and values written in place."""
 
 from __future__ import annotations
 
@@ -16,8 +16,11 @@ from layerzero.backends.triton import cache as tc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
 from test_triton_cache_interpret import _case, _oracle  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-              pytest.mark.usefixtures("triton_usable")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("triton_usable"),
+]
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -34,7 +37,9 @@ def test_exact_against_oracle(layout, dtype, seed):
 
 
 def test_replays_in_a_cuda_graph():
-    k, v, cache, slots, page = (t.cuda() if isinstance(t, torch.Tensor) else t for t in _case(7, "NHD", torch.bfloat16))
+    k, v, cache, slots, page = (
+        t.cuda() if isinstance(t, torch.Tensor) else t for t in _case(7, "NHD", torch.bfloat16)
+    )
     tc.reshape_and_cache(k, v, cache, slots, "NHD")  # compiled before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

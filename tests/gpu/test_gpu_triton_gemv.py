@@ -1,6 +1,7 @@
 """``triton.gemv`` (``lz.linear`` for 1-8 rows) compiled on a real GPU (``pytest -m gpu``): equal to a float64
-product within the dtype's tolerance on Qwen3-0.6B's projection shapes and odd ones, through ``lz.linear`` (the
-default for 1-8 rows; refused beyond 8 rows and for float32) and inside a captured CUDA graph (replays match eager)."""
+product within the dtype's tolerance on Qwen3-0.6B's projection shapes and odd ones, through ``lz.linear``
+(the default for 1-8 rows; refused beyond 8 rows and for float32) and inside a captured CUDA graph (replays
+match eager)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,10 @@ def test_matches_float64_and_is_chosen(dtype, shape, rows):
 
 def test_refused_beyond_eight_rows_and_for_float32():
     w = torch.randn(1024, 2048, device=DEV, dtype=torch.bfloat16)
-    for x, wt in ((torch.randn(9, 2048, device=DEV, dtype=torch.bfloat16), w),
-                  (torch.randn(1, 2048, device=DEV, dtype=torch.float32), w.float())):
+    for x, wt in (
+        (torch.randn(9, 2048, device=DEV, dtype=torch.bfloat16), w),
+        (torch.randn(1, 2048, device=DEV, dtype=torch.float32), w.float()),
+    ):
         report = lz.explain("linear", x, wt)
         assert report.candidate(tg.KERNEL_ID).reasons
 
@@ -84,14 +87,17 @@ def _norm_oracle(x, nw, w, r, eps):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
-@pytest.mark.parametrize(("rows", "n", "k"), [(1, 4096, 1024), (1, 6144, 1024), (2, 4096, 1024), (3, 1024, 2048),
-                                              (1, 37, 129), (4, 70, 3001)], ids=str)
+@pytest.mark.parametrize(
+    ("rows", "n", "k"),
+    [(1, 4096, 1024), (1, 6144, 1024), (2, 4096, 1024), (3, 1024, 2048), (1, 37, 129), (4, 70, 3001)],
+    ids=str,
+)
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_rms_norm_linear_matches_float64_and_is_chosen(dtype, rows, n, k, residual):
     g = torch.Generator(device=DEV).manual_seed(rows * n + k)
     x = torch.randn(rows, k, device=DEV, dtype=dtype, generator=g) * 3
     nw = (torch.rand(k, device=DEV, generator=g) + 0.5).to(dtype)
-    w = (torch.randn(n, k, device=DEV, generator=g) / k ** 0.5).to(dtype)
+    w = (torch.randn(n, k, device=DEV, generator=g) / k**0.5).to(dtype)
     r = torch.randn(rows, k, device=DEV, dtype=dtype, generator=g) if residual else None
     assert lz.which("rms_norm_linear", x, nw, w, residual=r) == tg.NORM_KERNEL_ID
     out = lz.rms_norm_linear(x, nw, w, eps=1e-6, residual=r)
@@ -103,9 +109,9 @@ def test_rms_norm_linear_matches_float64_and_is_chosen(dtype, rows, n, k, residu
 
 
 def test_rms_norm_linear_in_a_pdl_graph_replays_eager_bits():
-    """Captured (PDL-launched on SM 9.0+: the weight slab read before the wait), chained after another kernel that
-    writes its input, replayed after the input changes: equal to eager calls of the same kernels (rms_norm_linear,
-    then swiglu_linear and gemv reading its output)."""
+    """Captured (PDL-launched on SM 9.0+: the weight slab read before the wait), chained after another kernel
+    that writes its input, replayed after the input changes: equal to eager calls of the same kernels
+    (rms_norm_linear, then swiglu_linear and gemv reading its output)."""
     g = torch.Generator(device=DEV).manual_seed(2)
     x = torch.randn(1, 1024, device=DEV, dtype=torch.bfloat16, generator=g)
     r = torch.randn(1, 1024, device=DEV, dtype=torch.bfloat16, generator=g)
@@ -135,12 +141,15 @@ def test_rms_norm_linear_in_a_pdl_graph_replays_eager_bits():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
-@pytest.mark.parametrize(("rows", "n", "i"), [(1, 1024, 3072), (2, 1024, 3072), (4, 1024, 3072), (1, 37, 129),
-                                              (3, 70, 3001)], ids=str)
+@pytest.mark.parametrize(
+    ("rows", "n", "i"),
+    [(1, 1024, 3072), (2, 1024, 3072), (4, 1024, 3072), (1, 37, 129), (3, 70, 3001)],
+    ids=str,
+)
 def test_swiglu_linear_matches_float64_and_is_chosen(dtype, rows, n, i):
     g = torch.Generator(device=DEV).manual_seed(rows * n + i)
     gate_up = torch.randn(rows, 2 * i, device=DEV, dtype=dtype, generator=g) * 2
-    w = (torch.randn(n, i, device=DEV, generator=g) / i ** 0.5).to(dtype)
+    w = (torch.randn(n, i, device=DEV, generator=g) / i**0.5).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
     assert lz.which("swiglu_linear", gate, up, w) == tg.SWIGLU_KERNEL_ID
     gd = gate.double()

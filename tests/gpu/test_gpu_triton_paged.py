@@ -1,7 +1,8 @@
-"""``triton.paged_decode`` on a CUDA GPU (``pytest -m gpu tests/gpu/test_gpu_triton_paged.py``; skipped on CPU).
+"""``triton.paged_decode`` on a CUDA GPU (``pytest -m gpu tests/gpu/test_gpu_triton_paged.py``; skipped on
+CPU).
 
-- 200 seeded decode cases per dtype (float16 / bfloat16; a few float32) against a float64 oracle: page sizes 1, 8,
-  16, 32; NHD and HND; GQA ratios 1..16; head dims 64, 80, 96, 128, 256; batch up to 64; KV up to 32768;
+- 200 seeded decode cases per dtype (float16 / bfloat16; a few float32) against a float64 oracle: page sizes
+  1, 8, 16, 32; NHD and HND; GQA ratios 1..16; head dims 64, 80, 96, 128, 256; batch up to 64; KV up to 32768;
   length-1 sequences; every unused page and slot NaN; block-table entries past the used ones garbage;
 - through ``lz.paged_attention``: the kernel is chosen for CUDA decode and serves it;
 - a CUDA graph: ``lz.warmup`` then ``lz.validate_graph_capture`` of a decode step; the capture trace shows
@@ -56,8 +57,17 @@ def gpu_case(seed: int) -> dict:
     else:  # mixed, many length-1
         b = rng.randint(1, 16)
         lens = [rng.choice((1, 1, 2, rng.randint(1, 64), rng.randint(100, 4096))) for _ in range(b)]
-    return dict(seed=seed, page=page, layout=layout, d=d, hkv=hkv, ratio=ratio, lens=lens,
-                spare_cols=rng.randint(0, 3), scale=rng.choice((None, None, 0.05)))
+    return dict(
+        seed=seed,
+        page=page,
+        layout=layout,
+        d=d,
+        hkv=hkv,
+        ratio=ratio,
+        lens=lens,
+        spare_cols=rng.randint(0, 3),
+        scale=rng.choice((None, None, 0.05)),
+    )
 
 
 def gpu_inputs(c: dict, dtype: torch.dtype):
@@ -75,7 +85,7 @@ def gpu_inputs(c: dict, dtype: torch.dtype):
     for n in need:
         starts.append(starts[-1] + n)
     for s, n in enumerate(need):
-        table[s, :n] = perm[starts[s]:starts[s] + n]
+        table[s, :n] = perm[starts[s] : starts[s] + n]
     shape = (nb, 2, page, hkv, d) if c["layout"] == "NHD" else (nb, 2, hkv, page, d)
     cache = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
     view = cache if c["layout"] == "NHD" else cache.transpose(2, 3)  # [N, 2, P, Hkv, D] view
@@ -141,15 +151,24 @@ def test_small_batch_long_context_uses_splits():
 
 
 def _decode_inputs(dtype=torch.bfloat16, seed=0, layout="NHD"):
-    c = dict(seed=seed, page=16, layout=layout, d=128, hkv=8, ratio=4, lens=[1, 700, 4096, 33, 2048, 1, 5, 4000],
-             spare_cols=2, scale=None)
+    c = dict(
+        seed=seed,
+        page=16,
+        layout=layout,
+        d=128,
+        hkv=8,
+        ratio=4,
+        lens=[1, 700, 4096, 33, 2048, 1, 5, 4000],
+        spare_cols=2,
+        scale=None,
+    )
     return gpu_inputs(c, dtype)
 
 
 @pytest.fixture
 def prefer_triton():
-    """flashinfer.paged_attention (priority 60) outranks triton.paged_decode (40) when FlashInfer is installed:
-    prefer ours inside these tests so they exercise it either way."""
+    """flashinfer.paged_attention (priority 60) outranks triton.paged_decode (40) when FlashInfer is
+    installed: prefer ours inside these tests so they exercise it either way."""
     with lz.prefer(tp.KERNEL_ID):
         yield
 
@@ -186,8 +205,8 @@ def test_cuda_graph_capture_replays_decode(prefer_triton):
 
 def test_graph_replay_follows_new_lengths_and_tables():
     """Capture once, then change seq_lens and block_tables in place (same shapes): the replay reads the new
-    values on the device (no host read was frozen into the graph): replay == eager == oracle of the new inputs.
-    The cache's NaN are zeroed first so that any valid block id gives a finite oracle."""
+    values on the device (no host read was frozen into the graph): replay == eager == oracle of the new
+    inputs. The cache's NaN are zeroed first so that any valid block id gives a finite oracle."""
     q, cache, table, lens = _decode_inputs(torch.float16, seed=2)
     cache.nan_to_num_(0.0)
     lz.warmup("paged_attention", [((q, cache, table, lens), {})])
@@ -205,7 +224,9 @@ def test_graph_replay_follows_new_lengths_and_tables():
     gen = torch.Generator(device="cuda").manual_seed(5)
     cap = table.shape[1] * 16
     lens.copy_(torch.randint(1, cap + 1, lens.shape, generator=gen, device="cuda", dtype=torch.int32))
-    table.copy_(torch.randint(0, cache.shape[0], table.shape, generator=gen, device="cuda", dtype=torch.int32))
+    table.copy_(
+        torch.randint(0, cache.shape[0], table.shape, generator=gen, device="cuda", dtype=torch.int32)
+    )
     g.replay()
     torch.cuda.synchronize()
     eager = tp.paged_decode(q, cache, table, lens)  # eager: the fused split merge
@@ -217,20 +238,21 @@ def test_graph_replay_follows_new_lengths_and_tables():
 
 
 def _poison_workspace(q: torch.Tensor, splits: int) -> None:
-    """Free a NaN block of the split workspace's size, so the caching allocator hands it to the next call: a merge
-    that read a partial before its split stored it would then read NaN, not last call's equal values."""
+    """Free a NaN block of the split workspace's size, so the caching allocator hands it to the next call: a
+    merge that read a partial before its split stored it would then read NaN, not last call's equal values."""
     b, hq, d = q.shape
     torch.full((b * hq * splits * (d + 1),), float("nan"), dtype=torch.float32, device=q.device)
 
 
 def test_fused_split_merge_matches_and_never_reads_early(monkeypatch):
-    """The split that counts last merges (the ``fused_merge`` knob, one launch) from partials other SMs wrote in the same
-    launch: a missing release/acquire or a stale L1 read would merge NaN (the workspace is poisoned before each
-    launch) or last launch's values. 120 seeded cases with 2..32 splits, each launched 3 times back to back without a
-    sync (the counters must be back at 0 before the next launch): every launch equals the first bit for bit and, as
-    the two-kernel merge, matches the float64 oracle (the two forms may round the last bit differently); then a CUDA
-    graph (two kernels under capture) replayed 20 times into a NaN-filled output equals an eager call under
-    ``lz.capture_selection`` bit for bit, and two streams launch the fused form at once (each has its own counters)."""
+    """The split that counts last merges (the ``fused_merge`` knob, one launch) from partials other SMs wrote
+    in the same launch: a missing release/acquire or a stale L1 read would merge NaN (the workspace is
+    poisoned before each launch) or last launch's values. 120 seeded cases with 2..32 splits, each launched 3
+    times back to back without a sync (the counters must be back at 0 before the next launch): every launch
+    equals the first bit for bit and, as the two-kernel merge, matches the float64 oracle (the two forms may
+    round the last bit differently); then a CUDA graph (two kernels under capture) replayed 20 times into a
+    NaN-filled output equals an eager call under ``lz.capture_selection`` bit for bit, and two streams launch
+    the fused form at once (each has its own counters)."""
     with knobs(tp.KNOBS, fused_merge=True):  # every eager call below (plans dropped on entry and exit)
         _fused_split_merge_matches_and_never_reads_early(monkeypatch)
 
@@ -271,12 +293,18 @@ def _fused_split_merge_matches_and_never_reads_early(monkeypatch):
     g = torch.cuda.CUDAGraph()
     launches: list[str] = []
     real = tp.launch_pinned
-    monkeypatch.setattr(tp, "launch_pinned",
-                        lambda fn, pin, grid, *a, **k: (launches.append(fn.__name__), real(fn, pin, grid, *a, **k)))
+    monkeypatch.setattr(
+        tp,
+        "launch_pinned",
+        lambda fn, pin, grid, *a, **k: (launches.append(fn.__name__), real(fn, pin, grid, *a, **k)),
+    )
     with torch.cuda.graph(g):
         static = tp.paged_decode(q, cache, table, lens, num_splits=16)
     monkeypatch.setattr(tp, "launch_pinned", real)
-    assert launches == ["paged_decode_split", "paged_decode_merge"]  # graphs keep the two kernels (faster replayed)
+    assert launches == [
+        "paged_decode_split",
+        "paged_decode_merge",
+    ]  # graphs keep the two kernels (faster replayed)
     for _ in range(20):
         static.fill_(float("nan"))  # a replay whose counters were not back at 0 would merge nothing
         g.replay()

@@ -1,7 +1,8 @@
-"""``triton.sample`` (``lz.sample``'s fused exponential race) on a real GPU (``pytest -m gpu``): the float64 race
-as the oracle for seeded rows at a real vocabulary (151936, odd sizes), greedy rows exact, agreement with
+"""``triton.sample`` (``lz.sample``'s fused exponential race) on a real GPU (``pytest -m gpu``): the float64
+race as the oracle for seeded rows at a real vocabulary (151936, odd sizes), greedy rows exact, agreement with
 ``reference.sample`` on seeded rows, batch invariance of a seeded request, unseeded frequencies against the
-softmax, and that ``lz.sample`` picks it on CUDA. Skipped with the backend's reason when triton is not usable."""
+softmax, and that ``lz.sample`` picks it on CUDA. Skipped with the backend's reason when triton is not
+usable."""
 
 from __future__ import annotations
 
@@ -55,8 +56,17 @@ def test_agrees_with_the_reference_and_is_batch_invariant():
     tokens = ts.sample(logits, temperature=temp, seeds=seeds, offsets=offsets)
     want = ref.sample(logits, temp, None, None, None, seeds, offsets)
     assert (tokens == want).float().mean() >= 0.99  # only float32 near-ties may differ
-    alone = torch.cat([ts.sample(logits[i:i + 1], temperature=temp[i:i + 1], seeds=seeds[i:i + 1],
-                                 offsets=offsets[i:i + 1]) for i in range(0, 512, 37)])
+    alone = torch.cat(
+        [
+            ts.sample(
+                logits[i : i + 1],
+                temperature=temp[i : i + 1],
+                seeds=seeds[i : i + 1],
+                offsets=offsets[i : i + 1],
+            )
+            for i in range(0, 512, 37)
+        ]
+    )
     assert torch.equal(alone, tokens[::37])
 
 
@@ -82,8 +92,9 @@ def test_lz_sample_picks_it_by_default_and_under_a_lock():
     try:
         assert lz.which("sample", logits, temperature=temp) == "triton.sample"
         seeds = torch.arange(8, device=DEV)
-        assert torch.equal(lz.sample(logits, temperature=temp, seeds=seeds),
-                           ts.sample(logits, temperature=temp, seeds=seeds))
+        assert torch.equal(
+            lz.sample(logits, temperature=temp, seeds=seeds), ts.sample(logits, temperature=temp, seeds=seeds)
+        )
     finally:
         lz.unlock("sample")
 
@@ -105,8 +116,12 @@ def test_split_vocabulary_path_returns_the_one_program_ids(dtype, b):
     temp[b // 2] = 1e-30  # tiny but not greedy
     seeds[::2] = -1  # unseeded rows: noise from the generator's base seed
     min_p = torch.full((b,), 0.05, device=DEV)
-    for kw in (dict(temperature=temp, seeds=seeds, offsets=offsets), dict(temperature=temp, min_p=min_p),
-               dict(seeds=seeds, offsets=offsets), {}):
+    for kw in (
+        dict(temperature=temp, seeds=seeds, offsets=offsets),
+        dict(temperature=temp, min_p=min_p),
+        dict(seeds=seeds, offsets=offsets),
+        {},
+    ):
         one = ts.sample(logits, generator=torch.Generator(device=DEV).manual_seed(9), split=False, **kw)
         split = ts.sample(logits, generator=torch.Generator(device=DEV).manual_seed(9), split=True, **kw)
         dflt = ts.sample(logits, generator=torch.Generator(device=DEV).manual_seed(9), **kw)

@@ -18,8 +18,16 @@ from layerzero.tuning import TuneStatus, harness, make_inputs
 
 pytestmark = pytest.mark.gpu
 
-SHAPE = {"batch": 2, "heads": 16, "kv_heads": 4, "seq": 512, "head_dim": 128, "causal": True,
-         "dtype": "bfloat16", "device": "cuda"}
+SHAPE = {
+    "batch": 2,
+    "heads": 16,
+    "kv_heads": 4,
+    "seq": 512,
+    "head_dim": 128,
+    "causal": True,
+    "dtype": "bfloat16",
+    "device": "cuda",
+}
 
 
 def test_tune_bf16_attention_with_cuda_events(monkeypatch):
@@ -35,8 +43,9 @@ def test_tune_bf16_attention_with_cuda_events(monkeypatch):
     ok = {r.kernel_id for r in report.rows if r.status is TuneStatus.OK}
     assert ok == eligible, [(r.kernel_id, r.status, r.detail) for r in report.rows]
     ctx = lz.explain("attention", *args, **kwargs).context
-    rows = RUNTIME.perfdb().for_bucket("attention", ctx.bucket_key(),
-                                       fingerprint(device_fingerprint_parts(ctx.device)))
+    rows = RUNTIME.perfdb().for_bucket(
+        "attention", ctx.bucket_key(), fingerprint(device_fingerprint_parts(ctx.device))
+    )
     assert set(rows) == eligible
     for kid in eligible:
         row = report.row(0, kid)

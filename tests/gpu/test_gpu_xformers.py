@@ -2,10 +2,10 @@
 (``pytest -m gpu tests/gpu/test_gpu_xformers.py``).
 
 ``xformers.attention`` is locked and run on seeded cases per dtype (GQA, causal with Sq == Sk and Sq != Sk,
-float masks with Sk not a multiple of 8, both layouts); cases its check refuses on this GPU (e.g. fp32 or masks
-on SM > 9.0, where the cutlass operator does not run) are counted out, and >= 50 must remain per dtype. Skipped
-with the backend's reason when xformers is missing or its operators do not load (e.g. a wheel built for another
-torch).
+float masks with Sk not a multiple of 8, both layouts); cases its check refuses on this GPU (e.g. fp32 or
+masks on SM > 9.0, where the cutlass operator does not run) are counted out, and >= 50 must remain per dtype.
+Skipped with the backend's reason when xformers is missing or its operators do not load (e.g. a wheel built
+for another torch).
 """
 
 from __future__ import annotations
@@ -60,12 +60,18 @@ def test_xformers_matches_float64_oracle(dtype):
                             q = torch.randn(2, hq, sq, d, device="cuda", dtype=dtype, generator=g)
                             k = torch.randn(2, hkv, sk, d, device="cuda", dtype=dtype, generator=g)
                             v = torch.randn(2, hkv, sk, d, device="cuda", dtype=dtype, generator=g)
-                            mask = (torch.randn(1, hq, sq, sk, device="cuda", dtype=dtype, generator=g)
-                                    if kind == "mask" else None)
+                            mask = (
+                                torch.randn(1, hq, sq, sk, device="cuda", dtype=dtype, generator=g)
+                                if kind == "mask"
+                                else None
+                            )
                             causal = kind == "causal"
-                            args = (q, k, v) if layout == "BHSD" else tuple(t.transpose(1, 2) for t in (q, k, v))
-                            reasons = lz.validate(KID, "attention", *args, attn_mask=mask, is_causal=causal,
-                                                  layout=layout)
+                            args = (
+                                (q, k, v) if layout == "BHSD" else tuple(t.transpose(1, 2) for t in (q, k, v))
+                            )
+                            reasons = lz.validate(
+                                KID, "attention", *args, attn_mask=mask, is_causal=causal, layout=layout
+                            )
                             if reasons:
                                 refused.append((d, hq, hkv, sq, sk, kind, [r.code.value for r in reasons]))
                                 continue
@@ -75,7 +81,8 @@ def test_xformers_matches_float64_oracle(dtype):
                             ref = _oracle(q, k, v, mask, causal)
                             err = (out.double() - ref).abs().max().item()
                             assert err <= TOL[dtype] * max(1.0, ref.abs().max().item()), (
-                                f"d={d} Hq={hq} Hkv={hkv} Sq={sq} Sk={sk} {kind} {layout}: err {err}")
+                                f"d={d} Hq={hq} Hkv={hkv} Sq={sq} Sk={sk} {kind} {layout}: err {err}"
+                            )
                             cases += 1
     finally:
         lz.unlock("attention")

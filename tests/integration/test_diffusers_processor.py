@@ -1,4 +1,5 @@
-"""diffusers integration: LayerZeroAttnProcessor matches AttnProcessor2_0 on a tiny UNet and a tiny DiT (float64)."""
+"""diffusers integration: LayerZeroAttnProcessor matches AttnProcessor2_0 on a tiny UNet and a tiny DiT
+(float64)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import sys
 import pytest
 import torch
 
-diffusers = pytest.importorskip("diffusers", reason="diffusers not installed (pip install 'layerzero[diffusers]')")
+diffusers = pytest.importorskip(
+    "diffusers", reason="diffusers not installed (pip install 'layerzero[diffusers]')"
+)
 
 import layerzero as lz  # noqa: E402
 from layerzero.integrations.diffusers import (  # noqa: E402
@@ -27,26 +30,58 @@ def _processors(model: torch.nn.Module) -> set[str]:
 @pytest.fixture(scope="module")
 def unet() -> torch.nn.Module:
     torch.manual_seed(0)
-    return diffusers.UNet2DConditionModel(
-        block_out_channels=(32, 64), layers_per_block=1, cross_attention_dim=32, sample_size=16, attention_head_dim=8,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-    ).double().eval()
+    return (
+        diffusers.UNet2DConditionModel(
+            block_out_channels=(32, 64),
+            layers_per_block=1,
+            cross_attention_dim=32,
+            sample_size=16,
+            attention_head_dim=8,
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        )
+        .double()
+        .eval()
+    )
 
 
 @pytest.fixture(scope="module")
 def dit() -> torch.nn.Module:
     torch.manual_seed(0)
-    return diffusers.DiTTransformer2DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=2, sample_size=8,
-        patch_size=2, num_embeds_ada_norm=10).double().eval()
+    return (
+        diffusers.DiTTransformer2DModel(
+            num_attention_heads=2,
+            attention_head_dim=8,
+            in_channels=4,
+            out_channels=8,
+            num_layers=2,
+            sample_size=8,
+            patch_size=2,
+            num_embeds_ada_norm=10,
+        )
+        .double()
+        .eval()
+    )
 
 
 @pytest.fixture(scope="module")
 def pixart() -> torch.nn.Module:
     torch.manual_seed(0)
-    return diffusers.PixArtTransformer2DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=2, sample_size=8,
-        patch_size=2, cross_attention_dim=16, caption_channels=12).double().eval()
+    return (
+        diffusers.PixArtTransformer2DModel(
+            num_attention_heads=2,
+            attention_head_dim=8,
+            in_channels=4,
+            out_channels=8,
+            num_layers=2,
+            sample_size=8,
+            patch_size=2,
+            cross_attention_dim=16,
+            caption_channels=12,
+        )
+        .double()
+        .eval()
+    )
 
 
 def _unet_run(unet: torch.nn.Module, mask: bool = False) -> torch.Tensor:
@@ -75,8 +110,13 @@ def _pixart_run(model: torch.nn.Module) -> torch.Tensor:
     mask = torch.ones(2, 5)
     mask[0, -2:] = 0
     with torch.no_grad():
-        return model(x, encoder_hidden_states=ehs, timestep=torch.tensor([1, 5]), encoder_attention_mask=mask,
-                     added_cond_kwargs={"resolution": None, "aspect_ratio": None}).sample
+        return model(
+            x,
+            encoder_hidden_states=ehs,
+            timestep=torch.tensor([1, 5]),
+            encoder_attention_mask=mask,
+            added_cond_kwargs={"resolution": None, "aspect_ratio": None},
+        ).sample
 
 
 @pytest.mark.parametrize("mask", [False, True], ids=["nomask", "cross_mask"])
@@ -90,7 +130,9 @@ def test_unet_parity_trace_and_undo(unet: torch.nn.Module, mask: bool) -> None:
         assert handle.count == n_layers and _processors(unet) == {"LayerZeroAttnProcessor"}
         with lz.trace() as t:
             out = _unet_run(unet, mask)
-        assert sum(c for (op, _), c in t.counts.items() if op == "attention") == n_layers  # one call per layer
+        assert (
+            sum(c for (op, _), c in t.counts.items() if op == "attention") == n_layers
+        )  # one call per layer
         torch.testing.assert_close(out, ref, rtol=RTOL, atol=ATOL)
     finally:
         handle.undo()
@@ -145,8 +187,9 @@ def test_double_patch_and_non_diffusers_and_unsupported_processor_raise(dit: tor
         patch_diffusers(torch.nn.Linear(2, 2))
     from diffusers.models.attention_processor import AttnAddedKVProcessor
 
-    block = diffusers.models.attention_processor.Attention(query_dim=16, heads=2, dim_head=8,
-                                                           processor=AttnAddedKVProcessor())
+    block = diffusers.models.attention_processor.Attention(
+        query_dim=16, heads=2, dim_head=8, processor=AttnAddedKVProcessor()
+    )
     with pytest.raises(lz.ConfigurationError, match="AttnAddedKVProcessor"):
         patch_diffusers(block)
     assert type(block.processor).__name__ == "AttnAddedKVProcessor"  # nothing replaced
@@ -156,8 +199,20 @@ def test_processor_direct_on_attention_block_4d_residual_rescale() -> None:
     from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
     torch.manual_seed(5)
-    attn = Attention(query_dim=32, heads=4, dim_head=8, norm_num_groups=8, residual_connection=True,
-                     rescale_output_factor=2.0, bias=True, qk_norm="layer_norm").double().eval()
+    attn = (
+        Attention(
+            query_dim=32,
+            heads=4,
+            dim_head=8,
+            norm_num_groups=8,
+            residual_connection=True,
+            rescale_output_factor=2.0,
+            bias=True,
+            qk_norm="layer_norm",
+        )
+        .double()
+        .eval()
+    )
     x = torch.randn(2, 32, 3, 5, dtype=torch.float64)  # [B, C, H, W] feature map, odd sizes
     mask = torch.zeros(2, 15, dtype=torch.float64)
     mask[0, 10:] = -1e4
@@ -171,6 +226,8 @@ def test_processor_direct_on_attention_block_4d_residual_rescale() -> None:
 
 
 def test_import_layerzero_does_not_import_diffusers() -> None:
-    code = ("import sys, layerzero, layerzero.integrations.diffusers; "
-            "assert 'diffusers' not in sys.modules, 'diffusers imported'")
+    code = (
+        "import sys, layerzero, layerzero.integrations.diffusers; "
+        "assert 'diffusers' not in sys.modules, 'diffusers imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -31,7 +31,8 @@ B, HQ, HKV, D = 2, 8, 2, 16
 
 
 def oracle(q, k, v, *, mask=None, causal=False, scale=None):
-    """float64 softmax(QK^T * scale + mask) V with K/V heads repeated; fully masked rows give 0. -> [B, S, H, D]."""
+    """float64 softmax(QK^T * scale + mask) V with K/V heads repeated; fully masked rows give 0. -> [B, S, H,
+    D]."""
     q, k, v = q.double(), k.double(), v.double()
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -63,7 +64,7 @@ def padded_causal_mask(lengths, width):
     """Hand-built [B, 1, S, S] bool mask (True = attend): causal AND left padding."""
     pad = torch.zeros(len(lengths), width, dtype=torch.bool)
     for row, n in enumerate(lengths):
-        pad[row, width - n:] = True
+        pad[row, width - n :] = True
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     return (causal[None] & pad[:, None, :])[:, None]
 
@@ -81,23 +82,39 @@ def test_register_is_idempotent_and_wires_attention_and_mask():
     register()
     assert is_registered()
     assert AttentionInterface._global_mapping[ATTN_IMPLEMENTATION] is layerzero_attention_forward
-    # without a mask function transformers would build no mask at all for "layerzero"
-    # (transformers' "sdpa" one, wrapped to skip a plain causal mask under CUDA-graph capture: test_hf_capture_mask)
+    # without a mask function transformers would build no mask at all for "layerzero" (transformers' "sdpa"
+    # one, wrapped to skip a plain causal mask under CUDA-graph capture: test_hf_capture_mask)
     mask_fn = AttentionMaskInterface._global_mapping[ATTN_IMPLEMENTATION]
     assert mask_fn.__wrapped__ is AttentionMaskInterface._global_mapping["sdpa"]
 
 
 def test_import_layerzero_does_not_import_transformers():
-    code = ("import sys, layerzero, layerzero.integrations.transformers, layerzero.testing.hf_models; "
-            "print('transformers' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys, layerzero, layerzero.integrations.transformers, layerzero.testing.hf_models; "
+        "print('transformers' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("version, ok", [("5.23.0", True), ("4.56.0", True), ("4.56.0.dev0", True),
-                                         ("4.55.4", False), ("3.0", False), ("nightly", False)])
+@pytest.mark.parametrize(
+    "version, ok",
+    [
+        ("5.23.0", True),
+        ("4.56.0", True),
+        ("4.56.0.dev0", True),
+        ("4.55.4", False),
+        ("3.0", False),
+        ("nightly", False),
+    ],
+)
 def test_check_transformers_version(version, ok):
     if ok:
         assert check_transformers_version(version)[:2] >= (4, 56)
@@ -114,8 +131,19 @@ def test_register_refuses_old_transformers(monkeypatch):
         register()
 
 
-@pytest.mark.parametrize("case", ["causal", "bidirectional", "padded_bool", "float_additive", "decode",
-                                  "sliding_window", "static_prefill", "scale"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "causal",
+        "bidirectional",
+        "padded_bool",
+        "float_additive",
+        "decode",
+        "sliding_window",
+        "static_prefill",
+        "scale",
+    ],
+)
 def test_forward_matches_float64_oracle(case):
     sq = sk = 7
     mask, causal_expected, kwargs, mod = None, False, {}, module()
@@ -165,13 +193,16 @@ def test_position_bias_is_folded_into_the_mask():
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"softcap": -30.0}, "softcap"),
-    ({"output_attentions": True}, "output_attentions"),
-    ({"head_mask": torch.ones(HQ)}, "head_mask"),
-    ({"cache": object()}, "paged cache"),
-    ({"sliding_window": 4, "is_causal": False}, "sliding window without a mask"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"softcap": -30.0}, "softcap"),
+        ({"output_attentions": True}, "output_attentions"),
+        ({"head_mask": torch.ones(HQ)}, "head_mask"),
+        ({"cache": object()}, "paged cache"),
+        ({"sliding_window": 4, "is_causal": False}, "sliding window without a mask"),
+    ],
+)
 def test_unsupported_features_raise_typed_errors(kwargs, match):
     q, k, v = qkv(7, 7)
     with pytest.raises(InvalidInputError, match=match):

@@ -60,7 +60,10 @@ def expected_calls(model, handle, forwards):
 @pytest.mark.parametrize("reference", REFERENCES)
 @pytest.mark.parametrize("family", hf_models.MODEL_FAMILIES)
 def test_logits_parity(family, reference, checkpoints, lz_models, batch):
-    stock, model = hf_models.load(family, checkpoints[family], attn_implementation=reference), lz_models[family]
+    stock, model = (
+        hf_models.load(family, checkpoints[family], attn_implementation=reference),
+        lz_models[family],
+    )
     position_ids = hf_models.left_padded_position_ids(batch["attention_mask"])
     with torch.no_grad(), lz.trace() as stock_tr:
         want = stock(**batch, position_ids=position_ids).logits
@@ -76,7 +79,10 @@ def test_logits_parity(family, reference, checkpoints, lz_models, batch):
 @pytest.mark.parametrize("reference", REFERENCES)
 @pytest.mark.parametrize("family", hf_models.MODEL_FAMILIES)
 def test_greedy_generation_parity(family, reference, checkpoints, lz_models, batch):
-    stock, model = hf_models.load(family, checkpoints[family], attn_implementation=reference), lz_models[family]
+    stock, model = (
+        hf_models.load(family, checkpoints[family], attn_implementation=reference),
+        lz_models[family],
+    )
     gen = {"do_sample": False, "max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS}
     with lz.trace() as stock_tr:
         want = stock.generate(**batch, **gen)
@@ -157,8 +163,8 @@ def test_position_ids_and_rel_error_hand_worked():
     assert torch.equal(hf_models.left_padded_position_ids(mask), torch.tensor([[0, 1, 2], [1, 0, 1]]))
     ref = torch.tensor([[[1.0], [2.0], [-4.0]], [[100.0], [1.0], [2.0]]])
     cand = ref.clone()
-    cand[0, 1, 0] = 2.5   # counted: |diff| 0.5
-    cand[1, 0, 0] = 0.0   # padded position: ignored (and its 100 is not the max)
+    cand[0, 1, 0] = 2.5  # counted: |diff| 0.5
+    cand[1, 0, 0] = 0.0  # padded position: ignored (and its 100 is not the max)
     assert hf_models.masked_rel_error(ref, cand, mask) == pytest.approx(0.5 / 4.0)
     with pytest.raises(InvalidInputError, match="all padding"):
         hf_models.masked_rel_error(ref, cand, torch.zeros_like(mask))
@@ -178,10 +184,12 @@ def test_demo_main_reports_parity(capsys):
 def test_demo_flags_a_failed_family():
     from layerzero import demo
 
-    bad = demo.FamilyResult("llama", {"attention": "k x1", "rms_norm": "-", "rope": "k x1"}, 0.0, True, 1.0, 1.0,
-                            1e-5)
+    bad = demo.FamilyResult(
+        "llama", {"attention": "k x1", "rms_norm": "-", "rope": "k x1"}, 0.0, True, 1.0, 1.0, 1e-5
+    )
     assert not bad.ok  # rms_norm never went through LayerZero
     assert not demo.FamilyResult("llama", dict.fromkeys(demo.OPS, "k x1"), 2e-5, True, 1.0, 1.0, 1e-5).ok
     assert demo.FamilyResult("llama", dict.fromkeys(demo.OPS, "k x1"), 1e-6, True, 1.0, 1.0, 1e-5).ok
-    assert "NO" in demo.render([demo.FamilyResult("qwen2", dict.fromkeys(demo.OPS, "k x1"), 0.0, False, 1, 1, 1e-5)],
-                               use_rich=False)
+    assert "NO" in demo.render(
+        [demo.FamilyResult("qwen2", dict.fromkeys(demo.OPS, "k x1"), 0.0, False, 1, 1, 1e-5)], use_rich=False
+    )

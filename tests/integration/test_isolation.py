@@ -1,8 +1,8 @@
 """Process isolation (``layerzero.isolation``): an rms_norm kernel running in a worker process.
 
 The worker-side kernels live in ``_isolated_kernels.py`` next to this file and are imported only inside the
-worker. One worker per module (started once: importing torch takes ~1 s) serves most tests; the tests that kill
-or time out a worker use their own. Oracle: float64 RMSNorm written here.
+worker. One worker per module (started once: importing torch takes ~1 s) serves most tests; the tests that
+kill or time out a worker use their own. Oracle: float64 RMSNorm written here.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ def backend():
 
 @pytest.fixture
 def registered(backend):
-    spec = lz.register_isolated_kernel("rms_norm", KID, f"{MOD}:rms_norm", backend=backend, priority=99,
-                                       dtypes={"float32", "float64"})
+    spec = lz.register_isolated_kernel(
+        "rms_norm", KID, f"{MOD}:rms_norm", backend=backend, priority=99, dtypes={"float32", "float64"}
+    )
     yield spec
     lz.unlock("rms_norm")
     lz.unregister_kernel(KID)
@@ -83,8 +84,9 @@ def test_non_contiguous_inputs_and_fused_residual(registered):
 
 def test_scalars_tuples_and_empty_tensors_round_trip(backend):
     x = torch.arange(6, dtype=torch.int64).view(2, 3)
-    args, kw = backend.call(f"{MOD}:echo", 1, -2.5, float("inf"), None, True, "s", (1, (2, [3.0])), x[:, 1],
-                            e=torch.empty(0, 4))
+    args, kw = backend.call(
+        f"{MOD}:echo", 1, -2.5, float("inf"), None, True, "s", (1, (2, [3.0])), x[:, 1], e=torch.empty(0, 4)
+    )
     assert args[:6] == (1, -2.5, float("inf"), None, True, "s") and args[6] == (1, (2, [3.0]))
     assert torch.equal(args[7], x[:, 1]) and kw[0][0] == "e" and kw[0][1].shape == (0, 4)
 
@@ -135,8 +137,9 @@ def test_no_pickle_during_calls(backend, monkeypatch):
 def test_killed_worker_raises_exit_code_then_restarts():
     own = IsolatedBackend(path=[HERE], timeout_s=20, name="killme")
     try:
-        lz.register_isolated_kernel("rms_norm", "isokill.rms", f"{MOD}:rms_norm", backend=own, priority=120,
-                                    dtypes={"float32"})
+        lz.register_isolated_kernel(
+            "rms_norm", "isokill.rms", f"{MOD}:rms_norm", backend=own, priority=120, dtypes={"float32"}
+        )
         lz.lock("rms_norm", "isokill.rms")
         x, w = torch.randn(2, 8), torch.randn(8)
         lz.rms_norm(x, w)
@@ -213,8 +216,15 @@ def test_main_process_never_imports_the_worker_module(registered):
 
 
 def _cuda_descriptor(**over):
-    ipc = {"handle": "aGFuZGxl", "bytes": 512, "storage_offset": 0, "ref": "cmVm", "ref_offset": 0, "event": None,
-           "event_sync": False}
+    ipc = {
+        "handle": "aGFuZGxl",
+        "bytes": 512,
+        "storage_offset": 0,
+        "ref": "cmVm",
+        "ref_offset": 0,
+        "event": None,
+        "event_sync": False,
+    }
     d = {"ipc": ipc, "offset": 4, "shape": [2, 3], "strides": [3, 1], "dtype": "float32", "device": "cuda:0"}
     for k, v in over.items():
         if k.startswith("ipc_"):
@@ -224,15 +234,29 @@ def _cuda_descriptor(**over):
     return d
 
 
-@pytest.mark.parametrize("over", [
-    {"device": "cuda"}, {"device": "cuda:x"}, {"device": "cpu"}, {"ipc": "handle"}, {"ipc_bytes": -1},
-    {"ipc_bytes": True}, {"ipc_handle": None}, {"ipc_event": 3}, {"ipc_event_sync": 1}, {"ipc_extra": 1},
-    {"offset": -1}, {"shm": "seg"}, {"strides": [1]},
-], ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"device": "cuda"},
+        {"device": "cuda:x"},
+        {"device": "cpu"},
+        {"ipc": "handle"},
+        {"ipc_bytes": -1},
+        {"ipc_bytes": True},
+        {"ipc_handle": None},
+        {"ipc_event": 3},
+        {"ipc_event_sync": 1},
+        {"ipc_extra": 1},
+        {"offset": -1},
+        {"shm": "seg"},
+        {"strides": [1]},
+    ],
+    ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()),
+)
 def test_cuda_descriptors_are_checked_before_any_mapping(over):
-    """A CUDA descriptor carries PyTorch's IPC reduction fields as JSON; a malformed one is refused by the schema
-    (SchemaError, which the worker replies as an error and the client turns into IsolatedWorkerError) before
-    ``cudaIpcOpenMemHandle`` is reached."""
+    """A CUDA descriptor carries PyTorch's IPC reduction fields as JSON; a malformed one is refused by the
+    schema (SchemaError, which the worker replies as an error and the client turns into IsolatedWorkerError)
+    before ``cudaIpcOpenMemHandle`` is reached."""
     assert P.check_descriptor(_cuda_descriptor()) and P.check_descriptor(_cuda_descriptor(ipc=None))
     with pytest.raises(P.SchemaError, match="malformed tensor descriptor"):
         P.check_descriptor(_cuda_descriptor(**over))
@@ -241,7 +265,9 @@ def test_cuda_descriptors_are_checked_before_any_mapping(over):
 
 
 def test_cuda_device_types_register():
-    spec = lz.register_isolated_kernel("rms_norm", "isocuda.rms", f"{MOD}:rms_norm", device_types={"cpu", "cuda"})
+    spec = lz.register_isolated_kernel(
+        "rms_norm", "isocuda.rms", f"{MOD}:rms_norm", device_types={"cpu", "cuda"}
+    )
     try:
         assert set(spec.device_types) == {"cpu", "cuda"}
     finally:
@@ -251,10 +277,18 @@ def test_cuda_device_types_register():
 
 @pytest.mark.gpu
 def test_cuda_rms_norm_through_the_worker_matches_float64_oracle(backend, monkeypatch):
-    """CUDA tensors cross by CUDA IPC: a locked isolated rms_norm on CUDA inputs (strided, odd sizes) equals the
-    float64 oracle, its result lives on the caller's device and survives the worker, and no pickle runs."""
-    lz.register_isolated_kernel("rms_norm", "isocuda.rms", f"{MOD}:rms_norm", backend=backend, priority=99,
-                                device_types={"cuda"}, dtypes={"float32", "bfloat16"})
+    """CUDA tensors cross by CUDA IPC: a locked isolated rms_norm on CUDA inputs (strided, odd sizes) equals
+    the float64 oracle, its result lives on the caller's device and survives the worker, and no pickle
+    runs."""
+    lz.register_isolated_kernel(
+        "rms_norm",
+        "isocuda.rms",
+        f"{MOD}:rms_norm",
+        backend=backend,
+        priority=99,
+        device_types={"cuda"},
+        dtypes={"float32", "bfloat16"},
+    )
     gen = torch.Generator().manual_seed(5)
     try:
         lz.lock("rms_norm", "isocuda.rms")
@@ -271,7 +305,9 @@ def test_cuda_rms_norm_through_the_worker_matches_float64_oracle(backend, monkey
         lz.unlock("rms_norm")
         lz.unregister_kernel("isocuda.rms")
     with IsolatedBackend(path=[HERE], timeout_s=20, name="isocuda") as own:
-        out = own.call(f"{MOD}:rms_norm", torch.ones(3, 8, device="cuda"), torch.full((8,), 2.0, device="cuda"))
+        out = own.call(
+            f"{MOD}:rms_norm", torch.ones(3, 8, device="cuda"), torch.full((8,), 2.0, device="cuda")
+        )
     torch.cuda.synchronize()
     assert torch.allclose(out, torch.full((3, 8), 2.0, device="cuda"))  # the clone outlives the closed worker
 
@@ -288,9 +324,9 @@ def test_cuda_inputs_are_shared_so_in_place_writes_reach_the_caller(backend):
 
 @pytest.mark.gpu
 def test_cuda_results_on_the_callers_memory_come_back_as_copies(backend):
-    """A kernel that returns its input, or a view of it, hands back the caller's own allocation, which CUDA IPC
-    cannot export again (PyTorch raises "Attempted to send CUDA tensor received from another process"); the
-    worker copies such a result first. Values, shape and strides as the kernel returned them; the caller's
+    """A kernel that returns its input, or a view of it, hands back the caller's own allocation, which CUDA
+    IPC cannot export again (PyTorch raises "Attempted to send CUDA tensor received from another process");
+    the worker copies such a result first. Values, shape and strides as the kernel returned them; the caller's
     tensor is not aliased (each result is a copy)."""
     x = torch.randn(4, 6, device="cuda")
     same = backend.call(f"{MOD}:identity", x)

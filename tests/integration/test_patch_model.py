@@ -162,7 +162,9 @@ class _FakeConfig:
         self.model_type = model_type
 
 
-@pytest.mark.parametrize("model_type, match", [("gpt_neox", r"one of \['llama'"), ("lama", "Did you mean 'llama'")])
+@pytest.mark.parametrize(
+    "model_type, match", [("gpt_neox", r"one of \['llama'"), ("lama", "Did you mean 'llama'")]
+)
 def test_unknown_model_type_is_refused(model_type, match):
     model = torch.nn.Linear(2, 2)
     model.config = _FakeConfig(model_type)

@@ -20,12 +20,15 @@ from layerzero.ops import OPS
 pytestmark = pytest.mark.property
 
 PREPARE, CONTEXT = OPS["attention"]  # validate + build the cache key; cache key -> SelectionContext
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @st.composite
 def attention_args(draw):
-    """Valid (q, k, v, kwargs) for lz.attention with tiny tensors; shapes, GQA, mask, flags and layout drawn."""
+    """Valid (q, k, v, kwargs) for lz.attention with tiny tensors; shapes, GQA, mask, flags and layout
+    drawn."""
     b = draw(st.integers(1, 3))
     hkv = draw(st.integers(1, 3))
     hq = hkv * draw(st.integers(1, 3))
@@ -104,7 +107,18 @@ def test_bucket_is_the_smallest_power_of_two_at_least_n(n):
 
 def test_bucket_hand_worked():
     assert [bucket(n) for n in (0, 1, 2, 3, 4, 5, 600, 1000, 1024, 1025, 1100)] == [
-        0, 1, 2, 4, 4, 8, 1024, 1024, 1024, 2048, 2048]
+        0,
+        1,
+        2,
+        4,
+        4,
+        8,
+        1024,
+        1024,
+        1024,
+        2048,
+        2048,
+    ]
 
 
 @SETTINGS

@@ -17,13 +17,22 @@ from layerzero.core.policy_schema import parse_condition
 pytestmark = pytest.mark.property
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
-       "!=": operator.ne}
+OPS = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
 
 ops = st.sampled_from(["attention", "rms_norm", "rope", "*", "*_norm"])
-kernel_globs = st.sampled_from(["torch_sdpa", "torch_sdpa.flash", "torch_sdpa.*", "reference", "liger.rms_norm",
-                                "xformers.[ab]*"])
-exact_kernels = st.sampled_from(["torch_sdpa.flash", "torch_sdpa.math", "reference.attention", "liger.rms_norm"])
+kernel_globs = st.sampled_from(
+    ["torch_sdpa", "torch_sdpa.flash", "torch_sdpa.*", "reference", "liger.rms_norm", "xformers.[ab]*"]
+)
+exact_kernels = st.sampled_from(
+    ["torch_sdpa.flash", "torch_sdpa.math", "reference.attention", "liger.rms_norm"]
+)
 # Conditions in one spelling per meaning (ints only, no "==N" strings), so that "equal meaning" and "equal
 # data after sorting order-free lists" coincide; the library's own normalization is not used as the oracle.
 int_cond = st.one_of(
@@ -31,40 +40,52 @@ int_cond = st.one_of(
     st.builds(lambda o, n: f"{o}{n}", st.sampled_from(["<", "<=", ">", ">=", "!="]), st.integers(-3, 300)),
     st.builds(lambda a, d: f"{a}..{a + d}", st.integers(0, 256), st.integers(1, 64)),
 )
-whens = st.fixed_dictionaries({}, optional={
-    "device": st.sampled_from(["cpu", "cuda", "c*"]),
-    "head_dim": int_cond,
-    "sm": st.one_of(int_cond, st.lists(int_cond, min_size=2, max_size=3, unique_by=json.dumps)),
-    "is_causal": st.booleans(),
-})
+whens = st.fixed_dictionaries(
+    {},
+    optional={
+        "device": st.sampled_from(["cpu", "cuda", "c*"]),
+        "head_dim": int_cond,
+        "sm": st.one_of(int_cond, st.lists(int_cond, min_size=2, max_size=3, unique_by=json.dumps)),
+        "is_causal": st.booleans(),
+    },
+)
 glob_lists = st.lists(kernel_globs, min_size=1, max_size=3, unique=True)
 lock_rules = st.fixed_dictionaries({"op": ops, "kernel": exact_kernels, "when": whens})
 glob_rules = st.fixed_dictionaries({"op": ops, "kernels": glob_lists, "when": whens})
-boost_rules = st.fixed_dictionaries({"op": ops, "kernels": glob_lists, "when": whens,
-                                     "by": st.integers(-100, 100).map(float)})
-policies = st.fixed_dictionaries({
-    "version": st.just(1),
-    "locks": st.lists(lock_rules, max_size=3),
-    "allow": st.lists(glob_rules, max_size=2),
-    "deny": st.lists(glob_rules, max_size=3),
-    "boosts": st.lists(boost_rules, max_size=3),
-})
-contexts = st.fixed_dictionaries({
-    "device": st.sampled_from(["cpu", "cuda"]),
-    "head_dim": st.one_of(st.none(), st.integers(-5, 320)),
-    "sm": st.integers(0, 120),
-    "is_causal": st.booleans(),
-})
+boost_rules = st.fixed_dictionaries(
+    {"op": ops, "kernels": glob_lists, "when": whens, "by": st.integers(-100, 100).map(float)}
+)
+policies = st.fixed_dictionaries(
+    {
+        "version": st.just(1),
+        "locks": st.lists(lock_rules, max_size=3),
+        "allow": st.lists(glob_rules, max_size=2),
+        "deny": st.lists(glob_rules, max_size=3),
+        "boosts": st.lists(boost_rules, max_size=3),
+    }
+)
+contexts = st.fixed_dictionaries(
+    {
+        "device": st.sampled_from(["cpu", "cuda"]),
+        "head_dim": st.one_of(st.none(), st.integers(-5, 320)),
+        "sm": st.integers(0, 120),
+        "is_causal": st.booleans(),
+    }
+)
 
 
 def normalized(d: dict) -> str:
     """Independent oracle of 'same meaning': order-free lists sorted, when keys sorted; locks keep order."""
+
     def rule(r: dict) -> dict:
         r = dict(r)
         if "kernels" in r:
             r["kernels"] = sorted(set(r["kernels"]))
-        r["when"] = {k: (sorted(v, key=json.dumps) if isinstance(v, list) else v) for k, v in r["when"].items()}
+        r["when"] = {
+            k: (sorted(v, key=json.dumps) if isinstance(v, list) else v) for k, v in r["when"].items()
+        }
         return r
+
     out = {"locks": [rule(r) for r in d["locks"]]}
     for name in ("allow", "deny", "boosts"):
         out[name] = sorted((rule(r) for r in d[name]), key=lambda r: json.dumps(r, sort_keys=True))
@@ -88,7 +109,7 @@ def cond_ok(c: object, v: object) -> bool:
         return isinstance(v, int) and lo <= v <= hi
     for sym in ("<=", ">=", "!=", "<", ">"):
         if c.startswith(sym):
-            return isinstance(v, int) and OPS[sym](v, int(c[len(sym):]))
+            return isinstance(v, int) and OPS[sym](v, int(c[len(sym) :]))
     return isinstance(v, str) and fnmatch.fnmatchcase(v, c)
 
 
@@ -113,8 +134,12 @@ def test_hash_ignores_order_of_order_free_lists(d: dict, rnd) -> None:
 
 
 @SETTINGS
-@given(st.sampled_from(sorted(OPS)), st.integers(-10**12, 10**12), st.integers(-10**12, 10**12),
-       st.sampled_from(["", " ", "  "]))
+@given(
+    st.sampled_from(sorted(OPS)),
+    st.integers(-(10**12), 10**12),
+    st.integers(-(10**12), 10**12),
+    st.sampled_from(["", " ", "  "]),
+)
 def test_comparisons_agree_with_python(op: str, n: int, x: int, pad: str) -> None:
     cond = parse_condition(f"{pad}{op}{pad}{n}{pad}", "t")
     assert cond.matches(x) is OPS[op](x, n)
@@ -141,9 +166,12 @@ def test_merged_lock_precedence(a: dict, b: dict, op: str, ctx: dict) -> None:
     for kernel_id in ("torch_sdpa.flash", "liger.rms_norm", "reference.attention"):
         backend = kernel_id.split(".")[0]
         assert merged.boost(op, kernel_id, backend, ctx) == pytest.approx(
-            pa.boost(op, kernel_id, backend, ctx) + pb.boost(op, kernel_id, backend, ctx))
+            pa.boost(op, kernel_id, backend, ctx) + pb.boost(op, kernel_id, backend, ctx)
+        )
         got = sorted(r.message for r in merged.reasons_against(op, kernel_id, backend, ctx))
-        parts = pa.reasons_against(op, kernel_id, backend, ctx) + pb.reasons_against(op, kernel_id, backend, ctx)
+        parts = pa.reasons_against(op, kernel_id, backend, ctx) + pb.reasons_against(
+            op, kernel_id, backend, ctx
+        )
         assert got == sorted(r.message for r in parts)
 
 
@@ -155,8 +183,14 @@ def test_deny_matches_hand_evaluation(d: dict, op: str, ctx: dict) -> None:
     for kernel_id in ("torch_sdpa.flash", "liger.rms_norm", "xformers.a1"):
         backend = kernel_id.split(".")[0]
         expected = sum(
-            1 for r in d["deny"]
+            1
+            for r in d["deny"]
             if rule_applies(r, op, ctx)
-            and any(fnmatch.fnmatchcase(kernel_id, k) or fnmatch.fnmatchcase(backend, k) for k in r["kernels"]))
-        got = [r for r in policy.reasons_against(op, kernel_id, backend, ctx) if r.code.value == "POLICY_DENIED"]
+            and any(
+                fnmatch.fnmatchcase(kernel_id, k) or fnmatch.fnmatchcase(backend, k) for k in r["kernels"]
+            )
+        )
+        got = [
+            r for r in policy.reasons_against(op, kernel_id, backend, ctx) if r.code.value == "POLICY_DENIED"
+        ]
         assert len(got) == expected

@@ -1,8 +1,8 @@
-"""Property tests of the engine's scheduler (hypothesis; no model): random workloads of requests that share prompt
-prefixes in groups, arriving over time, under every policy, prefix cache kind, pool, budget and slot count. Each
-step keeps the scheduler's contract (slots, token budget, the KV manager's invariants, chunks of at least one
-token), and every request finishes within a bound on the steps (no deadlock or starvation, in particular from
-LPM's whole-group admission, which holds new groups back while their members do not fit)."""
+"""Property tests of the engine's scheduler (hypothesis; no model): random workloads of requests that share
+prompt prefixes in groups, arriving over time, under every policy, prefix cache kind, pool, budget and slot
+count. Each step keeps the scheduler's contract (slots, token budget, the KV manager's invariants, chunks of
+at least one token), and every request finishes within a bound on the steps (no deadlock or starvation, in
+particular from LPM's whole-group admission, which holds new groups back while their members do not fit)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,12 @@ def workloads(draw):
         for _ in range(members):
             own = [50_000 + 100 * len(reqs) + i for i in range(draw(st.integers(1, 7)))]
             reqs.append((prefix + own, draw(st.integers(1, 5)), draw(st.integers(0, 6))))
-    cfg = dict(policy=draw(st.sampled_from(["fcfs", "lpm", "priority"])),
-               cache=draw(st.sampled_from(["radix", "hash", None])),
-               max_seqs=draw(st.integers(1, 6)), budget=draw(st.integers(8, 40)))
+    cfg = dict(
+        policy=draw(st.sampled_from(["fcfs", "lpm", "priority"])),
+        cache=draw(st.sampled_from(["radix", "hash", None])),
+        max_seqs=draw(st.integers(1, 6)),
+        budget=draw(st.integers(8, 40)),
+    )
     need = max(-(-(len(p) + n) // BLOCK) for p, n, _ in reqs)  # one request's blocks at its longest
     cfg["blocks"] = draw(st.integers(need + 1, need + 40))
     return reqs, cfg
@@ -43,10 +46,16 @@ def test_every_request_finishes_and_each_step_keeps_the_contract(w):
     from layerzero.engine.sequence import FinishReason, Sequence
 
     reqs, cfg = w
-    kv = KVCacheManager(cfg["blocks"], BLOCK, watermark=0.0, enable_prefix_caching=cfg["cache"] is not None,
-                        prefix_cache=cfg["cache"] or "radix")
-    s = Scheduler(kv, make_policy(cfg["policy"]), max_num_seqs=cfg["max_seqs"],
-                  max_num_batched_tokens=cfg["budget"])
+    kv = KVCacheManager(
+        cfg["blocks"],
+        BLOCK,
+        watermark=0.0,
+        enable_prefix_caching=cfg["cache"] is not None,
+        prefix_cache=cfg["cache"] or "radix",
+    )
+    s = Scheduler(
+        kv, make_policy(cfg["policy"]), max_num_seqs=cfg["max_seqs"], max_num_batched_tokens=cfg["budget"]
+    )
     pending = sorted(enumerate(reqs), key=lambda r: r[1][2])
     outputs: dict[int, int] = {}
     seqs = []
@@ -54,8 +63,15 @@ def test_every_request_finishes_and_each_step_keeps_the_contract(w):
     for step in range(10 * total + 50):
         while pending and pending[0][1][2] <= step:
             i, (prompt, n_out, _) = pending.pop(0)
-            seq = Sequence(f"r{i}", 0, list(prompt), len(prompt), SamplingParams(max_tokens=n_out),
-                           priority=i % 3, arrival_time=float(step) + i * 1e-6)
+            seq = Sequence(
+                f"r{i}",
+                0,
+                list(prompt),
+                len(prompt),
+                SamplingParams(max_tokens=n_out),
+                priority=i % 3,
+                arrival_time=float(step) + i * 1e-6,
+            )
             outputs[seq.seq_id] = n_out
             seqs.append(seq)
             s.add(seq)

@@ -18,13 +18,16 @@ pytestmark = pytest.mark.stress
 SCALE = float(os.environ.get("LAYERZERO_STRESS_SCALE", "1"))
 THREADS = 32
 FLIP_PAUSE_S = 0.0005
-"""Between two lock flips (~1,000 full lock/unlock cycles per second): each flip invalidates every cached plan, so
-an unpaced flipper turns nearly every call into a full selection and the run time into calls x selection cost
-(which grows with every registered kernel); paced, a run still crosses thousands of invalidations."""
-CALLS = max(200, int(3_000 * SCALE))  # per thread: 32 x 3k (~40 s on 2 cores); LAYERZERO_STRESS_SCALE=3.3 for the old 10k
+"""Between two lock flips (~1,000 full lock/unlock cycles per second): each flip invalidates every cached
+plan, so an unpaced flipper turns nearly every call into a full selection and the run time into calls x
+selection cost (which grows with every registered kernel); paced, a run still crosses thousands of
+invalidations."""
+CALLS = max(
+    200, int(3_000 * SCALE)
+)  # per thread: 32 x 3k (~40 s on 2 cores); LAYERZERO_STRESS_SCALE=3.3 for the old 10k
 MIN_FLIPS = 100
-"""Workers keep calling past CALLS until the flipper has made this many lock/unlock cycles (a loaded machine can
-starve the flipper thread), up to MAX_EXTRA_S more seconds."""
+"""Workers keep calling past CALLS until the flipper has made this many lock/unlock cycles (a loaded machine
+can starve the flipper thread), up to MAX_EXTRA_S more seconds."""
 MAX_EXTRA_S = 60.0
 
 
@@ -79,4 +82,6 @@ def test_concurrent_selections_never_see_a_stale_plan():
     flip.join()
     assert not errors, errors[:3]
     assert not stale, f"{len(stale)} stale plans, e.g. {stale[:3]}"
-    assert state["version"] >= 4 * MIN_FLIPS, f"only {state['version'] // 4} lock flips: the test barely exercised invalidation"
+    assert state["version"] >= 4 * MIN_FLIPS, (
+        f"only {state['version'] // 4} lock flips: the test barely exercised invalidation"
+    )

@@ -37,8 +37,15 @@ def test_processes_and_threads_share_one_file(tmp_path):
     PerfDB(path).close()  # create it first so every worker opens the same schema
     pythonpath = os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": pythonpath}
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(path), str(p), str(N_ROWS)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for p in range(N_PROC)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(path), str(p), str(N_ROWS)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for p in range(N_PROC)
+    ]
     errors: list[BaseException] = []
 
     def local_writer(t: int) -> None:

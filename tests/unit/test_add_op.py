@@ -1,10 +1,10 @@
 """Adding an op is one module in ``layerzero/ops/`` plus its kernels (issue 36; ``layerzero.core.opdef``).
 
 The test copies the package, writes one new op module into the copy's ``ops/`` (nothing else of the package is
-edited), registers a kernel for it through the public ``lz.register_kernel`` and checks, in a fresh interpreter,
-that every list of ops knows the op: ``lz.<op>``, ``lz.__all__``, ``lz.ops.OPS`` / ``OPERATION_SPECS`` /
-``OPDEFS``, the registry, the canonical kernel arguments that ``register_kernel`` checks a kernel against, and
-``lz.select`` / ``lz.explain``; and that a call gives the hand-computed result.
+edited), registers a kernel for it through the public ``lz.register_kernel`` and checks, in a fresh
+interpreter, that every list of ops knows the op: ``lz.<op>``, ``lz.__all__``, ``lz.ops.OPS`` /
+``OPERATION_SPECS`` / ``OPDEFS``, the registry, the canonical kernel arguments that ``register_kernel`` checks
+a kernel against, and ``lz.select`` / ``lz.explain``; and that a call gives the hand-computed result.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ SPEC = OperationSpec(OP, "x * alpha + 1", ("x",), "mine.scale_add")
 OPDEFS = define(OpDef(SPEC, scale_add, prepare, context, kernel_args=("x", "alpha")))
 '''
 
-CHECK = '''
+CHECK = """
 import sys
 
 import torch
@@ -101,7 +101,7 @@ except lz.ConfigurationError as exc:
     checks["signature checked"] = "alpha" in str(exc)
 bad = sorted(k for k, ok in checks.items() if not ok)
 print("FAILED:", bad if bad else "none")
-'''
+"""
 
 
 def test_one_new_module_in_ops_is_a_whole_op(tmp_path: Path) -> None:
@@ -112,15 +112,17 @@ def test_one_new_module_in_ops_is_a_whole_op(tmp_path: Path) -> None:
     shutil.copytree(src, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (pkg / "ops" / "scale_add.py").write_text(textwrap.dedent(NEW_OP))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-c", CHECK], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FAILED: none" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
 def test_every_custom_op_name_an_opdef_names_exists() -> None:
-    """Each OpDef's ``custom_ops`` are wrappers of ``layerzero.custom_ops`` (what ``traced`` returns), and every
-    wrapper there belongs to exactly one OpDef: the custom ops are derived from the ops, none is orphaned."""
+    """Each OpDef's ``custom_ops`` are wrappers of ``layerzero.custom_ops`` (what ``traced`` returns), and
+    every wrapper there belongs to exactly one OpDef: the custom ops are derived from the ops, none is
+    orphaned."""
     from layerzero.custom_ops import _ops
 
     named = [n for d in layerzero.ops.OPDEFS for n in d.custom_ops]

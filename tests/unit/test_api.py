@@ -36,10 +36,20 @@ def _all_ops_args():
         "sample_topk": ((x, 2), {}),
         "sample_topp": ((x, 0.5), {}),
         "sample": ((x,), {"temperature": torch.ones(2), "top_k": torch.tensor([2, 0])}),
-        "apply_penalties": ((x, torch.tensor([[1, 8], [8, 8]]), torch.tensor([[3], [4]])),
-                            {"repetition_penalty": torch.ones(2)}),
-        "fused_moe": ((x, torch.randn(3, 6, 8, generator=g), torch.randn(3, 8, 3, generator=g), torch.ones(2, 2),
-                       torch.tensor([[0, 2], [1, 2]])), {}),
+        "apply_penalties": (
+            (x, torch.tensor([[1, 8], [8, 8]]), torch.tensor([[3], [4]])),
+            {"repetition_penalty": torch.ones(2)},
+        ),
+        "fused_moe": (
+            (
+                x,
+                torch.randn(3, 6, 8, generator=g),
+                torch.randn(3, 8, 3, generator=g),
+                torch.ones(2, 2),
+                torch.tensor([[0, 2], [1, 2]]),
+            ),
+            {},
+        ),
     }
 
 
@@ -80,11 +90,19 @@ def test_lock_to_kernel_that_cannot_run_raises_with_reasons():
     assert lz.which("attention", q, k, v) == "torch_sdpa.flash"
 
 
-@pytest.mark.parametrize(("op", "kernel", "error", "match"), [
-    ("attention", "nope.kernel", lz.UnknownKernelError, r"unknown kernel 'nope\.kernel'"),
-    ("attention", "torch_native.rms_norm", lz.UnknownKernelError, r"implements op 'rms_norm', not 'attention'"),
-    ("attentoin", "torch_sdpa.math", lz.UnknownOperationError, r"unknown op 'attentoin'"),
-])
+@pytest.mark.parametrize(
+    ("op", "kernel", "error", "match"),
+    [
+        ("attention", "nope.kernel", lz.UnknownKernelError, r"unknown kernel 'nope\.kernel'"),
+        (
+            "attention",
+            "torch_native.rms_norm",
+            lz.UnknownKernelError,
+            r"implements op 'rms_norm', not 'attention'",
+        ),
+        ("attentoin", "torch_sdpa.math", lz.UnknownOperationError, r"unknown op 'attentoin'"),
+    ],
+)
 def test_lock_rejects_unknown_ids(op, kernel, error, match):
     with pytest.raises(error, match=match):
         lz.lock(op, kernel)
@@ -179,10 +197,13 @@ def test_strict_mode_raises_when_reference_stands_in():
         lz.attention(q, k, v, attn_mask=mask, is_causal=True)
 
 
-@pytest.mark.parametrize(("ids", "match"), [
-    (("nope.zzz",), r"'nope\.zzz' matches no kernel or backend id"),
-    (("torch_sdpa.math", "torch_sdpa.nothing*"), r"torch_sdpa\.nothing\*"),
-])
+@pytest.mark.parametrize(
+    ("ids", "match"),
+    [
+        (("nope.zzz",), r"'nope\.zzz' matches no kernel or backend id"),
+        (("torch_sdpa.math", "torch_sdpa.nothing*"), r"torch_sdpa\.nothing\*"),
+    ],
+)
 def test_prefer_unknown_id_raises(ids, match):
     with pytest.raises(lz.UnknownKernelError, match=match):
         with lz.prefer(*ids):
@@ -249,12 +270,15 @@ def test_validate_lists_reasons_and_empty_when_it_can_run():
     reasons = lz.validate("torch_sdpa.cudnn", "attention", q, k, v)
     assert {r.code for r in reasons} == {R.DEVICE_TYPE_UNSUPPORTED, R.DTYPE_UNSUPPORTED}
     assert [r.code for r in lz.validate("torch_sdpa.flash", "attention", q, k, v, dropout_p=0.5)] == [
-        R.DROPOUT_UNSUPPORTED]
+        R.DROPOUT_UNSUPPORTED
+    ]
 
 
 def test_validate_includes_policy_reasons(tmp_path):
     path = tmp_path / "deny.yaml"
-    path.write_text("version: 1\ndeny:\n  - op: attention\n    kernels: [torch_sdpa.flash]\n", encoding="utf-8")
+    path.write_text(
+        "version: 1\ndeny:\n  - op: attention\n    kernels: [torch_sdpa.flash]\n", encoding="utf-8"
+    )
     lz.load_config(path)
     assert [r.code for r in lz.validate("torch_sdpa.flash", "attention", *_qkv())] == [R.POLICY_DENIED]
 
@@ -269,7 +293,12 @@ def test_validate_unknown_or_foreign_kernel_raises():
 def test_list_kernels_shape():
     all_kernels = lz.list_kernels()
     ids = {d["kernel_id"] for d in all_kernels}
-    assert {"reference.attention", "torch_sdpa.flash", "torch_native.rms_norm", "reference.sample_topp"} <= ids
+    assert {
+        "reference.attention",
+        "torch_sdpa.flash",
+        "torch_native.rms_norm",
+        "reference.sample_topp",
+    } <= ids
     for op in _all_ops_args():
         assert f"reference.{op}" in {d["kernel_id"] for d in lz.list_kernels(op)}
         assert all(d["op"] == op for d in lz.list_kernels(op))
@@ -283,8 +312,11 @@ def test_select_returns_a_callable_plan():
     plan = lz.select("attention", q, k, v)
     assert isinstance(plan, lz.ExecutionPlan) and plan.kernel_id == "torch_sdpa.flash"
     assert plan.backend == "torch_sdpa"
-    assert [p.kernel_id for p in plan.fallbacks] == ["torch_sdpa.math", "reference.attention",
-                                                      "flex_attention.attention"]
+    assert [p.kernel_id for p in plan.fallbacks] == [
+        "torch_sdpa.math",
+        "reference.attention",
+        "flex_attention.attention",
+    ]
     out = plan(q, k, v, None, False, None, 0.0)
     torch.testing.assert_close(out, lz.attention(q, k, v))
 
@@ -309,9 +341,28 @@ def test_trace_is_per_block_and_counts_calls():
 def test_public_exports():
     for name in lz.__all__:
         assert hasattr(lz, name), name
-    for name in ("attention", "rms_norm", "layer_norm", "rope", "sample_topk", "sample_topp", "sample",
-                 "apply_penalties", "swiglu", "fused_moe", "lock", "unlock",
-                 "prefer", "disabled", "explain", "which", "validate", "select", "configure", "load_config"):
+    for name in (
+        "attention",
+        "rms_norm",
+        "layer_norm",
+        "rope",
+        "sample_topk",
+        "sample_topp",
+        "sample",
+        "apply_penalties",
+        "swiglu",
+        "fused_moe",
+        "lock",
+        "unlock",
+        "prefer",
+        "disabled",
+        "explain",
+        "which",
+        "validate",
+        "select",
+        "configure",
+        "load_config",
+    ):
         assert name in lz.__all__
     for err in (lz.InvalidInputError, lz.NoKernelFoundError, lz.ConfigurationError, lz.KernelExecutionError):
         assert issubclass(err, lz.LayerZeroError)

@@ -33,8 +33,11 @@ R = ReasonCode
 
 def qkv(b=1, hq=4, hkv=2, sq=6, sk=6, d=8, dtype=torch.float64, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, hq, sq, d, generator=g, dtype=dtype), torch.randn(b, hkv, sk, d, generator=g, dtype=dtype),
-            torch.randn(b, hkv, sk, d, generator=g, dtype=dtype))
+    return (
+        torch.randn(b, hq, sq, d, generator=g, dtype=dtype),
+        torch.randn(b, hkv, sk, d, generator=g, dtype=dtype),
+        torch.randn(b, hkv, sk, d, generator=g, dtype=dtype),
+    )
 
 
 def hand_oracle(q, k, v, *, causal=False, window=None, softcap=None, mask=None):
@@ -46,10 +49,17 @@ def hand_oracle(q, k, v, *, causal=False, window=None, softcap=None, mask=None):
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     sq, sk = s.shape[-2:]
-    ok = torch.tensor([[(not causal or j <= i)
-                        and (window is None or window[0] < 0 or j >= i - window[0])
-                        and (window is None or window[1] < 0 or j <= i + window[1])
-                        for j in range(sk)] for i in range(sq)])
+    ok = torch.tensor(
+        [
+            [
+                (not causal or j <= i)
+                and (window is None or window[0] < 0 or j >= i - window[0])
+                and (window is None or window[1] < 0 or j <= i + window[1])
+                for j in range(sk)
+            ]
+            for i in range(sq)
+        ]
+    )
     if mask is not None:
         ok = ok & mask
     s = s.masked_fill(~ok, float("-inf"))
@@ -87,7 +97,9 @@ def test_constraints_report_window_and_softcap_independently():
 # ----------------------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize("window", [(1,), (1, 2, 3), 3, "1,0", (1.0, 0), (True, 0), (-2, 0), (0, -5), (None, "a"), (None,)])
+@pytest.mark.parametrize(
+    "window", [(1,), (1, 2, 3), 3, "1,0", (1.0, 0), (True, 0), (-2, 0), (0, -5), (None, "a"), (None,)]
+)
 def test_bad_window_raises(window):
     with pytest.raises(InvalidInputError, match="window"):
         lz.attention(*qkv(), window=window)
@@ -102,19 +114,22 @@ def test_bad_softcap_raises(softcap):
 # ----------------------------------------------------------------------------- normalization and key
 
 
-@pytest.mark.parametrize(("window", "causal", "sq", "sk", "expected"), [
-    ((2, 1), False, 6, 6, (2, 1)),
-    ((2, 1), True, 6, 6, (2, 0)),     # causal bounds the right side at 0
-    ((-1, 3), True, 6, 6, None),      # causal + unbounded left: plain causal
-    ((5, 5), False, 6, 6, None),      # covers every (i, j) of a 6 x 6 call
-    ((5, 0), False, 6, 6, (-1, 0)),   # left >= Sq - 1 never restricts
-    ((4, 8), False, 6, 9, (4, -1)),   # right >= Sk - 1 never restricts
-    ((0, 0), False, 1, 9, (-1, 0)),   # one query: left never restricts
-    ((-1, -1), False, 6, 6, None),
-    ((None, 3), True, 6, 6, None),    # None = unbounded, as -1 (FlashAttention's spelling)
-    ((2, None), False, 6, 9, (2, -1)),
-    ((None, None), False, 6, 6, None),
-])
+@pytest.mark.parametrize(
+    ("window", "causal", "sq", "sk", "expected"),
+    [
+        ((2, 1), False, 6, 6, (2, 1)),
+        ((2, 1), True, 6, 6, (2, 0)),  # causal bounds the right side at 0
+        ((-1, 3), True, 6, 6, None),  # causal + unbounded left: plain causal
+        ((5, 5), False, 6, 6, None),  # covers every (i, j) of a 6 x 6 call
+        ((5, 0), False, 6, 6, (-1, 0)),  # left >= Sq - 1 never restricts
+        ((4, 8), False, 6, 9, (4, -1)),  # right >= Sk - 1 never restricts
+        ((0, 0), False, 1, 9, (-1, 0)),  # one query: left never restricts
+        ((-1, -1), False, 6, 6, None),
+        ((None, 3), True, 6, 6, None),  # None = unbounded, as -1 (FlashAttention's spelling)
+        ((2, None), False, 6, 9, (2, -1)),
+        ((None, None), False, 6, 6, None),
+    ],
+)
 def test_window_normalization_hand_worked(window, causal, sq, sk, expected):
     assert A._window(window, causal, sq, sk) == expected
 
@@ -183,8 +198,13 @@ def test_locked_kernels_serve_window_softcap_in_both_layouts(kernel_id, layout):
     lz.lock("attention", kernel_id)
     try:
         if layout == "BSHD":
-            out = lz.attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True, window=(1, 0), softcap=2.0,
-                               layout="BSHD").transpose(1, 2)
+            out = lz.attention(
+                *(t.transpose(1, 2) for t in (q, k, v)),
+                is_causal=True,
+                window=(1, 0),
+                softcap=2.0,
+                layout="BSHD",
+            ).transpose(1, 2)
         else:
             out = lz.attention(q, k, v, is_causal=True, window=(1, 0), softcap=2.0)
     finally:
@@ -203,18 +223,24 @@ def test_hf_softcap_is_applied():
     q, k, v = qkv(seed=5)
     out, weights = layerzero_attention_forward(_module(), q, k, v, None, softcap=1.5)
     assert weights is None
-    torch.testing.assert_close(out, hand_oracle(q, k, v, causal=True, softcap=1.5).transpose(1, 2),
-                               atol=1e-10, rtol=1e-10)
-    zero, _ = layerzero_attention_forward(_module(), q, k, v, None, softcap=0.0)  # 0 = off, as in FlashAttention
-    torch.testing.assert_close(zero, hand_oracle(q, k, v, causal=True).transpose(1, 2), atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(
+        out, hand_oracle(q, k, v, causal=True, softcap=1.5).transpose(1, 2), atol=1e-10, rtol=1e-10
+    )
+    zero, _ = layerzero_attention_forward(
+        _module(), q, k, v, None, softcap=0.0
+    )  # 0 = off, as in FlashAttention
+    torch.testing.assert_close(
+        zero, hand_oracle(q, k, v, causal=True).transpose(1, 2), atol=1e-10, rtol=1e-10
+    )
 
 
 def test_hf_sliding_window_without_mask_maps_to_window():
     q, k, v = qkv(sq=7, sk=7, seed=6)
     out, _ = layerzero_attention_forward(_module(), q, k, v, None, sliding_window=3)
     # transformers: key j visible to query i iff j <= i and j > i - 3, i.e. window=(2, 0)
-    torch.testing.assert_close(out, hand_oracle(q, k, v, causal=True, window=(2, 0)).transpose(1, 2),
-                               atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(
+        out, hand_oracle(q, k, v, causal=True, window=(2, 0)).transpose(1, 2), atol=1e-10, rtol=1e-10
+    )
 
 
 def test_hf_sliding_window_with_mask_is_not_applied_twice():
@@ -223,7 +249,9 @@ def test_hf_sliding_window_with_mask_is_not_applied_twice():
     mask = ((j <= i) & (i - j < 3))[None, None]
     # a window applied on top of the mask would differ from the mask alone only if doubled (W=2 < 3)
     out, _ = layerzero_attention_forward(_module(), q, k, v, mask, sliding_window=2)
-    torch.testing.assert_close(out, hand_oracle(q, k, v, mask=mask[0, 0]).transpose(1, 2), atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(
+        out, hand_oracle(q, k, v, mask=mask[0, 0]).transpose(1, 2), atol=1e-10, rtol=1e-10
+    )
 
 
 def test_hf_sliding_window_without_mask_and_unequal_lengths_is_refused():
@@ -237,24 +265,40 @@ def test_capture_key_keeps_the_window_and_flips_only_the_capture_flag():
 
     key, _ = A.prepare(*qkv(), is_causal=True, window=(2, 0), softcap=3.0)
     cap = capture_key(key)
-    assert cap is not None and cap.capture is True and key.capture is False and cap._replace(capture=False) == key
+    assert (
+        cap is not None
+        and cap.capture is True
+        and key.capture is False
+        and cap._replace(capture=False) == key
+    )
     ctx = A.context(cap)
     assert ctx.graph_capture and (ctx.window_left, ctx.window_right, ctx.has_softcap) == (2, 0, True)
 
 
 def test_window_and_softcap_fast_path_builds_the_validating_path_key():
-    """A tuple window and a float softcap stay on prepare's fast path; its key and args must equal what the full
-    validation builds for the same call (a list window / int softcap take that path), and bad values still get
-    the typed error."""
+    """A tuple window and a float softcap stay on prepare's fast path; its key and args must equal what the
+    full validation builds for the same call (a list window / int softcap take that path), and bad values
+    still get the typed error."""
     att = importlib.import_module("layerzero.ops.attention")
 
     q = torch.randn(1, 4, 9, 16)
     k = v = torch.randn(1, 2, 9, 16)
-    for causal, window, softcap in [(True, (3, 0), None), (False, (2, 5), 30.0), (True, None, 50.0),
-                                    (False, (20, 20), None), (True, (8, 0), 7.0)]:
+    for causal, window, softcap in [
+        (True, (3, 0), None),
+        (False, (2, 5), 30.0),
+        (True, None, 50.0),
+        (False, (20, 20), None),
+        (True, (8, 0), 7.0),
+    ]:
         fast = att.prepare(q, k, v, is_causal=causal, window=window, softcap=softcap)
-        slow = att.prepare(q, k, v, is_causal=causal, window=None if window is None else list(window),
-                           softcap=None if softcap is None else int(softcap))
+        slow = att.prepare(
+            q,
+            k,
+            v,
+            is_causal=causal,
+            window=None if window is None else list(window),
+            softcap=None if softcap is None else int(softcap),
+        )
         assert fast[0] == slow[0], (causal, window, softcap)
         assert len(fast[1]) == len(slow[1]) and fast[1][7:] == slow[1][7:]
     with pytest.raises(InvalidInputError, match="window"):

@@ -1,5 +1,6 @@
-"""Opt-in online autotune wired into dispatch (``lz.configure(autotune=True)``): the first eager call of a new key
-measures its eligible kernels into the PerfDB, then selects with those measurements; later calls measure nothing.
+"""Opt-in online autotune wired into dispatch (``lz.configure(autotune=True)``): the first eager call of a new
+key measures its eligible kernels into the PerfDB, then selects with those measurements; later calls measure
+nothing.
 
 The oracle is a kernel made slow on purpose (it sleeps 3 ms, then returns the right answer): measured, it must
 lose to the fast kernel that priorities alone would rank below it.
@@ -28,8 +29,9 @@ def slow_kernel(tmp_path):
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
     lz.configure(perfdb_path=str(tmp_path / "perf.sqlite"), use_perfdb=True)
-    lz.register_kernel("rms_norm", "slowlib.rms_norm", slow_rms, priority=100, device_types={"cpu"},
-                       dtypes={torch.float32})
+    lz.register_kernel(
+        "rms_norm", "slowlib.rms_norm", slow_rms, priority=100, device_types={"cpu"}, dtypes={torch.float32}
+    )
     yield calls
     lz.unregister_kernel("slowlib.rms_norm")
 

@@ -1,8 +1,8 @@
-"""``layerzero.ops.awq``: lz.quantize's int4 layout to and from AutoAWQ's GEMM packing (qweight ``[K, N/8]`` int32,
-nibble i of a word = column ``8c + (0, 2, 4, 6, 1, 3, 5, 7)[i]``; qzeros packed the same way; scales ``[K/g, N]``).
-Oracles: words built by hand from that rule, and AutoAWQ's dequantization written out here (shift out the eight
-nibbles, undo the order with the index list (0, 4, 1, 5, 2, 6, 3, 7), ``(q - zero) * scale``) compared with
-``lz.dequantize``."""
+"""``layerzero.ops.awq``: lz.quantize's int4 layout to and from AutoAWQ's GEMM packing (qweight ``[K, N/8]``
+int32, nibble i of a word = column ``8c + (0, 2, 4, 6, 1, 3, 5, 7)[i]``; qzeros packed the same way; scales
+``[K/g, N]``). Oracles: words built by hand from that rule, and AutoAWQ's dequantization written out here
+(shift out the eight nibbles, undo the order with the index list (0, 4, 1, 5, 2, 6, 3, 7),
+``(q - zero) * scale``) compared with ``lz.dequantize``."""
 
 from __future__ import annotations
 
@@ -30,13 +30,25 @@ def _awq_dequantize(qweight, qzeros, scales, group_size):
 
 
 def test_awq_bit_layout_by_hand():
-    """q[n, k] = (3n + k) % 16: qweight[k, c] nibble i = q[8c + ORDER[i], k]; qzeros likewise with zero[n, group]."""
+    """q[n, k] = (3n + k) % 16: qweight[k, c] nibble i = q[8c + ORDER[i], k]; qzeros likewise with zero[n,
+    group]."""
     n, k, g = 16, 8, 4
     q = (3 * torch.arange(n)[:, None] + torch.arange(k)[None, :]) % 16  # [N, K]
-    zeros = ((torch.arange(n)[:, None] * 5 + torch.arange(k // g)[None, :] * 7) % 16).to(torch.uint8)  # [N, K/g]
+    zeros = ((torch.arange(n)[:, None] * 5 + torch.arange(k // g)[None, :] * 7) % 16).to(
+        torch.uint8
+    )  # [N, K/g]
     data = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
-    qt = QuantizedTensor(data, torch.rand(n, k // g) + 0.5, zeros, None, QuantFormat.INT4, torch.Size((n, k)),
-                         torch.float32, None, g)
+    qt = QuantizedTensor(
+        data,
+        torch.rand(n, k // g) + 0.5,
+        zeros,
+        None,
+        QuantFormat.INT4,
+        torch.Size((n, k)),
+        torch.float32,
+        None,
+        g,
+    )
     w = to_awq(qt, scale_dtype=torch.float32)
     assert w.qweight.shape == (8, 2) and w.qzeros.shape == (2, 2) and w.scales.shape == (2, 16)
     assert w.qweight.dtype == torch.int32 and w.qzeros.dtype == torch.int32
@@ -58,8 +70,12 @@ def test_awq_dequantization_matches_autoawq_semantics(n, k, g):
     # checkpoints keep float16 scales: the dequantized weight differs by their rounding only
     w16 = to_awq(qt)
     assert w16.scales.dtype == torch.float16
-    torch.testing.assert_close(lz.dequantize(from_awq(w16, group_size=g, dtype=torch.float32)).double().t(),
-                               _awq_dequantize(w16.qweight, w16.qzeros, w16.scales, g), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        lz.dequantize(from_awq(w16, group_size=g, dtype=torch.float32)).double().t(),
+        _awq_dequantize(w16.qweight, w16.qzeros, w16.scales, g),
+        rtol=1e-6,
+        atol=1e-7,
+    )
 
 
 def test_awq_round_trip_is_lossless():

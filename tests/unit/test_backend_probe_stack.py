@@ -1,5 +1,5 @@
-"""Backend probes run on a clean stack: a library that keeps an exception from its import (xFormers keeps its C++
-extension's load error) must not keep alive the frames, and so the tensors, of whoever triggered the first
+"""Backend probes run on a clean stack: a library that keeps an exception from its import (xFormers keeps its
+C++ extension's load error) must not keep alive the frames, and so the tensors, of whoever triggered the first
 selection (on an H200 it pinned a deleted engine's model, KV cache and graphs: ~14 GB)."""
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ class _Sentinel:
 
 @pytest.fixture
 def leaky_backend(monkeypatch, tmp_path):
-    """A 'backend' whose register() imports a library that, like xFormers, keeps an exception from its import."""
+    """A 'backend' whose register() imports a library that, like xFormers, keeps an exception from its
+    import."""
     (tmp_path / f"{_LEAKY}.py").write_text(
         "def _load():\n    raise OSError('libcudart.so.12: cannot open shared object file')\n"
-        "try:\n    _load()\nexcept OSError as exc:\n    LOAD_ERROR = exc\n")
+        "try:\n    _load()\nexcept OSError as exc:\n    LOAD_ERROR = exc\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, _LEAKY, raising=False)
     fake = types.ModuleType(f"layerzero.backends.{_FAKE_BACKEND}")
@@ -59,8 +61,9 @@ def test_a_kept_import_error_does_not_pin_the_callers_frames(leaky_backend):
 
 def test_the_same_import_on_the_callers_stack_would_pin_them(leaky_backend):
     """The oracle of the test above: without the clean stack the sentinel stays alive."""
-    ref = _first_selection_inside_a_forward(lambda registry: sys.modules[f"layerzero.backends.{_FAKE_BACKEND}"]
-                                            .register(registry))
+    ref = _first_selection_inside_a_forward(
+        lambda registry: sys.modules[f"layerzero.backends.{_FAKE_BACKEND}"].register(registry)
+    )
     gc.collect()
     assert ref() is not None
 

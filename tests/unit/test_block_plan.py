@@ -1,4 +1,5 @@
-"""``lz.plan_block``: joint kernel choice over a block of op calls (norm -> attention -> norm), hand-worked totals.
+"""``lz.plan_block``: joint kernel choice over a block of op calls (norm -> attention -> norm), hand-worked
+totals.
 
 Custom kernels (priorities far above the built-ins, which use 0..96) make the layouts matter:
 
@@ -6,9 +7,9 @@ Custom kernels (priorities far above the built-ins, which use 0..96) make the la
 - ``blk.attn_bhsd``: attention, ``layouts={"BHSD"}``, priority 301;
 - ``blk.attn_bshd``: attention, ``layouts={"BSHD"}``, priority 300.
 
-Attention is called with BHSD tensors, so standalone ``blk.attn_bhsd`` scores 301 and ``blk.attn_bshd`` 300 - 1
-(the adapter's transform cost) = 299: the greedy pick is ``blk.attn_bhsd``. In the block, attention is fed by the
-BSHD norm (its caller-layout transform no longer counts, transitions do, 1.0 each):
+Attention is called with BHSD tensors, so standalone ``blk.attn_bhsd`` scores 301 and ``blk.attn_bshd`` 300 -
+1 (the adapter's transform cost) = 299: the greedy pick is ``blk.attn_bhsd``. In the block, attention is fed
+by the BSHD norm (its caller-layout transform no longer counts, transitions do, 1.0 each):
 
 - greedy: norm 300 + (attn_bhsd 301 - 1 transition) + (norm 300 - 1 transition) = 899, 2 transforms;
 - joint:  norm 300 + attn_bshd 300 + norm 300 = 900, 0 transforms.
@@ -41,13 +42,17 @@ def _sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0):
 @pytest.fixture
 def kernels():
     lz.register_kernel("rms_norm", "blk.norm", _rms, priority=300, device_types={"cpu"}, layouts={"BSHD"})
-    lz.register_kernel("attention", "blk.attn_bhsd", _sdpa, priority=301, device_types={"cpu"}, layouts={"BHSD"})
+    lz.register_kernel(
+        "attention", "blk.attn_bhsd", _sdpa, priority=301, device_types={"cpu"}, layouts={"BHSD"}
+    )
 
     def attn_bshd(q, k, v, attn_mask, is_causal, scale, dropout_p):
         t = lambda x: x.transpose(1, 2)  # noqa: E731 - BSHD in, BSHD out
         return t(_sdpa(t(q), t(k), t(v), attn_mask, is_causal, scale))
 
-    lz.register_kernel("attention", "blk.attn_bshd", attn_bshd, priority=300, device_types={"cpu"}, layouts={"BSHD"})
+    lz.register_kernel(
+        "attention", "blk.attn_bshd", attn_bshd, priority=300, device_types={"cpu"}, layouts={"BSHD"}
+    )
     yield
     for kid in IDS:
         if kid in RUNTIME.registry.kernels:
@@ -59,8 +64,11 @@ def _block():
     x = torch.randn(B, S, H * D, generator=g, dtype=torch.float64)
     w = torch.rand(H * D, generator=g, dtype=torch.float64) + 0.5
     q, k, v = (torch.randn(B, H, S, D, generator=g, dtype=torch.float64) for _ in range(3))
-    return [("rms_norm", (x, w), {}), ("attention", (q, k, v), {"is_causal": True}),
-            lz.BlockOp("rms_norm", (x, w))]
+    return [
+        ("rms_norm", (x, w), {}),
+        ("attention", (q, k, v), {"is_causal": True}),
+        lz.BlockOp("rms_norm", (x, w)),
+    ]
 
 
 def test_joint_differs_from_greedy_hand_worked(kernels):
@@ -71,7 +79,13 @@ def test_joint_differs_from_greedy_hand_worked(kernels):
     assert plan.total == pytest.approx(900.0)
     assert (plan.greedy_transforms, plan.transforms, plan.transforms_saved) == (2, 0, 2)
     att = plan.steps[1]
-    assert (att.producer, att.layout_in, att.layout_out, att.transition_cost, att.score) == (0, "BSHD", "BSHD", 0, 300)
+    assert (att.producer, att.layout_in, att.layout_out, att.transition_cost, att.score) == (
+        0,
+        "BSHD",
+        "BSHD",
+        0,
+        300,
+    )
     assert [s.layout_out for s in plan.steps] == ["BSHD", "BSHD", "BSHD"]
     d = plan.to_dict()
     assert d["transforms_saved"] == 2 and d["steps"][1]["chosen"] == "blk.attn_bshd"
@@ -96,7 +110,10 @@ def test_transition_costs_in_explanation_when_unavoidable(kernels):
     assert [s.transition_cost for s in plan.steps] == [0.0, 1.0, 1.0]
     text = str(plan)
     assert "joint choice equals the standalone picks" in text
-    assert "transition 1.0 from op 0's output layout" in text and "transition 1.0 from op 1's output layout" in text
+    assert (
+        "transition 1.0 from op 0's output layout" in text
+        and "transition 1.0 from op 1's output layout" in text
+    )
 
 
 def test_joint_equals_greedy_with_builtins_only():
@@ -155,7 +172,9 @@ def test_op_without_eligible_kernel_raises_no_kernel_found(kernels):
     lz.register_kernel("attention", "blk.nocausal", _sdpa, device_types={"cpu"}, supports_causal=False)
     try:
         lz.lock("attention", "blk.nocausal")
-        with pytest.raises(lz.NoKernelFoundError, match=r"op 1 \('attention'\) has no eligible kernel") as exc:
+        with pytest.raises(
+            lz.NoKernelFoundError, match=r"op 1 \('attention'\) has no eligible kernel"
+        ) as exc:
             lz.plan_block([calls[0], ("attention", (q, q, q), {"is_causal": True})])
         assert exc.value.report is not None and exc.value.report.chosen is None
     finally:

@@ -26,8 +26,8 @@ def short_kernel():
 
 
 def test_max_seq_len_is_checked_against_the_bucket_upper_bound(short_kernel):
-    small = torch.randn(1, 1, 500, 8)   # bucket 512 <= 700: eligible
-    mid = torch.randn(1, 1, 600, 8)     # bucket 1024 > 700: rejected although 600 <= 700
+    small = torch.randn(1, 1, 500, 8)  # bucket 512 <= 700: eligible
+    mid = torch.randn(1, 1, 600, 8)  # bucket 1024 > 700: rejected although 600 <= 700
     assert lz.which("attention", small, small, small) == "short.attention"
     assert lz.which("attention", mid, mid, mid) != "short.attention"
     reasons = lz.validate("short.attention", "attention", mid, mid, mid)
@@ -51,8 +51,9 @@ def test_bucket_boundaries_share_and_split_cache_entries():
 
 
 def test_attention_key_buckets_equal_core_bucket():
-    """lz.attention inlines the power-of-two bucketing on its hot path; it must equal core.context.bucket for the
-    batch and both lengths, odd sizes included, on the fast path and the validating path (a float mask)."""
+    """lz.attention inlines the power-of-two bucketing on its hot path; it must equal core.context.bucket for
+    the batch and both lengths, odd sizes included, on the fast path and the validating path (a float
+    mask)."""
     import importlib
 
     from layerzero.core.context import bucket
@@ -63,4 +64,8 @@ def test_attention_key_buckets_equal_core_bucket():
         k = v = torch.randn(b, 2, sk, 8)
         for mask in (None, torch.zeros(sq, sk)):
             key, _ = att.prepare(q, k, v, attn_mask=mask)
-            assert (key.batch, key.seq_len_q, key.seq_len_kv) == (bucket(b), bucket(sq), bucket(sk)), (b, sq, sk)
+            assert (key.batch, key.seq_len_q, key.seq_len_kv) == (bucket(b), bucket(sq), bucket(sk)), (
+                b,
+                sq,
+                sk,
+            )

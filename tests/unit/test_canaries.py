@@ -1,7 +1,8 @@
 """Correctness canaries (``lz.configure(canaries=True)``): a wrong kernel's first call is checked against the
-reference, its backend quarantined at this version and architecture (persisted in the PerfDB's file), the call served
-by the re-selected kernel, and every later selection rejects the backend with ``BACKEND_QUARANTINED``; a version
-change or ``layerzero quarantine --clear`` lifts it. Hand-made cases on CPU: a kernel that doubles its output."""
+reference, its backend quarantined at this version and architecture (persisted in the PerfDB's file), the call
+served by the re-selected kernel, and every later selection rejects the backend with ``BACKEND_QUARANTINED``;
+a version change or ``layerzero quarantine --clear`` lifts it. Hand-made cases on CPU: a kernel that doubles
+its output."""
 
 from __future__ import annotations
 
@@ -67,9 +68,10 @@ def test_a_wrong_kernel_is_caught_quarantined_and_never_returned(wrong_kernel, t
 
 
 def test_a_capture_time_choice_respects_the_quarantine(tmp_path):
-    """Regression (seen on the H200): the capture-time choice, prepared on a CUDA key's first eager call, skipped the
-    quarantine store (no file I/O under capture), so a quarantined graph-safe kernel was picked and warm-run again.
-    The store's entries are in memory once it is open; a capture context reads them then."""
+    """Regression (seen on the H200): the capture-time choice, prepared on a CUDA key's first eager call,
+    skipped the quarantine store (no file I/O under capture), so a quarantined graph-safe kernel was picked
+    and warm-run again. The store's entries are in memory once it is open; a capture context reads them
+    then."""
     import dataclasses
 
     kid = "wronggraph.rms_norm"
@@ -80,8 +82,9 @@ def test_a_capture_time_choice_respects_the_quarantine(tmp_path):
         return 2 * torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
     lz.configure(perfdb_path=str(tmp_path / "perf.sqlite"), use_perfdb=True, canaries=True)
-    lz.register_kernel("rms_norm", kid, wrong, priority=1000, device_types={"cpu"}, dtypes={torch.float32},
-                       graph_safe=True)
+    lz.register_kernel(
+        "rms_norm", kid, wrong, priority=1000, device_types={"cpu"}, dtypes={torch.float32}, graph_safe=True
+    )
     try:
         RUNTIME.cache.invalidate()
         x, w = torch.randn(4, 32), torch.ones(32)
@@ -101,9 +104,14 @@ def test_a_capture_time_choice_respects_the_quarantine(tmp_path):
 def test_a_correct_kernel_passes_its_canary(tmp_path):
     lz.configure(perfdb_path=str(tmp_path / "perf.sqlite"), use_perfdb=True, canaries=True)
     try:
-        lz.register_kernel("rms_norm", "rightlib.rms_norm",
-                           lambda x, w, e, r: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, e), priority=1000,
-                           device_types={"cpu"}, dtypes={torch.float32})
+        lz.register_kernel(
+            "rms_norm",
+            "rightlib.rms_norm",
+            lambda x, w, e, r: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, e),
+            priority=1000,
+            device_types={"cpu"},
+            dtypes={torch.float32},
+        )
         RUNTIME.cache.invalidate()
         x, w = torch.randn(2, 16), torch.ones(16)
         lz.rms_norm(x, w)
@@ -146,11 +154,10 @@ def test_doctor_lists_the_quarantine(wrong_kernel):
 
 
 def test_lz_doctor_survives_its_module_import():
-    """Regression: the report module was ``layerzero/doctor.py``; importing it (lz.doctor() does, lazily) set the
-    package attribute ``layerzero.doctor`` to the module, so a second ``lz.doctor()`` raised "module object is not
-    callable". It is ``layerzero/diagnostics.py`` now."""
+    """Regression: the report module was ``layerzero/doctor.py``; importing it (lz.doctor() does, lazily) set
+    the package attribute ``layerzero.doctor`` to the module, so a second ``lz.doctor()`` raised "module
+    object is not callable". It is ``layerzero/diagnostics.py`` now."""
     import layerzero.diagnostics  # noqa: F401
 
     lz.doctor(print_report=False)
     assert callable(lz.doctor) and lz.doctor(print_report=False).to_dict()["backends"]
-

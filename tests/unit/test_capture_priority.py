@@ -1,8 +1,8 @@
-"""``KernelSpec.capture_priority``: while a CUDA graph is captured (``ctx.graph_capture``) selection scores a kernel
-with it instead of ``priority``. Our Triton RMSNorm and SwiGLU lose eagerly (their launch costs more than torch's)
-and win inside graphs (measured, ``benchmarks/results/in_graph_h200.md``): torch_native eagerly, triton under
-capture, on a fake-installed triton; the report's score says which priority counted; capabilities files carry the
-field."""
+"""``KernelSpec.capture_priority``: while a CUDA graph is captured (``ctx.graph_capture``) selection scores a
+kernel with it instead of ``priority``. Our Triton RMSNorm and SwiGLU lose eagerly (their launch costs more
+than torch's) and win inside graphs (measured, ``benchmarks/results/in_graph_h200.md``): torch_native eagerly,
+triton under capture, on a fake-installed triton; the report's score says which priority counted; capabilities
+files carry the field."""
 
 from __future__ import annotations
 
@@ -27,14 +27,20 @@ def _registry(op: str, triton_spec: KernelSpec):
 
 
 def _select(reg, ctx):
-    return select(reg, ctx, SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None),
-                                            log_fallbacks=False))
+    return select(
+        reg,
+        ctx,
+        SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None), log_fallbacks=False),
+    )
 
 
-@pytest.mark.parametrize(("op", "spec", "fields"), [
-    ("rms_norm", tn.kernel_spec(True, ""), {"hidden_size": 1024, "fused_residual": True}),
-    ("swiglu", ts.kernel_spec(True, ""), {"hidden_size": 3072}),
-])
+@pytest.mark.parametrize(
+    ("op", "spec", "fields"),
+    [
+        ("rms_norm", tn.kernel_spec(True, ""), {"hidden_size": 1024, "fused_residual": True}),
+        ("swiglu", ts.kernel_spec(True, ""), {"hidden_size": 3072}),
+    ],
+)
 def test_triton_wins_only_under_capture(op, spec, fields):
     reg = _registry(op, spec)
     h100 = fake_cuda_device((9, 0))
@@ -53,4 +59,6 @@ def test_capture_priority_listed_and_parsed():
     spec = tn.kernel_spec(True, "")
     assert spec.constraints()["capture_priority"] == tn.CAPTURE_PRIORITY
     assert KernelSpec("x.y", "rms_norm", len).constraints()["capture_priority"] is None
-    assert _PARSERS["capture_priority"]("where", None) is None and _PARSERS["capture_priority"]("where", 7) == 7
+    assert (
+        _PARSERS["capture_priority"]("where", None) is None and _PARSERS["capture_priority"]("where", 7) == 7
+    )

@@ -1,7 +1,8 @@
-"""``lz.capture_selection()`` on CPU: the switch is on inside the block only (nesting restores it, exceptions too),
-CUDA-only by construction (CPU calls keep their eager keys and kernels), and a cache miss of a capture-time key
-outside a real capture selects instead of raising ``CudaGraphUnsafeError``. The CUDA behaviour (eager choices equal
-the captured graph's, bit for bit) is in tests/gpu/test_gpu_capture_selection.py."""
+"""``lz.capture_selection()`` on CPU: the switch is on inside the block only (nesting restores it, exceptions
+too), CUDA-only by construction (CPU calls keep their eager keys and kernels), and a cache miss of a
+capture-time key outside a real capture selects instead of raising ``CudaGraphUnsafeError``. The CUDA
+behaviour (eager choices equal the captured graph's, bit for bit) is in
+tests/gpu/test_gpu_capture_selection.py."""
 
 from __future__ import annotations
 

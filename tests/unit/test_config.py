@@ -15,8 +15,14 @@ from layerzero.core.config import CONFIG_OPTIONS, Config
 pytestmark = pytest.mark.unit
 
 DEFAULTS = {
-    "strict": False, "cache_size": 4096, "cache_ttl_s": None, "use_perfdb": True, "perf_weight": 1000.0,
-    "log_fallbacks": True, "selection_timeout_s": 30.0, "health_failure_threshold": 3,
+    "strict": False,
+    "cache_size": 4096,
+    "cache_ttl_s": None,
+    "use_perfdb": True,
+    "perf_weight": 1000.0,
+    "log_fallbacks": True,
+    "selection_timeout_s": 30.0,
+    "health_failure_threshold": 3,
     "health_cooldown_s": 30.0,
 }
 
@@ -60,23 +66,26 @@ def test_configure_unknown_option_lists_known_ones():
     assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize(("option", "value", "match"), [
-    ("cache_size", 0, "cache_size: expected an int > 0, got 0"),
-    ("cache_size", -5, "cache_size: expected an int > 0"),
-    ("cache_size", 2.5, "cache_size: expected an int > 0"),
-    ("cache_size", True, "cache_size: expected an int > 0, got True"),
-    ("strict", "yes", "strict: expected a bool, got 'yes'"),
-    ("strict", 1, "strict: expected a bool"),
-    ("use_perfdb", None, "use_perfdb: expected a bool"),
-    ("log_fallbacks", "no", "log_fallbacks: expected a bool"),
-    ("perf_weight", math.nan, "perf_weight: expected a finite number > 0"),
-    ("perf_weight", -1.0, "perf_weight: expected a finite number > 0"),
-    ("selection_timeout_s", math.inf, "selection_timeout_s: expected a finite number > 0"),
-    ("health_cooldown_s", 0, "health_cooldown_s: expected a finite number > 0"),
-    ("health_failure_threshold", 0, "health_failure_threshold: expected an int > 0"),
-    ("cache_ttl_s", -1, "cache_ttl_s: expected a finite number > 0"),
-    ("perfdb_path", 42, "perfdb_path: expected a str path or None"),
-])
+@pytest.mark.parametrize(
+    ("option", "value", "match"),
+    [
+        ("cache_size", 0, "cache_size: expected an int > 0, got 0"),
+        ("cache_size", -5, "cache_size: expected an int > 0"),
+        ("cache_size", 2.5, "cache_size: expected an int > 0"),
+        ("cache_size", True, "cache_size: expected an int > 0, got True"),
+        ("strict", "yes", "strict: expected a bool, got 'yes'"),
+        ("strict", 1, "strict: expected a bool"),
+        ("use_perfdb", None, "use_perfdb: expected a bool"),
+        ("log_fallbacks", "no", "log_fallbacks: expected a bool"),
+        ("perf_weight", math.nan, "perf_weight: expected a finite number > 0"),
+        ("perf_weight", -1.0, "perf_weight: expected a finite number > 0"),
+        ("selection_timeout_s", math.inf, "selection_timeout_s: expected a finite number > 0"),
+        ("health_cooldown_s", 0, "health_cooldown_s: expected a finite number > 0"),
+        ("health_failure_threshold", 0, "health_failure_threshold: expected an int > 0"),
+        ("cache_ttl_s", -1, "cache_ttl_s: expected a finite number > 0"),
+        ("perfdb_path", 42, "perfdb_path: expected a str path or None"),
+    ],
+)
 def test_configure_bad_values_rejected(option, value, match):
     before = lz.get_config()
     with pytest.raises(lz.ConfigurationError, match=match):
@@ -95,7 +104,9 @@ def test_load_config_with_config_section(tmp_path):
     path.write_text(
         "version: 1\n"
         "deny:\n  - op: attention\n    kernels: [torch_sdpa.flash]\n"
-        "config:\n  cache_size: 17\n  perf_weight: 3.5\n  log_fallbacks: false\n", encoding="utf-8")
+        "config:\n  cache_size: 17\n  perf_weight: 3.5\n  log_fallbacks: false\n",
+        encoding="utf-8",
+    )
     cfg = lz.load_config(path)
     assert (cfg.cache_size, cfg.perf_weight, cfg.log_fallbacks) == (17, 3.5, False)
     assert lz.get_config() == cfg
@@ -127,15 +138,18 @@ def test_load_config_keeps_code_locks(tmp_path):
     assert lz.which("attention", *_qkv()) == "reference.attention"
 
 
-@pytest.mark.parametrize(("text", "error", "match"), [
-    ("config:\n  bogus: 1\n", lz.ConfigurationError, r"unknown config option\(s\) \['bogus'\]"),
-    ("config:\n  cache_size: 0\n", lz.ConfigurationError, "cache_size: expected an int > 0"),
-    ("config: [1, 2]\n", lz.ConfigurationError, "config: expected a mapping of options"),
-    ("- 1\n- 2\n", lz.PolicyValidationError, "top level: expected a mapping"),
-    ("version: 2\n", lz.PolicyValidationError, "version: expected 1"),
-    ("version: 1\ndenny: []\n", lz.PolicyValidationError, "Did you mean 'deny'"),
-    ("version: 1\nlocks: [\n", lz.PolicyValidationError, "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("text", "error", "match"),
+    [
+        ("config:\n  bogus: 1\n", lz.ConfigurationError, r"unknown config option\(s\) \['bogus'\]"),
+        ("config:\n  cache_size: 0\n", lz.ConfigurationError, "cache_size: expected an int > 0"),
+        ("config: [1, 2]\n", lz.ConfigurationError, "config: expected a mapping of options"),
+        ("- 1\n- 2\n", lz.PolicyValidationError, "top level: expected a mapping"),
+        ("version: 2\n", lz.PolicyValidationError, "version: expected 1"),
+        ("version: 1\ndenny: []\n", lz.PolicyValidationError, "Did you mean 'deny'"),
+        ("version: 1\nlocks: [\n", lz.PolicyValidationError, "not valid YAML"),
+    ],
+)
 def test_load_config_bad_files(tmp_path, text, error, match):
     path = tmp_path / "bad.yaml"
     path.write_text(text, encoding="utf-8")
@@ -152,8 +166,9 @@ def test_load_config_missing_file(tmp_path):
 
 def test_load_config_rejects_duplicate_keys(tmp_path):
     path = tmp_path / "dup.yaml"
-    path.write_text("version: 1\ndeny:\n  - op: attention\n    kernels: [torch_sdpa.flash]\n"
-                    "deny: []\n", encoding="utf-8")
+    path.write_text(
+        "version: 1\ndeny:\n  - op: attention\n    kernels: [torch_sdpa.flash]\ndeny: []\n", encoding="utf-8"
+    )
     with pytest.raises(lz.PolicyValidationError, match="duplicate key"):
         lz.load_config(path)
 
@@ -168,7 +183,9 @@ def test_env_strict_and_cache_size_read_on_reload(monkeypatch):
 
 def test_env_malformed_value_raises_on_reload(monkeypatch):
     monkeypatch.setenv("LAYERZERO_CACHE_SIZE", "-3")
-    with pytest.raises(lz.ConfigurationError, match="LAYERZERO_CACHE_SIZE: expected an integer > 0, got '-3'"):
+    with pytest.raises(
+        lz.ConfigurationError, match="LAYERZERO_CACHE_SIZE: expected an integer > 0, got '-3'"
+    ):
         lz.reload()
 
 

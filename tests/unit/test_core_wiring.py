@@ -62,21 +62,35 @@ def test_core_names_no_module_above_it_in_strings():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         skip = _docstrings(tree) | _logger_names(tree)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
-                    and ABOVE.fullmatch(node.value)):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in skip
+                and ABOVE.fullmatch(node.value)
+            ):
                 found.append(f"{path.relative_to(CORE.parent)}:{node.lineno}: {node.value!r}")
     assert len(list(CORE.glob("*.py"))) > 20  # the walk found core
-    assert not found, ("core names a module above it in a string (install it from above instead, like "
-                       "layerzero/_wiring.py does):\n" + "\n".join(found))
+    assert not found, (
+        "core names a module above it in a string (install it from above instead, like "
+        "layerzero/_wiring.py does):\n" + "\n".join(found)
+    )
 
 
 def test_the_check_sees_a_module_name_string():
-    tree = ast.parse('"""doc: layerzero.ops is fine here"""\nimport logging\n'
-                     'log = logging.getLogger("layerzero.x")\nMOD = "layerzero.ops"\n'
-                     'MSG = "e.g. layerzero.ops"\n')
+    tree = ast.parse(
+        '"""doc: layerzero.ops is fine here"""\nimport logging\n'
+        'log = logging.getLogger("layerzero.x")\nMOD = "layerzero.ops"\n'
+        'MSG = "e.g. layerzero.ops"\n'
+    )
     skip = _docstrings(tree) | _logger_names(tree)
-    hits = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-            and id(n) not in skip and ABOVE.fullmatch(n.value)]
+    hits = [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and id(n) not in skip
+        and ABOVE.fullmatch(n.value)
+    ]
     assert hits == ["layerzero.ops"]
     assert ABOVE.fullmatch("layerzero.") and ABOVE.fullmatch("layerzero.tuning.canary:check")
     assert not ABOVE.fullmatch("layerzero.core.dispatch") and not ABOVE.fullmatch("see layerzero.ops.rope")
@@ -108,9 +122,11 @@ def test_install_hooks_installs_a_loader_later(monkeypatch):
 
 
 def test_tuning_hooks_import_tuning_lazily():
-    code = ("import sys, layerzero; "
-            "bad = [m for m in ('layerzero.tuning.autotune', 'layerzero.tuning.canary') "
-            "if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, layerzero; "
+        "bad = [m for m in ('layerzero.tuning.autotune', 'layerzero.tuning.canary') "
+        "if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -29,7 +29,9 @@ def cpu(isa) -> DeviceSpec:
 
 
 def spec(isa) -> KernelSpec:
-    return KernelSpec("isa_test.k", "rms_norm", lambda *a: None, cpu_isa=None if isa is None else frozenset(isa))
+    return KernelSpec(
+        "isa_test.k", "rms_norm", lambda *a: None, cpu_isa=None if isa is None else frozenset(isa)
+    )
 
 
 def ctx(device, dtype=torch.float32) -> SelectionContext:
@@ -70,7 +72,7 @@ def test_names_are_the_device_spelling():
     assert HOST.cpu_isa <= CPU_ISA_NAMES
 
 
-# ----------------------------------------------------------------------------- register_kernel, overrides, explain
+# ------------------------------------------------------------------------ register_kernel, overrides, explain
 
 
 def _fn(x, weight, eps, residual):
@@ -101,7 +103,9 @@ def test_explain_shows_the_missing_isa():
     absent = sorted(CPU_ISA_NAMES - HOST.cpu_isa)[0]
     x, w = torch.randn(2, 64), torch.ones(64)
     try:
-        lz.register_kernel("rms_norm", "isareg.needs", _fn, priority=99, cpu_isa={absent}, device_types={"cpu"})
+        lz.register_kernel(
+            "rms_norm", "isareg.needs", _fn, priority=99, cpu_isa={absent}, device_types={"cpu"}
+        )
         report = lz.explain("rms_norm", x, w)
         (reason,) = report.candidate("isareg.needs").reasons
         assert reason.code is R.CPU_ISA_MISSING and absent in reason.message
@@ -115,8 +119,19 @@ def test_explain_shows_the_missing_isa():
 
 
 def attn_ctx(isa, dtype=torch.float16) -> SelectionContext:
-    return SelectionContext(op="attention", device=cpu(isa), dtype=dtype, batch=1, num_heads_q=8, num_heads_kv=8,
-                            head_dim=64, head_dim_v=64, seq_len_q=512, seq_len_kv=512, is_causal=True)
+    return SelectionContext(
+        op="attention",
+        device=cpu(isa),
+        dtype=dtype,
+        batch=1,
+        num_heads_q=8,
+        num_heads_kv=8,
+        head_dim=64,
+        head_dim_v=64,
+        seq_len_q=512,
+        seq_len_kv=512,
+        is_causal=True,
+    )
 
 
 def _upcast_reasons(c):
@@ -134,7 +149,9 @@ def test_upcast_routing_by_isa_and_dtype():
     assert {r.code for r in _upcast_reasons(decode)} == {R.SEQ_LEN_TOO_SHORT}
 
 
-@pytest.mark.skipif("avx512_fp16" in HOST.cpu_isa, reason="this CPU has native fp16: the upcast kernel is off")
+@pytest.mark.skipif(
+    "avx512_fp16" in HOST.cpu_isa, reason="this CPU has native fp16: the upcast kernel is off"
+)
 def test_upcast_chosen_for_float16_on_this_cpu_and_not_for_bf16():
     q = torch.randn(1, 4, 32, 64).half()
     assert lz.which("attention", q, q, q, is_causal=True) == "torch_sdpa.cpu_fp32_upcast"
@@ -193,25 +210,35 @@ def test_upcast_is_at_least_as_accurate_as_float16_flash(case):
     assert err <= flash_err + 1e-3
 
 
-# ----------------------------------------------------------------------------- torch_sdpa.flash, AMX below AVX-512
-@pytest.mark.parametrize(("cap", "dtype", "isa", "refused"), [
-    ("AVX2", torch.bfloat16, {"avx2", "avx512", "amx_bf16"}, True),
-    ("DEFAULT", torch.bfloat16, {"avx2", "avx512", "amx_bf16"}, True),
-    ("AVX512", torch.bfloat16, {"avx2", "avx512", "amx_bf16"}, False),  # the CPU's own level: AMX packing works
-    ("AVX2", torch.bfloat16, {"avx2", "avx512"}, False),  # no AMX: no AMX packing
-    ("AVX2", torch.float16, {"avx2", "avx512", "amx_bf16"}, False),
-])
+# ------------------------------------------------------------------------ torch_sdpa.flash, AMX below AVX-512
+@pytest.mark.parametrize(
+    ("cap", "dtype", "isa", "refused"),
+    [
+        ("AVX2", torch.bfloat16, {"avx2", "avx512", "amx_bf16"}, True),
+        ("DEFAULT", torch.bfloat16, {"avx2", "avx512", "amx_bf16"}, True),
+        (
+            "AVX512",
+            torch.bfloat16,
+            {"avx2", "avx512", "amx_bf16"},
+            False,
+        ),  # the CPU's own level: AMX packing works
+        ("AVX2", torch.bfloat16, {"avx2", "avx512"}, False),  # no AMX: no AMX packing
+        ("AVX2", torch.float16, {"avx2", "avx512", "amx_bf16"}, False),
+    ],
+)
 def test_cpu_flash_refuses_bf16_on_an_amx_cpu_dispatched_below_avx512(monkeypatch, cap, dtype, isa, refused):
-    """torch's bf16 CPU flash packs for AMX on an ``amx_bf16`` CPU, which raises 'pack_vnni2 is only supported when
-    avx512 is supported' once ``ATEN_CPU_CAPABILITY`` lowers ATen below AVX-512 (seen on such a CI host): the flash
-    kernel's check and the SDPA paged kernel's refuse exactly that combination, naming it."""
+    """torch's bf16 CPU flash packs for AMX on an ``amx_bf16`` CPU, which raises 'pack_vnni2 is only supported
+    when avx512 is supported' once ``ATEN_CPU_CAPABILITY`` lowers ATen below AVX-512 (seen on such a CI host):
+    the flash kernel's check and the SDPA paged kernel's refuse exactly that combination, naming it."""
     from layerzero.backends.torch_sdpa import kernels as sk
 
     RUNTIME.ensure_ready()
     monkeypatch.setattr(sk, "aten_capability", lambda: cap)
     c = attn_ctx(isa, dtype)
-    for kernel_id, ctx_ in (("torch_sdpa.flash", c), ("torch_sdpa.paged_attention",
-                                                      dataclasses.replace(c, op="paged_attention"))):
+    for kernel_id, ctx_ in (
+        ("torch_sdpa.flash", c),
+        ("torch_sdpa.paged_attention", dataclasses.replace(c, op="paged_attention")),
+    ):
         reasons = RUNTIME.registry.kernel(kernel_id).check(ctx_)
         got = [r for r in reasons if r.code is R.PLATFORM_UNSUPPORTED]
         assert bool(got) == refused, (kernel_id, reasons)

@@ -175,7 +175,9 @@ def test_detect_real_cpu():
     assert spec.supports_bf16 and not spec.supports_fp8
     assert spec.torch_version == torch.__version__
     assert spec.cuda_version is None and spec.cudnn_version is None and spec.driver_version is None
-    assert isinstance(spec.cpu_isa, frozenset) and all(isinstance(f, str) and f == f.lower() for f in spec.cpu_isa)
+    assert isinstance(spec.cpu_isa, frozenset) and all(
+        isinstance(f, str) and f == f.lower() for f in spec.cpu_isa
+    )
     assert spec.name
     fp = spec.fingerprint_parts()
     assert fp["sm"] == "none" and fp["cuda"] == "none" and all(isinstance(v, str) for v in fp.values())
@@ -205,8 +207,12 @@ def test_real_cpu_isa_matches_proc_cpuinfo():
 
 
 def test_parse_cpuinfo_samples():
-    intel = "vendor_id\t: GenuineIntel\nmodel name\t: Intel Xeon\nflags\t\t: sse4_2 avx avx2 avx512f amx_tile amx_bf16\n"
-    assert devmod._parse_cpuinfo(intel) == ("intel", frozenset({"sse4_2", "avx", "avx2", "avx512", "amx", "amx_bf16"}),
+    intel = (
+        "vendor_id\t: GenuineIntel\nmodel name\t: Intel Xeon\nflags\t\t: sse4_2 avx avx2 avx512f amx_tile "
+        "amx_bf16\n"
+    )
+    assert devmod._parse_cpuinfo(intel) == ("intel", frozenset({"sse4_2", "avx", "avx2", "avx512", "amx",
+        "amx_bf16"}),
                                             "Intel Xeon")  # fmt: skip
     arm = "processor\t: 0\nFeatures\t: fp asimd sve bf16\nCPU implementer\t: 0x41\n"
     assert devmod._parse_cpuinfo(arm) == ("arm", frozenset({"neon", "sve", "bf16"}), None)
@@ -216,9 +222,12 @@ def test_parse_cpuinfo_samples():
 def test_driver_version_from_proc_when_no_pynvml(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
     fake = tmp_path / "version"
-    fake.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n")
+    fake.write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+    )
     real_open = open
-    monkeypatch.setattr(devmod, "open", lambda p, *a, **k: real_open(fake if p == "/proc/driver/nvidia/version" else p,
+    monkeypatch.setattr(devmod, "open", lambda p, *a, **k: real_open(fake if p ==
+        "/proc/driver/nvidia/version" else p,
                                                                       *a, **k), raising=False)  # fmt: skip
     assert devmod._nvidia_driver_version() == "550.54.15"
     fake.unlink()
@@ -227,7 +236,9 @@ def test_driver_version_from_proc_when_no_pynvml(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_request_without_cuda_raises():
-    with pytest.raises(ConfigurationError, match=r"CUDA device: expected torch.cuda.is_available\(\) == True"):
+    with pytest.raises(
+        ConfigurationError, match=r"CUDA device: expected torch.cuda.is_available\(\) == True"
+    ):
         DeviceSpec.detect("cuda")
     with pytest.raises(ConfigurationError, match="CUDA device"):
         DeviceSpec.detect(0)

@@ -30,8 +30,9 @@ SHAPES = [(), (1,), (7,), (3, 5), (2, 3, 5), (1, 1, 1)]
 @pytest.mark.parametrize("kernel_id", KERNELS)
 @pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64], ids=["i32", "i64"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
-                         ids=["f32", "bf16", "f16", "f64"])
+@pytest.mark.parametrize(
+    "wdtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=["f32", "bf16", "f16", "f64"]
+)
 def test_locked_kernel_equals_hand_lookup(kernel_id, id_dtype, shape, wdtype):
     g = torch.Generator().manual_seed(len(shape))
     v, h = 123, 37  # odd vocabulary and hidden sizes
@@ -91,26 +92,36 @@ def test_out_of_range_ids_raise_on_cpu(bad, kernel_id):
     ids = torch.tensor([[1, 2], [bad, 3]], dtype=torch.int32)
     lz.lock("embedding", kernel_id)
     try:
-        with pytest.raises(lz.InvalidInputError, match=rf"token ids in \[0, V\) = \[0, 10\), got {bad} at index \[1, 0\]"):
+        with pytest.raises(
+            lz.InvalidInputError, match=rf"token ids in \[0, V\) = \[0, 10\), got {bad} at index \[1, 0\]"
+        ):
             lz.embedding(ids, weight)
     finally:
         lz.unlock("embedding")
 
 
-@pytest.mark.parametrize(("ids", "weight", "kwargs", "match"), [
-    (torch.tensor([1.0]), torch.randn(4, 2), {}, "input_ids.dtype: expected torch.int32 or torch.int64"),
-    (torch.tensor([True]), torch.randn(4, 2), {}, "input_ids.dtype"),
-    ([1, 2], torch.randn(4, 2), {}, "input_ids: expected a torch.Tensor"),
-    (torch.tensor([1]), torch.randn(4), {}, r"weight rank: expected 2 dims \[V, H\]"),
-    (torch.tensor([1]), torch.randn(4, 2, 1), {}, "weight rank"),
-    (torch.tensor([1]), torch.ones(4, 2, dtype=torch.int64), {}, "weight.dtype"),
-    (torch.tensor([1]), torch.randn(4, 0), {}, "V >= 1 and H >= 1"),
-    (torch.tensor([1]), "w", {}, "weight: expected a torch.Tensor"),
-    (torch.tensor([1], device="meta"), torch.randn(4, 2), {}, "input_ids.device"),
-    (torch.tensor([1]), torch.randn(4, 2), {"padding_idx": 4}, r"padding_idx: expected None or an int in \[-V, V\)"),
-    (torch.tensor([1]), torch.randn(4, 2), {"padding_idx": -5}, "padding_idx"),
-    (torch.tensor([1]), torch.randn(4, 2), {"padding_idx": True}, "padding_idx"),
-])
+@pytest.mark.parametrize(
+    ("ids", "weight", "kwargs", "match"),
+    [
+        (torch.tensor([1.0]), torch.randn(4, 2), {}, "input_ids.dtype: expected torch.int32 or torch.int64"),
+        (torch.tensor([True]), torch.randn(4, 2), {}, "input_ids.dtype"),
+        ([1, 2], torch.randn(4, 2), {}, "input_ids: expected a torch.Tensor"),
+        (torch.tensor([1]), torch.randn(4), {}, r"weight rank: expected 2 dims \[V, H\]"),
+        (torch.tensor([1]), torch.randn(4, 2, 1), {}, "weight rank"),
+        (torch.tensor([1]), torch.ones(4, 2, dtype=torch.int64), {}, "weight.dtype"),
+        (torch.tensor([1]), torch.randn(4, 0), {}, "V >= 1 and H >= 1"),
+        (torch.tensor([1]), "w", {}, "weight: expected a torch.Tensor"),
+        (torch.tensor([1], device="meta"), torch.randn(4, 2), {}, "input_ids.device"),
+        (
+            torch.tensor([1]),
+            torch.randn(4, 2),
+            {"padding_idx": 4},
+            r"padding_idx: expected None or an int in \[-V, V\)",
+        ),
+        (torch.tensor([1]), torch.randn(4, 2), {"padding_idx": -5}, "padding_idx"),
+        (torch.tensor([1]), torch.randn(4, 2), {"padding_idx": True}, "padding_idx"),
+    ],
+)
 def test_bad_inputs_raise_typed_errors(ids, weight, kwargs, match):
     with pytest.raises(lz.InvalidInputError, match=match) as info:
         lz.embedding(ids, weight, **kwargs)
@@ -120,7 +131,10 @@ def test_bad_inputs_raise_typed_errors(ids, weight, kwargs, match):
 def test_registered_everywhere():
     assert CANONICAL_ARGS["embedding"] == ("input_ids", "weight", "padding_idx")
     assert "embedding" in OPS and "embedding" in lz.__all__
-    ids = {k["kernel_id"] if isinstance(k, dict) else getattr(k, "kernel_id", k) for k in lz.list_kernels("embedding")}
+    ids = {
+        k["kernel_id"] if isinstance(k, dict) else getattr(k, "kernel_id", k)
+        for k in lz.list_kernels("embedding")
+    }
     assert set(KERNELS) <= ids
     report = lz.explain("embedding", torch.tensor([1]), torch.randn(4, 2))
     assert report.chosen in KERNELS

@@ -48,8 +48,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def oracle_bshd(q, k, v, causal=False, scale=None, window=None, softcap=None):
-    """float64 attention on BSHD tensors, GQA by repeat_interleave, top-left causal (Sq == Sk here); ``window``
-    is FlashAttention's ``window_size`` (-1 or None = unbounded side), ``softcap`` Gemma 2's tanh cap."""
+    """float64 attention on BSHD tensors, GQA by repeat_interleave, top-left causal (Sq == Sk here);
+    ``window`` is FlashAttention's ``window_size`` (-1 or None = unbounded side), ``softcap`` Gemma 2's tanh
+    cap."""
     q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -74,9 +75,18 @@ class FakeFlash:
         self.returns_tuple = returns_tuple
 
     def __call__(self, q, k, v, *args, softmax_scale=None, causal=False, **kwargs):
-        self.calls.append({"shapes": (tuple(q.shape), tuple(k.shape)), "args": args, "scale": softmax_scale,
-                           "causal": causal, **kwargs})
-        out = oracle_bshd(q, k, v, causal, softmax_scale, kwargs.get("window_size"), kwargs.get("softcap")).to(q.dtype)
+        self.calls.append(
+            {
+                "shapes": (tuple(q.shape), tuple(k.shape)),
+                "args": args,
+                "scale": softmax_scale,
+                "causal": causal,
+                **kwargs,
+            }
+        )
+        out = oracle_bshd(
+            q, k, v, causal, softmax_scale, kwargs.get("window_size"), kwargs.get("softcap")
+        ).to(q.dtype)
         lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1])
         return (out, lse) if self.returns_tuple else out
 
@@ -116,12 +126,25 @@ def registry(fakes):
 cuda_device = fake_cuda_device
 
 
-def ctx_for(sm=(9, 0), *, layout=Layout.BSHD, dtype=torch.float16, d=128, dv=None, hq=8, hkv=2, sq=1024,
-            sk=None, **kw) -> SelectionContext:
+def ctx_for(
+    sm=(9, 0), *, layout=Layout.BSHD, dtype=torch.float16, d=128, dv=None, hq=8, hkv=2, sq=1024, sk=None, **kw
+) -> SelectionContext:
     sk = sq if sk is None else sk
-    return SelectionContext(op="attention", device=cuda_device(sm), dtype=dtype, batch=2, num_heads_q=hq,
-                            num_heads_kv=hkv, head_dim=d, head_dim_v=d if dv is None else dv, seq_len_q=sq,
-                            seq_len_kv=sk, seq_equal=sq == sk, layout=layout, **kw)
+    return SelectionContext(
+        op="attention",
+        device=cuda_device(sm),
+        dtype=dtype,
+        batch=2,
+        num_heads_q=hq,
+        num_heads_kv=hkv,
+        head_dim=d,
+        head_dim_v=d if dv is None else dv,
+        seq_len_q=sq,
+        seq_len_kv=sk,
+        seq_equal=sq == sk,
+        layout=layout,
+        **kw,
+    )
 
 
 def run_select(reg, ctx):
@@ -139,8 +162,11 @@ def codes(report, kernel_id):
 def test_backends_registered_and_unavailable_without_the_libraries():
     RUNTIME.ensure_ready()
     reg = RUNTIME.registry
-    for backend, module in (("flash_attn2", "flash_attn"), ("flash_attn3", "flash_attn_interface"),
-                            ("flash_attn4", "flash_attn.cute")):
+    for backend, module in (
+        ("flash_attn2", "flash_attn"),
+        ("flash_attn3", "flash_attn_interface"),
+        ("flash_attn4", "flash_attn.cute"),
+    ):
         spec = reg.backend(backend)
         assert not spec.available and spec.import_name == module
         assert [r.code for r in spec.reasons] == [R.BACKEND_NOT_INSTALLED]
@@ -165,10 +191,17 @@ def test_doctor_shows_each_library_with_its_reason():
 
 
 def test_import_layerzero_imports_no_flash_library():
-    code = ("import sys, layerzero; mods = [m for m in sys.modules if m.startswith(('flash_attn', "
-            "'layerzero.backends'))]; print(mods)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""}).stdout
+    code = (
+        "import sys, layerzero; mods = [m for m in sys.modules if m.startswith(('flash_attn', "
+        "'layerzero.backends'))]; print(mods)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""},
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -191,8 +224,10 @@ def test_capability_descriptors_match_code(backend):
 def test_probe_reads_versions_of_fakes(fakes):
     probes = fa.probe_all()
     assert {v: (p.backend.available, p.backend.version) for v, p in probes.items()} == {
-        detect.FlashVersion.FA2: (True, "2.7.4.post1"), detect.FlashVersion.FA3: (True, None),
-        detect.FlashVersion.FA4: (True, "0.1.0")}
+        detect.FlashVersion.FA2: (True, "2.7.4.post1"),
+        detect.FlashVersion.FA3: (True, None),
+        detect.FlashVersion.FA4: (True, "0.1.0"),
+    }
     assert probes[detect.FlashVersion.FA3].function is fakes["fa3"]
 
 
@@ -219,8 +254,17 @@ def test_probe_reports_a_broken_build_without_raising():
     assert "OSError: libcudart.so.12" in p.backend.reasons[0].message
 
 
-@pytest.mark.parametrize(("text", "expected"), [("2.7.4.post1", (2, 7, 4)), ("2.1", (2, 1)), ("3.0.0b1", (3, 0, 0)),
-                                                (None, None), ("dev", None), ("10.2rc1", (10, 2))])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2.7.4.post1", (2, 7, 4)),
+        ("2.1", (2, 1)),
+        ("3.0.0b1", (3, 0, 0)),
+        (None, None),
+        ("dev", None),
+        ("10.2rc1", (10, 2)),
+    ],
+)
 def test_version_tuple(text, expected):
     assert detect._version_tuple(text) == expected
 
@@ -228,8 +272,10 @@ def test_version_tuple(text, expected):
 # ----------------------------------------------------------------------------- 3. routing
 
 
-@pytest.mark.parametrize(("sm", "winner"), [((8, 0), FA2), ((8, 6), FA2), ((8, 9), FA2), ((9, 0), FA3),
-                                            ((10, 0), FA4), ((10, 3), FA4)])
+@pytest.mark.parametrize(
+    ("sm", "winner"),
+    [((8, 0), FA2), ((8, 6), FA2), ((8, 9), FA2), ((9, 0), FA3), ((10, 0), FA4), ((10, 3), FA4)],
+)
 def test_winner_per_generation(registry, sm, winner):
     plan, report = run_select(registry, ctx_for(sm, is_causal=True))
     assert plan.kernel_id == winner
@@ -293,15 +339,18 @@ def test_dropout_only_fa2(registry):
     assert codes(report, FA4) == {R.DROPOUT_UNSUPPORTED}
 
 
-@pytest.mark.parametrize(("sm", "d", "dv", "fa2", "fa3", "fa4"), [
-    ((9, 0), 80, None, set(), {R.HEAD_DIM_INVALID}, None),
-    ((9, 0), 264, None, {R.HEAD_DIM_TOO_LARGE}, {R.HEAD_DIM_TOO_LARGE, R.HEAD_DIM_INVALID}, None),
-    ((9, 0), 60, None, {R.HEAD_DIM_NOT_ALIGNED}, {R.HEAD_DIM_NOT_ALIGNED, R.HEAD_DIM_INVALID}, None),
-    ((9, 0), 192, 128, {R.HEAD_DIM_MISMATCH}, {R.HEAD_DIM_MISMATCH}, None),
-    ((10, 0), 192, 128, None, None, set()),
-    ((10, 0), 256, None, None, None, {R.HEAD_DIM_TOO_LARGE, R.HEAD_DIM_INVALID}),
-    ((10, 0), 80, None, None, None, {R.HEAD_DIM_INVALID}),
-])
+@pytest.mark.parametrize(
+    ("sm", "d", "dv", "fa2", "fa3", "fa4"),
+    [
+        ((9, 0), 80, None, set(), {R.HEAD_DIM_INVALID}, None),
+        ((9, 0), 264, None, {R.HEAD_DIM_TOO_LARGE}, {R.HEAD_DIM_TOO_LARGE, R.HEAD_DIM_INVALID}, None),
+        ((9, 0), 60, None, {R.HEAD_DIM_NOT_ALIGNED}, {R.HEAD_DIM_NOT_ALIGNED, R.HEAD_DIM_INVALID}, None),
+        ((9, 0), 192, 128, {R.HEAD_DIM_MISMATCH}, {R.HEAD_DIM_MISMATCH}, None),
+        ((10, 0), 192, 128, None, None, set()),
+        ((10, 0), 256, None, None, None, {R.HEAD_DIM_TOO_LARGE, R.HEAD_DIM_INVALID}),
+        ((10, 0), 80, None, None, None, {R.HEAD_DIM_INVALID}),
+    ],
+)
 def test_head_dim_rules(registry, sm, d, dv, fa2, fa3, fa4):
     _, report = run_select(registry, ctx_for(sm, d=d, dv=dv))
     for kid, want in ((FA2, fa2), (FA3, fa3), (FA4, fa4)):
@@ -338,12 +387,16 @@ def test_unavailable_backend_rejects_even_with_fakes_for_others(registry):
 
 def _bhsd(b=2, h=4, hkv=2, s=8, d=16, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, h, s, d, generator=g, dtype=torch.float64),
-            torch.randn(b, hkv, s, d, generator=g, dtype=torch.float64),
-            torch.randn(b, hkv, s, d, generator=g, dtype=torch.float64))
+    return (
+        torch.randn(b, h, s, d, generator=g, dtype=torch.float64),
+        torch.randn(b, hkv, s, d, generator=g, dtype=torch.float64),
+        torch.randn(b, hkv, s, d, generator=g, dtype=torch.float64),
+    )
 
 
-@pytest.mark.parametrize(("sm", "lib", "kid"), [((8, 0), "fa2", FA2), ((9, 0), "fa3", FA3), ((10, 0), "fa4", FA4)])
+@pytest.mark.parametrize(
+    ("sm", "lib", "kid"), [((8, 0), "fa2", FA2), ((9, 0), "fa3", FA3), ((10, 0), "fa4", FA4)]
+)
 def test_plan_calls_library_in_bshd_and_matches_oracle(registry, fakes, sm, lib, kid):
     q, k, v = _bhsd()
     plan, _ = run_select(registry, ctx_for(sm, layout=Layout.BHSD, d=64, hq=4, hkv=2, sq=8, is_causal=True))
@@ -359,7 +412,9 @@ def test_plan_calls_library_in_bshd_and_matches_oracle(registry, fakes, sm, lib,
 
 def test_fa2_passes_dropout_and_deterministic_backward(registry, fakes):
     q, k, v = _bhsd()
-    plan, _ = run_select(registry, ctx_for((8, 0), layout=Layout.BHSD, deterministic=True, requires_grad=True))
+    plan, _ = run_select(
+        registry, ctx_for((8, 0), layout=Layout.BHSD, deterministic=True, requires_grad=True)
+    )
     plan(q, k, v, None, False, None, 0.0)
     assert fakes["fa2"].calls[-1]["deterministic"] is True
     plan, _ = run_select(registry, ctx_for((8, 0), layout=Layout.BHSD, dropout=True))
@@ -378,8 +433,9 @@ def test_workspace_is_the_lse_buffer(registry):
 
 @pytest.mark.parametrize(("sm", "winner"), [((8, 0), FA2), ((9, 0), FA3), ((10, 0), FA4)])
 def test_window_and_softcap_route_to_flash_attn_and_sdpa_refuses(registry, sm, winner):
-    plan, report = run_select(registry, ctx_for(sm, is_causal=True, window_left=127, window_right=0,
-                                                has_softcap=True))
+    plan, report = run_select(
+        registry, ctx_for(sm, is_causal=True, window_left=127, window_right=0, has_softcap=True)
+    )
     assert plan.kernel_id == winner
     for kid in ("torch_sdpa.flash", "torch_sdpa.cudnn", "torch_sdpa.efficient", "torch_sdpa.math"):
         if report.candidate(kid) is not None:
@@ -396,12 +452,18 @@ def test_window_with_unequal_lengths_is_refused_by_every_flash_attn(registry):
     assert plan.kernel_id == FA3
 
 
-@pytest.mark.parametrize(("sm", "lib", "kid", "unbounded"),
-                         [((8, 0), "fa2", FA2, -1), ((9, 0), "fa3", FA3, -1), ((10, 0), "fa4", FA4, None)])
+@pytest.mark.parametrize(
+    ("sm", "lib", "kid", "unbounded"),
+    [((8, 0), "fa2", FA2, -1), ((9, 0), "fa3", FA3, -1), ((10, 0), "fa4", FA4, None)],
+)
 def test_plan_passes_window_size_and_softcap(registry, fakes, sm, lib, kid, unbounded):
     q, k, v = _bhsd(s=9, d=64)
-    plan, _ = run_select(registry, ctx_for(sm, layout=Layout.BHSD, d=64, hq=4, hkv=2, sq=16, window_left=2,
-                                           window_right=-1, has_softcap=True))
+    plan, _ = run_select(
+        registry,
+        ctx_for(
+            sm, layout=Layout.BHSD, d=64, hq=4, hkv=2, sq=16, window_left=2, window_right=-1, has_softcap=True
+        ),
+    )
     assert plan.kernel_id == kid
     out = plan(q, k, v, None, False, None, 0.0, (2, -1), 1.5)
     (call,) = fakes[lib].calls

@@ -54,7 +54,7 @@ def _pages(kv, layout, indptr, indices, last, s):
     k, v = kv if isinstance(kv, tuple) else kv.unbind(1)
     if layout == "HND":
         k, v = k.transpose(1, 2), v.transpose(1, 2)
-    ids = indices[indptr[s]:indptr[s + 1]].tolist()
+    ids = indices[indptr[s] : indptr[s + 1]].tolist()
     if not ids:
         return k[:0, 0], v[:0, 0]
     n = (len(ids) - 1) * k.shape[1] + int(last[s])
@@ -71,13 +71,22 @@ class _Wrapper:
 
 class FakeDecode(_Wrapper):
     def plan(self, indptr, indices, last, hq, hkv, d, page, **kw):
-        _Wrapper.log.append(("plan", "decode", indptr.tolist(), indices.tolist(), last.tolist(), page, kw["sm_scale"]))
+        _Wrapper.log.append(
+            ("plan", "decode", indptr.tolist(), indices.tolist(), last.tolist(), page, kw["sm_scale"])
+        )
         self.csr, self.scale = (indptr.clone(), indices.clone(), last.clone()), kw["sm_scale"]
 
     def run(self, q, kv):
         _Wrapper.log.append(("run", "decode"))
-        out = [_attend(q[s:s + 1].double(), *(t.double() for t in _pages(kv, self.layout, *self.csr, s)), False,
-                       self.scale) for s in range(q.shape[0])]
+        out = [
+            _attend(
+                q[s : s + 1].double(),
+                *(t.double() for t in _pages(kv, self.layout, *self.csr, s)),
+                False,
+                self.scale,
+            )
+            for s in range(q.shape[0])
+        ]
         return torch.cat(out).to(q.dtype)
 
 
@@ -156,7 +165,10 @@ def test_probe_reasons(monkeypatch):
     assert "BatchPrefillWithRaggedKVCacheWrapper" in fib.probe().backend.reasons[0].message
     monkeypatch.setitem(sys.modules, "flashinfer", None)  # import raises ImportError (not ModuleNotFound)
     p = fib.probe()
-    assert not p.backend.available and p.backend.reasons[0].code in (R.BACKEND_IMPORT_FAILED, R.BACKEND_NOT_INSTALLED)
+    assert not p.backend.available and p.backend.reasons[0].code in (
+        R.BACKEND_IMPORT_FAILED,
+        R.BACKEND_NOT_INSTALLED,
+    )
 
 
 # ------------------------------------------------------------------------------------------ 2. CSR
@@ -172,15 +184,40 @@ def test_csr_hand_worked():
 # ------------------------------------------------------------------------------------------ 3. routing
 def cuda_ctx(op="attention", sm=(9, 0), dtype=torch.float16, d=128, sq=1024, sk=None, **kw):
     gen = gpu_generation_from_sm(*sm)
-    dev = DeviceSpec(device_type="cuda", index=0, name="Fake", sm=sm, generation=gen,
-                     tensor_core_gen=tensor_core_generation(gen), supports_bf16=True, supports_fp8=False,
-                     total_memory_bytes=None, multiprocessor_count=None, torch_version=torch.__version__,
-                     cuda_version="12.8", driver_version=None, cudnn_version=None, cpu_vendor=None,
-                     cpu_isa=frozenset())
+    dev = DeviceSpec(
+        device_type="cuda",
+        index=0,
+        name="Fake",
+        sm=sm,
+        generation=gen,
+        tensor_core_gen=tensor_core_generation(gen),
+        supports_bf16=True,
+        supports_fp8=False,
+        total_memory_bytes=None,
+        multiprocessor_count=None,
+        torch_version=torch.__version__,
+        cuda_version="12.8",
+        driver_version=None,
+        cudnn_version=None,
+        cpu_vendor=None,
+        cpu_isa=frozenset(),
+    )
     sk = sq if sk is None else sk
     extra = dict(layout=Layout.BHSD) if op == "attention" else dict(kv_layout="NHD", page_size=16)
-    return SelectionContext(op=op, device=dev, dtype=dtype, batch=4, num_heads_q=32, num_heads_kv=8, head_dim=d,
-                            head_dim_v=d, seq_len_q=sq, seq_len_kv=sk, seq_equal=sq == sk, **(extra | kw))
+    return SelectionContext(
+        op=op,
+        device=dev,
+        dtype=dtype,
+        batch=4,
+        num_heads_q=32,
+        num_heads_kv=8,
+        head_dim=d,
+        head_dim_v=d,
+        seq_len_q=sq,
+        seq_len_kv=sk,
+        seq_equal=sq == sk,
+        **(extra | kw),
+    )
 
 
 @pytest.fixture
@@ -200,8 +237,11 @@ def registry(monkeypatch, log):
 
 
 def run_select(reg, ctx):
-    return select(reg, ctx, SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None),
-                                            log_fallbacks=False))
+    return select(
+        reg,
+        ctx,
+        SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None), log_fallbacks=False),
+    )
 
 
 def codes(report, kid):
@@ -212,7 +252,11 @@ def test_paged_routing_prefers_flashinfer_on_cuda(registry):
     plan, report = run_select(registry, cuda_ctx("paged_attention", sq=1))
     assert plan.kernel_id == "flashinfer.paged_attention"
     _, report = run_select(registry, cuda_ctx("paged_attention", sm=(7, 5), d=96, dtype=torch.float32))
-    assert codes(report, "flashinfer.paged_attention") >= {R.SM_TOO_OLD, R.HEAD_DIM_INVALID, R.DTYPE_UNSUPPORTED}
+    assert codes(report, "flashinfer.paged_attention") >= {
+        R.SM_TOO_OLD,
+        R.HEAD_DIM_INVALID,
+        R.DTYPE_UNSUPPORTED,
+    }
     with pytest.raises(lz_errors.NoKernelFoundError, match="CUDA_GRAPH_UNSAFE") as info:
         run_select(registry, cuda_ctx("paged_attention", graph_capture=True))
     assert R.CUDA_GRAPH_UNSAFE in codes(info.value.report, "flashinfer.paged_attention")
@@ -229,8 +273,11 @@ def test_attention_routing_reasons_and_priority(registry):
         _, report = run_select(registry, cuda_ctx(mask=mask))
         assert R.MASK_UNSUPPORTED in codes(report, "flashinfer.attention")
     _, report = run_select(registry, cuda_ctx(dropout=True, requires_grad=True, d=80))
-    assert codes(report, "flashinfer.attention") >= {R.DROPOUT_UNSUPPORTED, R.BACKWARD_UNSUPPORTED,
-                                                     R.HEAD_DIM_INVALID}
+    assert codes(report, "flashinfer.attention") >= {
+        R.DROPOUT_UNSUPPORTED,
+        R.BACKWARD_UNSUPPORTED,
+        R.HEAD_DIM_INVALID,
+    }
 
 
 # ------------------------------------------------------------------------------------------ 4. calls
@@ -244,8 +291,10 @@ def _oracle_bhsd(q, k, v, causal, scale):
     return torch.softmax(s, -1) @ v
 
 
-@pytest.mark.parametrize("sq,sk,hq,causal,scale", [(1, 37, 8, False, None), (1, 9, 24, False, 0.3),
-                                                   (13, 13, 8, True, None), (5, 11, 4, False, 0.2)])
+@pytest.mark.parametrize(
+    "sq,sk,hq,causal,scale",
+    [(1, 37, 8, False, None), (1, 9, 24, False, 0.3), (13, 13, 8, True, None), (5, 11, 4, False, 0.2)],
+)
 def test_attention_kernel_vs_oracle(kern, log, sq, sk, hq, causal, scale):
     g = torch.Generator().manual_seed(sq * 100 + sk)
     q = torch.randn(3, hq, sq, 64, generator=g, dtype=F64)
@@ -281,7 +330,7 @@ def _paged_setup(layout, decode=True):
     ref, a = torch.zeros_like(q), 0
     for ql, k, v in zip(qlens, ks, vs, strict=True):
         if ql:
-            ref[a:a + ql] = _attend(q[a:a + ql], k, v, True, None)
+            ref[a : a + ql] = _attend(q[a : a + ql], k, v, True, None)
         a += ql
     return q, cache, table, torch.tensor(lens, dtype=torch.int32), cu, ref
 
@@ -317,13 +366,16 @@ def test_plan_cache_hits_per_layer_and_replans_on_updates(kern, log):
     kern.paged_attention(q, cache, table2, lens, None, 0.5, True, "NHD")  # other scale -> re-plan
     s = kern.plan_stats()
     assert (s.misses, s.hits, s.size, s.evictions) == (4, 3, 3, 1)
-    assert sum(1 for e in log if e[0] == "init") == 3  # the evicted decode wrapper was re-planned, not rebuilt
+    assert (
+        sum(1 for e in log if e[0] == "init") == 3
+    )  # the evicted decode wrapper was re-planned, not rebuilt
     assert sum(1 for e in log if e[0] == "plan") == 4
 
 
 def test_inference_tensors_replan_every_call_and_warn_once(kern, log, caplog):
-    """Inference tensors have no version counter (``_version`` raises): an in-place update could not be seen, so
-    every call plans (never a stale plan, never an error), with one warning that says how to reuse plans."""
+    """Inference tensors have no version counter (``_version`` raises): an in-place update could not be seen,
+    so every call plans (never a stale plan, never an error), with one warning that says how to reuse
+    plans."""
     import layerzero.backends.flashinfer.plan as plan_mod
 
     plan_mod._warned_inference = False
@@ -334,7 +386,10 @@ def test_inference_tensors_replan_every_call_and_warn_once(kern, log, caplog):
             lens[0] -= 1  # untracked in-place update: must take effect
             second = kern.paged_attention(q, cache, table, lens, None, None, True, "NHD")
     assert sum(1 for e in log if e[0] == "plan") == 2 and kern.plan_stats().hits == 0
-    assert [e[4] for e in log if e[0] == "plan"] == [[1, 1, 1], [4, 1, 1]]  # last-page lengths: 5 then 4 tokens
+    assert [e[4] for e in log if e[0] == "plan"] == [
+        [1, 1, 1],
+        [4, 1, 1],
+    ]  # last-page lengths: 5 then 4 tokens
     assert sum("torch.no_grad()" in r.getMessage() for r in caplog.records) == 1
     torch.testing.assert_close(first, ref)
     assert not torch.equal(first, second)
@@ -344,7 +399,10 @@ def test_plan_cache_key_checks_tensor_objects_not_just_addresses():
     cache = PlanCache(2)
     plans = []
     t = torch.arange(4)
-    run = lambda x: cache.run(("k", x.data_ptr(), x._version), "kind", (x,), object, plans.append, lambda w: w)  # noqa: E731
+
+    def run(x):
+        return cache.run(("k", x.data_ptr(), x._version), "kind", (x,), object, plans.append, lambda w: w)
+
     run(t)
     run(t)
     alias = t.view(4)  # same address, shape and version, another object: treated as a miss
@@ -360,7 +418,9 @@ def test_plan_cache_thread_safe():
         try:
             for j in range(200):
                 key = (i + j) % 5
-                got = cache.run(key, "k", (), lambda: {}, lambda w, key=key: w.update(key=key), lambda w: w["key"])
+                got = cache.run(
+                    key, "k", (), lambda: {}, lambda w, key=key: w.update(key=key), lambda w: w["key"]
+                )
                 if got != key:
                     errors.append((key, got))
         except Exception as exc:  # noqa: BLE001

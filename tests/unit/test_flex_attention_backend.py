@@ -4,11 +4,10 @@
 2. Detection: torch < 2.5, a missing module and a broken import give the documented reason codes, and the
    kernels of an unavailable backend raise ``BackendNotAvailableError``.
 3. Routing on CPU: never chosen by default (priority -1, below SDPA and the reference); lz.prefer picks it;
-   rejected
-   with the exact reasons for dropout and requires_grad. Mirror test: our CPU ``requires_grad`` refusal matches
-   torch's own (flex raises NotImplementedError on CPU for inputs requiring grad).
-4. Routing on CUDA (hand-built CUDA DeviceSpecs): priority -1 (opt-in) loses to every SDPA kernel and the reference;
-   head dims < 16 and float64 are refused; graph capture refuses both flex kernels.
+   rejected with the exact reasons for dropout and requires_grad. Mirror test: our CPU ``requires_grad``
+   refusal matches torch's own (flex raises NotImplementedError on CPU for inputs requiring grad).
+4. Routing on CUDA (hand-built CUDA DeviceSpecs): priority -1 (opt-in) loses to every SDPA kernel and the
+   reference; head dims < 16 and float64 are refused; graph capture refuses both flex kernels.
 5. The block-mask LRU: built once per (Sq, Sk, causal, dense), evicts the least recently used.
 """
 
@@ -40,11 +39,25 @@ pytestmark = pytest.mark.unit
 cuda_device = fake_cuda_device
 
 
-def cuda_ctx(*, dtype=torch.bfloat16, d=128, dv=None, hq=8, hkv=2, sq=1024, sk=None, **kw) -> SelectionContext:
+def cuda_ctx(
+    *, dtype=torch.bfloat16, d=128, dv=None, hq=8, hkv=2, sq=1024, sk=None, **kw
+) -> SelectionContext:
     sk = sq if sk is None else sk
-    return SelectionContext(op="attention", device=cuda_device(kw.pop("sm", (9, 0))), dtype=dtype, batch=2,
-                            num_heads_q=hq, num_heads_kv=hkv, head_dim=d, head_dim_v=d if dv is None else dv,
-                            seq_len_q=sq, seq_len_kv=sk, seq_equal=sq == sk, layout=Layout.BHSD, **kw)
+    return SelectionContext(
+        op="attention",
+        device=cuda_device(kw.pop("sm", (9, 0))),
+        dtype=dtype,
+        batch=2,
+        num_heads_q=hq,
+        num_heads_kv=hkv,
+        head_dim=d,
+        head_dim_v=d if dv is None else dv,
+        seq_len_q=sq,
+        seq_len_kv=sk,
+        seq_equal=sq == sk,
+        layout=Layout.BHSD,
+        **kw,
+    )
 
 
 def reasons(kernel_id: str, ctx: SelectionContext) -> set[R]:
@@ -60,8 +73,11 @@ def winner(ctx: SelectionContext) -> str:
 
 def qkv(b=1, hq=4, hkv=2, sq=6, sk=6, d=16, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, hq, sq, d, generator=g).to(dtype), torch.randn(b, hkv, sk, d, generator=g).to(dtype),
-            torch.randn(b, hkv, sk, d, generator=g).to(dtype))
+    return (
+        torch.randn(b, hq, sq, d, generator=g).to(dtype),
+        torch.randn(b, hkv, sk, d, generator=g).to(dtype),
+        torch.randn(b, hkv, sk, d, generator=g).to(dtype),
+    )
 
 
 # ------------------------------------------------------------------------------------------ registration
@@ -80,11 +96,19 @@ def test_backend_registered_available_with_two_kernels():
 
 
 def test_import_layerzero_does_not_import_flex():
-    code = ("import sys, layerzero; mods = [m for m in sys.modules if m in ('torch.nn.attention.flex_attention', "
-            "'layerzero.backends.flex_attention')]; "
-            "print(','.join(mods))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": "src", "PATH": ""}, cwd=str(_root()))
+    code = (
+        "import sys, layerzero; mods = [m for m in sys.modules if m in ('torch.nn.attention.flex_attention', "
+        "'layerzero.backends.flex_attention')]; "
+        "print(','.join(mods))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": "src", "PATH": ""},
+        cwd=str(_root()),
+    )
     assert out.stdout.strip() == "", f"imported at import time: {out.stdout}"
 
 
@@ -142,7 +166,8 @@ def test_cpu_default_never_displaces_sdpa():
 
 
 def test_cpu_flex_below_reference_unless_preferred():
-    """mask + causal: SDPA refuses, flex (-1) is eligible but the faster reference (0) wins; lz.prefer picks flex."""
+    """mask + causal: SDPA refuses, flex (-1) is eligible but the faster reference (0) wins; lz.prefer picks
+    flex."""
     q, k, v = qkv()
     mask = torch.rand(6, 6) < 0.7
     report = lz.explain("attention", q, k, v, attn_mask=mask, is_causal=True)
@@ -174,7 +199,8 @@ def test_cpu_grad_refusal_mirrors_torch():
 
 
 def test_cpu_kernel_runs_inputs_requiring_grad_under_no_grad():
-    """torch refuses requires_grad inputs even under no_grad; the kernel detaches them (nothing is recorded)."""
+    """torch refuses requires_grad inputs even under no_grad; the kernel detaches them (nothing is
+    recorded)."""
     q, k, v = qkv()
     lz.lock("attention", "flex_attention.attention")
     with torch.no_grad():
@@ -206,7 +232,9 @@ def test_cuda_flex_is_opt_in_only():
     # mask + causal on CUDA: only flex and the reference can; the reference (0) wins over opt-in flex (-1)
     assert winner(cuda_ctx(mask=MaskKind.BOOL, is_causal=True)) == "reference.attention"
     # a fp32 head dim above 128 exceeds the compiled template's shared memory on an H200
-    assert R.HEAD_DIM_TOO_LARGE in reasons("flex_attention.compiled", cuda_ctx(dtype=torch.float32, d=192, dv=192))
+    assert R.HEAD_DIM_TOO_LARGE in reasons(
+        "flex_attention.compiled", cuda_ctx(dtype=torch.float32, d=192, dv=192)
+    )
 
 
 def test_cuda_constraints():
@@ -217,20 +245,33 @@ def test_cuda_constraints():
     assert reasons("flex_attention.compiled", cuda_ctx(sm=(7, 5))) == {R.SM_TOO_OLD}
     assert reasons("flex_attention.compiled", cuda_ctx(dropout=True)) == {R.DROPOUT_UNSUPPORTED}
     assert reasons("flex_attention.compiled", cuda_ctx(deterministic=True, requires_grad=True)) == {
-        R.NON_DETERMINISTIC}
+        R.NON_DETERMINISTIC
+    }
     assert reasons("flex_attention.compiled", cuda_ctx(deterministic=True)) == set()
     assert reasons("flex_attention.compiled", cuda_ctx(requires_grad=True)) == set()
     assert reasons("flex_attention.attention", cuda_ctx()) == {R.DEVICE_TYPE_UNSUPPORTED}
 
 
 def test_graph_capture_rejects_both_flex_kernels():
-    assert R.CUDA_GRAPH_UNSAFE in reasons("flex_attention.compiled", cuda_ctx(dtype=torch.float32,
-                                                                              graph_capture=True))
+    assert R.CUDA_GRAPH_UNSAFE in reasons(
+        "flex_attention.compiled", cuda_ctx(dtype=torch.float32, graph_capture=True)
+    )
     ctx = cuda_ctx(dtype=torch.float32)
     assert winner(replace(ctx, graph_capture=True)) == "torch_sdpa.math"
-    cpu = SelectionContext(op="attention", device=DeviceSpec.detect(torch.device("cpu")), dtype=torch.float32,
-                           batch=1, num_heads_q=2, num_heads_kv=2, head_dim=16, head_dim_v=16, seq_len_q=8,
-                           seq_len_kv=8, layout=Layout.BHSD, graph_capture=True)
+    cpu = SelectionContext(
+        op="attention",
+        device=DeviceSpec.detect(torch.device("cpu")),
+        dtype=torch.float32,
+        batch=1,
+        num_heads_q=2,
+        num_heads_kv=2,
+        head_dim=16,
+        head_dim_v=16,
+        seq_len_q=8,
+        seq_len_kv=8,
+        layout=Layout.BHSD,
+        graph_capture=True,
+    )
     assert R.CUDA_GRAPH_UNSAFE in reasons("flex_attention.attention", cpu)
 
 
@@ -264,8 +305,13 @@ def test_bool_mask_without_dense_structures_uses_score_mod():
     def old_create(mod, b, h, sq, sk, device=None):
         return create_block_mask(mod, b, h, sq, sk, device=device)
 
-    fn = fk.FlexAttention(flex_attention, old_create, BlockMask, compiled=False,
-                          eager=fk.direct_eager(__import__("torch.nn.attention.flex_attention", fromlist=["x"])))
+    fn = fk.FlexAttention(
+        flex_attention,
+        old_create,
+        BlockMask,
+        compiled=False,
+        eager=fk.direct_eager(__import__("torch.nn.attention.flex_attention", fromlist=["x"])),
+    )
     assert not fn.block_masks.dense_ok
     q, k, v = qkv(sq=5, sk=7, seed=4)
     mask = torch.rand(5, 7, generator=torch.Generator().manual_seed(1)) < 0.6

@@ -1,9 +1,11 @@
-"""``lz.fused_moe``: the cache key and context, the registered kernels and routing on hand-built CUDA contexts.
+"""``lz.fused_moe``: the cache key and context, the registered kernels and routing on hand-built CUDA
+contexts.
 
 1. The key holds dtype, device, T bucketed, H, I, E, K exact and the flags; the fast and slow paths agree; the
    ids dtype stays out of it. (Bad inputs: tests/unit/test_bad_input_catalogue.py, section 6.)
-2. Routing (no GPU): ``triton.fused_moe`` wins on an SM 8.0+ CUDA context over the reference; rejected with its
-   codes on an old SM, float64, autograd, huge H/I; graph-safe (chosen under capture, the reference is not).
+2. Routing (no GPU): ``triton.fused_moe`` wins on an SM 8.0+ CUDA context over the reference; rejected with
+   its codes on an old SM, float64, autograd, huge H/I; graph-safe (chosen under capture, the reference is
+   not).
 3. Autograd flows through the reference on CPU.
 """
 
@@ -48,16 +50,32 @@ def test_key_and_context_fields():
     key, canonical = prepare(*a)
     assert all(c is t for c, t in zip(canonical, a, strict=True))
     ctx = build(key)
-    assert (ctx.op, ctx.dtype, ctx.batch, ctx.hidden_size, ctx.intermediate_size, ctx.num_experts, ctx.top_k) == (
-        "fused_moe", torch.float32, 8, 12, 7, 4, 2)
+    assert (
+        ctx.op,
+        ctx.dtype,
+        ctx.batch,
+        ctx.hidden_size,
+        ctx.intermediate_size,
+        ctx.num_experts,
+        ctx.top_k,
+    ) == ("fused_moe", torch.float32, 8, 12, 7, 4, 2)
     assert ctx.contiguous and not ctx.requires_grad and not ctx.graph_capture
     assert key == prepare(*args(tokens=7))[0]  # T bucketed: 5 and 7 share the bucket 8
     assert key == prepare(*args(ids_dtype=torch.int32))[0]  # every kernel takes both id dtypes
-    for other in (args(tokens=9), args(hidden=13), args(inter=8), args(experts=5), args(top_k=3),
-                  args(dtype=torch.bfloat16)):
+    for other in (
+        args(tokens=9),
+        args(hidden=13),
+        args(inter=8),
+        args(experts=5),
+        args(top_k=3),
+        args(dtype=torch.bfloat16),
+    ):
         assert prepare(*other)[0] != key
     x, w13, w2, weights, ids = a
-    assert build(prepare(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, weights, ids)[0]).contiguous is False
+    assert (
+        build(prepare(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, weights, ids)[0]).contiguous
+        is False
+    )
     assert build(prepare(*args(tokens=0))[0]).batch == 0
 
 
@@ -80,10 +98,13 @@ def test_requires_grad_is_in_the_key():
 
 
 def test_registered_kernels():
-    assert {k["kernel_id"] for k in lz.list_kernels("fused_moe")} == {"reference.fused_moe", "triton.fused_moe"}
+    assert {k["kernel_id"] for k in lz.list_kernels("fused_moe")} == {
+        "reference.fused_moe",
+        "triton.fused_moe",
+    }
 
 
-# ----------------------------------------------------------------------------- 2. routing on fake CUDA contexts
+# --------------------------------------------------------------------------- 2. routing on fake CUDA contexts
 
 
 def make_registry():
@@ -103,8 +124,11 @@ def ctx(sm=(9, 0), dtype=torch.bfloat16, **kw):
 
 
 def run_select(reg, context):
-    return select(reg, context, SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None),
-                                                log_fallbacks=False))
+    return select(
+        reg,
+        context,
+        SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None), log_fallbacks=False),
+    )
 
 
 def codes(report, kernel_id):
@@ -118,13 +142,16 @@ def test_triton_wins_on_cuda(dtype):
     assert report.candidate("triton.fused_moe").score.total == triton_moe.PRIORITY
 
 
-@pytest.mark.parametrize(("kw", "code"), [
-    ({"sm": (7, 5)}, R.SM_TOO_OLD),
-    ({"dtype": torch.float64}, R.DTYPE_UNSUPPORTED),
-    ({"requires_grad": True}, R.BACKWARD_UNSUPPORTED),
-    ({"hidden_size": triton_moe.MAX_COLS + 1}, R.HIDDEN_SIZE_UNSUPPORTED),
-    ({"intermediate_size": triton_moe.MAX_COLS + 1}, R.HIDDEN_SIZE_UNSUPPORTED),
-])
+@pytest.mark.parametrize(
+    ("kw", "code"),
+    [
+        ({"sm": (7, 5)}, R.SM_TOO_OLD),
+        ({"dtype": torch.float64}, R.DTYPE_UNSUPPORTED),
+        ({"requires_grad": True}, R.BACKWARD_UNSUPPORTED),
+        ({"hidden_size": triton_moe.MAX_COLS + 1}, R.HIDDEN_SIZE_UNSUPPORTED),
+        ({"intermediate_size": triton_moe.MAX_COLS + 1}, R.HIDDEN_SIZE_UNSUPPORTED),
+    ],
+)
 def test_triton_rejections(kw, code):
     plan, report = run_select(make_registry(), ctx(**kw))
     assert plan.kernel_id == "reference.fused_moe"
@@ -134,8 +161,16 @@ def test_triton_rejections(kw, code):
 def test_graph_capture_takes_triton_and_cpu_never_does():
     reg = make_registry()
     assert run_select(reg, ctx(graph_capture=True))[0].kernel_id == "triton.fused_moe"
-    cpu = SelectionContext(op="fused_moe", device=DeviceSpec.detect("cpu"), dtype=torch.float32, batch=4,
-                           hidden_size=8, intermediate_size=4, num_experts=2, top_k=1)
+    cpu = SelectionContext(
+        op="fused_moe",
+        device=DeviceSpec.detect("cpu"),
+        dtype=torch.float32,
+        batch=4,
+        hidden_size=8,
+        intermediate_size=4,
+        num_experts=2,
+        top_k=1,
+    )
     plan, report = run_select(reg, cpu)
     assert plan.kernel_id == "reference.fused_moe"
     assert codes(report, "triton.fused_moe") == {R.DEVICE_TYPE_UNSUPPORTED}

@@ -40,8 +40,8 @@ def test_attention_is_graph_safe_sampling_is_not():
 
 @pytest.mark.parametrize("bad", [{"is_casual": True}, {"args": 2}, {"args": 4}])
 def test_is_graph_safe_refuses_arguments_that_do_not_bind(bad):
-    """A misspelt keyword or a wrong number of positional arguments is an InvalidInputError naming lz.attention's
-    signature (was a bare TypeError from the op's prepare), before anything is selected."""
+    """A misspelt keyword or a wrong number of positional arguments is an InvalidInputError naming
+    lz.attention's signature (was a bare TypeError from the op's prepare), before anything is selected."""
     q, k, v = qkv()
     args = (q, k, v, None)[: bad.pop("args", 3)]
     with pytest.raises(lz.InvalidInputError, match=r"lz.is_graph_safe: arguments of lz.attention"):
@@ -69,7 +69,8 @@ def test_is_graph_safe_when_preferred_kernel_is_unsafe():
 
 
 def test_is_graph_safe_in_strict_mode_when_only_reference_remains():
-    """Strict mode refuses a reference fallback with NoKernelFoundError; a graph-safe kernel is still eligible."""
+    """Strict mode refuses a reference fallback with NoKernelFoundError; a graph-safe kernel is still
+    eligible."""
     q, k, v = qkv()
     mask = torch.rand(8, 8) < 0.7
     lz.configure(strict=True)
@@ -88,8 +89,10 @@ def test_is_graph_safe_bad_inputs():
 def test_warmup_returns_kernels_and_fills_cache():
     q, k, v = qkv()
     x, w = torch.randn(4, 64), torch.ones(64)
-    cases = [((q, k, v), {"is_causal": True}), ((q, k, v), {"attn_mask": torch.rand(8, 8) < 0.5,
-                                                             "is_causal": True})]
+    cases = [
+        ((q, k, v), {"is_causal": True}),
+        ((q, k, v), {"attn_mask": torch.rand(8, 8) < 0.5, "is_causal": True}),
+    ]
     assert lz.warmup("attention", cases) == ["torch_sdpa.flash", "reference.attention"]
     for (args, kw), expect in zip(cases, ["torch_sdpa.flash", "reference.attention"], strict=True):
         key, _ = OPS["attention"][0](*args, **kw)
@@ -121,7 +124,7 @@ def test_warmup_bad_cases():
     assert lz.warmup("attention", []) == []
 
 
-# ------------------------------------------------------------------------------------------ validate_graph_capture
+# ------------------------------------------------------------------------------------- validate_graph_capture
 def test_validate_graph_capture_needs_cuda():
     q, k, v = qkv()
     with pytest.raises(CudaGraphUnsafeError, match="CUDA graphs need a CUDA device"):
@@ -152,8 +155,8 @@ def _capture_builder(build_ctx):
 
 @pytest.fixture
 def really_capturing(monkeypatch):
-    """Make the dispatcher believe a CUDA graph is being captured now (a miss then raises, unlike the same key's
-    miss under ``lz.capture_selection()`` outside a capture, which selects)."""
+    """Make the dispatcher believe a CUDA graph is being captured now (a miss then raises, unlike the same
+    key's miss under ``lz.capture_selection()`` outside a capture, which selects)."""
     from layerzero.core import selection_runtime  # Runtime.resolve's module
 
     monkeypatch.setattr(selection_runtime, "capturing_now", lambda: True)
@@ -205,50 +208,77 @@ def test_capture_key_for_every_op():
     kv, slots = torch.randn(2, 2, 8), torch.tensor([5, 6])
     gate = torch.randn(3, 10)
     cos = sin = torch.randn(32, 8)
-    calls = {"attention": ((q, k, v), {}), "rms_norm": ((x, w), {}), "layer_norm": ((x, w), {}),
-             "sample_topk": ((torch.randn(2, 10), 3), {}), "sample_topp": ((torch.randn(2, 10), 0.9), {}),
-             "rope": ((q, k, cos, sin), {}), "qk_norm_rope": ((q, k, torch.ones(16), torch.ones(16), cos, sin), {}),
-             "swiglu": ((gate, gate), {}), "geglu": ((gate, gate), {"approximate": "tanh"}),
-             "reglu": ((gate, gate), {}),
-             "paged_attention": ((torch.randn(2, 4, 8), cache, tables, lens), {}),
-             "reshape_and_cache": ((kv, kv, cache, slots), {}),
-             "paged_attention_lse": ((torch.randn(2, 4, 8), cache, tables, lens), {}),
-             "merge_attention_states": ((q3 := torch.randn(2, 4, 8), torch.randn(2, 4), q3, torch.randn(2, 4)), {}),
-             "sample": ((torch.randn(2, 10),), {"temperature": torch.ones(2), "seeds": torch.tensor([1, -1])}),
-             "sample_greedy": ((torch.randn(2, 10),), {}),
-             "apply_penalties": ((torch.randn(2, 10), slots[None].expand(2, -1), slots[None].expand(2, -1)),
-                                 {"repetition_penalty": torch.ones(2)}),
-             "fused_moe": ((x, torch.randn(4, 6, 16), torch.randn(4, 16, 3), torch.ones(2, 2),
-                            torch.tensor([[0, 1], [2, 3]])), {}),
-             "quantize": ((x, "nvfp4"), {}), "dequantize": ((lz.quantize(x, "int8", axis=0),), {}),
-             "embedding": ((torch.tensor([[1, 0, 3]]), torch.randn(5, 16)), {}),
-             "linear_cross_entropy": ((x, torch.randn(7, 16), torch.tensor([1, 6])), {}),
-             "linear": ((x, torch.randn(7, 16)), {}),
-             "rms_norm_linear": ((x, w, torch.randn(7, 16)), {"residual": x}),
-             "swiglu_linear": ((gate, gate, torch.randn(7, 10)), {}),
-             "qk_norm_rope_cache": ((q3[:, :2], kv, kv, torch.ones(8), torch.ones(8), cos, sin, cache, slots),
-                                    {"position_ids": slots}),
-             "rope_paged_attention": ((torch.randn(2, 4, 8), kv, kv, cos, sin, cache, slots, tables, lens),
-                                      {"position_ids": slots}),
-             "quantized_linear": ((x, lz.quantize(torch.randn(7, 16), "int4", group_size=16)), {}),
-             "fp8_linear": ((x, lz.quantize(torch.randn(7, 16), "fp8_e4m3", axis=0)), {})}
+    calls = {
+        "attention": ((q, k, v), {}),
+        "rms_norm": ((x, w), {}),
+        "layer_norm": ((x, w), {}),
+        "sample_topk": ((torch.randn(2, 10), 3), {}),
+        "sample_topp": ((torch.randn(2, 10), 0.9), {}),
+        "rope": ((q, k, cos, sin), {}),
+        "qk_norm_rope": ((q, k, torch.ones(16), torch.ones(16), cos, sin), {}),
+        "swiglu": ((gate, gate), {}),
+        "geglu": ((gate, gate), {"approximate": "tanh"}),
+        "reglu": ((gate, gate), {}),
+        "paged_attention": ((torch.randn(2, 4, 8), cache, tables, lens), {}),
+        "reshape_and_cache": ((kv, kv, cache, slots), {}),
+        "paged_attention_lse": ((torch.randn(2, 4, 8), cache, tables, lens), {}),
+        "merge_attention_states": (
+            (q3 := torch.randn(2, 4, 8), torch.randn(2, 4), q3, torch.randn(2, 4)),
+            {},
+        ),
+        "sample": ((torch.randn(2, 10),), {"temperature": torch.ones(2), "seeds": torch.tensor([1, -1])}),
+        "sample_greedy": ((torch.randn(2, 10),), {}),
+        "apply_penalties": (
+            (torch.randn(2, 10), slots[None].expand(2, -1), slots[None].expand(2, -1)),
+            {"repetition_penalty": torch.ones(2)},
+        ),
+        "fused_moe": (
+            (
+                x,
+                torch.randn(4, 6, 16),
+                torch.randn(4, 16, 3),
+                torch.ones(2, 2),
+                torch.tensor([[0, 1], [2, 3]]),
+            ),
+            {},
+        ),
+        "quantize": ((x, "nvfp4"), {}),
+        "dequantize": ((lz.quantize(x, "int8", axis=0),), {}),
+        "embedding": ((torch.tensor([[1, 0, 3]]), torch.randn(5, 16)), {}),
+        "linear_cross_entropy": ((x, torch.randn(7, 16), torch.tensor([1, 6])), {}),
+        "linear": ((x, torch.randn(7, 16)), {}),
+        "rms_norm_linear": ((x, w, torch.randn(7, 16)), {"residual": x}),
+        "swiglu_linear": ((gate, gate, torch.randn(7, 10)), {}),
+        "qk_norm_rope_cache": (
+            (q3[:, :2], kv, kv, torch.ones(8), torch.ones(8), cos, sin, cache, slots),
+            {"position_ids": slots},
+        ),
+        "rope_paged_attention": (
+            (torch.randn(2, 4, 8), kv, kv, cos, sin, cache, slots, tables, lens),
+            {"position_ids": slots},
+        ),
+        "quantized_linear": ((x, lz.quantize(torch.randn(7, 16), "int4", group_size=16)), {}),
+        "fp8_linear": ((x, lz.quantize(torch.randn(7, 16), "fp8_e4m3", axis=0)), {}),
+    }
     assert set(calls) == set(OPS), "add the new op here"
     for op, (args, kw) in calls.items():
         prepare, build_ctx = OPS[op]
         key, _ = prepare(*args, **kw)
         cap = capture_key(key)
-        assert cap is not None and cap != key and cap.capture is True and cap._replace(capture=False) == key, op
+        assert (
+            cap is not None and cap != key and cap.capture is True and cap._replace(capture=False) == key
+        ), op
         assert build_ctx(cap).graph_capture and not build_ctx(key).graph_capture
     assert capture_key(("attention", 1)) is None
 
 
-# ----------------------------------------------------------------------------- capture prepared by an eager call
+# -------------------------------------------------------------------------- capture prepared by an eager call
 
 
 @pytest.fixture
 def capture_kernels():
-    """Two custom CUDA rms_norm kernels: a faster non-graph-safe one (the eager pick) and a graph-safe one that
-    draws from a generator passed in the args (to see that the warm-up run leaves random state alone)."""
+    """Two custom CUDA rms_norm kernels: a faster non-graph-safe one (the eager pick) and a graph-safe one
+    that draws from a generator passed in the args (to see that the warm-up run leaves random state alone)."""
     calls: list[str] = []
 
     def eager(x, weight, eps, residual):
@@ -261,15 +291,20 @@ def capture_kernels():
             torch.rand(3, generator=eps)
         return x * 2
 
-    lz.register_kernel("rms_norm", "captest.eager", eager, priority=10_000, device_types={"cuda"}, graph_safe=False)
-    lz.register_kernel("rms_norm", "captest.safe", safe, priority=9_000, device_types={"cuda"}, graph_safe=True)
+    lz.register_kernel(
+        "rms_norm", "captest.eager", eager, priority=10_000, device_types={"cuda"}, graph_safe=False
+    )
+    lz.register_kernel(
+        "rms_norm", "captest.safe", safe, priority=9_000, device_types={"cuda"}, graph_safe=True
+    )
     yield calls
     for kid in ("captest.eager", "captest.safe"):
         lz.unregister_kernel(kid)
 
 
 def _fake_cuda_call(tag: str):
-    """A CPU rms_norm key made unique by its scope token, and a context builder that places it on a fake H100."""
+    """A CPU rms_norm key made unique by its scope token, and a context builder that places it on a fake
+    H100."""
     from layerzero.testing.devices import fake_cuda_device
 
     prepare, build_ctx = OPS["rms_norm"]
@@ -280,8 +315,8 @@ def _fake_cuda_call(tag: str):
 
 
 def test_first_eager_cuda_call_prepares_the_capture_choice(capture_kernels):
-    """The standard PyTorch recipe needs no lz.warmup: the first eager call of a CUDA key also selects (and runs
-    once) the graph-safe kernel a capture of the same inputs gets; later eager calls do neither."""
+    """The standard PyTorch recipe needs no lz.warmup: the first eager call of a CUDA key also selects (and
+    runs once) the graph-safe kernel a capture of the same inputs gets; later eager calls do neither."""
     key, build, x, w = _fake_cuda_call("prep-1")
     gen = torch.Generator().manual_seed(5)
     before = gen.get_state()
@@ -290,12 +325,16 @@ def test_first_eager_cuda_call_prepares_the_capture_choice(capture_kernels):
     assert capture_kernels == ["eager", "safe"]
     cap = RUNTIME.cache.get(capture_key(key))
     assert cap is not None and cap.kernel_id == "captest.safe"
-    assert torch.equal(gen.get_state(), before), "the warm-up run of the capture kernel consumed random numbers"
+    assert torch.equal(gen.get_state(), before), (
+        "the warm-up run of the capture kernel consumed random numbers"
+    )
     RUNTIME.run(key, build, (x, w, 1e-6, None))
     assert capture_kernels == ["eager", "safe", "eager"]
+
     # under capture the prepared plan is a cache hit: no selection (a builder that raises proves it)
     def no_build(_key):
         raise AssertionError("selection ran under capture")
+
     assert RUNTIME.run(capture_key(key), no_build, (x, w, 1e-6, None)) is not None
     assert capture_kernels[-1] == "safe"
 
@@ -327,7 +366,8 @@ def test_cpu_calls_prepare_no_capture_entry():
 
 def test_preparing_the_capture_choice_logs_no_fallback(capture_kernels, caplog):
     """Under lz.prefer of a kernel that is not graph-safe, the eager call serves it; the capture-time choice
-    prepared next to it falls back to a graph-safe kernel, which is only a WARNING when a capture really asks."""
+    prepared next to it falls back to a graph-safe kernel, which is only a WARNING when a capture really
+    asks."""
     key, build, x, w = _fake_cuda_call("prep-quiet")
     with lz.prefer("captest.eager"):
         key = key._replace(scope=("prep-quiet", *key.scope))
@@ -337,8 +377,9 @@ def test_preparing_the_capture_choice_logs_no_fallback(capture_kernels, caplog):
 
 
 def test_causal_attention_prepares_the_masked_capture_variant():
-    """A tracer such as transformers materializes the causal mask while capturing; preparing the capture choice of
-    an unmasked causal call also prepares that bool-mask variant (selection only), on a fake H100."""
+    """A tracer such as transformers materializes the causal mask while capturing; preparing the capture
+    choice of an unmasked causal call also prepares that bool-mask variant (selection only), on a fake
+    H100."""
     import importlib
 
     from layerzero.testing.devices import fake_cuda_device

@@ -37,8 +37,9 @@ def changes():
 
 @pytest.fixture
 def tracker(clock, changes):
-    return HealthTracker(failure_threshold=3, cooldown_s=10.0, clock=clock,
-                         on_change=lambda b, s: changes.append((b, s)))
+    return HealthTracker(
+        failure_threshold=3, cooldown_s=10.0, clock=clock, on_change=lambda b, s: changes.append((b, s))
+    )
 
 
 def test_full_state_machine_by_hand(tracker, clock, changes):
@@ -67,8 +68,13 @@ def test_full_state_machine_by_hand(tracker, clock, changes):
     assert tracker.record_success(b) is OPEN
     clock.t = 5.0
     assert tracker.record_failure(b, "late") is OPEN
-    assert tracker.snapshot()[b] == {"state": "OPEN", "failures": 4, "last_error": "late", "opened_at": 0.0,
-                                     "retry_in_s": 5.0}
+    assert tracker.snapshot()[b] == {
+        "state": "OPEN",
+        "failures": 4,
+        "last_error": "late",
+        "opened_at": 0.0,
+        "retry_in_s": 5.0,
+    }
     clock.t = 9.999
     assert tracker.state(b) is OPEN
     # cooldown elapsed: HALF_OPEN, usable for one trial, no reason
@@ -87,8 +93,13 @@ def test_full_state_machine_by_hand(tracker, clock, changes):
     assert tracker.state(b) is HALF
     assert tracker.record_success(b) is CLOSED
     assert tracker.usable(b) and tracker.reason(b) is None
-    assert tracker.snapshot()[b] == {"state": "CLOSED", "failures": 0, "last_error": "trial failed",
-                                     "opened_at": None, "retry_in_s": None}
+    assert tracker.snapshot()[b] == {
+        "state": "CLOSED",
+        "failures": 0,
+        "last_error": "trial failed",
+        "opened_at": None,
+        "retry_in_s": None,
+    }
     assert changes == [(b, OPEN), (b, HALF), (b, OPEN), (b, HALF), (b, CLOSED)]
     # after closing, it again takes 3 consecutive failures to open
     assert [tracker.record_failure(b, "x") for _ in range(3)] == [CLOSED, CLOSED, OPEN]
@@ -201,29 +212,35 @@ def test_long_error_text_is_truncated(tracker):
     assert len(text) == 500 and text.startswith("ValueError: xxx") and text.endswith("...")
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"failure_threshold": 0}, r"failure_threshold.*expected an int >= 1, got 0"),
-    ({"failure_threshold": 2.5}, r"failure_threshold.*got 2.5"),
-    ({"failure_threshold": True}, r"failure_threshold.*got True"),
-    ({"cooldown_s": -1.0}, r"cooldown_s.*>= 0, got -1.0"),
-    ({"cooldown_s": math.nan}, r"cooldown_s.*got nan"),
-    ({"cooldown_s": math.inf}, r"cooldown_s.*got inf"),
-    ({"clock": 3.0}, r"clock.*expected a callable"),
-    ({"on_change": "cb"}, r"on_change.*expected a callable or None, got str"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"failure_threshold": 0}, r"failure_threshold.*expected an int >= 1, got 0"),
+        ({"failure_threshold": 2.5}, r"failure_threshold.*got 2.5"),
+        ({"failure_threshold": True}, r"failure_threshold.*got True"),
+        ({"cooldown_s": -1.0}, r"cooldown_s.*>= 0, got -1.0"),
+        ({"cooldown_s": math.nan}, r"cooldown_s.*got nan"),
+        ({"cooldown_s": math.inf}, r"cooldown_s.*got inf"),
+        ({"clock": 3.0}, r"clock.*expected a callable"),
+        ({"on_change": "cb"}, r"on_change.*expected a callable or None, got str"),
+    ],
+)
 def test_bad_configuration(kwargs, match):
     with pytest.raises(ConfigurationError, match=match):
         HealthTracker(**kwargs)
 
 
-@pytest.mark.parametrize("call", [
-    lambda t: t.record_failure("", "x"),
-    lambda t: t.record_failure(None, "x"),
-    lambda t: t.record_success(3),
-    lambda t: t.state(""),
-    lambda t: t.reason(None),
-    lambda t: t.reset(""),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t: t.record_failure("", "x"),
+        lambda t: t.record_failure(None, "x"),
+        lambda t: t.record_success(3),
+        lambda t: t.state(""),
+        lambda t: t.reason(None),
+        lambda t: t.reset(""),
+    ],
+)
 def test_bad_backend_id(tracker, call):
     with pytest.raises(InvalidInputError, match="backend_id: expected a non-empty str"):
         call(tracker)
@@ -255,8 +272,9 @@ def _run_threads(n: int, target) -> None:
 
 
 def test_many_threads_count_every_failure_and_open_once(clock, changes):
-    t = HealthTracker(failure_threshold=50, cooldown_s=100.0, clock=clock,
-                      on_change=lambda b, s: changes.append((b, s)))
+    t = HealthTracker(
+        failure_threshold=50, cooldown_s=100.0, clock=clock, on_change=lambda b, s: changes.append((b, s))
+    )
 
     def work(i: int) -> None:
         for _ in range(250):

@@ -58,9 +58,10 @@ def test_the_sharded_cache_holds_named_keys():
 
 
 def test_internal_entry_points_name_a_plain_tuple_key():
-    """Under torch.compile, TorchDynamo can resume a frame with an op's NamedTuple key rebuilt as a plain tuple (seen
-    on CUDA: it reached the attention context builder, which reads fields by name). resolve, the autotune hook and
-    prepare_capture name the key again, so selecting from the plain form works and caches under the named key."""
+    """Under torch.compile, TorchDynamo can resume a frame with an op's NamedTuple key rebuilt as a plain
+    tuple (seen on CUDA: it reached the attention context builder, which reads fields by name). resolve, the
+    autotune hook and prepare_capture name the key again, so selecting from the plain form works and caches
+    under the named key."""
     RUNTIME.ensure_ready()
     q, k, v = _qkv((1, 2, 5, 8))
     plain, args = A._prepare(q, k, v, None, False, None, 0.0, "BHSD")
@@ -74,15 +75,17 @@ def test_internal_entry_points_name_a_plain_tuple_key():
 
 
 def test_first_run_after_which_prepares_the_capture_time_choice(monkeypatch):
-    """lz.which / lz.select cache the eager plan without running it; the first real call then hits the cache, and
-    it (not only a miss) must prepare the capture-time choice, or a CUDA graph captured after ``lz.which`` and
-    one eager call raises CudaGraphUnsafeError (seen on an H200 with lz.qk_norm_rope). Once: later calls take the
-    hot path."""
+    """lz.which / lz.select cache the eager plan without running it; the first real call then hits the cache,
+    and it (not only a miss) must prepare the capture-time choice, or a CUDA graph captured after ``lz.which``
+    and one eager call raises CudaGraphUnsafeError (seen on an H200 with lz.qk_norm_rope). Once: later calls
+    take the hot path."""
     RUNTIME.ensure_ready()
     RUNTIME.cache.invalidate()
     seen = []
     real = RUNTIME.prepare_capture
-    monkeypatch.setattr(RUNTIME, "prepare_capture", lambda key, *a, **kw: seen.append(key.op) or real(key, *a, **kw))
+    monkeypatch.setattr(
+        RUNTIME, "prepare_capture", lambda key, *a, **kw: seen.append(key.op) or real(key, *a, **kw)
+    )
     q, k = _qkv((1, 2, 5, 8))[:2]
     cos = torch.randn(5, 8)
     assert lz.which("rope", q, k, cos, cos) == "torch_native.rope"
@@ -111,11 +114,24 @@ def test_layout_enum_and_string_share_the_exact_key():
     assert len(_exact_keys()) == 1
 
 
-@pytest.mark.parametrize("bad", [
-    {"k": "float64"}, {"v": "shape"}, {"is_causal": 1}, {"dropout_p": 1.5}, {"layout": "bhsd"},
-    {"attn_mask": "int"}, {"scale": -1.0}, {"window": (1.5, 0)}, {"softcap": 0.0}, {"q": "list"},
-    {"all": "int32"}, {"layout": "BSHD"}, {"is_causal": None},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"k": "float64"},
+        {"v": "shape"},
+        {"is_causal": 1},
+        {"dropout_p": 1.5},
+        {"layout": "bhsd"},
+        {"attn_mask": "int"},
+        {"scale": -1.0},
+        {"window": (1.5, 0)},
+        {"softcap": 0.0},
+        {"q": "list"},
+        {"all": "int32"},
+        {"layout": "BSHD"},
+        {"is_causal": None},
+    ],
+)
 def test_warm_shapes_never_skip_a_check(bad):
     """After good calls of the same shapes filed an exact key, each bad input still raises the typed error."""
     q, k, v = _qkv()
@@ -166,10 +182,14 @@ def _failing_backend(op: str, kernel_id: str, calls: list[int]) -> None:
         calls.append(1)
         raise RuntimeError("simulated kernel crash")
 
-    RUNTIME.registry.add_backend(BackendSpec(kernel_id.split(".")[0], None, "0.0", True, description="test"),
-                                 replace=True)
-    RUNTIME.registry.add_kernel(KernelSpec(kernel_id, op, boom, priority=1000, device_types=frozenset({"cpu"}),
-                                           description="always raises"))
+    RUNTIME.registry.add_backend(
+        BackendSpec(kernel_id.split(".")[0], None, "0.0", True, description="test"), replace=True
+    )
+    RUNTIME.registry.add_kernel(
+        KernelSpec(
+            kernel_id, op, boom, priority=1000, device_types=frozenset({"cpu"}), description="always raises"
+        )
+    )
 
 
 def test_a_kernel_failing_on_the_hot_path_falls_back():
@@ -208,11 +228,12 @@ def test_rms_norm_specialized_kernel_matches_and_residual_keeps_the_generic_one(
 
 # ---------------------------------------------------------------- the inlined hit path (core/observers.py)
 
+
 @pytest.mark.parametrize("op", ["attention", "rms_norm", "linear", "swiglu", "qk_norm_rope"])
 def test_a_kernel_failing_on_the_inlined_hit_path_falls_back(op):
-    """No trace, no telemetry: from the third call the op calls the hot plan itself (the first selects, the second
-    files the hot keys); a failure there still retries on the next kernel (the right result), and a locked plan
-    raises KernelExecutionError, as Runtime.run_hot does."""
+    """No trace, no telemetry: from the third call the op calls the hot plan itself (the first selects, the
+    second files the hot keys); a failure there still retries on the next kernel (the right result), and a
+    locked plan raises KernelExecutionError, as Runtime.run_hot does."""
     from layerzero.core.observers import OBSERVERS
 
     RUNTIME.ensure_ready()
@@ -234,16 +255,23 @@ def test_a_kernel_failing_on_the_inlined_hit_path_falls_back(op):
             call, want = (lambda: lz.swiglu(gate, up)), F.silu(gate) * up
         else:  # per-head RMSNorm, then the half rotation at each token's position, written out (float64)
             q, k = torch.randn(1, 3, 2, 8, dtype=torch.float64), torch.randn(1, 3, 1, 8, dtype=torch.float64)
-            w, cos, sin = (torch.rand(8, dtype=torch.float64) + 0.5, torch.randn(16, 8, dtype=torch.float64),
-                           torch.randn(16, 8, dtype=torch.float64))
+            w, cos, sin = (
+                torch.rand(8, dtype=torch.float64) + 0.5,
+                torch.randn(16, 8, dtype=torch.float64),
+                torch.randn(16, 8, dtype=torch.float64),
+            )
             pos = torch.tensor([[0, 5, 9]])
             qn = F.rms_norm(q, (8,), w, 1e-6)
-            want = qn * cos[pos][:, :, None] + torch.cat((-qn[..., 4:], qn[..., :4]), -1) * sin[pos][:, :, None]
+            want = (
+                qn * cos[pos][:, :, None] + torch.cat((-qn[..., 4:], qn[..., :4]), -1) * sin[pos][:, :, None]
+            )
             call = lambda: lz.qk_norm_rope(q, k, w, w, cos, sin, position_ids=pos, layout="BSHD")[0]  # noqa: E731
         assert OBSERVERS.none
         for _ in range(2):
             torch.testing.assert_close(call(), want)
-        assert any(plan.kernel_id == kid for plan in RUNTIME.cache.hot.values())  # the next call takes the hit path
+        assert any(
+            plan.kernel_id == kid for plan in RUNTIME.cache.hot.values()
+        )  # the next call takes the hit path
         torch.testing.assert_close(call(), want)
         assert len(calls) == 3  # every call reached the failing plan first, then fell back
         RUNTIME.health.reset()
@@ -285,8 +313,8 @@ def test_observers_close_the_inlined_path_while_they_watch():
 
 
 def test_warm_calls_are_counted_by_telemetry_and_recorded_by_a_dry_run():
-    """Calls that hit the hot dict (exact attention key, rms_norm key) are still seen by every observer: telemetry
-    counts them and a dry run records them instead of running a kernel (neither may be bypassed)."""
+    """Calls that hit the hot dict (exact attention key, rms_norm key) are still seen by every observer:
+    telemetry counts them and a dry run records them instead of running a kernel (neither may be bypassed)."""
     import layerzero.telemetry as lzt
     from layerzero.core.telemetry import TELEMETRY
 
@@ -313,7 +341,9 @@ def test_warm_calls_are_counted_by_telemetry_and_recorded_by_a_dry_run():
     assert [r.op for r in report.rows] == ["attention", "rms_norm"] and not any(r.ran for r in report.rows)
 
 
-@pytest.mark.parametrize("case", ["plain", "residual", "strided_x", "strided_weight", "strided_residual", "grad"])
+@pytest.mark.parametrize(
+    "case", ["plain", "residual", "strided_x", "strided_weight", "strided_residual", "grad"]
+)
 def test_rms_fast_key_equals_the_full_checks_key(case):
     """The fast path's plain-tuple key (with and without a residual) equals the key the full checks build
     (``_key`` through ``flags``): a strided weight or residual is not filed as ``stride_last_1``."""
@@ -361,12 +391,27 @@ def test_rms_norm_files_an_exact_key_and_serves_it(residual):
     assert len(_rms_exact_keys()) == 2
 
 
-@pytest.mark.parametrize("bad", [
-    {"eps": 0.0}, {"eps": -1e-6}, {"eps": float("nan")}, {"eps": float("inf")}, {"eps": True}, {"w": "long"},
-    {"w": "int"}, {"w": "list"}, {"x": "int"}, {"x": "0-dim"}, {"r": "shape"}, {"r": "dtype"}, {"r": "list"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"eps": 0.0},
+        {"eps": -1e-6},
+        {"eps": float("nan")},
+        {"eps": float("inf")},
+        {"eps": True},
+        {"w": "long"},
+        {"w": "int"},
+        {"w": "list"},
+        {"x": "int"},
+        {"x": "0-dim"},
+        {"r": "shape"},
+        {"r": "dtype"},
+        {"r": "list"},
+    ],
+)
 def test_rms_norm_warm_shapes_never_skip_a_check(bad):
-    """After good calls (with and without a residual) filed exact keys, each bad input still raises the typed error."""
+    """After good calls (with and without a residual) filed exact keys, each bad input still raises the typed
+    error."""
     x, w, r = torch.randn(4, 8), torch.rand(8) + 0.5, torch.randn(4, 8)
     for _ in range(3):
         lz.rms_norm(x, w)
@@ -394,8 +439,8 @@ def test_rms_norm_warm_shapes_never_skip_a_check(bad):
 
 
 def test_rms_norm_exact_key_tells_strides_apart():
-    """Two non-contiguous x of one shape, one with a unit last stride and one without: different exact keys, so the
-    second never gets the plan chosen for the first (kernels may require stride_last_1)."""
+    """Two non-contiguous x of one shape, one with a unit last stride and one without: different exact keys,
+    so the second never gets the plan chosen for the first (kernels may require stride_last_1)."""
     base = torch.randn(4, 32)
     rows, cols = base[:, :16], base[:, ::2]  # both [4, 16] non-contiguous; stride(-1) 1 and 2
     w = torch.rand(16) + 0.5
@@ -431,11 +476,22 @@ def test_rope_files_an_exact_key_and_serves_it(form):
     assert (keys[0][10] is None) is (pos is None)
 
 
-@pytest.mark.parametrize("bad", ["pos_high", "pos_negative", "pos_with_gathered", "layout", "interleaved_int",
-                                 "k_seq", "sin_shape", "pos_dtype"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "pos_high",
+        "pos_negative",
+        "pos_with_gathered",
+        "layout",
+        "interleaved_int",
+        "k_seq",
+        "sin_shape",
+        "pos_dtype",
+    ],
+)
 def test_rope_warm_shapes_never_skip_a_check(bad):
-    """After good calls filed exact keys, each bad input still raises the typed error; position values (which change
-    per call) are checked on every hit of a CPU call."""
+    """After good calls filed exact keys, each bad input still raises the typed error; position values (which
+    change per call) are checked on every hit of a CPU call."""
     q, k, cos, sin, pos = _rope_inputs("indexed")
     for _ in range(3):
         lz.rope(q, k, cos, sin, position_ids=pos)
@@ -462,20 +518,22 @@ def test_rope_warm_shapes_never_skip_a_check(bad):
 
 
 def test_qk_norm_rope_exact_key_keeps_every_check():
-    """``lz.qk_norm_rope``'s exact key (rope's, plus both weights and eps): after warm calls, a weight of another
-    width or dtype, a non-finite eps, a position outside the table (CPU: values checked per call) and another k are
-    still refused; a strided q (same shape) computes what the full path computes."""
+    """``lz.qk_norm_rope``'s exact key (rope's, plus both weights and eps): after warm calls, a weight of
+    another width or dtype, a non-finite eps, a position outside the table (CPU: values checked per call) and
+    another k are still refused; a strided q (same shape) computes what the full path computes."""
     q, k = torch.randn(1, 5, 4, 8), torch.randn(1, 5, 2, 8)
     w, cos, sin = torch.rand(8) + 0.5, torch.randn(16, 8), torch.randn(16, 8)
     pos = torch.tensor([[0, 3, 7, 2, 15]])
     call = lz.qk_norm_rope
     want = call(q, k, w, w, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD")
     call(q, k, w, w, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD")
-    for bad in (lambda: call(q, k, w[:4], w, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD"),
-                lambda: call(q, k, w, w.double(), cos, sin, eps=1e-6, position_ids=pos, layout="BSHD"),
-                lambda: call(q, k, w, w, cos, sin, eps=float("inf"), position_ids=pos, layout="BSHD"),
-                lambda: call(q, k, w, w, cos, sin, eps=1e-6, position_ids=pos + 1, layout="BSHD"),
-                lambda: call(q, k[:, :4], w, w, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD")):
+    for bad in (
+        lambda: call(q, k, w[:4], w, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD"),
+        lambda: call(q, k, w, w.double(), cos, sin, eps=1e-6, position_ids=pos, layout="BSHD"),
+        lambda: call(q, k, w, w, cos, sin, eps=float("inf"), position_ids=pos, layout="BSHD"),
+        lambda: call(q, k, w, w, cos, sin, eps=1e-6, position_ids=pos + 1, layout="BSHD"),
+        lambda: call(q, k[:, :4], w, w, cos, sin, eps=1e-6, position_ids=pos, layout="BSHD"),
+    ):
         with pytest.raises(lz.InvalidInputError):
             bad()
     qs = torch.randn(1, 4, 5, 8).transpose(1, 2)

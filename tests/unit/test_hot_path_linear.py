@@ -1,7 +1,7 @@
-"""``lz.linear``'s exact key (``ops/linear._exact_key``, as ``lz.rms_norm``'s in ``test_hot_path.py``): a warm call
-skips the checks and the key build, so every fact a check reads must be in the key: after good calls filed their
-keys, each bad input still raises the typed error; strided inputs of one shape get their own keys; a hit serves the
-same result as the full path (float64 oracle: ``x @ W.T + b`` in float64)."""
+"""``lz.linear``'s exact key (``ops/linear._exact_key``, as ``lz.rms_norm``'s in ``test_hot_path.py``): a warm
+call skips the checks and the key build, so every fact a check reads must be in the key: after good calls
+filed their keys, each bad input still raises the typed error; strided inputs of one shape get their own keys;
+a hit serves the same result as the full path (float64 oracle: ``x @ W.T + b`` in float64)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,11 @@ pytestmark = pytest.mark.unit
 
 
 def _linear_keys():
-    return [k for k in RUNTIME.cache.hot if isinstance(k, tuple) and k and k[0] == "linear"
-            and any(isinstance(f, torch.Size) for f in k)]
+    return [
+        k
+        for k in RUNTIME.cache.hot
+        if isinstance(k, tuple) and k and k[0] == "linear" and any(isinstance(f, torch.Size) for f in k)
+    ]
 
 
 def _oracle(x, w, b=None):
@@ -41,10 +44,26 @@ def test_linear_files_an_exact_key_and_serves_it(bias):
     assert len(_linear_keys()) == 1
 
 
-@pytest.mark.parametrize("bad", ["w_k", "w_dtype", "w_1d", "w_empty", "w_list", "x_int", "x_0dim", "x_k", "b_shape",
-                                 "b_dtype", "b_2d", "b_list"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "w_k",
+        "w_dtype",
+        "w_1d",
+        "w_empty",
+        "w_list",
+        "x_int",
+        "x_0dim",
+        "x_k",
+        "b_shape",
+        "b_dtype",
+        "b_2d",
+        "b_list",
+    ],
+)
 def test_linear_warm_shapes_never_skip_a_check(bad):
-    """After good calls (with and without a bias) filed exact keys, each bad input still raises the typed error."""
+    """After good calls (with and without a bias) filed exact keys, each bad input still raises the typed
+    error."""
     x, w, b = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6)
     for _ in range(3):
         lz.linear(x, w)
@@ -80,8 +99,8 @@ def test_linear_warm_shapes_never_skip_a_check(bad):
 
 
 def test_linear_exact_key_tells_strides_apart():
-    """Two x of one shape, one with a unit last stride and one without, and a transposed weight view: separate exact
-    keys (kernels may require stride_last_1), each result right."""
+    """Two x of one shape, one with a unit last stride and one without, and a transposed weight view: separate
+    exact keys (kernels may require stride_last_1), each result right."""
     base = torch.randn(4, 32)
     rows, cols = base[:, :16], base[:, ::2]  # both [4, 16]; stride(-1) 1 and 2
     w = torch.randn(16, 6).T  # [6, 16] with stride (1, 6)
@@ -93,11 +112,18 @@ def test_linear_exact_key_tells_strides_apart():
 
 
 def test_linear_hit_follows_grad_mode():
-    """requires_grad is in the key: a kernel without a backward, chosen for warm no-grad calls, never serves a call
-    that must record a graph (selection filters it out there: the result carries a grad_fn)."""
+    """requires_grad is in the key: a kernel without a backward, chosen for warm no-grad calls, never serves a
+    call that must record a graph (selection filters it out there: the result carries a grad_fn)."""
     kid = "lzhotlin.nograd"
-    lz.register_kernel("linear", kid, lambda x, w, b: (x @ w.T).detach(), priority=99, device_types={"cpu"},
-                       dtypes={"float32"}, supports_backward=False)
+    lz.register_kernel(
+        "linear",
+        kid,
+        lambda x, w, b: (x @ w.T).detach(),
+        priority=99,
+        device_types={"cpu"},
+        dtypes={"float32"},
+        supports_backward=False,
+    )
     try:
         x, w = torch.randn(2, 8), torch.randn(3, 8, requires_grad=True)
         with torch.no_grad():
@@ -114,8 +140,11 @@ def test_linear_hit_follows_grad_mode():
 
 # ---------------------------------------------------------------- lz.swiglu's exact key (the same rule)
 def _swiglu_keys():
-    return [k for k in RUNTIME.cache.hot if isinstance(k, tuple) and k and k[0] == "swiglu"
-            and any(isinstance(f, torch.Size) for f in k)]
+    return [
+        k
+        for k in RUNTIME.cache.hot
+        if isinstance(k, tuple) and k and k[0] == "swiglu" and any(isinstance(f, torch.Size) for f in k)
+    ]
 
 
 def _swiglu64(gate, up):
@@ -130,13 +159,17 @@ def test_swiglu_files_an_exact_key_and_serves_it():
         torch.testing.assert_close(lz.swiglu(gate, up).double(), _swiglu64(gate, up), rtol=1e-5, atol=1e-6)
     (key,) = _swiglu_keys()
     assert key[4] == gate.shape and key[6] == up.shape
-    torch.testing.assert_close(RUNTIME.run_hot(key, (gate, up)).double(), _swiglu64(gate, up), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        RUNTIME.run_hot(key, (gate, up)).double(), _swiglu64(gate, up), rtol=1e-5, atol=1e-6
+    )
 
 
-@pytest.mark.parametrize("bad", ["up_shape", "up_dtype", "up_list", "gate_int", "gate_0dim", "empty", "strided"])
+@pytest.mark.parametrize(
+    "bad", ["up_shape", "up_dtype", "up_list", "gate_int", "gate_0dim", "empty", "strided"]
+)
 def test_swiglu_warm_shapes_never_skip_a_check(bad):
-    """After good calls filed an exact key, each bad input still raises the typed error; a strided pair of the same
-    shape takes its own key and the right result."""
+    """After good calls filed an exact key, each bad input still raises the typed error; a strided pair of the
+    same shape takes its own key and the right result."""
     gate, up = torch.randn(4, 8), torch.randn(4, 8)
     for _ in range(3):
         lz.swiglu(gate, up)

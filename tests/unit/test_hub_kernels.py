@@ -1,4 +1,5 @@
-"""Kernel-hub (``kernels`` package) kernels as LayerZero kernels: a fake local kernel, float64 oracle, no network."""
+"""Kernel-hub (``kernels`` package) kernels as LayerZero kernels: a fake local kernel, float64 oracle, no
+network."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ kernels = pytest.importorskip("kernels", reason="kernels not installed (pip inst
 import layerzero as lz  # noqa: E402
 from layerzero.integrations.hub_kernels import load_hub_module, register_hub_kernel  # noqa: E402
 
-_SOURCE = '''
+_SOURCE = """
 import torch
 
 def rms_norm(x, weight, eps):
@@ -29,18 +30,28 @@ def rms_norm_out(out, x, weight, eps):
 def silu_and_mul(out, x):
     d = x.shape[-1] // 2
     out.copy_(torch.nn.functional.silu(x[..., :d]) * x[..., d:])
-'''
+"""
 
 
 def _fake_kernel(root: Path, name: str) -> Path:
-    """A pure-Python local kernel repo in the layout ``kernels.get_local_kernel`` resolves: one noarch variant per
-    backend this machine may select (``torch-cpu``, ``torch-cuda``), each ``metadata.json`` + ``<name>/__init__.py``."""
+    """A pure-Python local kernel repo in the layout ``kernels.get_local_kernel`` resolves: one noarch variant
+    per backend this machine may select (``torch-cpu``, ``torch-cuda``), each ``metadata.json`` +
+    ``<name>/__init__.py``."""
     for backend in ("cpu", "cuda"):
         variant = root / "build" / f"torch-{backend}"
         (variant / name).mkdir(parents=True)
-        (variant / "metadata.json").write_text(json.dumps({
-            "id": f"{name}_{backend}_{root.name}", "name": name.replace("_", "-"), "version": 1,
-            "license": "Apache-2.0", "python-depends": [], "backend": {"type": backend}}))
+        (variant / "metadata.json").write_text(
+            json.dumps(
+                {
+                    "id": f"{name}_{backend}_{root.name}",
+                    "name": name.replace("_", "-"),
+                    "version": 1,
+                    "license": "Apache-2.0",
+                    "python-depends": [],
+                    "backend": {"type": backend},
+                }
+            )
+        )
         (variant / name / "__init__.py").write_text(_SOURCE)
     return root
 
@@ -64,16 +75,25 @@ def cleanup() -> list[str]:
 
 def _oracle(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     x64 = x.double()
-    return (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double())
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double()
 
 
 @pytest.mark.parametrize("adapter,fn", [("functional", "rms_norm"), ("out", "rms_norm_out")])
-def test_rms_norm_from_local_kernel_matches_oracle(tmp_path: Path, no_network: None, cleanup: list[str],
-                                                    adapter: str, fn: str) -> None:
+def test_rms_norm_from_local_kernel_matches_oracle(
+    tmp_path: Path, no_network: None, cleanup: list[str], adapter: str, fn: str
+) -> None:
     root = _fake_kernel(tmp_path / f"k_{adapter}", "fake_rms")
     kid = f"hub_fake_{adapter}.rms_norm"
-    spec = lz.register_hub_kernel("rms_norm", kid, root, fn, adapter=adapter, priority=1000,
-                                  device_types={"cpu"}, dtypes={"float32", "float64"})
+    spec = lz.register_hub_kernel(
+        "rms_norm",
+        kid,
+        root,
+        fn,
+        adapter=adapter,
+        priority=1000,
+        device_types={"cpu"},
+        dtypes={"float32", "float64"},
+    )
     cleanup.append(kid)
     assert spec.kernel_id == kid
     g = torch.Generator().manual_seed(0)
@@ -94,12 +114,21 @@ def test_rms_norm_from_local_kernel_matches_oracle(tmp_path: Path, no_network: N
 
 def test_swiglu_silu_and_mul_adapter(tmp_path: Path, no_network: None, cleanup: list[str]) -> None:
     root = _fake_kernel(tmp_path / "act", "fake_act")
-    register_hub_kernel("swiglu", "hub_fake_act.silu_and_mul", str(root), "silu_and_mul", priority=1000,
-                        device_types={"cpu"}, dtypes={"float64"})
+    register_hub_kernel(
+        "swiglu",
+        "hub_fake_act.silu_and_mul",
+        str(root),
+        "silu_and_mul",
+        priority=1000,
+        device_types={"cpu"},
+        dtypes={"float64"},
+    )
     cleanup.append("hub_fake_act.silu_and_mul")
     g = torch.Generator().manual_seed(1)
-    gate, up = torch.randn(4, 7, 33, generator=g, dtype=torch.float64), torch.randn(4, 7, 33, generator=g,
-                                                                                     dtype=torch.float64)
+    gate, up = (
+        torch.randn(4, 7, 33, generator=g, dtype=torch.float64),
+        torch.randn(4, 7, 33, generator=g, dtype=torch.float64),
+    )
     with lz.trace() as t:
         out = lz.swiglu(gate, up)
     assert t.kernels_for("swiglu") == ["hub_fake_act.silu_and_mul"]
@@ -114,8 +143,16 @@ def test_custom_adapter_callable(tmp_path: Path, no_network: None, cleanup: list
         calls.append(1)
         return hub_fn(x, weight, eps)
 
-    register_hub_kernel("rms_norm", "hub_custom.rms", root, "rms_norm", adapter=adapter, priority=1000,
-                        device_types={"cpu"}, dtypes={"float64"})
+    register_hub_kernel(
+        "rms_norm",
+        "hub_custom.rms",
+        root,
+        "rms_norm",
+        adapter=adapter,
+        priority=1000,
+        device_types={"cpu"},
+        dtypes={"float64"},
+    )
     cleanup.append("hub_custom.rms")
     x, w = torch.randn(2, 16, dtype=torch.float64), torch.ones(16, dtype=torch.float64)
     torch.testing.assert_close(lz.rms_norm(x, w, 1e-6), _oracle(x, w, 1e-6))
@@ -132,8 +169,9 @@ def test_missing_directory_is_typed_error_without_network(tmp_path: Path, no_net
     assert "hub_missing.rms" not in str(lz.explain("rms_norm", torch.randn(2, 8), torch.ones(8), 1e-6))
 
 
-def test_repo_id_not_in_local_cache_is_typed_error_without_network(tmp_path: Path, no_network: None,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_repo_id_not_in_local_cache_is_typed_error_without_network(
+    tmp_path: Path, no_network: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(lz.BackendNotAvailableError, match="locally"):
         load_hub_module("kernels-community/definitely-not-cached", version=1)
@@ -148,7 +186,9 @@ def test_bad_function_and_adapter_are_configuration_errors(tmp_path: Path, no_ne
     with pytest.raises(lz.ConfigurationError, match="adapter"):
         register_hub_kernel("rms_norm", "hub_bad.rms", root, "rms_norm", adapter="sideways")
     with pytest.raises(lz.ConfigurationError, match="adapter"):
-        register_hub_kernel("attention", "hub_bad.attn", root, "rms_norm")  # no built-in adapter for attention
+        register_hub_kernel(
+            "attention", "hub_bad.attn", root, "rms_norm"
+        )  # no built-in adapter for attention
 
 
 def test_missing_kernels_package_is_typed_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -158,6 +198,8 @@ def test_missing_kernels_package_is_typed_error(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_import_layerzero_does_not_import_kernels() -> None:
-    code = ("import sys, layerzero, layerzero.integrations.hub_kernels; "
-            "assert 'kernels' not in sys.modules, 'kernels imported'")
+    code = (
+        "import sys, layerzero, layerzero.integrations.hub_kernels; "
+        "assert 'kernels' not in sys.modules, 'kernels imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

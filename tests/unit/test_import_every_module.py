@@ -1,6 +1,7 @@
-"""Every module of the package imports on its own, in a fresh interpreter (import cycles that work only by import
-order fail here: ``import layerzero.library_paged`` alone raised a circular ImportError), and every lazily exported
-attribute of ``layerzero`` is what its docs say (``lz.isolation`` was ``layerzero.distributed``)."""
+"""Every module of the package imports on its own, in a fresh interpreter (import cycles that work only by
+import order fail here: ``import layerzero.library_paged`` alone raised a circular ImportError), and every
+lazily exported attribute of ``layerzero`` is what its docs say (``lz.isolation`` was
+``layerzero.distributed``)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-# One fresh interpreter imports torch, numpy and yaml (the required dependencies, slow to import), then forks one
-# child per module: each child starts with no layerzero module loaded and imports exactly one.
+# One fresh interpreter imports torch, numpy and yaml (the required dependencies, slow to import), then forks
+# one child per module: each child starts with no layerzero module loaded and imports exactly one.
 _SCRIPT = textwrap.dedent("""
     import importlib, os, pkgutil, sys
     import numpy, torch, yaml  # noqa: F401
@@ -49,10 +50,12 @@ def test_every_module_imports_on_its_own():
 
 
 def test_lazy_attributes_are_the_documented_modules():
-    code = ("import layerzero as lz, sys; assert 'layerzero.isolation' not in sys.modules; "
-            "assert lz.isolation.__name__ == 'layerzero.isolation', lz.isolation; "
-            "assert lz.distributed.__name__ == 'layerzero.distributed', lz.distributed; "
-            "assert hasattr(lz.isolation, 'register'); "
-            "missing = [n for n in lz.__all__ if not hasattr(lz, n)]; assert not missing, missing")
+    code = (
+        "import layerzero as lz, sys; assert 'layerzero.isolation' not in sys.modules; "
+        "assert lz.isolation.__name__ == 'layerzero.isolation', lz.isolation; "
+        "assert lz.distributed.__name__ == 'layerzero.distributed', lz.distributed; "
+        "assert hasattr(lz.isolation, 'register'); "
+        "missing = [n for n in lz.__all__ if not hasattr(lz, n)]; assert not missing, missing"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -3,9 +3,9 @@
 1. Availability: absent -> BACKEND_NOT_INSTALLED; an installed IPEX built for another torch minor ->
    BACKEND_IMPORT_FAILED with IPEX's mismatch message, without importing it; an import that exits (no AVX2) or
    raises -> BACKEND_IMPORT_FAILED with the text; an IPEX without the APIs -> BACKEND_VERSION_UNSUPPORTED.
-2. Routing with a fake ``intel_extension_for_pytorch`` in ``sys.modules`` and hand-built CPU DeviceSpecs fed to
-   ``core.selection.select``: ipex wins on CPUs with AVX-512 and is rejected with CPU_ISA_MISSING on AVX2-only
-   CPUs; the paged kernel's own rules (HND + causal + fp32/bf16 for prefill, GQA <= 16).
+2. Routing with a fake ``intel_extension_for_pytorch`` in ``sys.modules`` and hand-built CPU DeviceSpecs fed
+   to ``core.selection.select``: ipex wins on CPUs with AVX-512 and is rejected with CPU_ISA_MISSING on
+   AVX2-only CPUs; the paged kernel's own rules (HND + causal + fp32/bf16 for prefill, GQA <= 16).
 3. Calls: the adapters run the fakes (which compute in float64 from the cache views they are handed, as the
    C++ kernels address them through strides) and match the reference kernels / a float64 oracle.
 """
@@ -92,19 +92,41 @@ class FakePaged:
     calls: list = []
 
     @classmethod
-    def single_query_cached_kv_attention(cls, out, q, kc, vc, head_mapping, scale, block_tables, context_lens,
-                                         block_size, max_context_len, alibi_slopes):
-        cls.calls.append(("decode", kc.shape, block_tables.dtype, context_lens.dtype, block_size, max_context_len,
-                          head_mapping.tolist()))
+    def single_query_cached_kv_attention(
+        cls,
+        out,
+        q,
+        kc,
+        vc,
+        head_mapping,
+        scale,
+        block_tables,
+        context_lens,
+        block_size,
+        max_context_len,
+        alibi_slopes,
+    ):
+        cls.calls.append(
+            (
+                "decode",
+                kc.shape,
+                block_tables.dtype,
+                context_lens.dtype,
+                block_size,
+                max_context_len,
+                head_mapping.tolist(),
+            )
+        )
         assert alibi_slopes is None and kc.shape[2] == block_size
         for i in range(q.shape[0]):
             n = int(context_lens[i])
             k, v = _gather(kc, block_tables[i], n, block_size), _gather(vc, block_tables[i], n, block_size)
-            out[i] = _attend(q[i:i + 1], k, v, scale, False)[0].to(out.dtype)
+            out[i] = _attend(q[i : i + 1], k, v, scale, False)[0].to(out.dtype)
 
     @classmethod
-    def flash_attn_varlen_func(cls, out, q, kc, vc, cu_q, cu_k, max_q, max_k, scale, is_causal, block_tables,
-                               alibi_slopes):
+    def flash_attn_varlen_func(
+        cls, out, q, kc, vc, cu_q, cu_k, max_q, max_k, scale, is_causal, block_tables, alibi_slopes
+    ):
         cls.calls.append(("varlen", cu_k.tolist(), max_q, max_k, is_causal, kc.stride(2)))
         if kc.stride(2) != kc.shape[-1] or not is_causal or q.dtype == torch.float16:
             raise RuntimeError("flash_attn_varlen: needs HND pages, is_causal=True, float32/bfloat16")
@@ -118,8 +140,12 @@ class FakePaged:
 
 def install(monkeypatch, *, version=f"{TORCH_MINOR}.0+cpu", paged=True):
     FakeFunctional.calls, FakePaged.calls = [], []
-    names = ("intel_extension_for_pytorch", "intel_extension_for_pytorch.llm",
-             "intel_extension_for_pytorch.llm.functional", "intel_extension_for_pytorch.llm.modules")
+    names = (
+        "intel_extension_for_pytorch",
+        "intel_extension_for_pytorch.llm",
+        "intel_extension_for_pytorch.llm.functional",
+        "intel_extension_for_pytorch.llm.modules",
+    )
     mods = {n: types.ModuleType(n) for n in names}
     mods[names[0]].__version__ = version
     mods[names[2]].rms_norm = FakeFunctional.rms_norm
@@ -156,14 +182,28 @@ def cpu_device(isa=AVX512) -> DeviceSpec:
 
 
 def rms_ctx(isa=AVX512, dtype=torch.bfloat16, **kw):
-    return SelectionContext(op="rms_norm", device=cpu_device(isa), dtype=dtype, hidden_size=4096, param_dtype=dtype,
-                            **kw)
+    return SelectionContext(
+        op="rms_norm", device=cpu_device(isa), dtype=dtype, hidden_size=4096, param_dtype=dtype, **kw
+    )
 
 
 def paged_ctx(isa=AVX512, dtype=torch.bfloat16, decode=True, layout="NHD", hq=8, hkv=2, causal=True):
-    return SelectionContext(op="paged_attention", device=cpu_device(isa), dtype=dtype, batch=4, num_heads_q=hq,
-                            num_heads_kv=hkv, head_dim=64, head_dim_v=64, seq_len_q=1 if decode else 64,
-                            seq_len_kv=256, seq_equal=False, is_causal=causal, kv_layout=layout, page_size=16)
+    return SelectionContext(
+        op="paged_attention",
+        device=cpu_device(isa),
+        dtype=dtype,
+        batch=4,
+        num_heads_q=hq,
+        num_heads_kv=hkv,
+        head_dim=64,
+        head_dim_v=64,
+        seq_len_q=1 if decode else 64,
+        seq_len_kv=256,
+        seq_equal=False,
+        is_causal=causal,
+        kv_layout=layout,
+        page_size=16,
+    )
 
 
 def run_select(reg, ctx):
@@ -183,7 +223,9 @@ def test_registered_and_unavailable_without_the_library():
     spec = RUNTIME.registry.backend("ipex")
     assert not spec.available and spec.import_name == "intel_extension_for_pytorch"
     assert [r.code for r in spec.reasons] == [R.BACKEND_NOT_INSTALLED]
-    assert {k.kernel_id for k in RUNTIME.registry.kernels.values() if k.backend == "ipex"} == set(ipex.KERNEL_IDS)
+    assert {k.kernel_id for k in RUNTIME.registry.kernels.values() if k.backend == "ipex"} == set(
+        ipex.KERNEL_IDS
+    )
 
 
 def test_missing_kernel_callable_raises_typed_error():
@@ -215,9 +257,16 @@ def test_fake_with_other_torch_minor_is_import_failed(monkeypatch):
     assert [r.code for r in spec.reasons] == [R.BACKEND_IMPORT_FAILED] and "2.8.*" in spec.reasons[0].message
 
 
-@pytest.mark.parametrize("exc", [SystemExit("ERROR! Intel Extension for PyTorch only works on machines with "
-                                            "instruction sets equal or newer than AVX2"),
-                                 AttributeError("module 'os' has no attribute 'exit'")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        SystemExit(
+            "ERROR! Intel Extension for PyTorch only works on machines with "
+            "instruction sets equal or newer than AVX2"
+        ),
+        AttributeError("module 'os' has no attribute 'exit'"),
+    ],
+)
 def test_import_that_exits_or_raises_is_import_failed(monkeypatch, exc):
     monkeypatch.setattr(ipex, "_dist_version", lambda: None)
     real = importlib.import_module
@@ -278,7 +327,9 @@ def test_no_isa_detected_and_cuda_contexts(reg):
     _, report = run_select(reg, rms_ctx(isa=()))
     assert "missing ['avx2', 'avx512']" in report.candidate("ipex.rms_norm").reasons[0].message
     cuda = dataclasses.replace(cpu_device(), device_type="cuda", index=0, cpu_isa=frozenset())
-    _, report = run_select(reg, SelectionContext(op="rms_norm", device=cuda, dtype=torch.float16, hidden_size=64))
+    _, report = run_select(
+        reg, SelectionContext(op="rms_norm", device=cuda, dtype=torch.float16, hidden_size=64)
+    )
     assert codes(report, "ipex.rms_norm") == {R.DEVICE_TYPE_UNSUPPORTED}  # cpu_isa is not checked off-CPU
 
 
@@ -294,14 +345,17 @@ def test_paged_decode_both_layouts(reg, layout):
     assert run_select(reg, paged_ctx(layout=layout))[0].kernel_id == "ipex.paged_attention"
 
 
-@pytest.mark.parametrize(("kw", "code"), [
-    (dict(decode=False, layout="NHD"), R.KV_LAYOUT_UNSUPPORTED),
-    (dict(decode=False, layout="HND", dtype=torch.float16), R.DTYPE_UNSUPPORTED),
-    (dict(decode=False, layout="HND", causal=False), R.CAUSAL_UNSUPPORTED),
-    (dict(hq=64, hkv=2), R.GQA_RATIO_INVALID),
-    (dict(isa=AVX2), R.CPU_ISA_MISSING),
-    (dict(dtype=torch.float64), R.DTYPE_UNSUPPORTED),
-])
+@pytest.mark.parametrize(
+    ("kw", "code"),
+    [
+        (dict(decode=False, layout="NHD"), R.KV_LAYOUT_UNSUPPORTED),
+        (dict(decode=False, layout="HND", dtype=torch.float16), R.DTYPE_UNSUPPORTED),
+        (dict(decode=False, layout="HND", causal=False), R.CAUSAL_UNSUPPORTED),
+        (dict(hq=64, hkv=2), R.GQA_RATIO_INVALID),
+        (dict(isa=AVX2), R.CPU_ISA_MISSING),
+        (dict(dtype=torch.float64), R.DTYPE_UNSUPPORTED),
+    ],
+)
 def test_paged_rejections_fall_back_to_sdpa(reg, kw, code):
     plan, report = run_select(reg, paged_ctx(**kw))
     assert code in codes(report, "ipex.paged_attention")
@@ -398,12 +452,22 @@ def test_prefill_with_one_query_token_uses_the_decode_kernel(reg):
     for causal in (True, False):
         args = (q, cache, tables, seq_lens, cu, None, causal, "NHD")
         got = reg.kernel("ipex.paged_attention").fn(*args)
-        torch.testing.assert_close(got, reg.kernel("reference.paged_attention").fn(*args), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            got, reg.kernel("reference.paged_attention").fn(*args), atol=1e-5, rtol=1e-5
+        )
         assert FakePaged.calls[-1][0] == "decode" and FakePaged.calls[-1][5] == 12
 
 
 def test_paged_adapter_empty_batch(reg):
     cache, tables, seq_lens = _paged_inputs("HND", torch.float32, [3])
-    out = reg.kernel("ipex.paged_attention").fn(torch.empty(0, 8, 64), cache, tables, seq_lens,
-                                                torch.tensor([0, 0], dtype=torch.int32), None, True, "HND")
+    out = reg.kernel("ipex.paged_attention").fn(
+        torch.empty(0, 8, 64),
+        cache,
+        tables,
+        seq_lens,
+        torch.tensor([0, 0], dtype=torch.int32),
+        None,
+        True,
+        "HND",
+    )
     assert out.shape == (0, 8, 64) and FakePaged.calls == []

@@ -1,8 +1,9 @@
-"""Tuning knobs (``layerzero.core.knobs``): frozen, typed dataclasses registered per kernel module, and the engine's
-``CudaGraphKnobs``. Defaults against a hand-written table (today's measured choices), unknown fields and wrong types
-refused with the names in the message, the ``knobs(...)`` block restored also when it raises, the generation counter,
-frozen instances, plan caches dropped on a change, the loader hook, and a knob changing a decision: the paged-decode
-split geometry, the GEMV kernel choice and the sampler's split, all pure Python on CPU."""
+"""Tuning knobs (``layerzero.core.knobs``): frozen, typed dataclasses registered per kernel module, and the
+engine's ``CudaGraphKnobs``. Defaults against a hand-written table (today's measured choices), unknown fields
+and wrong types refused with the names in the message, the ``knobs(...)`` block restored also when it raises,
+the generation counter, frozen instances, plan caches dropped on a change, the loader hook, and a knob
+changing a decision: the paged-decode split geometry, the GEMV kernel choice and the sampler's split, all pure
+Python on CPU."""
 
 from __future__ import annotations
 
@@ -20,22 +21,59 @@ pytestmark = pytest.mark.unit
 
 DEFAULTS = {
     paged.PagedDecodeKnobs: dict(
-        max_splits=32, min_tiles_per_split=2, waves=4, tile_bytes=32768, block_n_max=128,
-        small_batch=(1, 2048, 32, 32), one_pass=True, one_pass_max_tiles=2, early_kv=False, trigger_first=("merge",),
-        split_warps=4, merge_warps=4, fused_merge="auto", fused_merge_max_bytes=32 * 1024 * 1024,
-        fused_merge_in_graphs=False),
+        max_splits=32,
+        min_tiles_per_split=2,
+        waves=4,
+        tile_bytes=32768,
+        block_n_max=128,
+        small_batch=(1, 2048, 32, 32),
+        one_pass=True,
+        one_pass_max_tiles=2,
+        early_kv=False,
+        trigger_first=("merge",),
+        split_warps=4,
+        merge_warps=4,
+        fused_merge="auto",
+        fused_merge_max_bytes=32 * 1024 * 1024,
+        fused_merge_in_graphs=False,
+    ),
     gemv.GemvKnobs: dict(
-        max_rows=8, prefetch=True, prefetch_max_k=4096, prefetch_slab=8192, prefetch_warps=2,
-        prefetch_long_k=(16384, 8), prefetch_wide=None, prefetch_by_shape=(), trigger_first_rows=1),
+        max_rows=8,
+        prefetch=True,
+        prefetch_max_k=4096,
+        prefetch_slab=8192,
+        prefetch_warps=2,
+        prefetch_long_k=(16384, 8),
+        prefetch_wide=None,
+        prefetch_by_shape=(),
+        trigger_first_rows=1,
+    ),
     sampling.SamplingKnobs: dict(
-        block=1024, race_block=4096, split_programs=1056, split_block=2048, greedy_block=2048,
-        greedy_programs_per_sm=2, greedy_sms_off_gpu=132),
+        block=1024,
+        race_block=4096,
+        split_programs=1056,
+        split_block=2048,
+        greedy_block=2048,
+        greedy_programs_per_sm=2,
+        greedy_sms_off_gpu=132,
+    ),
     CudaGraphKnobs: dict(
-        packed_inputs=True, greedy_in_graph=True, h2d_aside=True, d2h_aside=True, lanes=2, lane_max_batch=8,
-        narrow_tokens=2048, pack_max_bytes=64 * 1024),
+        packed_inputs=True,
+        greedy_in_graph=True,
+        h2d_aside=True,
+        d2h_aside=True,
+        lanes=2,
+        lane_max_batch=8,
+        narrow_tokens=2048,
+        pack_max_bytes=64 * 1024,
+    ),
 }
 """Every knob's default, written out by hand (the values the module globals had before issue 36)."""
-NAMES = {paged.KNOBS: paged.PagedDecodeKnobs, gemv.KNOBS: gemv.GemvKnobs, sampling.KNOBS: sampling.SamplingKnobs}
+NAMES = {
+    paged.KNOBS: paged.PagedDecodeKnobs,
+    gemv.KNOBS: gemv.GemvKnobs,
+    sampling.KNOBS: sampling.SamplingKnobs,
+}
 
 
 @pytest.mark.parametrize("cls", list(DEFAULTS), ids=lambda c: c.__name__)
@@ -51,9 +89,14 @@ def _documented_fields(cls) -> list[str]:
     import textwrap
 
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return [node.target.id for node, after in zip(body, body[1:], strict=False)
-            if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)]
+    return [
+        node.target.id
+        for node, after in zip(body, body[1:], strict=False)
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(after, ast.Expr)
+        and isinstance(after.value, ast.Constant)
+        and isinstance(after.value.value, str)
+    ]
 
 
 def test_registered_under_their_names_with_the_defaults():
@@ -76,8 +119,11 @@ def test_frozen(cls):
 
 def test_unknown_field_names_the_known_ones_and_changes_nothing():
     before, gen = kb.get(paged.KNOBS), kb.knobs_generation()
-    with pytest.raises(ConfigurationError, match=r"unknown field\(s\) \['max_split'\].*Did you mean 'max_splits'\?"
-                                                 r".*Known: \[.*'fused_merge'.*'waves'\]"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"unknown field\(s\) \['max_split'\].*Did you mean 'max_splits'\?"
+        r".*Known: \[.*'fused_merge'.*'waves'\]",
+    ):
         kb.configure_knobs(paged.KNOBS, max_split=8)
     with pytest.raises(ConfigurationError, match="unknown field"):
         with kb.knobs(gemv.KNOBS, prefetch=False, warps=2):
@@ -86,22 +132,41 @@ def test_unknown_field_names_the_known_ones_and_changes_nothing():
     assert kb.knobs_generation() == gen
 
 
-@pytest.mark.parametrize(("name", "fields", "message"), [
-    (paged.KNOBS, dict(max_splits="8"), r"PagedDecodeKnobs\.max_splits: expected int, got '8' \(str\)"),
-    (paged.KNOBS, dict(one_pass=1), r"PagedDecodeKnobs\.one_pass: expected bool, got 1 \(int\)"),
-    (paged.KNOBS, dict(max_splits=True), r"max_splits: expected int, got True \(bool\)"),
-    (paged.KNOBS, dict(fused_merge="yes"), r"fused_merge: expected bool \| 'auto', got 'yes'"),
-    (paged.KNOBS, dict(small_batch=[1, 2048, 32, 32]), r"small_batch: expected tuple\[int, int, int, int\] \| None"),
-    (paged.KNOBS, dict(small_batch=(1, 2048, 24, 32)), r"small_batch: expected None or \(.*power of two"),
-    (paged.KNOBS, dict(one_pass_max_tiles=3), r"one_pass_max_tiles: expected 1, 2 or 4, got 3"),
-    (paged.KNOBS, dict(trigger_first=("splits",)), r"trigger_first: expected a tuple of 'split' and / or 'merge'"),
-    (paged.KNOBS, dict(split_warps=3), r"split_warps: expected a power of two in \[1, 32\], got 3"),
-    (gemv.KNOBS, dict(prefetch_by_shape={(1024, 3072): (8192, 4)}), r"prefetch_by_shape: expected tuple\["),
-    (gemv.KNOBS, dict(prefetch_wide=(4096, 3)), r"prefetch_wide: expected \(slab elements >= 1, warps"),
-    (gemv.KNOBS, dict(max_rows=0), r"GemvKnobs\.max_rows: expected an int >= 1, got 0\. The default is 8"),
-    (sampling.KNOBS, dict(split_block=1000), r"SamplingKnobs\.split_block: expected a power of two"),
-    (sampling.KNOBS, dict(split_programs=2.0), r"split_programs: expected int, got 2\.0 \(float\)"),
-])
+@pytest.mark.parametrize(
+    ("name", "fields", "message"),
+    [
+        (paged.KNOBS, dict(max_splits="8"), r"PagedDecodeKnobs\.max_splits: expected int, got '8' \(str\)"),
+        (paged.KNOBS, dict(one_pass=1), r"PagedDecodeKnobs\.one_pass: expected bool, got 1 \(int\)"),
+        (paged.KNOBS, dict(max_splits=True), r"max_splits: expected int, got True \(bool\)"),
+        (paged.KNOBS, dict(fused_merge="yes"), r"fused_merge: expected bool \| 'auto', got 'yes'"),
+        (
+            paged.KNOBS,
+            dict(small_batch=[1, 2048, 32, 32]),
+            r"small_batch: expected tuple\[int, int, int, int\] \| None",
+        ),
+        (paged.KNOBS, dict(small_batch=(1, 2048, 24, 32)), r"small_batch: expected None or \(.*power of two"),
+        (paged.KNOBS, dict(one_pass_max_tiles=3), r"one_pass_max_tiles: expected 1, 2 or 4, got 3"),
+        (
+            paged.KNOBS,
+            dict(trigger_first=("splits",)),
+            r"trigger_first: expected a tuple of 'split' and / or 'merge'",
+        ),
+        (paged.KNOBS, dict(split_warps=3), r"split_warps: expected a power of two in \[1, 32\], got 3"),
+        (
+            gemv.KNOBS,
+            dict(prefetch_by_shape={(1024, 3072): (8192, 4)}),
+            r"prefetch_by_shape: expected tuple\[",
+        ),
+        (gemv.KNOBS, dict(prefetch_wide=(4096, 3)), r"prefetch_wide: expected \(slab elements >= 1, warps"),
+        (
+            gemv.KNOBS,
+            dict(max_rows=0),
+            r"GemvKnobs\.max_rows: expected an int >= 1, got 0\. The default is 8",
+        ),
+        (sampling.KNOBS, dict(split_block=1000), r"SamplingKnobs\.split_block: expected a power of two"),
+        (sampling.KNOBS, dict(split_programs=2.0), r"split_programs: expected int, got 2\.0 \(float\)"),
+    ],
+)
 def test_wrong_type_or_range_says_expected_and_got(name, fields, message):
     before = kb.get(name)
     with pytest.raises(ConfigurationError, match=message):
@@ -111,12 +176,15 @@ def test_wrong_type_or_range_says_expected_and_got(name, fields, message):
         type(before)(**fields)
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    (dict(lanes=0), r"CudaGraphKnobs\.lanes: expected an int >= 1, got 0\. The default is 2"),
-    (dict(narrow_tokens=0), r"narrow_tokens: expected an int >= 1 or None, got 0"),
-    (dict(packed_inputs="no"), r"packed_inputs: expected True or False, got 'no'"),
-    (dict(pack_max_bytes=-1), r"pack_max_bytes: expected an int >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(lanes=0), r"CudaGraphKnobs\.lanes: expected an int >= 1, got 0\. The default is 2"),
+        (dict(narrow_tokens=0), r"narrow_tokens: expected an int >= 1 or None, got 0"),
+        (dict(packed_inputs="no"), r"packed_inputs: expected True or False, got 'no'"),
+        (dict(pack_max_bytes=-1), r"pack_max_bytes: expected an int >= 0, got -1"),
+    ],
+)
 def test_cuda_graph_knobs_are_checked(fields, message):
     with pytest.raises(ConfigurationError, match=message):
         CudaGraphKnobs(**fields)
@@ -147,8 +215,11 @@ def test_configure_replace_and_reset():
         assert (again.prefetch_warps, again.prefetch_slab) == (4, 4096)
         whole = dataclasses.replace(gemv.GemvKnobs(), prefetch=False)
         assert kb.replace_knobs(gemv.KNOBS, whole) is whole and kb.get(gemv.KNOBS) is whole
-        with pytest.raises(ConfigurationError, match=r"knobs 'triton.gemv': expected a GemvKnobs instance, got "
-                                                     r"SamplingKnobs"):
+        with pytest.raises(
+            ConfigurationError,
+            match=r"knobs 'triton.gemv': expected a GemvKnobs instance, got "
+            r"SamplingKnobs",
+        ):
             kb.replace_knobs(gemv.KNOBS, sampling.SamplingKnobs())
     finally:
         assert kb.reset_knobs(gemv.KNOBS) == gemv.GemvKnobs()
@@ -167,17 +238,20 @@ def test_generation_bumps_on_every_change():
 
 
 def test_unknown_name_lists_the_registered_ones():
-    with pytest.raises(ConfigurationError, match=r"knobs name: expected a registered name, got 'triton.paged_decod'.*"
-                                                 r"Did you mean 'triton.paged_decode'\?.*Known: \[.*'triton.gemv'"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"knobs name: expected a registered name, got 'triton.paged_decod'.*"
+        r"Did you mean 'triton.paged_decode'\?.*Known: \[.*'triton.gemv'",
+    ):
         kb.get("triton.paged_decod")
     with pytest.raises(ConfigurationError, match="registered name"):
         kb.configure_knobs("triton.nope", x=1)
 
 
-# ----------------------------------------------------------------------------------- a knob changes a decision
+# ---------------------------------------------------------------------------------- a knob changes a decision
 def test_max_splits_changes_the_paged_decode_split_count():
-    """One 32k-token sequence, 8 KV heads, head dim 128, bf16 on a 132-SM GPU: 32 splits of 1024 tokens by default
-    (``waves`` x SMs / 8 heads = 66 wanted, capped at ``max_splits``), 8 with ``max_splits=8``."""
+    """One 32k-token sequence, 8 KV heads, head dim 128, bf16 on a 132-SM GPU: 32 splits of 1024 tokens by
+    default (``waves`` x SMs / 8 heads = 66 wanted, capped at ``max_splits``), 8 with ``max_splits=8``."""
     assert paged.geometry(1, 8, 32768, 128, 2, 132) == paged.Geometry(128, 1024, 32, 1, False)
     with kb.knobs(paged.KNOBS, max_splits=8):
         assert paged.geometry(1, 8, 32768, 128, 2, 132).splits == 8
@@ -189,13 +263,16 @@ def test_max_splits_changes_the_paged_decode_split_count():
 
 def test_small_batch_and_one_pass_change_the_batch1_geometry():
     """Batch 1 in a 2048-token table: 32-position tiles, 32 splits of two tiles gathered in one pass; without
-    ``small_batch`` the general 128-position tiles and the loop; without ``one_pass`` the same tiles, looped."""
+    ``small_batch`` the general 128-position tiles and the loop; without ``one_pass`` the same tiles,
+    looped."""
     assert paged.geometry(1, 8, 2048, 128, 2, 132) == paged.Geometry(32, 64, 32, 2, True)
     with kb.knobs(paged.KNOBS, small_batch=None):
         assert paged.geometry(1, 8, 2048, 128, 2, 132) == paged.Geometry(128, 256, 8, 1, False)
     with kb.knobs(paged.KNOBS, one_pass=False):
         assert paged.geometry(1, 8, 2048, 128, 2, 132) == paged.Geometry(32, 64, 32, 1, False)
-    explicit = dataclasses.replace(paged.PagedDecodeKnobs(), tile_bytes=16384)  # an instance passed explicitly
+    explicit = dataclasses.replace(
+        paged.PagedDecodeKnobs(), tile_bytes=16384
+    )  # an instance passed explicitly
     assert paged.geometry(2, 8, 2048, 128, 2, 132, kn=explicit).block_n == 64
 
 
@@ -218,7 +295,7 @@ def test_a_change_drops_the_paged_plans():
     assert not paged._PLANS  # the restore drops plans made under the block
 
 
-# ------------------------------------------------------------------------------------------ the registry itself
+# ---------------------------------------------------------------------------------------- the registry itself
 @dataclass(frozen=True, slots=True)
 class _Demo:
     """Knobs of this test module."""
@@ -266,9 +343,13 @@ def test_register_checks_and_subscribe(demo):
     with kb.knobs("test.demo", mode=("b", "c")):
         pass
     assert seen == [2, 2, 2]  # configure, the block's entry and its exit
-    with pytest.raises(ConfigurationError, match=r"_Demo\.mode: expected tuple\[str, \.\.\.\], got \('b', 1\)"):
+    with pytest.raises(
+        ConfigurationError, match=r"_Demo\.mode: expected tuple\[str, \.\.\.\], got \('b', 1\)"
+    ):
         kb.configure_knobs("test.demo", mode=("b", 1))
-    with pytest.raises(ConfigurationError, match=r"_Demo\.size: expected an int >= 1, got 0\. The default is 4"):
+    with pytest.raises(
+        ConfigurationError, match=r"_Demo\.size: expected an int >= 1, got 0\. The default is 4"
+    ):
         kb.configure_knobs("test.demo", size=0)
     with pytest.raises(ConfigurationError, match="a frozen dataclass instance"):
         kb.register("test.bad", {"size": 1})
@@ -279,8 +360,9 @@ def test_register_checks_and_subscribe(demo):
 
 
 def test_public_knobs_api_works_before_any_op_call_and_invalidates_selections():
-    """``lz.configure_knobs`` in a fresh interpreter, before any op ran (the package's wiring loads the modules
-    that register knobs), and a change bumps the configuration epoch that cached selections are checked against."""
+    """``lz.configure_knobs`` in a fresh interpreter, before any op ran (the package's wiring loads the
+    modules that register knobs), and a change bumps the configuration epoch that cached selections are
+    checked against."""
     import subprocess
     import sys
 

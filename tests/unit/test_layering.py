@@ -1,6 +1,7 @@
-"""The layering DESIGN.md states, enforced with import-linter (a kept library): core imports nothing above it, the
-engine imports only the public API, nothing but the CLI imports the engine, a backend imports no other backend
-(contracts in ``.importlinter``). A new import that breaks a layer fails here with import-linter's report."""
+"""The layering DESIGN.md states, enforced with import-linter (a kept library): core imports nothing above it,
+the engine imports only the public API, nothing but the CLI imports the engine, a backend imports no other
+backend (contracts in ``.importlinter``). A new import that breaks a layer fails here with import-linter's
+report."""
 
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ def test_import_contracts_are_kept():
     exe = str(beside) if beside.exists() else shutil.which("lint-imports")
     if exe is None:
         pytest.skip("import-linter is not installed (it is in the dev extra: pip install -e '.[dev]')")
-    r = subprocess.run([exe, "--no-cache", str(ROOT / ".importlinter")], cwd=ROOT / "src", capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [exe, "--no-cache", str(ROOT / ".importlinter")],
+        cwd=ROOT / "src",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "0 broken" in r.stdout
 
@@ -71,8 +77,8 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles_anywhere_in_the_package():
-    """DESIGN.md: "No import cycles". Every import counts, a function-level (lazy) one too: a cycle that works only
-    because one side imports late is still two modules that cannot be understood or changed apart."""
+    """DESIGN.md: "No import cycles". Every import counts, a function-level (lazy) one too: a cycle that works
+    only because one side imports late is still two modules that cannot be understood or changed apart."""
     grimp = pytest.importorskip("grimp", reason="grimp comes with import-linter (the dev extra)")
     sys.path.insert(0, str(ROOT / "src"))
     try:

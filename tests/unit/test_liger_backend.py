@@ -2,8 +2,8 @@
 
 1. Absent library: ``liger`` registered, unavailable with BACKEND_NOT_INSTALLED; a broken import (no triton)
    gives BACKEND_IMPORT_FAILED.
-2. Routing with fakes: fake ``liger_kernel.ops.*`` modules in ``sys.modules`` and hand-built CUDA contexts fed to
-   ``core.selection.select``: liger (70) beats torch_native (50) on CUDA SM >= 8.0; rejected with the right
+2. Routing with fakes: fake ``liger_kernel.ops.*`` modules in ``sys.modules`` and hand-built CUDA contexts fed
+   to ``core.selection.select``: liger (70) beats torch_native (50) on CUDA SM >= 8.0; rejected with the right
    reasons for interleaved RoPE, a missing fused add + RMSNorm, old SMs, huge hidden sizes.
 3. Calls: the plan runs the fakes (which mimic Liger, including its in-place rotation in [B, S, H, D] memory)
    and matches float64 oracles written here; the caller's tensors are never modified.
@@ -68,8 +68,8 @@ class FakeFusedRMS:
 
 
 class FakeRope:
-    """Stand-in for LigerRopeFunction: like Liger, transposes q/k to [B, S, H, D], calls .contiguous() (a no-op
-    for BSHD storage) and rotates *in place* there, then returns BHSD views."""
+    """Stand-in for LigerRopeFunction: like Liger, transposes q/k to [B, S, H, D], calls .contiguous() (a
+    no-op for BSHD storage) and rotates *in place* there, then returns BHSD views."""
 
     calls: list = []
 
@@ -79,7 +79,9 @@ class FakeRope:
 
     @classmethod
     def apply(cls, q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-        cls.calls.append({"q": tuple(q.shape), "cos": tuple(cos.shape), "in_place": q.transpose(1, 2).is_contiguous()})
+        cls.calls.append(
+            {"q": tuple(q.shape), "cos": tuple(cos.shape), "in_place": q.transpose(1, 2).is_contiguous()}
+        )
         out = []
         for t in (q, k):
             p = t.transpose(1, 2).contiguous()  # [B, S, H, D], in place when already BSHD memory
@@ -100,9 +102,16 @@ class OldFakeRope(FakeRope):
 
 def install(monkeypatch, *, fused=True, rope=FakeRope):
     FakeRMS.calls, FakeFusedRMS.calls, FakeRope.calls = [], [], []
-    mods = {name: types.ModuleType(name) for name in
-            ("liger_kernel", "liger_kernel.ops", "liger_kernel.ops.rms_norm", "liger_kernel.ops.fused_add_rms_norm",
-             "liger_kernel.ops.rope")}
+    mods = {
+        name: types.ModuleType(name)
+        for name in (
+            "liger_kernel",
+            "liger_kernel.ops",
+            "liger_kernel.ops.rms_norm",
+            "liger_kernel.ops.fused_add_rms_norm",
+            "liger_kernel.ops.rope",
+        )
+    }
     mods["liger_kernel"].__version__ = "0.8.5"
     mods["liger_kernel.ops.rms_norm"].LigerRMSNormFunction = FakeRMS
     if fused:
@@ -136,12 +145,23 @@ cuda_device = fake_cuda_device
 
 
 def rms_ctx(sm=(9, 0), dtype=torch.bfloat16, h=4096, **kw):
-    return SelectionContext(op="rms_norm", device=cuda_device(sm), dtype=dtype, hidden_size=h, param_dtype=dtype, **kw)
+    return SelectionContext(
+        op="rms_norm", device=cuda_device(sm), dtype=dtype, hidden_size=h, param_dtype=dtype, **kw
+    )
 
 
 def rope_ctx(sm=(9, 0), dtype=torch.float16, d=128, r=None, layout=Layout.BHSD, **kw):
-    return SelectionContext(op="rope", device=cuda_device(sm), dtype=dtype, num_heads_q=8, num_heads_kv=2,
-                            head_dim=d, rotary_dim=d if r is None else r, layout=layout, **kw)
+    return SelectionContext(
+        op="rope",
+        device=cuda_device(sm),
+        dtype=dtype,
+        num_heads_q=8,
+        num_heads_kv=2,
+        head_dim=d,
+        rotary_dim=d if r is None else r,
+        layout=layout,
+        **kw,
+    )
 
 
 def _measured_liger_faster(kernel_id):
@@ -168,11 +188,15 @@ def test_registered_and_unavailable_without_the_library():
     assert not spec.available and spec.import_name == "liger_kernel"
     assert [r.code for r in spec.reasons] == [R.BACKEND_NOT_INSTALLED]
     assert "pip install liger-kernel" in spec.reasons[0].message
-    assert {k.kernel_id for k in RUNTIME.registry.kernels.values() if k.backend == "liger"} == set(liger.KERNEL_IDS)
+    assert {k.kernel_id for k in RUNTIME.registry.kernels.values() if k.backend == "liger"} == set(
+        liger.KERNEL_IDS
+    )
 
 
-@pytest.mark.parametrize("exc", [ModuleNotFoundError("No module named 'triton'", name="triton"),
-                                 RuntimeError("CUDA driver too old")])
+@pytest.mark.parametrize(
+    "exc",
+    [ModuleNotFoundError("No module named 'triton'", name="triton"), RuntimeError("CUDA driver too old")],
+)
 def test_broken_import_is_import_failed(monkeypatch, exc):
     real = importlib.import_module
 
@@ -207,9 +231,16 @@ def test_probe_with_fakes(monkeypatch):
     install(monkeypatch)
     p = liger.probe()
     assert p.backend.available and p.backend.version == "0.8.5"
-    # no liger_kernel.ops.swiglu among these fakes: liger.swiglu is rejected, not the backend (tests/unit/test_swiglu.py)
-    assert p.functions == {"rms_norm": FakeRMS, "fused_add_rms_norm": FakeFusedRMS, "rope": FakeRope, "swiglu": None,
-                           "layer_norm": None, "linear_cross_entropy": None}
+    # no liger_kernel.ops.swiglu among these fakes: liger.swiglu is rejected, not the backend
+    # (tests/unit/test_swiglu.py)
+    assert p.functions == {
+        "rms_norm": FakeRMS,
+        "fused_add_rms_norm": FakeFusedRMS,
+        "rope": FakeRope,
+        "swiglu": None,
+        "layer_norm": None,
+        "linear_cross_entropy": None,
+    }
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -223,11 +254,14 @@ def test_liger_wins_rms_norm_on_cuda_only_when_measured_faster(reg, dtype):
     assert report.candidate("liger.rms_norm").score.total == 40
 
 
-@pytest.mark.parametrize(("ctx_kw", "code", "winner"), [
-    ({"sm": (7, 5)}, R.SM_TOO_OLD, "torch_native.rms_norm"),
-    ({"h": 65537}, R.HIDDEN_SIZE_UNSUPPORTED, "torch_native.rms_norm"),
-    ({"dtype": torch.float64}, R.DTYPE_UNSUPPORTED, "torch_native.rms_norm"),
-])
+@pytest.mark.parametrize(
+    ("ctx_kw", "code", "winner"),
+    [
+        ({"sm": (7, 5)}, R.SM_TOO_OLD, "torch_native.rms_norm"),
+        ({"h": 65537}, R.HIDDEN_SIZE_UNSUPPORTED, "torch_native.rms_norm"),
+        ({"dtype": torch.float64}, R.DTYPE_UNSUPPORTED, "torch_native.rms_norm"),
+    ],
+)
 def test_rms_norm_rejections(reg, ctx_kw, code, winner):
     plan, report = run_select(reg, rms_ctx(**ctx_kw))
     assert plan.kernel_id == winner
@@ -329,7 +363,7 @@ def test_rope_call_matches_oracle_and_leaves_inputs(reg, layout, form, rot):
     table_c, table_s = torch.cat([theta.cos()] * 2, -1).float(), torch.cat([theta.sin()] * 2, -1).float()
     pos = None
     if form == "gathered":
-        cos, sin = table_c[3:3 + s].unsqueeze(0), table_s[3:3 + s].unsqueeze(0)
+        cos, sin = table_c[3 : 3 + s].unsqueeze(0), table_s[3 : 3 + s].unsqueeze(0)
         gc, gs = cos, sin
     elif form == "table":
         cos, sin = table_c, table_s
@@ -351,12 +385,15 @@ def test_rope_oracle_hand_worked():
     x = torch.tensor([[[[1.0, 0.0], [0.0, 1.0]]]])  # [1, 1, 2, 2]
     c, s = torch.zeros(1, 2, 2), torch.ones(1, 2, 2)
     assert torch.equal(rope_oracle(x, c, s, "BHSD").float(), torch.tensor([[[[0.0, 1.0], [-1.0, 0.0]]]]))
-    assert math.isclose(rms_oracle(torch.tensor([3.0, 4.0]), torch.ones(2), 0.0)[0].item(), 3 / math.sqrt(12.5))
+    assert math.isclose(
+        rms_oracle(torch.tensor([3.0, 4.0]), torch.ones(2), 0.0)[0].item(), 3 / math.sqrt(12.5)
+    )
 
 
 def test_liger_linear_cross_entropy_refuses_reduction_none_with_grad():
-    """Liger's fused linear cross-entropy scales its precomputed gradients by one scalar, so reduction="none" with
-    gradients would be silently wrong: its check refuses exactly that context (hand-built CUDA contexts)."""
+    """Liger's fused linear cross-entropy scales its precomputed gradients by one scalar, so reduction="none"
+    with gradients would be silently wrong: its check refuses exactly that context (hand-built CUDA
+    contexts)."""
     import dataclasses
 
     import torch
@@ -367,14 +404,35 @@ def test_liger_linear_cross_entropy_refuses_reduction_none_with_grad():
 
     class FakeLCE:
         @staticmethod
-        def forward(ctx, _input, weight, target, bias=None, ce_weight=None, ignore_index=-100, lse_square_scale=0.0,
-                    label_smoothing=0.0, reduction="mean", softcap=None):
+        def forward(
+            ctx,
+            _input,
+            weight,
+            target,
+            bias=None,
+            ce_weight=None,
+            ignore_index=-100,
+            lse_square_scale=0.0,
+            label_smoothing=0.0,
+            reduction="mean",
+            softcap=None,
+        ):
             raise NotImplementedError
 
     check = linear_cross_entropy_check(FakeLCE)
-    base = SelectionContext(op="linear_cross_entropy", device=cuda_device((9, 0)), dtype=torch.bfloat16, batch=64,
-                            hidden_size=128, vocab_size=1000, reduction="none", requires_grad=True)
+    base = SelectionContext(
+        op="linear_cross_entropy",
+        device=cuda_device((9, 0)),
+        dtype=torch.bfloat16,
+        batch=64,
+        hidden_size=128,
+        vocab_size=1000,
+        reduction="none",
+        requires_grad=True,
+    )
     assert [r.code for r in check(base)] == [ReasonCode.BACKWARD_UNSUPPORTED]
     assert check(dataclasses.replace(base, requires_grad=False)) == []
     assert check(dataclasses.replace(base, reduction="mean")) == []
-    assert check(dataclasses.replace(base, has_softcap=True, reduction="sum")) == []   # this forward has softcap
+    assert (
+        check(dataclasses.replace(base, has_softcap=True, reduction="sum")) == []
+    )  # this forward has softcap

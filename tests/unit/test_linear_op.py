@@ -1,6 +1,6 @@
-"""``lz.linear``: every kernel reachable on CPU (reference, torch_native) equals a float64 product within the dtype's
-tolerance, for odd shapes, any leading dims, with and without bias, strided x; gradients match the float64 ones;
-typed errors for bad inputs; registered like every op; the key keeps small row counts exact."""
+"""``lz.linear``: every kernel reachable on CPU (reference, torch_native) equals a float64 product within the
+dtype's tolerance, for odd shapes, any leading dims, with and without bias, strided x; gradients match the
+float64 ones; typed errors for bad inputs; registered like every op; the key keeps small row counts exact."""
 
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ def assert_close_rel(out: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) 
 
 
 @pytest.mark.parametrize("kernel_id", KERNELS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
-                         ids=["f32", "f64", "bf16", "f16"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=["f32", "f64", "bf16", "f16"]
+)
 @pytest.mark.parametrize("seed", range(4))
 def test_locked_kernel_matches_float64(kernel_id, dtype, seed):
     g = torch.Generator().manual_seed(seed)
@@ -100,20 +101,28 @@ def test_key_rows_exact_then_bucketed():
     assert (f["batch"], f["hidden_size"], f["intermediate_size"], f["has_bias"]) == (3, 4, 5, False)
 
 
-@pytest.mark.parametrize(("x", "w", "b", "match"), [
-    ([1.0], torch.randn(2, 1), None, "x: expected a torch.Tensor"),
-    (torch.ones(2, 3, dtype=torch.int64), torch.randn(2, 3), None, "x.dtype"),
-    (torch.tensor(1.0), torch.randn(2, 1), None, "x rank: expected >= 1 dims"),
-    (torch.randn(2, 3), torch.randn(3), None, "weight rank: expected 2 dims"),
-    (torch.randn(2, 3), torch.randn(4, 5), None, r"x.shape\[-1\] \(in_features K\): expected 5"),
-    (torch.randn(2, 3), torch.randn(4, 3, dtype=torch.float64), None, "weight.dtype: expected torch.float32"),
-    (torch.randn(2, 3), torch.randn(4, 3, device="meta"), None, "weight.device"),
-    (torch.randn(2, 0), torch.randn(4, 0), None, "N >= 1 and K >= 1"),
-    (torch.randn(2, 3), torch.randn(4, 3), torch.randn(5), r"bias shape: expected \[N\] = \[4\]"),
-    (torch.randn(2, 3), torch.randn(4, 3), torch.randn(4, 1), "bias rank"),
-    (torch.randn(2, 3), torch.randn(4, 3), torch.randn(4).half(), "bias.dtype"),
-    (torch.randn(2, 3), torch.randn(4, 3), "b", "bias: expected a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    ("x", "w", "b", "match"),
+    [
+        ([1.0], torch.randn(2, 1), None, "x: expected a torch.Tensor"),
+        (torch.ones(2, 3, dtype=torch.int64), torch.randn(2, 3), None, "x.dtype"),
+        (torch.tensor(1.0), torch.randn(2, 1), None, "x rank: expected >= 1 dims"),
+        (torch.randn(2, 3), torch.randn(3), None, "weight rank: expected 2 dims"),
+        (torch.randn(2, 3), torch.randn(4, 5), None, r"x.shape\[-1\] \(in_features K\): expected 5"),
+        (
+            torch.randn(2, 3),
+            torch.randn(4, 3, dtype=torch.float64),
+            None,
+            "weight.dtype: expected torch.float32",
+        ),
+        (torch.randn(2, 3), torch.randn(4, 3, device="meta"), None, "weight.device"),
+        (torch.randn(2, 0), torch.randn(4, 0), None, "N >= 1 and K >= 1"),
+        (torch.randn(2, 3), torch.randn(4, 3), torch.randn(5), r"bias shape: expected \[N\] = \[4\]"),
+        (torch.randn(2, 3), torch.randn(4, 3), torch.randn(4, 1), "bias rank"),
+        (torch.randn(2, 3), torch.randn(4, 3), torch.randn(4).half(), "bias.dtype"),
+        (torch.randn(2, 3), torch.randn(4, 3), "b", "bias: expected a torch.Tensor"),
+    ],
+)
 def test_bad_inputs_raise_typed_errors(x, w, b, match):
     with pytest.raises(lz.InvalidInputError, match=match) as info:
         lz.linear(x, w, b)
@@ -123,5 +132,8 @@ def test_bad_inputs_raise_typed_errors(x, w, b, match):
 def test_registered_everywhere():
     assert CANONICAL_ARGS["linear"] == ("x", "weight", "bias")
     assert "linear" in OPS and "linear" in lz.__all__
-    ids = {k["kernel_id"] if isinstance(k, dict) else getattr(k, "kernel_id", k) for k in lz.list_kernels("linear")}
+    ids = {
+        k["kernel_id"] if isinstance(k, dict) else getattr(k, "kernel_id", k)
+        for k in lz.list_kernels("linear")
+    }
     assert {*KERNELS, "triton.gemv"} <= ids

@@ -1,4 +1,5 @@
-"""Quantized paged KV caches: validation (typed errors, never assert), cache keys, contexts and the hot key."""
+"""Quantized paged KV caches: validation (typed errors, never assert), cache keys, contexts and the hot
+key."""
 
 from __future__ import annotations
 
@@ -52,14 +53,17 @@ def test_bad_scale_values(bad, which):
         lz.reshape_and_cache(k, k, cache, torch.tensor([0, 1]), **{which: bad})
 
 
-@pytest.mark.parametrize(("bad", "match"), [
-    (torch.tensor(1.0, dtype=torch.float64), "float32"),
-    (torch.tensor([1.0, 2.0]), "float32"),
-    (torch.ones(1, 1), "float32"),
-    (torch.tensor(-2.0), "value"),
-    (torch.tensor(float("nan")), "value"),
-    (torch.tensor(1.0, device="meta"), "device"),
-])
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        (torch.tensor(1.0, dtype=torch.float64), "float32"),
+        (torch.tensor([1.0, 2.0]), "float32"),
+        (torch.ones(1, 1), "float32"),
+        (torch.tensor(-2.0), "value"),
+        (torch.tensor(float("nan")), "value"),
+        (torch.tensor(1.0, device="meta"), "device"),
+    ],
+)
 def test_bad_scale_tensors(bad, match):
     q, cache, bt, seq = _inputs()
     with pytest.raises(lz.InvalidInputError, match=match):
@@ -129,13 +133,20 @@ def test_hot_key_has_cache_dtype_and_scale_presence_not_values():
     hk = paged._hot_key
     base = hk(q, cache, bt, seq, None, None, True, "NHD")
     assert base is not None and base[-1] == (FP8, "none", "none")
-    assert hk(q, cache, bt, seq, None, None, True, "NHD", 0.5, 2.0) == hk(q, cache, bt, seq, None, None, True, "NHD",
-                                                                          4.0, 0.125)
+    assert hk(q, cache, bt, seq, None, None, True, "NHD", 0.5, 2.0) == hk(
+        q, cache, bt, seq, None, None, True, "NHD", 4.0, 0.125
+    )
     assert hk(q, cache, bt, seq, None, None, True, "NHD", 0.5) != base
     ts = torch.tensor(1.0, device="meta")
     assert hk(q, cache, bt, seq, None, None, True, "NHD", ts, ts)[-1] == (FP8, "tensor", "tensor")
     # invalid scales or a foreign scale tensor: no hot key (the full checks run and raise)
-    for bad in (-1.0, math.nan, math.inf, torch.tensor(1.0), torch.tensor(1.0, dtype=torch.float64, device="meta")):
+    for bad in (
+        -1.0,
+        math.nan,
+        math.inf,
+        torch.tensor(1.0),
+        torch.tensor(1.0, dtype=torch.float64, device="meta"),
+    ):
         assert hk(q, cache, bt, seq, None, None, True, "NHD", bad) is None
     i8 = cache.to(torch.int8)
     assert hk(q, i8, bt, seq, None, None, True, "NHD")[-1] == (torch.int8, "none", "none")
@@ -157,13 +168,30 @@ def test_quantize_helpers_round_trip():
 def test_custom_kernel_declaring_quantized_caches_gets_the_scales():
     seen = []
 
-    def mine(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, layout, k_scale=None,
-             v_scale=None):
+    def mine(
+        q,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
+        scale,
+        is_causal,
+        layout,
+        k_scale=None,
+        v_scale=None,
+    ):
         seen.append((k_scale, v_scale))
         return torch.zeros_like(q)
 
-    lz.register_kernel("paged_attention", "mylib.fp8_paged", mine, kv_cache_dtypes={"float8_e4m3fn"}, priority=99,
-                       device_types={"cpu"}, graph_safe=False)
+    lz.register_kernel(
+        "paged_attention",
+        "mylib.fp8_paged",
+        mine,
+        kv_cache_dtypes={"float8_e4m3fn"},
+        priority=99,
+        device_types={"cpu"},
+        graph_safe=False,
+    )
     try:
         q, cache, bt, seq = _inputs()
         assert lz.explain("paged_attention", q, cache, bt, seq).chosen == "mylib.fp8_paged"
@@ -171,6 +199,7 @@ def test_custom_kernel_declaring_quantized_caches_gets_the_scales():
         assert seen == [(1.0, 0.5)]
         qi, ci, _, _ = _inputs(torch.int8)
         assert lz.explain("paged_attention", qi, ci, bt, seq).chosen != "mylib.fp8_paged"
+
         def bad(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, layout):
             return q
 

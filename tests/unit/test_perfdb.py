@@ -54,13 +54,16 @@ def _pragma(path, name):
 
 
 # ------------------------------------------------------------------------------------ statistics
-@pytest.mark.parametrize(("samples", "median", "p95", "var"), [
-    ([10.0], 10.0, 10.0, 0.0),
-    ([1.0, 2.0, 3.0, 4.0], 2.5, 4.0, 1.25),             # p95 rank ceil(3.8) = 4; mean 2.5
-    ([3.0, 1.0, 2.0], 2.0, 3.0, 2.0 / 3.0),             # unsorted input
-    ([float(i) for i in range(1, 21)], 10.5, 19.0, 33.25),  # rank ceil(0.95*20) = 19: exact, not 20
-    ([5.0, 5.0, 5.0, 0.0], 5.0, 5.0, 4.6875),
-])
+@pytest.mark.parametrize(
+    ("samples", "median", "p95", "var"),
+    [
+        ([10.0], 10.0, 10.0, 0.0),
+        ([1.0, 2.0, 3.0, 4.0], 2.5, 4.0, 1.25),  # p95 rank ceil(3.8) = 4; mean 2.5
+        ([3.0, 1.0, 2.0], 2.0, 3.0, 2.0 / 3.0),  # unsorted input
+        ([float(i) for i in range(1, 21)], 10.5, 19.0, 33.25),  # rank ceil(0.95*20) = 19: exact, not 20
+        ([5.0, 5.0, 5.0, 0.0], 5.0, 5.0, 4.6875),
+    ],
+)
 def test_summary_hand_worked(samples, median, p95, var):
     m, p, v, n = summarize_samples(samples)
     assert (m, p, n) == (median, p95, len(samples))
@@ -84,16 +87,19 @@ def test_summary_accepts_numpy_and_ints():
     assert summarize_samples((1, 3))[0] == 2.0
 
 
-@pytest.mark.parametrize(("samples", "match"), [
-    ([], "at least one sample"),
-    ([1.0, float("nan")], r"samples_us\[1\].*finite"),
-    ([1.0, float("inf")], r"samples_us\[1\].*finite"),
-    ([-0.5], r"samples_us\[0\].*>= 0"),
-    (["1.0"], r"samples_us\[0\].*real number"),
-    ([True], r"samples_us\[0\].*real number"),
-    ("123", "sequence of timings"),
-    (12.0, "sequence of timings"),
-])
+@pytest.mark.parametrize(
+    ("samples", "match"),
+    [
+        ([], "at least one sample"),
+        ([1.0, float("nan")], r"samples_us\[1\].*finite"),
+        ([1.0, float("inf")], r"samples_us\[1\].*finite"),
+        ([-0.5], r"samples_us\[0\].*>= 0"),
+        (["1.0"], r"samples_us\[0\].*real number"),
+        ([True], r"samples_us\[0\].*real number"),
+        ("123", "sequence of timings"),
+        (12.0, "sequence of timings"),
+    ],
+)
 def test_record_rejects_bad_samples(db, samples, match):
     with pytest.raises(InvalidInputError, match=match):
         db.record("k.a", "attention", "b", FP, samples)
@@ -116,8 +122,9 @@ def test_round_trip_and_upsert(tmp_path):
     with PerfDB(path, clock=clock) as d:
         assert d.path == path
         rec = d.record("torch_sdpa.flash", "attention", "s128_d64", FP, [3.0, 1.0, 2.0])
-        assert rec == PerfRecord("torch_sdpa.flash", "attention", "s128_d64", FP,
-                                 2.0, 3.0, 2.0 / 3.0, 3, 1000.0)
+        assert rec == PerfRecord(
+            "torch_sdpa.flash", "attention", "s128_d64", FP, 2.0, 3.0, 2.0 / 3.0, 3, 1000.0
+        )
         assert d.lookup("torch_sdpa.flash", "attention", "s128_d64", FP) == rec
         clock.t = 2000.0
         rec2 = d.record("torch_sdpa.flash", "attention", "s128_d64", FP, [7.0])  # replaces, not merges
@@ -141,8 +148,9 @@ def test_lookup_missing_and_fingerprint_isolation(db):
 
 
 def test_for_bucket_selects_exactly_the_bucket(db):
-    expected = {k: db.record(k, "attention", "b1", FP, [float(i + 1)])
-                for i, k in enumerate(["x.a", "y.b", "z.c"])}
+    expected = {
+        k: db.record(k, "attention", "b1", FP, [float(i + 1)]) for i, k in enumerate(["x.a", "y.b", "z.c"])
+    }
     db.record("x.a", "attention", "b2", FP, [5.0])
     db.record("x.a", "rms_norm", "b1", FP, [5.0])
     db.record("w.d", "attention", "b1", FP2, [5.0])
@@ -258,7 +266,7 @@ def test_corrupt_pages_fail_integrity_check_and_are_quarantined(tmp_path, caplog
             d.record(f"k.{i}", "attention", f"bucket-{i}", FP, [float(i)])
     data = bytearray(path.read_bytes())
     assert len(data) > 3 * 4096 and data[:16] == b"SQLite format 3\x00"
-    data[4096 + 100: len(data) - 100] = b"\xa5" * (len(data) - 4096 - 200)  # keep the header page
+    data[4096 + 100 : len(data) - 100] = b"\xa5" * (len(data) - 4096 - 200)  # keep the header page
     path.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, logger=LOGGER), PerfDB(path) as d:
         assert len(d) == 0
@@ -317,10 +325,17 @@ def test_in_memory_corruption_raises_typed_error():
 
 # ------------------------------------------------------------------------------- fingerprint
 def test_fingerprint_canonical_form_and_order_independence():
-    parts = {"device": "NVIDIA H100 80GB HBM3", "sm": "9.0", "driver": "550.54.15", "cuda": "12.4",
-             "torch": "2.5.1"}
-    canonical = ('[["cuda","12.4"],["device","NVIDIA H100 80GB HBM3"],["driver","550.54.15"],'
-                 '["sm","9.0"],["torch","2.5.1"]]')
+    parts = {
+        "device": "NVIDIA H100 80GB HBM3",
+        "sm": "9.0",
+        "driver": "550.54.15",
+        "cuda": "12.4",
+        "torch": "2.5.1",
+    }
+    canonical = (
+        '[["cuda","12.4"],["device","NVIDIA H100 80GB HBM3"],["driver","550.54.15"],'
+        '["sm","9.0"],["torch","2.5.1"]]'
+    )
     expected = hashlib.sha256(canonical.encode()).hexdigest()[:16]
     assert fingerprint(parts) == expected == "4bb3df18ec58b8cb"
     assert fingerprint(dict(reversed(parts.items()))) == expected
@@ -331,11 +346,14 @@ def test_fingerprint_canonical_form_and_order_independence():
     assert fingerprint({"a": "b,c"}) != fingerprint({"a": "b", "c": ""})
 
 
-@pytest.mark.parametrize(("parts", "match"), [
-    ({"sm": 9.0}, r"item 'sm'.*str keys and str values, got str -> float"),
-    ({1: "x"}, r"str keys and str values"),
-    ([("sm", "9.0")], r"Mapping\[str, str\], got list"),
-])
+@pytest.mark.parametrize(
+    ("parts", "match"),
+    [
+        ({"sm": 9.0}, r"item 'sm'.*str keys and str values, got str -> float"),
+        ({1: "x"}, r"str keys and str values"),
+        ([("sm", "9.0")], r"Mapping\[str, str\], got list"),
+    ],
+)
 def test_fingerprint_rejects_bad_parts(parts, match):
     with pytest.raises(InvalidInputError, match=match):
         fingerprint(parts)

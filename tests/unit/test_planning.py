@@ -1,5 +1,5 @@
-"""Offline plans: ``lz.solve`` / ``DispatchTable`` save+load with fingerprints / ``lz.install_table`` / ``lz.dry_run`` /
-``lz.readiness_check`` and the ``layerzero solve|dry-run|readiness`` commands.
+"""Offline plans: ``lz.solve`` / ``DispatchTable`` save+load with fingerprints / ``lz.install_table`` /
+``lz.dry_run`` / ``lz.readiness_check`` and the ``layerzero solve|dry-run|readiness`` commands.
 
 Oracles: ``lz.which`` for solved kernels, ``lz.trace()`` counts for the kernel a compiled call used, a float64
 RMSNorm for outputs, a counting registered kernel for "dry run runs nothing"."""
@@ -38,7 +38,11 @@ def _inputs():
 
 def _cases():
     x, w, q, gate, up = _inputs()
-    return [("rms_norm", (x, w), {}), ("attention", (q, q, q), {"is_causal": True}), ("swiglu", (gate, up), {})]
+    return [
+        ("rms_norm", (x, w), {}),
+        ("attention", (q, q, q), {"is_causal": True}),
+        ("swiglu", (gate, up), {}),
+    ]
 
 
 def test_solve_matches_which_with_reasons():
@@ -70,11 +74,14 @@ def test_save_load_round_trip(tmp_path):
     assert loaded.fingerprint == table.fingerprint
 
 
-@pytest.mark.parametrize("edit,field", [
-    (lambda fp: fp.__setitem__("torch", "1.0.0"), "torch"),
-    (lambda fp: fp["devices"]["cpu"].__setitem__("isa", "avx1024"), "devices.cpu.isa"),
-    (lambda fp: fp.__setitem__("policy_hash", "deadbeef"), "policy_hash"),
-])
+@pytest.mark.parametrize(
+    "edit,field",
+    [
+        (lambda fp: fp.__setitem__("torch", "1.0.0"), "torch"),
+        (lambda fp: fp["devices"]["cpu"].__setitem__("isa", "avx1024"), "devices.cpu.isa"),
+        (lambda fp: fp.__setitem__("policy_hash", "deadbeef"), "policy_hash"),
+    ],
+)
 def test_fingerprint_mismatch_refused_naming_field(tmp_path, edit, field):
     path = tmp_path / "t.json"
     lz.solve(_cases()).save(path)
@@ -127,7 +134,7 @@ def test_compiled_outputs_match_float64_reference():
         sw = lz.swiglu(gate, up)
     assert not tr.fallbacks
     q64 = q.double()
-    s = (q64 @ q64.transpose(-1, -2)) / 32 ** 0.5
+    s = (q64 @ q64.transpose(-1, -2)) / 32**0.5
     s = s.masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf"))
     torch.testing.assert_close(att.double(), s.softmax(-1) @ q64, rtol=1e-5, atol=1e-5)
     g64 = gate.double()
@@ -137,7 +144,10 @@ def test_compiled_outputs_match_float64_reference():
 def test_missing_bucket_falls_back_with_log_or_raises_in_strict(caplog):
     x, w, *_ = _inputs()
     compiled = lz.install_table(lz.solve([("rms_norm", (x, w), {})]))
-    other, w2 = torch.randn(2, 16, 128), torch.randn(128)  # rms_norm buckets by hidden size: 128 is not solved
+    other, w2 = (
+        torch.randn(2, 16, 128),
+        torch.randn(128),
+    )  # rms_norm buckets by hidden size: 128 is not solved
     with caplog.at_level(logging.WARNING, logger="layerzero"):
         lz.rms_norm(other, w2)
         lz.rms_norm(torch.randn(4, 8, 128), w2)  # same bucket: logged once
@@ -197,7 +207,9 @@ def test_dry_run_reports_ops_and_runs_no_kernel():
         assert report.rows[1].kernel == lz.which("attention", *(_inputs()[2],) * 3, is_causal=True)
         assert not any(r.ran for r in report.rows)
         assert calls == [] and not tr.counts
-        assert "run" not in vars(RUNTIME) and "run_hot" not in vars(RUNTIME)  # the hot path is restored as it was
+        assert "run" not in vars(RUNTIME) and "run_hot" not in vars(
+            RUNTIME
+        )  # the hot path is restored as it was
         assert [c.op for c in report.manifest] == ["rms_norm", "attention", "swiglu"]
         assert "counting.rms" in str(report) and "float32[2,16,64]" in str(report)
         # the derived manifest solves to the same kernels
@@ -233,9 +245,19 @@ def test_readiness_ok_and_not_ok(tmp_path):
 
 
 def test_cli_solve_dry_run_readiness(tmp_path, capsys):
-    manifest = {"version": 1, "device": "cpu", "cases": [
-        {"op": "rms_norm", "critical": True, "args": [{"shape": [2, 16, 64]}, {"shape": [64]}], "kwargs": {}},
-        {"op": "attention", "args": [{"shape": [1, 4, 16, 32]}] * 3, "kwargs": {"is_causal": True}}]}
+    manifest = {
+        "version": 1,
+        "device": "cpu",
+        "cases": [
+            {
+                "op": "rms_norm",
+                "critical": True,
+                "args": [{"shape": [2, 16, 64]}, {"shape": [64]}],
+                "kwargs": {},
+            },
+            {"op": "attention", "args": [{"shape": [1, 4, 16, 32]}] * 3, "kwargs": {"is_causal": True}},
+        ],
+    }
     mpath, tpath = tmp_path / "m.json", tmp_path / "t.json"
     mpath.write_text(json.dumps(manifest))
     assert cli_main(["solve", "--manifest", str(mpath), "--out", str(tpath)]) == 0
@@ -256,13 +278,14 @@ def test_manifest_errors():
     with pytest.raises(ManifestError, match="case 0"):
         lz.solve([("rms_norm", "not a tuple", {})])
     with pytest.raises(ManifestError, match=r"cases\[0\]\.args\[0\]\.dtype"):
-        lz.planning.Manifest.from_dict({"version": 1, "cases": [{"op": "rms_norm",
-                                                                   "args": [{"shape": [2], "dtype": "nope"}]}]})
+        lz.planning.Manifest.from_dict(
+            {"version": 1, "cases": [{"op": "rms_norm", "args": [{"shape": [2], "dtype": "nope"}]}]}
+        )
 
 
 def test_the_old_names_are_deprecated_aliases():
-    """``lz.compile`` / ``lz.uncompile`` (issue 36: read like ``torch.compile``, shadowed the builtin) still work for
-    one release, with a DeprecationWarning naming the new call."""
+    """``lz.compile`` / ``lz.uncompile`` (issue 36: read like ``torch.compile``, shadowed the builtin) still
+    work for one release, with a DeprecationWarning naming the new call."""
     x, w = torch.randn(3, 8), torch.ones(8)
     with pytest.warns(DeprecationWarning, match="install_table"):
         compiled = lz.compile(lz.solve([("rms_norm", (x, w), {})]))

@@ -31,11 +31,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # A hand-built context: decode attention on an H100 (the example context of the design brief).
 CTX = {
-    "op": "attention", "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "sm": 90,
-    "gpu_generation": "HOPPER", "dtype": "float16", "batch": 4, "num_heads_q": 32, "num_heads_kv": 8,
-    "head_dim": 128, "seq_len_q": 1, "seq_len_kv": 1024, "hidden_size": None, "layout": "BHSD",
-    "mask": "none", "is_causal": True, "dropout": False, "phase": "decode", "graph_capture": False,
-    "deterministic": False, "requires_grad": False, "tp_size": 1,
+    "op": "attention",
+    "device": "cuda",
+    "device_name": "NVIDIA H100 80GB HBM3",
+    "sm": 90,
+    "gpu_generation": "HOPPER",
+    "dtype": "float16",
+    "batch": 4,
+    "num_heads_q": 32,
+    "num_heads_kv": 8,
+    "head_dim": 128,
+    "seq_len_q": 1,
+    "seq_len_kv": 1024,
+    "hidden_size": None,
+    "layout": "BHSD",
+    "mask": "none",
+    "is_causal": True,
+    "dropout": False,
+    "phase": "decode",
+    "graph_capture": False,
+    "deterministic": False,
+    "requires_grad": False,
+    "tp_size": 1,
 }
 CPU = {**CTX, "device": "cpu", "device_name": "cpu", "sm": 0, "gpu_generation": "NONE", "dtype": "float32"}
 
@@ -44,48 +61,55 @@ def deny_when(when: dict, kernels: list[str] | None = None) -> Policy:
     return Policy.from_dict({"version": 1, "deny": [{"kernels": kernels or ["torch_sdpa"], "when": when}]})
 
 
-def denied(policy: Policy, kernel: str = "torch_sdpa.flash", fields: dict = CTX, op: str = "attention") -> bool:
-    return any(r.code is ReasonCode.POLICY_DENIED for r in policy.reasons_against(op, kernel, kernel.split(".")[0],
-                                                                                     fields))
+def denied(
+    policy: Policy, kernel: str = "torch_sdpa.flash", fields: dict = CTX, op: str = "attention"
+) -> bool:
+    return any(
+        r.code is ReasonCode.POLICY_DENIED
+        for r in policy.reasons_against(op, kernel, kernel.split(".")[0], fields)
+    )
 
 
 # ---------------------------------------------------------------- matching, worked out by hand
-@pytest.mark.parametrize(("when", "expected"), [
-    ({"device": "cuda"}, True),
-    ({"device": "cpu"}, False),
-    ({"device_name": "*H100*"}, True),
-    ({"device_name": "*h100*"}, False),  # globs are case-sensitive
-    ({"device_name": "*A100*"}, False),
-    ({"head_dim": 128}, True),
-    ({"head_dim": 128.0}, True),
-    ({"head_dim": 64}, False),
-    ({"head_dim": "<=128"}, True),
-    ({"head_dim": "<128"}, False),
-    ({"head_dim": ">=128"}, True),
-    ({"head_dim": ">128"}, False),
-    ({"head_dim": "==128"}, True),
-    ({"head_dim": "!=128"}, False),
-    ({"head_dim": "!= 64"}, True),
-    ({"head_dim": " <= 128 "}, True),
-    ({"head_dim": "64..128"}, True),
-    ({"head_dim": "128..256"}, True),
-    ({"head_dim": "129..256"}, False),
-    ({"sm": "90..90"}, True),
-    ({"sm": ">=80"}, True),
-    ({"sm": [80, 86]}, False),
-    ({"sm": [80, ">=90"]}, True),
-    ({"dtype": ["bfloat16", "float*"]}, True),
-    ({"is_causal": True}, True),
-    ({"is_causal": False}, False),
-    ({"dropout": False}, True),
-    ({"tp_size": 1}, True),
-    ({"phase": "decode", "head_dim": ">64"}, True),  # AND of fields
-    ({"phase": "decode", "head_dim": "<64"}, False),
-    ({"hidden_size": ">0"}, False),  # None never matches
-    ({"hidden_size": "!=5"}, False),
-    ({"rotary_dim": 64}, False),  # absent field counts as None
-    ({}, True),
-])
+@pytest.mark.parametrize(
+    ("when", "expected"),
+    [
+        ({"device": "cuda"}, True),
+        ({"device": "cpu"}, False),
+        ({"device_name": "*H100*"}, True),
+        ({"device_name": "*h100*"}, False),  # globs are case-sensitive
+        ({"device_name": "*A100*"}, False),
+        ({"head_dim": 128}, True),
+        ({"head_dim": 128.0}, True),
+        ({"head_dim": 64}, False),
+        ({"head_dim": "<=128"}, True),
+        ({"head_dim": "<128"}, False),
+        ({"head_dim": ">=128"}, True),
+        ({"head_dim": ">128"}, False),
+        ({"head_dim": "==128"}, True),
+        ({"head_dim": "!=128"}, False),
+        ({"head_dim": "!= 64"}, True),
+        ({"head_dim": " <= 128 "}, True),
+        ({"head_dim": "64..128"}, True),
+        ({"head_dim": "128..256"}, True),
+        ({"head_dim": "129..256"}, False),
+        ({"sm": "90..90"}, True),
+        ({"sm": ">=80"}, True),
+        ({"sm": [80, 86]}, False),
+        ({"sm": [80, ">=90"]}, True),
+        ({"dtype": ["bfloat16", "float*"]}, True),
+        ({"is_causal": True}, True),
+        ({"is_causal": False}, False),
+        ({"dropout": False}, True),
+        ({"tp_size": 1}, True),
+        ({"phase": "decode", "head_dim": ">64"}, True),  # AND of fields
+        ({"phase": "decode", "head_dim": "<64"}, False),
+        ({"hidden_size": ">0"}, False),  # None never matches
+        ({"hidden_size": "!=5"}, False),
+        ({"rotary_dim": 64}, False),  # absent field counts as None
+        ({}, True),
+    ],
+)
 def test_when_conditions(when: dict, expected: bool) -> None:
     assert denied(deny_when(when)) is expected
 
@@ -100,31 +124,39 @@ def test_bool_and_number_never_match_each_other() -> None:
 
 def test_glob_matches_strings_only_on_untyped_fields() -> None:
     fields = KNOWN_FIELDS | {"custom"}
-    p = Policy.from_dict({"version": 1, "deny": [{"kernels": ["x"], "when": {"custom": "1*"}}]}, known_fields=fields)
+    p = Policy.from_dict(
+        {"version": 1, "deny": [{"kernels": ["x"], "when": {"custom": "1*"}}]}, known_fields=fields
+    )
     assert denied(p, "x.k", {**CTX, "custom": "12"})
     assert not denied(p, "x.k", {**CTX, "custom": 12})
-    q = Policy.from_dict({"version": 1, "deny": [{"kernels": ["x"], "when": {"custom": "<=5"}}]}, known_fields=fields)
+    q = Policy.from_dict(
+        {"version": 1, "deny": [{"kernels": ["x"], "when": {"custom": "<=5"}}]}, known_fields=fields
+    )
     assert denied(q, "x.k", {**CTX, "custom": 5}) and not denied(q, "x.k", {**CTX, "custom": "5"})
 
 
-@pytest.mark.parametrize(("kernels", "kernel", "expected"), [
-    (["torch_sdpa"], "torch_sdpa.flash", True),  # bare backend id covers its kernels
-    (["torch_sdpa.flash"], "torch_sdpa.flash", True),
-    (["torch_sdpa.flash"], "torch_sdpa.math", False),
-    (["torch_sdpa.*"], "torch_sdpa.cudnn", True),
-    (["torch_*"], "torch_native.rms_norm", True),
-    (["torch_sdpa.[fm]*"], "torch_sdpa.math", True),
-    (["torch_sdpa.[fm]*"], "torch_sdpa.cudnn", False),
-    (["flash"], "torch_sdpa.flash", False),  # not a substring match
-    (["reference", "xformers.*"], "reference.attention", True),
-])
+@pytest.mark.parametrize(
+    ("kernels", "kernel", "expected"),
+    [
+        (["torch_sdpa"], "torch_sdpa.flash", True),  # bare backend id covers its kernels
+        (["torch_sdpa.flash"], "torch_sdpa.flash", True),
+        (["torch_sdpa.flash"], "torch_sdpa.math", False),
+        (["torch_sdpa.*"], "torch_sdpa.cudnn", True),
+        (["torch_*"], "torch_native.rms_norm", True),
+        (["torch_sdpa.[fm]*"], "torch_sdpa.math", True),
+        (["torch_sdpa.[fm]*"], "torch_sdpa.cudnn", False),
+        (["flash"], "torch_sdpa.flash", False),  # not a substring match
+        (["reference", "xformers.*"], "reference.attention", True),
+    ],
+)
 def test_kernel_globs_match_kernel_or_backend(kernels: list[str], kernel: str, expected: bool) -> None:
     assert denied(deny_when({}, kernels), kernel) is expected
 
 
 def test_op_glob_and_default() -> None:
-    p = Policy.from_dict({"version": 1, "deny": [{"op": "*_norm", "kernels": ["torch_native"]},
-                                                  {"kernels": ["xformers"]}]})
+    p = Policy.from_dict(
+        {"version": 1, "deny": [{"op": "*_norm", "kernels": ["torch_native"]}, {"kernels": ["xformers"]}]}
+    )
     assert denied(p, "torch_native.rms_norm", CPU, op="rms_norm")
     assert denied(p, "torch_native.layer_norm", CPU, op="layer_norm")
     assert not denied(p, "torch_native.rope", CPU, op="rope")
@@ -132,11 +164,16 @@ def test_op_glob_and_default() -> None:
 
 
 def test_lock_first_match_wins_and_when() -> None:
-    p = Policy.from_dict({"version": 1, "locks": [
-        {"op": "attention", "kernel": "torch_sdpa.flash", "when": {"device": "cuda"}},
-        {"op": "attention", "kernel": "torch_sdpa.math"},
-        {"op": "attention", "kernel": "reference.attention"},
-    ]})
+    p = Policy.from_dict(
+        {
+            "version": 1,
+            "locks": [
+                {"op": "attention", "kernel": "torch_sdpa.flash", "when": {"device": "cuda"}},
+                {"op": "attention", "kernel": "torch_sdpa.math"},
+                {"op": "attention", "kernel": "reference.attention"},
+            ],
+        }
+    )
     assert p.lock_for("attention", CTX).kernel == "torch_sdpa.flash"
     assert p.lock_for("attention", CPU).kernel == "torch_sdpa.math"
     assert p.lock_for("rms_norm", CPU) is None
@@ -145,8 +182,14 @@ def test_lock_first_match_wins_and_when() -> None:
 
 
 def test_allow_excludes_uncovered_kernels_only_where_it_applies() -> None:
-    p = Policy.from_dict({"version": 1, "allow": [
-        {"op": "attention", "kernels": ["torch_sdpa.*", "reference"], "when": {"device": "cuda"}}]})
+    p = Policy.from_dict(
+        {
+            "version": 1,
+            "allow": [
+                {"op": "attention", "kernels": ["torch_sdpa.*", "reference"], "when": {"device": "cuda"}}
+            ],
+        }
+    )
     reasons = p.reasons_against("attention", "xformers.cutlass", "xformers", CTX)
     assert [r.code for r in reasons] == [ReasonCode.POLICY_NOT_ALLOWED]
     assert "allow[0]" in reasons[0].message and "xformers.cutlass" in reasons[0].message
@@ -156,16 +199,25 @@ def test_allow_excludes_uncovered_kernels_only_where_it_applies() -> None:
 
 
 def test_two_applying_allow_rules_intersect() -> None:
-    p = Policy.from_dict({"version": 1, "allow": [{"kernels": ["torch_sdpa", "reference"]},
-                                                   {"kernels": ["torch_sdpa.flash", "xformers"]}]})
+    p = Policy.from_dict(
+        {
+            "version": 1,
+            "allow": [
+                {"kernels": ["torch_sdpa", "reference"]},
+                {"kernels": ["torch_sdpa.flash", "xformers"]},
+            ],
+        }
+    )
     assert p.reasons_against("attention", "torch_sdpa.flash", "torch_sdpa", CTX) == []
     assert len(p.reasons_against("attention", "torch_sdpa.math", "torch_sdpa", CTX)) == 1
     assert len(p.reasons_against("attention", "liger.x", "liger", CTX)) == 2
 
 
 def test_deny_reason_names_rule_and_all_matching_rules_reported() -> None:
-    p = Policy.from_yaml("version: 1\ndeny:\n  - {kernels: [torch_sdpa]}\n  - {kernels: ['*.flash'], when: {sm: 90}}\n",
-                         source="prod.yaml")
+    p = Policy.from_yaml(
+        "version: 1\ndeny:\n  - {kernels: [torch_sdpa]}\n  - {kernels: ['*.flash'], when: {sm: 90}}\n",
+        source="prod.yaml",
+    )
     reasons = p.reasons_against("attention", "torch_sdpa.flash", "torch_sdpa", CTX)
     assert [r.code for r in reasons] == [ReasonCode.POLICY_DENIED] * 2
     assert "prod.yaml: deny[0]" in reasons[0].message and "prod.yaml: deny[1]" in reasons[1].message
@@ -173,11 +225,16 @@ def test_deny_reason_names_rule_and_all_matching_rules_reported() -> None:
 
 
 def test_boosts_sum_and_may_be_negative() -> None:
-    p = Policy.from_dict({"version": 1, "boosts": [
-        {"op": "attention", "kernels": ["torch_sdpa.flash"], "by": 25.0},
-        {"kernels": ["torch_sdpa"], "by": -5, "when": {"phase": "decode"}},
-        {"kernels": ["torch_sdpa"], "by": 100, "when": {"phase": "prefill"}},
-    ]})
+    p = Policy.from_dict(
+        {
+            "version": 1,
+            "boosts": [
+                {"op": "attention", "kernels": ["torch_sdpa.flash"], "by": 25.0},
+                {"kernels": ["torch_sdpa"], "by": -5, "when": {"phase": "decode"}},
+                {"kernels": ["torch_sdpa"], "by": 100, "when": {"phase": "prefill"}},
+            ],
+        }
+    )
     assert p.boost("attention", "torch_sdpa.flash", "torch_sdpa", CTX) == 20.0
     assert p.boost("attention", "torch_sdpa.math", "torch_sdpa", CTX) == -5.0
     assert p.boost("rms_norm", "torch_sdpa.flash", "torch_sdpa", CTX) == -5.0
@@ -193,7 +250,8 @@ def test_prefer_and_reference_only_helpers() -> None:
     r = Policy.reference_only()
     assert r.reasons_against("attention", "reference.attention", "reference", CTX) == []
     assert [x.code for x in r.reasons_against("rms_norm", "torch_native.rms_norm", "torch_native", CPU)] == [
-        ReasonCode.POLICY_NOT_ALLOWED]
+        ReasonCode.POLICY_NOT_ALLOWED
+    ]
     with pytest.raises(PolicyValidationError, match="at least one"):
         Policy.prefer([])
     with pytest.raises(PolicyValidationError, match=r"prefer\(ids\)\[1\]"):
@@ -203,10 +261,21 @@ def test_prefer_and_reference_only_helpers() -> None:
 
 
 def test_merged_precedence_and_identity_shortcuts() -> None:
-    base = Policy.from_dict({"version": 1, "locks": [{"op": "attention", "kernel": "torch_sdpa.math"}],
-                             "deny": [{"kernels": ["xformers"]}], "boosts": [{"kernels": ["a"], "by": 1}]})
-    top = Policy.from_dict({"version": 1, "locks": [{"op": "attention", "kernel": "torch_sdpa.flash"}],
-                            "boosts": [{"kernels": ["a"], "by": 2}]})
+    base = Policy.from_dict(
+        {
+            "version": 1,
+            "locks": [{"op": "attention", "kernel": "torch_sdpa.math"}],
+            "deny": [{"kernels": ["xformers"]}],
+            "boosts": [{"kernels": ["a"], "by": 1}],
+        }
+    )
+    top = Policy.from_dict(
+        {
+            "version": 1,
+            "locks": [{"op": "attention", "kernel": "torch_sdpa.flash"}],
+            "boosts": [{"kernels": ["a"], "by": 2}],
+        }
+    )
     m = base.merged(top)
     assert m.lock_for("attention", CTX).kernel == "torch_sdpa.flash"
     assert top.merged(base).lock_for("attention", CTX).kernel == "torch_sdpa.math"
@@ -249,35 +318,72 @@ _BAD = [
     ({"version": 1, "deny": [{}]}, r"deny\[0\]: expected the key\(s\) \['kernels'\]"),
     ({"version": 1, "deny": [{"kernels": ["a"], "kernel": "a.b"}]}, r"deny\[0\]\.kernel: expected one of"),
     ({"version": 1, "locks": [{"kernels": ["a.b"]}]}, r"locks\[0\]\.kernels.*Did you mean 'kernel'"),
-    ({"version": 1, "locks": [{"op": "attention", "kernel": "torch_sdpa"}]}, r"locks\[0\]\.kernel: expected an exact"),
+    (
+        {"version": 1, "locks": [{"op": "attention", "kernel": "torch_sdpa"}]},
+        r"locks\[0\]\.kernel: expected an exact",
+    ),
     ({"version": 1, "locks": [{"op": "attention", "kernel": "torch_sdpa.*"}]}, r"locks\[0\]\.kernel"),
     ({"version": 1, "boosts": [{"kernels": ["a"]}]}, r"boosts\[0\]: expected the key\(s\) \['by'\]"),
-    ({"version": 1, "boosts": [{"kernels": ["a"], "by": "high"}]}, r"boosts\[0\]\.by: expected a finite number"),
+    (
+        {"version": 1, "boosts": [{"kernels": ["a"], "by": "high"}]},
+        r"boosts\[0\]\.by: expected a finite number",
+    ),
     ({"version": 1, "boosts": [{"kernels": ["a"], "by": float("inf")}]}, r"boosts\[0\]\.by"),
     ({"version": 1, "boosts": [{"kernels": ["a"], "by": True}]}, r"boosts\[0\]\.by"),
     ({"version": 1, "deny": [{"kernels": ["a"], "when": ["sm"]}]}, r"deny\[0\]\.when: expected a mapping"),
-    ({"version": 1, "deny": [{"kernels": ["a"], "when": {"hdim": 64}}]},
-     r"deny\[0\]\.when\.hdim: expected a known context field.*Did you mean 'head_dim'"),
-    ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": "<=abc"}}]},
-     r"deny\[0\]\.when\.head_dim: expected a comparison like '<=128'"),
-    ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": "=<128"}}]}, r"when\.head_dim: expected a comparison"),
-    ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": "<="}}]}, r"when\.head_dim: expected a comparison"),
+    (
+        {"version": 1, "deny": [{"kernels": ["a"], "when": {"hdim": 64}}]},
+        r"deny\[0\]\.when\.hdim: expected a known context field.*Did you mean 'head_dim'",
+    ),
+    (
+        {"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": "<=abc"}}]},
+        r"deny\[0\]\.when\.head_dim: expected a comparison like '<=128'",
+    ),
+    (
+        {"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": "=<128"}}]},
+        r"when\.head_dim: expected a comparison",
+    ),
+    (
+        {"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": "<="}}]},
+        r"when\.head_dim: expected a comparison",
+    ),
     ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": "256..64"}}]}, "lo <= hi"),
     ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": "64.."}}]}, "inclusive range"),
     ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": "<1e999"}}]}, "finite number"),
     ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": None}}]}, r"when\.head_dim: .*got null"),
-    ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": []}}]}, "non-empty list of alternatives"),
-    ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": [[64]]}}]}, r"head_dim\[0\].*nested list"),
-    ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": {"lt": 5}}}]}, r"when\.head_dim.*got dict"),
-    ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": "128"}}]}, r"head_dim: expected a number.*int field"),
+    (
+        {"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": []}}]},
+        "non-empty list of alternatives",
+    ),
+    (
+        {"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": [[64]]}}]},
+        r"head_dim\[0\].*nested list",
+    ),
+    (
+        {"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": {"lt": 5}}}]},
+        r"when\.head_dim.*got dict",
+    ),
+    (
+        {"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": "128"}}]},
+        r"head_dim: expected a number.*int field",
+    ),
     ({"version": 1, "deny": [{"kernels": ["a"], "when": {"head_dim": True}}]}, "int field"),
-    ({"version": 1, "deny": [{"kernels": ["a"], "when": {"is_causal": "true"}}]}, r"is_causal: expected true or false"),
+    (
+        {"version": 1, "deny": [{"kernels": ["a"], "when": {"is_causal": "true"}}]},
+        r"is_causal: expected true or false",
+    ),
     ({"version": 1, "deny": [{"kernels": ["a"], "when": {"is_causal": 1}}]}, "bool field"),
-    ({"version": 1, "deny": [{"kernels": ["a"], "when": {"device_name": 3090}}]}, r"device_name: expected a string glob"),
+    (
+        {"version": 1, "deny": [{"kernels": ["a"], "when": {"device_name": 3090}}]},
+        r"device_name: expected a string glob",
+    ),
     ({"version": 1, "deny": [{"kernels": ["a"], "when": {"device": ">=1"}}]}, "string field"),
     ({"version": 1, "deny": [{"kernels": ["a"], "when": {"device": ""}}]}, "non-empty string glob"),
     ({"version": 1, "deny": [{"kernels": ["a"], "when": {"sm": [80, "x"]}}]}, r"when\.sm\[1\]"),
-    ({"version": 1, "deny": [{"kernels": ["a"], "when": {"sm": float("nan")}}]}, r"when\.sm: expected a finite"),
+    (
+        {"version": 1, "deny": [{"kernels": ["a"], "when": {"sm": float("nan")}}]},
+        r"when\.sm: expected a finite",
+    ),
     ("version: 1", "expected a mapping"),
 ]
 
@@ -321,7 +427,9 @@ def test_yaml_billion_laughs_is_bounded() -> None:
     with pytest.raises(PolicyValidationError, match="alias bomb"):
         Policy.from_yaml("\n".join(lines))
     # Legitimate aliases still work: reuse one `when:` block.
-    ok = Policy.from_yaml("version: 1\ndeny:\n  - {kernels: [a], when: &w {sm: '<90'}}\n  - {kernels: [b], when: *w}\n")
+    ok = Policy.from_yaml(
+        "version: 1\ndeny:\n  - {kernels: [a], when: &w {sm: '<90'}}\n  - {kernels: [b], when: *w}\n"
+    )
     assert ok.deny[0].when == ok.deny[1].when
 
 
@@ -370,10 +478,14 @@ def test_shipped_policies_load() -> None:
 # ---------------------------------------------------------------- round trip, hash, ids
 FULL = {
     "version": 1,
-    "locks": [{"op": "attention", "kernel": "torch_sdpa.math", "when": {"device": "cpu", "head_dim": "<=128"}}],
+    "locks": [
+        {"op": "attention", "kernel": "torch_sdpa.math", "when": {"device": "cpu", "head_dim": "<=128"}}
+    ],
     "allow": [{"op": "attention", "kernels": ["torch_sdpa.*", "reference"], "when": {"device": "cuda"}}],
     "deny": [{"op": "*", "kernels": ["torch_sdpa.cudnn"], "when": {"sm": [80, ">=90"]}}],
-    "boosts": [{"op": "attention", "kernels": ["torch_sdpa.flash"], "by": 25.0, "when": {"seq_len_q": "64..256"}}],
+    "boosts": [
+        {"op": "attention", "kernels": ["torch_sdpa.flash"], "by": 25.0, "when": {"seq_len_q": "64..256"}}
+    ],
 }
 
 
@@ -406,8 +518,10 @@ def test_hash_is_stable_and_semantic() -> None:
     same = [{"op": "*", "kernels": ["b", "a"], "when": {"sm": "==90", "device": "cuda"}}]
     other = [{"op": "*", "kernels": ["a", "b", "a"], "when": {"device": "cuda", "sm": 90}}]
     assert Policy.from_dict({"version": 1, "deny": same}) == Policy.from_dict({"version": 1, "deny": other})
-    assert Policy.from_dict({"version": 1, "deny": same}).hash != Policy.from_dict({
-        "version": 1, "allow": same}).hash
+    assert (
+        Policy.from_dict({"version": 1, "deny": same}).hash
+        != Policy.from_dict({"version": 1, "allow": same}).hash
+    )
     assert len({p, Policy.from_dict(FULL)}) == 1  # hashable, equal by meaning
 
 
@@ -417,13 +531,35 @@ def _pinned_hash() -> str:
 
     canonical = {
         "version": 1,
-        "locks": [{"op": "attention", "kernel": "torch_sdpa.math",
-                   "when": {"device": {"glob": "cpu"}, "head_dim": {"cmp": "<=", "n": 128}}}],
-        "allow": [{"op": "attention", "kernels": ["reference", "torch_sdpa.*"], "when": {"device": {"glob": "cuda"}}}],
-        "deny": [{"op": "*", "kernels": ["torch_sdpa.cudnn"],
-                  "when": {"sm": {"any": [{"cmp": ">=", "n": 90}, {"eq": 80}]}}}],
-        "boosts": [{"op": "attention", "kernels": ["torch_sdpa.flash"], "by": 25,
-                    "when": {"seq_len_q": {"range": [64, 256]}}}],
+        "locks": [
+            {
+                "op": "attention",
+                "kernel": "torch_sdpa.math",
+                "when": {"device": {"glob": "cpu"}, "head_dim": {"cmp": "<=", "n": 128}},
+            }
+        ],
+        "allow": [
+            {
+                "op": "attention",
+                "kernels": ["reference", "torch_sdpa.*"],
+                "when": {"device": {"glob": "cuda"}},
+            }
+        ],
+        "deny": [
+            {
+                "op": "*",
+                "kernels": ["torch_sdpa.cudnn"],
+                "when": {"sm": {"any": [{"cmp": ">=", "n": 90}, {"eq": 80}]}},
+            }
+        ],
+        "boosts": [
+            {
+                "op": "attention",
+                "kernels": ["torch_sdpa.flash"],
+                "by": 25,
+                "when": {"seq_len_q": {"range": [64, 256]}},
+            }
+        ],
     }
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
@@ -520,10 +656,17 @@ def test_scopes_are_per_asyncio_task() -> None:
 # ---------------------------------------------------------------- from_env
 def test_from_env_layers_env_over_file(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
-    f.write_text("version: 1\nlocks: [{op: attention, kernel: torch_sdpa.flash}, {op: rope, kernel: a.b}]\n"
-                 "deny: [{kernels: [xformers]}]\n")
-    env = {"LAYERZERO_POLICY": str(f), "LAYERZERO_LOCK": "attention=torch_sdpa.math",
-           "LAYERZERO_DENY": "liger", "LAYERZERO_PREFER": "torch_native,torch_sdpa.flash", "PATH": "/bin"}
+    f.write_text(
+        "version: 1\nlocks: [{op: attention, kernel: torch_sdpa.flash}, {op: rope, kernel: a.b}]\n"
+        "deny: [{kernels: [xformers]}]\n"
+    )
+    env = {
+        "LAYERZERO_POLICY": str(f),
+        "LAYERZERO_LOCK": "attention=torch_sdpa.math",
+        "LAYERZERO_DENY": "liger",
+        "LAYERZERO_PREFER": "torch_native,torch_sdpa.flash",
+        "PATH": "/bin",
+    }
     p = Policy.from_env(env)
     assert p.lock_for("attention", CTX).kernel == "torch_sdpa.math"  # env beats file
     assert p.lock_for("rope", CTX).kernel == "a.b"
@@ -531,7 +674,9 @@ def test_from_env_layers_env_over_file(tmp_path: Path) -> None:
     assert p.boost("rms_norm", "torch_native.rms_norm", "torch_native", CPU) == 1000.0
     assert Policy.from_env({}) == Policy.empty()
     allow = Policy.from_env({"LAYERZERO_ALLOW": "torch_sdpa", "LAYERZERO_DISABLED": "1"})
-    assert len(allow.reasons_against("attention", "torch_sdpa.flash", "torch_sdpa", CTX)) == 1  # not reference
+    assert (
+        len(allow.reasons_against("attention", "torch_sdpa.flash", "torch_sdpa", CTX)) == 1
+    )  # not reference
     assert len(allow.reasons_against("attention", "xformers.x", "xformers", CTX)) == 2
 
 
@@ -555,8 +700,11 @@ def _sample_contexts():
 
     q = torch.ones(1, 2, 4, 8)
     x, w = torch.ones(2, 8), torch.ones(8)
-    return [lz.explain("attention", q, q, q, window=(1, 0), is_causal=True, softcap=5.0).context,
-            lz.explain("rms_norm", x, w).context, lz.explain("sample_topk", torch.ones(2, 5), 2).context]
+    return [
+        lz.explain("attention", q, q, q, window=(1, 0), is_causal=True, softcap=5.0).context,
+        lz.explain("rms_norm", x, w).context,
+        lz.explain("sample_topk", torch.ones(2, 5), 2).context,
+    ]
 
 
 def test_every_selection_context_field_is_accepted_in_when_with_its_kind():
@@ -572,8 +720,13 @@ def test_every_selection_context_field_is_accepted_in_when_with_its_kind():
     assert names == set(FIELD_KINDS) == set(KNOWN_FIELDS)
     assert {f.name for f in dataclasses.fields(SelectionContext)} <= names
     # the fields the hand list used to miss
-    assert {"param_dtype": "str", "aligned_16": "bool", "has_softcap": "bool", "window_left": "int",
-            "window_right": "int"}.items() <= {k: v.value for k, v in FIELD_KINDS.items()}.items()
+    assert {
+        "param_dtype": "str",
+        "aligned_16": "bool",
+        "has_softcap": "bool",
+        "window_left": "int",
+        "window_right": "int",
+    }.items() <= {k: v.value for k, v in FIELD_KINDS.items()}.items()
     python_type = {FieldKind.STR: str, FieldKind.INT: int, FieldKind.BOOL: bool}
     seen = set()
     for ctx in ctxs:

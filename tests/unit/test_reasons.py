@@ -13,22 +13,46 @@ pytestmark = pytest.mark.unit
 
 # Wire strings that reports, logs and policies already use: renaming one breaks users (stability check).
 RELEASED = {
-    "DEVICE_TYPE_UNSUPPORTED", "SM_TOO_OLD", "SM_TOO_NEW", "DTYPE_UNSUPPORTED", "HEAD_DIM_TOO_LARGE",
-    "HEAD_DIM_INVALID", "HEAD_DIM_NOT_ALIGNED", "HEAD_DIM_MISMATCH", "GQA_UNSUPPORTED", "MASK_UNSUPPORTED",
-    "MASK_WITH_CAUSAL", "CAUSAL_SEQ_MISMATCH", "DROPOUT_UNSUPPORTED", "STRIDE_LAST_DIM_NOT_1",
-    "LAYOUT_UNSUPPORTED", "NON_DETERMINISTIC", "CUDA_GRAPH_UNSAFE", "BACKWARD_UNSUPPORTED", "POLICY_DENIED",
-    "POLICY_NOT_ALLOWED", "POLICY_LOCKED_OTHER", "BACKEND_NOT_INSTALLED", "BACKEND_UNHEALTHY",
-    "SEQ_LEN_TOO_LONG", "TORCH_TOO_OLD", "GPU_GENERATION_UNSUPPORTED",
+    "DEVICE_TYPE_UNSUPPORTED",
+    "SM_TOO_OLD",
+    "SM_TOO_NEW",
+    "DTYPE_UNSUPPORTED",
+    "HEAD_DIM_TOO_LARGE",
+    "HEAD_DIM_INVALID",
+    "HEAD_DIM_NOT_ALIGNED",
+    "HEAD_DIM_MISMATCH",
+    "GQA_UNSUPPORTED",
+    "MASK_UNSUPPORTED",
+    "MASK_WITH_CAUSAL",
+    "CAUSAL_SEQ_MISMATCH",
+    "DROPOUT_UNSUPPORTED",
+    "STRIDE_LAST_DIM_NOT_1",
+    "LAYOUT_UNSUPPORTED",
+    "NON_DETERMINISTIC",
+    "CUDA_GRAPH_UNSAFE",
+    "BACKWARD_UNSUPPORTED",
+    "POLICY_DENIED",
+    "POLICY_NOT_ALLOWED",
+    "POLICY_LOCKED_OTHER",
+    "BACKEND_NOT_INSTALLED",
+    "BACKEND_UNHEALTHY",
+    "SEQ_LEN_TOO_LONG",
+    "TORCH_TOO_OLD",
+    "GPU_GENERATION_UNSUPPORTED",
 }
 
 
 def test_every_code_is_emitted_somewhere():
-    """No dead codes: each is used by a check in the source (outside reasons.py) or in a capability descriptor."""
+    """No dead codes: each is used by a check in the source (outside reasons.py) or in a capability
+    descriptor."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    text = "\n".join(p.read_text(encoding="utf-8") for p in (root / "src" / "layerzero").rglob("*.py")
-                     if p.name != "reasons.py")
+    text = "\n".join(
+        p.read_text(encoding="utf-8")
+        for p in (root / "src" / "layerzero").rglob("*.py")
+        if p.name != "reasons.py"
+    )
     text += "\n".join(p.read_text(encoding="utf-8") for p in (root / "capabilities").rglob("*.yaml"))
     dead = [c.name for c in ReasonCode if c.name not in text]
     assert not dead, f"reason codes no check emits: {dead}"
@@ -55,16 +79,19 @@ def test_codes_are_unique_stable_strings():
     assert RELEASED <= set(values)
 
 
-@pytest.mark.parametrize(("code", "category"), [
-    (ReasonCode.DEVICE_TYPE_UNSUPPORTED, ReasonCategory.HARDWARE),
-    (ReasonCode.DTYPE_UNSUPPORTED, ReasonCategory.DTYPE),
-    (ReasonCode.MASK_WITH_CAUSAL, ReasonCategory.MASK),
-    (ReasonCode.STRIDE_LAST_DIM_NOT_1, ReasonCategory.STRIDE),
-    (ReasonCode.POLICY_DENIED, ReasonCategory.POLICY),
-    (ReasonCode.BACKEND_UNHEALTHY, ReasonCategory.BACKEND),
-    (ReasonCode.HEAD_DIM_MISMATCH, ReasonCategory.HEAD_DIM),
-    (ReasonCode.CUDA_GRAPH_UNSAFE, ReasonCategory.CUDA_GRAPH),
-])
+@pytest.mark.parametrize(
+    ("code", "category"),
+    [
+        (ReasonCode.DEVICE_TYPE_UNSUPPORTED, ReasonCategory.HARDWARE),
+        (ReasonCode.DTYPE_UNSUPPORTED, ReasonCategory.DTYPE),
+        (ReasonCode.MASK_WITH_CAUSAL, ReasonCategory.MASK),
+        (ReasonCode.STRIDE_LAST_DIM_NOT_1, ReasonCategory.STRIDE),
+        (ReasonCode.POLICY_DENIED, ReasonCategory.POLICY),
+        (ReasonCode.BACKEND_UNHEALTHY, ReasonCategory.BACKEND),
+        (ReasonCode.HEAD_DIM_MISMATCH, ReasonCategory.HEAD_DIM),
+        (ReasonCode.CUDA_GRAPH_UNSAFE, ReasonCategory.CUDA_GRAPH),
+    ],
+)
 def test_categories_hand_checked(code, category):
     assert code.category is category
     assert Reason(code, "m").category is category

@@ -1,4 +1,5 @@
-"""Custom kernels: ``lz.register_kernel`` / ``@lz.kernel`` / ``lz.unregister_kernel`` and Triton launch configs.
+"""Custom kernels: ``lz.register_kernel`` / ``@lz.kernel`` / ``lz.unregister_kernel`` and Triton launch
+configs.
 
 A custom attention kernel (plain float64 math written here, the oracle of these tests) registered with a high
 priority must be picked by ``lz.which``, listed by ``lz.explain``, counted by ``lz.trace`` and produce the
@@ -42,8 +43,16 @@ def calls():
         seen.append((tuple(q.shape), is_causal, scale))
         return oracle(q, k, v, attn_mask, is_causal, scale)
 
-    lz.register_kernel("attention", KID, my_attention, priority=1000, device_types={"cpu"}, supports_gqa=False,
-                       mask_kinds={"none"}, layouts={"BHSD"})
+    lz.register_kernel(
+        "attention",
+        KID,
+        my_attention,
+        priority=1000,
+        device_types={"cpu"},
+        supports_gqa=False,
+        mask_kinds={"none"},
+        layouts={"BHSD"},
+    )
     yield seen
     if KID in RUNTIME.registry.kernels:
         lz.unregister_kernel(KID)
@@ -51,8 +60,11 @@ def calls():
 
 def _qkv(h=2, hkv=None, s=5, d=8):
     g = torch.Generator().manual_seed(0)
-    return (torch.randn(1, h, s, d, generator=g), torch.randn(1, hkv or h, s, d, generator=g),
-            torch.randn(1, hkv or h, s, d, generator=g))
+    return (
+        torch.randn(1, h, s, d, generator=g),
+        torch.randn(1, hkv or h, s, d, generator=g),
+        torch.randn(1, hkv or h, s, d, generator=g),
+    )
 
 
 def test_custom_kernel_is_chosen_explained_traced_and_correct(calls):
@@ -100,7 +112,9 @@ def test_decorator_registers_and_returns_the_function():
 
     @lz.kernel("rms_norm", "mylib.rms", priority=1000, device_types=["cpu"], dtypes=["float32"])
     def rms(x, weight, eps, residual):
-        return (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps) * weight.double()).float()
+        return (
+            x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+        ).float()
 
     try:
         assert callable(rms) and rms.__name__ == "rms"
@@ -126,26 +140,65 @@ def _ok(q, k, v, attn_mask, is_causal, scale, dropout_p):
     return q
 
 
-@pytest.mark.parametrize(("kwargs", "error", "match"), [
-    (dict(op="attentoin", kernel_id="mylib.x", fn=_ok), UnknownOperationError, "attentoin"),
-    (dict(op="attention", kernel_id="nodot", fn=_ok), ConfigurationError, "'backend.name'"),
-    (dict(op="attention", kernel_id="my lib.x", fn=_ok), ConfigurationError, "kernel_id"),
-    (dict(op="attention", kernel_id="torch_sdpa.mine", fn=_ok), ConfigurationError, "built-in backend ids"),
-    (dict(op="attention", kernel_id="mylib.x", fn=42), ConfigurationError, "a callable"),
-    (dict(op="attention", kernel_id="mylib.x", fn=lambda q, k, v: q), ConfigurationError, "7 positional args"),
-    (dict(op="rms_norm", kernel_id="mylib.x", fn=_ok), ConfigurationError, r"4 positional args \(x, weight"),
-    (dict(op="attention", kernel_id="mylib.x", fn=_ok, head_dim_maxx=4), ConfigurationError, "head_dim_max"),
-    (dict(op="attention", kernel_id="mylib.x", fn=_ok, kernel_id_=1), ConfigurationError, "constraint name"),
-    (dict(op="attention", kernel_id="mylib.x", fn=_ok, is_reference=True), ConfigurationError, "constraint name"),
-    (dict(op="attention", kernel_id="mylib.x", fn=_ok, dtypes={"float13"}), ConfigurationError, "float13"),
-    (dict(op="attention", kernel_id="mylib.x", fn=_ok, layouts="BHDS"), ConfigurationError, "BHDS"),
-    (dict(op="attention", kernel_id="mylib.x", fn=_ok, sm_min="eight"), ConfigurationError, "sm_min"),
-    (dict(op="attention", kernel_id="mylib.x", fn=_ok, head_dim_max=-1), ConfigurationError, "int >= 0"),
-    (dict(op="attention", kernel_id="mylib.x", fn=_ok, supports_gqa="yes"), ConfigurationError, "True or False"),
-    (dict(op="attention", kernel_id="mylib.x", fn=_ok, check=3), ConfigurationError, "callable"),
-    (dict(op="attention", kernel_id="mylib.x", fn=_ok, priority=1.5), ConfigurationError, "priority"),
-    (dict(op="attention", kernel_id="mylib.x", fn=_ok, generations={"VOLTA"}), ConfigurationError, "VOLTA"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(op="attentoin", kernel_id="mylib.x", fn=_ok), UnknownOperationError, "attentoin"),
+        (dict(op="attention", kernel_id="nodot", fn=_ok), ConfigurationError, "'backend.name'"),
+        (dict(op="attention", kernel_id="my lib.x", fn=_ok), ConfigurationError, "kernel_id"),
+        (
+            dict(op="attention", kernel_id="torch_sdpa.mine", fn=_ok),
+            ConfigurationError,
+            "built-in backend ids",
+        ),
+        (dict(op="attention", kernel_id="mylib.x", fn=42), ConfigurationError, "a callable"),
+        (
+            dict(op="attention", kernel_id="mylib.x", fn=lambda q, k, v: q),
+            ConfigurationError,
+            "7 positional args",
+        ),
+        (
+            dict(op="rms_norm", kernel_id="mylib.x", fn=_ok),
+            ConfigurationError,
+            r"4 positional args \(x, weight",
+        ),
+        (
+            dict(op="attention", kernel_id="mylib.x", fn=_ok, head_dim_maxx=4),
+            ConfigurationError,
+            "head_dim_max",
+        ),
+        (
+            dict(op="attention", kernel_id="mylib.x", fn=_ok, kernel_id_=1),
+            ConfigurationError,
+            "constraint name",
+        ),
+        (
+            dict(op="attention", kernel_id="mylib.x", fn=_ok, is_reference=True),
+            ConfigurationError,
+            "constraint name",
+        ),
+        (
+            dict(op="attention", kernel_id="mylib.x", fn=_ok, dtypes={"float13"}),
+            ConfigurationError,
+            "float13",
+        ),
+        (dict(op="attention", kernel_id="mylib.x", fn=_ok, layouts="BHDS"), ConfigurationError, "BHDS"),
+        (dict(op="attention", kernel_id="mylib.x", fn=_ok, sm_min="eight"), ConfigurationError, "sm_min"),
+        (dict(op="attention", kernel_id="mylib.x", fn=_ok, head_dim_max=-1), ConfigurationError, "int >= 0"),
+        (
+            dict(op="attention", kernel_id="mylib.x", fn=_ok, supports_gqa="yes"),
+            ConfigurationError,
+            "True or False",
+        ),
+        (dict(op="attention", kernel_id="mylib.x", fn=_ok, check=3), ConfigurationError, "callable"),
+        (dict(op="attention", kernel_id="mylib.x", fn=_ok, priority=1.5), ConfigurationError, "priority"),
+        (
+            dict(op="attention", kernel_id="mylib.x", fn=_ok, generations={"VOLTA"}),
+            ConfigurationError,
+            "VOLTA",
+        ),
+    ],
+)
 def test_bad_registrations_raise_typed_errors(kwargs, error, match):
     op, kid, fn = kwargs.pop("op"), kwargs.pop("kernel_id"), kwargs.pop("fn")
     before = RUNTIME.registry.version if RUNTIME._ready else None
@@ -172,9 +225,18 @@ def test_unregister_errors():
 
 
 def test_constraint_coercion():
-    spec = lz.register_kernel("attention", "mylib.coerce", _ok, dtypes=[torch.float16, "bfloat16"], sm_min="8.6",
-                              sm_max=(9, 0), generations=["hopper", "AMPERE"], layouts=Layout.BSHD,
-                              mask_kinds=[MaskKind.BOOL, "float"], device_types="cuda")
+    spec = lz.register_kernel(
+        "attention",
+        "mylib.coerce",
+        _ok,
+        dtypes=[torch.float16, "bfloat16"],
+        sm_min="8.6",
+        sm_max=(9, 0),
+        generations=["hopper", "AMPERE"],
+        layouts=Layout.BSHD,
+        mask_kinds=[MaskKind.BOOL, "float"],
+        device_types="cuda",
+    )
     try:
         assert spec.dtypes == frozenset({torch.float16, torch.bfloat16})
         assert (spec.sm_min, spec.sm_max) == ((8, 6), (9, 0))
@@ -221,8 +283,11 @@ def test_custom_kernel_of_a_batched_sampling_op_gets_the_canonical_arguments(op)
     (args,) = seen
     assert len(args) == len(CANONICAL_ARGS[op]) and args[0] is logits
     given = [name for name, a in zip(CANONICAL_ARGS[op], args, strict=True) if a is not None]
-    assert given == (["logits", "top_p", "seeds"] if op == "sample" else
-                     ["logits", "prompt_token_ids", "output_token_ids", "frequency_penalty"])
+    assert given == (
+        ["logits", "top_p", "seeds"]
+        if op == "sample"
+        else ["logits", "prompt_token_ids", "output_token_ids", "frequency_penalty"]
+    )
 
 
 # ----------------------------------------------------------------------------- Triton launch configs
@@ -235,9 +300,15 @@ def test_launch_config_is_validated_and_passed_to_the_kernel():
         seen.append(launch_config.as_kwargs())
         return oracle(q, k, v, attn_mask, is_causal, scale)
 
-    lz.register_kernel("attention", "mytriton.attn", triton_like, priority=1000, device_types={"cpu"},
-                       supports_gqa=False, launch_config={"num_warps": 8, "num_stages": 2, "BLOCK_M": 64,
-                                                          "BLOCK_N": 32})
+    lz.register_kernel(
+        "attention",
+        "mytriton.attn",
+        triton_like,
+        priority=1000,
+        device_types={"cpu"},
+        supports_gqa=False,
+        launch_config={"num_warps": 8, "num_stages": 2, "BLOCK_M": 64, "BLOCK_N": 32},
+    )
     try:
         q, k, v = _qkv()
         torch.testing.assert_close(lz.attention(q, k, v), oracle(q, k, v))
@@ -251,12 +322,22 @@ def test_launch_config_requires_the_keyword():
         lz.register_kernel("attention", "mytriton.x", _ok, launch_config={"num_warps": 4})
 
 
-@pytest.mark.parametrize(("cfg", "match"), [
-    ({"num_warps": 3}, "num_warps"), ({"num_warps": 64}, "num_warps"), ({"num_warps": 0}, "num_warps"),
-    ({"num_warps": True}, "num_warps"), ({"num_stages": 0}, "num_stages"), ({"num_stages": 9}, "num_stages"),
-    ({"num_ctas": 3}, "num_ctas"), ({"BLOCK_M": 48}, "BLOCK_M"), ({"BLOCK_K": 1 << 21}, "BLOCK_K"),
-    ({"block_m": 64}, "BLOCK"), ({"num_threads": 128}, "launch_config keys"),
-])
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        ({"num_warps": 3}, "num_warps"),
+        ({"num_warps": 64}, "num_warps"),
+        ({"num_warps": 0}, "num_warps"),
+        ({"num_warps": True}, "num_warps"),
+        ({"num_stages": 0}, "num_stages"),
+        ({"num_stages": 9}, "num_stages"),
+        ({"num_ctas": 3}, "num_ctas"),
+        ({"BLOCK_M": 48}, "BLOCK_M"),
+        ({"BLOCK_K": 1 << 21}, "BLOCK_K"),
+        ({"block_m": 64}, "BLOCK"),
+        ({"num_threads": 128}, "launch_config keys"),
+    ],
+)
 def test_bad_launch_configs(cfg, match):
     with pytest.raises(ConfigurationError, match=match):
         LaunchConfig.from_dict(cfg)
@@ -265,14 +346,22 @@ def test_bad_launch_configs(cfg, match):
 def test_launch_config_not_a_dict_and_good_edges():
     with pytest.raises(ConfigurationError, match="a dict"):
         LaunchConfig.from_dict([("num_warps", 4)])
-    cfg = LaunchConfig.from_dict({"num_warps": 32, "num_stages": 8, "num_ctas": 16, "BLOCK": 1 << 20, "BLOCK_N": 1})
-    assert cfg.as_kwargs() == {"num_warps": 32, "num_stages": 8, "num_ctas": 16, "BLOCK": 1 << 20, "BLOCK_N": 1}
+    cfg = LaunchConfig.from_dict(
+        {"num_warps": 32, "num_stages": 8, "num_ctas": 16, "BLOCK": 1 << 20, "BLOCK_N": 1}
+    )
+    assert cfg.as_kwargs() == {
+        "num_warps": 32,
+        "num_stages": 8,
+        "num_ctas": 16,
+        "BLOCK": 1 << 20,
+        "BLOCK_N": 1,
+    }
     assert LaunchConfig().as_kwargs() == {"num_warps": 4, "num_stages": 3, "num_ctas": 1}
 
 
 def test_window_or_softcap_kernels_must_take_the_two_extra_args():
-    """A custom attention kernel declaring supports_window/supports_softcap is called with (..., window, softcap):
-    registration refuses one that cannot take them, and the declared kernel receives them."""
+    """A custom attention kernel declaring supports_window/supports_softcap is called with (..., window,
+    softcap): registration refuses one that cannot take them, and the declared kernel receives them."""
     import torch.nn.functional as F
 
     def seven(q, k, v, attn_mask, is_causal, scale, dropout_p):
@@ -286,8 +375,15 @@ def test_window_or_softcap_kernels_must_take_the_two_extra_args():
         seen.append((window, softcap))
         return lz_reference_attention(q, k, v, is_causal, scale, window, softcap)
 
-    lz.register_kernel("attention", "mywin.nine", nine, supports_window=True, supports_softcap=True,
-                       device_types={"cpu"}, priority=1000)
+    lz.register_kernel(
+        "attention",
+        "mywin.nine",
+        nine,
+        supports_window=True,
+        supports_softcap=True,
+        device_types={"cpu"},
+        priority=1000,
+    )
     try:
         q = torch.randn(1, 2, 8, 16)
         out = lz.attention(q, q, q, window=(2, 0), softcap=5.0)
@@ -298,14 +394,16 @@ def test_window_or_softcap_kernels_must_take_the_two_extra_args():
 
 
 def test_window_kernels_need_defaults_for_the_extra_args():
-    """Calls without window/softcap pass the 7 canonical args only: a 9-arg kernel without defaults would raise
-    TypeError on every such call (and fall back), so registration refuses it."""
+    """Calls without window/softcap pass the 7 canonical args only: a 9-arg kernel without defaults would
+    raise TypeError on every such call (and fall back), so registration refuses it."""
 
     def nine_required(q, k, v, attn_mask, is_causal, scale, dropout_p, window, softcap):
         return q
 
     with pytest.raises(ConfigurationError, match="need defaults"):
-        lz.register_kernel("attention", "mywin.required", nine_required, supports_softcap=True, device_types={"cpu"})
+        lz.register_kernel(
+            "attention", "mywin.required", nine_required, supports_softcap=True, device_types={"cpu"}
+        )
     assert "mywin.required" not in {k["kernel_id"] for k in lz.list_kernels("attention")}
 
 

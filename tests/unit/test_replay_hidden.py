@@ -1,8 +1,9 @@
-"""``benchmarks/replay_hidden.py`` models selection: replaying the recorded H100 hidden-shape run (recorded with
-this checkout's rule and timing file) reproduces every recorded default pick of the small dense shapes, and with
-the margin forced to 0.2 on every op it picks cuDNN for the H100's decode B7 D256 shape at 0.895 (the reason the
-margin is per op). Oracle: the picks and medians in the recorded CSV. Re-measuring the H100 timing file means re-running
-the hidden check (hidden_shapes.py) and committing its CSV with it; this test then follows the new recording."""
+"""``benchmarks/replay_hidden.py`` models selection: replaying the recorded H100 hidden-shape run (recorded
+with this checkout's rule and timing file) reproduces every recorded default pick of the small dense shapes,
+and with the margin forced to 0.2 on every op it picks cuDNN for the H100's decode B7 D256 shape at 0.895 (the
+reason the margin is per op). Oracle: the picks and medians in the recorded CSV. Re-measuring the H100 timing
+file means re-running the hidden check (hidden_shapes.py) and committing its CSV with it; this test then
+follows the new recording."""
 
 from __future__ import annotations
 

@@ -33,8 +33,10 @@ def test_report_fields(report):
     assert len(report.policy_hash) == 64 and int(report.policy_hash, 16) >= 0
     statuses = {c.kernel_id: c.status for c in report.candidates}
     expected = {
-        "torch_sdpa.flash": CandidateStatus.SELECTED, "torch_sdpa.math": CandidateStatus.ELIGIBLE,
-        "reference.attention": CandidateStatus.ELIGIBLE, "torch_sdpa.cudnn": CandidateStatus.REJECTED,
+        "torch_sdpa.flash": CandidateStatus.SELECTED,
+        "torch_sdpa.math": CandidateStatus.ELIGIBLE,
+        "reference.attention": CandidateStatus.ELIGIBLE,
+        "torch_sdpa.cudnn": CandidateStatus.REJECTED,
         "torch_sdpa.efficient": CandidateStatus.REJECTED,
     }
     assert {k: statuses.get(k) for k in expected} == expected
@@ -42,7 +44,13 @@ def test_report_fields(report):
     assert all(c.score is None for c in report.candidates if c.status is CandidateStatus.REJECTED)
     assert all(c.reasons for c in report.candidates if c.status is CandidateStatus.REJECTED)
     ctx = report.context
-    assert (ctx.op, ctx.dtype, ctx.num_heads_q, ctx.head_dim, ctx.seq_len_q) == ("attention", torch.float32, 2, 8, 4)
+    assert (ctx.op, ctx.dtype, ctx.num_heads_q, ctx.head_dim, ctx.seq_len_q) == (
+        "attention",
+        torch.float32,
+        2,
+        8,
+        4,
+    )
 
 
 def test_candidate_lookup_unknown_raises_keyerror(report):
@@ -59,8 +67,14 @@ def test_to_dict_round_trips_through_json(report):
     assert d["context"]["dtype"] == "float32" and d["context"]["device"] == "cpu"
     by_id = {c["kernel_id"]: c for c in d["candidates"]}
     assert by_id["torch_sdpa.flash"]["status"] == "selected"
-    assert by_id["torch_sdpa.flash"]["score"] == {"priority": 80.0, "boost": 0.0, "perf": 0.0, "shipped": 0.0,
-                                                  "transform_cost": 0.0, "total": 80.0}
+    assert by_id["torch_sdpa.flash"]["score"] == {
+        "priority": 80.0,
+        "boost": 0.0,
+        "perf": 0.0,
+        "shipped": 0.0,
+        "transform_cost": 0.0,
+        "total": 80.0,
+    }
     reasons = [Reason.from_dict(r) for r in by_id["torch_sdpa.cudnn"]["reasons"]]
     assert reasons == list(report.candidate("torch_sdpa.cudnn").reasons)
     assert {r["category"] for r in by_id["torch_sdpa.cudnn"]["reasons"]} == {"hardware", "dtype"}
@@ -72,7 +86,7 @@ def test_str_is_a_table_with_every_kernel_in_rank_order(report):
     lines = text.splitlines()
     assert lines[0] == "LayerZero selection for op 'attention': chosen torch_sdpa.flash"
     header = next(i for i, line in enumerate(lines) if line.startswith("kernel"))
-    body = [line.split()[0] for line in lines[header + 2:]]
+    body = [line.split()[0] for line in lines[header + 2 :]]
     assert body[:3] == ["torch_sdpa.flash", "torch_sdpa.math", "reference.attention"]
     every = {k["kernel_id"] for k in lz.list_kernels("attention")}
     assert sorted(body) == sorted(every) and {"torch_sdpa.cudnn", "torch_sdpa.efficient"} <= set(body[3:])
@@ -82,8 +96,10 @@ def test_str_is_a_table_with_every_kernel_in_rank_order(report):
 def test_rows_order_and_scores(report):
     rows = report.rows()
     assert [(r[0], r[1], r[2]) for r in rows[:3]] == [
-        ("torch_sdpa.flash", "selected", "80.0"), ("torch_sdpa.math", "eligible", "20.0"),
-        ("reference.attention", "eligible", "0.0")]
+        ("torch_sdpa.flash", "selected", "80.0"),
+        ("torch_sdpa.math", "eligible", "20.0"),
+        ("reference.attention", "eligible", "0.0"),
+    ]
     assert (rows[3][0], rows[3][1], rows[3][2]) == ("flex_attention.attention", "eligible", "-1.0")
     assert {r[1] for r in rows[4:]} == {"rejected"} and all(r[2] == "" for r in rows[4:])
 

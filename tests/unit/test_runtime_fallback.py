@@ -42,10 +42,19 @@ def failing_kernel():
         calls.append(1)
         raise Boom("simulated kernel crash")
 
-    RUNTIME.registry.add_backend(BackendSpec(BACKEND, None, "0.0", True, description="test backend"),
-                                 replace=True)
-    RUNTIME.registry.add_kernel(KernelSpec(KERNEL, "attention", boom, priority=1000,
-                                           device_types=frozenset({"cpu"}), description="always raises"))
+    RUNTIME.registry.add_backend(
+        BackendSpec(BACKEND, None, "0.0", True, description="test backend"), replace=True
+    )
+    RUNTIME.registry.add_kernel(
+        KernelSpec(
+            KERNEL,
+            "attention",
+            boom,
+            priority=1000,
+            device_types=frozenset({"cpu"}),
+            description="always raises",
+        )
+    )
     yield calls
     lz.unlock("attention")
     if KERNEL in RUNTIME.registry.kernels:

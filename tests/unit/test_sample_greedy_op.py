@@ -1,8 +1,8 @@
-"""``lz.sample_greedy``: dispatch on CPU (the reference serves, with the contract's NaN / tie / ``-inf`` answers worked
-out by hand), typed errors for bad inputs, the cache key, and selection on hand-built CUDA contexts
-(``fake_cuda_device``): ``triton.sample_greedy`` is the default on SM >= 8.0 eagerly and under graph capture, and
-each constraint hands the call to the reference with its reason. The kernels' correctness against an oracle:
-tests/correctness/test_sample_greedy.py."""
+"""``lz.sample_greedy``: dispatch on CPU (the reference serves, with the contract's NaN / tie / ``-inf``
+answers worked out by hand), typed errors for bad inputs, the cache key, and selection on hand-built CUDA
+contexts (``fake_cuda_device``): ``triton.sample_greedy`` is the default on SM >= 8.0 eagerly and under graph
+capture, and each constraint hands the call to the reference with its reason. The kernels' correctness against
+an oracle: tests/correctness/test_sample_greedy.py."""
 
 from __future__ import annotations
 
@@ -29,12 +29,16 @@ pytestmark = pytest.mark.unit
 NAN, INF = math.nan, math.inf
 
 
-# ------------------------------------------------------------------------------------------- lz.sample_greedy on CPU
+# ------------------------------------------------------------------------------------ lz.sample_greedy on CPU
 def test_cpu_calls_take_the_reference_and_follow_the_contract():
-    logits = torch.tensor([[0.0, 5.0, 5.0, 1.0],  # tie: the lower index
-                           [1.0, NAN, 9.0, NAN],  # NaN: the first NaN, whatever the maximum
-                           [-INF, -INF, -INF, -INF],  # all -inf: 0
-                           [-INF, 2.0, INF, INF]])  # +inf: the first
+    logits = torch.tensor(
+        [
+            [0.0, 5.0, 5.0, 1.0],  # tie: the lower index
+            [1.0, NAN, 9.0, NAN],  # NaN: the first NaN, whatever the maximum
+            [-INF, -INF, -INF, -INF],  # all -inf: 0
+            [-INF, 2.0, INF, INF],
+        ]
+    )  # +inf: the first
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         x = logits.to(dtype)
         assert lz.which("sample_greedy", x) == "reference.sample_greedy"
@@ -72,8 +76,11 @@ BAD = [
     ([[1.0, 2.0]], r"lz\.sample_greedy: logits: expected a torch\.Tensor, got list"),
     (torch.zeros(5), r"logits rank: expected 2 dims \[S, V\].*got 1 dims \(shape \(5,\)\).*logits\[None\]"),
     (torch.zeros(2, 3, 4), r"logits rank: .*got 3 dims.*reshape\(-1, logits\.shape\[-1\]\)"),
-    (torch.zeros(2, 3, dtype=torch.int64), r"logits\.dtype: expected one of float32/float64/float16/bfloat16, "
-                                           r"got torch\.int64\. Cast logits with logits\.float\(\)"),
+    (
+        torch.zeros(2, 3, dtype=torch.int64),
+        r"logits\.dtype: expected one of float32/float64/float16/bfloat16, "
+        r"got torch\.int64\. Cast logits with logits\.float\(\)",
+    ),
     (torch.zeros(2, 3, dtype=torch.bool), r"logits\.dtype: .*got torch\.bool"),
     (torch.zeros(3, 0), r"logits shape: expected \[S, V\] with V >= 1 .*got \[3, 0\]"),
 ]
@@ -96,8 +103,10 @@ def test_the_key_holds_dtype_device_vocabulary_not_rows():
     assert ctx.op == "sample_greedy" and ctx.vocab_size == 11 and not ctx.graph_capture
 
 
-# ------------------------------------------------------------------------------------------- selection on CUDA
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+# ------------------------------------------------------------------------------------------ selection on CUDA
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed"
+)
 
 
 def _registry(monkeypatch=None, *, absent=False) -> KernelRegistry:
@@ -116,9 +125,14 @@ def _registry(monkeypatch=None, *, absent=False) -> KernelRegistry:
 
 
 def _select(reg, sm=(9, 0), dtype=torch.bfloat16, **kw):
-    ctx = SelectionContext(op="sample_greedy", device=fake_cuda_device(sm), dtype=dtype, vocab_size=151936, **kw)
-    return select(reg, ctx, SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None),
-                                            log_fallbacks=False))
+    ctx = SelectionContext(
+        op="sample_greedy", device=fake_cuda_device(sm), dtype=dtype, vocab_size=151936, **kw
+    )
+    return select(
+        reg,
+        ctx,
+        SelectionInputs(Policy.empty(), lambda _b: None, lambda _k: (0.0, None), log_fallbacks=False),
+    )
 
 
 def _codes(report, kernel_id):
@@ -136,8 +150,9 @@ def test_triton_is_the_cuda_default_eager_and_captured(sm, dtype, capture):
 
 
 @needs_triton
-@pytest.mark.parametrize(("kw", "code"), [({"sm": (7, 5)}, R.SM_TOO_OLD),
-                                          ({"dtype": torch.float64}, R.DTYPE_UNSUPPORTED)])
+@pytest.mark.parametrize(
+    ("kw", "code"), [({"sm": (7, 5)}, R.SM_TOO_OLD), ({"dtype": torch.float64}, R.DTYPE_UNSUPPORTED)]
+)
 def test_constraints_hand_the_call_to_the_reference(kw, code):
     plan, report = _select(_registry(), **kw)
     assert plan.kernel_id == "reference.sample_greedy"

@@ -25,7 +25,9 @@ class _Recorder:
             def set_(on):
                 self.calls.append((i, on))
                 kernels._SETTERS_REAL[i](on)
+
             return set_
+
         return tuple(make(i) for i in range(4))
 
 
@@ -42,7 +44,9 @@ def test_first_in_torch_order_and_enabled_calls_plain_sdpa(recorder, monkeypatch
     q, k, v = _qkv()
     out = kernels._forced(2)(q, k, v, None, True, None, 0.0)
     assert recorder.calls == []  # no switch touched
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        out, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=1e-12, atol=0
+    )
 
 
 def test_not_first_forces_and_restores(recorder, monkeypatch):

@@ -34,8 +34,11 @@ def _rand(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> tor
 def _qkv(b=1, h=2, s=4, d=8, hkv=None, dv=None, dtype=torch.float32):
     hkv = h if hkv is None else hkv
     dv = d if dv is None else dv
-    return (_rand(b, h, s, d, seed=1, dtype=dtype), _rand(b, hkv, s, d, seed=2, dtype=dtype),
-            _rand(b, hkv, s, dv, seed=3, dtype=dtype))
+    return (
+        _rand(b, h, s, d, seed=1, dtype=dtype),
+        _rand(b, hkv, s, d, seed=2, dtype=dtype),
+        _rand(b, hkv, s, dv, seed=3, dtype=dtype),
+    )
 
 
 def oracle(q, k, v, mask=None, causal=False, scale=None):
@@ -65,8 +68,12 @@ def test_plain_attention_picks_flash_with_hand_worked_scores():
     rep = lz.explain("attention", q, k, v)
     assert rep.chosen == "torch_sdpa.flash"
     totals = {c.kernel_id: c.score.total for c in rep.candidates if c.score is not None}
-    assert totals == {"torch_sdpa.flash": 80.0, "torch_sdpa.math": 20.0, "reference.attention": 0.0,
-                      "flex_attention.attention": -1.0}
+    assert totals == {
+        "torch_sdpa.flash": 80.0,
+        "torch_sdpa.math": 20.0,
+        "reference.attention": 0.0,
+        "flex_attention.attention": -1.0,
+    }
     assert not rep.fell_back and rep.notes == ()
     torch.testing.assert_close(lz.attention(q, k, v).double(), oracle(q, k, v), atol=1e-5, rtol=1e-5)
 
@@ -223,8 +230,10 @@ def test_allow_restricts_candidates(tmp_path):
 
 
 def test_deny_with_when_applies_only_where_it_matches(tmp_path):
-    _load_policy(tmp_path, "version: 1\ndeny:\n  - op: attention\n    kernels: [torch_sdpa.flash]\n"
-                           "    when: {dtype: float64}\n")
+    _load_policy(
+        tmp_path,
+        "version: 1\ndeny:\n  - op: attention\n    kernels: [torch_sdpa.flash]\n    when: {dtype: float64}\n",
+    )
     assert lz.which("attention", *_qkv()) == "torch_sdpa.flash"
     assert lz.which("attention", *_qkv(dtype=torch.float64)) == "torch_sdpa.math"
 

@@ -4,9 +4,10 @@
 2. The key holds dtype, device, intermediate size, layout and flags; the fast and slow paths agree.
 3. Routing on hand-built CUDA contexts with a fake ``liger_kernel.ops.swiglu`` (no GPU, no liger here):
    torch_native (50) > triton (45) > liger (40) unmeasured; measured Liger wins; rejections with their codes
-   (old SM, float64, I > 65536, autograd, graph capture, a Liger without LigerSiLUMulFunction, stride(-1) != 1).
-4. The Liger wrapper passes multipliers 1.0 and its output reaches the caller; the missing callables raise typed
-   errors.
+   (old SM, float64, I > 65536, autograd, graph capture, a Liger without LigerSiLUMulFunction, stride(-1) !=
+   1).
+4. The Liger wrapper passes multipliers 1.0 and its output reaches the caller; the missing callables raise
+   typed errors.
 """
 
 from __future__ import annotations
@@ -43,18 +44,29 @@ def oracle(gate, up):
 # ----------------------------------------------------------------------------- 1. bad inputs
 
 
-@pytest.mark.parametrize(("gate", "up", "match"), [
-    ([1.0, 2.0], torch.ones(2), r"lz\.swiglu: gate.*expected a torch\.Tensor.*got list"),
-    (torch.ones(2), "x", r"lz\.swiglu: up.*expected a torch\.Tensor.*got str"),
-    (torch.ones(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64), r"gate\.dtype.*float32/float64.*int64"),
-    (torch.ones(2), torch.ones(2, dtype=torch.int32), r"up\.dtype.*float32/float64.*int32"),
-    (torch.tensor(1.0), torch.tensor(1.0), r"gate rank.*>= 1 dims.*0-dim"),
-    (torch.ones(2, 3), torch.ones(3, 2), r"up shape.*\[2, 3\].*\[3, 2\].*chunk\(2, -1\)"),
-    (torch.ones(2, 3), torch.ones(3), r"up shape.*\[2, 3\].*got \[3\]"),
-    (torch.ones(2, 3), torch.ones(2, 3, dtype=torch.float16), r"up\.dtype.*torch\.float32.*torch\.float16"),
-    (torch.ones(2, 3), torch.ones(2, 3, device="meta"), r"up\.device.*cpu.*meta"),
-    (torch.ones(4, 0), torch.ones(4, 0), r"intermediate size.*>= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    ("gate", "up", "match"),
+    [
+        ([1.0, 2.0], torch.ones(2), r"lz\.swiglu: gate.*expected a torch\.Tensor.*got list"),
+        (torch.ones(2), "x", r"lz\.swiglu: up.*expected a torch\.Tensor.*got str"),
+        (
+            torch.ones(2, dtype=torch.int64),
+            torch.ones(2, dtype=torch.int64),
+            r"gate\.dtype.*float32/float64.*int64",
+        ),
+        (torch.ones(2), torch.ones(2, dtype=torch.int32), r"up\.dtype.*float32/float64.*int32"),
+        (torch.tensor(1.0), torch.tensor(1.0), r"gate rank.*>= 1 dims.*0-dim"),
+        (torch.ones(2, 3), torch.ones(3, 2), r"up shape.*\[2, 3\].*\[3, 2\].*chunk\(2, -1\)"),
+        (torch.ones(2, 3), torch.ones(3), r"up shape.*\[2, 3\].*got \[3\]"),
+        (
+            torch.ones(2, 3),
+            torch.ones(2, 3, dtype=torch.float16),
+            r"up\.dtype.*torch\.float32.*torch\.float16",
+        ),
+        (torch.ones(2, 3), torch.ones(2, 3, device="meta"), r"up\.device.*cpu.*meta"),
+        (torch.ones(4, 0), torch.ones(4, 0), r"intermediate size.*>= 1, got 0"),
+    ],
+)
 def test_bad_input_raises_typed_error(gate, up, match):
     with pytest.raises(InvalidInputError, match=match):
         lz.swiglu(gate, up)
@@ -75,7 +87,13 @@ def test_key_and_context_fields():
     assert args[0] is g and len(args) == 2
     ctx = build(key)
     assert (ctx.op, ctx.dtype, ctx.hidden_size, ctx.contiguous, ctx.stride_last_1, ctx.requires_grad) == (
-        "swiglu", torch.float32, 11, True, True, False)
+        "swiglu",
+        torch.float32,
+        11,
+        True,
+        True,
+        False,
+    )
     gate_up = torch.randn(4, 22)
     ctx = build(prepare(gate_up[:, :11], gate_up[:, 11:])[0])
     assert (ctx.contiguous, ctx.stride_last_1) == (False, True)
@@ -126,8 +144,14 @@ class FakeSiLUMul:
 
 def install(monkeypatch, *, swiglu=True):
     FakeSiLUMul.calls = []
-    names = ("liger_kernel", "liger_kernel.ops", "liger_kernel.ops.rms_norm", "liger_kernel.ops.rope",
-             "liger_kernel.ops.fused_add_rms_norm", "liger_kernel.ops.swiglu")
+    names = (
+        "liger_kernel",
+        "liger_kernel.ops",
+        "liger_kernel.ops.rms_norm",
+        "liger_kernel.ops.rope",
+        "liger_kernel.ops.fused_add_rms_norm",
+        "liger_kernel.ops.swiglu",
+    )
     mods = {name: types.ModuleType(name) for name in names}
     mods["liger_kernel"].__version__ = "0.8.5"
     mods["liger_kernel.ops.rms_norm"].LigerRMSNormFunction = object()
@@ -141,7 +165,13 @@ def install(monkeypatch, *, swiglu=True):
 def make_registry(triton_available=True):
     RUNTIME.ensure_ready()
     reg = KernelRegistry()
-    for op in ("rms_norm", "rope", "swiglu", "layer_norm", "linear_cross_entropy"):  # every op liger registers
+    for op in (
+        "rms_norm",
+        "rope",
+        "swiglu",
+        "layer_norm",
+        "linear_cross_entropy",
+    ):  # every op liger registers
         reg.add_op(RUNTIME.registry.ops.get(op))
         for spec in RUNTIME.registry.for_op(op):
             if spec.backend in ("reference", "torch_native"):
@@ -193,24 +223,29 @@ def test_probe_finds_the_fake_swiglu(monkeypatch):
 def test_priorities_and_measured_winners(reg, dtype):
     plan, report = run_select(reg, ctx(dtype=dtype))
     assert plan.kernel_id == "torch_native.swiglu"
-    scores = {k: report.candidate(k).score.total for k in ("torch_native.swiglu", "triton.swiglu", "liger.swiglu")}
+    scores = {
+        k: report.candidate(k).score.total for k in ("torch_native.swiglu", "triton.swiglu", "liger.swiglu")
+    }
     assert scores == {"torch_native.swiglu": 50, "triton.swiglu": 45, "liger.swiglu": 40}
     assert run_select(reg, ctx(dtype=dtype), faster="liger.swiglu")[0].kernel_id == "liger.swiglu"
     assert run_select(reg, ctx(dtype=dtype), faster="triton.swiglu")[0].kernel_id == "triton.swiglu"
 
 
-@pytest.mark.parametrize(("kw", "kernel_id", "code"), [
-    ({"sm": (7, 5)}, "liger.swiglu", R.SM_TOO_OLD),
-    ({"sm": (7, 5)}, "triton.swiglu", R.SM_TOO_OLD),
-    ({"dtype": torch.float64}, "liger.swiglu", R.DTYPE_UNSUPPORTED),
-    ({"dtype": torch.float64}, "triton.swiglu", R.DTYPE_UNSUPPORTED),
-    ({"inter": 65537}, "liger.swiglu", R.HIDDEN_SIZE_UNSUPPORTED),
-    ({"inter": 65535 * 1024 + 1}, "triton.swiglu", R.HIDDEN_SIZE_UNSUPPORTED),
-    ({"requires_grad": True}, "liger.swiglu", R.BACKWARD_UNSUPPORTED),
-    ({"requires_grad": True}, "triton.swiglu", R.BACKWARD_UNSUPPORTED),
-    ({"graph_capture": True}, "liger.swiglu", R.CUDA_GRAPH_UNSAFE),
-    ({"stride_last_1": False, "contiguous": False}, "triton.swiglu", R.STRIDE_LAST_DIM_NOT_1),
-])
+@pytest.mark.parametrize(
+    ("kw", "kernel_id", "code"),
+    [
+        ({"sm": (7, 5)}, "liger.swiglu", R.SM_TOO_OLD),
+        ({"sm": (7, 5)}, "triton.swiglu", R.SM_TOO_OLD),
+        ({"dtype": torch.float64}, "liger.swiglu", R.DTYPE_UNSUPPORTED),
+        ({"dtype": torch.float64}, "triton.swiglu", R.DTYPE_UNSUPPORTED),
+        ({"inter": 65537}, "liger.swiglu", R.HIDDEN_SIZE_UNSUPPORTED),
+        ({"inter": 65535 * 1024 + 1}, "triton.swiglu", R.HIDDEN_SIZE_UNSUPPORTED),
+        ({"requires_grad": True}, "liger.swiglu", R.BACKWARD_UNSUPPORTED),
+        ({"requires_grad": True}, "triton.swiglu", R.BACKWARD_UNSUPPORTED),
+        ({"graph_capture": True}, "liger.swiglu", R.CUDA_GRAPH_UNSAFE),
+        ({"stride_last_1": False, "contiguous": False}, "triton.swiglu", R.STRIDE_LAST_DIM_NOT_1),
+    ],
+)
 def test_rejections(reg, kw, kernel_id, code):
     plan, report = run_select(reg, ctx(**kw), faster=kernel_id)
     assert plan.kernel_id != kernel_id
@@ -261,7 +296,10 @@ def test_missing_callables_raise_typed_errors():
 
 
 def test_hand_worked_value():
-    # silu(1) * 2 = 2 / (1 + e^-1) = 1.4621171572600098; silu(0) * 5 = 0; silu(-1) * 1 = -1 / (1 + e) = -0.2689...
-    out = lz.swiglu(torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64), torch.tensor([2.0, 5.0, 1.0],
-                                                                                       dtype=torch.float64))
+    # silu(1) * 2 = 2 / (1 + e^-1) = 1.4621171572600098; silu(0) * 5 = 0; silu(-1) * 1 = -1 / (1 + e) =
+    # -0.2689...
+    out = lz.swiglu(
+        torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64),
+        torch.tensor([2.0, 5.0, 1.0], dtype=torch.float64),
+    )
     assert out.tolist() == pytest.approx([1.4621171572600098, 0.0, -0.2689414213699951], abs=1e-15)

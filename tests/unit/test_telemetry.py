@@ -1,6 +1,7 @@
-"""``layerzero.telemetry``: the counters dispatch records (calls, sampled latency, selections, cache hits/misses,
-fallbacks with reasons, PerfDB reads, breaker trips), counted by hand on CPU calls; the Prometheus exposition
-(collector in a user's registry, the HTTP endpoint) parsed back; the JSON-lines selection log; off means off."""
+"""``layerzero.telemetry``: the counters dispatch records (calls, sampled latency, selections, cache
+hits/misses, fallbacks with reasons, PerfDB reads, breaker trips), counted by hand on CPU calls; the
+Prometheus exposition (collector in a user's registry, the HTTP endpoint) parsed back; the JSON-lines
+selection log; off means off."""
 
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ def test_off_records_nothing():
 def test_calls_hits_misses_and_selections_counted_by_hand():
     lzt.enable(sample_every=4)
     for _ in range(10):
-        _rms()                       # one key: 1 miss + 9 hits
+        _rms()  # one key: 1 miss + 9 hits
     for _ in range(3):
-        _rms(h=48)                   # a second key: 1 miss + 2 hits
+        _rms(h=48)  # a second key: 1 miss + 2 hits
     snap = lzt.snapshot()
     kernel = lz.which("rms_norm", torch.randn(3, 32), torch.ones(32))
     assert snap["calls"][kernel] == ("rms_norm", 13)
@@ -57,8 +58,9 @@ def test_runtime_and_selection_fallbacks_carry_their_reason():
         calls["n"] += 1
         raise RuntimeError("boom")
 
-    lz.register_kernel("rms_norm", "brokenlib.rms_norm", broken, priority=1000, device_types={"cpu"},
-                       dtypes={torch.float32})
+    lz.register_kernel(
+        "rms_norm", "brokenlib.rms_norm", broken, priority=1000, device_types={"cpu"}, dtypes={torch.float32}
+    )
     try:
         lzt.enable()
         _rms()
@@ -105,8 +107,11 @@ def test_prometheus_collector_in_a_user_registry():
     text = prometheus_client.generate_latest(reg).decode()
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     kernel = lz.which("rms_norm", torch.randn(3, 32), torch.ones(32))
-    calls = {tuple(sorted(s.labels.items())): s.value for s in fams["layerzero_kernel_calls"].samples
-             if s.name.endswith("_total")}
+    calls = {
+        tuple(sorted(s.labels.items())): s.value
+        for s in fams["layerzero_kernel_calls"].samples
+        if s.name.endswith("_total")
+    }
     assert calls[(("kernel", kernel), ("op", "rms_norm"))] == 3
     hist = [s for s in fams["layerzero_kernel_call_seconds"].samples if s.name.endswith("_count")]
     assert hist and hist[0].value == 3  # sample_every=1: every call timed, the selecting one included

@@ -1,6 +1,6 @@
 """``layerzero.telemetry.otel_instrument``: OpenTelemetry observable counters read at collection time, checked
-against ``layerzero.telemetry.snapshot()`` (the oracle) through the SDK's ``InMemoryMetricReader``; names, units
-and attributes as docs/telemetry.md lists them; the missing-package error; close()."""
+against ``layerzero.telemetry.snapshot()`` (the oracle) through the SDK's ``InMemoryMetricReader``; names,
+units and attributes as docs/telemetry.md lists them; the missing-package error; close()."""
 
 from __future__ import annotations
 
@@ -45,8 +45,12 @@ def _collect(reader) -> dict[str, dict]:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 pts = {frozenset(p.attributes.items()): p.value for p in m.data.data_points}
-                out[m.name] = {"unit": m.unit, "scope": sm.scope.name, "points": pts,
-                               "monotonic": m.data.is_monotonic}
+                out[m.name] = {
+                    "unit": m.unit,
+                    "scope": sm.scope.name,
+                    "points": pts,
+                    "monotonic": m.data.is_monotonic,
+                }
     return out
 
 
@@ -68,13 +72,21 @@ def test_collected_metrics_equal_the_snapshot(reader):
     assert all(m["scope"] == "layerzero" and m["monotonic"] for m in got.values())
     calls = {frozenset({"op": op, "kernel": k}.items()): n for k, (op, n) in snap["calls"].items()}
     assert got["layerzero.kernel.calls"]["points"] == calls and calls
-    sel = {frozenset(dict(zip(("op", "kernel"), k.split("|"), strict=True)).items()): n for k, n in snap["selections"].items()}
+    sel = {
+        frozenset(dict(zip(("op", "kernel"), k.split("|"), strict=True)).items()): n
+        for k, n in snap["selections"].items()
+    }
     assert got["layerzero.selections"]["points"] == sel
-    for name, key in (("layerzero.cache.hits", "cache_hits"), ("layerzero.cache.misses", "cache_misses"),
-                      ("layerzero.selection.duration", "selection_seconds")):
+    for name, key in (
+        ("layerzero.cache.hits", "cache_hits"),
+        ("layerzero.cache.misses", "cache_misses"),
+        ("layerzero.selection.duration", "selection_seconds"),
+    ):
         assert got[name]["points"] == {frozenset({"op": op}.items()): n for op, n in snap[key].items()}, name
-    fb = {frozenset(dict(zip(("op", "kind", "reason"), k.split("|", 2), strict=True)).items()): n
-          for k, n in snap["fallbacks"].items()}
+    fb = {
+        frozenset(dict(zip(("op", "kind", "reason"), k.split("|", 2), strict=True)).items()): n
+        for k, n in snap["fallbacks"].items()
+    }
     assert got["layerzero.fallbacks"]["points"] == fb and fb
     assert got["layerzero.perfdb.reads"]["points"] == {frozenset(): snap["perfdb_reads"]}
     assert snap["cache_hits"]["rms_norm"] == 5 and snap["cache_misses"]["rms_norm"] == 1
@@ -89,8 +101,11 @@ def test_latency_histogram_as_bucket_sum_count(reader):
         attrs = frozenset({"op": op, "kernel": kernel}.items())
         assert got["layerzero.kernel.call.duration.count"]["points"][attrs] == lat["count"]
         assert got["layerzero.kernel.call.duration.sum"]["points"][attrs] == pytest.approx(lat["sum"] / 1e6)
-        buckets = {dict(k)["le"]: v for k, v in got["layerzero.kernel.call.duration.bucket"]["points"].items()
-                   if dict(k)["kernel"] == kernel}
+        buckets = {
+            dict(k)["le"]: v
+            for k, v in got["layerzero.kernel.call.duration.bucket"]["points"].items()
+            if dict(k)["kernel"] == kernel
+        }
         assert buckets["+Inf"] == lat["count"]
         cum = 0
         for bound, n in lat["buckets"]:

@@ -51,8 +51,10 @@ def _sp(proto, **kw):
 
 # ------------------------------------------------------------------------------------------------ the API
 def test_import_layerzero_loads_no_tokenizer_library():
-    code = ("import sys, layerzero as lz; lz.tokenize, lz.IncrementalDetokenizer; "
-            "print(sorted(m for m in ('tokenizers', 'transformers', 'tiktoken', 'sentencepiece') if m in sys.modules))")
+    code = (
+        "import sys, layerzero as lz; lz.tokenize, lz.IncrementalDetokenizer; print(sorted(m for m in "
+        "('tokenizers', 'transformers', 'tiktoken', 'sentencepiece') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -89,9 +91,13 @@ def test_tensors_and_numpy_ids_are_accepted(bpe):
 
 def test_add_special_tokens(bpe, sp_proto, tik):
     assert lz.tokenize("a b", bpe)[0] == 1 and lz.tokenize("a b", bpe)[-1] == 2
-    assert lz.tokenize("a b", bpe, add_special_tokens=False) == bpe.encode("a b", add_special_tokens=False).ids
+    assert (
+        lz.tokenize("a b", bpe, add_special_tokens=False) == bpe.encode("a b", add_special_tokens=False).ids
+    )
     hf = zoo.transformers_fast(bpe)
-    assert lz.tokenize("a b", hf, add_special_tokens=False) == hf("a b", add_special_tokens=False)["input_ids"]
+    assert (
+        lz.tokenize("a b", hf, add_special_tokens=False) == hf("a b", add_special_tokens=False)["input_ids"]
+    )
     sp = _sp(sp_proto, add_bos=True)  # the processor's own setting is what True means
     assert lz.tokenize("a b", sp) == sp.encode("a b") and lz.tokenize("a b", sp)[0] == sp.bos_id()
     assert lz.tokenize("a b", sp, add_special_tokens=False) == sp.encode("a b", add_bos=False)
@@ -105,22 +111,33 @@ def test_split_special_tokens(bpe, sp_proto, tik):
     assert 1 not in split and lz.detokenize(split, bpe) == text
     assert 1 in lz.tokenize(text, bpe, add_special_tokens=False)  # the object itself is left as it was
     hf = zoo.transformers_fast(bpe)
-    assert lz.tokenize(text, hf, split_special_tokens=True) == hf(text, split_special_tokens=True)["input_ids"]
+    assert (
+        lz.tokenize(text, hf, split_special_tokens=True) == hf(text, split_special_tokens=True)["input_ids"]
+    )
     eot = tik.encode_single_token("<|endoftext|>")
     assert lz.tokenize("a<|endoftext|>", tik) == tik.encode("a<|endoftext|>", allowed_special="all")
     assert eot in lz.tokenize("a<|endoftext|>", tik)
-    assert lz.tokenize(["a<|endoftext|>"] * 2, tik, split_special_tokens=True) == [tik.encode_ordinary(
-        "a<|endoftext|>")] * 2
+    assert (
+        lz.tokenize(["a<|endoftext|>"] * 2, tik, split_special_tokens=True)
+        == [tik.encode_ordinary("a<|endoftext|>")] * 2
+    )
     with pytest.raises(InvalidInputError, match="split_special_tokens.*sentencepiece"):
         lz.tokenize(text, _sp(sp_proto), split_special_tokens=True)
 
 
 def test_skip_special_tokens(bpe, sp_proto, tik):
     ids = lz.tokenize("x <s> y", bpe)
-    assert lz.detokenize(ids, bpe, skip_special_tokens=True) == bpe.decode(ids, skip_special_tokens=True) == "x  y"
+    assert (
+        lz.detokenize(ids, bpe, skip_special_tokens=True)
+        == bpe.decode(ids, skip_special_tokens=True)
+        == "x  y"
+    )
     assert lz.detokenize(ids, bpe) == "<s>x <s> y</s>"
     ids = lz.tokenize("a<|endoftext|>b", tik)
-    assert lz.detokenize(ids, tik) == "a<|endoftext|>b" and lz.detokenize(ids, tik, skip_special_tokens=True) == "ab"
+    assert (
+        lz.detokenize(ids, tik) == "a<|endoftext|>b"
+        and lz.detokenize(ids, tik, skip_special_tokens=True) == "ab"
+    )
     sp = _sp(sp_proto)
     ids = [sp.bos_id(), *sp.encode("ab"), sp.unk_id(), sp.eos_id()]
     assert lz.detokenize(ids, sp) == sp.decode(ids) and "\u2047" in lz.detokenize(ids, sp)
@@ -137,7 +154,9 @@ def test_paths_load_once_and_share_the_content_adapter(bpe, sp_proto, tmp_path):
     (tmp_path / "sp").mkdir()
     (tmp_path / "sp" / "tokenizer.model").write_bytes(sp_proto)
     sp = _sp(sp_proto)
-    assert resolve(tmp_path / "sp") is resolve(sp) and lz.tokenize("héllo", tmp_path / "sp") == sp.encode("héllo")
+    assert resolve(tmp_path / "sp") is resolve(sp) and lz.tokenize("héllo", tmp_path / "sp") == sp.encode(
+        "héllo"
+    )
     f = tmp_path / "hf" / "tokenizer.json"  # a rewritten file is loaded again
     b2 = zoo.byte_level_bpe()
     b2.add_special_tokens(["<new>"])
@@ -152,7 +171,9 @@ def test_bad_paths_raise_typed_errors(tmp_path):
     with pytest.raises(InvalidInputError, match="tokenizer.json or tokenizer.model in it"):
         lz.tokenize("x", tmp_path)
     (tmp_path / "vocab.txt").write_text("a\n")
-    with pytest.raises(InvalidInputError, match=r"expected a tokenizers \.json file or a sentencepiece \.model"):
+    with pytest.raises(
+        InvalidInputError, match=r"expected a tokenizers \.json file or a sentencepiece \.model"
+    ):
         lz.tokenize("x", str(tmp_path / "vocab.txt"))
 
 
@@ -166,8 +187,11 @@ def test_content_equal_tokenizers_share_one_adapter_and_a_new_special_token_does
     other = Tokenizer.from_str(bpe.to_str())
     other.add_special_tokens(["<|tool|>"])
     b = resolve(other)
-    assert b is not a and b.key != a.key and lz.tokenize("<|tool|>", other, add_special_tokens=False) == [
-        other.token_to_id("<|tool|>")]
+    assert (
+        b is not a
+        and b.key != a.key
+        and lz.tokenize("<|tool|>", other, add_special_tokens=False) == [other.token_to_id("<|tool|>")]
+    )
     assert resolve(twin) is a  # still shared
 
 
@@ -181,8 +205,11 @@ def test_in_place_changes_are_seen_and_the_stale_adapter_is_not_handed_out():
     b = resolve(tok)
     assert b is not a and lz.tokenize("<|x|>", tok, add_special_tokens=False) == [tok.token_to_id("<|x|>")]
     c = resolve(twin)  # content equal to the old `tok`: a fresh adapter around twin, not the stale `a`
-    assert c is not a and c.obj is twin and lz.tokenize("<|x|>", twin, add_special_tokens=False) != [
-        tok.token_to_id("<|x|>")]
+    assert (
+        c is not a
+        and c.obj is twin
+        and lz.tokenize("<|x|>", twin, add_special_tokens=False) != [tok.token_to_id("<|x|>")]
+    )
 
 
 def test_transformers_tiktoken_and_sentencepiece_keys(bpe, sp_proto, tik):
@@ -243,7 +270,16 @@ def test_a_prompt_ending_inside_a_character_is_not_used_as_context(bpe):
 def test_sentencepiece_space_pieces_keep_their_spaces(sp_proto):
     sp = _sp(sp_proto)
     space, the = sp.piece_to_id("\u2581"), sp.piece_to_id("\u2581the")
-    ids = [the, space, space, the, space, space, space, the]  # sentencepiece strips leading spaces of a decode
+    ids = [
+        the,
+        space,
+        space,
+        the,
+        space,
+        space,
+        space,
+        the,
+    ]  # sentencepiece strips leading spaces of a decode
     d = lz.IncrementalDetokenizer(sp)
     assert "".join(d.step(t) for t in ids) + d.flush() == sp.decode(ids) == "the   the    the"
 
@@ -253,36 +289,44 @@ def test_engine_detokenizer_streams_through_the_public_one(bpe):
 
     hf = zoo.transformers_fast(bpe)
     prompt, out = hf("Hello")["input_ids"], hf(" wörld 👍🏽 end", add_special_tokens=False)["input_ids"]
-    det = Detokenizer(hf, prompt + [10_000], stop=("end",), skip_special_tokens=True)  # 10_000: past the vocab
+    det = Detokenizer(
+        hf, prompt + [10_000], stop=("end",), skip_special_tokens=True
+    )  # 10_000: past the vocab
     hits = [det.add(t, True) for t in [*out[:-1], 10_000, out[-1]]]
     assert hits[-1] == "end" and det.text == " wörld 👍🏽 " and det.delta(True) == " wörld 👍🏽 "
 
 
 # ------------------------------------------------------------------------------------------------ bad input
-@pytest.mark.parametrize("texts, match", [
-    (3, r"tokenize\(texts\): expected a str or a list/tuple of str, got int 3"),
-    (b"abc", r"got bytes b'abc'. Decode bytes first"),
-    (["ok", None], r"tokenize\(texts\)\[1\]: expected a str, got NoneType"),
-    (["ok", b"x"], r"tokenize\(texts\)\[1\]: expected a str, got bytes"),
-    ({"a": 1}, r"expected a str or a list/tuple of str, got dict"),
-])
+@pytest.mark.parametrize(
+    "texts, match",
+    [
+        (3, r"tokenize\(texts\): expected a str or a list/tuple of str, got int 3"),
+        (b"abc", r"got bytes b'abc'. Decode bytes first"),
+        (["ok", None], r"tokenize\(texts\)\[1\]: expected a str, got NoneType"),
+        (["ok", b"x"], r"tokenize\(texts\)\[1\]: expected a str, got bytes"),
+        ({"a": 1}, r"expected a str or a list/tuple of str, got dict"),
+    ],
+)
 def test_non_str_texts_raise(bpe, texts, match):
     with pytest.raises(InvalidInputError, match=match):
         lz.tokenize(texts, bpe)
 
 
-@pytest.mark.parametrize("ids, match", [
-    ([5, 400], r"detokenize\(ids\)\[1\]: expected a token id in \[0, 400\), got 400"),
-    ([-1], r"detokenize\(ids\)\[0\]: expected a token id in \[0, 400\), got -1"),
-    ([[5], [6, 10**9]], r"detokenize\(ids\)\[1\]\[1\]: expected a token id in \[0, 400\)"),
-    ([5, 1.0], r"detokenize\(ids\)\[1\]: expected an int token id, got float 1.0"),
-    ([True], r"detokenize\(ids\)\[0\]: expected an int token id, got bool True"),
-    (["5"], r"expected an int token id, got str '5'"),
-    ([[5], 6], r"detokenize\(ids\)\[1\]: expected a list of int token ids \(every row"),
-    ([5, [6]], r"detokenize\(ids\)\[1\]: expected an int token id, got list"),
-    (5, r"detokenize\(ids\): expected a list of int token ids"),
-    ("abc", r"detokenize\(ids\): expected a list of int token ids"),
-])
+@pytest.mark.parametrize(
+    "ids, match",
+    [
+        ([5, 400], r"detokenize\(ids\)\[1\]: expected a token id in \[0, 400\), got 400"),
+        ([-1], r"detokenize\(ids\)\[0\]: expected a token id in \[0, 400\), got -1"),
+        ([[5], [6, 10**9]], r"detokenize\(ids\)\[1\]\[1\]: expected a token id in \[0, 400\)"),
+        ([5, 1.0], r"detokenize\(ids\)\[1\]: expected an int token id, got float 1.0"),
+        ([True], r"detokenize\(ids\)\[0\]: expected an int token id, got bool True"),
+        (["5"], r"expected an int token id, got str '5'"),
+        ([[5], 6], r"detokenize\(ids\)\[1\]: expected a list of int token ids \(every row"),
+        ([5, [6]], r"detokenize\(ids\)\[1\]: expected an int token id, got list"),
+        (5, r"detokenize\(ids\): expected a list of int token ids"),
+        ("abc", r"detokenize\(ids\): expected a list of int token ids"),
+    ],
+)
 def test_bad_ids_raise(bpe, ids, match):
     with pytest.raises(InvalidInputError, match=match):
         lz.detokenize(ids, bpe)
@@ -295,7 +339,9 @@ def test_an_id_in_a_tiktoken_gap_raises(tik):
 
 @pytest.mark.parametrize("tok", [object(), {"vocab": {}}, 3, None, [1, 2]])
 def test_unknown_tokenizer_types_raise(tok):
-    with pytest.raises(InvalidInputError, match=r"tokenizer: expected a tokenizers.Tokenizer, .* got builtins\."):
+    with pytest.raises(
+        InvalidInputError, match=r"tokenizer: expected a tokenizers.Tokenizer, .* got builtins\."
+    ):
         lz.tokenize("x", tok)
     with pytest.raises(InvalidInputError, match=r"tokenizer: expected"):
         lz.detokenize([1], tok)
@@ -305,8 +351,11 @@ def test_unknown_tokenizer_types_raise(tok):
 
 def test_streaming_bad_input_raises(bpe):
     d = lz.IncrementalDetokenizer(bpe)
-    for bad, match in ((400, r"step\(token_id\): expected a token id in \[0, 400\), got 400"),
-                       ("a", r"step\(token_id\): expected an int token id, got str"), (None, "got NoneType")):
+    for bad, match in (
+        (400, r"step\(token_id\): expected a token id in \[0, 400\), got 400"),
+        ("a", r"step\(token_id\): expected an int token id, got str"),
+        (None, "got NoneType"),
+    ):
         with pytest.raises(InvalidInputError, match=match):
             d.step(bad)
     with pytest.raises(InvalidInputError, match=r"extend\(token_ids\)\[1\]: expected a token id"):

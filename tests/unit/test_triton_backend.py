@@ -67,17 +67,35 @@ cuda_device = fake_cuda_device
 
 
 def rms_ctx(sm=(9, 0), dtype=torch.bfloat16, h=4096, param_dtype=None, **kw):
-    return SelectionContext(op="rms_norm", device=cuda_device(sm), dtype=dtype, hidden_size=h,
-                            param_dtype=param_dtype or dtype, stride_last_1=kw.pop("stride_last_1", True), **kw)
+    return SelectionContext(
+        op="rms_norm",
+        device=cuda_device(sm),
+        dtype=dtype,
+        hidden_size=h,
+        param_dtype=param_dtype or dtype,
+        stride_last_1=kw.pop("stride_last_1", True),
+        **kw,
+    )
 
 
 def rope_ctx(sm=(9, 0), dtype=torch.float16, d=128, r=None, layout=Layout.BHSD, **kw):
-    return SelectionContext(op="rope", device=cuda_device(sm), dtype=dtype, num_heads_q=8, num_heads_kv=2,
-                            head_dim=d, rotary_dim=d if r is None else r, layout=layout, **kw)
+    return SelectionContext(
+        op="rope",
+        device=cuda_device(sm),
+        dtype=dtype,
+        num_heads_q=8,
+        num_heads_kv=2,
+        head_dim=d,
+        rotary_dim=d if r is None else r,
+        layout=layout,
+        **kw,
+    )
 
 
 def sample_ctx(op, sm=(9, 0), dtype=torch.bfloat16, **kw):
-    return SelectionContext(op=op, device=cuda_device(sm), dtype=dtype, vocab_size=151936, has_generator=True, **kw)
+    return SelectionContext(
+        op=op, device=cuda_device(sm), dtype=dtype, vocab_size=151936, has_generator=True, **kw
+    )
 
 
 def _measured_triton_norm_faster(kernel_id):
@@ -100,7 +118,9 @@ def codes(report, kernel_id):
 
 
 def test_available_here_with_version():
-    pytest.importorskip("triton", reason="triton is not installed: only the absent-library path can be tested")
+    pytest.importorskip(
+        "triton", reason="triton is not installed: only the absent-library path can be tested"
+    )
     spec = tb.probe()
     assert spec.available and spec.reasons == () and spec.import_name == "triton"
     assert spec.version == importlib.import_module("triton").__version__
@@ -114,7 +134,9 @@ def test_absent_triton_is_not_installed_and_kernels_raise(monkeypatch):
     assert "pip install triton" in spec.reasons[0].message
     ids = {k.kernel_id for k in reg.kernels.values() if k.backend == "triton"}
     assert set(tb.KERNEL_IDS) <= ids
-    with pytest.raises(BackendNotAvailableError, match=r"triton\.rms_norm cannot run: module 'triton' not found"):
+    with pytest.raises(
+        BackendNotAvailableError, match=r"triton\.rms_norm cannot run: module 'triton' not found"
+    ):
         reg.kernel("triton.rms_norm").fn(torch.ones(2), torch.ones(2), 1e-6, None)
     with pytest.raises(BackendNotAvailableError, match="triton.sample_topp cannot run"):
         reg.kernel("triton.sample_topp").fn(torch.ones(1, 2), 0.5, 1.0, None)
@@ -124,8 +146,13 @@ def test_absent_triton_is_not_installed_and_kernels_raise(monkeypatch):
     assert R.BACKEND_NOT_INSTALLED in codes(report, "triton.rms_norm")
 
 
-@pytest.mark.parametrize("exc", [ModuleNotFoundError("No module named 'triton._C'", name="triton._C"),
-                                 RuntimeError("libcuda.so: cannot open shared object file")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ModuleNotFoundError("No module named 'triton._C'", name="triton._C"),
+        RuntimeError("libcuda.so: cannot open shared object file"),
+    ],
+)
 def test_broken_import_is_import_failed(monkeypatch, exc):
     real = importlib.import_module
 
@@ -142,16 +169,27 @@ def test_broken_import_is_import_failed(monkeypatch, exc):
 
 
 def test_import_layerzero_and_registration_do_not_import_triton_kernels():
-    code = ("import sys, torch, layerzero as lz\n"
-            "assert 'triton' not in sys.modules, 'import layerzero imported triton'\n"
-            "lz.rms_norm(torch.ones(2, 4), torch.ones(4))\n"  # first call: registers every backend
-            "print(sorted(m for m in sys.modules if m.startswith('layerzero.backends.triton._')))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}, check=False)
+    code = (
+        "import sys, torch, layerzero as lz\n"
+        "assert 'triton' not in sys.modules, 'import layerzero imported triton'\n"
+        "lz.rms_norm(torch.ones(2, 4), torch.ones(4))\n"  # first call: registers every backend
+        "print(sorted(m for m in sys.modules if m.startswith('layerzero.backends.triton._')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
-    # helpers only (_launch and _paged_common import no triton at import), never a module of @triton.jit kernels
-    assert out.stdout.strip() == ("['layerzero.backends.triton._common', 'layerzero.backends.triton._launch', "
-                                  "'layerzero.backends.triton._paged_common']")
+    # helpers only (_launch and _paged_common import no triton at import), never a module of @triton.jit
+    # kernels
+    assert out.stdout.strip() == (
+        "['layerzero.backends.triton._common', 'layerzero.backends.triton._launch', "
+        "'layerzero.backends.triton._paged_common']"
+    )
 
 
 def test_every_kernel_is_cuda_only_sm80_and_half_precision():
@@ -160,15 +198,22 @@ def test_every_kernel_is_cuda_only_sm80_and_half_precision():
             continue  # paged kernels: their own tests
         assert spec.device_types == {"cuda"} and spec.sm_min == (8, 0), spec.kernel_id
         half = {torch.float16, torch.bfloat16}
-        # triton.gemv / triton.quantized_linear: fp32 projections stay on cuBLAS (tl.dot would round fp32 inputs to
-        # TF32)
-        tl_dot = spec.kernel_id in ("triton.gemv", "triton.quantized_linear", "triton.rms_norm_linear",
-                                    "triton.swiglu_linear")
+        # triton.gemv / triton.quantized_linear: fp32 projections stay on cuBLAS (tl.dot would round fp32
+        # inputs to TF32)
+        tl_dot = spec.kernel_id in (
+            "triton.gemv",
+            "triton.quantized_linear",
+            "triton.rms_norm_linear",
+            "triton.swiglu_linear",
+        )
         assert spec.dtypes == (half if tl_dot else half | {torch.float32}), spec.kernel_id
         assert not spec.supports_backward, spec.kernel_id
     by_id = {s.kernel_id: s for s in tb.kernel_specs(True, "")}
     assert by_id["triton.rms_norm"].fn is norms.rms_norm and by_id["triton.rope"].fn is rope.rope
-    assert by_id["triton.sample_topk"].fn is sampling.sample_topk and by_id["triton.sample"].fn is sampling.sample
+    assert (
+        by_id["triton.sample_topk"].fn is sampling.sample_topk
+        and by_id["triton.sample"].fn is sampling.sample
+    )
     # above the reference (0) since its GPU test passed and it was measured: see sampling.PRIORITY_SAMPLE
     assert by_id["triton.sample"].op == "sample" and by_id["triton.sample"].priority > 0
     assert by_id["triton.swiglu"].fn is tb.swiglu.swiglu
@@ -177,12 +222,38 @@ def test_every_kernel_is_cuda_only_sm80_and_half_precision():
     assert by_id["triton.gemv"].fn is tb.gemv.gemv and by_id["triton.gemv"].op == "linear"
     ql = by_id["triton.quantized_linear"]
     assert ql.fn is tb.quantized_linear.quantized_linear and ql.op == "quantized_linear"
-    assert by_id["triton.qk_norm_rope"].fn is rope.qk_norm_rope and by_id["triton.qk_norm_rope"].op == "qk_norm_rope"
+    assert (
+        by_id["triton.qk_norm_rope"].fn is rope.qk_norm_rope
+        and by_id["triton.qk_norm_rope"].op == "qk_norm_rope"
+    )
     assert by_id["triton.rms_norm_linear"].fn is tb.gemv.rms_norm_linear
-    assert by_id["triton.swiglu_linear"].fn is tb.gemv.swiglu_linear and by_id["triton.swiglu_linear"].op == "swiglu_linear"
-    assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [True, True, True, True, False, False, False, True, True, True,
-                                                             True, True, True, True, True, True, True]
-    assert by_id["triton.sample_greedy"].fn is sampling.sample_greedy and by_id["triton.sample_greedy"].op == "sample_greedy"
+    assert (
+        by_id["triton.swiglu_linear"].fn is tb.gemv.swiglu_linear
+        and by_id["triton.swiglu_linear"].op == "swiglu_linear"
+    )
+    assert [by_id[k].graph_safe for k in tb.KERNEL_IDS] == [
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+        True,
+        True,
+        True,
+        True,
+        True,
+        True,
+    ]
+    assert (
+        by_id["triton.sample_greedy"].fn is sampling.sample_greedy
+        and by_id["triton.sample_greedy"].op == "sample_greedy"
+    )
     att = by_id["triton.attention"]
     assert att.fn is tb.attention.attention and att.op == "attention" and att.supports_alibi
     assert by_id["triton.qk_norm_rope_cache"].fn is rope.qk_norm_rope_cache
@@ -206,7 +277,9 @@ def test_capability_descriptor_matches_code():
 
 # ----------------------------------------------------------------------------- 2. routing
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed"
+)
 
 
 @needs_triton
@@ -218,20 +291,25 @@ def test_triton_wins_rms_norm_on_cuda(dtype, sm):
     assert plan.kernel_id == "triton.rms_norm"
     assert report.candidate("triton.rms_norm").score.total == 60  # priority 45 + 15 measured
     assert report.candidate("torch_native.rms_norm").score.total == 50
-    unmeasured = run_select(reg, rms_ctx(sm=sm, dtype=dtype, param_dtype=torch.float32), perf=lambda _k: (0.0, None))
+    unmeasured = run_select(
+        reg, rms_ctx(sm=sm, dtype=dtype, param_dtype=torch.float32), perf=lambda _k: (0.0, None)
+    )
     assert unmeasured[0].kernel_id == "torch_native.rms_norm"
     assert run_select(reg, rms_ctx(sm=sm, dtype=dtype, fused_residual=True))[0].kernel_id == "triton.rms_norm"
 
 
 @needs_triton
-@pytest.mark.parametrize(("ctx", "code"), [
-    (rms_ctx(sm=(7, 5)), R.SM_TOO_OLD),
-    (rms_ctx(dtype=torch.float64), R.DTYPE_UNSUPPORTED),
-    (rms_ctx(h=65537), R.HIDDEN_SIZE_UNSUPPORTED),
-    (rms_ctx(dtype=torch.float16, param_dtype=torch.float64), R.DTYPE_UNSUPPORTED),
-    (rms_ctx(stride_last_1=False), R.STRIDE_LAST_DIM_NOT_1),
-    (rms_ctx(requires_grad=True), R.BACKWARD_UNSUPPORTED),
-])
+@pytest.mark.parametrize(
+    ("ctx", "code"),
+    [
+        (rms_ctx(sm=(7, 5)), R.SM_TOO_OLD),
+        (rms_ctx(dtype=torch.float64), R.DTYPE_UNSUPPORTED),
+        (rms_ctx(h=65537), R.HIDDEN_SIZE_UNSUPPORTED),
+        (rms_ctx(dtype=torch.float16, param_dtype=torch.float64), R.DTYPE_UNSUPPORTED),
+        (rms_ctx(stride_last_1=False), R.STRIDE_LAST_DIM_NOT_1),
+        (rms_ctx(requires_grad=True), R.BACKWARD_UNSUPPORTED),
+    ],
+)
 def test_rms_norm_rejections(ctx, code):
     plan, report = run_select(make_registry(), ctx)
     assert plan.kernel_id != "triton.rms_norm"
@@ -257,14 +335,17 @@ def test_triton_wins_rope_all_forms_without_transform(layout, interleaved, d, r)
 @needs_triton
 @pytest.mark.parametrize("capture", [False, True])
 def test_triton_wins_qk_norm_rope_over_the_reference(capture):
-    """On CUDA the fused kernel serves lz.qk_norm_rope (eagerly and under capture) over the two-op torch_native form
-    and the reference; too large a head dim or too old a GPU leaves it to torch_native."""
+    """On CUDA the fused kernel serves lz.qk_norm_rope (eagerly and under capture) over the two-op
+    torch_native form and the reference; too large a head dim or too old a GPU leaves it to torch_native."""
     reg = make_registry()
     ctx = dataclasses.replace(rope_ctx(graph_capture=capture), op="qk_norm_rope")
     plan, report = run_select(reg, ctx)
     assert plan.kernel_id == "triton.qk_norm_rope" and plan.transforms == ()
-    assert {c.kernel_id for c in report.candidates} == {"triton.qk_norm_rope", "torch_native.qk_norm_rope",
-                                                        "reference.qk_norm_rope"}
+    assert {c.kernel_id for c in report.candidates} == {
+        "triton.qk_norm_rope",
+        "torch_native.qk_norm_rope",
+        "reference.qk_norm_rope",
+    }
     plan, report = run_select(reg, dataclasses.replace(rope_ctx(d=2048), op="qk_norm_rope"))
     assert plan.kernel_id == "torch_native.qk_norm_rope"
     assert codes(report, "triton.qk_norm_rope") == {R.HEAD_DIM_TOO_LARGE}
@@ -300,11 +381,26 @@ def test_sampling_routing(op):
 @pytest.mark.parametrize("op", OPS)
 def test_cpu_contexts_never_pick_triton(op):
     dev = DeviceSpec.detect("cpu")
-    ctx = {"rms_norm": SelectionContext(op=op, device=dev, dtype=torch.float32, hidden_size=8,
-                                        param_dtype=torch.float32, stride_last_1=True),
-           "rope": SelectionContext(op=op, device=dev, dtype=torch.float32, num_heads_q=2, num_heads_kv=2,
-                                    head_dim=8, rotary_dim=8, layout=Layout.BHSD),
-           }.get(op, SelectionContext(op=op, device=dev, dtype=torch.float32, vocab_size=11))
+    ctx = {
+        "rms_norm": SelectionContext(
+            op=op,
+            device=dev,
+            dtype=torch.float32,
+            hidden_size=8,
+            param_dtype=torch.float32,
+            stride_last_1=True,
+        ),
+        "rope": SelectionContext(
+            op=op,
+            device=dev,
+            dtype=torch.float32,
+            num_heads_q=2,
+            num_heads_kv=2,
+            head_dim=8,
+            rotary_dim=8,
+            layout=Layout.BHSD,
+        ),
+    }.get(op, SelectionContext(op=op, device=dev, dtype=torch.float32, vocab_size=11))
     plan, report = run_select(make_registry(), ctx)
     assert not plan.kernel_id.startswith("triton.")
     assert codes(report, f"triton.{op}") == {R.DEVICE_TYPE_UNSUPPORTED}

@@ -28,8 +28,10 @@ from layerzero.tuning import TuneStatus, compare, harness, make_inputs, sample_s
 pytestmark = pytest.mark.unit
 
 FAST = {"warmup": 1, "iters": 1, "repeats": 3, "progress": False}
-SHAPES = [{"batch": 1, "heads": 4, "kv_heads": 2, "seq": 16, "head_dim": 8, "causal": True},
-          {"batch": 2, "heads": 2, "seq": 32, "head_dim": 16}]
+SHAPES = [
+    {"batch": 1, "heads": 4, "kv_heads": 2, "seq": 16, "head_dim": 8, "causal": True},
+    {"batch": 2, "heads": 2, "seq": 32, "head_dim": 16},
+]
 
 
 # ----------------------------------------------------------------------------------------- statistics
@@ -45,13 +47,25 @@ def _oracle_stats(x: list[float]) -> tuple[float, float, float, int]:
     mad = (dev[(n - 1) // 2] + dev[n // 2]) / 2
     kept = sorted(v for v in x if mad == 0 or v <= med + 5 * mad)
     m = len(kept)
-    return (kept[(m - 1) // 2] + kept[m // 2]) / 2, _nearest_rank(kept, 0.95), _nearest_rank(kept, 0.99), n - m
+    return (
+        (kept[(m - 1) // 2] + kept[m // 2]) / 2,
+        _nearest_rank(kept, 0.95),
+        _nearest_rank(kept, 0.99),
+        n - m,
+    )
 
 
 def test_sample_stats_hand_worked():
-    # median 12, |x - 12| = 2,1,0,1,988 -> MAD 1, limit 17: 1000 dropped; kept 10..13 -> median 11.5, p95 = 4th
+    # median 12, |x - 12| = 2,1,0,1,988 -> MAD 1, limit 17: 1000 dropped; kept 10..13 -> median 11.5, p95 =
+    # 4th
     st = sample_stats([10.0, 11.0, 12.0, 13.0, 1000.0])
-    assert (st.median_us, st.p95_us, st.p99_us, st.outliers, st.kept) == (11.5, 13.0, 13.0, 1, (10, 11, 12, 13))
+    assert (st.median_us, st.p95_us, st.p99_us, st.outliers, st.kept) == (
+        11.5,
+        13.0,
+        13.0,
+        1,
+        (10, 11, 12, 13),
+    )
 
 
 def test_sample_stats_zero_mad_keeps_the_tail():
@@ -70,10 +84,16 @@ def test_sample_stats_matches_brute_force(seed):
     assert len(st.kept) + st.outliers == len(x)
 
 
-@pytest.mark.parametrize(("samples", "mads", "match"), [
-    ([], 5.0, "non-empty"), ([1.0, float("nan")], 5.0, "finite"), ([-1.0], 5.0, "finite timings >= 0"),
-    ([1.0], 0.0, "finite number > 0"), ("abc", 5.0, "sequence of numbers"),
-])
+@pytest.mark.parametrize(
+    ("samples", "mads", "match"),
+    [
+        ([], 5.0, "non-empty"),
+        ([1.0, float("nan")], 5.0, "finite"),
+        ([-1.0], 5.0, "finite timings >= 0"),
+        ([1.0], 0.0, "finite number > 0"),
+        ("abc", 5.0, "sequence of numbers"),
+    ],
+)
 def test_sample_stats_rejects_bad_samples(samples, mads, match):
     with pytest.raises(lz.InvalidInputError, match=match):
         sample_stats(samples, mads=mads)
@@ -98,8 +118,18 @@ def test_compare_tolerances_and_mismatches():
 
 # ----------------------------------------------------------------------------------------- make_inputs
 def test_make_inputs_shapes_by_hand():
-    (q, k, v), kw = make_inputs("attention", batch=2, heads=6, kv_heads=3, seq=5, kv_seq=7, head_dim=4,
-                                layout="BSHD", dtype="bfloat16", mask="bool")
+    (q, k, v), kw = make_inputs(
+        "attention",
+        batch=2,
+        heads=6,
+        kv_heads=3,
+        seq=5,
+        kv_seq=7,
+        head_dim=4,
+        layout="BSHD",
+        dtype="bfloat16",
+        mask="bool",
+    )
     assert (q.shape, k.shape, v.shape, q.dtype) == ((2, 5, 6, 4), (2, 7, 3, 4), (2, 7, 3, 4), torch.bfloat16)
     assert kw["attn_mask"].shape == (2, 1, 5, 7) and kw["layout"] == "BSHD"
     (x, w, eps), kw = make_inputs("rms_norm", batch=3, seq=2, hidden=16, residual=True)
@@ -111,13 +141,16 @@ def test_make_inputs_shapes_by_hand():
     assert (logits.shape, logits.dtype, kw) == ((3, 17), torch.bfloat16, {})
 
 
-@pytest.mark.parametrize(("op", "shape", "error", "match"), [
-    ("attention", {"seqq": 4}, lz.InvalidInputError, "Did you mean 'seq'"),
-    ("attention", {"seq": 0}, lz.InvalidInputError, "an int > 0"),
-    ("attention", {"dtype": "int8"}, lz.InvalidInputError, "dtype"),
-    ("attention", {"mask": "causal"}, lz.InvalidInputError, "'none', 'bool' or 'float'"),
-    ("paged", {}, lz.UnknownOperationError, "unknown op"),
-])
+@pytest.mark.parametrize(
+    ("op", "shape", "error", "match"),
+    [
+        ("attention", {"seqq": 4}, lz.InvalidInputError, "Did you mean 'seq'"),
+        ("attention", {"seq": 0}, lz.InvalidInputError, "an int > 0"),
+        ("attention", {"dtype": "int8"}, lz.InvalidInputError, "dtype"),
+        ("attention", {"mask": "causal"}, lz.InvalidInputError, "'none', 'bool' or 'float'"),
+        ("paged", {}, lz.UnknownOperationError, "unknown op"),
+    ],
+)
 def test_make_inputs_rejects_bad_shapes(op, shape, error, match):
     with pytest.raises(error, match=match):
         make_inputs(op, **shape)
@@ -125,7 +158,8 @@ def test_make_inputs_rejects_bad_shapes(op, shape, error, match):
 
 # ----------------------------------------------------------------------------------------- lz.tune
 def _db_rows(args, kwargs):
-    """The PerfDB rows of the bucket ``lz.attention(*args, **kwargs)`` selects on (read back independently)."""
+    """The PerfDB rows of the bucket ``lz.attention(*args, **kwargs)`` selects on (read back
+    independently)."""
     ctx = lz.explain("attention", *args, **kwargs).context
     db = RUNTIME.perfdb()
     return db.for_bucket("attention", ctx.bucket_key(), fingerprint(device_fingerprint_parts(ctx.device)))
@@ -137,8 +171,11 @@ def test_tune_records_every_eligible_kernel_and_selection_follows():
     weight = lz.get_config().perf_weight
     for i, shape in enumerate(SHAPES):
         args, kwargs = make_inputs("attention", **shape)
-        eligible = {k["kernel_id"] for k in lz.list_kernels("attention")
-                    if lz.validate(k["kernel_id"], "attention", *args, **kwargs) == []}
+        eligible = {
+            k["kernel_id"]
+            for k in lz.list_kernels("attention")
+            if lz.validate(k["kernel_id"], "attention", *args, **kwargs) == []
+        }
         assert {"reference.attention", "torch_sdpa.math"} <= eligible
         rows = _db_rows(args, kwargs)
         assert set(rows) == eligible
@@ -152,8 +189,15 @@ def test_tune_records_every_eligible_kernel_and_selection_follows():
         assert report.best()[i].median_us == fastest
         # the scoring rule recomputed from the stored medians decides the selection
         expl = lz.explain("attention", *args, **kwargs)
-        expect = max(eligible, key=lambda kid: lz.list_kernels("attention")[[k["kernel_id"] for k in
-                     lz.list_kernels("attention")].index(kid)]["priority"] + weight * fastest / rows[kid].median_us)
+        expect = max(
+            eligible,
+            key=lambda kid: (
+                lz.list_kernels("attention")[
+                    [k["kernel_id"] for k in lz.list_kernels("attention")].index(kid)
+                ]["priority"]
+                + weight * fastest / rows[kid].median_us
+            ),
+        )
         assert expl.chosen == expect == lz.which("attention", *args, **kwargs)
         assert all(expl.candidate(k).score.perf > 0 for k in eligible)
     d = report.to_dict()
@@ -188,16 +232,21 @@ def wrong_kernels():
     RUNTIME.ensure_ready()
 
     def offset(q, k, v, attn_mask, is_causal, scale, dropout_p):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
-                                                                enable_gqa=True) + 0.5
+        return (
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+            + 0.5
+        )
 
     def raises(*args):
         raise RuntimeError("simulated crash")
 
-    RUNTIME.registry.add_backend(BackendSpec(WRONG, None, "0.0", True, description="test backend"), replace=True)
+    RUNTIME.registry.add_backend(
+        BackendSpec(WRONG, None, "0.0", True, description="test backend"), replace=True
+    )
     for name, fn in (("offset", offset), ("raises", raises)):
-        RUNTIME.registry.add_kernel(KernelSpec(f"{WRONG}.{name}", "attention", fn, priority=1,
-                                               device_types=frozenset({"cpu"})))
+        RUNTIME.registry.add_kernel(
+            KernelSpec(f"{WRONG}.{name}", "attention", fn, priority=1, device_types=frozenset({"cpu"}))
+        )
     yield
     for name in ("offset", "raises"):
         if f"{WRONG}.{name}" in RUNTIME.registry.kernels:
@@ -228,15 +277,29 @@ def test_sampling_kernels_are_checked_on_the_same_random_stream():
 
 
 def test_norm_cases_and_kernel_filter():
-    report = lz.tune("rms_norm", [{"hidden": 64, "dtype": "bfloat16"}, {"hidden": 32, "residual": True}],
-                     kernels="torch_native", **FAST)
+    report = lz.tune(
+        "rms_norm",
+        [{"hidden": 64, "dtype": "bfloat16"}, {"hidden": 32, "residual": True}],
+        kernels="torch_native",
+        **FAST,
+    )
     assert [(r.case, r.kernel_id, r.status) for r in report.rows] == [
-        (0, "torch_native.rms_norm", TuneStatus.OK), (1, "torch_native.rms_norm", TuneStatus.OK)]
+        (0, "torch_native.rms_norm", TuneStatus.OK),
+        (1, "torch_native.rms_norm", TuneStatus.OK),
+    ]
 
 
 def test_time_budget_stops_sampling():
-    report = lz.tune("layer_norm", [{"hidden": 16}], kernels=["reference.*"], warmup=0, iters=1, repeats=50,
-                     max_time_s=1e-9, progress=False)
+    report = lz.tune(
+        "layer_norm",
+        [{"hidden": 16}],
+        kernels=["reference.*"],
+        warmup=0,
+        iters=1,
+        repeats=50,
+        max_time_s=1e-9,
+        progress=False,
+    )
     row = report.rows[0]
     assert row.samples == 1 and "time budget" in row.detail
 
@@ -263,16 +326,23 @@ def test_refuses_while_a_cuda_graph_is_captured(monkeypatch):
         lz.tune("attention", SHAPES, **FAST)
 
 
-@pytest.mark.parametrize(("call", "error", "match"), [
-    (lambda: lz.tune("attn", SHAPES), lz.UnknownOperationError, "unknown op 'attn'"),
-    (lambda: lz.tune("attention", SHAPES, kernels=["nope.*"]), lz.UnknownKernelError, "matches no kernel"),
-    (lambda: lz.tune("attention", SHAPES[0]), lz.InvalidInputError, "Wrap a single case in a list"),
-    (lambda: lz.tune("attention", []), lz.InvalidInputError, "at least one case"),
-    (lambda: lz.tune("attention", [42]), lz.InvalidInputError, "case 0"),
-    (lambda: lz.tune("attention", SHAPES, repeats=0), lz.InvalidInputError, "repeats"),
-    (lambda: lz.tune("attention", SHAPES, max_time_s=float("nan")), lz.InvalidInputError, "max_time_s"),
-    (lambda: lz.tune("attention", [{"heads": 3, "kv_heads": 2}]), lz.InvalidInputError, "divisible"),
-])
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: lz.tune("attn", SHAPES), lz.UnknownOperationError, "unknown op 'attn'"),
+        (
+            lambda: lz.tune("attention", SHAPES, kernels=["nope.*"]),
+            lz.UnknownKernelError,
+            "matches no kernel",
+        ),
+        (lambda: lz.tune("attention", SHAPES[0]), lz.InvalidInputError, "Wrap a single case in a list"),
+        (lambda: lz.tune("attention", []), lz.InvalidInputError, "at least one case"),
+        (lambda: lz.tune("attention", [42]), lz.InvalidInputError, "case 0"),
+        (lambda: lz.tune("attention", SHAPES, repeats=0), lz.InvalidInputError, "repeats"),
+        (lambda: lz.tune("attention", SHAPES, max_time_s=float("nan")), lz.InvalidInputError, "max_time_s"),
+        (lambda: lz.tune("attention", [{"heads": 3, "kv_heads": 2}]), lz.InvalidInputError, "divisible"),
+    ],
+)
 def test_bad_arguments_raise_typed_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
@@ -280,19 +350,51 @@ def test_bad_arguments_raise_typed_errors(call, error, match):
 
 # ----------------------------------------------------------------------------------------- CLI
 def test_cli_tune_prints_a_table(capsys):
-    rc = cli_main(["tune", "attention", "--batch", "1", "2", "--heads", "4", "--kv-heads", "2", "--seq", "16",
-                   "--head-dim", "8", "--dtype", "float32", "--causal", "--device", "cpu", "--warmup", "0",
-                   "--repeats", "2", "--iters", "1", "--no-progress"])
+    rc = cli_main(
+        [
+            "tune",
+            "attention",
+            "--batch",
+            "1",
+            "2",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--seq",
+            "16",
+            "--head-dim",
+            "8",
+            "--dtype",
+            "float32",
+            "--causal",
+            "--device",
+            "cpu",
+            "--warmup",
+            "0",
+            "--repeats",
+            "2",
+            "--iters",
+            "1",
+            "--no-progress",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "torch_sdpa.math" in out and "median µs" in out and "case 1" in out
 
 
 def test_cli_tune_json(capsys):
-    rc = cli_main(["tune", "rms_norm", "--hidden", "32", "--seq", "4", "--repeats", "2", "--warmup", "0",
-                   "--json"])
+    rc = cli_main(
+        ["tune", "rms_norm", "--hidden", "32", "--seq", "4", "--repeats", "2", "--warmup", "0", "--json"]
+    )
     data = json.loads(capsys.readouterr().out)
     cpu_rows = [r for r in data["rows"] if r["kernel_id"].split(".")[0] in ("reference", "torch_native")]
-    assert rc == 0 and data["op"] == "rms_norm" and len(cpu_rows) == 2 and {r["status"] for r in cpu_rows} == {"ok"}
+    assert (
+        rc == 0
+        and data["op"] == "rms_norm"
+        and len(cpu_rows) == 2
+        and {r["status"] for r in cpu_rows} == {"ok"}
+    )
 
 
 def test_cli_tune_bad_kernel_exits_2(capsys):

@@ -46,8 +46,14 @@ def test_background_thread_completes():
         gate.wait(5)
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
-    lz.register_kernel("rms_norm", "gated.rms", gated, priority=99, device_types={"cpu"},
-                       check=lambda ctx: [] if ctx.hidden_size == 40 else ["only hidden 40"])
+    lz.register_kernel(
+        "rms_norm",
+        "gated.rms",
+        gated,
+        priority=99,
+        device_types={"cpu"},
+        check=lambda ctx: [] if ctx.hidden_size == 40 else ["only hidden 40"],
+    )
     try:
         manifest = lz.Manifest().add("rms_norm", torch.randn(2, 4, 24), torch.randn(24), critical=True)
         manifest.add("rms_norm", torch.randn(2, 4, 40), torch.randn(40))

@@ -1,6 +1,7 @@
-"""Memory-aware selection: a kernel whose declared workspace (``KernelSpec.workspace``, bytes) exceeds the device's
-free memory minus ``workspace_headroom_bytes`` is rejected with ``WORKSPACE_TOO_LARGE``. On CPU with a fake memory
-reading (``RUNTIME.free_memory``); the real reading is ``torch.cuda.mem_get_info`` on CUDA devices only."""
+"""Memory-aware selection: a kernel whose declared workspace (``KernelSpec.workspace``, bytes) exceeds the
+device's free memory minus ``workspace_headroom_bytes`` is rejected with ``WORKSPACE_TOO_LARGE``. On CPU with
+a fake memory reading (``RUNTIME.free_memory``); the real reading is ``torch.cuda.mem_get_info`` on CUDA
+devices only."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ KID = "bigws.rms_norm"
 
 @pytest.fixture
 def big_workspace_kernel():
-    """A CPU rms_norm kernel of top priority that declares 1 GiB of workspace; a controllable memory reading."""
+    """A CPU rms_norm kernel of top priority that declares 1 GiB of workspace; a controllable memory
+    reading."""
     reading = {"free": None, "reads": 0}
 
     def fake(device):
@@ -32,8 +34,15 @@ def big_workspace_kernel():
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
     before, headroom = RUNTIME.free_memory, lz.get_config().workspace_headroom_bytes
-    lz.register_kernel("rms_norm", KID, rms, priority=1000, device_types={"cpu"}, dtypes={torch.float32},
-                       workspace=lambda ctx: GIB)
+    lz.register_kernel(
+        "rms_norm",
+        KID,
+        rms,
+        priority=1000,
+        device_types={"cpu"},
+        dtypes={torch.float32},
+        workspace=lambda ctx: GIB,
+    )
     RUNTIME.free_memory = fake
     RUNTIME.cache.invalidate()
     yield reading
@@ -51,14 +60,17 @@ def _pick(free, headroom):
     return lz.which("rms_norm", x, w), report
 
 
-@pytest.mark.parametrize(("free", "headroom", "fits"), [
-    (None, 0, True),                      # no reading (CPU, or a failed read): no check
-    (4 * GIB, 256 << 20, True),
-    (GIB + (256 << 20), 256 << 20, True),  # exactly enough: need <= free - headroom
-    (GIB + (256 << 20) - 1, 256 << 20, False),
-    (GIB // 2, 0, False),
-    (3 * GIB // 2, 3 * GIB // 4, False),   # the headroom alone rejects it
-])
+@pytest.mark.parametrize(
+    ("free", "headroom", "fits"),
+    [
+        (None, 0, True),  # no reading (CPU, or a failed read): no check
+        (4 * GIB, 256 << 20, True),
+        (GIB + (256 << 20), 256 << 20, True),  # exactly enough: need <= free - headroom
+        (GIB + (256 << 20) - 1, 256 << 20, False),
+        (GIB // 2, 0, False),
+        (3 * GIB // 2, 3 * GIB // 4, False),  # the headroom alone rejects it
+    ],
+)
 def test_workspace_against_free_memory_minus_headroom(big_workspace_kernel, free, headroom, fits):
     big_workspace_kernel["free"] = free
     picked, report = _pick(free, headroom)
@@ -77,8 +89,15 @@ def test_memory_is_read_once_per_selection_and_only_for_declared_workspaces(big_
     reads = big_workspace_kernel["reads"]
     assert 1 <= reads <= 2  # which() and explain() select once each; the other kernels declare no workspace
     lz.unregister_kernel(KID)
-    lz.register_kernel("rms_norm", KID, lambda x, w, e, r: x, priority=1000, device_types={"cpu"},
-                       dtypes={torch.float32}, replace=True)
+    lz.register_kernel(
+        "rms_norm",
+        KID,
+        lambda x, w, e, r: x,
+        priority=1000,
+        device_types={"cpu"},
+        dtypes={torch.float32},
+        replace=True,
+    )
     big_workspace_kernel["reads"] = 0
     _pick(4 * GIB, 0)
     assert big_workspace_kernel["reads"] == 0

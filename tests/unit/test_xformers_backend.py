@@ -3,8 +3,8 @@
 1. Absent library: ``xformers`` registered, unavailable with BACKEND_NOT_INSTALLED.
 2. Detection with fakes: the C++ library not loading, no forward operator loading and a failing
    ``xformers.ops.fmha`` import all give BACKEND_IMPORT_FAILED with the concrete reason.
-3. Routing: fake ``xformers.ops.fmha`` in ``sys.modules`` and hand-built CUDA contexts: BSHD is native (BHSD pays
-   the transform cost 1), the flash/cutlass split decides causal Sq != Sk, fp32 and float masks per SM.
+3. Routing: fake ``xformers.ops.fmha`` in ``sys.modules`` and hand-built CUDA contexts: BSHD is native (BHSD
+   pays the transform cost 1), the flash/cutlass split decides causal Sq != Sk, fp32 and float masks per SM.
    Scores by hand: xformers 75, SDPA flash 80, cuDNN 85, SDPA efficient 70.
 4. Calls: the fake ``memory_efficient_attention`` records what it receives (5-D GQA tensors, stride-0 expanded
    k/v, aligned biases) and computes float64 attention; outputs match SDPA / a float64 oracle.
@@ -80,7 +80,9 @@ def install(monkeypatch, *, flash=True, cutlass=True, cpp_error=None, built_with
     mea = FakeMEA()
     xf = types.ModuleType("xformers")
     xf.__version__ = "0.0.35"
-    xf._cpp_lib = types.SimpleNamespace(_cpp_library_load_exception=cpp_error, _built_with_cuda=built_with_cuda)
+    xf._cpp_lib = types.SimpleNamespace(
+        _cpp_library_load_exception=cpp_error, _built_with_cuda=built_with_cuda
+    )
     fmha = types.ModuleType("xformers.ops.fmha")
     fmha.memory_efficient_attention = mea
     fmha.attn_bias = types.SimpleNamespace(LowerTriangularMask=LowerTriangularMask)
@@ -89,8 +91,11 @@ def install(monkeypatch, *, flash=True, cutlass=True, cpp_error=None, built_with
         return types.SimpleNamespace(FwOp=types.SimpleNamespace(is_available=lambda: ok))
 
     fmha.flash, fmha.cutlass, fmha.flash3 = op(flash), op(cutlass), op(False)
-    for name, mod in (("xformers", xf), ("xformers.ops", types.ModuleType("xformers.ops")),
-                      ("xformers.ops.fmha", fmha)):
+    for name, mod in (
+        ("xformers", xf),
+        ("xformers.ops", types.ModuleType("xformers.ops")),
+        ("xformers.ops.fmha", fmha),
+    ):
         monkeypatch.setitem(sys.modules, name, mod)
     return mea
 
@@ -121,15 +126,31 @@ def reg(mea):
 cuda_device = fake_cuda_device
 
 
-def ctx_for(sm=(9, 0), *, layout=Layout.BSHD, dtype=torch.float16, d=128, hq=8, hkv=8, sq=1024, sk=None, **kw):
+def ctx_for(
+    sm=(9, 0), *, layout=Layout.BSHD, dtype=torch.float16, d=128, hq=8, hkv=8, sq=1024, sk=None, **kw
+):
     sk = sq if sk is None else sk
-    return SelectionContext(op="attention", device=cuda_device(sm), dtype=dtype, batch=2, num_heads_q=hq,
-                            num_heads_kv=hkv, head_dim=d, head_dim_v=d, seq_len_q=sq, seq_len_kv=sk,
-                            seq_equal=sq == sk, layout=layout, **kw)
+    return SelectionContext(
+        op="attention",
+        device=cuda_device(sm),
+        dtype=dtype,
+        batch=2,
+        num_heads_q=hq,
+        num_heads_kv=hkv,
+        head_dim=d,
+        head_dim_v=d,
+        seq_len_q=sq,
+        seq_len_kv=sk,
+        seq_equal=sq == sk,
+        layout=layout,
+        **kw,
+    )
 
 
 def run_select(reg, ctx, policy=None):
-    inputs = SelectionInputs(policy or Policy.empty(), lambda _b: None, lambda _k: (0.0, None), log_fallbacks=False)
+    inputs = SelectionInputs(
+        policy or Policy.empty(), lambda _b: None, lambda _k: (0.0, None), log_fallbacks=False
+    )
     return select(reg, ctx, inputs)
 
 
@@ -162,8 +183,11 @@ def test_probe_with_working_fakes(monkeypatch):
 
 
 def test_cpp_library_not_loading_is_import_failed(monkeypatch):
-    install(monkeypatch, cpp_error=RuntimeError("xFormers can't load C++/CUDA extensions. built for PyTorch 2.10"),
-            built_with_cuda=False)
+    install(
+        monkeypatch,
+        cpp_error=RuntimeError("xFormers can't load C++/CUDA extensions. built for PyTorch 2.10"),
+        built_with_cuda=False,
+    )
     reg = make_registry()
     spec = reg.backend("xformers")
     assert not spec.available and [r.code for r in spec.reasons] == [R.BACKEND_IMPORT_FAILED]
@@ -210,12 +234,15 @@ def test_fp16_prefers_sdpa_kernels(reg):
     assert run_select(reg, ctx_for())[0].kernel_id != XF  # cuDNN 85 / SDPA flash 80 outrank 75
 
 
-@pytest.mark.parametrize(("sm", "ops", "expected"), [
-    ((9, 0), dict(flash=True, cutlass=True), set()),
-    ((8, 0), dict(flash=True, cutlass=True), set()),
-    ((10, 0), dict(flash=True, cutlass=True), {R.CAUSAL_SEQ_MISMATCH, R.SM_TOO_NEW}),
-    ((9, 0), dict(flash=True, cutlass=False), {R.CAUSAL_SEQ_MISMATCH, R.BACKEND_IMPORT_FAILED}),
-])
+@pytest.mark.parametrize(
+    ("sm", "ops", "expected"),
+    [
+        ((9, 0), dict(flash=True, cutlass=True), set()),
+        ((8, 0), dict(flash=True, cutlass=True), set()),
+        ((10, 0), dict(flash=True, cutlass=True), {R.CAUSAL_SEQ_MISMATCH, R.SM_TOO_NEW}),
+        ((9, 0), dict(flash=True, cutlass=False), {R.CAUSAL_SEQ_MISMATCH, R.BACKEND_IMPORT_FAILED}),
+    ],
+)
 def test_causal_sq_ne_sk_needs_cutlass(monkeypatch, sm, ops, expected):
     install(monkeypatch, **ops)
     _, report = run_select(make_registry(), ctx_for(sm=sm, is_causal=True, sq=16, sk=64))
@@ -263,9 +290,15 @@ def test_data_constraints(reg):
 
 def sdpa64(q, k, v, mask=None, causal=False, scale=None):
     """SDPA in float64 on BSHD tensors with GQA (the independent oracle)."""
-    out = F.scaled_dot_product_attention(q.double().transpose(1, 2), k.double().transpose(1, 2),
-                                         v.double().transpose(1, 2), attn_mask=None if mask is None else mask.double(),
-                                         is_causal=causal, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    out = F.scaled_dot_product_attention(
+        q.double().transpose(1, 2),
+        k.double().transpose(1, 2),
+        v.double().transpose(1, 2),
+        attn_mask=None if mask is None else mask.double(),
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=q.shape[2] != k.shape[2],
+    )
     return out.transpose(1, 2)
 
 

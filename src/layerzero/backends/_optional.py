@@ -2,9 +2,9 @@
 
 Every optional backend (liger, triton, flashinfer, xformers, ipex) probes its library the same way: import it
 (and the submodules it needs) lazily, classify a failure as ``BACKEND_NOT_INSTALLED`` (the library itself is
-missing) or ``BACKEND_IMPORT_FAILED`` (it is there but importing raised, exited, or a dependency is missing, with
-the error text and anything the import printed), read its version from the installed distribution, and build an
-unavailable :class:`BackendSpec` with that one reason. Nothing here raises for a broken library.
+missing) or ``BACKEND_IMPORT_FAILED`` (it is there but importing raised, exited, or a dependency is missing,
+with the error text and anything the import printed), read its version from the installed distribution, and
+build an unavailable :class:`BackendSpec` with that one reason. Nothing here raises for a broken library.
 """
 
 from __future__ import annotations
@@ -25,24 +25,32 @@ from layerzero.core.specs import BackendSpec
 __all__ = ["dist_version", "import_modules", "missing_kernel", "unavailable_backend", "unavailable_why"]
 
 
-def import_modules(package: str, names: Sequence[str], install_hint: str) -> tuple[list[ModuleType], Reason | None]:
-    """Import ``names`` (full module names inside ``package``) in order: ``(modules, None)``, or ``([], reason)``
-    on the first failure — ``BACKEND_NOT_INSTALLED`` when ``package`` itself is not found,
-    ``BACKEND_IMPORT_FAILED`` (with the text) when one of its submodules or dependencies is missing, or for any
-    other exception or ``SystemExit`` (some libraries exit on an unsupported CPU), quoting what the import printed
-    on stdout."""
+def import_modules(
+    package: str, names: Sequence[str], install_hint: str
+) -> tuple[list[ModuleType], Reason | None]:
+    """Import ``names`` (full module names inside ``package``) in order: ``(modules, None)``, or
+    ``([], reason)`` on the first failure — ``BACKEND_NOT_INSTALLED`` when ``package`` itself is not found,
+    ``BACKEND_IMPORT_FAILED`` (with the text) when one of its submodules or dependencies is missing, or for
+    any other exception or ``SystemExit`` (some libraries exit on an unsupported CPU), quoting what the import
+    printed on stdout."""
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
             modules = [importlib.import_module(name) for name in names]
     except ModuleNotFoundError as exc:
         if exc.name == package:  # the library itself; a missing submodule of it is a broken or old install
-            return [], Reason(ReasonCode.BACKEND_NOT_INSTALLED, f"module {package!r} not found ({exc}); {install_hint}")
-        return [], Reason(ReasonCode.BACKEND_IMPORT_FAILED, f"importing {package} failed: {exc!r}; {install_hint}")
+            return [], Reason(
+                ReasonCode.BACKEND_NOT_INSTALLED, f"module {package!r} not found ({exc}); {install_hint}"
+            )
+        return [], Reason(
+            ReasonCode.BACKEND_IMPORT_FAILED, f"importing {package} failed: {exc!r}; {install_hint}"
+        )
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure makes the backend unavailable
         said = printed.getvalue().strip()
-        return [], Reason(ReasonCode.BACKEND_IMPORT_FAILED,
-                          f"importing {package} failed: {exc!r}" + (f"; it printed: {said}" if said else ""))
+        return [], Reason(
+            ReasonCode.BACKEND_IMPORT_FAILED,
+            f"importing {package} failed: {exc!r}" + (f"; it printed: {said}" if said else ""),
+        )
     said = printed.getvalue().strip()
     if said:
         logging.getLogger("layerzero.backends").info("importing %s printed: %s", package, said)
@@ -58,11 +66,14 @@ def dist_version(distribution: str, module: Any = None) -> str | None:
         return None if raw is None else str(raw)
 
 
-def unavailable_backend(backend_id: str, import_name: str, description: str, reason: Reason,
-                        version: str | None = None) -> BackendSpec:
-    """An unavailable :class:`BackendSpec` carrying ``reason`` (logged at INFO on ``layerzero.backends.<id>``)."""
-    logging.getLogger(f"layerzero.backends.{backend_id}").info("%s backend unavailable: %s", backend_id,
-                                                                reason.message)
+def unavailable_backend(
+    backend_id: str, import_name: str, description: str, reason: Reason, version: str | None = None
+) -> BackendSpec:
+    """An unavailable :class:`BackendSpec` carrying ``reason`` (logged at INFO on
+    ``layerzero.backends.<id>``)."""
+    logging.getLogger(f"layerzero.backends.{backend_id}").info(
+        "%s backend unavailable: %s", backend_id, reason.message
+    )
     return BackendSpec(backend_id, import_name, version, False, (reason,), description)
 
 
@@ -73,8 +84,8 @@ def unavailable_why(backend: BackendSpec, default: str) -> str:
 
 
 def missing_kernel(kernel_id: str, why: str, install_hint: str) -> Callable[..., Any]:
-    """The callable of a kernel whose backend is unusable. Selection never picks it (its backend is unavailable);
-    a lock or a direct call of the spec's ``fn`` reaches it.
+    """The callable of a kernel whose backend is unusable. Selection never picks it (its backend is
+    unavailable); a lock or a direct call of the spec's ``fn`` reaches it.
 
     Raises:
         BackendNotAvailableError: on every call, with ``why`` and ``install_hint``.
@@ -82,7 +93,9 @@ def missing_kernel(kernel_id: str, why: str, install_hint: str) -> Callable[...,
 
     def run(*args: Any) -> Any:
         raise BackendNotAvailableError(
-            f"{kernel_id} cannot run: {why}. Install it ({install_hint}) or let LayerZero pick another kernel.")
+            f"{kernel_id} cannot run: {why}. Install it ({install_hint}) or let LayerZero pick another "
+            "kernel."
+        )
 
     run.__name__ = kernel_id.replace(".", "_") + "_missing"
     return run

@@ -1,7 +1,8 @@
 """The sampling math every backend shares (not a backend): the counter-based noise of seeded rows
-(:func:`counter_hash`, :func:`seeded_exponential`), the exponential race and the temperature / top-k / top-p cut
-(:func:`scaled_cut`). One definition, so a seed gives the same stream in the reference, torch_native and Triton
-samplers; each backend imports it from here, never from another backend (import-linter's independence contract)."""
+(:func:`counter_hash`, :func:`seeded_exponential`), the exponential race and the temperature / top-k / top-p
+cut (:func:`scaled_cut`). One definition, so a seed gives the same stream in the reference, torch_native and
+Triton samplers; each backend imports it from here, never from another backend (import-linter's independence
+contract)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,17 @@ import math
 
 import torch
 
-__all__ = ["GOLDEN32", "GREEDY_BELOW", "MASK32", "counter_hash", "exponential_race", "lowbias32", "mul32",
-           "scaled_cut", "seeded_exponential"]
+__all__ = [
+    "GOLDEN32",
+    "GREEDY_BELOW",
+    "MASK32",
+    "counter_hash",
+    "exponential_race",
+    "lowbias32",
+    "mul32",
+    "scaled_cut",
+    "seeded_exponential",
+]
 
 
 GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
@@ -20,13 +30,14 @@ greedy: ``1 / T`` would not fit in float32, and the T -> 0+ limit of the softmax
 
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9
-"""2**32 / golden ratio: added before each hash step so that all-zero inputs do not hash to 0 (lowbias32(0) = 0)."""
+"""2**32 / golden ratio: added before each hash step so that all-zero inputs do not hash to 0 (lowbias32(0) =
+0)."""
 
 
 def mul32(x, c: int):
-    """``(x * c) mod 2**32`` for ``0 <= x, c < 2**32`` without leaving int64: ``c`` is split into 16-bit halves,
-    so no product exceeds ``2**48`` (signed int64 overflow would be undefined behaviour on some devices). ``x``
-    is a Python int or an int64 tensor."""
+    """``(x * c) mod 2**32`` for ``0 <= x, c < 2**32`` without leaving int64: ``c`` is split into 16-bit
+    halves, so no product exceeds ``2**48`` (signed int64 overflow would be undefined behaviour on some
+    devices). ``x`` is a Python int or an int64 tensor."""
     lo, hi = c & 0xFFFF, c >> 16
     return (x * lo + (((x * hi) & 0xFFFF) << 16)) & MASK32
 
@@ -46,8 +57,8 @@ def _mix(h, v):
 
 
 def counter_hash(seed, offset, index):
-    """32-bit hash of (seed, offset, token index): both 32-bit halves of the int64 ``seed`` and ``offset`` and the
-    index, each folded in by one ``lowbias32`` step. Python ints or broadcastable int64 tensors; every
+    """32-bit hash of (seed, offset, token index): both 32-bit halves of the int64 ``seed`` and ``offset`` and
+    the index, each folded in by one ``lowbias32`` step. Python ints or broadcastable int64 tensors; every
     intermediate value stays in ``[0, 2**49)``."""
     h = _mix(0, seed & MASK32)
     h = _mix(h, (seed >> 32) & MASK32)
@@ -57,8 +68,8 @@ def counter_hash(seed, offset, index):
 
 
 def seeded_exponential(seeds: torch.Tensor, offsets: torch.Tensor | None, vocab: int) -> torch.Tensor:
-    """Exp(1) noise ``[B, V]`` float64 from (seed, offset, token index) alone: ``u = (h + 0.5) / 2**32`` in (0, 1),
-    ``E = -log(u)``. The same (seed, offset) gives the same row on any device and in any batch."""
+    """Exp(1) noise ``[B, V]`` float64 from (seed, offset, token index) alone: ``u = (h + 0.5) / 2**32`` in
+    (0, 1), ``E = -log(u)``. The same (seed, offset) gives the same row on any device and in any batch."""
     seeds = seeds.to(torch.int64)[:, None]
     offsets = torch.zeros_like(seeds) if offsets is None else offsets.to(torch.int64)[:, None]
     index = torch.arange(vocab, dtype=torch.int64, device=seeds.device)[None, :]
@@ -66,7 +77,9 @@ def seeded_exponential(seeds: torch.Tensor, offsets: torch.Tensor | None, vocab:
     return -torch.log((h.to(torch.float64) + 0.5) * 2.0**-32)
 
 
-def _cut_sorted(sorted_z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+def _cut_sorted(
+    sorted_z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
     """Top-k then top-p on scaled logits sorted descending (``[B, V]``): cut entries become ``-inf``."""
     vocab = sorted_z.shape[-1]
     if top_k is not None:
@@ -92,11 +105,16 @@ def exponential_race(z: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return torch.argmax(z - noise.clamp_min(torch.finfo(z.dtype).tiny).log(), dim=-1)
 
 
-def scaled_cut(logits: torch.Tensor, temperature: torch.Tensor | None, top_k: torch.Tensor | None,
-               top_p: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The first steps of :func:`sample`: ``(x, z, greedy)`` with ``x`` the logits ``[B, V]`` in float32 (float64
-    for float64), ``z = (x - rowmax) / T`` with top-k then top-p cuts applied as ``-inf``, and ``greedy`` the
-    ``[B]`` bool rows with ``T <`` :data:`GREEDY_BELOW` (None without ``temperature``; those rows divide by 1)."""
+def scaled_cut(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The first steps of :func:`sample`: ``(x, z, greedy)`` with ``x`` the logits ``[B, V]`` in float32
+    (float64 for float64), ``z = (x - rowmax) / T`` with top-k then top-p cuts applied as ``-inf``, and
+    ``greedy`` the ``[B]`` bool rows with ``T <`` :data:`GREEDY_BELOW` (None without ``temperature``; those
+    rows divide by 1)."""
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
     x = logits.to(cdt)
     z = x - x.amax(dim=-1, keepdim=True)

@@ -1,7 +1,7 @@
 """Argument checks at the public edge: ids that must be strings, file paths, and the arguments of an op call.
 
-Used by ``lz.lock`` / ``lz.validate`` / ``lz.register_kernel`` ... (``api.py``), ``lz.tune`` and ``lz.warmup`` so
-that a wrong type gets a typed LayerZero error naming the argument, expected versus got, instead of a bare
+Used by ``lz.lock`` / ``lz.validate`` / ``lz.register_kernel`` ... (``api.py``), ``lz.tune`` and ``lz.warmup``
+so that a wrong type gets a typed LayerZero error naming the argument, expected versus got, instead of a bare
 ``TypeError`` from deep inside (a dict lookup, ``Path()``, an op's ``prepare``).
 """
 
@@ -36,9 +36,14 @@ def check_path(where: str, value: Any) -> str | os.PathLike[str]:
     """Return ``value`` when it is a ``str`` or ``os.PathLike``; else raise :class:`ConfigurationError`."""
     if isinstance(value, str | os.PathLike):
         return value
-    raise ConfigurationError(expected_got(where, "a file path (str or os.PathLike)",
-                                          f"{type(value).__name__} {_short(value)}",
-                                          "Pass the path of the YAML file."))
+    raise ConfigurationError(
+        expected_got(
+            where,
+            "a file path (str or os.PathLike)",
+            f"{type(value).__name__} {_short(value)}",
+            "Pass the path of the YAML file.",
+        )
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -49,8 +54,9 @@ def op_signature(prepare: Callable[..., Any]) -> inspect.Signature:
     return sig.replace(parameters=params, return_annotation=inspect.Signature.empty)
 
 
-def check_call(where: str, op: str, prepare: Callable[..., Any], args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> None:
+def check_call(
+    where: str, op: str, prepare: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
     """Raise :class:`InvalidInputError` when ``lz.<op>(*args, **kwargs)`` cannot bind to the op's arguments
     (missing or extra positional arguments, an unknown keyword such as ``is_casual``); the message names
     ``where`` (e.g. ``"lz.tune('attention') case 2"``) and the op's signature. Nothing is called."""
@@ -59,9 +65,14 @@ def check_call(where: str, op: str, prepare: Callable[..., Any], args: tuple[Any
         sig.bind(*args, **kwargs)
     except TypeError as exc:
         given = f"{len(args)} positional argument(s) and keywords {sorted(kwargs)}"
-        raise InvalidInputError(expected_got(
-            f"{where}: arguments of lz.{op}", f"lz.{op}{sig}", f"{given} ({exc})",
-            "Check the spelling of the keywords and the number of positional arguments.")) from None
+        raise InvalidInputError(
+            expected_got(
+                f"{where}: arguments of lz.{op}",
+                f"lz.{op}{sig}",
+                f"{given} ({exc})",
+                "Check the spelling of the keywords and the number of positional arguments.",
+            )
+        ) from None
 
 
 __all__ = ["check_call", "check_path", "check_str", "op_signature"]

@@ -1,7 +1,7 @@
 """The selection cache: key -> ExecutionPlan, on the dispatch hot path (a hit takes no lock).
 
-* **Shards**: ``num_shards`` (power of two, default 256 or fewer), ``shard = hash(key) & (num_shards - 1)``; each
-  is a ``dict``, a ``threading.Lock`` taken only by writers, and a ``version`` bumped on every write.
+* **Shards**: ``num_shards`` (power of two, default 256 or fewer), ``shard = hash(key) & (num_shards - 1)``;
+  each is a ``dict``, a ``threading.Lock`` taken only by writers, and a ``version`` bumped on every write.
   Readers never lock: they see the old or the new entry object (MVCC in the small).
 * **Generations**: each entry carries the generation it was computed under; :meth:`SelectionCache.invalidate`
   bumps the generation (O(1) invalidation of everything). An entry is served only while
@@ -192,11 +192,11 @@ class SelectionCache(Generic[V]):
         self._evictions = 0
         self._invalidations = 0
         self.hot: dict[Hashable, V] = {}
-        """A plain dict in front of the shards, for the dispatch hot path (``Runtime.run``): key -> value of the
-        current generation, filled by the caller after a :meth:`get` hit (under the hit's key and, for an op with
-        an exact key, that one too: ``Runtime.run_hot``), replaced by a new empty dict on every
-        :meth:`invalidate` / :meth:`clear` (so a reader that holds the old dict writes into a discarded one). Not
-        LRU-tracked: at most ``max_entries`` keys, then it starts over. Unused with a TTL."""
+        """A plain dict in front of the shards, for the dispatch hot path (``Runtime.run``): key -> value of
+        the current generation, filled by the caller after a :meth:`get` hit (under the hit's key and, for an
+        op with an exact key, that one too: ``Runtime.run_hot``), replaced by a new empty dict on every
+        :meth:`invalidate` / :meth:`clear` (so a reader that holds the old dict writes into a discarded one).
+        Not LRU-tracked: at most ``max_entries`` keys, then it starts over. Unused with a TTL."""
 
     # ------------------------------------------------------------------ hot path
 

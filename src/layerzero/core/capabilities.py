@@ -33,8 +33,16 @@ from .registry import KernelRegistry
 from .specs import CPU_ISA_NAMES, KernelSpec, MaskKind
 
 CAPABILITY_SCHEMA_VERSION = 1
-_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16,
-                                                      getattr(torch, "float8_e4m3fn", torch.float16))}
+_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        getattr(torch, "float8_e4m3fn", torch.float16),
+    )
+}
 _KV_DTYPES = {str(d).removeprefix("torch."): d for d in KV_QUANT_DTYPES}
 """Names of the quantized paged-KV-cache dtypes a kernel may declare (``kv_cache_dtypes``)."""
 
@@ -99,10 +107,24 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "max_seq_len": _opt_int,
     "mask_kinds": _str_set({m.value: m for m in MaskKind}),
     "cpu_isa": _opt_isa,
-    **{name: _bool for name in ("head_dims_equal", "supports_gqa", "mask_with_causal", "supports_causal",
-                                "supports_dropout", "supports_backward", "requires_stride_last_1", "requires_aligned_16",
-                                "deterministic", "graph_safe", "supports_window", "supports_softcap",
-                                "supports_alibi")},
+    **{
+        name: _bool
+        for name in (
+            "head_dims_equal",
+            "supports_gqa",
+            "mask_with_causal",
+            "supports_causal",
+            "supports_dropout",
+            "supports_backward",
+            "requires_stride_last_1",
+            "requires_aligned_16",
+            "deterministic",
+            "graph_safe",
+            "supports_window",
+            "supports_softcap",
+            "supports_alibi",
+        )
+    },
     "kv_cache_dtypes": _str_set(_KV_DTYPES),
 }
 OVERRIDABLE_FIELDS = frozenset(_PARSERS)
@@ -119,7 +141,8 @@ def describe(spec: KernelSpec) -> dict[str, Any]:
 
 
 def describe_backend(registry: KernelRegistry, backend_id: str) -> dict[str, Any]:
-    """A versioned descriptor of every kernel of ``backend_id`` (what ``capabilities/<backend>.yaml`` holds)."""
+    """A versioned descriptor of every kernel of ``backend_id`` (what ``capabilities/<backend>.yaml``
+    holds)."""
     registry.backend(backend_id)
     kernels = {s.kernel_id: describe(s) for s in registry.kernels.values() if s.backend == backend_id}
     return {"version": CAPABILITY_SCHEMA_VERSION, "backend": backend_id, "kernels": kernels}
@@ -134,28 +157,44 @@ def load_overrides(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """
     check_path("capability overrides path", path)
     if not os.path.isfile(path):
-        raise ConfigurationError(expected_got("capability overrides path", "an existing YAML file", repr(os.fspath(path)),
-                                              "Check the path (LAYERZERO_CAPABILITIES or lz.load_capabilities)."))
+        raise ConfigurationError(
+            expected_got(
+                "capability overrides path",
+                "an existing YAML file",
+                repr(os.fspath(path)),
+                "Check the path (LAYERZERO_CAPABILITIES or lz.load_capabilities).",
+            )
+        )
     data, source = safe_load_yaml(pathlib.Path(path))
     if not isinstance(data, dict):
         raise ConfigurationError(expected_got(f"{source}: top level", "a mapping", type(data).__name__))
     if data.get("version") != CAPABILITY_SCHEMA_VERSION:
-        raise ConfigurationError(expected_got(f"{source}: version", CAPABILITY_SCHEMA_VERSION, data.get("version")))
+        raise ConfigurationError(
+            expected_got(f"{source}: version", CAPABILITY_SCHEMA_VERSION, data.get("version"))
+        )
     unknown_top = set(data) - {"version", "backend", "kernels"}
     if unknown_top:
-        raise ConfigurationError(expected_got(f"{source}: keys", "version, backend, kernels", sorted(unknown_top)))
+        raise ConfigurationError(
+            expected_got(f"{source}: keys", "version, backend, kernels", sorted(unknown_top))
+        )
     kernels = data.get("kernels") or {}
     if not isinstance(kernels, dict):
-        raise ConfigurationError(expected_got(f"{source}: kernels", "a mapping of kernel id -> fields", kernels))
+        raise ConfigurationError(
+            expected_got(f"{source}: kernels", "a mapping of kernel id -> fields", kernels)
+        )
     out: dict[str, dict[str, Any]] = {}
     for kernel_id, fields in kernels.items():
         if not isinstance(fields, dict):
-            raise ConfigurationError(expected_got(f"{source}: kernels.{kernel_id}", "a mapping", repr(fields)))
+            raise ConfigurationError(
+                expected_got(f"{source}: kernels.{kernel_id}", "a mapping", repr(fields))
+            )
         parsed = {}
         for name, value in fields.items():
             where = f"{source}: kernels.{kernel_id}.{name}"
             if name not in _PARSERS:
-                raise ConfigurationError(expected_got(where, f"one of {sorted(OVERRIDABLE_FIELDS)}", repr(name)))
+                raise ConfigurationError(
+                    expected_got(where, f"one of {sorted(OVERRIDABLE_FIELDS)}", repr(name))
+                )
             parsed[name] = _PARSERS[name](where, value)
         out[str(kernel_id)] = parsed
     return out

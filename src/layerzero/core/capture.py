@@ -43,7 +43,7 @@ def capture_key(key: Hashable) -> Hashable | None:
         return None
     i = fields.index("capture")
     # the constructor, not _replace: TorchDynamo mis-traces NamedTuple._make/tuple.__new__ (a short tuple)
-    return type(key)(*key[:i], True, *key[i + 1:])  # type: ignore[index]
+    return type(key)(*key[:i], True, *key[i + 1 :])  # type: ignore[index]
 
 
 @contextlib.contextmanager
@@ -86,8 +86,12 @@ class CapturePreparation:
         try:
             self.autotuner(self, ctx, args)
         except Exception as exc:  # noqa: BLE001 - autotune is an optimization: never fail the call for it
-            log.warning("LayerZero %s: autotune failed (%s: %s); selecting without it", ctx.op,
-                        type(exc).__name__, exc)
+            log.warning(
+                "LayerZero %s: autotune failed (%s: %s); selecting without it",
+                ctx.op,
+                type(exc).__name__,
+                exc,
+            )
 
     def _prepare_variants(self, cap: Hashable, build_ctx: ContextBuilder) -> None:
         """Cache the choices of the op's ``capture_variants`` of ``cap`` (selection only: no run, so no JIT
@@ -101,13 +105,20 @@ class CapturePreparation:
                 vctx = build_ctx(variant)
                 try:
                     self.cache.get_or_compute(
-                        variant, lambda c=vctx, v=variant: self.select_cached(v, c, quiet=True)[0],
-                        timeout_s=_config.get_config().selection_timeout_s)
+                        variant,
+                        lambda c=vctx, v=variant: self.select_cached(v, c, quiet=True)[0],
+                        timeout_s=_config.get_config().selection_timeout_s,
+                    )
                 except NoKernelFoundError:
                     continue
 
-    def prepare_capture(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...],
-                        eager: ExecutionPlan | None = None) -> ExecutionPlan | None:
+    def prepare_capture(
+        self,
+        key: Hashable,
+        build_ctx: ContextBuilder,
+        args: tuple[Any, ...],
+        eager: ExecutionPlan | None = None,
+    ) -> ExecutionPlan | None:
         """Select and cache the plan a call with ``key`` gets while a CUDA graph is being captured (graph-safe
         kernels only), and run it once now, outside any capture, when it differs from ``eager`` (the kernel
         that just ran), so any JIT/compile or plan allocation of that kernel happens here. Random-number state
@@ -129,17 +140,29 @@ class CapturePreparation:
             return plan
         self._prepare_variants(cap, build_ctx)
         try:
-            plan = self.cache.get_or_compute(cap, lambda: self.select_cached(cap, ctx, quiet=True)[0],
-                                             timeout_s=_config.get_config().selection_timeout_s)
+            plan = self.cache.get_or_compute(
+                cap,
+                lambda: self.select_cached(cap, ctx, quiet=True)[0],
+                timeout_s=_config.get_config().selection_timeout_s,
+            )
         except NoKernelFoundError as exc:
-            log.info("LayerZero %s: no graph-safe kernel for these inputs, so this call cannot be captured "
-                     "in a CUDA graph (%s)", ctx.op, str(exc).splitlines()[0])
+            log.info(
+                "LayerZero %s: no graph-safe kernel for these inputs, so this call cannot be captured "
+                "in a CUDA graph (%s)",
+                ctx.op,
+                str(exc).splitlines()[0],
+            )
             return None
         if eager is None or plan.kernel_id != eager.kernel_id:
             with rng_kept(args, ctx):
                 try:
                     plan.call(*args)
                 except Exception as exc:  # noqa: BLE001 - logged; a capture then retries graph-safe fallbacks
-                    log.warning("LayerZero %s: warm-up run of the capture-time kernel %s failed (%s: %s)",
-                                ctx.op, plan.kernel_id, type(exc).__name__, exc)
+                    log.warning(
+                        "LayerZero %s: warm-up run of the capture-time kernel %s failed (%s: %s)",
+                        ctx.op,
+                        plan.kernel_id,
+                        type(exc).__name__,
+                        exc,
+                    )
         return plan

@@ -42,19 +42,20 @@ class Config:
       no expiry).
     - ``use_perfdb``: let measured timings score kernels; ``perfdb_path``: SQLite file (None = the default in
       the user cache directory, opened on the first selection that needs it).
-    - ``perf_weight``: score points the fastest measured kernel gets (others get weight x fastest/theirs); shipped
-      timings score with the same weight.
-    - ``use_shipped_timings``: when the PerfDB has nothing for a context's bucket, score with the timings shipped
-      for this device model and library versions (``layerzero/data/timings``; docs/tuning.md);
-      ``shipped_timings_dir``: a directory of such files to use instead of the package's (None = the package's).
-    - ``shipped_tie_margin``: None (default) = each op's own margin (``OperationSpec.shipped_tie_margin``: 10% for
-      ``paged_attention``, whose key cannot see the batch's length distribution; 0 for the others); a float in
-      [0, 1) = that margin for every op (0.0: the strict rule). Shipped timings count kernels within the margin of
-      a bucket's fastest as tied (each gets the full ``perf_weight``), so the hand priorities order them. The
-      user's own PerfDB measurements (``lz.tune``, autotune) never use a margin.
+    - ``perf_weight``: score points the fastest measured kernel gets (others get weight x fastest/theirs);
+      shipped timings score with the same weight.
+    - ``use_shipped_timings``: when the PerfDB has nothing for a context's bucket, score with the timings
+      shipped for this device model and library versions (``layerzero/data/timings``; docs/tuning.md);
+      ``shipped_timings_dir``: a directory of such files to use instead of the package's (None = the
+      package's).
+    - ``shipped_tie_margin``: None (default) = each op's own margin (``OperationSpec.shipped_tie_margin``: 10%
+      for ``paged_attention``, whose key cannot see the batch's length distribution; 0 for the others); a
+      float in [0, 1) = that margin for every op (0.0: the strict rule). Shipped timings count kernels within
+      the margin of a bucket's fastest as tied (each gets the full ``perf_weight``), so the hand priorities
+      order them. The user's own PerfDB measurements (``lz.tune``, autotune) never use a margin.
     - ``autotune``: the first eager call of a new key measures its eligible kernels (checked against the
-      reference) and records them in the PerfDB, like ``torch.backends.cudnn.benchmark`` (never during CUDA-graph
-      capture; ``layerzero.tuning.autotune``).
+      reference) and records them in the PerfDB, like ``torch.backends.cudnn.benchmark`` (never during
+      CUDA-graph capture; ``layerzero.tuning.autotune``).
     - ``log_fallbacks``: log a WARNING with reasons for every fallback (strict mode raises instead).
     - ``selection_timeout_s``: how long a thread waits for another thread's selection of the same key.
     - ``health_failure_threshold`` / ``health_cooldown_s``: a backend is skipped after this many consecutive
@@ -65,7 +66,8 @@ class Config:
       (``KernelSpec.workspace``, bytes) exceeds the device's free memory minus this headroom
       (``WORKSPACE_TOO_LARGE``; CUDA devices, read with ``torch.cuda.mem_get_info`` when a key is selected).
     - ``canaries``: check the first call of each new key against the reference kernel; a failure quarantines
-      ``backend@version@arch`` in the PerfDB's file (``BACKEND_QUARANTINED`` from then on; ``core/quarantine.py``).
+      ``backend@version@arch`` in the PerfDB's file (``BACKEND_QUARANTINED`` from then on;
+      ``core/quarantine.py``).
     """
 
     strict: bool = False
@@ -87,28 +89,47 @@ class Config:
     canaries: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("strict", "use_perfdb", "log_fallbacks", "allow_selection_in_capture", "use_shipped_timings",
-                     "autotune", "canaries"):
+        for name in (
+            "strict",
+            "use_perfdb",
+            "log_fallbacks",
+            "allow_selection_in_capture",
+            "use_shipped_timings",
+            "autotune",
+            "canaries",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(expected_got(f"config {name}", "a bool", repr(getattr(self, name))))
         _positive_int("cache_size", self.cache_size)
         _positive_int("health_failure_threshold", self.health_failure_threshold)
         h = self.workspace_headroom_bytes
         if isinstance(h, bool) or not isinstance(h, int) or h < 0:
-            raise ConfigurationError(expected_got("config workspace_headroom_bytes", "an int >= 0 (bytes)", repr(h)))
+            raise ConfigurationError(
+                expected_got("config workspace_headroom_bytes", "an int >= 0 (bytes)", repr(h))
+            )
         for name in ("selection_timeout_s", "health_cooldown_s", "perf_weight"):
             _positive_float(name, getattr(self, name))
         m = self.shipped_tie_margin
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m < 1.0):
-            raise ConfigurationError(expected_got("config shipped_tie_margin",
-                                                  "None (each op's own) or a float in [0, 1) (a fraction)", repr(m)))
+            raise ConfigurationError(
+                expected_got(
+                    "config shipped_tie_margin",
+                    "None (each op's own) or a float in [0, 1) (a fraction)",
+                    repr(m),
+                )
+            )
         if self.cache_ttl_s is not None:
             _positive_float("cache_ttl_s", self.cache_ttl_s)
         if self.perfdb_path is not None and not isinstance(self.perfdb_path, str):
-            raise ConfigurationError(expected_got("config perfdb_path", "a str path or None", repr(self.perfdb_path)))
+            raise ConfigurationError(
+                expected_got("config perfdb_path", "a str path or None", repr(self.perfdb_path))
+            )
         if self.shipped_timings_dir is not None and not isinstance(self.shipped_timings_dir, str):
-            raise ConfigurationError(expected_got("config shipped_timings_dir", "a str directory or None",
-                                                  repr(self.shipped_timings_dir)))
+            raise ConfigurationError(
+                expected_got(
+                    "config shipped_timings_dir", "a str directory or None", repr(self.shipped_timings_dir)
+                )
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The options as a plain dict."""
@@ -121,7 +142,12 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 def _positive_float(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ConfigurationError(expected_got(f"config {name}", "a finite number > 0", repr(value)))
 
 
@@ -185,8 +211,15 @@ def load_env(environ: Mapping[str, str] | None = None) -> None:
     with _STATE.lock:
         _STATE.env = env
         overrides: dict[str, Any] = {}
-        for name in ("strict", "use_perfdb", "perfdb_path", "cache_size", "cache_ttl_s", "use_shipped_timings",
-                     "autotune"):
+        for name in (
+            "strict",
+            "use_perfdb",
+            "perfdb_path",
+            "cache_size",
+            "cache_ttl_s",
+            "use_shipped_timings",
+            "autotune",
+        ):
             value = getattr(env, name)
             if value is not None:
                 overrides[name] = value
@@ -227,7 +260,8 @@ def configure(**options: Any) -> Config:
     unknown = set(options) - CONFIG_OPTIONS
     if unknown:
         raise ConfigurationError(
-            f"unknown config option(s) {sorted(unknown)}: expected some of {sorted(CONFIG_OPTIONS)}.")
+            f"unknown config option(s) {sorted(unknown)}: expected some of {sorted(CONFIG_OPTIONS)}."
+        )
     ensure_env_loaded()
     with _STATE.lock:
         _STATE.config = replace(_STATE.config, **options)
@@ -239,15 +273,21 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     """Load a YAML file holding a policy document (``version``, ``locks``, ``allow``, ``deny``,
     ``boosts``; see docs/policies.md) and optionally a ``config:`` mapping of :class:`Config` options.
 
-    The file's policy replaces the previous file layer. Its op, kernel and backend names are checked against the
-    registry when the policy is first used (see :func:`effective_policy`). Raises ``ConfigurationError`` if the
-    ``config:`` value is not a mapping (``config: false`` and ``config: []`` too) or the file is
-    missing or ``path`` is not a str / os.PathLike, ``PolicyValidationError`` if it is malformed. Returns the new
-    :class:`Config`.
+    The file's policy replaces the previous file layer. Its op, kernel and backend names are checked against
+    the registry when the policy is first used (see :func:`effective_policy`). Raises ``ConfigurationError``
+    if the ``config:`` value is not a mapping (``config: false`` and ``config: []`` too) or the file is
+    missing or ``path`` is not a str / os.PathLike, ``PolicyValidationError`` if it is malformed. Returns the
+    new :class:`Config`.
     """
     if not isinstance(path, str | os.PathLike):
-        raise ConfigurationError(expected_got("load_config(path)", "a file path (str or os.PathLike)",
-                                              type(path).__name__, "Pass the path of the YAML policy file."))
+        raise ConfigurationError(
+            expected_got(
+                "load_config(path)",
+                "a file path (str or os.PathLike)",
+                type(path).__name__,
+                "Pass the path of the YAML policy file.",
+            )
+        )
     p = Path(path)
     if not p.is_file():
         raise ConfigurationError(expected_got("load_config path", "an existing YAML file", str(p)))
@@ -259,17 +299,23 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     options = data.pop("config", None)
     options = {} if options is None else options  # "config:" with nothing after it: no options
     if not isinstance(options, dict):
-        raise ConfigurationError(expected_got(f"{p}: config", "a mapping of options (Config fields, e.g. 'config: {strict: "
-                                              "true}')", f"{type(options).__name__} {options!r:.60}",
-                                              "Remove the key or give it option: value pairs."))
+        raise ConfigurationError(
+            expected_got(
+                f"{p}: config",
+                "a mapping of options (Config fields, e.g. 'config: {strict: true}')",
+                f"{type(options).__name__} {options!r:.60}",
+                "Remove the key or give it option: value pairs.",
+            )
+        )
     policy = Policy.from_dict(data, source=str(p)) if data else Policy.empty()
     ensure_env_loaded()
     with _STATE.lock:
         if options:
             unknown = set(options) - CONFIG_OPTIONS
             if unknown:
-                raise ConfigurationError(f"{p}: unknown config option(s) {sorted(unknown)}; "
-                                         f"known: {sorted(CONFIG_OPTIONS)}.")
+                raise ConfigurationError(
+                    f"{p}: unknown config option(s) {sorted(unknown)}; known: {sorted(CONFIG_OPTIONS)}."
+                )
             _STATE.config = replace(_STATE.config, **options)
         _STATE.file_policy = policy
         _STATE.rebuild()
@@ -288,7 +334,8 @@ def set_lock(op: str, kernel_id: str | None) -> None:
 
 
 def get_locks() -> dict[str, str]:
-    """The locks set with ``lz.lock``, op -> kernel id (file and env locks are in the policy). Raises nothing."""
+    """The locks set with ``lz.lock``, op -> kernel id (file and env locks are in the policy). Raises
+    nothing."""
     return dict(_STATE.locks)
 
 
@@ -302,14 +349,18 @@ def set_names_registry(source: Callable[[], KernelRegistry]) -> None:
 
 def _check_names(base: Policy) -> None:
     """Check the names ``base`` uses against the runtime's registry (once per policy and registry version; not
-    before the backends are loaded). Raises what :func:`~layerzero.core.policy_names.check_policy_names` raises."""
+    before the backends are loaded). Raises what :func:`~layerzero.core.policy_names.check_policy_names`
+    raises."""
     source = _STATE.names_registry
     if source is None:
         return
     registry = source()
     checked = _STATE.names_checked
-    if base.is_empty or not len(registry.ops) or (
-            checked is not None and checked[0] is base and checked[1] == registry.version):
+    if (
+        base.is_empty
+        or not len(registry.ops)
+        or (checked is not None and checked[0] is base and checked[1] == registry.version)
+    ):
         return
     from .policy_names import check_policy_names
 
@@ -378,8 +429,25 @@ def epoch() -> int:
 
 
 __all__ = [
-    "CONFIG_OPTIONS", "Config", "LockRule", "add_listener", "configure", "default_perfdb_path", "effective_policy",
-    "ensure_env_loaded", "epoch", "get_config", "get_locks", "load_config", "load_env", "notify_change",
-    "reset_for_tests", "scope_layers", "scope_token", "scope_token_of", "scoped_policy", "set_lock",
+    "CONFIG_OPTIONS",
+    "Config",
+    "LockRule",
+    "add_listener",
+    "configure",
+    "default_perfdb_path",
+    "effective_policy",
+    "ensure_env_loaded",
+    "epoch",
+    "get_config",
+    "get_locks",
+    "load_config",
+    "load_env",
+    "notify_change",
+    "reset_for_tests",
+    "scope_layers",
+    "scope_token",
+    "scope_token_of",
+    "scoped_policy",
+    "set_lock",
     "set_names_registry",
 ]

@@ -41,21 +41,20 @@ class SelectionContext:
     Attention fields: ``batch`` (bucketed), ``num_heads_q``/``num_heads_kv``, ``head_dim`` (q/k) and
     ``head_dim_v``, ``seq_len_q``/``seq_len_kv`` (bucket upper bounds, tokens), ``layout`` of the inputs,
     ``mask`` kind, ``is_causal``, ``seq_equal`` (Sq == Sk exactly), ``dropout`` (p > 0), ``scale_default``.
-    Local attention: ``window_left``/``window_right`` (tokens, exact; -1 = unbounded on that side; both None when
-    no window is asked) and ``has_softcap`` (True when a logit soft-cap is applied, None otherwise: the cap value
-    itself is not a constraint, so it stays out of the key), ``has_alibi`` (True when ALiBi slopes are given,
-    None otherwise: the slope values stay out of the key). None defaults keep other ops' PerfDB bucket keys
-    unchanged.
-    Norm fields: ``hidden_size`` (exact), ``param_dtype`` (weight/bias dtype), ``fused_residual``, ``has_bias``. RoPE: ``interleaved``,
-    ``rotary_dim``. Sampling: ``vocab_size`` (exact), ``has_generator``. Mixture of experts (fused_moe): ``batch``
-    (tokens T, bucketed), ``hidden_size`` (H), ``intermediate_size`` (I, per expert), ``num_experts`` (E) and
-    ``top_k`` (K), all exact but T. Paged KV cache (paged_attention,
-    reshape_and_cache): ``kv_layout`` (``"NHD"``/``"HND"``) and ``page_size`` (tokens per block), both exact.
-    Common: ``dtype`` of the main input, ``device`` (a :class:`DeviceSpec`), ``stride_last_1`` and
-    ``contiguous`` (all tensor inputs), ``aligned_16`` (CUDA inputs: data pointers and every stride but the
-    last are 16-byte multiples, as fused CUDA kernels need), ``requires_grad`` (autograd will record this call),
-    ``graph_capture`` (a CUDA graph is being captured), ``deterministic`` (torch deterministic mode),
-    ``tp_size``.
+    Local attention: ``window_left``/``window_right`` (tokens, exact; -1 = unbounded on that side; both None
+    when no window is asked) and ``has_softcap`` (True when a logit soft-cap is applied, None otherwise: the
+    cap value itself is not a constraint, so it stays out of the key), ``has_alibi`` (True when ALiBi slopes
+    are given, None otherwise: the slope values stay out of the key). None defaults keep other ops' PerfDB
+    bucket keys unchanged. Norm fields: ``hidden_size`` (exact), ``param_dtype`` (weight/bias dtype),
+    ``fused_residual``, ``has_bias``. RoPE: ``interleaved``, ``rotary_dim``. Sampling: ``vocab_size`` (exact),
+    ``has_generator``. Mixture of experts (fused_moe): ``batch`` (tokens T, bucketed), ``hidden_size`` (H),
+    ``intermediate_size`` (I, per expert), ``num_experts`` (E) and ``top_k`` (K), all exact but T. Paged KV
+    cache (paged_attention, reshape_and_cache): ``kv_layout`` (``"NHD"``/``"HND"``) and ``page_size`` (tokens
+    per block), both exact. Common: ``dtype`` of the main input, ``device`` (a :class:`DeviceSpec`),
+    ``stride_last_1`` and ``contiguous`` (all tensor inputs), ``aligned_16`` (CUDA inputs: data pointers and
+    every stride but the last are 16-byte multiples, as fused CUDA kernels need), ``requires_grad`` (autograd
+    will record this call), ``graph_capture`` (a CUDA graph is being captured), ``deterministic`` (torch
+    deterministic mode), ``tp_size``.
     """
 
     op: str
@@ -98,20 +97,21 @@ class SelectionContext:
     intermediate_size: int | None = None
     num_experts: int | None = None
     top_k: int | None = None
-    # quantize / dequantize: the format name ("int8", "fp8_e4m3", "fp8_e5m2", "mxfp4", "nvfp4", "int4") and which
-    # elements share a scale ("tensor", "channel:<axis>", "group:<g>", "block:<bm>x<bk>"); batch = rows (bucketed)
-    # and hidden_size = the last dim K (exact)
+    # quantize / dequantize: the format name ("int8", "fp8_e4m3", "fp8_e5m2", "mxfp4", "nvfp4", "int4") and
+    # which elements share a scale ("tensor", "channel:<axis>", "group:<g>", "block:<bm>x<bk>"); batch = rows
+    # (bucketed) and hidden_size = the last dim K (exact)
     quant_format: str | None = None
     quant_granularity: str | None = None
-    # paged_attention / reshape_and_cache: the dtype of a quantized KV cache (float8_e4m3fn, int8); None when the
-    # cache has the model's dtype (unquantized), so other keys' PerfDB buckets are unchanged
+    # paged_attention / reshape_and_cache: the dtype of a quantized KV cache (float8_e4m3fn, int8); None when
+    # the cache has the model's dtype (unquantized), so other keys' PerfDB buckets are unchanged
     kv_dtype: torch.dtype | None = None
     # linear_cross_entropy: the loss reduction ("mean", "sum", "none"); None for other ops
     reduction: str | None = None
 
     @property
     def phase(self) -> Phase | None:
-        """DECODE when exactly one query token per sequence, PREFILL otherwise (None for non-attention ops)."""
+        """DECODE when exactly one query token per sequence, PREFILL otherwise (None for non-attention
+        ops)."""
         if self.seq_len_q is None:
             return None
         return Phase.DECODE if self.seq_len_q == 1 else Phase.PREFILL
@@ -126,7 +126,9 @@ class SelectionContext:
     def bucket_key(self) -> str:
         """A stable string naming this context's bucket, used as the PerfDB row key (device excluded: the
         PerfDB fingerprint covers it)."""
-        parts = [f"{k}={v}" for k, v in sorted(self.fields().items()) if k not in _DEVICE_FIELDS and v is not None]
+        parts = [
+            f"{k}={v}" for k, v in sorted(self.fields().items()) if k not in _DEVICE_FIELDS and v is not None
+        ]
         return ";".join(parts)
 
     def fields(self) -> dict[str, Any]:

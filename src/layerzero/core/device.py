@@ -464,8 +464,8 @@ def _cpu_info() -> tuple[str | None, frozenset[str], str | None]:
 
 
 def device_free_bytes(device: DeviceSpec) -> int | None:
-    """Free memory of a CUDA ``device`` in bytes (``torch.cuda.mem_get_info``: free device memory, not the caching
-    allocator's reserve); None for other devices or when the reading fails."""
+    """Free memory of a CUDA ``device`` in bytes (``torch.cuda.mem_get_info``: free device memory, not the
+    caching allocator's reserve); None for other devices or when the reading fails."""
     if device.device_type != "cuda" or not torch.cuda.is_available():
         return None
     try:

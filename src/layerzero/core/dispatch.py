@@ -45,8 +45,17 @@ from .stores import MeasurementStores
 from .stores import device_fingerprint_parts as device_fingerprint_parts  # re-exported (home: core/stores.py)
 from .telemetry import TELEMETRY
 
-__all__ = ["MISS", "ContextBuilder", "DispatchTrace", "Runtime", "SelectionCoordinator", "call_traced",
-           "capture_key", "device_fingerprint_parts", "trace"]
+__all__ = [
+    "MISS",
+    "ContextBuilder",
+    "DispatchTrace",
+    "Runtime",
+    "SelectionCoordinator",
+    "call_traced",
+    "capture_key",
+    "device_fingerprint_parts",
+    "trace",
+]
 
 log = logging.getLogger("layerzero.dispatch")
 
@@ -84,8 +93,9 @@ class SelectionCoordinator(Protocol):
     is set as :attr:`Runtime.coordinator` (``layerzero.distributed.sync_selection``: rank 0's choice on every
     rank). Called on cache misses only (never on a hit), with the op's named ``key`` and its context."""
 
-    def select(self, runtime: Runtime, key: Hashable, ctx: SelectionContext,
-               quiet: bool) -> tuple[ExecutionPlan, SelectionReport]: ...
+    def select(
+        self, runtime: Runtime, key: Hashable, ctx: SelectionContext, quiet: bool
+    ) -> tuple[ExecutionPlan, SelectionReport]: ...
 
     def explain(self, runtime: Runtime, key: Hashable, ctx: SelectionContext) -> SelectionReport:
         """``lz.explain``'s report for ``key`` in this mode (must not communicate)."""
@@ -100,8 +110,9 @@ class Runtime(MeasurementStores, RuntimeSelection, CapturePreparation, RuntimeFa
     ``layerzero.ops.register_builtin``; see ``layerzero/_wiring.py``).
     """
 
-    def __init__(self, loader: Loader | None = None, autotuner: Autotuner | None = None,
-                 canary: Canary | None = None) -> None:
+    def __init__(
+        self, loader: Loader | None = None, autotuner: Autotuner | None = None, canary: Canary | None = None
+    ) -> None:
         self._loader = loader
         self.canary = canary
         """Called as ``canary(runtime, ctx, args, out)`` on a new key's first call with
@@ -126,8 +137,13 @@ class Runtime(MeasurementStores, RuntimeSelection, CapturePreparation, RuntimeFa
         self._init_stores()
 
     # ------------------------------------------------------------------ set-up
-    def install_hooks(self, *, loader: Loader | None = None, autotuner: Autotuner | None = None,
-                      canary: Canary | None = None) -> None:
+    def install_hooks(
+        self,
+        *,
+        loader: Loader | None = None,
+        autotuner: Autotuner | None = None,
+        canary: Canary | None = None,
+    ) -> None:
         """Install what ``core`` cannot name itself, from the package above it: the ``loader`` that registers
         the built-in op specs and backends on first use, the online ``autotuner`` and the ``canary`` check
         (each left as it was when not given). ``layerzero/_wiring.py`` calls this when ``layerzero`` is
@@ -157,7 +173,8 @@ class Runtime(MeasurementStores, RuntimeSelection, CapturePreparation, RuntimeFa
                     "LayerZero's dispatch runtime has no backend loader, so it cannot register any op or "
                     "kernel: expected one installed with Runtime.install_hooks(loader=...) before the first "
                     "selection. Importing the package (`import layerzero`) installs the built-in one: "
-                    "import it before using its core modules directly, or install a loader yourself.")
+                    "import it before using its core modules directly, or install a loader yourself."
+                )
             _config.ensure_env_loaded()
             loader(self.registry)
             path = _config.env_settings().capabilities_path
@@ -176,10 +193,13 @@ class Runtime(MeasurementStores, RuntimeSelection, CapturePreparation, RuntimeFa
         if self._cache_shape != (cfg.cache_size, cfg.cache_ttl_s):
             self.cache = SelectionCache(max_entries=cfg.cache_size, ttl_s=cfg.cache_ttl_s)
             self._cache_shape = (cfg.cache_size, cfg.cache_ttl_s)
-        if (self.health.failure_threshold, self.health.cooldown_s) != (cfg.health_failure_threshold,
-                                                                       cfg.health_cooldown_s):
-            self.health = HealthTracker(cfg.health_failure_threshold, cfg.health_cooldown_s,
-                                        on_change=self._on_health_change)
+        if (self.health.failure_threshold, self.health.cooldown_s) != (
+            cfg.health_failure_threshold,
+            cfg.health_cooldown_s,
+        ):
+            self.health = HealthTracker(
+                cfg.health_failure_threshold, cfg.health_cooldown_s, on_change=self._on_health_change
+            )
 
     def _on_config_change(self) -> None:
         """Config listener: apply the new config and drop every cached selection (O(1))."""
@@ -194,8 +214,9 @@ class Runtime(MeasurementStores, RuntimeSelection, CapturePreparation, RuntimeFa
         _config.notify_change()
 
     # ------------------------------------------------------------------ the hot path
-    def run(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...],
-            hot_key: Hashable | None = None) -> Any:
+    def run(
+        self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...], hot_key: Hashable | None = None
+    ) -> Any:
         """Look ``key`` up, select on a miss, and call the plan with ``args`` (the op's canonical arguments).
 
         The hot path is one dict lookup (``SelectionCache.hot``) and the kernel call; anything else (a miss, a
@@ -248,8 +269,9 @@ class Runtime(MeasurementStores, RuntimeSelection, CapturePreparation, RuntimeFa
         eligible kernels, or re-raise for a locked plan / strict mode (:meth:`_on_failure`)."""
         return self._on_failure(plan, exc, args, None)
 
-    def _run_slow(self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...],
-                  hot_key: Hashable | None = None) -> Any:
+    def _run_slow(
+        self, key: Hashable, build_ctx: ContextBuilder, args: tuple[Any, ...], hot_key: Hashable | None = None
+    ) -> Any:
         """:meth:`run` through the sharded cache: select on a miss (then prepare the capture-time choice of a
         CUDA key, :meth:`prepare_capture`; also on the first run of a plan that ``lz.select`` / ``lz.which``
         cached without running it, until 2026-11-25 a capture after ``lz.which`` then one eager call raised

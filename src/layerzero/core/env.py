@@ -49,31 +49,30 @@ class LogLevel(str, enum.Enum):
 class EnvSettings:
     """Typed ``LAYERZERO_*`` settings. ``None`` / ``()`` = the variable is unset or empty.
 
-    ======================  =====================  ==================================================================
-    variable                field                  meaning (type)
-    ======================  =====================  ==================================================================
-    LAYERZERO_POLICY        policy_path            path of a YAML policy file; must exist (str)
-    LAYERZERO_LOCK          locks                  ``op=kernel_id,...`` locks, e.g. ``attention=torch_sdpa.math``
-                                                   (tuple of (op, kernel_id); one lock per op)
-    LAYERZERO_ALLOW         allow                  comma list of kernel/backend globs; only these may run (tuple)
-    LAYERZERO_DENY          deny                   comma list of kernel/backend globs that may not run (tuple)
-    LAYERZERO_PREFER        prefer                 comma list of kernel/backend globs boosted by 1000 points (tuple)
-    LAYERZERO_STRICT        strict                 raise instead of falling back (bool)
-    LAYERZERO_DISABLED      disabled               reference kernels only (bool)
-    LAYERZERO_LOG_LEVEL     log_level              DEBUG / INFO / WARNING / ERROR (:class:`LogLevel`)
-    LAYERZERO_PERFDB        perfdb_path            path of the PerfDB SQLite file; created if missing (str)
-    LAYERZERO_USE_PERFDB    use_perfdb             let measured timings score kernels (bool)
-    LAYERZERO_CACHE_SIZE    cache_size             selection-cache capacity in entries (int > 0)
-    LAYERZERO_CACHE_TTL_S   cache_ttl_s            cache entry lifetime in seconds (float > 0; ``none`` = no expiry,
-                                                   read as None like unset)
-    LAYERZERO_CAPABILITIES  capabilities_path      capability-override YAML applied when backends load (str)
-    LAYERZERO_SHIPPED_TIMINGS  use_shipped_timings  score with the timings shipped for this device model when the
-                                                   PerfDB has nothing for a bucket (bool; default on)
-    LAYERZERO_AUTOTUNE      autotune               measure a new key's kernels on its first eager call (bool)
-    ======================  =====================  ==================================================================
+    Variable (field): meaning (type).
+
+    - ``LAYERZERO_POLICY`` (``policy_path``): path of a YAML policy file; must exist (str)
+    - ``LAYERZERO_LOCK`` (``locks``): ``op=kernel_id,...`` locks, e.g. ``attention=torch_sdpa.math`` (tuple of
+      (op, kernel_id); one lock per op)
+    - ``LAYERZERO_ALLOW`` (``allow``): comma list of kernel/backend globs; only these may run (tuple)
+    - ``LAYERZERO_DENY`` (``deny``): comma list of kernel/backend globs that may not run (tuple)
+    - ``LAYERZERO_PREFER`` (``prefer``): comma list of kernel/backend globs boosted by 1000 points (tuple)
+    - ``LAYERZERO_STRICT`` (``strict``): raise instead of falling back (bool)
+    - ``LAYERZERO_DISABLED`` (``disabled``): reference kernels only (bool)
+    - ``LAYERZERO_LOG_LEVEL`` (``log_level``): DEBUG / INFO / WARNING / ERROR (:class:`LogLevel`)
+    - ``LAYERZERO_PERFDB`` (``perfdb_path``): path of the PerfDB SQLite file; created if missing (str)
+    - ``LAYERZERO_USE_PERFDB`` (``use_perfdb``): let measured timings score kernels (bool)
+    - ``LAYERZERO_CACHE_SIZE`` (``cache_size``): selection-cache capacity in entries (int > 0)
+    - ``LAYERZERO_CACHE_TTL_S`` (``cache_ttl_s``): cache entry lifetime in seconds (float > 0; ``none`` = no
+      expiry, read as None like unset)
+    - ``LAYERZERO_CAPABILITIES`` (``capabilities_path``): capability-override YAML applied when backends load
+      (str)
+    - ``LAYERZERO_SHIPPED_TIMINGS`` (``use_shipped_timings``): score with the timings shipped for this device
+      model when the PerfDB has nothing for a bucket (bool; default on)
+    - ``LAYERZERO_AUTOTUNE`` (``autotune``): measure a new key's kernels on its first eager call (bool)
 
     Bools accept ``1/0/true/false/yes/no/on/off`` (case-insensitive). ``unknown`` lists ``LAYERZERO_*``
-    names that are not in this table (probably typos).
+    names that are not in this list (probably typos).
     """
 
     policy_path: str | None = None
@@ -158,7 +157,9 @@ def _items(name: str, raw: str, what: str) -> list[str]:
     items = [item.strip() for item in raw.split(",")]
     for i, item in enumerate(items):
         if not item:
-            raise _bad(name, f"a comma-separated list of {what}", raw, f"Item {i} is empty; remove the extra comma.")
+            raise _bad(
+                name, f"a comma-separated list of {what}", raw, f"Item {i} is empty; remove the extra comma."
+            )
     return items
 
 
@@ -177,7 +178,9 @@ def _parse_locks(name: str, raw: str) -> tuple[tuple[str, str], ...]:
     for item in _items(name, raw, "op=kernel_id pairs"):
         op, sep, kernel = (part.strip() for part in item.partition("="))
         if not sep or not _OP_RE.fullmatch(op):
-            raise _bad(name, "op=kernel_id pairs like 'attention=torch_sdpa.math'", raw, f"Bad item {short(item)}.")
+            raise _bad(
+                name, "op=kernel_id pairs like 'attention=torch_sdpa.math'", raw, f"Bad item {short(item)}."
+            )
         try:
             check_kernel_id(kernel, name)
         except PolicyValidationError as exc:
@@ -188,25 +191,49 @@ def _parse_locks(name: str, raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(locks.items())
 
 
-_VARS: Mapping[str, tuple[str, Callable[[str, str], Any], str]] = MappingProxyType({
-    "LAYERZERO_POLICY": ("policy_path", _parse_policy_path, "path of a YAML policy file (must exist)"),
-    "LAYERZERO_LOCK": ("locks", _parse_locks, "op=kernel_id locks, comma separated"),
-    "LAYERZERO_ALLOW": ("allow", _parse_globs, "kernel/backend globs allowed to run, comma separated"),
-    "LAYERZERO_DENY": ("deny", _parse_globs, "kernel/backend globs denied, comma separated"),
-    "LAYERZERO_PREFER": ("prefer", _parse_globs, "kernel/backend globs boosted by 1000 points, comma separated"),
-    "LAYERZERO_STRICT": ("strict", _parse_bool, "raise instead of falling back (bool)"),
-    "LAYERZERO_DISABLED": ("disabled", _parse_bool, "reference kernels only (bool)"),
-    "LAYERZERO_LOG_LEVEL": ("log_level", _parse_log_level, "DEBUG, INFO, WARNING or ERROR"),
-    "LAYERZERO_PERFDB": ("perfdb_path", _parse_path, "path of the PerfDB SQLite file"),
-    "LAYERZERO_USE_PERFDB": ("use_perfdb", _parse_bool, "use measured timings when scoring (bool)"),
-    "LAYERZERO_CACHE_SIZE": ("cache_size", _parse_positive_int, "selection-cache capacity in entries (int > 0)"),
-    "LAYERZERO_CACHE_TTL_S": ("cache_ttl_s", _parse_ttl, "cache entry lifetime in seconds (> 0) or 'none'"),
-    "LAYERZERO_CAPABILITIES": ("capabilities_path", _parse_policy_path,
-                               "path of a capability-override YAML (kernel constraints as data)"),
-    "LAYERZERO_SHIPPED_TIMINGS": ("use_shipped_timings", _parse_bool,
-                                  "use the timings shipped for this device model when the PerfDB has none (bool)"),
-    "LAYERZERO_AUTOTUNE": ("autotune", _parse_bool, "measure a new key's kernels on its first eager call (bool)"),
-})
+_VARS: Mapping[str, tuple[str, Callable[[str, str], Any], str]] = MappingProxyType(
+    {
+        "LAYERZERO_POLICY": ("policy_path", _parse_policy_path, "path of a YAML policy file (must exist)"),
+        "LAYERZERO_LOCK": ("locks", _parse_locks, "op=kernel_id locks, comma separated"),
+        "LAYERZERO_ALLOW": ("allow", _parse_globs, "kernel/backend globs allowed to run, comma separated"),
+        "LAYERZERO_DENY": ("deny", _parse_globs, "kernel/backend globs denied, comma separated"),
+        "LAYERZERO_PREFER": (
+            "prefer",
+            _parse_globs,
+            "kernel/backend globs boosted by 1000 points, comma separated",
+        ),
+        "LAYERZERO_STRICT": ("strict", _parse_bool, "raise instead of falling back (bool)"),
+        "LAYERZERO_DISABLED": ("disabled", _parse_bool, "reference kernels only (bool)"),
+        "LAYERZERO_LOG_LEVEL": ("log_level", _parse_log_level, "DEBUG, INFO, WARNING or ERROR"),
+        "LAYERZERO_PERFDB": ("perfdb_path", _parse_path, "path of the PerfDB SQLite file"),
+        "LAYERZERO_USE_PERFDB": ("use_perfdb", _parse_bool, "use measured timings when scoring (bool)"),
+        "LAYERZERO_CACHE_SIZE": (
+            "cache_size",
+            _parse_positive_int,
+            "selection-cache capacity in entries (int > 0)",
+        ),
+        "LAYERZERO_CACHE_TTL_S": (
+            "cache_ttl_s",
+            _parse_ttl,
+            "cache entry lifetime in seconds (> 0) or 'none'",
+        ),
+        "LAYERZERO_CAPABILITIES": (
+            "capabilities_path",
+            _parse_policy_path,
+            "path of a capability-override YAML (kernel constraints as data)",
+        ),
+        "LAYERZERO_SHIPPED_TIMINGS": (
+            "use_shipped_timings",
+            _parse_bool,
+            "use the timings shipped for this device model when the PerfDB has none (bool)",
+        ),
+        "LAYERZERO_AUTOTUNE": (
+            "autotune",
+            _parse_bool,
+            "measure a new key's kernels on its first eager call (bool)",
+        ),
+    }
+)
 #: Every variable LayerZero reads, with a one-line description (for docs and ``layerzero env``).
 ENV_VARS: Mapping[str, str] = MappingProxyType({name: spec[2] for name, spec in _VARS.items()})
 
@@ -228,7 +255,9 @@ def read_env(environ: Mapping[str, str] = os.environ) -> EnvSettings:
             raise ConfigurationError(expected_got(name, "a string value", type(raw).__name__))
         if raw.strip():
             values[attr] = parse(name, raw.strip())
-    unknown = tuple(sorted(k for k in environ if isinstance(k, str) and k.startswith(PREFIX) and k not in _VARS))
+    unknown = tuple(
+        sorted(k for k in environ if isinstance(k, str) and k.startswith(PREFIX) and k not in _VARS)
+    )
     for name in unknown:
         _log.warning("ignoring unknown environment variable %s.%s", name, did_you_mean(name, _VARS))
     return EnvSettings(**values, unknown=unknown)

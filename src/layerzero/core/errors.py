@@ -68,14 +68,15 @@ class CacheCorruptionError(LayerZeroError, RuntimeError):
 
 
 class DistributedMismatchError(ConfigurationError):
-    """Ranks disagree on something that synchronized selection (``lz.distributed``) needs equal on all of them.
+    """Ranks disagree on something that synchronized selection (``lz.distributed``) needs equal on all of
+    them.
 
-    At ``sync_selection``: a library or backend version, availability, the device model or the registered kernels;
-    at a synchronized cache miss: the call itself (op, shapes, dtypes, flags: the ranks are not running the same
-    ops in the same order). Raised on every rank of the group alike.
+    At ``sync_selection``: a library or backend version, availability, the device model or the registered
+    kernels; at a synchronized cache miss: the call itself (op, shapes, dtypes, flags: the ranks are not
+    running the same ops in the same order). Raised on every rank of the group alike.
 
-    ``rank``: the first rank (in the group) that differs from rank 0; ``field``: what differs; ``expected``: rank
-    0's value; ``got``: that rank's value.
+    ``rank``: the first rank (in the group) that differs from rank 0; ``field``: what differs; ``expected``:
+    rank 0's value; ``got``: that rank's value.
     """
 
     def __init__(self, message: str, *, rank: int, field: str, expected: Any, got: Any) -> None:
@@ -86,9 +87,9 @@ class DistributedMismatchError(ConfigurationError):
 class DistributedSelectionError(LayerZeroError, RuntimeError):
     """A synchronized selection (``lz.distributed``) could not complete.
 
-    Rank 0's kernel cannot run a rank's inputs (or is not registered there): raised on every rank; or the collective
-    that shares rank 0's choice failed or timed out (a rank made a call the others did not): raised on the waiting
-    rank. ``rank``: the rank the message is about (None when unknown)."""
+    Rank 0's kernel cannot run a rank's inputs (or is not registered there): raised on every rank; or the
+    collective that shares rank 0's choice failed or timed out (a rank made a call the others did not): raised
+    on the waiting rank. ``rank``: the rank the message is about (None when unknown)."""
 
     def __init__(self, message: str, *, rank: int | None = None) -> None:
         super().__init__(message)
@@ -98,23 +99,31 @@ class DistributedSelectionError(LayerZeroError, RuntimeError):
 class IsolatedWorkerError(LayerZeroError, RuntimeError):
     """An isolated backend's worker process (``layerzero.isolation``) failed a call: it died (``exit_code``:
     its exit status, negative for a signal; ``stderr_tail``: the end of its output), could not start, or the
-    kernel raised inside it (``remote_type``: the exception's type name, ``remote_traceback``: its traceback as
-    text, never a pickled exception).
+    kernel raised inside it (``remote_type``: the exception's type name, ``remote_traceback``: its traceback
+    as text, never a pickled exception).
 
-    Dispatch treats it as a kernel failure (``kernel_failure = True``): an unlocked call falls back to the next
-    kernel and charges the backend's health; a locked one raises ``KernelExecutionError`` from it."""
+    Dispatch treats it as a kernel failure (``kernel_failure = True``): an unlocked call falls back to the
+    next kernel and charges the backend's health; a locked one raises ``KernelExecutionError`` from it."""
 
     kernel_failure = True
 
-    def __init__(self, message: str, *, exit_code: int | None = None, stderr_tail: str = "",
-                 remote_type: str | None = None, remote_traceback: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        exit_code: int | None = None,
+        stderr_tail: str = "",
+        remote_type: str | None = None,
+        remote_traceback: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.exit_code, self.stderr_tail = exit_code, stderr_tail
         self.remote_type, self.remote_traceback = remote_type, remote_traceback
 
 
 class IsolatedWorkerTimeoutError(IsolatedWorkerError, TimeoutError):
-    """An isolated worker did not answer within its ``timeout_s``; it was killed (the next call restarts it)."""
+    """An isolated worker did not answer within its ``timeout_s``; it was killed (the next call restarts
+    it)."""
 
 
 def expected_got(what: str, expected: Any, got: Any, fix: str | None = None) -> str:

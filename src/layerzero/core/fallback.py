@@ -29,8 +29,9 @@ class RuntimeFallback:
     health: HealthTracker
     coordinator: Any  # a core.dispatch.SelectionCoordinator, or None
 
-    def _on_failure(self, plan: ExecutionPlan, exc: Exception, args: tuple[Any, ...],
-                    t: DispatchTrace | None) -> Any:
+    def _on_failure(
+        self, plan: ExecutionPlan, exc: Exception, args: tuple[Any, ...], t: DispatchTrace | None
+    ) -> Any:
         """Retry a failed call on the next eligible kernels.
 
         A backend's health counter is charged only when another kernel then succeeds on the same inputs:
@@ -44,18 +45,32 @@ class RuntimeFallback:
             raise exc
         failed = [(plan, exc)]
         if plan.locked or _config.get_config().strict or not plan.fallbacks:
-            why = ("it is locked" if plan.locked else "strict mode is on" if plan.fallbacks
-                   else "kernel choices are synchronized across ranks (lz.distributed.sync_selection)"
-                   if self.coordinator is not None else "no other kernel is eligible")
+            why = (
+                "it is locked"
+                if plan.locked
+                else "strict mode is on"
+                if plan.fallbacks
+                else "kernel choices are synchronized across ranks (lz.distributed.sync_selection)"
+                if self.coordinator is not None
+                else "no other kernel is eligible"
+            )
             raise KernelExecutionError(
                 f"kernel {plan.kernel_id} failed for op {plan.op!r} and no fallback is tried because {why}: "
-                f"{type(exc).__name__}: {exc}") from exc
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         for nxt in plan.fallbacks:
-            log.warning("LayerZero %s: kernel %s failed at run time (%s: %s); retrying with %s", plan.op,
-                        failed[-1][0].kernel_id, type(failed[-1][1]).__name__, failed[-1][1], nxt.kernel_id)
+            log.warning(
+                "LayerZero %s: kernel %s failed at run time (%s: %s); retrying with %s",
+                plan.op,
+                failed[-1][0].kernel_id,
+                type(failed[-1][1]).__name__,
+                failed[-1][1],
+                nxt.kernel_id,
+            )
             if t is not None:
-                t.fallbacks.append((plan.op, failed[-1][0].kernel_id,
-                                    f"{type(failed[-1][1]).__name__}: {failed[-1][1]}"))
+                t.fallbacks.append(
+                    (plan.op, failed[-1][0].kernel_id, f"{type(failed[-1][1]).__name__}: {failed[-1][1]}")
+                )
             try:
                 out = nxt.call(*args)
             except Exception as again:  # noqa: BLE001
@@ -71,4 +86,5 @@ class RuntimeFallback:
         errors = " | ".join(f"{p.kernel_id}: {type(e).__name__}: {e}" for p, e in failed)
         raise KernelExecutionError(
             f"every eligible kernel failed for op {plan.op!r}, so the inputs are the likely cause (for "
-            f"example NaN/inf values) and no backend was marked unhealthy: {errors}") from failed[-1][1]
+            f"example NaN/inf values) and no backend was marked unhealthy: {errors}"
+        ) from failed[-1][1]

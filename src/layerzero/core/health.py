@@ -87,23 +87,43 @@ class HealthTracker:
     (False, True)
     """
 
-    def __init__(self, failure_threshold: int = 3, cooldown_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_change: Callable[[str, BreakerState], None] | None = None) -> None:
-        if isinstance(failure_threshold, bool) or not isinstance(failure_threshold, int) \
-                or failure_threshold < 1:
-            raise ConfigurationError(expected_got("HealthTracker(failure_threshold)", "an int >= 1",
-                                                  repr(failure_threshold)))
-        if isinstance(cooldown_s, bool) or not isinstance(cooldown_s, numbers.Real) \
-                or not math.isfinite(cooldown_s) or cooldown_s < 0:
-            raise ConfigurationError(expected_got("HealthTracker(cooldown_s)",
-                                                  "a finite number of seconds >= 0", repr(cooldown_s)))
+    def __init__(
+        self,
+        failure_threshold: int = 3,
+        cooldown_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str, BreakerState], None] | None = None,
+    ) -> None:
+        if (
+            isinstance(failure_threshold, bool)
+            or not isinstance(failure_threshold, int)
+            or failure_threshold < 1
+        ):
+            raise ConfigurationError(
+                expected_got("HealthTracker(failure_threshold)", "an int >= 1", repr(failure_threshold))
+            )
+        if (
+            isinstance(cooldown_s, bool)
+            or not isinstance(cooldown_s, numbers.Real)
+            or not math.isfinite(cooldown_s)
+            or cooldown_s < 0
+        ):
+            raise ConfigurationError(
+                expected_got("HealthTracker(cooldown_s)", "a finite number of seconds >= 0", repr(cooldown_s))
+            )
         if not callable(clock):
-            raise ConfigurationError(expected_got("HealthTracker(clock)", "a callable returning seconds",
-                                                  type(clock).__name__, "Pass time.monotonic."))
+            raise ConfigurationError(
+                expected_got(
+                    "HealthTracker(clock)",
+                    "a callable returning seconds",
+                    type(clock).__name__,
+                    "Pass time.monotonic.",
+                )
+            )
         if on_change is not None and not callable(on_change):
-            raise ConfigurationError(expected_got("HealthTracker(on_change)", "a callable or None",
-                                                  type(on_change).__name__))
+            raise ConfigurationError(
+                expected_got("HealthTracker(on_change)", "a callable or None", type(on_change).__name__)
+            )
         self._threshold = failure_threshold
         self._cooldown = float(cooldown_s)
         self._clock = clock
@@ -135,8 +155,12 @@ class HealthTracker:
             try:
                 self._on_change(backend_id, new_state)
             except Exception:
-                logger.error("health on_change callback raised for backend %r -> %s; ignored",
-                             backend_id, new_state.value, exc_info=True)
+                logger.error(
+                    "health on_change callback raised for backend %r -> %s; ignored",
+                    backend_id,
+                    new_state.value,
+                    exc_info=True,
+                )
 
     # ---------------------------------------------------------------------------------- API
     def record_failure(self, backend_id: str, error: BaseException | str) -> BreakerState:
@@ -152,8 +176,9 @@ class HealthTracker:
         elif isinstance(error, str):
             text = error
         else:
-            raise InvalidInputError(expected_got("record_failure(error)", "an exception or a str",
-                                                 type(error).__name__))
+            raise InvalidInputError(
+                expected_got("record_failure(error)", "an exception or a str", type(error).__name__)
+            )
         text = text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 3] + "..."
         changes: list[_Change] = []
         with self._lock:
@@ -165,13 +190,20 @@ class HealthTracker:
             e.failures += 1
             e.last_error = text
             if e.state is BreakerState.HALF_OPEN or (
-                    e.state is BreakerState.CLOSED and e.failures >= self._threshold):
+                e.state is BreakerState.CLOSED and e.failures >= self._threshold
+            ):
                 e.state, e.opened_at = BreakerState.OPEN, now
                 changes.append((backend_id, BreakerState.OPEN))
             state, failures = e.state, e.failures
         level = logging.WARNING if changes else logging.INFO
-        logger.log(level, "backend %r: consecutive failure %d recorded (%s); breaker %s",
-                   backend_id, failures, text, state.value)
+        logger.log(
+            level,
+            "backend %r: consecutive failure %d recorded (%s); breaker %s",
+            backend_id,
+            failures,
+            text,
+            state.value,
+        )
         self._notify(changes)
         return state
 
@@ -247,10 +279,12 @@ class HealthTracker:
                 return None
             failures, last_error = e.failures, e.last_error
             retry_in = max(0.0, e.opened_at + self._cooldown - self._clock())
-        return Reason(ReasonCode.BACKEND_UNHEALTHY,
-                      f"backend {backend_id!r} is disabled by its circuit breaker after {failures} "
-                      f"consecutive failure(s); last error: {last_error}; retry in {retry_in:.1f} s. "
-                      f"Fix the error above, or reset the breaker (HealthTracker.reset({backend_id!r})).")
+        return Reason(
+            ReasonCode.BACKEND_UNHEALTHY,
+            f"backend {backend_id!r} is disabled by its circuit breaker after {failures} "
+            f"consecutive failure(s); last error: {last_error}; retry in {retry_in:.1f} s. "
+            f"Fix the error above, or reset the breaker (HealthTracker.reset({backend_id!r})).",
+        )
 
     def poll(self) -> list[str]:
         """Move every OPEN breaker whose cooldown elapsed to HALF_OPEN (firing ``on_change``).
@@ -270,8 +304,11 @@ class HealthTracker:
     def next_retry_at(self) -> float | None:
         """Earliest ``clock()`` time at which an OPEN breaker becomes HALF_OPEN; ``None`` if none is OPEN."""
         with self._lock:
-            due = [e.opened_at + self._cooldown for e in self._entries.values()
-                   if e.state is BreakerState.OPEN and e.opened_at is not None]
+            due = [
+                e.opened_at + self._cooldown
+                for e in self._entries.values()
+                if e.state is BreakerState.OPEN and e.opened_at is not None
+            ]
         return min(due, default=None)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
@@ -287,10 +324,18 @@ class HealthTracker:
             out: dict[str, dict[str, Any]] = {}
             for backend_id, e in self._entries.items():
                 self._advance(backend_id, e, now, changes)
-                retry = (max(0.0, e.opened_at + self._cooldown - now)
-                         if e.state is BreakerState.OPEN and e.opened_at is not None else None)
-                out[backend_id] = {"state": e.state.value, "failures": e.failures,
-                                   "last_error": e.last_error, "opened_at": e.opened_at, "retry_in_s": retry}
+                retry = (
+                    max(0.0, e.opened_at + self._cooldown - now)
+                    if e.state is BreakerState.OPEN and e.opened_at is not None
+                    else None
+                )
+                out[backend_id] = {
+                    "state": e.state.value,
+                    "failures": e.failures,
+                    "last_error": e.last_error,
+                    "opened_at": e.opened_at,
+                    "retry_in_s": retry,
+                }
         self._notify(changes)
         return out
 
@@ -312,6 +357,7 @@ class HealthTracker:
 
 def _check_backend(backend_id: Any) -> str:
     if not isinstance(backend_id, str) or not backend_id:
-        raise InvalidInputError(expected_got("backend_id", "a non-empty str such as 'flash_attn'",
-                                             repr(backend_id)))
+        raise InvalidInputError(
+            expected_got("backend_id", "a non-empty str such as 'flash_attn'", repr(backend_id))
+        )
     return backend_id

@@ -7,8 +7,8 @@ A paged KV cache (vLLM's PagedAttention, Kwon et al. 2023) is ONE rank-5 tensor 
 - ``NHD`` (vLLM FlashAttention backend / FlashInfer default): ``[num_blocks, 2, block_size, Hkv, D]``;
 - ``HND`` (FlashInfer ``kv_layout="HND"``): ``[num_blocks, 2, Hkv, block_size, D]``.
 
-Index 0 of dim 1 is K, index 1 is V. Kernels that want one index order whatever the layout read the cache through
-:func:`nhd_view` (a view, never a copy).
+Index 0 of dim 1 is K, index 1 is V. Kernels that want one index order whatever the layout read the cache
+through :func:`nhd_view` (a view, never a copy).
 """
 
 from __future__ import annotations
@@ -34,29 +34,43 @@ class KVLayout(str, enum.Enum):
         return _SHAPES[self]
 
 
-_SHAPES = {KVLayout.NHD: "[num_blocks, 2, block_size, Hkv, D]", KVLayout.HND: "[num_blocks, 2, Hkv, block_size, D]"}
-_LAYOUTS: dict[Any, KVLayout] = {"NHD": KVLayout.NHD, "HND": KVLayout.HND, KVLayout.NHD: KVLayout.NHD,
-                                  KVLayout.HND: KVLayout.HND}
+_SHAPES = {
+    KVLayout.NHD: "[num_blocks, 2, block_size, Hkv, D]",
+    KVLayout.HND: "[num_blocks, 2, Hkv, block_size, D]",
+}
+_LAYOUTS: dict[Any, KVLayout] = {
+    "NHD": KVLayout.NHD,
+    "HND": KVLayout.HND,
+    KVLayout.NHD: KVLayout.NHD,
+    KVLayout.HND: KVLayout.HND,
+}
 KV_LAYOUTS = frozenset(lay.value for lay in KVLayout)
 """The layout names (``{"NHD", "HND"}``): what a paged kernel's check compares ``ctx.kv_layout`` with."""
 
 
 def parse_kv_layout(value: Any, what: str = "kv_layout") -> KVLayout:
-    """``"NHD"`` / ``"HND"`` (or a :class:`KVLayout`) -> :class:`KVLayout`; ``what`` names the argument in the error.
+    """``"NHD"`` / ``"HND"`` (or a :class:`KVLayout`) -> :class:`KVLayout`; ``what`` names the argument in the
+    error.
 
     Raises:
         InvalidInputError: anything else (names both layouts and their shapes).
     """
     lay = _LAYOUTS.get(value) if isinstance(value, str) else None
     if lay is None:
-        raise InvalidInputError(expected_got(
-            what, f"'NHD' ({_SHAPES[KVLayout.NHD]}) or 'HND' ({_SHAPES[KVLayout.HND]})", repr(value),
-            "Pass the layout the cache was allocated with."))
+        raise InvalidInputError(
+            expected_got(
+                what,
+                f"'NHD' ({_SHAPES[KVLayout.NHD]}) or 'HND' ({_SHAPES[KVLayout.HND]})",
+                repr(value),
+                "Pass the layout the cache was allocated with.",
+            )
+        )
     return lay
 
 
-def cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                layout: KVLayout | str) -> tuple[int, int, int, int, int]:
+def cache_shape(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, layout: KVLayout | str
+) -> tuple[int, int, int, int, int]:
     """The rank-5 shape of a cache of these dims in ``layout`` (see the module docstring)."""
     if parse_kv_layout(layout) is KVLayout.HND:
         return (num_blocks, 2, num_kv_heads, block_size, head_dim)
@@ -64,7 +78,8 @@ def cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: i
 
 
 def cache_dims(kv_cache: torch.Tensor, layout: KVLayout | str) -> tuple[int, int, int, int]:
-    """``(num_blocks, block_size, Hkv, D)`` of a rank-5 cache in ``layout`` (shape unchecked: the ops check it).
+    """``(num_blocks, block_size, Hkv, D)`` of a rank-5 cache in ``layout`` (shape unchecked: the ops check
+    it).
 
     Raises:
         InvalidInputError: ``layout`` is not ``"NHD"`` / ``"HND"``.
@@ -74,8 +89,8 @@ def cache_dims(kv_cache: torch.Tensor, layout: KVLayout | str) -> tuple[int, int
 
 
 def nhd_view(kv_cache: torch.Tensor, layout: KVLayout | str) -> torch.Tensor:
-    """The cache as a ``[num_blocks, 2, block_size, Hkv, D]`` VIEW whatever its layout (the HND cache with dims 2
-    and 3 swapped; no copy, writes through it land in the cache).
+    """The cache as a ``[num_blocks, 2, block_size, Hkv, D]`` VIEW whatever its layout (the HND cache with
+    dims 2 and 3 swapped; no copy, writes through it land in the cache).
 
     Raises:
         InvalidInputError: ``layout`` is not ``"NHD"`` / ``"HND"``.

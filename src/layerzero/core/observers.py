@@ -1,14 +1,14 @@
 """Whether anything in the process observes dispatch, for the ops' inlined cache-hit path.
 
-The hottest ops (``lz.attention``, ``lz.rms_norm``, ``lz.rope``) look their exact key up in the hot dict and call the plan
-themselves, skipping :meth:`Runtime.run_hot`'s frame and its per-call checks (telemetry, ``lz.trace``) — worth
-~1 µs per call on the 2-core AVX2 CI machine, where Python in front of a kernel costs about twice its standalone
-time. They may do so only while nobody would miss the call: no telemetry recording, no ``lz.trace()`` block and
-no ``lz.dry_run`` anywhere in the process. Each such observer registers here while it is active
-(:meth:`DispatchObservers.enter` / :meth:`~DispatchObservers.leave`, counted and thread-safe); while any is
-registered, :attr:`DispatchObservers.none` is False and the ops go through ``Runtime.run_hot``, which counts,
-times or records per call (per thread or task, as before). Imports nothing of LayerZero (core, telemetry and
-planning import it).
+The hottest ops (``lz.attention``, ``lz.rms_norm``, ``lz.rope``) look their exact key up in the hot dict and
+call the plan themselves, skipping :meth:`Runtime.run_hot`'s frame and its per-call checks (telemetry,
+``lz.trace``) — worth ~1 µs per call on the 2-core AVX2 CI machine, where Python in front of a kernel costs
+about twice its standalone time. They may do so only while nobody would miss the call: no telemetry recording,
+no ``lz.trace()`` block and no ``lz.dry_run`` anywhere in the process. Each such observer registers here while
+it is active (:meth:`DispatchObservers.enter` / :meth:`~DispatchObservers.leave`, counted and thread-safe);
+while any is registered, :attr:`DispatchObservers.none` is False and the ops go through ``Runtime.run_hot``,
+which counts, times or records per call (per thread or task, as before). Imports nothing of LayerZero (core,
+telemetry and planning import it).
 
 Also here: the ``lz.trace()`` block itself (:func:`trace`, :class:`DispatchTrace`, :data:`TRACE`), an observer
 that dispatch and its failure handling both record into (``core.dispatch`` re-exports them).
@@ -43,8 +43,9 @@ class DispatchObservers:
             self.none = False
 
     def leave(self) -> None:
-        """Unregister one observer; a ``leave`` without an ``enter`` raises ``RuntimeError`` (a bookkeeping bug:
-        the count would go negative and the inlined path would stay off, or turn on under an observer)."""
+        """Unregister one observer; a ``leave`` without an ``enter`` raises ``RuntimeError`` (a bookkeeping
+        bug: the count would go negative and the inlined path would stay off, or turn on under an
+        observer)."""
         with self._lock:
             if self._count == 0:
                 raise RuntimeError("DispatchObservers.leave() without a matching enter()")

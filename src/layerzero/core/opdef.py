@@ -1,13 +1,13 @@
 """One definition per op: an :class:`OpDef` holds everything LayerZero knows of an op (its
 :class:`~layerzero.core.specs.OperationSpec`, the public ``lz.<op>`` function, its prepare / context pair for
-``lz.select`` / ``lz.explain``, the canonical kernel arguments and the names of its ``torch.library`` custom ops),
-and every list of ops is derived from the OpDefs defined here (``layerzero.ops``: ``OPERATION_SPECS``, ``OPS``,
-``__all__``; ``layerzero.core.custom.canonical_args``; the custom ops' eager implementations in
+``lz.select`` / ``lz.explain``, the canonical kernel arguments and the names of its ``torch.library`` custom
+ops), and every list of ops is derived from the OpDefs defined here (``layerzero.ops``: ``OPERATION_SPECS``,
+``OPS``, ``__all__``; ``layerzero.core.custom.canonical_args``; the custom ops' eager implementations in
 ``layerzero.custom_ops``).
 
 An op module of ``layerzero/ops/`` calls :func:`define` once per op when it is imported (a registry insert, no
-other work); ``layerzero.ops`` imports every op module of its package, so adding an op is one new module there plus
-its kernels (``tests/unit/test_add_op.py`` adds one in a copy of the package).
+other work); ``layerzero.ops`` imports every op module of its package, so adding an op is one new module there
+plus its kernels (``tests/unit/test_add_op.py`` adds one in a copy of the package).
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ __all__ = ["OpDef", "define", "get", "defined"]
 class OpDef:
     """An op, defined once.
 
-    ``spec``: the op id, description, tensor inputs and reference kernel (what the registry and selection read).
-    ``public``: the ``lz.<op>`` function (exported from ``layerzero`` under its ``__name__``); None for an op
-    reached only through another op's function (``paged_attention_lse``, through ``lz.paged_attention``'s
-    ``return_lse``).
-    ``prepare(*args, **kwargs) -> (key, canonical kernel args)`` and ``context(key) -> SelectionContext``: what
-    ``lz.select`` / ``lz.explain`` / ``lz.which`` call with the public function's arguments.
-    ``kernel_args``: the names of the canonical positional arguments every kernel of the op is called with (a
-    registered kernel's signature is checked against them); empty means ``spec.inputs``.
-    ``custom_ops``: the ``torch.ops.layerzero.<name>`` custom ops of ``layerzero.custom_ops`` whose eager
-    implementation is ``public`` (what ``torch.compile`` / ``torch.export`` see of the op).
+    ``spec``: the op id, description, tensor inputs and reference kernel (what the registry and selection
+    read). ``public``: the ``lz.<op>`` function (exported from ``layerzero`` under its ``__name__``); None for
+    an op reached only through another op's function (``paged_attention_lse``, through
+    ``lz.paged_attention``'s ``return_lse``). ``prepare(*args, **kwargs) -> (key, canonical kernel
+    args)`` and ``context(key) -> SelectionContext``: what ``lz.select`` / ``lz.explain`` / ``lz.which`` call
+    with the public function's arguments. ``kernel_args``: the names of the canonical positional arguments
+    every kernel of the op is called with (a registered kernel's signature is checked against them); empty
+    means ``spec.inputs``. ``custom_ops``: the ``torch.ops.layerzero.<name>`` custom ops of
+    ``layerzero.custom_ops`` whose eager implementation is ``public`` (what ``torch.compile`` /
+    ``torch.export`` see of the op).
     """
 
     spec: OperationSpec
@@ -63,17 +63,21 @@ def define(*defs: OpDef) -> tuple[OpDef, ...]:
     """Record ``defs`` (each op module calls this once at import); returns them.
 
     Raises:
-        ConfigurationError: an op id defined twice by different definitions (two modules claiming one op), or a
-            value that is not an :class:`OpDef`.
+        ConfigurationError: an op id defined twice by different definitions (two modules claiming one op), or
+            a value that is not an :class:`OpDef`.
     """
     for d in defs:
         if not isinstance(d, OpDef):
-            raise ConfigurationError(f"define: expected OpDef values, got {type(d).__name__}; build one with "
-                                     "OpDef(spec, public, prepare, context).")
+            raise ConfigurationError(
+                f"define: expected OpDef values, got {type(d).__name__}; build one with "
+                "OpDef(spec, public, prepare, context)."
+            )
         old = _DEFINED.get(d.name)
         if old is not None and old != d:
-            raise ConfigurationError(f"op {d.name!r} is defined twice (by {_where(old)} and {_where(d)}); an op id "
-                                     "names one op: rename one of them.")
+            raise ConfigurationError(
+                f"op {d.name!r} is defined twice (by {_where(old)} and {_where(d)}); an op id "
+                "names one op: rename one of them."
+            )
         _DEFINED[d.name] = d
     return defs
 
@@ -87,8 +91,10 @@ def get(name: str) -> OpDef:
     """
     d = _DEFINED.get(name)
     if d is None:
-        raise UnknownOperationError(f"unknown op {name!r}.{did_you_mean(name, _DEFINED)} Import layerzero first: it "
-                                    "defines the built-in ops.")
+        raise UnknownOperationError(
+            f"unknown op {name!r}.{did_you_mean(name, _DEFINED)} Import layerzero first: it "
+            "defines the built-in ops."
+        )
     return d
 
 

@@ -54,8 +54,17 @@ SCHEMA_VERSION = 1
 """Value of ``PRAGMA user_version`` this module writes; bump it whenever the table changes."""
 
 _TABLE = "perf_records"
-_COLUMNS = ("kernel_id", "op", "bucket", "fingerprint", "median_us", "p95_us", "variance_us2", "samples",
-            "created_at")
+_COLUMNS = (
+    "kernel_id",
+    "op",
+    "bucket",
+    "fingerprint",
+    "median_us",
+    "p95_us",
+    "variance_us2",
+    "samples",
+    "created_at",
+)
 _SCHEMA = f"""CREATE TABLE IF NOT EXISTS {_TABLE} (
     kernel_id TEXT NOT NULL, op TEXT NOT NULL, bucket TEXT NOT NULL, fingerprint TEXT NOT NULL,
     median_us REAL NOT NULL, p95_us REAL NOT NULL, variance_us2 REAL NOT NULL, samples INTEGER NOT NULL,
@@ -113,14 +122,24 @@ def fingerprint(parts: Mapping[str, str]) -> str:
     True
     """
     if not isinstance(parts, Mapping):
-        raise InvalidInputError(expected_got(
-            "fingerprint(parts)", "a Mapping[str, str]", type(parts).__name__,
-            "Pass a dict such as {'device': ..., 'torch': ...}."))
+        raise InvalidInputError(
+            expected_got(
+                "fingerprint(parts)",
+                "a Mapping[str, str]",
+                type(parts).__name__,
+                "Pass a dict such as {'device': ..., 'torch': ...}.",
+            )
+        )
     for key, value in parts.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise InvalidInputError(expected_got(
-                f"fingerprint(parts) item {key!r}", "str keys and str values",
-                f"{type(key).__name__} -> {type(value).__name__}", "Convert versions with str() first."))
+            raise InvalidInputError(
+                expected_got(
+                    f"fingerprint(parts) item {key!r}",
+                    "str keys and str values",
+                    f"{type(key).__name__} -> {type(value).__name__}",
+                    "Convert versions with str() first.",
+                )
+            )
     canonical = json.dumps(sorted(parts.items()), separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]
 
@@ -137,22 +156,43 @@ def summarize_samples(samples_us: Iterable[float]) -> tuple[float, float, float,
         InvalidInputError: not a sequence of real numbers, empty, or a sample NaN, infinite or negative.
     """
     if isinstance(samples_us, (str, bytes, Mapping)) or not isinstance(samples_us, Iterable):
-        raise InvalidInputError(expected_got("samples_us", "a sequence of timings in µs",
-                                             type(samples_us).__name__, "Pass e.g. [12.5, 12.7, 13.0]."))
+        raise InvalidInputError(
+            expected_got(
+                "samples_us",
+                "a sequence of timings in µs",
+                type(samples_us).__name__,
+                "Pass e.g. [12.5, 12.7, 13.0].",
+            )
+        )
     values: list[float] = []
     for i, x in enumerate(samples_us):
         if isinstance(x, bool) or not isinstance(x, numbers.Real):
-            raise InvalidInputError(expected_got(f"samples_us[{i}]", "a real number (µs)", repr(x),
-                                                 "Convert tensors with .tolist() first."))
+            raise InvalidInputError(
+                expected_got(
+                    f"samples_us[{i}]", "a real number (µs)", repr(x), "Convert tensors with .tolist() first."
+                )
+            )
         xf = float(x)
         if not math.isfinite(xf) or xf < 0.0:
-            raise InvalidInputError(expected_got(f"samples_us[{i}]", "a finite timing >= 0 µs", xf,
-                                                 "Drop failed or unfinished measurements before recording."))
+            raise InvalidInputError(
+                expected_got(
+                    f"samples_us[{i}]",
+                    "a finite timing >= 0 µs",
+                    xf,
+                    "Drop failed or unfinished measurements before recording.",
+                )
+            )
         values.append(xf)
     n = len(values)
     if n == 0:
-        raise InvalidInputError(expected_got("samples_us", "at least one sample", "an empty sequence",
-                                             "Measure the kernel at least once before recording."))
+        raise InvalidInputError(
+            expected_got(
+                "samples_us",
+                "at least one sample",
+                "an empty sequence",
+                "Measure the kernel at least once before recording.",
+            )
+        )
     values.sort()
     mid = n // 2
     median = values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2.0
@@ -175,8 +215,12 @@ def perf_score(records: Mapping[str, PerfRecord], kernel_id: str, weight: float 
     Raises:
         InvalidInputError: ``weight`` is negative or not finite.
     """
-    if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) \
-            or weight < 0:
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, numbers.Real)
+        or not math.isfinite(weight)
+        or weight < 0
+    ):
         raise InvalidInputError(expected_got("perf_score(weight)", "a finite number >= 0", repr(weight)))
     rec = records.get(kernel_id)
     if rec is None:
@@ -218,11 +262,17 @@ class PerfDB:
     11.0
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, busy_timeout_ms: int = 5000,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        busy_timeout_ms: int = 5000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
             raise ConfigurationError(
-                expected_got("PerfDB(busy_timeout_ms)", "an int >= 0 (ms)", repr(busy_timeout_ms)))
+                expected_got("PerfDB(busy_timeout_ms)", "an int >= 0 (ms)", repr(busy_timeout_ms))
+            )
         self._path = None if path is None else Path(os.fspath(path))
         self._busy_timeout_ms = busy_timeout_ms
         self._clock = clock
@@ -235,9 +285,14 @@ class PerfDB:
             try:
                 self._path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise ConfigurationError(expected_got(
-                    "PerfDB could not create its directory", "a writable location", f"{self._path} ({exc})",
-                    "Pass a path in a writable directory, or None for an in-memory PerfDB.")) from exc
+                raise ConfigurationError(
+                    expected_got(
+                        "PerfDB could not create its directory",
+                        "a writable location",
+                        f"{self._path} ({exc})",
+                        "Pass a path in a writable directory, or None for an in-memory PerfDB.",
+                    )
+                ) from exc
         self._conn = self._open()
 
     # ----------------------------------------------------------------------------------- opening
@@ -248,15 +303,20 @@ class PerfDB:
 
     def _connect(self) -> sqlite3.Connection:
         target = ":memory:" if self._path is None else str(self._path)
-        conn = sqlite3.connect(target, timeout=self._busy_timeout_ms / 1000.0, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(
+            target, timeout=self._busy_timeout_ms / 1000.0, isolation_level=None, check_same_thread=False
+        )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
             if self._path is not None:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
-                    logger.warning("PerfDB %s: journal_mode is %r, not 'wal'; concurrent processes will "
-                                   "block each other more", self._path, mode)
+                    logger.warning(
+                        "PerfDB %s: journal_mode is %r, not 'wal'; concurrent processes will "
+                        "block each other more",
+                        self._path,
+                        mode,
+                    )
                 conn.execute("PRAGMA synchronous = NORMAL")
             return conn
         except BaseException:
@@ -273,13 +333,21 @@ class PerfDB:
         conn.execute("BEGIN IMMEDIATE")  # re-read under the write lock: another process may have built it
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                  (_TABLE,)).fetchone() is not None
+            exists = (
+                conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (_TABLE,)
+                ).fetchone()
+                is not None
+            )
             if version != SCHEMA_VERSION:
                 if exists or version != 0:
-                    logger.warning("PerfDB %s: schema version %s != %s; rebuilding the table empty "
-                                   "(timings are re-measured, not migrated)",
-                                   self._path, version, SCHEMA_VERSION)
+                    logger.warning(
+                        "PerfDB %s: schema version %s != %s; rebuilding the table empty "
+                        "(timings are re-measured, not migrated)",
+                        self._path,
+                        version,
+                        SCHEMA_VERSION,
+                    )
                 conn.execute(f"DROP TABLE IF EXISTS {_TABLE}")
                 conn.execute(_SCHEMA)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -295,8 +363,9 @@ class PerfDB:
         cols = tuple(row[1] for row in conn.execute(f"PRAGMA table_info({_TABLE})"))
         if sorted(cols) == sorted(_COLUMNS):
             return None
-        return expected_got(f"table {_TABLE} (user_version {SCHEMA_VERSION})", f"columns {_COLUMNS}",
-                            cols or "no such table")
+        return expected_got(
+            f"table {_TABLE} (user_version {SCHEMA_VERSION})", f"columns {_COLUMNS}", cols or "no such table"
+        )
 
     def _open(self, *, fresh: bool = False) -> sqlite3.Connection:
         """Connect and check; on corruption quarantine the file and retry once on a fresh one."""
@@ -317,15 +386,21 @@ class PerfDB:
         if fresh:
             raise CacheCorruptionError(
                 f"PerfDB {self._path}: the rebuilt database failed too ({problem}). "
-                "Check the disk and the directory's permissions, or use another path.")
+                "Check the disk and the directory's permissions, or use another path."
+            )
         self._quarantine(problem)
         return self._open(fresh=True)
 
     def _open_error(self, exc: sqlite3.Error) -> ConfigurationError:
-        return ConfigurationError(expected_got(
-            "PerfDB could not open its file", "a writable SQLite file path", f"{self._path} ({exc})",
-            "Pass a path in a writable directory, or None for an in-memory PerfDB; if another process "
-            "holds a lock, raise busy_timeout_ms."))
+        return ConfigurationError(
+            expected_got(
+                "PerfDB could not open its file",
+                "a writable SQLite file path",
+                f"{self._path} ({exc})",
+                "Pass a path in a writable directory, or None for an in-memory PerfDB; if another process "
+                "holds a lock, raise busy_timeout_ms.",
+            )
+        )
 
     def _quarantine(self, reason: str) -> None:
         """Move the corrupt file (and its -wal/-shm) aside, then log a WARNING. File databases only."""
@@ -335,14 +410,21 @@ class PerfDB:
         dest, i = base, 1
         while os.path.exists(dest):
             dest, i = f"{base}.{i}", i + 1
-        for src, dst in ((str(self._path), dest), (f"{self._path}-wal", f"{dest}-wal"),
-                         (f"{self._path}-shm", f"{dest}-shm")):
+        for src, dst in (
+            (str(self._path), dest),
+            (f"{self._path}-wal", f"{dest}-wal"),
+            (f"{self._path}-shm", f"{dest}-shm"),
+        ):
             try:
                 os.replace(src, dst)
             except FileNotFoundError:  # absent, or another process quarantined it first
                 pass
-        logger.warning("PerfDB %s is corrupt (%s); moved it to %s and rebuilt an empty database",
-                       self._path, reason, dest)
+        logger.warning(
+            "PerfDB %s is corrupt (%s); moved it to %s and rebuilt an empty database",
+            self._path,
+            reason,
+            dest,
+        )
 
     # ------------------------------------------------------------------------------- statements
     def _run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -353,15 +435,22 @@ class PerfDB:
                 self._inherited, self._conn = self._conn, self._open()  # checkpoint the parent's WAL
         with self._lock:
             if self._closed or self._conn is None:
-                raise ConfigurationError(expected_got("PerfDB", "an open database", "a closed one",
-                                                      "Create a new PerfDB(path) after close()."))
+                raise ConfigurationError(
+                    expected_got(
+                        "PerfDB",
+                        "an open database",
+                        "a closed one",
+                        "Create a new PerfDB(path) after close().",
+                    )
+                )
             try:
                 return fn(self._conn)
             except sqlite3.Error as exc:
                 if not _is_corruption(exc) or self._path is None:
                     raise CacheCorruptionError(
                         f"PerfDB {self._path or ':memory:'} failed: {exc}. If another process holds a long "
-                        "write lock, raise busy_timeout_ms; if the disk is full, free space.") from exc
+                        "write lock, raise busy_timeout_ms; if the disk is full, free space."
+                    ) from exc
                 self._conn.close()
                 self._conn = None
                 self._quarantine(f"{type(exc).__name__}: {exc}")
@@ -369,11 +458,14 @@ class PerfDB:
                 try:
                     return fn(self._conn)
                 except sqlite3.Error as exc2:
-                    raise CacheCorruptionError(f"PerfDB {self._path} failed again after rebuilding: {exc2}. "
-                                               "Check the disk, or use another path.") from exc2
+                    raise CacheCorruptionError(
+                        f"PerfDB {self._path} failed again after rebuilding: {exc2}. "
+                        "Check the disk, or use another path."
+                    ) from exc2
 
-    def record(self, kernel_id: str, op: str, bucket: str, fingerprint: str,
-               samples_us: Iterable[float]) -> PerfRecord:
+    def record(
+        self, kernel_id: str, op: str, bucket: str, fingerprint: str, samples_us: Iterable[float]
+    ) -> PerfRecord:
         """Summarize ``samples_us`` (timings in µs) and upsert the row for this key.
 
         The newest measurement replaces the previous one for the same (kernel_id, op, bucket,
@@ -389,11 +481,21 @@ class PerfDB:
             ConfigurationError: the PerfDB is closed.
             CacheCorruptionError: SQLite failed (lock timeout, disk full, corruption not repaired).
         """
-        key = (_check_key("kernel_id", kernel_id), _check_key("op", op), _check_key("bucket", bucket),
-               _check_key("fingerprint", fingerprint))
+        key = (
+            _check_key("kernel_id", kernel_id),
+            _check_key("op", op),
+            _check_key("bucket", bucket),
+            _check_key("fingerprint", fingerprint),
+        )
         median, p95, variance, n = summarize_samples(samples_us)
-        rec = PerfRecord(*key, median_us=median, p95_us=p95, variance_us2=variance, samples=n,
-                         created_at=float(self._clock()))
+        rec = PerfRecord(
+            *key,
+            median_us=median,
+            p95_us=p95,
+            variance_us2=variance,
+            samples=n,
+            created_at=float(self._clock()),
+        )
         values = tuple(getattr(rec, c) for c in _COLUMNS)
         self._run(lambda c: c.execute(_INSERT, values))
         return rec
@@ -406,8 +508,12 @@ class PerfDB:
             ConfigurationError: the PerfDB is closed.
             CacheCorruptionError: SQLite failed (see :meth:`record`).
         """
-        args = (_check_key("op", op), _check_key("bucket", bucket), _check_key("fingerprint", fingerprint),
-                _check_key("kernel_id", kernel_id))
+        args = (
+            _check_key("op", op),
+            _check_key("bucket", bucket),
+            _check_key("fingerprint", fingerprint),
+            _check_key("kernel_id", kernel_id),
+        )
         sql = f"{_SELECT} WHERE op = ? AND bucket = ? AND fingerprint = ? AND kernel_id = ?"
         row = self._run(lambda c: c.execute(sql, args).fetchone())
         return None if row is None else PerfRecord(*row)

@@ -1,4 +1,5 @@
-"""Policies: which kernels may run, which are forced, which are preferred — from YAML, the environment or code.
+"""Policies: which kernels may run, which are forced, which are preferred — from YAML, the environment or
+code.
 
 A :class:`Policy` holds four lists of rules (see :mod:`layerzero.core.policy_schema` and
 ``docs/policies.md``): ``locks`` force one kernel (first matching lock wins), ``allow`` restricts the
@@ -68,39 +69,57 @@ def _names_file(text: str) -> bool:
 
 def _read_source(text_or_path: Any) -> tuple[str, str, bool]:
     """Return ``(text, source, from_file)``; enforce the size limit before decoding."""
-    from_file = isinstance(text_or_path, os.PathLike) or (isinstance(text_or_path, str) and _names_file(text_or_path))
+    from_file = isinstance(text_or_path, os.PathLike) or (
+        isinstance(text_or_path, str) and _names_file(text_or_path)
+    )
     if from_file:
         path = os.fsdecode(os.fspath(text_or_path))
         try:
             size = os.stat(path).st_size
             if size > MAX_POLICY_BYTES:
-                raise PolicyValidationError(expected_got(f"policy file {path}", f"at most {MAX_POLICY_BYTES} bytes",
-                                                         f"{size} bytes"))
+                raise PolicyValidationError(
+                    expected_got(f"policy file {path}", f"at most {MAX_POLICY_BYTES} bytes", f"{size} bytes")
+                )
             with open(path, "rb") as fh:
                 raw = fh.read(MAX_POLICY_BYTES + 1)
         except OSError as exc:
-            raise PolicyValidationError(expected_got(f"policy file {path}", "a readable YAML file",
-                                                     f"{type(exc).__name__}: {exc.strerror or exc}")) from None
+            raise PolicyValidationError(
+                expected_got(
+                    f"policy file {path}",
+                    "a readable YAML file",
+                    f"{type(exc).__name__}: {exc.strerror or exc}",
+                )
+            ) from None
         source = path
     elif isinstance(text_or_path, bytes | bytearray | memoryview):
         raw, source = bytes(text_or_path), "<bytes>"
     elif isinstance(text_or_path, str):
         raw, source = text_or_path.encode("utf-8", "surrogatepass"), "<yaml>"
     else:
-        raise PolicyValidationError(expected_got("policy source", "YAML text (str/bytes) or a file path",
-                                                 type_name(text_or_path)))
+        raise PolicyValidationError(
+            expected_got("policy source", "YAML text (str/bytes) or a file path", type_name(text_or_path))
+        )
     if len(raw) > MAX_POLICY_BYTES:
-        raise PolicyValidationError(expected_got(f"{source}", f"at most {MAX_POLICY_BYTES} bytes of YAML",
-                                                 f"{len(raw)} bytes", "Split or shrink the policy."))
+        raise PolicyValidationError(
+            expected_got(
+                f"{source}",
+                f"at most {MAX_POLICY_BYTES} bytes of YAML",
+                f"{len(raw)} bytes",
+                "Split or shrink the policy.",
+            )
+        )
     try:
         return raw.decode("utf-8-sig"), source, from_file
     except UnicodeDecodeError as exc:
-        raise PolicyValidationError(expected_got(source, "UTF-8 text", f"invalid byte at offset {exc.start}")) from None
+        raise PolicyValidationError(
+            expected_got(source, "UTF-8 text", f"invalid byte at offset {exc.start}")
+        ) from None
 
 
 def _yaml_error(source: str, exc: Exception) -> PolicyValidationError:
-    return PolicyValidationError(f"{source}: not valid YAML ({short(str(exc), 300)}). Fix the syntax; "
-                                 "see docs/policies.md.")
+    return PolicyValidationError(
+        f"{source}: not valid YAML ({short(str(exc), 300)}). Fix the syntax; see docs/policies.md."
+    )
 
 
 def _prescan(text: str, source: str) -> None:
@@ -117,25 +136,39 @@ def _prescan(text: str, source: str) -> None:
                 continue
             tag = getattr(event, "tag", None)
             if tag is not None:
-                raise PolicyValidationError(expected_got(f"{source}: line {event.start_mark.line + 1}",
-                                                         "plain YAML values without tags", f"tag {short(tag)}",
-                                                         "Remove the tag; policies are data only."))
+                raise PolicyValidationError(
+                    expected_got(
+                        f"{source}: line {event.start_mark.line + 1}",
+                        "plain YAML values without tags",
+                        f"tag {short(tag)}",
+                        "Remove the tag; policies are data only.",
+                    )
+                )
             if stack and stack[-1][0]:
                 frame = stack[-1]
                 if frame[1] and isinstance(event, yaml.ScalarEvent):
                     if event.value in frame[2]:
-                        fix = ("List the merged mappings in one key: '<<: [*a, *b]'." if event.value == "<<"
-                               else "Merge the two entries into one.")
-                        raise PolicyValidationError(expected_got(
-                            f"{source}: line {event.start_mark.line + 1}", "unique mapping keys",
-                            f"duplicate key {short(event.value)}", fix))
+                        fix = (
+                            "List the merged mappings in one key: '<<: [*a, *b]'."
+                            if event.value == "<<"
+                            else "Merge the two entries into one."
+                        )
+                        raise PolicyValidationError(
+                            expected_got(
+                                f"{source}: line {event.start_mark.line + 1}",
+                                "unique mapping keys",
+                                f"duplicate key {short(event.value)}",
+                                fix,
+                            )
+                        )
                     frame[2].add(event.value)
                 frame[1] = not frame[1]
             if isinstance(event, yaml.CollectionStartEvent):
                 stack.append([isinstance(event, yaml.MappingStartEvent), True, set()])
                 if len(stack) > MAX_DEPTH:
-                    raise PolicyValidationError(expected_got(source, f"nesting depth <= {MAX_DEPTH}",
-                                                             "deeper nesting"))
+                    raise PolicyValidationError(
+                        expected_got(source, f"nesting depth <= {MAX_DEPTH}", "deeper nesting")
+                    )
     except yaml.YAMLError as exc:
         raise _yaml_error(source, exc) from None
     finally:
@@ -152,9 +185,14 @@ def check_budget(data: Any, source: str) -> None:
         obj, depth = stack.pop()
         count += 1
         if count > MAX_NODES or depth > MAX_DEPTH:
-            raise PolicyValidationError(expected_got(
-                source, f"at most {MAX_NODES} nodes and depth {MAX_DEPTH} (aliases expanded)",
-                "more (a YAML alias bomb or a recursive structure?)", "Write the policy without deep aliases."))
+            raise PolicyValidationError(
+                expected_got(
+                    source,
+                    f"at most {MAX_NODES} nodes and depth {MAX_DEPTH} (aliases expanded)",
+                    "more (a YAML alias bomb or a recursive structure?)",
+                    "Write the policy without deep aliases.",
+                )
+            )
         if isinstance(obj, Mapping):
             for key, value in obj.items():
                 stack.append((key, depth + 1))
@@ -180,10 +218,20 @@ def safe_load_yaml(text_or_path: str | bytes | os.PathLike[str]) -> tuple[Any, s
     except yaml.YAMLError as exc:
         raise _yaml_error(source, exc) from None
     check_budget(data, source)
-    if isinstance(data, str) and not from_file and "\n" not in text.strip() and (
-            text.strip().endswith((".yaml", ".yml")) or os.sep in text):
-        raise PolicyValidationError(expected_got("policy file", "an existing file", short(text.strip()),
-                                                 "Check the path (it was read as YAML text)."))
+    if (
+        isinstance(data, str)
+        and not from_file
+        and "\n" not in text.strip()
+        and (text.strip().endswith((".yaml", ".yml")) or os.sep in text)
+    ):
+        raise PolicyValidationError(
+            expected_got(
+                "policy file",
+                "an existing file",
+                short(text.strip()),
+                "Check the path (it was read as YAML text).",
+            )
+        )
     return data, source
 
 
@@ -213,7 +261,12 @@ class Policy:
     _hash: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name, cls in (("locks", LockRule), ("allow", AllowRule), ("deny", DenyRule), ("boosts", BoostRule)):
+        for name, cls in (
+            ("locks", LockRule),
+            ("allow", AllowRule),
+            ("deny", DenyRule),
+            ("boosts", BoostRule),
+        ):
             object.__setattr__(self, name, _as_tuple(getattr(self, name), cls, name))
 
     # ---- construction -------------------------------------------------------------------------------
@@ -223,8 +276,9 @@ class Policy:
         return cls(source="<empty>")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>",
-                  known_fields: frozenset[str] = KNOWN_FIELDS) -> Policy:
+    def from_dict(
+        cls, data: Mapping[str, Any], *, source: str = "<dict>", known_fields: frozenset[str] = KNOWN_FIELDS
+    ) -> Policy:
         """Build a policy from plain data ``{"version": 1, "locks": [...], "allow": [...], ...}``.
 
         ``known_fields`` are the field names ``when:`` may use (default :data:`KNOWN_FIELDS`). Raises
@@ -234,32 +288,51 @@ class Policy:
         try:
             check_budget(data, "policy")
             if not isinstance(data, Mapping):
-                raise PolicyValidationError(expected_got("policy", "a mapping with 'version: 1'", type_name(data)))
+                raise PolicyValidationError(
+                    expected_got("policy", "a mapping with 'version: 1'", type_name(data))
+                )
             for key in data:
                 if key not in _TOP_KEYS:
-                    raise PolicyValidationError(expected_got(f"top-level key {short(key)}",
-                                                             f"one of {sorted(_TOP_KEYS)}", "an unknown key")
-                                                + did_you_mean(str(key), _TOP_KEYS))
+                    raise PolicyValidationError(
+                        expected_got(
+                            f"top-level key {short(key)}", f"one of {sorted(_TOP_KEYS)}", "an unknown key"
+                        )
+                        + did_you_mean(str(key), _TOP_KEYS)
+                    )
             version = data.get("version")
             if isinstance(version, bool) or version != POLICY_VERSION:
-                raise PolicyValidationError(expected_got("version", f"{POLICY_VERSION} (required)", short(version),
-                                                         "Start the policy with 'version: 1'."))
-            sections = {name: parse_rules(name, data.get(name), source, known_fields) for name in RULE_SECTIONS}
+                raise PolicyValidationError(
+                    expected_got(
+                        "version",
+                        f"{POLICY_VERSION} (required)",
+                        short(version),
+                        "Start the policy with 'version: 1'.",
+                    )
+                )
+            sections = {
+                name: parse_rules(name, data.get(name), source, known_fields) for name in RULE_SECTIONS
+            }
         except PolicyValidationError as exc:
             raise PolicyValidationError(f"{source}: {exc}") from None
         return cls(sections["locks"], sections["allow"], sections["deny"], sections["boosts"], source)
 
     @classmethod
-    def from_yaml(cls, text_or_path: str | bytes | os.PathLike[str], *, source: str | None = None,
-                  known_fields: frozenset[str] = KNOWN_FIELDS) -> Policy:
+    def from_yaml(
+        cls,
+        text_or_path: str | bytes | os.PathLike[str],
+        *,
+        source: str | None = None,
+        known_fields: frozenset[str] = KNOWN_FIELDS,
+    ) -> Policy:
         """Parse a YAML policy. A ``str`` that names an existing file is read as a path (so is any
         ``os.PathLike``); any other ``str`` and all ``bytes`` are YAML text. See :func:`safe_load_yaml` for
         the safety limits. Raises ``PolicyValidationError`` (an empty document is an error too)."""
         data, src = safe_load_yaml(text_or_path)
         src = source or src
         if data is None:
-            raise PolicyValidationError(expected_got(src, "a policy document", "an empty document",
-                                                     "Write at least 'version: 1'."))
+            raise PolicyValidationError(
+                expected_got(src, "a policy document", "an empty document", "Write at least 'version: 1'.")
+            )
         return cls.from_dict(data, source=src, known_fields=known_fields)
 
     @classmethod
@@ -267,37 +340,49 @@ class Policy:
         """The environment layer from parsed :class:`~layerzero.core.env.EnvSettings`: the
         ``LAYERZERO_POLICY`` file, overridden by ``LAYERZERO_LOCK`` / ``ALLOW`` / ``DENY`` / ``PREFER`` (boost
         1000 each) and ``LAYERZERO_DISABLED`` (reference kernels only). Raises ``PolicyValidationError``."""
-        base = Policy.empty() if settings.policy_path is None else cls.from_yaml(
-            pathlib.Path(settings.policy_path), known_fields=known_fields)
+        base = (
+            Policy.empty()
+            if settings.policy_path is None
+            else cls.from_yaml(pathlib.Path(settings.policy_path), known_fields=known_fields)
+        )
         layer = cls(
             locks=tuple(LockRule(op, kernel, origin="LAYERZERO_LOCK") for op, kernel in settings.locks),
             allow=(AllowRule("*", settings.allow, origin="LAYERZERO_ALLOW"),) if settings.allow else (),
             deny=(DenyRule("*", settings.deny, origin="LAYERZERO_DENY"),) if settings.deny else (),
             boosts=tuple(BoostRule("*", (p,), 1000.0, origin="LAYERZERO_PREFER") for p in settings.prefer),
-            source="env")
+            source="env",
+        )
         if settings.disabled:
             layer = layer.merged(cls.reference_only())
         return base.merged(layer)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, *,
-                 known_fields: frozenset[str] = KNOWN_FIELDS) -> Policy:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, known_fields: frozenset[str] = KNOWN_FIELDS
+    ) -> Policy:
         """:meth:`from_settings` of :func:`layerzero.core.env.read_env` (``os.environ`` when None). Raises
         ``ConfigurationError`` for a malformed variable, ``PolicyValidationError`` for a bad policy file."""
         from .env import read_env
 
-        return cls.from_settings(read_env(os.environ if environ is None else environ), known_fields=known_fields)
+        return cls.from_settings(
+            read_env(os.environ if environ is None else environ), known_fields=known_fields
+        )
 
     @classmethod
     def prefer(cls, ids: str | Iterable[str], by: float = 1000.0) -> Policy:
         """Boost each kernel id / backend id / glob in ``ids`` by ``by`` score points for every op (one rule
         per id, so a kernel matching both its id and its backend gets both). A boost never forces: a kernel
-        that cannot run is skipped. Raises ``PolicyValidationError`` for no ids, bad ids or a non-finite ``by``."""
+        that cannot run is skipped. Raises ``PolicyValidationError`` for no ids, bad ids or a non-finite
+        ``by``."""
         items = (ids,) if isinstance(ids, str) else tuple(ids)
         if not items:
-            raise PolicyValidationError(expected_got("Policy.prefer(ids)", "at least one kernel/backend id", "none"))
-        rules = tuple(BoostRule("*", (check_pattern(i, f"Policy.prefer(ids)[{n}]"),), by, origin="Policy.prefer")
-                      for n, i in enumerate(items))
+            raise PolicyValidationError(
+                expected_got("Policy.prefer(ids)", "at least one kernel/backend id", "none")
+            )
+        rules = tuple(
+            BoostRule("*", (check_pattern(i, f"Policy.prefer(ids)[{n}]"),), by, origin="Policy.prefer")
+            for n, i in enumerate(items)
+        )
         return cls(boosts=rules, source="prefer")
 
     @classmethod
@@ -305,8 +390,10 @@ class Policy:
         """Allow only kernels of the ``reference`` backend, for every op (the ``LAYERZERO_DISABLED`` switch).
 
         Expressed as an allow rule (globs cannot negate), so other kernels get ``POLICY_NOT_ALLOWED``."""
-        return cls(allow=(AllowRule("*", ("reference",), origin="reference_only (LayerZero disabled)"),),
-                   source="reference_only")
+        return cls(
+            allow=(AllowRule("*", ("reference",), origin="reference_only (LayerZero disabled)"),),
+            source="reference_only",
+        )
 
     # ---- combination and queries ----------------------------------------------------------------------
     @property
@@ -323,8 +410,13 @@ class Policy:
             return self
         if self.is_empty:
             return other
-        return Policy(other.locks + self.locks, other.allow + self.allow, other.deny + self.deny,
-                      other.boosts + self.boosts, f"{other.source} > {self.source}")
+        return Policy(
+            other.locks + self.locks,
+            other.allow + self.allow,
+            other.deny + self.deny,
+            other.boosts + self.boosts,
+            f"{other.source} > {self.source}",
+        )
 
     def lock_for(self, op: str, fields: Mapping[str, Any]) -> LockRule | None:
         """The first lock in force for ``op`` and the context ``fields``, or None."""
@@ -333,31 +425,43 @@ class Policy:
                 return rule
         return None
 
-    def reasons_against(self, op: str, kernel_id: str, backend_id: str, fields: Mapping[str, Any]) -> list[Reason]:
+    def reasons_against(
+        self, op: str, kernel_id: str, backend_id: str, fields: Mapping[str, Any]
+    ) -> list[Reason]:
         """Every policy reason ``kernel_id`` (of ``backend_id``) may not run ``op`` in context ``fields``:
-        ``POLICY_DENIED`` per matching deny rule, ``POLICY_NOT_ALLOWED`` per allow rule that applies but does not
-        cover the kernel. Empty when permitted. Locks are not consulted (see :meth:`lock_for`)."""
+        ``POLICY_DENIED`` per matching deny rule, ``POLICY_NOT_ALLOWED`` per allow rule that applies but does
+        not cover the kernel. Empty when permitted. Locks are not consulted (see :meth:`lock_for`)."""
         out: list[Reason] = []
         for rule in self.deny:
             if rule.matches(op, kernel_id, backend_id, fields):
-                out.append(Reason(ReasonCode.POLICY_DENIED,
-                                  f"{kernel_id} is denied by {rule.origin or self.source} "
-                                  f"(kernels {list(rule.kernels)}{_when_text(rule.when)})"))
+                out.append(
+                    Reason(
+                        ReasonCode.POLICY_DENIED,
+                        f"{kernel_id} is denied by {rule.origin or self.source} "
+                        f"(kernels {list(rule.kernels)}{_when_text(rule.when)})",
+                    )
+                )
         for rule in self.allow:
             if rule.applies(op, fields) and not rule.covers(kernel_id, backend_id):
-                out.append(Reason(ReasonCode.POLICY_NOT_ALLOWED,
-                                  f"{kernel_id} is not in the allow list of {rule.origin or self.source} "
-                                  f"(kernels {list(rule.kernels)}{_when_text(rule.when)})"))
+                out.append(
+                    Reason(
+                        ReasonCode.POLICY_NOT_ALLOWED,
+                        f"{kernel_id} is not in the allow list of {rule.origin or self.source} "
+                        f"(kernels {list(rule.kernels)}{_when_text(rule.when)})",
+                    )
+                )
         return out
 
     def boost(self, op: str, kernel_id: str, backend_id: str, fields: Mapping[str, Any]) -> float:
-        """Sum (exact, order-independent: :func:`math.fsum`) of ``by`` over matching boost rules, in score points."""
+        """Sum (exact, order-independent: :func:`math.fsum`) of ``by`` over matching boost rules, in score
+        points."""
         if not self.boosts:
             return 0.0
         return math.fsum(r.by for r in self.boosts if r.matches(op, kernel_id, backend_id, fields))
 
     def kernel_ids(self) -> set[str]:
-        """Exact kernel ids (``backend.name``, no globs) the policy names, to validate against the registry."""
+        """Exact kernel ids (``backend.name``, no globs) the policy names, to validate against the
+        registry."""
         ids = {rule.kernel for rule in self.locks}
         for rule in (*self.allow, *self.deny, *self.boosts):
             ids.update(p for p in rule.kernels if "." in p and not _is_glob(p))
@@ -365,23 +469,36 @@ class Policy:
 
     def backend_ids(self) -> set[str]:
         """Exact backend ids (no dot, no globs) named in ``kernels`` lists."""
-        return {p for rule in (*self.allow, *self.deny, *self.boosts) for p in rule.kernels
-                if "." not in p and not _is_glob(p)}
+        return {
+            p
+            for rule in (*self.allow, *self.deny, *self.boosts)
+            for p in rule.kernels
+            if "." not in p and not _is_glob(p)
+        }
 
     # ---- serialization and identity --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Plain data that :meth:`from_dict` turns back into an equal policy (rules as written)."""
-        return {"version": POLICY_VERSION, **{name: [r.to_data() for r in getattr(self, name)]
-                                             for name in RULE_SECTIONS}}
+        return {
+            "version": POLICY_VERSION,
+            **{name: [r.to_data() for r in getattr(self, name)] for name in RULE_SECTIONS},
+        }
 
     def canonical(self) -> dict[str, Any]:
         """Normal form: lock order kept (first match wins); allow/deny/boosts sorted (their order has no
         effect); kernel globs sorted; common condition spellings unified (``"==64"`` = ``64``)."""
+
         def ordered(rules: Sequence[Any]) -> list[Any]:
             forms = [r.canonical() for r in rules]
             return sorted(forms, key=lambda f: json.dumps(f, sort_keys=True))
-        return {"version": POLICY_VERSION, "locks": [r.canonical() for r in self.locks],
-                "allow": ordered(self.allow), "deny": ordered(self.deny), "boosts": ordered(self.boosts)}
+
+        return {
+            "version": POLICY_VERSION,
+            "locks": [r.canonical() for r in self.locks],
+            "allow": ordered(self.allow),
+            "deny": ordered(self.deny),
+            "boosts": ordered(self.boosts),
+        }
 
     @property
     def hash(self) -> str:
@@ -422,8 +539,14 @@ def scoped(policy_layer: Policy) -> Iterator[Policy]:
     1
     """
     if not isinstance(policy_layer, Policy):
-        raise PolicyValidationError(expected_got("scoped(policy_layer)", "a Policy", type_name(policy_layer),
-                                                 "Build one with Policy.from_dict(...) or Policy.prefer(...)."))
+        raise PolicyValidationError(
+            expected_got(
+                "scoped(policy_layer)",
+                "a Policy",
+                type_name(policy_layer),
+                "Build one with Policy.from_dict(...) or Policy.prefer(...).",
+            )
+        )
     token = _SCOPE_LAYERS.set((*_SCOPE_LAYERS.get(), policy_layer))
     try:
         yield policy_layer
@@ -443,13 +566,33 @@ def layered(base: Policy, layers: Sequence[Policy] | None = None) -> Policy:
     parts = [p for p in (*reversed(layers), base) if not p.is_empty]
     if len(parts) <= 1:
         return parts[0] if parts else base
-    return Policy(tuple(r for p in parts for r in p.locks), tuple(r for p in parts for r in p.allow),
-                  tuple(r for p in parts for r in p.deny), tuple(r for p in parts for r in p.boosts),
-                  " > ".join(p.source for p in parts))
+    return Policy(
+        tuple(r for p in parts for r in p.locks),
+        tuple(r for p in parts for r in p.allow),
+        tuple(r for p in parts for r in p.deny),
+        tuple(r for p in parts for r in p.boosts),
+        " > ".join(p.source for p in parts),
+    )
 
 
 __all__ = [
-    "FIELD_KINDS", "KNOWN_FIELDS", "MAX_DEPTH", "MAX_NODES", "MAX_POLICY_BYTES", "POLICY_VERSION", "AllowRule",
-    "BoostRule", "Condition", "DenyRule", "FieldKind", "LockRule", "Policy", "When", "check_budget",
-    "current_scope_layers", "layered", "safe_load_yaml", "scoped",
+    "FIELD_KINDS",
+    "KNOWN_FIELDS",
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "MAX_POLICY_BYTES",
+    "POLICY_VERSION",
+    "AllowRule",
+    "BoostRule",
+    "Condition",
+    "DenyRule",
+    "FieldKind",
+    "LockRule",
+    "Policy",
+    "When",
+    "check_budget",
+    "current_scope_layers",
+    "layered",
+    "safe_load_yaml",
+    "scoped",
 ]

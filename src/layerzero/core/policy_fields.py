@@ -1,11 +1,13 @@
-"""The context fields a policy's ``when:`` may test, and their value kinds, derived from :class:`SelectionContext`.
+"""The context fields a policy's ``when:`` may test, and their value kinds, derived from
+:class:`SelectionContext`.
 
 :data:`FIELD_KINDS` is built from the dataclass fields of :class:`~layerzero.core.context.SelectionContext`
-(their type hints say the kind: ``bool`` -> BOOL, ``int`` -> INT, ``str``, ``torch.dtype`` and str enums such as
-``Layout``/``MaskKind``/``Phase`` -> STR, ``X | None`` as X), plus its properties (``phase``, ``gqa_ratio``, from
-their return types) and the device fields ``SelectionContext.fields()`` adds, whose kinds no type can say
-(:data:`DEVICE_FIELD_KINDS`). A new context field is therefore accepted in ``when:`` without editing a list;
-``tests/unit/test_policy.py`` checks that the names equal the keys of ``SelectionContext.fields()``.
+(their type hints say the kind: ``bool`` -> BOOL, ``int`` -> INT, ``str``, ``torch.dtype`` and str enums such
+as ``Layout``/``MaskKind``/``Phase`` -> STR, ``X | None`` as X), plus its properties (``phase``,
+``gqa_ratio``, from their return types) and the device fields ``SelectionContext.fields()`` adds, whose kinds
+no type can say (:data:`DEVICE_FIELD_KINDS`). A new context field is therefore accepted in ``when:`` without
+editing a list; ``tests/unit/test_policy.py`` checks that the names equal the keys of
+``SelectionContext.fields()``.
 """
 
 from __future__ import annotations
@@ -32,8 +34,14 @@ class FieldKind(str, enum.Enum):
 
 
 #: Fields ``SelectionContext.fields()`` derives from its ``device`` (a ``DeviceSpec``): explicit kinds.
-DEVICE_FIELD_KINDS: Mapping[str, FieldKind] = MappingProxyType({
-    "device": FieldKind.STR, "device_name": FieldKind.STR, "sm": FieldKind.INT, "gpu_generation": FieldKind.STR})
+DEVICE_FIELD_KINDS: Mapping[str, FieldKind] = MappingProxyType(
+    {
+        "device": FieldKind.STR,
+        "device_name": FieldKind.STR,
+        "sm": FieldKind.INT,
+        "gpu_generation": FieldKind.STR,
+    }
+)
 
 
 def kind_of(hint: Any) -> FieldKind | None:
@@ -47,8 +55,11 @@ def kind_of(hint: Any) -> FieldKind | None:
         return FieldKind.BOOL
     if hint is int:
         return FieldKind.INT
-    if hint is str or hint is torch.dtype or (isinstance(hint, type) and issubclass(hint, str)
-                                             and issubclass(hint, enum.Enum)):
+    if (
+        hint is str
+        or hint is torch.dtype
+        or (isinstance(hint, type) and issubclass(hint, str) and issubclass(hint, enum.Enum))
+    ):
         return FieldKind.STR
     return None
 
@@ -61,8 +72,10 @@ def _derive() -> dict[str, FieldKind]:
             continue
         kind = kind_of(hints[f.name])
         if kind is None:
-            raise TypeError(f"SelectionContext.{f.name}: type {hints[f.name]!r} has no policy field kind; "
-                            "add it to layerzero.core.policy_fields")
+            raise TypeError(
+                f"SelectionContext.{f.name}: type {hints[f.name]!r} has no policy field kind; "
+                "add it to layerzero.core.policy_fields"
+            )
         kinds[f.name] = kind
     for name, attr in vars(SelectionContext).items():
         if isinstance(attr, property) and attr.fget is not None:

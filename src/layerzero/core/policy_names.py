@@ -1,4 +1,5 @@
-"""Names a policy uses, checked against the registry: unknown ops, kernels and backends are errors, not no-ops.
+"""Names a policy uses, checked against the registry: unknown ops, kernels and backends are errors, not
+no-ops.
 
 A rule whose op glob matches no registered op, a lock on a kernel that is not registered (or serves another
 op), or a ``kernels`` entry (id, backend id or glob) that matches no registered kernel or backend would
@@ -49,16 +50,18 @@ def _matches(pattern: str, names: Iterable[str]) -> bool:
 def _error(origin: str, message: str, kind: type[ConfigurationError]) -> Exception:
     if origin in ENV_ORIGINS:
         return kind(message + f" Fix or unset {origin}.")
-    return PolicyValidationError(message + " Fix the policy (names are checked against the registered ops, kernels "
-                                           "and backends: `layerzero list-kernels` or lz.list_kernels() lists them).")
+    return PolicyValidationError(
+        message + " Fix the policy (names are checked against the registered ops, kernels "
+        "and backends: `layerzero list-kernels` or lz.list_kernels() lists them)."
+    )
 
 
 def check_policy_names(policy: Policy, registry: KernelRegistry) -> None:
     """Raise when a rule of ``policy`` names an op, kernel or backend that ``registry`` does not know.
 
-    Checked: every rule's ``op`` glob matches a registered op; a lock's kernel is registered and serves an op the
-    lock's glob matches; every ``kernels`` entry of allow/deny/boost rules matches a registered kernel id or
-    backend id. Raises ``UnknownOperationError`` / ``UnknownKernelError`` for rules from ``LAYERZERO_*``
+    Checked: every rule's ``op`` glob matches a registered op; a lock's kernel is registered and serves an op
+    the lock's glob matches; every ``kernels`` entry of allow/deny/boost rules matches a registered kernel id
+    or backend id. Raises ``UnknownOperationError`` / ``UnknownKernelError`` for rules from ``LAYERZERO_*``
     variables, ``PolicyValidationError`` for the others (see the module docstring).
     """
     ops = list(registry.ops)
@@ -67,18 +70,28 @@ def check_policy_names(policy: Policy, registry: KernelRegistry) -> None:
     for rule in (*policy.locks, *policy.allow, *policy.deny, *policy.boosts):
         origin = rule.origin or policy.source
         if not _matches(rule.op, ops):
-            raise _error(origin, f"{origin}: op {rule.op!r} matches no registered op.{did_you_mean(rule.op, ops)}",
-                         UnknownOperationError)
+            raise _error(
+                origin,
+                f"{origin}: op {rule.op!r} matches no registered op.{did_you_mean(rule.op, ops)}",
+                UnknownOperationError,
+            )
         if hasattr(rule, "kernel"):
             spec = kernels.get(rule.kernel)
             if spec is None:
-                raise _error(origin, f"{origin}: lock kernel {rule.kernel!r} is not a registered kernel."
-                             + did_you_mean(rule.kernel, kernels), UnknownKernelError)
+                raise _error(
+                    origin,
+                    f"{origin}: lock kernel {rule.kernel!r} is not a registered kernel."
+                    + did_you_mean(rule.kernel, kernels),
+                    UnknownKernelError,
+                )
             if not fnmatchcase(spec.op, rule.op):
-                raise _error(origin, f"{origin}: lock kernel {rule.kernel!r} serves op {spec.op!r}, which the lock's "
-                             f"op {rule.op!r} does not match. Kernels of the lock's op(s): "
-                             f"{sorted(k for k, s in kernels.items() if fnmatchcase(s.op, rule.op))}.",
-                             UnknownKernelError)
+                raise _error(
+                    origin,
+                    f"{origin}: lock kernel {rule.kernel!r} serves op {spec.op!r}, which the lock's "
+                    f"op {rule.op!r} does not match. Kernels of the lock's op(s): "
+                    f"{sorted(k for k, s in kernels.items() if fnmatchcase(s.op, rule.op))}.",
+                    UnknownKernelError,
+                )
             continue
         for pattern in rule.kernels:
             if not _matches(pattern, ids):

@@ -32,9 +32,16 @@ _RANGE_ATTEMPT_RE = re.compile(r"[\s\d.eE+\-]*\.\.[\s\d.eE+\-]*")
 _INT_RE = re.compile(r"[+-]?\d+")
 _PATTERN_RE = re.compile(r"[A-Za-z0-9_.*?\[\]!\-]{1,200}")
 _KERNEL_ID_RE = re.compile(r"[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+)+")
-_CMP_OPS: Mapping[str, Callable[[Any, Any], bool]] = MappingProxyType({
-    "<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt, "==": operator.eq, "!=": operator.ne,
-})
+_CMP_OPS: Mapping[str, Callable[[Any, Any], bool]] = MappingProxyType(
+    {
+        "<=": operator.le,
+        ">=": operator.ge,
+        "<": operator.lt,
+        ">": operator.gt,
+        "==": operator.eq,
+        "!=": operator.ne,
+    }
+)
 
 
 def short(value: Any, limit: int = 80) -> str:
@@ -108,7 +115,8 @@ class Condition:
             forms = {json.dumps(item.canonical(), sort_keys=True): item.canonical() for item in self.items}
             return forms[next(iter(forms))] if len(forms) == 1 else {"any": [forms[k] for k in sorted(forms)]}
         if (self.kind is ConditionKind.CMP and self.op == "==") or (
-                self.kind is ConditionKind.RANGE and self.a == self.b):
+            self.kind is ConditionKind.RANGE and self.a == self.b
+        ):
             return {"eq": self.a}
         if self.kind is ConditionKind.CMP:
             return {"cmp": self.op, "n": self.a}
@@ -130,7 +138,9 @@ def _parse_number(text: str, path: str, raw: str) -> int | float:
     return number
 
 
-def parse_condition(value: Any, path: str, kind: FieldKind | None = None, *, nested: bool = False) -> Condition:
+def parse_condition(
+    value: Any, path: str, kind: FieldKind | None = None, *, nested: bool = False
+) -> Condition:
     """Parse one ``when:`` value (see the module docstring) into a :class:`Condition`.
 
     ``path`` names the value in errors (``"deny[2].when.head_dim"``); ``kind`` is the field's
@@ -140,8 +150,14 @@ def parse_condition(value: Any, path: str, kind: FieldKind | None = None, *, nes
     """
     if isinstance(value, list | tuple):
         if nested:
-            raise PolicyValidationError(expected_got(path, "a scalar or comparison string", "a nested list",
-                                                     "Flatten the list: its elements are alternatives."))
+            raise PolicyValidationError(
+                expected_got(
+                    path,
+                    "a scalar or comparison string",
+                    "a nested list",
+                    "Flatten the list: its elements are alternatives.",
+                )
+            )
         if not value:
             raise PolicyValidationError(expected_got(path, "a non-empty list of alternatives", "[]"))
         items = tuple(parse_condition(v, f"{path}[{i}]", kind, nested=True) for i, v in enumerate(value))
@@ -155,9 +171,14 @@ def parse_condition(value: Any, path: str, kind: FieldKind | None = None, *, nes
     elif isinstance(value, str):
         cond = _parse_string_condition(value, path)
     else:
-        raise PolicyValidationError(expected_got(
-            path, "a scalar, a comparison string ('<=128', '64..256') or a list of those", type_name(value),
-            "A null condition is not allowed: a field whose value is None never matches."))
+        raise PolicyValidationError(
+            expected_got(
+                path,
+                "a scalar, a comparison string ('<=128', '64..256') or a list of those",
+                type_name(value),
+                "A null condition is not allowed: a field whose value is None never matches.",
+            )
+        )
     _check_kind(cond, path, kind)
     return cond
 
@@ -167,8 +188,11 @@ def _parse_string_condition(value: str, path: str) -> Condition:
     if stripped[:1] in ("<", ">", "=", "!"):
         m = _CMP_RE.fullmatch(value)
         if m is None:
-            raise PolicyValidationError(expected_got(
-                path, "a comparison like '<=128', '>=80', '<1024', '>0', '==64' or '!=64'", short(value)))
+            raise PolicyValidationError(
+                expected_got(
+                    path, "a comparison like '<=128', '>=80', '<1024', '>0', '==64' or '!=64'", short(value)
+                )
+            )
         return Condition(ConditionKind.CMP, value, op=m.group(1), a=_parse_number(m.group(2), path, value))
     if _RANGE_ATTEMPT_RE.fullmatch(value):
         m = _RANGE_RE.fullmatch(value)
@@ -187,16 +211,25 @@ def _check_kind(cond: Condition, path: str, kind: FieldKind | None) -> None:
     if kind is None:
         return
     numeric = cond.kind in (ConditionKind.CMP, ConditionKind.RANGE) or (
-        cond.kind is ConditionKind.EQ and not isinstance(cond.a, bool))
+        cond.kind is ConditionKind.EQ and not isinstance(cond.a, bool)
+    )
     if kind is FieldKind.BOOL and not (cond.kind is ConditionKind.EQ and isinstance(cond.a, bool)):
         raise PolicyValidationError(expected_got(path, "true or false (a bool field)", short(cond.raw)))
     if kind is FieldKind.INT and not numeric:
-        raise PolicyValidationError(expected_got(
-            path, "a number, a comparison ('<=128') or a range ('64..256') (an int field)", short(cond.raw),
-            "Write numbers unquoted, e.g. head_dim: 128."))
+        raise PolicyValidationError(
+            expected_got(
+                path,
+                "a number, a comparison ('<=128') or a range ('64..256') (an int field)",
+                short(cond.raw),
+                "Write numbers unquoted, e.g. head_dim: 128.",
+            )
+        )
     if kind is FieldKind.STR and cond.kind is not ConditionKind.GLOB:
-        raise PolicyValidationError(expected_got(
-            path, "a string glob (a string field)", short(cond.raw), "Quote it, e.g. device_name: '3090'."))
+        raise PolicyValidationError(
+            expected_got(
+                path, "a string glob (a string field)", short(cond.raw), "Quote it, e.g. device_name: '3090'."
+            )
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +283,8 @@ def parse_when(value: Any, path: str, known_fields: frozenset[str] = KNOWN_FIELD
         if not isinstance(name, str) or name not in known_fields:
             raise PolicyValidationError(
                 expected_got(f"{path}.{str(name)[:80]}", "a known context field", short(name))
-                + did_you_mean(str(name), known_fields))
+                + did_you_mean(str(name), known_fields)
+            )
         items.append((name, parse_condition(cond, f"{path}.{name}", FIELD_KINDS.get(name))))
     return When(tuple(sorted(items, key=lambda item: item[0])))
 
@@ -259,24 +293,37 @@ def check_pattern(value: Any, path: str, what: str = "a kernel or backend glob")
     """Validate one glob (op, kernel or backend): a non-empty string of ``[A-Za-z0-9_.*?[]!-]``, at most
     200 characters. Returns it; raises ``PolicyValidationError``."""
     if not isinstance(value, str) or not _PATTERN_RE.fullmatch(value):
-        raise PolicyValidationError(expected_got(
-            path, f"{what} (1-200 chars of letters, digits, _ . - * ? [ ] !)", short(value)))
+        raise PolicyValidationError(
+            expected_got(path, f"{what} (1-200 chars of letters, digits, _ . - * ? [ ] !)", short(value))
+        )
     return value
 
 
 def check_kernel_id(value: Any, path: str) -> str:
-    """Validate an exact kernel id ``backend.name`` (no globs). Returns it; raises ``PolicyValidationError``."""
+    """Validate an exact kernel id ``backend.name`` (no globs). Returns it; raises
+    ``PolicyValidationError``."""
     if not isinstance(value, str) or len(value) > 200 or not _KERNEL_ID_RE.fullmatch(value):
-        raise PolicyValidationError(expected_got(
-            path, "an exact kernel id 'backend.name' (no globs)", short(value),
-            "A lock forces one kernel; use allow/deny/boosts for patterns."))
+        raise PolicyValidationError(
+            expected_got(
+                path,
+                "an exact kernel id 'backend.name' (no globs)",
+                short(value),
+                "A lock forces one kernel; use allow/deny/boosts for patterns.",
+            )
+        )
     return value
 
 
 def _patterns(value: Any, path: str) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, list | tuple):
-        raise PolicyValidationError(expected_got(path, "a list of kernel/backend globs", type_name(value),
-                                                 "Write kernels: ['torch_sdpa.flash'] (a list)."))
+        raise PolicyValidationError(
+            expected_got(
+                path,
+                "a list of kernel/backend globs",
+                type_name(value),
+                "Write kernels: ['torch_sdpa.flash'] (a list).",
+            )
+        )
     if not value:
         raise PolicyValidationError(expected_got(path, "a non-empty list of kernel/backend globs", "[]"))
     checked = (check_pattern(p, f"{path}[{i}]") for i, p in enumerate(value))
@@ -297,7 +344,8 @@ def _data(base: dict[str, Any], when: When) -> dict[str, Any]:
     return base
 
 
-# Rules take init-only ``path`` (names the rule in errors: "deny[2]") and ``known_fields``; ``when`` may be a dict.
+# Rules take init-only ``path`` (names the rule in errors: "deny[2]") and ``known_fields``; ``when`` may be a
+# dict.
 @dataclass(frozen=True, slots=True)
 class LockRule:
     """Force ``kernel`` (an exact id) for ops matching the glob ``op`` when ``when`` matches.
@@ -418,16 +466,20 @@ class BoostRule(_PatternRule):
     def __post_init__(self, path: str, known_fields: frozenset[str]) -> None:
         _init_rule(self, path, known_fields)
         if not _is_number(self.by) or not math.isfinite(self.by):
-            raise PolicyValidationError(expected_got(f"{path}.by", "a finite number of score points", short(self.by)))
+            raise PolicyValidationError(
+                expected_got(f"{path}.by", "a finite number of score points", short(self.by))
+            )
         object.__setattr__(self, "by", float(self.by))
 
 
-_RULE_KEYS: Mapping[str, tuple[type, tuple[str, ...], frozenset[str]]] = MappingProxyType({
-    "locks": (LockRule, ("op", "kernel", "when"), frozenset({"kernel"})),
-    "allow": (AllowRule, ("op", "kernels", "when"), frozenset({"kernels"})),
-    "deny": (DenyRule, ("op", "kernels", "when"), frozenset({"kernels"})),
-    "boosts": (BoostRule, ("op", "kernels", "by", "when"), frozenset({"kernels", "by"})),
-})
+_RULE_KEYS: Mapping[str, tuple[type, tuple[str, ...], frozenset[str]]] = MappingProxyType(
+    {
+        "locks": (LockRule, ("op", "kernel", "when"), frozenset({"kernel"})),
+        "allow": (AllowRule, ("op", "kernels", "when"), frozenset({"kernels"})),
+        "deny": (DenyRule, ("op", "kernels", "when"), frozenset({"kernels"})),
+        "boosts": (BoostRule, ("op", "kernels", "by", "when"), frozenset({"kernels", "by"})),
+    }
+)
 RULE_SECTIONS: tuple[str, ...] = tuple(_RULE_KEYS)
 
 
@@ -449,8 +501,10 @@ def parse_rules(section: str, value: Any, source: str, known_fields: frozenset[s
             raise PolicyValidationError(expected_got(path, "a mapping (one rule)", type_name(entry)))
         unknown = [k for k in entry if k not in keys]
         if unknown:
-            raise PolicyValidationError(expected_got(f"{path}.{str(unknown[0])[:80]}", f"one of {sorted(keys)}",
-                                                     "an unknown key") + did_you_mean(str(unknown[0]), keys))
+            raise PolicyValidationError(
+                expected_got(f"{path}.{str(unknown[0])[:80]}", f"one of {sorted(keys)}", "an unknown key")
+                + did_you_mean(str(unknown[0]), keys)
+            )
         missing = sorted(required - set(entry))
         if missing:
             raise PolicyValidationError(expected_got(path, f"the key(s) {missing}", f"keys {sorted(entry)}"))

@@ -1,13 +1,14 @@
 """Correctness canaries and the quarantine they fill.
 
-With ``lz.configure(canaries=True)``, the first call of each new selection-cache key whose plan is not the reference
-kernel is checked against the reference kernel on the same inputs (``Runtime.canary``, installed by the package above
-core, ``layerzero/_wiring.py``, as the ``lz.tune`` correctness check with its per-dtype tolerances). A failure
-quarantines ``backend@version@arch``: persisted in a ``quarantine`` table of the PerfDB's SQLite file, so every later
-selection on that device architecture rejects the backend's kernels with ``BACKEND_QUARANTINED`` (in this and later
-processes), and the failed call is served again by the re-selected kernel (its wrong output is never returned).
-A new backend version lifts it (the version is part of the entry); ``layerzero quarantine --clear`` (or
-:meth:`QuarantineStore.clear`) lifts it by hand; ``layerzero doctor`` lists the entries.
+With ``lz.configure(canaries=True)``, the first call of each new selection-cache key whose plan is not the
+reference kernel is checked against the reference kernel on the same inputs (``Runtime.canary``, installed by
+the package above core, ``layerzero/_wiring.py``, as the ``lz.tune`` correctness check with its per-dtype
+tolerances). A failure quarantines ``backend@version@arch``: persisted in a ``quarantine`` table of the
+PerfDB's SQLite file, so every later selection on that device architecture rejects the backend's kernels with
+``BACKEND_QUARANTINED`` (in this and later processes), and the failed call is served again by the re-selected
+kernel (its wrong output is never returned). A new backend version lifts it (the version is part of the
+entry); ``layerzero quarantine --clear`` (or :meth:`QuarantineStore.clear`) lifts it by hand;
+``layerzero doctor`` lists the entries.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def arch_of(device: DeviceSpec) -> str:
     """The architecture a quarantine entry is scoped to: CUDA ``name|sm``; CPU ``machine|isa level|ATen ISA``;
     other devices ``type|name`` (library versions are left out: the backend's version is its own field)."""
     fp = device_fingerprint(device)
-    keys = {"cuda": ("name", "sm"), "cpu": ("arch", "isa", "aten_isa")}.get(device.device_type, ("device_type", "name"))
+    keys = {"cuda": ("name", "sm"), "cpu": ("arch", "isa", "aten_isa")}.get(
+        device.device_type, ("device_type", "name")
+    )
     return f"{device.device_type}:" + "|".join(fp.get(k, "") for k in keys)
 
 
@@ -70,14 +73,20 @@ class QuarantineStore:
         self._lock = threading.Lock()
         try:
             self._conn = sqlite3.connect(path, check_same_thread=False, timeout=10.0)
-            self._conn.execute("CREATE TABLE IF NOT EXISTS quarantine (backend TEXT, version TEXT, arch TEXT, "
-                               "kernel TEXT, reason TEXT, created REAL, PRIMARY KEY (backend, version, arch))")
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS quarantine (backend TEXT, version TEXT, arch TEXT, "
+                "kernel TEXT, reason TEXT, created REAL, PRIMARY KEY (backend, version, arch))"
+            )
             self._conn.commit()
-            rows = self._conn.execute("SELECT backend, version, arch, kernel, reason, created FROM quarantine")
+            rows = self._conn.execute(
+                "SELECT backend, version, arch, kernel, reason, created FROM quarantine"
+            )
             self._entries = {(r[0], r[1], r[2]): QuarantineEntry(*r) for r in rows}
         except sqlite3.Error as exc:
-            raise ConfigurationError(f"quarantine store {path}: cannot open it as SQLite ({exc}). Point "
-                                     "lz.configure(perfdb_path=...) at a writable file.") from exc
+            raise ConfigurationError(
+                f"quarantine store {path}: cannot open it as SQLite ({exc}). Point "
+                "lz.configure(perfdb_path=...) at a writable file."
+            ) from exc
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -95,8 +104,10 @@ class QuarantineStore:
         """Quarantine ``backend@version@arch`` (replacing an entry of the same three) and persist it."""
         e = QuarantineEntry(backend, version or "none", arch, kernel, reason[:500], time.time())
         with self._lock:
-            self._conn.execute("INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?)",
-                               (e.backend, e.version, e.arch, e.kernel, e.reason, e.created))
+            self._conn.execute(
+                "INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?)",
+                (e.backend, e.version, e.arch, e.kernel, e.reason, e.created),
+            )
             self._conn.commit()
             self._entries[(e.backend, e.version, e.arch)] = e
         return e
@@ -116,13 +127,15 @@ class QuarantineStore:
         e = self.lookup(backend, version, arch)
         if e is None:
             return None
-        return Reason(ReasonCode.BACKEND_QUARANTINED,
-                      f"{e} (lift it: `layerzero quarantine --clear {backend}`, or install another version)")
+        return Reason(
+            ReasonCode.BACKEND_QUARANTINED,
+            f"{e} (lift it: `layerzero quarantine --clear {backend}`, or install another version)",
+        )
 
 
 class CanaryRuntime(Protocol):
-    """What :func:`probe_first_call` uses of the runtime (a ``core.dispatch.Runtime``, named here by its members:
-    this module sits below dispatch and does not import it)."""
+    """What :func:`probe_first_call` uses of the runtime (a ``core.dispatch.Runtime``, named here by its
+    members: this module sits below dispatch and does not import it)."""
 
     registry: KernelRegistry
     cache: SelectionCache[ExecutionPlan]
@@ -132,15 +145,24 @@ class CanaryRuntime(Protocol):
         """The quarantine store (None when the PerfDB is off or unusable)."""
         ...
 
-    def resolve(self, key: Hashable, build_ctx: Callable[[Any], Any], *, refresh: bool = False) -> ExecutionPlan:
+    def resolve(
+        self, key: Hashable, build_ctx: Callable[[Any], Any], *, refresh: bool = False
+    ) -> ExecutionPlan:
         """The plan of ``key``: cached, or selected now and cached."""
         ...
 
 
-def probe_first_call(runtime: CanaryRuntime, key: Hashable, build_ctx: Callable[[Hashable], Any], args: tuple[Any, ...],
-                     plan: ExecutionPlan, out: Any) -> Any:
-    """The canary of a key's first call: ``out`` when the plan's kernel agrees with the reference (or cannot be
-    checked); otherwise quarantine its backend, re-select, and return the new plan's output for the same args."""
+def probe_first_call(
+    runtime: CanaryRuntime,
+    key: Hashable,
+    build_ctx: Callable[[Hashable], Any],
+    args: tuple[Any, ...],
+    plan: ExecutionPlan,
+    out: Any,
+) -> Any:
+    """The canary of a key's first call: ``out`` when the plan's kernel agrees with the reference (or cannot
+    be checked); otherwise quarantine its backend, re-select, and return the new plan's output for the same
+    args."""
     ctx = build_ctx(key)
     spec = runtime.registry.kernel(plan.kernel_id, ctx.op)
     if spec.is_reference or ctx.graph_capture or runtime.canary is None:

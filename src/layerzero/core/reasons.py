@@ -47,7 +47,9 @@ class ReasonCode(str, enum.Enum):
     # dtype
     DTYPE_UNSUPPORTED = "DTYPE_UNSUPPORTED"
     DTYPE_MISMATCH = "DTYPE_MISMATCH"
-    KV_CACHE_DTYPE_UNSUPPORTED = "KV_CACHE_DTYPE_UNSUPPORTED"  # a quantized paged KV cache the kernel cannot read
+    KV_CACHE_DTYPE_UNSUPPORTED = (
+        "KV_CACHE_DTYPE_UNSUPPORTED"  # a quantized paged KV cache the kernel cannot read
+    )
     # shape
     SHAPE_MISMATCH = "SHAPE_MISMATCH"
     SEQ_LEN_TOO_LONG = "SEQ_LEN_TOO_LONG"
@@ -59,10 +61,16 @@ class ReasonCode(str, enum.Enum):
     # mask
     MASK_UNSUPPORTED = "MASK_UNSUPPORTED"
     MASK_WITH_CAUSAL = "MASK_WITH_CAUSAL"
-    SLIDING_WINDOW_UNSUPPORTED = "SLIDING_WINDOW_UNSUPPORTED"  # lz.attention(window=...) on a kernel without it
-    SOFTCAP_UNSUPPORTED = "SOFTCAP_UNSUPPORTED"  # lz.attention(softcap=...) on a kernel without logit soft-capping
+    SLIDING_WINDOW_UNSUPPORTED = (
+        "SLIDING_WINDOW_UNSUPPORTED"  # lz.attention(window=...) on a kernel without it
+    )
+    SOFTCAP_UNSUPPORTED = (
+        "SOFTCAP_UNSUPPORTED"  # lz.attention(softcap=...) on a kernel without logit soft-capping
+    )
     ALIBI_UNSUPPORTED = "ALIBI_UNSUPPORTED"  # lz.attention(alibi_slopes=...) on a kernel without ALiBi
-    ALIBI_REQUIRED = "ALIBI_REQUIRED"  # a kernel that serves only lz.attention(alibi_slopes=...) calls, on another call
+    ALIBI_REQUIRED = (
+        "ALIBI_REQUIRED"  # a kernel that serves only lz.attention(alibi_slopes=...) calls, on another call
+    )
     # GQA
     GQA_UNSUPPORTED = "GQA_UNSUPPORTED"
     GQA_RATIO_INVALID = "GQA_RATIO_INVALID"
@@ -99,8 +107,8 @@ class ReasonCode(str, enum.Enum):
     BACKEND_QUARANTINED = "BACKEND_QUARANTINED"
     # device memory
     WORKSPACE_TOO_LARGE = "WORKSPACE_TOO_LARGE"
-    # Every code here is emitted by some check (tests/unit/test_reasons.py keeps it so); add a code together with
-    # the check that emits it.
+    # Every code here is emitted by some check (tests/unit/test_reasons.py keeps it so); add a code together
+    # with the check that emits it.
 
     @property
     def category(self) -> ReasonCategory:
@@ -112,19 +120,37 @@ _C = ReasonCategory
 _R = ReasonCode
 _CATEGORY: dict[ReasonCode, ReasonCategory] = {
     **dict.fromkeys(
-        [_R.DEVICE_TYPE_UNSUPPORTED, _R.SM_TOO_OLD, _R.SM_TOO_NEW, _R.GPU_GENERATION_UNSUPPORTED,
-         _R.CPU_ISA_MISSING, _R.PLATFORM_UNSUPPORTED], _C.HARDWARE),
+        [
+            _R.DEVICE_TYPE_UNSUPPORTED,
+            _R.SM_TOO_OLD,
+            _R.SM_TOO_NEW,
+            _R.GPU_GENERATION_UNSUPPORTED,
+            _R.CPU_ISA_MISSING,
+            _R.PLATFORM_UNSUPPORTED,
+        ],
+        _C.HARDWARE,
+    ),
+    **dict.fromkeys([_R.DTYPE_UNSUPPORTED, _R.DTYPE_MISMATCH, _R.KV_CACHE_DTYPE_UNSUPPORTED], _C.DTYPE),
     **dict.fromkeys(
-        [_R.DTYPE_UNSUPPORTED, _R.DTYPE_MISMATCH, _R.KV_CACHE_DTYPE_UNSUPPORTED], _C.DTYPE),
-    **dict.fromkeys(
-        [_R.SHAPE_MISMATCH, _R.SEQ_LEN_TOO_LONG, _R.SEQ_LEN_TOO_SHORT, _R.HIDDEN_SIZE_UNSUPPORTED], _C.SHAPE),
+        [_R.SHAPE_MISMATCH, _R.SEQ_LEN_TOO_LONG, _R.SEQ_LEN_TOO_SHORT, _R.HIDDEN_SIZE_UNSUPPORTED], _C.SHAPE
+    ),
     **dict.fromkeys([_R.LAYOUT_UNSUPPORTED, _R.KV_LAYOUT_UNSUPPORTED], _C.LAYOUT),
     **dict.fromkeys(
-        [_R.MASK_UNSUPPORTED, _R.MASK_WITH_CAUSAL,
-         _R.SLIDING_WINDOW_UNSUPPORTED, _R.SOFTCAP_UNSUPPORTED, _R.ALIBI_UNSUPPORTED, _R.ALIBI_REQUIRED], _C.MASK),
+        [
+            _R.MASK_UNSUPPORTED,
+            _R.MASK_WITH_CAUSAL,
+            _R.SLIDING_WINDOW_UNSUPPORTED,
+            _R.SOFTCAP_UNSUPPORTED,
+            _R.ALIBI_UNSUPPORTED,
+            _R.ALIBI_REQUIRED,
+        ],
+        _C.MASK,
+    ),
     **dict.fromkeys([_R.GQA_UNSUPPORTED, _R.GQA_RATIO_INVALID], _C.GQA),
     **dict.fromkeys(
-        [_R.HEAD_DIM_INVALID, _R.HEAD_DIM_TOO_LARGE, _R.HEAD_DIM_NOT_ALIGNED, _R.HEAD_DIM_MISMATCH], _C.HEAD_DIM),
+        [_R.HEAD_DIM_INVALID, _R.HEAD_DIM_TOO_LARGE, _R.HEAD_DIM_NOT_ALIGNED, _R.HEAD_DIM_MISMATCH],
+        _C.HEAD_DIM,
+    ),
     **dict.fromkeys([_R.STRIDE_LAST_DIM_NOT_1, _R.ALIGNMENT_INVALID], _C.STRIDE),
     **dict.fromkeys([_R.CAUSAL_UNSUPPORTED, _R.CAUSAL_SEQ_MISMATCH], _C.CAUSAL),
     _R.DROPOUT_UNSUPPORTED: _C.DROPOUT,
@@ -132,10 +158,19 @@ _CATEGORY: dict[ReasonCode, ReasonCategory] = {
     _R.BACKWARD_UNSUPPORTED: _C.AUTOGRAD,
     **dict.fromkeys([_R.CUDA_GRAPH_UNSAFE], _C.CUDA_GRAPH),
     **dict.fromkeys(
-        [_R.POLICY_DENIED, _R.POLICY_NOT_ALLOWED, _R.POLICY_LOCKED_OTHER, _R.POLICY_DISABLED], _C.POLICY),
+        [_R.POLICY_DENIED, _R.POLICY_NOT_ALLOWED, _R.POLICY_LOCKED_OTHER, _R.POLICY_DISABLED], _C.POLICY
+    ),
     **dict.fromkeys(
-        [_R.BACKEND_NOT_INSTALLED, _R.BACKEND_VERSION_UNSUPPORTED, _R.BACKEND_IMPORT_FAILED,
-         _R.BACKEND_UNHEALTHY, _R.TORCH_TOO_OLD, _R.BACKEND_QUARANTINED], _C.BACKEND),
+        [
+            _R.BACKEND_NOT_INSTALLED,
+            _R.BACKEND_VERSION_UNSUPPORTED,
+            _R.BACKEND_IMPORT_FAILED,
+            _R.BACKEND_UNHEALTHY,
+            _R.TORCH_TOO_OLD,
+            _R.BACKEND_QUARANTINED,
+        ],
+        _C.BACKEND,
+    ),
     _R.WORKSPACE_TOO_LARGE: _C.MEMORY,
 }
 

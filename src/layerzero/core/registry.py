@@ -38,7 +38,9 @@ class Registry(Generic[T]):
         """Register ``item`` under ``name``; ``replace=True`` overwrites an existing entry."""
         if not replace and name in self._items:
             raise ConfigurationError(
-                f"{self._kind} {name!r} is already registered. Use a new id, or pass replace=True to override it.")
+                f"{self._kind} {name!r} is already registered. Use a new id, or pass replace=True to "
+                "override it."
+            )
         self._items[name] = item
 
     def get(self, name: str) -> T:
@@ -46,7 +48,9 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            raise self._miss_error(f"unknown {self._kind} {name!r}.{did_you_mean(name, self._items)}") from None
+            raise self._miss_error(
+                f"unknown {self._kind} {name!r}.{did_you_mean(name, self._items)}"
+            ) from None
 
     def remove(self, name: str) -> T:
         """Unregister and return ``name``."""
@@ -91,8 +95,8 @@ class KernelRegistry:
             self._on_change()
 
     def bound(self, spec: KernelSpec, ctx: Any, make: Callable[[], _B]) -> _B:
-        """``make()``'s result for ``(spec, ctx)``, made once and then shared: the callable dispatch runs for a
-        kernel on a context (specialized and layout-wrapped) is one object however the kernel was chosen
+        """``make()``'s result for ``(spec, ctx)``, made once and then shared: the callable dispatch runs for
+        a kernel on a context (specialized and layout-wrapped) is one object however the kernel was chosen
         (default, ``lz.lock``, ``lz.prefer``, ``lz.tune``), so state it keeps (a plan cache, a compiled
         variant) is built once and every route costs the same from its first call. Cleared on every registry
         change; bounded (cleared when it holds :data:`MAX_BOUND` entries)."""
@@ -131,7 +135,8 @@ class KernelRegistry:
             if spec.backend not in self.backends:
                 raise ConfigurationError(
                     f"kernel {spec.kernel_id!r} names backend {spec.backend!r}, which is not registered. "
-                    "Register the BackendSpec first.")
+                    "Register the BackendSpec first."
+                )
             if replace and spec.kernel_id in self.kernels:
                 self._drop(spec.kernel_id)
             self.kernels.add(spec.kernel_id, spec)
@@ -164,7 +169,8 @@ class KernelRegistry:
         if op is not None and spec.op != op:
             ids = [s.kernel_id for s in self.for_op(op)]
             raise UnknownKernelError(
-                f"kernel {kernel_id!r} implements op {spec.op!r}, not {op!r}. Kernels of {op!r}: {ids}.")
+                f"kernel {kernel_id!r} implements op {spec.op!r}, not {op!r}. Kernels of {op!r}: {ids}."
+            )
         return spec
 
     def backend(self, backend_id: str) -> BackendSpec:

@@ -25,7 +25,8 @@ class CandidateStatus(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Score:
-    """Score = priority + policy boost + PerfDB measurement + shipped measurement - transform cost (higher wins).
+    """Score = priority + policy boost + PerfDB measurement + shipped measurement - transform cost (higher
+    wins).
 
     ``perf`` comes from the user's PerfDB; ``shipped`` from the timing data shipped for this device model
     (``core/shipped.py``), and is non-zero only when the PerfDB has nothing for the context's bucket.
@@ -44,14 +45,21 @@ class Score:
 
     def to_dict(self) -> dict[str, float]:
         """JSON-ready breakdown including ``total``."""
-        return {"priority": self.priority, "boost": self.boost, "perf": self.perf, "shipped": self.shipped,
-                "transform_cost": self.transform_cost, "total": self.total}
+        return {
+            "priority": self.priority,
+            "boost": self.boost,
+            "perf": self.perf,
+            "shipped": self.shipped,
+            "transform_cost": self.transform_cost,
+            "total": self.total,
+        }
 
 
 @dataclass(frozen=True, slots=True)
 class CandidateReport:
     """One kernel's fate: status, all reasons it was rejected (empty if eligible), score, transforms, and the
-    medians (µs) measurements gave it: ``measured_us`` from the PerfDB, ``shipped_us`` from shipped timings."""
+    medians (µs) measurements gave it: ``measured_us`` from the PerfDB, ``shipped_us`` from shipped
+    timings."""
 
     kernel_id: str
     status: CandidateStatus
@@ -77,7 +85,8 @@ class CandidateReport:
 @dataclass(frozen=True, slots=True)
 class SelectionReport:
     """The explanation of one selection: context, chosen kernel, every candidate, lock and fallback notes, and
-    where shipped timings came from (``shipped_source``: data file, exact or nearest bucket; None if unused)."""
+    where shipped timings came from (``shipped_source``: data file, exact or nearest bucket; None if
+    unused)."""
 
     op: str
     context: SelectionContext
@@ -101,7 +110,8 @@ class SelectionReport:
         raise KeyError(kernel_id)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form: op, chosen, locked, policy hash, notes, shipped source, context fields, candidates."""
+        """JSON-ready form: op, chosen, locked, policy hash, notes, shipped source, context fields,
+        candidates."""
         return {
             "op": self.op,
             "chosen": self.chosen,
@@ -119,16 +129,20 @@ class SelectionReport:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
 
     def rows(self) -> list[tuple[str, str, str, str, str]]:
-        """(kernel, status, score, shipped, reasons) rows in display order: selected, eligible by score, rejected.
-        ``shipped`` is the shipped-timings term and median, e.g. ``+812.5 (12.3 us)``, or empty."""
+        """(kernel, status, score, shipped, reasons) rows in display order: selected, eligible by score,
+        rejected. ``shipped`` is the shipped-timings term and median, e.g. ``+812.5 (12.3 us)``, or empty."""
         order = {CandidateStatus.SELECTED: 0, CandidateStatus.ELIGIBLE: 1, CandidateStatus.REJECTED: 2}
-        ranked = sorted(self.candidates,
-                        key=lambda c: (order[c.status], -(c.score.total if c.score else float("-inf"))))
+        ranked = sorted(
+            self.candidates, key=lambda c: (order[c.status], -(c.score.total if c.score else float("-inf")))
+        )
         out = []
         for c in ranked:
             score = "" if c.score is None else f"{c.score.total:.1f}"
-            shipped = "" if c.shipped_us is None or c.score is None else (
-                f"+{c.score.shipped:.1f} ({c.shipped_us:.1f} us)")
+            shipped = (
+                ""
+                if c.shipped_us is None or c.score is None
+                else (f"+{c.score.shipped:.1f} ({c.shipped_us:.1f} us)")
+            )
             detail = "; ".join(str(r) for r in c.reasons)
             if c.transforms:
                 detail = (detail + "; " if detail else "") + "transforms: " + ", ".join(c.transforms)
@@ -139,9 +153,11 @@ class SelectionReport:
 
     def __str__(self) -> str:
         ctx = {k: v for k, v in self.context.fields().items() if v not in (None, False)}
-        head = [f"LayerZero selection for op {self.op!r}: chosen {self.chosen}",
-                f"device: {self.context.device}",
-                "context: " + ", ".join(f"{k}={v}" for k, v in ctx.items())]
+        head = [
+            f"LayerZero selection for op {self.op!r}: chosen {self.chosen}",
+            f"device: {self.context.device}",
+            "context: " + ", ".join(f"{k}={v}" for k, v in ctx.items()),
+        ]
         if self.locked:
             head.append(f"locked to: {self.locked}")
         if self.shipped_source:
@@ -149,8 +165,11 @@ class SelectionReport:
         head += [f"note: {n}" for n in self.notes]
         rows = [("kernel", "status", "score", "shipped", "reasons / details"), *self.rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:<{widths[3]}}  {r[4]}".rstrip()
-                 for r in rows]
+        lines = [
+            f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:<{widths[3]}}  "
+            f"{r[4]}".rstrip()
+            for r in rows
+        ]
         lines.insert(1, "-" * (sum(widths) + 8 + max(len(r[4]) for r in rows)))
         return "\n".join(head + lines)
 

@@ -2,9 +2,9 @@
 
 - **filter**: every candidate gets *all* its reasons: backend availability, data constraints, the kernel's
   own ``check``, backend health, and policy (lock / deny / allow).
-- **score**: priority (``capture_priority`` while a CUDA graph is captured; ``priority_for(ctx)`` where a kernel
-  declares one) + policy boost + measurement -
-  transform cost; the measurement is the user's PerfDB (``perf``) or, when the PerfDB has nothing for the bucket, the shipped timing data (``shipped``).
+- **score**: priority (``capture_priority`` while a CUDA graph is captured; ``priority_for(ctx)`` where a
+  kernel declares one) + policy boost + measurement - transform cost; the measurement is the user's PerfDB
+  (``perf``) or, when the PerfDB has nothing for the bucket, the shipped timing data (``shipped``).
 - **select**: highest score wins. The reference kernel survives policy so there is always a fallback;
   a lock forces its kernel and raises if it cannot run; a preference that cannot run, or the reference
   standing in for rejected faster kernels, is a *fallback*: logged with its reasons, or raised in strict mode.
@@ -35,9 +35,9 @@ _POLICY_CODES = frozenset({R.POLICY_DENIED, R.POLICY_NOT_ALLOWED, R.POLICY_LOCKE
 class Measurement(NamedTuple):
     """What measurements add to one kernel's score.
 
-    ``perf`` / ``measured_us``: the PerfDB term and median (µs); ``shipped`` / ``shipped_us``: the shipped timing
-    data's term and median (µs), used only when the PerfDB has nothing for the bucket; ``source``: where the
-    shipped median comes from (file, exact or nearest bucket), None without one.
+    ``perf`` / ``measured_us``: the PerfDB term and median (µs); ``shipped`` / ``shipped_us``: the shipped
+    timing data's term and median (µs), used only when the PerfDB has nothing for the bucket; ``source``:
+    where the shipped median comes from (file, exact or nearest bucket), None without one.
     """
 
     perf: float = 0.0
@@ -52,10 +52,10 @@ class SelectionInputs:
     """What a selection reads besides the context: policy, backend health and measured timings.
 
     ``usable(backend_id) -> Reason | None`` answers health; ``perf(kernel_id)`` gives the measurement terms: a
-    :class:`Measurement`, or a ``(perf score, median_us)`` pair for the PerfDB term alone (``(0.0, None)`` when
-    unmeasured). ``free_bytes()``: the device's free memory in bytes, or None when unknown (no workspace check);
-    read at most once per selection, and only when a candidate declares a workspace. A kernel whose workspace
-    exceeds ``free_bytes() - headroom_bytes`` is rejected with ``WORKSPACE_TOO_LARGE``.
+    :class:`Measurement`, or a ``(perf score, median_us)`` pair for the PerfDB term alone (``(0.0, None)``
+    when unmeasured). ``free_bytes()``: the device's free memory in bytes, or None when unknown (no workspace
+    check); read at most once per selection, and only when a candidate declares a workspace. A kernel whose
+    workspace exceeds ``free_bytes() - headroom_bytes`` is rejected with ``WORKSPACE_TOO_LARGE``.
     """
 
     policy: Policy
@@ -67,14 +67,20 @@ class SelectionInputs:
     headroom_bytes: int = 0
 
 
-def kernel_reasons(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext,
-                   usable: Callable[[str], Reason | None] | None = None) -> list[Reason]:
+def kernel_reasons(
+    registry: KernelRegistry,
+    spec: KernelSpec,
+    ctx: SelectionContext,
+    usable: Callable[[str], Reason | None] | None = None,
+) -> list[Reason]:
     """Every non-policy reason ``spec`` cannot run ``ctx``: availability, constraints, own check, health."""
     reasons: list[Reason] = []
     backend = registry.backend(spec.backend)
     if not backend.available:
-        reasons.extend(backend.reasons or (Reason(R.BACKEND_NOT_INSTALLED, f"backend {backend.backend_id} is not "
-                                                  "available"),))
+        reasons.extend(
+            backend.reasons
+            or (Reason(R.BACKEND_NOT_INSTALLED, f"backend {backend.backend_id} is not available"),)
+        )
     reasons.extend(check_constraints(spec, ctx))
     if spec.check is not None and backend.available:
         reasons.extend(spec.check(ctx))
@@ -85,11 +91,13 @@ def kernel_reasons(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionCon
     return reasons
 
 
-def bind(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext) -> tuple[Any, tuple[str, ...], float]:
-    """The callable dispatch would run for ``spec`` on ``ctx`` (specialized, wrapped in the op's layout adapter),
-    its transform names and transform cost. Used by selection and by ``lz.tune``. Made once per (kernel,
-    context) and shared (:meth:`KernelRegistry.bound`): a lock, a preference and the default choice of the same
-    kernel run the same object."""
+def bind(
+    registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext
+) -> tuple[Any, tuple[str, ...], float]:
+    """The callable dispatch would run for ``spec`` on ``ctx`` (specialized, wrapped in the op's layout
+    adapter), its transform names and transform cost. Used by selection and by ``lz.tune``. Made once per
+    (kernel, context) and shared (:meth:`KernelRegistry.bound`): a lock, a preference and the default choice
+    of the same kernel run the same object."""
 
     def make() -> tuple[Any, tuple[str, ...], float]:
         fn = (spec.specialize(ctx) if spec.specialize is not None else None) or spec.fn
@@ -101,13 +109,14 @@ def bind(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext) -> t
     return registry.bound(spec, ctx, make)
 
 
-def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInputs) -> tuple[ExecutionPlan,
-                                                                                               SelectionReport]:
+def select(
+    registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInputs
+) -> tuple[ExecutionPlan, SelectionReport]:
     """Run filter -> score -> select for ``ctx``.
 
     Returns the chosen :class:`ExecutionPlan` (with the other eligible kernels as runtime fallbacks) and its
-    :class:`SelectionReport`. Raises ``NoKernelFoundError`` (with ``.report``) when a locked kernel cannot run,
-    or in strict mode when selection had to fall back; ``UnknownOperationError`` for an unknown op.
+    :class:`SelectionReport`. Raises ``NoKernelFoundError`` (with ``.report``) when a locked kernel cannot
+    run, or in strict mode when selection had to fall back; ``UnknownOperationError`` for an unknown op.
     """
     op = ctx.op
     fields = ctx.fields()
@@ -141,23 +150,39 @@ def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInp
         m = inputs.perf(spec.kernel_id)
         m = m if isinstance(m, Measurement) else Measurement(*m)
         shipped_source = shipped_source or m.source
-        prio = spec.capture_priority if ctx.graph_capture and spec.capture_priority is not None else spec.priority
+        prio = (
+            spec.capture_priority
+            if ctx.graph_capture and spec.capture_priority is not None
+            else spec.priority
+        )
         if spec.priority_for is not None:
             own = spec.priority_for(ctx)
             prio = prio if own is None else own
         score = Score(priority=float(prio), boost=boost, perf=m.perf, transform_cost=cost, shipped=m.shipped)
         eligible.append((score.total, -order, spec, call, transforms, score))
-        candidates.append(CandidateReport(spec.kernel_id, CandidateStatus.ELIGIBLE, (), score, transforms,
-                                          m.measured_us, m.shipped_us))
+        candidates.append(
+            CandidateReport(
+                spec.kernel_id, CandidateStatus.ELIGIBLE, (), score, transforms, m.measured_us, m.shipped_us
+            )
+        )
 
     policy_hash = policy.hash
     if locked_id is not None and not eligible:
-        report = SelectionReport(op, ctx, None, tuple(candidates), locked_id, policy_hash,
-                                 (f"lock: {locked_id} cannot run these inputs",))
+        report = SelectionReport(
+            op,
+            ctx,
+            None,
+            tuple(candidates),
+            locked_id,
+            policy_hash,
+            (f"lock: {locked_id} cannot run these inputs",),
+        )
         why = "; ".join(str(r) for r in report.candidate(locked_id).reasons)
         raise NoKernelFoundError(
             f"op {op!r} is locked to {locked_id}, which cannot run these inputs: {why}. "
-            f"Remove the lock (lz.unlock({op!r}) or the policy's locks entry) or change the inputs.", report)
+            f"Remove the lock (lz.unlock({op!r}) or the policy's locks entry) or change the inputs.",
+            report,
+        )
     if not eligible:
         report = SelectionReport(op, ctx, None, tuple(candidates), None, policy_hash)
         raise NoKernelFoundError(f"no kernel can run op {op!r} for these inputs.\n{report}", report)
@@ -166,26 +191,33 @@ def select(registry: KernelRegistry, ctx: SelectionContext, inputs: SelectionInp
     _, _, best, call, transforms, _ = eligible[0]
     notes = _fallback_notes(registry, best, candidates, boosted_rejects)
     chosen_reports = tuple(
-        replace(c, status=CandidateStatus.SELECTED)
-        if c.kernel_id == best.kernel_id else c for c in candidates)
-    report = SelectionReport(op, ctx, best.kernel_id, chosen_reports, locked_id, policy_hash, notes,
-                             shipped_source)
+        replace(c, status=CandidateStatus.SELECTED) if c.kernel_id == best.kernel_id else c
+        for c in candidates
+    )
+    report = SelectionReport(
+        op, ctx, best.kernel_id, chosen_reports, locked_id, policy_hash, notes, shipped_source
+    )
     if notes:
         if inputs.strict:
             raise NoKernelFoundError(
                 f"strict mode: selection for op {op!r} would fall back ({' | '.join(notes)}). "
-                "Fix the inputs or policy, or lz.configure(strict=False) to allow fallbacks.", report)
+                "Fix the inputs or policy, or lz.configure(strict=False) to allow fallbacks.",
+                report,
+            )
         if inputs.log_fallbacks:
             log.warning("LayerZero %s: %s", op, " | ".join(notes))
-    fallbacks = tuple(
-        ExecutionPlan(op, spec.kernel_id, c, tr) for _, _, spec, c, tr, _ in eligible[1:]
-    ) if locked_id is None else ()
+    fallbacks = (
+        tuple(ExecutionPlan(op, spec.kernel_id, c, tr) for _, _, spec, c, tr, _ in eligible[1:])
+        if locked_id is None
+        else ()
+    )
     plan = ExecutionPlan(op, best.kernel_id, call, transforms, locked_id is not None, fallbacks, report)
     return plan, report
 
 
-def _workspace_reasons(spec: KernelSpec, ctx: SelectionContext, inputs: SelectionInputs,
-                       free: list[int | None]) -> list[Reason]:
+def _workspace_reasons(
+    spec: KernelSpec, ctx: SelectionContext, inputs: SelectionInputs, free: list[int | None]
+) -> list[Reason]:
     """``WORKSPACE_TOO_LARGE`` when ``spec``'s workspace for ``ctx`` exceeds the free device memory minus the
     headroom (``free`` caches the one memory reading of this selection)."""
     need = spec.workspace_bytes(ctx)
@@ -197,32 +229,52 @@ def _workspace_reasons(spec: KernelSpec, ctx: SelectionContext, inputs: Selectio
     if have is None or need <= have - inputs.headroom_bytes:
         return []
     mib = 1 << 20
-    return [Reason(R.WORKSPACE_TOO_LARGE,
-                   f"needs {need / mib:.1f} MiB of workspace; the device has {have / mib:.1f} MiB free and "
-                   f"{inputs.headroom_bytes / mib:.1f} MiB are kept as headroom (lz.configure("
-                   "workspace_headroom_bytes=...); free memory is read when a key is first selected)")]
+    return [
+        Reason(
+            R.WORKSPACE_TOO_LARGE,
+            f"needs {need / mib:.1f} MiB of workspace; the device has {have / mib:.1f} MiB free and "
+            f"{inputs.headroom_bytes / mib:.1f} MiB are kept as headroom (lz.configure("
+            "workspace_headroom_bytes=...); free memory is read when a key is first selected)",
+        )
+    ]
 
 
-def _fallback_notes(registry: KernelRegistry, best: KernelSpec, candidates: list[CandidateReport],
-                    boosted_rejects: list[tuple[str, tuple[Reason, ...]]]) -> tuple[str, ...]:
+def _fallback_notes(
+    registry: KernelRegistry,
+    best: KernelSpec,
+    candidates: list[CandidateReport],
+    boosted_rejects: list[tuple[str, tuple[Reason, ...]]],
+) -> tuple[str, ...]:
     notes = []
     for kernel_id, reasons in boosted_rejects:
-        notes.append(f"fallback: preferred {kernel_id} cannot run ({'; '.join(str(r) for r in reasons)}); "
-                     f"using {best.kernel_id}")
+        notes.append(
+            f"fallback: preferred {kernel_id} cannot run ({'; '.join(str(r) for r in reasons)}); "
+            f"using {best.kernel_id}"
+        )
     if best.is_reference:
-        blocked = [c for c in candidates if c.status is CandidateStatus.REJECTED
-                   and not any(r.code in _POLICY_CODES or r.code is R.DEVICE_TYPE_UNSUPPORTED for r in c.reasons)
-                   and registry.backend(registry.kernel(c.kernel_id).backend).available]
+        blocked = [
+            c
+            for c in candidates
+            if c.status is CandidateStatus.REJECTED
+            and not any(r.code in _POLICY_CODES or r.code is R.DEVICE_TYPE_UNSUPPORTED for r in c.reasons)
+            and registry.backend(registry.kernel(c.kernel_id).backend).available
+        ]
         if blocked:
             why = "; ".join(f"{c.kernel_id}: {', '.join(r.code.value for r in c.reasons)}" for c in blocked)
             notes.append(f"fallback: reference kernel {best.kernel_id} serves this call because {why}")
     return tuple(notes)
 
 
-def validate_kernel(registry: KernelRegistry, kernel_id: str, ctx: SelectionContext,
-                    usable: Callable[[str], Reason | None] | None = None,
-                    policy: Policy | None = None, fields: Mapping[str, Any] | None = None) -> list[Reason]:
-    """All reasons ``kernel_id`` cannot run ``ctx`` (empty = can run); policy reasons when ``policy`` given."""
+def validate_kernel(
+    registry: KernelRegistry,
+    kernel_id: str,
+    ctx: SelectionContext,
+    usable: Callable[[str], Reason | None] | None = None,
+    policy: Policy | None = None,
+    fields: Mapping[str, Any] | None = None,
+) -> list[Reason]:
+    """All reasons ``kernel_id`` cannot run ``ctx`` (empty = can run); policy reasons when ``policy``
+    given."""
     spec = registry.kernel(kernel_id, ctx.op)
     reasons = kernel_reasons(registry, spec, ctx, usable)
     if policy is not None and not spec.is_reference:

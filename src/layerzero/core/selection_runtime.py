@@ -52,8 +52,9 @@ class RuntimeSelection:
         """None when ``backend_id``'s circuit breaker lets it run, else the ``BACKEND_UNHEALTHY`` reason."""
         return None if self.health.usable(backend_id) else self.health.reason(backend_id)
 
-    def select_context(self, ctx: SelectionContext, *,
-                       quiet: bool = False) -> tuple[ExecutionPlan, SelectionReport]:
+    def select_context(
+        self, ctx: SelectionContext, *, quiet: bool = False
+    ) -> tuple[ExecutionPlan, SelectionReport]:
         """Run the full pipeline for ``ctx`` (no cache): the plan and its report. ``quiet``: fallback notes
         stay in the report but are not logged (a choice prepared ahead of a capture that may never happen)."""
         self.ensure_ready()
@@ -68,9 +69,16 @@ class RuntimeSelection:
             def usable(b: str) -> Reason | None:
                 """Health first, then the quarantine entry of backend ``b`` at its version on this arch."""
                 return self.usable_reason(b) or store.reason_for(b, reg.backend(b).version, arch)
-        inputs = SelectionInputs(_config.effective_policy(), usable, self._perf_lookup(ctx),
-                                 cfg.strict, cfg.log_fallbacks and not quiet,
-                                 lambda: self.free_memory(ctx.device), cfg.workspace_headroom_bytes)
+
+        inputs = SelectionInputs(
+            _config.effective_policy(),
+            usable,
+            self._perf_lookup(ctx),
+            cfg.strict,
+            cfg.log_fallbacks and not quiet,
+            lambda: self.free_memory(ctx.device),
+            cfg.workspace_headroom_bytes,
+        )
         plan, report = select(self.registry, ctx, inputs)
         retry_at = self.health.next_retry_at()
         trial = self.health.state(plan.backend) is BreakerState.HALF_OPEN
@@ -88,8 +96,9 @@ class RuntimeSelection:
                 raise
             return exc.report
 
-    def select_cached(self, key: Hashable, ctx: SelectionContext, *,
-                      quiet: bool = False) -> tuple[ExecutionPlan, SelectionReport]:
+    def select_cached(
+        self, key: Hashable, ctx: SelectionContext, *, quiet: bool = False
+    ) -> tuple[ExecutionPlan, SelectionReport]:
         """The plan and report to cache for ``key`` (context ``ctx``): :meth:`select_context`, or the
         :attr:`coordinator`'s decision when one is set."""
         coordinator = self.coordinator
@@ -115,8 +124,8 @@ class RuntimeSelection:
                     "captured, and selection must not run inside a capture. Run the op once eagerly with the "
                     "same shapes, dtypes and flags before capturing (the first eager call prepares the "
                     "capture-time choice), or call lz.warmup(op, cases), or "
-                    "lz.configure(allow_selection_in_capture=True) to allow it."
-                    + _graph_safe_hint(self, ctx))
+                    "lz.configure(allow_selection_in_capture=True) to allow it." + _graph_safe_hint(self, ctx)
+                )
             t0 = time.perf_counter()
             plan, report = self.select_cached(key, ctx)
             if TELEMETRY.on:

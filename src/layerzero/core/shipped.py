@@ -31,10 +31,10 @@ Matching:
   the GQA ratio and ``num_heads_q`` imply) are equal: distance = sum over :data:`NUMERIC_FIELDS` of
   ``|log2 a - log2 b|`` plus :data:`SOFT_PENALTY` per differing :data:`SOFT_FIELDS` entry, at most
   :data:`MAX_DISTANCE`. Records equally near (a context between two grid points: batch 2 between 1 and 4) are
-  combined: each kernel's median is the geometric mean over them, for the kernels usable in all of them, so the
-  pick is the kernel best on both sides rather than the winner of one side (on the H200 the single nearest record
-  picked a kernel at 0.75 of the best for prefill batch 2 between batches 1 and 4). When they share no kernel,
-  the record with more usable kernels wins, then the larger shape.
+  combined: each kernel's median is the geometric mean over them, for the kernels usable in all of them, so
+  the pick is the kernel best on both sides rather than the winner of one side (on the H200 the single nearest
+  record picked a kernel at 0.75 of the best for prefill batch 2 between batches 1 and 4). When they share no
+  kernel, the record with more usable kernels wins, then the larger shape.
 
 Nothing is read at import: the files are parsed on the first lookup and memoized per directory (they are
 immutable package data; :func:`clear_cache` forgets them, for tests).
@@ -59,9 +59,22 @@ from .context import SelectionContext
 from .device import DeviceSpec
 from .errors import ConfigurationError, expected_got
 
-__all__ = ["MAX_DISTANCE", "NUMERIC_FIELDS", "SCHEMA_VERSION", "SOFT_FIELDS", "SOFT_PENALTY", "ShippedMatch",
-           "bucket_fields", "clear_cache", "cpu_isa_level", "data_dir", "describe", "device_fingerprint", "lookup",
-           "parse"]
+__all__ = [
+    "MAX_DISTANCE",
+    "NUMERIC_FIELDS",
+    "SCHEMA_VERSION",
+    "SOFT_FIELDS",
+    "SOFT_PENALTY",
+    "ShippedMatch",
+    "bucket_fields",
+    "clear_cache",
+    "cpu_isa_level",
+    "data_dir",
+    "describe",
+    "device_fingerprint",
+    "lookup",
+    "parse",
+]
 
 log = logging.getLogger("layerzero.shipped")
 
@@ -116,15 +129,23 @@ def device_fingerprint(device: DeviceSpec) -> dict[str, str]:
     Other devices: ``device_type``, ``name``, ``torch``.
     """
     if device.device_type == "cuda":
-        return {"device_type": "cuda", "name": device.name,
-                "sm": "none" if device.sm is None else f"{device.sm[0]}.{device.sm[1]}",
-                "torch": device.torch_version,
-                "cudnn": "none" if device.cudnn_version is None else str(device.cudnn_version)}
+        return {
+            "device_type": "cuda",
+            "name": device.name,
+            "sm": "none" if device.sm is None else f"{device.sm[0]}.{device.sm[1]}",
+            "torch": device.torch_version,
+            "cudnn": "none" if device.cudnn_version is None else str(device.cudnn_version),
+        }
     if device.device_type == "cpu":
         get_cap = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
         aten = str(get_cap()).strip().lower().replace(" ", "_") if get_cap is not None else "unknown"
-        return {"device_type": "cpu", "arch": platform.machine().lower() or "unknown",
-                "isa": cpu_isa_level(device.cpu_isa), "aten_isa": aten, "torch": device.torch_version}
+        return {
+            "device_type": "cpu",
+            "arch": platform.machine().lower() or "unknown",
+            "isa": cpu_isa_level(device.cpu_isa),
+            "aten_isa": aten,
+            "torch": device.torch_version,
+        }
     return {"device_type": device.device_type, "name": device.name, "torch": device.torch_version}
 
 
@@ -140,9 +161,13 @@ def _key(fields: Mapping[str, Any]) -> str:
 
 def _signature(fields: Mapping[str, Any]) -> tuple[Any, ...]:
     """Everything that must be equal for a nearest match: categorical items + which numeric fields exist."""
-    skip = set(NUMERIC_FIELDS) | set(SOFT_FIELDS) | (_IMPLIED if fields.get("gqa_ratio") is not None else set())
-    return (tuple(sorted((k, str(v)) for k, v in fields.items() if k not in skip)),
-            tuple(k for k in NUMERIC_FIELDS if k in fields))
+    skip = (
+        set(NUMERIC_FIELDS) | set(SOFT_FIELDS) | (_IMPLIED if fields.get("gqa_ratio") is not None else set())
+    )
+    return (
+        tuple(sorted((k, str(v)) for k, v in fields.items() if k not in skip)),
+        tuple(k for k in NUMERIC_FIELDS if k in fields),
+    )
 
 
 def _log2s(fields: Mapping[str, Any]) -> tuple[float, ...]:
@@ -196,17 +221,24 @@ class ShippedMatch:
         if self.exact:
             return f"{self.file}, exact bucket"
         recs = self.combined or (self.fields,)
-        parts = [f"{k} {' / '.join(dict.fromkeys(str(r.get(k)) for r in recs))}"
-                 for k in (*NUMERIC_FIELDS, *SOFT_FIELDS) if k in self.fields]
-        head = (f"geometric mean of {len(recs)} equally near buckets, distance {self.distance:.2f}"
-                if len(recs) > 1 else f"distance {self.distance:.2f}")
+        parts = [
+            f"{k} {' / '.join(dict.fromkeys(str(r.get(k)) for r in recs))}"
+            for k in (*NUMERIC_FIELDS, *SOFT_FIELDS)
+            if k in self.fields
+        ]
+        head = (
+            f"geometric mean of {len(recs)} equally near buckets, distance {self.distance:.2f}"
+            if len(recs) > 1
+            else f"distance {self.distance:.2f}"
+        )
         return f"{self.file}, nearest bucket ({head}: " + ", ".join(parts) + ")"
 
     def score(self, kernel_id: str, weight: float, tie_margin: float = 0.0) -> float:
         """``weight * fastest / this`` over :attr:`medians` (as ``perf_score``); 0.0 when not measured.
 
         A kernel within ``tie_margin`` of the fastest (``this <= fastest * (1 + tie_margin)``) scores the full
-        ``weight``, so hand priorities order the near-tied kernels (``LayerZeroConfig.shipped_tie_margin``)."""
+        ``weight``, so hand priorities order the near-tied kernels
+        (``LayerZeroConfig.shipped_tie_margin``)."""
         this = self.medians.get(kernel_id)
         if this is None:
             return 0.0
@@ -221,15 +253,22 @@ class ShippedMatch:
 
 
 def _bad(name: str, what: str, expected: str, got: Any) -> ConfigurationError:
-    return ConfigurationError(expected_got(f"shipped timings {name}: {what}", expected, repr(got)[:120],
-                                           "Re-create the file with benchmarks/ship_timings.py."))
+    return ConfigurationError(
+        expected_got(
+            f"shipped timings {name}: {what}",
+            expected,
+            repr(got)[:120],
+            "Re-create the file with benchmarks/ship_timings.py.",
+        )
+    )
 
 
 def parse(text: str, name: str = "<data>") -> _File:
     """Parse one data file (see the module docstring).
 
     Raises:
-        ConfigurationError: not JSON, another schema version, or a malformed field (which one, expected vs got).
+        ConfigurationError: not JSON, another schema version, or a malformed field (which one, expected vs
+            got).
     """
     try:
         doc = json.loads(text)
@@ -241,7 +280,9 @@ def parse(text: str, name: str = "<data>") -> _File:
         raise _bad(name, "schema", SCHEMA_VERSION, doc.get("schema"))
     fp, backends = doc.get("fingerprint"), doc.get("backends", {})
     for what, m in (("fingerprint", fp), ("backends", backends)):
-        if not isinstance(m, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in m.items()):
+        if not isinstance(m, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in m.items()
+        ):
             raise _bad(name, what, "an object of strings", m)
     defaults = doc.get("defaults", {})
     if not isinstance(defaults, dict) or not all(isinstance(v, dict) for v in defaults.values()):
@@ -251,8 +292,13 @@ def parse(text: str, name: str = "<data>") -> _File:
         raise _bad(name, "records", "a list", type(raw).__name__)
     records = []
     for i, rec in enumerate(raw):
-        if not (isinstance(rec, list) and len(rec) == 3 and isinstance(rec[0], str) and isinstance(rec[1], dict)
-                and isinstance(rec[2], dict)):
+        if not (
+            isinstance(rec, list)
+            and len(rec) == 3
+            and isinstance(rec[0], str)
+            and isinstance(rec[1], dict)
+            and isinstance(rec[2], dict)
+        ):
             raise _bad(name, f"records[{i}]", "[op, {fields}, {kernel_id: median_us}]", rec)
         op, delta, medians = rec
         fields = {**defaults.get(op, {}), **delta}
@@ -262,8 +308,9 @@ def parse(text: str, name: str = "<data>") -> _File:
         for kid, us in medians.items():
             if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us < 0:
                 raise _bad(name, f"records[{i}] {kid}", "a median >= 0 µs", us)
-        records.append(_Record(op, fields, {k: float(v) for k, v in medians.items()}, name, backends,
-                               _log2s(fields)))
+        records.append(
+            _Record(op, fields, {k: float(v) for k, v in medians.items()}, name, backends, _log2s(fields))
+        )
     return _File(name, fp, backends, str(doc.get("date", "")), tuple(records))
 
 
@@ -294,8 +341,11 @@ def _files(directory: str | None) -> tuple[tuple[str, _File | str], ...]:
 
 
 def _mismatch(file_fp: Mapping[str, str], mine: Mapping[str, str]) -> str | None:
-    diff = [f"{k} {file_fp.get(k)!r} (here {mine.get(k)!r})" for k in sorted(set(file_fp) | set(mine))
-            if file_fp.get(k) != mine.get(k)]
+    diff = [
+        f"{k} {file_fp.get(k)!r} (here {mine.get(k)!r})"
+        for k in sorted(set(file_fp) | set(mine))
+        if file_fp.get(k) != mine.get(k)
+    ]
     return None if not diff else "measured with " + ", ".join(diff)
 
 
@@ -313,8 +363,11 @@ def _table(fp_items: tuple[tuple[str, str], ...], directory: str | None) -> _Tab
         why = _mismatch(file.fingerprint, mine)
         if why is not None:
             statuses.append((name, "ignored: " + why))
-            level = logging.INFO if all(file.fingerprint.get(k) == mine.get(k) for k in same_device) \
+            level = (
+                logging.INFO
+                if all(file.fingerprint.get(k) == mine.get(k) for k in same_device)
                 else logging.DEBUG
+            )
             log.log(level, "LayerZero shipped timings %s ignored for this device: %s", name, why)
             continue
         statuses.append((name, f"used ({len(file.records)} buckets, measured {file.date or 'unknown date'})"))
@@ -337,7 +390,9 @@ def describe(device: DeviceSpec, directory: str | None = None) -> list[tuple[str
     return list(_table(tuple(sorted(device_fingerprint(device).items())), directory).statuses)
 
 
-def _usable(rec: _Record, backend_version: Callable[[str], tuple[str, str | None] | None]) -> dict[str, float]:
+def _usable(
+    rec: _Record, backend_version: Callable[[str], tuple[str, str | None] | None]
+) -> dict[str, float]:
     out = {}
     for kid, us in rec.medians.items():
         bv = backend_version(kid)
@@ -346,15 +401,19 @@ def _usable(rec: _Record, backend_version: Callable[[str], tuple[str, str | None
     return out
 
 
-def lookup(ctx: SelectionContext, backend_version: Callable[[str], tuple[str, str | None] | None],
-           directory: str | None = None) -> ShippedMatch | None:
+def lookup(
+    ctx: SelectionContext,
+    backend_version: Callable[[str], tuple[str, str | None] | None],
+    directory: str | None = None,
+) -> ShippedMatch | None:
     """The shipped record for ``ctx`` (exact bucket, else the nearest within :data:`MAX_DISTANCE`), or None.
 
     Args:
         ctx: the call's context (its device picks the data file).
         backend_version: kernel id -> (backend id, installed version), or None for an unknown kernel; a
             kernel's medians count only when that version equals the file's for the backend.
-        directory: a directory of data files instead of the package's (``lz.configure(shipped_timings_dir=)``).
+        directory: a directory of data files instead of the package's
+            (``lz.configure(shipped_timings_dir=)``).
 
     Reads and parses the files on the first call for a device (logged), memoized afterwards; never raises
     for a missing or malformed file (logged, ignored).
@@ -391,7 +450,10 @@ def lookup(ctx: SelectionContext, backend_version: Callable[[str], tuple[str, st
     common = set.intersection(*(set(n[4]) for n in near))
     if len(near) > 1 and common:
         by_size = sorted(near, key=lambda n: n[2])  # the largest shape first
-        geo = {k: math.exp(sum(math.log(max(n[4][k], 1e-9)) for n in near) / len(near)) for k in sorted(common)}
-        return ShippedMatch(rec.file, d == 0.0, d, by_size[0][3].fields, geo,
-                            tuple(n[3].fields for n in by_size))
+        geo = {
+            k: math.exp(sum(math.log(max(n[4][k], 1e-9)) for n in near) / len(near)) for k in sorted(common)
+        }
+        return ShippedMatch(
+            rec.file, d == 0.0, d, by_size[0][3].fields, geo, tuple(n[3].fields for n in by_size)
+        )
     return ShippedMatch(rec.file, d == 0.0, d, rec.fields, medians)

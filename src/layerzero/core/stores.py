@@ -53,8 +53,9 @@ class MeasurementStores:
             self._perfdb, self._perfdb_path, self._perfdb_failed = PerfDB(path), path, False
         except (LayerZeroError, OSError) as exc:
             if not self._perfdb_failed:
-                log.warning("LayerZero PerfDB at %s is unusable (%s); selecting without measurements", path,
-                            exc)
+                log.warning(
+                    "LayerZero PerfDB at %s is unusable (%s); selecting without measurements", path, exc
+                )
             self._perfdb_failed = True
             return None
         return self._perfdb
@@ -98,6 +99,7 @@ class MeasurementStores:
                 log.warning("LayerZero PerfDB read failed (%s); selecting without its measurements", exc)
         weight = cfg.perf_weight
         if records:
+
             def lookup(kernel_id: str) -> Measurement:
                 """The PerfDB terms of ``kernel_id`` (score; median µs, None when it has no row)."""
                 rec = records.get(kernel_id)
@@ -123,8 +125,9 @@ class MeasurementStores:
         margin = cfg.shipped_tie_margin
         if margin is None:
             margin = reg.ops.get(ctx.op).shipped_tie_margin if ctx.op in reg.ops else 0.0
-        return lambda kid: Measurement(shipped=match.score(kid, weight, margin), shipped_us=match.median(kid),
-                                       source=source)
+        return lambda kid: Measurement(
+            shipped=match.score(kid, weight, margin), shipped_us=match.median(kid), source=source
+        )
 
 
 def device_fingerprint_parts(device: DeviceSpec) -> dict[str, str]:

@@ -1,15 +1,15 @@
 """Telemetry state: counters and sampled latencies that dispatch records while telemetry is on.
 
-Plain Python counters, no exporter: ``layerzero.telemetry`` turns them on and exposes them (Prometheus collector,
-HTTP endpoint, JSON-lines selection log). Off (the default), dispatch pays one attribute read per call
-(``TELEMETRY.on``); on, the hot path adds one dict increment per call and, on every ``sample_every``-th call of a
-kernel, two ``perf_counter`` reads (the call's host time: on CUDA the launch, not the device time).
+Plain Python counters, no exporter: ``layerzero.telemetry`` turns them on and exposes them (Prometheus
+collector, HTTP endpoint, JSON-lines selection log). Off (the default), dispatch pays one attribute read per
+call (``TELEMETRY.on``); on, the hot path adds one dict increment per call and, on every ``sample_every``-th
+call of a kernel, two ``perf_counter`` reads (the call's host time: on CUDA the launch, not the device time).
 
 What is counted: selections per (op, kernel) and their host time; selection-cache misses per op (a lookup that
-selects) and hits (calls minus misses); fallbacks per (op, kind, reason) (``kind``
-``selection``: the reference served because faster kernels were rejected or a preferred kernel could not run,
-``reason`` the rejection codes; ``runtime``: a kernel raised and another served, ``reason`` the exception type);
-calls per kernel; PerfDB bucket reads; circuit-breaker trips per backend.
+selects) and hits (calls minus misses); fallbacks per (op, kind, reason) (``kind`` ``selection``: the
+reference served because faster kernels were rejected or a preferred kernel could not run, ``reason`` the
+rejection codes; ``runtime``: a kernel raised and another served, ``reason`` the exception type); calls per
+kernel; PerfDB bucket reads; circuit-breaker trips per backend.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class Telemetry:
         self.health_trips: Counter[str] = Counter()
 
     def configure(self, on: bool, sample_every: int, log: IO[str] | None) -> None:
-        """Switch recording on/off, set the sampling period, and the JSON-lines selection log (or None); a previous
-        log file is closed (this object owns the open log)."""
+        """Switch recording on/off, set the sampling period, and the JSON-lines selection log (or None); a
+        previous log file is closed (this object owns the open log)."""
         self.sample_mask = sample_every - 1
         with self._lock:
             old, self._log = self._log, log
@@ -89,14 +89,25 @@ class Telemetry:
         self.selections[(op, kernel_id)] += 1
         self.selection_seconds[op] += seconds
         rejected = {c.kernel_id: [r.code.value for r in c.reasons] for c in report.candidates if c.reasons}
-        if report.notes:  # the reason: the codes of the kernels the notes name (the preferred or the blocked ones)
+        if (
+            report.notes
+        ):  # the reason: the codes of the kernels the notes name (the preferred or the blocked ones)
             text = " ".join(report.notes)
             codes = sorted({code for kid, codes in rejected.items() if kid in text for code in codes})
             self.fallbacks[(op, "selection", ",".join(codes) or "UNKNOWN")] += 1
         if self._log is not None:
-            line = json.dumps({"ts": time.time(), "op": op, "kernel": kernel_id, "seconds": round(seconds, 6),
-                               "context": {k: str(v) for k, v in report.context.fields().items()},
-                               "rejected": rejected, "notes": list(report.notes)}, sort_keys=True)
+            line = json.dumps(
+                {
+                    "ts": time.time(),
+                    "op": op,
+                    "kernel": kernel_id,
+                    "seconds": round(seconds, 6),
+                    "context": {k: str(v) for k, v in report.context.fields().items()},
+                    "rejected": rejected,
+                    "notes": list(report.notes),
+                },
+                sort_keys=True,
+            )
             with self._lock:
                 self._log.write(line + "\n")
                 self._log.flush()
@@ -115,14 +126,24 @@ class Telemetry:
 
     def snapshot(self) -> dict[str, Any]:
         """A plain-dict copy of every counter."""
-        return {"calls": {k: (self.kernel_op.get(k, ""), n) for k, n in self.calls.items()},
-                "latency_us": {k: {"buckets": list(zip((*LATENCY_BUCKETS_US, float("inf")), row[:-2], strict=True)),
-                                   "sum": row[-2], "count": int(row[-1])} for k, row in self.latency.items()},
-                "cache_hits": self.hits(), "cache_misses": dict(self.misses),
-                "selections": {f"{op}|{k}": n for (op, k), n in self.selections.items()},
-                "selection_seconds": dict(self.selection_seconds),
-                "fallbacks": {"|".join(k): n for k, n in self.fallbacks.items()},
-                "perfdb_reads": self.perfdb_reads, "health_trips": dict(self.health_trips)}
+        return {
+            "calls": {k: (self.kernel_op.get(k, ""), n) for k, n in self.calls.items()},
+            "latency_us": {
+                k: {
+                    "buckets": list(zip((*LATENCY_BUCKETS_US, float("inf")), row[:-2], strict=True)),
+                    "sum": row[-2],
+                    "count": int(row[-1]),
+                }
+                for k, row in self.latency.items()
+            },
+            "cache_hits": self.hits(),
+            "cache_misses": dict(self.misses),
+            "selections": {f"{op}|{k}": n for (op, k), n in self.selections.items()},
+            "selection_seconds": dict(self.selection_seconds),
+            "fallbacks": {"|".join(k): n for k, n in self.fallbacks.items()},
+            "perfdb_reads": self.perfdb_reads,
+            "health_trips": dict(self.health_trips),
+        }
 
 
 TELEMETRY = Telemetry()

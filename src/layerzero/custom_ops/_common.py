@@ -1,6 +1,6 @@
-"""What the custom-op modules of :mod:`layerzero.custom_ops` share: the namespace, :func:`eager` (an op's eager
-function, from its :class:`~layerzero.core.opdef.OpDef`), layout strings and :func:`_owned` (fresh contiguous
-outputs). Its own module so that each custom-op module imports on its own."""
+"""What the custom-op modules of :mod:`layerzero.custom_ops` share: the namespace, :func:`eager` (an op's
+eager function, from its :class:`~layerzero.core.opdef.OpDef`), layout strings and :func:`_owned` (fresh
+contiguous outputs). Its own module so that each custom-op module imports on its own."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ NS = "layerzero"
 
 
 def eager(op: str) -> Callable[..., Any]:
-    """The eager ``lz.<op>`` function a custom op runs (validation, cache, kernel): the public function of ``op``'s
-    :class:`~layerzero.core.opdef.OpDef`, looked up at call time (this package imports no op module: ops import it).
+    """The eager ``lz.<op>`` function a custom op runs (validation, cache, kernel): the public function of
+    ``op``'s :class:`~layerzero.core.opdef.OpDef`, looked up at call time (this package imports no op module:
+    ops import it).
 
     Raises:
         UnknownOperationError: ``op`` is not defined (``layerzero`` was not imported: it defines the ops).
@@ -30,7 +31,8 @@ def eager(op: str) -> Callable[..., Any]:
 
 
 def _layout_str(layout: Any) -> str:
-    """A layout argument (``"BHSD"``, ``Layout.BHSD``, ``KVLayout.NHD``, ...) as the string custom ops take."""
+    """A layout argument (``"BHSD"``, ``Layout.BHSD``, ``KVLayout.NHD``, ...) as the string custom ops
+    take."""
     return layout if isinstance(layout, str) else str(getattr(layout, "value", layout))
 
 
@@ -39,14 +41,15 @@ def _owned(out: torch.Tensor, *inputs: Any) -> torch.Tensor:
     op's tensor arguments and its earlier outputs), laid out contiguously, as every fake implementation here
     allocates it (``x.new_empty(shape)``).
 
-    Inductor plans memory from the schema and the fake outputs: it frees an op's output when its last reader ran,
-    writes later results into it in place (``inplace_buffers``), hands it to another buffer (``allow_buffer_reuse``)
-    and reads it with the fake's strides. An output that is an input (or a view of one) would be freed or
-    overwritten while its input is still live, and one with other strides than the fake's fails Inductor's
-    ``assert_size_stride``. Strides differ for strided inputs unless normalized: SDPA's output follows q's layout
-    (a transposed q gives a non-contiguous output), while ``F.rms_norm`` / ``F.layer_norm`` return contiguous
-    output for a transposed x (the fakes were ``torch.empty_like(x)``, which keeps x's permutation). Costs nothing
-    when the kernel's output is already fresh and contiguous (the common case); else one copy."""
+    Inductor plans memory from the schema and the fake outputs: it frees an op's output when its last reader
+    ran, writes later results into it in place (``inplace_buffers``), hands it to another buffer
+    (``allow_buffer_reuse``) and reads it with the fake's strides. An output that is an input (or a view of
+    one) would be freed or overwritten while its input is still live, and one with other strides than the
+    fake's fails Inductor's ``assert_size_stride``. Strides differ for strided inputs unless normalized:
+    SDPA's output follows q's layout (a transposed q gives a non-contiguous output), while ``F.rms_norm`` /
+    ``F.layer_norm`` return contiguous output for a transposed x (the fakes were ``torch.empty_like(x)``,
+    which keeps x's permutation). Costs nothing when the kernel's output is already fresh and contiguous (the
+    common case); else one copy."""
     if out.numel():
         ptr = out.untyped_storage().data_ptr()
         for t in inputs:

@@ -1,45 +1,48 @@
-"""Backward formulas of the training ops' custom ops (``torch.library.register_autograd``), so a compiled training
-step keeps ``lz.linear``, ``lz.rms_norm`` (plain and with ``residual``), ``lz.swiglu``, ``lz.rope``,
+"""Backward formulas of the training ops' custom ops (``torch.library.register_autograd``), so a compiled
+training step keeps ``lz.linear``, ``lz.rms_norm`` (plain and with ``residual``), ``lz.swiglu``, ``lz.rope``,
 ``lz.attention`` and ``lz.embedding`` as single nodes instead of tracing LayerZero's dispatch as Python (graph
 breaks). Imported by :mod:`layerzero.custom_ops._ops` (trace time only).
 
-The formulas are the textbook ones, written with differentiable torch ops and no Python branch on tensor values, so
-AOTAutograd can trace them:
+The formulas are the textbook ones, written with differentiable torch ops and no Python branch on tensor
+values, so AOTAutograd can trace them:
 
-- linear ``y = x W^T + b``: ``dx = dy W``, ``dW = dy^T x`` (rows flattened), ``db = sum(dy)``, in the inputs' dtype as
-  PyTorch's own linear backward;
+- linear ``y = x W^T + b``: ``dx = dy W``, ``dW = dy^T x`` (rows flattened), ``db = sum(dy)``, in the inputs'
+  dtype as PyTorch's own linear backward;
 - RMSNorm (Zhang & Sennrich 2019) ``y = x r w`` with ``r = (mean(x^2) + eps)^-1/2``: ``x_hat = x r``,
-  ``dw = sum(dy x_hat)``, ``dx = r (g - x_hat mean(g x_hat))`` with ``g = dy w``, in float32, then the inputs' dtype;
-  with ``residual``: ``h = x + residual`` is normalized and also returned, so ``dx = dresidual = dh + dx(h)``;
+  ``dw = sum(dy x_hat)``, ``dx = r (g - x_hat mean(g x_hat))`` with ``g = dy w``, in float32, then the inputs'
+  dtype; with ``residual``: ``h = x + residual`` is normalized and also returned, so
+  ``dx = dresidual = dh + dx(h)``;
 - SwiGLU (Shazeer 2020) ``y = silu(gate) up``: ``dup = dy silu(gate)``,
   ``dgate = dy up s (1 + gate (1 - s))`` with ``s = sigmoid(gate)``, in float32, then the inputs' dtype;
-- RoPE (Su et al. 2021), per position a rotation of the first R dims: ``y_r = x_r cos + P(x_r) sin`` with ``P``
-  ``rotate_half`` (NeoX: ``cat(-x2, x1)``) or ``rotate_every_two`` (GPT-J: ``(x0, x1) -> (-x1, x0)``), dims >= R
-  passed through. ``P`` is a block of 90-degree rotations, so ``P^T = -P`` and ``dx_r = dy_r cos - P(dy_r sin)``,
-  ``dx_pass = dy_pass``; cos/sin are gathered as the reference kernel (``backends/reference/rope.py``) gathers them;
-  float32 (float64 for float64 q), then q's / k's dtype. Learned cos/sin: ``dcos = sum(dy_r x_r)``,
-  ``dsin = sum(dy_r P(x_r))`` over the heads (q's and k's terms added), then back to the table's shape: scatter-added
-  over ``position_ids`` into a ``[max_pos, R]`` table, the first S rows of a table read at positions ``0..S-1``, summed
-  over the batch for a gathered ``[1, S, R]``; in the table's dtype;
-- attention (Vaswani et al. 2017; semantics of ``backends/reference/attention.py``: GQA by consecutive head groups,
-  top-left causal, FlashAttention windows, Gemma 2 soft-cap, bool or additive masks, fully masked rows give 0):
-  without mask, window, soft-cap and ALiBi, the gradients of ``F.scaled_dot_product_attention(q, k, v, is_causal, scale,
-  enable_gqa)`` recomputed under autograd (``torch.autograd.grad``; on CUDA that traces to SDPA's flash /
-  memory-efficient backward, O(S) memory). Otherwise the gradients of the reference kernel itself, recomputed under
-  autograd in float32 (float64 for float64 q): ``P = softmax(Z)``, ``Z = mask(cap(scale q k^T) - slope |i + Sk - Sq -
-  j|)``, so ``dv = P^T dO``, ``dZ = P (dO v^T - rowsum(dO O))``, ``dS = dZ (1 - tanh^2(S / softcap))``, ``dq = scale
-  dS k``, ``dk = scale dS^T q`` (GQA: summed over each KV head's query heads), a float mask's gradient ``dZ`` summed
-  to its shape; one source of truth for the masks, windows, soft-cap, ALiBi and fully masked rows; it materializes
-  ``[B, Hq, Sq, Sk]`` float32 scores. ALiBi slopes (Press et al. 2022) are a constant bias: no gradient for them
-  (``lz.attention`` keeps calls with trainable slopes on the Python path). ``dropout_p > 0`` cannot be recomputed (the forward's dropout mask is not
-  kept): ``lz.attention`` keeps such calls on the Python path when they need gradients, and the formula raises
-  ``InvalidInputError`` if reached;
+- RoPE (Su et al. 2021), per position a rotation of the first R dims: ``y_r = x_r cos + P(x_r) sin`` with
+  ``P`` ``rotate_half`` (NeoX: ``cat(-x2, x1)``) or ``rotate_every_two`` (GPT-J: ``(x0, x1) -> (-x1, x0)``),
+  dims >= R passed through. ``P`` is a block of 90-degree rotations, so ``P^T = -P`` and
+  ``dx_r = dy_r cos - P(dy_r sin)``, ``dx_pass = dy_pass``; cos/sin are gathered as the reference kernel
+  (``backends/reference/rope.py``) gathers them; float32 (float64 for float64 q), then q's / k's dtype.
+  Learned cos/sin: ``dcos = sum(dy_r x_r)``, ``dsin = sum(dy_r P(x_r))`` over the heads (q's and k's terms
+  added), then back to the table's shape: scatter-added over ``position_ids`` into a ``[max_pos, R]`` table,
+  the first S rows of a table read at positions ``0..S-1``, summed over the batch for a gathered
+  ``[1, S, R]``; in the table's dtype;
+- attention (Vaswani et al. 2017; semantics of ``backends/reference/attention.py``: GQA by consecutive head
+  groups, top-left causal, FlashAttention windows, Gemma 2 soft-cap, bool or additive masks, fully masked rows
+  give 0): without mask, window, soft-cap and ALiBi, the gradients of ``F.scaled_dot_product_attention(q, k,
+  v, is_causal, scale, enable_gqa)`` recomputed under autograd (``torch.autograd.grad``; on CUDA that traces
+  to SDPA's flash / memory-efficient backward, O(S) memory). Otherwise the gradients of the reference kernel
+  itself, recomputed under autograd in float32 (float64 for float64 q): ``P = softmax(Z)``, ``Z =
+  mask(cap(scale q k^T) - slope |i + Sk - Sq - j|)``, so ``dv = P^T dO``, ``dZ = P (dO v^T - rowsum(dO
+  O))``, ``dS = dZ (1 - tanh^2(S / softcap))``, ``dq = scale dS k``, ``dk = scale dS^T q`` (GQA: summed over
+  each KV head's query heads), a float mask's gradient ``dZ`` summed to its shape; one source of truth for the
+  masks, windows, soft-cap, ALiBi and fully masked rows; it materializes ``[B, Hq, Sq, Sk]`` float32 scores.
+  ALiBi slopes (Press et al. 2022) are a constant bias: no gradient for them (``lz.attention`` keeps calls
+  with trainable slopes on the Python path). ``dropout_p > 0`` cannot be recomputed (the forward's dropout
+  mask is not kept): ``lz.attention`` keeps such calls on the Python path when they need gradients, and the
+  formula raises ``InvalidInputError`` if reached;
 - embedding ``y = W[ids]``: ``dW = embedding_dense_backward(dy, ids, V, padding_idx)`` (PyTorch's own: rows
   scatter-added, the padding row 0), in W's dtype; no gradient for the ids.
 
 Tests: tests/integration/test_torch_compile_ops.py and tests/integration/test_torch_compile_grad.py (compiled
-training steps: no graph break, gradients equal a float64 oracle within the dtype's tolerance; ``gradcheck`` of each
-formula in float64; opcheck's autograd registration check on each op).
+training steps: no graph break, gradients equal a float64 oracle within the dtype's tolerance; ``gradcheck``
+of each formula in float64; opcheck's autograd registration check on each op).
 """
 
 from __future__ import annotations
@@ -63,15 +66,17 @@ def _optimized() -> bool:
 
 
 def _warn_if_optimized_compile() -> None:
-    """Warn once per process when a backward formula is traced by ``torch.compile`` under ``python -O``: a known,
-    unresolved problem gives wrong query / key gradients for some compiled blocks there (docs/torch_compile.md,
-    "Known problem: python -O"), so such a training step must not run silently."""
+    """Warn once per process when a backward formula is traced by ``torch.compile`` under ``python -O``: a
+    known, unresolved problem gives wrong query / key gradients for some compiled blocks there
+    (docs/torch_compile.md, "Known problem: python -O"), so such a training step must not run silently."""
     if _WARNED or not _optimized() or not torch.compiler.is_compiling():
         return
     _WARNED.append(True)
-    log.warning("torch.compile is tracing LayerZero backward formulas under python -O: compiled training blocks with "
-                "RoPE and attention have given wrong query / key gradients there (an open problem, docs/"
-                "torch_compile.md 'Known problem: python -O'); train without -O or without torch.compile")
+    log.warning(
+        "torch.compile is tracing LayerZero backward formulas under python -O: compiled training blocks with "
+        "RoPE and attention have given wrong query / key gradients there (an open problem, docs/"
+        "torch_compile.md 'Known problem: python -O'); train without -O or without torch.compile"
+    )
 
 
 def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -90,7 +95,9 @@ def _linear_backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
     return dx, dw, db
 
 
-def _rms_grads(h: torch.Tensor, weight: torch.Tensor, eps: float, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _rms_grads(
+    h: torch.Tensor, weight: torch.Tensor, eps: float, dy: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(dh, dweight) of ``rms_norm(h, weight, eps)`` for the output gradient ``dy``, float32 math."""
     hf = h.float()
     r = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
@@ -141,14 +148,16 @@ def _swiglu_backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
 
 
 def _unsupported(op: str, what: str, fix: str) -> InvalidInputError:
-    return InvalidInputError(expected_got(f"torch.ops.layerzero.{op} backward", "a case its formula covers", what, fix))
+    return InvalidInputError(
+        expected_got(f"torch.ops.layerzero.{op} backward", "a case its formula covers", what, fix)
+    )
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-# ---------------------------------------------------------------------------------------------------------- rope
+# ------------------------------------------------------------------------------------------------------- rope
 def _rope_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
     q, k, cos, sin, position_ids, interleaved, layout = inputs
     learned = cos.requires_grad or sin.requires_grad
@@ -158,9 +167,10 @@ def _rope_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, t
 
 
 def _table_grad(g: torch.Tensor, table: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
-    """The gradient of a cos or sin ``table`` from ``g``, that of its gathered form ``[B or 1, S, R]`` (already summed
-    over the heads): scatter-added over ``position_ids`` into a ``[max_pos, R]`` table, the first S rows of a table read
-    at positions ``0..S-1``, summed over the batch for a gathered ``[1, S, R]``; in the table's dtype."""
+    """The gradient of a cos or sin ``table`` from ``g``, that of its gathered form ``[B or 1, S, R]``
+    (already summed over the heads): scatter-added over ``position_ids`` into a ``[max_pos, R]`` table, the
+    first S rows of a table read at positions ``0..S-1``, summed over the batch for a gathered ``[1, S, R]``;
+    in the table's dtype."""
     batch = table.shape[0] if table.dim() == 3 else 1 if position_ids is None else position_ids.shape[0]
     if batch == 1 and g.shape[0] != 1:  # one row of positions or tables broadcast over the batch
         g = g.sum(0, keepdim=True)
@@ -208,9 +218,11 @@ def _rope_backward(ctx: Any, dq: torch.Tensor | None, dk: torch.Tensor | None) -
     return back(dq, ctx.dtypes[0]), back(dk, ctx.dtypes[1]), dcos, dsin, None, None, None
 
 
-# ---------------------------------------------------------------------------------------------------------- attention
+# -------------------------------------------------------------------------------------------------- attention
 def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window_left, window_right, softcap, alibi = inputs
+    q, k, v, attn_mask, is_causal, scale, dropout_p, layout, window_left, window_right, softcap, alibi = (
+        inputs
+    )
     ctx.save_for_backward(q, k, v, attn_mask, alibi)
     ctx.args = (is_causal, scale, dropout_p, layout == "BSHD", window_left, window_right, softcap)
 
@@ -220,14 +232,21 @@ def _attention_backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
     q, k, v, mask, alibi = ctx.saved_tensors
     is_causal, scale, dropout_p, bshd, left, right, softcap = ctx.args
     if dropout_p > 0.0:
-        raise _unsupported("attention", f"dropout_p={dropout_p} with gradients",
-                           "Call lz.attention (it traces calls with dropout that need gradients as Python).")
+        raise _unsupported(
+            "attention",
+            f"dropout_p={dropout_p} with gradients",
+            "Call lz.attention (it traces calls with dropout that need gradients as Python).",
+        )
     need = ctx.needs_input_grad
     if len(need) > 11 and need[11]:
-        raise _unsupported("attention", "alibi_slopes that require grad",
-                           "Call lz.attention (it traces calls with trainable ALiBi slopes as Python).")
+        raise _unsupported(
+            "attention",
+            "alibi_slopes that require grad",
+            "Call lz.attention (it traces calls with trainable ALiBi slopes as Python).",
+        )
     layout = "BSHD" if bshd else "BHSD"
     if mask is None and softcap is None and alibi is None and (left is None or right is None):
+
         def fn(q_: torch.Tensor, k_: torch.Tensor, v_: torch.Tensor, _: Any) -> torch.Tensor:
             qh, kh, vh = (t.transpose(1, 2) for t in (q_, k_, v_)) if bshd else (q_, k_, v_)
             gqa = bool(qh.shape[1] != kh.shape[1])  # a guard on symbolic head counts (static in practice)
@@ -239,18 +258,34 @@ def _attention_backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
         window = None if left is None or right is None else (left, right)
 
         def fn(q_: torch.Tensor, k_: torch.Tensor, v_: torch.Tensor, m_: Any) -> torch.Tensor:
-            return reference(q_, k_, v_, attn_mask=m_, is_causal=is_causal, scale=scale, layout=layout,
-                             window=window, softcap=softcap, alibi_slopes=alibi)
+            return reference(
+                q_,
+                k_,
+                v_,
+                attn_mask=m_,
+                is_causal=is_causal,
+                scale=scale,
+                layout=layout,
+                window=window,
+                softcap=softcap,
+                alibi_slopes=alibi,
+            )
+
     float_mask = mask is not None and mask.is_floating_point()
     grads = _recompute_grads(fn, (q, k, v, mask), (*need[:3], float_mask and need[3]), dout)
-    return (*grads, None, None, None, None, None, None, None, None)[:len(need)]  # 11 or 12 inputs (alibi defaulted)
+    return (*grads, None, None, None, None, None, None, None, None)[
+        : len(need)
+    ]  # 11 or 12 inputs (alibi defaulted)
 
 
-def _recompute_grads(fn: Any, inputs: tuple[Any, ...], need: tuple[bool, ...], dout: torch.Tensor) -> tuple[Any, ...]:
-    """The gradients of ``fn(*inputs)`` for the output gradient ``dout``, recomputing ``fn`` under autograd: one per
-    input, None where ``need`` is False (tensors only). ``fn``: F.scaled_dot_product_attention (its own fused
-    backward) or the reference attention kernel (``backends/reference/attention.py``, whose masks, windows, soft-cap,
-    ALiBi and fully masked rows the forward kernels follow; it materializes ``[B, Hq, Sq, Sk]`` float32 scores)."""
+def _recompute_grads(
+    fn: Any, inputs: tuple[Any, ...], need: tuple[bool, ...], dout: torch.Tensor
+) -> tuple[Any, ...]:
+    """The gradients of ``fn(*inputs)`` for the output gradient ``dout``, recomputing ``fn`` under autograd:
+    one per input, None where ``need`` is False (tensors only). ``fn``: F.scaled_dot_product_attention (its
+    own fused backward) or the reference attention kernel (``backends/reference/attention.py``, whose masks,
+    windows, soft-cap, ALiBi and fully masked rows the forward kernels follow; it materializes
+    ``[B, Hq, Sq, Sk]`` float32 scores)."""
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_() if n else t for t, n in zip(inputs, need, strict=True)]
         wanted = [t for t, n in zip(leaves, need, strict=True) if n]
@@ -260,7 +295,7 @@ def _recompute_grads(fn: Any, inputs: tuple[Any, ...], need: tuple[bool, ...], d
     return tuple(next(got) if n else None for n in need)
 
 
-# ---------------------------------------------------------------------------------------------------------- embedding
+# -------------------------------------------------------------------------------------------------- embedding
 def _embedding_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     input_ids, weight, padding_idx = inputs
     ctx.save_for_backward(input_ids)
@@ -276,11 +311,13 @@ def _embedding_backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
 
 
 def register(ns: str) -> None:
-    """Register the backward formulas of ``ns``'s linear, rms_norm, fused_add_rms_norm, swiglu, rope, attention and
-    embedding ops."""
+    """Register the backward formulas of ``ns``'s linear, rms_norm, fused_add_rms_norm, swiglu, rope,
+    attention and embedding ops."""
     torch.library.register_autograd(f"{ns}::linear", _linear_backward, setup_context=_linear_setup)
     torch.library.register_autograd(f"{ns}::rms_norm", _rms_backward, setup_context=_rms_setup)
-    torch.library.register_autograd(f"{ns}::fused_add_rms_norm", _add_rms_backward, setup_context=_add_rms_setup)
+    torch.library.register_autograd(
+        f"{ns}::fused_add_rms_norm", _add_rms_backward, setup_context=_add_rms_setup
+    )
     torch.library.register_autograd(f"{ns}::swiglu", _swiglu_backward, setup_context=_swiglu_setup)
     torch.library.register_autograd(f"{ns}::rope", _rope_backward, setup_context=_rope_setup)
     torch.library.register_autograd(f"{ns}::attention", _attention_backward, setup_context=_attention_setup)

@@ -18,5 +18,12 @@ from ..core.errors import DistributedMismatchError, DistributedSelectionError
 from .fingerprint import fingerprint
 from .sync import SelectionSync, current, sync_selection, unsync
 
-__all__ = ["DistributedMismatchError", "DistributedSelectionError", "SelectionSync", "current", "fingerprint",
-           "sync_selection", "unsync"]
+__all__ = [
+    "DistributedMismatchError",
+    "DistributedSelectionError",
+    "SelectionSync",
+    "current",
+    "fingerprint",
+    "sync_selection",
+    "unsync",
+]

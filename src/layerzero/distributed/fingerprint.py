@@ -1,8 +1,8 @@
 """What every rank must agree on before rank 0's kernel choices can be used everywhere, and the comparison.
 
-A fingerprint is a flat ``{field: value}`` dict of picklable values: LayerZero, torch, CUDA/HIP and cuDNN versions,
-the default device's model and SM, every registered backend's installed version and availability, and the
-registered kernel ids. :func:`first_mismatch` compares each rank's fingerprint with rank 0's.
+A fingerprint is a flat ``{field: value}`` dict of picklable values: LayerZero, torch, CUDA/HIP and cuDNN
+versions, the default device's model and SM, every registered backend's installed version and availability,
+and the registered kernel ids. :func:`first_mismatch` compares each rank's fingerprint with rank 0's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ __all__ = ["KERNELS", "fingerprint", "first_mismatch", "mismatch_text"]
 KERNELS = "kernels"
 """The field holding the sorted registered kernel ids (compared as sets, reported as a difference)."""
 KIND = "lz.fingerprint"
-"""The ``kind`` field's value: a rank whose collective is another one (its calls are out of step) differs there."""
+"""The ``kind`` field's value: a rank whose collective is another one (its calls are out of step) differs
+there."""
 
 
 def fingerprint(runtime: Runtime, device: torch.device | str | int | None = None) -> dict[str, Any]:
@@ -32,9 +33,10 @@ def fingerprint(runtime: Runtime, device: torch.device | str | int | None = None
             when CUDA is available, else the CPU).
 
     Returns:
-        ``{"kind": "lz.fingerprint", "layerzero", "torch", "cuda", "hip", "cudnn", "device_type", "device", "sm": str,
-        "backend <id> version": str, "backend <id> available": bool, ..., "kernels": tuple[str, ...]}``; the
-        driver version is left out (nodes of one job may run different drivers of one CUDA major).
+        ``{"kind": "lz.fingerprint", "layerzero", "torch", "cuda", "hip", "cudnn", "device_type", "device",
+        "sm": str, "backend <id> version": str, "backend <id> available": bool, ..., "kernels": tuple[str,
+        ...]}``; the driver version is left out (nodes of one job may run different drivers of one CUDA
+        major).
     """
     dev = DeviceSpec.detect(device)
     parts = dev.fingerprint_parts()
@@ -60,7 +62,8 @@ def fingerprint(runtime: Runtime, device: torch.device | str | int | None = None
 
 def first_mismatch(prints: list[dict[str, Any]]) -> tuple[int, str, Any, Any] | None:
     """The first ``(rank, field, rank 0's value, that rank's value)`` where a rank's fingerprint differs from
-    rank 0's (ranks in order, fields in rank 0's order, then fields only that rank has); None when all agree."""
+    rank 0's (ranks in order, fields in rank 0's order, then fields only that rank has); None when all
+    agree."""
     ref = prints[0]
     for rank, fp in enumerate(prints[1:], start=1):
         if not isinstance(fp, dict):

@@ -24,15 +24,18 @@ class Detokenizer:
     """One sequence's text. ``tokenizer``: any tokenizer ``lz.IncrementalDetokenizer`` accepts (the engine
     passes the checkpoint's transformers tokenizer)."""
 
-    def __init__(self, tokenizer: Any, prompt_ids: list[int], stop: tuple[str, ...], skip_special_tokens: bool):
+    def __init__(
+        self, tokenizer: Any, prompt_ids: list[int], stop: tuple[str, ...], skip_special_tokens: bool
+    ):
         self.tokenizer, self.stop, self.skip = tokenizer, stop, skip_special_tokens
         self.text = ""
         self.emitted = 0
         self._stream = lz.IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
         self.vocab = self._stream.vocab_size  # a model's vocabulary may be larger than its tokenizer's
         ctx = [t for t in prompt_ids[-CONTEXT_TOKENS:] if t < self.vocab]
-        self._stream = lz.IncrementalDetokenizer(tokenizer, ctx, skip_special_tokens=skip_special_tokens,
-                                                 context_tokens=CONTEXT_TOKENS)
+        self._stream = lz.IncrementalDetokenizer(
+            tokenizer, ctx, skip_special_tokens=skip_special_tokens, context_tokens=CONTEXT_TOKENS
+        )
 
     def add(self, token_id: int, check_stop: bool) -> str | None:
         """Append a token's text; return the stop string found (the text is then cut before it), else None.
@@ -67,5 +70,5 @@ class Detokenizer:
     def delta(self, finished: bool) -> str:
         """The visible text not returned by an earlier call."""
         end = max(self.visible(finished), self.emitted)
-        piece, self.emitted = self.text[self.emitted:end], end
+        piece, self.emitted = self.text[self.emitted : end], end
         return piece

@@ -23,8 +23,8 @@ def weight_bytes(llm: Any) -> int:
 @torch.no_grad()
 def teacher_forced_logprobs(llm: Any, token_ids: list[int]) -> torch.Tensor:
     """float64 log-softmax ``[T, V]`` of the next token at every position of ``token_ids`` (one prefill of the
-    whole sequence through the engine's model into a scratch KV cache of its own, so the engine's pool and prefix
-    cache are untouched; row t predicts token t + 1).
+    whole sequence through the engine's model into a scratch KV cache of its own, so the engine's pool and
+    prefix cache are untouched; row t predicts token t + 1).
 
     Raises:
         InvalidInputError: an empty sequence.
@@ -35,7 +35,9 @@ def teacher_forced_logprobs(llm: Any, token_ids: list[int]) -> torch.Tensor:
     bs = runner.block_size
     blocks = -(-n // bs)
     scratch = [torch.zeros((blocks, *c.shape[1:]), dtype=c.dtype, device=c.device) for c in runner.kv_caches]
-    batch = build_forward_batch([ScheduledChunk(list(token_ids), 0, n, list(range(blocks)), True)], bs, runner.device)
+    batch = build_forward_batch(
+        [ScheduledChunk(list(token_ids), 0, n, list(range(blocks)), True)], bs, runner.device
+    )
     batch.logits_indices = torch.arange(n, device=runner.device)
     batch.logits_all = True
     return torch.log_softmax(runner.model(batch, scratch).double(), dim=-1)

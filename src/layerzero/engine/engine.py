@@ -35,8 +35,8 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 @dataclass(eq=False)
 class Request:
-    """A request: its prompt and its ``n`` sequences; ``sent_tokens`` counts, per sequence, the output tokens a
-    stream has already yielded; ``error``: why it failed (its sequences then end with ``"error"``).
+    """A request: its prompt and its ``n`` sequences; ``sent_tokens`` counts, per sequence, the output tokens
+    a stream has already yielded; ``error``: why it failed (its sequences then end with ``"error"``).
 
     The object is the request's outbox: whoever runs a step, the tokens land in its sequences, and its owner
     (``generate`` / ``stream`` / a server) reads them from here (:meth:`LLMEngine.output`), never from another
@@ -57,8 +57,8 @@ class Request:
 
 @dataclass(eq=False)
 class _InFlight:
-    """A launched step whose sampled ids are still on their way to the host (async scheduling): the sequences it
-    sampled, in row order, and the draw."""
+    """A launched step whose sampled ids are still on their way to the host (async scheduling): the sequences
+    it sampled, in row order, and the draw."""
 
     sampled: list[Sequence]
     pending: PendingSample
@@ -84,27 +84,44 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.max_model_len = ec.max_model_len or cfg.max_position_embeddings
         if self.max_model_len > cfg.max_position_embeddings:
-            raise bad_config("max_model_len", f"<= the model's max_position_embeddings ({cfg.max_position_embeddings})",
-                             self.max_model_len)
+            raise bad_config(
+                "max_model_len",
+                f"<= the model's max_position_embeddings ({cfg.max_position_embeddings})",
+                self.max_model_len,
+            )
         budget = ec.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
         self.runner = ModelRunner(cfg, ec, self.device, self.dtype, self.max_model_len, budget)
-        self.kv = KVCacheManager(self.runner.num_blocks, ec.block_size, enable_prefix_caching=ec.enable_prefix_caching,
-                                 prefix_cache=ec.prefix_cache)
-        self.scheduler = Scheduler(self.kv, make_policy(ec.scheduling_policy), max_num_seqs=ec.max_num_seqs,
-                                   max_num_batched_tokens=budget)
+        self.kv = KVCacheManager(
+            self.runner.num_blocks,
+            ec.block_size,
+            enable_prefix_caching=ec.enable_prefix_caching,
+            prefix_cache=ec.prefix_cache,
+        )
+        self.scheduler = Scheduler(
+            self.kv,
+            make_policy(ec.scheduling_policy),
+            max_num_seqs=ec.max_num_seqs,
+            max_num_batched_tokens=budget,
+        )
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, self.device, ec.seed)
         self.eos = set(cfg.eos_token_ids)
         gen_eos = getattr(tokenizer, "eos_token_id", None)
         if isinstance(gen_eos, int) and 0 <= gen_eos < cfg.vocab_size:
             self.eos.add(gen_eos)
         elif isinstance(gen_eos, int):  # a tokenizer wider than the model: its EOS can never be sampled
-            log.warning("the tokenizer's eos_token_id %d is outside the model's vocabulary [0, %d): not used as a "
-                        "stop token", gen_eos, cfg.vocab_size)
+            log.warning(
+                "the tokenizer's eos_token_id %d is outside the model's vocabulary [0, %d): not used as a "
+                "stop token",
+                gen_eos,
+                cfg.vocab_size,
+            )
         self.inputs = InputProcessor(tokenizer, cfg.vocab_size, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats(num_kv_blocks=self.runner.num_blocks)
         self._ids = itertools.count()
-        self.async_scheduling = ec.async_scheduling if ec.async_scheduling is not None else self.device.type == "cuda"
+        self.async_scheduling = (
+            ec.async_scheduling if ec.async_scheduling is not None else self.device.type == "cuda"
+        )
         self._inflight: _InFlight | None = None
         self._current: SchedulerOutput | None = None  # the step being run (what a failure rolls back)
         #: Serializes every entry point that reads or changes requests or runs a step (re-entrant): several
@@ -113,14 +130,21 @@ class LLMEngine:
         self._aborts: collections.deque[str] = collections.deque()  # request ids to abort (any thread)
 
     # ------------------------------------------------------------------------------------------ requests
-    def validate(self, prompt: str | list[int], params: SamplingParams, priority: int = 0
-                 ) -> tuple[str | None, list[int]]:
+    def validate(
+        self, prompt: str | list[int], params: SamplingParams, priority: int = 0
+    ) -> tuple[str | None, list[int]]:
         """Every check of one request, nothing queued: (prompt text or None, token ids) for :meth:`enqueue`
         (:meth:`InputProcessor.validate <layerzero.engine.inputs.InputProcessor.validate>`)."""
         return self.inputs.validate(prompt, params, priority)
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams, *, priority: int = 0,
-                    request_id: str | None = None) -> Request:
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        request_id: str | None = None,
+    ) -> Request:
         """Validate and queue one request (``n`` sequences). Nothing is queued when it raises.
 
         Raises:
@@ -129,9 +153,16 @@ class LLMEngine:
         text, ids = self.validate(prompt, params, priority)
         return self.enqueue(text, ids, params, priority, request_id)
 
-    def enqueue(self, text: str | None, ids: list[int], params: SamplingParams, priority: int = 0,
-                request_id: str | None = None) -> Request:
-        """Queue a request whose prompt and parameters :meth:`validate` accepted (``text``/``ids`` as it returned).
+    def enqueue(
+        self,
+        text: str | None,
+        ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        request_id: str | None = None,
+    ) -> Request:
+        """Queue a request whose prompt and parameters :meth:`validate` accepted (``text``/``ids`` as it
+        returned).
 
         Raises:
             InvalidInputError: a duplicate request id (nothing queued).
@@ -139,8 +170,9 @@ class LLMEngine:
         with self.lock:
             return self._enqueue(text, ids, params, int(priority), request_id)
 
-    def _enqueue(self, text: str | None, ids: list[int], params: SamplingParams, priority: int,
-                 request_id: str | None) -> Request:
+    def _enqueue(
+        self, text: str | None, ids: list[int], params: SamplingParams, priority: int, request_id: str | None
+    ) -> Request:
         rid = request_id if request_id is not None else str(next(self._ids))
         if not isinstance(rid, str) or not rid:
             raise bad_input("request_id", "a non-empty string or None", repr(rid))
@@ -149,8 +181,16 @@ class LLMEngine:
         seqs = []
         for i in range(params.n):
             seed = None if params.seed is None else sequence_seed(params.seed, i)
-            seq = Sequence(rid, i, list(ids), len(ids), params, priority=priority, seed=seed,
-                           logprobs=[] if params.logprobs is not None else None)
+            seq = Sequence(
+                rid,
+                i,
+                list(ids),
+                len(ids),
+                params,
+                priority=priority,
+                seed=seed,
+                logprobs=[] if params.logprobs is not None else None,
+            )
             if self.tokenizer is not None:
                 seq.detok = Detokenizer(self.tokenizer, ids, params.stop_strings, params.skip_special_tokens)
             seqs.append(seq)
@@ -161,10 +201,10 @@ class LLMEngine:
         return req
 
     def abort(self, request_id: str) -> bool:
-        """End a request (finish reason ``"abort"``), freeing its blocks, and forget it (a finished request whose
-        output was not read is dropped); False when it is not known. Never waits for a step: while another
-        thread runs one, the abort is queued and applied when that step ends (at the latest when the next one
-        starts); otherwise at once."""
+        """End a request (finish reason ``"abort"``), freeing its blocks, and forget it (a finished request
+        whose output was not read is dropped); False when it is not known. Never waits for a step: while
+        another thread runs one, the abort is queued and applied when that step ends (at the latest when the
+        next one starts); otherwise at once."""
         if request_id not in self.requests:
             return False
         self._aborts.append(request_id)
@@ -187,7 +227,8 @@ class LLMEngine:
                 self._end(req, FinishReason.ABORT)
 
     def _end(self, req: Request, reason: FinishReason) -> None:
-        """Finish ``req``'s unfinished sequences with ``reason`` (their blocks freed; a pending token dropped)."""
+        """Finish ``req``'s unfinished sequences with ``reason`` (their blocks freed; a pending token
+        dropped)."""
         for seq in req.seqs:
             if not seq.finished:
                 seq.pending_index, seq.length_capped = None, False
@@ -211,9 +252,9 @@ class LLMEngine:
 
         A step that raises fails only the requests it concerns: the rows whose sampling raised (each row is
         retried alone to find them), else every request of the step; they end with ``"error"`` (their blocks
-        freed) and the step returns them. The step's other sequences are rolled back (:meth:`_recover`) and run
-        again, so the engine stays usable. A ``BaseException`` (``KeyboardInterrupt``) rolls the step back,
-        fails nothing, and propagates."""
+        freed) and the step returns them. The step's other sequences are rolled back (:meth:`_recover`) and
+        run again, so the engine stays usable. A ``BaseException`` (``KeyboardInterrupt``) rolls the step
+        back, fails nothing, and propagates."""
         with self.lock:
             self._apply_aborts()
             self._current = None
@@ -235,11 +276,11 @@ class LLMEngine:
     def _recover(self, exc: BaseException) -> list[Request]:
         """Undo a step that raised ``exc`` and fail the requests it blames; returns the failed requests.
 
-        Every sequence of the step (and of the launched step whose tokens were still pending) drops its pending
-        token and, if it holds blocks, is preempted: its known tokens are computed again, as after a preemption
-        (seeded and greedy sequences give the same tokens). Blame: ``SamplingError.seqs`` when the sampler
-        found the failing rows, none for a ``BaseException``, else every sequence of the step (or, when the
-        scheduler itself raised, every running one)."""
+        Every sequence of the step (and of the launched step whose tokens were still pending) drops its
+        pending token and, if it holds blocks, is preempted: its known tokens are computed again, as after a
+        preemption (seeded and greedy sequences give the same tokens). Blame: ``SamplingError.seqs`` when the
+        sampler found the failing rows, none for a ``BaseException``, else every sequence of the step (or,
+        when the scheduler itself raised, every running one)."""
         out, prev = self._current, self._inflight
         self._inflight = None
         step = [s for s, _ in out.chunks] if out is not None else list(self.scheduler.running)
@@ -257,20 +298,27 @@ class LLMEngine:
             if seq.status is SequenceStatus.RUNNING:
                 self.scheduler.preempt(seq)
         if failed:
-            log.error("step failed (%s: %s): failed request(s) %s; %d other sequence(s) of the step rolled back",
-                      type(exc).__name__, exc, sorted(failed), len(involved) - sum(len(r.seqs) for r in
-                                                                               failed.values()), exc_info=exc)
+            log.error(
+                "step failed (%s: %s): failed request(s) %s; %d other sequence(s) of the step rolled back",
+                type(exc).__name__,
+                exc,
+                sorted(failed),
+                len(involved) - sum(len(r.seqs) for r in failed.values()),
+                exc_info=exc,
+            )
         return list(failed.values())
 
     def _check_progress(self) -> None:
         """Never spin (called after a step that scheduled nothing and read nothing): an engine with nothing
-        running or in flight must admit a waiting sequence. If it could not (a scheduler defect), the waiting requests fail with
-        ``"error"`` instead of every caller looping forever."""
+        running or in flight must admit a waiting sequence. If it could not (a scheduler defect), the waiting
+        requests fail with ``"error"`` instead of every caller looping forever."""
         sched = self.scheduler
         if sched.waiting and not sched.running and self._inflight is None:
             stuck = {s.request_id: self.requests.get(s.request_id) for s in sched.waiting}
-            err = RuntimeError(f"the scheduler admitted none of {len(sched.waiting)} waiting sequence(s) on an idle "
-                               "engine (a defect: please report it with the engine's options)")
+            err = RuntimeError(
+                f"the scheduler admitted none of {len(sched.waiting)} waiting sequence(s) on an idle "
+                "engine (a defect: please report it with the engine's options)"
+            )
             log.error("%s; failing request(s) %s", err, sorted(stuck))
             for req in stuck.values():
                 if req is not None:
@@ -283,9 +331,9 @@ class LLMEngine:
 
         N+1's sequences whose last token is N's pending draw get its id by a gather on the device (no host
         synchronization). Reading N may end sequences (stop ids, EOS, stop strings) that N+1 already computes:
-        their extra token is dropped, their blocks freed (writes still queued on the stream land before any later
-        step reuses them). A step whose pending sequences have penalties reads N first (penalties need the
-        tokens), and so does nothing else: the tokens are the same as :meth:`_step_sync`'s."""
+        their extra token is dropped, their blocks freed (writes still queued on the stream land before any
+        later step reuses them). A step whose pending sequences have penalties reads N first (penalties need
+        the tokens), and so does nothing else: the tokens are the same as :meth:`_step_sync`'s."""
         touched: dict[str, Request] = {}
         prev = self._inflight
         t0 = time.perf_counter()
@@ -299,8 +347,12 @@ class LLMEngine:
         if out.chunks:
             tables = self.kv.block_tables([s.seq_id for s, _ in out.chunks])
             sampled = [s for s, n in out.chunks if s.num_computed_tokens + n == s.num_tokens]
-            res = self.runner.execute(out.chunks, tables, prev.pending.tokens if prev is not None else None,
-                                      greedy=plain_greedy(sampled))
+            res = self.runner.execute(
+                out.chunks,
+                tables,
+                prev.pending.tokens if prev is not None else None,
+                greedy=plain_greedy(sampled),
+            )
             pending = res.pending if res.pending is not None else self.sampler.launch(res.logits, sampled)
             launched = _InFlight(sampled, pending)
         t2 = time.perf_counter()
@@ -318,8 +370,9 @@ class LLMEngine:
         return self._finish_step(out, appended, touched, (t0, t1, t2, t3, time.perf_counter()))
 
     def _read(self, prev: _InFlight, touched: dict[str, Request]) -> tuple[float, int]:
-        """Wait for ``prev``'s sampled ids and append them (stop checks, text); sequences that ended meanwhile (an
-        abort) are skipped. Returns the time the ids arrived (``time.perf_counter``) and how many were appended."""
+        """Wait for ``prev``'s sampled ids and append them (stop checks, text); sequences that ended meanwhile
+        (an abort) are skipped. Returns the time the ids arrived (``time.perf_counter``) and how many were
+        appended."""
         res = Sampler.resolve(prev.pending)
         t = time.perf_counter()
         for seq in prev.sampled:
@@ -336,7 +389,9 @@ class LLMEngine:
                 continue
             try:
                 self._append(seq, tok, lp, top)
-            except Exception as exc:  # e.g. the tokenizer cannot decode the token: this request fails, not the step
+            except (
+                Exception
+            ) as exc:  # e.g. the tokenizer cannot decode the token: this request fails, not the step
                 log.error("request %s failed appending token %d: %s", seq.request_id, tok, exc, exc_info=exc)
                 self._fail(req, exc)
             appended += 1
@@ -356,21 +411,29 @@ class LLMEngine:
             step = self.runner.execute(out.chunks, tables, greedy=plain_greedy(sampled))
             t2 = time.perf_counter()
             self.scheduler.after_forward(out)
-            res = self.sampler.resolve(step.pending if step.pending is not None else
-                                       self.sampler.launch(step.logits, sampled))
+            res = self.sampler.resolve(
+                step.pending if step.pending is not None else self.sampler.launch(step.logits, sampled)
+            )
             t3 = time.perf_counter()
             appended = self._append_all(sampled, res, touched)
         return self._finish_step(out, appended, touched, (t0, t1, t2, t3, time.perf_counter()))
 
-    def _finish_step(self, out: SchedulerOutput, appended: int, touched: dict[str, Request],
-                     times: tuple[float, float, float, float, float]) -> list[Request]:
-        """Record the step's statistics (``times``: perf_counter at its start and after schedule, forward, sample
-        and append) and return the requests it touched."""
+    def _finish_step(
+        self,
+        out: SchedulerOutput,
+        appended: int,
+        touched: dict[str, Request],
+        times: tuple[float, float, float, float, float],
+    ) -> list[Request]:
+        """Record the step's statistics (``times``: perf_counter at its start and after schedule, forward,
+        sample and append) and return the requests it touched."""
         st = StepStats()
         st.num_preempted, st.num_seqs, st.num_sampled = len(out.preempted), len(out.chunks), appended
         st.num_prefill_tokens = sum(n for _, n in out.chunks if n > 1)
         st.num_decode_tokens = sum(n for _, n in out.chunks if n == 1)
-        st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = (b - a for a, b in itertools.pairwise(times))
+        st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = (
+            b - a for a, b in itertools.pairwise(times)
+        )
         self.stats.record(st, self.kv.usage(), self.kv.stats().hit_rate)
         self.stats.preemptions = self.scheduler.num_preemptions
         self.stats.cascade_steps = self.runner.cascade_steps
@@ -414,8 +477,9 @@ class LLMEngine:
     @staticmethod
     def has_news(req: Request) -> bool:
         """Whether ``req`` finished or has output tokens a delta has not returned yet."""
-        return req.finished or any(len(s.token_ids) - s.num_prompt_tokens > n
-                                   for s, n in zip(req.seqs, req.sent_tokens, strict=True))
+        return req.finished or any(
+            len(s.token_ids) - s.num_prompt_tokens > n for s, n in zip(req.seqs, req.sent_tokens, strict=True)
+        )
 
     def _output(self, req: Request, delta: bool) -> RequestOutput:
         outs = []
@@ -428,11 +492,20 @@ class LLMEngine:
                 text = ""
             start = req.sent_tokens[i] if delta else 0
             lps = None if s.logprobs is None else s.logprobs[start:]
-            outs.append(CompletionOutput(s.index, text, ids[start:], s.cumulative_logprob, lps, reason, s.stop_reason))
+            outs.append(
+                CompletionOutput(s.index, text, ids[start:], s.cumulative_logprob, lps, reason, s.stop_reason)
+            )
             if delta:
                 req.sent_tokens[i] = len(ids)
-        ro = RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished,
-                           max(s.num_cached_tokens for s in req.seqs), req.error)
+        ro = RequestOutput(
+            req.request_id,
+            req.prompt,
+            req.prompt_token_ids,
+            outs,
+            req.finished,
+            max(s.num_cached_tokens for s in req.seqs),
+            req.error,
+        )
         if req.finished and self.requests.get(req.request_id) is req:
             del self.requests[req.request_id]
         return ro

@@ -37,8 +37,14 @@ class InputProcessor:
             where = "prompt token id"
         else:
             raise bad_input("prompt", "a string or a list of token ids", type(prompt).__name__)
-        bad = next((t for t in ids if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral)
-                    or not 0 <= t < v), None)
+        bad = next(
+            (
+                t
+                for t in ids
+                if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral) or not 0 <= t < v
+            ),
+            None,
+        )
         if bad is not None:
             fix = "The tokenizer does not match the model's vocabulary." if text is not None else None
             raise bad_input(where, f"an int in [0, {v})", repr(bad), fix)
@@ -46,8 +52,12 @@ class InputProcessor:
         if not ids:
             raise bad_input("prompt", "at least one token", "an empty prompt")
         if len(ids) > self.max_model_len:
-            raise bad_input("prompt length", f"<= max_model_len ({self.max_model_len}) tokens", len(ids),
-                            "Shorten the prompt or raise max_model_len.")
+            raise bad_input(
+                "prompt length",
+                f"<= max_model_len ({self.max_model_len}) tokens",
+                len(ids),
+                "Shorten the prompt or raise max_model_len.",
+            )
         return text, ids
 
     def _tokenize(self, prompt: str) -> list[int]:
@@ -59,12 +69,18 @@ class InputProcessor:
         try:
             prompt.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise bad_input("prompt", "valid Unicode text (UTF-8 encodable)",
-                            f"{exc.reason} at index {exc.start}", "Remove lone surrogates.") from None
+            raise bad_input(
+                "prompt",
+                "valid Unicode text (UTF-8 encodable)",
+                f"{exc.reason} at index {exc.start}",
+                "Remove lone surrogates.",
+            ) from None
         try:
             return list(self.tokenizer(prompt)["input_ids"])
         except Exception as exc:  # the tokenizer's own error types vary by library
-            raise bad_input("prompt", "text the tokenizer can encode", f"{type(exc).__name__}: {exc}") from exc
+            raise bad_input(
+                "prompt", "text the tokenizer can encode", f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def check(self, params: SamplingParams) -> None:
         """Request-level checks of ``params`` that need the model (vocabulary, a tokenizer for stop strings).
@@ -76,11 +92,16 @@ class InputProcessor:
             raise bad_input("sampling_params", "a SamplingParams", type(params).__name__)
         params.check_vocab(self.vocab_size)
         if params.stop_strings and self.tokenizer is None:
-            raise bad_input("SamplingParams.stop", "no stop strings (this checkpoint has no tokenizer)",
-                            params.stop_strings, "Use stop_token_ids.")
+            raise bad_input(
+                "SamplingParams.stop",
+                "no stop strings (this checkpoint has no tokenizer)",
+                params.stop_strings,
+                "Use stop_token_ids.",
+            )
 
-    def validate(self, prompt: str | list[int], params: SamplingParams, priority: int = 0
-                 ) -> tuple[str | None, list[int]]:
+    def validate(
+        self, prompt: str | list[int], params: SamplingParams, priority: int = 0
+    ) -> tuple[str | None, list[int]]:
         """Every check of one request, nothing queued: (prompt text or None, token ids) for
         ``LLMEngine.enqueue``.
 
@@ -90,5 +111,7 @@ class InputProcessor:
         text_ids = self.encode(prompt)
         self.check(params)
         if isinstance(priority, (bool, np.bool_)) or not isinstance(priority, numbers.Integral):
-            raise bad_input("priority", "an int (lower runs first with scheduling_policy='priority')", repr(priority))
+            raise bad_input(
+                "priority", "an int (lower runs first with scheduling_policy='priority')", repr(priority)
+            )
         return text_ids

@@ -33,62 +33,97 @@ class LLM:
         max_model_len: tokens per sequence (prompt + output); None: the model's max_position_embeddings.
         max_num_seqs: sequences running at once. max_num_batched_tokens: tokens per step (the chunked-prefill
             budget); None: 8192.
-        block_size: tokens per KV block. num_kv_blocks: KV pool size in blocks; None: from free device memory x
-            ``kv_cache_memory_fraction`` on CUDA, ``cpu_kv_cache_bytes`` (1 GiB) on CPU, capped at what
+        block_size: tokens per KV block. num_kv_blocks: KV pool size in blocks; None: from free device memory
+            x ``kv_cache_memory_fraction`` on CUDA, ``cpu_kv_cache_bytes`` (1 GiB) on CPU, capped at what
             ``max_num_seqs`` full-length sequences need.
         enable_prefix_caching: reuse the KV of full blocks shared by prompts; ``prefix_cache``: ``"radix"`` (a
             radix tree, SGLang) or ``"hash"`` (chained block hashes, vLLM).
-        scheduling_policy: ``"fcfs"``, ``"lpm"`` (longest prefix match with aging; requests sharing their first
-            block admitted together) or ``"priority"``.
+        scheduling_policy: ``"fcfs"``, ``"lpm"`` (longest prefix match with aging; requests sharing their
+            first block admitted together) or ``"priority"``.
         enforce_eager: no CUDA graphs. seed: the engine's random stream (requests without their own seed).
-        quantization: None, ``"int8"``, ``"int4"`` or ``"fp8"``: weight-only quantization of the decoder linears
-            (QKV, o_proj, gate/up, down_proj; not the embedding, norms, LM head or MoE experts) at load time;
-            int8 / fp8 e4m3 per output channel, int4 in groups of 128 along in_features; ``"fp8_w8a8"``: the
-            weights as ``"fp8"`` and the activations quantized to e4m3 per token on the fly, one fp8 GEMM
-            (``lz.fp8_linear``; vLLM's fp8) (docs/engine.md).
-        kv_cache_dtype: ``"auto"`` (the model's dtype), ``"fp8"`` (float8 e4m3) or ``"int8"``: the KV pool's dtype
-            (vLLM's option); a quantized pool holds 1 byte per element, so the same memory holds 2x (bf16) or 4x
-            (fp32) the blocks. Per-layer scales: the checkpoint's ``k_scale`` / ``v_scale`` when present, else 1.0
-            for fp8 and, for int8, amax / 127 of the first prefill's K/V per layer (docs/engine.md).
+        quantization: None, ``"int8"``, ``"int4"`` or ``"fp8"``: weight-only quantization of the decoder
+            linears (QKV, o_proj, gate/up, down_proj; not the embedding, norms, LM head or MoE experts) at
+            load time; int8 / fp8 e4m3 per output channel, int4 in groups of 128 along in_features;
+            ``"fp8_w8a8"``: the weights as ``"fp8"`` and the activations quantized to e4m3 per token on the
+            fly, one fp8 GEMM (``lz.fp8_linear``; vLLM's fp8) (docs/engine.md).
+        kv_cache_dtype: ``"auto"`` (the model's dtype), ``"fp8"`` (float8 e4m3) or ``"int8"``: the KV pool's
+            dtype (vLLM's option); a quantized pool holds 1 byte per element, so the same memory holds 2x
+            (bf16) or 4x (fp32) the blocks. Per-layer scales: the checkpoint's ``k_scale`` / ``v_scale`` when
+            present, else 1.0 for fp8 and, for int8, amax / 127 of the first prefill's K/V per layer
+            (docs/engine.md).
         async_scheduling: schedule and launch step N+1 while the device still runs step N (its sampled ids are
             gathered on the device; the host reads them while the next step runs), so the host's per-step work
             overlaps the GPU's (vLLM's ``async_scheduling``, SGLang's overlap scheduler). Stops are then seen
             one step late (the extra token is discarded); steps that sample a penalized sequence wait for the
             previous step first. None: on for CUDA devices, off on CPU. Tokens are the same either way.
-        cascade_attention: run steps whose sequences share prefix blocks (prefix caching) as cascade attention:
-            each group's shared prefix read once for all its members' new tokens, merged with each member's own
-            blocks by log-sum-exp (Ye et al. 2024; FlashInfer's and vLLM's cascade attention); decode steps inside
-            their CUDA graphs, steps with prefill chunks eagerly. None (default): on for CUDA with prefix caching
-            and an unquantized pool, for steps whose shared prefixes save enough reads (``CascadePolicy()``); True:
-            every step with a shared prefix (unquantized KV pools only); False: off. On the H200 the shared-prefix
-            benchmark ran 12.8 s with the defaults, 8.8 s adding ``scheduling_policy="lpm"``, 34.5 s without prefix
-            caching; where nothing is shared it measured within noise (docs/engine.md). Exact attention either way
-            (float rounding aside).
-        freeze_gc: once the engine is built (weights, KV pool, CUDA graphs), ``gc.collect()`` then ``gc.freeze()``:
-            every object alive then (the model, torch, the engine, and the rest of the process) moves to Python's
-            permanent generation, which the cyclic collector never scans, as vLLM does after start-up. On the H200 a
-            full collection of the ~470k objects such a process holds paused the engine ~330 ms once in every
-            shared-prefix run; frozen it is gone. Deleting the ``LLM`` calls ``gc.unfreeze()`` (so the deleted
-            engine's reference cycles can be collected; other live engines are then scanned again). None: on for
-            CUDA devices, off on CPU.
+        cascade_attention: run steps whose sequences share prefix blocks (prefix caching) as cascade
+            attention: each group's shared prefix read once for all its members' new tokens, merged with each
+            member's own blocks by log-sum-exp (Ye et al. 2024; FlashInfer's and vLLM's cascade attention);
+            decode steps inside their CUDA graphs, steps with prefill chunks eagerly. None (default): on for
+            CUDA with prefix caching and an unquantized pool, for steps whose shared prefixes save enough
+            reads (``CascadePolicy()``); True: every step with a shared prefix (unquantized KV pools only);
+            False: off. On the H200 the shared-prefix benchmark ran 12.8 s with the defaults, 8.8 s adding
+            ``scheduling_policy="lpm"``, 34.5 s without prefix caching; where nothing is shared it measured
+            within noise (docs/engine.md). Exact attention either way (float rounding aside).
+        freeze_gc: once the engine is built (weights, KV pool, CUDA graphs), ``gc.collect()`` then
+            ``gc.freeze()``: every object alive then (the model, torch, the engine, and the rest of the
+            process) moves to Python's permanent generation, which the cyclic collector never scans, as vLLM
+            does after start-up. On the H200 a full collection of the ~470k objects such a process holds
+            paused the engine ~330 ms once in every shared-prefix run; frozen it is gone. Deleting the ``LLM``
+            calls ``gc.unfreeze()`` (so the deleted engine's reference cycles can be collected; other live
+            engines are then scanned again). None: on for CUDA devices, off on CPU.
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its
             config, a KV pool too small for one ``max_model_len`` sequence.
     """
 
-    def __init__(self, model: str | Path, *, dtype: torch.dtype | None = None, device: str | None = None,
-                 max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
-                 block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_memory_fraction: float = 0.9,
-                 enable_prefix_caching: bool = True, prefix_cache: str = "radix", scheduling_policy: str = "fcfs",
-                 enforce_eager: bool = False, seed: int = 0, quantization: str | None = None,
-                 kv_cache_dtype: str = "auto", async_scheduling: bool | None = None,
-                 cascade_attention: bool | None = None, freeze_gc: bool | None = None, **kwargs: Any) -> None:
-        ec = EngineConfig(str(model), dtype, device, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
-                          num_kv_blocks, kv_cache_memory_fraction, enable_prefix_caching, prefix_cache,
-                          scheduling_policy, enforce_eager, seed, quantization=quantization,
-                          kv_cache_dtype=kv_cache_dtype, async_scheduling=async_scheduling,
-                          cascade_attention=cascade_attention, freeze_gc=freeze_gc, **kwargs)
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        dtype: torch.dtype | None = None,
+        device: str | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory_fraction: float = 0.9,
+        enable_prefix_caching: bool = True,
+        prefix_cache: str = "radix",
+        scheduling_policy: str = "fcfs",
+        enforce_eager: bool = False,
+        seed: int = 0,
+        quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
+        async_scheduling: bool | None = None,
+        cascade_attention: bool | None = None,
+        freeze_gc: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        ec = EngineConfig(
+            str(model),
+            dtype,
+            device,
+            max_model_len,
+            max_num_seqs,
+            max_num_batched_tokens,
+            block_size,
+            num_kv_blocks,
+            kv_cache_memory_fraction,
+            enable_prefix_caching,
+            prefix_cache,
+            scheduling_policy,
+            enforce_eager,
+            seed,
+            quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
+            async_scheduling=async_scheduling,
+            cascade_attention=cascade_attention,
+            freeze_gc=freeze_gc,
+            **kwargs,
+        )
         self.engine = LLMEngine(ec, load_tokenizer(ec.model))
         if ec.freeze_gc if ec.freeze_gc is not None else self.engine.device.type == "cuda":
             gc.collect()
@@ -102,19 +137,24 @@ class LLM:
         return self.engine.tokenizer
 
     def _add_all(self, prompts: Any, sampling_params: Any, priority: Any) -> list[Request]:
-        """Validate every prompt and parameter first, then queue them all (nothing is queued when one is bad)."""
+        """Validate every prompt and parameter first, then queue them all (nothing is queued when one is
+        bad)."""
         if _is_one_prompt(prompts):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise bad_input("prompts", "a prompt or a non-empty list of prompts (strings or token-id lists)",
-                            repr(prompts)[:80])
+            raise bad_input(
+                "prompts",
+                "a prompt or a non-empty list of prompts (strings or token-id lists)",
+                repr(prompts)[:80],
+            )
         n = len(prompts)
         params = sampling_params if sampling_params is not None else SamplingParams()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * n
         prios = list(priority) if isinstance(priority, (list, tuple)) else [priority or 0] * n
         if len(params) != n or len(prios) != n:
-            raise bad_input("sampling_params / priority", f"one, or one per prompt ({n})",
-                            f"{len(params)} / {len(prios)}")
+            raise bad_input(
+                "sampling_params / priority", f"one, or one per prompt ({n})", f"{len(params)} / {len(prios)}"
+            )
         eng = self.engine
         with eng.lock:
             checked = [eng.validate(p, sp, pr) for p, sp, pr in zip(prompts, params, prios, strict=True)]
@@ -132,18 +172,24 @@ class LLM:
         for req in reqs:
             self.engine.abort(req.request_id)
 
-    def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                 priority: int | Sequence[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: str | list[int] | Sequence[str | list[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        priority: int | Sequence[int] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Generate completions for ``prompts`` (a string, a token-id list or tuple or 1-D integer array, or a
         list of them); returns one :class:`RequestOutput` per prompt, in input order, each with its
         ``request_id``. ``sampling_params``: one for all or one per prompt (default ``SamplingParams()``);
         ``priority``: per prompt with ``scheduling_policy="priority"`` (lower first).
 
-        Safe to call from several threads (and while streams are open): every caller's requests share the steps
-        and each caller collects its own. A request that fails inside a step ends with ``finish_reason="error"``
-        and ``RequestOutput.error``; the others complete. On any exception (``KeyboardInterrupt`` included) the
-        call aborts its own requests, freeing their blocks, and re-raises.
+        Safe to call from several threads (and while streams are open): every caller's requests share the
+        steps and each caller collects its own. A request that fails inside a step ends with
+        ``finish_reason="error"`` and ``RequestOutput.error``; the others complete. On any exception
+        (``KeyboardInterrupt`` included) the call aborts its own requests, freeing their blocks, and
+        re-raises.
 
         Raises:
             InvalidInputError: any bad prompt or parameter (see :class:`SamplingParams`); raised before any
@@ -168,14 +214,15 @@ class LLM:
             if bar is not None:
                 bar.close()
 
-    def stream(self, prompt: str | list[int], sampling_params: SamplingParams | None = None, *,
-               priority: int = 0) -> Iterator[RequestOutput]:
-        """Generate for one prompt, yielding :class:`RequestOutput` deltas: each holds the text and token ids new
-        since the previous yield; the last one has ``finished`` True and the finish reasons. Text that might
-        become a stop string is held back until it is known not to be one. Leaving the loop early (``break``,
-        ``close()``, an exception, the generator collected) aborts the request and frees its KV blocks. Several
-        streams (and ``generate`` calls) may be open at once: each gets its own request's tokens, whichever of
-        them runs the step.
+    def stream(
+        self, prompt: str | list[int], sampling_params: SamplingParams | None = None, *, priority: int = 0
+    ) -> Iterator[RequestOutput]:
+        """Generate for one prompt, yielding :class:`RequestOutput` deltas: each holds the text and token ids
+        new since the previous yield; the last one has ``finished`` True and the finish reasons. Text that
+        might become a stop string is held back until it is known not to be one. Leaving the loop early
+        (``break``, ``close()``, an exception, the generator collected) aborts the request and frees its KV
+        blocks. Several streams (and ``generate`` calls) may be open at once: each gets its own request's
+        tokens, whichever of them runs the step.
 
         Raises:
             InvalidInputError: as :meth:`generate`, before anything is queued.
@@ -199,40 +246,58 @@ class LLM:
 
     def abort(self, request_id: str | Sequence[str]) -> list[str]:
         """Abort requests by id (``RequestOutput.request_id``), from any thread: each ends with
-        ``finish_reason="abort"`` and its blocks are freed; the ``generate`` / ``stream`` waiting for it returns
-        it as aborted. Returns the ids that were known (unknown or already collected ids are ignored)."""
+        ``finish_reason="abort"`` and its blocks are freed; the ``generate`` / ``stream`` waiting for it
+        returns it as aborted. Returns the ids that were known (unknown or already collected ids are
+        ignored)."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         return [rid for rid in ids if self.engine.abort(rid)]
 
-    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-             use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate replies to conversations (``[{"role": ..., "content": ...}, ...]``, or a list of them) with the
-        tokenizer's chat template (transformers' ``apply_chat_template``, generation prompt added).
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations (``[{"role": ..., "content": ...}, ...]``, or a list of them)
+        with the tokenizer's chat template (transformers' ``apply_chat_template``, generation prompt added).
 
         Raises:
-            InvalidInputError: no tokenizer or no chat template; messages that are not a conversation (a list of
-                dicts with string ``role`` and ``content``) or a non-empty list of them; a template that fails on
-                them; bad parameters.
+            InvalidInputError: no tokenizer or no chat template; messages that are not a conversation (a list
+                of dicts with string ``role`` and ``content``) or a non-empty list of them; a template that
+                fails on them; bad parameters.
         """
         tok = self.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
-            raise bad_input("chat", "a checkpoint whose tokenizer has a chat template", "none",
-                            "Use generate() with a formatted prompt.")
+            raise bad_input(
+                "chat",
+                "a checkpoint whose tokenizer has a chat template",
+                "none",
+                "Use generate() with a formatted prompt.",
+            )
         convs = _conversations(messages)
         prompts = []
         for c in convs:
             try:
-                prompts.append(list(tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True,
-                                                            return_dict=True)["input_ids"]))
+                prompts.append(
+                    list(
+                        tok.apply_chat_template(
+                            c, add_generation_prompt=True, tokenize=True, return_dict=True
+                        )["input_ids"]
+                    )
+                )
             except Exception as exc:  # jinja2's and the tokenizer's errors
-                raise bad_input("chat messages", "a conversation the chat template accepts",
-                                f"{type(exc).__name__}: {exc}") from exc
+                raise bad_input(
+                    "chat messages",
+                    "a conversation the chat template accepts",
+                    f"{type(exc).__name__}: {exc}",
+                ) from exc
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def stats(self) -> dict[str, Any]:
-        """Engine statistics: steps, prompt / generated tokens, preemptions, prefix-cache hit rate, KV usage, time
-        per phase (schedule / forward / sample / detokenize, seconds) and the last step (see docs/engine.md)."""
+        """Engine statistics: steps, prompt / generated tokens, preemptions, prefix-cache hit rate, KV usage,
+        time per phase (schedule / forward / sample / detokenize, seconds) and the last step (see
+        docs/engine.md)."""
         return self.engine.stats.as_dict()
 
 
@@ -240,23 +305,38 @@ def _is_one_prompt(prompts: Any) -> bool:
     """A single prompt: text, a 1-D integer array, or a list / tuple of token ids (not of prompts)."""
     if isinstance(prompts, (str, np.ndarray)):
         return True
-    return isinstance(prompts, (list, tuple)) and bool(prompts) and isinstance(prompts[0], (numbers.Integral,
-                                                                                           np.integer))
+    return (
+        isinstance(prompts, (list, tuple))
+        and bool(prompts)
+        and isinstance(prompts[0], (numbers.Integral, np.integer))
+    )
 
 
 def _conversations(messages: Any) -> list[list[dict[str, Any]]]:
     """``messages`` as a list of conversations, each checked to be a non-empty list of message dicts."""
     fix = 'Pass [{"role": "user", "content": "..."}] or a list of such lists.'
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise bad_input("chat messages", "a conversation or a non-empty list of conversations",
-                        repr(messages)[:80], fix)
+        raise bad_input(
+            "chat messages", "a conversation or a non-empty list of conversations", repr(messages)[:80], fix
+        )
     convs = [messages] if isinstance(messages[0], dict) else list(messages)
     for conv in convs:
-        if not isinstance(conv, (list, tuple)) or not conv or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))
-                for m in conv):
-            raise bad_input("chat conversation", "a non-empty list of {'role': str, 'content': str} dicts",
-                            repr(conv)[:80], fix)
+        if (
+            not isinstance(conv, (list, tuple))
+            or not conv
+            or not all(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), (str, list))
+                for m in conv
+            )
+        ):
+            raise bad_input(
+                "chat conversation",
+                "a non-empty list of {'role': str, 'content': str} dicts",
+                repr(conv)[:80],
+                fix,
+            )
     return [list(c) for c in convs]
 
 

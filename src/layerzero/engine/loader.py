@@ -1,7 +1,8 @@
-"""Checkpoint directory -> model weights and tokenizer: ``*.safetensors`` (one file or a sharded index), streamed
-one tensor at a time with ``safetensors`` (no pickle, no remote code), converted to the engine's dtype and device;
-the tokenizer with transformers' ``AutoTokenizer``. Every way a checkpoint can be broken (a truncated or missing
-file, a weight of the wrong dtype or with NaN/Inf) is a ``ConfigurationError`` naming the file."""
+"""Checkpoint directory -> model weights and tokenizer: ``*.safetensors`` (one file or a sharded index),
+streamed one tensor at a time with ``safetensors`` (no pickle, no remote code), converted to the engine's
+dtype and device; the tokenizer with transformers' ``AutoTokenizer``. Every way a checkpoint can be broken (a
+truncated or missing file, a weight of the wrong dtype or with NaN/Inf) is a ``ConfigurationError`` naming the
+file."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from .errors import bad_config
 __all__ = ["WEIGHT_DTYPES", "iter_weights", "load_model_weights", "load_tokenizer", "safetensors_files"]
 
 WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-"""Dtypes a checkpoint tensor may have (each is converted to the engine's dtype); anything else (integers, fp8:
-pre-quantized data needing scales) is refused rather than cast."""
+"""Dtypes a checkpoint tensor may have (each is converted to the engine's dtype); anything else (integers,
+fp8: pre-quantized data needing scales) is refused rather than cast."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-_REDOWNLOAD = "The file is truncated or corrupted (an interrupted download? a git-lfs pointer?): download it again."
+_REDOWNLOAD = (
+    "The file is truncated or corrupted (an interrupted download? a git-lfs pointer?): download it again."
+)
 
 
 def safetensors_files(path: str | Path) -> list[Path]:
@@ -31,61 +34,87 @@ def safetensors_files(path: str | Path) -> list[Path]:
     ``*.safetensors`` in the directory (sorted).
 
     Raises:
-        ConfigurationError: none found (e.g. a ``.bin``-only checkpoint: convert it to safetensors); an index that
-            is not JSON, has no ``weight_map`` of file names, or names a shard that is not in the directory.
+        ConfigurationError: none found (e.g. a ``.bin``-only checkpoint: convert it to safetensors); an index
+            that is not JSON, has no ``weight_map`` of file names, or names a shard that is not in the
+            directory.
     """
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
         wmap = read_json_object(index, "a JSON object with a 'weight_map' (tensor name -> shard file)").get(
-            "weight_map")
+            "weight_map"
+        )
         if not isinstance(wmap, dict) or not wmap or not all(isinstance(f, str) and f for f in wmap.values()):
-            raise bad_config(f"weight_map in {index}", "a non-empty object of tensor name -> shard file name",
-                             repr(wmap)[:80], _REDOWNLOAD)
+            raise bad_config(
+                f"weight_map in {index}",
+                "a non-empty object of tensor name -> shard file name",
+                repr(wmap)[:80],
+                _REDOWNLOAD,
+            )
         files = sorted({path / f for f in wmap.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise bad_config(f"shards named by {index}", "every shard file in the checkpoint directory",
-                             f"{len(missing)} of {len(files)} missing: {missing[:5]}",
-                             "The download is incomplete: download the missing shards.")
+            raise bad_config(
+                f"shards named by {index}",
+                "every shard file in the checkpoint directory",
+                f"{len(missing)} of {len(files)} missing: {missing[:5]}",
+                "The download is incomplete: download the missing shards.",
+            )
     else:
         files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise bad_config("checkpoint weights", "*.safetensors files (or model.safetensors.index.json)",
-                         f"none in {path}", "Pickled .bin checkpoints are not loaded; save with safetensors.")
+        raise bad_config(
+            "checkpoint weights",
+            "*.safetensors files (or model.safetensors.index.json)",
+            f"none in {path}",
+            "Pickled .bin checkpoints are not loaded; save with safetensors.",
+        )
     return files
 
 
 def _open(file: Path) -> Any:
-    """``safe_open`` of ``file`` on the CPU, its errors (truncated, corrupted, unreadable) as ConfigurationError."""
+    """``safe_open`` of ``file`` on the CPU, its errors (truncated, corrupted, unreadable) as
+    ConfigurationError."""
     from safetensors import safe_open
 
     try:
         return safe_open(str(file), framework="pt", device="cpu")
     except Exception as exc:  # safetensors' SafetensorError (not exported under one name), OSError
-        raise bad_config(f"safetensors file {file}", "a complete safetensors file", f"{type(exc).__name__}: {exc}",
-                         _REDOWNLOAD) from exc
+        raise bad_config(
+            f"safetensors file {file}",
+            "a complete safetensors file",
+            f"{type(exc).__name__}: {exc}",
+            _REDOWNLOAD,
+        ) from exc
 
 
 def _tensor(f: Any, name: str, file: Path) -> torch.Tensor:
     try:
         return f.get_tensor(name)
     except Exception as exc:  # as _open
-        raise bad_config(f"tensor {name} of safetensors file {file}", "a readable tensor",
-                         f"{type(exc).__name__}: {exc}", _REDOWNLOAD) from exc
+        raise bad_config(
+            f"tensor {name} of safetensors file {file}",
+            "a readable tensor",
+            f"{type(exc).__name__}: {exc}",
+            _REDOWNLOAD,
+        ) from exc
 
 
 def _tensors(path: str | Path) -> Iterator[tuple[Path, str, torch.Tensor]]:
-    """(file, name, CPU tensor) of every tensor of the checkpoint, dtypes checked (see :func:`iter_weights`)."""
+    """(file, name, CPU tensor) of every tensor of the checkpoint, dtypes checked (see
+    :func:`iter_weights`)."""
     for file in safetensors_files(path):
         with _open(file) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                 tensor = _tensor(f, name, file)
                 if tensor.dtype not in WEIGHT_DTYPES:
-                    raise bad_config(f"tensor {name} of {file}",
-                                     f"a float dtype ({', '.join(str(d) for d in WEIGHT_DTYPES)})", str(tensor.dtype),
-                                     "The engine loads float checkpoints only (no integer or pre-quantized tensors; "
-                                     "LLM(quantization=...) quantizes at load time).")
+                    raise bad_config(
+                        f"tensor {name} of {file}",
+                        f"a float dtype ({', '.join(str(d) for d in WEIGHT_DTYPES)})",
+                        str(tensor.dtype),
+                        "The engine loads float checkpoints only (no integer or pre-quantized tensors; "
+                        "LLM(quantization=...) quantizes at load time).",
+                    )
                 yield file, name, tensor
 
 
@@ -93,8 +122,9 @@ def iter_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, CPU tensor) of every tensor of the checkpoint, one at a time (memory: one tensor).
 
     Raises:
-        ConfigurationError: see :func:`safetensors_files`; a file safetensors cannot read (truncated, corrupted);
-            a tensor whose dtype is not one of :data:`WEIGHT_DTYPES` (names the tensor and the file).
+        ConfigurationError: see :func:`safetensors_files`; a file safetensors cannot read (truncated,
+            corrupted); a tensor whose dtype is not one of :data:`WEIGHT_DTYPES` (names the tensor and the
+            file).
     """
     for _, name, tensor in _tensors(path):
         yield name, tensor
@@ -105,9 +135,12 @@ def _check_finite(path: str | Path) -> None:
     for file, name, t in _tensors(path):
         finite = torch.isfinite(t)
         if not bool(finite.all()):
-            raise bad_config(f"tensor {name} of {file}", "finite values",
-                             f"{int((~finite).sum())} of {t.numel()} non-finite values (NaN/Inf)",
-                             "The checkpoint is corrupted (or was saved after training diverged).")
+            raise bad_config(
+                f"tensor {name} of {file}",
+                "finite values",
+                f"{int((~finite).sum())} of {t.numel()} non-finite values (NaN/Inf)",
+                "The checkpoint is corrupted (or was saved after training diverged).",
+            )
 
 
 @torch.no_grad()
@@ -117,9 +150,9 @@ def load_model_weights(model: nn.Module, path: str | Path) -> None:
     parameter that is not finite then is explained by reading the checkpoint again for NaN/Inf values.
 
     Raises:
-        ConfigurationError: see :func:`iter_weights`; an unknown or mis-shaped tensor; a tensor with NaN/Inf values
-            (names the tensor and the file); parameters the checkpoint did not fill; values that overflow the
-            engine's dtype.
+        ConfigurationError: see :func:`iter_weights`; an unknown or mis-shaped tensor; a tensor with NaN/Inf
+            values (names the tensor and the file); parameters the checkpoint did not fill; values that
+            overflow the engine's dtype.
     """
     for p in model.parameters():
         p.fill_(float("nan"))
@@ -146,11 +179,19 @@ def load_model_weights(model: nn.Module, path: str | Path) -> None:
     _check_finite(path)
     missing = [n for n, p in bad if bool(torch.isnan(p).any())]
     if missing:
-        raise bad_config("checkpoint", "a tensor for every parameter", f"{len(missing)} not (fully) filled: "
-                         f"{missing[:5]}", "The checkpoint is incomplete or of another architecture.")
+        raise bad_config(
+            "checkpoint",
+            "a tensor for every parameter",
+            f"{len(missing)} not (fully) filled: {missing[:5]}",
+            "The checkpoint is incomplete or of another architecture.",
+        )
     dtype = bad[0][1].dtype
-    raise bad_config("checkpoint values", f"finite in {dtype}", f"Inf in {[n for n, _ in bad][:5]} after conversion",
-                     "The checkpoint's values overflow this dtype: load it in float32 or bfloat16.")
+    raise bad_config(
+        "checkpoint values",
+        f"finite in {dtype}",
+        f"Inf in {[n for n, _ in bad][:5]} after conversion",
+        "The checkpoint's values overflow this dtype: load it in float32 or bfloat16.",
+    )
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -161,9 +202,9 @@ def load_tokenizer(path: str | Path) -> Any:
     ``AutoTokenizer`` reads it too, and a broken one would otherwise read as a tokenizer error.
 
     Raises:
-        ConfigurationError: see :meth:`ModelConfig.from_pretrained`; a tokenizer file that is empty or not a JSON
-            object, or tokenizer files transformers / tokenizers cannot load (names the files and the library's
-            error).
+        ConfigurationError: see :meth:`ModelConfig.from_pretrained`; a tokenizer file that is empty or not a
+            JSON object, or tokenizer files transformers / tokenizers cannot load (names the files and the
+            library's error).
     """
     p = Path(path)
     present = [f for f in TOKENIZER_FILES if (p / f).is_file()]
@@ -178,7 +219,12 @@ def load_tokenizer(path: str | Path) -> Any:
 
     try:
         return AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
-    except Exception as exc:  # tokenizers' / transformers' / sentencepiece's errors vary by library and version
-        raise bad_config(f"tokenizer files {present} in {p}", "a tokenizer transformers' AutoTokenizer can load",
-                         f"{type(exc).__name__}: {str(exc)[:300]}",
-                         "The tokenizer files are corrupted or of an unsupported kind: download them again.") from exc
+    except (
+        Exception
+    ) as exc:  # tokenizers' / transformers' / sentencepiece's errors vary by library and version
+        raise bad_config(
+            f"tokenizer files {present} in {p}",
+            "a tokenizer transformers' AutoTokenizer can load",
+            f"{type(exc).__name__}: {str(exc)[:300]}",
+            "The tokenizer files are corrupted or of an unsupported kind: download them again.",
+        ) from exc

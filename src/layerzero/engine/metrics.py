@@ -13,9 +13,9 @@ log = logging.getLogger("layerzero.engine")
 
 @dataclass
 class StepStats:
-    """One step: sequences and tokens in the batch (prefill tokens: chunks of more than one token; decode: one),
-    tokens sampled, time split in seconds of host time (on CUDA, ``forward_s`` is the launch and the wait for the
-    GPU lands in ``sample_s``, whose first device-to-host copy waits for the forward)."""
+    """One step: sequences and tokens in the batch (prefill tokens: chunks of more than one token; decode:
+    one), tokens sampled, time split in seconds of host time (on CUDA, ``forward_s`` is the launch and the
+    wait for the GPU lands in ``sample_s``, whose first device-to-host copy waits for the forward)."""
 
     num_seqs: int = 0
     num_prefill_tokens: int = 0
@@ -31,9 +31,9 @@ class StepStats:
 @dataclass
 class EngineStats:
     """Totals since the engine started plus the last step; ``prefix_hit_rate`` is cached / looked-up prompt
-    tokens, ``kv_usage`` the fraction of KV blocks held by running sequences; ``cascade_steps`` the steps (decode, or with
-    prefill chunks) run as cascade attention and ``cascade_saved_tokens`` the KV tokens (per layer) their shared level did not read
-    again."""
+    tokens, ``kv_usage`` the fraction of KV blocks held by running sequences; ``cascade_steps`` the steps
+    (decode, or with prefill chunks) run as cascade attention and ``cascade_saved_tokens`` the KV tokens (per
+    layer) their shared level did not read again."""
 
     steps: int = 0
     prompt_tokens: int = 0
@@ -45,13 +45,15 @@ class EngineStats:
     num_kv_blocks: int = 0
     cascade_steps: int = 0
     cascade_saved_tokens: int = 0
-    time_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("schedule", "forward", "sample",
-                                                                             "detokenize"), 0.0))
+    time_s: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("schedule", "forward", "sample", "detokenize"), 0.0)
+    )
     last_step: StepStats = field(default_factory=StepStats)
     _last_log: float = field(default_factory=time.monotonic, repr=False)
 
     def record(self, step: StepStats, kv_usage: float, hit_rate: float, log_every_s: float = 5.0) -> None:
-        """Add a step; log a summary line at most every ``log_every_s`` seconds (logger ``layerzero.engine``)."""
+        """Add a step; log a summary line at most every ``log_every_s`` seconds (logger
+        ``layerzero.engine``)."""
         self.steps += 1
         self.prompt_tokens += step.num_prefill_tokens
         self.generation_tokens += step.num_sampled
@@ -62,9 +64,17 @@ class EngineStats:
         now = time.monotonic()
         if now - self._last_log >= log_every_s:
             self._last_log = now
-            log.info("step %d: %d seqs, %d prefill + %d decode tokens, KV %.1f%%, prefix hit %.1f%%, "
-                     "preemptions %d", self.steps, step.num_seqs, step.num_prefill_tokens, step.num_decode_tokens,
-                     100 * kv_usage, 100 * hit_rate, self.preemptions)
+            log.info(
+                "step %d: %d seqs, %d prefill + %d decode tokens, KV %.1f%%, prefix hit %.1f%%, "
+                "preemptions %d",
+                self.steps,
+                step.num_seqs,
+                step.num_prefill_tokens,
+                step.num_decode_tokens,
+                100 * kv_usage,
+                100 * hit_rate,
+                self.preemptions,
+            )
 
     def as_dict(self) -> dict:
         """A plain-dict copy."""

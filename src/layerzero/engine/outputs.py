@@ -10,12 +10,12 @@ __all__ = ["CompletionOutput", "RequestOutput"]
 @dataclass
 class CompletionOutput:
     """One completion: ``text`` and ``token_ids`` (the whole output, or in a streamed delta only what is new
-    since the last one), ``cumulative_logprob`` (sum of the chosen tokens' raw logprobs; 0.0 unless logprobs were
-    requested), ``logprobs`` (per token: {token id: raw logprob} of the top-N and the chosen token; None unless
-    requested), ``finish_reason`` (``"stop"``, ``"length"``, ``"abort"`` (aborted: ``LLM.abort``, a stream left
-    early, an interrupted call), ``"error"`` (failed inside a step; :attr:`RequestOutput.error` says why), or None
-    while running) and ``stop_reason`` (the stop
-    string or stop token id that ended it; None for EOS or length)."""
+    since the last one), ``cumulative_logprob`` (sum of the chosen tokens' raw logprobs; 0.0 unless logprobs
+    were requested), ``logprobs`` (per token: {token id: raw logprob} of the top-N and the chosen token; None
+    unless requested), ``finish_reason`` (``"stop"``, ``"length"``, ``"abort"`` (aborted: ``LLM.abort``, a
+    stream left early, an interrupted call), ``"error"`` (failed inside a step; :attr:`RequestOutput.error`
+    says why), or None while running) and ``stop_reason`` (the stop string or stop token id that ended it;
+    None for EOS or length)."""
 
     index: int
     text: str

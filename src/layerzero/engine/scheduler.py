@@ -1,18 +1,19 @@
 """Continuous batching under one token budget per step, with chunked prefill, admission by free KV blocks and
-preemption by recompute (vLLM v1's unified scheduler: every sequence simply has tokens whose KV is not computed
-yet; decode is the case of one such token; with async scheduling that token may still be pending on the device).
+preemption by recompute (vLLM v1's unified scheduler: every sequence simply has tokens whose KV is not
+computed yet; decode is the case of one such token; with async scheduling that token may still be pending on
+the device).
 
-Each step: running sequences first (in policy order), each gets ``min(uncomputed tokens, budget left)`` tokens;
-when the pool cannot hold them, the policy's victim among the not-yet-scheduled running sequences is preempted
-(its blocks are freed, its full blocks stay in the prefix cache as evictable, its computed count drops to 0 and
-it waits again, keeping its arrival time). Then, if nothing was preempted, waiting sequences are admitted in
-policy order while the budget, ``max_num_seqs`` and the pool (keeping a watermark of free blocks while any
-sequence runs; an idle engine admits up to the whole pool) allow; a
-sequence that does not fit stops admission for this step (no overtaking, so no starvation). A prompt longer than
-the budget is prefilled in chunks over several steps. With prefix caching, the completions of one request
-(``n > 1``) are admitted one first: the others wait until its prompt is computed and then reuse its full blocks.
-Likewise for different requests that share their first block (a prefix group): while a member that found none of
-it cached (a cold member) prefills, the group's other waiting members are skipped, not blocking admission, and are
+Each step: running sequences first (in policy order), each gets ``min(uncomputed tokens, budget left)``
+tokens; when the pool cannot hold them, the policy's victim among the not-yet-scheduled running sequences is
+preempted (its blocks are freed, its full blocks stay in the prefix cache as evictable, its computed count
+drops to 0 and it waits again, keeping its arrival time). Then, if nothing was preempted, waiting sequences
+are admitted in policy order while the budget, ``max_num_seqs`` and the pool (keeping a watermark of free
+blocks while any sequence runs; an idle engine admits up to the whole pool) allow; a sequence that does not
+fit stops admission for this step (no overtaking, so no starvation). A prompt longer than the budget is
+prefilled in chunks over several steps. With prefix caching, the completions of one request (``n > 1``) are
+admitted one first: the others wait until its prompt is computed and then reuse its full blocks. Likewise for
+different requests that share their first block (a prefix group): while a member that found none of it cached
+(a cold member) prefills, the group's other waiting members are skipped, not blocking admission, and are
 admitted once its blocks are cached instead of computing the same prefix in the same step (SGLang's in-batch
 prefix caching check).
 """
@@ -45,8 +46,9 @@ class SchedulerOutput:
 class Scheduler:
     """Waiting and running sequences over one :class:`KVCacheManager`."""
 
-    def __init__(self, kv: KVCacheManager, policy: SchedulingPolicy, *, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> None:
+    def __init__(
+        self, kv: KVCacheManager, policy: SchedulingPolicy, *, max_num_seqs: int, max_num_batched_tokens: int
+    ) -> None:
         self.kv, self.policy = kv, policy
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.waiting: list[Sequence] = []
@@ -63,8 +65,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def preempt(self, seq: Sequence) -> None:
-        """Preempt a running ``seq`` by recompute: its blocks are freed (full ones stay cached), its computed count
-        drops to 0 and it waits again, keeping its arrival time."""
+        """Preempt a running ``seq`` by recompute: its blocks are freed (full ones stay cached), its computed
+        count drops to 0 and it waits again, keeping its arrival time."""
         self.kv.free(seq.seq_id)
         self.running.remove(seq)
         seq.status, seq.num_computed_tokens = SequenceStatus.WAITING, 0
@@ -98,8 +100,9 @@ class Scheduler:
             return out
         if budget <= 0 or len(self.running) >= self.max_num_seqs or not self.waiting:
             return out  # no room: the policy's order (prefix lookups for LPM) is not needed
-        # completions of one request (n > 1) share the prompt, members of a prefix group its first block(s): while
-        # one computes them, the others wait (skipped, not blocking admission) and then find them in the prefix cache
+        # completions of one request (n > 1) share the prompt, members of a prefix group its first block(s):
+        # while one computes them, the others wait (skipped, not blocking admission) and then find them in the
+        # prefix cache
         share = self.kv.enable_prefix_caching
         prefilling: set[Hashable] = set()
         keys: dict[int, Hashable | None] = {}  # seq_id -> prefix key, computed once for this step
@@ -116,7 +119,9 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
             key = keys.get(seq.seq_id)
-            if seq.num_preemptions == 0 and (seq.request_id in prefilling or key is not None and key in prefilling):
+            if seq.num_preemptions == 0 and (
+                seq.request_id in prefilling or key is not None and key in prefilling
+            ):
                 continue
             if seq.num_pending:  # preempted with a token in flight: admitted once its id is known (next step)
                 continue
@@ -145,11 +150,11 @@ class Scheduler:
         return self.kv.get_computed_blocks(seq.token_ids, record=False)[1]
 
     def _prefix_key(self, seq: Sequence) -> Hashable | None:
-        """The prompt's first block of tokens (its prefix group), or None when the prompt has no full block before
-        its last token (nothing of it can be cached)."""
+        """The prompt's first block of tokens (its prefix group), or None when the prompt has no full block
+        before its last token (nothing of it can be cached)."""
         if seq.num_prompt_tokens <= self.kv.block_size:
             return None
-        return ("prefix", *seq.token_ids[:self.kv.block_size])
+        return ("prefix", *seq.token_ids[: self.kv.block_size])
 
     def after_forward(self, out: SchedulerOutput) -> None:
         """Count each chunk's tokens as computed and register the blocks they filled in the prefix cache (a
@@ -172,15 +177,15 @@ class Scheduler:
 
 
 class _WholeGroups:
-    """One step's admission of whole prefix groups (policies with ``whole_groups``, LPM): a group with no running
-    member starts only when the free sequence slots, minus those its running groups' waiting members will take,
-    hold all its waiting members (at most half of ``max_num_seqs``: a larger group starts at half and fills in).
-    Otherwise a wave's slots go to the first members of many groups and each group spreads over several waves, so
-    every decode step holds many groups of few members: cascade attention then reads many prefixes per step (the
-    shared-prefix benchmark: 64 groups x 4 members per step in arrival order, 16 x 16 whole,
-    ``benchmarks/engine/prefix_schedule_sim.py``). Once a new group does not fit, no other new group or request
-    without a prefix key is admitted in the step (only members of running groups, whose slots are booked), so the
-    free slots only grow until it fits: no starvation (an empty batch always admits)."""
+    """One step's admission of whole prefix groups (policies with ``whole_groups``, LPM): a group with no
+    running member starts only when the free sequence slots, minus those its running groups' waiting members
+    will take, hold all its waiting members (at most half of ``max_num_seqs``: a larger group starts at half
+    and fills in). Otherwise a wave's slots go to the first members of many groups and each group spreads over
+    several waves, so every decode step holds many groups of few members: cascade attention then reads many
+    prefixes per step (the shared-prefix benchmark: 64 groups x 4 members per step in arrival order, 16 x 16
+    whole, ``benchmarks/engine/prefix_schedule_sim.py``). Once a new group does not fit, no other new group or
+    request without a prefix key is admitted in the step (only members of running groups, whose slots are
+    booked), so the free slots only grow until it fits: no starvation (an empty batch always admits)."""
 
     def __init__(self, sched: Scheduler, key_of: Callable[[Sequence], Hashable | None]) -> None:
         self.sched = sched
@@ -194,9 +199,9 @@ class _WholeGroups:
         self.blocked = False
 
     def admits(self, key: Hashable | None) -> bool:
-        """Whether a waiting sequence with prefix ``key`` may be admitted now; when it may, its slot (a new group:
-        its waiting members' slots) is booked and the caller admits it (or, out of KV blocks, stops admitting for
-        the step); when not, the caller skips it."""
+        """Whether a waiting sequence with prefix ``key`` may be admitted now; when it may, its slot (a new
+        group: its waiting members' slots) is booked and the caller admits it (or, out of KV blocks, stops
+        admitting for the step); when not, the caller skips it."""
         s = self.sched
         if key is not None and key in self.running:
             self.reserved -= 1  # one of the booked members

@@ -24,9 +24,9 @@ class SequenceStatus(enum.Enum):
 
 
 class FinishReason(str, enum.Enum):
-    """Why generation ended: a stop condition (EOS, stop id, stop string), a length limit, an abort (``abort()``,
-    a stream closed before the end, an interrupted ``generate``) or an error (the request failed inside a step;
-    the request output's ``error`` says why)."""
+    """Why generation ended: a stop condition (EOS, stop id, stop string), a length limit, an abort
+    (``abort()``, a stream closed before the end, an interrupted ``generate``) or an error (the request failed
+    inside a step; the request output's ``error`` says why)."""
 
     STOP = "stop"
     LENGTH = "length"
@@ -41,12 +41,12 @@ class Sequence:
     ``token_ids`` holds prompt then output tokens; ``num_computed_tokens`` of them have their KV in the cache
     (prefix-cache hits included). ``seed`` is the sequence's own random stream (None: the engine's stream).
 
-    With async scheduling a sampled token can be *pending*: drawn on the device, its id not read by the host yet.
-    ``pending_index`` is then its row in the in-flight step's sampled tokens (the next step's input id is gathered
-    from there on the device), and it counts in :attr:`num_tokens` (so the scheduler schedules its decode) but is
-    not in ``token_ids`` (so outputs, stop checks and the prefix cache only ever see known tokens).
-    ``length_capped``: the pending token ends the sequence by length (max_tokens / max_model_len), so it is not
-    scheduled again.
+    With async scheduling a sampled token can be *pending*: drawn on the device, its id not read by the host
+    yet. ``pending_index`` is then its row in the in-flight step's sampled tokens (the next step's input id is
+    gathered from there on the device), and it counts in :attr:`num_tokens` (so the scheduler schedules its
+    decode) but is not in ``token_ids`` (so outputs, stop checks and the prefix cache only ever see known
+    tokens). ``length_capped``: the pending token ends the sequence by length (max_tokens / max_model_len), so
+    it is not scheduled again.
     """
 
     request_id: str
@@ -83,7 +83,7 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         """The generated tokens (a copy)."""
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,10 +1,10 @@
 """The client side of an isolated backend: start the worker, send calls, turn failures into typed errors.
 
 :class:`IsolatedBackend` owns one worker process (started lazily on the first call, under ``python``, with
-``path`` prepended to its ``sys.path``) and one input arena (a shared-memory segment, grown by doubling). A call
-checks every argument against the schema (:mod:`.protocol`) *before* anything is sent, copies the tensors into
-the arena, sends a JSON header on the Unix socket, waits at most ``timeout_s`` for the reply and copies the
-result tensors out of the worker's output arena. Nothing is pickled in either direction.
+``path`` prepended to its ``sys.path``) and one input arena (a shared-memory segment, grown by doubling). A
+call checks every argument against the schema (:mod:`.protocol`) *before* anything is sent, copies the tensors
+into the arena, sends a JSON header on the Unix socket, waits at most ``timeout_s`` for the reply and copies
+the result tensors out of the worker's output arena. Nothing is pickled in either direction.
 
 Failures: a schema violation -> ``InvalidInputError`` (nothing sent); the worker dies (EOF, broken pipe) ->
 ``IsolatedWorkerError`` naming its exit code and the tail of its stderr; no reply within ``timeout_s`` -> the
@@ -60,7 +60,8 @@ class IsolatedBackend:
     """One worker process serving ``"module:function"`` targets (see the module docstring).
 
     Args:
-        python: the interpreter that runs the worker (default ``sys.executable``); it needs torch, not LayerZero.
+        python: the interpreter that runs the worker (default ``sys.executable``); it needs torch, not
+            LayerZero.
         path: directories prepended to the worker's ``sys.path`` (where the target modules live).
         env: the worker's environment (default: this process's).
         timeout_s: longest wait for one call's reply; the worker is killed after it.
@@ -74,12 +75,22 @@ class IsolatedBackend:
     ...     y = b.call("mylib:rms_norm", x, w, 1e-6, None)
     """
 
-    def __init__(self, *, python: str | os.PathLike[str] | None = None, path: Iterable[str | os.PathLike[str]] = (),
-                 env: Mapping[str, str] | None = None, timeout_s: float = 30.0, start_timeout_s: float = 120.0,
-                 restart: bool = True, name: str = "isolated") -> None:
+    def __init__(
+        self,
+        *,
+        python: str | os.PathLike[str] | None = None,
+        path: Iterable[str | os.PathLike[str]] = (),
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 30.0,
+        start_timeout_s: float = 120.0,
+        restart: bool = True,
+        name: str = "isolated",
+    ) -> None:
         for what, v in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise InvalidInputError(f"IsolatedBackend({what}): expected a number of seconds > 0, got {v!r}.")
+                raise InvalidInputError(
+                    f"IsolatedBackend({what}): expected a number of seconds > 0, got {v!r}."
+                )
         self.python = os.fspath(python) if python is not None else sys.executable
         self.path = [os.fspath(p) for p in path]
         self.env = dict(env) if env is not None else None
@@ -128,11 +139,19 @@ class IsolatedBackend:
             for p in self.path:
                 cmd += ["--path", p]
             try:
-                self._proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
-                                              stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+                self._proc = subprocess.Popen(
+                    cmd,
+                    pass_fds=(child.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=self._log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                )
             except OSError as exc:
                 parent.close()
-                raise IsolatedWorkerError(f"isolated backend {self.name!r}: cannot start {self.python!r}: {exc}") from None
+                raise IsolatedWorkerError(
+                    f"isolated backend {self.name!r}: cannot start {self.python!r}: {exc}"
+                ) from None
             finally:
                 child.close()
             self._sock = parent
@@ -156,7 +175,10 @@ class IsolatedBackend:
                 self._reset()
                 raise IsolatedWorkerError(
                     f"isolated backend {self.name!r}: the worker under {self.python!r} did not start ({why}, "
-                    f"{_exit_text(code)}). Its output ends with:\n{tail}", exit_code=code, stderr_tail=tail)
+                    f"{_exit_text(code)}). Its output ends with:\n{tail}",
+                    exit_code=code,
+                    stderr_tail=tail,
+                )
             self.info = {k: msg.get(k) for k in ("pid", "python", "torch")}
             parent.settimeout(self.timeout_s)
 
@@ -210,20 +232,23 @@ class IsolatedBackend:
         self._reset()
         err = IsolatedWorkerError(
             f"isolated backend {self.name!r}: the worker (pid {pid}) {how} during a call to {target!r}: "
-            f"{_exit_text(code)}. " + ("The next call starts a new worker." if self.restart else
-                                      "restart=False: later calls raise.") +
-            (f" Its output ends with:\n{tail}" if tail.strip() else ""), exit_code=code, stderr_tail=tail)
+            f"{_exit_text(code)}. "
+            + ("The next call starts a new worker." if self.restart else "restart=False: later calls raise.")
+            + (f" Its output ends with:\n{tail}" if tail.strip() else ""),
+            exit_code=code,
+            stderr_tail=tail,
+        )
         if not self.restart:
             self._dead = err
         return err
 
     def call(self, target: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``target`` (``"module:function"``) in the worker with ``args``/``kwargs`` and return its result
-        (new tensors, owned by this process).
+        """Call ``target`` (``"module:function"``) in the worker with ``args``/``kwargs`` and return its
+        result (new tensors, owned by this process).
 
         Raises:
-            InvalidInputError: an argument outside the schema (objects, dicts, tensors on devices other than CPU and
-                CUDA, tensors that require grad, ...); nothing was sent.
+            InvalidInputError: an argument outside the schema (objects, dicts, tensors on devices other than
+                CPU and CUDA, tensors that require grad, ...); nothing was sent.
             IsolatedWorkerTimeoutError: no reply within ``timeout_s`` (the worker was killed).
             IsolatedWorkerError: the worker died or could not start, or the kernel raised inside it.
         """
@@ -235,8 +260,10 @@ class IsolatedBackend:
             for k, v in kwargs.items():
                 P.collect(v, tensors, f"kwargs[{k!r}]")
         except P.SchemaError as exc:
-            raise InvalidInputError(f"isolated call to {target!r}: {exc}. Only tensors (CPU, CUDA), None, bool, int, "
-                                    "float, str and tuples/lists of those cross the process boundary.") from None
+            raise InvalidInputError(
+                f"isolated call to {target!r}: {exc}. Only tensors (CPU, CUDA), None, bool, int, "
+                "float, str and tuples/lists of those cross the process boundary."
+            ) from None
         with self._lock:
             if self._dead is not None:
                 raise self._dead
@@ -247,12 +274,20 @@ class IsolatedBackend:
                 if self._arena is not None:
                     self._arena.close()
                 self._arena = P.Segment.create(max(need, 2 * old, 1 << 16), "lzc")
-            place = P.pack(self._arena.tensor, self._arena.name, tensors) if need else P.pack(
-                torch.empty(0, dtype=torch.uint8), "", tensors)
+            place = (
+                P.pack(self._arena.tensor, self._arena.name, tensors)
+                if need
+                else P.pack(torch.empty(0, dtype=torch.uint8), "", tensors)
+            )
             self._next_id += 1
-            msg = {"op": "call", "id": self._next_id, "target": target,
-                   "arena": self._arena.name if self._arena is not None else None,
-                   "args": [P.encode(a, place) for a in args], "kwargs": {k: P.encode(v, place) for k, v in kwargs.items()}}
+            msg = {
+                "op": "call",
+                "id": self._next_id,
+                "target": target,
+                "arena": self._arena.name if self._arena is not None else None,
+                "args": [P.encode(a, place) for a in args],
+                "kwargs": {k: P.encode(v, place) for k, v in kwargs.items()},
+            }
             try:
                 P.send(self._sock, msg)
                 reply = P.recv(self._sock)
@@ -263,16 +298,19 @@ class IsolatedBackend:
                 raise IsolatedWorkerTimeoutError(
                     f"isolated backend {self.name!r}: no reply from the worker (pid {pid}) within timeout_s="
                     f"{self.timeout_s} s for {target!r}; it was killed"
-                    + ("; the next call starts a new one." if self.restart else ".")) from None
+                    + ("; the next call starts a new one." if self.restart else ".")
+                ) from None
             except OSError:
                 raise self._died(target, "closed the connection") from None
             if reply is None:
                 raise self._died(target, "exited")
             if reply.get("op") == "error":
                 raise IsolatedWorkerError(
-                    f"isolated kernel {target!r} raised in the worker: {reply.get('type')}: {reply.get('message')}"
-                    f"\n--- remote traceback ---\n{reply.get('traceback')}",
-                    remote_type=reply.get("type"), remote_traceback=reply.get("traceback"))
+                    f"isolated kernel {target!r} raised in the worker: {reply.get('type')}: "
+                    f"{reply.get('message')}\n--- remote traceback ---\n{reply.get('traceback')}",
+                    remote_type=reply.get("type"),
+                    remote_traceback=reply.get("traceback"),
+                )
             if reply.get("op") != "result" or reply.get("id") != msg["id"]:
                 raise self._died(target, f"sent an unexpected message {str(reply)[:100]!r}")
             try:
@@ -284,7 +322,9 @@ class IsolatedBackend:
         if "ipc" in d:  # the worker's CUDA result: cloned, so it never outlives the worker's allocation
             mapped = P.ipc_tensor(d)
             out = mapped.clone()
-            if mapped.numel():  # the copy must finish before the mapping is dropped (the worker may then reuse it)
+            if (
+                mapped.numel()
+            ):  # the copy must finish before the mapping is dropped (the worker may then reuse it)
                 torch.cuda.current_stream(mapped.device).synchronize()
             return out
         seg = self._outs.get(d["shm"])
@@ -295,7 +335,9 @@ class IsolatedBackend:
         return P.view(seg.tensor, d).clone()
 
     def kernel(self, target: str) -> Callable[..., Any]:
-        """A plain callable forwarding to ``target`` in this worker (what ``register_isolated_kernel`` registers)."""
+        """A plain callable forwarding to ``target`` in this worker (what ``register_isolated_kernel``
+        registers)."""
+
         def isolated(*args: Any, **kwargs: Any) -> Any:
             return self.call(target, *args, **kwargs)
 

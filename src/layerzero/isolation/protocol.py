@@ -18,17 +18,17 @@ Messages (every field listed; anything else is refused):
 
 A value ``v`` is ``None``, a bool, an int, a float (inf/nan allowed), a str, ``{"tuple": [v...]}``,
 ``{"list": [v...]}`` or ``{"tensor": descriptor}``; a descriptor is ``{"shm": segment name, "offset": bytes
-(64-aligned), "shape": [int...], "strides": [int...] (elements), "dtype": one of DTYPES, "device": "cpu"}`` for a
-CPU tensor, or for a CUDA tensor ``{"ipc": handles | null (an empty tensor), "offset": elements into the storage,
-"shape", "strides", "dtype", "device": "cuda:N"}`` with ``handles`` = ``{"handle", "bytes", "storage_offset",
-"ref", "ref_offset", "event", "event_sync"}``: the fields of PyTorch's own CUDA IPC reduction
-(``torch.multiprocessing.reductions.reduce_tensor`` / ``rebuild_cuda_tensor``; byte strings base64-encoded). CUDA
-tensors are shared, not copied: the receiver maps the sender's allocation (``cudaIpcOpenMemHandle``), PyTorch's
-reference counter keeps that allocation alive until the receiver drops its mapping, and the receiver's stream waits
-on an event the sender recorded when it shared the tensor. So a worker writing an input in place writes the
-caller's tensor; results are cloned by the caller (they must not outlive the worker), and the worker synchronizes
-its device before replying. Both processes need a CUDA build of torch with the same IPC reduction (torch >= 1.x
-through 2.13 keep its signature).
+(64-aligned), "shape": [int...], "strides": [int...] (elements), "dtype": one of DTYPES, "device":
+"cpu"}`` for a CPU tensor, or for a CUDA tensor ``{"ipc": handles | null (an empty tensor), "offset": elements
+into the storage, "shape", "strides", "dtype", "device": "cuda:N"}`` with ``handles`` = ``{"handle", "bytes",
+"storage_offset", "ref", "ref_offset", "event", "event_sync"}``: the fields of PyTorch's own CUDA IPC
+reduction (``torch.multiprocessing.reductions.reduce_tensor`` / ``rebuild_cuda_tensor``; byte strings
+base64-encoded). CUDA tensors are shared, not copied: the receiver maps the sender's allocation
+(``cudaIpcOpenMemHandle``), PyTorch's reference counter keeps that allocation alive until the receiver drops
+its mapping, and the receiver's stream waits on an event the sender recorded when it shared the tensor. So a
+worker writing an input in place writes the caller's tensor; results are cloned by the caller (they must not
+outlive the worker), and the worker synchronizes its device before replying. Both processes need a CUDA build
+of torch with the same IPC reduction (torch >= 1.x through 2.13 keep its signature).
 """
 
 from __future__ import annotations
@@ -47,9 +47,22 @@ ALIGN = 64
 _LEN = struct.Struct(">I")
 
 DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name) for name in (
-        "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
-        "complex64", "complex128")}
+    name: getattr(torch, name)
+    for name in (
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+        "complex64",
+        "complex128",
+    )
+}
 """The tensor dtypes the schema carries, by name."""
 _NAMES = {dt: name for name, dt in DTYPES.items()}
 _SCALARS = (bool, int, float, str)
@@ -107,10 +120,14 @@ def check_tensor(t: torch.Tensor, where: str) -> None:
     if t.dtype not in _NAMES:
         raise SchemaError(f"{where}: dtype {t.dtype} is not carried (supported: {sorted(DTYPES)})")
     if t.device.type not in ("cpu", "cuda"):
-        raise SchemaError(f"{where}: device {t.device} is not carried (CPU tensors through shared memory, CUDA "
-                          "tensors through CUDA IPC)")
+        raise SchemaError(
+            f"{where}: device {t.device} is not carried (CPU tensors through shared memory, CUDA "
+            "tensors through CUDA IPC)"
+        )
     if t.requires_grad:
-        raise SchemaError(f"{where}: a tensor that requires grad (autograd does not cross the process boundary)")
+        raise SchemaError(
+            f"{where}: a tensor that requires grad (autograd does not cross the process boundary)"
+        )
 
 
 def collect(value: Any, out: list[torch.Tensor], where: str, depth: int = 0) -> None:
@@ -126,8 +143,10 @@ def collect(value: Any, out: list[torch.Tensor], where: str, depth: int = 0) -> 
         for i, v in enumerate(value):
             collect(v, out, f"{where}[{i}]", depth + 1)
     else:
-        raise SchemaError(f"{where}: {type(value).__name__} is not in the schema (tensors, None, bool, int, float, "
-                          "str, tuples and lists of those)")
+        raise SchemaError(
+            f"{where}: {type(value).__name__} is not in the schema (tensors, None, bool, int, float, "
+            "str, tuples and lists of those)"
+        )
 
 
 def encode(value: Any, place: dict[int, dict[str, Any]]) -> Any:
@@ -146,7 +165,7 @@ def decode(value: Any, tensor_of: Any, depth: int = 0) -> Any:
     if value is None or type(value) in _SCALARS:
         return value
     if isinstance(value, dict) and len(value) == 1:
-        (tag, inner), = value.items()
+        ((tag, inner),) = value.items()
         if tag == "tensor" and isinstance(inner, dict):
             return tensor_of(check_descriptor(inner))
         if tag in ("tuple", "list") and isinstance(inner, list):
@@ -155,25 +174,52 @@ def decode(value: Any, tensor_of: Any, depth: int = 0) -> Any:
     raise SchemaError(f"value {str(value)[:80]!r} is not in the schema")
 
 
-_IPC_FIELDS = {"handle": str, "bytes": int, "storage_offset": int, "ref": str, "ref_offset": int,
-               "event": (str, type(None)), "event_sync": bool}
+_IPC_FIELDS = {
+    "handle": str,
+    "bytes": int,
+    "storage_offset": int,
+    "ref": str,
+    "ref_offset": int,
+    "event": (str, type(None)),
+    "event_sync": bool,
+}
 
 
 def check_descriptor(d: dict[str, Any]) -> dict[str, Any]:
     """``d`` if it is a well-formed CPU or CUDA descriptor (see the module docstring); raises SchemaError."""
-    ok = (isinstance(d.get("shape"), list) and isinstance(d.get("strides"), list)
-          and len(d["shape"]) == len(d["strides"]) and all(type(n) is int and n >= 0 for n in d["shape"] + d["strides"])
-          and d.get("dtype") in DTYPES and type(d.get("offset")) is int and d["offset"] >= 0)
+    ok = (
+        isinstance(d.get("shape"), list)
+        and isinstance(d.get("strides"), list)
+        and len(d["shape"]) == len(d["strides"])
+        and all(type(n) is int and n >= 0 for n in d["shape"] + d["strides"])
+        and d.get("dtype") in DTYPES
+        and type(d.get("offset")) is int
+        and d["offset"] >= 0
+    )
     if ok and "shm" in d:
-        ok = (set(d) == {"shm", "offset", "shape", "strides", "dtype", "device"} and isinstance(d["shm"], str)
-              and d["device"] == "cpu" and d["offset"] % ALIGN == 0)
+        ok = (
+            set(d) == {"shm", "offset", "shape", "strides", "dtype", "device"}
+            and isinstance(d["shm"], str)
+            and d["device"] == "cpu"
+            and d["offset"] % ALIGN == 0
+        )
     elif ok:
         ipc, dev = d.get("ipc"), d.get("device")
-        ok = (set(d) == {"ipc", "offset", "shape", "strides", "dtype", "device"} and isinstance(dev, str)
-              and dev.startswith("cuda:") and dev[5:].isdigit()
-              and (ipc is None or isinstance(ipc, dict) and set(ipc) == set(_IPC_FIELDS)
-                   and all(isinstance(ipc[k], t) and (t is not int or type(ipc[k]) is int and ipc[k] >= 0)
-                           for k, t in _IPC_FIELDS.items())))
+        ok = (
+            set(d) == {"ipc", "offset", "shape", "strides", "dtype", "device"}
+            and isinstance(dev, str)
+            and dev.startswith("cuda:")
+            and dev[5:].isdigit()
+            and (
+                ipc is None
+                or isinstance(ipc, dict)
+                and set(ipc) == set(_IPC_FIELDS)
+                and all(
+                    isinstance(ipc[k], t) and (t is not int or type(ipc[k]) is int and ipc[k] >= 0)
+                    for k, t in _IPC_FIELDS.items()
+                )
+            )
+        )
     if not ok:
         raise SchemaError(f"malformed tensor descriptor {str(d)[:160]}")
     return d
@@ -193,21 +239,51 @@ def _unb64(s: str | None) -> bytes | None:
 
 
 def ipc_descriptor(t: torch.Tensor) -> dict[str, Any]:
-    """The descriptor of CUDA tensor ``t``, shared through PyTorch's CUDA IPC reduction (no copy; see the module
-    docstring). The sender keeps nothing: PyTorch's reference counter keeps the allocation until the receiver
-    drops its mapping."""
-    base = {"offset": 0, "shape": list(t.shape), "strides": list(t.stride()), "dtype": _NAMES[t.dtype],
-            "device": f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"}
+    """The descriptor of CUDA tensor ``t``, shared through PyTorch's CUDA IPC reduction (no copy; see the
+    module docstring). The sender keeps nothing: PyTorch's reference counter keeps the allocation until the
+    receiver drops its mapping."""
+    base = {
+        "offset": 0,
+        "shape": list(t.shape),
+        "strides": list(t.stride()),
+        "dtype": _NAMES[t.dtype],
+        "device": f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}",
+    }
     if t.numel() == 0:
         return {**base, "ipc": None, "strides": [0] * t.dim()}
     from torch.multiprocessing.reductions import reduce_tensor
 
-    (_, size, stride, offset, _, _, device, handle, nbytes, storage_offset, _, ref, ref_offset, event,
-     event_sync) = reduce_tensor(t.detach())[1]
-    return {**base, "offset": int(offset), "device": f"cuda:{int(device)}",
-            "ipc": {"handle": _b64(handle), "bytes": int(nbytes), "storage_offset": int(storage_offset),
-                    "ref": _b64(ref), "ref_offset": int(ref_offset), "event": _b64(event),
-                    "event_sync": bool(event_sync)}}
+    (
+        _,
+        size,
+        stride,
+        offset,
+        _,
+        _,
+        device,
+        handle,
+        nbytes,
+        storage_offset,
+        _,
+        ref,
+        ref_offset,
+        event,
+        event_sync,
+    ) = reduce_tensor(t.detach())[1]
+    return {
+        **base,
+        "offset": int(offset),
+        "device": f"cuda:{int(device)}",
+        "ipc": {
+            "handle": _b64(handle),
+            "bytes": int(nbytes),
+            "storage_offset": int(storage_offset),
+            "ref": _b64(ref),
+            "ref_offset": int(ref_offset),
+            "event": _b64(event),
+            "event_sync": bool(event_sync),
+        },
+    }
 
 
 def ipc_tensor(d: dict[str, Any]) -> torch.Tensor:
@@ -218,15 +294,34 @@ def ipc_tensor(d: dict[str, Any]) -> torch.Tensor:
         return torch.empty(d["shape"], dtype=dtype, device=f"cuda:{device}")
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    return rebuild_cuda_tensor(torch.Tensor, torch.Size(d["shape"]), tuple(d["strides"]), d["offset"],
-                               torch.storage.TypedStorage, dtype, device, _unb64(ipc["handle"]), ipc["bytes"],
-                               ipc["storage_offset"], False, _unb64(ipc["ref"]), ipc["ref_offset"],
-                               _unb64(ipc["event"]), ipc["event_sync"])
+    return rebuild_cuda_tensor(
+        torch.Tensor,
+        torch.Size(d["shape"]),
+        tuple(d["strides"]),
+        d["offset"],
+        torch.storage.TypedStorage,
+        dtype,
+        device,
+        _unb64(ipc["handle"]),
+        ipc["bytes"],
+        ipc["storage_offset"],
+        False,
+        _unb64(ipc["ref"]),
+        ipc["ref_offset"],
+        _unb64(ipc["event"]),
+        ipc["event_sync"],
+    )
 
 
 def descriptor(name: str, offset: int, t: torch.Tensor) -> dict[str, Any]:
-    return {"shm": name, "offset": offset, "shape": list(t.shape), "strides": list(t.stride()),
-            "dtype": _NAMES[t.dtype], "device": "cpu"}
+    return {
+        "shm": name,
+        "offset": offset,
+        "shape": list(t.shape),
+        "strides": list(t.stride()),
+        "dtype": _NAMES[t.dtype],
+        "device": "cpu",
+    }
 
 
 def extent(d: dict[str, Any]) -> int:
@@ -242,11 +337,13 @@ def view(arena: torch.Tensor, d: dict[str, Any]) -> torch.Tensor:
     Raises SchemaError when it does not fit."""
     n = extent(d)
     if d["offset"] + n > arena.numel():
-        raise SchemaError(f"descriptor spans bytes {d['offset']}..{d['offset'] + n} of a {arena.numel()}-byte segment")
+        raise SchemaError(
+            f"descriptor spans bytes {d['offset']}..{d['offset'] + n} of a {arena.numel()}-byte segment"
+        )
     dtype = DTYPES[d["dtype"]]
     if n == 0:
         return torch.empty(d["shape"], dtype=dtype)
-    flat = arena[d["offset"]:d["offset"] + n].view(dtype)
+    flat = arena[d["offset"] : d["offset"] + n].view(dtype)
     return flat.as_strided(d["shape"], d["strides"])
 
 
@@ -262,12 +359,25 @@ def pack(arena: torch.Tensor, name: str, tensors: list[torch.Tensor]) -> dict[in
             place[id(t)] = ipc_descriptor(t)
             continue
         nbytes = t.numel() * t.element_size()
-        dst = arena[offset:offset + nbytes].view(t.dtype).view(t.shape) if nbytes else torch.empty(0, dtype=t.dtype)
+        dst = (
+            arena[offset : offset + nbytes].view(t.dtype).view(t.shape)
+            if nbytes
+            else torch.empty(0, dtype=t.dtype)
+        )
         if nbytes:
             dst.copy_(t)
-        place[id(t)] = descriptor(name, offset, dst) if nbytes else {
-            "shm": name, "offset": 0, "shape": list(t.shape), "strides": [0] * t.dim(), "dtype": _NAMES[t.dtype],
-            "device": "cpu"}
+        place[id(t)] = (
+            descriptor(name, offset, dst)
+            if nbytes
+            else {
+                "shm": name,
+                "offset": 0,
+                "shape": list(t.shape),
+                "strides": [0] * t.dim(),
+                "dtype": _NAMES[t.dtype],
+                "device": "cpu",
+            }
+        )
         offset = align(offset + nbytes)
     return place
 
@@ -292,7 +402,9 @@ class Segment:
 
     def __init__(self, shm: Any, owner: bool) -> None:
         self.shm, self.owner, self.name, self.size = shm, owner, shm.name, shm.size
-        self.tensor = torch.frombuffer(shm.buf, dtype=torch.uint8) if shm.size else torch.empty(0, dtype=torch.uint8)
+        self.tensor = (
+            torch.frombuffer(shm.buf, dtype=torch.uint8) if shm.size else torch.empty(0, dtype=torch.uint8)
+        )
 
     @classmethod
     def create(cls, size: int, prefix: str) -> Segment:

@@ -2,17 +2,17 @@
 
 Started by :class:`layerzero.isolation.client.IsolatedBackend` under any Python interpreter that has torch
 (another venv's, built for another torch, is the point); it needs neither LayerZero nor anything but the
-standard library, torch and :mod:`protocol` (loaded from this file's directory by path). It serves calls on the
-inherited Unix socket ``N`` one at a time until the client sends ``shutdown`` or closes the socket:
+standard library, torch and :mod:`protocol` (loaded from this file's directory by path). It serves calls on
+the inherited Unix socket ``N`` one at a time until the client sends ``shutdown`` or closes the socket:
 
 1. attach the client's input arena (a shared-memory segment, re-attached only when its name changes) and view
    the CPU argument tensors in it (zero-copy); map the CUDA ones from the client's allocations (CUDA IPC);
 2. import ``module`` and look ``function`` up for the call's ``"module:function"`` target (cached), call it
    under ``torch.no_grad()``;
-3. copy the result's CPU tensors into the worker's own output arena (grown by doubling, a new segment each time),
-   share its CUDA ones (CUDA IPC; the client clones them), synchronize the device when any CUDA tensor took part
-   (so the client sees in-place writes and finished results), and reply with their descriptors; an exception is
-   replied as its type name, message and traceback text.
+3. copy the result's CPU tensors into the worker's own output arena (grown by doubling, a new segment each
+   time), share its CUDA ones (CUDA IPC; the client clones them), synchronize the device when any CUDA tensor
+   took part (so the client sees in-place writes and finished results), and reply with their descriptors; an
+   exception is replied as its type name, message and traceback text.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ else:  # run as a script under another interpreter: load the sibling module by p
         sys.path.pop(0)  # this directory's client.py/protocol.py must not shadow the target's imports
 
     _spec = importlib.util.spec_from_file_location(
-        "_layerzero_isolation_protocol", os.path.join(os.path.dirname(os.path.abspath(__file__)), "protocol.py"))
+        "_layerzero_isolation_protocol",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "protocol.py"),
+    )
     P = importlib.util.module_from_spec(_spec)
     sys.modules[_spec.name] = P
     _spec.loader.exec_module(P)
@@ -74,8 +76,12 @@ class Worker:
         return self.inp.tensor
 
     def call(self, msg: dict[str, Any]) -> dict[str, Any]:
-        if set(msg) != {"op", "id", "target", "arena", "args", "kwargs"} or not isinstance(msg["args"], list) \
-                or not isinstance(msg["kwargs"], dict) or not isinstance(msg["target"], str):
+        if (
+            set(msg) != {"op", "id", "target", "arena", "args", "kwargs"}
+            or not isinstance(msg["args"], list)
+            or not isinstance(msg["kwargs"], dict)
+            or not isinstance(msg["target"], str)
+        ):
             raise P.SchemaError(f"malformed call message with fields {sorted(msg)}")
 
         mapped: list[torch.Tensor] = []  # the client's CUDA tensors (CUDA IPC), at any nesting depth
@@ -93,10 +99,13 @@ class Worker:
             result = fn(*args, **kwargs)
         tensors: list[torch.Tensor] = []
         P.collect(result, tensors, "result")
-        # A result on the client's own memory (an input returned, or a view of one) cannot be shared back: CUDA IPC
-        # refuses to re-export a received allocation. It goes back as a copy, as every result does on the client.
+        # A result on the client's own memory (an input returned, or a view of one) cannot be shared back:
+        # CUDA IPC refuses to re-export a received allocation. It goes back as a copy, as every result does on
+        # the client.
         borrowed = {m.untyped_storage().data_ptr() for m in mapped if m.numel()}
-        copies = {id(t): t.clone() for t in tensors if t.is_cuda and t.untyped_storage().data_ptr() in borrowed}
+        copies = {
+            id(t): t.clone() for t in tensors if t.is_cuda and t.untyped_storage().data_ptr() in borrowed
+        }
         if mapped or any(t.is_cuda for t in tensors):
             torch.cuda.synchronize()  # in-place writes to the client's tensors and the results are complete
         need = P.nbytes_needed(tensors)
@@ -118,8 +127,13 @@ class Worker:
                     raise P.SchemaError(f"unknown op {msg['op']!r}")
                 reply = self.call(msg)
             except Exception as exc:  # noqa: BLE001 - every failure goes back as text; the worker keeps serving
-                reply = {"op": "error", "id": msg.get("id"), "type": type(exc).__name__, "message": str(exc),
-                         "traceback": traceback.format_exc()}
+                reply = {
+                    "op": "error",
+                    "id": msg.get("id"),
+                    "type": type(exc).__name__,
+                    "message": str(exc),
+                    "traceback": traceback.format_exc(),
+                }
             P.send(self.sock, reply)
 
     def close(self) -> None:
@@ -136,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     for p in reversed(ns.path):
         sys.path.insert(0, p)
     sock = socket.socket(fileno=ns.fd)
-    P.send(sock, {"op": "ready", "pid": os.getpid(), "python": sys.version.split()[0], "torch": torch.__version__})
+    P.send(
+        sock,
+        {"op": "ready", "pid": os.getpid(), "python": sys.version.split()[0], "torch": torch.__version__},
+    )
     worker = Worker(sock)
     try:
         worker.serve()

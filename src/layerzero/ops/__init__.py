@@ -2,9 +2,10 @@
 dispatch runtime, and defines its op(s) once as :class:`~layerzero.core.opdef.OpDef` values (``OPDEFS``).
 
 Importing this package imports every module of it (adding an op is one new module here plus its kernels) and
-derives every list of ops from the OpDefs: :data:`OPERATION_SPECS` (what the registry holds), :data:`OPS` (op id ->
-``(prepare, context)`` for ``lz.select`` / ``lz.explain`` / ``lz.which``) and ``__all__`` (each op's public
-function, re-exported by ``layerzero``), plus the KV-cache helpers of :mod:`.kv_cache`, which are no op.
+derives every list of ops from the OpDefs: :data:`OPERATION_SPECS` (what the registry holds), :data:`OPS` (op
+id -> ``(prepare, context)`` for ``lz.select`` / ``lz.explain`` / ``lz.which``) and ``__all__`` (each op's
+public function, re-exported by ``layerzero``), plus the KV-cache helpers of :mod:`.kv_cache`, which are no
+op.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ globals().update(_PUBLIC)
 
 
 def register_builtin(registry: Any) -> None:
-    """Add every op's :class:`~layerzero.core.specs.OperationSpec` and the built-in backends to ``registry`` (a
-    :class:`~layerzero.core.registry.KernelRegistry`; the loader of :data:`layerzero.core.runtime.RUNTIME`)."""
+    """Add every op's :class:`~layerzero.core.specs.OperationSpec` and the built-in backends to ``registry``
+    (a :class:`~layerzero.core.registry.KernelRegistry`; the loader of
+    :data:`layerzero.core.runtime.RUNTIME`)."""
     from layerzero.backends import register_builtin as _backends
 
     for spec in OPERATION_SPECS:

@@ -35,14 +35,17 @@ def stream_capturing() -> bool:
     return _capturing() or _as_captured()
 
 
-_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+_capturing = (
+    getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+)
 _as_captured = AS_CAPTURED.get
 
 
 def exact_device(t: _Tensor, *others: _Tensor | None) -> int | None:
-    """The device of ``t`` as the ops' exact keys hold it (``Runtime.run_hot``): -1 for the CPU, the index for CUDA;
-    None when one of ``others`` (None entries skipped) is elsewhere or ``t`` is on another device type (such calls
-    take the full checks). Bool attributes and ints: cheaper than ``torch.device`` objects and their comparisons."""
+    """The device of ``t`` as the ops' exact keys hold it (``Runtime.run_hot``): -1 for the CPU, the index for
+    CUDA; None when one of ``others`` (None entries skipped) is elsewhere or ``t`` is on another device type
+    (such calls take the full checks). Bool attributes and ints: cheaper than ``torch.device`` objects and
+    their comparisons."""
     if t.is_cpu:
         for o in others:
             if o is not None and not o.is_cpu:
@@ -58,11 +61,11 @@ def exact_device(t: _Tensor, *others: _Tensor | None) -> int | None:
 
 
 def tensors_exact_key(op: str, tensors: tuple[Any, ...], *extra: Any) -> tuple[Any, ...] | None:
-    """An exact key (``Runtime.run_hot``) from every input's dtype, shape and strides (None for an absent optional
-    input), ``extra`` facts as given (scalars the checks read), the device as -1 (CPU) or the CUDA index and the
-    per-call flags (autograd, determinism, capture, scope): for ops whose checks read nothing else of their tensors.
-    None (the full path) when an input is not a plain tensor or the inputs are not on one CPU or CUDA device;
-    ``tensors[0]`` must be given."""
+    """An exact key (``Runtime.run_hot``) from every input's dtype, shape and strides (None for an absent
+    optional input), ``extra`` facts as given (scalars the checks read), the device as -1 (CPU) or the CUDA
+    index and the per-call flags (autograd, determinism, capture, scope): for ops whose checks read nothing
+    else of their tensors. None (the full path) when an input is not a plain tensor or the inputs are not on
+    one CPU or CUDA device; ``tensors[0]`` must be given."""
     for t in tensors:
         if t is not None and t.__class__ is not _Tensor:
             return None
@@ -72,8 +75,16 @@ def tensors_exact_key(op: str, tensors: tuple[Any, ...], *extra: Any) -> tuple[A
     facts = tuple(None if t is None else (t.dtype, t.shape, t.stride()) for t in tensors)
     grad = is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     layers = scope_layers()
-    return (op, dev, facts, *extra, grad, deterministic_enabled(), dev >= 0 and stream_capturing(),
-            scope_token_of(layers) if layers else ())
+    return (
+        op,
+        dev,
+        facts,
+        *extra,
+        grad,
+        deterministic_enabled(),
+        dev >= 0 and stream_capturing(),
+        scope_token_of(layers) if layers else (),
+    )
 
 
 def device_spec(device: torch.device) -> DeviceSpec:
@@ -91,8 +102,13 @@ def check_tensor(op: str, name: str, t: Any, ndim: int | tuple[int, ...] | None 
     if not isinstance(t, _Tensor):
         raise fail(op, name, "a torch.Tensor", type(t).__name__)
     if t.dtype not in FLOAT_DTYPES:
-        raise fail(op, f"{name}.dtype", "one of float32/float64/float16/bfloat16", t.dtype,
-                   f"Cast {name} with {name}.float() or .to(torch.bfloat16).")
+        raise fail(
+            op,
+            f"{name}.dtype",
+            "one of float32/float64/float16/bfloat16",
+            t.dtype,
+            f"Cast {name} with {name}.float() or .to(torch.bfloat16).",
+        )
     if ndim is not None:
         ok = t.dim() == ndim if isinstance(ndim, int) else t.dim() in ndim
         if not ok:
@@ -102,11 +118,21 @@ def check_tensor(op: str, name: str, t: Any, ndim: int | tuple[int, ...] | None 
 def check_same(op: str, ref_name: str, ref: _Tensor, name: str, t: _Tensor, *, dtype: bool = True) -> None:
     """``t`` is on ``ref``'s device (and has its dtype when ``dtype``)."""
     if t.device != ref.device:
-        raise fail(op, f"{name}.device", f"{ref.device} (like {ref_name})", t.device,
-                   f"Move it with {name}.to({ref_name}.device).")
+        raise fail(
+            op,
+            f"{name}.device",
+            f"{ref.device} (like {ref_name})",
+            t.device,
+            f"Move it with {name}.to({ref_name}.device).",
+        )
     if dtype and t.dtype != ref.dtype:
-        raise fail(op, f"{name}.dtype", f"{ref.dtype} (like {ref_name})", t.dtype,
-                   f"Cast it with {name}.to({ref_name}.dtype).")
+        raise fail(
+            op,
+            f"{name}.dtype",
+            f"{ref.dtype} (like {ref_name})",
+            t.dtype,
+            f"Cast it with {name}.to({ref_name}.dtype).",
+        )
 
 
 def check_eps(op: str, eps: Any) -> float:
@@ -118,8 +144,12 @@ def check_eps(op: str, eps: Any) -> float:
 
 def check_temperature(op: str, temperature: Any) -> float:
     """``temperature`` is a finite number >= 0 (0 = greedy)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(
-            temperature) or temperature < 0:
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
         raise fail(op, "temperature", "a finite float >= 0 (0 means greedy)", repr(temperature))
     return float(temperature)
 
@@ -133,18 +163,23 @@ def flags(t: _Tensor, *tensors: _Tensor | None) -> tuple[bool, bool, bool, bool]
     return grad, deterministic_enabled(), t.is_cuda and stream_capturing(), stride
 
 
-
 INT_DTYPES = frozenset({torch.int64, torch.int32})
 
 
-def check_rows(op: str, name: str, t: Any, logits: _Tensor, dtypes: frozenset[torch.dtype], dtype_text: str,
-               cast: str) -> None:
+def check_rows(
+    op: str, name: str, t: Any, logits: _Tensor, dtypes: frozenset[torch.dtype], dtype_text: str, cast: str
+) -> None:
     """``t`` is a per-row tensor ``[B]`` (one value per row of ``logits`` ``[B, V]``) of one of ``dtypes``, on
     logits' device; ``cast`` names the dtype the fix suggests (``"torch.float32"``)."""
     batch = logits.shape[0]
     if not isinstance(t, _Tensor):
-        raise fail(op, name, f"a {dtype_text} tensor [B] or None", type(t).__name__,
-                   f"Pass one value per row, e.g. torch.full(({batch},), value, dtype={cast}).")
+        raise fail(
+            op,
+            name,
+            f"a {dtype_text} tensor [B] or None",
+            type(t).__name__,
+            f"Pass one value per row, e.g. torch.full(({batch},), value, dtype={cast}).",
+        )
     if t.dtype not in dtypes:
         raise fail(op, f"{name}.dtype", dtype_text, t.dtype, f"Cast it with {name}.to({cast}).")
     if t.dim() != 1 or t.shape[0] != batch:
@@ -153,25 +188,37 @@ def check_rows(op: str, name: str, t: Any, logits: _Tensor, dtypes: frozenset[to
 
 
 def check_ids(op: str, name: str, t: Any, logits: _Tensor) -> None:
-    """``t`` is an int64/int32 token-id tensor ``[B, L]`` (L >= 0) on logits' device; on the CPU its values are
-    in ``[0, V]`` (V, the vocabulary size, pads ragged rows)."""
+    """``t`` is an int64/int32 token-id tensor ``[B, L]`` (L >= 0) on logits' device; on the CPU its values
+    are in ``[0, V]`` (V, the vocabulary size, pads ragged rows)."""
     batch, vocab = logits.shape
     if not isinstance(t, _Tensor):
         raise fail(op, name, "an int64/int32 tensor [B, L]", type(t).__name__)
     if t.dtype not in INT_DTYPES:
         raise fail(op, f"{name}.dtype", "int64 or int32", t.dtype, f"Cast it with {name}.long().")
     if t.dim() != 2 or t.shape[0] != batch:
-        raise fail(op, f"{name} shape", f"[B, L] with B = {batch} (like logits)", list(t.shape),
-                   f"Right-pad ragged rows with the vocabulary size {vocab}; L = 0 is allowed.")
+        raise fail(
+            op,
+            f"{name} shape",
+            f"[B, L] with B = {batch} (like logits)",
+            list(t.shape),
+            f"Right-pad ragged rows with the vocabulary size {vocab}; L = 0 is allowed.",
+        )
     check_same(op, "logits", logits, name, t, dtype=False)
-    check_cpu_values(op, name, t, lambda x: (x >= 0) & (x <= vocab), f"token ids in [0, {vocab}] ({vocab} = padding)",
-                     f"Right-pad ragged rows with the vocabulary size {vocab}.")
+    check_cpu_values(
+        op,
+        name,
+        t,
+        lambda x: (x >= 0) & (x <= vocab),
+        f"token ids in [0, {vocab}] ({vocab} = padding)",
+        f"Right-pad ragged rows with the vocabulary size {vocab}.",
+    )
 
 
-def check_cpu_values(op: str, name: str, t: _Tensor, ok: Callable[[_Tensor], _Tensor], expected: str,
-                     fix: str | None = None) -> None:
-    """On a CPU tensor ``t``, raise for the first element where the elementwise check ``ok(t)`` is False. Tensors
-    on other devices are not checked: reading their values would synchronize with the device."""
+def check_cpu_values(
+    op: str, name: str, t: _Tensor, ok: Callable[[_Tensor], _Tensor], expected: str, fix: str | None = None
+) -> None:
+    """On a CPU tensor ``t``, raise for the first element where the elementwise check ``ok(t)`` is False.
+    Tensors on other devices are not checked: reading their values would synchronize with the device."""
     if t.device.type != "cpu" or t.numel() == 0:
         return
     good = ok(t)
@@ -183,11 +230,12 @@ def check_cpu_values(op: str, name: str, t: _Tensor, ok: Callable[[_Tensor], _Te
 
 
 def inference_only(*tensors: Any) -> bool:
-    """True when no autograd graph is being recorded through ``tensors`` (grad mode off, or none requires grad):
-    under ``torch.compile`` / ``torch.export`` an op whose custom op has no backward formula becomes a
-    ``torch.ops.layerzero`` node only for such calls (``layerzero/custom_ops/_ops.py``), and calls that need gradients are
-    traced as Python. The ops with formulas (``layerzero/custom_ops/_grad.py``: linear, rms_norm, swiglu, rope,
-    attention, embedding) ask it only for the inputs their formula does not differentiate."""
+    """True when no autograd graph is being recorded through ``tensors`` (grad mode off, or none requires
+    grad): under ``torch.compile`` / ``torch.export`` an op whose custom op has no backward formula becomes a
+    ``torch.ops.layerzero`` node only for such calls (``layerzero/custom_ops/_ops.py``), and calls that need
+    gradients are traced as Python. The ops with formulas (``layerzero/custom_ops/_grad.py``: linear,
+    rms_norm, swiglu, rope, attention, embedding) ask it only for the inputs their formula does not
+    differentiate."""
     if not torch.is_grad_enabled():
         return True
     return not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)

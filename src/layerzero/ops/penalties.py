@@ -47,13 +47,25 @@ class PenaltyKey(NamedTuple):
 
 def context(key: PenaltyKey) -> SelectionContext:
     """The :class:`SelectionContext` of an ``lz.apply_penalties`` cache key."""
-    return SelectionContext(op=key.op, device=device_spec(key.device), dtype=key.dtype, vocab_size=key.vocab_size,
-                            deterministic=key.deterministic, graph_capture=key.capture)
+    return SelectionContext(
+        op=key.op,
+        device=device_spec(key.device),
+        dtype=key.dtype,
+        vocab_size=key.vocab_size,
+        deterministic=key.deterministic,
+        graph_capture=key.capture,
+    )
 
 
-def prepare(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output_token_ids: torch.Tensor, *,
-            repetition_penalty: torch.Tensor | None = None, presence_penalty: torch.Tensor | None = None,
-            frequency_penalty: torch.Tensor | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def prepare(
+    logits: torch.Tensor,
+    prompt_token_ids: torch.Tensor,
+    output_token_ids: torch.Tensor,
+    *,
+    repetition_penalty: torch.Tensor | None = None,
+    presence_penalty: torch.Tensor | None = None,
+    frequency_penalty: torch.Tensor | None = None,
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Validate ``lz.apply_penalties`` inputs; return (cache key, canonical kernel args ``(logits,
     prompt_token_ids, output_token_ids, repetition_penalty, presence_penalty, frequency_penalty)``)."""
     check_tensor(OP, "logits", logits, 2)
@@ -63,40 +75,73 @@ def prepare(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output_token_i
     check_ids(OP, "output_token_ids", output_token_ids, logits)
     if repetition_penalty is not None:
         check_rows(OP, "repetition_penalty", repetition_penalty, logits, _F32, "float32", "torch.float32")
-        check_cpu_values(OP, "repetition_penalty", repetition_penalty, lambda r: torch.isfinite(r) & (r > 0),
-                         "finite values > 0 (1: off)", "Use 1.0 to leave a row unpenalized.")
+        check_cpu_values(
+            OP,
+            "repetition_penalty",
+            repetition_penalty,
+            lambda r: torch.isfinite(r) & (r > 0),
+            "finite values > 0 (1: off)",
+            "Use 1.0 to leave a row unpenalized.",
+        )
     for name, t in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
         if t is not None:
             check_rows(OP, name, t, logits, _F32, "float32", "torch.float32")
-            check_cpu_values(OP, name, t, torch.isfinite, "finite values (0: off)",
-                             "Use 0.0 to leave a row unpenalized.")
+            check_cpu_values(
+                OP, name, t, torch.isfinite, "finite values (0: off)", "Use 0.0 to leave a row unpenalized."
+            )
     capture = logits.is_cuda and stream_capturing()
-    key = PenaltyKey(OP, logits.device, logits.dtype, logits.shape[1], repetition_penalty is not None,
-                     presence_penalty is not None, frequency_penalty is not None,
-                     torch.are_deterministic_algorithms_enabled(), capture, scope_token())
-    return key, (logits, prompt_token_ids, output_token_ids, repetition_penalty, presence_penalty,
-                 frequency_penalty)
+    key = PenaltyKey(
+        OP,
+        logits.device,
+        logits.dtype,
+        logits.shape[1],
+        repetition_penalty is not None,
+        presence_penalty is not None,
+        frequency_penalty is not None,
+        torch.are_deterministic_algorithms_enabled(),
+        capture,
+        scope_token(),
+    )
+    return key, (
+        logits,
+        prompt_token_ids,
+        output_token_ids,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+    )
 
 
-SPEC = OperationSpec(OP, "repetition, presence and frequency penalties on logits",
-                     ("logits", "prompt_token_ids", "output_token_ids"), "reference.apply_penalties")
+SPEC = OperationSpec(
+    OP,
+    "repetition, presence and frequency penalties on logits",
+    ("logits", "prompt_token_ids", "output_token_ids"),
+    "reference.apply_penalties",
+)
 
 
-def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output_token_ids: torch.Tensor, *,
-                    repetition_penalty: torch.Tensor | None = None, presence_penalty: torch.Tensor | None = None,
-                    frequency_penalty: torch.Tensor | None = None) -> torch.Tensor:
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_token_ids: torch.Tensor,
+    output_token_ids: torch.Tensor,
+    *,
+    repetition_penalty: torch.Tensor | None = None,
+    presence_penalty: torch.Tensor | None = None,
+    frequency_penalty: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Penalize tokens a request has already seen (the logits processors of a serving engine, vLLM's order).
 
     Shapes: logits ``[B, V]`` (B rows, V vocabulary), any float dtype; ``prompt_token_ids`` ``[B, Lp]`` and
-    ``output_token_ids`` ``[B, Lo]`` int64/int32, ragged rows right-padded with V (ignored), Lp or Lo may be 0;
-    penalties ``[B]`` float32 on logits' device, or None (off for every row) -> a new ``[B, V]`` tensor in logits'
-    dtype (computed in float32, float64 for float64; logits are not modified).
+    ``output_token_ids`` ``[B, Lo]`` int64/int32, ragged rows right-padded with V (ignored), Lp or Lo may be
+    0; penalties ``[B]`` float32 on logits' device, or None (off for every row) -> a new ``[B, V]`` tensor in
+    logits' dtype (computed in float32, float64 for float64; logits are not modified).
 
-    1. ``repetition_penalty`` r > 0 (CTRL, Keskar et al. 2019; Hugging Face ``RepetitionPenaltyLogitsProcessor``):
-       for every token in the prompt *or* the output, ``logit > 0 -> logit / r``, else ``logit * r``; r = 1 is off.
-    2. ``frequency_penalty`` f and ``presence_penalty`` p (OpenAI API semantics, as vLLM): over *output* tokens
-       only, ``logit -= f * count + p * (count > 0)``; 0 is off. OpenAI documents [-2, 2]; any finite value is
-       accepted here.
+    1. ``repetition_penalty`` r > 0 (CTRL, Keskar et al. 2019; Hugging Face
+       ``RepetitionPenaltyLogitsProcessor``): for every token in the prompt *or* the output,
+       ``logit > 0 -> logit / r``, else ``logit * r``; r = 1 is off.
+    2. ``frequency_penalty`` f and ``presence_penalty`` p (OpenAI API semantics, as vLLM): over *output*
+       tokens only, ``logit -= f * count + p * (count > 0)``; 0 is off. OpenAI documents [-2, 2]; any finite
+       value is accepted here.
 
     Values are checked on CPU tensors only (token ids in ``[0, V]``, repetition finite > 0, presence and
     frequency finite); on CUDA that would synchronize, so out-of-range values there are the caller's
@@ -104,7 +149,8 @@ def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output
 
     Raises:
         InvalidInputError: logits not a 2-D float tensor or empty; token ids not int64/int32 ``[B, L]`` on
-            logits' device; a penalty not a float32 ``[B]`` tensor on logits' device; a CPU value out of range.
+            logits' device; a penalty not a float32 ``[B]`` tensor on logits' device; a CPU value out of
+            range.
 
     >>> import torch, layerzero as lz
     >>> logits = torch.tensor([[2.0, -1.0, 3.0, 0.5]])
@@ -113,14 +159,40 @@ def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output
     tensor([[ 1.0000, -2.1000,  3.0000,  0.0500]])
     """
     if (is_dynamo_compiling() or is_exporting()) and inference_only(logits):  # torch.compile, torch.export
-        return traced("apply_penalties")(logits, prompt_token_ids, output_token_ids, repetition_penalty,
-                                       presence_penalty, frequency_penalty)
-    key, args = prepare(logits, prompt_token_ids, output_token_ids, repetition_penalty=repetition_penalty,
-                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
+        return traced("apply_penalties")(
+            logits,
+            prompt_token_ids,
+            output_token_ids,
+            repetition_penalty,
+            presence_penalty,
+            frequency_penalty,
+        )
+    key, args = prepare(
+        logits,
+        prompt_token_ids,
+        output_token_ids,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+    )
     return RUNTIME.run(key, context, args)
 
 
 # the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
 OPDEFS = define(
-    OpDef(SPEC, apply_penalties, prepare, context, kernel_args=('logits', 'prompt_token_ids', 'output_token_ids', 'repetition_penalty', 'presence_penalty', 'frequency_penalty'), custom_ops=('apply_penalties',)),
+    OpDef(
+        SPEC,
+        apply_penalties,
+        prepare,
+        context,
+        kernel_args=(
+            "logits",
+            "prompt_token_ids",
+            "output_token_ids",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+        ),
+        custom_ops=("apply_penalties",),
+    ),
 )

@@ -1,9 +1,10 @@
-"""``lz.rms_norm_linear``: RMSNorm (optionally after adding the residual) followed by a linear projection, in one
-call: a pre-norm transformer's ``input_layernorm -> qkv_proj`` and ``post_attention_layernorm -> gate_up_proj``.
+"""``lz.rms_norm_linear``: RMSNorm (optionally after adding the residual) followed by a linear projection, in
+one call: a pre-norm transformer's ``input_layernorm -> qkv_proj`` and
+``post_attention_layernorm -> gate_up_proj``.
 
-Why one op: in a decode step the norm is a kernel of its own whose output only the next GEMM reads; fused into the
-GEMM's prologue (``triton.rms_norm_linear``) a decode layer runs two kernels fewer, and a CUDA graph's kernels are
-each a few µs of mostly fixed latency at batch 1 (``benchmarks/results/engine/h200/``)."""
+Why one op: in a decode step the norm is a kernel of its own whose output only the next GEMM reads; fused into
+the GEMM's prologue (``triton.rms_norm_linear``) a decode layer runs two kernels fewer, and a CUDA graph's
+kernels are each a few µs of mostly fixed latency at batch 1 (``benchmarks/results/engine/h200/``)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ OP = "rms_norm_linear"
 
 
 class RmsNormLinearKey(NamedTuple):
-    """The selection-cache key of one ``lz.rms_norm_linear`` call: as ``lz.linear``'s (``rows`` exact up to 16,
-    ``in_features`` K, ``out_features`` N), plus ``fused_residual``."""
+    """The selection-cache key of one ``lz.rms_norm_linear`` call: as ``lz.linear``'s (``rows`` exact up to
+    16, ``in_features`` K, ``out_features`` N), plus ``fused_residual``."""
 
     op: str
     device: torch.device
@@ -58,8 +59,15 @@ class RmsNormLinearKey(NamedTuple):
     scope: tuple[Any, ...]
 
 
-def prepare(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-            eps: float = 1e-6, residual: torch.Tensor | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def prepare(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Validate ``lz.rms_norm_linear`` inputs; return (cache key, canonical kernel args
     ``(x, norm_weight, weight, bias, residual, eps)``).
 
@@ -83,49 +91,83 @@ def prepare(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, bi
     stride = contiguous or all(t.stride(-1) == 1 for t in tensors)
     grad = is_grad_enabled() and any(t.requires_grad for t in tensors)
     layers = scope_layers()
-    key = RmsNormLinearKey(OP, x.device, x.dtype, rows_key(x.numel() // k), k, n, bias is not None,
-                           residual is not None, stride, contiguous, grad, deterministic_enabled(),
-                           x.is_cuda and stream_capturing(), scope_token_of(layers) if layers else ())
+    key = RmsNormLinearKey(
+        OP,
+        x.device,
+        x.dtype,
+        rows_key(x.numel() // k),
+        k,
+        n,
+        bias is not None,
+        residual is not None,
+        stride,
+        contiguous,
+        grad,
+        deterministic_enabled(),
+        x.is_cuda and stream_capturing(),
+        scope_token_of(layers) if layers else (),
+    )
     return key, (x, norm_weight, weight, bias, residual, eps)
 
 
 def context(key: RmsNormLinearKey) -> SelectionContext:
     """The :class:`SelectionContext` of a cache key: ``batch`` = rows M, ``hidden_size`` = K,
     ``intermediate_size`` = N, ``has_bias``, ``fused_residual``."""
-    return SelectionContext(op=OP, device=device_spec(key.device), dtype=key.dtype, batch=key.rows,
-                            hidden_size=key.in_features, intermediate_size=key.out_features, has_bias=key.has_bias,
-                            fused_residual=key.fused_residual, stride_last_1=key.stride_last_1,
-                            contiguous=key.contiguous, requires_grad=key.requires_grad,
-                            deterministic=key.deterministic, graph_capture=key.capture)
+    return SelectionContext(
+        op=OP,
+        device=device_spec(key.device),
+        dtype=key.dtype,
+        batch=key.rows,
+        hidden_size=key.in_features,
+        intermediate_size=key.out_features,
+        has_bias=key.has_bias,
+        fused_residual=key.fused_residual,
+        stride_last_1=key.stride_last_1,
+        contiguous=key.contiguous,
+        requires_grad=key.requires_grad,
+        deterministic=key.deterministic,
+        graph_capture=key.capture,
+    )
 
 
-SPEC = OperationSpec(OP, "RMSNorm (+ fused residual add) then a linear projection (pre-norm block's norm -> GEMM)",
-                     ("x", "norm_weight", "weight", "bias", "residual"), "reference.rms_norm_linear",
-                     key_type=RmsNormLinearKey)
+SPEC = OperationSpec(
+    OP,
+    "RMSNorm (+ fused residual add) then a linear projection (pre-norm block's norm -> GEMM)",
+    ("x", "norm_weight", "weight", "bias", "residual"),
+    "reference.rms_norm_linear",
+    key_type=RmsNormLinearKey,
+)
 
 
-def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
-                    bias: torch.Tensor | None = None, *, eps: float = 1e-6, residual: torch.Tensor | None = None
-                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """``lz.linear(lz.rms_norm(x, norm_weight, eps), weight, bias)`` in one call (RMSNorm: Zhang & Sennrich 2019);
-    with ``residual``, ``h = x + residual`` is normalized instead and ``(y, h)`` returned, as
-    ``lz.rms_norm(x, norm_weight, eps, residual=residual)`` returns the new residual stream (vLLM's fused add +
-    RMSNorm, then the projection).
+def rms_norm_linear(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``lz.linear(lz.rms_norm(x, norm_weight, eps), weight, bias)`` in one call (RMSNorm: Zhang & Sennrich
+    2019); with ``residual``, ``h = x + residual`` is normalized instead and ``(y, h)`` returned, as
+    ``lz.rms_norm(x, norm_weight, eps, residual=residual)`` returns the new residual stream (vLLM's fused
+    add + RMSNorm, then the projection).
 
     Shapes (M rows = the product of x's leading dims, K hidden size, N out_features): ``x`` ``[..., K]``,
     ``norm_weight`` ``[K]``, ``weight`` ``[N, K]`` (``torch.nn.Linear``'s layout), ``bias`` ``[N]`` or None,
-    ``residual`` like x or None -> y ``[..., N]`` (and h ``[..., K]``), new tensors in x's dtype. All inputs share
-    one dtype (float32/float64/float16/bfloat16) and device. ``eps`` (unitless, > 0) is added to the mean square.
+    ``residual`` like x or None -> y ``[..., N]`` (and h ``[..., K]``), new tensors in x's dtype. All inputs
+    share one dtype (float32/float64/float16/bfloat16) and device. ``eps`` (unitless, > 0) is added to the
+    mean square.
 
     Rounding: h rounded to x's dtype (a model's residual stream) and the normalized row rounded to x's dtype
     before the projection, as the two-op form stores it; ``reference`` and ``triton`` round the normalized row
     before the weight multiply too (``reference.rms_norm(cast_before_weight=True)``, Hugging Face
-    ``LlamaRMSNorm``), ``torch_native`` is ``F.rms_norm`` then ``F.linear`` bit for bit. The projection accumulates
-    in float32 (float64 for float64) and rounds once.
+    ``LlamaRMSNorm``), ``torch_native`` is ``F.rms_norm`` then ``F.linear`` bit for bit. The projection
+    accumulates in float32 (float64 for float64) and rounds once.
 
-    Kernels: ``triton.rms_norm_linear`` (CUDA fp16/bf16, decode rows: 1, 2 for N <= 4096, up to 4 for N <= 2048;
-    K <= 4096; the norm in the prologue of ``triton.gemv``'s prefetch kernel: one launch instead of two),
-    ``torch_native.rms_norm_linear`` (the norm, then ``F.linear``; the default elsewhere),
+    Kernels: ``triton.rms_norm_linear`` (CUDA fp16/bf16, decode rows: 1, 2 for N <= 4096, up to 4 for N <=
+    2048; K <= 4096; the norm in the prologue of ``triton.gemv``'s prefetch kernel: one launch instead of
+    two), ``torch_native.rms_norm_linear`` (the norm, then ``F.linear``; the default elsewhere),
     ``reference.rms_norm_linear`` (float32 math, the oracle).
 
     Raises:
@@ -152,12 +194,14 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Te
     return RUNTIME.run(key, context, args, hot_key)
 
 
-def _exact_key(x: Any, norm_weight: Any, weight: Any, bias: Any, residual: Any, eps: Any) -> tuple[Any, ...] | None:
-    """The exact key of a call (``Runtime.run_hot``, as ``lz.linear``'s): every input's dtype, shape and strides (None
-    for an absent bias / residual), ``eps`` as given, the device and the per-call flags
-    (:func:`~._common.tensors_exact_key`). Only calls that passed every check of :func:`prepare` file it, and every
-    fact those checks read is in it, so a hit skips them. None (the full path) for anything but plain tensors on one
-    CPU or CUDA device and a float eps."""
+def _exact_key(
+    x: Any, norm_weight: Any, weight: Any, bias: Any, residual: Any, eps: Any
+) -> tuple[Any, ...] | None:
+    """The exact key of a call (``Runtime.run_hot``, as ``lz.linear``'s): every input's dtype, shape and
+    strides (None for an absent bias / residual), ``eps`` as given, the device and the per-call flags
+    (:func:`~._common.tensors_exact_key`). Only calls that passed every check of :func:`prepare` file it, and
+    every fact those checks read is in it, so a hit skips them. None (the full path) for anything but plain
+    tensors on one CPU or CUDA device and a float eps."""
     if eps.__class__ is not float:
         return None
     return tensors_exact_key(OP, (x, norm_weight, weight, bias, residual), eps)
@@ -165,5 +209,12 @@ def _exact_key(x: Any, norm_weight: Any, weight: Any, bias: Any, residual: Any, 
 
 # the op(s) of this module, defined once (layerzero.core.opdef): every list of ops is derived from these
 OPDEFS = define(
-    OpDef(SPEC, rms_norm_linear, prepare, context, kernel_args=('x', 'norm_weight', 'weight', 'bias', 'residual', 'eps'), custom_ops=('rms_norm_linear',)),
+    OpDef(
+        SPEC,
+        rms_norm_linear,
+        prepare,
+        context,
+        kernel_args=("x", "norm_weight", "weight", "bias", "residual", "eps"),
+        custom_ops=("rms_norm_linear",),
+    ),
 )

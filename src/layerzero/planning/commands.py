@@ -1,9 +1,10 @@
 """``layerzero solve | dry-run | readiness``: the planning subcommands of the ``layerzero`` CLI (``cli.py``).
 
-- ``layerzero solve --manifest FILE.json --out TABLE.json [--device cuda]``: solve the manifest, write the table,
-  print it.
-- ``layerzero dry-run --manifest FILE.json`` or ``layerzero dry-run module:function``: print what would run where
-  (the function is imported and called with no arguments inside ``lz.dry_run``; it builds its own inputs).
+- ``layerzero solve --manifest FILE.json --out TABLE.json [--device cuda]``: solve the manifest, write the
+  table, print it.
+- ``layerzero dry-run --manifest FILE.json`` or ``layerzero dry-run module:function``: print what would run
+  where (the function is imported and called with no arguments inside ``lz.dry_run``; it builds its own
+  inputs).
 - ``layerzero readiness [--table TABLE.json] [--json]``: exit code 0 when ready, 1 when not.
 """
 
@@ -30,11 +31,15 @@ def _cmd_solve(ns: argparse.Namespace) -> int:
 def _target(spec: str) -> Any:
     mod, _, name = spec.partition(":")
     if not mod or not name:
-        raise ConfigurationError(f"layerzero dry-run: expected --manifest FILE.json or module:function, got {spec!r}.")
+        raise ConfigurationError(
+            f"layerzero dry-run: expected --manifest FILE.json or module:function, got {spec!r}."
+        )
     try:
         return getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"layerzero dry-run: cannot load {spec!r} ({type(exc).__name__}: {exc}).") from None
+        raise ConfigurationError(
+            f"layerzero dry-run: cannot load {spec!r} ({type(exc).__name__}: {exc})."
+        ) from None
 
 
 def _cmd_dry_run(ns: argparse.Namespace) -> int:

@@ -1,16 +1,16 @@
 """``lz.dry_run(fn, *example_inputs)``: what would run where, without running any kernel.
 
-Inside the dry run every ``lz`` op call is *recorded* instead of executed: the op checks its inputs and builds its
-key as usual, then the runtime selects (through the compiled table or the distributed coordinator when one is
-set, without filling the selection cache) and records ``(op, shapes, kernel, why)``. The op's output is shaped by
-running the op's *reference* kernel on ``torch.device("meta")`` copies of the arguments (no data, no compute) and
-returned as zeros of that shape on the inputs' device, so the function can go on. Only when the reference cannot
-run on meta tensors is the chosen kernel run on the real inputs (the row says ``ran=True``).
+Inside the dry run every ``lz`` op call is *recorded* instead of executed: the op checks its inputs and builds
+its key as usual, then the runtime selects (through the compiled table or the distributed coordinator when one
+is set, without filling the selection cache) and records ``(op, shapes, kernel, why)``. The op's output is
+shaped by running the op's *reference* kernel on ``torch.device("meta")`` copies of the arguments (no data, no
+compute) and returned as zeros of that shape on the inputs' device, so the function can go on. Only when the
+reference cannot run on meta tensors is the chosen kernel run on the real inputs (the row says ``ran=True``).
 
-Calls through the public ``lz.<op>`` attribute (or ``layerzero.ops.<op>``, what the integrations call) also go into
-:attr:`DryRunReport.manifest` (the user-level ``(op, args, kwargs)``: a manifest derived from a model and example
-inputs). Only this thread's calls are recorded
-(a context variable); other threads are served normally while a dry run is in progress.
+Calls through the public ``lz.<op>`` attribute (or ``layerzero.ops.<op>``, what the integrations call) also go
+into :attr:`DryRunReport.manifest` (the user-level ``(op, args, kwargs)``: a manifest derived from a model and
+example inputs). Only this thread's calls are recorded (a context variable); other threads are served normally
+while a dry run is in progress.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from .solve import _why
 
 @dataclass(frozen=True)
 class DryRunRow:
-    """One recorded call: ``op``, ``shapes`` (argument summary), ``kernel`` (None: no kernel can run it), ``why``
-    (score summary and notes, or the error), ``bucket`` and ``ran`` (True only when the kernel had to run)."""
+    """One recorded call: ``op``, ``shapes`` (argument summary), ``kernel`` (None: no kernel can run it),
+    ``why`` (score summary and notes, or the error), ``bucket`` and ``ran`` (True only when the kernel had to
+    run)."""
 
     op: str
     shapes: str
@@ -61,13 +62,17 @@ class DryRunReport:
         return {"rows": [r.__dict__ for r in self.rows], "manifest": self.manifest.to_dict()}
 
     def __str__(self) -> str:
-        rows = [("op", "shapes", "kernel", "why"),
-                *((r.op, r.shapes, r.kernel or "-", r.why + (" [ran]" if r.ran else "")) for r in self.rows)]
+        rows = [
+            ("op", "shapes", "kernel", "why"),
+            *((r.op, r.shapes, r.kernel or "-", r.why + (" [ran]" if r.ran else "")) for r in self.rows),
+        ]
         w = [min(70, max(len(r[i]) for r in rows)) for i in range(4)]
         return "\n".join("  ".join(c[:90].ljust(x) for c, x in zip(r, w, strict=True)).rstrip() for r in rows)
 
 
-_ACTIVE: contextvars.ContextVar[DryRunReport | None] = contextvars.ContextVar("layerzero_dry_run", default=None)
+_ACTIVE: contextvars.ContextVar[DryRunReport | None] = contextvars.ContextVar(
+    "layerzero_dry_run", default=None
+)
 _PATCH_LOCK = threading.Lock()
 _PATCH_DEPTH = [0]
 _SAVED: dict[tuple[Any, str], Any] = {}
@@ -122,7 +127,8 @@ def _record_run(rep: DryRunReport, key: Any, build_ctx: Any, args: tuple[Any, ..
 
 
 class _Recorder:
-    """Per-instance replacements of ``Runtime.run`` / ``run_hot`` that record in a dry run and delegate otherwise."""
+    """Per-instance replacements of ``Runtime.run`` / ``run_hot`` that record in a dry run and delegate
+    otherwise."""
 
     @staticmethod
     def run(key: Any, build_ctx: Any, args: tuple[Any, ...], hot_key: Any = None) -> Any:
@@ -153,9 +159,9 @@ def _op_wrapper(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _public_namespaces() -> list[Any]:
-    """The modules whose ``<op>`` attributes are the public op functions: the package root (``lz.<op>``; taken from
-    ``sys.modules``, where it is whenever a submodule is, so that this module does not import the package above
-    it) and :mod:`layerzero.ops` (what the integrations and the composite backend call)."""
+    """The modules whose ``<op>`` attributes are the public op functions: the package root (``lz.<op>``; taken
+    from ``sys.modules``, where it is whenever a submodule is, so that this module does not import the package
+    above it) and :mod:`layerzero.ops` (what the integrations and the composite backend call)."""
     from layerzero import ops
 
     root = sys.modules.get("layerzero")
@@ -195,19 +201,21 @@ def dry_run(model_or_fn: Callable[..., Any], *example_inputs: Any, **example_kwa
     """Call ``model_or_fn(*example_inputs, **example_kwargs)`` with every ``lz`` op recorded instead of run.
 
     Returns:
-        A :class:`DryRunReport`: one row per op call (op, shapes, kernel, why) in call order, ``str()`` a table,
-        and ``.manifest`` the calls made through ``lz.<op>`` (feed it to ``lz.solve`` / ``lz.warmup``).
+        A :class:`DryRunReport`: one row per op call (op, shapes, kernel, why) in call order, ``str()`` a
+        table, and ``.manifest`` the calls made through ``lz.<op>`` (feed it to ``lz.solve`` / ``lz.warmup``).
 
     Raises:
-        What ``model_or_fn`` raises (non-``lz`` torch code in it runs normally, on zeros returned by the ops), and
-        the ops' ``InvalidInputError``; a call no kernel can run is a row with kernel ``None`` when the reference
-        can shape it.
+        What ``model_or_fn`` raises (non-``lz`` torch code in it runs normally, on zeros returned by the ops),
+        and the ops' ``InvalidInputError``; a call no kernel can run is a row with kernel ``None`` when the
+        reference can shape it.
     """
     if not callable(model_or_fn):
         from layerzero.core.errors import ConfigurationError
 
-        raise ConfigurationError(f"lz.dry_run(model_or_fn): expected a callable (a model or function), got "
-                                 f"{type(model_or_fn).__name__}.")
+        raise ConfigurationError(
+            f"lz.dry_run(model_or_fn): expected a callable (a model or function), got "
+            f"{type(model_or_fn).__name__}."
+        )
     RUNTIME.ensure_ready()
     rep = DryRunReport()
     _patch()

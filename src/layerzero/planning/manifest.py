@@ -12,11 +12,12 @@ JSON format (schema version 1)::
        {"op": "rms_norm", "critical": true,
         "args": [{"shape": [2, 16, 64], "dtype": "float32"}, {"shape": [64], "dtype": "float32"}],
         "kwargs": {"eps": 1e-6}},
-       {"op": "attention", "args": [{"shape": [1, 8, 16, 64]}, {"shape": [1, 8, 16, 64]}, {"shape": [1, 8, 16, 64]}],
+       {"op": "attention",
+        "args": [{"shape": [1, 8, 16, 64]}, {"shape": [1, 8, 16, 64]}, {"shape": [1, 8, 16, 64]}],
         "kwargs": {"is_causal": true}}]}
 
-A dict with a ``"shape"`` key is a tensor spec (``dtype`` default ``float32``, ``device`` default the manifest's
-``device``); anything else (numbers, bools, strings, null, lists of them) is passed as is.
+A dict with a ``"shape"`` key is a tensor spec (``dtype`` default ``float32``, ``device`` default the
+manifest's ``device``); anything else (numbers, bools, strings, null, lists of them) is passed as is.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class Case:
     critical: bool = False
 
     def shape_summary(self) -> str:
-        """``"f32[2,16,64], f32[64], eps=1e-06"``-style summary of the arguments (tensors by dtype and shape)."""
+        """``"f32[2,16,64], f32[64], eps=1e-06"``-style summary of the arguments (tensors by dtype and
+        shape)."""
         parts = [_summ(a) for a in self.args] + [f"{k}={_summ(v)}" for k, v in self.kwargs.items()]
         return ", ".join(parts)
 
@@ -62,7 +64,8 @@ def _summ(v: Any) -> str:
 
 @dataclass
 class Manifest:
-    """An ordered list of :class:`Case`; iterate it, ``len()`` it, ``to_dict()``/``save()`` it as JSON specs."""
+    """An ordered list of :class:`Case`; iterate it, ``len()`` it, ``to_dict()``/``save()`` it as JSON
+    specs."""
 
     cases: list[Case] = field(default_factory=list)
 
@@ -88,28 +91,52 @@ class Manifest:
         if isinstance(cases_or_manifest, Manifest):
             return cases_or_manifest
         if isinstance(cases_or_manifest, (str, bytes, dict)) or not isinstance(cases_or_manifest, Iterable):
-            raise ManifestError(expected_got(where, "a Manifest or a list of (op, args, kwargs)",
-                                             type(cases_or_manifest).__name__,
-                                             "For a JSON file use lz.load_manifest(path)."))
+            raise ManifestError(
+                expected_got(
+                    where,
+                    "a Manifest or a list of (op, args, kwargs)",
+                    type(cases_or_manifest).__name__,
+                    "For a JSON file use lz.load_manifest(path).",
+                )
+            )
         out = cls()
         for i, c in enumerate(cases_or_manifest):
             if isinstance(c, Case):
                 out.cases.append(c)
                 continue
-            ok = (isinstance(c, (tuple, list)) and len(c) in (3, 4) and isinstance(c[0], str)
-                  and isinstance(c[1], (tuple, list)) and isinstance(c[2], dict))
+            ok = (
+                isinstance(c, (tuple, list))
+                and len(c) in (3, 4)
+                and isinstance(c[0], str)
+                and isinstance(c[1], (tuple, list))
+                and isinstance(c[2], dict)
+            )
             if not ok:
-                raise ManifestError(expected_got(f"{where} case {i}", "(op, args, kwargs[, critical]) with op a str, "
-                                                 "args a tuple and kwargs a dict", repr(c)[:120]))
+                raise ManifestError(
+                    expected_got(
+                        f"{where} case {i}",
+                        "(op, args, kwargs[, critical]) with op a str, args a tuple and kwargs a dict",
+                        repr(c)[:120],
+                    )
+                )
             out.cases.append(Case(c[0], tuple(c[1]), dict(c[2]), bool(c[3]) if len(c) == 4 else False))
         return out
 
     # ---------------------------------------------------------------- JSON specs
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (tensors as ``{"shape", "dtype", "device"}`` specs; their values are not kept)."""
-        return {"version": MANIFEST_VERSION, "cases": [
-            {"op": c.op, "critical": c.critical, "args": [_spec(a) for a in c.args],
-             "kwargs": {k: _spec(v) for k, v in c.kwargs.items()}} for c in self.cases]}
+        return {
+            "version": MANIFEST_VERSION,
+            "cases": [
+                {
+                    "op": c.op,
+                    "critical": c.critical,
+                    "args": [_spec(a) for a in c.args],
+                    "kwargs": {k: _spec(v) for k, v in c.kwargs.items()},
+                }
+                for c in self.cases
+            ],
+        }
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_dict` as JSON to ``path``."""
@@ -121,9 +148,13 @@ class Manifest:
         """Materialize a JSON manifest: tensor specs become seeded random tensors (seed 0) on ``device`` (else
         the spec's or the manifest's ``device``, else cpu). Raises :class:`ManifestError`."""
         if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
-            raise ManifestError(expected_got(f"{source}", f"a JSON object with \"version\": {MANIFEST_VERSION}",
-                                             repr(data)[:80] if not isinstance(data, dict) else
-                                             f"version {data.get('version')!r}"))
+            raise ManifestError(
+                expected_got(
+                    f"{source}",
+                    f'a JSON object with "version": {MANIFEST_VERSION}',
+                    repr(data)[:80] if not isinstance(data, dict) else f"version {data.get('version')!r}",
+                )
+            )
         cases = data.get("cases")
         if not isinstance(cases, list):
             raise ManifestError(expected_got(f"{source}: cases", "a list", type(cases).__name__))
@@ -133,15 +164,24 @@ class Manifest:
         for i, c in enumerate(cases):
             where = f"{source}: cases[{i}]"
             if not isinstance(c, dict) or not isinstance(c.get("op"), str):
-                raise ManifestError(expected_got(where, "an object with an \"op\" string", repr(c)[:80]))
+                raise ManifestError(expected_got(where, 'an object with an "op" string', repr(c)[:80]))
             args, kwargs = c.get("args", []), c.get("kwargs", {})
             if not isinstance(args, list) or not isinstance(kwargs, dict):
-                raise ManifestError(expected_got(where, "\"args\" a list and \"kwargs\" an object",
-                                                 f"{type(args).__name__} / {type(kwargs).__name__}"))
-            mat = [_materialize(a, f"{where}.args[{j}]", device or default_dev, device is not None, gen)
-                   for j, a in enumerate(args)]
-            kw = {k: _materialize(v, f"{where}.kwargs.{k}", device or default_dev, device is not None, gen)
-                  for k, v in kwargs.items()}
+                raise ManifestError(
+                    expected_got(
+                        where,
+                        '"args" a list and "kwargs" an object',
+                        f"{type(args).__name__} / {type(kwargs).__name__}",
+                    )
+                )
+            mat = [
+                _materialize(a, f"{where}.args[{j}]", device or default_dev, device is not None, gen)
+                for j, a in enumerate(args)
+            ]
+            kw = {
+                k: _materialize(v, f"{where}.kwargs.{k}", device or default_dev, device is not None, gen)
+                for k, v in kwargs.items()
+            }
             out.cases.append(Case(c["op"], tuple(mat), kw, bool(c.get("critical", False))))
         return out
 
@@ -174,13 +214,15 @@ def _materialize(v: Any, where: str, device: str, force_device: bool, gen: torch
     if not isinstance(v, dict):
         return v
     shape, dtype_name = v.get("shape"), v.get("dtype", "float32")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                              for s in shape):
+    if not isinstance(shape, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    ):
         raise ManifestError(expected_got(f"{where}.shape", "a list of ints >= 0", repr(shape)[:60]))
     dtype = getattr(torch, str(dtype_name), None)
     if not isinstance(dtype, torch.dtype):
-        raise ManifestError(expected_got(f"{where}.dtype", "a torch dtype name like 'float32' or 'int64'",
-                                         repr(dtype_name)))
+        raise ManifestError(
+            expected_got(f"{where}.dtype", "a torch dtype name like 'float32' or 'int64'", repr(dtype_name))
+        )
     dev = device if force_device else v.get("device", device)
     if dtype.is_floating_point:
         t = torch.randn(*shape, generator=gen).to(dtype)

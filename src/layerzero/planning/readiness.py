@@ -1,10 +1,10 @@
 """``lz.readiness_check()``: can this process serve? One :class:`ReadinessReport` of named checks.
 
-Checks: ``backends`` (at least one available backend besides the reference; none whose circuit breaker is open),
-``perfdb`` (openable, or disabled by config: ok), ``table`` (a compiled or given dispatch table matches this
-process's fingerprint; ok when there is none), ``warm`` (every key warmed by ``lz.warmup`` has run its kernel
-once and is still served by it; ok when nothing was warmed, with a note), ``graph_safe`` (CUDA warmed keys have a
-capture-time choice cached; skipped on CPU).
+Checks: ``backends`` (at least one available backend besides the reference; none whose circuit breaker is
+open), ``perfdb`` (openable, or disabled by config: ok), ``table`` (a compiled or given dispatch table matches
+this process's fingerprint; ok when there is none), ``warm`` (every key warmed by ``lz.warmup`` has run its
+kernel once and is still served by it; ok when nothing was warmed, with a note), ``graph_safe`` (CUDA warmed
+keys have a capture-time choice cached; skipped on CPU).
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ class ReadinessReport:
 
     def __str__(self) -> str:
         head = "READY" if self.ok else "NOT READY"
-        return "\n".join([head, *(f"  [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}" for c in self.checks)])
+        return "\n".join(
+            [head, *(f"  [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}" for c in self.checks)]
+        )
 
 
 def _backends() -> Check:
@@ -93,7 +95,9 @@ def _table(table: Any) -> Check:
     except LayerZeroError as exc:
         return Check("table", False, str(exc))
     where = "compiled" if table is None else "given"
-    missed = f"; {len(compiled.missed)} bucket(s) fell back" if compiled is not None and compiled.missed else ""
+    missed = (
+        f"; {len(compiled.missed)} bucket(s) fell back" if compiled is not None and compiled.missed else ""
+    )
     return Check("table", True, f"{where} table of {len(t)} entries matches this process{missed}")
 
 
@@ -108,25 +112,38 @@ def _warm() -> tuple[Check, Check]:
     for w in keys:
         plan = RUNTIME.cache.get(w.key)
         if not w.ran or plan is None:
-            cold.append(f"{w.op} {w.bucket}: {'not run' if not w.ran else 'not cached (cache invalidated since)'}")
+            cold.append(
+                f"{w.op} {w.bucket}: {'not run' if not w.ran else 'not cached (cache invalidated since)'}"
+            )
         elif plan.kernel_id != w.kernel_id:
             cold.append(f"{w.op} {w.bucket}: now {plan.kernel_id}, warmed {w.kernel_id}")
-    warm = Check("warm", not cold, f"{len(keys) - len(cold)}/{len(keys)} warmed keys run and cached"
-                 + (f"; cold: {'; '.join(cold[:5])}" if cold else ""))
+    warm = Check(
+        "warm",
+        not cold,
+        f"{len(keys) - len(cold)}/{len(keys)} warmed keys run and cached"
+        + (f"; cold: {'; '.join(cold[:5])}" if cold else ""),
+    )
     cuda = [w for w in keys if w.device_type == "cuda"]
     if not cuda:
         return warm, Check("graph_safe", True, "no warmed CUDA keys (skipped)")
-    missing = [f"{w.op} {w.bucket}" for w in cuda if capture_key(w.key) is not None
-               and RUNTIME.cache.get(capture_key(w.key)) is None]
-    return warm, Check("graph_safe", not missing, f"{len(cuda) - len(missing)}/{len(cuda)} CUDA keys have a "
-                       "capture-time choice" + (f"; missing: {'; '.join(missing[:5])}" if missing else ""))
+    missing = [
+        f"{w.op} {w.bucket}"
+        for w in cuda
+        if capture_key(w.key) is not None and RUNTIME.cache.get(capture_key(w.key)) is None
+    ]
+    return warm, Check(
+        "graph_safe",
+        not missing,
+        f"{len(cuda) - len(missing)}/{len(cuda)} CUDA keys have a "
+        "capture-time choice" + (f"; missing: {'; '.join(missing[:5])}" if missing else ""),
+    )
 
 
 def readiness_check(table: Any = None) -> ReadinessReport:
-    """Answer "can this process serve?" (see the module docstring). ``table``: a :class:`DispatchTable` to check
-    instead of the compiled one. Returns a :class:`ReadinessReport` (``ok``: every check passed; ``checks``: rows of
-    (name, ok, detail): backends and health, PerfDB, table fingerprint, warmed keys, graph-safe capture choices).
-    Never raises for a failed check: it is a row with ``ok=False``."""
+    """Answer "can this process serve?" (see the module docstring). ``table``: a :class:`DispatchTable` to
+    check instead of the compiled one. Returns a :class:`ReadinessReport` (``ok``: every check passed;
+    ``checks``: rows of (name, ok, detail): backends and health, PerfDB, table fingerprint, warmed keys,
+    graph-safe capture choices). Never raises for a failed check: it is a row with ``ok=False``."""
     RUNTIME.ensure_ready()
     warm, graph = _warm()
     return ReadinessReport((_backends(), _perfdb(), _table(table), warm, graph))

@@ -1,14 +1,14 @@
-"""``lz.solve`` (manifest -> :class:`DispatchTable`) and ``lz.install_table`` / ``lz.uninstall_table`` (install a table;
-the old names ``lz.compile`` / ``lz.uncompile`` are deprecated aliases).
+"""``lz.solve`` (manifest -> :class:`DispatchTable`) and ``lz.install_table`` / ``lz.uninstall_table``
+(install a table; the old names ``lz.compile`` / ``lz.uncompile`` are deprecated aliases).
 
-A compiled table is a :class:`~layerzero.core.dispatch.SelectionCoordinator`: ``Runtime.select_cached`` asks it on
-cache misses only, so the cache-hit path is unchanged. For a miss whose ``(op, bucket)`` the table has, the
-table's kernel is validated (registered, its constraints/check, backend health and policy deny pass for the
-context) and bound without scoring; a bucket the table lacks goes through normal selection and is logged once
-("not in the compiled table"), or raises :class:`TableMissError` in strict mode (not for capture-time keys: they
-select among graph-safe kernels as usual). An ``lz.lock`` matching the call
-wins over the table (force is force). It cannot be combined with ``lz.distributed.sync_selection`` (which also
-owns the coordinator slot): compiling while one is active raises ``ConfigurationError``.
+A compiled table is a :class:`~layerzero.core.dispatch.SelectionCoordinator`: ``Runtime.select_cached`` asks
+it on cache misses only, so the cache-hit path is unchanged. For a miss whose ``(op, bucket)`` the table has,
+the table's kernel is validated (registered, its constraints/check, backend health and policy deny pass for
+the context) and bound without scoring; a bucket the table lacks goes through normal selection and is logged
+once ("not in the compiled table"), or raises :class:`TableMissError` in strict mode (not for capture-time
+keys: they select among graph-safe kernels as usual). An ``lz.lock`` matching the call wins over the table
+(force is force). It cannot be combined with ``lz.distributed.sync_selection`` (which also owns the
+coordinator slot): compiling while one is active raises ``ConfigurationError``.
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ def _why(report: SelectionReport) -> str:
         head = f"locked ({report.locked})"
     elif chosen is not None and chosen.score is not None:
         s = chosen.score
-        head = (f"score {s.total:.1f} (priority {s.priority:g}, boost {s.boost:g}, perf {s.perf:.1f}, "
-                f"shipped {s.shipped:.1f})")
+        head = (
+            f"score {s.total:.1f} (priority {s.priority:g}, boost {s.boost:g}, perf {s.perf:.1f}, "
+            f"shipped {s.shipped:.1f})"
+        )
     else:
         head = "chosen"
     return f"{head}; {eligible} eligible, {rejected} rejected"
@@ -62,15 +64,28 @@ def entry_of(report: SelectionReport) -> TableEntry:
     """The :class:`TableEntry` of one selection report."""
     ctx = report.context
     chosen = report.candidate(report.chosen) if report.chosen else None
-    rejected = {c.kernel_id: [r.code.value if hasattr(r.code, "value") else str(r.code) for r in c.reasons]
-                for c in report.candidates if c.status is CandidateStatus.REJECTED}
+    rejected = {
+        c.kernel_id: [r.code.value if hasattr(r.code, "value") else str(r.code) for r in c.reasons]
+        for c in report.candidates
+        if c.status is CandidateStatus.REJECTED
+    }
     fields = {k: v for k, v in ctx.fields().items() if v is not None}
-    return TableEntry(ctx.op, ctx.bucket_key(), ctx.device.device_type, report.chosen or "", _why(report), fields,
-                      rejected, tuple(report.notes), None if chosen is None else chosen.measured_us)
+    return TableEntry(
+        ctx.op,
+        ctx.bucket_key(),
+        ctx.device.device_type,
+        report.chosen or "",
+        _why(report),
+        fields,
+        rejected,
+        tuple(report.notes),
+        None if chosen is None else chosen.measured_us,
+    )
 
 
 def solve(cases_or_manifest: Any, *, target: str | None = None) -> DispatchTable:
-    """Select a kernel for every case's op x shape bucket (no kernel runs) and return the :class:`DispatchTable`.
+    """Select a kernel for every case's op x shape bucket (no kernel runs) and return the
+    :class:`DispatchTable`.
 
     Args:
         cases_or_manifest: a :class:`Manifest`, a list of ``(op, args, kwargs)`` (as ``lz.tune`` takes
@@ -78,9 +93,10 @@ def solve(cases_or_manifest: Any, *, target: str | None = None) -> DispatchTable
         target: device for a JSON manifest's tensor specs (``"cpu"``, ``"cuda"``); ignored for real tensors.
 
     Returns:
-        A :class:`DispatchTable` with, per bucket, the kernel id, a score summary, rejected kernels' reason codes
-        and the PerfDB median where measured; fingerprinted with this device, versions and policy hash. Cases of
-        one bucket share one entry (the first). CUDA cases also get their capture-time (graph-safe) entry.
+        A :class:`DispatchTable` with, per bucket, the kernel id, a score summary, rejected kernels' reason
+        codes and the PerfDB median where measured; fingerprinted with this device, versions and policy hash.
+        Cases of one bucket share one entry (the first). CUDA cases also get their capture-time (graph-safe)
+        entry.
 
     Raises:
         ManifestError: malformed cases. UnknownOperationError / InvalidInputError: the op's own errors.
@@ -114,8 +130,8 @@ def solve(cases_or_manifest: Any, *, target: str | None = None) -> DispatchTable
 
 
 class CompiledTable:
-    """The coordinator ``lz.install_table`` installs (see the module docstring). ``missed``: buckets not in the table
-    that were selected normally, in order (each logged once)."""
+    """The coordinator ``lz.install_table`` installs (see the module docstring). ``missed``: buckets not in
+    the table that were selected normally, in order (each logged once)."""
 
     def __init__(self, table: DispatchTable, strict: bool) -> None:
         self.table, self.strict = table, strict
@@ -127,8 +143,12 @@ class CompiledTable:
             if (op, bucket) in self.missed:
                 return
             self.missed.append((op, bucket))
-        log.warning("LayerZero %s: bucket %s %s; selecting normally (lz.install_table(strict=True) raises instead)",
-                    op, bucket, why)
+        log.warning(
+            "LayerZero %s: bucket %s %s; selecting normally (lz.install_table(strict=True) raises instead)",
+            op,
+            bucket,
+            why,
+        )
 
     def _decide(self, runtime: Any, ctx: Any, quiet: bool) -> tuple[ExecutionPlan, SelectionReport] | None:
         bucket = ctx.bucket_key()
@@ -137,9 +157,11 @@ class CompiledTable:
         fields = ctx.fields()
         if entry is None:
             if self.strict and not ctx.graph_capture:
-                raise TableMissError(f"lz.{ctx.op}: bucket {bucket} is not in the compiled dispatch table and "
-                                     "lz.install_table(strict=True) refuses to select. Add the shape to the manifest and "
-                                     "solve again, or compile with strict=False.")
+                raise TableMissError(
+                    f"lz.{ctx.op}: bucket {bucket} is not in the compiled dispatch table and "
+                    "lz.install_table(strict=True) refuses to select. Add the shape to the manifest and "
+                    "solve again, or compile with strict=False."
+                )
             if not ctx.graph_capture:
                 self._log_miss(ctx.op, bucket, "is not in the compiled table")
             return None
@@ -147,15 +169,21 @@ class CompiledTable:
             return None  # force is force: a lock wins over the table (normal selection honours it)
         reg = runtime.registry
         try:
-            reasons: list[Any] = validate_kernel(reg, entry.kernel_id, ctx, runtime.usable_reason, policy, fields)
+            reasons: list[Any] = validate_kernel(
+                reg, entry.kernel_id, ctx, runtime.usable_reason, policy, fields
+            )
         except ConfigurationError as exc:  # kernel no longer registered
             reasons = [str(exc)]
         if reasons:
             text = "; ".join(str(r) for r in reasons)
             if self.strict:
-                raise TableMissError(f"lz.{ctx.op}: the compiled table's kernel {entry.kernel_id} cannot run bucket "
-                                     f"{bucket}: {text}. Solve the table again.")
-            self._log_miss(ctx.op, bucket, f"has table kernel {entry.kernel_id}, which cannot run it ({text})")
+                raise TableMissError(
+                    f"lz.{ctx.op}: the compiled table's kernel {entry.kernel_id} cannot run bucket "
+                    f"{bucket}: {text}. Solve the table again."
+                )
+            self._log_miss(
+                ctx.op, bucket, f"has table kernel {entry.kernel_id}, which cannot run it ({text})"
+            )
             return None
         spec = reg.kernel(entry.kernel_id, ctx.op)
         call, transforms, _ = bind(reg, spec, ctx)
@@ -165,15 +193,24 @@ class CompiledTable:
             ref = reg.kernel(ref_id, ctx.op)
             rcall, rtrans, _ = bind(reg, ref, ctx)
             fallbacks = (ExecutionPlan(ctx.op, ref_id, rcall, rtrans),)
-        note = (f"compiled table: {entry.kernel_id} chosen by lz.install_table's dispatch table ({entry.why}); "
-                "no selection ran")
-        report = SelectionReport(ctx.op, ctx, entry.kernel_id,
-                                 (CandidateReport(entry.kernel_id, CandidateStatus.SELECTED,
-                                                  measured_us=entry.measured_us),),
-                                 None, policy.hash, (note,))
+        note = (
+            f"compiled table: {entry.kernel_id} chosen by lz.install_table's dispatch table ({entry.why}); "
+            "no selection ran"
+        )
+        report = SelectionReport(
+            ctx.op,
+            ctx,
+            entry.kernel_id,
+            (CandidateReport(entry.kernel_id, CandidateStatus.SELECTED, measured_us=entry.measured_us),),
+            None,
+            policy.hash,
+            (note,),
+        )
         return ExecutionPlan(ctx.op, entry.kernel_id, call, transforms, False, fallbacks, report), report
 
-    def select(self, runtime: Any, key: Hashable, ctx: Any, quiet: bool) -> tuple[ExecutionPlan, SelectionReport]:
+    def select(
+        self, runtime: Any, key: Hashable, ctx: Any, quiet: bool
+    ) -> tuple[ExecutionPlan, SelectionReport]:
         """The table's plan for ``ctx``'s bucket, else normal selection (see the module docstring)."""
         decided = self._decide(runtime, ctx, quiet)
         if decided is not None:
@@ -199,7 +236,8 @@ def _noted(report: SelectionReport, note: str) -> SelectionReport:
 def install_table(table: DispatchTable, *, strict: bool = False, check: bool = True) -> CompiledTable:
     """Install ``table``: from now on a cache miss of a bucket the table has runs the table's kernel without
     scoring (validated for the call's context); other buckets select normally (logged once each) or, with
-    ``strict=True``, raise :class:`TableMissError`. Cached choices are invalidated; cache hits cost what they did.
+    ``strict=True``, raise :class:`TableMissError`. Cached choices are invalidated; cache hits cost what they
+    did.
 
     Returns the installed :class:`CompiledTable` (``.missed`` lists the buckets that fell back).
 
@@ -208,14 +246,18 @@ def install_table(table: DispatchTable, *, strict: bool = False, check: bool = T
         ConfigurationError: ``table`` is not a DispatchTable, or ``lz.distributed.sync_selection`` is active.
     """
     if not isinstance(table, DispatchTable):
-        raise ConfigurationError(f"lz.install_table(table): expected a DispatchTable (lz.solve / lz.load_table), "
-                                 f"got {type(table).__name__}.")
+        raise ConfigurationError(
+            f"lz.install_table(table): expected a DispatchTable (lz.solve / lz.load_table), "
+            f"got {type(table).__name__}."
+        )
     RUNTIME.ensure_ready()
     current = RUNTIME.coordinator
     if current is not None and not isinstance(current, CompiledTable):
-        raise ConfigurationError("lz.install_table: kernel choices are already decided by another coordinator "
-                                 f"({type(current).__name__}, e.g. lz.distributed.sync_selection); a compiled table "
-                                 "and synchronized selection cannot be combined. Close the other one first.")
+        raise ConfigurationError(
+            "lz.install_table: kernel choices are already decided by another coordinator "
+            f"({type(current).__name__}, e.g. lz.distributed.sync_selection); a compiled table "
+            "and synchronized selection cannot be combined. Close the other one first."
+        )
     if check:
         table.check()
     compiled = CompiledTable(table, strict)
@@ -235,9 +277,11 @@ def uninstall_table() -> bool:
 
 
 def compile(table: DispatchTable, *, strict: bool = False, check: bool = True) -> CompiledTable:  # noqa: A001
-    """Deprecated name of :func:`install_table` (it read like ``torch.compile`` and shadowed the builtin); kept
-    for one release. Warns ``DeprecationWarning``; raises what :func:`install_table` raises."""
-    warnings.warn("lz.compile is deprecated: use lz.install_table (same arguments)", DeprecationWarning, stacklevel=2)
+    """Deprecated name of :func:`install_table` (it read like ``torch.compile`` and shadowed the builtin);
+    kept for one release. Warns ``DeprecationWarning``; raises what :func:`install_table` raises."""
+    warnings.warn(
+        "lz.compile is deprecated: use lz.install_table (same arguments)", DeprecationWarning, stacklevel=2
+    )
     return install_table(table, strict=strict, check=check)
 
 
@@ -253,5 +297,14 @@ def compiled_table() -> CompiledTable | None:
     return current if isinstance(current, CompiledTable) else None
 
 
-__all__ = ["CompiledTable", "TableMissError", "compile", "compiled_table", "entry_of", "install_table", "solve",
-           "uncompile", "uninstall_table"]
+__all__ = [
+    "CompiledTable",
+    "TableMissError",
+    "compile",
+    "compiled_table",
+    "entry_of",
+    "install_table",
+    "solve",
+    "uncompile",
+    "uninstall_table",
+]

@@ -1,10 +1,11 @@
 """``DispatchTable``: an offline plan, op x shape bucket -> kernel id, saved as fingerprinted JSON.
 
-An entry is keyed by ``(op, SelectionContext.bucket_key())``: the same bucket the selection cache and the PerfDB
-use, so one solved shape stands for every call of its bucket. The fingerprint names what the choices depend on:
-the device (``core/shipped.device_fingerprint`` per device type in the table), LayerZero, torch and backend
-versions, and the hash of the effective policy. :func:`load_table` (and ``lz.install_table``) refuse a table whose
-fingerprint differs from this process with :class:`TableMismatchError` listing every differing field.
+An entry is keyed by ``(op, SelectionContext.bucket_key())``: the same bucket the selection cache and the
+PerfDB use, so one solved shape stands for every call of its bucket. The fingerprint names what the choices
+depend on: the device (``core/shipped.device_fingerprint`` per device type in the table), LayerZero, torch and
+backend versions, and the hash of the effective policy. :func:`load_table` (and ``lz.install_table``) refuse a
+table whose fingerprint differs from this process with :class:`TableMismatchError` listing every differing
+field.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ class TableMismatchError(ConfigurationError):
 @dataclass(frozen=True)
 class TableEntry:
     """One solved bucket: ``op``, ``bucket`` (``SelectionContext.bucket_key()``), ``device`` type, the context
-    ``fields``, ``kernel_id``, ``why`` (a one-line summary of the score), ``rejected`` (kernel -> reason codes),
-    ``notes`` (fallback/lock notes of the report) and ``measured_us`` (PerfDB median, None when unmeasured)."""
+    ``fields``, ``kernel_id``, ``why`` (a one-line summary of the score), ``rejected`` (kernel -> reason
+    codes), ``notes`` (fallback/lock notes of the report) and ``measured_us`` (PerfDB median, None when
+    unmeasured)."""
 
     op: str
     bucket: str
@@ -63,11 +65,18 @@ def current_fingerprint(device_types: set[str] | frozenset[str]) -> dict[str, An
     from layerzero.core.shipped import device_fingerprint
 
     RUNTIME.ensure_ready()
-    backends = {b.backend_id: (b.version or "builtin") if b.available else "unavailable"
-                for b in RUNTIME.registry.backends.values()}
+    backends = {
+        b.backend_id: (b.version or "builtin") if b.available else "unavailable"
+        for b in RUNTIME.registry.backends.values()
+    }
     devices = {t: device_fingerprint(DeviceSpec.detect(t)) for t in sorted(device_types)}
-    return {"layerzero": __version__, "torch": torch.__version__, "backends": backends,
-            "policy_hash": _config.effective_policy().hash, "devices": devices}
+    return {
+        "layerzero": __version__,
+        "torch": torch.__version__,
+        "backends": backends,
+        "policy_hash": _config.effective_policy().hash,
+        "devices": devices,
+    }
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -89,8 +98,8 @@ def fingerprint_diff(expected: dict[str, Any], got: dict[str, Any]) -> list[tupl
 class DispatchTable:
     """Solved kernel choices (:class:`TableEntry` per op x bucket) and the fingerprint they hold for.
 
-    ``lookup(op, bucket)`` -> entry or None; ``save(path)``; ``print()`` for a table; ``lz.install_table(table)``
-    installs it."""
+    ``lookup(op, bucket)`` -> entry or None; ``save(path)``; ``print()`` for a table;
+    ``lz.install_table(table)`` installs it."""
 
     entries: tuple[TableEntry, ...]
     fingerprint: dict[str, Any]
@@ -113,13 +122,19 @@ class DispatchTable:
             shown = "; ".join(f"{n}: expected {e!r}, got {g!r}" for n, e, g in diffs[:8])
             more = f" (+{len(diffs) - 8} more)" if len(diffs) > 8 else ""
             raise TableMismatchError(
-                f"dispatch table was solved for another setup; {len(diffs)} fingerprint field(s) differ: {shown}{more}. "
-                "Solve the table again on this machine with this policy (lz.solve / `layerzero solve`).", diffs)
+                f"dispatch table was solved for another setup; {len(diffs)} fingerprint field(s) differ: "
+                f"{shown}{more}. Solve the table again on this machine with this policy (lz.solve / "
+                "`layerzero solve`).",
+                diffs,
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``{"version", "fingerprint", "entries": [...]}``."""
-        return {"version": TABLE_VERSION, "fingerprint": self.fingerprint,
-                "entries": [{**asdict(e), "notes": list(e.notes)} for e in self.entries]}
+        return {
+            "version": TABLE_VERSION,
+            "fingerprint": self.fingerprint,
+            "entries": [{**asdict(e), "notes": list(e.notes)} for e in self.entries],
+        }
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the table as JSON to ``path`` (OSError when it cannot be written)."""
@@ -128,39 +143,59 @@ class DispatchTable:
 
     def rows(self) -> list[tuple[str, str, str, str, str]]:
         """``(op, bucket, kernel, measured, why)`` rows for display."""
-        return [(e.op, e.bucket, e.kernel_id, "" if e.measured_us is None else f"{e.measured_us:.1f} us", e.why)
-                for e in self.entries]
+        return [
+            (e.op, e.bucket, e.kernel_id, "" if e.measured_us is None else f"{e.measured_us:.1f} us", e.why)
+            for e in self.entries
+        ]
 
     def __str__(self) -> str:
         rows = [("op", "bucket", "kernel", "measured", "why"), *self.rows()]
         widths = [min(60, max(len(r[i]) for r in rows)) for i in range(5)]
-        return "\n".join("  ".join(c[:60].ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+        return "\n".join(
+            "  ".join(c[:60].ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        )
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "<table>") -> DispatchTable:
         """Parse the JSON form (no fingerprint check). Raises :class:`TableError`."""
         if not isinstance(data, dict) or data.get("version") != TABLE_VERSION:
             got = f"version {data.get('version')!r}" if isinstance(data, dict) else type(data).__name__
-            raise TableError(expected_got(source, f"a dispatch table object with \"version\": {TABLE_VERSION}", got,
-                                          "Write it with DispatchTable.save / `layerzero solve`."))
+            raise TableError(
+                expected_got(
+                    source,
+                    f'a dispatch table object with "version": {TABLE_VERSION}',
+                    got,
+                    "Write it with DispatchTable.save / `layerzero solve`.",
+                )
+            )
         fp, raw = data.get("fingerprint"), data.get("entries")
         if not isinstance(fp, dict) or not isinstance(raw, list):
-            raise TableError(expected_got(source, "\"fingerprint\" an object and \"entries\" a list",
-                                          f"{type(fp).__name__} / {type(raw).__name__}"))
+            raise TableError(
+                expected_got(
+                    source,
+                    '"fingerprint" an object and "entries" a list',
+                    f"{type(fp).__name__} / {type(raw).__name__}",
+                )
+            )
         entries = []
         for i, e in enumerate(raw):
             try:
                 entries.append(TableEntry(**{**e, "notes": tuple(e.get("notes", ()))}))
             except (TypeError, AttributeError) as exc:
-                raise TableError(expected_got(f"{source}: entries[{i}]", "an object with op, bucket, device, "
-                                              "kernel_id, why (and optional fields, rejected, notes, measured_us)",
-                                              str(exc))) from None
+                raise TableError(
+                    expected_got(
+                        f"{source}: entries[{i}]",
+                        "an object with op, bucket, device, "
+                        "kernel_id, why (and optional fields, rejected, notes, measured_us)",
+                        str(exc),
+                    )
+                ) from None
         return cls(tuple(entries), fp)
 
 
 def load_table(path: str | os.PathLike[str], *, check: bool = True) -> DispatchTable:
-    """Read a table written by :meth:`DispatchTable.save`; with ``check`` (default) refuse one whose fingerprint
-    differs from this process (device, LayerZero / torch / backend versions, policy hash).
+    """Read a table written by :meth:`DispatchTable.save`; with ``check`` (default) refuse one whose
+    fingerprint differs from this process (device, LayerZero / torch / backend versions, policy hash).
 
     Raises:
         TableMismatchError: a fingerprint field differs (``.fields`` lists them, expected vs got).
@@ -177,5 +212,13 @@ def load_table(path: str | os.PathLike[str], *, check: bool = True) -> DispatchT
     return table
 
 
-__all__ = ["TABLE_VERSION", "DispatchTable", "TableEntry", "TableError", "TableMismatchError", "current_fingerprint",
-           "fingerprint_diff", "load_table"]
+__all__ = [
+    "TABLE_VERSION",
+    "DispatchTable",
+    "TableEntry",
+    "TableError",
+    "TableMismatchError",
+    "current_fingerprint",
+    "fingerprint_diff",
+    "load_table",
+]

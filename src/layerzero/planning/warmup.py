@@ -1,14 +1,15 @@
 """``lz.warmup(manifest, *, timeout_s=None, background=False)``: warm a manifest, critical cases first.
 
 Each case is selected, cached and run once (``Runtime.resolve`` + ``Runtime.run``, as ``lz.warmup(op, cases)``
-does), so selection, PerfDB reads and JIT compiles happen now. Critical cases run synchronously first; the rest
-run in the caller's thread, or with ``background=True`` in a daemon thread (the returned :class:`WarmupHandle`
-has ``done()``, ``wait(timeout)``, ``results``, ``errors``).
+does), so selection, PerfDB reads and JIT compiles happen now. Critical cases run synchronously first; the
+rest run in the caller's thread, or with ``background=True`` in a daemon thread (the returned
+:class:`WarmupHandle` has ``done()``, ``wait(timeout)``, ``results``, ``errors``).
 
 ``timeout_s``: each case's first call runs in a worker thread; when it is not done after ``timeout_s`` seconds
-the kernel it is running is denied *for that key* (the key's cached plan is replaced by a selection without that
-kernel; a later cache invalidation selects again), the fallback is warmed instead, and a WARNING names the kernel
-and the timeout. Python cannot kill a thread: the slow compile goes on in its worker thread until it ends.
+the kernel it is running is denied *for that key* (the key's cached plan is replaced by a selection without
+that kernel; a later cache invalidation selects again), the fallback is warmed instead, and a WARNING names
+the kernel and the timeout. Python cannot kill a thread: the slow compile goes on in its worker thread until
+it ends.
 
 Progress: tqdm when installed, else one INFO log line per case. Warmed keys are remembered for
 ``lz.readiness_check`` (:data:`WARMED`).
@@ -64,8 +65,8 @@ class CaseResult:
 
 @dataclass
 class WarmupHandle:
-    """Result of a manifest warm-up. ``results`` / ``errors`` (``(index, exception)``) fill in as cases finish;
-    ``order``: manifest indices in the order they were warmed."""
+    """Result of a manifest warm-up. ``results`` / ``errors`` (``(index, exception)``) fill in as cases
+    finish; ``order``: manifest indices in the order they were warmed."""
 
     results: list[CaseResult] = field(default_factory=list)
     errors: list[tuple[int, BaseException]] = field(default_factory=list)
@@ -92,8 +93,8 @@ def _progress(total: int, desc: str) -> Any:
 
 
 def _deny_for_key(key: Any, build_ctx: Any, slow: Any) -> str:
-    """Replace ``key``'s cached plan ``slow`` by a selection that excludes its kernel (in the sharded cache and
-    wherever the hot dict holds ``slow``, e.g. an exact key filed next to ``key``); the new kernel id."""
+    """Replace ``key``'s cached plan ``slow`` by a selection that excludes its kernel (in the sharded cache
+    and wherever the hot dict holds ``slow``, e.g. an exact key filed next to ``key``); the new kernel id."""
     ctx = build_ctx(key)
     layer = Policy(deny=(DenyRule(ctx.op, (slow.kernel_id,)),), source="lz.warmup timeout")
     with _config.scoped_policy(layer):
@@ -134,8 +135,10 @@ def _warm_one(i: int, case: Case, timeout_s: float | None, handle: WarmupHandle)
         if worker.is_alive():
             skipped = plan.kernel_id
             new = _deny_for_key(key, build_ctx, plan)
-            reason = (f"kernel {plan.kernel_id} did not finish its first call (JIT/compile) within timeout_s="
-                      f"{timeout_s:g} s; using {new} for this key (the slow call continues in a background thread)")
+            reason = (
+                f"kernel {plan.kernel_id} did not finish its first call (JIT/compile) within timeout_s="
+                f"{timeout_s:g} s; using {new} for this key (the slow call continues in a background thread)"
+            )
             log.warning("LayerZero warmup %s case %d: %s", case.op, i, reason)
             plan = RUNTIME.resolve(key, build_ctx)
             box.clear()
@@ -143,12 +146,15 @@ def _warm_one(i: int, case: Case, timeout_s: float | None, handle: WarmupHandle)
     if "error" in box:
         raise box["error"]
     with _WARMED_LOCK:
-        WARMED[key] = WarmedKey(case.op, ctx.bucket_key(), key, build_ctx, plan.kernel_id, True,
-                                ctx.device.device_type)
+        WARMED[key] = WarmedKey(
+            case.op, ctx.bucket_key(), key, build_ctx, plan.kernel_id, True, ctx.device.device_type
+        )
     handle.results.append(CaseResult(i, case.op, plan.kernel_id, case.critical, skipped, reason))
 
 
-def _run_cases(items: list[tuple[int, Case]], timeout_s: float | None, handle: WarmupHandle, desc: str) -> None:
+def _run_cases(
+    items: list[tuple[int, Case]], timeout_s: float | None, handle: WarmupHandle, desc: str
+) -> None:
     if not items:
         return
     bar = _progress(len(items), desc)
@@ -167,8 +173,11 @@ def _run_cases(items: list[tuple[int, Case]], timeout_s: float | None, handle: W
         bar.close()
 
 
-def warmup_manifest(manifest: Any, *, timeout_s: float | None = None, background: bool = False) -> WarmupHandle:
-    """Warm ``manifest`` (see the module docstring). Returns a :class:`WarmupHandle` (done unless ``background``).
+def warmup_manifest(
+    manifest: Any, *, timeout_s: float | None = None, background: bool = False
+) -> WarmupHandle:
+    """Warm ``manifest`` (see the module docstring). Returns a :class:`WarmupHandle` (done unless
+    ``background``).
 
     Raises:
         ManifestError: malformed manifest. InvalidInputError: ``timeout_s`` not None or a number > 0.
@@ -176,8 +185,9 @@ def warmup_manifest(manifest: Any, *, timeout_s: float | None = None, background
     """
     from layerzero.core.errors import InvalidInputError, expected_got
 
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                  or not timeout_s > 0):
+    if timeout_s is not None and (
+        isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0
+    ):
         raise InvalidInputError(expected_got("lz.warmup(timeout_s)", "None or a number > 0", repr(timeout_s)))
     m = Manifest.of(manifest, "lz.warmup(manifest)")
     RUNTIME.ensure_ready()
@@ -187,6 +197,7 @@ def warmup_manifest(manifest: Any, *, timeout_s: float | None = None, background
     handle = WarmupHandle()
     _run_cases(critical, timeout_s, handle, "warmup (critical)")
     if background and rest:
+
         def work() -> None:
             try:
                 _run_cases(rest, timeout_s, handle, "warmup (background)")

@@ -33,7 +33,8 @@ _CLASSES: dict[str, tuple[str, str]] = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
 }
 
-#: Sliding window (tokens) of the families that use one; the default prompts (11 tokens + 32 generated) exceed it.
+#: Sliding window (tokens) of the families that use one; the default prompts (11 tokens + 32 generated) exceed
+#: it.
 SLIDING_WINDOW = 8
 VOCAB_SIZE = 512
 PAD_TOKEN_ID, BOS_TOKEN_ID, EOS_TOKEN_ID = 0, 1, 2
@@ -59,16 +60,26 @@ _EXTRA: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": SLIDING_WINDOW},
     "qwen2": {"use_sliding_window": True, "sliding_window": SLIDING_WINDOW, "max_window_layers": 1},
     "qwen3": {},
-    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-                  "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen3_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    },
 }
 
 
 def _check_family(family: str) -> str:
     if family not in _CLASSES:
         raise ConfigurationError(
-            expected_got("model family", f"one of {list(MODEL_FAMILIES)}", repr(family),
-                         "Pick a supported family." + did_you_mean(str(family), MODEL_FAMILIES))
+            expected_got(
+                "model family",
+                f"one of {list(MODEL_FAMILIES)}",
+                repr(family),
+                "Pick a supported family." + did_you_mean(str(family), MODEL_FAMILIES),
+            )
         )
     return family
 
@@ -115,9 +126,14 @@ def build_and_save(family: str, directory: str | Path, seed: int = 0) -> Path:
         kwargs["safe_serialization"] = True
     model.save_pretrained(path, **kwargs)
     if not any(path.glob("*.safetensors")):
-        raise ConfigurationError(expected_got(f"save_pretrained({path})", "a model.safetensors file",
-                                              sorted(p.name for p in path.iterdir()),
-                                              "Check the installed transformers/safetensors versions."))
+        raise ConfigurationError(
+            expected_got(
+                f"save_pretrained({path})",
+                "a model.safetensors file",
+                sorted(p.name for p in path.iterdir()),
+                "Check the installed transformers/safetensors versions.",
+            )
+        )
     return path
 
 
@@ -140,15 +156,24 @@ def load(family: str, path: str | Path, attn_implementation: str = "sdpa") -> An
         from layerzero.integrations.transformers import register
 
         register()
-    model = model_cls.from_pretrained(Path(path), attn_implementation=attn_implementation, dtype=torch.float32)
+    model = model_cls.from_pretrained(
+        Path(path), attn_implementation=attn_implementation, dtype=torch.float32
+    )
     if model.config.model_type != family:
-        raise ConfigurationError(expected_got(f"model_type saved in {path}", repr(family),
-                                              repr(model.config.model_type), "Load with the family it was built as."))
+        raise ConfigurationError(
+            expected_got(
+                f"model_type saved in {path}",
+                repr(family),
+                repr(model.config.model_type),
+                "Load with the family it was built as.",
+            )
+        )
     return model.float().eval()
 
 
-def padded_batch(lengths: tuple[int, ...] = (11, 6), *, vocab_size: int = VOCAB_SIZE, seed: int = 1234
-                 ) -> dict[str, torch.Tensor]:
+def padded_batch(
+    lengths: tuple[int, ...] = (11, 6), *, vocab_size: int = VOCAB_SIZE, seed: int = 1234
+) -> dict[str, torch.Tensor]:
     """Deterministic prompts of different lengths, LEFT padded (the generation convention), no tokenizer.
 
     Args:
@@ -164,16 +189,21 @@ def padded_batch(lengths: tuple[int, ...] = (11, 6), *, vocab_size: int = VOCAB_
         InvalidInputError: an empty ``lengths``, a length < 1, or ``vocab_size`` <= 3.
     """
     if not lengths or min(lengths) < 1 or vocab_size <= 3:
-        raise InvalidInputError(expected_got("padded_batch(lengths, vocab_size)",
-                                             "non-empty lengths >= 1 and vocab_size > 3",
-                                             f"lengths={lengths}, vocab_size={vocab_size}", "Fix the arguments."))
+        raise InvalidInputError(
+            expected_got(
+                "padded_batch(lengths, vocab_size)",
+                "non-empty lengths >= 1 and vocab_size > 3",
+                f"lengths={lengths}, vocab_size={vocab_size}",
+                "Fix the arguments.",
+            )
+        )
     gen = torch.Generator().manual_seed(seed)
     width = max(lengths)
     input_ids = torch.full((len(lengths), width), PAD_TOKEN_ID, dtype=torch.int64)
     attention_mask = torch.zeros((len(lengths), width), dtype=torch.int64)
     for row, n in enumerate(lengths):
-        input_ids[row, width - n:] = torch.randint(3, vocab_size, (n,), generator=gen)
-        attention_mask[row, width - n:] = 1
+        input_ids[row, width - n :] = torch.randint(3, vocab_size, (n,), generator=gen)
+        attention_mask[row, width - n :] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
@@ -195,12 +225,23 @@ def masked_rel_error(reference: torch.Tensor, candidate: torch.Tensor, attention
         InvalidInputError: the shapes differ or no position is unmasked.
     """
     if reference.shape != candidate.shape or tuple(attention_mask.shape) != tuple(reference.shape[:2]):
-        raise InvalidInputError(expected_got("masked_rel_error shapes", "reference == candidate [B, L, V], mask [B, L]",
-                                             f"{tuple(reference.shape)}, {tuple(candidate.shape)}, "
-                                             f"{tuple(attention_mask.shape)}", "Pass matching tensors."))
+        raise InvalidInputError(
+            expected_got(
+                "masked_rel_error shapes",
+                "reference == candidate [B, L, V], mask [B, L]",
+                f"{tuple(reference.shape)}, {tuple(candidate.shape)}, {tuple(attention_mask.shape)}",
+                "Pass matching tensors.",
+            )
+        )
     keep = attention_mask.bool()
     if not bool(keep.any()):
-        raise InvalidInputError(expected_got("masked_rel_error mask", "at least one real token", "all padding",
-                                             "Pass the batch's attention_mask."))
+        raise InvalidInputError(
+            expected_got(
+                "masked_rel_error mask",
+                "at least one real token",
+                "all padding",
+                "Pass the batch's attention_mask.",
+            )
+        )
     ref, cand = reference[keep].double(), candidate[keep].double()
     return float((cand - ref).abs().max() / ref.abs().max().clamp_min(torch.finfo(torch.float64).tiny))

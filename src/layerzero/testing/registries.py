@@ -1,6 +1,6 @@
-"""Small :class:`KernelRegistry` objects for routing tests: an op or two, the live runtime's always-available kernels
-(reference, torch_native) and a backend faked as installed, so selection can be asked "what would run on that
-GPU?" without the library (``fake_cuda_device`` supplies the device)."""
+"""Small :class:`KernelRegistry` objects for routing tests: an op or two, the live runtime's always-available
+kernels (reference, torch_native) and a backend faked as installed, so selection can be asked "what would run
+on that GPU?" without the library (``fake_cuda_device`` supplies the device)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,17 @@ from layerzero.core.specs import BackendSpec, KernelSpec
 __all__ = ["routing_registry"]
 
 
-def routing_registry(ops: str | Iterable[str], fake: Iterable[KernelSpec] = (), *, fake_backend: str = "triton",
-                     fake_version: str = "3.6.0", base: Iterable[str] = ("reference", "torch_native"),
-                     ) -> KernelRegistry:
-    """A fresh registry with ``ops`` (ids of registered ops), every kernel of theirs from the ``base`` backends of
-    the runtime's registry, and the ``fake`` kernel specs under a ``fake_backend`` registered as installed
-    (``fake_version``).
+def routing_registry(
+    ops: str | Iterable[str],
+    fake: Iterable[KernelSpec] = (),
+    *,
+    fake_backend: str = "triton",
+    fake_version: str = "3.6.0",
+    base: Iterable[str] = ("reference", "torch_native"),
+) -> KernelRegistry:
+    """A fresh registry with ``ops`` (ids of registered ops), every kernel of theirs from the ``base``
+    backends of the runtime's registry, and the ``fake`` kernel specs under a ``fake_backend`` registered as
+    installed (``fake_version``).
 
     Raises:
         KeyError / ConfigurationError: an unknown op id, or a ``fake`` spec whose op is not in ``ops``.
@@ -26,7 +31,7 @@ def routing_registry(ops: str | Iterable[str], fake: Iterable[KernelSpec] = (), 
     RUNTIME.ensure_ready()
     reg = KernelRegistry()
     base = tuple(base)
-    for op in ([ops] if isinstance(ops, str) else list(ops)):
+    for op in [ops] if isinstance(ops, str) else list(ops):
         reg.add_op(RUNTIME.registry.ops.get(op))
         for spec in RUNTIME.registry.for_op(op):
             if spec.backend in base:
@@ -35,7 +40,9 @@ def routing_registry(ops: str | Iterable[str], fake: Iterable[KernelSpec] = (), 
                 reg.add_kernel(spec)
     fake = list(fake)
     if fake:
-        reg.add_backend(BackendSpec(fake_backend, fake_backend, fake_version, True, (), f"fake-installed {fake_backend}"))
+        reg.add_backend(
+            BackendSpec(fake_backend, fake_backend, fake_version, True, (), f"fake-installed {fake_backend}")
+        )
         for spec in fake:
             reg.add_kernel(spec)
     return reg

@@ -12,8 +12,17 @@ import io
 import json
 from typing import Any
 
-__all__ = ["CORPUS", "SPECIAL", "byte_level_bpe", "sentencepiece_model", "tiktoken_encoding", "train_text",
-           "transformers_fast", "unigram", "wordpiece"]
+__all__ = [
+    "CORPUS",
+    "SPECIAL",
+    "byte_level_bpe",
+    "sentencepiece_model",
+    "tiktoken_encoding",
+    "train_text",
+    "transformers_fast",
+    "unigram",
+    "wordpiece",
+]
 
 CORPUS: tuple[str, ...] = (
     "",
@@ -37,8 +46,10 @@ CORPUS: tuple[str, ...] = (
 SPECIAL = ("<pad>", "<s>", "</s>", "<unk>")
 """Special tokens of the HF tokenizers (ids 0..3)."""
 
-_EXTRA = ("The quick brown fox jumps over the lazy dog. Tokenizers split text into pieces; the pieces "
-          "map to ids, and ids map back to text. 0123456789 !?.,;:'\"()[]{}")
+_EXTRA = (
+    "The quick brown fox jumps over the lazy dog. Tokenizers split text into pieces; the pieces "
+    "map to ids, and ids map back to text. 0123456789 !?.,;:'\"()[]{}"
+)
 
 
 def train_text(repeat: int = 4) -> list[str]:
@@ -58,11 +69,16 @@ def byte_level_bpe(vocab_size: int = 400) -> Any:
     tok = t.Tokenizer(t.models.BPE())
     tok.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = t.decoders.ByteLevel()
-    trainer = t.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL), show_progress=False,
-                                    initial_alphabet=t.pre_tokenizers.ByteLevel.alphabet())
+    trainer = t.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL),
+        show_progress=False,
+        initial_alphabet=t.pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(train_text(), trainer=trainer)
-    tok.post_processor = t.processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> $B </s>",
-                                                         special_tokens=[("<s>", 1), ("</s>", 2)])
+    tok.post_processor = t.processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> $B </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+    )
     return tok
 
 
@@ -73,7 +89,9 @@ def wordpiece(vocab_size: int = 400) -> Any:
     tok.normalizer = t.normalizers.BertNormalizer(lowercase=True, strip_accents=True)
     tok.pre_tokenizer = t.pre_tokenizers.BertPreTokenizer()
     tok.decoder = t.decoders.WordPiece()
-    trainer = t.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL), show_progress=False)
+    trainer = t.trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL), show_progress=False
+    )
     tok.train_from_iterator(train_text(), trainer=trainer)
     return tok
 
@@ -85,8 +103,9 @@ def unigram(vocab_size: int = 300) -> Any:
     tok.normalizer = t.normalizers.NFKC()
     tok.pre_tokenizer = t.pre_tokenizers.Metaspace()
     tok.decoder = t.decoders.Metaspace()
-    trainer = t.trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL), unk_token="<unk>",
-                                        show_progress=False)
+    trainer = t.trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL), unk_token="<unk>", show_progress=False
+    )
     tok.train_from_iterator(train_text(), trainer=trainer)
     return tok
 
@@ -95,8 +114,13 @@ def transformers_fast(tok: Any | None = None) -> Any:
     """A transformers ``PreTrainedTokenizerFast`` around ``tok`` (default: :func:`byte_level_bpe`)."""
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=tok or byte_level_bpe(), bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok or byte_level_bpe(),
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
 
 
 _BYTE_LEVEL = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -140,8 +164,16 @@ def sentencepiece_model(model_type: str = "bpe", user_symbols: tuple[str, ...] =
     import sentencepiece as spm
 
     out = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(train_text()), model_writer=out, vocab_size=480,
-                                   model_type=model_type, byte_fallback=True, character_coverage=0.98,
-                                   user_defined_symbols=list(user_symbols), hard_vocab_limit=False,
-                                   minloglevel=2, num_threads=1)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(train_text()),
+        model_writer=out,
+        vocab_size=480,
+        model_type=model_type,
+        byte_fallback=True,
+        character_coverage=0.98,
+        user_defined_symbols=list(user_symbols),
+        hard_vocab_limit=False,
+        minloglevel=2,
+        num_threads=1,
+    )
     return out.getvalue()

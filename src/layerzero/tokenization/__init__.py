@@ -3,8 +3,8 @@
 
 Supported tokenizers: ``tokenizers.Tokenizer`` (Hugging Face tokenizers), transformers'
 ``PreTrainedTokenizerBase`` (fast or slow), ``tiktoken.Encoding``, ``sentencepiece.SentencePieceProcessor``,
-or a path to a ``tokenizer.json`` / ``tokenizer.model`` (or a directory holding one). Ids, offsets and text are
-the library's own: each call goes to that library's batch API. None of these libraries is imported by
+or a path to a ``tokenizer.json`` / ``tokenizer.model`` (or a directory holding one). Ids, offsets and text
+are the library's own: each call goes to that library's batch API. None of these libraries is imported by
 ``import layerzero``; a tokenizer object brings its library along.
 """
 
@@ -22,22 +22,51 @@ __all__ = ["Encoding", "IncrementalDetokenizer", "cache_info", "clear_cache", "d
 
 
 @overload
-def tokenize(texts: str, tokenizer: Any, *, add_special_tokens: bool = ..., return_offsets: Literal[False] = ...,
-             split_special_tokens: bool = ...) -> list[int]: ...
+def tokenize(
+    texts: str,
+    tokenizer: Any,
+    *,
+    add_special_tokens: bool = ...,
+    return_offsets: Literal[False] = ...,
+    split_special_tokens: bool = ...,
+) -> list[int]: ...
 @overload
-def tokenize(texts: str, tokenizer: Any, *, add_special_tokens: bool = ..., return_offsets: Literal[True],
-             split_special_tokens: bool = ...) -> Encoding: ...
+def tokenize(
+    texts: str,
+    tokenizer: Any,
+    *,
+    add_special_tokens: bool = ...,
+    return_offsets: Literal[True],
+    split_special_tokens: bool = ...,
+) -> Encoding: ...
 @overload
-def tokenize(texts: Sequence[str], tokenizer: Any, *, add_special_tokens: bool = ...,
-             return_offsets: Literal[False] = ..., split_special_tokens: bool = ...) -> list[list[int]]: ...
+def tokenize(
+    texts: Sequence[str],
+    tokenizer: Any,
+    *,
+    add_special_tokens: bool = ...,
+    return_offsets: Literal[False] = ...,
+    split_special_tokens: bool = ...,
+) -> list[list[int]]: ...
 @overload
-def tokenize(texts: Sequence[str], tokenizer: Any, *, add_special_tokens: bool = ...,
-             return_offsets: Literal[True], split_special_tokens: bool = ...) -> list[Encoding]: ...
+def tokenize(
+    texts: Sequence[str],
+    tokenizer: Any,
+    *,
+    add_special_tokens: bool = ...,
+    return_offsets: Literal[True],
+    split_special_tokens: bool = ...,
+) -> list[Encoding]: ...
 
 
-def tokenize(texts: str | Sequence[str], tokenizer: Any, *, add_special_tokens: bool = True,
-             return_offsets: bool = False,
-             split_special_tokens: bool = False) -> list[int] | Encoding | list[list[int]] | list[Encoding]:
+def tokenize(
+    texts: str | Sequence[str],
+    tokenizer: Any,
+    *,
+    add_special_tokens: bool = True,
+    return_offsets: bool = False,
+    split_special_tokens: bool = False,
+) -> list[int] | Encoding | list[list[int]] | list[Encoding]:
     """Token ids of ``texts``, exactly as ``tokenizer``'s own library encodes them.
 
     Args:
@@ -80,7 +109,9 @@ def tokenize(texts: str | Sequence[str], tokenizer: Any, *, add_special_tokens: 
 @overload
 def detokenize(ids: Sequence[int], tokenizer: Any, *, skip_special_tokens: bool = ...) -> str: ...
 @overload
-def detokenize(ids: Sequence[Sequence[int]], tokenizer: Any, *, skip_special_tokens: bool = ...) -> list[str]: ...
+def detokenize(
+    ids: Sequence[Sequence[int]], tokenizer: Any, *, skip_special_tokens: bool = ...
+) -> list[str]: ...
 
 
 def detokenize(ids: Any, tokenizer: Any, *, skip_special_tokens: bool = False) -> str | list[str]:

@@ -48,8 +48,14 @@ def digest(*parts: str | bytes) -> str:
 
 
 def unsupported(library: str, option: str, fix: str) -> InvalidInputError:
-    return InvalidInputError(expected_got(f"tokenize({option}=True) with a {library} tokenizer",
-                                          f"an option {library} supports", f"{option}=True", fix))
+    return InvalidInputError(
+        expected_got(
+            f"tokenize({option}=True) with a {library} tokenizer",
+            f"an option {library} supports",
+            f"{option}=True",
+            fix,
+        )
+    )
 
 
 class Adapter(abc.ABC):
@@ -67,7 +73,10 @@ class Adapter(abc.ABC):
         return self.fingerprint(self.obj) != self.fp
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(library={self.library!r}, vocab_size={self.vocab_size}, key={self.key[:12]})"
+        return (
+            f"{type(self).__name__}(library={self.library!r}, vocab_size={self.vocab_size}, "
+            f"key={self.key[:12]})"
+        )
 
     @staticmethod
     def fingerprint(obj: Any) -> tuple:
@@ -85,12 +94,15 @@ class Adapter(abc.ABC):
         """Exclusive upper bound of the valid token ids."""
 
     @abc.abstractmethod
-    def encode(self, texts: list[str], add_special_tokens: bool, split_special_tokens: bool) -> list[list[int]]:
+    def encode(
+        self, texts: list[str], add_special_tokens: bool, split_special_tokens: bool
+    ) -> list[list[int]]:
         """Token ids of each text (the library's batch call)."""
 
     @abc.abstractmethod
-    def encode_offsets(self, texts: list[str], add_special_tokens: bool,
-                       split_special_tokens: bool) -> list[Encoding]:
+    def encode_offsets(
+        self, texts: list[str], add_special_tokens: bool, split_special_tokens: bool
+    ) -> list[Encoding]:
         """Ids, character offsets and token strings of each text."""
 
     @abc.abstractmethod
@@ -133,15 +145,20 @@ class TokenizersAdapter(Adapter):
             copies[split] = tok
         return copies[split]
 
-    def encode(self, texts: list[str], add_special_tokens: bool, split_special_tokens: bool) -> list[list[int]]:
+    def encode(
+        self, texts: list[str], add_special_tokens: bool, split_special_tokens: bool
+    ) -> list[list[int]]:
         tok = self._variant(split_special_tokens)
         return [e.ids for e in tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
 
-    def encode_offsets(self, texts: list[str], add_special_tokens: bool,
-                       split_special_tokens: bool) -> list[Encoding]:
+    def encode_offsets(
+        self, texts: list[str], add_special_tokens: bool, split_special_tokens: bool
+    ) -> list[Encoding]:
         tok = self._variant(split_special_tokens)
-        return [Encoding(e.ids, list(e.offsets), e.tokens)
-                for e in tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        return [
+            Encoding(e.ids, list(e.offsets), e.tokens)
+            for e in tok.encode_batch(texts, add_special_tokens=add_special_tokens)
+        ]
 
     def decode(self, batch: list[list[int]], skip_special_tokens: bool) -> list[str]:
         return self.obj.decode_batch(batch, skip_special_tokens=skip_special_tokens)
@@ -168,10 +185,17 @@ class TransformersAdapter(Adapter):
             sp = getattr(tok, "sp_model", None)
             proto = sp.serialized_model_proto() if sp is not None else b""
             body = json.dumps(tok.get_vocab(), sort_keys=True, ensure_ascii=False) + proto.hex()
-        added = sorted((i, str(t), bool(getattr(t, "special", False))) for i, t in tok.added_tokens_decoder.items())
-        flags = (type(tok).__name__, getattr(tok, "clean_up_tokenization_spaces", None),
-                 getattr(tok, "split_special_tokens", None), getattr(tok, "add_bos_token", None),
-                 getattr(tok, "add_eos_token", None), sorted(map(str, tok.all_special_tokens)))
+        added = sorted(
+            (i, str(t), bool(getattr(t, "special", False))) for i, t in tok.added_tokens_decoder.items()
+        )
+        flags = (
+            type(tok).__name__,
+            getattr(tok, "clean_up_tokenization_spaces", None),
+            getattr(tok, "split_special_tokens", None),
+            getattr(tok, "add_bos_token", None),
+            getattr(tok, "add_eos_token", None),
+            sorted(map(str, tok.all_special_tokens)),
+        )
         return digest(self.library, body, repr(added), repr(flags))
 
     @cached_property
@@ -179,39 +203,58 @@ class TransformersAdapter(Adapter):
         return len(self.obj)
 
     def _call(self, texts: list[str], add: bool, split: bool, offsets: bool) -> Any:
-        return self.obj(texts, add_special_tokens=add, split_special_tokens=split, return_attention_mask=False,
-                        return_token_type_ids=False, return_offsets_mapping=offsets)
+        return self.obj(
+            texts,
+            add_special_tokens=add,
+            split_special_tokens=split,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            return_offsets_mapping=offsets,
+        )
 
-    def encode(self, texts: list[str], add_special_tokens: bool, split_special_tokens: bool) -> list[list[int]]:
-        return [list(x) for x in self._call(texts, add_special_tokens, split_special_tokens, False)["input_ids"]]
+    def encode(
+        self, texts: list[str], add_special_tokens: bool, split_special_tokens: bool
+    ) -> list[list[int]]:
+        return [
+            list(x) for x in self._call(texts, add_special_tokens, split_special_tokens, False)["input_ids"]
+        ]
 
-    def encode_offsets(self, texts: list[str], add_special_tokens: bool,
-                       split_special_tokens: bool) -> list[Encoding]:
+    def encode_offsets(
+        self, texts: list[str], add_special_tokens: bool, split_special_tokens: bool
+    ) -> list[Encoding]:
         try:
             out = self._call(texts, add_special_tokens, split_special_tokens, True)
         except NotImplementedError as e:
-            raise unsupported("slow (Python) transformers", "return_offsets",
-                              "Offsets need a fast tokenizer: load it with use_fast=True "
-                              "(a PreTrainedTokenizerFast), or pass its tokenizer.json.") from e
+            raise unsupported(
+                "slow (Python) transformers",
+                "return_offsets",
+                "Offsets need a fast tokenizer: load it with use_fast=True "
+                "(a PreTrainedTokenizerFast), or pass its tokenizer.json.",
+            ) from e
         conv = self.obj.convert_ids_to_tokens
-        return [Encoding(list(ids), [tuple(o) for o in offs], list(conv(list(ids))))
-                for ids, offs in zip(out["input_ids"], out["offset_mapping"], strict=True)]
+        return [
+            Encoding(list(ids), [tuple(o) for o in offs], list(conv(list(ids))))
+            for ids, offs in zip(out["input_ids"], out["offset_mapping"], strict=True)
+        ]
 
     def decode(self, batch: list[list[int]], skip_special_tokens: bool) -> list[str]:
         return self.obj.batch_decode(batch, skip_special_tokens=skip_special_tokens)
 
     @cached_property
     def _direct(self) -> Any:
-        """The backend ``tokenizers.Tokenizer`` when transformers' decode is exactly its decode (a fast tokenizer
-        that does not override ``_decode``, without ``clean_up_tokenization_spaces``), else None."""
+        """The backend ``tokenizers.Tokenizer`` when transformers' decode is exactly its decode (a fast
+        tokenizer that does not override ``_decode``, without ``clean_up_tokenization_spaces``), else None."""
         import transformers
 
         tok, fast = self.obj, transformers.PreTrainedTokenizerFast
-        plain = isinstance(tok, fast) and type(tok)._decode is fast._decode and not tok.clean_up_tokenization_spaces
+        plain = (
+            isinstance(tok, fast)
+            and type(tok)._decode is fast._decode
+            and not tok.clean_up_tokenization_spaces
+        )
         return tok.backend_tokenizer if plain else None
 
     def decode_one(self, ids: list[int], skip_special_tokens: bool) -> str:
         if self._direct is not None:  # the streaming window: 4x cheaper than transformers' decode
             return self._direct.decode(ids, skip_special_tokens=skip_special_tokens)
         return self.obj.decode(ids, skip_special_tokens=skip_special_tokens)
-

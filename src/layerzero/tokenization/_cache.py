@@ -59,11 +59,15 @@ def adapter_class(obj: Any) -> type[Adapter]:
         cls = getattr(mod, cls_name, None) if mod is not None else None
         if cls is not None and isinstance(obj, cls):
             return adapter
-    raise InvalidInputError(expected_got(
-        "tokenizer", "a tokenizers.Tokenizer, a transformers PreTrainedTokenizerBase, a tiktoken.Encoding, a "
-        "sentencepiece.SentencePieceProcessor, or a path to tokenizer.json / tokenizer.model",
-        f"{type(obj).__module__}.{type(obj).__qualname__}",
-        "Pass the tokenizer object itself (for transformers: the tokenizer, not the processor or model)."))
+    raise InvalidInputError(
+        expected_got(
+            "tokenizer",
+            "a tokenizers.Tokenizer, a transformers PreTrainedTokenizerBase, a tiktoken.Encoding, a "
+            "sentencepiece.SentencePieceProcessor, or a path to tokenizer.json / tokenizer.model",
+            f"{type(obj).__module__}.{type(obj).__qualname__}",
+            "Pass the tokenizer object itself (for transformers: the tokenizer, not the processor or model).",
+        )
+    )
 
 
 def _ref(obj: Any) -> Any:
@@ -97,9 +101,14 @@ def _load(path: Path) -> Any:
         for name in ("tokenizer.json", "tokenizer.model"):
             if (path / name).is_file():
                 return _load(path / name)
-        raise InvalidInputError(expected_got(f"tokenizer directory {str(path)!r}",
-                                             "a tokenizer.json or tokenizer.model in it", "neither",
-                                             "Pass the tokenizer file, or load the tokenizer yourself."))
+        raise InvalidInputError(
+            expected_got(
+                f"tokenizer directory {str(path)!r}",
+                "a tokenizer.json or tokenizer.model in it",
+                "neither",
+                "Pass the tokenizer file, or load the tokenizer yourself.",
+            )
+        )
     if path.suffix == ".json":
         from tokenizers import Tokenizer
 
@@ -108,10 +117,14 @@ def _load(path: Path) -> Any:
         import sentencepiece
 
         return sentencepiece.SentencePieceProcessor(model_file=str(path))
-    raise InvalidInputError(expected_got(f"tokenizer file {str(path)!r}",
-                                         "a tokenizers .json file or a sentencepiece .model file",
-                                         repr(path.suffix or "no suffix"),
-                                         "tiktoken files carry no split pattern: build a tiktoken.Encoding."))
+    raise InvalidInputError(
+        expected_got(
+            f"tokenizer file {str(path)!r}",
+            "a tokenizers .json file or a sentencepiece .model file",
+            repr(path.suffix or "no suffix"),
+            "tiktoken files carry no split pattern: build a tiktoken.Encoding.",
+        )
+    )
 
 
 def _from_path(arg: str | os.PathLike) -> Adapter:
@@ -119,10 +132,13 @@ def _from_path(arg: str | os.PathLike) -> Adapter:
     try:
         st = path.stat()
     except OSError as e:
-        raise InvalidInputError(expected_got("tokenizer path", "an existing file or directory", str(arg),
-                                             f"({e.strerror})")) from e
+        raise InvalidInputError(
+            expected_got("tokenizer path", "an existing file or directory", str(arg), f"({e.strerror})")
+        ) from e
     if path.is_dir():  # a directory's identity is its tokenizer file's
-        st = next(((path / n).stat() for n in ("tokenizer.json", "tokenizer.model") if (path / n).is_file()), st)
+        st = next(
+            ((path / n).stat() for n in ("tokenizer.json", "tokenizer.model") if (path / n).is_file()), st
+        )
     key = (str(path), st.st_mtime_ns, st.st_size)
     with _lock:
         hit = _by_path.get(key)

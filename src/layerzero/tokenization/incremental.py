@@ -53,15 +53,22 @@ class IncrementalDetokenizer:
     True
     """
 
-    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int] = (), *, skip_special_tokens: bool = False,
-                 context_tokens: int = 5) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_ids: Sequence[int] = (),
+        *,
+        skip_special_tokens: bool = False,
+        context_tokens: int = 5,
+    ) -> None:
         self._adapter = resolve(tokenizer)
         self._skip = bool(skip_special_tokens)
         if not isinstance(context_tokens, int) or isinstance(context_tokens, bool) or context_tokens < 0:
             from layerzero.core.errors import InvalidInputError, expected_got
 
-            raise InvalidInputError(expected_got("IncrementalDetokenizer(context_tokens)", "an int >= 0",
-                                                 repr(context_tokens)))
+            raise InvalidInputError(
+                expected_got("IncrementalDetokenizer(context_tokens)", "an int >= 0", repr(context_tokens))
+            )
         ctx: list[int] = []
         if context_tokens and len(prompt_ids):
             (prompt,), _ = id_lists(prompt_ids, "IncrementalDetokenizer(prompt_ids)", single_only=True)
@@ -84,7 +91,7 @@ class IncrementalDetokenizer:
     @property
     def token_ids(self) -> list[int]:
         """The streamed ids so far (the prompt context left out)."""
-        return self._ids[self._start:]
+        return self._ids[self._start :]
 
     @property
     def text(self) -> str:
@@ -98,7 +105,9 @@ class IncrementalDetokenizer:
 
     def step(self, token_id: int) -> str:
         """Add one token id; return the text it completes ("" while the text is held back)."""
-        self._ids.append(check_id(token_id, self._adapter.vocab_size, "IncrementalDetokenizer.step(token_id)"))
+        self._ids.append(
+            check_id(token_id, self._adapter.vocab_size, "IncrementalDetokenizer.step(token_id)")
+        )
         return self._advance()
 
     def extend(self, token_ids: Sequence[int]) -> str:
@@ -115,11 +124,11 @@ class IncrementalDetokenizer:
     def _context(self) -> str:
         if self._prefix_text is None:
             back = 0
-            text = self._decode(self._ids[self._prefix:self._read])
+            text = self._decode(self._ids[self._prefix : self._read])
             while not text and self._prefix > 0 and back < MAX_BACKOFF:
                 self._prefix -= 1
                 back += 1
-                text = self._decode(self._ids[self._prefix:self._read])
+                text = self._decode(self._ids[self._prefix : self._read])
             self._prefix_text = text
         return self._prefix_text
 
@@ -127,10 +136,10 @@ class IncrementalDetokenizer:
         if len(self._ids) == self._read:
             return ""
         before = self._context()
-        new = self._decode(self._ids[self._prefix:])
+        new = self._decode(self._ids[self._prefix :])
         if len(new) <= len(before) or (new.endswith(REPLACEMENT) and not final):
             return ""
-        delta = new[len(before):]
+        delta = new[len(before) :]
         self._prefix, self._read = self._read, len(self._ids)
         self._prefix_text = None
         self._chunks.append(delta)

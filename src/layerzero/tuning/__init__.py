@@ -14,5 +14,18 @@ from .report import TuneReport, TuneRow, TuneStatus
 from .shapes import SHAPE_DEFAULTS, make_inputs
 from .stats import OUTLIER_MADS, TOLERANCES, SampleStats, compare, sample_stats
 
-__all__ = ["OUTLIER_MADS", "SHAPE_DEFAULTS", "TOLERANCES", "SampleStats", "TuneReport", "TuneRow", "TuneStatus", "bind", "compare",
-           "make_inputs", "sample_stats", "time_kernel", "tune"]
+__all__ = [
+    "OUTLIER_MADS",
+    "SHAPE_DEFAULTS",
+    "TOLERANCES",
+    "SampleStats",
+    "TuneReport",
+    "TuneRow",
+    "TuneStatus",
+    "bind",
+    "compare",
+    "make_inputs",
+    "sample_stats",
+    "time_kernel",
+    "tune",
+]

@@ -4,16 +4,16 @@ With ``lz.configure(autotune=True)`` (or ``LAYERZERO_AUTOTUNE=1``), dispatch cal
 the first eager call of a new key, before it selects; the selection then reads the fresh PerfDB rows, like
 ``torch.backends.cudnn.benchmark``. For that one call, each eligible kernel is
 
-1. **checked**: run once on the call's own arguments and compared with the op's reference kernel as ``lz.tune``
-   does (:func:`~layerzero.tuning.stats.compare`, per-dtype tolerances; sampling kernels by support). A kernel
-   that raises or differs is logged (WARNING) and not recorded;
+1. **checked**: run once on the call's own arguments and compared with the op's reference kernel as
+   ``lz.tune`` does (:func:`~layerzero.tuning.stats.compare`, per-dtype tolerances; sampling kernels by
+   support). A kernel that raises or differs is logged (WARNING) and not recorded;
 2. **timed** with :data:`AUTOTUNE_TIMING`: two warm-up calls, then samples of 3 calls until 3 ms are spent (5
-   samples at most, one at least): ``time_kernel`` of the harness (CUDA events on GPU); three times, the kernels in
-   turn, each kernel's best round kept;
+   samples at most, one at least): ``time_kernel`` of the harness (CUDA events on GPU); three times, the
+   kernels in turn, each kernel's best round kept;
 3. **recorded** under the call's bucket and device fingerprint, the key ``Runtime._perf_lookup`` reads.
 
-Cost of the first call of a key: the reference once, then per eligible kernel 1 check + 3 x (2 warm-up + 3 to 15
-timed calls) (about 15 x the kernel's time for kernels slower than 1 ms; ~10 ms in all for fast ones), plus
+Cost of the first call of a key: the reference once, then per eligible kernel 1 check + 3 x (2 warm-up + 3 to
+15 timed calls) (about 15 x the kernel's time for kernels slower than 1 ms; ~10 ms in all for fast ones), plus
 any JIT compilation a kernel does on first use (FlashInfer ~6 s per new variant, Triton ~1 s): those happen on
 the first call instead of later. Nothing is measured when the bucket already has PerfDB rows for this device
 (a later miss of the same bucket costs one PerfDB read), during CUDA-graph capture, with the PerfDB disabled,
@@ -45,16 +45,22 @@ from .harness import time_kernel
 from .report import TuneRow, TuneStatus
 from .stats import SAMPLING_OPS, check_sampled, compare, sample_stats
 
-__all__ = ["AUTOTUNE_TIMING", "REFERENCE_CHUNK_BYTES", "autotune_context", "eligible_kernels", "measure_context",
-           "reference_output"]
+__all__ = [
+    "AUTOTUNE_TIMING",
+    "REFERENCE_CHUNK_BYTES",
+    "autotune_context",
+    "eligible_kernels",
+    "measure_context",
+    "reference_output",
+]
 
 log = logging.getLogger("layerzero.autotune")
 
 AUTOTUNE_TIMING = {"warmup": 2, "iters": 3, "repeats": 5, "max_time_s": 0.003, "rounds": 3}
 """Timing of one kernel by :func:`autotune_context` (``time_kernel`` arguments, seconds; ``rounds`` of
-:func:`measure_context`: three, in turn, the best kept, as the shipped timings and the hidden-shape check do; on the
-H200 (2026-11-27) one round of 2-call samples read one paged shape 20% off (a first-call effect of the other kernel)
-and two rounds one 6% off (two ~60 µs eager kernels whose host time varies by round))."""
+:func:`measure_context`: three, in turn, the best kept, as the shipped timings and the hidden-shape check do;
+on the H200 (2026-11-27) one round of 2-call samples read one paged shape 20% off (a first-call effect of the
+other kernel) and two rounds one 6% off (two ~60 µs eager kernels whose host time varies by round))."""
 
 REFERENCE_CHUNK_BYTES = 1 << 30
 """Largest float32 score matrix (bytes) one call of the attention reference builds; larger calls are split
@@ -63,8 +69,9 @@ over batch and KV-head groups (the result is the same: attention is independent 
 _NOT_AUTOTUNED = frozenset({"reshape_and_cache"})
 
 
-def eligible_kernels(runtime: Runtime, ctx: SelectionContext, kernels: Iterable[str] | None = None,
-                     exclude: Iterable[str] = ()) -> list[KernelSpec]:
+def eligible_kernels(
+    runtime: Runtime, ctx: SelectionContext, kernels: Iterable[str] | None = None, exclude: Iterable[str] = ()
+) -> list[KernelSpec]:
     """The kernels selection would consider for ``ctx`` (no constraint, availability, health or policy reason;
     locks are not consulted), optionally narrowed to ``kernels`` ids and without ids matching ``exclude``
     globs, in registration order."""
@@ -76,7 +83,8 @@ def eligible_kernels(runtime: Runtime, ctx: SelectionContext, kernels: Iterable[
     out = []
     for spec in registry.for_op(ctx.op):
         if (wanted is not None and spec.kernel_id not in wanted) or any(
-                fnmatch.fnmatchcase(spec.kernel_id, p) for p in exclude):
+            fnmatch.fnmatchcase(spec.kernel_id, p) for p in exclude
+        ):
             continue
         reasons = kernel_reasons(registry, spec, ctx, runtime.usable_reason)
         if not spec.is_reference:
@@ -103,18 +111,23 @@ def _needs_chunks(ctx: SelectionContext, args: tuple[Any, ...], max_bytes: int) 
 
 
 def _chunks(ctx: SelectionContext, args: tuple[Any, ...], max_bytes: int) -> list[tuple[slice, slice, slice]]:
-    """(batch, query-head, kv-head) slices of an attention call so each chunk's score matrix fits max_bytes."""
+    """(batch, query-head, kv-head) slices of an attention call so each chunk's score matrix fits
+    max_bytes."""
     b, hq, hkv, sq, sk = _dims(ctx, args)
     group = hq // hkv
     per_kv_head = group * sq * sk * 4
     kv_step = max(1, min(hkv, max_bytes // per_kv_head))
     b_step = max(1, min(b, max_bytes // (per_kv_head * hkv))) if kv_step == hkv else 1
-    return [(slice(i, i + b_step), slice(h * group, (h + kv_step) * group), slice(h, h + kv_step))
-            for i in range(0, b, b_step) for h in range(0, hkv, kv_step)]
+    return [
+        (slice(i, i + b_step), slice(h * group, (h + kv_step) * group), slice(h, h + kv_step))
+        for i in range(0, b, b_step)
+        for h in range(0, hkv, kv_step)
+    ]
 
 
-def reference_output(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ...],
-                     max_bytes: int = REFERENCE_CHUNK_BYTES) -> Any:
+def reference_output(
+    runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ...], max_bytes: int = REFERENCE_CHUNK_BYTES
+) -> Any:
     """The op's reference kernel on ``args`` (the canonical positional args), bound as dispatch binds it. An
     attention call without a mask whose float32 score matrix exceeds ``max_bytes`` runs in chunks of batch and
     KV heads (same result). Exceptions of the reference kernel propagate."""
@@ -128,8 +141,12 @@ def reference_output(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, .
     out = None
     for bs, hs, ks in _chunks(ctx, args, max_bytes):
         where = (bs, slice(None), hs) if bshd else (bs, hs)
-        part = ref(q[where], k[(bs, slice(None), ks) if bshd else (bs, ks)],
-                   v[(bs, slice(None), ks) if bshd else (bs, ks)], *args[3:])
+        part = ref(
+            q[where],
+            k[(bs, slice(None), ks) if bshd else (bs, ks)],
+            v[(bs, slice(None), ks) if bshd else (bs, ks)],
+            *args[3:],
+        )
         if out is None:
             out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=part.dtype, device=part.device)
         out[where] = part
@@ -140,19 +157,31 @@ def _device(args: tuple[Any, ...]) -> torch.device:
     return next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
 
 
-def measure_context(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ...], *, warmup: int, iters: int,
-                    repeats: int, max_time_s: float, kernels: Iterable[str] | None = None, exclude: Iterable[str] = (),
-                    reference: Any = None, rounds: int = 1) -> list[tuple[TuneRow, tuple[float, ...]]]:
+def measure_context(
+    runtime: Runtime,
+    ctx: SelectionContext,
+    args: tuple[Any, ...],
+    *,
+    warmup: int,
+    iters: int,
+    repeats: int,
+    max_time_s: float,
+    kernels: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+    reference: Any = None,
+    rounds: int = 1,
+) -> list[tuple[TuneRow, tuple[float, ...]]]:
     """Check and time every eligible kernel of ``ctx`` on ``args`` (the op's canonical positional args, as
     dispatch passes them to kernels): ``[(row, kept samples µs), ...]`` in registration order.
 
-    The check compares each kernel's output with ``reference`` (default: :func:`reference_output`; the reference
-    kernel itself is then not timed when its score matrix needed chunks) as ``lz.tune`` does; kernels that raise or differ get an ``error`` / ``failed-check`` row and no samples (logged
-    at WARNING). Timing: ``time_kernel`` with the given arguments, ``rounds`` times over the checked kernels in turn
-    (round-robin, so a disturbed moment of the machine hits one round of one kernel, not all of its samples), each
-    kernel's round with the smallest median kept; statistics: ``sample_stats``. ``args`` are
-    used as they are (kernels are functional); generator states are reset before each kernel's check.
-    Exceptions of the reference kernel propagate; a kernel's never do.
+    The check compares each kernel's output with ``reference`` (default: :func:`reference_output`; the
+    reference kernel itself is then not timed when its score matrix needed chunks) as ``lz.tune`` does;
+    kernels that raise or differ get an ``error`` / ``failed-check`` row and no samples (logged at WARNING).
+    Timing: ``time_kernel`` with the given arguments, ``rounds`` times over the checked kernels in turn
+    (round-robin, so a disturbed moment of the machine hits one round of one kernel, not all of its samples),
+    each kernel's round with the smallest median kept; statistics: ``sample_stats``. ``args`` are used as they
+    are (kernels are functional); generator states are reset before each kernel's check. Exceptions of the
+    reference kernel propagate; a kernel's never do.
     """
     runtime.ensure_ready()
     device = _device(args)
@@ -179,16 +208,26 @@ def measure_context(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ..
             result = fn(*args)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            ok, err, why = check_sampled(ctx.op, result, args) if ctx.op in SAMPLING_OPS else compare(result,
-                                                                                                       reference)
+            ok, err, why = (
+                check_sampled(ctx.op, result, args) if ctx.op in SAMPLING_OPS else compare(result, reference)
+            )
             del result
         except Exception as exc:  # noqa: BLE001 - a failing kernel is skipped, never fatal
-            log.warning("LayerZero measure %s: %s raised during the check (%s: %s); skipped", ctx.op, kid,
-                        type(exc).__name__, exc)
-            out.append((TuneRow(0, kid, TuneStatus.ERROR, detail=f"check raised {type(exc).__name__}: {exc}"), ()))
+            log.warning(
+                "LayerZero measure %s: %s raised during the check (%s: %s); skipped",
+                ctx.op,
+                kid,
+                type(exc).__name__,
+                exc,
+            )
+            out.append(
+                (TuneRow(0, kid, TuneStatus.ERROR, detail=f"check raised {type(exc).__name__}: {exc}"), ())
+            )
             continue
         if not ok:
-            log.warning("LayerZero measure %s: %s differs from the reference kernel (%s); skipped", ctx.op, kid, why)
+            log.warning(
+                "LayerZero measure %s: %s differs from the reference kernel (%s); skipped", ctx.op, kid, why
+            )
             out.append((TuneRow(0, kid, TuneStatus.FAILED_CHECK, max_error=err, detail=why), ()))
             continue
         checked.append((len(out), fn, err))
@@ -201,14 +240,31 @@ def measure_context(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ..
             try:
                 samples = time_kernel(fn, args, device, **timing)
             except Exception as exc:  # noqa: BLE001
-                log.warning("LayerZero measure %s: %s raised while timed (%s: %s)", ctx.op, kid, type(exc).__name__,
-                            exc)
+                log.warning(
+                    "LayerZero measure %s: %s raised while timed (%s: %s)",
+                    ctx.op,
+                    kid,
+                    type(exc).__name__,
+                    exc,
+                )
                 out[i] = (TuneRow(0, kid, TuneStatus.ERROR, max_error=err, detail=f"timing raised {exc}"), ())
                 continue
             st = sample_stats(samples)
             if not out[i][1] or st.median_us < out[i][0].median_us:
-                out[i] = (TuneRow(0, kid, TuneStatus.OK, st.median_us, st.p95_us, st.p99_us, len(st.kept),
-                                  st.outliers, err), st.kept)
+                out[i] = (
+                    TuneRow(
+                        0,
+                        kid,
+                        TuneStatus.OK,
+                        st.median_us,
+                        st.p95_us,
+                        st.p99_us,
+                        len(st.kept),
+                        st.outliers,
+                        err,
+                    ),
+                    st.kept,
+                )
     reset()
     return out
 
@@ -219,12 +275,13 @@ def _capturing(device: torch.device) -> bool:
 
 def autotune_context(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ...]) -> None:
     """Measure every eligible kernel of ``ctx`` on the call's ``args`` (canonical positional args) and record
-    the ones that pass the check in ``runtime.perfdb()`` under ``ctx.bucket_key()`` and the device fingerprint.
+    the ones that pass the check in ``runtime.perfdb()`` under ``ctx.bucket_key()`` and the device
+    fingerprint.
 
     Does nothing during CUDA-graph capture (``ctx.graph_capture`` or a capturing stream), when the PerfDB is
     disabled or unusable, when the bucket already has rows for this fingerprint, or for ``reshape_and_cache``.
-    Never raises: kernel failures, a failing reference kernel and PerfDB errors are logged. Does not invalidate
-    the selection cache (the caller selects afterwards). See the module docstring for the cost.
+    Never raises: kernel failures, a failing reference kernel and PerfDB errors are logged. Does not
+    invalidate the selection cache (the caller selects afterwards). See the module docstring for the cost.
     """
     device = _device(args)
     if ctx.graph_capture or _capturing(device) or ctx.op in _NOT_AUTOTUNED:
@@ -260,5 +317,11 @@ def autotune_context(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, .
             recorded.append(f"{row.kernel_id} {row.median_us:.1f} us")
         except LayerZeroError as exc:
             log.warning("LayerZero autotune %s: could not record %s (%s)", ctx.op, row.kernel_id, exc)
-    log.info("LayerZero autotune %s: %d of %d kernels recorded in %.1f ms (%s)", ctx.op, len(recorded),
-             len(results), (time.perf_counter() - t0) * 1e3, ", ".join(recorded) or "none")
+    log.info(
+        "LayerZero autotune %s: %d of %d kernels recorded in %.1f ms (%s)",
+        ctx.op,
+        len(recorded),
+        len(results),
+        (time.perf_counter() - t0) * 1e3,
+        ", ".join(recorded) or "none",
+    )

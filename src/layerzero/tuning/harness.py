@@ -6,8 +6,8 @@ would consider (no constraint, availability or health reason, and allowed by the
 narrows the list), and then, per kernel:
 
 1. **check**: call it on fresh copies of the inputs and compare with the op's reference kernel
-   (:func:`compare`, per-dtype tolerance :data:`~layerzero.tuning.stats.TOLERANCES`). A kernel that differs, or raises, is reported
-   and never timed or recorded.
+   (:func:`compare`, per-dtype tolerance :data:`~layerzero.tuning.stats.TOLERANCES`). A kernel that differs,
+   or raises, is reported and never timed or recorded.
 2. **time**: ``warmup`` untimed calls, then up to ``repeats`` samples, each the mean of ``iters`` back-to-back
    calls: CUDA ``torch.cuda.Event`` pairs around the calls (then ``Event.synchronize``), CPU
    ``time.perf_counter_ns``. Sampling stops early once ``max_time_s`` is spent on this kernel and case.
@@ -61,10 +61,11 @@ __all__ = ["bind", "time_kernel", "tune"]
 
 log = logging.getLogger("layerzero.tuning")
 
+
 def bind(registry: KernelRegistry, spec: KernelSpec, ctx: SelectionContext) -> Callable[..., Any]:
-    """The callable an ``ExecutionPlan`` would hold for ``spec`` on ``ctx``: the kernel specialized for ``ctx``
-    and wrapped by the op's adapter (e.g. a BSHD <-> BHSD transpose). It takes the op's canonical positional
-    arguments (see docs/architecture.md, "Adding a kernel")."""
+    """The callable an ``ExecutionPlan`` would hold for ``spec`` on ``ctx``: the kernel specialized for
+    ``ctx`` and wrapped by the op's adapter (e.g. a BSHD <-> BHSD transpose). It takes the op's canonical
+    positional arguments (see docs/architecture.md, "Adding a kernel")."""
     return _bind_plan(registry, spec, ctx)[0]
 
 
@@ -81,8 +82,16 @@ def _fresh(args: tuple[Any, ...], states: dict[int, torch.Tensor]) -> tuple[Any,
     return tuple(out)
 
 
-def time_kernel(fn: Callable[..., Any], args: tuple[Any, ...], device: torch.device, *, warmup: int, iters: int,
-                repeats: int, max_time_s: float) -> list[float]:
+def time_kernel(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    device: torch.device,
+    *,
+    warmup: int,
+    iters: int,
+    repeats: int,
+    max_time_s: float,
+) -> list[float]:
     """Time ``fn(*args)``: ``warmup`` untimed calls, then up to ``repeats`` samples of ``iters`` calls each;
     returns µs per call, one value per sample (at least one sample, even past ``max_time_s`` seconds).
 
@@ -97,8 +106,15 @@ def time_kernel(fn: Callable[..., Any], args: tuple[Any, ...], device: torch.dev
     return _time(fn, args, False, warmup, iters, repeats, max_time_s)
 
 
-def _time(fn: Callable[..., Any], args: tuple[Any, ...], cuda: bool, warmup: int, iters: int, repeats: int,
-          max_time_s: float) -> list[float]:
+def _time(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    cuda: bool,
+    warmup: int,
+    iters: int,
+    repeats: int,
+    max_time_s: float,
+) -> list[float]:
     for _ in range(warmup):
         fn(*args)
     if cuda:
@@ -170,17 +186,30 @@ def _as_case(op: str, i: int, case: Any) -> tuple[tuple[Any, ...], dict[str, Any
     if isinstance(case, dict):
         bad = [k for k in case if not isinstance(k, str)]
         if bad:
-            raise InvalidInputError(expected_got(f"lz.tune case {i}: shape parameter names", "str names like 'batch'",
-                                                 f"{type(bad[0]).__name__} {bad[0]!r:.40}"))
+            raise InvalidInputError(
+                expected_got(
+                    f"lz.tune case {i}: shape parameter names",
+                    "str names like 'batch'",
+                    f"{type(bad[0]).__name__} {bad[0]!r:.40}",
+                )
+            )
         return make_inputs(op, **case)
-    if (isinstance(case, (tuple, list)) and len(case) == 2 and isinstance(case[0], (tuple, list))
-            and isinstance(case[1], dict)):
+    if (
+        isinstance(case, (tuple, list))
+        and len(case) == 2
+        and isinstance(case[0], (tuple, list))
+        and isinstance(case[1], dict)
+    ):
         return tuple(case[0]), dict(case[1])
-    raise InvalidInputError(expected_got(
-        f"lz.tune case {i}", "an (args tuple, kwargs dict) pair, or a dict of shape parameters",
-        f"{type(case).__name__}: {case!r:.80}",
-        "Write cases=[((q, k, v), {'is_causal': True})] or cases=[{'batch': 2, 'seq': 1024}] "
-        "(see layerzero.tuning.make_inputs)."))
+    raise InvalidInputError(
+        expected_got(
+            f"lz.tune case {i}",
+            "an (args tuple, kwargs dict) pair, or a dict of shape parameters",
+            f"{type(case).__name__}: {case!r:.80}",
+            "Write cases=[((q, k, v), {'is_causal': True})] or cases=[{'batch': 2, 'seq': 1024}] "
+            "(see layerzero.tuning.make_inputs).",
+        )
+    )
 
 
 def _selected(op: str, specs: Sequence[KernelSpec], kernels: Any) -> set[str]:
@@ -191,11 +220,14 @@ def _selected(op: str, specs: Sequence[KernelSpec], kernels: Any) -> set[str]:
     out: set[str] = set()
     for p in patterns:
         if not isinstance(p, str):
-            raise InvalidInputError(expected_got("lz.tune(kernels)", "kernel ids, backend ids or glob patterns",
-                                                 repr(p)))
+            raise InvalidInputError(
+                expected_got("lz.tune(kernels)", "kernel ids, backend ids or glob patterns", repr(p))
+            )
         hit = {s.kernel_id for s in specs if fnmatch.fnmatchcase(s.kernel_id, p) or s.backend == p}
         if not hit:
-            raise UnknownKernelError(f"lz.tune: {p!r} matches no kernel of op {op!r}. Kernels of {op!r}: {ids}.")
+            raise UnknownKernelError(
+                f"lz.tune: {p!r} matches no kernel of op {op!r}. Kernels of {op!r}: {ids}."
+            )
         out |= hit
     return out
 
@@ -210,8 +242,16 @@ def _label(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _measure(spec: KernelSpec, case: int, fn: Callable[..., Any], args: tuple[Any, ...], ref: Any,
-             states: dict[int, torch.Tensor], device: torch.device, timing: dict[str, Any]) -> tuple[TuneRow, tuple]:
+def _measure(
+    spec: KernelSpec,
+    case: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    ref: Any,
+    states: dict[int, torch.Tensor],
+    device: torch.device,
+    timing: dict[str, Any],
+) -> tuple[TuneRow, tuple]:
     """Check one kernel against the reference output, then time it: (row, kept samples)."""
     kid = spec.kernel_id
     try:
@@ -229,17 +269,34 @@ def _measure(spec: KernelSpec, case: int, fn: Callable[..., Any], args: tuple[An
         samples = time_kernel(fn, args, device, **timing)
     except Exception as exc:  # noqa: BLE001
         log.warning("lz.tune: %s raised while timed (%s: %s)", kid, type(exc).__name__, exc)
-        return TuneRow(case, kid, TuneStatus.ERROR, max_error=err,
-                       detail=f"timing raised {type(exc).__name__}: {exc}"), ()
+        return TuneRow(
+            case, kid, TuneStatus.ERROR, max_error=err, detail=f"timing raised {type(exc).__name__}: {exc}"
+        ), ()
     st = sample_stats(samples)
-    detail = "" if len(samples) == timing["repeats"] else (
-        f"time budget {timing['max_time_s']:g} s reached after {len(samples)} of {timing['repeats']} samples")
-    return TuneRow(case, kid, TuneStatus.OK, st.median_us, st.p95_us, st.p99_us, len(st.kept), st.outliers, err,
-                   detail), st.kept
+    detail = (
+        ""
+        if len(samples) == timing["repeats"]
+        else (
+            f"time budget {timing['max_time_s']:g} s reached after {len(samples)} of {timing['repeats']} "
+            "samples"
+        )
+    )
+    return TuneRow(
+        case, kid, TuneStatus.OK, st.median_us, st.p95_us, st.p99_us, len(st.kept), st.outliers, err, detail
+    ), st.kept
 
 
-def tune(op: str, cases: Iterable[Any], *, kernels: str | Iterable[str] | None = None, warmup: int = 3,
-         iters: int = 5, repeats: int = 20, max_time_s: float = 2.0, progress: bool = True) -> TuneReport:
+def tune(
+    op: str,
+    cases: Iterable[Any],
+    *,
+    kernels: str | Iterable[str] | None = None,
+    warmup: int = 3,
+    iters: int = 5,
+    repeats: int = 20,
+    max_time_s: float = 2.0,
+    progress: bool = True,
+) -> TuneReport:
     """Measure every eligible kernel of ``op`` on each case, record the timings in the PerfDB, and invalidate
     cached selections so the next ``lz.<op>`` call is scored with them (``Score.perf``).
 
@@ -266,31 +323,50 @@ def tune(op: str, cases: Iterable[Any], *, kernels: str | Iterable[str] | None =
         UnknownOperationError: unknown ``op``.
         UnknownKernelError: an entry of ``kernels`` matches no kernel of ``op``.
         InvalidInputError: a malformed case (not an ``(args, kwargs)`` pair or a dict; arguments that do not
-            bind to ``lz.<op>``'s signature, e.g. a misspelt keyword), bad inputs for the op (the op's own message), or bad
-            ``warmup``/``iters``/``repeats``/``max_time_s``.
+            bind to ``lz.<op>``'s signature, e.g. a misspelt keyword), bad inputs for the op (the op's own
+            message), or bad ``warmup``/``iters``/``repeats``/``max_time_s``.
         CudaGraphUnsafeError: called while a CUDA graph is being captured (timing would be captured too).
 
     A kernel that raises or differs from the reference beyond :data:`~layerzero.tuning.stats.TOLERANCES` is
-    reported (status ``error`` / ``failed-check``, WARNING logged) and never recorded. When the PerfDB is disabled
-    (``lz.configure(use_perfdb=False)``) or unusable, timings are reported but not stored (WARNING).
+    reported (status ``error`` / ``failed-check``, WARNING logged) and never recorded. When the PerfDB is
+    disabled (``lz.configure(use_perfdb=False)``) or unusable, timings are reported but not stored (WARNING).
     """
     if not isinstance(op, str):
-        raise UnknownOperationError(f"lz.tune: unknown op {op!r:.60}: " + expected_got(
-            "lz.tune(op)", f"an op id (a str) from {sorted(OPS)}", type(op).__name__))
+        raise UnknownOperationError(
+            f"lz.tune: unknown op {op!r:.60}: "
+            + expected_got("lz.tune(op)", f"an op id (a str) from {sorted(OPS)}", type(op).__name__)
+        )
     if op not in OPS:
         raise UnknownOperationError(f"lz.tune: unknown op {op!r}. Known ops: {sorted(OPS)}.")
-    timing = {"warmup": _check_int("warmup", warmup, 0), "iters": _check_int("iters", iters, 1),
-              "repeats": _check_int("repeats", repeats, 1), "max_time_s": max_time_s}
-    if isinstance(max_time_s, bool) or not isinstance(max_time_s, (int, float)) or not math.isfinite(
-            max_time_s) or max_time_s <= 0:
-        raise InvalidInputError(expected_got("lz.tune(max_time_s)", "a finite number of seconds > 0",
-                                             repr(max_time_s)))
+    timing = {
+        "warmup": _check_int("warmup", warmup, 0),
+        "iters": _check_int("iters", iters, 1),
+        "repeats": _check_int("repeats", repeats, 1),
+        "max_time_s": max_time_s,
+    }
+    if (
+        isinstance(max_time_s, bool)
+        or not isinstance(max_time_s, (int, float))
+        or not math.isfinite(max_time_s)
+        or max_time_s <= 0
+    ):
+        raise InvalidInputError(
+            expected_got("lz.tune(max_time_s)", "a finite number of seconds > 0", repr(max_time_s))
+        )
     if isinstance(cases, (dict, str)) or not isinstance(cases, Iterable):
-        raise InvalidInputError(expected_got("lz.tune(cases)", "a list of cases", type(cases).__name__,
-                                             "Wrap a single case in a list: cases=[...]."))
+        raise InvalidInputError(
+            expected_got(
+                "lz.tune(cases)",
+                "a list of cases",
+                type(cases).__name__,
+                "Wrap a single case in a list: cases=[...].",
+            )
+        )
     if _capturing_now():
-        raise CudaGraphUnsafeError("lz.tune cannot run while a CUDA graph is being captured: the timing calls "
-                                   "would be captured too. Tune before capturing (e.g. at start-up).")
+        raise CudaGraphUnsafeError(
+            "lz.tune cannot run while a CUDA graph is being captured: the timing calls "
+            "would be captured too. Tune before capturing (e.g. at start-up)."
+        )
     prepare, build_ctx = OPS[op]
     RUNTIME.ensure_ready()
     registry = RUNTIME.registry
@@ -316,8 +392,15 @@ def tune(op: str, cases: Iterable[Any], *, kernels: str | Iterable[str] | None =
             if not spec.is_reference:
                 reasons += policy.reasons_against(op, spec.kernel_id, spec.backend, fields)
             if reasons:
-                rows.append(TuneRow(i, spec.kernel_id, TuneStatus.INELIGIBLE, detail="; ".join(map(str, reasons)),
-                                    reason_codes=tuple(dict.fromkeys(r.code.value for r in reasons))))
+                rows.append(
+                    TuneRow(
+                        i,
+                        spec.kernel_id,
+                        TuneStatus.INELIGIBLE,
+                        detail="; ".join(map(str, reasons)),
+                        reason_codes=tuple(dict.fromkeys(r.code.value for r in reasons)),
+                    )
+                )
             else:
                 todo.append(spec)
         plans.append((i, _label(op, *args_kw), ctx, args, rows, todo))
@@ -326,8 +409,10 @@ def tune(op: str, cases: Iterable[Any], *, kernels: str | Iterable[str] | None =
 
     db = RUNTIME.perfdb()
     if db is None:
-        log.warning("lz.tune: the PerfDB is disabled or unusable (lz.get_config().use_perfdb / perfdb_path); "
-                    "timings are reported but not stored, so selection will not use them")
+        log.warning(
+            "lz.tune: the PerfDB is disabled or unusable (lz.get_config().use_perfdb / perfdb_path); "
+            "timings are reported but not stored, so selection will not use them"
+        )
     bar = _Progress(sum(len(p[5]) for p in plans), progress, f"lz.tune {op}")
     all_rows: list[TuneRow] = []
     labels, buckets, fps = [], [], []
@@ -346,14 +431,19 @@ def tune(op: str, cases: Iterable[Any], *, kernels: str | Iterable[str] | None =
                 ref = ref_fn(*_fresh(args, states))
                 ref_error = ""
             except Exception as exc:  # noqa: BLE001
-                ref, ref_error = None, f"reference kernel {ref_spec.kernel_id} raised {type(exc).__name__}: {exc}"
+                ref, ref_error = (
+                    None,
+                    f"reference kernel {ref_spec.kernel_id} raised {type(exc).__name__}: {exc}",
+                )
                 log.warning("lz.tune case %d: %s; no kernel can be checked", i, ref_error)
             measured: dict[str, TuneRow] = {}
             for spec in todo:
                 if ref_error:
                     row, kept = TuneRow(i, spec.kernel_id, TuneStatus.ERROR, detail=ref_error), ()
                 else:
-                    row, kept = _measure(spec, i, bind(registry, spec, ctx), args, ref, states, device, timing)
+                    row, kept = _measure(
+                        spec, i, bind(registry, spec, ctx), args, ref, states, device, timing
+                    )
                 if kept and db is not None:
                     try:
                         db.record(spec.kernel_id, op, bucket, fp, kept)
@@ -373,6 +463,11 @@ def tune(op: str, cases: Iterable[Any], *, kernels: str | Iterable[str] | None =
     dup = len(set(zip(buckets, fps, strict=True))) < len(buckets)
     if dup:
         log.info("lz.tune: several cases share a PerfDB bucket; the last case's timings are the ones stored")
-    return TuneReport(op, tuple(labels), tuple(buckets), tuple(fps), tuple(all_rows),
-                      None if db is None or db.path is None else str(db.path))
-
+    return TuneReport(
+        op,
+        tuple(labels),
+        tuple(buckets),
+        tuple(fps),
+        tuple(all_rows),
+        None if db is None or db.path is None else str(db.path),
+    )

@@ -60,10 +60,20 @@ class TuneRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (status as its string value)."""
-        return {"case": self.case, "kernel_id": self.kernel_id, "status": self.status.value,
-                "median_us": self.median_us, "p95_us": self.p95_us, "p99_us": self.p99_us, "samples": self.samples,
-                "outliers": self.outliers, "max_error": self.max_error, "detail": self.detail,
-                "recorded": self.recorded, "reason_codes": list(self.reason_codes)}
+        return {
+            "case": self.case,
+            "kernel_id": self.kernel_id,
+            "status": self.status.value,
+            "median_us": self.median_us,
+            "p95_us": self.p95_us,
+            "p99_us": self.p99_us,
+            "samples": self.samples,
+            "outliers": self.outliers,
+            "max_error": self.max_error,
+            "detail": self.detail,
+            "recorded": self.recorded,
+            "reason_codes": list(self.reason_codes),
+        }
 
 
 def _short(row: TuneRow) -> str:
@@ -119,25 +129,59 @@ class TuneReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: op, cases (label, bucket, fingerprint, best kernel), rows, perfdb_path."""
         best = self.best()
-        cases = [{"index": i, "label": label, "bucket": self.buckets[i], "fingerprint": self.fingerprints[i],
-                  "best": best[i].kernel_id if i in best else None} for i, label in enumerate(self.cases)]
-        return {"op": self.op, "cases": cases, "rows": [r.to_dict() for r in self.rows],
-                "perfdb_path": self.perfdb_path}
+        cases = [
+            {
+                "index": i,
+                "label": label,
+                "bucket": self.buckets[i],
+                "fingerprint": self.fingerprints[i],
+                "best": best[i].kernel_id if i in best else None,
+            }
+            for i, label in enumerate(self.cases)
+        ]
+        return {
+            "op": self.op,
+            "cases": cases,
+            "rows": [r.to_dict() for r in self.rows],
+            "perfdb_path": self.perfdb_path,
+        }
 
     def to_json(self) -> str:
         """:meth:`to_dict` as indented JSON."""
         return json.dumps(self.to_dict(), indent=2)
 
-    _COLUMNS = ("case", "kernel", "status", "median µs", "p95 µs", "p99 µs", "samples", "outliers", "best",
-                "detail")
+    _COLUMNS = (
+        "case",
+        "kernel",
+        "status",
+        "median µs",
+        "p95 µs",
+        "p99 µs",
+        "samples",
+        "outliers",
+        "best",
+        "detail",
+    )
 
     def table_rows(self) -> list[tuple[str, ...]]:
         """The table's rows as strings (columns: case, kernel, status, median/p95/p99 µs, samples, outliers,
         best, detail)."""
         best = {(c, r.kernel_id) for c, r in self.best().items()}
-        return [(str(r.case), r.kernel_id, r.status.value, _us(r.median_us), _us(r.p95_us), _us(r.p99_us),
-                 str(r.samples), str(r.outliers), "*" if (r.case, r.kernel_id) in best else "",
-                 _short(r)) for r in self.rows]
+        return [
+            (
+                str(r.case),
+                r.kernel_id,
+                r.status.value,
+                _us(r.median_us),
+                _us(r.p95_us),
+                _us(r.p99_us),
+                str(r.samples),
+                str(r.outliers),
+                "*" if (r.case, r.kernel_id) in best else "",
+                _short(r),
+            )
+            for r in self.rows
+        ]
 
     def __str__(self) -> str:
         header = [f"lz.tune {self.op}: {len(self.cases)} case(s), PerfDB {self.perfdb_path or 'not written'}"]
@@ -157,7 +201,9 @@ class TuneReport:
         title = f"lz.tune {self.op} (PerfDB: {self.perfdb_path or 'not written'})"
         t = Table(title=title, title_justify="left")
         for c in self._COLUMNS:
-            t.add_column(c, overflow="fold", justify="right" if "µs" in c or c in ("samples", "outliers") else "left")
+            t.add_column(
+                c, overflow="fold", justify="right" if "µs" in c or c in ("samples", "outliers") else "left"
+            )
         style = {"ok": "", "failed-check": "red", "error": "red", "ineligible": "dim"}
         for r in self.table_rows():
             t.add_row(*r, style=style[r[2]])

@@ -18,20 +18,46 @@ __all__ = ["SHAPE_DEFAULTS", "make_inputs"]
 
 _COMMON = {"dtype": "float32", "device": "cpu", "seed": 0}
 SHAPE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "attention": {"batch": 1, "heads": 8, "kv_heads": None, "seq": 128, "kv_seq": None, "head_dim": 64,
-                  "causal": False, "layout": "BHSD", "mask": "none", **_COMMON},
+    "attention": {
+        "batch": 1,
+        "heads": 8,
+        "kv_heads": None,
+        "seq": 128,
+        "kv_seq": None,
+        "head_dim": 64,
+        "causal": False,
+        "layout": "BHSD",
+        "mask": "none",
+        **_COMMON,
+    },
     "rms_norm": {"batch": 1, "seq": 128, "hidden": 4096, "residual": False, "eps": 1e-6, **_COMMON},
     "layer_norm": {"batch": 1, "seq": 128, "hidden": 4096, "bias": True, "eps": 1e-5, **_COMMON},
     "swiglu": {"batch": 1, "seq": 128, "hidden": 11008, **_COMMON},
-    "rope": {"batch": 1, "heads": 8, "kv_heads": None, "seq": 128, "head_dim": 64, "interleaved": False, **_COMMON},
+    "rope": {
+        "batch": 1,
+        "heads": 8,
+        "kv_heads": None,
+        "seq": 128,
+        "head_dim": 64,
+        "interleaved": False,
+        **_COMMON,
+    },
     "sample_topk": {"batch": 1, "vocab": 32000, "top_k": 50, "temperature": 1.0, **_COMMON},
     "sample_topp": {"batch": 1, "vocab": 32000, "top_p": 0.9, "temperature": 1.0, **_COMMON},
     "sample_greedy": {"batch": 1, "vocab": 32000, **_COMMON},
 }
-"""Every op's shape parameters and their defaults (token counts for ``seq``/``kv_seq``, elements otherwise)."""
+"""Every op's shape parameters and their defaults (token counts for ``seq``/``kv_seq``, elements
+otherwise)."""
 
-_INT_FIELDS = frozenset({"batch", "heads", "kv_heads", "seq", "kv_seq", "head_dim", "hidden", "vocab", "top_k"})
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_INT_FIELDS = frozenset(
+    {"batch", "heads", "kv_heads", "seq", "kv_seq", "head_dim", "hidden", "vocab", "top_k"}
+)
+_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
 
 
 def _fail(what: str, expected: Any, got: Any, fix: str | None = None) -> InvalidInputError:
@@ -48,13 +74,17 @@ def _dtype(value: Any) -> torch.dtype:
 
 def _resolve(op: str, shape: dict[str, Any]) -> dict[str, Any]:
     if op not in SHAPE_DEFAULTS:
-        raise UnknownOperationError(f"make_inputs: unknown op {op!r}.{did_you_mean(str(op), SHAPE_DEFAULTS)} "
-                                    f"Ops with shape parameters: {sorted(SHAPE_DEFAULTS)}.")
+        raise UnknownOperationError(
+            f"make_inputs: unknown op {op!r}.{did_you_mean(str(op), SHAPE_DEFAULTS)} "
+            f"Ops with shape parameters: {sorted(SHAPE_DEFAULTS)}."
+        )
     known = SHAPE_DEFAULTS[op]
     for name in shape:
         if name not in known:
-            raise InvalidInputError(f"make_inputs: unknown shape parameter {name!r} of op {op!r}."
-                                    f"{did_you_mean(str(name), known)} Pass only these names.")
+            raise InvalidInputError(
+                f"make_inputs: unknown shape parameter {name!r} of op {op!r}."
+                f"{did_you_mean(str(name), known)} Pass only these names."
+            )
     out = {**known, **shape}
     for name in _INT_FIELDS & out.keys():
         value = out[name]
@@ -114,13 +144,19 @@ def make_inputs(op: str, **shape: Any) -> tuple[tuple[Any, ...], dict[str, Any]]
         bshd = s["layout"] == "BSHD"
         q = t(*((b, sq, hq, d) if bshd else (b, hq, sq, d)))
         k, v = (t(*((b, sk, hkv, d) if bshd else (b, hkv, sk, d))) for _ in range(2))
-        mask = {"none": None, "bool": lambda: torch.ones(b, 1, sq, sk, dtype=torch.bool, device=dev),
-                "float": lambda: torch.zeros(b, 1, sq, sk, dtype=dtype, device=dev)}
+        mask = {
+            "none": None,
+            "bool": lambda: torch.ones(b, 1, sq, sk, dtype=torch.bool, device=dev),
+            "float": lambda: torch.zeros(b, 1, sq, sk, dtype=dtype, device=dev),
+        }
         if s["mask"] not in mask:
             raise _fail("mask", "'none', 'bool' or 'float'", repr(s["mask"]))
         make_mask = mask[s["mask"]]
-        return (q, k, v), {"attn_mask": None if make_mask is None else make_mask(), "is_causal": s["causal"],
-                           "layout": s["layout"]}
+        return (q, k, v), {
+            "attn_mask": None if make_mask is None else make_mask(),
+            "is_causal": s["causal"],
+            "layout": s["layout"],
+        }
     if op == "rms_norm":
         x, w = t(s["batch"], s["seq"], s["hidden"]), t(s["hidden"])
         kwargs: dict[str, Any] = {"residual": t(s["batch"], s["seq"], s["hidden"])} if s["residual"] else {}

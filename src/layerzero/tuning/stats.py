@@ -15,8 +15,12 @@ from layerzero.core.errors import InvalidInputError, expected_got
 
 __all__ = ["OUTLIER_MADS", "TOLERANCES", "SampleStats", "compare", "sample_stats"]
 
-TOLERANCES: dict[torch.dtype, float] = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2,
-                                        torch.float64: 1e-7}
+TOLERANCES: dict[torch.dtype, float] = {
+    torch.float32: 1e-4,
+    torch.float16: 2e-3,
+    torch.bfloat16: 2e-2,
+    torch.float64: 1e-7,
+}
 """Largest allowed ``|out - ref| / (1 + |ref|)`` per output dtype (relative, with an absolute floor of the
 same size for values below 1)."""
 
@@ -59,19 +63,28 @@ def sample_stats(samples_us: Sequence[float], *, mads: float = OUTLIER_MADS) -> 
     try:
         x = np.asarray(list(samples_us), dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise InvalidInputError(expected_got("sample_stats(samples_us)", "a sequence of numbers (µs)",
-                                             type(samples_us).__name__)) from exc
+        raise InvalidInputError(
+            expected_got("sample_stats(samples_us)", "a sequence of numbers (µs)", type(samples_us).__name__)
+        ) from exc
     if x.ndim != 1 or x.size == 0 or not np.all(np.isfinite(x)) or np.any(x < 0):
-        raise InvalidInputError(expected_got("sample_stats(samples_us)", "a non-empty 1-D sequence of finite "
-                                             "timings >= 0 (µs)", repr(x.tolist()[:8])))
+        raise InvalidInputError(
+            expected_got(
+                "sample_stats(samples_us)",
+                "a non-empty 1-D sequence of finite timings >= 0 (µs)",
+                repr(x.tolist()[:8]),
+            )
+        )
     med = float(np.median(x))
     mad = float(np.median(np.abs(x - med)))
     keep = x <= med + mads * mad if mad > 0 else np.ones(x.shape, dtype=bool)
     kept = x[keep]
-    return SampleStats(median_us=float(np.median(kept)),
-                       p95_us=float(np.percentile(kept, 95, method="inverted_cdf")),
-                       p99_us=float(np.percentile(kept, 99, method="inverted_cdf")),
-                       kept=tuple(float(v) for v in kept), outliers=int(x.size - kept.size))
+    return SampleStats(
+        median_us=float(np.median(kept)),
+        p95_us=float(np.percentile(kept, 95, method="inverted_cdf")),
+        p99_us=float(np.percentile(kept, 99, method="inverted_cdf")),
+        kept=tuple(float(v) for v in kept),
+        outliers=int(x.size - kept.size),
+    )
 
 
 def _flat(out: Any) -> list[Any]:
@@ -107,15 +120,22 @@ def compare(out: Any, ref: Any, tol: float | None = None) -> tuple[bool, float, 
         o64, r64 = o.detach().to(torch.float64), r.detach().to(torch.float64)
         nan_o, nan_r = torch.isnan(o64), torch.isnan(r64)
         if not torch.equal(nan_o, nan_r):
-            return False, math.inf, f"output {i}: NaN in {int(nan_o.sum())} places, reference {int(nan_r.sum())}"
+            return (
+                False,
+                math.inf,
+                f"output {i}: NaN in {int(nan_o.sum())} places, reference {int(nan_r.sum())}",
+            )
         err = ((o64 - r64).abs() / (1.0 + r64.abs())).masked_fill(nan_r, 0.0)
         e = float(err.max()) if err.numel() else 0.0
         e = math.inf if math.isnan(e) else e
         worst = max(worst, e)
         limit = TOLERANCES.get(r.dtype, 1e-4) if tol is None else tol
         if e > limit:
-            return False, worst, (f"output {i}: max |out - ref| / (1 + |ref|) = {e:.3g} > {limit:g} "
-                                  f"({r.dtype} tolerance)")
+            return (
+                False,
+                worst,
+                (f"output {i}: max |out - ref| / (1 + |ref|) = {e:.3g} > {limit:g} ({r.dtype} tolerance)"),
+            )
     return True, worst, ""
 
 
@@ -138,7 +158,11 @@ def check_sampled(op: str, tokens: Any, args: tuple[Any, ...]) -> tuple[bool, fl
     logits, param, temperature = args[0], args[1], float(args[2])
     b, v = logits.shape
     if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64 or tuple(tokens.shape) != (b,):
-        got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        got = (
+            f"{tuple(tokens.shape)} {tokens.dtype}"
+            if isinstance(tokens, torch.Tensor)
+            else type(tokens).__name__
+        )
         return False, math.inf, expected_got("sampled tokens", f"({b},) torch.int64", got)
     if bool(((tokens < 0) | (tokens >= v)).any()):
         return False, math.inf, f"sampled token ids outside [0, {v})"
@@ -158,6 +182,12 @@ def check_sampled(op: str, tokens: Any, args: tuple[Any, ...]) -> tuple[bool, fl
     inside = allowed.gather(1, tokens.to(allowed.device)[:, None]).squeeze(1)
     if not bool(inside.all()):
         row = int((~inside).nonzero()[0, 0])
-        return False, math.inf, (f"{int((~inside).sum())} of {b} sampled tokens outside the {op} support, "
-                                 f"e.g. row {row}: token {int(tokens[row])}")
+        return (
+            False,
+            math.inf,
+            (
+                f"{int((~inside).sum())} of {b} sampled tokens outside the {op} support, "
+                f"e.g. row {row}: token {int(tokens[row])}"
+            ),
+        )
     return True, 0.0, ""

@@ -1,8 +1,8 @@
-"""Async scheduling (step N+1 launched before step N's ids reach the host; its pending input ids gathered on the
-device): the overlap really happens, and it changes no token. Oracle: the same engine without async scheduling
-(itself checked against transformers in test_hf_parity / test_invariances, where async configurations run too):
-greedy and seeded tokens equal, raw logprobs within 1e-5, finish reasons and token counts equal; penalized
-requests are read before they are sampled again."""
+"""Async scheduling (step N+1 launched before step N's ids reach the host; its pending input ids gathered on
+the device): the overlap really happens, and it changes no token. Oracle: the same engine without async
+scheduling (itself checked against transformers in test_hf_parity / test_invariances, where async
+configurations run too): greedy and seeded tokens equal, raw logprobs within 1e-5, finish reasons and token
+counts equal; penalized requests are read before they are sampled again."""
 
 from __future__ import annotations
 
@@ -18,18 +18,26 @@ FAMILY = "qwen3"
 def _params(i: int):
     from layerzero.engine import SamplingParams
 
-    kinds = [dict(temperature=0.0, max_tokens=12, stop_token_ids=list(range(3, 512, 5)), min_tokens=2),
-             dict(temperature=0.9, seed=100 + i, top_k=40, top_p=0.9, max_tokens=9, logprobs=2, ignore_eos=True),
-             dict(temperature=0.0, max_tokens=7, ignore_eos=True, logit_bias={11: 2.5}),
-             dict(temperature=0.7, seed=7 * i, min_p=0.05, max_tokens=11, ignore_eos=True)]
+    kinds = [
+        dict(temperature=0.0, max_tokens=12, stop_token_ids=list(range(3, 512, 5)), min_tokens=2),
+        dict(temperature=0.9, seed=100 + i, top_k=40, top_p=0.9, max_tokens=9, logprobs=2, ignore_eos=True),
+        dict(temperature=0.0, max_tokens=7, ignore_eos=True, logit_bias={11: 2.5}),
+        dict(temperature=0.7, seed=7 * i, min_p=0.05, max_tokens=11, ignore_eos=True),
+    ]
     return SamplingParams(**kinds[i % len(kinds)])
 
 
 def _run(checkpoints, ps, sps, async_scheduling, **kw):
     from layerzero.engine import LLM
 
-    opts = dict(device="cpu", dtype=torch.float32, max_model_len=80, num_kv_blocks=64, max_num_seqs=5,
-                max_num_batched_tokens=40)
+    opts = dict(
+        device="cpu",
+        dtype=torch.float32,
+        max_model_len=80,
+        num_kv_blocks=64,
+        max_num_seqs=5,
+        max_num_batched_tokens=40,
+    )
     opts.update(kw)
     llm = LLM(checkpoints[FAMILY], async_scheduling=async_scheduling, **opts)
     gathered, penalized_gathered = [], []
@@ -77,8 +85,14 @@ def test_penalized_requests_are_read_before_they_are_sampled_again(checkpoints):
     from layerzero.engine import SamplingParams
 
     ps = prompts(4, seed=32, lo=4, hi=20)
-    pen = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, repetition_penalty=1.5,
-                         frequency_penalty=0.4, presence_penalty=0.3)
+    pen = SamplingParams(
+        temperature=0.0,
+        max_tokens=10,
+        ignore_eos=True,
+        repetition_penalty=1.5,
+        frequency_penalty=0.4,
+        presence_penalty=0.3,
+    )
     plain = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     sps = [pen, plain, pen, plain]
     _, s_outs, _, _ = _run(checkpoints, ps, sps, False)
@@ -100,15 +114,22 @@ def test_async_scheduling_option_is_validated(checkpoints):
 
 
 def test_a_sequence_ended_by_length_is_not_computed_again(checkpoints):
-    """``length_capped``: once the pending token is the last one max_tokens allows, the sequence is not scheduled
-    again, so it is forwarded exactly as often as in the synchronous loop (prompt chunk + max_tokens - 1 decodes)."""
+    """``length_capped``: once the pending token is the last one max_tokens allows, the sequence is not
+    scheduled again, so it is forwarded exactly as often as in the synchronous loop (prompt chunk +
+    max_tokens - 1 decodes)."""
     from layerzero.engine import LLM, SamplingParams
 
     ps = prompts(3, seed=33, lo=4, hi=12)
     counts = {}
     for mode in (False, True):
-        llm = LLM(checkpoints[FAMILY], device="cpu", dtype=torch.float32, max_model_len=48, num_kv_blocks=32,
-                  async_scheduling=mode)
+        llm = LLM(
+            checkpoints[FAMILY],
+            device="cpu",
+            dtype=torch.float32,
+            max_model_len=48,
+            num_kv_blocks=32,
+            async_scheduling=mode,
+        )
         seen: dict[str, int] = {}
         execute = llm.engine.runner.execute
 
@@ -118,23 +139,34 @@ def test_a_sequence_ended_by_length_is_not_computed_again(checkpoints):
             return execute(chunks, tables, prev_tokens, greedy)
 
         llm.engine.runner.execute = spy
-        llm.generate(ps, [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (1, 2, 5)],
-                     use_tqdm=False)
+        llm.generate(
+            ps,
+            [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (1, 2, 5)],
+            use_tqdm=False,
+        )
         counts[mode] = sorted(seen.values())
     assert counts[False] == counts[True] == [1, 2, 5]
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
 def test_ids_a_greedy_graph_sampled_are_the_step_tokens(checkpoints, async_scheduling):
-    """The engine asks for a greedy graph (``execute(greedy=True)``) exactly on plain greedy steps and takes the ids it
-    returns (``StepLogits.pending``) instead of sampling: a stand-in graph that always "samples" id 7 shows up in the
-    output of plain greedy requests only (CPU has no graphs, so the stand-in wraps the real forward)."""
+    """The engine asks for a greedy graph (``execute(greedy=True)``) exactly on plain greedy steps and takes
+    the ids it returns (``StepLogits.pending``) instead of sampling: a stand-in graph that always "samples" id
+    7 shows up in the output of plain greedy requests only (CPU has no graphs, so the stand-in wraps the real
+    forward)."""
     from layerzero.engine import LLM, SamplingParams
     from layerzero.engine.runner.model_runner import StepLogits
     from layerzero.engine.sampler import PendingSample
 
-    llm = LLM(checkpoints[FAMILY], device="cpu", dtype=torch.float32, max_model_len=80, num_kv_blocks=64,
-              max_num_seqs=4, async_scheduling=async_scheduling)
+    llm = LLM(
+        checkpoints[FAMILY],
+        device="cpu",
+        dtype=torch.float32,
+        max_model_len=80,
+        num_kv_blocks=64,
+        max_num_seqs=4,
+        async_scheduling=async_scheduling,
+    )
     execute, asked = llm.engine.runner.execute, []
 
     def graph(chunks, tables, prev_tokens=None, greedy=False):

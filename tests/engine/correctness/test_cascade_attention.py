@@ -1,10 +1,11 @@
-"""Cascade attention in the engine (``LLM(cascade_attention=True)``): decode steps whose sequences share cached
-prefix blocks attend the shared prefix once per group and their own blocks per sequence, merged by log-sum-exp.
+"""Cascade attention in the engine (``LLM(cascade_attention=True)``): decode steps whose sequences share
+cached prefix blocks attend the shared prefix once per group and their own blocks per sequence, merged by
+log-sum-exp.
 
 Oracles: transformers' greedy tokens and raw logprobs (1e-4, fp32) for prompts that share a prefix; the engine
-without cascade attention for seeded sampling, several families, block sizes, async scheduling and a pool small
-enough to preempt (same tokens; logprobs within 1e-4). Every run asserts that cascade steps really ran (a run that
-never groups would pass trivially). The planner is checked on hand-built block tables."""
+without cascade attention for seeded sampling, several families, block sizes, async scheduling and a pool
+small enough to preempt (same tokens; logprobs within 1e-4). Every run asserts that cascade steps really ran
+(a run that never groups would pass trivially). The planner is checked on hand-built block tables."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ NEW = 10
 def _shared_prompts(n_shared: int = 5, prefix_len: int = 37, seed: int = 41) -> list[list[int]]:
     """``n_shared`` prompts sharing a ``prefix_len``-token prefix, plus two unrelated ones."""
     shared = prompts(1, seed=seed, lo=prefix_len, hi=prefix_len)[0]
-    return ([shared + t[1:] for t in prompts(n_shared, seed=seed + 1, lo=2, hi=12)]
-            + prompts(2, seed=seed + 2, lo=5, hi=30))
+    return [shared + t[1:] for t in prompts(n_shared, seed=seed + 1, lo=2, hi=12)] + prompts(
+        2, seed=seed + 2, lo=5, hi=30
+    )
 
 
 def _generate(ckpt, ps, sps, cascade, **kw):
@@ -51,21 +53,27 @@ def test_greedy_equals_transformers_and_cascade_steps_ran(checkpoints, hf_models
 def _params(i: int):
     from layerzero.engine import SamplingParams
 
-    kinds = [dict(temperature=0.8, seed=10 + i, top_k=30, top_p=0.9, max_tokens=NEW, ignore_eos=True, logprobs=2),
-             dict(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=1),
-             dict(temperature=0.6, seed=3 * i, min_p=0.05, max_tokens=NEW, ignore_eos=True, logprobs=0)]
+    kinds = [
+        dict(temperature=0.8, seed=10 + i, top_k=30, top_p=0.9, max_tokens=NEW, ignore_eos=True, logprobs=2),
+        dict(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=1),
+        dict(temperature=0.6, seed=3 * i, min_p=0.05, max_tokens=NEW, ignore_eos=True, logprobs=0),
+    ]
     return SamplingParams(**kinds[i % len(kinds)])
 
 
-@pytest.mark.parametrize("family, kw", [
-    ("qwen3", {}),
-    ("qwen3", dict(block_size=5, num_kv_blocks=300)),
-    ("qwen3", dict(async_scheduling=True)),
-    ("qwen3", dict(prefix_cache="hash")),
-    ("qwen3", dict(num_kv_blocks=12, max_model_len=64)),
-    ("llama", {}),
-    ("qwen3_moe", {}),
-], ids=["qwen3", "block-size-5", "async", "hash", "tiny-pool", "llama", "qwen3_moe"])
+@pytest.mark.parametrize(
+    "family, kw",
+    [
+        ("qwen3", {}),
+        ("qwen3", dict(block_size=5, num_kv_blocks=300)),
+        ("qwen3", dict(async_scheduling=True)),
+        ("qwen3", dict(prefix_cache="hash")),
+        ("qwen3", dict(num_kv_blocks=12, max_model_len=64)),
+        ("llama", {}),
+        ("qwen3_moe", {}),
+    ],
+    ids=["qwen3", "block-size-5", "async", "hash", "tiny-pool", "llama", "qwen3_moe"],
+)
 def test_same_tokens_as_without_cascade(checkpoints, family, kw):
     ps = _shared_prompts()
     sps = [_params(i) for i in range(len(ps))]
@@ -84,15 +92,24 @@ def test_same_tokens_as_without_cascade(checkpoints, family, kw):
 def _plan(tables, lens, block_size=4, **policy):
     from layerzero.engine.runner.cascade import CascadePolicy, plan_cascade
 
-    return plan_cascade(np.asarray(tables, dtype=np.int32), np.asarray(lens, dtype=np.int32), block_size,
-                        CascadePolicy(**policy))
+    return plan_cascade(
+        np.asarray(tables, dtype=np.int32),
+        np.asarray(lens, dtype=np.int32),
+        block_size,
+        CascadePolicy(**policy),
+    )
 
 
 def _groups(arrays):
     rows, prefix_tables, prefix_lens, cu, suffix_tables, suffix_lens = arrays
     assert sorted(rows.tolist()) == list(range(len(rows)))  # a permutation: every row exactly once
-    return {tuple(sorted(rows[cu[g]:cu[g + 1]].tolist())): (prefix_tables[g, :prefix_lens[g] // 4].tolist(),
-                                                            int(prefix_lens[g])) for g in range(len(cu) - 1)}
+    return {
+        tuple(sorted(rows[cu[g] : cu[g + 1]].tolist())): (
+            prefix_tables[g, : prefix_lens[g] // 4].tolist(),
+            int(prefix_lens[g]),
+        )
+        for g in range(len(cu) - 1)
+    }
 
 
 def test_planner_groups_rows_by_shared_leading_blocks():
@@ -127,15 +144,17 @@ def test_planner_keeps_the_last_tokens_block_and_respects_thresholds():
 
 
 def test_graph_buffers_pad_a_step_to_its_bucket():
-    """The cascade graphs' static buffers (CUDA in the engine, checked here on CPU tensors): a 5-row step loaded into
-    an 8-row bucket gives the step's rows exactly what the unpadded step computes, and the padded rows are groups of
-    one that attend one token of block 0 (as padded plain-decode rows)."""
+    """The cascade graphs' static buffers (CUDA in the engine, checked here on CPU tensors): a 5-row step
+    loaded into an 8-row bucket gives the step's rows exactly what the unpadded step computes, and the padded
+    rows are groups of one that attend one token of block 0 (as padded plain-decode rows)."""
     import layerzero as lz
     from layerzero.engine.layers.attention import cascade_attention
     from layerzero.engine.runner.cascade import CascadeBatch
     from layerzero.engine.runner.cuda_graph import _CascadeBuffers
 
-    tables = np.array([[7, 8, 9, 20], [5, 6, 0, 0], [7, 8, 30, 31], [7, 8, 9, 40], [5, 50, 0, 0]], dtype=np.int32)
+    tables = np.array(
+        [[7, 8, 9, 20], [5, 6, 0, 0], [7, 8, 30, 31], [7, 8, 9, 40], [5, 50, 0, 0]], dtype=np.int32
+    )
     lens = np.array([14, 6, 15, 16, 5], dtype=np.int32)
     arrays, saved = _plan(tables, lens, always=True)
     step = CascadeBatch(*(torch.from_numpy(a) for a in arrays), saved_tokens=saved)
@@ -148,11 +167,22 @@ def test_graph_buffers_pad_a_step_to_its_bucket():
     buffers.load(step, 5, 8, tables.shape[1], torch.arange(17))
     padded = buffers.batch(8)
     assert sorted(padded.rows.tolist()) == list(range(8)) and padded.cu_prefix[-1] == 8
-    assert padded.cu_prefix.tolist() == [0, 2, 5, 6, 7, 8, 8, 8, 8]  # the 2 groups, the 3 padded rows alone, empty
+    assert padded.cu_prefix.tolist() == [
+        0,
+        2,
+        5,
+        6,
+        7,
+        8,
+        8,
+        8,
+        8,
+    ]  # the 2 groups, the 3 padded rows alone, empty
     got = cascade_attention(q, cache, padded, 0.25)
     torch.testing.assert_close(got[:5], want, rtol=1e-6, atol=1e-6)
-    plain = lz.paged_attention(q[5:], cache, torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, dtype=torch.int32),
-                               scale=0.25)
+    plain = lz.paged_attention(
+        q[5:], cache, torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, dtype=torch.int32), scale=0.25
+    )
     torch.testing.assert_close(got[5:], plain, rtol=1e-6, atol=1e-6)
 
 
@@ -168,25 +198,32 @@ def test_option_is_validated_and_off_by_default_on_cpu(checkpoints):
     assert LLM(checkpoints["qwen3"], **opts).engine.runner.cascade is None
 
 
-@pytest.mark.parametrize(("device", "caching", "kv", "option", "want"), [
-    ("cuda", True, "model", None, "thresholds"),  # the default on CUDA: steps that save enough reads
-    ("cpu", True, "model", None, "off"),
-    ("cuda", False, "model", None, "off"),  # nothing cached, nothing shared
-    ("cuda", True, "fp8", None, "off"),  # a quantized pool: no cascade kernel reads it
-    ("cuda", True, "model", False, "off"),
-    ("cpu", True, "model", True, "always"),
-    ("cuda", True, "model", True, "always"),
-])
+@pytest.mark.parametrize(
+    ("device", "caching", "kv", "option", "want"),
+    [
+        ("cuda", True, "model", None, "thresholds"),  # the default on CUDA: steps that save enough reads
+        ("cpu", True, "model", None, "off"),
+        ("cuda", False, "model", None, "off"),  # nothing cached, nothing shared
+        ("cuda", True, "fp8", None, "off"),  # a quantized pool: no cascade kernel reads it
+        ("cuda", True, "model", False, "off"),
+        ("cpu", True, "model", True, "always"),
+        ("cuda", True, "model", True, "always"),
+    ],
+)
 def test_default_policy_per_device_and_pool(device, caching, kv, option, want):
-    """``cascade_attention=None`` resolves to ``CascadePolicy()`` (its save thresholds) only on CUDA with prefix
-    caching and an unquantized pool; True to ``always``; False to off (the runner's resolution, without a device)."""
+    """``cascade_attention=None`` resolves to ``CascadePolicy()`` (its save thresholds) only on CUDA with
+    prefix caching and an unquantized pool; True to ``always``; False to off (the runner's resolution, without
+    a device)."""
     from types import SimpleNamespace
 
     from layerzero.engine.runner.cascade import CascadePolicy
     from layerzero.engine.runner.model_runner import ModelRunner
 
-    runner = SimpleNamespace(device=torch.device(device), dtype=torch.bfloat16,
-                             kv_dtype=torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16)
+    runner = SimpleNamespace(
+        device=torch.device(device),
+        dtype=torch.bfloat16,
+        kv_dtype=torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16,
+    )
     ec = SimpleNamespace(cascade_attention=option, enable_prefix_caching=caching, kv_cache_dtype="auto")
     expected = {"off": None, "thresholds": CascadePolicy(), "always": CascadePolicy(always=True)}[want]
     assert ModelRunner._cascade_policy(runner, ec) == expected

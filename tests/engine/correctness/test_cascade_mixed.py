@@ -1,7 +1,7 @@
-"""Cascade attention in steps with prefill chunks (eager steps that admit new requests while others decode): the
-planner on hand-built block tables, the attention against a float64 oracle written out here (causal attention of
-each sequence's new tokens over its gathered KV, bottom-right aligned), and the engine against itself without
-cascade and against transformers, with a spy proving that mixed cascade steps ran."""
+"""Cascade attention in steps with prefill chunks (eager steps that admit new requests while others decode):
+the planner on hand-built block tables, the attention against a float64 oracle written out here (causal
+attention of each sequence's new tokens over its gathered KV, bottom-right aligned), and the engine against
+itself without cascade and against transformers, with a spy proving that mixed cascade steps ran."""
 
 from __future__ import annotations
 
@@ -17,19 +17,27 @@ pytestmark = pytest.mark.integration
 def _plan(tables, lens, q_lens, block_size=4):
     from layerzero.engine.runner.cascade import CascadePolicy, plan_cascade
 
-    return plan_cascade(np.asarray(tables, dtype=np.int32), np.asarray(lens, dtype=np.int32), block_size,
-                        CascadePolicy(always=True), np.asarray(q_lens, dtype=np.int64))
+    return plan_cascade(
+        np.asarray(tables, dtype=np.int32),
+        np.asarray(lens, dtype=np.int32),
+        block_size,
+        CascadePolicy(always=True),
+        np.asarray(q_lens, dtype=np.int64),
+    )
 
 
 def test_planner_orders_tokens_by_group_and_keeps_new_tokens_out_of_the_prefix():
-    # seq 0: decode (14 tokens, 1 new) on blocks [7, 8, 9, 20]; seq 1: a 6-token prefill chunk of a new request that
-    # hit blocks [7, 8] (its KV 8 + 6 = 14, first new token at position 8: blocks 0-1 are shareable); seq 2: decode
-    # on [5, 6]; seq 3: a 3-token chunk at position 9 on [7, 8, 30, 31] (first new token in block 2)
+    # seq 0: decode (14 tokens, 1 new) on blocks [7, 8, 9, 20]; seq 1: a 6-token prefill chunk of a new
+    # request that hit blocks [7, 8] (its KV 8 + 6 = 14, first new token at position 8: blocks 0-1 are
+    # shareable); seq 2: decode on [5, 6]; seq 3: a 3-token chunk at position 9 on [7, 8, 30, 31] (first new
+    # token in block 2)
     tables = [[7, 8, 9, 20], [7, 8, 40, 41], [5, 6, 0, 0], [7, 8, 30, 31]]
     lens, q_lens = [14, 14, 6, 12], [1, 6, 1, 3]
     arrays, saved = _plan(tables, lens, q_lens)
     rows, prefix_tables, prefix_lens, cu_prefix, suffix_tables, suffix_lens, cu_q = arrays
-    starts = np.concatenate([[0], np.cumsum(q_lens)])  # the step's token rows per sequence: 0 | 1-6 | 7 | 8-10
+    starts = np.concatenate(
+        [[0], np.cumsum(q_lens)]
+    )  # the step's token rows per sequence: 0 | 1-6 | 7 | 8-10
     # sorted by first block: seq 2 (block 5) alone, then seqs 0, 1, 3 (block 7) sharing [7, 8]
     assert rows.tolist() == [7, 0, 1, 2, 3, 4, 5, 6, 8, 9, 10]
     assert sorted(rows.tolist()) == list(range(int(starts[-1])))
@@ -42,7 +50,8 @@ def test_planner_orders_tokens_by_group_and_keeps_new_tokens_out_of_the_prefix()
 
 
 def test_planner_caps_the_prefix_at_the_first_new_token():
-    # a chunk starting at position 4 (block 1) may share block 0 only, although both tables agree on two blocks
+    # a chunk starting at position 4 (block 1) may share block 0 only, although both tables agree on two
+    # blocks
     arrays, _ = _plan([[3, 4, 5], [3, 4, 6]], [10, 12], [6, 1])
     assert arrays[2].tolist() == [4] and arrays[5].tolist() == [6, 8]
     # a chunk from position 0 shares nothing: no cascade
@@ -50,14 +59,15 @@ def test_planner_caps_the_prefix_at_the_first_new_token():
 
 
 def _oracle(q, cache, tables, lens, q_lens, scale):
-    """float64 causal attention of each sequence's new tokens over its own KV gathered through its block table."""
+    """float64 causal attention of each sequence's new tokens over its own KV gathered through its block
+    table."""
     out, p = [], cache.shape[2]
     t0 = 0
     for table, n, m in zip(tables, lens, q_lens, strict=True):
-        blocks = cache[torch.as_tensor(table[:-(-n // p)], dtype=torch.long)].double()  # [nb, 2, P, Hkv, D]
+        blocks = cache[torch.as_tensor(table[: -(-n // p)], dtype=torch.long)].double()  # [nb, 2, P, Hkv, D]
         k = blocks[:, 0].reshape(-1, *blocks.shape[-2:])[:n]
         v = blocks[:, 1].reshape(-1, *blocks.shape[-2:])[:n]
-        qs = q[t0:t0 + m].double()
+        qs = q[t0 : t0 + m].double()
         rep = qs.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         s = torch.einsum("thd,nhd->htn", qs, k) * scale
@@ -70,9 +80,9 @@ def _oracle(q, cache, tables, lens, q_lens, scale):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_mixed_cascade_attention_equals_a_float64_oracle(seed):
-    """Seeded ragged steps: groups sharing 1-3 prefix blocks, decode rows, chunks that hit a prefix, in each group a
-    member whose new tokens start inside the last common block (the plan must shorten the group's prefix), a chunk
-    from scratch, block size 5 (odd), GQA 3:1."""
+    """Seeded ragged steps: groups sharing 1-3 prefix blocks, decode rows, chunks that hit a prefix, in each
+    group a member whose new tokens start inside the last common block (the plan must shorten the group's
+    prefix), a chunk from scratch, block size 5 (odd), GQA 3:1."""
     import layerzero as lz
     from layerzero.engine.layers.attention import cascade_attention
     from layerzero.engine.runner.cascade import CascadeBatch
@@ -88,7 +98,9 @@ def test_mixed_cascade_attention_equals_a_float64_oracle(seed):
             if member == 1:  # ... or inside the last of them (it still lists the same block ids)
                 start = (len(shared) - 1) * p + int(rng.integers(0, p))
             m = 1 if rng.random() < 0.5 else int(rng.integers(2, 9))
-            if member == 1:  # a chunk reaching past that block: a cap at the last token would share it wrongly
+            if (
+                member == 1
+            ):  # a chunk reaching past that block: a cap at the last token would share it wrongly
                 m = int(rng.integers(p + 1, 9))
             n = start + m
             tables.append(shared + [int(free.pop()) for _ in range(-(-n // p) - len(shared))])
@@ -100,10 +112,13 @@ def test_mixed_cascade_attention_equals_a_float64_oracle(seed):
     width = max(len(t) for t in tables)
     padded = np.zeros((len(tables), width), dtype=np.int32)
     for i, t in enumerate(tables):
-        padded[i, :len(t)] = t
+        padded[i, : len(t)] = t
     arrays, saved = _plan(padded, lens, q_lens, block_size=p)
-    step = CascadeBatch(*(torch.from_numpy(a) for a in arrays[:6]), saved_tokens=saved,
-                        cu_seqlens_q=torch.from_numpy(arrays[6]))
+    step = CascadeBatch(
+        *(torch.from_numpy(a) for a in arrays[:6]),
+        saved_tokens=saved,
+        cu_seqlens_q=torch.from_numpy(arrays[6]),
+    )
     g = torch.Generator().manual_seed(seed)
     cache = lz.allocate_kv_cache(nblocks, p, hkv, d, torch.float32)
     cache.copy_(torch.randn(cache.shape, generator=g))
@@ -130,11 +145,13 @@ def mixed_spy(monkeypatch):
 
 
 def _run(ckpt, cascade, sps, ps, **kw):
-    """Two running slots for 7 requests sharing a 26-token prefix: as one finishes (max_tokens differ) the next is
-    admitted, a chunk hitting the cached prefix, in a step where the other decodes."""
+    """Two running slots for 7 requests sharing a 26-token prefix: as one finishes (max_tokens differ) the
+    next is admitted, a chunk hitting the cached prefix, in a step where the other decodes."""
     from layerzero.engine import LLM, SamplingParams
 
-    opts = dict(device="cpu", dtype=torch.float32, max_model_len=96, num_kv_blocks=96, max_num_seqs=2, block_size=4)
+    opts = dict(
+        device="cpu", dtype=torch.float32, max_model_len=96, num_kv_blocks=96, max_num_seqs=2, block_size=4
+    )
     opts.update(kw)
     llm = LLM(ckpt, cascade_attention=cascade, **opts)
     llm.generate([ps[0]], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
@@ -146,15 +163,21 @@ def _shared(n=7, seed=61):
     return [shared + t[1:] for t in prompts(n, seed=seed + 1, lo=2, hi=9)]
 
 
-@pytest.mark.parametrize("family, kw", [("qwen3", {}), ("qwen3", dict(max_num_batched_tokens=5)),
-                                        ("llama", dict(async_scheduling=True))],
-                         ids=["qwen3", "chunked-5", "llama-async"])
+@pytest.mark.parametrize(
+    "family, kw",
+    [("qwen3", {}), ("qwen3", dict(max_num_batched_tokens=5)), ("llama", dict(async_scheduling=True))],
+    ids=["qwen3", "chunked-5", "llama-async"],
+)
 def test_engine_with_mixed_cascade_steps_equals_plain(checkpoints, mixed_spy, family, kw):
     from layerzero.engine import SamplingParams
 
     ps = _shared()
-    sps = [SamplingParams(temperature=0.0 if i % 2 else 0.7, seed=i, max_tokens=3 + 2 * i, ignore_eos=True,
-                          logprobs=2) for i in range(len(ps))]
+    sps = [
+        SamplingParams(
+            temperature=0.0 if i % 2 else 0.7, seed=i, max_tokens=3 + 2 * i, ignore_eos=True, logprobs=2
+        )
+        for i in range(len(ps))
+    ]
     _, off = _run(checkpoints[family], False, sps, ps, **kw)
     assert mixed_spy["mixed"] == 0
     on_llm, on = _run(checkpoints[family], True, sps, ps, **kw)
@@ -172,7 +195,11 @@ def test_engine_with_mixed_cascade_steps_equals_transformers(checkpoints, hf_mod
 
     ps = _shared(n=5, seed=71)
     new = 6
-    _, outs = _run(checkpoints["qwen3"], True, SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True,
-                                                              logprobs=0), ps)
+    _, outs = _run(
+        checkpoints["qwen3"],
+        True,
+        SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True, logprobs=0),
+        ps,
+    )
     assert mixed_spy["mixed"] > 0
     assert_greedy_matches_hf(hf_models["qwen3"], ps, outs, new)

@@ -27,7 +27,8 @@ def _greedy(**kw):
 
 
 def _hf_like(**kw):
-    """transformers' generate(min_new_tokens=N) bans EOS for N tokens: the engine's min_tokens=N does the same."""
+    """transformers' generate(min_new_tokens=N) bans EOS for N tokens: the engine's min_tokens=N does the
+    same."""
     return _greedy(min_tokens=NEW_TOKENS, **kw)
 
 
@@ -63,9 +64,15 @@ def test_repetition_penalty_matches_transformers(checkpoints, hf_models):
     p = prompts(1, seed=5, lo=12, hi=12)[0]
     (o,) = _llm(checkpoints["qwen3"]).generate([p], _hf_like(repetition_penalty=1.7), use_tqdm=False)
     with torch.no_grad():
-        ref = hf_models["qwen3"].generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                          do_sample=False, repetition_penalty=1.7, pad_token_id=0)
-    assert o.outputs[0].token_ids == ref[0, len(p):].tolist()
+        ref = hf_models["qwen3"].generate(
+            torch.tensor([p]),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            repetition_penalty=1.7,
+            pad_token_id=0,
+        )
+    assert o.outputs[0].token_ids == ref[0, len(p) :].tolist()
 
 
 def test_logit_bias_matches_transformers_sequence_bias(checkpoints, hf_models):
@@ -74,8 +81,13 @@ def test_logit_bias_matches_transformers_sequence_bias(checkpoints, hf_models):
     bias = {free[0]: -50.0, 77: 8.0}
     (o,) = _llm(checkpoints["qwen3"]).generate([p], _hf_like(logit_bias=bias), use_tqdm=False)
     with torch.no_grad():
-        ref = hf_models["qwen3"].generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                          do_sample=False, pad_token_id=0,
-                                          sequence_bias={(t,): b for t, b in bias.items()})
-    assert o.outputs[0].token_ids == ref[0, len(p):].tolist()
+        ref = hf_models["qwen3"].generate(
+            torch.tensor([p]),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+            sequence_bias={(t,): b for t, b in bias.items()},
+        )
+    assert o.outputs[0].token_ids == ref[0, len(p) :].tolist()
     assert o.outputs[0].token_ids[0] != free[0]

@@ -1,6 +1,7 @@
 """Greedy outputs do not depend on how the engine schedules them: prefix cache on/off and hit/miss, both cache
 kinds, chunked prefill with a tiny token budget, batch of one vs many, a pool so small that requests are
-preempted, every scheduling policy, async scheduling (with each of those that stress it). Oracle: transformers' greedy tokens and raw logprobs (1e-4)."""
+preempted, every scheduling policy, async scheduling (with each of those that stress it). Oracle:
+transformers' greedy tokens and raw logprobs (1e-4)."""
 
 from __future__ import annotations
 
@@ -89,8 +90,9 @@ def test_batch_of_one_equals_batch(cases, checkpoints):
 
 @pytest.mark.parametrize("kind", ["radix", "hash"])
 def test_a_batch_sharing_a_prefix_computes_it_once(kind, cases, checkpoints):
-    """Submitted together, the prompts sharing a prefix are a prefix group: the first computes the 2 shared full
-    blocks, the others wait a step and hit them (before prefix groups all three computed them in the same step)."""
+    """Submitted together, the prompts sharing a prefix are a prefix group: the first computes the 2 shared
+    full blocks, the others wait a step and hit them (before prefix groups all three computed them in the same
+    step)."""
     ps, refs = cases
     llm, outs = _run(checkpoints, ps, prefix_cache=kind)
     _check(outs, refs)
@@ -98,8 +100,8 @@ def test_a_batch_sharing_a_prefix_computes_it_once(kind, cases, checkpoints):
 
 
 def test_lpm_above_its_scoring_limit_gives_the_same_outputs(monkeypatch, cases, checkpoints):
-    """LPM with more waiting requests than it scores (LPM_MAX_WAITING patched to 2: the prefix-grouped sort) and
-    two running slots: same outputs, and the group's later members hit its prefix."""
+    """LPM with more waiting requests than it scores (LPM_MAX_WAITING patched to 2: the prefix-grouped sort)
+    and two running slots: same outputs, and the group's later members hit its prefix."""
     from layerzero.engine import scheduling_policy
 
     monkeypatch.setattr(scheduling_policy, "LPM_MAX_WAITING", 2)
@@ -111,17 +113,18 @@ def test_lpm_above_its_scoring_limit_gives_the_same_outputs(monkeypatch, cases, 
 
 
 def test_graphed_attention_path_gives_the_same_greedy_output(cases, checkpoints, monkeypatch):
-    """The attention block as one ``lz.rope_paged_attention`` call (what the CUDA-graph runner's forwards take:
-    ``ForwardBatch.graphed``) forced on every step here, prefill and decode on CPU: HF's tokens and logprobs, as
-    the separate calls of eager steps give them; the op really ran (counted)."""
+    """The attention block as one ``lz.rope_paged_attention`` call (what the CUDA-graph runner's forwards
+    take: ``ForwardBatch.graphed``) forced on every step here, prefill and decode on CPU: HF's tokens and
+    logprobs, as the separate calls of eager steps give them; the op really ran (counted)."""
     import dataclasses
 
     import layerzero as lz
     from layerzero.engine.runner import model_runner
 
     build, calls = model_runner.build_forward_batch, []
-    monkeypatch.setattr(model_runner, "build_forward_batch",
-                        lambda *a, **k: dataclasses.replace(build(*a, **k), graphed=True))
+    monkeypatch.setattr(
+        model_runner, "build_forward_batch", lambda *a, **k: dataclasses.replace(build(*a, **k), graphed=True)
+    )
     real = lz.rope_paged_attention
 
     def counted(*a, **k):

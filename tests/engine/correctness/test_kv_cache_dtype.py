@@ -1,9 +1,9 @@
 """``LLM(kv_cache_dtype="fp8" | "int8")``: a quantized KV pool. Greedy tokens against ``"auto"`` (the model's
-dtype, float32 here) on the tiny test checkpoints, the logprob drift measured and bounded, the pool's block count
-for the same bytes, and option validation.
+dtype, float32 here) on the tiny test checkpoints, the logprob drift measured and bounded, the pool's block
+count for the same bytes, and option validation.
 
-Measured on this CPU (float32 model, 6 prompts x 16 greedy tokens; see the report printed with ``-s``): the bounds
-below are those numbers with margin, not the quantization's worst case."""
+Measured on this CPU (float32 model, 6 prompts x 16 greedy tokens; see the report printed with ``-s``): the
+bounds below are those numbers with margin, not the quantization's worst case."""
 
 from __future__ import annotations
 
@@ -32,16 +32,22 @@ def _greedy(llm, ps, new=NEW):
     out = []
     for o in llm.generate(ps, sp, use_tqdm=False):
         c = o.outputs[0]
-        out.append((c.token_ids, [lp[t] for lp, t in zip(c.logprobs, c.token_ids, strict=True)],
-                    [set(lp) for lp in c.logprobs]))
+        out.append(
+            (
+                c.token_ids,
+                [lp[t] for lp, t in zip(c.logprobs, c.token_ids, strict=True)],
+                [set(lp) for lp in c.logprobs],
+            )
+        )
     return out
 
 
 def _compare(ref, got):
-    """vLLM's top-5 rule (tests/models/utils.py ``check_logprobs_close``), per sequence up to its first divergence:
-    at every step each run's token is in the other's top 5; after a divergence the continuations condition on
-    different tokens, so nothing further is compared. Returns (rule holds, fraction of tokens before the first
-    divergence, max |logprob drift| and its mean over the steps before each first divergence)."""
+    """vLLM's top-5 rule (tests/models/utils.py ``check_logprobs_close``), per sequence up to its first
+    divergence: at every step each run's token is in the other's top 5; after a divergence the continuations
+    condition on different tokens, so nothing further is compared. Returns (rule holds, fraction of tokens
+    before the first divergence, max |logprob drift| and its mean over the steps before each first
+    divergence)."""
     ok, before, total, drifts = True, 0, 0, []
     for (rt, rl, rtop), (gt, gl, gtop) in zip(ref, got, strict=True):
         total += len(rt)
@@ -60,7 +66,9 @@ def test_quantized_pool_greedy_close_to_auto(checkpoints, family, kv, max_drift,
     ps = prompts(6, seed=21, lo=5, hi=60)
     ref = _greedy(_llm(checkpoints, family), ps)
     llm = _llm(checkpoints, family, kv_cache_dtype=kv)
-    assert all(c.dtype == {"fp8": torch.float8_e4m3fn, "int8": torch.int8}[kv] for c in llm.engine.runner.kv_caches)
+    assert all(
+        c.dtype == {"fp8": torch.float8_e4m3fn, "int8": torch.int8}[kv] for c in llm.engine.runner.kv_caches
+    )
     got = _greedy(llm, ps)
     ok, agree, drift_max, drift_mean = _compare(ref, got)
     # teacher-forced: the next greedy token after every prefix (prompt + the "auto" run's first i tokens)
@@ -68,22 +76,41 @@ def test_quantized_pool_greedy_close_to_auto(checkpoints, family, kv, max_drift,
     a, b = _greedy(_llm(checkpoints, family), forced, 1), _greedy(llm, forced, 1)
     tf = sum(x[0][0] == y[0][0] for x, y in zip(a, b, strict=True)) / len(forced)
     tf_drift = [abs(x[1][0] - y[1][0]) for x, y in zip(a, b, strict=True) if x[0][0] == y[0][0]]
-    print(f"\n{family} kv_cache_dtype={kv}: free-running tokens before first divergence {agree:.3f}, logprob drift "
-          f"there max {drift_max:.4f} mean {drift_mean:.5f}, top-5 rule {ok}; teacher-forced next token equal "
-          f"{tf:.3f} of {len(forced)}, drift max {max(tf_drift):.4f} mean {sum(tf_drift) / len(tf_drift):.5f}")
+    print(
+        f"\n{family} kv_cache_dtype={kv}: free-running tokens before first divergence {agree:.3f}, logprob "
+        f"drift there max {drift_max:.4f} mean {drift_mean:.5f}, top-5 rule {ok}; teacher-forced next token "
+        f"equal {tf:.3f} of {len(forced)}, drift max {max(tf_drift):.4f} mean "
+        f"{sum(tf_drift) / len(tf_drift):.5f}"
+    )
     assert ok
     assert drift_max <= max_drift and max(tf_drift) <= max_drift
     assert tf >= min_forced
 
 
 def test_pool_holds_more_blocks_for_the_same_bytes(checkpoints):
-    """CPU sizing: cpu_kv_cache_bytes / bytes per block: 1-byte pools get 4x the float32 and 2x the bf16 blocks."""
+    """CPU sizing: cpu_kv_cache_bytes / bytes per block: 1-byte pools get 4x the float32 and 2x the bf16
+    blocks."""
     fp32 = _llm(checkpoints, "qwen3", num_kv_blocks=None, max_num_seqs=256, cpu_kv_cache_bytes=1 << 20)
     n32 = fp32.engine.runner.num_blocks
-    n16 = _llm(checkpoints, "qwen3", dtype=torch.bfloat16, num_kv_blocks=None, max_num_seqs=256,
-               cpu_kv_cache_bytes=1 << 20).engine.runner.num_blocks
-    counts = {kv: _llm(checkpoints, "qwen3", num_kv_blocks=None, max_num_seqs=256, cpu_kv_cache_bytes=1 << 20,
-                       kv_cache_dtype=kv).engine.runner.num_blocks for kv in ("fp8", "int8")}
+    n16 = _llm(
+        checkpoints,
+        "qwen3",
+        dtype=torch.bfloat16,
+        num_kv_blocks=None,
+        max_num_seqs=256,
+        cpu_kv_cache_bytes=1 << 20,
+    ).engine.runner.num_blocks
+    counts = {
+        kv: _llm(
+            checkpoints,
+            "qwen3",
+            num_kv_blocks=None,
+            max_num_seqs=256,
+            cpu_kv_cache_bytes=1 << 20,
+            kv_cache_dtype=kv,
+        ).engine.runner.num_blocks
+        for kv in ("fp8", "int8")
+    }
     print(f"\nblocks for 1 MiB: float32 {n32}, bfloat16 {n16}, fp8 {counts['fp8']}, int8 {counts['int8']}")
     for n in counts.values():
         assert n == 4 * n32 and n == 2 * n16  # exact: the cap (max_num_seqs sequences) is far above

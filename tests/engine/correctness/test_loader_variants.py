@@ -1,6 +1,6 @@
 """Checkpoint variants through the real loader, each against transformers on the same files: tied embeddings
-(no lm_head tensor), Llama 3 RoPE scaling written the transformers 4.x way (rope_theta + rope_scaling), a sharded
-checkpoint with model.safetensors.index.json."""
+(no lm_head tensor), Llama 3 RoPE scaling written the transformers 4.x way (rope_theta + rope_scaling), a
+sharded checkpoint with model.safetensors.index.json."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def _compare(path, family):
     hf = load(family, path)
     ps = prompts(3, seed=41)
     outs = LLM(path, device="cpu", dtype=torch.float32, max_model_len=128, num_kv_blocks=64).generate(
-        ps, SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True), use_tqdm=False)
+        ps, SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True), use_tqdm=False
+    )
     for p, o in zip(ps, outs, strict=True):
         assert o.outputs[0].token_ids == hf_greedy(hf, p, NEW)[0]
 
@@ -56,9 +57,19 @@ def test_tied_embeddings(checkpoints, tmp_path):
 
 def test_llama3_rope_scaling_in_the_4x_format(checkpoints, tmp_path):
     d = _copy(checkpoints, "llama", tmp_path)
-    _edit_config(d, rope_parameters=None, rope_theta=5000.0, max_position_embeddings=256,
-                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                               "original_max_position_embeddings": 32})
+    _edit_config(
+        d,
+        rope_parameters=None,
+        rope_theta=5000.0,
+        max_position_embeddings=256,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    )
     from layerzero.engine.config import ModelConfig
 
     cfg = ModelConfig.from_pretrained(d)

@@ -1,15 +1,15 @@
 """``LLM(quantization=...)`` end to end on the tiny checkpoints (float32, CPU): greedy agreement with the
 unquantized engine and the teacher-forced logprob drift of the chosen tokens, per format.
 
-The floors are the measured values (4 prompts x 16 tokens, seed 0) with margin for other CPUs' float32 rounding.
-Measured (greedy tokens equal of 64 / teacher-forced argmax kept of 64 / chosen-token |dlogprob| max, mean):
-qwen3 int8 57/61/0.17,0.048; fp8 13/50/0.64,0.18; int4 1/25/5.0,1.2; fp8_w8a8 12/48/1.04,0.24 -- llama int8
-64/64/0.18,0.045; fp8 31/52/0.85,0.21; int4 6/32/3.0,0.93; fp8_w8a8 17/47/2.8,0.35 -- qwen3_moe int8 54/61/2.0,0.073;
-fp8 30/55/2.1,0.17; int4 5/34/3.4,0.77; fp8_w8a8 20/51/2.2,0.23.
-These random tiny models amplify weight error far more than trained ones (docs/engine.md, "Quantization").
-The order follows the formats' weight error (relative RMS on Gaussian weights: int8 per channel 0.009, fp8 e4m3
-0.027, int4 g128 0.10): mean drift int8 < fp8 < int4 is asserted for every family, and fp8_w8a8 (the same fp8
-weights, the activations rounded to e4m3 too) above fp8.
+The floors are the measured values (4 prompts x 16 tokens, seed 0) with margin for other CPUs' float32
+rounding. Measured (greedy tokens equal of 64 / teacher-forced argmax kept of 64 / chosen-token |dlogprob|
+max, mean): qwen3 int8 57/61/0.17,0.048; fp8 13/50/0.64,0.18; int4 1/25/5.0,1.2; fp8_w8a8 12/48/1.04,0.24 --
+llama int8 64/64/0.18,0.045; fp8 31/52/0.85,0.21; int4 6/32/3.0,0.93; fp8_w8a8 17/47/2.8,0.35 -- qwen3_moe
+int8 54/61/2.0,0.073; fp8 30/55/2.1,0.17; int4 5/34/3.4,0.77; fp8_w8a8 20/51/2.2,0.23. These random tiny
+models amplify weight error far more than trained ones (docs/engine.md, "Quantization"). The order follows the
+formats' weight error (relative RMS on Gaussian weights: int8 per channel 0.009, fp8 e4m3 0.027, int4 g128
+0.10): mean drift int8 < fp8 < int4 is asserted for every family, and fp8_w8a8 (the same fp8 weights, the
+activations rounded to e4m3 too) above fp8.
 """
 
 from __future__ import annotations
@@ -25,8 +25,12 @@ from ..conftest import prompts
 FAMILIES = ("qwen3", "llama", "qwen3_moe")
 N_TOKENS = 16
 # format -> (greedy tokens equal >=, teacher-forced argmax kept >=, max drift <=, mean drift <=), of 64 tokens
-FLOORS = {"int8": (48, 56, 2.5, 0.12), "fp8": (8, 44, 2.5, 0.35), "int4": (0, 18, 7.0, 1.6),
-          "fp8_w8a8": (6, 38, 4.0, 0.5)}
+FLOORS = {
+    "int8": (48, 56, 2.5, 0.12),
+    "fp8": (8, 44, 2.5, 0.35),
+    "int4": (0, 18, 7.0, 1.6),
+    "fp8_w8a8": (6, 38, 4.0, 0.5),
+}
 
 
 def _kw() -> dict:
@@ -77,11 +81,15 @@ def test_llama_int8_greedy_equals_unquantized(measured: dict) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_drift_follows_the_formats_error(measured: dict, family: str) -> None:
     assert measured[family, "int8"][3] < measured[family, "fp8"][3] < measured[family, "int4"][3]
-    assert measured[family, "fp8"][3] < measured[family, "fp8_w8a8"][3]  # the activations' rounding adds error
+    assert (
+        measured[family, "fp8"][3] < measured[family, "fp8_w8a8"][3]
+    )  # the activations' rounding adds error
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_model_bytes_drop(measured: dict, family: str) -> None:
     full = measured[family, None]
     int8, int4, fp8, w8a8 = (measured[family, f][4] for f in ("int8", "int4", "fp8", "fp8_w8a8"))
-    assert int8 == fp8 == w8a8 < full and int4 < int8  # the embedding, LM head, norms and experts stay float32
+    assert (
+        int8 == fp8 == w8a8 < full and int4 < int8
+    )  # the embedding, LM head, norms and experts stay float32

@@ -1,6 +1,6 @@
-"""Sampling through the engine: seeded requests give the same tokens alone or in any batch; sampled tokens stay
-inside the top-k / top-p set (checked against the raw logprobs the engine returns); the empirical distribution
-of many draws matches transformers' warped softmax (cosine >= 0.99)."""
+"""Sampling through the engine: seeded requests give the same tokens alone or in any batch; sampled tokens
+stay inside the top-k / top-p set (checked against the raw logprobs the engine returns); the empirical
+distribution of many draws matches transformers' warped softmax (cosine >= 0.99)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,14 @@ FAMILY = "qwen3"
 def llm(checkpoints):
     from layerzero.engine import LLM
 
-    return LLM(checkpoints[FAMILY], device="cpu", dtype=torch.float32, max_model_len=64, num_kv_blocks=256,
-               max_num_seqs=64)
+    return LLM(
+        checkpoints[FAMILY],
+        device="cpu",
+        dtype=torch.float32,
+        max_model_len=64,
+        num_kv_blocks=256,
+        max_num_seqs=64,
+    )
 
 
 def sp(**kw):
@@ -36,8 +42,11 @@ def test_seeded_request_is_the_same_alone_and_in_any_batch(llm):
     others = prompts(5, seed=32)
     params = sp(temperature=0.9, top_p=0.95, seed=1234)
     (alone,) = llm.generate([target], params, use_tqdm=False)
-    mixed = llm.generate([*others[:2], target, *others[2:]],
-                         [sp(temperature=1.0), sp(temperature=0.0), params, sp(seed=5), sp(top_k=3), sp(min_p=0.2)], use_tqdm=False)
+    mixed = llm.generate(
+        [*others[:2], target, *others[2:]],
+        [sp(temperature=1.0), sp(temperature=0.0), params, sp(seed=5), sp(top_k=3), sp(min_p=0.2)],
+        use_tqdm=False,
+    )
     assert mixed[2].outputs[0].token_ids == alone.outputs[0].token_ids
     (other_seed,) = llm.generate([target], sp(temperature=0.9, top_p=0.95, seed=1235), use_tqdm=False)
     assert other_seed.outputs[0].token_ids != alone.outputs[0].token_ids
@@ -92,8 +101,14 @@ def test_distribution_of_the_first_token_matches_transformers(llm, hf_models):
 def test_n_greedy_completions_share_the_prompt_blocks(checkpoints, caching):
     from layerzero.engine import LLM
 
-    llm = LLM(checkpoints[FAMILY], device="cpu", dtype=torch.float32, max_model_len=64, num_kv_blocks=64,
-              enable_prefix_caching=caching)
+    llm = LLM(
+        checkpoints[FAMILY],
+        device="cpu",
+        dtype=torch.float32,
+        max_model_len=64,
+        num_kv_blocks=64,
+        enable_prefix_caching=caching,
+    )
     p = prompts(1, seed=37, lo=40, hi=40)[0]
     (o,) = llm.generate([p], sp(n=3, temperature=0.0, logprobs=0), use_tqdm=False)
     (one,) = llm.generate([p], sp(temperature=0.0), use_tqdm=False)

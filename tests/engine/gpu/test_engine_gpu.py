@@ -16,7 +16,8 @@ NEW = 16
 @pytest.fixture(autouse=True)
 def _strict():
     """Strict mode: a kernel that fails at run time raises instead of falling back, and a failed graph capture
-    raises instead of running decode eager (both passed unseen before: FlashInfer failed on inference tensors)."""
+    raises instead of running decode eager (both passed unseen before: FlashInfer failed on inference
+    tensors)."""
     import layerzero as lz
 
     lz.configure(strict=True)
@@ -49,10 +50,11 @@ def test_graphs_equal_eager(checkpoints, family):
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_greedy_graphs_equal_eager(checkpoints, family, monkeypatch):
-    """Plain greedy steps (no logprobs, penalties, bias) replay a packed bucket's greedy graph: sampling inside the
-    replay and the ids written into the bucket's inputs, which a steady next step (same rows, same order) uses without
-    a gather or a copy (chained). One request alone and a ragged batch (rows end at different steps, so buckets
-    change and some steps are not chained): the same tokens as eager, and both paths were taken."""
+    """Plain greedy steps (no logprobs, penalties, bias) replay a packed bucket's greedy graph: sampling
+    inside the replay and the ids written into the bucket's inputs, which a steady next step (same rows, same
+    order) uses without a gather or a copy (chained). One request alone and a ragged batch (rows end at
+    different steps, so buckets change and some steps are not chained): the same tokens as eager, and both
+    paths were taken."""
     from layerzero.engine import SamplingParams
     from layerzero.engine.config import CudaGraphKnobs
     from layerzero.engine.runner import forward_batch
@@ -69,7 +71,9 @@ def test_greedy_graphs_equal_eager(checkpoints, family, monkeypatch):
     knobs = CudaGraphKnobs()
     assert graphs.knobs == knobs  # the defaults
     two_lanes = {bs for bs, lanes in graphs.packs.items() if len(lanes) == knobs.lanes}
-    assert two_lanes and {bs for bs, _ in graphs.greedy_graphs} == two_lanes  # buckets up to lane_max_batch rows
+    assert (
+        two_lanes and {bs for bs, _ in graphs.greedy_graphs} == two_lanes
+    )  # buckets up to lane_max_batch rows
     assert max(two_lanes) <= knobs.lane_max_batch < max(graphs.packs)  # bucket 16: one lane, no greedy graph
     got = [llm.generate(ps[:1], sps[-1], use_tqdm=False), llm.generate(ps, sps, use_tqdm=False)]
     for a, b in zip(got, ref, strict=True):
@@ -79,9 +83,10 @@ def test_greedy_graphs_equal_eager(checkpoints, family, monkeypatch):
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_narrow_batch1_graphs_equal_eager(checkpoints, family, monkeypatch):
-    """``CudaGraphKnobs.narrow_tokens`` (2048 by default: no narrow graphs at ``max_model_len`` 128) at 48: batch-1
-    decode graphs with 48-token tables beside the main 128-token ones. One request whose sequence grows past 48 tokens replays the narrow graphs, then the main ones;
-    the same tokens as eager, and both kinds of graph replayed."""
+    """``CudaGraphKnobs.narrow_tokens`` (2048 by default: no narrow graphs at ``max_model_len`` 128) at 48:
+    batch-1 decode graphs with 48-token tables beside the main 128-token ones. One request whose sequence
+    grows past 48 tokens replays the narrow graphs, then the main ones; the same tokens as eager, and both
+    kinds of graph replayed."""
     from layerzero.engine import SamplingParams
     from layerzero.engine.config import CudaGraphKnobs
 
@@ -90,7 +95,9 @@ def test_narrow_batch1_graphs_equal_eager(checkpoints, family, monkeypatch):
     want = _llm(checkpoints[family], enforce_eager=True).generate(p, sp, use_tqdm=False)
     llm = _llm(checkpoints[family], cuda_graph=CudaGraphKnobs(narrow_tokens=48))
     runner = llm.engine.runner
-    assert runner.narrow is not None and runner.narrow.block_tables.shape[1] == 3  # 48 tokens of 16-token blocks
+    assert (
+        runner.narrow is not None and runner.narrow.block_tables.shape[1] == 3
+    )  # 48 tokens of 16-token blocks
     used = []
     real = runner.graphs_for
     monkeypatch.setattr(runner, "graphs_for", lambda batch: used.append(real(batch)) or used[-1])
@@ -122,37 +129,50 @@ def test_bf16_tokens_close_to_transformers(checkpoints, family):
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
 def test_async_scheduling_equals_sync(checkpoints, family):
-    """On CUDA async scheduling is the default: the same greedy tokens as the synchronous loop (graphs in both),
-    with ragged max_tokens and stop ids so sequences end while the next step is in flight."""
+    """On CUDA async scheduling is the default: the same greedy tokens as the synchronous loop (graphs in
+    both), with ragged max_tokens and stop ids so sequences end while the next step is in flight."""
     from layerzero.engine import SamplingParams
 
     ps = prompts(8, seed=53)
-    sps = [SamplingParams(temperature=0.0, max_tokens=4 + 3 * i, stop_token_ids=[7, 19, 101] if i % 2 else None,
-                          ignore_eos=True) for i in range(len(ps))]
+    sps = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=4 + 3 * i,
+            stop_token_ids=[7, 19, 101] if i % 2 else None,
+            ignore_eos=True,
+        )
+        for i in range(len(ps))
+    ]
     a = _llm(checkpoints[family])
     assert a.engine.async_scheduling
     outs = a.generate(ps, sps, use_tqdm=False)
     ref = _llm(checkpoints[family], async_scheduling=False).generate(ps, sps, use_tqdm=False)
-    assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs] == \
-        [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in ref]
+    assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs] == [
+        (o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in ref
+    ]
 
 
-@pytest.mark.parametrize("family, dtype", [("qwen3", torch.float32), ("qwen3", torch.bfloat16),
-                                           ("qwen3_moe", torch.float32)], ids=["qwen3-fp32", "qwen3-bf16", "moe-fp32"])
+@pytest.mark.parametrize(
+    "family, dtype",
+    [("qwen3", torch.float32), ("qwen3", torch.bfloat16), ("qwen3_moe", torch.float32)],
+    ids=["qwen3-fp32", "qwen3-bf16", "moe-fp32"],
+)
 def test_cascade_attention_equals_plain_decode(checkpoints, family, dtype):
-    """Cascade decode steps (the shared prefix read once per group, the Triton lse kernels and the merge) against
-    plain decode steps (graphs): the same greedy tokens in fp32; in bf16 vLLM's rule (where the tokens differ, each
-    is in the other's top-5) and nothing compared past the first difference. The MoE model runs fp32 only: in bf16
-    the merge's rounding (each level's output is bf16) flips a router's top-k on this random checkpoint within a few
-    tokens (seen on the H200: step 12, the two runs' top-5 disjoint afterwards), which tests the router, not the
-    attention."""
+    """Cascade decode steps (the shared prefix read once per group, the Triton lse kernels and the merge)
+    against plain decode steps (graphs): the same greedy tokens in fp32; in bf16 vLLM's rule (where the tokens
+    differ, each is in the other's top-5) and nothing compared past the first difference. The MoE model runs
+    fp32 only: in bf16 the merge's rounding (each level's output is bf16) flips a router's top-k on this
+    random checkpoint within a few tokens (seen on the H200: step 12, the two runs' top-5 disjoint
+    afterwards), which tests the router, not the attention."""
     from ..correctness.test_cascade_attention import _shared_prompts
 
     ps = _shared_prompts()
     runs = []
     for cascade in (True, False):
         llm = _llm(checkpoints[family], cascade_attention=cascade, dtype=dtype)
-        llm.generate([ps[0]], _sp(), use_tqdm=False)  # the prefix is cached: the batch below shares its blocks
+        llm.generate(
+            [ps[0]], _sp(), use_tqdm=False
+        )  # the prefix is cached: the batch below shares its blocks
         runs.append((llm, llm.generate(ps, _sp(), use_tqdm=False)))
     (on, on_outs), (off, off_outs) = runs
     assert on.stats()["cascade_steps"] > 0 and off.stats()["cascade_steps"] == 0
@@ -170,8 +190,8 @@ def test_cascade_attention_equals_plain_decode(checkpoints, family, dtype):
 def test_a_deleted_llm_frees_its_device_memory(checkpoints):
     """Nothing keeps a deleted engine alive (its model, KV pool and graph pools): a second engine in the same
     process finds the memory again. Until 2026-11-25 an import error kept by xFormers pinned the frames of the
-    first forward (see layerzero/backends/_clean_stack.py). The first engine also fills LayerZero's own lasting
-    caches (FlashInfer workspaces), so the second is the one measured."""
+    first forward (see layerzero/backends/_clean_stack.py). The first engine also fills LayerZero's own
+    lasting caches (FlashInfer workspaces), so the second is the one measured."""
     import gc
     import weakref
 
@@ -181,8 +201,9 @@ def test_a_deleted_llm_frees_its_device_memory(checkpoints):
         ref = weakref.ref(llm.engine)
         del llm
         gc.collect()
-        # torch's per-stream cuBLAS workspaces (GEMMs on a side stream leave 32-64 MiB that torch keeps, keyed by the
-        # stream, not by the engine; PyTorch's own CUDA leak checker clears them the same way) are not the engine's
+        # torch's per-stream cuBLAS workspaces (GEMMs on a side stream leave 32-64 MiB that torch keeps, keyed
+        # by the stream, not by the engine; PyTorch's own CUDA leak checker clears them the same way) are not
+        # the engine's
         torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
         return ref
@@ -196,18 +217,20 @@ def test_a_deleted_llm_frees_its_device_memory(checkpoints):
 @pytest.mark.parametrize("quantization", ["int8", "int4", "fp8"])
 def test_quantized_engine_runs_the_fused_low_bit_gemm(checkpoints, quantization):
     """``LLM(quantization=...)`` with ``triton.quantized_linear`` locked (strict mode: a fallback would fail):
-    greedy tokens of the fused kernel close to those of the dequantize-then-GEMM path (locked) under vLLM's rule
-    (where the tokens first differ, each is in the other's top-5; nothing compared past it: the two GEMMs round
-    differently). Until 2026-11-25 the rule was "equal for 4 tokens", which held by the luck of one rounding: with
-    ``lz.qk_norm_rope`` (one rounding where there were three) int4 and fp8 differed at tokens 1 and 0 of this
-    random checkpoint while int8 and the bf16 parity with transformers held."""
+    greedy tokens of the fused kernel close to those of the dequantize-then-GEMM path (locked) under vLLM's
+    rule (where the tokens first differ, each is in the other's top-5; nothing compared past it: the two GEMMs
+    round differently). Until 2026-11-25 the rule was "equal for 4 tokens", which held by the luck of one
+    rounding: with ``lz.qk_norm_rope`` (one rounding where there were three) int4 and fp8 differed at tokens 1
+    and 0 of this random checkpoint while int8 and the bf16 parity with transformers held."""
     import layerzero as lz
     from layerzero.backends.triton import quantized_linear as tq
 
     if quantization == "fp8" and torch.cuda.get_device_capability() < tq.FP8_SM_MIN:
         pytest.skip("float8 weights need SM >= 8.9 in Triton")
     ps = prompts(3, seed=54)
-    lz.lock("quantized_linear", "torch_native.quantized_linear")  # int8 / fp8 e4m3 on Hopper default to the fused
+    lz.lock(
+        "quantized_linear", "torch_native.quantized_linear"
+    )  # int8 / fp8 e4m3 on Hopper default to the fused
     try:
         base = _llm(checkpoints["qwen3"], quantization=quantization).generate(ps, _sp(), use_tqdm=False)
     finally:

@@ -1,6 +1,7 @@
-"""``LLM(kv_cache_dtype="fp8" | "int8")`` on a GPU (bf16 model): tokens close to ``"auto"`` under vLLM's top-5 rule,
-the drift printed; the decode graphs are captured (``triton.reshape_and_cache`` and ``triton.paged_decode`` read
-and write quantized pools, graph-safe), also in strict mode, and give the same tokens as ``enforce_eager``."""
+"""``LLM(kv_cache_dtype="fp8" | "int8")`` on a GPU (bf16 model): tokens close to ``"auto"`` under vLLM's top-5
+rule, the drift printed; the decode graphs are captured (``triton.reshape_and_cache`` and
+``triton.paged_decode`` read and write quantized pools, graph-safe), also in strict mode, and give the same
+tokens as ``enforce_eager``."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ NEW = 16
 def _llm(path, **kw):
     from layerzero.engine import LLM
 
-    return LLM(path, device="cuda", dtype=torch.bfloat16, max_model_len=128, num_kv_blocks=128, max_num_seqs=16,
-               **kw)
+    return LLM(
+        path, device="cuda", dtype=torch.bfloat16, max_model_len=128, num_kv_blocks=128, max_num_seqs=16, **kw
+    )
 
 
 def _gen(llm, ps):
@@ -47,8 +49,10 @@ def test_quantized_pool_on_gpu(checkpoints, family, kv):
                 break
             before += 1
             drift.append(abs(a.logprobs[i][x] - b.logprobs[i][y]))
-    print(f"\n{family} {kv} (GPU, bf16): tokens before first divergence {before / total:.3f}, logprob drift max "
-          f"{max(drift):.4f} mean {sum(drift) / len(drift):.5f}")
+    print(
+        f"\n{family} {kv} (GPU, bf16): tokens before first divergence {before / total:.3f}, logprob drift "
+        f"max {max(drift):.4f} mean {sum(drift) / len(drift):.5f}"
+    )
     eager = _gen(_llm(checkpoints[family], kv_cache_dtype=kv, enforce_eager=True), ps)
     assert [o.token_ids for o in eager] == [o.token_ids for o in got]
     lz.configure(strict=True)

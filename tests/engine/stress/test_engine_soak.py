@@ -1,6 +1,6 @@
-"""A bounded soak of one ``LLM`` (issue 35): 2,000 requests mixing good ones with every bad kind the engine must
-survive (refused inputs, requests that raise inside a step, streams closed early or left open across other calls,
-interrupted calls), in a small KV pool (preemption) with async scheduling and prefix caching.
+"""A bounded soak of one ``LLM`` (issue 35): 2,000 requests mixing good ones with every bad kind the engine
+must survive (refused inputs, requests that raise inside a step, streams closed early or left open across
+other calls, interrupted calls), in a small KV pool (preemption) with async scheduling and prefix caching.
 
 Oracle: every good request's tokens equal those of a clean run of the same (prompt, parameters) (greedy and
 seeded requests: the same tokens alone or in any batch). At the end no request, sequence or block is left, the
@@ -25,7 +25,9 @@ pytestmark = pytest.mark.stress
 
 NUM_REQUESTS = 2000
 WARMUP = 400
-RSS_GROWTH_LIMIT = 48 * 2**20  # bytes; a leak of one block table, sequence or request per call would exceed it
+RSS_GROWTH_LIMIT = (
+    48 * 2**20
+)  # bytes; a leak of one block table, sequence or request per call would exceed it
 
 
 def rss_bytes() -> int:
@@ -55,8 +57,9 @@ def poisoned(rng: random.Random):
     from layerzero.engine import SamplingParams
 
     sp = SamplingParams(max_tokens=5, temperature=0.7, ignore_eos=True)
-    field, value = rng.choice([("top_k", 2**31), ("seed", 2**63), ("temperature", 1e39),
-                               ("repetition_penalty", 1e39)])
+    field, value = rng.choice(
+        [("top_k", 2**31), ("seed", 2**63), ("temperature", 1e39), ("repetition_penalty", 1e39)]
+    )
     object.__setattr__(sp, field, value)
     return sp
 
@@ -64,8 +67,17 @@ def poisoned(rng: random.Random):
 def test_soak_one_llm_survives_every_bad_kind(checkpoints, monkeypatch):
     from layerzero.engine import LLM, SamplingParams
 
-    llm = LLM(checkpoints["qwen3"], device="cpu", dtype=torch.float32, max_model_len=64, num_kv_blocks=14,
-              block_size=8, max_num_seqs=6, max_num_batched_tokens=64, async_scheduling=True)
+    llm = LLM(
+        checkpoints["qwen3"],
+        device="cpu",
+        dtype=torch.float32,
+        max_model_len=64,
+        num_kv_blocks=14,
+        block_size=8,
+        max_num_seqs=6,
+        max_num_batched_tokens=64,
+        async_scheduling=True,
+    )
     rng = random.Random(0)
     base = [1, 30, 31, 32, 33, 34, 35, 36, 37]  # a shared first block: prefix-cache hits
     prompts = [base + [rng.randrange(3, 512) for _ in range(rng.randrange(1, 30))] for _ in range(8)]
@@ -125,7 +137,7 @@ def test_soak_one_llm_survives_every_bad_kind(checkpoints, monkeypatch):
                 c = rng.choice(combos)
                 s = llm.stream(prompts[c[0]], kinds[c[1]])
                 first = next(s)
-                assert clean[c][:len(first.outputs[0].token_ids)] == first.outputs[0].token_ids
+                assert clean[c][: len(first.outputs[0].token_ids)] == first.outputs[0].token_ids
                 s.close()
                 counts["closed"] += 1
                 done += 1
@@ -162,7 +174,9 @@ def test_soak_one_llm_survives_every_bad_kind(checkpoints, monkeypatch):
     eng.kv.check_invariants()
     growth = rss_bytes() - rss_after_warmup
     assert growth < RSS_GROWTH_LIMIT, f"RSS grew {growth / 2**20:.1f} MiB after the warm-up"
-    again = llm.generate([prompts[p] for p, _ in combos[:12]], [kinds[k] for _, k in combos[:12]], use_tqdm=False)
+    again = llm.generate(
+        [prompts[p] for p, _ in combos[:12]], [kinds[k] for _, k in combos[:12]], use_tqdm=False
+    )
     assert [o.outputs[0].token_ids for o in again] == [clean[c] for c in combos[:12]]
     print("soak:", counts, f"RSS growth after warm-up {growth / 2**20:.1f} MiB")
 
@@ -171,7 +185,12 @@ def test_poisoned_params_are_really_refused_by_validation():
     """The soak sneaks its poisoned values past validation; each is refused when constructed normally."""
     from layerzero.engine import SamplingParams
 
-    for field, value in [("top_k", 2**31), ("seed", 2**63), ("temperature", 1e39), ("repetition_penalty", 1e39)]:
+    for field, value in [
+        ("top_k", 2**31),
+        ("seed", 2**63),
+        ("temperature", 1e39),
+        ("repetition_penalty", 1e39),
+    ]:
         with pytest.raises(lz.InvalidInputError):
             SamplingParams(**{field: value})
         assert dataclasses.replace(SamplingParams(), **{field: 1}) is not None

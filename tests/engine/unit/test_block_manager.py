@@ -298,10 +298,10 @@ def test_bad_calls() -> None:
 
 
 def test_block_tables_gathers_every_table_padded_with_zeros() -> None:
-    """``block_tables`` (the engine's per-step gather from the numpy mirror) equals the tables, by hand, through
-    growth, a free whose row is reused by a shorter table, a fork and more rows and columns than the mirror
-    started with; an unknown id is refused. (``check_invariants`` compares the mirror with the tables after every
-    step of the scheduler's property tests too.)"""
+    """``block_tables`` (the engine's per-step gather from the numpy mirror) equals the tables, by hand,
+    through growth, a free whose row is reused by a shorter table, a fork and more rows and columns than the
+    mirror started with; an unknown id is refused. (``check_invariants`` compares the mirror with the tables
+    after every step of the scheduler's property tests too.)"""
     kv = KVCacheManager(400, 2, enable_prefix_caching=False)
     assert kv.allocate_slots("a", 5) == [0, 1, 2] and kv.allocate_slots("b", 2) == [3]
     assert kv.block_tables(["b", "a"]).tolist() == [[3, 0, 0], [0, 1, 2]]
@@ -325,7 +325,8 @@ def test_block_tables_gathers_every_table_padded_with_zeros() -> None:
 
 
 def test_allocate_slots_fast_path_keeps_validation() -> None:
-    """A table that already holds the tokens returns [] without changes; bad arguments still raise with a table."""
+    """A table that already holds the tokens returns [] without changes; bad arguments still raise with a
+    table."""
     kv = KVCacheManager(8, 2)
     run_prompt(kv, "a", [1, 2, 3, 4, 5])
     before = snapshot(kv)

@@ -23,13 +23,35 @@ def llm(checkpoints):
 
 
 BAD_PARAMS = [
-    dict(temperature=-0.1), dict(temperature=math.nan), dict(temperature=math.inf), dict(top_p=0.0),
-    dict(top_p=1.5), dict(top_k=-2), dict(top_k=1.5), dict(min_p=-0.1), dict(min_p=2.0),
-    dict(repetition_penalty=0.0), dict(repetition_penalty=math.nan), dict(presence_penalty=3.0),
-    dict(frequency_penalty=-2.5), dict(max_tokens=0), dict(max_tokens=-1), dict(min_tokens=-1),
-    dict(min_tokens=20, max_tokens=10), dict(n=0), dict(logprobs=21), dict(logprobs=-1), dict(seed=-1),
-    dict(stop=""), dict(stop=[1]), dict(stop_token_ids=[-1]), dict(logit_bias={3: math.nan}),
-    dict(logit_bias={-1: 1.0}), dict(logit_bias=[1]), dict(ignore_eos="yes"), dict(temperature=True),
+    dict(temperature=-0.1),
+    dict(temperature=math.nan),
+    dict(temperature=math.inf),
+    dict(top_p=0.0),
+    dict(top_p=1.5),
+    dict(top_k=-2),
+    dict(top_k=1.5),
+    dict(min_p=-0.1),
+    dict(min_p=2.0),
+    dict(repetition_penalty=0.0),
+    dict(repetition_penalty=math.nan),
+    dict(presence_penalty=3.0),
+    dict(frequency_penalty=-2.5),
+    dict(max_tokens=0),
+    dict(max_tokens=-1),
+    dict(min_tokens=-1),
+    dict(min_tokens=20, max_tokens=10),
+    dict(n=0),
+    dict(logprobs=21),
+    dict(logprobs=-1),
+    dict(seed=-1),
+    dict(stop=""),
+    dict(stop=[1]),
+    dict(stop_token_ids=[-1]),
+    dict(logit_bias={3: math.nan}),
+    dict(logit_bias={-1: 1.0}),
+    dict(logit_bias=[1]),
+    dict(ignore_eos="yes"),
+    dict(temperature=True),
 ]
 
 
@@ -41,10 +63,19 @@ def test_bad_sampling_params_raise_invalid_input(kw):
         SamplingParams(**kw)
 
 
-@pytest.mark.parametrize("prompt,match", [
-    ([], "at least one token"), ("", "at least one token"), ([1, 512], r"\[0, 512\)"), ([1, -3], r"\[0, 512\)"),
-    ([1, 2.0], "int"), ([1] * 49, "max_model_len"), (None, "string or a list"), ([True], "int"),
-])
+@pytest.mark.parametrize(
+    "prompt,match",
+    [
+        ([], "at least one token"),
+        ("", "at least one token"),
+        ([1, 512], r"\[0, 512\)"),
+        ([1, -3], r"\[0, 512\)"),
+        ([1, 2.0], "int"),
+        ([1] * 49, "max_model_len"),
+        (None, "string or a list"),
+        ([True], "int"),
+    ],
+)
 def test_bad_prompts_raise_before_anything_is_queued(llm, prompt, match):
     from layerzero.engine import SamplingParams
 
@@ -95,13 +126,20 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoints, tmp_path
         LLM(d, device="cpu")
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(max_num_seqs=0), "max_num_seqs"), (dict(block_size=0), "block_size"),
-    (dict(kv_cache_memory_fraction=0.0), "kv_cache_memory_fraction"), (dict(prefix_cache="lru"), "prefix_cache"),
-    (dict(scheduling_policy="sjf"), "scheduling_policy"), (dict(dtype=torch.int8), "dtype"),
-    (dict(num_kv_blocks=2, max_model_len=48), "KV cache size"), (dict(max_model_len=10_000), "max_position"),
-    (dict(device="nope"), "device"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(max_num_seqs=0), "max_num_seqs"),
+        (dict(block_size=0), "block_size"),
+        (dict(kv_cache_memory_fraction=0.0), "kv_cache_memory_fraction"),
+        (dict(prefix_cache="lru"), "prefix_cache"),
+        (dict(scheduling_policy="sjf"), "scheduling_policy"),
+        (dict(dtype=torch.int8), "dtype"),
+        (dict(num_kv_blocks=2, max_model_len=48), "KV cache size"),
+        (dict(max_model_len=10_000), "max_position"),
+        (dict(device="nope"), "device"),
+    ],
+)
 def test_bad_engine_options(checkpoints, kw, match):
     from layerzero.engine import LLM
 

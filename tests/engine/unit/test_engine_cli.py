@@ -1,5 +1,5 @@
-"""``layerzero generate`` streams what ``LLM.generate`` returns; ``bench-engine``'s workload is nano-vllm's and its
-roofline is worked out by hand."""
+"""``layerzero generate`` streams what ``LLM.generate`` returns; ``bench-engine``'s workload is nano-vllm's
+and its roofline is worked out by hand."""
 
 from __future__ import annotations
 
@@ -18,11 +18,28 @@ def test_generate_streams_the_engine_text(checkpoints, capsys):
     from layerzero.engine import LLM, SamplingParams
 
     path = checkpoints["qwen3"]
-    rc = main(["generate", "--model", str(path), "--prompt", "The quick brown fox", "--max-tokens", "6",
-               "--ignore-eos", "--device", "cpu", "--max-model-len", "64"])
+    rc = main(
+        [
+            "generate",
+            "--model",
+            str(path),
+            "--prompt",
+            "The quick brown fox",
+            "--max-tokens",
+            "6",
+            "--ignore-eos",
+            "--device",
+            "cpu",
+            "--max-model-len",
+            "64",
+        ]
+    )
     out = capsys.readouterr()
     (ref,) = LLM(path, device="cpu", dtype=torch.float32, max_model_len=64).generate(
-        ["The quick brown fox"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+        ["The quick brown fox"],
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert rc == 0 and out.out == ref.outputs[0].text + "\n" and "finish_reason=length" in out.err
 
 
@@ -68,13 +85,15 @@ def test_shared_prefix_workload():
     prompts, out = shared_prefix_workload("full")
     s = PREFIX_SCALES["full"]
     assert len(prompts) == 64 * 16 and out == 256 and all(len(p) == 2048 + 128 for p in prompts)
-    assert prompts[0][:2048] == prompts[64][:2048] != prompts[1][:2048]  # request i of every group, interleaved
-    assert len({tuple(p[:s["prefix"]]) for p in prompts}) == 64
+    assert (
+        prompts[0][:2048] == prompts[64][:2048] != prompts[1][:2048]
+    )  # request i of every group, interleaved
+    assert len({tuple(p[: s["prefix"]]) for p in prompts}) == 64
 
 
 def test_prefix_benchmark_at_cpu_scale(tmp_path):
-    """``bench-engine --workload prefix`` end to end at the CPU scale: the shared prefix hits, the random workload
-    does not, and each pair of runs reports comparable engines (pool size, preemptions, steps)."""
+    """``bench-engine --workload prefix`` end to end at the CPU scale: the shared prefix hits, the random
+    workload does not, and each pair of runs reports comparable engines (pool size, preemptions, steps)."""
     from layerzero.engine.bench import build_checkpoint
     from layerzero.engine.bench_prefix import run_prefix
 
@@ -94,8 +113,9 @@ def test_prefix_benchmark_at_cpu_scale(tmp_path):
 
 
 def test_prefix_benchmark_warm_run_leaves_a_cold_cache(tmp_path):
-    """The CUDA benchmark times a second run of the workload after an untimed one with the prefix cache emptied
-    (first-use compiles stay out of the timing): that run schedules and hits exactly as a fresh engine's does."""
+    """The CUDA benchmark times a second run of the workload after an untimed one with the prefix cache
+    emptied (first-use compiles stay out of the timing): that run schedules and hits exactly as a fresh
+    engine's does."""
     from layerzero.engine.bench import build_checkpoint
     from layerzero.engine.bench_prefix import run_shared_once
 
@@ -107,8 +127,9 @@ def test_prefix_benchmark_warm_run_leaves_a_cold_cache(tmp_path):
 
 
 def test_prefix_benchmark_gives_every_shared_prefix_run_the_first_pool(monkeypatch):
-    """The cache-off (and, on CUDA, cascade) runs of the shared-prefix workload get the first run's KV pool size, so
-    a smaller pool (fewer blocks free on the device after the first engine) cannot slow the baseline down."""
+    """The cache-off (and, on CUDA, cascade) runs of the shared-prefix workload get the first run's KV pool
+    size, so a smaller pool (fewer blocks free on the device after the first engine) cannot slow the baseline
+    down."""
     from layerzero.engine import bench_prefix
 
     calls = []
@@ -123,9 +144,9 @@ def test_prefix_benchmark_gives_every_shared_prefix_run_the_first_pool(monkeypat
 
 
 def test_batch1_decode_rate_excludes_the_first_token(monkeypatch):
-    """``bench-engine``'s one-request run: the decode rate is the tokens after the first over the time after it, worked
-    by hand on a fake clock (first delta of 1 token at 30 ms, then 2 tokens at 32 ms and 1 at 34 ms: 3 tokens in
-    4 ms = 750 tok/s); the whole rate counts every token over the generate call."""
+    """``bench-engine``'s one-request run: the decode rate is the tokens after the first over the time after
+    it, worked by hand on a fake clock (first delta of 1 token at 30 ms, then 2 tokens at 32 ms and 1 at 34
+    ms: 3 tokens in 4 ms = 750 tok/s); the whole rate counts every token over the generate call."""
     from types import SimpleNamespace
 
     from layerzero.engine import bench
@@ -162,27 +183,68 @@ def _no_tokenizer(checkpoints, tmp_path):
     return d
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["generate", "--prompt", "hi", "--model", "{bad}"], r"config\.json: expected a JSON object.*invalid JSON"),
-    (["generate", "--prompt", "hi", "--model", "{missing}"], r"checkpoint directory: expected a directory with "
-                                                              r"config\.json"),
-    (["generate", "--prompt", "hi", "--model", "{plain}", "--device", "cuda"], r"LLM device: expected a device this "
-                                                                               r"process can use"),
-    (["generate", "--prompt", "hi", "--model", "{plain}", "--device", "bogus"], r"LLM device: expected a torch device"),
-    (["generate", "--prompt", "hi", "--model", "{plain}", "--chat"], r"--chat: expected a checkpoint whose tokenizer "
-                                                                     r"has a chat template, got no tokenizer in "),
-    (["generate", "--prompt", "hi", "--model", "{plain}"], r"prompt: expected token ids \(this checkpoint has no "
-                                                           r"tokenizer\)"),
-    (["generate", "--prompt", "hi", "--model", "{plain}", "--max-tokens", "0"], r"SamplingParams.*max_tokens"),
-    (["bench-engine", "--device", "bogus"], r"LLM device: expected a torch device"),
-    (["bench-engine", "--model", "{missing}", "--device", "cpu", "--scale", "cpu", "--hf-batch", "0"],
-     r"checkpoint directory"),
-    (["bench-engine", "--model", "{missing}", "--device", "cpu", "--scale", "cpu", "--workload", "prefix"],
-     r"checkpoint directory"),
-], ids=lambda v: " ".join(v)[:60] if isinstance(v, list) else "")
-def test_engine_commands_report_typed_errors_without_a_traceback(checkpoints, tmp_path, capsys, monkeypatch, argv,
-                                                                 match):
-    """``layerzero: error: <message>`` on stderr and exit code 2 for every ConfigurationError / InvalidInputError."""
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (
+            ["generate", "--prompt", "hi", "--model", "{bad}"],
+            r"config\.json: expected a JSON object.*invalid JSON",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--model", "{missing}"],
+            r"checkpoint directory: expected a directory with "
+            r"config\.json",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--model", "{plain}", "--device", "cuda"],
+            r"LLM device: expected a device this "
+            r"process can use",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--model", "{plain}", "--device", "bogus"],
+            r"LLM device: expected a torch device",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--model", "{plain}", "--chat"],
+            r"--chat: expected a checkpoint whose tokenizer "
+            r"has a chat template, got no tokenizer in ",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--model", "{plain}"],
+            r"prompt: expected token ids \(this checkpoint has no "
+            r"tokenizer\)",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--model", "{plain}", "--max-tokens", "0"],
+            r"SamplingParams.*max_tokens",
+        ),
+        (["bench-engine", "--device", "bogus"], r"LLM device: expected a torch device"),
+        (
+            ["bench-engine", "--model", "{missing}", "--device", "cpu", "--scale", "cpu", "--hf-batch", "0"],
+            r"checkpoint directory",
+        ),
+        (
+            [
+                "bench-engine",
+                "--model",
+                "{missing}",
+                "--device",
+                "cpu",
+                "--scale",
+                "cpu",
+                "--workload",
+                "prefix",
+            ],
+            r"checkpoint directory",
+        ),
+    ],
+    ids=lambda v: " ".join(v)[:60] if isinstance(v, list) else "",
+)
+def test_engine_commands_report_typed_errors_without_a_traceback(
+    checkpoints, tmp_path, capsys, monkeypatch, argv, match
+):
+    """``layerzero: error: <message>`` on stderr and exit code 2 for every ConfigurationError /
+    InvalidInputError."""
     import re
 
     from layerzero.cli import main

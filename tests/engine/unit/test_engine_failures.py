@@ -1,8 +1,9 @@
 """Issue 35: one bad request, a hang or a second caller never takes the engine down.
 
-Each case checks the typed error (or the failed request's ``"error"`` output) and then that the same ``LLM`` holds
-no blocks and no requests and still generates the tokens of a clean run. Cases that used to hang run under a
-deadline (SIGALRM raises in the main thread; the engine's own clean-up on an exception is part of what is tested).
+Each case checks the typed error (or the failed request's ``"error"`` output) and then that the same ``LLM``
+holds no blocks and no requests and still generates the tokens of a clean run. Cases that used to hang run
+under a deadline (SIGALRM raises in the main thread; the engine's own clean-up on an exception is part of what
+is tested).
 """
 
 from __future__ import annotations
@@ -42,8 +43,14 @@ def sneak(params, **fields):
 def llm(request, checkpoints):
     from layerzero.engine import LLM
 
-    return LLM(checkpoints["qwen3"], device="cpu", dtype=torch.float32, max_model_len=48, num_kv_blocks=40,
-               async_scheduling=request.param)
+    return LLM(
+        checkpoints["qwen3"],
+        device="cpu",
+        dtype=torch.float32,
+        max_model_len=48,
+        num_kv_blocks=40,
+        async_scheduling=request.param,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +69,19 @@ def assert_healthy(llm, clean) -> None:
 
 
 # ------------------------------------------------------------------------------ 1. validate at construction
-@pytest.mark.parametrize("kw,match", [
-    (dict(seed=2**63), r"seed.*9223372036854775807"), (dict(top_k=2**31), r"top_k.*2147483647"),
-    (dict(temperature=1e39), "float32"), (dict(repetition_penalty=1e39), "float32"),
-    (dict(repetition_penalty=1e-50), "float32"), (dict(top_p=1e-60), "float32"),
-    (dict(skip_special_tokens=1), "bool"), (dict(stop="a\ud800"), "surrogate"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(seed=2**63), r"seed.*9223372036854775807"),
+        (dict(top_k=2**31), r"top_k.*2147483647"),
+        (dict(temperature=1e39), "float32"),
+        (dict(repetition_penalty=1e39), "float32"),
+        (dict(repetition_penalty=1e-50), "float32"),
+        (dict(top_p=1e-60), "float32"),
+        (dict(skip_special_tokens=1), "bool"),
+        (dict(stop="a\ud800"), "surrogate"),
+    ],
+)
 def test_values_the_sampler_cannot_take_are_refused_at_construction(kw, match):
     from layerzero.engine import SamplingParams
 
@@ -78,8 +92,14 @@ def test_values_the_sampler_cannot_take_are_refused_at_construction(kw, match):
 def test_the_largest_accepted_values_run(llm, clean):
     from layerzero.engine import SamplingParams
 
-    sp = SamplingParams(max_tokens=3, temperature=3e38, top_k=2**31 - 1, seed=2**63 - 1, repetition_penalty=3e38,
-                        ignore_eos=True)
+    sp = SamplingParams(
+        max_tokens=3,
+        temperature=3e38,
+        top_k=2**31 - 1,
+        seed=2**63 - 1,
+        repetition_penalty=3e38,
+        ignore_eos=True,
+    )
     out = llm.generate(PROMPTS[:2], sp, use_tqdm=False)
     assert [o.outputs[0].finish_reason for o in out] == ["length", "length"]
     assert_healthy(llm, clean)
@@ -88,8 +108,15 @@ def test_the_largest_accepted_values_run(llm, clean):
 def test_sampling_params_are_frozen_and_take_numpy_values():
     from layerzero.engine import SamplingParams
 
-    sp = SamplingParams(n=np.int64(2), max_tokens=np.int32(5), temperature=np.float32(0.5), top_k=np.int64(3),
-                        stop=["x"], stop_token_ids=np.array([4, 5]), logit_bias={np.int64(3): np.float32(1.5)})
+    sp = SamplingParams(
+        n=np.int64(2),
+        max_tokens=np.int32(5),
+        temperature=np.float32(0.5),
+        top_k=np.int64(3),
+        stop=["x"],
+        stop_token_ids=np.array([4, 5]),
+        logit_bias={np.int64(3): np.float32(1.5)},
+    )
     assert (sp.n, sp.max_tokens, sp.top_k, sp.stop_token_ids) == (2, 5, 3, (4, 5))
     assert type(sp.n) is int and type(sp.temperature) is float and dict(sp.logit_bias) == {3: 1.5}
     for field, value in (("n", 0), ("temperature", float("nan")), ("max_tokens", 0), ("stop", ["y"])):
@@ -115,8 +142,11 @@ def test_text_prompt_whose_tokens_fall_outside_the_vocabulary(llm, clean, monkey
 
 
 # ------------------------------------------------------------------------------ 1. a step that raises
-@pytest.mark.parametrize("bad", [dict(top_k=2**31), dict(seed=2**63), dict(temperature=1e39),
-                                 dict(repetition_penalty=1e39)], ids=lambda d: next(iter(d)))
+@pytest.mark.parametrize(
+    "bad",
+    [dict(top_k=2**31), dict(seed=2**63), dict(temperature=1e39), dict(repetition_penalty=1e39)],
+    ids=lambda d: next(iter(d)),
+)
 def test_a_request_failing_in_the_sampler_fails_alone(llm, clean, bad):
     from layerzero.engine import SamplingParams
 
@@ -142,7 +172,9 @@ def test_a_forward_failure_fails_the_step_requests_only(llm, clean, monkeypatch)
         return real(chunks, *args, **kwargs)
 
     monkeypatch.setattr(runner, "execute", fail_first)
-    monkeypatch.setattr(llm.engine.scheduler, "max_num_seqs", 1)  # one request per step: the first fails alone
+    monkeypatch.setattr(
+        llm.engine.scheduler, "max_num_seqs", 1
+    )  # one request per step: the first fails alone
     out = llm.generate(PROMPTS, greedy(), use_tqdm=False)
     monkeypatch.undo()
     assert out[0].outputs[0].finish_reason == "error" and "injected forward failure" in out[0].error
@@ -200,8 +232,14 @@ def greedy_tokens(llm, prompt, n):
 def test_a_prompt_filling_the_whole_pool_is_admitted_on_an_idle_engine(checkpoints):
     from layerzero.engine import LLM
 
-    llm = LLM(checkpoints["qwen3"], device="cpu", dtype=torch.float32, block_size=1, max_model_len=256,
-              max_num_seqs=1)
+    llm = LLM(
+        checkpoints["qwen3"],
+        device="cpu",
+        dtype=torch.float32,
+        block_size=1,
+        max_model_len=256,
+        max_num_seqs=1,
+    )
     assert llm.engine.kv.watermark_blocks > 0
     assert llm.engine.runner.num_blocks - llm.engine.kv.watermark_blocks < 256
     with deadline(60):
@@ -214,7 +252,9 @@ def test_a_prompt_filling_the_whole_pool_is_admitted_on_an_idle_engine(checkpoin
 def test_an_engine_that_cannot_admit_fails_the_requests_instead_of_spinning(llm, clean, monkeypatch):
     from layerzero.engine.scheduler import SchedulerOutput
 
-    monkeypatch.setattr(llm.engine.scheduler, "schedule", lambda: SchedulerOutput())  # a defect: admits nothing
+    monkeypatch.setattr(
+        llm.engine.scheduler, "schedule", lambda: SchedulerOutput()
+    )  # a defect: admits nothing
     with deadline(20):
         out = llm.generate(PROMPTS[:2], greedy(), use_tqdm=False)
     monkeypatch.undo()
@@ -264,10 +304,10 @@ def test_threads_calling_generate_get_correct_tokens(llm, clean):
     def work(k: int) -> None:
         try:
             for _ in range(3):
-                order = PROMPTS[k % 4:] + PROMPTS[:k % 4]
+                order = PROMPTS[k % 4 :] + PROMPTS[: k % 4]
                 out = llm.generate(order, greedy(), use_tqdm=False)
                 results.append([o.outputs[0].token_ids for o in out])
-                results[-1] = results[-1][-(k % 4):] + results[-1][:-(k % 4)] if k % 4 else results[-1]
+                results[-1] = results[-1][-(k % 4) :] + results[-1][: -(k % 4)] if k % 4 else results[-1]
         except BaseException as exc:  # reported below, in the main thread
             errors.append(exc)
 
@@ -337,10 +377,16 @@ def test_a_lone_surrogate_in_a_text_prompt(checkpoints, prompt):
     assert llm.engine.requests == {}
 
 
-@pytest.mark.parametrize("messages,match", [
-    (["hi"], "conversation"), (None, "conversation"), ([], "conversation"), ([{"role": "user"}], "conversation"),
-    ([[{"role": "user", "content": "hi"}], "x"], "conversation"),
-])
+@pytest.mark.parametrize(
+    "messages,match",
+    [
+        (["hi"], "conversation"),
+        (None, "conversation"),
+        ([], "conversation"),
+        ([{"role": "user"}], "conversation"),
+        ([[{"role": "user", "content": "hi"}], "x"], "conversation"),
+    ],
+)
 def test_chat_with_malformed_messages(checkpoints, messages, match):
     from layerzero.engine import LLM
 

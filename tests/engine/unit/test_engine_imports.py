@@ -1,5 +1,5 @@
-"""The engine is a wing of its own: it imports only the public ``layerzero`` API, and ``import layerzero`` does
-not import it (DESIGN.md, "The engine")."""
+"""The engine is a wing of its own: it imports only the public ``layerzero`` API, and ``import layerzero``
+does not import it (DESIGN.md, "The engine")."""
 
 from __future__ import annotations
 
@@ -28,8 +28,12 @@ def test_engine_imports_only_the_public_api():
     files = sorted(ENGINE.rglob("*.py"))
     assert len(files) > 10
     public = ("layerzero.engine", "layerzero.testing")  # the engine itself; the public test helpers (demo)
-    private = {f"{f.relative_to(ENGINE)}: {m}" for f in files for m in _imports(f)
-               if m.startswith("layerzero.") and not m.startswith(public)}
+    private = {
+        f"{f.relative_to(ENGINE)}: {m}"
+        for f in files
+        for m in _imports(f)
+        if m.startswith("layerzero.") and not m.startswith(public)
+    }
     assert private == set()
 
 

@@ -18,7 +18,8 @@ def _chunk(tokens, start, length, table, sample=True):
 def test_mixed_step():
     from layerzero.engine.runner.forward_batch import build_forward_batch
 
-    # block size 4; seq A: 6 new tokens from position 0 (blocks 7, 2); seq B: 1 token at position 9 (blocks 5, 1, 3)
+    # block size 4; seq A: 6 new tokens from position 0 (blocks 7, 2); seq B: 1 token at position 9 (blocks 5,
+    # 1, 3)
     a = _chunk(list(range(100, 106)), 0, 6, [7, 2])
     b = _chunk(list(range(200, 210)), 9, 1, [5, 1, 3])
     fb = build_forward_batch([a, b], 4, torch.device("cpu"))
@@ -40,28 +41,34 @@ def test_decode_step_and_an_unsampled_chunk():
     assert fb.input_ids.tolist() == [5, 7] and fb.positions.tolist() == [4, 2]
     assert fb.slot_mapping.tolist() == [0 * 4 + 0, 4 * 4 + 2] and fb.seq_lens.tolist() == [5, 3]
     assert fb.block_tables.tolist() == [[6, 0], [4, 0]] and fb.logits_indices.tolist() == [0, 1]
-    part = build_forward_batch([_chunk([1, 2, 3, 4, 5, 6], 0, 3, [2, 3], sample=False)], 4, torch.device("cpu"))
+    part = build_forward_batch(
+        [_chunk([1, 2, 3, 4, 5, 6], 0, 3, [2, 3], sample=False)], 4, torch.device("cpu")
+    )
     assert part.logits_indices.tolist() == [] and part.cu_seqlens_q.tolist() == [0, 3]
 
 
 def test_logits_all_only_when_every_row_is_sampled_in_order():
     """``logits_all`` (the model skips the ``logits_indices`` gather) holds exactly when ``logits_indices`` is
-    ``arange(T)``: a decode step whose chunks all sample; not a decode step with an unsampled chunk, not a mixed step
-    (even one whose every chunk samples: only the last token of each chunk is a row)."""
+    ``arange(T)``: a decode step whose chunks all sample; not a decode step with an unsampled chunk, not a
+    mixed step (even one whose every chunk samples: only the last token of each chunk is a row)."""
     from layerzero.engine.runner.forward_batch import build_forward_batch
 
     cpu = torch.device("cpu")
     a, b = _chunk([1, 2, 3, 4, 5], 4, 1, [6, 0]), _chunk([9, 8, 7], 2, 1, [4])
-    for chunks, want in (([a, b], True), ([a, _chunk([9, 8, 7, 6], 2, 1, [4], sample=False)], False),
-                         ([_chunk(list(range(6)), 0, 6, [7, 2]), b], False), ([b], True)):
+    for chunks, want in (
+        ([a, b], True),
+        ([a, _chunk([9, 8, 7, 6], 2, 1, [4], sample=False)], False),
+        ([_chunk(list(range(6)), 0, 6, [7, 2]), b], False),
+        ([b], True),
+    ):
         fb = build_forward_batch(chunks, 4, cpu)
         assert fb.logits_all is want
         assert (fb.logits_indices.tolist() == list(range(fb.input_ids.shape[0]))) is want
 
 
 def test_pending_last_token_is_gathered_from_the_previous_step():
-    """Async scheduling: a chunk whose last token is pending takes its input id from the previous step's sampled
-    tokens (row ``pending_src``), in the decode path and in a mixed step; known ids are untouched."""
+    """Async scheduling: a chunk whose last token is pending takes its input id from the previous step's
+    sampled tokens (row ``pending_src``), in the decode path and in a mixed step; known ids are untouched."""
     from layerzero.engine.runner.forward_batch import ScheduledChunk, build_forward_batch
 
     prev = torch.tensor([70, 71, 72])
@@ -78,8 +85,9 @@ def test_pending_last_token_is_gathered_from_the_previous_step():
 
 
 def test_decode_graphs_only_take_steps_that_sample_every_row():
-    """A one-token chunk that does not end its prompt (a budget's last token) is not sampled; the decode graphs
-    return every row's logits, so such a step runs eager (its logits rows follow ``logits_indices``)."""
+    """A one-token chunk that does not end its prompt (a budget's last token) is not sampled; the decode
+    graphs return every row's logits, so such a step runs eager (its logits rows follow
+    ``logits_indices``)."""
     from layerzero.engine.runner.cuda_graph import CUDAGraphRunner
     from layerzero.engine.runner.forward_batch import build_forward_batch
 
@@ -93,8 +101,8 @@ def test_decode_graphs_only_take_steps_that_sample_every_row():
 
 
 def test_a_table_matrix_gives_the_same_batch_as_the_lists():
-    """The engine passes the step's block tables as one ``[B, W]`` matrix (the KV manager's gather); the batch is
-    the one the per-chunk lists give, in a mixed and in a decode step; a matrix with the wrong row count is
+    """The engine passes the step's block tables as one ``[B, W]`` matrix (the KV manager's gather); the batch
+    is the one the per-chunk lists give, in a mixed and in a decode step; a matrix with the wrong row count is
     refused."""
     import numpy as np
 
@@ -106,18 +114,25 @@ def test_a_table_matrix_gives_the_same_batch_as_the_lists():
         width = max(len(c.block_table) for c in chunks)
         matrix = np.zeros((len(chunks), width + 2), dtype=np.int32)  # wider than needed: padding is harmless
         for i, c in enumerate(chunks):
-            matrix[i, :len(c.block_table)] = c.block_table
+            matrix[i, : len(c.block_table)] = c.block_table
         bare = [ScheduledChunk(c.token_ids, c.start, c.length, (), c.sample, c.pending_src) for c in chunks]
         got = build_forward_batch(bare, 4, torch.device("cpu"), prev, tables=matrix)
         for f in ("input_ids", "positions", "slot_mapping", "seq_lens", "logits_indices"):
             assert torch.equal(getattr(got, f), getattr(lists, f)), f
-        assert torch.equal(got.block_tables[:, :width], lists.block_tables) and not got.block_tables[:, width:].any()
+        assert (
+            torch.equal(got.block_tables[:, :width], lists.block_tables)
+            and not got.block_tables[:, width:].any()
+        )
         return got
 
     fb = both([_chunk(list(range(100, 106)), 0, 6, [7, 2]), _chunk(list(range(200, 210)), 9, 1, [5, 1, 3])])
     assert fb.slot_mapping.tolist() == [28, 29, 30, 31, 8, 9, 13]
-    fb = both([ScheduledChunk([1, 2, 3, 4], 4, 1, [6, 0], True, pending_src=1), _chunk([9, 8, 7], 2, 1, [4])],
-              torch.tensor([70, 71]))
+    fb = both(
+        [ScheduledChunk([1, 2, 3, 4], 4, 1, [6, 0], True, pending_src=1), _chunk([9, 8, 7], 2, 1, [4])],
+        torch.tensor([70, 71]),
+    )
     assert fb.is_decode and fb.slot_mapping.tolist() == [0, 18] and fb.input_ids.tolist() == [71, 7]
     with pytest.raises(InvalidInputError, match="expected 1 rows"):
-        build_forward_batch([_chunk([1, 2], 1, 1, [3])], 4, torch.device("cpu"), tables=np.zeros((2, 1), np.int32))
+        build_forward_batch(
+            [_chunk([1, 2], 1, 1, [3])], 4, torch.device("cpu"), tables=np.zeros((2, 1), np.int32)
+        )

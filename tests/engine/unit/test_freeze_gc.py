@@ -1,6 +1,7 @@
-"""``LLM(freeze_gc=...)``: after start-up the heap is frozen (``gc.freeze``, as vLLM does), so the cyclic collector's
-full collections no longer scan the model and the engine (~330 ms once per shared-prefix run on the H200); deleting
-the LLM unfreezes it, so the deleted engine's reference cycles are collected. Off by default on CPU."""
+"""``LLM(freeze_gc=...)``: after start-up the heap is frozen (``gc.freeze``, as vLLM does), so the cyclic
+collector's full collections no longer scan the model and the engine (~330 ms once per shared-prefix run on
+the H200); deleting the LLM unfreezes it, so the deleted engine's reference cycles are collected. Off by
+default on CPU."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""Narrow batch-1 decode graphs (``CudaGraphKnobs.narrow_tokens``, ``ModelRunner.narrow``): a one-sequence decode step whose
-block table fits the narrow graphs' width is packed into and replayed by them; a wider table, two sequences or a
-step built the ordinary way that does not fit goes to the main graphs; on by default (2048 tokens), not captured when
-the main graphs are no wider. On CPU, the graph replays stubbed (as in ``test_packed_inputs.py``)."""
+"""Narrow batch-1 decode graphs (``CudaGraphKnobs.narrow_tokens``, ``ModelRunner.narrow``): a one-sequence
+decode step whose block table fits the narrow graphs' width is packed into and replayed by them; a wider
+table, two sequences or a step built the ordinary way that does not fit goes to the main graphs; on by default
+(2048 tokens), not captured when the main graphs are no wider. On CPU, the graph replays stubbed (as in
+``test_packed_inputs.py``)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def _stubbed(max_num_seqs: int, width: int, tag: float) -> CUDAGraphRunner:
 
 @pytest.fixture
 def runner() -> ModelRunner:
-    """A ModelRunner (no model) with main graphs (4 sequences, tables of 8 blocks) and narrow ones (1, 2 blocks)."""
+    """A ModelRunner (no model) with main graphs (4 sequences, tables of 8 blocks) and narrow ones (1, 2
+    blocks)."""
     mr = ModelRunner.__new__(ModelRunner)
     mr.graphs, mr.narrow = _stubbed(4, 8, 1.0), _stubbed(1, 2, 2.0)
     mr._lane, mr.block_size, mr.device, mr.cascade = 0, BLOCK, CPU, None
@@ -70,6 +72,7 @@ def test_wider_tables_and_bigger_batches_run_on_the_main_graphs(runner, lengths)
 
 def test_graphs_for_an_ordinary_batch_by_width(runner):
     """A step built the ordinary way (not packed): the narrow graphs take it when its table fits them."""
+
     def batch(n):
         chunk = ScheduledChunk(list(range(n)), n - 1, 1, (), True)
         return build_forward_batch([chunk], BLOCK, CPU, None, None, _tables(n))
@@ -80,8 +83,9 @@ def test_graphs_for_an_ordinary_batch_by_width(runner):
 
 
 def test_default_width_is_the_small_tile_bound():
-    """The narrow graphs exist to give short sequences ``triton.paged_decode``'s batch-1 small tiles: as wide as the
-    widest table those apply to (wider and they would not apply; narrower and fewer steps would get them)."""
+    """The narrow graphs exist to give short sequences ``triton.paged_decode``'s batch-1 small tiles: as wide
+    as the widest table those apply to (wider and they would not apply; narrower and fewer steps would get
+    them)."""
     from layerzero.backends.triton.paged import PagedDecodeKnobs
 
     assert CudaGraphKnobs().narrow_tokens == PagedDecodeKnobs().small_batch[1] == 2048
@@ -92,8 +96,9 @@ def test_only_for_wider_main_graphs_and_off_with_none(monkeypatch):
     assert mr._narrow_graphs(40960, 16, CPU, CudaGraphKnobs(narrow_tokens=None)) is None
     captured: list[tuple[int, int]] = []
     knobs = CudaGraphKnobs()  # narrow_tokens 2048
-    monkeypatch.setattr(CUDAGraphRunner, "capture", lambda self: captured.append((self.sizes[-1],
-                                                                                 self.block_tables.shape[1])))
+    monkeypatch.setattr(
+        CUDAGraphRunner, "capture", lambda self: captured.append((self.sizes[-1], self.block_tables.shape[1]))
+    )
     mr.model, mr.kv_caches = torch.nn.Identity(), []
     assert mr._narrow_graphs(2048, 16, CPU, knobs) is None and mr._narrow_graphs(2040, 16, CPU, knobs) is None
     narrow = mr._narrow_graphs(2064, 16, CPU, knobs)

@@ -1,9 +1,9 @@
 """Packed decode inputs (``CudaGraphKnobs.packed_inputs``): a small decode bucket's graph reads its inputs
-from one buffer that the step's single host-to-device copy writes. On CPU (the graph replay stubbed): the packed
-batch equals the ordinary one in its rows, the padding rows are what a replay expects, the tables' unused columns
-are 0 even after a wider step, pending ids are gathered into the buffer, the runner's views alias what the copy
-wrote, a cascade step and big buckets keep the copy path, and a step built the ordinary way for a packed bucket is
-copied into that bucket's buffer (never into buffers its graph does not read)."""
+from one buffer that the step's single host-to-device copy writes. On CPU (the graph replay stubbed): the
+packed batch equals the ordinary one in its rows, the padding rows are what a replay expects, the tables'
+unused columns are 0 even after a wider step, pending ids are gathered into the buffer, the runner's views
+alias what the copy wrote, a cascade step and big buckets keep the copy path, and a step built the ordinary
+way for a packed bucket is copied into that bucket's buffer (never into buffers its graph does not read)."""
 
 from __future__ import annotations
 
@@ -39,12 +39,14 @@ class _Graph:
 
 
 def stubbed_runner(max_num_seqs: int, width: int, outputs, lane_step: float = 1.0) -> CUDAGraphRunner:
-    """A :class:`CUDAGraphRunner` on CPU (default knobs: packed inputs, two lanes) as if captured: every plain graph a
-    :class:`_Graph`, bucket ``s``'s logits ``outputs(s)`` (lane ``l``'s plus ``l * lane_step``)."""
+    """A :class:`CUDAGraphRunner` on CPU (default knobs: packed inputs, two lanes) as if captured: every plain
+    graph a :class:`_Graph`, bucket ``s``'s logits ``outputs(s)`` (lane ``l``'s plus ``l * lane_step``)."""
     r = CUDAGraphRunner(torch.nn.Identity(), [], max_num_seqs, width, CPU)
     r.graphs = {s: _Graph() for s in r.sizes}
     r.outputs = {s: outputs(s) for s in r.sizes}
-    r.lane_graphs = {(s, lane): r.graphs[s] if lane == 0 else _Graph() for s in r.packs for lane in range(LANES)}
+    r.lane_graphs = {
+        (s, lane): r.graphs[s] if lane == 0 else _Graph() for s in r.packs for lane in range(LANES)
+    }
     r.lane_outputs = {(s, lane): r.outputs[s] + lane * lane_step for s in r.packs for lane in range(LANES)}
     return r
 
@@ -57,9 +59,11 @@ def runner() -> CUDAGraphRunner:
 
 def _decode(pending=None):
     """Three decode chunks of block size 4 (tables [6, 2], [4], [1, 5, 3]); the second one's token pending."""
-    return [ScheduledChunk([1, 2, 3, 4, 5], 4, 1, (), True),
-            ScheduledChunk([9, 8, 7], 2, 1, (), True, pending_src=1 if pending is not None else None),
-            ScheduledChunk(list(range(10)), 9, 1, (), True)]
+    return [
+        ScheduledChunk([1, 2, 3, 4, 5], 4, 1, (), True),
+        ScheduledChunk([9, 8, 7], 2, 1, (), True, pending_src=1 if pending is not None else None),
+        ScheduledChunk(list(range(10)), 9, 1, (), True),
+    ]
 
 
 TABLES = np.array([[6, 2, 0], [4, 0, 0], [1, 5, 3]], dtype=np.int32)
@@ -75,22 +79,33 @@ def test_packed_batch_equals_the_ordinary_one_and_pads_the_bucket(runner):
     for f in ("input_ids", "positions", "slot_mapping", "seq_lens"):
         assert torch.equal(getattr(packed, f), getattr(plain, f)), f
     assert packed.input_ids.tolist() == [5, 71, 9]  # the pending id gathered from the previous step
-    assert torch.equal(packed.block_tables[:, :3], plain.block_tables) and not packed.block_tables[:, 3:].any()
+    assert (
+        torch.equal(packed.block_tables[:, :3], plain.block_tables) and not packed.block_tables[:, 3:].any()
+    )
     assert packed.logits_indices.tolist() == [0, 1, 2] and packed.cu_seqlens_q is None
     ids, pos, slots, tables, lens = runner._packed_views(4)  # what the bucket's graph reads
-    assert ids.data_ptr() == packed.input_ids.data_ptr() and tables.data_ptr() == packed.block_tables.data_ptr()
-    assert slots.tolist() == [2 * 4 + 0, 4 * 4 + 2, 3 * 4 + 1, -1]  # block of position // 4, offset position % 4
+    assert (
+        ids.data_ptr() == packed.input_ids.data_ptr() and tables.data_ptr() == packed.block_tables.data_ptr()
+    )
+    assert slots.tolist() == [
+        2 * 4 + 0,
+        4 * 4 + 2,
+        3 * 4 + 1,
+        -1,
+    ]  # block of position // 4, offset position % 4
     assert lens.tolist() == [5, 3, 10, 1] and not tables[3].any() and ids[3] == 0
     replays = runner.graphs[4].replays
     assert torch.equal(runner.run(packed), runner.outputs[4][:3]) and runner.graphs[4].replays == replays + 1
 
 
 def test_every_id_pending_is_one_gather_into_the_buffer(runner):
-    """Async decode: every chunk's token pending (rows 0..n-1 in order) takes the one-kernel gather straight into the
-    buffer; the ids equal the per-row gather's."""
+    """Async decode: every chunk's token pending (rows 0..n-1 in order) takes the one-kernel gather straight
+    into the buffer; the ids equal the per-row gather's."""
     prev = torch.tensor([40, 41, 42, 43])
-    chunks = [ScheduledChunk([1, 2, 3, 4, 5], 4, 1, (), True, pending_src=3),
-              ScheduledChunk([9, 8, 7], 2, 1, (), True, pending_src=0)]
+    chunks = [
+        ScheduledChunk([1, 2, 3, 4, 5], 4, 1, (), True, pending_src=3),
+        ScheduledChunk([9, 8, 7], 2, 1, (), True, pending_src=0),
+    ]
     tables = TABLES[:2]
     packed = build_packed_decode_batch(chunks, 4, tables, prev, runner.pack_for(2, 3))
     plain = build_forward_batch(chunks, 4, CPU, prev, tables=tables)
@@ -102,15 +117,24 @@ def test_a_narrower_step_leaves_no_stale_columns(runner):
     wide = np.array([[6, 2, 9, 9, 9, 9]], dtype=np.int32)
     one = [ScheduledChunk(list(range(30)), 20, 1, (), True)]
     build_packed_decode_batch(one, 4, wide, None, runner.pack_for(1, 6))
-    narrow = build_packed_decode_batch([ScheduledChunk([1, 2, 3], 2, 1, (), True)], 4,
-                                       np.array([[8]], dtype=np.int32), None, runner.pack_for(1, 1))
+    narrow = build_packed_decode_batch(
+        [ScheduledChunk([1, 2, 3], 2, 1, (), True)],
+        4,
+        np.array([[8]], dtype=np.int32),
+        None,
+        runner.pack_for(1, 1),
+    )
     assert narrow.block_tables.tolist() == [[8, 0, 0, 0, 0, 0]]
 
 
 def test_layout_matches_the_staging_offsets(runner):
     sizes = pack_nbytes(8, 6)
     offs, total = offsets(sizes)
-    assert [b.numel() for b in runner.packs[8]] == [total] * LANES and offs[3] == 3 * 64 and sizes[3] == 8 * 6 * 4
+    assert (
+        [b.numel() for b in runner.packs[8]] == [total] * LANES
+        and offs[3] == 3 * 64
+        and sizes[3] == 8 * 6 * 4
+    )
     assert len(runner.packs[16]) == 1 and runner.pack_for(9, 6, 1).lane == 0  # above lane_max_batch: one lane
     ids, pos, slots, tables, lens = runner._packed_views(8)
     assert tables.shape == (8, 6) and lens.dtype == torch.int32 and slots.dtype == torch.int64
@@ -123,12 +147,16 @@ def test_big_buckets_and_cascade_steps_keep_the_copy_path(runner):
     r.graphs = {s: _Graph() for s in r.sizes}
     assert set(r.packs) == {1, 2, 4, 8} and r.pack_for(9, 3) is None and r.pack_for(8, 3).bs == 8
     assert r.pack_for(2, 7) is None  # wider than the graphs' tables
-    shared = [ScheduledChunk(list(range(20)), 19, 1, (), True) for _ in range(2)]  # two sequences, same 4 blocks
+    shared = [
+        ScheduledChunk(list(range(20)), 19, 1, (), True) for _ in range(2)
+    ]  # two sequences, same 4 blocks
     tables = np.array([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]], dtype=np.int32)
     policy = CascadePolicy(always=True)
     casc = build_packed_decode_batch(shared, 4, tables[:, :5], None, r.pack_for(2, 5), policy)
     plain = build_forward_batch(shared, 4, CPU, None, policy, tables[:, :5])
-    assert not casc.packed and casc.cascade is not None and casc.logits_all  # built as build_forward_batch builds it
+    assert (
+        not casc.packed and casc.cascade is not None and casc.logits_all
+    )  # built as build_forward_batch builds it
     for name in FIELDS:
         assert torch.equal(getattr(casc, name), getattr(plain, name)), name
     assert torch.equal(casc.cascade.prefix_tables, plain.cascade.prefix_tables)
@@ -147,15 +175,17 @@ def test_an_ordinary_batch_for_a_packed_bucket_lands_in_its_buffer(runner):
 
 
 def test_on_by_default_and_off_packs_nothing():
-    assert CudaGraphKnobs().packed_inputs is True and CUDAGraphRunner(torch.nn.Identity(), [], 8, 4, CPU).packs
+    assert (
+        CudaGraphKnobs().packed_inputs is True and CUDAGraphRunner(torch.nn.Identity(), [], 8, 4, CPU).packs
+    )
     r = CUDAGraphRunner(torch.nn.Identity(), [], 8, 4, CPU, knobs=CudaGraphKnobs(packed_inputs=False))
     r.graphs = {s: _Graph() for s in r.sizes}
     assert r.packs == {} and r.pack_for(1, 2) is None
 
 
 def _greedy(runner, bs: int, lane: int, tokens: list[int]) -> torch.Tensor:
-    """Give (bucket ``bs``, ``lane``) a stub greedy graph whose last replay sampled ``tokens``: written into the other
-    lane's id slots, as the real graph does. Returns those slots (what the sampler's caller got)."""
+    """Give (bucket ``bs``, ``lane``) a stub greedy graph whose last replay sampled ``tokens``: written into
+    the other lane's id slots, as the real graph does. Returns those slots (what the sampler's caller got)."""
     runner.greedy_graphs[bs, lane] = _Graph()
     runner.greedy_outputs[bs, lane] = torch.full((bs, 3), 7.0)
     ids = runner._targets[bs, (lane + 1) % LANES].views[0]
@@ -180,9 +210,9 @@ def test_lanes_have_their_own_buffers_and_views(runner):
 
 
 def test_a_chained_step_keeps_the_ids_the_greedy_graph_wrote(runner):
-    """Every row pending from the same row of the previous step, which was the other lane's greedy graph: the ids in
-    this lane's slots (where that graph wrote them) are used as they are, no gather and no copy over them; the rest
-    of the step is copied as always."""
+    """Every row pending from the same row of the previous step, which was the other lane's greedy graph: the
+    ids in this lane's slots (where that graph wrote them) are used as they are, no gather and no copy over
+    them; the rest of the step is copied as always."""
     tok = _greedy(runner, 4, 0, [50, 51, 52, 53])
     tables = np.array([[3, 2], [4, 1], [5, 6]], dtype=np.int32)
     buf = runner.pack_for(3, 2, 1).buffer
@@ -195,18 +225,22 @@ def test_a_chained_step_keeps_the_ids_the_greedy_graph_wrote(runner):
     # the same step with the same ids from another tensor is gathered, in this lane or the other
     for lane in (1, 0):
         runner._packed_views(4, lane)[0].fill_(0)
-        batch = build_packed_decode_batch(_steady(3), 4, tables, torch.tensor([50, 51, 52]),
-                                          runner.pack_for(3, 2, lane))
+        batch = build_packed_decode_batch(
+            _steady(3), 4, tables, torch.tensor([50, 51, 52]), runner.pack_for(3, 2, lane)
+        )
         assert batch.input_ids.tolist() == [50, 51, 52]
 
 
 def test_an_unchained_step_reads_the_ids_before_overwriting_them(runner):
-    """The previous step's ids are this lane's id slots (the other lane's greedy graph wrote them there), but the rows
-    moved (or one is new): the step's copy rewrites those slots, so the gather must read them first."""
+    """The previous step's ids are this lane's id slots (the other lane's greedy graph wrote them there), but
+    the rows moved (or one is new): the step's copy rewrites those slots, so the gather must read them
+    first."""
     tables = np.array([[3, 2], [4, 1], [5, 6]], dtype=np.int32)
     swapped = _steady(3)
-    swapped[0], swapped[1] = (ScheduledChunk(c.token_ids, c.start, 1, (), True, pending_src=s)
-                              for c, s in ((swapped[0], 1), (swapped[1], 0)))
+    swapped[0], swapped[1] = (
+        ScheduledChunk(c.token_ids, c.start, 1, (), True, pending_src=s)
+        for c, s in ((swapped[0], 1), (swapped[1], 0))
+    )
     tok = _greedy(runner, 4, 0, [50, 51, 52, 53])
     target = runner.pack_for(3, 2, 1)
     assert build_packed_decode_batch(swapped, 4, tables, tok[:3], target).input_ids.tolist() == [51, 50, 52]
@@ -221,7 +255,9 @@ def test_run_greedy_replays_the_greedy_graph_of_a_packed_batch(runner):
     logits, ids, host, event = runner.run_greedy(packed)
     assert runner.greedy_graphs[4, 0].replays == 1 and runner.lane_graphs[4, 0].replays == 0
     assert logits.shape == (3, 3) and ids.tolist() == [50, 51, 52] and ids.data_ptr() == tok.data_ptr()
-    assert host.tolist() == [50, 51, 52] and host.data_ptr() != tok.data_ptr() and event is None  # CPU: a copy
+    assert (
+        host.tolist() == [50, 51, 52] and host.data_ptr() != tok.data_ptr() and event is None
+    )  # CPU: a copy
     assert runner.run_greedy(build_forward_batch(_decode(), 4, CPU, tables=TABLES)) is None  # not packed
     lane1 = build_packed_decode_batch(_decode(), 4, TABLES, None, runner.pack_for(3, 3, 1))
     assert runner.run_greedy(lane1) is None  # no greedy graph on lane 1 here

@@ -1,5 +1,6 @@
 """Weight-only quantized linears (``LLM(quantization=...)``): the layer against an independent float64 oracle,
-the error bound each format implies for ``x @ W.T``, memory, int4's group-size rule and the option's errors."""
+the error bound each format implies for ``x @ W.T``, memory, int4's group-size rule and the option's
+errors."""
 
 from __future__ import annotations
 
@@ -51,12 +52,14 @@ def _bound(q: QuantizedLinear, w: torch.Tensor) -> torch.Tensor:
     """docs/quantization.md's per-element bound on |w - w_hat| (float64)."""
     _, s = _dequant64(q)
     if q.quantization == "fp8":
-        return torch.maximum(2.0 ** -4 * w.double().abs(), 2.0 ** -10 * s)
+        return torch.maximum(2.0**-4 * w.double().abs(), 2.0**-10 * s)
     return s / 2
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize(("t", "n", "k", "bias"), [(5, 96, 256, False), (1, 64, 128, True), (7, 40, 96, True)])
+@pytest.mark.parametrize(
+    ("t", "n", "k", "bias"), [(5, 96, 256, False), (1, 64, 128, True), (7, 40, 96, True)]
+)
 def test_quantized_linear_matches_float64_oracle(fmt: str, t: int, n: int, k: int, bias: bool) -> None:
     lin = _linear(n, k, seed=n + k, bias=bias)
     w = lin.weight.detach().clone()
@@ -73,7 +76,7 @@ def test_quantized_linear_matches_float64_oracle(fmt: str, t: int, n: int, k: in
     exact = x.double() @ w.double().T + b
     implied = x.double().abs() @ _bound(q, w).T + tol
     assert bool(((y.double() - exact).abs() <= implied).all())
-    assert bool(((w_hat - w.double()).abs() <= _bound(q, w) + 2.0 ** -21 * w.double().abs()).all())
+    assert bool(((w_hat - w.double()).abs() <= _bound(q, w) + 2.0**-21 * w.double().abs()).all())
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -89,7 +92,9 @@ def test_bytes_drop_by_the_formats_factor(fmt: str) -> None:
     expected = n * k // 2 + 5 * n * (k // 128) if fmt == "int4" else n * k + 4 * n  # codes + scales (+ zeros)
     assert summary.quantized_bytes == expected
     assert module_bytes(model) == before - 4 * n * k + expected
-    assert isinstance(model.lm_head, Linear) and module_bytes(model.lm_head) == head  # the LM head stays float
+    assert (
+        isinstance(model.lm_head, Linear) and module_bytes(model.lm_head) == head
+    )  # the LM head stays float
     assert summary.float_bytes / summary.quantized_bytes > (7.4 if fmt == "int4" else 3.9)
 
 
@@ -111,8 +116,10 @@ def test_int4_group_size_rule(caplog: pytest.LogCaptureFixture) -> None:
 
 @pytest.mark.parametrize("bad", ["int3", "INT8", "fp8_e4m3", 8, ""])
 def test_bad_quantization_is_refused_before_loading(bad: object) -> None:
-    with pytest.raises(lz.ConfigurationError,
-                       match=r"LLM quantization: expected one of \('int8', 'int4', 'fp8', 'fp8_w8a8'\)"):
+    with pytest.raises(
+        lz.ConfigurationError,
+        match=r"LLM quantization: expected one of \('int8', 'int4', 'fp8', 'fp8_w8a8'\)",
+    ):
         LLM("/nonexistent/checkpoint", quantization=bad)
     with pytest.raises(ValueError, match="quantization"):
         EngineConfig("m", quantization=bad)
@@ -120,15 +127,19 @@ def test_bad_quantization_is_refused_before_loading(bad: object) -> None:
         quantize_model(torch.nn.Module(), bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("t", "n", "k", "bias"), [(5, 96, 256, False), (1, 64, 128, True), (3, 40, 96, True)])
+@pytest.mark.parametrize(
+    ("t", "n", "k", "bias"), [(5, 96, 256, False), (1, 64, 128, True), (3, 40, 96, True)]
+)
 def test_w8a8_layer_matches_its_float64_oracle(t: int, n: int, k: int, bias: bool) -> None:
-    """``quantization="fp8_w8a8"``: the same fp8 buffers as ``"fp8"``, and the forward quantizes each row of x to
-    e4m3 (scale amax / 448, float32) before the product: float64 oracle from the buffers and that rule."""
+    """``quantization="fp8_w8a8"``: the same fp8 buffers as ``"fp8"``, and the forward quantizes each row of x
+    to e4m3 (scale amax / 448, float32) before the product: float64 oracle from the buffers and that rule."""
     lin = _linear(n, k, seed=t + n, bias=bias)
     q, ref = QuantizedLinear(lin, "fp8_w8a8"), QuantizedLinear(lin, "fp8")
-    assert torch.equal(q.qdata.view(torch.uint8), ref.qdata.view(torch.uint8)) and torch.equal(q.qscale, ref.qscale)
+    assert torch.equal(q.qdata.view(torch.uint8), ref.qdata.view(torch.uint8)) and torch.equal(
+        q.qscale, ref.qscale
+    )
     x = torch.randn(t, k, generator=torch.Generator().manual_seed(k))
-    s = (x.abs().amax(dim=1, keepdim=True) / 448).clamp_min(2.0 ** -126)
+    s = (x.abs().amax(dim=1, keepdim=True) / 448).clamp_min(2.0**-126)
     xq = (x / s).clamp(-448, 448).to(torch.float8_e4m3fn).double() * s.double()
     want = xq @ _dequant64(q)[0].t() + (lin.bias.double() if bias else 0)
     with torch.no_grad():

@@ -1,7 +1,7 @@
 """The sampler's greedy paths on hand-built logits: a plain greedy step reads the logits in the model's dtype
-(bf16 here) without casting or changing them and returns each row's first maximum; a greedy step with a logit bias or
-a min_tokens ban goes through the float32 path (on a copy: the model's bf16 output stays as it was) and the ban or bias
-moves the token; ``plain_greedy`` says which is which."""
+(bf16 here) without casting or changing them and returns each row's first maximum; a greedy step with a logit
+bias or a min_tokens ban goes through the float32 path (on a copy: the model's bf16 output stays as it was)
+and the ban or bias moves the token; ``plain_greedy`` says which is which."""
 
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ def _seq(prompt_len: int = 2, outputs: int = 0, **kw) -> Sequence:
 
 def _logits() -> torch.Tensor:
     """Row 0: maximum 2.5 at columns 3 (EOS) and 6: the first, 3, wins. Row 1: maximum at column 0."""
-    x = torch.tensor([[0.0, 1.0, -1.0, 2.5, 0.5, -2.0, 2.5, 1.0],
-                      [4.0, 1.0, -1.0, 2.0, 0.5, 3.5, 2.5, 1.0]], dtype=torch.bfloat16)
+    x = torch.tensor(
+        [[0.0, 1.0, -1.0, 2.5, 0.5, -2.0, 2.5, 1.0], [4.0, 1.0, -1.0, 2.0, 0.5, 3.5, 2.5, 1.0]],
+        dtype=torch.bfloat16,
+    )
     return x
 
 
@@ -38,11 +40,14 @@ def test_plain_greedy_reads_bf16_logits_as_they_are():
     assert logits.dtype == torch.bfloat16 and torch.equal(logits, before)
 
 
-@pytest.mark.parametrize(("kw", "outputs", "want"), [
-    ({"min_tokens": 2}, 0, 6),  # EOS banned before min_tokens: the other maximum
-    ({"min_tokens": 2}, 2, 3),  # min_tokens reached: plain again, EOS allowed
-    ({"logit_bias": {4: 5.0}}, 0, 4),  # 0.5 + 5
-])
+@pytest.mark.parametrize(
+    ("kw", "outputs", "want"),
+    [
+        ({"min_tokens": 2}, 0, 6),  # EOS banned before min_tokens: the other maximum
+        ({"min_tokens": 2}, 2, 3),  # min_tokens reached: plain again, EOS allowed
+        ({"logit_bias": {4: 5.0}}, 0, 4),  # 0.5 + 5
+    ],
+)
 def test_greedy_with_bias_or_ban_takes_the_float32_path(kw, outputs, want):
     sampler = Sampler(8, (EOS,), torch.device("cpu"), seed=0)
     seqs = [_seq(outputs=outputs, **kw), _seq()]

@@ -1,5 +1,6 @@
 """The scheduler on its own (real KV cache manager, no model): token budget and chunked prefill, decode first,
-admission order and head-of-line blocking, preemption victims per policy, LPM ordering and aging, capture sizes."""
+admission order and head-of-line blocking, preemption victims per policy, LPM ordering and aging, capture
+sizes."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ def _seq(n, *, prio=0, t=0.0, tokens=None):
     from layerzero.engine.sequence import Sequence
 
     rid = next(_IDS)
-    # distinct tokens per sequence unless given: sequences sharing a first block form a prefix group (admitted one
-    # cold member first), which only the prefix-group tests want
+    # distinct tokens per sequence unless given: sequences sharing a first block form a prefix group (admitted
+    # one cold member first), which only the prefix-group tests want
     ids = tokens if tokens is not None else list(range(1000 * rid + 1, 1000 * rid + n + 1))
-    return Sequence(f"r{rid}", 0, list(ids), len(ids), SamplingParams(max_tokens=100), priority=prio, arrival_time=t)
+    return Sequence(
+        f"r{rid}", 0, list(ids), len(ids), SamplingParams(max_tokens=100), priority=prio, arrival_time=t
+    )
 
 
 def _sched(blocks=64, block_size=4, budget=16, max_seqs=8, policy="fcfs"):
@@ -64,10 +67,10 @@ def test_admission_stops_at_the_first_request_that_does_not_fit():
 
 @pytest.mark.parametrize("policy,victim", [("fcfs", "third"), ("priority", "early")])
 def test_preemption_victim(policy, victim):
-    # 5 blocks of 4 tokens. early (4 tokens, prio 5), late (4, prio 0), third (7, prio -1) take 1 + 1 + 2 blocks;
-    # after one token each they need 2 + 2 + 3 blocks: the pool runs out in step 2.
-    # fcfs serves early, late, third: early takes the last block, late fails -> the latest arrival (third) goes.
-    # priority serves third, late, early: third takes the last block, late fails -> the lowest priority (early).
+    # 5 blocks of 4 tokens. early (4 tokens, prio 5), late (4, prio 0), third (7, prio -1) take 1 + 1 + 2
+    # blocks; after one token each they need 2 + 2 + 3 blocks: the pool runs out in step 2. fcfs serves early,
+    # late, third: early takes the last block, late fails -> the latest arrival (third) goes. priority serves
+    # third, late, early: third takes the last block, late fails -> the lowest priority (early).
     s = _sched(blocks=5, block_size=4, budget=64, policy=policy)
     seqs = {"early": _seq(4, prio=5, t=0), "late": _seq(4, prio=0, t=1), "third": _seq(7, prio=-1, t=2)}
     for q in seqs.values():
@@ -103,9 +106,9 @@ def test_capture_sizes():
 
 # ------------------------------------------------------------------------------------------ prefix groups
 def test_a_prefix_group_admits_one_cold_member_then_the_rest_together():
-    """Three requests sharing their first two blocks arrive with an unrelated one: the first member computes the
-    prefix alone (its peers are skipped, the unrelated request is not blocked), then both peers are admitted in the
-    same step and hit the cached blocks."""
+    """Three requests sharing their first two blocks arrive with an unrelated one: the first member computes
+    the prefix alone (its peers are skipped, the unrelated request is not blocked), then both peers are
+    admitted in the same step and hit the cached blocks."""
     s = _sched(budget=64, block_size=4)
     shared = list(range(500, 508))
     a, b, c = (_seq(0, t=i, tokens=shared + [600 + 10 * i, 601 + 10 * i]) for i in range(3))
@@ -137,8 +140,12 @@ def test_prefix_groups_are_off_without_prefix_caching():
     from layerzero.engine.scheduler import Scheduler
     from layerzero.engine.scheduling_policy import make_policy
 
-    s = Scheduler(KVCacheManager(64, 4, watermark=0.0, enable_prefix_caching=False), make_policy("lpm"),
-                  max_num_seqs=8, max_num_batched_tokens=64)
+    s = Scheduler(
+        KVCacheManager(64, 4, watermark=0.0, enable_prefix_caching=False),
+        make_policy("lpm"),
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+    )
     shared = list(range(500, 508))
     seqs = [_seq(0, t=i, tokens=shared + [600 + i, 700 + i]) for i in range(3)]
     for q in seqs:
@@ -149,7 +156,8 @@ def test_prefix_groups_are_off_without_prefix_caching():
 @pytest.mark.parametrize("large", [False, True], ids=["scored", "above-LPM_MAX_WAITING"])
 def test_lpm_keeps_prefix_groups_together(monkeypatch, large):
     """Interleaved arrivals of three groups (g0 g1 g2 g0 g1 g2 ...): LPM admits them group by group, groups in
-    the order of their earliest arrival, whether it scores every request or, above LPM_MAX_WAITING, only sorts."""
+    the order of their earliest arrival, whether it scores every request or, above LPM_MAX_WAITING, only
+    sorts."""
     from layerzero.engine import scheduling_policy
 
     if large:
@@ -211,7 +219,8 @@ def test_fcfs_does_not_hold_groups_back():
 
 
 def test_a_group_larger_than_half_the_slots_starts_at_half():
-    """Eight slots, a group of ten: it starts once four slots are free (not never), next to a running request."""
+    """Eight slots, a group of ten: it starts once four slots are free (not never), next to a running
+    request."""
     s = _sched(budget=200, block_size=4, max_seqs=8, policy="lpm")
     other = [_seq(5, t=float(i)) for i in range(4)]
     for q in other:
@@ -228,8 +237,8 @@ def test_a_group_larger_than_half_the_slots_starts_at_half():
 
 def test_lpm_runs_few_whole_groups_where_fcfs_interleaves_many():
     """The shared-prefix benchmark's shape scaled down (8 groups x 8 requests arriving groups interleaved, 16
-    slots): FCFS decodes 8 groups of 2 per step, LPM 2 whole groups of 8 (what lets cascade attention read 4x fewer
-    prefixes per step), with the same number of steps and prefix hits."""
+    slots): FCFS decodes 8 groups of 2 per step, LPM 2 whole groups of 8 (what lets cascade attention read 4x
+    fewer prefixes per step), with the same number of steps and prefix hits."""
     results = {}
     for policy in ("fcfs", "lpm"):
         s = _sched(blocks=600, block_size=4, budget=64, max_seqs=16, policy=policy)

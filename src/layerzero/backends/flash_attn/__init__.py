@@ -40,4 +40,13 @@ def register(registry: KernelRegistry) -> None:
         registry.add_kernel(spec)
 
 
-__all__ = ["BACKEND_IDS", "KERNEL_IDS", "LIBRARIES", "FlashVersion", "Probe", "probe", "probe_all", "register"]
+__all__ = [
+    "BACKEND_IDS",
+    "KERNEL_IDS",
+    "LIBRARIES",
+    "FlashVersion",
+    "Probe",
+    "probe",
+    "probe_all",
+    "register",
+]

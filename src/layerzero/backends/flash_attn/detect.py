@@ -55,18 +55,27 @@ class LibraryInfo:
 
 LIBRARIES: dict[FlashVersion, LibraryInfo] = {
     FlashVersion.FA2: LibraryInfo(
-        FlashVersion.FA2, "flash_attn", "flash_attn_func",
+        FlashVersion.FA2,
+        "flash_attn",
+        "flash_attn_func",
         "pip install flash-attn --no-build-isolation (needs a CUDA build of torch, SM 8.0+)",
-        "FlashAttention-2 (Dao 2023, arXiv:2307.08691), module flash_attn"),
+        "FlashAttention-2 (Dao 2023, arXiv:2307.08691), module flash_attn",
+    ),
     FlashVersion.FA3: LibraryInfo(
-        FlashVersion.FA3, "flash_attn_interface", "flash_attn_func",
+        FlashVersion.FA3,
+        "flash_attn_interface",
+        "flash_attn_func",
         "build hopper/ of github.com/Dao-AILab/flash-attention (python setup.py install) on an SM 9.0 GPU",
-        "FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608), Hopper only, module flash_attn_interface"),
+        "FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608), Hopper only, module flash_attn_interface",
+    ),
     FlashVersion.FA4: LibraryInfo(
-        FlashVersion.FA4, "flash_attn.cute", "flash_attn_func",
+        FlashVersion.FA4,
+        "flash_attn.cute",
+        "flash_attn_func",
         "pip install flash-attn-4 (older releases: flash-attn-cute; the flash_attn/cute package of "
         "github.com/Dao-AILab/flash-attention, needs nvidia-cutlass-dsl)",
-        "FlashAttention-4 (CuTe DSL, Blackwell), module flash_attn.cute"),
+        "FlashAttention-4 (CuTe DSL, Blackwell), module flash_attn.cute",
+    ),
 }
 
 MIN_FA2_VERSION = (2, 1)
@@ -89,8 +98,12 @@ def _version_tuple(text: str | None) -> tuple[int, ...] | None:
 
 def _unavailable(info: LibraryInfo, code: ReasonCode, message: str, version: str | None = None) -> Probe:
     log.info("LayerZero backend %s unavailable: %s", info.version.value, message)
-    return Probe(BackendSpec(info.version.value, info.module, version, False, (Reason(code, message),),
-                             info.description), None)
+    return Probe(
+        BackendSpec(
+            info.version.value, info.module, version, False, (Reason(code, message),), info.description
+        ),
+        None,
+    )
 
 
 def probe(which: FlashVersion, importer: Callable[[str], Any] = importlib.import_module) -> Probe:
@@ -110,22 +123,36 @@ def probe(which: FlashVersion, importer: Callable[[str], Any] = importlib.import
     try:
         module = importer(info.module)
     except ModuleNotFoundError as exc:
-        return _unavailable(info, ReasonCode.BACKEND_NOT_INSTALLED,
-                            f"module {info.module!r} is not installed ({exc}); install: {info.install_hint}")
+        return _unavailable(
+            info,
+            ReasonCode.BACKEND_NOT_INSTALLED,
+            f"module {info.module!r} is not installed ({exc}); install: {info.install_hint}",
+        )
     except Exception as exc:  # a present but broken build raises ImportError, OSError, RuntimeError, ...
-        return _unavailable(info, ReasonCode.BACKEND_IMPORT_FAILED,
-                            f"importing {info.module!r} failed: {type(exc).__name__}: {exc}")
+        return _unavailable(
+            info,
+            ReasonCode.BACKEND_IMPORT_FAILED,
+            f"importing {info.module!r} failed: {type(exc).__name__}: {exc}",
+        )
     raw = getattr(module, "__version__", None)
     version = None if raw is None else str(raw)
     fn = getattr(module, info.function, None)
     if not callable(fn):
-        return _unavailable(info, ReasonCode.BACKEND_IMPORT_FAILED,
-                            f"module {info.module!r} (version {version}) has no callable {info.function}; "
-                            "it is not the FlashAttention API LayerZero wraps", version)
+        return _unavailable(
+            info,
+            ReasonCode.BACKEND_IMPORT_FAILED,
+            f"module {info.module!r} (version {version}) has no callable {info.function}; "
+            "it is not the FlashAttention API LayerZero wraps",
+            version,
+        )
     if which is FlashVersion.FA2:
         parsed = _version_tuple(version)
         if parsed is None or parsed[:2] < MIN_FA2_VERSION:
-            return _unavailable(info, ReasonCode.BACKEND_VERSION_UNSUPPORTED,
-                                f"flash_attn {version} is older than 2.1 (or has no __version__); causal masks "
-                                "before 2.1 were top-left aligned. Upgrade: pip install -U flash-attn", version)
+            return _unavailable(
+                info,
+                ReasonCode.BACKEND_VERSION_UNSUPPORTED,
+                f"flash_attn {version} is older than 2.1 (or has no __version__); causal masks "
+                "before 2.1 were top-left aligned. Upgrade: pip install -U flash-attn",
+                version,
+            )
     return Probe(BackendSpec(info.version.value, info.module, version, True, (), info.description), fn)

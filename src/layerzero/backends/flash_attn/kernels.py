@@ -29,10 +29,10 @@ Sliding window and soft-cap (``lz.attention(window=, softcap=)``): passed as ``w
 passed when set, so older FA2 builds keep working for plain calls). FA aligns the window bottom-right like its
 causal mask, so a window with Sq != Sk is refused with ``SLIDING_WINDOW_UNSUPPORTED``.
 
-ALiBi (``lz.attention(alibi_slopes=)``): only FA2's ``flash_attn_func`` has ``alibi_slopes`` (float32 ``[Hq]`` or
-``[B, Hq]``, bias ``-slope * |i + Sk - Sq - j|``, the convention lz.attention follows, so Sq != Sk agrees too);
-FA3 (``hopper/flash_attn_interface.py``) and FA4 (``flash_attn/cute/interface.py``) have no such argument and are
-refused with ``ALIBI_UNSUPPORTED``.
+ALiBi (``lz.attention(alibi_slopes=)``): only FA2's ``flash_attn_func`` has ``alibi_slopes`` (float32 ``[Hq]``
+or ``[B, Hq]``, bias ``-slope * |i + Sk - Sq - j|``, the convention lz.attention follows, so Sq != Sk agrees
+too); FA3 (``hopper/flash_attn_interface.py``) and FA4 (``flash_attn/cute/interface.py``) have no such
+argument and are refused with ``ALIBI_UNSUPPORTED``.
 """
 
 from __future__ import annotations
@@ -67,18 +67,26 @@ KERNEL_IDS = {v: f"{v.value}.attention" for v in FlashVersion}
 
 def _causal_check_only(ctx: SelectionContext) -> list[Reason]:
     if ctx.is_causal and not ctx.seq_equal:
-        return [Reason(R.CAUSAL_SEQ_MISMATCH,
-                       "FlashAttention aligns the causal mask bottom-right when Sq != Sk (query i sees keys "
-                       "j <= i + Sk - Sq), lz.attention aligns it top-left like SDPA (j <= i); "
-                       "the results would differ")]
+        return [
+            Reason(
+                R.CAUSAL_SEQ_MISMATCH,
+                "FlashAttention aligns the causal mask bottom-right when Sq != Sk (query i sees keys "
+                "j <= i + Sk - Sq), lz.attention aligns it top-left like SDPA (j <= i); "
+                "the results would differ",
+            )
+        ]
     return []
 
 
 def _window_check(ctx: SelectionContext) -> list[Reason]:
     if ctx.window_left is not None and not ctx.seq_equal:
-        return [Reason(R.SLIDING_WINDOW_UNSUPPORTED,
-                       "FlashAttention aligns the sliding window bottom-right when Sq != Sk (query i is at position "
-                       "i + Sk - Sq), lz.attention aligns it top-left like is_causal; the results would differ")]
+        return [
+            Reason(
+                R.SLIDING_WINDOW_UNSUPPORTED,
+                "FlashAttention aligns the sliding window bottom-right when Sq != Sk (query i is at position "
+                "i + Sk - Sq), lz.attention aligns it top-left like is_causal; the results would differ",
+            )
+        ]
     return []
 
 
@@ -93,8 +101,12 @@ def _fa2_check(ctx: SelectionContext) -> list[Reason]:
     out = _causal_check(ctx)
     big = max(ctx.head_dim or 0, ctx.head_dim_v or 0)
     if ctx.requires_grad and ctx.dropout and big > 192 and ctx.device.sm not in ((8, 0), (9, 0)):
-        out.append(Reason(R.HEAD_DIM_TOO_LARGE,
-                          f"FA2 backward with dropout and head_dim {big} > 192 needs SM 8.0 or 9.0"))
+        out.append(
+            Reason(
+                R.HEAD_DIM_TOO_LARGE,
+                f"FA2 backward with dropout and head_dim {big} > 192 needs SM 8.0 or 9.0",
+            )
+        )
     return out
 
 
@@ -125,9 +137,11 @@ def _first(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-def _local_kwargs(window: tuple[int, int] | None, softcap: float | None, unbounded: Any = -1) -> dict[str, Any]:
-    """``window_size=`` / ``softcap=`` kwargs for a FlashAttention call, only those that are set (``unbounded``
-    replaces -1: FA2/FA3 take -1, FA4 takes None)."""
+def _local_kwargs(
+    window: tuple[int, int] | None, softcap: float | None, unbounded: Any = -1
+) -> dict[str, Any]:
+    """``window_size=`` / ``softcap=`` kwargs for a FlashAttention call, only those that are set
+    (``unbounded`` replaces -1: FA2/FA3 take -1, FA4 takes None)."""
     out: dict[str, Any] = {}
     if window is not None:
         out["window_size"] = tuple(unbounded if w < 0 else w for w in window)
@@ -137,9 +151,9 @@ def _local_kwargs(window: tuple[int, int] | None, softcap: float | None, unbound
 
 
 def fa2_call(func: Callable[..., Any], deterministic: bool = False) -> Callable[..., torch.Tensor]:
-    """Wrap FA2's ``flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
-    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, ..., deterministic=False)`` as a canonical attention kernel (BSHD tensors,
-    returns ``[B, Sq, Hq, D]``; window ``(left, right)`` tokens and softcap passed only when set).
+    """Wrap FA2's ``flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1,
+    -1), softcap=0.0, alibi_slopes=None, ..., deterministic=False)`` as a canonical attention kernel (BSHD
+    tensors, returns ``[B, Sq, Hq, D]``; window ``(left, right)`` tokens and softcap passed only when set).
     ``deterministic=True`` asks for FA2's deterministic backward (used in torch deterministic mode)."""
     extra = {"deterministic": True} if deterministic else {}
 
@@ -148,8 +162,17 @@ def fa2_call(func: Callable[..., Any], deterministic: bool = False) -> Callable[
             extra_alibi = {"alibi_slopes": alibi_slopes}
         else:
             extra_alibi = {}
-        return func(q, k, v, dropout_p, softmax_scale=scale, causal=is_causal, **extra, **extra_alibi,
-                    **_local_kwargs(window, softcap))
+        return func(
+            q,
+            k,
+            v,
+            dropout_p,
+            softmax_scale=scale,
+            causal=is_causal,
+            **extra,
+            **extra_alibi,
+            **_local_kwargs(window, softcap),
+        )
 
     run.__name__ = "flash_attn2_func"
     return run
@@ -157,12 +180,14 @@ def fa2_call(func: Callable[..., Any], deterministic: bool = False) -> Callable[
 
 def fa3_call(func: Callable[..., Any], deterministic: bool = False) -> Callable[..., torch.Tensor]:
     """Wrap FA3's ``flash_attn_func(q, k, v, softmax_scale=None, causal=False, ..., window_size=(-1, -1), ...,
-    softcap=0.0, ..., deterministic=False)`` (returns ``out`` or ``(out, lse)``) as a canonical attention kernel
-    (BSHD; no dropout, no mask; window and softcap passed only when set)."""
+    softcap=0.0, ..., deterministic=False)`` (returns ``out`` or ``(out, lse)``) as a canonical attention
+    kernel (BSHD; no dropout, no mask; window and softcap passed only when set)."""
     extra = {"deterministic": True} if deterministic else {}
 
     def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
-        return _first(func(q, k, v, softmax_scale=scale, causal=is_causal, **extra, **_local_kwargs(window, softcap)))
+        return _first(
+            func(q, k, v, softmax_scale=scale, causal=is_causal, **extra, **_local_kwargs(window, softcap))
+        )
 
     run.__name__ = "flash_attn3_func"
     return run
@@ -170,12 +195,20 @@ def fa3_call(func: Callable[..., Any], deterministic: bool = False) -> Callable[
 
 def fa4_call(func: Callable[..., Any]) -> Callable[..., torch.Tensor]:
     """Wrap FA4's ``flash_attn.cute.flash_attn_func(q, k, v, softmax_scale=None, causal=False,
-    window_size=(None, None), ..., softcap=0.0, ...)`` (returns ``(out, lse)``) as a canonical attention kernel
-    (BSHD; no dropout, no mask; window sides of -1 become None, passed only when set)."""
+    window_size=(None, None), ..., softcap=0.0, ...)`` (returns ``(out, lse)``) as a canonical attention
+    kernel (BSHD; no dropout, no mask; window sides of -1 become None, passed only when set)."""
 
     def run(q, k, v, attn_mask, is_causal, scale, dropout_p, window=None, softcap=None):
-        return _first(func(q, k, v, softmax_scale=scale, causal=is_causal,
-                           **_local_kwargs(window, softcap, unbounded=None)))
+        return _first(
+            func(
+                q,
+                k,
+                v,
+                softmax_scale=scale,
+                causal=is_causal,
+                **_local_kwargs(window, softcap, unbounded=None),
+            )
+        )
 
     run.__name__ = "flash_attn4_func"
     return run
@@ -189,7 +222,8 @@ def _missing(which: FlashVersion) -> Callable[..., Any]:
     def run(*args: Any) -> Any:
         raise BackendNotAvailableError(
             f"{KERNEL_IDS[which]} cannot run: module {info.module!r} is not available. "
-            f"Install it ({info.install_hint}) or let lz.attention pick another kernel.")
+            f"Install it ({info.install_hint}) or let lz.attention pick another kernel."
+        )
 
     return run
 
@@ -220,29 +254,73 @@ def kernel_specs(functions: dict[FlashVersion, Callable[..., Any] | None]) -> li
     """
     fa2, fa3, fa4 = (functions.get(v) for v in FlashVersion)
     common: dict[str, Any] = dict(
-        device_types=CUDA, dtypes=HALF, layouts=BSHD, supports_gqa=True, mask_kinds=NO_MASK,
-        mask_with_causal=False, supports_causal=True, supports_window=True, supports_softcap=True,
-        requires_stride_last_1=True, requires_aligned_16=True, supports_backward=True, workspace=_lse_bytes)
+        device_types=CUDA,
+        dtypes=HALF,
+        layouts=BSHD,
+        supports_gqa=True,
+        mask_kinds=NO_MASK,
+        mask_with_causal=False,
+        supports_causal=True,
+        supports_window=True,
+        supports_softcap=True,
+        requires_stride_last_1=True,
+        requires_aligned_16=True,
+        supports_backward=True,
+        workspace=_lse_bytes,
+    )
     return [
         KernelSpec(
-            KERNEL_IDS[FlashVersion.FA2], "attention", fa2_call(fa2) if fa2 else _missing(FlashVersion.FA2),
+            KERNEL_IDS[FlashVersion.FA2],
+            "attention",
+            fa2_call(fa2) if fa2 else _missing(FlashVersion.FA2),
             priority=PRIORITY[FlashVersion.FA2],
             description="FlashAttention-2 flash_attn_func (SM 8.0-12.1, fp16/bf16, BSHD, GQA, dropout)",
-            sm_min=(8, 0), sm_max=(12, 1), head_dim_max=256, head_dim_multiple=8, head_dims_equal=True,
-            supports_dropout=True, supports_alibi=True, deterministic=True, graph_safe=True, check=_fa2_check,
-            specialize=_deterministic_variant(fa2_call, fa2), **common),
+            sm_min=(8, 0),
+            sm_max=(12, 1),
+            head_dim_max=256,
+            head_dim_multiple=8,
+            head_dims_equal=True,
+            supports_dropout=True,
+            supports_alibi=True,
+            deterministic=True,
+            graph_safe=True,
+            check=_fa2_check,
+            specialize=_deterministic_variant(fa2_call, fa2),
+            **common,
+        ),
         KernelSpec(
-            KERNEL_IDS[FlashVersion.FA3], "attention", fa3_call(fa3) if fa3 else _missing(FlashVersion.FA3),
+            KERNEL_IDS[FlashVersion.FA3],
+            "attention",
+            fa3_call(fa3) if fa3 else _missing(FlashVersion.FA3),
             priority=PRIORITY[FlashVersion.FA3],
             description="FlashAttention-3 flash_attn_func (Hopper SM 9.x, fp16/bf16, BSHD, GQA, no dropout)",
-            generations=frozenset({GPUGeneration.HOPPER}), head_dim_max=256, head_dim_multiple=8,
-            head_dims_equal=True, supports_dropout=False, deterministic=True, graph_safe=True, check=_fa3_check,
-            specialize=_deterministic_variant(fa3_call, fa3), **common),
+            generations=frozenset({GPUGeneration.HOPPER}),
+            head_dim_max=256,
+            head_dim_multiple=8,
+            head_dims_equal=True,
+            supports_dropout=False,
+            deterministic=True,
+            graph_safe=True,
+            check=_fa3_check,
+            specialize=_deterministic_variant(fa3_call, fa3),
+            **common,
+        ),
         KernelSpec(
-            KERNEL_IDS[FlashVersion.FA4], "attention", fa4_call(fa4) if fa4 else _missing(FlashVersion.FA4),
+            KERNEL_IDS[FlashVersion.FA4],
+            "attention",
+            fa4_call(fa4) if fa4 else _missing(FlashVersion.FA4),
             priority=PRIORITY[FlashVersion.FA4],
-            description="FlashAttention-4 CuTe DSL (Blackwell SM 10.0-11.0, fp16/bf16, BSHD, GQA, JIT-compiled)",
-            generations=frozenset({GPUGeneration.BLACKWELL}), sm_min=(10, 0), sm_max=(11, 0), head_dim_max=192,
-            head_dim_multiple=8, supports_dropout=False, deterministic=True, graph_safe=False, check=_fa4_check,
-            **common),
+            description="FlashAttention-4 CuTe DSL (Blackwell SM 10.0-11.0, fp16/bf16, BSHD, GQA, "
+            "JIT-compiled)",
+            generations=frozenset({GPUGeneration.BLACKWELL}),
+            sm_min=(10, 0),
+            sm_max=(11, 0),
+            head_dim_max=192,
+            head_dim_multiple=8,
+            supports_dropout=False,
+            deterministic=True,
+            graph_safe=False,
+            check=_fa4_check,
+            **common,
+        ),
     ]

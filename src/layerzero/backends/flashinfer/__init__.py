@@ -36,8 +36,11 @@ BACKEND_ID = "flashinfer"
 MODULE = "flashinfer"
 MIN_VERSION = (0, 2)
 """plan()/run() wrappers (and the single 5-D paged cache tensor) exist since FlashInfer 0.2."""
-WRAPPERS = ("BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
-            "BatchPrefillWithRaggedKVCacheWrapper")
+WRAPPERS = (
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+)
 _DESCRIPTION = "FlashInfer batch decode / prefill attention, paged KV with plan()/run() (JIT-compiled CUDA)"
 
 
@@ -70,9 +73,14 @@ def probe() -> FlashInferProbe:
     parsed = release(version)
     missing = [name for name in WRAPPERS if not callable(getattr(module, name, None))]
     if (parsed and parsed[:2] < MIN_VERSION) or missing:
-        return _unavailable(Reason(ReasonCode.BACKEND_VERSION_UNSUPPORTED,
-                                   f"flashinfer {version} is older than 0.2 or lacks {missing or WRAPPERS}; "
-                                   "upgrade: pip install -U flashinfer-python"), version)
+        return _unavailable(
+            Reason(
+                ReasonCode.BACKEND_VERSION_UNSUPPORTED,
+                f"flashinfer {version} is older than 0.2 or lacks {missing or WRAPPERS}; "
+                "upgrade: pip install -U flashinfer-python",
+            ),
+            version,
+        )
     return FlashInferProbe(BackendSpec(BACKEND_ID, MODULE, version, True, (), _DESCRIPTION), module)
 
 
@@ -112,5 +120,18 @@ def plan_stats(registry: KernelRegistry) -> PlanStats | None:
     return None if kernels is None else kernels.plan_stats()
 
 
-__all__ = ["BACKEND_ID", "KERNEL_IDS", "FlashInferKernels", "FlashInferProbe", "PlanCache", "PlanStats",
-           "backend_kernels", "kernel_specs", "paged_csr", "plan_stats", "probe", "register", "tensor_identity"]
+__all__ = [
+    "BACKEND_ID",
+    "KERNEL_IDS",
+    "FlashInferKernels",
+    "FlashInferProbe",
+    "PlanCache",
+    "PlanStats",
+    "backend_kernels",
+    "kernel_specs",
+    "paged_csr",
+    "plan_stats",
+    "probe",
+    "register",
+    "tensor_identity",
+]

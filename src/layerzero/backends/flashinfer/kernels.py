@@ -1,7 +1,7 @@
 """FlashInfer (flashinfer-python 0.5.3) kernels: ``flashinfer.attention`` and ``flashinfer.paged_attention``.
 
-Sources read (``flashinfer/decode.py``, ``prefill.py``, ``utils.py``, ``page.py``; C++ ``csrc/batch_decode.cu``,
-``batch_prefill.cu``, ``include/flashinfer/page.cuh``, ``utils.cuh``):
+Sources read (``flashinfer/decode.py``, ``prefill.py``, ``utils.py``, ``page.py``; C++
+``csrc/batch_decode.cu``, ``batch_prefill.cu``, ``include/flashinfer/page.cuh``, ``utils.cuh``):
 
 - ``BatchDecodeWithPagedKVCacheWrapper(float_workspace, kv_layout, use_tensor_cores=False)``;
   ``plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, ...,
@@ -81,8 +81,12 @@ INSTALL_HINT = "pip install flashinfer-python (needs a CUDA build of torch and n
 
 def _head_dim_reasons(ctx: SelectionContext) -> list[Reason]:
     if ctx.head_dim is not None and ctx.head_dim not in HEAD_DIMS:
-        return [Reason(R.HEAD_DIM_INVALID, f"FlashInfer kernels are instantiated for head_dim in {list(HEAD_DIMS)}, "
-                                           f"got {ctx.head_dim}")]
+        return [
+            Reason(
+                R.HEAD_DIM_INVALID,
+                f"FlashInfer kernels are instantiated for head_dim in {list(HEAD_DIMS)}, got {ctx.head_dim}",
+            )
+        ]
     return []
 
 
@@ -91,10 +95,14 @@ def attention_check(ctx: SelectionContext) -> list[Reason]:
     Sq == Sk (FlashInfer's causal mask is bottom-right aligned, lz.attention's top-left)."""
     out = _head_dim_reasons(ctx)
     if ctx.is_causal and not ctx.seq_equal:
-        out.append(Reason(R.CAUSAL_SEQ_MISMATCH,
-                          "FlashInfer aligns the causal mask bottom-right when Sq != Sk (query i sees keys "
-                          "j <= i + Sk - Sq), lz.attention aligns it top-left like SDPA (j <= i); "
-                          "the results would differ"))
+        out.append(
+            Reason(
+                R.CAUSAL_SEQ_MISMATCH,
+                "FlashInfer aligns the causal mask bottom-right when Sq != Sk (query i sees keys "
+                "j <= i + Sk - Sq), lz.attention aligns it top-left like SDPA (j <= i); "
+                "the results would differ",
+            )
+        )
     return out
 
 
@@ -136,8 +144,16 @@ class FlashInferKernels:
         return self.plans.stats()
 
     # ------------------------------------------------------------------------------------------ dense
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, is_causal: bool,
-                  scale: float | None, dropout_p: float) -> torch.Tensor:
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: Any,
+        is_causal: bool,
+        scale: float | None,
+        dropout_p: float,
+    ) -> torch.Tensor:
         """Canonical attention kernel in BSHD: q ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` (fp16/bf16, CUDA)
         -> ``[B, Sq, Hq, D]``. ``attn_mask`` must be None and ``dropout_p`` 0 (selection guarantees it).
         Decode (Sq == 1) through the batch decode wrapper over the KV viewed as B pages; prefill through the
@@ -156,11 +172,22 @@ class FlashInferKernels:
                 return fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace(dev), "NHD", use_tensor_cores=tc)
 
             def plan(w: Any) -> None:
-                w.plan(torch.arange(b + 1, dtype=torch.int32), torch.arange(b, dtype=torch.int32),
-                       torch.full((b,), sk, dtype=torch.int32), hq, hkv, d, sk, q_data_type=dtype,
-                       kv_data_type=dtype, sm_scale=scale)
+                w.plan(
+                    torch.arange(b + 1, dtype=torch.int32),
+                    torch.arange(b, dtype=torch.int32),
+                    torch.full((b,), sk, dtype=torch.int32),
+                    hq,
+                    hkv,
+                    d,
+                    sk,
+                    q_data_type=dtype,
+                    kv_data_type=dtype,
+                    sm_scale=scale,
+                )
 
-            out = self.plans.run(key, ("decode", dev, "NHD", tc), (), make, plan, lambda w: w.run(q[:, 0], (k, v)))
+            out = self.plans.run(
+                key, ("decode", dev, "NHD", tc), (), make, plan, lambda w: w.run(q[:, 0], (k, v))
+            )
             return out.unsqueeze(1)
         key = ("attention.prefill", dev, b, sq, sk, hq, hkv, d, dtype, is_causal, scale)
 
@@ -168,29 +195,47 @@ class FlashInferKernels:
             return fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace(dev), "NHD")
 
         def plan_ragged(w: Any) -> None:
-            w.plan(torch.arange(b + 1, dtype=torch.int32) * sq, torch.arange(b + 1, dtype=torch.int32) * sk,
-                   hq, hkv, d, causal=is_causal, sm_scale=scale, q_data_type=dtype, kv_data_type=dtype)
+            w.plan(
+                torch.arange(b + 1, dtype=torch.int32) * sq,
+                torch.arange(b + 1, dtype=torch.int32) * sk,
+                hq,
+                hkv,
+                d,
+                causal=is_causal,
+                sm_scale=scale,
+                q_data_type=dtype,
+                kv_data_type=dtype,
+            )
 
         qf, kf, vf = q.reshape(b * sq, hq, d), k.reshape(b * sk, hkv, d), v.reshape(b * sk, hkv, v.shape[-1])
         out = self.plans.run(key, ("ragged", dev), (), make_ragged, plan_ragged, lambda w: w.run(qf, kf, vf))
         return out.view(b, sq, hq, out.shape[-1])
 
     # ------------------------------------------------------------------------------------------ paged
-    def paged_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                        seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor | None, scale: float | None,
-                        is_causal: bool, kv_layout: Any, return_lse: bool = False) -> Any:
+    def paged_attention(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        cu_seqlens_q: torch.Tensor | None,
+        scale: float | None,
+        is_causal: bool,
+        kv_layout: Any,
+        return_lse: bool = False,
+    ) -> Any:
         """Canonical ``lz.paged_attention`` kernel (see :func:`layerzero.ops.paged.paged_attention`): q
-        ``[T, Hq, D]``, kv_cache ``[N, 2, P, Hkv, D]`` (NHD) / ``[N, 2, Hkv, P, D]`` (HND) passed to FlashInfer
-        as is, block_tables ``[B, M]`` / seq_lens ``[B]`` converted to CSR (:func:`paged_csr`) once per plan.
-        Decode (``cu_seqlens_q`` None) through the batch decode wrapper, prefill/append through the paged
-        batch prefill wrapper (causal bottom-right per sequence). Returns ``[T, Hq, D]`` in q's dtype.
+        ``[T, Hq, D]``, kv_cache ``[N, 2, P, Hkv, D]`` (NHD) / ``[N, 2, Hkv, P, D]`` (HND) passed to
+        FlashInfer as is, block_tables ``[B, M]`` / seq_lens ``[B]`` converted to CSR (:func:`paged_csr`) once
+        per plan. Decode (``cu_seqlens_q`` None) through the batch decode wrapper, prefill/append through the
+        paged batch prefill wrapper (causal bottom-right per sequence). Returns ``[T, Hq, D]`` in q's dtype.
 
         The plan is cached by the metadata tensors' identities and versions plus heads, D, P, layout, dtype,
         causal and scale: every layer of a step after the first reuses it; an in-place update of
         block_tables / seq_lens / cu_seqlens_q or new tensors re-plan.
 
-        ``return_lse`` (``flashinfer.paged_attention_lse``, see :meth:`paged_attention_lse`): also FlashInfer's
-        log-sum-exp, which is base 2: returned as ``(out, lse * ln 2)``, float32 ``[T, Hq]``."""
+        ``return_lse`` (``flashinfer.paged_attention_lse``, see :meth:`paged_attention_lse`): also
+        FlashInfer's log-sum-exp, which is base 2: returned as ``(out, lse * ln 2)``, float32 ``[T, Hq]``."""
         t, hq, d = q.shape
         if t == 0:
             out = q.new_empty(0, hq, d)
@@ -202,47 +247,94 @@ class FlashInferKernels:
         decode = cu_seqlens_q is None
         tc = decode and hq // hkv > TENSOR_CORE_GROUP
         tensors = (block_tables, seq_lens, cu_seqlens_q)
-        key = ("paged.decode" if decode else "paged.prefill", dev, lay, p, hq, hkv, d, dtype,
-               bool(is_causal) and not decode, scale, tc, *(tensor_identity(x) for x in tensors))
+        key = (
+            "paged.decode" if decode else "paged.prefill",
+            dev,
+            lay,
+            p,
+            hq,
+            hkv,
+            d,
+            dtype,
+            bool(is_causal) and not decode,
+            scale,
+            tc,
+            *(tensor_identity(x) for x in tensors),
+        )
         if q.stride(-1) != 1:
             q = q.contiguous()
         if decode:
+
             def make() -> Any:
                 return fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace(dev), lay, use_tensor_cores=tc)
 
             def plan(w: Any) -> None:
                 indptr, indices, last = paged_csr(block_tables, seq_lens, p)
-                w.plan(indptr, indices, last, hq, hkv, d, p, q_data_type=dtype, kv_data_type=dtype,
-                       sm_scale=scale)
+                w.plan(
+                    indptr,
+                    indices,
+                    last,
+                    hq,
+                    hkv,
+                    d,
+                    p,
+                    q_data_type=dtype,
+                    kv_data_type=dtype,
+                    sm_scale=scale,
+                )
 
             kind: tuple[Any, ...] = ("decode", dev, lay, tc)
         else:
+
             def make() -> Any:
                 return fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace(dev), lay)
 
             def plan(w: Any) -> None:
                 indptr, indices, last = paged_csr(block_tables, seq_lens, p)
-                w.plan(cu_seqlens_q.to(torch.int32), indptr, indices, last, hq, hkv, d, p, causal=bool(is_causal),
-                       sm_scale=scale, q_data_type=dtype, kv_data_type=dtype)
+                w.plan(
+                    cu_seqlens_q.to(torch.int32),
+                    indptr,
+                    indices,
+                    last,
+                    hq,
+                    hkv,
+                    d,
+                    p,
+                    causal=bool(is_causal),
+                    sm_scale=scale,
+                    q_data_type=dtype,
+                    kv_data_type=dtype,
+                )
 
             kind = ("prefill", dev, lay)
         if not return_lse:
             return self.plans.run(key, kind, tensors, make, plan, lambda w: w.run(q, kv_cache))
-        out, lse2 = self.plans.run(key, kind, tensors, make, plan, lambda w: w.run(q, kv_cache, return_lse=True))
+        out, lse2 = self.plans.run(
+            key, kind, tensors, make, plan, lambda w: w.run(q, kv_cache, return_lse=True)
+        )
         return out, lse2 * LN2
 
-    def paged_attention_lse(self, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                            seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor | None, scale: float | None,
-                            is_causal: bool, kv_layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def paged_attention_lse(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        cu_seqlens_q: torch.Tensor | None,
+        scale: float | None,
+        is_causal: bool,
+        kv_layout: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Canonical ``lz.paged_attention(..., return_lse=True)`` kernel: :meth:`paged_attention` with the
         natural-log lse ``[T, Hq]`` float32 (FlashInfer's ``run(..., return_lse=True)`` gives base 2)."""
-        return self.paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout,
-                                    return_lse=True)
+        return self.paged_attention(
+            q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, return_lse=True
+        )
 
 
-
-
-def kernel_specs(kernels: FlashInferKernels | None, why: str = "flashinfer is not available") -> list[KernelSpec]:
+def kernel_specs(
+    kernels: FlashInferKernels | None, why: str = "flashinfer is not available"
+) -> list[KernelSpec]:
     """The three FlashInfer KernelSpecs.
 
     Args:
@@ -254,27 +346,62 @@ def kernel_specs(kernels: FlashInferKernels | None, why: str = "flashinfer is no
         ``[flashinfer.attention, flashinfer.paged_attention, flashinfer.paged_attention_lse]``.
     """
     common: dict[str, Any] = dict(
-        device_types=CUDA, dtypes=HALF, sm_min=SM_MIN, supports_gqa=True, head_dim_min=HEAD_DIMS[0],
-        head_dim_max=HEAD_DIMS[-1], head_dims_equal=True, supports_dropout=False, supports_backward=False,
-        deterministic=False, graph_safe=False, workspace=_workspace)
+        device_types=CUDA,
+        dtypes=HALF,
+        sm_min=SM_MIN,
+        supports_gqa=True,
+        head_dim_min=HEAD_DIMS[0],
+        head_dim_max=HEAD_DIMS[-1],
+        head_dims_equal=True,
+        supports_dropout=False,
+        supports_backward=False,
+        deterministic=False,
+        graph_safe=False,
+        workspace=_workspace,
+    )
     att_fn = kernels.attention if kernels is not None else missing_kernel(KERNEL_IDS[0], why, INSTALL_HINT)
-    paged_fn = kernels.paged_attention if kernels is not None else missing_kernel(KERNEL_IDS[1], why, INSTALL_HINT)
-    lse_fn = kernels.paged_attention_lse if kernels is not None else missing_kernel(KERNEL_IDS[2], why, INSTALL_HINT)
+    paged_fn = (
+        kernels.paged_attention if kernels is not None else missing_kernel(KERNEL_IDS[1], why, INSTALL_HINT)
+    )
+    lse_fn = (
+        kernels.paged_attention_lse
+        if kernels is not None
+        else missing_kernel(KERNEL_IDS[2], why, INSTALL_HINT)
+    )
     return [
         KernelSpec(
-            KERNEL_IDS[0], "attention", att_fn, priority=PRIORITY_ATTENTION,
+            KERNEL_IDS[0],
+            "attention",
+            att_fn,
+            priority=PRIORITY_ATTENTION,
             description="FlashInfer batch decode (KV as pages) / ragged batch prefill (SM 8.0+, fp16/bf16, "
-                        "D 64/128/256, GQA, causal only with Sq == Sk, no mask)",
-            layouts=frozenset({Layout.BSHD}), mask_kinds=frozenset({MaskKind.NONE}), mask_with_causal=False,
-            requires_stride_last_1=True, requires_aligned_16=True, check=attention_check, **common),
+            "D 64/128/256, GQA, causal only with Sq == Sk, no mask)",
+            layouts=frozenset({Layout.BSHD}),
+            mask_kinds=frozenset({MaskKind.NONE}),
+            mask_with_causal=False,
+            requires_stride_last_1=True,
+            requires_aligned_16=True,
+            check=attention_check,
+            **common,
+        ),
         KernelSpec(
-            KERNEL_IDS[1], "paged_attention", paged_fn, priority=PRIORITY_PAGED,
+            KERNEL_IDS[1],
+            "paged_attention",
+            paged_fn,
+            priority=PRIORITY_PAGED,
             description="FlashInfer paged batch decode / prefill-append, plan once per batch, run per layer "
-                        "(SM 8.0+, fp16/bf16, D 64/128/256, NHD/HND, any page size, GQA)",
-            check=paged_check, **common),
+            "(SM 8.0+, fp16/bf16, D 64/128/256, NHD/HND, any page size, GQA)",
+            check=paged_check,
+            **common,
+        ),
         KernelSpec(
-            KERNEL_IDS[2], "paged_attention_lse", lse_fn, priority=PRIORITY_PAGED,
-            description="flashinfer.paged_attention returning its log-sum-exp too (run(return_lse=True), base 2 "
-                        "converted to natural log)",
-            check=paged_check, **common),
+            KERNEL_IDS[2],
+            "paged_attention_lse",
+            lse_fn,
+            priority=PRIORITY_PAGED,
+            description="flashinfer.paged_attention returning its log-sum-exp too (run(return_lse=True), "
+            "base 2 converted to natural log)",
+            check=paged_check,
+            **common,
+        ),
     ]

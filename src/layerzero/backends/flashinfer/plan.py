@@ -6,13 +6,13 @@ kv)`` (launches the kernels). A serving step plans once and runs once per layer,
 the last few planned wrappers, keyed by everything the plan depends on; the first layer of a step misses and
 plans, the other layers hit. See docs/paged_attention.md ("FlashInfer plan cache").
 
-Keys hold the identity of the metadata tensors as :func:`tensor_identity` ``(data_ptr, shape, stride, _version)``:
-an in-place update (``seq_lens += 1``, ``block_tables[i, j] = b``, ``copy_``) bumps ``_version`` and a new
-tensor has another identity, both re-plan. The cache also keeps weak references to those tensors and treats a
-hit whose tensors are not the very objects of the call as a miss: the caching allocator may hand a new
-tensor the address, shape and version of a freed one. Writes that bypass autograd's version counter (a
-custom CUDA kernel writing into ``seq_lens`` through a raw pointer) are not seen: call ``.add_(0)`` or pass a
-new tensor after such writes.
+Keys hold the identity of the metadata tensors as :func:`tensor_identity`
+``(data_ptr, shape, stride, _version)``: an in-place update (``seq_lens += 1``, ``block_tables[i, j] = b``,
+``copy_``) bumps ``_version`` and a new tensor has another identity, both re-plan. The cache also keeps weak
+references to those tensors and treats a hit whose tensors are not the very objects of the call as a miss: the
+caching allocator may hand a new tensor the address, shape and version of a freed one. Writes that bypass
+autograd's version counter (a custom CUDA kernel writing into ``seq_lens`` through a raw pointer) are not
+seen: call ``.add_(0)`` or pass a new tensor after such writes.
 
 Inference tensors (made under ``torch.inference_mode()``) have no version counter, so an in-place update of
 one cannot be seen: a call whose metadata is an inference tensor always re-plans (correct, but one host sync
@@ -55,10 +55,12 @@ def tensor_identity(t: torch.Tensor | None) -> tuple[Any, ...] | None:
     if t.is_inference():
         if not _warned_inference:
             _warned_inference = True
-            log.warning("LayerZero flashinfer: paged-attention metadata is an inference tensor (made under "
-                        "torch.inference_mode()), which has no version counter, so FlashInfer plans are not "
-                        "reused across calls (one plan and host sync per call). Build block tables / seq_lens "
-                        "under torch.no_grad() instead to reuse them.")
+            log.warning(
+                "LayerZero flashinfer: paged-attention metadata is an inference tensor (made under "
+                "torch.inference_mode()), which has no version counter, so FlashInfer plans are not "
+                "reused across calls (one plan and host sync per call). Build block tables / seq_lens "
+                "under torch.no_grad() instead to reuse them."
+            )
         return (t.data_ptr(), tuple(t.shape), t.stride(), "untracked", next(_untracked))
     return (t.data_ptr(), tuple(t.shape), t.stride(), t._version)
 
@@ -89,12 +91,14 @@ class _Entry:
         self.refs = refs
 
     def same_tensors(self, tensors: Sequence[torch.Tensor | None]) -> bool:
-        """Whether ``tensors`` are the very objects this plan was made for (weak references, so a new tensor that
-        reuses a freed one's address and version counter is not mistaken for it). Raises nothing."""
+        """Whether ``tensors`` are the very objects this plan was made for (weak references, so a new tensor
+        that reuses a freed one's address and version counter is not mistaken for it). Raises nothing."""
         if len(tensors) != len(self.refs):
             return False
-        return all((t is None and r is None) or (r is not None and r() is t)
-                   for t, r in zip(tensors, self.refs, strict=True))
+        return all(
+            (t is None and r is None) or (r is not None and r() is t)
+            for t, r in zip(tensors, self.refs, strict=True)
+        )
 
 
 class PlanCache:
@@ -122,8 +126,15 @@ class PlanCache:
         self._misses = 0
         self._evictions = 0
 
-    def run(self, key: Hashable, kind: Hashable, tensors: Sequence[torch.Tensor | None],
-            make: Callable[[], Any], plan: Callable[[Any], None], call: Callable[[Any], Any]) -> Any:
+    def run(
+        self,
+        key: Hashable,
+        kind: Hashable,
+        tensors: Sequence[torch.Tensor | None],
+        make: Callable[[], Any],
+        plan: Callable[[Any], None],
+        call: Callable[[Any], Any],
+    ) -> Any:
         """``call(wrapper)`` with a wrapper planned for ``key``.
 
         Args:
@@ -143,8 +154,14 @@ class PlanCache:
                     return call(entry.wrapper)
             # evicted and re-planned for another key between lookup and lock: look up again
 
-    def _entry(self, key: Hashable, kind: Hashable, tensors: Sequence[torch.Tensor | None],
-               make: Callable[[], Any], plan: Callable[[Any], None]) -> _Entry:
+    def _entry(
+        self,
+        key: Hashable,
+        kind: Hashable,
+        tensors: Sequence[torch.Tensor | None],
+        make: Callable[[], Any],
+        plan: Callable[[Any], None],
+    ) -> _Entry:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry.same_tensors(tensors):
@@ -189,8 +206,9 @@ class PlanCache:
             self._hits = self._misses = self._evictions = 0
 
 
-def paged_csr(block_tables: torch.Tensor, seq_lens: torch.Tensor, page_size: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def paged_csr(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """vLLM-style block tables -> FlashInfer's CSR page table, with torch ops on the tensors' device.
 
     Args:
@@ -213,7 +231,9 @@ def paged_csr(block_tables: torch.Tensor, seq_lens: torch.Tensor, page_size: int
     pages = (lens + (page_size - 1)) // page_size
     indptr = torch.zeros(lens.shape[0] + 1, dtype=torch.int32, device=lens.device)
     torch.cumsum(pages, 0, dtype=torch.int32, out=indptr[1:])
-    used = torch.arange(block_tables.shape[1], device=lens.device, dtype=torch.int32)[None, :] < pages[:, None]
+    used = (
+        torch.arange(block_tables.shape[1], device=lens.device, dtype=torch.int32)[None, :] < pages[:, None]
+    )
     indices = block_tables[used].to(torch.int32)
     last = torch.where(lens > 0, (lens - 1) % page_size + 1, torch.zeros_like(lens))
     return indptr, indices, last

@@ -53,18 +53,22 @@ def _mismatch(version: str | None) -> str | None:
     ipex_minor, torch_minor = _minor(version), _minor(torch.__version__)
     if ipex_minor is None or torch_minor is None or ipex_minor == torch_minor:
         return None
-    return (f"Intel(R) Extension for PyTorch* needs to work with PyTorch {ipex_minor}.*, but PyTorch "
-            f"{torch.__version__} is found (intel_extension_for_pytorch {version}). Install the IPEX release "
-            f"matching torch {torch_minor}, or torch {ipex_minor}.*")
+    return (
+        f"Intel(R) Extension for PyTorch* needs to work with PyTorch {ipex_minor}.*, but PyTorch "
+        f"{torch.__version__} is found (intel_extension_for_pytorch {version}). Install the IPEX release "
+        f"matching torch {torch_minor}, or torch {ipex_minor}.*"
+    )
 
 
 def _unavailable(code: ReasonCode, message: str, version: str | None = None) -> IpexProbe:
-    return IpexProbe(unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, Reason(code, message), version), None)
+    return IpexProbe(
+        unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, Reason(code, message), version), None
+    )
 
 
 def _dist_version() -> str | None:
-    """The installed intel-extension-for-pytorch version, read without importing it (the import itself fails or
-    exits on a torch mismatch)."""
+    """The installed intel-extension-for-pytorch version, read without importing it (the import itself fails
+    or exits on a torch mismatch)."""
     return dist_version(DISTRIBUTION)
 
 
@@ -74,8 +78,9 @@ def probe() -> IpexProbe:
     why = _mismatch(version)
     if why is not None:
         return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, why, version)
-    modules, failed = import_modules(MODULE, (MODULE, f"{MODULE}.llm.functional", f"{MODULE}.llm.modules"),
-                                     INSTALL_HINT)
+    modules, failed = import_modules(
+        MODULE, (MODULE, f"{MODULE}.llm.functional", f"{MODULE}.llm.modules"), INSTALL_HINT
+    )
     if failed is not None:
         return IpexProbe(unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, failed, version), None)
     mod, functional, modules = modules
@@ -85,20 +90,29 @@ def probe() -> IpexProbe:
         if why is not None:
             return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, why, version)
     paged = getattr(modules, "PagedAttention", None)
-    missing = [name for name, obj in (("llm.functional.rms_norm", getattr(functional, "rms_norm", None)),
-                                      ("llm.functional.add_rms_norm", getattr(functional, "add_rms_norm", None)),
-                                      ("llm.modules.PagedAttention", paged)) if obj is None]
+    missing = [
+        name
+        for name, obj in (
+            ("llm.functional.rms_norm", getattr(functional, "rms_norm", None)),
+            ("llm.functional.add_rms_norm", getattr(functional, "add_rms_norm", None)),
+            ("llm.modules.PagedAttention", paged),
+        )
+        if obj is None
+    ]
     if missing:
-        return _unavailable(ReasonCode.BACKEND_VERSION_UNSUPPORTED,
-                            f"intel_extension_for_pytorch {version} lacks {missing}; use IPEX >= 2.3", version)
+        return _unavailable(
+            ReasonCode.BACKEND_VERSION_UNSUPPORTED,
+            f"intel_extension_for_pytorch {version} lacks {missing}; use IPEX >= 2.3",
+            version,
+        )
     backend = BackendSpec(BACKEND_ID, MODULE, version, True, (), _DESCRIPTION)
     return IpexProbe(backend, {"functional": functional, "paged": paged})
 
 
 def register(registry: KernelRegistry) -> None:
     """Add the ``ipex`` backend (available or not, with reasons) and its ``ipex.rms_norm`` /
-    ``ipex.paged_attention`` kernels to ``registry`` (the ``rms_norm`` and ``paged_attention`` ops must already
-    be registered).
+    ``ipex.paged_attention`` kernels to ``registry`` (the ``rms_norm`` and ``paged_attention`` ops must
+    already be registered).
 
     Raises:
         ConfigurationError: the backend or one of its kernel ids is already registered.

@@ -13,16 +13,17 @@ Sources read (intel_extension_for_pytorch 2.8.0 wheel, Python side; C++ ``csrc/c
   kernel exists only in IPEX's AVX-512 build variant (``CPU_CAPABILITY_AVX512``); on AVX2 CPUs the op falls
   back to a composite of ATen calls that is slower than ``torch_native`` -> ``cpu_isa`` requires ``avx512``.
 - ``llm/modules/mha_fusion.py`` ``PagedAttention.single_query_cached_kv_attention(out, query, key_cache,
-  value_cache, head_mapping, scale, block_tables, context_lens, block_size, max_context_len, alibi_slopes)`` and
-  ``PagedAttention.flash_attn_varlen_func(out, query, k_cache, v_cache, cu_seqlens_q, cu_seqlens_kv,
-  max_seqlen_q, max_seqlen_kv, scale, is_causal, block_tables, alibi_slopes)``. ``PagedAttentionKrnl.cpp``:
-  caches are ``[num_blocks, Hkv, block_size, D]`` addressed through ``stride(0..2)``; the decode kernel honours
-  all three strides (so our NHD and HND caches both work as views, no copy), int32 ``block_tables`` /
-  ``context_lens``, q/out/cache float32, bfloat16 or float16, at most 16 query heads per KV head (a
-  ``logits[16 * 128]`` stack buffer). The varlen kernel reads each page's rows with a leading dimension of
-  ``D`` (only HND pages are contiguous per head), supports float32 and bfloat16 only, and refuses
-  ``is_causal=False`` (``TORCH_CHECK``); its causal mask is aligned bottom-right, like ``lz.paged_attention``.
-  Both kernels' vector paths are AVX-512 only (``#if defined(CPU_CAPABILITY_AVX512)``; else scalar loops).
+  value_cache, head_mapping, scale, block_tables, context_lens, block_size, max_context_len,
+  alibi_slopes)`` and ``PagedAttention.flash_attn_varlen_func(out, query, k_cache, v_cache, cu_seqlens_q,
+  cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, scale, is_causal, block_tables,
+  alibi_slopes)``. ``PagedAttentionKrnl.cpp``: caches are ``[num_blocks, Hkv, block_size,
+  D]`` addressed through ``stride(0..2)``; the decode kernel honours all three strides (so our NHD and HND
+  caches both work as views, no copy), int32 ``block_tables`` / ``context_lens``, q/out/cache float32,
+  bfloat16 or float16, at most 16 query heads per KV head (a ``logits[16 * 128]`` stack buffer). The varlen
+  kernel reads each page's rows with a leading dimension of ``D`` (only HND pages are contiguous per head),
+  supports float32 and bfloat16 only, and refuses ``is_causal=False`` (``TORCH_CHECK``); its causal mask is
+  aligned bottom-right, like ``lz.paged_attention``. Both kernels' vector paths are AVX-512 only
+  (``#if defined(CPU_CAPABILITY_AVX512)``; else scalar loops).
 
 Not adapted: ``ipex.llm.functional.varlen_attention`` (for ``lz.attention``): on CPU IPEX 2.8 pads the
 varlen batch to dense tensors and calls ``torch.nn.functional.scaled_dot_product_attention`` itself,
@@ -58,8 +59,10 @@ PRIORITY_PAGED = 30
 MAX_GQA = 16
 """``single_query_cached_kv_attention`` keeps ``logits[16 * PARTITION_SIZE]`` per head group on the stack."""
 KERNEL_IDS = ("ipex.rms_norm", "ipex.paged_attention")
-INSTALL_HINT = ("pip install intel-extension-for-pytorch==<torch major.minor>.* (IPEX releases pin one torch "
-                "minor version; 2.8.0 is the last and needs torch 2.8)")
+INSTALL_HINT = (
+    "pip install intel-extension-for-pytorch==<torch major.minor>.* (IPEX releases pin one torch "
+    "minor version; 2.8.0 is the last and needs torch 2.8)"
+)
 
 
 def rms_norm_call(functional: Any) -> Callable[..., Any]:
@@ -90,9 +93,9 @@ def _cache_views(kv_cache: torch.Tensor, layout: KVLayout | str) -> tuple[torch.
 
 
 def paged_attention_call(paged: Any) -> Callable[..., Any]:
-    """Wrap ``ipex.llm.modules.PagedAttention`` as a canonical paged_attention kernel ``(q [T, Hq, D], kv_cache,
-    block_tables [B, max_blocks] int32, seq_lens [B] int32, cu_seqlens_q [B+1] int32 | None, scale, is_causal,
-    kv_layout) -> out [T, Hq, D]`` in q's dtype.
+    """Wrap ``ipex.llm.modules.PagedAttention`` as a canonical paged_attention kernel ``(q [T, Hq, D],
+    kv_cache, block_tables [B, max_blocks] int32, seq_lens [B] int32, cu_seqlens_q [B+1] int32 | None, scale,
+    is_causal, kv_layout) -> out [T, Hq, D]`` in q's dtype.
 
     Decode (``cu_seqlens_q`` None), and a prefill call with at most one query token (it is a decode of the one
     sequence that has it: bottom-right causal lets one token see its whole sequence), go to
@@ -112,19 +115,40 @@ def paged_attention_call(paged: Any) -> Callable[..., Any]:
         out = torch.empty_like(q)
         if cu_seqlens_q is not None and num_tokens == 1:
             s = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).argmax())  # the one sequence with a query token
-            block_tables, seq_lens, cu_seqlens_q = block_tables[s:s + 1], seq_lens[s:s + 1], None
+            block_tables, seq_lens, cu_seqlens_q = block_tables[s : s + 1], seq_lens[s : s + 1], None
         if cu_seqlens_q is None:
             head_mapping = torch.arange(hkv, dtype=torch.int32).repeat_interleave(hq // hkv)
             paged.single_query_cached_kv_attention(
-                out, q, k_cache, v_cache, head_mapping, sm_scale, block_tables.contiguous(),
-                seq_lens.contiguous(), block_size, int(seq_lens.max()), None)
+                out,
+                q,
+                k_cache,
+                v_cache,
+                head_mapping,
+                sm_scale,
+                block_tables.contiguous(),
+                seq_lens.contiguous(),
+                block_size,
+                int(seq_lens.max()),
+                None,
+            )
             return out
         cu_kv = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32)
         torch.cumsum(seq_lens, 0, out=cu_kv[1:])
         max_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
         paged.flash_attn_varlen_func(
-            out, q, k_cache, v_cache, cu_seqlens_q.contiguous(), cu_kv, max_q, int(seq_lens.max()), sm_scale,
-            True, block_tables.contiguous(), None)
+            out,
+            q,
+            k_cache,
+            v_cache,
+            cu_seqlens_q.contiguous(),
+            cu_kv,
+            max_q,
+            int(seq_lens.max()),
+            sm_scale,
+            True,
+            block_tables.contiguous(),
+            None,
+        )
         return out
 
     run.__name__ = "ipex_paged_attention"
@@ -133,8 +157,13 @@ def paged_attention_call(paged: Any) -> Callable[..., Any]:
 
 def _rms_check(ctx: SelectionContext) -> list[Reason]:
     if ctx.param_dtype is not None and ctx.param_dtype not in FLOATS:
-        return [Reason(R.DTYPE_UNSUPPORTED, f"weight dtype {str(ctx.param_dtype).removeprefix('torch.')} not in "
-                                            "[bfloat16, float16, float32] (torch_ipex::rmsnorm)")]
+        return [
+            Reason(
+                R.DTYPE_UNSUPPORTED,
+                f"weight dtype {str(ctx.param_dtype).removeprefix('torch.')} not in "
+                "[bfloat16, float16, float32] (torch_ipex::rmsnorm)",
+            )
+        ]
     return []
 
 
@@ -144,31 +173,48 @@ def _paged_check(ctx: SelectionContext) -> list[Reason]:
     out = []
     ratio = ctx.gqa_ratio
     if ratio is not None and ratio > MAX_GQA:
-        out.append(Reason(R.GQA_RATIO_INVALID, f"at most {MAX_GQA} query heads per KV head, got {ratio} "
-                                             "(single_query_cached_kv_attention's stack buffer)"))
+        out.append(
+            Reason(
+                R.GQA_RATIO_INVALID,
+                f"at most {MAX_GQA} query heads per KV head, got {ratio} "
+                "(single_query_cached_kv_attention's stack buffer)",
+            )
+        )
     if ctx.seq_len_q is not None and ctx.seq_len_q > 1:
         if ctx.kv_layout != KVLayout.HND:
-            out.append(Reason(R.KV_LAYOUT_UNSUPPORTED,
-                              f"prefill/append reads each page as [block_size, D] rows (flash_attn_varlen_func): "
-                              f"needs kv_layout='HND', got {ctx.kv_layout!r}"))
+            out.append(
+                Reason(
+                    R.KV_LAYOUT_UNSUPPORTED,
+                    f"prefill/append reads each page as [block_size, D] rows (flash_attn_varlen_func): "
+                    f"needs kv_layout='HND', got {ctx.kv_layout!r}",
+                )
+            )
         if ctx.dtype not in VARLEN_DTYPES:
-            out.append(Reason(R.DTYPE_UNSUPPORTED, f"prefill/append supports float32 and bfloat16, got "
-                                                   f"{str(ctx.dtype).removeprefix('torch.')}"))
+            out.append(
+                Reason(
+                    R.DTYPE_UNSUPPORTED,
+                    f"prefill/append supports float32 and bfloat16, got "
+                    f"{str(ctx.dtype).removeprefix('torch.')}",
+                )
+            )
         if not ctx.is_causal:
-            out.append(Reason(R.CAUSAL_UNSUPPORTED,
-                              "prefill/append is causal only (flash_attn_varlen_func refuses is_causal=False)"))
+            out.append(
+                Reason(
+                    R.CAUSAL_UNSUPPORTED,
+                    "prefill/append is causal only (flash_attn_varlen_func refuses is_causal=False)",
+                )
+            )
     return out
 
 
-
-
-def kernel_specs(api: dict[str, Any] | None, why: str = "intel_extension_for_pytorch is not available"
-                 ) -> list[KernelSpec]:
+def kernel_specs(
+    api: dict[str, Any] | None, why: str = "intel_extension_for_pytorch is not available"
+) -> list[KernelSpec]:
     """The IPEX KernelSpecs ``[ipex.rms_norm, ipex.paged_attention]`` (CPU only, ``cpu_isa`` avx2 + avx512).
 
     Args:
-        api: ``{"functional": ipex.llm.functional, "paged": ipex.llm.modules.PagedAttention}`` from the probe, or
-            None when IPEX is unusable (the specs are still registered; their callables raise
+        api: ``{"functional": ipex.llm.functional, "paged": ipex.llm.modules.PagedAttention}`` from the probe,
+            or None when IPEX is unusable (the specs are still registered; their callables raise
             ``BackendNotAvailableError`` with ``why``).
         why: the reason shown by those callables.
     """
@@ -176,15 +222,34 @@ def kernel_specs(api: dict[str, Any] | None, why: str = "intel_extension_for_pyt
     functional, paged = api.get("functional"), api.get("paged")
     common: dict[str, Any] = dict(device_types=CPU, cpu_isa=ISA, deterministic=True)
     return [
-        KernelSpec(KERNEL_IDS[0], "rms_norm",
-                   rms_norm_call(functional) if functional is not None else missing_kernel(KERNEL_IDS[0], why, INSTALL_HINT),
-                   priority=PRIORITY_RMS, dtypes=FLOATS, supports_backward=False, graph_safe=True,
-                   description="IPEX torch_ipex::rmsnorm / add_rmsnorm (AVX-512, fp32 math, weight multiply "
-                               "before the cast)", check=_rms_check, **common),
-        KernelSpec(KERNEL_IDS[1], "paged_attention",
-                   paged_attention_call(paged) if paged is not None else missing_kernel(KERNEL_IDS[1], why, INSTALL_HINT),
-                   priority=PRIORITY_PAGED, dtypes=FLOATS, supports_backward=False, graph_safe=False,
-                   description="IPEX PagedAttention: single_query_cached_kv_attention (decode, NHD/HND views) "
-                               "and flash_attn_varlen_func (causal prefill/append, HND)",
-                   check=_paged_check, **common),
+        KernelSpec(
+            KERNEL_IDS[0],
+            "rms_norm",
+            rms_norm_call(functional)
+            if functional is not None
+            else missing_kernel(KERNEL_IDS[0], why, INSTALL_HINT),
+            priority=PRIORITY_RMS,
+            dtypes=FLOATS,
+            supports_backward=False,
+            graph_safe=True,
+            description="IPEX torch_ipex::rmsnorm / add_rmsnorm (AVX-512, fp32 math, weight multiply "
+            "before the cast)",
+            check=_rms_check,
+            **common,
+        ),
+        KernelSpec(
+            KERNEL_IDS[1],
+            "paged_attention",
+            paged_attention_call(paged)
+            if paged is not None
+            else missing_kernel(KERNEL_IDS[1], why, INSTALL_HINT),
+            priority=PRIORITY_PAGED,
+            dtypes=FLOATS,
+            supports_backward=False,
+            graph_safe=False,
+            description="IPEX PagedAttention: single_query_cached_kv_attention (decode, NHD/HND views) "
+            "and flash_attn_varlen_func (causal prefill/append, HND)",
+            check=_paged_check,
+            **common,
+        ),
     ]

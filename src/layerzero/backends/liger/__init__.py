@@ -1,12 +1,12 @@
-"""The ``liger`` backend: Liger-Kernel's Triton RMSNorm (plain and fused residual add), RoPE, SwiGLU, LayerNorm and
-fused linear cross-entropy, CUDA only.
+"""The ``liger`` backend: Liger-Kernel's Triton RMSNorm (plain and fused residual add), RoPE, SwiGLU,
+LayerNorm and fused linear cross-entropy, CUDA only.
 
 Nothing is imported at ``import layerzero`` time: :func:`register` (run on the first op call) calls
-:func:`probe`, which imports ``liger_kernel.ops.rms_norm``, ``.fused_add_rms_norm``, ``.rope`` and ``.swiglu`` (the default
-Triton implementations, not the per-device replacements of ``liger_kernel.ops``). A missing library leaves the
-backend registered and unavailable with ``BACKEND_NOT_INSTALLED``; an import that raises anything else (no
-triton, a torch ABI mismatch) gives ``BACKEND_IMPORT_FAILED`` with the error text. Constraints and sources:
-``kernels.py`` and ``docs/backends.md`` ("liger").
+:func:`probe`, which imports ``liger_kernel.ops.rms_norm``, ``.fused_add_rms_norm``, ``.rope`` and ``.swiglu``
+(the default Triton implementations, not the per-device replacements of ``liger_kernel.ops``). A missing
+library leaves the backend registered and unavailable with ``BACKEND_NOT_INSTALLED``; an import that raises
+anything else (no triton, a torch ABI mismatch) gives ``BACKEND_IMPORT_FAILED`` with the error text.
+Constraints and sources: ``kernels.py`` and ``docs/backends.md`` ("liger").
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from .kernels import INSTALL_HINT, KERNEL_IDS, kernel_specs
 log = logging.getLogger("layerzero.backends.liger")
 BACKEND_ID = "liger"
 MODULE = "liger_kernel"
-_DESCRIPTION = ("Liger-Kernel Triton kernels (RMSNorm, fused add + RMSNorm, RoPE, SwiGLU, LayerNorm, fused linear "
-                "cross-entropy)")
+_DESCRIPTION = (
+    "Liger-Kernel Triton kernels (RMSNorm, fused add + RMSNorm, RoPE, SwiGLU, LayerNorm, fused linear "
+    "cross-entropy)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +49,9 @@ def _unavailable(reason: Reason, version: str | None = None) -> LigerProbe:
 
 def probe() -> LigerProbe:
     """Import Liger-Kernel now and describe the backend; never raises for a missing or broken library."""
-    modules, why = import_modules(MODULE, ("liger_kernel.ops.rms_norm", "liger_kernel.ops.rope"), INSTALL_HINT)
+    modules, why = import_modules(
+        MODULE, ("liger_kernel.ops.rms_norm", "liger_kernel.ops.rope"), INSTALL_HINT
+    )
     if why is not None:
         return _unavailable(why)
     rms, rope = modules
@@ -55,20 +59,36 @@ def probe() -> LigerProbe:
     plain = getattr(rms, "LigerRMSNormFunction", None)
     function = getattr(rope, "LigerRopeFunction", None)
     if plain is None or function is None:
-        return _unavailable(Reason(ReasonCode.BACKEND_VERSION_UNSUPPORTED,
-                                   f"liger_kernel {version} lacks LigerRMSNormFunction/LigerRopeFunction; upgrade it"),
-                            version)
+        return _unavailable(
+            Reason(
+                ReasonCode.BACKEND_VERSION_UNSUPPORTED,
+                f"liger_kernel {version} lacks LigerRMSNormFunction/LigerRopeFunction; upgrade it",
+            ),
+            version,
+        )
     fused = _optional("liger_kernel.ops.fused_add_rms_norm", "LigerFusedAddRMSNormFunction", version)
     swiglu = _optional("liger_kernel.ops.swiglu", "LigerSiLUMulFunction", version)
     layer_norm = _optional("liger_kernel.ops.layer_norm", "LigerLayerNormFunction", version)
-    lce = _optional("liger_kernel.ops.fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction", version)
+    lce = _optional(
+        "liger_kernel.ops.fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction", version
+    )
     backend = BackendSpec(BACKEND_ID, MODULE, version, True, (), _DESCRIPTION)
-    return LigerProbe(backend, {"rms_norm": plain, "fused_add_rms_norm": fused, "rope": function, "swiglu": swiglu,
-                                "layer_norm": layer_norm, "linear_cross_entropy": lce})
+    return LigerProbe(
+        backend,
+        {
+            "rms_norm": plain,
+            "fused_add_rms_norm": fused,
+            "rope": function,
+            "swiglu": swiglu,
+            "layer_norm": layer_norm,
+            "linear_cross_entropy": lce,
+        },
+    )
 
 
 def _optional(module: str, name: str, version: str | None) -> Any:
-    """``module.name`` or None (logged) when this Liger lacks it: its kernel is then rejected, not the backend."""
+    """``module.name`` or None (logged) when this Liger lacks it: its kernel is then rejected, not the
+    backend."""
     try:
         found = getattr(importlib.import_module(module), name, None)
     except ImportError:
@@ -79,9 +99,9 @@ def _optional(module: str, name: str, version: str | None) -> Any:
 
 
 def register(registry: KernelRegistry) -> None:
-    """Add the ``liger`` backend (available or not, with reasons) and its ``liger.rms_norm`` / ``liger.rope`` /
-    ``liger.swiglu`` / ``liger.layer_norm`` / ``liger.linear_cross_entropy`` kernels to ``registry`` (their ops
-    must already be registered).
+    """Add the ``liger`` backend (available or not, with reasons) and its ``liger.rms_norm`` / ``liger.rope``
+    / ``liger.swiglu`` / ``liger.layer_norm`` / ``liger.linear_cross_entropy`` kernels to ``registry`` (their
+    ops must already be registered).
 
     Raises:
         ConfigurationError: the backend or one of its kernel ids is already registered.

@@ -33,7 +33,9 @@ def _layout_name(layout: Any) -> str:
 
 def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     """float64 if any given tensor is float64, else float32."""
-    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+    return (
+        torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+    )
 
 
 def attention(
@@ -55,8 +57,10 @@ def attention(
     Shapes (named dims: B batch, Hq query heads, Hkv key/value heads, Sq query length, Sk key length,
     D query/key head dim, Dv value head dim):
 
-    - layout ``"BHSD"``: q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Sk, D]``, v ``[B, Hkv, Sk, Dv]`` -> ``[B, Hq, Sq, Dv]``
-    - layout ``"BSHD"``: q ``[B, Sq, Hq, D]``, k ``[B, Sk, Hkv, D]``, v ``[B, Sk, Hkv, Dv]`` -> ``[B, Sq, Hq, Dv]``
+    - layout ``"BHSD"``: q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Sk, D]``, v ``[B, Hkv, Sk, Dv]`` ->
+      ``[B, Hq, Sq, Dv]``
+    - layout ``"BSHD"``: q ``[B, Sq, Hq, D]``, k ``[B, Sk, Hkv, D]``, v ``[B, Sk, Hkv, Dv]`` ->
+      ``[B, Sq, Hq, Dv]``
 
     Semantics:
 
@@ -74,8 +78,9 @@ def attention(
     - ``softcap`` (Gemma 2 logit soft-capping): ``scores = softcap * tanh(scores / softcap)`` on the scaled
       scores, before the additive mask, causality and window.
     - ``alibi_slopes`` (ALiBi, Press et al. 2022, flash-attn's ``alibi_slopes`` convention): ``[Hq]`` or
-      ``[B, Hq]``; ``-slope[b, h] * |i + Sk - Sq - j|`` is added to the scaled (soft-capped) score of query ``i``
-      and key ``j`` (positions aligned bottom-right, as flash-attn), before the mask, causality and window.
+      ``[B, Hq]``; ``-slope[b, h] * |i + Sk - Sq - j|`` is added to the scaled (soft-capped) score of query
+      ``i`` and key ``j`` (positions aligned bottom-right, as flash-attn), before the mask, causality and
+      window.
     - A query row whose every key is masked outputs 0 (not NaN), whatever the mask kind.
     - ``dropout_p > 0`` zeroes each probability with chance ``dropout_p`` (drawn with ``torch.rand`` on
       ``generator`` when given) and scales survivors by ``1 / (1 - dropout_p)``; ``dropout_p >= 1`` gives 0.
@@ -105,7 +110,9 @@ def attention(
     """
     name = _layout_name(layout)
     out_dtype = q.dtype
-    cdt = _compute_dtype(q, k, v, attn_mask if attn_mask is not None and attn_mask.is_floating_point() else None)
+    cdt = _compute_dtype(
+        q, k, v, attn_mask if attn_mask is not None and attn_mask.is_floating_point() else None
+    )
     if name == "BSHD":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
@@ -121,8 +128,15 @@ def attention(
         scores = torch.tanh(scores / softcap) * softcap
     if alibi_slopes is not None:
         # distance of key j from query i, with query i at position i + Sk - Sq (bottom-right, as flash-attn)
-        dist = (torch.arange(sq, device=q.device)[:, None] + (sk - sq)
-                - torch.arange(sk, device=q.device)[None, :]).abs().to(cdt)  # [Sq, Sk]
+        dist = (
+            (
+                torch.arange(sq, device=q.device)[:, None]
+                + (sk - sq)
+                - torch.arange(sk, device=q.device)[None, :]
+            )
+            .abs()
+            .to(cdt)
+        )  # [Sq, Sk]
         slopes = alibi_slopes.to(device=q.device, dtype=cdt)
         slopes = slopes[None, :] if slopes.dim() == 1 else slopes  # [1 or B, Hq]
         scores = scores - slopes[:, :, None, None] * dist  # [B, Hq, Sq, Sk]
@@ -130,7 +144,9 @@ def attention(
     if is_causal:
         allowed = torch.tril(allowed)  # top-left: key j visible to query i iff j <= i
     if window is not None:
-        offset = torch.arange(sk, device=q.device)[None, :] - torch.arange(sq, device=q.device)[:, None]  # j - i
+        offset = (
+            torch.arange(sk, device=q.device)[None, :] - torch.arange(sq, device=q.device)[:, None]
+        )  # j - i
         left, right = window
         if left >= 0:
             allowed = allowed & (offset >= -left)

@@ -6,9 +6,10 @@ import torch
 
 
 def embedding(input_ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None) -> torch.Tensor:
-    """``out[..., :] = weight[input_ids[...], :]``: ids ``[...]`` (int32/int64, in ``[0, V)``), weight ``[V, H]``
-    -> ``[..., H]`` in weight's dtype (exact row copies). ``padding_idx`` (in ``[0, V)`` or None) is the row that
-    gets no gradient, as ``torch.nn.functional.embedding``: it is read through a detached copy of the table."""
+    """``out[..., :] = weight[input_ids[...], :]``: ids ``[...]`` (int32/int64, in ``[0, V)``), weight
+    ``[V, H]`` -> ``[..., H]`` in weight's dtype (exact row copies). ``padding_idx`` (in ``[0, V)`` or None)
+    is the row that gets no gradient, as ``torch.nn.functional.embedding``: it is read through a detached copy
+    of the table."""
     table = weight
     if padding_idx is not None and weight.requires_grad and torch.is_grad_enabled():
         rows = torch.arange(weight.shape[0], device=weight.device)[:, None]

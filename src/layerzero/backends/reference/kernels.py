@@ -1,9 +1,9 @@
 """The reference backend's kernels, one import point: the float32/float64 oracle of every op.
 
 The implementations live in one module per op family (``attention.py``, ``norms.py``, ``rope.py``,
-``sampling.py``, ``penalties.py``, ``swiglu.py``, ``moe.py``); this module re-exports them so registration code can use
-``from layerzero.backends.reference.kernels import attention, rms_norm, ...``. Each is plain PyTorch
-written for clarity, computes in float32 (float64 when the input is float64) and returns the input
+``sampling.py``, ``penalties.py``, ``swiglu.py``, ``moe.py``); this module re-exports them so registration
+code can use ``from layerzero.backends.reference.kernels import attention, rms_norm, ...``. Each is plain
+PyTorch written for clarity, computes in float32 (float64 when the input is float64) and returns the input
 dtype; input validation is the ops layer's job.
 """
 

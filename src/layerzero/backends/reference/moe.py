@@ -11,12 +11,13 @@ import torch.nn.functional as F
 __all__ = ["fused_moe"]
 
 
-def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
-    """Sparse MoE experts with SwiGLU (Shazeer et al. 2017; Mixtral): for each expert e, gather the (token, slot)
-    pairs routed to it, run its MLP ``w2[e] @ (silu(gate) * up)`` on those tokens and add the outputs, scaled by
-    the router weights, into the tokens' rows (the loop of transformers' ``Qwen3MoeExperts.forward``, without
-    its intermediate roundings).
+def fused_moe(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """Sparse MoE experts with SwiGLU (Shazeer et al. 2017; Mixtral): for each expert e, gather the (token,
+    slot) pairs routed to it, run its MLP ``w2[e] @ (silu(gate) * up)`` on those tokens and add the outputs,
+    scaled by the router weights, into the tokens' rows (the loop of transformers'
+    ``Qwen3MoeExperts.forward``, without its intermediate roundings).
 
     Args:
         x: ``[T, H]`` tokens.
@@ -31,7 +32,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     Raises:
         Nothing of its own: input validation is the ops layer's job.
 
-    >>> x = torch.tensor([[1.0, 2.0]]); w13 = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]); w2 = torch.ones(1, 2, 1)
+    >>> x = torch.tensor([[1.0, 2.0]])
+    >>> w13 = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]); w2 = torch.ones(1, 2, 1)
     >>> fused_moe(x, w13, w2, torch.tensor([[0.5]]), torch.tensor([[0]]))  # 0.5 * silu(1) * 2 in both columns
     tensor([[0.7311, 0.7311]])
     """

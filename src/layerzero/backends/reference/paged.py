@@ -16,8 +16,9 @@ from layerzero.core.kv_quant import KV_QUANT_DTYPES, dequantize_kv, quantize_kv
 from layerzero.core.specs import KernelSpec
 
 
-def gather_kv(kv_cache: torch.Tensor, block_row: torch.Tensor, kv_len: int,
-              layout: KVLayout | str) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_kv(
+    kv_cache: torch.Tensor, block_row: torch.Tensor, kv_len: int, layout: KVLayout | str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values of one sequence, each ``[kv_len, Hkv, D]`` in the cache's dtype.
 
     ``kv_cache`` is ``[N, 2, P, Hkv, D]`` (``layout`` NHD) or ``[N, 2, Hkv, P, D]`` (HND); ``block_row`` the
@@ -32,22 +33,27 @@ def gather_kv(kv_cache: torch.Tensor, block_row: torch.Tensor, kv_len: int,
     return k, v
 
 
-def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None,
-                    v_scale=None):
+def paged_attention(
+    q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None, v_scale=None
+):
     """Reference ``lz.paged_attention`` (canonical args, see :func:`layerzero.ops.paged.prepare`): for each
     sequence gather its K/V from its blocks, then softmax attention in float32 with GQA by repeating KV heads
-    and bottom-right causal alignment. A quantized cache (float8_e4m3fn / int8) is read as ``codes * k_scale`` /
-    ``codes * v_scale`` in the working dtype. q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's dtype."""
-    return _attend(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale,
-                   v_scale)[0]
+    and bottom-right causal alignment. A quantized cache (float8_e4m3fn / int8) is read as ``codes * k_scale``
+    / ``codes * v_scale`` in the working dtype. q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's dtype."""
+    return _attend(
+        q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale, v_scale
+    )[0]
 
 
-def paged_attention_lse(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout,
-                        k_scale=None, v_scale=None):
-    """Reference ``lz.paged_attention(..., return_lse=True)``: :func:`paged_attention` and each row's natural-log
-    sum-exp of its scaled scores ``[T, Hq]`` float32 (float64 for float64 q); -inf and a zero row where a row
-    attends no key."""
-    return _attend(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale, v_scale)
+def paged_attention_lse(
+    q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None, v_scale=None
+):
+    """Reference ``lz.paged_attention(..., return_lse=True)``: :func:`paged_attention` and each row's
+    natural-log sum-exp of its scaled scores ``[T, Hq]`` float32 (float64 for float64 q); -inf and a zero row
+    where a row attends no key."""
+    return _attend(
+        q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale, v_scale
+    )
 
 
 def _attend(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale, v_scale):
@@ -82,15 +88,18 @@ def _attend(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal,
 
 
 def merge_attention_states(out_a, lse_a, out_b, lse_b):
-    """Reference ``lz.merge_attention_states`` in float32 (float64 for float64 lse): weights ``exp(lse - max)``,
-    rows with both lse -inf give 0 and -inf. Returns ``(out in out_a's dtype, lse in lse_a's dtype)``."""
+    """Reference ``lz.merge_attention_states`` in float32 (float64 for float64 lse): weights
+    ``exp(lse - max)``, rows with both lse -inf give 0 and -inf. Returns ``(out in out_a's dtype, lse in
+    lse_a's dtype)``."""
     work = torch.float64 if lse_a.dtype == torch.float64 else torch.float32
     la, lb = lse_a.to(work), lse_b.to(work)
     m = torch.maximum(la, lb)
     m = torch.where(m == float("-inf"), 0.0, m)
     wa, wb = torch.exp(la - m), torch.exp(lb - m)
     total = wa + wb
-    part_a = torch.where(wa[..., None] > 0, out_a.to(work) * wa[..., None], 0.0)  # weight 0: nothing, even NaN
+    part_a = torch.where(
+        wa[..., None] > 0, out_a.to(work) * wa[..., None], 0.0
+    )  # weight 0: nothing, even NaN
     part_b = torch.where(wb[..., None] > 0, out_b.to(work) * wb[..., None], 0.0)
     out = (part_a + part_b) / torch.where(total > 0, total, 1.0)[..., None]
     lse = torch.where(total > 0, m + torch.log(total), float("-inf"))
@@ -99,8 +108,8 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
 
 def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout, k_scale=None, v_scale=None):
     """Reference ``lz.reshape_and_cache``: token by token, write k[t]/v[t] ``[Hkv, D]`` at block
-    ``slot // P``, offset ``slot % P`` of ``kv_cache`` in place; slot -1 skips the token. A quantized cache gets
-    ``round_to_format(k / k_scale)`` (:func:`~layerzero.core.kv_quant.quantize_kv`). Returns None."""
+    ``slot // P``, offset ``slot % P`` of ``kv_cache`` in place; slot -1 skips the token. A quantized cache
+    gets ``round_to_format(k / k_scale)`` (:func:`~layerzero.core.kv_quant.quantize_kv`). Returns None."""
     if kv_cache.dtype in KV_QUANT_DTYPES:
         k, v = quantize_kv(k, k_scale, kv_cache.dtype), quantize_kv(v, v_scale, kv_cache.dtype)
     _, p, _, _ = cache_dims(kv_cache, kv_layout)
@@ -117,15 +126,32 @@ def kernel_specs(common: dict) -> list[KernelSpec]:
     """The reference paged kernels with the reference backend's ``common`` constraints; not graph-safe
     (host reads of index values)."""
     return [
-        KernelSpec("reference.paged_attention", "paged_attention", paged_attention,
-                   description="reference paged attention (loop over sequences, float32 math)",
-                   **{**common, "graph_safe": False, "kv_cache_dtypes": KV_QUANT_DTYPES}),
-        KernelSpec("reference.paged_attention_lse", "paged_attention_lse", paged_attention_lse,
-                   description="reference paged attention + log-sum-exp (loop over sequences, float32 math)",
-                   **{**common, "graph_safe": False, "kv_cache_dtypes": KV_QUANT_DTYPES}),
-        KernelSpec("reference.merge_attention_states", "merge_attention_states", merge_attention_states,
-                   description="reference merge of two attention states (float32 math)", **common),
-        KernelSpec("reference.reshape_and_cache", "reshape_and_cache", reshape_and_cache,
-                   description="reference paged KV cache write (loop over tokens)",
-                   **{**common, "graph_safe": False, "kv_cache_dtypes": KV_QUANT_DTYPES}),
+        KernelSpec(
+            "reference.paged_attention",
+            "paged_attention",
+            paged_attention,
+            description="reference paged attention (loop over sequences, float32 math)",
+            **{**common, "graph_safe": False, "kv_cache_dtypes": KV_QUANT_DTYPES},
+        ),
+        KernelSpec(
+            "reference.paged_attention_lse",
+            "paged_attention_lse",
+            paged_attention_lse,
+            description="reference paged attention + log-sum-exp (loop over sequences, float32 math)",
+            **{**common, "graph_safe": False, "kv_cache_dtypes": KV_QUANT_DTYPES},
+        ),
+        KernelSpec(
+            "reference.merge_attention_states",
+            "merge_attention_states",
+            merge_attention_states,
+            description="reference merge of two attention states (float32 math)",
+            **common,
+        ),
+        KernelSpec(
+            "reference.reshape_and_cache",
+            "reshape_and_cache",
+            reshape_and_cache,
+            description="reference paged KV cache write (loop over tokens)",
+            **{**common, "graph_safe": False, "kv_cache_dtypes": KV_QUANT_DTYPES},
+        ),
     ]

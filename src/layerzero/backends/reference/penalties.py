@@ -1,7 +1,8 @@
-"""Reference logits penalties (repetition, presence, frequency): the oracle for ``lz.apply_penalties`` kernels.
+"""Reference logits penalties (repetition, presence, frequency): the oracle for ``lz.apply_penalties``
+kernels.
 
-Plain PyTorch: token counts by ``scatter_add_`` into ``[B, V + 1]`` (the last column takes the padding id V and is
-dropped), penalties in float32 (float64 for float64 logits), the result in logits' dtype.
+Plain PyTorch: token counts by ``scatter_add_`` into ``[B, V + 1]`` (the last column takes the padding id V
+and is dropped), penalties in float32 (float64 for float64 logits), the result in logits' dtype.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def apply_penalties(
 
     - repetition, over tokens seen in the prompt *or* the output: ``logit > 0 -> logit / r``, else
       ``logit * r`` (Hugging Face ``RepetitionPenaltyLogitsProcessor``; r = 1 changes nothing);
-    - frequency and presence, over output tokens only: ``logit -= frequency * count + presence * (count > 0)``.
+    - frequency and presence, over output tokens only: ``logit -= frequency * count + presence * (count >
+      0)``.
 
     Args:
         logits: ``[B, V]``, any float dtype.

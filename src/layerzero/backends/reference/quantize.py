@@ -1,23 +1,25 @@
-"""Reference ``quantize`` / ``dequantize``: the oracle of every quantize kernel, written from the format specs.
+"""Reference ``quantize`` / ``dequantize``: the oracle of every quantize kernel, written from the format
+specs.
 
-Plain PyTorch, all math in float32 (inputs are cast to float32 first; float64 inputs are rounded to float32 once,
-far below every format's step). Float formats never use torch's float8 casts: a value is rounded to its format by
-searching the format's table of representable values (``core.quant_format.E4M3_VALUES`` ...) for the nearest one,
-ties to the even code (IEEE round-to-nearest-even), so torch's native casts (used by ``torch_native``) are checked
-against the spec, not against themselves. Integer formats round with ``torch.round`` (half to even).
+Plain PyTorch, all math in float32 (inputs are cast to float32 first; float64 inputs are rounded to float32
+once, far below every format's step). Float formats never use torch's float8 casts: a value is rounded to its
+format by searching the format's table of representable values (``core.quant_format.E4M3_VALUES`` ...) for the
+nearest one, ties to the even code (IEEE round-to-nearest-even), so torch's native casts (used by
+``torch_native``) are checked against the spec, not against themselves. Integer formats round with
+``torch.round`` (half to even).
 
 Formats (layouts: ``layerzero.core.quant_format``; docs/quantization.md):
 
 - int8: symmetric, ``scale = max(amax / 127, 2**-126)``, ``q = clamp(round(x / scale), -127, 127)``.
 - fp8 e4m3 / e5m2: ``scale = max(amax / fmax, 2**-126)``, ``q = fp8(clamp(x / scale, -fmax, fmax))``
   (fmax 448 / 57344), per tensor / channel / 1xg group / (bm, bk) block (DeepSeek-V3 block fp8).
-- mxfp4 (OCP MX v1.0 sec. 6.3): 32-element blocks, ``X = 2**clamp(floor(log2(amax)) - 2, -127, 127)`` as an E8M0
-  biased exponent, elements ``e2m1(clamp(x / X, -6, 6))``.
+- mxfp4 (OCP MX v1.0 sec. 6.3): 32-element blocks, ``X = 2**clamp(floor(log2(amax)) - 2, -127,
+  127)`` as an E8M0 biased exponent, elements ``e2m1(clamp(x / X, -6, 6))``.
 - nvfp4 (NVIDIA ModelOpt / TensorRT-LLM): ``g = max(amax(x) / (448 * 6), 2**-126)``; 16-element blocks,
   ``s = e4m3(clamp(amax_b / (6 g), 2**-9, 448))``, elements ``e2m1(clamp(x / (s g), -6, 6))``.
-- int4 (GPTQ / AWQ asymmetric): per group of g along the last dim, ``lo = min(min(x), 0)``, ``hi = max(max(x), 0)``,
-  ``scale = max((hi - lo) / 15, 2**-126)``, ``zero = clamp(round(-lo / scale), 0, 15)``,
-  ``q = clamp(round(x / scale) + zero, 0, 15)``.
+- int4 (GPTQ / AWQ asymmetric): per group of g along the last dim, ``lo = min(min(x), 0)``,
+  ``hi = max(max(x), 0)``, ``scale = max((hi - lo) / 15, 2**-126)``,
+  ``zero = clamp(round(-lo / scale), 0, 15)``, ``q = clamp(round(x / scale) + zero, 0, 15)``.
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ __all__ = ["dequantize", "pack_nibbles", "quantize", "round_to_code", "unpack_ni
 F32 = torch.float32
 _FP8_VALUES = {QuantFormat.FP8_E4M3: E4M3_VALUES, QuantFormat.FP8_E5M2: E5M2_VALUES}
 # decoding tables of all 128 non-negative codes: e4m3fn 0x7F is NaN; e5m2 0x7C is inf, 0x7D-0x7F NaN
-_FP8_DECODE = {QuantFormat.FP8_E4M3: E4M3_VALUES + (math.nan,),
-               QuantFormat.FP8_E5M2: E5M2_VALUES + (math.inf, math.nan, math.nan, math.nan)}
+_FP8_DECODE = {
+    QuantFormat.FP8_E4M3: E4M3_VALUES + (math.nan,),
+    QuantFormat.FP8_E5M2: E5M2_VALUES + (math.inf, math.nan, math.nan, math.nan),
+}
 _E8M0_VALUES = tuple(math.ldexp(1.0, c - E8M0_BIAS) for c in range(255)) + (math.nan,)  # 0xFF is NaN
 
 
@@ -63,8 +67,9 @@ def _table(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
 
 
 def round_to_code(a: torch.Tensor, values: tuple[float, ...]) -> torch.Tensor:
-    """Round-to-nearest-even onto a format: ``a`` (float32, >= 0, <= ``values[-1]``) -> the int64 code whose value
-    (``values[code]``, ascending) is nearest; a tie goes to the even code (the one whose mantissa ends in 0)."""
+    """Round-to-nearest-even onto a format: ``a`` (float32, >= 0, <= ``values[-1]``) -> the int64 code whose
+    value (``values[code]``, ascending) is nearest; a tie goes to the even code (the one whose mantissa ends
+    in 0)."""
     grid = _table(values, a.device)
     hi = torch.searchsorted(grid, a).clamp(max=len(values) - 1)  # first value >= a
     lo = (hi - 1).clamp(min=0)
@@ -74,13 +79,15 @@ def round_to_code(a: torch.Tensor, values: tuple[float, ...]) -> torch.Tensor:
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """4-bit codes ``[..., K]`` (K even, values 0..15) -> uint8 ``[..., K/2]``: ``byte = code[2i] + 16 * code[2i+1]``."""
+    """4-bit codes ``[..., K]`` (K even, values 0..15) -> uint8 ``[..., K/2]``:
+    ``byte = code[2i] + 16 * code[2i+1]``."""
     pairs = codes.to(torch.uint8).reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
     return pairs[..., 0] + 16 * pairs[..., 1]
 
 
 def unpack_nibbles(data: torch.Tensor) -> torch.Tensor:
-    """uint8 ``[..., K/2]`` -> the 4-bit codes ``[..., K]`` (uint8): the low nibble first (inverse of pack)."""
+    """uint8 ``[..., K/2]`` -> the 4-bit codes ``[..., K]`` (uint8): the low nibble first (inverse of
+    pack)."""
     return torch.stack((data % 16, data // 16), dim=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
 
 
@@ -101,10 +108,11 @@ def _fp8_decode(raw: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
     return torch.where(codes >= 128, -mag, mag)
 
 
-def quantize(x: torch.Tensor, fmt: QuantFormat, axis: int | None,
-             group_size: int | tuple[int, int] | None) -> QuantizedTensor:
-    """``x`` (any float dtype, shape checked by the ops layer) -> :class:`QuantizedTensor` in ``fmt`` (canonical args:
-    ``axis`` non-negative or None; ``group_size`` normalized: 32 mxfp4, 16 nvfp4, g int4)."""
+def quantize(
+    x: torch.Tensor, fmt: QuantFormat, axis: int | None, group_size: int | tuple[int, int] | None
+) -> QuantizedTensor:
+    """``x`` (any float dtype, shape checked by the ops layer) -> :class:`QuantizedTensor` in ``fmt``
+    (canonical args: ``axis`` non-negative or None; ``group_size`` normalized: 32 mxfp4, 16 nvfp4, g int4)."""
     x32 = x.detach().to(F32).contiguous()
     shape = tuple(x.shape)
     gran = format_granularity(fmt, axis, group_size)
@@ -129,8 +137,9 @@ def quantize(x: torch.Tensor, fmt: QuantFormat, axis: int | None,
         data, scale = pack_nibbles(_e2m1_encode(y).reshape(shape)), code.to(torch.uint8)
     elif fmt is QuantFormat.NVFP4:
         global_scale = (x32.abs().amax() / NVFP4_GLOBAL_DIVISOR).clamp_min(MIN_SCALE)
-        s = (xb.abs().amax(dim=-1, keepdim=True) / (6.0 * global_scale)).clamp(E4M3_MIN_SUBNORMAL, FP8_MAX[
-            QuantFormat.FP8_E4M3])
+        s = (xb.abs().amax(dim=-1, keepdim=True) / (6.0 * global_scale)).clamp(
+            E4M3_MIN_SUBNORMAL, FP8_MAX[QuantFormat.FP8_E4M3]
+        )
         s_code = round_to_code(s, E4M3_VALUES)
         total = _table(E4M3_VALUES, x.device)[s_code] * global_scale
         y = (xb / total).clamp(-E2M1_MAX, E2M1_MAX)

@@ -63,7 +63,8 @@ def rope(
 
     Shapes (B batch, Hq/Hkv heads, S sequence, D head dim, R rotary dim, R <= D and even):
 
-    - layout ``"BHSD"``: q ``[B, Hq, S, D]``, k ``[B, Hkv, S, D]``; ``"BSHD"``: q ``[B, S, Hq, D]``, k ``[B, S, Hkv, D]``.
+    - layout ``"BHSD"``: q ``[B, Hq, S, D]``, k ``[B, Hkv, S, D]``; ``"BSHD"``: q ``[B, S, Hq, D]``, k
+      ``[B, S, Hkv, D]``.
     - cos/sin, one of: a table ``[max_pos, R]`` indexed by ``position_ids [B, S]`` (int64); the same table
       with ``position_ids=None`` (positions ``0..S-1``, so an ``[S, R]`` table works too); or already
       gathered ``[B, S, R]`` (then ``position_ids`` must be None).
@@ -98,19 +99,37 @@ def rope(
     return _rotate(q, k, cos, sin, position_ids, interleaved, layout, None, None, 0.0)
 
 
-def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None = None,
-                 interleaved: bool = False, layout: str = "BHSD", eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-head RMSNorm of q and k (``x * rsqrt(mean(x^2 over D) + eps) * weight``, Zhang & Sennrich 2019), then
-    :func:`rope` of the normalized values, all in float32 (float64 when q or k is float64) with one rounding to the
-    input dtypes. Shapes as :func:`rope`; ``q_weight`` / ``k_weight`` ``[D]``; ``eps`` unitless. Raises as
-    :func:`rope`."""
+def qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    interleaved: bool = False,
+    layout: str = "BHSD",
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head RMSNorm of q and k (``x * rsqrt(mean(x^2 over D) + eps) * weight``, Zhang & Sennrich 2019),
+    then :func:`rope` of the normalized values, all in float32 (float64 when q or k is float64) with one
+    rounding to the input dtypes. Shapes as :func:`rope`; ``q_weight`` / ``k_weight`` ``[D]``; ``eps``
+    unitless. Raises as :func:`rope`."""
     return _rotate(q, k, cos, sin, position_ids, interleaved, layout, q_weight, k_weight, eps)
 
 
-def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None,
-            interleaved: bool, layout: str, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _rotate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: torch.Tensor | None,
+    interleaved: bool,
+    layout: str,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rope` of q and k, each RMS-normalized over its head dim with its weight first when one is given,
     rounded once to its dtype."""
     name = _layout_name(layout)

@@ -1,9 +1,10 @@
-"""Reference token samplers (greedy, top-k, top-p / nucleus, batched per-row sampling): the oracles for sampling
-kernels.
+"""Reference token samplers (greedy, top-k, top-p / nucleus, batched per-row sampling): the oracles for
+sampling kernels.
 
-Plain PyTorch: probabilities in float32 (float64 for float64 logits). ``sample_topk`` / ``sample_topp`` draw with
-``torch.multinomial`` on the caller's ``torch.Generator`` so a fixed seed gives the same tokens; ``sample`` draws
-by the exponential race, with per-row counter-based noise for seeded rows (:func:`seeded_exponential`).
+Plain PyTorch: probabilities in float32 (float64 for float64 logits). ``sample_topk`` / ``sample_topp`` draw
+with ``torch.multinomial`` on the caller's ``torch.Generator`` so a fixed seed gives the same tokens;
+``sample`` draws by the exponential race, with per-row counter-based noise for seeded rows
+(:func:`seeded_exponential`).
 """
 
 from __future__ import annotations
@@ -24,14 +25,28 @@ from layerzero.backends._sampling_common import (  # the shared math, re-exporte
     seeded_exponential,
 )
 
-__all__ = ["GOLDEN32", "GREEDY_BELOW", "MASK32", "counter_hash", "exponential_race", "lowbias32", "mul32", "sample",
-           "sample_greedy", "sample_topk", "sample_topp", "scaled_cut", "seeded_exponential"]
+__all__ = [
+    "GOLDEN32",
+    "GREEDY_BELOW",
+    "MASK32",
+    "counter_hash",
+    "exponential_race",
+    "lowbias32",
+    "mul32",
+    "sample",
+    "sample_greedy",
+    "sample_topk",
+    "sample_topp",
+    "scaled_cut",
+    "seeded_exponential",
+]
 
 
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``softmax(logits / temperature)`` over the vocabulary, float32 (float64 for float64 logits), computed as
-    ``softmax((logits - rowmax) / temperature)``: equal in exact arithmetic, but a tiny temperature sends the
-    non-maximal entries to ``-inf`` (probability 0) instead of overflowing ``logits / T`` to ``inf`` (NaN)."""
+    """``softmax(logits / temperature)`` over the vocabulary, float32 (float64 for float64 logits), computed
+    as ``softmax((logits - rowmax) / temperature)``: equal in exact arithmetic, but a tiny temperature sends
+    the non-maximal entries to ``-inf`` (probability 0) instead of overflowing ``logits / T`` to ``inf``
+    (NaN)."""
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
     x = logits.to(cdt)
     return torch.softmax((x - x.amax(dim=-1, keepdim=True)) / float(temperature), dim=-1)
@@ -44,11 +59,12 @@ def _greedy(logits: torch.Tensor) -> torch.Tensor:
 def sample_greedy(logits: torch.Tensor) -> torch.Tensor:
     """Greedy decoding: per row the index of the first maximum of the logits, NaN rules written out.
 
-    Per row: the index of its first NaN when it holds one (as ``torch.argmax`` answers on the builds we know, but
-    computed here explicitly, so the oracle does not depend on one build's NaN handling); otherwise the first index
-    of the maximum (ties -> the lowest index: ``torch.argmax``'s documented rule, applied to NaN-free values), so an
-    all ``-inf`` row gives 0 and ``+inf`` is a maximum like any other. float16 / bfloat16 are compared in float32
-    (an exact cast: the answer is ``argmax`` of ``logits.float()``), float64 in float64.
+    Per row: the index of its first NaN when it holds one (as ``torch.argmax`` answers on the builds we know,
+    but computed here explicitly, so the oracle does not depend on one build's NaN handling); otherwise the
+    first index of the maximum (ties -> the lowest index: ``torch.argmax``'s documented rule, applied to
+    NaN-free values), so an all ``-inf`` row gives 0 and ``+inf`` is a maximum like any other. float16 /
+    bfloat16 are compared in float32 (an exact cast: the answer is ``argmax`` of ``logits.float()``), float64
+    in float64.
 
     Args:
         logits: ``[S, V]`` (S >= 0 rows, V >= 1 vocabulary), any float dtype, any strides.
@@ -85,7 +101,8 @@ def sample_topk(
         logits: ``[B, V]`` (B batch rows, V vocabulary size), any float dtype.
         k: number of tokens kept (int >= 1); ``k >= V`` means no truncation.
         temperature: softmax temperature (> 0); ``temperature == 0`` (or below :data:`GREEDY_BELOW`) means
-            greedy: ``argmax`` of the logits (first index on ties), no random draw and ``generator`` untouched.
+            greedy: ``argmax`` of the logits (first index on ties), no random draw and ``generator``
+            untouched.
         generator: ``torch.Generator`` on logits' device, or None for the global RNG.
 
     Returns:
@@ -168,9 +185,9 @@ def sample(
 
     Steps, each row with its own parameters: ``z = (logits - rowmax) / T``; top-k (keep ``z >= `` the k-th
     largest, ties kept); top-p on the top-k-renormalized softmax (keep tokens whose mass ranked above is
-    ``< p``); min-p on the softmax after those cuts (keep ``prob >= min_p * max prob``); draw by the exponential
-    race ``argmax(z - log E)`` (= ``argmax(probs / E)``, ``E ~ Exp(1)`` per token: a draw from the kept
-    distribution). ``E`` is counter-based (:func:`seeded_exponential`) for rows with ``seed >= 0``, from
+    ``< p``); min-p on the softmax after those cuts (keep ``prob >= min_p * max prob``); draw by the
+    exponential race ``argmax(z - log E)`` (= ``argmax(probs / E)``, ``E ~ Exp(1)`` per token: a draw from the
+    kept distribution). ``E`` is counter-based (:func:`seeded_exponential`) for rows with ``seed >= 0``, from
     ``torch.empty(B, V).exponential_(generator=generator)`` otherwise (drawn once per call for the whole
     ``[B, V]`` when any row may need it, i.e. always: no host synchronization to ask). Rows with ``T <``
     :data:`GREEDY_BELOW` (0 included) return the first argmax of the logits.

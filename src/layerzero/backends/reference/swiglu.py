@@ -52,9 +52,10 @@ def _gated(act, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    """GeGLU (Shazeer 2020): ``out = gelu(gate) * up``, ``gelu`` exact (erf, ``approximate="none"``) or its tanh
-    form (``"tanh"``: HF ``gelu_pytorch_tanh``, Gemma's MLP). Shapes, dtypes and rounding order as :func:`swiglu`
-    (the activation in float32/float64, one rounding, the product, one rounding). Raises nothing of its own.
+    """GeGLU (Shazeer 2020): ``out = gelu(gate) * up``, ``gelu`` exact (erf, ``approximate="none"``) or its
+    tanh form (``"tanh"``: HF ``gelu_pytorch_tanh``, Gemma's MLP). Shapes, dtypes and rounding order as
+    :func:`swiglu` (the activation in float32/float64, one rounding, the product, one rounding). Raises
+    nothing of its own.
 
     >>> geglu(torch.tensor([0.0, 1.0]), torch.tensor([5.0, 2.0]))
     tensor([0.0000, 1.6827])

@@ -18,8 +18,8 @@ FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16}
 
 def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout, k_scale=None, v_scale=None):
     """``lz.reshape_and_cache`` vectorized: one ``index_put_`` per K and V on ``[N, P, Hkv, D]`` views of the
-    cache, no host sync (see the module docstring for the -1 slots). A quantized cache (float8_e4m3fn / int8) gets
-    ``round_to_format(k / k_scale)`` (:func:`~layerzero.core.kv_quant.quantize_kv`). Returns None."""
+    cache, no host sync (see the module docstring for the -1 slots). A quantized cache (float8_e4m3fn / int8)
+    gets ``round_to_format(k / k_scale)`` (:func:`~layerzero.core.kv_quant.quantize_kv`). Returns None."""
     n = k.shape[0]
     if n == 0 or kv_cache.shape[0] == 0:
         return
@@ -42,7 +42,15 @@ def reshape_and_cache(k, v, kv_cache, slot_mapping, kv_layout, k_scale=None, v_s
 
 def kernel_spec() -> KernelSpec:
     """The KernelSpec: priority 10 (above the reference's 0), CPU and CUDA, every float dtype, graph-safe."""
-    return KernelSpec("torch_native.reshape_and_cache", "reshape_and_cache", reshape_and_cache, priority=10,
-                      description="paged KV cache write: index_put_ on cache views, no host sync",
-                      device_types=frozenset({"cpu", "cuda"}), dtypes=FLOATS, deterministic=True, graph_safe=True,
-                      kv_cache_dtypes=KV_QUANT_DTYPES)
+    return KernelSpec(
+        "torch_native.reshape_and_cache",
+        "reshape_and_cache",
+        reshape_and_cache,
+        priority=10,
+        description="paged KV cache write: index_put_ on cache views, no host sync",
+        device_types=frozenset({"cpu", "cuda"}),
+        dtypes=FLOATS,
+        deterministic=True,
+        graph_safe=True,
+        kv_cache_dtypes=KV_QUANT_DTYPES,
+    )

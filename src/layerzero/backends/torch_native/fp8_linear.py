@@ -1,7 +1,8 @@
 """``torch_native.fp8_linear``: ``lz.fp8_linear`` (W8A8 fp8) through ``torch._scaled_mm`` with row-wise scales
-(cuBLASLt's fp8 GEMM on Hopper, oneDNN / the reference GEMM on CPU): the activation quantized per token by this
-backend's ``lz.quantize`` kernel (fp8 e4m3, ``axis=0`` of the ``[M, K]`` rows), ``scale_a`` ``[M, 1]`` and ``scale_b``
-``[1, N]`` float32 applied to the float32 accumulator, bias added before the one rounding to x's dtype."""
+(cuBLASLt's fp8 GEMM on Hopper, oneDNN / the reference GEMM on CPU): the activation quantized per token by
+this backend's ``lz.quantize`` kernel (fp8 e4m3, ``axis=0`` of the ``[M, K]`` rows), ``scale_a`` ``[M, 1]``
+and ``scale_b`` ``[1, N]`` float32 applied to the float32 accumulator, bias added before the one rounding to
+x's dtype."""
 
 from __future__ import annotations
 
@@ -28,8 +29,12 @@ def fp8_linear(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None) 
     if rows.shape[0] == 0:
         return x.new_empty((*x.shape[:-1], n))
     xq = quantize(rows, QuantFormat.FP8_E4M3, 0, None)  # per row: scale [M, 1] float32, codes e4m3
-    w = qt.data if qt.data.is_contiguous() else qt.data.contiguous()  # [N, K] row-major: w.t() is column-major
-    sw = qt.scale.to(torch.float32).reshape(1, -1).expand(1, n).contiguous()  # per channel [N, 1] or per tensor []
+    w = (
+        qt.data if qt.data.is_contiguous() else qt.data.contiguous()
+    )  # [N, K] row-major: w.t() is column-major
+    sw = (
+        qt.scale.to(torch.float32).reshape(1, -1).expand(1, n).contiguous()
+    )  # per channel [N, 1] or per tensor []
     y = torch._scaled_mm(xq.data, w.t(), scale_a=xq.scale, scale_b=sw, bias=bias, out_dtype=x.dtype)
     return y.reshape(*x.shape[:-1], n)
 
@@ -40,22 +45,40 @@ def _check(ctx: SelectionContext) -> list[Reason]:
         return []
     out = []
     if ctx.dtype is not torch.bfloat16:
-        out.append(Reason(ReasonCode.DTYPE_UNSUPPORTED, f"{ctx.dtype} on CUDA: torch._scaled_mm's row-wise scaled "
-                                                        "fp8 GEMM writes bfloat16 only"))
+        out.append(
+            Reason(
+                ReasonCode.DTYPE_UNSUPPORTED,
+                f"{ctx.dtype} on CUDA: torch._scaled_mm's row-wise scaled fp8 GEMM writes bfloat16 only",
+            )
+        )
     k, n = ctx.hidden_size, ctx.intermediate_size
     if k is None or n is None or k % CUDA_ALIGN or n % CUDA_ALIGN:
-        out.append(Reason(ReasonCode.SHAPE_MISMATCH, f"weight [{n}, {k}]: cuBLASLt's fp8 GEMM needs K and N "
-                                                     f"multiples of {CUDA_ALIGN}"))
+        out.append(
+            Reason(
+                ReasonCode.SHAPE_MISMATCH,
+                f"weight [{n}, {k}]: cuBLASLt's fp8 GEMM needs K and N multiples of {CUDA_ALIGN}",
+            )
+        )
     return out
 
 
 def kernel_spec() -> KernelSpec:
-    """The ``torch_native.fp8_linear`` KernelSpec: priority 50 (above the reference's 0), CPU (any of float16 /
-    bfloat16 / float32) and CUDA SM >= 9.0 (bfloat16, K and N multiples of 16; Hopper's row-wise scaled fp8 GEMM),
-    inference only. The CUDA constraints are ``torch._scaled_mm``'s documented ones
-    (GPU record: ``benchmarks/results/engine/h200/2026-11-28b/fp8_gpu.txt``)."""
-    return KernelSpec(KERNEL_ID, "fp8_linear", fp8_linear, priority=50, device_types=frozenset({"cpu", "cuda"}),
-                      dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}), sm_min=(9, 0),
-                      deterministic=True, graph_safe=True, supports_backward=False, check=_check,
-                      description="lz.fp8_linear: x quantized per token to e4m3, torch._scaled_mm with row-wise "
-                                  "scales (cuBLASLt fp8 GEMM on Hopper)")
+    """The ``torch_native.fp8_linear`` KernelSpec: priority 50 (above the reference's 0), CPU (any of float16
+    / bfloat16 / float32) and CUDA SM >= 9.0 (bfloat16, K and N multiples of 16; Hopper's row-wise scaled fp8
+    GEMM), inference only. The CUDA constraints are ``torch._scaled_mm``'s documented ones (GPU record:
+    ``benchmarks/results/engine/h200/2026-11-28b/fp8_gpu.txt``)."""
+    return KernelSpec(
+        KERNEL_ID,
+        "fp8_linear",
+        fp8_linear,
+        priority=50,
+        device_types=frozenset({"cpu", "cuda"}),
+        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
+        sm_min=(9, 0),
+        deterministic=True,
+        graph_safe=True,
+        supports_backward=False,
+        check=_check,
+        description="lz.fp8_linear: x quantized per token to e4m3, torch._scaled_mm with row-wise "
+        "scales (cuBLASLt fp8 GEMM on Hopper)",
+    )

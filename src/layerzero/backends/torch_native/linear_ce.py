@@ -1,12 +1,12 @@
-"""Chunked ``linear_cross_entropy`` in plain PyTorch: the logits of ``chunk`` rows at a time, so peak memory is
-O(chunk x V) instead of O(N x V); differentiable (first order).
+"""Chunked ``linear_cross_entropy`` in plain PyTorch: the logits of ``chunk`` rows at a time, so peak memory
+is O(chunk x V) instead of O(N x V); differentiable (first order).
 
 The approach of Liger-Kernel's fused linear cross-entropy (Hsu et al. 2024, "Liger Kernel: Efficient Triton
 Kernels for LLM Training") and of Wijmans et al. 2024 ("Cut Your Losses in Large-Vocabulary Language Models"),
 with autograd done by recomputation: forward keeps the per-row log-sum-exp ``[N]`` (not the logits); backward
-recomputes each chunk's logits, turns them into ``d loss / d logits = g_i (softmax - (1 - ε) onehot - ε / V)``
-(times ``1 - tanh^2`` under a softcap) and accumulates ``d hidden = dz @ W``, ``d W += dz^T @ h``,
-``d bias += sum dz``. So any ``grad_output`` works (``reduction="none"`` with per-row weights included), at the
+recomputes each chunk's logits, turns them into ``d loss / d logits = g_i (softmax - (1 - ε) onehot - ε /
+V)`` (times ``1 - tanh^2`` under a softcap) and accumulates ``d hidden = dz @ W``, ``d W += dz^T @ h``, ``d
+bias += sum dz``. So any ``grad_output`` works (``reduction="none"`` with per-row weights included), at the
 price of a second matmul pass. The projection runs in the input dtype (fp32 accumulation inside the GEMM on
 GPUs), the softmax / loss math in float32 (float64 for float64).
 """
@@ -46,11 +46,11 @@ class _ChunkedLinearCE(torch.autograd.Function):
         lse = torch.empty(n, dtype=acc, device=hidden.device)
         rows = torch.empty(n, dtype=acc, device=hidden.device)
         for s in range(0, n, chunk):
-            z = _logits(hidden[s:s + chunk], weight, bias, softcap, acc)
+            z = _logits(hidden[s : s + chunk], weight, bias, softcap, acc)
             m = torch.logsumexp(z, dim=-1)
-            nll = m - z.gather(1, safe[s:s + chunk, None]).squeeze(1)
+            nll = m - z.gather(1, safe[s : s + chunk, None]).squeeze(1)
             loss = nll if smoothing == 0.0 else (1.0 - smoothing) * nll + smoothing * (m - z.mean(dim=-1))
-            lse[s:s + chunk], rows[s:s + chunk] = m, loss
+            lse[s : s + chunk], rows[s : s + chunk] = m, loss
         rows = torch.where(valid, rows, torch.zeros_like(rows))
         count = valid.sum()
         ctx.save_for_backward(hidden, weight, bias, safe, valid, lse, count)
@@ -72,34 +72,56 @@ class _ChunkedLinearCE(torch.autograd.Function):
         per_row = (g.expand(n) if g.dim() == 0 else g) * valid.to(acc)
         gh = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
-        gb = torch.zeros(v, dtype=acc, device=weight.device) if bias is not None and ctx.needs_input_grad[2] else None
+        gb = (
+            torch.zeros(v, dtype=acc, device=weight.device)
+            if bias is not None and ctx.needs_input_grad[2]
+            else None
+        )
         for s in range(0, n, chunk):
-            h = hidden[s:s + chunk]
+            h = hidden[s : s + chunk]
             z = _logits(h, weight, bias, softcap, acc)
-            dz = torch.exp(z - lse[s:s + chunk, None])
-            dz[torch.arange(h.shape[0], device=dz.device), safe[s:s + chunk]] += smoothing - 1.0
+            dz = torch.exp(z - lse[s : s + chunk, None])
+            dz[torch.arange(h.shape[0], device=dz.device), safe[s : s + chunk]] += smoothing - 1.0
             if smoothing:
                 dz -= smoothing / v
-            dz *= per_row[s:s + chunk, None]
+            dz *= per_row[s : s + chunk, None]
             if softcap is not None:
                 dz *= 1.0 - (z / softcap) ** 2
             if gh is not None:
-                gh[s:s + chunk] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
+                gh[s : s + chunk] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
             if gw is not None:
                 gw += dz.T @ h.to(acc)
             if gb is not None:
                 gb += dz.sum(0)
-        return (gh, None if gw is None else gw.to(weight.dtype), None if gb is None else gb.to(bias.dtype),
-                None, None, None, None, None, None)
+        return (
+            gh,
+            None if gw is None else gw.to(weight.dtype),
+            None if gb is None else gb.to(bias.dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                         bias: torch.Tensor | None, ignore_index: int, reduction: str, label_smoothing: float,
-                         softcap: float | None, chunk_rows: int | None = None) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    softcap: float | None,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
     """Canonical ``linear_cross_entropy`` kernel: hidden ``[N, H]``, weight ``[V, H]``, target ``[N]`` int64,
     bias ``[V]`` or None -> 0-dim loss or ``[N]`` (reduction "none"), float32 (float64 for float64 inputs).
     ``chunk_rows`` overrides :func:`chunk_rows_for` (tests use it to force many chunks)."""
     n, v = hidden.shape[0], weight.shape[0]
     chunk = chunk_rows if chunk_rows is not None else chunk_rows_for(n, v)
-    return _ChunkedLinearCE.apply(hidden, weight, bias, target, ignore_index, reduction, label_smoothing, softcap,
-                                  max(1, chunk))
+    return _ChunkedLinearCE.apply(
+        hidden, weight, bias, target, ignore_index, reduction, label_smoothing, softcap, max(1, chunk)
+    )

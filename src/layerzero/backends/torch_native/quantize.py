@@ -1,16 +1,17 @@
-"""``torch_native.quantize`` / ``torch_native.dequantize``: the formats of ``lz.quantize`` with vectorized torch ops.
+"""``torch_native.quantize`` / ``torch_native.dequantize``: the formats of ``lz.quantize`` with vectorized
+torch ops.
 
-Same arithmetic as the reference (``backends/reference/quantize.py``: float32 math, one scale formula per format,
-so the codes agree bit for bit), reached differently:
+Same arithmetic as the reference (``backends/reference/quantize.py``: float32 math, one scale formula per
+format, so the codes agree bit for bit), reached differently:
 
-- fp8 elements and NVFP4's E4M3 block scales: torch's native casts (``Tensor.to(torch.float8_e4m3fn)``, round to
-  nearest even) instead of a table search;
-- E2M1 elements: arithmetic instead of a nearest-value search. The grid's step is 0.5 on [0, 2), 1 on [2, 4) and 2
-  on [4, 6], i.e. ``2**(e - 1)`` with ``e = clamp(floor(log2 |y|), 0, 2)`` read from the float32 exponent bits, and
-  the code is ``round(|y| / step) + 2 e``; the code's parity is the parity of ``round(|y| / step)``, so
-  ``torch.round``'s half-to-even is exactly E2M1's ties-to-even-code;
-- MX E8M0 scales: the exponent read from amax's float32 bits (``>> 23``) and ``2**-e`` built from bits, instead
-  of ``frexp`` and a table;
+- fp8 elements and NVFP4's E4M3 block scales: torch's native casts (``Tensor.to(torch.float8_e4m3fn)``, round
+  to nearest even) instead of a table search;
+- E2M1 elements: arithmetic instead of a nearest-value search. The grid's step is 0.5 on [0, 2), 1 on [2, 4)
+  and 2 on [4, 6], i.e. ``2**(e - 1)`` with ``e = clamp(floor(log2 |y|), 0, 2)`` read from the float32
+  exponent bits, and the code is ``round(|y| / step) + 2 e``; the code's parity is the parity of
+  ``round(|y| / step)``, so ``torch.round``'s half-to-even is exactly E2M1's ties-to-even-code;
+- MX E8M0 scales: the exponent read from amax's float32 bits (``>> 23``) and ``2**-e`` built from bits,
+  instead of ``frexp`` and a table;
 - decoding: bit masks (``& 15``, ``>> 4``) and one ``take`` from the 16 signed E2M1 values;
 - int8 / int4: the reference's formulas with in-place ops.
 
@@ -53,8 +54,6 @@ FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16}
 _E2M1_SIGNED = E2M1_VALUES + tuple(-v for v in E2M1_VALUES)  # code c -> value (bit 3 = sign)
 
 
-
-
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """Integer 4-bit codes ``[..., K]`` (K even) -> uint8 ``[..., K/2]``: ``code[2i] | code[2i+1] << 4``."""
     c = codes.to(torch.uint8)
@@ -81,9 +80,11 @@ def _e2m1_decode(data: torch.Tensor) -> torch.Tensor:
     return lut.take(unpack_nibbles(data).long())
 
 
-def quantize(x: torch.Tensor, fmt: QuantFormat, axis: int | None,
-             group_size: int | tuple[int, int] | None) -> QuantizedTensor:
-    """``lz.quantize`` with torch-native casts (canonical args as ``reference.quantize``); bit-identical codes."""
+def quantize(
+    x: torch.Tensor, fmt: QuantFormat, axis: int | None, group_size: int | tuple[int, int] | None
+) -> QuantizedTensor:
+    """``lz.quantize`` with torch-native casts (canonical args as ``reference.quantize``); bit-identical
+    codes."""
     x32 = x.detach().to(F32).contiguous()
     shape = tuple(x.shape)
     gran = format_granularity(fmt, axis, group_size)
@@ -102,7 +103,9 @@ def quantize(x: torch.Tensor, fmt: QuantFormat, axis: int | None,
         scale = scale.reshape(sshape)
     elif fmt is QuantFormat.MXFP4:
         bits = torch.amax(xb.abs(), dim=-1, keepdim=True).view(torch.int32) >> 23  # biased exponent of amax
-        code = (bits - 2).clamp_(0, 254)  # E8M0 code = floor(log2(amax)) - 2 + 127, clamped to [-127, 127] + 127
+        code = (bits - 2).clamp_(
+            0, 254
+        )  # E8M0 code = floor(log2(amax)) - 2 + 127, clamped to [-127, 127] + 127
         inv = ((254 - code) << 23).view(F32)  # 2 ** -(code - 127), a normal float32 for every code <= 253
         y = torch.mul(xb, inv).clamp_(-E2M1_MAX, E2M1_MAX)
         data = pack_nibbles(_e2m1_encode(y).reshape(shape))
@@ -127,10 +130,11 @@ def quantize(x: torch.Tensor, fmt: QuantFormat, axis: int | None,
 
 
 def _e8m0_to_float(code: torch.Tensor) -> torch.Tensor:
-    """uint8 E8M0 codes -> float32 ``2 ** (code - 127)`` built from bits; code 0 is the subnormal 2**-127, 255 NaN."""
+    """uint8 E8M0 codes -> float32 ``2 ** (code - 127)`` built from bits; code 0 is the subnormal 2**-127, 255
+    NaN."""
     c = code.to(torch.int32)
     val = (c << 23).view(F32)
-    val = torch.where(c == 0, 2.0 ** -127, val)
+    val = torch.where(c == 0, 2.0**-127, val)
     return torch.where(c == 255, math.nan, val)
 
 
@@ -155,23 +159,45 @@ def dequantize(qt: QuantizedTensor) -> torch.Tensor:
 
 
 def quantized_linear(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``lz.quantized_linear`` by dequantize-then-GEMM: :func:`dequantize` (the weight in x's dtype, one rounding)
-    and ``F.linear`` (cuBLAS / oneDNN). Writes and reads a float copy of the weight per call: what the fused
-    ``triton.quantized_linear`` avoids."""
+    """``lz.quantized_linear`` by dequantize-then-GEMM: :func:`dequantize` (the weight in x's dtype, one
+    rounding) and ``F.linear`` (cuBLAS / oneDNN). Writes and reads a float copy of the weight per call: what
+    the fused ``triton.quantized_linear`` avoids."""
     return torch.nn.functional.linear(x, dequantize(qt), bias)
 
 
 def kernel_specs() -> tuple[KernelSpec, KernelSpec, KernelSpec]:
-    """The KernelSpecs of quantize, dequantize and quantized_linear: priority 50 (above the reference's 0), CPU /
-    CUDA / XPU (devices with float8 dtypes), every float dtype, deterministic, graph-safe; quantize and dequantize
-    are not differentiable (x is detached), quantized_linear is in x and bias (``F.linear``)."""
-    common = dict(priority=50, device_types=frozenset({"cpu", "cuda", "xpu"}), dtypes=FLOATS, deterministic=True,
-                  graph_safe=True, supports_backward=False)
-    return (KernelSpec("torch_native.quantize", "quantize", quantize,
-                       description="lz.quantize: native float8 casts, E2M1 and E8M0 from float32 bits", **common),
-            KernelSpec("torch_native.dequantize", "dequantize", dequantize,
-                       description="lz.dequantize: native float8 casts, bit-mask 4-bit decoding", **common),
-            KernelSpec("torch_native.quantized_linear", "quantized_linear", quantized_linear,
-                       description="lz.quantized_linear: lz.dequantize's weight in x's dtype, then F.linear "
-                                   "(cuBLAS / oneDNN); differentiable in x and bias",
-                       **{**common, "supports_backward": True}))
+    """The KernelSpecs of quantize, dequantize and quantized_linear: priority 50 (above the reference's 0),
+    CPU / CUDA / XPU (devices with float8 dtypes), every float dtype, deterministic, graph-safe; quantize and
+    dequantize are not differentiable (x is detached), quantized_linear is in x and bias (``F.linear``)."""
+    common = dict(
+        priority=50,
+        device_types=frozenset({"cpu", "cuda", "xpu"}),
+        dtypes=FLOATS,
+        deterministic=True,
+        graph_safe=True,
+        supports_backward=False,
+    )
+    return (
+        KernelSpec(
+            "torch_native.quantize",
+            "quantize",
+            quantize,
+            description="lz.quantize: native float8 casts, E2M1 and E8M0 from float32 bits",
+            **common,
+        ),
+        KernelSpec(
+            "torch_native.dequantize",
+            "dequantize",
+            dequantize,
+            description="lz.dequantize: native float8 casts, bit-mask 4-bit decoding",
+            **common,
+        ),
+        KernelSpec(
+            "torch_native.quantized_linear",
+            "quantized_linear",
+            quantized_linear,
+            description="lz.quantized_linear: lz.dequantize's weight in x's dtype, then F.linear "
+            "(cuBLAS / oneDNN); differentiable in x and bias",
+            **{**common, "supports_backward": True},
+        ),
+    )

@@ -1,12 +1,12 @@
 """``torch_native.sample``: ``lz.sample`` on CPU by inverse-CDF draws, one uniform per row.
 
-The reference's exponential race needs Exp(1) noise for every token of every row, and ``torch.exponential_`` costs
-~17 ns per element on CPU (2.6 ms for one 151,936-token row, ~90% of ``reference.sample``'s time; measured on this
-project's 2-core EPYC VM, torch 2.13). Here an unseeded row draws one ``torch.rand`` uniform ``u`` and takes the
-first token whose running probability exceeds ``u`` times the row's total (``softmax``, ``cumsum``,
-``searchsorted``: a few vectorized passes), an exact draw from the same kept distribution. Seeded rows
-(``seed >= 0``) keep the reference's counter-based exponential race, so they return the reference's tokens
-(batch invariance of seeded requests holds across both kernels); greedy rows the first argmax.
+The reference's exponential race needs Exp(1) noise for every token of every row, and ``torch.exponential_``
+costs ~17 ns per element on CPU (2.6 ms for one 151,936-token row, ~90% of ``reference.sample``'s time;
+measured on this project's 2-core EPYC VM, torch 2.13). Here an unseeded row draws one ``torch.rand`` uniform
+``u`` and takes the first token whose running probability exceeds ``u`` times the row's total (``softmax``,
+``cumsum``, ``searchsorted``: a few vectorized passes), an exact draw from the same kept distribution. Seeded
+rows (``seed >= 0``) keep the reference's counter-based exponential race, so they return the reference's
+tokens (batch invariance of seeded requests holds across both kernels); greedy rows the first argmax.
 """
 
 from __future__ import annotations
@@ -20,11 +20,19 @@ from layerzero.backends._sampling_common import exponential_race, scaled_cut, se
 __all__ = ["sample"]
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k: torch.Tensor | None = None,
-           top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
-           offsets: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Batched per-row sampling with ``reference.sample``'s semantics (vLLM v1 ``Sampler``, Hugging Face warper
-    order: temperature, top-k, top-p, min-p; see its docstring), drawn by inverse CDF for unseeded rows.
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Batched per-row sampling with ``reference.sample``'s semantics (vLLM v1 ``Sampler``, Hugging Face
+    warper order: temperature, top-k, top-p, min-p; see its docstring), drawn by inverse CDF for unseeded
+    rows.
 
     Args:
         logits: ``[B, V]`` float tensor on CPU (float32 math; float64 for float64 logits).
@@ -33,9 +41,10 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | None = None, top_k:
 
     Returns:
         Token ids ``[B]``, int64. Unseeded rows: the first token (in vocabulary order) whose cumulative kept
-        probability exceeds ``u * total``, ``u ~ U[0, 1)``; never a token the cuts removed (a rounding-edge draw
-        past the last kept token, or a row without a finite positive total, falls back to the first argmax of the
-        scaled logits). Seeded rows: the reference's counter-based exponential race (identical tokens).
+        probability exceeds ``u * total``, ``u ~ U[0, 1)``; never a token the cuts removed (a rounding-edge
+        draw past the last kept token, or a row without a finite positive total, falls back to the first
+        argmax of the scaled logits). Seeded rows: the reference's counter-based exponential race (identical
+        tokens).
 
     Raises:
         Nothing of its own (``lz.sample`` validates).

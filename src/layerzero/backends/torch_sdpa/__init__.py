@@ -19,7 +19,14 @@ from .paged import kernel_specs as paged_kernel_specs
 
 def register(registry: KernelRegistry) -> None:
     """Add the torch_sdpa backend (always available: SDPA ships with torch >= 2.5)."""
-    registry.add_backend(BackendSpec("torch_sdpa", "torch", torch.__version__, True,
-                                     description="torch.nn.functional.scaled_dot_product_attention sub-backends"))
+    registry.add_backend(
+        BackendSpec(
+            "torch_sdpa",
+            "torch",
+            torch.__version__,
+            True,
+            description="torch.nn.functional.scaled_dot_product_attention sub-backends",
+        )
+    )
     for spec in (*kernel_specs(), *paged_kernel_specs()):
         registry.add_kernel(spec)

@@ -5,8 +5,8 @@
   ``[B, Hkv, L, D]`` (L = the longest sequence rounded up to whole blocks), zeroes the padding (so NaN in
   unused slots cannot leak through ``0 * NaN``) and makes one SDPA call with a key-padding bool mask and
   ``enable_gqa``; prefill/append gathers each sequence into ``[1, Hkv, kv_len, D]`` and calls SDPA with an
-  explicit bottom-right causal bool mask (``is_causal=True`` when q_len == kv_len, where both alignments agree).
-  Reads index values on the host (``.tolist()`` / ``max``), so not CUDA-graph safe.
+  explicit bottom-right causal bool mask (``is_causal=True`` when q_len == kv_len, where both alignments
+  agree). Reads index values on the host (``.tolist()`` / ``max``), so not CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -27,11 +27,14 @@ FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16}
 
 
 def _read(codes, kv_scale, dtype):
-    """Gathered cache entries -> q's dtype: a quantized cache's codes are dequantized (``codes.float() * scale``,
-    float64 for float64 queries), an unquantized cache's are returned as they are."""
+    """Gathered cache entries -> q's dtype: a quantized cache's codes are dequantized
+    (``codes.float() * scale``, float64 for float64 queries), an unquantized cache's are returned as they
+    are."""
     if codes.dtype not in KV_QUANT_DTYPES:
         return codes
-    return dequantize_kv(codes, kv_scale, torch.float64 if dtype == torch.float64 else torch.float32).to(dtype)
+    return dequantize_kv(codes, kv_scale, torch.float64 if dtype == torch.float64 else torch.float32).to(
+        dtype
+    )
 
 
 def _decode(q, kv_cache, block_tables, seq_lens, scale, layout, k_scale, v_scale):
@@ -49,7 +52,9 @@ def _decode(q, kv_cache, block_tables, seq_lens, scale, layout, k_scale, v_scale
     v = _read(blocks[:, :, 1].reshape(b, nblk * p, hkv, d), v_scale, q.dtype)
     k = torch.where(keep, k, 0).transpose(1, 2)  # [B, Hkv, L, D]
     v = torch.where(keep, v, 0).transpose(1, 2)
-    out = _SDPA(q[:, :, None, :], k, v, valid[:, None, None, :], 0.0, False, scale=scale, enable_gqa=hq != hkv)
+    out = _SDPA(
+        q[:, :, None, :], k, v, valid[:, None, None, :], 0.0, False, scale=scale, enable_gqa=hq != hkv
+    )
     return out[:, :, 0, :]
 
 
@@ -63,11 +68,12 @@ def _gather(cache, block_row, kv_len, p, hkv, d):
     return k.transpose(0, 1)[None], v.transpose(0, 1)[None]
 
 
-def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None,
-                    v_scale=None):
-    """``lz.paged_attention`` through SDPA (canonical args, see :func:`layerzero.ops.paged.prepare`); a quantized
-    cache (float8_e4m3fn / int8) is dequantized to q's dtype after the gather (only the used blocks).
-    q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's dtype."""
+def paged_attention(
+    q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is_causal, kv_layout, k_scale=None, v_scale=None
+):
+    """``lz.paged_attention`` through SDPA (canonical args, see :func:`layerzero.ops.paged.prepare`); a
+    quantized cache (float8_e4m3fn / int8) is dequantized to q's dtype after the gather (only the used
+    blocks). q ``[T, Hq, D]`` -> ``[T, Hq, D]`` in q's dtype."""
     num_tokens, hq, d = q.shape
     if num_tokens == 0:
         return q.new_empty(0, hq, d)
@@ -98,18 +104,29 @@ def paged_attention(q, kv_cache, block_tables, seq_lens, cu_seqlens_q, scale, is
 
 
 def _check(ctx: SelectionContext) -> list[Reason]:
-    """Refuses bfloat16 on an AMX CPU whose ATen dispatch is forced below AVX-512, where SDPA's CPU flash kernel
-    raises (``kernels.amx_below_avx512``)."""
+    """Refuses bfloat16 on an AMX CPU whose ATen dispatch is forced below AVX-512, where SDPA's CPU flash
+    kernel raises (``kernels.amx_below_avx512``)."""
     reason = amx_below_avx512(ctx)
     return [] if reason is None else [reason]
 
 
 def kernel_specs() -> list[KernelSpec]:
     """KernelSpecs of the paged kernels: priority 10 (above the reference's 0), CPU and CUDA, all floats."""
-    common = dict(device_types=frozenset({"cpu", "cuda"}), dtypes=FLOATS, deterministic=True,
-                  kv_cache_dtypes=KV_QUANT_DTYPES)
+    common = dict(
+        device_types=frozenset({"cpu", "cuda"}),
+        dtypes=FLOATS,
+        deterministic=True,
+        kv_cache_dtypes=KV_QUANT_DTYPES,
+    )
     return [
-        KernelSpec("torch_sdpa.paged_attention", "paged_attention", paged_attention, priority=10,
-                   description="paged attention: gather KV per sequence (padded batch for decode) + SDPA",
-                   graph_safe=False, check=_check, **common),
+        KernelSpec(
+            "torch_sdpa.paged_attention",
+            "paged_attention",
+            paged_attention,
+            priority=10,
+            description="paged attention: gather KV per sequence (padded batch for decode) + SDPA",
+            graph_safe=False,
+            check=_check,
+            **common,
+        ),
     ]

@@ -1,20 +1,21 @@
-"""The ``@triton.jit`` code of ``triton.paged_prefill_lse`` and ``triton.merge_attention_states`` (private; imported
-by :mod:`.cascade` on a kernel's first call, after ``import triton`` succeeded).
+"""The ``@triton.jit`` code of ``triton.paged_prefill_lse`` and ``triton.merge_attention_states`` (private;
+imported by :mod:`.cascade` on a kernel's first call, after ``import triton`` succeeded).
 
-``paged_prefill``, a persistent grid over work items (sequence b, token tile m, split s, KV head h) that it derives
-on the device: item (b, m, h) holds the query rows of ``tokens_per_tile`` consecutive new tokens of sequence b times
-the ``group = Hq / Hkv`` query heads of KV head h as one ``[ROWS, D_PAD]`` tile (row r: token ``m * tokens_per_tile + r // group``, head ``h * group + r % group``), so
-the KV of a sequence is read once per tile for every query head sharing it. It runs FlashAttention's online softmax
-(Dao et al. 2022; float32, base 2) over the sequence's KV positions, gathered through ``block_tables`` at any page
-size, with the bottom-right causal mask when ``CAUSAL`` (row token i of q_len sees keys ``j <= kv_len - q_len + i``)
-or none (cascade attention's shared level: every member's query sees the whole shared prefix). It stores the
-normalized output in the output's dtype and the natural-log lse (``-inf`` and 0 for a row that saw no key). Split-K
-(``SPLIT``, FlashDecoding's scheme for few long sequences): a tile's KV positions are cut into splits sized on the
-device from the call's total work, each writing a float32 partial and its base-2 lse;
+``paged_prefill``, a persistent grid over work items (sequence b, token tile m, split s, KV head h) that it
+derives on the device: item (b, m, h) holds the query rows of ``tokens_per_tile`` consecutive new tokens of
+sequence b times the ``group = Hq / Hkv`` query heads of KV head h as one ``[ROWS, D_PAD]`` tile (row r: token
+``m * tokens_per_tile + r // group``, head ``h * group + r % group``), so the KV of a sequence is read once
+per tile for every query head sharing it. It runs FlashAttention's online softmax (Dao et al. 2022; float32,
+base 2) over the sequence's KV positions, gathered through ``block_tables`` at any page size, with the
+bottom-right causal mask when ``CAUSAL`` (row token i of q_len sees keys ``j <= kv_len - q_len + i``) or none
+(cascade attention's shared level: every member's query sees the whole shared prefix). It stores the
+normalized output in the output's dtype and the natural-log lse (``-inf`` and 0 for a row that saw no key).
+Split-K (``SPLIT``, FlashDecoding's scheme for few long sequences): a tile's KV positions are cut into splits
+sized on the device from the call's total work, each writing a float32 partial and its base-2 lse;
 ``_paged_kernels.paged_decode_merge`` (one program per (token, head)) merges them.
 
-``merge_states``, grid ``(T,)``: one program per row merges two attention states of all heads (``[H_PAD, D_PAD]``)
-with weights ``exp(lse - max)`` (FlashInfer's ``merge_state``).
+``merge_states``, grid ``(T,)``: one program per row merges two attention states of all heads
+(``[H_PAD, D_PAD]``) with weights ``exp(lse - max)`` (FlashInfer's ``merge_state``).
 
 Nothing reads a device value on the host: grids and launch arguments come from shapes (graph-safe).
 """
@@ -34,33 +35,80 @@ LOG2E_C = tl.constexpr(1.4426950408889634)
 """ln 2 and log2(e) inside ``@triton.jit`` code: globals read there must be ``tl.constexpr`` instances."""
 
 
-@triton.jit(do_not_specialize=["stride_bt", "page", "group", "tokens_per_tile", "num_heads", "num_kv_heads",
-                               "num_seqs", "target", "min_split_tiles", "max_splits"])
+@triton.jit(
+    do_not_specialize=[
+        "stride_bt",
+        "page",
+        "group",
+        "tokens_per_tile",
+        "num_heads",
+        "num_kv_heads",
+        "num_seqs",
+        "target",
+        "min_split_tiles",
+        "max_splits",
+    ]
+)
 def paged_prefill(
-    q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr,
+    q_ptr,
+    kv_ptr,
+    bt_ptr,
+    lens_ptr,
+    cu_ptr,
+    o_ptr,
+    lse_ptr,
     qk_scale,  # softmax scale * log2(e)
-    k_scale, v_scale,  # a quantized cache's scales: floats, or pointers to one float32 (K_PTR / V_PTR)
-    stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
-    page, group, tokens_per_tile, num_heads, num_kv_heads, num_seqs, target, min_split_tiles, max_splits,
-    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, B_PAD: tl.constexpr,
-    CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, MAX_ITEMS: tl.constexpr,
-    UPCAST: tl.constexpr, SPLIT: tl.constexpr,
-    QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
+    k_scale,
+    v_scale,  # a quantized cache's scales: floats, or pointers to one float32 (K_PTR / V_PTR)
+    stride_qt,
+    stride_qh,
+    stride_blk,
+    stride_kv,
+    stride_pos,
+    stride_head,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    page,
+    group,
+    tokens_per_tile,
+    num_heads,
+    num_kv_heads,
+    num_seqs,
+    target,
+    min_split_tiles,
+    max_splits,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    B_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    MAX_TILES: tl.constexpr,
+    MAX_ITEMS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    SPLIT: tl.constexpr,
+    QUANT: tl.constexpr = False,
+    K_PTR: tl.constexpr = False,
+    V_PTR: tl.constexpr = False,
 ):
-    """See the module docstring. Persistent: every program first derives the work items from ``cu_seqlens_q`` and
-    ``seq_lens`` (``[B_PAD]`` vectors, no host read): sequence b has ``mt_b = ceil(q_len_b / tokens_per_tile)``
-    token tiles (0 without keys) and, with ``SPLIT``, ``sp_b = min(ceil(kv_tiles_b / per), max_splits)`` KV splits,
-    where ``per = max(min_split_tiles, ceil(sum_b mt_b * kv_tiles_b * Hkv / target))`` KV tiles balances the work
-    over about ``target`` items; then program p takes items ``p, p + P, ...`` of the ``sum_b mt_b * sp_b * Hkv``
-    items ((sequence, token tile, split) major, KV head innermost: the heads of one tile in adjacent programs,
-    which read the same cache rows), each found by a prefix-sum search. Empty sequences and padded rows cost
-    nothing, and a group with many query tokens spreads over many programs (one tile each).
+    """See the module docstring. Persistent: every program first derives the work items from ``cu_seqlens_q``
+    and ``seq_lens`` (``[B_PAD]`` vectors, no host read): sequence b has
+    ``mt_b = ceil(q_len_b / tokens_per_tile)`` token tiles (0 without keys) and, with ``SPLIT``, ``sp_b =
+    min(ceil(kv_tiles_b / per), max_splits)`` KV splits, where ``per = max(min_split_tiles, ceil(sum_b mt_b *
+    kv_tiles_b * Hkv /
+    target))`` KV tiles balances the work over about ``target`` items; then program p takes items ``p, p + P,
+    ...`` of the ``sum_b mt_b * sp_b * Hkv`` items ((sequence, token tile, split) major, KV head innermost:
+    the heads of one tile in adjacent programs, which read the same cache rows), each found by a prefix-sum
+    search. Empty sequences and padded rows cost nothing, and a group with many query tokens spreads over many
+    programs (one tile each).
 
     Strides in elements. Without ``SPLIT``: ``o_ptr`` is the output (its dtype, strides ``stride_ot`` /
-    ``stride_oh``), ``lse_ptr`` a contiguous ``[T, num_heads]`` float32 (natural log), both preset to "no key" (0,
-    -inf) by the caller for rows no item covers. With ``SPLIT``: ``o_ptr`` is the float32 workspace ``[T, Hq,
-    max_splits, D]`` and ``lse_ptr`` its ``[T, Hq, max_splits]`` base-2 lse (preset to -inf: unused slots weigh 0),
-    merged by ``_paged_kernels.paged_decode_merge``."""
+    ``stride_oh``), ``lse_ptr`` a contiguous ``[T, num_heads]`` float32 (natural log), both preset to "no key"
+    (0, -inf) by the caller for rows no item covers. With ``SPLIT``: ``o_ptr`` is the float32 workspace
+    ``[T, Hq, max_splits, D]`` and ``lse_ptr`` its ``[T, Hq, max_splits]`` base-2 lse (preset to -inf: unused
+    slots weigh 0), merged by ``_paged_kernels.paged_decode_merge``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     ks = load_scale(k_scale, K_PTR)
@@ -76,16 +124,90 @@ def paged_prefill(
         for i in range(0, MAX_ITEMS):
             w = pid + i * nprog
             if w < total:
-                _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, ks, vs, stride_qt,
-                      stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
-                      page, group, tokens_per_tile, num_heads, num_kv_heads, num_seqs, max_splits, ROWS, HEAD_DIM,
-                      D_PAD, BLOCK_N, B_PAD, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT, QUANT)
+                _item(
+                    w,
+                    per,
+                    q_ptr,
+                    kv_ptr,
+                    bt_ptr,
+                    lens_ptr,
+                    cu_ptr,
+                    o_ptr,
+                    lse_ptr,
+                    qk_scale,
+                    ks,
+                    vs,
+                    stride_qt,
+                    stride_qh,
+                    stride_blk,
+                    stride_kv,
+                    stride_pos,
+                    stride_head,
+                    stride_bt,
+                    stride_ot,
+                    stride_oh,
+                    page,
+                    group,
+                    tokens_per_tile,
+                    num_heads,
+                    num_kv_heads,
+                    num_seqs,
+                    max_splits,
+                    ROWS,
+                    HEAD_DIM,
+                    D_PAD,
+                    BLOCK_N,
+                    B_PAD,
+                    CAUSAL,
+                    INTERPRET,
+                    MAX_TILES,
+                    UPCAST,
+                    SPLIT,
+                    QUANT,
+                )
     else:
         for w in range(pid, total, nprog):
-            _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, ks, vs, stride_qt,
-                  stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page,
-                  group, tokens_per_tile, num_heads, num_kv_heads, num_seqs, max_splits, ROWS, HEAD_DIM, D_PAD,
-                  BLOCK_N, B_PAD, CAUSAL, INTERPRET, MAX_TILES, UPCAST, SPLIT, QUANT)
+            _item(
+                w,
+                per,
+                q_ptr,
+                kv_ptr,
+                bt_ptr,
+                lens_ptr,
+                cu_ptr,
+                o_ptr,
+                lse_ptr,
+                qk_scale,
+                ks,
+                vs,
+                stride_qt,
+                stride_qh,
+                stride_blk,
+                stride_kv,
+                stride_pos,
+                stride_head,
+                stride_bt,
+                stride_ot,
+                stride_oh,
+                page,
+                group,
+                tokens_per_tile,
+                num_heads,
+                num_kv_heads,
+                num_seqs,
+                max_splits,
+                ROWS,
+                HEAD_DIM,
+                D_PAD,
+                BLOCK_N,
+                B_PAD,
+                CAUSAL,
+                INTERPRET,
+                MAX_TILES,
+                UPCAST,
+                SPLIT,
+                QUANT,
+            )
 
 
 @triton.jit
@@ -99,16 +221,51 @@ def _tiles(cu_ptr, lens_ptr, num_seqs, tokens_per_tile, B_PAD: tl.constexpr, BLO
 
 
 @triton.jit
-def _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_scale, ks, vs, stride_qt, stride_qh,
-          stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh, page, group, tokens_per_tile,
-          num_heads, num_kv_heads, num_seqs, max_splits,
-          ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-          B_PAD: tl.constexpr, CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr,
-          UPCAST: tl.constexpr, SPLIT: tl.constexpr, QUANT: tl.constexpr):
-    """Work item ``w`` = ((sequence b's items before it) + m * sp_b + s) * Hkv + h: token tile m of sequence b, KV
-    head h, KV split s (``per`` KV tiles each, the last one shorter; one split covering every key without
-    ``SPLIT``). The per-sequence counts are derived again here from two small (cached) vector loads rather than
-    carried through the KV loop (the H200 timed both the same; this one ran the GPU tests)."""
+def _item(
+    w,
+    per,
+    q_ptr,
+    kv_ptr,
+    bt_ptr,
+    lens_ptr,
+    cu_ptr,
+    o_ptr,
+    lse_ptr,
+    qk_scale,
+    ks,
+    vs,
+    stride_qt,
+    stride_qh,
+    stride_blk,
+    stride_kv,
+    stride_pos,
+    stride_head,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    page,
+    group,
+    tokens_per_tile,
+    num_heads,
+    num_kv_heads,
+    num_seqs,
+    max_splits,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    B_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    MAX_TILES: tl.constexpr,
+    UPCAST: tl.constexpr,
+    SPLIT: tl.constexpr,
+    QUANT: tl.constexpr,
+):
+    """Work item ``w`` = ((sequence b's items before it) + m * sp_b + s) * Hkv + h: token tile m of sequence
+    b, KV head h, KV split s (``per`` KV tiles each, the last one shorter; one split covering every key
+    without ``SPLIT``). The per-sequence counts are derived again here from two small (cached) vector loads
+    rather than carried through the KV loop (the H200 timed both the same; this one ran the GPU tests)."""
     m_tiles, kv_all = _tiles(cu_ptr, lens_ptr, num_seqs, tokens_per_tile, B_PAD, BLOCK_N)
     if SPLIT:
         counts = m_tiles * tl.minimum(tl.cdiv(kv_all, per), max_splits)
@@ -131,20 +288,97 @@ def _item(w, per, q_ptr, kv_ptr, bt_ptr, lens_ptr, cu_ptr, o_ptr, lse_ptr, qk_sc
         split_len = kv_tiles * BLOCK_N
         m = local
         s = 0
-    _rows(m, b, h, s, q0, q_len, kv_len, s * split_len, split_len, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale,
-          ks, vs, stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
-          page, group, tokens_per_tile, num_heads, max_splits, ROWS, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, INTERPRET,
-          MAX_TILES, UPCAST, SPLIT, QUANT)
+    _rows(
+        m,
+        b,
+        h,
+        s,
+        q0,
+        q_len,
+        kv_len,
+        s * split_len,
+        split_len,
+        q_ptr,
+        kv_ptr,
+        bt_ptr,
+        o_ptr,
+        lse_ptr,
+        qk_scale,
+        ks,
+        vs,
+        stride_qt,
+        stride_qh,
+        stride_blk,
+        stride_kv,
+        stride_pos,
+        stride_head,
+        stride_bt,
+        stride_ot,
+        stride_oh,
+        page,
+        group,
+        tokens_per_tile,
+        num_heads,
+        max_splits,
+        ROWS,
+        HEAD_DIM,
+        D_PAD,
+        BLOCK_N,
+        CAUSAL,
+        INTERPRET,
+        MAX_TILES,
+        UPCAST,
+        SPLIT,
+        QUANT,
+    )
 
 
 @triton.jit
-def _rows(m, b, h, s, q0, q_len, kv_len, start, split_len, q_ptr, kv_ptr, bt_ptr, o_ptr, lse_ptr, qk_scale,
-          ks, vs, stride_qt, stride_qh, stride_blk, stride_kv, stride_pos, stride_head, stride_bt, stride_ot, stride_oh,
-          page, group, tokens_per_tile, num_heads, max_splits,
-          ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-          CAUSAL: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr, UPCAST: tl.constexpr,
-          SPLIT: tl.constexpr, QUANT: tl.constexpr):
-    """Token tile m of sequence b, KV head h: its rows over KV positions ``[start, start + split_len)`` (split s)."""
+def _rows(
+    m,
+    b,
+    h,
+    s,
+    q0,
+    q_len,
+    kv_len,
+    start,
+    split_len,
+    q_ptr,
+    kv_ptr,
+    bt_ptr,
+    o_ptr,
+    lse_ptr,
+    qk_scale,
+    ks,
+    vs,
+    stride_qt,
+    stride_qh,
+    stride_blk,
+    stride_kv,
+    stride_pos,
+    stride_head,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    page,
+    group,
+    tokens_per_tile,
+    num_heads,
+    max_splits,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    MAX_TILES: tl.constexpr,
+    UPCAST: tl.constexpr,
+    SPLIT: tl.constexpr,
+    QUANT: tl.constexpr,
+):
+    """Token tile m of sequence b, KV head h: its rows over KV positions ``[start, start + split_len)`` (split
+    s)."""
     first = m * tokens_per_tile
     stop = kv_len
     if CAUSAL:
@@ -156,8 +390,11 @@ def _rows(m, b, h, s, q0, q_len, kv_len, start, split_len, q_ptr, kv_ptr, bt_ptr
     tok = first + r // group
     row_ok = (r < tokens_per_tile * group) & (tok < q_len)
     heads = h * group + r % group
-    q = tl.load(q_ptr + (q0 + tok).to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + (q0 + tok).to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
     limit = kv_len - q_len + tok  # causal: the last key each row sees
@@ -170,13 +407,56 @@ def _rows(m, b, h, s, q0, q_len, kv_len, start, split_len, q_ptr, kv_ptr, bt_ptr
         for i in range(0, MAX_TILES):
             t0 = start + i * BLOCK_N
             if t0 < stop:
-                m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, ks, vs,
-                                      stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL,
-                                      UPCAST, QUANT)
+                m_i, l_i, acc = _tile(
+                    q,
+                    kv_head,
+                    bt_row,
+                    t0,
+                    stop,
+                    limit,
+                    m_i,
+                    l_i,
+                    acc,
+                    qk_scale,
+                    ks,
+                    vs,
+                    stride_blk,
+                    stride_kv,
+                    stride_pos,
+                    page,
+                    HEAD_DIM,
+                    D_PAD,
+                    BLOCK_N,
+                    CAUSAL,
+                    UPCAST,
+                    QUANT,
+                )
     else:
         for t0 in range(start, stop, BLOCK_N):
-            m_i, l_i, acc = _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, ks, vs, stride_blk,
-                                  stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, CAUSAL, UPCAST, QUANT)
+            m_i, l_i, acc = _tile(
+                q,
+                kv_head,
+                bt_row,
+                t0,
+                stop,
+                limit,
+                m_i,
+                l_i,
+                acc,
+                qk_scale,
+                ks,
+                vs,
+                stride_blk,
+                stride_kv,
+                stride_pos,
+                page,
+                HEAD_DIM,
+                D_PAD,
+                BLOCK_N,
+                CAUSAL,
+                UPCAST,
+                QUANT,
+            )
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
@@ -186,21 +466,46 @@ def _rows(m, b, h, s, q0, q_len, kv_len, start, split_len, q_ptr, kv_ptr, bt_ptr
         tl.store(o_ptr + ws[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(lse_ptr + ws, lse2, mask=row_ok)
     else:
-        tl.store(o_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(
+            o_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
         tl.store(lse_ptr + rows * num_heads + heads, lse2 * LN2, mask=row_ok)
 
 
 @triton.jit
-def _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, ks, vs, stride_blk, stride_kv, stride_pos,
-          page, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-          UPCAST: tl.constexpr, QUANT: tl.constexpr):
-    """One online-softmax step over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop`` (and, when ``CAUSAL``,
-    to each row's ``limit``); a row with no key seen yet keeps m = -inf and weight 0 (no NaN). ``QUANT``: the cache
-    holds float8_e4m3fn / int8 codes, dequantized as ``code * scale`` in float32 and rounded to q's dtype (as
-    ``torch_sdpa.paged_attention`` reads them), so both dots keep q's dtype."""
-    pos, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
-                              BLOCK_N)
+def _tile(
+    q,
+    kv_head,
+    bt_row,
+    t0,
+    stop,
+    limit,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    ks,
+    vs,
+    stride_blk,
+    stride_kv,
+    stride_pos,
+    page,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    QUANT: tl.constexpr,
+):
+    """One online-softmax step over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop`` (and, when
+    ``CAUSAL``, to each row's ``limit``); a row with no key seen yet keeps m = -inf and weight 0 (no NaN).
+    ``QUANT``: the cache holds float8_e4m3fn / int8 codes, dequantized as ``code * scale`` in float32 and
+    rounded to q's dtype (as ``torch_sdpa.paged_attention`` reads them), so both dots keep q's dtype."""
+    pos, p_ok, k, v = kv_tile(
+        kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N
+    )
     if QUANT:
         k = (k.to(tl.float32) * ks).to(q.dtype)
         v = (v.to(tl.float32) * vs).to(q.dtype)
@@ -223,14 +528,29 @@ def _tile(q, kv_head, bt_row, t0, stop, limit, m_i, l_i, acc, qk_scale, ks, vs, 
 
 @triton.jit(do_not_specialize=["num_heads"])
 def merge_states(
-    oa_ptr, la_ptr, ob_ptr, lb_ptr, o_ptr, l_ptr,
-    stride_at, stride_ah, stride_bt, stride_bh, stride_ot, stride_oh, stride_lat, stride_lbt,
+    oa_ptr,
+    la_ptr,
+    ob_ptr,
+    lb_ptr,
+    o_ptr,
+    l_ptr,
+    stride_at,
+    stride_ah,
+    stride_bt,
+    stride_bh,
+    stride_ot,
+    stride_oh,
+    stride_lat,
+    stride_lbt,
     num_heads,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, H_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    H_PAD: tl.constexpr,
 ):
-    """One row t: ``out[t] = (w_a out_a[t] + w_b out_b[t]) / (w_a + w_b)``, ``lse[t] = m + log(w_a + w_b)``, with
-    ``w = exp(lse - m)``, ``m = max(lse_a, lse_b)`` per head; both -inf gives 0 and -inf. ``l_ptr`` is a contiguous
-    ``[T, num_heads]`` float32; the lse inputs have unit stride over heads."""
+    """One row t: ``out[t] = (w_a out_a[t] + w_b out_b[t]) / (w_a + w_b)``, ``lse[t] = m + log(w_a +
+    w_b)``, with ``w = exp(lse - m)``, ``m = max(lse_a,
+    lse_b)`` per head; both -inf gives 0 and -inf. ``l_ptr`` is a contiguous ``[T, num_heads]`` float32; the
+    lse inputs have unit stride over heads."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, H_PAD)
     d = tl.arange(0, D_PAD)
@@ -243,12 +563,20 @@ def merge_states(
     wa = tl.exp2((la - mx) * LOG2E_C)
     wb = tl.exp2((lb - mx) * LOG2E_C)
     total = wa + wb
-    oa = tl.load(oa_ptr + t * stride_at + h[:, None] * stride_ah + d[None, :], mask=mask, other=0.0).to(tl.float32)
-    ob = tl.load(ob_ptr + t * stride_bt + h[:, None] * stride_bh + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    oa = tl.load(oa_ptr + t * stride_at + h[:, None] * stride_ah + d[None, :], mask=mask, other=0.0).to(
+        tl.float32
+    )
+    ob = tl.load(ob_ptr + t * stride_bt + h[:, None] * stride_bh + d[None, :], mask=mask, other=0.0).to(
+        tl.float32
+    )
     safe = tl.where(total > 0.0, total, 1.0)
     # a state of weight 0 contributes nothing, even a NaN output row
-    out = (tl.where(wa[:, None] > 0.0, oa * wa[:, None], 0.0) + tl.where(wb[:, None] > 0.0, ob * wb[:, None], 0.0)
-           ) / safe[:, None]
+    out = (
+        tl.where(wa[:, None] > 0.0, oa * wa[:, None], 0.0)
+        + tl.where(wb[:, None] > 0.0, ob * wb[:, None], 0.0)
+    ) / safe[:, None]
     lse = tl.where(total > 0.0, mx + tl.log2(safe) * LN2, float("-inf"))
-    tl.store(o_ptr + t * stride_ot + h[:, None] * stride_oh + d[None, :], out.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        o_ptr + t * stride_ot + h[:, None] * stride_oh + d[None, :], out.to(o_ptr.dtype.element_ty), mask=mask
+    )
     tl.store(l_ptr + t * num_heads + h, lse, mask=h_ok)

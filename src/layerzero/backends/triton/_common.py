@@ -58,14 +58,21 @@ def rows_2d(t: torch.Tensor, name: str, kernel_id: str) -> torch.Tensor:
     try:
         return t.view(-1, n)
     except RuntimeError:
-        log.debug("%s: %s with strides %s cannot be viewed as [rows, %d]; copying it to contiguous memory",
-                  kernel_id, name, tuple(t.stride()), n)
+        log.debug(
+            "%s: %s with strides %s cannot be viewed as [rows, %d]; copying it to contiguous memory",
+            kernel_id,
+            name,
+            tuple(t.stride()),
+            n,
+        )
         return t.reshape(-1, n)
 
 
-def projection_out(x: torch.Tensor, n: int, kernel_id: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A projection's output ``[..., N]`` (new, x's dtype and device) and the 2-D views its kernel reads and writes:
-    ``(out, x [rows, K], out [rows, N])`` (see :func:`rows_2d`)."""
+def projection_out(
+    x: torch.Tensor, n: int, kernel_id: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A projection's output ``[..., N]`` (new, x's dtype and device) and the 2-D views its kernel reads and
+    writes: ``(out, x [rows, K], out [rows, N])`` (see :func:`rows_2d`)."""
     out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
     return out, rows_2d(x, "x", kernel_id), out.view(-1, n)
 
@@ -97,8 +104,9 @@ def missing(kernel_id: str, why: str) -> Callable[..., Any]:
 
 
 def kernel_scale(scale: Any) -> Any:
-    """A quantized KV cache's scale as our Triton kernels take it: a tensor as is (a pointer, read on the device:
-    graph replays see later values), a number as a float, None as 1.0 (``core.kv_quant``'s default)."""
+    """A quantized KV cache's scale as our Triton kernels take it: a tensor as is (a pointer, read on the
+    device: graph replays see later values), a number as a float, None as 1.0 (``core.kv_quant``'s
+    default)."""
     if scale is None:
         return 1.0
     return scale if isinstance(scale, torch.Tensor) else float(scale)

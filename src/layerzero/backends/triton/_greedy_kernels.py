@@ -1,23 +1,26 @@
-"""``triton.sample_greedy``: the first argmax of each row of logits, split over vocabulary chunks. Imported only after
-``import triton`` succeeded.
+"""``triton.sample_greedy``: the first argmax of each row of logits, split over vocabulary chunks. Imported
+only after ``import triton`` succeeded.
 
 A row's ``n_cols`` columns are cut into ``n_chunks`` contiguous chunks of ``chunk_len`` columns (a multiple of
 ``BLOCK``; the last chunk is shorter). Two launches:
 
-1. ``_greedy_chunk`` ``(rows, chunks)``: one program per chunk streams it in ``BLOCK``-element tiles, keeping per
-   lane (tile position) the largest value seen, the first column holding it, and the first NaN column. At the end the
-   lanes are reduced to the chunk's partial: ``(NaN, first NaN column)`` when the chunk holds a NaN, else ``(max,
-   first column of the max)``; a float32 value and an int32 column per chunk in ``PV`` / ``PI`` ``[rows, n_chunks]``.
-   With ``DIRECT`` (one chunk per row) the program writes the answer to ``OUT`` instead and there is no second launch.
-2. ``_greedy_merge`` ``(rows,)``: the first chunk holding a NaN wins (its column is the row's first NaN); else the
-   first chunk holding the largest partial (chunks are in column order, so that is the row's first maximum).
+1. ``_greedy_chunk`` ``(rows, chunks)``: one program per chunk streams it in ``BLOCK``-element tiles, keeping
+   per lane (tile position) the largest value seen, the first column holding it, and the first NaN column. At
+   the end the lanes are reduced to the chunk's partial: ``(NaN, first NaN column)`` when the chunk holds a
+   NaN, else ``(max, first column of the max)``; a float32 value and an int32 column per chunk in ``PV`` /
+   ``PI`` ``[rows, n_chunks]``. With ``DIRECT`` (one chunk per row) the program writes the answer to ``OUT``
+   instead and there is no second launch.
+2. ``_greedy_merge`` ``(rows,)``: the first chunk holding a NaN wins (its column is the row's first NaN); else
+   the first chunk holding the largest partial (chunks are in column order, so that is the row's first
+   maximum).
 
-NaN never takes part in a comparison that decides the maximum: the running update is ``x > best``, false for a NaN
-``x``, and NaN partials are replaced by ``-inf`` before the merge's ``tl.max``. So the result does not depend on
-whether a ``max`` ignores or propagates NaN (CUDA's ``maxnum`` ignores it; Triton's CPU interpreter's ``np.maximum``
-propagates it). Ties: a lane keeps its first column (strictly greater replaces), the lanes' reduction takes the
-smallest column among lanes holding the maximum, the merge the first chunk. An all ``-inf`` chunk reports its first
-column (lanes start at their own first column with ``-inf``), so an all ``-inf`` row gives 0.
+NaN never takes part in a comparison that decides the maximum: the running update is ``x > best``, false for a
+NaN ``x``, and NaN partials are replaced by ``-inf`` before the merge's ``tl.max``. So the result does not
+depend on whether a ``max`` ignores or propagates NaN (CUDA's ``maxnum`` ignores it; Triton's CPU
+interpreter's ``np.maximum`` propagates it). Ties: a lane keeps its first column (strictly greater replaces),
+the lanes' reduction takes the smallest column among lanes holding the maximum, the merge the first chunk. An
+all ``-inf`` chunk reports its first column (lanes start at their own first column with ``-inf``), so an all
+``-inf`` row gives 0.
 """
 
 from __future__ import annotations
@@ -31,8 +34,21 @@ _NONE = tl.constexpr(2147483647)  # int32 max: "no column" in the minimum reduct
 
 
 @triton.jit
-def _greedy_chunk(X, PV, PI, OUT, stride_r, stride_c, n_cols, chunk_len, n_chunks, BLOCK: tl.constexpr,
-                  CONTIG: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr = False):
+def _greedy_chunk(
+    X,
+    PV,
+    PI,
+    OUT,
+    stride_r,
+    stride_c,
+    n_cols,
+    chunk_len,
+    n_chunks,
+    BLOCK: tl.constexpr,
+    CONTIG: tl.constexpr,
+    DIRECT: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     gdc_enter(PDL)  # PDL-launched: wait for the kernel that wrote the logits before reading them
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)

@@ -2,10 +2,10 @@
 
 One program per row. Rows up to ``ONE_PASS_MAX`` elements are held in registers (one read of x); longer rows
 (up to 65536) are tiled: a first loop accumulates the float32 sum of squares, a second reloads the row and
-writes y (and h). Rounding follows Hugging Face ``LlamaRMSNorm`` (the reference's ``cast_before_weight=True``):
-``n = x_f32 * rsqrt(mean(x_f32^2) + eps)`` is rounded to x's dtype, then multiplied by the weight in float32
-and rounded once more to x's dtype. With a residual, ``h = x + r`` is rounded to x's dtype first and the norm
-is taken of the rounded h (as a model's residual stream stores it).
+writes y (and h). Rounding follows Hugging Face ``LlamaRMSNorm`` (the reference's
+``cast_before_weight=True``): ``n = x_f32 * rsqrt(mean(x_f32^2) + eps)`` is rounded to x's dtype, then
+multiplied by the weight in float32 and rounded once more to x's dtype. With a residual, ``h = x + r`` is
+rounded to x's dtype first and the norm is taken of the rounded h (as a model's residual stream stores it).
 """
 
 from __future__ import annotations
@@ -22,8 +22,24 @@ TILE = 4096
 
 
 @triton.jit
-def _rms_norm_fwd(X, R, W, Y, H, stride_x, stride_r, stride_y, stride_h, stride_w, n_cols, eps,
-                  HAS_RES: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _rms_norm_fwd(
+    X,
+    R,
+    W,
+    Y,
+    H,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_h,
+    stride_w,
+    n_cols,
+    eps,
+    HAS_RES: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x

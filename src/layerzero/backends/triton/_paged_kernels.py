@@ -3,29 +3,29 @@ triton`` succeeded). Split-K paged decode attention after FlashDecoding (Dao, Ha
 "Flash-Decoding for long-context inference") and vLLM's ``triton_decode_attention`` (two stages).
 
 Stage 1, grid ``(B, Hkv, S)``: program (b, h, s) takes the ``group = Hq / Hkv`` query heads of KV head h as
-one ``[GROUP_PAD, D_PAD]`` tile and runs an online softmax (float32, base 2) over the ``BLOCK_N``-position tiles
-s, s + S, s + 2S, ... of sequence b below its ``seq_len`` (tiles interleaved over the splits: the split count
-comes from the block table's width, an upper bound, and contiguous ranges of it left every split but the first
-idle for sequences much shorter than the width, as in a CUDA graph sized for the longest one). Each
+one ``[GROUP_PAD, D_PAD]`` tile and runs an online softmax (float32, base 2) over the ``BLOCK_N``-position
+tiles s, s + S, s + 2S, ... of sequence b below its ``seq_len`` (tiles interleaved over the splits: the split
+count comes from the block table's width, an upper bound, and contiguous ranges of it left every split but the
+first idle for sequences much shorter than the width, as in a CUDA graph sized for the longest one). Each
 position t is gathered through ``block_tables[b, t // P]`` at offset ``t % P`` (any page size P); loads of
 positions ``>= seq_len`` (block ids included) are masked, so unused pages, unused slots and padding ids in
 ``block_tables`` are never read. With ``ONE_PASS`` (at most 4 tiles a split, ``CHUNKS`` of them: 1, 2 or 4) a
-program gathers all its tiles at once with no loop: the block ids below ``table_len`` (the table's width: the load
-does not wait for ``seq_len``; ids past the sequence's blocks are read, never dereferenced), then every K / V tile
-below ``seq_len``, then the online-softmax steps of the tiles that hold positions (``pass_ids`` / ``pass_kv`` /
-``attend_pass``, shared with ``_rope_paged_kernels``). It writes the normalized partial output ``[group, D]`` and its log2-sum-exp
-to the float32 workspace; an empty split writes only its lse, ``-inf`` (the merge drops every partial whose lse is
-``-inf``, whatever its slot holds).
+program gathers all its tiles at once with no loop: the block ids below ``table_len`` (the table's width: the
+load does not wait for ``seq_len``; ids past the sequence's blocks are read, never dereferenced), then every K
+/ V tile below ``seq_len``, then the online-softmax steps of the tiles that hold positions (``pass_ids`` /
+``pass_kv`` / ``attend_pass``, shared with ``_rope_paged_kernels``). It writes the normalized partial output
+``[group, D]`` and its log2-sum-exp to the float32 workspace; an empty split writes only its lse, ``-inf``
+(the merge drops every partial whose lse is ``-inf``, whatever its slot holds).
 
-With one split (large batches: the grid is full without splitting) stage 1 stores the normalized output directly
-in the output's dtype and stage 2 is not launched. With ``FUSED_MERGE`` (eager calls) stage 1's last split of each
-(sequence, KV head) merges, and stage 2 is not launched either (see ``paged_decode_split``).
+With one split (large batches: the grid is full without splitting) stage 1 stores the normalized output
+directly in the output's dtype and stage 2 is not launched. With ``FUSED_MERGE`` (eager calls) stage 1's last
+split of each (sequence, KV head) merges, and stage 2 is not launched either (see ``paged_decode_split``).
 
 Stage 2, grid ``(B, Hq)``: merges the S partials of one (sequence, query head) with weights
 ``2^(lse_s - max lse)`` (empty splits weigh 0) and stores the result in the output's dtype.
 
-A quantized cache (float8_e4m3fn / int8 codes, ``QUANT``) is dequantized in the tile loop as ``code * scale`` with the
-per-tensor scales read once per program (floats or device pointers), then both dots run in float32.
+A quantized cache (float8_e4m3fn / int8 codes, ``QUANT``) is dequantized in the tile loop as ``code * scale``
+with the per-tensor scales read once per program (floats or device pointers), then both dots run in float32.
 
 Nothing here reads a device value on the host: the grid and every launch argument come from shapes, so a
 launch can be captured in a CUDA graph.
@@ -44,10 +44,21 @@ LN2 = tl.constexpr(0.6931471805599453)  # used inside @triton.jit: a constexpr g
 
 
 @triton.jit
-def kv_at(kv_head, blk, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD_DIM: tl.constexpr,
-          D_PAD: tl.constexpr):
-    """K and V ``[len(pos), D_PAD]`` at KV positions ``pos`` whose block ids ``blk`` are read already (position t at
-    block ``blk``, offset ``t % page``); positions not in ``p_ok`` load nothing (0). Returns ``(k, v)``."""
+def kv_at(
+    kv_head,
+    blk,
+    pos,
+    p_ok,
+    stride_blk,
+    stride_kv,
+    stride_pos,
+    page,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+):
+    """K and V ``[len(pos), D_PAD]`` at KV positions ``pos`` whose block ids ``blk`` are read already
+    (position t at block ``blk``, offset ``t % page``); positions not in ``p_ok`` load nothing (0). Returns
+    ``(k, v)``."""
     d = tl.arange(0, D_PAD)
     base = kv_head + blk.to(tl.int64) * stride_blk + (pos % page).to(tl.int64) * stride_pos
     mask = p_ok[:, None] & (d < HEAD_DIM)[None, :]
@@ -57,11 +68,23 @@ def kv_at(kv_head, blk, pos, p_ok, stride_blk, stride_kv, stride_pos, page, HEAD
 
 
 @triton.jit
-def kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page,
-            HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, skip=-1):
-    """K and V ``[BLOCK_N, D_PAD]`` of KV positions ``[t0, t0 + BLOCK_N)`` of one sequence and KV head, gathered
-    through its block-table row (:func:`kv_at`); positions ``>= stop`` (and their block ids) and position ``skip``
-    load nothing (0). Returns ``(positions, mask of the positions loaded, k, v)``."""
+def kv_tile(
+    kv_head,
+    bt_row,
+    t0,
+    stop,
+    stride_blk,
+    stride_kv,
+    stride_pos,
+    page,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    skip=-1,
+):
+    """K and V ``[BLOCK_N, D_PAD]`` of KV positions ``[t0, t0 + BLOCK_N)`` of one sequence and KV head,
+    gathered through its block-table row (:func:`kv_at`); positions ``>= stop`` (and their block ids) and
+    position ``skip`` load nothing (0). Returns ``(positions, mask of the positions loaded, k, v)``."""
     pos = t0 + tl.arange(0, BLOCK_N)
     p_ok = (pos < stop) & (pos != skip)
     blk = tl.load(bt_row + pos // page, mask=p_ok, other=0)
@@ -71,11 +94,12 @@ def kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page,
 
 @triton.jit
 def _attend_kv(q, k, v, p_ok, m_i, l_i, acc, qk_scale, ks, vs, UPCAST: tl.constexpr, QUANT: tl.constexpr):
-    """One online-softmax step over a K / V tile ``[BLOCK_N, D_PAD]`` whose positions ``p_ok`` are valid: returns the
-    updated ``(m, l, acc)``; a tile with no valid position changes nothing (the running max stays ``-inf``: the
-    exponentials are taken against 0 there, so no ``-inf - -inf``). ``UPCAST``: both dots in float32 (the interpreter's ``tl.dot`` misreads
-    bfloat16 operands). ``QUANT``: the cache holds float8_e4m3fn / int8 codes, read as ``code * scale`` in float32
-    (``core.kv_quant.dequantize_kv``; the caller sets ``UPCAST`` too, so both dots run in float32)."""
+    """One online-softmax step over a K / V tile ``[BLOCK_N, D_PAD]`` whose positions ``p_ok`` are valid:
+    returns the updated ``(m, l, acc)``; a tile with no valid position changes nothing (the running max stays
+    ``-inf``: the exponentials are taken against 0 there, so no ``-inf - -inf``). ``UPCAST``: both dots in
+    float32 (the interpreter's ``tl.dot`` misreads bfloat16 operands). ``QUANT``: the cache holds
+    float8_e4m3fn / int8 codes, read as ``code * scale`` in float32 (``core.kv_quant.dequantize_kv``; the
+    caller sets ``UPCAST`` too, so both dots run in float32)."""
     if QUANT:
         k = k.to(tl.float32) * ks
         v = v.to(tl.float32) * vs
@@ -94,31 +118,52 @@ def _attend_kv(q, k, v, p_ok, m_i, l_i, acc, qk_scale, ks, vs, UPCAST: tl.conste
 
 
 @triton.jit
-def _attend_tile(q, kv_head, bt_row, t0, stop, m_i, l_i, acc, qk_scale, ks, vs,
-                 stride_blk, stride_kv, stride_pos, page,
-                 HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                 UPCAST: tl.constexpr, QUANT: tl.constexpr, skip=-1):
-    """:func:`_attend_kv` over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop``, gathered through the block
-    table (:func:`kv_tile`: positions ``>= stop`` and position ``skip`` load nothing; a tile left with no position
-    changes nothing)."""
-    _, p_ok, k, v = kv_tile(kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD,
-                            BLOCK_N, skip)
+def _attend_tile(
+    q,
+    kv_head,
+    bt_row,
+    t0,
+    stop,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    ks,
+    vs,
+    stride_blk,
+    stride_kv,
+    stride_pos,
+    page,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    QUANT: tl.constexpr,
+    skip=-1,
+):
+    """:func:`_attend_kv` over KV positions ``[t0, t0 + BLOCK_N)`` clipped to ``stop``, gathered through the
+    block table (:func:`kv_tile`: positions ``>= stop`` and position ``skip`` load nothing; a tile left with
+    no position changes nothing)."""
+    _, p_ok, k, v = kv_tile(
+        kv_head, bt_row, t0, stop, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, skip
+    )
     return _attend_kv(q, k, v, p_ok, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
 
 
 @triton.jit
 def _ids(bt_row, t0, table_len, page, BLOCK_N: tl.constexpr):
-    """``(positions [t0, t0 + BLOCK_N), their block ids)``: ids read below ``table_len`` (the block table's width:
-    no wait for ``seq_len``), the rest 0."""
+    """``(positions [t0, t0 + BLOCK_N), their block
+    ids)``: ids read below ``table_len`` (the block table's width: no wait for ``seq_len``), the rest 0."""
     pos = t0 + tl.arange(0, BLOCK_N)
     return pos, tl.load(bt_row + pos // page, mask=pos < table_len, other=0)
 
 
 @triton.jit
 def pass_ids(bt_row, t0, step, table_len, page, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr):
-    """``ONE_PASS``'s first loads: positions and block ids of the ``CHUNKS`` (1, 2 or 4) ``BLOCK_N``-position tiles
-    ``t0, t0 + step, ...`` of one split (ids below ``table_len``: no wait for ``seq_len``). Returns four
-    ``(positions, ids)``; past ``CHUNKS`` they repeat the first (:func:`pass_kv` reads only ``CHUNKS`` of them)."""
+    """``ONE_PASS``'s first loads: positions and block ids of the ``CHUNKS`` (1, 2 or 4) ``BLOCK_N``-position
+    tiles ``t0, t0 + step, ...`` of one split (ids below ``table_len``: no wait for ``seq_len``). Returns four
+    ``(positions, ids)``; past ``CHUNKS`` they repeat the first (:func:`pass_kv` reads only ``CHUNKS`` of
+    them)."""
     p0, b0 = _ids(bt_row, t0, table_len, page, BLOCK_N)
     p1, b1, p2, b2, p3, b3 = p0, b0, p0, b0, p0, b0
     if CHUNKS > 1:
@@ -130,10 +175,29 @@ def pass_ids(bt_row, t0, step, table_len, page, BLOCK_N: tl.constexpr, CHUNKS: t
 
 
 @triton.jit
-def pass_kv(kv_head, p0, b0, p1, b1, p2, b2, p3, b3, stop, skip, stride_blk, stride_kv, stride_pos, page,
-            HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, CHUNKS: tl.constexpr):
-    """``ONE_PASS``'s K / V gathers of :func:`pass_ids`' tiles (positions below ``stop``, but ``skip``), all issued
-    before any is used. Returns ``(mask, k, v)`` of four tiles; past ``CHUNKS`` they repeat the first."""
+def pass_kv(
+    kv_head,
+    p0,
+    b0,
+    p1,
+    b1,
+    p2,
+    b2,
+    p3,
+    b3,
+    stop,
+    skip,
+    stride_blk,
+    stride_kv,
+    stride_pos,
+    page,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """``ONE_PASS``'s K / V gathers of :func:`pass_ids`' tiles (positions below ``stop``, but ``skip``), all
+    issued before any is used. Returns ``(mask, k, v)`` of four tiles; past ``CHUNKS`` they repeat the
+    first."""
     c0 = (p0 < stop) & (p0 != skip)
     k0, v0 = kv_at(kv_head, b0, p0, c0, stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD)
     c1, k1, v1, c2, k2, v2, c3, k3, v3 = c0, k0, v0, c0, k0, v0, c0, k0, v0
@@ -150,19 +214,46 @@ def pass_kv(kv_head, p0, b0, p1, b1, p2, b2, p3, b3, stop, skip, stride_blk, str
 
 @triton.jit
 def _put_row(p, c, k, v, newest, kn, vn):
-    """One :func:`pass_kv` tile gathered without position ``newest``: its row there becomes ``kn`` / ``vn`` (when the
-    tile holds that position). Returns ``(mask, k, v)``."""
+    """One :func:`pass_kv` tile gathered without position ``newest``: its row there becomes ``kn`` / ``vn``
+    (when the tile holds that position). Returns ``(mask, k, v)``."""
     is_new = p == newest
     return c | is_new, tl.where(is_new[:, None], kn[None, :], k), tl.where(is_new[:, None], vn[None, :], v)
 
 
 @triton.jit
-def pass_newest(kv_head, blk, newest, here, p0, p1, p2, p3, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3,
-                stride_blk, stride_kv, stride_pos, page, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                CHUNKS: tl.constexpr):
-    """``EARLY``'s last K / V loads: position ``newest`` (block id ``blk``, the one the kernel just before writes) read
-    now, by the split that holds it (``here``), as one K and one V row, and put into :func:`pass_kv`'s tiles, which
-    were gathered before the PDL wait without it. Returns ``pass_kv``'s ``(mask, k, v)`` x 4."""
+def pass_newest(
+    kv_head,
+    blk,
+    newest,
+    here,
+    p0,
+    p1,
+    p2,
+    p3,
+    c0,
+    k0,
+    v0,
+    c1,
+    k1,
+    v1,
+    c2,
+    k2,
+    v2,
+    c3,
+    k3,
+    v3,
+    stride_blk,
+    stride_kv,
+    stride_pos,
+    page,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """``EARLY``'s last K / V loads: position ``newest`` (block id ``blk``, the one the kernel just before
+    writes) read now, by the split that holds it (``here``), as one K and one V row, and put into
+    :func:`pass_kv`'s tiles, which were gathered before the PDL wait without it. Returns ``pass_kv``'s
+    ``(mask, k, v)`` x 4."""
     d = tl.arange(0, D_PAD)
     row = kv_head + blk.to(tl.int64) * stride_blk + (newest % page).to(tl.int64) * stride_pos + d
     ok = (d < HEAD_DIM) & here
@@ -178,9 +269,35 @@ def pass_newest(kv_head, blk, newest, here, p0, p1, p2, p3, c0, k0, v0, c1, k1, 
 
 
 @triton.jit
-def attend_pass(q, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3, t0, step, stop, m_i, l_i, acc, qk_scale, ks, vs,
-                UPCAST: tl.constexpr, QUANT: tl.constexpr, CHUNKS: tl.constexpr):
-    """:func:`_attend_kv` over :func:`pass_kv`'s tiles that start below ``stop`` (the rest hold no position)."""
+def attend_pass(
+    q,
+    c0,
+    k0,
+    v0,
+    c1,
+    k1,
+    v1,
+    c2,
+    k2,
+    v2,
+    c3,
+    k3,
+    v3,
+    t0,
+    step,
+    stop,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    ks,
+    vs,
+    UPCAST: tl.constexpr,
+    QUANT: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
+    """:func:`_attend_kv` over :func:`pass_kv`'s tiles that start below ``stop`` (the rest hold no
+    position)."""
     if t0 < stop:
         m_i, l_i, acc = _attend_kv(q, k0, v0, c0, m_i, l_i, acc, qk_scale, ks, vs, UPCAST, QUANT)
     if CHUNKS > 1:
@@ -194,38 +311,74 @@ def attend_pass(q, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3, t0, step, sto
     return m_i, l_i, acc
 
 
-@triton.jit(do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "table_len", "stride_lb"])
+@triton.jit(
+    do_not_specialize=["stride_bt", "split_len", "page", "group", "num_splits", "table_len", "stride_lb"]
+)
 def paged_decode_split(
-    q_ptr, kv_ptr, bt_ptr, lens_ptr, ws_out_ptr, ws_lse_ptr, lse_out_ptr, o_ptr, cnt_ptr,
+    q_ptr,
+    kv_ptr,
+    bt_ptr,
+    lens_ptr,
+    ws_out_ptr,
+    ws_lse_ptr,
+    lse_out_ptr,
+    o_ptr,
+    cnt_ptr,
     qk_scale,  # softmax scale * log2(e)
-    k_scale, v_scale,  # a quantized cache's scales: floats, or pointers to one float32 (K_PTR / V_PTR)
-    stride_qb, stride_qh,
-    stride_blk, stride_kv, stride_pos, stride_head,
-    stride_bt, split_len, page, group, num_splits,  # split_len: tokens per split at most (the interpreter's bound)
-    table_len,  # the block table's width in tokens (M * P): ONE_PASS reads block ids below it, seq_len unknown yet
-    stride_wb, stride_wh, stride_ws,  # workspace out [B, Hq, S, D] (contiguous); DIRECT: the output's strides
+    k_scale,
+    v_scale,  # a quantized cache's scales: floats, or pointers to one float32 (K_PTR / V_PTR)
+    stride_qb,
+    stride_qh,
+    stride_blk,
+    stride_kv,
+    stride_pos,
+    stride_head,
+    stride_bt,
+    split_len,
+    page,
+    group,
+    num_splits,  # split_len: tokens per split at most (the interpreter's bound)
+    # the block table's width in tokens (M * P): ONE_PASS reads block ids below it, seq_len unknown yet
+    table_len,
+    stride_wb,
+    stride_wh,
+    stride_ws,  # workspace out [B, Hq, S, D] (contiguous); DIRECT: the output's strides
     stride_lb,  # workspace lse [B, Hq, S] (contiguous): Hq * S
-    GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    INTERPRET: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr,
-    QUANT: tl.constexpr = False, K_PTR: tl.constexpr = False, V_PTR: tl.constexpr = False,
-    WRITE_LSE: tl.constexpr = False, FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
-    PDL: tl.constexpr = False, CHUNKS: tl.constexpr = 1, ONE_PASS: tl.constexpr = False, EARLY: tl.constexpr = False,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    TILES_PER_SPLIT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DIRECT: tl.constexpr,
+    QUANT: tl.constexpr = False,
+    K_PTR: tl.constexpr = False,
+    V_PTR: tl.constexpr = False,
+    WRITE_LSE: tl.constexpr = False,
+    FUSED_MERGE: tl.constexpr = False,
+    S_PAD: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
+    CHUNKS: tl.constexpr = 1,
+    ONE_PASS: tl.constexpr = False,
+    EARLY: tl.constexpr = False,
     TRIGGER_FIRST: tl.constexpr = False,
 ):
-    """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is the
-    output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype, no stage 2;
-    with ``WRITE_LSE`` its natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32).
+    """Stage 1 (see the module docstring). Strides are in elements. ``DIRECT`` (one split): ``ws_out_ptr`` is
+    the output ``[B, Hq, D]`` itself (``stride_ws`` unused), the normalized result is stored in its dtype, no
+    stage 2; with ``WRITE_LSE`` its natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32).
 
-    ``FUSED_MERGE`` (several splits): no stage 2 either. ``cnt_ptr`` is an int32 counter per (sequence, KV head),
-    ``[B, Hkv]`` row-major, 0 at launch; each program stores its partial, then (CTA barrier, one acq_rel atomic at
-    GPU scope: CUTLASS's serial split-K semaphore) counts itself done, and the program that counts last merges the
-    group's ``num_splits`` partials into ``o_ptr`` (contiguous ``[B, Hq, D]``) as stage 2 would, reading the
-    workspace through L2 (``.cg``), then puts the counter back to 0 for the next launch.
+    ``FUSED_MERGE`` (several splits): no stage 2 either. ``cnt_ptr`` is an int32 counter per (sequence, KV
+    head), ``[B, Hkv]`` row-major, 0 at launch; each program stores its partial, then (CTA barrier, one
+    acq_rel atomic at GPU scope: CUTLASS's serial split-K semaphore) counts itself done, and the program that
+    counts last merges the group's ``num_splits`` partials into ``o_ptr`` (contiguous ``[B, Hq, D]``) as stage
+    2 would, reading the workspace through L2 (``.cg``), then puts the counter back to 0 for the next launch.
 
-    ``EARLY`` (with ``ONE_PASS``): the PDL wait comes after ``seq_len``, the block ids and every K / V position but the
-    newest (``seq_len - 1``) are loaded: step metadata and cache rows of earlier steps, which the kernel just before
-    (a decode step's KV write: it writes each sequence's newest position only) cannot have written (``_gdc_kernels``);
-    the queries and the newest position's K / V are read after it. Then the K / V loads (HBM) overlap that kernel."""
+    ``EARLY`` (with ``ONE_PASS``): the PDL wait comes after ``seq_len``, the block ids and every K / V
+    position but the newest (``seq_len - 1``) are loaded: step metadata and cache rows of earlier steps, which
+    the kernel just before (a decode step's KV write: it writes each sequence's newest position only) cannot
+    have written (``_gdc_kernels``); the queries and the newest position's K / V are read after it. Then the K
+    / V loads (HBM) overlap that kernel."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -237,15 +390,60 @@ def paged_decode_split(
         step = num_splits * BLOCK_N
         p0, b0, p1, b1, p2, b2, p3, b3 = pass_ids(bt_row, t0, step, table_len, page, BLOCK_N, CHUNKS)
         c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3 = pass_kv(
-            kv_head, p0, b0, p1, b1, p2, b2, p3, b3, seq_len, seq_len - 1, stride_blk, stride_kv, stride_pos, page,
-            HEAD_DIM, D_PAD, CHUNKS)
+            kv_head,
+            p0,
+            b0,
+            p1,
+            b1,
+            p2,
+            b2,
+            p3,
+            b3,
+            seq_len,
+            seq_len - 1,
+            stride_blk,
+            stride_kv,
+            stride_pos,
+            page,
+            HEAD_DIM,
+            D_PAD,
+            CHUNKS,
+        )
         newest = seq_len - 1
         here = (newest >= 0) & ((newest // BLOCK_N) % num_splits == s)  # this split holds the newest position
         blk_new = tl.load(bt_row + newest // page, mask=here, other=0)
-        gdc_enter(PDL, TRIGGER_FIRST)  # PDL-launched: wait for the previous kernel, then read q and the newest K / V
+        gdc_enter(
+            PDL, TRIGGER_FIRST
+        )  # PDL-launched: wait for the previous kernel, then read q and the newest K / V
         c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3 = pass_newest(
-            kv_head, blk_new, newest, here, p0, p1, p2, p3, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3,
-            stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, CHUNKS)
+            kv_head,
+            blk_new,
+            newest,
+            here,
+            p0,
+            p1,
+            p2,
+            p3,
+            c0,
+            k0,
+            v0,
+            c1,
+            k1,
+            v1,
+            c2,
+            k2,
+            v2,
+            c3,
+            k3,
+            v3,
+            stride_blk,
+            stride_kv,
+            stride_pos,
+            page,
+            HEAD_DIM,
+            D_PAD,
+            CHUNKS,
+        )
     else:
         gdc_enter(PDL, TRIGGER_FIRST)  # PDL-launched: wait for the previous kernel before any memory access
         seq_len = tl.load(lens_ptr + b)
@@ -254,8 +452,11 @@ def paged_decode_split(
     g_ok = g < group
     d_ok = d < HEAD_DIM
     heads = h * group + g
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+        mask=g_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
     ks = load_scale(k_scale, K_PTR)
@@ -264,44 +465,133 @@ def paged_decode_split(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
     # split s takes tiles s, s + S, s + 2S, ... of the sequence's own length (interleaved): however short the
-    # sequence is against the block table's width (the split count comes from the width), its tiles spread over
-    # the splits instead of all landing in the first one
-    if ONE_PASS:  # the split's every tile of the table (CHUNKS: 1, 2 or 4) gathered at once, then attended if valid
+    # sequence is against the block table's width (the split count comes from the width), its tiles spread
+    # over the splits instead of all landing in the first one
+    if (
+        ONE_PASS
+    ):  # the split's every tile of the table (CHUNKS: 1, 2 or 4) gathered at once, then attended if valid
         if not EARLY:  # (EARLY gathered them above)
             t0 = s * BLOCK_N
             step = num_splits * BLOCK_N
             p0, b0, p1, b1, p2, b2, p3, b3 = pass_ids(bt_row, t0, step, table_len, page, BLOCK_N, CHUNKS)
             c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3 = pass_kv(
-                kv_head, p0, b0, p1, b1, p2, b2, p3, b3, seq_len, -1, stride_blk, stride_kv, stride_pos, page,
-                HEAD_DIM, D_PAD, CHUNKS)
-        m_i, l_i, acc = attend_pass(q, c0, k0, v0, c1, k1, v1, c2, k2, v2, c3, k3, v3, t0, step, seq_len, m_i, l_i, acc,
-                                    qk_scale, ks, vs, UPCAST, QUANT, CHUNKS)
-    elif INTERPRET:  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
+                kv_head,
+                p0,
+                b0,
+                p1,
+                b1,
+                p2,
+                b2,
+                p3,
+                b3,
+                seq_len,
+                -1,
+                stride_blk,
+                stride_kv,
+                stride_pos,
+                page,
+                HEAD_DIM,
+                D_PAD,
+                CHUNKS,
+            )
+        m_i, l_i, acc = attend_pass(
+            q,
+            c0,
+            k0,
+            v0,
+            c1,
+            k1,
+            v1,
+            c2,
+            k2,
+            v2,
+            c3,
+            k3,
+            v3,
+            t0,
+            step,
+            seq_len,
+            m_i,
+            l_i,
+            acc,
+            qk_scale,
+            ks,
+            vs,
+            UPCAST,
+            QUANT,
+            CHUNKS,
+        )
+    elif (
+        INTERPRET
+    ):  # the CPU interpreter cannot loop over runtime bounds: a fixed trip count, empty tiles skipped
         for i in range(0, TILES_PER_SPLIT):
             t0 = (s + i * num_splits) * BLOCK_N
             if t0 < seq_len:
-                m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, seq_len, m_i, l_i, acc, qk_scale, ks, vs,
-                                             stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N,
-                                             UPCAST, QUANT)
+                m_i, l_i, acc = _attend_tile(
+                    q,
+                    kv_head,
+                    bt_row,
+                    t0,
+                    seq_len,
+                    m_i,
+                    l_i,
+                    acc,
+                    qk_scale,
+                    ks,
+                    vs,
+                    stride_blk,
+                    stride_kv,
+                    stride_pos,
+                    page,
+                    HEAD_DIM,
+                    D_PAD,
+                    BLOCK_N,
+                    UPCAST,
+                    QUANT,
+                )
     else:
         for t0 in range(s * BLOCK_N, seq_len, num_splits * BLOCK_N):
-            m_i, l_i, acc = _attend_tile(q, kv_head, bt_row, t0, seq_len, m_i, l_i, acc, qk_scale, ks, vs,
-                                         stride_blk, stride_kv, stride_pos, page, HEAD_DIM, D_PAD, BLOCK_N, UPCAST,
-                                         QUANT)
+            m_i, l_i, acc = _attend_tile(
+                q,
+                kv_head,
+                bt_row,
+                t0,
+                seq_len,
+                m_i,
+                l_i,
+                acc,
+                qk_scale,
+                ks,
+                vs,
+                stride_blk,
+                stride_kv,
+                stride_pos,
+                page,
+                HEAD_DIM,
+                D_PAD,
+                BLOCK_N,
+                UPCAST,
+                QUANT,
+            )
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
     if DIRECT:
         o_off = b * stride_wb + heads * stride_wh
-        tl.store(ws_out_ptr + o_off[:, None] + d[None, :], out.to(ws_out_ptr.dtype.element_ty),
-                 mask=g_ok[:, None] & d_ok[None, :])
+        tl.store(
+            ws_out_ptr + o_off[:, None] + d[None, :],
+            out.to(ws_out_ptr.dtype.element_ty),
+            mask=g_ok[:, None] & d_ok[None, :],
+        )
         if WRITE_LSE:
             tl.store(lse_out_ptr + b * stride_lb + heads, lse * LN2, mask=g_ok)  # one split: stride_lb = Hq
     else:
         w_off = b * stride_wb + heads * stride_wh + s * stride_ws
-        # an empty split stores its lse (-inf) only: the merge drops the partial of such a split (merge_row weighs it
-        # by its lse), and at batch 1 most splits of a short sequence are empty
-        tl.store(ws_out_ptr + w_off[:, None] + d[None, :], out, mask=(g_ok & nonempty)[:, None] & d_ok[None, :])
+        # an empty split stores its lse (-inf) only: the merge drops the partial of such a split (merge_row
+        # weighs it by its lse), and at batch 1 most splits of a short sequence are empty
+        tl.store(
+            ws_out_ptr + w_off[:, None] + d[None, :], out, mask=(g_ok & nonempty)[:, None] & d_ok[None, :]
+        )
         tl.store(ws_lse_ptr + b * stride_lb + heads * num_splits + s, lse, mask=g_ok)
         if FUSED_MERGE:
             tl.debug_barrier()  # every thread's stores precede the release below
@@ -312,20 +602,50 @@ def paged_decode_split(
                 for i in range(0, GROUP_PAD):
                     if i < group:
                         hq = h * group + i
-                        merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, b * stride_lb + hq * num_splits,
-                                  b * stride_wb + hq * stride_wh, (b * num_heads + hq) * HEAD_DIM,
-                                  b * num_heads + hq, stride_ws, num_splits, HEAD_DIM, D_PAD, S_PAD, WRITE_LSE)
-                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next launch (kernel boundary)
+                        merge_row(
+                            ws_out_ptr,
+                            ws_lse_ptr,
+                            o_ptr,
+                            lse_out_ptr,
+                            b * stride_lb + hq * num_splits,
+                            b * stride_wb + hq * stride_wh,
+                            (b * num_heads + hq) * HEAD_DIM,
+                            b * num_heads + hq,
+                            stride_ws,
+                            num_splits,
+                            HEAD_DIM,
+                            D_PAD,
+                            S_PAD,
+                            WRITE_LSE,
+                        )
+                tl.atomic_xchg(
+                    cnt, 0, sem="relaxed", scope="gpu"
+                )  # ready for the next launch (kernel boundary)
 
 
 @triton.jit
-def merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, lse_row, ws_row, o_row, lse_out_row, stride_ws, num_splits,
-              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr):
-    """Merge one (sequence, query head)'s ``num_splits`` partials (workspace lse at ``ws_lse_ptr + lse_row``, outputs
-    at ``ws_out_ptr + ws_row``, split stride ``stride_ws``) with weights ``2^(lse_s - max lse)`` (empty splits weigh
-    0; a slot no split wrote, cascade's device-sized splits, is loaded and dropped) into ``o_ptr + o_row`` in its
-    dtype; with ``WRITE_LSE`` the merged natural-log lse to ``lse_out_ptr + lse_out_row`` (-inf for a row with no key).
-    Loads go through L2 (``.cg``): the partials may come from other SMs of the same launch (``FUSED_MERGE``)."""
+def merge_row(
+    ws_out_ptr,
+    ws_lse_ptr,
+    o_ptr,
+    lse_out_ptr,
+    lse_row,
+    ws_row,
+    o_row,
+    lse_out_row,
+    stride_ws,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    S_PAD: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    """Merge one (sequence, query head)'s ``num_splits`` partials (workspace lse at ``ws_lse_ptr + lse_row``,
+    outputs at ``ws_out_ptr + ws_row``, split stride ``stride_ws``) with weights ``2^(lse_s - max lse)``
+    (empty splits weigh 0; a slot no split wrote, cascade's device-sized splits, is loaded and dropped) into
+    ``o_ptr + o_row`` in its dtype; with ``WRITE_LSE`` the merged natural-log lse to
+    ``lse_out_ptr + lse_out_row`` (-inf for a row with no key). Loads go through L2 (``.cg``): the partials
+    may come from other SMs of the same launch (``FUSED_MERGE``)."""
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)
     s_ok = s < num_splits
@@ -335,33 +655,65 @@ def merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, lse_row, ws_row, o_row
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)  # empty splits: 2^-inf = 0
     used = s_ok & (lse > float("-inf"))
-    # every split's partial is loaded with the lse, not after it (a mask from the lse would put a second L2 round trip
-    # on the critical path); a partial no split wrote (lse -inf: an empty split, cascade's unused slots) is dropped here
-    parts = tl.load(ws_out_ptr + ws_row + s[:, None] * stride_ws + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
-                    other=0.0, cache_modifier=".cg")
+    # every split's partial is loaded with the lse, not after it (a mask from the lse would put a second L2
+    # round trip on the critical path); a partial no split wrote (lse -inf: an empty split, cascade's unused
+    # slots) is dropped here
+    parts = tl.load(
+        ws_out_ptr + ws_row + s[:, None] * stride_ws + d[None, :],
+        mask=s_ok[:, None] & d_ok[None, :],
+        other=0.0,
+        cache_modifier=".cg",
+    )
     parts = tl.where(used[:, None], parts, 0.0)
     total = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(o_ptr + o_row + d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
     if WRITE_LSE:
-        tl.store(lse_out_ptr + lse_out_row,
-                 tl.where(total > 0.0, (m + tl.log2(tl.where(total > 0.0, total, 1.0))) * LN2, float("-inf")))
+        tl.store(
+            lse_out_ptr + lse_out_row,
+            tl.where(total > 0.0, (m + tl.log2(tl.where(total > 0.0, total, 1.0))) * LN2, float("-inf")),
+        )
 
 
 @triton.jit(do_not_specialize=["num_heads", "num_splits"])
 def paged_decode_merge(
-    ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr,
-    stride_ob, stride_oh,
-    stride_wb, stride_wh, stride_ws,
-    num_heads, num_splits,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr = False,
-    PDL: tl.constexpr = False, TRIGGER_FIRST: tl.constexpr = False,
+    ws_out_ptr,
+    ws_lse_ptr,
+    o_ptr,
+    lse_out_ptr,
+    stride_ob,
+    stride_oh,
+    stride_wb,
+    stride_wh,
+    stride_ws,
+    num_heads,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    S_PAD: tl.constexpr,
+    WRITE_LSE: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+    TRIGGER_FIRST: tl.constexpr = False,
 ):
-    """Stage 2 (see the module docstring): one program per (sequence, query head); with ``WRITE_LSE`` the merged
-    natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32, -inf for a sequence with no key)."""
+    """Stage 2 (see the module docstring): one program per (sequence, query head); with ``WRITE_LSE`` the
+    merged natural-log lse goes to ``lse_out_ptr`` (contiguous ``[B, Hq]`` float32, -inf for a sequence with
+    no key)."""
     gdc_enter(PDL, TRIGGER_FIRST)  # PDL-launched: wait for the previous kernel before any memory access
     b = tl.program_id(0)
     hq = tl.program_id(1)
-    merge_row(ws_out_ptr, ws_lse_ptr, o_ptr, lse_out_ptr, (b * num_heads + hq) * num_splits,
-              b * stride_wb + hq * stride_wh, b * stride_ob + hq * stride_oh, b * num_heads + hq, stride_ws, num_splits,
-              HEAD_DIM, D_PAD, S_PAD, WRITE_LSE)
+    merge_row(
+        ws_out_ptr,
+        ws_lse_ptr,
+        o_ptr,
+        lse_out_ptr,
+        (b * num_heads + hq) * num_splits,
+        b * stride_wb + hq * stride_wh,
+        b * stride_ob + hq * stride_oh,
+        b * num_heads + hq,
+        stride_ws,
+        num_splits,
+        HEAD_DIM,
+        D_PAD,
+        S_PAD,
+        WRITE_LSE,
+    )

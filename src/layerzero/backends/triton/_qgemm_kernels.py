@@ -1,20 +1,20 @@
-"""Triton weight-only quantized GEMM (``y = x @ dequantize(W_q).T + b``). Imported only after ``import triton``
-succeeded.
+"""Triton weight-only quantized GEMM (``y = x @ dequantize(W_q).T + b``). Imported only after
+``import triton`` succeeded.
 
-``_qgemm`` tiles ``[BM, BN]`` of the output and walks K in ``BK`` steps; the weight tile is loaded as codes and
-decoded in registers, never written back (Marlin's / vLLM's weight-only GEMMs):
+``_qgemm`` tiles ``[BM, BN]`` of the output and walks K in ``BK`` steps; the weight tile is loaded as codes
+and decoded in registers, never written back (Marlin's / vLLM's weight-only GEMMs):
 
-- int8 / fp8 (``GROUPED`` False): codes cast to x's dtype (exact: int8 codes are integers up to 127, fp8 values fit
-  fp16 / bf16) go straight into ``tl.dot``; the per-channel (or per-tensor) scale multiplies the float32
-  accumulator once at the end, which is the same product as scaling every weight first;
+- int8 / fp8 (``GROUPED`` False): codes cast to x's dtype (exact: int8 codes are integers up to 127, fp8
+  values fit fp16 / bf16) go straight into ``tl.dot``; the per-channel (or per-tensor) scale multiplies the
+  float32 accumulator once at the end, which is the same product as scaling every weight first;
 - int4 (``GROUPED``): two codes per byte (low nibble first), ``code - zero`` (an exact small integer) into
-  ``tl.dot``, and each group's partial product times that group's scale added to the float32 accumulator; ``BK``
-  divides the group size, so a K tile never straddles two groups.
+  ``tl.dot``, and each group's partial product times that group's scale added to the float32 accumulator;
+  ``BK`` divides the group size, so a K tile never straddles two groups.
 
-``_qgemv_rows`` is the decode variant (1-8 rows, as ``triton.gemv``'s row kernel): small ``BN`` so that even
-N = 1024 gives enough programs to keep every SM's loads in flight, float32 multiply-adds into a ``[BM, BN, BK]``
-accumulator (no tensor cores: the weight read is the work), the same decoding (int4 scaled per group before the
-multiply-add, int8 / fp8 scaled once at the end).
+``_qgemv_rows`` is the decode variant (1-8 rows, as ``triton.gemv``'s row kernel): small ``BN`` so that even N
+= 1024 gives enough programs to keep every SM's loads in flight, float32 multiply-adds into a ``[BM, BN, BK]``
+accumulator (no tensor cores: the weight read is the work), the same decoding (int4 scaled per group before
+the multiply-add, int8 / fp8 scaled once at the end).
 
 Bias added in float32, one rounding to the output dtype; no split-K (deterministic).
 """
@@ -28,7 +28,8 @@ from triton.runtime.interpreter import InterpretedFunction
 
 @triton.jit
 def _int4_tile(w_rows, rk, mask_w, Z, S, rn, n_ok, stride_s, group):
-    """int4 codes of a ``[BN, BK]`` weight tile in one group: (``code - zero`` float32, the group's scales ``[BN]``)."""
+    """int4 codes of a ``[BN, BK]`` weight tile in one group: (``code - zero`` float32, the group's scales
+    ``[BN]``)."""
     byte = tl.load(w_rows + (rk // 2)[None, :], mask=mask_w, other=0)
     code = tl.where((rk % 2 == 0)[None, :], byte & 15, byte >> 4).to(tl.float32)
     zero = tl.load(Z + rn * stride_s + group, mask=n_ok, other=0).to(tl.float32)
@@ -44,9 +45,23 @@ def _code_tile(w_rows, rk, mask_w):
 
 
 @triton.jit
-def _store(y, S, B, Out, rm, rn, m_ok, n_ok, stride_s, stride_o, GROUPED: tl.constexpr, PER_CHANNEL: tl.constexpr,
-           HAS_BIAS: tl.constexpr):
-    """The float32 ``[BM, BN]`` result: int8 / fp8's per-channel (or per-tensor) scale, the bias, one rounding."""
+def _store(
+    y,
+    S,
+    B,
+    Out,
+    rm,
+    rn,
+    m_ok,
+    n_ok,
+    stride_s,
+    stride_o,
+    GROUPED: tl.constexpr,
+    PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """The float32 ``[BM, BN]`` result: int8 / fp8's per-channel (or per-tensor) scale, the bias, one
+    rounding."""
     if not GROUPED:
         if PER_CHANNEL:
             y *= tl.load(S + rn * stride_s, mask=n_ok, other=0.0)[None, :]
@@ -54,13 +69,37 @@ def _store(y, S, B, Out, rm, rn, m_ok, n_ok, stride_s, stride_o, GROUPED: tl.con
             y *= tl.load(S)
     if HAS_BIAS:
         y += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(Out + rm[:, None] * stride_o + rn[None, :], y.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(
+        Out + rm[:, None] * stride_o + rn[None, :],
+        y.to(Out.dtype.element_ty),
+        mask=m_ok[:, None] & n_ok[None, :],
+    )
 
 
 @triton.jit
-def _qgemm(X, Wq, S, Z, B, Out, M, N, stride_x, stride_w, stride_s, stride_o, K: tl.constexpr, G: tl.constexpr,
-           GROUPED: tl.constexpr, PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
-           BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+def _qgemm(
+    X,
+    Wq,
+    S,
+    Z,
+    B,
+    Out,
+    M,
+    N,
+    stride_x,
+    stride_w,
+    stride_s,
+    stride_o,
+    K: tl.constexpr,
+    G: tl.constexpr,
+    GROUPED: tl.constexpr,
+    PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     pm = tl.program_id(0)
     pn = tl.program_id(1)
     rm = pm * BM + tl.arange(0, BM)
@@ -84,9 +123,28 @@ def _qgemm(X, Wq, S, Z, B, Out, M, N, stride_x, stride_w, stride_s, stride_o, K:
 
 
 @triton.jit
-def _qgemv_rows(X, Wq, S, Z, B, Out, M, N, stride_x, stride_w, stride_s, stride_o, K: tl.constexpr, G: tl.constexpr,
-                GROUPED: tl.constexpr, PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
-                BN: tl.constexpr, BK: tl.constexpr):
+def _qgemv_rows(
+    X,
+    Wq,
+    S,
+    Z,
+    B,
+    Out,
+    M,
+    N,
+    stride_x,
+    stride_w,
+    stride_s,
+    stride_o,
+    K: tl.constexpr,
+    G: tl.constexpr,
+    GROUPED: tl.constexpr,
+    PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     pn = tl.program_id(0)
     rm = tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
@@ -104,7 +162,9 @@ def _qgemv_rows(X, Wq, S, Z, B, Out, M, N, stride_x, stride_w, stride_s, stride_
         else:
             w = _code_tile(w_rows, rk, mask_w)
         acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
-    _store(tl.sum(acc, axis=2), S, B, Out, rm, rn, m_ok, n_ok, stride_s, stride_o, GROUPED, PER_CHANNEL, HAS_BIAS)
+    _store(
+        tl.sum(acc, axis=2), S, B, Out, rm, rn, m_ok, n_ok, stride_s, stride_o, GROUPED, PER_CHANNEL, HAS_BIAS
+    )
 
 
 INTERPRETED = isinstance(_qgemm, InterpretedFunction)

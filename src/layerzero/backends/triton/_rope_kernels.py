@@ -9,13 +9,15 @@ Math in float32: ``out_a = x_a * cos_a - x_b * sin_a``, ``out_b = x_b * cos_b + 
 ``(i, i + R/2)`` for the half rotation (GPT-NeoX/Llama) and ``(2i, 2i + 1)`` for interleaved pairs (GPT-J),
 exactly the reference's ``x * cos + rotate(x) * sin`` term by term; one rounding to the output dtype.
 
-``NORM`` (``lz.qk_norm_rope``): each head is first RMS-normalized over its D dims in float32, ``x * rsqrt(sum(x^2) /
-D + eps) * w`` (the head's rotary pairs and its pass-through dims are all loaded by the same program, so the sum is
-complete), and the normalized values go into the rotation without a rounding in between.
+``NORM`` (``lz.qk_norm_rope``): each head is first RMS-normalized over its D dims in float32,
+``x * rsqrt(sum(x^2) / D + eps) * w`` (the head's rotary pairs and its pass-through dims are all loaded by the
+same program, so the sum is complete), and the normalized values go into the rotation without a rounding in
+between.
 
-``CACHE`` (``lz.qk_norm_rope_cache``): the k programs also store their rotated heads (the same rounded values as the
-output) and the token's v heads into a paged KV cache at the token's slot (vLLM's slot mapping; -1 skips), as
-``lz.reshape_and_cache`` would: one launch where a decode layer ran two. q/k/v are token-major there (B = 1).
+``CACHE`` (``lz.qk_norm_rope_cache``): the k programs also store their rotated heads (the same rounded values
+as the output) and the token's v heads into a paged KV cache at the token's slot (vLLM's slot mapping; -1
+skips), as ``lz.reshape_and_cache`` would: one launch where a decode layer ran two. q/k/v are token-major
+there (B = 1).
 """
 
 from __future__ import annotations
@@ -27,10 +29,42 @@ from ._gdc_kernels import gdc_enter
 
 
 @triton.jit
-def _rotate_heads(X, OUT, W, sx_b, sx_h, sx_s, sx_d, so_b, so_h, so_s, so_d, b, s, h0, n_heads, c_a, c_b, s_a, s_b,
-                  off_a, off_b, half, n_rot, n_dim, eps,
-                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, NORM: tl.constexpr,
-                  C=None, sc_h=0, sc_d=0, c_ok=False, CACHE: tl.constexpr = False):
+def _rotate_heads(
+    X,
+    OUT,
+    W,
+    sx_b,
+    sx_h,
+    sx_s,
+    sx_d,
+    so_b,
+    so_h,
+    so_s,
+    so_d,
+    b,
+    s,
+    h0,
+    n_heads,
+    c_a,
+    c_b,
+    s_a,
+    s_b,
+    off_a,
+    off_b,
+    half,
+    n_rot,
+    n_dim,
+    eps,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    NORM: tl.constexpr,
+    C=None,
+    sc_h=0,
+    sc_d=0,
+    c_ok=False,
+    CACHE: tl.constexpr = False,
+):
     heads = h0 + tl.arange(0, BLOCK_H)
     hmask = heads < n_heads
     imask = tl.arange(0, BLOCK_HALF) < half
@@ -67,15 +101,68 @@ def _rotate_heads(X, OUT, W, sx_b, sx_h, sx_s, sx_d, so_b, so_h, so_s, so_d, b, 
 
 
 @triton.jit
-def _rope_fwd(Q, K, QO, KO, COS, SIN, POS, QW, KW,
-              sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d,
-              sqo_b, sqo_h, sqo_s, sqo_d, sko_b, sko_h, sko_s, sko_d,
-              sc_b, sc_s, sc_r, ss_b, ss_s, ss_r, sp_b, sp_s,
-              seq_len, n_heads_q, n_heads_k, n_rot, n_dim, eps,
-              HAS_POS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
-              BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, NORM: tl.constexpr = False, PDL: tl.constexpr = False,
-              V=None, KV=None, SLOTS=None, sv_s=0, sv_h=0, sv_d=0, c_blk=0, c_kv=0, c_tok=0, c_h=0, c_d=0, page=1,
-              CACHE: tl.constexpr = False, BLOCK_D: tl.constexpr = 1):
+def _rope_fwd(
+    Q,
+    K,
+    QO,
+    KO,
+    COS,
+    SIN,
+    POS,
+    QW,
+    KW,
+    sq_b,
+    sq_h,
+    sq_s,
+    sq_d,
+    sk_b,
+    sk_h,
+    sk_s,
+    sk_d,
+    sqo_b,
+    sqo_h,
+    sqo_s,
+    sqo_d,
+    sko_b,
+    sko_h,
+    sko_s,
+    sko_d,
+    sc_b,
+    sc_s,
+    sc_r,
+    ss_b,
+    ss_s,
+    ss_r,
+    sp_b,
+    sp_s,
+    seq_len,
+    n_heads_q,
+    n_heads_k,
+    n_rot,
+    n_dim,
+    eps,
+    HAS_POS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    NORM: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+    V=None,
+    KV=None,
+    SLOTS=None,
+    sv_s=0,
+    sv_h=0,
+    sv_d=0,
+    c_blk=0,
+    c_kv=0,
+    c_tok=0,
+    c_h=0,
+    c_d=0,
+    page=1,
+    CACHE: tl.constexpr = False,
+    BLOCK_D: tl.constexpr = 1,
+):
     tok = tl.program_id(0).to(tl.int64)
     hblk = tl.program_id(1)
     b = tok // seq_len
@@ -100,28 +187,126 @@ def _rope_fwd(Q, K, QO, KO, COS, SIN, POS, QW, KW,
     c_b = tl.load(c_row + off_b * sc_r, mask=imask, other=0.0).to(tl.float32)
     s_a = tl.load(s_row + off_a * ss_r, mask=imask, other=0.0).to(tl.float32)
     s_b = tl.load(s_row + off_b * ss_r, mask=imask, other=0.0).to(tl.float32)
-    # the positions and the cos / sin rows above are read before the PDL wait: step metadata and tables that no kernel
-    # of ours writes (see _gdc_kernels), so they arrive while the kernel before (the QKV projection) finishes
+    # the positions and the cos / sin rows above are read before the PDL wait: step metadata and tables that
+    # no kernel of ours writes (see _gdc_kernels), so they arrive while the kernel before (the QKV projection)
+    # finishes
     gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before reading q / k / v or writing anything
     q_blocks = tl.cdiv(n_heads_q, BLOCK_H)
     if hblk < q_blocks:
-        _rotate_heads(Q, QO, QW, sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d, b, s, hblk * BLOCK_H, n_heads_q,
-                      c_a, c_b, s_a, s_b, off_a, off_b, half, n_rot, n_dim, eps, BLOCK_H, BLOCK_HALF, BLOCK_PASS, NORM)
-    elif CACHE:  # lz.qk_norm_rope_cache: k (rotated) and v also go to the paged cache at the token's slot (-1: skip)
+        _rotate_heads(
+            Q,
+            QO,
+            QW,
+            sq_b,
+            sq_h,
+            sq_s,
+            sq_d,
+            sqo_b,
+            sqo_h,
+            sqo_s,
+            sqo_d,
+            b,
+            s,
+            hblk * BLOCK_H,
+            n_heads_q,
+            c_a,
+            c_b,
+            s_a,
+            s_b,
+            off_a,
+            off_b,
+            half,
+            n_rot,
+            n_dim,
+            eps,
+            BLOCK_H,
+            BLOCK_HALF,
+            BLOCK_PASS,
+            NORM,
+        )
+    elif (
+        CACHE
+    ):  # lz.qk_norm_rope_cache: k (rotated) and v also go to the paged cache at the token's slot (-1: skip)
         slot = tl.load(SLOTS + tok).to(tl.int64)
         c_ok = slot >= 0
         c_k = KV + (slot // page) * c_blk + (slot % page) * c_tok
         h0 = (hblk - q_blocks) * BLOCK_H
-        _rotate_heads(K, KO, KW, sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d, b, s,
-                      h0, n_heads_k, c_a, c_b, s_a, s_b, off_a, off_b, half, n_rot, n_dim, eps,
-                      BLOCK_H, BLOCK_HALF, BLOCK_PASS, NORM, c_k, c_h, c_d, c_ok, CACHE)
+        _rotate_heads(
+            K,
+            KO,
+            KW,
+            sk_b,
+            sk_h,
+            sk_s,
+            sk_d,
+            sko_b,
+            sko_h,
+            sko_s,
+            sko_d,
+            b,
+            s,
+            h0,
+            n_heads_k,
+            c_a,
+            c_b,
+            s_a,
+            s_b,
+            off_a,
+            off_b,
+            half,
+            n_rot,
+            n_dim,
+            eps,
+            BLOCK_H,
+            BLOCK_HALF,
+            BLOCK_PASS,
+            NORM,
+            c_k,
+            c_h,
+            c_d,
+            c_ok,
+            CACHE,
+        )
         heads = h0 + tl.arange(0, BLOCK_H)
         dims = tl.arange(0, BLOCK_D)
         vm = (heads < n_heads_k)[:, None] & (dims < n_dim)[None, :]
-        vals = tl.load(V + tok * sv_s + heads[:, None].to(tl.int64) * sv_h + dims[None, :] * sv_d, mask=vm, other=0.0)
-        tl.store(c_k + c_kv + heads[:, None].to(tl.int64) * c_h + dims[None, :] * c_d, vals.to(KV.dtype.element_ty),
-                 mask=vm & c_ok)
+        vals = tl.load(
+            V + tok * sv_s + heads[:, None].to(tl.int64) * sv_h + dims[None, :] * sv_d, mask=vm, other=0.0
+        )
+        tl.store(
+            c_k + c_kv + heads[:, None].to(tl.int64) * c_h + dims[None, :] * c_d,
+            vals.to(KV.dtype.element_ty),
+            mask=vm & c_ok,
+        )
     else:
-        _rotate_heads(K, KO, KW, sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d, b, s,
-                      (hblk - q_blocks) * BLOCK_H, n_heads_k, c_a, c_b, s_a, s_b, off_a, off_b, half, n_rot, n_dim, eps,
-                      BLOCK_H, BLOCK_HALF, BLOCK_PASS, NORM)
+        _rotate_heads(
+            K,
+            KO,
+            KW,
+            sk_b,
+            sk_h,
+            sk_s,
+            sk_d,
+            sko_b,
+            sko_h,
+            sko_s,
+            sko_d,
+            b,
+            s,
+            (hblk - q_blocks) * BLOCK_H,
+            n_heads_k,
+            c_a,
+            c_b,
+            s_a,
+            s_b,
+            off_a,
+            off_b,
+            half,
+            n_rot,
+            n_dim,
+            eps,
+            BLOCK_H,
+            BLOCK_HALF,
+            BLOCK_PASS,
+            NORM,
+        )

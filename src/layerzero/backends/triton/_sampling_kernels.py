@@ -9,7 +9,8 @@ position to its token id). All loops stream the row in ``BLOCK`` tiles:
    ``total = sum(exp((logit - m) * inv_temp))`` (float32, rescaled when the max grows: Milakov & Gimelshein
    2018). Scaling the difference, never the logit itself, keeps every exponent <= 0: a tiny temperature sends
    the non-maximal terms to ``exp(-inf) = 0`` instead of overflowing ``logit * inv_temp`` to ``inf`` (NaN).
-   ``inv_temp`` must be finite (``lz.sample_*`` treats temperatures below float32's smallest normal as greedy);
+   ``inv_temp`` must be finite (``lz.sample_*`` treats temperatures below float32's smallest normal as
+   greedy);
 2. ``TOP_P`` only: the kept prefix is every position whose mass before it is ``< p * total`` (at least one);
    its mass ``kept`` is summed;
 3. the draw: ``target = u * kept`` (``u`` in [0, 1) from the caller's generator) and the token is the first
@@ -25,8 +26,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _sample_row(L, IDX, U, OUT, stride_l, stride_idx, n_cols, inv_temp, top_p,
-                HAS_IDX: tl.constexpr, TOP_P: tl.constexpr, BLOCK: tl.constexpr):
+def _sample_row(
+    L,
+    IDX,
+    U,
+    OUT,
+    stride_l,
+    stride_idx,
+    n_cols,
+    inv_temp,
+    top_p,
+    HAS_IDX: tl.constexpr,
+    TOP_P: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     l_row = L + row * stride_l
     cols = tl.arange(0, BLOCK)
@@ -88,12 +101,12 @@ def _sample_row(L, IDX, U, OUT, stride_l, stride_idx, n_cols, inv_temp, top_p,
 
 
 # ------------------------------------------------------------------------------------------------ lz.sample
-# The exponential race of ``reference.sample`` in one launch (one program per row, two passes over the row): pass 1
-# finds the row max (and its first index, the greedy token); pass 2 scales ``z = (x - max) / T``, applies the
-# min-p cut (``exp(z) < min_p``: ``prob / max prob`` without the softmax sum), draws counter-based Exp(1) noise
-# ``E = -log((h + 0.5) / 2**32)`` from the 32-bit hash ``h`` of (seed, offset, token index) exactly as
-# ``reference.sampling.counter_hash`` (uint32 arithmetic wraps where the reference masks), and keeps the first
-# index of the largest ``z - log(E)``.
+# The exponential race of ``reference.sample`` in one launch (one program per row, two passes over the row):
+# pass 1 finds the row max (and its first index, the greedy token); pass 2 scales ``z = (x - max) / T``,
+# applies the min-p cut (``exp(z) < min_p``: ``prob / max prob`` without the softmax sum), draws counter-based
+# Exp(1) noise ``E = -log((h + 0.5) / 2**32)`` from the 32-bit hash ``h`` of (seed, offset, token index)
+# exactly as ``reference.sampling.counter_hash`` (uint32 arithmetic wraps where the reference masks), and
+# keeps the first index of the largest ``z - log(E)``.
 
 
 @triton.jit
@@ -111,11 +124,22 @@ def _mix(h, v):
 
 
 @triton.jit
-def _row_setup(T, MINP, SEEDS, OFFS, BASE, row, greedy_below, HAS_T: tl.constexpr, HAS_MINP: tl.constexpr,
-               HAS_SEEDS: tl.constexpr):
+def _row_setup(
+    T,
+    MINP,
+    SEEDS,
+    OFFS,
+    BASE,
+    row,
+    greedy_below,
+    HAS_T: tl.constexpr,
+    HAS_MINP: tl.constexpr,
+    HAS_SEEDS: tl.constexpr,
+):
     """One row's race parameters, shared by ``_race_row`` and the split kernels (so both score identically):
-    ``(t, greedy, min_p, h0)``: the temperature (1 for greedy rows), whether the row is greedy, its min-p, and the
-    hash state of its noise stream: its own (seed, offset) when seeded, else (the call's random base, row)."""
+    ``(t, greedy, min_p, h0)``: the temperature (1 for greedy rows), whether the row is greedy, its min-p, and
+    the hash state of its noise stream: its own (seed, offset) when seeded, else (the call's random base,
+    row)."""
     t = 1.0
     if HAS_T:
         t = tl.load(T + row).to(tl.float32)
@@ -140,8 +164,8 @@ def _row_setup(T, MINP, SEEDS, OFFS, BASE, row, greedy_below, HAS_T: tl.constexp
 
 @triton.jit
 def _max_step(x_row, offs, valid, m, arg):
-    """One tile of the max pass: folds the tile's maximum and its first column into ``(m, arg)`` (earlier columns
-    win ties)."""
+    """One tile of the max pass: folds the tile's maximum and its first column into ``(m, arg)`` (earlier
+    columns win ties)."""
     x = tl.load(x_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
     bm = tl.max(x, axis=0)
     bi = tl.min(tl.where((x == bm) & valid, offs, 2147483647), axis=0)
@@ -150,8 +174,9 @@ def _max_step(x_row, offs, valid, m, arg):
 
 @triton.jit
 def _race_step(x_row, offs, valid, m, t, mp, h0, tiny, best, best_i, HAS_MINP: tl.constexpr):
-    """One tile of the race: ``z = (x - m) / t``, the min-p cut, the Exp(1) noise hashed from ``(h0, column)``,
-    the score ``z - log E``; folds the tile's first maximum into ``(best, best_i)`` (earlier columns win ties)."""
+    """One tile of the race: ``z = (x - m) / t``, the min-p cut, the Exp(1) noise hashed from
+    ``(h0, column)``, the score ``z - log E``; folds the tile's first maximum into ``(best, best_i)`` (earlier
+    columns win ties)."""
     x = tl.load(x_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
     z = (x - m) / t
     if HAS_MINP:
@@ -165,8 +190,23 @@ def _race_step(x_row, offs, valid, m, t, mp, h0, tiny, best, best_i, HAS_MINP: t
 
 
 @triton.jit
-def _race_row(X, T, MINP, SEEDS, OFFS, BASE, OUT, stride_x, n_cols, greedy_below, tiny,
-              HAS_T: tl.constexpr, HAS_MINP: tl.constexpr, HAS_SEEDS: tl.constexpr, BLOCK: tl.constexpr):
+def _race_row(
+    X,
+    T,
+    MINP,
+    SEEDS,
+    OFFS,
+    BASE,
+    OUT,
+    stride_x,
+    n_cols,
+    greedy_below,
+    tiny,
+    HAS_T: tl.constexpr,
+    HAS_MINP: tl.constexpr,
+    HAS_SEEDS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
     cols = tl.arange(0, BLOCK)

@@ -1,25 +1,27 @@
 """Split-vocabulary ``lz.sample`` race: ``_race_row``'s result from a grid of ``(rows, chunks)`` programs, for
 batches too small to fill the GPU with one program per row. Imported only after ``import triton`` succeeded.
 
-The row's ``n_cols`` columns are cut into ``n_chunks`` chunks of ``chunk_len`` columns (a multiple of ``BLOCK``;
-the last chunk is shorter). Three launches, partial results in two ``[rows, 2, n_chunks]`` buffers (float32
-``FP``: chunk maxima, then chunk best scores; int32 ``IP``: their first indices):
+The row's ``n_cols`` columns are cut into ``n_chunks`` chunks of ``chunk_len`` columns (a multiple of
+``BLOCK``; the last chunk is shorter). Three launches, partial results in two ``[rows, 2, n_chunks]`` buffers
+(float32 ``FP``: chunk maxima, then chunk best scores; int32 ``IP``: their first indices):
 
 1. ``_split_max`` ``(rows, chunks)``: each chunk's max logit and the first column holding it;
-2. ``_split_race`` ``(rows, chunks)``: the row max ``m`` from the chunk maxima, then the race over the chunk with
-   ``_race_row``'s own expressions (``z = (x - m) / t``, the min-p cut ``exp(z) < min_p``, the counter noise of
-   (seed, offset, column)) -> the chunk's best score and its first column (nothing raced on greedy rows);
-3. ``_split_merge`` ``(rows,)``: the largest chunk score and the smallest column among chunks holding it (and the
-   greedy token, the first column of the row max, the same way) -> ``OUT``.
+2. ``_split_race`` ``(rows, chunks)``: the row max ``m`` from the chunk maxima, then the race over the chunk
+   with ``_race_row``'s own expressions (``z = (x - m) / t``, the min-p cut ``exp(z) < min_p``, the counter
+   noise of (seed, offset, column)) -> the chunk's best score and its first column (nothing raced on greedy
+   rows);
+3. ``_split_merge`` ``(rows,)``: the largest chunk score and the smallest column among chunks holding it (and
+   the greedy token, the first column of the row max, the same way) -> ``OUT``.
 
-Why bit-identical to ``_race_row``: each element's score is the same float32 expression of the same inputs, and
-``_race_row``'s running fold (``best_i = where(bm > best, bi, best_i)``, ``best = maximum(best, bm)``) yields the
-smallest column among those holding the largest score (0 when no score beats ``-inf``), which the chunk fold then
-the merge reproduce: per chunk the same fold from ``(-inf, 0)``, then the first chunk reaching the max. On CUDA
-``maximum`` / ``tl.max`` ignore NaN (``maxnum``), so NaN scores (all ``-inf`` rows, ``+inf`` logits, NaN logits) lose
-in both. Triton's CPU interpreter ignores NaN in ``tl.max`` (``np.nanmax``) but propagates it in ``tl.maximum``
-(``np.maximum``: a tile of all-NaN values freezes ``_race_row``'s fold); there the two paths agree on NaN-free
-logits (an all ``-inf`` row or ``+inf`` logits included: both give column 0 for the race).
+Why bit-identical to ``_race_row``: each element's score is the same float32 expression of the same inputs,
+and ``_race_row``'s running fold (``best_i = where(bm > best, bi, best_i)``, ``best = maximum(best, bm)``)
+yields the smallest column among those holding the largest score (0 when no score beats ``-inf``), which the
+chunk fold then the merge reproduce: per chunk the same fold from ``(-inf, 0)``, then the first chunk reaching
+the max. On CUDA ``maximum`` / ``tl.max`` ignore NaN (``maxnum``), so NaN scores (all ``-inf`` rows, ``+inf``
+logits, NaN logits) lose in both. Triton's CPU interpreter ignores NaN in ``tl.max`` (``np.nanmax``) but
+propagates it in ``tl.maximum`` (``np.maximum``: a tile of all-NaN values freezes ``_race_row``'s fold); there
+the two paths agree on NaN-free logits (an all ``-inf`` row or ``+inf`` logits included: both give column 0
+for the race).
 """
 
 from __future__ import annotations
@@ -51,9 +53,27 @@ def _split_max(X, FP, IP, stride_x, n_cols, chunk_len, n_chunks, BLOCK: tl.const
 
 
 @triton.jit
-def _split_race(X, T, MINP, SEEDS, OFFS, BASE, FP, IP, stride_x, n_cols, chunk_len, n_chunks, greedy_below, tiny,
-                HAS_T: tl.constexpr, HAS_MINP: tl.constexpr, HAS_SEEDS: tl.constexpr, BLOCK: tl.constexpr,
-                CHUNKS: tl.constexpr):
+def _split_race(
+    X,
+    T,
+    MINP,
+    SEEDS,
+    OFFS,
+    BASE,
+    FP,
+    IP,
+    stride_x,
+    n_cols,
+    chunk_len,
+    n_chunks,
+    greedy_below,
+    tiny,
+    HAS_T: tl.constexpr,
+    HAS_MINP: tl.constexpr,
+    HAS_SEEDS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     x_row = X + row * stride_x
@@ -79,8 +99,8 @@ def _split_race(X, T, MINP, SEEDS, OFFS, BASE, FP, IP, stride_x, n_cols, chunk_l
 
 @triton.jit
 def _first_of_max(FP, IP, part, n_chunks, CHUNKS: tl.constexpr):
-    # the index stored with the first of the n_chunks partial maxima at `part` holding their max (NaN partials are
-    # ignored as tl.max ignores them; 0 when all are NaN and no chunk compares equal)
+    # the index stored with the first of the n_chunks partial maxima at `part` holding their max (NaN partials
+    # are ignored as tl.max ignores them; 0 when all are NaN and no chunk compares equal)
     cidx = tl.arange(0, CHUNKS)
     valid = cidx < n_chunks
     v = tl.load(FP + part + cidx, mask=valid, other=float("-inf"))

@@ -18,7 +18,9 @@ BLOCK = 1024
 
 
 @triton.jit
-def _swiglu_fwd(G, U, Out, stride_g, stride_u, stride_o, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _swiglu_fwd(
+    G, U, Out, stride_g, stride_u, stride_o, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
     gdc_enter(PDL)  # PDL-launched: wait for the previous kernel before any memory access
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

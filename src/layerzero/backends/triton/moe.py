@@ -1,14 +1,16 @@
-"""``triton.fused_moe``: our Triton grouped-GEMM mixture of experts (vLLM's ``fused_experts`` recipe), CUDA only.
+"""``triton.fused_moe``: our Triton grouped-GEMM mixture of experts (vLLM's ``fused_experts`` recipe), CUDA
+only.
 
 Three steps, every one without a host synchronization (so the call can be captured in a CUDA graph):
 
 1. :func:`moe_align` (torch ops): sort the ``P = T * K`` (token, slot) pairs by expert and pad each expert's
    group to a multiple of BLOCK_M rows (vLLM's ``moe_align_block_size``), so every BLOCK_M tile of the sorted
    rows belongs to one expert. The number of tiles is bounded from the shapes alone
-   (``min(P, cdiv(P, BLOCK_M) + min(E, P))``); tiles past the last group are marked with expert ``E`` and exit.
-2. ``_gate_up_kernel``: per tile, ``gate_up = x[tokens] @ w13[e].T`` with the gate and up halves accumulated side
-   by side in float32 and ``silu(gate) * up`` in the epilogue, stored as ``h [P, I]`` in x's dtype (vLLM's
-   rounding: the second GEMM reads half-precision operands).
+   (``min(P, cdiv(P, BLOCK_M) + min(E, P))``); tiles past the last group are marked with expert ``E`` and
+   exit.
+2. ``_gate_up_kernel``: per tile, ``gate_up = x[tokens] @ w13[e].T`` with the gate and up halves accumulated
+   side by side in float32 and ``silu(gate) * up`` in the epilogue, stored as ``h [P, I]`` in x's dtype
+   (vLLM's rounding: the second GEMM reads half-precision operands).
 3. ``_down_kernel``: per tile, ``y = (h @ w2[e].T) * topk_weight`` in float32 into ``y [P, H]``, then
    ``y.view(T, K, H).sum(1)`` (float32, fixed order: deterministic, no atomics) rounded to x's dtype.
 
@@ -33,7 +35,8 @@ from ._launch import launch
 
 KERNEL_ID = "triton.fused_moe"
 PRIORITY = 60
-"""Above the reference (0): the only other fused_moe kernel, a Python loop over experts with a sync per expert."""
+"""Above the reference (0): the only other fused_moe kernel, a Python loop over experts with a sync per
+expert."""
 MAX_COLS = 65535 * 32
 """Largest H and I: column tiles of at least 32 go on grid axis 1 (CUDA y, at most 65535)."""
 _KERNELS = LazyModule("_moe_kernels")
@@ -45,7 +48,8 @@ def block_sizes(num_tokens: int, num_experts: int) -> tuple[int, int, int]:
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group the flat (token, slot) pairs by expert in BLOCK_M-aligned segments, with torch ops only (no sync).
+    """Group the flat (token, slot) pairs by expert in BLOCK_M-aligned segments, with torch ops only (no
+    sync).
 
     Args:
         topk_ids: ``[T, K]`` expert ids in ``[0, E)``; pair ``p = t * K + k``.
@@ -53,10 +57,11 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
         block_m: rows per tile.
 
     Returns:
-        (sorted_ids ``[tiles * block_m]`` int32: pair ids grouped by expert (token order within an expert), each
-        group padded with ``P`` to a multiple of block_m; block_expert ``[tiles]`` int32: the expert of each tile,
-        ``E`` for tiles past the last group). ``tiles = min(P, cdiv(P, block_m) + min(E, P))`` bounds the tiles
-        used: each expert with c > 0 pairs takes ``cdiv(c, block_m) <= c`` and ``<= c // block_m + 1`` of them.
+        (sorted_ids ``[tiles * block_m]`` int32: pair ids grouped by expert (token order within an expert),
+        each group padded with ``P`` to a multiple of block_m; block_expert ``[tiles]`` int32: the expert of
+        each tile, ``E`` for tiles past the last group). ``tiles = min(P, cdiv(P, block_m) + min(E, P))``
+        bounds the tiles used: each expert with c > 0 pairs takes ``cdiv(c, block_m) <= c`` and
+        ``<= c // block_m + 1`` of them.
 
     >>> ids, experts = moe_align(torch.tensor([[2, 0], [2, 1]]), 4, 2)
     >>> ids.tolist(), experts.tolist()
@@ -76,12 +81,15 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     sorted_ids = torch.full((tiles * block_m,), pairs, dtype=torch.int32, device=dev)
     sorted_ids[(seg_end - padded)[expert] + rank] = order.to(torch.int32)
     starts = torch.arange(tiles, device=dev) * block_m
-    block_expert = torch.searchsorted(seg_end, starts, right=True).to(torch.int32)  # first e with seg_end > start
+    block_expert = torch.searchsorted(seg_end, starts, right=True).to(
+        torch.int32
+    )  # first e with seg_end > start
     return sorted_ids, block_expert
 
 
-def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+def fused_moe(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
     """Sparse MoE experts with SwiGLU (the ``lz.fused_moe`` contract) as two Triton grouped GEMMs.
 
     Args:
@@ -95,7 +103,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         ``[T, H]`` in x's dtype, a new contiguous tensor.
 
     Raises:
-        Nothing of its own (inputs are validated by ``lz.fused_moe``); triton's compile/launch errors propagate.
+        Nothing of its own (inputs are validated by ``lz.fused_moe``); triton's compile/launch errors
+        propagate.
     """
     tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w2.shape[2]
@@ -110,15 +119,55 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     ieee = upcast or x.dtype == torch.float32  # float32: no TF32
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     blocks = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
-    launch(mod._gate_up_kernel, (tiles, cdiv(inter, bn)),
-        x, w13, h, sorted_ids, block_expert, pairs, num_experts,
-        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2), h.stride(0), h.stride(1),
-        HIDDEN=hidden, INTER=inter, TOP_K=top_k, IEEE=ieee, UPCAST=upcast, **blocks)
+    launch(
+        mod._gate_up_kernel,
+        (tiles, cdiv(inter, bn)),
+        x,
+        w13,
+        h,
+        sorted_ids,
+        block_expert,
+        pairs,
+        num_experts,
+        x.stride(0),
+        x.stride(1),
+        w13.stride(0),
+        w13.stride(1),
+        w13.stride(2),
+        h.stride(0),
+        h.stride(1),
+        HIDDEN=hidden,
+        INTER=inter,
+        TOP_K=top_k,
+        IEEE=ieee,
+        UPCAST=upcast,
+        **blocks,
+    )
     y = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
-    launch(mod._down_kernel, (tiles, cdiv(hidden, bn)),
-        h, w2, y, topk_weights.contiguous().view(-1), sorted_ids, block_expert, pairs, num_experts,
-        h.stride(0), h.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), y.stride(0), y.stride(1),
-        HIDDEN=hidden, INTER=inter, IEEE=ieee, UPCAST=upcast, **blocks)
+    launch(
+        mod._down_kernel,
+        (tiles, cdiv(hidden, bn)),
+        h,
+        w2,
+        y,
+        topk_weights.contiguous().view(-1),
+        sorted_ids,
+        block_expert,
+        pairs,
+        num_experts,
+        h.stride(0),
+        h.stride(1),
+        w2.stride(0),
+        w2.stride(1),
+        w2.stride(2),
+        y.stride(0),
+        y.stride(1),
+        HIDDEN=hidden,
+        INTER=inter,
+        IEEE=ieee,
+        UPCAST=upcast,
+        **blocks,
+    )
     return y.view(tokens, top_k, hidden).sum(1).to(x.dtype)
 
 
@@ -126,8 +175,12 @@ def _check(ctx: SelectionContext) -> list[Reason]:
     reasons = []
     for name, size in (("hidden size", ctx.hidden_size), ("intermediate size", ctx.intermediate_size)):
         if size is not None and size > MAX_COLS:
-            reasons.append(Reason(ReasonCode.HIDDEN_SIZE_UNSUPPORTED,
-                                  f"{name} {size} > {MAX_COLS} (65535 column tiles of 32)"))
+            reasons.append(
+                Reason(
+                    ReasonCode.HIDDEN_SIZE_UNSUPPORTED,
+                    f"{name} {size} > {MAX_COLS} (65535 column tiles of 32)",
+                )
+            )
     return reasons
 
 
@@ -135,8 +188,18 @@ def kernel_spec(available: bool, why: str) -> KernelSpec:
     """The ``triton.fused_moe`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``)
     when ``available`` is False."""
     fn: Callable[..., Any] = fused_moe if available else missing(KERNEL_ID, why)
-    return KernelSpec(KERNEL_ID, "fused_moe", fn, priority=PRIORITY,
-                      description="LayerZero Triton fused MoE: expert-sorted grouped GEMMs (vLLM fused_experts "
-                                  "style), SwiGLU fused in the first, float32 sum over top-k",
-                      device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, deterministic=True, graph_safe=True,
-                      supports_backward=False, check=_check)
+    return KernelSpec(
+        KERNEL_ID,
+        "fused_moe",
+        fn,
+        priority=PRIORITY,
+        description="LayerZero Triton fused MoE: expert-sorted grouped GEMMs (vLLM fused_experts "
+        "style), SwiGLU fused in the first, float32 sum over top-k",
+        device_types=CUDA,
+        dtypes=FLOATS,
+        sm_min=SM_MIN,
+        deterministic=True,
+        graph_safe=True,
+        supports_backward=False,
+        check=_check,
+    )

@@ -34,16 +34,16 @@ PRIORITY = 45
 inputs (30 vs 12-19 µs for 1-64 rows) while it wins for 8192 rows (42 vs 46 µs; fused residual 75 vs 94 µs);
 lz.tune promotes it there (benchmarks/results/norm_rope_h200.md)."""
 CAPTURE_PRIORITY = 55
-"""Above torch_native (50) inside a CUDA graph, where the launch is paid once at capture: one fused pass (residual
-add included) measured 0.47-0.69 of torch's time at 1-16 rows on the H200, Qwen3 shapes (``[M, 1024]``, per-head
-``[M, 16, 128]``; ``benchmarks/results/in_graph_h200.md``)."""
+"""Above torch_native (50) inside a CUDA graph, where the launch is paid once at capture: one fused pass
+(residual add included) measured 0.47-0.69 of torch's time at 1-16 rows on the H200, Qwen3 shapes
+(``[M, 1024]``, per-head ``[M, 16, 128]``; ``benchmarks/results/in_graph_h200.md``)."""
 MAX_HIDDEN = 65536
 _KERNELS = LazyModule("_norm_kernels")
 
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm (Zhang & Sennrich 2019) in one Triton pass, with an optional fused residual add.
 
     Args:
@@ -78,22 +78,47 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     width = next_pow2(h_dim)
     one_pass = width <= mod.ONE_PASS_MAX
     block = width if one_pass else mod.TILE
-    launch(mod._rms_norm_fwd, (x2.shape[0],),
-        x2, r2, weight, y2, h2, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), weight.stride(0),
-        h_dim, float(eps), HAS_RES=residual is not None, ONE_PASS=one_pass, BLOCK=block,
-        num_warps=num_warps_for(block), **pdl_kwargs(x2, x2.shape[0]))
+    launch(
+        mod._rms_norm_fwd,
+        (x2.shape[0],),
+        x2,
+        r2,
+        weight,
+        y2,
+        h2,
+        x2.stride(0),
+        r2.stride(0),
+        y2.stride(0),
+        h2.stride(0),
+        weight.stride(0),
+        h_dim,
+        float(eps),
+        HAS_RES=residual is not None,
+        ONE_PASS=one_pass,
+        BLOCK=block,
+        num_warps=num_warps_for(block),
+        **pdl_kwargs(x2, x2.shape[0]),
+    )
     return y if residual is None else (y, h)
 
 
 def _check(ctx: SelectionContext) -> list[Reason]:
     out = []
     if ctx.hidden_size is not None and ctx.hidden_size > MAX_HIDDEN:
-        out.append(Reason(ReasonCode.HIDDEN_SIZE_UNSUPPORTED,
-                          f"hidden size {ctx.hidden_size} > {MAX_HIDDEN} (triton.rms_norm tiles rows up to 64K)"))
+        out.append(
+            Reason(
+                ReasonCode.HIDDEN_SIZE_UNSUPPORTED,
+                f"hidden size {ctx.hidden_size} > {MAX_HIDDEN} (triton.rms_norm tiles rows up to 64K)",
+            )
+        )
     if ctx.param_dtype is not None and ctx.param_dtype not in FLOATS:
-        out.append(Reason(ReasonCode.DTYPE_UNSUPPORTED,
-                          f"weight dtype {str(ctx.param_dtype).removeprefix('torch.')} not in "
-                          "[bfloat16, float16, float32]"))
+        out.append(
+            Reason(
+                ReasonCode.DTYPE_UNSUPPORTED,
+                f"weight dtype {str(ctx.param_dtype).removeprefix('torch.')} not in "
+                "[bfloat16, float16, float32]",
+            )
+        )
     return out
 
 
@@ -101,8 +126,20 @@ def kernel_spec(available: bool, why: str) -> KernelSpec:
     """The ``triton.rms_norm`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``)
     when ``available`` is False."""
     fn: Callable[..., Any] = rms_norm if available else missing(KERNEL_ID, why)
-    return KernelSpec(KERNEL_ID, "rms_norm", fn, priority=PRIORITY, capture_priority=CAPTURE_PRIORITY,
-                      description="LayerZero Triton RMSNorm, one program per row, float32 accumulation, HF Llama "
-                                  "rounding, fused residual add in the same pass",
-                      device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, requires_stride_last_1=True,
-                      deterministic=True, graph_safe=True, supports_backward=False, check=_check)
+    return KernelSpec(
+        KERNEL_ID,
+        "rms_norm",
+        fn,
+        priority=PRIORITY,
+        capture_priority=CAPTURE_PRIORITY,
+        description="LayerZero Triton RMSNorm, one program per row, float32 accumulation, HF Llama "
+        "rounding, fused residual add in the same pass",
+        device_types=CUDA,
+        dtypes=FLOATS,
+        sm_min=SM_MIN,
+        requires_stride_last_1=True,
+        deterministic=True,
+        graph_safe=True,
+        supports_backward=False,
+        check=_check,
+    )

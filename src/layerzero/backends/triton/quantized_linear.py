@@ -1,20 +1,22 @@
-"""``triton.quantized_linear``: the fused low-bit GEMM of ``lz.quantized_linear`` (int8 / fp8 per output channel or
-per tensor, int4 in groups along K), CUDA only (SM >= 8.0; fp8 weights SM >= 8.9), fp16 / bf16 activations. The
-``@triton.jit`` code and its numerics are in ``_qgemm_kernels.py`` (``tl.dot`` tiles, and the row kernel for
-int8 / fp8 decode) and ``_qgemv_int4_kernels.py`` (int4 decode: each packed byte read once, Marlin-style
-magic-number decode, the weight slab loaded before the PDL wait as ``triton.gemv``'s prefetch kernel does).
+"""``triton.quantized_linear``: the fused low-bit GEMM of ``lz.quantized_linear`` (int8 / fp8 per output
+channel or per tensor, int4 in groups along K), CUDA only (SM >= 8.0; fp8 weights SM >= 8.9), fp16 / bf16
+activations. The ``@triton.jit`` code and its numerics are in ``_qgemm_kernels.py`` (``tl.dot`` tiles, and the
+row kernel for int8 / fp8 decode) and ``_qgemv_int4_kernels.py`` (int4 decode: each packed byte read once,
+Marlin-style magic-number decode, the weight slab loaded before the PDL wait as ``triton.gemv``'s prefetch
+kernel does).
 
-Status: correct under the Triton interpreter (CPU tests against the float32 reference and a float64 oracle) and on
-an H200 (``tests/gpu/test_gpu_quantized_linear.py``, the int4 decode kernel included). The default for int8 and fp8
-e4m3 weights, and for int4 at decode rows (:data:`INT4_MEASURED_FASTER`), on Hopper and newer (:func:`priority_for`:
-measured there); opt in elsewhere (:data:`PRIORITY` below
-``torch_native.quantized_linear``): ``lz.lock("quantized_linear", "triton.quantized_linear")``. The engine's
-``LLM(quantization=...)`` calls ``lz.quantized_linear``, so the default or a lock reaches it.
+Status: correct under the Triton interpreter (CPU tests against the float32 reference and a float64 oracle)
+and on an H200 (``tests/gpu/test_gpu_quantized_linear.py``, the int4 decode kernel included). The default for
+int8 and fp8 e4m3 weights, and for int4 at decode rows (:data:`INT4_MEASURED_FASTER`), on Hopper and newer
+(:func:`priority_for`: measured there); opt in elsewhere (:data:`PRIORITY` below
+``torch_native.quantized_linear``): ``lz.lock("quantized_linear",
+"triton.quantized_linear")``. The engine's ``LLM(quantization=...)`` calls ``lz.quantized_linear``, so the
+default or a lock reaches it.
 
-Graph safety: no host synchronization; the output is allocated with ``torch.empty`` on the current stream. The int4
-decode kernel is PDL-launched inside CUDA graphs on SM >= 9.0 (``_launch.pdl_kwargs``) and reads the weight (codes,
-scales, zero points) and the bias before its wait, as ``triton.gemv`` reads its weight: parameters that no kernel of
-a forward writes (``_gdc_kernels.py`` says when that would race).
+Graph safety: no host synchronization; the output is allocated with ``torch.empty`` on the current stream. The
+int4 decode kernel is PDL-launched inside CUDA graphs on SM >= 9.0 (``_launch.pdl_kwargs``) and reads the
+weight (codes, scales, zero points) and the bias before its wait, as ``triton.gemv`` reads its weight:
+parameters that no kernel of a forward writes (``_gdc_kernels.py`` says when that would race).
 """
 
 from __future__ import annotations
@@ -34,66 +36,72 @@ from ._launch import launch, pdl_kwargs
 
 KERNEL_ID = "triton.quantized_linear"
 PRIORITY = 40
-"""Below ``torch_native.quantized_linear`` (50) where no GPU measurement says otherwise (:func:`priority_for`)."""
+"""Below ``torch_native.quantized_linear`` (50) where no GPU measurement says otherwise
+(:func:`priority_for`)."""
 MEASURED_PRIORITY = 55
 MEASURED_FASTER = frozenset({QuantFormat.INT8.value, QuantFormat.FP8_E4M3.value})
 """Weight formats the engine ran faster with this kernel than with dequantize + cuBLAS on an H200 (int4:
-:data:`INT4_MEASURED_FASTER`; fp8 e5m2 was not measured and stays opt in). Numbers: benchmarks/results/history.md."""
+:data:`INT4_MEASURED_FASTER`; fp8 e5m2 was not measured and stays opt in). Numbers:
+benchmarks/results/history.md."""
 MEASURED_SM_MIN = (9, 0)
 """Where those measurements ran (Hopper); older GPUs keep :data:`PRIORITY` until measured (``lz.tune``)."""
 HALF = frozenset({torch.float16, torch.bfloat16})
 MIN_GROUP = 16
-"""int4 groups of at least 16 along K, a power of two (one ``tl.dot`` K tile per group at least; Triton's tiles are
-powers of two)."""
+"""int4 groups of at least 16 along K, a power of two (one ``tl.dot`` K tile per group at least; Triton's
+tiles are powers of two)."""
 FP8_SM_MIN = (8, 9)
 """Triton converts float8 e4m3 / e5m2 on SM >= 8.9 (Ada, Hopper)."""
 ROWS_MAX = 8
-"""Rows up to which the row kernels (float32 multiply-adds, small column tiles) run instead of ``tl.dot`` tiles."""
+"""Rows up to which the row kernels (float32 multiply-adds, small column tiles) run instead of ``tl.dot``
+tiles."""
 _KERNELS = LazyModule("_qgemm_kernels")
 _INT4_KERNELS = LazyModule("_qgemv_int4_kernels")
 
-# ------------------------------------------------------------------ int4 decode kernel (_qgemv_int4): knobs for A/Bs
+# ----------------------------------------------------------- int4 decode kernel (_qgemv_int4): knobs for A/Bs
 INT4_DECODE = True
-"""Run int4 weights at up to :data:`INT4_ROWS_MAX` rows through ``_qgemv_int4`` (each packed byte read once, the
-slab before the PDL wait); False restores ``_qgemv_rows`` for them (A/B benchmarks:
+"""Run int4 weights at up to :data:`INT4_ROWS_MAX` rows through ``_qgemv_int4`` (each packed byte read once,
+the slab before the PDL wait); False restores ``_qgemv_rows`` for them (A/B benchmarks:
 ``benchmarks/bench_int4_gemv.py``; numbers at :data:`INT4_MEASURED_FASTER`)."""
 INT4_ROWS_MAX = ROWS_MAX
-"""Most rows ``_qgemv_int4`` takes (its float32 multiply-adds grow with the rows, the decode does not); more rows take
-``_qgemm``'s ``tl.dot`` tiles. At 8 rows on the H200 it was within 0.91-1.24x of the old row kernel (QKV faster, o /
-down slower) and 2.2-6.3x faster than dequantize + cuBLAS (``bench_int4_gemv.py --rows 1,2,4,8``)."""
+"""Most rows ``_qgemv_int4`` takes (its float32 multiply-adds grow with the rows, the decode does not); more
+rows take ``_qgemm``'s ``tl.dot`` tiles. At 8 rows on the H200 it was within 0.91-1.24x of the old row kernel
+(QKV faster, o / down slower) and 2.2-6.3x faster than dequantize + cuBLAS
+(``bench_int4_gemv.py --rows 1,2,4,8``)."""
 INT4_CHUNK_K = 4096
-"""Longest K (codes per row, 2048 bytes) whose whole rows one program holds in registers (the slab mode: every load
-issued before the PDL wait); longer rows loop over chunks of this many codes, the next chunk's loads in flight
-during the current chunk's math. A power of two."""
+"""Longest K (codes per row, 2048 bytes) whose whole rows one program holds in registers (the slab mode: every
+load issued before the PDL wait); longer rows loop over chunks of this many codes, the next chunk's loads in
+flight during the current chunk's math. A power of two."""
 INT4_CONFIGS: tuple[tuple[int, int, int], ...] = (
-    (1024, 8192, 2),    # Qwen3-0.6B QKV (4096 x 1024), gate/up (6144 x 1024): BN 8
-    (2048, 8192, 2),    # attention output (1024 x 2048): BN 4
-    (4096, 12288, 2),   # MLP down (1024 x 3072): BN 4 (24 groups of 128 as 16 + 8)
+    (1024, 8192, 2),  # Qwen3-0.6B QKV (4096 x 1024), gate/up (6144 x 1024): BN 8
+    (2048, 8192, 2),  # attention output (1024 x 2048): BN 4
+    (4096, 12288, 2),  # MLP down (1024 x 3072): BN 4 (24 groups of 128 as 16 + 8)
 )
 """``(K at most, slab codes, warps)`` of ``_qgemv_int4``: the first row whose K bound holds (longer K:
-:data:`INT4_LOOP_CONFIG`). A program owns ``BN`` output columns, the largest power of two (1 .. :data:`INT4_BN_MAX`)
-whose ``BN x`` (codes held per row) fits the slab. Chosen from the compiled code, not swept on a GPU (``nvdisasm`` of
-sm_90 builds): ~128-192 codes per thread keep every value in registers (128-168 of them, no spills) and give each
-thread several output columns, so that x's elements, converted to float32 once per thread, serve all of them;
-2 warps, as ``triton.gemv``'s prefetch kernel (measured there). Timed on an H200 with these configs
-(:data:`INT4_MEASURED_FASTER`); ``bench_int4_gemv.py --grid`` sweeps them."""
+:data:`INT4_LOOP_CONFIG`). A program owns ``BN`` output columns, the largest power of two (1 ..
+:data:`INT4_BN_MAX`) whose ``BN x`` (codes held per row) fits the slab. Chosen from the compiled code, not
+swept on a GPU (``nvdisasm`` of sm_90 builds): ~128-192 codes per thread keep every value in registers
+(128-168 of them, no spills) and give each thread several output columns, so that x's elements, converted to
+float32 once per thread, serve all of them; 2 warps, as ``triton.gemv``'s prefetch kernel (measured there).
+Timed on an H200 with these configs (:data:`INT4_MEASURED_FASTER`); ``bench_int4_gemv.py --grid`` sweeps
+them."""
 INT4_LOOP_CONFIG = (8192, 4)
-"""``(slab codes, warps)`` of ``_qgemv_int4`` for K beyond the last :data:`INT4_CONFIGS` bound (the loop mode when K >
-:data:`INT4_CHUNK_K`: BN = slab / INT4_CHUNK_K columns per program; 4 warps keep the two chunks in flight in
-registers, ~100-140 of them)."""
+"""``(slab codes, warps)`` of ``_qgemv_int4`` for K beyond the last :data:`INT4_CONFIGS` bound (the loop mode
+when K > :data:`INT4_CHUNK_K`: BN = slab / INT4_CHUNK_K columns per program; 4 warps keep the two chunks in
+flight in registers, ~100-140 of them)."""
 INT4_BY_SHAPE: dict[tuple[int, int], tuple[int, int]] = {}
-"""``(N, K)`` of a weight -> ``(slab codes, warps)`` in place of :data:`INT4_CONFIGS` (per-projection A/Bs; empty by
-default)."""
+"""``(N, K)`` of a weight -> ``(slab codes, warps)`` in place of :data:`INT4_CONFIGS` (per-projection A/Bs;
+empty by default)."""
 INT4_BN_MAX = 16
 """Most output columns per program of ``_qgemv_int4``."""
 INT4_MEASURED_FASTER = True
-""":func:`priority_for` makes this kernel the default for int4 weights at up to :data:`INT4_ROWS_MAX` rows (decode) on
-SM >= :data:`MEASURED_SM_MIN` GPUs, as :data:`MEASURED_FASTER` does for int8 / fp8 e4m3. Measured on an H200
-(``benchmarks/bench_int4_gemv.py``, ``benchmarks/results/int4_gemv_h200.md``: 28-layer norm -> linear graphs of
-Qwen3-0.6B's four projections, L2 flushed, groups of 128): at 1 row ``_qgemv_int4`` 3.0-4.2 µs a projection against
-7.9-15.9 for the old row kernel and 48-82 for dequantize + cuBLAS (the default before), at 8 rows 9.9-19.3 against
-12.4-18.2 and 41-82; against bf16 ``triton.gemv`` 1.19x / 1.27x faster for QKV / gate-up at 1 row, 0.70-0.74x for
-the o / down projections. False: int4 stays on dequantize + cuBLAS unless locked. Read at selection time."""
+""":func:`priority_for` makes this kernel the default for int4 weights at up to :data:`INT4_ROWS_MAX` rows
+(decode) on SM >= :data:`MEASURED_SM_MIN` GPUs, as :data:`MEASURED_FASTER` does for int8 / fp8 e4m3. Measured
+on an H200 (``benchmarks/bench_int4_gemv.py``, ``benchmarks/results/int4_gemv_h200.md``: 28-layer norm ->
+linear graphs of Qwen3-0.6B's four projections, L2 flushed, groups of 128): at 1 row ``_qgemv_int4`` 3.0-4.2
+µs a projection against 7.9-15.9 for the old row kernel and 48-82 for dequantize + cuBLAS (the default
+before), at 8 rows 9.9-19.3 against 12.4-18.2 and 41-82; against bf16 ``triton.gemv`` 1.19x / 1.27x faster for
+QKV / gate-up at 1 row, 0.70-0.74x for the o / down projections. False: int4 stays on dequantize + cuBLAS
+unless locked. Read at selection time."""
 
 
 def _prev_pow2(n: int) -> int:
@@ -108,13 +116,13 @@ def int4_decode_applies(m: int, group: int) -> bool:
 
 
 def int4_config(m: int, n: int, k: int, group: int) -> dict[str, Any]:
-    """Launch meta-parameters of ``_qgemv_int4`` (Marlin-style int4 decode GEMV, ``_qgemv_int4_kernels.py``) for
-    ``m`` rows (M) of an int4 ``[n, k]`` weight (N out_features, K in_features) in groups of ``group`` (a power of
-    two dividing K): ``{"kernel": "int4", "NG": K / group groups per row, "GH": group / 2 bytes per group, "NGA",
-    "NGB": the groups held at once in one or two power-of-two parts (the slab mode when NGA + NGB >= NG, else
-    chunks of NGA groups), "BM": M padded to a power of two, "BN": columns per program, "num_warps"}`` from
-    :data:`INT4_CONFIGS`, :data:`INT4_LOOP_CONFIG` and :data:`INT4_BY_SHAPE`. Raises nothing (a new dict per
-    call)."""
+    """Launch meta-parameters of ``_qgemv_int4`` (Marlin-style int4 decode GEMV, ``_qgemv_int4_kernels.py``)
+    for ``m`` rows (M) of an int4 ``[n, k]`` weight (N out_features, K in_features) in groups of ``group`` (a
+    power of two dividing K): ``{"kernel": "int4", "NG": K / group groups per row, "GH": group / 2 bytes per
+    group, "NGA", "NGB": the groups held at once in one or two power-of-two parts (the slab mode when NGA +
+    NGB >= NG, else chunks of NGA groups), "BM": M padded to a power of two, "BN": columns per program,
+    "num_warps"}`` from :data:`INT4_CONFIGS`, :data:`INT4_LOOP_CONFIG` and :data:`INT4_BY_SHAPE`. Raises
+    nothing (a new dict per call)."""
     ng = k // group
     most = max(1, INT4_CHUNK_K // group)  # groups held at once
     if ng <= most:
@@ -126,40 +134,55 @@ def int4_config(m: int, n: int, k: int, group: int) -> dict[str, Any]:
     if INT4_BY_SHAPE:  # A/B overrides only: nothing to look up on the usual call
         slab, warps = INT4_BY_SHAPE.get((n, k), (slab, warps))
     bn = _prev_pow2(max(1, min(INT4_BN_MAX, slab // ((nga + ngb) * group))))
-    return {"kernel": "int4", "NG": ng, "GH": group // 2, "NGA": nga, "NGB": ngb, "BM": next_pow2(m), "BN": bn,
-            "num_warps": warps}
+    return {
+        "kernel": "int4",
+        "NG": ng,
+        "GH": group // 2,
+        "NGA": nga,
+        "NGB": ngb,
+        "BM": next_pow2(m),
+        "BN": bn,
+        "num_warps": warps,
+    }
 
 
 def config(m: int, n: int, k: int, group: int | None) -> dict[str, Any]:
-    """Kernel (``"int4"``, ``"rows"`` or ``"dot"``) and tiles for ``m`` rows of a ``[n, k]`` weight (``group``: the
-    int4 group size, None for int8 / fp8). int4 where :func:`int4_decode_applies`: ``_qgemv_int4``
-    (:func:`int4_config`). Else up to :data:`ROWS_MAX` rows the row kernel ``_qgemv_rows`` (decode): ``BM`` the rows
-    padded to a power of two, 4 output columns per program (2 for long K, as ``triton.gemv``: N / BN programs keep
-    the loads in flight even for N = 1024), K tiles of 512 (the int4 group size when smaller). More rows:
-    ``_qgemm``'s ``tl.dot`` tiles of 16 rows (up to 16) or 64, 64 columns, K tiles of 64 (the group size when
-    smaller). A K tile never straddles an int4 group."""
+    """Kernel (``"int4"``, ``"rows"`` or ``"dot"``) and tiles for ``m`` rows of a ``[n, k]`` weight
+    (``group``: the int4 group size, None for int8 / fp8). int4 where :func:`int4_decode_applies`:
+    ``_qgemv_int4`` (:func:`int4_config`). Else up to :data:`ROWS_MAX` rows the row kernel ``_qgemv_rows``
+    (decode): ``BM`` the rows padded to a power of two, 4 output columns per program (2 for long K, as
+    ``triton.gemv``: N / BN programs keep the loads in flight even for N = 1024), K tiles of 512 (the int4
+    group size when smaller). More rows: ``_qgemm``'s ``tl.dot`` tiles of 16 rows (up to 16) or 64, 64
+    columns, K tiles of 64 (the group size when smaller). A K tile never straddles an int4 group."""
     if group is not None and int4_decode_applies(m, group):
         return int4_config(m, n, k, group)
     if m <= ROWS_MAX:
         bk = 512 if group is None else min(group, 512)
-        return {"kernel": "rows", "BM": next_pow2(m), "BN": 2 if m <= 2 and k >= 3072 else 4, "BK": bk,
-                "num_warps": 4}
+        return {
+            "kernel": "rows",
+            "BM": next_pow2(m),
+            "BN": 2 if m <= 2 and k >= 3072 else 4,
+            "BK": bk,
+            "num_warps": 4,
+        }
     bk = 64 if group is None else min(group, 64)
     return {"kernel": "dot", "BM": 16 if m <= 16 else 64, "BN": 64, "BK": bk, "num_warps": 4}
 
 
 def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ dequantize(qt).T + bias`` without a float copy of the weight (Marlin's / vLLM's weight-only GEMMs:
-    codes decoded in registers; int4 in GPTQ / AWQ's asymmetric layout as ``lz.quantize`` packs it). Kernel by
-    :func:`config`: int4 at up to :data:`INT4_ROWS_MAX` rows ``_qgemv_int4`` (PDL-launched in CUDA graphs on
-    SM >= 9.0), int8 / fp8 up to :data:`ROWS_MAX` rows ``_qgemv_rows``, more rows ``_qgemm``'s ``tl.dot`` tiles.
+    """``x @ dequantize(qt).T + bias`` without a float copy of the weight (Marlin's / vLLM's weight-only
+    GEMMs: codes decoded in registers; int4 in GPTQ / AWQ's asymmetric layout as ``lz.quantize`` packs it).
+    Kernel by :func:`config`: int4 at up to :data:`INT4_ROWS_MAX` rows ``_qgemv_int4`` (PDL-launched in CUDA
+    graphs on SM >= 9.0), int8 / fp8 up to :data:`ROWS_MAX` rows ``_qgemv_rows``, more rows ``_qgemm``'s
+    ``tl.dot`` tiles.
 
     Args:
         x: ``[..., K]`` float16/bfloat16 on CUDA (or CPU under ``TRITON_INTERPRET=1``), ``stride(-1) == 1``;
             M rows = the product of the leading dims.
-        qt: a ``QuantizedTensor`` of a ``[N, K]`` weight (``lz.quantized_linear`` validated it): int8 / fp8 with scale
-            ``[N, 1]`` or ``[]`` (float32), or int4 with codes uint8 ``[N, K/2]`` (low nibble first), scale float32
-            and zero point uint8 ``[N, K/g]``, g a power of two >= 16 (selection refuses others).
+        qt: a ``QuantizedTensor`` of a ``[N, K]`` weight (``lz.quantized_linear`` validated it): int8 / fp8
+            with scale ``[N, 1]`` or ``[]`` (float32), or int4 with codes uint8 ``[N, K/2]`` (low nibble
+            first), scale float32 and zero point uint8 ``[N, K/g]``, g a power of two >= 16 (selection refuses
+            others).
         bias: ``[N]`` like x, or None.
 
     Returns:
@@ -185,12 +208,25 @@ def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> tor
     args = (x2, qt.data, scale, zero, b, o2, m, n, x2.stride(0), qt.data.stride(0), stride_s, o2.stride(0))
     if kernel == "int4":
         mod4 = _INT4_KERNELS.get()
-        launch(mod4._qgemv_int4, (cdiv(n, cfg["BN"]),), *args, mod4.MAGIC_BITS, HAS_BIAS=bias is not None, **cfg,
-               **pdl_kwargs(x2, m))
+        launch(
+            mod4._qgemv_int4,
+            (cdiv(n, cfg["BN"]),),
+            *args,
+            mod4.MAGIC_BITS,
+            HAS_BIAS=bias is not None,
+            **cfg,
+            **pdl_kwargs(x2, m),
+        )
         return out
     mod = _KERNELS.get()
-    meta = dict(K=k, G=qt.group_size if grouped else 1, GROUPED=grouped, PER_CHANNEL=per_channel,
-                HAS_BIAS=bias is not None, **cfg)
+    meta = dict(
+        K=k,
+        G=qt.group_size if grouped else 1,
+        GROUPED=grouped,
+        PER_CHANNEL=per_channel,
+        HAS_BIAS=bias is not None,
+        **cfg,
+    )
     if kernel == "rows":
         launch(mod._qgemv_rows, (cdiv(n, cfg["BN"]),), *args, **meta)
     else:
@@ -204,38 +240,63 @@ def _check(ctx: SelectionContext) -> list[Reason]:
     if gran.startswith("group:"):
         g = int(gran.split(":")[1])
         if g < MIN_GROUP or g & (g - 1):
-            out.append(Reason(ReasonCode.SHAPE_MISMATCH, f"int4 group size {g} is not a power of two >= {MIN_GROUP} "
-                                                         "(Triton's tiles are powers of two)"))
+            out.append(
+                Reason(
+                    ReasonCode.SHAPE_MISMATCH,
+                    f"int4 group size {g} is not a power of two >= {MIN_GROUP} "
+                    "(Triton's tiles are powers of two)",
+                )
+            )
     fp8 = ctx.quant_format in (QuantFormat.FP8_E4M3.value, QuantFormat.FP8_E5M2.value)
     sm = ctx.device.sm if ctx.device is not None else None
     if fp8 and sm is not None and tuple(sm) < FP8_SM_MIN:
-        out.append(Reason(ReasonCode.SM_TOO_OLD, f"float8 weights need SM >= {FP8_SM_MIN[0]}.{FP8_SM_MIN[1]} in "
-                                                 f"Triton, this GPU is SM {sm[0]}.{sm[1]}"))
+        out.append(
+            Reason(
+                ReasonCode.SM_TOO_OLD,
+                f"float8 weights need SM >= {FP8_SM_MIN[0]}.{FP8_SM_MIN[1]} in "
+                f"Triton, this GPU is SM {sm[0]}.{sm[1]}",
+            )
+        )
     return out
 
 
 def priority_for(ctx: SelectionContext) -> int | None:
-    """:data:`MEASURED_PRIORITY` (above the dequantize-then-GEMM default) for the weight formats measured faster, on
-    the GPUs they were measured on: :data:`MEASURED_FASTER`, and int4 at up to :data:`INT4_ROWS_MAX` rows once
-    :data:`INT4_MEASURED_FASTER` is set; None (:data:`PRIORITY`) elsewhere."""
+    """:data:`MEASURED_PRIORITY` (above the dequantize-then-GEMM default) for the weight formats measured
+    faster, on the GPUs they were measured on: :data:`MEASURED_FASTER`, and int4 at up to
+    :data:`INT4_ROWS_MAX` rows once :data:`INT4_MEASURED_FASTER` is set; None (:data:`PRIORITY`) elsewhere."""
     sm = ctx.device.sm if ctx.device is not None else None
     if sm is None or tuple(sm) < MEASURED_SM_MIN:
         return None
     if ctx.quant_format in MEASURED_FASTER:
         return MEASURED_PRIORITY
-    if (INT4_MEASURED_FASTER and ctx.quant_format == QuantFormat.INT4.value and ctx.batch is not None
-            and ctx.batch <= INT4_ROWS_MAX):
+    if (
+        INT4_MEASURED_FASTER
+        and ctx.quant_format == QuantFormat.INT4.value
+        and ctx.batch is not None
+        and ctx.batch <= INT4_ROWS_MAX
+    ):
         return MEASURED_PRIORITY
     return None
 
 
 def kernel_spec(available: bool, why: str) -> KernelSpec:
-    """The ``triton.quantized_linear`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``)
-    when ``available`` is False."""
+    """The ``triton.quantized_linear`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with
+    ``why``) when ``available`` is False."""
     fn: Callable[..., Any] = quantized_linear if available else missing(KERNEL_ID, why)
-    return KernelSpec(KERNEL_ID, "quantized_linear", fn, priority=PRIORITY,
-                      description="LayerZero Triton weight-only GEMM: int8 / fp8 / int4 codes decoded in registers, "
-                                  "float32 accumulation (a fused low-bit GEMM)",
-                      device_types=CUDA, dtypes=HALF, sm_min=SM_MIN, requires_stride_last_1=True,
-                      deterministic=True, graph_safe=True, supports_backward=False, check=_check,
-                      priority_for=priority_for)
+    return KernelSpec(
+        KERNEL_ID,
+        "quantized_linear",
+        fn,
+        priority=PRIORITY,
+        description="LayerZero Triton weight-only GEMM: int8 / fp8 / int4 codes decoded in registers, "
+        "float32 accumulation (a fused low-bit GEMM)",
+        device_types=CUDA,
+        dtypes=HALF,
+        sm_min=SM_MIN,
+        requires_stride_last_1=True,
+        deterministic=True,
+        graph_safe=True,
+        supports_backward=False,
+        check=_check,
+        priority_for=priority_for,
+    )

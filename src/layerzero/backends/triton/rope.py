@@ -1,12 +1,13 @@
 """``triton.rope``: our Triton rotary position embedding for ``lz.rope``, CUDA only (SM >= 8.0); and
-``triton.qk_norm_rope`` for ``lz.qk_norm_rope``, the same kernel with a per-head RMSNorm first (one launch where the
-engine's Qwen3 layers took three: q_norm, k_norm, rope).
+``triton.qk_norm_rope`` for ``lz.qk_norm_rope``, the same kernel with a per-head RMSNorm first (one launch
+where the engine's Qwen3 layers took three: q_norm, k_norm, rope).
 
 Both pair layouts (GPT-NeoX/Llama half rotation and GPT-J interleaved pairs), partial rotary (dims >= R
 copied), every cos/sin form ``lz.rope`` accepts (a ``[max_pos, R]`` table with ``position_ids [B or 1, S]``,
 the table read at positions 0..S-1, or gathered ``[B or 1, S, R]``), BHSD and BSHD inputs read through their
 strides (no copies, any strides). Returns new tensors; the inputs are never written. Math in float32 with one
-rounding to the input dtype, like the reference (``backends/reference/rope.py``); kernel in ``_rope_kernels.py``.
+rounding to the input dtype, like the reference (``backends/reference/rope.py``); kernel in
+``_rope_kernels.py``.
 
 Graph safety: no host synchronization (the position gather happens inside the kernel), outputs from
 ``torch.empty_like``; capturable once the specialization was compiled by ``lz.warmup`` or an eager call.
@@ -28,13 +29,14 @@ KERNEL_ID = "triton.rope"
 QK_NORM_KERNEL_ID = "triton.qk_norm_rope"
 QK_NORM_CACHE_KERNEL_ID = "triton.qk_norm_rope_cache"
 CACHE_PRIORITY = PRIORITY = 60
-"""Above ``composite.qk_norm_rope_cache`` (52, the two launches it fuses) and torch_native (50, several elementwise
-launches in the input dtype) and liger (40): fastest of the three on the H200 for decode and 4096-token prefill shapes
-(benchmarks/results/norm_rope_h200.md; qk_norm_rope_cache: benchmarks/results/history.md)."""
+"""Above ``composite.qk_norm_rope_cache`` (52, the two launches it fuses) and torch_native (50, several
+elementwise launches in the input dtype) and liger (40): fastest of the three on the H200 for decode and
+4096-token prefill shapes (benchmarks/results/norm_rope_h200.md; qk_norm_rope_cache:
+benchmarks/results/history.md)."""
 MAX_HEAD_DIM = 1024
 BLOCK_H_MAX = 4
-"""Most heads one program rotates (a power of two; fewer when a head's tile is large). 4: the fastest batch-1 decode graph of
-the values tried (benchmarks/results/history.md)."""
+"""Most heads one program rotates (a power of two; fewer when a head's tile is large). 4: the fastest batch-1
+decode graph of the values tried (benchmarks/results/history.md)."""
 _KERNELS = LazyModule("_rope_kernels")
 
 
@@ -44,9 +46,15 @@ def _bhsd_strides(t: torch.Tensor, bshd: bool) -> tuple[int, int, int, int]:
     return (sb, s2, s1, sd) if bshd else (sb, s1, s2, sd)
 
 
-def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-         position_ids: torch.Tensor | None = None, interleaved: bool = False,
-         layout: str | Layout = "BHSD") -> tuple[torch.Tensor, torch.Tensor]:
+def rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    interleaved: bool = False,
+    layout: str | Layout = "BHSD",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embeddings (RoFormer, Su et al. 2021) on q and k in one Triton launch.
 
     Args:
@@ -69,12 +77,20 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return _launch(q, k, cos, sin, position_ids, interleaved, layout, None, None, 0.0)
 
 
-def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None = None,
-                 interleaved: bool = False, layout: str | Layout = "BHSD",
-                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """``lz.qk_norm_rope`` in one Triton launch: :func:`rope`'s kernel with each head RMS-normalized over its D
-    dims first (float32, the normalized values rotated without a rounding in between, ``_rope_kernels.py``).
+def qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    interleaved: bool = False,
+    layout: str | Layout = "BHSD",
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lz.qk_norm_rope`` in one Triton launch: :func:`rope`'s kernel with each head RMS-normalized over its
+    D dims first (float32, the normalized values rotated without a rounding in between, ``_rope_kernels.py``).
 
     Args:
         q, k, cos, sin, position_ids, interleaved, layout: as :func:`rope`.
@@ -87,18 +103,30 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     Raises:
         Nothing of its own (``lz.qk_norm_rope`` validates); triton's compile/launch errors propagate.
     """
-    return _launch(q, k, cos, sin, position_ids, interleaved, layout, q_weight.contiguous(), k_weight.contiguous(),
-                   eps)
+    return _launch(
+        q, k, cos, sin, position_ids, interleaved, layout, q_weight.contiguous(), k_weight.contiguous(), eps
+    )
 
 
-def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
-                       k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                       slot_mapping: torch.Tensor, position_ids: torch.Tensor, interleaved: bool, kv_layout: Any,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``lz.qk_norm_rope_cache`` in one Triton launch: :func:`qk_norm_rope`'s kernel on the token-major q ``[T, Hq, D]``
-    / k ``[T, Hkv, D]`` (viewed as BSHD with B = 1), whose k programs also store the rotated k and the token's v
-    ``[T, Hkv, D]`` into ``kv_cache`` (``[N, 2, P, Hkv, D]`` NHD or ``[N, 2, Hkv, P, D]`` HND) at
-    ``slot_mapping`` ``[T]`` (-1: skipped). ``position_ids`` ``[T]``.
+def qk_norm_rope_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    position_ids: torch.Tensor,
+    interleaved: bool,
+    kv_layout: Any,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lz.qk_norm_rope_cache`` in one Triton launch: :func:`qk_norm_rope`'s kernel on the token-major q
+    ``[T, Hq, D]`` / k ``[T, Hkv, D]`` (viewed as BSHD with B = 1), whose k programs also store the rotated k
+    and the token's v ``[T, Hkv, D]`` into ``kv_cache`` (``[N, 2, P, Hkv, D]`` NHD or ``[N, 2, Hkv, P, D]``
+    HND) at ``slot_mapping`` ``[T]`` (-1: skipped). ``position_ids`` ``[T]``.
 
     Returns:
         ``(q_out, k_out)`` like q and k (new tensors); the cache is written in place.
@@ -108,18 +136,51 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
     """
     hnd = getattr(kv_layout, "value", kv_layout) == "HND"
     c = kv_cache.stride()
-    cache = dict(V=v, KV=kv_cache, SLOTS=slot_mapping, sv_s=v.stride(0), sv_h=v.stride(1), sv_d=v.stride(2),
-                 c_blk=c[0], c_kv=c[1], c_tok=c[3] if hnd else c[2], c_h=c[2] if hnd else c[3], c_d=c[4],
-                 page=kv_cache.shape[3] if hnd else kv_cache.shape[2], CACHE=True,
-                 BLOCK_D=next_pow2(q.shape[-1]))
-    qo, ko = _launch(q.unsqueeze(0), k.unsqueeze(0), cos, sin, position_ids.view(1, -1), interleaved, "BSHD",
-                     q_weight.contiguous(), k_weight.contiguous(), eps, cache)
+    cache = dict(
+        V=v,
+        KV=kv_cache,
+        SLOTS=slot_mapping,
+        sv_s=v.stride(0),
+        sv_h=v.stride(1),
+        sv_d=v.stride(2),
+        c_blk=c[0],
+        c_kv=c[1],
+        c_tok=c[3] if hnd else c[2],
+        c_h=c[2] if hnd else c[3],
+        c_d=c[4],
+        page=kv_cache.shape[3] if hnd else kv_cache.shape[2],
+        CACHE=True,
+        BLOCK_D=next_pow2(q.shape[-1]),
+    )
+    qo, ko = _launch(
+        q.unsqueeze(0),
+        k.unsqueeze(0),
+        cos,
+        sin,
+        position_ids.view(1, -1),
+        interleaved,
+        "BSHD",
+        q_weight.contiguous(),
+        k_weight.contiguous(),
+        eps,
+        cache,
+    )
     return qo.squeeze(0), ko.squeeze(0)
 
 
-def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None,
-            interleaved: bool, layout: str | Layout, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-            eps: float, cache: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: torch.Tensor | None,
+    interleaved: bool,
+    layout: str | Layout,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cache: dict[str, Any] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     bshd = layout is Layout.BSHD or layout == "BSHD"
     qo = torch.empty_like(q)
     ko = torch.empty_like(k)
@@ -147,37 +208,91 @@ def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     block_half = next_pow2(r // 2)
     block_pass = next_pow2(d - r) if d > r else 0
     per_head = block_half * 2 + block_pass  # elements of one head in the tile
-    block_h = min(next_pow2(max(hq, hk)), BLOCK_H_MAX, max(1, next_pow2(2048 // per_head + 1) // 2))  # power of 2
+    block_h = min(
+        next_pow2(max(hq, hk)), BLOCK_H_MAX, max(1, next_pow2(2048 // per_head + 1) // 2)
+    )  # power of 2
     grid = (b * s, cdiv(hq, block_h) + cdiv(hk, block_h))
     norm = q_weight is not None
-    launch(mod._rope_fwd, grid,
-        q, k, qo, ko, cos, sin, pos, q_weight if norm else cos, k_weight if norm else cos,
-        *_bhsd_strides(q, bshd), *_bhsd_strides(k, bshd), *_bhsd_strides(qo, bshd), *_bhsd_strides(ko, bshd),
-        *sc, *ss, *sp, s, hq, hk, r, d, float(eps),
-        HAS_POS=position_ids is not None, INTERLEAVED=bool(interleaved), BLOCK_H=block_h,
-        BLOCK_HALF=block_half, BLOCK_PASS=block_pass, NORM=norm, num_warps=4 if block_h * per_head >= 2048 else 2,
-        **pdl_kwargs(q, b * s), **(cache or {}))
+    launch(
+        mod._rope_fwd,
+        grid,
+        q,
+        k,
+        qo,
+        ko,
+        cos,
+        sin,
+        pos,
+        q_weight if norm else cos,
+        k_weight if norm else cos,
+        *_bhsd_strides(q, bshd),
+        *_bhsd_strides(k, bshd),
+        *_bhsd_strides(qo, bshd),
+        *_bhsd_strides(ko, bshd),
+        *sc,
+        *ss,
+        *sp,
+        s,
+        hq,
+        hk,
+        r,
+        d,
+        float(eps),
+        HAS_POS=position_ids is not None,
+        INTERLEAVED=bool(interleaved),
+        BLOCK_H=block_h,
+        BLOCK_HALF=block_half,
+        BLOCK_PASS=block_pass,
+        NORM=norm,
+        num_warps=4 if block_h * per_head >= 2048 else 2,
+        **pdl_kwargs(q, b * s),
+        **(cache or {}),
+    )
     return qo, ko
 
 
 def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
-    """``[triton.rope, triton.qk_norm_rope, triton.qk_norm_rope_cache]``; their callables raise ``BackendNotAvailableError`` (with ``why``)
-    when ``available`` is False."""
-    common = dict(priority=PRIORITY, device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN,
-                  layouts=frozenset({Layout.BHSD, Layout.BSHD}), head_dim_max=MAX_HEAD_DIM, deterministic=True,
-                  graph_safe=True, supports_backward=False)
+    """``[triton.rope, triton.qk_norm_rope, triton.qk_norm_rope_cache]``; their callables raise
+    ``BackendNotAvailableError`` (with ``why``) when ``available`` is False."""
+    common = dict(
+        priority=PRIORITY,
+        device_types=CUDA,
+        dtypes=FLOATS,
+        sm_min=SM_MIN,
+        layouts=frozenset({Layout.BHSD, Layout.BSHD}),
+        head_dim_max=MAX_HEAD_DIM,
+        deterministic=True,
+        graph_safe=True,
+        supports_backward=False,
+    )
     rope_fn: Callable[..., Any] = rope if available else missing(KERNEL_ID, why)
     norm_fn: Callable[..., Any] = qk_norm_rope if available else missing(QK_NORM_KERNEL_ID, why)
     cache_fn: Callable[..., Any] = qk_norm_rope_cache if available else missing(QK_NORM_CACHE_KERNEL_ID, why)
     # token-major q/k/v, either KV layout (strides)
     cache_common = {**common, "layouts": None, "priority": CACHE_PRIORITY}
-    return [KernelSpec(KERNEL_ID, "rope", rope_fn,
-                       description="LayerZero Triton RoPE: half rotation and GPT-J pairs, partial rotary, table/"
-                                   "position_ids/gathered cos-sin, BHSD/BSHD strided, float32 math, new outputs",
-                       **common),
-            KernelSpec(QK_NORM_KERNEL_ID, "qk_norm_rope", norm_fn,
-                       description="LayerZero Triton per-head RMSNorm + RoPE in one launch (the triton.rope kernel "
-                                   "with a norm prologue), float32 math, one rounding, new outputs", **common),
-            KernelSpec(QK_NORM_CACHE_KERNEL_ID, "qk_norm_rope_cache", cache_fn,
-                       description="LayerZero Triton per-head RMSNorm + RoPE whose k programs also write k and v "
-                                   "into the paged KV cache (one launch where two were)", **cache_common)]
+    return [
+        KernelSpec(
+            KERNEL_ID,
+            "rope",
+            rope_fn,
+            description="LayerZero Triton RoPE: half rotation and GPT-J pairs, partial rotary, table/"
+            "position_ids/gathered cos-sin, BHSD/BSHD strided, float32 math, new outputs",
+            **common,
+        ),
+        KernelSpec(
+            QK_NORM_KERNEL_ID,
+            "qk_norm_rope",
+            norm_fn,
+            description="LayerZero Triton per-head RMSNorm + RoPE in one launch (the triton.rope kernel "
+            "with a norm prologue), float32 math, one rounding, new outputs",
+            **common,
+        ),
+        KernelSpec(
+            QK_NORM_CACHE_KERNEL_ID,
+            "qk_norm_rope_cache",
+            cache_fn,
+            description="LayerZero Triton per-head RMSNorm + RoPE whose k programs also write k and v "
+            "into the paged KV cache (one launch where two were)",
+            **cache_common,
+        ),
+    ]

@@ -32,13 +32,12 @@ PRIORITY = 45
 """Below torch_native (50, ``F.silu(gate) * up``: two elementwise launches): not yet measured on the H200;
 lz.tune promotes it where its single pass is faster."""
 CAPTURE_PRIORITY = 55
-"""Above torch_native (50) inside a CUDA graph (launch paid once at capture): its one pass measured 0.29-0.45 of
-torch's two kernels at 1-16 rows on the H200 (I = 3072; ``benchmarks/results/in_graph_h200.md``)."""
+"""Above torch_native (50) inside a CUDA graph (launch paid once at capture): its one pass measured 0.29-0.45
+of torch's two kernels at 1-16 rows on the H200 (I = 3072; ``benchmarks/results/in_graph_h200.md``)."""
 MAX_INTER = 65535 * 1024
 """Largest intermediate size: rows go on grid axis 0 (CUDA x, up to 2^31 - 1), column blocks of 1024 on axis 1
 (CUDA y, at most 65535)."""
 _KERNELS = LazyModule("_swiglu_kernels")
-
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -61,15 +60,31 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     mod = _KERNELS.get()
     inter = gate.shape[-1]
     g2, u2, o2 = rows_2d(gate, "gate", KERNEL_ID), rows_2d(up, "up", KERNEL_ID), out.view(-1, inter)
-    launch(mod._swiglu_fwd, (g2.shape[0], cdiv(inter, mod.BLOCK)), g2, u2, o2, g2.stride(0), u2.stride(0), o2.stride(0), inter,
-                                               BLOCK=mod.BLOCK, num_warps=4, **pdl_kwargs(g2, g2.shape[0]))
+    launch(
+        mod._swiglu_fwd,
+        (g2.shape[0], cdiv(inter, mod.BLOCK)),
+        g2,
+        u2,
+        o2,
+        g2.stride(0),
+        u2.stride(0),
+        o2.stride(0),
+        inter,
+        BLOCK=mod.BLOCK,
+        num_warps=4,
+        **pdl_kwargs(g2, g2.shape[0]),
+    )
     return out
 
 
 def _check(ctx: SelectionContext) -> list[Reason]:
     if ctx.hidden_size is not None and ctx.hidden_size > MAX_INTER:
-        return [Reason(ReasonCode.HIDDEN_SIZE_UNSUPPORTED,
-                       f"intermediate size {ctx.hidden_size} > {MAX_INTER} (65535 column blocks of 1024)")]
+        return [
+            Reason(
+                ReasonCode.HIDDEN_SIZE_UNSUPPORTED,
+                f"intermediate size {ctx.hidden_size} > {MAX_INTER} (65535 column blocks of 1024)",
+            )
+        ]
     return []
 
 
@@ -77,7 +92,19 @@ def kernel_spec(available: bool, why: str) -> KernelSpec:
     """The ``triton.swiglu`` KernelSpec; its callable raises ``BackendNotAvailableError`` (with ``why``)
     when ``available`` is False."""
     fn: Callable[..., Any] = swiglu if available else missing(KERNEL_ID, why)
-    return KernelSpec(KERNEL_ID, "swiglu", fn, priority=PRIORITY, capture_priority=CAPTURE_PRIORITY,
-                      description="LayerZero Triton SwiGLU, one elementwise pass, float32 math, HF LlamaMLP rounding",
-                      device_types=CUDA, dtypes=FLOATS, sm_min=SM_MIN, requires_stride_last_1=True,
-                      deterministic=True, graph_safe=True, supports_backward=False, check=_check)
+    return KernelSpec(
+        KERNEL_ID,
+        "swiglu",
+        fn,
+        priority=PRIORITY,
+        capture_priority=CAPTURE_PRIORITY,
+        description="LayerZero Triton SwiGLU, one elementwise pass, float32 math, HF LlamaMLP rounding",
+        device_types=CUDA,
+        dtypes=FLOATS,
+        sm_min=SM_MIN,
+        requires_stride_last_1=True,
+        deterministic=True,
+        graph_safe=True,
+        supports_backward=False,
+        check=_check,
+    )

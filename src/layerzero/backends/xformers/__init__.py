@@ -1,15 +1,15 @@
 """The ``xformers`` backend: ``xformers.ops.fmha.memory_efficient_attention`` as ``xformers.attention``.
 
 Availability means "its operators actually load", not "it imports": on a torch it was not built for (e.g.
-xformers 0.0.35, built for torch 2.10, on torch 2.11) ``import xformers`` succeeds with a warning, the C++/CUDA
-library does not load, and then every fmha operator refuses CUDA inputs (``common.py``:
-"xFormers wasn't build with CUDA support"), the Triton split-k operator included. :func:`probe` therefore
-checks, in order: the module exists (else ``BACKEND_NOT_INSTALLED``); ``xformers.ops.fmha`` imports (else
+xformers 0.0.35, built for torch 2.10, on torch 2.11) ``import xformers`` succeeds with a warning, the
+C++/CUDA library does not load, and then every fmha operator refuses CUDA inputs (``common.py``: "xFormers
+wasn't build with CUDA support"), the Triton split-k operator included. :func:`probe` therefore checks, in
+order: the module exists (else ``BACKEND_NOT_INSTALLED``); ``xformers.ops.fmha`` imports (else
 ``BACKEND_IMPORT_FAILED`` with the error); ``xformers._cpp_lib`` loaded its library with CUDA
 (``_cpp_library_load_exception is None`` and ``_built_with_cuda``; else ``BACKEND_IMPORT_FAILED`` with the
 loader's message); and at least one of ``flash.FwOp`` / ``cutlass.FwOp`` ``.is_available()`` (else
-``BACKEND_IMPORT_FAILED``). The operators that load route the kernel's check (``kernels.py``).
-Nothing is imported at ``import layerzero`` time; :func:`register` runs on the first op call.
+``BACKEND_IMPORT_FAILED``). The operators that load route the kernel's check (``kernels.py``). Nothing is
+imported at ``import layerzero`` time; :func:`register` runs on the first op call.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ class XformersProbe:
 
 
 def _unavailable(code: ReasonCode, message: str, version: str | None = None) -> XformersProbe:
-    return XformersProbe(unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, Reason(code, message), version))
+    return XformersProbe(
+        unavailable_backend(BACKEND_ID, MODULE, _DESCRIPTION, Reason(code, message), version)
+    )
 
 
 def _op_available(fmha: Any, name: str) -> tuple[bool, str]:
@@ -67,30 +69,41 @@ def probe() -> XformersProbe:
     try:
         fmha = importlib.import_module("xformers.ops.fmha")
     except Exception as exc:  # noqa: BLE001
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED, f"importing xformers.ops.fmha failed: {exc!r}", version)
+        return _unavailable(
+            ReasonCode.BACKEND_IMPORT_FAILED, f"importing xformers.ops.fmha failed: {exc!r}", version
+        )
     cpp = getattr(xf, "_cpp_lib", None)
     load_error = getattr(cpp, "_cpp_library_load_exception", None)
     if cpp is None or load_error is not None or not getattr(cpp, "_built_with_cuda", False):
         detail = str(load_error).strip().splitlines()[0] if load_error is not None else "built without CUDA"
         return _unavailable(
             ReasonCode.BACKEND_IMPORT_FAILED,
-            f"xFormers {version} C++/CUDA extensions did not load ({detail}); every fmha operator then refuses CUDA "
-            f"inputs, its Triton ones included. Install an xformers wheel built for this torch", version)
+            f"xFormers {version} C++/CUDA extensions did not load ({detail}); every fmha operator then "
+            "refuses CUDA inputs, its Triton ones included. Install an xformers wheel built for this torch",
+            version,
+        )
     flash, why_flash = _op_available(fmha, "flash")
     cutlass, why_cutlass = _op_available(fmha, "cutlass")
     flash3, _ = _op_available(fmha, "flash3")
     if not (flash or cutlass):
-        return _unavailable(ReasonCode.BACKEND_IMPORT_FAILED,
-                            f"no xFormers forward operator can run: {why_flash}; {why_cutlass}", version)
+        return _unavailable(
+            ReasonCode.BACKEND_IMPORT_FAILED,
+            f"no xFormers forward operator can run: {why_flash}; {why_cutlass}",
+            version,
+        )
     function = getattr(fmha, "memory_efficient_attention", None)
     causal = getattr(getattr(fmha, "attn_bias", None), "LowerTriangularMask", None)
     if function is None or causal is None:
-        return _unavailable(ReasonCode.BACKEND_VERSION_UNSUPPORTED,
-                            f"xformers {version} lacks memory_efficient_attention / attn_bias.LowerTriangularMask",
-                            version)
+        return _unavailable(
+            ReasonCode.BACKEND_VERSION_UNSUPPORTED,
+            f"xformers {version} lacks memory_efficient_attention / attn_bias.LowerTriangularMask",
+            version,
+        )
     ops = XformersOps(flash=flash, cutlass=cutlass, flash3=flash3)
     log.debug("xformers %s forward operators: %s", version, ops)
-    return XformersProbe(BackendSpec(BACKEND_ID, MODULE, version, True, (), _DESCRIPTION), function, causal, ops)
+    return XformersProbe(
+        BackendSpec(BACKEND_ID, MODULE, version, True, (), _DESCRIPTION), function, causal, ops
+    )
 
 
 def register(registry: KernelRegistry) -> None:

@@ -12,8 +12,8 @@ Sources read (xformers 0.0.35, ``xformers/ops/fmha``):
 - ``cutlass.py`` (PyTorch's ``aten::_efficient_attention_forward``): SM 5.0-9.0 (``CUDA_MAXIMUM_COMPUTE_
   CAPABILITY = (9, 0)``), fp32/fp16/bf16, any K, Kv, tensor bias whose non-last strides are multiples of
   ``128 / bits`` elements (8 for fp16/bf16, 4 for fp32) with stride(-1) == 1, top-left causal for any Mq, Mkv.
-- ``attn_bias.py``: ``LowerTriangularMask`` is top-left aligned (``torch.tril(..., diagonal=0)``), like SDPA and
-  ``lz.attention``: no Sq != Sk mismatch, but only cutlass runs it when Sq != Sk.
+- ``attn_bias.py``: ``LowerTriangularMask`` is top-left aligned (``torch.tril(..., diagonal=0)``), like SDPA
+  and ``lz.attention``: no Sq != Sk mismatch, but only cutlass runs it when Sq != Sk.
 - ``common.py``: every operator refuses CUDA inputs when the C++ library did not load (``_built_with_cuda``),
   the Triton split-k operator included.
 
@@ -40,7 +40,8 @@ R = ReasonCode
 KERNEL_ID = "xformers.attention"
 PRIORITY = 75
 """Below SDPA flash (80) and cuDNN (85), whose kernels xFormers' flash path shares; above SDPA efficient (70),
-so xFormers serves float-bias and other cases that only the efficient kernels take. PerfDB timings decide more."""
+so xFormers serves float-bias and other cases that only the efficient kernels take. PerfDB timings decide
+more."""
 HALF = frozenset({torch.float16, torch.bfloat16})
 FLASH_SM = ((8, 0), (12, 1))
 CUTLASS_SM_MAX = (9, 0)
@@ -74,11 +75,11 @@ def aligned_bias(mask: torch.Tensor, b: int, h: int, sq: int, sk: int) -> torch.
 
 
 def xformers_call(mea: Callable[..., Any], causal_mask: Callable[[], Any]) -> Callable[..., torch.Tensor]:
-    """Wrap ``memory_efficient_attention`` as a canonical attention kernel on BSHD tensors
-    (q ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D/Dv]`` -> ``[B, Sq, Hq, Dv]``). Causal -> ``causal_mask()``
-    (``LowerTriangularMask``); float masks -> :func:`aligned_bias`; GQA (Hq = G * r, Hkv = G) -> BMGHK:
-    q viewed ``[B, Sq, G, r, D]``, k/v expanded ``[B, Sk, G, r, D]`` (stride 0 over r, no copy), the bias
-    viewed ``[B, G, r, Sq, Sk]``; KV head j serves query heads ``j*r .. j*r + r - 1`` as in ``lz.attention``."""
+    """Wrap ``memory_efficient_attention`` as a canonical attention kernel on BSHD tensors (q
+    ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D/Dv]`` -> ``[B, Sq, Hq, Dv]``). Causal -> ``causal_mask()``
+    (``LowerTriangularMask``); float masks -> :func:`aligned_bias`; GQA (Hq = G * r, Hkv = G) -> BMGHK: q
+    viewed ``[B, Sq, G, r, D]``, k/v expanded ``[B, Sk, G, r, D]`` (stride 0 over r, no copy), the bias viewed
+    ``[B, G, r, Sq, Sk]``; KV head j serves query heads ``j*r .. j*r + r - 1`` as in ``lz.attention``."""
 
     def run(q, k, v, attn_mask, is_causal, scale, dropout_p):
         b, sq, hq, d = q.shape
@@ -114,7 +115,11 @@ def flash_reasons(ctx: SelectionContext, ops: XformersOps) -> list[Reason]:
     sm = ctx.device.sm
     if sm is not None and not FLASH_SM[0] <= sm <= FLASH_SM[1]:
         code = R.SM_TOO_OLD if sm < FLASH_SM[0] else R.SM_TOO_NEW
-        out.append(Reason(code, f"xFormers flash needs SM {_sm(FLASH_SM[0])}-{_sm(FLASH_SM[1])}, device is SM {_sm(sm)}"))
+        out.append(
+            Reason(
+                code, f"xFormers flash needs SM {_sm(FLASH_SM[0])}-{_sm(FLASH_SM[1])}, device is SM {_sm(sm)}"
+            )
+        )
     if ctx.dtype not in HALF:
         out.append(Reason(R.DTYPE_UNSUPPORTED, f"xFormers flash runs fp16/bf16, not {dtype_name(ctx.dtype)}"))
     if ctx.head_dim_v not in (None, ctx.head_dim):
@@ -124,9 +129,13 @@ def flash_reasons(ctx: SelectionContext, ops: XformersOps) -> list[Reason]:
     if ctx.mask is not MaskKind.NONE:
         out.append(Reason(R.MASK_UNSUPPORTED, "xFormers flash takes no tensor bias"))
     if ctx.is_causal and not ctx.seq_equal:
-        out.append(Reason(R.CAUSAL_SEQ_MISMATCH,
-                          "xFormers flash runs LowerTriangularMask only when Sq == Sk (FlashAttention aligns "
-                          "causal bottom-right); the top-left case needs the cutlass operator"))
+        out.append(
+            Reason(
+                R.CAUSAL_SEQ_MISMATCH,
+                "xFormers flash runs LowerTriangularMask only when Sq == Sk (FlashAttention aligns "
+                "causal bottom-right); the top-left case needs the cutlass operator",
+            )
+        )
     return out
 
 
@@ -136,7 +145,11 @@ def cutlass_reasons(ctx: SelectionContext, ops: XformersOps) -> list[Reason]:
         return [Reason(R.BACKEND_IMPORT_FAILED, "xFormers cutlass.FwOp did not load here")]
     sm = ctx.device.sm
     if sm is not None and sm > CUTLASS_SM_MAX:
-        return [Reason(R.SM_TOO_NEW, f"xFormers cutlass supports SM <= {_sm(CUTLASS_SM_MAX)}, device is SM {_sm(sm)}")]
+        return [
+            Reason(
+                R.SM_TOO_NEW, f"xFormers cutlass supports SM <= {_sm(CUTLASS_SM_MAX)}, device is SM {_sm(sm)}"
+            )
+        ]
     return []
 
 
@@ -147,12 +160,20 @@ def make_check(ops: XformersOps) -> Callable[[SelectionContext], list[Reason]]:
 
     def check(ctx: SelectionContext) -> list[Reason]:
         out = []
-        gqa = ctx.num_heads_q is not None and ctx.num_heads_kv is not None and ctx.num_heads_q != ctx.num_heads_kv
+        gqa = (
+            ctx.num_heads_q is not None
+            and ctx.num_heads_kv is not None
+            and ctx.num_heads_q != ctx.num_heads_kv
+        )
         if gqa and ctx.requires_grad:
             out.append(Reason(R.BACKWARD_UNSUPPORTED, "xFormers' GQA (BMGHK) form is forward-only"))
         if gqa and ctx.graph_capture:
-            out.append(Reason(R.CUDA_GRAPH_UNSAFE,
-                              "xFormers' cutlass GQA path creates a CUDA stream per KV group on every call"))
+            out.append(
+                Reason(
+                    R.CUDA_GRAPH_UNSAFE,
+                    "xFormers' cutlass GQA path creates a CUDA stream per KV group on every call",
+                )
+            )
         if ctx.deterministic and ctx.requires_grad:
             out.append(Reason(R.NON_DETERMINISTIC, "xFormers' flash backward is not deterministic"))
         flash, cutlass = flash_reasons(ctx, ops), cutlass_reasons(ctx, ops)
@@ -173,13 +194,18 @@ def _missing(why: str) -> Callable[..., Any]:
     def run(*args: Any) -> Any:
         raise BackendNotAvailableError(
             f"{KERNEL_ID} cannot run: {why}. Install a working xFormers ({INSTALL_HINT}) or let lz.attention "
-            "pick another kernel.")
+            "pick another kernel."
+        )
 
     return run
 
 
-def kernel_spec(mea: Callable[..., Any] | None, causal_mask: Callable[[], Any] | None, ops: XformersOps | None,
-                why: str = "xformers is not available") -> KernelSpec:
+def kernel_spec(
+    mea: Callable[..., Any] | None,
+    causal_mask: Callable[[], Any] | None,
+    ops: XformersOps | None,
+    why: str = "xformers is not available",
+) -> KernelSpec:
     """The ``xformers.attention`` KernelSpec (native layout BSHD).
 
     Args:
@@ -192,11 +218,27 @@ def kernel_spec(mea: Callable[..., Any] | None, causal_mask: Callable[[], Any] |
     fn = xformers_call(mea, causal_mask) if mea is not None and causal_mask is not None else _missing(why)
     dtypes = frozenset(HALF | {torch.float32}) if ops.cutlass else HALF
     return KernelSpec(
-        KERNEL_ID, "attention", fn, priority=PRIORITY,
+        KERNEL_ID,
+        "attention",
+        fn,
+        priority=PRIORITY,
         description="xFormers memory_efficient_attention (flash / cutlass operators, BSHD, GQA via BMGHK, "
-                    "float bias, top-left causal)",
-        device_types=frozenset({"cuda"}), dtypes=dtypes, sm_min=FLASH_SM[0], layouts=frozenset({Layout.BSHD}),
-        head_dim_multiple=8, supports_gqa=True, mask_kinds=frozenset({MaskKind.NONE, MaskKind.FLOAT}),
-        mask_with_causal=False, supports_causal=True, supports_dropout=True, supports_backward=True,
-        requires_stride_last_1=True, requires_aligned_16=True, deterministic=True, graph_safe=True,
-        check=make_check(ops), workspace=_lse_bytes)
+        "float bias, top-left causal)",
+        device_types=frozenset({"cuda"}),
+        dtypes=dtypes,
+        sm_min=FLASH_SM[0],
+        layouts=frozenset({Layout.BSHD}),
+        head_dim_multiple=8,
+        supports_gqa=True,
+        mask_kinds=frozenset({MaskKind.NONE, MaskKind.FLOAT}),
+        mask_with_causal=False,
+        supports_causal=True,
+        supports_dropout=True,
+        supports_backward=True,
+        requires_stride_last_1=True,
+        requires_aligned_16=True,
+        deterministic=True,
+        graph_safe=True,
+        check=make_check(ops),
+        workspace=_lse_bytes,
+    )

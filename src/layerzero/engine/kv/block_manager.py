@@ -128,9 +128,14 @@ class KVCacheManager:
         blocks on a later call, fewer tokens than the computed blocks hold, or computed blocks that are
         not cached (a stale lookup)."""
         table = self._tables.get(req_id)
-        if table is not None and not len(computed_blocks) and type(num_tokens) is int \
-                and 0 <= num_tokens <= len(table) * self.block_size:
-            return []  # the table holds them already: most decode steps (one new block every block_size steps)
+        if (
+            table is not None
+            and not len(computed_blocks)
+            and type(num_tokens) is int
+            and 0 <= num_tokens <= len(table) * self.block_size
+        ):
+            # the table holds them already: most decode steps (one new block every block_size steps)
+            return []
         what = f"allocate_slots({req_id!r})"
         _check_int(
             f"{what}: num_tokens", num_tokens, 0, _INF, InvalidInputError, "It counts tokens in total."
@@ -253,10 +258,10 @@ class KVCacheManager:
         return list(self._table(req_id, "block_table"))
 
     def block_tables(self, req_ids: Sequence[Hashable]) -> np.ndarray:
-        """``[B, W]`` int32: the block tables of ``req_ids`` (B of them, in order) as one matrix, each row padded
-        with 0 to the longest table's W blocks (W >= 1); a new array. One gather from a numpy mirror of the tables
-        (:class:`~.table_mirror.BlockTableMirror`), not a list copy per request. Raises ``InvalidInputError`` for
-        an id without a block table."""
+        """``[B, W]`` int32: the block tables of ``req_ids`` (B of them, in order) as one matrix, each row
+        padded with 0 to the longest table's W blocks (W >= 1); a new array. One gather from a numpy mirror of
+        the tables (:class:`~.table_mirror.BlockTableMirror`), not a list copy per request. Raises
+        ``InvalidInputError`` for an id without a block table."""
         try:
             return self._mirror.gather(req_ids)
         except KeyError as exc:
@@ -294,6 +299,8 @@ class KVCacheManager:
             got, width = self._mirror.gather(ids), max(map(len, self._tables.values()))
             want = np.zeros((len(ids), max(width, 1)), dtype=np.int32)
             for i, t in enumerate(self._tables.values()):
-                want[i, :len(t)] = t
+                want[i, : len(t)] = t
             if not np.array_equal(got, want):
-                raise AssertionError("KVCacheManager: the numpy mirror of the block tables differs from the tables")
+                raise AssertionError(
+                    "KVCacheManager: the numpy mirror of the block tables differs from the tables"
+                )

@@ -1,10 +1,11 @@
-"""The block tables of :class:`~layerzero.engine.kv.KVCacheManager` mirrored as rows of one int32 numpy matrix, so
-a step's ``[B, max blocks]`` table (``ForwardBatch.block_tables``) is one gather instead of converting every
-request's whole Python list (256 requests x 137 blocks: ~35k ints per decode step, ~1 ms of host time on the CI CPU).
+"""The block tables of :class:`~layerzero.engine.kv.KVCacheManager` mirrored as rows of one int32 numpy
+matrix, so a step's ``[B, max blocks]`` table (``ForwardBatch.block_tables``) is one gather instead of
+converting every request's whole Python list (256 requests x 137 blocks: ~35k ints per decode step, ~1 ms of
+host time on the CI CPU).
 
-Tables only grow while a request holds them (blocks are appended, never replaced) and a request's row is zeroed
-when it is freed, so a row holds exactly its table followed by zeros. vLLM v1 keeps its block tables the same way
-(a persistent ``BlockTable`` array per request slot, appended to as blocks are allocated).
+Tables only grow while a request holds them (blocks are appended, never replaced) and a request's row is
+zeroed when it is freed, so a row holds exactly its table followed by zeros. vLLM v1 keeps its block tables
+the same way (a persistent ``BlockTable`` array per request slot, appended to as blocks are allocated).
 """
 
 from __future__ import annotations
@@ -48,12 +49,13 @@ class BlockTableMirror:
     def release(self, req_id: Hashable) -> None:
         """Zero ``req_id``'s row and hand it back."""
         row = self._row.pop(req_id)
-        self._m[row, :self._len[row]] = 0
+        self._m[row, : self._len[row]] = 0
         self._len[row] = 0
         self._free.append(row)
 
     def gather(self, req_ids: Iterable[Hashable]) -> np.ndarray:
-        """``[B, W]`` int32: the tables of ``req_ids`` in order, rows padded with 0 to the longest (W >= 1)."""
+        """``[B, W]`` int32: the tables of ``req_ids`` in order, rows padded with 0 to the longest (W >=
+        1)."""
         rows = np.fromiter(map(self._row.__getitem__, req_ids), dtype=np.int64)
         width = max(int(self._len[rows].max()), 1) if len(rows) else 1
         return self._m[rows, :width]
@@ -62,7 +64,7 @@ class BlockTableMirror:
         end = start + len(blocks)
         if end > self._m.shape[1]:
             grown = np.zeros((self._m.shape[0], max(end, 2 * self._m.shape[1])), dtype=np.int32)
-            grown[:, :self._m.shape[1]] = self._m
+            grown[:, : self._m.shape[1]] = self._m
             self._m = grown
         self._m[row, start:end] = blocks
         self._len[row] = end

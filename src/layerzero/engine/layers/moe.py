@@ -15,8 +15,8 @@ __all__ = ["SparseMoE", "route"]
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router: ``softmax`` in float32 over E experts, the ``top_k`` largest per token, renormalised to sum to 1
-    when ``renormalize`` (the config's ``norm_topk_prob``), as transformers' Qwen3-MoE router does.
+    """Router: ``softmax`` in float32 over E experts, the ``top_k`` largest per token, renormalised to sum to
+    1 when ``renormalize`` (the config's ``norm_topk_prob``), as transformers' Qwen3-MoE router does.
     router_logits ``[T, E]`` -> (weights ``[T, top_k]`` float32, expert ids ``[T, top_k]`` int64)."""
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
@@ -34,18 +34,21 @@ class SparseMoE(nn.Module):
         e, i = moe.num_experts, moe.intermediate_size
         self.top_k, self.renormalize = moe.top_k, moe.norm_topk_prob
         self.gate = nn.Parameter(torch.empty(e, hidden, device=device, dtype=dtype), requires_grad=False)
-        self.w13 = nn.Parameter(torch.empty(e, 2 * i, hidden, device=device, dtype=dtype), requires_grad=False)
+        self.w13 = nn.Parameter(
+            torch.empty(e, 2 * i, hidden, device=device, dtype=dtype), requires_grad=False
+        )
         self.w2 = nn.Parameter(torch.empty(e, hidden, i, device=device, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x ``[T, H]`` -> ``[T, H]`` (x's dtype): routing here, the experts through :func:`layerzero.fused_moe`."""
+        """x ``[T, H]`` -> ``[T, H]`` (x's dtype): routing here, the experts through
+        :func:`layerzero.fused_moe`."""
         weights, ids = route(F.linear(x, self.gate), self.top_k, self.renormalize)
         return lz.fused_moe(x, self.w13, self.w2, weights, ids)
 
     def load(self, tensor: torch.Tensor, what: str, expert: int | None = None) -> None:
         """Copy a checkpoint tensor: ``what`` in ``gate`` (router ``[E, H]``), ``gate_proj`` / ``up_proj`` /
-        ``down_proj`` of one ``expert`` (per-expert tensors, the hub's format), or ``gate_up_proj`` / ``down_proj``
-        of all experts (transformers 5's fused ``[E, 2I, H]`` / ``[E, H, I]``)."""
+        ``down_proj`` of one ``expert`` (per-expert tensors, the hub's format), or ``gate_up_proj`` /
+        ``down_proj`` of all experts (transformers 5's fused ``[E, 2I, H]`` / ``[E, H, I]``)."""
         i = self.w2.shape[2]
         if what == "gate":
             self.gate.copy_(tensor)

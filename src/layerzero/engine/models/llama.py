@@ -24,29 +24,44 @@ from ..runner.forward_batch import ForwardBatch
 
 __all__ = ["LlamaForCausalLM"]
 
-_PACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-           "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
+_PACKED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
 """Checkpoint projection -> (packed layer, shard)."""
 _EXPERT = re.compile(r"(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_EXPERTS = re.compile(r"(.*\.mlp)\.experts\.(gate_up_proj|down_proj)$")
 _SKIP = re.compile(r"rotary_emb\.inv_freq$")
-_SIZES_FIX = ("The checkpoint does not match its config.json: check hidden_size, intermediate_size, vocab_size, "
-              "num_attention_heads, num_key_value_heads and head_dim against the weights.")
+_SIZES_FIX = (
+    "The checkpoint does not match its config.json: check hidden_size, intermediate_size, vocab_size, "
+    "num_attention_heads, num_key_value_heads and head_dim against the weights."
+)
 
 
 class Attention(nn.Module):
     """Self-attention with packed QKV, optional per-head QK RMSNorm (Qwen3), RoPE and paged KV."""
 
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, *, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self, cfg: ModelConfig, rotary: RotaryEmbedding, *, device: torch.device, dtype: torch.dtype
+    ):
         super().__init__()
         self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.scale = self.d ** -0.5
+        self.scale = self.d**-0.5
         self.rotary = rotary
         self.kv_scales = KVScales(device)
-        self.qkv_proj = Linear(cfg.hidden_size, (("q", self.hq * self.d), ("k", self.hkv * self.d),
-                                                 ("v", self.hkv * self.d)), bias=cfg.attention_bias,
-                               device=device, dtype=dtype)
-        self.o_proj = Linear(self.hq * self.d, cfg.hidden_size, bias=cfg.attention_bias, device=device, dtype=dtype)
+        self.qkv_proj = Linear(
+            cfg.hidden_size,
+            (("q", self.hq * self.d), ("k", self.hkv * self.d), ("v", self.hkv * self.d)),
+            bias=cfg.attention_bias,
+            device=device,
+            dtype=dtype,
+        )
+        self.o_proj = Linear(
+            self.hq * self.d, cfg.hidden_size, bias=cfg.attention_bias, device=device, dtype=dtype
+        )
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps, device=device, dtype=dtype)
@@ -57,26 +72,39 @@ class Attention(nn.Module):
         return self.attend(self.qkv_proj(x), batch, kv_cache)
 
     def attend(self, qkv: torch.Tensor, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
-        """The packed projection ``qkv`` ``[T, (Hq + 2 Hkv) D]`` -> ``[T, H]`` (QK-norm, RoPE, paged attention,
-        output projection)."""
+        """The packed projection ``qkv`` ``[T, (Hq + 2 Hkv) D]`` -> ``[T, H]`` (QK-norm, RoPE, paged
+        attention, output projection)."""
         t = qkv.shape[0]
         q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         q, k, v = q.view(t, self.hq, self.d), k.view(t, self.hkv, self.d), v.view(t, self.hkv, self.d)
         norm = self.q_norm is not None
         if batch.graphed and batch.cascade is None and kv_cache.dtype not in QUANTIZED_KV_DTYPES:
             # captured decode steps: QK-norm, RoPE, the KV write and the attention in one call
-            # (lz.rope_paged_attention: three kernels where four ran, the graph 759 -> 742 µs at batch 1 on the
-            # H200); eager steps make the separate calls below, whose warm host path is cheaper (the composite
-            # validates the block once more per part: ~1 ms a call more on a CPU decode step)
+            # (lz.rope_paged_attention: three kernels where four ran, the graph 759 -> 742 µs at batch 1 on
+            # the H200); eager steps make the separate calls below, whose warm host path is cheaper (the
+            # composite validates the block once more per part: ~1 ms a call more on a CPU decode step)
             o = lz.rope_paged_attention(
-                q, k, v, self.rotary.cos, self.rotary.sin, kv_cache, batch.slot_mapping, batch.block_tables,
-                batch.seq_lens, position_ids=batch.positions, q_weight=self.q_norm.weight if norm else None,
-                k_weight=self.k_norm.weight if norm else None, eps=self.q_norm.eps if norm else 1e-6,
-                cu_seqlens_q=batch.cu_seqlens_q, scale=self.scale)
+                q,
+                k,
+                v,
+                self.rotary.cos,
+                self.rotary.sin,
+                kv_cache,
+                batch.slot_mapping,
+                batch.block_tables,
+                batch.seq_lens,
+                position_ids=batch.positions,
+                q_weight=self.q_norm.weight if norm else None,
+                k_weight=self.k_norm.weight if norm else None,
+                eps=self.q_norm.eps if norm else 1e-6,
+                cu_seqlens_q=batch.cu_seqlens_q,
+                scale=self.scale,
+            )
             return self.o_proj(o.reshape(t, self.hq * self.d))
         if norm:  # one fused call (lz.qk_norm_rope) where three were
-            q, k = self.rotary.with_qk_norm(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
-                                            batch.positions)
+            q, k = self.rotary.with_qk_norm(
+                q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, batch.positions
+            )
         else:
             q, k = self.rotary(q, k, batch.positions)
         o = paged_attention(q, k, v, kv_cache, batch, self.scale, self.kv_scales)
@@ -88,7 +116,9 @@ class MLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, *, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(hidden, (("gate", intermediate), ("up", intermediate)), device=device, dtype=dtype)
+        self.gate_up_proj = Linear(
+            hidden, (("gate", intermediate), ("up", intermediate)), device=device, dtype=dtype
+        )
         self.down_proj = Linear(intermediate, hidden, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -96,19 +126,21 @@ class MLP(nn.Module):
         return self.down(self.gate_up_proj(x))
 
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The packed gate/up projection ``[T, 2I]`` -> ``[T, H]``: ``lz.swiglu_linear`` (the activation fused into the
-        down projection) for a float :class:`Linear`, else (quantized weights) SwiGLU, then the projection."""
+        """The packed gate/up projection ``[T, 2I]`` -> ``[T, H]``: ``lz.swiglu_linear`` (the activation fused
+        into the down projection) for a float :class:`Linear`, else (quantized weights) SwiGLU, then the
+        projection."""
         if type(self.down_proj) is Linear:
             gate, up = gate_up.chunk(2, dim=-1)
             return lz.swiglu_linear(gate, up, self.down_proj.weight, self.down_proj.bias)
         return self.down_proj(silu_and_mul(gate_up))
 
 
-def norm_linear(norm: RMSNorm, proj: nn.Module, x: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_linear(
+    norm: RMSNorm, proj: nn.Module, x: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``proj(norm(x, residual))`` and the residual stream after it (x itself at the first layer): through
-    ``lz.rms_norm_linear`` (one kernel for a decode step where two were) when ``proj`` is a float :class:`Linear`, else
-    (quantized weights) the two calls."""
+    ``lz.rms_norm_linear`` (one kernel for a decode step where two were) when ``proj`` is a float
+    :class:`Linear`, else (quantized weights) the two calls."""
     if type(proj) is Linear:
         if residual is None:
             return lz.rms_norm_linear(x, norm.weight, proj.weight, proj.bias, eps=norm.eps), x
@@ -122,8 +154,15 @@ def norm_linear(norm: RMSNorm, proj: nn.Module, x: torch.Tensor,
 class DecoderLayer(nn.Module):
     """Pre-norm decoder layer; the residual stream is carried through fused add + RMSNorm (vLLM's pattern)."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, *, device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer: int,
+        rotary: RotaryEmbedding,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, rotary, device=device, dtype=dtype)
         if cfg.moe is not None and cfg.moe.is_sparse(layer):
@@ -133,11 +172,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch,
-                kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, residual) ``[T, H]`` -> (this layer's output, the residual stream before it is added). Each norm runs
-        fused into the projection after it (:func:`norm_linear`), but a sparse MoE block's (its router and experts
-        read the normalized x)."""
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) ``[T, H]`` -> (this layer's output, the residual stream before it is added). Each
+        norm runs fused into the projection after it (:func:`norm_linear`), but a sparse MoE block's (its
+        router and experts read the normalized x)."""
         qkv, residual = norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
         h = self.self_attn.attend(qkv, batch, kv_cache)
         if isinstance(self.mlp, MLP):
@@ -148,18 +188,25 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama / Qwen3 / Qwen3-MoE causal LM. :meth:`forward` returns the logits of the sampled rows only (model dtype)."""
+    """Llama / Qwen3 / Qwen3-MoE causal LM. :meth:`forward` returns the logits of the sampled rows only (model
+    dtype)."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int, *, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ModelConfig, max_positions: int, *, device: torch.device, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.rotary = RotaryEmbedding(cfg, max_positions, device=device, dtype=dtype)
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.rotary, device=device, dtype=dtype)
-                                    for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, self.rotary, device=device, dtype=dtype) for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
-        self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
-                        else Linear(cfg.hidden_size, cfg.vocab_size, device=device, dtype=dtype))
+        self.lm_head = (
+            self.embed_tokens
+            if cfg.tie_word_embeddings
+            else Linear(cfg.hidden_size, cfg.vocab_size, device=device, dtype=dtype)
+        )
 
     def hidden_states(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Final normalised hidden states ``[T, H]`` of every new token of the batch."""
@@ -170,8 +217,8 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Logits ``[S, V]`` in the model's dtype of the rows in ``batch.logits_indices`` (every row, with no
-        gather, when ``batch.logits_all``). The sampler casts to float32 where it needs to: a greedy step reads them
-        as they are."""
+        gather, when ``batch.logits_all``). The sampler casts to float32 where it needs to: a greedy step
+        reads them as they are."""
         h = self.hidden_states(batch, kv_caches)
         if not batch.logits_all:
             h = h[batch.logits_indices]
@@ -199,7 +246,11 @@ class LlamaForCausalLM(nn.Module):
                 self.get_submodule(m.group(1)).load(tensor, m.group(2))
                 done.add(f"{m.group(1)}.experts")
                 continue
-            mlp = self.get_submodule(name.removesuffix(".gate.weight")) if name.endswith(".mlp.gate.weight") else None
+            mlp = (
+                self.get_submodule(name.removesuffix(".gate.weight"))
+                if name.endswith(".mlp.gate.weight")
+                else None
+            )
             if isinstance(mlp, SparseMoE):  # the MoE router (a dense MLP has no such tensor: unknown below)
                 mlp.load(tensor, "gate")
                 done.add(name)
@@ -212,11 +263,19 @@ class LlamaForCausalLM(nn.Module):
                 done.add(name)
                 continue
             if name not in params:
-                raise bad_config("checkpoint tensor", f"a parameter of {type(self).__name__} ({self.cfg.model_type})",
-                                 repr(name), "Is the checkpoint of another architecture than its config.json says?")
+                raise bad_config(
+                    "checkpoint tensor",
+                    f"a parameter of {type(self).__name__} ({self.cfg.model_type})",
+                    repr(name),
+                    "Is the checkpoint of another architecture than its config.json says?",
+                )
             if tuple(params[name].shape) != tuple(tensor.shape):
-                raise bad_config(f"checkpoint tensor {name} shape", list(params[name].shape), list(tensor.shape),
-                                 _SIZES_FIX)
+                raise bad_config(
+                    f"checkpoint tensor {name} shape",
+                    list(params[name].shape),
+                    list(tensor.shape),
+                    _SIZES_FIX,
+                )
             params[name].copy_(tensor)
             done.add(name)
         return done

@@ -12,8 +12,11 @@ from .llama import LlamaForCausalLM
 
 __all__ = ["MODELS", "build_model"]
 
-MODELS: dict[str, type[nn.Module]] = {"llama": LlamaForCausalLM, "qwen3": LlamaForCausalLM,
-                                      "qwen3_moe": LlamaForCausalLM}
+MODELS: dict[str, type[nn.Module]] = {
+    "llama": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
+    "qwen3_moe": LlamaForCausalLM,
+}
 
 
 def build_model(cfg: ModelConfig, max_positions: int, device: torch.device, dtype: torch.dtype) -> nn.Module:

@@ -2,18 +2,20 @@
 buffers, replayed with the step's metadata copied in and the batch padded up to the bucket (vLLM's and
 nano-vllm's scheme).
 
-Capture follows PyTorch's recipe: an eager warm-up on a side stream, under ``lz.capture_selection()`` (so LayerZero
-selects, and warms, the kernels a capture of these inputs uses: graph-safe ones, scored for in-graph time; eager
-decode steps select the same way, so graphs and eager give the same tokens), then ``torch.cuda.graph`` with one memory pool
-shared by every bucket, largest first. Padded rows write no KV (slot -1), attend over one token of block 0 and
-their logits are dropped; rows are independent, so they cannot change the real rows.
+Capture follows PyTorch's recipe: an eager warm-up on a side stream, under ``lz.capture_selection()`` (so
+LayerZero selects, and warms, the kernels a capture of these inputs uses: graph-safe ones, scored for in-graph
+time; eager decode steps select the same way, so graphs and eager give the same tokens), then
+``torch.cuda.graph`` with one memory pool shared by every bucket, largest first. Padded rows write no KV (slot
+-1), attend over one token of block 0 and their logits are dropped; rows are independent, so they cannot
+change the real rows.
 
-Small buckets read their inputs from packed buffers (``packed_inputs``), two per bucket (``lanes``) taken by alternate
-steps, and also capture greedy graphs (``greedy_in_graph``: sampling inside the replay, the ids written into the other
-lane for the next step): between two steady greedy decode steps the GPU then only waits for a copy
-made while the step before ran. A graph's pool tensors are only read right after its own replay (the pool is shared:
-one graph's output may be another's scratch); what outlives a replay lives in static buffers. These choices are the
-fields of :class:`~layerzero.engine.config.CudaGraphKnobs` (``EngineConfig.cuda_graph``), read when a runner is built.
+Small buckets read their inputs from packed buffers (``packed_inputs``), two per bucket (``lanes``) taken by
+alternate steps, and also capture greedy graphs (``greedy_in_graph``: sampling inside the replay, the ids
+written into the other lane for the next step): between two steady greedy decode steps the GPU then only waits
+for a copy made while the step before ran. A graph's pool tensors are only read right after its own replay
+(the pool is shared: one graph's output may be another's scratch); what outlives a replay lives in static
+buffers. These choices are the fields of :class:`~layerzero.engine.config.CudaGraphKnobs`
+(``EngineConfig.cuda_graph``), read when a runner is built.
 """
 
 from __future__ import annotations
@@ -36,15 +38,18 @@ __all__ = ["CUDAGraphRunner", "PackTarget", "capture_sizes"]
 
 log = logging.getLogger("layerzero.engine")
 
+
 class PackTarget(NamedTuple):
-    """Where a packed decode step's inputs go: bucket ``bs`` (rows), the graphs' block-table ``width``, the lane's
-    uint8 ``buffer`` (layout: :func:`pack_nbytes`, the :func:`~layerzero.engine.staging.offsets` of its arrays),
-    ``rows`` (a device arange of at least ``bs``: the batch's ``logits_indices``), ``views``: the lane's (ids,
-    positions, slot mapping, block tables, seq_lens) views of ``buffer``, what its graphs read (made once), its
-    ``lane`` (the knob ``lanes``; the previous lane's greedy graph, if any, writes its sampled ids into this lane's id slots
-    ``views[0]`` and hands those slots out, so a step whose ``prev_tokens`` are these is chained). CUDA only (None on CPU): ``h2d``, the side stream a chained step's inputs
-    are copied on (None with ``h2d_aside`` off), ``free``, an event recorded after every replay that reads this
-    lane, and ``sent``, one recorded after every transfer of its id slots to the host (:meth:`wait_sent`)."""
+    """Where a packed decode step's inputs go: bucket ``bs`` (rows), the graphs' block-table ``width``, the
+    lane's uint8 ``buffer`` (layout: :func:`pack_nbytes`, the :func:`~layerzero.engine.staging.offsets` of its
+    arrays), ``rows`` (a device arange of at least ``bs``: the batch's ``logits_indices``), ``views``: the
+    lane's (ids, positions, slot mapping, block tables, seq_lens) views of ``buffer``, what its graphs read
+    (made once), its ``lane`` (the knob ``lanes``; the previous lane's greedy graph, if any, writes its
+    sampled ids into this lane's id slots ``views[0]`` and hands those slots out, so a step whose
+    ``prev_tokens`` are these is chained). CUDA only (None on CPU): ``h2d``, the side stream a chained step's
+    inputs are copied on (None with ``h2d_aside`` off), ``free``, an event recorded after every replay that
+    reads this lane, and ``sent``, one recorded after every transfer of its id slots to the host
+    (:meth:`wait_sent`)."""
 
     bs: int
     width: int
@@ -57,15 +62,16 @@ class PackTarget(NamedTuple):
     sent: Any = None
 
     def wait_sent(self) -> None:
-        """Make the current stream wait until the last transfer of this lane's id slots to the host has read them:
-        call before anything overwrites them. Nothing on CPU."""
+        """Make the current stream wait until the last transfer of this lane's id slots to the host has read
+        them: call before anything overwrites them. Nothing on CPU."""
         if self.sent is not None:
             torch.cuda.current_stream(self.buffer.device).wait_event(self.sent)
 
 
 def pack_nbytes(bs: int, width: int) -> list[int]:
-    """Bytes of a packed bucket's arrays, in order: input ids, positions, slot mapping (int64 ``[bs]`` each), block
-    tables (int32 ``[bs, width]``), seq_lens (int32 ``[bs]``), pending-id rows (int64 ``[2, <= bs]``)."""
+    """Bytes of a packed bucket's arrays, in order: input ids, positions, slot mapping (int64 ``[bs]`` each),
+    block tables (int32 ``[bs, width]``), seq_lens (int32 ``[bs]``), pending-id rows (int64
+    ``[2, <= bs]``)."""
     return [8 * bs, 8 * bs, 8 * bs, 4 * bs * width, 4 * bs, 16 * bs]
 
 
@@ -78,12 +84,20 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 class CUDAGraphRunner:
     """Decode graphs of ``model`` over ``kv_caches`` for up to ``max_num_seqs`` sequences of up to
-    ``max_blocks`` blocks each; with ``cascade``, a second graph per bucket runs cascade-attention decode steps
-    (:mod:`.cascade`) over static cascade buffers padded to the bucket. ``knobs``: the engine's
+    ``max_blocks`` blocks each; with ``cascade``, a second graph per bucket runs cascade-attention decode
+    steps (:mod:`.cascade`) over static cascade buffers padded to the bucket. ``knobs``: the engine's
     :class:`~layerzero.engine.config.CudaGraphKnobs` (None: the defaults)."""
 
-    def __init__(self, model: nn.Module, kv_caches: list[torch.Tensor], max_num_seqs: int, max_blocks: int,
-                 device: torch.device, cascade: bool = False, knobs: CudaGraphKnobs | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        kv_caches: list[torch.Tensor],
+        max_num_seqs: int,
+        max_blocks: int,
+        device: torch.device,
+        cascade: bool = False,
+        knobs: CudaGraphKnobs | None = None,
+    ) -> None:
         self.model, self.kv_caches, self.device = model, kv_caches, device
         self.knobs = knobs = CudaGraphKnobs() if knobs is None else knobs
         self.sizes = capture_sizes(max_num_seqs)
@@ -100,11 +114,12 @@ class CUDAGraphRunner:
         self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.cascade_outputs: dict[int, torch.Tensor] = {}
         self.lane_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        """(packed bucket, lane) -> its plain graph (lane 0's is also ``graphs[bucket]``); logits in ``lane_outputs``."""
+        """(packed bucket, lane) -> its plain graph (lane 0's is also ``graphs[bucket]``); logits in
+        ``lane_outputs``."""
         self.lane_outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.greedy_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        """(packed bucket, lane) -> its greedy graph (``greedy_in_graph``); logits in ``greedy_outputs``, the ids in
-        the next lane's id slots."""
+        """(packed bucket, lane) -> its greedy graph (``greedy_in_graph``); logits in ``greedy_outputs``, the
+        ids in the next lane's id slots."""
         self.greedy_outputs: dict[tuple[int, int], torch.Tensor] = {}
         cuda = device.type == "cuda"
         self.h2d = torch.cuda.Stream(device) if cuda and knobs.h2d_aside else None
@@ -112,8 +127,8 @@ class CUDAGraphRunner:
         self.d2h = torch.cuda.Stream(device) if cuda and knobs.d2h_aside else None
         """Side stream of greedy graphs' ids on their way to the host (CUDA)."""
         self.packs: dict[int, list[torch.Tensor]] = {}
-        """Bucket -> its lanes' packed input buffers (``packed_inputs``; small buckets only; ``lanes`` of them up to
-        ``lane_max_batch`` rows, one above)."""
+        """Bucket -> its lanes' packed input buffers (``packed_inputs``; small buckets only; ``lanes`` of them
+        up to ``lane_max_batch`` rows, one above)."""
         self._targets: dict[tuple[int, int], PackTarget] = {}
         """(bucket, lane) -> its :class:`PackTarget` (the buffer and the views its graphs read, made once)."""
         if knobs.packed_inputs:
@@ -122,14 +137,18 @@ class CUDAGraphRunner:
                 offs, need = offsets(sizes)
                 if need <= knobs.pack_max_bytes:
                     lanes = knobs.lanes if bs <= knobs.lane_max_batch else 1
-                    self.packs[bs] = [self._pack(bs, lane, sizes, offs, need, max_blocks) for lane in range(lanes)]
+                    self.packs[bs] = [
+                        self._pack(bs, lane, sizes, offs, need, max_blocks) for lane in range(lanes)
+                    ]
 
-    def _pack(self, bs: int, lane: int, sizes: list[int], offs: list[int], need: int, width: int) -> torch.Tensor:
+    def _pack(
+        self, bs: int, lane: int, sizes: list[int], offs: list[int], need: int, width: int
+    ) -> torch.Tensor:
         """A lane's packed buffer of bucket ``bs`` and its :class:`PackTarget`."""
         buf = torch.zeros(need, dtype=torch.uint8, device=self.device)
-        i64 = [buf[o:o + n].view(torch.int64) for o, n in zip(offs[:3], sizes[:3], strict=True)]
-        tables = buf[offs[3]:offs[3] + sizes[3]].view(torch.int32).view(bs, width)
-        views = (*i64, tables, buf[offs[4]:offs[4] + sizes[4]].view(torch.int32))
+        i64 = [buf[o : o + n].view(torch.int64) for o, n in zip(offs[:3], sizes[:3], strict=True)]
+        tables = buf[offs[3] : offs[3] + sizes[3]].view(torch.int32).view(bs, width)
+        views = (*i64, tables, buf[offs[4] : offs[4] + sizes[4]].view(torch.int32))
         views[2].fill_(-1)  # slots and seq_lens: the values a padded row has (a capture's dummy step)
         views[4].fill_(1)
         free, sent = (torch.cuda.Event(), torch.cuda.Event()) if self.device.type == "cuda" else (None, None)
@@ -137,27 +156,39 @@ class CUDAGraphRunner:
         return buf
 
     def _packed_views(self, bs: int, lane: int = 0) -> tuple[torch.Tensor, ...]:
-        """(ids, positions, slot mapping, block tables, seq_lens) of bucket ``bs``'s packed buffer of ``lane``."""
+        """(ids, positions, slot mapping, block tables, seq_lens) of bucket ``bs``'s packed buffer of
+        ``lane``."""
         return self._targets[bs, lane].views
 
     def _batch(self, bs: int, cascade: bool = False, lane: int = 0) -> ForwardBatch:
         if bs in self.packs and not cascade:
             ids, pos, slots, tables, lens = self._packed_views(bs, lane)
-            return ForwardBatch(ids, pos, slots, tables, lens, None, self.rows[:bs], bs, None, graphed=True,
-                                logits_all=True)
-        return ForwardBatch(self.input_ids[:bs], self.positions[:bs], self.slot_mapping[:bs], self.block_tables[:bs],
-                            self.seq_lens[:bs], None, self.rows[:bs], bs,
-                            self.cascade.batch(bs) if cascade else None, graphed=True, logits_all=True)
+            return ForwardBatch(
+                ids, pos, slots, tables, lens, None, self.rows[:bs], bs, None, graphed=True, logits_all=True
+            )
+        return ForwardBatch(
+            self.input_ids[:bs],
+            self.positions[:bs],
+            self.slot_mapping[:bs],
+            self.block_tables[:bs],
+            self.seq_lens[:bs],
+            None,
+            self.rows[:bs],
+            bs,
+            self.cascade.batch(bs) if cascade else None,
+            graphed=True,
+            logits_all=True,
+        )
 
     def run_greedy(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
-        """Replay the greedy graph of a packed ``batch``'s bucket and lane: (logits ``[B, V]``, the rows' argmax ids
-        ``[B]`` int64 (``lz.sample_greedy``'s) in the next lane's id slots, their host copy in transfer (on the
-        ``d2h`` side stream with ``d2h_aside``), the event after it, None on CPU). None (nothing run) for a batch
-        that is not packed or a bucket without greedy graphs.
+        """Replay the greedy graph of a packed ``batch``'s bucket and lane: (logits ``[B, V]``, the rows'
+        argmax ids ``[B]`` int64 (``lz.sample_greedy``'s) in the next lane's id slots, their host copy in
+        transfer (on the ``d2h`` side stream with ``d2h_aside``), the event after it, None on CPU). None
+        (nothing run) for a batch that is not packed or a bucket without greedy graphs.
 
-        The ids are handed out where the graph wrote them, a static buffer, not in the graphs' memory pool: a pool
-        tensor of one graph may be another graph's scratch, and the transfer may run while the next step's graph
-        (the other lane's) does."""
+        The ids are handed out where the graph wrote them, a static buffer, not in the graphs' memory pool: a
+        pool tensor of one graph may be another graph's scratch, and the transfer may run while the next
+        step's graph (the other lane's) does."""
         if not batch.packed:
             return None
         n = batch.num_seqs
@@ -166,7 +197,8 @@ class CUDAGraphRunner:
         if graph is None:
             return None
         other = self._targets[bs, (batch.lane + 1) % self.knobs.lanes]
-        other.wait_sent()  # the id slots this replay overwrites: their last transfer (two steps ago) read them
+        # the id slots this replay overwrites: their last transfer (two steps ago) read them
+        other.wait_sent()
         self._replay(graph, bs, batch.lane)
         logits, tokens = self.greedy_outputs[bs, batch.lane][:n], other.views[0][:n]
         if self.device.type != "cuda":
@@ -183,16 +215,17 @@ class CUDAGraphRunner:
         return logits, tokens, host, event
 
     def _replay(self, graph: Any, bs: int, lane: int) -> None:
-        """Replay ``graph``, which reads lane ``lane`` of bucket ``bs``, and record that lane's ``free`` event."""
+        """Replay ``graph``, which reads lane ``lane`` of bucket ``bs``, and record that lane's ``free``
+        event."""
         graph.replay()
         free = self._targets[bs, lane].free
         if free is not None:
             free.record()
 
     def pack_for(self, num_seqs: int, width: int, lane: int = 0) -> PackTarget | None:
-        """Lane ``lane`` of the packed bucket a decode step of ``num_seqs`` sequences (every one sampled) whose block
-        tables are ``width`` wide would replay, or None (no such bucket: the step's rows are copied in by
-        :meth:`run`)."""
+        """Lane ``lane`` of the packed bucket a decode step of ``num_seqs`` sequences (every one sampled)
+        whose block tables are ``width`` wide would replay, or None (no such bucket: the step's rows are
+        copied in by :meth:`run`)."""
         if not self.graphs or num_seqs > self.sizes[-1] or width > self.block_tables.shape[1]:
             return None
         bs = next(s for s in self.sizes if s >= num_seqs)
@@ -208,8 +241,8 @@ class CUDAGraphRunner:
 
     @torch.no_grad()
     def warm_as_captured(self) -> None:
-        """Run the smallest bucket's dummy decode batch once, eagerly, under ``lz.capture_selection()``: selects (and
-        warms) the kernels the graphs would run, without capturing (``enforce_eager``).
+        """Run the smallest bucket's dummy decode batch once, eagerly, under ``lz.capture_selection()``:
+        selects (and warms) the kernels the graphs would run, without capturing (``enforce_eager``).
 
         Raises:
             NoKernelFoundError: no graph-safe kernel can run an op of a decode step here.
@@ -220,8 +253,9 @@ class CUDAGraphRunner:
 
     def _capture_all(self) -> None:
         pool = None
-        # one side stream for every bucket's warm-up: torch keeps a cuBLAS workspace per stream the GEMMs ran on (32-64
-        # MiB on Hopper, until torch._C._cuda_clearCublasWorkspaces()), so a stream per bucket could pin one each
+        # one side stream for every bucket's warm-up: torch keeps a cuBLAS workspace per stream the GEMMs ran
+        # on (32-64 MiB on Hopper, until torch._C._cuda_clearCublasWorkspaces()), so a stream per bucket could
+        # pin one each
         side = torch.cuda.Stream(self.device)
         for bs in reversed(self.sizes):
             for kind, lane in self._kinds(bs):
@@ -239,9 +273,9 @@ class CUDAGraphRunner:
                 self._keep(bs, kind, lane, graph, out)
 
     def _kinds(self, bs: int) -> list[tuple[str, int]]:
-        """The (kind, lane) graphs bucket ``bs`` captures: a plain graph (one per lane of a packed bucket), a greedy
-        graph per lane of a bucket with ``lanes`` lanes, two or more (``greedy_in_graph``), a cascade graph (with
-        cascade buffers)."""
+        """The (kind, lane) graphs bucket ``bs`` captures: a plain graph (one per lane of a packed bucket), a
+        greedy graph per lane of a bucket with ``lanes`` lanes, two or more (``greedy_in_graph``), a cascade
+        graph (with cascade buffers)."""
         lanes = len(self.packs[bs]) if bs in self.packs else 1
         kinds = [("plain", lane) for lane in range(lanes)]
         if self.knobs.greedy_in_graph and lanes == self.knobs.lanes >= 2:
@@ -261,37 +295,50 @@ class CUDAGraphRunner:
                 self.graphs[bs], self.outputs[bs] = graph, out
 
     def _greedy_step(self, lane: int, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        """A greedy graph's work on ``lane``'s inputs: the forward, ``lz.sample_greedy`` of every row, the ids copied
-        into the next lane's id slots (what a chained next step reads, and what the caller gets). Returns the logits
-        ``[bs, V]``."""
+        """A greedy graph's work on ``lane``'s inputs: the forward, ``lz.sample_greedy`` of every row, the ids
+        copied into the next lane's id slots (what a chained next step reads, and what the caller gets).
+        Returns the logits ``[bs, V]``."""
         logits = self.model(batch, kv_caches)
         self._targets[batch.num_seqs, (lane + 1) % self.knobs.lanes].views[0].copy_(lz.sample_greedy(logits))
         return logits
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        """A pure decode step (a cascade one only with cascade graphs) that fits the largest bucket and samples
-        every row (the graphs return every row's logits; a one-token chunk that does not end its prompt, from a
-        budget's last token, runs eager)."""
-        return bool(self.graphs) and batch.is_decode and batch.num_seqs <= self.sizes[-1] \
-            and batch.logits_indices.shape[0] == batch.num_seqs \
-            and batch.block_tables.shape[1] <= self.block_tables.shape[1] \
+        """A pure decode step (a cascade one only with cascade graphs) that fits the largest bucket and
+        samples every row (the graphs return every row's logits; a one-token chunk that does not end its
+        prompt, from a budget's last token, runs eager)."""
+        return (
+            bool(self.graphs)
+            and batch.is_decode
+            and batch.num_seqs <= self.sizes[-1]
+            and batch.logits_indices.shape[0] == batch.num_seqs
+            and batch.block_tables.shape[1] <= self.block_tables.shape[1]
             and (batch.cascade is None or bool(self.cascade_graphs))
+        )
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Replay the smallest bucket that holds ``batch`` (its cascade graph for a cascade step); returns its logits
-        ``[B, V]`` (every decode row is sampled)."""
+        """Replay the smallest bucket that holds ``batch`` (its cascade graph for a cascade step); returns its
+        logits ``[B, V]`` (every decode row is sampled)."""
         n = batch.num_seqs
         bs = next(s for s in self.sizes if s >= n)
         if batch.packed:  # its tensors are views of a lane's packed buffer: written by the step's one copy
             self._replay(self.lane_graphs[bs, batch.lane], bs, batch.lane)
             return self.lane_outputs[bs, batch.lane][:n]
         w = batch.block_tables.shape[1]
-        if batch.cascade is None and bs in self.packs:  # a packed bucket's graph reads its own buffer (lane 0's)
+        if (
+            batch.cascade is None and bs in self.packs
+        ):  # a packed bucket's graph reads its own buffer (lane 0's)
             ids, pos, slots, tables, lens = self._packed_views(bs)
-            self._targets[bs, 0].wait_sent()  # the ids overwritten below may still be on their way to the host
+            self._targets[
+                bs, 0
+            ].wait_sent()  # the ids overwritten below may still be on their way to the host
         else:
-            ids, pos, slots, tables, lens = (self.input_ids, self.positions, self.slot_mapping, self.block_tables,
-                                             self.seq_lens)
+            ids, pos, slots, tables, lens = (
+                self.input_ids,
+                self.positions,
+                self.slot_mapping,
+                self.block_tables,
+                self.seq_lens,
+            )
         ids[:n].copy_(batch.input_ids)
         pos[:n].copy_(batch.positions)
         slots[:n].copy_(batch.slot_mapping)
@@ -312,10 +359,10 @@ class CUDAGraphRunner:
 
 
 class _CascadeBuffers:
-    """Static cascade metadata of the cascade graphs (:class:`~.cascade.CascadeBatch` padded to a bucket of ``bs``
-    rows): every padded row ``i >= n`` is its own group with an empty prefix and attends one token of block 0 (as a
-    padded plain-decode row); the groups past the real ones and the padded rows' are empty (``cu_prefix`` stays at
-    ``bs``). Initially every row is a group of one: a valid step for the capture."""
+    """Static cascade metadata of the cascade graphs (:class:`~.cascade.CascadeBatch` padded to a bucket of
+    ``bs`` rows): every padded row ``i >= n`` is its own group with an empty prefix and attends one token of
+    block 0 (as a padded plain-decode row); the groups past the real ones and the padded rows' are empty
+    (``cu_prefix`` stays at ``bs``). Initially every row is a group of one: a valid step for the capture."""
 
     def __init__(self, n: int, max_blocks: int, device: torch.device) -> None:
         i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
@@ -328,12 +375,19 @@ class _CascadeBuffers:
 
     def batch(self, bs: int) -> CascadeBatch:
         """The bucket's view of the buffers."""
-        return CascadeBatch(self.rows[:bs], self.prefix_tables[:bs], self.prefix_lens[:bs], self.cu_prefix[:bs + 1],
-                            self.suffix_tables[:bs], self.suffix_lens[:bs], 0)
+        return CascadeBatch(
+            self.rows[:bs],
+            self.prefix_tables[:bs],
+            self.prefix_lens[:bs],
+            self.cu_prefix[: bs + 1],
+            self.suffix_tables[:bs],
+            self.suffix_lens[:bs],
+            0,
+        )
 
     def load(self, c: CascadeBatch, n: int, bs: int, width: int, arange: torch.Tensor) -> None:
-        """Copy a step's cascade metadata (``n`` rows, block-table width ``width``) into the bucket of ``bs`` rows;
-        ``arange`` is a device ``arange`` of at least ``bs + 1`` int64."""
+        """Copy a step's cascade metadata (``n`` rows, block-table width ``width``) into the bucket of ``bs``
+        rows; ``arange`` is a device ``arange`` of at least ``bs + 1`` int64."""
         g, k = c.prefix_tables.shape
         pad = bs - n
         self.rows[:n].copy_(c.rows)
@@ -341,9 +395,9 @@ class _CascadeBuffers:
         self.prefix_tables[:g, :k].copy_(c.prefix_tables)
         self.prefix_lens[:g].copy_(c.prefix_lens)
         self.prefix_lens[g:bs].zero_()
-        self.cu_prefix[:g + 1].copy_(c.cu_prefix)
-        self.cu_prefix[g + 1:g + 1 + pad].copy_(arange[n + 1:bs + 1])  # a group of one per padded row
-        self.cu_prefix[g + 1 + pad:bs + 1].fill_(bs)
+        self.cu_prefix[: g + 1].copy_(c.cu_prefix)
+        self.cu_prefix[g + 1 : g + 1 + pad].copy_(arange[n + 1 : bs + 1])  # a group of one per padded row
+        self.cu_prefix[g + 1 + pad : bs + 1].fill_(bs)
         self.suffix_tables[:n, :width].copy_(c.suffix_tables)
         self.suffix_tables[n:bs].zero_()
         self.suffix_lens[:n].copy_(c.suffix_lens)

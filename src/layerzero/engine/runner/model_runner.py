@@ -31,9 +31,10 @@ model sizes; the pool is ``free memory x kv_cache_memory_fraction`` minus this r
 
 
 class StepLogits(NamedTuple):
-    """A step's forward result: ``logits`` ``[S, V]`` (model dtype) of its sampled rows and, when a greedy decode
-    graph also sampled them, ``pending``: their ids (``lz.sample_greedy`` of those logits) on their way to the host,
-    as :meth:`~layerzero.engine.sampler.Sampler.launch` would return them; else None (the sampler draws)."""
+    """A step's forward result: ``logits`` ``[S, V]`` (model dtype) of its sampled rows and, when a greedy
+    decode graph also sampled them, ``pending``: their ids (``lz.sample_greedy`` of those logits) on their way
+    to the host, as :meth:`~layerzero.engine.sampler.Sampler.launch` would return them; else None (the sampler
+    draws)."""
 
     logits: torch.Tensor
     pending: PendingSample | None
@@ -45,11 +46,18 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 
 
 class ModelRunner:
-    """Loads the model on ``device`` in ``dtype``, sizes and allocates the KV pools (in ``kv_dtype``: the model's
-    dtype, or float8_e4m3fn / int8 for ``kv_cache_dtype="fp8" | "int8"``), runs steps."""
+    """Loads the model on ``device`` in ``dtype``, sizes and allocates the KV pools (in ``kv_dtype``: the
+    model's dtype, or float8_e4m3fn / int8 for ``kv_cache_dtype="fp8" | "int8"``), runs steps."""
 
-    def __init__(self, cfg: ModelConfig, ec: EngineConfig, device: torch.device, dtype: torch.dtype,
-                 max_model_len: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        ec: EngineConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+    ) -> None:
         self.cfg, self.device, self.dtype, self.block_size = cfg, device, dtype, ec.block_size
         self.kv_dtype = KV_CACHE_DTYPES[ec.kv_cache_dtype] or dtype
         self.model = build_model(cfg, max_model_len, device, dtype)
@@ -57,47 +65,77 @@ class ModelRunner:
         self.quantization = None
         if ec.quantization is not None:
             self.quantization = quantize_model(self.model, ec.quantization)
-            log.info("quantization %s: %d linears, %.1f -> %.1f MiB", ec.quantization, self.quantization.layers,
-                     self.quantization.float_bytes / 2**20, self.quantization.quantized_bytes / 2**20)
+            log.info(
+                "quantization %s: %d linears, %.1f -> %.1f MiB",
+                ec.quantization,
+                self.quantization.layers,
+                self.quantization.float_bytes / 2**20,
+                self.quantization.quantized_bytes / 2**20,
+            )
         self.num_blocks = self._num_blocks(ec, max_model_len, max_num_batched_tokens)
         if self.num_blocks * ec.block_size < max_model_len:
-            raise bad_config("KV cache size", f">= max_model_len ({max_model_len}) tokens for one sequence",
-                             f"{self.num_blocks} blocks x {ec.block_size} tokens",
-                             "Raise num_kv_blocks (or the memory fraction) or lower max_model_len.")
-        self.kv_caches = [lz.allocate_kv_cache(self.num_blocks, ec.block_size, cfg.num_kv_heads, cfg.head_dim,
-                                               self.kv_dtype, "NHD", device) for _ in range(cfg.num_layers)]
-        log.info("KV cache: %d blocks of %d tokens, %s (%.1f MiB)", self.num_blocks, ec.block_size,
-                 str(self.kv_dtype).removeprefix("torch."),
-                 self.num_blocks * kv_bytes_per_block(cfg, ec.block_size, self.kv_dtype) / 2**20)
+            raise bad_config(
+                "KV cache size",
+                f">= max_model_len ({max_model_len}) tokens for one sequence",
+                f"{self.num_blocks} blocks x {ec.block_size} tokens",
+                "Raise num_kv_blocks (or the memory fraction) or lower max_model_len.",
+            )
+        self.kv_caches = [
+            lz.allocate_kv_cache(
+                self.num_blocks, ec.block_size, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype, "NHD", device
+            )
+            for _ in range(cfg.num_layers)
+        ]
+        log.info(
+            "KV cache: %d blocks of %d tokens, %s (%.1f MiB)",
+            self.num_blocks,
+            ec.block_size,
+            str(self.kv_dtype).removeprefix("torch."),
+            self.num_blocks * kv_bytes_per_block(cfg, ec.block_size, self.kv_dtype) / 2**20,
+        )
         self.cascade = self._cascade_policy(ec)
         self.cascade_steps = 0
         self.cascade_saved_tokens = 0
-        """Cascade steps run (decode and mixed) and the KV tokens (per layer) their shared level did not read again."""
+        """Cascade steps run (decode and mixed) and the KV tokens (per layer) their shared level did not read
+        again."""
         self.graphs: CUDAGraphRunner | None = None
         self.narrow: CUDAGraphRunner | None = None
         """Batch-1 decode graphs with narrower block tables (``CudaGraphKnobs.narrow_tokens``), or None."""
         self._lane = 0
         """The packed-input lane the next packed decode step takes (``CudaGraphKnobs.lanes``)."""
         self.decode_as_captured = False
-        """Eager decode steps select under ``lz.capture_selection()`` (the kernels the decode graphs run), so graphs
-        and eager (``enforce_eager``, batches beyond the largest graph) give the same tokens; off when no graph-safe
-        kernel can run a decode step here (e.g. a quantized KV pool): decode then runs eager kernels."""
+        """Eager decode steps select under ``lz.capture_selection()`` (the kernels the decode graphs run), so
+        graphs and eager (``enforce_eager``, batches beyond the largest graph) give the same tokens; off when
+        no graph-safe kernel can run a decode step here (e.g. a quantized KV pool): decode then runs eager
+        kernels."""
         if device.type == "cuda":
-            graphs = CUDAGraphRunner(self.model, self.kv_caches, ec.max_num_seqs, -(-max_model_len // ec.block_size),
-                                     device, cascade=self.cascade is not None, knobs=ec.cuda_graph)
+            graphs = CUDAGraphRunner(
+                self.model,
+                self.kv_caches,
+                ec.max_num_seqs,
+                -(-max_model_len // ec.block_size),
+                device,
+                cascade=self.cascade is not None,
+                knobs=ec.cuda_graph,
+            )
             try:
                 if ec.enforce_eager:
                     graphs.warm_as_captured()
                 else:
                     graphs.capture()
-                    narrow = self._narrow_graphs(max_model_len, ec.block_size, device, ec.cuda_graph)  # both or neither
+                    narrow = self._narrow_graphs(
+                        max_model_len, ec.block_size, device, ec.cuda_graph
+                    )  # both or neither
                     self.graphs, self.narrow = graphs, narrow
                 self.decode_as_captured = True
             except lz.LayerZeroError as exc:  # e.g. no graph-safe kernel for an op here: decode runs eager
                 if lz.get_config().strict and not ec.enforce_eager:
                     raise
-                log.warning("%s (decode runs eager kernels): no graph-safe kernel for a decode step: %s",
-                            "eager decode" if ec.enforce_eager else "CUDA graphs off", exc)
+                log.warning(
+                    "%s (decode runs eager kernels): no graph-safe kernel for a decode step: %s",
+                    "eager decode" if ec.enforce_eager else "CUDA graphs off",
+                    exc,
+                )
         if self.kv_dtype == torch.int8:  # after capture, so the capture's dummy batch calibrates nothing
             for m in self.model.modules():
                 if isinstance(m, KVScales):
@@ -105,10 +143,11 @@ class ModelRunner:
 
     def _cascade_policy(self, ec: EngineConfig) -> CascadePolicy | None:
         """``cascade_attention=True`` -> every step (decode, or with prefill chunks) with a shared prefix
-        (``CascadePolicy(always=True)``); False -> off; None (the default) -> on CUDA with prefix caching and an
-        unquantized KV pool, steps whose shared prefixes save enough reads (``CascadePolicy()``'s thresholds: a
-        step sharing nothing keeps its plain decode graph), else off. Why the default: the shared-prefix benchmark
-        gains from it and a workload sharing nothing does not lose (benchmarks/results/history.md).
+        (``CascadePolicy(always=True)``); False -> off; None (the default) -> on CUDA with prefix caching and
+        an unquantized KV pool, steps whose shared prefixes save enough reads (``CascadePolicy()``'s
+        thresholds: a step sharing nothing keeps its plain decode graph), else off. Why the default: the
+        shared-prefix benchmark gains from it and a workload sharing nothing does not lose
+        (benchmarks/results/history.md).
 
         Raises:
             ConfigurationError: ``cascade_attention=True`` with a quantized KV pool."""
@@ -119,9 +158,13 @@ class ModelRunner:
                 return None
             return CascadePolicy()
         if self.kv_dtype != self.dtype:
-            raise bad_config("LLM cascade_attention", "False or None with kv_cache_dtype "
-                             f"{ec.kv_cache_dtype!r}", True, "Cascade attention reads an unquantized KV pool "
-                             "(the engine's cascade steps do not pass a quantized pool's scales yet).")
+            raise bad_config(
+                "LLM cascade_attention",
+                f"False or None with kv_cache_dtype {ec.kv_cache_dtype!r}",
+                True,
+                "Cascade attention reads an unquantized KV pool "
+                "(the engine's cascade steps do not pass a quantized pool's scales yet).",
+            )
         return CascadePolicy(always=True)
 
     def _num_blocks(self, ec: EngineConfig, max_model_len: int, max_num_batched_tokens: int) -> int:
@@ -130,7 +173,10 @@ class ModelRunner:
         per_block = kv_bytes_per_block(self.cfg, ec.block_size, self.kv_dtype)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            budget = free * ec.kv_cache_memory_fraction - ACTIVATION_RESERVE_BYTES_PER_TOKEN * max_num_batched_tokens
+            budget = (
+                free * ec.kv_cache_memory_fraction
+                - ACTIVATION_RESERVE_BYTES_PER_TOKEN * max_num_batched_tokens
+            )
         else:
             budget = ec.cpu_kv_cache_bytes
         need = ec.max_num_seqs * -(-max_model_len // ec.block_size) + 1
@@ -139,14 +185,20 @@ class ModelRunner:
     # no_grad, not inference_mode: the step's metadata tensors keep their version counters, which FlashInfer's
     # plan cache needs to reuse one plan for every layer of a step (inference tensors re-plan per call)
     @torch.no_grad()
-    def execute(self, chunks: list[tuple[Sequence, int]], block_tables: np.ndarray,
-                prev_tokens: torch.Tensor | None = None, greedy: bool = False) -> StepLogits:
-        """Forward the step's ``chunks`` (sequence, new tokens); returns logits ``[S, V]`` (model dtype) of the sequences
-        whose chunk reaches their last token (in chunk order), with their greedy ids in transfer to the host
-        (``pending``) when ``greedy`` (the step is plain greedy: ``sampler.plain_greedy``) and a greedy decode graph
-        ran it (else ``pending`` is None and the sampler draws). ``block_tables``: the chunks' ``[B, W]`` int32 table matrix
-        (:meth:`~layerzero.engine.kv.KVCacheManager.block_tables`). ``prev_tokens`` ``[S_prev]`` int64 on the
-        device: the previous step's sampled tokens, for sequences whose last token is pending (async scheduling)."""
+    def execute(
+        self,
+        chunks: list[tuple[Sequence, int]],
+        block_tables: np.ndarray,
+        prev_tokens: torch.Tensor | None = None,
+        greedy: bool = False,
+    ) -> StepLogits:
+        """Forward the step's ``chunks`` (sequence, new tokens); returns logits ``[S, V]`` (model dtype) of
+        the sequences whose chunk reaches their last token (in chunk order), with their greedy ids in transfer
+        to the host (``pending``) when ``greedy`` (the step is plain greedy: ``sampler.plain_greedy``) and a
+        greedy decode graph ran it (else ``pending`` is None and the sampler draws). ``block_tables``: the
+        chunks' ``[B, W]`` int32 table matrix (:meth:`~layerzero.engine.kv.KVCacheManager.block_tables`).
+        ``prev_tokens`` ``[S_prev]`` int64 on the device: the previous step's sampled tokens, for sequences
+        whose last token is pending (async scheduling)."""
         batch = self.prepare(chunks, block_tables, prev_tokens)
         if batch.cascade is not None:
             self.cascade_steps += 1
@@ -160,10 +212,11 @@ class ModelRunner:
             return StepLogits(graphs.run(batch), None)
         return StepLogits(self._eager(batch), None)
 
-    def _narrow_graphs(self, max_model_len: int, block_size: int, device: torch.device,
-                       knobs: CudaGraphKnobs) -> CUDAGraphRunner | None:
-        """Batch-1 decode graphs whose block tables are ``knobs.narrow_tokens`` wide (rounded down to whole blocks),
-        captured when the main graphs' tables are wider; None otherwise."""
+    def _narrow_graphs(
+        self, max_model_len: int, block_size: int, device: torch.device, knobs: CudaGraphKnobs
+    ) -> CUDAGraphRunner | None:
+        """Batch-1 decode graphs whose block tables are ``knobs.narrow_tokens`` wide (rounded down to whole
+        blocks), captured when the main graphs' tables are wider; None otherwise."""
         narrow = knobs.narrow_tokens
         if narrow is None or narrow < block_size or -(-max_model_len // block_size) * block_size <= narrow:
             return None
@@ -172,9 +225,10 @@ class ModelRunner:
         return graphs
 
     def graphs_for(self, batch: ForwardBatch) -> CUDAGraphRunner | None:
-        """The decode graphs that replay ``batch``: the narrow batch-1 ones when it fits them (one sequence, its
-        table no wider than theirs, no cascade step), else the main ones when they can; None: the step runs eager.
-        A packed batch goes back to the graphs whose buffer it was packed into (only theirs have its width)."""
+        """The decode graphs that replay ``batch``: the narrow batch-1 ones when it fits them (one sequence,
+        its table no wider than theirs, no cascade step), else the main ones when they can; None: the step
+        runs eager. A packed batch goes back to the graphs whose buffer it was packed into (only theirs have
+        its width)."""
         for graphs in (self.narrow, self.graphs):
             if graphs is not None and graphs.can_run(batch):
                 return graphs
@@ -183,26 +237,46 @@ class ModelRunner:
     def _eager(self, batch: ForwardBatch) -> torch.Tensor:
         """The step's logits from an eager forward."""
         if batch.is_decode and self.decode_as_captured:
-            # the kernels a decode graph runs (graph-safe, scored for in-graph time), so eager decode (enforce_eager,
-            # batches beyond the largest graph) computes what the graphs compute: the same tokens either way
+            # the kernels a decode graph runs (graph-safe, scored for in-graph time), so eager decode
+            # (enforce_eager, batches beyond the largest graph) computes what the graphs compute: the same
+            # tokens either way
             with lz.capture_selection():
                 return self.model(batch, self.kv_caches)
         return self.model(batch, self.kv_caches)
 
-    def prepare(self, chunks: list[tuple[Sequence, int]], block_tables: np.ndarray,
-                prev_tokens: torch.Tensor | None = None) -> ForwardBatch:
-        """The step's :class:`ForwardBatch` (a pending last token's id gathered from ``prev_tokens``); the chunks'
-        tables come from ``block_tables``, so their ``block_table`` is left empty."""
+    def prepare(
+        self,
+        chunks: list[tuple[Sequence, int]],
+        block_tables: np.ndarray,
+        prev_tokens: torch.Tensor | None = None,
+    ) -> ForwardBatch:
+        """The step's :class:`ForwardBatch` (a pending last token's id gathered from ``prev_tokens``); the
+        chunks' tables come from ``block_tables``, so their ``block_table`` is left empty."""
         sched = []
         for s, n in chunks:
             last = s.num_computed_tokens + n == s.num_tokens
-            sched.append(ScheduledChunk(s.token_ids, s.num_computed_tokens, n, (), last,
-                                        s.pending_index if last else None))
+            sched.append(
+                ScheduledChunk(
+                    s.token_ids, s.num_computed_tokens, n, (), last, s.pending_index if last else None
+                )
+            )
         if all(c.length == 1 and c.sample for c in sched):
-            for graphs in (self.narrow, self.graphs):  # the narrow batch-1 graphs first, as graphs_for picks them
-                target = graphs.pack_for(len(sched), block_tables.shape[1], self._lane) if graphs is not None else None
-                if target is not None:  # a packed decode bucket: the inputs go straight into a lane of its buffers
+            for graphs in (
+                self.narrow,
+                self.graphs,
+            ):  # the narrow batch-1 graphs first, as graphs_for picks them
+                target = (
+                    graphs.pack_for(len(sched), block_tables.shape[1], self._lane)
+                    if graphs is not None
+                    else None
+                )
+                if (
+                    target is not None
+                ):  # a packed decode bucket: the inputs go straight into a lane of its buffers
                     self._lane = (self._lane + 1) % graphs.knobs.lanes  # alternate steps take alternate lanes
-                    return build_packed_decode_batch(sched, self.block_size, block_tables, prev_tokens, target,
-                                                     self.cascade)
-        return build_forward_batch(sched, self.block_size, self.device, prev_tokens, self.cascade, block_tables)
+                    return build_packed_decode_batch(
+                        sched, self.block_size, block_tables, prev_tokens, target, self.cascade
+                    )
+        return build_forward_batch(
+            sched, self.block_size, self.device, prev_tokens, self.cascade, block_tables
+        )

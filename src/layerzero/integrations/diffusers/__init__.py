@@ -19,5 +19,11 @@ from .patch import (
 )
 from .processor import LayerZeroAttnProcessor
 
-__all__ = ["SUPPORTED_PROCESSORS", "DiffusersPatchHandle", "LayerZeroAttnProcessor", "attention_modules",
-           "is_diffusers_model", "patch_diffusers"]
+__all__ = [
+    "SUPPORTED_PROCESSORS",
+    "DiffusersPatchHandle",
+    "LayerZeroAttnProcessor",
+    "attention_modules",
+    "is_diffusers_model",
+    "patch_diffusers",
+]

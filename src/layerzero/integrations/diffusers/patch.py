@@ -8,8 +8,15 @@ from layerzero.core.errors import ConfigurationError
 
 from .processor import LayerZeroAttnProcessor
 
-SUPPORTED_PROCESSORS: frozenset[str] = frozenset({
-    "AttnProcessor2_0", "AttnProcessor", "XFormersAttnProcessor", "AttnProcessorNPU", "LayerZeroAttnProcessor"})
+SUPPORTED_PROCESSORS: frozenset[str] = frozenset(
+    {
+        "AttnProcessor2_0",
+        "AttnProcessor",
+        "XFormersAttnProcessor",
+        "AttnProcessorNPU",
+        "LayerZeroAttnProcessor",
+    }
+)
 """Processor classes with the ``AttnProcessor2_0`` semantics, which :class:`LayerZeroAttnProcessor` replaces
 exactly. Others (joint attention of SD3/Flux, IP-Adapter, added-KV, LoRA-fused ...) compute something else."""
 
@@ -36,10 +43,12 @@ class DiffusersPatchHandle:
         return len(self.previous)
 
     def undo(self) -> None:
-        """Put each module's previous processor back (``module.set_processor(old)``). A second call is a no-op.
+        """Put each module's previous processor back (``module.set_processor(old)``). A second call is a
+        no-op.
 
         Raises:
-            ConfigurationError: restoring some module failed (the others are still restored), first error chained.
+            ConfigurationError: restoring some module failed (the others are still restored), first error
+                chained.
         """
         if not self.active:
             return
@@ -53,8 +62,10 @@ class DiffusersPatchHandle:
             except Exception as exc:  # keep restoring the rest; report at the end
                 errors.append((name, exc))
         if errors:
-            raise ConfigurationError(f"patch_diffusers undo: {len(errors)} processor(s) not restored, first "
-                                     f"{errors[0][0]}: {errors[0][1]!r}") from errors[0][1]
+            raise ConfigurationError(
+                f"patch_diffusers undo: {len(errors)} processor(s) not restored, first "
+                f"{errors[0][0]}: {errors[0][1]!r}"
+            ) from errors[0][1]
 
     def __enter__(self) -> DiffusersPatchHandle:
         return self
@@ -68,14 +79,18 @@ class DiffusersPatchHandle:
 
 def attention_modules(model: Any) -> list[tuple[str, Any]]:
     """``(qualified name, module)`` for every diffusers attention module in ``model`` (anything with
-    ``set_processor`` and a ``processor``: ``Attention``, ``AttentionModuleMixin``), in ``named_modules`` order.
-    Walks modules rather than using ``model.attn_processors``, which some models (``DiTTransformer2DModel``) lack."""
+    ``set_processor`` and a ``processor``: ``Attention``, ``AttentionModuleMixin``), in ``named_modules``
+    order. Walks modules rather than using ``model.attn_processors``, which some models
+    (``DiTTransformer2DModel``) lack."""
     import torch
 
     if not isinstance(model, torch.nn.Module):
         return []
-    return [(name, m) for name, m in model.named_modules()
-            if callable(getattr(m, "set_processor", None)) and getattr(m, "processor", None) is not None]
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if callable(getattr(m, "set_processor", None)) and getattr(m, "processor", None) is not None
+    ]
 
 
 def is_diffusers_model(model: Any) -> bool:
@@ -84,16 +99,20 @@ def is_diffusers_model(model: Any) -> bool:
 
 
 def patch_diffusers(model: Any, *, processor: Any = None) -> DiffusersPatchHandle:
-    """Set a :class:`LayerZeroAttnProcessor` on every ``Attention`` module of a diffusers model (``UNet2DConditionModel``,
-    ``DiTTransformer2DModel``, ``PixArtTransformer2DModel``, ...) and return an undo handle that restores the
-    previous processors. Also reachable as ``lz.patch_model(model)`` and ``lz.patch_diffusers(model)``.
+    """Set a :class:`LayerZeroAttnProcessor` on every ``Attention`` module of a diffusers model
+    (``UNet2DConditionModel``, ``DiTTransformer2DModel``, ``PixArtTransformer2DModel``, ...) and return an
+    undo handle that restores the previous processors. Also reachable as ``lz.patch_model(model)`` and
+    ``lz.patch_diffusers(model)``.
 
     Args:
-        model: a ``torch.nn.Module`` containing diffusers ``Attention`` modules (a ``ModelMixin``, or a block).
-        processor: the processor to install (default: a new :class:`LayerZeroAttnProcessor`, shared by all layers).
+        model: a ``torch.nn.Module`` containing diffusers ``Attention`` modules (a ``ModelMixin``, or a
+            block).
+        processor: the processor to install (default: a new :class:`LayerZeroAttnProcessor`, shared by all
+            layers).
 
     Raises:
-        ConfigurationError: ``model`` holds no diffusers attention module; it is already patched (undo first); or
+        ConfigurationError: ``model`` holds no diffusers attention module; it is already patched (undo first);
+            or
         one of its processors is not an ``AttnProcessor2_0``-style processor (``SUPPORTED_PROCESSORS``): the
         message names the layers and classes (e.g. ``JointAttnProcessor2_0`` of SD3), and nothing is replaced.
 
@@ -106,18 +125,23 @@ def patch_diffusers(model: Any, *, processor: Any = None) -> DiffusersPatchHandl
         raise ConfigurationError(
             f"patch_diffusers: expected a torch.nn.Module holding diffusers Attention modules, got "
             f"{type(model).__name__} with none; for Hugging Face Transformers models use "
-            "layerzero.integrations.transformers.patch_model")
+            "layerzero.integrations.transformers.patch_model"
+        )
     if model.__dict__.get(_MARKER) is not None:
         raise ConfigurationError("patch_diffusers: this model is already patched; call handle.undo() first")
-    unsupported = {name: type(m.processor).__name__ for name, m in modules
-                   if type(m.processor).__name__ not in SUPPORTED_PROCESSORS}
+    unsupported = {
+        name: type(m.processor).__name__
+        for name, m in modules
+        if type(m.processor).__name__ not in SUPPORTED_PROCESSORS
+    }
     if unsupported:
         shown = ", ".join(f"{n}: {c}" for n, c in list(unsupported.items())[:4])
         raise ConfigurationError(
-            f"patch_diffusers: {len(unsupported)} attention processor(s) are not AttnProcessor2_0-style ({shown}"
-            f"{', ...' if len(unsupported) > 4 else ''}); expected one of {sorted(SUPPORTED_PROCESSORS)}. "
-            "Call model.set_default_attn_processor() first, or set LayerZeroAttnProcessor on the supported "
-            "layers yourself")
+            f"patch_diffusers: {len(unsupported)} attention processor(s) are not AttnProcessor2_0-style "
+            f"({shown}{', ...' if len(unsupported) > 4 else ''}); expected one of "
+            f"{sorted(SUPPORTED_PROCESSORS)}. Call model.set_default_attn_processor() first, or set "
+            "LayerZeroAttnProcessor on the supported layers yourself"
+        )
     new = processor if processor is not None else LayerZeroAttnProcessor()
     previous = [(name, m, m.processor) for name, m in modules]
     for _, m in modules:

@@ -54,14 +54,22 @@ def check_transformers_version(version: str) -> tuple[int, ...]:
     want = ".".join(map(str, MIN_TRANSFORMERS_VERSION))
     if len(parsed) < 2:
         raise ConfigurationError(
-            expected_got("transformers version", "a release like '4.56.0'", repr(version),
-                         "Reinstall transformers from a release: pip install -U 'transformers>=4.56'.")
+            expected_got(
+                "transformers version",
+                "a release like '4.56.0'",
+                repr(version),
+                "Reinstall transformers from a release: pip install -U 'transformers>=4.56'.",
+            )
         )
     if parsed[:2] < MIN_TRANSFORMERS_VERSION:
         raise ConfigurationError(
-            expected_got("transformers version", f">= {want}", version,
-                         "The LayerZero attention integration relies on AttentionInterface and masking_utils; "
-                         "upgrade with: pip install -U 'transformers>=4.56'.")
+            expected_got(
+                "transformers version",
+                f">= {want}",
+                version,
+                "The LayerZero attention integration relies on AttentionInterface and masking_utils; "
+                "upgrade with: pip install -U 'transformers>=4.56'.",
+            )
         )
     return parsed
 
@@ -69,13 +77,13 @@ def check_transformers_version(version: str) -> tuple[int, ...]:
 def register() -> None:
     """Register ``"layerzero"`` with transformers' attention (and attention-mask) interfaces. Idempotent.
 
-    After this, ``Model.from_pretrained(path, attn_implementation="layerzero")`` and
-    ``model.set_attn_implementation("layerzero")`` route every attention call through
-    :func:`layerzero_attention_forward`. The mask function is transformers' own ``"sdpa"`` one (boolean,
-    True = attend), so padding, causality and sliding windows are built exactly as for ``"sdpa"``; under CUDA-graph
-    capture it skips a plain causal mask as eager transformers does (:mod:`.masks`), so a captured forward makes
-    the same ``lz.attention`` calls as the eager warm-up before it.
-    Registration is global to the transformers process state (that is how transformers' registries work);
+    After this, ``Model.from_pretrained(path,
+    attn_implementation="layerzero")`` and ``model.set_attn_implementation("layerzero")`` route every
+    attention call through :func:`layerzero_attention_forward`. The mask function is transformers' own
+    ``"sdpa"`` one (boolean, True = attend), so padding, causality and sliding windows are built exactly as
+    for ``"sdpa"``; under CUDA-graph capture it skips a plain causal mask as eager transformers does
+    (:mod:`.masks`), so a captured forward makes the same ``lz.attention`` calls as the eager warm-up before
+    it. Registration is global to the transformers process state (that is how transformers' registries work);
     calling it again changes nothing.
 
     Raises:
@@ -85,8 +93,12 @@ def register() -> None:
         import transformers
     except ImportError as exc:  # pragma: no cover - transformers is a dev dependency
         raise ConfigurationError(
-            expected_got("transformers", "installed (>= 4.56)", "not importable",
-                         "Install it with: pip install 'transformers>=4.56'.")
+            expected_got(
+                "transformers",
+                "installed (>= 4.56)",
+                "not importable",
+                "Install it with: pip install 'transformers>=4.56'.",
+            )
         ) from exc
     check_transformers_version(transformers.__version__)
     from transformers import AttentionInterface
@@ -95,20 +107,28 @@ def register() -> None:
     try:
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError:  # pragma: no cover - masking_utils exists in every supported release
-        logger.info("transformers %s has no AttentionMaskInterface; masks are built by the model",
-                    transformers.__version__)
+        logger.info(
+            "transformers %s has no AttentionMaskInterface; masks are built by the model",
+            transformers.__version__,
+        )
         return
     sdpa_mask_fn = AttentionMaskInterface._global_mapping.get("sdpa")
     if sdpa_mask_fn is None:  # pragma: no cover - "sdpa" is always registered in supported releases
         raise ConfigurationError(
-            expected_got("transformers AttentionMaskInterface", "an 'sdpa' mask function", "none registered",
-                         "This transformers build is unusual; reinstall transformers>=4.56.")
+            expected_got(
+                "transformers AttentionMaskInterface",
+                "an 'sdpa' mask function",
+                "none registered",
+                "This transformers build is unusual; reinstall transformers>=4.56.",
+            )
         )
     from transformers.masking_utils import causal_mask_function
 
     from .masks import capture_consistent
 
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, capture_consistent(sdpa_mask_fn, causal_mask_function))
+    AttentionMaskInterface.register(
+        ATTN_IMPLEMENTATION, capture_consistent(sdpa_mask_fn, causal_mask_function)
+    )
 
 
 def is_registered() -> bool:
@@ -129,8 +149,9 @@ def _refuse(feature: str, got: Any, fix: str) -> InvalidInputError:
     return InvalidInputError(expected_got(f"layerzero attention: {feature}", "not requested", got, fix))
 
 
-def _position_bias_mask(position_bias: torch.Tensor, attention_mask: torch.Tensor | None,
-                        is_causal: bool, q_len: int, k_len: int) -> torch.Tensor:
+def _position_bias_mask(
+    position_bias: torch.Tensor, attention_mask: torch.Tensor | None, is_causal: bool, q_len: int, k_len: int
+) -> torch.Tensor:
     """Fold a T5-style additive ``position_bias`` [B|1, H, Sq, Sk] and the mask into one float mask.
 
     Mirrors ``create_position_bias_mask`` of transformers' SDPA integration (masked entries get -inf).
@@ -164,7 +185,8 @@ def layerzero_attention_forward(
     Same contract as transformers' ``sdpa_attention_forward`` (which it mirrors):
 
     Args:
-        module: the calling attention module; its ``is_causal`` (default True) is used when ``is_causal`` is None.
+        module: the calling attention module; its ``is_causal`` (default True) is used when ``is_causal`` is
+            None.
         query: [B, Hq, Sq, D] float tensor (BHSD).
         key: [B, Hkv, Sk, D], same dtype/device; Hq % Hkv == 0 (GQA/MQA are passed natively, never repeated).
         value: [B, Hkv, Sk, Dv].
@@ -173,13 +195,14 @@ def layerzero_attention_forward(
         dropout: attention dropout probability (0.0 in eval).
         scaling: softmax scale; None = 1/sqrt(D).
         sliding_window: the layer's window W in tokens (transformers' ``sliding_window_overlay``: query i sees
-            keys ``j > i - W``). When ``attention_mask`` is given it already encodes the window (the registered
-            ``sdpa_mask`` builds it, bottom-right aligned for cached decode), so it is *not* applied again. When
-            no mask is given, Sq == Sk and the call is causal, it is passed as ``window=(W - 1, 0)`` (top-left
-            and bottom-right alignment coincide then); with no mask and Sq != Sk it is refused (see Raises).
-        softcap: logit soft-capping (Gemma 2's ``attn_logit_softcapping``), passed to ``lz.attention(softcap=)``
-            (``scores = softcap * tanh(scores / softcap)`` before the mask, as transformers' eager path does);
-            None or 0 = off.
+            keys ``j > i - W``). When ``attention_mask`` is given it already encodes the window (the
+            registered ``sdpa_mask`` builds it, bottom-right aligned for cached decode), so it is *not*
+            applied again. When no mask is given, Sq == Sk and the call is causal, it is passed as
+            ``window=(W - 1, 0)`` (top-left and bottom-right alignment coincide then); with no mask and Sq !=
+            Sk it is refused (see Raises).
+        softcap: logit soft-capping (Gemma 2's ``attn_logit_softcapping``), passed to
+            ``lz.attention(softcap=)`` (``scores = softcap * tanh(scores / softcap)`` before the mask, as
+            transformers' eager path does); None or 0 = off.
         is_causal: None = ``module.is_causal``. Used, top-left aligned like SDPA, only when ``attention_mask``
             is None and Sq > 1 (a single decode query attends to the whole cache).
         **kwargs: transformers' extra kwargs. ``position_bias`` (T5-style additive bias [B|1, Hq, Sq, Sk]) is
@@ -191,30 +214,41 @@ def layerzero_attention_forward(
 
     Raises:
         InvalidInputError: ``output_attentions=True``, ``head_mask`` is given, a paged cache (continuous
-            batching) is passed, or ``sliding_window`` is set while no mask was given, the key length exceeds the
-            window and the window cannot be expressed top-left aligned (Sq != Sk, or not causal); and anything
-            :func:`layerzero.attention` raises for bad tensors (e.g. a negative ``softcap``).
+            batching) is passed, or ``sliding_window`` is set while no mask was given, the key length exceeds
+            the window and the window cannot be expressed top-left aligned (Sq != Sk, or not causal); and
+            anything :func:`layerzero.attention` raises for bad tensors (e.g. a negative ``softcap``).
     """
     if kwargs.get("output_attentions", False):
-        raise _refuse("output_attentions", "output_attentions=True",
-                      "LayerZero kernels never materialize attention weights; use attn_implementation='eager' "
-                      "to get them.")
+        raise _refuse(
+            "output_attentions",
+            "output_attentions=True",
+            "LayerZero kernels never materialize attention weights; use attn_implementation='eager' "
+            "to get them.",
+        )
     if kwargs.get("head_mask") is not None:
-        raise _refuse("head_mask", "a head_mask tensor",
-                      "Per-head masking is not supported; use attn_implementation='eager'.")
+        raise _refuse(
+            "head_mask",
+            "a head_mask tensor",
+            "Per-head masking is not supported; use attn_implementation='eager'.",
+        )
     if kwargs.get("cache") is not None:
-        raise _refuse("paged cache", type(kwargs["cache"]).__name__,
-                      "Continuous batching (paged KV cache) is not wired to LayerZero yet; use 'sdpa' for it.")
+        raise _refuse(
+            "paged cache",
+            type(kwargs["cache"]).__name__,
+            "Continuous batching (paged KV cache) is not wired to LayerZero yet; use 'sdpa' for it.",
+        )
 
     q_len, k_len = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = None
     if attention_mask is None and sliding_window is not None and k_len > sliding_window:
         if q_len != k_len or not causal:
-            raise _refuse("sliding window without a mask",
-                          f"sliding_window={sliding_window}, no mask, Sq={q_len}, Sk={k_len}, causal={causal}",
-                          "Build the mask with transformers' create_sliding_window_causal_mask (call "
-                          "layerzero.integrations.transformers.register() before the model runs).")
+            raise _refuse(
+                "sliding window without a mask",
+                f"sliding_window={sliding_window}, no mask, Sq={q_len}, Sk={k_len}, causal={causal}",
+                "Build the mask with transformers' create_sliding_window_causal_mask (call "
+                "layerzero.integrations.transformers.register() before the model runs).",
+            )
         window = (int(sliding_window) - 1, 0)
     causal = bool(q_len > 1 and attention_mask is None and causal)
 
@@ -230,9 +264,16 @@ def layerzero_attention_forward(
         causal = False
 
     out = lz_ops.attention(
-        query, key, value,
-        attn_mask=attention_mask, is_causal=causal, scale=scaling, dropout_p=dropout, layout="BHSD",
-        window=window, softcap=softcap or None,
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        is_causal=causal,
+        scale=scaling,
+        dropout_p=dropout,
+        layout="BHSD",
+        window=window,
+        softcap=softcap or None,
     )
     return out.transpose(1, 2).contiguous(), None
 
@@ -242,7 +283,8 @@ def from_pretrained(cls_or_auto: Any, path: Any, **kwargs: Any) -> Any:
     attn_implementation="layerzero", **kwargs)``.
 
     Args:
-        cls_or_auto: a transformers model class or Auto class (``LlamaForCausalLM``, ``AutoModelForCausalLM``).
+        cls_or_auto: a transformers model class or Auto class (``LlamaForCausalLM``,
+            ``AutoModelForCausalLM``).
         path: a local directory or hub id, as for ``from_pretrained``.
         **kwargs: forwarded to ``from_pretrained`` (``dtype=``, ``device_map=``, ...).
 
@@ -259,14 +301,22 @@ def from_pretrained(cls_or_auto: Any, path: Any, **kwargs: Any) -> Any:
     requested = kwargs.pop("attn_implementation", ATTN_IMPLEMENTATION)
     if requested != ATTN_IMPLEMENTATION:
         raise ConfigurationError(
-            expected_got("from_pretrained attn_implementation", repr(ATTN_IMPLEMENTATION), repr(requested),
-                         "Call cls.from_pretrained directly for other attention implementations.")
+            expected_got(
+                "from_pretrained attn_implementation",
+                repr(ATTN_IMPLEMENTATION),
+                repr(requested),
+                "Call cls.from_pretrained directly for other attention implementations.",
+            )
         )
     loader = getattr(cls_or_auto, "from_pretrained", None)
     if not callable(loader):
         raise ConfigurationError(
-            expected_got("cls_or_auto", "a transformers model or Auto class with .from_pretrained",
-                         repr(cls_or_auto), "Pass e.g. transformers.AutoModelForCausalLM.")
+            expected_got(
+                "cls_or_auto",
+                "a transformers model or Auto class with .from_pretrained",
+                repr(cls_or_auto),
+                "Pass e.g. transformers.AutoModelForCausalLM.",
+            )
         )
     register()
     return loader(path, attn_implementation=ATTN_IMPLEMENTATION, **kwargs)

@@ -63,13 +63,15 @@ class ModelPatchSpec:
     rope_function: str = "apply_rotary_pos_emb"
 
 
-MODEL_PATCH_TABLE: Mapping[str, ModelPatchSpec] = types.MappingProxyType({
-    "llama": ModelPatchSpec("transformers.models.llama.modeling_llama", ("LlamaRMSNorm",)),
-    "mistral": ModelPatchSpec("transformers.models.mistral.modeling_mistral", ("MistralRMSNorm",)),
-    "qwen2": ModelPatchSpec("transformers.models.qwen2.modeling_qwen2", ("Qwen2RMSNorm",)),
-    "qwen3": ModelPatchSpec("transformers.models.qwen3.modeling_qwen3", ("Qwen3RMSNorm",)),
-    "qwen3_moe": ModelPatchSpec("transformers.models.qwen3_moe.modeling_qwen3_moe", ("Qwen3MoeRMSNorm",)),
-})
+MODEL_PATCH_TABLE: Mapping[str, ModelPatchSpec] = types.MappingProxyType(
+    {
+        "llama": ModelPatchSpec("transformers.models.llama.modeling_llama", ("LlamaRMSNorm",)),
+        "mistral": ModelPatchSpec("transformers.models.mistral.modeling_mistral", ("MistralRMSNorm",)),
+        "qwen2": ModelPatchSpec("transformers.models.qwen2.modeling_qwen2", ("Qwen2RMSNorm",)),
+        "qwen3": ModelPatchSpec("transformers.models.qwen3.modeling_qwen3", ("Qwen3RMSNorm",)),
+        "qwen3_moe": ModelPatchSpec("transformers.models.qwen3_moe.modeling_qwen3_moe", ("Qwen3MoeRMSNorm",)),
+    }
+)
 #: ``config.model_type`` values :func:`patch_model` accepts.
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(MODEL_PATCH_TABLE))
 
@@ -89,6 +91,7 @@ class PatchRecord:
 
 # --- replacements -----------------------------------------------------------------------------------
 
+
 def _rms_forward_variance_epsilon(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     return lz_ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
@@ -100,9 +103,11 @@ def _rms_forward_eps(self: torch.nn.Module, hidden_states: torch.Tensor) -> torc
 _RMS_REPLACEMENTS = (_rms_forward_variance_epsilon, _rms_forward_eps)
 
 
-def lz_apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                            unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop-in for transformers' ``apply_rotary_pos_emb`` (half-rotation RoPE, Su et al. 2021) via :func:`layerzero.rope`.
+def lz_apply_rotary_pos_emb(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for transformers' ``apply_rotary_pos_emb`` (half-rotation RoPE, Su et al. 2021) via
+    :func:`layerzero.rope`.
 
     Args:
         q: [B, Hq, S, D] (``unsqueeze_dim=1``) or [B, S, Hq, D] (``unsqueeze_dim=2``).
@@ -118,8 +123,14 @@ def lz_apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         InvalidInputError: ``unsqueeze_dim`` is not 1 or 2; anything :func:`layerzero.rope` raises.
     """
     if unsqueeze_dim not in (1, 2):
-        raise InvalidInputError(expected_got("apply_rotary_pos_emb unsqueeze_dim", "1 (BHSD) or 2 (BSHD)",
-                                             unsqueeze_dim, "Only the two transformers layouts are routed."))
+        raise InvalidInputError(
+            expected_got(
+                "apply_rotary_pos_emb unsqueeze_dim",
+                "1 (BHSD) or 2 (BSHD)",
+                unsqueeze_dim,
+                "Only the two transformers layouts are routed.",
+            )
+        )
     if unsqueeze_dim == 2:
         q, k = q.transpose(1, 2), k.transpose(1, 2)
     if cos.dim() == 3 and cos.shape[0] == 1 and q.shape[0] > 1:
@@ -158,8 +169,11 @@ def _rope_release(module: types.ModuleType, name: str) -> None:
         if getattr(module, name) is lz_apply_rotary_pos_emb:
             setattr(module, name, slot[0])
         else:
-            logger.warning("%s.%s was replaced by someone else after LayerZero patched it; leaving theirs",
-                           module.__name__, name)
+            logger.warning(
+                "%s.%s was replaced by someone else after LayerZero patched it; leaving theirs",
+                module.__name__,
+                name,
+            )
 
 
 def rope_refcount(modeling_module: str, name: str = "apply_rotary_pos_emb") -> int:
@@ -171,7 +185,10 @@ def rope_refcount(modeling_module: str, name: str = "apply_rotary_pos_emb") -> i
 
 # --- validation -------------------------------------------------------------------------------------
 
-def _signature_problem(original: Callable[..., Any], replacement: Callable[..., Any], what: str) -> str | None:
+
+def _signature_problem(
+    original: Callable[..., Any], replacement: Callable[..., Any], what: str
+) -> str | None:
     try:
         want, got = inspect.signature(original), inspect.signature(replacement)
     except (TypeError, ValueError) as exc:
@@ -208,12 +225,22 @@ def _parse_ops(ops: Iterable[str | PatchOp]) -> tuple[PatchOp, ...]:
             parsed.append(PatchOp(op))
         except ValueError:
             raise ConfigurationError(
-                expected_got("patch_model ops entry", f"one of {list(DEFAULT_OPS)}", repr(op),
-                             "Fix the name." + did_you_mean(str(op), DEFAULT_OPS))
+                expected_got(
+                    "patch_model ops entry",
+                    f"one of {list(DEFAULT_OPS)}",
+                    repr(op),
+                    "Fix the name." + did_you_mean(str(op), DEFAULT_OPS),
+                )
             ) from None
     if not parsed:
-        raise ConfigurationError(expected_got("patch_model ops", f"a non-empty subset of {list(DEFAULT_OPS)}",
-                                              "an empty sequence", "Name at least one op."))
+        raise ConfigurationError(
+            expected_got(
+                "patch_model ops",
+                f"a non-empty subset of {list(DEFAULT_OPS)}",
+                "an empty sequence",
+                "Name at least one op.",
+            )
+        )
     return tuple(dict.fromkeys(parsed))
 
 
@@ -231,6 +258,7 @@ def _configs(model: torch.nn.Module) -> list[Any]:
 
 
 # --- the handle -------------------------------------------------------------------------------------
+
 
 class PatchHandle:
     """Undo handle returned by :func:`patch_model`; also a context manager (undo on exit).
@@ -265,7 +293,9 @@ class PatchHandle:
         if self.model.__dict__.get(_MARKER) is self:
             del self.model.__dict__[_MARKER]
         if errors:
-            raise ConfigurationError(f"patch undo: {len(errors)} step(s) failed, first: {errors[0]!r}") from errors[0]
+            raise ConfigurationError(
+                f"patch undo: {len(errors)} step(s) failed, first: {errors[0]!r}"
+            ) from errors[0]
 
     def __enter__(self) -> PatchHandle:
         return self
@@ -278,18 +308,19 @@ class PatchHandle:
         return f"PatchHandle(active={self.active}, patched=[{ops}])"
 
 
-def patch_model(model: torch.nn.Module, *, ops: Iterable[str | PatchOp] = DEFAULT_OPS,
-                strict: bool = True) -> PatchHandle:
+def patch_model(
+    model: torch.nn.Module, *, ops: Iterable[str | PatchOp] = DEFAULT_OPS, strict: bool = True
+) -> PatchHandle:
     """Route a transformers model's ``attention``, ``rms_norm`` and ``rope`` through LayerZero.
 
     Args:
         model: a loaded transformers model whose ``config.model_type`` is in :data:`SUPPORTED_MODEL_TYPES`.
         ops: any of ``"attention"``, ``"rms_norm"``, ``"rope"`` (default: all three). ``"attention"``
             registers ``attn_implementation="layerzero"`` and switches the model to it.
-        strict: True (default) refuses, before changing anything, when any target cannot be patched (no RMSNorm
-            instance found, an instance without ``weight`` [H] / ``eps``, a signature that differs from the
-            replacement's, the attention implementation not switchable). False patches what it can, logs a
-            WARNING per skipped target and lists them in ``handle.skipped``.
+        strict: True (default) refuses, before changing anything, when any target cannot be patched (no
+            RMSNorm instance found, an instance without ``weight`` [H] / ``eps``, a signature that differs
+            from the replacement's, the attention implementation not switchable). False patches what it can,
+            logs a WARNING per skipped target and lists them in ``handle.skipped``.
 
     Returns:
         A :class:`PatchHandle`; ``handle.undo()`` (or leaving ``with patch_model(m):``) restores everything.
@@ -304,24 +335,46 @@ def patch_model(model: torch.nn.Module, *, ops: Iterable[str | PatchOp] = DEFAUL
     >>> handle.undo()  # doctest: +SKIP
     """
     if not isinstance(model, torch.nn.Module):
-        raise InvalidInputError(expected_got("patch_model model", "a transformers PreTrainedModel",
-                                             type(model).__name__, "Pass the loaded model object."))
+        raise InvalidInputError(
+            expected_got(
+                "patch_model model",
+                "a transformers PreTrainedModel",
+                type(model).__name__,
+                "Pass the loaded model object.",
+            )
+        )
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if not isinstance(model_type, str):
-        raise ConfigurationError(expected_got("patch_model model.config.model_type", "a string such as 'llama'",
-                                              repr(model_type), "Pass a transformers PreTrainedModel."))
+        raise ConfigurationError(
+            expected_got(
+                "patch_model model.config.model_type",
+                "a string such as 'llama'",
+                repr(model_type),
+                "Pass a transformers PreTrainedModel.",
+            )
+        )
     spec = MODEL_PATCH_TABLE.get(model_type)
     if spec is None:
         raise ConfigurationError(
-            expected_got("patch_model model_type", f"one of {list(SUPPORTED_MODEL_TYPES)}", repr(model_type),
-                         "Add an entry to MODEL_PATCH_TABLE or load with attn_implementation='layerzero' only."
-                         + did_you_mean(model_type, SUPPORTED_MODEL_TYPES))
+            expected_got(
+                "patch_model model_type",
+                f"one of {list(SUPPORTED_MODEL_TYPES)}",
+                repr(model_type),
+                "Add an entry to MODEL_PATCH_TABLE or load with attn_implementation='layerzero' only."
+                + did_you_mean(model_type, SUPPORTED_MODEL_TYPES),
+            )
         )
     wanted = _parse_ops(ops)
     existing = model.__dict__.get(_MARKER)
     if existing is not None and existing.active:
-        raise ConfigurationError(expected_got("patch_model", "an unpatched model", f"one patched by {existing!r}",
-                                              "Call handle.undo() on the first handle before patching again."))
+        raise ConfigurationError(
+            expected_got(
+                "patch_model",
+                "an unpatched model",
+                f"one patched by {existing!r}",
+                "Call handle.undo() on the first handle before patching again.",
+            )
+        )
 
     problems: list[str] = []
     rms_plan: list[tuple[torch.nn.Module, Callable[..., Any]]] = []
@@ -353,8 +406,11 @@ def patch_model(model: torch.nn.Module, *, ops: Iterable[str | PatchOp] = DEFAUL
                 problems.append(problem)
             rope_ok = problem is None
     if problems and strict:
-        raise ConfigurationError(f"patch_model({model_type}): nothing was patched; {len(problems)} problem(s): "
-                                 + "; ".join(problems) + ". Fix them or pass strict=False to skip those targets.")
+        raise ConfigurationError(
+            f"patch_model({model_type}): nothing was patched; {len(problems)} problem(s): "
+            + "; ".join(problems)
+            + ". Fix them or pass strict=False to skip those targets."
+        )
     for problem in problems:
         logger.warning("patch_model(%s): skipped %s", model_type, problem)
 
@@ -394,8 +450,9 @@ def patch_model(model: torch.nn.Module, *, ops: Iterable[str | PatchOp] = DEFAUL
 def _restore_forward(module: torch.nn.Module, old: Any, new: Any) -> Callable[[], None]:
     def restore() -> None:
         if module.__dict__.get("forward") is not new:
-            logger.warning("%s.forward was replaced after LayerZero patched it; leaving it",
-                           type(module).__name__)
+            logger.warning(
+                "%s.forward was replaced after LayerZero patched it; leaving it", type(module).__name__
+            )
             return
         if old is _MISSING:
             del module.__dict__["forward"]
@@ -424,7 +481,11 @@ def _switch_attention(model: torch.nn.Module, handle: PatchHandle) -> str | None
         model.config._attn_implementation = ATTN_IMPLEMENTATION
     got = getattr(model.config, "_attn_implementation", None)
     if got != ATTN_IMPLEMENTATION:
-        return expected_got("attention: model.config._attn_implementation", repr(ATTN_IMPLEMENTATION), repr(got),
-                            f"{type(model).__name__} cannot switch attention dynamically; load it with "
-                            "layerzero.integrations.transformers.from_pretrained instead")
+        return expected_got(
+            "attention: model.config._attn_implementation",
+            repr(ATTN_IMPLEMENTATION),
+            repr(got),
+            f"{type(model).__name__} cannot switch attention dynamically; load it with "
+            "layerzero.integrations.transformers.from_pretrained instead",
+        )
     return None
