@@ -1,4 +1,7 @@
-"""``LLMEngine``: requests in, one step at a time: schedule -> forward -> sample -> stops and text."""
+"""``LLMEngine``: requests in, one step at a time: schedule -> forward -> sample -> stops and text.
+
+A step that raises is rolled back by the failure recovery it inherits (``recovery.py``); the request state
+it keeps (:class:`Request`) is in ``request.py``."""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,49 +21,20 @@ from .inputs import InputProcessor
 from .kv.block_manager import KVCacheManager
 from .metrics import EngineStats, StepStats
 from .outputs import CompletionOutput, RequestOutput
+from .recovery import StepRecovery
+from .request import InFlight, Request
 from .runner.model_runner import ModelRunner
-from .sampler import PendingSample, Sampler, SamplerOutput, SamplingError, plain_greedy, sequence_seed
+from .sampler import Sampler, SamplerOutput, plain_greedy, sequence_seed
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .scheduling_policy import make_policy
-from .sequence import FinishReason, Sequence, SequenceStatus
+from .sequence import FinishReason, Sequence
 
 __all__ = ["LLMEngine", "Request"]
 
 log = logging.getLogger("layerzero.engine")
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-
-
-@dataclass(eq=False)
-class Request:
-    """A request: its prompt and its ``n`` sequences; ``sent_tokens`` counts, per sequence, the output tokens
-    a stream has already yielded; ``error``: why it failed (its sequences then end with ``"error"``).
-
-    The object is the request's outbox: whoever runs a step, the tokens land in its sequences, and its owner
-    (``generate`` / ``stream`` / a server) reads them from here (:meth:`LLMEngine.output`), never from another
-    caller's step results."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    seqs: list[Sequence]
-    sent_tokens: list[int]
-    error: str | None = None
-
-    @property
-    def finished(self) -> bool:
-        """Whether every sequence ended."""
-        return all(s.finished for s in self.seqs)
-
-
-@dataclass(eq=False)
-class _InFlight:
-    """A launched step whose sampled ids are still on their way to the host (async scheduling): the sequences
-    it sampled, in row order, and the draw."""
-
-    sampled: list[Sequence]
-    pending: PendingSample
 
 
 def _resolve(ec: EngineConfig, cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
@@ -73,9 +46,9 @@ def _resolve(ec: EngineConfig, cfg: ModelConfig) -> tuple[torch.device, torch.dt
     return device, cfg.torch_dtype if cfg.torch_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
-class LLMEngine:
+class LLMEngine(StepRecovery):
     """The engine behind :class:`~layerzero.engine.LLM`: owns the tokenizer, model runner, KV cache manager,
-    scheduler and sampler."""
+    scheduler and sampler; ending requests and undoing a failed step come from :class:`StepRecovery`."""
 
     def __init__(self, ec: EngineConfig, tokenizer: Any = None) -> None:
         self.config = ec
@@ -122,7 +95,7 @@ class LLMEngine:
         self.async_scheduling = (
             ec.async_scheduling if ec.async_scheduling is not None else self.device.type == "cuda"
         )
-        self._inflight: _InFlight | None = None
+        self._inflight: InFlight | None = None
         self._current: SchedulerOutput | None = None  # the step being run (what a failure rolls back)
         #: Serializes every entry point that reads or changes requests or runs a step (re-entrant): several
         #: threads may drive one engine; each step runs whole, for every caller's requests at once.
@@ -211,34 +184,6 @@ class LLMEngine:
         self._try_apply_aborts()
         return True
 
-    def _try_apply_aborts(self) -> None:
-        """Apply the queued aborts now unless another thread holds the lock (its step's end applies them)."""
-        if self._aborts and self.lock.acquire(blocking=False):
-            try:
-                self._apply_aborts()
-            finally:
-                self.lock.release()
-
-    def _apply_aborts(self) -> None:
-        """Abort the queued request ids (:meth:`abort`); the caller holds the lock."""
-        while self._aborts:
-            req = self.requests.pop(self._aborts.popleft(), None)
-            if req is not None:
-                self._end(req, FinishReason.ABORT)
-
-    def _end(self, req: Request, reason: FinishReason) -> None:
-        """Finish ``req``'s unfinished sequences with ``reason`` (their blocks freed; a pending token
-        dropped)."""
-        for seq in req.seqs:
-            if not seq.finished:
-                seq.pending_index, seq.length_capped = None, False
-                self.scheduler.finish(seq, reason)
-
-    def _fail(self, req: Request, exc: BaseException) -> None:
-        """``req`` failed inside a step: it ends with finish reason ``"error"`` and ``error`` says why."""
-        req.error = f"{type(exc).__name__}: {exc}"
-        self._end(req, FinishReason.ERROR)
-
     def has_unfinished(self) -> bool:
         """Whether any request is queued or running, or a launched step still has tokens to read for one."""
         self._try_apply_aborts()
@@ -273,59 +218,6 @@ class LLMEngine:
                 self._apply_aborts()
             return touched
 
-    def _recover(self, exc: BaseException) -> list[Request]:
-        """Undo a step that raised ``exc`` and fail the requests it blames; returns the failed requests.
-
-        Every sequence of the step (and of the launched step whose tokens were still pending) drops its
-        pending token and, if it holds blocks, is preempted: its known tokens are computed again, as after a
-        preemption (seeded and greedy sequences give the same tokens). Blame: ``SamplingError.seqs`` when the
-        sampler found the failing rows, none for a ``BaseException``, else every sequence of the step (or,
-        when the scheduler itself raised, every running one)."""
-        out, prev = self._current, self._inflight
-        self._inflight = None
-        step = [s for s, _ in out.chunks] if out is not None else list(self.scheduler.running)
-        involved = list(dict.fromkeys([*(prev.sampled if prev is not None else ()), *step]))
-        if not isinstance(exc, Exception):
-            blamed: list[Sequence] = []
-        else:
-            blamed = exc.seqs if isinstance(exc, SamplingError) else step
-        failed = {s.request_id: self.requests[s.request_id] for s in blamed if s.request_id in self.requests}
-        cause = (exc.__cause__ or exc) if isinstance(exc, SamplingError) else exc
-        for req in failed.values():
-            self._fail(req, cause)
-        for seq in involved:
-            seq.pending_index, seq.length_capped = None, False
-            if seq.status is SequenceStatus.RUNNING:
-                self.scheduler.preempt(seq)
-        if failed:
-            log.error(
-                "step failed (%s: %s): failed request(s) %s; %d other sequence(s) of the step rolled back",
-                type(exc).__name__,
-                exc,
-                sorted(failed),
-                len(involved) - sum(len(r.seqs) for r in failed.values()),
-                exc_info=exc,
-            )
-        return list(failed.values())
-
-    def _check_progress(self) -> None:
-        """Never spin (called after a step that scheduled nothing and read nothing): an engine with nothing
-        running or in flight must admit a waiting sequence. If it could not (a scheduler defect), the waiting
-        requests fail with ``"error"`` instead of every caller looping forever."""
-        sched = self.scheduler
-        if sched.waiting and not sched.running and self._inflight is None:
-            stuck = {s.request_id: self.requests.get(s.request_id) for s in sched.waiting}
-            err = RuntimeError(
-                f"the scheduler admitted none of {len(sched.waiting)} waiting sequence(s) on an idle "
-                "engine (a defect: please report it with the engine's options)"
-            )
-            log.error("%s; failing request(s) %s", err, sorted(stuck))
-            for req in stuck.values():
-                if req is not None:
-                    self._fail(req, err)
-            for seq in list(sched.waiting):  # sequences of requests already forgotten
-                sched.finish(seq, FinishReason.ERROR)
-
     def _step_async(self) -> list[Request]:
         """Schedule and launch step N+1, then read step N's ids while N+1 runs on the device.
 
@@ -354,7 +246,7 @@ class LLMEngine:
                 greedy=plain_greedy(sampled),
             )
             pending = res.pending if res.pending is not None else self.sampler.launch(res.logits, sampled)
-            launched = _InFlight(sampled, pending)
+            launched = InFlight(sampled, pending)
         t2 = time.perf_counter()
         t3 = t2
         if prev is not None:
@@ -369,7 +261,7 @@ class LLMEngine:
                     seq.length_capped = self._length_reached(seq)  # counts the pending token just set
         return self._finish_step(out, appended, touched, (t0, t1, t2, t3, time.perf_counter()))
 
-    def _read(self, prev: _InFlight, touched: dict[str, Request]) -> tuple[float, int]:
+    def _read(self, prev: InFlight, touched: dict[str, Request]) -> tuple[float, int]:
         """Wait for ``prev``'s sampled ids and append them (stop checks, text); sequences that ended meanwhile
         (an abort) are skipped. Returns the time the ids arrived (``time.perf_counter``) and how many were
         appended."""
