@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from layerzero.core import perfdb as perfdb_mod
+from layerzero.core import perfdb_schema
 from layerzero.core.errors import CacheCorruptionError, ConfigurationError, InvalidInputError
 from layerzero.core.perfdb import (
     SCHEMA_VERSION,
@@ -159,7 +159,7 @@ def test_for_bucket_selects_exactly_the_bucket(db):
 
 
 def test_for_bucket_is_one_indexed_select(db):
-    sql = f"{perfdb_mod._SELECT} WHERE op = ? AND bucket = ? AND fingerprint = ?"
+    sql = f"{perfdb_schema.SELECT} WHERE op = ? AND bucket = ? AND fingerprint = ?"
     plan = db._run(lambda c: c.execute("EXPLAIN QUERY PLAN " + sql, ("attention", "b", FP)).fetchall())
     details = " | ".join(row[-1] for row in plan)
     assert "USING PRIMARY KEY" in details and "SCAN" not in details, details

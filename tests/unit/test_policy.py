@@ -18,11 +18,9 @@ from layerzero.core.policy import (
     DenyRule,
     LockRule,
     Policy,
-    current_scope_layers,
-    layered,
     safe_load_yaml,
-    scoped,
 )
+from layerzero.core.policy_scope import current_scope_layers, layered, scoped
 from layerzero.core.reasons import ReasonCode
 
 pytestmark = pytest.mark.unit

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import policy as _policy
+from . import policy_scope as _scope
 from .env import EnvSettings, read_env
 from .errors import ConfigurationError, PolicyValidationError, expected_got
 from .policy import LockRule, Policy
@@ -376,14 +377,14 @@ def effective_policy() -> Policy:
     (checked once the backends are loaded, so kernels registered after the policy was loaded count)."""
     ensure_env_loaded()
     _check_names(_STATE.base_policy)
-    layers = _policy.current_scope_layers()
+    layers = _scope.current_scope_layers()
     if not layers:
         return _STATE.base_policy
     memo_key = (_STATE.epoch, layers)
     cached = _STATE.merged_memo
     if cached is not None and cached[0] == memo_key:
         return cached[1]
-    policy = _policy.layered(_STATE.base_policy, layers)
+    policy = _scope.layered(_STATE.base_policy, layers)
     _STATE.merged_memo = (memo_key, policy)
     return policy
 
@@ -391,11 +392,11 @@ def effective_policy() -> Policy:
 def scope_token() -> tuple[Any, ...]:
     """A cheap hashable token of the scoped policy layers, part of every selection-cache key: the layers'
     content hashes (cached on each Policy), so equal scopes share cache entries and no stale id can alias."""
-    layers = _policy.current_scope_layers()
+    layers = _scope.current_scope_layers()
     return tuple(layer.hash for layer in layers) if layers else ()
 
 
-scope_layers = _policy.current_scope_layers
+scope_layers = _scope.current_scope_layers
 """The scoped policy layers (a ``ContextVar.get``). Hot paths call it and only when it is non-empty
 :func:`scope_token_of` (one call fewer than :func:`scope_token` in the common unscoped case)."""
 
@@ -408,7 +409,7 @@ def scope_token_of(layers: tuple[Policy, ...]) -> tuple[Any, ...]:
 @contextlib.contextmanager
 def scoped_policy(layer: Policy) -> Iterator[Policy]:
     """Apply ``layer`` on top of the policy inside the ``with`` block (this thread/task only)."""
-    with _policy.scoped(layer):
+    with _scope.scoped(layer):
         yield layer
 
 

@@ -4,30 +4,25 @@ code.
 A :class:`Policy` holds four lists of rules (see :mod:`layerzero.core.policy_schema` and
 ``docs/policies.md``): ``locks`` force one kernel (first matching lock wins), ``allow`` restricts the
 candidates, ``deny`` removes candidates, ``boosts`` add score points. Policies are immutable; layers are
-combined with :meth:`Policy.merged` (the argument wins) and :func:`scoped` pushes a layer for the current
-thread / asyncio task with :mod:`contextvars` (the Hugging Face kernels ``use_kernel_mapping`` pattern).
+combined with :meth:`Policy.merged` (the argument wins). Pushing a layer for the current thread / asyncio task
+(``scoped``, ``layered``, ``current_scope_layers``) lives in :mod:`.policy_scope`.
 
-YAML is read with ``yaml.safe_load`` semantics only, after a guarded pre-scan: documents over
-:data:`MAX_POLICY_BYTES`, nesting deeper than :data:`MAX_DEPTH`, explicit tags (``!!python/object``...),
-duplicate keys (``<<`` merge keys included: list several merged mappings in one ``<<: [*a, *b]``) and alias
-bombs (more than :data:`MAX_NODES` nodes once aliases are expanded) are rejected
-with :class:`~layerzero.core.errors.PolicyValidationError`.
+YAML is read by :mod:`.policy_yaml` (``yaml.safe_load`` semantics only, after a guarded pre-scan: oversized
+documents, deep nesting, explicit tags, duplicate keys and alias bombs are rejected with
+:class:`~layerzero.core.errors.PolicyValidationError`); its names (:func:`safe_load_yaml`,
+:func:`check_budget`, :data:`MAX_POLICY_BYTES`, :data:`MAX_DEPTH`, :data:`MAX_NODES`) are re-exported here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
 import pathlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import yaml
 
 from .errors import PolicyValidationError, did_you_mean, expected_got
 from .policy_schema import (
@@ -46,193 +41,18 @@ from .policy_schema import (
     short,
     type_name,
 )
+from .policy_yaml import MAX_DEPTH, MAX_NODES, MAX_POLICY_BYTES, check_budget, safe_load_yaml
 from .reasons import Reason, ReasonCode
 
 if TYPE_CHECKING:
     from .env import EnvSettings
 
-MAX_POLICY_BYTES = 1 << 20  #: largest accepted policy document, in bytes of UTF-8 text (1 MiB)
-MAX_DEPTH = 32  #: deepest accepted nesting of YAML collections
-MAX_NODES = 100_000  #: most nodes a document may expand to once aliases are followed
 POLICY_VERSION = 1  #: the only schema version understood
 _TOP_KEYS = frozenset({"version", *RULE_SECTIONS})
-_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _is_glob(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
-
-
-def _names_file(text: str) -> bool:
-    return len(text) < 4096 and "\n" not in text and os.path.isfile(text)
-
-
-def _read_source(text_or_path: Any) -> tuple[str, str, bool]:
-    """Return ``(text, source, from_file)``; enforce the size limit before decoding."""
-    from_file = isinstance(text_or_path, os.PathLike) or (
-        isinstance(text_or_path, str) and _names_file(text_or_path)
-    )
-    if from_file:
-        path = os.fsdecode(os.fspath(text_or_path))
-        try:
-            size = os.stat(path).st_size
-            if size > MAX_POLICY_BYTES:
-                raise PolicyValidationError(
-                    expected_got(f"policy file {path}", f"at most {MAX_POLICY_BYTES} bytes", f"{size} bytes")
-                )
-            with open(path, "rb") as fh:
-                raw = fh.read(MAX_POLICY_BYTES + 1)
-        except OSError as exc:
-            raise PolicyValidationError(
-                expected_got(
-                    f"policy file {path}",
-                    "a readable YAML file",
-                    f"{type(exc).__name__}: {exc.strerror or exc}",
-                )
-            ) from None
-        source = path
-    elif isinstance(text_or_path, bytes | bytearray | memoryview):
-        raw, source = bytes(text_or_path), "<bytes>"
-    elif isinstance(text_or_path, str):
-        raw, source = text_or_path.encode("utf-8", "surrogatepass"), "<yaml>"
-    else:
-        raise PolicyValidationError(
-            expected_got("policy source", "YAML text (str/bytes) or a file path", type_name(text_or_path))
-        )
-    if len(raw) > MAX_POLICY_BYTES:
-        raise PolicyValidationError(
-            expected_got(
-                f"{source}",
-                f"at most {MAX_POLICY_BYTES} bytes of YAML",
-                f"{len(raw)} bytes",
-                "Split or shrink the policy.",
-            )
-        )
-    try:
-        return raw.decode("utf-8-sig"), source, from_file
-    except UnicodeDecodeError as exc:
-        raise PolicyValidationError(
-            expected_got(source, "UTF-8 text", f"invalid byte at offset {exc.start}")
-        ) from None
-
-
-def _yaml_error(source: str, exc: Exception) -> PolicyValidationError:
-    return PolicyValidationError(
-        f"{source}: not valid YAML ({short(str(exc), 300)}). Fix the syntax; see docs/policies.md."
-    )
-
-
-def _prescan(text: str, source: str) -> None:
-    """Walk the YAML event stream (no objects built): reject tags, duplicate keys and deep nesting."""
-    loader = _LOADER(text)
-    stack: list[list[Any]] = []  # per open collection: [is_mapping, at_key_position, keys_seen]
-    try:
-        while loader.check_event():
-            event = loader.get_event()
-            if isinstance(event, yaml.CollectionEndEvent):
-                stack.pop()
-                continue
-            if not isinstance(event, yaml.NodeEvent):
-                continue
-            tag = getattr(event, "tag", None)
-            if tag is not None:
-                raise PolicyValidationError(
-                    expected_got(
-                        f"{source}: line {event.start_mark.line + 1}",
-                        "plain YAML values without tags",
-                        f"tag {short(tag)}",
-                        "Remove the tag; policies are data only.",
-                    )
-                )
-            if stack and stack[-1][0]:
-                frame = stack[-1]
-                if frame[1] and isinstance(event, yaml.ScalarEvent):
-                    if event.value in frame[2]:
-                        fix = (
-                            "List the merged mappings in one key: '<<: [*a, *b]'."
-                            if event.value == "<<"
-                            else "Merge the two entries into one."
-                        )
-                        raise PolicyValidationError(
-                            expected_got(
-                                f"{source}: line {event.start_mark.line + 1}",
-                                "unique mapping keys",
-                                f"duplicate key {short(event.value)}",
-                                fix,
-                            )
-                        )
-                    frame[2].add(event.value)
-                frame[1] = not frame[1]
-            if isinstance(event, yaml.CollectionStartEvent):
-                stack.append([isinstance(event, yaml.MappingStartEvent), True, set()])
-                if len(stack) > MAX_DEPTH:
-                    raise PolicyValidationError(
-                        expected_got(source, f"nesting depth <= {MAX_DEPTH}", "deeper nesting")
-                    )
-    except yaml.YAMLError as exc:
-        raise _yaml_error(source, exc) from None
-    finally:
-        loader.dispose()
-
-
-def check_budget(data: Any, source: str) -> None:
-    """Reject data that expands to more than :data:`MAX_NODES` nodes or :data:`MAX_DEPTH` levels (alias
-    bombs, recursive aliases, recursive dicts). Iterative, so its cost is bounded by the budget.
-    Raises ``PolicyValidationError``."""
-    stack: list[tuple[Any, int]] = [(data, 1)]
-    count = 0
-    while stack:
-        obj, depth = stack.pop()
-        count += 1
-        if count > MAX_NODES or depth > MAX_DEPTH:
-            raise PolicyValidationError(
-                expected_got(
-                    source,
-                    f"at most {MAX_NODES} nodes and depth {MAX_DEPTH} (aliases expanded)",
-                    "more (a YAML alias bomb or a recursive structure?)",
-                    "Write the policy without deep aliases.",
-                )
-            )
-        if isinstance(obj, Mapping):
-            for key, value in obj.items():
-                stack.append((key, depth + 1))
-                stack.append((value, depth + 1))
-        elif isinstance(obj, list | tuple | set | frozenset):
-            stack.extend((item, depth + 1) for item in obj)
-
-
-def safe_load_yaml(text_or_path: str | bytes | os.PathLike[str]) -> tuple[Any, str]:
-    """Load one YAML document safely; return ``(data, source)`` (source = the path, or ``"<yaml>"``).
-
-    ``text_or_path``: ``bytes`` are always YAML text; an ``os.PathLike`` is a path; a ``str`` naming an
-    existing file (one line, < 4096 chars) is read as a path, any other ``str`` is YAML text. Only plain
-    YAML data is produced (``yaml.safe_load`` semantics, libyaml when available). Raises
-    ``PolicyValidationError`` for unreadable or oversized input (> :data:`MAX_POLICY_BYTES`), invalid
-    UTF-8 or YAML, explicit tags, duplicate keys, nesting deeper than :data:`MAX_DEPTH` or more than
-    :data:`MAX_NODES` nodes once aliases are expanded.
-    """
-    text, source, from_file = _read_source(text_or_path)
-    _prescan(text, source)
-    try:
-        data = yaml.load(text, Loader=_LOADER)  # noqa: S506 - _LOADER is a SafeLoader; tags were rejected
-    except yaml.YAMLError as exc:
-        raise _yaml_error(source, exc) from None
-    check_budget(data, source)
-    if (
-        isinstance(data, str)
-        and not from_file
-        and "\n" not in text.strip()
-        and (text.strip().endswith((".yaml", ".yml")) or os.sep in text)
-    ):
-        raise PolicyValidationError(
-            expected_got(
-                "policy file",
-                "an existing file",
-                short(text.strip()),
-                "Check the path (it was read as YAML text).",
-            )
-        )
-    return data, source
 
 
 def _as_tuple(value: Iterable[Any], cls: type, name: str) -> tuple[Any, ...]:
@@ -524,57 +344,6 @@ def _when_text(when: When) -> str:
     return f" when {when}" if when else ""
 
 
-_SCOPE_LAYERS: ContextVar[tuple[Policy, ...]] = ContextVar("layerzero_policy_layers", default=())
-
-
-@contextlib.contextmanager
-def scoped(policy_layer: Policy) -> Iterator[Policy]:
-    """Push ``policy_layer`` on top of the policy for the current context (thread / asyncio task) inside the
-    ``with`` block; the previous layers come back on exit, even on error. Nested scopes stack (innermost
-    wins). New threads start with no layers; asyncio tasks inherit the layers active when they were
-    created. Raises ``PolicyValidationError`` when ``policy_layer`` is not a :class:`Policy`.
-
-    >>> with scoped(Policy.prefer(["torch_sdpa.flash"])):
-    ...     len(current_scope_layers())
-    1
-    """
-    if not isinstance(policy_layer, Policy):
-        raise PolicyValidationError(
-            expected_got(
-                "scoped(policy_layer)",
-                "a Policy",
-                type_name(policy_layer),
-                "Build one with Policy.from_dict(...) or Policy.prefer(...).",
-            )
-        )
-    token = _SCOPE_LAYERS.set((*_SCOPE_LAYERS.get(), policy_layer))
-    try:
-        yield policy_layer
-    finally:
-        _SCOPE_LAYERS.reset(token)
-
-
-current_scope_layers: Callable[[], tuple[Policy, ...]] = _SCOPE_LAYERS.get
-"""The scoped layers of the current context, outermost first (the ``ContextVar.get`` itself, no Python frame).
-The tuple is the same object for as long as the scope is unchanged, so callers may memoize on its identity."""
-
-
-def layered(base: Policy, layers: Sequence[Policy] | None = None) -> Policy:
-    """``base`` with ``layers`` (default: :func:`current_scope_layers`, outermost first) merged on top in one
-    pass; equal to ``base.merged(l1).merged(l2)...`` but builds one Policy."""
-    layers = current_scope_layers() if layers is None else tuple(layers)
-    parts = [p for p in (*reversed(layers), base) if not p.is_empty]
-    if len(parts) <= 1:
-        return parts[0] if parts else base
-    return Policy(
-        tuple(r for p in parts for r in p.locks),
-        tuple(r for p in parts for r in p.allow),
-        tuple(r for p in parts for r in p.deny),
-        tuple(r for p in parts for r in p.boosts),
-        " > ".join(p.source for p in parts),
-    )
-
-
 __all__ = [
     "FIELD_KINDS",
     "KNOWN_FIELDS",
@@ -591,8 +360,5 @@ __all__ = [
     "Policy",
     "When",
     "check_budget",
-    "current_scope_layers",
-    "layered",
     "safe_load_yaml",
-    "scoped",
 ]
