@@ -401,8 +401,8 @@ def test_docstring_examples_run():
     import doctest
 
     from layerzero.backends.reference import penalties as ref_penalties
-    from layerzero.ops import penalties, sampling
+    from layerzero.ops import penalties, sampling, sampling_batch, sampling_greedy
 
-    for module in (sampling, penalties, ref, ref_penalties):
+    for module in (sampling, sampling_batch, sampling_greedy, penalties, ref, ref_penalties):
         result = doctest.testmod(module, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted >= 1, (module.__name__, result)

@@ -1,30 +1,45 @@
-"""``lz.attention``: scaled dot-product attention dispatched to the best kernel for these inputs."""
+"""``lz.attention``: scaled dot-product attention dispatched to the best kernel for these inputs.
+
+This module holds the op, its key building (:func:`prepare`, :func:`_prepare`) and its hot path; the full
+checks live in :mod:`layerzero.ops._attention_checks` and the key, context, layout adapter and capture
+variants in :mod:`layerzero.ops._attention_select`, both re-exported here.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch.compiler import is_dynamo_compiling, is_exporting
 
-from layerzero.core.constraints import native_layout
-from layerzero.core.context import SelectionContext
 from layerzero.core.dispatch import MISS
 from layerzero.core.observers import OBSERVERS
 from layerzero.core.opdef import OpDef, define
 from layerzero.core.runtime import RUNTIME
-from layerzero.core.specs import KernelSpec, Layout, MaskKind, OperationSpec
+from layerzero.core.specs import Layout, MaskKind, OperationSpec
 from layerzero.custom_ops import traced
 
+from ._attention_checks import (  # noqa: F401 - re-exported
+    _LAYOUTS,
+    OP,
+    _alibi,
+    _aligned,
+    _mask_kind,
+    _validate,
+    _window,
+    aligned_16,
+)
+from ._attention_select import (  # noqa: F401 - re-exported
+    AttentionKey,
+    _transposed,
+    adapter,
+    capture_variants,
+    context,
+)
 from ._common import (
     FLOAT_DTYPES,
-    check_same,
-    check_tensor,
     deterministic_enabled,
-    device_spec,
-    fail,
     inference_only,
     is_grad_enabled,
     scope_layers,
@@ -32,117 +47,11 @@ from ._common import (
     stream_capturing,
 )
 
-OP = "attention"
 _TENSOR = torch.Tensor
 _ZERO_OK = (
     float,
     int,
 )  # plain Python numbers only on the fast path (bool, numpy, tensors take the full checks)
-_LAYOUTS = {"BHSD": Layout.BHSD, "BSHD": Layout.BSHD, Layout.BHSD: Layout.BHSD, Layout.BSHD: Layout.BSHD}
-
-
-class AttentionKey(NamedTuple):
-    """The selection-cache key of one ``lz.attention`` call: everything selection may depend on, named as the
-    :class:`SelectionContext` fields that :func:`context` fills from it (lengths and batch bucketed to powers
-    of two, :func:`~layerzero.core.context.bucket`). ``capture`` (a CUDA graph is being captured) and
-    ``scope`` (the scoped-policy token) close every op's key; ``core.dispatch.capture_key`` flips
-    ``capture``."""
-
-    op: str
-    device: torch.device
-    dtype: torch.dtype
-    batch: int
-    num_heads_q: int
-    num_heads_kv: int
-    head_dim: int
-    head_dim_v: int
-    seq_len_q: int
-    seq_len_kv: int
-    seq_equal: bool
-    layout: Layout
-    mask: MaskKind
-    is_causal: bool
-    dropout: bool
-    scale_default: bool
-    stride_last_1: bool
-    aligned_16: bool
-    contiguous: bool
-    requires_grad: bool
-    deterministic: bool
-    window_left: int | None
-    window_right: int | None
-    has_softcap: bool | None
-    has_alibi: bool | None
-    capture: bool
-    scope: tuple[Any, ...]
-
-
-def aligned_16(*tensors: torch.Tensor) -> bool:
-    """Every tensor's data pointer and the strides of its non-last dims (of size > 1) are multiples of 16
-    bytes, as the fused CUDA attention kernels load rows with 16-byte vector instructions (slices of wider
-    tensors break it). A head dim that is not a multiple of 16 bytes counts as aligned: SDPA pads it,
-    copying into fresh aligned memory."""
-    for t in tensors:
-        size = t.element_size()
-        if (t.shape[-1] * size) % 16:
-            continue
-        if t.data_ptr() % 16 or any(
-            (st * size) % 16 for st, n in zip(t.stride()[:-1], t.shape[:-1], strict=True) if n > 1
-        ):
-            return False
-    return True
-
-
-def _aligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, contiguous: bool) -> bool:
-    """:func:`aligned_16` of q, k, v, answered without the stride walk for contiguous tensors at offset 0
-    (the caching allocator's blocks are 512-byte aligned)."""
-    return (
-        contiguous and not (q.storage_offset() or k.storage_offset() or v.storage_offset())
-    ) or aligned_16(q, k, v)
-
-
-def _mask_kind(
-    op: str, mask: Any, q: torch.Tensor, b: int, hq: int, sq: int, sk: int
-) -> tuple[MaskKind, torch.Tensor | None]:
-    """Validate ``attn_mask`` and canonicalize it: ``(kind, mask)`` where a mask of rank < 4 (broadcastable to
-    ``[B, Hq, Sq, Sk]``, e.g. a key-padding mask ``[Sk]`` or ``[Sq, Sk]``) becomes a free 4-D view with
-    leading 1s, so every kernel sees ``[B|1, Hq|1, Sq|1, Sk]`` (some, like SDPA's fused kernels, index dims -2
-    and -4)."""
-    if mask is None:
-        return MaskKind.NONE, None
-    if not isinstance(mask, torch.Tensor):
-        raise fail(op, "attn_mask", "a torch.Tensor or None", type(mask).__name__)
-    if mask.device != q.device:
-        raise fail(op, "attn_mask.device", q.device, mask.device, "Move the mask to the query's device.")
-    if mask.dtype == torch.bool:
-        kind = MaskKind.BOOL
-    elif mask.dtype == q.dtype:
-        kind = MaskKind.FLOAT
-    else:
-        raise fail(
-            op,
-            "attn_mask.dtype",
-            f"torch.bool or the query dtype {q.dtype}",
-            mask.dtype,
-            "Pass a boolean mask (True = attend) or an additive mask in the query dtype.",
-        )
-    full = (b, hq, sq, sk)
-    shape = tuple(mask.shape)
-    if (
-        mask.dim() > 4
-        or mask.dim() == 0
-        or any(m not in (1, f) for m, f in zip(shape[::-1], full[::-1], strict=False))
-    ):
-        raise fail(
-            op,
-            "attn_mask shape",
-            f"broadcastable to [B, Hq, Sq, Sk] = {list(full)}",
-            list(shape),
-            "Give the mask shape [B or 1, Hq or 1, Sq, Sk].",
-        )
-    if mask.dim() < 4:
-        mask = mask.view((1,) * (4 - mask.dim()) + shape)
-    return kind, mask
 
 
 def prepare(
@@ -291,224 +200,6 @@ def _prepare(
     if win is None and softcap is None:
         return key, (q, k, v, attn_mask, is_causal, scale, dropout_p)
     return key, (q, k, v, attn_mask, is_causal, scale, dropout_p, win, softcap)
-
-
-def _validate(
-    q: Any,
-    k: Any,
-    v: Any,
-    attn_mask: Any,
-    is_causal: Any,
-    scale: Any,
-    dropout_p: Any,
-    layout: Any,
-    window: Any = None,
-    softcap: Any = None,
-) -> tuple[Any, ...]:
-    """The full checks (masks, scale, dropout, window, softcap, every error message). Returns the facts the
-    key is built from: ``(layout, B, Hq, Hkv, D, Dv, Sq, Sk, mask kind, attn_mask, softcap)`` (the mask as the
-    kernels get it, the softcap as a float or None); raises :class:`InvalidInputError`."""
-    check_tensor(OP, "q", q, 4)
-    check_tensor(OP, "k", k, 4)
-    check_tensor(OP, "v", v, 4)
-    check_same(OP, "q", q, "k", k)
-    check_same(OP, "q", q, "v", v)
-    lay = _LAYOUTS.get(layout) if isinstance(layout, (str, Layout)) else None
-    if lay is None:
-        raise fail(
-            OP,
-            "layout",
-            "'BHSD' ([B, H, S, D], like SDPA) or 'BSHD' ([B, S, H, D], like flash-attn)",
-            repr(layout),
-            "LayerZero never guesses the layout: pass it explicitly.",
-        )
-    if lay is Layout.BHSD:
-        b, hq, sq, d = q.shape
-        bk, hkv, sk, dk = k.shape
-        bv, hv, sv, dv = v.shape
-    else:
-        b, sq, hq, d = q.shape
-        bk, sk, hkv, dk = k.shape
-        bv, sv, hv, dv = v.shape
-    if not b == bk == bv:
-        raise fail(OP, "batch size", f"equal in q, k, v ({b})", f"k: {bk}, v: {bv}")
-    if hkv != hv or sk != sv:
-        raise fail(
-            OP,
-            "k/v shapes",
-            "k and v with the same heads and sequence length",
-            f"k {tuple(k.shape)}, v {tuple(v.shape)} ({lay.value})",
-        )
-    if dk != d:
-        raise fail(OP, "head_dim of k", f"equal to q's head_dim {d}", dk)
-    if hkv == 0 or hq % hkv:
-        raise fail(
-            OP,
-            "heads",
-            "Hq divisible by Hkv (GQA/MQA)",
-            f"Hq={hq}, Hkv={hkv}",
-            "Check the head dimension position for this layout.",
-        )
-    if sq == 0 or sk == 0 or b == 0 or d == 0 or dv == 0:
-        raise fail(
-            OP,
-            "sizes",
-            "non-empty batch, sequences and head dims",
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}",
-        )
-    if is_causal is not True and is_causal is not False:
-        raise fail(OP, "is_causal", "a bool", repr(is_causal))
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
-        raise fail(OP, "dropout_p", "a float in [0, 1)", repr(dropout_p))
-    if scale is not None and (
-        isinstance(scale, bool)
-        or not isinstance(scale, (int, float))
-        or not math.isfinite(scale)
-        or scale <= 0
-    ):
-        raise fail(OP, "scale", "None or a finite float > 0", repr(scale))
-    mask, attn_mask = _mask_kind(OP, attn_mask, q, b, hq, sq, sk)
-    _window(window, is_causal, sq, sk)  # raises for a bad window (the caller normalizes it again)
-    if softcap is not None and (
-        isinstance(softcap, bool)
-        or not isinstance(softcap, (int, float))
-        or not math.isfinite(softcap)
-        or softcap <= 0
-    ):
-        raise fail(OP, "softcap", "None (off) or a finite float > 0 (Gemma 2 uses 50.0)", repr(softcap))
-    return lay, b, hq, hkv, d, dv, sq, sk, mask, attn_mask, None if softcap is None else float(softcap)
-
-
-def _alibi(slopes: Any, q: torch.Tensor, b: int, hq: int) -> None:
-    """Validate ``alibi_slopes``: a float32 tensor ``[Hq]`` or ``[B, Hq]`` on q's device (flash-attn's
-    ``alibi_slopes`` contract; no silent upcast, so every kernel sees the same float32 slopes).
-
-    Raises:
-        InvalidInputError: not a tensor, wrong dtype, shape or device.
-    """
-    if not isinstance(slopes, torch.Tensor):
-        raise fail(
-            OP, "alibi_slopes", "None or a float32 torch.Tensor [Hq] or [B, Hq]", type(slopes).__name__
-        )
-    if slopes.dtype != torch.float32:
-        raise fail(
-            OP,
-            "alibi_slopes.dtype",
-            "torch.float32",
-            slopes.dtype,
-            "Pass float32 slopes as flash-attn requires: alibi_slopes.float().",
-        )
-    if tuple(slopes.shape) not in ((hq,), (b, hq)):
-        raise fail(
-            OP,
-            "alibi_slopes shape",
-            f"[Hq] = [{hq}] or [B, Hq] = [{b}, {hq}] (one slope per query head)",
-            list(slopes.shape),
-            "ALiBi slopes are per query head (Press et al. 2022: 2**(-8 h / Hq)).",
-        )
-    if slopes.device != q.device:
-        raise fail(
-            OP, "alibi_slopes.device", q.device, slopes.device, "Move them with alibi_slopes.to(q.device)."
-        )
-
-
-def _window(window: Any, is_causal: bool, sq: int, sk: int) -> tuple[int, int] | None:
-    """Validate ``window`` and normalize it: ``(left, right)`` with -1 where a side does not restrict these
-    lengths (``left >= Sq - 1``, ``right >= Sk - 1``); under ``is_causal`` ``right`` is 0 (causality bounds
-    it). None when the window restricts nothing beyond ``is_causal`` (then every kernel can serve the call).
-
-    Raises:
-        InvalidInputError: ``window`` is not None or a pair of (int >= -1 or None).
-    """
-    if window is None:
-        return None
-    if (
-        not isinstance(window, (tuple, list))
-        or len(window) != 2
-        or any(w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < -1) for w in window)
-    ):
-        raise fail(
-            OP,
-            "window",
-            "None or (left, right): each side an int >= 0, or None for unbounded (-1 is "
-            "accepted too: FlashAttention's window_size spelling)",
-            repr(window),
-            "Mistral-style causal sliding window W: window=(W - 1, 0) with is_causal=True.",
-        )
-    left, right = (-1 if w is None else int(w) for w in window)
-    if left >= sq - 1:
-        left = -1
-    if is_causal:
-        return None if left == -1 else (left, 0)
-    if right >= sk - 1:
-        right = -1
-    return None if left == -1 and right == -1 else (left, right)
-
-
-def context(key: AttentionKey) -> SelectionContext:
-    """The :class:`SelectionContext` of an attention cache key."""
-    return SelectionContext(
-        op=OP,
-        device=device_spec(key.device),
-        dtype=key.dtype,
-        batch=key.batch,
-        num_heads_q=key.num_heads_q,
-        num_heads_kv=key.num_heads_kv,
-        head_dim=key.head_dim,
-        head_dim_v=key.head_dim_v,
-        seq_len_q=key.seq_len_q,
-        seq_len_kv=key.seq_len_kv,
-        seq_equal=key.seq_equal,
-        layout=key.layout,
-        mask=key.mask,
-        is_causal=key.is_causal,
-        dropout=key.dropout,
-        scale_default=key.scale_default,
-        stride_last_1=key.stride_last_1,
-        aligned_16=key.aligned_16,
-        contiguous=key.contiguous,
-        requires_grad=key.requires_grad,
-        deterministic=key.deterministic,
-        graph_capture=key.capture,
-        window_left=key.window_left,
-        window_right=key.window_right,
-        has_softcap=key.has_softcap,
-        has_alibi=key.has_alibi,
-    )
-
-
-def _transposed(fn):
-    """BSHD <-> BHSD is one swap of dims 1 and 2 either way: views in, view of the output back."""
-
-    def call(
-        q, k, v, *rest
-    ):  # rest: attn_mask, is_causal, scale, dropout_p[, window, softcap[, alibi_slopes]]
-        out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), *rest)
-        return out.transpose(1, 2)
-
-    return call
-
-
-def adapter(spec: KernelSpec, ctx: SelectionContext, fn: Callable[..., Any]):
-    """Call ``fn`` (``spec``'s callable) in its native layout: transpose q/k/v (views) and the output back
-    when the input layout differs."""
-    native = native_layout(spec, ctx.layout)
-    if native is ctx.layout or native is None:
-        return fn, (), 0.0
-    return _transposed(fn), (f"{ctx.layout.value}->{native.value} (transpose views)",), 1.0
-
-
-def capture_variants(key: AttentionKey) -> tuple[AttentionKey, ...]:
-    """The capture-time keys of a causal, unmasked call with Sq == Sk that tracers make instead while a CUDA
-    graph is being captured: the same call with the causal mask materialized as a bool mask
-    (``is_causal=False``). transformers does that under capture (it cannot check position ids / padding
-    without reading them), so a patched model's captured forward finds its choice prepared by its eager
-    calls."""
-    if key.mask is not MaskKind.NONE or not key.is_causal or not key.seq_equal:
-        return ()
-    fields = key._asdict()
-    fields.update(mask=MaskKind.BOOL, is_causal=False)
-    return (AttentionKey(**fields),)
 
 
 SPEC = OperationSpec(
