@@ -25,6 +25,7 @@ from test_triton_rope_paged_interpret import case as rope_case  # noqa: E402
 from test_triton_rope_paged_interpret import oracle as rope_oracle  # noqa: E402
 from test_triton_rope_paged_interpret import run as rope_run  # noqa: E402
 
+from layerzero.backends.triton import _paged_launch as tpl  # noqa: E402
 from layerzero.backends.triton import paged as tp  # noqa: E402
 from layerzero.backends.triton import rope_paged as trp  # noqa: E402
 from layerzero.core.knobs import knobs  # noqa: E402
@@ -45,13 +46,13 @@ def spy(monkeypatch, paged_knobs) -> list[dict]:
     """The constexprs of every split-kernel launch from now on (plans made afresh: the knobs are read by
     them). Splits of up to four tiles take the one pass here (``one_pass_max_tiles`` 4: the kernel's every
     form), with ``early_kv`` on."""
-    monkeypatch.setattr(tp, "_PLANS", {})
+    monkeypatch.setattr(tpl, "_PLANS", {})
     # early_kv (off by default): the newest position read apart, tested here
     paged_knobs(one_pass_max_tiles=4, early_kv=True)
     seen: list[dict] = []
-    real = tp.launch_pinned
+    real = tpl.launch_pinned
     monkeypatch.setattr(
-        tp,
+        tpl,
         "launch_pinned",
         lambda fn, pin, grid, *a, **k: (
             seen.append(k) if fn.__name__ == "paged_decode_split" else None,
@@ -114,8 +115,8 @@ def test_plan_on_a_132_sm_gpu(monkeypatch, paged_knobs):
     """On an H100 / H200 (132 SMs) a batch-1 call with a 2048-token table runs 32 splits of two tiles in one
     pass; a second sequence, a wider table, a forced ``block_n``, splits of three tiles (58 SMs: more than
     ``one_pass_max_tiles``) or ``one_pass`` off take the tile loop."""
-    monkeypatch.setattr(tp, "sm_count", lambda device: 132)
-    monkeypatch.setattr(tp, "_PLANS", {})
+    monkeypatch.setattr(tpl, "sm_count", lambda device: 132)
+    monkeypatch.setattr(tpl, "_PLANS", {})
     kern = tp._KERNELS.get()
 
     def plan(batch: int, width: int, **kw):
@@ -147,10 +148,10 @@ def test_plan_on_a_132_sm_gpu(monkeypatch, paged_knobs):
     assert not plan(2, 2048).split_kw["ONE_PASS"] and not plan(1, 4096).split_kw["ONE_PASS"]
     assert not plan(1, 2048, block_n=32).split_kw["ONE_PASS"]
     monkeypatch.setattr(
-        tp, "sm_count", lambda device: 58
+        tpl, "sm_count", lambda device: 58
     )  # an L4: 22 splits of three tiles, not measured: the loop
     assert plan(1, 2048).grid == (1, 8, 22) and not plan(1, 2048).split_kw["ONE_PASS"]
-    monkeypatch.setattr(tp, "sm_count", lambda device: 132)
+    monkeypatch.setattr(tpl, "sm_count", lambda device: 132)
     paged_knobs(one_pass=False)
     assert not plan(1, 2048).split_kw["ONE_PASS"]
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 from _triton_interp import needs_interpreter
 
+from layerzero.backends.triton import _sampling_race
 from layerzero.backends.triton import sampling as ts
 from layerzero.core.knobs import knobs
 
@@ -126,7 +127,7 @@ def test_split_matches_after_top_k_and_top_p(seed):
 
 @interpreted
 def test_merge_takes_the_smallest_column_among_equal_scores():
-    mod = ts._SPLIT_KERNELS.get()
+    mod = _sampling_race._SPLIT_KERNELS.get()
     n_chunks = 5
     fp = torch.full((4, 2, n_chunks), -math.inf)
     ip = torch.zeros((4, 2, n_chunks), dtype=torch.int32)
@@ -170,7 +171,9 @@ def test_the_chunk_vector_width_is_one_constant_per_vocabulary(monkeypatch):
     assert ts.chunk_pad(151936) == 128 and ts.chunk_pad(block) == 1 and ts.chunk_pad(block + 1) == 2
     seen = set()
     calls = []
-    monkeypatch.setattr(ts, "launch", lambda fn, grid, *a, **kw: calls.append((fn.__name__, grid, kw)))
+    monkeypatch.setattr(
+        _sampling_race, "launch", lambda fn, grid, *a, **kw: calls.append((fn.__name__, grid, kw))
+    )
     for rows in (1, 2, 3, 5, 17, 40, 300):
         calls.clear()
         ts.sample(torch.zeros(rows, 151936), split=None if rows > 1 else True)

@@ -18,6 +18,7 @@ from test_gpu_rope_paged import oracle as rope_oracle
 from test_gpu_triton_paged import gpu_inputs, mismatch, oracle
 
 import layerzero as lz
+from layerzero.backends.triton import _paged_launch as tpl
 from layerzero.backends.triton import paged as tp
 from layerzero.backends.triton import rope_paged as trp
 from layerzero.core.knobs import knobs
@@ -38,7 +39,7 @@ def paged_knobs():
 
 
 def one_pass_plans() -> list[tuple[bool, int]]:
-    return [(p.split_kw["ONE_PASS"], p.split_kw["CHUNKS"]) for p in tp._PLANS.values()]
+    return [(p.split_kw["ONE_PASS"], p.split_kw["CHUNKS"]) for p in tpl._PLANS.values()]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -62,7 +63,7 @@ def test_batch1_one_pass_matches_oracle_loop_and_graph(dtype, page, width, paged
             scale=None,
         )
         q, cache, table, lens = gpu_inputs(c, dtype)
-        tp._PLANS.clear()
+        tpl._PLANS.clear()
         out = tp.paged_decode(q, cache, table, lens, None, c["layout"])
         assert one_pass_plans() and all(p for p, _ in one_pass_plans()), one_pass_plans()
         ref = oracle(q, cache, table, lens, c["layout"])
@@ -128,7 +129,7 @@ def test_batch1_one_pass_over_a_quantized_cache(qdtype):
     )
     deq = torch.cat((dequantize_kv(codes[0], ks, F64), dequantize_kv(codes[1], vs, F64)), dim=1)
     qcache = torch.cat(codes, dim=1)
-    tp._PLANS.clear()
+    tpl._PLANS.clear()
     got = tp.paged_decode(q, qcache, table, lens, None, "NHD", k_scale=ks, v_scale=vs)
     assert all(p for p, _ in one_pass_plans()), one_pass_plans()
     assert mismatch(got, oracle(q, deq, table, lens, "NHD"), torch.bfloat16) is None
@@ -160,14 +161,14 @@ def test_early_kv_reads_the_newest_position_the_kernel_before_wrote(layout, page
         tc.reshape_and_cache(k_new, v_new, cache, slot, layout)
         return tp.paged_decode(q, cache, table, lens, None, layout)
 
-    tp._PLANS.clear()
+    tpl._PLANS.clear()
     with lz.capture_selection():
         step()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = step()
-    assert all(p.split_kw["EARLY"] for p in tp._PLANS.values()), "the graph did not take the EARLY one pass"
+    assert all(p.split_kw["EARLY"] for p in tpl._PLANS.values()), "the graph did not take the EARLY one pass"
     failures = []
     for n in (1, 2, 31, 32, 33, 64, 255, 700, 1023, 1024, 1025, 2047, 2048):
         blk, off = int(table[0, (n - 1) // 16]), (n - 1) % 16

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import layerzero as lz
+from layerzero.backends.triton import _paged_launch as tpl
 from layerzero.backends.triton import paged as tp
 from layerzero.core.knobs import knobs
 from layerzero.core.runtime import RUNTIME
@@ -292,15 +293,15 @@ def _fused_split_merge_matches_and_never_reads_early(monkeypatch):
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     launches: list[str] = []
-    real = tp.launch_pinned
+    real = tpl.launch_pinned
     monkeypatch.setattr(
-        tp,
+        tpl,
         "launch_pinned",
         lambda fn, pin, grid, *a, **k: (launches.append(fn.__name__), real(fn, pin, grid, *a, **k)),
     )
     with torch.cuda.graph(g):
         static = tp.paged_decode(q, cache, table, lens, num_splits=16)
-    monkeypatch.setattr(tp, "launch_pinned", real)
+    monkeypatch.setattr(tpl, "launch_pinned", real)
     assert launches == [
         "paged_decode_split",
         "paged_decode_merge",

@@ -20,7 +20,7 @@ no key stores 0 (the reference's rule for fully masked rows).
 Split-K (``SPLIT``, FlashDecoding's scheme for calls with few tiles, e.g. decode): program axis 1 is the
 split, each split covers a contiguous range of the tile's keys and writes its normalized float32 partial and
 base-2 lse to a workspace; ``attention_merge`` (one program per output row) merges them with
-``_paged_kernels.merge_row``.
+``_paged_merge_kernels.merge_row``.
 
 Nothing reads a device value on the host: grids and launch arguments come from shapes (graph-safe).
 """
@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._paged_kernels import merge_row
+from ._paged_merge_kernels import merge_row
 
 LOG2E = 1.4426950408889634
 """log2(e), a host float (the softmax scale is multiplied by it before the launch when there is no

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ._gdc_kernels import gdc_enter
-from ._paged_kernels import _attend_tile, attend_pass, pass_ids, pass_kv
+from ._paged_tiles import _attend_tile, attend_pass, pass_ids, pass_kv
 
 
 @triton.jit
