@@ -27,9 +27,9 @@ demo: $(STAMP)
 	$(VENV)/bin/layerzero demo
 	$(PY) -m layerzero.engine.demo
 
-# `make test`: the suite, then validation and the engine again under python -O, then tests/correctness under two
-# forced CPU ISAs (ATEN_CPU_CAPABILITY=default, avx2), then the fuzzers; tools/run_tests.sh says why and runs the -O
-# and ISA passes beside the main run on machines with >= 2 cores (SERIAL=1: one after another).
+# `make test`: the suite, then validation and the engine again under python -O, then tests/correctness under each
+# CPU ISA below this CPU's own (ATEN_CPU_CAPABILITY=avx2 / default), then the fuzzers; tools/run_tests.sh says why
+# and runs the passes in two balanced streams on machines with >= 2 cores (SERIAL=1: one after another).
 test: $(STAMP)
 	tools/run_tests.sh $(PY)
 
