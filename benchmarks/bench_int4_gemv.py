@@ -1,5 +1,5 @@
 """int4 decode GEMV (``triton.quantized_linear``'s ``_qgemv_int4``) against bf16 ``triton.gemv``, its old int4
-row kernel (``_qgemv_rows``, ``INT4_DECODE = False``) and dequantize + cuBLAS
+row kernel (``_qgemv_rows``, knob ``int4_decode=False``) and dequantize + cuBLAS
 (``torch_native.quantized_linear``), the way a decode graph runs them: for each Qwen3-0.6B projection a CUDA
 graph of 28 layers of ``lz.rms_norm -> linear`` (each layer its own weight; PDL-launched where our kernels
 allow it: SM 9.0+, captured), L2 flushed before every timed replay so that each weight comes from HBM as in a
@@ -8,8 +8,8 @@ replays). Reports µs per projection (the norm-only chain subtracted, the projec
 brackets, the fraction of the device-to-device copy bandwidth that the weight's stored bytes reach in that
 time (bf16: 2 bytes an element; int4: codes, scales and zero points, also for dequantize + cuBLAS, which reads
 them and then writes and reads a bf16 copy). ``--grid``: the int4 kernel's ``(slab codes, warps)``
-(``INT4_BY_SHAPE``) swept per projection and rows, the best reported (what to put in
-``quantized_linear.INT4_CONFIGS``).
+(knob ``int4_by_shape``) swept per projection and rows, the best reported (what to put in
+``QuantizedLinearKnobs.int4_configs``).
 
 Usage (CUDA): ``PYTHONPATH=src:benchmarks python benchmarks/bench_int4_gemv.py [--rows 1,2,4,8] [--group 128]
 [--grid] [--out benchmarks/results/int4_gemv_h200.md]``.
@@ -28,6 +28,7 @@ import layerzero as lz
 from layerzero.backends.torch_native.quantize import quantized_linear as dequant_cublas
 from layerzero.backends.triton import gemv as tg
 from layerzero.backends.triton import quantized_linear as tq
+from layerzero.core.knobs import get, knobs
 from layerzero.testing.quant_oracle import oracle_weight
 
 FLUSH_BYTES = 256 << 20
@@ -48,16 +49,10 @@ def _check(name: str, y: torch.Tensor, want: torch.Tensor) -> None:
         raise RuntimeError(f"{name}: wrong result (relative error {err:.2e})")
 
 
-def with_knobs(fn: Callable[[], float], **knobs: object) -> float:
-    """``fn()`` with ``tq``'s module knobs set (restored afterwards)."""
-    old = {k: getattr(tq, k) for k in knobs}
-    for k, v in knobs.items():
-        setattr(tq, k, v)
-    try:
+def with_knobs(fn: Callable[[], float], **fields: object) -> float:
+    """``fn()`` with ``"triton.quantized_linear"``'s knobs ``fields`` changed (restored afterwards)."""
+    with knobs(tq.KNOBS, **fields):
         return fn()
-    finally:
-        for k, v in old.items():
-            setattr(tq, k, v)
 
 
 def measure(
@@ -90,7 +85,7 @@ def measure_rows(
     _check(f"{name} int4 new", tq.quantized_linear(h0, qts[0], None), want4)
     _check(
         f"{name} int4 old",
-        with_knobs(lambda: tq.quantized_linear(h0, qts[0], None), INT4_DECODE=False),
+        with_knobs(lambda: tq.quantized_linear(h0, qts[0], None), int4_decode=False),
         want4,
     )
     _check(f"{name} dequant", dequant_cublas(h0, qts[0], None), want4)
@@ -104,14 +99,14 @@ def measure_rows(
     norm = chain_us(lambda i: lz.rms_norm(x, nw, 1e-6), flush)
     bf16 = chain(lambda h, i: tg.gemv(h, ws[i], None)) - norm
     new = int4_chain() - norm
-    old = with_knobs(int4_chain, INT4_DECODE=False) - norm
+    old = with_knobs(int4_chain, int4_decode=False) - norm
     deq = chain(lambda h, i: dequant_cublas(h, qts[i], None)) - norm
     best = "-"
     if grid:
         found: tuple[float, str] = (new, "default")
         for slab, warps in GRID:
             try:
-                t = with_knobs(int4_chain, INT4_BY_SHAPE={(n, k): (slab, warps)}) - norm
+                t = with_knobs(int4_chain, int4_by_shape=(((n, k), (slab, warps)),)) - norm
             except Exception as exc:  # noqa: BLE001 - a config that does not compile is named and skipped
                 print("skip", name, m, slab, warps, type(exc).__name__, str(exc)[:120], flush=True)
                 continue
@@ -150,6 +145,7 @@ def main() -> int:
     rows = [int(r) for r in a.rows.split(",")]
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     bw = copy_bandwidth()
+    kn = get(tq.KNOBS)
     lines = [
         f"# int4 decode GEMV vs bf16 triton.gemv ({run_info()})",
         "",
@@ -158,8 +154,8 @@ def main() -> int:
         f"replay, best of 7; int4 groups of {a.group}; copy bandwidth {bw / 1e12:.2f} TB/s. µs per "
         "projection, the norm-only chain subtracted; (x) = fraction of the copy bandwidth that the weight's "
         "stored bytes reach (bf16: 2 B / element; int4: codes + scales + zero points for all three int4 "
-        f"columns). int4 kernel configs: INT4_CONFIGS = {tq.INT4_CONFIGS}, INT4_LOOP_CONFIG = "
-        f"{tq.INT4_LOOP_CONFIG}, INT4_CHUNK_K = {tq.INT4_CHUNK_K}, INT4_BY_SHAPE = {tq.INT4_BY_SHAPE}.",
+        f"columns). int4 kernel configs: int4_configs = {kn.int4_configs}, int4_loop_config = "
+        f"{kn.int4_loop_config}, int4_chunk_k = {kn.int4_chunk_k}, int4_by_shape = {kn.int4_by_shape}.",
         "",
         "| proj | M | norm alone | bf16 triton.gemv | int4 decode (_qgemv_int4) | int4 old rows "
         "(_qgemv_rows) | int4 dequantize + cuBLAS | bf16 / int4 decode | int4 cfg | best int4 (--grid) |",

@@ -45,7 +45,7 @@ kernel launch before their own wait; off, the merge only, the projections only, 
 per-projection forms measured on 2026-11-28 are in that day's results), ``rope-fused-1p`` /
 ``rope-fused-1p-s32`` (``rope-paged-fused`` with ``one_pass``, and 32 splits), ``tiles-28d`` (the batch-1 rule
 of 2026-11-28d: 16 splits, the tile loop), ``rope-bh1`` ... ``rope-bh16`` (query / key heads per program of
-the RoPE kernels at most: ``rope.BLOCK_H_MAX``), ``base`` (nothing changed).
+the RoPE kernels at most: ``RopeKnobs.block_h_max``), ``base`` (nothing changed).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/batch1_ab.py --out DIR`` (CUDA). Writes
 ``DIR/batch1_ab.md`` and ``DIR/timeline.md``.
@@ -205,10 +205,10 @@ after."""
 GRAPH = object()
 """A setting ``(GRAPH, field, value)``: the variant's engine gets ``LLM(cuda_graph=CudaGraphKnobs(field=value,
 ...))``."""
-PAGED, GEMV = paged.KNOBS, tg.KNOBS
+PAGED, GEMV, ROPE = paged.KNOBS, tg.KNOBS, rope.KNOBS
 """A setting ``(PAGED, field, value)``: ``triton.paged_decode``'s knob ``field`` is ``value`` for the variant
-(the same for ``triton.gemv``'s); any other ``(owner, attr, value)`` sets an attribute and puts it back
-after."""
+(the same for ``triton.gemv``'s and ``triton.rope``'s); any other ``(owner, attr, value)`` sets an attribute
+and puts it back after."""
 
 
 def _mlp_two_calls(self, gate_up):
@@ -277,7 +277,7 @@ SETTINGS = {
     "2026-11-27": [
         (GEMV, "prefetch_warps", 4),
         (GEMV, "prefetch_long_k", (8192, 4)),
-        (rope, "BLOCK_H_MAX", 16),
+        (ROPE, "block_h_max", 16),
     ],
     "longk-16k-4w": [(GEMV, "prefetch_long_k", (16384, 4))],
     "longk-8k-8w": [(GEMV, "prefetch_long_k", (8192, 8))],
@@ -302,7 +302,7 @@ SETTINGS = {
         (PAGED, "one_pass", True),
         (PAGED, "small_batch", (1, 2048, 32, 32)),
     ],
-    **{f"rope-bh{n}": [(rope, "BLOCK_H_MAX", n)] for n in (1, 2, 4, 8, 16)},
+    **{f"rope-bh{n}": [(ROPE, "block_h_max", n)] for n in (1, 2, 4, 8, 16)},
     **{
         f"{name}-16k-8w": [(GEMV, "prefetch_by_shape", ((shape, (16384, 8)),))]
         for name, shape in (

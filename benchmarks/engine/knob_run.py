@@ -1,9 +1,9 @@
 """``bench_variant.py`` with knobs set first, for throughput A/Bs of launch configs that have no lock or
-``LLM`` option: registered knobs (``layerzero.core.knobs``: ``triton.gemv:prefetch_warps=4``) or module-level
-constants (``layerzero.backends.triton.rope:BLOCK_H_MAX=16``).
+``LLM`` option: registered knobs (``layerzero.core.knobs``: ``triton.gemv:prefetch_warps=4``,
+``triton.rope:block_h_max=16``) or other module attributes (``module:ATTR=value``).
 
 Usage: ``PYTHONPATH=src:benchmarks python benchmarks/engine/knob_run.py NAME [target:attr=python-literal
-...]``, e.g. ``knob_run.py bh16 layerzero.backends.triton.rope:BLOCK_H_MAX=16`` or ``knob_run.py s16
+...]``, e.g. ``knob_run.py bh16 triton.rope:block_h_max=16`` or ``knob_run.py s16
 triton.paged_decode:max_splits=16`` (run from the repository root): a target that is a registered knobs name
 is changed with ``configure_knobs``, any other is a module whose attribute is set. With ``--pytest`` as NAME,
 the knobs are followed by ``--`` and pytest's arguments: the GPU tests run in this process under the knobs
@@ -18,8 +18,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from layerzero.backends.triton import gemv, paged, sampling  # noqa: F401  (importing them registers their knobs)
-from layerzero.core.knobs import configure_knobs, registered
+from layerzero.core.knobs import configure_knobs, registered  # registered() imports the knob modules
 
 
 def main(argv: list[str]) -> None:

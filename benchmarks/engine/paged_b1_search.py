@@ -20,6 +20,7 @@ from gemv_prefetch import chain_us, run_info, save_report
 
 from layerzero.backends.triton import paged as tp
 from layerzero.backends.triton import rope as tr
+from layerzero.core.knobs import knobs
 
 SPLITS = (1, 2, 4, 8, 16, 32)
 BLOCK_N = (16, 32, 64, 128)
@@ -46,14 +47,10 @@ def search(ctx: int, top: int) -> list[str]:
         us = chain_us(lambda i, kw=kw: run(i, **kw))
         rows.append((us, f"| {ctx} | splits {splits}, block_n {bn}, warps {warps} | {us:.2f} |"))
     rows.sort(key=lambda r: r[0])
-    old = tr.BLOCK_H_MAX
-    try:
-        for bh in (16, 8, 4, 2, 1):
-            tr.BLOCK_H_MAX = bh
+    for bh in (16, 8, 4, 2, 1):
+        with knobs(tr.KNOBS, block_h_max=bh):
             us = chain_us(ly.qk_norm_rope_cache)
-            rows.append((-1.0, f"| {ctx} | lz.qk_norm_rope_cache, at most {bh} heads a program | {us:.2f} |"))
-    finally:
-        tr.BLOCK_H_MAX = old
+        rows.append((-1.0, f"| {ctx} | lz.qk_norm_rope_cache, at most {bh} heads a program | {us:.2f} |"))
     plan = tp._plan(
         tp._KERNELS.get(), q[0], ly.caches[0], ly.bt, ly.lens, "NHD", False, None, None, None, None
     )

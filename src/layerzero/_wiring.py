@@ -44,7 +44,7 @@ def _canary(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ...], out:
 def _load_knobs() -> None:
     """Import the kernel modules that register tuning knobs (``lz.configure_knobs`` before any op call);
     importing them imports no Triton."""
-    from layerzero.backends.triton import gemv, paged, sampling  # noqa: F401
+    from layerzero.backends.triton import cascade, gemv, paged, quantized_linear, rope, sampling  # noqa: F401
 
 
 RUNTIME.install_hooks(loader=register_builtin, autotuner=_autotune, canary=_canary)

@@ -18,6 +18,7 @@ import layerzero as lz
 from layerzero.backends.reference.linear import quantized_linear as reference_ql
 from layerzero.backends.torch_native.quantize import quantized_linear as native_ql
 from layerzero.backends.triton import quantized_linear as tq
+from layerzero.core.knobs import knobs
 from layerzero.testing.quant_oracle import oracle_weight
 
 pytestmark = pytest.mark.correctness
@@ -367,12 +368,12 @@ def test_triton_kernel_takes_strided_rows_leading_dims_and_empty_batches():
     assert tq.quantized_linear(x[:0], qt, b).shape == (0, 9)
 
 
-def test_config_picks_the_path_and_never_straddles_an_int4_group(monkeypatch):
+def test_config_picks_the_path_and_never_straddles_an_int4_group():
     assert (
         tq.config(1, 4096, 1024, 16)["kernel"] == "int4" and tq.config(8, 4096, 1024, 128)["kernel"] == "int4"
     )
-    monkeypatch.setattr(tq, "INT4_DECODE", False)  # int4 decode rows back on the row kernel (A/B knob)
-    assert tq.config(1, 4096, 1024, 16)["BK"] == 16 and tq.config(1, 4096, 1024, 128)["BK"] == 128
+    with knobs(tq.KNOBS, int4_decode=False):  # int4 decode rows back on the row kernel (A/B knob)
+        assert tq.config(1, 4096, 1024, 16)["BK"] == 16 and tq.config(1, 4096, 1024, 128)["BK"] == 128
     assert tq.config(12, 4096, 1024, 128)["BK"] == 64 and tq.config(12, 4096, 1024, 32)["BK"] == 32
     assert tq.config(8, 10, 64, None)["kernel"] == "rows" and tq.config(8, 10, 64, None)["BM"] == 8
     assert tq.config(1, 1024, 3072, None)["BN"] == 2 and tq.config(3, 1024, 3072, None)["BN"] == 4

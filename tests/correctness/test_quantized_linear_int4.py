@@ -21,6 +21,7 @@ from _triton_interp import needs_interpreter
 
 import layerzero as lz
 from layerzero.backends.triton import quantized_linear as tq
+from layerzero.core.knobs import knobs
 
 pytestmark = pytest.mark.correctness
 interpreted = needs_interpreter("tests/gpu/test_gpu_quantized_linear.py")
@@ -86,8 +87,8 @@ def check_cases(cases, group, dtype, seed) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_slab_mode_matches_the_float64_oracle(group, dtype):
-    """The whole rows held at once (K <= INT4_CHUNK_K): one or two power-of-two parts (e.g. 3 groups as 2 + 1,
-    7 as 4 + 4 with one masked), M 1-8, odd N, with and without bias."""
+    """The whole rows held at once (K <= ``int4_chunk_k``): one or two power-of-two parts (e.g. 3 groups as
+    2 + 1, 7 as 4 + 4 with one masked), M 1-8, odd N, with and without bias."""
     cases = _cases(seed=group, group=group, count=12)
     assert {m for m, *_ in cases} == set(range(1, 9))
     check_cases(cases, group, dtype, seed=1000 * group)
@@ -95,15 +96,15 @@ def test_slab_mode_matches_the_float64_oracle(group, dtype):
 
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-def test_loop_mode_matches_the_float64_oracle(monkeypatch, dtype):
-    """Rows longer than a chunk: chunks of 2 groups (INT4_CHUNK_K lowered so that small K loops), the last
+def test_loop_mode_matches_the_float64_oracle(dtype):
+    """Rows longer than a chunk: chunks of 2 groups (``int4_chunk_k`` lowered so that small K loops), the last
     chunk partly masked for odd group counts, the next chunk's loads double-buffered."""
-    monkeypatch.setattr(tq, "INT4_CHUNK_K", 64)
-    cases = [(1, 37, 32 * 5, True), (3, 9, 32 * 4, False), (8, 20, 32 * 7, True)]
-    for m, n, k, _ in cases:
-        cfg = tq.config(m, n, k, 32)
-        assert cfg["NGA"] == 2 and cfg["NGB"] == 0 and cfg["NG"] > 2  # the loop mode
-    check_cases(cases, 32, dtype, seed=77)
+    with knobs(tq.KNOBS, int4_chunk_k=64):
+        cases = [(1, 37, 32 * 5, True), (3, 9, 32 * 4, False), (8, 20, 32 * 7, True)]
+        for m, n, k, _ in cases:
+            cfg = tq.config(m, n, k, 32)
+            assert cfg["NGA"] == 2 and cfg["NGB"] == 0 and cfg["NG"] > 2  # the loop mode
+        check_cases(cases, 32, dtype, seed=77)
 
 
 @interpreted
@@ -121,17 +122,17 @@ def test_qwen_like_widths_and_strided_rows():
 
 
 @interpreted
-def test_the_old_row_kernel_still_runs_with_the_knob_off(monkeypatch):
-    """``INT4_DECODE = False`` (A/B benchmarks) routes int4 decode rows back to ``_qgemv_rows``."""
-    monkeypatch.setattr(tq, "INT4_DECODE", False)
-    assert tq.config(2, 37, 96, 32)["kernel"] == "rows"
+def test_the_old_row_kernel_still_runs_with_the_knob_off():
+    """``int4_decode=False`` (A/B benchmarks) routes int4 decode rows back to ``_qgemv_rows``."""
     x = torch.randn(2, 96, generator=torch.Generator().manual_seed(3)).to(torch.float16)
     qt = lz.quantize(
         torch.randn(37, 96, generator=torch.Generator().manual_seed(4)).to(torch.float16),
         "int4",
         group_size=32,
     )
-    assert _rel_err(tq.quantized_linear(x, qt, None), x.double() @ int4_weight_f64(qt).t()) <= 2e-3
+    with knobs(tq.KNOBS, int4_decode=False):
+        assert tq.config(2, 37, 96, 32)["kernel"] == "rows"
+        assert _rel_err(tq.quantized_linear(x, qt, None), x.double() @ int4_weight_f64(qt).t()) <= 2e-3
 
 
 def test_the_oracle_decodes_a_hand_packed_row():
@@ -198,10 +199,10 @@ def test_a_mutated_kernel_fails_the_check(name, tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------- config / routing
-def test_int4_config_table_and_overrides(monkeypatch):
-    """Qwen3-0.6B widths: BN from INT4_CONFIGS' slab (8 for K 1024, 4 for 2048 and 3072), 2 warps; the loop
-    mode beyond INT4_CHUNK_K; INT4_BY_SHAPE overrides; rows past INT4_ROWS_MAX take tl.dot tiles; groups that
-    are not powers of two are never sent to it."""
+def test_int4_config_table_and_overrides():
+    """Qwen3-0.6B widths: BN from ``int4_configs``' slab (8 for K 1024, 4 for 2048 and 3072), 2 warps; the
+    loop mode beyond ``int4_chunk_k``; ``int4_by_shape`` overrides; rows past ``int4_rows_max`` take tl.dot
+    tiles; groups that are not powers of two are never sent to it."""
     qkv, o, down = tq.config(1, 4096, 1024, 128), tq.config(1, 1024, 2048, 128), tq.config(4, 1024, 3072, 128)
     assert (qkv["BN"], qkv["NGA"], qkv["NGB"], qkv["num_warps"]) == (8, 8, 0, 2)
     assert (o["BN"], o["NGA"]) == (4, 16) and (down["BN"], down["NGA"], down["NGB"], down["BM"]) == (
@@ -220,10 +221,11 @@ def test_int4_config_table_and_overrides(monkeypatch):
     )
     assert tq.config(9, 4096, 1024, 128)["kernel"] == "dot"
     assert not tq.int4_decode_applies(1, 48) and tq.int4_decode_applies(8, 32)
-    monkeypatch.setattr(tq, "INT4_BY_SHAPE", {(4096, 1024): (4096, 4)})
-    assert (tq.config(1, 4096, 1024, 128)["BN"], tq.config(1, 4096, 1024, 128)["num_warps"]) == (4, 4)
-    monkeypatch.setattr(tq, "INT4_ROWS_MAX", 4)
-    assert tq.config(5, 4096, 1024, 128)["kernel"] == "rows"
+    with knobs(tq.KNOBS, int4_by_shape=(((4096, 1024), (4096, 4)),)):
+        assert (tq.config(1, 4096, 1024, 128)["BN"], tq.config(1, 4096, 1024, 128)["num_warps"]) == (4, 4)
+    with knobs(tq.KNOBS, int4_rows_max=4):
+        assert tq.config(5, 4096, 1024, 128)["kernel"] == "rows"
+    assert tq.config(5, 4096, 1024, 128)["kernel"] == "int4"  # restored
 
 
 def _select(ctx):
@@ -266,10 +268,11 @@ def _ctx(sm, rows, gran="group:128"):
         (True, (8, 0), 1, "torch_native.quantized_linear"),  # not measured before Hopper
     ],
 )
-def test_int4_default_follows_the_measurement_knob(monkeypatch, measured, sm, rows, want):
-    assert tq.INT4_MEASURED_FASTER is True  # measured on the H200 (benchmarks/results/int4_gemv_h200.md)
-    monkeypatch.setattr(tq, "INT4_MEASURED_FASTER", measured)
-    plan, _ = _select(_ctx(sm, rows))
+def test_int4_default_follows_the_measurement_knob(measured, sm, rows, want):
+    # measured on the H200 (benchmarks/results/int4_gemv_h200.md)
+    assert tq.QuantizedLinearKnobs().int4_measured_faster is True
+    with knobs(tq.KNOBS, int4_measured_faster=measured):
+        plan, _ = _select(_ctx(sm, rows))
     assert plan.kernel_id == want
 
 

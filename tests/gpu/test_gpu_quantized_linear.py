@@ -3,9 +3,9 @@
 Qwen3-0.6B's projection shapes and odd ones, 1 to 70 rows (the row kernels and both tl.dot tiles), through
 ``lz.quantized_linear`` (locked: the default only for int8 / fp8 e4m3 on Hopper); a captured CUDA graph
 replays it. The int4 decode kernel (``_qgemv_int4``, 1-8 rows): every row count on Qwen3-0.6B's shapes, groups
-of 32 / 64 / 128, its loop mode (K beyond one slab), the old row kernel (``INT4_DECODE = False``) beside it,
-and inside CUDA graphs (PDL-launched on SM 9.0+, the weight read before its wait) chained after kernels that
-write its input. The engine with it locked: tests/engine/gpu/test_engine_gpu.py."""
+of 32 / 64 / 128, its loop mode (K beyond one slab), the old row kernel (knob ``int4_decode=False``) beside
+it, and inside CUDA graphs (PDL-launched on SM 9.0+, the weight read before its wait) chained after kernels
+that write its input. The engine with it locked: tests/engine/gpu/test_engine_gpu.py."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 
 import layerzero as lz
 from layerzero.backends.triton import quantized_linear as tq
+from layerzero.core.knobs import knobs
 from layerzero.testing.quant_oracle import oracle_weight
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_usable")]
@@ -109,13 +110,13 @@ def test_int4_decode_kernel_matches_float64_oracle(locked, dtype, group, shape, 
 
 
 @pytest.mark.parametrize("rows", range(1, 9))
-def test_int4_decode_kernel_every_row_count_and_the_old_row_kernel(rows, monkeypatch):
+def test_int4_decode_kernel_every_row_count_and_the_old_row_kernel(rows):
     x, qt, b, want = _int4_case(4096, 1024, 128, rows, torch.bfloat16, rows % 2 == 0, seed=rows)
     new = tq.quantized_linear(x, qt, b)
     assert _rel_err(new, want) <= DECODE_TOL[torch.bfloat16]
-    monkeypatch.setattr(tq, "INT4_DECODE", False)
-    assert tq.config(rows, 4096, 1024, 128)["kernel"] == "rows"
-    assert _rel_err(tq.quantized_linear(x, qt, b), want) <= DECODE_TOL[torch.bfloat16]
+    with knobs(tq.KNOBS, int4_decode=False):
+        assert tq.config(rows, 4096, 1024, 128)["kernel"] == "rows"
+        assert _rel_err(tq.quantized_linear(x, qt, b), want) <= DECODE_TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("rows", [1, 4])

@@ -2,8 +2,9 @@
 engine's ``CudaGraphKnobs``. Defaults against a hand-written table (today's measured choices), unknown fields
 and wrong types refused with the names in the message, the ``knobs(...)`` block restored also when it raises,
 the generation counter, frozen instances, plan caches dropped on a change, the loader hook, and a knob
-changing a decision: the paged-decode split geometry, the GEMV kernel choice and the sampler's split, all pure
-Python on CPU."""
+changing a decision: the paged-decode split geometry, the GEMV kernel choice, the sampler's split, the cascade
+prefill's tiles and splits, the RoPE heads a program and the quantized GEMM's kernel and int4 configs, all
+pure Python on CPU."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from layerzero.backends.triton import gemv, paged, sampling
+from layerzero.backends.triton import cascade, gemv, paged, rope, sampling
+from layerzero.backends.triton import quantized_linear as qlin
 from layerzero.core import knobs as kb
 from layerzero.core.errors import ConfigurationError
 from layerzero.engine.config import CudaGraphKnobs, EngineConfig
@@ -57,6 +59,29 @@ DEFAULTS = {
         greedy_programs_per_sm=2,
         greedy_sms_off_gpu=132,
     ),
+    cascade.CascadeKnobs: dict(
+        rows=64,
+        rows_few=16,
+        max_splits=16,
+        workspace_bytes=32 * 1024 * 1024,
+        min_split_tiles=1,
+        programs_per_sm=4,
+        launch=(4, 2),
+        launch_few=(2, 3),
+        seq_pad_min=256,
+    ),
+    rope.RopeKnobs: dict(block_h_max=4),
+    qlin.QuantizedLinearKnobs: dict(
+        rows_max=8,
+        int4_decode=True,
+        int4_rows_max=8,
+        int4_chunk_k=4096,
+        int4_configs=((1024, 8192, 2), (2048, 8192, 2), (4096, 12288, 2)),
+        int4_loop_config=(8192, 4),
+        int4_by_shape=(),
+        int4_bn_max=16,
+        int4_measured_faster=True,
+    ),
     CudaGraphKnobs: dict(
         packed_inputs=True,
         greedy_in_graph=True,
@@ -73,6 +98,9 @@ NAMES = {
     paged.KNOBS: paged.PagedDecodeKnobs,
     gemv.KNOBS: gemv.GemvKnobs,
     sampling.KNOBS: sampling.SamplingKnobs,
+    cascade.KNOBS: cascade.CascadeKnobs,
+    rope.KNOBS: rope.RopeKnobs,
+    qlin.KNOBS: qlin.QuantizedLinearKnobs,
 }
 
 
@@ -165,6 +193,23 @@ def test_unknown_field_names_the_known_ones_and_changes_nothing():
         ),
         (sampling.KNOBS, dict(split_block=1000), r"SamplingKnobs\.split_block: expected a power of two"),
         (sampling.KNOBS, dict(split_programs=2.0), r"split_programs: expected int, got 2\.0 \(float\)"),
+        (cascade.KNOBS, dict(rows_few=24), r"CascadeKnobs\.rows_few: expected a power of two >= 1, got 24"),
+        (cascade.KNOBS, dict(seq_pad_min=4096), r"seq_pad_min: expected at most MAX_SEQS \(2048\)"),
+        (cascade.KNOBS, dict(launch_few=(3, 3)), r"launch_few: expected \(num_warps a power of two"),
+        (cascade.KNOBS, dict(launch={16: (2, 3)}), r"launch: expected tuple\[int, int\], got \{16"),
+        (rope.KNOBS, dict(block_h_max=3), r"RopeKnobs\.block_h_max: expected a power of two >= 1, got 3"),
+        (qlin.KNOBS, dict(int4_chunk_k=3000), r"int4_chunk_k: expected a power of two >= 1, got 3000"),
+        (
+            qlin.KNOBS,
+            dict(int4_by_shape={(4096, 1024): (4096, 4)}),
+            r"QuantizedLinearKnobs\.int4_by_shape: expected tuple\[",
+        ),
+        (
+            qlin.KNOBS,
+            dict(int4_configs=((1024, 8192, 3),)),
+            r"int4_configs: expected \(slab codes >= 1, warps",
+        ),
+        (qlin.KNOBS, dict(int4_decode="no"), r"int4_decode: expected bool, got 'no' \(str\)"),
     ],
 )
 def test_wrong_type_or_range_says_expected_and_got(name, fields, message):
@@ -285,6 +330,54 @@ def test_gemv_and_sampling_knobs_change_their_choices():
     assert sampling.split_chunks(1, 151936) == (75, 2048)
     with kb.knobs(sampling.KNOBS, split_block=4096):
         assert sampling.split_chunks(1, 151936) == (38, 4096)
+
+
+def test_cascade_knobs_change_the_prefill_launch():
+    """Cascade's shared level (256 one-query "sequences", 16 q / 8 kv heads of 128): 16-row tiles of 8 tokens,
+    2 warps and 3 stages, 16 splits; a prefill (8192 tokens of 4 sequences): 64-row tiles, 4 warps, no split
+    (the workspace bound)."""
+    shared, prefill = (256, 256, 16, 128, 2), (8192, 4, 16, 128, 2)
+    assert cascade.prefill_launch(*shared) == cascade.PrefillLaunch(16, 8, 2, 3, 16, 1, 4)
+    assert cascade.prefill_launch(*prefill) == cascade.PrefillLaunch(64, 32, 4, 2, 1, 1, 4)
+    with kb.knobs(cascade.KNOBS, max_splits=4):
+        assert cascade.prefill_launch(*shared).max_splits == 4
+    with kb.knobs(cascade.KNOBS, workspace_bytes=256 * 16 * 128 * 4 * 2):  # room for two splits
+        assert cascade.prefill_launch(*shared).max_splits == 2
+    with kb.knobs(cascade.KNOBS, launch_few=(4, 2)):
+        assert cascade.prefill_launch(*shared)[2:4] == (4, 2)
+    with kb.knobs(cascade.KNOBS, rows_few=32):  # 32-row tiles, still the few-rows launch config
+        assert cascade.prefill_launch(*shared)[:4] == (32, 16, 2, 3)
+    assert cascade.prefill_launch(*shared, rows=32)[:4] == (32, 16, 4, 2)  # another height: the general one
+    with kb.knobs(cascade.KNOBS, programs_per_sm=8, min_split_tiles=2):
+        assert cascade.prefill_launch(*shared)[5:] == (2, 8)
+    assert cascade.prefill_launch(*shared, rows=64, num_warps=8, programs_per_sm=2)[:3] == (64, 32, 8)
+    assert [cascade.seq_pad(b) for b in (1, 256, 257)] == [256, 256, 512]
+    with kb.knobs(cascade.KNOBS, seq_pad_min=16):
+        assert [cascade.seq_pad(b) for b in (1, 17, 257)] == [16, 32, 512]
+
+
+def test_rope_and_quantized_linear_knobs_change_their_choices():
+    """Qwen3-0.6B's RoPE (16 q / 8 kv heads of 128: ``per_head`` 128 elements): 4 heads a program by default,
+    8 with ``block_h_max=8``. An int4 QKV projection at one row: ``_qgemv_int4`` with 8 columns a program and
+    2 warps; the row kernel with ``int4_decode`` off; a per-shape config; the dot tiles past
+    ``int4_rows_max``."""
+    assert rope.block_h_for(16, 8, 128) == 4
+    with kb.knobs(rope.KNOBS, block_h_max=8):
+        assert rope.block_h_for(16, 8, 128) == 8 and rope.block_h_for(16, 8, 512) == 4  # the tile bound
+    qkv = (1, 4096, 1024, 128)
+    default = qlin.config(*qkv)
+    assert (default["kernel"], default["BN"], default["num_warps"]) == ("int4", 8, 2)
+    with kb.knobs(qlin.KNOBS, int4_decode=False):
+        assert qlin.config(*qkv)["kernel"] == "rows"
+    with kb.knobs(qlin.KNOBS, int4_by_shape=(((4096, 1024), (4096, 4)),)):
+        assert (qlin.config(*qkv)["BN"], qlin.config(*qkv)["num_warps"]) == (4, 4)
+    with kb.knobs(qlin.KNOBS, int4_configs=((1024, 16384, 2),), int4_bn_max=8):
+        assert qlin.config(*qkv)["BN"] == 8  # 16 columns fit the slab; the bound keeps 8
+    with kb.knobs(qlin.KNOBS, int4_rows_max=4, rows_max=4):
+        assert qlin.config(5, 4096, 1024, 128)["kernel"] == "dot"
+    assert qlin.config(5, 4096, 1024, 128)["kernel"] == "int4"
+    with kb.knobs(qlin.KNOBS, int4_chunk_k=512):  # K 1024 of groups of 128 loops over chunks of 4 groups
+        assert qlin.config(*qkv)["NGA"] == 4 and qlin.config(*qkv)["NG"] == 8
 
 
 def test_a_change_drops_the_paged_plans():

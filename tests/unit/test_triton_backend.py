@@ -184,10 +184,12 @@ def test_import_layerzero_and_registration_do_not_import_triton_kernels():
         check=False,
     )
     assert out.returncode == 0, out.stderr
-    # helpers only (_launch, _paged_common, the host halves of paged and sampling: _paged_geometry,
-    # _paged_launch, _sampling_*; none imports triton at import), never a module of @triton.jit kernels
+    # helpers only (_launch, _paged_common, the host halves of paged, sampling and cascade: _paged_geometry,
+    # _paged_launch, _sampling_*, _cascade_knobs; none imports triton at import), never a module of
+    # @triton.jit kernels
     assert out.stdout.strip() == (
-        "['layerzero.backends.triton._common', 'layerzero.backends.triton._launch', "
+        "['layerzero.backends.triton._cascade_knobs', 'layerzero.backends.triton._common', "
+        "'layerzero.backends.triton._launch', "
         "'layerzero.backends.triton._paged_common', 'layerzero.backends.triton._paged_geometry', "
         "'layerzero.backends.triton._paged_launch', 'layerzero.backends.triton._sampling_greedy', "
         "'layerzero.backends.triton._sampling_knobs', 'layerzero.backends.triton._sampling_race']"

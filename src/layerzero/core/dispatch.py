@@ -274,11 +274,11 @@ class Runtime(MeasurementStores, RuntimeSelection, CapturePreparation, RuntimeFa
     ) -> Any:
         """:meth:`run` through the sharded cache: select on a miss (then prepare the capture-time choice of a
         CUDA key, :meth:`prepare_capture`; also on the first run of a plan that ``lz.select`` / ``lz.which``
-        cached without running it, until 2026-11-25 a capture after ``lz.which`` then one eager call raised
-        ``CudaGraphUnsafeError``), re-select a plan whose health re-check is due, count a probation success;
-        promote a plain hit (and ``hot_key``) to the hot dict (only plans without ``recheck_at`` and
-        ``trial``: the hot paths rely on that). A plain-tuple key becomes the op's named key first
-        (:meth:`named_key`)."""
+        cached without running it, so that a capture after ``lz.which`` and one eager call does not raise
+        ``CudaGraphUnsafeError``; benchmarks/results/history.md), re-select a plan whose health re-check is
+        due, count a probation success; promote a plain hit (and ``hot_key``) to the hot dict (only plans
+        without ``recheck_at`` and ``trial``: the hot paths rely on that). A plain-tuple key becomes the op's
+        named key first (:meth:`named_key`)."""
         if key.__class__ is tuple:
             key = self.named_key(key)
         hot = self.cache.hot

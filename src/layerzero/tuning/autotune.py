@@ -58,9 +58,9 @@ log = logging.getLogger("layerzero.autotune")
 
 AUTOTUNE_TIMING = {"warmup": 2, "iters": 3, "repeats": 5, "max_time_s": 0.003, "rounds": 3}
 """Timing of one kernel by :func:`autotune_context` (``time_kernel`` arguments, seconds; ``rounds`` of
-:func:`measure_context`: three, in turn, the best kept, as the shipped timings and the hidden-shape check do;
-on the H200 (2026-11-27) one round of 2-call samples read one paged shape 20% off (a first-call effect of the
-other kernel) and two rounds one 6% off (two ~60 µs eager kernels whose host time varies by round))."""
+:func:`measure_context`: three, in turn, the best kept, as the shipped timings and the hidden-shape check do:
+fewer rounds misread eager kernels whose host time varies by round; numbers:
+benchmarks/results/history.md)."""
 
 REFERENCE_CHUNK_BYTES = 1 << 30
 """Largest float32 score matrix (bytes) one call of the attention reference builds; larger calls are split

@@ -15,9 +15,9 @@ structure:
   contiguous ``[BN, NGA * G/2]`` tile (16-byte vector loads), viewed as ``[BN, NGA, G/2]`` (groups apart),
   with the groups' scales and zero points ``[BN, NGA]``. NGA is a power of two; a row of K/G groups that is
   not one is split in two such parts (``NGA`` + ``NGB``: 24 groups as 16 + 8) rather than padded. Where the
-  row fits (the slab mode, K up to ``INT4_CHUNK_K`` in ``quantized_linear.py``), the whole slab is issued
-  *before* :func:`gdc_enter`: weights are never written by a forward, so under programmatic dependent launch
-  (a decode graph) the slab streams in while the kernel before it finishes;
+  row fits (the slab mode, K up to the knob ``int4_chunk_k`` in ``quantized_linear.py``), the whole slab is
+  issued *before* :func:`gdc_enter`: weights are never written by a forward, so under programmatic dependent
+  launch (a decode graph) the slab streams in while the kernel before it finishes;
 - each byte's nibbles become ``code - zero`` in float32 without an int-to-float conversion (Marlin's
   magic-number decode, here in float32): ``bitcast((b & 15) | 0x4B000000)`` is the float ``2**23 + code``
   exactly and subtracting ``2**23 + zero`` leaves ``code - zero`` exactly; the high nibble is used in place,

@@ -12,11 +12,11 @@ prefix is read once per group instead of once per request. The ``@triton.jit`` c
 ``_cascade_kernels.py``.
 
 Graph-safe: grids and arguments come from shapes, no host read of ``seq_lens`` / ``cu_seqlens_q`` /
-``block_tables``. The kernel is persistent (:data:`PROGRAMS_PER_SM` programs per SM) and sizes its work on the
-device: each program derives the items of the sequences that have rows and keys, splits their KV so the items
-number about one per program, and finds its own by a prefix-sum search. The engine's CUDA graphs call it with
-one "sequence" per batch row, most of them empty, and groups of 1 to 256 members: empty sequences cost nothing
-and a big group's token tiles spread over many programs (H200 measurements:
+``block_tables``. The kernel is persistent (``programs_per_sm`` programs per SM, :class:`CascadeKnobs`) and
+sizes its work on the device: each program derives the items of the sequences that have rows and keys, splits
+their KV so the items number about one per program, and finds its own by a prefix-sum search. The engine's
+CUDA graphs call it with one "sequence" per batch row, most of them empty, and groups of 1 to 256 members:
+empty sequences cost nothing and a big group's token tiles spread over many programs (H200 measurements:
 benchmarks/results/engine/h200/README.md, 2026-11-25 fourth session).
 """
 
@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from layerzero.core import knobs
 from layerzero.core.context import SelectionContext
 from layerzero.core.errors import InvalidInputError, expected_got
 from layerzero.core.kv_layout import KV_LAYOUTS, cache_dims, nhd_view
@@ -34,6 +35,15 @@ from layerzero.core.kv_quant import KV_QUANT_DTYPES
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
+from ._cascade_knobs import (  # noqa: F401 - re-exported: the knobs and the launch rules
+    KNOBS,
+    MAX_SEQS,
+    ROWS_FEW_MAX_TOKENS,
+    CascadeKnobs,
+    PrefillLaunch,
+    prefill_launch,
+    seq_pad,
+)
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, missing, next_pow2
 from ._launch import launch
 from ._paged_common import scale_args, sm_count
@@ -44,44 +54,11 @@ MERGE_KERNEL_ID = "triton.merge_attention_states"
 PREFILL_PRIORITY = 30
 """Below ``triton.paged_decode(_lse)`` (40, split-K for decode) and FlashInfer (60); above ``torch_sdpa`` (10)
 and the reference."""
-ROWS = 64
-"""Query rows (tokens x GQA group) per tile when sequences have many query tokens (prefill); :data:`ROWS_FEW`
-when the call has at most two query tokens per sequence on average (cascade attention's shared level, where a
-tile holds a few members' decode queries: 64 rows would be mostly padding and cost occupancy)."""
-ROWS_FEW = 16
-MAX_SPLITS = 16
-WORKSPACE_BYTES = 32 << 20
-"""Split-K's float32 workspace ``[T, Hq, S, D]`` stays under this: ``S = min(MAX_SPLITS, WORKSPACE_BYTES // (T
-Hq D 4))``, no split when that is 1 (large prefills, whose token tiles fill the GPU anyway)."""
-MIN_SPLIT_TILES = 1
-"""A split covers at least this many KV tiles; the device-side sizing (about one item per program) decides."""
-PROGRAMS_PER_SM = 4
-"""The persistent kernel's programs per SM; the device-side split sizing aims at one work item per program."""
-LAUNCH = {ROWS_FEW: {"num_warps": 2, "num_stages": 3}, ROWS: {"num_warps": 4, "num_stages": 2}}
-"""num_warps / num_stages per tile height. 16 rows: from an H200 search at the engine's shared-level shapes (G
-groups x M members over 2048-token prefixes, ``benchmarks/engine/tune_cascade_prefill.py``; results in
-benchmarks/results/engine/h200/README.md), 2 warps beat 4 although they spill; 64 rows: 4 warps (a ``[64, D]``
-float32 accumulator)."""
 MAX_GROUP = 16
+"""Query heads per KV head held in one tile (GQA ratio 1..16)."""
 HEAD_DIM_MAX = 256
-MAX_SEQS = 2048
-"""Sequences per call: every program holds per-sequence vectors of :func:`seq_pad` entries to find its work
-items."""
-SEQ_PAD_MIN = 256
-"""The per-sequence vectors' least width. It is a compile-time constant, so every width is its own compiled
-kernel: with ``next_pow2(B)`` (16 at least) as before, the H200's shared-prefix run compiled 5 kernels at
-CUDA-graph capture (one per decode bucket) and 4-7 more inside its first run, ~1 s each (mixed steps of 16-256
-sequences, 2026-11-25 seventh session). 256 entries are one vector load per program either way (a few cycles
-more than 16)."""
-
 _KERNELS = LazyModule("_cascade_kernels")
 _PAGED = LazyModule("_paged_kernels")  # paged_decode_merge merges the splits
-
-
-def seq_pad(batch: int) -> int:
-    """The per-sequence vectors' width (``B_PAD``) for ``batch`` sequences: :data:`SEQ_PAD_MIN`, or the next
-    power of two above it (at most :data:`MAX_SEQS`)."""
-    return max(SEQ_PAD_MIN, next_pow2(batch))
 
 
 def block_n_for(head_dim: int) -> int:
@@ -109,7 +86,7 @@ def paged_prefill_lse(
     num_stages: int | None = None,
     programs_per_sm: int | None = None,
     target: int | None = None,
-    min_split_tiles: int = MIN_SPLIT_TILES,
+    min_split_tiles: int | None = None,
 ):
     """``lz.paged_attention(..., return_lse=True)`` canonical-args entry (see
     :func:`layerzero.ops.paged.prepare`): q ``[T, Hq, D]``, cu_seqlens_q ``[B + 1]`` int32 (None: one token
@@ -124,8 +101,9 @@ def paged_prefill_lse(
     ``target`` (default: the persistent programs), at least ``min_split_tiles`` KV tiles each. Knobs (tests,
     ``benchmarks/engine/tune_cascade_prefill.py``): ``num_splits`` forces every sequence into
     ``min(num_splits, its KV tiles)`` splits; ``block_n`` KV positions per step; ``rows`` query rows per tile
-    (default :data:`ROWS` / :data:`ROWS_FEW`); ``num_warps``, ``num_stages`` (default :data:`LAUNCH` of the
-    tile height), ``programs_per_sm`` (default :data:`PROGRAMS_PER_SM`).
+    (default the knobs' ``rows`` / ``rows_few``); ``num_warps``, ``num_stages`` (default the knobs' ``launch``
+    / ``launch_few`` of the tile height), ``programs_per_sm`` (default the knobs'): :func:`prefill_launch`
+    (:class:`CascadeKnobs`, read once per call).
 
     Raises:
         InvalidInputError: more than :data:`MAX_SEQS` sequences (before any work; :func:`prefill_check` keeps
@@ -149,15 +127,22 @@ def paged_prefill_lse(
         cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
     if q.stride(-1) != 1:
         q = q.contiguous()
-    height = rows or (ROWS_FEW if t <= 2 * batch else ROWS)
-    tokens = max(1, height // group)
-    config = dict(LAUNCH.get(height, LAUNCH[ROWS]))
-    if num_warps is not None:
-        config["num_warps"] = int(num_warps)
-    if num_stages is not None:
-        config["num_stages"] = int(num_stages)
+    kn = knobs.get(KNOBS)
+    plan = prefill_launch(
+        t,
+        batch,
+        hq,
+        d,
+        group,
+        rows=rows,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        programs_per_sm=programs_per_sm,
+        min_split_tiles=min_split_tiles,
+        kn=kn,
+    )
+    tokens, max_splits, min_split_tiles = plan.tokens, plan.max_splits, plan.min_split_tiles
     bn = block_n_for(d) if block_n is None else int(block_n)
-    max_splits = max(1, min(MAX_SPLITS, WORKSPACE_BYTES // max(1, t * hq * d * 4)))
     if num_splits is not None:
         max_splits, min_split_tiles, target = max(1, int(num_splits)), 1, 1 << 30
     split = max_splits > 1
@@ -183,7 +168,7 @@ def paged_prefill_lse(
         dst, dst_lse = out, lse
     kv_tiles = -(-width * page // bn)
     bound = (-(-t // tokens) + batch) * max_splits * hkv  # items: sum of token tiles <= T / tokens + B
-    programs = min(bound, (programs_per_sm or PROGRAMS_PER_SM) * sm_count(q.device))
+    programs = min(bound, plan.programs_per_sm * sm_count(q.device))
     launch(
         kern.paged_prefill,
         (programs,),
@@ -219,7 +204,7 @@ def paged_prefill_lse(
         HEAD_DIM=d,
         D_PAD=d_pad,
         BLOCK_N=bn,
-        B_PAD=seq_pad(batch),
+        B_PAD=seq_pad(batch, kn),
         CAUSAL=bool(is_causal),
         INTERPRET=interpret,
         MAX_TILES=kv_tiles if interpret else 0,
@@ -227,7 +212,8 @@ def paged_prefill_lse(
         UPCAST=interpret and q.dtype == torch.bfloat16,
         SPLIT=split,
         **qflags,
-        **config,
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
     )
     if split:
         launch(

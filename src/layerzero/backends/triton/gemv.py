@@ -34,10 +34,9 @@ KERNEL_ID = "triton.gemv"
 NORM_KERNEL_ID = "triton.rms_norm_linear"
 SWIGLU_KERNEL_ID = "triton.swiglu_linear"
 PRIORITY = 55
-"""Above torch_native.linear (50) for the 1-8 rows it takes, eagerly and in graphs (the default since
-2026-11-25: faster in the engine on the H200, batch 1 and throughput; see
-``benchmarks/results/knobs/triton_gemv.md``). Measured on Hopper only: on another GPU ``lz.tune`` compares it
-with cuBLAS."""
+"""Above torch_native.linear (50) for the 1-8 rows it takes, eagerly and in graphs: faster in the engine on
+the H200, batch 1 and throughput (``benchmarks/results/knobs/triton_gemv.md``). Measured on Hopper only: on
+another GPU ``lz.tune`` compares it with cuBLAS."""
 HALF = frozenset({torch.float16, torch.bfloat16})
 KNOBS = "triton.gemv"
 """The name :class:`GemvKnobs` is registered under (``layerzero.core.knobs``)."""

@@ -7,8 +7,8 @@ kernel does).
 
 Status: correct under the Triton interpreter (CPU tests against the float32 reference and a float64 oracle)
 and on an H200 (``tests/gpu/test_gpu_quantized_linear.py``, the int4 decode kernel included). The default for
-int8 and fp8 e4m3 weights, and for int4 at decode rows (:data:`INT4_MEASURED_FASTER`), on Hopper and newer
-(:func:`priority_for`: measured there); opt in elsewhere (:data:`PRIORITY` below
+int8 and fp8 e4m3 weights, and for int4 at decode rows (``QuantizedLinearKnobs.int4_measured_faster``), on
+Hopper and newer (:func:`priority_for`: measured there); opt in elsewhere (:data:`PRIORITY` below
 ``torch_native.quantized_linear``): ``lz.lock("quantized_linear",
 "triton.quantized_linear")``. The engine's ``LLM(quantization=...)`` calls ``lz.quantized_linear``, so the
 default or a lock reaches it.
@@ -22,11 +22,14 @@ parameters that no kernel of a forward writes (``_gdc_kernels.py`` says when tha
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from layerzero.core import knobs
 from layerzero.core.context import SelectionContext
+from layerzero.core.knobs import check_types, require
 from layerzero.core.quant_format import QuantFormat
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
@@ -41,7 +44,7 @@ PRIORITY = 40
 MEASURED_PRIORITY = 55
 MEASURED_FASTER = frozenset({QuantFormat.INT8.value, QuantFormat.FP8_E4M3.value})
 """Weight formats the engine ran faster with this kernel than with dequantize + cuBLAS on an H200 (int4:
-:data:`INT4_MEASURED_FASTER`; fp8 e5m2 was not measured and stays opt in). Numbers:
+``QuantizedLinearKnobs.int4_measured_faster``; fp8 e5m2 was not measured and stays opt in). Numbers:
 benchmarks/results/history.md."""
 MEASURED_SM_MIN = (9, 0)
 """Where those measurements ran (Hopper); older GPUs keep :data:`PRIORITY` until measured (``lz.tune``)."""
@@ -51,57 +54,74 @@ MIN_GROUP = 16
 tiles are powers of two)."""
 FP8_SM_MIN = (8, 9)
 """Triton converts float8 e4m3 / e5m2 on SM >= 8.9 (Ada, Hopper)."""
-ROWS_MAX = 8
-"""Rows up to which the row kernels (float32 multiply-adds, small column tiles) run instead of ``tl.dot``
-tiles."""
 _KERNELS = LazyModule("_qgemm_kernels")
 _INT4_KERNELS = LazyModule("_qgemv_int4_kernels")
+KNOBS = "triton.quantized_linear"
+"""The name :class:`QuantizedLinearKnobs` is registered under (``layerzero.core.knobs``)."""
+_WARPS = (1, 2, 4, 8, 16, 32)
 
-# ----------------------------------------------------------- int4 decode kernel (_qgemv_int4): knobs for A/Bs
-INT4_DECODE = True
-"""Run int4 weights at up to :data:`INT4_ROWS_MAX` rows through ``_qgemv_int4`` (each packed byte read once,
-the slab before the PDL wait); False restores ``_qgemv_rows`` for them (A/B benchmarks:
-``benchmarks/bench_int4_gemv.py``; numbers at :data:`INT4_MEASURED_FASTER`)."""
-INT4_ROWS_MAX = ROWS_MAX
-"""Most rows ``_qgemv_int4`` takes (its float32 multiply-adds grow with the rows, the decode does not); more
-rows take ``_qgemm``'s ``tl.dot`` tiles. At 8 rows on the H200 it was within 0.91-1.24x of the old row kernel
-(QKV faster, o / down slower) and 2.2-6.3x faster than dequantize + cuBLAS
-(``bench_int4_gemv.py --rows 1,2,4,8``)."""
-INT4_CHUNK_K = 4096
-"""Longest K (codes per row, 2048 bytes) whose whole rows one program holds in registers (the slab mode: every
-load issued before the PDL wait); longer rows loop over chunks of this many codes, the next chunk's loads in
-flight during the current chunk's math. A power of two."""
-INT4_CONFIGS: tuple[tuple[int, int, int], ...] = (
-    (1024, 8192, 2),  # Qwen3-0.6B QKV (4096 x 1024), gate/up (6144 x 1024): BN 8
-    (2048, 8192, 2),  # attention output (1024 x 2048): BN 4
-    (4096, 12288, 2),  # MLP down (1024 x 3072): BN 4 (24 groups of 128 as 16 + 8)
-)
-"""``(K at most, slab codes, warps)`` of ``_qgemv_int4``: the first row whose K bound holds (longer K:
-:data:`INT4_LOOP_CONFIG`). A program owns ``BN`` output columns, the largest power of two (1 ..
-:data:`INT4_BN_MAX`) whose ``BN x`` (codes held per row) fits the slab. Chosen from the compiled code, not
-swept on a GPU (``nvdisasm`` of sm_90 builds): ~128-192 codes per thread keep every value in registers
-(128-168 of them, no spills) and give each thread several output columns, so that x's elements, converted to
-float32 once per thread, serve all of them; 2 warps, as ``triton.gemv``'s prefetch kernel (measured there).
-Timed on an H200 with these configs (:data:`INT4_MEASURED_FASTER`); ``bench_int4_gemv.py --grid`` sweeps
-them."""
-INT4_LOOP_CONFIG = (8192, 4)
-"""``(slab codes, warps)`` of ``_qgemv_int4`` for K beyond the last :data:`INT4_CONFIGS` bound (the loop mode
-when K > :data:`INT4_CHUNK_K`: BN = slab / INT4_CHUNK_K columns per program; 4 warps keep the two chunks in
-flight in registers, ~100-140 of them)."""
-INT4_BY_SHAPE: dict[tuple[int, int], tuple[int, int]] = {}
-"""``(N, K)`` of a weight -> ``(slab codes, warps)`` in place of :data:`INT4_CONFIGS` (per-projection A/Bs;
-empty by default)."""
-INT4_BN_MAX = 16
-"""Most output columns per program of ``_qgemv_int4``."""
-INT4_MEASURED_FASTER = True
-""":func:`priority_for` makes this kernel the default for int4 weights at up to :data:`INT4_ROWS_MAX` rows
-(decode) on SM >= :data:`MEASURED_SM_MIN` GPUs, as :data:`MEASURED_FASTER` does for int8 / fp8 e4m3. Measured
-on an H200 (``benchmarks/bench_int4_gemv.py``, ``benchmarks/results/int4_gemv_h200.md``: 28-layer norm ->
-linear graphs of Qwen3-0.6B's four projections, L2 flushed, groups of 128): at 1 row ``_qgemv_int4`` 3.0-4.2
-µs a projection against 7.9-15.9 for the old row kernel and 48-82 for dequantize + cuBLAS (the default
-before), at 8 rows 9.9-19.3 against 12.4-18.2 and 41-82; against bf16 ``triton.gemv`` 1.19x / 1.27x faster for
-QKV / gate-up at 1 row, 0.70-0.74x for the o / down projections. False: int4 stays on dequantize + cuBLAS
-unless locked. Read at selection time."""
+
+@dataclass(frozen=True, slots=True)
+class QuantizedLinearKnobs:
+    """Tuning choices of ``triton.quantized_linear``, registered as ``"triton.quantized_linear"``: which
+    kernel takes which rows and the int4 decode kernel's (``_qgemv_int4``) launch configs; read once per call
+    (:func:`config`) and by selection (:func:`priority_for`). Measurements:
+    ``benchmarks/results/knobs/triton_quantized_linear.md``. Raises ``ConfigurationError`` for a field of the
+    wrong type or out of range."""
+
+    rows_max: int = 8
+    """Rows up to which the row kernel ``_qgemv_rows`` (float32 multiply-adds, small column tiles) runs
+    instead of ``tl.dot`` tiles, where ``_qgemv_int4`` does not: decode's rows."""
+    int4_decode: bool = True
+    """Run int4 weights at up to ``int4_rows_max`` rows through ``_qgemv_int4`` (each packed byte read once,
+    the slab before the PDL wait); False: ``_qgemv_rows`` for them (A/Bs:
+    ``benchmarks/bench_int4_gemv.py``)."""
+    int4_rows_max: int = 8
+    """Most rows ``_qgemv_int4`` takes (its float32 multiply-adds grow with the rows); more take ``tl.dot``
+    tiles. At 8 rows still 2.2-6.3x faster than dequantize + cuBLAS on the H200."""
+    int4_chunk_k: int = 4096
+    """Longest K (codes a row, a power of two) whose whole rows a program holds in registers (the slab mode,
+    every load before the PDL wait); longer rows loop over chunks of this many codes."""
+    int4_configs: tuple[tuple[int, int, int], ...] = (
+        (1024, 8192, 2),  # Qwen3-0.6B QKV (4096 x 1024), gate/up (6144 x 1024): BN 8
+        (2048, 8192, 2),  # attention output (1024 x 2048): BN 4
+        (4096, 12288, 2),  # MLP down (1024 x 3072): BN 4 (24 groups of 128 as 16 + 8)
+    )
+    """``(K at most, slab codes, warps)`` rows of ``_qgemv_int4``, the first whose K bound holds: ~128-192
+    codes a thread keep every value in registers (chosen from sm_90 code, ``bench_int4_gemv.py --grid``)."""
+    int4_loop_config: tuple[int, int] = (8192, 4)
+    """``(slab codes, warps)`` for K beyond the last ``int4_configs`` bound (the loop mode): 4 warps keep two
+    chunks in flight in registers."""
+    int4_by_shape: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = ()
+    """``((N, K), (slab codes, warps))`` pairs: a weight's own config in place of ``int4_configs``
+    (per-projection A/Bs; empty by default)."""
+    int4_bn_max: int = 16
+    """Most output columns a ``_qgemv_int4`` program owns (a power of two)."""
+    int4_measured_faster: bool = True
+    """:func:`priority_for` makes this kernel the default for int4 weights at up to ``int4_rows_max`` rows on
+    SM >= :data:`MEASURED_SM_MIN` (measured faster there than dequantize + cuBLAS); False: opt in."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("rows_max", "int4_rows_max"):
+            require(getattr(self, name) >= 1, self, name, "an int >= 1")
+        for name in ("int4_chunk_k", "int4_bn_max"):
+            value = getattr(self, name)
+            require(value >= 1 and next_pow2(value) == value, self, name, "a power of two >= 1")
+        for name, configs in (
+            ("int4_configs", [cfg[1:] for cfg in self.int4_configs]),
+            ("int4_loop_config", [self.int4_loop_config]),
+            ("int4_by_shape", [cfg for _, cfg in self.int4_by_shape]),
+        ):
+            require(
+                all(slab >= 1 and warps in _WARPS for slab, warps in configs),
+                self,
+                name,
+                "(slab codes >= 1, warps a power of two in [1, 32]) configs",
+            )
+
+
+knobs.register(KNOBS, QuantizedLinearKnobs())
 
 
 def _prev_pow2(n: int) -> int:
@@ -109,31 +129,34 @@ def _prev_pow2(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
-def int4_decode_applies(m: int, group: int) -> bool:
+def int4_decode_applies(m: int, group: int, kn: QuantizedLinearKnobs | None = None) -> bool:
     """Whether ``_qgemv_int4`` takes ``m`` rows (M) of an int4 weight in groups of ``group`` elements along K
-    (:data:`INT4_DECODE` on, ``m <= INT4_ROWS_MAX``, a power-of-two group of at least 2). Raises nothing."""
-    return INT4_DECODE and m <= INT4_ROWS_MAX and group >= 2 and group & (group - 1) == 0
+    (the knobs' ``int4_decode`` on, ``m <= int4_rows_max``, a power-of-two group of at least 2; ``kn``: the
+    knobs, default those in force). Raises nothing."""
+    kn = kn or knobs.get(KNOBS)
+    return kn.int4_decode and m <= kn.int4_rows_max and group >= 2 and group & (group - 1) == 0
 
 
-def int4_config(m: int, n: int, k: int, group: int) -> dict[str, Any]:
+def int4_config(m: int, n: int, k: int, group: int, kn: QuantizedLinearKnobs | None = None) -> dict[str, Any]:
     """Launch meta-parameters of ``_qgemv_int4`` (Marlin-style int4 decode GEMV, ``_qgemv_int4_kernels.py``)
     for ``m`` rows (M) of an int4 ``[n, k]`` weight (N out_features, K in_features) in groups of ``group`` (a
     power of two dividing K): ``{"kernel": "int4", "NG": K / group groups per row, "GH": group / 2 bytes per
     group, "NGA", "NGB": the groups held at once in one or two power-of-two parts (the slab mode when NGA +
     NGB >= NG, else chunks of NGA groups), "BM": M padded to a power of two, "BN": columns per program,
-    "num_warps"}`` from :data:`INT4_CONFIGS`, :data:`INT4_LOOP_CONFIG` and :data:`INT4_BY_SHAPE`. Raises
-    nothing (a new dict per call)."""
+    "num_warps"}`` from the knobs' ``int4_configs``, ``int4_loop_config`` and ``int4_by_shape`` (``kn``,
+    default those in force). Raises nothing (a new dict per call)."""
+    kn = kn or knobs.get(KNOBS)
     ng = k // group
-    most = max(1, INT4_CHUNK_K // group)  # groups held at once
+    most = max(1, kn.int4_chunk_k // group)  # groups held at once
     if ng <= most:
         nga = _prev_pow2(ng)
         ngb = next_pow2(ng - nga) if ng > nga else 0
     else:
         nga, ngb = most, 0
-    slab, warps = next(((s, w) for kmax, s, w in INT4_CONFIGS if k <= kmax), INT4_LOOP_CONFIG)
-    if INT4_BY_SHAPE:  # A/B overrides only: nothing to look up on the usual call
-        slab, warps = INT4_BY_SHAPE.get((n, k), (slab, warps))
-    bn = _prev_pow2(max(1, min(INT4_BN_MAX, slab // ((nga + ngb) * group))))
+    slab, warps = next(((s, w) for kmax, s, w in kn.int4_configs if k <= kmax), kn.int4_loop_config)
+    if kn.int4_by_shape:  # A/B overrides only: nothing to look up on the usual call
+        slab, warps = dict(kn.int4_by_shape).get((n, k), (slab, warps))
+    bn = _prev_pow2(max(1, min(kn.int4_bn_max, slab // ((nga + ngb) * group))))
     return {
         "kernel": "int4",
         "NG": ng,
@@ -146,17 +169,21 @@ def int4_config(m: int, n: int, k: int, group: int) -> dict[str, Any]:
     }
 
 
-def config(m: int, n: int, k: int, group: int | None) -> dict[str, Any]:
+def config(
+    m: int, n: int, k: int, group: int | None, kn: QuantizedLinearKnobs | None = None
+) -> dict[str, Any]:
     """Kernel (``"int4"``, ``"rows"`` or ``"dot"``) and tiles for ``m`` rows of a ``[n, k]`` weight
-    (``group``: the int4 group size, None for int8 / fp8). int4 where :func:`int4_decode_applies`:
-    ``_qgemv_int4`` (:func:`int4_config`). Else up to :data:`ROWS_MAX` rows the row kernel ``_qgemv_rows``
-    (decode): ``BM`` the rows padded to a power of two, 4 output columns per program (2 for long K, as
-    ``triton.gemv``: N / BN programs keep the loads in flight even for N = 1024), K tiles of 512 (the int4
-    group size when smaller). More rows: ``_qgemm``'s ``tl.dot`` tiles of 16 rows (up to 16) or 64, 64
-    columns, K tiles of 64 (the group size when smaller). A K tile never straddles an int4 group."""
-    if group is not None and int4_decode_applies(m, group):
-        return int4_config(m, n, k, group)
-    if m <= ROWS_MAX:
+    (``group``: the int4 group size, None for int8 / fp8; ``kn``: the knobs, default those in force, read
+    once). int4 where :func:`int4_decode_applies`: ``_qgemv_int4`` (:func:`int4_config`). Else up to the
+    knobs' ``rows_max`` rows the row kernel ``_qgemv_rows`` (decode): ``BM`` the rows padded to a power of
+    two, 4 output columns per program (2 for long K, as ``triton.gemv``: N / BN programs keep the loads in
+    flight even for N = 1024), K tiles of 512 (the int4 group size when smaller). More rows: ``_qgemm``'s
+    ``tl.dot`` tiles of 16 rows (up to 16) or 64, 64 columns, K tiles of 64 (the group size when smaller). A K
+    tile never straddles an int4 group."""
+    kn = kn or knobs.get(KNOBS)
+    if group is not None and int4_decode_applies(m, group, kn):
+        return int4_config(m, n, k, group, kn)
+    if m <= kn.rows_max:
         bk = 512 if group is None else min(group, 512)
         return {
             "kernel": "rows",
@@ -172,8 +199,9 @@ def config(m: int, n: int, k: int, group: int | None) -> dict[str, Any]:
 def quantized_linear(x: torch.Tensor, qt: Any, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ dequantize(qt).T + bias`` without a float copy of the weight (Marlin's / vLLM's weight-only
     GEMMs: codes decoded in registers; int4 in GPTQ / AWQ's asymmetric layout as ``lz.quantize`` packs it).
-    Kernel by :func:`config`: int4 at up to :data:`INT4_ROWS_MAX` rows ``_qgemv_int4`` (PDL-launched in CUDA
-    graphs on SM >= 9.0), int8 / fp8 up to :data:`ROWS_MAX` rows ``_qgemv_rows``, more rows ``_qgemm``'s
+    Kernel by :func:`config`: int4 at up to ``int4_rows_max`` rows ``_qgemv_int4`` (PDL-launched in CUDA
+    graphs on SM >= 9.0), int8 / fp8 up to ``rows_max`` rows ``_qgemv_rows`` (:class:`QuantizedLinearKnobs`),
+    more rows ``_qgemm``'s
     ``tl.dot`` tiles.
 
     Args:
@@ -262,18 +290,19 @@ def _check(ctx: SelectionContext) -> list[Reason]:
 
 def priority_for(ctx: SelectionContext) -> int | None:
     """:data:`MEASURED_PRIORITY` (above the dequantize-then-GEMM default) for the weight formats measured
-    faster, on the GPUs they were measured on: :data:`MEASURED_FASTER`, and int4 at up to
-    :data:`INT4_ROWS_MAX` rows once :data:`INT4_MEASURED_FASTER` is set; None (:data:`PRIORITY`) elsewhere."""
+    faster, on the GPUs they were measured on: :data:`MEASURED_FASTER`, and int4 at up to the knobs'
+    ``int4_rows_max`` rows while ``int4_measured_faster`` is set; None (:data:`PRIORITY`) elsewhere."""
     sm = ctx.device.sm if ctx.device is not None else None
     if sm is None or tuple(sm) < MEASURED_SM_MIN:
         return None
     if ctx.quant_format in MEASURED_FASTER:
         return MEASURED_PRIORITY
+    kn = knobs.get(KNOBS)
     if (
-        INT4_MEASURED_FASTER
+        kn.int4_measured_faster
         and ctx.quant_format == QuantFormat.INT4.value
         and ctx.batch is not None
-        and ctx.batch <= INT4_ROWS_MAX
+        and ctx.batch <= kn.int4_rows_max
     ):
         return MEASURED_PRIORITY
     return None

@@ -16,10 +16,13 @@ Graph safety: no host synchronization (the position gather happens inside the ke
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from layerzero.core import knobs
+from layerzero.core.knobs import check_types, require
 from layerzero.core.specs import KernelSpec, Layout
 
 from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, next_pow2
@@ -34,10 +37,40 @@ elementwise launches in the input dtype) and liger (40): fastest of the three on
 4096-token prefill shapes (benchmarks/results/norm_rope_h200.md; qk_norm_rope_cache:
 benchmarks/results/history.md)."""
 MAX_HEAD_DIM = 1024
-BLOCK_H_MAX = 4
-"""Most heads one program rotates (a power of two; fewer when a head's tile is large). 4: the fastest batch-1
-decode graph of the values tried (benchmarks/results/history.md)."""
+KNOBS = "triton.rope"
+"""The name :class:`RopeKnobs` is registered under (``layerzero.core.knobs``)."""
 _KERNELS = LazyModule("_rope_kernels")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeKnobs:
+    """Tuning choices of ``triton.rope`` / ``triton.qk_norm_rope`` / ``triton.qk_norm_rope_cache``, registered
+    as ``"triton.rope"``; read once per launch (:func:`block_h_for`). Raises ``ConfigurationError`` for a
+    field of the wrong type or out of range."""
+
+    block_h_max: int = 4
+    """Most heads one program rotates (a power of two; fewer when a head's tile is large): 4 made the
+    engine's batch-1 decode graph fastest of 1-16 (``benchmarks/results/knobs/triton_rope.md``)."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        bh = self.block_h_max
+        require(bh >= 1 and next_pow2(bh) == bh, self, "block_h_max", "a power of two >= 1")
+
+
+knobs.register(KNOBS, RopeKnobs())
+
+
+def block_h_for(hq: int, hk: int, per_head: int, kn: RopeKnobs | None = None) -> int:
+    """Heads one program rotates (a power of two): at most the knobs' ``block_h_max`` (``kn``, default those
+    in force), the larger head count's next power of two, and about 2048 tile elements over ``per_head`` (the
+    elements of one head's tile). Pure arithmetic: raises nothing.
+
+    >>> block_h_for(16, 8, 128), block_h_for(2, 1, 128), block_h_for(16, 8, 2048)
+    (4, 2, 1)
+    """
+    bh_max = (kn or knobs.get(KNOBS)).block_h_max
+    return min(next_pow2(max(hq, hk)), bh_max, max(1, next_pow2(2048 // per_head + 1) // 2))
 
 
 def _bhsd_strides(t: torch.Tensor, bshd: bool) -> tuple[int, int, int, int]:
@@ -208,9 +241,7 @@ def _launch(
     block_half = next_pow2(r // 2)
     block_pass = next_pow2(d - r) if d > r else 0
     per_head = block_half * 2 + block_pass  # elements of one head in the tile
-    block_h = min(
-        next_pow2(max(hq, hk)), BLOCK_H_MAX, max(1, next_pow2(2048 // per_head + 1) // 2)
-    )  # power of 2
+    block_h = block_h_for(hq, hk, per_head)
     grid = (b * s, cdiv(hq, block_h) + cdiv(hk, block_h))
     norm = q_weight is not None
     launch(
