@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .custom_constraints import config_error as _bad
-from .opdef import defined
+from .errors import UnknownOperationError
+from .opdef import defined, get
 
 log = logging.getLogger("layerzero.custom")
 
@@ -33,10 +34,10 @@ class _CanonicalArgs(Mapping[str, tuple[str, ...]]):
     (:attr:`layerzero.core.opdef.OpDef.canonical_args`; an op defined later appears here then)."""
 
     def __getitem__(self, op: str) -> tuple[str, ...]:
-        for d in defined():
-            if d.name == op:
-                return d.canonical_args
-        raise KeyError(op)
+        try:
+            return get(op).canonical_args  # the registry's dict, not a scan of every definition
+        except UnknownOperationError:
+            raise KeyError(op) from None
 
     def __iter__(self) -> Iterator[str]:
         return iter([d.name for d in defined()])
