@@ -82,21 +82,24 @@ def invalid_input(exc: Exception, rename: dict[str, str] | None = None) -> OpenA
 def _validation_error(errors: list[dict[str, Any]]) -> OpenAIError:
     """FastAPI's ``RequestValidationError`` (pydantic's errors) as OpenAI's 400: the first error decides."""
     err = errors[0] if errors else {"type": "unknown", "loc": (), "msg": "invalid request"}
-    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    loc = [x for x in err.get("loc", ()) if x != "body"]
     kind = err.get("type", "")
     if kind == "json_invalid":
         return OpenAIError(400, f"Invalid JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}")
+    # pydantic names the member of a union that failed ("str", "list[int]", "function-after[...]"): drop it
+    path = [
+        x
+        for x in loc
+        if isinstance(x, int) or not re.match(r"^(list|str|int|dict|float|bool)\b|^function-", x)
+    ]
+    field = ".".join(f"[{x}]" if isinstance(x, int) else str(x) for x in path)
     if kind == "extra_forbidden":
-        field = ".".join(loc)
         return OpenAIError(400, f"Unrecognized request argument supplied: {field}", param=field)
-    if kind == "missing" and loc:
-        return OpenAIError(400, f"Missing required parameter: '{'.'.join(loc)}'.", param=".".join(loc))
-    # pydantic lists one error per member of a union: keep the field path, drop the member's type name
-    path = [x for x in loc if not re.match(r"^(list|str|int|dict|float|bool)\b|^function-", x)]
-    if not path:
+    if kind == "missing" and field:
+        return OpenAIError(400, f"Missing required parameter: '{field}'.", param=field)
+    if not field:
         return OpenAIError(400, f"Invalid request body: {err.get('msg')}; expected a JSON object.")
-    field = path[0] if not path[1:] else ".".join(path)
-    return OpenAIError(400, f"Invalid value for '{field}': {err.get('msg')}.", param=path[0])
+    return OpenAIError(400, f"Invalid value for '{field}': {err.get('msg')}.", param=field)
 
 
 def install_handlers(app: Any) -> None:
