@@ -10,9 +10,8 @@ From the engine core's stats (read at scrape time, ``AsyncLLM.get_stats()``): ga
 ``layerzero:request_success_total{finished_reason}`` (one per finished completion: stop, length, abort,
 error), histograms ``layerzero:time_to_first_token_seconds``, ``layerzero:inter_token_latency_seconds`` (per
 output delta after the first, divided over its tokens), ``layerzero:e2e_request_latency_seconds`` and
-``layerzero:request_queue_time_seconds`` (observed when the engine's output carries ``queue_time``). Plus
-LayerZero's dispatch counters (``layerzero_kernel_calls_total{op,kernel}``, ...; ``layerzero.telemetry``:
-recorded in this process when telemetry is enabled).
+``layerzero:request_queue_time_seconds`` (observed when the engine's output carries ``queue_time``). The
+kernels serve through ``GET /v1/layerzero/kernels`` (the engine core's report: its process runs them).
 """
 
 from __future__ import annotations
@@ -94,12 +93,6 @@ class ServerMetrics:
             "layerzero:request_queue_time_seconds", "Time waiting to be scheduled.", lab, buckets=_E2E,
             registry=reg,
         ).labels(model)  # fmt: skip
-        try:
-            import layerzero.telemetry as lzt
-
-            reg.register(lzt.collector())
-        except Exception:  # the dispatch counters are optional: the server's own metrics stand alone
-            pass
 
     def update(self, stats: Any) -> None:
         """Keep the engine's latest stats for the next scrape."""
