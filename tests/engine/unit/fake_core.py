@@ -73,7 +73,11 @@ class FakeEngineCore:
             rid = next(iter(self.waiting))
             req = self.waiting.pop(rid)
             n = req.sampling_params.n
-            self.running[rid] = {"req": req, "t": {i: 0 for i in range(n)}, "done": {i: False for i in range(n)}}
+            self.running[rid] = {
+                "req": req,
+                "t": {i: 0 for i in range(n)},
+                "done": {i: False for i in range(n)},
+            }
             self.prompt_tokens += len(req.prompt_token_ids)
         outs = []
         for rid, st in list(self.running.items()):
@@ -125,7 +129,7 @@ class FakeEngineCore:
 
 
 class SlowFakeEngineCore(FakeEngineCore):
-    step_s = 0.02
+    step_s = 0.004
 
 
 class CrashingFakeEngineCore(FakeEngineCore):
@@ -140,3 +144,64 @@ class FailingFakeEngineCore(FakeEngineCore):
 class BrokenFakeEngineCore(FakeEngineCore):
     def __init__(self, config) -> None:
         raise OSError("fake core: no such device")
+
+
+class ProcessedOutputs:
+    def __init__(self, request_outputs, aborts):
+        self.request_outputs, self.aborts = request_outputs, aborts
+
+
+class TokenOutputProcessor:
+    """A stand-in for the front end's ``OutputProcessor`` (deltas only; each token decoded alone; no stop
+    strings) until the real one is on this branch."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.reqs: dict[str, dict] = {}
+
+    def add_request(self, request_id, prompt, prompt_token_ids, params, *, output_kind="cumulative") -> None:
+        self.reqs[request_id] = {"prompt": prompt, "ids": prompt_token_ids, "left": set(range(params.n))}
+
+    def process_outputs(self, outputs):
+        from layerzero.engine import CompletionOutput, RequestOutput
+
+        by_req: dict[str, list] = {}
+        for o in outputs:
+            if o.request_id in self.reqs:
+                by_req.setdefault(o.request_id, []).append(o)
+        res = []
+        for rid, outs in by_req.items():
+            st = self.reqs[rid]
+            comps = []
+            for o in outs:
+                text = self.tokenizer.decode(o.new_token_ids) if self.tokenizer is not None else ""
+                comps.append(
+                    CompletionOutput(
+                        o.index,
+                        text,
+                        list(o.new_token_ids),
+                        o.cumulative_logprob,
+                        o.new_logprobs,
+                        o.finish_reason,
+                        o.stop_reason,
+                    )
+                )
+                if o.finished:
+                    st["left"].discard(o.index)
+            done = not st["left"]
+            if done:
+                del self.reqs[rid]
+            res.append(RequestOutput(rid, st["prompt"], st["ids"], comps, done))
+        return ProcessedOutputs(res, [])
+
+    def abort_request(self, request_id):
+        from layerzero.engine import CompletionOutput, RequestOutput
+
+        st = self.reqs.pop(request_id, None)
+        if st is None:
+            return None
+        comps = [CompletionOutput(i, "", [], finish_reason="abort") for i in sorted(st["left"])]
+        return RequestOutput(request_id, st["prompt"], st["ids"], comps, True)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.reqs)
