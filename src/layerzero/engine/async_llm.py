@@ -134,9 +134,9 @@ class AsyncLLM:
         self._client = MPClient(
             config, core_factory=_core_factory, on_outputs=self._on_outputs, on_dead=self._on_dead
         )
-        try:  # the core has loaded the model; the tokenizer next (cheap beside it)
+        try:  # the tokenizer loads while the core process starts
             self.tokenizer = load_tokenizer(config.model)
-            info = self._client.info
+            info = self._client.wait_ready()
             self.max_model_len: int = info.get("max_model_len") or (
                 config.max_model_len or self.model_config.max_position_embeddings
             )

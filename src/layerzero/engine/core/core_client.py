@@ -66,10 +66,10 @@ def remote_error(error_type: str, message: str, what: str) -> Exception:
 
 
 class MPClient:
-    """Starts the engine core process for ``config`` (an :class:`~layerzero.engine.EngineConfig`) and waits
-    for its handshake. ``core_factory``: ``module:attribute`` of the core class the child builds (None: the
-    real :class:`EngineCore`; tests pass a fake). ``info``: the handshake (``max_model_len``,
-    ``num_kv_blocks``, ``pid``).
+    """Starts the engine core process for ``config`` (an :class:`~layerzero.engine.EngineConfig`);
+    :meth:`wait_ready` waits for its handshake. ``core_factory``: ``module:attribute`` of the core class the
+    child builds (None: the real :class:`EngineCore`; tests pass a fake). ``info``: the handshake
+    (``max_model_len``, ``num_kv_blocks``, ``pid``).
 
     Raises:
         ConfigurationError: the core rejected the options (as ``LLM`` would).
@@ -119,7 +119,15 @@ class MPClient:
             exitpriority=100,
         )
         self.proc.start()
-        self.info = self._handshake(startup_timeout)
+        self.info: dict[str, Any] = {}
+        self._startup_timeout = startup_timeout
+
+    def wait_ready(self) -> dict[str, Any]:
+        """Wait for the core's handshake (the caller may do other work between starting the client and
+        this); returns :attr:`info`. Raises: as the class says (the process is then stopped)."""
+        if not self.info:
+            self.info = self._handshake(self._startup_timeout)
+        return self.info
 
     def _bind(self, sock: Any, name: str) -> str:
         if self._zmq.has("ipc"):
@@ -167,9 +175,9 @@ class MPClient:
         Raises:
             EngineDeadError: the core is gone. RuntimeError: the previous loop still runs.
         """
+        self.check_alive()
         if loop is self._loop:
             return
-        self.check_alive()
         old = self._loop
         if old is not None:
             if old.is_running():
