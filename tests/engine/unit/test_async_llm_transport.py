@@ -299,3 +299,26 @@ def test_engine_moves_to_a_new_loop(engine):
     assert tokens(outs) == [fake_token([1, 2], 0, t) for t in range(4)]
     outs = asyncio.run(collect(engine, [1, 3], SamplingParams(max_tokens=4), "third-loop"))
     assert tokens(outs) == [fake_token([1, 3], 0, t) for t in range(4)]
+
+
+def test_async_llm_takes_every_llm_option():
+    import dataclasses
+    import inspect
+
+    from layerzero.engine import LLM, EngineConfig
+
+    options = {n for n, p in inspect.signature(LLM).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    assert options and options <= {f.name for f in dataclasses.fields(EngineConfig)}
+
+
+def test_importing_the_engine_imports_no_transport():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, layerzero.engine\n"
+        "from layerzero.engine import AsyncLLM, EngineDeadError\n"
+        "print(sorted(m for m in ('zmq', 'msgpack') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -10,6 +10,7 @@ it). New requests therefore join the running batch at the next step. Messages ar
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import multiprocessing
@@ -145,6 +146,16 @@ class EngineCoreProc:
             return serial.encode(UtilityResult(call.call_id, error_type=type(exc).__name__, error=str(exc)))
 
 
+def _freeze_gc(config: Any, core: Any) -> None:
+    """``freeze_gc`` (see ``LLM``) for the core process: everything alive once the core is built moves to the
+    permanent generation (None: on for CUDA devices)."""
+    device = getattr(core, "device", None)
+    on = config.freeze_gc if config.freeze_gc is not None else getattr(device, "type", None) == "cuda"
+    if on:
+        gc.collect()
+        gc.freeze()
+
+
 def _sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
@@ -169,7 +180,9 @@ def run_engine_core(config: bytes, input_address: str, output_address: str, core
     parent = multiprocessing.parent_process()
     core, code = None, 0
     try:
-        core = _load(core_factory or DEFAULT_CORE)(serial.decode_config(config))
+        ec = serial.decode_config(config)
+        core = _load(core_factory or DEFAULT_CORE)(ec)
+        _freeze_gc(ec, core)
         info = {
             "max_model_len": getattr(core, "max_model_len", None),
             "num_kv_blocks": getattr(core, "num_kv_blocks", None),
