@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.layerzero-installed
 
-.PHONY: demo test install bench fuzz lint clean
+.PHONY: demo test install bench bench-serve fuzz lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_dispatch.py
+
+# `make bench-serve`: `layerzero serve` on the CPU benchmark checkpoint, `layerzero bench-serve` at rates 1, 4, 16,
+# 64 and inf against it, and LLM.generate on the same requests (benchmarks/serving/README.md; BENCH_SERVE_OUT=DIR)
+BENCH_SERVE_OUT ?= /tmp/layerzero-bench-serve-cpu
+bench-serve: $(STAMP)
+	$(PY) benchmarks/serving/serve_and_bench.py --scale cpu --offline --out $(BENCH_SERVE_OUT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks fuzz tools

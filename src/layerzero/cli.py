@@ -3,8 +3,8 @@
 
 ``layerzero explain attention --batch 2 --heads 32 --kv-heads 8 --seq 1024 --head-dim 128 --dtype bfloat16
 --causal`` builds tensors of that shape (on ``--device``, default cpu) and prints the selection table. The
-engine's commands: ``generate`` (stream one completion from a checkpoint) and ``bench-engine``, in
-``layerzero.cli_engine``.
+engine's commands: ``generate`` (prompts through the engine as one batch), ``serve`` (the OpenAI-compatible
+server), ``bench-engine`` and ``bench-serve``, in ``layerzero.cli_engine``.
 
 Every LayerZero error (``ConfigurationError``: a bad option or checkpoint; ``InvalidInputError``: a bad prompt
 or sampling parameter) prints ``layerzero: error: <message>`` to stderr and exits 2, as argparse does for bad
@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--no-progress", action="store_true")
     tu.add_argument("--json", action="store_true")
     tu.set_defaults(fn=_cmd_tune)
-    add_engine_parsers(sub)  # generate, bench-engine (cli_engine.py)
+    add_engine_parsers(sub)  # generate, serve, bench-engine, bench-serve (cli_engine.py)
     dm = sub.add_parser("demo", help="run tiny Transformers models stock vs LayerZero and compare")
     dm.add_argument("rest", nargs=argparse.REMAINDER)
     dm.set_defaults(fn=_cmd_demo)

@@ -1,27 +1,116 @@
-"""The engine's subcommands of the ``layerzero`` command line: ``generate`` (stream one completion from a
-checkpoint with the serving engine) and ``bench-engine`` (nano-vllm's throughput benchmark, or the
-prefix-caching workload). :func:`add_parsers` adds them to ``layerzero.cli``'s parser.
+"""The engine's subcommands of the ``layerzero`` command line: ``generate`` (run prompts through the serving
+engine as one batch), ``serve`` (the OpenAI-compatible server), ``bench-engine`` (nano-vllm's throughput
+benchmark, or the prefix-caching workload) and ``bench-serve`` (vLLM's online benchmark against any
+OpenAI-compatible server). :func:`add_parsers` adds them to ``layerzero.cli``'s parser;
+:func:`add_engine_args` and :func:`engine_kwargs` are the engine flags ``generate`` and ``serve`` share (every
+``LLM`` option).
 
 Kept apart from the library's subcommands (``cli.py``: ``doctor``, ``explain``, ``tune``, ...): they are the
 only code outside the engine that imports it (DESIGN.md, "The engine"); the imports are inside the commands,
-so building the parser (``layerzero --help``, ``layerzero doctor``) does not import the engine.
+so building the parser (``layerzero --help``, ``layerzero doctor``) does not import the engine, and ``serve``
+adds the server's own flags (``layerzero.engine.entrypoints.openai.api_server.add_server_args``) only when it
+parses.
 
-``generate`` exits 1 when the request fails inside a step (the reason on stderr); LayerZero errors exit 2
+``generate`` exits 1 when a request fails inside a step (the reason on stderr); LayerZero errors exit 2
 (``layerzero.cli.main``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENGINE_DTYPES", "add_parsers"]
+__all__ = ["ENGINE_DTYPES", "ENGINE_KWARGS", "add_engine_args", "add_parsers", "engine_kwargs"]
 
 ENGINE_DTYPES = ("float32", "float16", "bfloat16")
 """``--dtype`` of the engine commands: the names of ``layerzero.engine.config.DTYPES`` (what
 ``LLM(dtype=...)`` accepts; float64 is not one: the engine's kernels and KV pool run in these)."""
+SCHEDULING_POLICIES = ("fcfs", "lpm", "priority")
+"""``--scheduling-policy``: ``layerzero.engine.config.SCHEDULING_POLICIES`` (a test keeps them equal)."""
+PREFIX_CACHES = ("radix", "hash")
+"""``--prefix-cache``: ``layerzero.engine.config.PREFIX_CACHES``."""
+QUANTIZATIONS = ("int8", "int4", "fp8", "fp8_w8a8")
+"""``--quantization``: ``layerzero.engine.config.QUANTIZATIONS``."""
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "int8")
+"""``--kv-cache-dtype``: the keys of ``layerzero.engine.config.KV_CACHE_DTYPES``."""
+
+ENGINE_KWARGS = (
+    "model",
+    "dtype",
+    "device",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "num_kv_blocks",
+    "kv_cache_memory_fraction",
+    "enable_prefix_caching",
+    "prefix_cache",
+    "scheduling_policy",
+    "enforce_eager",
+    "seed",
+    "cpu_kv_cache_bytes",
+    "quantization",
+    "kv_cache_dtype",
+    "async_scheduling",
+    "cascade_attention",
+    "freeze_gc",
+)
+"""The ``LLM`` / ``AsyncLLM`` keywords :func:`engine_kwargs` returns, each set by the flag ``--<name with
+dashes>``: every ``EngineConfig`` field but ``cuda_graph`` (a knob set, not a command-line value)."""
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per ``LLM`` option to ``parser`` (defaults: ``LLM``'s; see its docstring for each).
+
+    ``--model DIR`` is required; ``--dtype auto`` is ``dtype=None``; ``--enable-prefix-caching`` /
+    ``--no-enable-prefix-caching`` (default on); ``--async-scheduling``, ``--cascade-attention`` and
+    ``--freeze-gc`` have ``--no-`` forms and default to None (the engine decides by device). Values are
+    checked by ``EngineConfig`` when the engine is built (a ``ConfigurationError``: exit 2).
+    """
+    g = parser.add_argument_group("engine", "LLM(...) options (layerzero.engine.LLM; defaults are LLM's)")
+    g.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    g.add_argument("--dtype", choices=("auto", *ENGINE_DTYPES), default="auto", help="auto: bf16 on CUDA")
+    g.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: CUDA when available)")
+    g.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per sequence")
+    g.add_argument("--max-num-seqs", type=int, default=256, help="sequences running at once")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (8192)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size (default: from memory)")
+    g.add_argument(
+        "--kv-cache-memory-fraction", type=float, default=0.9, help="of free GPU memory for the KV pool"
+    )
+    g.add_argument("--cpu-kv-cache-bytes", type=int, default=1 << 30, help="KV pool bytes on the CPU (1 GiB)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--prefix-cache", choices=PREFIX_CACHES, default="radix")
+    g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs")
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="default: none")
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    g.add_argument("--seed", type=int, default=0, help="the engine's random stream")
+    for name, what in (
+        ("async-scheduling", "on for CUDA"),
+        ("cascade-attention", "on for CUDA with prefix caching"),
+        ("freeze-gc", "on for CUDA"),
+    ):
+        g.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None, help=what)
+
+
+def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
+    """The keywords of ``LLM(**kw)`` / ``AsyncLLM(**kw)`` from flags added by :func:`add_engine_args`: one per
+    name of :data:`ENGINE_KWARGS`, ``--dtype`` as a ``torch.dtype`` (None for ``auto``)."""
+    kw = {name: getattr(ns, name) for name in ENGINE_KWARGS}
+    if kw["dtype"] == "auto":
+        kw["dtype"] = None
+    else:
+        import torch
+
+        kw["dtype"] = getattr(torch, kw["dtype"])
+    return kw
 
 
 def _chat_prompt(tok: Any, text: str, model: str) -> list[int]:
@@ -52,28 +141,62 @@ def _chat_prompt(tok: Any, text: str, model: str) -> list[int]:
 
 
 def _cmd_generate(ns: argparse.Namespace) -> int:
-    """Stream one completion to stdout with the serving engine."""
-    import torch
-
+    """Run every ``--prompt`` as one batch with the serving engine; one prompt is streamed."""
     from layerzero.engine import LLM, SamplingParams
+    from layerzero.engine.errors import bad_config, bad_input
 
-    dtype = None if ns.dtype == "auto" else getattr(torch, ns.dtype)
-    llm = LLM(ns.model, device=ns.device, dtype=dtype, max_model_len=ns.max_model_len)
+    prios = ns.priority
+    if prios is not None and len(prios) != len(ns.prompt):
+        raise bad_input(
+            "--priority",
+            f"none, or one per --prompt ({len(ns.prompt)})",
+            f"{len(prios)} --priority value{'s' if len(prios) != 1 else ''}",
+            "Pass --priority once after each --prompt, in the same order.",
+        )
+    if prios is not None and ns.scheduling_policy != "priority":
+        raise bad_config(
+            "--priority",
+            "--scheduling-policy priority (the policy that reads priorities)",
+            f"--scheduling-policy {ns.scheduling_policy}",
+            "Add --scheduling-policy priority, or drop --priority.",
+        )
+    llm = LLM(**engine_kwargs(ns))
     params = SamplingParams(
         temperature=ns.temperature,
         top_p=ns.top_p,
         top_k=ns.top_k,
         min_p=ns.min_p,
         max_tokens=ns.max_tokens,
-        seed=ns.seed,
+        seed=ns.sampling_seed,
         stop=ns.stop,
         ignore_eos=ns.ignore_eos,
     )
-    prompt = ns.prompt
+    prompts: list[Any] = list(ns.prompt)
     if ns.chat:
-        prompt = _chat_prompt(llm.tokenizer, prompt, ns.model)
+        prompts = [_chat_prompt(llm.tokenizer, p, ns.model) for p in prompts]
+    if len(prompts) == 1 and not ns.jsonl:
+        return _stream_one(llm, prompts[0], params, prios[0] if prios else 0)
+    outs = llm.generate(prompts, params, priority=prios, use_tqdm=False)
+    rc = 0
+    for i, out in enumerate(outs):
+        c = out.outputs[0]
+        if ns.jsonl:
+            rec = {"index": i, "priority": prios[i] if prios else None, "text": c.text}
+            rec |= {"token_ids": list(c.token_ids), "finish_reason": c.finish_reason, "error": out.error}
+            print(json.dumps(rec), flush=True)
+        else:
+            print(c.text, flush=True)
+            print(f"[{i}: finish_reason={c.finish_reason}]", file=sys.stderr)
+        if out.error is not None:  # failed inside a step (finish_reason "error"): say why, exit non-zero
+            print(f"layerzero: error: prompt {i}: {out.error}", file=sys.stderr)
+            rc = 1
+    return rc
+
+
+def _stream_one(llm: Any, prompt: Any, params: Any, priority: int) -> int:
+    """Stream one completion to stdout (its finish reason to stderr); 1 when it failed inside a step."""
     last = None
-    for delta in llm.stream(prompt, params):
+    for delta in llm.stream(prompt, params, priority=priority):
         print(delta.outputs[0].text, end="", flush=True)
         last = delta
     print()
@@ -162,25 +285,133 @@ def _cmd_bench_engine(ns: argparse.Namespace) -> int:
     return 0
 
 
+class _ServeParser(argparse.ArgumentParser):
+    """``layerzero serve``'s parser: adds the server's flags (``add_server_args`` of
+    ``layerzero.engine.entrypoints.openai.api_server``) the first time it parses, so building ``layerzero``'s
+    parser imports no server code; without the server (``pip install 'layerzero[serve]'``) it says why and
+    exits 2."""
+
+    server_args_added = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        if not self.server_args_added:
+            try:
+                from layerzero.engine.entrypoints.openai.api_server import add_server_args
+            except ImportError as exc:
+                self.error(
+                    f"the server is unavailable ({type(exc).__name__}: {exc}); install its dependencies: "
+                    "pip install 'layerzero[serve]'"
+                )
+            add_server_args(self)
+            self.server_args_added = True
+        return super().parse_known_args(args, namespace)
+
+
+def _cmd_serve(ns: argparse.Namespace) -> int:
+    """Run the OpenAI-compatible server until it is stopped (SIGINT / SIGTERM drain it)."""
+    from layerzero.engine.entrypoints.openai.api_server import run_server
+
+    return int(run_server(ns))
+
+
+def _cmd_bench_serve(ns: argparse.Namespace) -> int:
+    """vLLM's ``bench serve`` against ``--base-url`` (layerzero.engine.tools.bench_serve)."""
+    from layerzero.engine.errors import bad_input
+    from layerzero.engine.tools import bench_serve as bs
+
+    lo, _, hi = ns.token_id_range.partition(":")
+    if not (lo.isdigit() and hi.isdigit()):
+        raise bad_input("--token-id-range", "LO:HI (ints)", repr(ns.token_id_range))
+    cfg = bs.BenchServeConfig(
+        base_url=ns.base_url.rstrip("/"),
+        model=ns.model,
+        endpoint=ns.endpoint,
+        num_prompts=ns.num_prompts,
+        request_rate=math.inf if ns.request_rate is None else ns.request_rate,
+        max_concurrency=ns.max_concurrency,
+        seed=ns.seed,
+        input_len=bs.LengthDistribution(ns.input_len_mean, ns.len_sigma, ns.min_len, ns.max_input_len),
+        output_len=bs.LengthDistribution(ns.output_len_mean, ns.len_sigma, ns.min_len, ns.max_output_len),
+        token_ids=(int(lo), int(hi)),
+        goodput_ms=bs.parse_goodput(ns.goodput),
+        ignore_eos=ns.ignore_eos,
+        api_key=ns.api_key or os.environ.get("LAYERZERO_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+        request_timeout_s=ns.request_timeout,
+    )
+    if ns.sweep_rates is None:
+        bs.run(cfg, ns.result_json)
+        return 0
+    for flag, value in (("--request-rate", ns.request_rate), ("--result-json", ns.result_json)):
+        if value is not None:
+            raise bad_input(
+                flag, "not with --sweep-rates (each rate writes <--result-dir>/rate_<r>.json)", value
+            )
+    bs.sweep(cfg, bs.parse_rates(ns.sweep_rates), ns.result_dir)
+    return 0
+
+
+def _add_bench_serve(sub: Any) -> None:
+    bs = sub.add_parser(
+        "bench-serve",
+        help="vLLM's bench serve (TTFT, TPOT, ITL, throughput, goodput) against an OpenAI-compatible server",
+        description="Poisson arrivals of streamed /v1/completions requests with a synthetic ShareGPT-like "
+        "length distribution (lognormal, ShareGPT's mean lengths, clipped; random token-id prompts): see "
+        "layerzero.engine.tools.bench_serve and benchmarks/serving/README.md.",
+    )
+    bs.add_argument("--base-url", default="http://127.0.0.1:8000")
+    bs.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
+    bs.add_argument("--endpoint", default="/v1/completions")
+    bs.add_argument("--num-prompts", type=int, default=200)
+    bs.add_argument("--request-rate", type=float, default=None, help="req/s, Poisson (default: inf)")
+    bs.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    bs.add_argument("--seed", type=int, default=0, help="lengths, prompts and arrivals")
+    bs.add_argument("--input-len-mean", type=float, default=161.31, help="prompt tokens (ShareGPT's)")
+    bs.add_argument("--output-len-mean", type=float, default=337.99, help="output tokens (ShareGPT's)")
+    bs.add_argument("--len-sigma", type=float, default=1.0, help="lognormal sigma of both lengths")
+    bs.add_argument("--min-len", type=int, default=4, help="lengths clipped below (vLLM's filter)")
+    bs.add_argument("--max-input-len", type=int, default=1024, help="prompt lengths clipped above")
+    bs.add_argument("--max-output-len", type=int, default=1024, help="output lengths clipped above")
+    bs.add_argument("--token-id-range", default="3:500", metavar="LO:HI", help="prompt ids in [LO, HI)")
+    bs.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS", help="SLOs: ttft tpot e2el")
+    bs.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    bs.add_argument("--api-key", default=None, help="default: $LAYERZERO_API_KEY or $OPENAI_API_KEY")
+    bs.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    bs.add_argument("--result-json", type=Path, default=None, help="write the result here")
+    bs.add_argument("--sweep-rates", default=None, metavar="R,R,...", help="e.g. 1,4,16,64,inf")
+    bs.add_argument(
+        "--result-dir", type=Path, default=Path("bench_serve_results"), help="--sweep-rates' output"
+    )
+    bs.set_defaults(fn=_cmd_bench_serve)
+
+
 def add_parsers(sub: Any) -> None:
-    """Add ``generate`` and ``bench-engine`` to ``sub`` (the ``add_subparsers`` action of the ``layerzero``
-    parser)."""
-    g = sub.add_parser("generate", help="stream a completion from a checkpoint with the serving engine")
-    g.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    """Add ``generate``, ``serve``, ``bench-engine`` and ``bench-serve`` to ``sub`` (the ``add_subparsers``
+    action of the ``layerzero`` parser)."""
+    g = sub.add_parser(
+        "generate",
+        help="run prompts through the serving engine as one batch (one prompt: streamed)",
+        description="Every --prompt runs in one batch; outputs print in prompt order (one prompt: streamed).",
+    )
+    add_engine_args(g)
+    g.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
+    g.add_argument(
+        "--priority", action="append", type=int, default=None, help="one per --prompt (lower runs first)"
+    )
+    g.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--sampling-seed", type=int, default=None, help="each request's own seed")
     g.add_argument("--stop", nargs="*", default=None, help="stop strings")
     g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--device", default=None)
-    g.add_argument("--dtype", choices=("auto", *ENGINE_DTYPES), default="auto")
+    g.add_argument("--jsonl", action="store_true", help="one JSON object per prompt (text, ids, finish)")
     g.set_defaults(fn=_cmd_generate)
+    sv = sub.add_parser("serve", help="the OpenAI-compatible server (layerzero[serve])")
+    sv.__class__ = _ServeParser  # its server flags are added when it parses
+    add_engine_args(sv)
+    sv.set_defaults(fn=_cmd_serve)
     be = sub.add_parser(
         "bench-engine", help="nano-vllm's throughput benchmark vs transformers and the roofline"
     )
@@ -215,3 +446,4 @@ def add_parsers(sub: Any) -> None:
     )
     be.add_argument("--out", type=Path, default=None, help="write bench_engine.json here")
     be.set_defaults(fn=_cmd_bench_engine)
+    _add_bench_serve(sub)

@@ -274,3 +274,105 @@ def test_engine_dtype_choices_are_what_the_engine_accepts(command, capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args([*args, "--dtype", "float64"])
     assert e.value.code == 2 and "invalid choice: 'float64'" in capsys.readouterr().err
+
+
+GEN_FLAGS = ["--device", "cpu", "--max-model-len", "64", "--max-tokens", "5", "--ignore-eos"]
+PROMPTS = ["The quick brown fox", "hello world", "a b c d"]
+
+
+def _argv(path, prompts, priorities=None, extra=()):
+    argv = ["generate", "--model", str(path), *GEN_FLAGS, *extra]
+    for p in prompts:
+        argv += ["--prompt", p]
+    for pr in priorities or ():
+        argv += ["--priority", str(pr)]
+    return argv
+
+
+def test_generate_runs_several_prompts_as_one_batch_in_order(checkpoints, capsys, monkeypatch):
+    """Three prompts with priorities: one ``LLM.generate`` call (the priorities passed per prompt), outputs
+    printed in prompt order, each equal to ``LLM.generate``'s for the same batch."""
+    from layerzero.cli import main
+    from layerzero.engine import LLM, SamplingParams
+
+    path = checkpoints["qwen3"]
+    calls = []
+    real = LLM.generate
+
+    def spy(self, prompts, sp=None, **kw):
+        calls.append((list(prompts), kw.get("priority")))
+        return real(self, prompts, sp, **kw)
+
+    monkeypatch.setattr(LLM, "generate", spy)
+    rc = main(_argv(path, PROMPTS, [2, 0, 1], ["--scheduling-policy", "priority"]))
+    out = capsys.readouterr()
+    monkeypatch.setattr(LLM, "generate", real)
+    llm = LLM(path, device="cpu", dtype=torch.float32, max_model_len=64, scheduling_policy="priority")
+    sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    refs = llm.generate(PROMPTS, sp, priority=[2, 0, 1], use_tqdm=False)
+    assert rc == 0 and calls == [(PROMPTS, [2, 0, 1])]
+    assert out.out == "".join(r.outputs[0].text + "\n" for r in refs)
+    assert out.err.splitlines() == [f"[{i}: finish_reason=length]" for i in range(3)]
+
+
+def test_generate_jsonl_and_a_single_prompt_with_priority(checkpoints, capsys):
+    import json
+
+    from layerzero.cli import main
+    from layerzero.engine import LLM, SamplingParams
+
+    path = checkpoints["qwen3"]
+    assert main(_argv(path, PROMPTS[:2], None, ["--jsonl"])) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    llm = LLM(path, device="cpu", dtype=torch.float32, max_model_len=64)
+    sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    refs = llm.generate(PROMPTS[:2], sp, use_tqdm=False)
+    assert [r["index"] for r in recs] == [0, 1] and all(r["priority"] is None for r in recs)
+    assert [r["token_ids"] for r in recs] == [list(r.outputs[0].token_ids) for r in refs]
+    assert [r["text"] for r in recs] == [r.outputs[0].text for r in refs]
+    assert all(r["finish_reason"] == "length" and r["error"] is None for r in recs)
+    # one prompt: streamed, its priority accepted
+    assert main(_argv(path, PROMPTS[:1], [3], ["--scheduling-policy", "priority"])) == 0
+    out = capsys.readouterr()
+    assert out.out == refs[0].outputs[0].text + "\n" and "finish_reason=length" in out.err
+
+
+@pytest.mark.parametrize(
+    "prompts,priorities,extra,match",
+    [
+        (
+            PROMPTS,
+            [0, 1],
+            ["--scheduling-policy", "priority"],
+            r"--priority: expected none, or one per --prompt \(3\), got 2",
+        ),
+        (
+            PROMPTS[:1],
+            [0, 1],
+            ["--scheduling-policy", "priority"],
+            r"one per --prompt \(1\), got 2 --priority values",
+        ),
+        (
+            PROMPTS[:2],
+            [0, 1],
+            [],
+            r"--priority: expected --scheduling-policy priority .*got --scheduling-policy fcfs",
+        ),
+        (PROMPTS[:2], None, ["--max-num-seqs", "0"], r"LLM max_num_seqs: expected an int >= 1"),
+        (PROMPTS[:2], None, ["--kv-cache-memory-fraction", "1.5"], r"LLM kv_cache_memory_fraction"),
+        (PROMPTS[:2], None, ["--block-size", "-16"], r"LLM block_size: expected an int >= 1"),
+    ],
+)
+def test_generate_flag_errors_are_typed(checkpoints, capsys, prompts, priorities, extra, match):
+    """Mismatched ``--priority`` counts, priorities without the priority policy and out-of-range engine flags:
+    ``layerzero: error: ...``, exit 2, nothing on stdout."""
+    import re
+
+    from layerzero.cli import main
+
+    path = checkpoints["qwen3"]
+    capsys.readouterr()
+    rc = main(_argv(path, prompts, priorities, extra))
+    out = capsys.readouterr()
+    assert rc == 2 and out.out == "" and "Traceback" not in out.err
+    assert out.err.startswith("layerzero: error: ") and re.search(match, out.err), out.err

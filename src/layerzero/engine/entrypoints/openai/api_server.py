@@ -1,0 +1,260 @@
+"""The OpenAI-compatible HTTP server of ``layerzero serve`` (FastAPI + uvicorn): :func:`build_app` (the app on
+an engine), :func:`add_server_args` (the server's flags) and :func:`run_server` (build the ``AsyncLLM``,
+serve, drain on SIGTERM / SIGINT, exit 0). docs/serving.md describes every endpoint, flag, metric and error.
+
+FastAPI, uvicorn and prometheus-client are imported here, inside functions: ``import layerzero`` and
+``import layerzero.engine`` never import them.
+"""
+
+import argparse
+import ipaddress
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import OpenAIError, error_body, install_handlers
+from .guard import Guard
+from .metrics import ServerMetrics
+from .serving import ServerState
+
+__all__ = ["ServerState", "add_server_args", "build_app", "check_bind", "run_server"]
+
+log = logging.getLogger("layerzero.engine.server")
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the server's flags (the engine's come from ``layerzero.cli_engine.add_engine_args``)."""
+    g = parser.add_argument_group("server")
+    g.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    g.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: $LAYERZERO_API_KEY)",
+    )
+    g.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the model name(s) clients send (default: the checkpoint directory's name)",
+    )
+    g.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=None,
+        help="answer 503 + Retry-After while this many requests wait to be scheduled (default: no bound)",
+    )
+    g.add_argument(
+        "--max-request-bytes", type=int, default=1 << 20, help="largest request body, bytes (default 1 MiB)"
+    )
+    g.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=None,
+        help="largest max_tokens a request may ask for (default: only the context bounds it)",
+    )
+    g.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="allow binding a non-loopback address without an API key",
+    )
+    g.add_argument(
+        "--log-requests", action="store_true", help="include the prompt in each request's log line"
+    )
+    g.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM / SIGINT, seconds running requests may take to finish before they are aborted",
+    )
+    return parser
+
+
+def _api_key(args: Any) -> str | None:
+    key = getattr(args, "api_key", None)
+    return key if key else os.environ.get("LAYERZERO_API_KEY") or None
+
+
+def check_bind(host: str, api_key: str | None, allow_unauthenticated: bool) -> None:
+    """Refuse a non-loopback address without an API key unless ``allow_unauthenticated``.
+
+    Raises:
+        ConfigurationError: the host is reachable from other machines and nothing authenticates clients.
+    """
+    import layerzero as lz
+
+    if api_key or allow_unauthenticated:
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise lz.ConfigurationError(
+            "--host: expected a loopback address (127.0.0.1, ::1, localhost) without an API key, got "
+            f"{host!r}. Set --api-key (or LAYERZERO_API_KEY), or pass --allow-unauthenticated to serve "
+            "anyone who can reach this address."
+        )
+
+
+def build_app(engine: Any, args: Any) -> Any:
+    """The FastAPI app serving ``engine`` (an ``AsyncLLM``) with the options of :func:`add_server_args`
+    (``args``: a namespace; missing options take their defaults; ``args.model`` names the checkpoint).
+    ``app.state.server`` is the :class:`ServerState` (``draining`` is set by :func:`run_server`)."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response
+
+    import layerzero as lz
+
+    from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+    from .serving_chat import create_chat_completion
+    from .serving_completions import create_completion
+    from .serving_tokenize import detokenize, list_models, tokenize
+
+    opt = lambda name, default=None: getattr(args, name, default)  # noqa: E731
+    model = str(opt("model", "") or "")
+    names = list(opt("served_model_name") or []) or [Path(model).name or "model"]
+    state = ServerState(
+        engine,
+        names,
+        model_root=model,
+        max_waiting_requests=opt("max_waiting_requests"),
+        max_tokens_limit=opt("max_tokens_limit"),
+        log_requests=bool(opt("log_requests", False)),
+        metrics=ServerMetrics(names[0]),
+    )
+    app = FastAPI(title="LayerZero OpenAI-compatible server", version=lz.__version__)
+    app.state.server = state
+    install_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Any:
+        return await create_completion(state, body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Any:
+        return await create_chat_completion(state, body, raw)
+
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return list_models(state)
+
+    @app.get("/health")
+    async def health() -> Any:
+        if getattr(engine, "errored", False):
+            msg = f"The engine is dead: {getattr(engine, 'dead_error', None)}"
+            return JSONResponse(error_body(msg, "server_error"), status_code=503)
+        if state.draining:
+            return JSONResponse(
+                error_body("The server is shutting down.", "server_error"),
+                status_code=503,
+                headers={"Retry-After": str(state.retry_after_s)},
+            )
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> Any:
+        return {"version": lz.__version__}
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest) -> Any:
+        return tokenize(state, body)
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest) -> Any:
+        return detokenize(state, body)
+
+    @app.get("/metrics")
+    async def metrics() -> Any:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        try:
+            state.metrics.update(await engine.get_stats())
+        except Exception:  # a dead engine: serve what the front end knows
+            log.debug("get_stats failed", exc_info=True)
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/layerzero/kernels")
+    async def kernels() -> Any:
+        try:
+            return await engine.kernel_report()
+        except Exception as exc:
+            raise OpenAIError(
+                503, f"The engine could not report its kernels: {exc}", type="server_error"
+            ) from exc
+
+    app.add_middleware(Guard, api_key=_api_key(args), max_request_bytes=opt("max_request_bytes", 1 << 20))
+    return app
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """``layerzero serve``: build the ``AsyncLLM`` from the engine flags, serve until SIGTERM / SIGINT, drain
+    (new requests 503, running ones finish for up to ``--drain-timeout`` seconds, then are aborted), shut the
+    engine down and return 0.
+
+    Raises:
+        ConfigurationError: a non-loopback ``--host`` without an API key (before the model is loaded); a bad
+            engine option.
+    """
+    import uvicorn
+
+    from layerzero.cli_engine import engine_kwargs  # the engine flags (cli_engine.add_engine_args)
+    from layerzero.engine import AsyncLLM
+
+    check_bind(args.host, _api_key(args), bool(args.allow_unauthenticated))
+    engine = AsyncLLM(args.model, **engine_kwargs(args))
+    try:
+        app = build_app(engine, args)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
+        server = DrainingServer(config, app.state.server, float(args.drain_timeout))
+        log.info("serving %s on http://%s:%d", args.model, args.host, args.port)
+        server.run()
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class _Draining(uvicorn.Server):
+        """uvicorn's server whose first SIGTERM / SIGINT drains instead of stopping: ``/health`` and new
+        requests answer 503, running requests continue for up to ``drain_timeout`` seconds (then they are
+        aborted and their clients get ``finish_reason: "abort"``), then the server stops. A second signal
+        stops at once. The signal is not re-raised afterwards, so the process exits 0."""
+
+        def __init__(self, config: Any, state: ServerState, drain_timeout: float) -> None:
+            super().__init__(config)
+            self.state, self.drain_timeout = state, drain_timeout
+            self.drain_started: float | None = None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.drain_started is None:
+                self.drain_started = time.monotonic()
+                self.state.draining = True
+                log.info("draining: %d requests running (signal %d)", len(self.state.active), sig)
+            elif not self.should_exit:
+                self.should_exit = True
+            else:
+                self.force_exit = True
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.drain_started is not None and not self.should_exit:
+                late = time.monotonic() - self.drain_started > self.drain_timeout
+                if late:
+                    for rid in list(self.state.active):
+                        await self.state.engine.abort(rid)
+                if not self.state.active:
+                    self.should_exit = True
+            return await super().on_tick(counter)
+
+    return _Draining
+
+
+def DrainingServer(config: Any, state: ServerState, drain_timeout: float) -> Any:  # noqa: N802
+    """A uvicorn server that drains on its first signal (see ``_server_class``)."""
+    return _server_class()(config, state, drain_timeout)

@@ -1,0 +1,159 @@
+"""``GET /metrics``: Prometheus metrics named as vLLM's, prefixed ``layerzero:`` (so a vLLM dashboard ports by
+a prefix rename), each labelled ``model_name``, in the server's own registry (several servers in one process
+do not collide).
+
+From the engine core's stats (read at scrape time, ``AsyncLLM.get_stats()``): gauges
+``layerzero:num_requests_running``, ``layerzero:num_requests_waiting``, ``layerzero:kv_cache_usage_perc``
+(0..1), counters ``layerzero:prefix_cache_queries_total`` / ``layerzero:prefix_cache_hits_total`` (tokens),
+``layerzero:num_preemptions_total``. From the front end, as outputs arrive: counters
+``layerzero:prompt_tokens_total``, ``layerzero:generation_tokens_total``,
+``layerzero:request_success_total{finished_reason}`` (one per finished completion: stop, length, abort,
+error), histograms ``layerzero:time_to_first_token_seconds``, ``layerzero:inter_token_latency_seconds`` (per
+output delta after the first, divided over its tokens), ``layerzero:e2e_request_latency_seconds`` and
+``layerzero:request_queue_time_seconds`` (observed when the engine's output carries ``queue_time``). Plus
+LayerZero's dispatch counters (``layerzero_kernel_calls_total{op,kernel}``, ...; ``layerzero.telemetry``:
+recorded in this process when telemetry is enabled).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["RequestClock", "ServerMetrics"]
+
+_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+_ITL = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 1.0)
+_E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+
+
+class _EngineStats:
+    """A collector yielding the engine core's last stats snapshot (set by :meth:`ServerMetrics.update`)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.stats: Any = None
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.stats
+        if s is None:
+            return
+        for name, doc, value in (
+            ("num_requests_running", "Requests in the running batch.", s.num_running_reqs),
+            ("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting_reqs),
+            ("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).", s.kv_cache_usage),
+        ):
+            g = GaugeMetricFamily(f"layerzero:{name}", doc, labels=["model_name"])
+            g.add_metric([self.model], float(value))
+            yield g
+        for name, doc, value in (
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
+            ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
+            ("num_preemptions", "Preemptions of running requests.", s.num_preemptions),
+        ):
+            c = CounterMetricFamily(f"layerzero:{name}", doc, labels=["model_name"])
+            c.add_metric([self.model], float(value))
+            yield c
+
+    def describe(self) -> list:
+        return []
+
+
+class ServerMetrics:
+    """The server's registry and instruments (prometheus-client, imported when the server is built)."""
+
+    def __init__(self, model: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.model = model
+        self.registry = CollectorRegistry()
+        reg, lab = self.registry, ["model_name"]
+        self.engine = _EngineStats(model)
+        reg.register(self.engine)
+        self.prompt_tokens = Counter(
+            "layerzero:prompt_tokens", "Prompt tokens of started requests.", lab, registry=reg
+        ).labels(model)
+        self.generation_tokens = Counter(
+            "layerzero:generation_tokens", "Generated tokens.", lab, registry=reg
+        ).labels(model)
+        self.success = Counter(
+            "layerzero:request_success", "Finished completions.", [*lab, "finished_reason"], registry=reg
+        )
+        self.ttft = Histogram(
+            "layerzero:time_to_first_token_seconds", "Time to first token.", lab, buckets=_TTFT, registry=reg
+        ).labels(model)
+        self.itl = Histogram(
+            "layerzero:inter_token_latency_seconds", "Inter-token latency.", lab, buckets=_ITL, registry=reg
+        ).labels(model)
+        self.e2e = Histogram(
+            "layerzero:e2e_request_latency_seconds", "Request latency.", lab, buckets=_E2E, registry=reg
+        ).labels(model)
+        self.queue = Histogram(
+            "layerzero:request_queue_time_seconds", "Time waiting to be scheduled.", lab, buckets=_E2E,
+            registry=reg,
+        ).labels(model)  # fmt: skip
+        try:
+            import layerzero.telemetry as lzt
+
+            reg.register(lzt.collector())
+        except Exception:  # the dispatch counters are optional: the server's own metrics stand alone
+            pass
+
+    def update(self, stats: Any) -> None:
+        """Keep the engine's latest stats for the next scrape."""
+        self.engine.stats = stats
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+    def clock(self, prompt_tokens: int) -> RequestClock:
+        """Start timing one request (counts its prompt tokens)."""
+        self.prompt_tokens.inc(prompt_tokens)
+        return RequestClock(self)
+
+
+class RequestClock:
+    """One request's times: arrival, first token, last token; feeds the histograms as outputs arrive."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.m = metrics
+        self.arrival = time.monotonic()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.output_tokens = 0
+        self.queue_seen = False
+
+    def tokens(self, n: int, queue_time: float | None = None) -> None:
+        """``n`` new output tokens arrived now (over all completions of the request)."""
+        if queue_time is not None and not self.queue_seen:
+            self.queue_seen = True
+            self.m.queue.observe(queue_time)
+        if n <= 0:
+            return
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+            self.m.ttft.observe(now - self.arrival)
+        elif self.last is not None:
+            per = (now - self.last) / n
+            for _ in range(n):
+                self.m.itl.observe(per)
+        self.last = now
+        self.output_tokens += n
+        self.m.generation_tokens.inc(n)
+
+    def finish(self, reasons: list[str]) -> float:
+        """The request ended (one finish reason per completion); returns its latency in seconds."""
+        e2e = time.monotonic() - self.arrival
+        self.m.e2e.observe(e2e)
+        for r in reasons:
+            self.m.success.labels(self.m.model, r or "abort").inc()
+        return e2e
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first is None else self.first - self.arrival

@@ -1,0 +1,105 @@
+"""The server as a process: its flags, the bind check, and in a child process SIGTERM draining (running
+requests finish, new ones 503, exit 0) and no web library imported by ``import layerzero.engine`` or the
+server module."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import layerzero as lz
+from layerzero.engine.entrypoints.openai.api_server import add_server_args, check_bind
+
+from .conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+SRC = Path(lz.__file__).resolve().parents[1]
+
+
+def test_flags_and_defaults():
+    ns = add_server_args(argparse.ArgumentParser()).parse_args([])
+    assert (ns.host, ns.port, ns.api_key, ns.served_model_name) == ("127.0.0.1", 8000, None, None)
+    assert ns.max_request_bytes == 1 << 20 and ns.drain_timeout == 30.0 and not ns.allow_unauthenticated
+    ns = add_server_args(argparse.ArgumentParser()).parse_args(
+        ["--served-model-name", "a", "b", "--max-waiting-requests", "3", "--log-requests"]
+    )
+    assert ns.served_model_name == ["a", "b"] and ns.max_waiting_requests == 3 and ns.log_requests
+
+
+def test_a_public_address_needs_a_key_or_an_explicit_opt_out():
+    for host in ("127.0.0.1", "::1", "localhost"):
+        check_bind(host, None, False)
+    with pytest.raises(lz.ConfigurationError, match="--allow-unauthenticated"):
+        check_bind("0.0.0.0", None, False)
+    check_bind("0.0.0.0", "sk", False)
+    check_bind("0.0.0.0", None, True)
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    import conftest as c
+    from layerzero.engine.entrypoints.openai import api_server
+    web = [m for m in ("fastapi", "uvicorn", "starlette", "prometheus_client") if m in sys.modules]
+    assert not web, f"imported before the app was built: {{web}}"
+    import uvicorn
+    eng = c.EngineDouble({model!r}, **c.ENGINE_OPTIONS)
+    args = c.server_args({model!r}, drain_timeout=20.0)
+    app = api_server.build_app(eng, args)
+    cfg = uvicorn.Config(app, host="127.0.0.1", port={port}, log_level="warning")
+    api_server.DrainingServer(cfg, app.state.server, 20.0).run()
+    eng.shutdown()
+    print("exited cleanly", flush=True)
+    """
+)
+
+
+def test_sigterm_drains_then_exits_zero(model_dir, tmp_path):
+    """Also: ``import layerzero.engine`` and the server module import no web library (the child checks)."""
+    port = free_port()
+    script = tmp_path / "serve.py"
+    script.write_text(CHILD.format(tests=str(Path(__file__).parent), model=model_dir, port=port))
+    env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-3000:]
+            time.sleep(0.1)
+        body = {"prompt": "hello", "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=30) as c, c.stream("POST", url + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            refused = httpx.post(url + "/v1/completions", json={"prompt": "x"}, timeout=10)
+            assert refused.status_code == 503 and refused.headers["Retry-After"]
+            assert httpx.get(url + "/health", timeout=10).status_code == 503
+            rest = [x for x in lines if x]
+        assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2]
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode()[-3000:]
+        assert b"exited cleanly" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
