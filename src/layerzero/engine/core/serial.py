@@ -166,19 +166,25 @@ def _unpack(data: bytes) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- messages
+_REQUEST_FIELDS = _names(EngineCoreRequest)
+_PARAMS_AT = _REQUEST_FIELDS.index("sampling_params")
+
+
 def _enc_request(m: EngineCoreRequest) -> list[Any]:
-    return [m.request_id, m.prompt_token_ids, _params_fields(m.sampling_params), m.priority, m.arrival_time]
+    f = [getattr(m, name) for name in _REQUEST_FIELDS]
+    f[_PARAMS_AT] = _params_fields(m.sampling_params)
+    return f
 
 
 def _dec_request(f: list[Any]) -> EngineCoreRequest:
-    rid, ids, params, priority, arrival = f
+    rid, params = f[0], f[_PARAMS_AT]
     if not isinstance(params, dict):
         raise MessageError(f"EngineCoreRequest.sampling_params: expected a dict, got {type(params).__name__}")
     try:
-        sp = SamplingParams(**params)
+        f[_PARAMS_AT] = SamplingParams(**params)
     except (TypeError, lz.InvalidInputError) as exc:
         raise MessageError(f"EngineCoreRequest.sampling_params of {rid!r}: {exc}", request_id=rid) from exc
-    return EngineCoreRequest(rid, ids, sp, priority, arrival)
+    return EngineCoreRequest(*f)
 
 
 def _enc_outputs(m: EngineCoreOutputs) -> list[Any]:
