@@ -311,7 +311,7 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
     """Run the OpenAI-compatible server until it is stopped (SIGINT / SIGTERM drain it)."""
     from layerzero.engine.entrypoints.openai.api_server import run_server
 
-    return int(run_server(ns))
+    return int(run_server(ns, engine_kwargs(ns)))
 
 
 def _cmd_bench_serve(ns: argparse.Namespace) -> int:

@@ -153,8 +153,8 @@ def _fake_server(monkeypatch, calls):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--host", default="127.0.0.1")
 
-    def run_server(args):
-        calls.append(args)
+    def run_server(args, engine_options):
+        calls.append((args, engine_options))
         return 0
 
     mod.add_server_args, mod.run_server = add_server_args, run_server
@@ -171,9 +171,10 @@ def test_serve_has_engine_and_server_flags(monkeypatch):
     calls: list = []
     _fake_server(monkeypatch, calls)
     rc = main(["serve", "--model", "/ckpt/qwen", "--port", "9001", "--max-num-seqs", "3", "--enforce-eager"])
-    (ns,) = calls
+    ((ns, options),) = calls
     assert rc == 0 and ns.port == 9001 and ns.host == "127.0.0.1"
-    assert engine_kwargs(ns) == {**DEFAULTS, "model": "/ckpt/qwen", "max_num_seqs": 3, "enforce_eager": True}
+    want = {**DEFAULTS, "model": "/ckpt/qwen", "max_num_seqs": 3, "enforce_eager": True}
+    assert engine_kwargs(ns) == want and options == want
 
 
 def test_serve_without_the_server_says_how_to_install_it(monkeypatch, capsys):

@@ -191,8 +191,10 @@ def build_app(engine: Any, args: Any) -> Any:
     return app
 
 
-def run_server(args: argparse.Namespace) -> int:
-    """``layerzero serve``: build the ``AsyncLLM`` from the engine flags, serve until SIGTERM / SIGINT, drain
+def run_server(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
+    """``layerzero serve``: build the ``AsyncLLM`` from ``engine_options`` (the ``LLM`` keywords the engine
+    flags set: ``layerzero.cli_engine.engine_kwargs``; the CLI passes them, so this module never imports the
+    CLI), serve until SIGTERM / SIGINT, drain
     (new requests 503, running ones finish for up to ``--drain-timeout`` seconds, then are aborted), shut the
     engine down and return 0.
 
@@ -202,11 +204,10 @@ def run_server(args: argparse.Namespace) -> int:
     """
     import uvicorn
 
-    from layerzero.cli_engine import engine_kwargs  # the engine flags (cli_engine.add_engine_args)
     from layerzero.engine import AsyncLLM
 
     check_bind(args.host, _api_key(args), bool(args.allow_unauthenticated))
-    engine = AsyncLLM(args.model, **engine_kwargs(args))
+    engine = AsyncLLM(**engine_options)
     try:
         app = build_app(engine, args)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
