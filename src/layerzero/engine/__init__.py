@@ -2,12 +2,35 @@
 
 A reference LLM engine on LayerZero's ops (Llama, Qwen3, Qwen3-MoE; paged KV cache, prefix caching, continuous
 batching with chunked prefill). It imports only the public ``layerzero`` API, and ``import layerzero`` does
-not import it. See docs/engine.md.
+not import it. See docs/engine.md. ``AsyncLLM`` (the online engine, its core in a child process) and
+``EngineDeadError`` are imported on first use.
 """
+
+from typing import Any
 
 from .config import EngineConfig
 from .llm import LLM
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 
-__all__ = ["LLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "AsyncLLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "EngineDeadError",
+    "RequestOutput",
+    "SamplingParams",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AsyncLLM":
+        from .async_llm import AsyncLLM
+
+        return AsyncLLM
+    if name == "EngineDeadError":
+        from .core.errors import EngineDeadError
+
+        return EngineDeadError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

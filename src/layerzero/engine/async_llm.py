@@ -1,0 +1,324 @@
+"""``AsyncLLM``: the online engine (vLLM V1's name and API). Requests come and go while steps run; the engine
+core (scheduler, model, KV cache) runs in its own process, so the front end's work (tokenizing, detokenizing,
+HTTP) never holds the GIL the steps need.
+
+Message flow (one asyncio loop in this process; :mod:`.core.core_client` and :mod:`.core.core_proc`)::
+
+    generate(): validate -> OutputProcessor.add_request -> EngineCoreRequest --zmq--> core: joins the batch
+    core: step -> EngineCoreOutputs (one msgpack message per step) --zmq--> loop reader callback ->
+        OutputProcessor.process_outputs (detokenize, stop strings) -> each request's stream (a one-slot
+        collector that merges deltas a slow consumer has not taken yet) + the stop-string aborts -> core
+    abort() / a consumer that leaves: OutputProcessor.abort_request + EngineCoreAbort -> core
+    core dies: every open stream raises EngineDeadError
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+from .config import EngineConfig, ModelConfig
+from .core.errors import EngineDeadError
+from .core.messages import EngineCoreAbort, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from .errors import bad_input
+from .loader import load_tokenizer
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+__all__ = ["AsyncLLM", "EngineDeadError"]
+
+
+def _make_input_processor(
+    config: EngineConfig, tokenizer: Any, model_config: ModelConfig, max_len: int
+) -> Any:
+    """The front end's request checker for the model (no weights loaded)."""
+    from .inputs import InputProcessor
+
+    return InputProcessor(tokenizer, model_config.vocab_size, max_len)
+
+
+def _make_output_processor(tokenizer: Any) -> Any:
+    """The front end's output processing (detokenization, stop strings, deltas)."""
+    from .frontend.output_processor import OutputProcessor
+
+    return OutputProcessor(tokenizer)
+
+
+class _Stream:
+    """One request's outputs on their way to its ``generate`` consumer: one slot; a delta that arrives while
+    the previous one was not taken yet is merged into it (so a slow consumer costs no memory growth and no
+    extra wake-ups), then an error, if any, after every output."""
+
+    __slots__ = ("error", "out", "ready")
+
+    def __init__(self) -> None:
+        self.out: RequestOutput | None = None
+        self.error: BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, out: RequestOutput) -> None:
+        self.out = out if self.out is None else _merge(self.out, out)
+        self.ready.set()
+
+    def fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+            self.ready.set()
+
+    async def get(self) -> RequestOutput:
+        if self.out is None and self.error is None:
+            await self.ready.wait()
+        self.ready.clear()
+        out, self.out = self.out, None
+        if out is not None:
+            if self.error is not None:
+                self.ready.set()  # the error comes next
+            return out
+        raise self.error  # type: ignore[misc]
+
+
+def _merge(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """Delta ``a`` followed by delta ``b`` as one delta (per completion index: text, token ids and logprobs
+    concatenated; the rest from ``b``)."""
+    outs = {c.index: c for c in a.outputs}
+    for c in b.outputs:
+        p = outs.get(c.index)
+        if p is None:
+            outs[c.index] = c
+            continue
+        logprobs = (
+            p.logprobs + c.logprobs if p.logprobs is not None and c.logprobs is not None else c.logprobs
+        )
+        outs[c.index] = dataclasses.replace(
+            c, text=p.text + c.text, token_ids=p.token_ids + c.token_ids, logprobs=logprobs
+        )
+    merged = {f.name: getattr(b, f.name) for f in dataclasses.fields(b)}
+    for name, value in merged.items():  # fields sent once (prompt logprobs, ...) keep their first value
+        if value is None and getattr(a, name) is not None:
+            merged[name] = getattr(a, name)
+    merged["outputs"] = sorted(outs.values(), key=lambda c: c.index)
+    return RequestOutput(**merged)
+
+
+class AsyncLLM:
+    """The online engine: ``async for out in engine.generate(prompt, params, request_id)`` streams
+    :class:`RequestOutput` deltas while other requests come and go (continuous batching); the engine core
+    runs in a child process (spawned: a script that builds an engine at import time needs
+    ``if __name__ == "__main__":``).
+
+    Args:
+        model: a Hugging Face checkpoint directory. ``**options``: every option of
+            :class:`~layerzero.engine.LLM` (the same :class:`EngineConfig`, validated the same way).
+
+    Use it from one asyncio event loop (it may move to a new loop once the previous one is closed), and end it
+    with :meth:`shutdown` or ``async with`` / ``with``; it is also stopped when collected and at interpreter
+    exit.
+
+    Raises:
+        ConfigurationError: a bad option, an unsupported checkpoint (as ``LLM``), also when the core process
+            finds it. EngineCoreError: the core process failed to start for another reason.
+    """
+
+    def __init__(self, model: str | Path, *, _core_factory: str | None = None, **options: Any) -> None:
+        from .core.core_client import MPClient
+
+        self.config = config = EngineConfig(str(model), **options)
+        self.model_config = ModelConfig.from_pretrained(config.model)
+        self._streams: dict[str, _Stream] = {}
+        self._stats = SchedulerStats()
+        self._client: Any = None
+        self._client = MPClient(
+            config, core_factory=_core_factory, on_outputs=self._on_outputs, on_dead=self._on_dead
+        )
+        try:  # the tokenizer loads while the core process starts
+            self.tokenizer = load_tokenizer(config.model)
+            info = self._client.wait_ready()
+            self.max_model_len: int = info.get("max_model_len") or (
+                config.max_model_len or self.model_config.max_position_embeddings
+            )
+            self.num_kv_blocks: int | None = info.get("num_kv_blocks")
+            self.input_processor = _make_input_processor(
+                config, self.tokenizer, self.model_config, self.max_model_len
+            )
+            self.output_processor = _make_output_processor(self.tokenizer)
+        except BaseException:
+            self._client.shutdown()
+            raise
+
+    # ------------------------------------------------------------------------------------------ state
+    @property
+    def is_running(self) -> bool:
+        """Whether the engine takes requests (started, not dead, not shut down)."""
+        c = self._client
+        return c is not None and not c.errored and c.dead_error is None
+
+    @property
+    def errored(self) -> bool:
+        """Whether the engine core died or failed (not by :meth:`shutdown`); ``/health`` turns 503."""
+        return self._client is not None and self._client.errored
+
+    @property
+    def dead_error(self) -> BaseException:
+        """Why the engine is dead (an :class:`EngineDeadError`; a generic one while it runs: vLLM's API)."""
+        err = self._client.dead_error if self._client is not None else None
+        return err if err is not None else EngineDeadError("the engine core is not running")
+
+    @property
+    def num_running(self) -> int:
+        """Requests running in the core at its last step."""
+        return self._stats.num_running_reqs
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting in the core at its last step."""
+        return self._stats.num_waiting_reqs
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """The core's stats after its last step (no round trip; :meth:`get_stats` asks the core now)."""
+        return self._stats
+
+    # --------------------------------------------------------------------------------------- requests
+    def validate(
+        self, prompt: str | list[int], params: SamplingParams, priority: int = 0
+    ) -> tuple[str | None, list[int]]:
+        """Every check of one request, nothing queued: (prompt text or None, prompt token ids).
+
+        Raises:
+            InvalidInputError: a bad prompt (empty, ids outside the vocabulary, longer than
+                ``max_model_len``, text without a tokenizer) or bad parameters for this model.
+        """
+        return self.input_processor.validate(prompt, params, priority)
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        sampling_params: SamplingParams | None,
+        request_id: str,
+        *,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream one request: :class:`RequestOutput` deltas (each :class:`CompletionOutput` holds only the
+        text, token ids and logprobs new since the previous one), the last with ``finished`` True. The
+        request joins the running batch at the core's next step. Leaving the loop early (``break``, an
+        exception, the task cancelled, the generator closed) aborts it and frees its KV blocks; an
+        :meth:`abort` from elsewhere ends the stream with ``finish_reason="abort"``.
+
+        Raises:
+            InvalidInputError: bad input (see :meth:`validate`), a ``request_id`` that is not a non-empty
+                string or is already in flight; raised before anything is queued.
+            EngineDeadError: the engine core is gone (before or while streaming).
+        """
+        client = self._client
+        client.bind(asyncio.get_running_loop())  # raises EngineDeadError when the core is gone
+        if not isinstance(request_id, str) or not request_id:
+            raise bad_input("request_id", "a non-empty string", repr(request_id))
+        if request_id in self._streams:
+            raise bad_input("request_id", "an id not in flight", repr(request_id))
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        text, ids = self.validate(prompt, params, priority)
+        stream = self._streams[request_id] = _Stream()
+        self.output_processor.add_request(request_id, text, ids, params, output_kind="delta")
+        finished = False
+        try:
+            client.add_request(EngineCoreRequest(request_id, ids, params, int(priority), time.time()))
+            while not finished:
+                out = await stream.get()
+                finished = out.finished
+                yield out
+        finally:
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
+            if not finished:  # left early or failed: forget it here and in the core
+                self.output_processor.abort_request(request_id)
+                if client.dead_error is None:
+                    client.abort_requests([EngineCoreAbort(request_id)])
+
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """End requests by id: each stream ends with a last output (``finish_reason="abort"``) and the core
+        frees their blocks at its next step. Unknown or finished ids are ignored.
+
+        Raises:
+            EngineDeadError: the engine core is gone.
+        """
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        self._client.bind(asyncio.get_running_loop())
+        self._abort(ids)
+
+    def _abort(self, ids: list[str]) -> None:
+        aborts = []
+        for rid in ids:
+            out = self.output_processor.abort_request(rid)
+            stream = self._streams.get(rid)
+            if stream is not None and out is not None:
+                stream.put(out)
+            if out is not None or stream is not None:
+                aborts.append(EngineCoreAbort(rid))
+        self._client.abort_requests(aborts)
+
+    async def get_stats(self) -> SchedulerStats:
+        """The core's stats now (a round trip between two steps).
+
+        Raises:
+            EngineDeadError: the engine core is gone.
+        """
+        stats = await self._client.call_utility("get_stats")
+        self._stats = stats
+        return stats
+
+    async def kernel_report(self) -> dict[str, Any]:
+        """For every op the served model ran: the kernel serving each shape bucket and why (LayerZero's
+        reports, from the core process).
+
+        Raises:
+            EngineDeadError: the engine core is gone.
+        """
+        return await self._client.call_utility("kernel_report")
+
+    async def reset_prefix_cache(self) -> Any:
+        """Drop the core's prefix cache (blocks held by running requests stay)."""
+        return await self._client.call_utility("reset_prefix_cache")
+
+    # ------------------------------------------------------------------------------- the core's messages
+    def _on_outputs(self, outs: EngineCoreOutputs) -> None:
+        """One step's outputs (called by the client's reader on the loop): all requests at once, then the
+        stop-string aborts to the core in the same call."""
+        if outs.stats is not None:
+            self._stats = outs.stats
+        if not outs.outputs:
+            return
+        processed = self.output_processor.process_outputs(outs.outputs)
+        streams = self._streams
+        for out in processed.request_outputs:
+            stream = streams.get(out.request_id)
+            if stream is not None:
+                stream.put(out)
+        if processed.aborts:
+            self._client.abort_requests(processed.aborts)
+
+    def _on_dead(self, error: EngineDeadError) -> None:
+        for stream in self._streams.values():
+            stream.fail(error)
+
+    # ------------------------------------------------------------------------------------------- the end
+    def shutdown(self) -> None:
+        """Stop the engine core process and free its sockets; open streams raise :class:`EngineDeadError`.
+        Idempotent."""
+        if self._client is not None:
+            self._client.shutdown()
+
+    def __enter__(self) -> AsyncLLM:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    async def __aenter__(self) -> AsyncLLM:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.shutdown()

@@ -1,0 +1,213 @@
+"""The engine core's own process (vLLM V1's ``EngineCoreProc``): :func:`run_engine_core` is the process's
+main; :class:`EngineCoreProc` its busy loop.
+
+The loop drains every message waiting on the input socket (requests, aborts, utility calls, shutdown), then
+runs one step while the core has work and sends that step's :class:`EngineCoreOutputs` as one message. With
+no work it blocks on the input socket (and on the parent's sentinel: a parent that died takes the core with
+it). New requests therefore join the running batch at the next step. Messages are msgpack
+(:mod:`.serial`); SIGINT is ignored (the front end decides when to stop), SIGTERM exits cleanly.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import logging
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+from typing import Any
+
+from . import serial
+from .messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from .serial import AbortRequests, CoreFailed, CoreReady, Shutdown, UtilityCall, UtilityResult
+
+__all__ = ["UTILITY_METHODS", "EngineCoreProc", "run_engine_core"]
+
+log = logging.getLogger("layerzero.engine")
+
+UTILITY_METHODS = frozenset({"get_stats", "kernel_report", "reset_prefix_cache"})
+"""The core's methods a :class:`UtilityCall` may run (anything else is refused with a typed error)."""
+
+DEFAULT_CORE = "layerzero.engine.core.engine_core:EngineCore"
+"""The core class :func:`run_engine_core` builds unless told another (``module:attribute``)."""
+
+
+def _load(path: str) -> Any:
+    """The attribute ``module:attribute`` names (imported in this process)."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class _Stop(Exception):
+    """Leave the busy loop (a Shutdown message, SIGTERM, the parent gone)."""
+
+
+class EngineCoreProc:
+    """Runs ``core`` (an :class:`~.messages.EngineCoreProtocol`) behind two connected zmq sockets:
+    ``input`` (PULL: messages from the front end) and ``output`` (PUSH: messages to it)."""
+
+    def __init__(self, core: Any, input_socket: Any, output_socket: Any, parent_sentinel: int | None) -> None:
+        import zmq
+
+        self.core, self.input, self.output = core, input_socket, output_socket
+        self._zmq = zmq
+        self.poller = zmq.Poller()
+        self.poller.register(input_socket, zmq.POLLIN)
+        self.parent_sentinel = parent_sentinel
+        if parent_sentinel is not None:
+            self.poller.register(parent_sentinel, zmq.POLLIN)
+        self._stats = getattr(core, "get_stats", None)
+
+    def send(self, msg: Any) -> None:
+        self.output.send(serial.encode(msg), copy=False)
+
+    def run(self) -> None:
+        """The busy loop; returns on Shutdown, SIGTERM or the parent's death. A step that raises sends
+        :class:`CoreFailed` and re-raises (the process then exits non-zero)."""
+        core = self.core
+        try:
+            while True:
+                busy = core.has_unfinished_requests()
+                handled = self._drain(block=not busy)
+                if core.has_unfinished_requests():
+                    try:
+                        outs = core.step()
+                    except Exception as exc:
+                        self.send(CoreFailed(type(exc).__name__, str(exc), "step", traceback.format_exc()))
+                        raise
+                    if outs.stats is None and self._stats is not None:
+                        outs.stats = self._stats()
+                    self.send(outs)
+                elif handled and self._stats is not None:  # gone idle: the front end's stats catch up
+                    self.send(EngineCoreOutputs([], time.time(), self._stats()))
+        except _Stop:
+            return
+
+    def _drain(self, block: bool) -> bool:
+        """Handle every message waiting (waiting for the first one when ``block``); whether any was."""
+        zmq = self._zmq
+        events = dict(self.poller.poll(None if block else 0))
+        if self.parent_sentinel is not None and self.parent_sentinel in events:
+            log.warning("engine core: the front-end process is gone; exiting")
+            raise _Stop
+        if self.input not in events:
+            return False
+        while True:
+            try:
+                data = self.input.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return True
+            self._handle(data.bytes if hasattr(data, "bytes") else data)
+
+    def _handle(self, data: bytes) -> None:
+        try:
+            msg = serial.decode(data)
+        except serial.MessageError as exc:
+            if exc.request_id is None:
+                log.error("engine core: dropped a message it cannot decode: %s", exc)
+                return
+            self._fail_request(exc.request_id, str(exc))
+            return
+        if isinstance(msg, EngineCoreRequest):
+            try:
+                self.core.add_request(msg)
+            except Exception as exc:  # a duplicate id, a request the core cannot take: fail it, not the core
+                self._fail_request(msg.request_id, f"{type(exc).__name__}: {exc}", msg.sampling_params.n)
+        elif isinstance(msg, AbortRequests):
+            self.core.abort_requests(msg.aborts)
+        elif isinstance(msg, UtilityCall):
+            self.output.send(self._utility(msg), copy=False)
+        elif isinstance(msg, Shutdown):
+            raise _Stop
+        else:
+            log.error("engine core: dropped a message of type %s", type(msg).__name__)
+
+    def _fail_request(self, request_id: str, why: str, n: int = 1) -> None:
+        outs = [EngineCoreOutput(request_id, i, [], finish_reason="error", error=why) for i in range(n)]
+        self.send(EngineCoreOutputs(outs, time.time(), None))
+
+    def _utility(self, call: UtilityCall) -> bytes:
+        """The encoded :class:`UtilityResult` of ``call``: its value, or the error it raised (a method off
+        the allow-list, a value that is not plain data, any exception of the method)."""
+        if call.method not in UTILITY_METHODS:
+            return serial.encode(
+                UtilityResult(
+                    call.call_id,
+                    error_type="InvalidInputError",
+                    error=f"utility method: expected one of {sorted(UTILITY_METHODS)}, got {call.method!r}",
+                )
+            )
+        try:
+            return serial.encode(UtilityResult(call.call_id, getattr(self.core, call.method)(*call.args)))
+        except Exception as exc:
+            return serial.encode(UtilityResult(call.call_id, error_type=type(exc).__name__, error=str(exc)))
+
+
+def _freeze_gc(config: Any, core: Any) -> None:
+    """``freeze_gc`` (see ``LLM``) for the core process: everything alive once the core is built moves to the
+    permanent generation (None: on for CUDA devices)."""
+    device = getattr(core, "device", None)
+    on = config.freeze_gc if config.freeze_gc is not None else getattr(device, "type", None) == "cuda"
+    if on:
+        gc.collect()
+        gc.freeze()
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
+def run_engine_core(config: bytes, input_address: str, output_address: str, core_factory: str | None) -> None:
+    """The engine core process's main: connect to the front end's sockets, build the core from ``config``
+    (:func:`serial.encode_config`'s bytes) with ``core_factory`` (``module:attribute``; None:
+    :data:`DEFAULT_CORE`), report :class:`CoreReady` (or :class:`CoreFailed` and exit 1), run the busy loop,
+    then shut the core down and exit 0 (1 when a step raised)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _sigterm)
+    import zmq
+
+    ctx = zmq.Context()
+    inp, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    for s in (inp, out):
+        s.setsockopt(zmq.LINGER, 2000)  # the last messages (outputs, CoreFailed) still reach the front end
+    inp.setsockopt(zmq.RCVHWM, 0)
+    out.setsockopt(zmq.SNDHWM, 0)
+    inp.connect(input_address)
+    out.connect(output_address)
+    parent = multiprocessing.parent_process()
+    core, code = None, 0
+    try:
+        ec = serial.decode_config(config)
+        core = _load(core_factory or DEFAULT_CORE)(ec)
+        _freeze_gc(ec, core)
+        info = {
+            "max_model_len": getattr(core, "max_model_len", None),
+            "num_kv_blocks": getattr(core, "num_kv_blocks", None),
+            "pid": os.getpid(),
+        }
+        out.send(serial.encode(CoreReady(info)))
+        EngineCoreProc(core, inp, out, parent.sentinel if parent is not None else None).run()
+    except SystemExit:
+        pass
+    except Exception as exc:
+        if core is None:  # start-up failed: the front end raises it
+            out.send(
+                serial.encode(CoreFailed(type(exc).__name__, str(exc), "startup", traceback.format_exc()))
+            )
+        else:
+            log.exception("engine core failed")
+        code = 1
+    finally:
+        if core is not None:
+            try:
+                core.shutdown()
+            except Exception:
+                log.exception("engine core: shutdown raised")
+        inp.close()
+        out.close()
+        ctx.term()
+    if code:
+        raise SystemExit(code)
