@@ -306,6 +306,43 @@ def test_bshd_views_strided_rows_and_output_order():
 
 
 @interp
+@pytest.mark.parametrize("dv", [8, 24])
+def test_padded_value_head_dim_loads_mask_rows_only(dv, monkeypatch):
+    """The H200 sweep's seed 15036 (B 3, Hq 6 / Hkv 3, Sq 31, Sk 63, D 72, Dv 8, BSHD, scale 0.0633; fp16 and
+    bf16 wrong in almost every element) and its Dv 24 sibling: a V tile padded past Dv (Dv < 16, or not a
+    power of two) is read with a row mask only, every column in bounds (columns >= Dv re-read column Dv - 1),
+    because Triton 3.6's sm_90 code for a Dv-masked V tile feeding the P @ V wgmma was wrong (values, or an
+    illegal address). The interpreter computes the masked load right, so the test records the loads that
+    touch V's storage and checks their masks and addresses; and the answer against the oracle."""
+    from triton.runtime import interpreter
+
+    case = Case(3, 6, 3, 31, 63, 72, dv, scale=0.06325683461814241)
+    q, k, v, slopes = case.tensors(15036, torch.float16)
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))  # BSHD memory
+    lo, size = v.data_ptr(), v.untyped_storage().nbytes()
+    v_loads = []
+    load = interpreter.InterpreterBuilder.create_masked_load
+
+    def spy(self, ptrs, mask, other, *rest):
+        addr = ptrs.data
+        if addr.ndim == 2 and ((addr >= lo) & (addr < lo + size)).any():
+            v_loads.append((addr.copy(), mask.data.copy()))
+        return load(self, ptrs, mask, other, *rest)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_masked_load", spy)
+    out = run(case, q, k, v, slopes)
+    monkeypatch.undo()
+    assert v_loads
+    es = v.element_size()
+    for addr, mask in v_loads:
+        assert (mask == mask[:, :1]).all(), "a V tile masked along Dv"
+        rows = addr[mask[:, 0]]  # the loaded rows: each reads columns 0 .. Dv - 1 of one V row, no further
+        first, last = rows.min(1), rows.max(1)
+        assert rows.size and ((first - lo) % (dv * es) == 0).all() and (last - first == (dv - 1) * es).all()
+    assert mismatch(out, oracle(q, k, v, slopes, scale=case.scale), torch.float16) is None
+
+
+@interp
 def test_direct_calls_refuse_what_the_kernel_does_not_do():
     case = Case(1, 2, 2, 3, 3, 16, 16)
     q, k, v, slopes = case.tensors(0, torch.float32)

@@ -39,6 +39,8 @@ SERVING = [
     Case(1, 8, 1, 129, 257, 256, 256, causal=True),  # D = 256, MQA
     Case(1, 4, 4, 200, 300, 96, 64),  # D != Dv
     Case(1, 8, 2, 500, 700, 128, 128, causal=True, window=(127, 0), softcap=30.0),
+    Case(3, 6, 3, 31, 63, 72, 8, scale=0.0633),  # Dv 8 padded to 16: the sweep's seed 15036 (was wrong)
+    Case(3, 6, 3, 31, 63, 72, 24),  # Dv 24 padded to 32 (was wrong too, before the row-mask-only V load)
 ]
 
 

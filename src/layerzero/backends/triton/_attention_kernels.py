@@ -302,11 +302,13 @@ def _tile(
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     dv = tl.arange(0, DV_PAD)
-    v = tl.load(
-        v_head + j.to(tl.int64)[:, None] * stride_vs + dv[None, :],
-        mask=j_ok[:, None] & (dv < HEAD_DIM_V)[None, :],
-        other=0.0,
-    )
+    if HEAD_DIM_V < DV_PAD:
+        # Dv padded: columns >= Dv re-read column Dv - 1 (in bounds; their accumulator columns are never
+        # stored) instead of a mask along Dv. Triton 3.6's sm_90 code for a Dv-masked V tile feeding the
+        # P @ V wgmma gave wrong values for every column, or an illegal address, e.g. D 72 / Dv 8 or 24 with
+        # 64 x 64 tiles on 4 warps (H200, seed 15036 of the GPU sweep). Costs vectorized V loads there.
+        dv = tl.minimum(dv, HEAD_DIM_V - 1)
+    v = tl.load(v_head + j.to(tl.int64)[:, None] * stride_vs + dv[None, :], mask=j_ok[:, None], other=0.0)
     if UPCAST:
         v = v.to(tl.float32)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
