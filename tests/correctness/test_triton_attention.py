@@ -431,7 +431,7 @@ def test_alibi_calls_on_cuda_pick_triton_attention(sm, dtype):
         _ctx(sm, dtype, seq_len_q=1, seq_len_kv=4096, seq_equal=False, is_causal=False),
         _ctx(sm, dtype, graph_capture=True),
         _ctx(sm, dtype, window_left=63, window_right=0, has_softcap=True),
-        _ctx(sm, dtype, head_dim=80, head_dim_v=80, num_heads_kv=16),
+        _ctx(sm, dtype, head_dim=64, head_dim_v=16, num_heads_kv=16),
     ):
         assert _select(ctx)[0].kernel_id == KID, ctx
     bshd = _select(_ctx(sm, dtype, layout=Layout.BSHD))[0]
@@ -502,7 +502,16 @@ def test_plain_calls_choose_what_they_chose_without_it(kw):
     assert _codes(report) >= {R.ALIBI_REQUIRED}
 
 
+@pytest.mark.parametrize(("d", "dv"), [(80, 80), (72, 8), (72, 24), (128, 8), (48, 64)])
+def test_padded_head_dims_are_refused_on_cuda(d, dv):
+    """A head dim that is not a power of two >= 16 needs a padded tile, which gave wrong outputs on an H200
+    (Triton 3.6; the 2026-11-29 GPU suite): refused with HEAD_DIM_NOT_ALIGNED, so SDPA math serves it."""
+    plan, report = _select(_ctx(head_dim=d, head_dim_v=dv))
+    assert plan.kernel_id != KID and R.HEAD_DIM_NOT_ALIGNED in _codes(report)
+    assert _select(_ctx(head_dim=64, head_dim_v=32))[0].kernel_id == KID  # unpadded dims still run here
+
+
 def test_cpu_alibi_calls_do_not_pick_it():
-    q = k = v = torch.randn(1, 2, 4, 8)
+    q = k = v = torch.randn(1, 2, 4, 16)
     report = lz.explain("attention", q, k, v, alibi_slopes=torch.ones(2))
     assert report.chosen != KID and _codes(report) == {R.DEVICE_TYPE_UNSUPPORTED}

@@ -328,7 +328,10 @@ def attention(
 def attention_check(ctx: SelectionContext) -> list[Reason]:
     """What data cannot say for ``triton.attention``: it serves ``lz.attention(alibi_slopes=...)`` calls only
     (``ALIBI_REQUIRED`` otherwise), so plain calls keep SDPA flash / cuDNN / efficient, FlashAttention and the
-    rest until a GPU measurement says this kernel is faster there."""
+    rest until a GPU measurement says this kernel is faster there; and head dims that are powers of two >= 16
+    only (``HEAD_DIM_NOT_ALIGNED``): tiles padded along a head dim (D 72 / Dv 8, D 80) gave wrong outputs on
+    an H200 (Triton 3.6) for some tile shapes, with and without a mask along the padded dim, so they are
+    refused until a Triton release computes them right."""
     if not ctx.has_alibi:
         return [
             Reason(
@@ -337,7 +340,22 @@ def attention_check(ctx: SelectionContext) -> list[Reason]:
                 "against SDPA / FlashAttention on plain attention",
             )
         ]
+    padded = [d for d in (ctx.head_dim, ctx.head_dim_v) if d is not None and not _unpadded(d)]
+    if padded:
+        return [
+            Reason(
+                ReasonCode.HEAD_DIM_NOT_ALIGNED,
+                f"head dims must be powers of two >= 16 (tiles without padding), got {padded[0]}: "
+                "padded head-dim tiles gave wrong outputs on an H200 under Triton 3.6 "
+                "(benchmarks/results/gpu_suite/README.md, 2026-11-29)",
+            )
+        ]
     return []
+
+
+def _unpadded(d: int) -> bool:
+    """``d`` fills a tile exactly: a power of two >= 16 (``tl.dot``'s smallest K / N)."""
+    return d >= 16 and d & (d - 1) == 0
 
 
 def kernel_spec(available: bool, why: str) -> KernelSpec:
