@@ -79,20 +79,18 @@ def measure(s: int, v: int, dtype: torch.dtype) -> str:
     _check("torch.argmax(logits)", torch.argmax(x, dim=-1), want)
     if lz.which("sample_greedy", x) != "triton.sample_greedy":
         raise RuntimeError(f"lz.sample_greedy runs {lz.which('sample_greedy', x)}, not triton.sample_greedy")
-    pdl_on = _launch.PDL
-    try:
-        _launch.PDL = True
+    with knobs.knobs(_launch.KNOBS, pdl=True):
         tri_pdl = graph_us(lambda: lz.sample_greedy(x))
-        _launch.PDL = False
+    with knobs.knobs(_launch.KNOBS, pdl=False):
         tri = graph_us(lambda: lz.sample_greedy(x))
-    finally:
-        _launch.PDL = pdl_on
     cast = graph_us(lambda: torch.argmax(x.float(), dim=-1))
     direct = graph_us(lambda: torch.argmax(x, dim=-1))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     chunks, _ = ts.greedy_chunks(s, v, knobs.get(ts.KNOBS).greedy_programs_per_sm * sms)
     pdl = (
-        "yes" if s <= _launch.PDL_MAX_ROWS and torch.cuda.get_device_capability()[0] >= 9 else "no (not used)"
+        "yes"
+        if s <= knobs.get(_launch.KNOBS).pdl_max_rows and torch.cuda.get_device_capability()[0] >= 9
+        else "no (not used)"
     )
     return (
         f"| {s} | {v} | {chunks} | {tri_pdl:.2f} ({pdl}) | {tri:.2f} | {cast:.2f} | {direct:.2f} | "

@@ -9,11 +9,11 @@ torch.profiler trace of one generate: GPU busy vs idle per step, the largest idl
 them, and the CUDA runtime calls by host time (``timeline.md``).
 
 Variants (``--variants``, comma-separated): ``prefetch`` / ``rows`` (``GemvKnobs.prefetch`` on / off),
-``pdl-off`` (``LAYERZERO_TRITON_PDL`` off: ``_launch.PDL = False``), ``unfused`` (each norm and the projection
-after it as two calls instead of ``lz.rms_norm_linear``, the activation and down projection instead of
-``lz.swiglu_linear``), ``unfused-norm`` (the norms only), ``fused-merge`` (``triton.paged_decode`` merges its
-splits in the split kernel in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits per
-sequence), ``attn-unfused`` (the attention block as the four kernels it was before
+``pdl-off`` (``LAYERZERO_TRITON_PDL`` off: ``triton.launch``'s knob ``pdl=False``), ``unfused`` (each norm and
+the projection after it as two calls instead of ``lz.rms_norm_linear``, the activation and down projection
+instead of ``lz.swiglu_linear``), ``unfused-norm`` (the norms only), ``fused-merge`` (``triton.paged_decode``
+merges its splits in the split kernel in graphs too), ``splits-8`` / ``splits-4`` (at most that many KV splits
+per sequence), ``attn-unfused`` (the attention block as the four kernels it was before
 ``lz.rope_paged_attention``), ``gemv-16k-8w`` / ``gemv-8w`` / ``gemv-2w`` (``triton.gemv``'s prefetch kernel
 with slabs of 16384 elements and 8 warps, 8 warps, 2 warps; likewise the other ``gemv-*``), ``qkv-16k-8w`` /
 ``o-4w`` / ... (one Qwen3-0.6B projection's prefetch config: ``GemvKnobs.prefetch_by_shape``), ``l2-prefetch``
@@ -219,7 +219,7 @@ def _mlp_two_calls(self, gate_up):
 SETTINGS = {
     "prefetch": [(GEMV, "prefetch", True)],
     "rows": [(GEMV, "prefetch", False)],
-    "pdl-off": [(_launch, "PDL", False)],
+    "pdl-off": [(_launch.KNOBS, "pdl", False)],
     "unfused": [(llama, "norm_linear", _two_calls), (llama.MLP, "down", _mlp_two_calls)],
     "unfused-norm": [(llama, "norm_linear", _two_calls)],
     "fused-merge": [(PAGED, "fused_merge_in_graphs", True)],

@@ -42,9 +42,19 @@ def _canary(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ...], out:
 
 
 def _load_knobs() -> None:
-    """Import the kernel modules that register tuning knobs (``lz.configure_knobs`` before any op call);
-    importing them imports no Triton."""
-    from layerzero.backends.triton import cascade, gemv, paged, quantized_linear, rope, sampling  # noqa: F401
+    """Import the modules that register tuning knobs, the kernel modules and the autotuner
+    (``lz.configure_knobs`` before any op call); importing them imports no Triton."""
+    from layerzero.backends.triton import (  # noqa: F401
+        attention,
+        cascade,
+        gemv,
+        paged,
+        quantized_linear,
+        rope,
+        rope_paged,
+        sampling,
+    )
+    from layerzero.tuning import autotune  # noqa: F401
 
 
 RUNTIME.install_hooks(loader=register_builtin, autotuner=_autotune, canary=_canary)

@@ -14,6 +14,7 @@ from _triton_interp import needs_interpreter
 
 import layerzero as lz
 from layerzero.backends.triton import rope_paged as trp
+from layerzero.core.knobs import knobs
 from layerzero.core.kv_layout import KVLayout
 
 pytestmark = [pytest.mark.correctness, needs_interpreter("tests/gpu/test_gpu_rope_paged.py")]
@@ -94,8 +95,7 @@ def case(seed, dtype, b, hq, hkv, d, page, layout, norm, interleaved, skip=False
 
 def run(args, interleaved, layout, splits):
     q, k, v, qw, kw, cos, sin, cache, slots, pos, bt, lens = args
-    old, trp.NUM_SPLITS = trp.NUM_SPLITS, splits
-    try:
+    with knobs(trp.KNOBS, num_splits=splits):
         return trp.rope_paged_decode(
             q,
             k,
@@ -115,8 +115,6 @@ def run(args, interleaved, layout, splits):
             KVLayout(layout),
             1e-6,
         )
-    finally:
-        trp.NUM_SPLITS = old
 
 
 CASES = [  # seed, dtype, b, hq, hkv, d, page, layout, norm, interleaved, splits, skip

@@ -10,6 +10,7 @@ import torch
 
 import layerzero as lz
 from layerzero.backends.triton import _launch
+from layerzero.core.knobs import knobs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_usable")]
 DEV = "cuda"
@@ -122,7 +123,7 @@ def test_pinned_paged_decode_keys_on_alignment_and_matches_the_plain_launch():
         torch.testing.assert_close(want.double(), ref, rtol=2e-2, atol=2e-2)
 
 
-def test_pdl_launched_kernels_in_a_graph_replay_eagers_bits(monkeypatch):
+def test_pdl_launched_kernels_in_a_graph_replay_eagers_bits():
     """Under capture (SM 9.0+) our decode kernels are PDL-launched (``_launch.pdl_kwargs``: each waits for the
     previous grid before touching memory); a graph of rms_norm -> gemv -> SwiGLU -> gemv replays, bit for bit,
     the same kernels run eagerly without PDL (``lz.capture_selection()`` selects what the capture runs; PDL
@@ -143,12 +144,8 @@ def test_pdl_launched_kernels_in_a_graph_replay_eagers_bits(monkeypatch):
         return lz.linear(lz.swiglu(gate, up), w_down) + r
 
     def eager_without_pdl():
-        monkeypatch.setattr(_launch, "PDL", False)
-        try:
-            with lz.capture_selection():
-                return step()
-        finally:
-            monkeypatch.setattr(_launch, "PDL", True)
+        with knobs(_launch.KNOBS, pdl=False), lz.capture_selection():
+            return step()
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

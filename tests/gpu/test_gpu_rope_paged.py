@@ -15,6 +15,7 @@ import torch
 
 import layerzero as lz
 from layerzero.backends.triton import rope_paged as trp
+from layerzero.core.knobs import knobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "correctness"))
 from test_triton_rope_paged_interpret import CASES, case, oracle  # noqa: E402
@@ -82,11 +83,8 @@ def test_kernel_matches_float64(
             )
             == trp.KERNEL_ID
         )
-        old, trp.NUM_SPLITS = trp.NUM_SPLITS, None if default_splits else splits
-        try:
+        with knobs(trp.KNOBS, num_splits=None if default_splits else splits):
             got = call(args, interleaved, layout)
-        finally:
-            trp.NUM_SPLITS = old
     err = ((got.double().cpu() - want).abs().max() / want.abs().max()).item()
     assert err <= TOL[dtype], err
     diff = (cache.double().cpu() - want_cache.double()).abs().max().item()

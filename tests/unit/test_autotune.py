@@ -14,12 +14,13 @@ import pytest
 import torch
 
 import layerzero as lz
+from layerzero.core import knobs
 from layerzero.core.dispatch import device_fingerprint_parts
 from layerzero.core.perfdb import fingerprint
 from layerzero.core.report import CandidateStatus
 from layerzero.core.runtime import RUNTIME
 from layerzero.ops import OPS
-from layerzero.tuning.autotune import AUTOTUNE_TIMING, autotune_context, reference_output
+from layerzero.tuning.autotune import KNOBS, autotune_context, reference_output
 
 pytestmark = pytest.mark.unit
 
@@ -62,7 +63,7 @@ def test_records_a_row_per_eligible_kernel_and_selection_uses_them():
     rows = _rows(ctx)
     assert set(rows) == _eligible("rms_norm", x, w) == {"torch_native.rms_norm", "reference.rms_norm"}
     assert all(r.samples >= 1 and r.median_us > 0 for r in rows.values())
-    assert all(r.samples <= AUTOTUNE_TIMING["repeats"] for r in rows.values())
+    assert all(r.samples <= knobs.get(KNOBS).repeats for r in rows.values())
     assert torch.equal(x, x0)  # the caller's tensors are not changed
     # selection reads the rows: perf term = 1000 x fastest / this median for each kernel (no timing assertion:
     # the two medians can be close enough on a loaded CPU that priority, not speed, decides the pick)
@@ -107,9 +108,8 @@ def test_a_measured_bucket_is_not_measured_again(custom):
     ctx, canonical = _call("rms_norm", x, w)
     autotune_context(RUNTIME, ctx, canonical)
     first = len(calls)
-    assert first >= 1 + AUTOTUNE_TIMING["warmup"] + AUTOTUNE_TIMING[
-        "iters"
-    ] and "test_autotune.count" in _rows(ctx)
+    kn = knobs.get(KNOBS)
+    assert first >= 1 + kn.warmup + kn.iters and "test_autotune.count" in _rows(ctx)
     autotune_context(RUNTIME, ctx, canonical)
     assert len(calls) == first
 
@@ -217,4 +217,4 @@ def test_rounds_time_the_kernels_in_turn_and_keep_each_ones_better_round(custom,
     assert order == ["test_autotune.a", "test_autotune.b", "test_autotune.a", "test_autotune.b"]
     medians = {row.kernel_id: row.median_us for row, _ in results}
     assert medians == {"test_autotune.a": 10.0, "test_autotune.b": 20.0}
-    assert AUTOTUNE_TIMING["rounds"] >= 2
+    assert knobs.get(KNOBS).rounds >= 2

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from layerzero.backends.triton import _launch
+from layerzero.core.knobs import knobs
 
 pytestmark = pytest.mark.unit
 
@@ -164,15 +165,17 @@ def test_pdl_only_for_captures_on_hopper(capture, as_captured, major, enabled, w
     monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: capture, raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx: (major, 0))
     monkeypatch.setattr(_launch, "_SM90", {})
-    monkeypatch.setattr(_launch, "PDL", enabled)
     cuda_tensor = SimpleNamespace(
         is_cuda=True, get_device=lambda: 0
     )  # what pdl_kwargs reads of a CUDA tensor
     token = AS_CAPTURED.set(as_captured)
     try:
-        assert _launch.pdl_kwargs(cuda_tensor, 1) == want
-        assert _launch.pdl_kwargs(cuda_tensor, _launch.PDL_MAX_ROWS) == want
-        assert _launch.pdl_kwargs(cuda_tensor, _launch.PDL_MAX_ROWS + 1) == {}  # large batches: never
+        with knobs(_launch.KNOBS, pdl=enabled) as kn:
+            assert _launch.pdl_kwargs(cuda_tensor, 1) == want
+            assert _launch.pdl_kwargs(cuda_tensor, kn.pdl_max_rows) == want
+            assert _launch.pdl_kwargs(cuda_tensor, kn.pdl_max_rows + 1) == {}  # large batches: never
+            with knobs(_launch.KNOBS, pdl_max_rows=kn.pdl_max_rows + 1):  # the knob moves the bound
+                assert _launch.pdl_kwargs(cuda_tensor, kn.pdl_max_rows + 1) == want
     finally:
         AS_CAPTURED.reset(token)
     assert _launch.pdl_kwargs(torch.zeros(1), 1) == {}  # CPU tensors (the interpreter): never

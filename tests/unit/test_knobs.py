@@ -3,8 +3,9 @@ engine's ``CudaGraphKnobs``. Defaults against a hand-written table (today's meas
 and wrong types refused with the names in the message, the ``knobs(...)`` block restored also when it raises,
 the generation counter, frozen instances, plan caches dropped on a change, the loader hook, and a knob
 changing a decision: the paged-decode split geometry, the GEMV kernel choice, the sampler's split, the cascade
-prefill's tiles and splits, the RoPE heads a program and the quantized GEMM's kernel and int4 configs, all
-pure Python on CPU."""
+prefill's tiles and splits, the RoPE heads a program, the quantized GEMM's kernel and int4 configs, the ALiBi
+attention's split count, the autotuner's timing, the fused RoPE + paged decode's forced splits and the PDL
+choice, all on CPU."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import dataclasses
 from dataclasses import dataclass
 
 import pytest
+import torch
 
-from layerzero.backends.triton import cascade, gemv, paged, rope, sampling
+from layerzero.backends.triton import _launch, attention, cascade, gemv, paged, rope, rope_paged, sampling
 from layerzero.backends.triton import quantized_linear as qlin
 from layerzero.core import knobs as kb
 from layerzero.core.errors import ConfigurationError
 from layerzero.engine.config import CudaGraphKnobs, EngineConfig
+from layerzero.tuning import autotune
 
 pytestmark = pytest.mark.unit
 
@@ -82,6 +85,10 @@ DEFAULTS = {
         int4_bn_max=16,
         int4_measured_faster=True,
     ),
+    attention.AttentionKnobs: dict(max_splits=16, min_split_tiles=4, workspace_bytes=32 * 1024 * 1024),
+    autotune.AutotuneKnobs: dict(warmup=2, iters=3, repeats=5, max_time_s=0.003, rounds=3),
+    rope_paged.RopePagedKnobs: dict(num_splits=None),
+    _launch.LaunchKnobs: dict(pdl=True, pdl_max_rows=16),
     CudaGraphKnobs: dict(
         packed_inputs=True,
         greedy_in_graph=True,
@@ -101,6 +108,10 @@ NAMES = {
     cascade.KNOBS: cascade.CascadeKnobs,
     rope.KNOBS: rope.RopeKnobs,
     qlin.KNOBS: qlin.QuantizedLinearKnobs,
+    attention.KNOBS: attention.AttentionKnobs,
+    autotune.KNOBS: autotune.AutotuneKnobs,
+    rope_paged.KNOBS: rope_paged.RopePagedKnobs,
+    _launch.KNOBS: _launch.LaunchKnobs,
 }
 
 
@@ -210,6 +221,21 @@ def test_unknown_field_names_the_known_ones_and_changes_nothing():
             r"int4_configs: expected \(slab codes >= 1, warps",
         ),
         (qlin.KNOBS, dict(int4_decode="no"), r"int4_decode: expected bool, got 'no' \(str\)"),
+        (
+            attention.KNOBS,
+            dict(min_split_tiles=0),
+            r"AttentionKnobs\.min_split_tiles: expected an int >= 1, got 0\. The default is 4",
+        ),
+        (attention.KNOBS, dict(max_splits=16.0), r"max_splits: expected int, got 16\.0 \(float\)"),
+        (attention.KNOBS, dict(workspace_bytes=-1), r"workspace_bytes: expected an int >= 1, got -1"),
+        (autotune.KNOBS, dict(rounds=0), r"AutotuneKnobs\.rounds: expected an int >= 1, got 0"),
+        (autotune.KNOBS, dict(warmup=-1), r"warmup: expected an int >= 0, got -1"),
+        (autotune.KNOBS, dict(max_time_s=0), r"max_time_s: expected a number of seconds > 0, got 0"),
+        (autotune.KNOBS, dict(iters="3"), r"AutotuneKnobs\.iters: expected int, got '3' \(str\)"),
+        (rope_paged.KNOBS, dict(num_splits=0), r"RopePagedKnobs\.num_splits: expected None or an int >= 1"),
+        (rope_paged.KNOBS, dict(num_splits=2.0), r"num_splits: expected int \| None, got 2\.0 \(float\)"),
+        (_launch.KNOBS, dict(pdl=0), r"LaunchKnobs\.pdl: expected bool, got 0 \(int\)"),
+        (_launch.KNOBS, dict(pdl_max_rows=-1), r"pdl_max_rows: expected an int >= 0, got -1"),
     ],
 )
 def test_wrong_type_or_range_says_expected_and_got(name, fields, message):
@@ -378,6 +404,94 @@ def test_rope_and_quantized_linear_knobs_change_their_choices():
     assert qlin.config(5, 4096, 1024, 128)["kernel"] == "int4"
     with kb.knobs(qlin.KNOBS, int4_chunk_k=512):  # K 1024 of groups of 128 loops over chunks of 4 groups
         assert qlin.config(*qkv)["NGA"] == 4 and qlin.config(*qkv)["NG"] == 8
+
+
+def test_attention_knobs_change_the_split_count():
+    """A decode call of the ALiBi FlashAttention (one tile per KV head: 8 programs, Sk 4096 in 64 tiles of 64
+    keys, 1 KiB of workspace per split, 132 SMs): 16 splits of 4 tiles by default; each knob bounds it."""
+    decode = (8, 64, 132, 1024)
+    assert attention.splits_for(*decode) == 16
+    assert attention.splits_for(528, 64, 132, 1024) == 1  # a full grid: no split, whatever the knobs
+    with kb.knobs(attention.KNOBS, max_splits=8):
+        assert attention.splits_for(*decode) == 8 and attention.splits_for(528, 64, 132, 1024) == 1
+    with kb.knobs(attention.KNOBS, max_splits=64, min_split_tiles=2):  # 33: about two programs per SM
+        assert attention.splits_for(*decode) == 32  # 64 tiles / 2
+    with kb.knobs(attention.KNOBS, max_splits=64, min_split_tiles=1):
+        assert attention.splits_for(*decode) == 33  # cdiv(2 x 132, 8)
+    with kb.knobs(attention.KNOBS, min_split_tiles=16):
+        assert attention.splits_for(*decode) == 4  # 64 tiles / 16
+    with kb.knobs(attention.KNOBS, workspace_bytes=3 * 1024):
+        assert attention.splits_for(*decode) == 3
+    assert attention.splits_for(*decode, kn=attention.AttentionKnobs(max_splits=2)) == 2  # an explicit set
+    assert attention.splits_for(*decode) == 16
+
+
+def test_autotune_knobs_change_the_timing(monkeypatch):
+    """``autotune_context`` times with the knobs in force: ``measure_context`` gets their fields."""
+    from layerzero.core.runtime import RUNTIME
+    from layerzero.ops import OPS
+
+    seen = []
+
+    def fake_measure(runtime, ctx, args, **timing):
+        seen.append(timing)
+        return []
+
+    class _NoRows:
+        def for_bucket(self, *a):
+            return []
+
+    monkeypatch.setattr(autotune, "measure_context", fake_measure)
+    monkeypatch.setattr(RUNTIME, "perfdb", lambda: _NoRows())
+    key, canonical = OPS["rms_norm"][0](torch.ones(2, 8), torch.ones(8))
+    ctx = OPS["rms_norm"][1](key)
+    autotune.autotune_context(RUNTIME, ctx, canonical)
+    with kb.knobs(autotune.KNOBS, rounds=1, repeats=9, max_time_s=0.5):
+        autotune.autotune_context(RUNTIME, ctx, canonical)
+    autotune.autotune_context(RUNTIME, ctx, canonical)
+    default = dict(warmup=2, iters=3, repeats=5, max_time_s=0.003, rounds=3)
+    assert seen == [default, dict(default, repeats=9, max_time_s=0.5, rounds=1), default]
+
+
+def test_rope_paged_knob_forces_the_split_count(monkeypatch):
+    """``triton.rope_paged_decode``'s plan asks ``paged._plan`` for the forced split count in force (None:
+    the paged-decode rule), and the plan key holds it (a change makes a new plan)."""
+    seen = []
+
+    def spy(*args):
+        seen.append(args[7])  # paged._plan's num_splits
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(paged, "_KERNELS", type("K", (), {"get": staticmethod(lambda: None)}))
+    monkeypatch.setattr(paged, "_plan", spy)
+    t = torch.zeros(4)
+
+    def plan():
+        with pytest.raises(RuntimeError, match="stop"):
+            rope_paged._plan(t, t, t, t, t, t, t, t, "NHD", False, False)
+
+    plan()
+    with kb.knobs(rope_paged.KNOBS, num_splits=3):
+        plan()
+    plan()
+    assert seen == [None, 3, None]
+
+
+def test_launch_knobs_change_the_pdl_choice(monkeypatch):
+    """Under capture on an SM 9.0 device: PDL for up to ``pdl_max_rows`` rows; off with ``pdl=False``."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: True, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx: (9, 0))
+    monkeypatch.setattr(_launch, "_SM90", {})
+    t = SimpleNamespace(is_cuda=True, get_device=lambda: 0)
+    on = {"PDL": True, "launch_pdl": True}
+    assert [_launch.pdl_kwargs(t, rows) for rows in (1, 16, 17)] == [on, on, {}]
+    with kb.knobs(_launch.KNOBS, pdl_max_rows=1):
+        assert [_launch.pdl_kwargs(t, rows) for rows in (1, 2)] == [on, {}]
+    with kb.knobs(_launch.KNOBS, pdl=False):
+        assert _launch.pdl_kwargs(t, 1) == {}
+    assert _launch.pdl_kwargs(t, 16) == on
 
 
 def test_a_change_drops_the_paged_plans():

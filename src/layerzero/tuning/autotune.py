@@ -7,9 +7,9 @@ the first eager call of a new key, before it selects; the selection then reads t
 1. **checked**: run once on the call's own arguments and compared with the op's reference kernel as
    ``lz.tune`` does (:func:`~layerzero.tuning.stats.compare`, per-dtype tolerances; sampling kernels by
    support). A kernel that raises or differs is logged (WARNING) and not recorded;
-2. **timed** with :data:`AUTOTUNE_TIMING`: two warm-up calls, then samples of 3 calls until 3 ms are spent (5
-   samples at most, one at least): ``time_kernel`` of the harness (CUDA events on GPU); three times, the
-   kernels in turn, each kernel's best round kept;
+2. **timed** as the :class:`AutotuneKnobs` in force say (``"tuning.autotune"``; by default two warm-up
+   calls, then samples of 3 calls until 3 ms are spent, 5 samples at most, one at least): ``time_kernel`` of
+   the harness (CUDA events on GPU); three times, the kernels in turn, each kernel's best round kept;
 3. **recorded** under the call's bucket and device fingerprint, the key ``Runtime._perf_lookup`` reads.
 
 Cost of the first call of a key: the reference once, then per eligible kernel 1 check + 3 x (2 warm-up + 3 to
@@ -29,14 +29,17 @@ import fnmatch
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from layerzero.core import config as _config
+from layerzero.core import knobs
 from layerzero.core.context import SelectionContext
 from layerzero.core.dispatch import Runtime, device_fingerprint_parts
 from layerzero.core.errors import LayerZeroError
+from layerzero.core.knobs import check_types, require
 from layerzero.core.perfdb import fingerprint
 from layerzero.core.selection import bind, kernel_reasons
 from layerzero.core.specs import KernelSpec
@@ -46,8 +49,9 @@ from .report import TuneRow, TuneStatus
 from .stats import SAMPLING_OPS, check_sampled, compare, sample_stats
 
 __all__ = [
-    "AUTOTUNE_TIMING",
+    "KNOBS",
     "REFERENCE_CHUNK_BYTES",
+    "AutotuneKnobs",
     "autotune_context",
     "eligible_kernels",
     "measure_context",
@@ -56,11 +60,38 @@ __all__ = [
 
 log = logging.getLogger("layerzero.autotune")
 
-AUTOTUNE_TIMING = {"warmup": 2, "iters": 3, "repeats": 5, "max_time_s": 0.003, "rounds": 3}
-"""Timing of one kernel by :func:`autotune_context` (``time_kernel`` arguments, seconds; ``rounds`` of
-:func:`measure_context`: three, in turn, the best kept, as the shipped timings and the hidden-shape check do:
-fewer rounds misread eager kernels whose host time varies by round; numbers:
-benchmarks/results/history.md)."""
+KNOBS = "tuning.autotune"
+"""The name :class:`AutotuneKnobs` is registered under (``layerzero.core.knobs``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AutotuneKnobs:
+    """Timing of one kernel by :func:`autotune_context`, registered as ``"tuning.autotune"``:
+    ``time_kernel``'s arguments and :func:`measure_context`'s ``rounds``, read once per measured key
+    (measurements: ``benchmarks/results/knobs/tuning_autotune.md``). Raises ``ConfigurationError`` for a field
+    of the wrong type or out of range."""
+
+    warmup: int = 2
+    """Untimed calls of a kernel before its samples, each round."""
+    iters: int = 3
+    """Calls per timed sample."""
+    repeats: int = 5
+    """Most samples per kernel and round (at least one is taken)."""
+    max_time_s: float = 0.003
+    """Seconds of samples per kernel and round after which no further sample starts."""
+    rounds: int = 3
+    """Rounds over the kernels in turn, each kernel's best kept, as the shipped timings and the hidden-shape
+    check do: fewer rounds misread eager kernels whose host time varies by round."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.warmup >= 0, self, "warmup", "an int >= 0")
+        for name in ("iters", "repeats", "rounds"):
+            require(getattr(self, name) >= 1, self, name, "an int >= 1")
+        require(self.max_time_s > 0, self, "max_time_s", "a number of seconds > 0")
+
+
+knobs.register(KNOBS, AutotuneKnobs())
 
 REFERENCE_CHUNK_BYTES = 1 << 30
 """Largest float32 score matrix (bytes) one call of the attention reference builds; larger calls are split
@@ -298,7 +329,17 @@ def autotune_context(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, .
         if db.for_bucket(ctx.op, bucket, fp):
             return
         with torch.no_grad():
-            results = measure_context(runtime, ctx, args, **AUTOTUNE_TIMING)
+            kn = knobs.get(KNOBS)
+            results = measure_context(
+                runtime,
+                ctx,
+                args,
+                warmup=kn.warmup,
+                iters=kn.iters,
+                repeats=kn.repeats,
+                max_time_s=kn.max_time_s,
+                rounds=kn.rounds,
+            )
     except Exception as exc:  # noqa: BLE001 - autotune must never break the call it serves
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -25,15 +25,18 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from layerzero.core import knobs
 from layerzero.core.capture import AS_CAPTURED
+from layerzero.core.knobs import check_types, require
 
 log = logging.getLogger("layerzero.triton")
 
-__all__ = ["FastLaunch", "launch", "launch_pinned", "launcher_of", "pdl_kwargs"]
+__all__ = ["KNOBS", "FastLaunch", "LaunchKnobs", "launch", "launch_pinned", "launcher_of", "pdl_kwargs"]
 
 _LAUNCHERS: dict[int, FastLaunch] = {}
 PINS_MAX = 8192
@@ -217,15 +220,30 @@ def launch_pinned(fn: Any, pin: Any, grid: tuple[int, ...], *args: Any, **kwargs
     launcher_of(fn).pinned(pin, grid, *args, **kwargs)
 
 
-PDL = os.environ.get("LAYERZERO_TRITON_PDL", "1") != "0"
-"""Programmatic dependent launch for our decode kernels inside CUDA graphs (``_gdc_kernels``);
-``LAYERZERO_TRITON_PDL=0`` turns it off (read at import)."""
+KNOBS = "triton.launch"
+"""The name :class:`LaunchKnobs` is registered under (``layerzero.core.knobs``)."""
 
-PDL_MAX_ROWS = 16
-"""Largest batch (tokens / sequences of a launch) PDL-launched. H200, Qwen3-0.6B engine, one machine: with PDL
-on every decode graph, batch-1 decode 828 -> 983 tok/s but the 256-request throughput run 21,816 -> 20,808
-tok/s (each kernel lets the next one launch at its start, whose waiting programs then hold SM slots that a
-many-wave kernel of a large batch still needs); small batches are the latency-bound case PDL is for."""
+
+@dataclass(frozen=True, slots=True)
+class LaunchKnobs:
+    """Programmatic dependent launch (PDL) of our decode kernels inside CUDA graphs (``_gdc_kernels``),
+    registered as ``"triton.launch"``; read per launch by :func:`pdl_kwargs` (measurements:
+    ``benchmarks/results/knobs/triton_launch.md``). Raises ``ConfigurationError`` for a field of the wrong
+    type or out of range."""
+
+    pdl: bool = True
+    """PDL on; the registered default is False when ``LAYERZERO_TRITON_PDL=0`` (read at import)."""
+    pdl_max_rows: int = 16
+    """Largest batch (tokens / sequences of a launch) PDL-launched: on the H200 PDL sped up batch-1 decode and
+    slowed a 256-request throughput run (waiting programs hold SM slots a many-wave kernel needs); small
+    batches are the latency-bound case PDL is for."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.pdl_max_rows >= 0, self, "pdl_max_rows", "an int >= 0")
+
+
+knobs.register(KNOBS, LaunchKnobs(pdl=os.environ.get("LAYERZERO_TRITON_PDL", "1") != "0"))
 
 _PDL_ON: dict[str, bool] = {"PDL": True, "launch_pdl": True}
 _PDL_OFF: dict[str, bool] = {}
@@ -235,12 +253,13 @@ _SM90: dict[int, bool] = {}
 def pdl_kwargs(t: torch.Tensor, rows: int, captured: bool | None = None) -> dict[str, bool]:
     """The launch keywords that make a kernel PDL-launched (its ``PDL`` constexpr and Triton's ``launch_pdl``
     option) for a launch on ``t``'s device over ``rows`` tokens (or sequences): on a CUDA device of compute
-    capability >= 9.0, for at most :data:`PDL_MAX_ROWS` rows, while a CUDA graph is captured on the current
-    stream or under ``lz.capture_selection()`` (the warm-up that compiles what the capture runs); ``{}``
-    otherwise (eager calls, large batches, the interpreter, older GPUs, :data:`PDL` off). ``captured``: the
-    caller's answer to "is this call captured or selected as captured", when it has one (not asked again). The
-    dicts returned are shared: do not change them."""
-    if not PDL or rows > PDL_MAX_ROWS or not t.is_cuda:
+    capability >= 9.0, for at most the knobs' ``pdl_max_rows`` rows, while a CUDA graph is captured on the
+    current stream or under ``lz.capture_selection()`` (the warm-up that compiles what the capture runs);
+    ``{}`` otherwise (eager calls, large batches, the interpreter, older GPUs, the knobs' ``pdl`` off).
+    ``captured``: the caller's answer to "is this call captured or selected as captured", when it has one (not
+    asked again). The dicts returned are shared: do not change them."""
+    kn = knobs.get(KNOBS)
+    if not kn.pdl or rows > kn.pdl_max_rows or not t.is_cuda:
         return _PDL_OFF
     if not (
         captured if captured is not None else AS_CAPTURED.get() or torch._C._cuda_isCurrentStreamCapturing()

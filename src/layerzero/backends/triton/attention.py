@@ -24,8 +24,9 @@ compares it with SDPA flash / cuDNN / efficient and FlashAttention on plain call
 its priority (60) is above ``torch_sdpa.math`` (20) and the reference (0), below ``flash_attn2.attention``
 (90, ALiBi natively).
 
-Graph-safe: no host read of a device value; grids, the split count and the workspace come from shapes (the
-workspace is allocated with ``torch.empty`` on the current stream, as the other Triton kernels allocate
+Graph-safe: no host read of a device value; grids, the split count and the workspace come from shapes and
+the :class:`AttentionKnobs` in force (``"triton.attention"``: a graph keeps what its capture saw), the
+workspace allocated with ``torch.empty`` on the current stream (as the other Triton kernels allocate
 outputs). The tile configuration is a table by dtype and head dim, shrunk to the GPU's shared memory
 (:func:`config_for`), written from FlashAttention-2's and Triton's tutorial's choices, not yet tuned on a GPU.
 """
@@ -33,12 +34,15 @@ outputs). The tile configuration is a table by dtype and head dim, shrunk to the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
+from layerzero.core import knobs
 from layerzero.core.context import SelectionContext
 from layerzero.core.errors import InvalidInputError, expected_got
+from layerzero.core.knobs import check_types, require
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec, Layout, MaskKind
 
@@ -51,12 +55,32 @@ PRIORITY = 60
 """Above ``torch_sdpa.math`` (20) and ``reference.attention`` (0), the other CUDA kernels with ALiBi; below
 ``flash_attn2.attention`` (90). Only ALiBi calls reach the score (:func:`attention_check`)."""
 HEAD_DIM_MAX = 256
-MAX_SPLITS = 16
-MIN_SPLIT_TILES = 4
-"""A KV split covers at least this many ``block_n`` tiles (the merge costs a pass over the partials)."""
-WORKSPACE_BYTES = 32 << 20
-"""Split-K's float32 workspace ``[B, Hq, Sq, S, Dv]`` stays under this (fewer splits otherwise)."""
+KNOBS = "triton.attention"
+"""The name :class:`AttentionKnobs` is registered under (``layerzero.core.knobs``)."""
 _KERNELS = LazyModule("_attention_kernels")
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionKnobs:
+    """The split-K choices of ``triton.attention``, registered as ``"triton.attention"``; read once per call
+    (:func:`splits_for`). Written, not measured: no GPU run has tuned them yet
+    (``benchmarks/results/knobs/triton_attention.md``). Raises ``ConfigurationError`` for a field of the wrong
+    type or out of range."""
+
+    max_splits: int = 16
+    """Most KV splits of one call (the merge reads every split's partial output)."""
+    min_split_tiles: int = 4
+    """A KV split covers at least this many ``block_n`` tiles (the merge costs a pass over the partials)."""
+    workspace_bytes: int = 32 << 20
+    """Split-K's float32 workspace ``[B, Hq, Sq, S, Dv]`` stays under this (fewer splits otherwise)."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("max_splits", "min_split_tiles", "workspace_bytes"):
+            require(getattr(self, name) >= 1, self, name, "an int >= 1")
+
+
+knobs.register(KNOBS, AttentionKnobs())
 
 
 class TileConfig(NamedTuple):
@@ -128,20 +152,27 @@ def sub_group_for(group: int, rows: int) -> int:
     return max(g for g in range(1, min(group, rows) + 1) if group % g == 0)
 
 
-def splits_for(programs: int, kv_tiles: int, sms: int, row_bytes: int) -> int:
+def splits_for(
+    programs: int, kv_tiles: int, sms: int, row_bytes: int, kn: AttentionKnobs | None = None
+) -> int:
     """KV splits from shapes only (graph-safe): 1 when the ``programs`` tiles fill the ``sms``
-    multiprocessors, else enough for about two programs per SM, at most :data:`MAX_SPLITS`, each at least
-    :data:`MIN_SPLIT_TILES` KV tiles long, the workspace (``row_bytes`` per split) under
-    :data:`WORKSPACE_BYTES`."""
+    multiprocessors, else enough for about two programs per SM, at most the knobs' ``max_splits``, each at
+    least ``min_split_tiles`` KV tiles long, the workspace (``row_bytes`` per split) under ``workspace_bytes``
+    (``kn``, default the :class:`AttentionKnobs` in force). Pure arithmetic: raises nothing.
+
+    >>> splits_for(8, 64, 132, 1024), splits_for(528, 64, 132, 1024)  # decode B1 Hkv8 Sk4096; a full grid
+    (16, 1)
+    """
     if programs >= sms:
         return 1
+    kn = kn or knobs.get(KNOBS)
     return max(
         1,
         min(
-            MAX_SPLITS,
+            kn.max_splits,
             cdiv(2 * sms, programs),
-            kv_tiles // MIN_SPLIT_TILES,
-            WORKSPACE_BYTES // max(1, row_bytes),
+            kv_tiles // kn.min_split_tiles,
+            kn.workspace_bytes // max(1, row_bytes),
         ),
     )
 
@@ -394,7 +425,9 @@ def kernel_spec(available: bool, why: str) -> KernelSpec:
 __all__ = [
     "HEAD_DIM_MAX",
     "KERNEL_ID",
+    "KNOBS",
     "PRIORITY",
+    "AttentionKnobs",
     "TileConfig",
     "attention",
     "attention_check",

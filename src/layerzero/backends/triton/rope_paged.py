@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from layerzero.core import knobs
 from layerzero.core.capture import AS_CAPTURED, capturing_now
 from layerzero.core.context import SelectionContext
+from layerzero.core.knobs import check_types, require
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
@@ -35,9 +37,27 @@ PRIORITY = 45
 opt in (``lz.prefer("triton.rope_paged_decode")``): on the H200 the fused split kernel measured slower than
 the composite's three kernels (benchmarks/results/history.md)."""
 
-NUM_SPLITS: int | None = None
-"""Force the KV split count (tests, benchmarks); None: ``paged.choose_split_len``'s, as
-``triton.paged_decode``."""
+KNOBS = "triton.rope_paged"
+"""The name :class:`RopePagedKnobs` is registered under (``layerzero.core.knobs``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RopePagedKnobs:
+    """Launch choices of ``triton.rope_paged_decode`` of its own, registered as ``"triton.rope_paged"`` (the
+    split geometry is ``triton.paged_decode``'s knobs); read once per call (part of the plan key). Raises
+    ``ConfigurationError`` for a field of the wrong type or out of range."""
+
+    num_splits: int | None = None
+    """Force the KV split count (tests, benchmarks); None: ``paged.choose_split_len``'s, as
+    ``triton.paged_decode``."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        n = self.num_splits
+        require(n is None or n >= 1, self, "num_splits", "None or an int >= 1")
+
+
+knobs.register(KNOBS, RopePagedKnobs())
 
 _KERNELS = LazyModule("_rope_paged_kernels")
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
@@ -109,7 +129,7 @@ def rope_paged_decode(
         kv_layout,
         norm,
         bool(interleaved),
-        NUM_SPLITS,
+        knobs.get(KNOBS).num_splits,
     )
     plan = _PLANS.get(key)
     if plan is None:
@@ -203,7 +223,7 @@ def _plan(
         seq_lens,
         kv_layout,
         False,
-        NUM_SPLITS,
+        knobs.get(KNOBS).num_splits,
         None,
         None,
         None,
