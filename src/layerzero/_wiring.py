@@ -42,17 +42,21 @@ def _canary(runtime: Runtime, ctx: SelectionContext, args: tuple[Any, ...], out:
 
 
 def _load_knobs() -> None:
-    """Import the modules that register tuning knobs, the kernel modules and the autotuner
-    (``lz.configure_knobs`` before any op call); importing them imports no Triton."""
+    """Import the modules that register tuning knobs, the kernel modules (Triton's and the chunked
+    ``linear_cross_entropy``) and the autotuner (``lz.configure_knobs`` before any op call); importing them
+    imports no Triton."""
+    from layerzero.backends.torch_native import linear_ce  # noqa: F401
     from layerzero.backends.triton import (  # noqa: F401
         attention,
         cascade,
         gemv,
+        norms,
         paged,
         quantized_linear,
         rope,
         rope_paged,
         sampling,
+        swiglu,
     )
     from layerzero.tuning import autotune  # noqa: F401
 

@@ -138,6 +138,19 @@ def test_triton_rounds_like_hf(dtype):
 
 
 @triton_only
+def test_triton_column_block_from_the_knobs():
+    """``SwigluKnobs.block`` 16: a 70-wide row in 5 column blocks (the last partial) matches float64."""
+    from layerzero.backends.triton import swiglu
+    from layerzero.core.knobs import knobs
+
+    g = torch.Generator().manual_seed(3)
+    gate, up = torch.randn(4, 70, generator=g), torch.randn(4, 70, generator=g)
+    with knobs(swiglu.KNOBS, block=16):
+        out = _triton()(gate, up)
+    assert mismatch(out, swiglu_oracle(gate, up), torch.float32) is None
+
+
+@triton_only
 def test_triton_transposed_and_empty_inputs():
     g = torch.Generator().manual_seed(1)
     gate = torch.randn(5, 3, 7, generator=g).transpose(0, 1)  # rows cannot be merged: copied

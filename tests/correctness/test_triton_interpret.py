@@ -40,6 +40,8 @@ if not torch.cuda.is_available():  # must precede the first @triton.jit of the s
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shapes import F64, kept_oracle, mismatch, qk_norm_rope_call, rms_call, rope_call  # noqa: E402
 
+from layerzero.core import knobs  # noqa: E402
+
 pytestmark = [
     pytest.mark.correctness,
     pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed"),
@@ -96,7 +98,7 @@ def test_rms_norm_seeded_cases_match_float64(dtype):
 def test_rms_norm_tiled_long_rows_and_fused_sum(dtype):
     norms = _kernels()[0]
     gen = torch.Generator().manual_seed(7)
-    h = 8192 + 1001  # > ONE_PASS_MAX: the two-loop path, last tile partial
+    h = knobs.get(norms.KNOBS).one_pass_max + 1001  # the two-loop path (8192 + 1001), last tile partial
     x = torch.randn(2, h, generator=gen).to(dtype)
     r = torch.randn(2, h, generator=gen).to(dtype)
     w = (1 + 0.5 * torch.randn(h, generator=gen)).to(dtype)
@@ -115,6 +117,25 @@ def test_rms_norm_tiled_long_rows_and_fused_sum(dtype):
         )
         is None
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rms_norm_small_tiles_from_the_knobs(dtype):
+    """``NormKnobs`` with a one-pass limit of 64 and 32-element tiles: a 200-wide row takes the two-loop path
+    in 7 tiles (the last partial), a 64-wide one stays one pass; both match float64, with and without the
+    fused residual."""
+    norms = _kernels()[0]
+    gen = torch.Generator().manual_seed(11)
+    with knobs.knobs(norms.KNOBS, one_pass_max=64, tile=32):
+        for h in (200, 64):
+            x = torch.randn(3, h, generator=gen).to(dtype)
+            r = torch.randn(3, h, generator=gen).to(dtype)
+            w = (1 + 0.5 * torch.randn(h, generator=gen)).to(dtype)
+            y, s = norms.rms_norm(x, w, 1e-5, r)
+            y64 = s.to(F64) / torch.sqrt((s.to(F64) ** 2).mean(-1, keepdim=True) + 1e-5) * w.to(F64)
+            assert mismatch(y, y64, dtype, f"y h={h}") is None
+            y64 = x.to(F64) / torch.sqrt((x.to(F64) ** 2).mean(-1, keepdim=True) + 1e-5) * w.to(F64)
+            assert mismatch(norms.rms_norm(x, w, 1e-5), y64, dtype, f"y h={h}, no residual") is None
 
 
 def test_rms_norm_hand_worked_row_and_empty_input():

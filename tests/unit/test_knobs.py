@@ -4,18 +4,32 @@ and wrong types refused with the names in the message, the ``knobs(...)`` block 
 the generation counter, frozen instances, plan caches dropped on a change, the loader hook, and a knob
 changing a decision: the paged-decode split geometry, the GEMV kernel choice, the sampler's split, the cascade
 prefill's tiles and splits, the RoPE heads a program, the quantized GEMM's kernel and int4 configs, the ALiBi
-attention's split count, the autotuner's timing, the fused RoPE + paged decode's forced splits and the PDL
-choice, all on CPU."""
+attention's split count, the autotuner's timing, the fused RoPE + paged decode's forced splits, the PDL
+choice, the RMSNorm and SwiGLU tiles, the chunked linear cross-entropy's chunks and the attention tiles'
+shared memory budget, all on CPU."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from layerzero.backends.triton import _launch, attention, cascade, gemv, paged, rope, rope_paged, sampling
+from layerzero.backends.torch_native import linear_ce
+from layerzero.backends.triton import (
+    _launch,
+    attention,
+    cascade,
+    gemv,
+    norms,
+    paged,
+    rope,
+    rope_paged,
+    sampling,
+    swiglu,
+)
 from layerzero.backends.triton import quantized_linear as qlin
 from layerzero.core import knobs as kb
 from layerzero.core.errors import ConfigurationError
@@ -85,10 +99,15 @@ DEFAULTS = {
         int4_bn_max=16,
         int4_measured_faster=True,
     ),
-    attention.AttentionKnobs: dict(max_splits=16, min_split_tiles=4, workspace_bytes=32 * 1024 * 1024),
+    attention.AttentionKnobs: dict(
+        max_splits=16, min_split_tiles=4, workspace_bytes=32 * 1024 * 1024, smem_use=0.85
+    ),
     autotune.AutotuneKnobs: dict(warmup=2, iters=3, repeats=5, max_time_s=0.003, rounds=3),
     rope_paged.RopePagedKnobs: dict(num_splits=None),
     _launch.LaunchKnobs: dict(pdl=True, pdl_max_rows=16),
+    norms.NormKnobs: dict(one_pass_max=8192, tile=4096),
+    swiglu.SwigluKnobs: dict(block=1024),
+    linear_ce.LinearCEKnobs: dict(chunk_elements=4 * 1024 * 1024),
     CudaGraphKnobs: dict(
         packed_inputs=True,
         greedy_in_graph=True,
@@ -112,6 +131,9 @@ NAMES = {
     autotune.KNOBS: autotune.AutotuneKnobs,
     rope_paged.KNOBS: rope_paged.RopePagedKnobs,
     _launch.KNOBS: _launch.LaunchKnobs,
+    norms.KNOBS: norms.NormKnobs,
+    swiglu.KNOBS: swiglu.SwigluKnobs,
+    linear_ce.KNOBS: linear_ce.LinearCEKnobs,
 }
 
 
@@ -236,6 +258,25 @@ def test_unknown_field_names_the_known_ones_and_changes_nothing():
         (rope_paged.KNOBS, dict(num_splits=2.0), r"num_splits: expected int \| None, got 2\.0 \(float\)"),
         (_launch.KNOBS, dict(pdl=0), r"LaunchKnobs\.pdl: expected bool, got 0 \(int\)"),
         (_launch.KNOBS, dict(pdl_max_rows=-1), r"pdl_max_rows: expected an int >= 0, got -1"),
+        (
+            attention.KNOBS,
+            dict(smem_use=0),
+            r"AttentionKnobs\.smem_use: expected a fraction in \(0, 1\], got "
+            r"0",
+        ),
+        (attention.KNOBS, dict(smem_use=1.5), r"smem_use: expected a fraction in \(0, 1\], got 1\.5"),
+        (attention.KNOBS, dict(smem_use="0.5"), r"smem_use: expected float, got '0\.5' \(str\)"),
+        (norms.KNOBS, dict(tile=3000), r"NormKnobs\.tile: expected a power of two >= 1, got 3000"),
+        (norms.KNOBS, dict(one_pass_max=0), r"one_pass_max: expected a power of two >= 1, got 0"),
+        (norms.KNOBS, dict(one_pass_max=8192.0), r"one_pass_max: expected int, got 8192\.0 \(float\)"),
+        (swiglu.KNOBS, dict(block=1000), r"SwigluKnobs\.block: expected a power of two >= 1, got 1000"),
+        (swiglu.KNOBS, dict(block=True), r"block: expected int, got True \(bool\)"),
+        (
+            linear_ce.KNOBS,
+            dict(chunk_elements=0),
+            r"LinearCEKnobs\.chunk_elements: expected an int >= 1, got 0\. The default is 4194304",
+        ),
+        (linear_ce.KNOBS, dict(chunk_elements="4M"), r"chunk_elements: expected int, got '4M' \(str\)"),
     ],
 )
 def test_wrong_type_or_range_says_expected_and_got(name, fields, message):
@@ -479,7 +520,6 @@ def test_rope_paged_knob_forces_the_split_count(monkeypatch):
 
 def test_launch_knobs_change_the_pdl_choice(monkeypatch):
     """Under capture on an SM 9.0 device: PDL for up to ``pdl_max_rows`` rows; off with ``pdl=False``."""
-    from types import SimpleNamespace
 
     monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: True, raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx: (9, 0))
@@ -492,6 +532,122 @@ def test_launch_knobs_change_the_pdl_choice(monkeypatch):
     with kb.knobs(_launch.KNOBS, pdl=False):
         assert _launch.pdl_kwargs(t, 1) == {}
     assert _launch.pdl_kwargs(t, 16) == on
+
+
+def _spy_launches(monkeypatch, module):
+    """Replace ``module``'s kernel loader and ``launch`` (no Triton): each launch appends ``(grid, constexpr
+    keywords)`` to the returned list."""
+    seen = []
+    monkeypatch.setattr(
+        module,
+        "_KERNELS",
+        type("K", (), {"get": staticmethod(lambda: SimpleNamespace(_rms_norm_fwd=None, _swiglu_fwd=None))}),
+    )
+    monkeypatch.setattr(module, "launch", lambda fn, grid, *args, **kw: seen.append((grid, kw)))
+    return seen
+
+
+def test_norm_knobs_change_the_row_tiling(monkeypatch):
+    """``triton.rms_norm``'s launch: rows whose next power of two is at most ``one_pass_max`` go in one pass
+    (``BLOCK`` = that power of two), longer ones in ``tile``-element tiles; the kernel gets both as
+    constexprs."""
+    seen = _spy_launches(monkeypatch, norms)
+
+    def tiling(h):
+        seen.clear()
+        norms.rms_norm(torch.ones(2, h), torch.ones(h))
+        ((grid, kw),) = seen
+        assert grid == (2,)
+        return kw["ONE_PASS"], kw["BLOCK"]
+
+    assert [tiling(h) for h in (100, 8192, 8193)] == [(True, 128), (True, 8192), (False, 4096)]
+    with kb.knobs(norms.KNOBS, one_pass_max=64):
+        assert [tiling(h) for h in (64, 100)] == [(True, 64), (False, 4096)]
+    try:
+        kb.configure_knobs(norms.KNOBS, tile=1024, one_pass_max=16384)
+        assert [tiling(h) for h in (8193, 16385)] == [(True, 16384), (False, 1024)]
+    finally:
+        assert kb.reset_knobs(norms.KNOBS) == norms.NormKnobs()
+    assert [tiling(h) for h in (100, 8193)] == [(True, 128), (False, 4096)]
+
+
+def test_swiglu_knobs_change_the_column_blocks_and_the_largest_size(monkeypatch):
+    """``triton.swiglu``'s launch: ``cdiv(I, block)`` column-block programs a row, ``BLOCK`` = ``block``; the
+    selection check's largest intermediate size is 65535 blocks."""
+    seen = _spy_launches(monkeypatch, swiglu)
+
+    def blocks(i):
+        seen.clear()
+        swiglu.swiglu(torch.ones(3, i), torch.ones(3, i))
+        ((grid, kw),) = seen
+        return grid, kw["BLOCK"]
+
+    def refused(i):
+        return [r.code.name for r in swiglu._check(SimpleNamespace(hidden_size=i))]
+
+    big = 65535 * 1024
+    assert (
+        blocks(3072) == ((3, 3), 1024)
+        and refused(big) == []
+        and refused(big + 1) == ["HIDDEN_SIZE_UNSUPPORTED"]
+    )
+    with kb.knobs(swiglu.KNOBS, block=256):
+        assert blocks(3072) == ((3, 12), 256) and refused(big // 4 + 1) == ["HIDDEN_SIZE_UNSUPPORTED"]
+    try:
+        kb.configure_knobs(swiglu.KNOBS, block=4096)
+        assert blocks(3072) == ((3, 1), 4096) and refused(big + 1) == [] and swiglu.max_inter() == 4 * big
+    finally:
+        kb.reset_knobs(swiglu.KNOBS)
+    assert blocks(3072) == ((3, 3), 1024) and swiglu.max_inter() == big
+
+
+def test_linear_ce_knobs_change_the_chunks(monkeypatch):
+    """The chunked ``linear_cross_entropy`` computes ``clamp(chunk_elements // V, 1, N)`` rows of logits at a
+    time: forward passes counted, the loss the same; a call's ``chunk_rows`` still wins."""
+    calls = []
+    logits = linear_ce._logits
+    monkeypatch.setattr(linear_ce, "_logits", lambda *a: calls.append(1) or logits(*a))
+    g = torch.Generator().manual_seed(0)
+    h, w, t = torch.randn(10, 4, generator=g), torch.randn(8, 4, generator=g), torch.arange(10) % 8
+
+    def passes(**kw):
+        calls.clear()
+        loss = linear_ce.linear_cross_entropy(h, w, t, None, -100, "mean", 0.0, None, **kw)
+        return len(calls), loss
+
+    n, loss = passes()
+    assert n == 1 and linear_ce.chunk_rows_for(10, 8) == 10
+    with kb.knobs(linear_ce.KNOBS, chunk_elements=24):  # 3 rows of 8 logits
+        assert linear_ce.chunk_rows_for(10, 8) == 3 and passes()[0] == 4
+        torch.testing.assert_close(passes()[1], loss)
+        assert passes(chunk_rows=5)[0] == 2
+    try:
+        kb.configure_knobs(linear_ce.KNOBS, chunk_elements=1)  # at least one row
+        assert linear_ce.chunk_rows_for(10, 8) == 1 and passes()[0] == 10
+    finally:
+        kb.reset_knobs(linear_ce.KNOBS)
+    assert passes()[0] == 1
+    assert linear_ce.chunk_rows_for(10, 8, linear_ce.LinearCEKnobs(chunk_elements=16)) == 2  # an explicit set
+
+
+def test_attention_smem_use_changes_the_tiles():
+    """``config_for`` shrinks the tile until its shared-memory estimate fits ``smem_use`` of the GPU's limit:
+    bf16 D 128 on a 99 KB GPU keeps 64 keys a step with the whole budget, 32 with 0.85; an H100's 227 KB at
+    0.3 drops a stage and half the keys."""
+    ada, h100 = 101376, 232448
+    bf16 = (torch.bfloat16, 128, 128, 4096)
+    assert attention.config_for(*bf16, ada) == (128, 32, 8, 2)
+    assert attention.config_for(*bf16, h100) == (128, 64, 8, 3)
+    with kb.knobs(attention.KNOBS, smem_use=1.0):
+        assert attention.config_for(*bf16, ada) == (128, 64, 8, 2)
+    try:
+        kb.configure_knobs(attention.KNOBS, smem_use=0.3)
+        assert attention.config_for(*bf16, h100) == (128, 32, 8, 2)
+    finally:
+        kb.reset_knobs(attention.KNOBS)
+    assert attention.config_for(*bf16, ada) == (128, 32, 8, 2)
+    assert attention.config_for(*bf16, h100) == (128, 64, 8, 3)
+    assert attention.config_for(*bf16, ada, attention.AttentionKnobs(smem_use=1)) == (128, 64, 8, 2)
 
 
 def test_a_change_drops_the_paged_plans():

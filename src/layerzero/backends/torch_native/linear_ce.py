@@ -8,23 +8,49 @@ recomputes each chunk's logits, turns them into ``d loss / d logits = g_i (softm
 V)`` (times ``1 - tanh^2`` under a softcap) and accumulates ``d hidden = dz @ W``, ``d W += dz^T @ h``, ``d
 bias += sum dz``. So any ``grad_output`` works (``reduction="none"`` with per-row weights included), at the
 price of a second matmul pass. The projection runs in the input dtype (fp32 accumulation inside the GEMM on
-GPUs), the softmax / loss math in float32 (float64 for float64).
+GPUs), the softmax / loss math in float32 (float64 for float64). The chunk size comes from the
+:class:`LinearCEKnobs` in force (``"torch_native.linear_ce"``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch.autograd.function import once_differentiable
 
-__all__ = ["CHUNK_ELEMENTS", "chunk_rows_for", "linear_cross_entropy"]
+from layerzero.core import knobs
+from layerzero.core.knobs import check_types, require
 
-CHUNK_ELEMENTS = 1 << 22
-"""Logit elements per chunk (4 Mi: 16 MiB of float32): ``chunk = clamp(CHUNK_ELEMENTS // V, 1, N)`` rows."""
+__all__ = ["KNOBS", "LinearCEKnobs", "chunk_rows_for", "linear_cross_entropy"]
+
+KNOBS = "torch_native.linear_ce"
+"""The name :class:`LinearCEKnobs` is registered under (``layerzero.core.knobs``)."""
 
 
-def chunk_rows_for(n: int, v: int) -> int:
-    """Rows per chunk for N rows and a V-class vocabulary."""
-    return max(1, min(n, CHUNK_ELEMENTS // max(v, 1)))
+@dataclass(frozen=True, slots=True)
+class LinearCEKnobs:
+    """The chunking of the chunked ``linear_cross_entropy``, registered as ``"torch_native.linear_ce"``; read
+    once per call (:func:`chunk_rows_for`). Written, not measured: no run has varied it
+    (``benchmarks/results/knobs/torch_native_linear_ce.md``). Peak memory against launches: every value gives
+    the same loss up to float rounding. Raises ``ConfigurationError`` for a field of the wrong type or out of
+    range."""
+
+    chunk_elements: int = 1 << 22
+    """Logit elements per chunk (4 Mi: 16 MiB of float32): ``chunk = clamp(chunk_elements // V, 1, N)``
+    rows."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.chunk_elements >= 1, self, "chunk_elements", "an int >= 1")
+
+
+knobs.register(KNOBS, LinearCEKnobs())
+
+
+def chunk_rows_for(n: int, v: int, kn: LinearCEKnobs | None = None) -> int:
+    """Rows per chunk for N rows and a V-class vocabulary (``kn``, default the knobs in force)."""
+    return max(1, min(n, (kn or knobs.get(KNOBS)).chunk_elements // max(v, 1)))
 
 
 def _logits(h, weight, bias, softcap, acc):

@@ -1,11 +1,12 @@
 """Triton RMSNorm forward (plain and fused residual add). Imported only after ``import triton`` succeeded.
 
-One program per row. Rows up to ``ONE_PASS_MAX`` elements are held in registers (one read of x); longer rows
-(up to 65536) are tiled: a first loop accumulates the float32 sum of squares, a second reloads the row and
-writes y (and h). Rounding follows Hugging Face ``LlamaRMSNorm`` (the reference's
-``cast_before_weight=True``): ``n = x_f32 * rsqrt(mean(x_f32^2) + eps)`` is rounded to x's dtype, then
-multiplied by the weight in float32 and rounded once more to x's dtype. With a residual, ``h = x + r`` is
-rounded to x's dtype first and the norm is taken of the rounded h (as a model's residual stream stores it).
+One program per row. With ``ONE_PASS`` the row is held in registers (one read of x); otherwise (rows up to
+65536) it is read in ``BLOCK``-element tiles: a first loop accumulates the float32 sum of squares, a second
+reloads the row and writes y (and h). The host code (``norms.py``) picks both from its ``NormKnobs``. Rounding
+follows Hugging Face ``LlamaRMSNorm`` (the reference's ``cast_before_weight=True``):
+``n = x_f32 * rsqrt(mean(x_f32^2) + eps)`` is rounded to x's dtype, then multiplied by the weight in float32
+and rounded once more to x's dtype. With a residual, ``h = x + r`` is rounded to x's dtype first and the norm
+is taken of the rounded h (as a model's residual stream stores it).
 """
 
 from __future__ import annotations
@@ -14,11 +15,6 @@ import triton
 import triton.language as tl
 
 from ._gdc_kernels import gdc_enter
-
-ONE_PASS_MAX = 8192
-"""Longest row kept whole in registers; longer rows take the two-loop path."""
-TILE = 4096
-"""Tile width of the two-loop path."""
 
 
 @triton.jit

@@ -3,7 +3,8 @@
 One elementwise pass over ``[rows, I]``: a 2-D grid of (row, column block) programs, so wide rows (I up to
 millions) and short ones use the same kernel without register pressure. Math in float32, rounded like Hugging
 Face ``LlamaMLP`` (``ACT2FN["silu"](gate) * up``): ``s = g * sigmoid(g)`` in float32 rounded to the input
-dtype, then ``s * u`` in float32 rounded once more to the input dtype.
+dtype, then ``s * u`` in float32 rounded once more to the input dtype. ``BLOCK`` (columns per program) comes
+from the host code's ``SwigluKnobs`` (``swiglu.py``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,6 @@ import triton
 import triton.language as tl
 
 from ._gdc_kernels import gdc_enter
-
-BLOCK = 1024
-"""Columns per program."""
 
 
 @triton.jit

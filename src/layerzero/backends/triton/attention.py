@@ -62,8 +62,9 @@ _KERNELS = LazyModule("_attention_kernels")
 
 @dataclass(frozen=True, slots=True)
 class AttentionKnobs:
-    """The split-K choices of ``triton.attention``, registered as ``"triton.attention"``; read once per call
-    (:func:`splits_for`). Written, not measured: no GPU run has tuned them yet
+    """The split-K choices and the shared-memory budget of ``triton.attention``'s tiles, registered as
+    ``"triton.attention"``; read once per call (:func:`splits_for`, :func:`config_for`). Written, not
+    measured: no GPU run has tuned them yet
     (``benchmarks/results/knobs/triton_attention.md``). Raises ``ConfigurationError`` for a field of the wrong
     type or out of range."""
 
@@ -73,11 +74,15 @@ class AttentionKnobs:
     """A KV split covers at least this many ``block_n`` tiles (the merge costs a pass over the partials)."""
     workspace_bytes: int = 32 << 20
     """Split-K's float32 workspace ``[B, Hq, Sq, S, Dv]`` stays under this (fewer splits otherwise)."""
+    smem_use: float = 0.85
+    """Fraction of the GPU's shared memory per block that :func:`config_for`'s estimate may fill (Triton adds
+    layout-conversion scratch)."""
 
     def __post_init__(self) -> None:
         check_types(self)
         for name in ("max_splits", "min_split_tiles", "workspace_bytes"):
             require(getattr(self, name) >= 1, self, name, "an int >= 1")
+        require(0 < self.smem_use <= 1, self, "smem_use", "a fraction in (0, 1]")
 
 
 knobs.register(KNOBS, AttentionKnobs())
@@ -97,8 +102,6 @@ SMEM_OPTIN = {(8, 0): 166912, (8, 7): 166912, (9, 0): 232448, (10, 0): 232448, (
 """Shared memory one program may use (bytes; CUDA's opt-in limit per block) by SM, when torch's device
 properties lack ``shared_memory_per_block_optin``; other SMs (8.6, 8.9, 12.x) get :data:`SMEM_DEFAULT`."""
 SMEM_DEFAULT = 101376
-SMEM_USE = 0.85
-"""Fraction of that limit :func:`config_for`'s estimate may fill (Triton adds layout-conversion scratch)."""
 
 
 def smem_bytes(device: torch.device) -> int:
@@ -111,15 +114,20 @@ def smem_bytes(device: torch.device) -> int:
 
 
 def config_for(
-    dtype: torch.dtype, head_dim: int, head_dim_v: int, rows_needed: int, smem: int = SMEM_OPTIN[(8, 0)]
+    dtype: torch.dtype,
+    head_dim: int,
+    head_dim_v: int,
+    rows_needed: int,
+    smem: int = SMEM_OPTIN[(8, 0)],
+    kn: AttentionKnobs | None = None,
 ) -> TileConfig:
     """The tile configuration for ``dtype`` and head dims ``(D, Dv)``, with at most ``rows_needed`` useful
     rows per tile (Sq x the heads packed per tile), on a GPU with ``smem`` bytes of shared memory per block:
     fp16/bf16 tiles of up to 128 rows x 64 keys, 3 stages, for head dims <= 128 (the Triton tutorial's and
     FlashAttention-2's forward tiles), 64 x 32 x 2 above; float32 (IEEE ``tl.dot``, twice the bytes) 64 x 32 x
     2, 32 x 32 x 1 above 128. While the estimate ``(rows D + stages block_n (D + Dv)) bytes`` exceeds
-    :data:`SMEM_USE` of ``smem``: fewer stages, then fewer keys, then fewer rows (SM 8.6 / 8.9 / 12.x have 99
-    KB, A100 163 KB, H100 227 KB). Untuned."""
+    the knobs' ``smem_use`` of ``smem`` (``kn``, default the :class:`AttentionKnobs` in force): fewer stages,
+    then fewer keys, then fewer rows (SM 8.6 / 8.9 / 12.x have 99 KB, A100 163 KB, H100 227 KB). Untuned."""
     dp, dvp = max(16, next_pow2(head_dim)), max(16, next_pow2(head_dim_v))
     big = max(dp, dvp)
     if dtype == torch.float32:
@@ -127,7 +135,7 @@ def config_for(
     else:
         rows_max, block_n, stages, size = (128, 64, 3, 2) if big <= 128 else (64, 32, 2, 2)
     rows = min(rows_max, max(16, next_pow2(rows_needed)))
-    budget = int(smem * SMEM_USE)
+    budget = int(smem * (kn or knobs.get(KNOBS)).smem_use)
     while (rows * dp + stages * block_n * (dp + dvp)) * size > budget:
         if stages > 2:
             stages -= 1
@@ -250,14 +258,15 @@ def attention(
     if out.numel() == 0:
         return out
     kern = _KERNELS.get()
+    kn = knobs.get(KNOBS)
     group = hq // hkv
-    cfg = config or config_for(q.dtype, d, dv, sq * group, smem_bytes(q.device))
+    cfg = config or config_for(q.dtype, d, dv, sq * group, smem_bytes(q.device), kn)
     sub = sub_group_for(group, cfg.rows)
     tokens = cfg.rows // sub
     token_tiles = cdiv(sq, tokens)
     programs = token_tiles * b * (hq // sub)
     if num_splits is None:
-        splits = splits_for(programs, cdiv(sk, cfg.block_n), sm_count(q.device), b * hq * sq * dv * 4)
+        splits = splits_for(programs, cdiv(sk, cfg.block_n), sm_count(q.device), b * hq * sq * dv * 4, kn)
     else:
         splits = max(1, int(num_splits))
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)

@@ -9,18 +9,22 @@ dims are viewed as one row dim without a copy when their strides allow it; other
 
 Graph safety: the launch does no host synchronization and allocates with ``torch.empty`` on the current
 stream, so it can be captured once the specialization (dtypes, hidden size, 16-divisibility of the row
-strides) was compiled by ``lz.warmup`` or a first eager call.
+strides) was compiled by ``lz.warmup`` or a first eager call. Which rows are tiled, and the tile, come from
+the :class:`NormKnobs` in force (``"triton.norms"``: a graph keeps what its capture saw).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from layerzero.core import knobs
 from layerzero.core.context import SelectionContext
+from layerzero.core.knobs import check_types, require
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
@@ -38,7 +42,32 @@ CAPTURE_PRIORITY = 55
 (residual add included) measured 0.47-0.69 of torch's time at 1-16 rows on the H200, Qwen3 shapes
 (``[M, 1024]``, per-head ``[M, 16, 128]``; ``benchmarks/results/in_graph_h200.md``)."""
 MAX_HIDDEN = 65536
+KNOBS = "triton.norms"
+"""The name :class:`NormKnobs` is registered under (``layerzero.core.knobs``)."""
 _KERNELS = LazyModule("_norm_kernels")
+
+
+@dataclass(frozen=True, slots=True)
+class NormKnobs:
+    """The row tiling of ``triton.rms_norm``, registered as ``"triton.norms"``; read once per call. Written,
+    not measured: no GPU run has varied them (``benchmarks/results/knobs/triton_norms.md``). Both are
+    compile-time constants of the kernel (a new value compiles a new specialization). Raises
+    ``ConfigurationError`` for a field of the wrong type or out of range."""
+
+    one_pass_max: int = 8192
+    """Longest row kept whole in registers (elements, a power of two; compared with the row's next power of
+    two); longer rows take the two-loop path."""
+    tile: int = 4096
+    """Tile width of the two-loop path (elements, a power of two)."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("one_pass_max", "tile"):
+            value = getattr(self, name)
+            require(value >= 1 and next_pow2(value) == value, self, name, "a power of two >= 1")
+
+
+knobs.register(KNOBS, NormKnobs())
 
 
 def rms_norm(
@@ -66,6 +95,7 @@ def rms_norm(
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         return y if residual is None else (y, torch.empty_like(y))
     mod = _KERNELS.get()
+    kn = knobs.get(KNOBS)
     x2 = rows_2d(x, "x", KERNEL_ID)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     y2 = y.view(-1, h_dim)
@@ -76,8 +106,8 @@ def rms_norm(
     else:
         r2, h, h2 = x2, None, y2  # unused pointers (HAS_RES=False)
     width = next_pow2(h_dim)
-    one_pass = width <= mod.ONE_PASS_MAX
-    block = width if one_pass else mod.TILE
+    one_pass = width <= kn.one_pass_max
+    block = width if one_pass else kn.tile
     launch(
         mod._rms_norm_fwd,
         (x2.shape[0],),

@@ -8,22 +8,26 @@ it; otherwise the input is copied to contiguous memory first and a DEBUG log say
 
 Graph safety: the launch does no host synchronization and allocates with ``torch.empty`` on the current
 stream, so it can be captured once the specialization (dtype, 16-divisibility of sizes and strides) was
-compiled by ``lz.warmup`` or a first eager call.
+compiled by ``lz.warmup`` or a first eager call. The column block comes from the :class:`SwigluKnobs` in force
+(``"triton.swiglu"``: a graph keeps what its capture saw).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from layerzero.core import knobs
 from layerzero.core.context import SelectionContext
+from layerzero.core.knobs import check_types, require
 from layerzero.core.reasons import Reason, ReasonCode
 from layerzero.core.specs import KernelSpec
 
-from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, rows_2d
+from ._common import CUDA, FLOATS, SM_MIN, LazyModule, cdiv, missing, next_pow2, rows_2d
 from ._launch import launch, pdl_kwargs
 
 log = logging.getLogger("layerzero.backends.triton")
@@ -34,10 +38,38 @@ lz.tune promotes it where its single pass is faster."""
 CAPTURE_PRIORITY = 55
 """Above torch_native (50) inside a CUDA graph (launch paid once at capture): its one pass measured 0.29-0.45
 of torch's two kernels at 1-16 rows on the H200 (I = 3072; ``benchmarks/results/in_graph_h200.md``)."""
-MAX_INTER = 65535 * 1024
-"""Largest intermediate size: rows go on grid axis 0 (CUDA x, up to 2^31 - 1), column blocks of 1024 on axis 1
-(CUDA y, at most 65535)."""
+GRID_Y_MAX = 65535
+"""CUDA's limit on grid axis 1 (y), where the column blocks go (rows go on axis 0, CUDA x, up to 2^31 - 1):
+the largest intermediate size is ``GRID_Y_MAX`` blocks (:func:`max_inter`)."""
+KNOBS = "triton.swiglu"
+"""The name :class:`SwigluKnobs` is registered under (``layerzero.core.knobs``)."""
 _KERNELS = LazyModule("_swiglu_kernels")
+
+
+@dataclass(frozen=True, slots=True)
+class SwigluKnobs:
+    """The column tiling of ``triton.swiglu``, registered as ``"triton.swiglu"``; read once per call (and by
+    the selection check, :func:`max_inter`). Written, not measured: no GPU run has varied it
+    (``benchmarks/results/knobs/triton_swiglu.md``). A compile-time constant of the kernel (a new value
+    compiles a new specialization). Raises ``ConfigurationError`` for a field of the wrong type or out of
+    range."""
+
+    block: int = 1024
+    """Columns per program (elements, a power of two)."""
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        b = self.block
+        require(b >= 1 and next_pow2(b) == b, self, "block", "a power of two >= 1")
+
+
+knobs.register(KNOBS, SwigluKnobs())
+
+
+def max_inter(kn: SwigluKnobs | None = None) -> int:
+    """Largest intermediate size: :data:`GRID_Y_MAX` column blocks of the knobs' ``block`` (``kn``, default
+    those in force; 65535 x 1024 by default)."""
+    return GRID_Y_MAX * (kn or knobs.get(KNOBS)).block
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -58,11 +90,12 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.numel() == 0:
         return out
     mod = _KERNELS.get()
+    block = knobs.get(KNOBS).block
     inter = gate.shape[-1]
     g2, u2, o2 = rows_2d(gate, "gate", KERNEL_ID), rows_2d(up, "up", KERNEL_ID), out.view(-1, inter)
     launch(
         mod._swiglu_fwd,
-        (g2.shape[0], cdiv(inter, mod.BLOCK)),
+        (g2.shape[0], cdiv(inter, block)),
         g2,
         u2,
         o2,
@@ -70,7 +103,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         u2.stride(0),
         o2.stride(0),
         inter,
-        BLOCK=mod.BLOCK,
+        BLOCK=block,
         num_warps=4,
         **pdl_kwargs(g2, g2.shape[0]),
     )
@@ -78,11 +111,15 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def _check(ctx: SelectionContext) -> list[Reason]:
-    if ctx.hidden_size is not None and ctx.hidden_size > MAX_INTER:
+    if ctx.hidden_size is None:
+        return []
+    kn = knobs.get(KNOBS)
+    if ctx.hidden_size > max_inter(kn):
         return [
             Reason(
                 ReasonCode.HIDDEN_SIZE_UNSUPPORTED,
-                f"intermediate size {ctx.hidden_size} > {MAX_INTER} (65535 column blocks of 1024)",
+                f"intermediate size {ctx.hidden_size} > {max_inter(kn)} "
+                f"({GRID_Y_MAX} column blocks of {kn.block})",
             )
         ]
     return []
