@@ -119,7 +119,7 @@ def test_graphed_attention_path_gives_the_same_greedy_output(cases, checkpoints,
     import dataclasses
 
     import layerzero as lz
-    from layerzero.engine.runner import model_runner
+    from layerzero.engine.worker import model_runner
 
     build, calls = model_runner.build_forward_batch, []
     monkeypatch.setattr(

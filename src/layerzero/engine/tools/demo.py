@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import LLM, SamplingParams
+from .. import LLM, SamplingParams
 
 PROMPTS = ("The quick brown fox", "Hello world, the engine serves", "Paged attention with prefix caching and")
 

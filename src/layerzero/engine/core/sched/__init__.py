@@ -1,0 +1,1 @@
+"""The scheduler (continuous batching, chunked prefill, preemption), its policies and its plain-data output."""
