@@ -18,11 +18,11 @@ import statistics
 import time
 
 from layerzero.engine import SamplingParams
-from layerzero.engine.tools.bench_prefix import PREFIX_SCALES, shared_prefix_workload
 from layerzero.engine.core.kv import KVCacheManager
-from layerzero.engine.core.sched.scheduler import Scheduler
 from layerzero.engine.core.sched.policy import make_policy
+from layerzero.engine.core.sched.scheduler import Scheduler
 from layerzero.engine.core.sequence import FinishReason, Sequence
+from layerzero.engine.tools.bench_prefix import PREFIX_SCALES, shared_prefix_workload
 
 
 def simulate(
@@ -42,7 +42,7 @@ def simulate(
     steps = mixed = 0
     groups_per_decode, t0 = [], time.perf_counter()
     while s.has_unfinished():
-        out = s.schedule()
+        s.schedule()
         s.after_forward()
         steps += 1
         if any(n > 1 for _, n in s.scheduled):

@@ -41,8 +41,8 @@ def workloads(draw):
 def test_every_request_finishes_and_each_step_keeps_the_contract(w):
     from layerzero.engine import SamplingParams
     from layerzero.engine.core.kv import KVCacheManager
-    from layerzero.engine.core.sched.scheduler import Scheduler
     from layerzero.engine.core.sched.policy import make_policy
+    from layerzero.engine.core.sched.scheduler import Scheduler
     from layerzero.engine.core.sequence import FinishReason, Sequence
 
     reqs, cfg = w

@@ -130,7 +130,7 @@ def test_prefix_benchmark_gives_every_shared_prefix_run_the_first_pool(monkeypat
     """The cache-off (and, on CUDA, cascade) runs of the shared-prefix workload get the first run's KV pool
     size, so a smaller pool (fewer blocks free on the device after the first engine) cannot slow the baseline
     down."""
-    from layerzero.engine import bench_prefix
+    from layerzero.engine.tools import bench_prefix
 
     calls = []
 
@@ -149,7 +149,7 @@ def test_batch1_decode_rate_excludes_the_first_token(monkeypatch):
     ms: 3 tokens in 4 ms = 750 tok/s); the whole rate counts every token over the generate call."""
     from types import SimpleNamespace
 
-    from layerzero.engine import bench
+    from layerzero.engine.tools import bench
 
     clock = [0.0]
     monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: clock[0]))

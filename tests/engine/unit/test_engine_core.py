@@ -89,7 +89,9 @@ def test_a_duplicate_request_id_is_refused(core):
 
 
 def test_the_scheduler_output_is_plain_data(core):
-    core.add_request(EngineCoreRequest("p", [1, 5, 9, 4, 3], SamplingParams(temperature=0.7, seed=3, max_tokens=2)))
+    core.add_request(
+        EngineCoreRequest("p", [1, 5, 9, 4, 3], SamplingParams(temperature=0.7, seed=3, max_tokens=2))
+    )
     core.add_request(EngineCoreRequest("q", [1, 6], SamplingParams(repetition_penalty=1.2, max_tokens=2)))
     out = core.scheduler.schedule()
     try:

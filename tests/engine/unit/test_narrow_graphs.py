@@ -12,10 +12,10 @@ import torch
 
 from layerzero.engine import SamplingParams
 from layerzero.engine.config import CudaGraphKnobs
+from layerzero.engine.core.sequence import Sequence
 from layerzero.engine.worker.cuda_graph import CUDAGraphRunner
 from layerzero.engine.worker.input_batch import ScheduledChunk, build_forward_batch
 from layerzero.engine.worker.model_runner import ModelRunner
-from layerzero.engine.core.sequence import Sequence
 
 from .test_packed_inputs import stubbed_runner
 

@@ -54,7 +54,9 @@ def test_a_stop_string_across_three_tokens_stops_and_is_cut(tok):
 
 def test_streaming_deltas_hold_back_a_possible_stop_string(tok):
     _, steps = _run(tok, SamplingParams(stop="e ca", max_tokens=6), "delta")
-    deltas = [(s.request_outputs[0].outputs[0].text, s.request_outputs[0].outputs[0].token_ids) for s in steps]
+    deltas = [
+        (s.request_outputs[0].outputs[0].text, s.request_outputs[0].outputs[0].token_ids) for s in steps
+    ]
     # "t"; "the" ends in "e" (may start "e ca"): "h" only; "the c" ends in "e c": nothing; then the stop
     assert deltas == [("t", [86]), ("h", [275]), ("", [273]), ("", [274])]
     assert steps[-1].request_outputs[0].finished

@@ -10,9 +10,9 @@ import torch
 
 from layerzero.engine import SamplingParams
 from layerzero.engine.core.sched.output import SamplingMetadata
+from layerzero.engine.core.sequence import Sequence
 from layerzero.engine.worker.sampler import Sampler
 from layerzero.engine.worker.sampler import plain_greedy as _plain_greedy
-from layerzero.engine.core.sequence import Sequence
 
 pytestmark = pytest.mark.unit
 EOS = 3

@@ -35,8 +35,8 @@ def _seq(n, *, prio=0, t=0.0, tokens=None):
 
 def _sched(blocks=64, block_size=4, budget=16, max_seqs=8, policy="fcfs"):
     from layerzero.engine.core.kv import KVCacheManager
-    from layerzero.engine.core.sched.scheduler import Scheduler
     from layerzero.engine.core.sched.policy import make_policy
+    from layerzero.engine.core.sched.scheduler import Scheduler
 
     kv = KVCacheManager(blocks, block_size, watermark=0.0)
     return Scheduler(kv, make_policy(policy), max_num_seqs=max_seqs, max_num_batched_tokens=budget)
@@ -144,8 +144,8 @@ def test_a_group_whose_prefix_is_cached_is_not_held_back():
 
 def test_prefix_groups_are_off_without_prefix_caching():
     from layerzero.engine.core.kv import KVCacheManager
-    from layerzero.engine.core.sched.scheduler import Scheduler
     from layerzero.engine.core.sched.policy import make_policy
+    from layerzero.engine.core.sched.scheduler import Scheduler
 
     s = Scheduler(
         KVCacheManager(64, 4, watermark=0.0, enable_prefix_caching=False),

@@ -73,7 +73,7 @@ class EngineLoop(StepRecovery):
             appended = self._read(prev)[1]
             prev = self._inflight = None
         out = self.scheduler.schedule()
-        chunks = self._current = self.scheduler.scheduled
+        chunks = self._current = self.scheduler.scheduled if out.seq_ids else []
         t1 = time.perf_counter()
         launched = None
         if chunks:
@@ -109,7 +109,7 @@ class EngineLoop(StepRecovery):
         anything."""
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
-        chunks = self._current = self.scheduler.scheduled
+        chunks = self._current = self.scheduler.scheduled if out.seq_ids else []
         t1 = t2 = t3 = time.perf_counter()
         appended = 0
         if chunks:

@@ -67,8 +67,8 @@ class StepRecovery:
     def _end_seq(
         self, seq: Sequence, reason: FinishReason, stop: int | str | None = None, error: str | None = None
     ) -> None:
-        """Finish ``seq`` (unless it ended already) with ``reason`` (its blocks freed; a pending token dropped)
-        and queue its last output (no new tokens)."""
+        """Finish ``seq`` (unless it ended already) with ``reason`` (its blocks freed; a pending token
+        dropped) and queue its last output (no new tokens)."""
         if seq.finished:
             return
         seq.pending_index, seq.length_capped = None, False

@@ -60,12 +60,20 @@ class _Request:
     def __init__(
         self, rid: str, prompt: str | None, ids: list[int], params: SamplingParams, kind: str, tok: Any
     ) -> None:
-        self.request_id, self.prompt, self.prompt_token_ids, self.params, self.kind = rid, prompt, ids, params, kind
+        self.request_id, self.prompt, self.prompt_token_ids, self.params, self.kind = (
+            rid,
+            prompt,
+            ids,
+            params,
+            kind,
+        )
         want_lp = params.logprobs is not None
         self.comps = [
             _Completion(
                 i,
-                Detokenizer(tok, ids, params.stop_strings, params.skip_special_tokens) if tok is not None else None,
+                Detokenizer(tok, ids, params.stop_strings, params.skip_special_tokens)
+                if tok is not None
+                else None,
                 want_lp,
             )
             for i in range(params.n)

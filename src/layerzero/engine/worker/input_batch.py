@@ -1,5 +1,5 @@
-"""The step's input batch: :class:`~.attn_metadata.ForwardBatch` built from the scheduled chunks (host arrays, one
-host-to-device copy), plain or packed into a CUDA-graph bucket's buffers."""
+"""The step's input batch: :class:`~.attn_metadata.ForwardBatch` built from the scheduled chunks (host arrays,
+one host-to-device copy), plain or packed into a CUDA-graph bucket's buffers."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 
 from layerzero import InvalidInputError
 
-from .staging import stage, to_device
 from .attn_metadata import CascadeBatch, ForwardBatch
 from .cascade import CascadePolicy, plan_cascade
+from .staging import stage, to_device
 
 __all__ = ["ForwardBatch", "ScheduledChunk", "build_forward_batch", "build_packed_decode_batch"]
 

@@ -10,16 +10,16 @@ import torch
 import layerzero as lz
 
 from ..config import KV_CACHE_DTYPES, CudaGraphKnobs, EngineConfig, ModelConfig
+from ..core.sched.output import SchedulerOutput
 from ..errors import bad_config
 from ..layers.attention import KVScales
 from ..layers.quantized_linear import quantize_model
 from ..loader import load_model_weights
 from ..models.registry import build_model
-from .sampler import PendingSample
-from ..core.sched.output import SchedulerOutput
 from .cascade import CascadePolicy
 from .cuda_graph import CUDAGraphRunner
 from .input_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
+from .sampler import PendingSample
 
 __all__ = ["ModelRunner", "StepLogits", "kv_bytes_per_block"]
 
@@ -188,12 +188,12 @@ class ModelRunner:
     def execute(
         self, out: SchedulerOutput, prev_tokens: torch.Tensor | None = None, greedy: bool = False
     ) -> StepLogits:
-        """Forward the step ``out`` (plain data: chunks, block tables); returns logits ``[S, V]`` (model dtype)
-        of the chunks that sample (``out.sample``, in chunk order), with their greedy ids in transfer to the
-        host (``pending``) when ``greedy`` (the step is plain greedy: ``sampler.plain_greedy``) and a greedy
-        decode graph ran it (else ``pending`` is None and the sampler draws). ``prev_tokens`` ``[S_prev]``
-        int64 on the device: the previous step's sampled tokens, for chunks whose last token is pending
-        (``out.pending_src``; async scheduling)."""
+        """Forward the step ``out`` (plain data: chunks, block tables); returns logits ``[S, V]`` (model
+        dtype) of the chunks that sample (``out.sample``, in chunk order), with their greedy ids in transfer
+        to the host (``pending``) when ``greedy`` (the step is plain greedy: ``sampler.plain_greedy``) and a
+        greedy decode graph ran it (else ``pending`` is None and the sampler draws). ``prev_tokens``
+        ``[S_prev]`` int64 on the device: the previous step's sampled tokens, for chunks whose last token is
+        pending (``out.pending_src``; async scheduling)."""
         batch = self.prepare(out, prev_tokens)
         if batch.cascade is not None:
             self.cascade_steps += 1

@@ -1,8 +1,9 @@
-"""``SchedulerOutput``: one step as plain data (ids, counts, token ids, block tables, sampling parameters), what
-the executor hands to its workers; the live :class:`~layerzero.engine.core.sequence.Sequence` objects stay in
-the scheduler (vLLM V1's ``SchedulerOutput``). Lists of ints and strings, :class:`SamplingParams` (a frozen
-dataclass of plain values) and one int32 numpy matrix (the block tables: raw bytes plus a shape in msgpack;
-:meth:`SchedulerOutput.to_dict` gives nested lists), so a step can go to another process unchanged."""
+"""``SchedulerOutput``: one step as plain data (ids, counts, token ids, block tables, sampling parameters),
+what the executor hands to its workers; the live :class:`~layerzero.engine.core.sequence.Sequence` objects
+stay in the scheduler (vLLM V1's ``SchedulerOutput``). Lists of ints and strings, :class:`SamplingParams` (a
+frozen dataclass of plain values) and one int32 numpy matrix (the block tables: raw bytes plus a shape in
+msgpack; :meth:`SchedulerOutput.to_dict` gives nested lists), so a step can go to another process
+unchanged."""
 
 from __future__ import annotations
 

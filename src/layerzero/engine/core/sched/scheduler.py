@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 
 from ..kv.block_manager import KVCacheManager
-from .policy import SchedulingPolicy
 from ..sequence import FinishReason, Sequence, SequenceStatus
 from .output import SchedulerOutput
+from .policy import SchedulingPolicy
 
 __all__ = ["Scheduler", "SchedulerOutput"]
 
