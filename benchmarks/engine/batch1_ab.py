@@ -73,15 +73,15 @@ from layerzero.backends.triton import _launch, paged, rope, rope_paged
 from layerzero.backends.triton import gemv as tg
 from layerzero.core.knobs import knobs
 from layerzero.engine import LLM, SamplingParams
-from layerzero.engine.worker import sampler as sampler_mod
 from layerzero.engine.config import CudaGraphKnobs
-from layerzero.engine.core.llm_engine import EngineLoop
 from layerzero.engine.core.kv.block_manager import KVCacheManager
+from layerzero.engine.core.llm_engine import EngineLoop
 from layerzero.engine.core.sched.scheduler import Scheduler
 from layerzero.engine.models import llama
 from layerzero.engine.tools.bench import default_checkpoint
 from layerzero.engine.worker import input_batch as forward_batch
 from layerzero.engine.worker import model_runner
+from layerzero.engine.worker import sampler as sampler_mod
 from layerzero.engine.worker.cuda_graph import CUDAGraphRunner
 from layerzero.engine.worker.model_runner import ModelRunner
 from layerzero.engine.worker.sampler import Sampler

@@ -165,7 +165,7 @@ def test_lpm_keeps_prefix_groups_together(monkeypatch, large):
     """Interleaved arrivals of three groups (g0 g1 g2 g0 g1 g2 ...): LPM admits them group by group, groups in
     the order of their earliest arrival, whether it scores every request or, above LPM_MAX_WAITING, only
     sorts."""
-    from layerzero.engine import scheduling_policy
+    from layerzero.engine.core.sched import policy as scheduling_policy
 
     if large:
         monkeypatch.setattr(scheduling_policy, "LPM_MAX_WAITING", 4)

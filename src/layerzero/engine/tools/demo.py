@@ -25,7 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from layerzero.testing.checkpoints import build_checkpoint
     from layerzero.testing.hf_models import load
 
-    ap = argparse.ArgumentParser(prog="python -m layerzero.engine.tools.demo", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m layerzero.engine.tools.demo", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--family", default="qwen3", choices=("qwen3", "llama", "qwen3_moe"))
     ap.add_argument(
         "--dir", type=Path, default=None, help="where to write the checkpoint (default: a temp dir)"
