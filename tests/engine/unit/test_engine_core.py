@@ -120,3 +120,12 @@ def _leaves(x):
             yield from _leaves(v)
     else:
         yield x
+
+
+def test_the_kernel_report_is_plain_data_with_reasons(core):
+    core.add_request(EngineCoreRequest("k", [1, 5, 9, 4], _greedy(2)))
+    _drain(core)
+    report = json.loads(json.dumps(core.kernel_report()))
+    rows = report["paged_attention"]["decode/1"]
+    assert rows and all(r["kernel"] and r["why"] for r in rows)
+    assert "prefill/4" in report["paged_attention"]  # the last step with prefill tokens gives its bucket

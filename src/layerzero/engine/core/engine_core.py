@@ -14,8 +14,6 @@ from typing import Any
 
 import torch
 
-import layerzero as lz
-
 from ..config import EngineConfig, ModelConfig, resolve_device, resolve_max_model_len
 from ..errors import bad_input
 from ..executor.abstract import Executor
@@ -84,6 +82,8 @@ class EngineCore(EngineLoop):
         self.vocab_size = cfg.vocab_size
         self.eos = set(cfg.eos_token_ids)
         self.requests: dict[str, Request] = {}
+        #: Prefill token counts (rounded up to powers of two) of the steps run so far (kernel_report()).
+        self.prefill_buckets: set[int] = set()
         self.stats = EngineStats(num_kv_blocks=self.executor.num_kv_blocks)
         self.async_scheduling = (
             ec.async_scheduling if ec.async_scheduling is not None else self.device.type == "cuda"
@@ -204,20 +204,14 @@ class EngineCore(EngineLoop):
             return self.kv.reset_prefix_cache()
 
     def kernel_report(self) -> dict[str, Any]:
-        """Plain data: for each LayerZero op the model runs, per shape bucket (``"decode"`` or ``"prefill"``
-        and the step's tokens rounded up to a power of two), the kernel LayerZero selects and its reasons
-        (``lz.explain`` of the op as the model calls it), from one traced forward per bucket run now on
-        scratch inputs (:meth:`~layerzero.engine.worker.model_runner.ModelRunner.kernel_report`); decode
-        buckets as the CUDA graphs select (``lz.capture_selection``) when they run. Steps are not traced."""
+        """Plain data: for each LayerZero op the model runs, per shape bucket (``"decode/1"``, and
+        ``"prefill/N"`` for each prefill size the steps have run, tokens rounded up to a power of two), the
+        kernel LayerZero selects and why (score, eligible / rejected counts, the selection bucket), from
+        ``lz.dry_run`` of one forward per bucket made now (ops selected and recorded, no kernel run:
+        :meth:`~layerzero.engine.worker.model_runner.ModelRunner.kernel_report`); decode as the CUDA graphs
+        select (``lz.capture_selection``). The steps themselves are not traced (no hot-path cost)."""
         with self.lock:
             return self.runner.kernel_report(self._buckets())
 
     def _buckets(self) -> list[tuple[str, int]]:
-        last = self.stats.last_step
-        out = [("decode", 1)]
-        if last.num_prefill_tokens:
-            out.append(("prefill", 1 << max(0, (last.num_prefill_tokens - 1).bit_length())))
-        return out
-
-
-_ = lz  # the public API: kernel reports go through the runner's lz.explain calls
+        return [("decode", 1), *(("prefill", n) for n in sorted(self.prefill_buckets))]

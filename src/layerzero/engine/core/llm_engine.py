@@ -31,6 +31,7 @@ class EngineLoop(StepRecovery):
     max_model_len: int
     stats: EngineStats
     async_scheduling: bool
+    prefill_buckets: set[int]
 
     def _run_step(self) -> None:
         """One step under the lock (``step()``): outputs land in ``_outputs``.
@@ -202,6 +203,8 @@ class EngineLoop(StepRecovery):
         st.num_preempted, st.num_seqs, st.num_sampled = len(self.scheduler.preempted), len(chunks), appended
         st.num_prefill_tokens = sum(n for _, n in chunks if n > 1)
         st.num_decode_tokens = sum(n for _, n in chunks if n == 1)
+        if st.num_prefill_tokens:  # the shape buckets kernel_report() covers
+            self.prefill_buckets.add(1 << (st.num_prefill_tokens - 1).bit_length())
         st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = (
             b - a for a, b in itertools.pairwise(times)
         )
