@@ -25,7 +25,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/layerzero doctor
 	$(VENV)/bin/layerzero demo
-	$(PY) -m layerzero.engine.demo
+	$(PY) -m layerzero.engine.tools.demo
 
 # `make test`: the suite, then validation and the engine again under python -O, then tests/correctness under each
 # CPU ISA below this CPU's own (ATEN_CPU_CAPABILITY=avx2 / default), then the fuzzers; tools/run_tests.sh says why

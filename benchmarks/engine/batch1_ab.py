@@ -73,17 +73,18 @@ from layerzero.backends.triton import _launch, paged, rope, rope_paged
 from layerzero.backends.triton import gemv as tg
 from layerzero.core.knobs import knobs
 from layerzero.engine import LLM, SamplingParams
-from layerzero.engine import sampler as sampler_mod
-from layerzero.engine.bench import default_checkpoint
 from layerzero.engine.config import CudaGraphKnobs
-from layerzero.engine.engine import LLMEngine
-from layerzero.engine.kv.block_manager import KVCacheManager
+from layerzero.engine.core.kv.block_manager import KVCacheManager
+from layerzero.engine.core.llm_engine import EngineLoop
+from layerzero.engine.core.sched.scheduler import Scheduler
 from layerzero.engine.models import llama
-from layerzero.engine.runner import forward_batch, model_runner
-from layerzero.engine.runner.cuda_graph import CUDAGraphRunner
-from layerzero.engine.runner.model_runner import ModelRunner
-from layerzero.engine.sampler import Sampler
-from layerzero.engine.scheduler import Scheduler
+from layerzero.engine.tools.bench import default_checkpoint
+from layerzero.engine.worker import input_batch as forward_batch
+from layerzero.engine.worker import model_runner
+from layerzero.engine.worker import sampler as sampler_mod
+from layerzero.engine.worker.cuda_graph import CUDAGraphRunner
+from layerzero.engine.worker.model_runner import ModelRunner
+from layerzero.engine.worker.sampler import Sampler
 
 HOST_FUNCS = [
     (model_runner, "build_forward_batch"),
@@ -92,8 +93,8 @@ HOST_FUNCS = [
     (Scheduler, "schedule"),
     (Scheduler, "after_forward"),
     (KVCacheManager, "block_tables"),
-    (LLMEngine, "_read"),
-    (LLMEngine, "_finish_step"),
+    (EngineLoop, "_read"),
+    (EngineLoop, "_finish_step"),
     (Sampler, "resolve"),
 ]
 """Host functions of a decode step whose time :class:`HostTimer` records (median and mean per call)."""

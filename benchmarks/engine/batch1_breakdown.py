@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from layerzero.engine import LLM, SamplingParams
-from layerzero.engine.bench import default_checkpoint
+from layerzero.engine.tools.bench import default_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batch1_ab import replay_us as batch1_replay_us  # noqa: E402

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from layerzero.core.device import DeviceSpec
-from layerzero.engine.bench import default_checkpoint, run
+from layerzero.engine.tools.bench import default_checkpoint, run
 
 
 def _machine(device: str) -> dict:

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from bench_quantization import cpu_flags
 
-from layerzero.engine.kv import KVCacheManager
-from layerzero.engine.runner.forward_batch import ScheduledChunk, build_forward_batch
+from layerzero.engine.core.kv import KVCacheManager
+from layerzero.engine.worker.input_batch import ScheduledChunk, build_forward_batch
 
 
 def measure(

@@ -100,8 +100,8 @@ def run(
     shape: str = "small",
 ) -> list[dict]:
     from layerzero.engine import LLM, SamplingParams
-    from layerzero.engine.drift import teacher_forced_logprobs, weight_bytes
     from layerzero.engine.layers.quantized_linear import QuantizedLinear
+    from layerzero.engine.tools.drift import teacher_forced_logprobs, weight_bytes
 
     g = torch.Generator().manual_seed(0)
     batch = [

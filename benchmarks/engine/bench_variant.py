@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 import layerzero as lz
-from layerzero.engine.bench import run
+from layerzero.engine.tools.bench import run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.prefer:
             stack.enter_context(lz.prefer(*a.prefer))
         if a.workload == "prefix":
-            from layerzero.engine.bench_prefix import run_shared_once
+            from layerzero.engine.tools.bench_prefix import run_shared_once
 
             took, st = run_shared_once(scale=a.scale, device=a.device, **opts)
             print(

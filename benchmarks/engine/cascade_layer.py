@@ -20,7 +20,7 @@ import torch
 
 import layerzero as lz
 from layerzero.engine.layers.attention import cascade_attention
-from layerzero.engine.runner.cascade import CascadeBatch
+from layerzero.engine.worker.cascade import CascadeBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_in_graph's CUDA-graph timer
 from bench_in_graph import graph_us  # noqa: E402

@@ -12,7 +12,7 @@ import collections
 import sys
 
 import layerzero.backends.triton.cascade as cascade
-import layerzero.engine.bench_prefix as bench_prefix
+import layerzero.engine.tools.bench_prefix as bench_prefix
 
 KEYS = ("ROWS", "B_PAD", "SPLIT", "CAUSAL", "num_warps", "num_stages")
 

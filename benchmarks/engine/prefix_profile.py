@@ -28,8 +28,8 @@ import torch
 
 import layerzero as lz
 from layerzero.engine import LLM, SamplingParams
-from layerzero.engine.bench import default_checkpoint
-from layerzero.engine.bench_prefix import shared_prefix_workload, warm_up
+from layerzero.engine.tools.bench import default_checkpoint
+from layerzero.engine.tools.bench_prefix import shared_prefix_workload, warm_up
 
 
 def profile_run(

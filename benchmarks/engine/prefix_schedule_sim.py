@@ -1,6 +1,6 @@
 """What the scheduler alone makes of the shared-prefix benchmark (no model, no device: seconds on a CPU).
 
-Runs the real :class:`~layerzero.engine.scheduler.Scheduler` and KV cache manager over
+Runs the real :class:`~layerzero.engine.core.sched.scheduler.Scheduler` and KV cache manager over
 ``shared_prefix_workload("full")`` (1024 requests, 64 groups x 16 sharing a 2048-token prefix, 128-token
 questions, 256 output tokens) with the H200 run's pool (39,169 blocks of 16), budget (8,192) and
 ``max_num_seqs`` (256), one sampled token per finished chunk, and reports per policy: steps, steps with
@@ -18,11 +18,11 @@ import statistics
 import time
 
 from layerzero.engine import SamplingParams
-from layerzero.engine.bench_prefix import PREFIX_SCALES, shared_prefix_workload
-from layerzero.engine.kv import KVCacheManager
-from layerzero.engine.scheduler import Scheduler
-from layerzero.engine.scheduling_policy import make_policy
-from layerzero.engine.sequence import FinishReason, Sequence
+from layerzero.engine.core.kv import KVCacheManager
+from layerzero.engine.core.sched.policy import make_policy
+from layerzero.engine.core.sched.scheduler import Scheduler
+from layerzero.engine.core.sequence import FinishReason, Sequence
+from layerzero.engine.tools.bench_prefix import PREFIX_SCALES, shared_prefix_workload
 
 
 def simulate(
@@ -42,14 +42,14 @@ def simulate(
     steps = mixed = 0
     groups_per_decode, t0 = [], time.perf_counter()
     while s.has_unfinished():
-        out = s.schedule()
-        s.after_forward(out)
+        s.schedule()
+        s.after_forward()
         steps += 1
-        if any(n > 1 for _, n in out.chunks):
+        if any(n > 1 for _, n in s.scheduled):
             mixed += 1
         else:
-            groups_per_decode.append(len({group[q.seq_id] for q, _ in out.chunks}))
-        for q, _ in out.chunks:
+            groups_per_decode.append(len({group[q.seq_id] for q, _ in s.scheduled}))
+        for q, _ in s.scheduled:
             if q.num_computed_tokens == q.num_tokens:
                 q.token_ids.append(7)
                 if len(q.token_ids) - q.num_prompt_tokens >= out_tokens:

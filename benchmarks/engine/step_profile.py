@@ -19,8 +19,8 @@ import torch
 
 import layerzero.telemetry as lzt
 from layerzero.engine import LLM, SamplingParams
-from layerzero.engine.bench import default_checkpoint, make_workload
 from layerzero.engine.metrics import EngineStats
+from layerzero.engine.tools.bench import default_checkpoint, make_workload
 
 BINS = ((0, 0), (1, 1), (2, 8), (9, 32), (33, 128), (129, 256))
 

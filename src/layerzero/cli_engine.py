@@ -212,13 +212,13 @@ def _cmd_bench_engine(ns: argparse.Namespace) -> int:
     """nano-vllm's benchmark through the engine (see layerzero.engine.bench)."""
     import torch
 
-    from layerzero.engine.bench import run
     from layerzero.engine.config import resolve_device
+    from layerzero.engine.tools.bench import run
 
     resolve_device(ns.device)  # a bad --device is a ConfigurationError before any checkpoint is built
     scale = ns.scale or ("full" if torch.cuda.is_available() and ns.device != "cpu" else "cpu")
     if ns.workload == "prefix":
-        from layerzero.engine.bench_prefix import run_prefix
+        from layerzero.engine.tools.bench_prefix import run_prefix
 
         r = run_prefix(
             scale=scale,

@@ -40,10 +40,10 @@ def workloads(draw):
 @given(workloads())
 def test_every_request_finishes_and_each_step_keeps_the_contract(w):
     from layerzero.engine import SamplingParams
-    from layerzero.engine.kv import KVCacheManager
-    from layerzero.engine.scheduler import Scheduler
-    from layerzero.engine.scheduling_policy import make_policy
-    from layerzero.engine.sequence import FinishReason, Sequence
+    from layerzero.engine.core.kv import KVCacheManager
+    from layerzero.engine.core.sched.policy import make_policy
+    from layerzero.engine.core.sched.scheduler import Scheduler
+    from layerzero.engine.core.sequence import FinishReason, Sequence
 
     reqs, cfg = w
     kv = KVCacheManager(
@@ -80,9 +80,9 @@ def test_every_request_finishes_and_each_step_keeps_the_contract(w):
         out = s.schedule()
         assert len(s.running) <= cfg["max_seqs"]
         assert out.num_batched_tokens <= cfg["budget"]
-        assert all(n >= 1 for _, n in out.chunks)
-        s.after_forward(out)
-        for q, _ in out.chunks:
+        assert all(n >= 1 for _, n in s.scheduled)
+        s.after_forward()
+        for q, _ in s.scheduled:
             if q.num_computed_tokens == q.num_tokens:
                 q.token_ids.append(7)
                 if len(q.token_ids) - q.num_prompt_tokens >= outputs[q.seq_id]:

@@ -285,7 +285,7 @@ def test_sentencepiece_space_pieces_keep_their_spaces(sp_proto):
 
 
 def test_engine_detokenizer_streams_through_the_public_one(bpe):
-    from layerzero.engine.detokenizer import Detokenizer
+    from layerzero.engine.frontend.detokenizer import Detokenizer
 
     hf = zoo.transformers_fast(bpe)
     prompt, out = hf("Hello")["input_ids"], hf(" wörld 👍🏽 end", add_special_tokens=False)["input_ids"]

@@ -29,6 +29,7 @@ __all__ = [
     "ModelConfig",
     "RopeConfig",
     "resolve_device",
+    "resolve_max_model_len",
 ]
 
 SCHEDULING_POLICIES = ("fcfs", "lpm", "priority")
@@ -260,3 +261,17 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         if dev.index is not None and dev.index >= count:
             raise bad_config("LLM device", f"a CUDA index in [0, {count}) (the visible GPUs)", repr(device))
     return dev
+
+
+def resolve_max_model_len(ec: EngineConfig, cfg: ModelConfig) -> int:
+    """Tokens per sequence: ``ec.max_model_len``, or the model's ``max_position_embeddings`` when None.
+
+    Raises:
+        ConfigurationError: a ``max_model_len`` above the model's ``max_position_embeddings``.
+    """
+    n = ec.max_model_len or cfg.max_position_embeddings
+    if n > cfg.max_position_embeddings:
+        raise bad_config(
+            "max_model_len", f"<= the model's max_position_embeddings ({cfg.max_position_embeddings})", n
+        )
+    return n

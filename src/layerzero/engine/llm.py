@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import gc
+import itertools
 import numbers
+import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -13,10 +17,13 @@ import numpy as np
 import torch
 
 from .config import EngineConfig
-from .engine import LLMEngine, Request
+from .core.engine_core import EngineCore
+from .core.messages import EngineCoreAbort, EngineCoreRequest
 from .errors import bad_input
+from .frontend.input_processor import InputProcessor
+from .frontend.output_processor import OutputKind, OutputProcessor
 from .loader import load_tokenizer
-from .outputs import RequestOutput
+from .outputs import RequestOutput, merge_deltas
 from .sampling_params import SamplingParams
 
 __all__ = ["LLM"]
@@ -124,7 +131,18 @@ class LLM:
             freeze_gc=freeze_gc,
             **kwargs,
         )
-        self.engine = LLMEngine(ec, load_tokenizer(ec.model))
+        tokenizer = load_tokenizer(ec.model)
+        #: The engine core (scheduler, KV cache manager, executor), in this process and thread.
+        self.engine = EngineCore(ec)
+        self.input_processor = InputProcessor.from_config(ec, tokenizer, self.engine.model_config)
+        self.output_processor = OutputProcessor(tokenizer)
+        self._tokenizer = tokenizer
+        #: Serializes the front end and the core (re-entrant): several threads may call generate / stream;
+        #: each step runs whole, for every caller's requests, and each request's outputs land in its box.
+        self._lock = threading.RLock()
+        self._boxes: dict[str, _Box] = {}
+        self._aborts: collections.deque[str] = collections.deque()  # request ids to abort (any thread)
+        self._ids = itertools.count()
         if ec.freeze_gc if ec.freeze_gc is not None else self.engine.device.type == "cuda":
             gc.collect()
             gc.freeze()
@@ -134,11 +152,11 @@ class LLM:
     @property
     def tokenizer(self) -> Any:
         """The checkpoint's transformers tokenizer (None when it has none)."""
-        return self.engine.tokenizer
+        return self._tokenizer
 
-    def _add_all(self, prompts: Any, sampling_params: Any, priority: Any) -> list[Request]:
+    def _add_all(self, prompts: Any, sampling_params: Any, priority: Any, kind: OutputKind) -> list[_Box]:
         """Validate every prompt and parameter first, then queue them all (nothing is queued when one is
-        bad)."""
+        bad); returns each request's box."""
         if _is_one_prompt(prompts):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
@@ -155,22 +173,60 @@ class LLM:
             raise bad_input(
                 "sampling_params / priority", f"one, or one per prompt ({n})", f"{len(params)} / {len(prios)}"
             )
-        eng = self.engine
-        with eng.lock:
-            checked = [eng.validate(p, sp, pr) for p, sp, pr in zip(prompts, params, prios, strict=True)]
-            reqs: list[Request] = []
+        inputs = self.input_processor
+        boxes: list[_Box] = []
+        with self._lock:  # the tokenizer is shared with the steps' detokenization
+            checked = [inputs.validate(p, sp, pr) for p, sp, pr in zip(prompts, params, prios, strict=True)]
             try:
                 for (text, ids), sp, pr in zip(checked, params, prios, strict=True):
-                    reqs.append(eng.enqueue(text, ids, sp, pr))
+                    rid = str(next(self._ids))
+                    req = EngineCoreRequest(rid, ids, sp, int(pr), time.time(), inputs.eos_token_id)
+                    self.output_processor.add_request(rid, text, ids, sp, output_kind=kind)
+                    box = self._boxes[rid] = _Box(rid)
+                    boxes.append(box)
+                    self.engine.add_request(req)
             except BaseException:
-                self._abort_all(reqs)
+                self._abort_all(boxes)
                 raise
-            return reqs
+            return boxes
 
-    def _abort_all(self, reqs: list[Request]) -> None:
-        """Abort (and forget) each of ``reqs``, finished or not."""
-        for req in reqs:
-            self.engine.abort(req.request_id)
+    def _abort_all(self, boxes: list[_Box]) -> None:
+        """Abort (and forget) each of ``boxes``' requests, finished or not."""
+        self.abort([b.request_id for b in boxes])
+
+    def _step(self) -> None:
+        """Run one core step and hand each request's news to its box (whoever's it is)."""
+        with self._lock:
+            try:
+                outs = self.engine.step()
+                res = self.output_processor.process_outputs(outs.outputs)
+                if res.aborts:  # stop strings: the core stops those completions before the next step
+                    self.engine.abort_requests(res.aborts)
+                for ro in res.request_outputs:
+                    box = self._boxes.get(ro.request_id)
+                    if box is not None:
+                        box.put(ro)
+            finally:
+                self._apply_aborts()
+
+    def _apply_aborts(self) -> None:
+        """Abort the queued request ids (:meth:`abort`); the caller holds the lock."""
+        while self._aborts:
+            rid = self._aborts.popleft()
+            box = self._boxes.pop(rid, None)
+            ro = self.output_processor.abort_request(rid)
+            if ro is not None:
+                self.engine.abort_requests([EngineCoreAbort(rid)])
+                if box is not None:
+                    box.put(ro)
+
+    def _collect(self, box: _Box) -> RequestOutput:
+        """``box``'s request output (its merged deltas); a finished request's box is dropped."""
+        with self._lock:
+            out = box.take()
+            if out.finished and self._boxes.get(box.request_id) is box:
+                del self._boxes[box.request_id]
+            return out
 
     def generate(
         self,
@@ -195,20 +251,19 @@ class LLM:
             InvalidInputError: any bad prompt or parameter (see :class:`SamplingParams`); raised before any
                 request is queued.
         """
-        reqs = self._add_all(prompts, sampling_params, priority)
-        eng = self.engine
-        bar = _progress(len(reqs)) if use_tqdm else None
+        boxes = self._add_all(prompts, sampling_params, priority, "final_only")
+        bar = _progress(len(boxes)) if use_tqdm else None
         try:
             done = 0
-            while done < len(reqs):
-                eng.step()
-                now = sum(r.finished for r in reqs)
+            while done < len(boxes):
+                self._step()
+                now = sum(b.finished for b in boxes)
                 if bar is not None and now > done:
                     bar.update(now - done)
                 done = now
-            return [eng.output(r) for r in reqs]
+            return [self._collect(b) for b in boxes]
         except BaseException:
-            self._abort_all(reqs)
+            self._abort_all(boxes)
             raise
         finally:
             if bar is not None:
@@ -227,30 +282,37 @@ class LLM:
         Raises:
             InvalidInputError: as :meth:`generate`, before anything is queued.
         """
-        (req,) = self._add_all([prompt], sampling_params, [priority])
-        eng = self.engine
+        (box,) = self._add_all([prompt], sampling_params, [priority], "delta")
         done = False
         try:
             while not done:
-                if not eng.has_news(req):
-                    eng.step()
-                    if not eng.has_news(req):
+                if not box.has_news:
+                    self._step()
+                    if not box.has_news:
                         continue
-                out = eng.output(req, delta=True)
+                out = self._collect(box)
                 done = out.finished
                 if done or any(o.text or o.token_ids for o in out.outputs):
                     yield out
         finally:  # the consumer stopped early (break, close, an exception): free the request's blocks
             if not done:
-                eng.abort(req.request_id)
+                self.abort(box.request_id)
 
     def abort(self, request_id: str | Sequence[str]) -> list[str]:
         """Abort requests by id (``RequestOutput.request_id``), from any thread: each ends with
         ``finish_reason="abort"`` and its blocks are freed; the ``generate`` / ``stream`` waiting for it
-        returns it as aborted. Returns the ids that were known (unknown or already collected ids are
+        returns it as aborted. Never waits for a step: while another thread runs one, the abort is applied
+        when that step ends. Returns the ids that were known (unknown or already collected ids are
         ignored)."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        return [rid for rid in ids if self.engine.abort(rid)]
+        known = [rid for rid in ids if rid in self._boxes]
+        self._aborts.extend(known)
+        if self._aborts and self._lock.acquire(blocking=False):
+            try:
+                self._apply_aborts()
+            finally:
+                self._lock.release()
+        return known
 
     def chat(
         self,
@@ -296,9 +358,34 @@ class LLM:
 
     def stats(self) -> dict[str, Any]:
         """Engine statistics: steps, prompt / generated tokens, preemptions, prefix-cache hit rate, KV usage,
-        time per phase (schedule / forward / sample / detokenize, seconds) and the last step (see
-        docs/engine.md)."""
+        time per phase (schedule / forward / sample / detokenize, seconds; ``detokenize`` is the core's
+        update phase: appending the tokens and its stop checks) and the last step (see docs/engine.md)."""
         return self.engine.stats.as_dict()
+
+
+class _Box:
+    """One request's outbox in :class:`LLM`: the outputs the steps produced for it (whoever ran them), merged
+    when collected (deltas concatenate)."""
+
+    __slots__ = ("finished", "outputs", "request_id")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.outputs: list[RequestOutput] = []
+        self.finished = False
+
+    @property
+    def has_news(self) -> bool:
+        return bool(self.outputs)
+
+    def put(self, out: RequestOutput) -> None:
+        if not self.finished:
+            self.outputs.append(out)
+            self.finished = out.finished
+
+    def take(self) -> RequestOutput:
+        outs, self.outputs = self.outputs, []
+        return outs[0] if len(outs) == 1 else merge_deltas(outs)
 
 
 def _is_one_prompt(prompts: Any) -> bool:

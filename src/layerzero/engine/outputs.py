@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CompletionOutput", "RequestOutput"]
+__all__ = ["CompletionOutput", "RequestOutput", "merge_deltas"]
 
 
 @dataclass
@@ -45,3 +45,33 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     error: str | None = None
+
+
+def merge_deltas(outs: list[RequestOutput]) -> RequestOutput:
+    """One delta of consecutive deltas of a request (texts, token ids and logprobs concatenated per
+    completion; the rest from the last)."""
+    last = outs[-1]
+    comps = []
+    for i, c in enumerate(last.outputs):
+        parts = [o.outputs[i] for o in outs]
+        lps = None if c.logprobs is None else [x for p in parts for x in (p.logprobs or ())]
+        comps.append(
+            CompletionOutput(
+                c.index,
+                "".join(p.text for p in parts),
+                [t for p in parts for t in p.token_ids],
+                c.cumulative_logprob,
+                lps,
+                c.finish_reason,
+                c.stop_reason,
+            )
+        )
+    return RequestOutput(
+        last.request_id,
+        last.prompt,
+        last.prompt_token_ids,
+        comps,
+        last.finished,
+        last.num_cached_tokens,
+        last.error,
+    )

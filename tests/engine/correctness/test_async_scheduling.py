@@ -43,13 +43,17 @@ def _run(checkpoints, ps, sps, async_scheduling, **kw):
     gathered, penalized_gathered = [], []
     execute = llm.engine.runner.execute
 
-    def spy(chunks, tables, prev_tokens=None, greedy=False):
-        pending = [s for s, _ in chunks if s.pending_index is not None]
+    def spy(out, prev_tokens=None, greedy=False):
+        live = llm.engine.scheduler.scheduled  # the live sequences of the plain-data step
+        pending = [s for s, _ in live if s.pending_index is not None]
         # a pending sequence's last token is not on the host yet: the device gathers it
         assert all(len(s.token_ids) == s.num_tokens - 1 for s in pending)
+        assert [i for i, p in enumerate(out.pending_src) if p is not None] == [
+            i for i, (s, _) in enumerate(live) if s.pending_index is not None
+        ]
         gathered.append(len(pending))
         penalized_gathered.extend(s for s in pending if s.params.penalized)
-        return execute(chunks, tables, prev_tokens, greedy)
+        return execute(out, prev_tokens, greedy)
 
     llm.engine.runner.execute = spy
     outs = llm.generate(ps, sps, use_tqdm=False)
@@ -133,10 +137,10 @@ def test_a_sequence_ended_by_length_is_not_computed_again(checkpoints):
         seen: dict[str, int] = {}
         execute = llm.engine.runner.execute
 
-        def spy(chunks, tables, prev_tokens=None, greedy=False, seen=seen, execute=execute):
-            for s, _ in chunks:
-                seen[s.request_id] = seen.get(s.request_id, 0) + 1
-            return execute(chunks, tables, prev_tokens, greedy)
+        def spy(out, prev_tokens=None, greedy=False, seen=seen, execute=execute):
+            for rid in out.req_ids:
+                seen[rid] = seen.get(rid, 0) + 1
+            return execute(out, prev_tokens, greedy)
 
         llm.engine.runner.execute = spy
         llm.generate(
@@ -155,8 +159,8 @@ def test_ids_a_greedy_graph_sampled_are_the_step_tokens(checkpoints, async_sched
     7 shows up in the output of plain greedy requests only (CPU has no graphs, so the stand-in wraps the real
     forward)."""
     from layerzero.engine import LLM, SamplingParams
-    from layerzero.engine.runner.model_runner import StepLogits
-    from layerzero.engine.sampler import PendingSample
+    from layerzero.engine.worker.model_runner import StepLogits
+    from layerzero.engine.worker.sampler import PendingSample
 
     llm = LLM(
         checkpoints[FAMILY],
@@ -169,8 +173,8 @@ def test_ids_a_greedy_graph_sampled_are_the_step_tokens(checkpoints, async_sched
     )
     execute, asked = llm.engine.runner.execute, []
 
-    def graph(chunks, tables, prev_tokens=None, greedy=False):
-        res = execute(chunks, tables, prev_tokens, greedy)
+    def graph(out, prev_tokens=None, greedy=False):
+        res = execute(out, prev_tokens, greedy)
         asked.append(greedy)
         if not greedy:
             return res

@@ -90,7 +90,7 @@ def test_same_tokens_as_without_cascade(checkpoints, family, kw):
 
 # ----------------------------------------------------------------------------------------------- the planner
 def _plan(tables, lens, block_size=4, **policy):
-    from layerzero.engine.runner.cascade import CascadePolicy, plan_cascade
+    from layerzero.engine.worker.cascade import CascadePolicy, plan_cascade
 
     return plan_cascade(
         np.asarray(tables, dtype=np.int32),
@@ -149,8 +149,8 @@ def test_graph_buffers_pad_a_step_to_its_bucket():
     rows are groups of one that attend one token of block 0 (as padded plain-decode rows)."""
     import layerzero as lz
     from layerzero.engine.layers.attention import cascade_attention
-    from layerzero.engine.runner.cascade import CascadeBatch
-    from layerzero.engine.runner.cuda_graph import _CascadeBuffers
+    from layerzero.engine.worker.cascade import CascadeBatch
+    from layerzero.engine.worker.cuda_graph import _CascadeBuffers
 
     tables = np.array(
         [[7, 8, 9, 20], [5, 6, 0, 0], [7, 8, 30, 31], [7, 8, 9, 40], [5, 50, 0, 0]], dtype=np.int32
@@ -216,8 +216,8 @@ def test_default_policy_per_device_and_pool(device, caching, kv, option, want):
     a device)."""
     from types import SimpleNamespace
 
-    from layerzero.engine.runner.cascade import CascadePolicy
-    from layerzero.engine.runner.model_runner import ModelRunner
+    from layerzero.engine.worker.cascade import CascadePolicy
+    from layerzero.engine.worker.model_runner import ModelRunner
 
     runner = SimpleNamespace(
         device=torch.device(device),

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def _plan(tables, lens, q_lens, block_size=4):
-    from layerzero.engine.runner.cascade import CascadePolicy, plan_cascade
+    from layerzero.engine.worker.cascade import CascadePolicy, plan_cascade
 
     return plan_cascade(
         np.asarray(tables, dtype=np.int32),
@@ -85,7 +85,7 @@ def test_mixed_cascade_attention_equals_a_float64_oracle(seed):
     prefix), a chunk from scratch, block size 5 (odd), GQA 3:1."""
     import layerzero as lz
     from layerzero.engine.layers.attention import cascade_attention
-    from layerzero.engine.runner.cascade import CascadeBatch
+    from layerzero.engine.worker.cascade import CascadeBatch
 
     rng = np.random.default_rng(seed)
     p, hkv, hq, d, nblocks = 5, 2, 6, 16, 120

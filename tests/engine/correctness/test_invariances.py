@@ -102,7 +102,7 @@ def test_a_batch_sharing_a_prefix_computes_it_once(kind, cases, checkpoints):
 def test_lpm_above_its_scoring_limit_gives_the_same_outputs(monkeypatch, cases, checkpoints):
     """LPM with more waiting requests than it scores (LPM_MAX_WAITING patched to 2: the prefix-grouped sort)
     and two running slots: same outputs, and the group's later members hit its prefix."""
-    from layerzero.engine import scheduling_policy
+    from layerzero.engine.core.sched import policy as scheduling_policy
 
     monkeypatch.setattr(scheduling_policy, "LPM_MAX_WAITING", 2)
     ps, refs = cases
@@ -119,7 +119,7 @@ def test_graphed_attention_path_gives_the_same_greedy_output(cases, checkpoints,
     import dataclasses
 
     import layerzero as lz
-    from layerzero.engine.runner import model_runner
+    from layerzero.engine.worker import model_runner
 
     build, calls = model_runner.build_forward_batch, []
     monkeypatch.setattr(

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from layerzero.engine import LLM, SamplingParams
-from layerzero.engine.drift import teacher_forced_logprobs, weight_bytes
+from layerzero.engine.tools.drift import teacher_forced_logprobs, weight_bytes
 
 from ..conftest import prompts
 

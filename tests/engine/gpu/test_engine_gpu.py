@@ -57,7 +57,7 @@ def test_greedy_graphs_equal_eager(checkpoints, family, monkeypatch):
     paths were taken."""
     from layerzero.engine import SamplingParams
     from layerzero.engine.config import CudaGraphKnobs
-    from layerzero.engine.runner import forward_batch
+    from layerzero.engine.worker import input_batch as forward_batch
 
     chained = []
     real = forward_batch._chained

@@ -1,4 +1,4 @@
-"""Unit tests of layerzero.engine.kv.KVCacheManager: cases worked out by hand, both prefix-cache kinds.
+"""Unit tests of layerzero.engine.core.kv.KVCacheManager: cases worked out by hand, both prefix-cache kinds.
 
 Block ids are predictable: the free list hands out 0, 1, 2, ... in order, freed blocks go to its back, and
 ``free`` releases a table tail first (so the tail of a cached request is evicted first).
@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 from layerzero import ConfigurationError, InvalidInputError, LayerZeroError
-from layerzero.engine.kv import KVCacheManager, OutOfBlocksError, PrefixCacheStats
+from layerzero.engine.core.kv import KVCacheManager, OutOfBlocksError, PrefixCacheStats
 
 pytestmark = pytest.mark.unit
 

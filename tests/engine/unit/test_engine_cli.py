@@ -44,7 +44,7 @@ def test_generate_streams_the_engine_text(checkpoints, capsys):
 
 
 def test_workload_is_nano_vllms():
-    from layerzero.engine.bench import make_workload
+    from layerzero.engine.tools.bench import make_workload
 
     w = make_workload("full")
     random.seed(0)
@@ -56,7 +56,7 @@ def test_workload_is_nano_vllms():
 
 
 def test_roofline_by_hand():
-    from layerzero.engine.bench import Workload, roofline_tokens_per_s
+    from layerzero.engine.tools.bench import Workload, roofline_tokens_per_s
 
     # one request, 10 prompt tokens, 2 outputs, 100 B of weights, 1 B of KV per token, 1 B/s:
     # steps cost (100 + 10) + (100 + 11) = 221 s for 2 tokens
@@ -80,7 +80,7 @@ def test_chat_applies_the_template(checkpoints):
 
 
 def test_shared_prefix_workload():
-    from layerzero.engine.bench_prefix import PREFIX_SCALES, shared_prefix_workload
+    from layerzero.engine.tools.bench_prefix import PREFIX_SCALES, shared_prefix_workload
 
     prompts, out = shared_prefix_workload("full")
     s = PREFIX_SCALES["full"]
@@ -94,8 +94,8 @@ def test_shared_prefix_workload():
 def test_prefix_benchmark_at_cpu_scale(tmp_path):
     """``bench-engine --workload prefix`` end to end at the CPU scale: the shared prefix hits, the random
     workload does not, and each pair of runs reports comparable engines (pool size, preemptions, steps)."""
-    from layerzero.engine.bench import build_checkpoint
-    from layerzero.engine.bench_prefix import run_prefix
+    from layerzero.engine.tools.bench import build_checkpoint
+    from layerzero.engine.tools.bench_prefix import run_prefix
 
     path = build_checkpoint(tmp_path / "ckpt", "cpu", torch.float32)
     r = run_prefix(scale="cpu", model=str(path), device="cpu", repeats=2)
@@ -116,8 +116,8 @@ def test_prefix_benchmark_warm_run_leaves_a_cold_cache(tmp_path):
     """The CUDA benchmark times a second run of the workload after an untimed one with the prefix cache
     emptied (first-use compiles stay out of the timing): that run schedules and hits exactly as a fresh
     engine's does."""
-    from layerzero.engine.bench import build_checkpoint
-    from layerzero.engine.bench_prefix import run_shared_once
+    from layerzero.engine.tools.bench import build_checkpoint
+    from layerzero.engine.tools.bench_prefix import run_shared_once
 
     path = str(build_checkpoint(tmp_path / "ckpt", "cpu", torch.float32))
     _, cold = run_shared_once(scale="cpu", model=path, device="cpu", warm_run=False)
@@ -130,7 +130,7 @@ def test_prefix_benchmark_gives_every_shared_prefix_run_the_first_pool(monkeypat
     """The cache-off (and, on CUDA, cascade) runs of the shared-prefix workload get the first run's KV pool
     size, so a smaller pool (fewer blocks free on the device after the first engine) cannot slow the baseline
     down."""
-    from layerzero.engine import bench_prefix
+    from layerzero.engine.tools import bench_prefix
 
     calls = []
 
@@ -149,7 +149,7 @@ def test_batch1_decode_rate_excludes_the_first_token(monkeypatch):
     ms: 3 tokens in 4 ms = 750 tok/s); the whole rate counts every token over the generate call."""
     from types import SimpleNamespace
 
-    from layerzero.engine import bench
+    from layerzero.engine.tools import bench
 
     clock = [0.0]
     monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: clock[0]))

@@ -134,7 +134,7 @@ def test_text_prompt_whose_tokens_fall_outside_the_vocabulary(llm, clean, monkey
         def __call__(self, text):
             return {"input_ids": [1, 4, 100_000]}
 
-    monkeypatch.setattr(llm.engine.inputs, "tokenizer", Wide())
+    monkeypatch.setattr(llm.input_processor, "tokenizer", Wide())
     with pytest.raises(lz.InvalidInputError, match=r"tokenizer gave token id.*\[0, 512\).*100000"):
         llm.generate(["hello", "world"], greedy(), use_tqdm=False)
     monkeypatch.undo()
@@ -165,11 +165,11 @@ def test_a_forward_failure_fails_the_step_requests_only(llm, clean, monkeypatch)
     runner = llm.engine.runner
     real, calls = runner.execute, []
 
-    def fail_first(chunks, *args, **kwargs):
-        calls.append([s.request_id for s, _ in chunks])
+    def fail_first(out, *args, **kwargs):
+        calls.append(list(out.req_ids))
         if len(calls) == 1:
             raise RuntimeError("injected forward failure")
-        return real(chunks, *args, **kwargs)
+        return real(out, *args, **kwargs)
 
     monkeypatch.setattr(runner, "execute", fail_first)
     monkeypatch.setattr(
@@ -187,15 +187,15 @@ def test_a_detokenizer_failure_fails_its_request_only(checkpoints):
 
     llm = LLM(checkpoints["qwen3"], device="cpu", dtype=torch.float32, max_model_len=48, num_kv_blocks=40)
     want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy(), use_tqdm=False)]
-    reqs = llm._add_all(PROMPTS, greedy(), None)
+    boxes = llm._add_all(PROMPTS, greedy(), None, "final_only")
 
     def broken(tok, may_stop):
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
 
-    reqs[2].seqs[0].detok.add = broken
-    while not all(r.finished for r in reqs):
-        llm.engine.step()
-    out = [llm.engine.output(r) for r in reqs]
+    llm.output_processor.requests[boxes[2].request_id].comps[0].detok.add = broken
+    while not all(b.finished for b in boxes):
+        llm._step()
+    out = [llm._collect(b) for b in boxes]
     assert out[2].outputs[0].finish_reason == "error" and "injected" in out[2].error
     assert [o.outputs[0].token_ids for i, o in enumerate(out) if i != 2] == want[:2] + want[3:]
     assert_healthy(llm, want)
@@ -250,7 +250,7 @@ def test_a_prompt_filling_the_whole_pool_is_admitted_on_an_idle_engine(checkpoin
 
 
 def test_an_engine_that_cannot_admit_fails_the_requests_instead_of_spinning(llm, clean, monkeypatch):
-    from layerzero.engine.scheduler import SchedulerOutput
+    from layerzero.engine.core.sched.scheduler import SchedulerOutput
 
     monkeypatch.setattr(
         llm.engine.scheduler, "schedule", lambda: SchedulerOutput()

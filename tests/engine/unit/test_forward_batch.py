@@ -10,13 +10,13 @@ pytestmark = pytest.mark.unit
 
 
 def _chunk(tokens, start, length, table, sample=True):
-    from layerzero.engine.runner.forward_batch import ScheduledChunk
+    from layerzero.engine.worker.input_batch import ScheduledChunk
 
     return ScheduledChunk(tokens, start, length, table, sample)
 
 
 def test_mixed_step():
-    from layerzero.engine.runner.forward_batch import build_forward_batch
+    from layerzero.engine.worker.input_batch import build_forward_batch
 
     # block size 4; seq A: 6 new tokens from position 0 (blocks 7, 2); seq B: 1 token at position 9 (blocks 5,
     # 1, 3)
@@ -32,7 +32,7 @@ def test_mixed_step():
 
 
 def test_decode_step_and_an_unsampled_chunk():
-    from layerzero.engine.runner.forward_batch import build_forward_batch
+    from layerzero.engine.worker.input_batch import build_forward_batch
 
     a = _chunk([1, 2, 3, 4, 5], 4, 1, [6, 0])
     b = _chunk([9, 8, 7], 2, 1, [4])
@@ -51,7 +51,7 @@ def test_logits_all_only_when_every_row_is_sampled_in_order():
     """``logits_all`` (the model skips the ``logits_indices`` gather) holds exactly when ``logits_indices`` is
     ``arange(T)``: a decode step whose chunks all sample; not a decode step with an unsampled chunk, not a
     mixed step (even one whose every chunk samples: only the last token of each chunk is a row)."""
-    from layerzero.engine.runner.forward_batch import build_forward_batch
+    from layerzero.engine.worker.input_batch import build_forward_batch
 
     cpu = torch.device("cpu")
     a, b = _chunk([1, 2, 3, 4, 5], 4, 1, [6, 0]), _chunk([9, 8, 7], 2, 1, [4])
@@ -69,7 +69,7 @@ def test_logits_all_only_when_every_row_is_sampled_in_order():
 def test_pending_last_token_is_gathered_from_the_previous_step():
     """Async scheduling: a chunk whose last token is pending takes its input id from the previous step's
     sampled tokens (row ``pending_src``), in the decode path and in a mixed step; known ids are untouched."""
-    from layerzero.engine.runner.forward_batch import ScheduledChunk, build_forward_batch
+    from layerzero.engine.worker.input_batch import ScheduledChunk, build_forward_batch
 
     prev = torch.tensor([70, 71, 72])
     a = ScheduledChunk([1, 2, 3, 4], 4, 1, [6, 0], True, pending_src=2)  # position 4 = the pending token
@@ -88,8 +88,8 @@ def test_decode_graphs_only_take_steps_that_sample_every_row():
     """A one-token chunk that does not end its prompt (a budget's last token) is not sampled; the decode
     graphs return every row's logits, so such a step runs eager (its logits rows follow
     ``logits_indices``)."""
-    from layerzero.engine.runner.cuda_graph import CUDAGraphRunner
-    from layerzero.engine.runner.forward_batch import build_forward_batch
+    from layerzero.engine.worker.cuda_graph import CUDAGraphRunner
+    from layerzero.engine.worker.input_batch import build_forward_batch
 
     runner = CUDAGraphRunner(torch.nn.Identity(), [], 8, 4, torch.device("cpu"))
     runner.graphs = {s: None for s in runner.sizes}  # as if captured (nothing is replayed here)
@@ -107,7 +107,7 @@ def test_a_table_matrix_gives_the_same_batch_as_the_lists():
     import numpy as np
 
     from layerzero import InvalidInputError
-    from layerzero.engine.runner.forward_batch import ScheduledChunk, build_forward_batch
+    from layerzero.engine.worker.input_batch import ScheduledChunk, build_forward_batch
 
     def both(chunks, prev=None):
         lists = build_forward_batch(chunks, 4, torch.device("cpu"), prev)

@@ -12,10 +12,10 @@ import torch
 
 from layerzero.engine import SamplingParams
 from layerzero.engine.config import CudaGraphKnobs
-from layerzero.engine.runner.cuda_graph import CUDAGraphRunner
-from layerzero.engine.runner.forward_batch import ScheduledChunk, build_forward_batch
-from layerzero.engine.runner.model_runner import ModelRunner
-from layerzero.engine.sequence import Sequence
+from layerzero.engine.core.sched.output import SamplingMetadata, SchedulerOutput
+from layerzero.engine.worker.cuda_graph import CUDAGraphRunner
+from layerzero.engine.worker.input_batch import ScheduledChunk, build_forward_batch
+from layerzero.engine.worker.model_runner import ModelRunner
 
 from .test_packed_inputs import stubbed_runner
 
@@ -40,14 +40,21 @@ def runner() -> ModelRunner:
     return mr
 
 
-def _seqs(*lengths: int) -> list[tuple[Sequence, int]]:
-    """Decode chunks of sequences with ``lengths`` tokens (the last one's KV not yet computed)."""
-    out = []
-    for i, n in enumerate(lengths):
-        s = Sequence(f"r{i}", 0, list(range(1, n + 1)), n - 1, SamplingParams())
-        s.num_computed_tokens = n - 1
-        out.append((s, 1))
-    return out
+def _step(*lengths: int) -> SchedulerOutput:
+    """A decode step of sequences with ``lengths`` tokens (the last one's KV not yet computed), as the
+    scheduler sends it."""
+    n = len(lengths)
+    return SchedulerOutput(
+        [f"r{i}" for i in range(n)],
+        list(range(n)),
+        [k - 1 for k in lengths],
+        [1] * n,
+        [[k] for k in lengths],
+        [None] * n,
+        [True] * n,
+        _tables(*lengths),
+        sampling=SamplingMetadata([SamplingParams()] * n, [None] * n, [0] * n, [None] * n, [None] * n),
+    )
 
 
 def _tables(*lengths: int) -> np.ndarray:
@@ -57,7 +64,7 @@ def _tables(*lengths: int) -> np.ndarray:
 
 def test_a_short_single_sequence_runs_on_the_narrow_graphs(runner):
     for step in range(3):  # alternate lanes, every one the narrow runner's
-        out = runner.execute(_seqs(7), _tables(7)).logits
+        out = runner.execute(_step(7)).logits
         assert out.shape == (1, 3) and bool((out == 2.0).all()), step
     assert sum(g.replays for g in runner.narrow.lane_graphs.values()) == 3
     assert sum(g.replays for g in runner.graphs.lane_graphs.values()) == 0
@@ -65,7 +72,7 @@ def test_a_short_single_sequence_runs_on_the_narrow_graphs(runner):
 
 @pytest.mark.parametrize("lengths", [(9,), (7, 5)], ids=["wider-table", "two-sequences"])
 def test_wider_tables_and_bigger_batches_run_on_the_main_graphs(runner, lengths):
-    out = runner.execute(_seqs(*lengths), _tables(*lengths)).logits
+    out = runner.execute(_step(*lengths)).logits
     assert out.shape == (len(lengths), 3) and bool((out == 1.0).all())
     assert sum(g.replays for g in runner.narrow.lane_graphs.values()) == 0
 

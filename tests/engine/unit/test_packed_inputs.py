@@ -13,14 +13,14 @@ import torch
 
 from layerzero import InvalidInputError
 from layerzero.engine.config import CudaGraphKnobs
-from layerzero.engine.runner.cascade import CascadePolicy
-from layerzero.engine.runner.cuda_graph import CUDAGraphRunner, pack_nbytes
-from layerzero.engine.runner.forward_batch import (
+from layerzero.engine.worker.cascade import CascadePolicy
+from layerzero.engine.worker.cuda_graph import CUDAGraphRunner, pack_nbytes
+from layerzero.engine.worker.input_batch import (
     ScheduledChunk,
     build_forward_batch,
     build_packed_decode_batch,
 )
-from layerzero.engine.staging import offsets
+from layerzero.engine.worker.staging import offsets
 
 pytestmark = pytest.mark.unit
 CPU = torch.device("cpu")

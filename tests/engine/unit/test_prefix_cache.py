@@ -1,4 +1,4 @@
-"""Tests of layerzero.engine.kv.prefix_cache (HashPrefixCache, block_hash) and a randomized test of
+"""Tests of layerzero.engine.core.kv.prefix_cache (HashPrefixCache, block_hash) and a randomized test of
 KVCacheManager with both prefix-cache kinds against a brute-force oracle.
 
 The oracle knows nothing of hashes or trees: it remembers, per block id, the token prefix the block was
@@ -16,7 +16,7 @@ from array import array
 import pytest
 
 from layerzero import InvalidInputError
-from layerzero.engine.kv import (
+from layerzero.engine.core.kv import (
     ROOT_HASH,
     HashPrefixCache,
     KVCacheManager,

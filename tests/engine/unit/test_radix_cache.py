@@ -1,4 +1,5 @@
-"""Unit tests of layerzero.engine.kv.RadixCache: tree shape, matching, leaf-first eviction, worked by hand.
+"""Unit tests of layerzero.engine.core.kv.RadixCache: tree shape, matching, leaf-first eviction, worked by
+hand.
 
 The manager releases blocks tail first, so its LRU head is always a leaf; these tests drive the cache
 directly to release parents before children and show that eviction still takes leaves first.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from layerzero import InvalidInputError
-from layerzero.engine.kv import KVCacheManager, RadixCache
+from layerzero.engine.core.kv import KVCacheManager, RadixCache
 
 pytestmark = pytest.mark.unit
 

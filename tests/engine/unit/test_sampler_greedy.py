@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from layerzero.engine import SamplingParams
-from layerzero.engine.sampler import Sampler, plain_greedy
-from layerzero.engine.sequence import Sequence
+from layerzero.engine.core.sched.output import SamplingMetadata
+from layerzero.engine.core.sequence import Sequence
+from layerzero.engine.worker.sampler import Sampler
+from layerzero.engine.worker.sampler import plain_greedy as _plain_greedy
 
 pytestmark = pytest.mark.unit
 EOS = 3
@@ -35,8 +37,8 @@ def test_plain_greedy_reads_bf16_logits_as_they_are():
     sampler = Sampler(8, (EOS,), torch.device("cpu"), seed=0)
     logits = _logits()
     before = logits.clone()
-    out = sampler(logits, [_seq(), _seq()])
-    assert out.token_ids == [3, 0]  # ties: the first maximum
+    out = sampler(logits, SamplingMetadata.from_seqs([_seq(), _seq()]))
+    assert out.sampled_token_ids == [[3], [0]]  # ties: the first maximum
     assert logits.dtype == torch.bfloat16 and torch.equal(logits, before)
 
 
@@ -54,8 +56,8 @@ def test_greedy_with_bias_or_ban_takes_the_float32_path(kw, outputs, want):
     assert plain_greedy(seqs) is (outputs >= kw.get("min_tokens", 0) and "logit_bias" not in kw)
     logits = _logits()
     before = logits.clone()
-    out = sampler(logits, seqs)
-    assert out.token_ids == [want, 0]
+    out = sampler(logits, SamplingMetadata.from_seqs(seqs))
+    assert out.sampled_token_ids == [[want], [0]]
     assert torch.equal(logits, before)  # the bias / ban went into a float32 copy
 
 
@@ -64,3 +66,8 @@ def test_plain_greedy_needs_every_row_greedy_and_unread():
     assert not plain_greedy([_seq(), _seq(temperature=0.7)])
     assert not plain_greedy([_seq(logprobs=2)])
     assert not plain_greedy([_seq(repetition_penalty=1.2)])
+
+
+def plain_greedy(seqs):
+    """``sampler.plain_greedy`` of the rows of ``seqs`` (what a scheduler output carries for them)."""
+    return _plain_greedy(SamplingMetadata.from_seqs(seqs))

@@ -5,18 +5,24 @@ sizes."""
 from __future__ import annotations
 
 import itertools
+from typing import NamedTuple
 
 import pytest
 
-from layerzero.engine.sequence import FinishReason
+from layerzero.engine.core.sequence import FinishReason
 
 pytestmark = pytest.mark.unit
 _IDS = itertools.count()
 
 
+class _Live(NamedTuple):
+    chunks: list
+    preempted: list
+
+
 def _seq(n, *, prio=0, t=0.0, tokens=None):
     from layerzero.engine import SamplingParams
-    from layerzero.engine.sequence import Sequence
+    from layerzero.engine.core.sequence import Sequence
 
     rid = next(_IDS)
     # distinct tokens per sequence unless given: sequences sharing a first block form a prefix group (admitted
@@ -28,17 +34,18 @@ def _seq(n, *, prio=0, t=0.0, tokens=None):
 
 
 def _sched(blocks=64, block_size=4, budget=16, max_seqs=8, policy="fcfs"):
-    from layerzero.engine.kv import KVCacheManager
-    from layerzero.engine.scheduler import Scheduler
-    from layerzero.engine.scheduling_policy import make_policy
+    from layerzero.engine.core.kv import KVCacheManager
+    from layerzero.engine.core.sched.policy import make_policy
+    from layerzero.engine.core.sched.scheduler import Scheduler
 
     kv = KVCacheManager(blocks, block_size, watermark=0.0)
     return Scheduler(kv, make_policy(policy), max_num_seqs=max_seqs, max_num_batched_tokens=budget)
 
 
 def _step(s, sample=True):
-    out = s.schedule()
-    s.after_forward(out)
+    s.schedule()
+    out = _Live(s.scheduled, s.preempted)  # the live view of the plain-data output
+    s.after_forward(out.chunks)
     for seq, _ in out.chunks:
         if sample and seq.num_computed_tokens == seq.num_tokens:
             seq.token_ids.append(7)
@@ -85,7 +92,7 @@ def test_preemption_victim(policy, victim):
 
 
 def test_lpm_prefers_the_cached_prefix_and_aging_bounds_waiting():
-    from layerzero.engine.scheduling_policy import LPMPolicy
+    from layerzero.engine.core.sched.policy import LPMPolicy
 
     shared = list(range(1, 13))
     old, hit = _seq(12, t=0.0, tokens=[50 + i for i in range(12)]), _seq(12, t=1.0, tokens=shared)
@@ -97,7 +104,7 @@ def test_lpm_prefers_the_cached_prefix_and_aging_bounds_waiting():
 
 
 def test_capture_sizes():
-    from layerzero.engine.runner.cuda_graph import capture_sizes
+    from layerzero.engine.worker.cuda_graph import capture_sizes
 
     assert capture_sizes(1) == [1]
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
@@ -136,9 +143,9 @@ def test_a_group_whose_prefix_is_cached_is_not_held_back():
 
 
 def test_prefix_groups_are_off_without_prefix_caching():
-    from layerzero.engine.kv import KVCacheManager
-    from layerzero.engine.scheduler import Scheduler
-    from layerzero.engine.scheduling_policy import make_policy
+    from layerzero.engine.core.kv import KVCacheManager
+    from layerzero.engine.core.sched.policy import make_policy
+    from layerzero.engine.core.sched.scheduler import Scheduler
 
     s = Scheduler(
         KVCacheManager(64, 4, watermark=0.0, enable_prefix_caching=False),
@@ -158,7 +165,7 @@ def test_lpm_keeps_prefix_groups_together(monkeypatch, large):
     """Interleaved arrivals of three groups (g0 g1 g2 g0 g1 g2 ...): LPM admits them group by group, groups in
     the order of their earliest arrival, whether it scores every request or, above LPM_MAX_WAITING, only
     sorts."""
-    from layerzero.engine import scheduling_policy
+    from layerzero.engine.core.sched import policy as scheduling_policy
 
     if large:
         monkeypatch.setattr(scheduling_policy, "LPM_MAX_WAITING", 4)

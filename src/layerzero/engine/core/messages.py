@@ -28,14 +28,16 @@ __all__ = [
 @dataclass
 class EngineCoreRequest:
     """One validated, tokenized request: ``prompt_token_ids`` (tokens), its :class:`SamplingParams` (``n``
-    completions; stop strings are the front end's), ``priority`` (lower runs first under the priority policy)
-    and ``arrival_time`` (``time.time()`` seconds in the front end: comparable across processes)."""
+    completions; stop strings are the front end's), ``priority`` (lower runs first under the priority policy),
+    ``arrival_time`` (``time.time()`` seconds in the front end: comparable across processes) and
+    ``eos_token_id`` (the front end's tokenizer's EOS, a stop token besides the model's; None: none)."""
 
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     priority: int = 0
     arrival_time: float = 0.0
+    eos_token_id: int | None = None
 
 
 @dataclass

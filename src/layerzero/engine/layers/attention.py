@@ -9,8 +9,7 @@ from torch import nn
 
 import layerzero as lz
 
-from ..runner.cascade import CascadeBatch
-from ..runner.forward_batch import ForwardBatch
+from ..worker.attn_metadata import CascadeBatch, ForwardBatch
 
 __all__ = ["INT8_HEADROOM", "QUANTIZED_KV_DTYPES", "KVScales", "cascade_attention", "paged_attention"]
 
@@ -87,7 +86,7 @@ def paged_attention(
 
 
 def cascade_attention(q: torch.Tensor, kv_cache: torch.Tensor, c: CascadeBatch, scale: float) -> torch.Tensor:
-    """Attention of the step's new tokens q ``[T, Hq, D]`` as two levels (:mod:`..runner.cascade`), in the
+    """Attention of the step's new tokens q ``[T, Hq, D]`` as two levels (:mod:`..worker.cascade`), in the
     cascade's token order (``c.rows``, group after group): every token over its group's shared prefix (not
     causal: the prefix read once per group; an empty prefix gives lse -inf) and, causal, over its sequence's
     own blocks (``c.cu_seqlens_q``; one token per sequence in a decode step), merged by log-sum-exp

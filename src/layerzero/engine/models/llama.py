@@ -20,7 +20,7 @@ from ..layers.linear import Embedding, Linear
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
-from ..runner.forward_batch import ForwardBatch
+from ..worker.attn_metadata import ForwardBatch
 
 __all__ = ["LlamaForCausalLM"]
 

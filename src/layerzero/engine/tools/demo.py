@@ -3,7 +3,7 @@ random weights and a byte-level BPE tokenizer trained with ``tokenizers``), load
 generate a batch of prompts, check the greedy tokens against transformers' ``generate``, stream one
 completion, and print the engine's statistics.
 
-Run: ``python -m layerzero.engine.demo [--family qwen3|llama|qwen3_moe] [--dir DIR]``.
+Run: ``python -m layerzero.engine.tools.demo [--family qwen3|llama|qwen3_moe] [--dir DIR]``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import LLM, SamplingParams
+from .. import LLM, SamplingParams
 
 PROMPTS = ("The quick brown fox", "Hello world, the engine serves", "Paged attention with prefix caching and")
 
@@ -25,7 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from layerzero.testing.checkpoints import build_checkpoint
     from layerzero.testing.hf_models import load
 
-    ap = argparse.ArgumentParser(prog="python -m layerzero.engine.demo", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m layerzero.engine.tools.demo", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--family", default="qwen3", choices=("qwen3", "llama", "qwen3_moe"))
     ap.add_argument(
         "--dir", type=Path, default=None, help="where to write the checkpoint (default: a temp dir)"

@@ -6,9 +6,8 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 __all__ = ["FinishReason", "Sequence", "SequenceStatus"]
 
@@ -64,9 +63,7 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
-    logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
-    detok: Any = None
     pending_index: int | None = None
     length_capped: bool = False
 

@@ -21,26 +21,13 @@ prefix caching check).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 
-from .kv.block_manager import KVCacheManager
-from .scheduling_policy import SchedulingPolicy
-from .sequence import FinishReason, Sequence, SequenceStatus
+from ..kv.block_manager import KVCacheManager
+from ..sequence import FinishReason, Sequence, SequenceStatus
+from .output import SchedulerOutput
+from .policy import SchedulingPolicy
 
 __all__ = ["Scheduler", "SchedulerOutput"]
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's work: ``chunks`` (sequence, new tokens this step) in batch order; sequences preempted."""
-
-    chunks: list[tuple[Sequence, int]] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        """Tokens in the step's forward."""
-        return sum(n for _, n in self.chunks)
 
 
 class Scheduler:
@@ -54,6 +41,10 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        #: The last :meth:`schedule`'s chunks (live sequence, new tokens) in batch order, and the sequences it
+        #: preempted: the engine core's view of the step its plain-data output describes.
+        self.scheduled: list[tuple[Sequence, int]] = []
+        self.preempted: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence."""
@@ -75,8 +66,45 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> SchedulerOutput:
-        """The next step's chunks (empty when nothing can run)."""
-        out = SchedulerOutput()
+        """The next step as plain data (no chunks when nothing can run); its live chunks and preempted
+        sequences are :attr:`scheduled` and :attr:`preempted` until the next call."""
+        out = _Live()
+        self._schedule(out)
+        self.scheduled, self.preempted = out.chunks, out.preempted
+        return self._plain(out.chunks, out.preempted)
+
+    def _plain(self, chunks: list[tuple[Sequence, int]], preempted: list[Sequence]) -> SchedulerOutput:
+        """The plain-data :class:`SchedulerOutput` of ``chunks`` (one pass; the block tables one gather)."""
+        out = SchedulerOutput(preempted_seq_ids=[s.seq_id for s in preempted])
+        if not chunks:
+            return out
+        rids, sids, starts, lens, ids, pend, sample = (
+            out.req_ids,
+            out.seq_ids,
+            out.num_computed_tokens,
+            out.num_scheduled_tokens,
+            out.new_token_ids,
+            out.pending_src,
+            out.sample,
+        )
+        sm = out.sampling
+        for seq, n in chunks:
+            start = seq.num_computed_tokens
+            last = start + n == seq.num_tokens
+            rids.append(seq.request_id)
+            sids.append(seq.seq_id)
+            starts.append(start)
+            lens.append(n)
+            ids.append(seq.token_ids[start : start + n])  # a pending last token is not in token_ids
+            pend.append(seq.pending_index if last else None)
+            sample.append(last)
+            if last:
+                sm.add(seq)
+        out.block_tables = self.kv.block_tables(sids)
+        return out
+
+    def _schedule(self, out: _Live) -> None:
+        """Fill ``out`` with the next step's chunks and preemptions."""
         budget = self.max_num_batched_tokens
         self.running.sort(key=self.policy.sort_key)
         i = 0
@@ -97,9 +125,9 @@ class Scheduler:
                 budget -= n
                 i += 1
         if out.preempted:
-            return out
+            return
         if budget <= 0 or len(self.running) >= self.max_num_seqs or not self.waiting:
-            return out  # no room: the policy's order (prefix lookups for LPM) is not needed
+            return  # no room: the policy's order (prefix lookups for LPM) is not needed
         # completions of one request (n > 1) share the prompt, members of a prefix group its first block(s):
         # while one computes them, the others wait (skipped, not blocking admission) and then find them in the
         # prefix cache
@@ -144,7 +172,6 @@ class Scheduler:
                 prefilling.add(seq.request_id)
                 if cached < self.kv.block_size and key is not None:
                     prefilling.add(key)
-        return out
 
     def _cached_tokens(self, seq: Sequence) -> int:
         return self.kv.get_computed_blocks(seq.token_ids, record=False)[1]
@@ -156,10 +183,11 @@ class Scheduler:
             return None
         return ("prefix", *seq.token_ids[: self.kv.block_size])
 
-    def after_forward(self, out: SchedulerOutput) -> None:
-        """Count each chunk's tokens as computed and register the blocks they filled in the prefix cache (a
-        sequence that finished meanwhile, async scheduling's late stop, is skipped: its blocks are freed)."""
-        for seq, n in out.chunks:
+    def after_forward(self, chunks: list[tuple[Sequence, int]] | None = None) -> None:
+        """Count each chunk's tokens as computed (``chunks``: a step's :attr:`scheduled`, by default the last
+        one) and register the blocks they filled in the prefix cache (a sequence that finished meanwhile,
+        async scheduling's late stop, is skipped: its blocks are freed)."""
+        for seq, n in self.scheduled if chunks is None else chunks:
             if seq.finished:
                 continue
             seq.num_computed_tokens += n
@@ -174,6 +202,16 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+
+
+class _Live:
+    """A step being scheduled: chunks (live sequence, new tokens) and the sequences preempted."""
+
+    __slots__ = ("chunks", "preempted")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[Sequence, int]] = []
+        self.preempted: list[Sequence] = []
 
 
 class _WholeGroups:

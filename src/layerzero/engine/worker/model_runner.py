@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 
 import layerzero as lz
 
 from ..config import KV_CACHE_DTYPES, CudaGraphKnobs, EngineConfig, ModelConfig
+from ..core.sched.output import SchedulerOutput
 from ..errors import bad_config
 from ..layers.attention import KVScales
 from ..layers.quantized_linear import quantize_model
 from ..loader import load_model_weights
 from ..models.registry import build_model
-from ..sampler import PendingSample
-from ..sequence import Sequence
 from .cascade import CascadePolicy
 from .cuda_graph import CUDAGraphRunner
-from .forward_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
+from .input_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
+from .sampler import PendingSample
 
 __all__ = ["ModelRunner", "StepLogits", "kv_bytes_per_block"]
 
@@ -59,6 +58,7 @@ class ModelRunner:
         max_num_batched_tokens: int,
     ) -> None:
         self.cfg, self.device, self.dtype, self.block_size = cfg, device, dtype, ec.block_size
+        self.max_model_len = max_model_len
         self.kv_dtype = KV_CACHE_DTYPES[ec.kv_cache_dtype] or dtype
         self.model = build_model(cfg, max_model_len, device, dtype)
         load_model_weights(self.model, ec.model)
@@ -186,20 +186,15 @@ class ModelRunner:
     # plan cache needs to reuse one plan for every layer of a step (inference tensors re-plan per call)
     @torch.no_grad()
     def execute(
-        self,
-        chunks: list[tuple[Sequence, int]],
-        block_tables: np.ndarray,
-        prev_tokens: torch.Tensor | None = None,
-        greedy: bool = False,
+        self, out: SchedulerOutput, prev_tokens: torch.Tensor | None = None, greedy: bool = False
     ) -> StepLogits:
-        """Forward the step's ``chunks`` (sequence, new tokens); returns logits ``[S, V]`` (model dtype) of
-        the sequences whose chunk reaches their last token (in chunk order), with their greedy ids in transfer
+        """Forward the step ``out`` (plain data: chunks, block tables); returns logits ``[S, V]`` (model
+        dtype) of the chunks that sample (``out.sample``, in chunk order), with their greedy ids in transfer
         to the host (``pending``) when ``greedy`` (the step is plain greedy: ``sampler.plain_greedy``) and a
-        greedy decode graph ran it (else ``pending`` is None and the sampler draws). ``block_tables``: the
-        chunks' ``[B, W]`` int32 table matrix (:meth:`~layerzero.engine.kv.KVCacheManager.block_tables`).
-        ``prev_tokens`` ``[S_prev]`` int64 on the device: the previous step's sampled tokens, for sequences
-        whose last token is pending (async scheduling)."""
-        batch = self.prepare(chunks, block_tables, prev_tokens)
+        greedy decode graph ran it (else ``pending`` is None and the sampler draws). ``prev_tokens``
+        ``[S_prev]`` int64 on the device: the previous step's sampled tokens, for chunks whose last token is
+        pending (``out.pending_src``; async scheduling)."""
+        batch = self.prepare(out, prev_tokens)
         if batch.cascade is not None:
             self.cascade_steps += 1
             self.cascade_saved_tokens += batch.cascade.saved_tokens
@@ -211,6 +206,39 @@ class ModelRunner:
                 return StepLogits(logits, PendingSample(tokens, [host], event, [], []))
             return StepLogits(graphs.run(batch), None)
         return StepLogits(self._eager(batch), None)
+
+    def kernel_report(self, buckets: list[tuple[str, int]]) -> dict[str, Any]:
+        """For each ``(kind, tokens)`` bucket (``"decode"``: that many sequences of one token; ``"prefill"``:
+        one chunk of that many tokens, at most ``max_model_len``), the model's forward as ``lz.dry_run``
+        records it (every op call selected and recorded, no kernel run, the KV pools untouched; decode as the
+        CUDA graphs select it, ``lz.capture_selection``): ``{op: {"decode/1": [{"shapes", "kernel", "why",
+        "bucket"}, ...]}}`` with each distinct call once. Plain data."""
+        report: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        bs = self.block_size
+        for kind, n in buckets:
+            if kind == "decode":
+                chunks = [ScheduledChunk([0], 0, 1, [0], True) for _ in range(n)]
+            else:
+                n = min(n, self.max_model_len)
+                chunks = [ScheduledChunk([0] * n, 0, n, list(range(-(-n // bs))), True)]
+            batch = build_forward_batch(chunks, bs, self.device)
+
+            def forward(batch: ForwardBatch = batch, decode: bool = kind == "decode") -> Any:
+                if decode and self.decode_as_captured:
+                    with lz.capture_selection():
+                        return self.model(batch, self.kv_caches)
+                return self.model(batch, self.kv_caches)
+
+            rows = lz.dry_run(forward).rows
+            seen = set()
+            for r in rows:
+                if (r.op, r.shapes) in seen:
+                    continue
+                seen.add((r.op, r.shapes))
+                report.setdefault(r.op, {}).setdefault(f"{kind}/{n}", []).append(
+                    {"shapes": r.shapes, "kernel": r.kernel, "why": r.why, "bucket": r.bucket}
+                )
+        return report
 
     def _narrow_graphs(
         self, max_model_len: int, block_size: int, device: torch.device, knobs: CudaGraphKnobs
@@ -244,22 +272,21 @@ class ModelRunner:
                 return self.model(batch, self.kv_caches)
         return self.model(batch, self.kv_caches)
 
-    def prepare(
-        self,
-        chunks: list[tuple[Sequence, int]],
-        block_tables: np.ndarray,
-        prev_tokens: torch.Tensor | None = None,
-    ) -> ForwardBatch:
+    def prepare(self, out: SchedulerOutput, prev_tokens: torch.Tensor | None = None) -> ForwardBatch:
         """The step's :class:`ForwardBatch` (a pending last token's id gathered from ``prev_tokens``); the
-        chunks' tables come from ``block_tables``, so their ``block_table`` is left empty."""
-        sched = []
-        for s, n in chunks:
-            last = s.num_computed_tokens + n == s.num_tokens
-            sched.append(
-                ScheduledChunk(
-                    s.token_ids, s.num_computed_tokens, n, (), last, s.pending_index if last else None
-                )
+        chunks' tables come from ``out.block_tables``, so their ``block_table`` is left empty."""
+        block_tables = out.block_tables
+        sched = [
+            ScheduledChunk(ids, start, n, (), last, src, start)
+            for ids, start, n, last, src in zip(
+                out.new_token_ids,
+                out.num_computed_tokens,
+                out.num_scheduled_tokens,
+                out.sample,
+                out.pending_src,
+                strict=True,
             )
+        ]
         if all(c.length == 1 and c.sample for c in sched):
             for graphs in (
                 self.narrow,

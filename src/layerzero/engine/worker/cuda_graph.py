@@ -30,9 +30,8 @@ from torch import nn
 import layerzero as lz
 
 from ..config import CudaGraphKnobs
-from ..staging import offsets
-from .cascade import CascadeBatch
-from .forward_batch import ForwardBatch
+from .attn_metadata import CascadeBatch, ForwardBatch
+from .staging import offsets
 
 __all__ = ["CUDAGraphRunner", "PackTarget", "capture_sizes"]
 

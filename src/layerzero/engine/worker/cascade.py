@@ -32,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+
+from .attn_metadata import CascadeBatch
 
 __all__ = ["CascadeBatch", "CascadePolicy", "plan_cascade"]
 
@@ -51,38 +52,6 @@ class CascadePolicy:
     min_saved_tokens: int = 16384
     min_saved_fraction: float = 0.5
     always: bool = False
-
-
-@dataclass(frozen=True)
-class CascadeBatch:
-    """A cascade step's metadata on the device (B sequences and T new tokens in the step, G groups; every
-    sequence is in one group, a sequence that shares nothing is a group of one with an empty prefix):
-
-    - ``rows`` ``[T]`` int64: a permutation of the step's token rows, group after group and each sequence's
-      tokens in order (the cascade's order; a decode step's T = B rows are its sequences);
-    - ``prefix_tables`` ``[G, K]`` int32, ``prefix_lens`` ``[G]`` int32 (tokens, a multiple of the block size;
-      0 for a group of one), ``cu_prefix`` ``[G + 1]`` int32 (prefix sums of the groups' token counts): the
-      shared level's arguments (``is_causal=False``: an empty prefix gives its rows 0 and lse -inf, which the
-      merge ignores);
-    - ``suffix_tables`` ``[B, M]`` int32, ``suffix_lens`` ``[B]`` int32, in the cascade's sequence order: each
-      sequence's blocks after its group's prefix and their token count, the unique level's arguments;
-    - ``saved_tokens``: KV tokens per layer the shared level does not read again (for the metrics);
-    - ``cu_seqlens_q`` ``[B + 1]`` int32: prefix sums of the sequences' new tokens in the cascade's order (the
-      unique level's, causal); None in a decode step (one token each).
-
-    The attention layer gathers q into the cascade's order once, runs both levels and the merge there, and
-    scatters the result back (:func:`layerzero.engine.layers.attention.cascade_attention`). In a decode step
-    all shapes but G and K are the step's, so a decode CUDA graph can hold it padded to its bucket
-    (:mod:`.cuda_graph`)."""
-
-    rows: torch.Tensor
-    prefix_tables: torch.Tensor
-    prefix_lens: torch.Tensor
-    cu_prefix: torch.Tensor
-    suffix_tables: torch.Tensor
-    suffix_lens: torch.Tensor
-    saved_tokens: int
-    cu_seqlens_q: torch.Tensor | None = None
 
 
 def plan_cascade(

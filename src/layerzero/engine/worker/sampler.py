@@ -11,19 +11,20 @@ import torch
 
 import layerzero as lz
 
-from .sequence import Sequence
+from ..core.sched.output import SamplingMetadata
 from .staging import to_device
 
 __all__ = ["PendingSample", "Sampler", "SamplerOutput", "SamplingError", "sequence_seed"]
 
 
 class SamplingError(RuntimeError):
-    """Sampling a step raised; ``seqs``: the sequences whose rows raise when sampled alone (every row of the
-    step when none does). The original exception is the ``__cause__``."""
+    """Sampling a step raised; ``rows``: the sampled rows (indices into the step's sampled sequences) that
+    raise when sampled alone (every row of the step when none does). The original exception is the
+    ``__cause__``."""
 
-    def __init__(self, seqs: list[Sequence], cause: BaseException) -> None:
-        super().__init__(f"sampling failed for {len(seqs)} sequence(s): {type(cause).__name__}: {cause}")
-        self.seqs = seqs
+    def __init__(self, rows: list[int], cause: BaseException) -> None:
+        super().__init__(f"sampling failed for {len(rows)} sequence(s): {type(cause).__name__}: {cause}")
+        self.rows = rows
 
 
 def sequence_seed(seed: int, index: int) -> int:
@@ -33,12 +34,13 @@ def sequence_seed(seed: int, index: int) -> int:
 
 @dataclass
 class SamplerOutput:
-    """Per sampled sequence: the token, its raw logprob, and the top-N raw logprobs ({token: logprob}, the
-    chosen token included) when the request asked for them."""
+    """Per sampled sequence: its new tokens (a list: one token per step today, more once speculative decoding
+    lands), their raw logprobs and their top-N raw logprobs ({token: logprob}, the chosen token included)
+    when the request asked for them (else None)."""
 
-    token_ids: list[int]
-    logprobs: list[float | None]
-    top_logprobs: list[dict[int, float] | None]
+    sampled_token_ids: list[list[int]]
+    logprobs: list[list[float] | None]
+    top_logprobs: list[list[dict[int, float]] | None]
 
 
 @dataclass
@@ -54,26 +56,19 @@ class PendingSample:
     lp_counts: list[int]
 
 
-def plain_greedy(seqs: list[Sequence]) -> bool:
+def plain_greedy(rows: SamplingMetadata) -> bool:
     """Every row greedy with nothing that changes or reads its logits: no penalties, logit bias, min_tokens
     ban or logprobs (the step's tokens are then the rows' argmax, read from the logits as the model returned
     them)."""
-    for s in seqs:
-        p = s.params
-        if (
-            not p.greedy
-            or p.penalized
-            or p.logit_bias
-            or p.logprobs is not None
-            or s.num_output_tokens < p.min_tokens
-        ):
+    for p, n in zip(rows.params, rows.num_output_tokens, strict=True):
+        if not p.greedy or p.penalized or p.logit_bias or p.logprobs is not None or n < p.min_tokens:
             return False
     return True
 
 
 class Sampler:
     """Samples the next token of every row of a step's logits ``[S, V]`` (the model's dtype; cast to float32
-    for everything but a plain greedy step), row i for ``seqs[i]``."""
+    for everything but a plain greedy step), row i as row i of the step's :class:`SamplingMetadata`."""
 
     def __init__(
         self, vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device, seed: int
@@ -82,60 +77,61 @@ class Sampler:
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     @torch.no_grad()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
-        """Sample ``seqs``' next tokens from ``logits`` (float32 logits are modified in place); waits for
+    def __call__(self, logits: torch.Tensor, rows: SamplingMetadata) -> SamplerOutput:
+        """Sample the ``rows``' next tokens from ``logits`` (float32 logits are modified in place); waits for
         them."""
-        return self.resolve(self.launch(logits, seqs))
+        return self.resolve(self.launch(logits, rows))
 
     @torch.no_grad()
-    def launch(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+    def launch(self, logits: torch.Tensor, rows: SamplingMetadata) -> PendingSample:
         """:meth:`_launch`; when it raises, each row is drawn alone to find the ones that raise.
 
         Raises:
-            SamplingError: naming those sequences (all of them when no row raises alone); the draw's exception
-                is its ``__cause__``. The engine fails those requests only (``LLMEngine.step``).
+            SamplingError: naming those rows (all of them when no row raises alone); the draw's exception is
+                its ``__cause__``. The engine core fails those requests only (``EngineCore.step``).
         """
         try:
-            return self._launch(logits, seqs)
+            return self._launch(logits, rows)
         except Exception as exc:
             bad = []
-            for i, seq in enumerate(seqs):
+            for i in range(len(rows)):
                 try:
-                    self.resolve(self._launch(logits[i : i + 1], [seq]))
+                    self.resolve(self._launch(logits[i : i + 1], _row(rows, i)))
                 except Exception:
-                    bad.append(seq)
-            raise SamplingError(bad or list(seqs), exc) from exc
+                    bad.append(i)
+            raise SamplingError(bad or list(range(len(rows))), exc) from exc
 
-    def _launch(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+    def _launch(self, logits: torch.Tensor, rows: SamplingMetadata) -> PendingSample:
         """Enqueue the draw of ``seqs``' next tokens from ``logits`` ``[S, V]`` and the transfer of the
         results to the host, without waiting for them (:meth:`resolve` does). A plain greedy step
         (:func:`plain_greedy`) takes ``lz.sample_greedy`` of the logits as they are (bf16 logits: no float32
         copy); otherwise they are cast to float32 (float32 logits are then modified in place). Penalties read
         the sequences' known tokens: async scheduling resolves a step before the next one samples a penalized
         sequence."""
-        if plain_greedy(seqs):
+        if plain_greedy(rows):
             return self._pending(lz.sample_greedy(logits), [], [], [])
         logits = logits.float()
-        want_lp = [s.params.logprobs is not None for s in seqs]
+        ps = rows.params
+        want_lp = [p.logprobs is not None for p in ps]
         raw = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        self._penalize(logits, seqs)
-        self._bias(logits, seqs)
-        if all(s.params.greedy for s in seqs):
+        self._penalize(logits, rows)
+        self._bias(logits, rows)
+        if all(p.greedy for p in ps):
             tokens = lz.sample_greedy(logits)
         else:
-            tokens = self._sample(logits, seqs)
-        rows = [i for i, w in enumerate(want_lp) if w]
+            tokens = self._sample(logits, rows)
+        lp_rows = [i for i, w in enumerate(want_lp) if w]
         out = [tokens]
         if raw is not None:
-            n = max(seqs[i].params.logprobs for i in rows)
-            if len(rows) == len(seqs):
+            n = max(ps[i].logprobs for i in lp_rows)
+            if len(lp_rows) == len(ps):
                 sel, chosen = raw, tokens
             else:  # indexed through a staged tensor: a Python-list index would be a blocking copy
-                (idx,) = to_device([np.asarray(rows, dtype=np.int64)], raw.device)
+                (idx,) = to_device([np.asarray(lp_rows, dtype=np.int64)], raw.device)
                 sel, chosen = raw.index_select(0, idx), tokens.index_select(0, idx)
             top_v, top_i = sel.topk(n, dim=-1) if n else (sel[:, :0], sel[:, :0].long())
             out += [sel.gather(1, chosen.unsqueeze(1)).squeeze(1), top_v, top_i]
-        return self._pending(tokens, out[1:], rows, [seqs[i].params.logprobs for i in rows])
+        return self._pending(tokens, out[1:], lp_rows, [ps[i].logprobs for i in lp_rows])
 
     @staticmethod
     def _pending(
@@ -157,30 +153,32 @@ class Sampler:
         if p.event is not None:
             p.event.synchronize()
         ids = p.host[0].tolist()
-        chosen: list[float | None] = [None] * len(ids)
-        tops: list[dict[int, float] | None] = [None] * len(ids)
+        chosen: list[list[float] | None] = [None] * len(ids)
+        tops: list[list[dict[int, float]] | None] = [None] * len(ids)
         if p.lp_rows:
             picked, top_v, top_i = (t.tolist() for t in p.host[1:])
             for j, (i, k) in enumerate(zip(p.lp_rows, p.lp_counts, strict=True)):
                 d = dict(zip(top_i[j][:k], top_v[j][:k], strict=True))
                 d[ids[i]] = picked[j]
-                chosen[i], tops[i] = picked[j], d
-        return SamplerOutput(ids, chosen, tops)
+                chosen[i], tops[i] = [picked[j]], [d]
+        return SamplerOutput([[t] for t in ids], chosen, tops)
 
-    def _penalize(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        ps = [s.params for s in seqs]
+    def _penalize(self, logits: torch.Tensor, rows: SamplingMetadata) -> None:
+        ps = rows.params
         if not any(p.penalized for p in ps):
             return
         pad = self.vocab_size
-        # the known output tokens: a row without penalties may have one pending (async scheduling; it does not
-        # matter there), a penalized row never has (the engine reads the previous step before sampling it)
-        outs = [s.token_ids[s.num_prompt_tokens :] for s in seqs]
-        lp = max(s.num_prompt_tokens for s in seqs)
-        lo = max(len(o) for o in outs)
-        prompt = np.full((len(seqs), lp), pad, dtype=np.int64)
-        output = np.full((len(seqs), lo), pad, dtype=np.int64)
-        for i, (s, o) in enumerate(zip(seqs, outs, strict=True)):
-            prompt[i, : s.num_prompt_tokens] = s.token_ids[: s.num_prompt_tokens]
+        # the known tokens of the penalized rows (a row without penalties sends none: it may have one pending,
+        # async scheduling, which does not matter there; a penalized row never has: the engine core reads the
+        # previous step before sampling it)
+        prompts = [t or () for t in rows.prompt_token_ids]
+        outs = [t or () for t in rows.output_token_ids]
+        lp = max(max(len(t) for t in prompts), 1)
+        lo = max(max(len(o) for o in outs), 1)
+        prompt = np.full((len(ps), lp), pad, dtype=np.int64)
+        output = np.full((len(ps), lo), pad, dtype=np.int64)
+        for i, (t, o) in enumerate(zip(prompts, outs, strict=True)):
+            prompt[i, : len(t)] = t
             output[i, : len(o)] = o
         f32 = [
             np.asarray(v, dtype=np.float32)
@@ -202,17 +200,13 @@ class Sampler:
             )
         )
 
-    def _bias(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    def _bias(self, logits: torch.Tensor, sm: SamplingMetadata) -> None:
         rows, cols, vals = [], [], []
-        for i, s in enumerate(seqs):
-            for t, b in (s.params.logit_bias or {}).items():
+        for i, (p, n) in enumerate(zip(sm.params, sm.num_output_tokens, strict=True)):
+            for t, b in (p.logit_bias or {}).items():
                 rows.append(i), cols.append(t), vals.append(b)
-            if (
-                s.num_output_tokens < s.params.min_tokens
-            ):  # no stop before min_tokens: EOS and stop ids banned
-                banned = set(s.params.stop_token_ids or ()) | (
-                    set() if s.params.ignore_eos else set(self.eos)
-                )
+            if n < p.min_tokens:  # no stop before min_tokens: EOS and stop ids banned
+                banned = set(p.stop_token_ids or ()) | (set() if p.ignore_eos else set(self.eos))
                 for t in banned:
                     rows.append(i), cols.append(t), vals.append(float("-inf"))
         if rows:
@@ -226,10 +220,10 @@ class Sampler:
             )
             logits.index_put_((r, c), v.to(logits.dtype), accumulate=True)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, rows: SamplingMetadata) -> torch.Tensor:
         dev = self.device
-        ps = [s.params for s in seqs]
-        seeds = [-1 if s.seed is None or s.params.greedy else s.seed for s in seqs]
+        ps = rows.params
+        seeds = [-1 if s is None or p.greedy else s for s, p in zip(rows.seeds, ps, strict=True)]
         seeded = any(x >= 0 for x in seeds)
 
         # per-row parameters in one staged copy; a filter no row uses is left out (None): the kernel then
@@ -244,6 +238,17 @@ class Sampler:
                 named[name] = np.asarray(values, dtype=dtype)
         if seeded:
             named["seeds"] = np.asarray(seeds, dtype=np.int64)
-            named["offsets"] = np.asarray([s.num_output_tokens for s in seqs], dtype=np.int64)
+            named["offsets"] = np.asarray(rows.num_output_tokens, dtype=np.int64)
         kwargs = dict(zip(named, to_device(list(named.values()), dev), strict=True))
         return lz.sample(logits, generator=self.generator, **kwargs)
+
+
+def _row(rows: SamplingMetadata, i: int) -> SamplingMetadata:
+    """Row ``i`` of ``rows`` alone."""
+    return SamplingMetadata(
+        [rows.params[i]],
+        [rows.seeds[i]],
+        [rows.num_output_tokens[i]],
+        [rows.prompt_token_ids[i]],
+        [rows.output_token_ids[i]],
+    )

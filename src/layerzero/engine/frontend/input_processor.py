@@ -1,25 +1,63 @@
 """Input processing: a request's prompt and parameters checked against the model (vocabulary, context length,
-tokenizer) before anything is queued; text prompts tokenized (vLLM's input processor)."""
+tokenizer) before anything is queued; text prompts tokenized (vLLM's input processor); the result is an
+:class:`~layerzero.engine.core.messages.EngineCoreRequest` for the engine core."""
 
 from __future__ import annotations
 
 import numbers
+import time
 from typing import Any
 
 import numpy as np
 
-from .errors import bad_input
-from .sampling_params import SamplingParams
+from ..config import EngineConfig, ModelConfig, resolve_max_model_len
+from ..core.messages import EngineCoreRequest
+from ..errors import bad_input
+from ..sampling_params import SamplingParams
 
 __all__ = ["InputProcessor"]
 
 
 class InputProcessor:
     """Checks requests for one model: ``tokenizer`` (a transformers tokenizer or None), ``vocab_size`` and
-    ``max_model_len`` (tokens)."""
+    ``max_model_len`` (tokens). :meth:`from_config` builds it from an :class:`EngineConfig` without loading
+    weights (the checkpoint's config.json only)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int) -> None:
         self.tokenizer, self.vocab_size, self.max_model_len = tokenizer, vocab_size, max_model_len
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos_token_id: int | None = eos if isinstance(eos, int) else None
+
+    @classmethod
+    def from_config(
+        cls, engine_config: EngineConfig, tokenizer: Any, model_config: ModelConfig | None = None
+    ) -> InputProcessor:
+        """The processor of ``engine_config``'s model: its vocabulary size and resolved ``max_model_len``
+        (the option, else the model's ``max_position_embeddings``), read from the checkpoint's config.json
+        (``model_config`` when the caller has parsed it already).
+
+        Raises:
+            ConfigurationError: an unreadable config.json, a ``max_model_len`` above the model's.
+        """
+        cfg = model_config or ModelConfig.from_pretrained(engine_config.model)
+        return cls(tokenizer, cfg.vocab_size, resolve_max_model_len(engine_config, cfg))
+
+    def process(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> tuple[str | None, EngineCoreRequest]:
+        """Validate and tokenize one request: (prompt text or None, the :class:`EngineCoreRequest`).
+
+        Raises:
+            InvalidInputError: see :meth:`validate`.
+        """
+        text, ids = self.validate(prompt, params, priority)
+        t = time.time() if arrival_time is None else arrival_time
+        return text, EngineCoreRequest(request_id, ids, params, int(priority), t, self.eos_token_id)
 
     def encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         """(prompt text or None, token ids) of a prompt given as text or ids, validated.
@@ -102,8 +140,7 @@ class InputProcessor:
     def validate(
         self, prompt: str | list[int], params: SamplingParams, priority: int = 0
     ) -> tuple[str | None, list[int]]:
-        """Every check of one request, nothing queued: (prompt text or None, token ids) for
-        ``LLMEngine.enqueue``.
+        """Every check of one request, nothing queued: (prompt text or None, token ids).
 
         Raises:
             InvalidInputError: see :meth:`encode` and :meth:`check`; a non-int priority.

@@ -205,7 +205,7 @@ def _batch1(llm: Any, dev: torch.device, prompt: list[int], new: int) -> dict[st
     and ``decode_tokens_per_s``, the tokens after the first over the time after it, from a streamed run
     (``LLM.stream``, whose deltas arrive as the steps finish): the per-step rate the issue's batch-1 target is
     about."""
-    from . import SamplingParams
+    from .. import SamplingParams
 
     sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=new)
     llm.generate([prompt], sp, use_tqdm=False)  # its shapes warm
@@ -245,7 +245,7 @@ def run(
     """Run the benchmark; returns (and with ``out`` writes ``bench_engine.json``) the results.
     ``engine_options``: more :class:`~layerzero.engine.LLM` keyword arguments (e.g.
     ``async_scheduling=False``)."""
-    from . import LLM, SamplingParams
+    from .. import LLM, SamplingParams
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dt = {

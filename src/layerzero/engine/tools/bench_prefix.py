@@ -60,7 +60,7 @@ def _timed(
     warm_run: bool | None = None,
     **engine_options: Any,
 ) -> tuple[float, dict[str, Any]]:
-    from . import LLM, SamplingParams
+    from .. import LLM, SamplingParams
 
     llm = LLM(
         path,
@@ -118,7 +118,7 @@ def warm_up(llm: Any) -> None:
     of this module also follows an untimed run of the same workload in the same engine, with the prefix cache
     emptied in between (``KVCacheManager.reset_prefix_cache``): the timed run starts as cold as a new engine's
     cache, with every kernel compiled."""
-    from . import SamplingParams
+    from .. import SamplingParams
 
     prefix = [(7 * i) % 997 + 3 for i in range(3 * llm.engine.config.block_size)]
     llm.generate([prefix], SamplingParams(max_tokens=2), use_tqdm=False)

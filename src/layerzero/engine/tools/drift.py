@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from .errors import bad_input
-from .layers.quantized_linear import module_bytes
-from .runner.forward_batch import ScheduledChunk, build_forward_batch
+from ..errors import bad_input
+from ..layers.quantized_linear import module_bytes
+from ..worker.input_batch import ScheduledChunk, build_forward_batch
 
 __all__ = ["teacher_forced_logprobs", "weight_bytes"]
 

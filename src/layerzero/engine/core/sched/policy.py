@@ -26,8 +26,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable
 
-from .errors import bad_config
-from .sequence import Sequence
+from ...errors import bad_config
+from ..sequence import Sequence
 
 __all__ = ["LPM_MAX_WAITING", "SchedulingPolicy", "make_policy"]
 

@@ -1,4 +1,5 @@
-"""``ForwardBatch``: the per-step attention metadata, built once per step and read by every layer."""
+"""The step's input batch: :class:`~.attn_metadata.ForwardBatch` built from the scheduled chunks (host arrays,
+one host-to-device copy), plain or packed into a CUDA-graph bucket's buffers."""
 
 from __future__ import annotations
 
@@ -11,17 +12,21 @@ import torch
 
 from layerzero import InvalidInputError
 
-from ..staging import stage, to_device
-from .cascade import CascadeBatch, CascadePolicy, plan_cascade
+from .attn_metadata import CascadeBatch, ForwardBatch
+from .cascade import CascadePolicy, plan_cascade
+from .staging import stage, to_device
 
 __all__ = ["ForwardBatch", "ScheduledChunk", "build_forward_batch", "build_packed_decode_batch"]
 
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """One sequence's share of a step: tokens ``token_ids[start:start + length]`` at positions
-    ``start .. start + length - 1``, its block table (block ids, enough for ``start + length`` tokens), and
-    whether the step samples its next token (the chunk reaches the end of its known tokens).
+    """One sequence's share of a step: the tokens at positions ``start .. start + length - 1``, whose ids are
+    ``token_ids[start - offset : start - offset + length]`` (``offset`` 0: ``token_ids`` holds the whole
+    sequence; ``offset == start``: only the chunk's ids, as a :class:`SchedulerOutput
+    <layerzero.engine.core.sched.output.SchedulerOutput>` sends them), its block table (block ids, enough
+    for ``start + length`` tokens), and whether the step samples its next token (the chunk reaches the end
+    of its known tokens).
 
     ``pending_src`` not None (async scheduling): the chunk's last token is pending, not in ``token_ids`` yet;
     its id is row ``pending_src`` of the previous step's sampled tokens, gathered on the device."""
@@ -32,53 +37,7 @@ class ScheduledChunk:
     block_table: Sequence[int]
     sample: bool
     pending_src: int | None = None
-
-
-@dataclass
-class ForwardBatch:
-    """What one step's forward needs (T = new tokens of all sequences, B = sequences, M = block-table width):
-
-    - ``input_ids`` ``[T]`` int64, ``positions`` ``[T]`` int64 (token positions in their sequence);
-    - ``slot_mapping`` ``[T]`` int64: cache slot of each new token (``block * block_size + offset``; -1 =
-      skip);
-    - ``block_tables`` ``[B, M]`` int32 (rows padded with 0), ``seq_lens`` ``[B]`` int32 (KV length including
-      the new tokens), ``cu_seqlens_q`` ``[B + 1]`` int32 prefix sums of the new tokens, or None when every
-      sequence has one new token (a pure decode step);
-    - ``logits_indices`` ``[S]`` int64: rows of the hidden states whose next token is sampled (each sampled
-      sequence's last new token), in chunk order.
-
-    - ``cascade``: the step's cascade-attention metadata when its sequences share enough prefix blocks
-      (:mod:`.cascade`), else None.
-    - ``graphed``: built by the CUDA-graph runner (:mod:`.cuda_graph`): this forward is a capture or its
-      warm-up, so its host work is paid once and replays run only its kernels; a model may then take calls
-      that cost more host time for fewer kernels (``lz.rope_paged_attention``).
-    - ``packed``: the tensors are the first ``num_seqs`` rows of a decode graph bucket's packed input buffer
-      of lane ``lane`` (:func:`build_packed_decode_batch`): that lane's graphs read them where they are,
-      nothing is copied in.
-    - ``logits_all``: every row of the hidden states is sampled, in order (``logits_indices`` is
-      ``arange(T)``: a decode step whose sequences all sample, a graph bucket): the model skips the gather.
-
-    Every layer passes the same tensors to :func:`layerzero.paged_attention` (FlashInfer plans once per step).
-    """
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    slot_mapping: torch.Tensor
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-    cu_seqlens_q: torch.Tensor | None
-    logits_indices: torch.Tensor
-    num_seqs: int
-    cascade: CascadeBatch | None = None
-    graphed: bool = False
-    packed: bool = False
-    logits_all: bool = False
-    lane: int = 0
-
-    @property
-    def is_decode(self) -> bool:
-        """One new token per sequence (the CUDA-graph path)."""
-        return self.cu_seqlens_q is None
+    offset: int = 0
 
 
 def build_forward_batch(
@@ -302,11 +261,11 @@ def _mixed_arrays(
         p = np.arange(c.start, c.start + c.length, dtype=np.int64)
         table = tables[i].astype(np.int64)
         if c.pending_src is not None:
-            ids[a : b - 1] = c.token_ids[c.start : c.start + c.length - 1]
+            ids[a : b - 1] = c.token_ids[c.start - c.offset : c.start - c.offset + c.length - 1]
             ids[b - 1] = 0
             rows.append((b - 1, c.pending_src))
         else:
-            ids[a:b] = c.token_ids[c.start : c.start + c.length]
+            ids[a:b] = c.token_ids[c.start - c.offset : c.start - c.offset + c.length]
         pos[a:b] = p
         slots[a:b] = table[p // block_size] * block_size + p % block_size
         seq_lens[i] = c.start + c.length
@@ -322,7 +281,7 @@ def _decode_arrays(
     """:func:`_mixed_arrays` of chunks of one token each (cu_seqlens_q is left out of the batch: a pure decode
     step)."""
     pos = np.fromiter((c.start for c in chunks), dtype=np.int64, count=len(chunks))
-    ids = [c.token_ids[c.start] if c.pending_src is None else 0 for c in chunks]
+    ids = [c.token_ids[c.start - c.offset] if c.pending_src is None else 0 for c in chunks]
     rows = [(i, c.pending_src) for i, c in enumerate(chunks) if c.pending_src is not None]
     slots = tables[np.arange(len(chunks)), pos // block_size].astype(np.int64) * block_size + pos % block_size
     sample = [i for i, c in enumerate(chunks) if c.sample]

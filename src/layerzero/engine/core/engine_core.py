@@ -1,0 +1,217 @@
+"""``EngineCore``: the engine's core (vLLM V1's ``EngineCore``): requests in as
+:class:`~.messages.EngineCoreRequest`, one step at a time out as :class:`~.messages.EngineCoreOutputs`
+(token ids only). Owns the scheduler, the KV cache manager and an executor; speaks plain data only, so it can
+run in another process. The step loop is :class:`~.llm_engine.EngineLoop`, failure recovery
+:class:`~.recovery.StepRecovery`."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+
+from ..config import EngineConfig, ModelConfig, resolve_device, resolve_max_model_len
+from ..errors import bad_input
+from ..executor.abstract import Executor
+from ..executor.in_process import InProcessExecutor
+from ..metrics import EngineStats
+from ..worker.model_runner import ModelRunner
+from ..worker.sampler import sequence_seed
+from .kv.block_manager import KVCacheManager
+from .llm_engine import EngineLoop
+from .messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from .request import InFlight, Request
+from .sched.policy import make_policy
+from .sched.scheduler import Scheduler
+from .sequence import Sequence
+
+__all__ = ["DEFAULT_MAX_NUM_BATCHED_TOKENS", "EngineCore"]
+
+log = logging.getLogger("layerzero.engine")
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+def resolve_dtype(ec: EngineConfig, cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    """The model's dtype: ``ec.dtype``, else float32 on the CPU and the checkpoint's half dtype (bfloat16
+    unless it is float16) on CUDA."""
+    if ec.dtype is not None:
+        return ec.dtype
+    if device.type == "cpu":
+        return torch.float32
+    return cfg.torch_dtype if cfg.torch_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+class EngineCore(EngineLoop):
+    """The engine core for ``engine_config``: builds the executor (which loads the model and sizes the KV
+    pool), the KV cache manager and the scheduler. Implements
+    :class:`~.messages.EngineCoreProtocol`; every method is safe to call from several threads (one lock; a
+    step runs whole) and :meth:`abort_requests` never waits for a step.
+
+    Raises:
+        ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its
+            config, a KV pool too small for one ``max_model_len`` sequence.
+    """
+
+    def __init__(self, engine_config: EngineConfig, executor: Executor | None = None) -> None:
+        ec = self.config = engine_config
+        self.model_config = cfg = ModelConfig.from_pretrained(ec.model)
+        self.device = resolve_device(ec.device)
+        self.dtype = resolve_dtype(ec, cfg, self.device)
+        self.max_model_len = resolve_max_model_len(ec, cfg)
+        budget = ec.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        self.executor = executor or InProcessExecutor(
+            cfg, ec, self.device, self.dtype, self.max_model_len, budget
+        )
+        self.kv = KVCacheManager(
+            self.executor.num_kv_blocks,
+            ec.block_size,
+            enable_prefix_caching=ec.enable_prefix_caching,
+            prefix_cache=ec.prefix_cache,
+        )
+        self.scheduler = Scheduler(
+            self.kv,
+            make_policy(ec.scheduling_policy),
+            max_num_seqs=ec.max_num_seqs,
+            max_num_batched_tokens=budget,
+        )
+        self.vocab_size = cfg.vocab_size
+        self.eos = set(cfg.eos_token_ids)
+        self.requests: dict[str, Request] = {}
+        #: Prefill token counts (rounded up to powers of two) of the steps run so far (kernel_report()).
+        self.prefill_buckets: set[int] = set()
+        self.stats = EngineStats(num_kv_blocks=self.executor.num_kv_blocks)
+        self.async_scheduling = (
+            ec.async_scheduling if ec.async_scheduling is not None else self.device.type == "cuda"
+        )
+        self._inflight: InFlight | None = None
+        self._current: list[tuple[Sequence, int]] | None = None  # the step being run (a failure rolls back)
+        self._launching: list[Sequence] | None = None  # its sampled sequences (a SamplingError's rows)
+        self._outputs: list[EngineCoreOutput] = []  # what the next step() returns
+        #: Serializes every entry point that reads or changes requests or runs a step (re-entrant).
+        self.lock = threading.RLock()
+        self._aborts: collections.deque[EngineCoreAbort] = collections.deque()  # from any thread
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The in-process executor's model runner (tests, benchmarks, tools)."""
+        return self.executor.runner
+
+    # ------------------------------------------------------------------------------------------ requests
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue ``request`` (validated by the front end: ids in the vocabulary, at most ``max_model_len``
+        tokens); its ``n`` completions wait for the scheduler. ``request.eos_token_id`` (the front end's
+        tokenizer's EOS) joins the model's EOS ids when it is inside the vocabulary.
+
+        Raises:
+            InvalidInputError: a request id that is empty, not a string, or queued already (nothing queued).
+        """
+        rid, params, ids = request.request_id, request.sampling_params, request.prompt_token_ids
+        if not isinstance(rid, str) or not rid:
+            raise bad_input("request_id", "a non-empty string", repr(rid))
+        with self.lock:
+            if rid in self.requests:
+                raise bad_input("request_id", "a new id", repr(rid))
+            self._add_eos(request.eos_token_id)
+            seqs = [
+                Sequence(
+                    rid,
+                    i,
+                    list(ids),
+                    len(ids),
+                    params,
+                    priority=int(request.priority),
+                    seed=None if params.seed is None else sequence_seed(params.seed, i),
+                )
+                for i in range(params.n)
+            ]
+            self.requests[rid] = Request(rid, seqs)
+            for seq in seqs:
+                self.scheduler.add(seq)
+
+    def _add_eos(self, eos: int | None) -> None:
+        if eos is None or eos in self.eos:
+            return
+        if 0 <= eos < self.vocab_size:
+            self.eos.add(eos)
+        else:  # a tokenizer wider than the model: its EOS can never be sampled
+            log.warning(
+                "the tokenizer's eos_token_id %d is outside the model's vocabulary [0, %d): not used as a "
+                "stop token",
+                eos,
+                self.vocab_size,
+            )
+            self.eos.add(eos)  # (never matches a sampled id; warns once)
+
+    def abort_requests(self, aborts: list[EngineCoreAbort]) -> None:
+        """End completions early (``reason`` ``"abort"``, or ``"stop"`` with the front end's stop string):
+        their blocks are freed and each gets a last output with that finish reason in the next
+        :meth:`step`. Never waits for a step: while another thread runs one, the aborts are applied when it
+        ends; otherwise at once. Unknown or finished ids are ignored."""
+        self._aborts.extend(aborts)
+        self._try_apply_aborts()
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is queued or running, or a launched step still has tokens to read for one."""
+        self._try_apply_aborts()
+        f = self._inflight
+        return self.scheduler.has_unfinished() or (f is not None and any(not s.finished for s in f.sampled))
+
+    has_unfinished = has_unfinished_requests
+
+    def step(self) -> EngineCoreOutputs:
+        """Run one step (schedule -> execute -> update) and return what every completion gained (with async
+        scheduling: the tokens of the step launched before; see :class:`~.llm_engine.EngineLoop`)."""
+        with self.lock:
+            self._run_step()
+            outs, self._outputs = self._outputs, []
+            return EngineCoreOutputs(outs, time.time(), self._scheduler_stats())
+
+    def shutdown(self) -> None:
+        """Abort every request and release the model and the KV cache."""
+        with self.lock:
+            self.abort_requests([EngineCoreAbort(rid) for rid in list(self.requests)])
+            self._inflight = None
+            self.executor.shutdown()
+
+    # ------------------------------------------------------------------------------------------ state
+    def _scheduler_stats(self) -> SchedulerStats:
+        kv = self.kv.stats()
+        st = self.stats
+        return SchedulerStats(
+            len(self.scheduler.running),
+            len(self.scheduler.waiting),
+            self.kv.usage(),
+            kv.queries,
+            kv.hits,
+            self.scheduler.num_preemptions,
+            st.prompt_tokens,
+            st.generation_tokens,
+        )
+
+    def get_stats(self) -> SchedulerStats:
+        """The core's state now (completions running / waiting, KV usage, counters since start)."""
+        with self.lock:
+            return self._scheduler_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix block no request holds; False when some are still held (nothing done)."""
+        with self.lock:
+            return self.kv.reset_prefix_cache()
+
+    def kernel_report(self) -> dict[str, Any]:
+        """Plain data: for each LayerZero op the model runs, per shape bucket (``"decode/1"``, and
+        ``"prefill/N"`` for each prefill size the steps have run, tokens rounded up to a power of two), the
+        kernel LayerZero selects and why (score, eligible / rejected counts, the selection bucket), from
+        ``lz.dry_run`` of one forward per bucket made now (ops selected and recorded, no kernel run:
+        :meth:`~layerzero.engine.worker.model_runner.ModelRunner.kernel_report`); decode as the CUDA graphs
+        select (``lz.capture_selection``). The steps themselves are not traced (no hot-path cost)."""
+        with self.lock:
+            return self.runner.kernel_report(self._buckets())
+
+    def _buckets(self) -> list[tuple[str, int]]:
+        return [("decode", 1), *(("prefill", n) for n in sorted(self.prefill_buckets))]

@@ -1,0 +1,214 @@
+"""The engine core's step loop: schedule -> execute -> update, one step at a time (:class:`EngineLoop`, the
+part of :class:`~layerzero.engine.core.engine_core.EngineCore` that runs steps).
+
+A step is data: the scheduler's plain :class:`~.sched.output.SchedulerOutput` goes to the executor, which
+launches the forward and the draw; the sampled token ids come back as lists per sequence and are appended
+here, where the core's stops are checked (EOS, ``stop_token_ids``, ``max_tokens``, ``max_model_len``); what
+each completion gained is queued as an :class:`~.messages.EngineCoreOutput`. Stop strings, text and logprobs
+formatting are the front end's (:mod:`layerzero.engine.frontend.output_processor`). A step that raises is
+rolled back by the failure recovery it inherits (``recovery.py``)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from ..metrics import EngineStats, StepStats
+from .messages import EngineCoreOutput
+from .recovery import StepRecovery
+from .request import InFlight
+from .sequence import FinishReason, Sequence
+
+__all__ = ["EngineLoop"]
+
+
+class EngineLoop(StepRecovery):
+    """Runs steps for :class:`~layerzero.engine.core.engine_core.EngineCore` (which sets ``executor``,
+    ``kv``, ``scheduler``, ``eos``, ``max_model_len``, ``stats`` and ``async_scheduling`` besides what
+    :class:`StepRecovery` needs)."""
+
+    eos: set[int]
+    max_model_len: int
+    stats: EngineStats
+    async_scheduling: bool
+    prefill_buckets: set[int]
+
+    def _run_step(self) -> None:
+        """One step under the lock (``step()``): outputs land in ``_outputs``.
+
+        A step that raises fails only the requests it concerns: the rows whose sampling raised (each row is
+        retried alone to find them), else every request of the step; they end with ``"error"`` (their blocks
+        freed). The step's other sequences are rolled back (:meth:`_recover`) and run again, so the engine
+        stays usable. A ``BaseException`` (``KeyboardInterrupt``) rolls the step back, fails nothing, and
+        propagates."""
+        self._apply_aborts()
+        self._current = None
+        was_idle = self._inflight is None  # else the step reads the launched one: progress
+        try:
+            scheduled = self._step_async() if self.async_scheduling else self._step_sync()
+            if was_idle and not scheduled:
+                self._check_progress()
+        except Exception as exc:
+            self._recover(exc)
+        except BaseException as exc:
+            self._recover(exc)
+            raise
+        finally:
+            self._current = self._launching = None
+            self._apply_aborts()
+
+    def _step_async(self) -> bool:
+        """Schedule and launch step N+1, then read step N's ids while N+1 runs on the device; returns whether
+        N+1 scheduled anything.
+
+        N+1's sequences whose last token is N's pending draw get its id by a gather on the device (no host
+        synchronization). Reading N may end sequences (stop ids, EOS, length) that N+1 already computes: their
+        extra token is dropped, their blocks freed (writes still queued on the stream land before any later
+        step reuses them); likewise a stop string the front end finds in N's tokens (its abort comes before
+        N+2 is scheduled). A step whose pending sequences have penalties reads N first (penalties need the
+        tokens), and so does nothing else: the tokens are the same as :meth:`_step_sync`'s."""
+        prev = self._inflight
+        t0 = time.perf_counter()
+        appended = 0
+        if prev is not None and any(s.params.penalized for s in prev.sampled if not s.finished):
+            appended = self._read(prev)[1]
+            prev = self._inflight = None
+        out = self.scheduler.schedule()
+        chunks = self._current = self.scheduler.scheduled if out.seq_ids else []
+        t1 = time.perf_counter()
+        launched = None
+        if chunks:
+            sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n == s.num_tokens]
+            launched = InFlight(sampled, self.executor.execute_model(out))
+        t2 = time.perf_counter()
+        t3 = t2
+        if prev is not None:
+            t3, n = self._read(prev)
+            appended += n
+        self._inflight = launched
+        if chunks:
+            self.scheduler.after_forward(chunks)  # after the read: the blocks it fills hold known tokens only
+            for j, seq in enumerate(launched.sampled):
+                if not seq.finished:
+                    seq.pending_index = j
+                    seq.length_capped = self._length_reached(seq)  # counts the pending token just set
+        self._finish_step(chunks, appended, (t0, t1, t2, t3, time.perf_counter()))
+        return bool(chunks)
+
+    def _read(self, prev: InFlight) -> tuple[float, int]:
+        """Wait for ``prev``'s sampled ids and append them (stop checks); sequences that ended meanwhile (an
+        abort) are skipped. Returns the time the ids arrived (``time.perf_counter``) and how many were
+        appended."""
+        res = prev.result.get_output()
+        t = time.perf_counter()
+        for seq in prev.sampled:
+            seq.pending_index, seq.length_capped = None, False
+        return t, self._append_all(prev.sampled, res.sampled_token_ids, res.logprobs, res.top_logprobs)
+
+    def _step_sync(self) -> bool:
+        """Schedule, forward, sample and read one step, in that order; returns whether it scheduled
+        anything."""
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        chunks = self._current = self.scheduler.scheduled if out.seq_ids else []
+        t1 = t2 = t3 = time.perf_counter()
+        appended = 0
+        if chunks:
+            sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n == s.num_tokens]
+            self._inflight = InFlight(sampled, self.executor.execute_model(out))  # what a failure rolls back
+            t2 = time.perf_counter()
+            self.scheduler.after_forward(chunks)
+            res = self._inflight.result.get_output()
+            self._inflight = None
+            t3 = time.perf_counter()
+            appended = self._append_all(sampled, res.sampled_token_ids, res.logprobs, res.top_logprobs)
+        self._finish_step(chunks, appended, (t0, t1, t2, t3, time.perf_counter()))
+        return bool(chunks)
+
+    def _append_all(
+        self,
+        seqs: list[Sequence],
+        new_ids: list[list[int]],
+        lps: list[list[float] | None],
+        tops: list[list[dict[int, float]] | None],
+    ) -> int:
+        """Append each sequence's new tokens (:meth:`_append`), skipping sequences that ended meanwhile;
+        returns how many were appended."""
+        appended = 0
+        for seq, toks, lp, top in zip(seqs, new_ids, lps, tops, strict=True):
+            if seq.finished:
+                continue
+            appended += self._append(seq, toks, lp, top)
+        return appended
+
+    def _append(
+        self, seq: Sequence, toks: list[int], lps: list[float] | None, tops: list[dict[int, float]] | None
+    ) -> int:
+        """Append ``toks`` (one or more new tokens) to ``seq`` up to the first that ends it (a stop token,
+        EOS after ``min_tokens``, ``max_tokens`` / ``max_model_len``), queue its :class:`EngineCoreOutput`,
+        and return how many were appended."""
+        p = seq.params
+        reason = stop = None
+        k = 0
+        for tok in toks:
+            seq.token_ids.append(tok)
+            k += 1
+            if lps is not None:
+                seq.cumulative_logprob += lps[k - 1]
+            if seq.num_output_tokens >= p.min_tokens:
+                if p.stop_token_ids and tok in p.stop_token_ids:
+                    reason, stop = FinishReason.STOP, tok
+                    break
+                if not p.ignore_eos and tok in self.eos:
+                    reason = FinishReason.STOP
+                    break
+            if self._length_reached(seq):
+                reason = FinishReason.LENGTH
+                break
+        if k < len(toks):
+            toks = toks[:k]
+            tops = None if tops is None else tops[:k]
+        if reason is not None:
+            self.scheduler.finish(seq, reason, stop)
+        self._outputs.append(
+            EngineCoreOutput(
+                seq.request_id,
+                seq.index,
+                toks,
+                tops,
+                seq.cumulative_logprob,
+                None,  # prompt_logprobs
+                None if reason is None else reason.value,
+                stop,
+                seq.num_cached_tokens,
+            )
+        )
+        if reason is not None:
+            self._forget_if_done(seq.request_id)
+        return k
+
+    def _length_reached(self, seq: Sequence) -> bool:
+        """``max_tokens`` output tokens or ``max_model_len`` tokens (a pending one included)."""
+        return seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
+
+    def _finish_step(
+        self,
+        chunks: list[tuple[Sequence, int]],
+        appended: int,
+        times: tuple[float, float, float, float, float],
+    ) -> None:
+        """Record the step's statistics (``times``: perf_counter at its start and after schedule, forward,
+        sample and append)."""
+        st = StepStats()
+        st.num_preempted, st.num_seqs, st.num_sampled = len(self.scheduler.preempted), len(chunks), appended
+        st.num_prefill_tokens = sum(n for _, n in chunks if n > 1)
+        st.num_decode_tokens = sum(n for _, n in chunks if n == 1)
+        if st.num_prefill_tokens:  # the shape buckets kernel_report() covers
+            self.prefill_buckets.add(1 << (st.num_prefill_tokens - 1).bit_length())
+        st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = (
+            b - a for a, b in itertools.pairwise(times)
+        )
+        self.stats.record(st, self.kv.usage(), self.kv.stats().hit_rate)
+        self.stats.preemptions = self.scheduler.num_preemptions
+        self.stats.cascade_steps = self.executor.cascade_steps
+        self.stats.cascade_saved_tokens = self.executor.cascade_saved_tokens

@@ -1,0 +1,2 @@
+"""The scheduler (continuous batching, chunked prefill, preemption), its policies and its plain-data
+output."""

@@ -1,0 +1,131 @@
+"""``SchedulerOutput``: one step as plain data (ids, counts, token ids, block tables, sampling parameters),
+what the executor hands to its workers; the live :class:`~layerzero.engine.core.sequence.Sequence` objects
+stay in the scheduler (vLLM V1's ``SchedulerOutput``). Lists of ints and strings, :class:`SamplingParams` (a
+frozen dataclass of plain values) and one int32 numpy matrix (the block tables: raw bytes plus a shape in
+msgpack; :meth:`SchedulerOutput.to_dict` gives nested lists), so a step can go to another process
+unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...sampling_params import SamplingParams
+
+__all__ = ["SamplingMetadata", "SchedulerOutput"]
+
+
+@dataclass
+class SamplingMetadata:
+    """What the sampler needs of each sampled row (the step's sampled chunks, in order): its parameters, its
+    own random stream (``seeds``: None = the engine's), the output tokens it has so far (a pending one
+    included: the min_tokens ban and the seeded streams' offsets), and, only for rows with penalties, the
+    prompt and the known output tokens (``prompt_token_ids`` / ``output_token_ids``, None for other rows)."""
+
+    params: list[SamplingParams] = field(default_factory=list)
+    seeds: list[int | None] = field(default_factory=list)
+    num_output_tokens: list[int] = field(default_factory=list)
+    prompt_token_ids: list[list[int] | None] = field(default_factory=list)
+    output_token_ids: list[list[int] | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def add(self, seq: Any) -> None:
+        """Append the row of ``seq`` (a :class:`~layerzero.engine.core.sequence.Sequence` or anything with its
+        ``params``, ``seed``, ``token_ids``, ``num_prompt_tokens`` and ``num_output_tokens``)."""
+        p = seq.params
+        self.params.append(p)
+        self.seeds.append(seq.seed)
+        self.num_output_tokens.append(seq.num_output_tokens)
+        if p.penalized:
+            self.prompt_token_ids.append(seq.token_ids[: seq.num_prompt_tokens])
+            self.output_token_ids.append(seq.token_ids[seq.num_prompt_tokens :])
+        else:
+            self.prompt_token_ids.append(None)
+            self.output_token_ids.append(None)
+
+    @classmethod
+    def from_seqs(cls, seqs: Any) -> SamplingMetadata:
+        """The rows of ``seqs``, in order (:meth:`add`)."""
+        out = cls()
+        for s in seqs:
+            out.add(s)
+        return out
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work, per chunk in batch order (B chunks): ``req_ids`` / ``seq_ids`` (request, completion),
+    ``num_computed_tokens`` (the chunk's first position), ``num_scheduled_tokens`` (its length),
+    ``new_token_ids`` (the ids of its tokens the host knows: all of them, or all but a last token that is
+    still pending on the device), ``pending_src`` (that pending token's row in the previous step's sampled
+    ids, else None: async scheduling), ``sample`` (whether the step samples the chunk's next token: the chunk
+    reaches the end of its known tokens); ``block_tables`` ``[B, W]`` int32 (each chunk's block ids, rows
+    padded with 0; None when nothing is scheduled), ``preempted_seq_ids`` (completions preempted by
+    recompute this step) and ``sampling`` (per sampled row, in chunk order: :class:`SamplingMetadata`)."""
+
+    req_ids: list[str] = field(default_factory=list)
+    seq_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+    num_scheduled_tokens: list[int] = field(default_factory=list)
+    new_token_ids: list[list[int]] = field(default_factory=list)
+    pending_src: list[int | None] = field(default_factory=list)
+    sample: list[bool] = field(default_factory=list)
+    block_tables: np.ndarray | None = None
+    preempted_seq_ids: list[int] = field(default_factory=list)
+    sampling: SamplingMetadata = field(default_factory=SamplingMetadata)
+
+    @property
+    def num_seqs(self) -> int:
+        """Chunks (sequences) in the step."""
+        return len(self.seq_ids)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens in the step's forward."""
+        return sum(self.num_scheduled_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON / msgpack data: every field, the block tables as nested lists and the sampling
+        parameters as dicts of their init fields (:meth:`from_dict` rebuilds the output)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sampling"}
+        d["block_tables"] = None if self.block_tables is None else self.block_tables.tolist()
+        s = self.sampling
+        d["sampling"] = {
+            "params": [_params_dict(p) for p in s.params],
+            "seeds": s.seeds,
+            "num_output_tokens": s.num_output_tokens,
+            "prompt_token_ids": s.prompt_token_ids,
+            "output_token_ids": s.output_token_ids,
+        }
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SchedulerOutput:
+        """The output :meth:`to_dict` described."""
+        d = dict(d)
+        s = dict(d.pop("sampling"))
+        s["params"] = [SamplingParams(**p) for p in s["params"]]
+        tables = d.pop("block_tables")
+        return cls(
+            **d,
+            block_tables=None if tables is None else np.asarray(tables, dtype=np.int32),
+            sampling=SamplingMetadata(**s),
+        )
+
+
+def _params_dict(p: SamplingParams) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(p):
+        if f.init:
+            v = getattr(p, f.name)
+            if f.name == "logit_bias" and v is not None:
+                v = {int(k): float(b) for k, b in v.items()}
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[f.name] = v
+    return out

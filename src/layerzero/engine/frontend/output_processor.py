@@ -1,0 +1,216 @@
+"""Output processing (vLLM V1's ``OutputProcessor``): the engine core's token ids
+(:class:`~layerzero.engine.core.messages.EngineCoreOutput`) become :class:`~layerzero.engine.RequestOutput`
+s: incremental detokenization, stop strings (checked after ``min_tokens``; the core is then told to stop the
+completion: :class:`~layerzero.engine.core.messages.EngineCoreAbort`), streaming deltas that never show text
+which may still become a stop string, and logprobs accumulated per completion."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..core.messages import EngineCoreAbort, EngineCoreOutput
+from ..errors import bad_input
+from ..outputs import CompletionOutput, RequestOutput
+from ..sampling_params import SamplingParams
+from .detokenizer import Detokenizer
+
+__all__ = ["OUTPUT_KINDS", "OutputKind", "OutputProcessor", "ProcessedOutputs"]
+
+log = logging.getLogger("layerzero.engine")
+
+OutputKind = Literal["cumulative", "delta", "final_only"]
+OUTPUT_KINDS = ("cumulative", "delta", "final_only")
+
+
+@dataclass
+class ProcessedOutputs:
+    """What one batch of core outputs gave: ``request_outputs`` (one per request with news, as its
+    ``output_kind`` asks) and ``aborts`` (completions a stop string ended: the core must stop them)."""
+
+    request_outputs: list[RequestOutput] = field(default_factory=list)
+    aborts: list[EngineCoreAbort] = field(default_factory=list)
+
+
+class _Completion:
+    """One completion's front-end state: its tokens, text, logprobs, end, and what deltas have shown."""
+
+    __slots__ = ("cum_lp", "detok", "finish_reason", "index", "logprobs", "sent", "stop_reason", "token_ids")
+
+    def __init__(self, index: int, detok: Detokenizer | None, want_lp: bool) -> None:
+        self.index, self.detok = index, detok
+        self.token_ids: list[int] = []
+        self.logprobs: list[dict[int, float]] | None = [] if want_lp else None
+        self.cum_lp = 0.0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.sent = 0  # tokens a delta has returned
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class _Request:
+    """One request's front-end state (the request's outbox until its final output is returned)."""
+
+    __slots__ = ("comps", "error", "kind", "num_cached", "params", "prompt", "prompt_token_ids", "request_id")
+
+    def __init__(
+        self, rid: str, prompt: str | None, ids: list[int], params: SamplingParams, kind: str, tok: Any
+    ) -> None:
+        self.request_id, self.prompt, self.prompt_token_ids, self.params, self.kind = (
+            rid,
+            prompt,
+            ids,
+            params,
+            kind,
+        )
+        want_lp = params.logprobs is not None
+        self.comps = [
+            _Completion(
+                i,
+                Detokenizer(tok, ids, params.stop_strings, params.skip_special_tokens)
+                if tok is not None
+                else None,
+                want_lp,
+            )
+            for i in range(params.n)
+        ]
+        self.num_cached = 0
+        self.error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finished for c in self.comps)
+
+
+class OutputProcessor:
+    """Turns core outputs into request outputs for the requests added to it. ``tokenizer``: the checkpoint's
+    (None: no text, no stop strings). Not thread-safe: its owner serializes calls (``LLM`` holds a lock)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.requests: dict[str, _Request] = {}
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        output_kind: OutputKind = "cumulative",
+    ) -> None:
+        """Track a request (before its :class:`EngineCoreRequest` goes to the core). ``output_kind``:
+        ``"cumulative"`` (each output holds everything so far), ``"delta"`` (only what is new since the last
+        output; text that may become a stop string is held back) or ``"final_only"`` (one output, when it
+        ends).
+
+        Raises:
+            InvalidInputError: an id tracked already; an unknown ``output_kind``.
+        """
+        if request_id in self.requests:
+            raise bad_input("request_id", "a new id", repr(request_id))
+        if output_kind not in OUTPUT_KINDS:
+            raise bad_input("output_kind", f"one of {OUTPUT_KINDS}", repr(output_kind))
+        self.requests[request_id] = _Request(
+            request_id, prompt, list(prompt_token_ids), params, output_kind, self.tokenizer
+        )
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any tracked request has not returned its final output."""
+        return bool(self.requests)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Finish a tracked request locally (its unfinished completions with ``"abort"``) and return its final
+        output (as its ``output_kind`` asks); None when it is not tracked. The caller tells the core."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        for c in req.comps:
+            if not c.finished:
+                c.finish_reason = "abort"
+        return self._output(req)
+
+    def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
+        """Apply one step's core outputs (outputs of requests not tracked, or of completions that ended
+        already, are ignored)."""
+        res = ProcessedOutputs()
+        touched: dict[str, _Request] = {}
+        for o in outputs:
+            req = self.requests.get(o.request_id)
+            if req is None:
+                continue
+            c = req.comps[o.index]
+            if c.finished:
+                continue
+            touched[o.request_id] = req
+            if o.num_cached_tokens > req.num_cached:
+                req.num_cached = o.num_cached_tokens
+            try:
+                hit = self._add_tokens(req, c, o)
+            except Exception as exc:  # e.g. the tokenizer cannot decode a token: this request fails alone
+                log.error("request %s failed in output processing: %s", o.request_id, exc, exc_info=exc)
+                req.error = f"{type(exc).__name__}: {exc}"
+                for other in req.comps:
+                    if not other.finished:
+                        other.finish_reason = "error"
+                res.aborts.append(EngineCoreAbort(o.request_id))
+                continue
+            if hit is not None:
+                c.finish_reason, c.stop_reason = "stop", hit
+                if not o.finished:
+                    res.aborts.append(EngineCoreAbort(o.request_id, o.index, "stop", hit))
+            elif o.finished:
+                c.finish_reason, c.stop_reason = o.finish_reason, o.stop_reason
+                if o.error is not None:
+                    req.error = o.error
+        for req in touched.values():
+            if req.kind != "final_only" or req.finished:
+                res.request_outputs.append(self._output(req))
+        return res
+
+    def _add_tokens(self, req: _Request, c: _Completion, o: EngineCoreOutput) -> str | None:
+        """Append ``o``'s tokens to ``c`` up to a stop string (returned, else None). A completion the core
+        stopped by a token (EOS, a stop id) does not add that token's text."""
+        toks = o.new_token_ids
+        c.cum_lp = o.cumulative_logprob
+        if not toks:
+            return None
+        p, d = req.params, c.detok
+        last = len(toks) - 1
+        for k, tok in enumerate(toks):
+            c.token_ids.append(tok)
+            if c.logprobs is not None and o.new_logprobs is not None:
+                c.logprobs.append(o.new_logprobs[k])
+            if d is None or (k == last and o.finish_reason == "stop"):
+                continue
+            hit = d.add(tok, len(c.token_ids) >= p.min_tokens)
+            if hit is not None:
+                return hit
+        return None
+
+    def _output(self, req: _Request) -> RequestOutput:
+        """``req``'s output as its kind asks; a finished request is forgotten."""
+        delta = req.kind == "delta"
+        finished = req.finished
+        outs = []
+        for c in req.comps:
+            start = c.sent if delta else 0
+            d = c.detok
+            text = "" if d is None else (d.delta(c.finished) if delta else d.text)
+            lps = None if c.logprobs is None else c.logprobs[start:]
+            outs.append(
+                CompletionOutput(
+                    c.index, text, c.token_ids[start:], c.cum_lp, lps, c.finish_reason, c.stop_reason
+                )
+            )
+            if delta:
+                c.sent = len(c.token_ids)
+        if finished:
+            self.requests.pop(req.request_id, None)
+        return RequestOutput(
+            req.request_id, req.prompt, req.prompt_token_ids, outs, finished, req.num_cached, req.error
+        )

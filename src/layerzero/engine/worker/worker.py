@@ -1,0 +1,68 @@
+"""``Worker``: one device's model runner and sampler; runs a step given as plain data
+(:class:`~layerzero.engine.core.sched.output.SchedulerOutput`) and hands back its sampled tokens
+(:class:`ModelRunnerOutput`). The executor drives it (in-process now; one per GPU with tensor parallelism)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import EngineConfig, ModelConfig
+from ..core.sched.output import SchedulerOutput
+from .model_runner import ModelRunner
+from .sampler import PendingSample, Sampler, SamplerOutput, plain_greedy
+
+__all__ = ["ModelRunnerOutput", "Worker"]
+
+
+@dataclass(eq=False)
+class ModelRunnerOutput:
+    """A launched step's sampled tokens, on their way to the host (vLLM's ``AsyncModelRunnerOutput``):
+    ``pending`` (the draw in flight) and ``num_rows`` (the step's sampled rows, in chunk order).
+    :meth:`get_output` waits for them."""
+
+    pending: PendingSample
+    num_rows: int
+
+    def get_output(self) -> SamplerOutput:
+        """Wait for the tokens and read them (per row: a list of new token ids, logprobs when asked)."""
+        return Sampler.resolve(self.pending)
+
+
+class Worker:
+    """The model on one device: :class:`ModelRunner` (weights, KV pools, CUDA graphs) and :class:`Sampler`.
+    Keeps the last step's sampled ids on the device (``prev_tokens``): the next step's pending inputs are
+    gathered from them (``SchedulerOutput.pending_src``), never copied through the host."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        ec: EngineConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+    ) -> None:
+        self.device = device
+        self.runner = ModelRunner(cfg, ec, device, dtype, max_model_len, max_num_batched_tokens)
+        self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, device, ec.seed)
+        self.prev_tokens: torch.Tensor | None = None
+
+    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Forward ``out`` and launch its draw (a plain greedy step may take the ids its greedy decode graph
+        sampled); returns without waiting for the tokens.
+
+        Raises:
+            SamplingError: the draw raised (its ``rows`` name the rows that raise alone).
+        """
+        rows = out.sampling
+        prev = self.prev_tokens if any(s is not None for s in out.pending_src) else None
+        res = self.runner.execute(out, prev, greedy=plain_greedy(rows))
+        pending = res.pending if res.pending is not None else self.sampler.launch(res.logits, rows)
+        self.prev_tokens = pending.tokens
+        return ModelRunnerOutput(pending, len(rows))
+
+    def reset(self) -> None:
+        """Forget the last step's sampled ids (a failed step was rolled back: nothing is pending)."""
+        self.prev_tokens = None
