@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
+import itertools
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
 from .config import EngineConfig, ModelConfig
 from .core.errors import EngineDeadError
-from .core.messages import EngineCoreAbort, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from .core.messages import EngineCoreAbort, EngineCoreOutputs, SchedulerStats
 from .errors import bad_input
+from .frontend.input_processor import InputProcessor
+from .frontend.output_processor import OutputProcessor
 from .loader import load_tokenizer
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -32,30 +34,15 @@ from .sampling_params import SamplingParams
 __all__ = ["AsyncLLM", "EngineDeadError"]
 
 
-def _make_input_processor(
-    config: EngineConfig, tokenizer: Any, model_config: ModelConfig, max_len: int
-) -> Any:
-    """The front end's request checker for the model (no weights loaded)."""
-    from .inputs import InputProcessor
-
-    return InputProcessor(tokenizer, model_config.vocab_size, max_len)
-
-
-def _make_output_processor(tokenizer: Any) -> Any:
-    """The front end's output processing (detokenization, stop strings, deltas)."""
-    from .frontend.output_processor import OutputProcessor
-
-    return OutputProcessor(tokenizer)
-
-
 class _Stream:
     """One request's outputs on their way to its ``generate`` consumer: one slot; a delta that arrives while
     the previous one was not taken yet is merged into it (so a slow consumer costs no memory growth and no
     extra wake-ups), then an error, if any, after every output."""
 
-    __slots__ = ("error", "out", "ready")
+    __slots__ = ("core_id", "error", "out", "ready")
 
-    def __init__(self) -> None:
+    def __init__(self, core_id: str) -> None:
+        self.core_id = core_id  # the request's id in the core and the output processor
         self.out: RequestOutput | None = None
         self.error: BaseException | None = None
         self.ready = asyncio.Event()
@@ -128,7 +115,9 @@ class AsyncLLM:
 
         self.config = config = EngineConfig(str(model), **options)
         self.model_config = ModelConfig.from_pretrained(config.model)
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, _Stream] = {}  # by the caller's request id
+        self._core_ids: dict[str, str] = {}  # core id -> the caller's request id
+        self._next_id = itertools.count()
         self._stats = SchedulerStats()
         self._client: Any = None
         self._client = MPClient(
@@ -141,10 +130,9 @@ class AsyncLLM:
                 config.max_model_len or self.model_config.max_position_embeddings
             )
             self.num_kv_blocks: int | None = info.get("num_kv_blocks")
-            self.input_processor = _make_input_processor(
-                config, self.tokenizer, self.model_config, self.max_model_len
-            )
-            self.output_processor = _make_output_processor(self.tokenizer)
+            self.input_processor = InputProcessor.from_config(config, self.tokenizer, self.model_config)
+            self.input_processor.max_model_len = self.max_model_len  # the core's word is final
+            self.output_processor = OutputProcessor(self.tokenizer)
         except BaseException:
             self._client.shutdown()
             raise
@@ -220,12 +208,18 @@ class AsyncLLM:
         if request_id in self._streams:
             raise bad_input("request_id", "an id not in flight", repr(request_id))
         params = sampling_params if sampling_params is not None else SamplingParams()
-        text, ids = self.validate(prompt, params, priority)
-        stream = self._streams[request_id] = _Stream()
-        self.output_processor.add_request(request_id, text, ids, params, output_kind="delta")
+        # the core knows the request by a unique id: an id reused once its request ended can never get
+        # the old request's late outputs (e.g. the core's last output after an abort)
+        core_id = f"{request_id}#{next(self._next_id)}"
+        text, request = self.input_processor.process(core_id, prompt, params, priority)
+        stream = self._streams[request_id] = _Stream(core_id)
+        self._core_ids[core_id] = request_id
+        self.output_processor.add_request(
+            core_id, text, request.prompt_token_ids, params, output_kind="delta"
+        )
         finished = False
         try:
-            client.add_request(EngineCoreRequest(request_id, ids, params, int(priority), time.time()))
+            client.add_request(request)
             while not finished:
                 out = await stream.get()
                 finished = out.finished
@@ -233,10 +227,11 @@ class AsyncLLM:
         finally:
             if self._streams.get(request_id) is stream:
                 del self._streams[request_id]
+            self._core_ids.pop(core_id, None)
             if not finished:  # left early or failed: forget it here and in the core
-                self.output_processor.abort_request(request_id)
+                self.output_processor.abort_request(core_id)
                 if client.dead_error is None:
-                    client.abort_requests([EngineCoreAbort(request_id)])
+                    client.abort_requests([EngineCoreAbort(core_id)])
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         """End requests by id: each stream ends with a last output (``finish_reason="abort"``) and the core
@@ -252,12 +247,14 @@ class AsyncLLM:
     def _abort(self, ids: list[str]) -> None:
         aborts = []
         for rid in ids:
-            out = self.output_processor.abort_request(rid)
             stream = self._streams.get(rid)
-            if stream is not None and out is not None:
+            if stream is None:
+                continue
+            out = self.output_processor.abort_request(stream.core_id)
+            if out is not None:
+                out.request_id = rid
                 stream.put(out)
-            if out is not None or stream is not None:
-                aborts.append(EngineCoreAbort(rid))
+            aborts.append(EngineCoreAbort(stream.core_id))
         self._client.abort_requests(aborts)
 
     async def get_stats(self) -> SchedulerStats:
@@ -292,10 +289,12 @@ class AsyncLLM:
         if not outs.outputs:
             return
         processed = self.output_processor.process_outputs(outs.outputs)
-        streams = self._streams
+        streams, core_ids = self._streams, self._core_ids
         for out in processed.request_outputs:
-            stream = streams.get(out.request_id)
-            if stream is not None:
+            rid = core_ids.get(out.request_id)
+            stream = streams.get(rid) if rid is not None else None
+            if stream is not None and stream.core_id == out.request_id:
+                out.request_id = rid
                 stream.put(out)
         if processed.aborts:
             self._client.abort_requests(processed.aborts)

@@ -133,6 +133,30 @@ def test_abort_frees_kv(engine, loop):
     held, outs, stats = run(loop, main())
     assert held > 0 and outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
     assert stats.kv_cache_usage == 0 and stats.num_running_reqs == stats.num_waiting_reqs == 0
+    # the core's own last output for the aborted request (finish_reason "abort") changed nothing here
+    assert not engine.output_processor.has_unfinished_requests() and not engine._streams
+
+
+def test_leaving_early_aborts_in_the_core(engine, loop):
+    async def main():
+        params = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True, n=2)
+        agen = engine.generate(prompts(1, seed=9, lo=30, hi=30)[0], params, "leave-me")
+        async for _ in agen:
+            break
+        await agen.aclose()
+        for _ in range(200):
+            stats = await engine.get_stats()
+            if stats.kv_cache_usage == 0 and stats.num_running_reqs == 0:
+                return stats
+            await asyncio.sleep(0.02)
+        return stats
+
+    stats = run(loop, main())
+    assert stats.kv_cache_usage == 0 and stats.num_running_reqs == stats.num_waiting_reqs == 0
+    assert "leave-me" not in engine.output_processor.requests and not engine._streams
+    # the id is free again once the request left
+    got, _ = run(loop, generate(engine, [5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True), "leave-me"))
+    assert len(got[0][1]) == 2
 
 
 def test_kernel_report_comes_from_the_core(engine, loop):

@@ -22,7 +22,7 @@ from layerzero.engine import EngineDeadError, SamplingParams
 from layerzero.engine.core.errors import EngineCoreError
 
 from . import fake_core
-from .test_async_llm_transport import factory, output_processor_stand_in
+from .test_async_llm_transport import factory
 
 pytestmark = pytest.mark.integration
 SRC = Path(__file__).resolve().parents[3] / "src"
@@ -50,10 +50,7 @@ def wait_gone(pid: int, timeout: float = 15.0) -> bool:
 def start(checkpoints, name="SlowFakeEngineCore", **kw):
     from layerzero.engine import AsyncLLM
 
-    with output_processor_stand_in():
-        return AsyncLLM(
-            checkpoints["qwen3"], device="cpu", max_model_len=128, _core_factory=factory(name), **kw
-        )
+    return AsyncLLM(checkpoints["qwen3"], device="cpu", max_model_len=128, _core_factory=factory(name), **kw)
 
 
 def assert_cleaned_up(engine):

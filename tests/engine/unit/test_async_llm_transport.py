@@ -5,7 +5,6 @@ abandoned, in storms), utility calls. One engine for the module (its core proces
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 
@@ -24,22 +23,6 @@ def factory(name: str) -> str:
     return f"{fake_core.__name__}:{name}"
 
 
-@contextlib.contextmanager
-def output_processor_stand_in():
-    """The real OutputProcessor when this branch has it, else the fake's token-only stand-in."""
-    from layerzero.engine import async_llm
-
-    mp = pytest.MonkeyPatch()
-    try:
-        import layerzero.engine.frontend.output_processor  # noqa: F401
-    except ImportError:
-        mp.setattr(async_llm, "_make_output_processor", fake_core.TokenOutputProcessor)
-    try:
-        yield
-    finally:
-        mp.undo()
-
-
 @pytest.fixture(scope="module")
 def loop():
     lp = asyncio.new_event_loop()
@@ -51,18 +34,17 @@ def loop():
 def engine(checkpoints):
     from layerzero.engine import AsyncLLM
 
-    with output_processor_stand_in():
-        eng = AsyncLLM(
-            checkpoints["qwen3"],
-            device="cpu",
-            max_model_len=200,
-            num_kv_blocks=64,
-            max_num_seqs=8,
-            _core_factory=factory("SlowFakeEngineCore"),
-        )
-        yield eng
-        eng.shutdown()
-        assert not eng.is_running and not eng.errored
+    eng = AsyncLLM(
+        checkpoints["qwen3"],
+        device="cpu",
+        max_model_len=200,
+        num_kv_blocks=64,
+        max_num_seqs=8,
+        _core_factory=factory("SlowFakeEngineCore"),
+    )
+    yield eng
+    eng.shutdown()
+    assert not eng.is_running and not eng.errored
 
 
 def run(loop, coro, timeout: float = 60.0):

@@ -83,11 +83,17 @@ stats = st.builds(
 
 
 @settings(max_examples=150, deadline=None)
-@given(params, st.lists(ids, min_size=1, max_size=50), st.integers(-(2**31), 2**31), st.floats(0, 2e9))
-def test_request_round_trip(sp, prompt, priority, arrival):
-    req = EngineCoreRequest("req-1", prompt, sp, priority, arrival)
+@given(
+    params,
+    st.lists(ids, min_size=1, max_size=50),
+    st.integers(-(2**31), 2**31),
+    st.floats(0, 2e9),
+    st.none() | ids,
+)
+def test_request_round_trip(sp, prompt, priority, arrival, eos):
+    req = EngineCoreRequest("req-1", prompt, sp, priority, arrival, eos)
     back = decode(encode(req))
-    assert back == req
+    assert back == req and back.eos_token_id == eos
     assert back.sampling_params.stop_strings == sp.stop_strings
     if sp.logit_bias is not None:  # int keys survive (strict_map_key=False)
         assert all(type(k) is int for k in back.sampling_params.logit_bias)

@@ -135,13 +135,13 @@ class OutputProcessor:
         return self._output(req)
 
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
-        """Apply one step's core outputs (outputs of requests not tracked, or of completions that ended
-        already, are ignored)."""
+        """Apply one step's core outputs (outputs of requests not tracked, of completion indexes the request
+        does not have, or of completions that ended already, are ignored)."""
         res = ProcessedOutputs()
         touched: dict[str, _Request] = {}
         for o in outputs:
             req = self.requests.get(o.request_id)
-            if req is None:
+            if req is None or not 0 <= o.index < len(req.comps):
                 continue
             c = req.comps[o.index]
             if c.finished:
