@@ -11,7 +11,7 @@ import pytest
 from layerzero.engine import SamplingParams
 from layerzero.engine.entrypoints.openai.logprobs import TokenStrings
 
-from .conftest import API_KEY
+from .conftest import API_KEY, has_prompt_logprobs, needs_prompt_logprobs
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +91,16 @@ def test_streamed_equals_non_streamed(client):
         assert tokens[c.index] == c.logprobs.tokens
 
 
+@pytest.mark.skipif(has_prompt_logprobs(), reason="the engine has prompt logprobs")
+def test_echo_with_logprobs_is_a_clean_400_until_the_engine_has_prompt_logprobs(client):
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model="tiny", prompt="hello", max_tokens=2, echo=True, logprobs=1)
+    assert ei.value.status_code == 400 and ei.value.body["param"] == "echo"
+    r = client.completions.create(model="tiny", prompt="hello", max_tokens=2, temperature=0, echo=True)
+    assert r.choices[0].text.startswith("hello")  # echo alone needs no prompt logprobs
+
+
+@needs_prompt_logprobs
 def test_echo_with_logprobs_includes_the_prompts(client, oracle):
     ids = oracle.tokenizer("hello world again")["input_ids"]
     r = client.completions.create(

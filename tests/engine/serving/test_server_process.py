@@ -45,38 +45,37 @@ def test_a_public_address_needs_a_key_or_an_explicit_opt_out():
     check_bind("0.0.0.0", None, True)
 
 
-CHILD = textwrap.dedent(
+NO_WEB = textwrap.dedent(
     """
     import sys
-    sys.path.insert(0, {tests!r})
-    import conftest as c
+    import layerzero.engine
+    from layerzero.engine import AsyncLLM
     from layerzero.engine.entrypoints.openai import api_server
-    web = [m for m in ("fastapi", "uvicorn", "starlette", "prometheus_client") if m in sys.modules]
-    assert not web, f"imported before the app was built: {{web}}"
-    import uvicorn
-    eng = c.EngineDouble({model!r}, **c.ENGINE_OPTIONS)
-    args = c.server_args({model!r}, drain_timeout=20.0)
-    app = api_server.build_app(eng, args)
-    cfg = uvicorn.Config(app, host="127.0.0.1", port={port}, log_level="warning")
-    api_server.DrainingServer(cfg, app.state.server, 20.0).run()
-    eng.shutdown()
-    print("exited cleanly", flush=True)
+    web = [m for m in ("fastapi", "uvicorn", "starlette", "prometheus_client", "zmq") if m in sys.modules]
+    assert not web, f"imported before the app was built: {web}"
     """
 )
 
 
-def test_sigterm_drains_then_exits_zero(model_dir, tmp_path):
-    """Also: ``import layerzero.engine`` and the server module import no web library (the child checks)."""
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def test_engine_and_server_modules_import_no_web_library():
+    r = subprocess.run([sys.executable, "-c", NO_WEB], env=_env(), capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+
+
+def test_sigterm_drains_then_exits_zero(model_dir):
+    """``layerzero serve`` (the CLI, its engine core a grandchild process) drains on SIGTERM: the running
+    stream finishes, new requests and /health get 503, then the process exits 0."""
     port = free_port()
-    script = tmp_path / "serve.py"
-    script.write_text(CHILD.format(tests=str(Path(__file__).parent), model=model_dir, port=port))
-    env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(
-        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    cmd = [sys.executable, "-m", "layerzero", "serve", "--model", model_dir, "--port", str(port)]
+    cmd += ["--device", "cpu", "--dtype", "float32", "--max-model-len", "256", "--drain-timeout", "20"]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
             try:
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
@@ -98,7 +97,6 @@ def test_sigterm_drains_then_exits_zero(model_dir, tmp_path):
         assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2]
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err.decode()[-3000:]
-        assert b"exited cleanly" in out
     finally:
         if proc.poll() is None:
             proc.kill()
