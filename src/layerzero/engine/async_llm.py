@@ -276,6 +276,24 @@ class AsyncLLM:
         """
         return await self._client.call_utility("kernel_report")
 
+    def enable_dispatch_counters(self, sample_every: int = 64) -> None:
+        """Turn on LayerZero's dispatch counters (``layerzero.telemetry``) in the core process, where the
+        kernels run; effective before any request sent after this call (no round trip).
+
+        Raises:
+            EngineDeadError: the engine core is gone.
+        """
+        self._client.call_utility_nowait("enable_dispatch_counters", int(sample_every))
+
+    async def dispatch_counters(self) -> dict[str, Any]:
+        """The core process's dispatch counters as plain data (``enabled`` plus
+        ``layerzero.telemetry.snapshot()``'s fields).
+
+        Raises:
+            EngineDeadError: the engine core is gone.
+        """
+        return await self._client.call_utility("dispatch_counters")
+
     async def reset_prefix_cache(self) -> Any:
         """Drop the core's prefix cache (blocks held by running requests stay)."""
         return await self._client.call_utility("reset_prefix_cache")

@@ -142,5 +142,11 @@ def test_metrics_and_kernels(server, client):
     ):
         assert f"layerzero:{name}" in text, name
     assert 'layerzero:request_success_total{finished_reason="length",model_name="tiny"}' in text
+    # LayerZero's dispatch counters, from the engine core's process (build_app turned them on there)
+    calls = [x for x in text.splitlines() if x.startswith("layerzero_kernel_calls_total{")]
+    assert any('op="rms_norm"' in x or 'op="linear"' in x for x in calls), calls
+    assert all(float(x.rsplit(" ", 1)[1]) > 0 for x in calls)
+    for name in ("selections_total", "cache_hits_total", "cache_misses_total", "kernel_call_seconds_bucket"):
+        assert f"layerzero_{name}" in text, name
     k = httpx.get(server.url + "/v1/layerzero/kernels", headers=AUTH)
     assert k.status_code == 200 and isinstance(k.json(), dict)

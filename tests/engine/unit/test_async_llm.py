@@ -159,6 +159,19 @@ def test_leaving_early_aborts_in_the_core(engine, loop):
     assert len(got[0][1]) == 2
 
 
+def test_dispatch_counters_come_from_the_core(engine, loop):
+    import os
+
+    import layerzero.telemetry as lzt
+
+    engine.enable_dispatch_counters()
+    run(loop, generate(engine, [3, 4, 5, 6], SamplingParams(max_tokens=3, ignore_eos=True), "counted"))
+    snap = run(loop, engine.dispatch_counters())
+    assert snap["enabled"] and snap["calls"], snap
+    assert all(isinstance(op, str) and n > 0 for op, n in snap["calls"].values())
+    assert engine._client.info["pid"] != os.getpid() and not lzt.is_enabled()  # counted there, not here
+
+
 def test_kernel_report_comes_from_the_core(engine, loop):
     report = run(loop, engine.kernel_report())
     assert isinstance(report, dict) and report

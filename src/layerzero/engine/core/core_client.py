@@ -223,6 +223,8 @@ class MPClient:
                 self.on_outputs(msg)
         elif isinstance(msg, UtilityResult):
             fut = self._calls.pop(msg.call_id, None)
+            if fut is None and msg.error_type is not None:  # a call nobody waits for failed
+                log.warning("engine core utility call failed: %s: %s", msg.error_type, msg.error)
             if fut is not None and not fut.done():
                 if msg.error_type is None:
                     fut.set_result(msg.value)
@@ -317,6 +319,18 @@ class MPClient:
             return await fut
         finally:
             self._calls.pop(call_id, None)
+
+    def call_utility_nowait(self, method: str, *args: Any) -> None:
+        """Send ``method(*args)`` to the core without waiting for its result (no event loop needed); the core
+        runs it before any message sent after it. A failure is logged.
+
+        Raises:
+            InvalidInputError: ``method`` is not in :data:`~.core_proc.UTILITY_METHODS`. EngineDeadError: the
+                core is gone.
+        """
+        if method not in UTILITY_METHODS:
+            raise bad_input("engine core utility method", f"one of {sorted(UTILITY_METHODS)}", repr(method))
+        self._send(UtilityCall(next(self._call_ids), method, list(args)))
 
     def shutdown(self) -> None:
         """Stop the core (a Shutdown message, then SIGTERM, then SIGKILL, :data:`STOP_TIMEOUT_S` apart at

@@ -28,7 +28,9 @@ __all__ = ["UTILITY_METHODS", "EngineCoreProc", "run_engine_core"]
 
 log = logging.getLogger("layerzero.engine")
 
-UTILITY_METHODS = frozenset({"get_stats", "kernel_report", "reset_prefix_cache"})
+UTILITY_METHODS = frozenset(
+    {"get_stats", "kernel_report", "reset_prefix_cache", "dispatch_counters", "enable_dispatch_counters"}
+)
 """The core's methods a :class:`UtilityCall` may run (anything else is refused with a typed error)."""
 
 DEFAULT_CORE = "layerzero.engine.core.engine_core:EngineCore"

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+import layerzero.telemetry as lzt
+
 from ..config import EngineConfig, ModelConfig, resolve_device, resolve_max_model_len
 from ..errors import bad_input
 from ..executor.abstract import Executor
@@ -212,6 +214,21 @@ class EngineCore(EngineLoop):
         select (``lz.capture_selection``). The steps themselves are not traced (no hot-path cost)."""
         with self.lock:
             return self.runner.kernel_report(self._buckets())
+
+    def enable_dispatch_counters(self, sample_every: int = 64) -> bool:
+        """Turn on LayerZero's dispatch counters (``layerzero.telemetry``) in this process, where the model's
+        kernels run; whether they were on already (then nothing changes). Kernels replayed inside CUDA graphs
+        are not dispatched, so not counted."""
+        was = lzt.is_enabled()
+        if not was:
+            lzt.enable(sample_every=sample_every)
+        return was
+
+    def dispatch_counters(self) -> dict[str, Any]:
+        """LayerZero's dispatch counters of this process as plain data: ``enabled`` plus
+        ``layerzero.telemetry.snapshot()`` (``calls``: kernel -> [op, n], ``selections``, ``cache_hits``,
+        ``cache_misses``, ``fallbacks``, ``latency_us``, ...; docs/telemetry.md)."""
+        return {"enabled": lzt.is_enabled(), **lzt.snapshot()}
 
     def _buckets(self) -> list[tuple[str, int]]:
         return [("decode", 1), *(("prefill", n) for n in sorted(self.prefill_buckets))]

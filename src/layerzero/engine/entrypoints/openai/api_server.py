@@ -127,6 +127,12 @@ def build_app(engine: Any, args: Any) -> Any:
         log_requests=bool(opt("log_requests", False)),
         metrics=ServerMetrics(names[0]),
     )
+    enable_counters = getattr(engine, "enable_dispatch_counters", None)
+    if enable_counters is not None and opt("dispatch_counters", True):
+        try:  # LayerZero's dispatch counters, kept in the engine core's process (where the kernels run)
+            enable_counters()
+        except Exception:  # a dead engine: /health says so
+            log.warning("could not enable the engine core's dispatch counters", exc_info=True)
     app = FastAPI(title="LayerZero OpenAI-compatible server", version=lz.__version__)
     app.state.server = state
     install_handlers(app)
@@ -174,6 +180,8 @@ def build_app(engine: Any, args: Any) -> Any:
 
         try:
             state.metrics.update(await engine.get_stats())
+            if hasattr(engine, "dispatch_counters"):
+                state.metrics.update_dispatch(await engine.dispatch_counters())
         except Exception:  # a dead engine: serve what the front end knows
             log.debug("get_stats failed", exc_info=True)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

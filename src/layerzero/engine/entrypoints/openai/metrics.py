@@ -12,6 +12,14 @@ error), histograms ``layerzero:time_to_first_token_seconds``, ``layerzero:inter_
 output delta after the first, divided over its tokens), ``layerzero:e2e_request_latency_seconds`` and
 ``layerzero:request_queue_time_seconds`` (observed when the engine's output carries ``queue_time``). The
 kernels serve through ``GET /v1/layerzero/kernels`` (the engine core's report: its process runs them).
+
+LayerZero's dispatch counters come from the engine core's process (``AsyncLLM.dispatch_counters()``: its
+``layerzero.telemetry.snapshot()``, read at scrape time) under ``layerzero.telemetry``'s own names
+(``layerzero_kernel_calls_total{op,kernel}``, ``layerzero_selections_total{op,kernel}``,
+``layerzero_cache_hits_total{op}``, ``layerzero_cache_misses_total{op}``,
+``layerzero_fallbacks_total{op,kind,reason}``, ``layerzero_selection_seconds_total{op}``,
+``layerzero_kernel_call_seconds{op,kernel}``, ``layerzero_perfdb_reads_total``,
+``layerzero_health_trips_total{backend}``; docs/telemetry.md).
 """
 
 from __future__ import annotations
@@ -60,6 +68,61 @@ class _EngineStats:
         return []
 
 
+class _DispatchCounters:
+    """A collector yielding the engine core's last dispatch-counter snapshot (``layerzero.telemetry``'s
+    names and labels; :meth:`ServerMetrics.update_dispatch`)."""
+
+    def __init__(self) -> None:
+        self.snap: dict[str, Any] | None = None
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        s = self.snap
+        if not s:
+            return
+
+        def fam(name: str, doc: str, labels: list[str], rows: Any) -> Any:
+            f = CounterMetricFamily(f"layerzero_{name}", doc, labels=labels)
+            for values, n in rows:
+                f.add_metric([str(v) for v in values], float(n))
+            return f
+
+        calls = s.get("calls") or {}
+        yield fam(
+            "kernel_calls", "Kernel calls", ["op", "kernel"], [((op, k), n) for k, (op, n) in calls.items()]
+        )
+        sel = [(tuple(k.split("|", 1)), n) for k, n in (s.get("selections") or {}).items()]
+        yield fam("selections", "Selections (cache misses that ran selection)", ["op", "kernel"], sel)
+        for name, doc in (
+            ("selection_seconds", "Host time spent selecting"),
+            ("cache_hits", "Selection-cache hits"),
+            ("cache_misses", "Selection-cache misses"),
+        ):
+            yield fam(name, doc, ["op"], [((op,), n) for op, n in (s.get(name) or {}).items()])
+        fb = [(tuple(k.split("|", 2)), n) for k, n in (s.get("fallbacks") or {}).items()]
+        yield fam(
+            "fallbacks", "Fallbacks by kind (selection/runtime) and reason", ["op", "kind", "reason"], fb
+        )
+        yield fam("perfdb_reads", "PerfDB bucket reads", [], [((), s.get("perfdb_reads") or 0)])
+        trips = [((b,), n) for b, n in (s.get("health_trips") or {}).items()]
+        yield fam("health_trips", "Backend circuit-breaker trips", ["backend"], trips)
+        hist = HistogramMetricFamily(
+            "layerzero_kernel_call_seconds", "Sampled host time of kernel calls", labels=["op", "kernel"]
+        )
+        for k, row in (s.get("latency_us") or {}).items():
+            cum, buckets = 0.0, []
+            for bound, n in row["buckets"]:
+                cum += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound / 1e6), cum))
+            op = calls.get(k, ("", 0))[0]
+            hist.add_metric([str(op), k], buckets, row["sum"] / 1e6)
+        yield hist
+
+    def describe(self) -> list:
+        return []
+
+
 class ServerMetrics:
     """The server's registry and instruments (prometheus-client, imported when the server is built)."""
 
@@ -71,6 +134,8 @@ class ServerMetrics:
         reg, lab = self.registry, ["model_name"]
         self.engine = _EngineStats(model)
         reg.register(self.engine)
+        self.dispatch = _DispatchCounters()
+        reg.register(self.dispatch)
         self.prompt_tokens = Counter(
             "layerzero:prompt_tokens", "Prompt tokens of started requests.", lab, registry=reg
         ).labels(model)
@@ -97,6 +162,10 @@ class ServerMetrics:
     def update(self, stats: Any) -> None:
         """Keep the engine's latest stats for the next scrape."""
         self.engine.stats = stats
+
+    def update_dispatch(self, snapshot: dict[str, Any]) -> None:
+        """Keep the engine core's latest dispatch counters (``AsyncLLM.dispatch_counters()``)."""
+        self.dispatch.snap = snapshot
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
