@@ -1,6 +1,7 @@
 # LayerZero: two commands from nothing (only Python 3.10+ needed).
 #   make demo   - layerzero doctor, tiny real Transformers models stock vs LayerZero (parity table), then the
-#                 serving engine generating from a small checkpoint built here (tokenizer trained locally)
+#                 serving engine generating from a small checkpoint built here (tokenizer trained locally),
+#                 then `layerzero serve` on it for a moment, talked to with the official openai client
 #   make test   - the test suite (what .ci/run calls), then the kernel-correctness tests under two forced CPU ISAs
 # Both create/reuse a local venv in .venv and install what they need. torch is pinned to the CPU build
 # available on this machine's pip path (an unpinned torch would pull several GB of CUDA wheels).
@@ -26,6 +27,7 @@ demo: $(STAMP)
 	$(VENV)/bin/layerzero doctor
 	$(VENV)/bin/layerzero demo
 	$(PY) -m layerzero.engine.tools.demo
+	$(PY) -m layerzero.engine.tools.demo_serve
 
 # `make test`: the suite, then validation and the engine again under python -O, then tests/correctness under each
 # CPU ISA below this CPU's own (ATEN_CPU_CAPABILITY=avx2 / default), then the fuzzers; tools/run_tests.sh says why
