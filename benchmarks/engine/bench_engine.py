@@ -1,6 +1,7 @@
 """Run ``layerzero bench-engine`` and write a results page: machine (CPU flags, GPU), versions, date, the
 engine's output tokens / s, transformers' batched generate on the same checkpoint, the memory roofline, and
-the engine's time split. See ``layerzero/engine/bench.py`` for the workload (nano-vllm's) and the roofline.
+the engine's time split. See ``layerzero/engine/tools/bench.py`` for the workload (nano-vllm's) and the
+roofline.
 
 Usage::
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(res['machine']['cpu_flags']) or 'n/a'}), GPU {res['machine']['gpu']}, torch "
         f"{res['machine']['torch']}, {res['machine']['threads']} torch threads",
         f"- workload: nano-vllm's bench.py ({res['requests']} requests, {res['output_tokens']} output "
-        f"tokens; scale `{scale}`, see layerzero/engine/bench.py)",
+        f"tokens; scale `{scale}`, see layerzero/engine/tools/bench.py)",
         "",
         "| run | output tok/s | notes |",
         "| --- | ---: | --- |",

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if model is None:
         import torch
 
-        from layerzero.engine.bench import default_checkpoint
+        from layerzero.engine.tools.bench import default_checkpoint
 
         model = str(default_checkpoint(ns.scale, torch.bfloat16 if ns.scale == "full" else torch.float32))
     ns.out.mkdir(parents=True, exist_ok=True)

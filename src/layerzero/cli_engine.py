@@ -209,7 +209,7 @@ def _stream_one(llm: Any, prompt: Any, params: Any, priority: int) -> int:
 
 
 def _cmd_bench_engine(ns: argparse.Namespace) -> int:
-    """nano-vllm's benchmark through the engine (see layerzero.engine.bench)."""
+    """nano-vllm's benchmark through the engine (see layerzero.engine.tools.bench)."""
     import torch
 
     from layerzero.engine.config import resolve_device
