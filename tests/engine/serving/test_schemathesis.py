@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import API_KEY
+from .conftest import API_KEY, LiveServer, server_args
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +74,20 @@ def sse_framing(ctx, response, case):
             assert obj["object"] in {"text_completion", "chat.completion.chunk"}, obj
             assert obj["id"] and isinstance(obj["choices"], list), obj
     return None
+
+
+@pytest.fixture(scope="module")
+def server(engine, model_dir):
+    """This module's server: the shared one's options, but at most 16 tokens a request (schemathesis' valid
+    examples ask for up to n=128 choices)."""
+    from layerzero.engine.entrypoints.openai.api_server import build_app
+
+    args = server_args(
+        model_dir, api_key=API_KEY, served_model_name=["tiny"], max_tokens_limit=16, max_request_bytes=65536
+    )
+    live = LiveServer(build_app(engine, args))
+    yield live
+    live.close()
 
 
 @pytest.fixture(scope="module")
