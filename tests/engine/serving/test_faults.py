@@ -400,3 +400,38 @@ def test_a_killed_engine_process(engine, engine_factory, model_dir):
         eng.shutdown()
     proc.join(15)
     assert not proc.is_alive()
+
+
+class _DropsPromptLogprobs:
+    """The engine, except that its outputs never carry prompt logprobs (an engine that lacks them)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, *args: Any, **kw: Any) -> Any:
+        async for out in self._engine.generate(*args, **kw):
+            out.prompt_logprobs = None
+            yield out
+
+
+def test_missing_prompt_logprobs_are_an_error_not_nulls(engine, model_dir):
+    """``echo`` + ``logprobs`` on an engine that returns no prompt logprobs: a 500 (an error event when
+    streamed), never ``token_logprobs`` of nulls a client would sum (lm-eval does)."""
+    srv = build(_DropsPromptLogprobs(engine), model_dir)
+    try:
+        body = {**COMPLETION, "echo": True, "logprobs": 1, "max_tokens": 1}
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 500 and "prompt logprobs" in r.json()["error"]["message"], r.text
+        r = httpx.post(srv.url + "/v1/completions", json={**body, "stream": True}, timeout=30)
+        events = [e for e in r.text.split("\n\n") if e]
+        assert (
+            events[-1] == "data: [DONE]"
+            and "prompt logprobs" in json.loads(events[-2][6:])["error"]["message"]
+        )
+        ok = httpx.post(srv.url + "/v1/completions", json={**body, "logprobs": None}, timeout=30)
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"].startswith("hello")
+    finally:
+        srv.close()
