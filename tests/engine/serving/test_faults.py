@@ -417,10 +417,12 @@ class _DropsPromptLogprobs:
             yield out
 
 
-def test_missing_prompt_logprobs_are_an_error_not_nulls(engine, model_dir):
+def test_missing_prompt_logprobs_are_an_error_not_nulls(live, engine):
     """``echo`` + ``logprobs`` on an engine that returns no prompt logprobs: a 500 (an error event when
-    streamed), never ``token_logprobs`` of nulls a client would sum (lm-eval does)."""
-    srv = build(_DropsPromptLogprobs(engine), model_dir)
+    streamed), never ``token_logprobs`` of nulls a client would sum (lm-eval does). The module's server is
+    reused with its engine wrapped (an ``AsyncLLM`` serves one event loop: no second server on it)."""
+    state, srv = live.app.state.server, live
+    state.engine = _DropsPromptLogprobs(engine)
     try:
         body = {**COMPLETION, "echo": True, "logprobs": 1, "max_tokens": 1}
         r = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
@@ -434,4 +436,4 @@ def test_missing_prompt_logprobs_are_an_error_not_nulls(engine, model_dir):
         ok = httpx.post(srv.url + "/v1/completions", json={**body, "logprobs": None}, timeout=30)
         assert ok.status_code == 200 and ok.json()["choices"][0]["text"].startswith("hello")
     finally:
-        srv.close()
+        state.engine = engine
