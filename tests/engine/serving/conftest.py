@@ -271,3 +271,15 @@ def client(server: LiveServer) -> Iterator[Any]:
     c = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
     yield c
     c.close()
+
+
+@pytest.fixture(scope="session")
+def engine_factory(model_dir: str) -> Any:
+    """Builds another engine of the ``engine`` fixture's kind on the same checkpoint, for a test that breaks
+    it (kills its process); the test shuts it down. An engine with its core in another process exposes it
+    as ``engine._client.proc``; the EngineDouble has none (such tests skip)."""
+
+    def make() -> Any:
+        return EngineDouble(model_dir, **ENGINE_OPTIONS)
+
+    return make
