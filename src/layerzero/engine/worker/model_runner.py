@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, NamedTuple
 
@@ -19,7 +20,9 @@ from ..models.registry import build_model
 from .cascade import CascadePolicy
 from .cuda_graph import CUDAGraphRunner
 from .input_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
+from .prompt_logprobs import prompt_rows
 from .sampler import PendingSample
+from .staging import to_device
 
 __all__ = ["ModelRunner", "StepLogits", "kv_bytes_per_block"]
 
@@ -33,10 +36,12 @@ class StepLogits(NamedTuple):
     """A step's forward result: ``logits`` ``[S, V]`` (model dtype) of its sampled rows and, when a greedy
     decode graph also sampled them, ``pending``: their ids (``lz.sample_greedy`` of those logits) on their way
     to the host, as :meth:`~layerzero.engine.sampler.Sampler.launch` would return them; else None (the sampler
-    draws)."""
+    draws). ``prompt_logits`` ``[R, V]``: the logits of the prompt positions whose logprobs the step computes
+    (``SchedulerOutput.prompt_logprobs``), else None."""
 
     logits: torch.Tensor
     pending: PendingSample | None
+    prompt_logits: torch.Tensor | None = None
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -198,6 +203,12 @@ class ModelRunner:
         if batch.cascade is not None:
             self.cascade_steps += 1
             self.cascade_saved_tokens += batch.cascade.saved_tokens
+        if out.prompt_logprobs:  # prompt rows are prefill rows: eager, their hidden states after the sampled
+            rows = prompt_rows(out.num_scheduled_tokens, out.sample, out.prompt_logprobs)
+            (idx,) = to_device([rows], self.device)
+            logits = self._eager(dataclasses.replace(batch, logits_indices=idx, logits_all=False))
+            s = len(out.sampling)
+            return StepLogits(logits[:s], None, logits[s:])
         graphs = self.graphs_for(batch)
         if graphs is not None:
             done = graphs.run_greedy(batch) if greedy else None
