@@ -105,10 +105,10 @@ class SamplingParams:
     - ``logprobs``: None, or N in [0, 20]: the top-N log-probabilities of each generated token plus the chosen
       one's, from the model's log-softmax before penalties, bias, temperature and filters (vLLM's raw
       logprobs).
-    - ``prompt_logprobs``: None, or N in [0, 20]: for every prompt token after the first, its raw logprob given
-      the tokens before it plus the top-N at that position (``RequestOutput.prompt_logprobs``: one entry per
-      prompt token, the first None; sent with the request's first output). Such a request recomputes its
-      prompt (no prefix-cache hits: cached tokens have no logits), as vLLM does.
+    - ``prompt_logprobs``: None, or N in [0, 20]: for every prompt token after the first, its raw logprob
+      given the tokens before it plus the top-N at that position (``RequestOutput.prompt_logprobs``: one
+      entry per prompt token, the first None; sent with the request's first output). Such a request
+      recomputes its prompt (no prefix-cache hits: cached tokens have no logits), as vLLM does.
     - ``skip_special_tokens``: leave special tokens out of the text (as tokenizers' ``decode`` does).
 
     Every float must also be representable in float32, the sampler's dtype (``temperature=1e39`` is finite in

@@ -183,12 +183,10 @@ class EngineLoop(StepRecovery):
             tops = None if tops is None else tops[:k]
         if reason is not None:
             self.scheduler.finish(seq, reason, stop)
-        plp = seq.prompt_lp
-        if plp is not None and not plp.sent:  # the request's first output (its prompt is computed: all in)
-            plp.sent = True
-            plp = plp.entries
-        else:
-            plp = None
+        prompt_lps = None
+        if seq.prompt_lp is not None and not seq.prompt_lp.sent:  # the request's first output: all are in
+            seq.prompt_lp.sent = True
+            prompt_lps = seq.prompt_lp.entries
         self._outputs.append(
             EngineCoreOutput(
                 seq.request_id,
@@ -196,7 +194,7 @@ class EngineLoop(StepRecovery):
                 toks,
                 tops,
                 seq.cumulative_logprob,
-                plp,
+                prompt_lps,
                 None if reason is None else reason.value,
                 stop,
                 seq.num_cached_tokens,

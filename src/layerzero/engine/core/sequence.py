@@ -78,9 +78,9 @@ class Sequence:
     tokens). ``length_capped``: the pending token ends the sequence by length (max_tokens / max_model_len), so
     it is not scheduled again.
 
-    ``prompt_lp``: the request's :class:`PromptLogprobs` (shared by its sequences) when it asked for them, else
-    None. While they are not ``done`` the sequence is admitted without prefix-cache hits (cached tokens have
-    no logits) and its prompt chunks compute them.
+    ``prompt_lp``: the request's :class:`PromptLogprobs` (shared by its sequences) when it asked for them,
+    else None. While they are not ``done`` the sequence is admitted without prefix-cache hits (cached tokens
+    have no logits) and its prompt chunks compute them.
     """
 
     request_id: str
