@@ -173,3 +173,15 @@ def test_preemption_and_a_small_pool(checkpoints, hf_models):
     for p, o in zip(ps, outs, strict=True):
         assert_prompt_logprobs(hf_models["qwen3"], p, o.prompt_logprobs, 1)
         assert all(len(c.token_ids) == 24 for c in o.outputs)
+
+
+def test_logits_computed_a_few_rows_at_a_time(checkpoints, hf_models, monkeypatch):
+    """The prompt rows' LM head and log-softmax run in slices (bounded memory): slices of 3 rows give the
+    oracle's values too."""
+    from layerzero.engine.worker import prompt_logprobs
+
+    llm = _llm(checkpoints["qwen3"])
+    monkeypatch.setattr(prompt_logprobs, "SLICE_ELEMENTS", 3 * llm.engine.model_config.vocab_size)
+    p = prompts(1, seed=18, lo=23, hi=23)[0]
+    (o,) = llm.generate([p], _params(2), use_tqdm=False)
+    assert_prompt_logprobs(hf_models["qwen3"], p, o.prompt_logprobs, 2)

@@ -143,7 +143,7 @@ def test_a_normal_step_takes_the_normal_path(core, monkeypatch):
 
     def spy_execute(out, prev=None, greedy=False):
         res = execute(out, prev, greedy)
-        calls.append((bool(out.prompt_logprobs), res.prompt_logits is not None, len(graphs)))
+        calls.append((bool(out.prompt_logprobs), res.prompt_hidden is not None, len(graphs)))
         return res
 
     monkeypatch.setattr(runner, "execute", spy_execute)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any, NamedTuple
 
@@ -36,12 +35,13 @@ class StepLogits(NamedTuple):
     """A step's forward result: ``logits`` ``[S, V]`` (model dtype) of its sampled rows and, when a greedy
     decode graph also sampled them, ``pending``: their ids (``lz.sample_greedy`` of those logits) on their way
     to the host, as :meth:`~layerzero.engine.sampler.Sampler.launch` would return them; else None (the sampler
-    draws). ``prompt_logits`` ``[R, V]``: the logits of the prompt positions whose logprobs the step computes
-    (``SchedulerOutput.prompt_logprobs``), else None."""
+    draws). ``prompt_hidden`` ``[R, H]``: the final hidden states of the prompt positions whose logprobs the
+    step computes (``SchedulerOutput.prompt_logprobs``; their logits are computed a slice at a time:
+    :func:`~.prompt_logprobs.launch_prompt_logprobs`), else None."""
 
     logits: torch.Tensor
     pending: PendingSample | None
-    prompt_logits: torch.Tensor | None = None
+    prompt_hidden: torch.Tensor | None = None
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -203,12 +203,8 @@ class ModelRunner:
         if batch.cascade is not None:
             self.cascade_steps += 1
             self.cascade_saved_tokens += batch.cascade.saved_tokens
-        if out.prompt_logprobs:  # prompt rows are prefill rows: eager, their hidden states after the sampled
-            rows = prompt_rows(out.num_scheduled_tokens, out.sample, out.prompt_logprobs)
-            (idx,) = to_device([rows], self.device)
-            logits = self._eager(dataclasses.replace(batch, logits_indices=idx, logits_all=False))
-            s = len(out.sampling)
-            return StepLogits(logits[:s], None, logits[s:])
+        if out.prompt_logprobs:  # prompt rows are prefill rows: eager, never a decode graph
+            return self._with_prompt_rows(batch, out)
         graphs = self.graphs_for(batch)
         if graphs is not None:
             done = graphs.run_greedy(batch) if greedy else None
@@ -282,6 +278,20 @@ class ModelRunner:
             with lz.capture_selection():
                 return self.model(batch, self.kv_caches)
         return self.model(batch, self.kv_caches)
+
+    def _with_prompt_rows(self, batch: ForwardBatch, out: SchedulerOutput) -> StepLogits:
+        """An eager forward of a step with prompt-logprob rows: the sampled rows' logits and the prompt rows'
+        final hidden states (one gather of both, ``prompt_rows`` order)."""
+        rows = prompt_rows(out.num_scheduled_tokens, out.sample, out.prompt_logprobs)
+        (idx,) = to_device([rows], self.device)
+        if batch.is_decode and self.decode_as_captured:  # as _eager: one-token chunks select as captured
+            with lz.capture_selection():
+                h = self.model.hidden_states(batch, self.kv_caches)
+        else:
+            h = self.model.hidden_states(batch, self.kv_caches)
+        h = h[idx]
+        s = len(out.sampling)
+        return StepLogits(self.model.compute_logits(h[:s]), None, h[s:])
 
     def prepare(self, out: SchedulerOutput, prev_tokens: torch.Tensor | None = None) -> ForwardBatch:
         """The step's :class:`ForwardBatch` (a pending last token's id gathered from ``prev_tokens``); the

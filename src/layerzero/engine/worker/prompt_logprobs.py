@@ -1,15 +1,17 @@
 """Prompt logprobs (``SamplingParams.prompt_logprobs``, vLLM's semantics) on the device: the raw logprob
 (the model's log-softmax, before penalties and temperature) of each prompt token given the tokens before it,
-and the top-N, from the logits of the prompt positions a step computes
+and the top-N, at the prompt positions a step computes
 (:class:`~layerzero.engine.core.sched.output.PromptLogprobsRows`).
 
-The model runner gathers those positions' hidden states after the sampled rows' (one LM head call over both);
-here their logits become logprobs in float32, a slice of rows at a time (bounded memory), and go to the host
-without blocking; :meth:`PendingPromptLogprobs.resolve` reads them once the step's tokens are read. Steps
-without such rows never come here."""
+The model runner gathers those positions' final hidden states with the sampled rows' (one gather); here
+their logits (the LM head) and logprobs (float32) are computed a slice of rows at a time, so a long prompt
+chunk never holds ``[R, V]`` logits at once, and go to the host without blocking;
+:meth:`PendingPromptLogprobs.resolve` reads them once the step's tokens are read. Steps without such rows
+never come here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,8 +22,8 @@ from .staging import to_device
 
 __all__ = ["PendingPromptLogprobs", "launch_prompt_logprobs", "prompt_rows"]
 
-SLICE_ELEMENTS = 1 << 26
-"""At most this many float32 logits (256 MiB) are log-softmaxed at once."""
+SLICE_ELEMENTS = 1 << 25
+"""At most this many logits (128 MiB in float32) are computed and log-softmaxed at once."""
 
 
 def prompt_rows(num_scheduled_tokens: list[int], sample: list[bool], rows: PromptLogprobsRows) -> np.ndarray:
@@ -68,16 +70,22 @@ class PendingPromptLogprobs:
 
 
 @torch.no_grad()
-def launch_prompt_logprobs(logits: torch.Tensor, rows: PromptLogprobsRows) -> PendingPromptLogprobs:
-    """Enqueue the prompt logprobs of ``logits`` ``[R, V]`` (model dtype; R = ``sum(rows.num_rows)``, in
-    ``rows``' order) and their copies to the host; returns without waiting."""
+def launch_prompt_logprobs(
+    hidden: torch.Tensor,
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    vocab_size: int,
+    rows: PromptLogprobsRows,
+) -> PendingPromptLogprobs:
+    """Enqueue the prompt logprobs of the final hidden states ``hidden`` ``[R, H]`` (R =
+    ``sum(rows.num_rows)``, in ``rows``' order; ``compute_logits``: the model's LM head, ``[N, H] -> [N,
+    V]``, V = ``vocab_size``) and their copies to the host; returns without waiting."""
     targets = [t for ts in rows.target_ids for t in ts]
-    (tgt,) = to_device([np.asarray(targets, dtype=np.int64)], logits.device)
+    (tgt,) = to_device([np.asarray(targets, dtype=np.int64)], hidden.device)
     n = max(rows.top_n)
-    step = max(1, SLICE_ELEMENTS // max(logits.shape[1], 1))
+    step = max(1, SLICE_ELEMENTS // vocab_size)
     picked, top_v, top_i = [], [], []
-    for a in range(0, logits.shape[0], step):
-        lp = torch.log_softmax(logits[a : a + step].float(), dim=-1)
+    for a in range(0, hidden.shape[0], step):
+        lp = torch.log_softmax(compute_logits(hidden[a : a + step]).float(), dim=-1)
         picked.append(lp.gather(1, tgt[a : a + step].unsqueeze(1)).squeeze(1))
         if n:
             v, i = lp.topk(n, dim=-1)
@@ -87,7 +95,7 @@ def launch_prompt_logprobs(logits: torch.Tensor, rows: PromptLogprobsRows) -> Pe
         top_i.append(i)
     host = [torch.cat(x).to("cpu", non_blocking=True) for x in (picked, top_v, top_i)]
     event = None
-    if logits.device.type == "cuda":
+    if hidden.device.type == "cuda":
         event = torch.cuda.Event()
         event.record()
     return PendingPromptLogprobs(host, event, list(rows.num_rows), list(rows.top_n), rows.target_ids)

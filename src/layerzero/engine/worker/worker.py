@@ -66,8 +66,13 @@ class Worker:
         prev = self.prev_tokens if any(s is not None for s in out.pending_src) else None
         res = self.runner.execute(out, prev, greedy=plain_greedy(rows))
         prompt = None
-        if res.prompt_logits is not None:  # before the draw, which may change float32 logits in place
-            prompt = launch_prompt_logprobs(res.prompt_logits, out.prompt_logprobs)
+        if res.prompt_hidden is not None:
+            prompt = launch_prompt_logprobs(
+                res.prompt_hidden,
+                self.runner.model.compute_logits,
+                self.sampler.vocab_size,
+                out.prompt_logprobs,
+            )
         pending = res.pending if res.pending is not None else self.sampler.launch(res.logits, rows)
         self.prev_tokens = pending.tokens
         return ModelRunnerOutput(pending, len(rows), prompt)
