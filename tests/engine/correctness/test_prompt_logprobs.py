@@ -162,11 +162,13 @@ def test_alongside_normal_requests_in_one_batch(async_scheduling, checkpoints, h
         assert o.outputs[0].token_ids == alone.outputs[0].token_ids
 
 
-def test_preemption_and_a_small_pool(checkpoints, hf_models):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_preemption_and_a_small_pool(async_scheduling, checkpoints, hf_models):
     """A pool that cannot hold every sequence: preempted requests recompute, their prompt logprobs are still
     the oracle's and sent once."""
     ps = prompts(6, seed=17, lo=30, hi=60)
-    llm = _llm(checkpoints["qwen3"], num_kv_blocks=12, block_size=16, max_num_batched_tokens=32)
+    kw = dict(num_kv_blocks=12, block_size=16, max_num_batched_tokens=32, async_scheduling=async_scheduling)
+    llm = _llm(checkpoints["qwen3"], **kw)
     with deadline(120):
         outs = llm.generate(ps, _params(1, max_tokens=24, n=2), use_tqdm=False)
     assert llm.engine.scheduler.num_preemptions > 0

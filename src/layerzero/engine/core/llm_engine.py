@@ -113,7 +113,8 @@ class EngineLoop(StepRecovery):
         """Store the prompt logprobs ``step`` computed in their requests' :class:`PromptLogprobs` (before its
         tokens are appended: the first token's output carries them)."""
         for (seq, start), rows in zip(step.prompt_logprobs, res.prompt_logprobs, strict=True):
-            seq.prompt_lp.fill(start, rows)
+            if seq.prompt_lp is not None:
+                seq.prompt_lp.fill(start, rows)
 
     def _step_sync(self) -> bool:
         """Schedule, forward, sample and read one step, in that order; returns whether it scheduled
