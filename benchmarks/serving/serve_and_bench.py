@@ -115,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     model = ns.model
     if model is None:
         import torch
-
         from layerzero.engine.bench import default_checkpoint
 
         model = str(default_checkpoint(ns.scale, torch.bfloat16 if ns.scale == "full" else torch.float32))
