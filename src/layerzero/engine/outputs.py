@@ -36,7 +36,10 @@ class RequestOutput:
     """One request: its prompt (text, or None when given as token ids), prompt token ids, one
     :class:`CompletionOutput` per sample (``SamplingParams.n``), ``finished`` once all ended, and
     ``num_cached_tokens`` (prompt tokens served from the prefix cache); ``error``: why the request failed (its
-    completions then end with ``finish_reason="error"``), else None."""
+    completions then end with ``finish_reason="error"``), else None; ``prompt_logprobs``: with
+    ``SamplingParams.prompt_logprobs``, one entry per prompt token ({token id: raw logprob} of the top-N and
+    the prompt token itself; the first token's entry None), shared by the ``n`` completions; in a stream only
+    the first delta has it (None elsewhere, and when not asked for)."""
 
     request_id: str
     prompt: str | None
@@ -45,11 +48,12 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     error: str | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 def merge_deltas(outs: list[RequestOutput]) -> RequestOutput:
     """One delta of consecutive deltas of a request (texts, token ids and logprobs concatenated per
-    completion; the rest from the last)."""
+    completion; ``prompt_logprobs`` from the first that has them; the rest from the last)."""
     last = outs[-1]
     comps = []
     for i, c in enumerate(last.outputs):
@@ -74,4 +78,5 @@ def merge_deltas(outs: list[RequestOutput]) -> RequestOutput:
         last.finished,
         last.num_cached_tokens,
         last.error,
+        next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None),
     )

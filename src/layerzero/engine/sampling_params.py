@@ -105,6 +105,10 @@ class SamplingParams:
     - ``logprobs``: None, or N in [0, 20]: the top-N log-probabilities of each generated token plus the chosen
       one's, from the model's log-softmax before penalties, bias, temperature and filters (vLLM's raw
       logprobs).
+    - ``prompt_logprobs``: None, or N in [0, 20]: for every prompt token after the first, its raw logprob
+      given the tokens before it plus the top-N at that position (``RequestOutput.prompt_logprobs``: one
+      entry per prompt token, the first None; sent with the request's first output). Such a request
+      recomputes its prompt (no prefix-cache hits: cached tokens have no logits), as vLLM does.
     - ``skip_special_tokens``: leave special tokens out of the text (as tokenizers' ``decode`` does).
 
     Every float must also be representable in float32, the sampler's dtype (``temperature=1e39`` is finite in
@@ -136,6 +140,7 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
@@ -226,6 +231,18 @@ class SamplingParams:
             put(self, "seed", _int("seed", self.seed, 0, "Seeds are int64: use a smaller seed.", hi=MAX_SEED))
         if self.logprobs is not None:
             put(self, "logprobs", _int("logprobs", self.logprobs, 0, hi=MAX_LOGPROBS))
+        if self.prompt_logprobs is not None:
+            put(
+                self,
+                "prompt_logprobs",
+                _int(
+                    "prompt_logprobs",
+                    self.prompt_logprobs,
+                    0,
+                    "Use None for no prompt logprobs, 0 for only each prompt token's own.",
+                    hi=MAX_LOGPROBS,
+                ),
+            )
 
     @property
     def greedy(self) -> bool:

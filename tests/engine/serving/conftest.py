@@ -11,6 +11,8 @@ must share its loop. Fixtures (stable names, other test modules use them):
   Tests that kill or break an engine start their own with :func:`start_engine` and end it with
   :func:`stop_engine`.
 - ``real_engine`` (session): True (``engine`` is a real ``AsyncLLM``, not a double); also ``REAL_ENGINE``.
+- ``engine_factory`` (session): ``make(**options)`` -> a new ``AsyncLLM`` (:func:`start_engine`) for a test
+  that breaks it.
 - ``oracle`` (session): the offline ``LLM`` on the same checkpoint and options.
 - ``server`` (module): a :class:`LiveServer` on ``engine`` with ``API_KEY``, served name ``"tiny"``,
   ``max_tokens`` limited to 64 and bodies to 64 KiB (``server.url``, ``server.app``).
@@ -197,3 +199,15 @@ def client(server: LiveServer) -> Iterator[Any]:
     c = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
     yield c
     c.close()
+
+
+@pytest.fixture(scope="session")
+def engine_factory(model_dir: str) -> Any:
+    """Builds another engine of the ``engine`` fixture's kind on the same checkpoint (:func:`start_engine`),
+    for a test that breaks it (kills its process, ``engine._client.proc``); the test shuts it down
+    (:func:`stop_engine`, or ``shutdown()``)."""
+
+    def make(**options: Any) -> AsyncLLM:
+        return start_engine(model_dir, **options)
+
+    return make

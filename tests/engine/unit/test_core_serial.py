@@ -59,6 +59,7 @@ params = st.builds(
     seed=st.none() | st.integers(0, 2**63 - 1),
     logprobs=st.none() | st.integers(0, 20),
     skip_special_tokens=st.booleans(),
+    prompt_logprobs=st.none() | st.integers(0, 20),
 )
 logprob_dicts = st.dictionaries(ids, f32, min_size=1, max_size=4)
 outputs = st.builds(

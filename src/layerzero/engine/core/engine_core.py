@@ -29,7 +29,7 @@ from .messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, Engi
 from .request import InFlight, Request
 from .sched.policy import make_policy
 from .sched.scheduler import Scheduler
-from .sequence import Sequence
+from .sequence import PromptLogprobs, Sequence
 
 __all__ = ["DEFAULT_MAX_NUM_BATCHED_TOKENS", "EngineCore"]
 
@@ -119,6 +119,7 @@ class EngineCore(EngineLoop):
             if rid in self.requests:
                 raise bad_input("request_id", "a new id", repr(rid))
             self._add_eos(request.eos_token_id)
+            plp = None if params.prompt_logprobs is None else PromptLogprobs(params.prompt_logprobs, len(ids))
             seqs = [
                 Sequence(
                     rid,
@@ -128,6 +129,7 @@ class EngineCore(EngineLoop):
                     params,
                     priority=int(request.priority),
                     seed=None if params.seed is None else sequence_seed(params.seed, i),
+                    prompt_lp=plp,
                 )
                 for i in range(params.n)
             ]

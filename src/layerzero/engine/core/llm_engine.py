@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 from ..metrics import EngineStats, StepStats
 from .messages import EngineCoreOutput
@@ -79,7 +80,7 @@ class EngineLoop(StepRecovery):
         launched = None
         if chunks:
             sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n == s.num_tokens]
-            launched = InFlight(sampled, self.executor.execute_model(out))
+            launched = InFlight(sampled, self.executor.execute_model(out), self.scheduler.prompt_logprobs)
         t2 = time.perf_counter()
         t3 = t2
         if prev is not None:
@@ -103,7 +104,17 @@ class EngineLoop(StepRecovery):
         t = time.perf_counter()
         for seq in prev.sampled:
             seq.pending_index, seq.length_capped = None, False
+        if prev.prompt_logprobs:
+            self._fill_prompt_logprobs(prev, res)
         return t, self._append_all(prev.sampled, res.sampled_token_ids, res.logprobs, res.top_logprobs)
+
+    @staticmethod
+    def _fill_prompt_logprobs(step: InFlight, res: Any) -> None:
+        """Store the prompt logprobs ``step`` computed in their requests' :class:`PromptLogprobs` (before its
+        tokens are appended: the first token's output carries them)."""
+        for (seq, start), rows in zip(step.prompt_logprobs, res.prompt_logprobs, strict=True):
+            if seq.prompt_lp is not None:
+                seq.prompt_lp.fill(start, rows)
 
     def _step_sync(self) -> bool:
         """Schedule, forward, sample and read one step, in that order; returns whether it scheduled
@@ -115,12 +126,15 @@ class EngineLoop(StepRecovery):
         appended = 0
         if chunks:
             sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n == s.num_tokens]
-            self._inflight = InFlight(sampled, self.executor.execute_model(out))  # what a failure rolls back
+            step = InFlight(sampled, self.executor.execute_model(out), self.scheduler.prompt_logprobs)
+            self._inflight = step  # what a failure rolls back
             t2 = time.perf_counter()
             self.scheduler.after_forward(chunks)
-            res = self._inflight.result.get_output()
+            res = step.result.get_output()
             self._inflight = None
             t3 = time.perf_counter()
+            if step.prompt_logprobs:
+                self._fill_prompt_logprobs(step, res)
             appended = self._append_all(sampled, res.sampled_token_ids, res.logprobs, res.top_logprobs)
         self._finish_step(chunks, appended, (t0, t1, t2, t3, time.perf_counter()))
         return bool(chunks)
@@ -170,6 +184,10 @@ class EngineLoop(StepRecovery):
             tops = None if tops is None else tops[:k]
         if reason is not None:
             self.scheduler.finish(seq, reason, stop)
+        prompt_lps = None
+        if seq.prompt_lp is not None and not seq.prompt_lp.sent:  # the request's first output: all are in
+            seq.prompt_lp.sent = True
+            prompt_lps = seq.prompt_lp.entries
         self._outputs.append(
             EngineCoreOutput(
                 seq.request_id,
@@ -177,7 +195,7 @@ class EngineLoop(StepRecovery):
                 toks,
                 tops,
                 seq.cumulative_logprob,
-                None,  # prompt_logprobs
+                prompt_lps,
                 None if reason is None else reason.value,
                 stop,
                 seq.num_cached_tokens,

@@ -6,7 +6,7 @@ imports the other for them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .sequence import Sequence
@@ -33,8 +33,10 @@ class Request:
 @dataclass(eq=False)
 class InFlight:
     """A launched step whose sampled ids are still on their way to the host (async scheduling): the sequences
-    it sampled, in row order, and the executor's result (``ModelRunnerOutput``: ``get_output()`` waits for
-    the ids)."""
+    it sampled, in row order, the executor's result (``ModelRunnerOutput``: ``get_output()`` waits for the
+    ids) and the chunks whose prompt logprobs it computes ((sequence, first position), in the order of the
+    result's ``prompt_logprobs``; usually none)."""
 
     sampled: list[Sequence]
     result: Any
+    prompt_logprobs: list[tuple[Sequence, int]] = field(default_factory=list)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..sampling_params import SamplingParams
 
-__all__ = ["FinishReason", "Sequence", "SequenceStatus"]
+__all__ = ["FinishReason", "PromptLogprobs", "Sequence", "SequenceStatus"]
 
 _ids = itertools.count()
 
@@ -33,6 +33,37 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"
 
 
+class PromptLogprobs:
+    """A request's prompt logprobs being collected (``SamplingParams.prompt_logprobs``), shared by its ``n``
+    sequences: ``entries[j]`` is {token id: raw logprob} of the top ``top_n`` and prompt token j at position
+    j (from the logits of position j - 1); ``entries[0]`` stays None. A step computes some positions of one
+    sequence's chunk (:meth:`fill`); any sequence of the request may fill any entry (the first value
+    stays). ``done`` once every entry is in; ``sent`` once the core sent them (with the request's first
+    output)."""
+
+    __slots__ = ("entries", "missing", "sent", "top_n")
+
+    def __init__(self, top_n: int, num_prompt_tokens: int) -> None:
+        self.top_n = top_n
+        self.entries: list[dict[int, float] | None] = [None] * num_prompt_tokens
+        self.missing = max(num_prompt_tokens - 1, 0)
+        self.sent = False
+
+    @property
+    def done(self) -> bool:
+        """Whether every prompt token after the first has its entry."""
+        return self.missing == 0
+
+    def fill(self, start: int, rows: list[dict[int, float]]) -> None:
+        """The entries of prompt tokens ``start + 1 ..`` (``rows[i]``: from the logits of position
+        ``start + i``); entries already in are kept."""
+        e = self.entries
+        for i, d in enumerate(rows, start + 1):
+            if e[i] is None:
+                e[i] = d
+                self.missing -= 1
+
+
 @dataclass(eq=False)
 class Sequence:
     """One completion of a request (a request with ``n > 1`` has n sequences sharing the prompt).
@@ -46,6 +77,10 @@ class Sequence:
     decode) but is not in ``token_ids`` (so outputs, stop checks and the prefix cache only ever see known
     tokens). ``length_capped``: the pending token ends the sequence by length (max_tokens / max_model_len), so
     it is not scheduled again.
+
+    ``prompt_lp``: the request's :class:`PromptLogprobs` (shared by its sequences) when it asked for them,
+    else None. While they are not ``done`` the sequence is admitted without prefix-cache hits (cached tokens
+    have no logits) and its prompt chunks compute them.
     """
 
     request_id: str
@@ -66,6 +101,7 @@ class Sequence:
     cumulative_logprob: float = 0.0
     pending_index: int | None = None
     length_capped: bool = False
+    prompt_lp: PromptLogprobs | None = None
 
     @property
     def num_pending(self) -> int:

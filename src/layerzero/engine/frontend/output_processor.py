@@ -2,7 +2,8 @@
 (:class:`~layerzero.engine.core.messages.EngineCoreOutput`) become :class:`~layerzero.engine.RequestOutput`
 s: incremental detokenization, stop strings (checked after ``min_tokens``; the core is then told to stop the
 completion: :class:`~layerzero.engine.core.messages.EngineCoreAbort`), streaming deltas that never show text
-which may still become a stop string, and logprobs accumulated per completion."""
+which may still become a stop string, logprobs accumulated per completion, and the request's prompt logprobs
+(sent once by the core, with its first output; every output has them, a stream's first delta only)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,18 @@ class _Completion:
 class _Request:
     """One request's front-end state (the request's outbox until its final output is returned)."""
 
-    __slots__ = ("comps", "error", "kind", "num_cached", "params", "prompt", "prompt_token_ids", "request_id")
+    __slots__ = (
+        "comps",
+        "error",
+        "kind",
+        "num_cached",
+        "params",
+        "plp_sent",
+        "prompt",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "request_id",
+    )
 
     def __init__(
         self, rid: str, prompt: str | None, ids: list[int], params: SamplingParams, kind: str, tok: Any
@@ -80,6 +92,8 @@ class _Request:
         ]
         self.num_cached = 0
         self.error: str | None = None
+        self.prompt_logprobs: list[dict[int, float] | None] | None = None  # the core sends them once
+        self.plp_sent = False  # a delta has returned them
 
     @property
     def finished(self) -> bool:
@@ -143,6 +157,8 @@ class OutputProcessor:
             req = self.requests.get(o.request_id)
             if req is None or not 0 <= o.index < len(req.comps):
                 continue
+            if o.prompt_logprobs is not None and req.prompt_logprobs is None:
+                req.prompt_logprobs = o.prompt_logprobs
             c = req.comps[o.index]
             if c.finished:
                 continue
@@ -211,6 +227,10 @@ class OutputProcessor:
                 c.sent = len(c.token_ids)
         if finished:
             self.requests.pop(req.request_id, None)
+        plp = req.prompt_logprobs
+        if delta and plp is not None:  # a stream returns them once, in the first delta that can
+            plp = None if req.plp_sent else plp
+            req.plp_sent = True
         return RequestOutput(
-            req.request_id, req.prompt, req.prompt_token_ids, outs, finished, req.num_cached, req.error
+            req.request_id, req.prompt, req.prompt_token_ids, outs, finished, req.num_cached, req.error, plp
         )

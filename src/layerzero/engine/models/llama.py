@@ -222,6 +222,10 @@ class LlamaForCausalLM(nn.Module):
         h = self.hidden_states(batch, kv_caches)
         if not batch.logits_all:
             h = h[batch.logits_indices]
+        return self.compute_logits(h)
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits ``[N, V]`` (model dtype) of final hidden states ``h`` ``[N, H]`` (the LM head)."""
         return lz.linear(h, self.lm_head.weight)
 
     @torch.no_grad()

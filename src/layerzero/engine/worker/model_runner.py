@@ -19,7 +19,9 @@ from ..models.registry import build_model
 from .cascade import CascadePolicy
 from .cuda_graph import CUDAGraphRunner
 from .input_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
+from .prompt_logprobs import prompt_rows
 from .sampler import PendingSample
+from .staging import to_device
 
 __all__ = ["ModelRunner", "StepLogits", "kv_bytes_per_block"]
 
@@ -33,10 +35,13 @@ class StepLogits(NamedTuple):
     """A step's forward result: ``logits`` ``[S, V]`` (model dtype) of its sampled rows and, when a greedy
     decode graph also sampled them, ``pending``: their ids (``lz.sample_greedy`` of those logits) on their way
     to the host, as :meth:`~layerzero.engine.sampler.Sampler.launch` would return them; else None (the sampler
-    draws)."""
+    draws). ``prompt_hidden`` ``[R, H]``: the final hidden states of the prompt positions whose logprobs the
+    step computes (``SchedulerOutput.prompt_logprobs``; their logits are computed a slice at a time:
+    :func:`~.prompt_logprobs.launch_prompt_logprobs`), else None."""
 
     logits: torch.Tensor
     pending: PendingSample | None
+    prompt_hidden: torch.Tensor | None = None
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -198,6 +203,8 @@ class ModelRunner:
         if batch.cascade is not None:
             self.cascade_steps += 1
             self.cascade_saved_tokens += batch.cascade.saved_tokens
+        if out.prompt_logprobs:  # prompt rows are prefill rows: eager, never a decode graph
+            return self._with_prompt_rows(batch, out)
         graphs = self.graphs_for(batch)
         if graphs is not None:
             done = graphs.run_greedy(batch) if greedy else None
@@ -271,6 +278,20 @@ class ModelRunner:
             with lz.capture_selection():
                 return self.model(batch, self.kv_caches)
         return self.model(batch, self.kv_caches)
+
+    def _with_prompt_rows(self, batch: ForwardBatch, out: SchedulerOutput) -> StepLogits:
+        """An eager forward of a step with prompt-logprob rows: the sampled rows' logits and the prompt rows'
+        final hidden states (one gather of both, ``prompt_rows`` order)."""
+        rows = prompt_rows(out.num_scheduled_tokens, out.sample, out.prompt_logprobs)
+        (idx,) = to_device([rows], self.device)
+        if batch.is_decode and self.decode_as_captured:  # as _eager: one-token chunks select as captured
+            with lz.capture_selection():
+                h = self.model.hidden_states(batch, self.kv_caches)
+        else:
+            h = self.model.hidden_states(batch, self.kv_caches)
+        h = h[idx]
+        s = len(out.sampling)
+        return StepLogits(self.model.compute_logits(h[:s]), None, h[s:])
 
     def prepare(self, out: SchedulerOutput, prev_tokens: torch.Tensor | None = None) -> ForwardBatch:
         """The step's :class:`ForwardBatch` (a pending last token's id gathered from ``prev_tokens``); the

@@ -4,7 +4,7 @@ order)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -36,11 +36,14 @@ def sequence_seed(seed: int, index: int) -> int:
 class SamplerOutput:
     """Per sampled sequence: its new tokens (a list: one token per step today, more once speculative decoding
     lands), their raw logprobs and their top-N raw logprobs ({token: logprob}, the chosen token included)
-    when the request asked for them (else None)."""
+    when the request asked for them (else None). ``prompt_logprobs``: per prompt-logprob chunk of the step
+    (``SchedulerOutput.prompt_logprobs`` order), per position its {token id: raw logprob}; empty when none
+    (filled by the worker's output)."""
 
     sampled_token_ids: list[list[int]]
     logprobs: list[list[float] | None]
     top_logprobs: list[list[dict[int, float]] | None]
+    prompt_logprobs: list[list[dict[int, float]]] = field(default_factory=list)
 
 
 @dataclass

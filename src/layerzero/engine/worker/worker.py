@@ -11,6 +11,7 @@ import torch
 from ..config import EngineConfig, ModelConfig
 from ..core.sched.output import SchedulerOutput
 from .model_runner import ModelRunner
+from .prompt_logprobs import PendingPromptLogprobs, launch_prompt_logprobs
 from .sampler import PendingSample, Sampler, SamplerOutput, plain_greedy
 
 __all__ = ["ModelRunnerOutput", "Worker"]
@@ -19,15 +20,20 @@ __all__ = ["ModelRunnerOutput", "Worker"]
 @dataclass(eq=False)
 class ModelRunnerOutput:
     """A launched step's sampled tokens, on their way to the host (vLLM's ``AsyncModelRunnerOutput``):
-    ``pending`` (the draw in flight) and ``num_rows`` (the step's sampled rows, in chunk order).
-    :meth:`get_output` waits for them."""
+    ``pending`` (the draw in flight), ``num_rows`` (the step's sampled rows, in chunk order) and ``prompt``
+    (the step's prompt logprobs in flight, or None). :meth:`get_output` waits for them."""
 
     pending: PendingSample
     num_rows: int
+    prompt: PendingPromptLogprobs | None = None
 
     def get_output(self) -> SamplerOutput:
-        """Wait for the tokens and read them (per row: a list of new token ids, logprobs when asked)."""
-        return Sampler.resolve(self.pending)
+        """Wait for the tokens and read them (per row: a list of new token ids, logprobs when asked; per
+        prompt-logprob chunk of the step its entries: ``SamplerOutput.prompt_logprobs``)."""
+        res = Sampler.resolve(self.pending)
+        if self.prompt is not None:
+            res.prompt_logprobs = self.prompt.resolve()
+        return res
 
 
 class Worker:
@@ -59,9 +65,17 @@ class Worker:
         rows = out.sampling
         prev = self.prev_tokens if any(s is not None for s in out.pending_src) else None
         res = self.runner.execute(out, prev, greedy=plain_greedy(rows))
+        prompt = None
+        if res.prompt_hidden is not None:
+            prompt = launch_prompt_logprobs(
+                res.prompt_hidden,
+                self.runner.model.compute_logits,
+                self.sampler.vocab_size,
+                out.prompt_logprobs,
+            )
         pending = res.pending if res.pending is not None else self.sampler.launch(res.logits, rows)
         self.prev_tokens = pending.tokens
-        return ModelRunnerOutput(pending, len(rows))
+        return ModelRunnerOutput(pending, len(rows), prompt)
 
     def reset(self) -> None:
         """Forget the last step's sampled ids (a failed step was rolled back: nothing is pending)."""

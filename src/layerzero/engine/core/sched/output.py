@@ -15,7 +15,7 @@ import numpy as np
 
 from ...sampling_params import SamplingParams
 
-__all__ = ["SamplingMetadata", "SchedulerOutput"]
+__all__ = ["PromptLogprobsRows", "SamplingMetadata", "SchedulerOutput"]
 
 
 @dataclass
@@ -58,6 +58,31 @@ class SamplingMetadata:
 
 
 @dataclass
+class PromptLogprobsRows:
+    """The chunks of a step whose prompt positions need logprobs (``SamplingParams.prompt_logprobs``), in
+    chunk order: ``chunks`` (the chunk's index in the step), ``num_rows`` (its first k positions: those that
+    predict a prompt token, so the chunk's last position too when the prompt goes on in a later chunk, but not
+    the prompt's last position, whose logits are the sampled row), ``top_n`` and ``target_ids`` (the k prompt
+    tokens those positions predict: the chunk's next tokens, the last one maybe the next chunk's first).
+    Empty in a step no request asks for them (the common case: nothing extra is computed)."""
+
+    chunks: list[int] = field(default_factory=list)
+    num_rows: list[int] = field(default_factory=list)
+    top_n: list[int] = field(default_factory=list)
+    target_ids: list[list[int]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def add(self, chunk: int, top_n: int, target_ids: list[int]) -> None:
+        """Chunk ``chunk``'s first ``len(target_ids)`` positions, predicting ``target_ids``."""
+        self.chunks.append(chunk)
+        self.num_rows.append(len(target_ids))
+        self.top_n.append(top_n)
+        self.target_ids.append(target_ids)
+
+
+@dataclass
 class SchedulerOutput:
     """One step's work, per chunk in batch order (B chunks): ``req_ids`` / ``seq_ids`` (request, completion),
     ``num_computed_tokens`` (the chunk's first position), ``num_scheduled_tokens`` (its length),
@@ -66,7 +91,9 @@ class SchedulerOutput:
     ids, else None: async scheduling), ``sample`` (whether the step samples the chunk's next token: the chunk
     reaches the end of its known tokens); ``block_tables`` ``[B, W]`` int32 (each chunk's block ids, rows
     padded with 0; None when nothing is scheduled), ``preempted_seq_ids`` (completions preempted by
-    recompute this step) and ``sampling`` (per sampled row, in chunk order: :class:`SamplingMetadata`)."""
+    recompute this step), ``sampling`` (per sampled row, in chunk order: :class:`SamplingMetadata`) and
+    ``prompt_logprobs`` (the chunks' prompt positions whose logprobs the step computes:
+    :class:`PromptLogprobsRows`, usually empty)."""
 
     req_ids: list[str] = field(default_factory=list)
     seq_ids: list[int] = field(default_factory=list)
@@ -78,6 +105,7 @@ class SchedulerOutput:
     block_tables: np.ndarray | None = None
     preempted_seq_ids: list[int] = field(default_factory=list)
     sampling: SamplingMetadata = field(default_factory=SamplingMetadata)
+    prompt_logprobs: PromptLogprobsRows = field(default_factory=PromptLogprobsRows)
 
     @property
     def num_seqs(self) -> int:
@@ -92,7 +120,11 @@ class SchedulerOutput:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON / msgpack data: every field, the block tables as nested lists and the sampling
         parameters as dicts of their init fields (:meth:`from_dict` rebuilds the output)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sampling"}
+        d = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("sampling", "prompt_logprobs")
+        }
         d["block_tables"] = None if self.block_tables is None else self.block_tables.tolist()
         s = self.sampling
         d["sampling"] = {
@@ -102,6 +134,7 @@ class SchedulerOutput:
             "prompt_token_ids": s.prompt_token_ids,
             "output_token_ids": s.output_token_ids,
         }
+        d["prompt_logprobs"] = dataclasses.asdict(self.prompt_logprobs)
         return d
 
     @classmethod
@@ -111,10 +144,12 @@ class SchedulerOutput:
         s = dict(d.pop("sampling"))
         s["params"] = [SamplingParams(**p) for p in s["params"]]
         tables = d.pop("block_tables")
+        plp = d.pop("prompt_logprobs", None) or {}
         return cls(
             **d,
             block_tables=None if tables is None else np.asarray(tables, dtype=np.int32),
             sampling=SamplingMetadata(**s),
+            prompt_logprobs=PromptLogprobsRows(**plp),
         )
 
 

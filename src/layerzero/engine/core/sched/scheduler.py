@@ -16,6 +16,10 @@ different requests that share their first block (a prefix group): while a member
 (a cold member) prefills, the group's other waiting members are skipped, not blocking admission, and are
 admitted once its blocks are cached instead of computing the same prefix in the same step (SGLang's in-batch
 prefix caching check).
+
+A sequence whose request asked for prompt logprobs (``Sequence.prompt_lp``) and does not have them all yet is
+admitted without prefix-cache hits (vLLM's rule: cached tokens have no logits, so its prompt is computed
+again), and its chunks' prompt positions are named in ``SchedulerOutput.prompt_logprobs``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ class Scheduler:
         #: preempted: the engine core's view of the step its plain-data output describes.
         self.scheduled: list[tuple[Sequence, int]] = []
         self.preempted: list[Sequence] = []
+        #: The last :meth:`schedule`'s prompt-logprob chunks (live sequence, first position), in the order of
+        #: its ``SchedulerOutput.prompt_logprobs`` (usually empty).
+        self.prompt_logprobs: list[tuple[Sequence, int]] = []
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence."""
@@ -76,6 +83,7 @@ class Scheduler:
     def _plain(self, chunks: list[tuple[Sequence, int]], preempted: list[Sequence]) -> SchedulerOutput:
         """The plain-data :class:`SchedulerOutput` of ``chunks`` (one pass; the block tables one gather)."""
         out = SchedulerOutput(preempted_seq_ids=[s.seq_id for s in preempted])
+        self.prompt_logprobs = []
         if not chunks:
             return out
         rids, sids, starts, lens, ids, pend, sample = (
@@ -88,9 +96,15 @@ class Scheduler:
             out.sample,
         )
         sm = out.sampling
-        for seq, n in chunks:
+        plp: list[tuple[Sequence, int]] = []
+        for i, (seq, n) in enumerate(chunks):
             start = seq.num_computed_tokens
             last = start + n == seq.num_tokens
+            if seq.prompt_lp is not None and not seq.prompt_lp.done:
+                end = min(start + n, seq.num_prompt_tokens - 1)  # the prompt's last position samples
+                if end > start:
+                    out.prompt_logprobs.add(i, seq.prompt_lp.top_n, seq.token_ids[start + 1 : end + 1])
+                    plp.append((seq, start))
             rids.append(seq.request_id)
             sids.append(seq.seq_id)
             starts.append(start)
@@ -101,6 +115,7 @@ class Scheduler:
             if last:
                 sm.add(seq)
         out.block_tables = self.kv.block_tables(sids)
+        self.prompt_logprobs = plp
         return out
 
     def _schedule(self, out: _Live) -> None:
@@ -155,13 +170,17 @@ class Scheduler:
                 continue
             if groups is not None and not groups.admits(key):
                 continue  # a new prefix group waits for room for all its members (see _WholeGroups)
-            blocks, cached = self.kv.get_computed_blocks(seq.token_ids, record=False)
+            recompute = seq.prompt_lp is not None and not seq.prompt_lp.done  # its prompt needs logits
+            blocks, cached = (
+                ([], 0) if recompute else self.kv.get_computed_blocks(seq.token_ids, record=False)
+            )
             n = min(seq.num_tokens - cached, budget)
             # the watermark keeps blocks free for running sequences: with none running it would only block (a
             # prompt that needs more than the pool minus the watermark never starts)
             if self.kv.allocate_slots(seq.seq_id, cached + n, blocks, admit=bool(self.running)) is None:
                 break
-            self.kv.get_computed_blocks(seq.token_ids)  # counts the admitted lookup in the hit rate
+            if not recompute:
+                self.kv.get_computed_blocks(seq.token_ids)  # counts the admitted lookup in the hit rate
             self.waiting.remove(seq)
             seq.status, seq.num_computed_tokens = SequenceStatus.RUNNING, cached
             seq.num_cached_tokens = max(seq.num_cached_tokens, cached) if seq.num_preemptions else cached
@@ -174,6 +193,8 @@ class Scheduler:
                     prefilling.add(key)
 
     def _cached_tokens(self, seq: Sequence) -> int:
+        if seq.prompt_lp is not None and not seq.prompt_lp.done:
+            return 0  # admitted without prefix-cache hits
         return self.kv.get_computed_blocks(seq.token_ids, record=False)[1]
 
     def _prefix_key(self, seq: Sequence) -> Hashable | None:

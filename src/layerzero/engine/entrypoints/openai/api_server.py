@@ -52,6 +52,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--max-request-bytes", type=int, default=1 << 20, help="largest request body, bytes (default 1 MiB)"
     )
     g.add_argument(
+        "--request-body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request body may take to arrive whole; slower bodies get 408 and the connection "
+        "closes (default 30; 0: no limit)",
+    )
+    g.add_argument(
         "--max-tokens-limit",
         type=int,
         default=None,
@@ -106,11 +113,22 @@ def build_app(engine: Any, args: Any) -> Any:
     (``args``: a namespace; missing options take their defaults; ``args.model`` names the checkpoint).
     ``app.state.server`` is the :class:`ServerState` (``draining`` is set by :func:`run_server`)."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
     import layerzero as lz
 
     from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+    from .responses import (
+        ERRORS,
+        DetokenizeResponse,
+        ModelList,
+        TokenizeResponse,
+        VersionResponse,
+        document,
+        responses,
+    )
+    from .responses import ChatCompletionResponse as ChatOut
+    from .responses import CompletionResponse as CompletionOut
     from .serving_chat import create_chat_completion
     from .serving_completions import create_completion
     from .serving_tokenize import detokenize, list_models, tokenize
@@ -133,23 +151,34 @@ def build_app(engine: Any, args: Any) -> Any:
             enable_counters()
         except Exception:  # a dead engine: /health says so
             log.warning("could not enable the engine core's dispatch counters", exc_info=True)
-    app = FastAPI(title="LayerZero OpenAI-compatible server", version=lz.__version__)
+    # 401 (any route but /health, when a key is set), 408 and 413 (the body) come from the Guard middleware
+    app = FastAPI(
+        title="LayerZero OpenAI-compatible server",
+        version=lz.__version__,
+        responses={s: ERRORS[s] for s in (401, 408, 413)},
+    )
     app.state.server = state
     install_handlers(app)
+    document(app)
+    serving_errors = (400, 404, 500, 503)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=responses(CompletionOut, *serving_errors, stream=True))
     async def completions(body: CompletionRequest, raw: Request) -> Any:
         return await create_completion(state, body, raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=responses(ChatOut, *serving_errors, stream=True))
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Any:
         return await create_chat_completion(state, body, raw)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=responses(ModelList))
     async def models() -> Any:
         return list_models(state)
 
-    @app.get("/health")
+    @app.get(
+        "/health",
+        response_class=Response,
+        responses={200: {"description": "Healthy (empty body)"}, 503: ERRORS[503]},
+    )
     async def health() -> Any:
         if getattr(engine, "errored", False):
             msg = f"The engine is dead: {getattr(engine, 'dead_error', None)}"
@@ -162,19 +191,19 @@ def build_app(engine: Any, args: Any) -> Any:
             )
         return Response(status_code=200)
 
-    @app.get("/version")
+    @app.get("/version", responses=responses(VersionResponse))
     async def version() -> Any:
         return {"version": lz.__version__}
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=responses(TokenizeResponse, 400, 404))
     async def tokenize_route(body: TokenizeRequest) -> Any:
         return tokenize(state, body)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=responses(DetokenizeResponse, 400, 404))
     async def detokenize_route(body: DetokenizeRequest) -> Any:
         return detokenize(state, body)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Any:
         from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -186,7 +215,7 @@ def build_app(engine: Any, args: Any) -> Any:
             log.debug("get_stats failed", exc_info=True)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/layerzero/kernels")
+    @app.get("/v1/layerzero/kernels", responses=responses(None, 503))
     async def kernels() -> Any:
         try:
             return await engine.kernel_report()
@@ -195,7 +224,12 @@ def build_app(engine: Any, args: Any) -> Any:
                 503, f"The engine could not report its kernels: {exc}", type="server_error"
             ) from exc
 
-    app.add_middleware(Guard, api_key=_api_key(args), max_request_bytes=opt("max_request_bytes", 1 << 20))
+    app.add_middleware(
+        Guard,
+        api_key=_api_key(args),
+        max_request_bytes=opt("max_request_bytes", 1 << 20),
+        request_body_timeout=opt("request_body_timeout", 30.0),
+    )
     return app
 
 

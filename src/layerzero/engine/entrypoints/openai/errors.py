@@ -10,6 +10,7 @@ status type                             when
 401    ``invalid_request_error``        missing or wrong API key (``code`` ``invalid_api_key``)
 404    ``invalid_request_error``        unknown model (``code`` ``model_not_found``) or route
 405    ``invalid_request_error``        a route called with the wrong method
+408    ``invalid_request_error``        a body slower than ``--request-body-timeout`` (``request_timeout``)
 413    ``invalid_request_error``        a body over ``--max-request-bytes`` (``code`` ``request_too_large``)
 500    ``server_error``                 a request that failed inside the engine (the reason, no traceback)
 503    ``server_error``                 the waiting queue is full or the server drains (``Retry-After``); the

@@ -23,8 +23,15 @@ __all__ = [
     "StreamOptions",
     "TextPart",
     "TokenizeRequest",
+    "MAX_N",
     "UNSUPPORTED",
 ]
+
+
+MAX_N = 128
+"""The most choices one request may ask for (OpenAI's limit): ``n`` sets how many sequences the engine forks
+and how many choices the handler builds, so an unbounded ``n`` (``10**30`` passes ``SamplingParams``) would
+stall the event loop building choices."""
 
 
 class _Strict(BaseModel):
@@ -42,7 +49,7 @@ class _Sampling(_Strict):
     """The sampling fields both endpoints share (OpenAI's, then vLLM's extras)."""
 
     model: str | None = None
-    n: int = 1
+    n: int = Field(1, le=MAX_N)
     temperature: float | None = None
     top_p: float | None = None
     stream: bool = False

@@ -112,7 +112,11 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Any
                 text = ptext
                 pl = getattr(out, "prompt_logprobs", None)
                 if ch.lps is not None:
-                    ch.lp_parts.append(ch.lps.add(pids, list(pl) if pl else [None] * len(pids)))
+                    if not pl:  # asked for and not given: an error, never a row of nulls (lm-eval sums them)
+                        raise OpenAIError(
+                            500, "The engine returned no prompt logprobs for echo.", type="server_error"
+                        )
+                    ch.lp_parts.append(ch.lps.add(pids, list(pl)))
         text += "" if echo_only else c.text
         if ch.lps is not None and ids:
             ch.lp_parts.append(ch.lps.add(ids, lps))

@@ -34,6 +34,14 @@ def tokenize(state: ServerState, req: TokenizeRequest) -> dict[str, Any]:
     if req.messages is not None:
         ids = chat_prompt(state, req.messages, req.add_generation_prompt, req.continue_final_message)
     else:
+        try:  # a lone surrogate ("\ud800" is valid JSON) is no text: the tokenizer raises a TypeError on it
+            req.prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise OpenAIError(
+                400,
+                f"prompt: expected valid Unicode text (UTF-8 encodable), got {exc.reason}.",
+                param="prompt",
+            ) from None
         ids = list(_tokenizer(state)(req.prompt, add_special_tokens=req.add_special_tokens)["input_ids"])
     strs = [state.strings.text(t) for t in ids] if req.return_token_strs else None
     return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
