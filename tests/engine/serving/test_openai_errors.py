@@ -3,8 +3,6 @@ that leaves aborts its request: checked with the ``openai`` client and raw ``htt
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 import pytest
