@@ -4,6 +4,8 @@ offline ``LLM`` on the same checkpoint is the oracle for tokens, text, logprobs 
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import openai
 import pytest
@@ -187,3 +189,35 @@ def test_async_client_concurrent_seeded_requests_are_reproducible(server, client
 
     concurrent, streamed = asyncio.run(together())
     assert concurrent == alone and streamed == alone[0]
+
+
+def test_a_model_without_tokenizer_streams_a_chunk_per_step(model_dir, tmp_path):
+    """A checkpoint without tokenizer files (token-id prompts; every text is "") streams as steps finish:
+    chunks carry no text but arrive one per step, not all at the end (found by bench-serve: TTFT == E2EL)."""
+    import shutil
+
+    import httpx
+
+    from layerzero.engine.entrypoints.openai.api_server import build_app
+
+    from .conftest import LiveServer, server_args, start_engine, stop_engine
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in Path(model_dir).iterdir():
+        if f.name == "config.json" or f.suffix == ".safetensors":
+            shutil.copy(f, bare / f.name)
+    eng = start_engine(str(bare))
+    live = LiveServer(build_app(eng, server_args(str(bare), served_model_name=["bare"])))
+    try:
+        body = {"model": "bare", "prompt": [5, 6, 7], "max_tokens": 16, "ignore_eos": True, "stream": True}
+        body["stream_options"] = {"include_usage": True}
+        with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=60) as r:
+            events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+        chunks = [e for e in events if e["choices"]]
+        assert events[-1]["usage"]["completion_tokens"] == 16
+        assert all(c["choices"][0]["text"] == "" for c in chunks)
+        assert len(chunks) >= 2 and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    finally:
+        live.close()
+        stop_engine(eng)

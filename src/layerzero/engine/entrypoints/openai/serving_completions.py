@@ -171,8 +171,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Any
                 for c in out.outputs:
                     text, lp = piece(i, out, c)
                     fin = choices[(i, c.index)].finish
-                    if not text and lp is None and fin is None:
-                        continue
+                    if not text and lp is None and fin is None and not c.token_ids:
+                        continue  # a chunk per step with new tokens, text or not (vLLM: no-tokenizer models)
                     chunk = dict(head)
                     chunk["choices"] = [
                         {
