@@ -163,13 +163,14 @@ def decode_ladder(max_num_seqs: int) -> list[int]:
     )
 
 
-def _split(tokens: int, seqs: int) -> list[int]:
-    """``tokens`` as ``seqs`` ragged lengths (each >= 1; the first ones longer), summing to ``tokens``."""
+def _split(tokens: int, seqs: int, cap: int) -> list[int]:
+    """``tokens`` as ``seqs`` ragged lengths (each >= 1 and <= ``cap`` where possible; the first one longer),
+    summing to ``tokens``."""
     seqs = max(1, min(seqs, tokens))
     base, extra = divmod(tokens, seqs)
     lens = [base + (1 if i < extra else 0) for i in range(seqs)]
-    if seqs >= 2 and lens[-1] > 1:  # ragged: move a few tokens from the last sequence to the first
-        move = min(lens[-1] - 1, max(1, base // 3))
+    move = min(lens[-1] - 1, max(1, base // 3), cap - lens[0])
+    if seqs >= 2 and move > 0:  # ragged: move a few tokens from the last sequence to the first
         lens[0] += move
         lens[-1] -= move
     return lens
@@ -182,10 +183,7 @@ def _prefill_chunks(
     ``continue_first`` the first chunk starts after as many positions as it has (a chunked prefill's second
     chunk) when its KV fits."""
     seqs = max(seqs, -(-tokens // max_model_len))
-    lens = _split(tokens, seqs)
-    while max(lens) > max_model_len:
-        seqs += 1
-        lens = _split(tokens, seqs)
+    lens = _split(tokens, seqs, max_model_len)
     chunks = [(0, n) for n in lens]
     if continue_first and 2 * lens[0] <= max_model_len:
         chunks[0] = (lens[0], lens[0])
