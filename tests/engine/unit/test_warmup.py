@@ -18,14 +18,16 @@ pytestmark = pytest.mark.unit
 def test_ladders():
     from layerzero.engine.worker.warmup import decode_ladder, row_ladder, token_ladder
 
-    assert token_ladder(64) == [2, 4, 8, 16, 32, 64]
-    assert token_ladder(100) == [2, 4, 8, 16, 32, 64, 100]
-    assert token_ladder(8192)[-1] == 8192 and len(token_ladder(8192)) == 13
-    assert row_ladder(8) == [1, 2, 3, 4, 7, 8]
-    assert row_ladder(6) == [1, 2, 3, 4, 5, 6]
+    small = list(range(2, 17))  # lz.linear's exact row counts
+    assert token_ladder(64) == [*small, 32, 64]
+    assert token_ladder(100) == [*small, 32, 64, 100]
+    assert token_ladder(8) == list(range(2, 9))
+    assert token_ladder(8192)[-1] == 8192 and len(token_ladder(8192)) == 15 + 9
+    assert row_ladder(8) == list(range(1, 9))
     r = row_ladder(256)
-    assert {1, 2, 3, 15, 16, 31, 32, 127, 128, 255, 256} <= set(r) and max(r) == 256 and len(r) == 16
-    assert decode_ladder(8) == [1, 2, 4, 7] and decode_ladder(1) == []
+    assert set(range(1, 17)) | {31, 32, 63, 64, 127, 128, 255, 256} == set(r)
+    assert decode_ladder(8) == list(range(1, 8)) and decode_ladder(1) == []
+    assert decode_ladder(256) == row_ladder(255) and max(decode_ladder(256)) == 255
 
 
 def _check_bounds(steps, budget, seqs, max_len):
@@ -43,15 +45,15 @@ def test_plan_covers_the_step_shapes():
     assert kinds == {"prefill", "mixed", "decode"}
     prefill = [s for s in steps if s.kind == "prefill"]
     # every power-of-two bucket of the budget, and one count inside each (not a multiple of 16)
-    assert {s.num_tokens for s in prefill} == {2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64}
+    assert {s.num_tokens for s in prefill} == set(range(2, 17)) | {31, 32, 63, 64}
     assert any(s.num_seqs > 1 and s.chunks[0][0] > 0 for s in prefill)  # a chunked prefill's continuation
     mixed = [s for s in steps if s.kind == "mixed"]
     decode_rows = {sum(1 for _, n in s.chunks if n == 1) for s in mixed}
-    assert {1, 2, 4, 7} <= decode_rows
+    assert set(range(1, 8)) <= decode_rows
     assert {s.num_tokens for s in mixed if s.num_seqs == 8} == {64, 7 + 17}  # full budget, and a short chunk
     decode = [s for s in steps if s.kind == "decode"]
     assert all(n == 1 for s in decode for _, n in s.chunks)
-    assert {s.num_seqs for s in decode} == {1, 2, 3, 4, 7, 8}
+    assert {s.num_seqs for s in decode} == set(range(1, 9))
     assert {s.chunks[0][0] + 1 for s in decode if s.num_seqs == 1} >= {16, 32, 64, 128}  # batch 1, KV ladder
 
 

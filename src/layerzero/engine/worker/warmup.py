@@ -9,15 +9,15 @@ each decode graph's first launch.
 What it runs (:func:`plan_steps`, :func:`plan_sampler`; the budget B = ``max_num_batched_tokens``, S =
 ``max_num_seqs``, L = ``max_model_len``):
 
-- prefill: for each token count T of :func:`token_ladder` (powers of two up to B, and B), a step of T tokens
-  in as few sequences as L allows, and a ragged step of T - 1 tokens over several sequences whose first one
-  continues a chunked prefill (its KV longer than its chunk);
-- mixed: D decode rows (:func:`decode_ladder`'s powers of two below S, and S - 1) beside the prefill chunks
-  filling the rest of the budget, and beside one short odd chunk;
+- prefill: for each token count T of :func:`token_ladder` (2..16, the powers of two up to B, and B), a step of
+  T tokens in as few sequences as L allows, and, above 16, a ragged step of T - 1 tokens over several
+  sequences whose first one continues a chunked prefill (its KV longer than its chunk);
+- mixed: D decode rows (:func:`decode_ladder`: 1..16, b and b - 1 for powers of two b < S, and S - 1) beside
+  the prefill chunks filling the rest of the budget, and beside one short odd chunk;
 - decode, eagerly, only where decode steps run eager (``enforce_eager``, CPU, graphs that failed to
-  capture): every batch size of :func:`row_ladder` (b and b - 1 for each power of two b <= S, and S), and
-  batch 1 over KV lengths in power-of-two blocks up to L; with CUDA graphs every captured graph is replayed
-  once instead (capture already ran their kernels);
+  capture): every batch size of :func:`row_ladder` (1..16, b and b - 1 for each power of two b <= S, and
+  S), and batch 1 over KV lengths in power-of-two blocks up to L; with CUDA graphs every captured graph is
+  replayed once instead (capture already ran their kernels);
 - cascade attention (when the runner's cascade policy is on): a small and a large step of decode rows and a
   new chunk sharing prefix blocks (decode-only too where decode is eager);
 - the sampler, on random logits of every :func:`row_ladder` row count: each path of :data:`SAMPLER_PATHS`.
@@ -138,17 +138,25 @@ def _pow2_upto(n: int, start: int = 1) -> list[int]:
     return out
 
 
+EXACT_ROWS = 16
+"""Row counts up to this are exact in ``lz.linear``'s selection key (``layerzero.ops.linear.EXACT_ROWS``: the
+skinny-GEMM kernels are chosen per M), so every count up to it is its own bucket."""
+
+
 def token_ladder(budget: int) -> list[int]:
-    """Prefill token counts: the powers of two from 2 up to ``budget`` (LayerZero's selection buckets of a
-    step's tokens), and ``budget`` itself (the steady chunked-prefill step)."""
-    return sorted(set(_pow2_upto(budget, 2)) | ({budget} if budget >= 2 else set()))
+    """Prefill token counts: every count from 2 to :data:`EXACT_ROWS`, the powers of two up to ``budget``
+    (LayerZero's selection buckets of a step's tokens), and ``budget`` itself (the steady chunked-prefill
+    step)."""
+    small = set(range(2, min(EXACT_ROWS, budget) + 1))
+    return sorted(small | set(_pow2_upto(budget, 2)) | ({budget} if budget >= 2 else set()))
 
 
 def row_ladder(max_num_seqs: int) -> list[int]:
-    """Row counts (decode batch sizes, sampled rows): each power of two b <= ``max_num_seqs`` and b - 1 (the
-    bucket's upper bound and a count inside it that is not a multiple of 16: Triton specializes integer
-    arguments on divisibility by 16 and on == 1), and ``max_num_seqs`` and one less."""
-    rows = set()
+    """Row counts (decode batch sizes, sampled rows): every count up to :data:`EXACT_ROWS`, each power of two
+    b <= ``max_num_seqs`` and b - 1 (the bucket's upper bound and a count inside it that is not a multiple of
+    16: Triton specializes integer arguments on divisibility by 16 and on == 1), and ``max_num_seqs`` and one
+    less."""
+    rows = set(range(1, min(EXACT_ROWS, max_num_seqs) + 1))
     for b in _pow2_upto(max_num_seqs):
         rows |= {b, b - 1}
     rows |= {max_num_seqs, max_num_seqs - 1}
@@ -156,11 +164,9 @@ def row_ladder(max_num_seqs: int) -> list[int]:
 
 
 def decode_ladder(max_num_seqs: int) -> list[int]:
-    """Decode rows beside a prefill chunk in a mixed step: powers of two below ``max_num_seqs`` and
-    ``max_num_seqs - 1`` (the chunk is one more sequence)."""
-    return sorted(
-        {b for b in _pow2_upto(max_num_seqs - 1)} | ({max_num_seqs - 1} if max_num_seqs > 1 else set())
-    )
+    """Decode rows beside a prefill chunk in a mixed step: :func:`row_ladder` of ``max_num_seqs - 1`` (the
+    chunk is one more sequence)."""
+    return row_ladder(max_num_seqs - 1) if max_num_seqs > 1 else []
 
 
 def _split(tokens: int, seqs: int, cap: int) -> list[int]:
@@ -213,7 +219,7 @@ def plan_steps(
         chunks = _prefill_chunks(t, 1, L, continue_first=False)
         if len(chunks) <= S:
             steps.append(WarmupStep("prefill", tuple(chunks)))
-        if t - 1 >= 2:
+        if t > EXACT_ROWS:  # a ragged step inside the bucket, several sequences, one continuing
             k = min(S, max(2, (t - 1) // 256))
             chunks = _prefill_chunks(t - 1, k, L, continue_first=True)
             if len(chunks) <= S:
