@@ -42,20 +42,32 @@ def _modules(path: Path) -> set[str]:
     return {str(p) for p in path.rglob("*.so")} if path.is_dir() else set()
 
 
+def _misses() -> tuple[int, int]:
+    """(identity of LayerZero's selection cache, its misses so far): a miss per new shape bucket selected."""
+    from layerzero.core.runtime import RUNTIME
+
+    cache = RUNTIME.cache
+    return id(cache), cache.stats().misses
+
+
 class _Compiles:
-    """New Triton cache entries (one per compiled kernel variant) and FlashInfer ``*.so`` modules since the
-    last :meth:`take`."""
+    """New Triton cache entries (one per compiled kernel variant), FlashInfer ``*.so`` modules and LayerZero
+    selections (selection-cache misses: new shape buckets) since the last :meth:`take`."""
 
     def __init__(self) -> None:
         self.triton = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
         self.fi = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home() / ".cache" / "flashinfer"))
         self.seen = (_entries(self.triton), _modules(self.fi))
+        self.misses = _misses()
 
     def take(self) -> dict[str, int]:
         now = (_entries(self.triton), _modules(self.fi))
         new = [len(a - b) for a, b in zip(now, self.seen, strict=True)]
         self.seen = now
-        return {"triton": new[0], "flashinfer": new[1]}
+        m = _misses()
+        sel = m[1] - self.misses[1] if m[0] == self.misses[0] else m[1]  # a rebuilt cache counts from 0
+        self.misses = m
+        return {"triton": new[0], "flashinfer": new[1], "selections": sel}
 
 
 def child(a: argparse.Namespace) -> dict[str, Any]:
@@ -150,12 +162,15 @@ def _spawn(a: argparse.Namespace, warmup: str, cache: str, env: dict[str, str]) 
 def _row(r: dict[str, Any]) -> str:
     c = r["startup_compiles"]
     runs = r["runs"]
-    rc = " / ".join(str(x["compiles"]["triton"] + x["compiles"]["flashinfer"]) for x in runs)
+    per = " / ".join(
+        f"{x['compiles']['triton'] + x['compiles']['flashinfer']}, {x['compiles']['selections']}"
+        for x in runs
+    )
     return (
         f"| {r['warmup']} | {r['cache']} | {r['startup_s']:.2f} | {r['warmup_s']:.2f} | {r['warmup_shapes']} "
-        f"| {r['ready_s']:.2f} | {c['triton']} + {c['flashinfer']} | "
+        f"| {r['ready_s']:.2f} | {c['triton']} + {c['flashinfer']}, {c['selections']} | "
         + " / ".join(f"{x['tok_s']:,.0f}" for x in runs)
-        + f" | {r['first_over_second']:.3f} | {rc} |"
+        + f" | {r['first_over_second']:.3f} | {per} |"
     )
 
 
@@ -201,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(_row(r), flush=True)
     head = (
         "| warm-up | compile cache | start-up s | warm-up s | warm-up shapes | process to ready s "
-        "| compiled at start-up (Triton + FlashInfer) | run tok/s | first / second | compiled per run |\n"
+        "| start-up: compiled (Triton + FlashInfer), selections | run tok/s | first / second "
+        "| per run: compiled, selections |\n"
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
     cmd = "python benchmarks/engine/cold_start.py " + " ".join(argv if argv is not None else sys.argv[1:])

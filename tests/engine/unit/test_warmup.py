@@ -120,7 +120,8 @@ def test_stats_report_the_warmup(checkpoints):
     rep = llm.engine.executor.warmup
     st = llm.stats()
     assert rep.failed == [] and rep.steps > 10 and rep.sampler > 10 and rep.graphs == 0  # CPU: no graphs
-    assert st["warmup_shapes"] == rep.shapes == rep.steps + rep.sampler
+    assert rep.attention > 10
+    assert st["warmup_shapes"] == rep.shapes == rep.steps + rep.attention + rep.sampler
     assert 0 < st["warmup_s"] <= st["startup_s"]
 
 
@@ -182,3 +183,42 @@ def test_outputs_equal_with_and_without_warmup(checkpoints, family, kw):
         assert rep.steps == len(plan_steps(budget, seqs, 128, 16, eager_decode=True, cascade=True))
     assert _outputs(warm) == want
     assert warm.engine.kv.usage() == 0.0
+
+
+def test_attention_plan_covers_the_paged_key_buckets():
+    from layerzero.engine.worker.warmup import plan_attention
+
+    def bucket(n):
+        return n if n <= 1 else 1 << (n - 1).bit_length()
+
+    budget, seqs, max_len, bs = 256, 8, 128, 16
+    cases = plan_attention(budget, seqs, max_len, bs, decode=True)
+    keys = set()
+    for chunks in cases:
+        t = sum(n for _, n in chunks)
+        assert len(chunks) <= seqs and t <= budget and all(s + n <= max_len for s, n in chunks)
+        width = max(-(-(s + n) // bs) for s, n in chunks)
+        keys.add((bucket(len(chunks)), bucket(t) if t > len(chunks) else "decode", bucket(width)))
+    for b in (1, 2, 4, 8):  # every feasible (sequences, tokens, width) bucket, prefill and decode
+        for w in (1, 2, 4, 8):
+            assert (b, "decode", w) in keys
+            for t in (2, 4, 8, 16, 32, 64, 128, 256):
+                if b < t <= b * w * bs:
+                    assert (b, t, w) in keys, (b, t, w)
+    assert not any(all(n == 1 for _, n in c) for c in plan_attention(budget, seqs, max_len, bs, False))
+
+
+def test_no_selection_is_left_for_the_first_run(checkpoints):
+    """After the warm-up, a workload of ragged prompts (prefill, chunked prefill, mixed and decode steps,
+    sampled with temperature) makes no new LayerZero selection: every shape bucket was met at start-up."""
+    from layerzero.core.runtime import RUNTIME
+    from layerzero.engine import SamplingParams
+
+    from ..conftest import prompts
+
+    llm = _llm(checkpoints["qwen3"], warmup=True, max_num_seqs=8, max_num_batched_tokens=64)
+    params = [SamplingParams(temperature=0.6, max_tokens=6 + i, ignore_eos=True) for i in range(12)]
+    cache = RUNTIME.cache
+    before = cache.stats().misses
+    llm.generate(prompts(12, seed=5, lo=3, hi=100), params, use_tqdm=False)
+    assert RUNTIME.cache is cache and cache.stats().misses == before

@@ -18,6 +18,8 @@ What it runs (:func:`plan_steps`, :func:`plan_sampler`; the budget B = ``max_num
   capture): every batch size of :func:`row_ladder` (1..16, b and b - 1 for each power of two b <= S, and
   S), and batch 1 over KV lengths in power-of-two blocks up to L; with CUDA graphs every captured graph is
   replayed once instead (capture already ran their kernels);
+- attention: one layer's paged attention alone for every feasible bucket of (sequences, tokens, widest block
+  table) (:func:`plan_attention`: its key buckets all three, too many combinations for whole steps);
 - cascade attention (when the runner's cascade policy is on): a small and a large step of decode rows and a
   new chunk sharing prefix blocks (decode-only too where decode is eager);
 - the sampler, on random logits of every :func:`row_ladder` row count: each path of :data:`SAMPLER_PATHS`.
@@ -41,7 +43,7 @@ import layerzero as lz
 
 from ..config import EngineConfig
 from ..core.sched.output import SamplingMetadata
-from ..layers.attention import KVScales
+from ..layers.attention import KVScales, paged_attention
 from ..sampling_params import SamplingParams
 from .cascade import CascadePolicy
 from .input_batch import ScheduledChunk, build_forward_batch
@@ -52,6 +54,7 @@ __all__ = [
     "WarmupStep",
     "decode_ladder",
     "maybe_warm_up",
+    "plan_attention",
     "plan_sampler",
     "plan_steps",
     "row_ladder",
@@ -112,19 +115,21 @@ class WarmupStep:
 @dataclass
 class WarmupReport:
     """What :func:`warm_up` ran: ``seconds`` (host wall time, the device synchronized at the end), forward
-    ``steps``, ``sampler`` shapes (path x rows), ``graphs`` replayed, and ``failed``: labels of dummy runs
-    that raised (logged; the real steps of those shapes would raise too)."""
+    ``steps``, single ``attention`` calls (:func:`plan_attention`), ``sampler`` shapes (path x rows),
+    ``graphs`` replayed, and ``failed``: labels of dummy runs that raised (logged; the real steps of those
+    shapes would raise too)."""
 
     seconds: float = 0.0
     steps: int = 0
+    attention: int = 0
     sampler: int = 0
     graphs: int = 0
     failed: list[str] = field(default_factory=list)
 
     @property
     def shapes(self) -> int:
-        """Dummy runs in all: forward steps, sampler shapes and graph replays."""
-        return self.steps + self.sampler + self.graphs
+        """Dummy runs in all: forward steps, attention calls, sampler shapes and graph replays."""
+        return self.steps + self.attention + self.sampler + self.graphs
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self) | {"shapes": self.shapes}
@@ -264,6 +269,39 @@ def plan_sampler(max_num_seqs: int) -> list[tuple[str, int]]:
     return [(path, n) for path in SAMPLER_PATHS for n in row_ladder(max_num_seqs)]
 
 
+def _bucket(n: int) -> int:
+    return n if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def plan_attention(
+    budget: int, max_num_seqs: int, max_model_len: int, block_size: int, decode: bool
+) -> list[tuple[tuple[int, int], ...]]:
+    """Chunk sets (``(start, length)`` per sequence) covering ``lz.paged_attention``'s selection buckets: its
+    key buckets three step facts at once (sequences, tokens, the widest block table), more combinations than
+    whole dummy steps can afford, so each is one attention call (:func:`warm_up`). Every feasible (sequences
+    b, tokens t, width w) of the power-of-two buckets up to ``max_num_seqs``, ``budget`` and ``max_model_len``
+    (a bucket's top value capped at the bound): t > b (prefill; the first sequence's KV exactly w blocks) and,
+    with ``decode``, t == b (one token each)."""
+    cap_w = -(-max_model_len // block_size)
+    widths = sorted({min(w, cap_w) for w in _pow2_upto(_bucket(cap_w))})
+    batches = sorted({min(b, max_num_seqs) for b in _pow2_upto(_bucket(max_num_seqs))})
+    tokens = sorted({min(t, budget) for t in _pow2_upto(_bucket(budget), 2)})
+    out: list[tuple[tuple[int, int], ...]] = []
+    for b in batches:
+        for w in widths:
+            kv = min(w * block_size, max_model_len)
+            for t in tokens:
+                if t <= b or t > b * kv:
+                    continue
+                lens = _split(t, b, kv)
+                if len(lens) != b or max(lens) > kv:
+                    continue
+                out.append(((kv - lens[0], lens[0]), *((0, n) for n in lens[1:])))
+            if decode and b <= budget and kv >= 2:
+                out.append(((kv - 1, 1), *_decode_rows(b - 1, kv)) if b > 1 else ((kv - 1, 1),))
+    return out
+
+
 def warmup_enabled(ec: EngineConfig, device: torch.device) -> bool:
     """``ec.warmup``, or (None) whether ``device`` is CUDA: CPU kernels have no JIT to warm."""
     return ec.warmup if ec.warmup is not None else device.type == "cuda"
@@ -307,6 +345,15 @@ def warm_up(runner: Any, sampler: Any, max_num_seqs: int, budget: int) -> Warmup
             for step in steps:
                 if _attempt(report, step.label, lambda s=step: _forward(runner, s)):
                     report.steps += 1
+            layer = next(m for m in runner.model.modules() if hasattr(m, "kv_scales") and hasattr(m, "scale"))
+            width = max(cfg_heads(runner))
+            qkv = torch.zeros(budget, width, runner.cfg.head_dim, dtype=runner.dtype, device=dev)
+            for chunks in plan_attention(
+                budget, max_num_seqs, runner.max_model_len, runner.block_size, eager_decode
+            ):
+                step = WarmupStep("attention", chunks)
+                if _attempt(report, step.label, lambda s=step: _attend(runner, layer, qkv, s)):
+                    report.attention += 1
             report.graphs = _replay_graphs(runner)
             vocab = runner.cfg.vocab_size
             for path, n in plan_sampler(max_num_seqs):
@@ -325,8 +372,10 @@ def warm_up(runner: Any, sampler: Any, max_num_seqs: int, budget: int) -> Warmup
             torch.cuda.set_rng_state(rng[1], dev)
     report.seconds = time.perf_counter() - t0
     log.info(
-        "warm-up: %d forward steps, %d sampler shapes, %d graph replays (%d shapes) in %.2f s%s",
+        "warm-up: %d forward steps, %d attention calls, %d sampler shapes, %d graph replays (%d shapes) in "
+        "%.2f s%s",
         report.steps,
+        report.attention,
         report.sampler,
         report.graphs,
         report.shapes,
@@ -351,9 +400,8 @@ def _attempt(report: WarmupReport, label: str, fn: Any) -> bool:
         return False
 
 
-def _forward(runner: Any, step: WarmupStep) -> None:
-    """One dummy step through the runner's eager forward (the kernels its real steps select); no KV
-    written."""
+def _batch(runner: Any, step: WarmupStep) -> Any:
+    """The :class:`ForwardBatch` of a dummy step, every KV slot -1 (nothing is written)."""
     bs = runner.block_size
     widths = [-(-(s + n) // bs) for s, n in step.chunks]
     tables = np.zeros((step.num_seqs, max(widths)), dtype=np.int32)
@@ -378,7 +426,32 @@ def _forward(runner: Any, step: WarmupStep) -> None:
     policy = CascadePolicy(always=True) if shared else None
     batch = build_forward_batch(chunks, bs, runner.device, None, policy, tables)
     batch.slot_mapping.fill_(-1)  # write no KV: the pool stays as it is
-    runner._eager(batch)
+    return batch
+
+
+def _forward(runner: Any, step: WarmupStep) -> None:
+    """One dummy step through the runner's eager forward (the kernels its real steps select); no KV
+    written."""
+    runner._eager(_batch(runner, step))
+
+
+def cfg_heads(runner: Any) -> tuple[int, int]:
+    """(query heads, KV heads) of the runner's model."""
+    return runner.cfg.num_heads, runner.cfg.num_kv_heads
+
+
+def _attend(runner: Any, layer: Any, qkv: torch.Tensor, step: WarmupStep) -> None:
+    """One layer's eager paged attention (``layers.attention.paged_attention``, the call an eager step's
+    layer makes, quantized pools included) for ``step``'s chunks, on zeros; no KV written."""
+    batch = _batch(runner, step)
+    hq, hkv = cfg_heads(runner)
+    t = step.num_tokens
+    q, k, v = qkv[:t, :hq], qkv[:t, :hkv], qkv[:t, :hkv]
+    if batch.is_decode and runner.decode_as_captured:
+        with lz.capture_selection():
+            paged_attention(q, k, v, runner.kv_caches[0], batch, layer.scale, layer.kv_scales)
+    else:
+        paged_attention(q, k, v, runner.kv_caches[0], batch, layer.scale, layer.kv_scales)
 
 
 def _replay_graphs(runner: Any) -> int:
