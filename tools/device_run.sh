@@ -40,6 +40,8 @@
 #             / fp8_w8a8) into $OUT/fp8_gpu.txt, $OUT/quantization.md
 #   batch1    benchmarks/engine/batch1_breakdown.py (one request's decode step: whole step, graph replay, host
 #             profile) into $OUT/batch1/
+#   cold-start benchmarks/engine/cold_start.py $COLD_ARGS (bench-engine's workload twice per fresh process, warm-up on / off,
+#             empty then populated Triton cache under /tmp/cold_caches; its own TRITON_CACHE_DIR per cell) into $OUT/cold_start.md
 #   bench-isolation benchmarks/bench_isolation.py --device cuda (isolated-kernel call cost over CUDA IPC) into $OUT
 # JIT caches (FlashInfer workspace, Triton) live in the ignored .fi_ws/ of the checkout there: a device machine that is
 # still warm keeps them between calls.
@@ -106,6 +108,8 @@ for stage in "$@"; do
     tune-cascade) timeout ${BENCH_TIMEOUT:-480} python3 benchmarks/engine/tune_cascade_prefill.py ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune_cascade.txt" | tail -40 ;;
     fused-merge) for i in $(seq 1 ${FM_PROCS:-3}); do timeout ${FM_TIMEOUT:-90} python3 benchmarks/bench_fused_merge.py \
         ${FM_ARGS:-} > "$OUT/fused_merge_$i.md" 2>&1; tail -12 "$OUT/fused_merge_$i.md"; done ;;
+    cold-start) timeout ${BENCH_TIMEOUT:-580} python3 benchmarks/engine/cold_start.py --cache-root /tmp/cold_caches \
+        --out "$OUT/cold_start.md" ${COLD_ARGS:-} 2>&1 | tee "$OUT/cold_start.log" | grep "^|" | tail -12; rm -rf /tmp/cold_caches ;;
     bench-isolation) timeout 200 python3 benchmarks/bench_isolation.py --device cuda --out "$OUT/isolation_cuda.md" 2>&1 | tail -12 ;;
     bench-sample) timeout 150 python3 benchmarks/bench_sample.py --out "$OUT/sample.md" 2>&1 | tail -12 ;;
     *) echo "unknown stage $stage"; rc=2 ;;

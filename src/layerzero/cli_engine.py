@@ -59,6 +59,7 @@ ENGINE_KWARGS = (
     "async_scheduling",
     "cascade_attention",
     "freeze_gc",
+    "warmup",
 )
 """The ``LLM`` / ``AsyncLLM`` keywords :func:`engine_kwargs` returns, each set by the flag ``--<name with
 dashes>``: every ``EngineConfig`` field but ``cuda_graph`` (a knob set, not a command-line value)."""
@@ -68,9 +69,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Add one flag per ``LLM`` option to ``parser`` (defaults: ``LLM``'s; see its docstring for each).
 
     ``--model DIR`` is required; ``--dtype auto`` is ``dtype=None``; ``--enable-prefix-caching`` /
-    ``--no-enable-prefix-caching`` (default on); ``--async-scheduling``, ``--cascade-attention`` and
-    ``--freeze-gc`` have ``--no-`` forms and default to None (the engine decides by device). Values are
-    checked by ``EngineConfig`` when the engine is built (a ``ConfigurationError``: exit 2).
+    ``--no-enable-prefix-caching`` (default on); ``--async-scheduling``, ``--cascade-attention``,
+    ``--freeze-gc`` and ``--warmup`` have ``--no-`` forms and default to None (the engine decides by device).
+    Values are checked by ``EngineConfig`` when the engine is built (a ``ConfigurationError``: exit 2).
     """
     g = parser.add_argument_group("engine", "LLM(...) options (layerzero.engine.LLM; defaults are LLM's)")
     g.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
@@ -96,6 +97,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         ("async-scheduling", "on for CUDA"),
         ("cascade-attention", "on for CUDA with prefix caching"),
         ("freeze-gc", "on for CUDA"),
+        ("warmup", "dummy steps over the step shapes at start-up (compiles kernels); on for CUDA"),
     ):
         g.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None, help=what)
 

@@ -145,6 +145,7 @@ class EngineConfig:
     async_scheduling: bool | None = None
     cascade_attention: bool | None = None
     freeze_gc: bool | None = None
+    warmup: bool | None = None
     cuda_graph: CudaGraphKnobs = CudaGraphKnobs()
 
     def __post_init__(self) -> None:
@@ -206,6 +207,10 @@ class EngineConfig:
         if self.freeze_gc is not None and not isinstance(self.freeze_gc, bool):
             raise bad_config(
                 "LLM freeze_gc", "True, False or None (None: on for CUDA devices)", repr(self.freeze_gc)
+            )
+        if self.warmup is not None and not isinstance(self.warmup, bool):
+            raise bad_config(
+                "LLM warmup", "True, False or None (None: on for CUDA devices)", repr(self.warmup)
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise bad_config("LLM seed", "an int", repr(self.seed))

@@ -79,6 +79,15 @@ class LLM:
             paused the engine ~330 ms once in every shared-prefix run; frozen it is gone. Deleting the ``LLM``
             calls ``gc.unfreeze()`` (so the deleted engine's reference cycles can be collected; other live
             engines are then scanned again). None: on for CUDA devices, off on CPU.
+        warmup: at start-up, after the CUDA graphs are captured, run dummy steps over the shapes the scheduler
+            can produce (prefill token counts over LayerZero's power-of-two buckets up to
+            ``max_num_batched_tokens``, chunked and mixed prefill + decode steps, decode batch sizes up to
+            ``max_num_seqs``) and every sampler path, so first-use compiles (Triton JIT, LayerZero's selection
+            of new shape buckets, FlashInfer modules) happen before the first request, not inside it (vLLM's
+            ``compile_or_warm_up_model``). Writes no KV (slot -1) and leaves the scheduler, the prefix cache
+            and every random stream as they were. None: on for CUDA devices, off on CPU (no JIT there).
+            ``stats()`` reports ``startup_s``, ``warmup_s`` and ``warmup_shapes`` (docs/engine.md, "Start-up
+            and warm-up").
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its
@@ -107,8 +116,10 @@ class LLM:
         async_scheduling: bool | None = None,
         cascade_attention: bool | None = None,
         freeze_gc: bool | None = None,
+        warmup: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        t0 = time.perf_counter()
         ec = EngineConfig(
             str(model),
             dtype,
@@ -129,6 +140,7 @@ class LLM:
             async_scheduling=async_scheduling,
             cascade_attention=cascade_attention,
             freeze_gc=freeze_gc,
+            warmup=warmup,
             **kwargs,
         )
         tokenizer = load_tokenizer(ec.model)
@@ -148,6 +160,7 @@ class LLM:
             gc.freeze()
             # not a method of self: a finalizer holding self would keep it alive
             weakref.finalize(self, gc.unfreeze)
+        self.engine.stats.startup_s = time.perf_counter() - t0  # the whole constructor (tokenizer too)
 
     @property
     def tokenizer(self) -> Any:
@@ -359,7 +372,8 @@ class LLM:
     def stats(self) -> dict[str, Any]:
         """Engine statistics: steps, prompt / generated tokens, preemptions, prefix-cache hit rate, KV usage,
         time per phase (schedule / forward / sample / detokenize, seconds; ``detokenize`` is the core's
-        update phase: appending the tokens and its stop checks) and the last step (see docs/engine.md)."""
+        update phase: appending the tokens and its stop checks), the last step, and start-up: ``startup_s``,
+        ``warmup_s``, ``warmup_shapes`` (see docs/engine.md)."""
         return self.engine.stats.as_dict()
 
 

@@ -33,7 +33,10 @@ class EngineStats:
     """Totals since the engine started plus the last step; ``prefix_hit_rate`` is cached / looked-up prompt
     tokens, ``kv_usage`` the fraction of KV blocks held by running sequences; ``cascade_steps`` the steps
     (decode, or with prefill chunks) run as cascade attention and ``cascade_saved_tokens`` the KV tokens (per
-    layer) their shared level did not read again."""
+    layer) their shared level did not read again. Start-up: ``startup_s`` (seconds to build the engine:
+    weights, KV pool, CUDA graphs, warm-up; ``LLM``'s whole constructor), ``warmup_s`` and ``warmup_shapes``
+    (the start-up warm-up's seconds and dummy runs, 0 when it is off; docs/engine.md "Start-up and
+    warm-up")."""
 
     steps: int = 0
     prompt_tokens: int = 0
@@ -45,6 +48,9 @@ class EngineStats:
     num_kv_blocks: int = 0
     cascade_steps: int = 0
     cascade_saved_tokens: int = 0
+    startup_s: float = 0.0
+    warmup_s: float = 0.0
+    warmup_shapes: int = 0
     time_s: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(("schedule", "forward", "sample", "detokenize"), 0.0)
     )

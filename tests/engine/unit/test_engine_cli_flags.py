@@ -35,6 +35,7 @@ DEFAULTS = {  # LLM(...)'s defaults, by hand (its docstring / signature)
     "async_scheduling": None,
     "cascade_attention": None,
     "freeze_gc": None,
+    "warmup": None,
 }
 
 CASES = [
@@ -68,6 +69,8 @@ CASES = [
     (["--no-cascade-attention"], {"cascade_attention": False}),
     (["--freeze-gc"], {"freeze_gc": True}),
     (["--no-freeze-gc"], {"freeze_gc": False}),
+    (["--warmup"], {"warmup": True}),
+    (["--no-warmup"], {"warmup": False}),
 ]
 
 

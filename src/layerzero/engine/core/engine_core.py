@@ -60,6 +60,7 @@ class EngineCore(EngineLoop):
     """
 
     def __init__(self, engine_config: EngineConfig, executor: Executor | None = None) -> None:
+        t0 = time.perf_counter()
         ec = self.config = engine_config
         self.model_config = cfg = ModelConfig.from_pretrained(ec.model)
         self.device = resolve_device(ec.device)
@@ -87,6 +88,9 @@ class EngineCore(EngineLoop):
         #: Prefill token counts (rounded up to powers of two) of the steps run so far (kernel_report()).
         self.prefill_buckets: set[int] = set()
         self.stats = EngineStats(num_kv_blocks=self.executor.num_kv_blocks)
+        warm = getattr(self.executor, "warmup", None)  # the worker's start-up warm-up (None: off)
+        if warm is not None:
+            self.stats.warmup_s, self.stats.warmup_shapes = warm.seconds, warm.shapes
         self.async_scheduling = (
             ec.async_scheduling if ec.async_scheduling is not None else self.device.type == "cuda"
         )
@@ -97,6 +101,7 @@ class EngineCore(EngineLoop):
         #: Serializes every entry point that reads or changes requests or runs a step (re-entrant).
         self.lock = threading.RLock()
         self._aborts: collections.deque[EngineCoreAbort] = collections.deque()  # from any thread
+        self.stats.startup_s = time.perf_counter() - t0
 
     @property
     def runner(self) -> ModelRunner:

@@ -8,6 +8,7 @@ import torch
 from ..config import EngineConfig, ModelConfig
 from ..core.sched.output import SchedulerOutput
 from ..worker.model_runner import ModelRunner
+from ..worker.warmup import WarmupReport
 from ..worker.worker import ModelRunnerOutput, Worker
 
 __all__ = ["InProcessExecutor"]
@@ -37,6 +38,12 @@ class InProcessExecutor:
     def runner(self) -> ModelRunner:
         """The worker's model runner (tests and benchmarks reach the model and its graphs through it)."""
         return self.worker.runner
+
+    @property
+    def warmup(self) -> WarmupReport | None:
+        """The worker's start-up warm-up (:class:`~layerzero.engine.worker.warmup.WarmupReport`), None when
+        off."""
+        return self.worker.warmup if self.worker is not None else None
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)

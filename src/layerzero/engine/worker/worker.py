@@ -13,6 +13,7 @@ from ..core.sched.output import SchedulerOutput
 from .model_runner import ModelRunner
 from .prompt_logprobs import PendingPromptLogprobs, launch_prompt_logprobs
 from .sampler import PendingSample, Sampler, SamplerOutput, plain_greedy
+from .warmup import WarmupReport, maybe_warm_up
 
 __all__ = ["ModelRunnerOutput", "Worker"]
 
@@ -54,6 +55,10 @@ class Worker:
         self.runner = ModelRunner(cfg, ec, device, dtype, max_model_len, max_num_batched_tokens)
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, device, ec.seed)
         self.prev_tokens: torch.Tensor | None = None
+        #: Start-up warm-up (``EngineConfig.warmup``; :mod:`.warmup`): what it ran, or None when off.
+        self.warmup: WarmupReport | None = maybe_warm_up(
+            ec, self.runner, self.sampler, max_num_batched_tokens
+        )
 
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Forward ``out`` and launch its draw (a plain greedy step may take the ids its greedy decode graph
