@@ -53,6 +53,7 @@ def test_chat_uses_the_template_and_equals_the_offline_engine(client, oracle):
         client.base_url.join("/tokenize").__str__().replace("/v1", ""),
         json={"messages": MESSAGES},
         headers=AUTH,
+        timeout=60,
     )
     assert tok.json()["tokens"] == ids
 
@@ -98,17 +99,20 @@ def test_default_max_tokens_fill_the_context_up_to_the_limit(client):
 def test_models_health_version_tokenize_detokenize(server, client, oracle, model_dir):
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"] and models.data[0].object == "model"
-    raw = httpx.get(server.url + "/v1/models", headers=AUTH).json()
+    raw = httpx.get(server.url + "/v1/models", headers=AUTH, timeout=60).json()
     assert raw["object"] == "list" and raw["data"][0]["max_model_len"] == MAX_MODEL_LEN
     assert raw["data"][0]["root"] == model_dir
-    assert httpx.get(server.url + "/health").status_code == 200  # no key needed
-    v = httpx.get(server.url + "/version", headers=AUTH).json()
+    assert httpx.get(server.url + "/health", timeout=60).status_code == 200  # no key needed
+    v = httpx.get(server.url + "/version", headers=AUTH, timeout=60).json()
     import layerzero
 
     assert v == {"version": layerzero.__version__}
     ids = oracle.tokenizer("hello world")["input_ids"]
     t = httpx.post(
-        server.url + "/tokenize", json={"prompt": "hello world", "return_token_strs": True}, headers=AUTH
+        server.url + "/tokenize",
+        json={"prompt": "hello world", "return_token_strs": True},
+        headers=AUTH,
+        timeout=60,
     )
     assert (
         t.json()["tokens"] == ids
@@ -116,7 +120,7 @@ def test_models_health_version_tokenize_detokenize(server, client, oracle, model
         and t.json()["max_model_len"] == MAX_MODEL_LEN
     )
     assert len(t.json()["token_strs"]) == len(ids)
-    d = httpx.post(server.url + "/detokenize", json={"tokens": ids}, headers=AUTH)
+    d = httpx.post(server.url + "/detokenize", json={"tokens": ids}, headers=AUTH, timeout=60)
     assert d.json() == {"prompt": oracle.tokenizer.decode(ids)}
 
 
@@ -124,7 +128,7 @@ def test_metrics_and_kernels(server, client):
     client.completions.create(
         model="tiny", prompt="hello", max_tokens=3, temperature=0, extra_body={"ignore_eos": True}
     )
-    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    text = httpx.get(server.url + "/metrics", headers=AUTH, timeout=60).text
     for name in (
         "num_requests_running",
         "num_requests_waiting",
@@ -148,5 +152,5 @@ def test_metrics_and_kernels(server, client):
     assert all(float(x.rsplit(" ", 1)[1]) > 0 for x in calls)
     for name in ("selections_total", "cache_hits_total", "cache_misses_total", "kernel_call_seconds_bucket"):
         assert f"layerzero_{name}" in text, name
-    k = httpx.get(server.url + "/v1/layerzero/kernels", headers=AUTH)
+    k = httpx.get(server.url + "/v1/layerzero/kernels", headers=AUTH, timeout=120)  # a dry run per bucket
     assert k.status_code == 200 and isinstance(k.json(), dict)

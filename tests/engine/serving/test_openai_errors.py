@@ -86,7 +86,10 @@ def test_bad_requests_are_400_naming_the_field(server, path, body, param, needle
 
 def test_malformed_bodies_methods_and_routes(server):
     r = httpx.post(
-        server.url + "/v1/completions", content=b"{bad", headers={**AUTH, "Content-Type": "application/json"}
+        server.url + "/v1/completions",
+        content=b"{bad",
+        headers={**AUTH, "Content-Type": "application/json"},
+        timeout=60,
     )
     assert "JSON" in _err(r, 400)["message"]
     _err(
@@ -94,11 +97,12 @@ def test_malformed_bodies_methods_and_routes(server):
             server.url + "/v1/completions",
             content=b"prompt=x",
             headers={**AUTH, "Content-Type": "text/plain"},
+            timeout=60,
         ),
         400,
     )
-    _err(httpx.get(server.url + "/v1/completions", headers=AUTH), 405)
-    _err(httpx.get(server.url + "/v1/nothing", headers=AUTH), 404)
+    _err(httpx.get(server.url + "/v1/completions", headers=AUTH, timeout=60), 405)
+    _err(httpx.get(server.url + "/v1/nothing", headers=AUTH, timeout=60), 404)
 
 
 def test_auth_model_and_size(server):
@@ -107,7 +111,7 @@ def test_auth_model_and_size(server):
         bad.completions.create(model="tiny", prompt="x", max_tokens=1)
     bad.close()
     assert _err(_post(server, "/v1/models", headers={}), 401)["code"] == "invalid_api_key"
-    _err(httpx.get(server.url + "/metrics"), 401)
+    _err(httpx.get(server.url + "/metrics", timeout=60), 401)
     good = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
     with pytest.raises(openai.NotFoundError) as exc:
         good.completions.create(model="gpt-4", prompt="x", max_tokens=1)
@@ -123,6 +127,7 @@ def test_auth_model_and_size(server):
         server.url + "/v1/completions",
         content=chunked(),
         headers={**AUTH, "Content-Type": "application/json"},
+        timeout=60,
     )
     _err(r, 413)
 
@@ -133,16 +138,19 @@ def test_queue_full_and_draining_answer_503(engine, model_dir):
     app = build_app(engine, server_args(model_dir, max_waiting_requests=0))
     live = LiveServer(app)
     try:
-        r = httpx.post(live.url + "/v1/completions", json={"prompt": "x"})
+        r = httpx.post(live.url + "/v1/completions", json={"prompt": "x"}, timeout=60)
         assert _err(r, 503)["code"] == "queue_full" and r.headers["Retry-After"]
         app.state.server.max_waiting_requests = None
         assert (
-            httpx.post(live.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
+            httpx.post(
+                live.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=60
+            ).status_code
+            == 200
         )
         app.state.server.draining = True
-        r = httpx.post(live.url + "/v1/completions", json={"prompt": "x"})
+        r = httpx.post(live.url + "/v1/completions", json={"prompt": "x"}, timeout=60)
         assert _err(r, 503)["type"] == "server_error" and r.headers["Retry-After"]
-        assert httpx.get(live.url + "/health").status_code == 503
+        assert httpx.get(live.url + "/health", timeout=60).status_code == 503
     finally:
         live.close()
 
@@ -154,7 +162,9 @@ def test_a_client_that_leaves_aborts_its_request(engine, model_dir):
     body = {"prompt": "hello", "max_tokens": 240, "ignore_eos": True, "temperature": 0}
     try:
         assert wait_idle(engine)
-        with httpx.stream("POST", live.url + "/v1/completions", json={**body, "stream": True}) as r:
+        with httpx.stream(
+            "POST", live.url + "/v1/completions", json={**body, "stream": True}, timeout=60
+        ) as r:
             first = next(r.iter_lines())
             assert first.startswith("data: ")
         assert wait_idle(engine), "the stream's request still runs (or holds KV blocks) after its client left"

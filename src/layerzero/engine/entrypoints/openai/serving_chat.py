@@ -20,7 +20,7 @@ from .errors import OpenAIError
 from .logprobs import chat_logprobs
 from .protocol import ChatCompletionRequest, ChatMessage
 from .serving import ServerState, merge, random_id
-from .serving_completions import _dead, _engine_error
+from .serving_completions import _dead, _engine_error, stream_error
 from .sse import DONE, SSEResponse, event, until_disconnect
 
 __all__ = ["chat_prompt", "create_chat_completion"]
@@ -170,14 +170,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
                     yield chunk(c.index, delta, lps_of(c), c.finish_reason, c.stop_reason)
             if include:
                 yield event({**chead, "choices": [], "usage": usage_dict()})
-        except OpenAIError as exc:
-            yield event(exc.body())
         except Exception as exc:
-            try:
-                err = _dead(state, exc)
-            except Exception:
-                err = OpenAIError(500, f"Internal server error ({type(exc).__name__})", type="server_error")
-            yield event(err.body())
+            yield stream_error(state, exc)
         yield DONE
 
     if req.stream:

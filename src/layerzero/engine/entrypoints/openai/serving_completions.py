@@ -17,7 +17,7 @@ from typing import Any
 from .errors import OpenAIError, invalid_input
 from .logprobs import LegacyLogprobs
 from .protocol import CompletionRequest
-from .serving import ServerState, merge, random_id
+from .serving import ServerState, log, merge, random_id
 from .sse import DONE, SSEResponse, event, until_disconnect
 
 __all__ = ["create_completion"]
@@ -66,6 +66,20 @@ def _dead(state: ServerState, exc: Exception) -> OpenAIError:
     if getattr(state.engine, "errored", False) or type(exc).__name__ == "EngineDeadError":
         return OpenAIError(503, f"The engine is dead: {exc}", type="server_error")
     raise exc
+
+
+def stream_error(state: ServerState, exc: Exception) -> bytes:
+    """The SSE event that ends a stream which failed after its first chunk (the status line is sent by then):
+    an :class:`OpenAIError` as it is, a dead engine as a 503 ``server_error``, anything else as a 500 whose
+    traceback goes to the log (logger ``layerzero.engine.server``), never to the client."""
+    if isinstance(exc, OpenAIError):
+        return event(exc.body())
+    try:
+        err = _dead(state, exc)
+    except Exception:
+        log.error("stream failed: %s", exc, exc_info=exc)
+        err = OpenAIError(500, f"Internal server error ({type(exc).__name__})", type="server_error")
+    return event(err.body())
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, raw: Any) -> Any:
@@ -188,14 +202,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Any
                     yield event(chunk)
             if include:
                 yield event({**head, "choices": [], "usage": usage_dict()})
-        except OpenAIError as exc:
-            yield event(exc.body())
         except Exception as exc:
-            try:
-                err = _dead(state, exc)
-            except Exception:
-                err = OpenAIError(500, f"Internal server error ({type(exc).__name__})", type="server_error")
-            yield event(err.body())
+            yield stream_error(state, exc)
         yield DONE
 
     if req.stream:
