@@ -44,6 +44,12 @@ SERVING = [
 ]
 
 
+def aligned(case: Case) -> bool:
+    """Head dims triton.attention runs: powers of two >= 16 (others are refused with HEAD_DIM_NOT_ALIGNED
+    since padded tiles miscompiled on the H200 under Triton 3.6; gpu_suite/README.md, 2026-11-29)."""
+    return all(d >= 16 and d & (d - 1) == 0 for d in (case.d, case.dv))
+
+
 def tensors(case: Case, seed: int, dtype: torch.dtype):
     q, k, v, slopes = case.tensors(seed, torch.float32)
     return q.to("cuda", dtype), k.to("cuda", dtype), v.to("cuda", dtype), slopes.cuda()
@@ -105,6 +111,25 @@ def test_serving_shapes_match_float64(dtype, idx):
     case = SERVING[idx]
     q, k, v, slopes = tensors(case, idx, dtype)
     want = oracle(q, k, v, slopes, case.causal, case.scale, case.window, case.softcap)
+    if not aligned(case):  # refused, with the reason; lz.attention serves the call with another kernel
+        reasons = lz.validate(
+            KID,
+            "attention",
+            q,
+            k,
+            v,
+            is_causal=case.causal,
+            scale=case.scale,
+            window=case.window,
+            softcap=case.softcap,
+            alibi_slopes=slopes,
+        )
+        assert "HEAD_DIM_NOT_ALIGNED" in str(reasons), reasons
+        with lz.trace() as tr:
+            out = call(case, q, k, v, slopes)
+        assert KID not in tr.kernels_for("attention")
+        check(out, want, dtype, str(case))
+        return
     with locked(KID), lz.trace() as tr:
         out = call(case, q, k, v, slopes)
     assert tr.kernels_for("attention") == [KID] and not tr.fallbacks
@@ -127,7 +152,7 @@ def test_serving_shapes_match_float64(dtype, idx):
 
 
 def test_float32_matches_float64():
-    case = Case(2, 8, 2, 130, 170, 80, 80, causal=True, per_batch=True)
+    case = Case(2, 8, 2, 130, 170, 64, 64, causal=True, per_batch=True)
     q, k, v, slopes = tensors(case, 3, torch.float32)
     with locked(KID):
         out = call(case, q, k, v, slopes)

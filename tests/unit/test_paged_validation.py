@@ -779,3 +779,30 @@ def test_a_filed_hot_key_skips_the_checks_and_a_new_fact_does_not(monkeypatch):
             lz.paged_attention(**_meta(seq_lens=torch.zeros(3, dtype=I32, device="meta")))
     finally:
         lz.unregister_kernel(kid)
+
+
+def test_non_causal_rows_may_outnumber_the_keys():
+    """A cascade's shared-prefix call (``is_causal=False``) attends every new token of a group to the prefix:
+    20 query tokens over 8 keys is valid there (the capacity check is causal-only), and equals softmax over
+    the prefix in float64, worked directly. Found on the H200, where the engine's warm-up ran such a step."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(20, 4, 8, generator=g)
+    kv_cache = torch.randn(3, 2, 4, 2, 8, generator=g)  # NHD: [blocks, k/v, block_size 4, Hkv 2, D 8]
+    tables = torch.tensor([[2, 0]], dtype=I32)
+    out = lz.paged_attention(
+        q,
+        kv_cache,
+        tables,
+        torch.tensor([8], dtype=I32),
+        cu_seqlens_q=torch.tensor([0, 20], dtype=I32),
+        is_causal=False,
+    )
+    keys = kv_cache[[2, 0], 0].reshape(8, 2, 8).double().repeat_interleave(2, dim=1)  # GQA: 4 heads over 2
+    vals = kv_cache[[2, 0], 1].reshape(8, 2, 8).double().repeat_interleave(2, dim=1)
+    probs = torch.einsum("thd,khd->htk", q.double(), keys).mul(8**-0.5).softmax(-1)
+    want = torch.einsum("htk,khd->thd", probs, vals)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(lz.InvalidInputError, match=r"num_tokens: expected <= batch \* max_blocks"):
+        lz.paged_attention(
+            q, kv_cache, tables, torch.tensor([8], dtype=I32), cu_seqlens_q=torch.tensor([0, 20], dtype=I32)
+        )

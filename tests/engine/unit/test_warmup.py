@@ -162,10 +162,13 @@ def _outputs(llm):
         ("qwen3", {}),
         ("qwen3", {"enforce_eager": True}),
         ("llama", {"cascade_attention": True}),
+        # a mixed cascade step whose chunk outnumbers its group's prefix keys (H200, 2026-11-29: the
+        # shared-prefix call's capacity check refused it)
+        ("llama", {"cascade_attention": True, "max_num_batched_tokens": 96}),
         ("qwen3", {"kv_cache_dtype": "int8"}),  # calibrated by the first real prefill, not a dummy one
         ("qwen3_moe", {"max_num_batched_tokens": 16, "max_num_seqs": 2}),
     ],
-    ids=["qwen3", "eager", "llama-cascade", "int8-kv", "moe"],
+    ids=["qwen3", "eager", "llama-cascade", "llama-cascade-wide", "int8-kv", "moe"],
 )
 def test_outputs_equal_with_and_without_warmup(checkpoints, family, kw):
     from layerzero.engine.worker.warmup import plan_steps
