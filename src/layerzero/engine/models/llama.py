@@ -20,6 +20,7 @@ from ..layers.linear import Embedding, Linear
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
+from ..parallel.state import SINGLE, ParallelState
 from ..worker.attn_metadata import ForwardBatch
 
 __all__ = ["LlamaForCausalLM"]
@@ -192,10 +193,17 @@ class LlamaForCausalLM(nn.Module):
     dtype)."""
 
     def __init__(
-        self, cfg: ModelConfig, max_positions: int, *, device: torch.device, dtype: torch.dtype
+        self,
+        cfg: ModelConfig,
+        max_positions: int,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        parallel: ParallelState = SINGLE,
     ) -> None:
         super().__init__()
         self.cfg = cfg
+        self.parallel = parallel
         self.rotary = RotaryEmbedding(cfg, max_positions, device=device, dtype=dtype)
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
         self.layers = nn.ModuleList(

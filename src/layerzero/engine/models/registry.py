@@ -8,6 +8,7 @@ from torch import nn
 
 from ..config import SUPPORTED_ARCHITECTURES, ModelConfig
 from ..errors import bad_config
+from ..parallel.state import SINGLE, ParallelState
 from .llama import LlamaForCausalLM
 
 __all__ = ["MODELS", "build_model"]
@@ -19,8 +20,15 @@ MODELS: dict[str, type[nn.Module]] = {
 }
 
 
-def build_model(cfg: ModelConfig, max_positions: int, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """An uninitialised model for ``cfg`` (weights come from :mod:`..loader`).
+def build_model(
+    cfg: ModelConfig,
+    max_positions: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    parallel: ParallelState = SINGLE,
+) -> nn.Module:
+    """An uninitialised model for ``cfg`` (weights come from :mod:`..loader`), this rank's shard of it under
+    ``parallel``.
 
     Raises:
         ConfigurationError: an unsupported ``model_type`` (lists the supported ones).
@@ -28,4 +36,4 @@ def build_model(cfg: ModelConfig, max_positions: int, device: torch.device, dtyp
     cls = MODELS.get(cfg.model_type)
     if cls is None:
         raise bad_config("model_type", f"one of {sorted(SUPPORTED_ARCHITECTURES)}", repr(cfg.model_type))
-    return cls(cfg, max_positions, device=device, dtype=dtype)
+    return cls(cfg, max_positions, device=device, dtype=dtype, parallel=parallel)
