@@ -18,7 +18,14 @@ import layerzero as lz
 from .config import ModelConfig, read_json_object
 from .errors import bad_config
 
-__all__ = ["WEIGHT_DTYPES", "iter_weights", "load_model_weights", "load_tokenizer", "safetensors_files"]
+__all__ = [
+    "WEIGHT_DTYPES",
+    "iter_weights",
+    "load_dummy_weights",
+    "load_model_weights",
+    "load_tokenizer",
+    "safetensors_files",
+]
 
 WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 """Dtypes a checkpoint tensor may have (each is converted to the engine's dtype); anything else (integers,
@@ -192,6 +199,31 @@ def load_model_weights(model: nn.Module, path: str | Path) -> None:
         f"Inf in {[n for n, _ in bad][:5]} after conversion",
         "The checkpoint's values overflow this dtype: load it in float32 or bfloat16.",
     )
+
+
+@torch.no_grad()
+def load_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Fill ``model`` with seeded random weights on its own device, no checkpoint read (vLLM's
+    ``load_format="dummy"``: benchmark a shape without its weights). Norm weights are 1 and every other
+    parameter uniform in [-0.05, 0.05], so activations stay finite at any depth; the values are not a trained
+    model's. Parameters are drawn in name order from one generator seeded with ``seed`` (a rank holding a
+    shard seeds with its own offset, so the shards differ)."""
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        module, _, leaf = name.rpartition(".")
+        if module.rpartition(".")[2].endswith("norm") and leaf == "weight":  # RMSNorm scales
+            p.fill_(1.0)
+            continue
+        gen = torch.Generator(device=p.device).manual_seed(seed + _stable_hash(name))
+        p.copy_(
+            torch.empty(p.shape, device=p.device, dtype=torch.float32).uniform_(-0.05, 0.05, generator=gen)
+        )
+
+
+def _stable_hash(name: str) -> int:
+    """A process-independent 31-bit hash of ``name`` (Python's ``hash`` of a str is salted per process)."""
+    import zlib
+
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
 def load_tokenizer(path: str | Path) -> Any:
