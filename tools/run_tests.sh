@@ -15,7 +15,8 @@
 # the interpreter files 10.9, interpreter files 3.8, -O 5.7 (whole suite; now its validation part), one ISA pass 4.9.
 # The foreground runs the main run, plus the interpreter files when two ISA passes run beside it; the other stream
 # runs the rest, its output printed after the foreground's. SERIAL=1 runs everything one after another. The -O pass
-# leaves out tests/engine/serving (about 2 minutes of live servers; the server validates with pydantic, not assert).
+# leaves out tests/engine/serving (about 2 minutes of live servers; the server validates with pydantic, not assert)
+# and tests/engine/parallel (multi-process Gloo runs of engines whose validation the single-process tests cover).
 # Usage: tools/run_tests.sh [PYTHON]   (default .venv/bin/python)
 set -uo pipefail
 PY=${1:-.venv/bin/python}
@@ -42,9 +43,9 @@ main_stream() {
 
 side_stream() {
   [ "$INTERP_IN_MAIN" = 0 ] && { interpreter_tests || return 1; }
-  echo "=== python -O: the validation and engine tests (tests/unit, tests/engine, tests/property; not stress, not the server's)"
+  echo "=== python -O: the validation and engine tests (tests/unit, tests/engine, tests/property; not stress, not the server's or the multi-process ones)"
   "$PY" -O -m pytest -q -p no:cacheprovider -m "not stress" tests/unit tests/engine tests/property \
-    --ignore=tests/engine/serving || return 1
+    --ignore=tests/engine/serving --ignore=tests/engine/parallel || return 1
   echo "=== this CPU dispatches as $native; the kernel-correctness tests run again under: ${ISA_CAPABILITIES:-none}"
   for isa in $ISA_CAPABILITIES; do
     echo "=== kernel-correctness tests with ATEN_CPU_CAPABILITY=$isa"
