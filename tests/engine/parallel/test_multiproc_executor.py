@@ -32,7 +32,14 @@ def _run(llm: LLM, params: SamplingParams) -> list[tuple[list[int], list]]:
 def _children() -> list[int]:
     import psutil
 
-    return [c.pid for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+    out = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(c.cmdline()):
+                out.append(c.pid)  # (multiprocessing's resource tracker lives as long as this process)
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def _sitecustomize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
@@ -158,10 +165,10 @@ def test_async_llm_tp2(checkpoints) -> None:
     async def main() -> list[int]:
         with AsyncLLM(checkpoints["qwen3"], tensor_parallel_size=2, **KW) as engine:
             params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-            last = None
+            toks: list[int] = []
             async for out in engine.generate(PROMPTS[0], params, "r0"):
-                last = out
-            return list(last.outputs[0].token_ids)
+                toks += out.outputs[0].token_ids  # deltas
+            return toks
 
     got = asyncio.run(main())
     with LLM(checkpoints["qwen3"], **KW) as one:
