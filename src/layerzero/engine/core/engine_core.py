@@ -70,7 +70,7 @@ class EngineCore(EngineLoop):
         budget = ec.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
         if ec.enable_expert_parallel and cfg.moe is None:
             log.warning(
-                "enable_expert_parallel: %s has no MoE layers; the flag changes nothing (vLLM ignores it too)",
+                "enable_expert_parallel: %s has no MoE layers; the flag changes nothing (as in vLLM)",
                 cfg.model_type,
             )
         if executor is None:

@@ -36,8 +36,8 @@ class MessageError(lz.LayerZeroError, ValueError):
 
 
 class WorkerFailedError(EngineDeadError):
-    """A tensor-parallel worker (rank ``rank`` >= 1) failed to start, died, or raised inside a step: the engine
-    cannot run another step (:class:`~layerzero.engine.executor.multiproc.MultiprocExecutor`; the other
+    """A tensor-parallel worker (rank ``rank`` >= 1) failed to start, died, or raised inside a step: the
+    engine cannot run another step (:class:`~layerzero.engine.executor.multiproc.MultiprocExecutor`; the other
     workers are stopped). ``remote_type``: the worker's exception class name when it reported one, else None
     (it exited: ``exitcode``)."""
 

@@ -1,11 +1,11 @@
 """The executor's control channel between rank 0 and the other ranks: length-prefixed msgpack frames over TCP
-(no pickle), authenticated by a shared random key. Rank 0 listens; every other rank connects, sends the key and
-its rank. Step messages carry the plain :class:`~layerzero.engine.core.sched.output.SchedulerOutput`
+(no pickle), authenticated by a shared random key. Rank 0 listens; every other rank connects, sends the key
+and its rank. Step messages carry the plain :class:`~layerzero.engine.core.sched.output.SchedulerOutput`
 (``to_dict``); workers answer only at start-up (ready / failed) and when they fail.
 
-Message kinds (rank 0 -> workers): ``["step", scheduler_output_dict]``, ``["reset"]``, ``["report", buckets]``
-(kernel_report: every rank dry-runs the same forwards), ``["shutdown"]``; workers -> rank 0: ``["ready", rank]``,
-``["failed", rank, error_type, message, traceback]``."""
+Message kinds (rank 0 -> workers): ``["step", scheduler_output_dict]``, ``["reset"]``, ``["report",
+buckets]`` (kernel_report: every rank dry-runs the same forwards), ``["shutdown"]``; workers -> rank 0:
+``["ready", rank]``, ``["failed", rank, error_type, message, traceback]``."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def unpack(data: bytes) -> Any:
 
 
 class Channel:
-    """One connected socket: :meth:`send` / :meth:`recv` whole frames (``TCP_NODELAY``: a step's frame leaves at
-    once)."""
+    """One connected socket: :meth:`send` / :meth:`recv` whole frames (``TCP_NODELAY``: a step's frame leaves
+    at once)."""
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -75,7 +75,9 @@ class Channel:
 
 
 def accept(server: socket.socket, key: bytes, timeout_s: float) -> tuple[int, Channel]:
-    """Accept one rank on ``server`` (waits at most ``timeout_s``): checks its key, returns (its rank, channel).
+    """Accept one rank on ``server`` (waiting at most ``timeout_s``), check its key; returns (its rank, the
+    channel).
+
 
     Raises:
         TimeoutError: no connection in time. ConnectionError: a wrong key.

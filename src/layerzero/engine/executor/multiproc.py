@@ -2,7 +2,8 @@
 :class:`~layerzero.engine.worker.worker.Worker` runs in the engine core's own process and thread; ranks
 1..N-1 are spawned worker processes (device ``cuda:i`` on CUDA, the CPU on CPU), or, under ``torchrun``, the
 processes ``torchrun`` started (their ``LLM(...)`` call serves rank 0 and exits). ``torch.distributed`` is
-initialised through ``env://`` (NCCL on CUDA, Gloo on CPU, :data:`~..parallel.launch.PROCESS_GROUP_TIMEOUT_S`).
+initialised through ``env://`` (NCCL on CUDA, Gloo on CPU, bounded by
+:data:`~..parallel.launch.PROCESS_GROUP_TIMEOUT_S`).
 
 Each step rank 0 sends the plain :class:`~layerzero.engine.core.sched.output.SchedulerOutput` (msgpack, no
 pickle: :mod:`.channel`) to every other rank, then runs it itself. Every rank runs the forward and its own
@@ -64,7 +65,7 @@ def torchrun_rank(world_size: int) -> tuple[int, int] | None:
 
 
 def rank_device(device: torch.device, local_rank: int) -> torch.device:
-    """The device of the rank with ``local_rank`` on its node: ``cuda:<local_rank>`` on CUDA, else ``device``."""
+    """The device of the rank ``local_rank`` of its node: ``cuda:<local_rank>`` on CUDA, else ``device``."""
     return torch.device("cuda", local_rank) if device.type == "cuda" else device
 
 
@@ -172,7 +173,7 @@ class MultiprocExecutor:
             raise
 
     def _accept(self, parallel: ParallelState, device: torch.device, multi_node: bool) -> None:
-        """Listen, tell every rank where (a broadcast of host, port and key), accept each rank's connection."""
+        """Listen, tell every rank where (a broadcast of host, port, key), accept each rank's connection."""
         host = os.environ.get("MASTER_ADDR", "127.0.0.1") if multi_node else "127.0.0.1"
         server = self._server = socket.create_server(("0.0.0.0" if multi_node else host, 0))
         key = secrets.token_bytes(32)
@@ -254,8 +255,8 @@ class MultiprocExecutor:
         for rank, p in self._procs.items():
             if p.exitcode is not None:
                 raise WorkerFailedError(
-                    f"tensor-parallel worker {rank}: exited with code {p.exitcode} during start-up (its stderr "
-                    "says more)",
+                    f"tensor-parallel worker {rank}: exited with code {p.exitcode} during start-up (its "
+                    "stderr says more)",
                     rank,
                     exitcode=p.exitcode,
                 )
@@ -351,7 +352,7 @@ def _ec_bytes(ec: EngineConfig) -> bytes:
 
 
 def _stop_processes(procs: dict[int, Any], chans: dict[int, Channel], grace_s: float = 5.0) -> None:
-    """Wait ``grace_s`` for the worker processes to exit, terminate the rest (then kill), close the channels."""
+    """Wait ``grace_s`` for the workers to exit, terminate the rest (then kill), close the channels."""
     deadline = time.monotonic() + grace_s
     for p in procs.values():
         p.join(max(0.0, deadline - time.monotonic()))

@@ -1,6 +1,6 @@
-"""Process-group start-up of the engine's ranks (docs/parallel.md, "Processes and launch"): the environment every
-rank process sets (:func:`set_comm_env`), ``torch.distributed`` through ``env://`` (:func:`init_distributed`:
-NCCL on CUDA, Gloo on CPU, a bounded timeout), and the start-up collectives the engine needs
+"""Process-group start-up of the engine's ranks (docs/parallel.md, "Processes and launch"): the environment
+every rank process sets (:func:`set_comm_env`), ``torch.distributed`` through ``env://``
+(:func:`init_distributed`: NCCL on CUDA, Gloo on CPU, a bounded timeout), and the start-up collectives the engine needs
 (:func:`all_reduce_min`). The same calls serve ranks the engine spawns and ranks ``torchrun`` started."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ COMM_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 """Set in every rank process before any communicator exists: no NVLink multicast (NVLS / symmetric-memory
 multicast), which the machines the engine runs on do not lend."""
 PROCESS_GROUP_TIMEOUT_S = 120.0
-"""The process group's timeout: a collective a dead or stuck rank never joins raises after this long instead of
-hanging (the executor also watches the worker processes and fails sooner when one exits)."""
+"""The process group's timeout: a collective a dead or stuck rank never joins raises after this long instead
+of hanging (the executor also watches the worker processes and fails sooner when one exits)."""
 
 
 def set_comm_env() -> None:
@@ -48,9 +48,9 @@ def init_distributed(
     rank: int, world_size: int, device: torch.device, timeout_s: float = PROCESS_GROUP_TIMEOUT_S
 ) -> ParallelState:
     """Join the default process group through ``env://`` (``MASTER_ADDR`` / ``MASTER_PORT`` from the
-    environment, as ``torchrun`` sets them or the executor does for the ranks it spawns) and return this rank's
-    :class:`ParallelState` (``ep`` False: the caller sets it). NCCL on CUDA (after ``torch.cuda.set_device``),
-    Gloo on CPU. A group that is already initialised (``torchrun`` scripts that made it) is reused when its
+    environment, as ``torchrun`` sets them or the executor does for the ranks it spawns) and return this
+    rank's :class:`ParallelState` (``ep`` False: the caller sets it). NCCL on CUDA (after
+    ``torch.cuda.set_device``), Gloo on CPU. A group that is already initialised (``torchrun`` scripts that made it) is reused when its
     rank and size agree.
 
     Raises:
@@ -62,8 +62,8 @@ def init_distributed(
     if dist.is_initialized():
         if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
             raise RuntimeError(
-                f"torch.distributed: expected rank {rank} of {world_size}, got an initialised group with rank "
-                f"{dist.get_rank()} of {dist.get_world_size()}"
+                f"torch.distributed: expected rank {rank} of {world_size}, got an initialised group with "
+                f"rank {dist.get_rank()} of {dist.get_world_size()}"
             )
     else:
         dist.init_process_group(
