@@ -1,7 +1,7 @@
 """Process-group start-up of the engine's ranks (docs/parallel.md, "Processes and launch"): the environment
 every rank process sets (:func:`set_comm_env`), ``torch.distributed`` through ``env://``
-(:func:`init_distributed`: NCCL on CUDA, Gloo on CPU, a bounded timeout), and the start-up collectives the engine needs
-(:func:`all_reduce_min`). The same calls serve ranks the engine spawns and ranks ``torchrun`` started."""
+(:func:`init_distributed`: NCCL on CUDA, Gloo on CPU, a bounded timeout), and the start-up collectives the
+engine needs (:func:`all_reduce_min`). The same calls serve ranks the engine spawns and ranks ``torchrun`` started."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ def init_distributed(
     """Join the default process group through ``env://`` (``MASTER_ADDR`` / ``MASTER_PORT`` from the
     environment, as ``torchrun`` sets them or the executor does for the ranks it spawns) and return this
     rank's :class:`ParallelState` (``ep`` False: the caller sets it). NCCL on CUDA (after
-    ``torch.cuda.set_device``), Gloo on CPU. A group that is already initialised (``torchrun`` scripts that made it) is reused when its
-    rank and size agree.
+    ``torch.cuda.set_device``), Gloo on CPU. A group already initialised (a ``torchrun``
+    script that made it) is reused when its rank and size agree.
 
     Raises:
         RuntimeError: the rendezvous failed (torch's error), or an existing group of another rank / size.
