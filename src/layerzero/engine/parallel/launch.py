@@ -1,7 +1,8 @@
 """Process-group start-up of the engine's ranks (docs/parallel.md, "Processes and launch"): the environment
 every rank process sets (:func:`set_comm_env`), ``torch.distributed`` through ``env://``
 (:func:`init_distributed`: NCCL on CUDA, Gloo on CPU, a bounded timeout), and the start-up collectives the
-engine needs (:func:`all_reduce_min`). The same calls serve ranks the engine spawns and ranks ``torchrun`` started."""
+engine needs (:func:`all_reduce_min`). The same calls serve ranks the engine spawns and ranks ``torchrun``
+started."""
 
 from __future__ import annotations
 
