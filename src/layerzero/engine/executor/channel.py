@@ -9,6 +9,7 @@ buckets]`` (kernel_report: every rank dry-runs the same forwards), ``["shutdown"
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import socket
 import struct
@@ -38,7 +39,8 @@ class Channel:
     at once)."""
 
     def __init__(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError):  # (not TCP: a Unix socket)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
 
     def fileno(self) -> int:
