@@ -37,6 +37,8 @@ QUANTIZATIONS = ("int8", "int4", "fp8", "fp8_w8a8")
 """``--quantization``: ``layerzero.engine.config.QUANTIZATIONS``."""
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "int8")
 """``--kv-cache-dtype``: the keys of ``layerzero.engine.config.KV_CACHE_DTYPES``."""
+LOAD_FORMATS = ("auto", "dummy")
+"""``--load-format``: ``layerzero.engine.config.LOAD_FORMATS``."""
 
 ENGINE_KWARGS = (
     "model",
@@ -60,6 +62,10 @@ ENGINE_KWARGS = (
     "cascade_attention",
     "freeze_gc",
     "warmup",
+    "tensor_parallel_size",
+    "enable_expert_parallel",
+    "data_parallel_size",
+    "load_format",
 )
 """The ``LLM`` / ``AsyncLLM`` keywords :func:`engine_kwargs` returns, each set by the flag ``--<name with
 dashes>``: every ``EngineConfig`` field but ``cuda_graph`` (a knob set, not a command-line value)."""
@@ -100,6 +106,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         ("warmup", "dummy steps over the step shapes at start-up (compiles kernels); on for CUDA"),
     ):
         g.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None, help=what)
+    p = parser.add_argument_group("parallel", "ranks holding the model (docs/parallel.md)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="one process and GPU per rank")
+    p.add_argument(
+        "--enable-expert-parallel", action="store_true", help="split MoE experts over the TP ranks"
+    )
+    p.add_argument("--data-parallel-size", type=int, default=1, help="1 (not implemented yet)")
+    p.add_argument("--load-format", choices=LOAD_FORMATS, default="auto", help="dummy: seeded random weights")
 
 
 def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:

@@ -25,6 +25,7 @@ __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "CudaGraphKnobs",
     "EngineConfig",
+    "LOAD_FORMATS",
     "MoEConfig",
     "ModelConfig",
     "RopeConfig",
@@ -41,6 +42,10 @@ DEVICE_TYPES = ("cpu", "cuda")
 QUANTIZATIONS = ("int8", "int4", "fp8", "fp8_w8a8")
 """``LLM(quantization=...)``: weight-only formats of the decoder linears, and W8A8 fp8 (e4m3 weights and
 activations quantized per token: ``lz.fp8_linear``) (layers/quantized_linear.py)."""
+LOAD_FORMATS = ("auto", "dummy")
+"""``LLM(load_format=...)``: ``"auto"`` reads the checkpoint's safetensors; ``"dummy"`` fills the model with
+seeded random weights (``loader.load_dummy_weights``; config.json is still read): benchmark a shape without
+its weights (vLLM's ``load_format="dummy"``)."""
 KV_CACHE_DTYPES = {
     "auto": None,
     "fp8": torch.float8_e4m3fn,
@@ -147,6 +152,10 @@ class EngineConfig:
     freeze_gc: bool | None = None
     warmup: bool | None = None
     cuda_graph: CudaGraphKnobs = CudaGraphKnobs()
+    tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    data_parallel_size: int = 1
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = True) -> None:
@@ -221,7 +230,49 @@ class EngineConfig:
                 repr(self.cuda_graph),
                 "Build it with CudaGraphKnobs(field=value, ...); omitted fields keep their defaults.",
             )
-        resolve_device(self.device)
+        self._check_parallel(resolve_device(self.device))
+
+    def _check_parallel(self, dev: torch.device) -> None:
+        """``tensor_parallel_size`` / ``enable_expert_parallel`` / ``data_parallel_size`` / ``load_format``
+        (docs/parallel.md, "Flags")."""
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise bad_config(f"LLM {name}", "an int >= 1", repr(v))
+        if self.data_parallel_size > 1:
+            raise bad_config(
+                "LLM data_parallel_size",
+                "1",
+                repr(self.data_parallel_size),
+                "Data parallelism is not implemented yet in LLM; run one engine per replica (e.g. one "
+                "`layerzero serve` per GPU group behind a load balancer) meanwhile.",
+            )
+        if not isinstance(self.enable_expert_parallel, bool):
+            raise bad_config("LLM enable_expert_parallel", "True or False", repr(self.enable_expert_parallel))
+        if not isinstance(self.load_format, str) or self.load_format not in LOAD_FORMATS:
+            raise bad_config(
+                "LLM load_format",
+                f"one of {LOAD_FORMATS}",
+                repr(self.load_format),
+                "'auto' reads the checkpoint's weights; 'dummy' fills the model with seeded random ones.",
+            )
+        if self.tensor_parallel_size > 1 and dev.index is not None:
+            raise bad_config(
+                "LLM device",
+                f"'cuda' or 'cpu' without an index with tensor_parallel_size={self.tensor_parallel_size}",
+                repr(self.device),
+                "Rank i runs on cuda:i (choose the GPUs with CUDA_VISIBLE_DEVICES).",
+            )
+        if self.tensor_parallel_size > 1 and dev.type == "cuda":
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if n < self.tensor_parallel_size:
+                raise bad_config(
+                    "LLM tensor_parallel_size",
+                    f"<= the visible GPUs ({n})",
+                    self.tensor_parallel_size,
+                    "One GPU per rank: lower tensor_parallel_size or make more GPUs visible "
+                    "(CUDA_VISIBLE_DEVICES).",
+                )
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

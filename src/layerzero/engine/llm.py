@@ -88,6 +88,12 @@ class LLM:
             and every random stream as they were. None: on for CUDA devices, off on CPU (no JIT there).
             ``stats()`` reports ``startup_s``, ``warmup_s`` and ``warmup_shapes`` (docs/engine.md, "Start-up
             and warm-up").
+        tensor_parallel_size: ranks holding the model (one process and device each: rank 0 in this process,
+            ranks 1..N-1 spawned; docs/parallel.md). enable_expert_parallel: split a MoE model's experts over
+            the ranks instead of each expert's intermediate size (ignored, with a warning, for dense models,
+            as vLLM does). data_parallel_size: 1 (data parallelism is not implemented yet). load_format:
+            ``"auto"`` (the checkpoint's weights) or ``"dummy"`` (seeded random weights, config.json still
+            read: benchmark a shape without its weights).
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its
@@ -117,6 +123,10 @@ class LLM:
         cascade_attention: bool | None = None,
         freeze_gc: bool | None = None,
         warmup: bool | None = None,
+        tensor_parallel_size: int = 1,
+        enable_expert_parallel: bool = False,
+        data_parallel_size: int = 1,
+        load_format: str = "auto",
         **kwargs: Any,
     ) -> None:
         t0 = time.perf_counter()
@@ -141,6 +151,10 @@ class LLM:
             cascade_attention=cascade_attention,
             freeze_gc=freeze_gc,
             warmup=warmup,
+            tensor_parallel_size=tensor_parallel_size,
+            enable_expert_parallel=enable_expert_parallel,
+            data_parallel_size=data_parallel_size,
+            load_format=load_format,
             **kwargs,
         )
         tokenizer = load_tokenizer(ec.model)
@@ -375,6 +389,19 @@ class LLM:
         update phase: appending the tokens and its stop checks), the last step, and start-up: ``startup_s``,
         ``warmup_s``, ``warmup_shapes`` (see docs/engine.md)."""
         return self.engine.stats.as_dict()
+
+    def shutdown(self) -> None:
+        """Abort every request and release the engine: the model, the KV cache and, with
+        ``tensor_parallel_size > 1``, the worker processes and the process group (interpreter exit and
+        garbage collection stop the workers too)."""
+        with self._lock:
+            self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
 
 
 class _Box:

@@ -20,6 +20,7 @@ from ..config import EngineConfig, ModelConfig, resolve_device, resolve_max_mode
 from ..errors import bad_input
 from ..executor.abstract import Executor
 from ..executor.in_process import InProcessExecutor
+from ..executor.multiproc import MultiprocExecutor
 from ..metrics import EngineStats
 from ..worker.model_runner import ModelRunner
 from ..worker.sampler import sequence_seed
@@ -67,9 +68,15 @@ class EngineCore(EngineLoop):
         self.dtype = resolve_dtype(ec, cfg, self.device)
         self.max_model_len = resolve_max_model_len(ec, cfg)
         budget = ec.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
-        self.executor = executor or InProcessExecutor(
-            cfg, ec, self.device, self.dtype, self.max_model_len, budget
-        )
+        if ec.enable_expert_parallel and cfg.moe is None:
+            log.warning(
+                "enable_expert_parallel: %s has no MoE layers; the flag changes nothing (as in vLLM)",
+                cfg.model_type,
+            )
+        if executor is None:
+            kind = InProcessExecutor if ec.tensor_parallel_size == 1 else MultiprocExecutor
+            executor = kind(cfg, ec, self.device, self.dtype, self.max_model_len, budget)
+        self.executor = executor
         self.kv = KVCacheManager(
             self.executor.num_kv_blocks,
             ec.block_size,
@@ -220,7 +227,10 @@ class EngineCore(EngineLoop):
         :meth:`~layerzero.engine.worker.model_runner.ModelRunner.kernel_report`); decode as the CUDA graphs
         select (``lz.capture_selection``). The steps themselves are not traced (no hot-path cost)."""
         with self.lock:
-            return self.runner.kernel_report(self._buckets())
+            report = getattr(self.executor, "kernel_report", None)  # every rank's, where there are several
+            return (
+                report(self._buckets()) if report is not None else self.runner.kernel_report(self._buckets())
+            )
 
     def enable_dispatch_counters(self, sample_every: int = 64) -> bool:
         """Turn on LayerZero's dispatch counters (``layerzero.telemetry``) in this process, where the model's

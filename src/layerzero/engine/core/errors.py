@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import layerzero as lz
 
-__all__ = ["EngineCoreError", "EngineDeadError", "MessageError"]
+__all__ = ["EngineCoreError", "EngineDeadError", "MessageError", "WorkerFailedError"]
 
 
 class EngineDeadError(lz.LayerZeroError, RuntimeError):
@@ -33,3 +33,16 @@ class MessageError(lz.LayerZeroError, ValueError):
     def __init__(self, message: str, request_id: str | None = None) -> None:
         super().__init__(message)
         self.request_id = request_id
+
+
+class WorkerFailedError(EngineDeadError):
+    """A tensor-parallel worker (rank ``rank`` >= 1) failed to start, died, or raised inside a step: the
+    engine cannot run another step (:class:`~layerzero.engine.executor.multiproc.MultiprocExecutor`; the other
+    workers are stopped). ``remote_type``: the worker's exception class name when it reported one, else None
+    (it exited: ``exitcode``)."""
+
+    def __init__(
+        self, message: str, rank: int, remote_type: str | None = None, exitcode: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.rank, self.remote_type, self.exitcode = rank, remote_type, exitcode

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from ..metrics import EngineStats, StepStats
+from .errors import EngineDeadError
 from .messages import EngineCoreOutput
 from .recovery import StepRecovery
 from .request import InFlight
@@ -51,6 +52,8 @@ class EngineLoop(StepRecovery):
                 self._check_progress()
         except Exception as exc:
             self._recover(exc)
+            if isinstance(exc, EngineDeadError):  # e.g. a tensor-parallel worker died: no step can run again
+                raise
         except BaseException as exc:
             self._recover(exc)
             raise

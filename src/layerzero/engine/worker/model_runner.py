@@ -14,8 +14,10 @@ from ..core.sched.output import SchedulerOutput
 from ..errors import bad_config
 from ..layers.attention import KVScales
 from ..layers.quantized_linear import quantize_model
-from ..loader import load_model_weights
+from ..loader import load_dummy_weights, load_model_weights
 from ..models.registry import build_model
+from ..parallel.launch import all_reduce_min
+from ..parallel.state import SINGLE, ParallelState
 from .cascade import CascadePolicy
 from .cuda_graph import CUDAGraphRunner
 from .input_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
@@ -51,7 +53,12 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 
 class ModelRunner:
     """Loads the model on ``device`` in ``dtype``, sizes and allocates the KV pools (in ``kv_dtype``: the
-    model's dtype, or float8_e4m3fn / int8 for ``kv_cache_dtype="fp8" | "int8"``), runs steps."""
+    model's dtype, or float8_e4m3fn / int8 for ``kv_cache_dtype="fp8" | "int8"``), runs steps.
+
+    ``parallel``: this rank's place among the tensor-parallel ranks (:class:`ParallelState`), passed to
+    ``build_model``; with several ranks the KV block count is the minimum over them (a collective: every rank
+    builds its runner at the same time). ``EngineConfig.load_format="dummy"``: seeded random weights
+    (``seed + tp_rank``) instead of the checkpoint's."""
 
     def __init__(
         self,
@@ -61,12 +68,17 @@ class ModelRunner:
         dtype: torch.dtype,
         max_model_len: int,
         max_num_batched_tokens: int,
+        parallel: ParallelState = SINGLE,
     ) -> None:
         self.cfg, self.device, self.dtype, self.block_size = cfg, device, dtype, ec.block_size
         self.max_model_len = max_model_len
+        self.parallel = parallel
         self.kv_dtype = KV_CACHE_DTYPES[ec.kv_cache_dtype] or dtype
-        self.model = build_model(cfg, max_model_len, device, dtype)
-        load_model_weights(self.model, ec.model)
+        self.model = build_model(cfg, max_model_len, device, dtype, parallel)
+        if ec.load_format == "dummy":  # config.json was read; no weight file is
+            load_dummy_weights(self.model, ec.seed + parallel.tp_rank)
+        else:
+            load_model_weights(self.model, ec.model)
         self.quantization = None
         if ec.quantization is not None:
             self.quantization = quantize_model(self.model, ec.quantization)
@@ -78,6 +90,8 @@ class ModelRunner:
                 self.quantization.quantized_bytes / 2**20,
             )
         self.num_blocks = self._num_blocks(ec, max_model_len, max_num_batched_tokens)
+        if parallel.is_parallel:  # the least any rank can hold: no rank over-commits its memory
+            self.num_blocks = all_reduce_min(self.num_blocks, parallel, device)
         if self.num_blocks * ec.block_size < max_model_len:
             raise bad_config(
                 "KV cache size",

@@ -10,6 +10,7 @@ import torch
 
 from ..config import EngineConfig, ModelConfig
 from ..core.sched.output import SchedulerOutput
+from ..parallel.state import SINGLE, ParallelState
 from .model_runner import ModelRunner
 from .prompt_logprobs import PendingPromptLogprobs, launch_prompt_logprobs
 from .sampler import PendingSample, Sampler, SamplerOutput, plain_greedy
@@ -40,7 +41,9 @@ class ModelRunnerOutput:
 class Worker:
     """The model on one device: :class:`ModelRunner` (weights, KV pools, CUDA graphs) and :class:`Sampler`.
     Keeps the last step's sampled ids on the device (``prev_tokens``): the next step's pending inputs are
-    gathered from them (``SchedulerOutput.pending_src``), never copied through the host."""
+    gathered from them (``SchedulerOutput.pending_src``), never copied through the host. ``parallel``: this
+    rank's :class:`ParallelState` (every tensor-parallel rank has a worker running the same steps; each
+    samples with the same seed from the same full logits, so all ranks draw the same tokens)."""
 
     def __init__(
         self,
@@ -50,9 +53,11 @@ class Worker:
         dtype: torch.dtype,
         max_model_len: int,
         max_num_batched_tokens: int,
+        parallel: ParallelState = SINGLE,
     ) -> None:
         self.device = device
-        self.runner = ModelRunner(cfg, ec, device, dtype, max_model_len, max_num_batched_tokens)
+        self.parallel = parallel
+        self.runner = ModelRunner(cfg, ec, device, dtype, max_model_len, max_num_batched_tokens, parallel)
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, device, ec.seed)
         self.prev_tokens: torch.Tensor | None = None
         #: Start-up warm-up (``EngineConfig.warmup``; :mod:`.warmup`): what it ran, or None when off.

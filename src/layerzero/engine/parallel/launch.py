@@ -1,0 +1,88 @@
+"""Process-group start-up of the engine's ranks (docs/parallel.md, "Processes and launch"): the environment
+every rank process sets (:func:`set_comm_env`), ``torch.distributed`` through ``env://``
+(:func:`init_distributed`: NCCL on CUDA, Gloo on CPU, a bounded timeout), and the start-up collectives the
+engine needs (:func:`all_reduce_min`). The same calls serve ranks the engine spawns and ranks ``torchrun``
+started."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from .state import ParallelState
+
+__all__ = [
+    "COMM_ENV",
+    "PROCESS_GROUP_TIMEOUT_S",
+    "all_reduce_min",
+    "free_port",
+    "init_distributed",
+    "set_comm_env",
+]
+
+COMM_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+"""Set in every rank process before any communicator exists: no NVLink multicast (NVLS / symmetric-memory
+multicast), which the machines the engine runs on do not lend."""
+PROCESS_GROUP_TIMEOUT_S = 120.0
+"""The process group's timeout: a collective a dead or stuck rank never joins raises after this long instead
+of hanging (the executor also watches the worker processes and fails sooner when one exits)."""
+
+
+def set_comm_env() -> None:
+    """Put :data:`COMM_ENV` into ``os.environ`` (values already set by the user are kept)."""
+    for k, v in COMM_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the OS picks it; a race with other processes is possible but rare)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def init_distributed(
+    rank: int, world_size: int, device: torch.device, timeout_s: float = PROCESS_GROUP_TIMEOUT_S
+) -> ParallelState:
+    """Join the default process group through ``env://`` (``MASTER_ADDR`` / ``MASTER_PORT`` from the
+    environment, as ``torchrun`` sets them or the executor does for the ranks it spawns) and return this
+    rank's :class:`ParallelState` (``ep`` False: the caller sets it). NCCL on CUDA (after
+    ``torch.cuda.set_device``), Gloo on CPU. A group already initialised (a ``torchrun``
+    script that made it) is reused when its rank and size agree.
+
+    Raises:
+        RuntimeError: the rendezvous failed (torch's error), or an existing group of another rank / size.
+    """
+    set_comm_env()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if dist.is_initialized():
+        if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+            raise RuntimeError(
+                f"torch.distributed: expected rank {rank} of {world_size}, got an initialised group with "
+                f"rank {dist.get_rank()} of {dist.get_world_size()}"
+            )
+    else:
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method="env://",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    return ParallelState(tp_rank=rank, tp_size=world_size)
+
+
+def all_reduce_min(value: int, parallel: ParallelState, device: torch.device) -> int:
+    """The least ``value`` over the ranks of ``parallel.group`` (a collective: every rank calls it); ``value``
+    itself with one rank. The tensor lives on ``device`` (NCCL needs a CUDA tensor)."""
+    if not parallel.is_parallel:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=parallel.group)
+    return int(t.item())
