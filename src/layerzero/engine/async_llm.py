@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
-from .config import EngineConfig, ModelConfig
+from .config import EngineConfig, ModelConfig, resolve_device
 from .core.errors import EngineDeadError
 from .core.messages import EngineCoreAbort, EngineCoreOutputs, SchedulerStats
 from .errors import bad_input
+from .frontend.dp_router import DPRouter
 from .frontend.input_processor import InputProcessor
 from .frontend.output_processor import OutputProcessor
 from .loader import load_tokenizer
@@ -91,6 +93,35 @@ def _merge(a: RequestOutput, b: RequestOutput) -> RequestOutput:
     return RequestOutput(**merged)
 
 
+def replica_configs(config: EngineConfig) -> list[tuple[EngineConfig, str | None]]:
+    """Each data-parallel replica's engine config (``data_parallel_size`` 1) and its core process's
+    ``CUDA_VISIBLE_DEVICES``: replica r gets the r-th group of ``tensor_parallel_size`` visible GPUs (None
+    without data parallelism, or on the CPU: inherited)."""
+    dp, tp = config.data_parallel_size, config.tensor_parallel_size
+    if dp == 1:
+        return [(config, None)]
+    rc = dataclasses.replace(config, data_parallel_size=1)
+    if resolve_device(config.device).type != "cuda":
+        return [(rc, None)] * dp
+    import os
+
+    import torch
+
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [d.strip() for d in env.split(",") if d.strip()] if env else None
+    visible = visible or [str(i) for i in range(torch.cuda.device_count())]
+    return [(rc, ",".join(visible[r * tp : (r + 1) * tp])) for r in range(dp)]
+
+
+def sum_stats(stats: list[SchedulerStats]) -> SchedulerStats:
+    """The replicas' stats as one engine's: counts summed, KV usage their mean (replicas have equal pools)."""
+    out = SchedulerStats()
+    for f in dataclasses.fields(SchedulerStats):
+        vals = [getattr(s, f.name) for s in stats]
+        setattr(out, f.name, sum(vals) / len(vals) if f.name == "kv_cache_usage" else sum(vals))
+    return out
+
+
 class AsyncLLM:
     """The online engine: ``async for out in engine.generate(prompt, params, request_id)`` streams
     :class:`RequestOutput` deltas while other requests come and go (continuous batching); the engine core
@@ -118,41 +149,62 @@ class AsyncLLM:
         self._streams: dict[str, _Stream] = {}  # by the caller's request id
         self._core_ids: dict[str, str] = {}  # core id -> the caller's request id
         self._next_id = itertools.count()
+        dp = config.data_parallel_size
+        self._replica_stats = [SchedulerStats() for _ in range(dp)]
         self._stats = SchedulerStats()
-        self._client: Any = None
-        self._client = MPClient(
-            config, core_factory=_core_factory, on_outputs=self._on_outputs, on_dead=self._on_dead
-        )
-        try:  # the tokenizer loads while the core process starts
+        self._clients: list[Any] = []
+        #: Which replica serves each request (data parallel; one replica: always 0).
+        self.router = DPRouter(dp, config.block_size)
+        try:
+            for r, (rc, devices) in enumerate(replica_configs(config)):
+                self._clients.append(
+                    MPClient(
+                        rc,
+                        core_factory=_core_factory,
+                        on_outputs=functools.partial(self._on_outputs, r),
+                        on_dead=functools.partial(self._on_dead, r),
+                        visible_devices=devices,
+                        name="LayerZeroEngineCore" if dp == 1 else f"LayerZeroEngineCore-DP{r}",
+                    )
+                )
+            # the tokenizer loads while the core processes start
             self.tokenizer = load_tokenizer(config.model)
-            info = self._client.wait_ready()
-            self.max_model_len: int = info.get("max_model_len") or (
-                config.max_model_len or self.model_config.max_position_embeddings
+            infos = [c.wait_ready() for c in self._clients]
+            self.max_model_len: int = min(
+                i.get("max_model_len") or (config.max_model_len or self.model_config.max_position_embeddings)
+                for i in infos
             )
-            self.num_kv_blocks: int | None = info.get("num_kv_blocks")
+            self.num_kv_blocks: int | None = infos[0].get("num_kv_blocks")
             self.input_processor = InputProcessor.from_config(config, self.tokenizer, self.model_config)
-            self.input_processor.max_model_len = self.max_model_len  # the core's word is final
+            self.input_processor.max_model_len = self.max_model_len  # the cores' word is final
             self.output_processor = OutputProcessor(self.tokenizer)
         except BaseException:
-            self._client.shutdown()
+            for c in self._clients:
+                c.shutdown()
             raise
+
+    @property
+    def _client(self) -> Any:
+        """The first replica's client (the only one without data parallelism): kernel reports and dispatch
+        counters come from it."""
+        return self._clients[0] if self._clients else None
 
     # ------------------------------------------------------------------------------------------ state
     @property
     def is_running(self) -> bool:
-        """Whether the engine takes requests (started, not dead, not shut down)."""
-        c = self._client
-        return c is not None and not c.errored and c.dead_error is None
+        """Whether the engine takes requests (started, no replica dead, not shut down)."""
+        return bool(self._clients) and all(not c.errored and c.dead_error is None for c in self._clients)
 
     @property
     def errored(self) -> bool:
-        """Whether the engine core died or failed (not by :meth:`shutdown`); ``/health`` turns 503."""
-        return self._client is not None and self._client.errored
+        """Whether an engine core (any replica's) died or failed (not by :meth:`shutdown`); ``/health`` turns
+        503."""
+        return any(c.errored for c in self._clients)
 
     @property
     def dead_error(self) -> BaseException:
         """Why the engine is dead (an :class:`EngineDeadError`; a generic one while it runs: vLLM's API)."""
-        err = self._client.dead_error if self._client is not None else None
+        err = next((c.dead_error for c in self._clients if c.dead_error is not None), None)
         return err if err is not None else EngineDeadError("the engine core is not running")
 
     @property
@@ -167,7 +219,8 @@ class AsyncLLM:
 
     @property
     def stats(self) -> SchedulerStats:
-        """The core's stats after its last step (no round trip; :meth:`get_stats` asks the core now)."""
+        """The core's stats after its last step (no round trip; :meth:`get_stats` asks the core now); with
+        data parallelism the replicas' summed (KV usage: their mean)."""
         return self._stats
 
     # --------------------------------------------------------------------------------------- requests
@@ -201,8 +254,9 @@ class AsyncLLM:
                 string or is already in flight; raised before anything is queued.
             EngineDeadError: the engine core is gone (before or while streaming).
         """
-        client = self._client
-        client.bind(asyncio.get_running_loop())  # raises EngineDeadError when the core is gone
+        loop = asyncio.get_running_loop()
+        for c in self._clients:
+            c.bind(loop)  # raises EngineDeadError when a core is gone
         if not isinstance(request_id, str) or not request_id:
             raise bad_input("request_id", "a non-empty string", repr(request_id))
         if request_id in self._streams:
@@ -212,6 +266,7 @@ class AsyncLLM:
         # the old request's late outputs (e.g. the core's last output after an abort)
         core_id = f"{request_id}#{next(self._next_id)}"
         text, request = self.input_processor.process(core_id, prompt, params, priority)
+        client = self._clients[self.router.pick(core_id, request.prompt_token_ids)]
         stream = self._streams[request_id] = _Stream(core_id)
         self._core_ids[core_id] = request_id
         self.output_processor.add_request(
@@ -228,6 +283,7 @@ class AsyncLLM:
             if self._streams.get(request_id) is stream:
                 del self._streams[request_id]
             self._core_ids.pop(core_id, None)
+            self.router.finished(core_id)
             if not finished:  # left early or failed: forget it here and in the core
                 self.output_processor.abort_request(core_id)
                 if client.dead_error is None:
@@ -241,11 +297,13 @@ class AsyncLLM:
             EngineDeadError: the engine core is gone.
         """
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        self._client.bind(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        for c in self._clients:
+            c.bind(loop)
         self._abort(ids)
 
     def _abort(self, ids: list[str]) -> None:
-        aborts = []
+        aborts: list[list[EngineCoreAbort]] = [[] for _ in self._clients]
         for rid in ids:
             stream = self._streams.get(rid)
             if stream is None:
@@ -254,8 +312,10 @@ class AsyncLLM:
             if out is not None:
                 out.request_id = rid
                 stream.put(out)
-            aborts.append(EngineCoreAbort(stream.core_id))
-        self._client.abort_requests(aborts)
+            aborts[self.router.replica_of(stream.core_id) or 0].append(EngineCoreAbort(stream.core_id))
+        for client, batch in zip(self._clients, aborts, strict=True):
+            if batch:
+                client.abort_requests(batch)
 
     async def get_stats(self) -> SchedulerStats:
         """The core's stats now (a round trip between two steps).
@@ -263,13 +323,13 @@ class AsyncLLM:
         Raises:
             EngineDeadError: the engine core is gone.
         """
-        stats = await self._client.call_utility("get_stats")
-        self._stats = stats
-        return stats
+        self._replica_stats = [await c.call_utility("get_stats") for c in self._clients]
+        self._stats = sum_stats(self._replica_stats)
+        return self._stats
 
     async def kernel_report(self) -> dict[str, Any]:
         """For every op the served model ran: the kernel serving each shape bucket and why (LayerZero's
-        reports, from the core process).
+        reports, from the core process; the first replica's with data parallelism).
 
         Raises:
             EngineDeadError: the engine core is gone.
@@ -295,15 +355,21 @@ class AsyncLLM:
         return await self._client.call_utility("dispatch_counters")
 
     async def reset_prefix_cache(self) -> Any:
-        """Drop the core's prefix cache (blocks held by running requests stay)."""
-        return await self._client.call_utility("reset_prefix_cache")
+        """Drop the cores' prefix caches (blocks held by running requests stay); returns the first
+        replica's answer."""
+        answers = [await c.call_utility("reset_prefix_cache") for c in self._clients]
+        return answers[0]
 
     # ------------------------------------------------------------------------------- the core's messages
-    def _on_outputs(self, outs: EngineCoreOutputs) -> None:
-        """One step's outputs (called by the client's reader on the loop): all requests at once, then the
-        stop-string aborts to the core in the same call."""
+    def _on_outputs(self, replica: int, outs: EngineCoreOutputs) -> None:
+        """One step's outputs of ``replica``'s core (called by its client's reader on the loop): all requests
+        at once, then the stop-string aborts to that core in the same call."""
         if outs.stats is not None:
-            self._stats = outs.stats
+            if len(self._clients) == 1:
+                self._stats = outs.stats
+            else:
+                self._replica_stats[replica] = outs.stats
+                self._stats = sum_stats(self._replica_stats)
         if not outs.outputs:
             return
         processed = self.output_processor.process_outputs(outs.outputs)
@@ -315,18 +381,21 @@ class AsyncLLM:
                 out.request_id = rid
                 stream.put(out)
         if processed.aborts:
-            self._client.abort_requests(processed.aborts)
+            self._clients[replica].abort_requests(processed.aborts)
 
-    def _on_dead(self, error: EngineDeadError) -> None:
+    def _on_dead(self, replica: int, error: EngineDeadError) -> None:
+        """``replica``'s core died: its requests' streams raise ``error`` (the other replicas' go on; the
+        engine reports itself errored, so ``/health`` turns 503)."""
         for stream in self._streams.values():
-            stream.fail(error)
+            if (self.router.replica_of(stream.core_id) or 0) == replica:
+                stream.fail(error)
 
     # ------------------------------------------------------------------------------------------- the end
     def shutdown(self) -> None:
         """Stop the engine core process and free its sockets; open streams raise :class:`EngineDeadError`.
         Idempotent."""
-        if self._client is not None:
-            self._client.shutdown()
+        for c in self._clients:
+            c.shutdown()
 
     def __enter__(self) -> AsyncLLM:
         return self

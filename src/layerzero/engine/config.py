@@ -239,14 +239,6 @@ class EngineConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad_config(f"LLM {name}", "an int >= 1", repr(v))
-        if self.data_parallel_size > 1:
-            raise bad_config(
-                "LLM data_parallel_size",
-                "1",
-                repr(self.data_parallel_size),
-                "Data parallelism is not implemented yet in LLM; run one engine per replica (e.g. one "
-                "`layerzero serve` per GPU group behind a load balancer) meanwhile.",
-            )
         if not isinstance(self.enable_expert_parallel, bool):
             raise bad_config("LLM enable_expert_parallel", "True or False", repr(self.enable_expert_parallel))
         if not isinstance(self.load_format, str) or self.load_format not in LOAD_FORMATS:
@@ -256,22 +248,25 @@ class EngineConfig:
                 repr(self.load_format),
                 "'auto' reads the checkpoint's weights; 'dummy' fills the model with seeded random ones.",
             )
-        if self.tensor_parallel_size > 1 and dev.index is not None:
+        ranks = self.tensor_parallel_size * self.data_parallel_size
+        if ranks > 1 and dev.index is not None:
             raise bad_config(
                 "LLM device",
-                f"'cuda' or 'cpu' without an index with tensor_parallel_size={self.tensor_parallel_size}",
+                f"'cuda' or 'cpu' without an index with tensor_parallel_size={self.tensor_parallel_size}, "
+                f"data_parallel_size={self.data_parallel_size}",
                 repr(self.device),
-                "Rank i runs on cuda:i (choose the GPUs with CUDA_VISIBLE_DEVICES).",
+                "Rank i runs on cuda:i, replica r on the r-th group of tensor_parallel_size GPUs (choose the "
+                "GPUs with CUDA_VISIBLE_DEVICES).",
             )
-        if self.tensor_parallel_size > 1 and dev.type == "cuda":
+        if ranks > 1 and dev.type == "cuda":
             n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            if n < self.tensor_parallel_size:
+            if n < ranks:
                 raise bad_config(
-                    "LLM tensor_parallel_size",
+                    "LLM tensor_parallel_size * data_parallel_size",
                     f"<= the visible GPUs ({n})",
-                    self.tensor_parallel_size,
-                    "One GPU per rank: lower tensor_parallel_size or make more GPUs visible "
-                    "(CUDA_VISIBLE_DEVICES).",
+                    ranks,
+                    "One GPU per rank: lower tensor_parallel_size / data_parallel_size or make more GPUs "
+                    "visible (CUDA_VISIBLE_DEVICES).",
                 )
 
 

@@ -19,7 +19,7 @@ import torch
 from .config import EngineConfig
 from .core.engine_core import EngineCore
 from .core.messages import EngineCoreAbort, EngineCoreRequest
-from .errors import bad_input
+from .errors import bad_config, bad_input
 from .frontend.input_processor import InputProcessor
 from .frontend.output_processor import OutputKind, OutputProcessor
 from .loader import load_tokenizer
@@ -91,7 +91,7 @@ class LLM:
         tensor_parallel_size: ranks holding the model (one process and device each: rank 0 in this process,
             ranks 1..N-1 spawned; docs/parallel.md). enable_expert_parallel: split a MoE model's experts over
             the ranks instead of each expert's intermediate size (ignored, with a warning, for dense models,
-            as vLLM does). data_parallel_size: 1 (data parallelism is not implemented yet). load_format:
+            as vLLM does). data_parallel_size: 1 (replicas serve through :class:`AsyncLLM`). load_format:
             ``"auto"`` (the checkpoint's weights) or ``"dummy"`` (seeded random weights, config.json still
             read: benchmark a shape without its weights).
 
@@ -157,6 +157,14 @@ class LLM:
             load_format=load_format,
             **kwargs,
         )
+        if ec.data_parallel_size > 1:
+            raise bad_config(
+                "LLM data_parallel_size",
+                "1 (LLM is one engine)",
+                repr(ec.data_parallel_size),
+                "Data-parallel replicas serve online: AsyncLLM(..., data_parallel_size=N) or "
+                '`layerzero serve --data-parallel-size N` (docs/parallel.md, "Data parallel").',
+            )
         tokenizer = load_tokenizer(ec.model)
         #: The engine core (scheduler, KV cache manager, executor), in this process and thread.
         self.engine = EngineCore(ec)

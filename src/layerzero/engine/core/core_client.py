@@ -68,7 +68,8 @@ def remote_error(error_type: str, message: str, what: str) -> Exception:
 class MPClient:
     """Starts the engine core process for ``config`` (an :class:`~layerzero.engine.EngineConfig`);
     :meth:`wait_ready` waits for its handshake. ``core_factory``: ``module:attribute`` of the core class the
-    child builds (None: the real :class:`EngineCore`; tests pass a fake). ``info``: the handshake
+    child builds (None: the real :class:`EngineCore`; tests pass a fake). ``visible_devices``: the child's
+    ``CUDA_VISIBLE_DEVICES`` (a data-parallel replica's GPUs; None: inherited). ``info``: the handshake
     (``max_model_len``, ``num_kv_blocks``, ``pid``).
 
     Raises:
@@ -85,6 +86,8 @@ class MPClient:
         startup_timeout: float = STARTUP_TIMEOUT_S,
         on_outputs: Callable[[EngineCoreOutputs], None] | None = None,
         on_dead: Callable[[EngineDeadError], None] | None = None,
+        visible_devices: str | None = None,
+        name: str = "LayerZeroEngineCore",
     ) -> None:
         import zmq
 
@@ -107,8 +110,8 @@ class MPClient:
         spawn = multiprocessing.get_context("spawn")
         self.proc = spawn.Process(
             target=run_engine_core,
-            args=(serial.encode_config(config), addrs[0], addrs[1], core_factory),
-            name="LayerZeroEngineCore",
+            args=(serial.encode_config(config), addrs[0], addrs[1], core_factory, visible_devices),
+            name=name,
         )
         # before the interpreter joins its children at exit (multiprocessing's own exit hook runs the
         # finalizers with an exit priority first), and when the client is collected: stop the child

@@ -162,11 +162,20 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
 
-def run_engine_core(config: bytes, input_address: str, output_address: str, core_factory: str | None) -> None:
+def run_engine_core(
+    config: bytes,
+    input_address: str,
+    output_address: str,
+    core_factory: str | None,
+    visible_devices: str | None = None,
+) -> None:
     """The engine core process's main: connect to the front end's sockets, build the core from ``config``
     (:func:`serial.encode_config`'s bytes) with ``core_factory`` (``module:attribute``; None:
     :data:`DEFAULT_CORE`), report :class:`CoreReady` (or :class:`CoreFailed` and exit 1), run the busy loop,
-    then shut the core down and exit 0 (1 when a step raised)."""
+    then shut the core down and exit 0 (1 when a step raised). ``visible_devices``: set as
+    ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA (a data-parallel replica's GPUs)."""
+    if visible_devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _sigterm)
     import zmq
