@@ -109,8 +109,8 @@ class SelectionContext:
     # reduce_scatter): the reduce op ("sum", "avg", "max", "min", "product"); None for other ops
     reduction: str | None = None
     # collectives (all_reduce, all_gather, reduce_scatter, all_to_all): the process group's size, the
-    # torch.distributed backend ("nccl", "gloo", ...), the group's name (symmetric buffers are per group) and the
-    # message size in bytes (this rank's input, bucketed to a power of two: checks see the bucket's upper
+    # torch.distributed backend ("nccl", "gloo", ...), the group's name (symmetric buffers are per group) and
+    # the message size in bytes (this rank's input, bucketed to a power of two: checks see the bucket's upper
     # bound); None for other ops, so their PerfDB buckets are unchanged
     world_size: int | None = None
     comm_backend: str | None = None

@@ -20,8 +20,8 @@ def enable_symm_mem(group: Any = None, *, max_bytes: int = 8 << 20) -> Any:
     selections. Returns the buffer's record (``group_name``, ``max_bytes``, ``p2p``, ``why_not``).
 
     Raises:
-        ConfigurationError: no initialised process group, a group that is not NCCL on CUDA, ``max_bytes`` not a
-            positive int, or ``TORCH_SYMM_MEM_DISABLE_MULTICAST`` set to anything but ``"1"``.
+        ConfigurationError: no initialised process group, a group that is not NCCL on CUDA, ``max_bytes`` not
+            a positive int, or ``TORCH_SYMM_MEM_DISABLE_MULTICAST`` set to anything but ``"1"``.
     """
     from layerzero.backends.symm_mem import buffers
 

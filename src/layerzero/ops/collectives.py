@@ -4,8 +4,8 @@
 Each is an op with several kernels (``reference.*`` and ``torch_dist.*``: torch.distributed, NCCL on CUDA and
 Gloo on CPU; for all_reduce on CUDA also ``symm_mem.one_shot`` / ``symm_mem.two_shot``, PyTorch symmetric
 memory over NVLink P2P), chosen by dtype, message bytes (bucketed), world size and the group's transport, with
-reasons, like every other op (``lz.explain("all_reduce", x)``). Every rank must make the same calls in the same
-order (SPMD) and reach the same choice: with heterogeneous ranks, wrap the calls in
+reasons, like every other op (``lz.explain("all_reduce", x)``). Every rank must make the same calls in the
+same order (SPMD) and reach the same choice: with heterogeneous ranks, wrap the calls in
 ``lz.distributed.sync_selection()``. See docs/distributed.md, "Collectives".
 """
 
@@ -99,8 +99,8 @@ def _common(op: str, x: Any, group: Any, reduction: str | None, min_dim: int) ->
             "x.requires_grad",
             "False (collectives here do not record autograd)",
             True,
-            "Call under torch.no_grad() or pass x.detach(); torch.distributed.nn.functional has differentiable "
-            "collectives.",
+            "Call under torch.no_grad() or pass x.detach(); torch.distributed.nn.functional has "
+            "differentiable collectives.",
         )
     if reduction is not None and reduction not in REDUCE_OPS:
         raise fail(op, "op", f"one of {list(REDUCE_OPS)}", repr(reduction))
@@ -153,7 +153,8 @@ def prepare_all_gather(x: torch.Tensor, *, dim: int = 0, group: Any = None) -> t
 def prepare_reduce_scatter(
     x: torch.Tensor, *, dim: int = 0, group: Any = None
 ) -> tuple[Any, tuple[Any, ...]]:
-    """Validate ``lz.reduce_scatter`` inputs; return (cache key, canonical kernel args ``(x, dim, group)``)."""
+    """Validate ``lz.reduce_scatter`` inputs; return (cache key, canonical kernel args
+    ``(x, dim, group)``)."""
     pg, world, key = _common("reduce_scatter", x, group, "sum", 1)
     d = _dim("reduce_scatter", x, dim)
     if x.shape[d] % world:
@@ -235,14 +236,14 @@ def context(key: CollectiveKey) -> SelectionContext:
 def all_reduce(x: torch.Tensor, *, op: str = "sum", group: Any = None) -> torch.Tensor:
     """Reduce ``x`` over every rank of ``group`` (``torch.distributed.all_reduce`` semantics, out of place).
 
-    Shapes: x any shape ``[...]`` (the same on every rank); returns a new tensor of x's shape, dtype and device
-    holding ``op`` over the group's ranks of x. ``x`` is never written (kernels reduce a copy or a symmetric
-    buffer): the return value is the result. dtype: float32/float64/float16/bfloat16/int32/int64 (Gloo
-    reduces half precision on CPU too). ``op``: ``"sum"`` (default), ``"avg"`` (floats), ``"max"``, ``"min"``,
-    ``"product"``. ``group``: a ``torch.distributed.ProcessGroup`` (None: the default group). Kernels:
-    ``torch_dist.all_reduce`` (NCCL / Gloo), ``symm_mem.one_shot`` / ``symm_mem.two_shot`` (CUDA, sum, NVLink
-    P2P, after ``lz.distributed.enable_symm_mem``), ``reference.all_reduce``. A collective: every rank of the
-    group must call it with the same shape, dtype and op.
+    Shapes: x any shape ``[...]`` (the same on every rank); returns a new tensor of x's shape, dtype and
+    device holding ``op`` over the group's ranks of x. ``x`` is never written (kernels reduce a copy or a
+    symmetric buffer): the return value is the result. dtype: float32/float64/float16/bfloat16/int32/int64
+    (Gloo reduces half precision on CPU too). ``op``: ``"sum"`` (default), ``"avg"`` (floats), ``"max"``,
+    ``"min"``, ``"product"``. ``group``: a ``torch.distributed.ProcessGroup`` (None: the default group).
+    Kernels: ``torch_dist.all_reduce`` (NCCL / Gloo), ``symm_mem.one_shot`` / ``symm_mem.two_shot`` (CUDA,
+    sum, NVLink P2P, after ``lz.distributed.enable_symm_mem``), ``reference.all_reduce``. A collective: every
+    rank of the group must call it with the same shape, dtype and op.
 
     Raises:
         InvalidInputError: no initialised process group, a rank outside ``group``, a non-tensor, an
@@ -259,8 +260,9 @@ def all_gather(x: torch.Tensor, *, dim: int = 0, group: Any = None) -> torch.Ten
     """Gather ``x`` from every rank of ``group`` and concatenate along ``dim`` in rank order
     (``torch.distributed.all_gather_into_tensor`` for ``dim=0``).
 
-    Shapes: x ``[..., N, ...]`` (N at ``dim``; the same shape on every rank) -> ``[..., W * N, ...]`` (W = world
-    size), rows ``r * N:(r + 1) * N`` from rank r; a new tensor in x's dtype (any of :data:`COMM_DTYPES`).
+    Shapes: x ``[..., N, ...]`` (N at ``dim``; the same shape on every rank) -> ``[..., W * N, ...]``
+    (W = world size), rows ``r * N:(r + 1) * N`` from rank r; a new tensor in x's dtype (any of
+    :data:`COMM_DTYPES`).
 
     Raises:
         InvalidInputError: what :func:`all_reduce` raises, a 0-dim x, or ``dim`` out of range.
@@ -295,8 +297,9 @@ def all_to_all(
 ) -> torch.Tensor:
     """Exchange rows of ``x`` between every pair of ranks (``torch.distributed.all_to_all_single``).
 
-    Shapes: x ``[N, ...]``; rows ``input_split_sizes[r]`` (in order) go to rank r (None: N / W each, N divisible
-    by the world size W); returns ``[sum(output_split_sizes), ...]``: the rows from rank 0, then rank 1, ...
+    Shapes: x ``[N, ...]``; rows ``input_split_sizes[r]`` (in order) go to rank r (None: N / W each, N
+    divisible by the world size W); returns ``[sum(output_split_sizes), ...]``: the rows from rank 0, then
+    rank 1, ...
     (``output_split_sizes[r]`` from rank r; None: N / W each). A new tensor in x's dtype. With uneven splits,
     each rank must know what it receives: exchange the counts first (an all_to_all of a ``[W]`` int64 tensor).
 

@@ -1,9 +1,9 @@
 """Reference collectives: ``torch.distributed``'s plainest calls (list all_gather, all_reduce of a copy), the
 last fallback of ``lz.all_reduce`` / ``all_gather`` / ``reduce_scatter`` / ``all_to_all`` on any transport.
 
-They run the group's own transport (NCCL, Gloo, ...), so they are exact where it is; the float64 single-process
-oracle lives in the tests (tests/distributed/test_collectives.py). Not marked graph-safe: the list forms
-allocate per call and are not verified under CUDA-graph capture (``torch_dist.*`` are, on NCCL).
+They run the group's own transport (NCCL, Gloo, ...), so they are exact where it is; the float64
+single-process oracle lives in the tests (tests/distributed/test_collectives.py). Not marked graph-safe: the
+list forms allocate per call and are not verified under CUDA-graph capture (``torch_dist.*`` are, on NCCL).
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 ``symm_mem.one_shot`` (``one_shot_all_reduce``: every rank reads every peer's buffer; lowest latency, small
 messages) and ``symm_mem.two_shot`` (``two_shot_all_reduce_``: reduce-scatter then all-gather through the
 buffer; medium messages). Sum only, CUDA only, world size 2-8, a message no larger than the group's symmetric
-buffer, every GPU pair reachable by CUDA peer access, NVLink multicast off (``TORCH_SYMM_MEM_DISABLE_MULTICAST``
-= ``1``), and a buffer allocated by ``lz.distributed.enable_symm_mem(group)``; each condition missing is a
-reason (``lz.explain("all_reduce", x)``). Priorities are hand-set (not yet measured on H200): one-shot 80 up to
-256 KiB (60 above), two-shot 70, above ``torch_dist.all_reduce``'s 50.
+buffer, every GPU pair reachable by CUDA peer access, NVLink multicast off
+(``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``), and a buffer allocated by ``lz.distributed.enable_symm_mem(group)``;
+each condition missing is a reason (``lz.explain("all_reduce", x)``). Priorities are hand-set (not yet
+measured on H200): one-shot 80 up to 256 KiB (60 above), two-shot 70, above ``torch_dist.all_reduce``'s 50.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def _check(max_message: int | None):
             out.append(
                 Reason(
                     ReasonCode.MULTICAST_ENABLED,
-                    f"{buffers.MULTICAST_ENV} is not '1': NVLink multicast could be used, and LayerZero keeps it "
-                    f"off (export {buffers.MULTICAST_ENV}=1 or call lz.distributed.enable_symm_mem)",
+                    f"{buffers.MULTICAST_ENV} is not '1': NVLink multicast could be used, and LayerZero "
+                    f"keeps it off (export {buffers.MULTICAST_ENV}=1 or call lz.distributed.enable_symm_mem)",
                 )
             )
         entry = buffers.get(ctx.comm_group)

@@ -1,6 +1,6 @@
 """``torch_dist``: the collectives of ``torch.distributed`` in their fused single-tensor forms
-(``all_reduce`` of a copy, ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``) on the
-group's own transport: NCCL on CUDA, Gloo on CPU.
+(``all_reduce`` of a copy, ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``) on
+the group's own transport: NCCL on CUDA, Gloo on CPU.
 
 Graph-safe only on NCCL (a check refuses them under CUDA-graph capture on any other transport, with
 ``CUDA_GRAPH_UNSAFE``). Priority 50: above the reference (list forms), below the symmetric-memory all-reduces
