@@ -47,9 +47,20 @@ def reduce_scatter(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
 
 
 def all_to_all(x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int], group: Any):
-    """Rows ``input_split_sizes[r]`` of x to rank r; the received rows in rank order (one send list, one
-    receive list: ``torch.distributed.all_to_all``)."""
-    sends = list(x.split(input_split_sizes, 0))
+    """Rows ``input_split_sizes[r]`` of x to rank r; the received rows in rank order. One point-to-point
+    send and receive per peer (any transport, uneven splits included; Gloo's list all_to_all needs equal
+    sizes)."""
+    me = dist.get_rank(group)
+    sends = [s.contiguous() for s in x.split(input_split_sizes, 0)]
     recvs = [x.new_empty((n, *x.shape[1:])) for n in output_split_sizes]
-    dist.all_to_all(recvs, [s.contiguous() for s in sends], group=group)
+    recvs[me].copy_(sends[me])
+    ops = []
+    for r in range(dist.get_world_size(group)):
+        if r == me:
+            continue
+        peer = dist.get_global_rank(group, r)
+        ops.append(dist.P2POp(dist.isend, sends[r], peer, group))
+        ops.append(dist.P2POp(dist.irecv, recvs[r], peer, group))
+    for work in dist.batch_isend_irecv(ops) if ops else ():
+        work.wait()
     return torch.cat(recvs, 0)
