@@ -22,13 +22,14 @@ TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 2e-2}
 SHAPES = ((5, 123), (3, 7, 11), (1,))
 
 
-def spawn(world: int, tmp: Path, *, limit_s: float = 60.0) -> list[dict[str, Any]]:
-    """Run :func:`scenario` on ``world`` spawned ranks; their JSON results, in rank order."""
+def spawn(world: int, tmp: Path, *, backend: str = "gloo", limit_s: float = 60.0) -> list[dict[str, Any]]:
+    """Run :func:`scenario` (Gloo, CPU) or ``_coll_gpu.gpu_scenario`` (NCCL, one GPU a rank) on ``world``
+    spawned ranks; their JSON results, in rank order."""
     import torch.multiprocessing as mp
 
     out = tmp / "ranks"
     out.mkdir()
-    ctx = mp.spawn(_entry, args=(world, str(tmp / "init"), str(out)), nprocs=world, join=False)
+    ctx = mp.spawn(_entry, args=(world, str(tmp / "init"), str(out), backend), nprocs=world, join=False)
     deadline = time.monotonic() + limit_s
     try:
         while not ctx.join(timeout=0.5):
@@ -42,15 +43,17 @@ def spawn(world: int, tmp: Path, *, limit_s: float = 60.0) -> list[dict[str, Any
     return [json.loads((out / f"{r}.json").read_text()) for r in range(world)]
 
 
-def _entry(rank: int, world: int, init: str, out: str) -> None:
+def _entry(rank: int, world: int, init: str, out: str, backend: str) -> None:
     import torch.distributed as dist
 
     import layerzero as lz
 
     torch.set_num_threads(1)
     os.environ.pop("TORCH_SYMM_MEM_DISABLE_MULTICAST", None)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"file://{init}",
         rank=rank,
         world_size=world,
@@ -59,7 +62,12 @@ def _entry(rank: int, world: int, init: str, out: str) -> None:
     lz.configure(perfdb_path=os.path.join(out, f"perfdb{rank}.sqlite"))
     result: dict[str, Any] = {"rank": rank}
     try:
-        scenario(rank, world, result)
+        if backend == "nccl":
+            from _coll_gpu import gpu_scenario
+
+            gpu_scenario(rank, world, result)
+        else:
+            scenario(rank, world, result)
     finally:
         Path(out, f"{rank}.json").write_text(json.dumps(result, default=str))
         dist.destroy_process_group()
@@ -73,13 +81,14 @@ def inputs(rank: int, shape: tuple[int, ...], dtype: torch.dtype, tag: int) -> t
 
 
 def _err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got = got.cpu()
     if got.shape != want.shape:
         return float("inf")
     return float(((got.double() - want) / (1 + want.abs())).abs().max()) if want.numel() else 0.0
 
 
-def _check_all(world: int, rank: int, res: dict[str, Any]) -> None:
-    """Every op, shape and dtype, against the float64 oracle."""
+def _check_all(world: int, rank: int, res: dict[str, Any], device: str = "cpu") -> None:
+    """Every op, shape and dtype, against the float64 oracle (inputs moved to ``device``)."""
     import layerzero as lz
 
     errs: dict[str, float] = {}
@@ -89,7 +98,7 @@ def _check_all(world: int, rank: int, res: dict[str, Any]) -> None:
             tag += 1
             xs = [inputs(r, shape, dtype, tag) for r in range(world)]
             ref = [x.double() for x in xs]
-            x = xs[rank]
+            x = xs[rank].to(device)
             before = x.clone()
             for op in ("sum", "avg", "max"):
                 want = {
@@ -112,19 +121,19 @@ def _check_all(world: int, rank: int, res: dict[str, Any]) -> None:
                 ys = [inputs(r, tuple(big), dtype, tag + 500) for r in range(world)]
                 want = sum(y.double() for y in ys).chunk(world, dim)[rank]
                 errs[f"reduce_scatter/{dim}/{dtype}/{shape}"] = _err(
-                    lz.reduce_scatter(ys[rank], dim=dim), want
+                    lz.reduce_scatter(ys[rank].to(device), dim=dim), want
                 )
             # all_to_all: equal splits, then uneven (rank s sends s + d + 1 rows to rank d)
             rows = [inputs(r, (world * 2, *shape[1:]), dtype, tag + 900) for r in range(world)]
             want = torch.cat([rows[s].double()[2 * rank : 2 * rank + 2] for s in range(world)])
-            errs[f"all_to_all/even/{dtype}/{shape}"] = _err(lz.all_to_all(rows[rank]), want)
+            errs[f"all_to_all/even/{dtype}/{shape}"] = _err(lz.all_to_all(rows[rank].to(device)), want)
             sizes = [[s + d + 1 for d in range(world)] for s in range(world)]
             un = [inputs(s, (sum(sizes[s]), *shape[1:]), dtype, tag + 700) for s in range(world)]
             parts = [un[s].double().split(sizes[s], 0)[rank] for s in range(world)]
-            got = lz.all_to_all(un[rank], [sizes[s][rank] for s in range(world)], sizes[rank])
+            got = lz.all_to_all(un[rank].to(device), [sizes[s][rank] for s in range(world)], sizes[rank])
             errs[f"all_to_all/uneven/{dtype}/{shape}"] = _err(got, torch.cat(parts))
         # a non-contiguous input is copied, not refused
-        t = inputs(rank, (6, 4), dtype, 77).t()
+        t = inputs(rank, (6, 4), dtype, 77).to(device).t()
         want_t = sum(inputs(r, (6, 4), dtype, 77).double() for r in range(world)).t()
         errs[f"all_reduce/noncontig/{dtype}"] = _err(lz.all_reduce(t), want_t)
         errs[f"all_gather/noncontig/{dtype}"] = _err(
