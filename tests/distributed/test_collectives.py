@@ -114,6 +114,20 @@ def test_one_rank_group_explains_the_choice(tmp_path):
         )
         reasons = {c.kernel_id: {r.code.value for r in c.reasons} for c in rep.candidates}
         assert "WORLD_SIZE_UNSUPPORTED" in reasons["symm_mem.one_shot"]
+        from layerzero.core.dispatch import capture_key
+        from layerzero.ops import OPS
+
+        for op, args in {
+            "all_reduce": (x,),
+            "all_gather": (x,),
+            "reduce_scatter": (x,),
+            "all_to_all": (x, [1000], [1000]),
+        }.items():
+            prepare, build_ctx = OPS[op]
+            key, _ = prepare(*args)
+            cap = capture_key(key)
+            assert cap is not None and cap.capture is True and cap._replace(capture=False) == key, op
+            assert build_ctx(cap).graph_capture and not build_ctx(key).graph_capture
         assert torch.equal(lz.all_reduce(x), x) and torch.equal(
             lz.all_gather(x.view(10, 100), dim=1), x.view(10, 100)
         )
