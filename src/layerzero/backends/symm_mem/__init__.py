@@ -44,8 +44,8 @@ def one_shot(x: torch.Tensor, op: str, group: Any) -> torch.Tensor:
     """``torch.ops.symm_mem.one_shot_all_reduce`` of x (sum) through the group's buffer, into a new tensor."""
     entry = buffers.get(_name(group))
     flat, n = _staged(x, entry)
-    out = torch.ops.symm_mem.one_shot_all_reduce(flat, "sum", entry.group_name)
-    return out[:n].view(x.shape).clone()
+    out = torch.ops.symm_mem.one_shot_all_reduce(flat, "sum", entry.group_name)  # a new, ordinary tensor
+    return out[:n].view(x.shape)
 
 
 def two_shot(x: torch.Tensor, op: str, group: Any) -> torch.Tensor:
