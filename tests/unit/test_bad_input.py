@@ -406,7 +406,8 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         "explain-unknown-op",
         lambda: lz.explain("attn", Q, Q, Q),
         lz.UnknownOperationError,
-        r"unknown op 'attn'\. Known ops: \['apply_penalties', 'attention'",
+        r"unknown op 'attn'\. Known ops: \['all_gather', 'all_reduce', 'all_to_all', 'apply_penalties', "
+        r"'attention'",
     ),
     ("which-unknown-op", lambda: lz.which(None, Q), lz.UnknownOperationError, r"unknown op None"),
     (

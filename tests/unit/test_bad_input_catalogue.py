@@ -276,7 +276,8 @@ NON_STR_IDS = [
         "lock-op-int",
         lambda: lz.lock(1, "torch_sdpa.math"),
         lz.UnknownOperationError,
-        r"lz\.lock\(op\): expected an op id \(a str\) from \['apply_penalties', 'attention'.*got int",
+        r"lz\.lock\(op\): expected an op id \(a str\) from "
+        r"\['all_gather', 'all_reduce', 'all_to_all', 'apply_penalties'.*got int",
     ),
     (
         "unlock-op-list",
@@ -433,7 +434,7 @@ UNKNOWN_NAMES = [
         "lock-unknown-op",
         "locks: [{op: atention, kernel: torch_sdpa.math}]",
         r"locks\[0\]: op 'atention' matches no registered op\. Did you mean 'attention'\? Known: "
-        r"\['apply_penalties', 'attention'",
+        r"\['all_gather', 'all_reduce', 'all_to_all', 'apply_penalties', 'attention'",
     ),
     (
         "allow-unknown-kernel",

@@ -23,6 +23,8 @@ BUILTIN_BACKENDS: tuple[str, ...] = (
     "ipex",
     "triton",
     "composite",
+    "torch_dist",
+    "symm_mem",
 )
 
 

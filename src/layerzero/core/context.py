@@ -105,8 +105,17 @@ class SelectionContext:
     # paged_attention / reshape_and_cache: the dtype of a quantized KV cache (float8_e4m3fn, int8); None when
     # the cache has the model's dtype (unquantized), so other keys' PerfDB buckets are unchanged
     kv_dtype: torch.dtype | None = None
-    # linear_cross_entropy: the loss reduction ("mean", "sum", "none"); None for other ops
+    # linear_cross_entropy: the loss reduction ("mean", "sum", "none"); the collectives (all_reduce,
+    # reduce_scatter): the reduce op ("sum", "avg", "max", "min", "product"); None for other ops
     reduction: str | None = None
+    # collectives (all_reduce, all_gather, reduce_scatter, all_to_all): the process group's size, the
+    # torch.distributed backend ("nccl", "gloo", ...), the group's name (symmetric buffers are per group) and
+    # the message size in bytes (this rank's input, bucketed to a power of two: checks see the bucket's upper
+    # bound); None for other ops, so their PerfDB buckets are unchanged
+    world_size: int | None = None
+    comm_backend: str | None = None
+    comm_group: str | None = None
+    message_bytes: int | None = None
 
     @property
     def phase(self) -> Phase | None:

@@ -32,6 +32,7 @@ class ReasonCategory(str, enum.Enum):
     BACKEND = "backend"
     AUTOGRAD = "autograd"
     MEMORY = "memory"
+    DISTRIBUTED = "distributed"
 
 
 class ReasonCode(str, enum.Enum):
@@ -107,6 +108,14 @@ class ReasonCode(str, enum.Enum):
     BACKEND_QUARANTINED = "BACKEND_QUARANTINED"
     # device memory
     WORKSPACE_TOO_LARGE = "WORKSPACE_TOO_LARGE"
+    # collectives (process group, transport)
+    COMM_BACKEND_UNSUPPORTED = "COMM_BACKEND_UNSUPPORTED"  # e.g. NCCL-only kernel on a Gloo group
+    WORLD_SIZE_UNSUPPORTED = "WORLD_SIZE_UNSUPPORTED"
+    MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+    REDUCE_OP_UNSUPPORTED = "REDUCE_OP_UNSUPPORTED"
+    P2P_UNAVAILABLE = "P2P_UNAVAILABLE"  # no NVLink / CUDA peer access between the group's GPUs
+    SYMM_MEM_UNAVAILABLE = "SYMM_MEM_UNAVAILABLE"  # no symmetric buffer for the group, or no symm_mem ops
+    MULTICAST_ENABLED = "MULTICAST_ENABLED"  # NVLink multicast not switched off (TORCH_SYMM_MEM_DISABLE_...)
     # Every code here is emitted by some check (tests/unit/test_reasons.py keeps it so); add a code together
     # with the check that emits it.
 
@@ -172,6 +181,18 @@ _CATEGORY: dict[ReasonCode, ReasonCategory] = {
         _C.BACKEND,
     ),
     _R.WORKSPACE_TOO_LARGE: _C.MEMORY,
+    **dict.fromkeys(
+        [
+            _R.COMM_BACKEND_UNSUPPORTED,
+            _R.WORLD_SIZE_UNSUPPORTED,
+            _R.MESSAGE_TOO_LARGE,
+            _R.REDUCE_OP_UNSUPPORTED,
+            _R.P2P_UNAVAILABLE,
+            _R.SYMM_MEM_UNAVAILABLE,
+            _R.MULTICAST_ENABLED,
+        ],
+        _C.DISTRIBUTED,
+    ),
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..core.errors import DistributedMismatchError, DistributedSelectionError
 from .fingerprint import fingerprint
+from .symm import disable_symm_mem, enable_symm_mem
 from .sync import SelectionSync, current, sync_selection, unsync
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "DistributedSelectionError",
     "SelectionSync",
     "current",
+    "disable_symm_mem",
+    "enable_symm_mem",
     "fingerprint",
     "sync_selection",
     "unsync",

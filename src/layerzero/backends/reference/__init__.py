@@ -199,6 +199,7 @@ def register(registry: KernelRegistry) -> None:
         )
     for spec in paged_kernel_specs(common):
         registry.add_kernel(spec)
+    _register_collectives(registry)
     from .linear_ce import linear_cross_entropy  # lz.linear_cross_entropy (full logits, float32 math)
 
     registry.add_kernel(
@@ -286,3 +287,28 @@ def register(registry: KernelRegistry) -> None:
             **common,
         )
     )
+
+
+def _register_collectives(registry: KernelRegistry) -> None:
+    """``reference.all_reduce`` / ``all_gather`` / ``reduce_scatter`` / ``all_to_all``: torch.distributed's
+    plainest calls on any transport (not graph-safe: list forms, unverified under capture)."""
+    if not torch.distributed.is_available():
+        return
+    from .._collectives import COMM_DTYPES
+    from . import collectives as C
+
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        registry.add_kernel(
+            KernelSpec(
+                f"reference.{op}",
+                op,
+                getattr(C, op),
+                priority=0,
+                device_types=frozenset({"cpu", "cuda"}),
+                dtypes=COMM_DTYPES,
+                is_reference=True,
+                graph_safe=False,
+                supports_backward=False,
+                description=f"reference {op} (torch.distributed list form, any transport)",
+            )
+        )
