@@ -44,9 +44,13 @@ class StepLogits(NamedTuple):
     prompt_hidden: torch.Tensor | None = None
 
 
-def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes over all layers: layers x 2 (K, V) x block_size x Hkv x D x itemsize."""
-    return cfg.num_layers * 2 * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+def kv_bytes_per_block(
+    cfg: ModelConfig, block_size: int, dtype: torch.dtype, num_kv_heads: int | None = None
+) -> int:
+    """Bytes one block takes over all layers: layers x 2 (K, V) x block_size x Hkv x D x itemsize (``Hkv``:
+    ``num_kv_heads``, this rank's under tensor parallelism; None: the config's)."""
+    hkv = cfg.num_kv_heads if num_kv_heads is None else num_kv_heads
+    return cfg.num_layers * 2 * block_size * hkv * cfg.head_dim * dtype.itemsize
 
 
 class ModelRunner:
@@ -77,6 +81,8 @@ class ModelRunner:
                 self.quantization.float_bytes / 2**20,
                 self.quantization.quantized_bytes / 2**20,
             )
+        self.num_kv_heads: int = getattr(self.model, "num_local_kv_heads", cfg.num_kv_heads)
+        """KV heads per layer in this rank's pool (the model's: a tensor-parallel rank's share)."""
         self.num_blocks = self._num_blocks(ec, max_model_len, max_num_batched_tokens)
         if self.num_blocks * ec.block_size < max_model_len:
             raise bad_config(
@@ -87,7 +93,7 @@ class ModelRunner:
             )
         self.kv_caches = [
             lz.allocate_kv_cache(
-                self.num_blocks, ec.block_size, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype, "NHD", device
+                self.num_blocks, ec.block_size, self.num_kv_heads, cfg.head_dim, self.kv_dtype, "NHD", device
             )
             for _ in range(cfg.num_layers)
         ]
@@ -96,7 +102,9 @@ class ModelRunner:
             self.num_blocks,
             ec.block_size,
             str(self.kv_dtype).removeprefix("torch."),
-            self.num_blocks * kv_bytes_per_block(cfg, ec.block_size, self.kv_dtype) / 2**20,
+            self.num_blocks
+            * kv_bytes_per_block(cfg, ec.block_size, self.kv_dtype, self.num_kv_heads)
+            / 2**20,
         )
         self.cascade = self._cascade_policy(ec)
         self.cascade_steps = 0
@@ -175,7 +183,7 @@ class ModelRunner:
     def _num_blocks(self, ec: EngineConfig, max_model_len: int, max_num_batched_tokens: int) -> int:
         if ec.num_kv_blocks is not None:
             return ec.num_kv_blocks
-        per_block = kv_bytes_per_block(self.cfg, ec.block_size, self.kv_dtype)
+        per_block = kv_bytes_per_block(self.cfg, ec.block_size, self.kv_dtype, self.num_kv_heads)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = (
