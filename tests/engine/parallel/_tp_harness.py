@@ -112,7 +112,9 @@ def layer_cases(state: Any) -> dict[str, float]:
     mer.load(wg, "gate")
     mer.load(wu, "up")
     il = i // tp
-    expect = torch.cat([F.linear(x, wg)[:, r * il : (r + 1) * il], F.linear(x, wu)[:, r * il : (r + 1) * il]], -1)
+    expect = torch.cat(
+        [F.linear(x, wg)[:, r * il : (r + 1) * il], F.linear(x, wu)[:, r * il : (r + 1) * il]], -1
+    )
     err["merged"] = float((mer(x) - expect).abs().max())
     # QKV: KV heads split, then replicated (tp > Hkv)
     d, hq = 5, 2 * tp
@@ -129,7 +131,12 @@ def layer_cases(state: Any) -> dict[str, float]:
         rows_q = [hd * d + j for hd in q_heads for j in range(d)]
         rows_kv = [hd * d + j for hd in kv_of for j in range(d)]
         expect = torch.cat(
-            [F.linear(x, wq, bq)[:, rows_q], F.linear(x, wk, bk)[:, rows_kv], F.linear(x, wv, bv)[:, rows_kv]], -1
+            [
+                F.linear(x, wq, bq)[:, rows_q],
+                F.linear(x, wk, bk)[:, rows_kv],
+                F.linear(x, wv, bv)[:, rows_kv],
+            ],
+            -1,
         )
         err[label] = float((qkv(x) - expect).abs().max())
         err[f"{label}_heads"] = float(abs(qkv.num_kv_heads - len(kv_of)) + abs(qkv.num_heads - lq))
@@ -212,10 +219,20 @@ def model_logits(state: Any, path: str, ep: bool = False) -> list[torch.Tensor]:
         prefill = model(batch, caches)
         nxt = [int(prefill[len(seqs[0]) - 1].argmax()), int(prefill[-1].argmax())]
         chunks = [
-            ScheduledChunk([*s, tok], len(s), 1, tb, True) for s, tok, tb in zip(seqs, nxt, tables, strict=True)
+            ScheduledChunk([*s, tok], len(s), 1, tb, True)
+            for s, tok, tb in zip(seqs, nxt, tables, strict=True)
         ]
         decode = model(build_forward_batch(chunks, bs, dev), caches)
     return [prefill, decode]
 
 
-SCENARIOS: dict[str, Callable[..., Any]] = {"layers": layer_cases, "model": model_logits}
+def suite(state: Any, layers: bool, models: list[tuple[str, bool]]) -> dict[str, Any]:
+    """One spawn for several checks (a rank's start-up costs seconds): :func:`layer_cases` when ``layers``,
+    then :func:`model_logits` of each ``(checkpoint, ep)``."""
+    return {
+        "layers": layer_cases(state) if layers else None,
+        "models": [model_logits(state, path, ep) for path, ep in models],
+    }
+
+
+SCENARIOS: dict[str, Callable[..., Any]] = {"suite": suite}
