@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import nn
@@ -219,7 +220,7 @@ class MLP(nn.Module):
             return lz.swiglu_linear(gate, up, self.down_proj.weight, self.down_proj.bias)
         if self.row_parallel:  # the local projection fused as above, then the all-reduce
             gate, up = gate_up.chunk(2, dim=-1)
-            down = self.down_proj
+            down = cast(RowParallelLinear, self.down_proj)
             return down.reduce(lz.swiglu_linear(gate, up, down.weight, down.local_bias))
         return self.down_proj(silu_and_mul(gate_up))
 
@@ -323,7 +324,7 @@ class LlamaForCausalLM(nn.Module):
             )
         else:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, device=device, dtype=dtype)
-        attn = self.layers[0].self_attn if cfg.num_layers else None
+        attn = cast(Attention, self.layers[0].self_attn) if cfg.num_layers else None
         self.num_local_heads = attn.hq if attn is not None else cfg.num_heads
         self.num_local_kv_heads = attn.hkv if attn is not None else cfg.num_kv_heads
         """This rank's query / KV heads per layer (the config's at tp 1; KV heads replicated when tp exceeds
@@ -349,7 +350,7 @@ class LlamaForCausalLM(nn.Module):
         """Logits ``[N, V]`` (model dtype) of final hidden states ``h`` ``[N, H]`` (the LM head; tensor
         parallel: all-gathered, every rank holds all of them)."""
         if self.tp:
-            return self.lm_head.logits(h)
+            return cast(VocabParallelEmbedding, self.lm_head).logits(h)
         return lz.linear(h, self.lm_head.weight)
 
     @torch.no_grad()
