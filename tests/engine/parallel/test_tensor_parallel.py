@@ -170,3 +170,21 @@ def test_full_tensor_of_the_wrong_size_is_refused():
     layer = ColumnParallelLinear(4, 6, device=CPU, dtype=torch.float32, parallel=ParallelState(0, 2))
     with pytest.raises(lz.ConfigurationError, match="before the tensor-parallel split"):
         layer.load(torch.zeros(8, 4))
+
+
+def test_sharded_load_refuses_integer_tensors(checkpoints, tmp_path):
+    """The lazy (slice) path checks dtypes as the whole-tensor path does, naming the tensor and the file."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copy(checkpoints["qwen3"] / "config.json", tmp_path / "config.json")
+    save_file(
+        {"model.embed_tokens.weight": torch.zeros(512, 128, dtype=torch.int32)}, tmp_path / "m.safetensors"
+    )
+    cfg = ModelConfig.from_pretrained(tmp_path)
+    model = build_model(cfg, 32, CPU, torch.float32, parallel=ParallelState(0, 2))
+    with pytest.raises(
+        lz.ConfigurationError, match=r"model.embed_tokens.weight of .*m.safetensors.*float dtype"
+    ):
+        load_model_weights(model, tmp_path)
