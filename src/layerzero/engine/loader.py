@@ -20,6 +20,7 @@ from .errors import bad_config
 
 __all__ = [
     "WEIGHT_DTYPES",
+    "LazySlice",
     "iter_weights",
     "load_dummy_weights",
     "load_model_weights",
@@ -115,14 +116,65 @@ def _tensors(path: str | Path) -> Iterator[tuple[Path, str, torch.Tensor]]:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                 tensor = _tensor(f, name, file)
                 if tensor.dtype not in WEIGHT_DTYPES:
-                    raise bad_config(
-                        f"tensor {name} of {file}",
-                        f"a float dtype ({', '.join(str(d) for d in WEIGHT_DTYPES)})",
-                        str(tensor.dtype),
-                        "The engine loads float checkpoints only (no integer or pre-quantized tensors; "
-                        "LLM(quantization=...) quantizes at load time).",
-                    )
+                    raise _bad_dtype(name, file, tensor.dtype)
                 yield file, name, tensor
+
+
+_SLICE_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+"""safetensors' dtype names of :data:`WEIGHT_DTYPES`."""
+
+
+class LazySlice:
+    """A checkpoint tensor not read yet (``safe_open(...).get_slice``): ``shape``, ``dtype``, and indexing
+    (``t[a:b]``, ``t[:, a:b]``, ``t[:]``) that reads only the indexed part from the file, as a CPU tensor. A
+    tensor-parallel rank's layers index it for their shard (:mod:`..parallel.layers`)."""
+
+    def __init__(self, f: Any, name: str, file: Path) -> None:
+        self.name, self.file = name, file
+        try:
+            self._slice = f.get_slice(name)
+            self.shape = tuple(self._slice.get_shape())
+            code = self._slice.get_dtype()
+        except Exception as exc:  # as _open
+            raise bad_config(
+                f"tensor {name} of safetensors file {file}",
+                "a readable tensor",
+                f"{type(exc).__name__}: {exc}",
+                _REDOWNLOAD,
+            ) from exc
+        if code not in _SLICE_DTYPES:
+            raise _bad_dtype(name, file, code)
+        self.dtype = _SLICE_DTYPES[code]
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        try:
+            return self._slice[index]
+        except Exception as exc:  # as _open
+            raise bad_config(
+                f"tensor {self.name}{list(self.shape)} of safetensors file {self.file}, part {index!r}",
+                "a readable slice",
+                f"{type(exc).__name__}: {exc}",
+                _REDOWNLOAD,
+            ) from exc
+
+
+def _bad_dtype(name: str, file: Path, dtype: Any) -> Exception:
+    return bad_config(
+        f"tensor {name} of {file}",
+        f"a float dtype ({', '.join(str(d) for d in WEIGHT_DTYPES)})",
+        str(dtype),
+        "The engine loads float checkpoints only (no integer or pre-quantized tensors; "
+        "LLM(quantization=...) quantizes at load time).",
+    )
+
+
+def _slices(path: str | Path) -> Iterator[tuple[Path, str, LazySlice]]:
+    """(file, name, :class:`LazySlice`) of every tensor of the checkpoint, dtypes checked, nothing read yet
+    (each slice is valid until the next one is yielded: its file stays open that long)."""
+    for file in safetensors_files(path):
+        with _open(file) as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                yield file, name, LazySlice(f, name, file)
 
 
 def iter_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -156,6 +208,10 @@ def load_model_weights(model: nn.Module, path: str | Path) -> None:
     with NaN, so a tensor the checkpoint lacks (or a packed shard or expert it lacks) is found afterwards; a
     parameter that is not finite then is explained by reading the checkpoint again for NaN/Inf values.
 
+    A tensor-parallel model (``model.parallel.tp_size > 1``) gets each tensor as a :class:`LazySlice`: its
+    layers read only this rank's shard from the file (``get_slice``, then the slice), copied to the model's
+    device; replicated tensors are read whole.
+
     Raises:
         ConfigurationError: see :func:`iter_weights`; an unknown or mis-shaped tensor; a tensor with NaN/Inf
             values (names the tensor and the file); parameters the checkpoint did not fill; values that
@@ -164,10 +220,12 @@ def load_model_weights(model: nn.Module, path: str | Path) -> None:
     for p in model.parameters():
         p.fill_(float("nan"))
     at: list[tuple[Path, str]] = []  # the tensor being loaded, for the message of a mismatch the model finds
+    parallel = getattr(model, "parallel", None)
+    source: Any = _slices if parallel is not None and parallel.tp_size > 1 else _tensors
 
     def tracked() -> Iterator[tuple[str, torch.Tensor]]:
         try:
-            for file, name, tensor in _tensors(path):
+            for file, name, tensor in source(path):
                 at[:] = [(file, name)]
                 yield name, tensor
         except lz.ConfigurationError:  # reading failed: the message names the file already
@@ -206,14 +264,22 @@ def load_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Fill ``model`` with seeded random weights on its own device, no checkpoint read (vLLM's
     ``load_format="dummy"``: benchmark a shape without its weights). Norm weights are 1 and every other
     parameter uniform in [-0.05, 0.05], so activations stay finite at any depth; the values are not a trained
-    model's. Parameters are drawn in name order from one generator seeded with ``seed`` (a rank holding a
-    shard seeds with its own offset, so the shards differ)."""
+    model's. Each parameter is drawn from a generator seeded with ``seed`` plus a stable hash of its name.
+
+    Tensor parallel (``model.parallel``): a parameter holding this rank's shard (tagged ``tp_shard`` by the
+    parallel layers) adds ``tp_rank * 1_000_003`` to its seed, so the ranks' shards differ; replicated
+    parameters (norms, the MoE router, a row-parallel bias) get the same values on every rank, as they must
+    (every rank routes the same way). The ranks' shards together are not the one-rank model's dummy
+    weights."""
+    parallel = getattr(model, "parallel", None)
+    rank = parallel.tp_rank if parallel is not None else 0
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         module, _, leaf = name.rpartition(".")
         if module.rpartition(".")[2].endswith("norm") and leaf == "weight":  # RMSNorm scales
             p.fill_(1.0)
             continue
-        gen = torch.Generator(device=p.device).manual_seed(seed + _stable_hash(name))
+        offset = rank * 1_000_003 if getattr(p, "tp_shard", False) else 0
+        gen = torch.Generator(device=p.device).manual_seed(seed + _stable_hash(name) + offset)
         p.copy_(
             torch.empty(p.shape, device=p.device, dtype=torch.float32).uniform_(-0.05, 0.05, generator=gen)
         )

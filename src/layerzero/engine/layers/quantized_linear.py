@@ -166,11 +166,20 @@ def quantize_model(model: nn.Module, quantization: str) -> QuantizationSummary:
     one layer at a time (each float weight is freed once its layer is quantized; the peak is the float model).
 
     Raises:
-        ConfigurationError: an unknown ``quantization``; an int4 layer with no valid group size.
+        ConfigurationError: an unknown ``quantization``; an int4 layer with no valid group size; a
+            tensor-parallel model (``model.parallel.tp_size > 1``: not supported yet).
     """
     if quantization not in QUANTIZATION_FORMATS:
         raise bad_config(
             "LLM quantization", f"one of {sorted(QUANTIZATION_FORMATS)} or None", repr(quantization)
+        )
+    tp = getattr(getattr(model, "parallel", None), "tp_size", 1)
+    if tp > 1:
+        raise bad_config(
+            f"quantization={quantization!r} with tensor_parallel_size {tp}",
+            "tensor_parallel_size 1 (quantized weights are not sharded across ranks yet)",
+            tp,
+            "Serve the quantized model on one rank, or the float model with tensor parallelism.",
         )
     targets = [
         (n, m) for n, m in model.named_modules() if isinstance(m, Linear) and n.split(".")[-1] != "lm_head"

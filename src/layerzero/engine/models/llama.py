@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import nn
@@ -20,10 +21,19 @@ from ..layers.linear import Embedding, Linear
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
+from ..parallel.layers import (
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    materialize,
+)
+from ..parallel.moe import ParallelSparseMoE
 from ..parallel.state import SINGLE, ParallelState
 from ..worker.attn_metadata import ForwardBatch
 
-__all__ = ["LlamaForCausalLM"]
+__all__ = ["LlamaForCausalLM", "check_tensor_parallel"]
 
 _PACKED = {
     "q_proj": ("qkv_proj", "q"),
@@ -42,27 +52,85 @@ _SIZES_FIX = (
 )
 
 
+def check_tensor_parallel(cfg: ModelConfig, parallel: ParallelState) -> None:
+    """Whether ``cfg`` splits ``parallel.tp_size`` ways: query heads, KV heads (split, or replicated when
+    ``tp`` is a multiple of them), the dense MLP's intermediate size, and for MoE layers each expert's
+    intermediate size (TP) or the number of experts (EP: at least one per rank). The vocabulary needs no
+    check: it is padded up to a multiple of ``tp`` (zero rows, cut from the logits).
+
+    Raises:
+        ConfigurationError: every size that does not split, in one message.
+    """
+    tp, reasons = parallel.tp_size, []
+    if cfg.num_heads % tp:
+        reasons.append(f"num_attention_heads {cfg.num_heads} is not a multiple of {tp}")
+    if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
+        reasons.append(f"num_key_value_heads {cfg.num_kv_heads} neither divides nor is a multiple of {tp}")
+    moe = cfg.moe
+    dense = moe is None or any(not moe.is_sparse(i) for i in range(cfg.num_layers))
+    if dense and cfg.intermediate_size % tp:
+        reasons.append(f"intermediate_size {cfg.intermediate_size} is not a multiple of {tp}")
+    if moe is not None and parallel.ep and moe.num_experts < tp:
+        reasons.append(f"num_experts {moe.num_experts} < {tp} ranks (expert parallel)")
+    if moe is not None and not parallel.ep and moe.intermediate_size % tp:
+        reasons.append(f"moe_intermediate_size {moe.intermediate_size} is not a multiple of {tp}")
+    if reasons:
+        raise bad_config(
+            f"{cfg.model_type} model with tensor_parallel_size {tp}",
+            "sizes that split evenly across the ranks",
+            "; ".join(reasons),
+            "Pick a tensor_parallel_size that divides the head counts and intermediate sizes"
+            + (" (or toggle enable_expert_parallel)." if moe is not None else "."),
+        )
+
+
 class Attention(nn.Module):
     """Self-attention with packed QKV, optional per-head QK RMSNorm (Qwen3), RoPE and paged KV."""
 
     def __init__(
-        self, cfg: ModelConfig, rotary: RotaryEmbedding, *, device: torch.device, dtype: torch.dtype
+        self,
+        cfg: ModelConfig,
+        rotary: RotaryEmbedding,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        parallel: ParallelState = SINGLE,
     ):
         super().__init__()
         self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = self.d**-0.5
         self.rotary = rotary
         self.kv_scales = KVScales(device)
-        self.qkv_proj = Linear(
-            cfg.hidden_size,
-            (("q", self.hq * self.d), ("k", self.hkv * self.d), ("v", self.hkv * self.d)),
-            bias=cfg.attention_bias,
-            device=device,
-            dtype=dtype,
-        )
-        self.o_proj = Linear(
-            self.hq * self.d, cfg.hidden_size, bias=cfg.attention_bias, device=device, dtype=dtype
-        )
+        bias = cfg.attention_bias
+        if parallel.is_parallel:  # this rank's heads (KV heads split or replicated), o_proj all-reduced
+            self.qkv_proj: Linear = QKVParallelLinear(
+                cfg.hidden_size,
+                self.d,
+                self.hq,
+                self.hkv,
+                bias=bias,
+                device=device,
+                dtype=dtype,
+                parallel=parallel,
+            )
+            self.hq, self.hkv = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+            self.o_proj: Linear = RowParallelLinear(
+                cfg.num_heads * self.d,
+                cfg.hidden_size,
+                bias=bias,
+                device=device,
+                dtype=dtype,
+                parallel=parallel,
+            )
+        else:
+            self.qkv_proj = Linear(
+                cfg.hidden_size,
+                (("q", self.hq * self.d), ("k", self.hkv * self.d), ("v", self.hkv * self.d)),
+                bias=bias,
+                device=device,
+                dtype=dtype,
+            )
+            self.o_proj = Linear(self.hq * self.d, cfg.hidden_size, bias=bias, device=device, dtype=dtype)
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps, device=device, dtype=dtype)
@@ -113,14 +181,31 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Gated MLP: ``down(silu(gate(x)) * up(x))`` with gate/up packed into one matmul."""
+    """Gated MLP: ``down(silu(gate(x)) * up(x))`` with gate/up packed into one matmul. Tensor parallel:
+    gate/up column-parallel (this rank's slice of the intermediate size), down row-parallel (all-reduced)."""
 
-    def __init__(self, hidden: int, intermediate: int, *, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        parallel: ParallelState = SINGLE,
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(
-            hidden, (("gate", intermediate), ("up", intermediate)), device=device, dtype=dtype
-        )
-        self.down_proj = Linear(intermediate, hidden, device=device, dtype=dtype)
+        shards = (("gate", intermediate), ("up", intermediate))
+        self.row_parallel = parallel.is_parallel
+        if self.row_parallel:
+            self.gate_up_proj: Linear = MergedColumnParallelLinear(
+                hidden, shards, device=device, dtype=dtype, parallel=parallel
+            )
+            self.down_proj: Linear = RowParallelLinear(
+                intermediate, hidden, device=device, dtype=dtype, parallel=parallel
+            )
+        else:
+            self.gate_up_proj = Linear(hidden, shards, device=device, dtype=dtype)
+            self.down_proj = Linear(intermediate, hidden, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[T, H]`` -> ``[T, H]``."""
@@ -133,6 +218,10 @@ class MLP(nn.Module):
         if type(self.down_proj) is Linear:
             gate, up = gate_up.chunk(2, dim=-1)
             return lz.swiglu_linear(gate, up, self.down_proj.weight, self.down_proj.bias)
+        if self.row_parallel:  # the local projection fused as above, then the all-reduce
+            gate, up = gate_up.chunk(2, dim=-1)
+            down = cast(RowParallelLinear, self.down_proj)
+            return down.reduce(lz.swiglu_linear(gate, up, down.weight, down.local_bias))
         return self.down_proj(silu_and_mul(gate_up))
 
 
@@ -141,8 +230,8 @@ def norm_linear(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``proj(norm(x, residual))`` and the residual stream after it (x itself at the first layer): through
     ``lz.rms_norm_linear`` (one kernel for a decode step where two were) when ``proj`` is a float
-    :class:`Linear`, else (quantized weights) the two calls."""
-    if type(proj) is Linear:
+    :class:`Linear` (column-parallel ones too: their local rows), else (quantized weights) the two calls."""
+    if isinstance(proj, Linear):
         if residual is None:
             return lz.rms_norm_linear(x, norm.weight, proj.weight, proj.bias, eps=norm.eps), x
         return lz.rms_norm_linear(x, norm.weight, proj.weight, proj.bias, eps=norm.eps, residual=residual)
@@ -163,13 +252,21 @@ class DecoderLayer(nn.Module):
         *,
         device: torch.device,
         dtype: torch.dtype,
+        parallel: ParallelState = SINGLE,
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, rotary, device=device, dtype=dtype)
+        self.self_attn = Attention(cfg, rotary, device=device, dtype=dtype, parallel=parallel)
         if cfg.moe is not None and cfg.moe.is_sparse(layer):
-            self.mlp: nn.Module = SparseMoE(cfg.hidden_size, cfg.moe, device=device, dtype=dtype)
+            if parallel.is_parallel:
+                self.mlp: nn.Module = ParallelSparseMoE(
+                    cfg.hidden_size, cfg.moe, device=device, dtype=dtype, parallel=parallel
+                )
+            else:
+                self.mlp = SparseMoE(cfg.hidden_size, cfg.moe, device=device, dtype=dtype)
         else:
-            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, device=device, dtype=dtype)
+            self.mlp = MLP(
+                cfg.hidden_size, cfg.intermediate_size, device=device, dtype=dtype, parallel=parallel
+            )
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
 
@@ -204,17 +301,34 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.parallel = parallel
+        self.tp = parallel.is_parallel
+        if self.tp:
+            check_tensor_parallel(cfg, parallel)
         self.rotary = RotaryEmbedding(cfg, max_positions, device=device, dtype=dtype)
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
+        if self.tp:
+            self.embed_tokens: Embedding = VocabParallelEmbedding(
+                cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype, parallel=parallel
+            )
+        else:
+            self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, self.rotary, device=device, dtype=dtype) for i in range(cfg.num_layers)
+            DecoderLayer(cfg, i, self.rotary, device=device, dtype=dtype, parallel=parallel)
+            for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
-        self.lm_head = (
-            self.embed_tokens
-            if cfg.tie_word_embeddings
-            else Linear(cfg.hidden_size, cfg.vocab_size, device=device, dtype=dtype)
-        )
+        if cfg.tie_word_embeddings:
+            self.lm_head: nn.Module = self.embed_tokens
+        elif self.tp:
+            self.lm_head = ParallelLMHead(
+                cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype, parallel=parallel
+            )
+        else:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, device=device, dtype=dtype)
+        attn = cast(Attention, self.layers[0].self_attn) if cfg.num_layers else None
+        self.num_local_heads = attn.hq if attn is not None else cfg.num_heads
+        self.num_local_kv_heads = attn.hkv if attn is not None else cfg.num_kv_heads
+        """This rank's query / KV heads per layer (the config's at tp 1; KV heads replicated when tp exceeds
+        them): the KV pool holds ``num_local_kv_heads`` heads."""
 
     def hidden_states(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Final normalised hidden states ``[T, H]`` of every new token of the batch."""
@@ -233,18 +347,23 @@ class LlamaForCausalLM(nn.Module):
         return self.compute_logits(h)
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits ``[N, V]`` (model dtype) of final hidden states ``h`` ``[N, H]`` (the LM head)."""
+        """Logits ``[N, V]`` (model dtype) of final hidden states ``h`` ``[N, H]`` (the LM head; tensor
+        parallel: all-gathered, every rank holds all of them)."""
+        if self.tp:
+            return cast(VocabParallelEmbedding, self.lm_head).logits(h)
         return lz.linear(h, self.lm_head.weight)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors (Hugging Face names) into the model, packing q/k/v and gate/up; returns the
-        names of the parameters written.
+        names of the parameters written. Tensor parallel: each tensor is the FULL checkpoint tensor or a lazy
+        slice of it (the loader's); each layer keeps (reads) only this rank's part.
 
         Raises:
             ConfigurationError: a tensor the model has no place for, or of the wrong shape.
         """
         params = dict(self.named_parameters())
+        modules = dict(self.named_modules()) if self.tp else {}
         done: set[str] = set()
         for name, tensor in weights:
             if _SKIP.search(name) or (name == "lm_head.weight" and self.cfg.tie_word_embeddings):
@@ -274,6 +393,14 @@ class LlamaForCausalLM(nn.Module):
                 layer.load(tensor, shard, bias=parts[-1] == "bias")
                 done.add(name)
                 continue
+            if self.tp:  # a lazy slice: the vocabulary-parallel / row-parallel layers keep their part
+                parent, _, leaf = name.rpartition(".")
+                module = self.get_submodule(parent) if parent in modules else None
+                if isinstance(module, (VocabParallelEmbedding, RowParallelLinear)):
+                    module.load(tensor, bias=leaf == "bias")
+                    done.add(name)
+                    continue
+                tensor = materialize(tensor)  # replicated: read whole
             if name not in params:
                 raise bad_config(
                     "checkpoint tensor",

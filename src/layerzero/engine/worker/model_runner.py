@@ -46,9 +46,13 @@ class StepLogits(NamedTuple):
     prompt_hidden: torch.Tensor | None = None
 
 
-def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes over all layers: layers x 2 (K, V) x block_size x Hkv x D x itemsize."""
-    return cfg.num_layers * 2 * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+def kv_bytes_per_block(
+    cfg: ModelConfig, block_size: int, dtype: torch.dtype, num_kv_heads: int | None = None
+) -> int:
+    """Bytes one block takes over all layers: layers x 2 (K, V) x block_size x Hkv x D x itemsize (``Hkv``:
+    ``num_kv_heads``, this rank's under tensor parallelism; None: the config's)."""
+    hkv = cfg.num_kv_heads if num_kv_heads is None else num_kv_heads
+    return cfg.num_layers * 2 * block_size * hkv * cfg.head_dim * dtype.itemsize
 
 
 class ModelRunner:
@@ -76,7 +80,7 @@ class ModelRunner:
         self.kv_dtype = KV_CACHE_DTYPES[ec.kv_cache_dtype] or dtype
         self.model = build_model(cfg, max_model_len, device, dtype, parallel)
         if ec.load_format == "dummy":  # config.json was read; no weight file is
-            load_dummy_weights(self.model, ec.seed + parallel.tp_rank)
+            load_dummy_weights(self.model, ec.seed)  # shards differ per rank, replicated weights agree
         else:
             load_model_weights(self.model, ec.model)
         self.quantization = None
@@ -89,6 +93,8 @@ class ModelRunner:
                 self.quantization.float_bytes / 2**20,
                 self.quantization.quantized_bytes / 2**20,
             )
+        self.num_kv_heads: int = getattr(self.model, "num_local_kv_heads", cfg.num_kv_heads)
+        """KV heads per layer in this rank's pool (the model's: a tensor-parallel rank's share)."""
         self.num_blocks = self._num_blocks(ec, max_model_len, max_num_batched_tokens)
         if parallel.is_parallel:  # the least any rank can hold: no rank over-commits its memory
             self.num_blocks = all_reduce_min(self.num_blocks, parallel, device)
@@ -101,7 +107,7 @@ class ModelRunner:
             )
         self.kv_caches = [
             lz.allocate_kv_cache(
-                self.num_blocks, ec.block_size, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype, "NHD", device
+                self.num_blocks, ec.block_size, self.num_kv_heads, cfg.head_dim, self.kv_dtype, "NHD", device
             )
             for _ in range(cfg.num_layers)
         ]
@@ -110,7 +116,9 @@ class ModelRunner:
             self.num_blocks,
             ec.block_size,
             str(self.kv_dtype).removeprefix("torch."),
-            self.num_blocks * kv_bytes_per_block(cfg, ec.block_size, self.kv_dtype) / 2**20,
+            self.num_blocks
+            * kv_bytes_per_block(cfg, ec.block_size, self.kv_dtype, self.num_kv_heads)
+            / 2**20,
         )
         self.cascade = self._cascade_policy(ec)
         self.cascade_steps = 0
@@ -189,7 +197,7 @@ class ModelRunner:
     def _num_blocks(self, ec: EngineConfig, max_model_len: int, max_num_batched_tokens: int) -> int:
         if ec.num_kv_blocks is not None:
             return ec.num_kv_blocks
-        per_block = kv_bytes_per_block(self.cfg, ec.block_size, self.kv_dtype)
+        per_block = kv_bytes_per_block(self.cfg, ec.block_size, self.kv_dtype, self.num_kv_heads)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = (

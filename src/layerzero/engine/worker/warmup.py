@@ -436,8 +436,11 @@ def _forward(runner: Any, step: WarmupStep) -> None:
 
 
 def cfg_heads(runner: Any) -> tuple[int, int]:
-    """(query heads, KV heads) of the runner's model."""
-    return runner.cfg.num_heads, runner.cfg.num_kv_heads
+    """(query heads, KV heads) of the runner's model (this rank's, under tensor parallelism)."""
+    m = runner.model
+    return getattr(m, "num_local_heads", runner.cfg.num_heads), getattr(
+        m, "num_local_kv_heads", runner.cfg.num_kv_heads
+    )
 
 
 def _attend(runner: Any, layer: Any, qkv: torch.Tensor, step: WarmupStep) -> None:
