@@ -36,6 +36,10 @@ DEFAULTS = {  # LLM(...)'s defaults, by hand (its docstring / signature)
     "cascade_attention": None,
     "freeze_gc": None,
     "warmup": None,
+    "tensor_parallel_size": 1,
+    "enable_expert_parallel": False,
+    "data_parallel_size": 1,
+    "load_format": "auto",
 }
 
 CASES = [
@@ -71,6 +75,10 @@ CASES = [
     (["--no-freeze-gc"], {"freeze_gc": False}),
     (["--warmup"], {"warmup": True}),
     (["--no-warmup"], {"warmup": False}),
+    (["--tensor-parallel-size", "2"], {"tensor_parallel_size": 2}),
+    (["--enable-expert-parallel"], {"enable_expert_parallel": True}),
+    (["--data-parallel-size", "2"], {"data_parallel_size": 2}),
+    (["--load-format", "dummy"], {"load_format": "dummy"}),
 ]
 
 
