@@ -1,5 +1,5 @@
 """The multi-process executor on the CPU (Gloo): ``LLM(tensor_parallel_size=2)`` gives ``LLM(tp=1)``'s tokens
-and logprobs (each rank holds the full model until the parallel layers land, so the oracle holds either way);
+and logprobs within 1e-4 (the sharded model sums in another order);
 seeded sampling, ``load_format="dummy"``, the KV block count as the minimum over ranks, the flags' validation,
 a killed worker (a typed error within seconds, no orphans), a worker that fails at start-up (the rank named)
 and ``AsyncLLM`` with two ranks. Every test ends the processes it started."""
@@ -48,6 +48,15 @@ def _sitecustomize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
 
 
+def _same(got: list[tuple[list[int], list]], want: list[tuple[list[int], list]]) -> None:
+    """Equal tokens; each top-N logprob entry within 1e-4 (float32)."""
+    assert [t for t, _ in got] == [t for t, _ in want]
+    for (_, lp), (_, ref) in zip(got, want, strict=True):
+        for a, b in zip(lp, ref, strict=True):
+            assert a.keys() == b.keys()
+            assert all(abs(a[k] - b[k]) < 1e-4 for k in a)
+
+
 def test_tp2_matches_tp1(checkpoints) -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
     seeded = SamplingParams(temperature=0.9, top_k=20, seed=7, max_tokens=8, ignore_eos=True)
@@ -57,18 +66,14 @@ def test_tp2_matches_tp1(checkpoints) -> None:
     with LLM(ck, tensor_parallel_size=2, **KW) as two:
         assert two.engine.executor.num_kv_blocks == 32
         got = _run(two, greedy), _run(two, seeded)
-    assert got == want
-    # chunked prefill (a 4-token budget) and prefix caching: the same tokens again (logprobs up to the
-    # chunking's float rounding)
+    # the sharded model sums its partial products in another order: equal tokens, logprobs within 1e-4
+    _same(got[0], want[0])
+    assert [t for t, _ in got[1]] == [t for t, _ in want[1]]  # seeded sampling: the same draws
+    # chunked prefill (a 4-token budget) and prefix caching: the same tokens again
     kw = {**KW, "max_num_batched_tokens": 4, "enable_prefix_caching": True}
     with LLM(ck, tensor_parallel_size=2, **kw) as two:
         for _ in range(2):  # the second run hits the prefix cache
-            got = _run(two, greedy)
-            assert [t for t, _ in got] == [t for t, _ in want[0]]
-            for (_, lp), (_, ref) in zip(got, want[0], strict=True):
-                for a, b in zip(lp, ref, strict=True):
-                    assert a.keys() == b.keys()
-                    assert all(abs(a[k] - b[k]) < 1e-4 for k in a)
+            _same(_run(two, greedy), want[0])
     assert _children() == []
 
 
@@ -97,7 +102,7 @@ def test_dummy_weights_and_kv_min(checkpoints, tmp_path, monkeypatch) -> None:
     [
         ({"tensor_parallel_size": 0}, "tensor_parallel_size: expected an int >= 1"),
         ({"tensor_parallel_size": True}, "tensor_parallel_size: expected an int >= 1"),
-        ({"data_parallel_size": 2}, "not implemented yet in LLM"),
+        ({"data_parallel_size": 0}, "data_parallel_size: expected an int >= 1"),
         ({"enable_expert_parallel": 1}, "enable_expert_parallel: expected True or False"),
         ({"load_format": "pt"}, "load_format: expected one of"),
     ],
