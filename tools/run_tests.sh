@@ -14,7 +14,8 @@
 # torch thread), balanced by their measured lengths (2026-11-29, 2-core AVX-512 machine, minutes): main run without
 # the interpreter files 10.9, interpreter files 3.8, -O 5.7 (whole suite; now its validation part), one ISA pass 4.9.
 # The foreground runs the main run, plus the interpreter files when two ISA passes run beside it; the other stream
-# runs the rest, its output printed after the foreground's. SERIAL=1 runs everything one after another. The -O pass
+# runs the rest (first the multi-process tests of tests/distributed and tests/engine/parallel, ~2.5 min of Gloo
+# groups, engine ranks and replicas), its output printed after the foreground's. SERIAL=1 runs everything one after another. The -O pass
 # leaves out tests/engine/serving (about 2 minutes of live servers; the server validates with pydantic, not assert)
 # and tests/engine/parallel (multi-process Gloo runs of engines whose validation the single-process tests cover).
 # Usage: tools/run_tests.sh [PYTHON]   (default .venv/bin/python)
@@ -35,13 +36,20 @@ interpreter_tests() {
   "$PY" -m pytest -q -p no:cacheprovider tests/correctness/*_interpret.py
 }
 
+multi_process_tests() {
+  echo "=== the multi-process tests (tests/distributed, tests/engine/parallel: Gloo groups, engine ranks and replicas)"
+  "$PY" -m pytest -q -p no:cacheprovider tests/distributed tests/engine/parallel
+}
+
 main_stream() {
-  "$PY" -m pytest -q --ignore-glob='*_interpret.py' || return 1
+  "$PY" -m pytest -q --ignore-glob='*_interpret.py' --ignore=tests/distributed --ignore=tests/engine/parallel \
+    || return 1
   [ "$INTERP_IN_MAIN" = 1 ] && { interpreter_tests || return 1; }
   return 0
 }
 
 side_stream() {
+  multi_process_tests || return 1
   [ "$INTERP_IN_MAIN" = 0 ] && { interpreter_tests || return 1; }
   echo "=== python -O: the validation and engine tests (tests/unit, tests/engine, tests/property; not stress, not the server's or the multi-process ones)"
   "$PY" -O -m pytest -q -p no:cacheprovider -m "not stress" tests/unit tests/engine tests/property \
