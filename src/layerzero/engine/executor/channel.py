@@ -1,9 +1,9 @@
 """The executor's control channel between rank 0 and the other ranks: length-prefixed msgpack frames over TCP
 (no pickle), authenticated by a shared random key. Rank 0 listens; every other rank connects, sends the key
 and its rank. Step messages carry the plain :class:`~layerzero.engine.core.sched.output.SchedulerOutput`
-(``to_dict``); workers answer only at start-up (ready / failed) and when they fail.
+(:mod:`.step_codec`); workers answer only at start-up (ready / failed) and when they fail.
 
-Message kinds (rank 0 -> workers): ``["step", scheduler_output_dict]``, ``["reset"]``, ``["report",
+Message kinds (rank 0 -> workers): ``["step", ...]`` (:mod:`.step_codec`), ``["reset"]``, ``["report",
 buckets]`` (kernel_report: every rank dry-runs the same forwards), ``["shutdown"]``; workers -> rank 0:
 ``["ready", rank]``, ``["failed", rank, error_type, message, traceback]``."""
 

@@ -44,6 +44,7 @@ from ..worker.sampler import SamplingError
 from ..worker.warmup import WarmupReport
 from ..worker.worker import ModelRunnerOutput, Worker
 from .channel import Channel, accept, connect, pack, unpack
+from .step_codec import StepDecoder, StepEncoder
 
 __all__ = ["STARTUP_TIMEOUT_S", "MultiprocExecutor", "rank_device", "torchrun_rank"]
 
@@ -91,6 +92,7 @@ class MultiprocExecutor:
         self.worker: Worker | None = None
         self._procs: dict[int, Any] = {}
         self._chans: dict[int, Channel] = {}
+        self._encoder = StepEncoder(capacity=max(4096, 4 * ec.max_num_seqs))
         self._ready: set[int] = set()
         self._failure: WorkerFailedError | None = None
         self._closing = threading.Event()
@@ -293,7 +295,7 @@ class MultiprocExecutor:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._raise_if_failed()
         try:
-            self._broadcast(pack(["step", scheduler_output.to_dict()]))
+            self._broadcast(self._encoder.encode(scheduler_output))
             return self.worker.execute_model(scheduler_output)
         except SamplingError:  # every rank drew the same rows and raised alike: the core fails those rows
             raise
@@ -474,11 +476,12 @@ def _serve(worker: Worker, chan: Channel) -> None:
     """The worker loop: each step as rank 0 runs it; a launched step's tokens are read after the next one is
     launched (as rank 0 does with async scheduling), so the device never idles on this rank's host."""
     pending: ModelRunnerOutput | None = None
+    decoder = StepDecoder()
     while True:
         msg = chan.recv()
         kind = msg[0]
         if kind == "step":
-            out = SchedulerOutput.from_dict(msg[1])
+            out = decoder.decode(msg)
             try:
                 launched = worker.execute_model(out)
             except SamplingError:  # rank 0 raised the same: the core rolls back and sends reset
