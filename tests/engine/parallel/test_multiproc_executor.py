@@ -1,8 +1,9 @@
 """The multi-process executor on the CPU (Gloo): ``LLM(tensor_parallel_size=2)`` gives ``LLM(tp=1)``'s tokens
-and logprobs within 1e-4 (the sharded model sums in another order);
-seeded sampling, ``load_format="dummy"``, the KV block count as the minimum over ranks, the flags' validation,
-a killed worker (a typed error within seconds, no orphans), a worker that fails at start-up (the rank named)
-and ``AsyncLLM`` with two ranks. Every test ends the processes it started."""
+and logprobs within 1e-4 (the sharded model sums in another order), and so do four ranks (Llama, its KV heads
+replicated) and expert parallelism (Qwen3-MoE); seeded sampling, ``load_format="dummy"``, the KV block count
+as the minimum over ranks, the flags' validation, a killed worker (a typed error within seconds, no orphans),
+a worker that fails at start-up (the rank named) and ``AsyncLLM`` with two ranks. Every test ends the
+processes it started."""
 
 from __future__ import annotations
 
@@ -74,6 +75,24 @@ def test_tp2_matches_tp1(checkpoints) -> None:
     with LLM(ck, tensor_parallel_size=2, **kw) as two:
         for _ in range(2):  # the second run hits the prefix cache
             _same(_run(two, greedy), want[0])
+    assert _children() == []
+
+
+@pytest.mark.parametrize(
+    "family,kw",
+    [
+        ("llama", {"tensor_parallel_size": 4}),  # 2 KV heads over 4 ranks: each KV head on two ranks
+        # attention TP, experts EP
+        ("qwen3_moe", {"tensor_parallel_size": 2, "enable_expert_parallel": True}),
+    ],
+    ids=["llama-tp4", "moe-tp2-ep"],
+)
+def test_tp4_and_expert_parallel_match_one_rank(checkpoints, family, kw) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, logprobs=2, ignore_eos=True)
+    with LLM(checkpoints[family], **KW) as one:
+        want = _run(one, greedy)
+    with LLM(checkpoints[family], **kw, **KW) as many:
+        _same(_run(many, greedy), want)
     assert _children() == []
 
 
