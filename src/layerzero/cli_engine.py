@@ -279,6 +279,11 @@ def _cmd_bench_engine(ns: argparse.Namespace) -> int:
         hf_batch=ns.hf_batch,
         out=ns.out,
         enforce_eager=ns.enforce_eager,
+        engine_options={
+            "tensor_parallel_size": ns.tensor_parallel_size,
+            "enable_expert_parallel": ns.enable_expert_parallel,
+            "load_format": ns.load_format,
+        },
     )
     hf = res.get("transformers", {})
     print(
@@ -442,6 +447,18 @@ def add_parsers(sub: Any) -> None:
         "--hf-batch", type=int, default=64, help="requests transformers generates in one batch (0: skip)"
     )
     be.add_argument("--enforce-eager", action="store_true")
+    be.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="ranks holding the model (docs/parallel.md)"
+    )
+    be.add_argument(
+        "--enable-expert-parallel", action="store_true", help="a MoE model's experts split over the ranks"
+    )
+    be.add_argument(
+        "--load-format",
+        choices=("auto", "dummy"),
+        default="auto",
+        help="dummy: seeded random weights, only config.json read (benchmarks/parallel/shapes.py)",
+    )
     be.add_argument(
         "--workload",
         choices=("nano-vllm", "prefix"),

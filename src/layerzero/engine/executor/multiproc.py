@@ -105,7 +105,7 @@ class MultiprocExecutor:
         if launched is not None and launched[0] != 0:  # a torchrun rank: serve rank 0, then end the process
             code = run_rank(launched[0], self.world, rank_device(device, launched[1]), *args)
             raise SystemExit(code)
-        self._finalizer = weakref.finalize(self, _stop_processes, self._procs, self._chans)
+        self._finalizer = weakref.finalize(self, _finalize, self._procs, self._chans, self._closing)
         try:
             self._start(cfg, ec, device, dtype, max_model_len, max_num_batched_tokens, launched)
         except BaseException as exc:
@@ -351,6 +351,17 @@ def _ec_bytes(ec: EngineConfig) -> bytes:
     from ..core.serial import encode_config
 
     return encode_config(ec)
+
+
+def _finalize(procs: dict[int, Any], chans: dict[int, Channel], closing: threading.Event) -> None:
+    """An executor collected or left at interpreter exit without :meth:`MultiprocExecutor.shutdown`: the
+    same clean stop (the monitor told first, so a closing channel is not reported as a failed worker)."""
+    closing.set()
+    data = pack(["shutdown"])
+    for chan in chans.values():
+        with contextlib.suppress(OSError):
+            chan.send_bytes(data)
+    _stop_processes(procs, chans)
 
 
 def _stop_processes(procs: dict[int, Any], chans: dict[int, Channel], grace_s: float = 5.0) -> None:
