@@ -39,7 +39,10 @@ class RequestOutput:
     completions then end with ``finish_reason="error"``), else None; ``prompt_logprobs``: with
     ``SamplingParams.prompt_logprobs``, one entry per prompt token ({token id: raw logprob} of the top-N and
     the prompt token itself; the first token's entry None), shared by the ``n`` completions; in a stream only
-    the first delta has it (None elsewhere, and when not asked for)."""
+    the first delta has it (None elsewhere, and when not asked for); ``queue_time``: seconds the request
+    waited in the engine core's queue before its first step (vLLM's ``time_in_queue``; the server's
+    ``request_queue_time_seconds``), set from its first output on (in a stream: the first delta only), None
+    before it was scheduled."""
 
     request_id: str
     prompt: str | None
@@ -49,11 +52,13 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    queue_time: float | None = None
 
 
 def merge_deltas(outs: list[RequestOutput]) -> RequestOutput:
     """One delta of consecutive deltas of a request (texts, token ids and logprobs concatenated per
-    completion; ``prompt_logprobs`` from the first that has them; the rest from the last)."""
+    completion; ``prompt_logprobs`` and ``queue_time`` from the first that has them; the rest from the
+    last)."""
     last = outs[-1]
     comps = []
     for i, c in enumerate(last.outputs):
@@ -79,4 +84,5 @@ def merge_deltas(outs: list[RequestOutput]) -> RequestOutput:
         last.num_cached_tokens,
         last.error,
         next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None),
+        next((o.queue_time for o in outs if o.queue_time is not None), None),
     )

@@ -146,6 +146,8 @@ def test_metrics_and_kernels(server, client):
     ):
         assert f"layerzero:{name}" in text, name
     assert 'layerzero:request_success_total{finished_reason="length",model_name="tiny"}' in text
+    queued = [x for x in text.splitlines() if x.startswith("layerzero:request_queue_time_seconds_count{")]
+    assert queued and float(queued[0].rsplit(" ", 1)[1]) >= 1  # fed by RequestOutput.queue_time
     # LayerZero's dispatch counters, from the engine core's process (build_app turned them on there)
     calls = [x for x in text.splitlines() if x.startswith("layerzero_kernel_calls_total{")]
     assert any('op="rms_norm"' in x or 'op="linear"' in x for x in calls), calls

@@ -191,6 +191,10 @@ class EngineLoop(StepRecovery):
         if seq.prompt_lp is not None and not seq.prompt_lp.sent:  # the request's first output: all are in
             seq.prompt_lp.sent = True
             prompt_lps = seq.prompt_lp.entries
+        queue_time = None
+        if not seq.queue_time_sent and seq.first_scheduled_time is not None:
+            seq.queue_time_sent = True
+            queue_time = seq.first_scheduled_time - seq.arrival_time
         self._outputs.append(
             EngineCoreOutput(
                 seq.request_id,
@@ -202,6 +206,7 @@ class EngineLoop(StepRecovery):
                 None if reason is None else reason.value,
                 stop,
                 seq.num_cached_tokens,
+                queue_time=queue_time,
             )
         )
         if reason is not None:

@@ -61,7 +61,8 @@ class EngineCoreOutput:
     with the first output: one entry per prompt token, the first None; None unless asked for),
     ``finish_reason`` (``"stop"``, ``"length"``, ``"abort"``, ``"error"`` or None while running),
     ``stop_reason`` (the stop token id, or None), ``num_cached_tokens`` (prompt tokens served from the
-    prefix cache) and ``error`` (why the request failed, with ``finish_reason="error"``)."""
+    prefix cache), ``error`` (why the request failed, with ``finish_reason="error"``) and ``queue_time``
+    (seconds from the core receiving the request to its first step; sent once, with the first output)."""
 
     request_id: str
     index: int
@@ -73,6 +74,7 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    queue_time: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -76,7 +76,8 @@ class Sequence:
     gathered from there on the device), and it counts in :attr:`num_tokens` (so the scheduler schedules its
     decode) but is not in ``token_ids`` (so outputs, stop checks and the prefix cache only ever see known
     tokens). ``length_capped``: the pending token ends the sequence by length (max_tokens / max_model_len), so
-    it is not scheduled again.
+    it is not scheduled again. ``first_scheduled_time``: ``time.monotonic()`` when it first left the waiting
+    queue (its queue time is that minus ``arrival_time``, reported once: ``queue_time_sent``).
 
     ``prompt_lp``: the request's :class:`PromptLogprobs` (shared by its sequences) when it asked for them,
     else None. While they are not ``done`` the sequence is admitted without prefix-cache hits (cached tokens
@@ -102,6 +103,8 @@ class Sequence:
     pending_index: int | None = None
     length_capped: bool = False
     prompt_lp: PromptLogprobs | None = None
+    first_scheduled_time: float | None = None
+    queue_time_sent: bool = False
 
     @property
     def num_pending(self) -> int:

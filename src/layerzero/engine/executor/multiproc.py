@@ -25,7 +25,6 @@ import secrets
 import socket
 import threading
 import time
-import traceback
 import weakref
 from typing import Any
 
@@ -43,16 +42,16 @@ from ..worker.model_runner import ModelRunner
 from ..worker.sampler import SamplingError
 from ..worker.warmup import WarmupReport
 from ..worker.worker import ModelRunnerOutput, Worker
-from .channel import Channel, accept, connect, pack, unpack
-from .step_codec import StepDecoder, StepEncoder
+from .channel import Channel, accept, pack
+from .rank_worker import broadcast_address, rank_device, run_rank, worker_main
+from .step_codec import StepEncoder
 
-__all__ = ["STARTUP_TIMEOUT_S", "MultiprocExecutor", "rank_device", "torchrun_rank"]
+__all__ = ["STARTUP_TIMEOUT_S", "MultiprocExecutor", "torchrun_rank"]
 
 log = logging.getLogger("layerzero.engine")
 
 STARTUP_TIMEOUT_S = 600.0
 """How long rank 0 waits for every worker to connect and to report its model built."""
-_ADDR_BYTES = 256
 
 
 def torchrun_rank(world_size: int) -> tuple[int, int] | None:
@@ -63,11 +62,6 @@ def torchrun_rank(world_size: int) -> tuple[int, int] | None:
     if "RANK" in env and "LOCAL_RANK" in env and env.get("WORLD_SIZE") == str(world_size):
         return int(env["RANK"]), int(env["LOCAL_RANK"])
     return None
-
-
-def rank_device(device: torch.device, local_rank: int) -> torch.device:
-    """The device of the rank ``local_rank`` of its node: ``cuda:<local_rank>`` on CUDA, else ``device``."""
-    return torch.device("cuda", local_rank) if device.type == "cuda" else device
 
 
 class MultiprocExecutor:
@@ -133,7 +127,7 @@ class MultiprocExecutor:
                 spawn = multiprocessing.get_context("spawn")
                 for rank in range(1, self.world):
                     p = spawn.Process(
-                        target=_worker_main,
+                        target=worker_main,
                         args=(rank, self.world, addr, port, _ec_bytes(ec), dtype, max_model_len, budget),
                         name=f"LayerZeroWorker-{rank}",
                         daemon=True,
@@ -179,7 +173,7 @@ class MultiprocExecutor:
         host = os.environ.get("MASTER_ADDR", "127.0.0.1") if multi_node else "127.0.0.1"
         server = self._server = socket.create_server(("0.0.0.0" if multi_node else host, 0))
         key = secrets.token_bytes(32)
-        _broadcast_address(parallel, device, [host, server.getsockname()[1], key])
+        broadcast_address(parallel, device, [host, server.getsockname()[1], key])
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while len(self._chans) < self.world - 1:
             self._check_procs()
@@ -398,114 +392,3 @@ def _env(**values: str) -> Any:
 
 def _multi_node() -> bool:
     return os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE")) != os.environ.get("WORLD_SIZE")
-
-
-def _broadcast_address(parallel: ParallelState, device: torch.device, value: list[Any] | None) -> list[Any]:
-    """Rank 0's ``value`` (host, port, key) on every rank: one fixed-size broadcast of its msgpack bytes."""
-    buf = torch.zeros(_ADDR_BYTES, dtype=torch.uint8, device=device)
-    if value is not None:
-        data = pack(value)
-        buf[0] = len(data)
-        buf[1 : 1 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    dist.broadcast(buf, src=0, group=parallel.group)
-    raw = bytes(buf.cpu().tolist())
-    return unpack(raw[1 : 1 + raw[0]])
-
-
-def _die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when its parent exits (no orphan worker if the engine is killed)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _worker_main(
-    rank: int,
-    world: int,
-    addr: str,
-    port: int,
-    ec_bytes: bytes,
-    dtype: torch.dtype,
-    max_model_len: int,
-    budget: int,
-) -> None:
-    """A spawned worker process: rank ``rank`` (its local rank too) of ``world``."""
-    _die_with_parent()
-    from ..config import resolve_device
-    from ..core.serial import decode_config
-
-    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))
-    ec = decode_config(ec_bytes)
-    device = rank_device(resolve_device(ec.device), rank)
-    if device.type == "cpu":  # the ranks share the host's cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    raise SystemExit(run_rank(rank, world, device, ec, dtype, max_model_len, budget))
-
-
-def run_rank(
-    rank: int,
-    world: int,
-    device: torch.device,
-    ec: EngineConfig,
-    dtype: torch.dtype,
-    max_model_len: int,
-    budget: int,
-) -> int:
-    """Rank ``rank`` >= 1: join the group, connect to rank 0, build the worker, run what rank 0 sends until it
-    says shutdown (or goes away). Returns the exit code (0: shut down; 1: failed, reported to rank 0)."""
-    parallel = dataclasses.replace(init_distributed(rank, world, device), ep=ec.enable_expert_parallel)
-    chan: Channel | None = None
-    try:
-        host, port, key = _broadcast_address(parallel, device, None)
-        chan = connect(host, port, key, rank, 60.0)
-        lz.distributed.sync_selection(device=device)
-        cfg = ModelConfig.from_pretrained(ec.model)
-        worker = Worker(cfg, ec, device, dtype, max_model_len, budget, parallel)
-        chan.send(["ready", rank])
-        _serve(worker, chan)
-        return 0
-    except EOFError:  # rank 0 went away: nothing to report to
-        return 1
-    except BaseException as exc:
-        if chan is not None:
-            with contextlib.suppress(Exception):
-                chan.send(["failed", rank, type(exc).__name__, str(exc), traceback.format_exc()])
-        else:
-            traceback.print_exc()
-        return 1
-    finally:
-        if chan is not None:
-            chan.close()
-        with contextlib.suppress(Exception):
-            lz.distributed.unsync()
-            dist.destroy_process_group()
-
-
-def _serve(worker: Worker, chan: Channel) -> None:
-    """The worker loop: each step as rank 0 runs it; a launched step's tokens are read after the next one is
-    launched (as rank 0 does with async scheduling), so the device never idles on this rank's host."""
-    pending: ModelRunnerOutput | None = None
-    decoder = StepDecoder()
-    while True:
-        msg = chan.recv()
-        kind = msg[0]
-        if kind == "step":
-            out = decoder.decode(msg)
-            try:
-                launched = worker.execute_model(out)
-            except SamplingError:  # rank 0 raised the same: the core rolls back and sends reset
-                launched = None
-            if pending is not None:
-                pending.get_output()
-            pending = launched
-        elif kind == "reset":
-            pending = None
-            worker.reset()
-        elif kind == "report":
-            worker.runner.kernel_report([(k, int(n)) for k, n in msg[1]])
-        elif kind == "shutdown":
-            return
-        else:
-            raise RuntimeError(f"executor channel: expected step, reset, report or shutdown, got {kind!r}")

@@ -66,6 +66,8 @@ class _Request:
         "prompt",
         "prompt_logprobs",
         "prompt_token_ids",
+        "queue_time",
+        "queue_time_sent",
         "request_id",
     )
 
@@ -94,6 +96,8 @@ class _Request:
         self.error: str | None = None
         self.prompt_logprobs: list[dict[int, float] | None] | None = None  # the core sends them once
         self.plp_sent = False  # a delta has returned them
+        self.queue_time: float | None = None  # the core sends it once, with the first output
+        self.queue_time_sent = False
 
     @property
     def finished(self) -> bool:
@@ -159,6 +163,8 @@ class OutputProcessor:
                 continue
             if o.prompt_logprobs is not None and req.prompt_logprobs is None:
                 req.prompt_logprobs = o.prompt_logprobs
+            if o.queue_time is not None and req.queue_time is None:
+                req.queue_time = o.queue_time
             c = req.comps[o.index]
             if c.finished:
                 continue
@@ -231,6 +237,18 @@ class OutputProcessor:
         if delta and plp is not None:  # a stream returns them once, in the first delta that can
             plp = None if req.plp_sent else plp
             req.plp_sent = True
+        queue_time = req.queue_time
+        if delta and queue_time is not None:  # likewise once in a stream
+            queue_time = None if req.queue_time_sent else queue_time
+            req.queue_time_sent = True
         return RequestOutput(
-            req.request_id, req.prompt, req.prompt_token_ids, outs, finished, req.num_cached, req.error, plp
+            req.request_id,
+            req.prompt,
+            req.prompt_token_ids,
+            outs,
+            finished,
+            req.num_cached,
+            req.error,
+            plp,
+            queue_time,
         )

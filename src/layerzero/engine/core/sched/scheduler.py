@@ -24,6 +24,7 @@ again), and its chunks' prompt positions are named in ``SchedulerOutput.prompt_l
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 
 from ..kv.block_manager import KVCacheManager
@@ -182,6 +183,8 @@ class Scheduler:
             if not recompute:
                 self.kv.get_computed_blocks(seq.token_ids)  # counts the admitted lookup in the hit rate
             self.waiting.remove(seq)
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             seq.status, seq.num_computed_tokens = SequenceStatus.RUNNING, cached
             seq.num_cached_tokens = max(seq.num_cached_tokens, cached) if seq.num_preemptions else cached
             self.running.append(seq)
