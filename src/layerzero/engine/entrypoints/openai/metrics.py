@@ -10,7 +10,7 @@ From the engine core's stats (read at scrape time, ``AsyncLLM.get_stats()``): ga
 ``layerzero:request_success_total{finished_reason}`` (one per finished completion: stop, length, abort,
 error), histograms ``layerzero:time_to_first_token_seconds``, ``layerzero:inter_token_latency_seconds`` (per
 output delta after the first, divided over its tokens), ``layerzero:e2e_request_latency_seconds`` and
-``layerzero:request_queue_time_seconds`` (observed when the engine's output carries ``queue_time``). The
+``layerzero:request_queue_time_seconds`` (``RequestOutput.queue_time``, once per request). The
 kernels serve through ``GET /v1/layerzero/kernels`` (the engine core's report: its process runs them).
 
 LayerZero's dispatch counters come from the engine core's process (``AsyncLLM.dispatch_counters()``: its
