@@ -96,6 +96,26 @@ def test_tp4_and_expert_parallel_match_one_rank(checkpoints, family, kw) -> None
     assert _children() == []
 
 
+def test_preemption_under_tp2(checkpoints) -> None:
+    """A pool too small for the batch (7 blocks of 4 tokens, 6 sequences): requests are preempted and
+    recomputed, and two ranks still give one rank's tokens."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, logprobs=1, ignore_eos=True)
+    kw = {**KW, "num_kv_blocks": 7, "max_num_seqs": 8, "max_model_len": 28}
+    prompts = [list(p) for p in PROMPTS] * 2
+    with LLM(checkpoints["qwen3"], **kw) as one:
+        want = [
+            (list(o.outputs[0].token_ids), o.outputs[0].logprobs)
+            for o in one.generate(prompts, greedy, use_tqdm=False)
+        ]
+    with LLM(checkpoints["qwen3"], tensor_parallel_size=2, **kw) as two:
+        got = [
+            (list(o.outputs[0].token_ids), o.outputs[0].logprobs)
+            for o in two.generate(prompts, greedy, use_tqdm=False)
+        ]
+        assert two.stats()["preemptions"] > 0  # the configuration really preempts
+    _same(got, want)
+
+
 def test_dummy_weights_and_kv_min(checkpoints, tmp_path, monkeypatch) -> None:
     # rank 1 can hold only 20 blocks: the engine's pool is the minimum over ranks
     _sitecustomize(
