@@ -97,8 +97,8 @@ def test_tp4_and_expert_parallel_match_one_rank(checkpoints, family, kw) -> None
 
 
 def test_preemption_under_tp2(checkpoints) -> None:
-    """A pool too small for the batch (7 blocks of 4 tokens, 6 sequences): requests are preempted and
-    recomputed, and two ranks still give one rank's tokens."""
+    """A pool too small for the batch (7 blocks of 4 tokens, 6 sequences of up to 19 tokens): requests are
+    preempted and recomputed, and two ranks still give one rank's tokens."""
     greedy = SamplingParams(temperature=0.0, max_tokens=10, logprobs=1, ignore_eos=True)
     kw = {**KW, "num_kv_blocks": 7, "max_num_seqs": 8, "max_model_len": 28}
     prompts = [list(p) for p in PROMPTS] * 2
