@@ -2,12 +2,11 @@
 and logprobs within 1e-4 (the sharded model sums in another order), and so do four ranks (Llama, its KV heads
 replicated) and expert parallelism (Qwen3-MoE); seeded sampling, ``load_format="dummy"``, the KV block count
 as the minimum over ranks, the flags' validation, a killed worker (a typed error within seconds, no orphans),
-a worker that fails at start-up (the rank named) and ``AsyncLLM`` with two ranks. Every test ends the
-processes it started."""
+a worker that fails at start-up (the rank named) (``AsyncLLM`` with two ranks: ``test_serve_parallel.py``,
+through the server). Every test ends the processes it started."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import textwrap
@@ -200,26 +199,4 @@ def test_worker_startup_failure_names_rank(checkpoints, tmp_path, monkeypatch) -
         LLM(checkpoints["qwen3"], tensor_parallel_size=2, **KW)
     assert info.value.rank == 1 and info.value.remote_type == "ConfigurationError"
     assert time.monotonic() - t0 < 60
-    assert _children() == []
-
-
-def test_async_llm_tp2(checkpoints) -> None:
-    from layerzero.engine import AsyncLLM
-
-    async def main() -> list[int]:
-        with AsyncLLM(checkpoints["qwen3"], tensor_parallel_size=2, **KW) as engine:
-            params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-            toks: list[int] = []
-            async for out in engine.generate(PROMPTS[0], params, "r0"):
-                toks += out.outputs[0].token_ids  # deltas
-            return toks
-
-    got = asyncio.run(main())
-    with LLM(checkpoints["qwen3"], **KW) as one:
-        want = one.generate(
-            [PROMPTS[0]],
-            SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
-            use_tqdm=False,
-        )
-    assert got == list(want[0].outputs[0].token_ids)
     assert _children() == []

@@ -1,0 +1,89 @@
+"""``layerzero serve --tensor-parallel-size 2 --data-parallel-size 2`` (the CLI, on 127.0.0.1, CPU, Gloo): two
+engine replicas of two ranks each answer the official ``openai`` client; concurrent greedy completions equal
+one-rank ``LLM.generate``'s text, ``/health`` is 200, and SIGTERM drains and exits 0 with no process left."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from layerzero.engine import LLM, SamplingParams  # noqa: E402
+
+SRC = Path(__file__).resolve().parents[3] / "src"
+PROMPTS = ["hello world", "the cat sat on", "a b c d e", "one two"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_tp2_dp2_answers_the_openai_client(checkpoints):
+    model = str(checkpoints["qwen3"])
+    with LLM(model, device="cpu", dtype=torch.float32, max_model_len=128) as one:
+        want = [
+            o.outputs[0].text
+            for o in one.generate(
+                PROMPTS, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False
+            )
+        ]
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "layerzero",
+        "serve",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+    ]
+    cmd += ["--dtype", "float32", "--max-model-len", "128", "--served-model-name", "tiny"]
+    cmd += ["--tensor-parallel-size", "2", "--data-parallel-size", "2", "--drain-timeout", "20"]
+    env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-3000:]
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=60, max_retries=0)
+
+        def complete(prompt: str) -> str:
+            r = client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+            )
+            return r.choices[0].text
+
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            got = list(pool.map(complete, PROMPTS))
+        assert got == want
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
