@@ -5,12 +5,9 @@ one-rank ``LLM.generate``'s text, ``/health`` is 200, and SIGTERM drains and exi
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +17,8 @@ openai = pytest.importorskip("openai")
 
 from layerzero.engine import LLM, SamplingParams  # noqa: E402
 
-SRC = Path(__file__).resolve().parents[3] / "src"
+from ..serve_process import serve_env, wait_healthy  # noqa: E402
+
 PROMPTS = ["hello world", "the cat sat on", "a b c d e", "one two"]
 
 
@@ -56,19 +54,10 @@ def test_serve_tp2_dp2_answers_the_openai_client(checkpoints):
     ]
     cmd += ["--dtype", "float32", "--max-model-len", "128", "--served-model-name", "tiny"]
     cmd += ["--tensor-parallel-size", "2", "--data-parallel-size", "2", "--drain-timeout", "20"]
-    env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=serve_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-3000:]
-            time.sleep(0.2)
+        wait_healthy(url, proc, 180)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=60, max_retries=0)
 
         def complete(prompt: str) -> str:

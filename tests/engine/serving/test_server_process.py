@@ -5,13 +5,11 @@ server module."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,11 +17,10 @@ import pytest
 import layerzero as lz
 from layerzero.engine.entrypoints.openai.api_server import add_server_args, check_bind
 
+from ..serve_process import serve_env, wait_healthy
 from .conftest import free_port
 
 pytestmark = pytest.mark.integration
-
-SRC = Path(lz.__file__).resolve().parents[1]
 
 
 def test_flags_and_defaults():
@@ -57,12 +54,8 @@ NO_WEB = textwrap.dedent(
 )
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-
-
 def test_engine_and_server_modules_import_no_web_library():
-    r = subprocess.run([sys.executable, "-c", NO_WEB], env=_env(), capture_output=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", NO_WEB], env=serve_env(), capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
 
 
@@ -72,18 +65,10 @@ def test_sigterm_drains_then_exits_zero(model_dir):
     port = free_port()
     cmd = [sys.executable, "-m", "layerzero", "serve", "--model", model_dir, "--port", str(port)]
     cmd += ["--device", "cpu", "--dtype", "float32", "--max-model-len", "256", "--drain-timeout", "20"]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=serve_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-3000:]
-            time.sleep(0.1)
+        wait_healthy(url, proc)
         body = {"prompt": "hello", "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
         with httpx.Client(timeout=30) as c, c.stream("POST", url + "/v1/completions", json=body) as r:
             lines = r.iter_lines()
