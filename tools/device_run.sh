@@ -43,6 +43,9 @@
 #   cold-start benchmarks/engine/cold_start.py $COLD_ARGS (bench-engine's workload twice per fresh process, warm-up on / off,
 #             empty then populated Triton cache under /tmp/cold_caches; its own TRITON_CACHE_DIR per cell) into $OUT/cold_start.md
 #   bench-isolation benchmarks/bench_isolation.py --device cuda (isolated-kernel call cost over CUDA IPC) into $OUT
+#   parallel-x2 (nvidia-h200-x2) the two-GPU tests (engine TP / EP vs one GPU, graphs; collectives; selection
+#             sync), then bench-engine on the Qwen3-8B shape at TP 1 and 2 and on Qwen3-30B-A3B at TP 1, 2 and
+#             2 + EP (load_format dummy), everything packed into $OUT/parallel_x2.tgz
 # JIT caches (FlashInfer workspace, Triton) live in the ignored .fi_ws/ of the checkout there: a device machine that is
 # still warm keeps them between calls.
 set -uo pipefail
@@ -111,6 +114,16 @@ for stage in "$@"; do
     cold-start) timeout ${BENCH_TIMEOUT:-580} python3 benchmarks/engine/cold_start.py --cache-root /tmp/cold_caches \
         --out "$OUT/cold_start.md" ${COLD_ARGS:-} 2>&1 | tee "$OUT/cold_start.log" | grep "^|" | tail -12; rm -rf /tmp/cold_caches ;;
     bench-isolation) timeout 200 python3 benchmarks/bench_isolation.py --device cuda --out "$OUT/isolation_cuda.md" 2>&1 | tail -12 ;;
+    parallel-x2) export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+        P="$OUT/parallel_x2"; mkdir -p "$P"; python3 benchmarks/parallel/shapes.py --out /tmp/shapes > /dev/null
+        timeout ${GPU_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/engine/gpu/test_engine_tp_gpu.py \
+            tests/gpu/test_gpu_collectives.py tests/gpu/test_gpu_distributed.py 2>&1 | tee "$P/tests.txt" | tail -15
+        for run in "qwen3-8b 1" "qwen3-8b 2" "qwen3-30b-a3b 1" "qwen3-30b-a3b 2" "qwen3-30b-a3b 2 --enable-expert-parallel"; do
+          set -- $run; name=$1; tp=$2; shift 2
+          timeout ${BENCH_TIMEOUT:-300} python3 -m layerzero bench-engine --model /tmp/shapes/$name --load-format dummy \
+              --tensor-parallel-size $tp "$@" --hf-batch 0 --out "$P/${name}_tp${tp}${1:+_ep}" 2>&1 | tail -3
+        done
+        tar czf "$OUT/parallel_x2.tgz" -C "$OUT" parallel_x2 && rm -rf "$P" ;;
     bench-sample) timeout 150 python3 benchmarks/bench_sample.py --out "$OUT/sample.md" 2>&1 | tail -12 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
