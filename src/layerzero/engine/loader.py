@@ -96,21 +96,16 @@ def _open(file: Path) -> Any:
         ) from exc
 
 
-def _unreadable(name: str, file: Path, exc: Exception) -> Exception:
-    """The ConfigurationError of a tensor safetensors could not read."""
-    return bad_config(
-        f"tensor {name} of safetensors file {file}",
-        "a readable tensor",
-        f"{type(exc).__name__}: {exc}",
-        _REDOWNLOAD,
-    )
+def _unreadable(what: str, exc: Exception, expected: str = "a readable tensor") -> Exception:
+    """The ConfigurationError of a tensor (or part of one) safetensors could not read."""
+    return bad_config(what, expected, f"{type(exc).__name__}: {exc}", _REDOWNLOAD)
 
 
 def _tensor(f: Any, name: str, file: Path) -> torch.Tensor:
     try:
         return f.get_tensor(name)
     except Exception as exc:  # as _open
-        raise _unreadable(name, file, exc) from exc
+        raise _unreadable(f"tensor {name} of safetensors file {file}", exc) from exc
 
 
 def _tensors(path: str | Path) -> Iterator[tuple[Path, str, torch.Tensor]]:
@@ -141,7 +136,7 @@ class LazySlice:
             self.shape = tuple(self._slice.get_shape())
             code = self._slice.get_dtype()
         except Exception as exc:  # as _open
-            raise _unreadable(name, file, exc) from exc
+            raise _unreadable(f"tensor {name} of safetensors file {file}", exc) from exc
         if code not in _SLICE_DTYPES:
             raise _bad_dtype(name, file, code)
         self.dtype = _SLICE_DTYPES[code]
@@ -150,12 +145,8 @@ class LazySlice:
         try:
             return self._slice[index]
         except Exception as exc:  # as _open
-            raise bad_config(
-                f"tensor {self.name}{list(self.shape)} of safetensors file {self.file}, part {index!r}",
-                "a readable slice",
-                f"{type(exc).__name__}: {exc}",
-                _REDOWNLOAD,
-            ) from exc
+            what = f"tensor {self.name}{list(self.shape)} of safetensors file {self.file}, part {index!r}"
+            raise _unreadable(what, exc, "a readable slice") from exc
 
 
 def _bad_dtype(name: str, file: Path, dtype: Any) -> Exception:

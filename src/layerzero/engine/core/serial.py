@@ -112,8 +112,9 @@ _PARAM_DEFAULTS = {
 _STATS_EXT = 1  # msgpack ext type code of a SchedulerStats inside a utility result
 
 
-def _params_fields(p: SamplingParams) -> dict[str, Any]:
-    """The init fields of ``p`` that differ from the defaults (the validated values)."""
+def params_fields(p: SamplingParams) -> dict[str, Any]:
+    """The init fields of ``p`` that differ from the defaults (the validated values; read-only mappings as
+    dicts): ``SamplingParams(**params_fields(p))`` rebuilds ``p``."""
     out = {}
     for name, default in _PARAM_DEFAULTS.items():
         v = getattr(p, name)
@@ -172,7 +173,7 @@ _PARAMS_AT = _REQUEST_FIELDS.index("sampling_params")
 
 def _enc_request(m: EngineCoreRequest) -> list[Any]:
     f = [getattr(m, name) for name in _REQUEST_FIELDS]
-    f[_PARAMS_AT] = _params_fields(m.sampling_params)
+    f[_PARAMS_AT] = params_fields(m.sampling_params)
     return f
 
 

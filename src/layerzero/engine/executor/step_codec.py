@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..core.sched.output import PromptLogprobsRows, SamplingMetadata, SchedulerOutput
+from ..core.serial import params_fields
 from ..sampling_params import SamplingParams
 from .channel import pack, unpack
 
@@ -34,17 +35,6 @@ _PLAIN = tuple(
     for f in dataclasses.fields(SchedulerOutput)
     if f.name not in ("block_tables", "sampling", "prompt_logprobs")
 )
-_PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams) if f.init}
-
-
-def _params_fields(p: SamplingParams) -> dict[str, Any]:
-    """The init fields of ``p`` that differ from their defaults (read-only mappings as dicts)."""
-    out = {}
-    for name, default in _PARAM_DEFAULTS.items():
-        v = getattr(p, name)
-        if v != default:
-            out[name] = dict(v) if hasattr(v, "keys") else v
-    return out
 
 
 class StepEncoder:
@@ -66,7 +56,7 @@ class StepEncoder:
         rows = [rid for rid, sample in zip(out.req_ids, out.sample, strict=True) if sample]
         for i, (rid, params) in enumerate(zip(rows, s.params, strict=True)):
             if self._sent.get(rid) is not params:
-                new[i] = _params_fields(params)
+                new[i] = params_fields(params)
                 self._sent[rid] = params
             self._sent.move_to_end(rid)
         forget = []
