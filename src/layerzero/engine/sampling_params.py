@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from .errors import bad_input
+from .structured_params import StructuredOutputsParams
 
-__all__ = ["MAX_LOGPROBS", "MAX_SEED", "MAX_TOP_K", "SamplingParams"]
+__all__ = ["MAX_LOGPROBS", "MAX_SEED", "MAX_TOP_K", "SamplingParams", "StructuredOutputsParams"]
 
 MAX_LOGPROBS = 20
 """The most top-N logprobs a request may ask for (OpenAI's and vLLM's default limit)."""
@@ -110,6 +111,14 @@ class SamplingParams:
       entry per prompt token, the first None; sent with the request's first output). Such a request
       recomputes its prompt (no prefix-cache hits: cached tokens have no logits), as vLLM does.
     - ``skip_special_tokens``: leave special tokens out of the text (as tokenizers' ``decode`` does).
+    - ``allowed_token_ids``: only these tokens may be generated (every other logit is -inf); ``bad_words``:
+      words never generated (each tokenized by the front end with and without a leading space into
+      ``bad_words_token_ids``: a word's last token is banned where the output ends with its other tokens,
+      vLLM's rule); ``bad_words_token_ids`` may also be given directly.
+    - ``structured_outputs``: a :class:`StructuredOutputsParams` (or its dict): the output follows a JSON
+      schema, a regex, a choice or a grammar (docs/decoding.md).
+    - ``extra_args``: free-form per-request arguments for logits-processor plugins (vLLM v1's
+      ``extra_args``): plain data (msgpack-able).
 
     Every float must also be representable in float32, the sampler's dtype (``temperature=1e39`` is finite in
     Python and ``inf`` there). Ints may be Python or numpy integers; they are stored as Python ints, lists as
@@ -141,6 +150,11 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    allowed_token_ids: Sequence[int] | None = None
+    bad_words: str | Sequence[str] | None = None
+    bad_words_token_ids: Sequence[Sequence[int]] | None = None
+    structured_outputs: StructuredOutputsParams | Mapping[str, Any] | None = None
+    extra_args: Mapping[str, Any] | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
@@ -244,6 +258,84 @@ class SamplingParams:
                 ),
             )
 
+        self._check_new_fields(put)
+
+    def _check_new_fields(self, put: Any) -> None:
+        """Validate the token-restriction, structured-output and plugin fields."""
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if (
+                isinstance(ids, (str, bytes))
+                or not isinstance(ids, (list, tuple, np.ndarray))
+                or not len(ids)
+            ):
+                raise bad_input(
+                    "SamplingParams.allowed_token_ids",
+                    "a non-empty list of token ids or None",
+                    repr(ids),
+                    "Use None to allow every token.",
+                )
+            put(self, "allowed_token_ids", tuple(_int("allowed_token_ids item", t, 0) for t in ids))
+        words = [self.bad_words] if isinstance(self.bad_words, str) else self.bad_words
+        if words is not None:
+            if not isinstance(words, (list, tuple)) or not all(
+                isinstance(w, str) and w.strip() for w in words
+            ):
+                raise bad_input(
+                    "SamplingParams.bad_words", "a list of non-blank strings or None", repr(self.bad_words)
+                )
+            for w in words:
+                _check_text("bad_words", w)
+            put(self, "bad_words", tuple(words))
+        if self.bad_words_token_ids is not None:
+            seqs = self.bad_words_token_ids
+            if not isinstance(seqs, (list, tuple)) or not all(
+                isinstance(w, (list, tuple)) and len(w) for w in seqs
+            ):
+                raise bad_input(
+                    "SamplingParams.bad_words_token_ids",
+                    "a list of non-empty token-id lists or None",
+                    repr(seqs),
+                )
+            put(
+                self,
+                "bad_words_token_ids",
+                tuple(tuple(_int("bad_words_token_ids item", t, 0) for t in w) for w in seqs),
+            )
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            if not isinstance(so, Mapping):
+                raise bad_input(
+                    "SamplingParams.structured_outputs",
+                    "a StructuredOutputsParams, its dict, or None",
+                    type(so).__name__,
+                )
+            try:
+                so = StructuredOutputsParams(**so)
+            except TypeError as exc:
+                raise bad_input(
+                    "SamplingParams.structured_outputs", "StructuredOutputsParams' fields", str(exc)
+                ) from None
+            put(self, "structured_outputs", so)
+        if self.extra_args is not None:
+            if not isinstance(self.extra_args, Mapping) or not all(
+                isinstance(k, str) for k in self.extra_args
+            ):
+                raise bad_input(
+                    "SamplingParams.extra_args", "a dict with string keys or None", repr(self.extra_args)
+                )
+            put(self, "extra_args", MappingProxyType(dict(self.extra_args)))
+
+    @property
+    def restricted(self) -> bool:
+        """Whether the request limits which tokens may come next: ``allowed_token_ids``, bad words or a
+        structured-output constraint (the sampler masks its row)."""
+        return (
+            self.allowed_token_ids is not None
+            or self.bad_words_token_ids is not None
+            or self.structured_outputs is not None
+        )
+
     @property
     def greedy(self) -> bool:
         """Temperature 0: argmax decoding (top-k/top-p/min-p and the seed do not matter)."""
@@ -269,6 +361,8 @@ class SamplingParams:
         for name, ids in (
             ("logit_bias", self.logit_bias or {}),
             ("stop_token_ids", self.stop_token_ids or []),
+            ("allowed_token_ids", self.allowed_token_ids or []),
+            ("bad_words_token_ids", [t for w in self.bad_words_token_ids or () for t in w]),
         ):
             for t in ids:
                 if t >= vocab_size:

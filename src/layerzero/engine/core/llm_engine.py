@@ -74,7 +74,7 @@ class EngineLoop(StepRecovery):
         prev = self._inflight
         t0 = time.perf_counter()
         appended = 0
-        if prev is not None and any(s.params.penalized for s in prev.sampled if not s.finished):
+        if prev is not None and any(self._needs_known_tokens(s) for s in prev.sampled if not s.finished):
             appended = self._read(prev)[1]
             prev = self._inflight = None
         out = self.scheduler.schedule()
@@ -98,6 +98,12 @@ class EngineLoop(StepRecovery):
                     seq.length_capped = self._length_reached(seq)  # counts the pending token just set
         self._finish_step(chunks, appended, (t0, t1, t2, t3, time.perf_counter()))
         return bool(chunks)
+
+    @staticmethod
+    def _needs_known_tokens(seq: Sequence) -> bool:
+        """Whether scheduling ``seq``'s next step needs its pending token's id on the host first (async
+        scheduling then reads the launched step before scheduling the next): penalties read the tokens."""
+        return seq.params.penalized
 
     def _read(self, prev: InFlight) -> tuple[float, int]:
         """Wait for ``prev``'s sampled ids and append them (stop checks); sequences that ended meanwhile (an

@@ -27,7 +27,7 @@ from typing import Any
 
 import layerzero as lz
 
-from ..sampling_params import SamplingParams
+from ..sampling_params import SamplingParams, StructuredOutputsParams
 from .errors import MessageError
 from .messages import EngineCoreAbort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 
@@ -119,7 +119,11 @@ def params_fields(p: SamplingParams) -> dict[str, Any]:
     for name, default in _PARAM_DEFAULTS.items():
         v = getattr(p, name)
         if v != default:
-            out[name] = dict(v) if isinstance(v, MappingProxyType) else v
+            if isinstance(v, MappingProxyType):
+                v = dict(v)
+            elif isinstance(v, StructuredOutputsParams):
+                v = v.to_dict()
+            out[name] = v
     return out
 
 

@@ -12,6 +12,7 @@ import torch
 import layerzero as lz
 
 from ..core.sched.output import SamplingMetadata
+from .logits_restrict import restrict_tokens
 from .staging import to_device
 
 __all__ = ["PendingSample", "Sampler", "SamplerOutput", "SamplingError", "sequence_seed"]
@@ -60,11 +61,18 @@ class PendingSample:
 
 
 def plain_greedy(rows: SamplingMetadata) -> bool:
-    """Every row greedy with nothing that changes or reads its logits: no penalties, logit bias, min_tokens
-    ban or logprobs (the step's tokens are then the rows' argmax, read from the logits as the model returned
-    them)."""
+    """Every row greedy with nothing that changes or reads its logits: no penalties, logit bias, token
+    restrictions (allowed ids, bad words, structured outputs), min_tokens ban or logprobs (the step's tokens
+    are then the rows' argmax, read from the logits as the model returned them)."""
     for p, n in zip(rows.params, rows.num_output_tokens, strict=True):
-        if not p.greedy or p.penalized or p.logit_bias or p.logprobs is not None or n < p.min_tokens:
+        if (
+            not p.greedy
+            or p.penalized
+            or p.logit_bias
+            or p.restricted
+            or p.logprobs is not None
+            or n < p.min_tokens
+        ):
             return False
     return True
 
@@ -119,6 +127,8 @@ class Sampler:
         raw = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
         self._penalize(logits, rows)
         self._bias(logits, rows)
+        if any(p.restricted for p in ps):
+            restrict_tokens(logits, rows)  # allowed_token_ids, bad words, the grammar bitmask
         if all(p.greedy for p in ps):
             tokens = lz.sample_greedy(logits)
         else:

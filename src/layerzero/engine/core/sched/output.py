@@ -160,6 +160,12 @@ def _params_dict(p: SamplingParams) -> dict[str, Any]:
             v = getattr(p, f.name)
             if f.name == "logit_bias" and v is not None:
                 v = {int(k): float(b) for k, b in v.items()}
+            elif f.name == "extra_args" and v is not None:
+                v = dict(v)
+            elif f.name == "structured_outputs" and v is not None:
+                v = v.to_dict()
+            elif f.name == "bad_words_token_ids" and v is not None:
+                v = [list(w) for w in v]
             elif isinstance(v, tuple):
                 v = list(v)
             out[f.name] = v
