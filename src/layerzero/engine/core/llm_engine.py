@@ -82,10 +82,21 @@ class EngineLoop(StepRecovery):
         t1 = time.perf_counter()
         launched = None
         if chunks:
-            sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n == s.num_tokens]
+            sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n >= s.num_tokens]
             launched = InFlight(sampled, self.executor.execute_model(out), self.scheduler.prompt_logprobs)
         t2 = time.perf_counter()
         t3 = t2
+        if launched is not None and self._speculating(chunks):
+            # verification decides how many tokens each speculating row gains: this step is read at once
+            if prev is not None:
+                appended += self._read(prev)[1]
+            self._inflight = launched
+            self.scheduler.after_forward(chunks)
+            t3, n = self._read(launched)
+            self._inflight = None
+            self._verified(chunks)
+            self._finish_step(chunks, appended + n, (t0, t1, t2, t3, time.perf_counter()))
+            return True
         if prev is not None:
             t3, n = self._read(prev)
             appended += n
@@ -99,11 +110,33 @@ class EngineLoop(StepRecovery):
         self._finish_step(chunks, appended, (t0, t1, t2, t3, time.perf_counter()))
         return bool(chunks)
 
-    @staticmethod
-    def _needs_known_tokens(seq: Sequence) -> bool:
+    def _needs_known_tokens(self, seq: Sequence) -> bool:
         """Whether scheduling ``seq``'s next step needs its pending token's id on the host first (async
-        scheduling then reads the launched step before scheduling the next): penalties read the tokens."""
-        return seq.params.penalized
+        scheduling then reads the launched step before scheduling the next): penalties read the tokens, and
+        so does speculative decoding (drafts follow the last token; the scheduler proposes only for sequences
+        with none pending)."""
+        spec = self.scheduler.spec
+        return seq.params.penalized or (spec is not None and spec.eligible(seq.params))
+
+    @staticmethod
+    def _speculating(chunks: list[tuple[Sequence, int]]) -> bool:
+        """Whether a scheduled step verifies drafts (some chunk has ``spec_token_ids``)."""
+        return any(s.spec_token_ids is not None for s, _ in chunks)
+
+    def _verified(self, chunks: list[tuple[Sequence, int]]) -> None:
+        """After a verification step's tokens were appended: its speculating rows count only the accepted
+        positions as computed (:meth:`Scheduler.after_verify`)."""
+        self.scheduler.after_verify(chunks)
+
+    def _record_spec(self, seqs: list[Sequence], new_ids: list[list[int]]) -> None:
+        """Count each speculating row's drafts and accepted drafts (its new tokens minus the one the target
+        drew), before :meth:`_append` may cut them at a stop."""
+        spec = self.scheduler.spec
+        if spec is None:
+            return
+        for seq, toks in zip(seqs, new_ids, strict=True):
+            if seq.spec_token_ids is not None and not seq.finished:
+                spec.record(seq, len(seq.spec_token_ids), len(toks) - 1)
 
     def _read(self, prev: InFlight) -> tuple[float, int]:
         """Wait for ``prev``'s sampled ids and append them (stop checks); sequences that ended meanwhile (an
@@ -115,6 +148,7 @@ class EngineLoop(StepRecovery):
             seq.pending_index, seq.length_capped = None, False
         if prev.prompt_logprobs:
             self._fill_prompt_logprobs(prev, res)
+        self._record_spec(prev.sampled, res.sampled_token_ids)
         return t, self._append_all(prev.sampled, res.sampled_token_ids, res.logprobs, res.top_logprobs)
 
     @staticmethod
@@ -134,7 +168,7 @@ class EngineLoop(StepRecovery):
         t1 = t2 = t3 = time.perf_counter()
         appended = 0
         if chunks:
-            sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n == s.num_tokens]
+            sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n >= s.num_tokens]
             step = InFlight(sampled, self.executor.execute_model(out), self.scheduler.prompt_logprobs)
             self._inflight = step  # what a failure rolls back
             t2 = time.perf_counter()
@@ -144,7 +178,9 @@ class EngineLoop(StepRecovery):
             t3 = time.perf_counter()
             if step.prompt_logprobs:
                 self._fill_prompt_logprobs(step, res)
+            self._record_spec(sampled, res.sampled_token_ids)
             appended = self._append_all(sampled, res.sampled_token_ids, res.logprobs, res.top_logprobs)
+            self._verified(chunks)
         self._finish_step(chunks, appended, (t0, t1, t2, t3, time.perf_counter()))
         return bool(chunks)
 

@@ -79,6 +79,11 @@ class Sequence:
     it is not scheduled again. ``first_scheduled_time``: ``time.monotonic()`` when it first left the waiting
     queue (its queue time is that minus ``arrival_time``, reported once: ``queue_time_sent``).
 
+    Speculative decoding: ``spec_token_ids`` are the drafts the current step verifies after the last token
+    (-1: a draft model's, proposed on the device), None when it decodes plainly; ``num_draft_tokens``,
+    ``num_accepted_tokens`` and ``num_spec_steps`` count its verified drafts, the accepted ones and its
+    verification steps.
+
     ``prompt_lp``: the request's :class:`PromptLogprobs` (shared by its sequences) when it asked for them,
     else None. While they are not ``done`` the sequence is admitted without prefix-cache hits (cached tokens
     have no logits) and its prompt chunks compute them.
@@ -105,6 +110,10 @@ class Sequence:
     prompt_lp: PromptLogprobs | None = None
     first_scheduled_time: float | None = None
     queue_time_sent: bool = False
+    spec_token_ids: list[int] | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_spec_steps: int = 0
 
     @property
     def num_pending(self) -> int:

@@ -93,7 +93,10 @@ class SchedulerOutput:
     padded with 0; None when nothing is scheduled), ``preempted_seq_ids`` (completions preempted by
     recompute this step), ``sampling`` (per sampled row, in chunk order: :class:`SamplingMetadata`) and
     ``prompt_logprobs`` (the chunks' prompt positions whose logprobs the step computes:
-    :class:`PromptLogprobsRows`, usually empty)."""
+    :class:`PromptLogprobsRows`, usually empty); ``spec_token_ids`` (speculative decoding: per chunk the
+    drafts it verifies after its last token, ``[]`` for none, -1 for a draft model's that the worker
+    proposes; its ``new_token_ids`` then hold the last token and the drafts (0 for -1), and
+    ``num_scheduled_tokens`` counts them; empty when speculative decoding is off)."""
 
     req_ids: list[str] = field(default_factory=list)
     seq_ids: list[int] = field(default_factory=list)
@@ -106,6 +109,7 @@ class SchedulerOutput:
     preempted_seq_ids: list[int] = field(default_factory=list)
     sampling: SamplingMetadata = field(default_factory=SamplingMetadata)
     prompt_logprobs: PromptLogprobsRows = field(default_factory=PromptLogprobsRows)
+    spec_token_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
+from typing import Any
 
 from ..kv.block_manager import KVCacheManager
 from ..sequence import FinishReason, Sequence, SequenceStatus
@@ -53,6 +54,10 @@ class Scheduler:
         #: The last :meth:`schedule`'s prompt-logprob chunks (live sequence, first position), in the order of
         #: its ``SchedulerOutput.prompt_logprobs`` (usually empty).
         self.prompt_logprobs: list[tuple[Sequence, int]] = []
+        #: Speculative decoding's host side (a :class:`~layerzero.engine.spec_decode.SpecDecodeState`), or
+        #: None: a decoding sequence whose ``drafts`` it gives is scheduled with its last token and its k
+        #: drafts (k + 1 positions, slots allocated for all of them; ``Sequence.spec_token_ids``).
+        self.spec: Any = None
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence."""
@@ -69,6 +74,7 @@ class Scheduler:
         self.kv.free(seq.seq_id)
         self.running.remove(seq)
         seq.status, seq.num_computed_tokens = SequenceStatus.WAITING, 0
+        seq.spec_token_ids = None
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.append(seq)
@@ -97,10 +103,11 @@ class Scheduler:
             out.sample,
         )
         sm = out.sampling
+        spec_ids = out.spec_token_ids if self.spec is not None else None
         plp: list[tuple[Sequence, int]] = []
         for i, (seq, n) in enumerate(chunks):
             start = seq.num_computed_tokens
-            last = start + n == seq.num_tokens
+            last = start + n >= seq.num_tokens  # > with drafts (speculative decoding)
             if seq.prompt_lp is not None and not seq.prompt_lp.done:
                 end = min(start + n, seq.num_prompt_tokens - 1)  # the prompt's last position samples
                 if end > start:
@@ -110,7 +117,13 @@ class Scheduler:
             sids.append(seq.seq_id)
             starts.append(start)
             lens.append(n)
-            ids.append(seq.token_ids[start : start + n])  # a pending last token is not in token_ids
+            drafts = seq.spec_token_ids
+            if drafts is None:
+                ids.append(seq.token_ids[start : start + n])  # a pending last token is not in token_ids
+            else:  # the last token, then the drafts (a draft model's -1: filled on the device)
+                ids.append([*seq.token_ids[start : start + 1], *(max(d, 0) for d in drafts)])
+            if spec_ids is not None:
+                spec_ids.append([] if drafts is None else list(drafts))
             pend.append(seq.pending_index if last else None)
             sample.append(last)
             if last:
@@ -130,6 +143,17 @@ class Scheduler:
                 i += 1
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
+            seq.spec_token_ids = None
+            if self.spec is not None and n == 1 == seq.num_uncomputed_tokens and not seq.num_pending:
+                drafts = self.spec.drafts(seq, budget)
+                # the drafts' slots; when the pool cannot hold them the sequence decodes one token
+                if (
+                    drafts
+                    and self.kv.allocate_slots(seq.seq_id, seq.num_computed_tokens + 1 + len(drafts))
+                    is not None
+                ):
+                    seq.spec_token_ids = drafts
+                    n += len(drafts)
             while self.kv.allocate_slots(seq.seq_id, seq.num_computed_tokens + n) is None:
                 victim = self.policy.victim(self.running[i:])
                 self.preempt(victim)
@@ -212,13 +236,27 @@ class Scheduler:
         one) and register the blocks they filled in the prefix cache (a sequence that finished meanwhile,
         async scheduling's late stop, is skipped: its blocks are freed)."""
         for seq, n in self.scheduled if chunks is None else chunks:
-            if seq.finished:
+            if seq.finished or seq.spec_token_ids is not None:  # verified rows: after_verify
                 continue
             seq.num_computed_tokens += n
             self.kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
 
+    def after_verify(self, chunks: list[tuple[Sequence, int]]) -> None:
+        """After a step's tokens were appended: each speculating chunk of ``chunks`` counts as computed only
+        its last token and its accepted drafts (every known token but the new last one; the rejected
+        positions' KV is overwritten later) and registers the blocks they filled in the prefix cache."""
+        for seq, _ in chunks:
+            if seq.spec_token_ids is None:
+                continue
+            seq.spec_token_ids = None
+            if seq.finished:
+                continue
+            seq.num_computed_tokens = len(seq.token_ids) - 1
+            self.kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+
     def finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         """End ``seq``: free its blocks (full ones stay cached) and drop it from the queues."""
+        seq.spec_token_ids = None
         seq.status, seq.finish_reason, seq.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
         if seq.seq_id in self.kv:
             self.kv.free(seq.seq_id)
