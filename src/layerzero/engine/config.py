@@ -20,6 +20,7 @@ from .model_config import (  # noqa: F401 - re-exported
     RopeConfig,
     read_json_object,
 )
+from .spec_decode.config import SpeculativeConfig
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -156,6 +157,7 @@ class EngineConfig:
     enable_expert_parallel: bool = False
     data_parallel_size: int = 1
     load_format: str = "auto"
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = True) -> None:
@@ -231,6 +233,21 @@ class EngineConfig:
                 "Build it with CudaGraphKnobs(field=value, ...); omitted fields keep their defaults.",
             )
         self._check_parallel(resolve_device(self.device))
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        """``speculative_config``: a :class:`SpeculativeConfig`, a dict of vLLM's keys or a JSON string (kept
+        as the config); refused with tensor parallelism (not implemented: the draft would need its own
+        shards)."""
+        spec = SpeculativeConfig.from_any(self.speculative_config)
+        object.__setattr__(self, "speculative_config", spec)
+        if spec is not None and self.tensor_parallel_size > 1:
+            raise bad_config(
+                "LLM speculative_config",
+                "None with tensor_parallel_size > 1 (speculative decoding runs on one rank)",
+                spec.to_dict(),
+                "Drop speculative_config or use tensor_parallel_size=1.",
+            )
 
     def _check_parallel(self, dev: torch.device) -> None:
         """``tensor_parallel_size`` / ``enable_expert_parallel`` / ``data_parallel_size`` / ``load_format``

@@ -22,6 +22,7 @@ from ..executor.abstract import Executor
 from ..executor.in_process import InProcessExecutor
 from ..executor.multiproc import MultiprocExecutor
 from ..metrics import EngineStats
+from ..spec_decode.state import SpecDecodeState
 from ..worker.model_runner import ModelRunner
 from ..worker.sampler import sequence_seed
 from .kv.block_manager import KVCacheManager
@@ -89,6 +90,8 @@ class EngineCore(EngineLoop):
             max_num_seqs=ec.max_num_seqs,
             max_num_batched_tokens=budget,
         )
+        if ec.speculative_config is not None:
+            self.scheduler.spec = SpecDecodeState(ec.speculative_config, self.max_model_len)
         self.vocab_size = cfg.vocab_size
         self.eos = set(cfg.eos_token_ids)
         self.requests: dict[str, Request] = {}

@@ -29,7 +29,10 @@ class ScheduledChunk:
     of its known tokens).
 
     ``pending_src`` not None (async scheduling): the chunk's last token is pending, not in ``token_ids`` yet;
-    its id is row ``pending_src`` of the previous step's sampled tokens, gathered on the device."""
+    its id is row ``pending_src`` of the previous step's sampled tokens, gathered on the device.
+
+    ``num_spec`` > 0 (speculative decoding): the chunk's last ``num_spec`` tokens are drafts; a sampled chunk
+    then has logits at its last ``num_spec + 1`` positions (the verification's), in order."""
 
     token_ids: Sequence[int]
     start: int
@@ -38,6 +41,7 @@ class ScheduledChunk:
     sample: bool
     pending_src: int | None = None
     offset: int = 0
+    num_spec: int = 0
 
 
 def build_forward_batch(
@@ -270,7 +274,7 @@ def _mixed_arrays(
         slots[a:b] = table[p // block_size] * block_size + p % block_size
         seq_lens[i] = c.start + c.length
         if c.sample:
-            sample.append(b - 1)
+            sample.extend(range(b - 1 - c.num_spec, b))
 
     return [ids, pos, slots, tables, seq_lens, cu.astype(np.int32), np.asarray(sample, dtype=np.int64)], rows
 

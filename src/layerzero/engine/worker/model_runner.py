@@ -128,6 +128,7 @@ class ModelRunner:
         self.graphs: CUDAGraphRunner | None = None
         self.narrow: CUDAGraphRunner | None = None
         """Batch-1 decode graphs with narrower block tables (``CudaGraphKnobs.narrow_tokens``), or None."""
+        self.last_batch: ForwardBatch | None = None
         self._lane = 0
         """The packed-input lane the next packed decode step takes (``CudaGraphKnobs.lanes``)."""
         self.decode_as_captured = False
@@ -213,15 +214,26 @@ class ModelRunner:
     # plan cache needs to reuse one plan for every layer of a step (inference tensors re-plan per call)
     @torch.no_grad()
     def execute(
-        self, out: SchedulerOutput, prev_tokens: torch.Tensor | None = None, greedy: bool = False
+        self,
+        out: SchedulerOutput,
+        prev_tokens: torch.Tensor | None = None,
+        greedy: bool = False,
+        spec_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> StepLogits:
         """Forward the step ``out`` (plain data: chunks, block tables); returns logits ``[S, V]`` (model
         dtype) of the chunks that sample (``out.sample``, in chunk order), with their greedy ids in transfer
         to the host (``pending``) when ``greedy`` (the step is plain greedy: ``sampler.plain_greedy``) and a
         greedy decode graph ran it (else ``pending`` is None and the sampler draws). ``prev_tokens``
         ``[S_prev]`` int64 on the device: the previous step's sampled tokens, for chunks whose last token is
-        pending (``out.pending_src``; async scheduling)."""
+        pending (``out.pending_src``; async scheduling). ``spec_inputs`` (rows ``[D]`` int64, ids ``[D]``
+        int64, on the device): input ids written into the batch before the forward (a draft model's drafts); a
+        verification step (``out.spec_token_ids``) has ``1 + drafts`` logits rows per sampled chunk (eager:
+        its chunks are not one token). The step's :class:`ForwardBatch` stays in ``last_batch`` (the draft
+        model's KV mirror reads it)."""
         batch = self.prepare(out, prev_tokens)
+        if spec_inputs is not None:  # a draft model's drafts, proposed on the device
+            batch.input_ids.index_copy_(0, *spec_inputs)
+        self.last_batch = batch
         if batch.cascade is not None:
             self.cascade_steps += 1
             self.cascade_saved_tokens += batch.cascade.saved_tokens
@@ -311,22 +323,23 @@ class ModelRunner:
                 h = self.model.hidden_states(batch, self.kv_caches)
         else:
             h = self.model.hidden_states(batch, self.kv_caches)
-        h = h[idx]
-        s = len(out.sampling)
-        return StepLogits(self.model.compute_logits(h[:s]), None, h[s:])
+        s = len(out.sampling)  # the sampled rows come first in ``rows``; a verification step has more
+        return StepLogits(self.model.compute_logits(h[batch.logits_indices]), None, h[idx[s:]])
 
     def prepare(self, out: SchedulerOutput, prev_tokens: torch.Tensor | None = None) -> ForwardBatch:
         """The step's :class:`ForwardBatch` (a pending last token's id gathered from ``prev_tokens``); the
         chunks' tables come from ``out.block_tables``, so their ``block_table`` is left empty."""
         block_tables = out.block_tables
+        spec = out.spec_token_ids or [()] * len(out.sample)
         sched = [
-            ScheduledChunk(ids, start, n, (), last, src, start)
-            for ids, start, n, last, src in zip(
+            ScheduledChunk(ids, start, n, (), last, src, start, len(d))
+            for ids, start, n, last, src, d in zip(
                 out.new_token_ids,
                 out.num_computed_tokens,
                 out.num_scheduled_tokens,
                 out.sample,
                 out.pending_src,
+                spec,
                 strict=True,
             )
         ]

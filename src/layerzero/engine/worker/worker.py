@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -11,12 +12,16 @@ import torch
 from ..config import EngineConfig, ModelConfig
 from ..core.sched.output import SchedulerOutput
 from ..parallel.state import SINGLE, ParallelState
+from ..spec_decode.proposer import DraftProposer
+from ..spec_decode.verify import verify_step
 from .model_runner import ModelRunner
 from .prompt_logprobs import PendingPromptLogprobs, launch_prompt_logprobs
 from .sampler import PendingSample, Sampler, SamplerOutput, plain_greedy
 from .warmup import WarmupReport, maybe_warm_up
 
 __all__ = ["ModelRunnerOutput", "Worker"]
+
+log = logging.getLogger("layerzero.engine")
 
 
 @dataclass(eq=False)
@@ -25,14 +30,16 @@ class ModelRunnerOutput:
     ``pending`` (the draw in flight), ``num_rows`` (the step's sampled rows, in chunk order) and ``prompt``
     (the step's prompt logprobs in flight, or None). :meth:`get_output` waits for them."""
 
-    pending: PendingSample
+    pending: PendingSample | None
     num_rows: int
     prompt: PendingPromptLogprobs | None = None
+    done: SamplerOutput | None = None
 
     def get_output(self) -> SamplerOutput:
         """Wait for the tokens and read them (per row: a list of new token ids, logprobs when asked; per
-        prompt-logprob chunk of the step its entries: ``SamplerOutput.prompt_logprobs``)."""
-        res = Sampler.resolve(self.pending)
+        prompt-logprob chunk of the step its entries: ``SamplerOutput.prompt_logprobs``). A verification step
+        (speculative decoding) was read already: ``done``."""
+        res = self.done if self.done is not None else Sampler.resolve(self.pending)
         if self.prompt is not None:
             res.prompt_logprobs = self.prompt.resolve()
         return res
@@ -60,6 +67,12 @@ class Worker:
         self.runner = ModelRunner(cfg, ec, device, dtype, max_model_len, max_num_batched_tokens, parallel)
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, device, ec.seed)
         self.prev_tokens: torch.Tensor | None = None
+        #: Speculative decoding's device-side drafts (draft model / layer skip), or None (off, or n-gram).
+        self.drafter: DraftProposer | None = None
+        spec = ec.speculative_config
+        if spec is not None and spec.method != "ngram":
+            self.drafter = DraftProposer(spec, self.runner, ec, max_model_len)
+        self._eager_logged = False
         #: Start-up warm-up (``EngineConfig.warmup``; :mod:`.warmup`): what it ran, or None when off.
         self.warmup: WarmupReport | None = maybe_warm_up(
             ec, self.runner, self.sampler, max_num_batched_tokens
@@ -74,7 +87,11 @@ class Worker:
         """
         rows = out.sampling
         prev = self.prev_tokens if any(s is not None for s in out.pending_src) else None
+        if any(out.spec_token_ids):
+            return self._verify(out, prev)
         res = self.runner.execute(out, prev, greedy=plain_greedy(rows))
+        if self.drafter is not None and self.drafter.mirrors:
+            self.drafter.mirror(self.runner.last_batch)
         prompt = None
         if res.prompt_hidden is not None:
             prompt = launch_prompt_logprobs(
@@ -86,6 +103,33 @@ class Worker:
         pending = res.pending if res.pending is not None else self.sampler.launch(res.logits, rows)
         self.prev_tokens = pending.tokens
         return ModelRunnerOutput(pending, len(rows), prompt)
+
+    def _verify(self, out: SchedulerOutput, prev: torch.Tensor | None) -> ModelRunnerOutput:
+        """A verification step (speculative decoding; read at once): device drafts proposed first when the
+        step has a draft model's, one eager forward with ``1 + drafts`` logits rows per speculating chunk,
+        then :func:`~layerzero.engine.spec_decode.verify.verify_step` (plain rows sampled as usual)."""
+        drafts = spec_inputs = None
+        if self.drafter is not None:
+            drafts, rows_t, ids_t = self.drafter.propose(out)
+            spec_inputs = (rows_t, ids_t)
+        if self.device.type == "cuda" and not self._eager_logged:
+            self._eager_logged = True
+            log.info("speculative decoding: verification steps run eager (no CUDA graph for them yet)")
+        res = self.runner.execute(out, prev, greedy=False, spec_inputs=spec_inputs)
+        if self.drafter is not None and self.drafter.mirrors:
+            self.drafter.mirror(self.runner.last_batch)
+        prompt = None
+        if res.prompt_hidden is not None:
+            prompt = launch_prompt_logprobs(
+                res.prompt_hidden,
+                self.runner.model.compute_logits,
+                self.sampler.vocab_size,
+                out.prompt_logprobs,
+            )
+        done = verify_step(res.logits, out, self.sampler, drafts)
+        last = [t[-1] for t in done.sampled_token_ids]
+        self.prev_tokens = torch.as_tensor(last, dtype=torch.int64).to(self.device)
+        return ModelRunnerOutput(None, len(last), prompt, done)
 
     def reset(self) -> None:
         """Forget the last step's sampled ids (a failed step was rolled back: nothing is pending)."""
