@@ -66,6 +66,7 @@ ENGINE_KWARGS = (
     "enable_expert_parallel",
     "data_parallel_size",
     "load_format",
+    "speculative_config",
 )
 """The ``LLM`` / ``AsyncLLM`` keywords :func:`engine_kwargs` returns, each set by the flag ``--<name with
 dashes>``: every ``EngineConfig`` field but ``cuda_graph`` (a knob set, not a command-line value)."""
@@ -113,6 +114,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--data-parallel-size", type=int, default=1, help="1 (not implemented yet)")
     p.add_argument("--load-format", choices=LOAD_FORMATS, default="auto", help="dummy: seeded random weights")
+    s = parser.add_argument_group("speculative decoding", "docs/decoding.md, 'Speculative decoding'")
+    s.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help='vLLM\'s keys, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
+    )
 
 
 def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
@@ -283,6 +291,7 @@ def _cmd_bench_engine(ns: argparse.Namespace) -> int:
             "tensor_parallel_size": ns.tensor_parallel_size,
             "enable_expert_parallel": ns.enable_expert_parallel,
             "load_format": ns.load_format,
+            "speculative_config": ns.speculative_config,
         },
     )
     hf = res.get("transformers", {})
@@ -458,6 +467,9 @@ def add_parsers(sub: Any) -> None:
         choices=("auto", "dummy"),
         default="auto",
         help="dummy: seeded random weights, only config.json read (benchmarks/parallel/shapes.py)",
+    )
+    be.add_argument(
+        "--speculative-config", default=None, metavar="JSON", help="speculative decoding (vLLM's keys)"
     )
     be.add_argument(
         "--workload",

@@ -10,8 +10,9 @@ from typing import Any
 
 from .config import EngineConfig
 from .llm import LLM
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
 from .sampling_params import SamplingParams
+from .spec_decode.config import SpeculativeConfig
 
 __all__ = [
     "LLM",
@@ -21,6 +22,8 @@ __all__ = [
     "EngineDeadError",
     "RequestOutput",
     "SamplingParams",
+    "SpecDecodeMetrics",
+    "SpeculativeConfig",
 ]
 
 

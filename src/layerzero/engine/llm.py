@@ -25,6 +25,7 @@ from .frontend.output_processor import OutputKind, OutputProcessor
 from .loader import load_tokenizer
 from .outputs import RequestOutput, merge_deltas
 from .sampling_params import SamplingParams
+from .spec_decode.config import SpeculativeConfig
 
 __all__ = ["LLM"]
 
@@ -94,6 +95,12 @@ class LLM:
             as vLLM does). data_parallel_size: 1 (replicas serve through :class:`AsyncLLM`). load_format:
             ``"auto"`` (the checkpoint's weights) or ``"dummy"`` (seeded random weights, config.json still
             read: benchmark a shape without its weights).
+        speculative_config: speculative decoding (vLLM's keys: ``{"method": "ngram" | "draft_model" |
+            "layer_skip", "num_speculative_tokens": k, "model": DIR, "prompt_lookup_min": ...,
+            "prompt_lookup_max": ..., "num_layers": m}``; a dict, a JSON string or a
+            :class:`~layerzero.engine.spec_decode.SpeculativeConfig`); None: off. Greedy output equals plain
+            greedy's, sampled output has the target's distribution (exact rejection sampling);
+            docs/decoding.md.
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its
@@ -127,6 +134,7 @@ class LLM:
         enable_expert_parallel: bool = False,
         data_parallel_size: int = 1,
         load_format: str = "auto",
+        speculative_config: dict[str, Any] | SpeculativeConfig | str | None = None,
         **kwargs: Any,
     ) -> None:
         t0 = time.perf_counter()
@@ -155,6 +163,7 @@ class LLM:
             enable_expert_parallel=enable_expert_parallel,
             data_parallel_size=data_parallel_size,
             load_format=load_format,
+            speculative_config=speculative_config,
             **kwargs,
         )
         if ec.data_parallel_size > 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CompletionOutput", "RequestOutput", "merge_deltas"]
+__all__ = ["CompletionOutput", "RequestOutput", "SpecDecodeMetrics", "merge_deltas"]
 
 
 @dataclass
@@ -32,6 +32,28 @@ class CompletionOutput:
 
 
 @dataclass
+class SpecDecodeMetrics:
+    """A request's speculative decoding so far, over its completions (vLLM's ``spec_decode`` names):
+    ``num_drafts`` (verification steps: steps in which a completion verified at least one draft),
+    ``num_draft_tokens`` (drafts verified), ``num_accepted_tokens`` (drafts accepted)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / verified drafts (0.0 before any)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verification step: 1 + accepted drafts / verification steps (vLLM's mean acceptance
+        length; 0.0 before any step)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass
 class RequestOutput:
     """One request: its prompt (text, or None when given as token ids), prompt token ids, one
     :class:`CompletionOutput` per sample (``SamplingParams.n``), ``finished`` once all ended, and
@@ -42,7 +64,8 @@ class RequestOutput:
     the first delta has it (None elsewhere, and when not asked for); ``queue_time``: seconds the request
     waited in the engine core's queue before its first step (vLLM's ``time_in_queue``; the server's
     ``request_queue_time_seconds``), set from its first output on (in a stream: the first delta only), None
-    before it was scheduled."""
+    before it was scheduled; ``spec_decode_metrics``: with speculative decoding on, its
+    :class:`SpecDecodeMetrics` so far (None when off)."""
 
     request_id: str
     prompt: str | None
@@ -53,6 +76,7 @@ class RequestOutput:
     error: str | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
     queue_time: float | None = None
+    spec_decode_metrics: SpecDecodeMetrics | None = None
 
 
 def merge_deltas(outs: list[RequestOutput]) -> RequestOutput:
@@ -85,4 +109,5 @@ def merge_deltas(outs: list[RequestOutput]) -> RequestOutput:
         last.error,
         next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None),
         next((o.queue_time for o in outs if o.queue_time is not None), None),
+        last.spec_decode_metrics,
     )

@@ -249,11 +249,18 @@ class EngineLoop(StepRecovery):
                 stop,
                 seq.num_cached_tokens,
                 queue_time=queue_time,
+                spec_decode=self._spec_counts(seq),
             )
         )
         if reason is not None:
             self._forget_if_done(seq.request_id)
         return k
+
+    def _spec_counts(self, seq: Sequence) -> list[int] | None:
+        """``seq``'s speculative-decoding counts for its output (None when speculative decoding is off)."""
+        if self.scheduler.spec is None:
+            return None
+        return [seq.num_spec_steps, seq.num_draft_tokens, seq.num_accepted_tokens]
 
     def _length_reached(self, seq: Sequence) -> bool:
         """``max_tokens`` output tokens or ``max_model_len`` tokens (a pending one included)."""

@@ -62,7 +62,9 @@ class EngineCoreOutput:
     ``finish_reason`` (``"stop"``, ``"length"``, ``"abort"``, ``"error"`` or None while running),
     ``stop_reason`` (the stop token id, or None), ``num_cached_tokens`` (prompt tokens served from the
     prefix cache), ``error`` (why the request failed, with ``finish_reason="error"``) and ``queue_time``
-    (seconds from the core receiving the request to its first step; sent once, with the first output)."""
+    (seconds from the core receiving the request to its first step; sent once, with the first output);
+    ``spec_decode`` (speculative decoding on: the completion's ``[verification steps, draft tokens, accepted
+    drafts]`` so far; None when off)."""
 
     request_id: str
     index: int
@@ -75,6 +77,7 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     queue_time: float | None = None
+    spec_decode: list[int] | None = None
 
     @property
     def finished(self) -> bool:

@@ -305,8 +305,12 @@ def decode_config(data: bytes) -> Any:
                 raise MessageError(f"EngineConfig.{name}: expected a torch dtype name, got {v!r}")
             return dt
         if kind == "config":
-            if cls is None:
-                raise MessageError(f"EngineConfig.{name}: a nested config without a typed default")
+            if (
+                cls is None
+            ):  # an optional nested config (speculative_config): its fields, as EngineConfig takes
+                if not isinstance(v, dict):
+                    raise MessageError(f"EngineConfig.{name}: expected a dict of a nested config's fields")
+                return {k: value(k, kv, None) for k, kv in v.items()}
             sub = {f.name: f.default for f in dataclasses.fields(cls)}
             return cls(**{k: value(k, kv, _config_type(sub.get(k))) for k, kv in v.items()})
         return v

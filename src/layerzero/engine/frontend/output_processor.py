@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from ..core.messages import EngineCoreAbort, EngineCoreOutput
 from ..errors import bad_input
-from ..outputs import CompletionOutput, RequestOutput
+from ..outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
 from ..sampling_params import SamplingParams
 from .detokenizer import Detokenizer
 
@@ -37,7 +37,17 @@ class ProcessedOutputs:
 class _Completion:
     """One completion's front-end state: its tokens, text, logprobs, end, and what deltas have shown."""
 
-    __slots__ = ("cum_lp", "detok", "finish_reason", "index", "logprobs", "sent", "stop_reason", "token_ids")
+    __slots__ = (
+        "cum_lp",
+        "detok",
+        "finish_reason",
+        "index",
+        "logprobs",
+        "sent",
+        "spec",
+        "stop_reason",
+        "token_ids",
+    )
 
     def __init__(self, index: int, detok: Detokenizer | None, want_lp: bool) -> None:
         self.index, self.detok = index, detok
@@ -47,6 +57,7 @@ class _Completion:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.sent = 0  # tokens a delta has returned
+        self.spec: list[int] | None = None  # [verification steps, drafts, accepted] (speculative decoding)
 
     @property
     def finished(self) -> bool:
@@ -199,6 +210,8 @@ class OutputProcessor:
         stopped by a token (EOS, a stop id) does not add that token's text."""
         toks = o.new_token_ids
         c.cum_lp = o.cumulative_logprob
+        if o.spec_decode is not None:
+            c.spec = o.spec_decode
         if not toks:
             return None
         p, d = req.params, c.detok
@@ -251,4 +264,14 @@ class OutputProcessor:
             req.error,
             plp,
             queue_time,
+            _spec_metrics(req.comps),
         )
+
+
+def _spec_metrics(comps: list[_Completion]) -> SpecDecodeMetrics | None:
+    """The request's :class:`SpecDecodeMetrics` (sums over its completions), None when speculative decoding
+    is off."""
+    counts = [c.spec for c in comps if c.spec is not None]
+    if not counts:
+        return None
+    return SpecDecodeMetrics(*(sum(x[i] for x in counts) for i in range(3)))

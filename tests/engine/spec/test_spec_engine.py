@@ -1,0 +1,185 @@
+"""Speculative decoding in the engine (float32, CPU): greedy speculative output equals plain greedy token for
+token (the oracle: the same engine without speculation, itself checked against transformers in
+test_hf_parity) for every model family and method (n-gram, draft model, layer skip), with batching, prefix
+caching, chunked prefill and preemption; requests the verifier does not implement decode plainly in the same
+batch (same tokens and logprobs as without speculation); seeded sampled requests give the same tokens alone
+or in a batch; the acceptance counters and per-request metrics; bad configurations are typed errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import layerzero as lz
+
+pytestmark = pytest.mark.integration
+
+# repetitive prompts (n-gram drafts find matches), two sharing a 2-block prefix (prefix caching)
+SHARED = [1, 40, 41, 42, 43, 44, 45, 46, 47]
+PROMPTS = [
+    [1, *([5, 6, 7, 8, 9] * 4)],
+    [1, 20, 21, 22, 20, 21, 22, 20, 21],
+    [*SHARED, 60, 61, 60, 61],
+    [*SHARED, 70, 71, 72],
+    [1, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102],
+]
+OPTS = dict(
+    device="cpu",
+    dtype=torch.float32,
+    max_model_len=64,
+    block_size=4,
+    num_kv_blocks=30,  # < 5 sequences x 13-14 blocks: preemption
+    max_num_batched_tokens=12,  # prompts prefill in chunks
+    max_num_seqs=5,
+)
+METHODS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+    "draft_model": {"method": "draft_model", "num_speculative_tokens": 3},  # the draft: the target itself
+    "layer_skip": {"method": "layer_skip", "num_speculative_tokens": 2, "num_layers": 1},
+}
+
+
+def _greedy(max_tokens: int = 40):
+    from layerzero.engine import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def _run(ckpt, spec=None, params=None, prompts=PROMPTS, **kw):
+    from layerzero.engine import LLM
+
+    llm = LLM(ckpt, speculative_config=spec, **{**OPTS, **kw})
+    outs = llm.generate(prompts, params or _greedy(), use_tqdm=False)
+    return llm, outs
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe"])
+def test_greedy_speculative_output_equals_plain_greedy(checkpoints, family):
+    ckpt = checkpoints[family]
+    _, base = _run(ckpt)
+    want = [o.outputs[0].token_ids for o in base]
+    for name, spec in METHODS.items():
+        spec = dict(spec, model=str(ckpt)) if name == "draft_model" else spec
+        llm, outs = _run(
+            ckpt, spec, async_scheduling=name == "ngram"
+        )  # async: verification steps read at once
+        assert [o.outputs[0].token_ids for o in outs] == want, name
+        st = llm.engine.scheduler.spec.as_dict()
+        assert st["num_drafts"] > 0 and st["num_accepted_tokens"] > 0, (name, st)
+        assert llm.engine.scheduler.num_preemptions > 0
+        assert llm.engine.kv.stats().hits > 0  # the shared prefix was served from the cache
+        if name == "draft_model":  # draft = target: every draft is the target's argmax
+            assert st["acceptance_rate"] > 0.95, st
+        m = outs[0].spec_decode_metrics
+        assert m is not None and m.num_draft_tokens >= m.num_accepted_tokens > 0
+
+
+def _perturbed(ckpt, path, scale: float):
+    """A copy of ``ckpt`` with Gaussian noise (``scale`` x each tensor's std) on every weight: a draft that
+    agrees with the target often, not always."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(ckpt, path)
+    g = torch.Generator().manual_seed(5)
+    w = load_file(str(path / "model.safetensors"))
+    w = {k: (v + scale * v.std() * torch.randn(v.shape, generator=g)).contiguous() for k, v in w.items()}
+    save_file(w, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+def test_a_different_draft_model_is_rejected_often_and_changes_no_token(checkpoints, tmp_path):
+    ckpt = checkpoints["qwen3"]
+    draft = _perturbed(ckpt, tmp_path / "draft", 0.5)
+    _, base = _run(ckpt, max_num_batched_tokens=64)
+    llm, outs = _run(
+        ckpt,
+        {"method": "draft_model", "num_speculative_tokens": 4, "model": str(draft)},
+        max_num_batched_tokens=64,
+    )
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in base]
+    st = llm.engine.scheduler.spec.as_dict()
+    assert 0 < st["num_accepted_tokens"] < st["num_draft_tokens"], st
+
+
+def test_unsupported_rows_decode_plainly_in_the_same_batch(checkpoints):
+    from layerzero.engine import SamplingParams
+
+    ckpt = checkpoints["qwen3"]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, presence_penalty=0.5),
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, min_tokens=10),
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logit_bias={11: 1.5}),
+    ]
+    _, base = _run(ckpt, params=params, num_kv_blocks=80)
+    llm, outs = _run(ckpt, METHODS["ngram"], params=params, num_kv_blocks=80)
+    for a, b in zip(base, outs, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    lp_a, lp_b = base[1].outputs[0].logprobs, outs[1].outputs[0].logprobs
+    for x, y in zip(lp_a, lp_b, strict=True):
+        assert x.keys() == y.keys() and max(abs(x[t] - y[t]) for t in x) < 1e-5
+    skipped = llm.engine.scheduler.spec.skipped
+    assert {"logprobs", "penalties", "logit_bias"} <= set(skipped) and any("min_tokens" in r for r in skipped)
+    assert (
+        outs[1].spec_decode_metrics.num_draft_tokens == 0 and outs[0].spec_decode_metrics.num_draft_tokens > 0
+    )
+
+
+def test_seeded_sampled_requests_are_reproducible_alone_and_in_a_batch(checkpoints):
+    from layerzero.engine import SamplingParams
+
+    ckpt = checkpoints["llama"]
+    spec = {"method": "draft_model", "num_speculative_tokens": 3, "model": str(ckpt)}
+    sp = [
+        SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_k=20, min_p=0.02, seed=12, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=0.9, max_tokens=20, ignore_eos=True),  # unseeded: the engine's stream
+    ]
+    llm, together = _run(ckpt, spec, params=sp, prompts=PROMPTS[:3], num_kv_blocks=80)
+    assert llm.engine.scheduler.spec.num_accepted_tokens > 0
+    for i in (0, 1):
+        _, alone = _run(ckpt, spec, params=sp[i], prompts=[PROMPTS[i]], num_kv_blocks=80)
+        assert alone[0].outputs[0].token_ids == together[i].outputs[0].token_ids
+    moved = SamplingParams(temperature=0.8, top_p=0.9, seed=99, max_tokens=20, ignore_eos=True)
+    _, other = _run(ckpt, spec, params=moved, prompts=[PROMPTS[0]], num_kv_blocks=80)
+    assert other[0].outputs[0].token_ids != together[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"method": "eagle", "num_speculative_tokens": 2}, "method"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "foo": 1}, "keys"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "num_layers": 1}, "num_layers"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+            "min",
+        ),
+        ({"method": "layer_skip", "num_speculative_tokens": 2}, "num_layers"),
+        ({"method": "layer_skip", "num_speculative_tokens": 2, "num_layers": 99}, "num_layers"),
+        ("{not json", "JSON"),
+    ],
+)
+def test_bad_speculative_configs_are_typed_errors(checkpoints, spec, match):
+    from layerzero.engine import LLM
+
+    with pytest.raises(lz.ConfigurationError, match=match):
+        LLM(checkpoints["qwen3"], speculative_config=spec, **OPTS)
+
+
+def test_a_draft_with_another_vocabulary_is_refused():
+    from layerzero.engine.spec_decode import SpeculativeConfig
+
+    cfg = SpeculativeConfig.from_any('{"method": "draft_model", "num_speculative_tokens": 2, "model": "d"}')
+    cfg.check_model(4, 512, 512)
+    with pytest.raises(lz.ConfigurationError, match="vocab_size"):
+        cfg.check_model(4, 512, 1024)
+    with pytest.raises(lz.ConfigurationError, match="tensor_parallel_size"):
+        from layerzero.engine.config import EngineConfig
+
+        EngineConfig("x", device="cpu", tensor_parallel_size=2, speculative_config=cfg)
