@@ -118,6 +118,9 @@ def sum_stats(stats: list[SchedulerStats]) -> SchedulerStats:
     out = SchedulerStats()
     for f in dataclasses.fields(SchedulerStats):
         vals = [getattr(s, f.name) for s in stats]
+        if vals and isinstance(vals[0], list):  # per-position counts: summed position by position
+            setattr(out, f.name, [sum(x) for x in zip(*vals, strict=False)])
+            continue
         setattr(out, f.name, sum(vals) / len(vals) if f.name == "kv_cache_usage" else sum(vals))
     return out
 

@@ -404,7 +404,8 @@ class LLM:
         """Engine statistics: steps, prompt / generated tokens, preemptions, prefix-cache hit rate, KV usage,
         time per phase (schedule / forward / sample / detokenize, seconds; ``detokenize`` is the core's
         update phase: appending the tokens and its stop checks), the last step, and start-up: ``startup_s``,
-        ``warmup_s``, ``warmup_shapes`` (see docs/engine.md)."""
+        ``warmup_s``, ``warmup_shapes`` (see docs/engine.md); ``spec_decode`` (speculative decoding's
+        counters, docs/decoding.md)."""
         return self.engine.stats.as_dict()
 
     def shutdown(self) -> None:

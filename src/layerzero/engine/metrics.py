@@ -36,7 +36,9 @@ class EngineStats:
     layer) their shared level did not read again. Start-up: ``startup_s`` (seconds to build the engine:
     weights, KV pool, CUDA graphs, warm-up; ``LLM``'s whole constructor), ``warmup_s`` and ``warmup_shapes``
     (the start-up warm-up's seconds and dummy runs, 0 when it is off; docs/engine.md "Start-up and
-    warm-up")."""
+    warm-up"); ``spec_decode``: speculative decoding's counters
+    (:meth:`~layerzero.engine.spec_decode.SpecDecodeState.as_dict`: drafts, draft and accepted tokens,
+    acceptance rate, mean acceptance length, rows decoded without speculation and why), empty when off."""
 
     steps: int = 0
     prompt_tokens: int = 0
@@ -51,6 +53,7 @@ class EngineStats:
     startup_s: float = 0.0
     warmup_s: float = 0.0
     warmup_shapes: int = 0
+    spec_decode: dict = field(default_factory=dict)
     time_s: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(("schedule", "forward", "sample", "detokenize"), 0.0)
     )

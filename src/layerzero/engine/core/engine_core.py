@@ -210,7 +210,15 @@ class EngineCore(EngineLoop):
             self.scheduler.num_preemptions,
             st.prompt_tokens,
             st.generation_tokens,
+            *self._spec_stats(),
         )
+
+    def _spec_stats(self) -> tuple[int, int, int, list[int]]:
+        """Speculative decoding's counters for :class:`SchedulerStats` (zeros when off)."""
+        sp = self.scheduler.spec
+        if sp is None:
+            return 0, 0, 0, []
+        return sp.num_drafts, sp.num_draft_tokens, sp.num_accepted_tokens, list(sp.accepted_per_pos)
 
     def get_stats(self) -> SchedulerStats:
         """The core's state now (completions running / waiting, KV usage, counters since start)."""

@@ -287,3 +287,5 @@ class EngineLoop(StepRecovery):
         self.stats.preemptions = self.scheduler.num_preemptions
         self.stats.cascade_steps = self.executor.cascade_steps
         self.stats.cascade_saved_tokens = self.executor.cascade_saved_tokens
+        if self.scheduler.spec is not None:
+            self.stats.spec_decode = self.scheduler.spec.as_dict()

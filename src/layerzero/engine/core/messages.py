@@ -89,7 +89,8 @@ class EngineCoreOutput:
 class SchedulerStats:
     """The core's state after a step, for metrics (vLLM's names): requests running / waiting, KV cache usage
     (fraction of blocks held, 0..1), and counters since start: prefix-cache queries and hits (tokens),
-    preemptions, prompt and generation tokens."""
+    preemptions, prompt and generation tokens; with speculative decoding, vLLM's ``spec_decode`` counters
+    (verification rows, draft tokens, accepted drafts, and accepted drafts per draft position)."""
 
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
@@ -99,6 +100,10 @@ class SchedulerStats:
     num_preemptions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
 
 @dataclass

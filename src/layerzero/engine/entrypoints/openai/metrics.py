@@ -5,7 +5,11 @@ do not collide).
 From the engine core's stats (read at scrape time, ``AsyncLLM.get_stats()``): gauges
 ``layerzero:num_requests_running``, ``layerzero:num_requests_waiting``, ``layerzero:kv_cache_usage_perc``
 (0..1), counters ``layerzero:prefix_cache_queries_total`` / ``layerzero:prefix_cache_hits_total`` (tokens),
-``layerzero:num_preemptions_total``. From the front end, as outputs arrive: counters
+``layerzero:num_preemptions_total``, and with speculative decoding vLLM's ``spec_decode`` counters
+``layerzero:spec_decode_num_drafts_total``, ``layerzero:spec_decode_num_draft_tokens_total``,
+``layerzero:spec_decode_num_accepted_tokens_total`` and
+``layerzero:spec_decode_num_accepted_tokens_per_pos_total{position}`` (acceptance rate = accepted / draft
+tokens; mean acceptance length = 1 + accepted / drafts). From the front end, as outputs arrive: counters
 ``layerzero:prompt_tokens_total``, ``layerzero:generation_tokens_total``,
 ``layerzero:request_success_total{finished_reason}`` (one per finished completion: stop, length, abort,
 error), histograms ``layerzero:time_to_first_token_seconds``, ``layerzero:inter_token_latency_seconds`` (per
@@ -63,6 +67,30 @@ class _EngineStats:
             c = CounterMetricFamily(f"layerzero:{name}", doc, labels=["model_name"])
             c.add_metric([self.model], float(value))
             yield c
+        yield from self._spec_decode(s)
+
+    def _spec_decode(self, s: Any) -> Any:
+        """vLLM's ``spec_decode`` counters (only when speculative decoding ran: a draft was verified)."""
+        from prometheus_client.core import CounterMetricFamily
+
+        if not getattr(s, "spec_decode_num_drafts", 0):
+            return
+        for name, doc in (
+            ("num_drafts", "Speculative decoding: verification rows (a sequence's step with drafts)."),
+            ("num_draft_tokens", "Speculative decoding: draft tokens verified."),
+            ("num_accepted_tokens", "Speculative decoding: draft tokens accepted."),
+        ):
+            c = CounterMetricFamily(f"layerzero:spec_decode_{name}", doc, labels=["model_name"])
+            c.add_metric([self.model], float(getattr(s, f"spec_decode_{name}")))
+            yield c
+        c = CounterMetricFamily(
+            "layerzero:spec_decode_num_accepted_tokens_per_pos",
+            "Speculative decoding: accepted draft tokens per draft position.",
+            labels=["model_name", "position"],
+        )
+        for pos, n in enumerate(s.spec_decode_num_accepted_tokens_per_pos):
+            c.add_metric([self.model, str(pos)], float(n))
+        yield c
 
     def describe(self) -> list:
         return []
