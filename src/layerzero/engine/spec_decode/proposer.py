@@ -10,55 +10,99 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 import layerzero as lz
 
-from ..config import EngineConfig, ModelConfig
+from ..config import CudaGraphKnobs, EngineConfig, ModelConfig
 from ..core.sched.output import SchedulerOutput
 from ..loader import load_dummy_weights, load_model_weights
 from ..models.registry import build_model
 from ..worker.attn_metadata import ForwardBatch
+from ..worker.cuda_graph import CUDAGraphRunner
 from ..worker.input_batch import ScheduledChunk, build_forward_batch
 from .config import SpeculativeConfig
 
-__all__ = ["DraftProposer"]
+__all__ = ["DraftProposer", "load_draft"]
 
 log = logging.getLogger("layerzero.engine")
+
+
+def load_draft(
+    spec: SpeculativeConfig | None,
+    ec: EngineConfig,
+    tcfg: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_model_len: int,
+) -> tuple[nn.Module | None, int]:
+    """The draft model of a ``"draft_model"`` config (loaded before the target's KV pool is sized, so its
+    weights are not in the memory the pool takes) and the bytes its KV takes per block of the target's pool
+    (the pool is sized for both: ``ModelRunner(extra_kv_bytes_per_block=...)``); ``(None, 0)`` for other
+    methods. ``ec.load_format="dummy"``: seeded random weights with the engine's seed (a draft with the
+    target's config then equals the target).
+
+    Raises:
+        ConfigurationError: the draft's config is unreadable or unsupported, or its vocabulary differs from
+            the target's."""
+    if spec is None or spec.method != "draft_model":
+        return None, 0
+    dcfg = ModelConfig.from_pretrained(spec.model)
+    spec.check_model(tcfg.num_layers, tcfg.vocab_size, dcfg.vocab_size)
+    model = build_model(dcfg, max_model_len, device, dtype)
+    if ec.load_format == "dummy":
+        load_dummy_weights(model, ec.seed)
+    else:
+        load_model_weights(model, spec.model)
+    hkv = getattr(model, "num_local_kv_heads", dcfg.num_kv_heads)
+    per_block = dcfg.num_layers * 2 * ec.block_size * hkv * dcfg.head_dim * dtype.itemsize
+    log.info("draft model %s: %d layers", spec.model, dcfg.num_layers)
+    return model, per_block
+
+
+class _FirstLayers(nn.Module):
+    """The target's first ``m`` layers, final norm and LM head as a model (``forward(batch, kv_caches)`` ->
+    logits of every row): layer skip's draft, in a form the CUDA-graph runner captures."""
+
+    def __init__(self, model: Any, m: int) -> None:
+        super().__init__()
+        self.target, self.m = model, m
+
+    def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        t = self.target
+        x, residual = t.embed_tokens(batch.input_ids), None
+        for layer, cache in zip(t.layers[: self.m], kv_caches[: self.m], strict=True):
+            x, residual = layer(x, residual, batch, cache)
+        return t.compute_logits(t.norm(x, residual)[0])
 
 
 class DraftProposer:
     """Proposes a draft model's (or the target's first layers') drafts for a verification step.
 
     ``runner``: the target's :class:`~layerzero.engine.worker.model_runner.ModelRunner` (its model, KV pools,
-    block size). For ``"draft_model"`` the draft is loaded from ``spec.model`` (``ec.load_format="dummy"``:
-    seeded random weights with the engine's seed, so a draft with the target's config equals the target) in
-    the target's dtype, with one KV pool per draft layer of ``runner.num_blocks`` blocks: the draft's KV of a
-    token lives at the target's slot of that token. The draft's pool mirrors every target forward
-    (:meth:`mirror`: prefill chunks, decode and verification steps), so a block the prefix cache shares holds
-    the draft's KV of its tokens too.
+    block size); ``draft``: :func:`load_draft`'s model (``"draft_model"``), else None. A draft model gets one
+    KV pool per layer of ``runner.num_blocks`` blocks: the draft's KV of a token lives at the target's slot
+    of that token. It mirrors every target forward (:meth:`mirror`: prefill chunks, decode and verification
+    steps), so a block the prefix cache shares holds the draft's KV of its tokens too. On CUDA (unless
+    ``enforce_eager``) the draft's decode steps replay CUDA graphs (one per batch bucket, plain inputs);
+    when their capture fails the drafts run eager (logged; strict mode raises).
 
     Raises:
-        ConfigurationError: the draft's config is unreadable or unsupported, its vocabulary differs from the
-            target's, ``num_layers`` out of range (``SpeculativeConfig.check_model``)."""
+        ConfigurationError: ``num_layers`` out of range (``SpeculativeConfig.check_model``)."""
 
-    def __init__(self, spec: SpeculativeConfig, runner: Any, ec: EngineConfig, max_model_len: int) -> None:
+    def __init__(
+        self, spec: SpeculativeConfig, runner: Any, ec: EngineConfig, max_model_len: int, draft: Any = None
+    ) -> None:
         self.spec, self.runner = spec, runner
         tcfg = runner.cfg
-        self.model: Any = runner.model
-        self.kv: list[torch.Tensor] = runner.kv_caches
-        self.num_layers = tcfg.num_layers
         if spec.method == "layer_skip":
             spec.check_model(tcfg.num_layers, tcfg.vocab_size)
-            self.num_layers = spec.num_layers
+            self.model: Any = _FirstLayers(runner.model, spec.num_layers)
+            self.kv: list[torch.Tensor] = runner.kv_caches
         else:
-            dcfg = ModelConfig.from_pretrained(spec.model)
-            spec.check_model(tcfg.num_layers, tcfg.vocab_size, dcfg.vocab_size)
-            self.model = build_model(dcfg, max_model_len, runner.device, runner.dtype)
-            if ec.load_format == "dummy":
-                load_dummy_weights(self.model, ec.seed)
-            else:
-                load_model_weights(self.model, spec.model)
-            hkv = getattr(self.model, "num_local_kv_heads", dcfg.num_kv_heads)
+            self.model = draft
+            dcfg = draft.cfg
+            hkv = getattr(draft, "num_local_kv_heads", dcfg.num_kv_heads)
             self.kv = [
                 lz.allocate_kv_cache(
                     runner.num_blocks,
@@ -71,10 +115,28 @@ class DraftProposer:
                 )
                 for _ in range(dcfg.num_layers)
             ]
-            self.num_layers = dcfg.num_layers
-            log.info(
-                "draft model %s: %d layers, KV pool %d blocks", spec.model, dcfg.num_layers, runner.num_blocks
-            )
+        self.graphs: CUDAGraphRunner | None = None
+        if runner.device.type == "cuda" and not ec.enforce_eager:
+            self.graphs = self._capture(ec, max_model_len)
+
+    def _capture(self, ec: EngineConfig, max_model_len: int) -> CUDAGraphRunner | None:
+        knobs = CudaGraphKnobs(packed_inputs=False, greedy_in_graph=False)
+        graphs = CUDAGraphRunner(
+            self.model,
+            self.kv,
+            ec.max_num_seqs,
+            -(-max_model_len // ec.block_size),
+            self.runner.device,
+            knobs=knobs,
+        )
+        try:
+            graphs.capture()
+        except Exception as exc:  # noqa: BLE001 - any capture failure: drafts run eager, logged
+            if lz.get_config().strict:
+                raise
+            log.warning("speculative decoding: draft CUDA graphs off (drafts run eager): %s", exc)
+            return None
+        return graphs
 
     @property
     def mirrors(self) -> bool:
@@ -86,16 +148,12 @@ class DraftProposer:
         """Run the draft over a target step's batch (the same ids, positions and slots): its KV pool then
         holds the draft's KV of every token the target computed (rejected drafts' positions included,
         overwritten later as the target's are)."""
-        self._logits(batch, logits=False)
+        self.model.hidden_states(batch, self.kv)
 
-    def _logits(self, batch: ForwardBatch, logits: bool = True) -> torch.Tensor | None:
-        m = self.model
-        x, residual = m.embed_tokens(batch.input_ids), None
-        for layer, cache in zip(m.layers[: self.num_layers], self.kv[: self.num_layers], strict=True):
-            x, residual = layer(x, residual, batch, cache)
-        if not logits:
-            return None
-        return m.compute_logits(m.norm(x, residual)[0])
+    def _logits(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
+        return self.model(batch, self.kv)
 
     @torch.no_grad()
     def propose(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

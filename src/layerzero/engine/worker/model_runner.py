@@ -62,7 +62,9 @@ class ModelRunner:
     ``parallel``: this rank's place among the tensor-parallel ranks (:class:`ParallelState`), passed to
     ``build_model``; with several ranks the KV block count is the minimum over them (a collective: every rank
     builds its runner at the same time). ``EngineConfig.load_format="dummy"``: seeded random weights
-    (``seed + tp_rank``) instead of the checkpoint's."""
+    (``seed + tp_rank``) instead of the checkpoint's. ``extra_kv_bytes_per_block``: bytes per block of
+    another pool addressed by the same block ids (a speculative draft model's), counted when the block count
+    is sized from memory."""
 
     def __init__(
         self,
@@ -73,8 +75,10 @@ class ModelRunner:
         max_model_len: int,
         max_num_batched_tokens: int,
         parallel: ParallelState = SINGLE,
+        extra_kv_bytes_per_block: int = 0,
     ) -> None:
         self.cfg, self.device, self.dtype, self.block_size = cfg, device, dtype, ec.block_size
+        self.extra_kv_bytes_per_block = extra_kv_bytes_per_block
         self.max_model_len = max_model_len
         self.parallel = parallel
         self.kv_dtype = KV_CACHE_DTYPES[ec.kv_cache_dtype] or dtype
@@ -199,6 +203,7 @@ class ModelRunner:
         if ec.num_kv_blocks is not None:
             return ec.num_kv_blocks
         per_block = kv_bytes_per_block(self.cfg, ec.block_size, self.kv_dtype, self.num_kv_heads)
+        per_block += self.extra_kv_bytes_per_block  # a draft model's pool, addressed by the same blocks
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = (

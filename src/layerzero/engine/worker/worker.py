@@ -12,7 +12,7 @@ import torch
 from ..config import EngineConfig, ModelConfig
 from ..core.sched.output import SchedulerOutput
 from ..parallel.state import SINGLE, ParallelState
-from ..spec_decode.proposer import DraftProposer
+from ..spec_decode.proposer import DraftProposer, load_draft
 from ..spec_decode.verify import verify_step
 from .model_runner import ModelRunner
 from .prompt_logprobs import PendingPromptLogprobs, launch_prompt_logprobs
@@ -64,14 +64,24 @@ class Worker:
     ) -> None:
         self.device = device
         self.parallel = parallel
-        self.runner = ModelRunner(cfg, ec, device, dtype, max_model_len, max_num_batched_tokens, parallel)
+        spec = ec.speculative_config
+        draft, draft_bytes = load_draft(spec, ec, cfg, device, dtype, max_model_len)  # before the KV pool
+        self.runner = ModelRunner(
+            cfg,
+            ec,
+            device,
+            dtype,
+            max_model_len,
+            max_num_batched_tokens,
+            parallel,
+            extra_kv_bytes_per_block=draft_bytes,
+        )
         self.sampler = Sampler(cfg.vocab_size, cfg.eos_token_ids, device, ec.seed)
         self.prev_tokens: torch.Tensor | None = None
         #: Speculative decoding's device-side drafts (draft model / layer skip), or None (off, or n-gram).
         self.drafter: DraftProposer | None = None
-        spec = ec.speculative_config
         if spec is not None and spec.method != "ngram":
-            self.drafter = DraftProposer(spec, self.runner, ec, max_model_len)
+            self.drafter = DraftProposer(spec, self.runner, ec, max_model_len, draft)
         self._eager_logged = False
         #: Start-up warm-up (``EngineConfig.warmup``; :mod:`.warmup`): what it ran, or None when off.
         self.warmup: WarmupReport | None = maybe_warm_up(
