@@ -34,6 +34,7 @@ class EngineLoop(StepRecovery):
     stats: EngineStats
     async_scheduling: bool
     prefill_buckets: set[int]
+    _spec_tokens = 0  # the last verification step's speculating positions (statistics)
 
     def _run_step(self) -> None:
         """One step under the lock (``step()``): outputs land in ``_outputs``.
@@ -125,7 +126,9 @@ class EngineLoop(StepRecovery):
 
     def _verified(self, chunks: list[tuple[Sequence, int]]) -> None:
         """After a verification step's tokens were appended: its speculating rows count only the accepted
-        positions as computed (:meth:`Scheduler.after_verify`)."""
+        positions as computed (:meth:`Scheduler.after_verify`); their positions count as decode tokens in the
+        step's statistics."""
+        self._spec_tokens = sum(n for s, n in chunks if s.spec_token_ids is not None)
         self.scheduler.after_verify(chunks)
 
     def _record_spec(self, seqs: list[Sequence], new_ids: list[list[int]]) -> None:
@@ -276,8 +279,9 @@ class EngineLoop(StepRecovery):
         sample and append)."""
         st = StepStats()
         st.num_preempted, st.num_seqs, st.num_sampled = len(self.scheduler.preempted), len(chunks), appended
-        st.num_prefill_tokens = sum(n for _, n in chunks if n > 1)
-        st.num_decode_tokens = sum(n for _, n in chunks if n == 1)
+        spec, self._spec_tokens = self._spec_tokens, 0  # verification chunks: decode, not prefill
+        st.num_prefill_tokens = sum(n for _, n in chunks if n > 1) - spec
+        st.num_decode_tokens = sum(n for _, n in chunks if n == 1) + spec
         if st.num_prefill_tokens:  # the shape buckets kernel_report() covers
             self.prefill_buckets.add(1 << (st.num_prefill_tokens - 1).bit_length())
         st.schedule_s, st.forward_s, st.sample_s, st.detokenize_s = (
