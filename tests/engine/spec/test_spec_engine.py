@@ -183,3 +183,35 @@ def test_a_draft_with_another_vocabulary_is_refused():
         from layerzero.engine.config import EngineConfig
 
         EngineConfig("x", device="cpu", tensor_parallel_size=2, speculative_config=cfg)
+
+
+def test_a_failed_verification_step_fails_its_requests_and_the_rest_roll_back(checkpoints, monkeypatch):
+    ckpt = checkpoints["qwen3"]
+    _, base = _run(ckpt, num_kv_blocks=80)
+    from layerzero.engine import LLM
+
+    llm = LLM(
+        ckpt,
+        speculative_config=METHODS["draft_model"] | {"model": str(ckpt)},
+        **{**OPTS, "num_kv_blocks": 80},
+    )
+    runner = llm.engine.runner
+    real, failed = runner.execute, []
+
+    def fail_once(out, *args, **kwargs):
+        if not failed and any(out.spec_token_ids):
+            failed.append([r for r, d in zip(out.req_ids, out.spec_token_ids, strict=True) if d])
+            raise RuntimeError("injected verification failure")
+        return real(out, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "execute", fail_once)
+    outs = llm.generate(PROMPTS, _greedy(), use_tqdm=False)
+    assert failed
+    for o, b in zip(outs, base, strict=True):
+        if o.outputs[0].finish_reason == "error":
+            assert "injected verification failure" in o.error
+        else:  # rolled back (preempted) and computed again: the same tokens
+            assert o.outputs[0].token_ids == b.outputs[0].token_ids
+    assert any(o.outputs[0].finish_reason == "error" for o in outs)
+    assert any(o.outputs[0].finish_reason == "length" for o in outs)
+    assert llm.engine.kv.usage() == 0.0 and not llm.engine.has_unfinished()

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..core.sched.output import SamplingMetadata, SchedulerOutput
-from ..worker.sampler import SamplerOutput
+from ..worker.sampler import SamplerOutput, SamplingError
 from .rejection import counter_exponential, counter_uniform, rejection_sample, warped_probs
 
 __all__ = ["spec_layout", "verify_rows", "verify_step"]
@@ -102,7 +102,10 @@ def verify_step(
     :func:`spec_layout`), ``drafts`` ``[R, K]`` int64 on the device (a draft model's, one row per speculating
     row in order) or None (the host drafts in ``out.spec_token_ids``). Plain rows are drawn by ``sampler``
     (their logprobs as usual); returns a
-    :class:`~layerzero.engine.worker.sampler.SamplerOutput` (waits for the tokens)."""
+    :class:`~layerzero.engine.worker.sampler.SamplerOutput` (waits for the tokens).
+
+    Raises:
+        SamplingError: the plain rows' draw raised (its ``rows`` index the step's sampled rows)."""
     starts, counts = spec_layout(out)
     rows = out.sampling
     plain = [i for i, c in enumerate(counts) if c == 0]
@@ -113,7 +116,10 @@ def verify_step(
     dev = logits.device
     if plain:
         idx = torch.as_tensor([starts[i] for i in plain], dtype=torch.int64).to(dev)
-        res = sampler(logits.index_select(0, idx), _subset(rows, plain))
+        try:
+            res = sampler(logits.index_select(0, idx), _subset(rows, plain))
+        except SamplingError as exc:  # its rows index the plain rows: name the step's rows
+            raise SamplingError([plain[i] for i in exc.rows], exc.__cause__ or exc) from exc.__cause__
         for j, i in enumerate(plain):
             ids[i], lps[i], tops[i] = res.sampled_token_ids[j], res.logprobs[j], res.top_logprobs[j]
     if spec:
