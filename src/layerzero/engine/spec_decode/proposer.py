@@ -147,7 +147,11 @@ class DraftProposer:
     def mirror(self, batch: ForwardBatch) -> None:
         """Run the draft over a target step's batch (the same ids, positions and slots): its KV pool then
         holds the draft's KV of every token the target computed (rejected drafts' positions included,
-        overwritten later as the target's are)."""
+        overwritten later as the target's are). A decode step replays the draft's CUDA graphs when they hold
+        it."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            self.graphs.run(batch)
+            return
         self.model.hidden_states(batch, self.kv)
 
     def _logits(self, batch: ForwardBatch) -> torch.Tensor:
