@@ -215,3 +215,34 @@ def test_a_failed_verification_step_fails_its_requests_and_the_rest_roll_back(ch
     assert any(o.outputs[0].finish_reason == "error" for o in outs)
     assert any(o.outputs[0].finish_reason == "length" for o in outs)
     assert llm.engine.kv.usage() == 0.0 and not llm.engine.has_unfinished()
+
+
+def test_stops_inside_an_accepted_run_end_the_sequence_there(checkpoints):
+    from layerzero.engine import SamplingParams
+
+    ckpt = checkpoints["llama"]
+    _, free = _run(ckpt, num_kv_blocks=80)
+    # stop at a token each output has after a few tokens; max_tokens that end inside a run; n = 2; EOS live
+    outs0 = [o.outputs[0].token_ids for o in free]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[outs0[0][7]]),
+        SamplingParams(temperature=0.0, max_tokens=11, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[outs0[2][5]]),
+        SamplingParams(temperature=0.0, max_tokens=7, n=2, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=25, prompt_logprobs=2),
+    ]
+    _, base = _run(ckpt, params=params, num_kv_blocks=80)
+    spec = {"method": "draft_model", "num_speculative_tokens": 4, "model": str(ckpt)}
+    llm, outs = _run(ckpt, spec, params=params, num_kv_blocks=80)
+    for a, b in zip(base, outs, strict=True):
+        for ca, cb in zip(a.outputs, b.outputs, strict=True):
+            assert (ca.token_ids, ca.finish_reason, ca.stop_reason) == (
+                cb.token_ids,
+                cb.finish_reason,
+                cb.stop_reason,
+            )
+    assert outs[0].outputs[0].stop_reason == outs0[0][7] and len(outs[1].outputs[0].token_ids) == 11
+    assert [len(c.token_ids) for c in outs[3].outputs] == [7, 7]
+    pa, pb = base[4].prompt_logprobs, outs[4].prompt_logprobs
+    assert pa[0] is None and all(x.keys() == y.keys() for x, y in zip(pa[1:], pb[1:], strict=True))
+    assert llm.engine.scheduler.spec.num_accepted_tokens > 0
