@@ -21,6 +21,7 @@ from ..models.registry import build_model
 from ..worker.attn_metadata import ForwardBatch
 from ..worker.cuda_graph import CUDAGraphRunner
 from ..worker.input_batch import ScheduledChunk, build_forward_batch
+from ..worker.staging import to_device
 from .config import SpeculativeConfig
 
 __all__ = ["DraftProposer", "load_draft"]
@@ -174,24 +175,35 @@ class DraftProposer:
         starts = [out.num_computed_tokens[i] for i in chunks]
         k = max(counts)
         tables = out.block_tables[chunks]
-        drafts = torch.zeros(len(chunks), k, dtype=torch.int64, device=dev)
-        last = torch.as_tensor([out.new_token_ids[i][0] for i in chunks], dtype=torch.int64).to(dev)
-        for j in range(k):
-            act = [r for r, c in enumerate(counts) if c > j]
-            sched = [ScheduledChunk([0], starts[r] + j, 1, (), True, None, starts[r] + j) for r in act]
-            batch = build_forward_batch(sched, bs, dev, None, None, np.ascontiguousarray(tables[act]))
-            if j == 0:
-                ids = last
-            else:
-                ids = drafts[torch.as_tensor(act, dtype=torch.int64).to(dev), j - 1]
-            batch.input_ids.copy_(ids)
-            tok = self._logits(batch).argmax(dim=-1)
-            drafts[torch.as_tensor(act, dtype=torch.int64).to(dev), j] = tok
+        acts = [[r for r, c in enumerate(counts) if c > j] for j in range(k)]
         # where the drafts go in the verification batch: chunk i's rows cu[i] + 1 .. cu[i] + count
         cu = np.concatenate([[0], np.cumsum(out.num_scheduled_tokens)])
         rows = np.concatenate(
             [np.arange(cu[i] + 1, cu[i] + 1 + c) for i, c in zip(chunks, counts, strict=True)]
         )
         take = np.concatenate([np.arange(c) + r * k for r, c in enumerate(counts)])
-        rows_t, take_t = (torch.as_tensor(a, dtype=torch.int64).to(dev) for a in (rows, take))
+        i64 = np.int64
+        host = [
+            np.asarray([out.new_token_ids[i][0] for i in chunks], i64),
+            rows.astype(i64),
+            take.astype(i64),
+        ]
+        host += [np.asarray(a, i64) for a in acts]
+        last, rows_t, take_t, *act_t = to_device(host, dev)  # one staged copy (a pageable one would sync)
+        drafts = torch.zeros(len(chunks), k, dtype=torch.int64, device=dev)
+        whole = len(acts[-1]) == len(chunks)  # every row takes all k drafts: no row indexing
+        for j in range(k):
+            act = acts[j]
+            sched = [ScheduledChunk([0], starts[r] + j, 1, (), True, None, starts[r] + j) for r in act]
+            batch = build_forward_batch(sched, bs, dev, None, None, np.ascontiguousarray(tables[act]))
+            if j == 0:
+                ids = last if whole else last.index_select(0, act_t[0])
+            else:
+                ids = drafts[:, j - 1] if whole else drafts[act_t[j], j - 1]
+            batch.input_ids.copy_(ids)
+            tok = self._logits(batch).argmax(dim=-1)
+            if whole:
+                drafts[:, j] = tok
+            else:
+                drafts[act_t[j], j] = tok
         return drafts, rows_t, drafts.reshape(-1).index_select(0, take_t)

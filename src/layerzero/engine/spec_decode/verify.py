@@ -11,6 +11,7 @@ import torch
 
 from ..core.sched.output import SamplingMetadata, SchedulerOutput
 from ..worker.sampler import SamplerOutput, SamplingError
+from ..worker.staging import to_device
 from .rejection import counter_exponential, counter_uniform, rejection_sample, warped_probs
 
 __all__ = ["spec_layout", "verify_rows", "verify_step"]
@@ -57,38 +58,44 @@ def verify_rows(
     r, k1, v = logits.shape
     dev = logits.device
     ps = rows.params
-    nd = torch.as_tensor(num_drafts, dtype=torch.int64).to(dev)
+    i64 = np.int64
     if all(p.greedy for p in ps):
+        (nd,) = to_device([np.asarray(num_drafts, dtype=i64)], dev)
         am = logits.argmax(dim=-1)  # [R, K + 1]: the first maximum, as lz.sample_greedy
         ok = (drafts == am[:, : k1 - 1]) & (torch.arange(k1 - 1, device=dev)[None, :] < nd[:, None])
         acc = torch.cumprod(ok.to(torch.int64), dim=-1).sum(-1)
         tokens = am
     else:
-        x = logits.float().reshape(r * k1, v)
-        rep = np.repeat
-        temp = torch.as_tensor(rep([0.0 if p.greedy else p.temperature for p in ps], k1), dtype=torch.float32)
-        named: dict[str, Any] = {"temperature": temp.to(dev)}
-        for name, vals, off in (
-            ("top_k", [p.top_k_or_off for p in ps], 0),
-            ("top_p", [p.top_p for p in ps], 1.0),
-            ("min_p", [p.min_p for p in ps], 0.0),
+        # every host array in one staged copy (a pageable copy would wait for the GPU)
+        named = {"temperature": np.repeat(np.asarray([p.temperature for p in ps], dtype=np.float32), k1)}
+        for name, vals, off, dt in (
+            ("top_k", [p.top_k_or_off for p in ps], 0, np.int32),
+            ("top_p", [p.top_p for p in ps], 1.0, np.float32),
+            ("min_p", [p.min_p for p in ps], 0.0, np.float32),
         ):
             if any(val != off for val in vals):
-                named[name] = torch.as_tensor(rep(vals, k1)).to(dev)
-        probs = warped_probs(x, **named).reshape(r, k1, v)
+                named[name] = np.repeat(np.asarray(vals, dtype=dt), k1)
+        seeded = [i for i, s in enumerate(rows.seeds) if s is not None and not ps[i].greedy]
+        host = [
+            np.asarray(num_drafts, dtype=i64),
+            np.asarray(seeded, dtype=i64),
+            np.asarray([rows.seeds[i] for i in seeded], dtype=i64),
+            np.asarray([rows.num_output_tokens[i] for i in seeded], dtype=i64),
+            *named.values(),
+        ]
+        nd, si, seeds, base, *vals = to_device(host, dev)
+        x = logits.float().reshape(r * k1, v)
+        probs = warped_probs(x, **dict(zip(named, vals, strict=True))).reshape(r, k1, v)
         u = torch.rand((r, max(k1 - 1, 1)), generator=generator, device=dev, dtype=torch.float64)[:, : k1 - 1]
         e = torch.empty((r, k1, v), device=dev, dtype=torch.float32).exponential_(generator=generator)
-        seeded = [i for i, s in enumerate(rows.seeds) if s is not None and not ps[i].greedy]
         if seeded:
-            si = torch.as_tensor(seeded, dtype=torch.int64).to(dev)
-            seeds = torch.as_tensor([rows.seeds[i] for i in seeded], dtype=torch.int64).to(dev)
-            base = torch.as_tensor([rows.num_output_tokens[i] for i in seeded], dtype=torch.int64).to(dev)
             offs = base[:, None] + torch.arange(k1, device=dev)[None, :]  # [S, K + 1] output positions
             seeds2 = seeds[:, None].expand_as(offs)
             u[si] = counter_uniform(seeds2[:, : k1 - 1], offs[:, : k1 - 1])
             e[si] = counter_exponential(seeds2, offs, v).float()
         tokens, acc = rejection_sample(probs, drafts, nd, u, e)
-    toks, accs = tokens.tolist(), acc.tolist()
+    both = torch.cat([tokens, acc[:, None]], dim=1).tolist()  # one transfer to the host
+    toks, accs = [b[:-1] for b in both], [b[-1] for b in both]
     return [t[: a + 1] for t, a in zip(toks, accs, strict=True)], accs
 
 
@@ -114,8 +121,20 @@ def verify_step(
     lps: list[Any] = [None] * len(counts)
     tops: list[Any] = [None] * len(counts)
     dev = logits.device
+    k = max((counts[i] for i in spec), default=0)
+    host = [np.asarray([starts[i] for i in plain], dtype=np.int64)]
+    if spec:
+        host.append(
+            np.asarray([[starts[i] + min(j, counts[i]) for j in range(k + 1)] for i in spec], np.int64)
+        )
+        if drafts is None:
+            d = np.zeros((len(spec), k), dtype=np.int64)
+            for r, ids_r in enumerate(s for s in out.spec_token_ids if s):
+                d[r, : len(ids_r)] = ids_r
+            host.append(d)
+    staged = to_device(host, dev)  # one copy
     if plain:
-        idx = torch.as_tensor([starts[i] for i in plain], dtype=torch.int64).to(dev)
+        idx = staged[0]
         try:
             res = sampler(logits.index_select(0, idx), _subset(rows, plain))
         except SamplingError as exc:  # its rows index the plain rows: name the step's rows
@@ -123,16 +142,9 @@ def verify_step(
         for j, i in enumerate(plain):
             ids[i], lps[i], tops[i] = res.sampled_token_ids[j], res.logprobs[j], res.top_logprobs[j]
     if spec:
-        k = max(counts[i] for i in spec)
-        gather = np.asarray([[starts[i] + min(j, counts[i]) for j in range(k + 1)] for i in spec])
-        g = torch.as_tensor(gather, dtype=torch.int64).to(dev)
-        lg = logits[g]  # [R, K + 1, V]
+        lg = logits[staged[1]]  # [R, K + 1, V]
         if drafts is None:
-            sids = [s for s in out.spec_token_ids if s]
-            host = np.zeros((len(spec), k), dtype=np.int64)
-            for r, d in enumerate(sids):
-                host[r, : len(d)] = d
-            drafts = torch.as_tensor(host).to(dev)
+            drafts = staged[2]
         got, _ = verify_rows(
             lg, drafts[:, :k], [counts[i] for i in spec], _subset(rows, spec), sampler.generator
         )

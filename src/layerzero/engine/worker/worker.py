@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..config import EngineConfig, ModelConfig
@@ -17,6 +18,7 @@ from ..spec_decode.verify import verify_step
 from .model_runner import ModelRunner
 from .prompt_logprobs import PendingPromptLogprobs, launch_prompt_logprobs
 from .sampler import PendingSample, Sampler, SamplerOutput, plain_greedy
+from .staging import to_device
 from .warmup import WarmupReport, maybe_warm_up
 
 __all__ = ["ModelRunnerOutput", "Worker"]
@@ -138,7 +140,7 @@ class Worker:
             )
         done = verify_step(res.logits, out, self.sampler, drafts)
         last = [t[-1] for t in done.sampled_token_ids]
-        self.prev_tokens = torch.as_tensor(last, dtype=torch.int64).to(self.device)
+        (self.prev_tokens,) = to_device([np.asarray(last, dtype=np.int64)], self.device)
         return ModelRunnerOutput(None, len(last), prompt, done)
 
     def reset(self) -> None:
