@@ -139,7 +139,9 @@ def test_seeded_sampled_requests_are_reproducible_alone_and_in_a_batch(checkpoin
         SamplingParams(temperature=0.9, max_tokens=20, ignore_eos=True),  # unseeded: the engine's stream
     ]
     llm, together = _run(ckpt, spec, params=sp, prompts=PROMPTS[:3], num_kv_blocks=80)
-    assert llm.engine.scheduler.spec.num_accepted_tokens > 0
+    # the draft is the target and samples its drafts from the same warped distribution: q == p, so every
+    # draft is accepted (greedy drafts would be accepted only with probability p(argmax))
+    assert llm.engine.scheduler.spec.as_dict()["acceptance_rate"] > 0.97
     for i in (0, 1):
         _, alone = _run(ckpt, spec, params=sp[i], prompts=[PROMPTS[i]], num_kv_blocks=80)
         assert alone[0].outputs[0].token_ids == together[i].outputs[0].token_ids

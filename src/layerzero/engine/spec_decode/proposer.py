@@ -23,6 +23,7 @@ from ..worker.cuda_graph import CUDAGraphRunner
 from ..worker.input_batch import ScheduledChunk, build_forward_batch
 from ..worker.staging import to_device
 from .config import SpeculativeConfig
+from .rejection import counter_exponential, warped_probs
 
 __all__ = ["DraftProposer", "load_draft"]
 
@@ -161,14 +162,22 @@ class DraftProposer:
         return self.model(batch, self.kv)
 
     @torch.no_grad()
-    def propose(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Greedy drafts for the speculating chunks of ``out`` (``spec_token_ids`` of -1s; their last token
-        known, at position ``num_computed_tokens``): k draft decode steps, step j feeding position P + j the
-        previous step's argmax (the last token at j = 0) and writing the draft's KV there (slots the scheduler
-        allocated for the verification chunk). Returns ``(drafts, rows, ids)``: ``drafts`` ``[R, K]`` int64 on
-        the device, one row per speculating chunk in order (entries past a row's count 0), and the
-        verification batch's input rows ``[D]`` / ids ``[D]`` where they go (``ModelRunner.execute``'s
-        ``spec_inputs``)."""
+    def propose(
+        self, out: SchedulerOutput, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Drafts for the speculating chunks of ``out`` (``spec_token_ids`` of -1s; their last token known, at
+        position ``num_computed_tokens``): k draft decode steps, step j feeding position P + j the previous
+        step's draft (the last token at j = 0) and writing the draft's KV there (slots the scheduler allocated
+        for the verification chunk). Greedy rows draft the draft model's argmax; sampled rows draw from the
+        draft's distribution q after the request's temperature / top-k / top-p / min-p
+        (:func:`~.rejection.warped_probs`), seeded rows from counter-based noise of (seed, output position)
+        in a stream of their own (the seed xor a salt), others from ``generator``.
+
+        Returns ``(drafts, rows, ids, q)``: ``drafts`` ``[R, K]`` int64 on the device, one row per
+        speculating chunk in order (entries past a row's count 0); the verification batch's input rows
+        ``[D]`` / ids ``[D]`` where they go (``ModelRunner.execute``'s ``spec_inputs``); ``q`` ``[R, K, V]``
+        float32, the draft distributions the verification needs, or None when every row is greedy (q
+        one-hot)."""
         dev, bs = self.runner.device, self.runner.block_size
         chunks = [i for i, d in enumerate(out.spec_token_ids) if d]
         counts = [len(out.spec_token_ids[i]) for i in chunks]
@@ -189,9 +198,27 @@ class DraftProposer:
             take.astype(i64),
         ]
         host += [np.asarray(a, i64) for a in acts]
-        last, rows_t, take_t, *act_t = to_device(host, dev)  # one staged copy (a pageable one would sync)
+        srow = np.cumsum(out.sample) - 1  # chunk -> its row of out.sampling
+        ps = [out.sampling.params[srow[i]] for i in chunks]
+        sampled = not all(p.greedy for p in ps)
+        seeded: list[int] = []
+        if sampled:
+            seeded = [
+                r
+                for r, i in enumerate(chunks)
+                if out.sampling.seeds[srow[i]] is not None and not ps[r].greedy
+            ]
+            host += _param_arrays(ps, [out.sampling.seeds[srow[chunks[r]]] for r in seeded], seeded)
+            host.append(np.asarray([out.sampling.num_output_tokens[srow[chunks[r]]] for r in seeded], i64))
+        staged = to_device(host, dev)  # one staged copy (a pageable one would sync)
+        last, rows_t, take_t = staged[:3]
+        act_t = staged[3 : 3 + k]
         drafts = torch.zeros(len(chunks), k, dtype=torch.int64, device=dev)
         whole = len(acts[-1]) == len(chunks)  # every row takes all k drafts: no row indexing
+        q = None
+        if sampled:
+            temp, top_k, top_p, min_p, si, seeds, base = staged[3 + k :]
+            q = torch.zeros(len(chunks), k, self.runner.cfg.vocab_size, dtype=torch.float32, device=dev)
         for j in range(k):
             act = acts[j]
             sched = [ScheduledChunk([0], starts[r] + j, 1, (), True, None, starts[r] + j) for r in act]
@@ -201,9 +228,44 @@ class DraftProposer:
             else:
                 ids = drafts[:, j - 1] if whole else drafts[act_t[j], j - 1]
             batch.input_ids.copy_(ids)
-            tok = self._logits(batch).argmax(dim=-1)
+            logits = self._logits(batch)
+            if not sampled:
+                tok = logits.argmax(dim=-1)
+            else:
+                a = None if whole else act_t[j]
+                qj = warped_probs(logits.float(), *(_rows(t, a) for t in (temp, top_k, top_p, min_p)))
+                e = torch.empty(len(chunks), qj.shape[-1], device=dev).exponential_(generator=generator)
+                if seeded:
+                    e[si] = counter_exponential(seeds ^ DRAFT_SALT, base + j, qj.shape[-1]).float()
+                e = _rows(e, a).clamp_min(torch.finfo(torch.float32).tiny)
+                tok = torch.argmax(torch.log(qj) - torch.log(e), dim=-1)
+                if whole:
+                    q[:, j] = qj
+                else:
+                    q[act_t[j], j] = qj
             if whole:
                 drafts[:, j] = tok
             else:
                 drafts[act_t[j], j] = tok
-        return drafts, rows_t, drafts.reshape(-1).index_select(0, take_t)
+        return drafts, rows_t, drafts.reshape(-1).index_select(0, take_t), q
+
+
+def _rows(t: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
+    return t if idx is None else t.index_select(0, idx)
+
+
+DRAFT_SALT = 0x5DEECE66D
+"""Xored into a seeded row's seed for its drafts' noise: a stream apart from the verification's."""
+
+
+def _param_arrays(ps: list[Any], seeds: list[int], seeded: list[int]) -> list[np.ndarray]:
+    """Per row temperature (float32), top-k (int64, 0 = off), top-p, min-p (float32), then the seeded rows'
+    indices and seeds (int64)."""
+    return [
+        np.asarray([p.temperature for p in ps], np.float32),
+        np.asarray([p.top_k_or_off for p in ps], np.int64),
+        np.asarray([p.top_p for p in ps], np.float32),
+        np.asarray([p.min_p for p in ps], np.float32),
+        np.asarray(seeded, np.int64),
+        np.asarray(seeds, np.int64),
+    ]

@@ -46,15 +46,16 @@ def verify_rows(
     num_drafts: list[int],
     rows: SamplingMetadata,
     generator: torch.Generator,
+    draft_probs: torch.Tensor | None = None,
 ) -> tuple[list[list[int]], list[int]]:
     """Verify ``R`` speculating rows: ``logits`` ``[R, K + 1, V]`` (row r's positions past ``num_drafts[r]``
     ignored), ``drafts`` ``[R, K]`` int64 on the logits' device, ``rows`` their sampling parameters. Greedy
     rows accept drafts equal to the target's argmax and emit the argmax (plain greedy's tokens); sampled rows
-    go through :func:`~.rejection.rejection_sample` over :func:`~.rejection.warped_probs` (float32) with
-    one-hot drafts. Seeded rows take counter-based uniforms and noise from (seed, output position): the token
-    at output position o uses offset o, so they do not depend on the batch; other rows draw from
-    ``generator``. Returns per row its emitted tokens (accepted drafts then the target's token) and its
-    accepted count (waits for them: host lists)."""
+    go through :func:`~.rejection.rejection_sample` over :func:`~.rejection.warped_probs` (float32) with the
+    drafts' distributions ``draft_probs`` ``[R, K, V]`` (None: one-hot drafts). Seeded rows take counter-based
+    uniforms and noise from (seed, output position): the token at output position o uses offset o, so they do
+    not depend on the batch; other rows draw from ``generator``. Returns per row its emitted tokens (accepted
+    drafts then the target's token) and its accepted count (waits for them: host lists)."""
     r, k1, v = logits.shape
     dev = logits.device
     ps = rows.params
@@ -93,7 +94,7 @@ def verify_rows(
             seeds2 = seeds[:, None].expand_as(offs)
             u[si] = counter_uniform(seeds2[:, : k1 - 1], offs[:, : k1 - 1])
             e[si] = counter_exponential(seeds2, offs, v).float()
-        tokens, acc = rejection_sample(probs, drafts, nd, u, e)
+        tokens, acc = rejection_sample(probs, drafts, nd, u, e, draft_probs)
     both = torch.cat([tokens, acc[:, None]], dim=1).tolist()  # one transfer to the host
     toks, accs = [b[:-1] for b in both], [b[-1] for b in both]
     return [t[: a + 1] for t, a in zip(toks, accs, strict=True)], accs
@@ -104,10 +105,12 @@ def verify_step(
     out: SchedulerOutput,
     sampler: Any,
     drafts: torch.Tensor | None = None,
+    draft_probs: torch.Tensor | None = None,
 ) -> Any:
     """The draw of a verification step: ``logits`` ``[N, V]`` (per sampled chunk its ``1 + drafts`` rows,
     :func:`spec_layout`), ``drafts`` ``[R, K]`` int64 on the device (a draft model's, one row per speculating
-    row in order) or None (the host drafts in ``out.spec_token_ids``). Plain rows are drawn by ``sampler``
+    row in order) or None (the host drafts in ``out.spec_token_ids``), ``draft_probs`` ``[R, K, V]`` their
+    distributions (None: one-hot). Plain rows are drawn by ``sampler``
     (their logprobs as usual); returns a
     :class:`~layerzero.engine.worker.sampler.SamplerOutput` (waits for the tokens).
 
@@ -145,8 +148,9 @@ def verify_step(
         lg = logits[staged[1]]  # [R, K + 1, V]
         if drafts is None:
             drafts = staged[2]
+        q = None if draft_probs is None else draft_probs[:, :k]
         got, _ = verify_rows(
-            lg, drafts[:, :k], [counts[i] for i in spec], _subset(rows, spec), sampler.generator
+            lg, drafts[:, :k], [counts[i] for i in spec], _subset(rows, spec), sampler.generator, q
         )
         for i, t in zip(spec, got, strict=True):
             ids[i] = t

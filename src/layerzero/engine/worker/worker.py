@@ -120,9 +120,9 @@ class Worker:
         """A verification step (speculative decoding; read at once): device drafts proposed first when the
         step has a draft model's, one eager forward with ``1 + drafts`` logits rows per speculating chunk,
         then :func:`~layerzero.engine.spec_decode.verify.verify_step` (plain rows sampled as usual)."""
-        drafts = spec_inputs = None
+        drafts = spec_inputs = q = None
         if self.drafter is not None:
-            drafts, rows_t, ids_t = self.drafter.propose(out)
+            drafts, rows_t, ids_t, q = self.drafter.propose(out, self.sampler.generator)
             spec_inputs = (rows_t, ids_t)
         if self.device.type == "cuda" and not self._eager_logged:
             self._eager_logged = True
@@ -138,7 +138,7 @@ class Worker:
                 self.sampler.vocab_size,
                 out.prompt_logprobs,
             )
-        done = verify_step(res.logits, out, self.sampler, drafts)
+        done = verify_step(res.logits, out, self.sampler, drafts, q)
         last = [t[-1] for t in done.sampled_token_ids]
         (self.prev_tokens,) = to_device([np.asarray(last, dtype=np.int64)], self.device)
         return ModelRunnerOutput(None, len(last), prompt, done)
