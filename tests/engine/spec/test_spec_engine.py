@@ -248,3 +248,16 @@ def test_stops_inside_an_accepted_run_end_the_sequence_there(checkpoints):
     pa, pb = base[4].prompt_logprobs, outs[4].prompt_logprobs
     assert pa[0] is None and all(x.keys() == y.keys() for x, y in zip(pa[1:], pb[1:], strict=True))
     assert llm.engine.scheduler.spec.num_accepted_tokens > 0
+
+
+def test_the_config_crosses_to_a_core_process_unchanged():
+    from layerzero.engine.config import EngineConfig
+    from layerzero.engine.core import serial
+
+    for spec in [*METHODS.values(), {"method": "draft_model", "num_speculative_tokens": 2, "model": "/d"}]:
+        ec = EngineConfig("m", device="cpu", speculative_config=spec)
+        back = serial.decode_config(serial.encode_config(ec)).speculative_config
+        assert back == ec.speculative_config and back.method == spec["method"]
+    assert (
+        serial.decode_config(serial.encode_config(EngineConfig("m", device="cpu"))).speculative_config is None
+    )
