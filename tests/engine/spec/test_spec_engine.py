@@ -254,7 +254,7 @@ def test_the_config_crosses_to_a_core_process_unchanged():
     from layerzero.engine.config import EngineConfig
     from layerzero.engine.core import serial
 
-    for spec in [*METHODS.values(), {"method": "draft_model", "num_speculative_tokens": 2, "model": "/d"}]:
+    for spec in (METHODS["ngram"], METHODS["layer_skip"], dict(METHODS["draft_model"], model="/d")):
         ec = EngineConfig("m", device="cpu", speculative_config=spec)
         back = serial.decode_config(serial.encode_config(ec)).speculative_config
         assert back == ec.speculative_config and back.method == spec["method"]
