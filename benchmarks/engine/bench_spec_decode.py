@@ -89,8 +89,11 @@ def run(
     k: int,
     dummy: bool,
     num_layers: int,
+    only: list[str] | None = None,
+    out: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """One engine per configuration, every batch size on it; returns the rows (speedups vs ``plain``)."""
+    """One engine per configuration (``only``: those names; ``plain`` always runs first: the baseline), every
+    batch size on it; returns the rows (speedups vs ``plain``), also written to ``out`` after each row."""
     cfg = json.loads((target / "config.json").read_text())
     vocab = cfg["vocab_size"]
     configs: list[tuple[str, dict[str, Any] | None]] = [
@@ -106,6 +109,8 @@ def run(
         configs.insert(
             2, ("draft", {"method": "draft_model", "num_speculative_tokens": k, "model": str(draft)})
         )
+    if only is not None:
+        configs = [c for c in configs if c[0] == "plain" or c[0] in only]
     opts = dict(
         device=device,
         dtype=dtype,
@@ -125,6 +130,10 @@ def run(
             r["speedup"] = r["tok_per_s"] / base[b]
             rows.append(r)
             print(json.dumps(r), flush=True)
+            if out is not None:  # after every row: a run cut short keeps what it measured
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "spec_decode.json").write_text(json.dumps(rows, indent=2) + "\n")
+                (out / "spec_decode.md").write_text(table(rows) + "\n")
         llm.shutdown()
         del llm
         gc.collect()
@@ -157,18 +166,23 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--out", type=Path, default=None, help="write spec_decode.json and spec_decode.md here")
+    ap.add_argument(
+        "--configs", default=None, help="subset of ngram,draft,draft=target,layer_skip (plain always)"
+    )
     ns = ap.parse_args()
     batches = [int(b) for b in ns.batches.split(",")]
+    only = None if ns.configs is None else ns.configs.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="bench_spec_"))
     if ns.tiny:
         from layerzero.testing.checkpoints import build_checkpoint
 
         target = build_checkpoint("qwen3", tmp / "tiny", seed=0)
-        rows = run(target, None, "cpu", torch.float32, [1, 4], 16, ns.k, False, 1)
+        rows = run(target, None, "cpu", torch.float32, [1, 4], 16, ns.k, False, 1, only, ns.out)
     else:
         target = ns.target or _shape_dir(tmp, "qwen3-8b", QWEN3_8B)
         draft = ns.draft or _shape_dir(tmp, "qwen3-0.6b", QWEN3_0_6B)
         layers = json.loads((target / "config.json").read_text())["num_hidden_layers"]
+        dummy = ns.target is None
         rows = run(
             target,
             draft,
@@ -177,14 +191,12 @@ def main() -> None:
             batches,
             ns.max_tokens,
             ns.k,
-            ns.target is None,
+            dummy,
             layers // 4,
+            only,
+            ns.out,
         )
     print(table(rows))
-    if ns.out is not None:
-        ns.out.mkdir(parents=True, exist_ok=True)
-        (ns.out / "spec_decode.json").write_text(json.dumps(rows, indent=2) + "\n")
-        (ns.out / "spec_decode.md").write_text(table(rows) + "\n")
 
 
 if __name__ == "__main__":
