@@ -15,9 +15,10 @@ def ngram_propose(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list
     """Up to ``k`` draft tokens for a sequence whose known tokens (prompt and output) are ``tokens``.
 
     For n from ``n_max`` down to ``n_min``: the last n tokens are the pattern; if it occurs earlier (a match
-    starting before ``len(tokens) - n``), the drafts are the tokens after its latest such occurrence (at most
-    ``k``; fewer when the match is near the end). No match at any n: no drafts (``[]``; the sequence then
-    decodes one token this step).
+    starting before ``len(tokens) - n``), the drafts are the k tokens after its latest occurrence that has k
+    tokens after it, else after its earliest occurrence (the longest continuation: in a loop shorter than k,
+    e.g. one token repeated, the latest match has fewer tokens after it). No match at any n: no drafts
+    (``[]``; the sequence then decodes one token this step).
 
     Args:
         tokens: the sequence's token ids, oldest first.
@@ -34,6 +35,7 @@ def ngram_propose(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list
         windows = sliding_window_view(arr[: size - 1], n)  # windows starting at 0 .. size - 1 - n
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + n
+            full = hits[hits + n + k <= size]  # matches followed by k known tokens
+            start = int(full[-1] if full.size else hits[0]) + n
             return arr[start : start + k].tolist()
     return []
