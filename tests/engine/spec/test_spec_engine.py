@@ -45,10 +45,20 @@ def _greedy(max_tokens: int = 40):
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def _run(ckpt, spec=None, params=None, prompts=PROMPTS, **kw):
+def _run(ckpt, spec=None, params=None, prompts=PROMPTS, as_decode=None, **kw):
     from layerzero.engine import LLM
 
     llm = LLM(ckpt, speculative_config=spec, **{**OPTS, **kw})
+    runner = llm.engine.runner
+    runner.verify_as_decode = as_decode
+    prepare, llm.decode_verifications = runner.prepare, 0
+
+    def spy(out, *args):
+        batch = prepare(out, *args)
+        llm.decode_verifications += batch.is_decode and any(out.spec_token_ids)
+        return batch
+
+    runner.prepare = spy
     outs = llm.generate(prompts, params or _greedy(), use_tqdm=False)
     return llm, outs
 
@@ -64,6 +74,7 @@ def test_greedy_speculative_output_equals_plain_greedy(checkpoints, family):
             ckpt, spec, async_scheduling=name == "ngram"
         )  # async: verification steps read at once
         assert [o.outputs[0].token_ids for o in outs] == want, name
+        assert llm.decode_verifications == 0  # CPU default: verification chunks of k + 1 positions
         st = llm.engine.scheduler.spec.as_dict()
         assert st["num_drafts"] > 0 and st["num_accepted_tokens"] > 0, (name, st)
         assert llm.engine.scheduler.num_preemptions > 0
@@ -87,6 +98,19 @@ def _perturbed(ckpt, path, scale: float):
     w = {k: (v + scale * v.std() * torch.randn(v.shape, generator=g)).contiguous() for k, v in w.items()}
     save_file(w, str(path / "model.safetensors"), metadata={"format": "pt"})
     return path
+
+
+def test_verification_as_one_decode_row_per_position_changes_no_token(checkpoints):
+    # the CUDA-graph form of a verification step (ModelRunner.verify_as_decode), forced on the CPU: each
+    # verified position a decode row attending up to itself
+    ckpt = checkpoints["qwen3"]
+    _, base = _run(ckpt, max_num_batched_tokens=64)
+    want = [o.outputs[0].token_ids for o in base]
+    for name, spec in METHODS.items():
+        spec = dict(spec, model=str(ckpt)) if name == "draft_model" else spec
+        llm, outs = _run(ckpt, spec, as_decode=True, max_num_batched_tokens=64)
+        assert [o.outputs[0].token_ids for o in outs] == want, name
+        assert llm.engine.scheduler.spec.num_accepted_tokens > 0 and llm.decode_verifications > 5
 
 
 def test_a_different_draft_model_is_rejected_often_and_changes_no_token(checkpoints, tmp_path):

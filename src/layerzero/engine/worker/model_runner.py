@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 import layerzero as lz
@@ -133,6 +134,10 @@ class ModelRunner:
         self.narrow: CUDAGraphRunner | None = None
         """Batch-1 decode graphs with narrower block tables (``CudaGraphKnobs.narrow_tokens``), or None."""
         self.last_batch: ForwardBatch | None = None
+        self.verify_as_decode: bool | None = None
+        """Speculative verification steps as decode steps of one row per verified position
+        (:meth:`_verify_as_decode`): None = when the decode CUDA graphs hold them; True / False = always (when
+        the step has no prefill chunk) / never."""
         self._lane = 0
         """The packed-input lane the next packed decode step takes (``CudaGraphKnobs.lanes``)."""
         self.decode_as_captured = False
@@ -348,6 +353,10 @@ class ModelRunner:
                 strict=True,
             )
         ]
+        cascade = self.cascade
+        if any(spec) and self._verify_as_decode(sched):
+            sched, block_tables = _decode_rows(sched, block_tables)
+            cascade = None  # rows of one sequence at successive positions: no shared-prefix planning
         if all(c.length == 1 and c.sample for c in sched):
             for graphs in (
                 self.narrow,
@@ -363,8 +372,43 @@ class ModelRunner:
                 ):  # a packed decode bucket: the inputs go straight into a lane of its buffers
                     self._lane = (self._lane + 1) % graphs.knobs.lanes  # alternate steps take alternate lanes
                     return build_packed_decode_batch(
-                        sched, self.block_size, block_tables, prev_tokens, target, self.cascade
+                        sched, self.block_size, block_tables, prev_tokens, target, cascade
                     )
-        return build_forward_batch(
-            sched, self.block_size, self.device, prev_tokens, self.cascade, block_tables
-        )
+        return build_forward_batch(sched, self.block_size, self.device, prev_tokens, cascade, block_tables)
+
+    def _verify_as_decode(self, sched: list[ScheduledChunk]) -> bool:
+        """Whether a verification step runs as a decode step of one row per verified position
+        (:func:`_decode_rows`): ``verify_as_decode`` True, or None (the default) and the rows fit the decode
+        CUDA graphs (every other chunk one sampled token, at most the largest bucket's rows). Then it replays
+        a graph instead of running eager."""
+        if self.verify_as_decode is not None:
+            return self.verify_as_decode and all(c.num_spec or (c.length == 1 and c.sample) for c in sched)
+        g = self.graphs
+        if g is None or not all(c.num_spec or (c.length == 1 and c.sample) for c in sched):
+            return False
+        return sum(c.length for c in sched) <= g.sizes[-1]
+
+
+def _decode_rows(sched: list[ScheduledChunk], tables: np.ndarray) -> tuple[list[ScheduledChunk], np.ndarray]:
+    """A verification step as one-token rows: a chunk of the last token and d drafts at positions P .. P + d
+    becomes d + 1 rows at P + j, each attending to its sequence's KV up to P + j. Every layer writes all rows'
+    KV before it attends (the KV write precedes the attention in both the eager and the graphed paths), so
+    row j sees positions P .. P + j - 1 of this step: the same causal attention as the chunk, and the logits
+    come out in the chunk's order (``1 + d`` rows per speculating chunk). Returns the rows and their block
+    tables (a chunk's row repeated)."""
+    rows: list[ScheduledChunk] = []
+    reps = []
+    for c in sched:
+        n = c.length
+        reps.append(n)
+        if not c.num_spec:
+            rows.append(c)
+            continue
+        base = c.start - c.offset
+        for j in range(n):
+            rows.append(
+                ScheduledChunk(
+                    c.token_ids[base + j : base + j + 1], c.start + j, 1, (), True, None, c.start + j
+                )
+            )
+    return rows, np.repeat(tables, reps, axis=0)

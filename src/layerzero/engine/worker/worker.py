@@ -118,16 +118,20 @@ class Worker:
 
     def _verify(self, out: SchedulerOutput, prev: torch.Tensor | None) -> ModelRunnerOutput:
         """A verification step (speculative decoding; read at once): device drafts proposed first when the
-        step has a draft model's, one eager forward with ``1 + drafts`` logits rows per speculating chunk,
-        then :func:`~layerzero.engine.spec_decode.verify.verify_step` (plain rows sampled as usual)."""
+        step has a draft model's, one forward with ``1 + drafts`` logits rows per speculating chunk (a decode
+        CUDA graph of one row per verified position when it fits: ``ModelRunner.verify_as_decode``), then
+        :func:`~layerzero.engine.spec_decode.verify.verify_step` (plain rows sampled as usual)."""
         drafts = spec_inputs = q = None
         if self.drafter is not None:
             drafts, rows_t, ids_t, q = self.drafter.propose(out, self.sampler.generator)
             spec_inputs = (rows_t, ids_t)
-        if self.device.type == "cuda" and not self._eager_logged:
-            self._eager_logged = True
-            log.info("speculative decoding: verification steps run eager (no CUDA graph for them yet)")
         res = self.runner.execute(out, prev, greedy=False, spec_inputs=spec_inputs)
+        if self.device.type == "cuda" and not self._eager_logged and not self.runner.last_batch.is_decode:
+            self._eager_logged = True
+            log.info(
+                "speculative decoding: a verification step with prefill chunks (or more verified positions "
+                "than the largest decode CUDA graph) runs eager; pure decode ones replay the decode graphs"
+            )
         if self.drafter is not None and self.drafter.mirrors:
             self.drafter.mirror(self.runner.last_batch)
         prompt = None
