@@ -15,7 +15,7 @@ pytestmark = [
 PROMPTS = [[1, *([5, 6, 7, 8, 9] * 4)], [1, 20, 21, 22, 20, 21, 22, 20, 21], [1, 90, 91, 92, 93, 94, 95]]
 
 
-def _run(ckpt, spec=None, dtype=torch.float32, params=None, **kw):
+def _run(ckpt, spec=None, dtype=torch.float32, params=None, as_decode=None, **kw):
     from layerzero.engine import LLM, SamplingParams
 
     llm = LLM(
@@ -28,8 +28,21 @@ def _run(ckpt, spec=None, dtype=torch.float32, params=None, **kw):
         speculative_config=spec,
         **kw,
     )
+    runner = llm.engine.runner
+    runner.verify_as_decode = as_decode  # None: verification replays the decode graphs; False: eager chunks
+    execute, graphed = runner.execute, []
+
+    def spy(out, *args, **kwargs):
+        res = execute(out, *args, **kwargs)
+        if any(out.spec_token_ids):
+            graphed.append(runner.last_batch.is_decode and runner.graphs_for(runner.last_batch) is not None)
+        return res
+
+    runner.execute = spy
     sp = params or SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     outs = llm.generate(PROMPTS, sp, use_tqdm=False)
+    if spec is not None:
+        assert any(graphed) if as_decode is None else not any(graphed)
     stats = llm.stats().get("spec_decode")
     llm.shutdown()
     return [o.outputs[0].token_ids for o in outs], stats
@@ -44,9 +57,10 @@ def test_greedy_speculative_equals_plain_greedy_float32(checkpoints, family):
         {"method": "draft_model", "num_speculative_tokens": 4, "model": str(ckpt)},
         {"method": "layer_skip", "num_speculative_tokens": 2, "num_layers": 1},
     ):
-        got, st = _run(ckpt, spec)
-        assert got == want, spec["method"]
-        assert st["num_accepted_tokens"] > 0, st
+        for as_decode in (None, False):  # graphed decode rows, eager chunks
+            got, st = _run(ckpt, spec, as_decode=as_decode)
+            assert got == want, (spec["method"], as_decode)
+            assert st["num_accepted_tokens"] > 0, st
 
 
 def test_bf16_draft_equal_to_target_and_seeded_sampling(checkpoints):
