@@ -392,11 +392,11 @@ class ModelRunner:
 def _decode_rows(sched: list[ScheduledChunk], tables: np.ndarray) -> tuple[list[ScheduledChunk], np.ndarray]:
     """A verification step as one-token rows: a chunk of the last token and d drafts at positions P .. P + d
     becomes d + 1 rows at P + j, each attending to its sequence's KV up to P + j. Every layer writes all rows'
-    KV before it attends (the KV write precedes the attention in both the eager and the graphed paths; not
-    in the opt-in fused ``triton.rope_paged_decode`` kernel, which writes each row's KV inside its attention
-    kernel), so row j sees positions P .. P + j - 1 of this step: the same causal attention as the chunk, and the logits
-    come out in the chunk's order (``1 + d`` rows per speculating chunk). Returns the rows and their block
-    tables (a chunk's row repeated)."""
+    KV before it attends (the KV write precedes the attention in both the eager and the graphed paths; not in
+    the opt-in fused ``triton.rope_paged_decode`` kernel, which writes each row's KV inside its attention
+    kernel), so row j sees positions P .. P + j - 1 of this step: the same causal attention as the chunk, and
+    the logits come out in the chunk's order (``1 + d`` rows per speculating chunk). Returns the rows and
+    their block tables (a chunk's row repeated)."""
     rows: list[ScheduledChunk] = []
     reps = []
     for c in sched:
