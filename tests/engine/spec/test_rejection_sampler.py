@@ -95,3 +95,21 @@ def test_seeded_rows_give_the_same_tokens_alone_or_in_a_batch() -> None:
     other = SamplingMetadata(params, [100 + i for i in range(r)], list(range(r)), [None] * r, [None] * r)
     moved, _ = verify_rows(logits, drafts, [K] * r, other, torch.Generator().manual_seed(1))
     assert moved != together
+
+
+def test_large_steps_verify_in_row_blocks_with_the_same_seeded_tokens(monkeypatch) -> None:
+    import layerzero.engine.spec_decode.verify as verify
+
+    g = torch.Generator().manual_seed(3)
+    r, v = 7, 40
+    logits = torch.randn(r, K + 1, v, generator=g)
+    drafts = logits.argmax(-1)[:, :K]
+    params = [SamplingParams(temperature=0.7 + 0.1 * (i % 3), top_k=20, seed=i) for i in range(r)]
+    meta = SamplingMetadata(params, list(range(r)), [3] * r, [None] * r, [None] * r)
+    nd = [K, 1, 0, K, 2, K, 1]
+    whole = verify_rows(logits, drafts, nd, meta, torch.Generator().manual_seed(0))
+    monkeypatch.setattr(verify, "MAX_VERIFY_ELEMENTS", 2 * (K + 1) * v)  # blocks of 2 rows
+    assert verify_rows(logits, drafts, nd, meta, torch.Generator().manual_seed(0)) == whole
+    assert [len(t) for t in whole[0]] == [a + 1 for a in whole[1]] and all(
+        a <= n for a, n in zip(whole[1], nd, strict=True)
+    )

@@ -218,6 +218,11 @@ class DraftProposer:
         q = None
         if sampled:
             temp, top_k, top_p, min_p, si, seeds, base = staged[3 + k :]
+            used = (
+                any(p.top_k_or_off for p in ps),
+                any(p.top_p < 1.0 for p in ps),
+                any(p.min_p > 0.0 for p in ps),
+            )
             q = torch.zeros(len(chunks), k, self.runner.cfg.vocab_size, dtype=torch.float32, device=dev)
         for j in range(k):
             act = acts[j]
@@ -233,7 +238,10 @@ class DraftProposer:
                 tok = logits.argmax(dim=-1)
             else:
                 a = None if whole else act_t[j]
-                qj = warped_probs(logits.float(), *(_rows(t, a) for t in (temp, top_k, top_p, min_p)))
+                cuts = [
+                    None if not on else _rows(t, a) for t, on in zip((top_k, top_p, min_p), used, strict=True)
+                ]
+                qj = warped_probs(logits.float(), _rows(temp, a), *cuts)  # a cut no row uses: skipped
                 e = torch.empty(len(chunks), qj.shape[-1], device=dev).exponential_(generator=generator)
                 if seeded:
                     e[si] = counter_exponential(seeds ^ DRAFT_SALT, base + j, qj.shape[-1]).float()

@@ -17,6 +17,12 @@ from .rejection import counter_exponential, counter_uniform, rejection_sample, w
 __all__ = ["spec_layout", "verify_rows", "verify_step"]
 
 
+MAX_VERIFY_ELEMENTS = 1 << 26
+"""Rows x positions x vocabulary verified at once (float32: 256 MiB per temporary); larger steps verify in
+row blocks (unseeded rows then draw block by block from the engine's generator; seeded rows' streams do not
+depend on it)."""
+
+
 def spec_layout(out: SchedulerOutput) -> tuple[list[int], list[int]]:
     """Per sampled row of ``out`` (chunk order): its first logits row and its draft count (0: a plain row);
     a verification step's logits hold ``1 + drafts`` rows per sampled chunk."""
@@ -57,6 +63,23 @@ def verify_rows(
     not depend on the batch; other rows draw from ``generator``. Returns per row its emitted tokens (accepted
     drafts then the target's token) and its accepted count (waits for them: host lists)."""
     r, k1, v = logits.shape
+    step = max(1, MAX_VERIFY_ELEMENTS // (k1 * v))
+    if r > step:  # bounded temporaries (probabilities, sorts, noise): row blocks
+        toks: list[list[int]] = []
+        accs: list[int] = []
+        for a in range(0, r, step):
+            b = min(a + step, r)
+            t, c = verify_rows(
+                logits[a:b],
+                drafts[a:b],
+                num_drafts[a:b],
+                _subset(rows, list(range(a, b))),
+                generator,
+                None if draft_probs is None else draft_probs[a:b],
+            )
+            toks += t
+            accs += c
+        return toks, accs
     dev = logits.device
     ps = rows.params
     i64 = np.int64
