@@ -20,13 +20,11 @@ log = logging.getLogger("layerzero.engine")
 def unsupported_reason(p: SamplingParams) -> str | None:
     """Why a request with ``p`` decodes without speculation (its rows are verified by plain sampling), or
     None when the verifier implements everything it asks for (greedy, temperature, top-k, top-p, min-p,
-    seeds, stops, ``max_tokens``, ``ignore_eos``). Refused: penalties (they depend on the tokens before each
-    verified position), logprobs (not computed at verified positions yet), logit bias and token restrictions
-    (``allowed_token_ids``, bad words, structured outputs: applied by the plain sampler only)."""
+    seeds, stops, ``max_tokens``, ``ignore_eos``, ``logprobs``). Refused: penalties (they depend on the tokens
+    before each verified position), logit bias and token restrictions (``allowed_token_ids``, bad words,
+    structured outputs: applied by the plain sampler only)."""
     if p.penalized:
         return "penalties"
-    if p.logprobs is not None:
-        return "logprobs"
     if p.logit_bias:
         return "logit_bias"
     if p.restricted:

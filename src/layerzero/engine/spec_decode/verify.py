@@ -177,4 +177,40 @@ def verify_step(
         )
         for i, t in zip(spec, got, strict=True):
             ids[i] = t
+        want = [r for r, i in enumerate(spec) if rows.params[i].logprobs is not None]
+        if want:
+            _spec_logprobs(lg, want, [spec[r] for r in want], [got[r] for r in want], rows, lps, tops)
     return SamplerOutput(ids, lps, tops)
+
+
+def _spec_logprobs(
+    lg: torch.Tensor,
+    want: list[int],
+    step_rows: list[int],
+    emitted: list[list[int]],
+    rows: SamplingMetadata,
+    lps: list[Any],
+    tops: list[Any],
+) -> None:
+    """The raw logprobs (``log_softmax`` of the model's logits, as the plain sampler reports them) of each
+    emitted token of the speculating rows ``want`` (rows of ``lg`` ``[R, K + 1, V]``) that asked for them,
+    with their top-N, written into ``lps`` / ``tops`` at ``step_rows``."""
+    k1 = lg.shape[1]
+    tok = np.zeros((len(want), k1), dtype=np.int64)
+    for w, t in enumerate(emitted):
+        tok[w, : len(t)] = t
+    sel, tok_t = to_device([np.asarray(want, dtype=np.int64), tok], lg.device)
+    raw = torch.log_softmax(lg.index_select(0, sel).float(), dim=-1)  # [W, K + 1, V]
+    n = max(rows.params[i].logprobs for i in step_rows)
+    chosen = raw.gather(-1, tok_t[..., None]).squeeze(-1).tolist()
+    top_v, top_i = raw.topk(n, dim=-1) if n else (raw[..., :0], raw[..., :0].long())
+    top_v, top_i = top_v.tolist(), top_i.tolist()
+    for w, (i, t) in enumerate(zip(step_rows, emitted, strict=True)):
+        cnt = rows.params[i].logprobs
+        lps[i] = chosen[w][: len(t)]
+        entries = []
+        for j, x in enumerate(t):
+            d = dict(zip(top_i[w][j][:cnt], top_v[w][j][:cnt], strict=True))
+            d[x] = chosen[w][j]
+            entries.append(d)
+        tops[i] = entries
