@@ -18,15 +18,13 @@ log = logging.getLogger("layerzero.engine")
 
 
 def unsupported_reason(p: SamplingParams) -> str | None:
-    """Why a request with ``p`` decodes without speculation (its rows are verified by plain sampling), or
-    None when the verifier implements everything it asks for (greedy, temperature, top-k, top-p, min-p,
-    seeds, stops, ``max_tokens``, ``ignore_eos``, ``logprobs``). Refused: penalties (they depend on the tokens
-    before each verified position), logit bias and token restrictions (``allowed_token_ids``, bad words,
+    """Why a request with ``p`` decodes without speculation (its rows are verified by plain sampling), or None
+    when the verifier implements everything it asks for (greedy, temperature, top-k, top-p, min-p, seeds,
+    stops, ``max_tokens``, ``ignore_eos``, ``logprobs``, ``logit_bias``). Refused: penalties (they depend on
+    the tokens before each verified position) and token restrictions (``allowed_token_ids``, bad words,
     structured outputs: applied by the plain sampler only)."""
     if p.penalized:
         return "penalties"
-    if p.logit_bias:
-        return "logit_bias"
     if p.restricted:
         return "allowed_token_ids / bad_words / structured_outputs"
     return None

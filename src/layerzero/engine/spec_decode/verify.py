@@ -173,7 +173,12 @@ def verify_step(
             drafts = staged[2]
         q = None if draft_probs is None else draft_probs[:, :k]
         got, _ = verify_rows(
-            lg, drafts[:, :k], [counts[i] for i in spec], _subset(rows, spec), sampler.generator, q
+            _biased(lg, [rows.params[i] for i in spec]),
+            drafts[:, :k],
+            [counts[i] for i in spec],
+            _subset(rows, spec),
+            sampler.generator,
+            q,
         )
         for i, t in zip(spec, got, strict=True):
             ids[i] = t
@@ -181,6 +186,23 @@ def verify_step(
         if want:
             _spec_logprobs(lg, want, [spec[r] for r in want], [got[r] for r in want], rows, lps, tops)
     return SamplerOutput(ids, lps, tops)
+
+
+def _biased(lg: torch.Tensor, params: list[Any]) -> torch.Tensor:
+    """``lg`` ``[R, K + 1, V]`` with each row's ``logit_bias`` added at every position (float32; the plain
+    sampler adds it after the raw logprobs, as here), or ``lg`` itself when no row has one."""
+    r_, c_, v_ = [], [], []
+    for r, p in enumerate(params):
+        for t, b in (p.logit_bias or {}).items():
+            r_.append(r), c_.append(t), v_.append(b)
+    if not r_:
+        return lg
+    rr, cc, vv = to_device(
+        [np.asarray(r_, np.int64), np.asarray(c_, np.int64), np.asarray(v_, np.float32)], lg.device
+    )
+    out = lg.float().clone()
+    out[rr, :, cc] += vv[:, None]
+    return out
 
 
 def _spec_logprobs(
