@@ -20,9 +20,9 @@ log = logging.getLogger("layerzero.engine")
 def unsupported_reason(p: SamplingParams) -> str | None:
     """Why a request with ``p`` decodes without speculation (its rows are verified by plain sampling), or None
     when the verifier implements everything it asks for (greedy, temperature, top-k, top-p, min-p, seeds,
-    stops, ``max_tokens``, ``ignore_eos``, ``logprobs``, ``logit_bias``). Refused: penalties (they depend on
-    the tokens before each verified position) and token restrictions (``allowed_token_ids``, bad words,
-    structured outputs: applied by the plain sampler only)."""
+    stops, ``max_tokens``, ``ignore_eos``, ``logprobs``, ``logit_bias``, ``min_tokens``). Refused: penalties
+    (they depend on the tokens before each verified position) and token restrictions (``allowed_token_ids``,
+    bad words, structured outputs: applied by the plain sampler only)."""
     if p.penalized:
         return "penalties"
     if p.restricted:
@@ -53,13 +53,10 @@ class SpecDecodeState:
     def drafts(self, seq: Any, budget: int) -> list[int] | None:
         """The drafts ``seq`` (a decoding :class:`~layerzero.engine.core.sequence.Sequence`, its last token
         known) verifies this step: n-gram drafts, or ``[-1] * k`` (a draft model's, proposed by the worker);
-        None when it decodes one token (unsupported parameters: logged once per reason and counted; min_tokens
-        not reached; no room before ``max_tokens`` / ``max_model_len`` / the step's token ``budget``; no
-        n-gram match)."""
+        None when it decodes one token (unsupported parameters: logged once per reason and counted; no room
+        before ``max_tokens`` / ``max_model_len`` / the step's token ``budget``; no n-gram match)."""
         p = seq.params
         why = unsupported_reason(p)
-        if why is None and seq.num_output_tokens < p.min_tokens:
-            why = "min_tokens not reached (EOS / stop ids banned per position)"
         if why is not None:
             self.skipped[why] += 1
             if why not in self._logged:

@@ -173,7 +173,9 @@ def verify_step(
             drafts = staged[2]
         q = None if draft_probs is None else draft_probs[:, :k]
         got, _ = verify_rows(
-            _biased(lg, [rows.params[i] for i in spec]),
+            _biased(
+                lg, [rows.params[i] for i in spec], [rows.num_output_tokens[i] for i in spec], sampler.eos
+            ),
             drafts[:, :k],
             [counts[i] for i in spec],
             _subset(rows, spec),
@@ -188,20 +190,30 @@ def verify_step(
     return SamplerOutput(ids, lps, tops)
 
 
-def _biased(lg: torch.Tensor, params: list[Any]) -> torch.Tensor:
-    """``lg`` ``[R, K + 1, V]`` with each row's ``logit_bias`` added at every position (float32; the plain
-    sampler adds it after the raw logprobs, as here), or ``lg`` itself when no row has one."""
-    r_, c_, v_ = [], [], []
-    for r, p in enumerate(params):
+def _biased(lg: torch.Tensor, params: list[Any], num_out: list[int], eos: Any) -> torch.Tensor:
+    """``lg`` ``[R, K + 1, V]`` with each row's ``logit_bias`` added at every position and, at positions whose
+    token would come before ``min_tokens`` (output index ``num_out + j < min_tokens``), its stop ids and
+    ``eos`` (unless ``ignore_eos``) banned (-inf): the plain sampler's bias and ban, per position (float32,
+    after the raw logprobs, as there); ``lg`` itself when no row has either."""
+    r_, j_, c_, v_ = [], [], [], []
+    k1 = lg.shape[1]
+    for r, (p, n) in enumerate(zip(params, num_out, strict=True)):
         for t, b in (p.logit_bias or {}).items():
-            r_.append(r), c_.append(t), v_.append(b)
+            for j in range(k1):
+                r_.append(r), j_.append(j), c_.append(t), v_.append(b)
+        if n < p.min_tokens:
+            banned = set(p.stop_token_ids or ()) | (set() if p.ignore_eos else set(eos))
+            for j in range(min(k1, p.min_tokens - n)):
+                for t in banned:
+                    r_.append(r), j_.append(j), c_.append(t), v_.append(float("-inf"))
     if not r_:
         return lg
-    rr, cc, vv = to_device(
-        [np.asarray(r_, np.int64), np.asarray(c_, np.int64), np.asarray(v_, np.float32)], lg.device
+    i64 = np.int64
+    rr, jj, cc, vv = to_device(
+        [np.asarray(r_, i64), np.asarray(j_, i64), np.asarray(c_, i64), np.asarray(v_, np.float32)], lg.device
     )
     out = lg.float().clone()
-    out[rr, :, cc] += vv[:, None]
+    out.index_put_((rr, jj, cc), vv, accumulate=True)
     return out
 
 
