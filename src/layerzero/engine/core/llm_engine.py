@@ -11,10 +11,12 @@ rolled back by the failure recovery it inherits (``recovery.py``)."""
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import Any
 
 from ..metrics import EngineStats, StepStats
+from ..structured.manager import GrammarRejectedError, StructuredOutputManager
 from .errors import EngineDeadError
 from .messages import EngineCoreOutput
 from .recovery import StepRecovery
@@ -22,6 +24,8 @@ from .request import InFlight
 from .sequence import FinishReason, Sequence
 
 __all__ = ["EngineLoop"]
+
+log = logging.getLogger("layerzero.engine")
 
 
 class EngineLoop(StepRecovery):
@@ -34,6 +38,7 @@ class EngineLoop(StepRecovery):
     stats: EngineStats
     async_scheduling: bool
     prefill_buckets: set[int]
+    structured: StructuredOutputManager
 
     def _run_step(self) -> None:
         """One step under the lock (``step()``): outputs land in ``_outputs``.
@@ -83,6 +88,7 @@ class EngineLoop(StepRecovery):
         launched = None
         if chunks:
             sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n == s.num_tokens]
+            out.sampling.grammar_bitmask = self.structured.bitmask(sampled)
             launched = InFlight(sampled, self.executor.execute_model(out), self.scheduler.prompt_logprobs)
         t2 = time.perf_counter()
         t3 = t2
@@ -102,8 +108,9 @@ class EngineLoop(StepRecovery):
     @staticmethod
     def _needs_known_tokens(seq: Sequence) -> bool:
         """Whether scheduling ``seq``'s next step needs its pending token's id on the host first (async
-        scheduling then reads the launched step before scheduling the next): penalties read the tokens."""
-        return seq.params.penalized
+        scheduling then reads the launched step before scheduling the next): penalties read the tokens, and a
+        structured-output row's grammar bitmask is built from its matcher, which has accepted every token."""
+        return seq.params.penalized or seq.params.structured_outputs is not None
 
     def _read(self, prev: InFlight) -> tuple[float, int]:
         """Wait for ``prev``'s sampled ids and append them (stop checks); sequences that ended meanwhile (an
@@ -135,6 +142,7 @@ class EngineLoop(StepRecovery):
         appended = 0
         if chunks:
             sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n == s.num_tokens]
+            out.sampling.grammar_bitmask = self.structured.bitmask(sampled)
             step = InFlight(sampled, self.executor.execute_model(out), self.scheduler.prompt_logprobs)
             self._inflight = step  # what a failure rolls back
             t2 = time.perf_counter()
@@ -167,15 +175,28 @@ class EngineLoop(StepRecovery):
     def _append(
         self, seq: Sequence, toks: list[int], lps: list[float] | None, tops: list[dict[int, float]] | None
     ) -> int:
-        """Append ``toks`` (one or more new tokens) to ``seq`` up to the first that ends it (a stop token,
-        EOS after ``min_tokens``, ``max_tokens`` / ``max_model_len``), queue its :class:`EngineCoreOutput`,
-        and return how many were appended."""
+        """Append ``toks`` (one or more new tokens) to ``seq`` up to the first that ends it (a stop token, EOS
+        after ``min_tokens`` (EOS also under ``ignore_eos`` when it ends a structured-output grammar),
+        ``max_tokens`` / ``max_model_len``), queue its :class:`EngineCoreOutput`, and return how many were
+        appended. A token the sequence's grammar rejects (a bug) fails its request with ``"error"``,
+        loudly."""
         p = seq.params
         reason = stop = None
         k = 0
         for tok in toks:
             seq.token_ids.append(tok)
             k += 1
+            if p.structured_outputs is not None:
+                try:
+                    # ended by its stop token (EOS; ignore_eos too). A grammar that completes on a content
+                    # token (llguidance) allows only EOS next: that step ends it as usual.
+                    if self.structured.accept(seq, tok) and tok in self.eos:
+                        reason = FinishReason.STOP
+                except GrammarRejectedError as exc:
+                    seq.token_ids.pop()
+                    log.error("%s", exc)
+                    self._fail(self.requests[seq.request_id], exc)
+                    return k - 1
             if lps is not None:
                 seq.cumulative_logprob += lps[k - 1]
             if seq.num_output_tokens >= p.min_tokens:
@@ -185,6 +206,8 @@ class EngineLoop(StepRecovery):
                 if not p.ignore_eos and tok in self.eos:
                     reason = FinishReason.STOP
                     break
+            if reason is not None:
+                break
             if self._length_reached(seq):
                 reason = FinishReason.LENGTH
                 break
@@ -193,6 +216,8 @@ class EngineLoop(StepRecovery):
             tops = None if tops is None else tops[:k]
         if reason is not None:
             self.scheduler.finish(seq, reason, stop)
+            if p.structured_outputs is not None:
+                self.structured.free(seq)
         prompt_lps = None
         if seq.prompt_lp is not None and not seq.prompt_lp.sent:  # the request's first output: all are in
             seq.prompt_lp.sent = True
