@@ -13,6 +13,6 @@ The libraries are imported lazily (no import side effects); docs/decoding.md, "S
 """
 
 from .manager import StructuredOutputManager
-from .select import Selection, select_backend
+from .select import Selection, check_request, select_backend
 
-__all__ = ["Selection", "StructuredOutputManager", "select_backend"]
+__all__ = ["Selection", "StructuredOutputManager", "check_request", "select_backend"]

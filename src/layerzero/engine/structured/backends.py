@@ -8,6 +8,7 @@ allowed. Stop tokens are the engine's EOS ids: the grammar allows them exactly w
 
 from __future__ import annotations
 
+import os
 from typing import Any, Protocol
 
 import numpy as np
@@ -38,6 +39,7 @@ class XgrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int], threads: int = 4) -> None:
         import xgrammar as xgr
 
+        threads = max(1, min(threads, os.cpu_count() or 1))
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
         self.compiler = xgr.GrammarCompiler(info, max_threads=threads)
         self.batch = xgr.BatchGrammarMatcher(max_threads=threads)

@@ -22,11 +22,13 @@ from typing import Any
 
 import numpy as np
 
+import layerzero as lz
+
 from ..core.sched.output import GrammarBitmask
 from ..errors import bad_input
 from ..sampling_params import SamplingParams
 from ..structured_params import StructuredOutputsParams
-from .select import Selection, select_backend
+from .select import Selection, check_request, select_backend
 
 __all__ = ["GrammarRejectedError", "StructuredOutputManager"]
 
@@ -88,23 +90,16 @@ class StructuredOutputManager:
                 this vocabulary, ``min_tokens`` with a constraint (the grammar may allow only EOS while
                 ``min_tokens`` bans it), a checkpoint without a tokenizer.
         """
-        so = params.structured_outputs
-        if so is None:
+        sel = check_request(params)
+        if sel is None:
             return None
-        if params.min_tokens:
-            raise bad_input(
-                "SamplingParams.min_tokens",
-                "0 with structured_outputs",
-                params.min_tokens,
-                "The grammar decides where the output ends; drop min_tokens.",
-            )
-        sel = select_backend(so)
+        so = params.structured_outputs
         key = (sel.backend, so)
         if key not in self._compiled:
             try:
                 self._compiled[key] = self._backend(sel.backend).compile(so)
             except Exception as exc:  # the backends' own error types
-                if getattr(exc, "__module__", "").startswith("layerzero"):
+                if isinstance(exc, lz.InvalidInputError):
                     raise
                 raise bad_input(
                     f"structured_outputs.{so.kind}",

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import bad_input
+from ..sampling_params import SamplingParams
 from ..structured_params import StructuredOutputsParams
 
-__all__ = ["Selection", "guidance_grammar", "select_backend", "xgrammar_grammar"]
+__all__ = ["Selection", "check_request", "guidance_grammar", "select_backend", "xgrammar_grammar"]
 
 log = logging.getLogger("layerzero.engine")
 
@@ -190,3 +191,24 @@ def select_backend(so: StructuredOutputsParams) -> Selection:
     sel = Selection("guidance", f"xgrammar cannot compile this {so.kind} ({xerr}); llguidance can")
     log.info("structured outputs: llguidance for a %s constraint: %s", so.kind, sel.reason)
     return sel
+
+
+def check_request(params: SamplingParams) -> Selection | None:
+    """The request-level checks of ``params.structured_outputs`` that need no tokenizer (the front end and the
+    engine core both run them): its backend selection (None: no constraint).
+
+    Raises:
+        InvalidInputError: see :func:`select_backend`; ``min_tokens`` with a constraint (the grammar may allow
+            only EOS while ``min_tokens`` bans it: refused rather than sampled from an all -inf row).
+    """
+    so = params.structured_outputs
+    if so is None:
+        return None
+    if params.min_tokens:
+        raise bad_input(
+            "SamplingParams.min_tokens",
+            "0 with structured_outputs",
+            params.min_tokens,
+            "The grammar decides where the output ends; drop min_tokens.",
+        )
+    return select_backend(so)
