@@ -199,7 +199,9 @@ def test_limits_as_usual_and_grammar_end_under_ignore_eos(engines):
     assert set(texts(ign)) <= {"yes", "no"}
 
 
-def test_async_scheduling_gives_the_same_tokens(engines):
+def test_async_scheduling_gives_the_same_tokens(engines, monkeypatch):
+    from layerzero.engine.core import llm_engine
+
     schema = {
         "type": "object",
         "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 50}, "b": {"enum": ["x", "y"]}},
@@ -210,16 +212,24 @@ def test_async_scheduling_gives_the_same_tokens(engines):
         sp({"regex": r"[a-z]{3,8}"}, n=4, seed=6),
         sp(None, n=2, seed=3),
     ]
+    calls = []
+    real = llm_engine._EarlyRead.__call__
+    monkeypatch.setattr(llm_engine._EarlyRead, "__call__", lambda self: (calls.append(1), real(self))[1])
     sync, asyn = (run(llm, params) for llm in engines)
-    for a, b in zip(sync, asyn, strict=True):
-        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert calls  # async: step N read inside N+1's bitmask fill
+    monkeypatch.setattr(llm_engine.EngineLoop, "structured_early_read", False)
+    late = run(engines[1], params)  # async, N read before N+1 is scheduled
+    for a, b, c in zip(sync, asyn, late, strict=True):
+        assert [x.token_ids for x in a.outputs] == [x.token_ids for x in b.outputs]
+        assert [x.token_ids for x in a.outputs] == [x.token_ids for x in c.outputs]
     assert all(json.loads(t)["b"] in "xy" for t in texts(sync[0]))
 
 
-def test_a_token_the_grammar_rejects_fails_its_request_loudly(engines, monkeypatch, caplog):
+@pytest.mark.parametrize("which", [0, 1], ids=["sync", "async"])
+def test_a_token_the_grammar_rejects_fails_its_request_loudly(engines, which, monkeypatch, caplog):
     import layerzero.engine.worker.sampler as sampler_mod
 
-    llm = engines[0]
+    llm = engines[which]
     monkeypatch.setattr(sampler_mod, "apply_grammar_bitmask", lambda logits, rows: None)  # mask lost
     with caplog.at_level("ERROR", logger="layerzero.engine"):
         con, free = run(llm, [sp({"regex": "z{5}"}, n=1, seed=1), sp(None, n=1, seed=2, max_tokens=8)])

@@ -39,6 +39,9 @@ class EngineLoop(StepRecovery):
     async_scheduling: bool
     prefill_buckets: set[int]
     structured: StructuredOutputManager
+    #: Async scheduling with structured-output rows: read step N inside step N+1's bitmask fill, after N+1's
+    #: forward is launched (True), or before scheduling N+1 (False: no overlap of the read with the forward).
+    structured_early_read: bool = True
 
     def _run_step(self) -> None:
         """One step under the lock (``step()``): outputs land in ``_outputs``.
@@ -75,7 +78,9 @@ class EngineLoop(StepRecovery):
         extra token is dropped, their blocks freed (writes still queued on the stream land before any later
         step reuses them); likewise a stop string the front end finds in N's tokens (its abort comes before
         N+2 is scheduled). A step whose pending sequences have penalties reads N first (penalties need the
-        tokens), and so does nothing else: the tokens are the same as :meth:`_step_sync`'s."""
+        tokens), and so does nothing else: the tokens are the same as :meth:`_step_sync`'s. A step with
+        structured-output rows reads N inside its deferred bitmask fill, after N+1's forward is launched and
+        before N+1's draw (the grammar matchers need N's tokens; the fill overlaps N+1's forward)."""
         prev = self._inflight
         t0 = time.perf_counter()
         appended = 0
@@ -85,15 +90,17 @@ class EngineLoop(StepRecovery):
         out = self.scheduler.schedule()
         chunks = self._current = self.scheduler.scheduled if out.seq_ids else []
         t1 = time.perf_counter()
-        launched = None
+        launched = early = None
         if chunks:
             sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n == s.num_tokens]
-            out.sampling.grammar_bitmask = self.structured.bitmask(sampled)
+            early = None if prev is None else _EarlyRead(self, prev)
+            # structured rows: their bitmask is filled after N+1's forward is launched, N read first (early)
+            out.sampling.grammar_bitmask = self.structured.bitmask(sampled, before=early)
             launched = InFlight(sampled, self.executor.execute_model(out), self.scheduler.prompt_logprobs)
         t2 = time.perf_counter()
         t3 = t2
         if prev is not None:
-            t3, n = self._read(prev)
+            t3, n = early.result if early is not None and early.result is not None else self._read(prev)
             appended += n
         self._inflight = launched
         if chunks:
@@ -108,9 +115,13 @@ class EngineLoop(StepRecovery):
     @staticmethod
     def _needs_known_tokens(seq: Sequence) -> bool:
         """Whether scheduling ``seq``'s next step needs its pending token's id on the host first (async
-        scheduling then reads the launched step before scheduling the next): penalties read the tokens, and a
-        structured-output row's grammar bitmask is built from its matcher, which has accepted every token."""
-        return seq.params.penalized or seq.params.structured_outputs is not None
+        scheduling then reads the launched step before scheduling the next): penalties read the tokens.
+        Structured-output rows need them too, but only for their bitmask, which is filled after the next
+        forward is launched: :meth:`_step_async` reads the step there (:class:`_EarlyRead`), unless
+        ``structured_early_read`` is off (then they are read here, before scheduling)."""
+        return seq.params.penalized or (
+            seq.params.structured_outputs is not None and not EngineLoop.structured_early_read
+        )
 
     def _read(self, prev: InFlight) -> tuple[float, int]:
         """Wait for ``prev``'s sampled ids and append them (stop checks); sequences that ended meanwhile (an
@@ -269,3 +280,16 @@ class EngineLoop(StepRecovery):
         self.stats.preemptions = self.scheduler.num_preemptions
         self.stats.cascade_steps = self.executor.cascade_steps
         self.stats.cascade_saved_tokens = self.executor.cascade_saved_tokens
+
+
+class _EarlyRead:
+    """Reads a launched step ``prev`` for :meth:`EngineLoop._step_async` when the next step's grammar bitmask
+    fill runs (called once; ``result``: what :meth:`EngineLoop._read` returned, None until then)."""
+
+    def __init__(self, loop: EngineLoop, prev: InFlight) -> None:
+        self.loop, self.prev = loop, prev
+        self.result: tuple[float, int] | None = None
+
+    def __call__(self) -> None:
+        if self.result is None:
+            self.result = self.loop._read(self.prev)

@@ -17,6 +17,7 @@ aborted sequence's matcher is dropped (:meth:`~StructuredOutputManager.free`, or
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,38 +144,60 @@ class StructuredOutputManager:
             )
         return m.is_terminated()
 
-    def bitmask(self, sampled: list[Any]) -> _DeferredFill | None:
+    def bitmask(self, sampled: list[Any], before: Callable[[], None] | None = None) -> _DeferredFill | None:
         """The deferred fill of the structured rows among a step's ``sampled`` sequences (row i = sequence
-        i), or None when there are none. Sweeps matchers of sequences that ended."""
+        i), or None when there are none. ``before``: called first when the fill runs (async scheduling reads
+        the previous step there, so the matchers have its tokens). Sweeps matchers of sequences that
+        ended."""
         if not self._matchers:
             return None
         for sid in [k for k, (s, _) in self._matchers.items() if s.finished]:
             del self._matchers[sid]
-        rows, matchers = [], []
+        rows, entries = [], []
         for i, seq in enumerate(sampled):
             e = self._matchers.get(seq.seq_id)
             if e is not None:
                 rows.append(i)
-                matchers.append(e[1])
+                entries.append(e)
         if not rows:
             return None
-        return _DeferredFill(self._backends, rows, matchers, self.width)
+        return _DeferredFill(self._backends, rows, entries, self.width, before)
 
 
 class _DeferredFill:
-    """Fills a step's :class:`GrammarBitmask` when called (once; later calls return the same result)."""
+    """Fills a step's :class:`GrammarBitmask` when called (once; later calls return the same result): runs
+    ``before``, then each backend fills its rows. A sequence that ended meanwhile (``before`` read a step
+    that finished it: its token in this step is dropped) gets an all-allowed row."""
 
-    def __init__(self, backends: dict[str, Any], rows: list[int], matchers: list[Any], width: int) -> None:
-        self.backends, self.rows, self.matchers, self.width = backends, rows, matchers, width
+    def __init__(
+        self,
+        backends: dict[str, Any],
+        rows: list[int],
+        entries: list[tuple[Any, Any]],
+        width: int,
+        before: Callable[[], None] | None,
+    ) -> None:
+        self.backends, self.rows, self.entries, self.width, self.before = (
+            backends,
+            rows,
+            entries,
+            width,
+            before,
+        )
         self.result: GrammarBitmask | None = None
 
     def __call__(self) -> GrammarBitmask:
         if self.result is not None:
             return self.result
+        if self.before is not None:
+            self.before()
         bits = np.zeros((len(self.rows), self.width), dtype=np.int32)
         for name, b in self.backends.items():
-            idx = [j for j, m in enumerate(self.matchers) if m.backend == name]
+            idx = [j for j, (s, m) in enumerate(self.entries) if m.backend == name and not s.finished]
             if idx:
-                b.fill([self.matchers[j] for j in idx], bits, idx)
+                b.fill([self.entries[j][1] for j in idx], bits, idx)
+        for j, (s, _) in enumerate(self.entries):
+            if s.finished:
+                bits[j] = -1
         self.result = GrammarBitmask(np.asarray(self.rows, dtype=np.int64), bits)
         return self.result
