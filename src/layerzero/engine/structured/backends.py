@@ -24,19 +24,23 @@ class Matcher(Protocol):
 
     backend: str
 
-    def accept(self, token: int) -> bool: ...
+    def accept(self, token: int) -> bool:
+        """Advance by ``token``; False when the grammar does not allow it (the state is then undefined)."""
+        ...
 
-    def is_terminated(self) -> bool: ...
+    def is_terminated(self) -> bool:
+        """Whether the grammar has ended (a stop token accepted, or, llguidance, nothing can follow)."""
+        ...
 
 
 class XgrammarBackend:
     """xgrammar (Dong et al. 2024, "XGrammar"): ``TokenizerInfo`` of ``tokenizer`` padded to ``vocab_size``
     ids with ``stop_ids`` as its stop tokens, one ``GrammarCompiler``, and a ``BatchGrammarMatcher`` that
-    fills many rows at once on its own threads."""
+    fills many rows at once on its own threads (``threads``, at most the machine's cores)."""
 
     name = "xgrammar"
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int], threads: int = 4) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int], threads: int = 8) -> None:
         import xgrammar as xgr
 
         threads = max(1, min(threads, os.cpu_count() or 1))

@@ -17,6 +17,7 @@ aborted sequence's matcher is dropped (:meth:`~StructuredOutputManager.free`, or
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,15 @@ class StructuredOutputManager:
         key = (sel.backend, so)
         if key not in self._compiled:
             try:
+                t0 = time.perf_counter()
                 self._compiled[key] = self._backend(sel.backend).compile(so)
+                log.info(
+                    "structured outputs: %s constraint compiled by %s in %.1f ms (%s)",
+                    so.kind,
+                    sel.backend,
+                    1e3 * (time.perf_counter() - t0),
+                    sel.reason,
+                )
             except Exception as exc:  # the backends' own error types
                 if isinstance(exc, lz.InvalidInputError):
                     raise
