@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,12 @@ from ..sampling_params import SamplingParams
 from ..structured_params import StructuredOutputsParams
 from .select import Selection, check_request, select_backend
 
-__all__ = ["GrammarRejectedError", "StructuredOutputManager"]
+__all__ = ["COMPILED_CACHE", "GrammarRejectedError", "StructuredOutputManager"]
 
 log = logging.getLogger("layerzero.engine")
+
+COMPILED_CACHE = 512
+"""Compiled grammars the engine core keeps (one per distinct constraint and backend)."""
 
 
 class GrammarRejectedError(RuntimeError):
@@ -50,7 +54,9 @@ class StructuredOutputManager:
         self.tokenizer_path, self.vocab_size, self.eos_ids = tokenizer_path, vocab_size, eos_ids
         self._tokenizer: Any = None
         self._backends: dict[str, Any] = {}
-        self._compiled: dict[tuple[str, StructuredOutputsParams], Any] = {}
+        # (backend, constraint) -> compiled grammar, least recently used dropped past COMPILED_CACHE (a live
+        # matcher keeps its own reference)
+        self._compiled: OrderedDict[tuple[str, StructuredOutputsParams], Any] = OrderedDict()
         self._matchers: dict[int, tuple[Any, Any]] = {}  # seq_id -> (sequence, matcher)
         #: (kind, backend) -> (requests, reason of the last selection): which backend took what, and why.
         self.selections: dict[tuple[str, str], tuple[int, str]] = {}
@@ -116,6 +122,9 @@ class StructuredOutputManager:
                     f"a constraint {sel.backend} can compile against the model's vocabulary",
                     f"{type(exc).__name__}: {str(exc)[:300]}",
                 ) from exc
+        self._compiled.move_to_end(key)
+        while len(self._compiled) > COMPILED_CACHE:
+            self._compiled.popitem(last=False)
         n, _ = self.selections.get((so.kind, sel.backend), (0, ""))
         self.selections[(so.kind, sel.backend)] = (n + 1, sel.reason)
         return sel
