@@ -136,3 +136,36 @@ def test_server_mapping():
         with pytest.raises(OpenAIError) as e:
             f(bad)
         assert e.value.status == 400 and e.value.param == param
+
+
+def test_manager_pads_the_vocabulary_and_handles_ended_rows(checkpoints):
+    """A model vocabulary wider than the tokenizer's (600 > 512): those ids are never allowed; a rejected
+    token raises; a sequence that ended before the fill gets an all-allowed row;
+    ``before`` runs once, first."""
+    from layerzero.engine.structured.manager import GrammarRejectedError, StructuredOutputManager
+
+    m = StructuredOutputManager(checkpoints["qwen3"], 600, {2})
+    params = [
+        SamplingParams(structured_outputs=S(regex="ab")),
+        SamplingParams(structured_outputs=S(choice=["x"])),
+    ]
+    seqs = [
+        types.SimpleNamespace(seq_id=i, params=p, finished=False, request_id=str(i), num_output_tokens=1)
+        for i, p in enumerate(params)
+    ]
+    for s, p in zip(seqs, params, strict=True):
+        assert m.prepare(p).backend == "xgrammar"
+        m.add(s)
+    order = []
+    fill = m.bitmask([types.SimpleNamespace(seq_id=9), *seqs], before=lambda: order.append("before"))
+    seqs[1].finished = True  # ended by the early read
+    b = fill()
+    assert fill() is b and order == ["before"]
+    assert b.rows.tolist() == [1, 2] and b.bits.shape == (2, (600 + 31) // 32)
+    allowed = np.flatnonzero(np.unpackbits(b.bits[0].view(np.uint8), bitorder="little"))
+    tok = m._tokenizer
+    pieces = [tok.decode([int(t)]) for t in allowed]
+    assert pieces and all(p and "ab".startswith(p) for p in pieces)  # "a" or "ab": the regex's first tokens
+    assert allowed.max() < 512 and (b.bits[1] == -1).all()
+    with pytest.raises(GrammarRejectedError, match="not allowed"):
+        m.accept(seqs[0], tok.convert_tokens_to_ids("z"))
