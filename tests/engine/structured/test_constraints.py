@@ -29,6 +29,7 @@ REGEXES = [
 ]
 
 CHOICES = ("yes", "no", "maybe so")
+ODD = ('say "hi"', "a\\b", "café", "tab\there")  # escaping: quotes, backslash, non-ASCII, control
 
 GRAMMAR = r"""
 root ::= expr
@@ -130,6 +131,7 @@ def test_regex_grammar_choice_json_object_with_both_backends(engines):
             )
         cases.append((sp({"grammar": GRAMMAR, "backend": backend}, seed=7), parse_expr))
         cases.append((sp({"choice": CHOICES, "backend": backend}, seed=8), lambda t: t in CHOICES))
+        cases.append((sp({"choice": ODD, "backend": backend}, seed=11), lambda t: t in ODD))
         # any JSON object has no bound: a logit bias towards closing brackets and quotes (the grammar still
         # masks them wherever they are invalid) ends it within max_tokens
         closers = {llm.tokenizer.convert_tokens_to_ids(c): 8.0 for c in ("}", "]", '"')}
