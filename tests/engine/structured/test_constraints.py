@@ -238,4 +238,11 @@ def test_a_token_the_grammar_rejects_fails_its_request_loudly(engines, which, mo
     assert con.outputs[0].finish_reason == "error"
     assert free.outputs[0].finish_reason == "length" and len(free.outputs[0].token_ids) == 8
     assert "not allowed by the xgrammar grammar" in caplog.text
-    assert llm.engine.structured.active == 0 or llm.engine.structured.bitmask([]) is None
+    assert llm.engine.structured.bitmask([]) is None  # no rows; sweeps the ended sequences' matchers
+    assert llm.engine.structured.active == 0
+
+
+def test_a_grammar_that_allows_nothing_fails_alone(engines):
+    dead, free = run(engines[1], [sp({"grammar": "root ::= root"}, n=1), sp(None, n=1, seed=2, max_tokens=8)])
+    assert dead.outputs[0].finish_reason == "error" and "allows no token" in dead.error
+    assert free.outputs[0].finish_reason == "length" and len(free.outputs[0].token_ids) == 8

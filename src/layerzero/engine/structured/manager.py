@@ -151,14 +151,15 @@ class StructuredOutputManager:
         """Advance ``seq``'s matcher by ``token``; whether the grammar has terminated (a stop token ended it).
 
         Raises:
-            GrammarRejectedError: the grammar does not allow ``token`` (the bitmask should have banned it).
+            GrammarRejectedError: the grammar does not allow ``token`` (the bitmask should have banned it,
+                unless the grammar allows no token at all).
         """
         _, m = self._matchers[seq.seq_id]
         if not m.accept(token):
             raise GrammarRejectedError(
                 f"structured outputs: token {token} sampled at output position {seq.num_output_tokens - 1} "
-                f"is not allowed by the {m.backend} grammar of request {seq.request_id!r} (a bug: the token "
-                "bitmask should have banned it)"
+                f"is not allowed by the {m.backend} grammar of request {seq.request_id!r}: the grammar "
+                "allows no token there (an empty language), or the token bitmask failed to ban it (a bug)"
             )
         return m.is_terminated()
 
@@ -185,7 +186,8 @@ class StructuredOutputManager:
 class _DeferredFill:
     """Fills a step's :class:`GrammarBitmask` when called (once; later calls return the same result): runs
     ``before``, then each backend fills its rows. A sequence that ended meanwhile (``before`` read a step
-    that finished it: its token in this step is dropped) gets an all-allowed row."""
+    that finished it: its token in this step is dropped) gets an all-allowed row, and so does a grammar that
+    allows no token (its sampled token is rejected: the request fails with ``"error"``, not the batch)."""
 
     def __init__(
         self,
@@ -214,8 +216,12 @@ class _DeferredFill:
             idx = [j for j, (s, m) in enumerate(self.entries) if m.backend == name and not s.finished]
             if idx:
                 b.fill([self.entries[j][1] for j in idx], bits, idx)
+        dead = ~bits.any(axis=1)  # a grammar that allows no token at all (an empty language, a dead end)
         for j, (s, _) in enumerate(self.entries):
             if s.finished:
+                bits[j] = -1
+            elif dead[j]:  # unmasked: its token is then rejected, failing its request alone and loudly
+                log.error("structured outputs: the grammar of request %r allows no next token", s.request_id)
                 bits[j] = -1
         self.result = GrammarBitmask(np.asarray(self.rows, dtype=np.int64), bits)
         return self.result
