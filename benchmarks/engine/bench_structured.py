@@ -234,6 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "mean_output_len": total / n,
         "valid_json_and_stop": valid,
         "backend": select_backend(so).backend,
+        "early_read": not args.no_early_read,
         "structured_tok_s": con_tps,
         "unconstrained_tok_s": free_tps,
         "ratio": con_tps / free_tps,
@@ -255,7 +256,7 @@ def write(res: dict[str, Any], out: Path) -> None:
         f"transformers {m['transformers']}, xgrammar {m['xgrammar']}, llguidance {m['llguidance']}, "
         f"python {m['python']}",
         f"- model: {res['model']}, vocabulary {res['model_vocab']} (tokenizer {res['tokenizer_vocab']} ids, "
-        f"the rest always banned); backend {res['backend']}",
+        f"the rest always banned); backend {res['backend']}; early read {res['early_read']}",
         f"- {res['requests']} concurrent requests, {res['output_tokens']} output tokens per run (mean "
         f"{res['mean_output_len']:.1f}); valid JSON ending in stop: "
         f"{res['valid_json_and_stop']}/{res['requests']}",
@@ -281,7 +282,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--tokenizer-vocab", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--no-early-read",
+        action="store_true",
+        help="async scheduling reads step N before scheduling N+1 for structured rows (EngineLoop."
+        "structured_early_read = False): the overlap's A/B",
+    )
     args = ap.parse_args(argv)
+    if args.no_early_read:
+        from layerzero.engine.core.llm_engine import EngineLoop
+
+        EngineLoop.structured_early_read = False
     res = run(args)
     write(res, args.out)
     print(
