@@ -14,6 +14,7 @@ from ..config import EngineConfig, ModelConfig, resolve_max_model_len
 from ..core.messages import EngineCoreRequest
 from ..errors import bad_input
 from ..sampling_params import SamplingParams
+from ..structured import check_request
 
 __all__ = ["InputProcessor"]
 
@@ -123,8 +124,13 @@ class InputProcessor:
     def check(self, params: SamplingParams) -> None:
         """Request-level checks of ``params`` that need the model (vocabulary, a tokenizer for stop strings).
 
+        A ``structured_outputs`` constraint is built here by the backend the engine core will use
+        (:func:`~layerzero.engine.structured.check_request`: no tokenizer needed, cached), so a schema, regex
+        or grammar no backend compiles is refused before anything is queued.
+
         Raises:
-            InvalidInputError: see :meth:`SamplingParams.check_vocab`; stop strings without a tokenizer.
+            InvalidInputError: see :meth:`SamplingParams.check_vocab`; stop strings without a tokenizer; a
+                structured-output constraint no backend compiles, or with ``min_tokens``.
         """
         if not isinstance(params, SamplingParams):
             raise bad_input("sampling_params", "a SamplingParams", type(params).__name__)
@@ -136,6 +142,7 @@ class InputProcessor:
                 params.stop_strings,
                 "Use stop_token_ids.",
             )
+        check_request(params)
 
     def validate(
         self, prompt: str | list[int], params: SamplingParams, priority: int = 0

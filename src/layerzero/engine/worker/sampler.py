@@ -12,6 +12,7 @@ import torch
 import layerzero as lz
 
 from ..core.sched.output import SamplingMetadata
+from .grammar_bitmask import apply_grammar_bitmask
 from .logits_restrict import restrict_tokens
 from .staging import to_device
 
@@ -129,6 +130,7 @@ class Sampler:
         self._bias(logits, rows)
         if any(p.restricted for p in ps):
             restrict_tokens(logits, rows)  # allowed_token_ids, bad words, the grammar bitmask
+            apply_grammar_bitmask(logits, rows)  # structured outputs: the grammar's allowed tokens
         if all(p.greedy for p in ps):
             tokens = lz.sample_greedy(logits)
         else:
