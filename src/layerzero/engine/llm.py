@@ -214,6 +214,7 @@ class LLM:
             checked = [inputs.validate(p, sp, pr) for p, sp, pr in zip(prompts, params, prios, strict=True)]
             try:
                 for (text, ids), sp, pr in zip(checked, params, prios, strict=True):
+                    sp = inputs.with_bad_words(sp)  # noqa: PLW2901 (bad words -> token ids)
                     rid = str(next(self._ids))
                     req = EngineCoreRequest(rid, ids, sp, int(pr), time.time(), inputs.eos_token_id)
                     self.output_processor.add_request(rid, text, ids, sp, output_kind=kind)

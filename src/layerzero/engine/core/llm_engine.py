@@ -102,8 +102,10 @@ class EngineLoop(StepRecovery):
     @staticmethod
     def _needs_known_tokens(seq: Sequence) -> bool:
         """Whether scheduling ``seq``'s next step needs its pending token's id on the host first (async
-        scheduling then reads the launched step before scheduling the next): penalties read the tokens."""
-        return seq.params.penalized
+        scheduling then reads the launched step before scheduling the next): penalties read the tokens, and
+        so do multi-token bad words (a word's last token is banned after its other tokens)."""
+        p = seq.params
+        return p.penalized or any(len(w) > 1 for w in p.bad_words_token_ids or ())
 
     def _read(self, prev: InFlight) -> tuple[float, int]:
         """Wait for ``prev``'s sampled ids and append them (stop checks); sequences that ended meanwhile (an

@@ -4,6 +4,7 @@ tokenizer) before anything is queued; text prompts tokenized (vLLM's input proce
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import time
 from typing import Any
@@ -56,6 +57,7 @@ class InputProcessor:
             InvalidInputError: see :meth:`validate`.
         """
         text, ids = self.validate(prompt, params, priority)
+        params = self.with_bad_words(params)
         t = time.time() if arrival_time is None else arrival_time
         return text, EngineCoreRequest(request_id, ids, params, int(priority), t, self.eos_token_id)
 
@@ -129,6 +131,7 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise bad_input("sampling_params", "a SamplingParams", type(params).__name__)
         params.check_vocab(self.vocab_size)
+        self.with_bad_words(params)  # a word the tokenizer cannot take fails here, before anything is queued
         if params.stop_strings and self.tokenizer is None:
             raise bad_input(
                 "SamplingParams.stop",
@@ -136,6 +139,46 @@ class InputProcessor:
                 params.stop_strings,
                 "Use stop_token_ids.",
             )
+
+    def with_bad_words(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with its ``bad_words`` tokenized into ``bad_words_token_ids`` (vLLM's
+        ``update_from_tokenizer``): each word, leading blanks stripped, encoded without special tokens, and
+        again with one leading space when that gives another first token but as many tokens (the word inside
+        a text); merged after the ids given directly, duplicates dropped. ``params`` itself when it has no bad
+        words; otherwise a validated copy (``dataclasses.replace``; calling this again changes nothing).
+
+        Raises:
+            InvalidInputError: bad words without a tokenizer; a word the tokenizer encodes to nothing or to
+                ids outside the vocabulary.
+        """
+        if not params.bad_words:
+            return params
+        if self.tokenizer is None:
+            raise bad_input(
+                "SamplingParams.bad_words",
+                "no bad words (this checkpoint has no tokenizer)",
+                params.bad_words,
+                "Use bad_words_token_ids.",
+            )
+        words = list(params.bad_words_token_ids or ())
+        for word in params.bad_words:
+            plain = self._encode_plain(word.lstrip())
+            if not plain:
+                raise bad_input("SamplingParams.bad_words item", "a word the tokenizer encodes", repr(word))
+            words.append(plain)
+            spaced = self._encode_plain(" " + word.lstrip())
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                words.append(spaced)
+        merged = tuple(dict.fromkeys(tuple(w) for w in words))
+        if merged == params.bad_words_token_ids:
+            return params
+        out = dataclasses.replace(params, bad_words_token_ids=merged)
+        out.check_vocab(self.vocab_size)
+        return out
+
+    def _encode_plain(self, text: str) -> tuple[int, ...]:
+        """``text``'s token ids without special tokens (a BOS would make every word start alike)."""
+        return tuple(int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def validate(
         self, prompt: str | list[int], params: SamplingParams, priority: int = 0

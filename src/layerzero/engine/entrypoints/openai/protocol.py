@@ -69,6 +69,8 @@ class _Sampling(_Strict):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     priority: int = 0
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
 
 
 class CompletionRequest(_Sampling):

@@ -138,6 +138,8 @@ class ServerState:
             seed=req.seed,
             logprobs=logprobs,
             skip_special_tokens=req.skip_special_tokens,
+            allowed_token_ids=req.allowed_token_ids,
+            bad_words=req.bad_words or None,
         )
         try:
             return make_params(**kw, **extra)
