@@ -24,8 +24,12 @@ class InputProcessor:
     ``max_model_len`` (tokens). :meth:`from_config` builds it from an :class:`EngineConfig` without loading
     weights (the checkpoint's config.json only)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int) -> None:
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, max_model_len: int, logits_processors: tuple[type, ...] = ()
+    ) -> None:
         self.tokenizer, self.vocab_size, self.max_model_len = tokenizer, vocab_size, max_model_len
+        #: The engine's logits-processor classes: their ``validate_params`` checks each request.
+        self.logits_processors = logits_processors
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_id: int | None = eos if isinstance(eos, int) else None
 
@@ -40,8 +44,11 @@ class InputProcessor:
         Raises:
             ConfigurationError: an unreadable config.json, a ``max_model_len`` above the model's.
         """
+        from ..worker.logits_processors import resolve_processor
+
         cfg = model_config or ModelConfig.from_pretrained(engine_config.model)
-        return cls(tokenizer, cfg.vocab_size, resolve_max_model_len(engine_config, cfg))
+        procs = tuple(resolve_processor(p) for p in engine_config.logits_processors)
+        return cls(tokenizer, cfg.vocab_size, resolve_max_model_len(engine_config, cfg), procs)
 
     def process(
         self,
@@ -126,12 +133,20 @@ class InputProcessor:
         """Request-level checks of ``params`` that need the model (vocabulary, a tokenizer for stop strings).
 
         Raises:
-            InvalidInputError: see :meth:`SamplingParams.check_vocab`; stop strings without a tokenizer.
+            InvalidInputError: see :meth:`SamplingParams.check_vocab`; stop strings without a tokenizer; bad
+                words it cannot tokenize; parameters a logits processor's ``validate_params`` rejects.
         """
         if not isinstance(params, SamplingParams):
             raise bad_input("sampling_params", "a SamplingParams", type(params).__name__)
         params.check_vocab(self.vocab_size)
         self.with_bad_words(params)  # a word the tokenizer cannot take fails here, before anything is queued
+        for proc in self.logits_processors:
+            try:
+                proc.validate_params(params)
+            except ValueError as exc:
+                raise bad_input(
+                    f"SamplingParams for {proc.__name__}", "parameters it accepts", str(exc)
+                ) from exc
         if params.stop_strings and self.tokenizer is None:
             raise bad_input(
                 "SamplingParams.stop",
