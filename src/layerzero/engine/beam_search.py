@@ -10,11 +10,12 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import bad_input
-from .sampling_params import MAX_LOGPROBS
+from .sampling_params import MAX_LOGPROBS, SamplingParams
 
-__all__ = ["BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "run_beam_search"]
+__all__ = ["BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "llm_beam_search", "run_beam_search"]
 
 
 @dataclass(frozen=True)
@@ -195,3 +196,43 @@ def run_beam_search(
             )
         outs.append(BeamSearchOutput(seqs))
     return outs
+
+
+def llm_beam_search(llm: Any, prompts: Sequence[Any], params: BeamSearchParams) -> list[BeamSearchOutput]:
+    """:meth:`layerzero.engine.LLM.beam_search`: validate every prompt (strings tokenized; vLLM's
+    ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` dicts accepted) and run :func:`run_beam_search`, each
+    step one :meth:`~layerzero.engine.LLM.generate` call over every live beam (a one-token greedy request with
+    ``logprobs=K``; the beams' full KV blocks come from the prefix cache). EOS ids: the model's and the
+    tokenizer's (what ends a ``generate()`` completion).
+
+    Raises:
+        InvalidInputError: ``params`` not a :class:`BeamSearchParams`, no prompts, a bad prompt, a prompt
+            longer than ``max_model_len - max_tokens``.
+    """
+    if not isinstance(params, BeamSearchParams):
+        raise bad_input("params", "a BeamSearchParams", type(params).__name__)
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise bad_input("prompts", "a non-empty list of prompts", repr(prompts)[:80])
+    inputs = llm.input_processor
+    ids = []
+    for p in prompts:
+        if isinstance(p, dict):
+            p = p["prompt_token_ids"] if "prompt_token_ids" in p else p.get("prompt")  # noqa: PLW2901
+        toks = inputs.encode(p)[1]
+        if len(toks) + params.max_tokens > inputs.max_model_len:
+            raise bad_input(
+                "prompt length + BeamSearchParams.max_tokens",
+                f"<= max_model_len ({inputs.max_model_len})",
+                len(toks) + params.max_tokens,
+                "Shorten the prompt or lower max_tokens.",
+            )
+        ids.append(toks)
+    core = llm.engine
+    eos = sorted(t for t in {*core.eos, inputs.eos_token_id} if t is not None and 0 <= t < core.vocab_size)
+
+    def step(seqs: list[list[int]], k: int) -> list[dict[int, float]]:
+        sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, ignore_eos=True)
+        return [o.outputs[0].logprobs[0] for o in llm.generate(seqs, sp, use_tqdm=False)]
+
+    tok = llm.tokenizer
+    return run_beam_search(ids, params, eos, step, tok.decode if tok is not None else None)

@@ -306,49 +306,11 @@ class LLM:
                 bar.close()
 
     def beam_search(self, prompts: Sequence[Any], params: Any, *, use_tqdm: bool = False) -> list[Any]:
-        """Beam search (vLLM's ``LLM.beam_search``): one
-        :class:`~layerzero.engine.beam_search.BeamSearchOutput` per prompt (a string, a token-id list, or
-        vLLM's ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``), in input order, each with
-        ``params.beam_width`` hypotheses, best score first. Selection and scores follow transformers'
-        ``generate(num_beams=W, do_sample=False, length_penalty=L)``
-        (:func:`~layerzero.engine.beam_search.run_beam_search`); EOS: the model's and the tokenizer's. Each
-        step runs every live beam as a one-token request through :meth:`generate` (the beams' shared full KV
-        blocks come from the prefix cache; docs/decoding.md). ``use_tqdm``: accepted, no progress bar.
+        """vLLM's ``LLM.beam_search`` with transformers' results: one ``BeamSearchOutput`` per prompt
+        (:func:`~layerzero.engine.beam_search.llm_beam_search`, which documents it and its errors)."""
+        from .beam_search import llm_beam_search
 
-        Raises:
-            InvalidInputError: bad prompts or ``params`` (a :class:`BeamSearchParams`), a prompt longer than
-                ``max_model_len - max_tokens``; raised before anything runs.
-        """
-        from .beam_search import BeamSearchParams, run_beam_search
-
-        if not isinstance(params, BeamSearchParams):
-            raise bad_input("params", "a BeamSearchParams", type(params).__name__)
-        if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise bad_input("prompts", "a non-empty list of prompts", repr(prompts)[:80])
-        ids = []
-        for p in prompts:
-            if isinstance(p, dict):
-                p = p["prompt_token_ids"] if "prompt_token_ids" in p else p.get("prompt")  # noqa: PLW2901
-            toks = self.input_processor.encode(p)[1]
-            cap = self.input_processor.max_model_len
-            if len(toks) + params.max_tokens > cap:
-                raise bad_input(
-                    "prompt length + BeamSearchParams.max_tokens",
-                    f"<= max_model_len ({cap})",
-                    len(toks) + params.max_tokens,
-                    "Shorten the prompt or lower max_tokens.",
-                )
-            ids.append(toks)
-        # the model's EOS ids and the tokenizer's (what ends a generate() completion)
-        tok_eos = self.input_processor.eos_token_id
-        eos = sorted(t for t in {*self.engine.eos, tok_eos} if t is not None and t < self.engine.vocab_size)
-
-        def step(seqs: list[list[int]], k: int) -> list[dict[int, float]]:
-            sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, ignore_eos=True)
-            return [o.outputs[0].logprobs[0] for o in self.generate(seqs, sp, use_tqdm=False)]
-
-        tok = self._tokenizer
-        return run_beam_search(ids, params, eos, step, tok.decode if tok else None)
+        return llm_beam_search(self, prompts, params)
 
     def stream(
         self, prompt: str | list[int], sampling_params: SamplingParams | None = None, *, priority: int = 0
