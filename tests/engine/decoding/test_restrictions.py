@@ -161,3 +161,30 @@ def test_out_of_vocab_ids_rejected_before_queueing(llm):
         with pytest.raises(InvalidInputError, match="vocab size"):
             llm.generate([p], _sp(**kw), use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_bad_words_under_async_scheduling_equal_sync(llm, checkpoints):
+    """Multi-token bad words read the previous token: with async scheduling the step waits for it
+    (``EngineLoop._needs_known_tokens``), so the seeded outputs equal the synchronous engine's."""
+    from layerzero.engine import LLM
+
+    fast = LLM(
+        checkpoints[FAMILY],
+        device="cpu",
+        dtype=torch.float32,
+        max_model_len=64,
+        num_kv_blocks=128,
+        max_num_seqs=16,
+        async_scheduling=True,
+    )
+    p = prompts(3, seed=46, lo=5, hi=8)
+    free = llm.generate(p, [_sp(temperature=1.5, seed=s, top_k=4) for s in range(3)], use_tqdm=False)
+    t = free[0].outputs[0].token_ids
+    words = [[t[1], t[2]], [t[3], t[4], t[5]], [free[1].outputs[0].token_ids[0]]]
+    sps = [_sp(temperature=1.5, seed=s, top_k=4, bad_words_token_ids=words) for s in range(3)]
+    sync = llm.generate(p, sps, use_tqdm=False)
+    asyn = fast.generate(p, sps, use_tqdm=False)
+    for a, b in zip(sync, asyn, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert not any(_contains(a.outputs[0].token_ids, w) for w in words)
+    assert sync[0].outputs[0].token_ids != t
