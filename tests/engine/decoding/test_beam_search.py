@@ -100,3 +100,15 @@ def test_ignore_eos_and_bad_params(checkpoints):
         llm.beam_search([prompt], _params(2, 46))
     with pytest.raises(InvalidInputError):
         llm.beam_search([prompt], {"beam_width": 2})
+
+
+def test_several_prompts_in_one_call_equal_each_alone(checkpoints, hf_models):
+    llm, hf = _llm(checkpoints["llama"]), hf_models["llama"]
+    ps = prompts(3, seed=53, lo=3, hi=9)
+    both = llm.beam_search(ps, _params(3, 5, length_penalty=0.7))
+    eos = llm.input_processor.eos_token_id
+    for p, got in zip(ps, both, strict=True):
+        (alone,) = llm.beam_search([p], _params(3, 5, length_penalty=0.7))
+        assert [s.tokens for s in got.sequences] == [s.tokens for s in alone.sequences]
+        assert [s.score for s in got.sequences] == pytest.approx([s.score for s in alone.sequences], abs=1e-5)
+    _check(llm, hf, ps[2], 3, 0.7, 5, eos)
