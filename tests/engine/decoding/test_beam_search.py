@@ -112,3 +112,21 @@ def test_several_prompts_in_one_call_equal_each_alone(checkpoints, hf_models):
         assert [s.tokens for s in got.sequences] == [s.tokens for s in alone.sequences]
         assert [s.score for s in got.sequences] == pytest.approx([s.score for s in alone.sequences], abs=1e-5)
     _check(llm, hf, ps[2], 3, 0.7, 5, eos)
+
+
+def test_early_stop_heuristic_matches_transformers(checkpoints, hf_models, monkeypatch):
+    """A case where transformers' ``early_stopping=False`` heuristic ends the search before ``max_tokens``
+    (found by search on this checkpoint; the step count proves the heuristic fired): a beam that would
+    finish later with a better score is not added, in both implementations."""
+    llm, hf = _llm(checkpoints["qwen3"]), hf_models["qwen3"]
+    prompt = prompts(1, seed=53, lo=7, hi=7)[0]
+    eos = 69
+    monkeypatch.setattr(llm.engine, "eos", {eos})
+    monkeypatch.setattr(llm.input_processor, "eos_token_id", eos)
+    calls = []
+    generate = llm.generate
+    monkeypatch.setattr(llm, "generate", lambda *a, **k: calls.append(1) or generate(*a, **k))
+    for w in (2, 3):
+        calls.clear()
+        _check(llm, hf, prompt, w, 1.0, 8, eos)
+        assert len(calls) < 8  # stopped early
