@@ -147,3 +147,38 @@ def test_bad_processors_and_arguments_are_typed_errors(checkpoints):
     with pytest.raises(InvalidInputError, match="force_token_id"):
         llm.generate([[1, 5, 6]], SamplingParams(extra_args={"force_token_id": "x"}), use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_async_llm_runs_the_plugin_in_its_core_process(checkpoints):
+    """``AsyncLLM(logits_processors=[name])``: the config crosses to the engine-core process by name, the
+    plugin runs there on the request's ``extra_args``; a class not importable by name is refused."""
+    import asyncio
+
+    from layerzero import ConfigurationError
+    from layerzero.engine import AsyncLLM, SamplingParams
+    from layerzero.engine.worker.logits_processors import ForceTokenLogitsProcessor
+
+    class Local(ForceTokenLogitsProcessor):
+        pass
+
+    opts = dict(device="cpu", dtype=torch.float32, max_model_len=32, num_kv_blocks=32, max_num_seqs=4)
+    with pytest.raises(ConfigurationError, match="importable"):
+        AsyncLLM(checkpoints["qwen3"], logits_processors=[Local], **opts)
+    eng = AsyncLLM(checkpoints["qwen3"], logits_processors=[FORCE], **opts)
+    try:
+
+        async def one(extra, rid):
+            sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, extra_args=extra)
+            return [
+                t
+                for o in [o async for o in eng.generate([1, 5, 9, 4], sp, rid)]
+                for t in o.outputs[0].token_ids
+            ]
+
+        async def both():
+            return await asyncio.gather(one({"force_token_id": 13}, "a"), one(None, "b"))
+
+        forced, plain = asyncio.run(asyncio.wait_for(both(), 120))
+    finally:
+        eng.shutdown()
+    assert forced == [13] * 5 and plain != [13] * 5 and len(plain) == 5
