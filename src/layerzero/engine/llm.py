@@ -94,6 +94,8 @@ class LLM:
             as vLLM does). data_parallel_size: 1 (replicas serve through :class:`AsyncLLM`). load_format:
             ``"auto"`` (the checkpoint's weights) or ``"dummy"`` (seeded random weights, config.json still
             read: benchmark a shape without its weights).
+        logits_processors (keyword): logits-processor plugins, vLLM v1's interface: classes or
+            ``"module:Class"`` names (docs/decoding.md, "Token restrictions and logits processors").
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its

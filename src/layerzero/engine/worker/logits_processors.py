@@ -66,7 +66,9 @@ class LogitsProcessor(ABC):
     batch index i."""
 
     @abstractmethod
-    def __init__(self, config: Any, device: torch.device, is_pin_memory: bool) -> None: ...
+    def __init__(self, config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        """Build the processor for one worker: ``config`` the :class:`EngineConfig`, ``device`` the worker's
+        device, ``is_pin_memory`` whether pinned host memory is available (CUDA)."""
 
     @abstractmethod
     def is_argmax_invariant(self) -> bool:
@@ -215,19 +217,24 @@ class ForceTokenLogitsProcessor(LogitsProcessor):
     other logit -inf); other rows are untouched. Not argmax-invariant (it changes greedy rows)."""
 
     def __init__(self, config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        """No state but the forced rows: batch index -> token id."""
         self.device = device
         self.forced: dict[int, int] = {}  # batch index -> token id
 
     def is_argmax_invariant(self) -> bool:
+        """False: forcing a token changes greedy rows."""
         return False
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
+        """``extra_args["force_token_id"]``, when present, is an int >= 0 (the vocabulary bound is not
+        known here: an id past it makes :meth:`apply` raise, which fails the step's requests)."""
         t = (sampling_params.extra_args or {}).get("force_token_id")
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
             raise ValueError(f"extra_args force_token_id: expected a token id (int >= 0), got {t!r}")
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """Track the forced rows through the update (added, removed, then moved)."""
         if batch_update is None:
             return
         for index, params, _, _ in batch_update.added:
@@ -246,6 +253,7 @@ class ForceTokenLogitsProcessor(LogitsProcessor):
                 self.forced[a] = tb
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Every logit of a forced row but its token's -inf, in place (two small index tensors staged)."""
         if not self.forced:
             return logits
         rows = [i for i in self.forced if i < logits.shape[0]]
