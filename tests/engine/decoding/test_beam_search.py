@@ -130,3 +130,27 @@ def test_early_stop_heuristic_matches_transformers(checkpoints, hf_models, monke
         calls.clear()
         _check(llm, hf, prompt, w, 1.0, 8, eos)
         assert len(calls) < 8  # stopped early
+
+
+def test_beams_recompute_at_most_a_block_per_step(checkpoints, monkeypatch):
+    """What docs/decoding.md says is shared: after the first step, each beam request finds every full block
+    of its tokens in the prefix cache and computes at most ``block_size`` tokens (counted with the prefix
+    cache's lookups)."""
+    llm = _llm(checkpoints["llama"])
+    prompt = prompts(1, seed=54, lo=9, hi=9)[0]
+    llm.beam_search([[1, 2, 3]], _params(2, 2))  # warm: nothing of ``prompt`` is cached
+    sizes = []
+    generate = llm.generate
+    monkeypatch.setattr(
+        llm, "generate", lambda seqs, *a, **k: sizes.append(len(seqs)) or generate(seqs, *a, **k)
+    )
+    before = llm.engine.kv.stats()
+    (out,) = llm.beam_search([prompt], _params(3, 10, ignore_eos=True))
+    after = llm.engine.kv.stats()
+    computed = (after.queries - before.queries) - (after.hits - before.hits)
+    block = 4
+    assert sizes[0] == 1 and len(sizes) == 10
+    assert computed <= len(prompt) + block * sum(sizes[1:])
+    every = sum(n * (len(prompt) + i) for i, n in enumerate(sizes))  # tokens without any sharing
+    assert computed < every / 4
+    assert len(out.sequences) == 3
