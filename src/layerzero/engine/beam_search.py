@@ -159,7 +159,8 @@ def run_beam_search(
         for inst in insts:
             if inst.done:
                 continue
-            # transformers' torch.topk over [W * V]: the best K by cumulative logprob (ties: lower beam first)
+            # transformers: torch.topk over [W * V], the best K by cumulative logprob (exact ties, whose order
+            # torch.topk leaves unspecified, go to the lower beam, then the lower token id)
             cands = sorted(per.get(id(inst), []), key=lambda c: (-c[0], c[1], c[3]))[:k]
             new_running, new_finished = [], []
             for rank, (cum, _, b, t, top) in enumerate(cands):
