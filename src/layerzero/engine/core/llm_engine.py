@@ -115,12 +115,16 @@ class EngineLoop(StepRecovery):
     @staticmethod
     def _needs_known_tokens(seq: Sequence) -> bool:
         """Whether scheduling ``seq``'s next step needs its pending token's id on the host first (async
-        scheduling then reads the launched step before scheduling the next): penalties read the tokens.
-        Structured-output rows need them too, but only for their bitmask, which is filled after the next
-        forward is launched: :meth:`_step_async` reads the step there (:class:`_EarlyRead`), unless
-        ``structured_early_read`` is off (then they are read here, before scheduling)."""
-        return seq.params.penalized or (
-            seq.params.structured_outputs is not None and not EngineLoop.structured_early_read
+        scheduling then reads the launched step before scheduling the next): penalties read the tokens, and
+        so do multi-token bad words (a word's last token is banned after its other tokens). Structured-output
+        rows need them too, but only for their bitmask, which is filled after the next forward is launched:
+        :meth:`_step_async` reads the step there (:class:`_EarlyRead`), unless ``structured_early_read`` is
+        off (then they are read here, before scheduling)."""
+        p = seq.params
+        return (
+            p.penalized
+            or any(len(w) > 1 for w in p.bad_words_token_ids or ())
+            or (p.structured_outputs is not None and not EngineLoop.structured_early_read)
         )
 
     def _read(self, prev: InFlight) -> tuple[float, int]:

@@ -40,10 +40,12 @@ class SamplingMetadata:
     """What the sampler needs of each sampled row (the step's sampled chunks, in order): its parameters, its
     own random stream (``seeds``: None = the engine's), the output tokens it has so far (a pending one
     included: the min_tokens ban and the seeded streams' offsets), and, only for rows with penalties, the
-    prompt and the known output tokens (``prompt_token_ids`` / ``output_token_ids``, None for other rows).
-    ``grammar_bitmask``: the structured-output rows' allowed tokens (:class:`GrammarBitmask`), or a callable
-    that fills it on the host (the engine core sets it; the worker calls it after launching the forward, so
-    the fill overlaps the device's work), or None (no structured row)."""
+    prompt and the known output tokens (``prompt_token_ids`` / ``output_token_ids``, None for other rows); a
+    row with bad words but no penalties gets the tail of its known output tokens its longest bad word reads
+    (``output_token_ids``; its prompt None). ``grammar_bitmask``: the structured-output rows' allowed tokens
+    (:class:`GrammarBitmask`), or a callable that fills it on the host (the engine core sets it; the worker
+    calls it after launching the forward, so the fill overlaps the device's work), or None (no structured
+    row)."""
 
     params: list[SamplingParams] = field(default_factory=list)
     seeds: list[int | None] = field(default_factory=list)
@@ -65,6 +67,11 @@ class SamplingMetadata:
         if p.penalized:
             self.prompt_token_ids.append(seq.token_ids[: seq.num_prompt_tokens])
             self.output_token_ids.append(seq.token_ids[seq.num_prompt_tokens :])
+        elif p.bad_words_token_ids:  # the known output tail multi-token bad words read (logits_restrict.py)
+            k = max(len(w) for w in p.bad_words_token_ids) - 1
+            n = len(seq.token_ids) - seq.num_prompt_tokens
+            self.prompt_token_ids.append(None)
+            self.output_token_ids.append(seq.token_ids[len(seq.token_ids) - min(k, n) :] if k else [])
         else:
             self.prompt_token_ids.append(None)
             self.output_token_ids.append(None)

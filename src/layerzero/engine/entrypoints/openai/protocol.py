@@ -70,6 +70,8 @@ class _Sampling(_Strict):
     skip_special_tokens: bool = True
     priority: int = 0
     structured_outputs: dict[str, Any] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
 
 
 class CompletionRequest(_Sampling):

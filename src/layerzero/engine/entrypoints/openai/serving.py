@@ -136,6 +136,8 @@ class ServerState:
             logprobs=logprobs,
             skip_special_tokens=req.skip_special_tokens,
             structured_outputs=constraint,
+            allowed_token_ids=req.allowed_token_ids,
+            bad_words=req.bad_words or None,
         )
         try:
             return make_params(**kw, **extra)
