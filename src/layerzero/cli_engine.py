@@ -67,6 +67,7 @@ ENGINE_KWARGS = (
     "data_parallel_size",
     "load_format",
     "speculative_config",
+    "logits_processors",
 )
 """The ``LLM`` / ``AsyncLLM`` keywords :func:`engine_kwargs` returns, each set by the flag ``--<name with
 dashes>``: every ``EngineConfig`` field but ``cuda_graph`` (a knob set, not a command-line value)."""
@@ -120,6 +121,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="JSON",
         help='vLLM\'s keys, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
+    )
+    g.add_argument(
+        "--logits-processors",
+        nargs="+",
+        default=(),
+        metavar="MODULE:CLASS",
+        help="logits-processor plugins (LogitsProcessor subclasses; docs/decoding.md)",
     )
 
 

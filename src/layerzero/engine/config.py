@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -158,6 +159,7 @@ class EngineConfig:
     data_parallel_size: int = 1
     load_format: str = "auto"
     speculative_config: SpeculativeConfig | None = None
+    logits_processors: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = True) -> None:
@@ -233,12 +235,14 @@ class EngineConfig:
                 "Build it with CudaGraphKnobs(field=value, ...); omitted fields keep their defaults.",
             )
         self._check_parallel(resolve_device(self.device))
+        self._check_logits_processors()
         self._check_speculative()
 
     def _check_speculative(self) -> None:
         """``speculative_config``: a :class:`SpeculativeConfig`, a dict of vLLM's keys or a JSON string (kept
         as the config); refused with tensor parallelism (not implemented: the draft would need its own
-        shards)."""
+        shards) and with logits-processor plugins (not implemented: they are not applied at verified
+        positions)."""
         spec = SpeculativeConfig.from_any(self.speculative_config)
         object.__setattr__(self, "speculative_config", spec)
         if spec is not None and self.tensor_parallel_size > 1:
@@ -248,6 +252,40 @@ class EngineConfig:
                 spec.to_dict(),
                 "Drop speculative_config or use tensor_parallel_size=1.",
             )
+        if spec is not None and self.logits_processors:
+            raise bad_config(
+                "LLM speculative_config",
+                "None with logits_processors (the plugins see one row per sequence and step; verified "
+                "positions are not given to them yet)",
+                spec.to_dict(),
+                "Drop speculative_config or logits_processors.",
+            )
+
+    def _check_logits_processors(self) -> None:
+        """``logits_processors``: a list of :class:`~.worker.logits_processors.LogitsProcessor` subclasses or
+        their names, resolved now (a bad one fails at start-up); stored as a tuple, each class that imports
+        back by its name as ``"module:Class"`` (so the config crosses to the engine-core process)."""
+        from .worker.logits_processors import resolve_processor
+
+        procs = self.logits_processors
+        if procs is None:
+            procs = ()
+        if isinstance(procs, (str, type)) or not isinstance(procs, (list, tuple)):
+            raise bad_config(
+                "LLM logits_processors",
+                "a list of LogitsProcessor classes or 'module:Class' names",
+                repr(procs),
+            )
+        out = []
+        for spec in procs:
+            cls = resolve_processor(spec)
+            name = f"{cls.__module__}:{cls.__qualname__}"
+            try:
+                same = resolve_processor(name) is cls
+            except Exception:  # defined in a function or __main__: kept as the class (this process only)
+                same = False
+            out.append(spec if isinstance(spec, str) else name if same else cls)
+        object.__setattr__(self, "logits_processors", tuple(out))
 
     def _check_parallel(self, dev: torch.device) -> None:
         """``tensor_parallel_size`` / ``enable_expert_parallel`` / ``data_parallel_size`` / ``load_format``

@@ -301,3 +301,42 @@ def test_the_config_crosses_to_a_core_process_unchanged():
     assert (
         serial.decode_config(serial.encode_config(EngineConfig("m", device="cpu"))).speculative_config is None
     )
+
+
+def test_structured_and_bad_words_rows_keep_their_constraints_in_a_verification_step(checkpoints):
+    import re
+
+    from layerzero.engine import SamplingParams
+    from layerzero.engine.structured_params import StructuredOutputsParams
+
+    ckpt = checkpoints["qwen3"]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),  # speculates
+        SamplingParams(
+            temperature=0.0, max_tokens=12, structured_outputs=StructuredOutputsParams(regex="[a-c]{3,8}")
+        ),
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, bad_words_token_ids=[[7, 8], [9]]),
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, allowed_token_ids=[5, 6, 7, 8, 9]),
+    ]
+    prompts = PROMPTS[:4]
+    _, base = _run(ckpt, params=params, prompts=prompts, num_kv_blocks=80)
+    llm, outs = _run(ckpt, METHODS["ngram"], params=params, prompts=prompts, num_kv_blocks=80)
+    for a, b in zip(base, outs, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    assert re.fullmatch("[a-c]{3,8}", outs[1].outputs[0].text)
+    assert 9 not in outs[2].outputs[0].token_ids and set(outs[3].outputs[0].token_ids) <= {5, 6, 7, 8, 9}
+    assert outs[0].spec_decode_metrics.num_drafts > 0 and outs[1].spec_decode_metrics.num_drafts == 0
+    assert llm.decode_verifications == 0
+
+
+def test_logits_processor_plugins_with_speculation_are_refused():
+    from layerzero.engine.config import EngineConfig
+    from layerzero.engine.worker.logits_processors import ForceTokenLogitsProcessor
+
+    with pytest.raises(lz.ConfigurationError, match="logits_processors"):
+        EngineConfig(
+            "m",
+            device="cpu",
+            speculative_config=METHODS["ngram"],
+            logits_processors=[ForceTokenLogitsProcessor],
+        )

@@ -41,6 +41,7 @@ DEFAULTS = {  # LLM(...)'s defaults, by hand (its docstring / signature)
     "data_parallel_size": 1,
     "load_format": "auto",
     "speculative_config": None,
+    "logits_processors": (),
 }
 
 CASES = [
@@ -81,6 +82,7 @@ CASES = [
     (["--data-parallel-size", "2"], {"data_parallel_size": 2}),
     (["--load-format", "dummy"], {"load_format": "dummy"}),
     (["--speculative-config", '{"method": "ngram"}'], {"speculative_config": '{"method": "ngram"}'}),
+    (["--logits-processors", "a:B", "c.D"], {"logits_processors": ["a:B", "c.D"]}),
 ]
 
 

@@ -11,10 +11,12 @@ rolled back by the failure recovery it inherits (``recovery.py``)."""
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import Any
 
 from ..metrics import EngineStats, StepStats
+from ..structured.manager import GrammarRejectedError, StructuredOutputManager
 from .errors import EngineDeadError
 from .messages import EngineCoreOutput
 from .recovery import StepRecovery
@@ -22,6 +24,8 @@ from .request import InFlight
 from .sequence import FinishReason, Sequence
 
 __all__ = ["EngineLoop"]
+
+log = logging.getLogger("layerzero.engine")
 
 
 class EngineLoop(StepRecovery):
@@ -35,6 +39,10 @@ class EngineLoop(StepRecovery):
     async_scheduling: bool
     prefill_buckets: set[int]
     _spec_tokens = 0  # the last verification step's speculating positions (statistics)
+    structured: StructuredOutputManager
+    #: Async scheduling with structured-output rows: read step N inside step N+1's bitmask fill, after N+1's
+    #: forward is launched (True), or before scheduling N+1 (False: no overlap of the read with the forward).
+    structured_early_read: bool = True
 
     def _run_step(self) -> None:
         """One step under the lock (``step()``): outputs land in ``_outputs``.
@@ -71,7 +79,9 @@ class EngineLoop(StepRecovery):
         extra token is dropped, their blocks freed (writes still queued on the stream land before any later
         step reuses them); likewise a stop string the front end finds in N's tokens (its abort comes before
         N+2 is scheduled). A step whose pending sequences have penalties reads N first (penalties need the
-        tokens), and so does nothing else: the tokens are the same as :meth:`_step_sync`'s."""
+        tokens), and so does nothing else: the tokens are the same as :meth:`_step_sync`'s. A step with
+        structured-output rows reads N inside its deferred bitmask fill, after N+1's forward is launched and
+        before N+1's draw (the grammar matchers need N's tokens; the fill overlaps N+1's forward)."""
         prev = self._inflight
         t0 = time.perf_counter()
         appended = 0
@@ -81,16 +91,21 @@ class EngineLoop(StepRecovery):
         out = self.scheduler.schedule()
         chunks = self._current = self.scheduler.scheduled if out.seq_ids else []
         t1 = time.perf_counter()
-        launched = None
+        launched = early = None
         if chunks:
             sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n >= s.num_tokens]
+            early = None if prev is None else _EarlyRead(self, prev)
+            # structured rows: their bitmask is filled after N+1's forward is launched, N read first (early)
+            out.sampling.grammar_bitmask = self.structured.bitmask(sampled, before=early)
             launched = InFlight(sampled, self.executor.execute_model(out), self.scheduler.prompt_logprobs)
         t2 = time.perf_counter()
         t3 = t2
         if launched is not None and self._speculating(chunks):
             # verification decides how many tokens each speculating row gains: this step is read at once
-            if prev is not None:
-                appended += self._read(prev)[1]
+            if prev is not None:  # read already when a structured row's bitmask fill ran (early)
+                appended += (
+                    early.result if early is not None and early.result is not None else self._read(prev)
+                )[1]
             self._inflight = launched
             self.scheduler.after_forward(chunks)
             t3, n = self._read(launched)
@@ -99,7 +114,7 @@ class EngineLoop(StepRecovery):
             self._finish_step(chunks, appended + n, (t0, t1, t2, t3, time.perf_counter()))
             return True
         if prev is not None:
-            t3, n = self._read(prev)
+            t3, n = early.result if early is not None and early.result is not None else self._read(prev)
             appended += n
         self._inflight = launched
         if chunks:
@@ -114,10 +129,19 @@ class EngineLoop(StepRecovery):
     def _needs_known_tokens(self, seq: Sequence) -> bool:
         """Whether scheduling ``seq``'s next step needs its pending token's id on the host first (async
         scheduling then reads the launched step before scheduling the next): penalties read the tokens, and
-        so does speculative decoding (drafts follow the last token; the scheduler proposes only for sequences
-        with none pending)."""
+        so do multi-token bad words (a word's last token is banned after its other tokens), and so does
+        speculative decoding (drafts follow the last token; the scheduler proposes only for sequences with
+        none pending). Structured-output rows need them too, but only for their bitmask, which is filled after
+        the next forward is launched: :meth:`_step_async` reads the step there (:class:`_EarlyRead`), unless
+        ``structured_early_read`` is off (then they are read here, before scheduling)."""
+        p = seq.params
         spec = self.scheduler.spec
-        return seq.params.penalized or (spec is not None and spec.eligible(seq.params))
+        return (
+            p.penalized
+            or any(len(w) > 1 for w in p.bad_words_token_ids or ())
+            or (p.structured_outputs is not None and not EngineLoop.structured_early_read)
+            or (spec is not None and spec.eligible(p))
+        )
 
     @staticmethod
     def _speculating(chunks: list[tuple[Sequence, int]]) -> bool:
@@ -172,6 +196,7 @@ class EngineLoop(StepRecovery):
         appended = 0
         if chunks:
             sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n >= s.num_tokens]
+            out.sampling.grammar_bitmask = self.structured.bitmask(sampled)
             step = InFlight(sampled, self.executor.execute_model(out), self.scheduler.prompt_logprobs)
             self._inflight = step  # what a failure rolls back
             t2 = time.perf_counter()
@@ -206,15 +231,28 @@ class EngineLoop(StepRecovery):
     def _append(
         self, seq: Sequence, toks: list[int], lps: list[float] | None, tops: list[dict[int, float]] | None
     ) -> int:
-        """Append ``toks`` (one or more new tokens) to ``seq`` up to the first that ends it (a stop token,
-        EOS after ``min_tokens``, ``max_tokens`` / ``max_model_len``), queue its :class:`EngineCoreOutput`,
-        and return how many were appended."""
+        """Append ``toks`` (one or more new tokens) to ``seq`` up to the first that ends it (a stop token, EOS
+        after ``min_tokens`` (EOS also under ``ignore_eos`` when it ends a structured-output grammar),
+        ``max_tokens`` / ``max_model_len``), queue its :class:`EngineCoreOutput`, and return how many were
+        appended. A token the sequence's grammar rejects (a bug) fails its request with ``"error"``,
+        loudly."""
         p = seq.params
         reason = stop = None
         k = 0
         for tok in toks:
             seq.token_ids.append(tok)
             k += 1
+            if p.structured_outputs is not None:
+                try:
+                    # ended by its stop token (EOS; ignore_eos too). A grammar that completes on a content
+                    # token (llguidance) allows only EOS next: that step ends it as usual.
+                    if self.structured.accept(seq, tok) and tok in self.eos:
+                        reason = FinishReason.STOP
+                except GrammarRejectedError as exc:
+                    seq.token_ids.pop()
+                    log.error("%s", exc)
+                    self._fail(self.requests[seq.request_id], exc)
+                    return k - 1
             if lps is not None:
                 seq.cumulative_logprob += lps[k - 1]
             if seq.num_output_tokens >= p.min_tokens:
@@ -224,6 +262,8 @@ class EngineLoop(StepRecovery):
                 if not p.ignore_eos and tok in self.eos:
                     reason = FinishReason.STOP
                     break
+            if reason is not None:
+                break
             if self._length_reached(seq):
                 reason = FinishReason.LENGTH
                 break
@@ -232,6 +272,8 @@ class EngineLoop(StepRecovery):
             tops = None if tops is None else tops[:k]
         if reason is not None:
             self.scheduler.finish(seq, reason, stop)
+            if p.structured_outputs is not None:
+                self.structured.free(seq)
         prompt_lps = None
         if seq.prompt_lp is not None and not seq.prompt_lp.sent:  # the request's first output: all are in
             seq.prompt_lp.sent = True
@@ -293,3 +335,16 @@ class EngineLoop(StepRecovery):
         self.stats.cascade_saved_tokens = self.executor.cascade_saved_tokens
         if self.scheduler.spec is not None:
             self.stats.spec_decode = self.scheduler.spec.as_dict()
+
+
+class _EarlyRead:
+    """Reads a launched step ``prev`` for :meth:`EngineLoop._step_async` when the next step's grammar bitmask
+    fill runs (called once; ``result``: what :meth:`EngineLoop._read` returned, None until then)."""
+
+    def __init__(self, loop: EngineLoop, prev: InFlight) -> None:
+        self.loop, self.prev = loop, prev
+        self.result: tuple[float, int] | None = None
+
+    def __call__(self) -> None:
+        if self.result is None:
+            self.result = self.loop._read(self.prev)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.sched.output import SamplingMetadata, SchedulerOutput
+from ..core.sched.output import GrammarBitmask, SamplingMetadata, SchedulerOutput, resolve_bitmask
 from ..worker.sampler import SamplerOutput, SamplingError
 from ..worker.staging import to_device
 from .rejection import counter_exponential, counter_uniform, rejection_sample, warped_probs
@@ -37,12 +37,24 @@ def spec_layout(out: SchedulerOutput) -> tuple[list[int], list[int]]:
 
 
 def _subset(rows: SamplingMetadata, idx: list[int]) -> SamplingMetadata:
+    """Rows ``idx`` of ``rows``, in that order; a grammar bitmask (structured outputs, a deferred fill run
+    now) keeps the rows among ``idx``, renumbered."""
+    b = resolve_bitmask(rows.grammar_bitmask)
+    if b is not None:
+        where = {r: j for j, r in enumerate(idx)}
+        keep = [k for k, r in enumerate(b.rows.tolist()) if r in where]
+        b = (
+            GrammarBitmask(np.asarray([where[int(b.rows[k])] for k in keep], np.int64), b.bits[keep])
+            if keep
+            else None
+        )
     return SamplingMetadata(
         [rows.params[i] for i in idx],
         [rows.seeds[i] for i in idx],
         [rows.num_output_tokens[i] for i in idx],
         [rows.prompt_token_ids[i] for i in idx],
         [rows.output_token_ids[i] for i in idx],
+        b,
     )
 
 

@@ -12,6 +12,7 @@ import torch
 import layerzero as lz
 
 from ..core.sched.output import SamplingMetadata
+from .grammar_bitmask import apply_grammar_bitmask
 from .logits_restrict import restrict_tokens
 from .staging import to_device
 
@@ -119,7 +120,8 @@ class Sampler:
         copy); otherwise they are cast to float32 (float32 logits are then modified in place). Penalties read
         the sequences' known tokens: async scheduling resolves a step before the next one samples a penalized
         sequence."""
-        if plain_greedy(rows):
+        procs = getattr(self, "logitsprocs", None)  # plugins (worker/logits_processors.py), set by the worker
+        if plain_greedy(rows) and (procs is None or procs.argmax_invariant):
             return self._pending(lz.sample_greedy(logits), [], [], [])
         logits = logits.float()
         ps = rows.params
@@ -129,6 +131,9 @@ class Sampler:
         self._bias(logits, rows)
         if any(p.restricted for p in ps):
             restrict_tokens(logits, rows)  # allowed_token_ids, bad words, the grammar bitmask
+            apply_grammar_bitmask(logits, rows)  # structured outputs: the grammar's allowed tokens
+        if procs is not None:
+            logits = procs.apply(logits, all(p.greedy for p in ps))
         if all(p.greedy for p in ps):
             tokens = lz.sample_greedy(logits)
         else:
