@@ -117,10 +117,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--load-format", choices=LOAD_FORMATS, default="auto", help="dummy: seeded random weights")
     s = parser.add_argument_group("speculative decoding", "docs/decoding.md, 'Speculative decoding'")
     s.add_argument(
-        "--speculative-config",
-        default=None,
-        metavar="JSON",
-        help='vLLM\'s keys, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
+        "--speculative-config", metavar="JSON", help='vLLM\'s keys, e.g. \'{"method": "ngram", ...}\''
     )
     g.add_argument(
         "--logits-processors",

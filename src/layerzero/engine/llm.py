@@ -95,12 +95,8 @@ class LLM:
             as vLLM does). data_parallel_size: 1 (replicas serve through :class:`AsyncLLM`). load_format:
             ``"auto"`` (the checkpoint's weights) or ``"dummy"`` (seeded random weights, config.json still
             read: benchmark a shape without its weights).
-        speculative_config: speculative decoding (vLLM's keys: ``{"method": "ngram" | "draft_model" |
-            "layer_skip", "num_speculative_tokens": k, "model": DIR, "prompt_lookup_min": ...,
-            "prompt_lookup_max": ..., "num_layers": m}``; a dict, a JSON string or a
-            :class:`~layerzero.engine.spec_decode.SpeculativeConfig`); None: off. Greedy output equals plain
-            greedy's, sampled output has the target's distribution (exact rejection sampling);
-            docs/decoding.md.
+        speculative_config: speculative decoding: vLLM's keys as a dict or JSON string, or a
+            ``SpeculativeConfig``; None: off (docs/decoding.md, "Speculative decoding").
         logits_processors (keyword): logits-processor plugins, vLLM v1's interface: classes or
             ``"module:Class"`` names (docs/decoding.md, "Token restrictions and logits processors").
 
