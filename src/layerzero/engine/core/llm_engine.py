@@ -102,8 +102,9 @@ class EngineLoop(StepRecovery):
     @staticmethod
     def _needs_known_tokens(seq: Sequence) -> bool:
         """Whether scheduling ``seq``'s next step needs its pending token's id on the host first (async
-        scheduling then reads the launched step before scheduling the next): penalties read the tokens."""
-        return seq.params.penalized
+        scheduling then reads the launched step before scheduling the next). Penalties do not: their token
+        counts live on the worker's device and count the pending token there (``worker/penalty_state.py``)."""
+        return False
 
     def _read(self, prev: InFlight) -> tuple[float, int]:
         """Wait for ``prev``'s sampled ids and append them (stop checks); sequences that ended meanwhile (an

@@ -62,7 +62,15 @@ class StepEncoder:
         forget = []
         while len(self._sent) > self.capacity:
             forget.append(self._sent.popitem(last=False)[0])
-        rest = [s.seeds, s.num_output_tokens, s.prompt_token_ids, s.output_token_ids]
+        rest = [
+            s.seeds,
+            s.num_output_tokens,
+            s.prompt_token_ids,
+            s.output_token_ids,
+            s.seq_ids,
+            s.penalty_reset,
+            s.free_seq_ids,
+        ]
         plp = dataclasses.asdict(out.prompt_logprobs)
         return pack(["step", fields, tables, new, forget, rest, plp])
 
@@ -96,7 +104,7 @@ class StepDecoder:
         if tables is not None:
             raw, shape = tables
             block_tables = np.frombuffer(raw, dtype=np.int32).reshape(shape).copy()
-        seeds, num_out, prompts, outputs = rest
+        seeds, num_out, prompts, outputs, seq_ids, reset, free = rest
         return SchedulerOutput(
             **out,
             block_tables=block_tables,
@@ -106,6 +114,9 @@ class StepDecoder:
                 num_output_tokens=num_out,
                 prompt_token_ids=prompts,
                 output_token_ids=outputs,
+                seq_ids=seq_ids,
+                penalty_reset=reset,
+                free_seq_ids=free,
             ),
             prompt_logprobs=PromptLogprobsRows(**plp),
         )

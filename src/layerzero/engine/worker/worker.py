@@ -73,6 +73,7 @@ class Worker:
             SamplingError: the draw raised (its ``rows`` name the rows that raise alone).
         """
         rows = out.sampling
+        self.sampler.penalties.release([*out.preempted_seq_ids, *rows.free_seq_ids])
         prev = self.prev_tokens if any(s is not None for s in out.pending_src) else None
         res = self.runner.execute(out, prev, greedy=plain_greedy(rows))
         prompt = None

@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable
 
 from ..kv.block_manager import KVCacheManager
 from ..sequence import FinishReason, Sequence, SequenceStatus
-from .output import SchedulerOutput
+from .output import SchedulerOutput, penalty_state_sent
 from .policy import SchedulingPolicy
 
 __all__ = ["Scheduler", "SchedulerOutput"]
@@ -53,6 +53,9 @@ class Scheduler:
         #: The last :meth:`schedule`'s prompt-logprob chunks (live sequence, first position), in the order of
         #: its ``SchedulerOutput.prompt_logprobs`` (usually empty).
         self.prompt_logprobs: list[tuple[Sequence, int]] = []
+        #: Finished sequences whose penalty state the workers hold: sent (``SamplingMetadata.free_seq_ids``)
+        #: with the next step that runs.
+        self.freed_penalty_state: list[int] = []
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence."""
@@ -115,6 +118,8 @@ class Scheduler:
             sample.append(last)
             if last:
                 sm.add(seq)
+        if self.freed_penalty_state:
+            sm.free_seq_ids, self.freed_penalty_state = self.freed_penalty_state, []
         out.block_tables = self.kv.block_tables(sids)
         self.prompt_logprobs = plp
         return out
@@ -220,6 +225,8 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         """End ``seq``: free its blocks (full ones stay cached) and drop it from the queues."""
         seq.status, seq.finish_reason, seq.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
+        if penalty_state_sent(seq):
+            self.freed_penalty_state.append(seq.seq_id)
         if seq.seq_id in self.kv:
             self.kv.free(seq.seq_id)
         if seq in self.running:
