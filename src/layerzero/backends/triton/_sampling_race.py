@@ -68,9 +68,12 @@ def sample(
     programs (``_sampling_split_kernels.py``: chunk maxima; row max then the race over each chunk; the merge),
     with two ``[B, 2, chunks]`` partial buffers; many rows: one launch of ``_race_row``, one program per row,
     two reads of the row. The split path returns exactly ``_race_row``'s ids (same scores, the smallest column
-    among equal maxima). The reference makes about a dozen ``[B, V]`` passes. With top-k or top-p the cut
-    needs the sorted row: ``torch.sort`` and the cut as the reference computes them
-    (``_sampling_common._cut_sorted``), then the kernels race over the cut row. Seeded rows (``seed >= 0``)
+    among equal maxima). The reference makes about a dozen ``[B, V]`` passes. With top-k or top-p: no sort,
+    one launch of ``_sampling_reject_kernels._reject_row`` (one program per row): pivot rejection over the
+    same race, each round one read of the row (that module's docstring gives the algorithm); the accepted
+    token is the race's argmax over the kept set, the reference's sort-and-cut token up to float32 rounding at
+    a cut's boundary. Rows with both top-k and top-p first find their k-th value by a 32-pass bisection over
+    the float keys (the top-k mass the top-p cut is relative to). Seeded rows (``seed >= 0``)
     draw the reference's counter-based noise, so they pick the reference's token up to float32 rounding of
     ``z`` and of the logarithms (near-ties only); unseeded rows draw the same noise hashed from the call's
     random seed and their row index instead of ``torch.exponential_`` (same distribution, another stream). The
