@@ -30,7 +30,7 @@ def _case(b: int, v: int, seed: int):
     logits[2] = 0.0  # flat: top-k keeps every tie, top-p the lowest ids
     kw = dict(
         temperature=torch.tensor([0.7, 1.0, 1.0, 0.0, 1.3, 0.5, 2.0, 0.9][:b]),
-        top_k=torch.tensor([3, 3, 2, 5, 0, 4, 0, 7][:b]),
+        top_k=torch.tensor([3, 3, 2, 5, 2**33 + 2, 4, 0, 7][:b]),  # a k past int32: no cut
         top_p=torch.tensor([0.9, 0.6, 0.5, 1.0, 0.8, 1.0, 0.3, 0.75][:b]),
         min_p=torch.tensor([0.0, 0.05, 0.0, 0.1, 0.0, 0.2, 0.0, 0.02][:b]),
     )

@@ -119,8 +119,8 @@ def _reject_row(
     t, greedy, mp, h0 = _row_setup(T, MINP, SEEDS, OFFS, BASE, row, greedy_below, HAS_T, HAS_MINP, HAS_SEEDS)
     k = n_cols
     if HAS_K:
-        k = tl.load(TOPK + row).to(tl.int32)
-        k = tl.where((k <= 0) | (k > n_cols), n_cols, k)
+        k64 = tl.load(TOPK + row).to(tl.int64)  # clamped before the cast: a huge k must not wrap
+        k = tl.where((k64 <= 0) | (k64 > n_cols), n_cols, k64).to(tl.int32)
     p = 1.0
     if HAS_P:
         p = tl.load(TOPP + row).to(tl.float32)
