@@ -199,7 +199,7 @@ def sample(
     winner if fewer than k tokens have a larger logit and the mass ranked above it is ``< p`` of the top-k
     mass, else it becomes the pivot; exact, and with one noise for all rounds the accepted token is the race's
     argmax over the kept set (the sort-and-cut reference's token, up to float32 rounding at a cut's boundary).
-    A row with both top-k and top-p needs the k-th value first (``torch.topk`` on CPU, a bisection over the
+    A row with both top-k and top-p needs the k-th value first (``torch.topk`` on CPU, a radix select over the
     float keys in Triton). The tokens a given seed draws may change when the algorithm changes (the
     distribution does not; LayerZero keeps them stable within a version).
 

@@ -72,14 +72,14 @@ def sample(
     one launch of ``_sampling_reject_kernels._reject_row`` (one program per row): pivot rejection over the
     same race, each round one read of the row (that module's docstring gives the algorithm); the accepted
     token is the race's argmax over the kept set, the reference's sort-and-cut token up to float32 rounding at
-    a cut's boundary. Rows with both top-k and top-p first find their k-th value by a 32-pass bisection over
-    the float keys (the top-k mass the top-p cut is relative to). Seeded rows (``seed >= 0``)
-    draw the reference's counter-based noise, so they pick the reference's token up to float32 rounding of
-    ``z`` and of the logarithms (near-ties only); unseeded rows draw the same noise hashed from the call's
-    random seed and their row index instead of ``torch.exponential_`` (same distribution, another stream). The
-    min-p cut is ``exp(z) < min_p`` (``prob / max prob`` without the softmax sum; the reference rounds the
-    normalized probabilities, which can differ exactly at the boundary). No host synchronization on either
-    path; every buffer is a ``torch.empty`` on the current stream.
+    a cut's boundary. Rows with both top-k and top-p first find their k-th value by a radix select over the
+    float keys (four 256-bin histogram passes: the top-k mass the top-p cut is relative to). Seeded rows
+    (``seed >= 0``) draw the reference's counter-based noise, so they pick the reference's token up to float32
+    rounding of ``z`` and of the logarithms (near-ties only); unseeded rows draw the same noise hashed from
+    the call's random seed and their row index instead of ``torch.exponential_`` (same distribution, another
+    stream). The min-p cut is ``exp(z) < min_p`` (``prob / max prob`` without the softmax sum; the reference
+    rounds the normalized probabilities, which can differ exactly at the boundary). No host synchronization on
+    either path; every buffer is a ``torch.empty`` on the current stream.
 
     Raises:
         Nothing of its own (``lz.sample`` validates).

@@ -6,8 +6,9 @@ the order of the reference's stable sort):
 
 1. pass: the row max and its first index (the greedy token);
 2. rows with top-p (``p < 1``): the mass Z the cut is relative to: the whole row's ``sum(e)``, or with top-k
-   too the top-k set's -- its k-th largest value found exactly by bisection over the order-preserving int32
-   keys of ``z`` (32 counting passes, only for rows with both cuts), then one pass for the sum;
+   too the top-k set's -- its k-th largest value found exactly by radix select over the order-preserving
+   32-bit keys of ``z`` (four 256-bin histogram passes, only for rows with both cuts), then one pass for the
+   sum;
 3. rounds, one pass each: the race ``argmax(z - log E)`` over the candidates -- tokens passing min-p
    (``e >= min_p``) ranked above the current pivot (at first all) -- gives token j; the same pass also tests
    the previous round's j: top-k (fewer than k tokens with a larger ``z``), top-p (the mass ranked above it
@@ -44,29 +45,35 @@ def _z(x_row, offs, valid, m, t):
 
 @triton.jit
 def _topk_mass(x_row, cols, n_cols, m, t, k, BLOCK: tl.constexpr):
-    """The mass ``sum(exp z)`` of the tokens with ``z >=`` the row's k-th largest ``z`` (``1 <= k < n``)."""
-    lo = tl.full([], -2147483649, tl.int64)  # below every key: all n_cols tokens count (>= k)
-    hi = tl.full([], 2147483648, tl.int64)  # above every key: none counts (< k)
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        cnt = n_cols * 0
+    """The mass ``sum(exp z)`` of the tokens with ``z >=`` the row's k-th largest ``z`` (``1 <= k < n``): the
+    k-th largest key by radix select (four passes, one 256-bin histogram of an 8-bit digit each, among the
+    keys that match the digits chosen so far), then one pass for the sum."""
+    bins = tl.arange(0, 256)
+    prefix = tl.zeros([], tl.int64)
+    kk = k
+    for i in tl.static_range(4):
+        shift: tl.constexpr = 24 - 8 * i
+        hist = tl.zeros([256], tl.int32)
         start = n_cols * 0
         while start < n_cols:
             offs = start + cols
             valid = offs < n_cols
-            z = _z(x_row, offs, valid, m, t)
-            cnt += tl.sum((valid & (_key(z) >= mid)).to(tl.int32), axis=0)
+            uk = _key(_z(x_row, offs, valid, m, t)) + 2147483648  # [0, 2**32), order-preserving
+            match = valid & ((uk >> (shift + 8)) == (prefix >> (shift + 8)))
+            digit = ((uk >> shift) & 255).to(tl.int32)
+            hist += tl.histogram(digit, 256, mask=match)
             start += BLOCK
-        big = cnt >= k
-        lo = tl.where(big, mid, lo)
-        hi = tl.where(big, hi, mid)
+        at_or_above = tl.flip(tl.cumsum(tl.flip(hist, 0), axis=0), 0)  # keys with this digit or a larger one
+        b = tl.max(tl.where(at_or_above >= kk, bins, -1), axis=0)
+        kk -= tl.sum(tl.where(bins > b, hist, 0), axis=0)
+        prefix = prefix | (b.to(tl.int64) << shift)
     mass = tl.zeros([], tl.float32)
     start = n_cols * 0
     while start < n_cols:
         offs = start + cols
         valid = offs < n_cols
         z = _z(x_row, offs, valid, m, t)
-        mass += tl.sum(tl.where(valid & (_key(z) >= lo), tl.exp(z), 0.0), axis=0)
+        mass += tl.sum(tl.where(valid & (_key(z) + 2147483648 >= prefix), tl.exp(z), 0.0), axis=0)
         start += BLOCK
     return mass
 
