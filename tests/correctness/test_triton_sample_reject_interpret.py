@@ -65,9 +65,9 @@ def test_unseeded_rows_stay_in_the_kept_set():
 def test_top_p_is_relative_to_the_top_k_mass():
     """Top-k 3 of ``z = [0, -0.05, -0.1]`` then 253 tokens at -5, top-p 0.5: the top-k mass is 2.856, so
     tokens 0 and 1 are kept (mass ranked above token 1: 1 < 1.428) and token 2 is cut (1.951). A mass over the
-    top 2 only would cut token 1, one over the whole row (4.55) would keep token 2: 16 seeded draws give
+    top 2 only would cut token 1, one over the whole row (4.55) would keep token 2: 8 seeded draws give
     exactly {0, 1}, as the reference."""
-    n, v = 16, 256
+    n, v = 8, 256
     row = torch.full((v,), -5.0)
     row[:3] = torch.tensor([0.0, -0.05, -0.1])
     kw = dict(
