@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -52,10 +53,14 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     raise SystemExit(f"layerzero serve not healthy after {timeout_s:.0f} s")
 
 
-def _stop(proc: subprocess.Popen) -> int:
-    """SIGINT (the server drains), then SIGKILL after 60 s; the exit code."""
+def _stop(proc: subprocess.Popen, group: bool = False) -> int:
+    """SIGINT (the server drains; ``group``: to the whole process group, the server under a profiler too),
+    then SIGKILL after 60 s; the exit code."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
+        if group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -110,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS")
     p.add_argument("--offline", action="store_true", help="also time LLM.generate on the same requests")
     p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument(
+        "--server-prefix",
+        default="",
+        help="a command the server runs under, e.g. 'py-spy record --subprocesses -f speedscope -o P --' "
+        "(its own process group; SIGINT goes to the group at the end)",
+    )
     ns = p.parse_args(argv)
     sc = SCALES[ns.scale]
     model = ns.model
@@ -133,7 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         bench += ["--goodput", *ns.goodput]
     t0 = time.monotonic()
     with open(ns.out / "server.log", "w") as log:
-        proc = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        prefix = shlex.split(ns.server_prefix)
+        proc = subprocess.Popen(
+            prefix + serve,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ},
+            start_new_session=bool(prefix),
+        )
         try:
             _wait_healthy(url, proc, ns.startup_timeout)
             startup_s = time.monotonic() - t0
@@ -141,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--sweep-rates", ns.rates, "--result-dir", str(ns.out)]
             rc = subprocess.run(cmd).returncode
         finally:
-            server_rc = _stop(proc)
+            server_rc = _stop(proc, group=bool(prefix))
     summary = {"serve_command": serve[1:], "startup_seconds": startup_s, "server_exit_code": server_rc}
     if rc == 0 and ns.offline:
         summary["offline"] = off = _offline(serve[4:], bench, ns.out)

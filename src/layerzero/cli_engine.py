@@ -66,6 +66,7 @@ ENGINE_KWARGS = (
     "enable_expert_parallel",
     "data_parallel_size",
     "load_format",
+    "logits_processors",
 )
 """The ``LLM`` / ``AsyncLLM`` keywords :func:`engine_kwargs` returns, each set by the flag ``--<name with
 dashes>``: every ``EngineConfig`` field but ``cuda_graph`` (a knob set, not a command-line value)."""
@@ -113,6 +114,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--data-parallel-size", type=int, default=1, help="1 (not implemented yet)")
     p.add_argument("--load-format", choices=LOAD_FORMATS, default="auto", help="dummy: seeded random weights")
+    g.add_argument(
+        "--logits-processors",
+        nargs="+",
+        default=(),
+        metavar="MODULE:CLASS",
+        help="logits-processor plugins (LogitsProcessor subclasses; docs/decoding.md)",
+    )
 
 
 def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:

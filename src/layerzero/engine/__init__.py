@@ -3,7 +3,7 @@
 A reference LLM engine on LayerZero's ops (Llama, Qwen3, Qwen3-MoE; paged KV cache, prefix caching, continuous
 batching with chunked prefill). It imports only the public ``layerzero`` API, and ``import layerzero`` does
 not import it. See docs/engine.md. ``AsyncLLM`` (the online engine, its core in a child process) and
-``EngineDeadError`` are imported on first use.
+``EngineDeadError`` (and the beam-search types) are imported on first use.
 """
 
 from typing import Any
@@ -16,6 +16,9 @@ from .sampling_params import SamplingParams
 __all__ = [
     "LLM",
     "AsyncLLM",
+    "BeamSearchOutput",
+    "BeamSearchParams",
+    "BeamSearchSequence",
     "CompletionOutput",
     "EngineConfig",
     "EngineDeadError",
@@ -29,6 +32,10 @@ def __getattr__(name: str) -> Any:
         from .async_llm import AsyncLLM
 
         return AsyncLLM
+    if name in ("BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"):
+        from . import beam_search
+
+        return getattr(beam_search, name)
     if name == "EngineDeadError":
         from .core.errors import EngineDeadError
 

@@ -25,7 +25,7 @@ from typing import Any
 from .config import EngineConfig, ModelConfig, resolve_device
 from .core.errors import EngineDeadError
 from .core.messages import EngineCoreAbort, EngineCoreOutputs, SchedulerStats
-from .errors import bad_input
+from .errors import bad_config, bad_input
 from .frontend.dp_router import DPRouter
 from .frontend.input_processor import InputProcessor
 from .frontend.output_processor import OutputProcessor
@@ -145,6 +145,14 @@ class AsyncLLM:
         from .core.core_client import MPClient
 
         self.config = config = EngineConfig(str(model), **options)
+        local = [p for p in config.logits_processors if not isinstance(p, str)]
+        if local:  # the config crosses to the core process by value: classes go by their import name
+            raise bad_config(
+                "AsyncLLM logits_processors",
+                "classes importable by 'module:Class' (the engine core runs in another process)",
+                repr(local),
+                "Define the processor at a module's top level (not in a function or __main__).",
+            )
         self.model_config = ModelConfig.from_pretrained(config.model)
         self._streams: dict[str, _Stream] = {}  # by the caller's request id
         self._core_ids: dict[str, str] = {}  # core id -> the caller's request id

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -156,6 +157,7 @@ class EngineConfig:
     enable_expert_parallel: bool = False
     data_parallel_size: int = 1
     load_format: str = "auto"
+    logits_processors: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = True) -> None:
@@ -231,6 +233,33 @@ class EngineConfig:
                 "Build it with CudaGraphKnobs(field=value, ...); omitted fields keep their defaults.",
             )
         self._check_parallel(resolve_device(self.device))
+        self._check_logits_processors()
+
+    def _check_logits_processors(self) -> None:
+        """``logits_processors``: a list of :class:`~.worker.logits_processors.LogitsProcessor` subclasses or
+        their names, resolved now (a bad one fails at start-up); stored as a tuple, each class that imports
+        back by its name as ``"module:Class"`` (so the config crosses to the engine-core process)."""
+        from .worker.logits_processors import resolve_processor
+
+        procs = self.logits_processors
+        if procs is None:
+            procs = ()
+        if isinstance(procs, (str, type)) or not isinstance(procs, (list, tuple)):
+            raise bad_config(
+                "LLM logits_processors",
+                "a list of LogitsProcessor classes or 'module:Class' names",
+                repr(procs),
+            )
+        out = []
+        for spec in procs:
+            cls = resolve_processor(spec)
+            name = f"{cls.__module__}:{cls.__qualname__}"
+            try:
+                same = resolve_processor(name) is cls
+            except Exception:  # defined in a function or __main__: kept as the class (this process only)
+                same = False
+            out.append(spec if isinstance(spec, str) else name if same else cls)
+        object.__setattr__(self, "logits_processors", tuple(out))
 
     def _check_parallel(self, dev: torch.device) -> None:
         """``tensor_parallel_size`` / ``enable_expert_parallel`` / ``data_parallel_size`` / ``load_format``

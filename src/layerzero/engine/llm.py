@@ -94,6 +94,8 @@ class LLM:
             as vLLM does). data_parallel_size: 1 (replicas serve through :class:`AsyncLLM`). load_format:
             ``"auto"`` (the checkpoint's weights) or ``"dummy"`` (seeded random weights, config.json still
             read: benchmark a shape without its weights).
+        logits_processors (keyword): logits-processor plugins, vLLM v1's interface: classes or
+            ``"module:Class"`` names (docs/decoding.md, "Token restrictions and logits processors").
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its
@@ -214,6 +216,7 @@ class LLM:
             checked = [inputs.validate(p, sp, pr) for p, sp, pr in zip(prompts, params, prios, strict=True)]
             try:
                 for (text, ids), sp, pr in zip(checked, params, prios, strict=True):
+                    sp = inputs.with_bad_words(sp)  # noqa: PLW2901 (bad words -> token ids)
                     rid = str(next(self._ids))
                     req = EngineCoreRequest(rid, ids, sp, int(pr), time.time(), inputs.eos_token_id)
                     self.output_processor.add_request(rid, text, ids, sp, output_kind=kind)
@@ -303,6 +306,13 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
+
+    def beam_search(self, prompts: Sequence[Any], params: Any, *, use_tqdm: bool = False) -> list[Any]:
+        """vLLM's ``LLM.beam_search`` with transformers' results: one ``BeamSearchOutput`` per prompt
+        (:func:`~layerzero.engine.beam_search.llm_beam_search`, which documents it and its errors)."""
+        from .beam_search import llm_beam_search
+
+        return llm_beam_search(self, prompts, params)
 
     def stream(
         self, prompt: str | list[int], sampling_params: SamplingParams | None = None, *, priority: int = 0

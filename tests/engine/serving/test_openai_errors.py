@@ -54,7 +54,7 @@ def _err(r, status, param=None):
         ),
         (
             "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
             "response_format",
             "response_format",
         ),

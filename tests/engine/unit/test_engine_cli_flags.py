@@ -40,6 +40,7 @@ DEFAULTS = {  # LLM(...)'s defaults, by hand (its docstring / signature)
     "enable_expert_parallel": False,
     "data_parallel_size": 1,
     "load_format": "auto",
+    "logits_processors": (),
 }
 
 CASES = [
@@ -79,6 +80,7 @@ CASES = [
     (["--enable-expert-parallel"], {"enable_expert_parallel": True}),
     (["--data-parallel-size", "2"], {"data_parallel_size": 2}),
     (["--load-format", "dummy"], {"load_format": "dummy"}),
+    (["--logits-processors", "a:B", "c.D"], {"logits_processors": ["a:B", "c.D"]}),
 ]
 
 

@@ -115,7 +115,13 @@ def test_device_counts_follow_the_tokens_through_preemption_and_finish(seed):
 def test_a_penalized_row_without_state_is_an_error_not_a_wrong_token():
     sampler = Sampler(V, (0,), torch.device("cpu"), seed=1)
     rows = SamplingMetadata(
-        [SamplingParams(temperature=0.0, presence_penalty=1.0)], [None], [3], [None], [None], [5], [False]
+        [SamplingParams(temperature=0.0, presence_penalty=1.0)],
+        [None],
+        [3],
+        [None],
+        [None],
+        seq_ids=[5],
+        penalty_reset=[False],
     )
     with pytest.raises(RuntimeError, match="out of step"):
         sampler(torch.randn(1, V), rows)

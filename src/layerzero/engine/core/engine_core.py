@@ -22,6 +22,7 @@ from ..executor.abstract import Executor
 from ..executor.in_process import InProcessExecutor
 from ..executor.multiproc import MultiprocExecutor
 from ..metrics import EngineStats
+from ..structured import StructuredOutputManager
 from ..worker.model_runner import ModelRunner
 from ..worker.sampler import sequence_seed
 from .kv.block_manager import KVCacheManager
@@ -92,6 +93,8 @@ class EngineCore(EngineLoop):
         self.vocab_size = cfg.vocab_size
         self.eos = set(cfg.eos_token_ids)
         self.requests: dict[str, Request] = {}
+        #: Structured outputs: grammar matchers per sequence, compiled grammars (docs/decoding.md).
+        self.structured = StructuredOutputManager(ec.model, cfg.vocab_size, self.eos)
         #: Prefill token counts (rounded up to powers of two) of the steps run so far (kernel_report()).
         self.prefill_buckets: set[int] = set()
         self.stats = EngineStats(num_kv_blocks=self.executor.num_kv_blocks)
@@ -121,8 +124,12 @@ class EngineCore(EngineLoop):
         tokens); its ``n`` completions wait for the scheduler. ``request.eos_token_id`` (the front end's
         tokenizer's EOS) joins the model's EOS ids when it is inside the vocabulary.
 
+        A ``structured_outputs`` constraint is compiled here (its backend chosen, the grammar cached) and each
+        completion gets its own grammar matcher.
+
         Raises:
-            InvalidInputError: a request id that is empty, not a string, or queued already (nothing queued).
+            InvalidInputError: a request id that is empty, not a string, or queued already; a
+                structured-output constraint no backend compiles (nothing queued in either case).
         """
         rid, params, ids = request.request_id, request.sampling_params, request.prompt_token_ids
         if not isinstance(rid, str) or not rid:
@@ -131,6 +138,7 @@ class EngineCore(EngineLoop):
             if rid in self.requests:
                 raise bad_input("request_id", "a new id", repr(rid))
             self._add_eos(request.eos_token_id)
+            self.structured.prepare(params)
             plp = None if params.prompt_logprobs is None else PromptLogprobs(params.prompt_logprobs, len(ids))
             seqs = [
                 Sequence(
@@ -147,6 +155,8 @@ class EngineCore(EngineLoop):
             ]
             self.requests[rid] = Request(rid, seqs)
             for seq in seqs:
+                if params.structured_outputs is not None:
+                    self.structured.add(seq)
                 self.scheduler.add(seq)
 
     def _add_eos(self, eos: int | None) -> None:
@@ -192,6 +202,7 @@ class EngineCore(EngineLoop):
         with self.lock:
             self.abort_requests([EngineCoreAbort(rid) for rid in list(self.requests)])
             self._inflight = None
+            self.structured.clear()
             self.executor.shutdown()
 
     # ------------------------------------------------------------------------------------------ state

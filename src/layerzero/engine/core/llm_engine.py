@@ -11,10 +11,12 @@ rolled back by the failure recovery it inherits (``recovery.py``)."""
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import Any
 
 from ..metrics import EngineStats, StepStats
+from ..structured.manager import GrammarRejectedError, StructuredOutputManager
 from .errors import EngineDeadError
 from .messages import EngineCoreOutput
 from .recovery import StepRecovery
@@ -22,6 +24,8 @@ from .request import InFlight
 from .sequence import FinishReason, Sequence
 
 __all__ = ["EngineLoop"]
+
+log = logging.getLogger("layerzero.engine")
 
 
 class EngineLoop(StepRecovery):
@@ -34,6 +38,10 @@ class EngineLoop(StepRecovery):
     stats: EngineStats
     async_scheduling: bool
     prefill_buckets: set[int]
+    structured: StructuredOutputManager
+    #: Async scheduling with structured-output rows: read step N inside step N+1's bitmask fill, after N+1's
+    #: forward is launched (True), or before scheduling N+1 (False: no overlap of the read with the forward).
+    structured_early_read: bool = True
 
     def _run_step(self) -> None:
         """One step under the lock (``step()``): outputs land in ``_outputs``.
@@ -70,7 +78,9 @@ class EngineLoop(StepRecovery):
         extra token is dropped, their blocks freed (writes still queued on the stream land before any later
         step reuses them); likewise a stop string the front end finds in N's tokens (its abort comes before
         N+2 is scheduled). A step whose pending sequences have penalties reads N first (penalties need the
-        tokens), and so does nothing else: the tokens are the same as :meth:`_step_sync`'s."""
+        tokens), and so does nothing else: the tokens are the same as :meth:`_step_sync`'s. A step with
+        structured-output rows reads N inside its deferred bitmask fill, after N+1's forward is launched and
+        before N+1's draw (the grammar matchers need N's tokens; the fill overlaps N+1's forward)."""
         prev = self._inflight
         t0 = time.perf_counter()
         appended = 0
@@ -80,14 +90,17 @@ class EngineLoop(StepRecovery):
         out = self.scheduler.schedule()
         chunks = self._current = self.scheduler.scheduled if out.seq_ids else []
         t1 = time.perf_counter()
-        launched = None
+        launched = early = None
         if chunks:
             sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n == s.num_tokens]
+            early = None if prev is None else _EarlyRead(self, prev)
+            # structured rows: their bitmask is filled after N+1's forward is launched, N read first (early)
+            out.sampling.grammar_bitmask = self.structured.bitmask(sampled, before=early)
             launched = InFlight(sampled, self.executor.execute_model(out), self.scheduler.prompt_logprobs)
         t2 = time.perf_counter()
         t3 = t2
         if prev is not None:
-            t3, n = self._read(prev)
+            t3, n = early.result if early is not None and early.result is not None else self._read(prev)
             appended += n
         self._inflight = launched
         if chunks:
@@ -103,8 +116,15 @@ class EngineLoop(StepRecovery):
     def _needs_known_tokens(seq: Sequence) -> bool:
         """Whether scheduling ``seq``'s next step needs its pending token's id on the host first (async
         scheduling then reads the launched step before scheduling the next). Penalties do not: their token
-        counts live on the worker's device and count the pending token there (``worker/penalty_state.py``)."""
-        return False
+        counts live on the worker's device and count the pending token there (``worker/penalty_state.py``).
+        Multi-token bad words do (a word's last token is banned after its other tokens). Structured-output
+        rows need them too, but only for their bitmask, which is filled after the next forward is launched:
+        :meth:`_step_async` reads the step there (:class:`_EarlyRead`), unless ``structured_early_read`` is
+        off (then they are read here, before scheduling)."""
+        p = seq.params
+        return any(len(w) > 1 for w in p.bad_words_token_ids or ()) or (
+            p.structured_outputs is not None and not EngineLoop.structured_early_read
+        )
 
     def _read(self, prev: InFlight) -> tuple[float, int]:
         """Wait for ``prev``'s sampled ids and append them (stop checks); sequences that ended meanwhile (an
@@ -136,6 +156,7 @@ class EngineLoop(StepRecovery):
         appended = 0
         if chunks:
             sampled = self._launching = [s for s, n in chunks if s.num_computed_tokens + n == s.num_tokens]
+            out.sampling.grammar_bitmask = self.structured.bitmask(sampled)
             step = InFlight(sampled, self.executor.execute_model(out), self.scheduler.prompt_logprobs)
             self._inflight = step  # what a failure rolls back
             t2 = time.perf_counter()
@@ -168,15 +189,28 @@ class EngineLoop(StepRecovery):
     def _append(
         self, seq: Sequence, toks: list[int], lps: list[float] | None, tops: list[dict[int, float]] | None
     ) -> int:
-        """Append ``toks`` (one or more new tokens) to ``seq`` up to the first that ends it (a stop token,
-        EOS after ``min_tokens``, ``max_tokens`` / ``max_model_len``), queue its :class:`EngineCoreOutput`,
-        and return how many were appended."""
+        """Append ``toks`` (one or more new tokens) to ``seq`` up to the first that ends it (a stop token, EOS
+        after ``min_tokens`` (EOS also under ``ignore_eos`` when it ends a structured-output grammar),
+        ``max_tokens`` / ``max_model_len``), queue its :class:`EngineCoreOutput`, and return how many were
+        appended. A token the sequence's grammar rejects (a bug) fails its request with ``"error"``,
+        loudly."""
         p = seq.params
         reason = stop = None
         k = 0
         for tok in toks:
             seq.token_ids.append(tok)
             k += 1
+            if p.structured_outputs is not None:
+                try:
+                    # ended by its stop token (EOS; ignore_eos too). A grammar that completes on a content
+                    # token (llguidance) allows only EOS next: that step ends it as usual.
+                    if self.structured.accept(seq, tok) and tok in self.eos:
+                        reason = FinishReason.STOP
+                except GrammarRejectedError as exc:
+                    seq.token_ids.pop()
+                    log.error("%s", exc)
+                    self._fail(self.requests[seq.request_id], exc)
+                    return k - 1
             if lps is not None:
                 seq.cumulative_logprob += lps[k - 1]
             if seq.num_output_tokens >= p.min_tokens:
@@ -186,6 +220,8 @@ class EngineLoop(StepRecovery):
                 if not p.ignore_eos and tok in self.eos:
                     reason = FinishReason.STOP
                     break
+            if reason is not None:
+                break
             if self._length_reached(seq):
                 reason = FinishReason.LENGTH
                 break
@@ -194,6 +230,8 @@ class EngineLoop(StepRecovery):
             tops = None if tops is None else tops[:k]
         if reason is not None:
             self.scheduler.finish(seq, reason, stop)
+            if p.structured_outputs is not None:
+                self.structured.free(seq)
         prompt_lps = None
         if seq.prompt_lp is not None and not seq.prompt_lp.sent:  # the request's first output: all are in
             seq.prompt_lp.sent = True
@@ -245,3 +283,16 @@ class EngineLoop(StepRecovery):
         self.stats.preemptions = self.scheduler.num_preemptions
         self.stats.cascade_steps = self.executor.cascade_steps
         self.stats.cascade_saved_tokens = self.executor.cascade_saved_tokens
+
+
+class _EarlyRead:
+    """Reads a launched step ``prev`` for :meth:`EngineLoop._step_async` when the next step's grammar bitmask
+    fill runs (called once; ``result``: what :meth:`EngineLoop._read` returned, None until then)."""
+
+    def __init__(self, loop: EngineLoop, prev: InFlight) -> None:
+        self.loop, self.prev = loop, prev
+        self.result: tuple[float, int] | None = None
+
+    def __call__(self) -> None:
+        if self.result is None:
+            self.result = self.loop._read(self.prev)

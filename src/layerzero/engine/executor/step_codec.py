@@ -8,6 +8,8 @@ step into shared memory):
   most ``capacity``, least recently used forgotten first, the forgotten ids named in the message so both sides
   forget the same ones) and sends a request's parameters again only when it is new or they changed (a new
   object);
+- a structured-output step's grammar bitmask (filled on rank 0's host before the message is sent) as raw
+  bytes plus its shape;
 - everything else as the lists it is.
 
 :class:`StepEncoder` (rank 0) and :class:`StepDecoder` (each worker) are a pair: every message must be decoded
@@ -23,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from ..core.sched.output import PromptLogprobsRows, SamplingMetadata, SchedulerOutput
+from ..core.sched.output import (
+    GrammarBitmask,
+    PromptLogprobsRows,
+    SamplingMetadata,
+    SchedulerOutput,
+    resolve_bitmask,
+)
 from ..core.serial import params_fields
 from ..sampling_params import SamplingParams
 from .channel import pack, unpack
@@ -67,10 +75,19 @@ class StepEncoder:
             s.num_output_tokens,
             s.prompt_token_ids,
             s.output_token_ids,
+            None,
             s.seq_ids,
             s.penalty_reset,
             s.free_seq_ids,
         ]
+        gb = resolve_bitmask(s.grammar_bitmask)
+        if gb is not None:
+            bits = np.ascontiguousarray(gb.bits, dtype=np.int32)
+            rest[4] = [
+                np.ascontiguousarray(gb.rows, dtype=np.int64).tobytes(),
+                bits.tobytes(),
+                list(bits.shape),
+            ]
         plp = dataclasses.asdict(out.prompt_logprobs)
         return pack(["step", fields, tables, new, forget, rest, plp])
 
@@ -104,7 +121,14 @@ class StepDecoder:
         if tables is not None:
             raw, shape = tables
             block_tables = np.frombuffer(raw, dtype=np.int32).reshape(shape).copy()
-        seeds, num_out, prompts, outputs, seq_ids, reset, free = rest
+        seeds, num_out, prompts, outputs, gb, seq_ids, reset, free = rest
+        bitmask = None
+        if gb is not None:
+            rows_raw, bits_raw, shape = gb
+            bitmask = GrammarBitmask(
+                np.frombuffer(rows_raw, dtype=np.int64).copy(),
+                np.frombuffer(bits_raw, dtype=np.int32).reshape(shape).copy(),
+            )
         return SchedulerOutput(
             **out,
             block_tables=block_tables,
@@ -114,6 +138,7 @@ class StepDecoder:
                 num_output_tokens=num_out,
                 prompt_token_ids=prompts,
                 output_token_ids=outputs,
+                grammar_bitmask=bitmask,
                 seq_ids=seq_ids,
                 penalty_reset=reset,
                 free_seq_ids=free,

@@ -4,6 +4,7 @@ tokenizer) before anything is queued; text prompts tokenized (vLLM's input proce
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import time
 from typing import Any
@@ -14,6 +15,7 @@ from ..config import EngineConfig, ModelConfig, resolve_max_model_len
 from ..core.messages import EngineCoreRequest
 from ..errors import bad_input
 from ..sampling_params import SamplingParams
+from ..structured import check_request
 
 __all__ = ["InputProcessor"]
 
@@ -23,8 +25,12 @@ class InputProcessor:
     ``max_model_len`` (tokens). :meth:`from_config` builds it from an :class:`EngineConfig` without loading
     weights (the checkpoint's config.json only)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int) -> None:
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, max_model_len: int, logits_processors: tuple[type, ...] = ()
+    ) -> None:
         self.tokenizer, self.vocab_size, self.max_model_len = tokenizer, vocab_size, max_model_len
+        #: The engine's logits-processor classes: their ``validate_params`` checks each request.
+        self.logits_processors = logits_processors
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_id: int | None = eos if isinstance(eos, int) else None
 
@@ -39,8 +45,11 @@ class InputProcessor:
         Raises:
             ConfigurationError: an unreadable config.json, a ``max_model_len`` above the model's.
         """
+        from ..worker.logits_processors import resolve_processor
+
         cfg = model_config or ModelConfig.from_pretrained(engine_config.model)
-        return cls(tokenizer, cfg.vocab_size, resolve_max_model_len(engine_config, cfg))
+        procs = tuple(resolve_processor(p) for p in engine_config.logits_processors)
+        return cls(tokenizer, cfg.vocab_size, resolve_max_model_len(engine_config, cfg), procs)
 
     def process(
         self,
@@ -56,6 +65,7 @@ class InputProcessor:
             InvalidInputError: see :meth:`validate`.
         """
         text, ids = self.validate(prompt, params, priority)
+        params = self.with_bad_words(params)
         t = time.time() if arrival_time is None else arrival_time
         return text, EngineCoreRequest(request_id, ids, params, int(priority), t, self.eos_token_id)
 
@@ -123,12 +133,26 @@ class InputProcessor:
     def check(self, params: SamplingParams) -> None:
         """Request-level checks of ``params`` that need the model (vocabulary, a tokenizer for stop strings).
 
+        A ``structured_outputs`` constraint is built here by the backend the engine core will use
+        (:func:`~layerzero.engine.structured.check_request`: no tokenizer needed, cached), so a schema, regex
+        or grammar no backend compiles is refused before anything is queued.
+
         Raises:
-            InvalidInputError: see :meth:`SamplingParams.check_vocab`; stop strings without a tokenizer.
+            InvalidInputError: see :meth:`SamplingParams.check_vocab`; stop strings without a tokenizer; a
+                structured-output constraint no backend compiles, or with ``min_tokens``; bad words it cannot
+                tokenize; parameters a logits processor's ``validate_params`` rejects.
         """
         if not isinstance(params, SamplingParams):
             raise bad_input("sampling_params", "a SamplingParams", type(params).__name__)
         params.check_vocab(self.vocab_size)
+        self.with_bad_words(params)  # a word the tokenizer cannot take fails here, before anything is queued
+        for proc in self.logits_processors:
+            try:
+                proc.validate_params(params)
+            except ValueError as exc:
+                raise bad_input(
+                    f"SamplingParams for {proc.__name__}", "parameters it accepts", str(exc)
+                ) from exc
         if params.stop_strings and self.tokenizer is None:
             raise bad_input(
                 "SamplingParams.stop",
@@ -136,6 +160,47 @@ class InputProcessor:
                 params.stop_strings,
                 "Use stop_token_ids.",
             )
+        check_request(params)
+
+    def with_bad_words(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with its ``bad_words`` tokenized into ``bad_words_token_ids`` (vLLM's
+        ``update_from_tokenizer``): each word, leading blanks stripped, encoded without special tokens, and
+        again with one leading space when that gives another first token but as many tokens (the word inside
+        a text); merged after the ids given directly, duplicates dropped. ``params`` itself when it has no bad
+        words; otherwise a validated copy (``dataclasses.replace``; calling this again changes nothing).
+
+        Raises:
+            InvalidInputError: bad words without a tokenizer; a word the tokenizer encodes to nothing or to
+                ids outside the vocabulary.
+        """
+        if not params.bad_words:
+            return params
+        if self.tokenizer is None:
+            raise bad_input(
+                "SamplingParams.bad_words",
+                "no bad words (this checkpoint has no tokenizer)",
+                params.bad_words,
+                "Use bad_words_token_ids.",
+            )
+        words = list(params.bad_words_token_ids or ())
+        for word in params.bad_words:
+            plain = self._encode_plain(word.lstrip())
+            if not plain:
+                raise bad_input("SamplingParams.bad_words item", "a word the tokenizer encodes", repr(word))
+            words.append(plain)
+            spaced = self._encode_plain(" " + word.lstrip())
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                words.append(spaced)
+        merged = tuple(dict.fromkeys(tuple(w) for w in words))
+        if merged == params.bad_words_token_ids:
+            return params
+        out = dataclasses.replace(params, bad_words_token_ids=merged)
+        out.check_vocab(self.vocab_size)
+        return out
+
+    def _encode_plain(self, text: str) -> tuple[int, ...]:
+        """``text``'s token ids without special tokens (a BOS would make every word start alike)."""
+        return tuple(int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def validate(
         self, prompt: str | list[int], params: SamplingParams, priority: int = 0

@@ -101,7 +101,10 @@ class _Request:
 
     @property
     def finished(self) -> bool:
-        return all(c.finished for c in self.comps)
+        comps = self.comps  # n == 1 without a generator: this runs twice per request per step
+        if len(comps) == 1:
+            return comps[0].finish_reason is not None
+        return all(c.finished for c in comps)
 
 
 class OutputProcessor:

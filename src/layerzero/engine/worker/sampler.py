@@ -12,6 +12,7 @@ import torch
 import layerzero as lz
 
 from ..core.sched.output import SamplingMetadata
+from .grammar_bitmask import apply_grammar_bitmask
 from .logits_restrict import restrict_tokens
 from .penalty_state import PenaltyState
 from .staging import to_device
@@ -122,7 +123,8 @@ class Sampler:
         copy); otherwise they are cast to float32 (float32 logits are then modified in place). Penalties read
         the device state of :class:`PenaltyState` (``count``: the drawn tokens are added to it; False when a
         failed step's rows are drawn again one by one), so a penalized step needs nothing from the host."""
-        if plain_greedy(rows):
+        procs = getattr(self, "logitsprocs", None)  # plugins (worker/logits_processors.py), set by the worker
+        if plain_greedy(rows) and (procs is None or procs.argmax_invariant):
             return self._pending(lz.sample_greedy(logits), [], [], [])
         logits = logits.float()
         ps = rows.params
@@ -132,6 +134,9 @@ class Sampler:
         self._bias(logits, rows)
         if any(p.restricted for p in ps):
             restrict_tokens(logits, rows)  # allowed_token_ids, bad words, the grammar bitmask
+            apply_grammar_bitmask(logits, rows)  # structured outputs: the grammar's allowed tokens
+        if procs is not None:
+            logits = procs.apply(logits, all(p.greedy for p in ps))
         if all(p.greedy for p in ps):
             tokens = lz.sample_greedy(logits)
         else:
@@ -290,6 +295,6 @@ def _row(rows: SamplingMetadata, i: int) -> SamplingMetadata:
         [rows.num_output_tokens[i]],
         [rows.prompt_token_ids[i]],
         [rows.output_token_ids[i]],
-        rows.seq_ids[i : i + 1],
-        rows.penalty_reset[i : i + 1],
+        seq_ids=rows.seq_ids[i : i + 1],
+        penalty_reset=rows.penalty_reset[i : i + 1],
     )

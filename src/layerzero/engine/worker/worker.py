@@ -11,6 +11,7 @@ import torch
 from ..config import EngineConfig, ModelConfig
 from ..core.sched.output import SchedulerOutput
 from ..parallel.state import SINGLE, ParallelState
+from .logits_processors import BatchState, build_processors
 from .model_runner import ModelRunner
 from .prompt_logprobs import PendingPromptLogprobs, launch_prompt_logprobs
 from .sampler import PendingSample, Sampler, SamplerOutput, plain_greedy
@@ -64,6 +65,11 @@ class Worker:
         self.warmup: WarmupReport | None = maybe_warm_up(
             ec, self.runner, self.sampler, max_num_batched_tokens
         )
+        #: Logits-processor plugins (``EngineConfig.logits_processors``), built after the warm-up (which
+        #: samples dummy rows they are not told about); None without any.
+        procs = build_processors(ec, device)
+        self.logitsprocs: BatchState | None = BatchState(procs) if procs else None
+        self.sampler.logitsprocs = self.logitsprocs
 
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Forward ``out`` and launch its draw (a plain greedy step may take the ids its greedy decode graph
@@ -74,8 +80,12 @@ class Worker:
         """
         rows = out.sampling
         self.sampler.penalties.release([*out.preempted_seq_ids, *rows.free_seq_ids])
+        lp = self.logitsprocs
+        if lp is not None:  # tell the plugins this step's rows (its sampled chunks, in order)
+            lp.update([s for s, x in zip(out.seq_ids, out.sample, strict=True) if x], rows)
         prev = self.prev_tokens if any(s is not None for s in out.pending_src) else None
-        res = self.runner.execute(out, prev, greedy=plain_greedy(rows))
+        greedy = plain_greedy(rows) and (lp is None or lp.argmax_invariant)
+        res = self.runner.execute(out, prev, greedy=greedy)
         prompt = None
         if res.prompt_hidden is not None:
             prompt = launch_prompt_logprobs(

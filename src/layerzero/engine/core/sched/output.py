@@ -8,6 +8,7 @@ unchanged."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,30 +16,51 @@ import numpy as np
 
 from ...sampling_params import SamplingParams
 
-__all__ = ["PromptLogprobsRows", "SamplingMetadata", "SchedulerOutput"]
+__all__ = ["GrammarBitmask", "PromptLogprobsRows", "SamplingMetadata", "SchedulerOutput"]
+
+
+@dataclass
+class GrammarBitmask:
+    """The tokens each structured-output row of a step may take (docs/decoding.md, "Structured outputs"):
+    ``rows`` ``[R]`` int64 (indices into the step's sampled rows), ``bits`` ``[R, W]`` int32, ``W = ceil(V /
+    32)``: bit ``j`` of word ``w`` set = token ``32 w + j`` allowed (xgrammar's / llguidance's layout); ids
+    from ``32 W`` on are banned."""
+
+    rows: np.ndarray
+    bits: np.ndarray
+
+
+def resolve_bitmask(b: GrammarBitmask | Callable[[], GrammarBitmask] | None) -> GrammarBitmask | None:
+    """``SamplingMetadata.grammar_bitmask`` as data: a deferred fill (a callable) is run now."""
+    return b() if callable(b) else b
 
 
 @dataclass
 class SamplingMetadata:
     """What the sampler needs of each sampled row (the step's sampled chunks, in order): its parameters, its
     own random stream (``seeds``: None = the engine's), the output tokens it has so far (a pending one
-    included: the min_tokens ban and the seeded streams' offsets), and, only for rows with penalties marked
+    included: the min_tokens ban and the seeded streams' offsets), and, for rows with penalties marked
     ``penalty_reset``, the prompt and the known output tokens (``prompt_token_ids`` / ``output_token_ids``,
-    None for other rows).
+    None for other rows); a row with bad words not so marked gets the tail of its known output tokens its
+    longest bad word reads (``output_token_ids``; its prompt None). ``grammar_bitmask``: the structured-output
+    rows' allowed tokens (:class:`GrammarBitmask`), or a callable that fills it on the host (the engine core
+    sets it; the worker calls it after launching the forward, so the fill overlaps the device's work), or None
+    (no structured row).
 
     Penalty state lives on the worker's device (``worker/penalty_state.py``), keyed by ``seq_ids`` (each row's
     sequence id): a penalized row is ``penalty_reset`` (its token ids sent, the state rebuilt from them) on
-    its first sampled step and after each preemption, and sends nothing more afterwards (the worker counts
-    each drawn token on the device). ``free_seq_ids``: sequences that finished since the last step whose
-    state the worker gives back (preempted ones are ``SchedulerOutput.preempted_seq_ids``). A metadata
-    without ``seq_ids`` (built by hand: warm-up, tests) is stateless: penalized rows then carry their token
-    ids every step."""
+    its first sampled step and after each preemption, and sends nothing more for penalties afterwards (the
+    worker counts each drawn token on the device). ``free_seq_ids``: sequences that finished since the last
+    step whose state the worker gives back (preempted ones are ``SchedulerOutput.preempted_seq_ids``). A
+    metadata without ``seq_ids`` (built by hand: warm-up, tests) is stateless: penalized rows then carry their
+    token ids every step."""
 
     params: list[SamplingParams] = field(default_factory=list)
     seeds: list[int | None] = field(default_factory=list)
     num_output_tokens: list[int] = field(default_factory=list)
     prompt_token_ids: list[list[int] | None] = field(default_factory=list)
     output_token_ids: list[list[int] | None] = field(default_factory=list)
+    grammar_bitmask: GrammarBitmask | Callable[[], GrammarBitmask] | None = None
     seq_ids: list[int] = field(default_factory=list)
     penalty_reset: list[bool] = field(default_factory=list)
     free_seq_ids: list[int] = field(default_factory=list)
@@ -62,6 +84,11 @@ class SamplingMetadata:
             setattr(seq, PENALTY_SENT, seq.num_preemptions)
             self.prompt_token_ids.append(seq.token_ids[: seq.num_prompt_tokens])
             self.output_token_ids.append(seq.token_ids[seq.num_prompt_tokens :])
+        elif p.bad_words_token_ids:  # the known output tail multi-token bad words read (logits_restrict.py)
+            k = max(len(w) for w in p.bad_words_token_ids) - 1
+            n = len(seq.token_ids) - seq.num_prompt_tokens
+            self.prompt_token_ids.append(None)
+            self.output_token_ids.append(seq.token_ids[len(seq.token_ids) - min(k, n) :] if k else [])
         else:
             self.prompt_token_ids.append(None)
             self.output_token_ids.append(None)
@@ -163,6 +190,7 @@ class SchedulerOutput:
             "num_output_tokens": s.num_output_tokens,
             "prompt_token_ids": s.prompt_token_ids,
             "output_token_ids": s.output_token_ids,
+            "grammar_bitmask": _bitmask_dict(resolve_bitmask(s.grammar_bitmask)),
             "seq_ids": s.seq_ids,
             "penalty_reset": s.penalty_reset,
             "free_seq_ids": s.free_seq_ids,
@@ -176,6 +204,11 @@ class SchedulerOutput:
         d = dict(d)
         s = dict(d.pop("sampling"))
         s["params"] = [SamplingParams(**p) for p in s["params"]]
+        gb = s.pop("grammar_bitmask", None)
+        if gb is not None:
+            s["grammar_bitmask"] = GrammarBitmask(
+                np.asarray(gb["rows"], dtype=np.int64), np.asarray(gb["bits"], dtype=np.int32)
+            )
         tables = d.pop("block_tables")
         plp = d.pop("prompt_logprobs", None) or {}
         return cls(
@@ -184,6 +217,10 @@ class SchedulerOutput:
             sampling=SamplingMetadata(**s),
             prompt_logprobs=PromptLogprobsRows(**plp),
         )
+
+
+def _bitmask_dict(b: GrammarBitmask | None) -> dict[str, Any] | None:
+    return None if b is None else {"rows": b.rows.tolist(), "bits": b.bits.tolist()}
 
 
 def _params_dict(p: SamplingParams) -> dict[str, Any]:

@@ -69,6 +69,9 @@ class _Sampling(_Strict):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     priority: int = 0
+    structured_outputs: dict[str, Any] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -83,6 +86,7 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class TextPart(_Strict):

@@ -20,6 +20,7 @@ from .errors import OpenAIError, invalid_input
 from .logprobs import TokenStrings
 from .metrics import ServerMetrics
 from .protocol import UNSUPPORTED
+from .structured import structured_outputs_from
 
 __all__ = ["ServerState", "merge", "random_id"]
 
@@ -104,11 +105,7 @@ class ServerState:
             raise OpenAIError(
                 400, f"best_of ({best_of}) must equal n ({req.n}): no ranking.", param="best_of"
             )
-        fmt = getattr(req, "response_format", None)
-        if fmt is not None and fmt.get("type") != "text":
-            raise OpenAIError(
-                400, "response_format other than {'type': 'text'} is not supported.", param="response_format"
-            )
+        constraint = structured_outputs_from(req)  # response_format / structured_outputs (400 if malformed)
         bias = None
         if req.logit_bias is not None:
             try:
@@ -138,6 +135,9 @@ class ServerState:
             seed=req.seed,
             logprobs=logprobs,
             skip_special_tokens=req.skip_special_tokens,
+            structured_outputs=constraint,
+            allowed_token_ids=req.allowed_token_ids,
+            bad_words=req.bad_words or None,
         )
         try:
             return make_params(**kw, **extra)

@@ -1,0 +1,171 @@
+"""Structured outputs, the parts without a model: the bitmask unpacked and applied on the device (against
+hand-worked cases and a numpy reference), the step's bitmask through the multi-rank step codec and
+``SchedulerOutput.to_dict``, the backend selector's rules and reasons, and the server's mapping of
+``response_format`` / ``structured_outputs``."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import layerzero as lz
+from layerzero.engine import SamplingParams
+from layerzero.engine.core.sched.output import GrammarBitmask, SamplingMetadata, SchedulerOutput
+from layerzero.engine.structured_params import StructuredOutputsParams as S
+from layerzero.engine.worker.grammar_bitmask import apply_grammar_bitmask, unpack_bitmask
+
+
+def test_unpack_hand_worked():
+    bits = torch.tensor([[0b101, -1], [-(1 << 31), 0]], dtype=torch.int32)  # the sign bit: token 31
+    m = unpack_bitmask(bits, 70)  # wider than the 64 ids the words cover: the rest banned
+    assert m.shape == (2, 70) and m.dtype == torch.bool
+    assert m[0].nonzero().flatten().tolist() == [0, 2, *range(32, 64)]
+    assert m[1].nonzero().flatten().tolist() == [31]
+    assert unpack_bitmask(bits, 33)[0].nonzero().flatten().tolist() == [0, 2, 32]
+
+
+def _reference(logits: np.ndarray, rows: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    out = logits.astype(np.float64).copy()
+    for r, words in zip(rows, bits, strict=True):
+        for t in range(out.shape[1]):
+            w = t // 32
+            if w >= len(words) or not (int(words[w]) >> (t % 32)) & 1:
+                out[r, t] = -np.inf
+    return out
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3], [1, 3], [2]])
+def test_apply_matches_reference_and_leaves_other_rows(rows):
+    g = np.random.default_rng(0)
+    v = 100  # 4 words cover 128 ids
+    logits = torch.from_numpy(g.standard_normal((4, v)).astype(np.float32))
+    bits = g.integers(-(2**31), 2**31, size=(len(rows), 4), dtype=np.int64).astype(np.int32)
+    b = GrammarBitmask(np.asarray(rows, dtype=np.int64), bits)
+    calls = []
+
+    def deferred():
+        calls.append(1)
+        return b
+
+    want = _reference(logits.numpy(), b.rows, bits)
+    sm = SamplingMetadata(grammar_bitmask=deferred)
+    apply_grammar_bitmask(logits, sm)
+    assert calls == [1]
+    np.testing.assert_array_equal(logits.numpy().astype(np.float64), want)
+    assert np.isinf(want).any() and np.isfinite(want).any()  # the case bans some and keeps some
+
+
+def _step(bitmask) -> SchedulerOutput:
+    p = SamplingParams(structured_outputs=S(regex="a+"))
+    return SchedulerOutput(
+        req_ids=["r0", "r1"],
+        seq_ids=[0, 1],
+        num_computed_tokens=[0, 3],
+        num_scheduled_tokens=[3, 1],
+        new_token_ids=[[1, 2, 3], [4]],
+        pending_src=[None, None],
+        sample=[True, True],
+        block_tables=np.zeros((2, 1), dtype=np.int32),
+        sampling=SamplingMetadata(
+            [SamplingParams(), p], [None, None], [0, 2], [None, None], [None, None], bitmask
+        ),
+    )
+
+
+def test_bitmask_through_step_codec_and_to_dict():
+    from layerzero.engine.executor.step_codec import StepDecoder, StepEncoder
+
+    b = GrammarBitmask(np.asarray([1], dtype=np.int64), np.asarray([[7, -1, 0]], dtype=np.int32))
+    for bm in (b, lambda: b, None):
+        got = StepDecoder().decode(StepEncoder().encode(_step(bm))).sampling.grammar_bitmask
+        back = SchedulerOutput.from_dict(_step(bm).to_dict()).sampling.grammar_bitmask
+        for x in (got, back):
+            if bm is None:
+                assert x is None
+            else:
+                assert x.rows.tolist() == [1] and x.bits.tolist() == [[7, -1, 0]] and x.bits.dtype == np.int32
+
+
+def test_selector_rules_and_reasons():
+    from layerzero.engine.structured import check_request, select_backend
+
+    assert select_backend(S(regex="a+")).backend == "xgrammar"
+    assert select_backend(S(regex="a+", backend="guidance")).reason == "backend='guidance' asked for"
+    gap = select_backend(S(json={"type": "string", "maxLength": 3}))
+    assert gap.backend == "guidance" and "control characters" in gap.reason
+    assert (
+        select_backend(S(json={"type": "string", "maxLength": 3}, backend="xgrammar")).backend == "xgrammar"
+    )
+    lark = select_backend(S(grammar='start: "a" | "b"'))
+    assert lark.backend == "guidance" and lark.reason.startswith("xgrammar cannot compile this grammar")
+    with pytest.raises(lz.InvalidInputError, match="xgrammar: "):
+        select_backend(S(grammar='start: "a"', backend="xgrammar"))
+    with pytest.raises(lz.InvalidInputError, match="xgrammar: .*; llguidance: "):
+        select_backend(S(regex="(a"))
+    with pytest.raises(lz.InvalidInputError, match="min_tokens"):
+        check_request(SamplingParams(min_tokens=1, structured_outputs=S(regex="a")))
+    assert check_request(SamplingParams()) is None
+
+
+def _req(**kw):
+    return types.SimpleNamespace(response_format=kw.get("fmt"), structured_outputs=kw.get("so"))
+
+
+def test_server_mapping():
+    from layerzero.engine.entrypoints.openai.errors import OpenAIError
+    from layerzero.engine.entrypoints.openai.structured import structured_outputs_from as f
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert f(_req()) is None and f(_req(fmt={"type": "text"})) is None
+    assert f(_req(fmt={"type": "json_object"})) == S(json_object=True)
+    assert f(
+        _req(fmt={"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    ) == S(json=schema)
+    assert f(_req(so={"regex": "a+", "backend": "guidance"})) == S(regex="a+", backend="guidance")
+    for bad, param in [
+        (_req(fmt={"type": "json_schema", "json_schema": {"name": "x"}}), "response_format"),
+        (_req(fmt={"type": "xml"}), "response_format"),
+        (_req(fmt="json"), "response_format"),
+        (_req(fmt={"type": "json_object"}, so={"regex": "a"}), "structured_outputs"),
+        (_req(so={"regex": "a", "choice": ["b"]}), "structured_outputs"),
+        (_req(so={"nope": 1}), "structured_outputs"),
+    ]:
+        with pytest.raises(OpenAIError) as e:
+            f(bad)
+        assert e.value.status == 400 and e.value.param == param
+
+
+def test_manager_pads_the_vocabulary_and_handles_ended_rows(checkpoints):
+    """A model vocabulary wider than the tokenizer's (600 > 512): those ids are never allowed; a rejected
+    token raises; a sequence that ended before the fill gets an all-allowed row;
+    ``before`` runs once, first."""
+    from layerzero.engine.structured.manager import GrammarRejectedError, StructuredOutputManager
+
+    m = StructuredOutputManager(checkpoints["qwen3"], 600, {2})
+    params = [
+        SamplingParams(structured_outputs=S(regex="ab")),
+        SamplingParams(structured_outputs=S(choice=["x"])),
+    ]
+    seqs = [
+        types.SimpleNamespace(seq_id=i, params=p, finished=False, request_id=str(i), num_output_tokens=1)
+        for i, p in enumerate(params)
+    ]
+    for s, p in zip(seqs, params, strict=True):
+        assert m.prepare(p).backend == "xgrammar"
+        m.add(s)
+    order = []
+    fill = m.bitmask([types.SimpleNamespace(seq_id=9), *seqs], before=lambda: order.append("before"))
+    seqs[1].finished = True  # ended by the early read
+    b = fill()
+    assert fill() is b and order == ["before"]
+    assert b.rows.tolist() == [1, 2] and b.bits.shape == (2, (600 + 31) // 32)
+    allowed = np.flatnonzero(np.unpackbits(b.bits[0].view(np.uint8), bitorder="little"))
+    tok = m._tokenizer
+    pieces = [tok.decode([int(t)]) for t in allowed]
+    assert pieces and all(p and "ab".startswith(p) for p in pieces)  # "a" or "ab": the regex's first tokens
+    assert allowed.max() < 512 and (b.bits[1] == -1).all()
+    with pytest.raises(GrammarRejectedError, match="not allowed"):
+        m.accept(seqs[0], tok.convert_tokens_to_ids("z"))
