@@ -52,7 +52,7 @@ def _topk_mass(x_row, cols, n_cols, m, t, k, BLOCK: tl.constexpr):
     prefix = tl.zeros([], tl.int64)
     kk = k
     for i in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * i
+        shift = 24 - 8 * i  # constexpr: i is a static_range index
         hist = tl.zeros([256], tl.int32)
         start = n_cols * 0
         while start < n_cols:
