@@ -13,7 +13,8 @@ the order of the reference's stable sort):
    (``e >= min_p``) ranked above the current pivot (at first all) -- gives token j; the same pass also tests
    the previous round's j: top-k (fewer than k tokens with a larger ``z``), top-p (the mass ranked above it
    ``< p * Z``). An accepted j is the row's token; a rejected one becomes the pivot. Rows without a cut take
-   the first race's token.
+   the first race's token. Tiles without a candidate left skip the noise hash (after a few rounds the
+   candidates sit in a few tiles: a round is then a plain read and compare).
 
 ``E`` is the same counter-based Exp(1) noise in every round (hashed from the row's (seed, offset) or, for
 unseeded rows, the call's random base and the row index, exactly as ``_sampling_kernels._race_row``): the
@@ -163,16 +164,17 @@ def _reject_row(
             cand = ranked
             if HAS_MINP:
                 cand = cand & (e >= mp)
-            h = _mix(h0, offs.to(tl.uint32))
-            noise = (-tl.log((h.to(tl.float64) + 0.5) * 2.3283064365386963e-10)).to(tl.float32)
-            score = tl.where(cand, z - tl.log(tl.maximum(noise, tiny)), float("-inf"))
-            bm = tl.max(score, axis=0)
-            bi = tl.min(tl.where((score == bm) & cand, offs, 2147483647), axis=0)
-            bz = tl.max(tl.where(offs == bi, z, float("-inf")), axis=0)
-            better = bm > best
-            best = tl.where(better, bm, best)
-            best_i = tl.where(better, bi, best_i)
-            best_z = tl.where(better, bz, best_z)
+            if tl.max(cand.to(tl.int32), axis=0) > 0:  # the hash only for tiles with candidates left
+                h = _mix(h0, offs.to(tl.uint32))
+                noise = (-tl.log((h.to(tl.float64) + 0.5) * 2.3283064365386963e-10)).to(tl.float32)
+                score = tl.where(cand, z - tl.log(tl.maximum(noise, tiny)), float("-inf"))
+                bm = tl.max(score, axis=0)
+                bi = tl.min(tl.where((score == bm) & cand, offs, 2147483647), axis=0)
+                bz = tl.max(tl.where(offs == bi, z, float("-inf")), axis=0)
+                better = bm > best
+                best = tl.where(better, bm, best)
+                best_i = tl.where(better, bi, best_i)
+                best_z = tl.where(better, bz, best_z)
             start += BLOCK
         ok = (check != 0) & (cnt < k) & ((above < p * mass) | (p >= 1.0))
         tok = tl.where(ok, ci, tl.where(no_cut, best_i, tok))
