@@ -22,7 +22,7 @@ from ..executor.abstract import Executor
 from ..executor.in_process import InProcessExecutor
 from ..executor.multiproc import MultiprocExecutor
 from ..metrics import EngineStats
-from ..structured import StructuredOutputManager
+from ..structured.manager import StructuredOutputManager
 from ..worker.model_runner import ModelRunner
 from ..worker.sampler import sequence_seed
 from .kv.block_manager import KVCacheManager

@@ -123,7 +123,7 @@ class Sampler:
         copy); otherwise they are cast to float32 (float32 logits are then modified in place). Penalties read
         the device state of :class:`PenaltyState` (``count``: the drawn tokens are added to it; False when a
         failed step's rows are drawn again one by one), so a penalized step needs nothing from the host."""
-        procs = getattr(self, "logitsprocs", None)  # plugins (worker/logits_processors.py), set by the worker
+        procs = getattr(self, "logitsprocs", None)  # plugins (engine/logits_processors.py), set by the worker
         if plain_greedy(rows) and (procs is None or procs.argmax_invariant):
             return self._pending(lz.sample_greedy(logits), [], [], [])
         logits = logits.float()
