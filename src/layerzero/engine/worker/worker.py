@@ -10,8 +10,8 @@ import torch
 
 from ..config import EngineConfig, ModelConfig
 from ..core.sched.output import SchedulerOutput
-from ..parallel.state import SINGLE, ParallelState
 from ..logits_processors import BatchState, build_processors
+from ..parallel.state import SINGLE, ParallelState
 from .model_runner import ModelRunner
 from .prompt_logprobs import PendingPromptLogprobs, launch_prompt_logprobs
 from .sampler import PendingSample, Sampler, SamplerOutput, plain_greedy
