@@ -14,6 +14,6 @@ The libraries are imported lazily (no import side effects); docs/decoding.md, "S
 
 from .select import Selection, check_request, select_backend
 
-# the manager (the engine core's side, ``.manager.StructuredOutputManager``) is not imported here: it imports the
-# scheduler output, and the front end imports this package for check_request only (.importlinter)
+# the manager (the engine core's side, ``.manager.StructuredOutputManager``) is not imported here: it imports
+# the scheduler output, and the front end imports this package for check_request only (.importlinter)
 __all__ = ["Selection", "check_request", "select_backend"]
