@@ -16,8 +16,10 @@ __all__ = [
     "MASK32",
     "counter_hash",
     "exponential_race",
+    "kth_mass",
     "lowbias32",
     "mul32",
+    "ranked_above",
     "scaled_cut",
     "seeded_exponential",
 ]
@@ -127,3 +129,21 @@ def scaled_cut(
         sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)
         z = torch.empty_like(z).scatter_(-1, order, _cut_sorted(sorted_z, top_k, top_p))
     return x, z, greedy
+
+
+# ----------------------------------------------------------- sort-free cuts (pivot rejection: torch_native)
+def ranked_above(z: torch.Tensor, pz: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """``[B, V]`` bool: the tokens ranked above the pivot token ``(pz, pi)`` (``[B]`` value and index) in the
+    cuts' order -- larger ``z`` first, equal ``z`` by lower token id (the stable descending sort of
+    :func:`_cut_sorted`). The pivot ``(-inf, V)`` ranks below every token."""
+    idx = torch.arange(z.shape[-1], device=z.device)[None, :]
+    return (z > pz[:, None]) | ((z == pz[:, None]) & (idx < pi[:, None]))
+
+
+def kth_mass(z: torch.Tensor, e: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``[B]``: the mass ``sum(e)`` of each row's top-k set ``z >= `` its k-th largest value (ties at the
+    k-th kept; ``k`` ``[B]`` int64 in ``[1, V]``). Uses ``torch.topk`` of the largest k of the batch (k values
+    per row, not a sort of the row); ``k.max()`` is read on the host."""
+    kmax = int(k.max())
+    kth = torch.topk(z, kmax, dim=-1).values.gather(-1, (k - 1)[:, None])
+    return torch.where(z >= kth, e, torch.zeros_like(e)).sum(dim=-1)

@@ -262,10 +262,10 @@ class EngineConfig:
             )
 
     def _check_logits_processors(self) -> None:
-        """``logits_processors``: a list of :class:`~.worker.logits_processors.LogitsProcessor` subclasses or
+        """``logits_processors``: a list of :class:`~.logits_processors.LogitsProcessor` subclasses or
         their names, resolved now (a bad one fails at start-up); stored as a tuple, each class that imports
         back by its name as ``"module:Class"`` (so the config crosses to the engine-core process)."""
-        from .worker.logits_processors import resolve_processor
+        from .logits_processors import resolve_processor
 
         procs = self.logits_processors
         if procs is None:

@@ -14,9 +14,11 @@ from layerzero.core.specs import OperationSpec
 from layerzero.custom_ops import traced
 
 from ._common import (
+    INT_DTYPES,
     check_cpu_values,
     check_ids,
     check_rows,
+    check_same,
     check_tensor,
     device_spec,
     fail,
@@ -30,7 +32,8 @@ _F32 = frozenset({torch.float32})
 
 
 class PenaltyKey(NamedTuple):
-    """The selection-cache key of one ``lz.apply_penalties`` call (which penalties are given);
+    """The selection-cache key of one ``lz.apply_penalties`` call (which penalties are given, whether in the
+    counts form);
     ``capture``/``scope`` close every op's key."""
 
     op: str
@@ -41,6 +44,7 @@ class PenaltyKey(NamedTuple):
     has_presence: bool
     has_frequency: bool
     deterministic: bool
+    counts_form: bool
     capture: bool
     scope: tuple[Any, ...]
 
@@ -71,8 +75,11 @@ def prepare(
     check_tensor(OP, "logits", logits, 2)
     if logits.shape[0] == 0 or logits.shape[1] == 0:
         raise fail(OP, "logits shape", "[B, V] with B >= 1 and V >= 1", list(logits.shape))
-    check_ids(OP, "prompt_token_ids", prompt_token_ids, logits)
-    check_ids(OP, "output_token_ids", output_token_ids, logits)
+    if isinstance(prompt_token_ids, torch.Tensor) and prompt_token_ids.dtype == torch.bool:
+        _check_counts_form(logits, prompt_token_ids, output_token_ids)
+    else:
+        check_ids(OP, "prompt_token_ids", prompt_token_ids, logits)
+        check_ids(OP, "output_token_ids", output_token_ids, logits)
     if repetition_penalty is not None:
         check_rows(OP, "repetition_penalty", repetition_penalty, logits, _F32, "float32", "torch.float32")
         check_cpu_values(
@@ -99,6 +106,7 @@ def prepare(
         presence_penalty is not None,
         frequency_penalty is not None,
         torch.are_deterministic_algorithms_enabled(),
+        prompt_token_ids.dtype == torch.bool,
         capture,
         scope_token(),
     )
@@ -109,6 +117,44 @@ def prepare(
         repetition_penalty,
         presence_penalty,
         frequency_penalty,
+    )
+
+
+def _check_counts_form(logits: torch.Tensor, prompt_mask: torch.Tensor, output_counts: Any) -> None:
+    """The counts form of ``lz.apply_penalties``: ``prompt_mask`` bool ``[B, V]`` and ``output_counts``
+    int32/int64 ``[B, V]`` (values >= 0, checked on CPU tensors only), both on logits' device."""
+    batch, vocab = logits.shape
+    if prompt_mask.shape != logits.shape:
+        raise fail(
+            OP,
+            "prompt_token_ids shape (counts form: a bool prompt mask)",
+            f"[B, V] = {[batch, vocab]} (like logits)",
+            list(prompt_mask.shape),
+            "Pass a bool [B, V] mask of the tokens in each prompt, or int token ids for the ids form.",
+        )
+    check_same(OP, "logits", logits, "prompt_token_ids", prompt_mask, dtype=False)
+    if not isinstance(output_counts, torch.Tensor):
+        raise fail(
+            OP, "output_token_ids", "an int32/int64 tensor [B, V] of counts", type(output_counts).__name__
+        )
+    if output_counts.dtype not in INT_DTYPES:
+        raise fail(
+            OP,
+            "output_token_ids.dtype (counts form)",
+            "int32 or int64",
+            output_counts.dtype,
+            "Cast the counts with .int().",
+        )
+    if output_counts.shape != logits.shape:
+        raise fail(
+            OP,
+            "output_token_ids shape (counts form: per-token output counts)",
+            f"[B, V] = {[batch, vocab]} (like logits)",
+            list(output_counts.shape),
+        )
+    check_same(OP, "logits", logits, "output_token_ids", output_counts, dtype=False)
+    check_cpu_values(
+        OP, "output_token_ids", output_counts, lambda c: c >= 0, "counts >= 0", "Counts are never negative."
     )
 
 
@@ -143,13 +189,19 @@ def apply_penalties(
        tokens only, ``logit -= f * count + p * (count > 0)``; 0 is off. OpenAI documents [-2, 2]; any finite
        value is accepted here.
 
-    Values are checked on CPU tensors only (token ids in ``[0, V]``, repetition finite > 0, presence and
-    frequency finite); on CUDA that would synchronize, so out-of-range values there are the caller's
-    responsibility (an id outside ``[0, V]`` fails inside the kernel).
+    Counts form (what a serving engine keeps on the device, so a step reads no token lists from the host):
+    ``prompt_token_ids`` a bool ``[B, V]`` mask (True: the token is in the row's prompt) and
+    ``output_token_ids`` an int32/int64 ``[B, V]`` count of each token in the row's output so far; the result
+    equals the ids form's for the same tokens (the bool dtype selects the form; token ids are never bool).
+
+    Values are checked on CPU tensors only (token ids in ``[0, V]``, counts >= 0, repetition finite > 0,
+    presence and frequency finite); on CUDA that would synchronize, so out-of-range values there are the
+    caller's responsibility (an id outside ``[0, V]`` fails inside the kernel).
 
     Raises:
         InvalidInputError: logits not a 2-D float tensor or empty; token ids not int64/int32 ``[B, L]`` on
-            logits' device; a penalty not a float32 ``[B]`` tensor on logits' device; a CPU value out of
+            logits' device (counts form: the mask or the counts not ``[B, V]`` on logits' device, counts not
+            int32/int64); a penalty not a float32 ``[B]`` tensor on logits' device; a CPU value out of
             range.
 
     >>> import torch, layerzero as lz

@@ -194,6 +194,15 @@ def sample(
     logits). Other rows use ``torch.empty(B, V).exponential_(generator=generator)`` (the global RNG when
     None): drawn once per call for all rows, so the generator advances whatever the seeds and temperatures.
 
+    How (the CPU and Triton kernels): no sort of the vocabulary. Top-k / top-p by pivot rejection (as
+    FlashInfer's sampling kernels): race among the tokens ranked above a pivot (at first all), accept the
+    winner if fewer than k tokens have a larger logit and the mass ranked above it is ``< p`` of the top-k
+    mass, else it becomes the pivot; exact, and with one noise for all rounds the accepted token is the race's
+    argmax over the kept set (the sort-and-cut reference's token, up to float32 rounding at a cut's boundary).
+    A row with both top-k and top-p needs the k-th value first (``torch.topk`` on CPU, a radix select over the
+    float keys in Triton). The tokens a given seed draws may change when the algorithm changes (the
+    distribution does not; LayerZero keeps them stable within a version).
+
     Values are checked on CPU tensors only (temperature finite >= 0, top_k >= 0, top_p in (0, 1], min_p in
     [0, 1]); on CUDA that would synchronize, so out-of-range values there are the caller's responsibility.
 

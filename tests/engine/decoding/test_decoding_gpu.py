@@ -10,7 +10,7 @@ import torch
 from ..conftest import prompts
 
 pytestmark = pytest.mark.gpu
-FORCE = "layerzero.engine.worker.logits_processors:ForceTokenLogitsProcessor"
+FORCE = "layerzero.engine.logits_processors:ForceTokenLogitsProcessor"
 
 
 def _sp(**kw):

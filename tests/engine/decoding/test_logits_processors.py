@@ -13,12 +13,12 @@ import torch
 from ..conftest import prompts
 
 pytestmark = pytest.mark.integration
-FORCE = "layerzero.engine.worker.logits_processors:ForceTokenLogitsProcessor"
+FORCE = "layerzero.engine.logits_processors:ForceTokenLogitsProcessor"
 
 
 def _replay(state: dict[int, int], bu) -> None:
     """Apply a BatchUpdate to index -> key the way vLLM's processors do (added, removed, then moved)."""
-    from layerzero.engine.worker.logits_processors import MoveDirectionality
+    from layerzero.engine.logits_processors import MoveDirectionality
 
     for index, params, _, _ in bu.added:
         state[index] = params.extra_args["key"]
@@ -35,7 +35,7 @@ def _replay(state: dict[int, int], bu) -> None:
 def test_batch_updates_replay_to_the_step_order():
     from layerzero.engine import SamplingParams
     from layerzero.engine.core.sched.output import SamplingMetadata
-    from layerzero.engine.worker.logits_processors import BatchState, LogitsProcessor
+    from layerzero.engine.logits_processors import BatchState, LogitsProcessor
 
     seen = []
 
@@ -74,7 +74,7 @@ def test_batch_updates_replay_to_the_step_order():
 
 def test_force_token_hand_checked():
     from layerzero.engine import SamplingParams
-    from layerzero.engine.worker.logits_processors import BatchUpdate, ForceTokenLogitsProcessor
+    from layerzero.engine.logits_processors import BatchUpdate, ForceTokenLogitsProcessor
 
     p = ForceTokenLogitsProcessor(None, torch.device("cpu"), False)
     p.update_state(
@@ -133,7 +133,7 @@ def test_bad_processors_and_arguments_are_typed_errors(checkpoints):
     from layerzero import ConfigurationError, InvalidInputError
     from layerzero.engine import LLM, SamplingParams
     from layerzero.engine.config import EngineConfig
-    from layerzero.engine.worker.logits_processors import ForceTokenLogitsProcessor
+    from layerzero.engine.logits_processors import ForceTokenLogitsProcessor
 
     path = str(checkpoints["qwen3"])
     for bad in ([int], ["no_such_module_xyz:Proc"], ["layerzero.engine:NoSuchClass"], FORCE):
@@ -156,7 +156,7 @@ def test_async_llm_runs_the_plugin_in_its_core_process(checkpoints):
 
     from layerzero import ConfigurationError
     from layerzero.engine import AsyncLLM, SamplingParams
-    from layerzero.engine.worker.logits_processors import ForceTokenLogitsProcessor
+    from layerzero.engine.logits_processors import ForceTokenLogitsProcessor
 
     class Local(ForceTokenLogitsProcessor):
         pass

@@ -331,7 +331,7 @@ def test_structured_and_bad_words_rows_keep_their_constraints_in_a_verification_
 
 def test_logits_processor_plugins_with_speculation_are_refused():
     from layerzero.engine.config import EngineConfig
-    from layerzero.engine.worker.logits_processors import ForceTokenLogitsProcessor
+    from layerzero.engine.logits_processors import ForceTokenLogitsProcessor
 
     with pytest.raises(lz.ConfigurationError, match="logits_processors"):
         EngineConfig(

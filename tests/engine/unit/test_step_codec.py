@@ -47,6 +47,9 @@ def step(rows: list[str], *, prefill: str | None = None, params: dict | None = N
             num_output_tokens=[4] * len(rows),
             prompt_token_ids=pen,
             output_token_ids=[[4, 4] if p else None for p in pen],
+            seq_ids=list(range(len(rows))),
+            penalty_reset=[p is not None for p in pen],
+            free_seq_ids=[77, 78],
         ),
         prompt_logprobs=PromptLogprobsRows(chunks=[0], num_rows=[2], top_n=[1], target_ids=[[3, 4]]),
     )

@@ -42,6 +42,10 @@ def apply_penalties(
         output_token_ids: ``[B, Lo]`` int64/int32, right-padded with V; Lo may be 0.
         repetition_penalty / presence_penalty / frequency_penalty: ``[B]`` float32 or None (off).
 
+    Counts form (``prompt_token_ids`` bool): ``prompt_token_ids`` a ``[B, V]`` mask of the prompt's tokens and
+    ``output_token_ids`` ``[B, V]`` int32/int64 counts of the output's tokens (what ``token_counts`` would
+    give); the same result as the ids form.
+
     Returns:
         A new ``[B, V]`` tensor in logits' dtype.
 
@@ -55,9 +59,11 @@ def apply_penalties(
     b, v = logits.shape
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
     x = logits.to(cdt, copy=True)
-    out_counts = token_counts(output_token_ids, v)
+    counts_form = prompt_token_ids.dtype == torch.bool
+    out_counts = output_token_ids if counts_form else token_counts(output_token_ids, v)
     if repetition_penalty is not None:
-        seen = (token_counts(prompt_token_ids, v) > 0) | (out_counts > 0)
+        in_prompt = prompt_token_ids if counts_form else token_counts(prompt_token_ids, v) > 0
+        seen = in_prompt | (out_counts > 0)
         r = repetition_penalty.to(cdt)[:, None]
         x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
     if frequency_penalty is not None:

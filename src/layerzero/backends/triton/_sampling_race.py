@@ -16,6 +16,7 @@ from ._sampling_knobs import GREEDY_BELOW, KNOBS, SamplingKnobs, row_chunks
 
 _KERNELS = LazyModule("_sampling_kernels")
 _SPLIT_KERNELS = LazyModule("_sampling_split_kernels")
+_REJECT_KERNELS = LazyModule("_sampling_reject_kernels")
 
 
 def split_chunks(n_rows: int, vocab: int, kn: SamplingKnobs | None = None) -> tuple[int, int]:
@@ -67,28 +68,25 @@ def sample(
     programs (``_sampling_split_kernels.py``: chunk maxima; row max then the race over each chunk; the merge),
     with two ``[B, 2, chunks]`` partial buffers; many rows: one launch of ``_race_row``, one program per row,
     two reads of the row. The split path returns exactly ``_race_row``'s ids (same scores, the smallest column
-    among equal maxima). The reference makes about a dozen ``[B, V]`` passes. With top-k or top-p the cut
-    needs the sorted row: ``torch.sort`` and the cut as the reference computes them
-    (``_sampling_common._cut_sorted``), then the kernels race over the cut row. Seeded rows (``seed >= 0``)
-    draw the reference's counter-based noise, so they pick the reference's token up to float32 rounding of
-    ``z`` and of the logarithms (near-ties only); unseeded rows draw the same noise hashed from the call's
-    random seed and their row index instead of ``torch.exponential_`` (same distribution, another stream). The
-    min-p cut is ``exp(z) < min_p`` (``prob / max prob`` without the softmax sum; the reference rounds the
-    normalized probabilities, which can differ exactly at the boundary). No host synchronization on either
-    path; every buffer is a ``torch.empty`` on the current stream.
+    among equal maxima). The reference makes about a dozen ``[B, V]`` passes. With top-k or top-p: no sort,
+    one launch of ``_sampling_reject_kernels._reject_row`` (one program per row): pivot rejection over the
+    same race, each round one read of the row (that module's docstring gives the algorithm); the accepted
+    token is the race's argmax over the kept set, the reference's sort-and-cut token up to float32 rounding at
+    a cut's boundary. Rows with both top-k and top-p first find their k-th value by a radix select over the
+    float keys (four 256-bin histogram passes: the top-k mass the top-p cut is relative to). Seeded rows
+    (``seed >= 0``) draw the reference's counter-based noise, so they pick the reference's token up to float32
+    rounding of ``z`` and of the logarithms (near-ties only); unseeded rows draw the same noise hashed from
+    the call's random seed and their row index instead of ``torch.exponential_`` (same distribution, another
+    stream). The min-p cut is ``exp(z) < min_p`` (``prob / max prob`` without the softmax sum; the reference
+    rounds the normalized probabilities, which can differ exactly at the boundary). No host synchronization on
+    either path; every buffer is a ``torch.empty`` on the current stream.
 
     Raises:
         Nothing of its own (``lz.sample`` validates).
     """
-    from layerzero.backends._sampling_common import scaled_cut
-
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     n_rows, vocab = logits.shape
-    greedy = None
-    if top_k is not None or top_p is not None:
-        x, logits, greedy = scaled_cut(logits, temperature, top_k, top_p)
-        temperature = None  # already applied (the cut row's max is 0: the kernel's (z - 0) / 1 is exact)
     if seeds is not None and offsets is None:
         offsets = torch.zeros_like(seeds)
     base = torch.randint(0, 1 << 62, (1,), generator=generator, device=logits.device, dtype=torch.int64)
@@ -104,6 +102,27 @@ def sample(
     flags = dict(HAS_T=temperature is not None, HAS_MINP=min_p is not None, HAS_SEEDS=seeds is not None)
     tiny = float(torch.finfo(torch.float32).tiny)
     kn = knobs.get(KNOBS)
+    if (top_k is not None or top_p is not None) and n_rows:
+        launch(
+            _REJECT_KERNELS.get()._reject_row,
+            (n_rows,),
+            logits,
+            t_arg,
+            top_k if top_k is not None else dummy,
+            top_p if top_p is not None else dummy,
+            *rest,
+            out,
+            logits.stride(0),
+            vocab,
+            GREEDY_BELOW,
+            tiny,
+            HAS_K=top_k is not None,
+            HAS_P=top_p is not None,
+            **flags,
+            BLOCK=min(kn.race_block, next_pow2(vocab)),
+            num_warps=8,
+        )
+        return out
     n_chunks, chunk_len = (
         (1, vocab) if split is False or n_rows == 0 else split_chunks(1 if split else n_rows, vocab, kn)
     )
@@ -173,6 +192,4 @@ def sample(
             BLOCK=min(kn.race_block, next_pow2(vocab)),
             num_warps=8,
         )
-    if greedy is not None:
-        out = torch.where(greedy, torch.argmax(x, dim=-1), out)
     return out

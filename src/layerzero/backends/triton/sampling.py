@@ -192,7 +192,7 @@ def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
             "sample",
             fns[2],
             description="lz.sample's exponential race in Triton: one launch, or three over vocabulary "
-            "chunks for few rows (counter-based noise; torch.sort first only for top-k/top-p)",
+            "chunks for few rows (counter-based noise); top-k / top-p by pivot rejection, no sort",
             **{**common, "priority": PRIORITY_SAMPLE},
         ),
         KernelSpec(

@@ -23,7 +23,7 @@ from ..executor.in_process import InProcessExecutor
 from ..executor.multiproc import MultiprocExecutor
 from ..metrics import EngineStats
 from ..spec_decode.state import SpecDecodeState
-from ..structured import StructuredOutputManager
+from ..structured.manager import StructuredOutputManager
 from ..worker.model_runner import ModelRunner
 from ..worker.sampler import sequence_seed
 from .kv.block_manager import KVCacheManager

@@ -128,8 +128,9 @@ class EngineLoop(StepRecovery):
 
     def _needs_known_tokens(self, seq: Sequence) -> bool:
         """Whether scheduling ``seq``'s next step needs its pending token's id on the host first (async
-        scheduling then reads the launched step before scheduling the next): penalties read the tokens, and
-        so do multi-token bad words (a word's last token is banned after its other tokens), and so does
+        scheduling then reads the launched step before scheduling the next). Penalties do not: their token
+        counts live on the worker's device and count the pending token there (``worker/penalty_state.py``).
+        Multi-token bad words do (a word's last token is banned after its other tokens), and so does
         speculative decoding (drafts follow the last token; the scheduler proposes only for sequences with
         none pending). Structured-output rows need them too, but only for their bitmask, which is filled after
         the next forward is launched: :meth:`_step_async` reads the step there (:class:`_EarlyRead`), unless
@@ -137,8 +138,7 @@ class EngineLoop(StepRecovery):
         p = seq.params
         spec = self.scheduler.spec
         return (
-            p.penalized
-            or any(len(w) > 1 for w in p.bad_words_token_ids or ())
+            any(len(w) > 1 for w in p.bad_words_token_ids or ())
             or (p.structured_outputs is not None and not EngineLoop.structured_early_read)
             or (spec is not None and spec.eligible(p))
         )

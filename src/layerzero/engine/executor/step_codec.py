@@ -70,7 +70,16 @@ class StepEncoder:
         forget = []
         while len(self._sent) > self.capacity:
             forget.append(self._sent.popitem(last=False)[0])
-        rest = [s.seeds, s.num_output_tokens, s.prompt_token_ids, s.output_token_ids, None]
+        rest = [
+            s.seeds,
+            s.num_output_tokens,
+            s.prompt_token_ids,
+            s.output_token_ids,
+            None,
+            s.seq_ids,
+            s.penalty_reset,
+            s.free_seq_ids,
+        ]
         gb = resolve_bitmask(s.grammar_bitmask)
         if gb is not None:
             bits = np.ascontiguousarray(gb.bits, dtype=np.int32)
@@ -112,7 +121,7 @@ class StepDecoder:
         if tables is not None:
             raw, shape = tables
             block_tables = np.frombuffer(raw, dtype=np.int32).reshape(shape).copy()
-        seeds, num_out, prompts, outputs, gb = rest
+        seeds, num_out, prompts, outputs, gb, seq_ids, reset, free = rest
         bitmask = None
         if gb is not None:
             rows_raw, bits_raw, shape = gb
@@ -130,6 +139,9 @@ class StepDecoder:
                 prompt_token_ids=prompts,
                 output_token_ids=outputs,
                 grammar_bitmask=bitmask,
+                seq_ids=seq_ids,
+                penalty_reset=reset,
+                free_seq_ids=free,
             ),
             prompt_logprobs=PromptLogprobsRows(**plp),
         )

@@ -45,7 +45,7 @@ class InputProcessor:
         Raises:
             ConfigurationError: an unreadable config.json, a ``max_model_len`` above the model's.
         """
-        from ..worker.logits_processors import resolve_processor
+        from ..logits_processors import resolve_processor
 
         cfg = model_config or ModelConfig.from_pretrained(engine_config.model)
         procs = tuple(resolve_processor(p) for p in engine_config.logits_processors)

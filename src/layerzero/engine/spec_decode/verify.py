@@ -37,8 +37,9 @@ def spec_layout(out: SchedulerOutput) -> tuple[list[int], list[int]]:
 
 
 def _subset(rows: SamplingMetadata, idx: list[int]) -> SamplingMetadata:
-    """Rows ``idx`` of ``rows``, in that order; a grammar bitmask (structured outputs, a deferred fill run
-    now) keeps the rows among ``idx``, renumbered."""
+    """Rows ``idx`` of ``rows``, in that order, with their sequence ids and penalty resets (the worker's
+    device penalty state); a grammar bitmask (structured outputs, a deferred fill run now) keeps the rows
+    among ``idx``, renumbered."""
     b = resolve_bitmask(rows.grammar_bitmask)
     if b is not None:
         where = {r: j for j, r in enumerate(idx)}
@@ -55,6 +56,8 @@ def _subset(rows: SamplingMetadata, idx: list[int]) -> SamplingMetadata:
         [rows.prompt_token_ids[i] for i in idx],
         [rows.output_token_ids[i] for i in idx],
         b,
+        seq_ids=[rows.seq_ids[i] for i in idx] if rows.seq_ids else [],
+        penalty_reset=[rows.penalty_reset[i] for i in idx] if rows.penalty_reset else [],
     )
 
 

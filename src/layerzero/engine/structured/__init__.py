@@ -12,7 +12,8 @@ choices or an EBNF grammar (:class:`~layerzero.engine.structured_params.Structur
 The libraries are imported lazily (no import side effects); docs/decoding.md, "Structured outputs".
 """
 
-from .manager import StructuredOutputManager
 from .select import Selection, check_request, select_backend
 
-__all__ = ["Selection", "StructuredOutputManager", "check_request", "select_backend"]
+# the manager (the engine core's side, ``.manager.StructuredOutputManager``) is not imported here: it imports
+# the scheduler output, and the front end imports this package for check_request only (.importlinter)
+__all__ = ["Selection", "check_request", "select_backend"]

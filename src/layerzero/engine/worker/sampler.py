@@ -14,6 +14,7 @@ import layerzero as lz
 from ..core.sched.output import SamplingMetadata
 from .grammar_bitmask import apply_grammar_bitmask
 from .logits_restrict import restrict_tokens
+from .penalty_state import PenaltyState
 from .staging import to_device
 
 __all__ = ["PendingSample", "Sampler", "SamplerOutput", "SamplingError", "sequence_seed"]
@@ -87,6 +88,8 @@ class Sampler:
     ) -> None:
         self.vocab_size, self.eos, self.device = vocab_size, eos_token_ids, device
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        #: The penalized sequences' token counts on the device (rows freed by the worker: ``release``).
+        self.penalties = PenaltyState(vocab_size, device)
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, rows: SamplingMetadata) -> SamplerOutput:
@@ -108,26 +111,26 @@ class Sampler:
             bad = []
             for i in range(len(rows)):
                 try:
-                    self.resolve(self._launch(logits[i : i + 1], _row(rows, i)))
+                    self.resolve(self._launch(logits[i : i + 1], _row(rows, i), count=False))
                 except Exception:
                     bad.append(i)
             raise SamplingError(bad or list(range(len(rows))), exc) from exc
 
-    def _launch(self, logits: torch.Tensor, rows: SamplingMetadata) -> PendingSample:
+    def _launch(self, logits: torch.Tensor, rows: SamplingMetadata, count: bool = True) -> PendingSample:
         """Enqueue the draw of ``seqs``' next tokens from ``logits`` ``[S, V]`` and the transfer of the
         results to the host, without waiting for them (:meth:`resolve` does). A plain greedy step
         (:func:`plain_greedy`) takes ``lz.sample_greedy`` of the logits as they are (bf16 logits: no float32
         copy); otherwise they are cast to float32 (float32 logits are then modified in place). Penalties read
-        the sequences' known tokens: async scheduling resolves a step before the next one samples a penalized
-        sequence."""
-        procs = getattr(self, "logitsprocs", None)  # plugins (worker/logits_processors.py), set by the worker
+        the device state of :class:`PenaltyState` (``count``: the drawn tokens are added to it; False when a
+        failed step's rows are drawn again one by one), so a penalized step needs nothing from the host."""
+        procs = getattr(self, "logitsprocs", None)  # plugins (engine/logits_processors.py), set by the worker
         if plain_greedy(rows) and (procs is None or procs.argmax_invariant):
             return self._pending(lz.sample_greedy(logits), [], [], [])
         logits = logits.float()
         ps = rows.params
         want_lp = [p.logprobs is not None for p in ps]
         raw = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        self._penalize(logits, rows)
+        counted = self._penalize(logits, rows)
         self._bias(logits, rows)
         if any(p.restricted for p in ps):
             restrict_tokens(logits, rows)  # allowed_token_ids, bad words, the grammar bitmask
@@ -138,6 +141,11 @@ class Sampler:
             tokens = lz.sample_greedy(logits)
         else:
             tokens = self._sample(logits, rows)
+        if counted is not None and count:  # the drawn tokens join the penalized rows' counts (device ops)
+            state_rows, batch_rows = counted
+            self.penalties.count(
+                state_rows, tokens if batch_rows is None else tokens.index_select(0, batch_rows)
+            )
         lp_rows = [i for i, w in enumerate(want_lp) if w]
         out = [tokens]
         if raw is not None:
@@ -181,42 +189,60 @@ class Sampler:
                 chosen[i], tops[i] = [picked[j]], [d]
         return SamplerOutput([[t] for t in ids], chosen, tops)
 
-    def _penalize(self, logits: torch.Tensor, rows: SamplingMetadata) -> None:
+    def _penalize(
+        self, logits: torch.Tensor, rows: SamplingMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Apply the penalized rows' penalties to ``logits`` in place (``lz.apply_penalties``, counts form).
+
+        With ``rows.seq_ids`` (the engine's steps) the counts are the device state (:class:`PenaltyState`,
+        rebuilt for rows marked ``penalty_reset``): nothing is read from the host, so a pending token of async
+        scheduling is already counted. Without (a hand-built metadata) each penalized row's token ids are
+        counted on the device for this call only. Returns ``(state rows [P], their batch rows [P] or None when
+        every row is penalized)`` for :meth:`PenaltyState.count` after the draw (None: no penalized row, or
+        stateless)."""
         ps = rows.params
-        if not any(p.penalized for p in ps):
-            return
-        pad = self.vocab_size
-        # the known tokens of the penalized rows (a row without penalties sends none: it may have one pending,
-        # async scheduling, which does not matter there; a penalized row never has: the engine core reads the
-        # previous step before sampling it)
-        prompts = [t or () for t in rows.prompt_token_ids]
-        outs = [t or () for t in rows.output_token_ids]
-        lp = max(max(len(t) for t in prompts), 1)
-        lo = max(max(len(o) for o in outs), 1)
-        prompt = np.full((len(ps), lp), pad, dtype=np.int64)
-        output = np.full((len(ps), lo), pad, dtype=np.int64)
-        for i, (t, o) in enumerate(zip(prompts, outs, strict=True)):
-            prompt[i, : len(t)] = t
-            output[i, : len(o)] = o
-        f32 = [
-            np.asarray(v, dtype=np.float32)
-            for v in (
-                [p.repetition_penalty for p in ps],
-                [p.presence_penalty for p in ps],
-                [p.frequency_penalty for p in ps],
-            )
+        pen = [i for i, p in enumerate(ps) if p.penalized]
+        if not pen:
+            return None
+        stateful = len(rows.seq_ids) == len(ps)
+        arrays = [
+            np.asarray([getattr(ps[i], name) for i in pen], dtype=np.float32)
+            for name in ("repetition_penalty", "presence_penalty", "frequency_penalty")
         ]
-        prompt_t, output_t, rep, pres, freq = to_device([prompt, output, *f32], self.device)
-        logits.copy_(
-            lz.apply_penalties(
-                logits,
-                prompt_t,
-                output_t,
-                repetition_penalty=rep,
-                presence_penalty=pres,
-                frequency_penalty=freq,
-            )
+        whole = len(pen) == len(ps)
+        if not whole:
+            arrays.append(np.asarray(pen, dtype=np.int64))
+        if not stateful:
+            v = self.vocab_size
+            for ids in (rows.prompt_token_ids, rows.output_token_ids):
+                toks = [ids[i] or () for i in pen]
+                m = np.full((len(pen), max(1, *(len(t) for t in toks))), v, dtype=np.int64)
+                for j, t in enumerate(toks):
+                    m[j, : len(t)] = t
+                arrays.append(m)
+        staged = to_device(arrays, self.device)
+        rep, pres, freq = staged[:3]
+        batch_rows = None if whole else staged[3]
+        if stateful:
+            state_rows = self.penalties.rows(rows, pen)
+            prompt = self.penalties.prompt.index_select(0, state_rows)
+            counts = self.penalties.counts.index_select(0, state_rows)
+        else:
+            prompt, output = staged[-2:]
+        sub = logits if batch_rows is None else logits.index_select(0, batch_rows)
+        res = lz.apply_penalties(
+            sub,
+            prompt,
+            counts if stateful else output,
+            repetition_penalty=rep,
+            presence_penalty=pres,
+            frequency_penalty=freq,
         )
+        if batch_rows is None:
+            logits.copy_(res)
+        else:
+            logits.index_copy_(0, batch_rows, res)
+        return (state_rows, batch_rows) if stateful else None
 
     def _bias(self, logits: torch.Tensor, sm: SamplingMetadata) -> None:
         rows, cols, vals = [], [], []
@@ -269,4 +295,6 @@ def _row(rows: SamplingMetadata, i: int) -> SamplingMetadata:
         [rows.num_output_tokens[i]],
         [rows.prompt_token_ids[i]],
         [rows.output_token_ids[i]],
+        seq_ids=rows.seq_ids[i : i + 1],
+        penalty_reset=rows.penalty_reset[i : i + 1],
     )

@@ -12,10 +12,10 @@ import torch
 
 from ..config import EngineConfig, ModelConfig
 from ..core.sched.output import SchedulerOutput
+from ..logits_processors import BatchState, build_processors
 from ..parallel.state import SINGLE, ParallelState
 from ..spec_decode.proposer import DraftProposer, load_draft
 from ..spec_decode.verify import verify_step
-from .logits_processors import BatchState, build_processors
 from .model_runner import ModelRunner
 from .prompt_logprobs import PendingPromptLogprobs, launch_prompt_logprobs
 from .sampler import PendingSample, Sampler, SamplerOutput, plain_greedy
@@ -104,6 +104,7 @@ class Worker:
             SamplingError: the draw raised (its ``rows`` name the rows that raise alone).
         """
         rows = out.sampling
+        self.sampler.penalties.release([*out.preempted_seq_ids, *rows.free_seq_ids])
         lp = self.logitsprocs
         if lp is not None:  # tell the plugins this step's rows (its sampled chunks, in order)
             lp.update([s for s, x in zip(out.seq_ids, out.sample, strict=True) if x], rows)

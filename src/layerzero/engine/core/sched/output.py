@@ -39,13 +39,21 @@ def resolve_bitmask(b: GrammarBitmask | Callable[[], GrammarBitmask] | None) -> 
 class SamplingMetadata:
     """What the sampler needs of each sampled row (the step's sampled chunks, in order): its parameters, its
     own random stream (``seeds``: None = the engine's), the output tokens it has so far (a pending one
-    included: the min_tokens ban and the seeded streams' offsets), and, only for rows with penalties, the
-    prompt and the known output tokens (``prompt_token_ids`` / ``output_token_ids``, None for other rows); a
-    row with bad words but no penalties gets the tail of its known output tokens its longest bad word reads
-    (``output_token_ids``; its prompt None). ``grammar_bitmask``: the structured-output rows' allowed tokens
-    (:class:`GrammarBitmask`), or a callable that fills it on the host (the engine core sets it; the worker
-    calls it after launching the forward, so the fill overlaps the device's work), or None (no structured
-    row)."""
+    included: the min_tokens ban and the seeded streams' offsets), and, for rows with penalties marked
+    ``penalty_reset``, the prompt and the known output tokens (``prompt_token_ids`` / ``output_token_ids``,
+    None for other rows); a row with bad words not so marked gets the tail of its known output tokens its
+    longest bad word reads (``output_token_ids``; its prompt None). ``grammar_bitmask``: the structured-output
+    rows' allowed tokens (:class:`GrammarBitmask`), or a callable that fills it on the host (the engine core
+    sets it; the worker calls it after launching the forward, so the fill overlaps the device's work), or None
+    (no structured row).
+
+    Penalty state lives on the worker's device (``worker/penalty_state.py``), keyed by ``seq_ids`` (each row's
+    sequence id): a penalized row is ``penalty_reset`` (its token ids sent, the state rebuilt from them) on
+    its first sampled step and after each preemption, and sends nothing more for penalties afterwards (the
+    worker counts each drawn token on the device). ``free_seq_ids``: sequences that finished since the last
+    step whose state the worker gives back (preempted ones are ``SchedulerOutput.preempted_seq_ids``). A
+    metadata without ``seq_ids`` (built by hand: warm-up, tests) is stateless: penalized rows then carry their
+    token ids every step."""
 
     params: list[SamplingParams] = field(default_factory=list)
     seeds: list[int | None] = field(default_factory=list)
@@ -53,18 +61,27 @@ class SamplingMetadata:
     prompt_token_ids: list[list[int] | None] = field(default_factory=list)
     output_token_ids: list[list[int] | None] = field(default_factory=list)
     grammar_bitmask: GrammarBitmask | Callable[[], GrammarBitmask] | None = None
+    seq_ids: list[int] = field(default_factory=list)
+    penalty_reset: list[bool] = field(default_factory=list)
+    free_seq_ids: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.params)
 
     def add(self, seq: Any) -> None:
         """Append the row of ``seq`` (a :class:`~layerzero.engine.core.sequence.Sequence` or anything with its
-        ``params``, ``seed``, ``token_ids``, ``num_prompt_tokens`` and ``num_output_tokens``)."""
+        ``params``, ``seed``, ``token_ids``, ``num_prompt_tokens``, ``num_output_tokens``, ``seq_id`` and
+        ``num_preemptions``). A penalized sequence is marked ``penalty_reset`` (with its token ids) when its
+        state was not sent since its last preemption (recorded on ``seq``: :func:`penalty_state_sent`)."""
         p = seq.params
         self.params.append(p)
         self.seeds.append(seq.seed)
         self.num_output_tokens.append(seq.num_output_tokens)
-        if p.penalized:
+        self.seq_ids.append(seq.seq_id)
+        reset = p.penalized and getattr(seq, PENALTY_SENT, None) != seq.num_preemptions
+        self.penalty_reset.append(reset)
+        if reset:
+            setattr(seq, PENALTY_SENT, seq.num_preemptions)
             self.prompt_token_ids.append(seq.token_ids[: seq.num_prompt_tokens])
             self.output_token_ids.append(seq.token_ids[seq.num_prompt_tokens :])
         elif p.bad_words_token_ids:  # the known output tail multi-token bad words read (logits_restrict.py)
@@ -83,6 +100,18 @@ class SamplingMetadata:
         for s in seqs:
             out.add(s)
         return out
+
+
+PENALTY_SENT = "penalty_state_sent_at"
+"""The attribute :meth:`SamplingMetadata.add` sets on a penalized sequence: its ``num_preemptions`` when its
+penalty state was last sent to the workers (a preemption, by recompute or by a failed step's rollback, makes
+the next sampled step send it again)."""
+
+
+def penalty_state_sent(seq: Any) -> bool:
+    """Whether the workers were sent penalty state of ``seq`` (by :meth:`SamplingMetadata.add`): a finished
+    one is then listed in ``free_seq_ids``."""
+    return getattr(seq, PENALTY_SENT, None) is not None
 
 
 @dataclass
@@ -166,6 +195,9 @@ class SchedulerOutput:
             "prompt_token_ids": s.prompt_token_ids,
             "output_token_ids": s.output_token_ids,
             "grammar_bitmask": _bitmask_dict(resolve_bitmask(s.grammar_bitmask)),
+            "seq_ids": s.seq_ids,
+            "penalty_reset": s.penalty_reset,
+            "free_seq_ids": s.free_seq_ids,
         }
         d["prompt_logprobs"] = dataclasses.asdict(self.prompt_logprobs)
         return d

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..kv.block_manager import KVCacheManager
 from ..sequence import FinishReason, Sequence, SequenceStatus
-from .output import SchedulerOutput
+from .output import SchedulerOutput, penalty_state_sent
 from .policy import SchedulingPolicy
 
 __all__ = ["Scheduler", "SchedulerOutput"]
@@ -58,6 +58,9 @@ class Scheduler:
         #: None: a decoding sequence whose ``drafts`` it gives is scheduled with its last token and its k
         #: drafts (k + 1 positions, slots allocated for all of them; ``Sequence.spec_token_ids``).
         self.spec: Any = None
+        #: Finished sequences whose penalty state the workers hold: sent (``SamplingMetadata.free_seq_ids``)
+        #: with the next step that runs.
+        self.freed_penalty_state: list[int] = []
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence."""
@@ -128,6 +131,8 @@ class Scheduler:
             sample.append(last)
             if last:
                 sm.add(seq)
+        if self.freed_penalty_state:
+            sm.free_seq_ids, self.freed_penalty_state = self.freed_penalty_state, []
         out.block_tables = self.kv.block_tables(sids)
         self.prompt_logprobs = plp
         return out
@@ -258,6 +263,8 @@ class Scheduler:
         """End ``seq``: free its blocks (full ones stay cached) and drop it from the queues."""
         seq.spec_token_ids = None
         seq.status, seq.finish_reason, seq.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
+        if penalty_state_sent(seq):
+            self.freed_penalty_state.append(seq.seq_id)
         if seq.seq_id in self.kv:
             self.kv.free(seq.seq_id)
         if seq in self.running:

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..errors import bad_config
-from ..sampling_params import SamplingParams
+from .errors import bad_config
+from .sampling_params import SamplingParams
 
 __all__ = [
     "AddedRequest",
@@ -112,7 +112,7 @@ def resolve_processor(spec: Any) -> type[LogitsProcessor]:
     if not (isinstance(cls, type) and issubclass(cls, LogitsProcessor)):
         raise bad_config(
             "logits_processors item",
-            "a subclass of layerzero.engine.worker.logits_processors.LogitsProcessor (or its name)",
+            "a subclass of layerzero.engine.logits_processors.LogitsProcessor (or its name)",
             repr(spec),
         )
     return cls
