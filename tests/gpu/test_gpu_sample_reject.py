@@ -101,31 +101,3 @@ def test_unseeded_draws_follow_the_float64_target(cfg):
     counts = Counter(out.tolist())
     assert set(counts) <= set(probs)
     assert chi2_pvalue(counts, probs, n) > 1e-3
-
-
-def _ms(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
-@pytest.mark.parametrize("b", [1, 32, 256])
-def test_faster_than_the_sort_it_replaces(b):
-    """Printed: the kernel against the old path's ``torch.sort`` alone (a lower bound of that path), top_p
-    0.95 and top_k 50 at the Llama-3 vocabulary; asserted only at b >= 32 (batch 1 is launch-bound)."""
-    v = 128256
-    logits = torch.randn(b, v, device=DEV, dtype=torch.bfloat16) * 3
-    kw = dict(temperature=torch.full((b,), 0.8, device=DEV), top_p=torch.full((b,), 0.95, device=DEV))
-    kk = dict(temperature=torch.full((b,), 0.8, device=DEV), top_k=torch.full((b,), 50, device=DEV))
-    t_p = _ms(lambda: ts.sample(logits, **kw))
-    t_k = _ms(lambda: ts.sample(logits, **kk))
-    t_sort = _ms(lambda: torch.sort(logits.float(), dim=-1, descending=True, stable=True))
-    print(f"b={b}: reject top_p {t_p:.3f} ms, top_k {t_k:.3f} ms; torch.sort alone {t_sort:.3f} ms")
-    if b >= 32:
-        assert max(t_p, t_k) < t_sort
