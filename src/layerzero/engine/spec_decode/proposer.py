@@ -123,10 +123,11 @@ class DraftProposer:
 
     def _capture(self, ec: EngineConfig, max_model_len: int) -> CUDAGraphRunner | None:
         knobs = CudaGraphKnobs(packed_inputs=False, greedy_in_graph=False)
+        rows = min(ec.max_num_seqs * (1 + self.spec.num_speculative_tokens), 512)  # as the target's graphs
         graphs = CUDAGraphRunner(
             self.model,
             self.kv,
-            ec.max_num_seqs,
+            max(rows, ec.max_num_seqs),
             -(-max_model_len // ec.block_size),
             self.runner.device,
             knobs=knobs,

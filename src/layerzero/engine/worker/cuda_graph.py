@@ -319,7 +319,10 @@ class CUDAGraphRunner:
         logits ``[B, V]`` (every decode row is sampled)."""
         n = batch.num_seqs
         bs = next(s for s in self.sizes if s >= n)
-        if batch.packed:  # its tensors are views of a lane's packed buffer: written by the step's one copy
+        if batch.packed and (bs, batch.lane) in self.lane_graphs:
+            # its tensors are views of this runner's lane buffer, written by the step's one copy; a batch
+            # packed for another runner (a draft model replaying the target's step) is copied in as any batch
+            # below
             self._replay(self.lane_graphs[bs, batch.lane], bs, batch.lane)
             return self.lane_outputs[bs, batch.lane][:n]
         w = batch.block_tables.shape[1]

@@ -146,10 +146,19 @@ class ModelRunner:
         no graph-safe kernel can run a decode step here (e.g. a quantized KV pool): decode then runs eager
         kernels."""
         if device.type == "cuda":
+            spec = ec.speculative_config
+            # a verification step replays the decode graphs as one row per verified position
+            # (_verify_as_decode): with speculation the buckets reach max_num_seqs x (1 + k) rows (at
+            # most 512)
+            rows = (
+                ec.max_num_seqs
+                if spec is None
+                else min(ec.max_num_seqs * (1 + spec.num_speculative_tokens), 512)
+            )
             graphs = CUDAGraphRunner(
                 self.model,
                 self.kv_caches,
-                ec.max_num_seqs,
+                max(rows, ec.max_num_seqs),
                 -(-max_model_len // ec.block_size),
                 device,
                 cascade=self.cascade is not None,
