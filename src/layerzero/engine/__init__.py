@@ -11,7 +11,7 @@ from typing import Any
 from .config import EngineConfig
 from .llm import LLM
 from .outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, StructuredOutputsParams
 from .spec_decode.config import SpeculativeConfig
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "SamplingParams",
     "SpecDecodeMetrics",
     "SpeculativeConfig",
+    "StructuredOutputsParams",
 ]
 
 
