@@ -31,26 +31,10 @@ from typing import Any
 
 import torch
 
-QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 40960,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "torch_dtype": "bfloat16",
-}
+from layerzero.engine.tools.bench import QWEN3_0_6B as _BENCH_QWEN3_0_6B
+
+# bench-engine's Qwen3-0.6B config with this benchmark's tokenizer's special ids
+QWEN3_0_6B = {**_BENCH_QWEN3_0_6B, "bos_token_id": 1, "eos_token_id": 2}
 """Qwen/Qwen3-0.6B's config.json shape, BOS / EOS moved to the built tokenizer's ids."""
 TINY = {
     "num_hidden_layers": 2,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -113,19 +114,21 @@ class Worker:
             return self._verify(out, prev)
         greedy = plain_greedy(rows) and (lp is None or lp.argmax_invariant)
         res = self.runner.execute(out, prev, greedy=greedy)
-        if self.drafter is not None and self.drafter.mirrors:
-            self.drafter.mirror(self.runner.last_batch)
-        prompt = None
-        if res.prompt_hidden is not None:
-            prompt = launch_prompt_logprobs(
-                res.prompt_hidden,
-                self.runner.model.compute_logits,
-                self.sampler.vocab_size,
-                out.prompt_logprobs,
-            )
+        prompt = self._after_forward(res, out)
         pending = res.pending if res.pending is not None else self.sampler.launch(res.logits, rows)
         self.prev_tokens = pending.tokens
         return ModelRunnerOutput(pending, len(rows), prompt)
+
+    def _after_forward(self, res: Any, out: SchedulerOutput) -> PendingPromptLogprobs | None:
+        """What every forward is followed by: the draft model mirrors the step (its KV pool in step with the
+        target's), and the step's prompt logprobs are launched (None when it has none)."""
+        if self.drafter is not None and self.drafter.mirrors:
+            self.drafter.mirror(self.runner.last_batch)
+        if res.prompt_hidden is None:
+            return None
+        return launch_prompt_logprobs(
+            res.prompt_hidden, self.runner.model.compute_logits, self.sampler.vocab_size, out.prompt_logprobs
+        )
 
     def _verify(self, out: SchedulerOutput, prev: torch.Tensor | None) -> ModelRunnerOutput:
         """A verification step (speculative decoding; read at once): device drafts proposed first when the
@@ -143,16 +146,7 @@ class Worker:
                 "speculative decoding: a verification step with prefill chunks (or more verified positions "
                 "than the largest decode CUDA graph) runs eager; pure decode ones replay the decode graphs"
             )
-        if self.drafter is not None and self.drafter.mirrors:
-            self.drafter.mirror(self.runner.last_batch)
-        prompt = None
-        if res.prompt_hidden is not None:
-            prompt = launch_prompt_logprobs(
-                res.prompt_hidden,
-                self.runner.model.compute_logits,
-                self.sampler.vocab_size,
-                out.prompt_logprobs,
-            )
+        prompt = self._after_forward(res, out)
         done = verify_step(res.logits, out, self.sampler, drafts, q)
         last = [t[-1] for t in done.sampled_token_ids]
         (self.prev_tokens,) = to_device([np.asarray(last, dtype=np.int64)], self.device)
