@@ -181,12 +181,21 @@ def _race_step(x_row, offs, valid, m, t, mp, h0, tiny, best, best_i, HAS_MINP: t
     z = (x - m) / t
     if HAS_MINP:
         z = tl.where(tl.exp(z) < mp, float("-inf"), z)
+    bm, bi = _race_tile(z, offs, valid, h0, tiny)
+    return tl.maximum(best, bm), tl.where(bm > best, bi, best_i)
+
+
+@triton.jit
+def _race_tile(z, offs, valid, h0, tiny):
+    """The exponential race over one tile: the Exp(1) noise ``E`` hashed from ``(h0, column)``, the score
+    ``z - log E`` of the ``valid`` columns; returns the tile's best score and its first column (shared by
+    the race and the rejection kernels, so both draw the same noise)."""
     h = _mix(h0, offs.to(tl.uint32))
     e = (-tl.log((h.to(tl.float64) + 0.5) * 2.3283064365386963e-10)).to(tl.float32)
     score = tl.where(valid, z - tl.log(tl.maximum(e, tiny)), float("-inf"))
     bm = tl.max(score, axis=0)
     bi = tl.min(tl.where((score == bm) & valid, offs, 2147483647), axis=0)
-    return tl.maximum(best, bm), tl.where(bm > best, bi, best_i)
+    return bm, bi
 
 
 @triton.jit

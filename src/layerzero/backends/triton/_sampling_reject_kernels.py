@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._sampling_kernels import _max_step, _mix, _row_setup
+from ._sampling_kernels import _max_step, _race_tile, _row_setup
 
 
 @triton.jit
@@ -165,11 +165,7 @@ def _reject_row(
             if HAS_MINP:
                 cand = cand & (e >= mp)
             if tl.max(cand.to(tl.int32), axis=0) > 0:  # the hash only for tiles with candidates left
-                h = _mix(h0, offs.to(tl.uint32))
-                noise = (-tl.log((h.to(tl.float64) + 0.5) * 2.3283064365386963e-10)).to(tl.float32)
-                score = tl.where(cand, z - tl.log(tl.maximum(noise, tiny)), float("-inf"))
-                bm = tl.max(score, axis=0)
-                bi = tl.min(tl.where((score == bm) & cand, offs, 2147483647), axis=0)
+                bm, bi = _race_tile(z, offs, cand, h0, tiny)
                 bz = tl.max(tl.where(offs == bi, z, float("-inf")), axis=0)
                 better = bm > best
                 best = tl.where(better, bm, best)
