@@ -97,9 +97,7 @@ def test_seeded_rows_give_the_same_tokens_alone_or_in_a_batch() -> None:
     assert moved != together
 
 
-def test_large_steps_verify_in_row_blocks_with_the_same_seeded_tokens(monkeypatch) -> None:
-    import layerzero.engine.spec_decode.verify as verify
-
+def test_large_steps_verify_in_row_blocks_with_the_same_seeded_tokens() -> None:
     g = torch.Generator().manual_seed(3)
     r, v = 7, 40
     logits = torch.randn(r, K + 1, v, generator=g)
@@ -108,8 +106,10 @@ def test_large_steps_verify_in_row_blocks_with_the_same_seeded_tokens(monkeypatc
     meta = SamplingMetadata(params, list(range(r)), [3] * r, [None] * r, [None] * r)
     nd = [K, 1, 0, K, 2, K, 1]
     whole = verify_rows(logits, drafts, nd, meta, torch.Generator().manual_seed(0))
-    monkeypatch.setattr(verify, "MAX_VERIFY_ELEMENTS", 2 * (K + 1) * v)  # blocks of 2 rows
-    assert verify_rows(logits, drafts, nd, meta, torch.Generator().manual_seed(0)) == whole
+    blocks = 2 * (K + 1) * v  # blocks of 2 rows
+    assert (
+        verify_rows(logits, drafts, nd, meta, torch.Generator().manual_seed(0), max_elements=blocks) == whole
+    )
     assert [len(t) for t in whole[0]] == [a + 1 for a in whole[1]] and all(
         a <= n for a, n in zip(whole[1], nd, strict=True)
     )

@@ -68,6 +68,7 @@ def verify_rows(
     rows: SamplingMetadata,
     generator: torch.Generator,
     draft_probs: torch.Tensor | None = None,
+    max_elements: int = MAX_VERIFY_ELEMENTS,
 ) -> tuple[list[list[int]], list[int]]:
     """Verify ``R`` speculating rows: ``logits`` ``[R, K + 1, V]`` (row r's positions past ``num_drafts[r]``
     ignored), ``drafts`` ``[R, K]`` int64 on the logits' device, ``rows`` their sampling parameters. Greedy
@@ -76,9 +77,10 @@ def verify_rows(
     drafts' distributions ``draft_probs`` ``[R, K, V]`` (None: one-hot drafts). Seeded rows take counter-based
     uniforms and noise from (seed, output position): the token at output position o uses offset o, so they do
     not depend on the batch; other rows draw from ``generator``. Returns per row its emitted tokens (accepted
-    drafts then the target's token) and its accepted count (waits for them: host lists)."""
+    drafts then the target's token) and its accepted count (waits for them: host lists). ``max_elements``:
+    rows x positions x vocabulary verified at once (larger steps go in row blocks)."""
     r, k1, v = logits.shape
-    step = max(1, MAX_VERIFY_ELEMENTS // (k1 * v))
+    step = max(1, max_elements // (k1 * v))
     if r > step:  # bounded temporaries (probabilities, sorts, noise): row blocks
         toks: list[list[int]] = []
         accs: list[int] = []
@@ -91,6 +93,7 @@ def verify_rows(
                 _subset(rows, list(range(a, b))),
                 generator,
                 None if draft_probs is None else draft_probs[a:b],
+                max_elements=max_elements,
             )
             toks += t
             accs += c

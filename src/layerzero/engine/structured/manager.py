@@ -48,13 +48,21 @@ class GrammarRejectedError(RuntimeError):
 class StructuredOutputManager:
     """Grammar state for one engine core: the tokenizer at ``tokenizer_path`` (loaded on the first structured
     request, with transformers), ``vocab_size`` (the model's; the bitmask covers ``max(model, tokenizer)``
-    ids, those past the tokenizer always banned) and ``eos_ids`` (the grammar's stop tokens)."""
+    ids, those past the tokenizer always banned), ``eos_ids`` (the grammar's stop tokens) and
+    ``max_compiled`` (compiled grammars kept, least recently used dropped first)."""
 
-    def __init__(self, tokenizer_path: str | Path, vocab_size: int, eos_ids: set[int]) -> None:
+    def __init__(
+        self,
+        tokenizer_path: str | Path,
+        vocab_size: int,
+        eos_ids: set[int],
+        max_compiled: int = COMPILED_CACHE,
+    ) -> None:
         self.tokenizer_path, self.vocab_size, self.eos_ids = tokenizer_path, vocab_size, eos_ids
+        self.max_compiled = max_compiled
         self._tokenizer: Any = None
         self._backends: dict[str, Any] = {}
-        # (backend, constraint) -> compiled grammar, least recently used dropped past COMPILED_CACHE (a live
+        # (backend, constraint) -> compiled grammar, least recently used dropped past max_compiled (a live
         # matcher keeps its own reference)
         self._compiled: OrderedDict[tuple[str, StructuredOutputsParams], Any] = OrderedDict()
         self._matchers: dict[int, tuple[Any, Any]] = {}  # seq_id -> (sequence, matcher)
@@ -123,7 +131,7 @@ class StructuredOutputManager:
                     f"{type(exc).__name__}: {str(exc)[:300]}",
                 ) from exc
         self._compiled.move_to_end(key)
-        while len(self._compiled) > COMPILED_CACHE:
+        while len(self._compiled) > self.max_compiled:
             self._compiled.popitem(last=False)
         n, _ = self.selections.get((so.kind, sel.backend), (0, ""))
         self.selections[(so.kind, sel.backend)] = (n + 1, sel.reason)

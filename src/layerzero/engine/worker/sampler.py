@@ -12,6 +12,7 @@ import torch
 import layerzero as lz
 
 from ..core.sched.output import SamplingMetadata
+from ..logits_processors import BatchState
 from .grammar_bitmask import apply_grammar_bitmask
 from .logits_restrict import restrict_tokens
 from .penalty_state import PenaltyState
@@ -90,6 +91,9 @@ class Sampler:
         self.generator = torch.Generator(device=device).manual_seed(seed)
         #: The penalized sequences' token counts on the device (rows freed by the worker: ``release``).
         self.penalties = PenaltyState(vocab_size, device)
+        #: Logits-processor plugins (:class:`~layerzero.engine.logits_processors.BatchState`), set by the
+        #: worker when the engine has any; None: none.
+        self.logitsprocs: BatchState | None = None
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, rows: SamplingMetadata) -> SamplerOutput:
@@ -123,7 +127,7 @@ class Sampler:
         copy); otherwise they are cast to float32 (float32 logits are then modified in place). Penalties read
         the device state of :class:`PenaltyState` (``count``: the drawn tokens are added to it; False when a
         failed step's rows are drawn again one by one), so a penalized step needs nothing from the host."""
-        procs = getattr(self, "logitsprocs", None)  # plugins (engine/logits_processors.py), set by the worker
+        procs = self.logitsprocs
         if plain_greedy(rows) and (procs is None or procs.argmax_invariant):
             return self._pending(lz.sample_greedy(logits), [], [], [])
         logits = logits.float()
@@ -133,7 +137,7 @@ class Sampler:
         counted = self._penalize(logits, rows)
         self._bias(logits, rows)
         if any(p.restricted for p in ps):
-            restrict_tokens(logits, rows)  # allowed_token_ids, bad words, the grammar bitmask
+            restrict_tokens(logits, rows)  # allowed_token_ids, bad words
             apply_grammar_bitmask(logits, rows)  # structured outputs: the grammar's allowed tokens
         if procs is not None:
             logits = procs.apply(logits, all(p.greedy for p in ps))
