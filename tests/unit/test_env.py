@@ -194,6 +194,9 @@ def test_env_vars_table_is_complete() -> None:
         "LAYERZERO_CAPABILITIES",
         "LAYERZERO_SHIPPED_TIMINGS",
         "LAYERZERO_AUTOTUNE",
+        "LAYERZERO_API_KEY",
+        "LAYERZERO_SYMM_MEM",
+        "LAYERZERO_WORKER_PROFILE",
     }
     doc = EnvSettings.__doc__ or ""
     assert all(name in doc for name in ENV_VARS)

@@ -71,6 +71,9 @@ class EnvSettings:
       model when the PerfDB has nothing for a bucket (bool; default on)
     - ``LAYERZERO_AUTOTUNE`` (``autotune``): measure a new key's kernels on its first eager call (bool)
 
+    Read by the engine and the server themselves (known, not settings here): ``LAYERZERO_API_KEY``,
+    ``LAYERZERO_SYMM_MEM``, ``LAYERZERO_WORKER_PROFILE``.
+
     Bools accept ``1/0/true/false/yes/no/on/off`` (case-insensitive). ``unknown`` lists ``LAYERZERO_*``
     names that are not in this list (probably typos).
     """
@@ -234,8 +237,18 @@ _VARS: Mapping[str, tuple[str, Callable[[str, str], Any], str]] = MappingProxyTy
         ),
     }
 )
+#: Variables the engine and the server read themselves (not selection settings): known, so not warned about.
+_READ_ELSEWHERE: Mapping[str, str] = MappingProxyType(
+    {
+        "LAYERZERO_API_KEY": "the server's API key (layerzero serve --api-key)",
+        "LAYERZERO_SYMM_MEM": "0: tensor-parallel engines keep every all-reduce on NCCL (docs/parallel.md)",
+        "LAYERZERO_WORKER_PROFILE": "path prefix: tensor-parallel worker ranks write a cProfile of their loop",
+    }
+)
 #: Every variable LayerZero reads, with a one-line description (for docs and ``layerzero env``).
-ENV_VARS: Mapping[str, str] = MappingProxyType({name: spec[2] for name, spec in _VARS.items()})
+ENV_VARS: Mapping[str, str] = MappingProxyType(
+    {**{name: spec[2] for name, spec in _VARS.items()}, **_READ_ELSEWHERE}
+)
 
 
 def read_env(environ: Mapping[str, str] = os.environ) -> EnvSettings:
@@ -256,7 +269,7 @@ def read_env(environ: Mapping[str, str] = os.environ) -> EnvSettings:
         if raw.strip():
             values[attr] = parse(name, raw.strip())
     unknown = tuple(
-        sorted(k for k in environ if isinstance(k, str) and k.startswith(PREFIX) and k not in _VARS)
+        sorted(k for k in environ if isinstance(k, str) and k.startswith(PREFIX) and k not in ENV_VARS)
     )
     for name in unknown:
         _log.warning("ignoring unknown environment variable %s.%s", name, did_you_mean(name, _VARS))

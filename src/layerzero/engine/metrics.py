@@ -34,7 +34,9 @@ class EngineStats:
     tokens, ``kv_usage`` the fraction of KV blocks held by running sequences; ``cascade_steps`` the steps
     (decode, or with prefill chunks) run as cascade attention and ``cascade_saved_tokens`` the KV tokens (per
     layer) their shared level did not read again. Start-up: ``startup_s`` (seconds to build the engine:
-    weights, KV pool, CUDA graphs, warm-up; ``LLM``'s whole constructor), ``warmup_s`` and ``warmup_shapes``
+    weights, KV pool, CUDA graphs, warm-up; ``LLM``'s whole constructor), ``weights_bytes`` and
+    ``weights_load_s`` (rank 0's weight bytes and the seconds reading or, with ``load_format="dummy"``,
+    drawing them, synchronised), ``warmup_s`` and ``warmup_shapes``
     (the start-up warm-up's seconds and dummy runs, 0 when it is off; docs/engine.md "Start-up and
     warm-up"); ``spec_decode``: speculative decoding's counters
     (:meth:`~layerzero.engine.spec_decode.SpecDecodeState.as_dict`: drafts, draft and accepted tokens,
@@ -51,6 +53,8 @@ class EngineStats:
     cascade_steps: int = 0
     cascade_saved_tokens: int = 0
     startup_s: float = 0.0
+    weights_bytes: int = 0
+    weights_load_s: float = 0.0
     warmup_s: float = 0.0
     warmup_shapes: int = 0
     spec_decode: dict = field(default_factory=dict)

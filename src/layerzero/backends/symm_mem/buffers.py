@@ -8,6 +8,7 @@ check reads it, so enabling or dropping a buffer invalidates cached selections (
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,8 +106,10 @@ def enable(group: Any = None, max_bytes: int = 8 << 20) -> SymmBuffer:
     if not why_not:
         import torch.distributed._symmetric_memory as symm
 
-        if hasattr(symm, "enable_symm_mem_for_group"):
-            symm.enable_symm_mem_for_group(name)
+        if hasattr(symm, "enable_symm_mem_for_group"):  # needed before torch 2.11, a no-op (deprecated) since
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm.enable_symm_mem_for_group(name)
         buf = symm.empty(max_bytes + PAD * world, dtype=torch.uint8, device=f"cuda:{me}")
         handle = symm.rendezvous(buf, pg)
     entry = SymmBuffer(name, world, torch.device("cuda", me), max_bytes, not why_not, why_not, buf, handle)

@@ -101,6 +101,8 @@ class EngineCore(EngineLoop):
         #: Prefill token counts (rounded up to powers of two) of the steps run so far (kernel_report()).
         self.prefill_buckets: set[int] = set()
         self.stats = EngineStats(num_kv_blocks=self.executor.num_kv_blocks)
+        runner = self.executor.runner
+        self.stats.weights_bytes, self.stats.weights_load_s = runner.weights_bytes, runner.weights_load_s
         warm = getattr(self.executor, "warmup", None)  # the worker's start-up warm-up (None: off)
         if warm is not None:
             self.stats.warmup_s, self.stats.warmup_shapes = warm.seconds, warm.shapes

@@ -36,7 +36,7 @@ import layerzero as lz
 from ..config import EngineConfig, ModelConfig
 from ..core.errors import WorkerFailedError
 from ..core.sched.output import SchedulerOutput
-from ..parallel.launch import free_port, init_distributed, set_comm_env
+from ..parallel.launch import enable_symm_all_reduce, free_port, init_distributed, set_comm_env
 from ..parallel.state import ParallelState
 from ..worker.model_runner import ModelRunner
 from ..worker.sampler import SamplingError
@@ -99,7 +99,9 @@ class MultiprocExecutor:
         if launched is not None and launched[0] != 0:  # a torchrun rank: serve rank 0, then end the process
             code = run_rank(launched[0], self.world, rank_device(device, launched[1]), *args)
             raise SystemExit(code)
-        self._finalizer = weakref.finalize(self, _finalize, self._procs, self._chans, self._closing)
+        self._finalizer = weakref.finalize(
+            self, _finalize, self._procs, self._chans, self._closing, self._owns_group
+        )
         try:
             self._start(cfg, ec, device, dtype, max_model_len, max_num_batched_tokens, launched)
         except BaseException as exc:
@@ -141,6 +143,7 @@ class MultiprocExecutor:
         self._accept(parallel, device, multi_node=launched is not None and _multi_node())
         self._monitor = threading.Thread(target=self._watch, name="LayerZeroExecutorMonitor", daemon=True)
         self._monitor.start()
+        enable_symm_all_reduce(parallel, device)
         lz.distributed.sync_selection(device=device)
         self.worker = Worker(cfg, ec, device, dtype, max_model_len, budget, parallel)
         self.num_kv_blocks = self.worker.runner.num_blocks
@@ -327,6 +330,7 @@ class MultiprocExecutor:
         self.worker = None
         if self._owns_group and dist.is_initialized():
             lz.distributed.unsync()
+            lz.distributed.disable_symm_mem()
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
             self._owns_group = False
@@ -347,15 +351,25 @@ def _ec_bytes(ec: EngineConfig) -> bytes:
     return encode_config(ec)
 
 
-def _finalize(procs: dict[int, Any], chans: dict[int, Channel], closing: threading.Event) -> None:
+def _finalize(
+    procs: dict[int, Any], chans: dict[int, Channel], closing: threading.Event, owns_group: bool
+) -> None:
     """An executor collected or left at interpreter exit without :meth:`MultiprocExecutor.shutdown`: the
-    same clean stop (the monitor told first, so a closing channel is not reported as a failed worker)."""
+    same clean stop (the monitor told first, so a closing channel is not reported as a failed worker), and
+    the process group left when this executor made it (no "destroy_process_group() was not called")."""
+    if closing.is_set():  # shutdown() ran: it left the group itself
+        return
     closing.set()
     data = pack(["shutdown"])
     for chan in chans.values():
         with contextlib.suppress(OSError):
             chan.send_bytes(data)
     _stop_processes(procs, chans)
+    if owns_group and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            lz.distributed.unsync()
+            lz.distributed.disable_symm_mem()
+            dist.destroy_process_group()
 
 
 def _stop_processes(procs: dict[int, Any], chans: dict[int, Channel], grace_s: float = 5.0) -> None:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import layerzero as lz
 
 from ..config import EngineConfig, ModelConfig
-from ..parallel.launch import init_distributed
+from ..parallel.launch import enable_symm_all_reduce, init_distributed
 from ..parallel.state import ParallelState
 from ..worker.sampler import SamplingError
 from ..worker.worker import ModelRunnerOutput, Worker
@@ -88,11 +88,12 @@ def run_rank(
     try:
         host, port, key = broadcast_address(parallel, device, None)
         chan = connect(host, port, key, rank, 60.0)
+        enable_symm_all_reduce(parallel, device)
         lz.distributed.sync_selection(device=device)
         cfg = ModelConfig.from_pretrained(ec.model)
         worker = Worker(cfg, ec, device, dtype, max_model_len, budget, parallel)
         chan.send(["ready", rank])
-        _serve(worker, chan)
+        _profiled(rank, lambda: _serve(worker, chan))
         return 0
     except EOFError:  # rank 0 went away: nothing to report to
         return 1
@@ -108,7 +109,30 @@ def run_rank(
             chan.close()
         with contextlib.suppress(Exception):
             lz.distributed.unsync()
+            lz.distributed.disable_symm_mem()
             dist.destroy_process_group()
+
+
+def _profiled(rank: int, serve: Any) -> None:
+    """Run ``serve()``; with ``LAYERZERO_WORKER_PROFILE=PREFIX`` in the environment, under cProfile, its
+    stats written to ``PREFIX.rank<N>.txt`` (top functions by own time) when it returns (a debugging aid:
+    benchmarks/parallel/tp_batch1.py reads the workers' host cost per step from it)."""
+    prefix = os.environ.get("LAYERZERO_WORKER_PROFILE")
+    if not prefix:
+        serve()
+        return
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    try:
+        prof.runcall(serve)
+    finally:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(40)
+        with open(f"{prefix}.rank{rank}.txt", "w") as f:
+            f.write(s.getvalue())
 
 
 def _serve(worker: Worker, chan: Channel) -> None:

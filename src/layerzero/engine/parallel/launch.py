@@ -7,18 +7,23 @@ started."""
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import socket
 
 import torch
 import torch.distributed as dist
 
+import layerzero as lz
+
 from .state import ParallelState
 
 __all__ = [
     "COMM_ENV",
     "PROCESS_GROUP_TIMEOUT_S",
+    "SYMM_MEM_BYTES",
     "all_reduce_min",
+    "enable_symm_all_reduce",
     "free_port",
     "init_distributed",
     "set_comm_env",
@@ -27,6 +32,11 @@ __all__ = [
 COMM_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 """Set in every rank process before any communicator exists: no NVLink multicast (NVLS / symmetric-memory
 multicast), which the machines the engine runs on do not lend."""
+log = logging.getLogger("layerzero.engine")
+
+SYMM_MEM_BYTES = 8 << 20
+"""The TP group's symmetric buffer (bytes of one rank's message): all-reduces up to this size may run as
+``symm_mem.one_shot`` / ``symm_mem.two_shot`` (NVLink peer-to-peer) instead of NCCL."""
 PROCESS_GROUP_TIMEOUT_S = 120.0
 """The process group's timeout: a collective a dead or stuck rank never joins raises after this long instead
 of hanging (the executor also watches the worker processes and fails sooner when one exits)."""
@@ -86,3 +96,46 @@ def all_reduce_min(value: int, parallel: ParallelState, device: torch.device) ->
     t = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=parallel.group)
     return int(t.item())
+
+
+_symm_set_up = 0
+"""Symmetric buffers this process set up for a TP group (see :func:`enable_symm_all_reduce`)."""
+
+
+def enable_symm_all_reduce(parallel: ParallelState, device: torch.device) -> bool:
+    """Give the TP group a symmetric buffer of :data:`SYMM_MEM_BYTES` (``lz.distributed.enable_symm_mem``), so
+    that ``lz.all_reduce`` may choose the NVLink peer-to-peer one-shot / two-shot kernels for a decode step's
+    small messages (7-8 µs in a graph on two H200s where NCCL takes 7-9; benchmarks/results/parallel). A
+    collective: every rank calls it, after the group exists and before ``lz.distributed.sync_selection``.
+    Nothing on the CPU or with one rank. The ranks agree first (an all-reduce MIN), and all keep NCCL, logged
+    with the reason, when any rank has ``LAYERZERO_SYMM_MEM=0`` in its environment or has set up symmetric
+    memory before in its process: a second engine in one process (its first group destroyed) hung in
+    PyTorch's rendezvous on two H200s. Returns True when the buffer is usable; GPUs without peer access keep
+    NCCL, logged with the pairs that lack it.
+
+    Raises:
+        ConfigurationError: ``TORCH_SYMM_MEM_DISABLE_MULTICAST`` set to something other than ``"1"``
+            (:data:`COMM_ENV`: NVLink multicast stays off).
+    """
+    global _symm_set_up
+    if not parallel.is_parallel or device.type != "cuda":
+        return False
+    mine = 0 if os.environ.get("LAYERZERO_SYMM_MEM", "1") == "0" else 1 if _symm_set_up else 2
+    agreed = all_reduce_min(mine, parallel, device)
+    if agreed == 0:
+        log.info(
+            "symmetric-memory all-reduce off (LAYERZERO_SYMM_MEM=0 on a rank): NCCL for every all-reduce"
+        )
+        return False
+    if agreed == 1:
+        log.warning(
+            "symmetric-memory all-reduce off for this engine: a rank set it up for an earlier engine in its "
+            "process, and PyTorch cannot rendezvous again once that group is gone: NCCL for every all-reduce "
+            "(one engine per process keeps it)"
+        )
+        return False
+    buf = lz.distributed.enable_symm_mem(parallel.group, max_bytes=SYMM_MEM_BYTES)
+    _symm_set_up += 1
+    if not buf.p2p:
+        log.warning("symmetric-memory all-reduce unavailable (no peer access: %s): NCCL", buf.why_not)
+    return bool(buf.p2p)

@@ -294,6 +294,7 @@ def run(
         "engine_stats": stats,
         "workload": asdict(w) | {"prompts": None},
     }
+    llm.shutdown()  # the TP workers and the process group too
     del llm
     if hf_batch:
         res["transformers"] = _hf_throughput(path, w, dev, dt, min(hf_batch, len(w.prompts)))

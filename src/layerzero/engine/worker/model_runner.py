@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -84,10 +85,24 @@ class ModelRunner:
         self.parallel = parallel
         self.kv_dtype = KV_CACHE_DTYPES[ec.kv_cache_dtype] or dtype
         self.model = build_model(cfg, max_model_len, device, dtype, parallel)
+        t0 = time.perf_counter()
         if ec.load_format == "dummy":  # config.json was read; no weight file is
             load_dummy_weights(self.model, ec.seed)  # shards differ per rank, replicated weights agree
         else:
             load_model_weights(self.model, ec.model)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        #: This rank's weight bytes and the seconds loading them took (EngineStats.weights_*).
+        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.weights_load_s = time.perf_counter() - t0
+        log.info(
+            "weights (%s, rank %d): %.2f GB in %.2f s = %.2f GB/s",
+            ec.load_format,
+            parallel.tp_rank,
+            self.weights_bytes / 1e9,
+            self.weights_load_s,
+            self.weights_bytes / 1e9 / max(self.weights_load_s, 1e-9),
+        )
         self.quantization = None
         if ec.quantization is not None:
             self.quantization = quantize_model(self.model, ec.quantization)
