@@ -43,9 +43,14 @@
 #   cold-start benchmarks/engine/cold_start.py $COLD_ARGS (bench-engine's workload twice per fresh process, warm-up on / off,
 #             empty then populated Triton cache under /tmp/cold_caches; its own TRITON_CACHE_DIR per cell) into $OUT/cold_start.md
 #   bench-isolation benchmarks/bench_isolation.py --device cuda (isolated-kernel call cost over CUDA IPC) into $OUT
-#   parallel-x2 (nvidia-h200-x2) the two-GPU tests (engine TP / EP vs one GPU, graphs; collectives; selection
-#             sync), then bench-engine on the Qwen3-8B shape at TP 1 and 2 and on Qwen3-30B-A3B at TP 1, 2 and
-#             2 + EP (load_format dummy), everything packed into $OUT/parallel_x2.tgz
+#   (nvidia-h200-x2; NVLink multicast off; each part fits one 10-minute call, carry .whl (+ .whl_srv for dp);
+#    results under $OUT/parallel_x2/, packed into $OUT/parallel_x2.tgz by the last stage of the call: x2-pack)
+#   x2-tests  the two-GPU tests (engine TP / EP vs one GPU, graphs; collectives; selection sync), ~4 min
+#   x2-micro  bench_collectives.py, bench_weight_load.py, tp_batch1.py at TP 2 then 1 (Qwen3-8B shape), ~4 min
+#   x2-8b     bench-engine on the Qwen3-8B shape at TP 2 then 1 (load_format dummy), ~4 min
+#   x2-moe    bench-engine on Qwen3-30B-A3B at TP 2 + EP, TP 2, TP 1 ($MOE_RUNS to choose; 200 s each), ~8 min
+#   x2-dp     serve_and_bench.py, Qwen3-0.6B shape, rate inf, 1,000 requests: --data-parallel-size 2 then 1
+#   x2-pack   tar $OUT/parallel_x2 into $OUT/parallel_x2.tgz (a call brings back at most 8 files)
 # JIT caches (FlashInfer workspace, Triton) live in the ignored .fi_ws/ of the checkout there: a device machine that is
 # still warm keeps them between calls.
 set -uo pipefail
@@ -114,16 +119,27 @@ for stage in "$@"; do
     cold-start) timeout ${BENCH_TIMEOUT:-580} python3 benchmarks/engine/cold_start.py --cache-root /tmp/cold_caches \
         --out "$OUT/cold_start.md" ${COLD_ARGS:-} 2>&1 | tee "$OUT/cold_start.log" | grep "^|" | tail -12; rm -rf /tmp/cold_caches ;;
     bench-isolation) timeout 200 python3 benchmarks/bench_isolation.py --device cuda --out "$OUT/isolation_cuda.md" 2>&1 | tail -12 ;;
-    parallel-x2) export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    x2-*) export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
         P="$OUT/parallel_x2"; mkdir -p "$P"; python3 benchmarks/parallel/shapes.py --out /tmp/shapes > /dev/null
-        timeout ${GPU_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/engine/gpu/test_engine_tp_gpu.py \
-            tests/gpu/test_gpu_collectives.py tests/gpu/test_gpu_distributed.py 2>&1 | tee "$P/tests.txt" | tail -15
-        for run in "qwen3-8b 1" "qwen3-8b 2" "qwen3-30b-a3b 1" "qwen3-30b-a3b 2" "qwen3-30b-a3b 2 --enable-expert-parallel"; do
-          set -- $run; name=$1; tp=$2; shift 2
-          timeout ${BENCH_TIMEOUT:-300} python3 -m layerzero bench-engine --model /tmp/shapes/$name --load-format dummy \
-              --tensor-parallel-size $tp "$@" --hf-batch 0 --out "$P/${name}_tp${tp}${1:+_ep}" 2>&1 | tail -3
-        done
-        tar czf "$OUT/parallel_x2.tgz" -C "$OUT" parallel_x2 && rm -rf "$P" ;;
+        x2_bench() {  # name tp [flags...]: one bench-engine run, its log and JSON under $P
+          local name=$1 tp=$2; shift 2; local tag="${name}_tp${tp}${1:+_ep}"
+          timeout ${BENCH_TIMEOUT:-200} python3 -m layerzero bench-engine --model /tmp/shapes/$name --load-format dummy \
+              --tensor-parallel-size $tp "$@" --hf-batch 0 --out "$P/$tag" > "$P/$tag.log" 2>&1; echo "$tag: $(grep -E '^(engine|one request)' "$P/$tag.log" | tr '\n' ' ')"; }
+        case $stage in
+          x2-tests) timeout ${GPU_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -m gpu -rs --durations=10 \
+              tests/engine/gpu/test_engine_tp_gpu.py tests/gpu/test_gpu_collectives.py tests/gpu/test_gpu_distributed.py 2>&1 | tee "$P/tests.txt" | tail -15 ;;
+          x2-micro) timeout 120 python3 benchmarks/parallel/bench_collectives.py --world 2 --out "$P" 2>&1 | tail -20
+              timeout 150 python3 benchmarks/parallel/bench_weight_load.py --tp 1 2 --out "$P" 2>&1 | tail -6
+              for tp in 2 1; do timeout 200 python3 benchmarks/parallel/tp_batch1.py --model /tmp/shapes/qwen3-8b --tp $tp --out "$P" 2>&1 | grep "^- "; done ;;
+          x2-8b) for tp in 2 1; do x2_bench qwen3-8b $tp; done ;;
+          x2-moe) IFS=';' read -ra runs <<< "${MOE_RUNS:-2 --enable-expert-parallel;2;1}"
+              for run in "${runs[@]}"; do x2_bench qwen3-30b-a3b $run; done ;;
+          x2-dp) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_srv/*.whl 2>&1 | tail -2
+              for dp in 2 1; do timeout ${DP_TIMEOUT:-280} python3 benchmarks/serving/serve_and_bench.py --scale full \
+                  --rates inf --num-prompts 1000 --out "$P/dp$dp" -- --data-parallel-size $dp 2>&1 | tail -4; done ;;
+          x2-pack) tar czf "$OUT/parallel_x2.tgz" -C "$OUT" parallel_x2 && rm -rf "$P" ;;
+          *) echo "unknown stage $stage"; rc=2 ;;
+        esac ;;
     bench-sample) timeout 150 python3 benchmarks/bench_sample.py --out "$OUT/sample.md" 2>&1 | tail -12 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
