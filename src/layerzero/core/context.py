@@ -133,10 +133,12 @@ class SelectionContext:
         return self.num_heads_q // self.num_heads_kv
 
     def bucket_key(self) -> str:
-        """A stable string naming this context's bucket, used as the PerfDB row key (device excluded: the
-        PerfDB fingerprint covers it)."""
+        """A stable string naming this context's bucket, used as the PerfDB row key (device and process-group
+        name excluded: :data:`NON_BUCKET_FIELDS`)."""
         parts = [
-            f"{k}={v}" for k, v in sorted(self.fields().items()) if k not in _DEVICE_FIELDS and v is not None
+            f"{k}={v}"
+            for k, v in sorted(self.fields().items())
+            if k not in NON_BUCKET_FIELDS and v is not None
         ]
         return ";".join(parts)
 
@@ -166,6 +168,10 @@ class SelectionContext:
 
 
 _DEVICE_FIELDS = frozenset({"device", "device_name", "sm", "gpu_generation"})
+NON_BUCKET_FIELDS = _DEVICE_FIELDS | {"comm_group"}
+"""Fields a bucket (PerfDB row key, shipped-timings record) leaves out: the device's (the fingerprint covers
+it) and a collective's process-group name (an identity, not a shape: a group's timings serve another group of
+the same world size and transport)."""
 
 
 ContextBuilder = Callable[[tuple[Any, ...]], SelectionContext]

@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from .context import SelectionContext
+from .context import NON_BUCKET_FIELDS, SelectionContext
 from .device import DeviceSpec
 from .errors import ConfigurationError, expected_got
 
@@ -81,7 +81,15 @@ log = logging.getLogger("layerzero.shipped")
 SCHEMA_VERSION = 1
 """The ``schema`` value this module reads; files of another schema are ignored (INFO)."""
 
-NUMERIC_FIELDS = ("batch", "seq_len_q", "seq_len_kv", "num_heads_q", "hidden_size", "vocab_size")
+NUMERIC_FIELDS = (
+    "batch",
+    "seq_len_q",
+    "seq_len_kv",
+    "num_heads_q",
+    "hidden_size",
+    "vocab_size",
+    "message_bytes",
+)
 """Context fields compared by distance (log2) for the nearest bucket; every other field must be equal."""
 
 SOFT_FIELDS = ("contiguous", "aligned_16")
@@ -96,7 +104,6 @@ MAX_DISTANCE = 3.0
 doubling of a prefill length (seq_len_q and seq_len_kv: 2) and one of the batch."""
 
 _IMPLIED = frozenset({"num_heads_kv"})
-_DEVICE_FIELDS = frozenset({"device", "device_name", "sm", "gpu_generation"})
 _X86_LEVELS = ("amx_bf16", "avx512_bf16", "avx512", "avx2", "avx", "sse4_2")
 _ARM_LEVELS = ("sve2", "sve", "neon")
 
@@ -150,9 +157,9 @@ def device_fingerprint(device: DeviceSpec) -> dict[str, str]:
 
 
 def bucket_fields(ctx: SelectionContext) -> dict[str, Any]:
-    """The fields a record stores for ``ctx``: ``ctx.fields()`` without device fields and ``None`` values
-    (``SelectionContext.bucket_key()`` joins exactly these)."""
-    return {k: v for k, v in ctx.fields().items() if k not in _DEVICE_FIELDS and v is not None}
+    """The fields a record stores for ``ctx``: ``ctx.fields()`` without :data:`NON_BUCKET_FIELDS` (the device's,
+    a process group's name) and ``None`` values (``SelectionContext.bucket_key()`` joins exactly these)."""
+    return {k: v for k, v in ctx.fields().items() if k not in NON_BUCKET_FIELDS and v is not None}
 
 
 def _key(fields: Mapping[str, Any]) -> str:
