@@ -1,7 +1,7 @@
-"""Install measured ``lz.all_reduce`` timings (``bench_collectives.py``'s ``collectives.json``) as shipped timing
-records in a device's data file (``src/layerzero/data/timings/<device>.json``; format: ``layerzero/core/shipped.py``),
-so selection scores the collective kernels by what they took on that machine, per message size, world size
-and whether a CUDA graph is being captured, instead of by hand priorities alone.
+"""Install measured ``lz.all_reduce`` timings (``bench_collectives.py``'s ``collectives.json``) as shipped
+timing records in a device's data file (``src/layerzero/data/timings/<device>.json``; format:
+``layerzero/core/shipped.py``), so selection scores the collective kernels by what they took on that machine,
+per message size, world size and whether a CUDA graph is being captured, instead of by hand priorities alone.
 
 One record per (message bytes, graph capture): the graph timings (32 calls in one graph) for
 ``graph_capture=True`` and the eager ones for ``False``; a kernel that refused the size has no median there.
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     torch_version = measured["meta"]["torch"]
     if doc["fingerprint"].get("torch") != torch_version:
         raise SystemExit(
-            f"{a.into}: fingerprint torch {doc['fingerprint'].get('torch')!r}, measured with {torch_version!r}: "
-            "measure the collectives on the image the data file was made with"
+            f"{a.into}: fingerprint torch {doc['fingerprint'].get('torch')!r}, measured with "
+            f"{torch_version!r}: measure the collectives on the image the data file was made with"
         )
     common, recs = records(measured)
     doc["defaults"]["all_reduce"] = common
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     for b in BACKENDS:
         doc["backends"][b] = torch_version
     doc.setdefault("notes", []).append(
-        f"all_reduce: {a.collectives.as_posix()} ({measured['meta']['date']}, world {measured['meta']['world']})"
+        f"all_reduce: {a.collectives.as_posix()} ({measured['meta']['date']}, world "
+        f"{measured['meta']['world']})"
     )
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from ship_timings import dump_document  # one record per line, checked by shipped.parse

@@ -157,8 +157,9 @@ def device_fingerprint(device: DeviceSpec) -> dict[str, str]:
 
 
 def bucket_fields(ctx: SelectionContext) -> dict[str, Any]:
-    """The fields a record stores for ``ctx``: ``ctx.fields()`` without :data:`NON_BUCKET_FIELDS` (the device's,
-    a process group's name) and ``None`` values (``SelectionContext.bucket_key()`` joins exactly these)."""
+    """The fields a record stores for ``ctx``: ``ctx.fields()`` without :data:`NON_BUCKET_FIELDS` (the
+    device's, a process group's name) and ``None`` values (``SelectionContext.bucket_key()`` joins exactly
+    these)."""
     return {k: v for k, v in ctx.fields().items() if k not in NON_BUCKET_FIELDS and v is not None}
 
 
