@@ -240,3 +240,46 @@ def test_step_codec_and_plain_data_carry_blocks_to_copy():
     assert got.blocks_to_copy == [(4, 9), (17, 2)]
     assert SchedulerOutput.from_dict(out.to_dict()).blocks_to_copy == [(4, 9), (17, 2)]
     assert StepDecoder().decode(StepEncoder().encode(SchedulerOutput())).blocks_to_copy == []
+
+
+@pytest.mark.integration
+def test_async_scheduling_gives_the_same_beams(checkpoints):
+    """Async scheduling (the CUDA default) reads a step after launching the next: the forks see their
+    parents' finished KV all the same."""
+    from layerzero.engine import LLM
+
+    prompt = prompts(1, seed=64, lo=10, hi=10)[0]
+    want = _llm(checkpoints["qwen3"]).beam_search([prompt], _params(3, 6, length_penalty=0.5))[0]
+    llm = LLM(
+        checkpoints["qwen3"],
+        device="cpu",
+        dtype=torch.float32,
+        max_model_len=48,
+        num_kv_blocks=64,
+        block_size=BLOCK,
+        async_scheduling=True,
+    )
+    assert llm.engine.async_scheduling
+    (got,) = llm.beam_search([prompt], _params(3, 6, length_penalty=0.5))
+    assert [s.tokens for s in got.sequences] == [s.tokens for s in want.sequences]
+    assert [s.score for s in got.sequences] == pytest.approx([s.score for s in want.sequences], abs=1e-6)
+    _no_leak(llm)
+
+
+@pytest.mark.distributed
+def test_tensor_parallel_ranks_copy_the_forked_blocks(checkpoints):
+    """Two ranks (Gloo, CPU): every rank gets ``blocks_to_copy`` in the step message and copies its shard of
+    the KV heads, so the beams equal one rank's (a rank that skipped the copy would attend to a stale
+    block)."""
+    from layerzero.engine import LLM
+
+    kw = {"device": "cpu", "max_model_len": 48, "num_kv_blocks": 32, "block_size": BLOCK}
+    prompt = prompts(1, seed=65, lo=7, hi=7)[0]
+    params = _params(2, 5, ignore_eos=True)
+    with LLM(checkpoints["qwen3"], **kw) as one:
+        (want,) = one.beam_search([prompt], params)
+    with LLM(checkpoints["qwen3"], tensor_parallel_size=2, **kw) as two:
+        (got,) = two.beam_search([prompt], params)
+        _no_leak(two)
+    assert [s.tokens for s in got.sequences] == [s.tokens for s in want.sequences]
+    assert [s.score for s in got.sequences] == pytest.approx([s.score for s in want.sequences], abs=1e-4)
