@@ -220,13 +220,15 @@ def run_beam_search(
 def llm_beam_search(llm: Any, prompts: Sequence[Any], params: BeamSearchParams) -> list[BeamSearchOutput]:
     """:meth:`layerzero.engine.LLM.beam_search`: validate every prompt (strings tokenized; vLLM's
     ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` dicts accepted) and run :func:`run_beam_search`, each
-    step one :meth:`~layerzero.engine.LLM.generate` call over every live beam (a one-token greedy request with
-    ``logprobs=K``; the beams' full KV blocks come from the prefix cache). EOS ids: the model's and the
-    tokenizer's (what ends a ``generate()`` completion).
+    step one batch of engine-core requests over every live beam (a one-token greedy request with
+    ``logprobs=K``, after the first step a copy-on-write fork of its parent beam's KV: :class:`_CoreSteps`).
+    EOS ids: the model's and the tokenizer's (what ends a ``generate()`` completion). Every KV block the
+    search retained is released when it returns or raises.
 
     Raises:
         InvalidInputError: ``params`` not a :class:`BeamSearchParams`, no prompts, a bad prompt, a prompt
             longer than ``max_model_len - max_tokens``.
+        EngineCoreError: a beam's request failed inside an engine step.
     """
     if not isinstance(params, BeamSearchParams):
         raise bad_input("params", "a BeamSearchParams", type(params).__name__)
