@@ -47,8 +47,11 @@ def test_each_step_after_the_first_computes_one_token_per_beam(checkpoints, monk
     steps = []  # per engine step: (tokens per chunk, block copies)
     execute = llm.engine.executor.execute_model
 
+    held = []  # retained beam requests at each engine step: dropped parents are released during the search
+
     def spy(out):
         steps.append((list(out.num_scheduled_tokens), list(out.blocks_to_copy)))
+        held.append(len(llm.engine.retained))
         return execute(out)
 
     monkeypatch.setattr(llm.engine.executor, "execute_model", spy)
@@ -69,6 +72,7 @@ def test_each_step_after_the_first_computes_one_token_per_beam(checkpoints, monk
         assert len(copies) == (w if (len(prompt) + s - 1) % BLOCK else 0), (s, copies)
         assert len({d for _, d in copies}) == len(copies)
     assert llm.engine.stats.prompt_tokens - before == len(prompt)  # no prefill chunk after the first
+    assert held[0] == 1 and max(held) <= 2 * w  # the step's parents and its beams, no more (else 1 + 3s)
     _no_leak(llm)
 
 
@@ -283,3 +287,41 @@ def test_tensor_parallel_ranks_copy_the_forked_blocks(checkpoints):
         _no_leak(two)
     assert [s.tokens for s in got.sequences] == [s.tokens for s in want.sequences]
     assert [s.score for s in got.sequences] == pytest.approx([s.score for s in want.sequences], abs=1e-4)
+
+
+@pytest.mark.integration
+def test_fork_and_retain_refuse_bad_input_before_queueing(checkpoints):
+    from layerzero import InvalidInputError
+    from layerzero.engine import SamplingParams
+    from layerzero.engine.core.messages import EngineCoreRequest
+
+    llm = _llm(checkpoints["qwen3"])
+    core = llm.engine
+    sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    core.add_request(EngineCoreRequest("p", [1, 5, 6, 7, 8], sp), retain_kv=True)
+    while core.has_unfinished_requests():
+        core.step()
+    parent = core.retained["p"]
+    toks = [*parent.token_ids]  # 5 prompt tokens, their KV computed, and the sampled one
+    bad = [
+        ("q", toks, {"fork_of": ("nope", 5)}, "not released"),
+        ("q", toks, {"fork_of": ("p", 0)}, r"\[1, 5\]"),
+        ("q", toks, {"fork_of": ("p", 6)}, r"\[1, 5\]"),
+        ("q", toks[:5], {"fork_of": ("p", 5)}, r"\[1, 4\]"),  # the fork must compute a token
+        ("q", [2, *toks[1:]], {"fork_of": ("p", 5)}, "first 5 tokens"),
+        ("q", toks, {"fork_of": ["p", 5]}, "parent_request_id"),
+        ("q", toks, {"fork_of": ("p", True)}, r"\[1, 5\]"),
+        ("p", toks, {}, "a new id"),  # retained under that id
+    ]
+    for rid, ids, kw, match in bad:
+        with pytest.raises(InvalidInputError, match=match):
+            core.add_request(EngineCoreRequest(rid, ids, sp), **kw)
+    with pytest.raises(InvalidInputError, match="n with fork_of"):
+        core.add_request(EngineCoreRequest("q", toks, SamplingParams(n=2, max_tokens=1)), retain_kv=True)
+    plp = SamplingParams(max_tokens=1, prompt_logprobs=1)
+    with pytest.raises(InvalidInputError, match="prompt_logprobs"):
+        core.add_request(EngineCoreRequest("q", toks, plp), fork_of=("p", 5))
+    assert not core.has_unfinished_requests() and list(core.retained) == ["p"]
+    core.release_kv("p")
+    core.release_kv("p")  # released ids are ignored
+    _no_leak(llm)
