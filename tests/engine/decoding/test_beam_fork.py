@@ -325,3 +325,41 @@ def test_fork_and_retain_refuse_bad_input_before_queueing(checkpoints):
     core.release_kv("p")
     core.release_kv("p")  # released ids are ignored
     _no_leak(llm)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kv_dtype", ["fp8", "int8"])
+def test_quantized_kv_forks_equal_recomputing(checkpoints, kv_dtype):
+    """A quantized KV pool (1-byte elements, per-layer scales): the forks' byte-copied partial blocks give
+    the beams that recomputing every beam's tokens gives (the same engine with ``fork_of`` dropped, so each
+    beam request is prefilled through the prefix cache)."""
+    from layerzero.engine import LLM
+
+    llm = LLM(
+        checkpoints["qwen3"],
+        device="cpu",
+        dtype=torch.float32,
+        max_model_len=48,
+        num_kv_blocks=64,
+        block_size=BLOCK,
+        kv_cache_dtype=kv_dtype,
+    )
+    prompt = prompts(1, seed=66, lo=10, hi=10)[0]
+    params = _params(3, 6, length_penalty=0.8)
+    (forked,) = llm.beam_search([prompt], params)
+    core = llm.engine
+    add, seen = core.add_request, []
+
+    def no_fork(req, *, fork_of=None, retain_kv=False):
+        seen.append(fork_of)
+        add(req, retain_kv=retain_kv)
+
+    core.add_request = no_fork
+    assert core.reset_prefix_cache()
+    (recomputed,) = llm.beam_search([prompt], params)
+    assert seen[0] is None and all(f is not None for f in seen[1:])
+    assert [s.tokens for s in forked.sequences] == [s.tokens for s in recomputed.sequences]
+    assert [s.score for s in forked.sequences] == pytest.approx(
+        [s.score for s in recomputed.sequences], abs=1e-5
+    )
+    _no_leak(llm)
