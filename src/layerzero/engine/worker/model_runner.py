@@ -283,7 +283,7 @@ class ModelRunner:
         return StepLogits(self._eager(batch), None)
 
     @torch.no_grad()
-    def copy_blocks(self, pairs: list[tuple[int, int]], extra_caches: list[torch.Tensor] = ()) -> None:
+    def copy_blocks(self, pairs: list[tuple[int, int]], extra_caches: tuple | list = ()) -> None:
         """Copy whole KV blocks ``src -> dst`` for each ``(src, dst)`` of ``pairs`` (block ids; the dst blocks
         distinct and none of them a src) in every layer's pool, K and V (``kv_caches`` and ``extra_caches``,
         e.g. a draft model's; each ``[num_blocks, 2, block_size, Hkv, D]``): the copy-on-write half of a fork
