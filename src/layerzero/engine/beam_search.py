@@ -2,16 +2,23 @@
 rules, so that its hypotheses and scores equal ``generate(num_beams=W, do_sample=False, length_penalty=L)``.
 
 Each step asks the engine for the top-K raw logprobs of every running beam's next token (one request per
-beam, its prompt the beam's tokens so far, ``max_tokens=1``); the beams' KV is shared through prefix caching
+beam, its prompt the beam's tokens so far, ``max_tokens=1``). The first step prefills each prompt once; every
+later beam request is a copy-on-write fork of its parent beam's KV, kept by the engine core until released
+(``EngineCore.add_request(fork_of=..., retain_kv=True)``), so it computes only its one new token
 (docs/decoding.md, "Beam search and n")."""
 
 from __future__ import annotations
 
+import itertools
 import numbers
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .core.errors import EngineCoreError
+from .core.messages import EngineCoreAbort, EngineCoreRequest
 from .errors import bad_input
 from .sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -99,6 +106,8 @@ class _Beam:
     out: list[int]
     cum: float
     lps: list[dict[int, float]]
+    parent: Any = None  # the handle of the beam this one extends (its KV), None for the prompt
+    handle: Any = None  # this beam's own request's handle, once its step ran
 
 
 class _Instance:
@@ -117,8 +126,9 @@ def run_beam_search(
     prompts: Sequence[list[int]],
     params: BeamSearchParams,
     eos_token_ids: Sequence[int],
-    step: Callable[[list[list[int]], int], list[dict[int, float]]],
+    step: Callable[[list[tuple[list[int], Any]], int], list[tuple[dict[int, float], Any]]],
     decode: Callable[[list[int]], str] | None = None,
+    release: Callable[[list[Any]], None] | None = None,
 ) -> list[BeamSearchOutput]:
     """Beam search over ``prompts`` (token-id lists), transformers' algorithm
     (``GenerationMixin._beam_search``, ``early_stopping=False``, the default) per prompt:
@@ -133,9 +143,12 @@ def run_beam_search(
        length_penalty`` is not above the worst finished score, the prompt is done (transformers' heuristic
        for ``early_stopping=False``); every prompt stops at ``max_tokens``.
 
-    ``step(seqs, k)``: for each token sequence (prompt + generated), its top-``k`` next-token raw logprobs
-    ({token id: logprob}); called once per step with every live beam of every prompt. ``decode``: token ids
-    to text (None: no text). Returns one :class:`BeamSearchOutput` per prompt, best score first.
+    ``step(reqs, k)``: for each ``(tokens, parent)`` (a live beam's tokens, prompt + generated, and the handle
+    ``step`` returned for the beam it extends, None in the first step) its top-``k`` next-token raw logprobs
+    ({token id: logprob}) and a handle of its own (e.g. its retained KV), called once per step with every
+    live beam of every prompt. ``release(handles)``: handles no later beam extends (None: not told).
+    ``decode``: token ids to text (None: no text). Returns one :class:`BeamSearchOutput` per prompt, best
+    score first.
     """
     w = params.beam_width
     eos = frozenset(() if params.ignore_eos else eos_token_ids)
@@ -150,9 +163,10 @@ def run_beam_search(
         live = [(inst, b) for inst in insts if not inst.done for b in inst.running]
         if not live:
             break
-        tops = step([inst.prompt + b.out for inst, b in live], k)
+        res = step([(inst.prompt + b.out, b.parent) for inst, b in live], k)
         per: dict[int, list[tuple[float, int, _Beam, int, dict[int, float]]]] = {}
-        for j, ((inst, b), top) in enumerate(zip(live, tops, strict=True)):
+        for j, ((inst, b), (top, handle)) in enumerate(zip(live, res, strict=True)):
+            b.handle = handle
             for t, lp in top.items():
                 per.setdefault(id(inst), []).append((b.cum + lp, j, b, t, top))
         last = g + 1 == params.max_tokens
@@ -164,7 +178,7 @@ def run_beam_search(
             cands = sorted(per.get(id(inst), []), key=lambda c: (-c[0], c[1], c[3]))[:k]
             new_running, new_finished = [], []
             for rank, (cum, _, b, t, top) in enumerate(cands):
-                beam = _Beam([*b.out, t], cum, [*b.lps, top])
+                beam = _Beam([*b.out, t], cum, [*b.lps, top], b.handle)
                 hit = t in eos or last
                 if not hit:
                     if len(new_running) < w:
@@ -178,6 +192,10 @@ def run_beam_search(
                 inst.done = not best > inst.finished[-1][0]
             if not inst.running:
                 inst.done = True
+        if release is not None:  # the step's parents, and its beams no running beam extends
+            keep = {nb.parent for inst in insts if not inst.done for nb in inst.running}
+            gone = {b.parent for _, b in live} | {b.handle for _, b in live}
+            release([h for h in gone if h is not None and h not in keep])
     outs = []
     for inst in insts:
         seqs = []
@@ -202,13 +220,15 @@ def run_beam_search(
 def llm_beam_search(llm: Any, prompts: Sequence[Any], params: BeamSearchParams) -> list[BeamSearchOutput]:
     """:meth:`layerzero.engine.LLM.beam_search`: validate every prompt (strings tokenized; vLLM's
     ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` dicts accepted) and run :func:`run_beam_search`, each
-    step one :meth:`~layerzero.engine.LLM.generate` call over every live beam (a one-token greedy request with
-    ``logprobs=K``; the beams' full KV blocks come from the prefix cache). EOS ids: the model's and the
-    tokenizer's (what ends a ``generate()`` completion).
+    step one batch of engine-core requests over every live beam (a one-token greedy request with
+    ``logprobs=K``, after the first step a copy-on-write fork of its parent beam's KV: :class:`_CoreSteps`).
+    EOS ids: the model's and the tokenizer's (what ends a ``generate()`` completion). Every KV block the
+    search retained is released when it returns or raises.
 
     Raises:
         InvalidInputError: ``params`` not a :class:`BeamSearchParams`, no prompts, a bad prompt, a prompt
             longer than ``max_model_len - max_tokens``.
+        EngineCoreError: a beam's request failed inside an engine step.
     """
     if not isinstance(params, BeamSearchParams):
         raise bad_input("params", "a BeamSearchParams", type(params).__name__)
@@ -230,10 +250,87 @@ def llm_beam_search(llm: Any, prompts: Sequence[Any], params: BeamSearchParams) 
         ids.append(toks)
     core = llm.engine
     eos = sorted(t for t in {*core.eos, inputs.eos_token_id} if t is not None and 0 <= t < core.vocab_size)
-
-    def step(seqs: list[list[int]], k: int) -> list[dict[int, float]]:
-        sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, ignore_eos=True)
-        return [o.outputs[0].logprobs[0] for o in llm.generate(seqs, sp, use_tqdm=False)]
-
+    steps = _CoreSteps(llm)
     tok = llm.tokenizer
-    return run_beam_search(ids, params, eos, step, tok.decode if tok is not None else None)
+    try:
+        return run_beam_search(
+            ids, params, eos, steps.step, tok.decode if tok is not None else None, steps.release
+        )
+    finally:
+        steps.close()
+
+
+class _CoreSteps:
+    """Runs beam-search steps on ``llm``'s engine core: each beam one greedy one-token request with ``logprobs
+    = k``, added with ``retain_kv`` (its KV kept for its children) and, after the first step, ``fork_of`` its
+    parent beam's request (that request's tokens, all computed, shared copy-on-write). Handles are
+    ``(request id, tokens)``. Other callers' requests stepped meanwhile get their outputs as ``LLM._step``
+    hands them out."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm, self.core = llm, llm.engine
+        self.eos = llm.input_processor.eos_token_id
+        self.prefix = f"beam-{uuid.uuid4().hex[:12]}-"
+        self.ids = itertools.count()
+        self.live: set[str] = set()  # added, not finished
+        self.retained: set[str] = set()  # added, not released
+
+    def step(self, reqs: list[tuple[list[int], Any]], k: int) -> list[tuple[dict[int, float], Any]]:
+        """Add every beam's request and step the core until each has its token's top-``k`` logprobs.
+
+        Raises:
+            EngineCoreError: a beam's request failed inside a step (its ``error``)."""
+        sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, ignore_eos=True)
+        rids = []
+        with self.llm._lock:
+            for toks, parent in reqs:
+                rid = f"{self.prefix}{next(self.ids)}"
+                req = EngineCoreRequest(rid, list(toks), sp, 0, time.time(), self.eos)
+                self.core.add_request(req, fork_of=parent, retain_kv=True)
+                self.live.add(rid)
+                self.retained.add(rid)
+                rids.append(rid)
+        tops: dict[str, dict[int, float]] = {}
+        while self.live:
+            for o in self._step():
+                if o.error is not None or o.finish_reason in ("error", "abort"):
+                    raise EngineCoreError(f"beam search: beam request {o.request_id} failed: {o.error}")
+                if o.new_logprobs:
+                    tops[o.request_id] = o.new_logprobs[0]
+                if o.finish_reason is not None:
+                    self.live.discard(o.request_id)
+        return [(tops[rid], (rid, len(toks))) for rid, (toks, _) in zip(rids, reqs, strict=True)]
+
+    def _step(self) -> list[Any]:
+        """One core step; returns this search's outputs and hands the others out as ``LLM._step`` does."""
+        llm = self.llm
+        with llm._lock:
+            try:
+                outs = self.core.step().outputs
+                res = llm.output_processor.process_outputs(outs)  # our requests are not tracked there
+                if res.aborts:
+                    self.core.abort_requests(res.aborts)
+                for ro in res.request_outputs:
+                    box = llm._boxes.get(ro.request_id)
+                    if box is not None:
+                        box.put(ro)
+            finally:
+                llm._apply_aborts()
+        return [o for o in outs if o.request_id in self.live]
+
+    def release(self, handles: list[Any]) -> None:
+        """Release the retained KV of ``handles`` (no later beam forks from them)."""
+        for rid, _ in handles:
+            if rid in self.retained:
+                self.retained.discard(rid)
+                self.core.release_kv(rid)
+
+    def close(self) -> None:
+        """Abort the unfinished requests and release every retained KV (at the end and on any error)."""
+        with self.llm._lock:
+            if self.live:
+                self.core.abort_requests([EngineCoreAbort(rid) for rid in self.live])
+                self.live.clear()
+            for rid in self.retained:
+                self.core.release_kv(rid)
+            self.retained.clear()

@@ -1,7 +1,7 @@
 """``LLM.beam_search`` against transformers' ``generate(num_beams=W, do_sample=False, length_penalty=L)``:
 the same W hypotheses in the same order and the same ``sequences_scores``, for several (W, L), with and
 without EOS ending hypotheses, on two model families (tiny float32 checkpoints); the beams' shared prefix is
-served by the prefix cache."""
+not computed again (copy-on-write forks: ``test_beam_fork.py``)."""
 
 from __future__ import annotations
 
@@ -123,26 +123,30 @@ def test_early_stop_heuristic_matches_transformers(checkpoints, hf_models, monke
     eos = 69
     monkeypatch.setattr(llm.engine, "eos", {eos})
     monkeypatch.setattr(llm.input_processor, "eos_token_id", eos)
+    from layerzero.engine import beam_search as bs
+
     calls = []
-    generate = llm.generate
-    monkeypatch.setattr(llm, "generate", lambda *a, **k: calls.append(1) or generate(*a, **k))
+    step = bs._CoreSteps.step
+    monkeypatch.setattr(bs._CoreSteps, "step", lambda self, *a: calls.append(1) or step(self, *a))
     for w in (2, 3):
         calls.clear()
         _check(llm, hf, prompt, w, 1.0, 8, eos)
-        assert len(calls) < 8  # stopped early
+        assert 0 < len(calls) < 8  # stopped early
 
 
 def test_beams_recompute_at_most_a_block_per_step(checkpoints, monkeypatch):
-    """What docs/decoding.md says is shared: after the first step, each beam request finds every full block
-    of its tokens in the prefix cache and computes at most ``block_size`` tokens (counted with the prefix
-    cache's lookups)."""
+    """What docs/decoding.md says is shared: after the first step, no beam request computes more than
+    ``block_size`` tokens (counted with the prefix cache's lookups; since the copy-on-write forks only the
+    first step looks any up, and each later step computes one token per beam: ``test_beam_fork.py``)."""
+    from layerzero.engine import beam_search as bs
+
     llm = _llm(checkpoints["llama"])
     prompt = prompts(1, seed=54, lo=9, hi=9)[0]
     llm.beam_search([[1, 2, 3]], _params(2, 2))  # warm: nothing of ``prompt`` is cached
     sizes = []
-    generate = llm.generate
+    step = bs._CoreSteps.step
     monkeypatch.setattr(
-        llm, "generate", lambda seqs, *a, **k: sizes.append(len(seqs)) or generate(seqs, *a, **k)
+        bs._CoreSteps, "step", lambda self, reqs, k: sizes.append(len(reqs)) or step(self, reqs, k)
     )
     before = llm.engine.kv.stats()
     (out,) = llm.beam_search([prompt], _params(3, 10, ignore_eos=True))

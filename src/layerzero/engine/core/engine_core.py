@@ -116,6 +116,8 @@ class EngineCore(EngineLoop):
         #: Serializes every entry point that reads or changes requests or runs a step (re-entrant).
         self.lock = threading.RLock()
         self._aborts: collections.deque[EngineCoreAbort] = collections.deque()  # from any thread
+        #: Requests added with ``retain_kv``: their one sequence, whose block table outlives its finish.
+        self.retained: dict[str, Sequence] = {}
         self.stats.startup_s = time.perf_counter() - t0
 
     @property
@@ -124,7 +126,13 @@ class EngineCore(EngineLoop):
         return self.executor.runner
 
     # ------------------------------------------------------------------------------------------ requests
-    def add_request(self, request: EngineCoreRequest) -> None:
+    def add_request(
+        self,
+        request: EngineCoreRequest,
+        *,
+        fork_of: tuple[str, int] | None = None,
+        retain_kv: bool = False,
+    ) -> None:
         """Queue ``request`` (validated by the front end: ids in the vocabulary, at most ``max_model_len``
         tokens); its ``n`` completions wait for the scheduler. ``request.eos_token_id`` (the front end's
         tokenizer's EOS) joins the model's EOS ids when it is inside the vocabulary.
@@ -132,16 +140,26 @@ class EngineCore(EngineLoop):
         A ``structured_outputs`` constraint is compiled here (its backend chosen, the grammar cached) and each
         completion gets its own grammar matcher.
 
+        Internal, for beam search (not part of the vLLM API): ``retain_kv`` keeps the request's block table
+        after it finishes, until :meth:`release_kv`; ``fork_of`` ``(parent_request_id, num_tokens)`` admits it
+        as a copy-on-write fork of a retained request's KV: its first ``num_tokens`` prompt tokens (the
+        parent's first tokens, their KV computed) are not computed again (docs/decoding.md, "Beam search and
+        n"). Both need ``n == 1``; ``fork_of`` no prompt logprobs.
+
         Raises:
-            InvalidInputError: a request id that is empty, not a string, or queued already; a
-                structured-output constraint no backend compiles (nothing queued in either case).
+            InvalidInputError: a request id that is empty, not a string, queued or retained already; a
+                structured-output constraint no backend compiles; a ``fork_of`` parent that is not retained,
+                ``num_tokens`` outside ``[1, min(parent's computed tokens, len(prompt) - 1)]`` or a prompt
+                that does not start with the parent's first ``num_tokens`` tokens (nothing queued in any
+                case).
         """
         rid, params, ids = request.request_id, request.sampling_params, request.prompt_token_ids
         if not isinstance(rid, str) or not rid:
             raise bad_input("request_id", "a non-empty string", repr(rid))
         with self.lock:
-            if rid in self.requests:
+            if rid in self.requests or rid in self.retained:
                 raise bad_input("request_id", "a new id", repr(rid))
+            parent = None if fork_of is None and not retain_kv else self._check_fork(request, fork_of)
             self._add_eos(request.eos_token_id)
             self.structured.prepare(params)
             plp = None if params.prompt_logprobs is None else PromptLogprobs(params.prompt_logprobs, len(ids))
@@ -159,10 +177,45 @@ class EngineCore(EngineLoop):
                 for i in range(params.n)
             ]
             self.requests[rid] = Request(rid, seqs)
+            if retain_kv:
+                self.retained[rid] = seqs[0]
             for seq in seqs:
                 if params.structured_outputs is not None:
                     self.structured.add(seq)
-                self.scheduler.add(seq)
+                self.scheduler.add(seq, fork_of=parent, retain_kv=retain_kv)
+
+    def _check_fork(
+        self, request: EngineCoreRequest, fork_of: tuple[str, int] | None
+    ) -> tuple[Sequence, int] | None:
+        """``fork_of`` checked (see :meth:`add_request`) as (parent sequence, num_tokens), or None."""
+        params, ids = request.sampling_params, request.prompt_token_ids
+        if params.n != 1:
+            raise bad_input("n with fork_of / retain_kv", 1, params.n, "Fork and retain one sequence each.")
+        if fork_of is None:
+            return None
+        if params.prompt_logprobs is not None:
+            raise bad_input("prompt_logprobs with fork_of", None, params.prompt_logprobs)
+        if not isinstance(fork_of, tuple) or len(fork_of) != 2:
+            raise bad_input("fork_of", "(parent_request_id, num_tokens)", repr(fork_of))
+        prid, num = fork_of
+        parent = self.retained.get(prid)
+        if parent is None:
+            raise bad_input("fork_of parent", "a request added with retain_kv and not released", repr(prid))
+        hi = min(parent.num_computed_tokens, len(ids) - 1)
+        if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= hi:
+            raise bad_input("fork_of num_tokens", f"an int in [1, {hi}]", repr(num))
+        if list(ids[:num]) != parent.token_ids[:num]:
+            raise bad_input("fork_of prompt", f"the parent {prid!r}'s first {num} tokens", "different tokens")
+        return parent, num
+
+    def release_kv(self, request_id: str) -> None:
+        """Free the block table a ``retain_kv`` request kept (at once when it finished, else when it
+        finishes; its full blocks stay in the prefix cache); waiting forks of it are then prefilled the
+        ordinary way. Unknown or released ids are ignored."""
+        with self.lock:
+            seq = self.retained.pop(request_id, None)
+            if seq is not None:
+                self.scheduler.release(seq)
 
     def _add_eos(self, eos: int | None) -> None:
         if eos is None or eos in self.eos:

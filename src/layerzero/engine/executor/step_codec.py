@@ -108,6 +108,7 @@ class StepDecoder:
         msg = unpack(data) if isinstance(data, bytes) else data
         _, fields, tables, new, forget, rest, plp = msg
         out = dict(zip(_PLAIN, fields, strict=True))
+        out["blocks_to_copy"] = [(a, b) for a, b in out["blocks_to_copy"]]  # msgpack gives lists
         rows = [rid for rid, sample in zip(out["req_ids"], out["sample"], strict=True) if sample]
         params = []
         for i, rid in enumerate(rows):

@@ -282,6 +282,20 @@ class ModelRunner:
             return StepLogits(graphs.run(batch), None)
         return StepLogits(self._eager(batch), None)
 
+    @torch.no_grad()
+    def copy_blocks(self, pairs: list[tuple[int, int]], extra_caches: tuple | list = ()) -> None:
+        """Copy whole KV blocks ``src -> dst`` for each ``(src, dst)`` of ``pairs`` (block ids; the dst blocks
+        distinct and none of them a src) in every layer's pool, K and V (``kv_caches`` and ``extra_caches``,
+        e.g. a draft model's; each ``[num_blocks, 2, block_size, Hkv, D]``): the copy-on-write half of a fork
+        (``SchedulerOutput.blocks_to_copy``; vLLM's ``copy_blocks``). Byte copies, so any KV dtype (fp8 /
+        int8 pools too: their scales are per layer, not per block, and need no copy); queued on the current
+        stream, before the step's forward."""
+        src = torch.tensor([p[0] for p in pairs], dtype=torch.int64).to(self.device, non_blocking=True)
+        dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64).to(self.device, non_blocking=True)
+        for cache in (*self.kv_caches, *extra_caches):
+            c = cache.view(torch.uint8) if cache.element_size() == 1 else cache
+            c.index_copy_(0, dst, c.index_select(0, src))
+
     def kernel_report(self, buckets: list[tuple[str, int]]) -> dict[str, Any]:
         """For each ``(kind, tokens)`` bucket (``"decode"``: that many sequences of one token; ``"prefill"``:
         one chunk of that many tokens, at most ``max_model_len``), the model's forward as ``lz.dry_run``

@@ -105,6 +105,10 @@ class Worker:
             SamplingError: the draw raised (its ``rows`` name the rows that raise alone).
         """
         rows = out.sampling
+        if out.blocks_to_copy:  # copy-on-write forks (beam search): their partial blocks, before the forward
+            d = self.drafter
+            extra = d.kv if d is not None and d.kv is not self.runner.kv_caches else []
+            self.runner.copy_blocks(out.blocks_to_copy, extra)
         self.sampler.penalties.release([*out.preempted_seq_ids, *rows.free_seq_ids])
         lp = self.logitsprocs
         if lp is not None:  # tell the plugins this step's rows (its sampled chunks, in order)

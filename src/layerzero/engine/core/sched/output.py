@@ -153,7 +153,10 @@ class SchedulerOutput:
     :class:`PromptLogprobsRows`, usually empty); ``spec_token_ids`` (speculative decoding: per chunk the
     drafts it verifies after its last token, ``[]`` for none, -1 for a draft model's that the worker
     proposes; its ``new_token_ids`` then hold the last token and the drafts (0 for -1), and
-    ``num_scheduled_tokens`` counts them; empty when speculative decoding is off)."""
+    ``num_scheduled_tokens`` counts them; empty when speculative decoding is off); ``blocks_to_copy``
+    ``[(src, dst)]`` block ids whose KV (every layer, K and V) the workers copy before the step's forward:
+    the partial last block of a parent a child was forked from (copy-on-write, beam search:
+    :meth:`~layerzero.engine.core.kv.block_manager.KVCacheManager.fork`), usually empty."""
 
     req_ids: list[str] = field(default_factory=list)
     seq_ids: list[int] = field(default_factory=list)
@@ -167,6 +170,7 @@ class SchedulerOutput:
     sampling: SamplingMetadata = field(default_factory=SamplingMetadata)
     prompt_logprobs: PromptLogprobsRows = field(default_factory=PromptLogprobsRows)
     spec_token_ids: list[list[int]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -215,6 +219,7 @@ class SchedulerOutput:
             )
         tables = d.pop("block_tables")
         plp = d.pop("prompt_logprobs", None) or {}
+        d["blocks_to_copy"] = [(int(a), int(b)) for a, b in d.get("blocks_to_copy", ())]
         return cls(
             **d,
             block_tables=None if tables is None else np.asarray(tables, dtype=np.int32),

@@ -20,10 +20,19 @@ prefix caching check).
 A sequence whose request asked for prompt logprobs (``Sequence.prompt_lp``) and does not have them all yet is
 admitted without prefix-cache hits (vLLM's rule: cached tokens have no logits, so its prompt is computed
 again), and its chunks' prompt positions are named in ``SchedulerOutput.prompt_logprobs``.
+
+Copy-on-write forks (beam search; :meth:`Scheduler.add` with ``fork_of``): a forked sequence is admitted
+with the block table :meth:`KVCacheManager.fork` gives it (the parent's full blocks shared by refcount, a new
+block for the partial last one, whose copy goes in ``SchedulerOutput.blocks_to_copy``) and the parent's first
+``num_tokens`` tokens counted as computed (no prefix-cache lookup); it computes only its tokens after them.
+When that cannot be done (too few free blocks for the copy and its new tokens, the parent's KV gone) it falls
+back to the ordinary admission (its tokens through the prefix cache; logged). A sequence marked ``retain_kv``
+keeps its block table when it finishes, until :meth:`Scheduler.release` (forks are made from such parents).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -34,6 +43,8 @@ from .output import SchedulerOutput, penalty_state_sent
 from .policy import SchedulingPolicy
 
 __all__ = ["Scheduler", "SchedulerOutput"]
+
+log = logging.getLogger("layerzero.engine")
 
 
 class Scheduler:
@@ -61,11 +72,35 @@ class Scheduler:
         #: Finished sequences whose penalty state the workers hold: sent (``SamplingMetadata.free_seq_ids``)
         #: with the next step that runs.
         self.freed_penalty_state: list[int] = []
+        #: Copy-on-write forks waiting for admission: child seq_id -> (parent sequence, its tokens shared).
+        self.forks: dict[int, tuple[Sequence, int]] = {}
+        #: Sequences whose block table outlives their finish until :meth:`release` (seq_ids).
+        self.retained: set[int] = set()
+        self._copies: list[tuple[int, int]] = []  # the next output's blocks_to_copy
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a new sequence."""
+    def add(
+        self, seq: Sequence, *, fork_of: tuple[Sequence, int] | None = None, retain_kv: bool = False
+    ) -> None:
+        """Queue a new sequence. ``fork_of`` (parent, num_tokens): admit it as a copy-on-write fork of the
+        parent's first ``num_tokens`` tokens (the caller checked that they are ``seq``'s first tokens and that
+        the parent is retained); ``retain_kv``: keep its block table after it finishes (:meth:`release`)."""
         seq.status = SequenceStatus.WAITING
+        if fork_of is not None:
+            self.forks[seq.seq_id] = fork_of
+        if retain_kv:
+            self.retained.add(seq.seq_id)
         self.waiting.append(seq)
+
+    def release(self, seq: Sequence) -> None:
+        """Stop retaining ``seq``'s block table: freed now when it finished (full blocks stay cached), else
+        when it finishes. Waiting forks of it fall back to the ordinary admission."""
+        self.retained.discard(seq.seq_id)
+        if seq.finished and seq.seq_id in self.kv:
+            self.kv.free(seq.seq_id)
+        for child, (parent, _) in list(self.forks.items()):
+            if parent is seq:
+                del self.forks[child]
+                log.info("fork of sequence %d: parent released before admission; prefilled instead", child)
 
     def has_unfinished(self) -> bool:
         """Whether any sequence waits or runs."""
@@ -76,6 +111,7 @@ class Scheduler:
         count drops to 0 and it waits again, keeping its arrival time."""
         self.kv.free(seq.seq_id)
         self.running.remove(seq)
+        self.forks.pop(seq.seq_id, None)
         seq.status, seq.num_computed_tokens = SequenceStatus.WAITING, 0
         seq.spec_token_ids = None
         seq.num_preemptions += 1
@@ -93,6 +129,7 @@ class Scheduler:
     def _plain(self, chunks: list[tuple[Sequence, int]], preempted: list[Sequence]) -> SchedulerOutput:
         """The plain-data :class:`SchedulerOutput` of ``chunks`` (one pass; the block tables one gather)."""
         out = SchedulerOutput(preempted_seq_ids=[s.seq_id for s in preempted])
+        out.blocks_to_copy, self._copies = self._copies, []
         self.prompt_logprobs = []
         if not chunks:
             return out
@@ -192,6 +229,12 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
             key = keys.get(seq.seq_id)
+            if self.forks and seq.seq_id in self.forks:
+                n = self._admit_fork(seq, budget)
+                if n is not None:
+                    out.chunks.append((seq, n))
+                    budget -= n
+                    continue
             if seq.num_preemptions == 0 and (
                 seq.request_id in prefilling or key is not None and key in prefilling
             ):
@@ -223,6 +266,36 @@ class Scheduler:
                 prefilling.add(seq.request_id)
                 if cached < self.kv.block_size and key is not None:
                     prefilling.add(key)
+
+    def _admit_fork(self, seq: Sequence, budget: int) -> int | None:
+        """Admit the waiting fork ``seq`` from its parent's block table (:meth:`KVCacheManager.fork`; the
+        partial block's copy queued for the output) with its first ``min(uncomputed, budget)`` tokens to
+        compute; returns that count, or None (logged; the fork is dropped) when it must be admitted the
+        ordinary way: the parent's KV is gone or the pool cannot hold the copy and the new tokens."""
+        parent, num = self.forks.pop(seq.seq_id)
+        n = min(seq.num_tokens - num, budget)
+        bs = self.kv.block_size
+        need = (num % bs > 0) + max(0, -(-(num + n) // bs) - -(-num // bs))
+        if parent.seq_id not in self.kv or parent.num_computed_tokens < num:
+            why = "the parent's KV is no longer held"
+        elif not self.kv.can_allocate(need, admit=bool(self.running)):
+            why = f"{need} free blocks needed, {self.kv.num_free_blocks()} left"
+        else:
+            self._copies += self.kv.fork(parent.seq_id, seq.seq_id, num)
+            self.kv.allocate_slots(seq.seq_id, num + n)  # fits: checked above
+            self.waiting.remove(seq)
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
+            seq.status, seq.num_computed_tokens, seq.num_cached_tokens = SequenceStatus.RUNNING, num, num
+            self.running.append(seq)
+            return n
+        log.info(
+            "fork of sequence %d from %d: %s; admitted through the prefix cache",
+            seq.seq_id,
+            parent.seq_id,
+            why,
+        )
+        return None
 
     def _cached_tokens(self, seq: Sequence) -> int:
         if seq.prompt_lp is not None and not seq.prompt_lp.done:
@@ -265,7 +338,8 @@ class Scheduler:
         seq.status, seq.finish_reason, seq.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
         if penalty_state_sent(seq):
             self.freed_penalty_state.append(seq.seq_id)
-        if seq.seq_id in self.kv:
+        self.forks.pop(seq.seq_id, None)
+        if seq.seq_id in self.kv and seq.seq_id not in self.retained:
             self.kv.free(seq.seq_id)
         if seq in self.running:
             self.running.remove(seq)
