@@ -302,21 +302,8 @@ class _CoreSteps:
         return [(tops[rid], (rid, len(toks))) for rid, (toks, _) in zip(rids, reqs, strict=True)]
 
     def _step(self) -> list[Any]:
-        """One core step; returns this search's outputs and hands the others out as ``LLM._step`` does."""
-        llm = self.llm
-        with llm._lock:
-            try:
-                outs = self.core.step().outputs
-                res = llm.output_processor.process_outputs(outs)  # our requests are not tracked there
-                if res.aborts:
-                    self.core.abort_requests(res.aborts)
-                for ro in res.request_outputs:
-                    box = llm._boxes.get(ro.request_id)
-                    if box is not None:
-                        box.put(ro)
-            finally:
-                llm._apply_aborts()
-        return [o for o in outs if o.request_id in self.live]
+        """One core step (``LLM._step``: other callers' outputs go to their boxes); this search's outputs."""
+        return [o for o in self.llm._step() if o.request_id in self.live]
 
     def release(self, handles: list[Any]) -> None:
         """Release the retained KV of ``handles`` (no later beam forks from them)."""

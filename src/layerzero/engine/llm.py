@@ -237,12 +237,13 @@ class LLM:
         """Abort (and forget) each of ``boxes``' requests, finished or not."""
         self.abort([b.request_id for b in boxes])
 
-    def _step(self) -> None:
-        """Run one core step and hand each request's news to its box (whoever's it is)."""
+    def _step(self) -> list[Any]:
+        """Run one core step and hand each request's news to its box (whoever's it is); returns the core's
+        outputs of the step (beam search reads its own requests', which have no box)."""
         with self._lock:
             try:
-                outs = self.engine.step()
-                res = self.output_processor.process_outputs(outs.outputs)
+                outs = self.engine.step().outputs
+                res = self.output_processor.process_outputs(outs)
                 if res.aborts:  # stop strings: the core stops those completions before the next step
                     self.engine.abort_requests(res.aborts)
                 for ro in res.request_outputs:
@@ -251,6 +252,7 @@ class LLM:
                         box.put(ro)
             finally:
                 self._apply_aborts()
+        return outs
 
     def _apply_aborts(self) -> None:
         """Abort the queued request ids (:meth:`abort`); the caller holds the lock."""
