@@ -11,6 +11,11 @@ SECTIONS = {
     "Ops": [],  # every op not in another section, in definition order (derived from lz.ops.OPDEFS below)
     "Quantization (docs/quantization.md)": ["quantize", "dequantize", "quantized_linear", "fp8_linear"],
     "Tokenization (docs/tokenization.md)": ["tokenize", "detokenize", "IncrementalDetokenizer"],
+    "Sampling distribution and seeded streams (docs/decoding.md)": [
+        "sampling_probs",
+        "seeded_exponential",
+        "seeded_uniform",
+    ],
     "Paged KV cache (serving)": [
         "paged_attention",
         "reshape_and_cache",

@@ -82,6 +82,7 @@ from .planning import (
     uncompile,
     uninstall_table,
 )
+from .sampling_dist import sampling_probs, seeded_exponential, seeded_uniform
 from .tokenization import Encoding, IncrementalDetokenizer, detokenize, tokenize
 
 
@@ -240,5 +241,8 @@ __all__ = [  # the op functions follow from ops.__all__ (derived from the OpDefs
     "get_knobs",
     "knobs",
     "reset_knobs",
+    "sampling_probs",
+    "seeded_exponential",
+    "seeded_uniform",
     *_ops_all,
 ]

@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 
 from layerzero.engine.core.sched.output import SamplingMetadata
 from layerzero.engine.sampling_params import SamplingParams
-from layerzero.engine.spec_decode.rejection import rejection_sample, warped_probs
+from layerzero.engine.spec_decode.rejection import rejection_sample
 from layerzero.engine.spec_decode.verify import verify_rows
 
 N = 1_000_000
@@ -58,21 +58,6 @@ def test_emitted_tokens_have_the_target_distribution(one_hot: bool) -> None:
         assert abs(rate - expect) < 0.005
     # a wrong target fails the test: the same draws against a shifted p[0]
     assert _chi2(out[:, 0], torch.roll(p[0], 1)) < 1e-6
-
-
-def test_warped_probs_follow_top_k_top_p_min_p() -> None:
-    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]], dtype=torch.float64)
-    t = torch.ones(1, dtype=torch.float64)
-    full = torch.softmax(logits, -1)
-    k2 = warped_probs(logits, t, top_k=torch.tensor([2]))
-    assert torch.allclose(k2[0, :2], full[0, :2] / full[0, :2].sum()) and k2[0, 2:].sum() == 0
-    # top-p 0.8: mass ranked above token 1 (0.665) < 0.8 keeps it, above token 2 (0.910) cuts
-    p8 = warped_probs(logits, t, top_p=torch.tensor([0.8], dtype=torch.float64))
-    assert (p8[0, :2] > 0).all() and p8[0, 2:].sum() == 0
-    mp = warped_probs(logits, t, min_p=torch.tensor([0.3], dtype=torch.float64))  # keep >= 0.3 * max
-    assert (mp[0, :2] > 0).all() and mp[0, 2:].sum() == 0
-    greedy = warped_probs(logits, torch.zeros(1, dtype=torch.float64))
-    assert greedy.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
 
 
 def test_seeded_rows_give_the_same_tokens_alone_or_in_a_batch() -> None:

@@ -23,7 +23,6 @@ from ..worker.cuda_graph import CUDAGraphRunner
 from ..worker.input_batch import ScheduledChunk, build_forward_batch
 from ..worker.staging import to_device
 from .config import SpeculativeConfig
-from .rejection import counter_exponential, warped_probs
 
 __all__ = ["DraftProposer", "load_draft"]
 
@@ -171,7 +170,7 @@ class DraftProposer:
         step's draft (the last token at j = 0) and writing the draft's KV there (slots the scheduler allocated
         for the verification chunk). Greedy rows draft the draft model's argmax; sampled rows draw from the
         draft's distribution q after the request's temperature / top-k / top-p / min-p
-        (:func:`~.rejection.warped_probs`), seeded rows from counter-based noise of (seed, output position)
+        (``lz.sampling_probs``), seeded rows from counter-based noise of (seed, output position)
         in a stream of their own (the seed xor a salt), others from ``generator``.
 
         Returns ``(drafts, rows, ids, q)``: ``drafts`` ``[R, K]`` int64 on the device, one row per
@@ -242,10 +241,10 @@ class DraftProposer:
                 cuts = [
                     None if not on else _rows(t, a) for t, on in zip((top_k, top_p, min_p), used, strict=True)
                 ]
-                qj = warped_probs(logits.float(), _rows(temp, a), *cuts)  # a cut no row uses: skipped
+                qj = lz.sampling_probs(logits.float(), _rows(temp, a), *cuts)  # a cut no row uses: skipped
                 e = torch.empty(len(chunks), qj.shape[-1], device=dev).exponential_(generator=generator)
                 if seeded:
-                    e[si] = counter_exponential(seeds ^ DRAFT_SALT, base + j, qj.shape[-1]).float()
+                    e[si] = lz.seeded_exponential(seeds ^ DRAFT_SALT, base + j, qj.shape[-1]).float()
                 e = _rows(e, a).clamp_min(torch.finfo(torch.float32).tiny)
                 tok = torch.argmax(torch.log(qj) - torch.log(e), dim=-1)
                 if whole:

@@ -9,10 +9,12 @@ from typing import Any
 import numpy as np
 import torch
 
+import layerzero as lz
+
 from ..core.sched.output import GrammarBitmask, SamplingMetadata, SchedulerOutput, resolve_bitmask
 from ..worker.sampler import SamplerOutput, SamplingError
 from ..worker.staging import to_device
-from .rejection import counter_exponential, counter_uniform, rejection_sample, warped_probs
+from .rejection import rejection_sample
 
 __all__ = ["spec_layout", "verify_rows", "verify_step"]
 
@@ -73,7 +75,7 @@ def verify_rows(
     """Verify ``R`` speculating rows: ``logits`` ``[R, K + 1, V]`` (row r's positions past ``num_drafts[r]``
     ignored), ``drafts`` ``[R, K]`` int64 on the logits' device, ``rows`` their sampling parameters. Greedy
     rows accept drafts equal to the target's argmax and emit the argmax (plain greedy's tokens); sampled rows
-    go through :func:`~.rejection.rejection_sample` over :func:`~.rejection.warped_probs` (float32) with the
+    go through :func:`~.rejection.rejection_sample` over ``lz.sampling_probs`` (float32) with the
     drafts' distributions ``draft_probs`` ``[R, K, V]`` (None: one-hot drafts). Seeded rows take counter-based
     uniforms and noise from (seed, output position): the token at output position o uses offset o, so they do
     not depend on the batch; other rows draw from ``generator``. Returns per row its emitted tokens (accepted
@@ -127,14 +129,14 @@ def verify_rows(
         ]
         nd, si, seeds, base, *vals = to_device(host, dev)
         x = logits.float().reshape(r * k1, v)
-        probs = warped_probs(x, **dict(zip(named, vals, strict=True))).reshape(r, k1, v)
+        probs = lz.sampling_probs(x, **dict(zip(named, vals, strict=True))).reshape(r, k1, v)
         u = torch.rand((r, max(k1 - 1, 1)), generator=generator, device=dev, dtype=torch.float64)[:, : k1 - 1]
         e = torch.empty((r, k1, v), device=dev, dtype=torch.float32).exponential_(generator=generator)
         if seeded:
             offs = base[:, None] + torch.arange(k1, device=dev)[None, :]  # [S, K + 1] output positions
             seeds2 = seeds[:, None].expand_as(offs)
-            u[si] = counter_uniform(seeds2[:, : k1 - 1], offs[:, : k1 - 1])
-            e[si] = counter_exponential(seeds2, offs, v).float()
+            u[si] = lz.seeded_uniform(seeds2[:, : k1 - 1], offs[:, : k1 - 1])
+            e[si] = lz.seeded_exponential(seeds2, offs, v).float()
         tokens, acc = rejection_sample(probs, drafts, nd, u, e, draft_probs)
     both = torch.cat([tokens, acc[:, None]], dim=1).tolist()  # one transfer to the host
     toks, accs = [b[:-1] for b in both], [b[-1] for b in both]
