@@ -7,8 +7,8 @@ imports it on its first call. A missing library leaves the backend registered an
 ``BACKEND_NOT_INSTALLED``; an xgrammar that is found but fails to import raises in the kernel's first call, so
 dispatch falls back to the next kernel (logged, the backend's health charged).
 
-xgrammar dispatches on the device: its C++ kernel for CPU tensors (float32 / bfloat16 / float16), its Triton
-kernel for CUDA tensors (so CUDA is a device type of this kernel only when ``triton`` is importable). Two
+xgrammar dispatches on the device: its C++ kernel for CPU tensors, its Triton kernel for CUDA tensors. The
+kernel is CUDA only (:data:`CPU_EXCLUDED`), and needs triton there. Two
 differences of semantics are bridged here: xgrammar's ``indices`` name rows of the bitmask *and* of the logits
 (``lz``: bitmask row ``i`` masks logits row ``indices[i]``), so a call with indices scatters the bitmask into
 a ``[R_all, W]`` all-allowed bitmask first; and xgrammar leaves ids past ``32 W`` unmasked (``lz`` bans them),
@@ -39,6 +39,12 @@ PRIORITY = 30
 INSTALL_HINT = "pip install xgrammar"
 _DESCRIPTION = "xgrammar's apply_token_bitmask_inplace (C++ on CPU, Triton on CUDA)"
 _HALF_FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
+CPU_EXCLUDED = (
+    "xgrammar 0.2.9's C++ CPU kernel corrupts the heap for vocabularies under 16 tokens (found by "
+    "tests/correctness/test_token_bitmask.py), so the kernel is CUDA only: on CPU selection takes "
+    "torch_native (DEVICE_TYPE_UNSUPPORTED says why xgrammar is not eligible)"
+)
+"""Why CPU is not a device type of ``xgrammar.apply_token_bitmask``."""
 
 
 def probe() -> BackendSpec:
@@ -82,16 +88,24 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: to
             tail.index_fill_(0, indices.long(), float("-inf"))
 
 
-def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
-    """The ``xgrammar.apply_token_bitmask`` KernelSpec: CPU, and CUDA when triton is importable (xgrammar's
-    CUDA path is a Triton kernel); its callable raises ``BackendNotAvailableError`` when ``available`` is
-    False."""
-    devices = {"cpu"}
+def _triton_missing() -> list[Reason]:
+    """xgrammar's CUDA path is its Triton kernel: ``BACKEND_NOT_INSTALLED`` when triton cannot be found."""
     try:
         if importlib.util.find_spec("triton") is not None:
-            devices.add("cuda")
+            return []
     except (ImportError, ValueError):
         pass
+    return [
+        Reason(
+            ReasonCode.BACKEND_NOT_INSTALLED,
+            "xgrammar applies the bitmask on CUDA with a Triton kernel and triton is not installed",
+        )
+    ]
+
+
+def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
+    """The ``xgrammar.apply_token_bitmask`` KernelSpec, CUDA only (see :data:`CPU_EXCLUDED`); its callable
+    raises ``BackendNotAvailableError`` when ``available`` is False."""
     fn = apply_token_bitmask if available else missing_kernel(KERNEL_ID, why, INSTALL_HINT)
     return [
         KernelSpec(
@@ -99,14 +113,15 @@ def kernel_specs(available: bool, why: str) -> list[KernelSpec]:
             "apply_token_bitmask",
             fn,
             priority=PRIORITY,
-            description="xgrammar.apply_token_bitmask_inplace (C++ on CPU, its Triton kernel on CUDA; "
-            "indices via a scattered full bitmask)",
-            device_types=frozenset(devices),
+            description="xgrammar.apply_token_bitmask_inplace (its Triton kernel; indices via a scattered "
+            "full bitmask)",
+            device_types=frozenset({"cuda"}),
             dtypes=_HALF_FLOATS,
             requires_stride_last_1=True,
             deterministic=True,
             graph_safe=False,
             supports_backward=False,
+            check=lambda ctx: _triton_missing(),
         )
     ]
 
