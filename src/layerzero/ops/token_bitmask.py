@@ -173,7 +173,8 @@ def apply_token_bitmask(
     tokens are left bit for bit. Returns None.
 
     Index values are checked on CPU tensors only (on CUDA a check would synchronize; a wrong index there is
-    the caller's responsibility). Not a ``torch.library`` custom op: ``torch.compile`` traces it as Python.
+    the caller's responsibility). Not a ``torch.library`` custom op:
+    ``torch.compile`` runs it as Python (correct, with graph breaks).
 
     Raises:
         InvalidInputError: logits not a 2-D float tensor with V >= 1, or requiring grad; bitmask not int32
