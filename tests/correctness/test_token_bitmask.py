@@ -168,7 +168,9 @@ def test_triton_interpreted_matches_oracle():
 @interpreted
 def test_triton_interpreted_hand_worked_and_no_op():
     test_hand_worked("triton.apply_token_bitmask")
+    test_hand_worked_wide("triton.apply_token_bitmask")
     test_all_ones_words_change_nothing("triton.apply_token_bitmask")
+    test_graph_style_views_are_written_in_place("triton.apply_token_bitmask")
 
 
 # ------------------------------------------------------------------------------------------ selection
