@@ -231,7 +231,8 @@ class _DeferredFill:
             idx = [j for j, (s, m) in enumerate(self.entries) if m.backend == name and not s.finished]
             if idx:
                 b.fill([self.entries[j][1] for j in idx], bits, idx)
-        dead = ~bits.any(axis=1)  # a grammar that allows no token at all (an empty language, a dead end)
+        # a grammar that allows no token at all (an empty language, a dead end); or.reduce: half any()'s time
+        dead = np.bitwise_or.reduce(bits, axis=1) == 0
         for j, (s, _) in enumerate(self.entries):
             if s.finished:
                 bits[j] = -1
