@@ -147,6 +147,11 @@ def test_xgrammar_bridge_on_cpu(dtype):
     banned = [_check_case("xgrammar.apply_token_bitmask", dtype, s, c) for s, c in enumerate(cases)]
     assert min(banned) > 0, banned
     test_hand_worked_wide("xgrammar.apply_token_bitmask")
+    wide = torch.zeros(2, 40, dtype=torch.int32)  # words of a row-strided view: only the first 2 are read
+    wide[:, 1] = 1
+    logits = torch.zeros(2, 64)
+    run("xgrammar.apply_token_bitmask", logits, wide[:, :2])
+    assert (torch.isfinite(logits).nonzero()[:, 1] == 32).all() and torch.isfinite(logits).sum() == 2
 
 
 def test_hand_worked_wide(kernel_id="torch_native.apply_token_bitmask"):

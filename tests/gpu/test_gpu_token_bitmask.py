@@ -48,6 +48,18 @@ def test_equals_torch_native(kernel_id, dtype):
             ), (kernel_id, dtype, n_all, vocab, width, rows)
 
 
+@pytest.mark.parametrize("kernel_id", KERNELS)
+def test_row_strided_bitmask(kernel_id):
+    """Words of a row-strided view (a slice of wider rows): only the first W of each row are read."""
+    if kernel_id.startswith("xgrammar") and importlib.util.find_spec("xgrammar") is None:
+        pytest.skip("xgrammar is not installed")
+    wide = torch.zeros(3, 40, dtype=torch.int32, device="cuda")
+    wide[:, 1] = 1  # token 32 allowed
+    logits = torch.zeros(3, 80, device="cuda")
+    _locked(kernel_id, logits, wide[:, :2], torch.tensor([2, 0, 1], device="cuda"))
+    assert (torch.isfinite(logits).nonzero()[:, 1] == 32).all() and int(torch.isfinite(logits).sum()) == 3
+
+
 def test_default_selection_is_the_fused_kernel():
     logits = torch.zeros(4, 1000, device="cuda")
     bits = torch.zeros(2, 32, dtype=torch.int32, device="cuda")

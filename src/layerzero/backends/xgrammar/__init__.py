@@ -75,7 +75,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: to
     import xgrammar
 
     vocab, width = logits.shape[1], bitmask.shape[1]
-    full = bitmask
+    full = bitmask.contiguous()  # xgrammar reads a row's words up to its row stride, not W
     if indices is not None:
         full = bitmask.new_full((logits.shape[0], width), -1)
         full.index_copy_(0, indices.long(), bitmask)
