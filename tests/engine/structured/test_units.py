@@ -168,7 +168,7 @@ def test_manager_pads_the_vocabulary_and_handles_ended_rows(checkpoints):
     pieces = [tok.decode([int(t)]) for t in allowed]
     assert pieces and all(p and "ab".startswith(p) for p in pieces)  # "a" or "ab": the regex's first tokens
     assert allowed.max() < 512
-    assert b.host is not None and b.host.rows == 1 and np.shares_memory(b.bits, b.host.tensor.numpy())
+    assert b.host is not None and b.host[0].rows == 1 and np.shares_memory(b.bits, b.host[0].tensor.numpy())
     with pytest.raises(GrammarRejectedError, match="not allowed"):
         m.accept(seqs[0], tok.convert_tokens_to_ids("z"))
 
@@ -209,3 +209,6 @@ def test_fill_drops_all_allowed_rows_and_alternates_host_buffers():
     before = logits.clone()
     apply_grammar_bitmask(logits, SamplingMetadata(grammar_bitmask=other))  # no rows: a no-op
     assert torch.equal(logits, before)
+    _DeferredFill({"fake": _FakeBackend()}, [1], entries[1:2], w, None, bufs.next())()  # b's parity again
+    with pytest.raises(RuntimeError, match="claimed again before this step's bitmask was applied"):
+        apply_grammar_bitmask(logits, SamplingMetadata(grammar_bitmask=b))  # stale: loud, not wrong

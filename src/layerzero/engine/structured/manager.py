@@ -248,5 +248,5 @@ class _DeferredFill:
             rows = rows[where]
         indices[:n] = rows
         self.host.set_rows(n)
-        self.result = GrammarBitmask(rows, bits[:n], host=self.host)
+        self.result = GrammarBitmask(rows, bits[:n], host=(self.host, self.host.generation))
         return self.result

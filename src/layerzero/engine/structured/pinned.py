@@ -25,12 +25,13 @@ class HostBitmask:
     """One host buffer (see the module docstring): :meth:`claim` returns numpy views to fill; after the fill
     :meth:`set_rows` records how many leading rows are kept; :meth:`to_device` copies them."""
 
-    __slots__ = ("event", "offset", "rows", "tensor", "width")
+    __slots__ = ("event", "generation", "offset", "rows", "tensor", "width")
 
     def __init__(self) -> None:
         self.tensor: torch.Tensor | None = None
         self.event: torch.cuda.Event | None = None
         self.rows = self.offset = self.width = 0
+        self.generation = 0  # claims so far: a filled bitmask names the one it was filled in
 
     def claim(self, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Views ``(indices [rows] int32, bits [rows, width] int32)`` of this buffer (grown when too small),
@@ -44,6 +45,7 @@ class HostBitmask:
             self.tensor = torch.empty(cap, dtype=torch.int32, pin_memory=torch.cuda.is_available())
         flat = self.tensor.numpy()
         self.rows, self.offset, self.width = rows, off, width
+        self.generation += 1
         bits = flat[off : off + rows * width].reshape(rows, width)
         bits.fill(0)
         return flat[:rows], bits
@@ -52,16 +54,21 @@ class HostBitmask:
         """Keep the first ``rows`` indices and bitmask rows (the rest were dropped: all tokens allowed)."""
         self.rows = rows
 
-    def to_device(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(indices [R] int32, bits [R, W] int32)`` on ``device``: views of the buffer on CPU; on CUDA one
-        non-blocking copy of its used prefix (then an event is recorded: :meth:`claim` waits on it before the
-        buffer is written again).
+    def to_device(self, device: torch.device, generation: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(indices [R] int32, bits [R, W] int32)`` of the fill of claim number ``generation`` on
+        ``device``: views of the buffer on CPU; on CUDA one non-blocking copy of its used prefix (then an
+        event is recorded: :meth:`claim` waits on it before the buffer is written again).
 
         Raises:
-            RuntimeError: no :meth:`claim` before (nothing filled).
+            RuntimeError: the buffer holds another fill (claimed again before this one was applied: a bug, the
+                bitmask would be another step's).
         """
-        if self.tensor is None:
-            raise RuntimeError("HostBitmask.to_device before claim(): no bitmask was filled into this buffer")
+        if self.tensor is None or generation != self.generation:
+            raise RuntimeError(
+                f"structured outputs: the host bitmask buffer holds fill {self.generation}, not "
+                f"{generation}: it was claimed again before this step's bitmask was applied (two steps in "
+                "flight on one parity: an engine bug)"
+            )
         r, off, w = self.rows, self.offset, self.width
         used = self.tensor[: off + r * w]
         if device.type == "cuda":

@@ -35,9 +35,9 @@ def unpack_bitmask(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def _device_arrays(b: GrammarBitmask, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``(indices [R], bits [R, W])`` of ``b`` on ``device``: from its host buffer when it has one (one copy),
     else staged from its arrays."""
-    host = b.host
-    if host is not None and host.rows == len(b.rows):
-        return host.to_device(device)
+    if b.host is not None:  # (HostBitmask, the claim it was filled in)
+        buffer, generation = b.host
+        return buffer.to_device(device, generation)
     if device.type != "cuda":
         return torch.from_numpy(np.ascontiguousarray(b.rows)), torch.from_numpy(np.ascontiguousarray(b.bits))
     idx, bits = to_device([np.asarray(b.rows, dtype=np.int64), np.asarray(b.bits, dtype=np.int32)], device)
