@@ -1,6 +1,6 @@
 """Fuzz the input validators of every public op (``lz.attention``, ``lz.rms_norm``, ``lz.layer_norm``,
 ``lz.rope``, ``lz.sample_topk``, ``lz.sample_topp``, ``lz.sample``, ``lz.sample_greedy``,
-``lz.apply_penalties``).
+``lz.apply_penalties``, ``lz.apply_token_bitmask``).
 
 Invariant: whatever the arguments, the only exceptions are LayerZero's typed errors (``LayerZeroError``:
 ``InvalidInputError`` for bad input, ``NoKernelFoundError`` / ``KernelExecutionError`` when dispatch has
@@ -318,6 +318,21 @@ def penalties_call(b: Bytes) -> Callable[[], Any]:
     return lambda: lz.apply_penalties(logits, ids[0], ids[1], **kw)
 
 
+def token_bitmask_call(b: Bytes) -> Callable[[], Any]:
+    """A call of lz.apply_token_bitmask: logits [R_all, V], int32 words [R, W], indices [R] (distinct rows
+    mostly) or None."""
+    n_all, vocab = dims(b, 2)
+    logits = tensor(b, (n_all, vocab), b.pick(FLOATS))
+    rows = n_all if b.flag(2) else b.int(n_all + 1)
+    bits = tensor(b, (rows, 1 + b.int(3)), torch.int32)
+    indices = None
+    if rows != n_all or b.flag(3):
+        indices = tensor(b, (rows,), b.pick((torch.int64, torch.int32)))
+        if isinstance(indices, torch.Tensor) and indices.dim() == 1 and not b.flag(4):
+            indices = torch.randperm(n_all)[: indices.shape[0]].to(indices.dtype)
+    return lambda: lz.apply_token_bitmask(logits, bits, indices)
+
+
 OPS = (
     "attention",
     "rms_norm",
@@ -328,6 +343,7 @@ OPS = (
     "sample",
     "apply_penalties",
     "sample_greedy",
+    "apply_token_bitmask",
 )
 
 
@@ -351,6 +367,8 @@ def build(data: bytes) -> tuple[str, Callable[[], Any]]:
         return op, penalties_call(b)
     if op == "sample_greedy":
         return op, greedy_call(b)
+    if op == "apply_token_bitmask":
+        return op, token_bitmask_call(b)
     return op, sampling_call(b, op)
 
 

@@ -407,7 +407,7 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         lambda: lz.explain("attn", Q, Q, Q),
         lz.UnknownOperationError,
         r"unknown op 'attn'\. Known ops: \['all_gather', 'all_reduce', 'all_to_all', 'apply_penalties', "
-        r"'attention'",
+        r"'apply_token_bitmask', 'attention'",
     ),
     ("which-unknown-op", lambda: lz.which(None, Q), lz.UnknownOperationError, r"unknown op None"),
     (

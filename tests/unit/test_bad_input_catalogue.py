@@ -434,7 +434,7 @@ UNKNOWN_NAMES = [
         "lock-unknown-op",
         "locks: [{op: atention, kernel: torch_sdpa.math}]",
         r"locks\[0\]: op 'atention' matches no registered op\. Did you mean 'attention'\? Known: "
-        r"\['all_gather', 'all_reduce', 'all_to_all', 'apply_penalties', 'attention'",
+        r"\['all_gather', 'all_reduce', 'all_to_all', 'apply_penalties', 'apply_token_bitmask', 'attention'",
     ),
     (
         "allow-unknown-kernel",

@@ -232,6 +232,10 @@ def test_capture_key_for_every_op():
             (torch.randn(2, 10), slots[None].expand(2, -1), slots[None].expand(2, -1)),
             {"repetition_penalty": torch.ones(2)},
         ),
+        "apply_token_bitmask": (
+            (torch.randn(3, 40), torch.ones(2, 2, dtype=torch.int32), torch.tensor([2, 0])),
+            {},
+        ),
         "fused_moe": (
             (
                 x,

@@ -253,6 +253,7 @@ def test_every_kernel_is_cuda_only_sm80_and_half_precision():
         True,
         True,
         True,
+        True,  # apply_token_bitmask
     ]
     assert (
         by_id["triton.sample_greedy"].fn is sampling.sample_greedy

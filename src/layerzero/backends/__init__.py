@@ -25,6 +25,7 @@ BUILTIN_BACKENDS: tuple[str, ...] = (
     "composite",
     "torch_dist",
     "symm_mem",
+    "xgrammar",
 )
 
 

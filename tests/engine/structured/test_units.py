@@ -161,11 +161,54 @@ def test_manager_pads_the_vocabulary_and_handles_ended_rows(checkpoints):
     seqs[1].finished = True  # ended by the early read
     b = fill()
     assert fill() is b and order == ["before"]
-    assert b.rows.tolist() == [1, 2] and b.bits.shape == (2, (600 + 31) // 32)
+    # the ended sequence's row allows every token: dropped from the bitmask (nothing to apply)
+    assert b.rows.tolist() == [1] and b.bits.shape == (1, (600 + 31) // 32)
     allowed = np.flatnonzero(np.unpackbits(b.bits[0].view(np.uint8), bitorder="little"))
     tok = m._tokenizer
     pieces = [tok.decode([int(t)]) for t in allowed]
     assert pieces and all(p and "ab".startswith(p) for p in pieces)  # "a" or "ab": the regex's first tokens
-    assert allowed.max() < 512 and (b.bits[1] == -1).all()
+    assert allowed.max() < 512
+    assert b.host is not None and b.host[0].rows == 1 and np.shares_memory(b.bits, b.host[0].tensor.numpy())
     with pytest.raises(GrammarRejectedError, match="not allowed"):
         m.accept(seqs[0], tok.convert_tokens_to_ids("z"))
+
+
+class _FakeBackend:
+    """A grammar backend whose matchers fill fixed words (``m.words``) into their rows."""
+
+    def fill(self, matchers, bits, rows):
+        for m, r in zip(matchers, rows, strict=True):
+            bits[r] = m.words
+
+
+def test_fill_drops_all_allowed_rows_and_alternates_host_buffers():
+    """Rows whose words allow every token leave the bitmask (the others keep their order and step rows); the
+    host buffers alternate by step parity, so the previous step's bitmask survives the next fill; the
+    worker applies the buffer's rows like a float64 reference."""
+    from layerzero.engine.structured.manager import _DeferredFill
+    from layerzero.engine.structured.pinned import BitmaskBuffers
+
+    bufs = BitmaskBuffers()
+    w = 3
+    words = [[-1, -1, -1], [5, 0, 1 << 30], [-1, -1, -1], [0, -1, 7]]
+    entries = [
+        (types.SimpleNamespace(finished=False), types.SimpleNamespace(backend="fake", words=x)) for x in words
+    ]
+    fill = _DeferredFill({"fake": _FakeBackend()}, [0, 2, 3, 5], entries, w, None, bufs.next())
+    b = fill()
+    assert b.rows.tolist() == [2, 5] and b.bits.tolist() == [words[1], words[3]]
+    everything = [(e[0], types.SimpleNamespace(backend="fake", words=[-1] * w)) for e in entries[:2]]
+    other = _DeferredFill({"fake": _FakeBackend()}, [0, 1], everything, w, None, bufs.next())()
+    assert len(other.rows) == 0 and other.bits.shape == (0, w)  # nothing to apply
+    assert b.bits.tolist() == [words[1], words[3]]  # the other parity's buffer: untouched
+    g = np.random.default_rng(1)
+    logits = torch.from_numpy(g.standard_normal((6, 90)).astype(np.float32))
+    want = _reference(logits.numpy(), b.rows, b.bits.copy())
+    apply_grammar_bitmask(logits, SamplingMetadata(grammar_bitmask=b))
+    np.testing.assert_array_equal(logits.numpy().astype(np.float64), want)
+    before = logits.clone()
+    apply_grammar_bitmask(logits, SamplingMetadata(grammar_bitmask=other))  # no rows: a no-op
+    assert torch.equal(logits, before)
+    _DeferredFill({"fake": _FakeBackend()}, [1], entries[1:2], w, None, bufs.next())()  # b's parity again
+    with pytest.raises(RuntimeError, match="claimed again before this step's bitmask was applied"):
+        apply_grammar_bitmask(logits, SamplingMetadata(grammar_bitmask=b))  # stale: loud, not wrong

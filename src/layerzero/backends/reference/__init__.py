@@ -133,6 +133,10 @@ def _apply_penalties(
     )
 
 
+def _apply_token_bitmask(logits, bitmask, indices):
+    return K.apply_token_bitmask(logits, bitmask, indices)
+
+
 def _swiglu(gate, up):
     return K.swiglu(gate, up)
 
@@ -187,6 +191,7 @@ def register(registry: KernelRegistry) -> None:
         ("sample", _sample, {"graph_safe": False}),
         ("sample_greedy", _sample_greedy, {}),  # device ops only: graph-safe
         ("apply_penalties", _apply_penalties, {"graph_safe": False}),
+        ("apply_token_bitmask", _apply_token_bitmask, {"graph_safe": False, "supports_backward": False}),
         ("swiglu", _swiglu, {}),
         ("geglu", _geglu, {}),
         ("reglu", _reglu, {}),

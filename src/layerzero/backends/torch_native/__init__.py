@@ -240,6 +240,9 @@ def register(registry: KernelRegistry) -> None:
             )
         )
     registry.add_kernel(cache_kernel_spec())
+    from .token_bitmask import kernel_spec as bitmask_kernel_spec  # lz.apply_token_bitmask
+
+    registry.add_kernel(bitmask_kernel_spec())
     from .quantize import kernel_specs as quant_kernel_specs  # quantize, dequantize, quantized_linear
 
     for spec in quant_kernel_specs():

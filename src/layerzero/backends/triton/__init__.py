@@ -6,12 +6,13 @@ Kernels: ``triton.rms_norm`` (fused residual add, ``norms.py``), ``triton.rope``
 ``triton.quantized_linear`` (``lz.quantized_linear``, ``quantized_linear.py``), ``triton.sample_topk`` /
 ``triton.sample_topp`` / ``triton.sample`` / ``triton.sample_greedy`` (``sampling.py``),
 ``triton.reshape_and_cache`` (``cache.py``), ``triton.attention`` (``lz.attention`` with ALiBi computed in the
-kernel, ``attention.py``) and the paged decode attention kernels of ``paged.py``. Nothing is imported at
-``import layerzero`` time: :func:`register` (run on the first op call) calls :func:`probe`, which imports
-``triton``; the ``@triton.jit`` modules (``_*_kernels.py``) are imported on a kernel's first call. A missing
-triton leaves the backend registered and unavailable with ``BACKEND_NOT_INSTALLED``; an import that raises
-anything else gives ``BACKEND_IMPORT_FAILED`` with the error text. Constraints, graph safety and what runs in
-Triton vs torch: ``docs/backends.md`` ("triton").
+kernel, ``attention.py``), ``triton.apply_token_bitmask`` (``token_bitmask.py``) and the paged decode
+attention kernels of ``paged.py``. Nothing is imported at ``import layerzero`` time: :func:`register` (run on
+the first op call) calls :func:`probe`, which imports ``triton``; the ``@triton.jit`` modules
+(``_*_kernels.py``) are imported on a kernel's first call. A missing triton leaves the backend registered and
+unavailable with ``BACKEND_NOT_INSTALLED``; an import that raises anything else gives
+``BACKEND_IMPORT_FAILED`` with the error text. Constraints, graph safety and what runs in Triton vs torch:
+``docs/backends.md`` ("triton").
 """
 
 from __future__ import annotations
@@ -22,7 +23,19 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec, KernelSpec
 
 from .._optional import dist_version, import_modules, unavailable_backend, unavailable_why
-from . import attention, cache, gemv, moe, norms, quantized_linear, rope, rope_paged, sampling, swiglu
+from . import (
+    attention,
+    cache,
+    gemv,
+    moe,
+    norms,
+    quantized_linear,
+    rope,
+    rope_paged,
+    sampling,
+    swiglu,
+    token_bitmask,
+)
 from ._common import INSTALL_HINT
 
 log = logging.getLogger("layerzero.backends.triton")
@@ -31,7 +44,7 @@ MODULE = "triton"
 _DESCRIPTION = (
     "LayerZero's own Triton kernels (RMSNorm + fused add, RoPE, q/k-norm + RoPE, SwiGLU, fused MoE, "
     "top-k/top-p sampling, lz.sample's fused race, greedy argmax, paged KV-cache write, paged decode, RoPE + "
-    "KV write + paged decode, attention with in-kernel ALiBi)"
+    "KV write + paged decode, attention with in-kernel ALiBi, token bitmask)"
 )
 KERNEL_IDS = (
     norms.KERNEL_ID,
@@ -48,6 +61,7 @@ KERNEL_IDS = (
     quantized_linear.KERNEL_ID,
     rope_paged.KERNEL_ID,
     attention.KERNEL_ID,
+    token_bitmask.KERNEL_ID,
 )
 """Ids of this package's own op kernels (the paged kernels are listed by ``paged.kernel_specs``)."""
 
@@ -68,7 +82,7 @@ def kernel_specs(available: bool, why: str = "triton is not available") -> list[
     """Every KernelSpec of the backend: rms_norm, rope, qk_norm_rope, sample_topk, sample_topp, sample,
     sample_greedy, swiglu, fused_moe, reshape_and_cache, linear (gemv), rms_norm_linear / swiglu_linear
     (gemv's prologues), quantized_linear, rope_paged_attention (``rope_paged``), attention (``attention``:
-    ALiBi calls), then ``paged.kernel_specs``.
+    ALiBi calls), apply_token_bitmask, then ``paged.kernel_specs``.
 
     Args:
         available: whether triton imported; when False the specs are still returned and their callables
@@ -90,6 +104,7 @@ def kernel_specs(available: bool, why: str = "triton is not available") -> list[
         quantized_linear.kernel_spec(available, why),
         rope_paged.kernel_spec(available, why),
         attention.kernel_spec(available, why),
+        token_bitmask.kernel_spec(available, why),
         *paged.kernel_specs(available, why),
     ]
 

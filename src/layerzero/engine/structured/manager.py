@@ -31,6 +31,7 @@ from ..core.sched.output import GrammarBitmask
 from ..errors import bad_input
 from ..sampling_params import SamplingParams
 from ..structured_params import StructuredOutputsParams
+from .pinned import BitmaskBuffers, HostBitmask
 from .select import Selection, check_request, select_backend
 
 __all__ = ["COMPILED_CACHE", "GrammarRejectedError", "StructuredOutputManager"]
@@ -68,6 +69,7 @@ class StructuredOutputManager:
         self._matchers: dict[int, tuple[Any, Any]] = {}  # seq_id -> (sequence, matcher)
         #: (kind, backend) -> (requests, reason of the last selection): which backend took what, and why.
         self.selections: dict[tuple[str, str], tuple[int, str]] = {}
+        self._buffers = BitmaskBuffers()  # the fills' host buffers, by step parity
 
     @property
     def active(self) -> int:
@@ -188,14 +190,17 @@ class StructuredOutputManager:
                 entries.append(e)
         if not rows:
             return None
-        return _DeferredFill(self._backends, rows, entries, self.width, before)
+        return _DeferredFill(self._backends, rows, entries, self.width, before, self._buffers.next())
 
 
 class _DeferredFill:
     """Fills a step's :class:`GrammarBitmask` when called (once; later calls return the same result): runs
-    ``before``, then each backend fills its rows. A sequence that ended meanwhile (``before`` read a step
-    that finished it: its token in this step is dropped) gets an all-allowed row, and so does a grammar that
-    allows no token (its sampled token is rejected: the request fails with ``"error"``, not the batch)."""
+    ``before``, then each backend fills its rows straight into ``host`` (the step's parity buffer, pinned:
+    the worker copies it to the device in one transfer). A sequence that ended meanwhile (``before`` read a
+    step that finished it: its token in this step is dropped) gets an all-allowed row, and so does a grammar
+    that allows no token (its sampled token is rejected: the request fails with ``"error"``, not the batch).
+    Rows whose grammar allows every token this step are then dropped (moved out of the bitmask), so only rows
+    that ban something reach the device; none left: an empty bitmask (the sampler skips the op)."""
 
     def __init__(
         self,
@@ -204,6 +209,7 @@ class _DeferredFill:
         entries: list[tuple[Any, Any]],
         width: int,
         before: Callable[[], None] | None,
+        host: HostBitmask,
     ) -> None:
         self.backends, self.rows, self.entries, self.width, self.before = (
             backends,
@@ -212,6 +218,7 @@ class _DeferredFill:
             width,
             before,
         )
+        self.host = host
         self.result: GrammarBitmask | None = None
 
     def __call__(self) -> GrammarBitmask:
@@ -219,17 +226,27 @@ class _DeferredFill:
             return self.result
         if self.before is not None:
             self.before()
-        bits = np.zeros((len(self.rows), self.width), dtype=np.int32)
+        indices, bits = self.host.claim(len(self.rows), self.width)
         for name, b in self.backends.items():
             idx = [j for j, (s, m) in enumerate(self.entries) if m.backend == name and not s.finished]
             if idx:
                 b.fill([self.entries[j][1] for j in idx], bits, idx)
-        dead = ~bits.any(axis=1)  # a grammar that allows no token at all (an empty language, a dead end)
+        # a grammar that allows no token at all (an empty language, a dead end); or.reduce: half any()'s time
+        dead = np.bitwise_or.reduce(bits, axis=1) == 0
         for j, (s, _) in enumerate(self.entries):
             if s.finished:
                 bits[j] = -1
             elif dead[j]:  # unmasked: its token is then rejected, failing its request alone and loudly
                 log.error("structured outputs: the grammar of request %r allows no next token", s.request_id)
                 bits[j] = -1
-        self.result = GrammarBitmask(np.asarray(self.rows, dtype=np.int64), bits)
+        rows = np.asarray(self.rows, dtype=np.int64)
+        keep = np.bitwise_and.reduce(bits, axis=1) != -1  # some token banned: the row needs the mask
+        n = int(keep.sum())
+        if n < len(rows):  # move the kept rows to the front (in order; a row never moves back)
+            where = np.flatnonzero(keep)
+            bits[:n] = bits[where]
+            rows = rows[where]
+        indices[:n] = rows
+        self.host.set_rows(n)
+        self.result = GrammarBitmask(rows, bits[:n], host=(self.host, self.host.generation))
         return self.result

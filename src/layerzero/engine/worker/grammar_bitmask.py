@@ -1,27 +1,30 @@
 """Structured outputs on the device: a step's packed grammar bitmask applied to its float32 logits (every
-token the row's grammar does not allow gets -inf), vectorized: the int32 words ``[R, W]`` are copied to the
-logits' device and unpacked there to a bool mask ``[R, 32 W]`` (no per-token host work; xgrammar's and
-llguidance's bit layout)."""
+token the row's grammar does not allow gets -inf) by ``lz.apply_token_bitmask`` (a fused Triton kernel on
+CUDA: no ``[R, 32 W]`` bool tensor, no gather/scatter of logits rows; xgrammar's and llguidance's bit layout).
+
+The in-process engine's fill writes the indices and the bitmask straight into a pinned host buffer
+(``structured/pinned.py``, two by step parity), copied here in one non-blocking transfer; a bitmask that came
+as plain arrays (the multi-rank step codec, a verification step's row subset, tests) goes through the worker's
+staging (``staging.to_device``: one pinned copy, one transfer)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+import layerzero as lz
 
 from ..core.sched.output import GrammarBitmask, SamplingMetadata, resolve_bitmask
 from .staging import to_device
 
 __all__ = ["apply_grammar_bitmask", "unpack_bitmask"]
 
-_SHIFTS: dict[torch.device, torch.Tensor] = {}
-
 
 def unpack_bitmask(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """``bits`` ``[R, W]`` int32 (bit ``j`` of word ``w`` = token ``32 w + j``) as a bool ``[R, vocab_size]``
-    mask, True = allowed; ids from ``32 W`` on are False (banned)."""
-    dev = bits.device
-    shifts = _SHIFTS.get(dev)
-    if shifts is None:
-        shifts = _SHIFTS[dev] = torch.arange(32, dtype=torch.int32, device=dev)
+    mask, True = allowed; ids from ``32 W`` on are False (banned). For tests and tools: the sampler applies
+    the packed words with ``lz.apply_token_bitmask``."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)
     allowed = ((bits.unsqueeze(-1) >> shifts) & 1).to(torch.bool).flatten(1)  # arithmetic shift: -1 = all
     n = allowed.shape[1]
     if n >= vocab_size:
@@ -29,17 +32,27 @@ def unpack_bitmask(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.nn.functional.pad(allowed, (0, vocab_size - n), value=False)
 
 
+def _device_arrays(b: GrammarBitmask, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indices [R], bits [R, W])`` of ``b`` on ``device``: from its host buffer when it has one (one copy),
+    else staged from its arrays."""
+    if b.host is not None:  # (HostBitmask, the claim it was filled in)
+        buffer, generation = b.host
+        return buffer.to_device(device, generation)
+    if device.type != "cuda":
+        return torch.from_numpy(np.ascontiguousarray(b.rows)), torch.from_numpy(np.ascontiguousarray(b.bits))
+    idx, bits = to_device([np.asarray(b.rows, dtype=np.int64), np.asarray(b.bits, dtype=np.int32)], device)
+    return idx, bits
+
+
 def apply_grammar_bitmask(logits: torch.Tensor, rows: SamplingMetadata) -> None:
     """Set the logits of the tokens each structured row's grammar bans to -inf, in place (``logits``
     ``[S, V]`` float32, row i as ``rows`` row i). ``rows.grammar_bitmask`` may be a deferred host fill: it is
-    run here, after the step's forward was launched. A no-op without structured rows."""
+    run here, after the step's forward was launched. A no-op without structured rows, or when every structured
+    row's grammar allows every token this step (the fill drops such rows)."""
     b: GrammarBitmask | None = resolve_bitmask(rows.grammar_bitmask)
     if b is None or len(b.rows) == 0:
         return
-    idx, bits = to_device([b.rows, b.bits], logits.device)
-    banned = ~unpack_bitmask(bits, logits.shape[1])
-    if len(b.rows) == logits.shape[0]:
-        logits.masked_fill_(banned, float("-inf"))
-    else:
-        sub = logits.index_select(0, idx).masked_fill_(banned, float("-inf"))
-        logits.index_copy_(0, idx, sub)
+    idx, bits = _device_arrays(b, logits.device)
+    n = len(b.rows)
+    every_row = n == logits.shape[0] and bool((b.rows == np.arange(n)).all())
+    lz.apply_token_bitmask(logits, bits, None if every_row else idx)

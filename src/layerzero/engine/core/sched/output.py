@@ -22,12 +22,15 @@ __all__ = ["GrammarBitmask", "PromptLogprobsRows", "SamplingMetadata", "Schedule
 @dataclass
 class GrammarBitmask:
     """The tokens each structured-output row of a step may take (docs/decoding.md, "Structured outputs"):
-    ``rows`` ``[R]`` int64 (indices into the step's sampled rows), ``bits`` ``[R, W]`` int32, ``W = ceil(V /
-    32)``: bit ``j`` of word ``w`` set = token ``32 w + j`` allowed (xgrammar's / llguidance's layout); ids
-    from ``32 W`` on are banned."""
+    ``rows`` ``[R]`` int64 (indices into the step's sampled rows), ``bits`` ``[R, W]`` int32,
+    ``W = ceil(V / 32)``: bit ``j`` of word ``w`` set = token ``32 w + j`` allowed (xgrammar's / llguidance's
+    layout); ids from ``32 W`` on are banned. ``host``: ``(buffer, claim)``, the in-process engine's host
+    buffer holding ``rows`` and ``bits`` and the claim they were filled in (``structured/pinned.py``: the
+    worker copies it in one transfer), None otherwise; not serialized."""
 
     rows: np.ndarray
     bits: np.ndarray
+    host: Any = field(default=None, repr=False, compare=False)
 
 
 def resolve_bitmask(b: GrammarBitmask | Callable[[], GrammarBitmask] | None) -> GrammarBitmask | None:
