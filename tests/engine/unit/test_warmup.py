@@ -225,3 +225,26 @@ def test_no_selection_is_left_for_the_first_run(checkpoints):
     before = cache.stats().misses
     llm.generate(prompts(12, seed=5, lo=3, hi=100), params, use_tqdm=False)
     assert RUNTIME.cache is cache and cache.stats().misses == before
+
+
+def test_structured_requests_make_no_new_selection(checkpoints):
+    """The warm-up applies a grammar bitmask at every row count, to all of a step's rows and to a subset: a
+    batch mixing structured and free requests selects nothing new for ``lz.apply_token_bitmask``."""
+    from layerzero.core.runtime import RUNTIME
+    from layerzero.engine import SamplingParams
+    from layerzero.engine.structured_params import StructuredOutputsParams
+
+    from ..conftest import prompts
+
+    llm = _llm(checkpoints["qwen3"], warmup=True, max_num_seqs=8, max_num_batched_tokens=64)
+    choice = SamplingParams(
+        temperature=0.6, max_tokens=4, structured_outputs=StructuredOutputsParams(choice=["ab", "c"])
+    )
+    free = SamplingParams(temperature=0.6, max_tokens=4, ignore_eos=True)
+    cache = RUNTIME.cache
+    before = cache.stats().misses
+    outs = llm.generate(
+        prompts(6, seed=9, lo=3, hi=20), [choice, free, choice, choice, free, choice], use_tqdm=False
+    )
+    assert all(outs[i].outputs[0].text in ("ab", "c") for i in (0, 2, 3, 5))  # the constraint held
+    assert RUNTIME.cache is cache and cache.stats().misses == before

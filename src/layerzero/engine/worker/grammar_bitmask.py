@@ -38,9 +38,10 @@ def _device_arrays(b: GrammarBitmask, device: torch.device) -> tuple[torch.Tenso
     if b.host is not None:  # (HostBitmask, the claim it was filled in)
         buffer, generation = b.host
         return buffer.to_device(device, generation)
+    rows = np.asarray(b.rows, dtype=np.int32)  # int32 indices on every path (the warm-up's key)
     if device.type != "cuda":
-        return torch.from_numpy(np.ascontiguousarray(b.rows)), torch.from_numpy(np.ascontiguousarray(b.bits))
-    idx, bits = to_device([np.asarray(b.rows, dtype=np.int64), np.asarray(b.bits, dtype=np.int32)], device)
+        return torch.from_numpy(np.ascontiguousarray(rows)), torch.from_numpy(np.ascontiguousarray(b.bits))
+    idx, bits = to_device([rows, np.asarray(b.bits, dtype=np.int32)], device)
     return idx, bits
 
 

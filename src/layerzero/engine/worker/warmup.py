@@ -22,7 +22,9 @@ What it runs (:func:`plan_steps`, :func:`plan_sampler`; the budget B = ``max_num
   table) (:func:`plan_attention`: its key buckets all three, too many combinations for whole steps);
 - cascade attention (when the runner's cascade policy is on): a small and a large step of decode rows and a
   new chunk sharing prefix blocks (decode-only too where decode is eager);
-- the sampler, on random logits of every :func:`row_ladder` row count: each path of :data:`SAMPLER_PATHS`.
+- the sampler, on random logits of every :func:`row_ladder` row count: each path of :data:`SAMPLER_PATHS`;
+  structured outputs' grammar bitmask (``lz.apply_token_bitmask``, :func:`plan_bitmask`) at the same row
+  counts, on all of a step's rows and on a subset (so the first structured request compiles nothing).
 
 Nothing is kept: every token's KV slot is -1 (the cache kernels skip it: the KV pools are unchanged; reads
 see the zeroed pool), the forwards bypass the runner's counters, the int8 KV calibration waits for the first
@@ -55,6 +57,7 @@ __all__ = [
     "decode_ladder",
     "maybe_warm_up",
     "plan_attention",
+    "plan_bitmask",
     "plan_sampler",
     "plan_steps",
     "row_ladder",
@@ -269,6 +272,20 @@ def plan_sampler(max_num_seqs: int) -> list[tuple[str, int]]:
     return [(path, n) for path in SAMPLER_PATHS for n in row_ladder(max_num_seqs)]
 
 
+def plan_bitmask(max_num_seqs: int) -> list[tuple[int, bool]]:
+    """Structured outputs' ``lz.apply_token_bitmask`` calls: ``(rows, subset)`` for every :func:`row_ladder`
+    count, applied to all the step's rows (``indices=None``) and to a subset of them (``indices`` given)."""
+    return [(n, sub) for n in row_ladder(max_num_seqs) for sub in (False, True)]
+
+
+def _bitmask(rows: int, subset: bool, vocab: int, dev: torch.device) -> None:
+    """One grammar-bitmask application on zero float32 logits (every token allowed: nothing changes)."""
+    logits = torch.zeros(rows + subset, vocab, dtype=torch.float32, device=dev)
+    bits = torch.full((rows, -(-vocab // 32)), -1, dtype=torch.int32, device=dev)
+    idx = torch.arange(rows, dtype=torch.int32, device=dev) if subset else None  # as the engine's
+    lz.apply_token_bitmask(logits, bits, idx)
+
+
 def _bucket(n: int) -> int:
     return n if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -359,6 +376,13 @@ def warm_up(runner: Any, sampler: Any, max_num_seqs: int, budget: int) -> Warmup
             for path, n in plan_sampler(max_num_seqs):
                 if _attempt(
                     report, f"sample/{path}/{n}", lambda p=path, k=n: _sample(sampler, p, k, vocab, runner)
+                ):
+                    report.sampler += 1
+            for n, subset in plan_bitmask(max_num_seqs):
+                if _attempt(
+                    report,
+                    f"bitmask/{n}{'/subset' if subset else ''}",
+                    lambda k=n, sub=subset: _bitmask(k, sub, vocab, dev),
                 ):
                     report.sampler += 1
         if dev.type == "cuda":
