@@ -3,6 +3,7 @@
 #   tests   the decoding GPU tests (sampler kernels, penalty state, restrictions / plugins, structured, spec)
 #   sample  benchmarks/engine/bench_sampling_settings.py (every sampling setting vs all-greedy, alternated)
 #   struct  benchmarks/engine/bench_structured.py (64 JSON-schema requests vs unconstrained)
+#   bitmask benchmarks/bench_token_bitmask.py (lz.apply_token_bitmask's kernels at the engine's step shapes)
 #   spec    benchmarks/engine/bench_spec_decode.py (batch 1 / 8 / 32; ngram, draft, layer skip)
 # Results under $OUT, packed into $OUT/decoding.tgz (a call brings back at most 8 files).
 # Usage: OUT=dir tools/device_decoding.sh STAGE [STAGE ...]
@@ -16,11 +17,13 @@ for stage in "$@"; do
   case $stage in
     tests) timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -m gpu -rs -s \
         tests/gpu/test_gpu_sample_reject.py tests/engine/gpu/test_penalties_gpu.py tests/engine/decoding/test_decoding_gpu.py \
-        tests/engine/structured/test_structured_gpu.py ${SPEC_TESTS:-} 2>&1 | tee "$D/tests.txt" | tail -25 ;;
+        tests/engine/structured/test_structured_gpu.py tests/gpu/test_gpu_token_bitmask.py \
+        tests/engine/decoding/test_beam_fork_gpu.py ${SPEC_TESTS:-} 2>&1 | tee "$D/tests.txt" | tail -25 ;;
     sample) timeout ${SAMPLE_TIMEOUT:-480} python3 benchmarks/engine/bench_sampling_settings.py --out "$D/sampling" ${SAMPLE_ARGS:-} \
         2>&1 | tee "$D/sampling.log" | tail -25 ;;
     struct) timeout ${STRUCT_TIMEOUT:-240} python3 benchmarks/engine/bench_structured.py --out "$D/structured" 2>&1 \
         | tee "$D/structured.log" | tail -20 ;;
+    bitmask) timeout 150 python3 benchmarks/bench_token_bitmask.py --out "$D/bitmask.md" 2>&1 | tail -20 ;;
     spec) timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/engine/bench_spec_decode.py --out "$D/spec" ${SPEC_ARGS:-} 2>&1 \
         | tee "$D/spec.log" | tail -25 ;;
     *) echo "unknown stage $stage" ;;
