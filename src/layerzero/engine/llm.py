@@ -238,8 +238,7 @@ class LLM:
         self.abort([b.request_id for b in boxes])
 
     def _step(self) -> list[Any]:
-        """Run one core step and hand each request's news to its box (whoever's it is); returns the core's
-        outputs of the step (beam search reads its own requests', which have no box)."""
+        """Run one core step, hand each request's news to its box; return the step's core outputs."""
         with self._lock:
             try:
                 outs = self.engine.step().outputs
@@ -354,8 +353,7 @@ class LLM:
         """Abort requests by id (``RequestOutput.request_id``), from any thread: each ends with
         ``finish_reason="abort"`` and its blocks are freed; the ``generate`` / ``stream`` waiting for it
         returns it as aborted. Never waits for a step: while another thread runs one, the abort is applied
-        when that step ends. Returns the ids that were known (unknown or already collected ids are
-        ignored)."""
+        when that step ends. Returns the ids that were known (unknown or collected ids are ignored)."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         known = [rid for rid in ids if rid in self._boxes]
         self._aborts.extend(known)

@@ -17,7 +17,7 @@ import layerzero as lz
 from ..core.sched.output import GrammarBitmask, SamplingMetadata, resolve_bitmask
 from .staging import to_device
 
-__all__ = ["apply_grammar_bitmask", "unpack_bitmask"]
+__all__ = ["apply_grammar_bitmask", "bitmask_warmup_plan", "unpack_bitmask", "warm_bitmask"]
 
 
 def unpack_bitmask(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -57,3 +57,18 @@ def apply_grammar_bitmask(logits: torch.Tensor, rows: SamplingMetadata) -> None:
     n = len(b.rows)
     every_row = n == logits.shape[0] and bool((b.rows == np.arange(n)).all())
     lz.apply_token_bitmask(logits, bits, None if every_row else idx)
+
+
+def bitmask_warmup_plan(row_counts: list[int]) -> list[tuple[int, bool]]:
+    """The start-up warm-up's bitmask applications (``worker/warmup.py``): ``(rows, subset)`` for each row
+    count, on all of a step's rows (``indices=None``) and on a subset of them (``indices`` given)."""
+    return [(n, sub) for n in row_counts for sub in (False, True)]
+
+
+def warm_bitmask(rows: int, subset: bool, vocab: int, device: torch.device) -> None:
+    """One ``lz.apply_token_bitmask`` on zero float32 logits with every token allowed (nothing changes), with
+    int32 indices when ``subset``, as :func:`apply_grammar_bitmask` passes them."""
+    logits = torch.zeros(rows + subset, vocab, dtype=torch.float32, device=device)
+    bits = torch.full((rows, -(-vocab // 32)), -1, dtype=torch.int32, device=device)
+    idx = torch.arange(rows, dtype=torch.int32, device=device) if subset else None
+    lz.apply_token_bitmask(logits, bits, idx)

@@ -22,9 +22,8 @@ What it runs (:func:`plan_steps`, :func:`plan_sampler`; the budget B = ``max_num
   table) (:func:`plan_attention`: its key buckets all three, too many combinations for whole steps);
 - cascade attention (when the runner's cascade policy is on): a small and a large step of decode rows and a
   new chunk sharing prefix blocks (decode-only too where decode is eager);
-- the sampler, on random logits of every :func:`row_ladder` row count: each path of :data:`SAMPLER_PATHS`;
-  structured outputs' grammar bitmask (``lz.apply_token_bitmask``, :func:`plan_bitmask`) at the same row
-  counts, on all of a step's rows and on a subset (so the first structured request compiles nothing).
+- the sampler, on random logits of every :func:`row_ladder` row count: each path of :data:`SAMPLER_PATHS`,
+  and structured outputs' ``lz.apply_token_bitmask`` on all of a step's rows and on a subset.
 
 Nothing is kept: every token's KV slot is -1 (the cache kernels skip it: the KV pools are unchanged; reads
 see the zeroed pool), the forwards bypass the runner's counters, the int8 KV calibration waits for the first
@@ -48,6 +47,7 @@ from ..core.sched.output import SamplingMetadata
 from ..layers.attention import KVScales, paged_attention
 from ..sampling_params import SamplingParams
 from .cascade import CascadePolicy
+from .grammar_bitmask import bitmask_warmup_plan, warm_bitmask
 from .input_batch import ScheduledChunk, build_forward_batch
 
 __all__ = [
@@ -57,7 +57,6 @@ __all__ = [
     "decode_ladder",
     "maybe_warm_up",
     "plan_attention",
-    "plan_bitmask",
     "plan_sampler",
     "plan_steps",
     "row_ladder",
@@ -272,20 +271,6 @@ def plan_sampler(max_num_seqs: int) -> list[tuple[str, int]]:
     return [(path, n) for path in SAMPLER_PATHS for n in row_ladder(max_num_seqs)]
 
 
-def plan_bitmask(max_num_seqs: int) -> list[tuple[int, bool]]:
-    """Structured outputs' ``lz.apply_token_bitmask`` calls: ``(rows, subset)`` for every :func:`row_ladder`
-    count, applied to all the step's rows (``indices=None``) and to a subset of them (``indices`` given)."""
-    return [(n, sub) for n in row_ladder(max_num_seqs) for sub in (False, True)]
-
-
-def _bitmask(rows: int, subset: bool, vocab: int, dev: torch.device) -> None:
-    """One grammar-bitmask application on zero float32 logits (every token allowed: nothing changes)."""
-    logits = torch.zeros(rows + subset, vocab, dtype=torch.float32, device=dev)
-    bits = torch.full((rows, -(-vocab // 32)), -1, dtype=torch.int32, device=dev)
-    idx = torch.arange(rows, dtype=torch.int32, device=dev) if subset else None  # as the engine's
-    lz.apply_token_bitmask(logits, bits, idx)
-
-
 def _bucket(n: int) -> int:
     return n if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -378,12 +363,8 @@ def warm_up(runner: Any, sampler: Any, max_num_seqs: int, budget: int) -> Warmup
                     report, f"sample/{path}/{n}", lambda p=path, k=n: _sample(sampler, p, k, vocab, runner)
                 ):
                     report.sampler += 1
-            for n, subset in plan_bitmask(max_num_seqs):
-                if _attempt(
-                    report,
-                    f"bitmask/{n}{'/subset' if subset else ''}",
-                    lambda k=n, sub=subset: _bitmask(k, sub, vocab, dev),
-                ):
+            for n, sub in bitmask_warmup_plan(row_ladder(max_num_seqs)):  # structured outputs' grammar masks
+                if _attempt(report, f"bitmask/{n}/{sub}", lambda k=n, b=sub: warm_bitmask(k, b, vocab, dev)):
                     report.sampler += 1
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
