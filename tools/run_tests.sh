@@ -11,11 +11,12 @@
 # ISA-dispatched code).
 #
 # Two streams when the machine has >= 2 cores (CI machines have 2; every pass is single-threaded: conftest sets one
-# torch thread), balanced by their measured lengths (2026-11-29, 2-core AVX-512 machine, minutes): main run without
-# the interpreter files 10.9, interpreter files 3.8, -O 5.7 (whole suite; now its validation part), one ISA pass 4.9.
-# The foreground runs the main run, plus the interpreter files when two ISA passes run beside it; the other stream
-# runs the rest (first the multi-process tests of tests/distributed and tests/engine/parallel, ~2.5 min of Gloo
-# groups, engine ranks and replicas), its output printed after the foreground's. SERIAL=1 runs everything one after another. The -O pass
+# torch thread), balanced by their measured lengths (2026-11-29, second session, 2-core AVX-512 machine, minutes):
+# main run without the interpreter files 12.5, interpreter files 4.1, multi-process tests 2.4, -O 3.6, ISA passes
+# 4.2 (avx2) and 4.9 (default). With two ISA passes the foreground runs the main run then the -O pass (16.1) and the
+# other stream the multi-process tests, the interpreter files and the ISA passes (15.6); with fewer, the foreground
+# runs the main run alone and the other stream everything else. The side stream's output is printed after the
+# foreground's. SERIAL=1 runs everything one after another. The -O pass
 # runs the validation tests: tests/unit, tests/engine/unit (the engine's bad-input, config and message checks) and
 # tests/property; not the engine's end-to-end correctness, decoding or server tests (2026-11-29: the suite outgrew
 # CI's 20 minutes; their validation paths are the ones tests/engine/unit drives, and the server validates with
@@ -31,7 +32,7 @@ case $native in
 esac
 ISA_CAPABILITIES=${ISA_CAPABILITIES-$lesser}
 set -- $ISA_CAPABILITIES
-INTERP_IN_MAIN=$([ $# -ge 2 ] && echo 1 || echo 0)
+O_IN_MAIN=$([ $# -ge 2 ] && echo 1 || echo 0)
 
 interpreter_tests() {
   echo "=== the Triton-interpreter tests (tests/correctness/*_interpret.py)"
@@ -43,19 +44,22 @@ multi_process_tests() {
   "$PY" -m pytest -q -p no:cacheprovider tests/distributed tests/engine/parallel
 }
 
+optimized_tests() {
+  echo "=== python -O: the validation tests (tests/unit, tests/engine/unit, tests/property; not stress)"
+  "$PY" -O -m pytest -q -p no:cacheprovider -m "not stress" tests/unit tests/engine/unit tests/property
+}
+
 main_stream() {
   "$PY" -m pytest -q --ignore-glob='*_interpret.py' --ignore=tests/distributed --ignore=tests/engine/parallel \
     || return 1
-  [ "$INTERP_IN_MAIN" = 1 ] && { interpreter_tests || return 1; }
+  [ "$O_IN_MAIN" = 1 ] && { optimized_tests || return 1; }
   return 0
 }
 
 side_stream() {
   multi_process_tests || return 1
-  [ "$INTERP_IN_MAIN" = 0 ] && { interpreter_tests || return 1; }
-  echo "=== python -O: the validation tests (tests/unit, tests/engine/unit, tests/property; not stress)"
-  "$PY" -O -m pytest -q -p no:cacheprovider -m "not stress" tests/unit tests/engine/unit tests/property \
-    || return 1
+  interpreter_tests || return 1
+  [ "$O_IN_MAIN" = 0 ] && { optimized_tests || return 1; }
   echo "=== this CPU dispatches as $native; the kernel-correctness tests run again under: ${ISA_CAPABILITIES:-none}"
   for isa in $ISA_CAPABILITIES; do
     echo "=== kernel-correctness tests with ATEN_CPU_CAPABILITY=$isa"
@@ -67,7 +71,7 @@ side_stream() {
 cores=$(nproc 2>/dev/null || echo 1)
 if [ "${SERIAL:-}" != 1 ] && [ "$cores" -ge 2 ]; then
   log=$(mktemp "${TMPDIR:-/tmp}/layerzero-side-stream.XXXXXX")
-  echo "=== two streams ($cores cores): the -O and forced-ISA passes run beside the main run; their output follows it"
+  echo "=== two streams ($cores cores): the multi-process, interpreter and forced-ISA passes run beside the main run; their output follows it"
   side_stream >"$log" 2>&1 &
   side=$!
   main_stream
