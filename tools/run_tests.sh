@@ -12,9 +12,10 @@
 #
 # Two streams when the machine has >= 2 cores (CI machines have 2; every pass is single-threaded: conftest sets one
 # torch thread), balanced by their measured lengths (2026-11-29, second session, 2-core AVX-512 machine, minutes):
-# main run without the interpreter files 12.5, interpreter files 4.1, multi-process tests 2.4, -O 3.6, ISA passes
-# 4.2 (avx2) and 4.9 (default); the -O pass is now its validation half (~1.7). With two ISA passes the foreground runs the main run then the -O pass (16.1) and the
-# other stream the multi-process tests, the interpreter files and the ISA passes (15.6); with fewer, the foreground
+# main run without the interpreter files 12.5, interpreter files 4.0, multi-process tests 2.3, -O (whole) 3.6, ISA passes
+# 4.2 (avx2) and 4.9 (default); the -O pass, now its validation half, 1.0. With two ISA passes the foreground runs
+# the main run then the -O pass (13.6) and the other stream the multi-process tests, the interpreter files and the
+# ISA passes (15.4; the whole CI run 18.0 min with the install); with fewer, the foreground
 # runs the main run alone and the other stream everything else. The side stream's output is printed after the
 # foreground's. SERIAL=1 runs everything one after another. The -O pass runs the validation tests of tests/unit,
 # tests/engine/unit and tests/property (see VALIDATION_K below); not the engine's end-to-end correctness, decoding
