@@ -11,17 +11,13 @@ from typing import Any
 
 import torch
 
-from .core.errors import InvalidInputError, expected_got
+from .ops._common import fail as _bad
 
 __all__ = ["sampling_probs", "seeded_exponential", "seeded_uniform"]
 
 UNIFORM_INDEX = 0xFFFFFFFF
 """The counter index of :func:`seeded_uniform`'s default stream: token indices ``[0, V)`` key
 :func:`seeded_exponential`'s noise, so the two never share a draw."""
-
-
-def _bad(fn: str, what: str, expected: str, got: Any, fix: str = "") -> InvalidInputError:
-    return InvalidInputError(expected_got(f"lz.{fn}: {what}", expected, got, fix))
 
 
 def _rows(fn: str, name: str, t: Any, n: int, device: torch.device, ints: bool) -> None:

@@ -15,7 +15,15 @@ import layerzero as lz
 from layerzero.engine import SamplingParams
 from layerzero.engine.core.sched.output import GrammarBitmask, SamplingMetadata, SchedulerOutput
 from layerzero.engine.structured_params import StructuredOutputsParams as S
-from layerzero.engine.worker.grammar_bitmask import apply_grammar_bitmask, unpack_bitmask
+from layerzero.engine.worker.grammar_bitmask import apply_grammar_bitmask
+
+
+def unpack_bitmask(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The allowed tokens of ``bits`` as a bool ``[R, vocab_size]`` mask, read back through the op the
+    sampler applies (``lz.apply_token_bitmask`` on zero logits: allowed = still finite)."""
+    logits = torch.zeros(bits.shape[0], vocab_size)
+    lz.apply_token_bitmask(logits, bits)
+    return torch.isfinite(logits)
 
 
 def test_unpack_hand_worked():

@@ -36,7 +36,7 @@ import layerzero as lz
 from ..config import EngineConfig, ModelConfig
 from ..core.errors import WorkerFailedError
 from ..core.sched.output import SchedulerOutput
-from ..parallel.launch import enable_symm_all_reduce, free_port, init_distributed, set_comm_env
+from ..parallel.launch import enable_symm_all_reduce, free_port, init_distributed, leave_group, set_comm_env
 from ..parallel.state import ParallelState
 from ..worker.model_runner import ModelRunner
 from ..worker.sampler import SamplingError
@@ -328,11 +328,8 @@ class MultiprocExecutor:
             self._server.close()
             self._server = None
         self.worker = None
-        if self._owns_group and dist.is_initialized():
-            lz.distributed.unsync()
-            lz.distributed.disable_symm_mem()
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
+        if self._owns_group:
+            leave_group()
             self._owns_group = False
 
     @property
@@ -365,11 +362,8 @@ def _finalize(
         with contextlib.suppress(OSError):
             chan.send_bytes(data)
     _stop_processes(procs, chans)
-    if owns_group and dist.is_initialized():
-        with contextlib.suppress(Exception):
-            lz.distributed.unsync()
-            lz.distributed.disable_symm_mem()
-            dist.destroy_process_group()
+    if owns_group:
+        leave_group()
 
 
 def _stop_processes(procs: dict[int, Any], chans: dict[int, Channel], grace_s: float = 5.0) -> None:

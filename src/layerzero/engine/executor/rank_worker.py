@@ -16,7 +16,7 @@ import torch.distributed as dist
 import layerzero as lz
 
 from ..config import EngineConfig, ModelConfig
-from ..parallel.launch import enable_symm_all_reduce, init_distributed
+from ..parallel.launch import enable_symm_all_reduce, init_distributed, leave_group
 from ..parallel.state import ParallelState
 from ..worker.sampler import SamplingError
 from ..worker.worker import ModelRunnerOutput, Worker
@@ -107,10 +107,7 @@ def run_rank(
     finally:
         if chan is not None:
             chan.close()
-        with contextlib.suppress(Exception):
-            lz.distributed.unsync()
-            lz.distributed.disable_symm_mem()
-            dist.destroy_process_group()
+        leave_group()
 
 
 def _profiled(rank: int, serve: Any) -> None:

@@ -6,6 +6,7 @@ started."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -26,6 +27,7 @@ __all__ = [
     "enable_symm_all_reduce",
     "free_port",
     "init_distributed",
+    "leave_group",
     "set_comm_env",
 ]
 
@@ -139,3 +141,15 @@ def enable_symm_all_reduce(parallel: ParallelState, device: torch.device) -> boo
     if not buf.p2p:
         log.warning("symmetric-memory all-reduce unavailable (no peer access: %s): NCCL", buf.why_not)
     return bool(buf.p2p)
+
+
+def leave_group() -> None:
+    """Leave the default process group this process made: forget the synced selections
+    (``lz.distributed.unsync``) and the symmetric buffer, then ``destroy_process_group``; errors of a group a
+    dead peer left half-gone are swallowed (it is being torn down). Nothing when no group exists."""
+    if not dist.is_initialized():
+        return
+    with contextlib.suppress(Exception):
+        lz.distributed.unsync()
+        lz.distributed.disable_symm_mem()
+        dist.destroy_process_group()

@@ -17,19 +17,7 @@ import layerzero as lz
 from ..core.sched.output import GrammarBitmask, SamplingMetadata, resolve_bitmask
 from .staging import to_device
 
-__all__ = ["apply_grammar_bitmask", "bitmask_warmup_plan", "unpack_bitmask", "warm_bitmask"]
-
-
-def unpack_bitmask(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``bits`` ``[R, W]`` int32 (bit ``j`` of word ``w`` = token ``32 w + j``) as a bool ``[R, vocab_size]``
-    mask, True = allowed; ids from ``32 W`` on are False (banned). For tests and tools: the sampler applies
-    the packed words with ``lz.apply_token_bitmask``."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)
-    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).to(torch.bool).flatten(1)  # arithmetic shift: -1 = all
-    n = allowed.shape[1]
-    if n >= vocab_size:
-        return allowed[:, :vocab_size]
-    return torch.nn.functional.pad(allowed, (0, vocab_size - n), value=False)
+__all__ = ["apply_grammar_bitmask", "bitmask_warmup_plan", "warm_bitmask"]
 
 
 def _device_arrays(b: GrammarBitmask, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

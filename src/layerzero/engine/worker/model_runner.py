@@ -290,8 +290,8 @@ class ModelRunner:
         (``SchedulerOutput.blocks_to_copy``; vLLM's ``copy_blocks``). Byte copies, so any KV dtype (fp8 /
         int8 pools too: their scales are per layer, not per block, and need no copy); queued on the current
         stream, before the step's forward."""
-        src = torch.tensor([p[0] for p in pairs], dtype=torch.int64).to(self.device, non_blocking=True)
-        dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64).to(self.device, non_blocking=True)
+        (sd,) = to_device([np.asarray(pairs, dtype=np.int64).reshape(-1, 2)], self.device)
+        src, dst = sd[:, 0], sd[:, 1]
         for cache in (*self.kv_caches, *extra_caches):
             c = cache.view(torch.uint8) if cache.element_size() == 1 else cache
             c.index_copy_(0, dst, c.index_select(0, src))
