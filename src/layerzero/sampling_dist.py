@@ -126,7 +126,9 @@ def seeded_exponential(seeds: torch.Tensor, offsets: torch.Tensor, vocab: int) -
 def seeded_uniform(seeds: torch.Tensor, offsets: torch.Tensor, index: int = UNIFORM_INDEX) -> torch.Tensor:
     """Uniforms in (0, 1) from (seed, offset, ``index``) alone, the stream :func:`seeded_exponential` uses
     for token ``index``: ``(h + 0.5) / 2**32``. The default index (2**32 - 1, :data:`UNIFORM_INDEX`) is no
-    token's, so e.g. speculative decoding's acceptance test draws independently of the token noise.
+    token's, so e.g. speculative decoding's acceptance test draws independently of the token noise. A
+    counter-based generator (Salmon et al. 2011, "Parallel Random Numbers: As Easy as 1, 2, 3"; the hash is
+    Wellons' ``lowbias32``).
 
     Args:
         seeds, offsets: broadcastable int64 tensors (as :func:`seeded_exponential`); index: an int in
