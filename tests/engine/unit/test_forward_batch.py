@@ -136,3 +136,50 @@ def test_a_table_matrix_gives_the_same_batch_as_the_lists():
         build_forward_batch(
             [_chunk([1, 2], 1, 1, [3])], 4, torch.device("cpu"), tables=np.zeros((2, 1), np.int32)
         )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ragged_mixed_steps_match_a_token_by_token_oracle(seed):
+    """Seeded ragged mixed steps (decode rows, prefill and chunked-prefill chunks, pending ids, drafts,
+    unsampled chunks; odd block size 5; ids given whole or as the chunk only) against an oracle that walks
+    every token one at a time: input id, position, slot (block table entry x block size + offset),
+    seq_lens, cu_seqlens_q, the sampled rows (a sampled chunk's last ``num_spec + 1`` tokens) and the
+    pending-id gathers."""
+    import random
+
+    from layerzero.engine.worker.input_batch import ScheduledChunk, build_forward_batch
+
+    rng, bs = random.Random(seed), 5
+    prev = torch.arange(1000, 1040)
+    chunks = []
+    for i in range(rng.randrange(2, 40)):
+        start = rng.randrange(0, 60)
+        length = 1 if rng.random() < 0.6 else rng.randrange(2, 23)
+        seq = [rng.randrange(1, 900) for _ in range(start + length)]
+        table = rng.sample(range(1, 400), (start + length + bs - 1) // bs + rng.randrange(2))
+        pending = rng.randrange(40) if rng.random() < 0.4 else None
+        spec = rng.randrange(min(length, 4)) if length > 1 and rng.random() < 0.3 else 0
+        offset = start if rng.random() < 0.5 else 0
+        chunks.append(
+            ScheduledChunk(seq[offset:], start, length, table, rng.random() < 0.8, pending, offset, spec)
+        )
+    if all(c.length == 1 for c in chunks):
+        chunks.append(ScheduledChunk([3, 4, 5], 0, 3, [9], True))
+    want = {k: [] for k in ("ids", "pos", "slots", "lens", "cu", "sample")}
+    want["cu"].append(0)
+    for c in chunks:
+        for j, p in enumerate(range(c.start, c.start + c.length)):
+            last = j == c.length - 1
+            tok = int(prev[c.pending_src]) if last and c.pending_src is not None else c.token_ids[p - c.offset]
+            want["ids"].append(tok)
+            want["pos"].append(p)
+            want["slots"].append(c.block_table[p // bs] * bs + p % bs)
+            if c.sample and j >= c.length - 1 - c.num_spec:
+                want["sample"].append(len(want["ids"]) - 1)
+        want["lens"].append(c.start + c.length)
+        want["cu"].append(len(want["ids"]))
+    fb = build_forward_batch(chunks, bs, torch.device("cpu"), prev)
+    assert fb.input_ids.tolist() == want["ids"]
+    assert fb.positions.tolist() == want["pos"] and fb.slot_mapping.tolist() == want["slots"]
+    assert fb.seq_lens.tolist() == want["lens"] and fb.cu_seqlens_q.tolist() == want["cu"]
+    assert fb.logits_indices.tolist() == want["sample"]
