@@ -83,7 +83,7 @@ def _op(op: Any) -> tuple[Any, Any]:
 
 
 @contextlib.contextmanager
-def capture_selection() -> Iterator[None]:
+def capture_selection(enabled: bool = True) -> Iterator[None]:
     """Inside the ``with`` block, calls on CUDA tensors select (and cache) exactly as they would while a CUDA
     graph is being captured, without capturing: graph-safe kernels only, each kernel scored with its
     ``capture_priority`` (device time counts, not launch cost), no PerfDB reads, the same cache entries a
@@ -91,6 +91,9 @@ def capture_selection() -> Iterator[None]:
     kernel for kernel: an engine's eager decode (``enforce_eager``) and its CUDA-graph decode give the same
     tokens. Calls on other devices are unaffected; a real capture inside the block behaves as always. This
     thread / task only (a ``contextvars`` switch); nests.
+
+    ``enabled=False``: eager selection inside the block, also within an enclosing ``capture_selection()``
+    (the engine's piecewise graphs run each attention call eagerly between two captured pieces).
 
     Raises:
         Nothing of its own; inside, a call that no graph-safe kernel can run raises ``NoKernelFoundError`` (as
@@ -100,7 +103,7 @@ def capture_selection() -> Iterator[None]:
     >>> with lz.capture_selection():
     ...     pass
     """
-    token = AS_CAPTURED.set(True)
+    token = AS_CAPTURED.set(enabled)
     try:
         yield
     finally:

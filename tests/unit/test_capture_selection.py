@@ -30,6 +30,19 @@ def test_switch_scoped_and_nested():
     assert not AS_CAPTURED.get() and not capturing_now()
 
 
+def test_disabled_inside_an_enabled_block():
+    """``capture_selection(False)`` selects eagerly inside an enclosing ``capture_selection()`` (the engine's
+    piecewise graphs run each attention call so between two captured pieces), and restores it after."""
+    with lz.capture_selection():
+        with lz.capture_selection(False):
+            assert not AS_CAPTURED.get()
+            with lz.capture_selection():
+                assert AS_CAPTURED.get()
+            assert not AS_CAPTURED.get()
+        assert AS_CAPTURED.get()
+    assert not AS_CAPTURED.get()
+
+
 def test_cpu_calls_unaffected():
     x, w = torch.randn(3, 8), torch.rand(8) + 0.5
     key, _ = OPS["rms_norm"][0](x, w, 1e-6)

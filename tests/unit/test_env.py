@@ -197,6 +197,7 @@ def test_env_vars_table_is_complete() -> None:
         "LAYERZERO_API_KEY",
         "LAYERZERO_SYMM_MEM",
         "LAYERZERO_WORKER_PROFILE",
+        "LAYERZERO_PIECEWISE_MAX_TOKENS",
     }
     doc = EnvSettings.__doc__ or ""
     assert all(name in doc for name in ENV_VARS)

@@ -117,6 +117,7 @@ DEFAULTS = {
         lane_max_batch=8,
         narrow_tokens=2048,
         pack_max_bytes=64 * 1024,
+        piecewise_max_tokens=0,
     ),
 }
 """Every knob's default, written out by hand (the values the module globals had before issue 36)."""
@@ -295,6 +296,10 @@ def test_wrong_type_or_range_says_expected_and_got(name, fields, message):
         (dict(narrow_tokens=0), r"narrow_tokens: expected an int >= 1 or None, got 0"),
         (dict(packed_inputs="no"), r"packed_inputs: expected True or False, got 'no'"),
         (dict(pack_max_bytes=-1), r"pack_max_bytes: expected an int >= 0, got -1"),
+        (
+            dict(piecewise_max_tokens=-3),
+            r"piecewise_max_tokens: expected an int >= 0, got -3\. The default is 0",
+        ),
     ],
 )
 def test_cuda_graph_knobs_are_checked(fields, message):
@@ -303,6 +308,20 @@ def test_cuda_graph_knobs_are_checked(fields, message):
     assert CudaGraphKnobs(narrow_tokens=None).narrow_tokens is None
     with pytest.raises(ConfigurationError, match=r"LLM cuda_graph: expected a CudaGraphKnobs"):
         EngineConfig("m", cuda_graph={"lanes": 1})
+
+
+def test_piecewise_default_from_the_environment(monkeypatch):
+    """``LAYERZERO_PIECEWISE_MAX_TOKENS`` sets the default when a knob set is made (not at import), an
+    explicit value wins, a non-int is refused naming the variable."""
+    monkeypatch.setenv("LAYERZERO_PIECEWISE_MAX_TOKENS", "256")
+    assert CudaGraphKnobs().piecewise_max_tokens == 256
+    assert EngineConfig("m").cuda_graph.piecewise_max_tokens == 256
+    assert CudaGraphKnobs(piecewise_max_tokens=0).piecewise_max_tokens == 0
+    monkeypatch.setenv("LAYERZERO_PIECEWISE_MAX_TOKENS", "lots")
+    with pytest.raises(ConfigurationError, match=r"LAYERZERO_PIECEWISE_MAX_TOKENS: expected an int >= 0"):
+        CudaGraphKnobs()
+    monkeypatch.delenv("LAYERZERO_PIECEWISE_MAX_TOKENS")
+    assert CudaGraphKnobs().piecewise_max_tokens == 0
 
 
 def test_the_block_restores_on_exit_and_on_an_exception():

@@ -72,7 +72,7 @@ class EnvSettings:
     - ``LAYERZERO_AUTOTUNE`` (``autotune``): measure a new key's kernels on its first eager call (bool)
 
     Read by the engine and the server themselves (known, not settings here): ``LAYERZERO_API_KEY``,
-    ``LAYERZERO_SYMM_MEM``, ``LAYERZERO_WORKER_PROFILE``.
+    ``LAYERZERO_SYMM_MEM``, ``LAYERZERO_WORKER_PROFILE``, ``LAYERZERO_PIECEWISE_MAX_TOKENS``.
 
     Bools accept ``1/0/true/false/yes/no/on/off`` (case-insensitive). ``unknown`` lists ``LAYERZERO_*``
     names that are not in this list (probably typos).
@@ -243,6 +243,7 @@ _READ_ELSEWHERE: Mapping[str, str] = MappingProxyType(
         "LAYERZERO_API_KEY": "the server's API key (layerzero serve --api-key)",
         "LAYERZERO_SYMM_MEM": "0: tensor-parallel engines keep every all-reduce on NCCL (docs/parallel.md)",
         "LAYERZERO_WORKER_PROFILE": "path prefix: TP worker ranks write a cProfile of their steps",
+        "LAYERZERO_PIECEWISE_MAX_TOKENS": "default of CudaGraphKnobs.piecewise_max_tokens (0: off)",
     }
 )
 #: Every variable LayerZero reads, with a one-line description (for docs and ``layerzero env``).

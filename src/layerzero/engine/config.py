@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,23 @@ KV_CACHE_DTYPES = {
 per-layer ``k_scale`` / ``v_scale`` (vLLM's ``kv_cache_dtype``; docs/engine.md "Quantized KV cache")."""
 
 
+def _env_piecewise_max_tokens() -> int:
+    """``LAYERZERO_PIECEWISE_MAX_TOKENS`` as an int (0 when unset or empty).
+
+    Raises:
+        ConfigurationError: a value that is not an int."""
+    raw = os.environ.get("LAYERZERO_PIECEWISE_MAX_TOKENS", "").strip()
+    try:
+        return int(raw) if raw else 0
+    except ValueError:
+        raise bad_config(
+            "LAYERZERO_PIECEWISE_MAX_TOKENS",
+            "an int >= 0 (tokens)",
+            repr(raw),
+            "Unset it, or give the largest step to replay in piecewise graphs, e.g. 512.",
+        ) from None
+
+
 @dataclass(frozen=True, slots=True)
 class CudaGraphKnobs:
     """Tuning choices of the engine's decode CUDA graphs (``runner/cuda_graph.py``), read when the graphs are
@@ -96,9 +114,16 @@ class CudaGraphKnobs:
     pack_max_bytes: int = 64 << 10
     """Buckets whose packed inputs fit this many bytes are packed; larger ones copy their rows into the shared
     buffers (a big bucket's full-width table would cost more to send than the copies it saves)."""
+    piecewise_max_tokens: int = dataclasses.field(default_factory=lambda: _env_piecewise_max_tokens())
+    """Steps with prefill tokens (prefill, chunked prefill, mixed with decode rows) of at most this many
+    tokens replay piecewise graphs (``worker/piecewise.py``: the layers' other ops captured, each attention
+    call eager between them; buckets 16, 32, 64, ... up to it): a short prompt's first token then costs ~L + 1
+    graph replays and L attention calls of host time instead of ~10 L eager launches. 0: off, every such step
+    eager (the default until it is measured on the H200; vLLM captures up to 512). The default comes from
+    ``LAYERZERO_PIECEWISE_MAX_TOKENS`` when set (an A/B switch for servers and benchmarks)."""
 
     def __post_init__(self) -> None:
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        defaults = {f.name: f.default for f in dataclasses.fields(self)} | {"piecewise_max_tokens": 0}
         for name in ("packed_inputs", "greedy_in_graph", "h2d_aside", "d2h_aside"):
             if not isinstance(getattr(self, name), bool):
                 raise bad_config(
@@ -111,6 +136,7 @@ class CudaGraphKnobs:
             ("lanes", 1, False),
             ("lane_max_batch", 1, False),
             ("pack_max_bytes", 0, False),
+            ("piecewise_max_tokens", 0, False),
             ("narrow_tokens", 1, True),
         ):
             v = getattr(self, name)
@@ -153,7 +179,7 @@ class EngineConfig:
     cascade_attention: bool | None = None
     freeze_gc: bool | None = None
     warmup: bool | None = None
-    cuda_graph: CudaGraphKnobs = CudaGraphKnobs()
+    cuda_graph: CudaGraphKnobs = dataclasses.field(default_factory=CudaGraphKnobs)
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
     data_parallel_size: int = 1

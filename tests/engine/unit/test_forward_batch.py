@@ -152,7 +152,7 @@ def test_ragged_mixed_steps_match_a_token_by_token_oracle(seed):
     rng, bs = random.Random(seed), 5
     prev = torch.arange(1000, 1040)
     chunks = []
-    for i in range(rng.randrange(2, 40)):
+    for _ in range(rng.randrange(2, 40)):
         start = rng.randrange(0, 60)
         length = 1 if rng.random() < 0.6 else rng.randrange(2, 23)
         seq = [rng.randrange(1, 900) for _ in range(start + length)]
@@ -170,8 +170,8 @@ def test_ragged_mixed_steps_match_a_token_by_token_oracle(seed):
     for c in chunks:
         for j, p in enumerate(range(c.start, c.start + c.length)):
             last = j == c.length - 1
-            tok = int(prev[c.pending_src]) if last and c.pending_src is not None else c.token_ids[p - c.offset]
-            want["ids"].append(tok)
+            pending = last and c.pending_src is not None
+            want["ids"].append(int(prev[c.pending_src]) if pending else c.token_ids[p - c.offset])
             want["pos"].append(p)
             want["slots"].append(c.block_table[p // bs] * bs + p % bs)
             if c.sample and j >= c.length - 1 - c.num_spec:

@@ -4,6 +4,8 @@ quantized pool (``LLM(kv_cache_dtype="fp8" | "int8")``) is written and read thro
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -55,7 +57,12 @@ def paged_attention(
     tokens' K/V go to their slots (:func:`layerzero.reshape_and_cache`), then causal attention of each
     sequence's new tokens over its whole KV (:func:`layerzero.paged_attention`, prefill, chunked prefill and
     decode in one call). A float8_e4m3fn / int8 pool is quantized on write and dequantized on read with
-    ``kv_scales`` (required then)."""
+    ``kv_scales`` (required then). Under piecewise CUDA graphs (``batch.pieces``) the whole call runs eagerly
+    between two captured pieces (:meth:`~layerzero.engine.worker.piecewise.PiecewiseGraphs.attend`)."""
+    if batch.pieces is not None:
+        return batch.pieces.attend(
+            q, k, v, partial(paged_attention, kv_cache=kv_cache, scale=scale, kv_scales=kv_scales)
+        )
     if kv_cache.dtype in QUANTIZED_KV_DTYPES:
         kv_scales.observe(k, v)
         ks, vs = kv_scales.k_scale, kv_scales.v_scale

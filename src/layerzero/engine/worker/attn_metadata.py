@@ -7,6 +7,7 @@ imports nothing else of the engine, so the layers never import the runner."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -68,6 +69,9 @@ class ForwardBatch:
       nothing is copied in.
     - ``logits_all``: every row of the hidden states is sampled, in order (``logits_indices`` is
       ``arange(T)``: a decode step whose sequences all sample, a graph bucket): the model skips the gather.
+    - ``pieces``: set while piecewise CUDA graphs (:mod:`.piecewise`) warm up or capture this forward: each
+      attention call goes through ``pieces.attend`` (it ends one captured piece, runs the attention eagerly on
+      the step's own metadata, starts the next piece); None otherwise.
 
     Every layer passes the same tensors to :func:`layerzero.paged_attention` (FlashInfer plans once per step).
     """
@@ -85,6 +89,7 @@ class ForwardBatch:
     packed: bool = False
     logits_all: bool = False
     lane: int = 0
+    pieces: Any = None
 
     @property
     def is_decode(self) -> bool:

@@ -23,6 +23,7 @@ from ..parallel.state import SINGLE, ParallelState
 from .cascade import CascadePolicy
 from .cuda_graph import CUDAGraphRunner
 from .input_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
+from .piecewise import PiecewiseGraphs, piecewise_sizes
 from .prompt_logprobs import prompt_rows
 from .sampler import PendingSample
 from .staging import to_device
@@ -197,10 +198,30 @@ class ModelRunner:
                     "eager decode" if ec.enforce_eager else "CUDA graphs off",
                     exc,
                 )
+        self.pieces: PiecewiseGraphs | None = None
+        """Piecewise graphs of steps with prefill tokens (``CudaGraphKnobs.piecewise_max_tokens``) or None."""
+        if device.type == "cuda" and not ec.enforce_eager and ec.cuda_graph.piecewise_max_tokens:
+            self.pieces = self._piecewise(ec, max_num_batched_tokens)
         if self.kv_dtype == torch.int8:  # after capture, so the capture's dummy batch calibrates nothing
             for m in self.model.modules():
                 if isinstance(m, KVScales):
                     m.calibrate = True
+
+    def _piecewise(self, ec: EngineConfig, max_num_batched_tokens: int) -> PiecewiseGraphs | None:
+        """The captured piecewise graphs, or None (logged; raised in strict mode) when a piece has no
+        graph-safe kernel here."""
+        spec = ec.speculative_config
+        rows = ec.max_num_seqs * (1 + (spec.num_speculative_tokens if spec is not None else 0))
+        sizes = piecewise_sizes(ec.cuda_graph.piecewise_max_tokens, max_num_batched_tokens)
+        pieces = PiecewiseGraphs(self.model, self.kv_caches, sizes, rows, ec.block_size, self.device)
+        try:
+            pieces.capture()
+        except lz.LayerZeroError as exc:
+            if lz.get_config().strict:
+                raise
+            log.warning("piecewise CUDA graphs off (steps with prefill tokens run eager): %s", exc)
+            return None
+        return pieces
 
     def _cascade_policy(self, ec: EngineConfig) -> CascadePolicy | None:
         """``cascade_attention=True`` -> every step (decode, or with prefill chunks) with a shared prefix
@@ -280,6 +301,8 @@ class ModelRunner:
                 logits, tokens, host, event = done
                 return StepLogits(logits, PendingSample(tokens, [host], event, [], []))
             return StepLogits(graphs.run(batch), None)
+        if self.pieces is not None and self.pieces.can_run(batch):
+            return StepLogits(self.pieces.run(batch), None)
         return StepLogits(self._eager(batch), None)
 
     @torch.no_grad()

@@ -1,0 +1,135 @@
+"""Piecewise graphs (``worker/piecewise.py``) on the CPU, their graphs replaced by an ATen-level stand-in
+(``aten_graph.AtenGraph``: a replay re-runs the captured ops on the same tensors and runs none of the model's
+Python): steps with prefill tokens, ragged and padded up to their bucket, replayed piece by piece with each
+layer's attention run eagerly between the pieces, give transformers' greedy tokens and logprobs (1e-4) for
+Qwen3 and Llama, with chunked prefill, mixed steps and prefix-cache hits (not Qwen3-MoE here: the CPU's only
+``fused_moe`` kernel, the reference, is not graph-safe, a ``nonzero()`` per expert, and the stand-in's replay
+refuses its data-dependent shapes as a capture would; the GPU test covers the MoE); the KV a replay writes
+equals an eager forward's; the capture refuses a forward whose attention calls change between warm-up and
+capture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ..conftest import hf_greedy, prompts
+from .aten_graph import AtenGraph
+
+pytestmark = pytest.mark.integration
+CPU = torch.device("cpu")
+NEW = 6
+
+
+def test_bucket_sizes():
+    from layerzero.engine.worker.piecewise import piecewise_sizes
+
+    assert piecewise_sizes(512, 8192) == [16, 32, 64, 128, 256, 512]
+    assert piecewise_sizes(100, 8192) == [16, 32, 64, 100]
+    assert piecewise_sizes(512, 48) == [16, 32, 48]
+    assert piecewise_sizes(10, 8192) == [10]
+    assert piecewise_sizes(0, 8192) == []
+
+
+def _install(runner, sizes, max_rows=8):
+    """Piecewise graphs of ``runner``'s model with the ATen stand-in, captured."""
+    from layerzero.engine.worker.piecewise import PiecewiseGraphs
+
+    pieces = PiecewiseGraphs(
+        runner.model, runner.kv_caches, sizes, max_rows, runner.block_size, CPU, AtenGraph
+    )
+    pieces.capture()
+    runner.pieces = pieces
+    return pieces
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_greedy_equals_transformers_with_prefill_steps_in_pieces(family, checkpoints, hf_models):
+    from layerzero.engine import LLM, SamplingParams
+
+    shared = prompts(1, seed=21, lo=20, hi=20)[0]
+    ps = prompts(4, seed=22, lo=5, hi=45) + [shared + [7, 8, 9], shared + [10, 11]]
+    llm = LLM(
+        checkpoints[family],
+        device="cpu",
+        dtype=torch.float32,
+        max_model_len=96,
+        num_kv_blocks=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=40,  # prompts over 40 tokens are chunked; later steps mix decode rows in
+        block_size=4,
+    )
+    runner = llm.engine.runner
+    pieces = _install(runner, [16, 32, 40])
+    layers = len(runner.model.layers)
+    assert all(len(g) == layers + 1 for g in pieces.graphs.values()) and len(pieces.attention) == layers
+    ran = []
+    run = pieces.run
+    pieces.run = lambda batch: ran.append(batch.input_ids.shape[0]) or run(batch)
+    before = AtenGraph.replays
+    sp = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0)
+    outs = llm.generate(ps, sp, use_tqdm=False)
+    assert ran and all(t <= 40 for t in ran) and any(t % 16 for t in ran)  # ragged steps, padded
+    assert AtenGraph.replays - before == len(ran) * (layers + 1)
+    for p, o in zip(ps, outs, strict=True):
+        tokens, lps = hf_greedy(hf_models[family], p, NEW)
+        c = o.outputs[0]
+        assert c.token_ids == tokens
+        ours = [lp[t] for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
+        assert max(abs(a - b) for a, b in zip(ours, lps, strict=True)) < 1e-4
+
+
+def test_replay_writes_the_kv_an_eager_forward_writes(checkpoints):
+    """One mixed step (a 9-token prefill, a 3-token chunk at position 5, a decode row at position 12) replayed
+    in pieces against the same step run eagerly on a copy of the pools: the same logits (1e-5) and the same
+    KV in every layer, the padded rows (bucket 16) writing none."""
+    from layerzero.engine import LLM
+    from layerzero.engine.worker.input_batch import ScheduledChunk, build_forward_batch
+
+    llm = LLM(checkpoints["qwen3"], device="cpu", dtype=torch.float32, max_model_len=64, num_kv_blocks=32)
+    runner = llm.engine.runner
+    pieces = _install(runner, [16, 32])
+    g = torch.Generator().manual_seed(0)
+    for cache in runner.kv_caches:
+        cache.copy_(torch.randn(cache.shape, generator=g))
+    chunks = [
+        ScheduledChunk(list(range(3, 12)), 0, 9, [4], True),
+        ScheduledChunk(list(range(20, 28)), 5, 3, [7, 9], True),
+        ScheduledChunk(list(range(40, 53)), 12, 1, [11, 12], True),
+    ]
+    batch = build_forward_batch(chunks, runner.block_size, CPU)
+    eager_caches = [c.clone() for c in runner.kv_caches]
+    want = runner.model(batch, eager_caches)
+    got = pieces.run(batch)
+    assert got.shape == want.shape == (3, want.shape[1])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for ours, theirs in zip(runner.kv_caches, eager_caches, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert pieces.can_run(batch) and not pieces.can_run(
+        build_forward_batch(chunks[2:], runner.block_size, CPU)
+    )
+
+
+def test_capture_refuses_a_forward_whose_attention_calls_change(checkpoints):
+    from layerzero.engine import LLM
+    from layerzero.engine.worker.piecewise import PiecewiseGraphs
+
+    llm = LLM(checkpoints["qwen3"], device="cpu", dtype=torch.float32, max_model_len=64, num_kv_blocks=32)
+    runner = llm.engine.runner
+    pieces = PiecewiseGraphs(runner.model, runner.kv_caches, [16], 4, runner.block_size, CPU, AtenGraph)
+    forward, calls = runner.model.forward, []
+
+    def skips_a_layer_when_captured(batch, caches):
+        calls.append(1)
+        layers = runner.model.layers
+        if len(calls) == 3:  # the capture: one layer fewer
+            runner.model.layers = layers[:-1]
+        try:
+            return forward(batch, caches[: len(runner.model.layers)])
+        finally:
+            runner.model.layers = layers
+
+    runner.model.forward = skips_a_layer_when_captured
+    with pytest.raises(RuntimeError, match="attention calls"):
+        pieces.capture()
+    assert not pieces.graphs
