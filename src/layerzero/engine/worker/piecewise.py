@@ -236,7 +236,7 @@ class PiecewiseGraphs:
         )
         eager.slot_mapping.fill_(-1)
         self._eager = eager
-        self.positions[:size].copy_(torch.arange(size, device=self.device))
+        self.positions[:size].zero_()  # any valid position (a bucket may exceed max_model_len)
         rows = self.rows[: self.rows_cap[size]]
         return replace(
             eager,
