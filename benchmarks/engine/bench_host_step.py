@@ -6,8 +6,8 @@ turned into a ``ForwardBatch``, side by side in one process:
 - ``matrix``: one gather from the KV manager's numpy mirror (``KVCacheManager.block_tables``) passed as
   ``tables=`` (the engine now);
 - ``allocate_slots``: B calls on tables that already hold the tokens (15 of 16 decode steps; returns at once);
-- ``mixed``: ``build_forward_batch`` of mixed steps (decode rows with pending ids beside prefill chunks) and of
-  one short prompt's prefill (``--mixed`` only: the table ``mixed_table`` prints; run it on two commits to
+- ``mixed``: ``build_forward_batch`` of mixed steps (decode rows with pending ids beside prefill chunks) and
+  of one short prompt's prefill (``--mixed`` only: the table ``mixed_table`` prints; run it on two commits to
   compare them).
 
 Usage: ``PYTHONPATH=src python benchmarks/engine/bench_host_step.py [--seqs 256 --tokens 2176] [--out
