@@ -5,6 +5,8 @@
 #   struct  benchmarks/engine/bench_structured.py (64 JSON-schema requests vs unconstrained)
 #   bitmask benchmarks/bench_token_bitmask.py (lz.apply_token_bitmask's kernels at the engine's step shapes)
 #   spec    benchmarks/engine/bench_spec_decode.py (batch 1 / 8 / 32; ngram, draft, layer skip)
+#   spec-c  the same with constructed weights (spec_constructed.py: a known greedy walk, drafts agreeing on
+#           $SPEC_AGREE = 0.92 of tokens, about 0.8 acceptance at k = 4): plain, ngram, draft, layer skip
 # Results under $OUT, packed into $OUT/decoding.tgz (a call brings back at most 8 files).
 # Usage: OUT=dir tools/device_decoding.sh STAGE [STAGE ...]
 set -uo pipefail
@@ -26,6 +28,8 @@ for stage in "$@"; do
     bitmask) timeout 150 python3 benchmarks/bench_token_bitmask.py --out "$D/bitmask.md" 2>&1 | tail -20 ;;
     spec) timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/engine/bench_spec_decode.py --out "$D/spec" ${SPEC_ARGS:-} 2>&1 \
         | tee "$D/spec.log" | tail -25 ;;
+    spec-c) timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/engine/bench_spec_decode.py --out "$D/spec_constructed" \
+        --constructed ${SPEC_AGREE:-0.92} --configs ngram,draft,layer_skip 2>&1 | tee "$D/spec_constructed.log" | tail -25 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -56,13 +56,15 @@ def _prompts(n: int, vocab: int, seed: int, pattern: int = 16, repeats: int = 8)
     return [torch.randint(10, vocab, (pattern,), generator=g).tolist() * repeats for _ in range(n)]
 
 
-def _measure(llm: LLM, batch: int, max_tokens: int, vocab: int) -> dict[str, Any]:
+def _measure(llm: LLM, batch: int, max_tokens: int, vocab: int, prompts: Any = None) -> dict[str, Any]:
+    """One timed greedy run of ``batch`` prompts (``prompts(n, seed)``; default the repeated patterns)."""
+    prompts = prompts or (lambda n, seed: _prompts(n, vocab, seed))
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     warm = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    llm.generate(_prompts(batch, vocab, seed=1), warm, use_tqdm=False)
+    llm.generate(prompts(batch, 1), warm, use_tqdm=False)
     before = dict(llm.stats().get("spec_decode") or {})
     t0 = time.perf_counter()
-    outs = llm.generate(_prompts(batch, vocab, seed=2), sp, use_tqdm=False)
+    outs = llm.generate(prompts(batch, 2), sp, use_tqdm=False)
     dt = time.perf_counter() - t0
     toks = sum(len(o.outputs[0].token_ids) for o in outs)
     after = llm.stats().get("spec_decode") or {}
@@ -91,11 +93,25 @@ def run(
     num_layers: int,
     only: list[str] | None = None,
     out: Path | None = None,
+    constructed: float | None = None,
 ) -> list[dict[str, Any]]:
     """One engine per configuration (``only``: those names; ``plain`` always runs first: the baseline), every
-    batch size on it; returns the rows (speedups vs ``plain``), also written to ``out`` after each row."""
+    batch size on it; returns the rows (speedups vs ``plain``), also written to ``out`` after each row.
+    ``constructed``: every model's weights made to walk a known permutation (``spec_constructed``), drafts
+    agreeing with the target on that fraction of tokens, and the prompts that walk's noisy copy."""
     cfg = json.loads((target / "config.json").read_text())
     vocab = cfg["vocab_size"]
+    prompts = None
+    if constructed is not None:
+        import spec_constructed as sc
+
+        succ = sc.successors(vocab)
+        dsucc = sc.draft_successors(succ, constructed)
+        head = 16
+
+        def prompts(n: int, seed: int) -> list[list[int]]:
+            return sc.walk_prompts(succ, n, head, max_tokens + k + 8, constructed, seed)
+
     configs: list[tuple[str, dict[str, Any] | None]] = [
         ("plain", None),
         (
@@ -114,7 +130,7 @@ def run(
     opts = dict(
         device=device,
         dtype=dtype,
-        max_model_len=16 * 8 + max_tokens + 8 + k + 1,
+        max_model_len=16 * 8 + 2 * (max_tokens + 16 + k + 8) + k + 1,
         max_num_seqs=max(batches),
         load_format="dummy" if dummy else "auto",
     )
@@ -123,8 +139,10 @@ def run(
     rows, base = [], {}
     for name, spec in configs:
         llm = LLM(target, speculative_config=spec, **opts)
+        if constructed is not None:
+            sc.construct_llm(llm, succ, dsucc)
         for b in batches:
-            r = {"config": name, **_measure(llm, b, max_tokens, vocab)}
+            r = {"config": name, **_measure(llm, b, max_tokens, vocab, prompts)}
             if name == "plain":
                 base[b] = r["tok_per_s"]
             r["speedup"] = r["tok_per_s"] / base[b]
@@ -157,7 +175,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run on a tiny checkpoint")
     ap.add_argument("--target", type=Path, default=None, help="checkpoint (default: a Qwen3-8B shape, dummy)")
@@ -169,7 +187,14 @@ def main() -> None:
     ap.add_argument(
         "--configs", default=None, help="subset of ngram,draft,draft=target,layer_skip (plain always)"
     )
-    ns = ap.parse_args()
+    ap.add_argument(
+        "--constructed",
+        type=float,
+        default=None,
+        metavar="AGREE",
+        help="weights that walk a known permutation, drafts agreeing on this fraction (spec_constructed.py)",
+    )
+    ns = ap.parse_args(argv)
     batches = [int(b) for b in ns.batches.split(",")]
     only = None if ns.configs is None else ns.configs.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="bench_spec_"))
@@ -177,10 +202,15 @@ def main() -> None:
         from layerzero.testing.checkpoints import build_checkpoint
 
         target = build_checkpoint("qwen3", tmp / "tiny", seed=0)
-        rows = run(target, None, "cpu", torch.float32, [1, 4], 16, ns.k, False, 1, only, ns.out)
+        rows = run(
+            target, None, "cpu", torch.float32, [1, 4], 16, ns.k, False, 1, only, ns.out, ns.constructed
+        )
     else:
         target = ns.target or _shape_dir(tmp, "qwen3-8b", QWEN3_8B)
-        draft = ns.draft or _shape_dir(tmp, "qwen3-0.6b", QWEN3_0_6B)
+        untied = {**QWEN3_0_6B, "tie_word_embeddings": False}  # a constructed draft needs its own LM head
+        draft = ns.draft or _shape_dir(
+            tmp, "qwen3-0.6b", untied if ns.constructed is not None else QWEN3_0_6B
+        )
         layers = json.loads((target / "config.json").read_text())["num_hidden_layers"]
         dummy = ns.target is None
         rows = run(
@@ -195,8 +225,10 @@ def main() -> None:
             layers // 4,
             only,
             ns.out,
+            ns.constructed,
         )
     print(table(rows))
+    return rows
 
 
 if __name__ == "__main__":
