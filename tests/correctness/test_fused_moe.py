@@ -41,8 +41,8 @@ class MoECase(NamedTuple):
 
 
 def oracle(x, w13, w2, weights, ids) -> torch.Tensor:
-    """out[t] = sum_k weights[t, k] * w2[e] @ (silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t])), e = ids[t, k];
-    float64, one token and one slot at a time."""
+    """out[t] = sum_k weights[t, k] * w2[e] @ (silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t])), e = ids[t, k]
+    (a slot of id E, no expert, skipped); float64, one token and one slot at a time."""
     tokens, hidden = x.shape
     inter = w2.shape[2]
     out = torch.zeros(tokens, hidden, dtype=F64)
@@ -50,6 +50,8 @@ def oracle(x, w13, w2, weights, ids) -> torch.Tensor:
         xt = x[t].to(F64)
         for k in range(ids.shape[1]):
             e = int(ids[t, k])
+            if e == w13.shape[0]:  # no expert here: the slot adds nothing
+                continue
             gate = w13[e, :inter].to(F64) @ xt
             up = w13[e, inter:].to(F64) @ xt
             h = gate / (1 + torch.exp(-gate)) * up
@@ -152,6 +154,28 @@ def test_duplicate_ids_count_twice_and_zero_weight_contributes_nothing():
     torch.testing.assert_close(out[:3], single[:3], rtol=1e-5, atol=1e-6)
     assert torch.equal(out[3], torch.zeros(c.x.shape[1]))
     assert mismatch(out, oracle(c.x, c.w13, c.w2, weights, dup), torch.float32) is None
+
+
+def no_expert_case(seed: int, dtype: torch.dtype, tokens: int = 9) -> MoECase:
+    """Expert parallelism's routes on one rank: a case of E = 5 local experts and K = 7 slots (K > E), about
+    half the slots marked E (no expert here), their weights 0 or not (either way they add nothing)."""
+    c = moe_case(seed, dtype, tokens=tokens, hidden=13, inter=7, experts=5, top_k=5)
+    g = torch.Generator().manual_seed(seed + 100)
+    ids = torch.randint(0, 5, (tokens, 7), generator=g)
+    ids[torch.rand(tokens, 7, generator=g) < 0.5] = 5
+    weights = torch.rand(tokens, 7, generator=g)
+    return MoECase(c.x, c.w13, c.w2, weights, ids)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_no_expert_slots_add_nothing(dtype):
+    """``topk_ids == E`` marks a slot with no expert (EP: another rank's): the reference equals the float64
+    oracle that skips those slots, and equals itself with those slots' weights zeroed."""
+    for seed in range(3):
+        c = no_expert_case(seed, dtype)
+        assert mismatch(reference(*c), oracle(*c), dtype, f"seed {seed}") is None
+        zeroed = c.weights * (c.ids < 5)
+        assert torch.equal(lz.fused_moe(*c), lz.fused_moe(c.x, c.w13, c.w2, zeroed, c.ids))
 
 
 def test_strided_inputs_give_the_contiguous_result():

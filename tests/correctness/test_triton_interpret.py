@@ -385,6 +385,18 @@ def test_fused_moe_strided_inputs_and_duplicate_ids():
     )
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_moe_no_expert_slots_match_float64(dtype):
+    """Slots of id E (no expert here: expert parallelism's slots on other ranks), K > E: the float64 oracle
+    that skips them, in both block configurations (T <= E and T > E)."""
+    from test_fused_moe import no_expert_case, oracle
+
+    moe = _moe()
+    for tokens in (3, 17):
+        c = no_expert_case(tokens, dtype, tokens=tokens)
+        assert mismatch(moe.fused_moe(*c), oracle(*c), dtype, f"T={tokens}") is None
+
+
 @pytest.mark.parametrize(
     ("tokens", "experts", "top_k", "block_m"),
     [(1, 8, 2, 16), (13, 5, 3, 4), (40, 3, 1, 16), (7, 1, 1, 2), (9, 6, 6, 64)],

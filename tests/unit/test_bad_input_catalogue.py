@@ -952,8 +952,9 @@ MOE_CASES = [
     ("ids-device", _moe(topk_ids=torch.zeros(3, 2, dtype=torch.int64, device="meta")), r"topk_ids\.device"),
     (
         "ids-too-big",
-        _moe(topk_ids=torch.tensor([[0, 1], [2, 4], [3, 3]])),
-        r"topk_ids values: expected expert ids in \[0, 4\).*got values in \[0, 4\]",
+        _moe(topk_ids=torch.tensor([[0, 1], [2, 5], [3, 4]])),
+        r"topk_ids values: expected expert ids in \[0, 4\).*or E for a slot with no expert here, "
+        r"got values in \[0, 5\]",
     ),
     (
         "ids-negative",
@@ -963,12 +964,7 @@ MOE_CASES = [
     (
         "k-zero",
         _moe(topk_ids=torch.zeros(3, 0, dtype=torch.int64), topk_weights=torch.zeros(3, 0)),
-        r"top_k \(topk_ids\.shape\[1\]\): expected in \[1, E = 4\], got 0",
-    ),
-    (
-        "k-above-e",
-        _moe(topk_ids=torch.zeros(3, 5, dtype=torch.int64), topk_weights=torch.zeros(3, 5)),
-        r"top_k.*expected in \[1, E = 4\], got 5",
+        r"top_k \(topk_ids\.shape\[1\]\): expected >= 1, got 0",
     ),
     (
         "weights-bf16",

@@ -69,7 +69,7 @@ def _fast_ok(x: Any, w13: Any, w2: Any, topk_weights: Any, topk_ids: Any) -> boo
             and h13 == h
             and w2.shape == (e, h, i)
             and topk_ids.dim() == 2
-            and 0 < topk_ids.shape[1] <= e
+            and 0 < topk_ids.shape[1]
             and topk_ids.shape[0] == t
             and topk_weights.shape == topk_ids.shape
             and w13.dtype == dt
@@ -99,11 +99,11 @@ def prepare(
     e = w13.shape[0]
     if topk_ids.device.type == "cpu" and topk_ids.numel():  # a CUDA check would sync the stream: CPU only
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
-        if lo < 0 or hi >= e:
+        if lo < 0 or hi > e:
             raise fail(
                 OP,
                 "topk_ids values",
-                f"expert ids in [0, {e}) (E = w13.shape[0])",
+                f"expert ids in [0, {e}) (E = w13.shape[0]), or E for a slot with no expert here",
                 f"values in [{lo}, {hi}]",
                 "Pass the router's top-k indices (torch.topk(probs, k).indices) over this layer's experts.",
             )
@@ -201,8 +201,8 @@ def _validate(x: Any, w13: Any, w2: Any, topk_weights: Any, topk_ids: Any) -> No
         raise fail(
             OP, "topk_weights shape", f"topk_ids' shape {list(topk_ids.shape)}", list(topk_weights.shape)
         )
-    if not 1 <= k <= e:
-        raise fail(OP, "top_k (topk_ids.shape[1])", f"in [1, E = {e}]", k)
+    if k < 1:
+        raise fail(OP, "top_k (topk_ids.shape[1])", ">= 1", k)
 
 
 def context(key: MoEKey) -> SelectionContext:
@@ -246,8 +246,9 @@ def fused_moe(
     ``[T, H]``; w13 ``[E, 2I, H]`` (per expert the gate rows 0..I-1 then the up rows I..2I-1, as nn.Linear
     weights: transformers 5's ``gate_up_proj``, vLLM's ``w13``); w2 ``[E, H, I]`` (``down_proj``);
     topk_weights ``[T, K]`` float32 (the router's weights, already softmaxed and renormalised by the caller);
-    topk_ids ``[T, K]`` int32/int64 in ``[0, E)``. Returns ``[T, H]`` in x's dtype, a new tensor (``[0, H]``
-    when T = 0).
+    topk_ids ``[T, K]`` int32/int64 in ``[0, E]``: ``E`` marks a slot with no expert here, which adds nothing
+    (expert parallelism: a token's slots on other ranks' experts; vLLM's ``expert_map`` -1), so K may exceed
+    E. Returns ``[T, H]`` in x's dtype, a new tensor (``[0, H]`` when T = 0).
 
     dtype: x, w13 and w2 equal, float16/bfloat16/float32 (float64 too, by the reference kernel). Sums over k
     are accumulated in float32; kernels may round the SwiGLU output ``h`` to x's dtype before the down
@@ -258,8 +259,8 @@ def fused_moe(
     Raises:
         InvalidInputError: a non-tensor input; x not 2-D or with H = 0; w13 not ``[E, 2I, H]`` with E >= 1 and
             an even 2I >= 2; w2 not ``[E, H, I]``; x/w13/w2 dtypes differing or not float; topk_weights not
-            float32 or topk_ids not int32/int64; topk shapes not ``[T, K]`` with 1 <= K <= E; devices
-            differing; (CPU) topk_ids values outside ``[0, E)``.
+            float32 or topk_ids not int32/int64; topk shapes not ``[T, K]`` with K >= 1; devices differing;
+            (CPU) topk_ids values outside ``[0, E]``.
 
     >>> import torch, layerzero as lz
     >>> x = torch.ones(3, 4); w13 = torch.ones(2, 6, 4); w2 = torch.ones(2, 4, 3)

@@ -196,7 +196,7 @@ def test_engine_config_round_trip():
         quantization="int8",
         kv_cache_dtype="fp8",
         freeze_gc=False,
-        cuda_graph=CudaGraphKnobs(lanes=1, narrow_tokens=None),
+        cuda_graph=CudaGraphKnobs(lanes=1, narrow_tokens=None, piecewise_max_tokens=256),
     )
     assert serial.decode_config(serial.encode_config(ec)) == ec
     assert serial.decode_config(serial.encode_config(EngineConfig("m"))) == EngineConfig("m")

@@ -24,7 +24,8 @@ def fused_moe(
         w13: ``[E, 2I, H]``, per expert gate rows then up rows (x's dtype).
         w2: ``[E, H, I]`` down projections (x's dtype).
         topk_weights: ``[T, K]`` router weights (float32).
-        topk_ids: ``[T, K]`` expert ids in ``[0, E)`` (int32/int64).
+        topk_ids: ``[T, K]`` expert ids in ``[0, E]`` (int32/int64); ``E``: no expert (the loop over
+            experts never meets it, so the slot adds nothing).
 
     Returns:
         out ``[T, H]`` in x's dtype; every product and sum in float32 (float64 for float64), rounded once.

@@ -52,7 +52,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     sync).
 
     Args:
-        topk_ids: ``[T, K]`` expert ids in ``[0, E)``; pair ``p = t * K + k``.
+        topk_ids: ``[T, K]`` expert ids in ``[0, E]``; pair ``p = t * K + k``; a pair of id ``E`` (no
+            expert) is in no group.
         num_experts: E.
         block_m: rows per tile.
 
@@ -76,10 +77,15 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     counts = bounds[1:] - bounds[:-1]
     padded = (counts + block_m - 1) // block_m * block_m
     seg_end = padded.cumsum(0)  # expert e's padded segment: [seg_end[e] - padded[e], seg_end[e])
-    rank = torch.arange(pairs, device=dev) - bounds[:-1][expert]  # position within its group
+    rank = torch.arange(pairs, device=dev) - bounds[expert]  # position within its group
     tiles = min(pairs, cdiv(pairs, block_m) + min(num_experts, pairs))
-    sorted_ids = torch.full((tiles * block_m,), pairs, dtype=torch.int32, device=dev)
-    sorted_ids[(seg_end - padded)[expert] + rank] = order.to(torch.int32)
+    # pairs of id E (no expert) sort last and go to one extra slot past the tiles, cut off below (a masked
+    # scatter without a data-dependent shape: no sync)
+    seg_start = torch.cat([seg_end - padded, seg_end.new_full((1,), tiles * block_m)])
+    dst = torch.where(expert < num_experts, seg_start[expert] + rank, tiles * block_m)
+    sorted_ids = torch.full((tiles * block_m + 1,), pairs, dtype=torch.int32, device=dev)
+    sorted_ids[dst] = order.to(torch.int32)
+    sorted_ids = sorted_ids[: tiles * block_m]
     starts = torch.arange(tiles, device=dev) * block_m
     block_expert = torch.searchsorted(seg_end, starts, right=True).to(
         torch.int32
@@ -97,7 +103,7 @@ def fused_moe(
         w13: ``[E, 2I, H]`` (gate rows, then up rows) in x's dtype, any strides.
         w2: ``[E, H, I]`` in x's dtype, any strides.
         topk_weights: ``[T, K]`` float32.
-        topk_ids: ``[T, K]`` int32/int64 in ``[0, E)`` (not checked here).
+        topk_ids: ``[T, K]`` int32/int64 in ``[0, E]`` (not checked here; ``E``: no expert, adds nothing).
 
     Returns:
         ``[T, H]`` in x's dtype, a new contiguous tensor.
@@ -143,7 +149,7 @@ def fused_moe(
         UPCAST=upcast,
         **blocks,
     )
-    y = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
+    y = torch.zeros(pairs, hidden, dtype=torch.float32, device=x.device)  # a no-expert pair's row stays 0
     launch(
         mod._down_kernel,
         (tiles, cdiv(hidden, bn)),

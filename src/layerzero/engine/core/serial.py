@@ -295,7 +295,7 @@ def decode_config(data: bytes) -> Any:
 
     from ..config import EngineConfig
 
-    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    defaults = _field_defaults(EngineConfig)
 
     def value(name: str, kind_v: Any, cls: type | None) -> Any:
         kind, v = kind_v
@@ -311,7 +311,7 @@ def decode_config(data: bytes) -> Any:
                 if not isinstance(v, dict):
                     raise MessageError(f"EngineConfig.{name}: expected a dict of a nested config's fields")
                 return {k: value(k, kv, None) for k, kv in v.items()}
-            sub = {f.name: f.default for f in dataclasses.fields(cls)}
+            sub = _field_defaults(cls)
             return cls(**{k: value(k, kv, _config_type(sub.get(k))) for k, kv in v.items()})
         return v
 
@@ -322,6 +322,14 @@ def decode_config(data: bytes) -> Any:
         if isinstance(exc, (MessageError, lz.ConfigurationError)):
             raise
         raise MessageError(f"EngineConfig bytes: malformed ({type(exc).__name__}: {exc})") from exc
+
+
+def _field_defaults(cls: type) -> dict[str, Any]:
+    """Each field's default, from its ``default_factory`` where it has one (``EngineConfig.cuda_graph``)."""
+    return {
+        f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        for f in dataclasses.fields(cls)
+    }
 
 
 def _config_type(default: Any) -> type | None:

@@ -87,14 +87,13 @@ class ParallelSparseMoE(SparseMoE):
         return comm.all_reduce(lz.fused_moe(x, self.w13, self.w2, weights, ids), self.parallel)
 
     def local_routes(self, weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """EP: the routes ``[T, K]`` (float32 weights, global expert ids) -> this rank's ``[T, K']`` (local
-        ids, ``K' = min(K, local experts)``; a token's slots on other ranks' experts weigh 0). Exact: a
-        token's K experts are distinct, so at most K' of them are local (``lz.fused_moe`` needs K' <= E)."""
+        """EP: the routes ``[T, K]`` (float32 weights, global expert ids) -> this rank's ``[T, K]``: local
+        ids, and ``E_local`` (``lz.fused_moe``'s "no expert here") with weight 0 for a slot whose expert lives
+        on another rank. Exact, and each rank computes only its own (token, expert) pairs (it computed K pairs
+        per token before, the other ranks' slots as zero-weight local ones)."""
         n = self.last - self.first
         mine = (ids >= self.first) & (ids < self.last)
-        dense = torch.zeros(ids.shape[0], n, dtype=weights.dtype, device=weights.device)
-        dense.scatter_add_(1, torch.where(mine, ids - self.first, 0), weights * mine)
-        return torch.topk(dense, min(ids.shape[1], n), dim=-1)
+        return weights * mine, torch.where(mine, ids - self.first, n)
 
     @torch.no_grad()
     def load(self, tensor: Any, what: str, expert: int | None = None) -> None:
