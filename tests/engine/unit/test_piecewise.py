@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ..conftest import hf_greedy, prompts
+from ..conftest import assert_greedy_matches_hf, prompts
 from .aten_graph import AtenGraph
 
 pytestmark = pytest.mark.integration
@@ -71,12 +71,7 @@ def test_greedy_equals_transformers_with_prefill_steps_in_pieces(family, checkpo
     outs = llm.generate(ps, sp, use_tqdm=False)
     assert ran and all(t <= 40 for t in ran) and any(t % 16 for t in ran)  # ragged steps, padded
     assert AtenGraph.replays - before == len(ran) * (layers + 1)
-    for p, o in zip(ps, outs, strict=True):
-        tokens, lps = hf_greedy(hf_models[family], p, NEW)
-        c = o.outputs[0]
-        assert c.token_ids == tokens
-        ours = [lp[t] for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
-        assert max(abs(a - b) for a, b in zip(ours, lps, strict=True)) < 1e-4
+    assert_greedy_matches_hf(hf_models[family], ps, outs, NEW)
 
 
 def test_replay_writes_the_kv_an_eager_forward_writes(checkpoints):
