@@ -58,3 +58,22 @@ def test_tp2_graphs_equal_eager(checkpoints):
     eager = _generate(checkpoints["qwen3"], ps, tensor_parallel_size=2, enforce_eager=True)
     graphs = _generate(checkpoints["qwen3"], ps, tensor_parallel_size=2)
     assert [t for t, _ in graphs] == [t for t, _ in eager]
+
+
+@pytest.mark.parametrize("family,kw", [("qwen3", {}), ("qwen3_moe", {"enable_expert_parallel": True})])
+def test_tp2_piecewise_close_to_tp1(checkpoints, family, kw):
+    """Piecewise graphs at TP = 2 (the collectives inside the pieces, each rank's attention eager between
+    them; a 48-token budget so prompts chunk and steps mix): within the top-5 rule of TP = 1 without them."""
+    from layerzero.engine.config import CudaGraphKnobs
+
+    ps = prompts(6, seed=63, lo=5, hi=70)
+    one = _generate(checkpoints[family], ps, max_num_batched_tokens=48)
+    two = _generate(
+        checkpoints[family],
+        ps,
+        tensor_parallel_size=2,
+        max_num_batched_tokens=48,
+        cuda_graph=CudaGraphKnobs(piecewise_max_tokens=48),
+        **kw,
+    )
+    _close(one, two)
