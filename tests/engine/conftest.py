@@ -61,6 +61,16 @@ def hf_greedy(model: object, prompt: list[int], max_new_tokens: int) -> tuple[li
     return tokens, lps
 
 
+def assert_same_greedy(got: list, want: list, tol: float) -> None:
+    """Two engines' outputs for the same prompts (both with ``logprobs`` >= 0): the same tokens, and each
+    chosen token's logprob within ``tol``."""
+    for a, b in zip(got, want, strict=True):
+        x, y = a.outputs[0], b.outputs[0]
+        assert x.token_ids == y.token_ids
+        diff = [abs(lx[t] - ly[t]) for lx, ly, t in zip(x.logprobs, y.logprobs, x.token_ids, strict=True)]
+        assert max(diff, default=0.0) < tol
+
+
 def assert_greedy_matches_hf(
     model: object, prompts: list[list[int]], outs: list, max_new_tokens: int
 ) -> None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ..conftest import assert_greedy_matches_hf, prompts
+from ..conftest import assert_greedy_matches_hf, assert_same_greedy, prompts
 from .aten_graph import AtenGraph
 
 pytestmark = pytest.mark.integration
 CPU = torch.device("cpu")
 NEW = 6
+OPTS = dict(device="cpu", dtype=torch.float32, max_model_len=96, num_kv_blocks=64, max_num_seqs=8)
 
 
 def test_bucket_sizes():
@@ -66,8 +67,7 @@ def test_same_output_as_the_engine_without_pieces(name, checkpoints):
     from layerzero.engine import LLM, SamplingParams
 
     opts, sizes = ENGINE_CONFIGS[name]
-    kw = dict(device="cpu", dtype=torch.float32, max_model_len=96, num_kv_blocks=64, max_num_seqs=8)
-    kw.update(opts)
+    kw = {**OPTS, **opts}
     ps = prompts(6, seed=31, lo=3, hi=40)
     sp = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0)
     want = LLM(checkpoints["qwen3"], **kw).generate(ps, sp, use_tqdm=False)
@@ -78,11 +78,7 @@ def test_same_output_as_the_engine_without_pieces(name, checkpoints):
     assert AtenGraph.replays > before and pieces.graphs
     if name == "tiny-pool":
         assert llm.stats()["preemptions"] > 0
-    for a, b in zip(got, want, strict=True):
-        x, y = a.outputs[0], b.outputs[0]
-        assert x.token_ids == y.token_ids
-        diff = [abs(lx[t] - ly[t]) for lx, ly, t in zip(x.logprobs, y.logprobs, x.token_ids, strict=True)]
-        assert max(diff) < 1e-5
+    assert_same_greedy(got, want, 1e-5)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
@@ -91,16 +87,8 @@ def test_greedy_equals_transformers_with_prefill_steps_in_pieces(family, checkpo
 
     shared = prompts(1, seed=21, lo=20, hi=20)[0]
     ps = prompts(4, seed=22, lo=5, hi=45) + [shared + [7, 8, 9], shared + [10, 11]]
-    llm = LLM(
-        checkpoints[family],
-        device="cpu",
-        dtype=torch.float32,
-        max_model_len=96,
-        num_kv_blocks=64,
-        max_num_seqs=8,
-        max_num_batched_tokens=40,  # prompts over 40 tokens are chunked; later steps mix decode rows in
-        block_size=4,
-    )
+    # prompts over 40 tokens are chunked; later steps mix decode rows in
+    llm = LLM(checkpoints[family], max_num_batched_tokens=40, block_size=4, **OPTS)
     runner = llm.engine.runner
     pieces = _install(runner, [16, 32, 40])
     layers = len(runner.model.layers)
