@@ -158,3 +158,20 @@ def test_capture_refuses_a_forward_whose_attention_calls_change(checkpoints):
     with pytest.raises(RuntimeError, match="attention calls"):
         pieces.capture()
     assert not pieces.graphs
+
+
+def test_kernel_report_selects_a_prefill_as_its_pieces_do(checkpoints, monkeypatch):
+    """``kernel_report`` (the server's /v1/layerzero/kernels) dry-runs a prefill that piecewise graphs hold
+    the way their replay selects it: through the pieces' attention hand-off, each attention call eager; a
+    prefill longer than the largest bucket, and decode, the plain way. Nothing is replayed."""
+    from layerzero.engine import LLM
+
+    runner = LLM(checkpoints["qwen3"], **OPTS).engine.runner
+    pieces = _install(runner, [16, 32])
+    modes, attend = [], pieces.attend
+    monkeypatch.setattr(pieces, "attend", lambda *a: modes.append(pieces._mode) or attend(*a))
+    before = AtenGraph.replays
+    report = runner.kernel_report([("prefill", 20), ("prefill", 64), ("decode", 2)])
+    assert modes == ["as-replayed"] * len(runner.model.layers) and pieces._mode is None
+    assert AtenGraph.replays == before
+    assert {"prefill/20", "prefill/64", "decode/2"} <= set(report["paged_attention"])

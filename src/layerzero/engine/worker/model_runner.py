@@ -323,8 +323,9 @@ class ModelRunner:
         """For each ``(kind, tokens)`` bucket (``"decode"``: that many sequences of one token; ``"prefill"``:
         one chunk of that many tokens, at most ``max_model_len``), the model's forward as ``lz.dry_run``
         records it (every op call selected and recorded, no kernel run, the KV pools untouched; decode as the
-        CUDA graphs select it, ``lz.capture_selection``): ``{op: {"decode/1": [{"shapes", "kernel", "why",
-        "bucket"}, ...]}}`` with each distinct call once. Plain data."""
+        CUDA graphs select it, ``lz.capture_selection``; a prefill that piecewise graphs hold as their replay
+        selects it, :meth:`PiecewiseGraphs.forward_as_replayed`): ``{op: {"decode/1": [{"shapes", "kernel",
+        "why", "bucket"}, ...]}}`` with each distinct call once. Plain data."""
         report: dict[str, dict[str, list[dict[str, Any]]]] = {}
         bs = self.block_size
         for kind, n in buckets:
@@ -339,6 +340,8 @@ class ModelRunner:
                 if decode and self.decode_as_captured:
                     with lz.capture_selection():
                         return self.model(batch, self.kv_caches)
+                if not decode and self.pieces is not None and self.pieces.can_run(batch):
+                    return self.pieces.forward_as_replayed(batch)  # as its piecewise graphs select
                 return self.model(batch, self.kv_caches)
 
             rows = lz.dry_run(forward).rows

@@ -153,6 +153,7 @@ class PiecewiseGraphs:
             if self._layer == len(self.attention):  # the first warm-up files each layer's call
                 self.attention.append(fn)
             self._layer += 1
+        if self._mode in ("warm", "as-replayed"):
             with lz.capture_selection(False):  # as its replay selects: eagerly
                 return fn(q, k, v, batch=self._eager)
         sq, sk, sv, so = self.static
@@ -165,6 +166,18 @@ class PiecewiseGraphs:
         self._layer += 1
         self._begin()
         return so[:t]
+
+    def forward_as_replayed(self, batch: ForwardBatch) -> torch.Tensor:
+        """An eager forward of ``batch`` that selects every kernel as a replay of its bucket runs it: the ops
+        inside the pieces under ``lz.capture_selection()``, each attention call eagerly. Nothing is captured
+        or replayed; for ``lz.dry_run`` reports (``ModelRunner.kernel_report``). Returns the logits of
+        ``batch.logits_indices``."""
+        self._mode, self._eager = "as-replayed", batch
+        try:
+            with lz.capture_selection():
+                return self.model(replace(batch, pieces=self), self.kv_caches)
+        finally:
+            self._mode, self._eager = None, None
 
     def _begin(self) -> None:
         graph = self.new_graph()
