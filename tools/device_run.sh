@@ -38,8 +38,8 @@
 #             2026-11-28 session wrote without a GPU) x $AB_ROUNDS, with the GPU timeline, into $OUT/ab/
 #   fp8-gpu   tests/gpu/test_gpu_fp8_linear.py, then benchmarks/engine/bench_quantization.py (bf16 + int8 / int4 / fp8
 #             / fp8_w8a8) into $OUT/fp8_gpu.txt, $OUT/quantization.md
-#   ttft      benchmarks/engine/ttft_breakdown.py once per value of $TTFT_PIECEWISE (default "0 512": eager prefill, then
-#             piecewise graphs up to 512 tokens), each a fresh process, into $OUT/ttft/ttft_piecewise<N>.md
+#   ttft      benchmarks/engine/ttft_breakdown.py once per value of $TTFT_PIECEWISE (default "0 1024": eager prefill, then
+#             piecewise graphs up to 1,024 tokens, the TTFT target's range), each a fresh process, into $OUT/ttft/ttft_piecewise<N>.md
 #   piecewise-ab bench_engine.py (nano-vllm workload) once per value of $TTFT_PIECEWISE through
 #             LAYERZERO_PIECEWISE_MAX_TOKENS, into $OUT/engine_pw<N>/
 #   batch1    benchmarks/engine/batch1_breakdown.py (one request's decode step: whole step, graph replay, host
@@ -80,8 +80,8 @@ for stage in "$@"; do
     gpu-new) timeout ${GPU_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -rs --durations=15 $XDIST ${GPU_K:+-k "$GPU_K"} ${GPU_FILES:-tests/gpu/test_gpu_triton.py tests/gpu/test_gpu_triton_paged.py} 2>&1 | tee "$OUT/gpu-new.txt" | tail -60 ;;
     gpu-all) timeout ${GPU_TIMEOUT:-470} python3 -m pytest -q -p no:cacheprovider -m gpu -rs --durations=25 $XDIST ${GPU_ARGS:-} tests 2>&1 | tee "$OUT/gpu-all.txt" | tail -80 ;;
     norms) timeout 150 python3 benchmarks/bench_norm_rope.py --device cuda --out "$OUT/norm_rope.md" 2>&1 | tail -5 ;;
-    ttft) for pw in ${TTFT_PIECEWISE:-0 512}; do timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/engine/ttft_breakdown.py --out "$OUT/ttft" --piecewise $pw 2>&1 | tail -9; done ;;
-    piecewise-ab) for pw in ${TTFT_PIECEWISE:-0 512}; do echo "piecewise_max_tokens $pw"; LAYERZERO_PIECEWISE_MAX_TOKENS=$pw timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/engine/bench_engine.py --hf-batch 0 --out "$OUT/engine_pw$pw" 2>&1 | tail -4; done ;;
+    ttft) for pw in ${TTFT_PIECEWISE:-0 1024}; do timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/engine/ttft_breakdown.py --out "$OUT/ttft" --piecewise $pw 2>&1 | tail -9; done ;;
+    piecewise-ab) for pw in ${TTFT_PIECEWISE:-0 1024}; do echo "piecewise_max_tokens $pw"; LAYERZERO_PIECEWISE_MAX_TOKENS=$pw timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/engine/bench_engine.py --hf-batch 0 --out "$OUT/engine_pw$pw" 2>&1 | tail -4; done ;;
     batch1) timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/engine/batch1_breakdown.py --out "$OUT/batch1" 2>&1 | tail -8 ;;
     batch1-ab) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks/engine timeout ${BENCH_TIMEOUT:-400} python3 benchmarks/engine/batch1_ab.py --out "$OUT/ab" --variants "${AB_VARIANTS:-base,packed,l2-prefetch}" --rounds "${AB_ROUNDS:-2}" 2>&1 | grep -o "^[a-z0-9-]*: step.*replay [0-9]* µs" ;;
     fp8-gpu) timeout ${GPU_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -rs tests/gpu/test_gpu_fp8_linear.py 2>&1 | tee "$OUT/fp8_gpu.txt" | tail -15
