@@ -141,6 +141,7 @@ def run(
         llm = LLM(target, speculative_config=spec, **opts)
         if constructed is not None:
             sc.construct_llm(llm, succ, dsucc)
+            sc.check_walk(llm, succ)
         for b in batches:
             r = {"config": name, **_measure(llm, b, max_tokens, vocab, prompts)}
             if name == "plain":

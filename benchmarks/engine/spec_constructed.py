@@ -76,6 +76,25 @@ def construct_llm(llm: Any, succ: torch.Tensor, draft_succ: torch.Tensor) -> Non
         construct(drafter.model, draft_succ)
 
 
+def check_walk(llm: Any, succ: torch.Tensor, tokens: int = 8) -> None:
+    """Greedy decoding of one walk prompt follows ``succ`` (the construction took effect: no kernel reads a
+    copy of the weights made before it).
+
+    Raises:
+        RuntimeError: it does not (the first tokens and the walk's, in the message)."""
+    from layerzero.engine import SamplingParams
+
+    prompt = walk_prompts(succ, 1, 4, tokens + 4, 1.0, seed=9)[0]
+    sp = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    got = llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0].token_ids
+    want = walk(succ, prompt[-1], tokens + 1)[1:]
+    if list(got) != want:
+        raise RuntimeError(
+            f"constructed weights not in effect: greedy gave {list(got)}, the walk is {want}; a kernel may "
+            "read a copy of the weights made at load time"
+        )
+
+
 def walk(succ: torch.Tensor, start: int, n: int) -> list[int]:
     """``n`` tokens from ``start`` following ``succ``."""
     out, t = [], start

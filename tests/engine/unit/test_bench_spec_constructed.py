@@ -47,6 +47,9 @@ def test_constructed_model_walks_the_permutation(sc, checkpoints):
     outs = llm.generate(ps, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), use_tqdm=False)
     for p, o in zip(ps, outs, strict=True):
         assert o.outputs[0].token_ids == sc.walk(succ, p[-1], 21)[1:]
+    sc.check_walk(llm, succ)
+    with pytest.raises(RuntimeError, match="constructed weights not in effect"):
+        sc.check_walk(llm, sc.successors(succ.numel(), seed=5))  # another permutation: not this model's walk
 
 
 def test_tied_embeddings_are_refused(sc):
