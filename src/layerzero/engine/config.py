@@ -114,7 +114,7 @@ class CudaGraphKnobs:
     pack_max_bytes: int = 64 << 10
     """Buckets whose packed inputs fit this many bytes are packed; larger ones copy their rows into the shared
     buffers (a big bucket's full-width table would cost more to send than the copies it saves)."""
-    piecewise_max_tokens: int = dataclasses.field(default_factory=lambda: _env_piecewise_max_tokens())
+    piecewise_max_tokens: int = dataclasses.field(default_factory=_env_piecewise_max_tokens)
     """Steps with prefill tokens (prefill, chunked prefill, mixed with decode rows) of at most this many
     tokens replay piecewise graphs (``worker/piecewise.py``: the layers' other ops captured, each attention
     call eager between them; buckets 16, 32, 64, ... up to it): a short prompt's first token then costs ~L + 1

@@ -295,7 +295,7 @@ def decode_config(data: bytes) -> Any:
 
     from ..config import EngineConfig
 
-    defaults = _field_defaults(EngineConfig)
+    nested = _nested_configs(EngineConfig)
 
     def value(name: str, kind_v: Any, cls: type | None) -> Any:
         kind, v = kind_v
@@ -311,26 +311,24 @@ def decode_config(data: bytes) -> Any:
                 if not isinstance(v, dict):
                     raise MessageError(f"EngineConfig.{name}: expected a dict of a nested config's fields")
                 return {k: value(k, kv, None) for k, kv in v.items()}
-            sub = _field_defaults(cls)
-            return cls(**{k: value(k, kv, _config_type(sub.get(k))) for k, kv in v.items()})
+            sub = _nested_configs(cls)
+            return cls(**{k: value(k, kv, sub.get(k)) for k, kv in v.items()})
         return v
 
     try:
         fields = _unpack(data)
-        return EngineConfig(**{k: value(k, kv, _config_type(defaults.get(k))) for k, kv in fields.items()})
+        return EngineConfig(**{k: value(k, kv, nested.get(k)) for k, kv in fields.items()})
     except (TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, (MessageError, lz.ConfigurationError)):
             raise
         raise MessageError(f"EngineConfig bytes: malformed ({type(exc).__name__}: {exc})") from exc
 
 
-def _field_defaults(cls: type) -> dict[str, Any]:
-    """Each field's default, from its ``default_factory`` where it has one (``EngineConfig.cuda_graph``)."""
-    return {
-        f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        for f in dataclasses.fields(cls)
-    }
-
-
-def _config_type(default: Any) -> type | None:
-    return type(default) if dataclasses.is_dataclass(default) and not isinstance(default, type) else None
+def _nested_configs(cls: type) -> dict[str, type | None]:
+    """Each field's nested frozen-config class, read off its default or default factory (never called: a
+    factory may read the environment), else None."""
+    out: dict[str, type | None] = {}
+    for f in dataclasses.fields(cls):
+        kind = f.default_factory if f.default_factory is not dataclasses.MISSING else type(f.default)
+        out[f.name] = kind if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
+    return out
