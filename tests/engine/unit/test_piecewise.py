@@ -32,6 +32,15 @@ def test_bucket_sizes():
     assert piecewise_sizes(0, 8192) == []
 
 
+def test_no_bucket_is_refused():
+    from layerzero import InvalidInputError
+    from layerzero.engine.worker.piecewise import PiecewiseGraphs
+
+    for sizes in ([], [0, 16]):
+        with pytest.raises(InvalidInputError, match="expected token buckets >= 1"):
+            PiecewiseGraphs(torch.nn.Identity(), [], sizes, 4, 16, CPU, AtenGraph)
+
+
 def _install(runner, sizes, max_rows=8):
     """Piecewise graphs of ``runner``'s model with the ATen stand-in, captured (an int8 pool's scales then
     re-armed: the runner captures before it arms them, so a capture's dummy step calibrates nothing)."""

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 import layerzero as lz
+from layerzero import InvalidInputError
 
 from .attn_metadata import ForwardBatch
 from .input_batch import ScheduledChunk, build_forward_batch
@@ -50,7 +51,8 @@ log = logging.getLogger("layerzero.engine")
 
 def piecewise_sizes(max_tokens: int, max_num_batched_tokens: int) -> list[int]:
     """Token buckets: 16, 32, 64, ... doubling, then ``max_tokens`` itself, none above ``max_tokens`` or the
-    step budget ``max_num_batched_tokens``; [] when ``max_tokens`` < 1."""
+    step budget ``max_num_batched_tokens``; [] when ``max_tokens`` < 1 (vLLM captures its piecewise graphs
+    at a ladder of sizes likewise, up to 512 by default)."""
     top = min(max_tokens, max_num_batched_tokens)
     sizes, s = [], 16
     while s < top:
@@ -66,7 +68,10 @@ class PiecewiseGraphs:
     (which hands the call to :meth:`attend` while ``batch.pieces`` is set); ``kv_caches``: its pools;
     ``sizes``: token buckets, ascending; ``max_rows``: the most sampled rows a step has (``max_num_seqs``,
     times 1 + k with speculation); ``block_size``: the pools' block size; ``new_graph``: makes an empty graph
-    (``torch.cuda.CUDAGraph`` on CUDA)."""
+    (``torch.cuda.CUDAGraph`` on CUDA).
+
+    Raises:
+        InvalidInputError: no bucket, or one below 1 token (take them from :func:`piecewise_sizes`)."""
 
     def __init__(
         self,
@@ -78,6 +83,11 @@ class PiecewiseGraphs:
         device: torch.device,
         new_graph: Callable[[], Any] | None = None,
     ) -> None:
+        if not sizes or min(sizes) < 1:
+            raise InvalidInputError(
+                f"PiecewiseGraphs sizes: expected token buckets >= 1, got {sizes!r}. Build them with "
+                "piecewise_sizes(max_tokens >= 1, max_num_batched_tokens)."
+            )
         self.model, self.kv_caches, self.sizes = model, kv_caches, sorted(sizes)
         self.block_size, self.device = block_size, device
         self.rows_cap = {t: min(t, max_rows) for t in self.sizes}
@@ -95,7 +105,8 @@ class PiecewiseGraphs:
         """Per layer: its attention call (``fn(q, k, v, batch=...)``), as the model hands it over."""
         self.static: tuple[torch.Tensor, ...] | None = None
         """q, k, v, attention output: ``[sizes[-1], heads, D]`` buffers shared by every layer and bucket."""
-        self._mode: str | None = None  # "warm" or "capture" while the model runs through attend
+        # "warm", "capture" or "as-replayed" while the model runs through attend
+        self._mode: str | None = None
         self._eager: ForwardBatch | None = None  # what the attention calls of a warm-up / capture read
         self._piece: list[Any] = []  # the graphs of the capture in progress
         self._layer = 0  # attention calls so far in the warm-up / capture forward
@@ -138,11 +149,12 @@ class PiecewiseGraphs:
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fn: Callable[..., torch.Tensor]
     ) -> torch.Tensor:
-        """One attention call of a warm-up or capture (``batch.pieces`` is this object): q ``[T, Hq, D]``,
-        k / v ``[T, Hkv, D]``; ``fn(q, k, v, batch=...)`` runs the layer's attention. Warm-up: runs it on the
-        dummy step's metadata. Capture: copies q / k / v into the static buffers (the end of the current
-        piece), ends the piece, runs ``fn`` eagerly on the buffers, copies its output into the static output
-        buffer and starts the next piece, which reads it. Returns that buffer's first T rows."""
+        """One attention call of a warm-up or capture (``batch.pieces`` is this object): q ``[T, Hq, D]``, k /
+        v ``[T, Hkv, D]``; ``fn(q, k, v, batch=...)`` runs the layer's attention. Warm-up (and
+        :meth:`forward_as_replayed`): runs it eagerly on the step's metadata. Capture: copies q / k / v into
+        the static buffers (the end of the current piece), ends the piece, runs ``fn`` eagerly on the buffers,
+        copies its output into the static output buffer and starts the next piece, which reads it, and returns
+        that buffer's first T rows."""
         t = q.shape[0]
         if self._mode == "warm":
             if self.static is None:  # shapes from the first call (the largest bucket warms up first)
