@@ -3,7 +3,9 @@ process, with the start-up warm-up on and off (``LLM(warmup=...)``), each in its
 and then a populated compile cache (Triton's ``TRITON_CACHE_DIR``; FlashInfer's ``FLASHINFER_WORKSPACE_BASE``
 with ``--isolate-flashinfer``). Per process: start-up seconds (``LLM(...)``; the warm-up's share and dummy
 runs), seconds from the process start to a ready engine, output tok/s of the first and second run, their
-ratio (the target: the first within 3% of the second), and the Triton kernels and FlashInfer modules compiled
+ratio (the target: the first within 3% of the second; the prefix cache is emptied before each run, so a later
+run does not skip the prefills the run before cached: ``--keep-prefix-cache`` keeps it, as issue 37's first
+measurement did), and the Triton kernels and FlashInfer modules compiled
 during start-up and during each run (new cache entries). Writes a Markdown page with the machine (CPU flags,
 GPU, versions, date).
 
@@ -111,6 +113,8 @@ def child(a: argparse.Namespace) -> dict[str, Any]:
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in w.max_tokens]
     runs = []
     for _ in range(a.runs):
+        if not a.keep_prefix_cache and not llm.reset_prefix_cache():
+            raise RuntimeError("the prefix cache could not be emptied: a request still holds blocks")
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
@@ -120,6 +124,7 @@ def child(a: argparse.Namespace) -> dict[str, Any]:
         took = time.perf_counter() - t
         runs.append({"seconds": took, "tok_s": w.output_tokens / took, "compiles": compiles.take()})
     out["runs"] = runs
+    out["prefix_cache"] = "kept between runs" if a.keep_prefix_cache else "emptied before each run"
     out["first_over_second"] = runs[0]["tok_s"] / runs[1]["tok_s"]
     return out
 
@@ -151,6 +156,7 @@ def _machine(device: str) -> dict[str, Any]:
 def _spawn(a: argparse.Namespace, warmup: str, cache: str, env: dict[str, str]) -> dict[str, Any]:
     cmd = [sys.executable, str(HERE), "--child", "--warmup", warmup, "--cache", cache]
     cmd += ["--scale", a.scale, "--device", a.device, "--runs", str(a.runs), "--spawned", repr(time.time())]
+    cmd += ["--keep-prefix-cache"] if a.keep_prefix_cache else []
     cmd += [f"--opt={o}" for o in a.opt]
     cmd += (["--threads", str(a.threads)] if a.threads else []) + (["--model", a.model] if a.model else [])
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
@@ -182,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--opt", action="append", default=[], help="LLM option key=python-literal (repeatable)")
     ap.add_argument("--runs", type=int, default=2, help="workload runs per process (>= 2)")
+    ap.add_argument(
+        "--keep-prefix-cache",
+        action="store_true",
+        help="keep the prefix cache between runs (a later run then skips the prefills an earlier one cached)",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="processes per (warm-up, cache) cell")
     ap.add_argument("--cache-root", default=None, help="where the compile caches go (default: a temp dir)")
     ap.add_argument("--isolate-flashinfer", action="store_true", help="FlashInfer's workspace per cell too")
@@ -223,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python benchmarks/engine/cold_start.py " + " ".join(argv if argv is not None else sys.argv[1:])
     page = (
         f"# Engine cold start ({a.scale} scale, {a.device})\n\n`{cmd}`\n\n"
-        f"Machine: `{json.dumps(_machine(a.device))}`"
+        f"Machine: `{json.dumps(_machine(a.device))}`\n\n"
+        f"Prefix cache: {'kept between runs' if a.keep_prefix_cache else 'emptied before each run'}."
         f"\n\n{head}\n"
         + "\n".join(_row(r) for r in rows)
         + "\n\n<details><summary>raw</summary>\n\n```json\n"

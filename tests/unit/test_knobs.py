@@ -117,7 +117,7 @@ DEFAULTS = {
         lane_max_batch=8,
         narrow_tokens=2048,
         pack_max_bytes=64 * 1024,
-        piecewise_max_tokens=0,
+        piecewise_max_tokens=None,
     ),
 }
 """Every knob's default, written out by hand (the values the module globals had before issue 36)."""
@@ -298,7 +298,7 @@ def test_wrong_type_or_range_says_expected_and_got(name, fields, message):
         (dict(pack_max_bytes=-1), r"pack_max_bytes: expected an int >= 0, got -1"),
         (
             dict(piecewise_max_tokens=-3),
-            r"piecewise_max_tokens: expected an int >= 0, got -3\. The default is 0",
+            r"piecewise_max_tokens: expected an int >= 0 or None, got -3\. The default is None",
         ),
     ],
 )
@@ -321,7 +321,7 @@ def test_piecewise_default_from_the_environment(monkeypatch):
     with pytest.raises(ConfigurationError, match=r"LAYERZERO_PIECEWISE_MAX_TOKENS: expected an int >= 0"):
         CudaGraphKnobs()
     monkeypatch.delenv("LAYERZERO_PIECEWISE_MAX_TOKENS")
-    assert CudaGraphKnobs().piecewise_max_tokens == 0
+    assert CudaGraphKnobs().piecewise_max_tokens is None
 
 
 def test_the_block_restores_on_exit_and_on_an_exception():

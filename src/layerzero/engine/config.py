@@ -59,14 +59,19 @@ KV_CACHE_DTYPES = {
 per-layer ``k_scale`` / ``v_scale`` (vLLM's ``kv_cache_dtype``; docs/engine.md "Quantized KV cache")."""
 
 
-def _env_piecewise_max_tokens() -> int:
-    """``LAYERZERO_PIECEWISE_MAX_TOKENS`` as an int (0 when unset or empty).
+PIECEWISE_AUTO_TOKENS = 1024
+"""``CudaGraphKnobs.piecewise_max_tokens=None`` (auto) on one GPU: piecewise graphs up to this many tokens
+(issue 37's TTFT range; the H200 measurements: ``benchmarks/results/engine/h200_2026-11-29_piecewise/``)."""
+
+
+def _env_piecewise_max_tokens() -> int | None:
+    """``LAYERZERO_PIECEWISE_MAX_TOKENS`` as an int (None, auto, when unset or empty).
 
     Raises:
         ConfigurationError: a value that is not an int."""
     raw = os.environ.get("LAYERZERO_PIECEWISE_MAX_TOKENS", "").strip()
     try:
-        return int(raw) if raw else 0
+        return int(raw) if raw else None
     except ValueError:
         raise bad_config(
             "LAYERZERO_PIECEWISE_MAX_TOKENS",
@@ -114,16 +119,18 @@ class CudaGraphKnobs:
     pack_max_bytes: int = 64 << 10
     """Buckets whose packed inputs fit this many bytes are packed; larger ones copy their rows into the shared
     buffers (a big bucket's full-width table would cost more to send than the copies it saves)."""
-    piecewise_max_tokens: int = dataclasses.field(default_factory=_env_piecewise_max_tokens)
+    piecewise_max_tokens: int | None = dataclasses.field(default_factory=_env_piecewise_max_tokens)
     """Steps with prefill tokens (prefill, chunked prefill, mixed with decode rows) of at most this many
     tokens replay piecewise graphs (``worker/piecewise.py``: the layers' other ops captured, each attention
     call eager between them; buckets 16, 32, 64, ... up to it): a short prompt's first token then costs ~L + 1
-    graph replays and L attention calls of host time instead of ~10 L eager launches. 0: off, every such step
-    eager (the default until it is measured on the H200; vLLM captures up to 512). The default comes from
+    graph replays and L attention calls of host time instead of ~10 L eager launches (H200, Qwen3-0.6B shape:
+    TTFT 30-35 -> 6.1-7.7 ms for 16-1,024-token prompts). 0: off, every such step eager. None (auto, the
+    default): :data:`PIECEWISE_AUTO_TOKENS` on one GPU, off with ``tensor_parallel_size`` > 1 (not yet
+    measured on two GPUs; set it to turn them on there). vLLM captures up to 512. The default comes from
     ``LAYERZERO_PIECEWISE_MAX_TOKENS`` when set (an A/B switch for servers and benchmarks)."""
 
     def __post_init__(self) -> None:
-        defaults = {f.name: f.default for f in dataclasses.fields(self)} | {"piecewise_max_tokens": 0}
+        defaults = {f.name: f.default for f in dataclasses.fields(self)} | {"piecewise_max_tokens": None}
         for name in ("packed_inputs", "greedy_in_graph", "h2d_aside", "d2h_aside"):
             if not isinstance(getattr(self, name), bool):
                 raise bad_config(
@@ -136,7 +143,7 @@ class CudaGraphKnobs:
             ("lanes", 1, False),
             ("lane_max_batch", 1, False),
             ("pack_max_bytes", 0, False),
-            ("piecewise_max_tokens", 0, False),
+            ("piecewise_max_tokens", 0, True),
             ("narrow_tokens", 1, True),
         ):
             v = getattr(self, name)

@@ -414,6 +414,12 @@ class LLM:
         counters, docs/decoding.md)."""
         return self.engine.stats.as_dict()
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix block (vLLM's ``LLM.reset_prefix_cache``): the next requests compute their
+        prompts' KV again, as in a new engine. False (nothing dropped) while a request holds blocks."""
+        with self._lock:
+            return self.engine.reset_prefix_cache()
+
     def shutdown(self) -> None:
         """Abort every request and release the engine: the model, the KV cache and, with
         ``tensor_parallel_size > 1``, the worker processes and the process group (interpreter exit and

@@ -24,17 +24,23 @@ def cases(checkpoints, hf_models):
 
 
 def _run(checkpoints, ps, one_by_one=False, **kw):
-    from layerzero.engine import LLM, SamplingParams
+    from layerzero.engine import LLM
 
     opts = dict(device="cpu", dtype=torch.float32, max_model_len=96, num_kv_blocks=64, max_num_seqs=8)
     opts.update(kw)
     llm = LLM(checkpoints[FAMILY], **opts)
-    sp = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0)
+    sp = _greedy()
     if one_by_one:
         outs = [llm.generate([p], sp, use_tqdm=False)[0] for p in ps]
     else:
         outs = llm.generate(ps, sp, use_tqdm=False)
     return llm, outs
+
+
+def _greedy():
+    from layerzero.engine import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0)
 
 
 def _check(outs, refs):
@@ -80,6 +86,11 @@ def test_prefix_cache_hits_when_run_one_by_one(kind, cases, checkpoints):
     _check(outs, refs)
     assert outs[1].num_cached_tokens == 32 and outs[2].num_cached_tokens == 32  # the shared 2 full blocks
     assert llm.stats()["prefix_hit_rate"] > 0
+    # LLM.reset_prefix_cache (vLLM's): the same prompt again computes every block, with the same answer
+    assert llm.reset_prefix_cache() is True
+    again = llm.generate([ps[1]], _greedy(), use_tqdm=False)[0]
+    assert again.num_cached_tokens == 0
+    _check([again], refs[1:2])
 
 
 def test_batch_of_one_equals_batch(cases, checkpoints):

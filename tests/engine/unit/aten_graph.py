@@ -46,8 +46,11 @@ class AtenGraph:
     def capture_end(self) -> None:
         self._mode.__exit__(None, None, None)
         self._mode = None
+        self._captured = True
 
     def pool(self) -> object:
+        if not getattr(self, "_captured", False):  # as torch.cuda.CUDAGraph.pool
+            raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
         return ("aten-graph-pool",)
 
     def replay(self) -> None:

@@ -23,7 +23,7 @@ from ..parallel.state import SINGLE, ParallelState
 from .cascade import CascadePolicy
 from .cuda_graph import CUDAGraphRunner
 from .input_batch import ForwardBatch, ScheduledChunk, build_forward_batch, build_packed_decode_batch
-from .piecewise import PiecewiseGraphs, piecewise_sizes
+from .piecewise import PiecewiseGraphs, piecewise_sizes, piecewise_tokens
 from .prompt_logprobs import prompt_rows
 from .sampler import PendingSample
 from .staging import to_device
@@ -200,19 +200,21 @@ class ModelRunner:
                 )
         self.pieces: PiecewiseGraphs | None = None
         """Piecewise graphs of steps with prefill tokens (``CudaGraphKnobs.piecewise_max_tokens``) or None."""
-        if device.type == "cuda" and not ec.enforce_eager and ec.cuda_graph.piecewise_max_tokens:
-            self.pieces = self._piecewise(ec, max_num_batched_tokens)
+        if device.type == "cuda" and not ec.enforce_eager and (tokens := piecewise_tokens(ec)):
+            self.pieces = self._piecewise(ec, tokens, max_num_batched_tokens)
         if self.kv_dtype == torch.int8:  # after capture, so the capture's dummy batch calibrates nothing
             for m in self.model.modules():
                 if isinstance(m, KVScales):
                     m.calibrate = True
 
-    def _piecewise(self, ec: EngineConfig, max_num_batched_tokens: int) -> PiecewiseGraphs | None:
+    def _piecewise(
+        self, ec: EngineConfig, tokens: int, max_num_batched_tokens: int
+    ) -> PiecewiseGraphs | None:
         """The captured piecewise graphs, or None (logged; raised in strict mode) when a piece has no
         graph-safe kernel here."""
         spec = ec.speculative_config
         rows = ec.max_num_seqs * (1 + (spec.num_speculative_tokens if spec is not None else 0))
-        sizes = piecewise_sizes(ec.cuda_graph.piecewise_max_tokens, max_num_batched_tokens)
+        sizes = piecewise_sizes(tokens, max_num_batched_tokens)
         pieces = PiecewiseGraphs(self.model, self.kv_caches, sizes, rows, ec.block_size, self.device)
         try:
             pieces.capture()

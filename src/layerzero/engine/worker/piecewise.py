@@ -24,7 +24,8 @@ Capture: largest bucket first, one memory pool of their own; each bucket warms u
 ``lz.capture_selection()`` (graph-safe kernels for the pieces, scored for in-graph time; each attention
 call under ``lz.capture_selection(False)``, as its replay selects), then captures on a side stream. The
 graphs come from ``new_graph`` (``torch.cuda.CUDAGraph``; tests pass a stand-in to run the same logic on
-the CPU). Off by default (``CudaGraphKnobs.piecewise_max_tokens`` 0) until measured on the H200.
+the CPU). On by default on one GPU (``CudaGraphKnobs.piecewise_max_tokens`` None: up to 1,024 tokens),
+off with tensor parallelism until measured on two GPUs (:func:`piecewise_tokens`).
 """
 
 from __future__ import annotations
@@ -41,12 +42,30 @@ from torch import nn
 import layerzero as lz
 from layerzero import InvalidInputError
 
+from ..config import PIECEWISE_AUTO_TOKENS, EngineConfig
 from .attn_metadata import ForwardBatch
 from .input_batch import ScheduledChunk, build_forward_batch
 
 __all__ = ["PiecewiseGraphs", "piecewise_sizes"]
 
 log = logging.getLogger("layerzero.engine")
+
+
+def piecewise_tokens(ec: EngineConfig) -> int:
+    """The largest step (tokens) piecewise graphs hold for ``ec``: ``CudaGraphKnobs.piecewise_max_tokens``
+    when set, else (auto) :data:`~layerzero.engine.config.PIECEWISE_AUTO_TOKENS` on one GPU and 0 (off) with
+    ``tensor_parallel_size`` > 1, logged (their two-GPU run is not measured yet). 0: off."""
+    if ec.cuda_graph.piecewise_max_tokens is not None:
+        return ec.cuda_graph.piecewise_max_tokens
+    if ec.tensor_parallel_size > 1:
+        log.info(
+            "piecewise CUDA graphs off: auto (piecewise_max_tokens None) keeps them off with "
+            "tensor_parallel_size %d > 1 until measured there; set CudaGraphKnobs(piecewise_max_tokens=N) "
+            "or LAYERZERO_PIECEWISE_MAX_TOKENS to turn them on",
+            ec.tensor_parallel_size,
+        )
+        return 0
+    return PIECEWISE_AUTO_TOKENS
 
 
 def piecewise_sizes(max_tokens: int, max_num_batched_tokens: int) -> list[int]:
@@ -195,13 +214,13 @@ class PiecewiseGraphs:
         graph = self.new_graph()
         graph.capture_begin(pool=self._pool)
         self._capturing = True
-        if self._pool is None:
-            self._pool = graph.pool()
         self._piece.append(graph)
 
     def _end(self) -> None:
         self._piece[-1].capture_end()
         self._capturing = False
+        if self._pool is None:  # a graph names its pool only after a capture ended (CUDAGraph::pool)
+            self._pool = self._piece[-1].pool()
 
     # ----------------------------------------------------------------------------------------------------
     @torch.no_grad()
