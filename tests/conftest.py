@@ -130,10 +130,24 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(n)
 
 
+INTERPRETER_REASON = "needs triton and TRITON_INTERPRET=1"
+"""How ``tests/correctness/_triton_interp.needs_interpreter``'s skip reason starts."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked ``gpu`` when no CUDA device is visible."""
+    """Mark ``triton_interpreter`` every test that runs a Triton kernel in the interpreter (a file
+    ``*_interpret.py``, or a ``needs_interpreter`` mark): tools/run_tests.sh's forced-ISA passes leave them
+    out, their kernels run in numpy, not in ATen's ISA-dispatched code. Skip tests marked ``gpu`` when no CUDA
+    device is visible."""
     import torch
 
+    interp = pytest.mark.triton_interpreter
+    for item in items:
+        if item.path.name.endswith("_interpret.py") or any(
+            m.name == "skipif" and str(m.kwargs.get("reason", "")).startswith(INTERPRETER_REASON)
+            for m in item.iter_markers()
+        ):
+            item.add_marker(interp)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

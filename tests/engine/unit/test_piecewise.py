@@ -52,6 +52,41 @@ def test_auto_is_1024_tokens_on_one_gpu_and_off_with_tensor_parallelism(monkeypa
     assert piecewise_tokens(EngineConfig("m")) == 0
 
 
+def test_a_failed_capture_falls_back_on_auto_and_raises_when_asked_for(checkpoints, monkeypatch, caplog):
+    """Auto (knob None) never stops the engine: any capture error is logged and the steps run eager. A value
+    the user set raises anything but LayerZero's own no-graph-safe-kernel error; strict mode raises all."""
+    import layerzero as lz
+    from layerzero.engine import LLM
+    from layerzero.engine.config import CudaGraphKnobs, EngineConfig
+    from layerzero.engine.worker.piecewise import PiecewiseGraphs
+
+    runner = LLM(checkpoints["qwen3"], **OPTS).engine.runner
+    errors = [RuntimeError("operation not permitted when stream is capturing"), lz.NoKernelFoundError("none")]
+    for exc in errors:
+
+        def capture(self, exc=exc):
+            raise exc
+
+        monkeypatch.setattr(PiecewiseGraphs, "capture", capture)
+        auto, set16 = EngineConfig("m"), EngineConfig("m", cuda_graph=CudaGraphKnobs(piecewise_max_tokens=16))
+        with caplog.at_level("WARNING", logger="layerzero.engine"):
+            assert runner._piecewise(auto, 16, 64) is None
+        assert f"piecewise CUDA graphs off (steps with prefill tokens run eager): {type(exc).__name__}" in (
+            caplog.text
+        )
+        if isinstance(exc, lz.LayerZeroError):
+            assert runner._piecewise(set16, 16, 64) is None
+        else:
+            with pytest.raises(RuntimeError, match="stream is capturing"):
+                runner._piecewise(set16, 16, 64)
+        lz.configure(strict=True)
+        try:
+            with pytest.raises(type(exc)):
+                runner._piecewise(auto, 16, 64)
+        finally:
+            lz.configure(strict=False)
+
+
 def test_no_bucket_is_refused():
     from layerzero import InvalidInputError
     from layerzero.engine.worker.piecewise import PiecewiseGraphs

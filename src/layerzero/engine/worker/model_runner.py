@@ -211,17 +211,22 @@ class ModelRunner:
         self, ec: EngineConfig, tokens: int, max_num_batched_tokens: int
     ) -> PiecewiseGraphs | None:
         """The captured piecewise graphs, or None (logged; raised in strict mode) when a piece has no
-        graph-safe kernel here."""
+        graph-safe kernel here, or, with the knob on auto (None), when the capture fails for any reason."""
         spec = ec.speculative_config
         rows = ec.max_num_seqs * (1 + (spec.num_speculative_tokens if spec is not None else 0))
         sizes = piecewise_sizes(tokens, max_num_batched_tokens)
         pieces = PiecewiseGraphs(self.model, self.kv_caches, sizes, rows, ec.block_size, self.device)
         try:
             pieces.capture()
-        except lz.LayerZeroError as exc:
-            if lz.get_config().strict:
+        except Exception as exc:  # auto (knob None) never stops the engine; a value the user set may
+            explicit = ec.cuda_graph.piecewise_max_tokens is not None
+            if lz.get_config().strict or (explicit and not isinstance(exc, lz.LayerZeroError)):
                 raise
-            log.warning("piecewise CUDA graphs off (steps with prefill tokens run eager): %s", exc)
+            log.warning(
+                "piecewise CUDA graphs off (steps with prefill tokens run eager): %s: %s",
+                type(exc).__name__,
+                exc,
+            )
             return None
         return pieces
 
