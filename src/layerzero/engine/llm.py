@@ -20,7 +20,7 @@ from .config import EngineConfig
 from .core.engine_core import EngineCore
 from .core.messages import EngineCoreAbort, EngineCoreRequest
 from .errors import bad_config, bad_input
-from .frontend.input_processor import InputProcessor
+from .frontend.input_processor import InputProcessor, conversations
 from .frontend.output_processor import OutputKind, OutputProcessor
 from .loader import load_tokenizer
 from .outputs import RequestOutput, merge_deltas
@@ -387,7 +387,7 @@ class LLM:
                 "none",
                 "Use generate() with a formatted prompt.",
             )
-        convs = _conversations(messages)
+        convs = conversations(messages)
         prompts = []
         for c in convs:
             try:
@@ -468,34 +468,6 @@ def _is_one_prompt(prompts: Any) -> bool:
         and bool(prompts)
         and isinstance(prompts[0], (numbers.Integral, np.integer))
     )
-
-
-def _conversations(messages: Any) -> list[list[dict[str, Any]]]:
-    """``messages`` as a list of conversations, each checked to be a non-empty list of message dicts."""
-    fix = 'Pass [{"role": "user", "content": "..."}] or a list of such lists.'
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise bad_input(
-            "chat messages", "a conversation or a non-empty list of conversations", repr(messages)[:80], fix
-        )
-    convs = [messages] if isinstance(messages[0], dict) else list(messages)
-    for conv in convs:
-        if (
-            not isinstance(conv, (list, tuple))
-            or not conv
-            or not all(
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), (str, list))
-                for m in conv
-            )
-        ):
-            raise bad_input(
-                "chat conversation",
-                "a non-empty list of {'role': str, 'content': str} dicts",
-                repr(conv)[:80],
-                fix,
-            )
-    return [list(c) for c in convs]
 
 
 def _progress(total: int) -> Any:

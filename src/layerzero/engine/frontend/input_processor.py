@@ -17,7 +17,7 @@ from ..errors import bad_input
 from ..sampling_params import SamplingParams
 from ..structured import check_request
 
-__all__ = ["InputProcessor"]
+__all__ = ["InputProcessor", "conversations"]
 
 
 class InputProcessor:
@@ -217,3 +217,32 @@ class InputProcessor:
                 "priority", "an int (lower runs first with scheduling_policy='priority')", repr(priority)
             )
         return text_ids
+
+
+def conversations(messages: Any) -> list[list[dict[str, Any]]]:
+    """``messages`` (``LLM.chat``'s: one conversation or a list of them) as a list of conversations, each
+    checked to be a non-empty list of ``{"role": str, "content": str | list}`` dicts.
+
+    Raises:
+        InvalidInputError: anything else (the message shows the start of what came)."""
+    fix = 'Pass [{"role": "user", "content": "..."}] or a list of such lists.'
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise bad_input(
+            "chat messages", "a conversation or a non-empty list of conversations", repr(messages)[:80], fix
+        )
+    convs = [messages] if isinstance(messages[0], dict) else list(messages)
+    for conv in convs:
+        if not isinstance(conv, (list, tuple)) or not conv or not all(map(_is_message, conv)):
+            raise bad_input(
+                "chat conversation",
+                "a non-empty list of {'role': str, 'content': str} dicts",
+                repr(conv)[:80],
+                fix,
+            )
+    return [list(c) for c in convs]
+
+
+def _is_message(m: Any) -> bool:
+    return (
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))
+    )
