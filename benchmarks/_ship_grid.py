@@ -175,14 +175,18 @@ def rope_tables(
     return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
 
 
-def build(case: Case, device: torch.device) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def build(case: Case, device: torch.device, values: bool = True) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Seeded random inputs of ``case`` on ``device``: ``(args, kwargs)`` of ``lz.<case.op>``. Paged cases get
     a cache with one spare block, block tables that are a random permutation of the blocks, table width
-    ``ceil(max length / page)``; append cases ``cu_seqlens_q`` with ``q_len`` new tokens per sequence."""
+    ``ceil(max length / page)``; append cases ``cu_seqlens_q`` with ``q_len`` new tokens per sequence.
+    ``values=False``: the floating-point tensors are left uninitialized (``torch.empty``; for selection, which
+    reads shapes, dtypes and strides only: a 12,000-token KV cache's ``randn`` takes ~0.4 s on a CPU core)."""
     dt = DTYPES[case.dtype]
     g = torch.Generator(device=device).manual_seed(case.seed)
 
     def rnd(*dims: int) -> torch.Tensor:
+        if not values:
+            return torch.empty(*dims, device=device, dtype=dt)
         return torch.randn(*dims, generator=g, device=device, dtype=dt)
 
     b, hq, hkv, d = case.batch, case.hq, case.hkv, case.head_dim

@@ -9,19 +9,20 @@
 # as this CPU does, so only the lesser ISAs run again. The ISA subset is tests/correctness without the tests that
 # run a Triton kernel in Triton's interpreter (the `*_interpret.py` files and every test with a `needs_interpreter`
 # mark: tests/conftest.py marks them `triton_interpreter`); their kernels run in numpy, not in ATen's
-# ISA-dispatched code (233 of the 2,005 tests, about a third of each pass's time).
+# ISA-dispatched code (233 of the 2,005 tests, about a quarter of each pass's time).
 #
 # Two streams when the machine has >= 2 cores (CI machines have 2; every pass is single-threaded: conftest sets one
-# torch thread), balanced by their measured lengths (2026-11-29, second session, 2-core AVX-512 machine, minutes):
-# main run without the interpreter files 12.5, interpreter files 4.0, multi-process tests 2.3, -O (whole) 3.6, ISA passes
-# 4.2 (avx2) and 4.9 (default); the -O pass, now its validation half, 1.0. With two ISA passes the foreground runs
-# the main run then the -O pass (13.6) and the other stream the multi-process tests, the interpreter files and the
-# ISA passes (15.4; the whole CI run 18.0 min with the install); on a slower machine (third session: main + -O
-# 14.8, side 16.4, CI 19.4 min) three interpreter files moved to the foreground (INTERP_IN_MAIN); with fewer, the foreground
-# runs the main run alone and the other stream everything else. The side stream's output is printed after the
-# foreground's. SERIAL=1 runs everything one after another. The -O pass runs the validation tests of tests/unit,
-# tests/engine/unit and tests/property (see VALIDATION_K below); not the engine's end-to-end correctness, decoding
-# or server tests (the suite outgrew CI's 20 minutes; the server validates with pydantic, not assert).
+# torch thread), balanced by their measured lengths (minutes, 2-core Intel AVX-512/AMX machine, 2026-11-29, fourth
+# session): main run without the interpreter files 13.5, -O pass (its validation half) 1.2, interpreter files 4.9,
+# multi-process tests 2.5, ISA passes without the interpreter tests ~3.4 (avx2) and ~3.7 (default). With two ISA
+# passes the foreground runs the main run then the -O pass (~14.7) and the other stream the multi-process tests, the
+# interpreter files and the ISA passes (~14.5); with fewer, the foreground runs the main run alone and the other
+# stream everything else. INTERP_IN_MAIN names interpreter files the foreground takes after the -O pass when it is
+# the shorter stream (empty now; three files there, ~0.7 min, balanced the third session's machine). The side
+# stream's output is printed after the foreground's. SERIAL=1 runs everything one after another. The -O pass runs
+# the validation tests of tests/unit, tests/engine/unit and tests/property (see VALIDATION_K below); not the engine's
+# end-to-end correctness, decoding or server tests (the suite outgrew CI's 20 minutes; the server validates with
+# pydantic, not assert).
 # Usage: tools/run_tests.sh [PYTHON]   (default .venv/bin/python)
 set -uo pipefail
 PY=${1:-.venv/bin/python}
@@ -35,10 +36,9 @@ ISA_CAPABILITIES=${ISA_CAPABILITIES-$lesser}
 set -- $ISA_CAPABILITIES
 O_IN_MAIN=$([ $# -ge 2 ] && echo 1 || echo 0)
 
-# Interpreter files the main stream takes when it also runs the -O pass (two ISA passes), to balance the streams:
-# measured 2026-11-29 (third session) on a 2-core Intel AVX-512/AMX machine, main + -O 14.8 min against the side's
-# 16.4; these three are ~49 s of the interpreter files' 4.2 min.
-INTERP_IN_MAIN="tests/correctness/test_triton_sample_reject_interpret.py tests/correctness/test_triton_kv_quant_interpret.py tests/correctness/test_triton_paged_interpret.py"
+# Interpreter files the main stream takes when it also runs the -O pass (two ISA passes), to balance the streams
+# (see the header; space-separated paths under tests/correctness).
+INTERP_IN_MAIN=""
 interpreter_tests() {  # args: the files
   echo "=== the Triton-interpreter tests ($# files of tests/correctness/*_interpret.py)"
   "$PY" -m pytest -q -p no:cacheprovider "$@"
@@ -71,7 +71,10 @@ optimized_tests() {
 main_stream() {
   "$PY" -m pytest -q --ignore-glob='*_interpret.py' --ignore=tests/distributed --ignore=tests/engine/parallel \
     || return 1
-  [ "$O_IN_MAIN" = 1 ] && { optimized_tests || return 1; interpreter_tests $INTERP_IN_MAIN || return 1; }
+  if [ "$O_IN_MAIN" = 1 ]; then
+    optimized_tests || return 1
+    [ -z "$INTERP_IN_MAIN" ] || interpreter_tests $INTERP_IN_MAIN || return 1
+  fi
   return 0
 }
 
