@@ -29,8 +29,9 @@ demo: $(STAMP)
 	$(PY) -m layerzero.engine.tools.demo
 	$(PY) -m layerzero.engine.tools.demo_serve
 
-# `make test`: the suite, then validation and the engine again under python -O, then tests/correctness under each
-# CPU ISA below this CPU's own (ATEN_CPU_CAPABILITY=avx2 / default), then the fuzzers; tools/run_tests.sh says why
+# `make test`: the suite, then its validation tests again under python -O, then tests/correctness (without the
+# Triton-interpreter tests) under each CPU ISA below this CPU's own (ATEN_CPU_CAPABILITY=avx2 / default), then the
+# fuzzers; tools/run_tests.sh says why
 # and runs the passes in two balanced streams on machines with >= 2 cores (SERIAL=1: one after another).
 test: $(STAMP)
 	tools/run_tests.sh $(PY)

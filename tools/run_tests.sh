@@ -12,17 +12,16 @@
 # ISA-dispatched code (233 of the 2,005 tests, about a quarter of each pass's time).
 #
 # Two streams when the machine has >= 2 cores (CI machines have 2; every pass is single-threaded: conftest sets one
-# torch thread), balanced by their measured lengths (minutes, 2-core Intel AVX-512/AMX machine, 2026-11-29, fourth
-# session): main run without the interpreter files 13.5, -O pass (its validation half) 1.2, interpreter files 4.9,
-# multi-process tests 2.5, ISA passes without the interpreter tests ~3.4 (avx2) and ~3.7 (default). With two ISA
-# passes the foreground runs the main run then the -O pass (~14.7) and the other stream the multi-process tests, the
-# interpreter files and the ISA passes (~14.5); with fewer, the foreground runs the main run alone and the other
-# stream everything else. INTERP_IN_MAIN names interpreter files the foreground takes after the -O pass when it is
-# the shorter stream (empty now; three files there, ~0.7 min, balanced the third session's machine). The side
-# stream's output is printed after the foreground's. SERIAL=1 runs everything one after another. The -O pass runs
-# the validation tests of tests/unit, tests/engine/unit and tests/property (see VALIDATION_K below); not the engine's
-# end-to-end correctness, decoding or server tests (the suite outgrew CI's 20 minutes; the server validates with
-# pydantic, not assert).
+# torch thread): the foreground runs the main run, the other stream the multi-process tests, the interpreter files,
+# the -O pass and the ISA passes; the side stream's output is printed after the foreground's. Measured lengths
+# (minutes; a fresh-clone rehearsal of .ci/run on a 2-core Intel AVX-512/AMX machine, 2026-11-29, fourth session, CI
+# 17.7 min with the install): main run without the interpreter files 13.2; multi-process tests 2.4, interpreter
+# files 4.1, -O pass (its validation half) 1.4, ISA passes without the interpreter tests 2.6 (avx2) and 3.2
+# (default): 13.7 beside it. An AVX2-only machine has one ISA pass, so its side stream is shorter still. (Until
+# then the -O pass and some interpreter files ran in the foreground, while the ISA passes still ran the interpreter
+# tests.) SERIAL=1 runs everything one after another. The -O pass runs the validation tests of tests/unit,
+# tests/engine/unit and tests/property (see VALIDATION_K below); not the engine's end-to-end correctness, decoding
+# or server tests (the suite outgrew CI's 20 minutes; the server validates with pydantic, not assert).
 # Usage: tools/run_tests.sh [PYTHON]   (default .venv/bin/python)
 set -uo pipefail
 PY=${1:-.venv/bin/python}
@@ -33,23 +32,9 @@ case $native in
   *) lesser="" ;;
 esac
 ISA_CAPABILITIES=${ISA_CAPABILITIES-$lesser}
-set -- $ISA_CAPABILITIES
-O_IN_MAIN=$([ $# -ge 2 ] && echo 1 || echo 0)
-
-# Interpreter files the main stream takes when it also runs the -O pass (two ISA passes), to balance the streams
-# (see the header; space-separated paths under tests/correctness).
-INTERP_IN_MAIN=""
-interpreter_tests() {  # args: the files
-  echo "=== the Triton-interpreter tests ($# files of tests/correctness/*_interpret.py)"
-  "$PY" -m pytest -q -p no:cacheprovider "$@"
-}
-side_interpreter_files() {
-  for f in tests/correctness/*_interpret.py; do
-    case " $INTERP_IN_MAIN " in
-      *" $f "*) [ "$O_IN_MAIN" = 1 ] || echo "$f" ;;
-      *) echo "$f" ;;
-    esac
-  done
+interpreter_tests() {
+  echo "=== the Triton-interpreter tests (tests/correctness/*_interpret.py)"
+  "$PY" -m pytest -q -p no:cacheprovider tests/correctness/*_interpret.py
 }
 
 multi_process_tests() {
@@ -69,31 +54,26 @@ optimized_tests() {
 }
 
 main_stream() {
-  "$PY" -m pytest -q --ignore-glob='*_interpret.py' --ignore=tests/distributed --ignore=tests/engine/parallel \
-    || return 1
-  if [ "$O_IN_MAIN" = 1 ]; then
-    optimized_tests || return 1
-    [ -z "$INTERP_IN_MAIN" ] || interpreter_tests $INTERP_IN_MAIN || return 1
-  fi
-  return 0
+  "$PY" -m pytest -q --ignore-glob='*_interpret.py' --ignore=tests/distributed --ignore=tests/engine/parallel
 }
 
 side_stream() {
   multi_process_tests || return 1
-  interpreter_tests $(side_interpreter_files) || return 1
-  [ "$O_IN_MAIN" = 0 ] && { optimized_tests || return 1; }
+  interpreter_tests || return 1
+  optimized_tests || return 1
   echo "=== this CPU dispatches as $native; the kernel-correctness tests run again under: ${ISA_CAPABILITIES:-none}"
   for isa in $ISA_CAPABILITIES; do
     echo "=== kernel-correctness tests with ATEN_CPU_CAPABILITY=$isa"
-    ATEN_CPU_CAPABILITY=$isa "$PY" -m pytest -q -p no:cacheprovider -m "not gpu and not triton_interpreter" tests/correctness \
-      --ignore-glob='*_interpret.py' || return 1
+    ATEN_CPU_CAPABILITY=$isa "$PY" -m pytest -q -p no:cacheprovider -m "not gpu and not triton_interpreter" \
+      tests/correctness --ignore-glob='*_interpret.py' || return 1
   done
 }
 
 cores=$(nproc 2>/dev/null || echo 1)
 if [ "${SERIAL:-}" != 1 ] && [ "$cores" -ge 2 ]; then
   log=$(mktemp "${TMPDIR:-/tmp}/layerzero-side-stream.XXXXXX")
-  echo "=== two streams ($cores cores): the multi-process, interpreter and forced-ISA passes run beside the main run; their output follows it"
+  echo "=== two streams ($cores cores): the multi-process, interpreter, -O and forced-ISA passes run beside the main" \
+    "run; their output follows it"
   side_stream >"$log" 2>&1 &
   side=$!
   main_stream
