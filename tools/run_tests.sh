@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test` (what .ci/run calls): the whole suite; validation and the engine again under `python -O`; the
+# `make test` (what .ci/run calls): the whole suite; its validation tests again under `python -O`; the
 # kernel-correctness tests again under each CPU ISA below this CPU's own; then the fuzzers' bounded runs.
 #
 # Why the extra passes: validation must not rely on `assert` (-O strips it), and torch's CPU kernels are dispatched

@@ -38,6 +38,7 @@ class AtenGraph:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, tuple, dict, Any]] = []
         self._mode: _Recorder | None = None
+        self._captured = False
 
     def capture_begin(self, pool: Any = None) -> None:
         self._mode = _Recorder(self.calls)
@@ -49,7 +50,7 @@ class AtenGraph:
         self._captured = True
 
     def pool(self) -> object:
-        if not getattr(self, "_captured", False):  # as torch.cuda.CUDAGraph.pool
+        if not self._captured:  # as torch.cuda.CUDAGraph.pool
             raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
         return ("aten-graph-pool",)
 
