@@ -121,7 +121,8 @@ def test_unseeded_rows_follow_the_softmax():
     freq = torch.bincount(tokens, minlength=7).double() / rows
     want = torch.softmax(logits[0].double() / temp, dim=-1)
     assert (freq - want).abs().max() < 0.05, (freq, want)
+    few = 40  # the generator decides the unseeded rows' noise: the first rows again, from the same seed
     again = ts.sample(
-        logits, temperature=torch.full((rows,), temp), generator=torch.Generator().manual_seed(3)
+        logits[:few], temperature=torch.full((few,), temp), generator=torch.Generator().manual_seed(3)
     )
-    assert torch.equal(tokens, again)  # the generator decides the unseeded rows' noise
+    assert torch.equal(tokens[:few], again)
