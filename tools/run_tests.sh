@@ -14,11 +14,12 @@
 # Two streams when the machine has >= 2 cores (CI machines have 2; every pass is single-threaded: conftest sets one
 # torch thread): the foreground runs the main run, the other stream the multi-process tests, the interpreter files,
 # the -O pass and the ISA passes; the side stream's output is printed after the foreground's. Measured lengths
-# (minutes; a fresh-clone rehearsal of .ci/run on a 2-core Intel AVX-512/AMX machine, 2026-11-29, fourth session, CI
-# 17.7 min with the install): main run without the interpreter files 13.2; multi-process tests 2.4, interpreter
-# files 4.1, -O pass (its validation half) 1.4, ISA passes without the interpreter tests 2.6 (avx2) and 3.2
-# (default): 13.7 beside it. An AVX2-only machine has one ISA pass, so its side stream is shorter still. (Until
-# then the -O pass and some interpreter files ran in the foreground, while the ISA passes still ran the interpreter
+# (minutes; a fresh-clone rehearsal of .ci/run on a 2-core Intel AVX-512/AMX machine in a slow phase, 2026-11-29,
+# fourth session, CI 18.8 min with the install): main run without the interpreter files 15.8; multi-process tests
+# 2.6, interpreter files 4.0, -O pass (its validation half) 1.4, ISA passes without the interpreter tests 3.3 (avx2)
+# and 3.8 (default): 15.2 beside it. The same machine runs every pass ~20% faster in a fast phase (main 13.2). An
+# AVX2-only machine has one ISA pass, so its side stream is shorter still. (Until 2026-11-29
+# the -O pass and some interpreter files ran in the foreground, while the ISA passes still ran the interpreter
 # tests.) SERIAL=1 runs everything one after another. The -O pass runs the validation tests of tests/unit,
 # tests/engine/unit and tests/property (see VALIDATION_K below); not the engine's end-to-end correctness, decoding
 # or server tests (the suite outgrew CI's 20 minutes; the server validates with pydantic, not assert).
