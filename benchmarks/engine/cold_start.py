@@ -124,9 +124,13 @@ def child(a: argparse.Namespace) -> dict[str, Any]:
         took = time.perf_counter() - t
         runs.append({"seconds": took, "tok_s": w.output_tokens / took, "compiles": compiles.take()})
     out["runs"] = runs
-    out["prefix_cache"] = "kept between runs" if a.keep_prefix_cache else "emptied before each run"
+    out["prefix_cache"] = _prefix_cache(a)
     out["first_over_second"] = runs[0]["tok_s"] / runs[1]["tok_s"]
     return out
+
+
+def _prefix_cache(a: argparse.Namespace) -> str:
+    return "kept between runs" if a.keep_prefix_cache else "emptied before each run"
 
 
 def _machine(device: str) -> dict[str, Any]:
@@ -235,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     page = (
         f"# Engine cold start ({a.scale} scale, {a.device})\n\n`{cmd}`\n\n"
         f"Machine: `{json.dumps(_machine(a.device))}`\n\n"
-        f"Prefix cache: {'kept between runs' if a.keep_prefix_cache else 'emptied before each run'}."
+        f"Prefix cache: {_prefix_cache(a)}."
         f"\n\n{head}\n"
         + "\n".join(_row(r) for r in rows)
         + "\n\n<details><summary>raw</summary>\n\n```json\n"

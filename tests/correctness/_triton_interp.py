@@ -21,7 +21,7 @@ def needs_interpreter(gpu_file: str) -> pytest.MarkDecorator:
     except (ImportError, ValueError):
         have = False
     on = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-    return pytest.mark.skipif(
+    return pytest.mark.skipif(  # tests/conftest.py marks triton_interpreter by this reason's start
         not (have and on),
         reason="needs triton and TRITON_INTERPRET=1 (the Triton interpreter "
         f"runs these on CPU tensors; with a CUDA GPU the compiled kernels are covered by {gpu_file})",

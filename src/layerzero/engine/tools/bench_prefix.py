@@ -78,7 +78,7 @@ def _timed(
         warm_run if warm_run is not None else device.type == "cuda"
     ):  # the workload once, untimed (see warm_up)
         llm.generate(prompts, params, use_tqdm=False)
-        if not llm.engine.kv.reset_prefix_cache():
+        if not llm.reset_prefix_cache():
             raise RuntimeError(
                 "bench_prefix: the prefix cache kept blocks after the warm run (a request still holds them)"
             )
@@ -116,7 +116,7 @@ def warm_up(llm: Any) -> None:
     and two new ones, decoding together. The same for every engine of a comparison. Not enough alone
     (first-use compiles still landed in timed runs: benchmarks/results/history.md), so on CUDA every timed run
     of this module also follows an untimed run of the same workload in the same engine, with the prefix cache
-    emptied in between (``KVCacheManager.reset_prefix_cache``): the timed run starts as cold as a new engine's
+    emptied in between (``LLM.reset_prefix_cache``): the timed run starts as cold as a new engine's
     cache, with every kernel compiled."""
     from .. import SamplingParams
 

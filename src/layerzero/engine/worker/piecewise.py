@@ -46,7 +46,7 @@ from ..config import PIECEWISE_AUTO_TOKENS, EngineConfig
 from .attn_metadata import ForwardBatch
 from .input_batch import ScheduledChunk, build_forward_batch
 
-__all__ = ["PiecewiseGraphs", "piecewise_sizes"]
+__all__ = ["PiecewiseGraphs", "piecewise_sizes", "piecewise_tokens"]
 
 log = logging.getLogger("layerzero.engine")
 
