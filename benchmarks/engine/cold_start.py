@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the prefix cache between runs (a later run then skips the prefills an earlier one cached)",
     )
     ap.add_argument("--rounds", type=int, default=1, help="processes per (warm-up, cache) cell")
+    ap.add_argument("--warmups", default="on,off", help="which warm-up cells to run (comma-separated)")
     ap.add_argument("--cache-root", default=None, help="where the compile caches go (default: a temp dir)")
     ap.add_argument("--isolate-flashinfer", action="store_true", help="FlashInfer's workspace per cell too")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(a.cache_root or tempfile.mkdtemp(prefix="lz_cold_"))
     rows = []
     for rnd in range(a.rounds):
-        for warmup in ("on", "off"):
+        for warmup in [w for w in ("on", "off") if w in a.warmups.split(",")]:
             caches = root / f"{warmup}{rnd}"  # empty for the first process, populated by it for the second
             env = dict(os.environ, TRITON_CACHE_DIR=str(caches / "triton"))
             if a.isolate_flashinfer:
