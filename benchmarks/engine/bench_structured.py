@@ -224,6 +224,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ratio": con_tps / free_tps,
         "structured_runs_s": tc,
         "unconstrained_runs_s": tf,
+        "fill_threads": llm.engine.structured.fill_threads,  # rows bucket -> xgrammar threads chosen
         "schema": SCHEMA,
     }
 
@@ -240,7 +241,8 @@ def write(res: dict[str, Any], out: Path) -> None:
         f"transformers {m['transformers']}, xgrammar {m['xgrammar']}, llguidance {m['llguidance']}, "
         f"python {m['python']}",
         f"- model: {res['model']}, vocabulary {res['model_vocab']} (tokenizer {res['tokenizer_vocab']} ids, "
-        f"the rest always banned); backend {res['backend']}; early read {res['early_read']}",
+        f"the rest always banned); backend {res['backend']}; early read {res['early_read']}; xgrammar fill "
+        f"threads by rows (measured choice): {res.get('fill_threads', {})}",
         f"- {res['requests']} concurrent requests, {res['output_tokens']} output tokens per run (mean "
         f"{res['mean_output_len']:.1f}); valid JSON ending in stop: "
         f"{res['valid_json_and_stop']}/{res['requests']}",

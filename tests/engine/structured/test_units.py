@@ -220,3 +220,55 @@ def test_fill_drops_all_allowed_rows_and_alternates_host_buffers():
     _DeferredFill({"fake": _FakeBackend()}, [1], entries[1:2], w, None, bufs.next())()  # b's parity again
     with pytest.raises(RuntimeError, match="claimed again before this step's bitmask was applied"):
         apply_grammar_bitmask(logits, SamplingMetadata(grammar_bitmask=b))  # stale: loud, not wrong
+
+
+def test_fill_threads_keeps_the_measured_faster_variant_per_bucket(caplog):
+    """Each row-count bucket alternates one thread / the pool for EXPLORE fills each, then keeps the lower
+    median (logged), independently per bucket, and measures again after RECHECK fills."""
+    from layerzero.engine.structured.backends import FillThreads
+
+    ft = FillThreads(8)
+    ft.RECHECK = 3
+    cost = {
+        (64, 0): 1e-4,
+        (64, 1): 5e-4,
+        (8, 0): 9e-4,
+        (8, 1): 2e-4,
+    }  # seconds per fill, by (bucket, variant)
+    seen = []
+    with caplog.at_level("INFO", logger="layerzero.engine"):
+        for _ in range(2 * FillThreads.EXPLORE):
+            for rows, bucket in ((33, 64), (5, 8)):
+                v = ft.pick(rows)
+                seen.append((bucket, v))
+                ft.record(rows, v, cost[bucket, v])
+    assert sorted(seen).count((64, 0)) == FillThreads.EXPLORE == sorted(seen).count((64, 1))
+    assert ft.pick(64) == 0 and ft.pick(7) == 1 and ft.choices() == {64: 1, 8: 8}
+    assert "up to 64 rows run on one thread" in caplog.text and "up to 8 rows run on 8 threads" in caplog.text
+    for _ in range(ft.RECHECK):  # the chosen variant's fills, then the bucket is measured again
+        ft.record(40, ft.pick(40), cost[64, 0])
+    assert 64 not in ft.choices() and 8 in ft.choices()
+
+
+def test_xgrammar_fill_writes_whole_rows_on_either_variant(checkpoints):
+    """The host buffers are not zeroed between fills: a fill into a dirty buffer (any variant) equals a fill
+    into zeros, for matchers at different states."""
+    from layerzero.engine.structured.manager import StructuredOutputManager
+
+    m = StructuredOutputManager(checkpoints["qwen3"], 600, {2})
+    p = SamplingParams(structured_outputs=S(regex="(ab|ba)+c"))
+    m.prepare(p)
+    backend = m._backends["xgrammar"]
+    tok = m._tokenizer
+    matchers = [backend.matcher(m._compiled["xgrammar", p.structured_outputs]) for _ in range(3)]
+    for i, text in enumerate(["", "a", "ab"]):
+        for t in tok.encode(text, add_special_tokens=False) if text else []:
+            assert matchers[i].accept(t)
+    w = m.width
+    clean = np.zeros((3, w), np.int32)
+    backend.batches[0].batch_fill_next_token_bitmask([x.m for x in matchers], clean, [0, 1, 2])
+    assert len({r.tobytes() for r in clean}) == 3  # three different states, three different rows
+    for v in range(len(backend.batches)):
+        dirty = np.random.default_rng(v).integers(-(2**31), 2**31 - 1, (3, w), dtype=np.int32)
+        backend.batches[v].batch_fill_next_token_bitmask([x.m for x in matchers], dirty, [0, 1, 2])
+        np.testing.assert_array_equal(dirty, clean)

@@ -76,6 +76,12 @@ class StructuredOutputManager:
         """Matchers held (live structured sequences, until swept)."""
         return len(self._matchers)
 
+    @property
+    def fill_threads(self) -> dict[int, int]:
+        """xgrammar's measured fill choices so far: rows (a power of two) -> threads (see ``FillThreads``)."""
+        b = self._backends.get("xgrammar")
+        return {} if b is None else b.threads.choices()
+
     # ------------------------------------------------------------------------------------------ compile
     def _backend(self, name: str) -> Any:
         b = self._backends.get(name)

@@ -35,7 +35,8 @@ class HostBitmask:
 
     def claim(self, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Views ``(indices [rows] int32, bits [rows, width] int32)`` of this buffer (grown when too small),
-        once the device has read its previous contents. ``bits`` is zeroed."""
+        once the device has read its previous contents. ``bits`` holds an earlier fill's words: the caller
+        writes every row (a backend's fill writes whole rows)."""
         if self.event is not None:
             self.event.synchronize()  # the copy of the step before last (normally long done)
         off = _bits_offset(rows)
@@ -46,9 +47,7 @@ class HostBitmask:
         flat = self.tensor.numpy()
         self.rows, self.offset, self.width = rows, off, width
         self.generation += 1
-        bits = flat[off : off + rows * width].reshape(rows, width)
-        bits.fill(0)
-        return flat[:rows], bits
+        return flat[:rows], flat[off : off + rows * width].reshape(rows, width)
 
     def set_rows(self, rows: int) -> None:
         """Keep the first ``rows`` indices and bitmask rows (the rest were dropped: all tokens allowed)."""
