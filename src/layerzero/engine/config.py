@@ -125,8 +125,8 @@ class CudaGraphKnobs:
     call eager between them; buckets 16, 32, 64, ... up to it): a short prompt's first token then costs ~L + 1
     graph replays and L attention calls of host time instead of ~10 L eager launches (H200, Qwen3-0.6B shape:
     TTFT 30-35 -> 6.1-7.7 ms for 16-1,024-token prompts). 0: off, every such step eager. None (auto, the
-    default): :data:`PIECEWISE_AUTO_TOKENS` on one GPU, off with ``tensor_parallel_size`` > 1 (not yet
-    measured on two GPUs; set it to turn them on there). vLLM captures up to 512. The default comes from
+    default): :data:`PIECEWISE_AUTO_TOKENS` at any ``tensor_parallel_size`` (TP 2 with pieces passed its
+    two-H200 test against TP 1). vLLM captures up to 512. The default comes from
     ``LAYERZERO_PIECEWISE_MAX_TOKENS`` when set (an A/B switch for servers and benchmarks)."""
 
     def __post_init__(self) -> None:

@@ -32,17 +32,15 @@ def test_bucket_sizes():
     assert piecewise_sizes(0, 8192) == []
 
 
-def test_auto_is_1024_tokens_on_one_gpu_and_off_with_tensor_parallelism(monkeypatch, caplog):
-    """``piecewise_max_tokens=None`` (the default): 1,024 tokens at TP 1, off at TP 2 with the reason logged;
-    an explicit value, from the knob or the environment, wins at any TP."""
+def test_auto_is_1024_tokens_at_any_tensor_parallel_size(monkeypatch):
+    """``piecewise_max_tokens=None`` (the default): 1,024 tokens at TP 1 and 2; an explicit value, from the
+    knob or the environment, wins at any TP."""
     from layerzero.engine.config import CudaGraphKnobs, EngineConfig
     from layerzero.engine.worker.piecewise import piecewise_tokens
 
     monkeypatch.delenv("LAYERZERO_PIECEWISE_MAX_TOKENS", raising=False)
     assert piecewise_tokens(EngineConfig("m")) == 1024
-    with caplog.at_level("INFO", logger="layerzero.engine"):
-        assert piecewise_tokens(EngineConfig("m", tensor_parallel_size=2)) == 0
-    assert "tensor_parallel_size 2 > 1" in caplog.text
+    assert piecewise_tokens(EngineConfig("m", tensor_parallel_size=2)) == 1024
     for tp in (1, 2):
         knobs = CudaGraphKnobs(piecewise_max_tokens=64)
         assert piecewise_tokens(EngineConfig("m", tensor_parallel_size=tp, cuda_graph=knobs)) == 64

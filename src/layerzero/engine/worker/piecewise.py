@@ -53,18 +53,11 @@ log = logging.getLogger("layerzero.engine")
 
 def piecewise_tokens(ec: EngineConfig) -> int:
     """The largest step (tokens) piecewise graphs hold for ``ec``: ``CudaGraphKnobs.piecewise_max_tokens``
-    when set, else (auto) :data:`~layerzero.engine.config.PIECEWISE_AUTO_TOKENS` on one GPU and 0 (off) with
-    ``tensor_parallel_size`` > 1, logged (their two-GPU run is not measured yet). 0: off."""
+    when set, else (auto) :data:`~layerzero.engine.config.PIECEWISE_AUTO_TOKENS`, at any
+    ``tensor_parallel_size`` (the two-H200 test of TP = 2 with pieces against TP = 1 passed, 2026-11-29).
+    0: off."""
     if ec.cuda_graph.piecewise_max_tokens is not None:
         return ec.cuda_graph.piecewise_max_tokens
-    if ec.tensor_parallel_size > 1:
-        log.info(
-            "piecewise CUDA graphs off: auto (piecewise_max_tokens None) keeps them off with "
-            "tensor_parallel_size %d > 1 until measured there; set CudaGraphKnobs(piecewise_max_tokens=N) "
-            "or LAYERZERO_PIECEWISE_MAX_TOKENS to turn them on",
-            ec.tensor_parallel_size,
-        )
-        return 0
     return PIECEWISE_AUTO_TOKENS
 
 
