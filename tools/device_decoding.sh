@@ -7,6 +7,8 @@
 #   spec    benchmarks/engine/bench_spec_decode.py (batch 1 / 8 / 32; ngram, draft, layer skip)
 #   spec-c  the same with constructed weights (spec_constructed.py: a known greedy walk, drafts agreeing on
 #           $SPEC_AGREE = 0.92 of tokens, about 0.8 acceptance at k = 4): plain, ngram, draft, layer skip
+#   spec-t  the constructed engines (plain, layer skip, draft) at batch 1 with --timeline: torch.profiler GPU
+#           timelines of a 64-token generate (idle gaps per verification round) into spec_timeline/
 #   prof    py-spy (raw collapsed stacks, 200 Hz, idle not sampled) of one structured run (--repeats 1) and of
 #           the constructed layer-skip run at batch 1: where the host time of a step / a round goes
 # Results under $OUT, packed into $OUT/decoding.tgz (a call brings back at most 8 files).
@@ -32,6 +34,9 @@ for stage in "$@"; do
         | tee "$D/spec.log" | tail -25 ;;
     spec-c) timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/engine/bench_spec_decode.py --out "$D/spec_constructed" \
         --constructed ${SPEC_AGREE:-0.92} --configs ngram,draft,layer_skip 2>&1 | tee "$D/spec_constructed.log" | tail -25 ;;
+    spec-t) timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/engine/bench_spec_decode.py --out "$D/spec_timeline" \
+        --constructed ${SPEC_AGREE:-0.92} --configs layer_skip,draft --batches 1 --max-tokens 128 --timeline 2>&1 \
+        | tail -8 ;;
     prof) SPY="py-spy record -r 200 -f raw --nonblocking"; export PATH=/tmp/site/bin:$PATH
         timeout ${STRUCT_TIMEOUT:-240} $SPY -o "$D/struct.raw" -- python3 benchmarks/engine/bench_structured.py \
             --repeats 1 --out "$D/structured_prof" 2>&1 | tail -6

@@ -81,6 +81,22 @@ def _measure(llm: LLM, batch: int, max_tokens: int, vocab: int, prompts: Any = N
     return row
 
 
+def _timeline(llm: LLM, name: str, vocab: int, prompts: Any, out: Path) -> None:
+    """One profiled batch-1 generate of 64 tokens on ``llm``: its GPU timeline into ``out/timeline_<name>.md``
+    (per step: per verification round when speculating)."""
+    from gpu_timeline import profile_events, summarize  # benchmarks/engine on sys.path
+
+    prompts = prompts or (lambda n, seed: _prompts(n, vocab, seed))
+    sp = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    before = (llm.stats().get("spec_decode") or {}).get("num_drafts", 0)
+    events = profile_events(lambda: llm.generate(prompts(1, 3), sp, use_tqdm=False))
+    rounds = (llm.stats().get("spec_decode") or {}).get("num_drafts", 0) - before
+    steps = rounds or 64
+    what = f"a 64-token batch-1 generate, {name} ({steps} {'rounds' if rounds else 'steps'})"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"timeline_{name}.md").write_text(summarize(events, what, steps))
+
+
 def run(
     target: Path,
     draft: Path | None,
@@ -94,11 +110,14 @@ def run(
     only: list[str] | None = None,
     out: Path | None = None,
     constructed: float | None = None,
+    timeline: bool = False,
 ) -> list[dict[str, Any]]:
     """One engine per configuration (``only``: those names; ``plain`` always runs first: the baseline), every
     batch size on it; returns the rows (speedups vs ``plain``), also written to ``out`` after each row.
     ``constructed``: every model's weights made to walk a known permutation (``spec_constructed``), drafts
-    agreeing with the target on that fraction of tokens, and the prompts that walk's noisy copy."""
+    agreeing with the target on that fraction of tokens, and the prompts that walk's noisy copy.
+    ``timeline``: each engine also profiles one batch-1 generate of 64 tokens (torch.profiler) into
+    ``out/timeline_<config>.md`` (``gpu_timeline.summarize``: where the GPU idles in a step or round)."""
     cfg = json.loads((target / "config.json").read_text())
     vocab = cfg["vocab_size"]
     prompts = None
@@ -153,6 +172,8 @@ def run(
                 out.mkdir(parents=True, exist_ok=True)
                 (out / "spec_decode.json").write_text(json.dumps(rows, indent=2) + "\n")
                 (out / "spec_decode.md").write_text(table(rows) + "\n")
+        if timeline and out is not None:
+            _timeline(llm, name, vocab, prompts, out)
         llm.shutdown()
         del llm
         gc.collect()
@@ -195,6 +216,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         metavar="AGREE",
         help="weights that walk a known permutation, drafts agreeing on this fraction (spec_constructed.py)",
     )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also profile a batch-1 generate per engine into --out/timeline_<config>.md (GPU idle gaps)",
+    )
     ns = ap.parse_args(argv)
     batches = [int(b) for b in ns.batches.split(",")]
     only = None if ns.configs is None else ns.configs.split(",")
@@ -204,7 +230,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
         target = build_checkpoint("qwen3", tmp / "tiny", seed=0)
         rows = run(
-            target, None, "cpu", torch.float32, [1, 4], 16, ns.k, False, 1, only, ns.out, ns.constructed
+            target,
+            None,
+            "cpu",
+            torch.float32,
+            [1, 4],
+            16,
+            ns.k,
+            False,
+            1,
+            only,
+            ns.out,
+            ns.constructed,
+            ns.timeline,
         )
     else:
         target = ns.target or _shape_dir(tmp, "qwen3-8b", QWEN3_8B)
@@ -227,6 +265,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             only,
             ns.out,
             ns.constructed,
+            ns.timeline,
         )
     print(table(rows))
     return rows
