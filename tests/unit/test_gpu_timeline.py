@@ -17,7 +17,7 @@ def _k(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:
 
 
 def test_summarize_hand_worked():
-    # a [0, 10) ; b [8, 14) overlaps a by 2 -> adds 4 ; gap 14 -> 20 (6 µs) ; c [20, 30) ; gap 30 -> 130 (100 µs) ;
+    # a [0, 10); b [8, 14) overlaps a by 2, adds 4; gap 14 -> 20 (6 µs); c [20, 30); gap 30 -> 130 (100 µs);
     # a [130, 140). Busy 10 + 4 + 10 + 10 = 34 µs, idle 106 µs, span 140 µs.
     events = [
         _k("a", 0, 10),
