@@ -42,6 +42,15 @@ def test_a_public_address_needs_a_key_or_an_explicit_opt_out():
     check_bind("0.0.0.0", None, True)
 
 
+def test_the_http_stack_in_the_start_up_log_follows_what_is_installed():
+    from layerzero.engine.entrypoints.openai.api_server import _http_stack
+
+    assert _http_stack(lambda name: None) == "uvicorn on asyncio, h11 parser"
+    assert _http_stack(lambda name: object()) == "uvicorn on uvloop, httptools parser"
+    only = _http_stack(lambda name: object() if name == "httptools" else None)
+    assert only == "uvicorn on asyncio, httptools parser"
+
+
 NO_WEB = textwrap.dedent(
     """
     import sys

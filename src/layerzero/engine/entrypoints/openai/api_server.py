@@ -7,6 +7,7 @@ FastAPI, uvicorn and prometheus-client are imported here, inside functions: ``im
 """
 
 import argparse
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -254,11 +255,19 @@ def run_server(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
         app = build_app(engine, args)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
         server = DrainingServer(config, app.state.server, float(args.drain_timeout))
-        log.info("serving %s on http://%s:%d", args.model, args.host, args.port)
+        log.info("serving %s on http://%s:%d (%s)", args.model, args.host, args.port, _http_stack())
         server.run()
     finally:
         engine.shutdown()
     return 0
+
+
+def _http_stack(find_spec: Any = importlib.util.find_spec) -> str:
+    """What uvicorn's ``loop="auto"`` and ``http="auto"`` pick: uvloop's loop and httptools' parser when
+    installed (the serve extra installs both), else asyncio's loop and h11 (``find_spec``: importlib's)."""
+    loop = "uvloop" if find_spec("uvloop") is not None else "asyncio"
+    http = "httptools" if find_spec("httptools") is not None else "h11"
+    return f"uvicorn on {loop}, {http} parser"
 
 
 def _server_class() -> type:
