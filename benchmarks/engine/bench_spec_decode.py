@@ -56,9 +56,14 @@ def _prompts(n: int, vocab: int, seed: int, pattern: int = 16, repeats: int = 8)
     return [torch.randint(10, vocab, (pattern,), generator=g).tolist() * repeats for _ in range(n)]
 
 
+def _repeated(vocab: int) -> Any:
+    """The default prompts: ``(n, seed) -> n`` repeated random patterns (:func:`_prompts`)."""
+    return lambda n, seed: _prompts(n, vocab, seed)
+
+
 def _measure(llm: LLM, batch: int, max_tokens: int, vocab: int, prompts: Any = None) -> dict[str, Any]:
     """One timed greedy run of ``batch`` prompts (``prompts(n, seed)``; default the repeated patterns)."""
-    prompts = prompts or (lambda n, seed: _prompts(n, vocab, seed))
+    prompts = prompts or _repeated(vocab)
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     warm = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm.generate(prompts(batch, 1), warm, use_tqdm=False)
@@ -86,7 +91,7 @@ def _timeline(llm: LLM, name: str, vocab: int, prompts: Any, out: Path) -> None:
     (per step: per verification round when speculating)."""
     from gpu_timeline import profile_events, summarize  # benchmarks/engine on sys.path
 
-    prompts = prompts or (lambda n, seed: _prompts(n, vocab, seed))
+    prompts = prompts or _repeated(vocab)
     sp = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     before = (llm.stats().get("spec_decode") or {}).get("num_drafts", 0)
     events = profile_events(lambda: llm.generate(prompts(1, 3), sp, use_tqdm=False))

@@ -244,7 +244,7 @@ _READ_ELSEWHERE: Mapping[str, str] = MappingProxyType(
         "LAYERZERO_SYMM_MEM": "0: tensor-parallel engines keep every all-reduce on NCCL (docs/parallel.md)",
         "LAYERZERO_WORKER_PROFILE": "path prefix: TP worker ranks write a cProfile of their steps",
         "LAYERZERO_PIECEWISE_MAX_TOKENS": (
-            "default of CudaGraphKnobs.piecewise_max_tokens (0: off; unset: auto, 1024 on one GPU)"
+            "default of CudaGraphKnobs.piecewise_max_tokens (0: off; unset: auto, 1024 tokens)"
         ),
     }
 )

@@ -60,7 +60,7 @@ per-layer ``k_scale`` / ``v_scale`` (vLLM's ``kv_cache_dtype``; docs/engine.md "
 
 
 PIECEWISE_AUTO_TOKENS = 1024
-"""``CudaGraphKnobs.piecewise_max_tokens=None`` (auto) on one GPU: piecewise graphs up to this many tokens
+"""``CudaGraphKnobs.piecewise_max_tokens=None`` (auto): piecewise graphs up to this many tokens, at any TP
 (issue 37's TTFT range; the H200 measurements: ``benchmarks/results/engine/h200_2026-11-29_piecewise/``)."""
 
 

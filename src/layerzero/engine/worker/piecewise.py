@@ -24,8 +24,8 @@ Capture: largest bucket first, one memory pool of their own; each bucket warms u
 ``lz.capture_selection()`` (graph-safe kernels for the pieces, scored for in-graph time; each attention
 call under ``lz.capture_selection(False)``, as its replay selects), then captures on a side stream. The
 graphs come from ``new_graph`` (``torch.cuda.CUDAGraph``; tests pass a stand-in to run the same logic on
-the CPU). On by default on one GPU (``CudaGraphKnobs.piecewise_max_tokens`` None: up to 1,024 tokens),
-off with tensor parallelism until measured on two GPUs (:func:`piecewise_tokens`).
+the CPU). On by default at any tensor-parallel size (``CudaGraphKnobs.piecewise_max_tokens`` None: up to
+1,024 tokens; :func:`piecewise_tokens`).
 """
 
 from __future__ import annotations
