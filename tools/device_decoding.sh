@@ -14,6 +14,9 @@
 # Results under $OUT, packed into $OUT/decoding.tgz (a call brings back at most 8 files).
 # Usage: OUT=dir tools/device_decoding.sh STAGE [STAGE ...]
 set -uo pipefail
+# NVLink multicast off in every process, on every machine kind (harmless on one GPU; it can take a shared
+# host's GPUs out of service)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl .whl_srv/*.whl .whl_dec/*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/benchmarks TRITON_CACHE_DIR=$PWD/.fi_ws/triton
 D="$OUT/decoding"; mkdir -p "$D"

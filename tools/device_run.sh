@@ -58,6 +58,9 @@
 # JIT caches (FlashInfer workspace, Triton) live in the ignored .fi_ws/ of the checkout there: a device machine that is
 # still warm keeps them between calls.
 set -uo pipefail
+# NVLink multicast off in every process, on every machine kind (harmless on one GPU; it can take a shared
+# host's GPUs out of service)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 # SKIP_INSTALL=1: another device_run.sh of this call installed them already (two installs into one target race)
@@ -125,8 +128,7 @@ for stage in "$@"; do
     cold-start) timeout ${BENCH_TIMEOUT:-580} python3 benchmarks/engine/cold_start.py --cache-root /tmp/cold_caches \
         --out "$OUT/cold_start.md" ${COLD_ARGS:-} 2>&1 | tee "$OUT/cold_start.log" | grep "^|" | tail -12; rm -rf /tmp/cold_caches ;;
     bench-isolation) timeout 200 python3 benchmarks/bench_isolation.py --device cuda --out "$OUT/isolation_cuda.md" 2>&1 | tail -12 ;;
-    x2-*) export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-        P="$OUT/parallel_x2"; mkdir -p "$P"; python3 benchmarks/parallel/shapes.py --out /tmp/shapes > /dev/null
+    x2-*) P="$OUT/parallel_x2"; mkdir -p "$P"; python3 benchmarks/parallel/shapes.py --out /tmp/shapes > /dev/null
         x2_bench() {  # name tp [flags...]: one bench-engine run, its log and JSON under $P
           local name=$1 tp=$2; shift 2; local tag="${name}_tp${tp}${1:+_ep}"
           timeout ${BENCH_TIMEOUT:-200} python3 -m layerzero bench-engine --model /tmp/shapes/$name --load-format dummy \

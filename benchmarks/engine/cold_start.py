@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spawned", type=float, default=0.0, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     a.runs = max(2, a.runs)
+    bad = [w for w in a.warmups.split(",") if w not in ("on", "off")]
+    if bad or not a.warmups:
+        ap.error(f"--warmups: expected a comma-separated subset of on,off, got {a.warmups!r}")
     if a.child:
         print(json.dumps(child(a)), flush=True)
         return 0
