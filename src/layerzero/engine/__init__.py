@@ -10,7 +10,7 @@ from typing import Any
 
 from .config import EngineConfig
 from .llm import LLM
-from .outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput, SpecDecodeMetrics
 from .sampling_params import SamplingParams, StructuredOutputsParams
 from .spec_decode.config import SpeculativeConfig
 
@@ -23,6 +23,7 @@ __all__ = [
     "CompletionOutput",
     "EngineConfig",
     "EngineDeadError",
+    "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
     "SpecDecodeMetrics",

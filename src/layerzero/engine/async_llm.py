@@ -383,7 +383,7 @@ class AsyncLLM:
                 self._stats = sum_stats(self._replica_stats)
         if not outs.outputs:
             return
-        processed = self.output_processor.process_outputs(outs.outputs)
+        processed = self.output_processor.process_outputs(outs.outputs, outs.timestamp)
         streams, core_ids = self._streams, self._core_ids
         for out in processed.request_outputs:
             rid = core_ids.get(out.request_id)

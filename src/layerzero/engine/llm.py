@@ -241,8 +241,9 @@ class LLM:
         """Run one core step, hand each request's news to its box; return the step's core outputs."""
         with self._lock:
             try:
-                outs = self.engine.step().outputs
-                res = self.output_processor.process_outputs(outs)
+                step = self.engine.step()
+                outs = step.outputs
+                res = self.output_processor.process_outputs(outs, step.timestamp)
                 if res.aborts:  # stop strings: the core stops those completions before the next step
                     self.engine.abort_requests(res.aborts)
                 for ro in res.request_outputs:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CompletionOutput", "RequestOutput", "SpecDecodeMetrics", "merge_deltas"]
+__all__ = ["CompletionOutput", "RequestMetrics", "RequestOutput", "SpecDecodeMetrics", "merge_deltas"]
 
 
 @dataclass
@@ -54,6 +54,40 @@ class SpecDecodeMetrics:
 
 
 @dataclass
+class RequestMetrics:
+    """A request's times on the way to its first token (vLLM's ``RequestMetrics`` names), in
+    ``time.monotonic()`` seconds (Linux's CLOCK_MONOTONIC: one clock for the front end's and the engine core's
+    processes, so differences across them are meaningful; not wall time). ``arrival_time``: the front end
+    took the request (tokenized, validated; just before it goes to the core); ``first_scheduled_time``: the
+    core's first step of it started; ``time_in_queue``: seconds from the core receiving it to that step;
+    ``first_token_time``: the core's step that produced its first token ended (with async scheduling,
+    after the next step's launch); ``first_token_received_time``: the front end began handling that step's
+    message. None until known. Where the time to first token goes (:meth:`ttft_breakdown`)."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    time_in_queue: float | None = None
+    first_token_time: float | None = None
+    first_token_received_time: float | None = None
+
+    def ttft_breakdown(self) -> dict[str, float] | None:
+        """The time to first token split in milliseconds: ``to_core`` (the front end's send until the core
+        received it), ``queue`` (received until its first step started), ``engine`` (that step's start until
+        the first token's step ended: prefill, sampling, the read), ``to_front_end`` (the output
+        message's trip and its wait for the front end's event loop); None before the first token."""
+        s, q, t, r = (
+            self.first_scheduled_time,
+            self.time_in_queue,
+            self.first_token_time,
+            self.first_token_received_time,
+        )
+        if s is None or q is None or t is None or r is None:
+            return None
+        ms = {"to_core": s - q - self.arrival_time, "queue": q, "engine": t - s, "to_front_end": r - t}
+        return {k: round(1e3 * v, 3) for k, v in ms.items()}
+
+
+@dataclass
 class RequestOutput:
     """One request: its prompt (text, or None when given as token ids), prompt token ids, one
     :class:`CompletionOutput` per sample (``SamplingParams.n``), ``finished`` once all ended, and
@@ -65,7 +99,8 @@ class RequestOutput:
     waited in the engine core's queue before its first step (vLLM's ``time_in_queue``; the server's
     ``request_queue_time_seconds``), set from its first output on (in a stream: the first delta only), None
     before it was scheduled; ``spec_decode_metrics``: with speculative decoding on, its
-    :class:`SpecDecodeMetrics` so far (None when off)."""
+    :class:`SpecDecodeMetrics` so far (None when off); ``metrics``: the request's :class:`RequestMetrics`
+    (None from engines that do not time it)."""
 
     request_id: str
     prompt: str | None
@@ -77,6 +112,7 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, float] | None] | None = None
     queue_time: float | None = None
     spec_decode_metrics: SpecDecodeMetrics | None = None
+    metrics: RequestMetrics | None = None
 
 
 def merge_deltas(outs: list[RequestOutput]) -> RequestOutput:
@@ -110,4 +146,5 @@ def merge_deltas(outs: list[RequestOutput]) -> RequestOutput:
         next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None),
         next((o.queue_time for o in outs if o.queue_time is not None), None),
         last.spec_decode_metrics,
+        last.metrics,
     )

@@ -286,7 +286,7 @@ class MPClient:
     def _send(self, msg: Any) -> None:
         self.check_alive()
         try:
-            self._input.send(serial.encode(msg), self._zmq.NOBLOCK, copy=False)
+            self._input.send(serial.encode(msg), self._zmq.NOBLOCK)  # copied: cheaper for small messages
         except self._zmq.Again as exc:  # no peer any more: the core is gone
             self._mark_dead(self._death())
             raise self.dead_error from exc  # type: ignore[misc]

@@ -64,7 +64,7 @@ class EngineCoreProc:
         self._stats = getattr(core, "get_stats", None)
 
     def send(self, msg: Any) -> None:
-        self.output.send(serial.encode(msg), copy=False)
+        self.output.send(serial.encode(msg))  # copied: zero-copy sends cost more below ~64 KiB (pyzmq)
 
     def run(self) -> None:
         """The busy loop; returns on Shutdown, SIGTERM or the parent's death. A step that raises sends
@@ -84,7 +84,7 @@ class EngineCoreProc:
                         outs.stats = self._stats()
                     self.send(outs)
                 elif handled and self._stats is not None:  # gone idle: the front end's stats catch up
-                    self.send(EngineCoreOutputs([], time.time(), self._stats()))
+                    self.send(EngineCoreOutputs([], time.monotonic(), self._stats()))
         except _Stop:
             return
 
@@ -99,10 +99,10 @@ class EngineCoreProc:
             return False
         while True:
             try:
-                data = self.input.recv(zmq.NOBLOCK, copy=False)
+                data = self.input.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return True
-            self._handle(data.bytes if hasattr(data, "bytes") else data)
+            self._handle(data)
 
     def _handle(self, data: bytes) -> None:
         try:
@@ -121,7 +121,7 @@ class EngineCoreProc:
         elif isinstance(msg, AbortRequests):
             self.core.abort_requests(msg.aborts)
         elif isinstance(msg, UtilityCall):
-            self.output.send(self._utility(msg), copy=False)
+            self.output.send(self._utility(msg))
         elif isinstance(msg, Shutdown):
             raise _Stop
         else:
@@ -129,7 +129,7 @@ class EngineCoreProc:
 
     def _fail_request(self, request_id: str, why: str, n: int = 1) -> None:
         outs = [EngineCoreOutput(request_id, i, [], finish_reason="error", error=why) for i in range(n)]
-        self.send(EngineCoreOutputs(outs, time.time(), None))
+        self.send(EngineCoreOutputs(outs, time.monotonic(), None))
 
     def _utility(self, call: UtilityCall) -> bytes:
         """The encoded :class:`UtilityResult` of ``call``: its value, or the error it raised (a method off

@@ -253,7 +253,7 @@ class EngineCore(EngineLoop):
         with self.lock:
             self._run_step()
             outs, self._outputs = self._outputs, []
-            return EngineCoreOutputs(outs, time.time(), self._scheduler_stats())
+            return EngineCoreOutputs(outs, time.monotonic(), self._scheduler_stats())
 
     def shutdown(self) -> None:
         """Abort every request and release the model and the KV cache."""

@@ -278,10 +278,11 @@ class EngineLoop(StepRecovery):
         if seq.prompt_lp is not None and not seq.prompt_lp.sent:  # the request's first output: all are in
             seq.prompt_lp.sent = True
             prompt_lps = seq.prompt_lp.entries
-        queue_time = None
+        queue_time = scheduled = None
         if not seq.queue_time_sent and seq.first_scheduled_time is not None:
             seq.queue_time_sent = True
-            queue_time = seq.first_scheduled_time - seq.arrival_time
+            scheduled = seq.first_scheduled_time
+            queue_time = scheduled - seq.arrival_time
         self._outputs.append(
             EngineCoreOutput(
                 seq.request_id,
@@ -295,6 +296,7 @@ class EngineLoop(StepRecovery):
                 seq.num_cached_tokens,
                 queue_time=queue_time,
                 spec_decode=self._spec_counts(seq),
+                scheduled_time=scheduled,
             )
         )
         if reason is not None:

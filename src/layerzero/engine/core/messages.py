@@ -62,7 +62,9 @@ class EngineCoreOutput:
     ``finish_reason`` (``"stop"``, ``"length"``, ``"abort"``, ``"error"`` or None while running),
     ``stop_reason`` (the stop token id, or None), ``num_cached_tokens`` (prompt tokens served from the
     prefix cache), ``error`` (why the request failed, with ``finish_reason="error"``) and ``queue_time``
-    (seconds from the core receiving the request to its first step; sent once, with the first output);
+    (seconds from the core receiving the request to its first step) with ``scheduled_time`` (that first
+    step's start, ``time.monotonic()`` seconds: Linux's one monotonic clock for every process of the host;
+    both sent once, with the first output);
     ``spec_decode`` (speculative decoding on: the completion's ``[verification steps, draft tokens, accepted
     drafts]`` so far; None when off)."""
 
@@ -78,6 +80,7 @@ class EngineCoreOutput:
     error: str | None = None
     queue_time: float | None = None
     spec_decode: list[int] | None = None
+    scheduled_time: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -108,7 +111,9 @@ class SchedulerStats:
 
 @dataclass
 class EngineCoreOutputs:
-    """One step's outputs, ``timestamp`` (``time.time()`` when the step ended) and the core's stats."""
+    """One step's outputs, ``timestamp`` (``time.monotonic()`` seconds when the step's outputs were ready: one
+    clock for every process of the host, so the front end can time the message's trip) and the core's
+    stats."""
 
     outputs: list[EngineCoreOutput] = field(default_factory=list)
     timestamp: float = 0.0

@@ -85,14 +85,19 @@ class InputProcessor:
             where = "prompt token id"
         else:
             raise bad_input("prompt", "a string or a list of token ids", type(prompt).__name__)
-        bad = next(
-            (
-                t
-                for t in ids
-                if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral) or not 0 <= t < v
-            ),
-            None,
-        )
+        if ids and all(type(t) is int for t in ids):  # plain ints (JSON, tokenizers): no ABC check per id
+            bad = None if 0 <= min(ids) and max(ids) < v else next(t for t in ids if not 0 <= t < v)
+        else:
+            bad = next(
+                (
+                    t
+                    for t in ids
+                    if isinstance(t, (bool, np.bool_))
+                    or not isinstance(t, numbers.Integral)
+                    or not 0 <= t < v
+                ),
+                None,
+            )
         if bad is not None:
             fix = "The tokenizer does not match the model's vocabulary." if text is not None else None
             raise bad_input(where, f"an int in [0, {v})", repr(bad), fix)

@@ -8,12 +8,13 @@ which may still become a stop string, logprobs accumulated per completion, and t
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..core.messages import EngineCoreAbort, EngineCoreOutput
 from ..errors import bad_input
-from ..outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
+from ..outputs import CompletionOutput, RequestMetrics, RequestOutput, SpecDecodeMetrics
 from ..sampling_params import SamplingParams
 from .detokenizer import Detokenizer
 
@@ -71,6 +72,7 @@ class _Request:
         "comps",
         "error",
         "kind",
+        "metrics",
         "num_cached",
         "params",
         "plp_sent",
@@ -109,6 +111,7 @@ class _Request:
         self.plp_sent = False  # a delta has returned them
         self.queue_time: float | None = None  # the core sends it once, with the first output
         self.queue_time_sent = False
+        self.metrics = RequestMetrics(time.monotonic())
 
     @property
     def finished(self) -> bool:
@@ -166,10 +169,15 @@ class OutputProcessor:
                 c.finish_reason = "abort"
         return self._output(req)
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
+    def process_outputs(
+        self, outputs: list[EngineCoreOutput], timestamp: float | None = None
+    ) -> ProcessedOutputs:
         """Apply one step's core outputs (outputs of requests not tracked, of completion indexes the request
-        does not have, or of completions that ended already, are ignored)."""
+        does not have, or of completions that ended already, are ignored). ``timestamp``: the step's
+        :attr:`EngineCoreOutputs.timestamp` (``time.monotonic()`` seconds; None: now), for
+        :class:`RequestMetrics`."""
         res = ProcessedOutputs()
+        now = time.monotonic()
         touched: dict[str, _Request] = {}
         for o in outputs:
             req = self.requests.get(o.request_id)
@@ -178,7 +186,11 @@ class OutputProcessor:
             if o.prompt_logprobs is not None and req.prompt_logprobs is None:
                 req.prompt_logprobs = o.prompt_logprobs
             if o.queue_time is not None and req.queue_time is None:
-                req.queue_time = o.queue_time
+                req.queue_time = req.metrics.time_in_queue = o.queue_time
+                req.metrics.first_scheduled_time = o.scheduled_time
+            if o.new_token_ids and req.metrics.first_token_received_time is None:
+                req.metrics.first_token_time = now if timestamp is None else timestamp
+                req.metrics.first_token_received_time = now
             c = req.comps[o.index]
             if c.finished:
                 continue
@@ -268,6 +280,7 @@ class OutputProcessor:
             plp,
             queue_time,
             _spec_metrics(req.comps),
+            req.metrics,
         )
 
 

@@ -250,6 +250,7 @@ def run_server(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
     from layerzero.engine import AsyncLLM
 
     check_bind(args.host, _api_key(args), bool(args.allow_unauthenticated))
+    configure_logging()
     engine = AsyncLLM(**engine_options)
     try:
         app = build_app(engine, args)
@@ -260,6 +261,23 @@ def run_server(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
     finally:
         engine.shutdown()
     return 0
+
+
+def configure_logging(stream: Any = None) -> logging.Handler | None:
+    """Print LayerZero's log records (the start-up line, one ``request_finished`` JSON line per request
+    with its ``ttft_breakdown_ms``, warnings) to ``stream`` (None: stderr) as uvicorn prints its own, at
+    INFO unless ``LAYERZERO_LOG_LEVEL`` or the application set a level. Does nothing when the ``layerzero``
+    logger or the root logger has a handler already (the application configured logging); returns the
+    handler added."""
+    lg = logging.getLogger("layerzero")
+    if lg.handlers or logging.getLogger().handlers:
+        return None
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s"))
+    lg.addHandler(handler)
+    if lg.level == logging.NOTSET:  # LAYERZERO_LOG_LEVEL, applied when LayerZero's config loads, wins
+        lg.setLevel(logging.INFO)
+    return handler
 
 
 def _http_stack(find_spec: Any = importlib.util.find_spec) -> str:

@@ -1,5 +1,7 @@
 """The ASGI middleware in front of every route: the API key, the body size and the body's arrival time.
 
+- Every HTTP request's arrival (``time.monotonic()`` before anything else runs) is put in its scope under
+  :data:`ARRIVAL`: the server's time to first token counts from there.
 - With an API key set, every route but ``/health`` needs ``Authorization: Bearer <key>`` (compared with
   ``hmac.compare_digest``: constant time); otherwise 401 ``invalid_api_key``.
 - A body over ``max_request_bytes`` is a 413 ``request_too_large``: a ``Content-Length`` over the limit is
@@ -21,7 +23,16 @@ from typing import Any
 from .errors import OpenAIError
 from .responses import OPEN_ROUTES
 
-__all__ = ["Guard"]
+__all__ = ["ARRIVAL", "Guard", "arrival_of"]
+
+ARRIVAL = "layerzero.arrival"
+"""The ASGI scope key (an extension key) of the request's arrival, ``time.monotonic()`` seconds."""
+
+
+def arrival_of(request: Any) -> float | None:
+    """The arrival :class:`Guard` stamped on ``request`` (a Starlette ``Request``), None without one."""
+    scope = getattr(request, "scope", None)
+    return scope.get(ARRIVAL) if isinstance(scope, dict) else None
 
 
 class Guard:
@@ -43,6 +54,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope[ARRIVAL] = time.monotonic()
         headers = dict(scope.get("headers") or ())
         if self.key is not None and scope.get("path") not in OPEN_ROUTES:
             auth = headers.get(b"authorization", b"")

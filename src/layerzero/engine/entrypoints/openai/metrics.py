@@ -200,18 +200,22 @@ class ServerMetrics:
 
         return generate_latest(self.registry)
 
-    def clock(self, prompt_tokens: int) -> RequestClock:
-        """Start timing one request (counts its prompt tokens)."""
+    def clock(self, prompt_tokens: int, arrival: float | None = None) -> RequestClock:
+        """Start timing one request (counts its prompt tokens); ``arrival``: when its HTTP request arrived
+        (``time.monotonic()``; None: now)."""
         self.prompt_tokens.inc(prompt_tokens)
-        return RequestClock(self)
+        return RequestClock(self, arrival)
 
 
 class RequestClock:
-    """One request's times: arrival, first token, last token; feeds the histograms as outputs arrive."""
+    """One request's times (``time.monotonic()`` seconds): arrival (``arrival``: its HTTP request's; None:
+    now), the engine request's start (``started``), first token, last token; feeds the histograms as outputs
+    arrive."""
 
-    def __init__(self, metrics: ServerMetrics) -> None:
+    def __init__(self, metrics: ServerMetrics, arrival: float | None = None) -> None:
         self.m = metrics
-        self.arrival = time.monotonic()
+        self.started = time.monotonic()
+        self.arrival = self.started if arrival is None else arrival
         self.first: float | None = None
         self.last: float | None = None
         self.output_tokens = 0

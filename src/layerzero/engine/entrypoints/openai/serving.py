@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from layerzero.engine import SamplingParams
+from layerzero.engine import RequestMetrics, SamplingParams
 
 from .errors import OpenAIError, invalid_input
 from .logprobs import TokenStrings
-from .metrics import ServerMetrics
+from .metrics import RequestClock, ServerMetrics
 from .protocol import UNSUPPORTED
 from .structured import structured_outputs_from
 
@@ -158,16 +158,24 @@ class ServerState:
 
     # ------------------------------------------------------------------------------------------ running
     async def run(
-        self, rid: str, ids: list[int], params: SamplingParams, priority: int, text: str | None
+        self,
+        rid: str,
+        ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        text: str | None,
+        arrival: float | None = None,
     ) -> AsyncIterator[Any]:
         """Stream one engine request's deltas; leaving early (the client left, an error, cancellation) aborts
-        it. Feeds the metrics and logs one line when it ends."""
+        it. Feeds the metrics and logs one line when it ends. ``arrival``: when the HTTP request arrived
+        (``guard.arrival_of``; None: now), where its ``ttft_s`` and latency start."""
         engine, m = self.engine, self.metrics
-        clock = m.clock(len(ids)) if m is not None else None
+        clock = m.clock(len(ids), arrival) if m is not None else None
         self.active.add(rid)
-        finished, reasons, n_out = False, [None] * params.n, 0
+        finished, reasons, n_out, times = False, [None] * params.n, 0, None
         try:
             async for out in engine.generate(ids, params, rid, priority=priority):
+                times = getattr(out, "metrics", None) or times
                 k = sum(len(c.token_ids) for c in out.outputs)
                 n_out += k
                 if clock is not None:
@@ -193,10 +201,30 @@ class ServerState:
                 "ttft_s": None if clock is None or clock.ttft is None else round(clock.ttft, 6),
                 "latency_s": None if e2e is None else round(e2e, 6),
                 "finish_reason": reasons if len(reasons) > 1 else reasons[0],
+                "ttft_breakdown_ms": None if clock is None else ttft_breakdown(clock, times),
             }
             if self.log_requests:
                 line["prompt"] = text if text is not None else ids
             log.info(json.dumps(line))
+
+
+def ttft_breakdown(clock: RequestClock, times: RequestMetrics | None) -> dict[str, float] | None:
+    """Where a request's time to first token went, in milliseconds (None before its first token, or from an
+    engine that does not time requests): ``http`` (the HTTP request's arrival until its engine request
+    started: the body's parsing and validation, the chat template, tokenization), ``input`` (the engine's
+    input processing until it sent the request to the core), :meth:`RequestMetrics.ttft_breakdown`'s
+    ``to_core``, ``queue``, ``engine`` and ``to_front_end``, and ``to_stream`` (the front end's handling
+    until this request's stream saw the token). Their sum is the server's ``ttft_s``; the HTTP request's
+    own transfer before and the response's write after are not in it."""
+    parts = None if times is None else times.ttft_breakdown()
+    if parts is None or clock.first is None or times is None or times.first_token_received_time is None:
+        return None
+    return {
+        "http": round(1e3 * (clock.started - clock.arrival), 3),
+        "input": round(1e3 * (times.arrival_time - clock.started), 3),
+        **parts,
+        "to_stream": round(1e3 * (clock.first - times.first_token_received_time), 3),
+    }
 
 
 async def _abort(engine: Any, rid: str) -> None:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .errors import OpenAIError
+from .guard import arrival_of
 from .logprobs import chat_logprobs
 from .protocol import ChatCompletionRequest, ChatMessage
 from .serving import ServerState, merge, random_id
@@ -96,7 +97,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         raise invalid_input(exc, {"logprobs": "top_logprobs", "prompt": "messages"}) from exc
     state.check_length(len(ids), max_tokens, "messages")
     rid, created, n = random_id("chatcmpl"), int(time.time()), req.n
-    gen = state.run(rid, ids, params, req.priority, None)
+    gen = state.run(rid, ids, params, req.priority, None, arrival_of(raw))
     head = {"id": rid, "object": "chat.completion", "created": created, "model": model}
     usage = {"prompt_tokens": len(ids), "completion_tokens": 0}
 

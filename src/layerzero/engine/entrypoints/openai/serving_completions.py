@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .errors import OpenAIError, invalid_input
+from .guard import arrival_of
 from .logprobs import LegacyLogprobs
 from .protocol import CompletionRequest
 from .serving import ServerState, log, merge, random_id
@@ -107,7 +108,11 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Any
             text = tok.decode(ids, skip_special_tokens=False) if tok is not None else ""
         checked.append((text, list(ids)))
     rid, created, n = random_id("cmpl"), int(time.time()), req.n
-    gens = [state.run(f"{rid}-{i}", ids, params, req.priority, text) for i, (text, ids) in enumerate(checked)]
+    arrival = arrival_of(raw)
+    gens = [
+        state.run(f"{rid}-{i}", ids, params, req.priority, text, arrival)
+        for i, (text, ids) in enumerate(checked)
+    ]
     head = {"id": rid, "object": "text_completion", "created": created, "model": model}
     choices = {
         (i, j): _Choice(state, req.logprobs is not None) for i in range(len(checked)) for j in range(n)

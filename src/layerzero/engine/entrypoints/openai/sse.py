@@ -4,6 +4,10 @@ A stream is ``data: {json}\\n\\n`` chunks, then ``data: [DONE]\\n\\n``; an error
 one ``data: {"error": {...}}`` chunk before ``[DONE]`` (the status is already 200). A client that disconnects
 cancels the handler at once, streaming or not (:class:`SSEResponse`, :func:`until_disconnect`), so the engine
 request's ``finally`` aborts it within a step instead of when the next chunk fails to send.
+
+A stream starts at once: :class:`SSEResponse` begins computing its first chunk (which sends the engine
+request to the core) when it is built, not when Starlette first iterates it, so the engine's prefill runs
+while the response's headers are sent (:class:`EagerStream`); the response always closes it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-__all__ = ["DONE", "SSEResponse", "event", "until_disconnect"]
+__all__ = ["DONE", "EagerStream", "SSEResponse", "event", "until_disconnect"]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -28,6 +32,35 @@ async def _wait_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
         msg = await receive()
         if msg["type"] == "http.disconnect":
             return
+
+
+class EagerStream:
+    """``body`` (an async generator) started now: its first item is computed by a task from the next turn of
+    the loop, while the caller goes on (e.g. builds and starts the response); iteration returns that item,
+    then the rest. :meth:`aclose` cancels the first item if it is still pending and closes ``body`` (the
+    engine request aborts itself), so it must be called when the stream is abandoned."""
+
+    def __init__(self, body: AsyncIterator[Any]) -> None:
+        self.body = body
+        self.first: asyncio.Future[Any] | None = asyncio.ensure_future(body.__anext__())
+
+    def __aiter__(self) -> EagerStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        first, self.first = self.first, None
+        if first is not None:
+            return await first  # StopAsyncIteration and errors come through
+        return await self.body.__anext__()
+
+    async def aclose(self) -> None:
+        first, self.first = self.first, None
+        if first is not None:
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+        aclose = getattr(self.body, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def _response_classes() -> Any:
@@ -48,6 +81,9 @@ def _response_classes() -> Any:
                 for t in (stream, gone):
                     t.cancel()
                 res = await asyncio.gather(stream, gone, return_exceptions=True)
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:  # a stream cut short (the client left) ends its engine request
+                    await aclose()
             if isinstance(res[0], Exception) and not isinstance(res[0], OSError | asyncio.CancelledError):
                 raise res[0]
 
@@ -55,8 +91,12 @@ def _response_classes() -> Any:
 
 
 def SSEResponse(body: AsyncIterator[bytes]) -> Any:  # noqa: N802 - a response class, built lazily
-    """A ``text/event-stream`` response of ``body`` that cancels it when the client leaves."""
-    return _response_classes()(body, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    """A ``text/event-stream`` response of ``body`` (an async generator, started now: :class:`EagerStream`)
+    that cancels and closes it when the client leaves. Call it inside the running loop and return it (the
+    response's ``__call__`` closes the stream)."""
+    return _response_classes()(
+        EagerStream(body), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 async def until_disconnect(request: Any, work: Awaitable[Any]) -> Any:
