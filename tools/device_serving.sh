@@ -5,6 +5,7 @@
 #          160-token prompts, max_tokens=1: offline (LLM.generate) 0, 50 and 1,000 ms apart, then
 #          `layerzero serve` with its log 50 and 1,000 ms apart (63 requests; 23 at 1,000 ms); the server's
 #          ttft_breakdown_ms medians beside the client's TTFT, into $OUT/ttft/
+#   idle   offline, unique prompts 200 ms apart, the gap asleep then busy (CPU idle states vs the GPU's)
 #   prof   py-spy (--idle) of offline and of the server (both processes), unique prompts 50 ms apart, into
 #          $OUT/prof.tgz (raw collapsed stacks: the core's step set against LLM.generate's)
 #   rate1  serve_and_bench.py --scale full --rates 1 --num-prompts 64 (the target's own measurement; server.log
@@ -35,7 +36,7 @@ for stage in "${STAGES[@]}"; do
       done
       python3 -m layerzero serve --model "$MODEL" --port 8011 > "$OUT/ttft/server.log" 2>&1 &
       SP=$!
-      for _ in $(seq 1 300); do curl -sf 127.0.0.1:8011/health > /dev/null && break; sleep 1; done
+      for _ in $(seq 1 300); do curl -sf 127.0.0.1:8011/health > /dev/null && break; kill -0 $SP || break; sleep 1; done
       for G in 50 1000; do
         N=63; [ $G = 1000 ] && N=23
         python3 $TS --port 8011 --requests $N --max-tokens 1 --prompt-len 160 --prompts unique --gap-ms $G \
@@ -44,19 +45,30 @@ for stage in "${STAGES[@]}"; do
       done
       kill -INT $SP; wait $SP
       ;;
+    idle)
+      # the idle penalty: offline requests 200 ms apart, the gap asleep then spent busy on the CPU
+      mkdir -p "$OUT/idle"
+      for M in sleep spin; do
+        python3 $TS --offline "$MODEL" --device cuda --requests 33 --prompt-len 160 --prompts unique --gap-ms 200 \
+          --gap-mode $M > "$OUT/idle/offline_$M.json" 2> "$OUT/idle/offline_$M.log" || rc=1
+        echo "offline gap 200 $M: $(tail -1 "$OUT/idle/offline_$M.json")"
+      done
+      ;;
     prof)
       # py-spy (--idle: waits too) of the offline engine and of the server's two processes, unique prompts 50 ms
       # apart, to set the core's step against LLM.generate's frame by frame (raw collapsed stacks)
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/py_spy*.whl 2>&1 | tail -1
+      # its own target: pip --target skips a bin/ that exists already (the serve wheels made one)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/pyspy .whl/py_spy*.whl 2>&1 | tail -1
+      SPY=/tmp/pyspy/bin/py-spy
       mkdir -p "$OUT/prof"
-      /tmp/site/bin/py-spy record --idle --nonblocking -r 1000 -f raw -o "$OUT/prof/offline.raw" -- \
+      $SPY record --idle --nonblocking -r 1000 -f raw -o "$OUT/prof/offline.raw" -- \
         python3 $TS --offline "$MODEL" --device cuda --requests 43 --prompt-len 160 --prompts unique \
         > "$OUT/prof/offline.json" 2> "$OUT/prof/offline.log" || rc=1
       echo "offline: $(tail -1 "$OUT/prof/offline.json")"
-      /tmp/site/bin/py-spy record --idle --nonblocking --subprocesses -r 1000 -f raw -o "$OUT/prof/server.raw" -- \
+      $SPY record --idle --nonblocking --subprocesses -r 1000 -f raw -o "$OUT/prof/server.raw" -- \
         python3 -m layerzero serve --model "$MODEL" --port 8012 > "$OUT/prof/server.log" 2>&1 &
       SP=$!
-      for _ in $(seq 1 300); do curl -sf 127.0.0.1:8012/health > /dev/null && break; sleep 1; done
+      for _ in $(seq 1 300); do curl -sf 127.0.0.1:8012/health > /dev/null && break; kill -0 $SP || break; sleep 1; done
       python3 $TS --port 8012 --requests 43 --max-tokens 1 --prompt-len 160 --prompts unique \
         --server-log "$OUT/prof/server.log" > "$OUT/prof/server.json" || rc=1
       echo "server: $(tail -1 "$OUT/prof/server.json")"

@@ -30,6 +30,17 @@ def _prompt(i: int, n: int, unique: bool = False) -> list[int]:
     return [3 + (j * 7) % 400 for j in range(n - 1)] + [3 + i % 400]
 
 
+def _gap(seconds: float, spin: bool) -> None:
+    """Wait ``seconds`` between two requests: asleep, or (``spin``) busy on this thread, which keeps a CPU
+    core clocked up (tells the CPU's idle states apart from the GPU's as the cause of a slower first step)."""
+    if not spin:
+        time.sleep(seconds)
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def _summary(ms: list[float], parts: list[dict[str, float]] | None = None) -> dict[str, Any]:
     ms = ms[3:]
     out: dict[str, Any] = {
@@ -60,7 +71,9 @@ def server_log_breakdown(path: str, n: int) -> dict[str, Any]:
     return out
 
 
-def server(port: int, n: int, max_tokens: int, plen: int, unique: bool, gap_s: float) -> dict[str, Any]:
+def server(
+    port: int, n: int, max_tokens: int, plen: int, unique: bool, gap_s: float, spin: bool
+) -> dict[str, Any]:
     """TTFTs (ms) of ``n`` sequential streamed requests to 127.0.0.1:``port``."""
     import httpx
 
@@ -77,11 +90,13 @@ def server(port: int, n: int, max_tokens: int, plen: int, unique: bool, gap_s: f
                     if first is None and line.startswith("data:"):
                         first = time.perf_counter() - t0
             out.append(1e3 * first)
-            time.sleep(gap_s)
+            _gap(gap_s, spin)
     return _summary(out)
 
 
-def offline(model: str, n: int, plen: int, device: str, unique: bool, gap_s: float) -> dict[str, Any]:
+def offline(
+    model: str, n: int, plen: int, device: str, unique: bool, gap_s: float, spin: bool
+) -> dict[str, Any]:
     """``LLM.generate`` (``max_tokens=1``) of the same prompts, one at a time (ms each) on ``device`` (CPU:
     the server's flags above; CUDA: the defaults), with each request's engine parts."""
     from layerzero.engine import LLM, SamplingParams
@@ -97,7 +112,7 @@ def offline(model: str, n: int, plen: int, device: str, unique: bool, gap_s: flo
         out.append(1e3 * (time.perf_counter() - t0))
         m = res[0].metrics
         parts.append(None if m is None else m.ttft_breakdown())
-        time.sleep(gap_s)
+        _gap(gap_s, spin)
     llm.shutdown()
     return _summary(out, parts)
 
@@ -114,12 +129,29 @@ def main(argv: list[str] | None = None) -> int:
         "--prompts", choices=("shared", "unique"), default="shared", help="prefix-cache hits or none"
     )
     ap.add_argument("--gap-ms", type=float, default=50.0, help="idle time between two requests (ms)")
+    ap.add_argument("--gap-mode", choices=("sleep", "spin"), default="sleep", help="how the gap is spent")
     ap.add_argument("--server-log", default=None, metavar="FILE", help="the server's log: add its breakdown")
     a = ap.parse_args(argv)
     if a.offline:
-        res = offline(a.offline, a.requests, a.prompt_len, a.device, a.prompts == "unique", a.gap_ms / 1e3)
+        res = offline(
+            a.offline,
+            a.requests,
+            a.prompt_len,
+            a.device,
+            a.prompts == "unique",
+            a.gap_ms / 1e3,
+            a.gap_mode == "spin",
+        )
     else:
-        res = server(a.port, a.requests, a.max_tokens, a.prompt_len, a.prompts == "unique", a.gap_ms / 1e3)
+        res = server(
+            a.port,
+            a.requests,
+            a.max_tokens,
+            a.prompt_len,
+            a.prompts == "unique",
+            a.gap_ms / 1e3,
+            a.gap_mode == "spin",
+        )
         if a.server_log:
             time.sleep(0.5)  # the last request's line is written after its stream ends
             res.update(server_log_breakdown(a.server_log, a.requests))

@@ -68,6 +68,7 @@ ENGINE_KWARGS = (
     "load_format",
     "speculative_config",
     "logits_processors",
+    "idle_poll_s",
 )
 """The ``LLM`` / ``AsyncLLM`` keywords :func:`engine_kwargs` returns, each set by the flag ``--<name with
 dashes>``: every ``EngineConfig`` field but ``cuda_graph`` (a knob set, not a command-line value)."""
@@ -108,6 +109,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         ("warmup", "dummy steps over the step shapes at start-up (compiles kernels); on for CUDA"),
     ):
         g.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None, help=what)
+    g.add_argument(
+        "--idle-poll-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the engine core polls busy this long after its last step, then blocks (2 on CUDA, 0 on CPU)",
+    )
     p = parser.add_argument_group("parallel", "ranks holding the model (docs/parallel.md)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="one process and GPU per rank")
     p.add_argument(

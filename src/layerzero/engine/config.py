@@ -193,6 +193,7 @@ class EngineConfig:
     load_format: str = "auto"
     speculative_config: SpeculativeConfig | None = None
     logits_processors: tuple[Any, ...] = ()
+    idle_poll_s: float | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = True) -> None:
@@ -260,6 +261,15 @@ class EngineConfig:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise bad_config("LLM seed", "an int", repr(self.seed))
+        ip = self.idle_poll_s
+        if ip is not None and (
+            isinstance(ip, bool) or not isinstance(ip, int | float) or not 0 <= ip < float("inf")
+        ):
+            raise bad_config(
+                "LLM idle_poll_s",
+                "None or a finite number of seconds >= 0 (None: 2 on CUDA, 0 on CPU)",
+                repr(ip),
+            )
         if not isinstance(self.cuda_graph, CudaGraphKnobs):
             raise bad_config(
                 "LLM cuda_graph",

@@ -99,6 +99,13 @@ class LLM:
             ``SpeculativeConfig``; None: off (docs/decoding.md, "Speculative decoding").
         logits_processors (keyword): logits-processor plugins, vLLM v1's interface: classes or
             ``"module:Class"`` names (docs/decoding.md, "Token restrictions and logits processors").
+        idle_poll_s (keyword; :class:`AsyncLLM`'s engine core process only, ``LLM`` has no idle loop): seconds
+            the core keeps polling for new requests, busy, after its last step, before it blocks until one
+            comes (SGLang's scheduler always polls). A blocked core sleeps on a CPU that drops into idle
+            states; its next request then waits for it to wake (~0.5 ms) and runs its host-bound first step
+            on cold caches and clocks (+15% on the 2-core CPU VM, +40-50% for a prefill on the H200 after
+            50 ms-1 s idle: docs/serving.md, "Measured"). Costs one CPU core while it polls. None: 2 on
+            CUDA, 0 (off) on CPU, where the engine's own threads need the cores.
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its

@@ -3,9 +3,11 @@ main; :class:`EngineCoreProc` its busy loop.
 
 The loop drains every message waiting on the input socket (requests, aborts, utility calls, shutdown), then
 runs one step while the core has work and sends that step's :class:`EngineCoreOutputs` as one message. With
-no work it blocks on the input socket (and on the parent's sentinel: a parent that died takes the core with
-it). New requests therefore join the running batch at the next step. Messages are msgpack
-(:mod:`.serial`); SIGINT is ignored (the front end decides when to stop), SIGTERM exits cleanly.
+no work it polls the input socket, busy, for ``idle_poll_s`` seconds after its last step (a request that
+comes then meets an awake CPU: see ``LLM``'s ``idle_poll_s``), then blocks on it (and on the parent's
+sentinel: a parent that died takes the core with it). New requests therefore join the running batch at the
+next step. Messages are msgpack (:mod:`.serial`); SIGINT is ignored (the front end decides when to stop),
+SIGTERM exits cleanly.
 """
 
 from __future__ import annotations
@@ -51,7 +53,15 @@ class EngineCoreProc:
     """Runs ``core`` (an :class:`~.messages.EngineCoreProtocol`) behind two connected zmq sockets:
     ``input`` (PULL: messages from the front end) and ``output`` (PUSH: messages to it)."""
 
-    def __init__(self, core: Any, input_socket: Any, output_socket: Any, parent_sentinel: int | None) -> None:
+    def __init__(
+        self,
+        core: Any,
+        input_socket: Any,
+        output_socket: Any,
+        parent_sentinel: int | None,
+        idle_poll_s: float = 0.0,
+        clock: Any = time.monotonic,
+    ) -> None:
         import zmq
 
         self.core, self.input, self.output = core, input_socket, output_socket
@@ -62,6 +72,8 @@ class EngineCoreProc:
         if parent_sentinel is not None:
             self.poller.register(parent_sentinel, zmq.POLLIN)
         self._stats = getattr(core, "get_stats", None)
+        self.idle_poll_s, self.clock = float(idle_poll_s), clock
+        self.last_step = clock()
 
     def send(self, msg: Any) -> None:
         self.output.send(serial.encode(msg))  # copied: zero-copy sends cost more below ~64 KiB (pyzmq)
@@ -73,13 +85,14 @@ class EngineCoreProc:
         try:
             while True:
                 busy = core.has_unfinished_requests()
-                handled = self._drain(block=not busy)
+                handled = self._drain(block=False) if busy else self._wait_idle()
                 if core.has_unfinished_requests():
                     try:
                         outs = core.step()
                     except Exception as exc:
                         self.send(CoreFailed(type(exc).__name__, str(exc), "step", traceback.format_exc()))
                         raise
+                    self.last_step = self.clock()
                     if outs.stats is None and self._stats is not None:
                         outs.stats = self._stats()
                     self.send(outs)
@@ -87,6 +100,15 @@ class EngineCoreProc:
                     self.send(EngineCoreOutputs([], time.monotonic(), self._stats()))
         except _Stop:
             return
+
+    def _wait_idle(self) -> bool:
+        """Wait for messages with no work: poll without blocking until one comes or ``idle_poll_s`` seconds
+        have passed since the last step, then block; whether any was handled."""
+        end = self.last_step + self.idle_poll_s
+        while self.clock() < end:
+            if self._drain(block=False):
+                return True
+        return self._drain(block=True)
 
     def _drain(self, block: bool) -> bool:
         """Handle every message waiting (waiting for the first one when ``block``); whether any was."""
@@ -200,7 +222,10 @@ def run_engine_core(
             "pid": os.getpid(),
         }
         out.send(serial.encode(CoreReady(info)))
-        EngineCoreProc(core, inp, out, parent.sentinel if parent is not None else None).run()
+        idle = ec.idle_poll_s
+        if idle is None:
+            idle = 2.0 if getattr(getattr(core, "device", None), "type", None) == "cuda" else 0.0
+        EngineCoreProc(core, inp, out, parent.sentinel if parent is not None else None, idle).run()
     except SystemExit:
         pass
     except Exception as exc:
