@@ -5,11 +5,10 @@ OpenAI-compatible server). :func:`add_parsers` adds them to ``layerzero.cli``'s 
 :func:`add_engine_args` and :func:`engine_kwargs` are the engine flags ``generate`` and ``serve`` share (every
 ``LLM`` option).
 
-Kept apart from the library's subcommands (``cli.py``: ``doctor``, ``explain``, ``tune``, ...): they are the
-only code outside the engine that imports it (DESIGN.md, "The engine"); the imports are inside the commands,
-so building the parser (``layerzero --help``, ``layerzero doctor``) does not import the engine, and ``serve``
-adds the server's own flags (``layerzero.engine.entrypoints.openai.api_server.add_server_args``) only when it
-parses.
+Kept apart from the library's subcommands (``cli.py``: ``doctor``, ``explain``, ``tune``, ...): the only code
+outside the engine that imports it (DESIGN.md, "The engine"), inside the commands, so building the parser
+(``layerzero --help``, ``doctor``) does not import it; ``serve`` adds the server's own flags
+(``layerzero.engine.entrypoints.openai.api_server.add_server_args``) only when it parses.
 
 ``generate`` exits 1 when a request fails inside a step (the reason on stderr); LayerZero errors exit 2
 (``layerzero.cli.main``)."""
@@ -109,13 +108,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         ("warmup", "dummy steps over the step shapes at start-up (compiles kernels); on for CUDA"),
     ):
         g.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None, help=what)
-    g.add_argument(
-        "--idle-poll-s",
-        type=float,
-        default=None,
-        metavar="S",
-        help="the engine core polls busy this long after its last step, then blocks (2 on CUDA, 0 on CPU)",
-    )
+    idle = "the core polls busy this long after a step, then blocks (2 on CUDA, 0 on CPU)"
+    g.add_argument("--idle-poll-s", type=float, default=None, metavar="S", help=idle)
     p = parser.add_argument_group("parallel", "ranks holding the model (docs/parallel.md)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="one process and GPU per rank")
     p.add_argument(

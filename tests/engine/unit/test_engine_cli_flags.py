@@ -42,6 +42,7 @@ DEFAULTS = {  # LLM(...)'s defaults, by hand (its docstring / signature)
     "load_format": "auto",
     "speculative_config": None,
     "logits_processors": (),
+    "idle_poll_s": None,
 }
 
 CASES = [
@@ -83,6 +84,7 @@ CASES = [
     (["--load-format", "dummy"], {"load_format": "dummy"}),
     (["--speculative-config", '{"method": "ngram"}'], {"speculative_config": '{"method": "ngram"}'}),
     (["--logits-processors", "a:B", "c.D"], {"logits_processors": ["a:B", "c.D"]}),
+    (["--idle-poll-s", "0.5"], {"idle_poll_s": 0.5}),
 ]
 
 
