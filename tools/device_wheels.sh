@@ -2,7 +2,7 @@
 # Download the wheels the device stages install (Python 3.12, x86-64; git ignores these folders), so a fresh
 # checkout can carry them: .whl (pytest-xdist, execnet, py-spy; GPU=1 adds ../shared/tools/gpu-wheels.sh's
 # FlashInfer / Liger / xFormers), .whl_srv (the serve extra with its dependencies: fastapi, uvicorn, uvloop,
-# httptools, pydantic, msgpack, pyzmq, httpx, ...), .whl_dec (the structured extra: xgrammar, llguidance,
+# httptools, pydantic, msgpack, pyzmq, httpx, aiohttp, ...), .whl_dec (the structured extra: xgrammar, llguidance,
 # jsonschema). The device image has torch, numpy, transformers, prometheus-client; everything here is
 # installed there with `pip install --no-index --no-deps --target /tmp/site`.
 # Usage: tools/device_wheels.sh   (about 40 MB in all; the carried tree is limited to 64 MiB)
@@ -19,7 +19,7 @@ dl() {  # dl DIR [--no-deps] REQ...: binary wheels for CPython 3.12 on manylinux
 }
 dl .whl --no-deps pytest-xdist execnet py-spy
 if [ "${GPU:-0}" = 1 ]; then ../shared/tools/gpu-wheels.sh; fi
-dl .whl_srv fastapi uvicorn uvloop httptools pydantic msgpack pyzmq httpx
+dl .whl_srv fastapi uvicorn uvloop httptools pydantic msgpack pyzmq httpx aiohttp
 # the image has these already (and torch pins some): keep its copies
 rm -f .whl_srv/typing_extensions-* .whl_srv/numpy-*
 dl .whl_dec --no-deps xgrammar llguidance jsonschema jsonschema-specifications referencing rpds-py attrs

@@ -205,11 +205,13 @@ def _cfg(url: str, **kw):
     return BenchServeConfig(**{**base, **kw})
 
 
-def test_run_against_a_fake_sse_server(fake_server, tmp_path, capsys):
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_run_against_a_fake_sse_server(fake_server, tmp_path, capsys, client):
     from layerzero.engine.tools.bench_serve import make_requests, run
 
+    pytest.importorskip(client, reason=f"{client} is not installed (the dev extra installs it)")
     srv = fake_server(fail_at=3)
-    cfg = _cfg(srv.url, max_concurrency=4, goodput_ms={"ttft": 10_000.0})
+    cfg = _cfg(srv.url, max_concurrency=4, goodput_ms={"ttft": 10_000.0}, http_client=client)
     with deadline(60):
         res = run(cfg, tmp_path / "r.json")
     reqs = make_requests(cfg)
@@ -242,11 +244,27 @@ def test_run_against_a_fake_sse_server(fake_server, tmp_path, capsys):
     )  # >= the 2 ms sleeps, roughly
     assert res["request_goodput"] == pytest.approx(res["request_throughput"])
     assert res["model"] == "fake-model" and res["server_version"] == {"version": "fake-0"}
+    assert res["http_client"] == client
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["request_rate"] == "inf" and saved["completed"] == 11
     m = saved["machine"]
     assert {"date", "platform", "python", "cpu", "gpus", "versions"} <= set(m) and m["versions"]["numpy"]
     assert "Serving Benchmark Result" in capsys.readouterr().out
+
+
+def test_http_client_names_are_checked(monkeypatch):
+    import importlib.util
+
+    import layerzero as lz
+    from layerzero.engine.tools.bench_serve_http import resolve_client
+
+    with pytest.raises(lz.ConfigurationError, match="http_client"):
+        resolve_client("requests")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "aiohttp" else real(n, *a))
+    assert resolve_client("auto") == "httpx"  # auto falls back to httpx without aiohttp
+    with pytest.raises(lz.ConfigurationError, match="pip install aiohttp"):
+        resolve_client("aiohttp")
 
 
 def test_sweep_writes_one_json_per_rate_and_the_plot_or_why_not(fake_server, tmp_path, monkeypatch, caplog):

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import bad_config, bad_input
+from .bench_serve_http import TransportError, open_client, resolve_client
 from .bench_serve_report import (
     GOODPUT_METRICS,
     RequestResult,
@@ -97,6 +98,8 @@ class BenchServeConfig:
 
     ``model``: the served model name (None: the first of ``GET /v1/models``). ``goodput_ms``: SLO name ->
     milliseconds (:data:`GOODPUT_METRICS`). ``token_ids``: prompts' ids are drawn from ``[lo, hi)``.
+    ``http_client``: ``auto`` (aiohttp when installed, else httpx), ``aiohttp`` or ``httpx``
+    (:mod:`.bench_serve_http`; the result's ``http_client`` names the one used).
 
     Raises:
         InvalidInputError: any field out of range (the message names it).
@@ -116,6 +119,7 @@ class BenchServeConfig:
     ignore_eos: bool = True
     api_key: str | None = None
     request_timeout_s: float = 600.0
+    http_client: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.endpoint.startswith("/") or not self.endpoint.endswith("/completions"):
@@ -206,23 +210,21 @@ def _fail(r: RequestResult, reason: str, detail: str) -> RequestResult:
 
 async def _request(client: Any, url: str, payload: dict[str, Any], headers: dict[str, str]) -> RequestResult:
     """Send one streamed completion and time it (never raises: failures come back with their reason)."""
-    import httpx
-
     r = RequestResult(prompt_len=len(payload["prompt"]), max_tokens=payload["max_tokens"])
     chunks, usage = 0, None
     t0 = time.perf_counter()
     last = t0
     try:
-        async with client.stream("POST", url, json=payload, headers=headers) as resp:
-            if resp.status_code != 200:
-                body = (await resp.aread()).decode("utf-8", "replace")
+        async with client.stream(url, payload, headers) as (status, lines):
+            if status != 200:
+                body = "\n".join([line async for line in lines])
                 try:
                     err = json.loads(body)["error"]
                     kind, body = err.get("type") or "", err.get("message") or body
                 except (ValueError, KeyError, TypeError, AttributeError):
                     kind = ""
-                return _fail(r, f"HTTP {resp.status_code}" + (f" {kind}" if kind else ""), body)
-            async for line in resp.aiter_lines():
+                return _fail(r, f"HTTP {status}" + (f" {kind}" if kind else ""), body)
+            async for line in lines:
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -242,8 +244,8 @@ async def _request(client: Any, url: str, payload: dict[str, Any], headers: dict
                 if obj.get("usage"):
                     usage = obj["usage"].get("completion_tokens")
         r.latency = time.perf_counter() - t0
-    except httpx.HTTPError as exc:
-        return _fail(r, type(exc).__name__, str(exc) or type(exc).__name__)
+    except TransportError as exc:
+        return _fail(r, exc.kind, str(exc))
     except ValueError as exc:  # json.JSONDecodeError: not OpenAI's SSE
         return _fail(r, "bad SSE data", str(exc))
     if chunks == 0:
@@ -273,18 +275,17 @@ async def _discover(client: Any, cfg: BenchServeConfig, headers: dict[str, str])
     Raises:
         ConfigurationError: no server, no model listed, the probe request failed.
     """
-    import httpx
-
     fix = "Start one (layerzero serve --model DIR) and pass its --base-url."
     model = cfg.model
     try:
         if model is None:
-            resp = await client.get(cfg.base_url + "/v1/models", headers=headers)
-            resp.raise_for_status()
-            model = resp.json()["data"][0]["id"]
-        ver = await client.get(cfg.base_url + "/version", headers=headers)
-        version: Any = ver.json() if ver.status_code == 200 else f"HTTP {ver.status_code}"
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            status, body = await client.get_json(cfg.base_url + "/v1/models", headers)
+            if status != 200:
+                raise ValueError(f"GET /v1/models answered HTTP {status}")
+            model = body["data"][0]["id"]
+        status, body = await client.get_json(cfg.base_url + "/version", headers)
+        version: Any = body if status == 200 else f"HTTP {status}"
+    except (TransportError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise bad_config(
             "--base-url", "an OpenAI-compatible server listing a model", f"{type(exc).__name__}: {exc}", fix
         ) from exc
@@ -298,13 +299,10 @@ async def _discover(client: Any, cfg: BenchServeConfig, headers: dict[str, str])
 
 
 async def _benchmark(cfg: BenchServeConfig, reqs: list[tuple[list[int], int]]) -> dict[str, Any]:
-    import httpx
-
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     n_conn = cfg.max_concurrency or len(reqs)
-    limits = httpx.Limits(max_connections=n_conn + 4, max_keepalive_connections=n_conn + 4)
-    timeout = httpx.Timeout(cfg.request_timeout_s, connect=min(cfg.request_timeout_s, 30.0))
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    kind = resolve_client(cfg.http_client)
+    async with open_client(kind, n_conn, cfg.request_timeout_s) as client:
         model, version = await _discover(client, cfg, headers)
         url = cfg.base_url + cfg.endpoint
         sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
@@ -324,7 +322,7 @@ async def _benchmark(cfg: BenchServeConfig, reqs: list[tuple[list[int], int]]) -
         results = await asyncio.gather(*(one(i) for i in range(len(reqs))))
         duration = time.perf_counter() - start
     out = summarize(results, duration, cfg.goodput_ms or None)
-    out["model"], out["server_version"] = model, version
+    out["model"], out["server_version"], out["http_client"] = model, version, kind
     out["requests"] = {
         "input_lens": [r.prompt_len for r in results],
         "output_lens": [r.output_len for r in results],

@@ -219,7 +219,16 @@ def machine_info() -> dict[str, Any]:
     """The client machine: UTC date, OS, Python, CPU (model, flags, torch's ISA), GPUs, package versions and
     layerzero's git commit; recorded in every result JSON (the server's own ``/version`` sits beside it)."""
     versions = {}
-    for pkg in ("layerzero", "torch", "transformers", "numpy", "httpx", "triton", "flashinfer-python"):
+    for pkg in (
+        "layerzero",
+        "torch",
+        "transformers",
+        "numpy",
+        "httpx",
+        "aiohttp",
+        "triton",
+        "flashinfer-python",
+    ):
         try:
             versions[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
