@@ -33,6 +33,7 @@ __all__ = [
     "ModelConfig",
     "RopeConfig",
     "resolve_device",
+    "resolve_idle_poll_s",
     "resolve_max_model_len",
 ]
 
@@ -58,6 +59,10 @@ KV_CACHE_DTYPES = {
 """``LLM(kv_cache_dtype=...)`` -> the KV pool's dtype (None: the model's dtype); fp8/int8 are read through
 per-layer ``k_scale`` / ``v_scale`` (vLLM's ``kv_cache_dtype``; docs/engine.md "Quantized KV cache")."""
 
+
+IDLE_POLL_AUTO_S = 2.0
+"""``idle_poll_s=None`` (auto) on CUDA: seconds the engine core polls, busy, after its last step (0 on CPU:
+:func:`resolve_idle_poll_s`)."""
 
 PIECEWISE_AUTO_TOKENS = 1024
 """``CudaGraphKnobs.piecewise_max_tokens=None`` (auto): piecewise graphs up to this many tokens, at any TP
@@ -366,6 +371,14 @@ class EngineConfig:
                     "One GPU per rank: lower tensor_parallel_size / data_parallel_size or make more GPUs "
                     "visible (CUDA_VISIBLE_DEVICES).",
                 )
+
+
+def resolve_idle_poll_s(ec: EngineConfig, device_type: str | None) -> float:
+    """``ec.idle_poll_s`` in seconds; None (auto): :data:`IDLE_POLL_AUTO_S` on ``"cuda"``, else 0 (the CPU's
+    cores are the engine's own)."""
+    if ec.idle_poll_s is not None:
+        return float(ec.idle_poll_s)
+    return IDLE_POLL_AUTO_S if device_type == "cuda" else 0.0
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -5,6 +5,8 @@ Completion ``index`` of a request whose prompt is ``p`` emits, at its ``t``-th s
 ``fake_token(p, index, t)``; it finishes with ``"length"`` after ``max_tokens`` tokens, or ``"stop"`` at a
 token in ``stop_token_ids``. At most ``max_num_seqs`` requests run per step, the others wait (FCFS); each
 running completion holds ``ceil(tokens / block_size)`` of ``num_kv_blocks`` blocks.
+
+:func:`fake_engine` starts an ``AsyncLLM`` whose core process builds one of these classes.
 """
 
 from __future__ import annotations
@@ -144,3 +146,11 @@ class FailingFakeEngineCore(FakeEngineCore):
 class BrokenFakeEngineCore(FakeEngineCore):
     def __init__(self, config) -> None:
         raise OSError("fake core: no such device")
+
+
+def fake_engine(model: str, core: str = "SlowFakeEngineCore", **options):
+    """An ``AsyncLLM`` on ``model`` (CPU) whose engine core process builds the fake class ``core`` of this
+    module; ``options``: more ``AsyncLLM`` keywords. The caller shuts it down."""
+    from layerzero.engine import AsyncLLM
+
+    return AsyncLLM(model, device="cpu", _core_factory=f"{__name__}:{core}", **options)

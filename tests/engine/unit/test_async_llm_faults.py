@@ -22,7 +22,7 @@ from layerzero.engine import EngineDeadError, SamplingParams
 from layerzero.engine.core.errors import EngineCoreError
 
 from . import fake_core
-from .test_async_llm_transport import factory
+from .fake_core import fake_engine
 
 pytestmark = pytest.mark.integration
 SRC = Path(__file__).resolve().parents[3] / "src"
@@ -48,9 +48,7 @@ def wait_gone(pid: int, timeout: float = 15.0) -> bool:
 
 
 def start(checkpoints, name="SlowFakeEngineCore", **kw):
-    from layerzero.engine import AsyncLLM
-
-    return AsyncLLM(checkpoints["qwen3"], device="cpu", max_model_len=128, _core_factory=factory(name), **kw)
+    return fake_engine(checkpoints["qwen3"], name, max_model_len=128, **kw)
 
 
 def assert_cleaned_up(engine):

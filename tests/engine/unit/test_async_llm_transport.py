@@ -14,13 +14,9 @@ import layerzero as lz
 from layerzero.engine import SamplingParams
 
 from . import fake_core
-from .fake_core import fake_token
+from .fake_core import fake_engine, fake_token
 
 pytestmark = pytest.mark.integration
-
-
-def factory(name: str) -> str:
-    return f"{fake_core.__name__}:{name}"
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +28,7 @@ def loop():
 
 @pytest.fixture(scope="module")
 def engine(checkpoints):
-    from layerzero.engine import AsyncLLM
-
-    eng = AsyncLLM(
-        checkpoints["qwen3"],
-        device="cpu",
-        max_model_len=200,
-        num_kv_blocks=64,
-        max_num_seqs=8,
-        _core_factory=factory("SlowFakeEngineCore"),
-    )
+    eng = fake_engine(checkpoints["qwen3"], max_model_len=200, num_kv_blocks=64, max_num_seqs=8)
     yield eng
     eng.shutdown()
     assert not eng.is_running and not eng.errored

@@ -17,7 +17,7 @@ from layerzero.engine import SamplingParams
 from layerzero.engine.config import EngineConfig
 from layerzero.engine.core.core_proc import EngineCoreProc
 
-from . import fake_core
+from .fake_core import fake_engine
 
 
 class Clock:
@@ -97,17 +97,7 @@ def test_flag_sets_the_keyword():
 
 @pytest.mark.integration
 def test_engine_with_polling_on_answers_and_goes_idle(checkpoints):
-    from layerzero.engine import AsyncLLM
-
-    eng = AsyncLLM(
-        checkpoints["qwen3"],
-        device="cpu",
-        max_model_len=200,
-        num_kv_blocks=64,
-        max_num_seqs=8,
-        idle_poll_s=0.3,
-        _core_factory=f"{fake_core.__name__}:SlowFakeEngineCore",
-    )
+    eng = fake_engine(checkpoints["qwen3"], max_model_len=200, num_kv_blocks=64, idle_poll_s=0.3)
 
     async def main():
         sp = SamplingParams(max_tokens=4, ignore_eos=True)

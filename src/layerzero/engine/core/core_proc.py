@@ -22,6 +22,7 @@ import time
 import traceback
 from typing import Any
 
+from ..config import resolve_idle_poll_s
 from . import serial
 from .messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from .serial import AbortRequests, CoreFailed, CoreReady, Shutdown, UtilityCall, UtilityResult
@@ -170,11 +171,15 @@ class EngineCoreProc:
             return serial.encode(UtilityResult(call.call_id, error_type=type(exc).__name__, error=str(exc)))
 
 
+def _device_type(core: Any) -> str | None:
+    """The type of the device ``core`` runs on (``"cuda"``, ``"cpu"``; None for a core without one)."""
+    return getattr(getattr(core, "device", None), "type", None)
+
+
 def _freeze_gc(config: Any, core: Any) -> None:
     """``freeze_gc`` (see ``LLM``) for the core process: everything alive once the core is built moves to the
     permanent generation (None: on for CUDA devices)."""
-    device = getattr(core, "device", None)
-    on = config.freeze_gc if config.freeze_gc is not None else getattr(device, "type", None) == "cuda"
+    on = config.freeze_gc if config.freeze_gc is not None else _device_type(core) == "cuda"
     if on:
         gc.collect()
         gc.freeze()
@@ -222,9 +227,7 @@ def run_engine_core(
             "pid": os.getpid(),
         }
         out.send(serial.encode(CoreReady(info)))
-        idle = ec.idle_poll_s
-        if idle is None:
-            idle = 2.0 if getattr(getattr(core, "device", None), "type", None) == "cuda" else 0.0
+        idle = resolve_idle_poll_s(ec, _device_type(core))
         EngineCoreProc(core, inp, out, parent.sentinel if parent is not None else None, idle).run()
     except SystemExit:
         pass

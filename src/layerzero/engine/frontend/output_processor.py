@@ -79,7 +79,6 @@ class _Request:
         "prompt",
         "prompt_logprobs",
         "prompt_token_ids",
-        "queue_time",
         "queue_time_sent",
         "request_id",
     )
@@ -109,8 +108,8 @@ class _Request:
         self.error: str | None = None
         self.prompt_logprobs: list[dict[int, float] | None] | None = None  # the core sends them once
         self.plp_sent = False  # a delta has returned them
-        self.queue_time: float | None = None  # the core sends it once, with the first output
         self.queue_time_sent = False
+        # its times; time_in_queue (RequestOutput.queue_time) comes once, with the first output
         self.metrics = RequestMetrics(time.monotonic())
 
     @property
@@ -185,8 +184,8 @@ class OutputProcessor:
                 continue
             if o.prompt_logprobs is not None and req.prompt_logprobs is None:
                 req.prompt_logprobs = o.prompt_logprobs
-            if o.queue_time is not None and req.queue_time is None:
-                req.queue_time = req.metrics.time_in_queue = o.queue_time
+            if o.queue_time is not None and req.metrics.time_in_queue is None:
+                req.metrics.time_in_queue = o.queue_time
                 req.metrics.first_scheduled_time = o.scheduled_time
             if o.new_token_ids and req.metrics.first_token_received_time is None:
                 req.metrics.first_token_time = now if timestamp is None else timestamp
@@ -265,7 +264,7 @@ class OutputProcessor:
         if delta and plp is not None:  # a stream returns them once, in the first delta that can
             plp = None if req.plp_sent else plp
             req.plp_sent = True
-        queue_time = req.queue_time
+        queue_time = req.metrics.time_in_queue
         if delta and queue_time is not None:  # likewise once in a stream
             queue_time = None if req.queue_time_sent else queue_time
             req.queue_time_sent = True

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import bad_config, bad_input
-from .bench_serve_http import TransportError, open_client, resolve_client
+from .bench_serve_http import Client, TransportError, resolve_client
 from .bench_serve_report import (
     GOODPUT_METRICS,
     RequestResult,
@@ -302,7 +302,7 @@ async def _benchmark(cfg: BenchServeConfig, reqs: list[tuple[list[int], int]]) -
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     n_conn = cfg.max_concurrency or len(reqs)
     kind = resolve_client(cfg.http_client)
-    async with open_client(kind, n_conn, cfg.request_timeout_s) as client:
+    async with Client(kind, n_conn, cfg.request_timeout_s) as client:
         model, version = await _discover(client, cfg, headers)
         url = cfg.base_url + cfg.endpoint
         sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None

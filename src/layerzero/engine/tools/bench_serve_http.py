@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import bad_config
 
-__all__ = ["HTTP_CLIENTS", "Client", "TransportError", "open_client", "resolve_client"]
+__all__ = ["HTTP_CLIENTS", "Client", "TransportError", "resolve_client"]
 
 HTTP_CLIENTS = ("auto", "aiohttp", "httpx")
 """``BenchServeConfig.http_client``: ``auto`` picks aiohttp when installed, else httpx."""
@@ -137,8 +137,3 @@ async def _wrap(lines: AsyncIterator[str], errors: tuple[type[BaseException], ..
             yield line
     except errors as exc:
         raise TransportError(type(exc).__name__, str(exc) or type(exc).__name__) from exc
-
-
-def open_client(kind: str, n_conn: int, timeout_s: float) -> Client:
-    """A :class:`Client` of ``kind`` (resolved: ``aiohttp`` or ``httpx``)."""
-    return Client(kind, n_conn, timeout_s)
