@@ -17,7 +17,10 @@ set -uo pipefail
 # NVLink multicast off in every process, on every machine kind (harmless on one GPU; it can take a shared
 # host's GPUs out of service)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl .whl_srv/*.whl .whl_dec/*.whl 2>&1 | tail -2
+# one folder at a time: a wheel in two folders (attrs) in one command is a resolution conflict, which installs nothing
+for w in .whl .whl_srv .whl_dec; do
+  [ -d $w ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $w/*.whl 2>&1 | grep -v "already exists" | tail -2
+done
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/benchmarks TRITON_CACHE_DIR=$PWD/.fi_ws/triton
 D="$OUT/decoding"; mkdir -p "$D"
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$D/gpu.txt" 2>&1; lscpu | grep -i "model name\|flags" > "$D/cpu.txt"

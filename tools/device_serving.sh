@@ -10,6 +10,8 @@
 #          $OUT/prof.tgz (raw collapsed stacks: the core's step set against LLM.generate's)
 #   rate1  serve_and_bench.py --scale full --rates 1 --num-prompts 64 (the target's own measurement; server.log
 #          holds every request's ttft_breakdown_ms) into $OUT/rate1/
+#   rate1ab  rate1 twice, the engine core's idle polling on (auto: 2 s on CUDA) then off (--idle-poll-s 0),
+#          into $OUT/rate1_auto/ and $OUT/rate1_poll0/, beside offline back to back ($OUT/ttft/offline_gap0.json)
 #   pack   tar $OUT/ttft and $OUT/rate1 into $OUT/serving.tgz (a call brings back at most 8 files)
 set -uo pipefail
 # NVLink multicast off in every process, on every machine kind (harmless on one GPU; it can take a shared
@@ -80,7 +82,19 @@ for stage in "${STAGES[@]}"; do
         > "$OUT/rate1.log" 2>&1 || rc=1
       tail -15 "$OUT/rate1.log"
       ;;
-    pack) (cd "$OUT" && tar czf serving.tgz ttft rate1 rate1.log 2>/dev/null && rm -rf ttft rate1) ;;
+    rate1ab)
+      mkdir -p "$OUT/ttft"
+      python3 $TS --offline "$MODEL" --device cuda --requests 63 --prompt-len 160 --prompts unique --gap-ms 0 \
+        > "$OUT/ttft/offline_gap0.json" 2> "$OUT/ttft/offline_gap0.log" || rc=1
+      echo "offline unique gap 0: $(tail -1 "$OUT/ttft/offline_gap0.json")"
+      for V in auto poll0; do
+        EXTRA=(); [ $V = poll0 ] && EXTRA=(-- --idle-poll-s 0)
+        python3 benchmarks/serving/serve_and_bench.py --scale full --rates 1 --num-prompts 64 \
+          --out "$OUT/rate1_$V" "${EXTRA[@]}" > "$OUT/rate1_$V.log" 2>&1 || rc=1
+        echo "rate1 $V:"; tail -6 "$OUT/rate1_$V.log"
+      done
+      ;;
+    pack) (cd "$OUT" && tar czf serving.tgz ttft idle rate1* 2>/dev/null && rm -rf ttft idle rate1*) ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
 done
