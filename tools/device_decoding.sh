@@ -9,6 +9,9 @@
 #           $SPEC_AGREE = 0.92 of tokens, about 0.8 acceptance at k = 4): plain, ngram, draft, layer skip
 #   spec-t  the constructed engines (plain, layer skip, draft) at batch 1 with --timeline: torch.profiler GPU
 #           timelines of a 64-token generate (idle gaps per verification round) into spec_timeline/
+#   spec-a  the constructed draft and layer-skip engines at batch 1 / 8 / 32 with the next round's first draft
+#           step launched ahead and not (--ahead-ab, alternated in one engine), plus the batch-1 timelines,
+#           into spec_ahead/
 #   prof    py-spy (raw collapsed stacks, 200 Hz, idle not sampled) of one structured run (--repeats 1) and of
 #           the constructed layer-skip run at batch 1: where the host time of a step / a round goes
 # Results under $OUT, packed into $OUT/decoding.tgz (a call brings back at most 8 files).
@@ -43,6 +46,9 @@ for stage in "$@"; do
     spec-t) timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/engine/bench_spec_decode.py --out "$D/spec_timeline" \
         --constructed ${SPEC_AGREE:-0.92} --configs layer_skip,draft --batches 1 --max-tokens 128 --timeline 2>&1 \
         | tail -8 ;;
+    spec-a) timeout ${SPEC_TIMEOUT:-420} python3 benchmarks/engine/bench_spec_decode.py --out "$D/spec_ahead" \
+        --constructed ${SPEC_AGREE:-0.92} --configs draft,layer_skip --batches 1,8,32 --ahead-ab --timeline 2>&1 \
+        | tail -16 ;;
     prof) SPY="py-spy record -r 200 -f raw --nonblocking"; export PATH=/tmp/site/bin:$PATH
         timeout ${STRUCT_TIMEOUT:-240} $SPY -o "$D/struct.raw" -- python3 benchmarks/engine/bench_structured.py \
             --repeats 1 --out "$D/structured_prof" 2>&1 | tail -6

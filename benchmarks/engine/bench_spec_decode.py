@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from layerzero.engine import LLM, SamplingParams
+from layerzero.engine.spec_decode.proposer import DraftProposer
 from layerzero.engine.tools.bench import QWEN3_0_6B
 
 QWEN3_8B = {
@@ -116,13 +117,16 @@ def run(
     out: Path | None = None,
     constructed: float | None = None,
     timeline: bool = False,
+    ahead_ab: bool = False,
 ) -> list[dict[str, Any]]:
     """One engine per configuration (``only``: those names; ``plain`` always runs first: the baseline), every
     batch size on it; returns the rows (speedups vs ``plain``), also written to ``out`` after each row.
     ``constructed``: every model's weights made to walk a known permutation (``spec_constructed``), drafts
     agreeing with the target on that fraction of tokens, and the prompts that walk's noisy copy.
     ``timeline``: each engine also profiles one batch-1 generate of 64 tokens (torch.profiler) into
-    ``out/timeline_<config>.md`` (``gpu_timeline.summarize``: where the GPU idles in a step or round)."""
+    ``out/timeline_<config>.md`` (``gpu_timeline.summarize``: where the GPU idles in a step or round).
+    ``ahead_ab``: each device-draft engine also runs every batch with ``DraftProposer.draft_ahead`` off
+    (rows ``<config> (no ahead)``, right after the rows with it on)."""
     cfg = json.loads((target / "config.json").read_text())
     vocab = cfg["vocab_size"]
     prompts = None
@@ -166,17 +170,26 @@ def run(
         if constructed is not None:
             sc.construct_llm(llm, succ, dsucc)
             sc.check_walk(llm, succ)
+        # a device drafter with and without its next-round first draft step launched ahead (same engine)
+        variants = [(name, True)]
+        if ahead_ab and spec is not None and spec["method"] != "ngram":
+            variants.append((f"{name} (no ahead)", False))
         for b in batches:
-            r = {"config": name, **_measure(llm, b, max_tokens, vocab, prompts)}
-            if name == "plain":
-                base[b] = r["tok_per_s"]
-            r["speedup"] = r["tok_per_s"] / base[b]
-            rows.append(r)
-            print(json.dumps(r), flush=True)
-            if out is not None:  # after every row: a run cut short keeps what it measured
-                out.mkdir(parents=True, exist_ok=True)
-                (out / "spec_decode.json").write_text(json.dumps(rows, indent=2) + "\n")
-                (out / "spec_decode.md").write_text(table(rows) + "\n")
+            for label, ahead in variants:
+                DraftProposer.draft_ahead = ahead
+                try:
+                    r = {"config": label, **_measure(llm, b, max_tokens, vocab, prompts)}
+                finally:
+                    DraftProposer.draft_ahead = True
+                if name == "plain":
+                    base[b] = r["tok_per_s"]
+                r["speedup"] = r["tok_per_s"] / base[b]
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+                if out is not None:  # after every row: a run cut short keeps what it measured
+                    out.mkdir(parents=True, exist_ok=True)
+                    (out / "spec_decode.json").write_text(json.dumps(rows, indent=2) + "\n")
+                    (out / "spec_decode.md").write_text(table(rows) + "\n")
         if timeline and out is not None:
             _timeline(llm, name, vocab, prompts, out)
         llm.shutdown()
@@ -226,6 +239,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         action="store_true",
         help="also profile a batch-1 generate per engine into --out/timeline_<config>.md (GPU idle gaps)",
     )
+    ap.add_argument(
+        "--ahead-ab",
+        action="store_true",
+        help="device drafters also run with the next round's first draft step not launched ahead",
+    )
     ns = ap.parse_args(argv)
     batches = [int(b) for b in ns.batches.split(",")]
     only = None if ns.configs is None else ns.configs.split(",")
@@ -248,6 +266,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             ns.out,
             ns.constructed,
             ns.timeline,
+            ns.ahead_ab,
         )
     else:
         target = ns.target or _shape_dir(tmp, "qwen3-8b", QWEN3_8B)
@@ -271,6 +290,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             ns.out,
             ns.constructed,
             ns.timeline,
+            ns.ahead_ab,
         )
     print(table(rows))
     return rows

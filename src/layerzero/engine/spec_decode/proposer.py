@@ -6,7 +6,8 @@ rewrites). Drafts are greedy (the draft's argmax: q is one-hot in the verificati
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from ..worker.attn_metadata import ForwardBatch
 from ..worker.cuda_graph import CUDAGraphRunner
 from ..worker.input_batch import ScheduledChunk, build_forward_batch
 from ..worker.staging import to_device
+from .ahead import Ahead, ahead_batch, ahead_drafts
 from .config import SpeculativeConfig
 
 __all__ = ["DraftProposer", "load_draft"]
@@ -88,8 +90,16 @@ class DraftProposer:
     ``enforce_eager``) the draft's decode steps replay CUDA graphs (one per batch bucket, plain inputs);
     when their capture fails the drafts run eager (logged; strict mode raises).
 
+    A greedy verification step also launches the next round's first draft step before it is read
+    (:meth:`ahead_hook`, :mod:`.ahead`); :meth:`propose` takes its drafts when the next round is the one it
+    assumed. ``ahead_launched`` / ``ahead_used`` count them; the class attribute ``draft_ahead`` turns it
+    off (the benchmark's A/B).
+
     Raises:
         ConfigurationError: ``num_layers`` out of range (``SpeculativeConfig.check_model``)."""
+
+    #: Launch the next round's first draft step before a greedy verification is read (:mod:`.ahead`).
+    draft_ahead: ClassVar[bool] = True
 
     def __init__(
         self, spec: SpeculativeConfig, runner: Any, ec: EngineConfig, max_model_len: int, draft: Any = None
@@ -116,6 +126,8 @@ class DraftProposer:
                 )
                 for _ in range(dcfg.num_layers)
             ]
+        self.ahead: Ahead | None = None
+        self.ahead_launched = self.ahead_used = 0
         self.graphs: CUDAGraphRunner | None = None
         if runner.device.type == "cuda" and not ec.enforce_eager:
             self.graphs = self._capture(ec, max_model_len)
@@ -155,6 +167,45 @@ class DraftProposer:
             self.graphs.run(batch)
             return
         self.model.hidden_states(batch, self.kv)
+
+    def ahead_hook(self, out: SchedulerOutput) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
+        """For the verification step ``out``: the ``before_read`` of
+        :func:`~layerzero.engine.spec_decode.verify.verify_step` that queues the next round's first draft
+        step behind the verification's result (:func:`.ahead.ahead_batch`), or None when the step cannot
+        (:func:`.ahead.ahead_drafts`: a sampled row, a plain or prefill chunk, unequal draft counts) or
+        ``draft_ahead`` is off. Call :meth:`settle` with the accepted counts once the step is read."""
+        self.ahead = None
+        k = ahead_drafts(out) if DraftProposer.draft_ahead else 0
+        if not k:
+            return None
+
+        @torch.no_grad()
+        def launch(tokens: torch.Tensor, accepted: torch.Tensor) -> None:
+            batch, starts, ends = ahead_batch(out, k, tokens, accepted, self.runner.block_size)
+            drafts = self._logits(batch).argmax(dim=-1)
+            self.ahead = Ahead(list(out.seq_ids), starts, k, ends, drafts)
+            self.ahead_launched += 1
+
+        return launch
+
+    def settle(self, accepted: list[int]) -> None:
+        """The launched first draft step's rows' accepted counts, read from the verification (in row
+        order); nothing without one."""
+        if self.ahead is not None:
+            self.ahead.accepted = accepted
+
+    def drop_ahead(self) -> None:
+        """Forget a launched first draft step (a failed step was rolled back)."""
+        self.ahead = None
+
+    def _take_ahead(self, out: SchedulerOutput, chunks: list[int], sampled: bool) -> torch.Tensor | None:
+        """The launched first draft step's drafts ``[R]`` when ``out``'s speculating ``chunks`` are the
+        round it assumed (greedy: ``sampled`` False), else None; either way it is spent."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None or sampled or not ahead.matches(out, chunks):
+            return None
+        self.ahead_used += 1
+        return ahead.tokens
 
     def _logits(self, batch: ForwardBatch) -> torch.Tensor:
         if self.graphs is not None and self.graphs.can_run(batch):
@@ -224,8 +275,12 @@ class DraftProposer:
                 any(p.min_p > 0.0 for p in ps),
             )
             q = torch.zeros(len(chunks), k, self.runner.cfg.vocab_size, dtype=torch.float32, device=dev)
+        first = self._take_ahead(out, chunks, sampled)
         for j in range(k):
             act = acts[j]
+            if j == 0 and first is not None:  # launched behind the last verification (ahead_hook)
+                drafts[:, 0] = first
+                continue
             sched = [ScheduledChunk([0], starts[r] + j, 1, (), True, None, starts[r] + j) for r in act]
             batch = build_forward_batch(sched, bs, dev, None, None, np.ascontiguousarray(tables[act]))
             if j == 0:

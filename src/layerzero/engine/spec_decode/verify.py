@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -71,6 +72,7 @@ def verify_rows(
     generator: torch.Generator,
     draft_probs: torch.Tensor | None = None,
     max_elements: int = MAX_VERIFY_ELEMENTS,
+    before_read: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[list[list[int]], list[int]]:
     """Verify ``R`` speculating rows: ``logits`` ``[R, K + 1, V]`` (row r's positions past ``num_drafts[r]``
     ignored), ``drafts`` ``[R, K]`` int64 on the logits' device, ``rows`` their sampling parameters. Greedy
@@ -80,7 +82,13 @@ def verify_rows(
     uniforms and noise from (seed, output position): the token at output position o uses offset o, so they do
     not depend on the batch; other rows draw from ``generator``. Returns per row its emitted tokens (accepted
     drafts then the target's token) and its accepted count (waits for them: host lists). ``max_elements``:
-    rows x positions x vocabulary verified at once (larger steps go in row blocks)."""
+    rows x positions x vocabulary verified at once (larger steps go in row blocks).
+
+    ``before_read(tokens, accepted)``: called once the result is queued on the device and its copy to the
+    host launched, before the host waits for it: ``tokens`` ``[R, K + 1]`` int64 (row r emits its first
+    ``accepted[r] + 1``), ``accepted`` ``[R]`` int64, both on the device; work it queues runs on the device
+    while the host waits (the next round's first draft step, ``DraftProposer.ahead_hook``). Not called when
+    the step verifies in row blocks."""
     r, k1, v = logits.shape
     step = max(1, max_elements // (k1 * v))
     if r > step:  # bounded temporaries (probabilities, sorts, noise): row blocks
@@ -138,9 +146,33 @@ def verify_rows(
             u[si] = lz.seeded_uniform(seeds2[:, : k1 - 1], offs[:, : k1 - 1])
             e[si] = lz.seeded_exponential(seeds2, offs, v).float()
         tokens, acc = rejection_sample(probs, drafts, nd, u, e, draft_probs)
-    both = torch.cat([tokens, acc[:, None]], dim=1).tolist()  # one transfer to the host
-    toks, accs = [b[:-1] for b in both], [b[-1] for b in both]
+    both = torch.cat([tokens, acc[:, None]], dim=1)  # one transfer to the host
+    if before_read is None:
+        listed = both.tolist()
+    else:
+        read = _read_later(both)
+        before_read(tokens, acc)
+        listed = read()
+    toks, accs = [b[:-1] for b in listed], [b[-1] for b in listed]
     return [t[: a + 1] for t, a in zip(toks, accs, strict=True)], accs
+
+
+def _read_later(t: torch.Tensor) -> Callable[[], list]:
+    """``t``'s values as nested lists, read when the returned function is called: on CUDA a non-blocking copy
+    into pinned memory is launched now and the call waits for it alone (an event), not for the work queued
+    after it; elsewhere the call reads ``t`` then."""
+    if t.device.type != "cuda":
+        return t.tolist
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def read() -> list:
+        done.synchronize()
+        return host.tolist()
+
+    return read
 
 
 def verify_step(
@@ -149,12 +181,13 @@ def verify_step(
     sampler: Any,
     drafts: torch.Tensor | None = None,
     draft_probs: torch.Tensor | None = None,
+    before_read: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> Any:
     """The draw of a verification step: ``logits`` ``[N, V]`` (per sampled chunk its ``1 + drafts`` rows,
     :func:`spec_layout`), ``drafts`` ``[R, K]`` int64 on the device (a draft model's, one row per speculating
     row in order) or None (the host drafts in ``out.spec_token_ids``), ``draft_probs`` ``[R, K, V]`` their
     distributions (None: one-hot). Plain rows are drawn by ``sampler``
-    (their logprobs as usual); returns a
+    (their logprobs as usual); ``before_read``: :func:`verify_rows`' (the speculating rows'); returns a
     :class:`~layerzero.engine.worker.sampler.SamplerOutput` (waits for the tokens).
 
     Raises:
@@ -201,6 +234,7 @@ def verify_step(
             _subset(rows, spec),
             sampler.generator,
             q,
+            before_read=before_read,
         )
         for i, t in zip(spec, got, strict=True):
             ids[i] = t

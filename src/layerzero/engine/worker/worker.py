@@ -138,7 +138,8 @@ class Worker:
         """A verification step (speculative decoding; read at once): device drafts proposed first when the
         step has a draft model's, one forward with ``1 + drafts`` logits rows per speculating chunk (a decode
         CUDA graph of one row per verified position when it fits: ``ModelRunner.verify_as_decode``), then
-        :func:`~layerzero.engine.spec_decode.verify.verify_step` (plain rows sampled as usual)."""
+        :func:`~layerzero.engine.spec_decode.verify.verify_step` (plain rows sampled as usual); a greedy
+        one queues the next round's first draft step before it is read (``DraftProposer.ahead_hook``)."""
         drafts = spec_inputs = q = None
         if self.drafter is not None:
             drafts, rows_t, ids_t, q = self.drafter.propose(out, self.sampler.generator)
@@ -151,11 +152,17 @@ class Worker:
                 "than the largest decode CUDA graph) runs eager; pure decode ones replay the decode graphs"
             )
         prompt = self._after_forward(res, out)
-        done = verify_step(res.logits, out, self.sampler, drafts, q)
+        ahead = None if self.drafter is None else self.drafter.ahead_hook(out)
+        done = verify_step(res.logits, out, self.sampler, drafts, q, before_read=ahead)
+        if ahead is not None:
+            self.drafter.settle([len(t) - 1 for t in done.sampled_token_ids])
         last = [t[-1] for t in done.sampled_token_ids]
         (self.prev_tokens,) = to_device([np.asarray(last, dtype=np.int64)], self.device)
         return ModelRunnerOutput(None, len(last), prompt, done)
 
     def reset(self) -> None:
-        """Forget the last step's sampled ids (a failed step was rolled back: nothing is pending)."""
+        """Forget the last step's sampled ids and a launched first draft step (a failed step was rolled
+        back: nothing is pending)."""
         self.prev_tokens = None
+        if self.drafter is not None:
+            self.drafter.drop_ahead()
