@@ -14,10 +14,16 @@ the tokens never depend on it (the draft step is the same computation either way
 drafts draw no random numbers, launch it).
 
 The step writes the draft's KV (the target's own for layer skip) at the next round's first position, a slot
-its sequence owns: inside the verified chunk when a draft was rejected, else the slot after it, which is in
-the same block unless the chunk ended a block. In that one case (every draft accepted and the chunk's last
-position the end of a block) the slot is not allocated yet: that row writes nothing (slot -1) and its drafts
-are not taken."""
+its sequence owns: inside the verified chunk when a draft was rejected, else the slot after it. That slot is
+in the chunk's last block unless the chunk ended a block; then it is not allocated before the next round, so
+a step with such a row does not launch ahead, nor one whose row may reach ``max_tokens`` (a round without
+the rows assumed drops the drafts: a draft step's work for nothing).
+
+It pays where a round is short against the host's work between rounds: measured on the H200 (Qwen3-8B shape,
+constructed weights, k = 4; ``benchmarks/results/decoding/README.md``), against the same engine without it,
+1.05-1.07x at batch 1 (layer skip 2.03x / 2.02x of plain decoding, the 0.6B draft 1.85x), 0.99-1.01x at
+batch 8 and 0.93-0.98x at batch 32 (not explained yet: each launched step was taken). So only a step of at
+most :data:`AHEAD_MAX_ROWS` rows launches it."""
 
 from __future__ import annotations
 
@@ -30,41 +36,43 @@ from ..core.sched.output import SchedulerOutput
 from ..worker.attn_metadata import ForwardBatch
 from ..worker.staging import to_device
 
-__all__ = ["Ahead", "ahead_batch", "ahead_drafts"]
+__all__ = ["AHEAD_MAX_ROWS", "Ahead", "ahead_batch", "ahead_drafts"]
+
+AHEAD_MAX_ROWS = 4
+"""Verification steps of more speculating rows do not launch the next round's first draft step (measured:
+it helps at batch 1, is even at 8 and loses at 32)."""
 
 
 @dataclass
 class Ahead:
     """A launched first draft step: the verified rows' sequences (``seq_ids``) and first positions
-    (``starts``), their draft count ``k``, which rows' chunk ended a block (``ends_block``), the drafts
-    ``tokens`` ``[R]`` int64 on the device, and, once the verification was read, each row's accepted count
-    (``accepted``; None before)."""
+    (``starts``), the drafts ``tokens`` ``[R]`` int64 on the device, and, once the verification was read,
+    each row's accepted count (``accepted``; None before)."""
 
     seq_ids: list[int]
     starts: list[int]
-    k: int
-    ends_block: list[bool]
     tokens: torch.Tensor
     accepted: list[int] | None = None
 
     def matches(self, out: SchedulerOutput, chunks: list[int]) -> bool:
         """Whether the speculating chunks ``chunks`` of ``out`` (the next round) are the rounds this step was
-        launched for: the same sequences in the same order, each at its position after its accepted drafts,
-        none of them the unallocated slot's case."""
+        launched for: the same sequences in the same order, each at its position after its accepted
+        drafts."""
         if self.accepted is None or [out.seq_ids[i] for i in chunks] != self.seq_ids:
             return False
         return all(
-            out.num_computed_tokens[i] == s + 1 + a and not (a == self.k and e)
-            for i, s, a, e in zip(chunks, self.starts, self.accepted, self.ends_block, strict=True)
+            out.num_computed_tokens[i] == s + 1 + a
+            for i, s, a in zip(chunks, self.starts, self.accepted, strict=True)
         )
 
 
-def ahead_drafts(out: SchedulerOutput) -> int:
+def ahead_drafts(out: SchedulerOutput, block_size: int) -> int:
     """The draft count k when the verification step ``out`` launches the next round's first draft step
-    (every chunk verifies k drafts and samples greedily, no prompt logprobs, and no row can reach its
-    ``max_tokens`` in this round: a row that ends leaves the next round another batch), else 0."""
+    (at most :data:`AHEAD_MAX_ROWS` chunks, every one verifying k drafts and sampling greedily, no prompt
+    logprobs, no row that can reach its ``max_tokens`` in this round, and no chunk that ends a block: the next
+    round's first slot is then allocated whatever is accepted), else 0."""
     spec = out.spec_token_ids
-    if not spec or not all(spec) or not all(out.sample) or out.prompt_logprobs:
+    if not spec or len(spec) > AHEAD_MAX_ROWS or not all(spec) or not all(out.sample) or out.prompt_logprobs:
         return 0
     k = len(spec[0])
     rows = out.sampling
@@ -72,37 +80,31 @@ def ahead_drafts(out: SchedulerOutput) -> int:
         return 0
     if any(p.max_tokens - n <= k + 1 for p, n in zip(rows.params, rows.num_output_tokens, strict=True)):
         return 0
+    if any((s + k + 1) % block_size == 0 for s in out.num_computed_tokens):
+        return 0
     return k
 
 
 def ahead_batch(
-    out: SchedulerOutput, k: int, tokens: torch.Tensor, accepted: torch.Tensor, block_size: int
-) -> tuple[ForwardBatch, list[int], list[bool]]:
-    """The next round's first draft step of the verification step ``out`` (every chunk verifying ``k``
-    drafts, :func:`ahead_drafts`) as a decode :class:`ForwardBatch` on the device, from the verification's
-    ``tokens`` ``[R, k + 1]`` int64 and ``accepted`` ``[R]`` int64 (device): row r's input is
-    ``tokens[r, accepted[r]]`` at position ``start_r + 1 + accepted[r]``, its slot from its block table
-    (where every draft was accepted and the chunk ended a block, that slot is not allocated: the row runs at
-    the chunk's last position, writes nothing (slot -1), and its drafts are not taken). Returns the
-    batch, the rows' first positions and which rows' chunk ended a block. One host-to-device copy, no
+    out: SchedulerOutput, tokens: torch.Tensor, accepted: torch.Tensor, block_size: int
+) -> ForwardBatch:
+    """The next round's first draft step of the verification step ``out`` (:func:`ahead_drafts` said yes) as
+    a decode :class:`ForwardBatch` on the device, from the verification's ``tokens`` ``[R, k + 1]`` int64
+    and ``accepted`` ``[R]`` int64 (device): row r's input is ``tokens[r, accepted[r]]`` at position
+    ``start_r + 1 + accepted[r]``, its slot from its block table. One host-to-device copy, no
     synchronization."""
     dev = tokens.device
-    starts = np.asarray(out.num_computed_tokens, dtype=np.int64)
-    ends = (starts + k + 1) % block_size == 0
-    start_t, ends_t, tables = to_device(
-        [starts, ends.astype(np.int64), np.ascontiguousarray(out.block_tables)], dev
+    start_t, tables = to_device(
+        [np.asarray(out.num_computed_tokens, dtype=np.int64), np.ascontiguousarray(out.block_tables)], dev
     )
-    unallocated = (accepted == k) & (ends_t != 0)
-    # such a row runs at the chunk's last position instead (inside its table) and writes nothing
-    pos = start_t + 1 + accepted - unallocated.to(torch.int64)
+    pos = start_t + 1 + accepted
     ids = tokens.gather(1, accepted[:, None]).squeeze(1)
     block = tables.gather(1, (pos // block_size)[:, None]).squeeze(1).to(torch.int64)
-    slots = torch.where(unallocated, -1, block * block_size + pos % block_size)
     r = ids.shape[0]
-    batch = ForwardBatch(
+    return ForwardBatch(
         ids,
         pos,
-        slots,
+        block * block_size + pos % block_size,
         tables,
         (pos + 1).to(torch.int32),
         None,
@@ -110,4 +112,3 @@ def ahead_batch(
         r,
         logits_all=True,
     )
-    return batch, starts.tolist(), ends.tolist()

@@ -172,18 +172,18 @@ class DraftProposer:
         """For the verification step ``out``: the ``before_read`` of
         :func:`~layerzero.engine.spec_decode.verify.verify_step` that queues the next round's first draft
         step behind the verification's result (:func:`.ahead.ahead_batch`), or None when the step cannot
-        (:func:`.ahead.ahead_drafts`: a sampled row, a plain or prefill chunk, unequal draft counts) or
+        (:func:`.ahead.ahead_drafts`: a sampled row, a plain or prefill chunk, unequal draft counts, a row
+        that may end or whose chunk ends a block) or
         ``draft_ahead`` is off. Call :meth:`settle` with the accepted counts once the step is read."""
         self.ahead = None
-        k = ahead_drafts(out) if DraftProposer.draft_ahead else 0
-        if not k:
+        bs = self.runner.block_size
+        if not DraftProposer.draft_ahead or not ahead_drafts(out, bs):
             return None
 
         @torch.no_grad()
         def launch(tokens: torch.Tensor, accepted: torch.Tensor) -> None:
-            batch, starts, ends = ahead_batch(out, k, tokens, accepted, self.runner.block_size)
-            drafts = self._logits(batch).argmax(dim=-1)
-            self.ahead = Ahead(list(out.seq_ids), starts, k, ends, drafts)
+            drafts = self._logits(ahead_batch(out, tokens, accepted, bs)).argmax(dim=-1)
+            self.ahead = Ahead(list(out.seq_ids), list(out.num_computed_tokens), drafts)
             self.ahead_launched += 1
 
         return launch
