@@ -113,8 +113,8 @@ def test_reference_fully_masked_by_mask_and_causal_gives_zero():
 # outside every kernel's contract and checking for them costs a reduction per call, so what we guarantee for
 # these two kernels (docs/backends.md, docs/troubleshooting.md) is: the NaN query row comes back all-NaN OR
 # all-zero, never leaks to other rows or heads, and every other row matches the oracle. Every other kernel
-# must propagate the NaN. The CI runs this file under ATEN_CPU_CAPABILITY=default and =avx2 too
-# (tools/run_tests.sh), so both branches are exercised.
+# must propagate the NaN. The CI runs this file under a lesser ISA too (tools/run_tests.sh: avx2 on an
+# AVX-512 host, default on an AVX2 one), so both branches are exercised.
 NAN_OR_ZERO_ROW = frozenset({"torch_sdpa.flash", "torch_sdpa.cpu_fp32_upcast"})
 
 
