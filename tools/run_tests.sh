@@ -15,8 +15,9 @@
 # the side stream; ISA_CAPABILITIES="avx2 default" runs both).
 #
 # Two streams when the machine has >= 2 cores (CI machines have 2; every pass is single-threaded: conftest sets one
-# torch thread): the foreground runs the main run, the other stream the multi-process tests, the interpreter files,
-# the -O pass and the ISA passes; the side stream's output is printed after the foreground's. Measured lengths
+# torch thread): the foreground runs the main run, the other stream the multi-process tests, the server's tests
+# (since 2026-11-30, ~2 min), the interpreter files, the -O pass and the ISA pass; the side stream's output is
+# printed after the foreground's. Measured lengths
 # (minutes; a fresh-clone rehearsal of .ci/run on a 2-core Intel AVX-512/AMX machine in a slow phase, 2026-11-29,
 # fourth session, CI 18.8 min with the install): main run without the interpreter files 15.8; multi-process tests
 # 2.6, interpreter files 4.0, -O pass (its validation half) 1.4, ISA passes without the interpreter tests 3.3 (avx2)
@@ -57,12 +58,19 @@ optimized_tests() {
     tests/property
 }
 
+serving_tests() {
+  echo "=== the server's tests (tests/engine/serving: live servers on 127.0.0.1, real clients)"
+  "$PY" -m pytest -q -p no:cacheprovider tests/engine/serving
+}
+
 main_stream() {
-  "$PY" -m pytest -q --ignore-glob='*_interpret.py' --ignore=tests/distributed --ignore=tests/engine/parallel
+  "$PY" -m pytest -q --ignore-glob='*_interpret.py' --ignore=tests/distributed --ignore=tests/engine/parallel \
+    --ignore=tests/engine/serving
 }
 
 side_stream() {
   multi_process_tests || return 1
+  serving_tests || return 1
   interpreter_tests || return 1
   optimized_tests || return 1
   echo "=== this CPU dispatches as $native; the kernel-correctness tests run again under: ${ISA_CAPABILITIES:-none}"
