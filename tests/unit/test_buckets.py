@@ -23,6 +23,9 @@ def short_kernel():
     RUNTIME.registry.add_kernel(spec)
     yield spec
     RUNTIME.registry.remove_kernel("short.attention")
+    # and the backend: a later multi-process engine's ranks (fresh processes) would not have it, and
+    # lz.distributed.sync_selection refuses ranks whose backend lists differ
+    RUNTIME.registry.backends.remove("short")
 
 
 def test_max_seq_len_is_checked_against_the_bucket_upper_bound(short_kernel):
