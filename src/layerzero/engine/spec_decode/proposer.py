@@ -171,10 +171,10 @@ class DraftProposer:
     def ahead_hook(self, out: SchedulerOutput) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """For the verification step ``out``: the ``before_read`` of
         :func:`~layerzero.engine.spec_decode.verify.verify_step` that queues the next round's first draft
-        step behind the verification's result (:func:`.ahead.ahead_batch`), or None when the step cannot
-        (:func:`.ahead.ahead_drafts`: a sampled row, a plain or prefill chunk, unequal draft counts, a row
-        that may end or whose chunk ends a block) or
-        ``draft_ahead`` is off. Call :meth:`settle` with the accepted counts once the step is read."""
+        step behind the verification's result (:func:`.ahead.ahead_batch`), or None when ``draft_ahead`` is
+        off or the step does not launch it (:func:`.ahead.ahead_drafts`: a sampled row, a plain or prefill
+        chunk, unequal draft counts, a row that may end, a chunk that ends a block, more than
+        ``AHEAD_MAX_ROWS`` rows). Call :meth:`settle` with the accepted counts once the step is read."""
         self.ahead = None
         bs = self.runner.block_size
         if not DraftProposer.draft_ahead or not ahead_drafts(out, bs):
