@@ -17,14 +17,14 @@
 # Two streams when the machine has >= 2 cores (CI machines have 2; every pass is single-threaded: conftest sets one
 # torch thread): the foreground runs the main run, the other stream the multi-process tests, the server's tests
 # (since 2026-11-30, ~2 min), the interpreter files, the -O pass and the ISA pass; the side stream's output is
-# printed after the foreground's. Measured lengths
-# (minutes; a fresh-clone rehearsal of .ci/run on a 2-core Intel AVX-512/AMX machine in a slow phase, 2026-11-29,
-# fourth session, CI 18.8 min with the install): main run without the interpreter files 15.8; multi-process tests
-# 2.6, interpreter files 4.0, -O pass (its validation half) 1.4, ISA passes without the interpreter tests 3.3 (avx2)
-# and 3.8 (default): 15.2 beside it. The same machine runs every pass ~20% faster in a fast phase (main 13.2). An
-# AVX2-only machine has one ISA pass, so its side stream is shorter still. (Until 2026-11-29
-# the -O pass and some interpreter files ran in the foreground, while the ISA passes still ran the interpreter
-# tests.) SERIAL=1 runs everything one after another. The -O pass runs the validation tests of tests/unit,
+# printed after the foreground's. Measured lengths (minutes; a fresh-clone rehearsal of .ci/run on a 2-core
+# machine that dispatched as AVX2, 2026-11-30, CI 18.0 min with the install): main run 15.0 (5,179 tests); beside
+# it multi-process tests 3.1, the server's tests 2.5, interpreter files 3.9, -O pass (its validation half) 1.2 and
+# the one ISA pass (default) 3.4: 14.1. An AVX-512 host runs avx2 instead of default, about as long. (Until
+# 2026-11-30 the server's tests ran in the foreground and an AVX-512 host ran both ISA passes: 27.8 min in a slow
+# phase. Until 2026-11-29 the -O pass and some interpreter files ran in the foreground, while the ISA passes still
+# ran the interpreter tests.) SERIAL=1 runs everything one after another. The -O pass runs the validation tests of
+# tests/unit,
 # tests/engine/unit and tests/property (see VALIDATION_K below); not the engine's end-to-end correctness, decoding
 # or server tests (the suite outgrew CI's 20 minutes; the server validates with pydantic, not assert).
 # Usage: tools/run_tests.sh [PYTHON]   (default .venv/bin/python)
