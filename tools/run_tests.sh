@@ -24,9 +24,8 @@
 # 2026-11-30 the server's tests ran in the foreground and an AVX-512 host ran both ISA passes: 27.8 min in a slow
 # phase. Until 2026-11-29 the -O pass and some interpreter files ran in the foreground, while the ISA passes still
 # ran the interpreter tests.) SERIAL=1 runs everything one after another. The -O pass runs the validation tests of
-# tests/unit,
-# tests/engine/unit and tests/property (see VALIDATION_K below); not the engine's end-to-end correctness, decoding
-# or server tests (the suite outgrew CI's 20 minutes; the server validates with pydantic, not assert).
+# tests/unit, tests/engine/unit and tests/property (see VALIDATION_K below); not the engine's end-to-end
+# correctness, decoding or server tests (the suite outgrew CI's 20 minutes; the server validates with pydantic, not assert).
 # Usage: tools/run_tests.sh [PYTHON]   (default .venv/bin/python)
 set -uo pipefail
 PY=${1:-.venv/bin/python}
