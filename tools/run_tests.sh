@@ -25,7 +25,8 @@
 # phase. Until 2026-11-29 the -O pass and some interpreter files ran in the foreground, while the ISA passes still
 # ran the interpreter tests.) SERIAL=1 runs everything one after another. The -O pass runs the validation tests of
 # tests/unit, tests/engine/unit and tests/property (see VALIDATION_K below); not the engine's end-to-end
-# correctness, decoding or server tests (the suite outgrew CI's 20 minutes; the server validates with pydantic, not assert).
+# correctness, decoding or server tests (the suite outgrew CI's 20 minutes; the server validates with pydantic,
+# not assert).
 # Usage: tools/run_tests.sh [PYTHON]   (default .venv/bin/python)
 set -uo pipefail
 PY=${1:-.venv/bin/python}
