@@ -84,7 +84,7 @@ side_stream() {
 cores=$(nproc 2>/dev/null || echo 1)
 if [ "${SERIAL:-}" != 1 ] && [ "$cores" -ge 2 ]; then
   log=$(mktemp "${TMPDIR:-/tmp}/layerzero-side-stream.XXXXXX")
-  echo "=== two streams ($cores cores): the multi-process, interpreter, -O and forced-ISA passes run beside the main" \
+  echo "=== two streams ($cores cores): the multi-process, server, interpreter, -O and forced-ISA passes run beside the main" \
     "run; their output follows it"
   side_stream >"$log" 2>&1 &
   side=$!
