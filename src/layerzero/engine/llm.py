@@ -103,9 +103,10 @@ class LLM:
             the core keeps polling for new requests, busy, after its last step, before it blocks until one
             comes (SGLang's scheduler always polls). A blocked core sleeps on a CPU that drops into idle
             states; its next request then waits for it to wake (~0.5 ms) and runs its host-bound first step
-            on cold caches and clocks (+15% on the 2-core CPU VM, +40-50% for a prefill on the H200 after
-            50 ms-1 s idle: docs/serving.md, "Measured"). Costs one CPU core while it polls. None: 2 on
-            CUDA, 0 (off) on CPU, where the engine's own threads need the cores.
+            on cold caches and clocks (+15% on the 2-core CPU VM). On the H200 most of the slowdown after an
+            idle gap is the GPU's, which polling does not remove: at 1 req/s it moved the time to first
+            token's p50 by -0.5 ms and its p99 from 70 to 31 ms (docs/serving.md). Costs one CPU core while
+            it polls. None: 2 on CUDA, 0 (off) on CPU, where the engine's own threads need the cores.
 
     Raises:
         ConfigurationError: a bad option, an unsupported architecture, a checkpoint that does not match its

@@ -158,18 +158,19 @@ def verify_rows(
 
 
 def _read_later(t: torch.Tensor) -> Callable[[], list]:
-    """``t``'s values as nested lists, read when the returned function is called: on CUDA a non-blocking copy
-    into pinned memory is launched now and the call waits for it alone (an event), not for the work queued
-    after it; elsewhere the call reads ``t`` then."""
-    if t.device.type != "cuda":
-        return t.tolist
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
+    """``t``'s values as nested lists, read when the returned function is called: the copy to the host is
+    launched now, non-blocking, with an event after it on CUDA (as the sampler's pending draw:
+    ``Sampler._pending`` / ``resolve``), so the call waits for that copy alone, not for the work queued
+    after it."""
+    host = t.to("cpu", non_blocking=True)
+    done = None
+    if t.device.type == "cuda":
+        done = torch.cuda.Event()
+        done.record()
 
     def read() -> list:
-        done.synchronize()
+        if done is not None:
+            done.synchronize()
         return host.tolist()
 
     return read

@@ -31,6 +31,11 @@ class TransportError(Exception):
         super().__init__(message)
         self.kind = kind
 
+    @classmethod
+    def of(cls, exc: BaseException) -> TransportError:
+        """The client library's exception ``exc`` as a :class:`TransportError` (its name as ``kind``)."""
+        return cls(type(exc).__name__, str(exc) or type(exc).__name__)
+
 
 def resolve_client(name: str) -> str:
     """The client library ``name`` (one of :data:`HTTP_CLIENTS`) means here.
@@ -100,7 +105,7 @@ class Client:
                 r = await self._c.get(url, headers=headers)
                 status, text = r.status_code, r.text
         except self._errors() as exc:
-            raise TransportError(type(exc).__name__, str(exc) or type(exc).__name__) from exc
+            raise TransportError.of(exc) from exc
         try:
             return status, json.loads(text)
         except ValueError:
@@ -123,7 +128,7 @@ class Client:
                 async with self._c.stream("POST", url, json=payload, headers=headers) as r:
                     yield r.status_code, _wrap(r.aiter_lines(), errors)
         except errors as exc:
-            raise TransportError(type(exc).__name__, str(exc) or type(exc).__name__) from exc
+            raise TransportError.of(exc) from exc
 
 
 async def _aiohttp_lines(r: Any) -> AsyncIterator[str]:
@@ -136,4 +141,4 @@ async def _wrap(lines: AsyncIterator[str], errors: tuple[type[BaseException], ..
         async for line in lines:
             yield line
     except errors as exc:
-        raise TransportError(type(exc).__name__, str(exc) or type(exc).__name__) from exc
+        raise TransportError.of(exc) from exc
