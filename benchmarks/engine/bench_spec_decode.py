@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from layerzero.engine import LLM, SamplingParams
-from layerzero.engine.spec_decode.proposer import DraftProposer
+from layerzero.engine.spec_decode.ahead import AHEAD_MAX_ROWS
 from layerzero.engine.tools.bench import QWEN3_0_6B
 
 QWEN3_8B = {
@@ -125,7 +125,7 @@ def run(
     agreeing with the target on that fraction of tokens, and the prompts that walk's noisy copy.
     ``timeline``: each engine also profiles one batch-1 generate of 64 tokens (torch.profiler) into
     ``out/timeline_<config>.md`` (``gpu_timeline.summarize``: where the GPU idles in a step or round).
-    ``ahead_ab``: each device-draft engine also runs every batch with ``DraftProposer.draft_ahead`` off
+    ``ahead_ab``: each device-draft engine also runs every batch with ``DraftProposer.ahead_max_rows`` 0
     (rows ``<config> (no ahead)``, right after the rows with it on)."""
     cfg = json.loads((target / "config.json").read_text())
     vocab = cfg["vocab_size"]
@@ -171,16 +171,15 @@ def run(
             sc.construct_llm(llm, succ, dsucc)
             sc.check_walk(llm, succ)
         # a device drafter with and without its next-round first draft step launched ahead (same engine)
+        drafter = llm.engine.executor.worker.drafter
         variants = [(name, True)]
         if ahead_ab and spec is not None and spec["method"] != "ngram":
             variants.append((f"{name} (no ahead)", False))
         for b in batches:
             for label, ahead in variants:
-                DraftProposer.draft_ahead = ahead
-                try:
-                    r = {"config": label, **_measure(llm, b, max_tokens, vocab, prompts)}
-                finally:
-                    DraftProposer.draft_ahead = True
+                if drafter is not None:
+                    drafter.ahead_max_rows = AHEAD_MAX_ROWS if ahead else 0
+                r = {"config": label, **_measure(llm, b, max_tokens, vocab, prompts)}
                 if name == "plain":
                     base[b] = r["tok_per_s"]
                 r["speedup"] = r["tok_per_s"] / base[b]

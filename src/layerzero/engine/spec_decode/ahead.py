@@ -23,7 +23,7 @@ It pays where a round is short against the host's work between rounds: measured 
 constructed weights, k = 4; ``benchmarks/results/decoding/README.md``), against the same engine without it,
 1.05-1.07x at batch 1 (layer skip 2.03x / 2.02x of plain decoding, the 0.6B draft 1.85x), 0.99-1.01x at
 batch 8 and 0.93-0.98x at batch 32 (not explained yet: each launched step was taken). So only a step of at
-most :data:`AHEAD_MAX_ROWS` rows launches it."""
+most ``DraftProposer.ahead_max_rows`` rows (:data:`AHEAD_MAX_ROWS` unless set) launches it."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ from ..worker.staging import to_device
 __all__ = ["AHEAD_MAX_ROWS", "Ahead", "ahead_batch", "ahead_drafts"]
 
 AHEAD_MAX_ROWS = 4
-"""Verification steps of more speculating rows do not launch the next round's first draft step (measured:
-it helps at batch 1, is even at 8 and loses at 32)."""
+"""The default of ``DraftProposer.ahead_max_rows``: verification steps of more speculating rows do not launch
+the next round's first draft step (measured: it helps at batch 1, is even at 8 and loses at 32)."""
 
 
 @dataclass
@@ -66,13 +66,13 @@ class Ahead:
         )
 
 
-def ahead_drafts(out: SchedulerOutput, block_size: int) -> int:
+def ahead_drafts(out: SchedulerOutput, block_size: int, max_rows: int = AHEAD_MAX_ROWS) -> int:
     """The draft count k when the verification step ``out`` launches the next round's first draft step
-    (at most :data:`AHEAD_MAX_ROWS` chunks, every one verifying k drafts and sampling greedily, no prompt
+    (at most ``max_rows`` chunks, every one verifying k drafts and sampling greedily, no prompt
     logprobs, no row that can reach its ``max_tokens`` in this round, and no chunk that ends a block: the next
     round's first slot is then allocated whatever is accepted), else 0."""
     spec = out.spec_token_ids
-    if not spec or len(spec) > AHEAD_MAX_ROWS or not all(spec) or not all(out.sample) or out.prompt_logprobs:
+    if not spec or len(spec) > max_rows or not all(spec) or not all(out.sample) or out.prompt_logprobs:
         return 0
     k = len(spec[0])
     rows = out.sampling

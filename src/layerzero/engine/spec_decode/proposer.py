@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from ..worker.attn_metadata import ForwardBatch
 from ..worker.cuda_graph import CUDAGraphRunner
 from ..worker.input_batch import ScheduledChunk, build_forward_batch
 from ..worker.staging import to_device
-from .ahead import Ahead, ahead_batch, ahead_drafts
+from .ahead import AHEAD_MAX_ROWS, Ahead, ahead_batch, ahead_drafts
 from .config import SpeculativeConfig
 
 __all__ = ["DraftProposer", "load_draft"]
@@ -92,14 +92,11 @@ class DraftProposer:
 
     A greedy verification step also launches the next round's first draft step before it is read
     (:meth:`ahead_hook`, :mod:`.ahead`); :meth:`propose` takes its drafts when the next round is the one it
-    assumed. ``ahead_launched`` / ``ahead_used`` count them; the class attribute ``draft_ahead`` turns it
-    off (the benchmark's A/B).
+    assumed. ``ahead_launched`` / ``ahead_used`` count them; ``ahead_max_rows`` (default
+    :data:`.ahead.AHEAD_MAX_ROWS`) bounds the steps that launch it, 0 turns it off (the benchmark's A/B).
 
     Raises:
         ConfigurationError: ``num_layers`` out of range (``SpeculativeConfig.check_model``)."""
-
-    #: Launch the next round's first draft step before a greedy verification is read (:mod:`.ahead`).
-    draft_ahead: ClassVar[bool] = True
 
     def __init__(
         self, spec: SpeculativeConfig, runner: Any, ec: EngineConfig, max_model_len: int, draft: Any = None
@@ -128,6 +125,7 @@ class DraftProposer:
             ]
         self.ahead: Ahead | None = None
         self.ahead_launched = self.ahead_used = 0
+        self.ahead_max_rows = AHEAD_MAX_ROWS
         self.graphs: CUDAGraphRunner | None = None
         if runner.device.type == "cuda" and not ec.enforce_eager:
             self.graphs = self._capture(ec, max_model_len)
@@ -171,13 +169,13 @@ class DraftProposer:
     def ahead_hook(self, out: SchedulerOutput) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """For the verification step ``out``: the ``before_read`` of
         :func:`~layerzero.engine.spec_decode.verify.verify_step` that queues the next round's first draft
-        step behind the verification's result (:func:`.ahead.ahead_batch`), or None when ``draft_ahead`` is
-        off or the step does not launch it (:func:`.ahead.ahead_drafts`: a sampled row, a plain or prefill
-        chunk, unequal draft counts, a row that may end, a chunk that ends a block, more than
-        ``AHEAD_MAX_ROWS`` rows). Call :meth:`settle` with the accepted counts once the step is read."""
+        step behind the verification's result (:func:`.ahead.ahead_batch`), or None when the step does not
+        launch it (:func:`.ahead.ahead_drafts`: a sampled row, a plain or prefill chunk, unequal draft counts,
+        a row that may end, a chunk that ends a block, more than ``ahead_max_rows`` rows). Call
+        :meth:`settle` with the accepted counts once the step is read."""
         self.ahead = None
         bs = self.runner.block_size
-        if not DraftProposer.draft_ahead or not ahead_drafts(out, bs):
+        if not ahead_drafts(out, bs, self.ahead_max_rows):
             return None
 
         @torch.no_grad()
