@@ -1,0 +1,171 @@
+"""What limits data parallelism behind one server (issue 38's DP target): the same 1,000 streamed requests at
+rate inf through four layouts, one after another on one machine:
+
+- ``dp1``: one ``layerzero serve`` on GPU 0, one ``bench-serve`` client (the baseline);
+- ``dp2``: one server with ``--data-parallel-size 2``, one client (what the target measures);
+- ``dp2_2clients``: the same server, two clients of half the requests each (is the client the limit?);
+- ``2x_dp1``: two independent servers (GPU 0, GPU 1), a client of half the requests each (one API process per
+  replica: the ceiling of several API processes in front of two replicas).
+
+Each server gets a warm-up run first. The API process's CPU use during the run (``/proc/PID/stat``, user +
+system, as a fraction of one core over the slowest client's run) is recorded next to the throughput: a front
+end at ~1.0 is saturated. Throughput is the clients' output tokens over the slowest client's own duration
+(their start-up, importing layerzero, left out; clients start together).
+
+    python benchmarks/parallel/dp_ceiling.py --out /tmp/dp_ceiling [--layouts dp1,dp2,dp2_2clients,2x_dp1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+LAYOUTS = ("dp1", "dp2", "dp2_2clients", "2x_dp1")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _serve(model: str, flags: list[str], gpus: str, log: Path) -> tuple[subprocess.Popen, str]:
+    port = _port()
+    cmd = [sys.executable, "-m", "layerzero", "serve", "--model", model, "--port", str(port), *flags]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    end = time.monotonic() + 600
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}: see {log}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"server not healthy: see {log}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _clients(urls: list[str], n: int, out: Path, name: str, servers: list[subprocess.Popen]) -> dict:
+    """``n`` requests split evenly over ``urls`` (one bench-serve process each, started together); the
+    combined throughput over the wall time of the slowest, and each server's API-process CPU use."""
+    out.mkdir(parents=True, exist_ok=True)
+    per = n // len(urls)
+    cpu0 = [_cpu_s(p.pid) for p in servers]
+    t0 = time.perf_counter()
+    procs = []
+    for i, url in enumerate(urls):
+        cmd = [sys.executable, "-m", "layerzero", "bench-serve", "--base-url", url, "--num-prompts", str(per)]
+        cmd += ["--seed", str(i), "--result-json", str(out / f"{name}_client{i}.json")]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+    for p in procs:
+        p.wait()
+    wall = time.perf_counter() - t0
+    res = [json.loads((out / f"{name}_client{i}.json").read_text()) for i in range(len(urls))]
+    span = max(r["duration"] for r in res)  # the clients' own clocks: their start-up (imports) left out
+    cpu = [(_cpu_s(p.pid) - c) / span for p, c in zip(servers, cpu0, strict=True)]
+    tokens = sum(r["total_output_tokens"] for r in res)
+    return {
+        "layout": name,
+        "requests": per * len(urls),
+        "failed": sum(r["failed"] for r in res),
+        "output_tokens": tokens,
+        "wall_s": round(wall, 3),
+        "span_s": round(span, 3),
+        "output_tok_s": round(tokens / span, 1),
+        "client_durations_s": [round(r["duration"], 3) for r in res],
+        "client_output_tok_s": [round(r["output_throughput"], 1) for r in res],
+        "median_itl_ms": [round(r["median_itl_ms"], 2) for r in res],
+        "median_tpot_ms": [round(r["median_tpot_ms"], 2) for r in res],
+        "api_process_cpu": [round(c, 3) for c in cpu],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", default=None, help="checkpoint (default: bench-engine's full-scale one)")
+    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--layouts", default=",".join(LAYOUTS))
+    p.add_argument("--serve-flags", default="", help="extra flags for every server")
+    ns = p.parse_args(argv)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = ns.model
+    if model is None:
+        import torch
+
+        from layerzero.engine.tools.bench import default_checkpoint
+
+        model = str(default_checkpoint("full", torch.bfloat16))
+    extra = ns.serve_flags.split()
+    layouts = ns.layouts.split(",")
+    results = []
+
+    def run(servers_spec: list[tuple[list[str], str]], runs: list[tuple[str, int]]) -> None:
+        servers = []
+        try:
+            for i, (flags, gpus) in enumerate(servers_spec):
+                servers.append(_serve(model, flags + extra, gpus, out / f"{runs[0][0]}_server{i}.log"))
+            procs, urls = [s for s, _ in servers], [u for _, u in servers]
+            _clients(urls, 100 * len(urls), out / "warmup", "warmup", procs)
+            for name, n_clients in runs:
+                targets = urls if len(urls) == n_clients else urls * n_clients
+                r = _clients(targets, ns.num_prompts, out, name, procs)
+                print(json.dumps(r), flush=True)
+                results.append(r)
+        finally:
+            for s, _ in servers:
+                _stop(s)
+
+    if "dp1" in layouts:
+        run([([], "0")], [("dp1", 1)])
+    dp2_runs = [(n, c) for n, c in (("dp2", 1), ("dp2_2clients", 2)) if n in layouts]
+    if dp2_runs:
+        run([(["--data-parallel-size", "2"], "0,1")], dp2_runs)
+    if "2x_dp1" in layouts:
+        run([([], "0"), ([], "1")], [("2x_dp1", 2)])
+    base = next((r["output_tok_s"] for r in results if r["layout"] == "dp1"), None)
+    lines = ["| layout | output tok/s | vs dp1 | span s | API-process CPU | median ITL ms | failed |"]
+    lines.append("| --- | ---: | ---: | ---: | --- | --- | ---: |")
+    for r in results:
+        ratio = f"{r['output_tok_s'] / base:.2f}x" if base else "-"
+        lines.append(
+            f"| {r['layout']} | {r['output_tok_s']:,.0f} | {ratio} | {r['span_s']} | {r['api_process_cpu']} "
+            f"| {r['median_itl_ms']} | {r['failed']} |"
+        )
+    (out / "dp_ceiling.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "dp_ceiling.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
