@@ -53,7 +53,8 @@
 #   x2-micro  bench_collectives.py, bench_weight_load.py, tp_batch1.py at TP 2 then 1 (Qwen3-8B shape), ~4 min
 #   x2-8b     bench-engine on the Qwen3-8B shape at TP 2 then 1 (load_format dummy), ~4 min
 #   x2-moe    bench-engine on Qwen3-30B-A3B at TP 2 + EP, TP 2, TP 1 ($MOE_RUNS to choose; 200 s each), ~8 min
-#   x2-dp     serve_and_bench.py, Qwen3-0.6B shape, rate inf, 1,000 requests: --data-parallel-size 2 then 1
+#   x2-dp     serve_and_bench.py, Qwen3-0.6B shape, rate inf, 1,000 requests from $DP_CLIENTS (4) client processes:
+#             --data-parallel-size 2 then 1
 #   x2-dpc    benchmarks/parallel/dp_ceiling.py $DPC_ARGS: dp1, dp2, dp2 with two clients, two separate servers
 #   x2-pack   tar $OUT/parallel_x2 into $OUT/parallel_x2.tgz (a call brings back at most 8 files)
 # JIT caches (FlashInfer workspace, Triton) live in the ignored .fi_ws/ of the checkout there: a device machine that is
@@ -145,7 +146,8 @@ for stage in "$@"; do
               for run in "${runs[@]}"; do x2_bench qwen3-30b-a3b $run; done ;;
           x2-dp) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_srv/*.whl 2>&1 | tail -2
               for dp in 2 1; do timeout ${DP_TIMEOUT:-280} python3 benchmarks/serving/serve_and_bench.py --scale full \
-                  --rates inf --num-prompts 1000 --out "$P/dp$dp" -- --data-parallel-size $dp 2>&1 | tail -4; done ;;
+                  --rates inf --num-prompts 1000 --client-processes ${DP_CLIENTS:-4} --out "$P/dp$dp" \
+                  -- --data-parallel-size $dp 2>&1 | tail -4; done ;;
           x2-dpc) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_srv/*.whl 2>&1 | tail -2
               timeout ${DP_TIMEOUT:-500} python3 benchmarks/parallel/dp_ceiling.py --out "$P/dp_ceiling" \
                   ${DPC_ARGS:-} 2>&1 | tail -8 ;;

@@ -112,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default="1,4,16,64,inf")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument(
+        "--client-processes", type=int, default=1, help="bench-serve's: send from this many processes"
+    )
     p.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS")
     p.add_argument("--offline", action="store_true", help="also time LLM.generate on the same requests")
     p.add_argument("--startup-timeout", type=float, default=600.0)
@@ -142,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         bench += ["--max-concurrency", str(ns.max_concurrency)]
     if ns.goodput:
         bench += ["--goodput", *ns.goodput]
+    if ns.client_processes > 1:
+        bench += ["--client-processes", str(ns.client_processes)]
     t0 = time.monotonic()
     with open(ns.out / "server.log", "w") as log:
         prefix = shlex.split(ns.server_prefix)

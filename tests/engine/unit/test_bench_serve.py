@@ -252,6 +252,38 @@ def test_run_against_a_fake_sse_server(fake_server, tmp_path, capsys, client):
     assert "Serving Benchmark Result" in capsys.readouterr().out
 
 
+def test_client_processes_send_each_request_once_and_report_in_request_order(fake_server):
+    from layerzero.engine.tools.bench_serve import make_requests, run
+    from layerzero.engine.tools.bench_serve_procs import shares
+
+    assert shares(7, 3) == [3, 2, 2] and shares(None, 2) == [None, None] and shares(4, 4) == [1, 1, 1, 1]
+    srv = fake_server()
+    cfg = _cfg(srv.url, num_prompts=9, max_concurrency=4, client_processes=2)
+    with deadline(120):
+        res = run(cfg, quiet=True)
+    reqs = make_requests(cfg)
+    probe, *sent = srv.bodies
+    assert len(sent) == 9 and srv.max_inflight <= 4  # two shares of 2
+    assert sorted((tuple(b["prompt"]), b["max_tokens"]) for b in sent) == sorted(
+        (tuple(p), m) for p, m in reqs
+    )
+    assert res["completed"] == 9 and res["failed"] == 0
+    assert res["requests"]["input_lens"] == [len(p) for p, _ in reqs]  # request i's result at index i
+    assert res["requests"]["output_lens"] == [m for _, m in reqs]
+    assert [len(x) for x in res["requests"]["itls"]] == [m - 1 for _, m in reqs]
+    longest = max(res["requests"]["e2els"])
+    assert longest <= res["duration"] < longest + 30  # the common start to the last process's end
+
+
+def test_client_processes_are_checked():
+    with pytest.raises(lz.InvalidInputError, match="client-processes"):
+        _cfg("http://127.0.0.1:1", client_processes=0)
+    with pytest.raises(lz.InvalidInputError, match="client-processes"):
+        _cfg("http://127.0.0.1:1", num_prompts=2, client_processes=3)
+    with pytest.raises(lz.InvalidInputError, match="max-concurrency"):
+        _cfg("http://127.0.0.1:1", max_concurrency=1, client_processes=2)
+
+
 def test_http_client_names_are_checked(monkeypatch):
     import importlib.util
 

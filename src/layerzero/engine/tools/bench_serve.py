@@ -99,7 +99,9 @@ class BenchServeConfig:
     ``model``: the served model name (None: the first of ``GET /v1/models``). ``goodput_ms``: SLO name ->
     milliseconds (:data:`GOODPUT_METRICS`). ``token_ids``: prompts' ids are drawn from ``[lo, hi)``.
     ``http_client``: ``auto`` (aiohttp when installed, else httpx), ``aiohttp`` or ``httpx``
-    (:mod:`.bench_serve_http`; the result's ``http_client`` names the one used).
+    (:mod:`.bench_serve_http`; the result's ``http_client`` names the one used). ``client_processes``: the
+    requests are sent from this many processes (:mod:`.bench_serve_procs`: one Python process streaming
+    30-40 thousand chunks a second is itself the limit of a fast server).
 
     Raises:
         InvalidInputError: any field out of range (the message names it).
@@ -120,6 +122,7 @@ class BenchServeConfig:
     api_key: str | None = None
     request_timeout_s: float = 600.0
     http_client: str = "auto"
+    client_processes: int = 1
 
     def __post_init__(self) -> None:
         if not self.endpoint.startswith("/") or not self.endpoint.endswith("/completions"):
@@ -145,6 +148,16 @@ class BenchServeConfig:
                 raise bad_input("--goodput", f"NAME:MS with NAME in {GOODPUT_METRICS}, MS > 0", f"{k}:{v}")
         if not self.request_timeout_s > 0:
             raise bad_input("--request-timeout", "seconds > 0", self.request_timeout_s)
+        if self.client_processes < 1 or self.client_processes > self.num_prompts:
+            raise bad_input(
+                "--client-processes", f"an int in [1, num_prompts={self.num_prompts}]", self.client_processes
+            )
+        if self.max_concurrency is not None and self.max_concurrency < self.client_processes:
+            raise bad_input(
+                "--max-concurrency",
+                f"at least --client-processes ({self.client_processes}): each process gets a share",
+                self.max_concurrency,
+            )
 
 
 def parse_rates(text: str) -> list[float]:
@@ -298,29 +311,64 @@ async def _discover(client: Any, cfg: BenchServeConfig, headers: dict[str, str])
     return model, version
 
 
+async def send_requests(
+    client: Any,
+    cfg: BenchServeConfig,
+    model: str,
+    reqs: list[tuple[list[int], int]],
+    indices: Sequence[int],
+    start: float,
+    max_concurrency: int | None,
+) -> list[RequestResult]:
+    """Send requests ``indices`` of ``reqs`` over ``client``, each at its arrival time after ``start`` (a
+    ``time.perf_counter()`` value), at most ``max_concurrency`` in flight (None: no cap); their results in the
+    order of ``indices``."""
+    headers = _headers(cfg)
+    url = cfg.base_url + cfg.endpoint
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    arrivals = arrival_times(len(reqs), cfg.request_rate, cfg.seed)
+
+    async def one(i: int) -> RequestResult:
+        delay = start + arrivals[i] - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        payload = _payload(cfg, model, *reqs[i])
+        if sem is None:
+            return await _request(client, url, payload, headers)
+        async with sem:
+            return await _request(client, url, payload, headers)
+
+    return list(await asyncio.gather(*(one(i) for i in indices)))
+
+
+def _headers(cfg: BenchServeConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+
+
+async def discover(cfg: BenchServeConfig) -> tuple[str, Any, str]:
+    """(the model name, the server's ``/version`` answer, the HTTP client used) on a connection of its own
+    (see ``_discover``)."""
+    kind = resolve_client(cfg.http_client)
+    async with Client(kind, 1, cfg.request_timeout_s) as client:
+        model, version = await _discover(client, cfg, _headers(cfg))
+    return model, version, kind
+
+
 async def _benchmark(cfg: BenchServeConfig, reqs: list[tuple[list[int], int]]) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     n_conn = cfg.max_concurrency or len(reqs)
     kind = resolve_client(cfg.http_client)
     async with Client(kind, n_conn, cfg.request_timeout_s) as client:
-        model, version = await _discover(client, cfg, headers)
-        url = cfg.base_url + cfg.endpoint
-        sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-        arrivals = arrival_times(len(reqs), cfg.request_rate, cfg.seed)
+        model, version = await _discover(client, cfg, _headers(cfg))
         start = time.perf_counter()
-
-        async def one(i: int) -> RequestResult:
-            delay = start + arrivals[i] - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            payload = _payload(cfg, model, *reqs[i])
-            if sem is None:
-                return await _request(client, url, payload, headers)
-            async with sem:
-                return await _request(client, url, payload, headers)
-
-        results = await asyncio.gather(*(one(i) for i in range(len(reqs))))
+        results = await send_requests(client, cfg, model, reqs, range(len(reqs)), start, cfg.max_concurrency)
         duration = time.perf_counter() - start
+    return report(results, duration, cfg, model, version, kind)
+
+
+def report(
+    results: list[RequestResult], duration: float, cfg: BenchServeConfig, model: str, version: Any, kind: str
+) -> dict[str, Any]:
+    """The run's summary (``summarize``) with the per-request lists under ``requests``."""
     out = summarize(results, duration, cfg.goodput_ms or None)
     out["model"], out["server_version"], out["http_client"] = model, version, kind
     out["requests"] = {
@@ -332,6 +380,21 @@ async def _benchmark(cfg: BenchServeConfig, reqs: list[tuple[list[int], int]]) -
         "errors": [r.error for r in results],
     }
     return out
+
+
+def run_loop(coro: Any) -> Any:
+    """``asyncio.run(coro)`` on uvloop's event loop when it is installed (as uvicorn's ``loop="auto"``: the
+    client's own per-chunk cost is what limits it at tens of thousands of chunks a second) and Python has
+    ``asyncio.Runner`` (3.11+), else on asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    runner = getattr(asyncio, "Runner", None)
+    if uvloop is None or runner is None:
+        return asyncio.run(coro)
+    with runner(loop_factory=uvloop.new_event_loop) as r:
+        return r.run(coro)
 
 
 def _config_dict(cfg: BenchServeConfig) -> dict[str, Any]:
@@ -350,7 +413,12 @@ def run(cfg: BenchServeConfig, result_json: Path | None = None, *, quiet: bool =
         ConfigurationError: the server cannot be reached or fails the probe request.
     """
     reqs = make_requests(cfg)
-    res = asyncio.run(_benchmark(cfg, reqs))
+    if cfg.client_processes > 1:
+        from .bench_serve_procs import run_processes
+
+        res = run_processes(cfg, reqs)
+    else:
+        res = run_loop(_benchmark(cfg, reqs))
     res = {
         "tool": "layerzero bench-serve",
         "request_rate": cfg.request_rate,
