@@ -7,12 +7,16 @@ rate inf through four layouts, one after another on one machine:
 - ``2x_dp1``: two independent servers (GPU 0, GPU 1), a client of half the requests each (one API process per
   replica: the ceiling of several API processes in front of two replicas).
 
-Each server gets a warm-up run first. The API process's CPU use during the run (``/proc/PID/stat``, user +
+Each server gets an untimed warm-up run first (``--warmup`` requests), then one timed run per entry of
+``--num-prompts``; each client is one ``bench-serve`` of ``--client-processes`` processes.
+The API process's CPU use during the run (``/proc/PID/stat``, user +
 system, as a fraction of one core over the slowest client's run) is recorded next to the throughput: a front
 end at ~1.0 is saturated. Throughput is the clients' output tokens over the slowest client's own duration
 (their start-up, importing layerzero, left out; clients start together).
 
     python benchmarks/parallel/dp_ceiling.py --out /tmp/dp_ceiling [--layouts dp1,dp2,dp2_2clients,2x_dp1]
+    python benchmarks/parallel/dp_ceiling.py --out /tmp/dp --layouts dp1,dp2 --client-processes 4 \
+        --num-prompts 1000,3000
 """
 
 from __future__ import annotations
@@ -73,7 +77,9 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def _clients(urls: list[str], n: int, out: Path, name: str, servers: list[subprocess.Popen]) -> dict:
+def _clients(
+    urls: list[str], n: int, out: Path, name: str, servers: list[subprocess.Popen], procs_each: int = 1
+) -> dict:
     """``n`` requests split evenly over ``urls`` (one bench-serve process each, started together); the
     combined throughput over the wall time of the slowest, and each server's API-process CPU use."""
     out.mkdir(parents=True, exist_ok=True)
@@ -84,6 +90,7 @@ def _clients(urls: list[str], n: int, out: Path, name: str, servers: list[subpro
     for i, url in enumerate(urls):
         cmd = [sys.executable, "-m", "layerzero", "bench-serve", "--base-url", url, "--num-prompts", str(per)]
         cmd += ["--seed", str(i), "--result-json", str(out / f"{name}_client{i}.json")]
+        cmd += ["--client-processes", str(procs_each)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
     for p in procs:
         p.wait()
@@ -94,6 +101,7 @@ def _clients(urls: list[str], n: int, out: Path, name: str, servers: list[subpro
     tokens = sum(r["total_output_tokens"] for r in res)
     return {
         "layout": name,
+        "client_processes_each": procs_each,
         "requests": per * len(urls),
         "failed": sum(r["failed"] for r in res),
         "output_tokens": tokens,
@@ -112,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--model", default=None, help="checkpoint (default: bench-engine's full-scale one)")
-    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--num-prompts", default="1000", help="comma-separated: one timed run of each, in order")
+    p.add_argument("--client-processes", type=int, default=1, help="processes of each bench-serve client")
+    p.add_argument("--warmup", type=int, default=100, help="untimed requests per server first")
     p.add_argument("--layouts", default=",".join(LAYOUTS))
     p.add_argument("--serve-flags", default="", help="extra flags for every server")
     ns = p.parse_args(argv)
@@ -135,12 +145,15 @@ def main(argv: list[str] | None = None) -> int:
             for i, (flags, gpus) in enumerate(servers_spec):
                 servers.append(_serve(model, flags + extra, gpus, out / f"{runs[0][0]}_server{i}.log"))
             procs, urls = [s for s, _ in servers], [u for _, u in servers]
-            _clients(urls, 100 * len(urls), out / "warmup", "warmup", procs)
+            if ns.warmup:
+                _clients(urls, ns.warmup * len(urls), out / "warmup", "warmup", procs, ns.client_processes)
             for name, n_clients in runs:
                 targets = urls if len(urls) == n_clients else urls * n_clients
-                r = _clients(targets, ns.num_prompts, out, name, procs)
-                print(json.dumps(r), flush=True)
-                results.append(r)
+                for n in (int(x) for x in ns.num_prompts.split(",")):
+                    r = _clients(targets, n, out, f"{name}_n{n}", procs, ns.client_processes)
+                    r["layout"] = name
+                    print(json.dumps(r), flush=True)
+                    results.append(r)
         finally:
             for s, _ in servers:
                 _stop(s)
@@ -152,13 +165,17 @@ def main(argv: list[str] | None = None) -> int:
         run([(["--data-parallel-size", "2"], "0,1")], dp2_runs)
     if "2x_dp1" in layouts:
         run([([], "0"), ([], "1")], [("2x_dp1", 2)])
-    base = next((r["output_tok_s"] for r in results if r["layout"] == "dp1"), None)
-    lines = ["| layout | output tok/s | vs dp1 | span s | API-process CPU | median ITL ms | failed |"]
-    lines.append("| --- | ---: | ---: | ---: | --- | --- | ---: |")
+    base = {r["requests"]: r["output_tok_s"] for r in results if r["layout"] == "dp1"}
+    lines = [
+        "| layout | requests | output tok/s | vs dp1 | span s | API-process CPU | median ITL ms | failed |"
+    ]
+    lines.append("| --- | ---: | ---: | ---: | ---: | --- | --- | ---: |")
     for r in results:
-        ratio = f"{r['output_tok_s'] / base:.2f}x" if base else "-"
+        b = base.get(r["requests"])
+        ratio = f"{r['output_tok_s'] / b:.2f}x" if b else "-"
         lines.append(
-            f"| {r['layout']} | {r['output_tok_s']:,.0f} | {ratio} | {r['span_s']} | {r['api_process_cpu']} "
+            f"| {r['layout']} | {r['requests']} | {r['output_tok_s']:,.0f} | {ratio} | {r['span_s']} "
+            f"| {r['api_process_cpu']} "
             f"| {r['median_itl_ms']} | {r['failed']} |"
         )
     (out / "dp_ceiling.json").write_text(json.dumps(results, indent=2) + "\n")
