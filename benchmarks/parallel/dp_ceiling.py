@@ -5,11 +5,13 @@ rate inf through four layouts, one after another on one machine:
 - ``dp2``: one server with ``--data-parallel-size 2``, one client (what the target measures);
 - ``dp2_2clients``: the same server, two clients of half the requests each (is the client the limit?);
 - ``2x_dp1``: two independent servers (GPU 0, GPU 1), a client of half the requests each (one API process per
-  replica: the ceiling of several API processes in front of two replicas).
+  replica: the ceiling of several API processes in front of two replicas);
+- ``dp1_api2``: one replica behind two API-server processes (``--api-server-count 2``; ``dp2`` gets two by
+  default, as in vLLM).
 
 Each server gets an untimed warm-up run first (``--warmup`` requests), then one timed run per entry of
 ``--num-prompts``; each client is one ``bench-serve`` of ``--client-processes`` processes.
-The API process's CPU use during the run (``/proc/PID/stat``, user +
+Each API-server process's CPU use during the run (``/proc/PID/stat``, user +
 system, as a fraction of one core over the slowest client's run) is recorded next to the throughput: a front
 end at ~1.0 is saturated. Throughput is the clients' output tokens over the slowest client's own duration
 (their start-up, importing layerzero, left out; clients start together).
@@ -32,7 +34,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-LAYOUTS = ("dp1", "dp2", "dp2_2clients", "2x_dp1")
+LAYOUTS = ("dp1", "dp2", "dp2_2clients", "2x_dp1", "dp1_api2")
 
 
 def _port() -> int:
@@ -45,6 +47,16 @@ def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _api_pids(pid: int) -> list[int]:
+    """The API-server processes of the server ``pid``: its children that lead their own process group
+    (``--api-server-count`` > 1), else ``pid`` itself."""
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    leaders = [k for k in kids if os.getpgid(k) == k]
+    return leaders or [pid]
 
 
 def _serve(model: str, flags: list[str], gpus: str, log: Path) -> tuple[subprocess.Popen, str]:
@@ -84,7 +96,8 @@ def _clients(
     combined throughput over the wall time of the slowest, and each server's API-process CPU use."""
     out.mkdir(parents=True, exist_ok=True)
     per = n // len(urls)
-    cpu0 = [_cpu_s(p.pid) for p in servers]
+    api = [pid for p in servers for pid in _api_pids(p.pid)]
+    cpu0 = [_cpu_s(pid) for pid in api]
     t0 = time.perf_counter()
     procs = []
     for i, url in enumerate(urls):
@@ -97,7 +110,7 @@ def _clients(
     wall = time.perf_counter() - t0
     res = [json.loads((out / f"{name}_client{i}.json").read_text()) for i in range(len(urls))]
     span = max(r["duration"] for r in res)  # the clients' own clocks: their start-up (imports) left out
-    cpu = [(_cpu_s(p.pid) - c) / span for p, c in zip(servers, cpu0, strict=True)]
+    cpu = [(_cpu_s(pid) - c) / span for pid, c in zip(api, cpu0, strict=True)]
     tokens = sum(r["total_output_tokens"] for r in res)
     return {
         "layout": name,
@@ -165,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         run([(["--data-parallel-size", "2"], "0,1")], dp2_runs)
     if "2x_dp1" in layouts:
         run([([], "0"), ([], "1")], [("2x_dp1", 2)])
+    if "dp1_api2" in layouts:
+        run([(["--api-server-count", "2"], "0")], [("dp1_api2", 1)])
     base = {r["requests"]: r["output_tok_s"] for r in results if r["layout"] == "dp1"}
     lines = [
         "| layout | requests | output tok/s | vs dp1 | span s | API-process CPU | median ITL ms | failed |"

@@ -144,7 +144,14 @@ class AsyncLLM:
             finds it. EngineCoreError: the core process failed to start for another reason.
     """
 
-    def __init__(self, model: str | Path, *, _core_factory: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        _core_factory: str | None = None,
+        _attach: list[dict[str, Any]] | None = None,
+        **options: Any,
+    ) -> None:
         from .core.core_client import MPClient
 
         self.config = config = EngineConfig(str(model), **options)
@@ -176,6 +183,7 @@ class AsyncLLM:
                         on_dead=functools.partial(self._on_dead, r),
                         visible_devices=devices,
                         name="LayerZeroEngineCore" if dp == 1 else f"LayerZeroEngineCore-DP{r}",
+                        attach=None if _attach is None else _attach[r],
                     )
                 )
             # the tokenizer loads while the core processes start

@@ -12,6 +12,8 @@ import types
 import pytest
 import torch
 
+import layerzero as lz
+
 pytestmark = pytest.mark.unit
 
 DEFAULTS = {  # LLM(...)'s defaults, by hand (its docstring / signature)
@@ -217,3 +219,18 @@ def test_serve_help_lists_engine_and_server_flags(capsys):
     assert e.value.code == 0
     for flag in ("--model", "--max-num-seqs", "--no-enable-prefix-caching", "--kv-cache-dtype", "--port"):
         assert flag in out
+    assert "--api-server-count" in out
+
+
+def test_api_server_count_defaults_to_the_data_parallel_size_and_is_checked():
+    import argparse
+
+    pytest.importorskip("fastapi", reason="the server extra is not installed")
+    from layerzero.engine.entrypoints.openai.api_server import _api_server_count
+
+    ns = argparse.Namespace(api_server_count=None)
+    assert _api_server_count(ns, {"data_parallel_size": 3}) == 3 and _api_server_count(ns, {}) == 1
+    assert _api_server_count(argparse.Namespace(api_server_count=2), {"data_parallel_size": 1}) == 2
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(lz.ConfigurationError, match="--api-server-count: expected an int >= 1"):
+            _api_server_count(argparse.Namespace(api_server_count=bad), {})

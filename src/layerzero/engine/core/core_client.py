@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import multiprocessing.util
 import os
+import select
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from .errors import EngineCoreError, EngineDeadError
 from .messages import EngineCoreAbort, EngineCoreOutputs, EngineCoreRequest
 from .serial import AbortRequests, CoreFailed, CoreReady, Shutdown, UtilityCall, UtilityResult
 
-__all__ = ["STARTUP_TIMEOUT_S", "MPClient"]
+__all__ = ["STARTUP_TIMEOUT_S", "MPClient", "RemoteProcess"]
 
 log = logging.getLogger("layerzero.engine")
 
@@ -70,7 +71,10 @@ class MPClient:
     :meth:`wait_ready` waits for its handshake. ``core_factory``: ``module:attribute`` of the core class the
     child builds (None: the real :class:`EngineCore`; tests pass a fake). ``visible_devices``: the child's
     ``CUDA_VISIBLE_DEVICES`` (a data-parallel replica's GPUs; None: inherited). ``info``: the handshake
-    (``max_model_len``, ``num_kv_blocks``, ``pid``).
+    (``max_model_len``, ``num_kv_blocks``, ``pid``). ``attach``: ``{"input", "output", "pid"}`` of a core
+    another process started for several front ends (``layerzero serve --api-server-count``,
+    :mod:`~layerzero.engine.core.shared_cores`): the client binds those two addresses, watches the process
+    through a :class:`RemoteProcess`, and its :meth:`shutdown` leaves the core running (its owner stops it).
 
     Raises:
         ConfigurationError: the core rejected the options (as ``LLM`` would).
@@ -88,6 +92,7 @@ class MPClient:
         on_dead: Callable[[EngineDeadError], None] | None = None,
         visible_devices: str | None = None,
         name: str = "LayerZeroEngineCore",
+        attach: dict[str, Any] | None = None,
     ) -> None:
         import zmq
 
@@ -98,7 +103,6 @@ class MPClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
-        self._tmp = tempfile.mkdtemp(prefix="layerzero-engine-")
         self._ctx = zmq.Context()
         self._input = self._ctx.socket(zmq.PUSH)
         self._output = self._ctx.socket(zmq.PULL)
@@ -106,13 +110,20 @@ class MPClient:
             s.setsockopt(zmq.LINGER, 0)
         self._input.setsockopt(zmq.SNDHWM, 0)
         self._output.setsockopt(zmq.RCVHWM, 0)
-        addrs = [self._bind(s, name) for s, name in ((self._input, "input"), (self._output, "output"))]
-        spawn = multiprocessing.get_context("spawn")
-        self.proc = spawn.Process(
-            target=run_engine_core,
-            args=(serial.encode_config(config), addrs[0], addrs[1], core_factory, visible_devices),
-            name=name,
-        )
+        if attach is not None:  # a core another process started and stops: bind where it connects
+            self._tmp = None
+            self._input.bind(attach["input"])
+            self._output.bind(attach["output"])
+            self.proc: Any = RemoteProcess(int(attach["pid"]))
+        else:
+            self._tmp = tempfile.mkdtemp(prefix="layerzero-engine-")
+            addrs = [self._bind(s, name) for s, name in ((self._input, "input"), (self._output, "output"))]
+            spawn = multiprocessing.get_context("spawn")
+            self.proc = spawn.Process(
+                target=run_engine_core,
+                args=(serial.encode_config(config), addrs[0], addrs[1], core_factory, visible_devices),
+                name=name,
+            )
         # before the interpreter joins its children at exit (multiprocessing's own exit hook runs the
         # finalizers with an exit priority first), and when the client is collected: stop the child
         self._finalizer = multiprocessing.util.Finalize(
@@ -121,7 +132,8 @@ class MPClient:
             args=(self.proc, self._ctx, (self._input, self._output), self._tmp),
             exitpriority=100,
         )
-        self.proc.start()
+        if attach is None:
+            self.proc.start()
         self.info: dict[str, Any] = {}
         self._startup_timeout = startup_timeout
 
@@ -133,7 +145,7 @@ class MPClient:
         return self.info
 
     def _bind(self, sock: Any, name: str) -> str:
-        if self._zmq.has("ipc"):
+        if self._zmq.has("ipc") and self._tmp is not None:
             addr = f"ipc://{os.path.join(self._tmp, name)}"
             sock.bind(addr)
             return addr
@@ -351,27 +363,69 @@ class MPClient:
 
 
 def _cleanup(
-    proc: Any, ctx: Any, sockets: tuple[Any, ...], tmp: str, timeout: float = STOP_TIMEOUT_S
+    proc: Any, ctx: Any, sockets: tuple[Any, ...], tmp: str | None, timeout: float = STOP_TIMEOUT_S
 ) -> None:
-    """Stop ``proc`` and free the sockets and the directory (holds no reference to the client)."""
+    """Stop ``proc`` (unless another process owns it: a :class:`RemoteProcess`) and free the sockets and the
+    directory (holds no reference to the client)."""
     import zmq
 
-    try:
-        if proc.is_alive():
-            try:
-                sockets[0].send(serial.encode(Shutdown()), zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-            proc.join(timeout)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout)
-    except (AssertionError, ValueError):  # the process was never started
-        pass
+    if isinstance(proc, RemoteProcess):
+        proc.close()
+    else:
+        try:
+            if proc.is_alive():
+                try:
+                    sockets[0].send(serial.encode(Shutdown()), zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+                proc.join(timeout)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout)
+        except (AssertionError, ValueError):  # the process was never started
+            pass
     for s in sockets:
         s.close(linger=0)
     ctx.term()
-    shutil.rmtree(tmp, ignore_errors=True)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class RemoteProcess:
+    """An engine core this process did not start (``layerzero serve --api-server-count``: the launcher owns
+    it), with the part of ``multiprocessing.Process`` the client uses: ``pid``, ``sentinel`` (a pidfd,
+    readable once the process has exited; Linux 5.3+), :meth:`is_alive`, :meth:`join`, ``exitcode`` (None:
+    only the parent can read it).
+
+    Raises:
+        ConfigurationError: no ``os.pidfd_open`` (not Linux), or no process ``pid``.
+    """
+
+    exitcode = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        if not hasattr(os, "pidfd_open"):
+            raise lz.ConfigurationError(
+                "api-server-count: expected Linux (os.pidfd_open) to watch a shared engine core, got "
+                f"{os.name}. Use one API server (--api-server-count 1)."
+            )
+        try:
+            self.sentinel = os.pidfd_open(pid)
+        except OSError as exc:
+            raise lz.ConfigurationError(f"engine core: expected a running process {pid}, got {exc}") from exc
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.sentinel >= 0:
+            select.select([self.sentinel], [], [], timeout)
+
+    def is_alive(self) -> bool:
+        return self.sentinel >= 0 and not select.select([self.sentinel], [], [], 0)[0]
+
+    def close(self) -> None:
+        if self.sentinel >= 0:
+            os.close(self.sentinel)
+            self.sentinel = -1

@@ -51,8 +51,12 @@ class _Stop(Exception):
 
 
 class EngineCoreProc:
-    """Runs ``core`` (an :class:`~.messages.EngineCoreProtocol`) behind two connected zmq sockets:
-    ``input`` (PULL: messages from the front end) and ``output`` (PUSH: messages to it)."""
+    """Runs ``core`` (an :class:`~.messages.EngineCoreProtocol`) behind connected zmq sockets: ``input``
+    (PULL: messages from the front end) and ``output`` (PUSH: messages to it), or one of each per front-end
+    process when several share the core (``layerzero serve --api-server-count``): lists of sockets, where
+    client ``k`` sends on ``input[k]`` and receives on ``output[k]``. Each request's outputs, a utility
+    call's result and a failed request's error go to the client that sent it; a step's stats and
+    :class:`CoreFailed` go to every client."""
 
     def __init__(
         self,
@@ -65,19 +69,48 @@ class EngineCoreProc:
     ) -> None:
         import zmq
 
-        self.core, self.input, self.output = core, input_socket, output_socket
+        self.core = core
+        self.inputs = list(input_socket) if isinstance(input_socket, list | tuple) else [input_socket]
+        self.outputs = list(output_socket) if isinstance(output_socket, list | tuple) else [output_socket]
+        if len(self.inputs) != len(self.outputs):
+            raise ValueError(f"engine core: {len(self.inputs)} input sockets but {len(self.outputs)} outputs")
+        self.input, self.output = self.inputs[0], self.outputs[0]
         self._zmq = zmq
         self.poller = zmq.Poller()
-        self.poller.register(input_socket, zmq.POLLIN)
+        for sock in self.inputs:
+            self.poller.register(sock, zmq.POLLIN)
         self.parent_sentinel = parent_sentinel
         if parent_sentinel is not None:
             self.poller.register(parent_sentinel, zmq.POLLIN)
         self._stats = getattr(core, "get_stats", None)
         self.idle_poll_s, self.clock = float(idle_poll_s), clock
         self.last_step = clock()
+        #: several clients: request id -> [client index, completions not finished yet]
+        self._routes: dict[str, list[int]] = {}
 
-    def send(self, msg: Any) -> None:
-        self.output.send(serial.encode(msg))  # copied: zero-copy sends cost more below ~64 KiB (pyzmq)
+    def send(self, msg: Any, client: int | None = None) -> None:
+        """Send ``msg`` to ``client`` (None: every client; a step's outputs: each its own)."""
+        if client is None and len(self.outputs) > 1 and isinstance(msg, EngineCoreOutputs) and msg.outputs:
+            self._send_split(msg)
+            return
+        data = serial.encode(msg)  # copied: zero-copy sends cost more below ~64 KiB (pyzmq)
+        for sock in self.outputs if client is None else (self.outputs[client],):
+            sock.send(data)
+
+    def _send_split(self, msg: EngineCoreOutputs) -> None:
+        parts: list[list[EngineCoreOutput]] = [[] for _ in self.outputs]
+        for o in msg.outputs:
+            route = self._routes.get(o.request_id)
+            if route is None:
+                log.error("engine core: an output of request %r, which no client sent; dropped", o.request_id)
+                continue
+            parts[route[0]].append(o)
+            if o.finish_reason is not None:
+                route[1] -= 1
+                if route[1] <= 0:
+                    del self._routes[o.request_id]
+        for sock, outs in zip(self.outputs, parts, strict=True):
+            sock.send(serial.encode(EngineCoreOutputs(outs, msg.timestamp, msg.stats)))
 
     def run(self) -> None:
         """The busy loop; returns on Shutdown, SIGTERM or the parent's death. A step that raises sends
@@ -118,41 +151,49 @@ class EngineCoreProc:
         if self.parent_sentinel is not None and self.parent_sentinel in events:
             log.warning("engine core: the front-end process is gone; exiting")
             raise _Stop
-        if self.input not in events:
-            return False
-        while True:
-            try:
-                data = self.input.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return True
-            self._handle(data)
+        handled = False
+        for client, sock in enumerate(self.inputs):
+            if sock not in events:
+                continue
+            handled = True
+            while True:
+                try:
+                    data = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._handle(data, client)
+        return handled
 
-    def _handle(self, data: bytes) -> None:
+    def _handle(self, data: bytes, client: int = 0) -> None:
         try:
             msg = serial.decode(data)
         except serial.MessageError as exc:
             if exc.request_id is None:
                 log.error("engine core: dropped a message it cannot decode: %s", exc)
                 return
-            self._fail_request(exc.request_id, str(exc))
+            self._fail_request(exc.request_id, str(exc), client=client)
             return
         if isinstance(msg, EngineCoreRequest):
+            n = msg.sampling_params.n
+            if len(self.outputs) > 1:
+                self._routes[msg.request_id] = [client, n]
             try:
                 self.core.add_request(msg)
             except Exception as exc:  # a duplicate id, a request the core cannot take: fail it, not the core
-                self._fail_request(msg.request_id, f"{type(exc).__name__}: {exc}", msg.sampling_params.n)
+                self._fail_request(msg.request_id, f"{type(exc).__name__}: {exc}", n, client)
         elif isinstance(msg, AbortRequests):
             self.core.abort_requests(msg.aborts)
         elif isinstance(msg, UtilityCall):
-            self.output.send(self._utility(msg))
+            self.outputs[client].send(self._utility(msg))
         elif isinstance(msg, Shutdown):
             raise _Stop
         else:
             log.error("engine core: dropped a message of type %s", type(msg).__name__)
 
-    def _fail_request(self, request_id: str, why: str, n: int = 1) -> None:
+    def _fail_request(self, request_id: str, why: str, n: int = 1, client: int = 0) -> None:
         outs = [EngineCoreOutput(request_id, i, [], finish_reason="error", error=why) for i in range(n)]
-        self.send(EngineCoreOutputs(outs, time.monotonic(), None))
+        self._routes.pop(request_id, None)  # the error goes to its sender, and nothing after it
+        self.send(EngineCoreOutputs(outs, time.monotonic(), None), client)
 
     def _utility(self, call: UtilityCall) -> bytes:
         """The encoded :class:`UtilityResult` of ``call``: its value, or the error it raised (a method off
@@ -191,8 +232,8 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 def run_engine_core(
     config: bytes,
-    input_address: str,
-    output_address: str,
+    input_address: str | list[str],
+    output_address: str | list[str],
     core_factory: str | None,
     visible_devices: str | None = None,
 ) -> None:
@@ -200,21 +241,34 @@ def run_engine_core(
     (:func:`serial.encode_config`'s bytes) with ``core_factory`` (``module:attribute``; None:
     :data:`DEFAULT_CORE`), report :class:`CoreReady` (or :class:`CoreFailed` and exit 1), run the busy loop,
     then shut the core down and exit 0 (1 when a step raised). ``visible_devices``: set as
-    ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA (a data-parallel replica's GPUs)."""
+    ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA (a data-parallel replica's GPUs). Lists of
+    addresses (one input and one output per client, in the same order): several front-end processes share
+    this core, and each gets the handshake."""
     if visible_devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _sigterm)
     import zmq
 
+    ins = [input_address] if isinstance(input_address, str) else list(input_address)
+    outs = [output_address] if isinstance(output_address, str) else list(output_address)
     ctx = zmq.Context()
-    inp, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    for s in (inp, out):
+    inp = [ctx.socket(zmq.PULL) for _ in ins]
+    out = [ctx.socket(zmq.PUSH) for _ in outs]
+    for s in inp + out:
         s.setsockopt(zmq.LINGER, 2000)  # the last messages (outputs, CoreFailed) still reach the front end
-    inp.setsockopt(zmq.RCVHWM, 0)
-    out.setsockopt(zmq.SNDHWM, 0)
-    inp.connect(input_address)
-    out.connect(output_address)
+    for s, addr in zip(inp, ins, strict=True):
+        s.setsockopt(zmq.RCVHWM, 0)
+        s.connect(addr)
+    for s, addr in zip(out, outs, strict=True):
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.connect(addr)
+
+    def to_all(msg: Any) -> None:
+        data = serial.encode(msg)
+        for s in out:
+            s.send(data)
+
     parent = multiprocessing.parent_process()
     core, code = None, 0
     try:
@@ -226,16 +280,14 @@ def run_engine_core(
             "num_kv_blocks": getattr(core, "num_kv_blocks", None),
             "pid": os.getpid(),
         }
-        out.send(serial.encode(CoreReady(info)))
+        to_all(CoreReady(info))
         idle = resolve_idle_poll_s(ec, _device_type(core))
         EngineCoreProc(core, inp, out, parent.sentinel if parent is not None else None, idle).run()
     except SystemExit:
         pass
     except Exception as exc:
         if core is None:  # start-up failed: the front end raises it
-            out.send(
-                serial.encode(CoreFailed(type(exc).__name__, str(exc), "startup", traceback.format_exc()))
-            )
+            to_all(CoreFailed(type(exc).__name__, str(exc), "startup", traceback.format_exc()))
         else:
             log.exception("engine core failed")
         code = 1
@@ -245,8 +297,8 @@ def run_engine_core(
                 core.shutdown()
             except Exception:
                 log.exception("engine core: shutdown raised")
-        inp.close()
-        out.close()
+        for s in inp + out:
+            s.close()
         ctx.term()
     if code:
         raise SystemExit(code)

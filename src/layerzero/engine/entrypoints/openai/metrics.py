@@ -28,6 +28,7 @@ LayerZero's dispatch counters come from the engine core's process (``AsyncLLM.di
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -196,9 +197,21 @@ class ServerMetrics:
         self.dispatch.snap = snapshot
 
     def render(self) -> bytes:
-        from prometheus_client import generate_latest
+        """The exposition text. Under ``PROMETHEUS_MULTIPROC_DIR`` (``--api-server-count`` > 1: several
+        API-server processes) the front-end counters and histograms are summed over every process's files
+        (prometheus-client's multiprocess mode); the engine's stats and dispatch counters are this
+        process's view of the cores, which every API server shares."""
+        from prometheus_client import CollectorRegistry, generate_latest
 
-        return generate_latest(self.registry)
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+
+        reg = CollectorRegistry()
+        multiprocess.MultiProcessCollector(reg)
+        reg.register(self.engine)
+        reg.register(self.dispatch)
+        return generate_latest(reg)
 
     def clock(self, prompt_tokens: int, arrival: float | None = None) -> RequestClock:
         """Start timing one request (counts its prompt tokens); ``arrival``: when its HTTP request arrived

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -196,6 +197,7 @@ class ServerState:
             line = {
                 "event": "request_finished",
                 "request_id": rid,
+                "pid": os.getpid(),  # the API-server process (--api-server-count > 1: one of several)
                 "prompt_tokens": len(ids),
                 "output_tokens": n_out,
                 "ttft_s": None if clock is None or clock.ttft is None else round(clock.ttft, 6),
