@@ -147,3 +147,17 @@ def test_a_killed_engine_core_takes_the_server_down(checkpoints):
         assert not _alive(kids)
     finally:
         _stop(proc)
+
+
+def test_a_busy_port_is_a_typed_error_before_anything_starts():
+    import socket
+
+    import layerzero as lz
+    from layerzero.engine.entrypoints.openai.api_servers import _listen
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(lz.ConfigurationError, match=rf"got 127.0.0.1:{port} .*Pick another --port"):
+            _listen("127.0.0.1", port)

@@ -288,6 +288,8 @@ def run_engine_core(
     except Exception as exc:
         if core is None:  # start-up failed: the front end raises it
             to_all(CoreFailed(type(exc).__name__, str(exc), "startup", traceback.format_exc()))
+            if len(out) > 1:  # shared: the launcher may stop the API servers before they print it
+                log.error("engine core failed to start: %s: %s", type(exc).__name__, exc)
         else:
             log.exception("engine core failed")
         code = 1

@@ -261,12 +261,13 @@ def run_server(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
     count = _api_server_count(args, engine_options)
     if count > 1:
         from layerzero.engine.async_llm import replica_configs
-        from layerzero.engine.config import EngineConfig
+        from layerzero.engine.config import EngineConfig, ModelConfig
 
         from .api_servers import run_api_servers
 
         options = {k: v for k, v in engine_options.items() if k not in ("model", "_core_factory")}
         config = EngineConfig(str(engine_options["model"]), **options)  # bad options fail here, typed
+        ModelConfig.from_pretrained(config.model)  # and a bad checkpoint directory
         return run_api_servers(args, engine_options, count, replica_configs(config))
     engine = AsyncLLM(**engine_options)
     try:

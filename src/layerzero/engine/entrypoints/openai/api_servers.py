@@ -42,11 +42,23 @@ _STOP_TIMEOUT_S = 10.0  # beyond the drain timeout: how long an API server may t
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    """The listening TCP socket every API server accepts on (SO_REUSEADDR, as uvicorn binds)."""
+    """The listening TCP socket every API server accepts on (SO_REUSEADDR, as uvicorn binds).
+
+    Raises:
+        ConfigurationError: the address cannot be bound (in use, not this machine's)."""
+    import layerzero as lz
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise lz.ConfigurationError(
+            f"--host / --port: expected an address this machine can listen on, got {host}:{port} ({exc}). "
+            "Pick another --port, or stop the process that holds it."
+        ) from exc
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
@@ -77,9 +89,14 @@ def run_api_worker(
     _watch_parent()
     import uvicorn
 
+    import layerzero as lz
     from layerzero.engine import AsyncLLM
 
-    engine = AsyncLLM(**engine_options, _attach=endpoints)
+    try:
+        engine = AsyncLLM(**engine_options, _attach=endpoints)
+    except lz.LayerZeroError as exc:  # start-up failed (its message says what and how to fix): no traceback
+        log.error("API server %d: %s: %s", index, type(exc).__name__, exc)
+        raise SystemExit(1) from None
     try:
         app = build_app(engine, args)
         config = uvicorn.Config(app, log_level="warning", access_log=False)
@@ -97,7 +114,7 @@ def run_api_servers(
     stopped by a signal after draining; 1: a child failed).
 
     Raises:
-        OSError: the address cannot be bound. ConfigurationError: as :class:`SharedCores`.
+        ConfigurationError: the address cannot be bound; as :class:`SharedCores`.
     """
     from ...core.shared_cores import SharedCores
     from .api_server import _http_stack
@@ -179,7 +196,7 @@ def _supervise(workers: list[Any], cores: Any, stopping: threading.Event, stop_a
                 continue
             w = live.pop(s)
             w.join()
-            if not stopping.is_set() or w.exitcode:
+            if not stopping.is_set() or w.exitcode not in (0, -signal.SIGTERM):
                 log.error("API server %s exited with %s: stopping the server", w.name, w.exitcode)
                 code = 1
                 stop_all()
