@@ -26,21 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
+from serve_and_bench import _free_port, _stop, _wait_healthy  # noqa: E402
+
 LAYOUTS = ("dp1", "dp2", "dp2_2clients", "2x_dp1", "dp1_api2")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu_s(pid: int) -> float:
@@ -60,33 +54,13 @@ def _api_pids(pid: int) -> list[int]:
 
 
 def _serve(model: str, flags: list[str], gpus: str, log: Path) -> tuple[subprocess.Popen, str]:
-    port = _port()
+    port = _free_port()
     cmd = [sys.executable, "-m", "layerzero", "serve", "--model", model, "--port", str(port), *flags]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    end = time.monotonic() + 600
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}: see {log}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"server not healthy: see {log}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    _wait_healthy(url, proc, 600)
+    return proc, url
 
 
 def _clients(
@@ -169,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(r)
         finally:
             for s, _ in servers:
-                _stop(s)
+                _stop(s)  # SIGINT: the server drains and exits
 
     if "dp1" in layouts:
         run([([], "0")], [("dp1", 1)])

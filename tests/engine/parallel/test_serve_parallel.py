@@ -4,7 +4,6 @@ one-rank ``LLM.generate``'s text, ``/health`` is 200, and SIGTERM drains and exi
 
 from __future__ import annotations
 
-import concurrent.futures
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ openai = pytest.importorskip("openai")
 
 from layerzero.engine import LLM, SamplingParams  # noqa: E402
 
-from ..serve_process import serve_env, wait_healthy  # noqa: E402
+from ..serve_process import complete_all, serve_env, wait_healthy  # noqa: E402
 
 PROMPTS = ["hello world", "the cat sat on", "a b c d e", "one two"]
 
@@ -58,16 +57,7 @@ def test_serve_tp2_dp2_answers_the_openai_client(checkpoints):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, 180)
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=60, max_retries=0)
-
-        def complete(prompt: str) -> str:
-            r = client.completions.create(
-                model="tiny", prompt=prompt, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
-            )
-            return r.choices[0].text
-
-        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            got = list(pool.map(complete, PROMPTS))
+        got = complete_all(url, PROMPTS)
         assert got == want
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)

@@ -7,7 +7,6 @@ scrape; SIGTERM drains and exits 0 with no process left; a killed engine core ta
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import re
 import signal
@@ -25,7 +24,7 @@ pytest.importorskip("prometheus_client")
 
 from layerzero.engine import LLM, SamplingParams  # noqa: E402
 
-from ..serve_process import serve_env, wait_healthy  # noqa: E402
+from ..serve_process import complete_all, serve_env, wait_healthy  # noqa: E402
 
 PROMPTS = ["hello world", "the cat sat on", "a b c d e", "one two", "x y", "seven", "to be or", "z"]
 
@@ -65,6 +64,13 @@ def _alive(pids: list[int]) -> list[int]:
     return alive
 
 
+def _assert_gone(pids: list[int], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pids)
+
+
 def _start(model: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "layerzero", "serve", "--model", model, "--port", str(port)]
@@ -98,15 +104,7 @@ def test_two_api_servers_answer_the_openai_client_and_sum_their_metrics(checkpoi
         kids = _children(proc.pid)
         assert len(kids) >= 3  # two API servers and the core (and multiprocessing's resource tracker)
 
-        def complete(prompt: str) -> str:  # a client each: its own connection, either server may take it
-            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=60, max_retries=0)
-            r = client.completions.create(
-                model="tiny", prompt=prompt, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
-            )
-            return r.choices[0].text
-
-        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            got = list(pool.map(complete, PROMPTS))
+        got = complete_all(url, PROMPTS)
         assert got == want
         for _ in range(4):  # new connections: the scrapes land on both processes; each sums both
             text = httpx.get(url + "/metrics", timeout=10, headers={"Connection": "close"}).text
@@ -117,10 +115,7 @@ def test_two_api_servers_answer_the_openai_client_and_sum_their_metrics(checkpoi
         assert proc.returncode == 0, err.decode()[-3000:]
         served = [int(p) for p in re.findall(r'"event": "request_finished".*?"pid": (\d+)', err.decode())]
         assert len(served) == len(PROMPTS) and set(served) <= set(kids)  # by the API-server processes
-        deadline = time.monotonic() + 10
-        while _alive(kids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(kids)
+        _assert_gone(kids)
     finally:
         _stop(proc)
 
@@ -141,10 +136,7 @@ def test_a_killed_engine_core_takes_the_server_down(checkpoints):
         _, err = proc.communicate(timeout=90)
         assert proc.returncode == 1
         assert "an engine core exited on its own" in err.decode()
-        deadline = time.monotonic() + 10
-        while _alive(kids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(kids)
+        _assert_gone(kids)
     finally:
         _stop(proc)
 
