@@ -268,7 +268,9 @@ def run_server(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
         options = {k: v for k, v in engine_options.items() if k not in ("model", "_core_factory")}
         config = EngineConfig(str(engine_options["model"]), **options)  # bad options fail here, typed
         ModelConfig.from_pretrained(config.model)  # and a bad checkpoint directory
-        return run_api_servers(args, engine_options, count, replica_configs(config))
+        return run_api_servers(
+            args, engine_options, count, replica_configs(config), run_api_worker, _http_stack()
+        )
     engine = AsyncLLM(**engine_options)
     try:
         app = build_app(engine, args)
@@ -279,6 +281,53 @@ def run_server(args: argparse.Namespace, engine_options: dict[str, Any]) -> int:
     finally:
         engine.shutdown()
     return 0
+
+
+def _watch_parent() -> None:
+    """In an API server: SIGTERM itself (drain, exit) when the launcher is gone."""
+    import multiprocessing
+    import multiprocessing.connection
+    import signal
+    import threading
+
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="layerzero-parent-watch", daemon=True).start()
+
+
+def run_api_worker(
+    index: int, args: Any, engine_options: dict[str, Any], endpoints: list[dict[str, Any]], sock: Any
+) -> None:
+    """An API-server process's main (``layerzero serve --api-server-count`` > 1, spawned by
+    :func:`~.api_servers.run_api_servers`): attach an ``AsyncLLM`` to the shared cores (``endpoints``), serve
+    the listening socket ``sock`` until SIGTERM (drain), shut the front end down (the cores stay: the
+    launcher stops them). A start-up error is logged in one line and exits 1."""
+    os.setpgrp()  # the terminal's Ctrl-C reaches the launcher only, which forwards it once
+    configure_logging()
+    _watch_parent()
+    import uvicorn
+
+    import layerzero as lz
+    from layerzero.engine import AsyncLLM
+
+    try:
+        engine = AsyncLLM(**engine_options, _attach=endpoints)
+    except lz.LayerZeroError as exc:  # start-up failed (its message says what and how to fix): no traceback
+        log.error("API server %d: %s: %s", index, type(exc).__name__, exc)
+        raise SystemExit(1) from None
+    try:
+        app = build_app(engine, args)
+        config = uvicorn.Config(app, log_level="warning", access_log=False)
+        server = DrainingServer(config, app.state.server, float(args.drain_timeout))
+        server.run(sockets=[sock])
+    finally:
+        engine.shutdown()
 
 
 def _api_server_count(args: Any, engine_options: dict[str, Any]) -> int:

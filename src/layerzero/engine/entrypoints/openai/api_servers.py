@@ -32,6 +32,7 @@ import signal
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["run_api_servers"]
@@ -64,60 +65,24 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _watch_parent() -> None:
-    """In an API server: SIGTERM itself (drain, exit) when the launcher is gone."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="layerzero-parent-watch", daemon=True).start()
-
-
-def run_api_worker(
-    index: int, args: Any, engine_options: dict[str, Any], endpoints: list[dict[str, Any]], sock: Any
-) -> None:
-    """An API-server process's main: attach an ``AsyncLLM`` to the shared cores (``endpoints``), serve
-    ``sock`` until SIGTERM (drain), shut the front end down (the cores stay: the launcher stops them)."""
-    os.setpgrp()  # the terminal's Ctrl-C reaches the launcher only, which forwards it once
-    from .api_server import DrainingServer, build_app, configure_logging
-
-    configure_logging()
-    _watch_parent()
-    import uvicorn
-
-    import layerzero as lz
-    from layerzero.engine import AsyncLLM
-
-    try:
-        engine = AsyncLLM(**engine_options, _attach=endpoints)
-    except lz.LayerZeroError as exc:  # start-up failed (its message says what and how to fix): no traceback
-        log.error("API server %d: %s: %s", index, type(exc).__name__, exc)
-        raise SystemExit(1) from None
-    try:
-        app = build_app(engine, args)
-        config = uvicorn.Config(app, log_level="warning", access_log=False)
-        server = DrainingServer(config, app.state.server, float(args.drain_timeout))
-        server.run(sockets=[sock])
-    finally:
-        engine.shutdown()
-
-
 def run_api_servers(
-    args: Any, engine_options: dict[str, Any], count: int, replicas: list[tuple[Any, str | None]]
+    args: Any,
+    engine_options: dict[str, Any],
+    count: int,
+    replicas: list[tuple[Any, str | None]],
+    worker: Callable[..., None],
+    http_stack: str = "",
 ) -> int:
     """``layerzero serve`` with ``count`` API servers (see the module docstring) over the cores of
-    ``replicas`` (``(engine config, visible devices)`` per data-parallel replica); returns the exit code (0:
-    stopped by a signal after draining; 1: a child failed).
+    ``replicas`` (``(engine config, visible devices)`` per data-parallel replica); ``worker`` is each API
+    server's main (``api_server.run_api_worker``: called as ``worker(index, args, engine_options,
+    endpoints, sock)`` in a spawned process); ``http_stack`` names uvicorn's loop and parser for the log.
+    Returns the exit code (0: stopped by a signal after draining; 1: a child failed).
 
     Raises:
         ConfigurationError: the address cannot be bound; as :class:`SharedCores`.
     """
     from ...core.shared_cores import SharedCores
-    from .api_server import _http_stack
 
     prom = tempfile.mkdtemp(prefix="layerzero-prometheus-")
     old_prom = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
@@ -146,7 +111,7 @@ def run_api_servers(
         spawn = multiprocessing.get_context("spawn")
         for k in range(count):
             w = spawn.Process(
-                target=run_api_worker,
+                target=worker,
                 args=(k, args, options, cores.endpoints(k), sock),
                 name=f"LayerZeroAPIServer-{k}",
             )
@@ -154,7 +119,7 @@ def run_api_servers(
             workers.append(w)
         log.info(
             "serving %s on http://%s:%d: %d API servers, %d engine cores (%s)",
-            args.model, args.host, args.port, count, len(replicas), _http_stack(),
+            args.model, args.host, args.port, count, len(replicas), http_stack,
         )  # fmt: skip
         code = _supervise(workers, cores, stopping, stop_all)
     finally:
