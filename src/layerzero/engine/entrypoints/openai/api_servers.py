@@ -84,10 +84,10 @@ def run_api_servers(
     """
     from ...core.shared_cores import SharedCores
 
+    sock = _listen(args.host, args.port)  # first: a busy port fails before anything starts
     prom = tempfile.mkdtemp(prefix="layerzero-prometheus-")
     old_prom = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom  # inherited by the spawned API servers
-    sock = _listen(args.host, args.port)
     cores: SharedCores | None = None
     workers: list[Any] = []
     stopping = threading.Event()
