@@ -35,9 +35,11 @@ def shares(total: int | None, parts: int) -> list[int | None]:
     return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
 
 
-async def _part(cfg: BenchServeConfig, reqs: Any, k: int, model: str, cap: int | None, sync: Any) -> Any:
+async def _part(
+    cfg: BenchServeConfig, reqs: Any, k: int, model: str, kind: str, cap: int | None, sync: Any
+) -> Any:
     indices = range(k, len(reqs), cfg.client_processes)
-    async with Client(_kind(cfg), cap or len(indices), cfg.request_timeout_s) as client:
+    async with Client(kind, cap or len(indices), cfg.request_timeout_s) as client:
         ready, go, start_wall = sync
         ready.wait(_SETUP_TIMEOUT_S)
         go.wait(_SETUP_TIMEOUT_S)
@@ -46,17 +48,11 @@ async def _part(cfg: BenchServeConfig, reqs: Any, k: int, model: str, cap: int |
     return list(indices), results, time.time()
 
 
-def _kind(cfg: BenchServeConfig) -> str:
-    from .bench_serve_http import resolve_client
-
-    return resolve_client(cfg.http_client)
-
-
 def _worker(
-    cfg: BenchServeConfig, reqs: Any, k: int, model: str, cap: int | None, sync: Any, out: Any
+    cfg: BenchServeConfig, reqs: Any, k: int, model: str, kind: str, cap: int | None, sync: Any, out: Any
 ) -> None:
     try:
-        out.put(("ok", run_loop(_part(cfg, reqs, k, model, cap, sync))))
+        out.put(("ok", run_loop(_part(cfg, reqs, k, model, kind, cap, sync))))
     except BaseException as exc:  # the parent raises it; a barrier left waiting is broken below
         sync[0].abort()
         sync[1].abort()
@@ -79,7 +75,7 @@ def run_processes(cfg: BenchServeConfig, reqs: list[tuple[list[int], int]]) -> d
     out = ctx.Queue()
     sync = (ready, go, start_wall)
     procs = [
-        ctx.Process(target=_worker, args=(cfg, reqs, k, model, cap, sync, out), daemon=True)
+        ctx.Process(target=_worker, args=(cfg, reqs, k, model, kind, cap, sync, out), daemon=True)
         for k, cap in enumerate(shares(cfg.max_concurrency, n))
     ]
     for p in procs:
