@@ -52,6 +52,8 @@
 #   x2-tests  the two-GPU tests (engine TP / EP vs one GPU, graphs; collectives; selection sync), ~4 min
 #   x2-micro  bench_collectives.py, bench_weight_load.py, tp_batch1.py at TP 2 then 1 (Qwen3-8B shape), ~4 min
 #   x2-8b     bench-engine on the Qwen3-8B shape at TP 2 then 1 (load_format dummy), ~4 min
+#   x2-push   symm_mem.one_shot_push: the collectives GPU test, the engine's TP 2 tests (Qwen3, graphs, pieces) with
+#             it preferred, bench_collectives.py, tp_batch1.py at TP 2 with it preferred (into $P/push), ~6 min
 #   x2-moe    bench-engine on Qwen3-30B-A3B at TP 2 + EP, TP 2, TP 1 ($MOE_RUNS to choose; 200 s each), ~8 min
 #   x2-dp     serve_and_bench.py, Qwen3-0.6B shape, rate inf, 1,000 requests from $DP_CLIENTS (4) client processes:
 #             --data-parallel-size 2 then 1
@@ -142,6 +144,12 @@ for stage in "$@"; do
               timeout 150 python3 benchmarks/parallel/bench_weight_load.py --tp 1 2 --out "$P" 2>&1 | tail -6
               for tp in 2 1; do timeout 200 python3 benchmarks/parallel/tp_batch1.py --model /tmp/shapes/qwen3-8b --tp $tp --out "$P" 2>&1 | grep "^- "; done ;;
           x2-8b) for tp in 2 1; do x2_bench qwen3-8b $tp; done ;;
+          x2-push) timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/gpu/test_gpu_collectives.py 2>&1 | tee "$P/tests_collectives.txt" | tail -4
+              LAYERZERO_PREFER=symm_mem.one_shot_push timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rs \
+                  tests/engine/gpu/test_engine_tp_gpu.py -k "qwen3 and not moe or graphs" 2>&1 | tee "$P/tests_engine_push.txt" | tail -4
+              timeout 150 python3 benchmarks/parallel/bench_collectives.py --world 2 --out "$P" 2>&1 | tail -20
+              LAYERZERO_PREFER=symm_mem.one_shot_push timeout 200 python3 benchmarks/parallel/tp_batch1.py \
+                  --model /tmp/shapes/qwen3-8b --tp 2 --out "$P/push" 2>&1 | grep "^- " ;;
           x2-moe) IFS=';' read -ra runs <<< "${MOE_RUNS:-2 --enable-expert-parallel;2;1}"
               for run in "${runs[@]}"; do x2_bench qwen3-30b-a3b $run; done ;;
           x2-dp) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_srv/*.whl 2>&1 | tail -2

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-KERNELS = ("torch_dist.all_reduce", "symm_mem.one_shot", "symm_mem.two_shot")
+KERNELS = ("torch_dist.all_reduce", "symm_mem.one_shot", "symm_mem.two_shot", "symm_mem.one_shot_push")
 SIZES = tuple(1 << k for k in range(10, 26))  # bytes of one rank's message: 1 KiB .. 32 MiB
 
 
@@ -134,15 +134,14 @@ def _table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "all-reduce of `bytes` per rank; all-gather of `bytes` of float32 per rank.",
         "",
         "| bytes | chosen | chosen, graph | NCCL eager | NCCL graph | one-shot eager | one-shot graph "
-        "| two-shot eager | two-shot graph | all_gather graph |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| two-shot eager | two-shot graph | push eager | push graph | all_gather graph |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
-        n, o, t = KERNELS
+        cells = " | ".join(f"{_cell(r, k, 'eager_us')} | {_cell(r, k, 'graph_us')}" for k in KERNELS)
         lines.append(
-            f"| {r['bytes']} | {r['chosen']} | {r['chosen_graph_us']:.1f} | {_cell(r, n, 'eager_us')} | "
-            f"{_cell(r, n, 'graph_us')} | {_cell(r, o, 'eager_us')} | {_cell(r, o, 'graph_us')} | "
-            f"{_cell(r, t, 'eager_us')} | {_cell(r, t, 'graph_us')} | {r['all_gather']['graph_us']:.1f} |"
+            f"| {r['bytes']} | {r['chosen']} | {r['chosen_graph_us']:.1f} | {cells} | "
+            f"{r['all_gather']['graph_us']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-KERNELS = ("torch_dist.all_reduce", "symm_mem.one_shot", "symm_mem.two_shot")
+KERNELS = ("torch_dist.all_reduce", "symm_mem.one_shot", "symm_mem.two_shot", "symm_mem.one_shot_push")
 BACKENDS = ("torch_dist", "symm_mem")  # both report torch's version
 
 

@@ -30,7 +30,7 @@ def _check(results: list[dict], world: int) -> None:
         assert all(r["unchanged"]), "lz.all_reduce wrote into its input"
         assert r["chosen"] == "torch_dist.all_reduce"
         assert r["ctx"] == {"world_size": world, "message_bytes": 128, "comm_backend": "gloo"}, r["ctx"]
-        for k in ("symm_mem.one_shot", "symm_mem.two_shot"):
+        for k in ("symm_mem.one_shot", "symm_mem.two_shot", "symm_mem.one_shot_push"):
             codes = {c for c, _m in r["rejected"][k]}
             assert {
                 "DEVICE_TYPE_UNSUPPORTED",

@@ -1,6 +1,8 @@
-"""lz.all_reduce on 2 GPUs: symm_mem one-shot / two-shot against NCCL and the float64 oracle, the choice by
-message size, CUDA-graph capture and replay of each kernel; every collective op over NCCL against the oracle
-(the scenario: tests/distributed/_coll_gpu.py). Run by hand on a 2-GPU host (NVLink multicast stays off)."""
+"""lz.all_reduce on 2 GPUs: symm_mem one-shot / two-shot / one-shot push against NCCL and the float64 oracle,
+the choice by message size, CUDA-graph capture and replay of each kernel, the push kernel raced through
+changing sizes eagerly and in a graph (bitwise equal on every rank); every collective op over NCCL against the
+oracle (the scenario: tests/distributed/_coll_gpu.py). Run by hand on a 2-GPU host (NVLink multicast stays
+off)."""
 
 from __future__ import annotations
 
@@ -27,12 +29,11 @@ def test_symm_mem_all_reduce_against_nccl_on_two_gpus(tmp_path):
         assert r["multicast_env"] == "1"
         if not r["p2p"]:
             pytest.skip(f"no CUDA peer access between the GPUs: {r['why_not']}")
-        assert r["which"] == {
-            "1000": "symm_mem.one_shot",
-            "65536": "symm_mem.one_shot",
-            "1048576": "symm_mem.two_shot",
-            "8388608": "torch_dist.all_reduce",
-        }, r["which"]
+        small = {"symm_mem.one_shot_push", "symm_mem.one_shot"}  # by the shipped H200 timings
+        assert r["which"]["1000"] in small and r["which"]["65536"] in small, r["which"]
+        assert r["which"]["1048576"] == "symm_mem.two_shot", r["which"]
+        assert r["which"]["8388608"] == "torch_dist.all_reduce", r["which"]
+        assert r["push_race"]["same_bits"] and r["push_race"]["err"] < 2e-2, r["push_race"]
         for key, err in r["err"].items():
             if key.startswith("symm_mem.one_shot") and key.endswith(("1048576", "8388608")):
                 assert err == "NoKernelFoundError", (key, err)  # over one-shot's 1 MiB limit

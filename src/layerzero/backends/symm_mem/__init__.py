@@ -1,11 +1,13 @@
-"""``symm_mem``: PyTorch symmetric-memory all-reduces over NVLink P2P (``torch.ops.symm_mem``):
-``symm_mem.one_shot`` (``one_shot_all_reduce``: every rank reads every peer's buffer; lowest latency, small
-messages) and ``symm_mem.two_shot`` (``two_shot_all_reduce_``: reduce-scatter then all-gather through the
-buffer; medium messages). Sum only, CUDA only, world size 2-8, a message no larger than the group's symmetric
-buffer, every GPU pair reachable by CUDA peer access, NVLink multicast off
-(``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``), and a buffer allocated by ``lz.distributed.enable_symm_mem(group)``;
-each condition missing is a reason (``lz.explain("all_reduce", x)``). Priorities are hand-set (not yet
-measured on H200): one-shot 80 up to 256 KiB (60 above), two-shot 70, above ``torch_dist.all_reduce``'s 50.
+"""``symm_mem``: symmetric-memory all-reduces over NVLink P2P: PyTorch's (``torch.ops.symm_mem``)
+``symm_mem.one_shot`` (``one_shot_all_reduce``: every rank reads every peer's buffer; small messages) and
+``symm_mem.two_shot`` (``two_shot_all_reduce_``: reduce-scatter then all-gather through the buffer; medium
+messages), and LayerZero's ``symm_mem.one_shot_push`` (:mod:`.push`: one Triton kernel that pushes x into
+every peer's buffer, one flag per call, no staging copy; the lowest latency, messages <= 1 MiB, Triton). Sum
+only, CUDA only, world size 2-8, a message no larger than the group's symmetric buffer, every GPU pair
+reachable by CUDA peer access, NVLink multicast off (``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``), and a buffer
+allocated by ``lz.distributed.enable_symm_mem(group)``; each condition missing is a reason
+(``lz.explain("all_reduce", x)``). Priorities are hand-set (not yet measured on H200): one-shot 80 up to 256
+KiB (60 above), two-shot 70, above ``torch_dist.all_reduce``'s 50.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from layerzero.core.registry import KernelRegistry
 from layerzero.core.specs import BackendSpec, KernelSpec
 
 from .._collectives import COMM_DTYPES
-from . import buffers
+from . import buffers, push
 
 ONE_SHOT_MAX_BYTES = 1 << 20
 """One-shot reads W - 1 peers' whole message: past 1 MiB its traffic loses to two-shot and NCCL."""
@@ -54,6 +56,11 @@ def two_shot(x: torch.Tensor, op: str, group: Any) -> torch.Tensor:
     flat, n = _staged(x, entry)
     torch.ops.symm_mem.two_shot_all_reduce_(flat, "sum", entry.group_name)
     return flat[:n].view(x.shape).clone()
+
+
+def one_shot_push(x: torch.Tensor, op: str, group: Any) -> torch.Tensor:
+    """:func:`.push.launch` of x (sum) through the group's push buffer, into a new tensor."""
+    return push.launch(x, buffers.get(_name(group)).push)
 
 
 def _name(group: Any) -> str:
@@ -118,6 +125,18 @@ def _check(max_message: int | None):
     return check
 
 
+def _check_push(ctx: SelectionContext) -> list[Reason]:
+    out = _check(push.SLOT_BYTES)(ctx)
+    entry = buffers.get(ctx.comm_group)
+    if entry is not None and entry.p2p and entry.push is None:
+        out.append(Reason(ReasonCode.SYMM_MEM_UNAVAILABLE, f"no push buffer: {entry.push_why_not}"))
+    return out
+
+
+def _push_priority(ctx: SelectionContext) -> int:
+    return 85 if (ctx.message_bytes or 0) <= ONE_SHOT_BEST_BYTES else 55
+
+
 def _one_shot_priority(ctx: SelectionContext) -> int:
     return 80 if (ctx.message_bytes or 0) <= ONE_SHOT_BEST_BYTES else 60
 
@@ -154,6 +173,18 @@ def register(registry: KernelRegistry) -> None:
             priority_for=_one_shot_priority,
             check=_check(ONE_SHOT_MAX_BYTES),
             description="symm_mem one_shot_all_reduce (NVLink P2P, messages <= 1 MiB)",
+            **common,
+        )
+    )
+    registry.add_kernel(
+        KernelSpec(
+            "symm_mem.one_shot_push",
+            "all_reduce",
+            one_shot_push,
+            priority=85,
+            priority_for=_push_priority,
+            check=_check_push,
+            description="LayerZero's one-shot all-reduce (Triton: x pushed to every peer, one flag per call)",
             **common,
         )
     )

@@ -26,7 +26,9 @@ PAD = 16
 @dataclass(frozen=True, slots=True)
 class SymmBuffer:
     """One group's symmetric buffer: ``max_bytes`` usable message bytes on ``device``; ``p2p`` whether every
-    rank's GPU reaches every other's by CUDA peer access (NVLink P2P), ``why_not`` the pairs that do not."""
+    rank's GPU reaches every other's by CUDA peer access (NVLink P2P), ``why_not`` the pairs that do not;
+    ``push`` the push buffer of ``symm_mem.one_shot_push`` (:class:`.push.PushState`; None without peer
+    access or Triton, ``push_why_not`` says why)."""
 
     group_name: str
     world_size: int
@@ -36,6 +38,8 @@ class SymmBuffer:
     why_not: str
     buf: torch.Tensor | None
     handle: Any = None
+    push: Any = None
+    push_why_not: str = ""
 
 
 _BUFFERS: dict[str, SymmBuffer] = {}
@@ -112,10 +116,39 @@ def enable(group: Any = None, max_bytes: int = 8 << 20) -> SymmBuffer:
                 symm.enable_symm_mem_for_group(name)
         buf = symm.empty(max_bytes + PAD * world, dtype=torch.uint8, device=f"cuda:{me}")
         handle = symm.rendezvous(buf, pg)
-    entry = SymmBuffer(name, world, torch.device("cuda", me), max_bytes, not why_not, why_not, buf, handle)
+    push_state, push_why_not = _push_buffer(pg, torch.device("cuda", me), why_not)
+    entry = SymmBuffer(
+        name,
+        world,
+        torch.device("cuda", me),
+        max_bytes,
+        not why_not,
+        why_not,
+        buf,
+        handle,
+        push_state,
+        push_why_not,
+    )
     _BUFFERS[name] = entry
     notify_change()
     return entry
+
+
+def _push_buffer(pg: Any, device: torch.device, why_not: str) -> tuple[Any, str]:
+    """The push buffer of ``symm_mem.one_shot_push`` (a collective), or (None, why not): no peer access, or
+    Triton missing on some rank (every rank agrees, so none allocates alone)."""
+    import torch.distributed as dist
+
+    from . import push
+
+    if why_not:
+        return None, f"no CUDA peer access: {why_not}"
+    missing: list[Any] = [None] * dist.get_world_size(pg)
+    dist.all_gather_object(missing, push.triton_missing(), group=pg)
+    reasons = "; ".join(f"rank {r}: {m}" for r, m in enumerate(missing) if m)
+    if reasons:
+        return None, reasons
+    return push.allocate(pg, device), ""
 
 
 def disable(group: Any = None) -> bool:
