@@ -54,9 +54,17 @@ def test_tp2_close_to_tp1(checkpoints, family, kw):
 
 
 def test_tp2_graphs_equal_eager(checkpoints):
+    """Decode graphs (the collectives captured) give eager's tokens exactly. Piecewise prefill graphs are off
+    here: their GEMMs run at the captured (padded) token count, may pick another GEMM kernel and round
+    differently, which can flip a near-tied first token of a random-weight model (seen on two H200s once
+    pieces became the default at TP > 1); test_tp2_piecewise_close_to_tp1 covers them."""
+    from layerzero.engine.config import CudaGraphKnobs
+
     ps = prompts(6, seed=62)
     eager = _generate(checkpoints["qwen3"], ps, tensor_parallel_size=2, enforce_eager=True)
-    graphs = _generate(checkpoints["qwen3"], ps, tensor_parallel_size=2)
+    graphs = _generate(
+        checkpoints["qwen3"], ps, tensor_parallel_size=2, cuda_graph=CudaGraphKnobs(piecewise_max_tokens=0)
+    )
     assert [t for t, _ in graphs] == [t for t, _ in eager]
 
 

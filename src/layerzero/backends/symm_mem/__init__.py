@@ -133,10 +133,6 @@ def _check_push(ctx: SelectionContext) -> list[Reason]:
     return out
 
 
-def _push_priority(ctx: SelectionContext) -> int:
-    return 85 if (ctx.message_bytes or 0) <= ONE_SHOT_BEST_BYTES else 55
-
-
 def _one_shot_priority(ctx: SelectionContext) -> int:
     return 80 if (ctx.message_bytes or 0) <= ONE_SHOT_BEST_BYTES else 60
 
@@ -182,7 +178,6 @@ def register(registry: KernelRegistry) -> None:
             "all_reduce",
             one_shot_push,
             priority=85,
-            priority_for=_push_priority,
             check=_check_push,
             description="LayerZero's one-shot all-reduce (Triton: x pushed to every peer, one flag per call)",
             **common,
