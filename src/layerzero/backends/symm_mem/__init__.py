@@ -2,12 +2,14 @@
 ``symm_mem.one_shot`` (``one_shot_all_reduce``: every rank reads every peer's buffer; small messages) and
 ``symm_mem.two_shot`` (``two_shot_all_reduce_``: reduce-scatter then all-gather through the buffer; medium
 messages), and LayerZero's ``symm_mem.one_shot_push`` (:mod:`.push`: one Triton kernel that pushes x into
-every peer's buffer, one flag per call, no staging copy; the lowest latency, messages <= 1 MiB, Triton). Sum
-only, CUDA only, world size 2-8, a message no larger than the group's symmetric buffer, every GPU pair
-reachable by CUDA peer access, NVLink multicast off (``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``), and a buffer
-allocated by ``lz.distributed.enable_symm_mem(group)``; each condition missing is a reason
-(``lz.explain("all_reduce", x)``). Priorities are hand-set (not yet measured on H200): one-shot 80 up to 256
-KiB (60 above), two-shot 70, above ``torch_dist.all_reduce``'s 50.
+every peer's buffer, one flag per call, no staging copy; messages <= 1 MiB, Triton). Sum only, CUDA only,
+world size 2-8, a message no larger than the group's symmetric buffer, every GPU pair reachable by CUDA peer
+access, NVLink multicast off (``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``), and a buffer allocated by
+``lz.distributed.enable_symm_mem(group)``; each condition missing is a reason
+(``lz.explain("all_reduce", x)``). Hand priorities: push 85, one-shot 80 up to 256 KiB (60 above), two-shot
+70, above ``torch_dist.all_reduce``'s 50; they agree with the H200 timings that ship in
+``data/timings/nvidia-h200.json`` (``benchmarks/results/parallel/h200x2_2026-11-30c``: in a graph push 4.4-6.1
+µs up to 256 KiB and 9.6 µs at 1 MiB, PyTorch's one-shot 7.1-14.4, NCCL 7.4-15.6).
 """
 
 from __future__ import annotations

@@ -106,8 +106,9 @@ _symm_set_up = 0
 
 def enable_symm_all_reduce(parallel: ParallelState, device: torch.device) -> bool:
     """Give the TP group a symmetric buffer of :data:`SYMM_MEM_BYTES` (``lz.distributed.enable_symm_mem``), so
-    that ``lz.all_reduce`` may choose the NVLink peer-to-peer one-shot / two-shot kernels for a decode step's
-    small messages (7-8 µs in a graph on two H200s where NCCL takes 7-9; benchmarks/results/parallel). A
+    that ``lz.all_reduce`` may choose the NVLink peer-to-peer kernels for a decode step's small messages
+    (``symm_mem.one_shot_push``: 5.0 µs in a graph for a Qwen3-8B hidden state on two H200s, where NCCL takes
+    8.0; benchmarks/results/parallel/h200x2_2026-11-30c). A
     collective: every rank calls it, after the group exists and before ``lz.distributed.sync_selection``.
     Nothing on the CPU or with one rank. The ranks agree first (an all-reduce MIN), and all keep NCCL, logged
     with the reason, when any rank has ``LAYERZERO_SYMM_MEM=0`` in its environment or has set up symmetric
