@@ -10,7 +10,9 @@ __all__ = ["disable_symm_mem", "enable_symm_mem"]
 
 def enable_symm_mem(group: Any = None, *, max_bytes: int = 8 << 20) -> Any:
     """Allocate ``group``'s symmetric buffer so that ``lz.all_reduce`` may pick ``symm_mem.one_shot`` /
-    ``symm_mem.two_shot`` for messages up to ``max_bytes`` (bytes of one rank's input; default 8 MiB).
+    ``symm_mem.two_shot`` for messages up to ``max_bytes`` (bytes of one rank's input; default 8 MiB), and,
+    when Triton imports on every rank, the push buffer of ``symm_mem.one_shot_push`` (messages up to 1 MiB;
+    ``2 * world_size`` MiB per GPU).
 
     A collective: every rank of ``group`` (None: the default group, an NCCL group on one host's GPUs) calls
     it, before the all-reduces that should use it (and before ``lz.distributed.sync_selection``, whose kept

@@ -2,7 +2,8 @@
 ``lz.all_to_all`` over a ``torch.distributed`` process group (issue 38).
 
 Each is an op with several kernels (``reference.*`` and ``torch_dist.*``: torch.distributed, NCCL on CUDA and
-Gloo on CPU; for all_reduce on CUDA also ``symm_mem.one_shot`` / ``symm_mem.two_shot``, PyTorch symmetric
+Gloo on CPU; for all_reduce on CUDA also ``symm_mem.one_shot_push`` (LayerZero's) and ``symm_mem.one_shot`` /
+``symm_mem.two_shot``, PyTorch symmetric
 memory over NVLink P2P), chosen by dtype, message bytes (bucketed), world size and the group's transport, with
 reasons, like every other op (``lz.explain("all_reduce", x)``). Every rank must make the same calls in the
 same order (SPMD) and reach the same choice: with heterogeneous ranks, wrap the calls in
@@ -241,9 +242,10 @@ def all_reduce(x: torch.Tensor, *, op: str = "sum", group: Any = None) -> torch.
     symmetric buffer): the return value is the result. dtype: float32/float64/float16/bfloat16/int32/int64
     (Gloo reduces half precision on CPU too). ``op``: ``"sum"`` (default), ``"avg"`` (floats), ``"max"``,
     ``"min"``, ``"product"``. ``group``: a ``torch.distributed.ProcessGroup`` (None: the default group).
-    Kernels: ``torch_dist.all_reduce`` (NCCL / Gloo), ``symm_mem.one_shot`` / ``symm_mem.two_shot`` (CUDA,
-    sum, NVLink P2P, after ``lz.distributed.enable_symm_mem``), ``reference.all_reduce``. A collective: every
-    rank of the group must call it with the same shape, dtype and op.
+    Kernels: ``torch_dist.all_reduce`` (NCCL / Gloo), ``symm_mem.one_shot_push`` / ``symm_mem.one_shot`` /
+    ``symm_mem.two_shot`` (CUDA, sum, NVLink P2P, after ``lz.distributed.enable_symm_mem``),
+    ``reference.all_reduce``. A collective: every rank of the group must call it with the same shape, dtype
+    and op.
 
     Raises:
         InvalidInputError: no initialised process group, a rank outside ``group``, a non-tensor, an
