@@ -111,16 +111,16 @@ def test_top_k_and_top_p_rows_stay_in_the_kept_set(seed):
 
 @interpreted
 def test_unseeded_rows_follow_the_softmax():
-    rows, temp = (
-        1500,
-        0.8,
-    )  # 0.05 is 3.9 sigma of the top token's frequency; ignoring temp would move it by 0.062
+    # one program per row, ~28 ms each in the interpreter: 400 rows at temperature 0.5, where the top token's
+    # probability is 0.635 (0.418 with the temperature ignored, 0.217 away): 0.09 is 3.7 sigma of its
+    # frequency
+    rows, temp = 400, 0.5
     logits = torch.tensor([[1.0, 0.0, -1.0, 2.0, 0.5, -3.0, 1.5]]).repeat(rows, 1)
     g = torch.Generator().manual_seed(3)
     tokens = ts.sample(logits, temperature=torch.full((rows,), temp), generator=g)
     freq = torch.bincount(tokens, minlength=7).double() / rows
     want = torch.softmax(logits[0].double() / temp, dim=-1)
-    assert (freq - want).abs().max() < 0.05, (freq, want)
+    assert (freq - want).abs().max() < 0.09, (freq, want)
     few = 40  # the generator decides the unseeded rows' noise: the first rows again, from the same seed
     again = ts.sample(
         logits[:few], temperature=torch.full((few,), temp), generator=torch.Generator().manual_seed(3)

@@ -45,7 +45,9 @@ def _rank(rank: int, world: int, bufs: list[torch.Tensor], results: mp.Queue) ->
     results.put((rank, [o.view(torch.uint8).numpy().tobytes() for o in outs]))  # by value, not shared memory
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize(
+    "world", [3]
+)  # three ranks: two peers per rank (W = 2 runs in-process and on the GPUs)
 def test_every_rank_gets_the_same_sum_while_the_ranks_race(world):
     from layerzero.backends.symm_mem import push
 
