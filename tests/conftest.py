@@ -132,22 +132,36 @@ def _one_torch_thread() -> Iterator[None]:
 
 INTERPRETER_REASON = "needs triton and TRITON_INTERPRET=1"
 """How ``tests/correctness/_triton_interp.needs_interpreter``'s skip reason starts."""
+SIDE_STREAM_FILES = frozenset(
+    {
+        "test_cascade_ops.py",
+        "test_quantized_linear_int4.py",
+        "test_triton_attention.py",
+        "test_triton_paged_one_pass.py",
+    }
+)
+"""Files whose Triton-interpreter tests tools/run_tests.sh runs in its side stream with the ``*_interpret.py``
+files (marked ``side_stream``), not in the main run: ~75 s that balance CI's two streams (2026-11-30)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``triton_interpreter`` every test that runs a Triton kernel in the interpreter (a file
     ``*_interpret.py``, or a ``needs_interpreter`` mark): tools/run_tests.sh's forced-ISA passes leave them
-    out, their kernels run in numpy, not in ATen's ISA-dispatched code. Skip tests marked ``gpu`` when no CUDA
-    device is visible."""
+    out, their kernels run in numpy, not in ATen's ISA-dispatched code; those of ``*_interpret.py`` and
+    :data:`SIDE_STREAM_FILES` also ``side_stream`` (run_tests.sh's interpreter pass). Skip tests marked
+    ``gpu`` when no CUDA device is visible."""
     import torch
 
-    interp = pytest.mark.triton_interpreter
+    interp, side = pytest.mark.triton_interpreter, pytest.mark.side_stream
     for item in items:
-        if item.path.name.endswith("_interpret.py") or any(
+        whole_file = item.path.name.endswith("_interpret.py")
+        if whole_file or any(
             m.name == "skipif" and str(m.kwargs.get("reason", "")).startswith(INTERPRETER_REASON)
             for m in item.iter_markers()
         ):
             item.add_marker(interp)
+            if whole_file or item.path.name in SIDE_STREAM_FILES:
+                item.add_marker(side)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

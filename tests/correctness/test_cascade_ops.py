@@ -195,7 +195,7 @@ def test_bad_inputs_raise_typed_errors():
 
 # ------------------------------------------------------------------------------------ Triton, interpreted
 @interpreted
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(3))  # both layouts (by the seed's parity); 3 seeds: CI's time budget
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("splits", [1, 3])
 def test_triton_paged_prefill_lse(seed, causal, splits):
@@ -212,7 +212,7 @@ def test_triton_paged_prefill_lse(seed, causal, splits):
 
 
 @interpreted
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(2))  # both layouts
 @pytest.mark.parametrize("causal", [True, False])
 def test_triton_paged_prefill(seed, causal):
     """``triton.paged_prefill`` (op ``paged_attention``, the prefill kernel without its lse): mixed prefill /
@@ -226,7 +226,7 @@ def test_triton_paged_prefill(seed, causal):
 
 
 @interpreted
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize(
     "knobs",
     [

@@ -372,3 +372,42 @@ def test_cli_end_to_end_and_its_errors(fake_server, tmp_path, capsys):
             rc = main(bad)
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith("layerzero: error: ") and __import__("re").search(match, err), err
+
+
+class _Proc:
+    """A stand-in for a client process: only its exit code (None while it runs)."""
+
+    def __init__(self, exitcode: int | None) -> None:
+        self.exitcode = exitcode
+
+
+def test_a_client_process_that_dies_without_a_report_fails_the_run_at_once():
+    import queue
+
+    from layerzero.engine.tools.bench_serve_procs import collect
+
+    out: queue.Queue = queue.Queue()
+    out.put(("ok", "first"))
+    procs = [_Proc(0), _Proc(-9)]  # the first reported and exited; the second was killed
+    t0 = time.monotonic()
+    got = collect(procs, out, limit_s=60.0, poll_s=0.01)
+    assert next(got) == ("ok", "first")
+    with pytest.raises(
+        lz.ConfigurationError, match=r"1 that ended without a report \(exit codes \[-9, 0\]\)"
+    ):
+        next(got)
+    assert time.monotonic() - t0 < 5.0  # not the 60 s limit
+
+
+def test_collect_yields_late_reports_and_times_out_on_silence():
+    import queue
+
+    from layerzero.engine.tools.bench_serve_procs import collect
+
+    out: queue.Queue = queue.Queue()
+    procs = [_Proc(None), _Proc(None)]
+    threading.Timer(0.05, out.put, args=(("ok", 1),)).start()
+    threading.Timer(0.10, out.put, args=(("error", "boom"),)).start()
+    assert list(collect(procs, out, limit_s=30.0, poll_s=0.01)) == [("ok", 1), ("error", "boom")]
+    with pytest.raises(lz.ConfigurationError, match="none for 0 s"):
+        list(collect([_Proc(None)], out, limit_s=0.05, poll_s=0.01))

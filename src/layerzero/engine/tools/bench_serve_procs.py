@@ -17,15 +17,17 @@ import multiprocessing
 import queue
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import bad_config
 from .bench_serve import BenchServeConfig, discover, report, run_loop, send_requests
 from .bench_serve_http import Client
 
-__all__ = ["run_processes", "shares"]
+__all__ = ["collect", "run_processes", "shares"]
 
 _SETUP_TIMEOUT_S = 120.0  # a client process that is not ready by then (import, HTTP client) fails the run
+_POLL_S = 1.0  # how often the parent looks for a client process that ended without a report
 
 
 def shares(total: int | None, parts: int) -> list[int | None]:
@@ -89,11 +91,7 @@ def run_processes(cfg: BenchServeConfig, reqs: list[tuple[list[int], int]]) -> d
             pass
         results: list[Any] = [None] * len(reqs)
         end = 0.0
-        for _ in procs:
-            try:
-                status, value = out.get(timeout=cfg.request_timeout_s + _SETUP_TIMEOUT_S)
-            except queue.Empty as exc:
-                raise bad_config("--client-processes", "every client process to report", "a timeout") from exc
+        for status, value in collect(procs, out, cfg.request_timeout_s + _SETUP_TIMEOUT_S):
             if status != "ok":
                 raise bad_config("--client-processes", "client processes that finish", value)
             indices, part, t = value
@@ -107,3 +105,40 @@ def run_processes(cfg: BenchServeConfig, reqs: list[tuple[list[int], int]]) -> d
                 p.kill()
                 p.join()
     return report(results, end - start_wall.value, cfg, model, version, kind)
+
+
+def collect(procs: list[Any], out: Any, limit_s: float, poll_s: float = _POLL_S) -> Iterator[Any]:
+    """Yield one report per process of ``procs`` from the queue ``out``, in arrival order (the caller can stop
+    at a failed one). Every ``poll_s`` seconds without a report it looks at the processes' exit codes, so a
+    process that died without reporting (killed, out of memory) fails the run within seconds instead of after
+    ``limit_s``.
+
+    Raises:
+        ConfigurationError: a process ended without a report (the exit codes in the message), or no report for
+            ``limit_s`` seconds.
+    """
+    got = 0
+    deadline = time.monotonic() + limit_s
+    while got < len(procs):
+        try:
+            item = out.get(timeout=poll_s)
+        except queue.Empty:
+            ended = [p.exitcode for p in procs if p.exitcode is not None]
+            if len(ended) > got:  # a report put just before its process exited is in the pipe by now
+                try:
+                    item = out.get(timeout=poll_s)
+                except queue.Empty:
+                    raise bad_config(
+                        "--client-processes",
+                        "every client process to report",
+                        f"{len(ended) - got} that ended without a report (exit codes {sorted(ended)})",
+                        "A client process was killed or crashed: see its output above.",
+                    ) from None
+            elif time.monotonic() > deadline:
+                raise bad_config(
+                    "--client-processes", "every client process to report", f"none for {limit_s:.0f} s"
+                ) from None
+            else:
+                continue
+        got += 1
+        yield item
