@@ -2,7 +2,7 @@
 #   make demo   - layerzero doctor, tiny real Transformers models stock vs LayerZero (parity table), then the
 #                 serving engine generating from a small checkpoint built here (tokenizer trained locally),
 #                 then `layerzero serve` on it for a moment, talked to with the official openai client
-#   make test   - the test suite (what .ci/run calls), then the kernel-correctness tests under two forced CPU ISAs
+#   make test   - the test suite (what .ci/run calls), then (on AVX-512 hosts) the kernel-correctness tests as AVX2
 # Both create/reuse a local venv in .venv and install what they need. torch is pinned to the CPU build
 # available on this machine's pip path (an unpinned torch would pull several GB of CUDA wheels).
 
@@ -29,8 +29,8 @@ demo: $(STAMP)
 	$(PY) -m layerzero.engine.tools.demo
 	$(PY) -m layerzero.engine.tools.demo_serve
 
-# `make test`: the suite, then its validation tests again under python -O, then tests/correctness (without the
-# Triton-interpreter tests) under each CPU ISA below this CPU's own (ATEN_CPU_CAPABILITY=avx2 / default), then the
+# `make test`: the suite, then its validation tests again under python -O, then on AVX-512 hosts tests/correctness
+# (without the Triton-interpreter tests) as an AVX2-only CI host dispatches (ATEN_CPU_CAPABILITY=avx2), then the
 # fuzzers; tools/run_tests.sh says why
 # and runs the passes in two balanced streams on machines with >= 2 cores (SERIAL=1: one after another).
 test: $(STAMP)

@@ -5,26 +5,27 @@
 # Why the extra passes: validation must not rely on `assert` (-O strips it), and torch's CPU kernels are dispatched
 # per ISA (AVX-512, AVX2, scalar "default") and differ in rounding and NaN handling while CI hosts differ (AVX2-only
 # vs AVX-512): a test that holds for one build's behaviour only must fail on every host, not only on some. torch
-# reads ATEN_CPU_CAPABILITY at start-up and honours it only for an ISA the CPU has; the main run already dispatches
-# as this CPU does, so only the lesser ISAs run again. The ISA subset is tests/correctness without the tests that
-# run a Triton kernel in Triton's interpreter (the `*_interpret.py` files and every test with a `needs_interpreter`
-# mark: tests/conftest.py marks them `triton_interpreter`); their kernels run in numpy, not in ATen's
-# ISA-dispatched code (233 of the 2,005 tests, about a quarter of each pass's time). One lesser ISA per host:
-# an AVX-512 host runs the avx2 pass (what an AVX2-only CI host dispatches as), an AVX2 host the scalar
-# `default` pass; the AVX-512 host's `default` pass went on 2026-11-30 for CI's 20-minute budget (~4-6 min of
-# the side stream; ISA_CAPABILITIES="avx2 default" runs both).
+# reads ATEN_CPU_CAPABILITY at start-up and honours it only for an ISA the CPU has. An AVX-512 host therefore runs
+# tests/correctness again with ATEN_CPU_CAPABILITY=avx2 (what an AVX2-only CI host dispatches as); an AVX2 host
+# runs no ISA pass: it is the lesser CI host itself, and no CI host dispatches as `default` (its pass, 3.7 min of
+# the side stream, went on 2026-11-30 for CI's 20-minute budget; ISA_CAPABILITIES=default or "avx2 default" runs
+# such passes by hand). The ISA pass leaves out the tests that run a Triton kernel in Triton's interpreter (the
+# `*_interpret.py` files and every test with a `needs_interpreter` mark: tests/conftest.py marks them
+# `triton_interpreter`; their kernels run in numpy, not in ATen's ISA-dispatched code) and the sweep-coverage
+# meta-test.
 #
 # Two streams when the machine has >= 2 cores (CI machines have 2; every pass is single-threaded: conftest sets one
-# torch thread): the foreground runs the main run, the other stream the multi-process tests, the server's tests
-# (since 2026-11-30, ~2 min), the interpreter files, the -O pass and the ISA pass; the side stream's output is
-# printed after the foreground's. Measured lengths (minutes; a fresh-clone rehearsal of .ci/run on a 2-core
-# machine that dispatched as AVX2, 2026-11-30, CI 18.0 min with the install): main run 15.0 (5,179 tests); beside
-# it multi-process tests 3.1, the server's tests 2.5, interpreter files 3.9, -O pass (its validation half) 1.2 and
-# the one ISA pass (default) 3.4: 14.1. An AVX-512 host runs avx2 instead of default, about as long. (Until
-# 2026-11-30 the server's tests ran in the foreground and an AVX-512 host ran both ISA passes: 27.8 min in a slow
-# phase. Until 2026-11-29 the -O pass and some interpreter files ran in the foreground, while the ISA passes still
-# ran the interpreter tests.) SERIAL=1 runs everything one after another. The -O pass runs the validation tests of
-# tests/unit, tests/engine/unit and tests/property (see VALIDATION_K below); not the engine's end-to-end
+# torch thread): the foreground runs the main run, the other stream the multi-process tests, the server's tests,
+# the interpreter tests marked `side_stream` (the `*_interpret.py` files and the heaviest interpreter tests of
+# tests/conftest.py's SIDE_STREAM_FILES), the -O pass, then the stress tests (without an ISA pass) or the ISA
+# pass; the side stream's output is printed after the foreground's. Measured lengths (minutes, this 2-core VM
+# dispatching as AVX2, 2026-11-30, both streams at once, before the stress move and without the `default` pass):
+# main run 16.7 (5,082 tests); beside it multi-process tests 3.9, server 3.6, interpreter 5.1, -O 1.6 (and the
+# `default` pass then still 3.7). CI had measured 22.6 min with the install on 2026-11-30 (its main run ~18.6).
+# (Until 2026-11-30 the server's tests ran in the foreground and an AVX-512 host ran both ISA passes: 27.8 min in
+# a slow phase. Until 2026-11-29 the -O pass and some interpreter files ran in the foreground, while the ISA
+# passes still ran the interpreter tests.) SERIAL=1 runs everything one after another. The -O pass runs the
+# validation tests of tests/unit and tests/engine/unit (see VALIDATION_K below); not the engine's end-to-end
 # correctness, decoding or server tests (the suite outgrew CI's 20 minutes; the server validates with pydantic,
 # not assert).
 # Usage: tools/run_tests.sh [PYTHON]   (default .venv/bin/python)
@@ -32,11 +33,13 @@ set -uo pipefail
 PY=${1:-.venv/bin/python}
 native=$("$PY" -c "import torch; print(torch.backends.cpu.get_cpu_capability())" 2>/dev/null || echo DEFAULT)
 case $native in
-  AVX512*) lesser="avx2" ;;
-  AVX2|SVE*|ZVECTOR*) lesser="default" ;;
-  *) lesser="" ;;
+  AVX512*) lesser="avx2" ;;  # what an AVX2-only CI host dispatches as
+  *) lesser="" ;;  # an AVX2 host is the lesser CI host itself: no CI host dispatches as `default`
 esac
 ISA_CAPABILITIES=${ISA_CAPABILITIES-$lesser}
+# The stress tests (threads and soaks; no ATen-ISA-dependent numerics) run in the side stream when it has no
+# ISA pass (an AVX2 host), in the main run otherwise: ~1 min that balances the two streams.
+if [ -z "$ISA_CAPABILITIES" ]; then stress_side=1; else stress_side=""; fi
 interpreter_tests() {
   echo "=== the Triton-interpreter tests marked side_stream (tests/correctness/*_interpret.py and tests/conftest.py's SIDE_STREAM_FILES)"
   "$PY" -m pytest -q -p no:cacheprovider -m side_stream tests/correctness
@@ -65,7 +68,13 @@ serving_tests() {
 
 main_stream() {
   "$PY" -m pytest -q -m "not side_stream" --ignore-glob='*_interpret.py' --ignore=tests/distributed \
-    --ignore=tests/engine/parallel --ignore=tests/engine/serving
+    --ignore=tests/engine/parallel --ignore=tests/engine/serving \
+    ${stress_side:+--ignore=tests/stress --ignore=tests/engine/stress}
+}
+
+stress_tests() {
+  echo "=== the stress tests (tests/stress, tests/engine/stress: threads, soaks; bounded)"
+  "$PY" -m pytest -q -p no:cacheprovider tests/stress tests/engine/stress
 }
 
 side_stream() {
@@ -73,6 +82,7 @@ side_stream() {
   serving_tests || return 1
   interpreter_tests || return 1
   optimized_tests || return 1
+  if [ -n "$stress_side" ]; then stress_tests || return 1; fi
   echo "=== this CPU dispatches as $native; the kernel-correctness tests run again under: ${ISA_CAPABILITIES:-none}"
   for isa in $ISA_CAPABILITIES; do
     echo "=== kernel-correctness tests with ATEN_CPU_CAPABILITY=$isa"
