@@ -15,13 +15,14 @@
 # meta-test.
 #
 # Two streams when the machine has >= 2 cores (CI machines have 2; every pass is single-threaded: conftest sets one
-# torch thread): the foreground runs the main run, the other stream the multi-process tests, the server's tests,
-# the interpreter tests marked `side_stream` (the `*_interpret.py` files and the heaviest interpreter tests of
-# tests/conftest.py's SIDE_STREAM_FILES), the -O pass, then the stress tests (without an ISA pass) or the ISA
-# pass; the side stream's output is printed after the foreground's. Measured lengths (minutes, this 2-core VM
-# dispatching as AVX2, 2026-11-30, both streams at once, before the stress move and without the `default` pass):
-# main run 16.7 (5,082 tests); beside it multi-process tests 3.9, server 3.6, interpreter 5.1, -O 1.6 (and the
-# `default` pass then still 3.7). CI had measured 22.6 min with the install on 2026-11-30 (its main run ~18.6).
+# torch thread): the foreground runs the main run; the other stream one pytest run of the multi-process tests, the
+# server's tests and (without an ISA pass) the stress tests, then the interpreter tests marked `side_stream` (the
+# `*_interpret.py` files and the heaviest interpreter tests of tests/conftest.py's SIDE_STREAM_FILES), the -O pass
+# and the ISA pass if any; the side stream's output is printed after the foreground's. Measured lengths (minutes,
+# a fresh-clone rehearsal on this 2-core VM dispatching as AVX2, 2026-11-30, both streams at once, before the
+# multi-process / server / stress runs were merged): main run 16.4 (5,075 tests); beside it multi-process 4.4,
+# server 3.6, interpreter 5.2, -O 1.7, stress 1.3; `make test` 17.6 after a 3.3-minute install. CI had measured
+# 22.6 min (install included) on 2026-11-30 before these changes, with the `default` ISA pass (3.7 min).
 # (Until 2026-11-30 the server's tests ran in the foreground and an AVX-512 host ran both ISA passes: 27.8 min in
 # a slow phase. Until 2026-11-29 the -O pass and some interpreter files ran in the foreground, while the ISA
 # passes still ran the interpreter tests.) SERIAL=1 runs everything one after another. The -O pass runs the
@@ -45,9 +46,14 @@ interpreter_tests() {
   "$PY" -m pytest -q -p no:cacheprovider -m side_stream tests/correctness
 }
 
+# One pytest run for the multi-process tests, the server's tests and (without an ISA pass) the stress tests: one
+# start-up (torch, collection) instead of three
 multi_process_tests() {
-  echo "=== the multi-process tests (tests/distributed, tests/engine/parallel: Gloo groups, engine ranks and replicas)"
-  "$PY" -m pytest -q -p no:cacheprovider tests/distributed tests/engine/parallel
+  echo "=== the multi-process tests (tests/distributed, tests/engine/parallel: Gloo groups, engine ranks and" \
+    "replicas), the server's tests (tests/engine/serving: live servers on 127.0.0.1, real clients)" \
+    "${stress_side:+and the stress tests (tests/stress, tests/engine/stress: threads, soaks; bounded)}"
+  "$PY" -m pytest -q -p no:cacheprovider tests/distributed tests/engine/parallel tests/engine/serving \
+    ${stress_side:+tests/stress tests/engine/stress}
 }
 
 # The -O pass: the tests of tests/unit and tests/engine/unit whose names say they check input (bad / invalid /
@@ -61,28 +67,16 @@ optimized_tests() {
   "$PY" -O -m pytest -q -p no:cacheprovider -m "not stress" -k "$VALIDATION_K" tests/unit tests/engine/unit
 }
 
-serving_tests() {
-  echo "=== the server's tests (tests/engine/serving: live servers on 127.0.0.1, real clients)"
-  "$PY" -m pytest -q -p no:cacheprovider tests/engine/serving
-}
-
 main_stream() {
   "$PY" -m pytest -q -m "not side_stream" --ignore-glob='*_interpret.py' --ignore=tests/distributed \
     --ignore=tests/engine/parallel --ignore=tests/engine/serving \
     ${stress_side:+--ignore=tests/stress --ignore=tests/engine/stress}
 }
 
-stress_tests() {
-  echo "=== the stress tests (tests/stress, tests/engine/stress: threads, soaks; bounded)"
-  "$PY" -m pytest -q -p no:cacheprovider tests/stress tests/engine/stress
-}
-
 side_stream() {
   multi_process_tests || return 1
-  serving_tests || return 1
   interpreter_tests || return 1
   optimized_tests || return 1
-  if [ -n "$stress_side" ]; then stress_tests || return 1; fi
   echo "=== this CPU dispatches as $native; the kernel-correctness tests run again under: ${ISA_CAPABILITIES:-none}"
   for isa in $ISA_CAPABILITIES; do
     echo "=== kernel-correctness tests with ATEN_CPU_CAPABILITY=$isa"

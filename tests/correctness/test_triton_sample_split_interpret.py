@@ -68,9 +68,9 @@ def _both(logits: torch.Tensor, seed: int, **kw) -> tuple[torch.Tensor, torch.Te
     return one, split
 
 
-# 2 and 4 rows run on the small vocabularies only, and the large vocabularies take one odd row count each: the
+# 2 and 4 rows run on the small vocabularies only, and the large vocabularies take few row counts: the
 # interpreter's time grows with rows x vocabulary (5003 x 5 took 29 s, 5003 x 3 19 s on this VM; CI's budget)
-SPLIT_CASES = [(v, r) for v in (1, 7) for r in (1, 2, 3, 4, 5)] + [(1000, 1), (1000, 5), (5003, 1), (5003, 3)]
+SPLIT_CASES = [(v, r) for v in (1, 7) for r in (1, 2, 3, 4, 5)] + [(1000, 1), (1000, 5), (5003, 1)]
 
 
 @interpreted

@@ -157,13 +157,6 @@ def test_padding_row_gets_no_gradient():
     assert w.grad.sum(-1).tolist() == [3.0, 6.0, 3.0, 0.0, 0.0, 0.0]
 
 
-OPCHECK_UTILS = (
-    "test_schema",
-    "test_autograd_registration",
-    "test_faketensor",
-    "test_aot_dispatch_static",
-    "test_aot_dispatch_dynamic",
-)
 DYNAMIC_CASES = (0, 5, 7, 11)
 """The cases that also run opcheck's dynamic-shape AOT dispatch (3-6 s each, three quarters of a case's time):
 one per op and path (rope, attention through SDPA, attention's textbook path with a mask gradient,
@@ -177,7 +170,8 @@ def test_custom_ops_with_gradients_keep_the_torch_library_contract(case):
     and embedding, in float32."""
     name, op, args, diff = _grad_cases()[case]
     args = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
-    utils = OPCHECK_UTILS if case in DYNAMIC_CASES else tuple(u for u in OPCHECK_UTILS if "dynamic" not in u)
+    static = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_static")
+    utils = (*static, "test_aot_dispatch_dynamic") if case in DYNAMIC_CASES else static
     torch.library.opcheck(op, _with_grad(args, diff), test_utils=utils)
 
 
