@@ -19,10 +19,11 @@
 # server's tests and (without an ISA pass) the stress tests, then the interpreter tests marked `side_stream` (the
 # `*_interpret.py` files and the heaviest interpreter tests of tests/conftest.py's SIDE_STREAM_FILES), the -O pass
 # and the ISA pass if any; the side stream's output is printed after the foreground's. Measured lengths (minutes,
-# a fresh-clone rehearsal on this 2-core VM dispatching as AVX2, 2026-11-30, both streams at once, before the
-# multi-process / server / stress runs were merged): main run 16.4 (5,075 tests); beside it multi-process 4.4,
-# server 3.6, interpreter 5.2, -O 1.7, stress 1.3; `make test` 17.6 after a 3.3-minute install. CI had measured
-# 22.6 min (install included) on 2026-11-30 before these changes, with the `default` ISA pass (3.7 min).
+# fresh-clone rehearsals of .ci/run on this 2-core VM dispatching as AVX2, 2026-11-30, both streams at once): main
+# run 14.7 (5,075 tests); beside it the multi-process, server and stress run 7.9, interpreter 4.8, -O 1.4:
+# `.ci/run` 18.2 with its install. (A rehearsal an hour earlier, before that run was merged, on a slower phase of
+# the VM: main 16.4; multi-process 4.4, server 3.6, interpreter 5.2, -O 1.7, stress 1.3; 17.6 + a 3.3-minute
+# install.) CI had measured 22.6 min on 2026-11-30 before these changes, with the `default` ISA pass (3.7 min).
 # (Until 2026-11-30 the server's tests ran in the foreground and an AVX-512 host ran both ISA passes: 27.8 min in
 # a slow phase. Until 2026-11-29 the -O pass and some interpreter files ran in the foreground, while the ISA
 # passes still ran the interpreter tests.) SERIAL=1 runs everything one after another. The -O pass runs the
