@@ -127,8 +127,12 @@ def _check(max_message: int | None):
     return check
 
 
+_CHECK_PUSH_MESSAGE = _check(push.SLOT_BYTES)
+"""The shared conditions of the symm_mem kernels, messages up to the push kernel's slot."""
+
+
 def _check_push(ctx: SelectionContext) -> list[Reason]:
-    out = _check(push.SLOT_BYTES)(ctx)
+    out = _CHECK_PUSH_MESSAGE(ctx)
     entry = buffers.get(ctx.comm_group)
     if entry is not None and entry.p2p and entry.push is None:
         out.append(Reason(ReasonCode.SYMM_MEM_UNAVAILABLE, f"no push buffer: {entry.push_why_not}"))

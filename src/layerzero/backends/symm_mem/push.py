@@ -27,11 +27,14 @@ Buffer layout (one symmetric ``uint8`` allocation per group, :func:`allocate`): 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .._optional import import_modules
 
 SLOT_BYTES = 1 << 20
 """The largest message (bytes per rank): one-shot moves W copies of it, past ~1 MiB two-shot and NCCL win."""
@@ -88,12 +91,17 @@ def allocate(group: Any, device: torch.device) -> PushState:
 
 
 def triton_missing() -> str:
-    """Why the kernel cannot run here ('' when it can): Triton not importable."""
-    try:
-        importlib.import_module("triton")
-    except Exception as exc:  # noqa: BLE001 - any import failure is a reason, shown by lz.explain
-        return f"triton is not importable ({type(exc).__name__}: {exc})"
-    return ""
+    """Why the kernel cannot run here ('' when it can): Triton not importable (the backends' shared probe)."""
+    _, reason = import_modules(
+        "triton", ["triton"], "pip install triton (it comes with CUDA builds of torch)"
+    )
+    return "" if reason is None else reason.message
+
+
+@functools.cache
+def _kernel() -> Any:
+    """The ``@triton.jit`` kernel, its module imported on the first call only."""
+    return importlib.import_module(f"{__package__}._push_kernels").one_shot_push_all_reduce
 
 
 def launch(x: torch.Tensor, state: PushState) -> torch.Tensor:
@@ -107,7 +115,7 @@ def launch(x: torch.Tensor, state: PushState) -> torch.Tensor:
     Returns:
         x's shape and dtype: the float32-accumulated sum in rank order, bitwise equal on every rank.
     """
-    kern = importlib.import_module("layerzero.backends.symm_mem._push_kernels").one_shot_push_all_reduce
+    kern = _kernel()
     src = x if x.is_contiguous() else x.contiguous()
     out = torch.empty_like(src)
     n = src.numel()

@@ -124,21 +124,20 @@ def collect(procs: list[Any], out: Any, limit_s: float, poll_s: float = _POLL_S)
             item = out.get(timeout=poll_s)
         except queue.Empty:
             ended = [p.exitcode for p in procs if p.exitcode is not None]
-            if len(ended) > got:  # a report put just before its process exited is in the pipe by now
-                try:
-                    item = out.get(timeout=poll_s)
-                except queue.Empty:
+            if len(ended) <= got:  # every process still running has yet to report
+                if time.monotonic() > deadline:
                     raise bad_config(
-                        "--client-processes",
-                        "every client process to report",
-                        f"{len(ended) - got} that ended without a report (exit codes {sorted(ended)})",
-                        "A client process was killed or crashed: see its output above.",
+                        "--client-processes", "every client process to report", f"none for {limit_s:.0f} s"
                     ) from None
-            elif time.monotonic() > deadline:
-                raise bad_config(
-                    "--client-processes", "every client process to report", f"none for {limit_s:.0f} s"
-                ) from None
-            else:
                 continue
+            try:  # a report put just before its process exited is in the pipe by now
+                item = out.get(timeout=poll_s)
+            except queue.Empty:
+                raise bad_config(
+                    "--client-processes",
+                    "every client process to report",
+                    f"{len(ended) - got} that ended without a report (exit codes {sorted(ended)})",
+                    "A client process was killed or crashed: see its output above.",
+                ) from None
         got += 1
         yield item
