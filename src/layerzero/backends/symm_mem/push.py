@@ -42,7 +42,6 @@ CHUNK_BYTES = 8 << 10
 """Bytes of one program's chunk: a 4,096-wide bf16 row (a decode step's hidden state) is one chunk."""
 GRID = SLOT_BYTES // CHUNK_BYTES
 """Programs at most, one per chunk (128; an H200 has 132 SMs): chunk ``c`` is always program ``c``'s."""
-NUM_WARPS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +70,13 @@ def buffer_bytes(world_size: int) -> int:
 
 def allocate(group: Any, device: torch.device) -> PushState:
     """Allocate, zero and rendezvous ``group``'s push buffer (a collective: every rank of the group calls it,
-    after peer access was checked). Returns after every rank zeroed its flags (a barrier), so no peer's
-    first flag can be wiped."""
+    after peer access was checked): :func:`buffer_bytes` bytes of symmetric memory on ``device``. Returns
+    after every rank zeroed its flags (a barrier), so no peer's first flag can be wiped.
+
+    Raises:
+        RuntimeError: from ``torch.distributed._symmetric_memory`` when the allocation or the rendezvous fails
+            (``lz.distributed.enable_symm_mem`` checked the group, its transport and peer access before).
+    """
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm
 
@@ -114,6 +118,11 @@ def launch(x: torch.Tensor, state: PushState) -> torch.Tensor:
 
     Returns:
         x's shape and dtype: the float32-accumulated sum in rank order, bitwise equal on every rank.
+
+    Raises nothing of its own: the KernelSpec's check refuses, with reasons, what it cannot take (a message
+    over :data:`SLOT_BYTES`, no push buffer, another dtype or device) before dispatch. A collective: every
+    rank of the group makes the same calls in the same order, or the kernel waits for a peer's flag.
+    Follows vLLM's custom all-reduce (per-block flags, two parities), with TensorRT-LLM's push of the data.
     """
     kern = _kernel()
     src = x if x.is_contiguous() else x.contiguous()
@@ -136,6 +145,6 @@ def launch(x: torch.Tensor, state: PushState) -> torch.Tensor:
         CHUNK_BYTES=CHUNK_BYTES,
         WORLD=state.world_size,
         BLOCK=block,
-        num_warps=NUM_WARPS,
+        num_warps=4,  # 128 threads for one 8 KiB chunk: 32 bf16 elements a thread
     )
     return out
